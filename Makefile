@@ -1,0 +1,28 @@
+# aip-crewai: `make run` (the demo) and `make test` each set up .venv themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test bench contracts chaos clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m examples.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+contracts: $(STAMP)
+	$(PY) -m aip_crewai.cli contracts --write
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .run

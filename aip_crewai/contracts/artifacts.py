@@ -1,0 +1,97 @@
+"""Generated, committed artifacts under the top-level ``contracts/`` folder.
+
+``capabilities.json`` (aggregate counts, then one ordered record per
+operation) and one JSON Schema per operation input, all generated from the
+catalogue and the input types. A test fails when the committed files drift.
+
+Source: issue "Foundation" item 4; seeds/crewai-capabilities.md ("Use the
+machine snapshot").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import operations
+from .operations import CATALOGUE, OperationSpec
+
+
+def input_schema(spec: OperationSpec) -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of an operation's input, from its type."""
+    schema = msgspec.json.schema(spec.input_type)
+    schema.setdefault("$schema", "https://json-schema.org/draft/2020-12/schema")
+    schema.setdefault("title", f"{spec.name} input")
+    return schema
+
+
+def _record(spec: OperationSpec) -> dict[str, Any]:
+    return {
+        "operation": spec.name,
+        "capability_template": operations.capability_id("<crew_id>", spec.name),
+        "display_name": spec.display_name,
+        "family": spec.family,
+        "method": spec.method,
+        "route": spec.path,
+        "stream_route": spec.stream_path,
+        "kind": spec.kind.value,
+        "risk": spec.risk.value,
+        "mutation": spec.mutation,
+        "approval": {"required": spec.approval, "ttl_ms": 900_000 if spec.approval else None},
+        "idempotency": {
+            "requirement": spec.key.value,
+            "collision_behavior": "revalidate_input_hash",
+            "key_scope": "tenant",
+            "ttl_ms": 86_400_000,
+        },
+        "execution": {"streaming": spec.stream, "cancellable": spec.cancel, "retry_safe": spec.retry},
+        "input_summary": spec.input_summary,
+        "side_effects": list(spec.side_effects),
+        "compensation": "rollback_not_supported" if spec.mutation else None,
+    }
+
+
+def capabilities_document() -> dict[str, Any]:
+    """The machine snapshot: counts first, then the ordered records."""
+    return {
+        "connector_profile": "aip.connector.crewai.v1",
+        "crewai_package": "1.15.5",
+        "counts": operations.aggregate_counts(),
+        "operations": [_record(spec) for spec in CATALOGUE],
+    }
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+
+
+def generated_files() -> dict[str, str]:
+    """Relative path (under ``contracts/``) -> file text."""
+    files = {"capabilities.json": _dump(capabilities_document())}
+    for spec in CATALOGUE:
+        files[f"schemas/{spec.name}.input.schema.json"] = _dump(input_schema(spec))
+    return files
+
+
+def check(root: Path) -> list[str]:
+    """Return the relative paths under ``root`` that differ from the code."""
+    drift = []
+    for rel, text in generated_files().items():
+        path = root / rel
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            drift.append(rel)
+    return drift
+
+
+def write(root: Path) -> list[str]:
+    """Write every generated file under ``root``; return the paths written."""
+    written = []
+    for rel, text in generated_files().items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(rel)
+    return written

@@ -1,0 +1,294 @@
+"""The error catalogue: one exception root, stable codes, categories, statuses.
+
+Every error of ours subclasses :class:`AipError`. Each class carries a stable
+``code``, a ``category`` and an HTTP status (derived from the category unless
+the class overrides it); the data lives in attributes and the message is built
+from them. The host renders any ``AipError`` as an AIP ``ProtocolError`` body.
+
+Source: DESIGN.md §6 (categories and statuses), §7 (host codes), §8
+(connector codes, retryability).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, ClassVar
+
+
+class Category(str, enum.Enum):
+    """AIP error categories (DESIGN.md §6)."""
+
+    TEMPORARY = "temporary"
+    PERMANENT = "permanent"
+    AUTH = "auth"
+    POLICY = "policy"
+    ECONOMIC = "economic"
+    CONNECTOR = "connector"
+    TRANSPORT = "transport"
+
+
+#: HTTP status by category (DESIGN.md §6). Idempotency conflicts override to 409.
+CATEGORY_HTTP_STATUS: dict[Category, int] = {
+    Category.AUTH: 401,
+    Category.POLICY: 403,
+    Category.TEMPORARY: 503,
+    Category.TRANSPORT: 503,
+    Category.CONNECTOR: 502,
+    Category.ECONOMIC: 402,
+    Category.PERMANENT: 400,
+}
+
+
+def http_status_for(category: Category) -> int:
+    """Return the HTTP status of an error category (DESIGN.md §6)."""
+    return CATEGORY_HTTP_STATUS[category]
+
+
+class AipError(Exception):
+    """Root of every error this project raises on purpose.
+
+    Class attributes: ``code`` (stable, dotted), ``category``, ``http_status``
+    (None: derived from the category), ``default_message``.
+    Instance attributes: ``message`` (safe to show a caller: never provider
+    text or secrets), ``details`` (JSON-able mapping), ``retry_after_ms``.
+    """
+
+    code: ClassVar[str] = "internal.error"
+    category: ClassVar[Category] = Category.PERMANENT
+    http_status: ClassVar[int | None] = None
+    default_message: ClassVar[str] = "internal error"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        details: dict[str, Any] | None = None,
+        retry_after_ms: int | None = None,
+    ) -> None:
+        self.message = message or self.default_message
+        self.details = dict(details or {})
+        self.retry_after_ms = retry_after_ms
+        super().__init__(self.message)
+
+    @property
+    def status(self) -> int:
+        """HTTP status of this error (class override, else by category)."""
+        return self.http_status if self.http_status is not None else http_status_for(self.category)
+
+    @property
+    def retryable(self) -> bool:
+        """Whether a caller may retry. Default: never (DESIGN.md §8)."""
+        return False
+
+
+# --- host errors (DESIGN.md §7) -------------------------------------------
+
+
+class Unauthenticated(AipError):
+    code = "auth.unauthenticated"
+    category = Category.AUTH
+    default_message = "authentication required"
+
+
+class Forbidden(AipError):
+    code = "policy.forbidden"
+    category = Category.POLICY
+    default_message = "the principal is not allowed to do this"
+
+
+class CapabilityNotFound(AipError):
+    code = "capability.not_found"
+    category = Category.PERMANENT
+    http_status = 404
+    default_message = "capability not found"
+
+
+class ActionNotFound(AipError):
+    code = "action.not_found"
+    category = Category.PERMANENT
+    http_status = 404
+    default_message = "action not found"
+
+
+class ApprovalNotFound(AipError):
+    code = "approval.not_found"
+    category = Category.PERMANENT
+    http_status = 404
+    default_message = "approval not found"
+
+
+class ApprovalAlreadyDecided(AipError):
+    code = "approval.already_decided"
+    category = Category.PERMANENT
+    http_status = 409
+    default_message = "the approval is already decided or expired"
+
+
+class InvalidInput(AipError):
+    """Input failed validation. ``field`` is a JSON path (``$.query[2]``),
+    ``rule`` the broken rule in words (``at most 4096 UTF-8 bytes``)."""
+
+    code = "action.invalid_input"
+    category = Category.PERMANENT
+    default_message = "invalid input"
+
+    def __init__(self, field: str, rule: str, *, message: str | None = None) -> None:
+        self.field = field
+        self.rule = rule
+        super().__init__(message or f"invalid input at {field}: {rule}", details={"field": field, "rule": rule})
+
+
+class InputTooLarge(InvalidInput):
+    """The whole encoded input exceeds its byte bound (DESIGN.md §3: 1 MiB)."""
+
+    code = "action.input_too_large"
+    http_status = 413
+
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+        super().__init__("$", f"encoded input is {size_bytes} bytes; at most {limit_bytes} bytes")
+
+
+class InvalidEnvelope(AipError):
+    code = "message.invalid_envelope"
+    category = Category.PERMANENT
+    default_message = "invalid AIP envelope"
+
+
+class IdempotencyKeyRequired(AipError):
+    code = "action.idempotency_key_required"
+    category = Category.PERMANENT
+    default_message = "this capability requires an idempotency key"
+
+
+class IdempotencyConflict(AipError):
+    code = "action.idempotency_conflict"
+    category = Category.PERMANENT
+    http_status = 409
+    default_message = "the idempotency key or action id was already used with a different input"
+
+
+class NotCancellable(AipError):
+    code = "action.not_cancellable"
+    category = Category.PERMANENT
+    http_status = 409
+    default_message = "this action cannot be cancelled"
+
+
+class ApprovalDenied(AipError):
+    code = "policy.approval_denied"
+    category = Category.POLICY
+    default_message = "the approval was denied"
+
+
+class ApprovalExpired(AipError):
+    code = "policy.approval_expired"
+    category = Category.POLICY
+    default_message = "the approval expired before a decision"
+
+
+# --- connector errors (DESIGN.md §8) ---------------------------------------
+
+
+class ConnectorError(AipError):
+    """A failure talking to, or reported by, the sidecar.
+
+    ``details`` always carry ``operation``, ``remote_status`` (int or None)
+    and ``uncertain_outcome`` (bool), plus ``dispatch`` (not_sent | sent |
+    acknowledged). Retryable only for read-only operations on temporary or
+    transport failures (DESIGN.md §8).
+    """
+
+    code = "connector.crewai.error"
+    category = Category.CONNECTOR
+    default_message = "the CrewAI connector failed"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        operation: str,
+        remote_status: int | None = None,
+        uncertain_outcome: bool = False,
+        read_only: bool = False,
+        dispatch: str = "sent",
+        details: dict[str, Any] | None = None,
+        retry_after_ms: int | None = None,
+    ) -> None:
+        merged = {
+            "operation": operation,
+            "remote_status": remote_status,
+            "uncertain_outcome": uncertain_outcome,
+            "dispatch": dispatch,
+        }
+        merged.update(details or {})
+        self.operation = operation
+        self.remote_status = remote_status
+        self.uncertain_outcome = uncertain_outcome
+        self.read_only = read_only
+        self.dispatch = dispatch
+        super().__init__(message, details=merged, retry_after_ms=retry_after_ms)
+
+    @property
+    def retryable(self) -> bool:
+        return self.read_only and self.category in (Category.TEMPORARY, Category.TRANSPORT)
+
+
+class ConnectorAuthentication(ConnectorError):
+    code = "connector.crewai.authentication"
+    default_message = "the sidecar refused the host's credentials"
+
+
+class ConnectorRemoteTemporary(ConnectorError):
+    code = "connector.crewai.remote_temporary"
+    category = Category.TEMPORARY
+    default_message = "the sidecar is temporarily unable to answer"
+
+
+class ConnectorRemoteRejected(ConnectorError):
+    code = "connector.crewai.remote_rejected"
+    default_message = "the sidecar rejected the request"
+
+
+class ConnectorTransport(ConnectorError):
+    code = "connector.crewai.transport"
+    category = Category.TRANSPORT
+    default_message = "the sidecar could not be reached"
+
+
+class ConnectorInvalidStream(ConnectorError):
+    code = "connector.crewai.invalid_stream"
+    default_message = "the sidecar sent an invalid event stream"
+
+
+class ConnectorResponseTooLarge(ConnectorError):
+    code = "connector.crewai.response_too_large"
+    default_message = "the sidecar response exceeded its bound"
+
+
+class ConnectorCancelledUnconfirmed(ConnectorError):
+    code = "connector.crewai.cancelled_unconfirmed"
+    default_message = "cancellation was requested but the sidecar did not confirm it"
+
+
+class ConnectorExecutionFailed(ConnectorError):
+    code = "connector.crewai.execution_failed"
+    default_message = "the crew failed"
+
+
+class ConnectorConfigurationOrInput(ConnectorError):
+    code = "connector.crewai.configuration_or_input"
+    category = Category.PERMANENT
+    default_message = "the sidecar refused the crew configuration or the input"
+
+
+def all_error_classes() -> list[type[AipError]]:
+    """Every concrete error class, for the uniqueness test and the docs."""
+    seen: list[type[AipError]] = []
+    stack: list[type[AipError]] = [AipError]
+    while stack:
+        cls = stack.pop()
+        seen.append(cls)
+        stack.extend(cls.__subclasses__())
+    return seen

@@ -1,0 +1,144 @@
+"""Process environment for CrewAI: offline, prompt-free, storage under the state dir.
+
+CrewAI reads several settings at *import* time (Chroma's default path, the
+Redis lock URL, telemetry switches), so :func:`prepare_crewai_environment` must
+run before the first ``import crewai`` anywhere in the process; then
+:func:`import_crewai` pays the import cost (about 4-5 s, about 150 MiB) once,
+before the sidecar reports ready.
+
+What is set, and why (measured against crewai 1.15.5 sources):
+
+- ``CREWAI_DISABLE_TELEMETRY=true``, ``CREWAI_DISABLE_TRACKING=true``,
+  ``OTEL_SDK_DISABLED=true``: CrewAI's OpenTelemetry exporter stays off (no
+  network, no signal handlers of its own).
+- ``CREWAI_TRACING_ENABLED=false``: no trace batches to the CrewAI backend.
+- ``CREWAI_DISABLE_VERSION_CHECK=true``: verbose crews would otherwise ask
+  PyPI whether a newer CrewAI exists.
+- ``ANONYMIZED_TELEMETRY=False``: Chroma's own telemetry switch (CrewAI already
+  passes ``anonymized_telemetry=False``; this covers other Chroma clients).
+- ``CREWAI_STORAGE_DIR=<state_dir>/crewai`` (absolute, mode 0700): CrewAI
+  feeds it to ``appdirs.user_data_dir(appname)``; an absolute appname makes
+  ``os.path.join`` drop the XDG base, so replay outputs, Chroma knowledge files
+  and ``.crewai_user.json`` land there.
+- ``.crewai_user.json`` is seeded with ``first_execution_done=true`` and
+  ``trace_consent=false`` when absent: otherwise the first kickoff collects a
+  "first-time" trace and, on a terminal, prompts on stdin for 20 s and may
+  upload it.
+- ``REDIS_URL`` is removed: ``crewai_core.lock_store`` would otherwise take its
+  file locks through that Redis server.
+
+CrewAI prints rich panels to stdout. That is allowed (our logs and protocol go
+to stderr and HTTP), but a missing stdout would turn every print into an
+exception inside a job, so a ``None`` stdout is pointed at ``os.devnull``.
+Whoever starts the sidecar with ``stdout=PIPE`` must drain the pipe.
+
+Source: DESIGN.md §5 (storage under the state directory, telemetry disabled),
+crewai-notes.md (Environment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+_ENV_DEFAULTS: dict[str, str] = {
+    "CREWAI_DISABLE_TELEMETRY": "true",
+    "CREWAI_DISABLE_TRACKING": "true",
+    "OTEL_SDK_DISABLED": "true",
+    "CREWAI_TRACING_ENABLED": "false",
+    "CREWAI_DISABLE_VERSION_CHECK": "true",
+    "ANONYMIZED_TELEMETRY": "False",
+}
+_USER_DATA_FILE = ".crewai_user.json"
+_imported = False
+
+
+def crewai_storage_dir(state_dir: Path) -> Path:
+    """Return the absolute CrewAI storage directory for a sidecar state dir.
+
+    Args:
+        state_dir: the sidecar state directory (may be relative).
+
+    Returns:
+        ``<state_dir>/crewai`` as an absolute path.
+    """
+    return (Path(state_dir).expanduser().resolve()) / "crewai"
+
+
+def prepare_crewai_environment(state_dir: Path) -> None:
+    """Set CrewAI's environment before it is imported.
+
+    Idempotent for the same ``state_dir``. The variables are forced (not
+    defaulted): an operator's ``CREWAI_TRACING_ENABLED=true`` would break the
+    no-network guarantee.
+
+    Args:
+        state_dir: the sidecar state directory; CrewAI storage goes to
+            ``<state_dir>/crewai`` (created with mode 0700).
+
+    Raises:
+        RuntimeError: crewai was already imported with a different storage
+            dir (its import-time paths would silently point elsewhere).
+        OSError: the storage directory cannot be created.
+
+    Source: DESIGN.md §5; crewai-notes.md (Environment).
+    """
+    storage = crewai_storage_dir(state_dir)
+    current = os.environ.get("CREWAI_STORAGE_DIR")
+    if "crewai" in sys.modules and current != str(storage):
+        raise RuntimeError(
+            "crewai was imported before prepare_crewai_environment(); "
+            f"its storage dir is {current!r}, expected {str(storage)!r}"
+        )
+    storage.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(storage, 0o700)
+    for name, value in _ENV_DEFAULTS.items():
+        os.environ[name] = value
+    os.environ["CREWAI_STORAGE_DIR"] = str(storage)
+    os.environ.pop("REDIS_URL", None)
+    _seed_user_data(storage / _USER_DATA_FILE)
+    _ensure_stdout()
+
+
+def import_crewai() -> None:
+    """Import crewai (and the operations package) once, eagerly.
+
+    Call after :func:`prepare_crewai_environment` and before reporting ready,
+    so the first job does not pay the import cost. Also registers the global
+    cooperative-cancel ``before_llm_call`` hook.
+
+    Raises:
+        RuntimeError: :func:`prepare_crewai_environment` was not called.
+    """
+    global _imported
+    if _imported:
+        return
+    if not os.environ.get("CREWAI_STORAGE_DIR"):
+        raise RuntimeError("call prepare_crewai_environment() before import_crewai()")
+    import crewai  # noqa: F401  (the import is the point)
+
+    from aip_crewai.sidecar.operations import _common
+
+    _common.install_cancel_hook()
+    _imported = True
+
+
+def _seed_user_data(path: Path) -> None:
+    """Mark the first execution done with tracing declined, if not yet recorded."""
+    if path.exists():
+        return
+    data = {"first_execution_done": True, "trace_consent": False}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+
+
+def _ensure_stdout() -> None:
+    """Give CrewAI a writable stdout when the process has none."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115

@@ -1,0 +1,298 @@
+"""Shared plumbing for the operation modules: per-job scope, cancel check, output shapes.
+
+- :func:`job_scope` binds one job to the current execution context: a
+  contextvar holding its :class:`JobContext` and a CrewAI *stream sink* that
+  turns the job's ``LLMStreamChunkEvent`` into ``ctx.emit_chunk`` calls.
+  Both live in ``contextvars``, so they follow ``await``, ``asyncio.create_task``
+  and ``asyncio.to_thread`` started inside the scope, and nothing else: two
+  concurrent jobs never see each other's chunks (CrewAI calls stream sinks
+  synchronously from ``crewai_event_bus.emit`` in the emitter's context;
+  ``crewai/events/stream_context.py``, ``event_bus.py::_prepare_event``).
+- :func:`check_cancelled` is the cooperative stop for worker-thread work. It is
+  called by the offline LLM before each model call and, through a global
+  ``before_llm_call`` hook, before every agent model call of any LLM.
+- :func:`serialize_crew_output` and :func:`to_bounded_json` give the wire
+  shapes of DESIGN.md §4 (Outputs).
+
+Source: DESIGN.md §4 (events, outputs), §5 (per-job capture, cancellation).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+from crewai.events.stream_context import add_stream_sink, reset_stream_sinks
+from crewai.events.types.llm_events import LLMStreamChunkEvent
+from crewai.hooks.dispatch import HookAborted
+from crewai.hooks.llm_hooks import (
+    get_before_llm_call_hooks,
+    register_before_llm_call_hook,
+)
+
+from aip_crewai.sidecar.context import JobCancelled, JobContext
+
+log = structlog.get_logger(__name__)
+
+_current_job: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar(
+    "aip_crewai_current_job", default=None
+)
+
+DEFAULT_MAX_DEPTH = 8
+DEFAULT_MAX_ITEMS = 200
+
+
+# --------------------------------------------------------------------------- scope
+
+
+def current_job() -> JobContext | None:
+    """Return the JobContext of the job running in this context, or None."""
+    return _current_job.get()
+
+
+@contextmanager
+def job_scope(ctx: JobContext) -> Iterator[JobContext]:
+    """Bind ``ctx`` to the current context for the duration of the block.
+
+    Installs the per-job stream sink and the current-job contextvar. Re-entering
+    with the job that is already current is a no-op (so an operation module may
+    wrap its own work without doubling chunks). Use it in the job's own asyncio
+    task; work started inside with ``asyncio.to_thread`` or ``create_task``
+    inherits it.
+
+    Args:
+        ctx: the job's context; ``ctx.emit_chunk`` receives
+            ``{"content": str, "channel": "llm"|"tools", "task_id"?, "agent_role"?}``.
+
+    Yields:
+        ``ctx``.
+
+    Source: DESIGN.md §5 (events are captured per job).
+    """
+    if _current_job.get() is ctx:
+        yield ctx
+        return
+    job_token = _current_job.set(ctx)
+    sink_token = add_stream_sink(_make_sink(ctx))
+    try:
+        yield ctx
+    finally:
+        reset_stream_sinks(sink_token)
+        _current_job.reset(job_token)
+
+
+def _make_sink(ctx: JobContext) -> Any:
+    """Build the stream sink of one job: chunk events in, ``emit_chunk`` out.
+
+    CrewAI calls it for *every* event emitted in the job's context; only
+    stream chunks are forwarded (never failure events: their text may hold
+    provider secrets). It never raises (an exception would break the emitter).
+    """
+
+    def sink(_source: Any, event: Any) -> None:
+        if not isinstance(event, LLMStreamChunkEvent):
+            return
+        try:
+            data = chunk_data(event)
+            if data is not None:
+                ctx.emit_chunk(data)
+        except Exception as exc:  # the sink must never raise into CrewAI
+            log.warning("stream_sink_failed", error_type=type(exc).__name__)
+
+    return sink
+
+
+def chunk_data(event: Any) -> dict[str, Any] | None:
+    """Convert one ``LLMStreamChunkEvent`` to chunk data, or None when empty.
+
+    Args:
+        event: the CrewAI event (``chunk``, ``tool_call``, ``task_id``,
+            ``agent_role``).
+
+    Returns:
+        ``{"content", "channel", "task_id"?, "agent_role"?}``; channel ``tools``
+        when the chunk is part of a native tool call (content: the arguments
+        fragment, or the tool name when the fragment is empty), else ``llm``.
+    """
+    content = event.chunk or ""
+    channel = "llm"
+    if event.tool_call is not None:
+        channel = "tools"
+        if not content:
+            content = event.tool_call.function.name or ""
+    if not content:
+        return None
+    data: dict[str, Any] = {"content": content, "channel": channel}
+    if event.task_id:
+        data["task_id"] = str(event.task_id)
+    if event.agent_role:
+        data["agent_role"] = str(event.agent_role)
+    return data
+
+
+# ------------------------------------------------------------------ cancellation
+
+
+def check_cancelled() -> None:
+    """Raise :class:`JobCancelled` if the current job's cancel flag is set.
+
+    No-op outside any job. Sets ``ctx.stop_observed = True`` before raising.
+    The flag stays set, so agent retries (``max_retry_limit``) stop too.
+
+    Raises:
+        JobCancelled: the current job was cancelled.
+
+    Source: DESIGN.md §5 (a per-job flag checked before every model call).
+    """
+    ctx = _current_job.get()
+    if ctx is not None and ctx.cancel_flag.is_set():
+        ctx.stop_observed = True
+        raise JobCancelled(f"job {ctx.action_id} was cancelled")
+
+
+def _cancel_hook(_context: Any) -> None:
+    """Global ``before_llm_call`` hook: abort the model call of a cancelled job.
+
+    CrewAI swallows ordinary exceptions raised by hooks (fail-open) and only
+    honours :class:`HookAborted` (``crewai/hooks/dispatch.py::_invoke_hook``);
+    the agent then raises ``ValueError("LLM call blocked by before_llm_call
+    hook")``, so the job ends with that error, not :class:`JobCancelled`.
+    """
+    try:
+        check_cancelled()
+    except JobCancelled as exc:
+        raise HookAborted(str(exc), source="aip_crewai_cancel") from exc
+
+
+def install_cancel_hook() -> None:
+    """Register :func:`_cancel_hook` once, globally (idempotent).
+
+    Agent executors snapshot the global hook list when they are created (per
+    task execution), so registering at import time covers every job.
+    """
+    if _cancel_hook not in get_before_llm_call_hooks():
+        register_before_llm_call_hook(_cancel_hook)
+
+
+install_cancel_hook()
+
+
+# ------------------------------------------------------------------------ output
+
+
+def serialize_crew_output(output: Any, crew: Any = None) -> dict[str, Any]:
+    """Serialize a CrewOutput to the run/replay output shape.
+
+    Args:
+        output: a ``crewai.CrewOutput``.
+        crew: the crew that produced it; its ``tasks`` give each entry's
+            ``task_id`` (a TaskOutput does not carry the task id: CrewAI sets
+            ``task.output`` to the same object it appends to ``tasks_output``,
+            so entries are matched by identity, then by position when the
+            counts agree). Without it ``task_id`` is None.
+
+    Returns:
+        ``{"raw": str, "token_usage": {...}, "tasks_output": [{"task_id",
+        "name", "description", "expected_output", "summary", "raw", "agent",
+        "output_format", "json_dict", "pydantic"}], "json_dict", "pydantic"}``.
+        The per-task ``messages`` prompt histories are omitted (large).
+
+    Source: DESIGN.md §4 (Outputs: run/replay).
+    """
+    tasks_output = list(getattr(output, "tasks_output", None) or [])
+    task_ids = _task_ids(tasks_output, crew)
+    return {
+        "raw": str(getattr(output, "raw", "") or ""),
+        "token_usage": to_bounded_json(getattr(output, "token_usage", None)) or {},
+        "tasks_output": [
+            _serialize_task_output(item, task_id)
+            for item, task_id in zip(tasks_output, task_ids, strict=True)
+        ],
+        "json_dict": to_bounded_json(getattr(output, "json_dict", None)),
+        "pydantic": to_bounded_json(getattr(output, "pydantic", None)),
+    }
+
+
+def _task_ids(tasks_output: list[Any], crew: Any) -> list[str | None]:
+    tasks = list(getattr(crew, "tasks", None) or [])
+    by_output = {id(t.output): str(t.id) for t in tasks if getattr(t, "output", None)}
+    ids: list[str | None] = [by_output.get(id(item)) for item in tasks_output]
+    if None in ids and len(tasks) == len(tasks_output):
+        ids = [str(t.id) for t in tasks]
+    return ids
+
+
+def _serialize_task_output(item: Any, task_id: str | None) -> dict[str, Any]:
+    output_format = getattr(item, "output_format", None)
+    return {
+        "task_id": task_id,
+        "name": getattr(item, "name", None),
+        "description": str(getattr(item, "description", "") or ""),
+        "expected_output": getattr(item, "expected_output", None),
+        "summary": getattr(item, "summary", None),
+        "raw": str(getattr(item, "raw", "") or ""),
+        "agent": str(getattr(item, "agent", "") or ""),
+        "output_format": getattr(output_format, "value", output_format),
+        "json_dict": to_bounded_json(getattr(item, "json_dict", None)),
+        "pydantic": to_bounded_json(getattr(item, "pydantic", None)),
+    }
+
+
+def to_bounded_json(
+    value: Any,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_items: int = DEFAULT_MAX_ITEMS,
+) -> Any:
+    """Convert an arbitrary value to JSON-compatible data, bounded in size.
+
+    Args:
+        value: anything. Pydantic models become ``model_dump(mode="json")``;
+            mappings (keys as ``str``), lists/tuples/sets and JSON primitives
+            stay themselves; non-finite floats and any other object become
+            ``str(value)``.
+        max_depth: containers nested deeper than this become the string
+            ``"…"``.
+        max_items: each container keeps at most this many entries (the first
+            ones, in iteration order).
+
+    Returns:
+        A value ``json.dumps`` accepts.
+    """
+    return _bound(value, max_depth, max_items)
+
+
+def _bound(value: Any, depth: int, max_items: int) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump) and not isinstance(value, type):
+        try:
+            value = model_dump(mode="json")
+        except Exception:  # a model that cannot dump itself is shown as text
+            return str(value)
+        if not isinstance(value, Mapping | list):
+            return _bound(value, depth, max_items)
+    if isinstance(value, Mapping | list | tuple | set | frozenset):
+        if depth <= 0:
+            return "…"
+        if isinstance(value, Mapping):
+            return {
+                str(k): _bound(v, depth - 1, max_items)
+                for k, v in _take(value.items(), max_items)
+            }
+        return [_bound(v, depth - 1, max_items) for v in _take(value, max_items)]
+    return str(value)
+
+
+def _take(items: Any, limit: int) -> Iterator[Any]:
+    for index, item in enumerate(items):
+        if index >= limit:
+            return
+        yield item
+

@@ -1,0 +1,399 @@
+"""A deterministic offline LLM and embedder for tests and the demo (no network).
+
+:class:`OfflineLLM` behaves like a streaming provider to CrewAI: each call
+emits ``LLMCallStartedEvent``, ``chunks_per_answer`` ``LLMStreamChunkEvent``\\ s
+and ``LLMCallCompletedEvent`` inside ``llm_call_context()`` (as
+``crewai/llm.py`` does), carrying ``from_task``/``from_agent`` so chunks are
+attributed to the right task and agent. Answers are derived from the prompt
+only:
+
+- with ``response_model`` (converters, train/test evaluators): an instance of
+  that pydantic model built field by field (numbers ``8``/``8.0``, strings
+  ``"offline <field>"``, one-item lists, first enum/literal value);
+- with native ``tools`` and no tool result yet: one tool call of the first
+  tool (arguments derived from its JSON schema), streamed on the tool channel;
+  after a tool result: a plain final answer quoting it;
+- otherwise ReAct text ``Thought: ...\\nFinal Answer: <model>: <task line>``
+  where the task line is the interpolated ``Current Task:`` of the prompt.
+
+Knobs: ``chunks_per_answer`` (>= 1), ``delay_ms`` per chunk (``time.sleep``
+in ``call``, ``asyncio.sleep`` in ``acall``: a deliberately slow fake),
+``fail`` (raise ``RuntimeError`` whose text holds :data:`FAKE_SECRET`, to prove
+provider text never reaches clients). Before every model call (and between
+chunks) the sidecar's cooperative cancel check runs. If the environment
+variable ``AIP_CREWAI_TEST_CALL_LOG`` names a file, one line per model call is
+appended to it (``<unix time> <pid> <model>``), so other processes can count
+calls.
+
+:class:`OfflineEmbedder` is a hashed bag-of-words embedder (256 dims, L2
+normalized) for knowledge sources: use :func:`offline_embedder`, which wraps
+it as ``CustomProvider(embedding_callable=OfflineEmbedder)`` (a dict spec
+``{"provider": "custom", ...}`` fails CrewAI's validation).
+
+Source: DESIGN.md §2 (offline demo crews), crewai-notes.md (offline LLM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from crewai.events.types.llm_events import LLMCallType
+from crewai.llms.base_llm import BaseLLM, llm_call_context
+from crewai.rag.embeddings.providers.custom import CustomProvider
+from crewai.rag.embeddings.providers.custom.embedding_callable import (
+    CustomEmbeddingFunction,
+)
+from pydantic import BaseModel
+
+from aip_crewai.sidecar.operations._common import check_cancelled
+
+FAKE_SECRET = "sk-test-SECRET-7f3a9c"
+CALL_LOG_ENV = "AIP_CREWAI_TEST_CALL_LOG"
+_TASK_LINE = re.compile(r"Current Task:\s*(.+?)(?:\n\s*\n|\nThis is the expected|$)", re.S)
+_call_log_lock = threading.Lock()
+
+
+class OfflineLLM(BaseLLM):
+    """Deterministic, natively async, streaming fake LLM.
+
+    Args:
+        model: model name shown in events and answers (default
+            ``"offline-echo"``; must be non-empty).
+        chunks_per_answer: number of stream chunks per answer, >= 1.
+        delay_ms: sleep before each chunk, milliseconds.
+        fail: raise ``RuntimeError`` (containing :data:`FAKE_SECRET`) on every
+            call.
+    """
+
+    llm_type: str = "offline"
+    chunks_per_answer: int = 3
+    delay_ms: float = 0.0
+    fail: bool = False
+
+    def __init__(self, **data: Any) -> None:
+        data.setdefault("model", "offline-echo")
+        data.setdefault("provider", "offline")
+        if int(data.get("chunks_per_answer", 3)) < 1:
+            raise ValueError("chunks_per_answer must be >= 1")
+        super().__init__(**data)
+
+    # -- capability flags ---------------------------------------------------
+
+    def supports_function_calling(self) -> bool:
+        return True
+
+    def supports_stop_words(self) -> bool:
+        return True
+
+    def get_context_window_size(self) -> int:
+        return 32768
+
+    # -- calls ----------------------------------------------------------------
+
+    def call(
+        self,
+        messages: Any,
+        tools: list[dict[str, Any]] | None = None,
+        callbacks: list[Any] | None = None,
+        available_functions: dict[str, Any] | None = None,
+        from_task: Any = None,
+        from_agent: Any = None,
+        response_model: type[BaseModel] | None = None,
+    ) -> Any:
+        """Answer synchronously; sleeps ``delay_ms`` before each chunk."""
+        check_cancelled()
+        self._log_call()
+        with llm_call_context():
+            self._emit_call_started_event(
+                messages=messages, tools=tools, callbacks=callbacks,
+                available_functions=available_functions,
+                from_task=from_task, from_agent=from_agent,
+            )
+            try:
+                reply = self._reply(messages, tools, response_model)
+                for piece in reply.pieces:
+                    if self.delay_ms:
+                        time.sleep(self.delay_ms / 1000)
+                    check_cancelled()
+                    self._emit_piece(piece, reply, from_task, from_agent)
+            except BaseException as exc:
+                self._emit_call_failed_event(
+                    error=type(exc).__name__, from_task=from_task, from_agent=from_agent
+                )
+                raise
+            return self._finish(reply, messages, from_task, from_agent)
+
+    async def acall(
+        self,
+        messages: Any,
+        tools: list[dict[str, Any]] | None = None,
+        callbacks: list[Any] | None = None,
+        available_functions: dict[str, Any] | None = None,
+        from_task: Any = None,
+        from_agent: Any = None,
+        response_model: type[BaseModel] | None = None,
+    ) -> Any:
+        """Answer natively async; ``await asyncio.sleep`` before each chunk."""
+        check_cancelled()
+        self._log_call()
+        with llm_call_context():
+            self._emit_call_started_event(
+                messages=messages, tools=tools, callbacks=callbacks,
+                available_functions=available_functions,
+                from_task=from_task, from_agent=from_agent,
+            )
+            try:
+                reply = self._reply(messages, tools, response_model)
+                for piece in reply.pieces:
+                    if self.delay_ms:
+                        await asyncio.sleep(self.delay_ms / 1000)
+                    check_cancelled()
+                    self._emit_piece(piece, reply, from_task, from_agent)
+            except BaseException as exc:
+                self._emit_call_failed_event(
+                    error=type(exc).__name__, from_task=from_task, from_agent=from_agent
+                )
+                raise
+            return self._finish(reply, messages, from_task, from_agent)
+
+    # -- internals --------------------------------------------------------------
+
+    def _reply(
+        self,
+        messages: Any,
+        tools: list[dict[str, Any]] | None,
+        response_model: type[BaseModel] | None,
+    ) -> _Reply:
+        if self.fail:
+            raise RuntimeError(
+                f"offline provider rejected the request (api_key={FAKE_SECRET})"
+            )
+        text = _prompt_text(messages)
+        subject = _subject(text)
+        if response_model is not None:
+            data = fake_model_data(response_model)
+            body = json.dumps(data)
+            return _Reply(self, body, response_model.model_validate(data), None)
+        if tools and not _has_tool_result(messages):
+            call = _tool_call(tools[0], subject)
+            return _Reply(self, call["function"]["arguments"], [call], call)
+        if tools:
+            body = f"{self.model}: {subject} (tool said: {_last_tool_result(messages)})"
+            return _Reply(self, body, body, None)
+        answer = f"{self.model}: {subject}"
+        body = f"Thought: I now know the final answer\nFinal Answer: {answer}"
+        if len(body) < self.chunks_per_answer:
+            body += " ." * ((self.chunks_per_answer - len(body)) // 2 + 1)
+        return _Reply(self, body, body, None)
+
+    def _emit_piece(self, piece: str, reply: _Reply, from_task: Any, from_agent: Any) -> None:
+        tool_call = None
+        call_type = LLMCallType.LLM_CALL
+        if reply.tool_call is not None:
+            call_type = LLMCallType.TOOL_CALL
+            tool_call = {
+                "id": reply.tool_call["id"],
+                "type": "function",
+                "index": 0,
+                "function": {
+                    "name": reply.tool_call["function"]["name"],
+                    "arguments": piece,
+                },
+            }
+        self._emit_stream_chunk_event(
+            chunk=piece, from_task=from_task, from_agent=from_agent,
+            tool_call=tool_call, call_type=call_type,
+        )
+
+    def _finish(self, reply: _Reply, messages: Any, from_task: Any, from_agent: Any) -> Any:
+        prompt_tokens = len(_prompt_text(messages).split())
+        completion_tokens = len(reply.body.split())
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+        self._track_token_usage_internal(usage)
+        self._emit_call_completed_event(
+            response=reply.body,
+            call_type=LLMCallType.TOOL_CALL if reply.tool_call else LLMCallType.LLM_CALL,
+            from_task=from_task, from_agent=from_agent,
+            messages=messages, usage=usage,
+        )
+        return reply.result
+
+    def _log_call(self) -> None:
+        path = os.environ.get(CALL_LOG_ENV)
+        if not path:
+            return
+        line = f"{time.time():.6f} {os.getpid()} {self.model}\n"
+        with _call_log_lock, open(path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+
+
+class _Reply:
+    """One planned answer: the streamed body, its pieces and the return value."""
+
+    def __init__(self, llm: OfflineLLM, body: str, result: Any, tool_call: Any) -> None:
+        self.body = body
+        self.result = result
+        self.tool_call = tool_call
+        self.pieces = split_chunks(body, llm.chunks_per_answer)
+
+
+def split_chunks(text: str, n: int) -> list[str]:
+    """Split ``text`` into ``n`` contiguous, non-empty pieces (fewer if too short)."""
+    n = max(1, min(n, len(text) or 1))
+    bounds = [len(text) * i // n for i in range(n + 1)]
+    return [text[bounds[i]:bounds[i + 1]] for i in range(n)]
+
+
+def _prompt_text(messages: Any) -> str:
+    if isinstance(messages, str):
+        return messages
+    parts: list[str] = []
+    for message in messages or []:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(str(b.get("text", "")) for b in content if isinstance(b, Mapping))
+    return "\n".join(parts)
+
+
+def _subject(text: str) -> str:
+    """The interpolated task line of a prompt (the last ``Current Task:``), or its tail."""
+    matches = _TASK_LINE.findall(text)
+    raw = matches[-1] if matches else text[-200:]
+    return " ".join(raw.split())[:300] or "(empty prompt)"
+
+
+def _has_tool_result(messages: Any) -> bool:
+    return isinstance(messages, list) and any(
+        isinstance(m, Mapping) and m.get("role") == "tool" for m in messages
+    )
+
+
+def _last_tool_result(messages: Any) -> str:
+    for message in reversed(messages):
+        if isinstance(message, Mapping) and message.get("role") == "tool":
+            return " ".join(str(message.get("content", "")).split())[:200]
+    return ""
+
+
+def _tool_call(tool: Mapping[str, Any], subject: str) -> dict[str, Any]:
+    function = tool.get("function", tool)
+    name = str(function.get("name", "tool"))
+    properties = (function.get("parameters") or {}).get("properties") or {}
+    args = {key: _schema_value(schema, subject) for key, schema in properties.items()}
+    digest = hashlib.sha256(f"{name}:{subject}".encode()).hexdigest()[:12]
+    return {
+        "id": f"call_offline_{digest}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
+
+
+def _schema_value(schema: Any, subject: str) -> Any:
+    kind = schema.get("type") if isinstance(schema, Mapping) else None
+    return {"integer": 8, "number": 8.0, "boolean": True, "array": [subject],
+            "object": {}}.get(str(kind), subject)
+
+
+def fake_model_data(model: type[BaseModel]) -> dict[str, Any]:
+    """Build deterministic field values that validate against ``model``.
+
+    Args:
+        model: a pydantic model class.
+
+    Returns:
+        A dict with one value per field (numbers 8/8.0, ``"offline <name>"``
+        strings, one-element lists, first enum/literal value, nested models).
+    """
+    return {
+        name: _fake_value(field.annotation, name, 0)
+        for name, field in model.model_fields.items()
+    }
+
+
+def _fake_value(annotation: Any, name: str, depth: int) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is None or annotation is type(None):
+        return None
+    if origin is typing.Annotated:
+        return _fake_value(args[0], name, depth)
+    if origin is typing.Union or origin is types.UnionType:
+        choices = [a for a in args if a is not type(None)]
+        return _fake_value(choices[0], name, depth) if choices else None
+    if origin is typing.Literal:
+        return args[0]
+    if origin in (list, set, frozenset, Sequence) or origin is typing.Sequence:
+        return [_fake_value(args[0] if args else str, name, depth + 1)]
+    if origin is tuple:
+        return [_fake_value(a, name, depth + 1) for a in args if a is not Ellipsis]
+    if origin in (dict, Mapping):
+        value_type = args[1] if len(args) == 2 else str
+        return {"key": _fake_value(value_type, name, depth + 1)}
+    if isinstance(annotation, type):
+        if issubclass(annotation, BaseModel):
+            return {} if depth > 4 else {
+                n: _fake_value(f.annotation, n, depth + 1)
+                for n, f in annotation.model_fields.items()
+            }
+        if issubclass(annotation, enum.Enum):
+            return next(iter(annotation)).value
+        if issubclass(annotation, bool):
+            return True
+        if issubclass(annotation, int):
+            return 8
+        if issubclass(annotation, float):
+            return 8.0
+    return f"offline {name}"
+
+
+class OfflineEmbedder(CustomEmbeddingFunction):
+    """Hashed bag-of-words embedding: 256 dims, L2-normalized, deterministic.
+
+    Words are lower-cased ``\\w+`` tokens; each adds 1 to the bucket given by
+    the first 4 bytes of its SHA-256. Texts sharing words get a high cosine.
+    """
+
+    DIMENSIONS = 256
+
+    def __init__(self, **_config: Any) -> None:
+        super().__init__()
+
+    def __call__(self, input: Sequence[str]) -> list[np.ndarray]:  # noqa: A002
+        texts = [input] if isinstance(input, str) else list(input)
+        return [embed_text(text, self.DIMENSIONS) for text in texts]
+
+    @staticmethod
+    def name() -> str:
+        return "aip-crewai-offline"
+
+
+def embed_text(text: str, dimensions: int = OfflineEmbedder.DIMENSIONS) -> np.ndarray:
+    """Embed one text (see :class:`OfflineEmbedder`); an empty text gets a unit vector."""
+    vector = np.zeros(dimensions, dtype=np.float32)
+    for word in re.findall(r"\w+", text.lower()):
+        bucket = int.from_bytes(hashlib.sha256(word.encode()).digest()[:4], "big")
+        vector[bucket % dimensions] += 1.0
+    norm = float(np.linalg.norm(vector))
+    if norm == 0.0:
+        vector[0] = 1.0
+        return vector
+    return vector / norm
+
+
+def offline_embedder() -> CustomProvider:
+    """Return the crew ``embedder`` value for :class:`OfflineEmbedder`."""
+    return CustomProvider(embedding_callable=OfflineEmbedder)
