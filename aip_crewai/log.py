@@ -1,0 +1,43 @@
+"""Logging setup shared by both processes (structlog).
+
+``configure_logging(json=..., level=...)`` is called once, from an entry
+point. Logs go to **stderr** (CrewAI prints to stdout). Event names are fixed
+snake_case phrases; data goes in key-values with units. Never log secrets,
+tokens, crew inputs or outputs: log sizes and hashes.
+
+Source: STYLE.md (Logging).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(*, json: bool | None = None, level: str = "info") -> None:
+    """Configure structlog once.
+
+    Args:
+        json: JSON lines (production) when True, the console renderer when
+            False; None picks JSON unless stderr is a terminal.
+        level: minimum level name (debug, info, warning, error).
+    """
+    if json is None:
+        json = not sys.stderr.isatty()
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
