@@ -5,13 +5,12 @@ The decoder implements the WHATWG HTML "event stream interpretation"
 on bytes fed in arbitrary chunks; the encoder writes frames the decoder (or
 any conforming client) reads back. No sockets, clocks, logging or other I/O.
 
-Frame size: a frame is the lines received since the last blank line. Its size
-in bytes counts each line's bytes plus one byte per line terminator (CR, LF
-and CRLF all count as one), including the blank line that ends it, and
-excludes the stream's leading BOM. Comment lines are checked against the
-bound while they arrive but are not added to the frame, since nothing of
-them is kept (so keep-alive comments between events never accumulate). With
-LF line ends, ``len(encode_event(...))`` is exactly the size of that frame.
+Frame size (bytes): the lines since the last blank line, each counted with
+one byte for its terminator (CR, LF or CRLF), plus the blank line ending the
+frame; the leading BOM is not counted. A comment line is checked against the
+bound but not added to the frame (nothing of it is kept, so keep-alives
+between events never accumulate). With LF line ends ``len(encode_event(...))``
+is exactly the size of its frame.
 
 Source: DESIGN.md §11 (SSE codec API), §8 (a frame over 1 MiB fails the
 stream), §4 (frame layout, keep-alive comments); WHATWG HTML as above.
@@ -35,9 +34,8 @@ class SSEEvent:
     Attributes:
         event: the event type; ``"message"`` when the frame set none (or "").
         data: the ``data`` lines of the frame joined with LF ("" is possible).
-        id: the last event id in force at dispatch (it persists across events
-            and may have been set by an earlier frame); None if no ``id``
-            field was ever received; "" after an ``id`` field with no value.
+        id: the last event id in force at dispatch (persists across frames);
+            None before any ``id`` field, "" after an ``id`` with no value.
         retry: reconnection time in milliseconds set by this frame, else None.
     """
 
@@ -49,9 +47,7 @@ class SSEEvent:
 
 class SSEFrameTooLarge(ValueError):
     """One frame exceeded ``max_frame_bytes``; ``limit_bytes`` is that bound (bytes).
-
-    Source: DESIGN.md §11 and §8 ("frame over 1 MiB").
-    """
+    Source: DESIGN.md §11 and §8 ("frame over 1 MiB")."""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
@@ -81,8 +77,7 @@ class SSEDecoder:
         self._retry: int | None = None  # retry set by the current frame
         self._last_id: str | None = None  # last event ID buffer (persists)
         self._reconnection_ms: int | None = None
-        self._failed = False
-        self._closed = False
+        self._failed = self._closed = False
 
     @property
     def last_event_id(self) -> str | None:
@@ -106,7 +101,8 @@ class SSEDecoder:
         Raises:
             SSEFrameTooLarge: the current frame exceeds ``max_frame_bytes``
                 (checked before an unterminated line is buffered), or any call
-                after that: the decoder stays failed.
+                after that: the decoder stays failed. Events dispatched earlier
+                in the same chunk are then not returned.
             ValueError: called after ``close()``.
         """
         if self._failed:
@@ -122,11 +118,9 @@ class SSEDecoder:
                 return []
             self._head = None
             data = head[3:] if head.startswith(_BOM) else head
-        if self._skip_lf and data:
-            # A CR ended the previous chunk; an LF here completes that CRLF.
+        if self._skip_lf and data:  # a CR ended the last chunk: an LF here completes that CRLF
             self._skip_lf = False
-            if data[:1] == b"\n":
-                data = data[1:]
+            data = data[1:] if data[:1] == b"\n" else data
         if b"\r" in data:
             # Line ends are CRLF, CR or LF ("end-of-line" in the stream grammar).
             # CR never occurs inside UTF-8 multibyte sequences, so splitting bytes
@@ -164,9 +158,9 @@ class SSEDecoder:
                 # "If the line starts with a U+003A COLON character: Ignore the line."
                 size -= len(line) + 1  # kept nowhere, so not part of the frame
             else:
-                # "If the line contains a U+003A COLON": field = before the first
-                # colon, value = after it, minus one leading U+0020 SPACE.
-                # Otherwise the whole line is the field name and the value is "".
+                # "If the line contains a U+003A COLON": field = before the first colon,
+                # value = after it minus one leading U+0020 SPACE; "Otherwise" the whole
+                # line is the field name and the value is "". Unknown fields are ignored.
                 name, _, value = line.partition(b":")
                 if value[:1] == b" ":
                     value = value[1:]
@@ -182,7 +176,6 @@ class SSEDecoder:
                         retry = self._reconnection_ms = int(value)
                     except ValueError:  # beyond sys.get_int_max_str_digits(): ignore
                         pass
-                # "Otherwise: The field is ignored."
         self._size, self._data, self._event, self._retry, self._last_id = size, data_lines, event, retry, last_id
         if size + len(tail) > limit:
             self._fail()
@@ -198,15 +191,11 @@ class SSEDecoder:
         """
         if self._failed:
             raise SSEFrameTooLarge(self._limit)
-        self._closed = True
-        self._partial = bytearray()
-        self._data, self._event, self._retry, self._size = [], "", None, 0
+        self._closed, self._partial, self._data = True, bytearray(), []
         return []
 
     def _fail(self) -> None:
-        self._failed = True
-        self._partial = bytearray()
-        self._data = []
+        self._failed, self._partial, self._data = True, bytearray(), []
         raise SSEFrameTooLarge(self._limit)
 
 
@@ -232,7 +221,7 @@ def encode_event(data: str, event: str | None = None, id: str | None = None) -> 
 
     Source: WHATWG HTML "event stream interpretation"; DESIGN.md §4, §11.
     """
-    parts = []
+    parts: list[str] = []
     if id is not None:
         if "\r" in id or "\n" in id or "\x00" in id:
             raise ValueError("SSE id must not contain CR, LF or NUL")
@@ -241,10 +230,8 @@ def encode_event(data: str, event: str | None = None, id: str | None = None) -> 
         if "\r" in event or "\n" in event:
             raise ValueError("SSE event type must not contain CR or LF")
         parts.append(f"event: {event}\n")
-    if "\r" in data or "\n" in data:
-        parts.extend(f"data: {line}\n" for line in _LINE_END.split(data))
-    else:
-        parts.append(f"data: {data}\n")
+    lines = _LINE_END.split(data) if "\r" in data or "\n" in data else (data,)
+    parts.extend(f"data: {line}\n" for line in lines)
     parts.append("\n")
     return "".join(parts).encode("utf-8")
 
@@ -252,11 +239,9 @@ def encode_event(data: str, event: str | None = None, id: str | None = None) -> 
 def encode_comment(text: str) -> bytes:
     """Encode a comment (e.g. a keep-alive) as UTF-8 bytes.
 
-    Each line of ``text`` (split at CRLF, CR or LF) becomes its own
-    ``: <line>\\n`` comment line (an empty line becomes ``:\\n``); no blank line
-    follows, so a comment between frames dispatches nothing and adds nothing.
-
-    Args: text, line ends allowed. Returns: the comment lines, bytes (UTF-8).
+    Each line of ``text`` (split at CRLF, CR or LF; line ends allowed) becomes
+    its own ``: <line>\\n`` line (an empty one ``:\\n``); no blank line follows.
+    Returns the comment lines, bytes (UTF-8).
 
     Source: WHATWG HTML "event stream interpretation" (lines starting with a
     colon are ignored); DESIGN.md §4 (``: keep-alive`` every 15 s).
