@@ -1,0 +1,309 @@
+"""The host's HTTP client of the sidecar: one boundary where httpx errors and
+sidecar statuses become connector errors.
+
+The ``httpx.AsyncClient`` is owned by the host lifespan (bearer token from a
+0600 file, base URL https or loopback http, no redirects, connect timeout
+10 s); this module only uses it. Every request sends ``Idempotency-Key`` (for
+job starts) and ``X-AIP-Action-ID``. ``Dispatch`` records honestly how far a
+request got: ``not_sent`` (no connection), ``sent`` (bytes may have reached
+the sidecar, no answer), ``acknowledged`` (the sidecar answered).
+
+Source: DESIGN.md §4 (sidecar contract), §7 (sidecar client), §8 (errors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+
+from ..contracts.aip import StreamChunk
+from ..contracts.errors import (
+    ConnectorAuthentication,
+    ConnectorConfigurationOrInput,
+    ConnectorError,
+    ConnectorRemoteRejected,
+    ConnectorRemoteTemporary,
+    ConnectorResponseTooLarge,
+    ConnectorTransport,
+)
+from ..contracts.operations import OperationSpec
+from ..contracts.sidecar import JobEvent
+from .normalize import StreamNormalizer
+
+#: Bound on a JSON (non-stream) sidecar answer, bytes: the 4 MiB output plus envelope room.
+MAX_JSON_RESPONSE_BYTES = 8 * 1024 * 1024
+_MAX_DETAIL_CHARS = 512
+
+
+def sidecar_job_id(tenant: str, action_id: str) -> str:
+    """The sidecar job id of a tenant's action: ``<tenant>:<action_id>``, or
+    ``<tenant>:sha256:<hex>`` when that would exceed 256 characters.
+
+    Sidecar job ids are global while AIP action ids are tenant-scoped, so two
+    tenants reusing one action id never collide at the sidecar.
+    """
+    plain = f"{tenant}:{action_id}"
+    if len(plain) <= 256:
+        return plain
+    return f"{tenant}:sha256:" + hashlib.sha256(action_id.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class Dispatch:
+    """How far one request got (DESIGN.md §8)."""
+
+    state: str = "not_sent"
+
+
+def error_for_status(
+    status: int, spec: OperationSpec, *, detail: str | None, dispatch: str = "acknowledged"
+) -> ConnectorError:
+    """Map a sidecar HTTP status to a connector error (DESIGN.md §8).
+
+    401/403 → authentication; 404/413/422/428 → configuration_or_input;
+    429 and ≥ 500 → remote_temporary; other 4xx → remote_rejected.
+    """
+    kwargs: dict[str, Any] = dict(
+        operation=spec.name,
+        remote_status=status,
+        uncertain_outcome=spec.mutation and status >= 500,
+        read_only=spec.read_only,
+        dispatch=dispatch,
+        details={"remote_detail": detail[:_MAX_DETAIL_CHARS]} if detail else None,
+    )
+    if status in (401, 403):
+        return ConnectorAuthentication(**kwargs)
+    if status in (404, 413, 422, 428):
+        return ConnectorConfigurationOrInput(**kwargs)
+    if status == 429 or status >= 500:
+        return ConnectorRemoteTemporary(**kwargs)
+    return ConnectorRemoteRejected(**kwargs)
+
+
+def _transport_error(spec: OperationSpec, dispatch: Dispatch, exc: Exception) -> ConnectorTransport:
+    return ConnectorTransport(
+        f"the sidecar could not be reached ({type(exc).__name__})",
+        operation=spec.name,
+        uncertain_outcome=spec.mutation and dispatch.state != "not_sent",
+        read_only=spec.read_only,
+        dispatch=dispatch.state,
+    )
+
+
+async def _read_bounded(response: httpx.Response, limit: int, spec: OperationSpec) -> bytes:
+    body = bytearray()
+    async for piece in response.aiter_bytes():
+        body += piece
+        if len(body) > limit:
+            raise ConnectorResponseTooLarge(
+                f"sidecar response exceeded {limit} bytes",
+                operation=spec.name,
+                remote_status=response.status_code,
+                uncertain_outcome=spec.mutation,
+                read_only=spec.read_only,
+                dispatch="acknowledged",
+                details={"limit_bytes": limit},
+            )
+    return bytes(body)
+
+
+def _detail(body: bytes) -> str | None:
+    try:
+        value = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    detail = value.get("detail") if isinstance(value, dict) else None
+    return detail if isinstance(detail, str) else None
+
+
+class SidecarClient:
+    """Typed calls to the sidecar routes of DESIGN.md §4.
+
+    Args:
+        http: the lifespan-owned client (base URL and bearer set).
+        max_response_bytes: bound on one streamed response, bytes.
+    """
+
+    def __init__(self, http: httpx.AsyncClient, *, max_response_bytes: int) -> None:
+        self.http = http
+        self.max_response_bytes = max_response_bytes
+
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        spec: OperationSpec,
+        dispatch: Dispatch,
+        *,
+        headers: dict[str, str],
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        ok: tuple[int, ...] = (200,),
+    ) -> tuple[int, Any]:
+        try:
+            dispatch.state = "sent"
+            request = self.http.build_request(method, path, headers=headers, json=json, params=params)
+            response = await self.http.send(request, stream=True)
+        except httpx.ConnectError as exc:
+            dispatch.state = "not_sent"
+            raise _transport_error(spec, dispatch, exc) from exc
+        except httpx.HTTPError as exc:
+            raise _transport_error(spec, dispatch, exc) from exc
+        dispatch.state = "acknowledged"
+        try:
+            body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
+        except httpx.HTTPError as exc:
+            raise _transport_error(spec, dispatch, exc) from exc
+        finally:
+            await response.aclose()
+        if response.status_code not in ok:
+            raise error_for_status(response.status_code, spec, detail=_detail(body))
+        try:
+            return response.status_code, msgspec.json.decode(body)
+        except msgspec.DecodeError as exc:
+            raise ConnectorRemoteRejected(
+                "the sidecar answered with invalid JSON",
+                operation=spec.name,
+                remote_status=response.status_code,
+                uncertain_outcome=spec.mutation,
+                read_only=spec.read_only,
+                dispatch="acknowledged",
+            ) from exc
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /health`` → the decoded health view (raises httpx errors)."""
+        response = await self.http.get("/health")
+        response.raise_for_status()
+        value = response.json()
+        if not isinstance(value, dict):
+            raise ValueError("sidecar health is not an object")
+        return value
+
+    async def start_job(
+        self,
+        spec: OperationSpec,
+        dispatch: Dispatch,
+        *,
+        job_id: str,
+        action_id: str,
+        crew_id: str,
+        input: Any,
+        idempotency_key: str,
+        timeout_ms: int | None,
+    ) -> tuple[int, Any]:
+        """Blocking ``POST /jobs``: returns ``(status, body)`` for 200 (the
+        output), and for 409/502/504 (the caller reads the job to tell a
+        failed, cancelled or still-running job apart); other statuses raise."""
+        body = {"crew_id": crew_id, "action_id": job_id, "operation": spec.name, "input": input}
+        if timeout_ms is not None:
+            body["timeout_ms"] = timeout_ms
+        headers = {"Idempotency-Key": idempotency_key, "X-AIP-Action-ID": action_id}
+        try:
+            return await self._json("POST", "/jobs", spec, dispatch, headers=headers, json=body)
+        except ConnectorError as exc:
+            if exc.remote_status in (409, 502, 504):
+                return exc.remote_status, exc.details.get("remote_detail")
+            raise
+
+    async def stream(
+        self,
+        spec: OperationSpec,
+        dispatch: Dispatch,
+        normalizer: StreamNormalizer,
+        on_chunks: Callable[[list[StreamChunk]], Awaitable[None]],
+        *,
+        method: str,
+        path: str,
+        action_id: str,
+        headers: dict[str, str] | None = None,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+    ) -> JobEvent:
+        """Run one SSE request to its terminal event, feeding the normalizer.
+
+        ``on_chunks`` is awaited with every batch of normalized chunks as they
+        arrive. Returns the terminal sidecar event.
+
+        Raises: ConnectorError (status, transport, invalid stream, too large).
+        """
+        all_headers = {"Accept": "text/event-stream", "X-AIP-Action-ID": action_id, **(headers or {})}
+        try:
+            dispatch.state = "sent"
+            request = self.http.build_request(method, path, headers=all_headers, json=json, params=params)
+            response = await self.http.send(request, stream=True)
+        except httpx.ConnectError as exc:
+            dispatch.state = "not_sent"
+            raise _transport_error(spec, dispatch, exc) from exc
+        except httpx.HTTPError as exc:
+            raise _transport_error(spec, dispatch, exc) from exc
+        dispatch.state = "acknowledged"
+        try:
+            if response.status_code != 200:
+                body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
+                raise error_for_status(response.status_code, spec, detail=_detail(body))
+            async for piece in response.aiter_raw():
+                chunks = normalizer.feed(piece)
+                if chunks:
+                    await on_chunks(chunks)
+            return normalizer.close()
+        except httpx.HTTPError as exc:
+            raise _transport_error(spec, dispatch, exc) from exc
+        finally:
+            await response.aclose()
+
+    async def start_stream(
+        self,
+        spec: OperationSpec,
+        dispatch: Dispatch,
+        normalizer: StreamNormalizer,
+        on_chunks: Callable[[list[StreamChunk]], Awaitable[None]],
+        *,
+        job_id: str,
+        action_id: str,
+        crew_id: str,
+        input: Any,
+        idempotency_key: str,
+        timeout_ms: int | None,
+    ) -> JobEvent:
+        """``POST /jobs/stream`` to the terminal event (see :meth:`stream`)."""
+        body = {"crew_id": crew_id, "action_id": job_id, "operation": spec.name, "input": input}
+        if timeout_ms is not None:
+            body["timeout_ms"] = timeout_ms
+        return await self.stream(
+            spec, dispatch, normalizer, on_chunks, method="POST", path="/jobs/stream", action_id=action_id,
+            headers={"Idempotency-Key": idempotency_key}, json=body,
+        )
+
+    async def get_job(self, spec: OperationSpec, dispatch: Dispatch, *, job_id: str, action_id: str) -> Any:
+        """``GET /jobs/{job_id}`` → the job view."""
+        return (await self._json("GET", f"/jobs/{job_id}", spec, dispatch, headers={"X-AIP-Action-ID": action_id}))[1]
+
+    async def get_events(
+        self, spec: OperationSpec, dispatch: Dispatch, *, job_id: str, action_id: str, cursor: int
+    ) -> Any:
+        """``GET /jobs/{job_id}/events?cursor=N`` as JSON → the events page."""
+        return (
+            await self._json(
+                "GET", f"/jobs/{job_id}/events", spec, dispatch, headers={"X-AIP-Action-ID": action_id},
+                params={"cursor": cursor},
+            )
+        )[1]
+
+    async def cancel(
+        self, spec: OperationSpec, dispatch: Dispatch, *, job_id: str, action_id: str, crew_id: str,
+        reason: str | None,
+    ) -> Any:
+        """``POST /jobs/{job_id}/cancel`` → the job view after cancellation."""
+        body: dict[str, Any] = {"crew_id": crew_id, "action_id": job_id}
+        if reason is not None:
+            body["reason"] = reason
+        return (
+            await self._json(
+                "POST", f"/jobs/{job_id}/cancel", spec, dispatch, headers={"X-AIP-Action-ID": action_id}, json=body,
+            )
+        )[1]
