@@ -246,7 +246,7 @@ class SidecarClient:
             if response.status_code != 200:
                 body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
                 raise error_for_status(response.status_code, spec, detail=_detail(body))
-            async for piece in response.aiter_raw():
+            async for piece in response.aiter_bytes():
                 chunks = normalizer.feed(piece)
                 if chunks:
                     await on_chunks(chunks)
