@@ -1,0 +1,404 @@
+"""The action service: capability resolution, the idempotency and approval
+fences, dispatch in the background, cancellation and restart reconciliation.
+
+HTTP handlers (``routes_actions.py``, ``approvals.py``) stay thin over this.
+
+Source: DESIGN.md §7 (fences), §8 (cancellation outcomes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+import structlog
+
+from ..contracts import operations as ops
+from ..contracts.aip import Action, ActionResult, ApprovalRef, StreamChunk
+from ..contracts.errors import (
+    ActionNotFound,
+    AipError,
+    ApprovalDenied,
+    ApprovalExpired,
+    CapabilityNotFound,
+    ConnectorCancelledUnconfirmed,
+    IdempotencyConflict,
+    IdempotencyKeyRequired,
+    InvalidInput,
+    NotCancellable,
+)
+from ..contracts.hashing import canonical_json, input_hash, sha256_hex
+from ..contracts.inputs import convert_input, has_control_characters
+from ..contracts.operations import OperationSpec
+from ..contracts.sidecar import MAX_IDEMPOTENCY_KEY_BYTES
+from .dispatch import Dispatcher, Job
+from .live import LiveAction, LiveRegistry
+from .normalize import failed_result
+from .auth import Principal
+from .store import TRANSITIONS, ActionRecord, ActionState, ApprovalRecord, Store, ms_to_rfc3339
+
+log = structlog.get_logger(__name__)
+
+IDEMPOTENCY_TTL_MS = 86_400_000
+APPROVAL_TTL_MS = 900_000
+TERMINAL = ("completed", "failed", "cancelled")
+_encode = msgspec.json.Encoder()
+_result_decoder = msgspec.json.Decoder(ActionResult)
+
+
+def policy_hash(tenant: str, action_id: str, capability_id: str, hashed_input: str) -> str:
+    """The hash an approval binds: tenant, action id, capability and input hash (DESIGN.md §7)."""
+    return sha256_hex(canonical_json(
+        {"tenant": tenant, "action_id": action_id, "capability_id": capability_id, "input_hash": hashed_input}
+    ))
+
+
+def fence_hash(capability_id: str, value: Any) -> str:
+    """What the idempotency fence revalidates: the capability and the exact input."""
+    return input_hash({"capability_id": capability_id, "input": value})
+
+
+class ActionService:
+    """Admits, dispatches and reports actions for one host process.
+
+    Args:
+        store: the host store.
+        dispatcher: runs jobs on the sidecar.
+        allowed: tenant → {crew id → allowed operation names} (default deny:
+            a crew absent for a tenant does not exist for it).
+        metrics: the host :class:`~aip_crewai.host.metrics.Metrics` (optional).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        dispatcher: Dispatcher,
+        allowed: Mapping[str, Mapping[str, frozenset[str]]],
+        *,
+        metrics: Any = None,
+        now_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.allowed = allowed
+        self.live = LiveRegistry()
+        self.metrics = metrics
+        self.now_ms = now_ms or store.now_ms
+
+    def _fence(self, fence: str, decision: str) -> None:
+        if self.metrics is not None:
+            self.metrics.fence_decisions.inc(fence=fence, decision=decision)
+
+    # --- admission -------------------------------------------------------------
+
+    def resolve(self, tenant: str, capability_id: str) -> tuple[str, OperationSpec]:
+        """Resolve a capability for a tenant. Raises CapabilityNotFound (also
+        for crews the tenant may not see: DESIGN.md §7)."""
+        found = ops.resolve_capability(capability_id, self.allowed.get(tenant, {}))
+        if found is None:
+            raise CapabilityNotFound(details={"capability_id": capability_id})
+        return found[0], ops.get(found[1])
+
+    async def submit(self, caller: Principal, action: Action, envelope_key: str | None, *, stream: bool) -> ActionRecord:
+        """Admit an action through both fences; start its dispatch when it may run.
+
+        Returns the action record (new, or the existing one for a repeat).
+
+        Raises: CapabilityNotFound, InvalidInput, IdempotencyKeyRequired,
+        IdempotencyConflict, ActionNotFound (inspection of an unknown run).
+        """
+        tenant = caller.tenant
+        crew_id, spec = self.resolve(tenant, action.capability_id)
+        convert_input(spec.input_type, action.input)
+        key = _idempotency_key(action.idempotency_key, envelope_key)
+        if key is None and spec.key is ops.KeyRequirement.REQUIRED:
+            self._fence("idempotency", "key_missing")
+            raise IdempotencyKeyRequired(details={"capability_id": action.capability_id})
+        if "run_action_id" in action.input:
+            await self._check_target(tenant, crew_id, str(action.input["run_action_id"]))
+        hashed = fence_hash(action.capability_id, action.input)
+        if key is not None:
+            record = await self.store.reserve_idempotency(
+                tenant, key, action.capability_id, action.id, hashed, self.now_ms() + IDEMPOTENCY_TTL_MS
+            )
+            if not record.created and record.action_id != action.id:
+                if record.input_hash != hashed:
+                    self._fence("idempotency", "conflict")
+                    raise IdempotencyConflict(details={"idempotency_key": key})
+                self._fence("idempotency", "replayed")
+                existing = await self.store.get_action(tenant, record.action_id)
+                if existing is None:
+                    raise ActionNotFound()
+                return existing
+        status = "pending_approval" if spec.approval else "running"
+        created, record_ = await self.store.create_action(
+            tenant, action.id, action.capability_id, crew_id, spec.name, canonical_json(action.input).decode(),
+            hashed, caller.id, key, status, timeout_ms=action.timeout_ms,
+        )
+        if not created:
+            if record_.input_hash != hashed or record_.idempotency_key != key:
+                self._fence("idempotency", "conflict")
+                raise IdempotencyConflict("the action id was already used with a different input or key")
+            self._fence("idempotency", "replayed")
+            return await self.refresh(record_)
+        self._fence("idempotency", "admitted")
+        if spec.approval:
+            self._fence("approval", "requested")
+            approval_id = "apr_" + secrets.token_urlsafe(16)
+            await self.store.create_approval(
+                tenant, approval_id, action.id, action.capability_id,
+                policy_hash(tenant, action.id, action.capability_id, hashed), caller.id,
+                canonical_json(action.input).decode(), self.now_ms() + APPROVAL_TTL_MS,
+            )
+            await self.store.update_action(tenant, action.id, from_statuses=["pending_approval"],
+                                           status="pending_approval", approval_id=approval_id)
+            return await self._get(tenant, action.id)
+        self.start(record_, stream=stream)
+        return record_
+
+    async def _check_target(self, tenant: str, crew_id: str, run_action_id: str) -> None:
+        """status/events/cancel may only name a run of the same tenant and crew."""
+        target = await self.store.get_action(tenant, run_action_id)
+        if target is None or target.crew_id != crew_id or not ops.get(target.operation).startable:
+            raise ActionNotFound(details={"run_action_id": run_action_id})
+
+    async def _get(self, tenant: str, action_id: str) -> ActionRecord:
+        record = await self.store.get_action(tenant, action_id)
+        if record is None:
+            raise ActionNotFound()
+        return record
+
+    # --- dispatch --------------------------------------------------------------
+
+    def _job(self, record: ActionRecord, *, stream: bool) -> Job:
+        return Job(
+            tenant=record.tenant, action_id=record.action_id, crew_id=record.crew_id,
+            spec=ops.get(record.operation), input=msgspec.json.decode(record.input_json),
+            idempotency_key=record.idempotency_key or record.action_id, timeout_ms=record.timeout_ms,
+            stream=stream or ops.get(record.operation).name != "events", first_chunk_sequence=record.chunk_count,
+        )
+
+    def start(self, record: ActionRecord, *, stream: bool = False) -> LiveAction:
+        """Start the background dispatch of a running action (once per process)."""
+        live = self.live.get(record.tenant, record.action_id)
+        if live is not None:
+            return live
+        live = LiveAction(job=self._job(record, stream=stream))
+        self.live.add(live)
+        live.task = asyncio.get_running_loop().create_task(self._dispatch(live), name=f"dispatch:{record.action_id}")
+        return live
+
+    async def _dispatch(self, live: LiveAction) -> None:
+        job = live.job
+        tenant, action_id = job.tenant, job.action_id
+        structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
+
+        async def on_chunks(chunks: list[StreamChunk]) -> None:
+            await self.store.append_chunks(tenant, action_id, [(c.sequence, _encode.encode(c).decode()) for c in chunks])
+            await self.store.update_action(tenant, action_id, from_statuses=["running"], status="running",
+                                           dispatch=job.dispatch.state)
+            live.notify()
+
+        try:
+            await self.store.update_action(tenant, action_id, from_statuses=["running"], status="running",
+                                           dispatch="sent")
+            result = await self.dispatcher.run(job, on_chunks)
+            await self._finish(tenant, action_id, result, job.dispatch.state)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # never lose an action: record a failure instead
+            log.exception("dispatch_crashed")
+            error = AipError("the host failed while dispatching the action")
+            await self._finish(tenant, action_id, failed_result(action_id, error), job.dispatch.state)
+        finally:
+            self.live.remove(tenant, action_id)
+            live.notify()
+
+    async def _finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None) -> bool:
+        sources = [s.value for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
+                   if ActionState(result.status) in TRANSITIONS[s]]
+        changed = await self.store.update_action(
+            tenant, action_id, from_statuses=sources, status=result.status,
+            dispatch=dispatch, result_json=_encode.encode(result).decode(),
+        )
+        log.info("action_finished", status=result.status, changed=changed)
+        if changed and self.metrics is not None:
+            record = await self.store.get_action(tenant, action_id)
+            self.metrics.actions.inc(operation=record.operation if record else "unknown", status=result.status)
+            if result.error is not None and result.error.code.startswith("connector."):
+                self.metrics.stream_errors.inc(code=result.error.code)
+        return changed
+
+    # --- reading ---------------------------------------------------------------
+
+    async def refresh(self, record: ActionRecord) -> ActionRecord:
+        """Bring a record up to date: expire a stale approval; reconcile a
+        running action nobody in this process dispatches (a host restart) with
+        the sidecar's job, never re-dispatching it."""
+        if record.status == "pending_approval" and record.approval_id:
+            approval = await self.store.get_approval(record.tenant, record.approval_id)
+            if approval is not None and approval.effective_status(self.now_ms()) == "expired":
+                await self.store.expire_approvals(self.now_ms())
+                await self._finish(record.tenant, record.action_id,
+                                   failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"), "not_sent")
+                return await self._get(record.tenant, record.action_id)
+        if record.status == "running" and self.live.get(record.tenant, record.action_id) is None:
+            await self.reconcile(record)
+            return await self._get(record.tenant, record.action_id)
+        return record
+
+    async def reconcile(self, record: ActionRecord) -> None:
+        """Settle a running action left by a previous host process."""
+        job = self._job(record, stream=False)
+        spec = job.spec
+        if not spec.startable:
+            # Inspection reads are not journaled by the sidecar: their outcome is unknown, re-reading is safe.
+            result = ActionResult(action_id=record.action_id, status="cancelled", dispatch=record.dispatch,  # type: ignore[arg-type]
+                                  output={"remote_stop_confirmed": False, "provider_effect": "read_only",
+                                          "completion_unobserved": True})
+            await self._finish(record.tenant, record.action_id, result, None)
+            return
+        try:
+            terminal = await self.dispatcher.terminal_event(job)
+        except AipError as exc:
+            if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
+                await self._finish(record.tenant, record.action_id, failed_result(
+                    record.action_id, ConnectorCancelledUnconfirmed(
+                        "the host restarted before the sidecar admitted the action", operation=spec.name,
+                        remote_status=404, uncertain_outcome=False, dispatch="not_sent"),
+                    dispatch="not_sent"), "not_sent")
+            return
+        if terminal is None:
+            return  # still running at the sidecar; a later read settles it
+        from .normalize import result_from_terminal
+
+        await self._finish(record.tenant, record.action_id, result_from_terminal(record.action_id, spec, terminal),
+                           "acknowledged")
+
+    async def get(self, caller: Principal, action_id: str) -> ActionRecord:
+        """The caller's tenant's action, refreshed. Raises ActionNotFound."""
+        return await self.refresh(await self._get(caller.tenant, action_id))
+
+    async def result(self, record: ActionRecord) -> ActionResult | None:
+        """The AIP result of a record: stored when terminal, the approval
+        reference when pending, None while running."""
+        if record.result_json:
+            return _result_decoder.decode(record.result_json)
+        if record.status == "pending_approval" and record.approval_id:
+            approval = await self.store.get_approval(record.tenant, record.approval_id)
+            if approval is not None:
+                ref = ApprovalRef(approval_id=approval.approval_id, policy_hash=approval.policy_hash,
+                                  expires_at=ms_to_rfc3339(approval.expires_at))
+                return ActionResult(action_id=record.action_id, status="pending_approval", approval=ref,
+                                    dispatch="not_sent")
+        return None
+
+    async def wait(self, record: ActionRecord, timeout_s: float) -> ActionRecord:
+        """Wait until the action leaves ``running`` (or the timeout passes)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while record.status == "running":
+            live = self.live.get(record.tenant, record.action_id)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            if live is not None:
+                await live.wait(min(remaining, 5.0))
+            else:
+                record = await self.refresh(record)
+                if record.status == "running":
+                    await asyncio.sleep(min(remaining, 0.5))  # polling the sidecar via refresh
+            record = await self._get(record.tenant, record.action_id)
+        return record
+
+    # --- approvals -------------------------------------------------------------
+
+    async def on_decision(self, approval: ApprovalRecord) -> None:
+        """Apply a recorded decision: approved → dispatch (re-checking TTL and
+        binding); denied → the action fails with a policy error."""
+        record = await self._get(approval.tenant, approval.action_id)
+        if record.status != "pending_approval":
+            return
+        if approval.status == "denied":
+            self._fence("approval", "denied")
+            await self._finish(record.tenant, record.action_id,
+                               failed_result(record.action_id, ApprovalDenied(), dispatch="not_sent"), "not_sent")
+            return
+        expected = policy_hash(record.tenant, record.action_id, record.capability_id, record.input_hash)
+        if approval.status != "approved" or approval.policy_hash != expected or (
+            approval.decided_at is not None and approval.decided_at >= approval.expires_at
+        ):
+            self._fence("approval", "rejected_at_dispatch")
+            await self._finish(record.tenant, record.action_id,
+                               failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"), "not_sent")
+            return
+        self._fence("approval", "approved")
+        if await self.store.update_action(record.tenant, record.action_id, from_statuses=["pending_approval"],
+                                          status="running"):
+            self.start(await self._get(record.tenant, record.action_id), stream=True)
+
+    # --- cancellation ----------------------------------------------------------
+
+    async def cancel(self, caller: Principal, action_id: str) -> ActionResult:
+        """Runtime cancellation by the action's own tenant (DESIGN.md §8 table)."""
+        record = await self.get(caller, action_id)
+        spec = ops.get(record.operation)
+        if record.status in TERMINAL:
+            result = await self.result(record)
+            if result is not None:
+                return result
+        if spec.name in ("memory_reset", "cancel"):
+            raise NotCancellable(details={"operation": spec.name})
+        if record.status == "pending_approval":
+            result = ActionResult(action_id=action_id, status="cancelled", dispatch="not_sent",
+                                  output={"remote_stop_confirmed": False, "provider_effect": "none"})
+            await self._finish(record.tenant, action_id, result, None)
+            return (await self.result(await self._get(record.tenant, action_id))) or result
+        live = self.live.get(record.tenant, action_id)
+        if spec.read_only:
+            if live is not None and live.task is not None:
+                live.task.cancel()
+            output = {"remote_stop_confirmed": False, "provider_effect": "read_only", "completion_unobserved": True}
+            if spec.name == "events":
+                output = {"stream_detached": True, **output}
+            result = ActionResult(action_id=action_id, status="cancelled", output=output,
+                                  dispatch=record.dispatch)  # type: ignore[arg-type]
+            await self._finish(record.tenant, action_id, result, None)
+            return (await self.result(await self._get(record.tenant, action_id))) or result
+        job = live.job if live is not None else self._job(record, stream=True)
+        confirmed, view = await self.dispatcher.cancel_remote(job)
+        if confirmed and live is not None and live.task is not None:
+            # The sidecar records `cancelled`; the stream ends with it. Give it a moment, then detach.
+            done, _ = await asyncio.wait({live.task}, timeout=10)
+            if not done:
+                live.task.cancel()
+        record = await self._get(record.tenant, action_id)
+        if record.status in TERMINAL:
+            return (await self.result(record)) or ActionResult(action_id=action_id, status="cancelled")  # type: ignore[arg-type]
+        if confirmed:
+            output = {"remote_stop_confirmed": True,
+                      "provider_stop_observed": bool((view or {}).get("provider_stop_observed", False))}
+            result = ActionResult(action_id=action_id, status="cancelled", output=output, dispatch="acknowledged")
+        else:
+            if live is not None and live.task is not None:
+                live.task.cancel()
+            result = failed_result(action_id, ConnectorCancelledUnconfirmed(
+                operation=spec.name, uncertain_outcome=True, dispatch=record.dispatch), dispatch=record.dispatch)
+        await self._finish(record.tenant, action_id, result, None)
+        return (await self.result(await self._get(record.tenant, action_id))) or result
+
+
+def _idempotency_key(action_key: str | None, envelope_key: str | None) -> str | None:
+    """The action's key (the envelope's as a fallback); both must agree.
+    Keys are 1..512 UTF-8 bytes without control characters (DESIGN.md §7)."""
+    if action_key is not None and envelope_key is not None and action_key != envelope_key:
+        raise InvalidInput("$.body.action.idempotency_key", "differs from the envelope idempotency_key")
+    key = action_key if action_key is not None else envelope_key
+    if key is None:
+        return None
+    if not key or len(key.encode("utf-8")) > MAX_IDEMPOTENCY_KEY_BYTES or has_control_characters(key):
+        raise InvalidInput("$.idempotency_key", f"1..{MAX_IDEMPOTENCY_KEY_BYTES} UTF-8 bytes, no control characters")
+    return key

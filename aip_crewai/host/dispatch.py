@@ -1,0 +1,198 @@
+"""Execute one admitted action against the sidecar and produce its AIP result.
+
+This module knows the operation catalogue's sidecar bindings and the result
+and cancellation mapping of DESIGN.md §8; it knows nothing of HTTP requests
+from tenants, fences or the store (chunks leave through ``on_chunks``).
+
+Source: DESIGN.md §4 (routes), §8 (normalization, cancellation, errors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from ..contracts.aip import ActionResult, StreamChunk
+from ..contracts.errors import (
+    ConnectorCancelledUnconfirmed,
+    ConnectorError,
+    ConnectorExecutionFailed,
+    ConnectorRemoteTemporary,
+)
+from ..contracts.operations import OperationSpec
+from ..contracts.sidecar import JobEvent
+from .normalize import StreamNormalizer, failed_result, result_from_terminal
+from .sidecar_client import Dispatch, SidecarClient, sidecar_job_id
+
+log = structlog.get_logger(__name__)
+
+OnChunks = Callable[[list[StreamChunk]], Awaitable[None]]
+
+
+@dataclass
+class Job:
+    """One action as the dispatcher sees it.
+
+    ``input`` is the validated input as sent by the tenant (a dict);
+    ``target_action_id`` is the run an inspection operation (status, events,
+    cancel) points at, already checked to belong to the same tenant and crew.
+    """
+
+    tenant: str
+    action_id: str
+    crew_id: str
+    spec: OperationSpec
+    input: dict[str, Any]
+    idempotency_key: str
+    timeout_ms: int | None = None
+    stream: bool = False
+    first_chunk_sequence: int = 0
+    dispatch: Dispatch = field(default_factory=Dispatch)
+
+    @property
+    def job_id(self) -> str:
+        return sidecar_job_id(self.tenant, self.action_id)
+
+    @property
+    def target_job_id(self) -> str:
+        return sidecar_job_id(self.tenant, str(self.input["run_action_id"]))
+
+
+class Dispatcher:
+    """Runs jobs on the sidecar.
+
+    Args:
+        client: the sidecar client.
+        max_response_bytes: bound on one streamed response, bytes.
+    """
+
+    def __init__(self, client: SidecarClient, *, max_response_bytes: int) -> None:
+        self.client = client
+        self.max_response_bytes = max_response_bytes
+
+    def _normalizer(self, job: Job, start_sequence: int = 0) -> StreamNormalizer:
+        return StreamNormalizer(
+            job.action_id, job.spec, start_sequence=start_sequence,
+            first_chunk_sequence=job.first_chunk_sequence, max_response_bytes=self.max_response_bytes,
+        )
+
+    async def run(self, job: Job, on_chunks: OnChunks) -> ActionResult:
+        """Execute ``job``; never raises a ConnectorError (it becomes a failed
+        result whose ``dispatch`` says how far the request got)."""
+        try:
+            return await self._run(job, on_chunks)
+        except ConnectorError as exc:
+            if job.spec.stream and job.spec.cancel and job.dispatch.state != "not_sent":
+                exc = await self._cancel_after_failure(job, exc)
+            log.warning("dispatch_failed", code=exc.code, operation=job.spec.name, dispatch=job.dispatch.state)
+            return failed_result(job.action_id, exc, dispatch=job.dispatch.state)
+
+    async def _run(self, job: Job, on_chunks: OnChunks) -> ActionResult:
+        spec, client = job.spec, self.client
+        if spec.name == "status":
+            view = await client.get_job(spec, job.dispatch, job_id=job.target_job_id, action_id=job.action_id)
+            return self._completed(job, _public_view(view, job))
+        if spec.name == "cancel":
+            view = await client.cancel(
+                spec, job.dispatch, job_id=job.target_job_id, action_id=job.action_id, crew_id=job.crew_id,
+                reason=job.input.get("reason"),
+            )
+            return self._completed(job, _public_view(view, job))
+        if spec.name == "events":
+            cursor = int(job.input.get("cursor") or 0)
+            if not job.stream:
+                page = await client.get_events(
+                    spec, job.dispatch, job_id=job.target_job_id, action_id=job.action_id, cursor=cursor,
+                )
+                return self._completed(job, _public_view(page, job))
+            terminal = await client.stream(
+                spec, job.dispatch, self._normalizer(job, cursor), on_chunks, method="GET",
+                path=spec.stream_path.format(run_action_id=job.target_job_id),  # type: ignore[union-attr]
+                action_id=job.action_id, params={"cursor": cursor},
+            )
+            return self._completed(job, {"run_action_id": job.input["run_action_id"], "status": terminal.event,
+                                         "next_cursor": terminal.sequence + 1})
+        if spec.stream:
+            terminal = await client.start_stream(
+                spec, job.dispatch, self._normalizer(job), on_chunks, job_id=job.job_id, action_id=job.action_id,
+                crew_id=job.crew_id, input=job.input, idempotency_key=job.idempotency_key, timeout_ms=job.timeout_ms,
+            )
+            return result_from_terminal(job.action_id, spec, terminal)
+        status, body = await client.start_job(
+            spec, job.dispatch, job_id=job.job_id, action_id=job.action_id, crew_id=job.crew_id, input=job.input,
+            idempotency_key=job.idempotency_key, timeout_ms=job.timeout_ms,
+        )
+        if status == 200:
+            return self._completed(job, body)
+        return await self._settle_blocking(job, status)
+
+    def _completed(self, job: Job, output: Any) -> ActionResult:
+        return ActionResult(action_id=job.action_id, status="completed", output=output, dispatch="acknowledged")
+
+    async def _settle_blocking(self, job: Job, status: int) -> ActionResult:
+        """A blocking start answered 409/502/504: read the job's terminal event."""
+        terminal = await self.terminal_event(job)
+        if terminal is not None:
+            return result_from_terminal(job.action_id, job.spec, terminal)
+        raise ConnectorRemoteTemporary(
+            "the sidecar is still running the job after the wait timed out",
+            operation=job.spec.name, remote_status=status, uncertain_outcome=job.spec.mutation,
+            read_only=job.spec.read_only, dispatch="acknowledged",
+        )
+
+    async def terminal_event(self, job: Job) -> JobEvent | None:
+        """The job's terminal sidecar event, or None while it runs (used for
+        blocking starts and to reconcile actions after a host restart)."""
+        view = await self.client.get_job(job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id)
+        count = int(view.get("event_count") or 0)
+        if view.get("status") not in ("completed", "failed", "cancelled") or count == 0:
+            return None
+        page = await self.client.get_events(
+            job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id, cursor=count - 1,
+        )
+        events = page.get("events") or []
+        if not events:
+            return None
+        last = events[-1]
+        return JobEvent(event=str(last["event"]), sequence=int(last["sequence"]), data=dict(last.get("data") or {}))
+
+    async def _cancel_after_failure(self, job: Job, error: ConnectorError) -> ConnectorError:
+        """After a stream failure on a cancellable operation, ask the sidecar to
+        cancel (DESIGN.md §8); an unconfirmed cancel becomes cancelled_unconfirmed."""
+        try:
+            await self.client.cancel(
+                job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id, crew_id=job.crew_id,
+                reason="host stream failure",
+            )
+        except ConnectorError:
+            return ConnectorCancelledUnconfirmed(
+                operation=job.spec.name, remote_status=error.remote_status, uncertain_outcome=True,
+                dispatch=job.dispatch.state, details={"cause": error.code},
+            )
+        error.details["cancel_confirmed"] = True
+        return error
+
+    async def cancel_remote(self, job: Job) -> tuple[bool, dict[str, Any] | None]:
+        """Request a stop of a running job; returns (confirmed, job view)."""
+        try:
+            view = await self.client.cancel(
+                job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id, crew_id=job.crew_id,
+                reason="cancelled by the tenant",
+            )
+        except ConnectorError:
+            return False, None
+        return view.get("status") in ("cancelled", "completed", "failed"), view
+
+
+def _public_view(value: Any, job: Job) -> Any:
+    """Present sidecar views under the tenant's action ids, not the sidecar's
+    tenant-prefixed job ids."""
+    if isinstance(value, dict) and "action_id" in value:
+        value = {**value, "action_id": job.input.get("run_action_id", job.action_id)}
+    return value
+
+
+__all__ = ["Dispatcher", "Job", "ConnectorExecutionFailed"]

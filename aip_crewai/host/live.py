@@ -1,0 +1,56 @@
+"""In-process registry of actions being dispatched by this host process.
+
+A :class:`LiveAction` holds the dispatch task and a change signal; followers
+(SSE streams, duplicate blocking callers) read chunks and results from the
+store and wait on the signal between reads, so the store stays the single
+source of truth and a follower never misses or repeats a chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from .dispatch import Job
+
+
+@dataclass
+class LiveAction:
+    """One action whose dispatch task runs in this process."""
+
+    job: Job
+    task: asyncio.Task[None] | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def notify(self) -> None:
+        """Wake every waiter (new chunks or a result are in the store)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait for the next change; False on timeout."""
+        event = self._changed
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+class LiveRegistry:
+    """(tenant, action_id) → LiveAction for dispatches running here."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, str], LiveAction] = {}
+
+    def get(self, tenant: str, action_id: str) -> LiveAction | None:
+        return self._items.get((tenant, action_id))
+
+    def add(self, live: LiveAction) -> None:
+        self._items[(live.job.tenant, live.job.action_id)] = live
+
+    def remove(self, tenant: str, action_id: str) -> None:
+        self._items.pop((tenant, action_id), None)
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [live.task for live in self._items.values() if live.task is not None]

@@ -1,0 +1,246 @@
+"""HTTP handlers for actions: ``POST /aip/v1/messages`` and the action
+history routes. Thin: authenticate, decode, call :class:`ActionService`,
+render AIP envelopes (JSON or SSE).
+
+Source: DESIGN.md §6 (routes, SSE profile), §7 (fences), §8 (cancellation).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from ..contracts.aip import (
+    AIP_VERSION,
+    CONTENT_TYPE,
+    Ack,
+    ActionResult,
+    ActionStatus,
+    Body,
+    Envelope,
+    StreamChunk,
+)
+from ..contracts.errors import AipError, InvalidEnvelope, InputTooLarge
+from ..sse import encode_comment, encode_event
+from .actions import TERMINAL, ActionService
+from .auth import Principal, authenticate, require_role
+from .normalize import error_body
+from .store import ActionRecord, ms_to_rfc3339
+
+#: Bound on a message body, bytes: the 1 MiB input plus envelope room.
+MAX_MESSAGE_BYTES = 2 * 1024 * 1024
+#: Keep-alive comment interval on tenant SSE streams, seconds (DESIGN.md §4).
+KEEPALIVE_S = 15.0
+#: Longest a blocking JSON call waits for the result, seconds, beyond the action timeout.
+WAIT_MARGIN_S = 30.0
+_encode = msgspec.json.Encoder()
+_chunk_decoder = msgspec.json.Decoder(StreamChunk)
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def envelope(message_type: str, body: Body, *, correlation_id: str | None = None) -> Envelope:
+    """A host-originated envelope with a fresh message id."""
+    sent_at = ms_to_rfc3339(int(time.time() * 1000))
+    return Envelope(aip_version=AIP_VERSION, message_type=message_type, message_id="msg_" + secrets.token_hex(12),
+                    sent_at=sent_at, body=body, correlation_id=correlation_id)
+
+
+def aip_json(value: Any, status: int = 200) -> Response:
+    return Response(_encode.encode(value), status_code=status, media_type=CONTENT_TYPE)
+
+
+def result_envelope(result: ActionResult) -> Envelope:
+    return envelope("aip.core.v1.action_result", Body(action_result=result), correlation_id=result.action_id)
+
+
+async def _read_body(request: Request) -> bytes:
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > MAX_MESSAGE_BYTES:
+            raise InputTooLarge(len(body), MAX_MESSAGE_BYTES)
+    return bytes(body)
+
+
+def _service(request: Request) -> ActionService:
+    return request.app.state.actions  # type: ignore[no-any-return]
+
+
+def _wants_sse(request: Request) -> bool:
+    return "text/event-stream" in request.headers.get("accept", "")
+
+
+async def post_message(request: Request) -> Response:
+    """``POST /aip/v1/messages`` with an ``aip.core.v1.action`` envelope."""
+    raw = await _read_body(request)
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        await authenticate(request, raw, None)
+        raise InvalidEnvelope("the body is not JSON") from exc
+    principal = await authenticate(request, raw, obj if isinstance(obj, dict) else None)
+    require_role(principal, "invoker")
+    try:
+        env = msgspec.convert(obj, Envelope, strict=True)
+    except msgspec.ValidationError as exc:
+        raise InvalidEnvelope(f"invalid envelope: {exc}") from exc
+    if env.body.action is None:
+        raise InvalidEnvelope("this route accepts aip.core.v1.action envelopes")
+    stream = _wants_sse(request) or env.body.action.mode == "stream"
+    service = _service(request)
+    record = await service.submit(principal, env.body.action, env.idempotency_key, stream=stream)
+    if stream and _wants_sse(request):
+        return _sse_response(service, record, after=-1)
+    timeout_s = (record.timeout_ms or 600_000) / 1000 + WAIT_MARGIN_S
+    record = await service.wait(record, timeout_s)
+    return await _result_response(service, record)
+
+
+async def _result_response(service: ActionService, record: ActionRecord) -> Response:
+    result = await service.result(record)
+    if result is None:  # still running past the wait: tell the caller where to look
+        ack = Ack(action_id=record.action_id, status="running")
+        return aip_json(envelope("aip.core.v1.ack", Body(ack=ack), correlation_id=record.action_id), 202)
+    return aip_json(result_envelope(result), 202 if result.status == "pending_approval" else 200)
+
+
+def _sse_response(service: ActionService, record: ActionRecord, after: int) -> StreamingResponse:
+    return StreamingResponse(follow(service, record, after), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _frame(n: int, name: str, env: Envelope) -> bytes:
+    return encode_event(_encode.encode(env).decode(), event=name, id=f"sse_{n}")
+
+
+async def follow(service: ActionService, record: ActionRecord, after: int) -> AsyncIterator[bytes]:
+    """The AIP SSE stream of one action (profile ``aip.sse.stream.v1``).
+
+    Positions: ``sse_0`` ack; ``sse_<1+s>`` the stored chunk of sequence s
+    (event ``done`` for a done chunk, else ``chunk``); then ``error`` (failed
+    results) and ``result``. Every position is derived from the store, so
+    ``Last-Event-ID: sse_<n>`` resumes exactly after n. Source: DESIGN.md §6.
+    """
+    tenant, action_id = record.tenant, record.action_id
+    if after < 0:
+        status = record.status if record.status in ("pending_approval", "running") else "running"
+        yield _frame(0, "ack", envelope("aip.core.v1.ack", Body(ack=Ack(action_id=action_id, status=status)),  # type: ignore[arg-type]
+                                        correlation_id=action_id))
+    last_seq = max(after - 1, -1)
+    while True:
+        for chunk in await service.store.list_chunks(tenant, action_id, last_seq, 500):
+            last_seq = chunk.sequence
+            value = _chunk_decoder.decode(chunk.chunk_json)
+            name = "done" if value.kind == "done" else "chunk"
+            yield _frame(1 + chunk.sequence, name,
+                         envelope("aip.core.v1.stream_chunk", Body(chunk=value), correlation_id=action_id))
+        record = await service.refresh(await service.store.get_action(tenant, action_id) or record)
+        if record.status != "running" and record.chunk_count <= last_seq + 1:
+            result = await service.result(record)
+            if result is None:
+                return
+            n = 1 + record.chunk_count
+            if result.error is not None:
+                if n > after:
+                    yield _frame(n, "error", envelope("aip.core.v1.error", Body(error=result.error),
+                                                      correlation_id=action_id))
+                n += 1
+            if n > after:
+                yield _frame(n, "result", result_envelope(result))
+            return
+        if record.status == "running" and record.chunk_count > last_seq + 1:
+            continue
+        live = service.live.get(tenant, action_id)
+        if live is None:
+            record = await service.wait(record, 1.0)
+        elif not await live.wait(KEEPALIVE_S):
+            yield encode_comment("keep-alive")
+
+
+def _last_event_n(request: Request) -> int:
+    """Position after which to resume: ``Last-Event-ID: sse_<n>`` or ``?cursor=n``."""
+    value = request.headers.get("last-event-id") or request.query_params.get("cursor")
+    if not value:
+        return -1
+    text = value[4:] if value.startswith("sse_") else value
+    if not text.isdigit() or len(text) > 9:
+        raise AipError("Last-Event-ID must be sse_<n>")
+    return int(text)
+
+
+async def _principal_action(request: Request) -> tuple[Principal, ActionService, ActionRecord]:
+    principal = await authenticate(request)
+    service = _service(request)
+    record = await service.get(principal, request.path_params["action_id"])
+    return principal, service, record
+
+
+async def get_action(request: Request) -> Response:
+    """``GET /aip/v1/actions/{id}``: the action status."""
+    _, _, record = await _principal_action(request)
+    status = ActionStatus(action_id=record.action_id, capability_id=record.capability_id, status=record.status,  # type: ignore[arg-type]
+                          created_at=ms_to_rfc3339(record.created_at), updated_at=ms_to_rfc3339(record.updated_at),
+                          dispatch=record.dispatch, chunk_count=record.chunk_count,  # type: ignore[arg-type]
+                          approval_id=record.approval_id)
+    return aip_json(status)
+
+
+async def get_result(request: Request) -> Response:
+    """``GET /aip/v1/actions/{id}/result``: the stored result (202 ack while running)."""
+    _, service, record = await _principal_action(request)
+    return await _result_response(service, record)
+
+
+async def get_events(request: Request) -> Response:
+    """``GET /aip/v1/actions/{id}/events``: the action's AIP event history;
+    SSE (following live) with ``Accept: text/event-stream``, else a JSON page."""
+    _, service, record = await _principal_action(request)
+    after = _last_event_n(request)
+    if _wants_sse(request):
+        return _sse_response(service, record, after)
+    chunks = await service.store.list_chunks(record.tenant, record.action_id, max(after - 1, -1), 1000)
+    items = [{"id": f"sse_{1 + c.sequence}", "chunk": msgspec.json.decode(c.chunk_json)} for c in chunks]
+    done = record.status in TERMINAL and (not chunks or chunks[-1].sequence + 1 >= record.chunk_count)
+    result = await service.result(record) if done else None
+    return aip_json({"action_id": record.action_id, "status": record.status, "events": items,
+                     "next_cursor": items[-1]["id"] if items else (f"sse_{after}" if after >= 0 else None),
+                     "done": done, "result": result})
+
+
+async def get_chunks(request: Request) -> Response:
+    """``GET /aip/v1/actions/{id}/chunks?cursor=N``: stored chunks after sequence N−1 (JSON page)."""
+    _, service, record = await _principal_action(request)
+    raw = request.query_params.get("cursor", "0")
+    if not raw.isdigit() or len(raw) > 9:
+        raise AipError("cursor must be a non-negative integer")
+    cursor = int(raw)
+    chunks = await service.store.list_chunks(record.tenant, record.action_id, cursor - 1, 1000)
+    next_cursor = chunks[-1].sequence + 1 if chunks else cursor
+    done = record.status in TERMINAL and next_cursor >= record.chunk_count
+    return aip_json({"action_id": record.action_id, "chunks": [msgspec.json.decode(c.chunk_json) for c in chunks],
+                     "next_cursor": next_cursor, "done": done})
+
+
+async def post_cancel(request: Request) -> Response:
+    """``POST /aip/v1/actions/{id}/cancel``: runtime cancellation (DESIGN.md §8)."""
+    principal = await authenticate(request)
+    result = await _service(request).cancel(principal, request.path_params["action_id"])
+    return aip_json(result_envelope(result))
+
+
+def routes() -> list[Route]:
+    """The action routes, mounted by the host app."""
+    return [
+        Route("/aip/v1/messages", post_message, methods=["POST"]),
+        Route("/aip/v1/actions/{action_id:str}", get_action, methods=["GET"]),
+        Route("/aip/v1/actions/{action_id:str}/result", get_result, methods=["GET"]),
+        Route("/aip/v1/actions/{action_id:str}/events", get_events, methods=["GET"]),
+        Route("/aip/v1/actions/{action_id:str}/chunks", get_chunks, methods=["GET"]),
+        Route("/aip/v1/actions/{action_id:str}/cancel", post_cancel, methods=["POST"]),
+    ]

@@ -1,0 +1,214 @@
+"""The action service: both fences, dispatch, approvals, cancellation, tenant isolation (DESIGN.md §7, §8)."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from aip_crewai.contracts import operations as ops
+from aip_crewai.contracts.aip import Action
+from aip_crewai.contracts.errors import (
+    ActionNotFound,
+    CapabilityNotFound,
+    IdempotencyConflict,
+    IdempotencyKeyRequired,
+    InvalidInput,
+    NotCancellable,
+)
+from aip_crewai.host.actions import ActionService
+from aip_crewai.host.auth import Principal
+from aip_crewai.host.dispatch import Dispatcher
+from aip_crewai.host.sidecar_client import SidecarClient
+from aip_crewai.host.store import Store
+
+from fake_sidecar import FakeSidecar
+
+ALL = frozenset(ops.OPERATION_NAMES)
+INVOKER = Principal("svc:acme", "acme", frozenset({"invoker"}))
+APPROVER = Principal("human:acme", "acme", frozenset({"approver"}))
+OTHER = Principal("svc:beta", "beta", frozenset({"invoker", "approver"}))
+
+
+class Clock:
+    def __init__(self):
+        self.ms = 1_800_000_000_000
+
+    def __call__(self):
+        return self.ms
+
+
+@pytest.fixture
+async def env(tmp_path):
+    tmp_path.chmod(0o700)
+    store = await Store.open(tmp_path / "host.db")
+    sidecar = FakeSidecar()
+    http = httpx.AsyncClient(transport=sidecar.transport(), base_url="http://127.0.0.1:8090",
+                             headers={"Authorization": "Bearer sidecar-token"})
+    clock = Clock()
+    service = ActionService(store, Dispatcher(SidecarClient(http, max_response_bytes=1 << 20),
+                                              max_response_bytes=1 << 20),
+                            {"acme": {"support": ALL, "legacy": frozenset(ops.LEGACY_DEFAULT_OPERATIONS)},
+                             "beta": {"support": ALL}}, now_ms=clock)
+    yield service, sidecar, clock
+    await http.aclose()
+    await store.close()
+
+
+def action(action_id, cap="cap:crewai:support", inp=None, key="k-" + "1"):
+    return Action(id=action_id, capability_id=cap, input=inp if inp is not None else {"ticket": "refund"},
+                  idempotency_key=key)
+
+
+async def approve(service, record):
+    approval = await service.store.get_approval(record.tenant, record.approval_id)
+    assert await service.store.decide_approval(record.tenant, approval.approval_id, "approved", "ok", APPROVER.id,
+                                               service.now_ms())
+    await service.on_decision(await service.store.get_approval(record.tenant, approval.approval_id))
+    return await service.wait(await service.get(INVOKER, record.action_id), 10)
+
+
+async def test_mutation_waits_for_approval_then_runs_once(env):
+    service, sidecar, _ = env
+    record = await service.submit(INVOKER, action("a1"), None, stream=False)
+    assert record.status == "pending_approval" and sidecar.executions == 0
+    result = await service.result(record)
+    assert result.status == "pending_approval" and result.approval.approval_id == record.approval_id
+    done = await approve(service, record)
+    assert done.status == "completed" and sidecar.executions == 1
+    result = await service.result(done)
+    assert result.output["raw"].startswith("done:")
+    chunks = await service.store.list_chunks("acme", "a1")
+    assert [c.sequence for c in chunks] == [0, 1, 2]
+    # same id + key returns the stored result, no second execution
+    again = await service.submit(INVOKER, action("a1"), None, stream=False)
+    assert again.status == "completed" and sidecar.executions == 1
+    # same key, new action id, same input: the original action
+    other = await service.submit(INVOKER, action("a2"), None, stream=False)
+    assert other.action_id == "a1"
+
+
+async def test_changed_input_is_a_conflict(env):
+    service, _, _ = env
+    await service.submit(INVOKER, action("a1"), None, stream=False)
+    with pytest.raises(IdempotencyConflict):
+        await service.submit(INVOKER, action("a1", inp={"ticket": "other"}), None, stream=False)
+    with pytest.raises(IdempotencyConflict):
+        await service.submit(INVOKER, action("a9", inp={"ticket": "other"}), None, stream=False)
+    with pytest.raises(IdempotencyConflict):
+        await service.submit(INVOKER, action("a1", key="k-2"), None, stream=False)
+
+
+async def test_key_required_for_mutations_and_knowledge_query(env):
+    service, _, _ = env
+    with pytest.raises(IdempotencyKeyRequired):
+        await service.submit(INVOKER, action("a1", key=None), None, stream=False)
+    with pytest.raises(IdempotencyKeyRequired):
+        await service.submit(INVOKER, action("q1", "cap:crewai:support:knowledge_query", {"query": ["x"]}, None),
+                             None, stream=False)
+
+
+@pytest.mark.parametrize("key", ["", "k" * 513, "a\nb"])
+async def test_bad_keys(env, key):
+    service, _, _ = env
+    with pytest.raises(InvalidInput):
+        await service.submit(INVOKER, action("a1", key=key), None, stream=False)
+
+
+async def test_key_at_512_bytes_is_accepted(env):
+    service, _, _ = env
+    record = await service.submit(INVOKER, action("a1", key="k" * 512), None, stream=False)
+    assert record.idempotency_key == "k" * 512
+
+
+async def test_concurrent_duplicates_execute_once(env):
+    service, sidecar, _ = env
+    record = await service.submit(INVOKER, action("a1"), None, stream=False)
+    await approve(service, record)
+    query = action("q1", "cap:crewai:support:knowledge_query", {"query": ["refund"]}, "qk")
+    records = await asyncio.gather(*[service.submit(INVOKER, query, None, stream=False) for _ in range(50)])
+    assert {r.action_id for r in records} == {"q1"}
+    final = await service.wait(await service.get(INVOKER, "q1"), 10)
+    assert final.status == "completed"
+    assert sidecar.executions == 2
+
+
+async def test_denial_and_expiry_never_reach_the_sidecar(env):
+    service, sidecar, clock = env
+    denied = await service.submit(INVOKER, action("d1", key="kd"), None, stream=False)
+    assert await service.store.decide_approval("acme", denied.approval_id, "denied", "no", APPROVER.id, clock.ms)
+    await service.on_decision(await service.store.get_approval("acme", denied.approval_id))
+    result = await service.result(await service.get(INVOKER, "d1"))
+    assert result.status == "failed" and result.error.code == "policy.approval_denied"
+    expired = await service.submit(INVOKER, action("e1", key="ke"), None, stream=False)
+    clock.ms += 900_001
+    assert not await service.store.decide_approval("acme", expired.approval_id, "approved", "late", APPROVER.id,
+                                                   clock.ms)
+    record = await service.get(INVOKER, "e1")
+    assert record.status == "failed"
+    assert (await service.result(record)).error.code == "policy.approval_expired"
+    assert sidecar.executions == 0
+
+
+async def test_tenants_are_isolated(env):
+    service, _, _ = env
+    record = await service.submit(INVOKER, action("a1"), None, stream=False)
+    await approve(service, record)
+    with pytest.raises(ActionNotFound):
+        await service.get(OTHER, "a1")
+    # beta may see the shared crew, but not acme's run through it
+    with pytest.raises(ActionNotFound):
+        await service.submit(OTHER, action("s1", "cap:crewai:support:status", {"run_action_id": "a1"}, None),
+                             None, stream=False)
+    with pytest.raises(CapabilityNotFound):
+        await service.submit(OTHER, action("l1", "cap:crewai:legacy"), None, stream=False)
+    # beta's own action with the same id is a different action and a different sidecar job
+    other = await service.submit(OTHER, action("a1"), None, stream=False)
+    assert other.tenant == "beta" and other.status == "pending_approval"
+
+
+async def test_status_of_own_run(env):
+    service, _, _ = env
+    await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    status = await service.submit(INVOKER, action("s1", "cap:crewai:support:status", {"run_action_id": "a1"}, None),
+                                  None, stream=False)
+    status = await service.wait(status, 10)
+    result = await service.result(status)
+    assert result.status == "completed"
+    assert result.output["action_id"] == "a1" and result.output["status"] == "completed"
+
+
+async def test_legacy_crew_has_no_train(env):
+    service, _, _ = env
+    with pytest.raises(CapabilityNotFound):
+        await service.submit(INVOKER, action("t1", "cap:crewai:legacy:train", {"n_iterations": 1,
+                                                                                "artifact_name": "x"}), None,
+                             stream=False)
+
+
+async def test_cancel_pending_and_not_cancellable(env):
+    service, sidecar, _ = env
+    await service.submit(INVOKER, action("a1"), None, stream=False)
+    result = await service.cancel(INVOKER, "a1")
+    assert result.status == "cancelled" and sidecar.executions == 0
+    await service.submit(INVOKER, action("m1", "cap:crewai:support:memory_reset", {"command_type": "memory"},
+                                         "km"), None, stream=False)
+    with pytest.raises(NotCancellable):
+        await service.cancel(INVOKER, "m1")
+
+
+async def test_invalid_stream_fails_with_cancel_attempt(env):
+    service, sidecar, _ = env
+    sidecar.stream_override = b'event: started\ndata: {"event":"started","sequence":0,"data":{}}\n\n'
+    done = await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    result = await service.result(done)
+    assert result.status == "failed" and result.error.code == "connector.crewai.invalid_stream"
+    assert result.error.details["cancel_confirmed"] is True
+    assert any(r.url.path.endswith("/cancel") for r in sidecar.requests)
+
+
+async def test_invalid_stream_with_failed_cancel_is_cancelled_unconfirmed(env):
+    service, sidecar, _ = env
+    sidecar.stream_override = b'event: started\ndata: {"event":"started","sequence":1,"data":{}}\n\n'
+    sidecar.cancel_status = 503
+    done = await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    assert (await service.result(done)).error.code == "connector.crewai.cancelled_unconfirmed"
