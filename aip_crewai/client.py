@@ -1,0 +1,187 @@
+"""Tenant-side Python client of the host's AIP API (used by the CLI, the
+demo and the tests).
+
+Authenticates with a bearer token, or signs each envelope with an Ed25519
+private key (RFC 8785 canonical envelope without ``security.signature``).
+Streaming calls yield ``(event, envelope)`` pairs as they arrive.
+
+Source: DESIGN.md §6 (routes, envelope), §7 (signed envelopes).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .contracts.aip import CONTENT_TYPE
+from .contracts.hashing import jcs
+from .sse import SSEDecoder
+
+
+class AipClientError(Exception):
+    """The host answered with an AIP error (``status``, ``code``, ``body``)."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict):
+            self.code = str(error.get("code"))
+            message = str(error.get("message"))
+        elif isinstance(body, dict) and isinstance(body.get("body"), dict) and "error" in body["body"]:
+            self.code = str(body["body"]["error"].get("code"))
+            message = str(body["body"]["error"].get("message"))
+        else:
+            self.code = "unknown"
+            message = str(body)[:200]
+        super().__init__(f"{status} {self.code}: {message}")
+
+
+def new_id(prefix: str) -> str:
+    """A random id such as ``act_3f2a…``."""
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def sign_envelope(envelope: dict[str, Any], key: Ed25519PrivateKey, key_id: str) -> dict[str, Any]:
+    """Return ``envelope`` with ``security`` set and signed (DESIGN.md §7)."""
+    unsigned = {**envelope, "security": {"scheme": "ed25519", "key_id": key_id}}
+    signature = key.sign(jcs(unsigned))
+    text = base64.urlsafe_b64encode(signature).rstrip(b"=").decode()
+    return {**unsigned, "security": {**unsigned["security"], "signature": text}}
+
+
+class AipClient:
+    """Synchronous client of one host.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8081``.
+        token: bearer token of the principal, or None when signing.
+        signing_key / key_id: Ed25519 private key and principal id for signed envelopes.
+        timeout_s: read timeout, seconds (None: no read timeout, for long streams).
+    """
+
+    def __init__(self, base_url: str, *, token: str | None = None, signing_key: Ed25519PrivateKey | None = None,
+                 key_id: str | None = None, timeout_s: float | None = 660.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=base_url, headers=headers, transport=transport,
+                                 timeout=httpx.Timeout(timeout_s, connect=10.0), follow_redirects=False)
+        self.signing_key = signing_key
+        self.key_id = key_id
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> AipClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check(self, response: httpx.Response) -> Any:
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        if response.status_code >= 400:
+            raise AipClientError(response.status_code, body)
+        return body
+
+    def envelope(self, capability_id: str, input: dict[str, Any], *, action_id: str | None = None,
+                 idempotency_key: str | None = None, timeout_ms: int | None = None) -> dict[str, Any]:
+        """Build (and sign, when a key is set) an ``aip.core.v1.action`` envelope."""
+        action: dict[str, Any] = {"id": action_id or new_id("act"), "capability_id": capability_id, "input": input}
+        if idempotency_key is not None:
+            action["idempotency_key"] = idempotency_key
+        if timeout_ms is not None:
+            action["timeout_ms"] = timeout_ms
+        env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": new_id("msg"),
+               "sent_at": now_rfc3339(), "body": {"action": action}}
+        if self.signing_key is not None and self.key_id is not None:
+            env = sign_envelope(env, self.signing_key, self.key_id)
+        return env
+
+    def call(self, capability_id: str, input: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        """POST an action and wait for its ``action_result`` envelope (or ack)."""
+        env = self.envelope(capability_id, input, **kwargs)
+        response = self.http.post("/aip/v1/messages", content=json.dumps(env),
+                                  headers={"Content-Type": CONTENT_TYPE})
+        return self._check(response)  # type: ignore[no-any-return]
+
+    def stream(self, capability_id: str, input: dict[str, Any], **kwargs: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+        """POST an action with ``Accept: text/event-stream``; yield (event, envelope)."""
+        env = self.envelope(capability_id, input, **kwargs)
+        headers = {"Content-Type": CONTENT_TYPE, "Accept": "text/event-stream"}
+        with self.http.stream("POST", "/aip/v1/messages", content=json.dumps(env), headers=headers) as response:
+            yield from self._events(response)
+
+    def follow(self, action_id: str, *, last_event_id: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Follow an action's AIP stream from the host store (resumable)."""
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id:
+            headers["Last-Event-ID"] = last_event_id
+        with self.http.stream("GET", f"/aip/v1/actions/{action_id}/events", headers=headers) as response:
+            yield from self._events(response)
+
+    def _events(self, response: httpx.Response) -> Iterator[tuple[str, dict[str, Any]]]:
+        if response.status_code >= 400:
+            response.read()
+            self._check(response)
+        decoder = SSEDecoder()
+        for piece in response.iter_bytes():
+            for event in decoder.feed(piece):
+                value = json.loads(event.data)
+                value["_sse_id"] = event.id
+                yield event.event, value
+        decoder.close()
+
+    def manifest(self) -> dict[str, Any]:
+        return self._check(self.http.get("/aip/v1/manifest"))  # type: ignore[no-any-return]
+
+    def action(self, action_id: str) -> dict[str, Any]:
+        return self._check(self.http.get(f"/aip/v1/actions/{action_id}"))  # type: ignore[no-any-return]
+
+    def result(self, action_id: str) -> dict[str, Any]:
+        return self._check(self.http.get(f"/aip/v1/actions/{action_id}/result"))  # type: ignore[no-any-return]
+
+    def chunks(self, action_id: str, cursor: int = 0) -> dict[str, Any]:
+        return self._check(self.http.get(f"/aip/v1/actions/{action_id}/chunks", params={"cursor": cursor}))  # type: ignore[no-any-return]
+
+    def cancel(self, action_id: str) -> dict[str, Any]:
+        return self._check(self.http.post(f"/aip/v1/actions/{action_id}/cancel"))  # type: ignore[no-any-return]
+
+    def approvals(self, status: str | None = "pending", cursor: str | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in {"status": status, "cursor": cursor}.items() if v}
+        return self._check(self.http.get("/aip/v1/approvals", params=params))  # type: ignore[no-any-return]
+
+    def approval(self, approval_id: str) -> dict[str, Any]:
+        return self._check(self.http.get(f"/aip/v1/approvals/{approval_id}"))  # type: ignore[no-any-return]
+
+    def decide(self, approval_id: str, decision: str, reason: str) -> dict[str, Any]:
+        body = {"decision": decision, "reason": reason}
+        return self._check(self.http.post(f"/aip/v1/approvals/{approval_id}/decision", json=body))  # type: ignore[no-any-return]
+
+    def wait_ready(self, deadline_s: float = 60.0) -> None:
+        """Poll ``/ready`` until 200 or the deadline (seconds) passes."""
+        end = time.monotonic() + deadline_s
+        while True:
+            try:
+                if self.http.get("/ready").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > end:
+                raise TimeoutError("the host did not become ready")
+            time.sleep(0.2)
