@@ -13,22 +13,27 @@ only:
 - with native ``tools`` and no tool result yet: one tool call of the first
   tool (arguments derived from its JSON schema), streamed on the tool channel;
   after a tool result: a plain final answer quoting it;
+- a knowledge query-rewrite prompt (``The original query is: ...``): that
+  query, verbatim;
 - otherwise ReAct text ``Thought: ...\\nFinal Answer: <model>: <task line>``
   where the task line is the interpolated ``Current Task:`` of the prompt.
 
 Knobs: ``chunks_per_answer`` (>= 1), ``delay_ms`` per chunk (``time.sleep``
 in ``call``, ``asyncio.sleep`` in ``acall``: a deliberately slow fake),
 ``fail`` (raise ``RuntimeError`` whose text holds :data:`FAKE_SECRET`, to prove
-provider text never reaches clients). Before every model call (and between
+provider text never reaches clients; the ``LLMCallFailedEvent`` carries only
+the exception class name). Before every model call (and between
 chunks) the sidecar's cooperative cancel check runs. If the environment
 variable ``AIP_CREWAI_TEST_CALL_LOG`` names a file, one line per model call is
 appended to it (``<unix time> <pid> <model>``), so other processes can count
 calls.
 
-:class:`OfflineEmbedder` is a hashed bag-of-words embedder (256 dims, L2
-normalized) for knowledge sources: use :func:`offline_embedder`, which wraps
+:class:`OfflineEmbedder` is a hashed bag-of-words embedder (257 dims) for
+knowledge sources: use :func:`offline_embedder`, which wraps
 it as ``CustomProvider(embedding_callable=OfflineEmbedder)`` (a dict spec
 ``{"provider": "custom", ...}`` fails CrewAI's validation).
+:func:`crew_knowledge` builds crew knowledge in a collection of its own, on a
+storage whose async search works (:class:`ThreadedKnowledgeStorage`).
 
 Source: DESIGN.md §2 (offline demo crews), crewai-notes.md (offline LLM).
 """
@@ -50,6 +55,9 @@ from typing import Any
 
 import numpy as np
 from crewai.events.types.llm_events import LLMCallType
+from crewai.knowledge.knowledge import Knowledge
+from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
+from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 from crewai.llms.base_llm import BaseLLM, llm_call_context
 from crewai.rag.embeddings.providers.custom import CustomProvider
 from crewai.rag.embeddings.providers.custom.embedding_callable import (
@@ -62,6 +70,7 @@ from aip_crewai.sidecar.operations._common import check_cancelled
 FAKE_SECRET = "sk-test-SECRET-7f3a9c"
 CALL_LOG_ENV = "AIP_CREWAI_TEST_CALL_LOG"
 _TASK_LINE = re.compile(r"Current Task:\s*(.+?)(?:\n\s*\n|\nThis is the expected|$)", re.S)
+_REWRITE_QUERY = re.compile(r"The original query is:\s*(.+?)(?:\n\s*\n|$)", re.S)
 _call_log_lock = threading.Lock()
 
 
@@ -191,6 +200,10 @@ class OfflineLLM(BaseLLM):
             return _Reply(self, call["function"]["arguments"], [call], call)
         if tools:
             body = f"{self.model}: {subject} (tool said: {_last_tool_result(messages)})"
+            return _Reply(self, body, body, None)
+        rewrite = _REWRITE_QUERY.search(text)
+        if rewrite and "Current Task:" not in text:
+            body = " ".join(rewrite.group(1).split())[:300] or subject
             return _Reply(self, body, body, None)
         answer = f"{self.model}: {subject}"
         body = f"Thought: I now know the final answer\nFinal Answer: {answer}"
@@ -361,39 +374,106 @@ def _fake_value(annotation: Any, name: str, depth: int) -> Any:
 
 
 class OfflineEmbedder(CustomEmbeddingFunction):
-    """Hashed bag-of-words embedding: 256 dims, L2-normalized, deterministic.
+    """Hashed bag-of-words embedding, deterministic, offline.
 
     Words are lower-cased ``\\w+`` tokens; each adds 1 to the bucket given by
-    the first 4 bytes of its SHA-256. Texts sharing words get a high cosine.
+    the first 4 bytes of its SHA-256 (256 buckets, L2-normalized). One extra
+    dimension holds ``+0.8`` for documents and ``-0.8`` for queries (Chroma
+    embeds queries through ``embed_query``). Why: CrewAI scores a hit as
+    ``1 - cosine_distance / 2``, so a text sharing no word with the query
+    would still score 0.5, above the default threshold 0.35; with the offset
+    it scores about 0.30, while a query sharing a fair part of its words
+    (bag-of-words cosine above about 0.15) scores above 0.35.
     """
 
-    DIMENSIONS = 256
+    BUCKETS = 256
+    OFFSET = 0.8
 
     def __init__(self, **_config: Any) -> None:
         super().__init__()
 
     def __call__(self, input: Sequence[str]) -> list[np.ndarray]:  # noqa: A002
-        texts = [input] if isinstance(input, str) else list(input)
-        return [embed_text(text, self.DIMENSIONS) for text in texts]
+        return [embed_text(text, self.OFFSET) for text in _texts(input)]
+
+    def embed_query(self, input: Sequence[str]) -> list[np.ndarray]:  # noqa: A002
+        return [embed_text(text, -self.OFFSET) for text in _texts(input)]
 
     @staticmethod
     def name() -> str:
         return "aip-crewai-offline"
 
+    def is_legacy(self) -> bool:
+        """Tell Chroma to store no embedder config (else it warns and falls back)."""
+        return True
 
-def embed_text(text: str, dimensions: int = OfflineEmbedder.DIMENSIONS) -> np.ndarray:
-    """Embed one text (see :class:`OfflineEmbedder`); an empty text gets a unit vector."""
-    vector = np.zeros(dimensions, dtype=np.float32)
+
+def _texts(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def embed_text(text: str, offset: float) -> np.ndarray:
+    """Embed one text: 256 normalized word buckets plus the ``offset`` dimension."""
+    buckets = OfflineEmbedder.BUCKETS
+    vector = np.zeros(buckets + 1, dtype=np.float32)
     for word in re.findall(r"\w+", text.lower()):
         bucket = int.from_bytes(hashlib.sha256(word.encode()).digest()[:4], "big")
-        vector[bucket % dimensions] += 1.0
+        vector[bucket % buckets] += 1.0
     norm = float(np.linalg.norm(vector))
-    if norm == 0.0:
-        vector[0] = 1.0
-        return vector
-    return vector / norm
+    if norm > 0.0:
+        vector /= norm
+    vector[buckets] = offset
+    return vector
 
 
 def offline_embedder() -> CustomProvider:
     """Return the crew ``embedder`` value for :class:`OfflineEmbedder`."""
     return CustomProvider(embedding_callable=OfflineEmbedder)
+
+
+class ThreadedKnowledgeStorage(KnowledgeStorage):
+    """KnowledgeStorage whose async methods run the sync ones in a worker thread.
+
+    CrewAI's default Chroma client is synchronous, and ``KnowledgeStorage.asearch``
+    then fails ("requires an AsyncClientAPI"), logs, and returns ``[]``: under
+    ``akickoff`` agents would silently get no knowledge.
+    """
+
+    async def asearch(
+        self,
+        query: list[str],
+        limit: int = 5,
+        metadata_filter: dict[str, Any] | None = None,
+        score_threshold: float = 0.6,
+    ) -> list[Any]:
+        return await asyncio.to_thread(self.search, query, limit, metadata_filter, score_threshold)
+
+    async def asave(self, documents: list[str]) -> None:
+        await asyncio.to_thread(self.save, documents)
+
+    async def areset(self) -> None:
+        await asyncio.to_thread(self.reset)
+
+
+def crew_knowledge(collection_name: str, texts: Sequence[str], embedder: Any) -> Knowledge:
+    """Build crew knowledge from plain texts in its own Chroma collection.
+
+    Args:
+        collection_name: stored as ``knowledge_<collection_name>``; give each
+            crew its own (CrewAI's ``knowledge_sources=`` puts every crew in
+            ``knowledge_crew``, so crews would read and reset each other's).
+        texts: one ``StringKnowledgeSource`` per text, embedded now (upsert).
+        embedder: crew embedder spec (e.g. :func:`offline_embedder`); None
+            means CrewAI's default (networked) embedder.
+
+    Returns:
+        A ``Knowledge`` for ``Crew(knowledge=..., embedder=...)``.
+    """
+    storage = ThreadedKnowledgeStorage(embedder=embedder, collection_name=collection_name)
+    knowledge = Knowledge(
+        collection_name=collection_name,
+        sources=[StringKnowledgeSource(content=text) for text in texts],
+        embedder=embedder,
+        storage=storage,
+    )
+    knowledge.add_sources()
+    return knowledge

@@ -32,6 +32,14 @@ to stderr and HTTP), but a missing stdout would turn every print into an
 exception inside a job, so a ``None`` stdout is pointed at ``os.devnull``.
 Whoever starts the sidecar with ``stdout=PIPE`` must drain the pipe.
 
+CrewAI also logs through stdlib ``logging``, quoting provider exception text
+(``crewai.flow.runtime`` logs "Error executing listener call_llm_and_parse:
+<provider message>" at ERROR), which can hold secrets. The ``crewai`` and
+``crewai_core`` logger trees are therefore muted (no propagation, a
+``NullHandler``). A few CrewAI modules log on the *root* logger (e.g. knowledge
+search errors); the sidecar's logging configuration should not print foreign
+root records verbatim.
+
 Source: DESIGN.md §5 (storage under the state directory, telemetry disabled),
 crewai-notes.md (Environment).
 """
@@ -39,6 +47,7 @@ crewai-notes.md (Environment).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -52,6 +61,7 @@ _ENV_DEFAULTS: dict[str, str] = {
     "ANONYMIZED_TELEMETRY": "False",
 }
 _USER_DATA_FILE = ".crewai_user.json"
+_MUTED_LOGGERS = ("crewai", "crewai_core")
 _imported = False
 
 
@@ -100,6 +110,7 @@ def prepare_crewai_environment(state_dir: Path) -> None:
     os.environ.pop("REDIS_URL", None)
     _seed_user_data(storage / _USER_DATA_FILE)
     _ensure_stdout()
+    _mute_crewai_loggers()
 
 
 def import_crewai() -> None:
@@ -136,6 +147,15 @@ def _seed_user_data(path: Path) -> None:
         return
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(data, fh)
+
+
+def _mute_crewai_loggers() -> None:
+    """Keep CrewAI's stdlib log records (which quote provider errors) out of our logs."""
+    for name in _MUTED_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.propagate = False
+        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
 
 
 def _ensure_stdout() -> None:

@@ -90,18 +90,23 @@ def _make_sink(ctx: JobContext) -> Any:
 
     CrewAI calls it for *every* event emitted in the job's context; only
     stream chunks are forwarded (never failure events: their text may hold
-    provider secrets). It never raises (an exception would break the emitter).
+    provider secrets), and none once the job's cancel flag is set (a worker
+    thread may still finish its chunk after the job ended). It never raises
+    (an exception would break the emitter).
     """
 
     def sink(_source: Any, event: Any) -> None:
-        if not isinstance(event, LLMStreamChunkEvent):
+        if not isinstance(event, LLMStreamChunkEvent) or ctx.cancel_flag.is_set():
             return
         try:
             data = chunk_data(event)
             if data is not None:
                 ctx.emit_chunk(data)
         except Exception as exc:  # the sink must never raise into CrewAI
-            log.warning("stream_sink_failed", error_type=type(exc).__name__)
+            try:
+                log.warning("stream_sink_failed", error_type=type(exc).__name__)
+            except Exception:  # noqa: S110 - a broken log sink must not break the job either
+                pass
 
     return sink
 

@@ -1,0 +1,68 @@
+"""CrewAI execution of the startable operations (the only package importing CrewAI).
+
+:func:`execute` dispatches by importing the submodule named exactly after the
+operation (``run``, ``batch_run``, ``replay``, ``train``, ``test``,
+``knowledge_query``, ``memory_reset``); each exposes
+``async def execute(source, input, ctx) -> dict``. There is no second table of
+operations: the module is the registration. Submodules whose name starts with
+``_`` are helpers, never operations.
+
+The call runs inside :func:`_common.job_scope`, so every operation gets the
+per-job chunk sink and the cooperative cancel check without doing anything.
+
+Source: DESIGN.md §3 (operation catalogue), §4 (outputs), §5 (execution).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+from aip_crewai.sidecar.context import JobContext
+from aip_crewai.sidecar.registry import CrewSource
+
+_OPERATION = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+async def execute(
+    source: CrewSource, operation: str, input: dict[str, Any], ctx: JobContext
+) -> dict[str, Any]:
+    """Run one operation of one job and return its output.
+
+    Args:
+        source: where the job's fresh crew comes from.
+        operation: the operation name (a submodule of this package).
+        input: the validated operation input (DESIGN §3).
+        ctx: the job context (chunk sink, cancel flag, state dir).
+
+    Returns:
+        The operation output (JSON-compatible dict, DESIGN §4 Outputs).
+
+    Raises:
+        ValueError: ``operation`` names no operation module.
+        asyncio.CancelledError: the job's task was cancelled (propagated).
+        Exception: whatever CrewAI raised; the runtime publishes only its
+            class with a fixed message.
+    """
+    module = _operation_module(operation)
+    from aip_crewai.sidecar.operations._common import job_scope
+
+    with job_scope(ctx):
+        result: dict[str, Any] = await module.execute(source, input, ctx)
+    return result
+
+
+def _operation_module(operation: str) -> Any:
+    if not isinstance(operation, str) or not _OPERATION.match(operation):
+        raise ValueError(f"unknown operation {operation!r}")
+    name = f"{__name__}.{operation}"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            raise ValueError(f"unknown operation {operation!r}") from None
+        raise
+    if not callable(getattr(module, "execute", None)):
+        raise ValueError(f"unknown operation {operation!r}")
+    return module
