@@ -35,7 +35,12 @@ Dispatch = Literal["not_sent", "sent", "acknowledged"]
 
 
 class _Out(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Base of outbound objects."""
+    """Base of outbound objects whose defaults are all None (omitted on the wire)."""
+
+
+class _Full(msgspec.Struct, frozen=True):
+    """Base of outbound objects whose defaults are published values: every
+    field is always encoded (``omit_defaults`` would drop e.g. ``ttl_ms``)."""
 
 
 class _In(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -65,7 +70,7 @@ class ProtocolError(_Out):
     code: str
     message: str
     category: Category
-    retryable: bool = False
+    retryable: bool
     retry_after_ms: int | None = None
     details: dict[str, Any] | None = None
     source: str | None = None
@@ -93,7 +98,7 @@ class ApprovalRef(_Out):
     expires_at: Timestamp
 
 
-class ActionResult(_Out):
+class ActionResult(_Full):
     """``body.action_result``."""
 
     action_id: str
@@ -105,7 +110,7 @@ class ActionResult(_Out):
     dispatch: Dispatch | None = None
 
 
-class ActionStatus(_Out):
+class ActionStatus(_Full):
     """``GET /aip/v1/actions/{id}``."""
 
     action_id: str
@@ -238,14 +243,14 @@ class DecisionRequest(_In):
 # --- manifest ---------------------------------------------------------------
 
 
-class IdempotencyContract(_Out):
+class IdempotencyContract(_Full):
     requirement: Literal["required", "optional"]
     collision_behavior: str = "revalidate_input_hash"
     key_scope: str = "tenant"
     ttl_ms: int = 86_400_000
 
 
-class ExecutionContract(_Out):
+class ExecutionContract(_Full):
     streaming: bool
     cancellable: bool
     retry_safe: bool
@@ -254,17 +259,17 @@ class ExecutionContract(_Out):
     max_timeout_ms: int = 3_600_000
 
 
-class DataContract(_Out):
+class DataContract(_Full):
     sensitivity: str = "confidential"
     contains_pii: bool = True
     redaction_required: bool = True
 
 
-class ApprovalSelector(_Out):
+class ApprovalSelector(_Full):
     type: str = "tenant_policy"
 
 
-class ApprovalContract(_Out):
+class ApprovalContract(_Full):
     required: bool
     approver_selector: ApprovalSelector = msgspec.field(default_factory=ApprovalSelector)
     ttl_ms: int = 900_000
@@ -273,7 +278,7 @@ class ApprovalContract(_Out):
     )
 
 
-class CompensationContract(_Out):
+class CompensationContract(_Full):
     mode: str = "rollback_not_supported"
 
 

@@ -9,8 +9,9 @@ Source: DESIGN.md §7 (fences), §8 (cancellation outcomes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -37,6 +38,7 @@ from ..contracts.sidecar import MAX_IDEMPOTENCY_KEY_BYTES
 from .dispatch import Dispatcher, Job
 from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
+from .sidecar_client import SidecarClient
 from .auth import Principal
 from .store import TRANSITIONS, ActionRecord, ActionState, ApprovalRecord, Store, ms_to_rfc3339
 
@@ -402,3 +404,62 @@ def _idempotency_key(action_key: str | None, envelope_key: str | None) -> str | 
     if not key or len(key.encode("utf-8")) > MAX_IDEMPOTENCY_KEY_BYTES or has_control_characters(key):
         raise InvalidInput("$.idempotency_key", f"1..{MAX_IDEMPOTENCY_KEY_BYTES} UTF-8 bytes, no control characters")
     return key
+
+
+#: How often pending approvals are swept for expiry, seconds.
+EXPIRY_SWEEP_S = 5.0
+#: How long shutdown waits for in-flight dispatches, seconds, before cancelling them.
+DRAIN_S = 20.0
+
+
+async def _sweep_expired(service: ActionService) -> None:
+    """Expire pending approvals whose TTL passed and fail their actions."""
+    while True:
+        await asyncio.sleep(EXPIRY_SWEEP_S)
+        try:
+            for approval in await service.store.expire_approvals(service.now_ms()):
+                record = await service.store.get_action(approval.tenant, approval.action_id)
+                if record is not None and record.status == "pending_approval":
+                    await service._finish(record.tenant, record.action_id,
+                                          failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"),
+                                          "not_sent")
+        except Exception:  # housekeeping must not kill the host
+            log.exception("approval_sweep_failed")
+
+
+async def _reconcile_all(service: ActionService) -> None:
+    """After a restart: settle actions the previous process left running."""
+    for record in await service.store.list_in_flight():
+        try:
+            await service.refresh(record)
+        except Exception:
+            log.exception("reconcile_failed", action_id=record.action_id)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: Any) -> AsyncIterator[None]:
+    """Build ``app.state.actions`` over the store and sidecar client the app
+    lifespan opened; sweep approval expiry; reconcile after a restart; on
+    shutdown, let in-flight dispatches finish for up to DRAIN_S seconds."""
+    settings = app.state.settings
+    client = SidecarClient(app.state.http, max_response_bytes=settings.max_response_bytes)
+    allowed = {
+        tenant: {crew: frozenset(operations) for crew, operations in app.state.capabilities.visible_crews(tenant).items()}
+        for tenant in settings.tenants
+    }
+    service = ActionService(app.state.store, Dispatcher(client, max_response_bytes=settings.max_response_bytes),
+                            allowed, metrics=app.state.metrics)
+    app.state.actions = service
+    tasks = [asyncio.create_task(_sweep_expired(service)), asyncio.create_task(_reconcile_all(service))]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        live = service.live.tasks()
+        if live:
+            log.info("draining_dispatches", count=len(live))
+            _, pending = await asyncio.wait(live, timeout=DRAIN_S)
+            for task in pending:
+                task.cancel()
+        await asyncio.gather(*tasks, *live, return_exceptions=True)

@@ -31,7 +31,8 @@ class FakeJob:
 class FakeSidecar:
     """Executes every admitted job instantly: started, one llm chunk, completed."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str = "sidecar-token") -> None:
+        self.token = token
         self.jobs: dict[str, FakeJob] = {}
         self.executions = 0
         self.requests: list[httpx.Request] = []
@@ -71,7 +72,7 @@ class FakeSidecar:
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         path = request.url.path
-        if request.headers.get("authorization") != "Bearer sidecar-token":
+        if request.headers.get("authorization") != f"Bearer {self.token}":
             return httpx.Response(401, json={"detail": "unauthorized"})
         if path == "/health":
             return httpx.Response(200, json={"status": "ready"})

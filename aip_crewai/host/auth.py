@@ -1,0 +1,230 @@
+"""Principal authentication and roles.
+
+Two ways in (DESIGN.md §7):
+
+- ``Authorization: Bearer <token>``: the SHA-256 of the presented token is
+  compared with EVERY configured hash using ``hmac.compare_digest`` (no early
+  exit, so timing does not tell which principal, if any, matched).
+- An Ed25519-signed envelope: ``security = {scheme: "ed25519", key_id:
+  <principal id>, signature: <base64url, no padding, 64 bytes>}``. The signed
+  bytes are the RFC 8785 canonical JSON (``hashing.jcs``) of the envelope
+  object AS RECEIVED (the decoded JSON, not a re-encoded Struct, which would
+  drop defaults) with only ``security.signature`` removed. Checked in this
+  order: principal known and holding a key, signature valid, ``sent_at``
+  within ±300 s of the host clock, ``message_id`` claimed for the first time
+  in the principal's tenant (claims outlive the freshness window). The
+  signature is verified before the claim, so forged messages cannot burn ids.
+
+When a request has both, the bearer token decides and the signature, if
+present, must also verify and name the same principal. Anything else is
+:class:`~aip_crewai.contracts.errors.Unauthenticated` (401 with
+``WWW-Authenticate: Bearer``, rendered by the app's error handler).
+
+Roles are ``invoker``, ``approver``, ``operator``; :func:`require_role`
+raises ``Forbidden`` (403). Tenant routing is not decided here: a principal
+carries its tenant and every lookup downstream is keyed by it.
+
+Source: DESIGN.md §7 (principals, signed envelopes), §6 (statuses).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+from cryptography.exceptions import InvalidSignature
+from starlette.requests import Request
+
+from ..contracts.errors import Forbidden, Unauthenticated
+from ..contracts.hashing import jcs
+from .config import PrincipalConfig
+from .store import rfc3339_to_ms
+
+log = structlog.get_logger(__name__)
+
+#: Accepted clock difference for ``sent_at``, milliseconds (DESIGN.md §7).
+MAX_CLOCK_SKEW_MS = 300_000
+#: How long a claimed message id is remembered past ``sent_at``, ms (> the skew window).
+MESSAGE_ID_RETENTION_MS = MAX_CLOCK_SKEW_MS + 60_000
+MAX_BEARER_CHARS = 4096
+_SIGNATURE_RE = re.compile(r"^[A-Za-z0-9_-]{86}\Z")
+_BEARER_RE = re.compile(r"^Bearer +([\x21-\x7e]+) *\Z", re.IGNORECASE)
+#: Key of the per-request log info dict placed in the ASGI scope by the middleware.
+SCOPE_LOG_KEY = "aip.log"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller. ``method`` is ``bearer`` or ``ed25519``."""
+
+    id: str
+    tenant: str
+    roles: frozenset[str]
+    method: str = "bearer"
+
+    def has_role(self, role: str) -> bool:
+        return role in self.roles
+
+
+class MessageIdClaims(Protocol):
+    """What the authenticator needs from the store."""
+
+    async def claim_message_id(self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None) -> bool: ...
+
+
+def require_role(principal: Principal, role: str) -> None:
+    """Raise ``Forbidden`` (403, ``policy.forbidden``) unless ``principal`` holds ``role``."""
+    if role not in principal.roles:
+        raise Forbidden(f"this needs the {role} role", details={"required_role": role})
+
+
+def _b64url_signature(text: Any) -> bytes | None:
+    if not isinstance(text, str) or not _SIGNATURE_RE.match(text):
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(text + "==")
+    except (binascii.Error, ValueError):
+        return None
+    return raw if len(raw) == 64 else None
+
+
+def signed_bytes(envelope_obj: dict[str, Any]) -> bytes:
+    """RFC 8785 bytes an Ed25519 signature covers: the received envelope
+    object with ``security.signature`` removed (``scheme``/``key_id`` kept)."""
+    security = dict(envelope_obj["security"])
+    security.pop("signature", None)
+    return jcs({**envelope_obj, "security": security})
+
+
+class Authenticator:
+    """Authenticates requests against the configured principals.
+
+    Args:
+        principals: from :class:`~aip_crewai.host.config.Settings`.
+        claims: the store (``claim_message_id``), used for signed envelopes.
+        clock: seconds since the epoch (injectable for tests).
+    """
+
+    def __init__(self, principals: Iterable[PrincipalConfig], claims: MessageIdClaims | None,
+                 *, clock: Callable[[], float] = time.time) -> None:
+        self._principals = {p.id: p for p in principals}
+        self._hashes = [(p, p.token_sha256) for p in self._principals.values() if p.token_sha256 is not None]
+        self.claims = claims
+        self._clock = clock
+
+    @staticmethod
+    def _principal(config: PrincipalConfig, method: str) -> Principal:
+        return Principal(config.id, config.tenant, config.roles, method)
+
+    def authenticate_bearer(self, token: str) -> Principal:
+        """Principal whose stored hash equals SHA-256(``token``), else Unauthenticated."""
+        digest = hashlib.sha256(token.encode("utf-8")).digest()
+        found: PrincipalConfig | None = None
+        for config, stored in self._hashes:  # every hash, no early exit
+            if hmac.compare_digest(stored, digest) and found is None:
+                found = config
+        if found is None:
+            raise Unauthenticated("the bearer token is not valid")
+        return self._principal(found, "bearer")
+
+    async def authenticate_envelope(self, envelope_obj: dict[str, Any]) -> Principal:
+        """Verify an Ed25519-signed envelope (see the module docstring).
+
+        Raises:
+            Unauthenticated: any check fails (the message names which).
+        """
+        security = envelope_obj.get("security")
+        if not isinstance(security, dict) or security.get("scheme") != "ed25519":
+            raise Unauthenticated("the envelope carries no ed25519 security block")
+        key_id = security.get("key_id")
+        config = self._principals.get(key_id) if isinstance(key_id, str) else None
+        if config is None or config.ed25519_public_key is None:
+            raise Unauthenticated("unknown signing key")
+        signature = _b64url_signature(security.get("signature"))
+        if signature is None:
+            raise Unauthenticated("the signature must be 64 bytes in unpadded base64url")
+        try:
+            payload = signed_bytes(envelope_obj)
+        except (TypeError, ValueError) as exc:  # not JSON-representable (e.g. a float out of range)
+            raise Unauthenticated("the envelope cannot be canonicalized") from exc
+        try:
+            config.ed25519_public_key.verify(signature, payload)
+        except InvalidSignature:
+            raise Unauthenticated("the signature does not verify") from None
+        now_ms = int(self._clock() * 1000)
+        try:
+            sent_ms = rfc3339_to_ms(envelope_obj.get("sent_at"))  # type: ignore[arg-type]
+        except ValueError:
+            raise Unauthenticated("sent_at must be an RFC 3339 timestamp") from None
+        if abs(now_ms - sent_ms) > MAX_CLOCK_SKEW_MS:
+            raise Unauthenticated("sent_at is more than 300 s away from the host clock")
+        message_id = envelope_obj.get("message_id")
+        if not isinstance(message_id, str) or not message_id:
+            raise Unauthenticated("a signed envelope needs a message_id")
+        if self.claims is None:
+            raise Unauthenticated("signed envelopes need the store")
+        expires = max(sent_ms, now_ms) + MESSAGE_ID_RETENTION_MS
+        if not await self.claims.claim_message_id(config.tenant, message_id, expires, now=now_ms):
+            raise Unauthenticated("message_id was already used")
+        return self._principal(config, "ed25519")
+
+    async def authenticate(self, authorization: str | None, envelope_obj: dict[str, Any] | None) -> Principal:
+        """Authenticate from the ``Authorization`` header value and/or the envelope.
+
+        Raises:
+            Unauthenticated: no credential, or a bad one.
+        """
+        signed = envelope_obj if isinstance(envelope_obj, dict) and "security" in envelope_obj else None
+        if authorization is not None:
+            match = _BEARER_RE.match(authorization) if len(authorization) <= MAX_BEARER_CHARS + 16 else None
+            if match is None:
+                raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
+            principal = self.authenticate_bearer(match.group(1))
+            if signed is not None and (await self.authenticate_envelope(signed)).id != principal.id:
+                raise Unauthenticated("the envelope is signed by another principal than the bearer token's")
+            return principal
+        if signed is not None:
+            return await self.authenticate_envelope(signed)
+        raise Unauthenticated()
+
+
+async def authenticate(request: Request, raw_body: bytes | None = None,
+                       envelope_obj: dict[str, Any] | None = None) -> Principal:
+    """Authenticate an HTTP request with the app's :class:`Authenticator`.
+
+    Args:
+        request: the Starlette request (its ``Authorization`` header is read).
+        raw_body: the body bytes, unused by the checks today (the signature
+            covers the decoded object); accepted so callers pass what they read.
+        envelope_obj: the envelope as decoded JSON (a dict), when the request
+            carries one; needed for Ed25519 signatures.
+
+    Returns:
+        The principal; its tenant and id are bound to the log context.
+
+    Raises:
+        Unauthenticated: 401 (``WWW-Authenticate: Bearer`` is added by the handler).
+
+    Source: DESIGN.md §7.
+    """
+    del raw_body
+    authenticator: Authenticator = request.app.state.authenticator
+    try:
+        principal = await authenticator.authenticate(request.headers.get("authorization"), envelope_obj)
+    except Unauthenticated as exc:
+        request.app.state.metrics.auth_failures.inc()
+        log.info("authentication_failed", reason=exc.message)
+        raise
+    structlog.contextvars.bind_contextvars(tenant=principal.tenant, principal=principal.id)
+    info = request.scope.get(SCOPE_LOG_KEY)
+    if isinstance(info, dict):
+        info.update(tenant=principal.tenant, principal=principal.id)
+    return principal

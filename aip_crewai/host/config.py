@@ -1,0 +1,421 @@
+"""Host configuration: ``host.toml`` → a validated, frozen :class:`Settings`.
+
+TOML shape (DESIGN.md §11; every table rejects unknown keys)::
+
+    [host]
+    bind = "127.0.0.1:8081"            # "<ipv4|name>:<port>" or "[<ipv6>]:<port>"; default shown
+    store = "host.db"                  # required; SQLite file of the host store
+    max_response_bytes = 67108864      # 1 .. 268435456 bytes; default 64 MiB
+    readiness_interval_ms = 5000       # our addition: sidecar /health poll period, 100 .. 600000 ms
+
+    [sidecar]
+    url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
+    token_file = "sidecar.token"       # regular, non-symlink, no group/other permission bits, 1..16384 bytes
+
+    [crews]
+    file = "crews.json"                # descriptors, see admission.py
+
+    [tenants.acme]                     # tenant name: ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$
+    crews = ["support-primary"]        # admitted crew ids; an empty list closes the tenant
+
+    [[principals]]
+    id = "svc:acme-app"                # 1..256 characters, no control characters, unique
+    tenant = "acme"                    # must be a configured tenant
+    roles = ["invoker"]                # non-empty subset of invoker | approver | operator
+    token_sha256 = "<64 hex>"          # and/or
+    ed25519_public_key = "<base64 of the raw 32-byte key>"
+
+Relative paths (``store``, ``token_file``, ``file``) resolve against the
+directory of the configuration file, not the working directory, so a config
+and its neighbours move together. The sidecar token is read once, here; its
+surrounding whitespace (a trailing newline) is stripped and the rest must be
+visible ASCII. The only environment variable read is ``NOTIFY_SOCKET``.
+
+Every error is a :class:`ConfigError` whose message starts with the offending
+key, e.g. ``principals[1].token_sha256: must be 64 hexadecimal characters``.
+
+Source: DESIGN.md §7 (admission, tenant routing, principals), §11 (operator
+interface).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import os
+import re
+import stat
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from ..contracts.errors import AipError, Category
+from ..contracts.inputs import has_control_characters
+from .admission import AdmissionError, CrewDescriptor, load_descriptors
+
+#: Response bound, bytes (DESIGN.md §8, §11).
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
+#: Sidecar token file bounds, bytes (DESIGN.md §4).
+MAX_TOKEN_FILE_BYTES = 16_384
+#: Crews file bound, bytes (1,000 descriptors of at most ~17 KiB each, with room).
+MAX_CREWS_FILE_BYTES = 32 * 1024 * 1024
+ROLES: frozenset[str] = frozenset({"invoker", "approver", "operator"})
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
+_HEX64_RE = re.compile(r"^[0-9a-fA-F]{64}\Z")
+_TOKEN_RE = re.compile(r"^[\x21-\x7e]+\Z")
+_BIND_RE = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>[0-9]{1,5})\Z")
+
+
+class ConfigError(AipError):
+    """The host configuration is unusable. ``key`` names the offending key
+    (``principals[1].token_sha256``), ``reason`` says what is wrong."""
+
+    code = "config.invalid"
+    category = Category.PERMANENT
+    http_status = 500
+    default_message = "invalid host configuration"
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{key}: {reason}" if key else reason, details={"key": key, "reason": reason})
+
+
+# --- the TOML shape ----------------------------------------------------------
+
+
+class _Table(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Base of the TOML tables: unknown keys are errors."""
+
+
+class _HostTable(_Table):
+    store: str
+    bind: str = "127.0.0.1:8081"
+    max_response_bytes: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESPONSE_BYTES_LIMIT)] = DEFAULT_MAX_RESPONSE_BYTES
+    readiness_interval_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)] = 5_000
+
+
+class _SidecarTable(_Table):
+    url: str
+    token_file: str
+
+
+class _CrewsTable(_Table):
+    file: str
+
+
+class _TenantTable(_Table):
+    crews: list[str]
+
+
+class _PrincipalTable(_Table):
+    id: str
+    tenant: str
+    roles: Annotated[list[Literal["invoker", "approver", "operator"]], msgspec.Meta(min_length=1)]
+    token_sha256: str | None = None
+    ed25519_public_key: str | None = None
+
+
+class _Root(_Table):
+    host: Any
+    sidecar: Any
+    crews: Any
+    tenants: dict[str, Any] = {}
+    principals: list[Any] = []
+
+
+# --- the result --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrincipalConfig:
+    """One configured principal. ``token_sha256`` is the 32-byte digest (not hex)."""
+
+    id: str
+    tenant: str
+    roles: frozenset[str]
+    token_sha256: bytes | None = field(default=None, repr=False)
+    ed25519_public_key: Ed25519PublicKey | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the host needs, validated. Built by :func:`load_settings`;
+    tests may derive variants with ``dataclasses.replace``.
+
+    Attributes:
+        bind: ``host:port`` for hypercorn.
+        store_path: absolute path of the SQLite host store.
+        max_response_bytes: bound of one sidecar response body, bytes.
+        sidecar_url: base URL of the sidecar (https, or http to loopback).
+        sidecar_token: the bearer token for the sidecar (never logged).
+        crews: admitted descriptors in file order.
+        tenants: tenant name -> admitted crew ids it may see (file order).
+        principals: configured principals in file order.
+        readiness_interval_s: sidecar ``/health`` poll period, seconds.
+        notify_socket: systemd ``NOTIFY_SOCKET`` address, or None.
+    """
+
+    config_path: Path
+    bind: str
+    store_path: Path
+    max_response_bytes: int
+    sidecar_url: str
+    sidecar_token: str = field(repr=False)
+    crews_file: Path
+    crews: tuple[CrewDescriptor, ...]
+    tenants: Mapping[str, tuple[str, ...]]
+    principals: tuple[PrincipalConfig, ...]
+    readiness_interval_s: float = 5.0
+    notify_socket: str | None = None
+
+
+# --- loading -----------------------------------------------------------------
+
+
+def _convert(value: Any, type_: Any, prefix: str) -> Any:
+    """msgspec.convert with errors re-keyed under ``prefix``."""
+    try:
+        return msgspec.convert(value, type_, strict=True)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        rule, sep, where = text.rpartition(" - at `")
+        path = where.rstrip("`")[1:] if sep else ""  # drop the leading "$"
+        rule = rule if sep else text
+        key = (prefix + path).lstrip(".")
+        unknown = re.match(r"Object contains unknown field `(.+)`\Z", rule)
+        missing = re.match(r"Object missing required field `(.+)`\Z", rule)
+        if unknown or missing:
+            name = (unknown or missing).group(1)  # type: ignore[union-attr]
+            raise ConfigError(f"{key}.{name}" if key else name, "unknown key" if unknown else "required key is missing") from exc
+        raise ConfigError(key or "(root)", rule) from exc
+
+
+def _resolve(base: Path, raw: str, key: str) -> Path:
+    if not raw or has_control_characters(raw):
+        raise ConfigError(key, "must be a non-empty path without control characters")
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() else (base / path)
+
+
+def _check_bind(bind: str) -> None:
+    match = _BIND_RE.match(bind)
+    if match is None or int(match["port"]) > 65535:
+        raise ConfigError("host.bind", "must be <address>:<port> (IPv6 in brackets), port 0..65535")
+    if match["v6"] is not None:
+        try:
+            ipaddress.IPv6Address(match["v6"])
+        except ValueError:
+            raise ConfigError("host.bind", f"{match['v6']!r} is not an IPv6 address") from None
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_sidecar_url(url: str) -> str:
+    """Return ``url`` without a trailing ``/`` when it is an acceptable sidecar URL.
+
+    Accepts ``https://<host>[:port][/prefix]`` and ``http://`` only to
+    127.0.0.0/8, ``::1`` or ``localhost``. No credentials, query or fragment.
+
+    Raises:
+        ConfigError: keyed ``sidecar.url``.
+
+    Source: DESIGN.md §7 (sidecar client: https or loopback http).
+    """
+    key = "sidecar.url"
+    if has_control_characters(url) or " " in url:
+        raise ConfigError(key, "must not contain spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not 0..65535
+    except ValueError as exc:
+        raise ConfigError(key, f"not a valid URL ({exc})") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(key, "must be an http:// or https:// URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(key, "must not carry credentials; use sidecar.token_file")
+    if parts.query or parts.fragment:
+        raise ConfigError(key, "must not have a query or fragment")
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        raise ConfigError(key, "plain http is only allowed to a loopback address (127.0.0.0/8, ::1, localhost); use https")
+    return url.rstrip("/")
+
+
+def read_token_file(path: Path, key: str = "sidecar.token_file") -> str:
+    """Read a bearer token from a protected file.
+
+    The file must be a regular file (not a symlink) without group or other
+    permission bits (0600 or 0400), holding 1..16384 bytes; surrounding
+    whitespace is stripped and the token must be visible ASCII.
+
+    Raises:
+        ConfigError: keyed ``key``, naming the rule.
+
+    Source: DESIGN.md §4 (token file rules), §7.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ConfigError(key, f"{path} does not exist") from None
+    except OSError as exc:
+        if path.is_symlink():
+            raise ConfigError(key, f"{path} is a symlink; point at the file itself") from None
+        raise ConfigError(key, f"cannot open {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(key, f"{path} is not a regular file")
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise ConfigError(key, f"{path} has mode {mode:04o}; it must not be readable by group or others (chmod 600)")
+        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if not 1 <= len(data) <= MAX_TOKEN_FILE_BYTES:
+        raise ConfigError(key, f"{path} must hold 1..{MAX_TOKEN_FILE_BYTES} bytes")
+    token = data.decode("ascii", errors="replace").strip()
+    if not _TOKEN_RE.match(token):
+        raise ConfigError(key, f"{path} must hold one token of visible ASCII characters")
+    return token
+
+
+def _read_crews(path: Path) -> tuple[CrewDescriptor, ...]:
+    key = "crews.file"
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CREWS_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from None
+    if len(data) > MAX_CREWS_FILE_BYTES:
+        raise ConfigError(key, f"{path} exceeds {MAX_CREWS_FILE_BYTES} bytes")
+    try:
+        return load_descriptors(data)
+    except AdmissionError as exc:
+        raise ConfigError(key, f"{path}: {exc.message}") from exc
+
+
+def _principal(index: int, raw: Any, tenants: Mapping[str, Any]) -> PrincipalConfig:
+    key = f"principals[{index}]"
+    table: _PrincipalTable = _convert(raw, _PrincipalTable, key)
+    if not 1 <= len(table.id) <= 256 or has_control_characters(table.id):
+        raise ConfigError(f"{key}.id", "must be 1..256 characters without control characters")
+    if table.tenant not in tenants:
+        raise ConfigError(f"{key}.tenant", f"unknown tenant {table.tenant!r}; add a [tenants.{table.tenant}] table")
+    digest = None
+    if table.token_sha256 is not None:
+        if not _HEX64_RE.match(table.token_sha256):
+            raise ConfigError(f"{key}.token_sha256", "must be 64 hexadecimal characters (SHA-256 of the bearer token)")
+        digest = bytes.fromhex(table.token_sha256)
+    public_key = None
+    if table.ed25519_public_key is not None:
+        try:
+            raw_key = base64.b64decode(table.ed25519_public_key, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"{key}.ed25519_public_key", "must be standard base64") from None
+        if len(raw_key) != 32:
+            raise ConfigError(f"{key}.ed25519_public_key", f"must decode to 32 bytes, not {len(raw_key)}")
+        public_key = Ed25519PublicKey.from_public_bytes(raw_key)
+    if digest is None and public_key is None:
+        raise ConfigError(key, "needs token_sha256 and/or ed25519_public_key")
+    return PrincipalConfig(table.id, table.tenant, frozenset(table.roles), digest, public_key)
+
+
+def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mapping[str, str] | None = None) -> Settings:
+    """Validate a parsed TOML document into :class:`Settings`.
+
+    Args:
+        data: the parsed TOML.
+        config_path: where it came from; relative paths resolve against its directory.
+        environ: environment (only ``NOTIFY_SOCKET`` is read); default ``os.environ``.
+
+    Raises:
+        ConfigError: the first problem found, keyed.
+    """
+    base = config_path.resolve().parent
+    root: _Root = _convert(dict(data), _Root, "")
+    host: _HostTable = _convert(root.host, _HostTable, "host")
+    sidecar: _SidecarTable = _convert(root.sidecar, _SidecarTable, "sidecar")
+    crews_table: _CrewsTable = _convert(root.crews, _CrewsTable, "crews")
+    _check_bind(host.bind)
+    url = check_sidecar_url(sidecar.url)
+    token = read_token_file(_resolve(base, sidecar.token_file, "sidecar.token_file"))
+    crews_file = _resolve(base, crews_table.file, "crews.file")
+    crews = _read_crews(crews_file)
+    crew_ids = {crew.id for crew in crews}
+    tenants: dict[str, tuple[str, ...]] = {}
+    for name, raw in root.tenants.items():
+        key = f"tenants.{name}"
+        if not _TENANT_RE.match(name):
+            raise ConfigError(key, "tenant names match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+        table: _TenantTable = _convert(raw, _TenantTable, key)
+        for position, crew_id in enumerate(table.crews):
+            if crew_id not in crew_ids:
+                raise ConfigError(f"{key}.crews[{position}]", f"{crew_id!r} is not an admitted crew id in {crews_file}")
+            if crew_id in table.crews[:position]:
+                raise ConfigError(f"{key}.crews[{position}]", f"{crew_id!r} is listed twice")
+        tenants[name] = tuple(table.crews)
+    principals: list[PrincipalConfig] = []
+    for index, raw in enumerate(root.principals):
+        principal = _principal(index, raw, tenants)
+        for other in principals:
+            if other.id == principal.id:
+                raise ConfigError(f"principals[{index}].id", f"{principal.id!r} is already used by another principal")
+            if principal.token_sha256 is not None and other.token_sha256 == principal.token_sha256:
+                raise ConfigError(f"principals[{index}].token_sha256", f"already used by principal {other.id!r}")
+        principals.append(principal)
+    env = os.environ if environ is None else environ
+    return Settings(
+        config_path=config_path.resolve(),
+        bind=host.bind,
+        store_path=_resolve(base, host.store, "host.store"),
+        max_response_bytes=host.max_response_bytes,
+        sidecar_url=url,
+        sidecar_token=token,
+        crews_file=crews_file,
+        crews=crews,
+        tenants=types.MappingProxyType(tenants),
+        principals=tuple(principals),
+        readiness_interval_s=host.readiness_interval_ms / 1000,
+        notify_socket=env.get("NOTIFY_SOCKET") or None,
+    )
+
+
+def load_settings(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate ``host.toml``.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or breaks a rule (keyed).
+
+    Source: DESIGN.md §11.
+    """
+    config_path = Path(path)
+    try:
+        with open(config_path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError("--config", f"{config_path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {config_path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", f"{config_path} is not valid TOML: {exc}") from None
+    return build_settings(data, config_path, environ=environ)

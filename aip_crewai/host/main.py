@@ -1,0 +1,82 @@
+"""``aip-crewai host --config host.toml``: the host process entry point.
+
+Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for a configuration
+or store-location error (one line on stderr naming the key, no traceback),
+1 when serving fails.
+
+Source: DESIGN.md §11 (operator interface), §1 (the host never imports CrewAI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+import structlog
+
+from ..log import configure_logging
+from .config import ConfigError, Settings, load_settings
+from .store import InsecureStorePath, check_location
+
+log = structlog.get_logger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aip-crewai host", description="Run the AIP host for CrewAI crews.")
+    parser.add_argument("--config", required=True, help="path of host.toml (relative paths inside resolve against its directory)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"],
+                        help="json lines, console, or auto (json unless stderr is a terminal)")
+    return parser
+
+
+def load(config: str) -> Settings:
+    """Load settings and pre-check the store location (both exit 2 in :func:`main`).
+
+    Raises:
+        ConfigError: the configuration is unusable.
+        InsecureStorePath: the store location is unsafe.
+    """
+    settings = load_settings(config)
+    check_location(settings.store_path)
+    return settings
+
+
+async def serve(settings: Settings) -> None:
+    """Serve the app with hypercorn on ``settings.bind`` until SIGTERM or SIGINT."""
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config
+
+    from .app import create_app
+
+    config = Config()
+    config.bind = [settings.bind]
+    config.accesslog = None  # the app logs one summary line per request
+    config.errorlog = "-"
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await hypercorn_serve(create_app(settings), config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the host. Returns the process exit code."""
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    configure_logging(json=None if args.log_format == "auto" else args.log_format == "json", level=args.log_level)
+    try:
+        settings = load(args.config)
+    except (ConfigError, InsecureStorePath) as exc:
+        print(f"aip-crewai host: configuration error: {exc.message}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:  # the process boundary: log once, exit non-zero
+        log.exception("host_failed", error=type(exc).__name__)
+        return 1
+    return 0

@@ -1,0 +1,153 @@
+"""Host metrics in the Prometheus text exposition format (hand-written, no dependency).
+
+One :class:`Metrics` per app (``app.state.metrics``), so tests never share
+counters. Labels never carry tenants, principals, crew ids, action ids or
+inputs: the exposition is readable by an operator of any tenant and must not
+leak another tenant's activity beyond aggregates.
+
+Metrics (all prefixed ``aip_host_``):
+
+| name | type | labels |
+|---|---|---|
+| ``requests_total`` | counter | route (path template), method, status |
+| ``request_duration_seconds`` | summary (sum, count) | route, method |
+| ``ready`` | gauge | (1 when the sidecar agrees, DESIGN.md §7) |
+| ``readiness_checks_total`` | counter | result (ready, unready) |
+| ``auth_failures_total`` | counter | |
+| ``fence_decisions_total`` | counter | fence, decision (incremented by the fences) |
+| ``stream_errors_total`` | counter | code |
+| ``actions_total`` | counter | operation, status |
+
+Source: DESIGN.md §6 (``/metrics``: Prometheus text).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _format_value(value: float) -> str:
+    if value != value:  # NaN
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+class _Family:
+    kind = "untyped"
+
+    def __init__(self, name: str, help_text: str, labelnames: Iterable[str] = ()) -> None:
+        self.name = name
+        self.help = help_text
+        self.labelnames = tuple(labelnames)
+        self._values: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()
+
+    def _key(self, labels: dict[str, str]) -> tuple[str, ...]:
+        if set(labels) != set(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {tuple(labels)}")
+        return tuple(str(labels[name]) for name in self.labelnames)
+
+    def value(self, **labels: str) -> float:
+        """Current value of one label set (0 when never touched)."""
+        return self._values.get(self._key(labels), 0.0)
+
+    def _series(self) -> list[tuple[str, tuple[str, ...], float]]:
+        with self._lock:
+            return [("", key, value) for key, value in sorted(self._values.items())]
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        for suffix, key, value in self._series():
+            labels = ",".join(f'{name}="{_escape(v)}"' for name, v in zip(self.labelnames, key))
+            lines.append(f"{self.name}{suffix}{{{labels}}} {_format_value(value)}" if labels
+                         else f"{self.name}{suffix} {_format_value(value)}")
+        return lines
+
+
+class Counter(_Family):
+    """Monotonic counter: ``inc(amount=1, **labels)``."""
+
+    kind = "counter"
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        if amount < 0:
+            raise ValueError("a counter only goes up")
+        key = self._key(labels)
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + amount
+
+
+class Gauge(_Family):
+    """Gauge: ``set(value, **labels)``."""
+
+    kind = "gauge"
+
+    def set(self, value: float, **labels: str) -> None:
+        key = self._key(labels)
+        with self._lock:
+            self._values[key] = float(value)
+
+
+class Summary(_Family):
+    """Summary without quantiles: ``<name>_sum`` and ``<name>_count``."""
+
+    kind = "summary"
+
+    def __init__(self, name: str, help_text: str, labelnames: Iterable[str] = ()) -> None:
+        super().__init__(name, help_text, labelnames)
+        self._counts: dict[tuple[str, ...], float] = {}
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = self._key(labels)
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + value
+            self._counts[key] = self._counts.get(key, 0.0) + 1
+
+    def count(self, **labels: str) -> float:
+        return self._counts.get(self._key(labels), 0.0)
+
+    def _series(self) -> list[tuple[str, tuple[str, ...], float]]:
+        with self._lock:
+            series = []
+            for key in sorted(self._values):
+                series += [("_sum", key, self._values[key]), ("_count", key, self._counts[key])]
+            return series
+
+
+class Metrics:
+    """The host's metric families (see the module table)."""
+
+    def __init__(self) -> None:
+        p = "aip_host_"
+        self.requests = Counter(p + "requests_total", "HTTP requests by route template, method and status.",
+                                ("route", "method", "status"))
+        self.request_duration = Summary(p + "request_duration_seconds", "HTTP request handling time, seconds.",
+                                        ("route", "method"))
+        self.ready = Gauge(p + "ready", "1 when the sidecar health agrees with the configuration, else 0.")
+        self.readiness_checks = Counter(p + "readiness_checks_total", "Sidecar health checks by result.", ("result",))
+        self.auth_failures = Counter(p + "auth_failures_total", "Requests refused as unauthenticated.")
+        self.fence_decisions = Counter(p + "fence_decisions_total", "Fence decisions by fence and decision.",
+                                       ("fence", "decision"))
+        self.stream_errors = Counter(p + "stream_errors_total", "Sidecar stream failures by error code.", ("code",))
+        self.actions = Counter(p + "actions_total", "Actions reaching a status, by operation.", ("operation", "status"))
+        self.ready.set(0)
+
+    def families(self) -> list[_Family]:
+        return [self.requests, self.request_duration, self.ready, self.readiness_checks, self.auth_failures,
+                self.fence_decisions, self.stream_errors, self.actions]
+
+    def render(self) -> str:
+        """The whole exposition, text format 0.0.4."""
+        lines: list[str] = []
+        for family in self.families():
+            lines += family.render()
+        return "\n".join(lines) + "\n"

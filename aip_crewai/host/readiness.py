@@ -1,0 +1,171 @@
+"""Readiness: does the sidecar agree with the host's configuration?
+
+:func:`evaluate_health` is pure: given the sidecar's ``GET /health`` body and
+the admitted descriptors it returns None (ready) or the reason the host is
+unready: ``status`` is not ``ready``, ``durable_journal`` is not true, a
+configured crew is missing from ``crews``, or an allowed operation of some
+descriptor is missing from ``operations``. :class:`Readiness` polls the
+sidecar (a background task in the app lifespan, every
+``readiness_interval_s``) and on demand (``/ready`` re-checks while unready,
+so the host turns ready as soon as the sidecar does; a regression is seen by
+the next poll). Concurrent refreshes share one request.
+
+Also here: :func:`notify_systemd`, the one-datagram ``sd_notify``.
+
+Source: DESIGN.md §7 (readiness), §6 (``/ready``), seeds/crewai-capabilities.md
+("Understand discovery projection").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+import structlog
+
+from .admission import CrewDescriptor
+from .metrics import Metrics
+
+log = structlog.get_logger(__name__)
+
+#: Bound of one health request, seconds (the sidecar client itself has no read timeout).
+HEALTH_TIMEOUT_S = 5.0
+#: Bound of a health body, bytes.
+MAX_HEALTH_BYTES = 1024 * 1024
+_LIST_PREVIEW = 10
+
+
+def _preview(names: Iterable[str]) -> str:
+    names = sorted(names)
+    more = f" (+{len(names) - _LIST_PREVIEW} more)" if len(names) > _LIST_PREVIEW else ""
+    return ", ".join(names[:_LIST_PREVIEW]) + more
+
+
+def evaluate_health(body: Any, crews: Iterable[CrewDescriptor]) -> str | None:
+    """Compare a sidecar health body with the admitted descriptors.
+
+    Args:
+        body: the decoded ``GET /health`` JSON.
+        crews: the admitted descriptors.
+
+    Returns:
+        None when ready, else a one-line reason (safe to show unauthenticated
+        callers: it names crew ids and operations, never secrets).
+    """
+    if not isinstance(body, dict):
+        return "sidecar health is not a JSON object"
+    if body.get("status") != "ready":
+        return f"sidecar status is {str(body.get('status'))[:64]!r}, not 'ready'"
+    if body.get("durable_journal") is not True:
+        return "sidecar journal is not durable"
+    served_crews, served_ops = body.get("crews"), body.get("operations")
+    if not isinstance(served_crews, list) or not isinstance(served_ops, list):
+        return "sidecar health lacks the crews or operations list"
+    crews = list(crews)
+    missing_crews = {c.id for c in crews} - {c for c in served_crews if isinstance(c, str)}
+    if missing_crews:
+        return f"sidecar lacks configured crews: {_preview(missing_crews)}"
+    missing_ops = {op for c in crews for op in c.allowed_operations} - {o for o in served_ops if isinstance(o, str)}
+    if missing_ops:
+        return f"sidecar lacks allowed operations: {_preview(missing_ops)}"
+    return None
+
+
+@dataclass(frozen=True)
+class ReadinessState:
+    """The last verdict. ``checked_at`` is epoch seconds (None: never checked)."""
+
+    ready: bool
+    reason: str
+    checked_at: float | None = None
+
+
+class Readiness:
+    """Holds the readiness verdict and refreshes it from the sidecar.
+
+    Args:
+        http: the lifespan-owned sidecar client (base URL and bearer set).
+        crews: the admitted descriptors.
+        metrics: where the ``ready`` gauge and check counters live.
+        clock: epoch seconds.
+    """
+
+    def __init__(self, http: httpx.AsyncClient, crews: Iterable[CrewDescriptor], metrics: Metrics,
+                 *, clock: Callable[[], float] = time.time) -> None:
+        self.http = http
+        self.crews = tuple(crews)
+        self.metrics = metrics
+        self.clock = clock
+        self.state = ReadinessState(False, "sidecar health not checked yet")
+        self._inflight: asyncio.Task[ReadinessState] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state.ready
+
+    async def _probe(self) -> str | None:
+        try:
+            async with self.http.stream("GET", "/health", timeout=httpx.Timeout(HEALTH_TIMEOUT_S)) as response:
+                body = b""
+                async for piece in response.aiter_bytes():
+                    body += piece
+                    if len(body) > MAX_HEALTH_BYTES:
+                        return "sidecar health body is too large"
+        except httpx.HTTPError as exc:
+            return f"sidecar unreachable ({type(exc).__name__})"
+        if response.status_code != 200:
+            return f"sidecar /health answered HTTP {response.status_code}"
+        try:
+            decoded = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            return "sidecar health is not valid JSON"
+        return evaluate_health(decoded, self.crews)
+
+    async def _check(self) -> ReadinessState:
+        reason = await self._probe()
+        state = ReadinessState(reason is None, reason or "ready", self.clock())
+        if state.ready != self.state.ready or state.reason != self.state.reason:
+            log.info("readiness_changed", ready=state.ready, reason=state.reason)
+        self.state = state
+        self.metrics.ready.set(1 if state.ready else 0)
+        self.metrics.readiness_checks.inc(result="ready" if state.ready else "unready")
+        return state
+
+    async def refresh(self) -> ReadinessState:
+        """Check the sidecar now (joining a check already in flight)."""
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.ensure_future(self._check())
+        return await asyncio.shield(self._inflight)
+
+    async def run(self, interval_s: float) -> None:
+        """Refresh every ``interval_s`` seconds until cancelled (never raises otherwise)."""
+        while True:
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in a check must not stop the poller
+                log.exception("readiness_check_failed")
+            await asyncio.sleep(interval_s)
+
+
+def notify_systemd(address: str | None, message: bytes = b"READY=1") -> bool:
+    """Send one ``sd_notify`` datagram to ``address`` (``NOTIFY_SOCKET``; a
+    leading ``@`` means the abstract namespace). Returns False when there is
+    no address or the send fails (logged, never raised)."""
+    if not address:
+        return False
+    target = "\0" + address[1:] if address.startswith("@") else address
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(message, target)
+    except OSError as exc:
+        log.warning("systemd_notify_failed", error=type(exc).__name__)
+        return False
+    return True

@@ -1,0 +1,402 @@
+"""The host store: the only host module that runs SQL (SQLite via aiosqlite).
+
+One file, WAL, ``synchronous=FULL``, one connection owned by the app's
+lifespan. Every table's primary key starts with ``tenant`` and every method
+takes ``tenant`` first, so one tenant cannot address another's rows by
+construction (the periodic sweeps :meth:`Store.expire_approvals` and
+:meth:`Store.purge_message_ids` are the only tenant-less methods and return
+the tenant of every row they touch). Timestamps are integers, milliseconds
+since the Unix epoch (UTC); :func:`ms_to_rfc3339` renders them at the edges.
+
+Atomicity: every decision that must happen once (idempotency reservation,
+message-id claim, action creation, status transitions, approval decisions) is
+ONE SQL statement whose ``WHERE``/``ON CONFLICT`` clause decides, so it holds
+across connections too; statements on the shared connection are serialized by
+an ``asyncio.Lock`` so a multi-statement transaction never swallows another
+coroutine's write.
+
+File safety: the database is created 0600 (an existing file, or its
+``-wal``/``-shm`` companions, with any group/other bit is refused, as is a
+symlink); its directory must not be group- or world-writable.
+
+Source: DESIGN.md §7 (fences, "every store key starts with the tenant"),
+STYLE.md (Storage), seeds/hosted-knowledge-base-management.md (paging lessons).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from .store_schema import (
+    APPROVAL_DECISIONS,
+    DISPATCH_RANK,
+    MIGRATIONS,
+    TRANSITIONS,
+    ActionRecord,
+    ActionState,
+    ApprovalPage,
+    ApprovalRecord,
+    ChunkRecord,
+    IdempotencyRecord,
+    InsecureStorePath,
+    InvalidCursor,
+    StoreError,
+    check_location,
+    create_private_file,
+    decode_cursor,
+    encode_cursor,
+    ms_to_rfc3339,
+    rfc3339_to_ms,
+)
+
+__all__ = [
+    "MIGRATIONS", "ActionState", "TRANSITIONS", "Store", "StoreError", "InsecureStorePath", "InvalidCursor",
+    "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage", "ChunkRecord", "check_location",
+    "ms_to_rfc3339", "rfc3339_to_ms",
+]
+
+
+_S = ActionState
+
+
+def _columns(record_type: type) -> str:
+    return ", ".join(f.name for f in fields(record_type) if f.name != "created")
+
+
+_ACTION_COLUMNS = _columns(ActionRecord)
+_IDEMPOTENCY_COLUMNS = _columns(IdempotencyRecord)
+_APPROVAL_COLUMNS = _columns(ApprovalRecord)
+
+
+# --- the store -----------------------------------------------------------------
+
+
+class Store:
+    """Named async methods over the host database. Open with :meth:`open`."""
+
+    def __init__(self, conn: aiosqlite.Connection, *, clock: Callable[[], float] = time.time) -> None:
+        self._conn = conn
+        self._clock = clock
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, path: Path, *, clock: Callable[[], float] = time.time) -> Store:
+        """Check the location, create the file 0600 if missing, connect, apply migrations.
+
+        Raises:
+            InsecureStorePath: see :func:`check_location`.
+            StoreError: the schema is newer than this code, or WAL is unavailable.
+        """
+        check_location(path)
+        create_private_file(path)
+        check_location(path)
+        conn = await aiosqlite.connect(str(path), isolation_level=None)
+        try:
+            async with conn.execute("PRAGMA journal_mode=WAL") as cur:
+                mode = (await cur.fetchone() or ("",))[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"SQLite refused WAL mode for {path} (got {mode!r})")
+            for pragma in ("synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
+                await conn.execute(f"PRAGMA {pragma}")
+            await migrate(conn)
+        except BaseException:
+            await conn.close()
+            raise
+        return cls(conn, clock=clock)
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+    def now_ms(self) -> int:
+        """The store clock, epoch milliseconds."""
+        return int(self._clock() * 1000)
+
+    async def _fetch(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
+        async with self._lock:
+            async with self._conn.execute(sql, params) as cur:
+                return list(await cur.fetchall())
+
+    async def _change(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
+        async with self._lock:
+            async with self._conn.execute(sql, params) as cur:
+                return int(cur.rowcount)
+
+    # --- message ids (signed envelopes, DESIGN.md §7) ---
+
+    async def claim_message_id(self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None) -> bool:
+        """Claim ``message_id`` for ``tenant`` until ``expires_at`` (ms).
+
+        Returns True the first time, False for a replay (an expired claim may be re-claimed).
+        """
+        now = self.now_ms() if now is None else now
+        return await self._change(
+            "INSERT INTO message_ids (tenant, message_id, expires_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (tenant, message_id) DO UPDATE SET expires_at = excluded.expires_at "
+            "WHERE message_ids.expires_at <= ?",
+            (tenant, message_id, expires_at, now),
+        ) == 1
+
+    async def purge_message_ids(self, now: int | None = None) -> int:
+        """Delete expired message-id claims (all tenants); returns how many."""
+        now = self.now_ms() if now is None else now
+        return await self._change("DELETE FROM message_ids WHERE expires_at <= ?", (now,))
+
+    # --- idempotency (DESIGN.md §7) ---
+
+    async def reserve_idempotency(self, tenant: str, key: str, capability_id: str, action_id: str, input_hash: str,
+                                  expires_at: int, *, now: int | None = None) -> IdempotencyRecord:
+        """Reserve ``(tenant, key)`` in ONE statement: insert, or replace an expired
+        record, or return the live one untouched.
+
+        Returns:
+            The record; ``created`` is True only for the call that wrote it
+            (of N concurrent duplicates exactly one).
+        """
+        now = self.now_ms() if now is None else now
+        rows = await self._fetch(
+            f"INSERT INTO idempotency ({_IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (tenant, key) DO UPDATE SET capability_id = excluded.capability_id, "
+            "action_id = excluded.action_id, input_hash = excluded.input_hash, created_at = excluded.created_at, "
+            "expires_at = excluded.expires_at WHERE idempotency.expires_at <= ? "
+            f"RETURNING {_IDEMPOTENCY_COLUMNS}",
+            (tenant, key, capability_id, action_id, input_hash, now, expires_at, now),
+        )
+        if rows:
+            return IdempotencyRecord(*rows[0], created=True)
+        existing = await self.get_idempotency(tenant, key)
+        if existing is None:  # replaced and purged between statements: cannot happen on one connection
+            raise StoreError("idempotency record vanished during reservation")
+        return existing
+
+    async def get_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
+        rows = await self._fetch(f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE tenant = ? AND key = ?",
+                                 (tenant, key))
+        return IdempotencyRecord(*rows[0]) if rows else None
+
+    # --- actions ---
+
+    async def create_action(self, tenant: str, action_id: str, capability_id: str, crew_id: str, operation: str,
+                            input_json: str, input_hash: str, principal_id: str, idempotency_key: str | None,
+                            status: str, *, approval_id: str | None = None, timeout_ms: int | None = None,
+                            now: int | None = None) -> tuple[bool, ActionRecord]:
+        """Insert an action unless ``(tenant, action_id)`` exists.
+
+        Returns:
+            ``(created, record)``: the new record, or the EXISTING one
+            (compare its ``input_hash``) with ``created`` False.
+        """
+        if status not in (_S.PENDING_APPROVAL.value, _S.RUNNING.value):
+            raise ValueError(f"an action starts pending_approval or running, not {status!r}")
+        now = self.now_ms() if now is None else now
+        created = await self._change(
+            f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 18)}) "
+            "ON CONFLICT (tenant, action_id) DO NOTHING",
+            (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id,
+             idempotency_key, status, "not_sent", None, None, approval_id, timeout_ms, 0, now, now),
+        ) == 1
+        record = await self.get_action(tenant, action_id)
+        if record is None:
+            raise StoreError("action vanished after creation")
+        return created, record
+
+    async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
+        rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?",
+                                 (tenant, action_id))
+        return ActionRecord(*rows[0]) if rows else None
+
+    async def update_action(self, tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str,
+                            dispatch: str | None = None, result_json: str | None = None,
+                            error_json: str | None = None, approval_id: str | None = None,
+                            now: int | None = None) -> bool:
+        """Move an action from one of ``from_statuses`` to ``status``; the SQL
+        ``WHERE`` enforces the source state, so a stale writer changes nothing.
+
+        ``dispatch`` only moves forward (not_sent → sent → acknowledged);
+        None-valued fields keep their stored value.
+
+        Returns:
+            True when the row changed.
+
+        Raises:
+            ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
+        """
+        sources = [ActionState(s) for s in from_statuses]
+        target = ActionState(status)
+        if not sources or any(target not in TRANSITIONS[s] for s in sources):
+            raise ValueError(f"transition {[s.value for s in sources]} -> {target.value} is not allowed")
+        if dispatch is not None and dispatch not in DISPATCH_RANK:
+            raise ValueError(f"unknown dispatch {dispatch!r}")
+        now = self.now_ms() if now is None else now
+        marks = ", ".join("?" * len(sources))
+        rank = "CASE dispatch WHEN 'not_sent' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END"
+        return await self._change(
+            "UPDATE actions SET status = ?, updated_at = ?, "
+            f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {rank} THEN ? ELSE dispatch END, "
+            "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
+            f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks})",
+            (target.value, now, dispatch, DISPATCH_RANK.get(dispatch or "", -1), dispatch, result_json, error_json,
+             approval_id, tenant, action_id, *[s.value for s in sources]),
+        ) == 1
+
+    async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
+        """Actions still ``running`` (reconciliation after a restart), oldest first."""
+        where, params = ("status = 'running'", ()) if tenant is None else ("status = 'running' AND tenant = ?", (tenant,))
+        rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE {where} ORDER BY created_at", params)
+        return [ActionRecord(*row) for row in rows]
+
+    # --- chunks ---
+
+    async def append_chunks(self, tenant: str, action_id: str, chunks: Sequence[tuple[int, str]]) -> int:
+        """Append ``(sequence, chunk_json)`` pairs in one transaction; sequences
+        already stored are skipped. Returns how many were inserted.
+
+        Raises:
+            StoreError: the action does not exist (foreign key).
+        """
+        if not chunks:
+            return 0
+        async with self._lock:
+            await self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                async with self._conn.executemany(
+                    "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (tenant, action_id, sequence) DO NOTHING",
+                    [(tenant, action_id, seq, text) for seq, text in chunks],
+                ) as cur:
+                    inserted = int(cur.rowcount)
+                await self._conn.execute(
+                    "UPDATE actions SET chunk_count = chunk_count + ? WHERE tenant = ? AND action_id = ?",
+                    (inserted, tenant, action_id))
+                await self._conn.execute("COMMIT")
+            except BaseException as exc:
+                await self._conn.execute("ROLLBACK")
+                if isinstance(exc, aiosqlite.IntegrityError):
+                    raise StoreError(f"cannot append chunks to unknown action {action_id!r}") from exc
+                raise
+        return inserted
+
+    async def list_chunks(self, tenant: str, action_id: str, after_sequence: int = -1,
+                          limit: int = 1000) -> list[ChunkRecord]:
+        """Chunks with ``sequence > after_sequence``, ascending, at most ``limit``."""
+        rows = await self._fetch(
+            "SELECT sequence, chunk_json FROM chunks WHERE tenant = ? AND action_id = ? AND sequence > ? "
+            "ORDER BY sequence LIMIT ?", (tenant, action_id, after_sequence, limit))
+        return [ChunkRecord(*row) for row in rows]
+
+    # --- approvals (DESIGN.md §7) ---
+
+    async def create_approval(self, tenant: str, approval_id: str, action_id: str, capability_id: str,
+                              policy_hash: str, requested_by: str, input_snapshot_json: str, expires_at: int,
+                              *, now: int | None = None) -> ApprovalRecord:
+        """Insert a pending approval for an existing action.
+
+        Raises:
+            StoreError: the approval id exists, or the action does not.
+        """
+        now = self.now_ms() if now is None else now
+        try:
+            rows = await self._fetch(
+                f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 13)}) "
+                f"RETURNING {_APPROVAL_COLUMNS}",
+                (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
+                 "pending", None, None, None, now, expires_at))
+        except aiosqlite.IntegrityError as exc:
+            raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
+        return ApprovalRecord(*rows[0])
+
+    async def get_approval(self, tenant: str, approval_id: str) -> ApprovalRecord | None:
+        rows = await self._fetch(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND approval_id = ?",
+                                 (tenant, approval_id))
+        return ApprovalRecord(*rows[0]) if rows else None
+
+    async def find_approval_for_action(self, tenant: str, action_id: str) -> ApprovalRecord | None:
+        """The latest approval of an action, or None."""
+        rows = await self._fetch(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND action_id = ? "
+            "ORDER BY created_at DESC, approval_id DESC LIMIT 1", (tenant, action_id))
+        return ApprovalRecord(*rows[0]) if rows else None
+
+    async def list_approvals(self, tenant: str, status: str | None = None, cursor: str | None = None,
+                             limit: int = 100) -> ApprovalPage:
+        """One page of a tenant's approvals, oldest first (stored status; pass
+        ``status="pending"`` for the queue).
+
+        Args:
+            cursor: ``next_cursor`` of the previous page (opaque), or None.
+            limit: 1..200.
+
+        Raises:
+            ValueError: ``limit`` out of range. InvalidCursor: a malformed cursor.
+        """
+        if not 1 <= limit <= 200:
+            raise ValueError("limit must be 1..200")
+        clauses, params = ["tenant = ?"], [tenant]
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status)
+        if cursor is not None:
+            created_at, approval_id = decode_cursor(cursor)
+            clauses.append("(created_at, approval_id) > (?, ?)")
+            params += [created_at, approval_id]
+        rows = await self._fetch(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE {' AND '.join(clauses)} "
+            "ORDER BY created_at, approval_id LIMIT ?", (*params, limit + 1))
+        items = [ApprovalRecord(*row) for row in rows[:limit]]
+        done = len(rows) <= limit
+        next_cursor = None if done else encode_cursor(items[-1].created_at, items[-1].approval_id)
+        return ApprovalPage(items, next_cursor, done)
+
+    async def decide_approval(self, tenant: str, approval_id: str, decision: str, reason: str, decided_by: str,
+                              now: int) -> bool:
+        """Record the one decision: only from ``pending``, before ``expires_at``,
+        and never by the requester (all in the ``WHERE``). Of concurrent
+        deciders exactly one gets True.
+
+        Raises:
+            ValueError: ``decision`` is not approved/denied.
+        """
+        if decision not in APPROVAL_DECISIONS:
+            raise ValueError(f"decision must be one of {APPROVAL_DECISIONS}")
+        return await self._change(
+            "UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ? "
+            "WHERE tenant = ? AND approval_id = ? AND status = 'pending' AND expires_at > ? AND requested_by != ?",
+            (decision, reason, decided_by, now, tenant, approval_id, now, decided_by),
+        ) == 1
+
+    async def expire_approvals(self, now: int) -> list[ApprovalRecord]:
+        """Mark every pending approval with ``expires_at <= now`` expired (all
+        tenants); returns the records it changed (so their actions can fail)."""
+        rows = await self._fetch(
+            "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
+            f"RETURNING {_APPROVAL_COLUMNS}", (now,))
+        return [ApprovalRecord(*row) for row in rows]
+
+
+async def migrate(conn: aiosqlite.Connection) -> int:
+    """Apply the migrations the database lacks, each in its own transaction.
+
+    Returns:
+        The resulting ``user_version``.
+
+    Raises:
+        StoreError: the database is newer than this code.
+    """
+    async with conn.execute("PRAGMA user_version") as cur:
+        version = int((await cur.fetchone() or (0,))[0])
+    if version > len(MIGRATIONS):
+        raise StoreError(f"the store schema is version {version}; this host knows up to {len(MIGRATIONS)}")
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        try:
+            await conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+        except BaseException:
+            if conn.in_transaction:
+                await conn.execute("ROLLBACK")
+            raise
+    return len(MIGRATIONS)

@@ -1,0 +1,261 @@
+"""Helpers and fixtures for the host foundation tests (registered by conftest.py): a complete configuration on disk, a fake sidecar,
+a fake clock, signed envelopes, and the app running in-process.
+
+Layout written by ``host_files``: crews ``alpha`` (legacy policy: 4 ops),
+``beta`` (all 10 ops), ``gamma`` (run only); tenants ``acme`` → alpha, beta;
+``globex`` → gamma; ``closed`` → none. Principals (bearer tokens in
+:data:`TOKENS`, Ed25519 keys from :data:`SEEDS`):
+
+| id | tenant | roles | credential |
+|---|---|---|---|
+| acme-invoker | acme | invoker | bearer |
+| acme-approver | acme | approver | ed25519 |
+| acme-operator | acme | operator | bearer |
+| acme-both | acme | invoker, approver | bearer + ed25519 |
+| globex-invoker | globex | invoker | bearer |
+| globex-signer | globex | invoker | ed25519 |
+| closed-invoker | closed | invoker | bearer |
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from starlette.applications import Starlette
+
+from aip_crewai.contracts.hashing import jcs
+from aip_crewai.contracts.operations import OPERATION_NAMES
+from aip_crewai.host.app import create_app
+from aip_crewai.host.config import Settings, load_settings
+from aip_crewai.host.store import ms_to_rfc3339
+
+SIDECAR_TOKEN = "sidecar-secret-token"
+NOW = 1_790_000_000.0  # 2026-09-21T…Z, epoch seconds
+
+CREWS: list[dict[str, Any]] = [
+    {"id": "alpha", "name": "Alpha", "description": "legacy policy"},
+    {"id": "beta", "name": "Beta", "allowed_operations": list(OPERATION_NAMES)},
+    {"id": "gamma", "name": "Gamma", "allowed_operations": ["run"]},
+]
+TENANTS = {"acme": ["alpha", "beta"], "globex": ["gamma"], "closed": []}
+TOKENS = {
+    "acme-invoker": "tok-acme-invoker",
+    "acme-operator": "tok-acme-operator",
+    "acme-both": "tok-acme-both",
+    "globex-invoker": "tok-globex-invoker",
+    "closed-invoker": "tok-closed-invoker",
+}
+SEEDS = {"acme-approver": b"\x01" * 32, "acme-both": b"\x02" * 32, "globex-signer": b"\x03" * 32}
+PRINCIPALS: list[dict[str, Any]] = [
+    {"id": "acme-invoker", "tenant": "acme", "roles": ["invoker"]},
+    {"id": "acme-approver", "tenant": "acme", "roles": ["approver"]},
+    {"id": "acme-operator", "tenant": "acme", "roles": ["operator"]},
+    {"id": "acme-both", "tenant": "acme", "roles": ["invoker", "approver"]},
+    {"id": "globex-invoker", "tenant": "globex", "roles": ["invoker"]},
+    {"id": "globex-signer", "tenant": "globex", "roles": ["invoker"]},
+    {"id": "closed-invoker", "tenant": "closed", "roles": ["invoker"]},
+]
+
+
+def private_key(principal_id: str) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(SEEDS[principal_id])
+
+
+def public_key_b64(principal_id: str) -> str:
+    raw = private_key(principal_id).public_key().public_bytes_raw()
+    return base64.b64encode(raw).decode()
+
+
+def toml_value(value: Any) -> str:
+    """Enough TOML for the fixtures: strings, ints, floats, bools, lists."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(type(value))
+
+
+def render_toml(doc: dict[str, Any]) -> str:
+    """Render the host config document (tables, ``tenants.*`` and ``[[principals]]``)."""
+    lines: list[str] = []
+    for key, value in doc.items():
+        if not isinstance(value, (dict, list)) or (isinstance(value, list) and value and not isinstance(value[0], dict)):
+            lines.append(f"{key} = {toml_value(value)}")
+    for key, value in doc.items():
+        if key == "tenants" and isinstance(value, dict):
+            for name, table in value.items():
+                lines.append(f"[tenants.{json.dumps(name)}]")
+                lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+        elif isinstance(value, dict):
+            lines.append(f"[{key}]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in value.items()]
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            for table in value:
+                lines.append(f"[[{key}]]")
+                lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def base_document() -> dict[str, Any]:
+    principals = []
+    for spec in PRINCIPALS:
+        entry = dict(spec)
+        if spec["id"] in TOKENS:
+            entry["token_sha256"] = hashlib.sha256(TOKENS[spec["id"]].encode()).hexdigest()
+        if spec["id"] in SEEDS:
+            entry["ed25519_public_key"] = public_key_b64(spec["id"])
+        principals.append(entry)
+    return {
+        "host": {"bind": "127.0.0.1:0", "store": "state/host.db"},
+        "sidecar": {"url": "http://127.0.0.1:8090", "token_file": "sidecar.token"},
+        "crews": {"file": "crews.json"},
+        "tenants": {name: {"crews": crews} for name, crews in TENANTS.items()},
+        "principals": principals,
+    }
+
+
+@dataclasses.dataclass
+class HostFiles:
+    """A configuration directory; ``write(doc)`` (re)writes host.toml."""
+
+    root: Path
+    config: Path
+
+    def write(self, doc: dict[str, Any] | None = None, *, crews: Any = None) -> Path:
+        self.config.write_text(render_toml(base_document() if doc is None else doc))
+        if crews is not None:
+            (self.root / "crews.json").write_text(crews if isinstance(crews, str) else json.dumps(crews))
+        return self.config
+
+
+@pytest.fixture
+def host_files(tmp_path: Path) -> HostFiles:
+    root = tmp_path / "etc"
+    root.mkdir(mode=0o700)
+    (root / "state").mkdir(mode=0o700)
+    token = root / "sidecar.token"
+    token.write_text(SIDECAR_TOKEN + "\n")
+    token.chmod(0o600)
+    (root / "crews.json").write_text(json.dumps(CREWS))
+    files = HostFiles(root, root / "host.toml")
+    files.write()
+    return files
+
+
+class FakeClock:
+    """Callable epoch-seconds clock that tests move by hand."""
+
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def settings(host_files: HostFiles) -> Settings:
+    """Settings from ``host_files``; the readiness poller is slowed down so that
+    tests decide when readiness is re-checked (they shorten it when they want polling)."""
+    return dataclasses.replace(load_settings(host_files.config, environ={}), readiness_interval_s=3600.0)
+
+
+class HealthSidecar:
+    """A sidecar that only serves ``/health`` (``httpx.MockTransport``): ``health`` is served as is
+    (mutable); ``health_status`` overrides the status; ``requests`` records
+    every request seen."""
+
+    def __init__(self) -> None:
+        self.health: Any = {
+            "status": "ready", "crews": sorted(c["id"] for c in CREWS), "active_runs": 0, "retained_runs": 0,
+            "max_retained_runs": 2000, "durable_journal": True, "stream_checkpoint_events": 128,
+            "operations": sorted(OPERATION_NAMES), "training_directory": True,
+        }
+        self.health_status = 200
+        self.requests: list[httpx.Request] = []
+        self.transport = httpx.MockTransport(self.handle)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if request.url.path == "/health":
+            if isinstance(self.health, Exception):
+                raise self.health
+            return httpx.Response(self.health_status, json=self.health)
+        return httpx.Response(404, json={"detail": "not found"})
+
+
+@pytest.fixture
+def sidecar() -> HealthSidecar:
+    return HealthSidecar()
+
+
+@pytest.fixture
+def make_app(settings: Settings, sidecar: HealthSidecar, clock: FakeClock) -> Callable[..., Starlette]:
+    def factory(app_settings: Settings | None = None, **overrides: Any) -> Starlette:
+        kwargs: dict[str, Any] = {"sidecar_transport": sidecar.transport, "clock": clock, **overrides}
+        return create_app(app_settings or settings, **kwargs)
+
+    return factory
+
+
+@contextlib.asynccontextmanager
+async def running(app: Starlette, **client_kwargs: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """Run the app's lifespan and yield an in-process client (ASGITransport skips the lifespan)."""
+    transport = httpx.ASGITransport(app=app, **client_kwargs)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=transport, base_url="http://host.test") as client:
+            yield client
+
+
+@pytest.fixture
+async def client(make_app: Callable[..., Starlette]) -> AsyncIterator[httpx.AsyncClient]:
+    async with running(make_app()) as http:
+        yield http
+
+
+def bearer(principal_id: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[principal_id]}"}
+
+
+def envelope(message_id: str = "msg_1", *, sent_at_s: float = NOW, **extra: Any) -> dict[str, Any]:
+    """An ``aip.core.v1.action`` envelope (unsigned) as a dict."""
+    return {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": message_id,
+        "sent_at": ms_to_rfc3339(int(sent_at_s * 1000)),
+        "body": {"action": {"id": "act_1", "capability_id": "cap:crewai:alpha", "input": {"topic": "x"}}},
+        **extra,
+    }
+
+
+def sign(obj: dict[str, Any], principal_id: str, *, key_id: str | None = None) -> dict[str, Any]:
+    """Sign ``obj`` as ``principal_id``: RFC 8785 of the envelope with
+    ``security = {scheme, key_id}``, signature added afterwards."""
+    unsigned = {**obj, "security": {"scheme": "ed25519", "key_id": key_id or principal_id}}
+    signature = private_key(principal_id).sign(jcs(unsigned))
+    encoded = base64.urlsafe_b64encode(signature).decode().rstrip("=")
+    return {**obj, "security": {**unsigned["security"], "signature": encoded}}
+
+
+def os_mode(path: Path) -> int:
+    return os.stat(path).st_mode & 0o777

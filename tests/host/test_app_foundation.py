@@ -1,0 +1,241 @@
+"""The app shell: lifespan resources, error envelopes, middleware, /health, /metrics,
+extensions, systemd notification (DESIGN §6, STYLE)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import socket
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+import structlog
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from aip_crewai.contracts.aip import Envelope
+from aip_crewai.contracts.errors import ConnectorRemoteTemporary, IdempotencyConflict
+from aip_crewai.host.auth import authenticate
+
+from hostkit import bearer, running
+
+EXT = "tests_host_fake_extension"
+
+
+@pytest.fixture
+def extension():
+    """A fake extension module with routes and a lifespan (registered in sys.modules)."""
+    module = types.ModuleType(EXT)
+    module.events = []
+
+    async def boom(request: Request):
+        raise RuntimeError("secret detail that must not leak")
+
+    async def conflict(request: Request):
+        raise IdempotencyConflict(details={"idempotency_key": "k"})
+
+    async def temporary(request: Request):
+        raise ConnectorRemoteTemporary(operation="status", read_only=True, remote_status=503, retry_after_ms=1500)
+
+    async def whoami(request: Request):
+        principal = await authenticate(request)
+        return JSONResponse({"id": principal.id, "context": structlog.contextvars.get_contextvars()})
+
+    module.routes = lambda: [Route("/boom", boom), Route("/conflict", conflict), Route("/temporary", temporary),
+                             Route("/whoami", whoami)]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        module.events.append(("enter", app.state.store is not None, app.state.http is not None))
+        yield
+        module.events.append(("exit",))
+
+    module.lifespan = lifespan
+    sys.modules[EXT] = module
+    yield module
+    del sys.modules[EXT]
+
+
+@pytest.fixture
+def app(make_app, extension):
+    return make_app(extensions=[EXT, "tests_host_no_such_module"])
+
+
+def error_of(response: httpx.Response) -> dict:
+    assert response.headers["content-type"] == "application/aip+json"
+    envelope = msgspec.json.decode(response.content, type=Envelope)  # a valid AIP envelope
+    assert envelope.message_type == "aip.core.v1.error" and envelope.message_id.startswith("msg_")
+    return response.json()["body"]["error"]
+
+
+async def test_health_is_alive_and_unauthenticated(client):
+    response = await client.get("/health")
+    assert response.status_code == 200 and response.json() == {"status": "alive"}
+
+
+async def test_unknown_route_is_an_aip_404(client):
+    response = await client.get("/nope")
+    assert response.status_code == 404
+    assert error_of(response) == {"code": "route.not_found", "message": "no such route", "category": "permanent",
+                                  "retryable": False, "source": "aip-crewai-host"}
+
+
+async def test_wrong_method_is_an_aip_405(client):
+    response = await client.post("/aip/v1/manifest")
+    assert response.status_code == 405 and "GET" in response.headers["allow"]
+    assert error_of(response)["code"] == "route.method_not_allowed"
+
+
+async def test_aip_errors_render_with_their_status(app):
+    async with running(app) as client:
+        response = await client.get("/conflict")
+        assert response.status_code == 409
+        error = error_of(response)
+        assert error["code"] == "action.idempotency_conflict" and error["details"] == {"idempotency_key": "k"}
+        temporary = await client.get("/temporary")
+        assert temporary.status_code == 503 and temporary.headers["retry-after"] == "2"
+        assert error_of(temporary)["retryable"] is True and error_of(temporary)["retry_after_ms"] == 1500
+
+
+async def test_unexpected_errors_are_a_generic_500_with_a_logged_traceback(app):
+    async with running(app) as client:
+        with structlog.testing.capture_logs() as logs:
+            response = await client.get("/boom")
+    assert response.status_code == 500
+    assert error_of(response)["code"] == "host.internal_error"
+    assert "secret detail" not in response.text
+    failed = [e for e in logs if e["event"] == "request_failed"]
+    assert failed and failed[0]["log_level"] == "error" and failed[0].get("exc_info")
+    summary = [e for e in logs if e["event"] == "request_finished"]
+    assert summary[-1]["status"] == 500 and summary[-1]["route"] == "/boom"
+
+
+async def test_one_summary_line_per_request_without_secrets(client):
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        response = await client.get("/aip/v1/manifest?cursor=x", headers=bearer("acme-invoker"))
+    summaries = [e for e in logs if e["event"] == "request_finished"]
+    assert len(summaries) == 1
+    line = summaries[0]
+    assert line["route"] == "/aip/v1/manifest" and line["status"] == 200 and line["method"] == "GET"
+    assert line["tenant"] == "acme" and line["principal"] == "acme-invoker"
+    assert line["request_id"] == response.headers["x-request-id"] and line["response_bytes"] == len(response.content)
+    assert "duration_ms" in line
+    assert "tok-acme-invoker" not in repr(logs) and "cursor" not in repr(logs)
+
+
+async def test_request_ids_are_bound_echoed_and_do_not_leak(app):
+    async with running(app) as client:
+        response = await client.get("/whoami", headers={**bearer("acme-invoker"), "X-Request-ID": "abc-123"})
+        assert response.headers["x-request-id"] == "abc-123"
+        context = response.json()["context"]
+        assert context == {"request_id": "abc-123", "tenant": "acme", "principal": "acme-invoker"}
+        odd = await client.get("/health", headers={"X-Request-ID": "bad id\twith spaces"})
+        assert odd.headers["x-request-id"].startswith("req_")
+    assert "request_id" not in structlog.contextvars.get_contextvars()
+
+
+async def test_lifespan_owns_the_store_and_one_sidecar_client(app, extension, settings):
+    async with running(app):
+        http: httpx.AsyncClient = app.state.http
+        assert str(http.base_url) == "http://127.0.0.1:8090"
+        assert http.follow_redirects is False
+        assert (http.timeout.connect, http.timeout.read) == (10.0, None)
+        assert http.headers["authorization"] == "Bearer sidecar-secret-token"
+        assert app.state.store is not None and settings.store_path.exists()
+        assert app.state.authenticator.claims is app.state.store
+        assert extension.events == [("enter", True, True)]
+    assert http.is_closed and extension.events[-1] == ("exit",)
+
+
+async def test_metrics_need_the_operator_role(client):
+    assert (await client.get("/metrics")).status_code == 401
+    forbidden = await client.get("/metrics", headers=bearer("acme-invoker"))
+    assert forbidden.status_code == 403 and error_of(forbidden)["code"] == "policy.forbidden"
+    await client.get("/health")
+    response = await client.get("/metrics", headers=bearer("acme-operator"))
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = response.text
+    assert 'aip_host_requests_total{route="/health",method="GET",status="200"} 1' in text
+    assert 'aip_host_requests_total{route="/metrics",method="GET",status="401"} 1' in text
+    assert "# TYPE aip_host_fence_decisions_total counter" in text
+    assert "# TYPE aip_host_ready gauge" in text and "aip_host_request_duration_seconds_count" in text
+    assert "acme" not in text  # no tenant labels
+
+
+def test_metric_exposition_escapes_labels():
+    from aip_crewai.host.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.fence_decisions.inc(fence='a"b', decision="x\\y\nz")
+    metrics.actions.inc(2, operation="run", status="completed")
+    text = metrics.render()
+    assert 'aip_host_fence_decisions_total{fence="a\\"b",decision="x\\\\y\\nz"} 1' in text
+    assert 'aip_host_actions_total{operation="run",status="completed"} 2' in text
+    with pytest.raises(ValueError):
+        metrics.actions.inc(operation="run")
+    with pytest.raises(ValueError):
+        metrics.actions.inc(-1, operation="run", status="x")
+
+
+async def test_ready_is_sent_to_notify_socket(make_app, settings):
+    with tempfile.TemporaryDirectory(dir="/tmp") as short:  # AF_UNIX paths are short
+        address = str(Path(short) / "notify")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.bind(address)
+            sock.settimeout(5)
+            async with running(make_app(dataclasses.replace(settings, notify_socket=address))):
+                assert sock.recv(64) == b"READY=1"
+
+
+async def test_startup_fails_on_an_unsafe_store(make_app, settings):
+    settings.store_path.parent.chmod(0o777)
+    app = make_app()
+    with pytest.raises(Exception, match="group- or world-writable"):
+        async with app.router.lifespan_context(app):
+            pass
+
+
+@pytest.mark.integration
+def test_the_host_process_serves_and_stops_cleanly_on_sigterm(host_files):
+    """`aip-crewai host --config` binds, answers /health, and exits 0 on SIGTERM."""
+    import signal
+    import subprocess
+    import time
+
+    from hostkit import base_document
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    doc = base_document()
+    doc["host"]["bind"] = f"127.0.0.1:{port}"
+    host_files.write(doc)
+    proc = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(host_files.config),
+                             "--log-format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=Path(__file__).resolve().parents[2])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)  # polling the process until it listens (deadline above)
+        assert response.json() == {"status": "alive"}
+        assert httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 503  # no sidecar
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        stderr = proc.stderr.read().decode()
+        assert '"event": "host_stopped"' in stderr and "sidecar-secret-token" not in stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

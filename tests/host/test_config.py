@@ -1,0 +1,243 @@
+"""host.toml: the DESIGN §11 shape, keyed errors, file rules, exit code 2."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import structlog
+
+from aip_crewai.host.config import ConfigError, check_sidecar_url, load_settings
+from aip_crewai.host.main import main
+
+from hostkit import SIDECAR_TOKEN, HostFiles, base_document, os_mode
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def restore_logging():
+    """main() configures structlog for the process (stderr captured by capsys here): undo it."""
+    yield
+    structlog.reset_defaults()
+
+
+def load(files: HostFiles, doc: dict | None = None):
+    files.write(doc)
+    return load_settings(files.config, environ={})
+
+
+def error_of(files: HostFiles, doc: dict) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load(files, doc)
+    return info.value
+
+
+def test_valid_config_loads_with_defaults_and_relative_paths(host_files: HostFiles):
+    settings = load(host_files)
+    assert settings.bind == "127.0.0.1:0"
+    assert settings.max_response_bytes == 67_108_864
+    assert settings.readiness_interval_s == 5.0
+    assert settings.store_path == host_files.root / "state" / "host.db"  # relative to the config file
+    assert settings.crews_file == host_files.root / "crews.json"
+    assert settings.sidecar_token == SIDECAR_TOKEN  # trailing newline stripped
+    assert SIDECAR_TOKEN not in repr(settings)
+    assert [c.id for c in settings.crews] == ["alpha", "beta", "gamma"]
+    assert dict(settings.tenants) == {"acme": ("alpha", "beta"), "globex": ("gamma",), "closed": ()}
+    invoker = settings.principals[0]
+    assert invoker.roles == frozenset({"invoker"}) and len(invoker.token_sha256) == 32
+    assert settings.notify_socket is None
+
+
+def test_relative_paths_resolve_against_the_config_dir_not_cwd(host_files: HostFiles, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(Path("etc/host.toml"), environ={})
+    assert settings.store_path == host_files.root / "state" / "host.db"
+
+
+def test_notify_socket_is_read_from_the_environment(host_files: HostFiles):
+    assert load_settings(host_files.config, environ={"NOTIFY_SOCKET": "@x"}).notify_socket == "@x"
+
+
+def test_example_config_parses(tmp_path):
+    text = (REPO / "host" / "host.example.toml").read_text()
+    assert "max_response_bytes = 67108864" in text
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    doc = tomllib.loads(text)
+    assert set(doc) == {"host", "sidecar", "crews", "tenants", "principals"}
+
+
+def mutate(path: str, value) -> dict:
+    """The base document with ``value`` at a dotted path (list indexes as numbers)."""
+    doc = base_document()
+    target = doc
+    parts = path.split(".")
+    for part in parts[:-1]:
+        target = target[int(part)] if isinstance(target, list) else target[part]
+    last = parts[-1]
+    target[last] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "key", "words"),
+    [
+        ("surprise", 1, "surprise", "unknown key"),
+        ("host.extra", 1, "host.extra", "unknown key"),
+        ("host.max_response_bytes", 0, "host.max_response_bytes", ">= 1"),
+        ("host.max_response_bytes", 268_435_457, "host.max_response_bytes", "<= 268435456"),
+        ("host.max_response_bytes", "big", "host.max_response_bytes", "int"),
+        ("host.max_response_bytes", True, "host.max_response_bytes", "int"),
+        ("host.bind", "localhost", "host.bind", "<address>:<port>"),
+        ("host.bind", "127.0.0.1:70000", "host.bind", "port"),
+        ("host.bind", "[zz]:1", "host.bind", "IPv6"),
+        ("sidecar.url", "http://10.0.0.5:8090", "sidecar.url", "loopback"),
+        ("sidecar.url", "http://example.com", "sidecar.url", "loopback"),
+        ("sidecar.url", "ftp://127.0.0.1", "sidecar.url", "http"),
+        ("sidecar.url", "https://u:p@sidecar.internal", "sidecar.url", "credentials"),
+        ("sidecar.url", "https://sidecar.internal/?a=1", "sidecar.url", "query"),
+        ("sidecar.token_file", "missing.token", "sidecar.token_file", "does not exist"),
+        ("tenants.acme.crews", ["alpha", "nope"], "tenants.acme.crews[1]", "not an admitted crew"),
+        ("tenants.acme.crews", ["alpha", "alpha"], "tenants.acme.crews[1]", "twice"),
+        ("tenants.acme.crews", "alpha", "tenants.acme.crews", "array"),
+        ("principals.1.token_sha256", "abc", "principals[1].token_sha256", "64 hexadecimal"),
+        ("principals.1.ed25519_public_key", "!!!", "principals[1].ed25519_public_key", "base64"),
+        ("principals.1.ed25519_public_key", "AAAA", "principals[1].ed25519_public_key", "32 bytes"),
+        ("principals.1.roles", ["invoker", "admin"], "principals[1].roles[1]", "admin"),
+        ("principals.1.roles", [], "principals[1].roles", "length >= 1"),
+        ("principals.1.tenant", "initech", "principals[1].tenant", "unknown tenant"),
+        ("principals.1.id", "acme-invoker", "principals[1].id", "already used"),
+        ("principals.1.id", "", "principals[1].id", "1..256"),
+        ("principals.1.extra", 1, "principals[1].extra", "unknown key"),
+    ],
+)
+def test_errors_name_the_offending_key(host_files: HostFiles, path, value, key, words):
+    err = error_of(host_files, mutate(path, value))
+    assert err.key == key, err.message
+    assert words in err.message
+    assert err.message.startswith(key + ":")
+
+
+@pytest.mark.parametrize("section", ["host", "sidecar", "crews"])
+def test_missing_sections_are_named(host_files: HostFiles, section):
+    doc = base_document()
+    del doc[section]
+    assert error_of(host_files, doc).key == section
+
+
+def test_missing_required_key_is_named(host_files: HostFiles):
+    doc = base_document()
+    del doc["host"]["store"]
+    err = error_of(host_files, doc)
+    assert err.key == "host.store" and "missing" in err.message
+
+
+def test_principal_needs_a_credential(host_files: HostFiles):
+    doc = base_document()
+    doc["principals"][0].pop("token_sha256")
+    assert error_of(host_files, doc).key == "principals[0]"
+
+
+def test_duplicate_token_hash_is_refused(host_files: HostFiles):
+    doc = base_document()
+    doc["principals"][2]["token_sha256"] = doc["principals"][0]["token_sha256"]
+    err = error_of(host_files, doc)
+    assert err.key == "principals[2].token_sha256" and "acme-invoker" in err.message
+
+
+def test_tenant_names_are_constrained(host_files: HostFiles):
+    doc = base_document()
+    doc["tenants"]["bad name"] = {"crews": []}
+    assert error_of(host_files, doc).key == "tenants.bad name"
+
+
+def test_descriptor_errors_surface_under_crews_file(host_files: HostFiles):
+    host_files.write(crews=[{"id": "a"}])
+    err = error_of(host_files, base_document())
+    assert err.key == "crews.file" and "[0] (id 'a')" in err.message and "name" in err.message
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8090", "http://127.9.9.9", "http://[::1]:8090", "http://localhost:1",
+                                 "https://sidecar.internal:8443/prefix/"])
+def test_accepted_sidecar_urls(url):
+    assert check_sidecar_url(url) == url.rstrip("/")
+
+
+class TestTokenFile:
+    def test_group_readable_token_is_refused(self, host_files: HostFiles):
+        (host_files.root / "sidecar.token").chmod(0o640)
+        err = error_of(host_files, base_document())
+        assert err.key == "sidecar.token_file" and "0640" in err.message
+
+    def test_read_only_owner_token_is_accepted(self, host_files: HostFiles):
+        (host_files.root / "sidecar.token").chmod(0o400)
+        assert load(host_files).sidecar_token == SIDECAR_TOKEN
+
+    def test_symlinked_token_is_refused(self, host_files: HostFiles):
+        os.symlink(host_files.root / "sidecar.token", host_files.root / "link.token")
+        err = error_of(host_files, mutate("sidecar.token_file", "link.token"))
+        assert err.key == "sidecar.token_file" and "symlink" in err.message
+
+    def test_directory_is_refused(self, host_files: HostFiles):
+        (host_files.root / "dir.token").mkdir(mode=0o700)
+        err = error_of(host_files, mutate("sidecar.token_file", "dir.token"))
+        assert err.key == "sidecar.token_file"
+
+    @pytest.mark.parametrize("content", [b"", b"\n\n", b"x" * 16_385, b"two words"])
+    def test_bad_contents_are_refused(self, host_files: HostFiles, content):
+        path = host_files.root / "sidecar.token"
+        path.write_bytes(content)
+        err = error_of(host_files, base_document())
+        assert err.key == "sidecar.token_file"
+
+    def test_largest_token_is_accepted(self, host_files: HostFiles):
+        path = host_files.root / "sidecar.token"
+        path.write_bytes(b"t" * 16_384)
+        assert len(load(host_files).sidecar_token) == 16_384
+        assert os_mode(path) == 0o600
+
+
+def test_not_toml_is_a_config_error(host_files: HostFiles):
+    host_files.config.write_text("[host\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(host_files.config, environ={})
+
+
+def test_main_exits_2_with_the_key_on_stderr(host_files: HostFiles, capsys):
+    doc = base_document()
+    doc["principals"][1]["token_sha256"] = "zz"
+    host_files.write(doc)
+    assert main(["--config", str(host_files.config)]) == 2
+    err = capsys.readouterr().err
+    assert "principals[1].token_sha256" in err and "Traceback" not in err
+
+
+def test_main_exits_2_for_an_unsafe_store_directory(host_files: HostFiles, capsys):
+    (host_files.root / "state").chmod(0o777)
+    assert main(["--config", str(host_files.config)]) == 2
+    assert "must not be group- or world-writable" in capsys.readouterr().err
+
+
+def test_cli_exit_code_2_in_a_subprocess(host_files: HostFiles):
+    doc = copy.deepcopy(base_document())
+    doc["sidecar"]["url"] = "http://192.0.2.1:8090"
+    host_files.write(doc)
+    proc = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(host_files.config)],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 2
+    assert "sidecar.url" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_token_hash_is_case_insensitive_hex(host_files: HostFiles):
+    doc = base_document()
+    doc["principals"][0]["token_sha256"] = hashlib.sha256(b"tok-acme-invoker").hexdigest().upper()
+    assert load(host_files, doc).principals[0].token_sha256 == hashlib.sha256(b"tok-acme-invoker").digest()

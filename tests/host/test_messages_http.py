@@ -1,0 +1,131 @@
+"""POST /aip/v1/messages and the action/approval routes over HTTP, in-process (DESIGN.md §6, §7)."""
+
+import json
+
+import pytest
+
+from aip_crewai.sse import SSEDecoder
+from fake_sidecar import FakeSidecar
+from hostkit import NOW, SIDECAR_TOKEN, bearer, envelope, running
+
+CT = {"Content-Type": "application/aip+json"}
+
+
+@pytest.fixture
+def fake():
+    return FakeSidecar(SIDECAR_TOKEN)
+
+
+@pytest.fixture
+async def http(make_app, fake):
+    async with running(make_app(sidecar_transport=fake.transport())) as client:
+        yield client
+
+
+def action_env(message_id, action_id, cap, inp, key=None):
+    env = envelope(message_id)
+    env["body"]["action"] = {"id": action_id, "capability_id": cap, "input": inp}
+    if key:
+        env["body"]["action"]["idempotency_key"] = key
+    return env
+
+
+async def post(http, principal, env, **headers):
+    return await http.post("/aip/v1/messages", content=json.dumps(env), headers={**CT, **bearer(principal), **headers})
+
+
+def sse_events(body: bytes):
+    decoder = SSEDecoder()
+    events = decoder.feed(body)
+    decoder.close()
+    return [(e.event, e.id, json.loads(e.data)) for e in events]
+
+
+async def test_approval_round_trip_over_http(http, fake):
+    env = action_env("msg_a", "act_run", "cap:crewai:beta", {"topic": "refunds"}, key="run-1")
+    first = await post(http, "acme-invoker", env)
+    assert first.status_code == 202
+    result = first.json()["body"]["action_result"]
+    assert result["status"] == "pending_approval" and fake.executions == 0
+    approval_id = result["approval"]["approval_id"]
+
+    listing = await http.get("/aip/v1/approvals", headers=bearer("acme-both"))
+    assert [a["approval_id"] for a in listing.json()["approvals"]] == [approval_id]
+    assert listing.json()["done"] is True
+    shown = await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))
+    assert shown.json()["input_snapshot"] == {"topic": "refunds"}
+
+    # the requester may not approve its own action; another tenant cannot see it
+    assert (await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-invoker"),
+                            json={"decision": "approved", "reason": "me"})).status_code == 403
+    assert (await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("globex-invoker"))).status_code in (403, 404)
+
+    decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
+                              json={"decision": "approved", "reason": "looks fine"})
+    assert decided.status_code == 200 and decided.json()["decided_by"] == "acme-both"
+    again = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
+                            json={"decision": "denied", "reason": "changed my mind"})
+    assert again.status_code == 409
+
+    env["message_id"] = "msg_b"
+    replay = await post(http, "acme-invoker", env)
+    assert replay.status_code == 200
+    body = replay.json()["body"]["action_result"]
+    assert body["status"] == "completed" and body["output"]["raw"].startswith("done:")
+    assert fake.executions == 1
+
+    status = await http.get("/aip/v1/actions/act_run", headers=bearer("acme-invoker"))
+    assert status.json()["status"] == "completed" and status.json()["chunk_count"] == 3
+    assert (await http.get("/aip/v1/actions/act_run", headers=bearer("globex-invoker"))).status_code == 404
+    chunks = (await http.get("/aip/v1/actions/act_run/chunks?cursor=1", headers=bearer("acme-invoker"))).json()
+    assert [c["sequence"] for c in chunks["chunks"]] == [1, 2] and chunks["done"] is True
+
+    history = await http.get("/aip/v1/actions/act_run/events", headers={**bearer("acme-invoker"),
+                                                                       "Accept": "text/event-stream"})
+    events = sse_events(history.content)
+    assert [(name, ident) for name, ident, _ in events] == [
+        ("ack", "sse_0"), ("chunk", "sse_1"), ("chunk", "sse_2"), ("done", "sse_3"), ("result", "sse_4")]
+    resumed = await http.get("/aip/v1/actions/act_run/events", headers={
+        **bearer("acme-invoker"), "Accept": "text/event-stream", "Last-Event-ID": "sse_2"})
+    assert [ident for _, ident, _ in sse_events(resumed.content)] == ["sse_3", "sse_4"]
+
+
+async def test_changed_input_is_409_and_missing_key_is_400(http):
+    env = action_env("msg_1", "act_1", "cap:crewai:beta", {"topic": "a"}, key="k1")
+    assert (await post(http, "acme-invoker", env)).status_code == 202
+    changed = action_env("msg_2", "act_1", "cap:crewai:beta", {"topic": "b"}, key="k1")
+    response = await post(http, "acme-invoker", changed)
+    assert response.status_code == 409
+    assert response.json()["body"]["error"]["code"] == "action.idempotency_conflict"
+    keyless = action_env("msg_3", "act_2", "cap:crewai:beta", {"topic": "a"})
+    response = await post(http, "acme-invoker", keyless)
+    assert response.status_code == 400
+    assert response.json()["body"]["error"]["code"] == "action.idempotency_key_required"
+
+
+async def test_streaming_read_only_call(http, fake):
+    env = action_env("msg_q", "act_q", "cap:crewai:beta:knowledge_query", {"query": ["refund"]}, key="q1")
+    response = await post(http, "acme-invoker", env, Accept="text/event-stream")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response.content)
+    assert [name for name, _, _ in events] == ["ack", "result"]
+    assert events[-1][2]["body"]["action_result"]["output"] == {"results": [{"content": "policy"}]}
+
+
+async def test_other_tenant_cannot_call_or_inspect(http):
+    env = action_env("msg_g", "act_g", "cap:crewai:beta:status", {"run_action_id": "act_x"})
+    response = await post(http, "globex-invoker", env)
+    assert response.status_code == 404
+    assert response.json()["body"]["error"]["code"] == "capability.not_found"
+
+
+async def test_invalid_input_names_the_field(http):
+    env = action_env("msg_i", "act_i", "cap:crewai:beta:knowledge_query", {"query": []}, key="i1")
+    response = await post(http, "acme-invoker", env)
+    assert response.status_code == 400
+    assert response.json()["body"]["error"]["details"]["field"] == "$.query"
+
+
+async def test_unauthenticated_message_is_401(http):
+    response = await http.post("/aip/v1/messages", content=json.dumps(envelope()), headers=CT)
+    assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"

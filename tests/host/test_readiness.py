@@ -1,0 +1,121 @@
+"""Readiness follows the sidecar's /health (DESIGN §7), on demand and by polling."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import httpx
+import pytest
+
+from aip_crewai.host.admission import load_descriptors
+from aip_crewai.host.readiness import evaluate_health
+
+from hostkit import running
+
+CREWS = load_descriptors(b'[{"id": "a", "name": "A"}, {"id": "b", "name": "B", "allowed_operations": ["train"]}]')
+GOOD = {"status": "ready", "crews": ["a", "b", "extra"], "durable_journal": True,
+        "operations": ["cancel", "events", "run", "status", "train"]}
+
+
+def test_agreeing_health_is_ready():
+    assert evaluate_health(GOOD, CREWS) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"status": "starting"}, "'starting'"),
+        ({"durable_journal": False}, "not durable"),
+        ({"durable_journal": None}, "not durable"),
+        ({"crews": ["a"]}, "lacks configured crews: b"),
+        ({"operations": ["run", "status", "events", "cancel"]}, "lacks allowed operations: train"),
+        ({"crews": None}, "lacks the crews"),
+    ],
+)
+def test_each_disagreement_is_a_reason(change, words):
+    reason = evaluate_health({**GOOD, **change}, CREWS)
+    assert reason is not None and words in reason
+
+
+def test_non_object_health():
+    assert "not a JSON object" in evaluate_health(["ready"], CREWS)
+
+
+def test_long_lists_are_truncated():
+    many = load_descriptors(("[" + ",".join(f'{{"id": "c{i:02}", "name": "C"}}' for i in range(30)) + "]").encode())
+    reason = evaluate_health({**GOOD, "crews": []}, many)
+    assert reason.endswith("(+20 more)")
+
+
+async def test_ready_flips_with_the_sidecar_on_demand(make_app, sidecar):
+    sidecar.health["status"] = "starting"
+    async with running(make_app()) as client:
+        response = await client.get("/ready")
+        assert response.status_code == 503
+        assert response.json() == {"status": "unready", "reason": "sidecar status is 'starting', not 'ready'"}
+        sidecar.health["status"] = "ready"
+        assert (await client.get("/ready")).json() == {"status": "ready"}  # re-checked on demand while unready
+        assert (await client.get("/health")).json() == {"status": "alive"}
+
+
+async def test_background_poll_notices_a_regression(make_app, settings, sidecar):
+    app = make_app(dataclasses.replace(settings, readiness_interval_s=0.01))
+    async with running(app) as client:
+        await poll(lambda: app.state.readiness.ready)
+        assert (await client.get("/ready")).status_code == 200
+        sidecar.health["crews"] = ["alpha"]
+        await poll(lambda: not app.state.readiness.ready)
+        response = await client.get("/ready")
+        assert response.status_code == 503 and "lacks configured crews: beta, gamma" in response.json()["reason"]
+        assert app.state.metrics.ready.value() == 0
+
+
+@pytest.mark.parametrize(
+    ("setup", "words"),
+    [
+        (lambda s: setattr(s, "health_status", 401), "HTTP 401"),
+        (lambda s: setattr(s, "health", httpx.ConnectError("refused")), "unreachable (ConnectError)"),
+        (lambda s: setattr(s, "health", "not an object"), "not a JSON object"),
+    ],
+)
+async def test_sidecar_failures_keep_the_host_unready(make_app, sidecar, setup, words):
+    setup(sidecar)
+    async with running(make_app()) as client:
+        response = await client.get("/ready")
+        assert response.status_code == 503 and words in response.json()["reason"]
+
+
+async def test_health_requests_carry_the_sidecar_bearer(make_app, sidecar):
+    async with running(make_app()) as client:
+        await client.get("/ready")
+    request = sidecar.requests[-1]
+    assert request.headers["authorization"] == "Bearer sidecar-secret-token"
+    assert str(request.url) == "http://127.0.0.1:8090/health"
+
+
+async def test_readiness_metrics(make_app):
+    app = make_app()
+    async with running(app) as client:
+        await client.get("/ready")
+        await poll(lambda: app.state.metrics.ready.value() == 1)
+        assert app.state.metrics.readiness_checks.value(result="ready") >= 1
+
+
+async def test_concurrent_refreshes_share_one_request(make_app, sidecar):
+    app = make_app()
+    async with running(app):
+        await poll(lambda: app.state.readiness.state.checked_at is not None)
+        before = len(sidecar.requests)
+        await asyncio.gather(*[app.state.readiness.refresh() for _ in range(10)])
+        assert len(sidecar.requests) - before == 1
+
+
+async def poll(condition, timeout_s: float = 5.0) -> None:
+    """Wait until ``condition()`` holds (a deadline, not a fixed sleep)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0.005)

@@ -1,0 +1,319 @@
+"""The host store: migrations, file safety, tenant-keyed atomic fences (DESIGN §7)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from aip_crewai.host.store import (
+    MIGRATIONS,
+    InsecureStorePath,
+    InvalidCursor,
+    Store,
+    StoreError,
+    ms_to_rfc3339,
+    rfc3339_to_ms,
+)
+
+T0 = 1_790_000_000_000  # ms
+DAY = 86_400_000
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    return state / "host.db"
+
+
+@pytest.fixture
+async def store(db_path: Path):
+    opened = await Store.open(db_path, clock=lambda: T0 / 1000)
+    yield opened
+    await opened.close()
+
+
+def schema(path: Path) -> list[tuple]:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    return [*rows, ("user_version", version)]
+
+
+async def make_action(store: Store, tenant: str = "acme", action_id: str = "act_1", status: str = "running", **kw):
+    return await store.create_action(tenant, action_id, "cap:crewai:alpha", "alpha", "run", '{"a":1}', "h1",
+                                     "svc:acme", kw.pop("key", "key-1"), status, **kw)
+
+
+# --- migrations and files ---------------------------------------------------------
+
+
+async def test_fresh_database_equals_migrations_applied_in_order(db_path: Path, tmp_path: Path):
+    opened = await Store.open(db_path)
+    await opened.close()
+    manual = tmp_path / "state" / "manual.db"
+    with sqlite3.connect(manual) as conn:
+        for number, script in enumerate(MIGRATIONS, start=1):
+            conn.executescript(script)
+            conn.execute(f"PRAGMA user_version = {number}")
+    assert schema(db_path) == schema(manual)
+    assert schema(db_path)[-1] == ("user_version", len(MIGRATIONS))
+
+
+async def test_reopening_applies_nothing_twice(db_path: Path):
+    for _ in range(2):
+        opened = await Store.open(db_path)
+        await opened.close()
+    assert schema(db_path)[-1] == ("user_version", len(MIGRATIONS))
+
+
+async def test_newer_schema_is_refused(db_path: Path):
+    await (await Store.open(db_path)).close()
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    with pytest.raises(StoreError, match="schema is version"):
+        await Store.open(db_path)
+
+
+async def test_file_is_created_0600_in_wal_mode(store: Store, db_path: Path):
+    assert os.stat(db_path).st_mode & 0o777 == 0o600
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    for companion in (Path(f"{db_path}-wal"), Path(f"{db_path}-shm")):
+        if companion.exists():
+            assert os.stat(companion).st_mode & 0o077 == 0
+
+
+async def test_wider_existing_file_is_refused(db_path: Path):
+    db_path.touch()
+    db_path.chmod(0o644)
+    with pytest.raises(InsecureStorePath, match="0644"):
+        await Store.open(db_path)
+
+
+async def test_group_writable_directory_is_refused(db_path: Path):
+    db_path.parent.chmod(0o770)
+    with pytest.raises(InsecureStorePath, match="group- or world-writable"):
+        await Store.open(db_path)
+
+
+async def test_symlinked_file_is_refused(db_path: Path, tmp_path: Path):
+    real = tmp_path / "state" / "real.db"
+    real.touch(mode=0o600)
+    db_path.symlink_to(real)
+    with pytest.raises(InsecureStorePath, match="symlink"):
+        await Store.open(db_path)
+
+
+async def test_missing_directory_is_refused(tmp_path: Path):
+    with pytest.raises(InsecureStorePath, match="does not exist"):
+        await Store.open(tmp_path / "nope" / "host.db")
+
+
+def test_rfc3339_round_trip():
+    assert ms_to_rfc3339(T0) == "2026-09-21T14:13:20.000Z"
+    assert rfc3339_to_ms("2026-09-21T14:13:20Z") == T0
+    assert rfc3339_to_ms("2026-09-21T16:13:20.5+02:00") == T0 + 500
+    for bad in ["2026-09-21", "2026-09-21T14:13:20", "yesterday", "2026-09-21T14:13:20.Z", None]:
+        with pytest.raises(ValueError):
+            rfc3339_to_ms(bad)  # type: ignore[arg-type]
+
+
+# --- message ids ------------------------------------------------------------------
+
+
+async def test_message_ids_are_claimed_once_per_tenant(store: Store):
+    assert await store.claim_message_id("acme", "msg_1", T0 + 1000)
+    assert not await store.claim_message_id("acme", "msg_1", T0 + 1000)
+    assert await store.claim_message_id("globex", "msg_1", T0 + 1000)  # another tenant's key space
+
+
+async def test_expired_message_claims_can_be_reclaimed_and_purged(store: Store):
+    assert await store.claim_message_id("acme", "msg_1", T0 + 10)
+    assert await store.claim_message_id("acme", "msg_1", T0 + 20_000, now=T0 + 10)
+    assert await store.purge_message_ids(T0 + 20_000) == 1
+
+
+# --- idempotency ------------------------------------------------------------------
+
+
+async def test_fifty_concurrent_reservations_have_exactly_one_creator(store: Store):
+    results = await asyncio.gather(*[
+        store.reserve_idempotency("acme", "key-1", "cap:crewai:alpha", f"act_{i}", "h1", T0 + DAY) for i in range(50)])
+    assert sum(r.created for r in results) == 1
+    assert len({r.action_id for r in results}) == 1
+
+
+async def test_concurrent_reservations_across_two_connections(store: Store, db_path: Path):
+    second = await Store.open(db_path, clock=lambda: T0 / 1000)
+    try:
+        results = await asyncio.gather(*[
+            (store if i % 2 else second).reserve_idempotency("acme", "key-x", "cap", f"act_{i}", "h", T0 + DAY)
+            for i in range(40)])
+    finally:
+        await second.close()
+    assert sum(r.created for r in results) == 1 and len({r.action_id for r in results}) == 1
+
+
+async def test_reservation_returns_the_live_record_and_replaces_an_expired_one(store: Store):
+    first = await store.reserve_idempotency("acme", "k", "cap", "act_1", "h1", T0 + DAY)
+    again = await store.reserve_idempotency("acme", "k", "cap", "act_2", "h2", T0 + DAY)
+    assert first.created and not again.created and (again.action_id, again.input_hash) == ("act_1", "h1")
+    later = await store.reserve_idempotency("acme", "k", "cap", "act_3", "h3", T0 + 2 * DAY, now=T0 + DAY)
+    assert later.created and later.action_id == "act_3"
+    assert (await store.reserve_idempotency("globex", "k", "cap", "act_9", "h9", T0 + DAY)).created
+
+
+# --- actions ----------------------------------------------------------------------
+
+
+async def test_create_action_once_and_return_the_existing(store: Store):
+    created, record = await make_action(store, timeout_ms=5000)
+    assert created and record.status == "running" and record.dispatch == "not_sent" and record.timeout_ms == 5000
+    again, existing = await store.create_action("acme", "act_1", "cap", "alpha", "run", "{}", "other", "p", None,
+                                                "running")
+    assert not again and existing.input_hash == "h1"
+    assert await store.get_action("globex", "act_1") is None
+    with pytest.raises(ValueError):
+        await make_action(store, action_id="act_2", status="completed")
+
+
+async def test_transitions_are_enforced_in_the_where_clause(store: Store):
+    await make_action(store, status="pending_approval")
+    assert not await store.update_action("acme", "act_1", from_statuses=["running"], status="completed")
+    assert await store.update_action("acme", "act_1", from_statuses=["pending_approval"], status="running",
+                                     approval_id="apr_1")
+    assert await store.update_action("acme", "act_1", from_statuses=["running"], status="completed",
+                                     result_json='{"ok":true}')
+    # A stale writer (still believing it is running) changes nothing.
+    assert not await store.update_action("acme", "act_1", from_statuses=["running"], status="failed",
+                                         error_json="{}")
+    record = await store.get_action("acme", "act_1")
+    assert (record.status, record.result_json, record.error_json, record.approval_id) == (
+        "completed", '{"ok":true}', None, "apr_1")
+    with pytest.raises(ValueError):
+        await store.update_action("acme", "act_1", from_statuses=["completed"], status="running")
+    with pytest.raises(ValueError):
+        await store.update_action("acme", "act_1", from_statuses=[], status="running")
+
+
+async def test_dispatch_only_moves_forward(store: Store):
+    await make_action(store)
+    for dispatch, expected in [("sent", "sent"), ("acknowledged", "acknowledged"), ("sent", "acknowledged"),
+                               ("not_sent", "acknowledged")]:
+        await store.update_action("acme", "act_1", from_statuses=["running"], status="running", dispatch=dispatch)
+        assert (await store.get_action("acme", "act_1")).dispatch == expected
+
+
+async def test_other_tenants_cannot_update(store: Store):
+    await make_action(store)
+    assert not await store.update_action("globex", "act_1", from_statuses=["running"], status="failed")
+
+
+async def test_list_in_flight(store: Store):
+    await make_action(store, action_id="a1")
+    await make_action(store, action_id="a2", status="pending_approval")
+    await make_action(store, tenant="globex", action_id="a3")
+    assert {r.action_id for r in await store.list_in_flight()} == {"a1", "a3"}
+    assert [r.action_id for r in await store.list_in_flight("globex")] == ["a3"]
+
+
+# --- chunks -----------------------------------------------------------------------
+
+
+async def test_chunks_append_list_and_count(store: Store):
+    await make_action(store)
+    assert await store.append_chunks("acme", "act_1", [(0, '{"s":0}'), (1, '{"s":1}'), (2, '{"s":2}')]) == 3
+    assert await store.append_chunks("acme", "act_1", [(2, "dup"), (3, '{"s":3}')]) == 1
+    assert [c.sequence for c in await store.list_chunks("acme", "act_1")] == [0, 1, 2, 3]
+    assert [c.chunk_json for c in await store.list_chunks("acme", "act_1", after_sequence=1, limit=1)] == ['{"s":2}']
+    assert (await store.get_action("acme", "act_1")).chunk_count == 4
+    assert await store.list_chunks("globex", "act_1") == []
+    with pytest.raises(StoreError):
+        await store.append_chunks("globex", "act_1", [(0, "{}")])
+
+
+# --- approvals --------------------------------------------------------------------
+
+
+async def approval(store: Store, approval_id: str = "apr_1", *, tenant: str = "acme", action_id: str = "act_1",
+                   expires_at: int = T0 + 900_000, now: int = T0):
+    if await store.get_action(tenant, action_id) is None:
+        await make_action(store, tenant=tenant, action_id=action_id, status="pending_approval")
+    return await store.create_approval(tenant, approval_id, action_id, "cap:crewai:alpha", "ph", "svc:acme",
+                                       '{"a":1}', expires_at, now=now)
+
+
+async def test_create_and_read_approvals_per_tenant(store: Store):
+    created = await approval(store)
+    assert created.status == "pending" and created.created_at == T0
+    assert await store.get_approval("acme", "apr_1") == created
+    assert await store.get_approval("globex", "apr_1") is None
+    assert (await store.find_approval_for_action("acme", "act_1")).approval_id == "apr_1"
+    with pytest.raises(StoreError):
+        await approval(store)  # same id
+    with pytest.raises(StoreError):
+        await store.create_approval("acme", "apr_x", "no_such_action", "cap", "ph", "p", "{}", T0 + 1)
+
+
+async def test_listing_pages_with_a_cursor_and_a_done_flag(store: Store):
+    for i in range(5):
+        await approval(store, f"apr_{i}", action_id=f"act_{i}", now=T0 + i)
+    await approval(store, "apr_g", tenant="globex", action_id="act_g")
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = await store.list_approvals("acme", cursor=cursor, limit=2)
+        pages += 1
+        seen += [a.approval_id for a in page.items]
+        assert (page.next_cursor is None) == page.done
+        if page.done:
+            break
+        cursor = page.next_cursor
+    assert seen == [f"apr_{i}" for i in range(5)] and pages == 3
+    exact = await store.list_approvals("acme", limit=5)
+    assert exact.done and exact.next_cursor is None and len(exact.items) == 5
+    with pytest.raises(InvalidCursor):
+        await store.list_approvals("acme", cursor="!!not-a-cursor")
+    with pytest.raises(ValueError):
+        await store.list_approvals("acme", limit=0)
+
+
+async def test_status_filter(store: Store):
+    await approval(store, "apr_1", action_id="act_1")
+    await approval(store, "apr_2", action_id="act_2")
+    assert await store.decide_approval("acme", "apr_1", "approved", "ok", "human:acme", T0 + 1)
+    assert [a.approval_id for a in (await store.list_approvals("acme", status="pending")).items] == ["apr_2"]
+
+
+async def test_decision_exactly_once(store: Store):
+    await approval(store)
+    assert not await store.decide_approval("acme", "apr_1", "approved", "self", "svc:acme", T0 + 1)  # requester
+    assert not await store.decide_approval("globex", "apr_1", "approved", "x", "human:g", T0 + 1)
+    assert await store.decide_approval("acme", "apr_1", "denied", "no", "human:acme", T0 + 1)
+    assert not await store.decide_approval("acme", "apr_1", "approved", "late", "human:other", T0 + 2)
+    decided = await store.get_approval("acme", "apr_1")
+    assert (decided.status, decided.decision_reason, decided.decided_by, decided.decided_at) == (
+        "denied", "no", "human:acme", T0 + 1)
+    with pytest.raises(ValueError):
+        await store.decide_approval("acme", "apr_1", "maybe", "", "human:acme", T0)
+
+
+async def test_concurrent_decisions_have_one_winner(store: Store):
+    await approval(store)
+    outcomes = await asyncio.gather(*[
+        store.decide_approval("acme", "apr_1", "approved" if i % 2 else "denied", "r", f"human:{i}", T0 + 1)
+        for i in range(20)])
+    assert sum(outcomes) == 1
+
+
+async def test_expired_approvals_cannot_be_decided_and_are_swept(store: Store):
+    await approval(store, expires_at=T0 + 10)
+    assert (await store.get_approval("acme", "apr_1")).effective_status(T0 + 10) == "expired"
+    assert not await store.decide_approval("acme", "apr_1", "approved", "late", "human:acme", T0 + 10)
+    expired = await store.expire_approvals(T0 + 10)
+    assert [(a.tenant, a.approval_id, a.status) for a in expired] == [("acme", "apr_1", "expired")]
+    assert await store.expire_approvals(T0 + 20) == []
