@@ -196,6 +196,7 @@ class ActionService:
     async def _dispatch(self, live: LiveAction) -> None:
         job = live.job
         tenant, action_id = job.tenant, job.action_id
+        structlog.contextvars.clear_contextvars()  # this task's own context: drop the request that started it
         structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
 
         async def on_chunks(chunks: list[StreamChunk]) -> None:

@@ -19,8 +19,10 @@ from ..contracts.aip import ActionResult, StreamChunk
 from ..contracts.errors import (
     ConnectorCancelledUnconfirmed,
     ConnectorError,
-    ConnectorExecutionFailed,
+    ConnectorInvalidStream,
     ConnectorRemoteTemporary,
+    ConnectorResponseTooLarge,
+    ConnectorTransport,
 )
 from ..contracts.operations import OperationSpec
 from ..contracts.sidecar import JobEvent
@@ -30,6 +32,8 @@ from .sidecar_client import Dispatch, SidecarClient, sidecar_job_id
 log = structlog.get_logger(__name__)
 
 OnChunks = Callable[[list[StreamChunk]], Awaitable[None]]
+#: Failures after which the job may be running at the sidecar: cancel it (DESIGN.md §8).
+_STREAM_FAILURES = (ConnectorInvalidStream, ConnectorResponseTooLarge, ConnectorTransport)
 
 
 @dataclass
@@ -85,7 +89,7 @@ class Dispatcher:
         try:
             return await self._run(job, on_chunks)
         except ConnectorError as exc:
-            if job.spec.stream and job.spec.cancel and job.dispatch.state != "not_sent":
+            if job.spec.stream and job.spec.cancel and isinstance(exc, _STREAM_FAILURES) and job.dispatch.state != "not_sent":
                 exc = await self._cancel_after_failure(job, exc)
             log.warning("dispatch_failed", code=exc.code, operation=job.spec.name, dispatch=job.dispatch.state)
             return failed_result(job.action_id, exc, dispatch=job.dispatch.state)
@@ -194,5 +198,3 @@ def _public_view(value: Any, job: Job) -> Any:
         value = {**value, "action_id": job.input.get("run_action_id", job.action_id)}
     return value
 
-
-__all__ = ["Dispatcher", "Job", "ConnectorExecutionFailed"]

@@ -4,7 +4,8 @@ sidecar statuses become connector errors.
 The ``httpx.AsyncClient`` is owned by the host lifespan (bearer token from a
 0600 file, base URL https or loopback http, no redirects, connect timeout
 10 s); this module only uses it. Every request sends ``Idempotency-Key`` (for
-job starts) and ``X-AIP-Action-ID``. ``Dispatch`` records honestly how far a
+job starts) and ``X-AIP-Action-ID`` (= the sidecar job id of the body, as the
+reference host does; the AIP action id is tenant-scoped, see :func:`sidecar_job_id`). ``Dispatch`` records honestly how far a
 request got: ``not_sent`` (no connection), ``sent`` (bytes may have reached
 the sidecar, no answer), ``acknowledged`` (the sidecar answered).
 
@@ -202,7 +203,7 @@ class SidecarClient:
         body = {"crew_id": crew_id, "action_id": job_id, "operation": spec.name, "input": input}
         if timeout_ms is not None:
             body["timeout_ms"] = timeout_ms
-        headers = {"Idempotency-Key": idempotency_key, "X-AIP-Action-ID": action_id}
+        headers = {"Idempotency-Key": idempotency_key, "X-AIP-Action-ID": job_id}
         try:
             return await self._json("POST", "/jobs", spec, dispatch, headers=headers, json=body)
         except ConnectorError as exc:
@@ -275,13 +276,13 @@ class SidecarClient:
         if timeout_ms is not None:
             body["timeout_ms"] = timeout_ms
         return await self.stream(
-            spec, dispatch, normalizer, on_chunks, method="POST", path="/jobs/stream", action_id=action_id,
+            spec, dispatch, normalizer, on_chunks, method="POST", path="/jobs/stream", action_id=job_id,
             headers={"Idempotency-Key": idempotency_key}, json=body,
         )
 
     async def get_job(self, spec: OperationSpec, dispatch: Dispatch, *, job_id: str, action_id: str) -> Any:
         """``GET /jobs/{job_id}`` → the job view."""
-        return (await self._json("GET", f"/jobs/{job_id}", spec, dispatch, headers={"X-AIP-Action-ID": action_id}))[1]
+        return (await self._json("GET", f"/jobs/{job_id}", spec, dispatch, headers={"X-AIP-Action-ID": job_id}))[1]
 
     async def get_events(
         self, spec: OperationSpec, dispatch: Dispatch, *, job_id: str, action_id: str, cursor: int
@@ -289,7 +290,7 @@ class SidecarClient:
         """``GET /jobs/{job_id}/events?cursor=N`` as JSON → the events page."""
         return (
             await self._json(
-                "GET", f"/jobs/{job_id}/events", spec, dispatch, headers={"X-AIP-Action-ID": action_id},
+                "GET", f"/jobs/{job_id}/events", spec, dispatch, headers={"X-AIP-Action-ID": job_id},
                 params={"cursor": cursor},
             )
         )[1]
@@ -304,6 +305,6 @@ class SidecarClient:
             body["reason"] = reason
         return (
             await self._json(
-                "POST", f"/jobs/{job_id}/cancel", spec, dispatch, headers={"X-AIP-Action-ID": action_id}, json=body,
+                "POST", f"/jobs/{job_id}/cancel", spec, dispatch, headers={"X-AIP-Action-ID": job_id}, json=body,
             )
         )[1]

@@ -85,7 +85,7 @@ async def test_start_job_sends_headers_and_body():
     status, body = await client(handler).start_job(RUN, Dispatch(), job_id="t:a", action_id="a", crew_id="c",
                                                    input={"x": 1}, idempotency_key="key-1", timeout_ms=5000)
     assert (status, body) == (200, {"raw": "ok"})
-    assert seen["headers"]["idempotency-key"] == "key-1" and seen["headers"]["x-aip-action-id"] == "a"
+    assert seen["headers"]["idempotency-key"] == "key-1" and seen["headers"]["x-aip-action-id"] == "t:a"
     assert seen["body"] == {"crew_id": "c", "action_id": "t:a", "operation": "run", "input": {"x": 1},
                             "timeout_ms": 5000}
 
