@@ -1,0 +1,105 @@
+"""A real host process on loopback, wired to a sidecar (helpers for integration tests).
+
+``start_host(workdir, sidecar_url, sidecar_token)`` writes a host.toml with two
+tenants and four principals, starts ``python -m aip_crewai.cli host``, waits
+for ``/ready`` and returns a :class:`Host`. Tokens are in :data:`TOKENS`.
+
+Tenants: ``acme`` sees the crews of :data:`ACME_CREWS`; ``beta`` sees
+``knowledge_b`` only. Principals: ``acme-app`` (invoker), ``acme-approver``
+(approver), ``beta-app`` (invoker), ``beta-approver`` (approver).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from aip_crewai.client import AipClient
+
+TOKENS = {"acme-app": "tok-acme-app-1", "acme-approver": "tok-acme-approver-1", "beta-app": "tok-beta-app-1",
+          "beta-approver": "tok-beta-approver-1"}
+ROLES = {"acme-app": "invoker", "acme-approver": "approver", "beta-app": "invoker", "beta-approver": "approver"}
+ACME_CREWS = ["echo", "slow", "chatty", "knowledge_a"]
+ALL_STARTABLE = ["run", "status", "events", "cancel", "knowledge_query"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Host:
+    process: subprocess.Popen[bytes]
+    base_url: str
+    log: Path
+
+    def client(self, principal: str, **kwargs: object) -> AipClient:
+        return AipClient(self.base_url, token=TOKENS[principal], **kwargs)  # type: ignore[arg-type]
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=60)
+
+
+def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int) -> Path:
+    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    token_file = workdir / "sidecar.token"
+    if not token_file.exists():
+        token_file.write_text(sidecar_token + "\n")
+        token_file.chmod(0o600)
+    crews = [{"id": crew, "name": crew.title(), "allowed_operations": ALL_STARTABLE} for crew in ACME_CREWS]
+    crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
+    (workdir / "crews.json").write_text(json.dumps(crews))
+    lines = [
+        "[host]", f'bind = "127.0.0.1:{port}"', 'store = "host.db"', "",
+        "[sidecar]", f'url = "{sidecar_url}"', 'token_file = "sidecar.token"', "",
+        "[crews]", 'file = "crews.json"', "",
+        "[tenants.acme]", f"crews = {json.dumps(ACME_CREWS)}", "",
+        "[tenants.beta]", 'crews = ["knowledge_b"]', "",
+    ]
+    for principal, token in TOKENS.items():
+        lines += ["[[principals]]", f'id = "{principal}"', f'tenant = "{principal.split("-")[0]}"',
+                  f'roles = ["{ROLES[principal]}"]', f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"', ""]
+    config = workdir / "host.toml"
+    config.write_text("\n".join(lines))
+    return config
+
+
+def start_host(workdir: Path, sidecar_url: str, sidecar_token: str, *, port: int | None = None,
+               wait_ready: bool = True) -> Host:
+    """Start a host; with ``wait_ready`` block until ``/ready`` answers 200."""
+    port = port or free_port()
+    config = write_config(workdir, sidecar_url, sidecar_token, port)
+    log = workdir / f"host-{port}-{time.monotonic_ns()}.log"
+    handle = log.open("wb")
+    env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+    process = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=handle, env=env)
+    handle.close()
+    host = Host(process, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + 60
+    while wait_ready:
+        if process.poll() is not None:
+            raise AssertionError(f"host exited {process.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{host.base_url}/ready", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"host never became ready:\n{log.read_text()}")
+        time.sleep(0.1)
+    return host

@@ -1,0 +1,142 @@
+"""The real host against the real sidecar and the offline crews (issue: host actions end to end)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aip_crewai.client import AipClientError, new_id
+from host_process import start_host
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def stack(sidecar_factory, tmp_path):
+    sidecar = sidecar_factory.start()
+    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token)
+    try:
+        yield host, sidecar
+    finally:
+        host.stop()
+
+
+def approve_pending(host, result):
+    approval_id = result["approval"]["approval_id"]
+    with host.client("acme-approver") as approver:
+        return approver.decide(approval_id, "approved", "integration test")
+
+
+def wait_status(client, action_id, statuses, deadline_s=60):
+    end = time.monotonic() + deadline_s
+    while True:
+        status = client.action(action_id)
+        if status["status"] in statuses:
+            return status
+        if time.monotonic() > end:
+            raise AssertionError(f"action {action_id} stuck in {status}")
+        time.sleep(0.05)
+
+
+def test_approval_round_trip_stream_and_replay_by_key(stack):
+    host, sidecar = stack
+    with host.client("acme-app") as app:
+        action_id, key = new_id("act"), new_id("key")
+        pending = app.call("cap:crewai:echo", {"topic": "lighthouses"}, action_id=action_id, idempotency_key=key)
+        result = pending["body"]["action_result"]
+        assert result["status"] == "pending_approval"
+        assert sidecar.calls() == []
+        assert approve_pending(host, result)["decision"] == "approved"
+        events = list(app.follow(action_id))
+        names = [name for name, _ in events]
+        assert names[0] == "ack" and names[-1] == "result" and "chunk" in names and "done" in names
+        final = events[-1][1]["body"]["action_result"]
+        assert final["status"] == "completed" and "lighthouses" in final["output"]["raw"]
+        assert all(task["task_id"] for task in final["output"]["tasks_output"])
+        calls = len(sidecar.calls())
+        assert calls >= 1
+        again = app.call("cap:crewai:echo", {"topic": "lighthouses"}, action_id=action_id, idempotency_key=key)
+        assert again["body"]["action_result"]["status"] == "completed"
+        with pytest.raises(AipClientError) as info:
+            app.call("cap:crewai:echo", {"topic": "volcanoes"}, action_id=action_id, idempotency_key=key)
+        assert info.value.status == 409 and info.value.code == "action.idempotency_conflict"
+        assert len(sidecar.calls()) == calls
+        status = app.call("cap:crewai:echo:status", {"run_action_id": action_id})
+        assert status["body"]["action_result"]["output"]["status"] == "completed"
+        # resume after the third event: exactly the rest, once
+        resumed = [(name, env["_sse_id"]) for name, env in app.follow(action_id, last_event_id="sse_2")]
+        assert resumed == [(name, env["_sse_id"]) for name, env in events[3:]]
+
+
+def test_fifty_concurrent_identical_requests_make_one_sidecar_job(stack):
+    host, sidecar = stack
+    action_id, key = new_id("act"), new_id("key")
+
+    def call(_):
+        with host.client("acme-app") as app:
+            return app.call("cap:crewai:knowledge_a:knowledge_query", {"query": ["lighthouse"]},
+                            action_id=action_id, idempotency_key=key)["body"]["action_result"]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(call, range(50)))
+    assert {r["status"] for r in results} == {"completed"}
+    assert {json.dumps(r["output"], sort_keys=True) for r in results} == {json.dumps(results[0]["output"], sort_keys=True)}
+    health = httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers).json()
+    assert health["retained_runs"] == 1
+
+
+def test_denial_never_reaches_the_sidecar(stack):
+    host, sidecar = stack
+    with host.client("acme-app") as app, host.client("acme-approver") as approver:
+        action_id, key = new_id("act"), new_id("key")
+        result = app.call("cap:crewai:echo", {"topic": "x"}, action_id=action_id, idempotency_key=key)
+        approver.decide(result["body"]["action_result"]["approval"]["approval_id"], "denied", "not today")
+        final = app.call("cap:crewai:echo", {"topic": "x"}, action_id=action_id, idempotency_key=key)
+        assert final["body"]["action_result"]["error"]["code"] == "policy.approval_denied"
+    health = httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers).json()
+    assert health["retained_runs"] == 0 and sidecar.calls() == []
+
+
+def test_cancel_of_a_streaming_run(stack):
+    host, sidecar = stack
+    with host.client("acme-app") as app:
+        action_id, key = new_id("act"), new_id("key")
+        result = app.call("cap:crewai:slow", {"topic": "patience"}, action_id=action_id, idempotency_key=key)
+        approve_pending(host, result["body"]["action_result"])
+        wait_status(app, action_id, {"running"})
+        end = time.monotonic() + 30
+        while app.action(action_id)["chunk_count"] < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        cancelled = app.cancel(action_id)["body"]["action_result"]
+        assert cancelled["status"] == "cancelled"
+        assert cancelled["output"]["remote_stop_confirmed"] is True
+        calls = len(sidecar.calls())
+        view = httpx.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers).json()
+        assert view["status"] == "cancelled"
+        assert app.action(action_id)["status"] == "cancelled"
+    assert len(sidecar.calls()) <= calls + 1
+
+
+def test_tenants_cannot_see_each_other(stack):
+    host, _ = stack
+    with host.client("acme-app") as app, host.client("beta-app") as beta, host.client("beta-approver") as beta_approver:
+        action_id, key = new_id("act"), new_id("key")
+        pending = app.call("cap:crewai:echo", {"topic": "secret"}, action_id=action_id, idempotency_key=key)
+        approval_id = pending["body"]["action_result"]["approval"]["approval_id"]
+        assert {c["id"] for c in beta.manifest()["capabilities"]} == {"cap:crewai:knowledge_b:knowledge_query"}
+        for call in (lambda: beta.call("cap:crewai:echo", {"topic": "x"}, idempotency_key="k"),
+                     lambda: beta.action(action_id),
+                     lambda: beta_approver.approval(approval_id),
+                     lambda: beta_approver.decide(approval_id, "approved", "not mine")):
+            with pytest.raises(AipClientError) as info:
+                call()
+            assert info.value.status == 404
+        assert beta_approver.approvals()["approvals"] == []
+        answer = beta.call("cap:crewai:knowledge_b:knowledge_query", {"query": ["lighthouse keeper"]},
+                           idempotency_key=new_id("k"))
+        assert "lighthouse" not in json.dumps(answer["body"]["action_result"]["output"]).lower()
