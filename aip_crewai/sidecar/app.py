@@ -1,0 +1,343 @@
+"""The sidecar HTTP contract (Starlette): routes, SSE, error bodies.
+
+| route | answer |
+|---|---|
+| ``GET /health`` | readiness and limits |
+| ``GET /metrics`` | Prometheus text (our addition, see :mod:`metrics`) |
+| ``POST /jobs`` | admit (or find), block until terminal: 200 output, 502 failed, 409 cancelled, 504 wait timeout |
+| ``POST /jobs/stream`` | admit (or find), SSE of the job's events from 0 (or after ``Last-Event-ID``) until terminal |
+| ``GET /jobs/{id}`` | job view |
+| ``GET /jobs/{id}/events?cursor=N`` | JSON page, or SSE with ``Accept: text/event-stream``; 416 outside the journal |
+| ``POST /jobs/{id}/cancel`` | body ``{crew_id, action_id, reason?}``; path id must equal body id (400) |
+| ``DELETE /jobs/{id}`` | archive; ``X-AIP-Archive-Confirmation: <id>`` (428), 409 while not terminal |
+
+Every error body is ``{"detail": <message>}`` (routing 404/405 and 500s
+included; a 500 logs its traceback, never its text to the client). SSE
+frames carry ``id: <sequence>``, ``event: <name>``, ``data: <compact JSON of
+the whole event>``; ``: keep-alive`` comments every ``sse_keepalive_seconds``;
+headers ``Cache-Control: no-cache`` and ``X-Accel-Buffering: no``.
+
+The lifespan owns the journal (opens and recovers it unless ``main`` already
+did, closes it at shutdown) and the :class:`Runtime`.
+
+Source: DESIGN.md §4, STYLE.md (pure ASGI middleware, lifespan-owned resources).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Collection, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from aip_crewai.contracts.errors import AipError
+from aip_crewai.contracts.sidecar import CancelRequest
+from aip_crewai.sse import encode_comment, encode_event
+from aip_crewai.sidecar.admission import MAX_BODY_BYTES
+from aip_crewai.sidecar.auth import BearerAuth
+from aip_crewai.sidecar.config import Settings
+from aip_crewai.sidecar.errors import (
+    ArchiveConfirmationRequired,
+    BadRequest,
+    InvalidJobRequest,
+    JobCancelledError,
+    JobFailedError,
+    JournalWriteFailed,
+    RequestTooLarge,
+)
+from aip_crewai.sidecar.jobs import EventRow, JobStatus
+from aip_crewai.sidecar.journal import Journal
+from aip_crewai.sidecar.runtime import Executor, Runtime
+
+log = structlog.get_logger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: Bound on a cancel request body, bytes.
+MAX_CANCEL_BODY_BYTES = 65_536
+
+
+class JSONResponse(Response):
+    """A JSON response encoded with msgspec (``msgspec.Raw`` values pass through)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return msgspec.json.encode(content)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    crews: Collection[str] | None = None,
+    executor: Executor | None = None,
+    journal: Journal | None = None,
+) -> Starlette:
+    """Build the sidecar ASGI app.
+
+    Args:
+        settings: validated settings.
+        crews, executor: the registered crew ids and the operation executor;
+            both default to the crew registry ``settings.registry`` run by
+            ``aip_crewai.sidecar.operations`` (which imports CrewAI).
+        journal: an already opened and recovered journal (``main`` opens it
+            before serving); None: the lifespan opens and recovers
+            ``settings.journal``. Either way the lifespan closes it.
+
+    Returns:
+        The Starlette app; ``app.state.runtime`` is set during the lifespan.
+    """
+    if crews is None or executor is None:
+        crews, executor = registry_executor(settings.registry)
+    crew_ids, run = frozenset(crews), executor
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        owned = journal
+        if owned is None:
+            if settings.journal is None:
+                raise RuntimeError("settings.journal is not set")
+            owned = await Journal.open(settings.journal)
+            await recover(owned)
+        runtime = Runtime(settings, owned, crew_ids, run)
+        app.state.runtime = runtime
+        try:
+            yield
+        finally:
+            await runtime.shutdown(settings.shutdown_grace_seconds)
+            await owned.close()
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/jobs", post_job, methods=["POST"]),
+        Route("/jobs/stream", post_job_stream, methods=["POST"]),
+        Route("/jobs/{action_id}", get_job, methods=["GET"]),
+        Route("/jobs/{action_id}", delete_job, methods=["DELETE"]),
+        Route("/jobs/{action_id}/events", get_events, methods=["GET"]),
+        Route("/jobs/{action_id}/cancel", cancel_job, methods=["POST"]),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(RequestLog), Middleware(BearerAuth, token=settings.token)],
+        exception_handlers={AipError: aip_error, HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan,
+    )
+
+
+async def recover(journal: Journal) -> None:
+    """Run the crash fence and log what it did (DESIGN §5)."""
+    for action_id, previous in await journal.recover():
+        log.warning("job_failed_by_restart", action_id=action_id, previous_status=previous.value,
+                    uncertain_outcome=previous is JobStatus.RUNNING)
+
+
+def registry_executor(spec: str) -> tuple[frozenset[str], Executor]:
+    """Load the crew registry ``spec`` and wrap ``operations.execute`` (imports CrewAI)."""
+    from aip_crewai.sidecar.operations import execute
+    from aip_crewai.sidecar.registry import load_registry
+
+    registry = load_registry(spec)
+    return frozenset(registry), executor_for(registry, execute)
+
+
+def executor_for(registry: Mapping[str, Any], execute: Any) -> Executor:
+    async def run(crew_id: str, operation: str, input: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await execute(registry[crew_id], operation, input, ctx)
+        return result
+
+    return run
+
+
+# ------------------------------------------------------------------ routes
+
+
+def _runtime(request: Request) -> Runtime:
+    return request.app.state.runtime  # type: ignore[no-any-return]
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse(_runtime(request).health())
+
+
+async def metrics(request: Request) -> Response:
+    from aip_crewai.sidecar.metrics import CONTENT_TYPE
+
+    return Response(_runtime(request).render_metrics(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def post_job(request: Request) -> Response:
+    runtime = _runtime(request)
+    adm = await runtime.admit(await _body(request, MAX_BODY_BYTES), **_admission_headers(request))
+    record = await runtime.reads.wait(adm.action_id, adm.timeout_ms)
+    if record.status is JobStatus.COMPLETED:
+        return Response(record.output or b"null", media_type="application/json")
+    if record.status is JobStatus.FAILED:
+        error = msgspec.json.decode(record.error) if record.error else {}
+        raise JobFailedError(str(error.get("message") or "the job failed"),
+                             details={**error, "action_id": record.action_id})
+    if record.status is JobStatus.CANCELLED:
+        raise JobCancelledError(details={"status": "cancelled", "action_id": record.action_id})
+    raise JournalWriteFailed("the job's terminal result could not be recorded",
+                             details={"status": record.status.value, "action_id": record.action_id})
+
+
+async def post_job_stream(request: Request) -> Response:
+    runtime = _runtime(request)
+    adm = await runtime.admit(await _body(request, MAX_BODY_BYTES), **_admission_headers(request))
+    cursor = _last_event_cursor(request, default=0)
+    return await _sse(runtime, adm.action_id, cursor)
+
+
+async def get_job(request: Request) -> Response:
+    return JSONResponse(await _runtime(request).reads.view(request.path_params["action_id"]))
+
+
+async def get_events(request: Request) -> Response:
+    runtime = _runtime(request)
+    action_id = request.path_params["action_id"]
+    cursor = _last_event_cursor(request, default=_int_param(request.query_params.get("cursor"), "cursor", 0))
+    if "text/event-stream" in request.headers.get("accept", ""):
+        return await _sse(runtime, action_id, cursor)
+    status, events, _count = await runtime.reads.page(action_id, cursor)
+    return JSONResponse({
+        "action_id": action_id,
+        "cursor": cursor,
+        "next_cursor": cursor + len(events),
+        "status": status.value,
+        "events": [msgspec.Raw(row.to_json()) for row in events],
+    })
+
+
+async def cancel_job(request: Request) -> Response:
+    action_id = request.path_params["action_id"]
+    try:
+        body = msgspec.json.decode(await _body(request, MAX_CANCEL_BODY_BYTES), type=CancelRequest)
+    except msgspec.ValidationError as exc:
+        raise InvalidJobRequest(f"invalid cancel request: {exc}") from None
+    except msgspec.DecodeError:
+        raise InvalidJobRequest("the request body is not valid JSON") from None
+    if body.action_id != action_id:
+        raise BadRequest("the body's action_id does not match the path")
+    return JSONResponse(await _runtime(request).cancel(action_id, body.crew_id))
+
+
+async def delete_job(request: Request) -> Response:
+    action_id = request.path_params["action_id"]
+    if request.headers.get("x-aip-archive-confirmation") != action_id:
+        raise ArchiveConfirmationRequired()
+    return JSONResponse(await _runtime(request).archive(action_id))
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _admission_headers(request: Request) -> dict[str, str | None]:
+    return {"idempotency_key": request.headers.get("idempotency-key"),
+            "header_action_id": request.headers.get("x-aip-action-id")}
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 past ``limit`` bytes (never buffered beyond it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(f"the request body exceeds {limit} bytes")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise RequestTooLarge(f"the request body exceeds {limit} bytes")
+    return bytes(data)
+
+
+def _int_param(raw: str | None, name: str, default: int) -> int:
+    if raw is None:
+        return default
+    text = raw.strip()
+    digits = text[1:] if text.startswith("-") else text
+    if not digits.isdigit() or len(digits) > 12:
+        raise BadRequest(f"{name} must be an integer")
+    return int(text)
+
+
+def _last_event_cursor(request: Request, *, default: int) -> int:
+    """``Last-Event-ID: N`` resumes after sequence N (wins over ``cursor``)."""
+    raw = request.headers.get("last-event-id")
+    if raw is None or not raw.strip():
+        return default
+    return _int_param(raw, "Last-Event-ID", 0) + 1
+
+
+async def _sse(runtime: Runtime, action_id: str, cursor: int) -> Response:
+    await runtime.reads.page(action_id, cursor, limit=0)  # 404/416 before the stream starts
+
+    async def frames() -> AsyncIterator[bytes]:
+        async for row in runtime.reads.follow(action_id, cursor):
+            yield encode_comment("keep-alive") if row is None else sse_frame(row)
+
+    return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def sse_frame(row: EventRow) -> bytes:
+    """One SSE frame: ``id``, ``event`` and the whole event as compact JSON ``data``."""
+    return encode_event(row.to_json().decode("utf-8"), event=row.event, id=str(row.sequence))
+
+
+# ------------------------------------------------------------------ errors
+
+
+async def aip_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, AipError):  # registered for AipError only
+        raise exc
+    body = {**exc.details, "detail": exc.message}
+    return JSONResponse(body, status_code=exc.status)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, HTTPException):  # registered for HTTPException only
+        raise exc
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    log.error("unhandled_error", error_type=type(exc).__name__, path=request.url.path, exc_info=exc)
+    return JSONResponse({"detail": "internal error"}, status_code=500)
+
+
+class RequestLog:
+    """Pure ASGI middleware: binds ``request_id`` for the request's logs and
+    writes one ``http_request`` line (method, path, status, duration_ms)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = uuid.uuid4().hex[:16]
+        status = 0
+        started = time.monotonic()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        with structlog.contextvars.bound_contextvars(request_id=request_id):
+            try:
+                await self.app(scope, receive, send_wrapper)
+            finally:
+                log.info("http_request", method=scope["method"], path=scope["path"], status=status,
+                         duration_ms=round((time.monotonic() - started) * 1000, 2))

@@ -1,0 +1,402 @@
+"""Sidecar settings: flags, their environment variables, defaults, validation.
+
+:func:`load_settings` is the only place in the sidecar that reads the process
+environment. Every setting of DESIGN.md §11 is a flag that also reads the
+peer's environment variable; a flag given on the command line wins over the
+environment, and an empty environment variable counts as unset. An invalid
+value raises :class:`ConfigError` naming the setting; the entry point prints
+it on stderr and exits with status 2.
+
+Additions of ours (same rules, ``AIP_CREWAI_`` prefix): ``--sse-keepalive-
+seconds``, ``--shutdown-grace-seconds``, ``--max-journal-bytes``,
+``--log-level``, ``--log-format``. The two safety valves
+``--allow-unauthenticated`` and ``--allow-ephemeral`` are flags only (never
+read from the environment) and work on loopback binds only.
+
+Source: DESIGN.md §11 (operator interface), §4 (token file), §5 (limits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aip_crewai.contracts.operations import INSPECTION_OPERATIONS, STARTABLE_OPERATIONS
+
+#: Token file bounds, bytes (DESIGN.md §4).
+MAX_TOKEN_FILE_BYTES = 16_384
+
+
+class ConfigError(ValueError):
+    """An invalid setting. ``setting`` names the flag (and its variable)."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        self.setting = setting
+        self.problem = problem
+        super().__init__(f"{setting}: {problem}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated sidecar settings (immutable; passed explicitly, never global).
+
+    Attributes (units in the names or noted):
+        registry: ``module:attribute`` of the crew registry.
+        host, port: listen address; port 0 asks the OS for a free port.
+        journal: SQLite journal path; None until an ephemeral one is made.
+        state_dir: CrewAI storage lives under it (default: the journal's dir).
+        token: bearer token (never printed: ``repr=False``); None only with
+            ``allow_unauthenticated``.
+        allowed_operations: startable operations this sidecar admits.
+        max_concurrency: jobs executing at once (the semaphore).
+        max_retained_runs: non-archived jobs in the journal; admission 507 at it.
+        max_events_per_run: events of one job, terminal included.
+        max_event_bytes: encoded size bound of one event, bytes.
+        stream_checkpoint_events: chunk events committed per journal write.
+        training_dir: where ``train`` writes artifacts (required with train).
+        max_journal_bytes: used journal pages bound, bytes; admission 507 past it.
+        sse_keepalive_seconds: interval of ``: keep-alive`` comments.
+        shutdown_grace_seconds: how long in-flight jobs may finish at shutdown.
+        ephemeral: the journal is a temporary file made at start-up because
+            none was configured (health then says ``durable_journal: false``).
+        notify_socket: systemd ``NOTIFY_SOCKET`` (from the environment only).
+    """
+
+    registry: str
+    host: str = "127.0.0.1"
+    port: int = 8090
+    journal: Path | None = None
+    state_dir: Path | None = None
+    token: str | None = field(default=None, repr=False)
+    token_file: Path | None = None
+    allow_unauthenticated: bool = False
+    allow_ephemeral: bool = False
+    allowed_operations: tuple[str, ...] = ("run",)
+    max_concurrency: int = 4
+    max_retained_runs: int = 2000
+    max_events_per_run: int = 1000
+    max_event_bytes: int = 262_144
+    stream_checkpoint_events: int = 128
+    training_dir: Path | None = None
+    max_journal_bytes: int = 1_073_741_824
+    sse_keepalive_seconds: float = 15.0
+    shutdown_grace_seconds: float = 20.0
+    log_level: str = "info"
+    log_format: str = "auto"
+    notify_socket: str | None = None
+    ephemeral: bool = False
+
+    @property
+    def operations(self) -> list[str]:
+        """Operations named by ``/health``: allowed ∪ status, events, cancel (sorted)."""
+        return sorted(set(self.allowed_operations) | INSPECTION_OPERATIONS)
+
+
+# ----------------------------------------------------------------- parsing
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        text = text.strip()
+        if not text.isdigit():  # ASCII digits only: no sign, no "1_000", no "0x"
+            raise ValueError(f"must be an integer {low}..{high}")
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError(f"must be an integer {low}..{high}")
+        return value
+
+    return parse
+
+
+def _float_in(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError(f"must be a number {low}..{high}") from None
+        if not low <= value <= high:  # also rejects NaN
+            raise ValueError(f"must be a number {low}..{high}")
+        return value
+
+    return parse
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _text(text: str) -> str:
+    value = text.strip()
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+def _path(text: str) -> Path:
+    return Path(_text(text)).expanduser()
+
+
+def _operations(text: str) -> tuple[str, ...]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = sorted({n for n in names if n not in STARTABLE_OPERATIONS and n not in INSPECTION_OPERATIONS})
+    if unknown:
+        raise ValueError(f"unknown operation(s) {', '.join(unknown)}; startable: {', '.join(STARTABLE_OPERATIONS)}")
+    # status/events/cancel are always served; accept them (peer env files list them) and drop them.
+    startable = tuple(n for n in STARTABLE_OPERATIONS if n in names)
+    if not startable:
+        raise ValueError(f"must name at least one startable operation ({', '.join(STARTABLE_OPERATIONS)})")
+    return startable
+
+
+@dataclass(frozen=True)
+class _Option:
+    dest: str
+    flag: str
+    env: str | None
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+
+
+#: Every valued setting: flag, environment variable, parser, default (DESIGN.md §11).
+OPTIONS: tuple[_Option, ...] = (
+    _Option("registry", "--registry", "AIP_CREWAI_REGISTRY", _text, None,
+            "crew registry, module:attribute (required)"),
+    _Option("host", "--host", "AIP_CREWAI_HOST", _text, "127.0.0.1", "listen address"),
+    _Option("port", "--port", "AIP_CREWAI_PORT", _int_in(0, 65535), 8090, "listen port (0: any free port)"),
+    _Option("journal", "--journal", "AIP_CREWAI_STATE_FILE", _path, None,
+            "SQLite job journal (required unless --allow-ephemeral on loopback)"),
+    _Option("state_dir", "--state-dir", "AIP_CREWAI_STATE_DIR", _path, None,
+            "state directory; CrewAI storage goes under it (default: the journal's directory)"),
+    _Option("token_file", "--token-file", "AIP_CREWAI_BEARER_TOKEN_FILE", _path, None,
+            "bearer token file: regular file, mode 0600, 1..16384 bytes "
+            "(required unless --allow-unauthenticated on loopback)"),
+    _Option("allowed_operations", "--allowed-operations", "AIP_CREWAI_ALLOWED_OPERATIONS", _operations, ("run",),
+            "comma list of startable operations (run, batch_run, replay, train, test, knowledge_query, "
+            "memory_reset); status, events and cancel are always served"),
+    _Option("max_concurrency", "--max-concurrency", "AIP_CREWAI_MAX_CONCURRENCY", _int_in(1, 1024), 4,
+            "jobs executing at once"),
+    _Option("max_retained_runs", "--max-retained-runs", "AIP_CREWAI_MAX_RETAINED_RUNS", _int_in(1, 10_000_000), 2000,
+            "non-archived jobs kept; admission answers 507 at the limit"),
+    _Option("max_events_per_run", "--max-events-per-run", "AIP_CREWAI_MAX_EVENTS_PER_RUN", _int_in(2, 100_000), 1000,
+            "events per job, the terminal one included"),
+    _Option("max_event_bytes", "--max-event-bytes", "AIP_CREWAI_MAX_EVENT_BYTES", _int_in(4096, 1_048_576), 262_144,
+            "encoded size bound of one event, bytes (at most 1 MiB, the host's SSE frame bound)"),
+    _Option("stream_checkpoint_events", "--stream-checkpoint-events", "AIP_CREWAI_STREAM_CHECKPOINT_EVENTS",
+            _int_in(1, 100_000), 128, "chunk events committed per journal write"),
+    _Option("training_dir", "--training-dir", "AIP_CREWAI_TRAINING_DIR", _path, None,
+            "directory for train artifacts (required when train is allowed)"),
+    _Option("max_journal_bytes", "--max-journal-bytes", "AIP_CREWAI_MAX_JOURNAL_BYTES",
+            _int_in(1_048_576, 1 << 50), 1_073_741_824, "journal size bound, bytes; admission answers 507 past it"),
+    _Option("sse_keepalive_seconds", "--sse-keepalive-seconds", "AIP_CREWAI_SSE_KEEPALIVE_SECONDS",
+            _float_in(0.01, 3600.0), 15.0, "interval of SSE keep-alive comments, seconds"),
+    _Option("shutdown_grace_seconds", "--shutdown-grace-seconds", "AIP_CREWAI_SHUTDOWN_GRACE_SECONDS",
+            _float_in(0.0, 3600.0), 20.0, "at SIGTERM/SIGINT, how long running jobs may finish before cancellation"),
+    _Option("log_level", "--log-level", "AIP_CREWAI_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info",
+            "log level (logs go to stderr)"),
+    _Option("log_format", "--log-format", "AIP_CREWAI_LOG_FORMAT", _choice("auto", "json", "console"), "auto",
+            "log format; auto: JSON unless stderr is a terminal"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``aip-crewai sidecar`` argument parser (``--help`` lists every setting)."""
+    parser = argparse.ArgumentParser(
+        prog="aip-crewai sidecar",
+        description="Run the CrewAI sidecar: crew registry, SQLite job journal, sidecar HTTP contract. "
+        "Every setting also reads its environment variable; a flag wins over the environment.",
+    )
+    for opt in OPTIONS:
+        default = ",".join(opt.default) if isinstance(opt.default, tuple) else opt.default
+        env = f" [env {opt.env}]" if opt.env else ""
+        shown = f" (default: {default})" if default is not None else ""
+        parser.add_argument(opt.flag, dest=opt.dest, metavar=opt.dest.upper(), default=None,
+                            help=f"{opt.help}{env}{shown}")
+    parser.add_argument("--allow-unauthenticated", action="store_true",
+                        help="serve without a bearer token; loopback --host only (flag only, no env)")
+    parser.add_argument("--allow-ephemeral", action="store_true",
+                        help="use a temporary journal when --journal is unset; loopback --host only "
+                        "(health then reports durable_journal=false; flag only, no env)")
+    return parser
+
+
+def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    """Parse flags and environment into validated :class:`Settings`.
+
+    Args:
+        argv: the arguments after ``sidecar``.
+        environ: the process environment (only this function reads it).
+
+    Returns:
+        Settings, with ``token`` read from the token file.
+
+    Raises:
+        ConfigError: a missing or invalid setting (the message names it).
+        SystemExit: argparse usage errors (status 2) and ``--help`` (status 0).
+
+    Source: DESIGN.md §11, §4 (token file), §5.
+    """
+    args = build_parser().parse_args(list(argv))
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        raw = getattr(args, opt.dest)
+        source = raw if raw is not None else (environ.get(opt.env) or None if opt.env else None)
+        if source is None:
+            values[opt.dest] = opt.default
+            continue
+        try:
+            values[opt.dest] = opt.parse(source)
+        except ValueError as exc:
+            raise ConfigError(_name(opt), f"{exc} (got {source!r})") from None
+    by_dest = {opt.dest: opt for opt in OPTIONS}
+    if values["registry"] is None:
+        raise ConfigError(_name(by_dest["registry"]), "is required (module:attribute)")
+    loopback = is_loopback(values["host"])
+    allow_unauth = bool(args.allow_unauthenticated)
+    allow_ephemeral = bool(args.allow_ephemeral)
+    if allow_unauth and not loopback:
+        raise ConfigError("--allow-unauthenticated", f"only allowed with a loopback --host, not {values['host']!r}")
+    if allow_ephemeral and not loopback:
+        raise ConfigError("--allow-ephemeral", f"only allowed with a loopback --host, not {values['host']!r}")
+
+    journal: Path | None = values["journal"]
+    if journal is None and not allow_ephemeral:
+        raise ConfigError(_name(by_dest["journal"]), "is required (or --allow-ephemeral on a loopback --host)")
+    if journal is not None:
+        journal = journal.absolute()
+        # Checked here, before CrewAI's storage set-up could create the directory.
+        if not journal.parent.is_dir():
+            raise ConfigError(_name(by_dest["journal"]), f"the directory {journal.parent} does not exist")
+    state_dir: Path | None = values["state_dir"]
+    if state_dir is not None:
+        state_dir = _check_private_dir(_name(by_dest["state_dir"]), state_dir.absolute())
+    elif journal is not None:
+        state_dir = journal.parent
+
+    token: str | None = None
+    token_file: Path | None = values["token_file"]
+    if token_file is not None:
+        token = read_token_file(token_file, setting=_name(by_dest["token_file"]))
+    elif not allow_unauth:
+        raise ConfigError(_name(by_dest["token_file"]),
+                          "is required (or --allow-unauthenticated on a loopback --host)")
+
+    training_dir: Path | None = values["training_dir"]
+    if training_dir is not None:
+        training_dir = _check_private_dir(_name(by_dest["training_dir"]), training_dir.absolute())
+    elif "train" in values["allowed_operations"]:
+        raise ConfigError(_name(by_dest["training_dir"]), "is required when train is an allowed operation")
+
+    return Settings(
+        registry=values["registry"],
+        host=values["host"],
+        port=values["port"],
+        journal=journal,
+        state_dir=state_dir,
+        token=token,
+        token_file=token_file,
+        allow_unauthenticated=allow_unauth,
+        allow_ephemeral=allow_ephemeral,
+        allowed_operations=values["allowed_operations"],
+        max_concurrency=values["max_concurrency"],
+        max_retained_runs=values["max_retained_runs"],
+        max_events_per_run=values["max_events_per_run"],
+        max_event_bytes=values["max_event_bytes"],
+        stream_checkpoint_events=values["stream_checkpoint_events"],
+        training_dir=training_dir,
+        max_journal_bytes=values["max_journal_bytes"],
+        sse_keepalive_seconds=values["sse_keepalive_seconds"],
+        shutdown_grace_seconds=values["shutdown_grace_seconds"],
+        log_level=values["log_level"],
+        log_format=values["log_format"],
+        notify_socket=environ.get("NOTIFY_SOCKET") or None,
+    )
+
+
+def _name(opt: _Option) -> str:
+    return f"{opt.flag} ({opt.env})" if opt.env else opt.flag
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token_file(path: Path, *, setting: str = "--token-file") -> str:
+    """Read and check the bearer token file.
+
+    Rules: a regular file, not a symlink, no group/other permission bits
+    (mode 0600 or stricter), 1..16384 bytes, UTF-8; one trailing newline (LF
+    or CRLF) is stripped; the token must then be non-empty and hold no
+    whitespace or control characters (it travels in an HTTP header).
+
+    Raises:
+        ConfigError: any rule broken (the message names ``setting``, never the token).
+
+    Source: DESIGN.md §4.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ConfigError(setting, f"{path} does not exist") from None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise ConfigError(setting, f"{path} is a symlink; use a regular file") from None
+        raise ConfigError(setting, f"cannot open {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(setting, f"{path} is not a regular file")
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise ConfigError(setting, f"{path} has mode {mode:04o}; it must be 0600 (no group/other access)")
+        if not 1 <= info.st_size <= MAX_TOKEN_FILE_BYTES:
+            raise ConfigError(setting, f"{path} must hold 1..{MAX_TOKEN_FILE_BYTES} bytes, has {info.st_size}")
+        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(setting, f"{path} is not UTF-8 text") from None
+    if text.endswith("\n"):
+        text = text[:-1]
+        if text.endswith("\r"):
+            text = text[:-1]
+    if not text:
+        raise ConfigError(setting, f"{path} holds an empty token")
+    if any(ch.isspace() or ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in text):
+        raise ConfigError(setting, f"{path} must hold one token without whitespace or control characters")
+    return text
+
+
+def _check_private_dir(setting: str, path: Path) -> Path:
+    """A directory that exists, is not a symlink and is not group/world-writable."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise ConfigError(setting, f"{path} does not exist") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise ConfigError(setting, f"{path} is a symlink; use the real directory")
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(setting, f"{path} is not a directory")
+    if info.st_mode & 0o022:
+        raise ConfigError(setting, f"{path} is group- or world-writable (mode {stat.S_IMODE(info.st_mode):04o})")
+    return path

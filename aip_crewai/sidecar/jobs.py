@@ -1,0 +1,118 @@
+"""The job model shared by the journal and the runtime (pure data, no I/O).
+
+Job states and their allowed transitions, the persisted job record, and the
+event row with its wire encoding ``{"event","sequence","data"}``.
+
+Source: DESIGN.md §4 (events), §5 (journal), STYLE.md (states are an Enum,
+transitions a table).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import msgspec
+
+
+class JobStatus(str, enum.Enum):
+    """Job states. ``queued``: admitted and committed, waiting for a concurrency
+    slot (CrewAI has not started); ``running``: the ``started`` event is committed."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+TERMINAL_EVENTS = frozenset(s.value for s in _TERMINAL)
+
+#: Allowed transitions; the journal's SQL ``WHERE`` clause refuses every other one.
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELLED}),
+    JobStatus.RUNNING: frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED}),
+    JobStatus.COMPLETED: frozenset(),
+    JobStatus.FAILED: frozenset(),
+    JobStatus.CANCELLED: frozenset(),
+}
+
+
+def sources_of(target: JobStatus) -> tuple[str, ...]:
+    """States from which ``target`` may be entered (sorted values)."""
+    return tuple(sorted(s.value for s, targets in TRANSITIONS.items() if target in targets))
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """An admission: the row committed before CrewAI starts."""
+
+    action_id: str
+    crew_id: str
+    operation: str
+    request_hash: str
+    idempotency_key: str
+    timeout_ms: int | None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One persisted job.
+
+    ``output`` (completed output) and ``error`` (failed event data) are
+    compact JSON bytes or None; ``provider_stop_observed`` is None until a
+    stopped job's worker returned; times are Unix milliseconds.
+    """
+
+    action_id: str
+    crew_id: str
+    operation: str
+    request_hash: str
+    idempotency_key: str
+    timeout_ms: int | None
+    status: JobStatus
+    event_count: int
+    output: bytes | None
+    error: bytes | None
+    dropped_events: int
+    provider_stop_observed: bool | None
+    archived: bool
+    created_at: int
+    updated_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """One event; ``data`` is the compact JSON bytes of the event's data object."""
+
+    sequence: int
+    event: str
+    data: bytes
+
+    def to_json(self) -> bytes:
+        """The whole event ``{"event","sequence","data"}`` as compact JSON bytes."""
+        return b'{"event":%s,"sequence":%d,"data":%s}' % (msgspec.json.encode(self.event), self.sequence, self.data)
+
+    @property
+    def terminal(self) -> bool:
+        return self.event in TERMINAL_EVENTS
+
+
+class ArchiveOutcome(enum.Enum):
+    ARCHIVED = "archived"
+    ALREADY_ARCHIVED = "already_archived"
+    NOT_FOUND = "not_found"
+    NOT_TERMINAL = "not_terminal"
+
+
+@dataclass(frozen=True)
+class TaskRunRef:
+    """A task id found in a completed output (``result_index``: batch item, else None)."""
+
+    task_id: str
+    result_index: int | None = None

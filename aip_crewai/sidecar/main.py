@@ -1,0 +1,234 @@
+"""``aip-crewai sidecar``: the process entry point (imperative shell).
+
+Start-up order (nothing is served before the last step):
+
+1. settings from flags and environment (:mod:`config`); an invalid setting
+   prints one line on stderr and exits 2 (no traceback);
+2. logging to stderr (JSON unless stderr is a terminal);
+3. a temporary journal directory when ``--allow-ephemeral`` and no journal;
+4. CrewAI's environment (telemetry off, storage under the state dir), then
+   ``import crewai`` (a few seconds) and the crew registry (exit 2 on a bad
+   ``--registry``);
+5. the journal: lock, permissions, migrations (exit 2 on refusal, e.g.
+   "already owned by another active sidecar"), then the crash fence;
+6. the listening socket (exit 2 if it cannot bind), then hypercorn; once it
+   accepts, ``sidecar_listening`` is logged (with the real port, also for
+   ``--port 0``) and systemd gets ``READY=1`` when ``NOTIFY_SOCKET`` is set.
+
+Shutdown on SIGTERM/SIGINT: new admissions get 503, running jobs may finish
+within ``--shutdown-grace-seconds``, the rest are cancelled with a terminal
+event; then hypercorn stops accepting and closes connections, and the
+lifespan closes the journal. Worker threads that ignore cancellation cannot
+be stopped in-process: if any is still busy, the process exits without
+waiting for it (the journal is already closed). Nothing is printed to stdout.
+
+Source: DESIGN.md §5, §11; STYLE.md (logging to stderr).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import structlog
+
+from aip_crewai.log import configure_logging
+from aip_crewai.sidecar.config import ConfigError, Settings, load_settings
+
+log = structlog.get_logger(__name__)
+
+PROG = "aip-crewai sidecar"
+WORKER_PREFIX = "aip-crewai-worker"
+#: Seconds hypercorn waits for open connections once jobs are terminal.
+CONNECTION_GRACE_SECONDS = 5.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the sidecar until SIGTERM/SIGINT. Returns the exit status (0, 1 or 2)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = load_settings(argv, os.environ)
+    except ConfigError as exc:
+        return _refuse(str(exc))
+    configure_logging(json=None if settings.log_format == "auto" else settings.log_format == "json",
+                      level=settings.log_level)
+    temporary: str | None = None
+    if settings.journal is None:
+        temporary = tempfile.mkdtemp(prefix="aip-crewai-sidecar-")
+        settings = replace(settings, journal=Path(temporary) / "journal.db",
+                           state_dir=settings.state_dir or Path(temporary), ephemeral=True)
+        log.warning("journal_ephemeral", journal=str(settings.journal))
+    try:
+        return _run(settings)
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _run(settings: Settings) -> int:
+    from aip_crewai.sidecar.crewai_env import import_crewai, prepare_crewai_environment
+
+    started = time.monotonic()
+    prepare_crewai_environment(settings.state_dir)  # type: ignore[arg-type]
+    try:
+        import_crewai()
+    except Exception as exc:  # a broken install: say which, never a traceback of provider text
+        log.error("crewai_import_failed", error_type=type(exc).__name__)
+        return _refuse(f"cannot import CrewAI ({type(exc).__name__})", status=1)
+    from aip_crewai.sidecar.app import registry_executor
+    from aip_crewai.sidecar.registry import RegistryError
+
+    try:
+        crews, executor = registry_executor(settings.registry)
+    except (RegistryError, ImportError) as exc:
+        return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {exc}")
+    log.info("crewai_ready", crews=len(crews), import_ms=int((time.monotonic() - started) * 1000))
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    pool = ThreadPoolExecutor(max_workers=max(8, 4 * settings.max_concurrency), thread_name_prefix=WORKER_PREFIX)
+    loop.set_default_executor(pool)
+    try:
+        status = loop.run_until_complete(_serve(settings, crews, executor))
+    finally:
+        stuck = _close_loop(loop, pool)
+    if stuck:
+        log.warning("worker_threads_abandoned", threads=stuck)
+        sys.stderr.flush()
+        os._exit(status)  # busy worker threads would block interpreter exit forever
+    return status
+
+
+async def _serve(settings: Settings, crews: frozenset[str], executor: object) -> int:
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    from aip_crewai.sidecar.app import create_app, recover
+    from aip_crewai.sidecar.errors import JournalError
+    from aip_crewai.sidecar.journal import Journal
+
+    if settings.journal is None:  # main() sets an ephemeral one; config requires it otherwise
+        raise RuntimeError("settings.journal is not set")
+    try:
+        journal = await Journal.open(settings.journal)
+    except JournalError as exc:
+        return _refuse(f"--journal (AIP_CREWAI_STATE_FILE): {exc.message}")
+    try:
+        await recover(journal)
+        fd, port = _listen(settings.host, settings.port)
+    except OSError as exc:
+        await journal.close()
+        return _refuse(f"--host/--port: cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
+    except BaseException:
+        await journal.close()
+        raise
+    app = create_app(settings, crews=crews, executor=executor, journal=journal)  # type: ignore[arg-type]
+    config = Config()
+    config.bind = [f"fd://{fd}"]
+    config.graceful_timeout = CONNECTION_GRACE_SECONDS
+    config.accesslog = None
+    config.errorlog = _hypercorn_logger()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    async def shutdown_trigger() -> None:
+        # hypercorn starts this once its servers accept connections
+        log.info("sidecar_listening", host=settings.host, port=port, journal=str(settings.journal),
+                 durable_journal=not settings.ephemeral, authenticated=settings.token is not None)
+        sd_notify(settings.notify_socket, "READY=1")
+        await stop.wait()
+        log.info("sidecar_stopping", grace_seconds=settings.shutdown_grace_seconds)
+        sd_notify(settings.notify_socket, "STOPPING=1")
+        runtime = getattr(app.state, "runtime", None)
+        if runtime is not None:
+            await runtime.shutdown(settings.shutdown_grace_seconds)
+
+    await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    log.info("sidecar_stopped")
+    return 0
+
+
+def _listen(host: str, port: int) -> tuple[int, int]:
+    """Bind a listening TCP socket; return ``(detached fd, actual port)``."""
+    family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(1024)
+        actual = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    return sock.detach(), actual
+
+
+def sd_notify(address: str | None, message: str) -> None:
+    """Send one systemd notification datagram (``READY=1``) when ``NOTIFY_SOCKET`` is set.
+
+    Abstract sockets (``@name``) are supported. Failures are logged, never raised.
+    """
+    if not address:
+        return
+    target = "\0" + address[1:] if address.startswith("@") else address
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(target)
+            sock.sendall(message.encode("ascii"))
+    except OSError as exc:
+        log.warning("sd_notify_failed", error_type=type(exc).__name__)
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor) -> list[str]:
+    """Close the loop without waiting on busy worker threads; return their names."""
+    try:
+        tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.wait(tasks, timeout=2.0))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        loop.close()
+    deadline = time.monotonic() + 1.0
+    workers = [t for t in threading.enumerate() if t.name.startswith(WORKER_PREFIX)]
+    for thread in workers:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in workers if t.is_alive()]
+
+
+class _StructlogHandler(logging.Handler):
+    """Forward hypercorn's stdlib log records to structlog (JSON on stderr)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        structlog.get_logger("hypercorn").log(record.levelno, "hypercorn_log", message=record.getMessage(),
+                                              exc_info=record.exc_info)
+
+
+def _hypercorn_logger() -> logging.Logger:
+    logger = logging.getLogger("aip_crewai.hypercorn")
+    if not logger.handlers:
+        logger.addHandler(_StructlogHandler())
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+    return logger
+
+
+def _refuse(message: str, *, status: int = 2) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status

@@ -1,0 +1,170 @@
+"""Real sidecar processes on loopback for integration tests (helpers of ``conftest.py``).
+
+``start_sidecar(...)`` runs ``python -m aip_crewai.cli sidecar`` with the
+offline test crews (``examples.testing:CREWS``) on an ephemeral port
+(``--port 0``: the sidecar binds first and logs ``sidecar_listening`` with the
+real port on stderr, so there is no free-port race), a 0600 token file and a
+journal in a private temporary directory. It waits for ``/health`` and
+returns a :class:`Sidecar`. Model calls are appended to ``call_log`` (one
+line ``<time> <pid> <model>`` per call), so tests count executions across
+processes and restarts. Processes still alive at teardown are killed.
+
+The fixtures live in ``conftest.py``; this module has a unique name so test
+modules can import its helpers (``import conftest`` is ambiguous when several
+test directories have one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "integration-token-5f1c"
+REGISTRY = "examples.testing:CREWS"
+ALLOWED = "run,batch_run,replay,test,knowledge_query,memory_reset"
+START_TIMEOUT_S = 90.0
+
+
+@dataclass
+class Sidecar:
+    """One running sidecar process."""
+
+    process: subprocess.Popen[bytes]
+    base_url: str
+    token: str
+    journal: Path
+    state_dir: Path
+    call_log: Path
+    stderr_path: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def client(self, **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=30.0, **kwargs)
+
+    def calls(self, pid: int | None = None) -> list[str]:
+        """Model calls logged so far (all processes, or one pid)."""
+        if not self.call_log.exists():
+            return []
+        lines = [line for line in self.call_log.read_text().splitlines() if line.strip()]
+        return [line for line in lines if pid is None or line.split()[1] == str(pid)]
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+
+    def log_events(self, name: str) -> list[dict[str, Any]]:
+        """Parsed JSON log lines of event ``name`` from stderr."""
+        out = []
+        for line in self.stderr().splitlines():
+            if line.startswith("{") and f'"{name}"' in line:
+                record = json.loads(line)
+                if record.get("event") == name:
+                    out.append(record)
+        return out
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` and wait for the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=60)
+
+
+def sidecar_command(*args: str) -> list[str]:
+    """``python -m aip_crewai.cli sidecar <args>`` with this interpreter."""
+    return [sys.executable, "-m", "aip_crewai.cli", "sidecar", *args]
+
+
+def child_env(call_log: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The test process environment without ``AIP_CREWAI_*``/``NOTIFY_SOCKET``, plus the call log."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_CREWAI_") and k != "NOTIFY_SOCKET"}
+    env["AIP_CREWAI_TEST_CALL_LOG"] = str(call_log)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra or {})
+    return env
+
+
+def launch(workdir: Path, *, journal: Path | None = None, args: list[str] | None = None,
+           env: dict[str, str] | None = None, tag: str = "") -> subprocess.Popen[bytes]:
+    """Start a sidecar process (without waiting); stderr goes to ``workdir/stderr<tag>.log``."""
+    token_file = workdir / "token"
+    if not token_file.exists():
+        token_file.write_text(TOKEN + "\n")
+        token_file.chmod(0o600)
+    cmd = [*sidecar_command("--registry", REGISTRY), "--journal", str(journal or workdir / "journal.db"), "--token-file", str(token_file), "--port", "0",
+           "--allowed-operations", ALLOWED, "--sse-keepalive-seconds", "0.2", "--shutdown-grace-seconds", "2",
+           *(args or [])]
+    stderr = open(workdir / f"stderr{tag}.log", "wb")  # noqa: SIM115 - the child owns it
+    try:
+        return subprocess.Popen(cmd, cwd=workdir, env=child_env(workdir / "calls.log", env),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+    finally:
+        stderr.close()
+
+
+def wait_ready(process: subprocess.Popen[bytes], stderr_path: Path) -> str:
+    """Wait for ``sidecar_listening`` then a 200 from ``/health``; return the base URL."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    port = None
+    while port is None:
+        if process.poll() is not None:
+            raise AssertionError(f"sidecar exited with {process.returncode}:\n{stderr_path.read_text()}")
+        for line in stderr_path.read_text(errors="replace").splitlines():
+            if '"sidecar_listening"' in line:
+                port = json.loads(line)["port"]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"sidecar did not listen in time:\n{stderr_path.read_text()}")
+        time.sleep(0.05)
+    base_url = f"http://127.0.0.1:{port}"
+    while True:
+        try:
+            if httpx.get(f"{base_url}/health", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200:
+                return base_url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("sidecar /health never answered 200")
+        time.sleep(0.05)
+
+
+class SidecarFactory:
+    """Starts sidecars in one private directory; kills survivors at teardown."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.started: list[Sidecar] = []
+        self._count = 0
+
+    def start(self, *, args: list[str] | None = None, env: dict[str, str] | None = None,
+              journal: Path | None = None) -> Sidecar:
+        self._count += 1
+        tag = str(self._count)
+        journal = journal or self.workdir / "journal.db"
+        process = launch(self.workdir, journal=journal, args=args, env=env, tag=tag)
+        stderr_path = self.workdir / f"stderr{tag}.log"
+        sidecar = Sidecar(process, "", TOKEN, journal, self.workdir, self.workdir / "calls.log", stderr_path,
+                          list(args or []))
+        self.started.append(sidecar)
+        sidecar.base_url = wait_ready(process, stderr_path)
+        return sidecar
+
+    def restart(self, old: Sidecar, **kwargs: Any) -> Sidecar:
+        """A new process on the same journal (the old one must be gone)."""
+        return self.start(journal=old.journal, args=kwargs.pop("args", old.args), **kwargs)
+
+    def close(self) -> None:
+        for sidecar in self.started:
+            if sidecar.process.poll() is None:
+                sidecar.kill(signal.SIGKILL)

@@ -1,0 +1,143 @@
+"""Sidecar process lifecycle: crash fence, journal ownership, graceful stop, limits (DESIGN §5, §11)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+from sidecar_process import child_env, launch, sidecar_command, wait_ready
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def body(action_id: str, crew: str = "echo", operation: str = "run", input: dict | None = None) -> dict:
+    return {"crew_id": crew, "action_id": action_id, "operation": operation, "input": input or {}}
+
+
+async def until(predicate, timeout: float = 30.0, interval: float = 0.02):
+    """Poll ``predicate()`` until truthy; return its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(interval)
+
+
+async def test_kill_9_during_a_run_then_restart_fails_it_as_uncertain_without_rerunning(sidecar_factory):
+    first = sidecar_factory.start()
+    async with first.client() as client:
+        task = asyncio.create_task(client.post("/jobs", json=body("crash-1", "slow"),
+                                               headers={"Idempotency-Key": "k"}))
+        await until(lambda: first.calls(first.process.pid))  # CrewAI is executing
+        assert first.kill(signal.SIGKILL) == -signal.SIGKILL
+        with pytest.raises(Exception):
+            await task
+    second = sidecar_factory.restart(first)
+    async with second.client() as client:
+        view = (await client.get("/jobs/crash-1")).json()
+        events = (await client.get("/jobs/crash-1/events")).json()["events"]
+        repeat = await client.post("/jobs", json=body("crash-1", "slow"), headers={"Idempotency-Key": "k"})
+        health = (await client.get("/health")).json()
+    assert view["status"] == "failed"
+    assert events[0]["event"] == "started" and events[-1]["event"] == "failed"
+    assert events[-1]["data"] == {"status": "failed", "error_type": "SidecarRestarted",
+                                  "message": "sidecar restarted before CrewAI produced a terminal result",
+                                  "uncertain_outcome": True}
+    assert [e["sequence"] for e in events] == list(range(len(events)))
+    assert repeat.status_code == 502 and repeat.json()["error_type"] == "SidecarRestarted"
+    assert second.calls(second.process.pid) == []  # never re-run
+    assert health["active_runs"] == 0 and health["retained_runs"] == 1
+    assert second.log_events("job_failed_by_restart")[0]["action_id"] == "crash-1"
+
+
+async def test_a_second_sidecar_on_the_same_journal_refuses_to_start(sidecar_factory):
+    owner = sidecar_factory.start()
+    intruder = launch(sidecar_factory.workdir, journal=owner.journal, tag="-intruder")
+    status = intruder.wait(timeout=120)
+    message = (sidecar_factory.workdir / "stderr-intruder.log").read_text()
+    assert status == 2
+    assert "already owned by another active sidecar" in message and "Traceback" not in message
+    async with owner.client() as client:
+        assert (await client.get("/health")).status_code == 200
+
+
+async def test_sigterm_cancels_jobs_past_the_grace_with_a_terminal_event(sidecar_factory):
+    first = sidecar_factory.start(args=["--shutdown-grace-seconds", "0.2"])
+    async with first.client() as client:
+        task = asyncio.create_task(client.post("/jobs", json=body("term-1", "slow"),
+                                               headers={"Idempotency-Key": "k"}))
+        await until(lambda: first.calls(first.process.pid))
+        assert first.kill(signal.SIGTERM) == 0
+        answer = await task
+    assert answer.status_code == 409 and answer.json()["status"] == "cancelled"
+    assert first.log_events("sidecar_stopped")
+    second = sidecar_factory.restart(first)
+    async with second.client() as client:
+        events = (await client.get("/jobs/term-1/events")).json()["events"]
+    assert events[-1]["data"] == {"status": "cancelled", "reason": "sidecar_shutdown"}
+    assert second.log_events("job_failed_by_restart") == []
+
+
+async def test_retained_run_limit_is_507_until_a_job_is_archived(sidecar_factory):
+    sidecar = sidecar_factory.start(args=["--max-retained-runs", "1"])
+    async with sidecar.client() as client:
+        assert (await client.post("/jobs", json=body("keep-1"), headers={"Idempotency-Key": "k"})).status_code == 200
+        full = await client.post("/jobs", json=body("keep-2"), headers={"Idempotency-Key": "k"})
+        archived = await client.delete("/jobs/keep-1", headers={"X-AIP-Archive-Confirmation": "keep-1"})
+        after = await client.post("/jobs", json=body("keep-2"), headers={"Idempotency-Key": "k"})
+        health = (await client.get("/health")).json()
+    assert full.status_code == 507 and archived.status_code == 200 and after.status_code == 200
+    assert health["retained_runs"] == 1 and health["max_retained_runs"] == 1
+
+
+async def test_systemd_gets_ready_once_the_sidecar_serves(sidecar_factory, tmp_path_factory):
+    path = str(sidecar_factory.workdir / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(path)
+        listener.settimeout(90)
+        sidecar = sidecar_factory.start(env={"NOTIFY_SOCKET": path})
+        message = listener.recv(1024)
+        async with sidecar.client() as client:
+            assert (await client.get("/health")).status_code == 200
+        assert sidecar.kill(signal.SIGTERM) == 0
+        stopping = listener.recv(1024)
+    assert message == b"READY=1" and stopping == b"STOPPING=1"
+
+
+async def test_ephemeral_unauthenticated_mode_reports_a_non_durable_journal(sidecar_factory):
+    workdir = sidecar_factory.workdir
+    env = child_env(workdir / "calls.log")
+    args = ["--registry", "examples.testing:CREWS", "--allow-ephemeral", "--allow-unauthenticated"]
+    refused = subprocess.run(sidecar_command(*args, "--host", "0.0.0.0"), cwd=workdir, env=env,
+                             capture_output=True, timeout=60, check=False)
+    assert refused.returncode == 2 and refused.stdout == b""
+    assert b"only allowed with a loopback --host" in refused.stderr
+    with open(workdir / "eph.log", "wb") as log_file:
+        process = subprocess.Popen(sidecar_command(*args, "--port", "0"), cwd=workdir, env=env,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_file)
+    try:
+        base_url = wait_ready(process, workdir / "eph.log")
+        async with httpx.AsyncClient(base_url=base_url) as client:
+            health = (await client.get("/health")).json()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    assert health["durable_journal"] is False and health["status"] == "ready"
+
+
+async def test_an_insecure_journal_file_refuses_start_up(sidecar_factory):
+    journal = sidecar_factory.workdir / "loose.db"
+    journal.write_bytes(b"")
+    journal.chmod(0o644)
+    process = launch(sidecar_factory.workdir, journal=journal, tag="-loose")
+    assert process.wait(timeout=120) == 2
+    message = (sidecar_factory.workdir / "stderr-loose.log").read_text()
+    assert "--journal (AIP_CREWAI_STATE_FILE)" in message and "must be 0600" in message

@@ -1,0 +1,264 @@
+"""The job runtime (DESIGN §4, §5) with a fake executor and a real journal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import asynccontextmanager
+
+import msgspec
+import pytest
+from sidecar_fakes import FakeExecutor, job, make_settings, poll
+
+from aip_crewai.sidecar.errors import JobNotCancellable, JobWaitTimeout, ShuttingDown
+from aip_crewai.sidecar.jobs import JobStatus
+from aip_crewai.sidecar.journal import Journal
+from aip_crewai.sidecar.runtime import GENERIC_FAILURE, Runtime
+
+pytestmark = pytest.mark.timeout(30)
+
+CREWS = ("echo", "slow", "worker", "failing", "bulky", "chatty", "bad")
+
+
+@asynccontextmanager
+async def runtime(tmp_path, **overrides):
+    settings = make_settings(tmp_path, **overrides)
+    journal = await Journal.open(settings.journal)
+    fake = FakeExecutor()
+    rt = Runtime(settings, journal, CREWS, fake)
+    try:
+        yield rt, fake
+    finally:
+        await rt.shutdown(0)
+        await journal.close()
+
+
+async def admit(rt, action_id, crew="echo", operation="run", input=None, **extra):
+    body = msgspec.json.encode(job(action_id, crew, operation, input, **extra))
+    return await rt.admit(body, idempotency_key="k", header_action_id=None)
+
+
+async def events_of(rt, action_id):
+    return [json.loads(row.to_json()) for row in await rt.journal.read_events(action_id, 0)]
+
+
+async def test_chunks_reach_followers_live_before_they_are_committed(tmp_path):
+    async with runtime(tmp_path, stream_checkpoint_events=1000) as (rt, fake):
+        await admit(rt, "a", "slow")
+        follower = rt.reads.follow("a", 0)
+        seen = [await anext(follower), await anext(follower)]
+        assert [r.event for r in seen] == ["started", "chunk"]
+        assert [r.event for r in await rt.journal.read_events("a", 0)] == ["started"]  # chunk not committed yet
+        fake.release.set()
+        rest = [row async for row in follower]
+        assert [r.event for r in rest] == ["completed"]
+        assert [e["event"] for e in await events_of(rt, "a")] == ["started", "chunk", "completed"]
+
+
+@pytest.mark.parametrize("checkpoint,committed", [(4, 1), (2, 3), (1, 4)])
+async def test_chunks_commit_in_groups_of_stream_checkpoint_events(tmp_path, checkpoint, committed):
+    """3 chunks from a worker thread: committed rows = started + whole groups of `checkpoint`."""
+    async with runtime(tmp_path, stream_checkpoint_events=checkpoint) as (rt, fake):
+        await admit(rt, "w", "worker")
+        await poll(lambda: _count(rt, "w", 4))  # started + 3 chunks visible
+        await poll(lambda: _committed(rt, "w", committed))
+        await asyncio.sleep(0.05)  # settle: nothing more may be committed before the terminal event
+        assert len(await rt.journal.read_events("w", 0)) == committed
+        fake.release_thread.set()
+        await rt.reads.wait("w", 5000)
+        assert [e["event"] for e in await events_of(rt, "w")] == ["started", "chunk", "chunk", "chunk", "completed"]
+
+
+async def _count(rt, action_id, n):
+    _status, events, _ = await rt.reads.page(action_id, 0)
+    return len(events) >= n
+
+
+async def _committed(rt, action_id, n):
+    return len(await rt.journal.read_events(action_id, 0)) == n
+
+
+async def test_events_per_run_are_capped_so_the_terminal_event_always_fits(tmp_path):
+    async with runtime(tmp_path, max_events_per_run=5) as (rt, _fake):
+        await admit(rt, "c", "chatty", input={"chunks": 50})
+        record = await rt.reads.wait("c", 5000)
+        events = await events_of(rt, "c")
+        view = await rt.reads.view("c")
+    assert record.status is JobStatus.COMPLETED
+    assert [e["event"] for e in events] == ["started", "chunk", "chunk", "chunk", "completed"]
+    assert [e["sequence"] for e in events] == [0, 1, 2, 3, 4]
+    assert record.dropped_events == 47 and view["dropped_events"] == 47
+
+
+async def test_an_oversize_chunk_is_truncated_to_the_event_bound(tmp_path):
+    async with runtime(tmp_path, max_event_bytes=4096) as (rt, _fake):
+        await admit(rt, "c", "chatty", input={"chunks": 2, "chunk_bytes": 10_000})
+        await rt.reads.wait("c", 5000)
+        rows = await rt.journal.read_events("c", 0)
+    chunks = [r for r in rows if r.event == "chunk"]
+    assert len(chunks) == 2
+    for row in chunks:
+        assert len(row.to_json()) <= 4096
+        data = json.loads(row.data)
+        assert data["truncated"] is True and data["content"] == "y" * len(data["content"])
+        assert len(row.to_json()) > 4000  # cut to fit, not emptied
+
+
+async def test_failures_publish_class_name_generic_message_and_mutation_uncertainty(tmp_path):
+    async with runtime(tmp_path) as (rt, _fake):
+        await admit(rt, "f", "failing")
+        await admit(rt, "k", "failing", "knowledge_query", {"query": ["q"]})
+        await admit(rt, "b", "bad")
+        failed = json.loads((await rt.reads.wait("f", 5000)).error)
+        read_only = json.loads((await rt.reads.wait("k", 5000)).error)
+        bad = json.loads((await rt.reads.wait("b", 5000)).error)
+    assert failed == {"status": "failed", "error_type": "RuntimeError", "message": GENERIC_FAILURE,
+                      "uncertain_outcome": True}
+    assert read_only["uncertain_outcome"] is False
+    assert bad["error_type"] == "InvalidOutput"
+
+
+async def test_output_over_4_mib_fails_and_a_large_output_is_omitted_from_its_event(tmp_path):
+    async with runtime(tmp_path) as (rt, _fake):
+        await admit(rt, "huge", "bulky", input={"size": 4 * 1024 * 1024 + 1})
+        await admit(rt, "big", "bulky", input={"size": 300_000})
+        huge = await rt.reads.wait("huge", 5000)
+        big = await rt.reads.wait("big", 5000)
+        big_events = await events_of(rt, "big")
+    assert json.loads(huge.error)["error_type"] == "OutputTooLarge"
+    assert big.status is JobStatus.COMPLETED and len(json.loads(big.output)["raw"]) == 300_000
+    assert big_events[-1]["data"] == {"status": "completed", "output_omitted": True, "output_bytes": len(big.output)}
+
+
+async def test_execution_bound_fails_the_job_and_stops_it(tmp_path):
+    async with runtime(tmp_path) as (rt, fake):
+        await admit(rt, "t", "slow", timeout_ms=50)
+        with pytest.raises(JobWaitTimeout):
+            await rt.reads.wait("t", 1)
+        record = await rt.reads.wait("t", 5000)
+        stop = await poll(lambda: _stop_observed(rt, "t"))
+    error = json.loads(record.error)
+    assert error["error_type"] == "ExecutionTimeout" and error["uncertain_outcome"] is True
+    assert stop is True
+    assert not fake.release.is_set()
+
+
+async def _stop_observed(rt, action_id):
+    record = await rt.journal.get(action_id)
+    return record.provider_stop_observed if record.provider_stop_observed is not None else None
+
+
+async def test_cancelling_a_run_cancels_its_task_at_once(tmp_path):
+    async with runtime(tmp_path) as (rt, fake):
+        await admit(rt, "r", "slow")
+        await poll(lambda: fake.started.is_set())
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        view = await rt.cancel("r", "slow")
+        elapsed = loop.time() - start
+        await poll(lambda: _stop_observed(rt, "r"))
+        events = await events_of(rt, "r")
+    assert view["status"] == "cancelled" and elapsed < 1.0
+    assert [e["event"] for e in events] == ["started", "chunk", "cancelled"]
+
+
+async def test_cancelling_a_worker_thread_op_records_cancelled_then_the_observed_stop(tmp_path):
+    async with runtime(tmp_path) as (rt, fake):
+        await admit(rt, "p", "worker", "test", {"n_iterations": 1, "eval_llm": "m"})
+        await poll(lambda: _count(rt, "p", 2))
+        view = await rt.cancel("p", "worker")
+        assert view["status"] == "cancelled"
+        assert "provider_stop_observed" in view
+        observed = await poll(lambda: _stop_observed(rt, "p"))
+        final = await rt.reads.view("p")
+    assert observed is True and final["provider_stop_observed"] is True
+    assert rt.health()["active_runs"] == 0
+
+
+async def test_a_worker_that_ignores_the_flag_is_recorded_as_not_stopped(tmp_path):
+    async with runtime(tmp_path) as (rt, fake):
+        await admit(rt, "p", "slow", "train", {"n_iterations": 1, "artifact_name": "a"})
+        await poll(lambda: fake.started.is_set())
+        await rt.cancel("p", "slow")  # train: task not cancelled, the fake never checks the flag
+        fake.release.set()
+        await poll(lambda: _stop_known(rt, "p"))
+        record = await rt.journal.get("p")
+    assert record.status is JobStatus.CANCELLED and record.provider_stop_observed is False
+
+
+async def _stop_known(rt, action_id):
+    return (await rt.journal.get(action_id)).provider_stop_observed is not None
+
+
+async def test_cancelling_a_queued_job_never_runs_it(tmp_path):
+    async with runtime(tmp_path, max_concurrency=1) as (rt, fake):
+        await admit(rt, "busy", "slow")
+        await admit(rt, "q", "echo")
+        await poll(lambda: fake.started.is_set())
+        view = await rt.cancel("q", "echo")
+        fake.release.set()
+        await rt.reads.wait("busy", 5000)
+        events = await events_of(rt, "q")
+        record = await rt.journal.get("q")
+    assert view["status"] == "cancelled"
+    assert events == [{"event": "cancelled", "sequence": 0, "data": {"status": "cancelled"}}]
+    assert record.provider_stop_observed is True
+    assert [c[0] for c in fake.calls] == ["slow"]
+
+
+async def test_not_cancellable_operations_refuse_cancel_while_running(tmp_path):
+    async with runtime(tmp_path) as (rt, fake):
+        await admit(rt, "k", "slow", "knowledge_query", {"query": ["q"]})
+        await poll(lambda: fake.started.is_set())
+        with pytest.raises(JobNotCancellable):
+            await rt.cancel("k", "slow")
+        fake.release.set()
+        assert (await rt.reads.wait("k", 5000)).status is JobStatus.COMPLETED
+        assert (await rt.cancel("k", "slow"))["status"] == "completed"
+
+
+async def test_concurrency_is_bounded_by_the_semaphore(tmp_path):
+    async with runtime(tmp_path, max_concurrency=2) as (rt, fake):
+        for aid in ("s1", "s2", "s3"):
+            await admit(rt, aid, "slow")
+        await poll(lambda: len(fake.calls) == 2)
+        assert (await rt.reads.view("s3"))["status"] == "queued"
+        assert rt.health()["active_runs"] == 3
+        fake.release.set()
+        for aid in ("s1", "s2", "s3"):
+            assert (await rt.reads.wait(aid, 5000)).status is JobStatus.COMPLETED
+
+
+async def test_concurrent_jobs_never_see_each_others_events(tmp_path):
+    async with runtime(tmp_path) as (rt, _fake):
+        ids = [f"j{i}" for i in range(8)]
+        for aid in ids:
+            await admit(rt, aid, "chatty", input={"chunks": 20})
+        for aid in ids:
+            await rt.reads.wait(aid, 5000)
+            events = await events_of(rt, aid)
+            assert [e["sequence"] for e in events] == list(range(22))
+            assert json.loads(json.dumps(events[-1]["data"]))["tasks_output"][0]["task_id"] == f"task-{aid}-0"
+
+
+async def test_shutdown_refuses_admissions_and_cancels_jobs_past_the_grace(tmp_path):
+    async with runtime(tmp_path) as (rt, fake):
+        await admit(rt, "s", "slow")
+        await poll(lambda: fake.started.is_set())
+        await rt.shutdown(0.05)
+        with pytest.raises(ShuttingDown):
+            await admit(rt, "n", "echo")
+        events = await events_of(rt, "s")
+        assert rt.health()["status"] == "stopping"
+    assert events[-1] == {"event": "cancelled", "sequence": 2,
+                          "data": {"status": "cancelled", "reason": "sidecar_shutdown"}}
+
+
+async def test_shutdown_lets_jobs_finish_within_the_grace(tmp_path):
+    async with runtime(tmp_path) as (rt, fake):
+        await admit(rt, "s", "slow")
+        await poll(lambda: fake.started.is_set())
+        asyncio.get_running_loop().call_later(0.05, fake.release.set)
+        await rt.shutdown(5)
+        record = await rt.journal.get("s")
+    assert record.status is JobStatus.COMPLETED
