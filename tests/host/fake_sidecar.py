@@ -38,6 +38,7 @@ class FakeSidecar:
         self.requests: list[httpx.Request] = []
         self.stream_override: bytes | None = None
         self.cancel_status = 200
+        self.omit_output = False  # completed events say output_omitted; the view has the output
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -59,6 +60,9 @@ class FakeSidecar:
         return job
 
     def _sse(self, events: list[dict[str, Any]]) -> httpx.Response:
+        if self.omit_output:
+            events = [{**e, "data": {"status": "completed", "output_omitted": True, "output_bytes": 9}}
+                      if e["event"] == "completed" else e for e in events]
         body = b"".join(encode_event(json.dumps(e), event=e["event"], id=str(e["sequence"])) for e in events)
         return httpx.Response(200, content=self.stream_override or body, headers={"content-type": "text/event-stream"})
 

@@ -212,3 +212,12 @@ async def test_invalid_stream_with_failed_cancel_is_cancelled_unconfirmed(env):
     sidecar.cancel_status = 503
     done = await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
     assert (await service.result(done)).error.code == "connector.crewai.cancelled_unconfirmed"
+
+
+async def test_omitted_output_is_read_from_the_job_view(env):
+    service, sidecar, _ = env
+    sidecar.omit_output = True
+    done = await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    result = await service.result(done)
+    assert result.status == "completed" and result.output["raw"].startswith("done:")
+    assert "output_omitted" not in result.output
