@@ -141,6 +141,7 @@ class Journal:
         self._page_size = page_size
         self._retained = retained
         self._write_lock = asyncio.Lock()
+        self._readonly = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -192,8 +193,51 @@ class Journal:
             raise
         return cls(path, conn, lock_fd, page_size, retained)
 
+    @classmethod
+    async def open_readonly(cls, path: Path) -> Journal:
+        """Open a journal file read-only for inspection (``aip-crewai journal``):
+        no lock, no migration, no writes; safe while a sidecar owns the file.
+
+        Raises:
+            JournalError: not a readable SQLite journal of this project.
+            JournalSchemaError: the schema is newer than this code.
+        """
+        path = Path(path).absolute()
+        if not path.is_file():
+            raise JournalError(f"no journal file at {path}")
+        try:
+            conn = await aiosqlite.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise JournalError(f"cannot open the journal {path}: {exc}") from exc
+        try:
+            version = await _scalar(conn, "PRAGMA user_version") or 0
+            if version > SCHEMA_VERSION:
+                raise JournalSchemaError(f"the journal {path} has schema {version}; this code knows {SCHEMA_VERSION}")
+            retained = await _scalar(conn, "SELECT COUNT(*) FROM jobs WHERE archived = 0") or 0
+        except sqlite3.Error as exc:
+            await conn.close()
+            raise JournalError(f"{path} is not an aip-crewai journal: {exc}") from exc
+        except BaseException:
+            await conn.close()
+            raise
+        journal = cls(path, conn, -1, 4096, retained)
+        journal._lock_fd = None
+        journal._readonly = True
+        return journal
+
+    async def list_jobs(self, limit: int = 50) -> list[JobRecord]:
+        """The newest ``limit`` jobs (archived tombstones included), newest first."""
+        rows = await self._conn.execute_fetchall(
+            f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY created_at DESC, action_id LIMIT ?", (limit,)
+        )
+        return [_record(row) for row in rows]
+
     async def close(self) -> None:
         """Close the connection and release the lock (idempotent)."""
+        if self._readonly:
+            self._readonly = False
+            await self._conn.close()
+            return
         if self._lock_fd is None:
             return
         try:
