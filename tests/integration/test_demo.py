@@ -1,0 +1,23 @@
+"""`make run`'s flow runs non-interactively and exits 0 (issue: the main job end to end)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_demo_flow(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "examples.demo", "--run-dir", str(tmp_path / "run")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=220, stdin=subprocess.DEVNULL)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    for expected in ["-> pending_approval", "nothing was sent to the sidecar", "-> approved by human:acme-approver",
+                     "chunks streamed", "returns the stored result: completed", "status: completed",
+                     "match: Refund policy", "host stopped (exit status 0)", "sidecar stopped (exit status 0)"]:
+        assert expected in out, expected
+    assert "Traceback" not in out
