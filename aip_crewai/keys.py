@@ -30,26 +30,52 @@ def write_private(path: Path, data: bytes) -> None:
 
 
 def read_private(path: Path, *, what: str = "secret file") -> bytes:
-    """Read a secret: a regular non-symlink file, mode 0600 (no group/other
-    bits), 1..16384 bytes; one trailing newline is stripped.
+    """Read a secret file: a regular file opened without following symlinks,
+    no group/other permission bits (0600 or 0400), 1..16384 bytes; one
+    trailing newline (LF or CRLF) is stripped.
 
-    Raises: SecretFileError naming the file and the broken rule (never the content).
+    Raises:
+        SecretFileError: naming the file and the broken rule, never the content.
+
+    Source: DESIGN.md §4 (token file rules); developers' guide (secrets).
     """
     try:
-        info = os.lstat(path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise SecretFileError(f"{what} {path} does not exist") from None
     except OSError as exc:
-        raise SecretFileError(f"{what} {path}: cannot be read ({exc.strerror})") from None
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-        raise SecretFileError(f"{what} {path}: must be a regular file, not a symlink")
-    if info.st_mode & 0o077:
-        raise SecretFileError(f"{what} {path}: mode {stat.S_IMODE(info.st_mode):04o} is too open; use 0600")
-    if not 1 <= info.st_size <= MAX_SECRET_FILE_BYTES:
-        raise SecretFileError(f"{what} {path}: must hold 1..{MAX_SECRET_FILE_BYTES} bytes")
-    data = path.read_bytes()
-    data = data[:-1] if data.endswith(b"\n") else data
+        if os.path.islink(path):
+            raise SecretFileError(f"{what} {path} is a symlink; use a regular file") from None
+        raise SecretFileError(f"cannot open {what} {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SecretFileError(f"{what} {path} is not a regular file")
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise SecretFileError(f"{what} {path} has mode {mode:04o}; it must be 0600 (no group/other access)")
+        if not 1 <= info.st_size <= MAX_SECRET_FILE_BYTES:
+            raise SecretFileError(f"{what} {path} must hold 1..{MAX_SECRET_FILE_BYTES} bytes, has {info.st_size}")
+        data = os.read(fd, MAX_SECRET_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if data.endswith(b"\n"):
+        data = data[:-2] if data.endswith(b"\r\n") else data[:-1]
     if not data:
-        raise SecretFileError(f"{what} {path}: is empty")
+        raise SecretFileError(f"{what} {path} holds an empty token")
     return data
+
+
+def read_token(path: Path, *, what: str = "token file") -> str:
+    """A bearer token from a secret file (:func:`read_private` rules); the
+    token is one run of visible ASCII characters (it travels in an HTTP header).
+
+    Raises: SecretFileError.
+    """
+    data = read_private(path, what=what)
+    if not all(0x21 <= byte <= 0x7E for byte in data):
+        raise SecretFileError(f"{what} {path} must hold one token of visible ASCII characters, without whitespace")
+    return data.decode("ascii")
 
 
 def generate_token(path: Path) -> str:

@@ -45,7 +45,6 @@ import binascii
 import ipaddress
 import os
 import re
-import stat
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,19 +62,18 @@ except ModuleNotFoundError:  # Python 3.10
 
 from ..contracts.errors import AipError, Category
 from ..contracts.inputs import has_control_characters
+from ..keys import SecretFileError, read_token
 from .admission import AdmissionError, CrewDescriptor, load_descriptors
 
 #: Response bound, bytes (DESIGN.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
 #: Sidecar token file bounds, bytes (DESIGN.md §4).
-MAX_TOKEN_FILE_BYTES = 16_384
 #: Crews file bound, bytes (1,000 descriptors of at most ~17 KiB each, with room).
 MAX_CREWS_FILE_BYTES = 32 * 1024 * 1024
 ROLES: frozenset[str] = frozenset({"invoker", "approver", "operator"})
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
 _HEX64_RE = re.compile(r"^[0-9a-fA-F]{64}\Z")
-_TOKEN_RE = re.compile(r"^[\x21-\x7e]+\Z")
 _BIND_RE = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>[0-9]{1,5})\Z")
 
 
@@ -274,29 +272,9 @@ def read_token_file(path: Path, key: str = "sidecar.token_file") -> str:
     Source: DESIGN.md §4 (token file rules), §7.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise ConfigError(key, f"{path} does not exist") from None
-    except OSError as exc:
-        if path.is_symlink():
-            raise ConfigError(key, f"{path} is a symlink; point at the file itself") from None
-        raise ConfigError(key, f"cannot open {path}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(key, f"{path} is not a regular file")
-        mode = stat.S_IMODE(info.st_mode)
-        if mode & 0o077:
-            raise ConfigError(key, f"{path} has mode {mode:04o}; it must not be readable by group or others (chmod 600)")
-        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    if not 1 <= len(data) <= MAX_TOKEN_FILE_BYTES:
-        raise ConfigError(key, f"{path} must hold 1..{MAX_TOKEN_FILE_BYTES} bytes")
-    token = data.decode("ascii", errors="replace").strip()
-    if not _TOKEN_RE.match(token):
-        raise ConfigError(key, f"{path} must hold one token of visible ASCII characters")
-    return token
+        return read_token(path)
+    except SecretFileError as exc:
+        raise ConfigError(key, str(exc)) from None
 
 
 def _read_crews(path: Path) -> tuple[CrewDescriptor, ...]:

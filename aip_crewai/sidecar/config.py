@@ -18,6 +18,8 @@ Source: DESIGN.md §11 (operator interface), §4 (token file), §5 (limits).
 
 from __future__ import annotations
 
+from ..keys import SecretFileError, read_token
+
 import argparse
 import ipaddress
 import os
@@ -30,7 +32,6 @@ from typing import Any
 from aip_crewai.contracts.operations import INSPECTION_OPERATIONS, STARTABLE_OPERATIONS
 
 #: Token file bounds, bytes (DESIGN.md §4).
-MAX_TOKEN_FILE_BYTES = 16_384
 
 
 class ConfigError(ValueError):
@@ -353,38 +354,9 @@ def read_token_file(path: Path, *, setting: str = "--token-file") -> str:
     Source: DESIGN.md §4.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise ConfigError(setting, f"{path} does not exist") from None
-    except OSError as exc:
-        if os.path.islink(path):
-            raise ConfigError(setting, f"{path} is a symlink; use a regular file") from None
-        raise ConfigError(setting, f"cannot open {path}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(setting, f"{path} is not a regular file")
-        mode = stat.S_IMODE(info.st_mode)
-        if mode & 0o077:
-            raise ConfigError(setting, f"{path} has mode {mode:04o}; it must be 0600 (no group/other access)")
-        if not 1 <= info.st_size <= MAX_TOKEN_FILE_BYTES:
-            raise ConfigError(setting, f"{path} must hold 1..{MAX_TOKEN_FILE_BYTES} bytes, has {info.st_size}")
-        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(setting, f"{path} is not UTF-8 text") from None
-    if text.endswith("\n"):
-        text = text[:-1]
-        if text.endswith("\r"):
-            text = text[:-1]
-    if not text:
-        raise ConfigError(setting, f"{path} holds an empty token")
-    if any(ch.isspace() or ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in text):
-        raise ConfigError(setting, f"{path} must hold one token without whitespace or control characters")
-    return text
+        return read_token(path)
+    except SecretFileError as exc:
+        raise ConfigError(setting, str(exc)) from None
 
 
 def _check_private_dir(setting: str, path: Path) -> Path:
