@@ -134,6 +134,25 @@ class SidecarClient:
         self.http = http
         self.max_response_bytes = max_response_bytes
 
+    async def _send(
+        self, method: str, path: str, spec: OperationSpec, dispatch: Dispatch, *, headers: dict[str, str],
+        json: Any, params: dict[str, Any] | None,
+    ) -> httpx.Response:
+        """Send one request (streamed response), moving ``dispatch`` honestly:
+        ``sent`` once we try, back to ``not_sent`` when no connection was made,
+        ``acknowledged`` when the sidecar answered."""
+        try:
+            dispatch.state = "sent"
+            request = self.http.build_request(method, path, headers=headers, json=json, params=params)
+            response = await self.http.send(request, stream=True)
+        except httpx.ConnectError as exc:
+            dispatch.state = "not_sent"
+            raise _transport_error(spec, dispatch, exc) from exc
+        except httpx.HTTPError as exc:
+            raise _transport_error(spec, dispatch, exc) from exc
+        dispatch.state = "acknowledged"
+        return response
+
     async def _json(
         self,
         method: str,
@@ -146,16 +165,7 @@ class SidecarClient:
         params: dict[str, Any] | None = None,
         ok: tuple[int, ...] = (200,),
     ) -> tuple[int, Any]:
-        try:
-            dispatch.state = "sent"
-            request = self.http.build_request(method, path, headers=headers, json=json, params=params)
-            response = await self.http.send(request, stream=True)
-        except httpx.ConnectError as exc:
-            dispatch.state = "not_sent"
-            raise _transport_error(spec, dispatch, exc) from exc
-        except httpx.HTTPError as exc:
-            raise _transport_error(spec, dispatch, exc) from exc
-        dispatch.state = "acknowledged"
+        response = await self._send(method, path, spec, dispatch, headers=headers, json=json, params=params)
         try:
             body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
         except httpx.HTTPError as exc:
@@ -233,16 +243,7 @@ class SidecarClient:
         Raises: ConnectorError (status, transport, invalid stream, too large).
         """
         all_headers = {"Accept": "text/event-stream", "X-AIP-Action-ID": action_id, **(headers or {})}
-        try:
-            dispatch.state = "sent"
-            request = self.http.build_request(method, path, headers=all_headers, json=json, params=params)
-            response = await self.http.send(request, stream=True)
-        except httpx.ConnectError as exc:
-            dispatch.state = "not_sent"
-            raise _transport_error(spec, dispatch, exc) from exc
-        except httpx.HTTPError as exc:
-            raise _transport_error(spec, dispatch, exc) from exc
-        dispatch.state = "acknowledged"
+        response = await self._send(method, path, spec, dispatch, headers=all_headers, json=json, params=params)
         try:
             if response.status_code != 200:
                 body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
