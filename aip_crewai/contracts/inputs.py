@@ -168,33 +168,40 @@ def encoded_size(value: Any) -> int:
     return len(msgspec.json.encode(value))
 
 
-def convert_input(input_type: Any, value: Any) -> Any:
+def invalid_input(exc: msgspec.ValidationError) -> InvalidInput:
+    """Translate a msgspec validation error (``"<rule> - at `$.path`"``) into
+    :class:`InvalidInput` keeping the JSON path."""
+    text = str(exc)
+    rule, sep, where = text.rpartition(" - at `")
+    return InvalidInput(where.rstrip("`"), rule) if sep else InvalidInput("$", text)
+
+
+def convert_input(input_type: Any, value: Any, *, check_size: bool = True) -> Any:
     """Validate ``value`` (decoded JSON) against ``input_type``.
 
     Args:
         input_type: one of the types above (the catalogue's ``input_type``).
         value: the decoded JSON input.
+        check_size: check the 1 MiB bound first (the sidecar checks it later,
+            DESIGN.md §4 orders 422 and 404 before 413).
 
     Returns:
         The typed input (a Struct, or a dict for ``run``).
 
     Raises:
-        InputTooLarge: the encoded input exceeds 1 MiB (checked first).
+        InputTooLarge: the encoded input exceeds 1 MiB.
         InvalidInput: any other rule; ``field`` is the JSON path.
 
     Source: DESIGN.md §3.
     """
-    size = encoded_size(value)
-    if size > MAX_INPUT_BYTES:
-        raise InputTooLarge(size, MAX_INPUT_BYTES)
+    if check_size:
+        size = encoded_size(value)
+        if size > MAX_INPUT_BYTES:
+            raise InputTooLarge(size, MAX_INPUT_BYTES)
     try:
         return msgspec.convert(value, input_type, strict=True)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        rule, sep, where = text.rpartition(" - at `")
-        if sep:
-            raise InvalidInput(where.rstrip("`"), rule) from exc
-        raise InvalidInput("$", text) from exc
+        raise invalid_input(exc) from exc
 
 
 def has_control_characters(text: str) -> bool:

@@ -28,7 +28,13 @@ import msgspec
 
 from aip_crewai.contracts.errors import InvalidInput
 from aip_crewai.contracts.hashing import request_hash
-from aip_crewai.contracts.inputs import MAX_INPUT_BYTES, encoded_size, has_control_characters
+from aip_crewai.contracts.inputs import (
+    MAX_INPUT_BYTES,
+    convert_input,
+    encoded_size,
+    has_control_characters,
+    invalid_input,
+)
 from aip_crewai.contracts.operations import OPERATIONS, OperationSpec
 from aip_crewai.contracts.sidecar import DEFAULT_TIMEOUT_MS, MAX_IDEMPOTENCY_KEY_BYTES, JobRequest
 from aip_crewai.sidecar.errors import (
@@ -111,8 +117,9 @@ def check_request(
     try:
         request = msgspec.convert(payload, JobRequest, strict=True)
     except msgspec.ValidationError as exc:
-        field, rule = _split(exc)
-        raise InvalidJobRequest(f"invalid job request at {field}: {rule}", details={"field": field, "rule": rule}) from None
+        error = invalid_input(exc)
+        raise InvalidJobRequest(f"invalid job request at {error.field}: {error.rule}",
+                                details={"field": error.field, "rule": error.rule}) from None
     if header_action_id is not None and header_action_id != request.action_id:
         raise BadRequest("the X-AIP-Action-ID header does not match the body's action_id")
     spec = OPERATIONS[operation]
@@ -155,25 +162,13 @@ def check_idempotency_key(value: str | None) -> str:
 
 
 def validate_input(input_type: Any, value: Any) -> None:
-    """Check ``value`` against an operation input type, without the size bound.
-
-    (``contracts.inputs.convert_input`` checks the 1 MiB bound first; §4 wants
-    422 and 404 before 413, so the size is checked separately.)
+    """Check ``value`` against an operation input type, without the size bound
+    (DESIGN.md §4 wants 422 and 404 before 413: the size is checked later).
 
     Raises:
         InvalidJobRequest: with ``details`` ``{field, rule}`` (JSON path, rule).
     """
     try:
-        msgspec.convert(value, input_type, strict=True)
-    except msgspec.ValidationError as exc:
-        field, rule = _split(exc)
-        raise InvalidJobRequest(f"invalid input at {field}: {rule}", details={"field": field, "rule": rule}) from None
+        convert_input(input_type, value, check_size=False)
     except InvalidInput as exc:
         raise InvalidJobRequest(exc.message, details={"field": exc.field, "rule": exc.rule}) from None
-
-
-def _split(exc: msgspec.ValidationError) -> tuple[str, str]:
-    """``("$.path", "rule")`` from a msgspec message ``"<rule> - at `$.path`"``."""
-    text = str(exc)
-    rule, sep, where = text.rpartition(" - at `")
-    return (where.rstrip("`"), rule) if sep else ("$", text)
