@@ -63,7 +63,9 @@ class JobEvent(msgspec.Struct, frozen=True):
 
 
 class JobView(msgspec.Struct, frozen=True):
-    """``GET /jobs/{action_id}``."""
+    """``GET /jobs/{action_id}``. ``error`` (the failed event's data),
+    ``provider_stop_observed`` (None until a stopped worker returned) and
+    ``dropped_events`` (chunks past the per-run bound) are our additions."""
 
     action_id: str
     crew_id: str
@@ -71,6 +73,9 @@ class JobView(msgspec.Struct, frozen=True):
     status: str
     event_count: int
     output: Any = None
+    error: dict[str, Any] | None = None
+    provider_stop_observed: bool | None = None
+    dropped_events: int = 0
 
 
 class EventsPage(msgspec.Struct, frozen=True):
@@ -84,7 +89,8 @@ class EventsPage(msgspec.Struct, frozen=True):
 
 
 class HealthView(msgspec.Struct, frozen=True):
-    """``GET /health``."""
+    """``GET /health``. ``status`` is ``ready``, or ``stopping`` while a
+    SIGTERM drains in-flight jobs (new admissions then get 503)."""
 
     status: str
     crews: list[str]
