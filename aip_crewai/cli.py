@@ -205,7 +205,19 @@ def main(argv: list[str] | None = None) -> int:
 
         return host_main(argv[1:])
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    import httpx
+
+    from .keys import SecretFileError
+
+    try:
+        return int(args.func(args))
+    except SecretFileError as exc:
+        print(f"aip-crewai: {exc}", file=sys.stderr)
+    except httpx.TransportError as exc:
+        print(f"aip-crewai: cannot reach {getattr(args, 'url', 'the host')}: {type(exc).__name__}", file=sys.stderr)
+    except OSError as exc:
+        print(f"aip-crewai: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ provider text never reaches clients; the ``LLMCallFailedEvent`` carries only
 the exception class name). Before every model call (and between
 chunks) the sidecar's cooperative cancel check runs. If the environment
 variable ``AIP_CREWAI_TEST_CALL_LOG`` names a file, one line per model call is
-appended to it (``<unix time> <pid> <model>``), so other processes can count
-calls.
+appended to it (``<unix time> <pid> <model> <action id>``; the action id of
+the sidecar job making the call, percent-encoded, or ``-``), so other
+processes can count calls, per action too.
 
 :class:`OfflineEmbedder` is a hashed bag-of-words embedder (257 dims) for
 knowledge sources: use :func:`offline_embedder`, which wraps
@@ -52,6 +53,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 from crewai.events.types.llm_events import LLMCallType
@@ -65,7 +67,7 @@ from crewai.rag.embeddings.providers.custom.embedding_callable import (
 )
 from pydantic import BaseModel
 
-from aip_crewai.sidecar.operations._common import check_cancelled
+from aip_crewai.sidecar.operations._common import check_cancelled, current_job
 
 FAKE_SECRET = "sk-test-SECRET-7f3a9c"
 CALL_LOG_ENV = "AIP_CREWAI_TEST_CALL_LOG"
@@ -247,7 +249,11 @@ class OfflineLLM(BaseLLM):
         path = os.environ.get(CALL_LOG_ENV)
         if not path:
             return
-        line = f"{time.time():.6f} {os.getpid()} {self.model}\n"
+        job = current_job()
+        # 4th column: the sidecar job's action id (percent-encoded, "-" outside a job),
+        # so tests count executions per action across processes.
+        action = quote(job.action_id, safe=":") if job is not None else "-"
+        line = f"{time.time():.6f} {os.getpid()} {self.model} {action}\n"
         with _call_log_lock, open(path, "a", encoding="utf-8") as fh:
             fh.write(line)
 

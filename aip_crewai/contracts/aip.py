@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from .errors import Category
-from .inputs import NO_CONTROL, NO_CONTROL_NO_SLASH, END
+from .inputs import ACTION_ID_PATTERN, END, NO_CONTROL
 
 AIP_VERSION = "1.0"
 MANIFEST_VERSION = "aip-manifest/v1"
@@ -24,7 +24,7 @@ SSE_PROFILE = "aip.sse.stream.v1"
 CONTENT_TYPE = "application/aip+json"
 
 MessageId = Annotated[str, msgspec.Meta(min_length=5, max_length=256, pattern=r"^msg_[A-Za-z0-9._:-]+" + END)]
-ActionId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=NO_CONTROL_NO_SLASH)]
+ActionId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=ACTION_ID_PATTERN)]
 IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=512, pattern=NO_CONTROL)]
 Timestamp = Annotated[str, msgspec.Meta(min_length=1, max_length=64, description="RFC 3339 timestamp")]
 

@@ -150,6 +150,19 @@ class InputTooLarge(InvalidInput):
         super().__init__("$", f"encoded input is {size_bytes} bytes; at most {limit_bytes} bytes")
 
 
+class MessageTooLarge(AipError):
+    """A request body exceeds its byte bound (read stops at the bound)."""
+
+    code = "message.too_large"
+    category = Category.PERMANENT
+    http_status = 413
+    default_message = "the request body is too large"
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        super().__init__(f"the request body exceeds {limit_bytes} bytes", details={"limit_bytes": limit_bytes})
+
+
 class InvalidEnvelope(AipError):
     code = "message.invalid_envelope"
     category = Category.PERMANENT

@@ -28,7 +28,9 @@ MAX_RUN_PROPERTIES = 512
 END = r"(?!\n)$"
 # Unicode "Cc" control characters: C0, DEL and C1.
 NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*" + END
-NO_CONTROL_NO_SLASH = r"^[^\x00-\x1f\x7f-\x9f/]*" + END
+# Action ids travel in URL paths and in the X-AIP-Action-ID header: visible
+# ASCII only, no "/" (a non-ASCII id cannot be sent as an HTTP header).
+ACTION_ID_PATTERN = r"^[\x21-\x2e\x30-\x7e]+" + END
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 RunActionId = Annotated[
@@ -36,8 +38,8 @@ RunActionId = Annotated[
     msgspec.Meta(
         min_length=1,
         max_length=256,
-        pattern=NO_CONTROL_NO_SLASH,
-        description="Action id of the target run: 1..256 characters, no control characters, no '/'.",
+        pattern=ACTION_ID_PATTERN,
+        description="Action id of the target run: 1..256 visible ASCII characters, no '/'.",
     ),
 ]
 Reason = Annotated[str, msgspec.Meta(max_length=2048, description="Free text, at most 2048 characters.")]

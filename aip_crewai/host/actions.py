@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -61,6 +62,15 @@ def policy_hash(tenant: str, action_id: str, capability_id: str, hashed_input: s
 def fence_hash(capability_id: str, value: Any) -> str:
     """What the idempotency fence revalidates: the capability and the exact input."""
     return input_hash({"capability_id": capability_id, "input": value})
+
+
+def durable_action(spec: OperationSpec, key: str | None) -> bool:
+    """Whether the store fsyncs an action's own writes: always, except for a
+    read-only operation without an idempotency key (a ``status`` read), whose
+    record a power loss may drop at no cost: no side effect, no fence rests on
+    it, and the read is safe to repeat. Crashes of the host process lose
+    nothing either way (see :mod:`aip_crewai.host.store`)."""
+    return not (spec.read_only and key is None)
 
 
 class ActionService:
@@ -131,14 +141,15 @@ class ActionService:
                     self._fence("idempotency", "conflict")
                     raise IdempotencyConflict(details={"idempotency_key": key})
                 self._fence("idempotency", "replayed")
-                existing = await self.store.get_action(tenant, record.action_id)
-                if existing is None:
-                    raise ActionNotFound()
-                return existing
+                return await self._reserved_action(tenant, record.action_id)
         status = "pending_approval" if spec.approval else "running"
+        # The approval id is fixed before the action row exists, so a concurrent
+        # duplicate never sees a pending action without its approval reference.
+        approval_id = "apr_" + secrets.token_urlsafe(16) if spec.approval else None
         created, record_ = await self.store.create_action(
             tenant, action.id, action.capability_id, crew_id, spec.name, canonical_json(action.input).decode(),
-            hashed, caller.id, key, status, timeout_ms=action.timeout_ms,
+            hashed, caller.id, key, status, approval_id=approval_id, timeout_ms=action.timeout_ms,
+            durable=durable_action(spec, key),
         )
         if not created:
             if record_.input_hash != hashed or record_.idempotency_key != key:
@@ -147,19 +158,27 @@ class ActionService:
             self._fence("idempotency", "replayed")
             return await self.refresh(record_)
         self._fence("idempotency", "admitted")
-        if spec.approval:
+        if approval_id is not None:
             self._fence("approval", "requested")
-            approval_id = "apr_" + secrets.token_urlsafe(16)
             await self.store.create_approval(
                 tenant, approval_id, action.id, action.capability_id,
                 policy_hash(tenant, action.id, action.capability_id, hashed), caller.id,
-                canonical_json(action.input).decode(), self.now_ms() + APPROVAL_TTL_MS,
+                record_.input_json, record_.created_at + APPROVAL_TTL_MS,
             )
-            await self.store.update_action(tenant, action.id, from_statuses=["pending_approval"],
-                                           status="pending_approval", approval_id=approval_id)
-            return await self._get(tenant, action.id)
+            return record_
         self.start(record_, stream=stream)
         return record_
+
+    async def _reserved_action(self, tenant: str, action_id: str) -> ActionRecord:
+        """The action an idempotency record points at. A concurrent first
+        request may hold the reservation but not yet have written the action
+        row: wait briefly (bounded) instead of answering 404."""
+        for _ in range(100):
+            record = await self.store.get_action(tenant, action_id)
+            if record is not None:
+                return await self.refresh(record)
+            await asyncio.sleep(0.01)
+        raise ActionNotFound(details={"action_id": action_id})
 
     async def _check_target(self, tenant: str, crew_id: str, run_action_id: str) -> None:
         """status/events/cancel may only name a run of the same tenant and crew."""
@@ -181,6 +200,7 @@ class ActionService:
             spec=ops.get(record.operation), input=msgspec.json.decode(record.input_json),
             idempotency_key=record.idempotency_key or record.action_id, timeout_ms=record.timeout_ms,
             stream=stream or ops.get(record.operation).name != "events", first_chunk_sequence=record.chunk_count,
+            durable=durable_action(ops.get(record.operation), record.idempotency_key),
         )
 
     def start(self, record: ActionRecord, *, stream: bool = False) -> LiveAction:
@@ -190,47 +210,56 @@ class ActionService:
             return live
         live = LiveAction(job=self._job(record, stream=stream))
         self.live.add(live)
-        live.task = asyncio.get_running_loop().create_task(self._dispatch(live), name=f"dispatch:{record.action_id}")
+        live.task = asyncio.get_running_loop().create_task(self._dispatch(live, mark_sent=record.dispatch == "not_sent"),
+                                                           name=f"dispatch:{record.action_id}")
         return live
 
-    async def _dispatch(self, live: LiveAction) -> None:
+    async def _dispatch(self, live: LiveAction, *, mark_sent: bool = True) -> None:
         job = live.job
         tenant, action_id = job.tenant, job.action_id
         structlog.contextvars.clear_contextvars()  # this task's own context: drop the request that started it
         structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
 
-        async def on_chunks(chunks: list[StreamChunk]) -> None:
-            await self.store.append_chunks(tenant, action_id, [(c.sequence, _encode.encode(c).decode()) for c in chunks])
-            await self.store.update_action(tenant, action_id, from_statuses=["running"], status="running",
-                                           dispatch=job.dispatch.state)
-            live.notify()
-
+        sink = _ChunkSink(self.store, live)
         try:
-            await self.store.update_action(tenant, action_id, from_statuses=["running"], status="running",
-                                           dispatch="sent")
-            result = await self.dispatcher.run(job, on_chunks)
-            await self._finish(tenant, action_id, result, job.dispatch.state)
+            if mark_sent:
+                await self.store.update_action(tenant, action_id, from_statuses=["running"], status="running",
+                                               dispatch="sent", durable=job.durable)
+            result = await self.dispatcher.run(job, sink.add)
+            await sink.drain()
+            await self._finish(tenant, action_id, result, job.dispatch.state, operation=job.spec.name,
+                               durable=job.durable)
         except asyncio.CancelledError:
+            sink.discard()  # a cancelled dispatch stores no further chunks (its canceller records the result)
             raise
         except Exception:  # never lose an action: record a failure instead
             log.exception("dispatch_crashed")
+            with contextlib.suppress(Exception):  # keep what was received, unless storing is what failed
+                await sink.drain()
             error = AipError("the host failed while dispatching the action")
-            await self._finish(tenant, action_id, failed_result(action_id, error), job.dispatch.state)
+            await self._finish(tenant, action_id, failed_result(action_id, error), job.dispatch.state,
+                               operation=job.spec.name)
         finally:
             self.live.remove(tenant, action_id)
             live.notify()
 
-    async def _finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None) -> bool:
+    async def _finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None, *,
+                      operation: str | None = None, durable: bool = True) -> bool:
+        """Store the terminal result (only from a live state). ``operation``
+        (for metrics) saves a read when the caller knows it; ``durable``: see
+        :func:`durable_action`."""
         sources = [s.value for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
                    if ActionState(result.status) in TRANSITIONS[s]]
         changed = await self.store.update_action(
             tenant, action_id, from_statuses=sources, status=result.status,
-            dispatch=dispatch, result_json=_encode.encode(result).decode(),
+            dispatch=dispatch, result_json=_encode.encode(result).decode(), durable=durable,
         )
         log.info("action_finished", status=result.status, changed=changed)
         if changed and self.metrics is not None:
-            record = await self.store.get_action(tenant, action_id)
-            self.metrics.actions.inc(operation=record.operation if record else "unknown", status=result.status)
+            if operation is None:
+                record = await self.store.get_action(tenant, action_id)
+                operation = record.operation if record else "unknown"
+            self.metrics.actions.inc(operation=operation, status=result.status)
             if result.error is not None and result.error.code.startswith("connector."):
                 self.metrics.stream_errors.inc(code=result.error.code)
         return changed
@@ -264,15 +293,14 @@ class ActionService:
                                           "completion_unobserved": True})
             await self._finish(record.tenant, record.action_id, result, None)
             return
+        if spec.stream:
+            self._resume(record)  # follow the sidecar job live: its chunks since the restart, then its result
+            return
         try:
             terminal = await self.dispatcher.terminal_event(job)
         except AipError as exc:
             if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
-                await self._finish(record.tenant, record.action_id, failed_result(
-                    record.action_id, ConnectorCancelledUnconfirmed(
-                        "the host restarted before the sidecar admitted the action", operation=spec.name,
-                        remote_status=404, uncertain_outcome=False, dispatch="not_sent"),
-                    dispatch="not_sent"), "not_sent")
+                await self._fail_never_admitted(record)
             return
         if terminal is None:
             return  # still running at the sidecar; a later read settles it
@@ -280,6 +308,54 @@ class ActionService:
 
         await self._finish(record.tenant, record.action_id, result_from_terminal(record.action_id, spec, terminal),
                            "acknowledged")
+
+    async def _fail_never_admitted(self, record: ActionRecord) -> None:
+        await self._finish(record.tenant, record.action_id, failed_result(
+            record.action_id, ConnectorCancelledUnconfirmed(
+                "the host restarted before the sidecar admitted the action", operation=record.operation,
+                remote_status=404, uncertain_outcome=False, dispatch="not_sent"),
+            dispatch="not_sent"), "not_sent")
+
+    def _resume(self, record: ActionRecord) -> None:
+        """Re-attach (once per process) to the sidecar job of a running streamed
+        action no task here dispatches, i.e. one a previous host process left
+        running. Read-only (:meth:`Dispatcher.resume`): never re-dispatched."""
+        if self.live.get(record.tenant, record.action_id) is not None:
+            return
+        live = LiveAction(job=self._job(record, stream=True))
+        self.live.add(live)
+        live.task = asyncio.get_running_loop().create_task(self._follow_sidecar(live),
+                                                           name=f"resume:{record.action_id}")
+
+    async def _follow_sidecar(self, live: LiveAction) -> None:
+        job = live.job
+        tenant, action_id = job.tenant, job.action_id
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
+        sink = _ChunkSink(self.store, live)
+        try:
+            log.info("action_resumed", from_chunk=job.first_chunk_sequence)
+            result = await self.dispatcher.resume(job, sink.add)
+            await sink.drain()
+            await self._finish(tenant, action_id, result, "acknowledged", operation=job.spec.name,
+                               durable=job.durable)
+        except asyncio.CancelledError:
+            sink.discard()
+            raise
+        except AipError as exc:
+            with contextlib.suppress(Exception):
+                await sink.drain()
+            if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
+                record = await self.store.get_action(tenant, action_id)
+                if record is not None:
+                    await self._fail_never_admitted(record)
+            else:  # the sidecar cannot be read now: the action stays running, the next read retries
+                log.warning("action_resume_deferred", code=exc.code)
+        except Exception:
+            log.exception("action_resume_failed")
+        finally:
+            self.live.remove(tenant, action_id)
+            live.notify()
 
     async def get(self, caller: Principal, action_id: str) -> ActionRecord:
         """The caller's tenant's action, refreshed. Raises ActionNotFound."""
@@ -291,12 +367,14 @@ class ActionService:
         if record.result_json:
             return _result_decoder.decode(record.result_json)
         if record.status == "pending_approval" and record.approval_id:
-            approval = await self.store.get_approval(record.tenant, record.approval_id)
-            if approval is not None:
-                ref = ApprovalRef(approval_id=approval.approval_id, policy_hash=approval.policy_hash,
-                                  expires_at=ms_to_rfc3339(approval.expires_at))
-                return ActionResult(action_id=record.action_id, status="pending_approval", approval=ref,
-                                    dispatch="not_sent")
+            # Derived from the action row alone (the approval row may still be
+            # in flight for a concurrent duplicate): same hash, same expiry.
+            ref = ApprovalRef(approval_id=record.approval_id,
+                              policy_hash=policy_hash(record.tenant, record.action_id, record.capability_id,
+                                                      record.input_hash),
+                              expires_at=ms_to_rfc3339(record.created_at + APPROVAL_TTL_MS))
+            return ActionResult(action_id=record.action_id, status="pending_approval", approval=ref,
+                                dispatch="not_sent")
         return None
 
     async def wait(self, record: ActionRecord, timeout_s: float) -> ActionRecord:
@@ -339,9 +417,13 @@ class ActionService:
                                failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"), "not_sent")
             return
         self._fence("approval", "approved")
+        # Approved and dispatched at once: `sent` ("the request may have reached the sidecar") is recorded with
+        # the transition, in one durable commit instead of two; a connect failure then ends `not_sent` in the
+        # result, exactly as when `sent` is written by the dispatch itself (dispatch never moves backward).
         if await self.store.update_action(record.tenant, record.action_id, from_statuses=["pending_approval"],
-                                          status="running"):
-            self.start(await self._get(record.tenant, record.action_id), stream=True)
+                                          status="running", dispatch="sent"):
+            # The job is built from the input, key, crew and chunk count, which the transition left alone.
+            self.start(dataclasses.replace(record, status="running", dispatch="sent"), stream=True)
 
     # --- cancellation ----------------------------------------------------------
 
@@ -372,6 +454,8 @@ class ActionService:
             await self._finish(record.tenant, action_id, result, None)
             return (await self.result(await self._get(record.tenant, action_id))) or result
         job = live.job if live is not None else self._job(record, stream=True)
+        if live is not None and live.task is not None:
+            await _until_answered(live)  # a start still in flight may be admitted after a cancel would arrive
         confirmed, view = await self.dispatcher.cancel_remote(job)
         if confirmed and live is not None and live.task is not None:
             # The sidecar records `cancelled`; the stream ends with it. Give it a moment, then detach.
@@ -381,7 +465,10 @@ class ActionService:
         record = await self._get(record.tenant, action_id)
         if record.status in TERMINAL:
             return (await self.result(record)) or ActionResult(action_id=action_id, status="cancelled")  # type: ignore[arg-type]
-        if confirmed:
+        ended = await self._ended_before_cancel(job, view) if confirmed else None
+        if ended is not None:  # the job finished before the cancel reached it: its real outcome, not `cancelled`
+            result = ended
+        elif confirmed:
             output = {"remote_stop_confirmed": True,
                       "provider_stop_observed": bool((view or {}).get("provider_stop_observed", False))}
             result = ActionResult(action_id=action_id, status="cancelled", output=output, dispatch="acknowledged")
@@ -392,6 +479,86 @@ class ActionService:
                 operation=spec.name, uncertain_outcome=True, dispatch=record.dispatch), dispatch=record.dispatch)
         await self._finish(record.tenant, action_id, result, None)
         return (await self.result(await self._get(record.tenant, action_id))) or result
+
+    async def _ended_before_cancel(self, job: Job, view: dict[str, Any] | None) -> ActionResult | None:
+        """The sidecar's own terminal result when the cancel found the job already
+        completed or failed (None otherwise, or when it cannot be read)."""
+        if (view or {}).get("status") not in ("completed", "failed"):
+            return None
+        from .normalize import result_from_terminal
+
+        try:
+            terminal = await self.dispatcher.terminal_event(job)
+        except AipError:
+            return None
+        return None if terminal is None else result_from_terminal(job.action_id, job.spec, terminal)
+
+
+async def _until_answered(live: LiveAction, bound_s: float = 10.0) -> None:
+    """Wait (bounded) while the live dispatch's request is in flight (``sent``):
+    the sidecar admits a job before it answers, so until then a cancel may get
+    404 for a job that is admitted a moment later and then runs unseen."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    while live.job.dispatch.state == "sent" and live.task is not None and not live.task.done() \
+            and loop.time() < deadline:
+        await asyncio.sleep(0.005)
+
+
+class _ChunkSink:
+    """Stores a dispatch's chunks with group commit.
+
+    The sidecar writes one SSE frame per event, so the stream yields about one
+    event per read; a store transaction per read would cap a stream at a few
+    thousand events per second. Chunks are queued instead and ONE writer task
+    stores everything queued in one transaction (chunks, chunk count and the
+    dispatch state together), then wakes the followers; events arriving during
+    a write go into the next one, so batches grow with the rate. The stream is
+    only held back (awaiting the writer) past :attr:`MAX_QUEUED` chunks.
+
+    Chunk writes are not fsynced: like the sidecar's chunk checkpoints they
+    become durable with the action's result commit (see :mod:`.store`).
+    """
+
+    MAX_QUEUED = 4096
+
+    def __init__(self, store: Store, live: LiveAction) -> None:
+        self.store = store
+        self.live = live
+        self._queued: list[StreamChunk] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def add(self, chunks: list[StreamChunk]) -> None:
+        """Queue ``chunks`` (in stream order); raises a previous write's error."""
+        self._queued.extend(chunks)
+        if self._writer is None or self._writer.done():
+            if self._writer is not None:
+                self._writer.result()
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+        if len(self._queued) >= self.MAX_QUEUED:
+            await asyncio.shield(self._writer)
+
+    async def drain(self) -> None:
+        """Wait until every queued chunk is stored; raises a write error."""
+        if self._writer is not None:
+            await asyncio.shield(self._writer)
+
+    def discard(self) -> None:
+        """Drop queued chunks and stop the writer (a batch already handed to the store may still land)."""
+        self._queued.clear()
+        if self._writer is not None:
+            if self._writer.done() and not self._writer.cancelled():
+                self._writer.exception()  # retrieved: the dispatch is being cancelled anyway
+            self._writer.cancel()
+
+    async def _write(self) -> None:
+        job = self.live.job
+        while self._queued:
+            batch, self._queued = self._queued, []
+            await self.store.append_chunks(job.tenant, job.action_id,
+                                           [(c.sequence, _encode.encode(c).decode()) for c in batch],
+                                           dispatch=job.dispatch.state, durable=False)
+            self.live.notify()
 
 
 def _idempotency_key(action_key: str | None, envelope_key: str | None) -> str | None:

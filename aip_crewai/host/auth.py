@@ -153,7 +153,8 @@ class Authenticator:
             raise Unauthenticated("the signature must be 64 bytes in unpadded base64url")
         try:
             payload = signed_bytes(envelope_obj)
-        except (TypeError, ValueError) as exc:  # not JSON-representable (e.g. a float out of range)
+        except (TypeError, ValueError, RecursionError) as exc:
+            # not JSON-representable (a float out of range, an integer beyond 2**53), or nested too deeply
             raise Unauthenticated("the envelope cannot be canonicalized") from exc
         try:
             config.ed25519_public_key.verify(signature, payload)

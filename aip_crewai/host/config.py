@@ -15,7 +15,7 @@ TOML shape (DESIGN.md §11; every table rejects unknown keys)::
     [crews]
     file = "crews.json"                # descriptors, see admission.py
 
-    [tenants.acme]                     # tenant name: ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$
+    [tenants.acme]                     # tenant name: ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$
     crews = ["support-primary"]        # admitted crew ids; an empty list closes the tenant
 
     [[principals]]
@@ -72,7 +72,9 @@ MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
 #: Crews file bound, bytes (1,000 descriptors of at most ~17 KiB each, with room).
 MAX_CREWS_FILE_BYTES = 32 * 1024 * 1024
 ROLES: frozenset[str] = frozenset({"invoker", "approver", "operator"})
-_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
+#: Tenant names: no ":" (sidecar job ids are "<tenant>:<action id>"; a colon would let
+#: tenant "a" with action "b:c" and tenant "a:b" with action "c" share one sidecar job).
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 _HEX64_RE = re.compile(r"^[0-9a-fA-F]{64}\Z")
 _BIND_RE = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>[0-9]{1,5})\Z")
 
@@ -344,7 +346,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
     for name, raw in root.tenants.items():
         key = f"tenants.{name}"
         if not _TENANT_RE.match(name):
-            raise ConfigError(key, "tenant names match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+            raise ConfigError(key, "tenant names match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$ (no colon)")
         table: _TenantTable = _convert(raw, _TenantTable, key)
         for position, crew_id in enumerate(table.crews):
             if crew_id not in crew_ids:

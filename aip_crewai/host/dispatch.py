@@ -43,6 +43,8 @@ class Job:
     ``input`` is the validated input as sent by the tenant (a dict);
     ``target_action_id`` is the run an inspection operation (status, events,
     cancel) points at, already checked to belong to the same tenant and crew.
+    ``durable`` says whether the host store fsyncs the action's own writes
+    (see ``actions.durable_action``).
     """
 
     tenant: str
@@ -54,6 +56,7 @@ class Job:
     timeout_ms: int | None = None
     stream: bool = False
     first_chunk_sequence: int = 0
+    durable: bool = True
     dispatch: Dispatch = field(default_factory=Dispatch)
 
     @property
@@ -115,7 +118,7 @@ class Dispatcher:
             terminal = await client.stream(
                 spec, job.dispatch, self._normalizer(job, cursor), on_chunks, method="GET",
                 path=spec.stream_path.format(run_action_id=job.target_job_id),  # type: ignore[union-attr]
-                action_id=job.action_id, params={"cursor": cursor},
+                action_id=job.target_job_id, params={"cursor": cursor},  # the header names the sidecar job
             )
             return self._completed(job, {"run_action_id": job.input["run_action_id"], "status": terminal.event,
                                          "next_cursor": terminal.sequence + 1})
@@ -124,7 +127,7 @@ class Dispatcher:
                 spec, job.dispatch, self._normalizer(job), on_chunks, job_id=job.job_id, action_id=job.action_id,
                 crew_id=job.crew_id, input=job.input, idempotency_key=job.idempotency_key, timeout_ms=job.timeout_ms,
             )
-            return result_from_terminal(job.action_id, spec, terminal)
+            return result_from_terminal(job.action_id, spec, await self._with_full_output(job, terminal))
         status, body = await client.start_job(
             spec, job.dispatch, job_id=job.job_id, action_id=job.action_id, crew_id=job.crew_id, input=job.input,
             idempotency_key=job.idempotency_key, timeout_ms=job.timeout_ms,
@@ -161,7 +164,51 @@ class Dispatcher:
         if not events:
             return None
         last = events[-1]
-        return JobEvent(event=str(last["event"]), sequence=int(last["sequence"]), data=dict(last.get("data") or {}))
+        terminal = JobEvent(event=str(last["event"]), sequence=int(last["sequence"]), data=dict(last.get("data") or {}))
+        return await self._with_full_output(job, terminal)
+
+    async def resume(self, job: Job, on_chunks: OnChunks) -> ActionResult:
+        """Re-attach to a streamed job this process did not start (a host restart):
+        follow its journaled events (``GET /jobs/{id}/events`` as SSE, read-only:
+        never a new start) from the last chunk the store holds, which is read
+        again so a stored terminal event is seen (the store skips sequences it
+        has), live to the terminal event. AIP chunk sequences equal sidecar
+        sequences for streamed starts, so ``job.first_chunk_sequence`` (the
+        stored chunk count) is the cursor.
+
+        A 416 (the sidecar lost events it had streamed but not journaled
+        before a crash of its own) falls back to the job's terminal event.
+
+        Raises:
+            ConnectorError: the sidecar cannot be read (404: it never
+                admitted the job), or the job still runs after a 416.
+        """
+        cursor = max(job.first_chunk_sequence - 1, 0)
+        normalizer = StreamNormalizer(job.action_id, job.spec, start_sequence=cursor, first_chunk_sequence=cursor,
+                                      max_response_bytes=self.max_response_bytes)
+        try:
+            terminal = await self.client.stream(
+                job.spec, job.dispatch, normalizer, on_chunks, method="GET", path=f"/jobs/{job.job_id}/events",
+                action_id=job.job_id, params={"cursor": cursor},
+            )
+        except ConnectorError as exc:
+            if exc.remote_status != 416:
+                raise
+            found = await self.terminal_event(job)
+            if found is None:
+                raise
+            return result_from_terminal(job.action_id, job.spec, found)
+        return result_from_terminal(job.action_id, job.spec, await self._with_full_output(job, terminal))
+
+    async def _with_full_output(self, job: Job, terminal: JobEvent) -> JobEvent:
+        """A ``completed`` event too large for one event carries
+        ``output_omitted: true``; the whole output (at most 4 MiB) is on the
+        job view, so read it there (sidecar contract, DESIGN.md §4)."""
+        if terminal.event != "completed" or not terminal.data.get("output_omitted"):
+            return terminal
+        view = await self.client.get_job(job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id)
+        output = view.get("output")
+        return JobEvent(event="completed", sequence=terminal.sequence, data=output if isinstance(output, dict) else {"output": output})
 
     async def _cancel_after_failure(self, job: Job, error: ConnectorError) -> ConnectorError:
         """After a stream failure on a cancellable operation, ask the sidecar to

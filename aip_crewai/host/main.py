@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -45,15 +46,26 @@ def load(config: str) -> Settings:
     return settings
 
 
-async def serve(settings: Settings) -> None:
-    """Serve the app with hypercorn on ``settings.bind`` until SIGTERM or SIGINT."""
+def listen(bind: str) -> socket.socket:
+    """Bind and listen on ``host:port`` (``[v6]:port`` too) before serving, so
+    a taken port is one clear error instead of a failure after start-up.
+
+    Raises: OSError (address in use, permission, unknown host)."""
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, int(port)), family=family, backlog=1024)
+
+
+async def serve(settings: Settings, sock: socket.socket) -> None:
+    """Serve the app with hypercorn on the bound ``sock`` until SIGTERM or SIGINT."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
     from .app import create_app
 
     config = Config()
-    config.bind = [settings.bind]
+    config.bind = [f"fd://{sock.fileno()}"]
     config.accesslog = None  # the app logs one summary line per request
     config.errorlog = "-"
     stop = asyncio.Event()
@@ -73,7 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"aip-crewai host: configuration error: {exc.message}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(settings))
+        sock = listen(settings.bind)
+    except (OSError, ValueError) as exc:
+        print(f"aip-crewai host: cannot listen on {settings.bind}: {getattr(exc, 'strerror', None) or exc}",
+              file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(serve(settings, sock))
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # the process boundary: log once, exit non-zero

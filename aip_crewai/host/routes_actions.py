@@ -27,12 +27,12 @@ from ..contracts.aip import (
     Envelope,
     StreamChunk,
 )
-from ..contracts.errors import AipError, InvalidEnvelope, InputTooLarge
+from ..contracts.errors import InvalidEnvelope, MessageTooLarge
 from ..sse import encode_comment, encode_event
 from .actions import TERMINAL, ActionService
 from .auth import Principal, authenticate, require_role
 from .normalize import error_body
-from .store import ActionRecord, ms_to_rfc3339
+from .store import ActionRecord, InvalidCursor, ms_to_rfc3339
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024
@@ -45,9 +45,11 @@ _chunk_decoder = msgspec.json.Decoder(StreamChunk)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def envelope(message_type: str, body: Body, *, correlation_id: str | None = None) -> Envelope:
-    """A host-originated envelope with a fresh message id."""
-    sent_at = ms_to_rfc3339(int(time.time() * 1000))
+def envelope(message_type: str, body: Body, *, correlation_id: str | None = None,
+             sent_at: str | None = None) -> Envelope:
+    """A host-originated envelope with a fresh message id (``sent_at``: now, unless given)."""
+    if sent_at is None:
+        sent_at = ms_to_rfc3339(int(time.time() * 1000))
     return Envelope(aip_version=AIP_VERSION, message_type=message_type, message_id="msg_" + secrets.token_hex(12),
                     sent_at=sent_at, body=body, correlation_id=correlation_id)
 
@@ -65,7 +67,7 @@ async def _read_body(request: Request) -> bytes:
     async for piece in request.stream():
         body += piece
         if len(body) > MAX_MESSAGE_BYTES:
-            raise InputTooLarge(len(body), MAX_MESSAGE_BYTES)
+            raise MessageTooLarge(MAX_MESSAGE_BYTES)
     return bytes(body)
 
 
@@ -82,9 +84,9 @@ async def post_message(request: Request) -> Response:
     raw = await _read_body(request)
     try:
         obj = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested deeper than msgspec allows
         await authenticate(request, raw, None)
-        raise InvalidEnvelope("the body is not JSON") from exc
+        raise InvalidEnvelope("the body is not JSON, or is nested too deeply") from exc
     principal = await authenticate(request, raw, obj if isinstance(obj, dict) else None)
     require_role(principal, "invoker")
     try:
@@ -115,8 +117,8 @@ def _sse_response(service: ActionService, record: ActionRecord, after: int) -> S
     return StreamingResponse(follow(service, record, after), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _frame(n: int, name: str, env: Envelope) -> bytes:
-    return encode_event(_encode.encode(env).decode(), event=name, id=f"sse_{n}")
+def _frame(n: int | None, name: str, env: Envelope) -> bytes:
+    return encode_event(_encode.encode(env).decode(), event=name, id=None if n is None else f"sse_{n}")
 
 
 async def follow(service: ActionService, record: ActionRecord, after: int) -> AsyncIterator[bytes]:
@@ -134,12 +136,18 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
                                         correlation_id=action_id))
     last_seq = max(after - 1, -1)
     while True:
-        for chunk in await service.store.list_chunks(tenant, action_id, last_seq, 500):
-            last_seq = chunk.sequence
-            value = _chunk_decoder.decode(chunk.chunk_json)
-            name = "done" if value.kind == "done" else "chunk"
-            yield _frame(1 + chunk.sequence, name,
-                         envelope("aip.core.v1.stream_chunk", Body(chunk=value), correlation_id=action_id))
+        chunks = await service.store.list_chunks(tenant, action_id, last_seq, 500)
+        if chunks:
+            # One write per page of stored chunks, not per frame: each ASGI send costs a socket write.
+            sent_at = ms_to_rfc3339(int(time.time() * 1000))
+            frames = []
+            for chunk in chunks:
+                value = _chunk_decoder.decode(chunk.chunk_json)
+                frames.append(_frame(1 + chunk.sequence, "done" if value.kind == "done" else "chunk",
+                                     envelope("aip.core.v1.stream_chunk", Body(chunk=value), correlation_id=action_id,
+                                              sent_at=sent_at)))
+            last_seq = chunks[-1].sequence
+            yield b"".join(frames)
         record = await service.refresh(await service.store.get_action(tenant, action_id) or record)
         if record.status != "running" and record.chunk_count <= last_seq + 1:
             result = await service.result(record)
@@ -151,7 +159,11 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
                     yield _frame(n, "error", envelope("aip.core.v1.error", Body(error=result.error),
                                                       correlation_id=action_id))
                 n += 1
-            if n > after:
+            if result.status == "pending_approval":
+                # Not a position of the action's history: no id, so a client
+                # resuming later continues after the ack, at the first chunk.
+                yield _frame(None, "result", result_envelope(result))
+            elif n > after:
                 yield _frame(n, "result", result_envelope(result))
             return
         if record.status == "running" and record.chunk_count > last_seq + 1:
@@ -170,7 +182,7 @@ def _last_event_n(request: Request) -> int:
         return -1
     text = value[4:] if value.startswith("sse_") else value
     if not text.isdigit() or len(text) > 9:
-        raise AipError("Last-Event-ID must be sse_<n>")
+        raise InvalidCursor("Last-Event-ID must be sse_<n> (or cursor a non-negative integer)")
     return int(text)
 
 
@@ -218,7 +230,7 @@ async def get_chunks(request: Request) -> Response:
     _, service, record = await _principal_action(request)
     raw = request.query_params.get("cursor", "0")
     if not raw.isdigit() or len(raw) > 9:
-        raise AipError("cursor must be a non-negative integer")
+        raise InvalidCursor("cursor must be a non-negative integer")
     cursor = int(raw)
     chunks = await service.store.list_chunks(record.tenant, record.action_id, cursor - 1, 1000)
     next_cursor = chunks[-1].sequence + 1 if chunks else cursor
@@ -230,6 +242,7 @@ async def get_chunks(request: Request) -> Response:
 async def post_cancel(request: Request) -> Response:
     """``POST /aip/v1/actions/{id}/cancel``: runtime cancellation (DESIGN.md §8)."""
     principal = await authenticate(request)
+    require_role(principal, "invoker")  # the action's own tenant, as a caller (not an approver or operator)
     result = await _service(request).cancel(principal, request.path_params["action_id"])
     return aip_json(result_envelope(result))
 

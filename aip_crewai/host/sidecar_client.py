@@ -41,17 +41,35 @@ MAX_JSON_RESPONSE_BYTES = 8 * 1024 * 1024
 _MAX_DETAIL_CHARS = 512
 
 
+#: Characters that would change a sidecar URL path's meaning (query, fragment, escapes).
+_PATH_UNSAFE = frozenset("?#%\\")
+
+
 def sidecar_job_id(tenant: str, action_id: str) -> str:
     """The sidecar job id of a tenant's action: ``<tenant>:<action_id>``, or
-    ``<tenant>:sha256:<hex>`` when that would exceed 256 characters.
+    ``<tenant>:sha256:<hex of the action id>`` when that would exceed 256
+    characters, or the action id holds anything but visible ASCII, or one of
+    ``? # % \\`` (the id travels in URL paths and the ``X-AIP-Action-ID``
+    header, which take neither), or starts with ``sha256:``.
 
     Sidecar job ids are global while AIP action ids are tenant-scoped, so two
-    tenants reusing one action id never collide at the sidecar.
+    tenants reusing one action id never collide at the sidecar (tenant names
+    hold no ``:``, so the prefix is unambiguous; a plain id never looks hashed).
     """
     plain = f"{tenant}:{action_id}"
-    if len(plain) <= 256:
+    if (len(plain) <= 256 and action_id.isascii() and action_id.isprintable() and " " not in action_id
+            and not _PATH_UNSAFE.intersection(action_id) and not action_id.startswith("sha256:")):
         return plain
     return f"{tenant}:sha256:" + hashlib.sha256(action_id.encode("utf-8")).hexdigest()
+
+
+def sidecar_idempotency_key(key: str) -> str:
+    """The ``Idempotency-Key`` header value for a tenant's key: the key itself
+    when it is visible ASCII (an HTTP header takes nothing else), else
+    ``sha256:<hex of the key>`` (deterministic, so a repeat has the same request hash)."""
+    if key.isascii() and key.isprintable() and key == key.strip() and not key.startswith("sha256:"):
+        return key
+    return "sha256:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 @dataclass
@@ -213,7 +231,7 @@ class SidecarClient:
         body = {"crew_id": crew_id, "action_id": job_id, "operation": spec.name, "input": input}
         if timeout_ms is not None:
             body["timeout_ms"] = timeout_ms
-        headers = {"Idempotency-Key": idempotency_key, "X-AIP-Action-ID": job_id}
+        headers = {"Idempotency-Key": sidecar_idempotency_key(idempotency_key), "X-AIP-Action-ID": job_id}
         try:
             return await self._json("POST", "/jobs", spec, dispatch, headers=headers, json=body)
         except ConnectorError as exc:
@@ -278,7 +296,7 @@ class SidecarClient:
             body["timeout_ms"] = timeout_ms
         return await self.stream(
             spec, dispatch, normalizer, on_chunks, method="POST", path="/jobs/stream", action_id=job_id,
-            headers={"Idempotency-Key": idempotency_key}, json=body,
+            headers={"Idempotency-Key": sidecar_idempotency_key(idempotency_key)}, json=body,
         )
 
     async def get_job(self, spec: OperationSpec, dispatch: Dispatch, *, job_id: str, action_id: str) -> Any:

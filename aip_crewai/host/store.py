@@ -1,4 +1,4 @@
-"""The host store: the only host module that runs SQL (SQLite via aiosqlite).
+"""The host store: the only host module that runs SQL (stdlib sqlite3 on one worker thread).
 
 One file, WAL, ``synchronous=FULL``, one connection owned by the app's
 lifespan. Every table's primary key starts with ``tenant`` and every method
@@ -11,9 +11,25 @@ since the Unix epoch (UTC); :func:`ms_to_rfc3339` renders them at the edges.
 Atomicity: every decision that must happen once (idempotency reservation,
 message-id claim, action creation, status transitions, approval decisions) is
 ONE SQL statement whose ``WHERE``/``ON CONFLICT`` clause decides, so it holds
-across connections too; statements on the shared connection are serialized by
-an ``asyncio.Lock`` so a multi-statement transaction never swallows another
-coroutine's write.
+across connections too.
+
+Durability: every commit is fsynced (``synchronous=FULL``) unless the caller
+passes ``durable=False``, which runs that one write with
+``synchronous=NORMAL``: it is atomic and survives a crash of the host
+process, but a power loss may roll it back; WAL frames are appended in
+order, so the next durable commit makes it durable too. The action service
+uses it only where losing the write costs nothing: actions of read-only
+operations without an idempotency key (a status read leaves no side effect and
+no fence), and chunk appends (like the sidecar's chunk checkpoints, DESIGN.md
+§5: the result commit that ends the action is durable and covers them).
+
+Threading: the ``sqlite3`` connection lives on one dedicated worker thread and
+every store method runs ALL its statements there as one function (one thread
+hop per method, not one per statement and cursor call as with aiosqlite,
+whose hops cost about 85 µs each on the benchmark machine). Calls are thereby
+serialized, so a multi-statement transaction never swallows another
+coroutine's write, and a cancelled caller never leaves a transaction half
+done: the function runs to its end on the worker.
 
 File safety: the database is created 0600 (an existing file, or its
 ``-wal``/``-shm`` companions, with any group/other bit is refused, as is a
@@ -26,13 +42,13 @@ STYLE.md (Storage), seeds/hosted-knowledge-base-management.md (paging lessons).
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
-
-import aiosqlite
+from typing import Any, TypeVar
 
 from .store_schema import (
     APPROVAL_DECISIONS,
@@ -73,18 +89,24 @@ def _columns(record_type: type) -> str:
 _ACTION_COLUMNS = _columns(ActionRecord)
 _IDEMPOTENCY_COLUMNS = _columns(IdempotencyRecord)
 _APPROVAL_COLUMNS = _columns(ApprovalRecord)
+_GET_ACTION = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?"
+_DISPATCH_RANK_SQL = "CASE dispatch WHEN 'not_sent' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END"
 
 
 # --- the store -----------------------------------------------------------------
 
 
+_T = TypeVar("_T")
+
+
 class Store:
     """Named async methods over the host database. Open with :meth:`open`."""
 
-    def __init__(self, conn: aiosqlite.Connection, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, conn: sqlite3.Connection, worker: ThreadPoolExecutor, *,
+                 clock: Callable[[], float] = time.time) -> None:
         self._conn = conn
+        self._worker = worker
         self._clock = clock
-        self._lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, path: Path, *, clock: Callable[[], float] = time.time) -> Store:
@@ -97,36 +119,51 @@ class Store:
         check_location(path)
         create_private_file(path)
         check_location(path)
-        conn = await aiosqlite.connect(str(path), isolation_level=None)
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aip-host-store")
         try:
-            async with conn.execute("PRAGMA journal_mode=WAL") as cur:
-                mode = (await cur.fetchone() or ("",))[0]
-            if str(mode).lower() != "wal":
-                raise StoreError(f"SQLite refused WAL mode for {path} (got {mode!r})")
-            for pragma in ("synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
-                await conn.execute(f"PRAGMA {pragma}")
-            await migrate(conn)
+            conn = await asyncio.get_running_loop().run_in_executor(worker, _connect, str(path))
         except BaseException:
-            await conn.close()
+            worker.shutdown(wait=False)
             raise
-        return cls(conn, clock=clock)
+        return cls(conn, worker, clock=clock)
 
     async def close(self) -> None:
-        await self._conn.close()
+        await self._run(self._conn.close)
+        self._worker.shutdown(wait=True)
 
     def now_ms(self) -> int:
         """The store clock, epoch milliseconds."""
         return int(self._clock() * 1000)
 
+    async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run ``fn(*args)`` on the store's worker thread (the only thread using the connection)."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    def _fetch_now(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
+        return self._conn.execute(sql, params).fetchall()
+
+    def _change_now(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
+        cur = self._conn.execute(sql, params)
+        try:
+            return int(cur.rowcount)
+        finally:
+            cur.close()
+
+    def _write_now(self, durable: bool, fn: Callable[[], _T]) -> _T:
+        """Run the write ``fn`` (on the worker) fsynced, or with ``synchronous=NORMAL``."""
+        if durable:
+            return fn()
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            return fn()
+        finally:
+            self._conn.execute("PRAGMA synchronous=FULL")
+
     async def _fetch(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
-        async with self._lock:
-            async with self._conn.execute(sql, params) as cur:
-                return list(await cur.fetchall())
+        return await self._run(self._fetch_now, sql, params)
 
     async def _change(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
-        async with self._lock:
-            async with self._conn.execute(sql, params) as cur:
-                return int(cur.rowcount)
+        return await self._run(self._change_now, sql, params)
 
     # --- message ids (signed envelopes, DESIGN.md §7) ---
 
@@ -160,20 +197,25 @@ class Store:
             (of N concurrent duplicates exactly one).
         """
         now = self.now_ms() if now is None else now
-        rows = await self._fetch(
-            f"INSERT INTO idempotency ({_IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (tenant, key) DO UPDATE SET capability_id = excluded.capability_id, "
-            "action_id = excluded.action_id, input_hash = excluded.input_hash, created_at = excluded.created_at, "
-            "expires_at = excluded.expires_at WHERE idempotency.expires_at <= ? "
-            f"RETURNING {_IDEMPOTENCY_COLUMNS}",
-            (tenant, key, capability_id, action_id, input_hash, now, expires_at, now),
-        )
-        if rows:
-            return IdempotencyRecord(*rows[0], created=True)
-        existing = await self.get_idempotency(tenant, key)
-        if existing is None:  # replaced and purged between statements: cannot happen on one connection
-            raise StoreError("idempotency record vanished during reservation")
-        return existing
+
+        def reserve() -> IdempotencyRecord:
+            rows = self._fetch_now(
+                f"INSERT INTO idempotency ({_IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (tenant, key) DO UPDATE SET capability_id = excluded.capability_id, "
+                "action_id = excluded.action_id, input_hash = excluded.input_hash, created_at = excluded.created_at, "
+                "expires_at = excluded.expires_at WHERE idempotency.expires_at <= ? "
+                f"RETURNING {_IDEMPOTENCY_COLUMNS}",
+                (tenant, key, capability_id, action_id, input_hash, now, expires_at, now),
+            )
+            if rows:
+                return IdempotencyRecord(*rows[0], created=True)
+            rows = self._fetch_now(f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE tenant = ? AND key = ?",
+                                   (tenant, key))
+            if not rows:  # replaced and purged between statements: cannot happen on one connection
+                raise StoreError("idempotency record vanished during reservation")
+            return IdempotencyRecord(*rows[0])
+
+        return await self._run(reserve)
 
     async def get_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
         rows = await self._fetch(f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE tenant = ? AND key = ?",
@@ -185,8 +227,8 @@ class Store:
     async def create_action(self, tenant: str, action_id: str, capability_id: str, crew_id: str, operation: str,
                             input_json: str, input_hash: str, principal_id: str, idempotency_key: str | None,
                             status: str, *, approval_id: str | None = None, timeout_ms: int | None = None,
-                            now: int | None = None) -> tuple[bool, ActionRecord]:
-        """Insert an action unless ``(tenant, action_id)`` exists.
+                            now: int | None = None, durable: bool = True) -> tuple[bool, ActionRecord]:
+        """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
 
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
@@ -195,28 +237,32 @@ class Store:
         if status not in (_S.PENDING_APPROVAL.value, _S.RUNNING.value):
             raise ValueError(f"an action starts pending_approval or running, not {status!r}")
         now = self.now_ms() if now is None else now
-        created = await self._change(
-            f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 18)}) "
-            "ON CONFLICT (tenant, action_id) DO NOTHING",
-            (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id,
-             idempotency_key, status, "not_sent", None, None, approval_id, timeout_ms, 0, now, now),
-        ) == 1
-        record = await self.get_action(tenant, action_id)
-        if record is None:
-            raise StoreError("action vanished after creation")
-        return created, record
+
+        def create() -> tuple[bool, ActionRecord]:
+            created = self._change_now(
+                f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 18)}) "
+                "ON CONFLICT (tenant, action_id) DO NOTHING",
+                (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id,
+                 idempotency_key, status, "not_sent", None, None, approval_id, timeout_ms, 0, now, now),
+            ) == 1
+            rows = self._fetch_now(_GET_ACTION, (tenant, action_id))
+            if not rows:
+                raise StoreError("action vanished after creation")
+            return created, ActionRecord(*rows[0])
+
+        return await self._run(self._write_now, durable, create)
 
     async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
-        rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?",
-                                 (tenant, action_id))
+        rows = await self._fetch(_GET_ACTION, (tenant, action_id))
         return ActionRecord(*rows[0]) if rows else None
 
     async def update_action(self, tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str,
                             dispatch: str | None = None, result_json: str | None = None,
                             error_json: str | None = None, approval_id: str | None = None,
-                            now: int | None = None) -> bool:
+                            now: int | None = None, durable: bool = True) -> bool:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
-        ``WHERE`` enforces the source state, so a stale writer changes nothing.
+        ``WHERE`` enforces the source state, so a stale writer changes nothing
+        (``durable``: see the module docstring).
 
         ``dispatch`` only moves forward (not_sent → sent → acknowledged);
         None-valued fields keep their stored value.
@@ -235,15 +281,13 @@ class Store:
             raise ValueError(f"unknown dispatch {dispatch!r}")
         now = self.now_ms() if now is None else now
         marks = ", ".join("?" * len(sources))
-        rank = "CASE dispatch WHEN 'not_sent' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END"
-        return await self._change(
-            "UPDATE actions SET status = ?, updated_at = ?, "
-            f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {rank} THEN ? ELSE dispatch END, "
-            "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
-            f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks})",
-            (target.value, now, dispatch, DISPATCH_RANK.get(dispatch or "", -1), dispatch, result_json, error_json,
-             approval_id, tenant, action_id, *[s.value for s in sources]),
-        ) == 1
+        sql = ("UPDATE actions SET status = ?, updated_at = ?, "
+               f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END, "
+               "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
+               f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks})")
+        params = (target.value, now, dispatch, DISPATCH_RANK.get(dispatch or "", -1), dispatch, result_json,
+                  error_json, approval_id, tenant, action_id, *[s.value for s in sources])
+        return await self._run(self._write_now, durable, lambda: self._change_now(sql, params)) == 1
 
     async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
         """Actions still ``running`` (reconciliation after a restart), oldest first."""
@@ -253,34 +297,51 @@ class Store:
 
     # --- chunks ---
 
-    async def append_chunks(self, tenant: str, action_id: str, chunks: Sequence[tuple[int, str]]) -> int:
+    async def append_chunks(self, tenant: str, action_id: str, chunks: Sequence[tuple[int, str]], *,
+                            dispatch: str | None = None, durable: bool = True) -> int:
         """Append ``(sequence, chunk_json)`` pairs in one transaction; sequences
         already stored are skipped. Returns how many were inserted.
 
+        Args:
+            dispatch: also move the action's dispatch forward to this, in the
+                same transaction (never backward; None keeps it).
+            durable: see the module docstring.
+
         Raises:
             StoreError: the action does not exist (foreign key).
+            ValueError: an unknown dispatch.
         """
         if not chunks:
             return 0
-        async with self._lock:
-            await self._conn.execute("BEGIN IMMEDIATE")
+        if dispatch is not None and dispatch not in DISPATCH_RANK:
+            raise ValueError(f"unknown dispatch {dispatch!r}")
+        rows = [(tenant, action_id, seq, text) for seq, text in chunks]
+        rank = DISPATCH_RANK.get(dispatch or "", -1)
+
+        def append() -> int:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                async with self._conn.executemany(
+                cur = conn.executemany(
                     "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (tenant, action_id, sequence) DO NOTHING",
-                    [(tenant, action_id, seq, text) for seq, text in chunks],
-                ) as cur:
-                    inserted = int(cur.rowcount)
-                await self._conn.execute(
-                    "UPDATE actions SET chunk_count = chunk_count + ? WHERE tenant = ? AND action_id = ?",
-                    (inserted, tenant, action_id))
-                await self._conn.execute("COMMIT")
+                    "ON CONFLICT (tenant, action_id, sequence) DO NOTHING", rows)
+                inserted = int(cur.rowcount)
+                cur.close()
+                conn.execute(
+                    "UPDATE actions SET chunk_count = chunk_count + ?, "
+                    f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END "
+                    "WHERE tenant = ? AND action_id = ?",
+                    (inserted, dispatch, rank, dispatch, tenant, action_id)).close()
+                conn.execute("COMMIT")
             except BaseException as exc:
-                await self._conn.execute("ROLLBACK")
-                if isinstance(exc, aiosqlite.IntegrityError):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.IntegrityError):
                     raise StoreError(f"cannot append chunks to unknown action {action_id!r}") from exc
                 raise
-        return inserted
+            return inserted
+
+        return await self._run(self._write_now, durable, append)
 
     async def list_chunks(self, tenant: str, action_id: str, after_sequence: int = -1,
                           limit: int = 1000) -> list[ChunkRecord]:
@@ -294,22 +355,40 @@ class Store:
 
     async def create_approval(self, tenant: str, approval_id: str, action_id: str, capability_id: str,
                               policy_hash: str, requested_by: str, input_snapshot_json: str, expires_at: int,
-                              *, now: int | None = None) -> ApprovalRecord:
+                              *, now: int | None = None, link_action: bool = False) -> ApprovalRecord:
         """Insert a pending approval for an existing action.
+
+        Args:
+            link_action: also set the action's ``approval_id`` (only while it
+                is ``pending_approval``), in the same transaction.
 
         Raises:
             StoreError: the approval id exists, or the action does not.
         """
         now = self.now_ms() if now is None else now
-        try:
-            rows = await self._fetch(
-                f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 13)}) "
-                f"RETURNING {_APPROVAL_COLUMNS}",
-                (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
-                 "pending", None, None, None, now, expires_at))
-        except aiosqlite.IntegrityError as exc:
-            raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
-        return ApprovalRecord(*rows[0])
+
+        def create() -> ApprovalRecord:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                rows = conn.execute(
+                    f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 13)}) "
+                    f"RETURNING {_APPROVAL_COLUMNS}",
+                    (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
+                     "pending", None, None, None, now, expires_at)).fetchall()
+                if link_action:
+                    conn.execute("UPDATE actions SET approval_id = ?, updated_at = ? WHERE tenant = ? AND action_id = ? "
+                                 "AND status = 'pending_approval'", (approval_id, now, tenant, action_id)).close()
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.IntegrityError):
+                    raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
+                raise
+            return ApprovalRecord(*rows[0])
+
+        return await self._run(create)
 
     async def get_approval(self, tenant: str, approval_id: str) -> ApprovalRecord | None:
         rows = await self._fetch(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND approval_id = ?",
@@ -379,7 +458,24 @@ class Store:
         return [ApprovalRecord(*row) for row in rows]
 
 
-async def migrate(conn: aiosqlite.Connection) -> int:
+def _connect(path: str) -> sqlite3.Connection:
+    """Open the connection (on the worker thread that will own it): WAL,
+    ``synchronous=FULL``, foreign keys, a busy timeout, then migrations."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        mode = (conn.execute("PRAGMA journal_mode=WAL").fetchone() or ("",))[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"SQLite refused WAL mode for {path} (got {mode!r})")
+        for pragma in ("synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
+            conn.execute(f"PRAGMA {pragma}")
+        migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def migrate(conn: sqlite3.Connection) -> int:
     """Apply the migrations the database lacks, each in its own transaction.
 
     Returns:
@@ -388,15 +484,14 @@ async def migrate(conn: aiosqlite.Connection) -> int:
     Raises:
         StoreError: the database is newer than this code.
     """
-    async with conn.execute("PRAGMA user_version") as cur:
-        version = int((await cur.fetchone() or (0,))[0])
+    version = int((conn.execute("PRAGMA user_version").fetchone() or (0,))[0])
     if version > len(MIGRATIONS):
         raise StoreError(f"the store schema is version {version}; this host knows up to {len(MIGRATIONS)}")
     for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
         try:
-            await conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+            conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
         except BaseException:
             if conn.in_transaction:
-                await conn.execute("ROLLBACK")
+                conn.execute("ROLLBACK")
             raise
     return len(MIGRATIONS)

@@ -107,6 +107,8 @@ def check_request(
         payload = msgspec.json.decode(body)
     except msgspec.DecodeError:
         raise InvalidJobRequest("the request body is not valid JSON") from None
+    except RecursionError:  # msgspec's nesting bound (about 1000 levels)
+        raise InvalidJobRequest("the request body is nested too deeply") from None
     if not isinstance(payload, dict):
         raise InvalidJobRequest("the request body must be a JSON object")
     operation = payload.get("operation", "run")

@@ -227,6 +227,8 @@ async def cancel_job(request: Request) -> Response:
         raise InvalidJobRequest(f"invalid cancel request: {exc}") from None
     except msgspec.DecodeError:
         raise InvalidJobRequest("the request body is not valid JSON") from None
+    except RecursionError:  # msgspec's nesting bound
+        raise InvalidJobRequest("the request body is nested too deeply") from None
     if body.action_id != action_id:
         raise BadRequest("the body's action_id does not match the path")
     return JSONResponse(await _runtime(request).cancel(action_id, body.crew_id))

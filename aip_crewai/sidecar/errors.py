@@ -57,6 +57,20 @@ class JournalSchemaError(JournalError):
     http_status = 503
 
 
+class JournalForeign(JournalError):
+    """The file is not an aip-crewai journal (another application's database, or not SQLite)."""
+
+    code = "sidecar.journal_foreign"
+    http_status = 503
+
+
+class JournalCorrupt(JournalError):
+    """SQLite's integrity check found damage in the journal."""
+
+    code = "sidecar.journal_corrupt"
+    http_status = 503
+
+
 class JournalWriteFailed(JournalError):
     """A write transaction failed and was rolled back (nothing half-written)."""
 

@@ -39,7 +39,14 @@ import msgspec
 import structlog
 
 from aip_crewai.sidecar import fence
-from aip_crewai.sidecar.errors import JournalError, JournalSchemaError, JournalWriteFailed, JournalFull
+from aip_crewai.sidecar.errors import (
+    JournalCorrupt,
+    JournalError,
+    JournalForeign,
+    JournalFull,
+    JournalSchemaError,
+    JournalWriteFailed,
+)
 from aip_crewai.sidecar.jobs import (
     ArchiveOutcome,
     EventRow,
@@ -100,8 +107,16 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX task_runs_action ON task_runs(action_id);
     """,
+    # 3: mark the file as an aip-crewai journal (SQLite header field, see APPLICATION_ID)
+    """
+    PRAGMA application_id = 1095323715;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+#: ``PRAGMA application_id`` of a journal (ASCII "AIPC"), set by migration 3.
+APPLICATION_ID = 0x41495043
+#: Tables every journal at schema version >= 1 has.
+_OWN_TABLES = frozenset({"jobs", "events"})
 
 # ------------------------------------------------------------------- records
 
@@ -153,12 +168,16 @@ class Journal:
         ``<path>.lock`` is locked exclusively (non-blocking); the journal (and
         its ``-wal``/``-shm`` files) must be regular non-symlink files without
         group/other permission bits, and is created with mode 0600 when absent;
-        then WAL, ``synchronous=FULL`` and migrations.
+        then WAL, ``synchronous=FULL``, SQLite's ``quick_check`` (a damaged
+        file is refused before the crash fence writes to it), the identity
+        check (:func:`_check_identity`) and migrations.
 
         Raises:
             JournalLocked: another process holds the lock ("already owned by
                 another active sidecar").
             JournalInsecure: a permission or file-type rule is broken.
+            JournalForeign: the file is not SQLite, or another application's database.
+            JournalCorrupt: the integrity check failed.
             JournalSchemaError: the file's schema is newer than this code.
             JournalError: SQLite cannot open the file.
 
@@ -176,9 +195,12 @@ class Journal:
             except sqlite3.Error as exc:
                 raise JournalError(f"cannot open the journal {path}: {exc}") from exc
             try:
+                await _check_readable(conn, path)
                 await conn.execute("PRAGMA journal_mode=WAL")
                 await conn.execute("PRAGMA synchronous=FULL")
                 await conn.execute("PRAGMA journal_size_limit=67108864")
+                await _check_integrity(conn, path)
+                await _check_identity(conn, path)
                 await _migrate(conn, path)
                 page_size = (await _scalar(conn, "PRAGMA page_size")) or 4096
                 retained = await _scalar(conn, "SELECT COUNT(*) FROM jobs WHERE archived = 0") or 0
@@ -548,6 +570,62 @@ class Journal:
 async def _scalar(conn: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
     rows = await conn.execute_fetchall(sql, params)
     return rows[0][0] if rows else None
+
+
+async def _check_readable(conn: aiosqlite.Connection, path: Path) -> None:
+    """Raise JournalForeign when ``path`` is not a SQLite database at all."""
+    try:
+        await _scalar(conn, "SELECT COUNT(*) FROM sqlite_master")
+    except sqlite3.DatabaseError as exc:
+        if "malformed" in str(exc):
+            raise _corrupt(path, str(exc)) from exc
+        raise JournalForeign(
+            f"the journal {path} is not a SQLite database ({exc}); it is not an aip-crewai journal. "
+            "Point --journal at a new path or at a journal written by this sidecar"
+        ) from exc
+
+
+async def _check_integrity(conn: aiosqlite.Connection, path: Path) -> None:
+    """Run SQLite's ``quick_check`` (reads every page once); raise JournalCorrupt on damage."""
+    try:
+        rows = await conn.execute_fetchall("PRAGMA quick_check(5)")
+        problems = [str(row[0]) for row in rows if str(row[0]) != "ok"]
+    except sqlite3.DatabaseError as exc:
+        problems = [str(exc)]
+    if problems:
+        raise _corrupt(path, "; ".join(problems))
+
+
+def _corrupt(path: Path, problem: str) -> JournalCorrupt:
+    text = " ".join(problem.replace("*** in database main ***", "").split())[:200]
+    return JournalCorrupt(f"the journal {path} is corrupt (SQLite integrity check: {text}); "
+                          "restore it from a backup, or move it aside to start with an empty journal")
+
+
+async def _check_identity(conn: aiosqlite.Connection, path: Path) -> None:
+    """Refuse a database that is not an aip-crewai journal.
+
+    A journal has ``application_id`` 0 (written before migration 3) or
+    :data:`APPLICATION_ID`; at schema version 0 it is empty (a new file),
+    above it holds the ``jobs`` and ``events`` tables. Anything else belongs
+    to another application: migrating it would add our tables to its data.
+    """
+    app_id = await _scalar(conn, "PRAGMA application_id") or 0
+    version = await _scalar(conn, "PRAGMA user_version") or 0
+    tables = {row[0] for row in await conn.execute_fetchall(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+    problem = None
+    if app_id not in (0, APPLICATION_ID):
+        problem = f"its SQLite application_id is {app_id}, not {APPLICATION_ID}"
+    elif version == 0 and tables:
+        problem = f"it holds tables of another application ({', '.join(sorted(tables)[:5])})"
+    elif version > 0 and not _OWN_TABLES <= tables:
+        problem = f"it is at schema version {version} but lacks the tables {', '.join(sorted(_OWN_TABLES - tables))}"
+    if problem:
+        raise JournalForeign(
+            f"the journal {path} is not an aip-crewai journal: {problem}. "
+            "Point --journal at a new path or at a journal written by this sidecar"
+        )
 
 
 async def _migrate(conn: aiosqlite.Connection, path: Path) -> None:

@@ -62,6 +62,8 @@ class LiveJob:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     flush_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     flush_scheduled: bool = False
+    #: Pending chunks a failed checkpoint left behind: the next try waits for that many more.
+    checkpoint_backoff: int = 0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property

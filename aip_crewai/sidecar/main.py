@@ -6,11 +6,13 @@ Start-up order (nothing is served before the last step):
    prints one line on stderr and exits 2 (no traceback);
 2. logging to stderr (JSON unless stderr is a terminal);
 3. a temporary journal directory when ``--allow-ephemeral`` and no journal;
-4. CrewAI's environment (telemetry off, storage under the state dir), then
+4. the journal: lock, permissions, integrity and schema checks, migrations,
+   then the crash fence (exit 2 on refusal, e.g. "already owned by another
+   active sidecar", a corrupt file or another application's database). This
+   runs before the CrewAI import, so a bad journal is refused at once;
+5. CrewAI's environment (telemetry off, storage under the state dir), then
    ``import crewai`` (a few seconds) and the crew registry (exit 2 on a bad
    ``--registry``);
-5. the journal: lock, permissions, migrations (exit 2 on refusal, e.g.
-   "already owned by another active sidecar"), then the crash fence;
 6. the listening socket (exit 2 if it cannot bind), then hypercorn; once it
    accepts, ``sidecar_listening`` is logged (with the real port, also for
    ``--port 0``) and systemd gets ``READY=1`` when ``NOTIFY_SOCKET`` is set.
@@ -41,11 +43,15 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from aip_crewai.log import configure_logging
 from aip_crewai.sidecar.config import ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from aip_crewai.sidecar.journal import Journal
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +84,64 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(settings: Settings) -> int:
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    pool = ThreadPoolExecutor(max_workers=max(8, 4 * settings.max_concurrency), thread_name_prefix=WORKER_PREFIX)
+    loop.set_default_executor(pool)
+    try:
+        journal = loop.run_until_complete(_open_journal(settings))
+        status = 2 if journal is None else _load_and_serve(loop, settings, journal)
+    finally:
+        stuck = _close_loop(loop, pool)
+    if stuck:
+        log.warning("worker_threads_abandoned", threads=stuck)
+        sys.stderr.flush()
+        os._exit(status)  # busy worker threads would block interpreter exit forever
+    return status
+
+
+async def _open_journal(settings: Settings) -> Journal | None:
+    """Open, check and recover the journal; None (refusal printed) when it cannot be used."""
+    from aip_crewai.sidecar.app import recover
+    from aip_crewai.sidecar.errors import JournalError
+    from aip_crewai.sidecar.journal import Journal
+
+    if settings.journal is None:  # main() sets an ephemeral one; config requires it otherwise
+        raise RuntimeError("settings.journal is not set")
+    try:
+        journal = await Journal.open(settings.journal)
+    except JournalError as exc:
+        _refuse(f"--journal (AIP_CREWAI_STATE_FILE): {exc.message}")
+        return None
+    try:
+        await recover(journal)
+    except JournalError as exc:  # e.g. a page the integrity check could not see fails the crash fence's write
+        await journal.close()
+        _refuse(f"--journal (AIP_CREWAI_STATE_FILE): the crash fence could not be recorded in {settings.journal} "
+                f"({exc.message}); check the disk, or restore the journal from a backup")
+        return None
+    except BaseException:
+        await journal.close()
+        raise
+    return journal
+
+
+def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal: Journal) -> int:
+    """Import CrewAI and the registry, then serve; the journal is closed on every path."""
+    try:
+        loaded = _load_crews(settings)
+    except BaseException:
+        loop.run_until_complete(journal.close())
+        raise
+    if isinstance(loaded, int):  # refused
+        loop.run_until_complete(journal.close())
+        return loaded
+    crews, executor = loaded
+    return loop.run_until_complete(_serve(settings, crews, executor, journal))
+
+
+def _load_crews(settings: Settings) -> tuple[frozenset[str], object] | int:
+    """CrewAI's environment, ``import crewai`` and the registry; an exit status when refused."""
     from aip_crewai.sidecar.crewai_env import import_crewai, prepare_crewai_environment
 
     started = time.monotonic()
@@ -95,38 +159,16 @@ def _run(settings: Settings) -> int:
     except (RegistryError, ImportError) as exc:
         return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {exc}")
     log.info("crewai_ready", crews=len(crews), import_ms=int((time.monotonic() - started) * 1000))
-
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    pool = ThreadPoolExecutor(max_workers=max(8, 4 * settings.max_concurrency), thread_name_prefix=WORKER_PREFIX)
-    loop.set_default_executor(pool)
-    try:
-        status = loop.run_until_complete(_serve(settings, crews, executor))
-    finally:
-        stuck = _close_loop(loop, pool)
-    if stuck:
-        log.warning("worker_threads_abandoned", threads=stuck)
-        sys.stderr.flush()
-        os._exit(status)  # busy worker threads would block interpreter exit forever
-    return status
+    return crews, executor
 
 
-async def _serve(settings: Settings, crews: frozenset[str], executor: object) -> int:
+async def _serve(settings: Settings, crews: frozenset[str], executor: object, journal: Journal) -> int:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
-    from aip_crewai.sidecar.app import create_app, recover
-    from aip_crewai.sidecar.errors import JournalError
-    from aip_crewai.sidecar.journal import Journal
+    from aip_crewai.sidecar.app import create_app
 
-    if settings.journal is None:  # main() sets an ephemeral one; config requires it otherwise
-        raise RuntimeError("settings.journal is not set")
     try:
-        journal = await Journal.open(settings.journal)
-    except JournalError as exc:
-        return _refuse(f"--journal (AIP_CREWAI_STATE_FILE): {exc.message}")
-    try:
-        await recover(journal)
         fd, port = _listen(settings.host, settings.port)
     except OSError as exc:
         await journal.close()

@@ -53,6 +53,7 @@ import structlog
 
 from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
 from aip_crewai.sidecar.admission import Admission, check_request
+from aip_crewai.sidecar.backlog import PendingTerminal, TerminalBacklog
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
 from aip_crewai.sidecar.errors import (
@@ -108,6 +109,7 @@ class Runtime:
         self._state_dir = settings.state_dir or (settings.journal.parent if settings.journal else Path.cwd())
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        self.backlog = TerminalBacklog(journal, self._recorded_late)
 
     # ------------------------------------------------------------ admission
 
@@ -144,6 +146,11 @@ class Runtime:
     async def _admit_new(self, adm: Admission) -> None:
         job = NewJob(adm.action_id, adm.crew_id, adm.operation, adm.request_hash, adm.idempotency_key,
                      adm.requested_timeout_ms)
+        if len(self.backlog) and not await self.backlog.flush():
+            # Earlier outcomes could not be recorded: start nothing whose outcome could not be either.
+            self.metrics.inc("journal_write_failures_total")
+            raise JournalWriteFailed("the job journal cannot record results right now; no new job is admitted "
+                                     "until it records the pending ones")
         try:
             record, created = await self.journal.admit(job, max_retained_runs=self.settings.max_retained_runs,
                                                        max_bytes=self.settings.max_journal_bytes)
@@ -265,18 +272,22 @@ class Runtime:
         """Commit pending chunks and the terminal event in one transaction.
 
         The caller has claimed ``live.close()``. On a journal failure the job
-        is marked lost (followers stop; the next start fails it as uncertain).
+        is marked lost (followers stop without a terminal event) and the
+        outcome goes to :attr:`backlog`, which retries it while new
+        admissions get 507; if the process stops first, the next start fails
+        the job as uncertain.
         """
         async with live.flush_lock:
             sequence = live.next_sequence
             terminal = EventRow(sequence, status.value, raw if raw is not None else msgspec.json.encode(data))
+            events = [*live.pending, terminal]
             try:
-                ok = await self.journal.transition(
-                    live.action_id, status, first_sequence=live.committed, events=[*live.pending, terminal],
+                ok: bool | None = await self.journal.transition(
+                    live.action_id, status, first_sequence=live.committed, events=events,
                     output=output, error=error, dropped_events=live.dropped, task_runs=task_runs or (),
                 )
             except JournalWriteFailed:
-                ok = False
+                ok = None
                 self.metrics.inc("journal_write_failures_total")
             if ok:
                 live.pending.clear()
@@ -286,10 +297,17 @@ class Runtime:
                     self.metrics.inc("chunks_dropped_total", live.dropped)
             else:
                 live.lost = True
-                log.error("job_terminal_not_recorded", action_id=live.action_id, status=status.value)
+                log.error("job_terminal_not_recorded", action_id=live.action_id, status=status.value,
+                          retrying=ok is None)
+                if ok is None:
+                    self.backlog.add(PendingTerminal(live.action_id, live.operation, status, live.committed, events,
+                                                     output, error, live.dropped, list(task_runs or ())))
         live.finished.set()
         live.notify()
         self._live.pop(live.action_id, None)
+
+    def _recorded_late(self, item: PendingTerminal) -> None:
+        self.metrics.inc("jobs_finished_total", operation=item.operation, status=item.status.value)
 
     def _signal_stop(self, live: LiveJob, *, force: bool = False) -> None:
         """Set the cooperative flag; cancel the asyncio task where that stops CrewAI."""
@@ -322,7 +340,8 @@ class Runtime:
         live.next_sequence += 1
         self.metrics.inc("chunks_total")
         live.notify()
-        if len(live.pending) >= self.settings.stream_checkpoint_events and not live.flush_scheduled:
+        if len(live.pending) >= self.settings.stream_checkpoint_events + live.checkpoint_backoff \
+                and not live.flush_scheduled:
             live.flush_scheduled = True
             task = asyncio.create_task(self._checkpoint(live))
             self._background.add(task)
@@ -339,10 +358,12 @@ class Runtime:
             except JournalWriteFailed:
                 self.metrics.inc("journal_write_failures_total")
                 log.error("job_checkpoint_failed", action_id=live.action_id, events=len(batch))
+                live.checkpoint_backoff = len(batch)  # retry after another checkpoint's worth, not at every chunk
                 return  # kept pending: the next checkpoint or the terminal event retries
             if ok:
                 del live.pending[: len(batch)]
                 live.committed += len(batch)
+                live.checkpoint_backoff = 0
 
     async def _find_task_run(self, crew_id: str, task_id: str) -> dict[str, Any] | None:
         raw = await self.journal.find_task_run(crew_id, task_id)
@@ -391,7 +412,7 @@ class Runtime:
         """``GET /health`` body (DESIGN §4)."""
         s = self.settings
         return {
-            "status": "stopping" if self._closing else "ready",
+            "status": "stopping" if self._closing else "degraded" if len(self.backlog) else "ready",
             "crews": sorted(self.crews),
             "active_runs": sum(1 for live in self._live.values() if not live.closed),
             "retained_runs": self.journal.retained_runs,
@@ -429,6 +450,9 @@ class Runtime:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
+        if len(self.backlog):
+            await self.backlog.flush()  # a last try; what stays is fenced at the next start
+        await self.backlog.close()
 
 
 def _stop_observed(task: asyncio.Task[Any], ctx: JobContext) -> bool:

@@ -42,3 +42,9 @@ def test_message_parts_are_tagged_by_type():
     result = aip.ActionResult(action_id="a", status="completed", message=[aip.TextPart(text="hi"), aip.DataPart(data=[1])])
     assert msgspec.json.decode(msgspec.json.encode(result))["message"] == [{"type": "text", "text": "hi"},
                                                                           {"type": "data", "data": [1]}]
+
+
+@pytest.mark.parametrize("action_id", ["résumé-2", "a b", "a/b", ""])
+def test_action_ids_are_visible_ascii_without_slash(action_id):
+    with pytest.raises(msgspec.ValidationError):
+        decode({**BASE, "body": {"action": {"id": action_id, "capability_id": "cap:crewai:c"}}})

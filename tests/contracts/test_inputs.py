@@ -52,6 +52,9 @@ def test_run_action_id_bounds(op):
     bad(op, {"run_action_id": "a\nb"})
     bad(op, {"run_action_id": "a\x7fb"})
     bad(op, {"run_action_id": "a\x85b"})
+    bad(op, {"run_action_id": "résumé"})  # sent in an ASCII-only HTTP header
+    bad(op, {"run_action_id": "a b"})
+    ok(op, {"run_action_id": "act_01.x:y-z~"})
     bad(op, {})
 
 

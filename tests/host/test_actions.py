@@ -40,11 +40,11 @@ class Clock:
 @pytest.fixture
 async def env(tmp_path):
     tmp_path.chmod(0o700)
-    store = await Store.open(tmp_path / "host.db")
+    clock = Clock()
+    store = await Store.open(tmp_path / "host.db", clock=lambda: clock.ms / 1000)
     sidecar = FakeSidecar()
     http = httpx.AsyncClient(transport=sidecar.transport(), base_url="http://127.0.0.1:8090",
                              headers={"Authorization": "Bearer sidecar-token"})
-    clock = Clock()
     service = ActionService(store, Dispatcher(SidecarClient(http, max_response_bytes=1 << 20),
                                               max_response_bytes=1 << 20),
                             {"acme": {"support": ALL, "legacy": frozenset(ops.LEGACY_DEFAULT_OPERATIONS)},
@@ -221,3 +221,70 @@ async def test_omitted_output_is_read_from_the_job_view(env):
     result = await service.result(done)
     assert result.status == "completed" and result.output["raw"].startswith("done:")
     assert "output_omitted" not in result.output
+
+
+async def _sink(service):
+    from aip_crewai.host.actions import _ChunkSink
+    from aip_crewai.host.dispatch import Job
+    from aip_crewai.host.live import LiveAction
+
+    await service.store.create_action("acme", "s1", "cap:crewai:support", "support", "run", "{}", "h", "p", "k",
+                                      "running")
+    job = Job(tenant="acme", action_id="s1", crew_id="support", spec=ops.get("run"), input={}, idempotency_key="k")
+    return _ChunkSink(service.store, LiveAction(job=job))
+
+
+def _chunk(sequence):
+    from aip_crewai.contracts.aip import StreamChunk
+
+    return StreamChunk(action_id="s1", sequence=sequence, kind="data", data={"content": str(sequence)})
+
+
+async def test_chunks_arriving_one_per_read_are_stored_in_order_with_group_commit(env):
+    """The sidecar sends one SSE frame per event: the host must not pay one store transaction per frame."""
+    service, _, _ = env
+    sink = await _sink(service)
+    calls = []
+    append = service.store.append_chunks
+
+    async def counting(*args, **kwargs):
+        calls.append(len(args[2]))
+        return await append(*args, **kwargs)
+
+    service.store.append_chunks = counting
+    for sequence in range(300):
+        await sink.add([_chunk(sequence)])
+    await sink.drain()
+    stored = await service.store.list_chunks("acme", "s1", -1, 1000)
+    assert [c.sequence for c in stored] == list(range(300))
+    assert sum(calls) == 300 and len(calls) < 300
+    assert (await service.store.get_action("acme", "s1")).chunk_count == 300
+
+
+async def test_a_discarded_sink_stores_nothing_more(env):
+    service, _, _ = env
+    sink = await _sink(service)
+    await sink.add([_chunk(0)])
+    sink.discard()
+    await asyncio.sleep(0)
+    assert await service.store.list_chunks("acme", "s1") == []
+
+
+def test_only_key_less_read_only_actions_skip_fsync():
+    from aip_crewai.host.actions import durable_action
+
+    assert not durable_action(ops.get("status"), None)
+    assert durable_action(ops.get("status"), "k")
+    assert durable_action(ops.get("knowledge_query"), "k")
+    assert all(durable_action(ops.get(name), None) for name in ops.OPERATION_NAMES if not ops.get(name).read_only)
+
+
+async def test_concurrent_duplicates_of_a_mutation_all_see_the_pending_approval(env):
+    service, sidecar, _ = env
+    same_id = [service.submit(INVOKER, action("p1", key="pk"), None, stream=False) for _ in range(20)]
+    other_ids = [service.submit(INVOKER, action(f"p{i}", key="pk"), None, stream=False) for i in range(2, 12)]
+    records = await asyncio.gather(*same_id, *other_ids)
+    results = [await service.result(r) for r in records]
+    assert {r.status for r in results} == {"pending_approval"}
+    assert len({r.approval.approval_id for r in results}) == 1
+    assert {r.action_id for r in records} == {"p1"} and sidecar.executions == 0

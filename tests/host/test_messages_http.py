@@ -129,3 +129,31 @@ async def test_invalid_input_names_the_field(http):
 async def test_unauthenticated_message_is_401(http):
     response = await http.post("/aip/v1/messages", content=json.dumps(envelope()), headers=CT)
     assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_pending_stream_result_has_no_position_and_bad_cursors_are_typed(http):
+    env = action_env("msg_p", "act_p", "cap:crewai:beta", {"topic": "a"}, key="kp")
+    response = await post(http, "acme-invoker", env, Accept="text/event-stream")
+    events = sse_events(response.content)
+    assert [(name, ident) for name, ident, _ in events] == [("ack", "sse_0"), ("result", "sse_0")]
+    for value in ["abc", "-1", "sse_x"]:
+        bad = await http.get("/aip/v1/actions/act_p/events", headers={**bearer("acme-invoker"), "Last-Event-ID": value})
+        assert bad.status_code == 400 and bad.json()["body"]["error"]["code"] == "request.invalid_cursor"
+    bad = await http.get("/aip/v1/actions/act_p/chunks?cursor=abc", headers=bearer("acme-invoker"))
+    assert bad.json()["body"]["error"]["code"] == "request.invalid_cursor"
+
+
+async def test_oversize_body_is_413_with_the_bound(http):
+    response = await http.post("/aip/v1/messages", content=b"x" * (2 * 1024 * 1024 + 1),
+                               headers={**CT, **bearer("acme-invoker")})
+    assert response.status_code == 413
+    assert response.json()["body"]["error"]["code"] == "message.too_large"
+
+
+async def test_cancel_needs_the_invoker_role(http):
+    env = action_env("msg_c", "act_c", "cap:crewai:beta", {"topic": "a"}, key="kc")
+    await post(http, "acme-invoker", env)
+    denied = await http.post("/aip/v1/actions/act_c/cancel", headers=bearer("acme-operator"))
+    assert denied.status_code == 403
+    done = await http.post("/aip/v1/actions/act_c/cancel", headers=bearer("acme-invoker"))
+    assert done.json()["body"]["action_result"]["status"] == "cancelled"

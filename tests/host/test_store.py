@@ -237,6 +237,29 @@ async def test_chunks_append_list_and_count(store: Store):
         await store.append_chunks("globex", "act_1", [(0, "{}")])
 
 
+async def test_chunk_append_moves_dispatch_forward_in_the_same_transaction(store: Store):
+    await make_action(store)
+    await store.append_chunks("acme", "act_1", [(0, "{}")], dispatch="acknowledged", durable=False)
+    record = await store.get_action("acme", "act_1")
+    assert (record.dispatch, record.chunk_count) == ("acknowledged", 1)
+    await store.append_chunks("acme", "act_1", [(1, "{}")], dispatch="sent")
+    assert (await store.get_action("acme", "act_1")).dispatch == "acknowledged"
+    with pytest.raises(ValueError):
+        await store.append_chunks("acme", "act_1", [(2, "{}")], dispatch="lost")
+
+
+async def test_non_durable_writes_are_visible_and_the_connection_stays_full(store: Store, db_path: Path):
+    """durable=False relaxes fsync for that write only; the connection goes back to synchronous=FULL."""
+    created, _ = await make_action(store, action_id="read_1", key=None, durable=False)
+    assert created
+    assert await store.update_action("acme", "read_1", from_statuses=["running"], status="completed",
+                                     result_json="{}", durable=False)
+    assert (await store.get_action("acme", "read_1")).status == "completed"
+    assert (await store._fetch("PRAGMA synchronous"))[0][0] == 2  # FULL
+    with sqlite3.connect(db_path) as other:  # committed: another connection sees it
+        assert other.execute("SELECT status FROM actions WHERE action_id = 'read_1'").fetchone() == ("completed",)
+
+
 # --- approvals --------------------------------------------------------------------
 
 
@@ -258,6 +281,15 @@ async def test_create_and_read_approvals_per_tenant(store: Store):
         await approval(store)  # same id
     with pytest.raises(StoreError):
         await store.create_approval("acme", "apr_x", "no_such_action", "cap", "ph", "p", "{}", T0 + 1)
+
+
+async def test_an_approval_can_link_its_pending_action_in_the_same_transaction(store: Store):
+    await make_action(store, status="pending_approval")
+    await store.create_approval("acme", "apr_1", "act_1", "cap", "ph", "svc:acme", "{}", T0 + 1, link_action=True)
+    assert (await store.get_action("acme", "act_1")).approval_id == "apr_1"
+    with pytest.raises(StoreError):  # the failed insert rolls the link back too
+        await store.create_approval("acme", "apr_1", "act_1", "cap", "ph", "svc:acme", "{}", T0 + 1, link_action=True)
+    assert (await store.get_action("acme", "act_1")).approval_id == "apr_1"
 
 
 async def test_listing_pages_with_a_cursor_and_a_done_flag(store: Store):

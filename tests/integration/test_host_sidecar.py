@@ -140,3 +140,20 @@ def test_tenants_cannot_see_each_other(stack):
         answer = beta.call("cap:crewai:knowledge_b:knowledge_query", {"query": ["lighthouse keeper"]},
                            idempotency_key=new_id("k"))
         assert "lighthouse" not in json.dumps(answer["body"]["action_result"]["output"]).lower()
+
+
+def test_host_on_a_taken_port_fails_cleanly(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    from host_process import write_config
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = write_config(tmp_path / "h", "http://127.0.0.1:9", "tok", taken.getsockname()[1])
+        result = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr

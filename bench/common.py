@@ -1,0 +1,521 @@
+"""Shared helpers of the benchmarks: statistics, result rows, markdown, and
+real processes (sidecar, host, a bare Starlette server) on loopback.
+
+Every process binds an ephemeral port (``port 0``) and the real port is read
+back from its stderr, so there is no free-port race. :class:`Stack` owns the
+processes and a private temporary directory; leaving it (also on an error)
+stops every process it started (SIGTERM, then SIGKILL after a bound) and
+removes the directory.
+
+Durations are seconds everywhere; rows render milliseconds or rates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import structlog
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "bench" / "results"
+SIDECAR_TOKEN = "bench-sidecar-token-7d21"
+TENANT = "bench"
+TOKENS = {"bench-app": "tok-bench-app-1", "bench-approver": "tok-bench-approver-1"}
+ROLES = {"bench-app": "invoker", "bench-approver": "approver"}
+REGISTRY = "bench.crews:CREWS"
+HOST_OPERATIONS = ["run", "status", "events", "cancel"]
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+AIP_CONTENT_TYPE = "application/aip+json"
+
+
+# --- statistics ------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``values``, linear interpolation between ranks."""
+    if not values:
+        raise ValueError("no samples")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """p50 and p99 of samples (durations, seconds; p99 is the slow tail)."""
+
+    n: int
+    p50: float
+    p99: float
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Stats:
+        return cls(len(samples), percentile(samples, 50), percentile(samples, 99))
+
+
+# --- sampling ----------------------------------------------------------------------
+
+Timed = Callable[[], Awaitable[float]]
+
+
+async def interleave(paths: dict[str, Timed], *, rounds: int, warmup: int, budget_s: float) -> dict[str, list[float]]:
+    """Run every path once per round, rotating the order each round, so drift
+    (caches, CPU frequency, journal growth) hits all paths alike.
+
+    Each path returns its own measured duration (seconds), so preparation
+    (building an envelope) stays outside the timing. Stops after ``rounds``
+    or when ``budget_s`` has passed (at least 20 rounds once warm).
+    """
+    names = list(paths)
+    for _ in range(warmup):
+        for name in names:
+            await paths[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    end = time.monotonic() + budget_s
+    for i in range(rounds):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(await paths[name]())
+        if i >= 20 and time.monotonic() > end:
+            break
+    return samples
+
+
+def quiet_logs() -> None:
+    """Drop our modules' structlog output below warnings (in-process benchmarks)."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+# --- result rows and sections ------------------------------------------------------
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.2f} ms"
+
+
+def _rate(per_second: float, unit: str) -> str:
+    if per_second >= 10_000:
+        return f"{per_second / 1000:,.0f}k {unit}/s"
+    return f"{per_second:,.0f} {unit}/s"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One side-by-side comparison, judged on p50 (p99 shown for the tail)."""
+
+    metric: str
+    ours: str
+    baseline: str
+    ratio_p50: str
+    ratio_p99: str
+    target: str
+    met: bool | None  # None: reported, no target
+
+    @property
+    def verdict(self) -> str:
+        return "—" if self.met is None else ("met" if self.met else "MISSED")
+
+
+def latency_row(metric: str, ours: Stats, baseline: Stats, *, max_ratio: float | None) -> Row:
+    """Ratio of durations ours / baseline (lower is better)."""
+    r50, r99 = ours.p50 / baseline.p50, ours.p99 / baseline.p99
+    return Row(metric, f"{_ms(ours.p50)} / {_ms(ours.p99)}", f"{_ms(baseline.p50)} / {_ms(baseline.p99)}",
+               f"{r50:.2f}×", f"{r99:.2f}×", "—" if max_ratio is None else f"≤ {max_ratio:g}× at p50",
+               None if max_ratio is None else r50 <= max_ratio)
+
+
+def added_row(metric: str, ours: Stats, baseline: Stats, *, max_added_s: float) -> Row:
+    """Difference of durations ours − baseline (p50 and p99), and their ratio."""
+    added50, added99 = ours.p50 - baseline.p50, ours.p99 - baseline.p99
+    return Row(metric, f"{_ms(ours.p50)} / {_ms(ours.p99)}", f"{_ms(baseline.p50)} / {_ms(baseline.p99)}",
+               f"{ours.p50 / baseline.p50:.2f}× (+{added50 * 1000:.1f} ms)",
+               f"{ours.p99 / baseline.p99:.2f}× (+{added99 * 1000:.1f} ms)",
+               f"≤ +{max_added_s * 1000:g} ms at p50", added50 <= max_added_s)
+
+
+def rate_row(metric: str, unit: str, ours: Stats, baseline: Stats, *, units: float,
+             min_ratio: float | None, min_rate: float | None = None) -> Row:
+    """Throughput comparison. ``ours``/``baseline`` are durations of samples of
+    ``units`` items each; rates are ``units / duration`` (p99 = the slow tail).
+    Ratio ours / baseline (higher is better)."""
+    o50, o99 = units / ours.p50, units / ours.p99
+    b50, b99 = units / baseline.p50, units / baseline.p99
+    targets, met = [], True
+    if min_ratio is not None:
+        targets.append(f"≥ {min_ratio:g}× at p50")
+        met = met and o50 / b50 >= min_ratio
+    if min_rate is not None:
+        targets.append(f"≥ {_rate(min_rate, unit)}")
+        met = met and o50 >= min_rate
+    return Row(metric, f"{_rate(o50, unit)} / {_rate(o99, unit)}", f"{_rate(b50, unit)} / {_rate(b99, unit)}",
+               f"{o50 / b50:.2f}×", f"{o99 / b99:.2f}×", ", ".join(targets) or "—", met if targets else None)
+
+
+@dataclass
+class Section:
+    """The result of one benchmark: rows, free-form notes and its own runtime."""
+
+    name: str
+    title: str
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)  # extra markdown lines (tables)
+    seconds: float = 0.0
+
+    def markdown(self) -> str:
+        lines = [f"## {self.title}", "", f"Runtime: {self.seconds:.1f} s.", ""]
+        lines += table(["metric", "ours p50 / p99", "baseline p50 / p99", "ratio p50", "ratio p99", "target", ""],
+                       [[r.metric, r.ours, r.baseline, r.ratio_p50, r.ratio_p99, r.target, r.verdict]
+                        for r in self.rows])
+        if self.extra:
+            lines += ["", *self.extra]
+        if self.notes:
+            lines += ["", *[f"- {note}" for note in self.notes]]
+        return "\n".join(lines) + "\n"
+
+    def console(self) -> str:
+        out = [f"== {self.title} ({self.seconds:.1f} s)"]
+        for r in self.rows:
+            out.append(f"  {r.metric}: ours {r.ours} | baseline {r.baseline} | ratio p50 {r.ratio_p50}, "
+                       f"p99 {r.ratio_p99} | target {r.target} [{r.verdict}]")
+        return "\n".join(out)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """A markdown table as lines."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def machine_line() -> str:
+    """One line describing where the numbers come from."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, Python {sys.version.split()[0]}, "
+            f"{os.cpu_count()} cores ({model})")
+
+
+# --- processes ---------------------------------------------------------------------
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of ``pid`` from ``/proc/<pid>/status`` (VmRSS), KiB; 0 when gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` from ``/proc/<pid>/stat``, seconds; 0.0 when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@dataclass
+class Process:
+    """One child process on loopback."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    stderr_path: Path
+    base_url: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def rss_kib(self) -> int:
+        return rss_kib(self.pid)
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def stderr_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_for_port(self, pattern: re.Pattern[str], deadline_s: float = START_TIMEOUT_S) -> int:
+        """Poll stderr for ``pattern`` (group 1 = the port) until the deadline."""
+        end = time.monotonic() + deadline_s
+        while True:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.stderr_tail()}")
+            match = pattern.search(self.stderr_path.read_text(errors="replace"))
+            if match:
+                return int(match.group(1))
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.name} did not report its port in time:\n{self.stderr_tail()}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM, wait up to STOP_TIMEOUT_S, then SIGKILL (only this child, by pid)."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=STOP_TIMEOUT_S)
+
+
+def child_env() -> dict[str, str]:
+    """This environment without our settings variables, with the repository on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("AIP_CREWAI_") and k not in ("NOTIFY_SOCKET", "CREWAI_STORAGE_DIR")}
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+_HYPERCORN_PORT = re.compile(r"Running on https?://127\.0\.0\.1:(\d+)")
+
+
+class Stack:
+    """Processes and a private working directory; closed on exit whatever happens."""
+
+    def __init__(self, name: str) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"aip-bench-{name}-"))
+        self.workdir.chmod(0o700)
+        self.processes: list[Process] = []
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for process in reversed(self.processes):
+            try:
+                process.stop()
+            except Exception as error:  # keep stopping the others; say what failed
+                print(f"bench: could not stop {process.name} (pid {process.pid}): {error}", file=sys.stderr)
+        self.processes.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _spawn(self, name: str, cmd: list[str]) -> Process:
+        stderr_path = self.workdir / f"{name}.stderr"
+        with stderr_path.open("wb") as stderr:
+            popen = subprocess.Popen(cmd, cwd=self.workdir, env=child_env(), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=stderr)
+        process = Process(name, popen, stderr_path)
+        self.processes.append(process)
+        return process
+
+    def start_sidecar(self, *args: str, name: str = "sidecar") -> Process:
+        """``aip-crewai sidecar`` with the bench crews, a 0600 token, a journal here, port 0."""
+        token_file = self.workdir / "sidecar.token"
+        if not token_file.exists():
+            token_file.write_text(SIDECAR_TOKEN + "\n")
+            token_file.chmod(0o600)
+        state = self.workdir / f"{name}-state"
+        state.mkdir(mode=0o700, exist_ok=True)
+        cmd = [sys.executable, "-m", "aip_crewai.cli", "sidecar", "--registry", REGISTRY,
+               "--journal", str(state / "journal.db"), "--token-file", str(token_file), "--port", "0",
+               "--shutdown-grace-seconds", "5", *args]
+        process = self._spawn(name, cmd)
+        end = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if process.popen.poll() is not None:
+                raise RuntimeError(f"sidecar exited with {process.popen.returncode}:\n{process.stderr_tail()}")
+            for line in process.stderr_path.read_text(errors="replace").splitlines():
+                if '"sidecar_listening"' in line:
+                    process.base_url = f"http://127.0.0.1:{json.loads(line)['port']}"
+            if process.base_url:
+                break
+            if time.monotonic() > end:
+                raise RuntimeError(f"sidecar did not listen in time:\n{process.stderr_tail()}")
+            time.sleep(0.05)
+        _wait_http(f"{process.base_url}/health", {"Authorization": f"Bearer {SIDECAR_TOKEN}"}, process)
+        return process
+
+    def start_host(self, sidecar: Process, crews: Sequence[str], *, name: str = "host") -> Process:
+        """``aip-crewai host`` on port 0 in front of ``sidecar``; tenant ``bench`` sees ``crews``."""
+        home = self.workdir / name
+        home.mkdir(mode=0o700)
+        (home / "sidecar.token").write_text(SIDECAR_TOKEN + "\n")
+        (home / "sidecar.token").chmod(0o600)
+        descriptors = [{"id": crew, "name": crew.title(), "allowed_operations": HOST_OPERATIONS} for crew in crews]
+        (home / "crews.json").write_text(json.dumps(descriptors))
+        lines = ["[host]", 'bind = "127.0.0.1:0"', 'store = "host.db"', "",
+                 "[sidecar]", f'url = "{sidecar.base_url}"', 'token_file = "sidecar.token"', "",
+                 "[crews]", 'file = "crews.json"', "",
+                 f"[tenants.{TENANT}]", f"crews = {json.dumps(list(crews))}", ""]
+        for principal, token in TOKENS.items():
+            lines += ["[[principals]]", f'id = "{principal}"', f'tenant = "{TENANT}"', f'roles = ["{ROLES[principal]}"]',
+                      f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"', ""]
+        (home / "host.toml").write_text("\n".join(lines))
+        process = self._spawn(name, [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(home / "host.toml")])
+        process.base_url = f"http://127.0.0.1:{process.wait_for_port(_HYPERCORN_PORT)}"
+        _wait_http(f"{process.base_url}/ready", {}, process)
+        return process
+
+    def start_bare(self, body: bytes, *, name: str = "bare") -> Process:
+        """The bare Starlette-on-Hypercorn server of :mod:`bench.bare` answering ``body``."""
+        body_file = self.workdir / f"{name}.json"
+        body_file.write_bytes(body)
+        process = self._spawn(name, [sys.executable, "-m", "bench.bare", str(body_file)])
+        process.base_url = f"http://127.0.0.1:{process.wait_for_port(_HYPERCORN_PORT)}"
+        _wait_http(f"{process.base_url}/jobs/ready", {}, process)
+        return process
+
+
+def _wait_http(url: str, headers: dict[str, str], process: Process) -> None:
+    end = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if process.popen.poll() is not None:
+            raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{process.stderr_tail()}")
+        try:
+            if httpx.get(url, headers=headers, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > end:
+            raise RuntimeError(f"{process.name}: {url} never answered 200:\n{process.stderr_tail()}")
+        time.sleep(0.05)
+
+
+class RssSampler:
+    """Samples the RSS of some processes every ``interval_s`` in the background; keeps the peak."""
+
+    def __init__(self, processes: Sequence[Process], interval_s: float = 0.02) -> None:
+        self.processes = list(processes)
+        self.interval_s = interval_s
+        self.peak: dict[str, int] = {p.name: 0 for p in self.processes}
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            for process in self.processes:
+                self.peak[process.name] = max(self.peak[process.name], process.rss_kib())
+            await asyncio.sleep(self.interval_s)
+
+    async def __aenter__(self) -> RssSampler:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for process in self.processes:  # one last sample
+            self.peak[process.name] = max(self.peak[process.name], process.rss_kib())
+
+
+# --- talking to the host ----------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def envelope(capability_id: str, input: dict[str, Any], *, action_id: str, key: str | None = None) -> bytes:
+    """An ``aip.core.v1.action`` envelope, encoded."""
+    action: dict[str, Any] = {"id": action_id, "capability_id": capability_id, "input": input}
+    if key is not None:
+        action["idempotency_key"] = key
+    sent_at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return json.dumps({"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": new_id("msg"),
+                       "sent_at": sent_at, "body": {"action": action}}).encode()
+
+
+def async_client(base_url: str, token: str | None = None, *, connections: int = 16) -> httpx.AsyncClient:
+    """An httpx client for the benchmarks. Idle connections expire after 1 s, well
+    before hypercorn's 5 s keep-alive timeout: with httpx's default (also 5 s)
+    a request can race the server closing the connection and fail with ReadError."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=1.0)
+    return httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits,
+                             timeout=httpx.Timeout(300.0, connect=10.0))
+
+
+class BenchError(RuntimeError):
+    """A benchmark request did not answer as the flow requires."""
+
+
+class Governed:
+    """The tenant (``bench-app``) and approver (``bench-approver``) of one host."""
+
+    def __init__(self, host: Process, *, connections: int = 16) -> None:
+        self.app = async_client(host.base_url, TOKENS["bench-app"], connections=connections)
+        self.approver = async_client(host.base_url, TOKENS["bench-approver"], connections=connections)
+
+    async def aclose(self) -> None:
+        await self.app.aclose()
+        await self.approver.aclose()
+
+    async def post(self, body: bytes) -> dict[str, Any]:
+        """POST an envelope, JSON reply; the ``action_result`` body."""
+        response = await self.app.post("/aip/v1/messages", content=body, headers={"Content-Type": AIP_CONTENT_TYPE})
+        if response.status_code not in (200, 202):
+            raise BenchError(f"POST /aip/v1/messages answered {response.status_code}: {response.text[:300]}")
+        result = response.json()["body"].get("action_result")
+        if result is None:
+            raise BenchError(f"no action_result in {response.text[:300]}")
+        return result  # type: ignore[no-any-return]
+
+    async def decide(self, approval_id: str) -> None:
+        response = await self.approver.post(f"/aip/v1/approvals/{approval_id}/decision",
+                                            json={"decision": "approved", "reason": "benchmark"})
+        if response.status_code != 200:
+            raise BenchError(f"decision answered {response.status_code}: {response.text[:300]}")
+
+    async def submit(self, crew: str, input: dict[str, Any]) -> tuple[bytes, str]:
+        """Submit a run; return (the envelope, the approval id) of the pending action."""
+        body = envelope(f"cap:crewai:{crew}", input, action_id=new_id("act"), key=new_id("key"))
+        result = await self.post(body)
+        if result["status"] != "pending_approval":
+            raise BenchError(f"expected pending_approval, got {result['status']}")
+        return body, result["approval"]["approval_id"]
+
+    async def governed_run(self, crew: str, input: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """Submit, approve, fetch the result with the blocking re-call (same id and key).
+
+        Returns (the result, seconds from sending the decision to holding the result).
+        """
+        body, approval_id = await self.submit(crew, input)
+        started = time.perf_counter()
+        await self.decide(approval_id)
+        result = await self.post(body)
+        elapsed = time.perf_counter() - started
+        if result["status"] != "completed":
+            raise BenchError(f"run ended {result['status']}: {json.dumps(result)[:300]}")
+        return result, elapsed

@@ -1,0 +1,28 @@
+"""Bench-only crew registry: ``bench.crews:CREWS`` (offline, deterministic).
+
+| crew id | shape | in-process ``akickoff`` on the 2-core bench machine |
+|---|---|---|
+| ``fast`` | 1 agent, 1 task, 1 chunk per answer | about 23 ms (CrewAI's own floor: Flow setup, pydantic models) |
+| ``echo`` | :func:`examples.testing.echo` (2 tasks, 3 chunks each) | about 35 ms |
+| ``chatty`` | :func:`examples.testing.chatty` (2 tasks, 500 chunks each: 1,000 per run) | about 90 ms |
+
+Each entry is a zero-argument factory, so every job (and every in-process
+baseline call) gets a fresh crew and a fresh LLM object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from crewai import Crew
+
+from examples.offline_llm import OfflineLLM
+from examples.testing import build_crew, chatty, echo
+
+
+def fast() -> Crew:
+    """The fastest real crew: one agent, one task, one chunk per answer."""
+    return build_crew(OfflineLLM(model="offline-fast", chunks_per_answer=1), ["Say {topic}."], role="Fast echo")
+
+
+CREWS: dict[str, Any] = {"fast": fast, "echo": echo, "chatty": chatty}

@@ -1,0 +1,152 @@
+"""Load: 200 concurrent runs of the ``fast`` crew, sidecar ``--max-concurrency 64``.
+
+- **host** (ours): 200 tenants at once each submit ``cap:crewai:fast``, get
+  ``pending_approval``, have it approved (the approver principal, over HTTP,
+  as soon as the pending answer arrives) and fetch the result with the
+  blocking re-call. Latency per run: submission to result.
+- **sidecar** (baseline): the same 200 runs at once as ``POST /jobs``
+  (blocking) straight to the sidecar. Latency per run: request to answer.
+
+Both phases start from the same warm processes (host phase first, then the
+sidecar phase, then both once more; the two rounds are pooled). Throughput =
+runs / wall time of the phase. Every run must complete (zero errors).
+Resident memory (VmRSS of ``/proc/<pid>/status``) of each process is read at
+idle and sampled every 20 ms during each phase (peak kept); CPU time per run
+(``/proc/<pid>/stat``) of each process is reported per phase. Targets: zero
+errors; host peak RSS ≤ 0.5× the sidecar's.
+
+The ``fast`` crew is the fastest real CrewAI crew we have (one task, one
+chunk): about 23 ms of CrewAI CPU per run in-process on the 2-core bench
+machine, so the sidecar is CPU-bound by CrewAI under this load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from bench.common import (
+    SIDECAR_TOKEN,
+    BenchError,
+    Governed,
+    Process,
+    Row,
+    RssSampler,
+    Section,
+    Stack,
+    Stats,
+    async_client,
+    latency_row,
+    new_id,
+    rate_row,
+    table,
+)
+
+RUNS = 200
+ROUNDS = 2
+MAX_CONCURRENCY = 64
+INPUT = {"topic": "load"}
+MAX_RSS_RATIO = 0.5
+
+
+def _mib(kib: int) -> str:
+    return f"{kib / 1024:.0f} MiB"
+
+
+async def run() -> Section:
+    section = Section("load", f"5. Load: {RUNS} concurrent runs, sidecar max concurrency {MAX_CONCURRENCY}")
+    latencies: dict[str, list[float]] = {"host": [], "sidecar": []}
+    walls: dict[str, list[float]] = {"host": [], "sidecar": []}
+    errors = {"host": 0, "sidecar": 0}
+    samples: list[str] = []
+    peaks: dict[str, dict[str, int]] = {"host": {}, "sidecar": {}}
+    cpu: dict[str, dict[str, float]] = {"host": {"host": 0.0, "sidecar": 0.0}, "sidecar": {"host": 0.0, "sidecar": 0.0}}
+    with Stack("load") as stack:
+        sidecar = stack.start_sidecar("--max-concurrency", str(MAX_CONCURRENCY))
+        host = stack.start_host(sidecar, ["fast"])
+        processes: list[Process] = [host, sidecar]
+        governed = Governed(host, connections=2 * RUNS)
+        side = async_client(sidecar.base_url, SIDECAR_TOKEN, connections=2 * RUNS)
+        try:
+            for _ in range(3):  # warm both paths
+                await governed.governed_run("fast", INPUT)
+                await side.post("/jobs", json={"crew_id": "fast", "action_id": f"warm:{uuid.uuid4().hex}",
+                                               "input": INPUT}, headers={"Idempotency-Key": new_id("key")})
+            await asyncio.sleep(0.5)
+            idle = {p.name: p.rss_kib() for p in processes}
+
+            async def host_run() -> float:
+                started = time.perf_counter()
+                body, approval_id = await governed.submit("fast", INPUT)
+                await governed.decide(approval_id)
+                result = await governed.post(body)
+                if result["status"] != "completed":
+                    raise BenchError(f"run ended {result['status']}")
+                return time.perf_counter() - started
+
+            async def sidecar_run() -> float:
+                job_id = f"load:{uuid.uuid4().hex}"
+                started = time.perf_counter()
+                response = await side.post("/jobs", json={"crew_id": "fast", "action_id": job_id, "input": INPUT},
+                                           headers={"Idempotency-Key": new_id("key"), "X-AIP-Action-ID": job_id})
+                if response.status_code != 200:
+                    raise BenchError(f"POST /jobs answered {response.status_code}")
+                return time.perf_counter() - started
+
+            phases = {"host": host_run, "sidecar": sidecar_run}
+            for _ in range(ROUNDS):
+                for name, one in phases.items():
+                    cpu_before = {p.name: p.cpu_seconds() for p in processes}
+                    async with RssSampler(processes) as sampler:
+                        started = time.perf_counter()
+                        outcomes = await asyncio.gather(*[one() for _ in range(RUNS)], return_exceptions=True)
+                        walls[name].append(time.perf_counter() - started)
+                    for process in processes:
+                        cpu[name][process.name] += process.cpu_seconds() - cpu_before[process.name]
+                    for outcome in outcomes:
+                        if isinstance(outcome, BaseException):
+                            errors[name] += 1
+                            if len(samples) < 3:
+                                samples.append(f"{name}: {type(outcome).__name__}: {str(outcome)[:300]}")
+                        else:
+                            latencies[name].append(outcome)
+                    for process, peak in sampler.peak.items():
+                        peaks[name][process] = max(peaks[name].get(process, 0), peak)
+                    await asyncio.sleep(0.5)
+            after = {p.name: p.rss_kib() for p in processes}
+        finally:
+            await side.aclose()
+            await governed.aclose()
+    if not latencies["host"] or not latencies["sidecar"]:
+        raise BenchError(f"no run completed: errors {errors}")
+    total = {name: RUNS * ROUNDS for name in phases}
+    throughput = {name: Stats(len(w), sum(w) / total[name], max(w) / RUNS) for name, w in walls.items()}
+    host_peak = max(peaks["host"]["host"], peaks["sidecar"]["host"])
+    sidecar_peak = max(peaks["host"]["sidecar"], peaks["sidecar"]["sidecar"])
+    section.rows += [
+        rate_row(f"throughput: {RUNS} concurrent governed runs via host vs POST /jobs", "runs", throughput["host"],
+                 throughput["sidecar"], units=1, min_ratio=None),
+        latency_row("latency per run: host (submit → result) vs sidecar POST /jobs", Stats.of(latencies["host"]),
+                    Stats.of(latencies["sidecar"]), max_ratio=None),
+        Row("errors (failed or not completed runs)", f"{errors['host']} of {total['host']}",
+            f"{errors['sidecar']} of {total['sidecar']}", "—", "—", "0 errors",
+            errors["host"] == 0 and errors["sidecar"] == 0),
+        Row("peak RSS under load: host vs sidecar", _mib(host_peak), _mib(sidecar_peak),
+            f"{host_peak / sidecar_peak:.2f}×", "—", f"≤ {MAX_RSS_RATIO:g}×", host_peak / sidecar_peak <= MAX_RSS_RATIO),
+    ]
+    section.extra += table(
+        ["process", "RSS idle (warm)", "peak during host phase", "peak during sidecar phase", "RSS after",
+         "CPU per run, host phase", "CPU per run, sidecar phase"],
+        [[p, _mib(idle[p]), _mib(peaks["host"][p]), _mib(peaks["sidecar"][p]), _mib(after[p]),
+          f"{cpu['host'][p] / total['host'] * 1000:.1f} ms", f"{cpu['sidecar'][p] / total['sidecar'] * 1000:.1f} ms"]
+         for p in ("host", "sidecar")])
+    section.notes += [f"error: {sample}" for sample in samples]
+    section.notes += [
+        f"{ROUNDS} rounds of each phase ({RUNS} runs at once each), pooled; throughput p50 = mean over rounds, "
+        "p99 = the slowest round.",
+        "Host phase per run: submit (→ pending_approval), approve (approver, HTTP), blocking re-call (same id and "
+        "key) → completed. The sidecar phase skips governance entirely: the ratio is what approval, idempotency, "
+        "two extra round trips and the host store cost under load.",
+    ]
+    return section

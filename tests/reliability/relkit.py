@@ -1,0 +1,476 @@
+"""Helpers for the reliability suite and ``make chaos`` (no pytest needed).
+
+Real processes on loopback, reusing the integration helpers
+(``tests/integration/sidecar_process.py``, ``host_process.py``) with three
+additions:
+
+- :class:`Processes` starts sidecars and hosts in one private directory and
+  captures stdout as well as stderr (CrewAI prints to stdout, and systemd
+  keeps stdout in the system journal too, so secrets must be absent from
+  both); a sidecar may get resource limits (``RLIMIT_FSIZE``: real write
+  failures without root or mounts).
+- The host configuration has tenant ``acme`` (crews echo, slow, failing,
+  chatty, knowledge_a) and ``beta`` (knowledge_b), principals as in
+  ``host_process.TOKENS``.
+- :func:`calls_by_action` reads the offline LLM's call log (``<time> <pid>
+  <model> <action id>``), so a test counts executions per action across
+  processes and restarts.
+
+Polling only (:func:`until`), never a sleep that waits for a result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+for _extra in (ROOT / "tests" / "integration", ROOT / "tests" / "host", ROOT / "tests" / "sidecar"):
+    if str(_extra) not in sys.path:
+        sys.path.insert(0, str(_extra))
+
+from host_process import ROLES, TOKENS, free_port  # noqa: E402
+from sidecar_process import REGISTRY, TOKEN, Sidecar, child_env, sidecar_command, wait_ready  # noqa: E402
+
+from aip_crewai.sse import SSEDecoder  # noqa: E402
+
+#: examples.offline_llm.FAKE_SECRET (not imported: that imports CrewAI into this process).
+FAKE_SECRET = "sk-test-SECRET-7f3a9c"
+#: A distinctive marker put in crew inputs; it must never reach logs, error bodies or the journal.
+MARKER = "zqx-INPUT-MARKER-5e1d"
+ACME_CREWS = ["echo", "slow", "failing", "chatty", "knowledge_a"]
+OPERATIONS = ["run", "status", "events", "cancel", "knowledge_query"]
+ALLOWED = "run,batch_run,replay,test,knowledge_query,memory_reset"
+TERMINAL = ("completed", "failed", "cancelled")
+
+T = TypeVar("T")
+
+
+class Deadline(AssertionError):
+    """A polled condition did not hold in time."""
+
+
+def until(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str = "condition") -> T:
+    """Poll ``predicate()`` until it returns a truthy value (returned); raise :class:`Deadline` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise Deadline(f"{what} not met within {timeout} s")
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------- processes
+
+
+@dataclass
+class Host:
+    """One host process (stdout and stderr captured in ``workdir``)."""
+
+    process: subprocess.Popen[bytes]
+    base_url: str
+    port: int
+    workdir: Path
+    stderr_path: Path
+    stdout_path: Path
+
+    def client(self, principal: str, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {TOKENS[principal]}"},
+                            timeout=httpx.Timeout(60.0, connect=10.0), **kwargs)
+
+    def output(self) -> bytes:
+        return b"".join(p.read_bytes() for p in (self.stderr_path, self.stdout_path) if p.exists())
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=60)
+
+
+#: Tenants of the real host: acme sees five crews, beta sees echo (its own jobs) and knowledge_b.
+TENANTS = {"acme": ACME_CREWS, "beta": ["echo", "knowledge_b"]}
+#: An Ed25519 principal (acme, invoker) for signed envelopes; its private key seed.
+SIGNER, SIGNER_SEED = "acme-signer", b"\x07" * 32
+
+
+def signer_key() -> Any:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.from_private_bytes(SIGNER_SEED)
+
+
+def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_token: str = TOKEN,
+                      tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None) -> Path:
+    """host.toml (+ crews.json, sidecar.token 0600) in ``workdir``; returns the config path."""
+    import base64
+    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    token_file = workdir / "sidecar.token"
+    if not token_file.exists():
+        token_file.write_text(sidecar_token + "\n")
+        token_file.chmod(0o600)
+    crews = [{"id": c, "name": c.title(), "allowed_operations": OPERATIONS} for c in ACME_CREWS]
+    crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
+    (workdir / "crews.json").write_text(json.dumps(crews))
+    tenants = tenants or TENANTS
+    lines = ["[host]", f'bind = "127.0.0.1:{port}"', 'store = "host.db"',
+             *([f"max_response_bytes = {max_response_bytes}"] if max_response_bytes else []), "",
+             "[sidecar]", f'url = "{sidecar_url}"', 'token_file = "sidecar.token"', "",
+             "[crews]", 'file = "crews.json"', ""]
+    for tenant, crew_ids in tenants.items():
+        lines += [f"[tenants.{json.dumps(tenant)}]", f"crews = {json.dumps(crew_ids)}", ""]
+    for principal, token in TOKENS.items():
+        role = ROLES[principal]
+        lines += ["[[principals]]", f'id = "{principal}"', f'tenant = "{principal.split("-")[0]}"',
+                  f'roles = ["{role}"]', f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"', ""]
+    public = base64.b64encode(signer_key().public_key().public_bytes_raw()).decode()
+    lines += ["[[principals]]", f'id = "{SIGNER}"', 'tenant = "acme"', 'roles = ["invoker"]',
+              f'ed25519_public_key = "{public}"', ""]
+    config = workdir / "host.toml"
+    config.write_text("\n".join(lines))
+    return config
+
+
+class Processes:
+    """Starts sidecars and hosts under one private directory; :meth:`close` kills survivors."""
+
+    def __init__(self, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        workdir.chmod(0o700)
+        self.workdir = workdir
+        self.sidecars: list[Sidecar] = []
+        self.hosts: list[Host] = []
+        self._count = 0
+        self.call_log = workdir / "calls.log"
+
+    def _tag(self) -> str:
+        self._count += 1
+        return str(self._count)
+
+    def launch_sidecar(self, *, journal: Path | None = None, args: list[str] | None = None,
+                       env: dict[str, str] | None = None, fsize_limit: int | None = None,
+                       token_file: Path | None = None) -> tuple[subprocess.Popen[bytes], Path, Path, list[str]]:
+        """Start a sidecar without waiting; returns (process, stderr path, stdout path, argv)."""
+        tag = self._tag()
+        if token_file is None:
+            token_file = self.workdir / "token"
+            if not token_file.exists():
+                token_file.write_text(TOKEN + "\n")
+                token_file.chmod(0o600)
+        argv = [*sidecar_command("--registry", REGISTRY), "--journal", str(journal or self.workdir / "journal.db"),
+                "--token-file", str(token_file), "--port", "0", "--allowed-operations", ALLOWED,
+                "--sse-keepalive-seconds", "0.2", "--shutdown-grace-seconds", "2", "--log-format", "json",
+                *(args or [])]
+        stderr_path, stdout_path = self.workdir / f"sidecar{tag}.err", self.workdir / f"sidecar{tag}.out"
+
+        def limits() -> None:
+            if fsize_limit is not None:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+                resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+
+        with open(stderr_path, "wb") as err, open(stdout_path, "wb") as out:
+            process = subprocess.Popen(argv, cwd=self.workdir, env=child_env(self.call_log, env),
+                                       stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                       preexec_fn=limits if fsize_limit is not None else None)
+        return process, stderr_path, stdout_path, argv
+
+    def sidecar(self, *, journal: Path | None = None, args: list[str] | None = None,
+                env: dict[str, str] | None = None, fsize_limit: int | None = None) -> Sidecar:
+        """Start a sidecar and wait until ``/health`` answers."""
+        journal = journal or self.workdir / "journal.db"
+        process, stderr_path, stdout_path, _ = self.launch_sidecar(journal=journal, args=args, env=env,
+                                                                   fsize_limit=fsize_limit)
+        sidecar = Sidecar(process, "", TOKEN, journal, self.workdir, self.call_log, stderr_path, list(args or []))
+        sidecar.stdout_path = stdout_path  # type: ignore[attr-defined]
+        self.sidecars.append(sidecar)
+        sidecar.base_url = wait_ready(process, stderr_path)
+        return sidecar
+
+    def restart_sidecar(self, old: Sidecar, **kwargs: Any) -> Sidecar:
+        """A new sidecar on the same journal (the old one must be gone)."""
+        return self.sidecar(journal=old.journal, args=kwargs.pop("args", old.args), **kwargs)
+
+    def launch_host(self, workdir: Path, argv_config: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
+        tag = self._tag()
+        stderr_path, stdout_path = workdir / f"host{tag}.err", workdir / f"host{tag}.out"
+        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+        with open(stderr_path, "wb") as err, open(stdout_path, "wb") as out:
+            process = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(argv_config),
+                                        "--log-format", "json"],
+                                       stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
+        return process, stderr_path, stdout_path
+
+    def host(self, sidecar_url: str, *, name: str = "host", port: int | None = None, ready: bool = True,
+             tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None) -> Host:
+        """Start (or restart: same ``name`` → same store and config) a host; wait for ``/ready``."""
+        workdir = self.workdir / name
+        port = port or free_port()
+        config = write_host_config(workdir, sidecar_url, port, tenants=tenants, max_response_bytes=max_response_bytes)
+        process, stderr_path, stdout_path = self.launch_host(workdir, config)
+        host = Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stdout_path)
+        self.hosts.append(host)
+
+        def is_ready() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"host exited {process.returncode}:\n{stderr_path.read_text(errors='replace')}")
+            try:
+                return httpx.get(f"{host.base_url}/ready", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        if ready:
+            until(is_ready, timeout=60, interval=0.05, what="host /ready")
+        return host
+
+    def all_output(self) -> bytes:
+        """Every process's captured stdout and stderr."""
+        paths = [*self.workdir.glob("sidecar*.err"), *self.workdir.glob("sidecar*.out"),
+                 *self.workdir.glob("*/host*.err"), *self.workdir.glob("*/host*.out")]
+        return b"".join(p.read_bytes() for p in paths)
+
+    def close(self) -> None:
+        for sidecar in self.sidecars:
+            if sidecar.process.poll() is None:
+                sidecar.kill(signal.SIGKILL)
+        for host in self.hosts:
+            if host.process.poll() is None:
+                host.kill(signal.SIGKILL)
+
+
+# ------------------------------------------------------------------- reads
+
+
+def calls_by_action(call_log: Path, pid: int | None = None) -> Counter[str]:
+    """Model calls per sidecar action id (optionally of one process) from the offline LLM's call log."""
+    counts: Counter[str] = Counter()
+    if not call_log.exists():
+        return counts
+    for line in call_log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and (pid is None or parts[1] == str(pid)):
+            counts[unquote(parts[3])] += 1
+    return counts
+
+
+def sidecar_events(sidecar: Sidecar, job_id: str) -> list[dict[str, Any]]:
+    """Every journaled event of a sidecar job (JSON pages)."""
+    events: list[dict[str, Any]] = []
+    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
+        while True:
+            page = http.get(f"/jobs/{quote_id(job_id)}/events", params={"cursor": len(events)}).json()
+            events += page["events"]
+            if not page["events"] or events[-1]["event"] in TERMINAL:
+                return events
+
+
+def sidecar_view(sidecar: Sidecar, job_id: str) -> dict[str, Any]:
+    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
+        return http.get(f"/jobs/{quote_id(job_id)}").json()  # type: ignore[no-any-return]
+
+
+def quote_id(job_id: str) -> str:
+    from urllib.parse import quote
+
+    return quote(job_id, safe=":")
+
+
+def sse_events(response: httpx.Response) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+    """``(event, id, parsed data)`` of a streamed SSE response, as they arrive."""
+    decoder = SSEDecoder()
+    for piece in response.iter_bytes():
+        for frame in decoder.feed(piece):
+            yield frame.event, frame.id, json.loads(frame.data)
+
+
+def envelope(capability_id: str, input: dict[str, Any], action_id: str, key: str | None) -> dict[str, Any]:
+    """An unsigned ``aip.core.v1.action`` envelope."""
+    from aip_crewai.client import now_rfc3339
+
+    action: dict[str, Any] = {"id": action_id, "capability_id": capability_id, "input": input}
+    if key is not None:
+        action["idempotency_key"] = key
+    return {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": f"msg_{os.urandom(8).hex()}",
+            "sent_at": now_rfc3339(), "body": {"action": action}}
+
+
+def post_action(http: httpx.Client, capability_id: str, input: dict[str, Any], action_id: str,
+                key: str | None = None) -> httpx.Response:
+    return http.post("/aip/v1/messages", json=envelope(capability_id, input, action_id, key),
+                     headers={"Content-Type": "application/aip+json"})
+
+
+def approve(host: Host, response: httpx.Response, decision: str = "approved") -> httpx.Response:
+    """Decide the approval of a ``pending_approval`` answer as ``acme-approver``."""
+    approval_id = response.json()["body"]["action_result"]["approval"]["approval_id"]
+    with host.client("acme-approver") as approver:
+        return approver.post(f"/aip/v1/approvals/{approval_id}/decision",
+                             json={"decision": decision, "reason": "reliability test"})
+
+
+def action_status(http: httpx.Client, action_id: str) -> dict[str, Any]:
+    return http.get(f"/aip/v1/actions/{action_id}").json()  # type: ignore[no-any-return]
+
+
+def wait_action(http: httpx.Client, action_id: str, statuses: tuple[str, ...] = TERMINAL,
+                timeout: float = 60.0) -> dict[str, Any]:
+    def settled() -> dict[str, Any] | None:
+        status = action_status(http, action_id)
+        return status if status.get("status") in statuses else None
+
+    return until(settled, timeout=timeout, interval=0.05, what=f"action {action_id} in {statuses}")
+
+
+def host_history(http: httpx.Client, action_id: str) -> list[str]:
+    """Every SSE id of an action's full stored AIP stream (read from the start)."""
+    with http.stream("GET", f"/aip/v1/actions/{action_id}/events", headers={"Accept": "text/event-stream"}) as resp:
+        return [sse_id or "" for _, sse_id, _ in sse_events(resp)]
+
+
+def scan(paths: list[Path], needles: list[bytes]) -> list[tuple[str, bytes]]:
+    """``(file, needle)`` for every needle found in the bytes of every file (SQLite files and their -wal included)."""
+    found = []
+    for path in paths:
+        for candidate in (path, Path(f"{path}-wal")):
+            if candidate.exists():
+                data = candidate.read_bytes()
+                found += [(str(candidate), n) for n in needles if n in data]
+    return found
+
+
+@dataclass
+class Tally:
+    """Tried/passed counts per category for ``make chaos``."""
+
+    rows: dict[str, list[int]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def record(self, category: str, ok: bool, detail: str = "") -> None:
+        row = self.rows.setdefault(category, [0, 0])
+        row[0] += 1
+        row[1] += int(ok)
+        if not ok:
+            self.failures.append(f"{category}: {detail}")
+
+
+# ------------------------------------------------------- in-process host
+
+
+def host_files(root: Path, *, max_response_bytes: int | None = None) -> Path:
+    """Write the ``tests/host/hostkit.py`` configuration under ``root`` (crews alpha, beta, gamma;
+    tenants acme, globex, closed); returns the host.toml path."""
+    import hostkit
+
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (root / "state").mkdir(mode=0o700, exist_ok=True)
+    token = root / "sidecar.token"
+    token.write_text(hostkit.SIDECAR_TOKEN + "\n")
+    token.chmod(0o600)
+    (root / "crews.json").write_text(json.dumps(hostkit.CREWS))
+    config = root / "host.toml"
+    doc = hostkit.base_document()
+    if max_response_bytes is not None:
+        doc["host"]["max_response_bytes"] = max_response_bytes
+    config.write_text(hostkit.render_toml(doc))
+    return config
+
+
+def inproc_app(root: Path, transport: httpx.AsyncBaseTransport, clock: Callable[[], float] | None = None,
+               *, max_response_bytes: int | None = None) -> Any:
+    """The host app in-process (hostkit configuration) over a fake sidecar transport."""
+    import dataclasses
+
+    import hostkit
+
+    from aip_crewai.host.app import create_app
+    from aip_crewai.host.config import load_settings
+
+    settings = dataclasses.replace(load_settings(host_files(root, max_response_bytes=max_response_bytes), environ={}),
+                                   readiness_interval_s=3600.0)
+    return create_app(settings, sidecar_transport=transport, clock=clock or hostkit.FakeClock())
+
+
+class AppThread:
+    """An ASGI app whose lifespan and client run on an event loop in a background thread,
+    so synchronous code (hypothesis tests, the chaos runner) can call it with a deadline.
+
+    ``request(method, url, timeout=...)`` returns ``(status, headers, body bytes)``; a
+    request that does not finish within the timeout raises :class:`Deadline` (a hang).
+    """
+
+    def __init__(self, app: Any, base_url: str = "http://host.test") -> None:
+        import asyncio
+        import threading
+
+        self.app = app
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, args=(base_url,), daemon=True, name="app-thread")
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise Deadline("the app did not start")
+        if self._error is not None:
+            raise self._error
+
+    def _main(self, base_url: str) -> None:
+        import asyncio
+
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve(base_url))
+
+    async def _serve(self, base_url: str) -> None:
+        import asyncio
+
+        self._stop = asyncio.Event()
+        try:
+            async with self.app.router.lifespan_context(self.app):
+                transport = httpx.ASGITransport(app=self.app)
+                async with httpx.AsyncClient(transport=transport, base_url=base_url) as client:
+                    self.client = client
+                    self._ready.set()
+                    await self._stop.wait()
+        except BaseException as exc:  # surfaced by __init__
+            self._error = exc
+            self._ready.set()
+
+    def run(self, coro: Any, timeout: float = 15.0) -> Any:
+        """Run a coroutine on the app's loop; :class:`Deadline` if it takes longer than ``timeout`` s."""
+        import asyncio
+        import concurrent.futures
+
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise Deadline(f"no answer within {timeout} s (a hang)") from None
+
+    def request(self, method: str, url: str, *, timeout: float = 15.0, **kwargs: Any) -> tuple[int, Any, bytes]:
+        async def call() -> tuple[int, Any, bytes]:
+            response = await self.client.request(method, url, **kwargs)
+            return response.status_code, response.headers, response.content
+
+        return self.run(call(), timeout)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        self.loop.close()
