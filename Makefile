@@ -24,5 +24,9 @@ contracts: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
+# Fault injection at scale: AIP_CREWAI_CHAOS_SCALE=N multiplies the trials (prints tried/passed per category).
+chaos: $(STAMP)
+	$(PY) tests/reliability/chaos.py
+
 clean:
 	rm -rf $(VENV) .run

@@ -98,7 +98,7 @@ async def run() -> Section:
         f"Response body: {len(view.content)} bytes (the sidecar's job view of a completed `fast` run).",
         f"Floor of any host in between: the two hops alone (bare + sidecar direct, p50) take "
         f"{(bare_s.p50 + side_s.p50) * 1000:.2f} ms = {(bare_s.p50 + side_s.p50) / bare_s.p50:.2f}× the bare hop; "
-        f"the host's own work (auth, fences, the action record: 2 reads and 3 unsynced writes on the store's "
-        f"worker thread, encoding, logging) is the remaining {(host_s.p50 - bare_s.p50 - side_s.p50) * 1000:.2f} ms.",
+        f"the host's own work (authentication, fences, the action record in the host store, encoding, logging) "
+        f"is the remaining {(host_s.p50 - bare_s.p50 - side_s.p50) * 1000:.2f} ms.",
     ]
     return section

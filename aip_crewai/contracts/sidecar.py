@@ -89,8 +89,10 @@ class EventsPage(msgspec.Struct, frozen=True):
 
 
 class HealthView(msgspec.Struct, frozen=True):
-    """``GET /health``. ``status`` is ``ready``, or ``stopping`` while a
-    SIGTERM drains in-flight jobs (new admissions then get 503)."""
+    """``GET /health``. ``status`` is ``ready``; ``stopping`` while a SIGTERM
+    drains in-flight jobs (new admissions then get 503); ``degraded`` after a
+    journal write failure, until an unrecorded result is written (new
+    admissions then get 507, and the host reports unready)."""
 
     status: str
     crews: list[str]

@@ -41,7 +41,7 @@ from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
 from .sidecar_client import SidecarClient
 from .auth import Principal
-from .store import TRANSITIONS, ActionRecord, ActionState, ApprovalRecord, Store, ms_to_rfc3339
+from .store import TRANSITIONS, ActionRecord, ActionState, ApprovalRecord, Store, StoreError, ms_to_rfc3339
 
 log = structlog.get_logger(__name__)
 
@@ -99,6 +99,8 @@ class ActionService:
         self.live = LiveRegistry()
         self.metrics = metrics
         self.now_ms = now_ms or store.now_ms
+        #: Actions created before this are a previous process's (no creator here may still be writing them).
+        self.started_ms = self.now_ms()
 
     def _fence(self, fence: str, decision: str) -> None:
         if self.metrics is not None:
@@ -272,15 +274,34 @@ class ActionService:
         the sidecar's job, never re-dispatching it."""
         if record.status == "pending_approval" and record.approval_id:
             approval = await self.store.get_approval(record.tenant, record.approval_id)
+            if approval is None and record.created_at < self.started_ms:
+                # A previous process died between writing the action and its approval.
+                approval = await self._restore_approval(record)
             if approval is not None and approval.effective_status(self.now_ms()) == "expired":
                 await self.store.expire_approvals(self.now_ms())
                 await self._finish(record.tenant, record.action_id,
                                    failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"), "not_sent")
                 return await self._get(record.tenant, record.action_id)
+            if approval is not None and approval.status in ("approved", "denied"):
+                await self.on_decision(approval)  # decided by a process that died before applying the decision
+                return await self._get(record.tenant, record.action_id)
         if record.status == "running" and self.live.get(record.tenant, record.action_id) is None:
             await self.reconcile(record)
             return await self._get(record.tenant, record.action_id)
         return record
+
+    async def _restore_approval(self, record: ActionRecord) -> ApprovalRecord | None:
+        """Write the approval a pending action points at, exactly as :meth:`submit`
+        would have (same id, policy hash, requester, snapshot and expiry). A
+        concurrent first request may be writing it right now: then its row wins."""
+        try:
+            return await self.store.create_approval(
+                record.tenant, record.approval_id or "", record.action_id, record.capability_id,
+                policy_hash(record.tenant, record.action_id, record.capability_id, record.input_hash),
+                record.principal_id, record.input_json, record.created_at + APPROVAL_TTL_MS,
+            )
+        except StoreError:
+            return await self.store.get_approval(record.tenant, record.approval_id or "")
 
     async def reconcile(self, record: ActionRecord) -> None:
         """Settle a running action left by a previous host process."""
@@ -596,8 +617,9 @@ async def _sweep_expired(service: ActionService) -> None:
 
 
 async def _reconcile_all(service: ActionService) -> None:
-    """After a restart: settle actions the previous process left running."""
-    for record in await service.store.list_in_flight():
+    """After a restart: settle actions the previous process left running, and
+    approvals it decided without applying the decision, or never wrote."""
+    for record in [*await service.store.list_in_flight(), *await service.store.list_awaiting_approval()]:
         try:
             await service.refresh(record)
         except Exception:

@@ -60,6 +60,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..asgi import CloseOnUnreadBody
 from ..contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ProtocolError
 from ..contracts.errors import AipError, Category, Unauthenticated
 from . import manifest
@@ -345,7 +346,7 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
             routes.extend(module.routes())
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(RequestContextMiddleware)],
+        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware)],
         exception_handlers={AipError: _aip_error_handler, HTTPException: _http_error_handler},
         lifespan=_lifespan(sidecar_transport, modules),
     )

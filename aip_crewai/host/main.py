@@ -20,7 +20,7 @@ import structlog
 
 from ..log import configure_logging
 from .config import ConfigError, Settings, load_settings
-from .store import InsecureStorePath, check_location
+from .store import InsecureStorePath, UnusableStore, check_location, check_store_file
 
 log = structlog.get_logger(__name__)
 
@@ -40,9 +40,11 @@ def load(config: str) -> Settings:
     Raises:
         ConfigError: the configuration is unusable.
         InsecureStorePath: the store location is unsafe.
+        UnusableStore: the store file is not SQLite, is damaged, or is another application's.
     """
     settings = load_settings(config)
     check_location(settings.store_path)
+    check_store_file(settings.store_path)
     return settings
 
 
@@ -81,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(json=None if args.log_format == "auto" else args.log_format == "json", level=args.log_level)
     try:
         settings = load(args.config)
-    except (ConfigError, InsecureStorePath) as exc:
+    except (ConfigError, InsecureStorePath, UnusableStore) as exc:
         print(f"aip-crewai host: configuration error: {exc.message}", file=sys.stderr)
         return 2
     try:

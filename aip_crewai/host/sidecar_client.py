@@ -33,9 +33,12 @@ from ..contracts.errors import (
     ConnectorTransport,
 )
 from ..contracts.operations import OperationSpec
-from ..contracts.sidecar import JobEvent
+from ..contracts.sidecar import DEFAULT_TIMEOUT_MS, JobEvent
 from .normalize import StreamNormalizer
 
+#: Longest silence accepted while reading a JSON (non-stream) answer, seconds: a frozen sidecar
+#: must not hang a status read or a cancel forever (a blocking start adds its ``timeout_ms``).
+JSON_READ_TIMEOUT_S = 30.0
 #: Bound on a JSON (non-stream) sidecar answer, bytes: the 4 MiB output plus envelope room.
 MAX_JSON_RESPONSE_BYTES = 8 * 1024 * 1024
 _MAX_DETAIL_CHARS = 512
@@ -154,14 +157,17 @@ class SidecarClient:
 
     async def _send(
         self, method: str, path: str, spec: OperationSpec, dispatch: Dispatch, *, headers: dict[str, str],
-        json: Any, params: dict[str, Any] | None,
+        json: Any, params: dict[str, Any] | None, read_timeout_s: float | None = None,
     ) -> httpx.Response:
         """Send one request (streamed response), moving ``dispatch`` honestly:
         ``sent`` once we try, back to ``not_sent`` when no connection was made,
         ``acknowledged`` when the sidecar answered."""
         try:
             dispatch.state = "sent"
-            request = self.http.build_request(method, path, headers=headers, json=json, params=params)
+            timeout = httpx.USE_CLIENT_DEFAULT if read_timeout_s is None else \
+                httpx.Timeout(read_timeout_s, connect=self.http.timeout.connect)
+            request = self.http.build_request(method, path, headers=headers, json=json, params=params,
+                                              timeout=timeout)
             response = await self.http.send(request, stream=True)
         except httpx.ConnectError as exc:
             dispatch.state = "not_sent"
@@ -182,8 +188,10 @@ class SidecarClient:
         json: Any = None,
         params: dict[str, Any] | None = None,
         ok: tuple[int, ...] = (200,),
+        read_timeout_s: float | None = None,
     ) -> tuple[int, Any]:
-        response = await self._send(method, path, spec, dispatch, headers=headers, json=json, params=params)
+        response = await self._send(method, path, spec, dispatch, headers=headers, json=json, params=params,
+                                    read_timeout_s=JSON_READ_TIMEOUT_S if read_timeout_s is None else read_timeout_s)
         try:
             body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
         except httpx.HTTPError as exc:
@@ -233,7 +241,10 @@ class SidecarClient:
             body["timeout_ms"] = timeout_ms
         headers = {"Idempotency-Key": sidecar_idempotency_key(idempotency_key), "X-AIP-Action-ID": job_id}
         try:
-            return await self._json("POST", "/jobs", spec, dispatch, headers=headers, json=body)
+            # The sidecar answers 504 once timeout_ms passed; a silent peer past that is a transport failure.
+            wait_s = (timeout_ms or DEFAULT_TIMEOUT_MS) / 1000 + JSON_READ_TIMEOUT_S
+            return await self._json("POST", "/jobs", spec, dispatch, headers=headers, json=body,
+                                    read_timeout_s=wait_s)
         except ConnectorError as exc:
             if exc.remote_status in (409, 502, 504):
                 return exc.remote_status, exc.details.get("remote_detail")

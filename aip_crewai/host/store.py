@@ -64,6 +64,7 @@ from .store_schema import (
     InsecureStorePath,
     InvalidCursor,
     StoreError,
+    UnusableStore,
     check_location,
     create_private_file,
     decode_cursor,
@@ -295,6 +296,13 @@ class Store:
         rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE {where} ORDER BY created_at", params)
         return [ActionRecord(*row) for row in rows]
 
+    async def list_awaiting_approval(self) -> list[ActionRecord]:
+        """Actions still ``pending_approval`` (all tenants; the restart check of
+        approvals a previous process decided or never wrote), oldest first."""
+        rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE status = 'pending_approval' "
+                                 "ORDER BY created_at")
+        return [ActionRecord(*row) for row in rows]
+
     # --- chunks ---
 
     async def append_chunks(self, tenant: str, action_id: str, chunks: Sequence[tuple[int, str]], *,
@@ -495,3 +503,45 @@ def migrate(conn: sqlite3.Connection) -> int:
                 conn.execute("ROLLBACK")
             raise
     return len(MIGRATIONS)
+
+
+def check_store_file(path: Path) -> None:
+    """Refuse, before serving, a store file that cannot be this host's store
+    (read-only: nothing is written, so an operator's file is never touched).
+
+    An absent or empty file is fine (a new store). Otherwise the file must
+    be SQLite, pass ``quick_check``, and either be empty at schema version 0
+    or hold the ``actions`` table: migrating another application's database
+    would add our tables to its data.
+
+    Raises:
+        UnusableStore: with a message naming the file and what to do.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    advice = "point host.store at a new path, or restore the store from a backup"
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise UnusableStore(f"store file {path} cannot be opened ({exc}); {advice}") from exc
+    try:
+        try:
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise UnusableStore(f"store file {path} is not a SQLite database ({exc}); {advice}") from exc
+        try:
+            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)").fetchall() if str(r[0]) != "ok"]
+        except sqlite3.DatabaseError as exc:
+            problems = [str(exc)]
+        if problems:
+            text = " ".join(" ".join(problems).replace("*** in database main ***", "").split())[:200]
+            raise UnusableStore(f"store file {path} is corrupt (SQLite integrity check: {text}); {advice}")
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        tables = {r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'").fetchall()}
+        if (version == 0 and tables) or (version > 0 and "actions" not in tables):
+            shown = ", ".join(sorted(tables)[:5]) or "none"
+            raise UnusableStore(f"store file {path} is not an aip-crewai host store (schema version {version}, "
+                                f"tables: {shown}); {advice}")
+    finally:
+        conn.close()

@@ -246,6 +246,15 @@ class InsecureStorePath(StoreError):
     default_message = "the host store path is not safe"
 
 
+class UnusableStore(StoreError):
+    """The store file is not SQLite, is damaged, or is another application's database."""
+
+    code = "store.unusable"
+    category = Category.PERMANENT
+    http_status = 500
+    default_message = "the host store file cannot be used"
+
+
 class InvalidCursor(AipError):
     code = "request.invalid_cursor"
     category = Category.PERMANENT

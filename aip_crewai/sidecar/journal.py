@@ -56,6 +56,7 @@ from aip_crewai.sidecar.jobs import (
     TaskRunRef,
     sources_of,
 )
+from aip_crewai.sidecar.journal_schema import APPLICATION_ID, MIGRATIONS, OWN_TABLES
 
 log = structlog.get_logger(__name__)
 
@@ -66,57 +67,8 @@ RESTARTED_QUEUED = "sidecar restarted before the job started; CrewAI never ran i
 
 # --------------------------------------------------------------- migrations
 
-#: Forward-only migrations; index + 1 is the ``user_version`` after applying it.
-MIGRATIONS: tuple[str, ...] = (
-    # 1: jobs and their events
-    """
-    CREATE TABLE jobs (
-        action_id TEXT PRIMARY KEY,
-        crew_id TEXT NOT NULL,
-        operation TEXT NOT NULL,
-        request_hash TEXT NOT NULL,
-        idempotency_key TEXT NOT NULL,
-        timeout_ms INTEGER,
-        status TEXT NOT NULL,
-        event_count INTEGER NOT NULL DEFAULT 0,
-        output BLOB,
-        error BLOB,
-        dropped_events INTEGER NOT NULL DEFAULT 0,
-        provider_stop_observed INTEGER,
-        archived INTEGER NOT NULL DEFAULT 0,
-        created_at INTEGER NOT NULL,
-        updated_at INTEGER NOT NULL
-    );
-    CREATE INDEX jobs_unfinished ON jobs(status) WHERE status IN ('queued', 'running');
-    CREATE TABLE events (
-        action_id TEXT NOT NULL,
-        sequence INTEGER NOT NULL,
-        event TEXT NOT NULL,
-        data BLOB NOT NULL,
-        PRIMARY KEY (action_id, sequence)
-    );
-    """,
-    # 2: task index for replay admission
-    """
-    CREATE TABLE task_runs (
-        task_id TEXT NOT NULL,
-        action_id TEXT NOT NULL,
-        crew_id TEXT NOT NULL,
-        result_index INTEGER,
-        PRIMARY KEY (task_id, action_id)
-    );
-    CREATE INDEX task_runs_action ON task_runs(action_id);
-    """,
-    # 3: mark the file as an aip-crewai journal (SQLite header field, see APPLICATION_ID)
-    """
-    PRAGMA application_id = 1095323715;
-    """,
-)
+#: The schema version this code migrates to (module-level so tests can step through the migrations).
 SCHEMA_VERSION = len(MIGRATIONS)
-#: ``PRAGMA application_id`` of a journal (ASCII "AIPC"), set by migration 3.
-APPLICATION_ID = 0x41495043
-#: Tables every journal at schema version >= 1 has.
-_OWN_TABLES = frozenset({"jobs", "events"})
 
 # ------------------------------------------------------------------- records
 
@@ -168,9 +120,10 @@ class Journal:
         ``<path>.lock`` is locked exclusively (non-blocking); the journal (and
         its ``-wal``/``-shm`` files) must be regular non-symlink files without
         group/other permission bits, and is created with mode 0600 when absent;
-        then WAL, ``synchronous=FULL``, SQLite's ``quick_check`` (a damaged
-        file is refused before the crash fence writes to it), the identity
-        check (:func:`_check_identity`) and migrations.
+        then, reading only, SQLite's ``quick_check`` (a damaged file is refused
+        before the crash fence writes to it) and the identity check
+        (:func:`_check_identity`: another application's database is never
+        touched); then WAL, ``synchronous=FULL`` and migrations.
 
         Raises:
             JournalLocked: another process holds the lock ("already owned by
@@ -195,12 +148,13 @@ class Journal:
             except sqlite3.Error as exc:
                 raise JournalError(f"cannot open the journal {path}: {exc}") from exc
             try:
+                # Checks read only: a file that is not ours is refused before anything is written to it.
                 await _check_readable(conn, path)
+                await _check_integrity(conn, path)
+                await _check_identity(conn, path)
                 await conn.execute("PRAGMA journal_mode=WAL")
                 await conn.execute("PRAGMA synchronous=FULL")
                 await conn.execute("PRAGMA journal_size_limit=67108864")
-                await _check_integrity(conn, path)
-                await _check_identity(conn, path)
                 await _migrate(conn, path)
                 page_size = (await _scalar(conn, "PRAGMA page_size")) or 4096
                 retained = await _scalar(conn, "SELECT COUNT(*) FROM jobs WHERE archived = 0") or 0
@@ -619,8 +573,8 @@ async def _check_identity(conn: aiosqlite.Connection, path: Path) -> None:
         problem = f"its SQLite application_id is {app_id}, not {APPLICATION_ID}"
     elif version == 0 and tables:
         problem = f"it holds tables of another application ({', '.join(sorted(tables)[:5])})"
-    elif version > 0 and not _OWN_TABLES <= tables:
-        problem = f"it is at schema version {version} but lacks the tables {', '.join(sorted(_OWN_TABLES - tables))}"
+    elif version > 0 and not OWN_TABLES <= tables:
+        problem = f"it is at schema version {version} but lacks the tables {', '.join(sorted(OWN_TABLES - tables))}"
     if problem:
         raise JournalForeign(
             f"the journal {path} is not an aip-crewai journal: {problem}. "

@@ -16,7 +16,9 @@ Lifecycle of one job (DESIGN.md §4, §5):
    ``{"status":"completed","output_omitted":true,"output_bytes":N}`` and the
    output stays on ``GET /jobs/{id}``), ``failed`` (class name, a fixed
    message unless :class:`SafeJobError`, ``uncertain_outcome`` = the
-   catalogue's ``mutation``) or ``cancelled``.
+   catalogue's ``mutation``) or ``cancelled``. If the journal cannot take it
+   (a full disk), the outcome is kept and retried (:mod:`backlog`); until it is
+   recorded ``/health`` says ``degraded`` and new jobs get 507.
 
 Execution bound: ``timeout_ms`` (default 600000, max 3600000) bounds the job's
 execution, counted from ``started``; past it the job is stopped like a cancel

@@ -65,7 +65,7 @@ _FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
 
 @st.composite
 def operation_input(draw: st.DrawFn, operation: str) -> Any:
-    choice = draw(st.integers(0, 11))
+    choice = draw(st.integers(0, 19))
     if choice == 0:
         return draw(_json)
     if choice == 1:
@@ -90,21 +90,23 @@ def action_envelope(draw: st.DrawFn) -> Any:
     capability = f"cap:crewai:{crew}" + ("" if operation == "run" else f":{operation}")
     if draw(st.integers(0, 7)) == 0:
         capability = draw(_odd_text)
-    action: dict[str, Any] = {"id": draw(st.one_of(st.just(f"act_{draw(st.integers(0, 30))}"), _odd_text)),
+    odd_id = draw(st.integers(0, 3)) == 0
+    action: dict[str, Any] = {"id": draw(_odd_text) if odd_id else f"act_{draw(st.integers(0, 30))}",
                               "capability_id": capability, "input": draw(operation_input(operation))}
-    if draw(st.booleans()):
-        action["idempotency_key"] = draw(st.one_of(st.just(f"k{draw(st.integers(0, 5))}"), _odd_text))
+    if draw(st.integers(0, 3)) > 0:
+        odd_key = draw(st.integers(0, 3)) == 0
+        action["idempotency_key"] = draw(_odd_text) if odd_key else f"k{draw(st.integers(0, 5))}"
     for name, strategy in (("timeout_ms", _ints), ("mode", st.sampled_from(["stream", "sync", "x", ""]))):
         if draw(st.integers(0, 3)) == 0:
             action[name] = draw(_maybe(strategy))
     envelope: dict[str, Any] = {
-        "aip_version": draw(st.sampled_from(["1.0", "1.0", "2.0", ""])),
-        "message_type": draw(st.sampled_from(["aip.core.v1.action"] * 3 + ["aip.core.v1.ack", "x"])),
-        "message_id": draw(st.one_of(st.just(f"msg_{draw(st.integers(0, 10**6))}"), _odd_text)),
-        "sent_at": draw(st.sampled_from(["2026-09-21T23:33:20.000Z", "2026-09-21T23:33:20Z", "yesterday", ""])),
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": f"msg_{draw(st.integers(0, 10**9))}",
+        "sent_at": draw(st.sampled_from(["2026-09-21T23:33:20.000Z", "2026-09-21T23:33:20Z"])),
         "body": {"action": action},
     }
-    mutation = draw(st.integers(0, 9))
+    mutation = draw(st.integers(0, 15))  # most envelopes are well-formed, so the inputs reach the fences
     if mutation == 0:
         envelope["body"] = draw(_json)
     elif mutation == 1:
@@ -115,8 +117,15 @@ def action_envelope(draw: st.DrawFn) -> Any:
              "signature": st.one_of(_odd_text, st.just("A" * 86))})))
     elif mutation == 3:
         del envelope[draw(st.sampled_from(sorted(envelope)))]
-    if draw(st.booleans()):
-        envelope["idempotency_key"] = draw(_odd_text)
+    elif mutation == 4:
+        envelope[draw(st.sampled_from(sorted(envelope)))] = draw(_json)
+    elif mutation == 5:
+        envelope["aip_version"] = draw(st.sampled_from(["2.0", "", "1"]))
+        envelope["message_type"] = draw(st.sampled_from(["aip.core.v1.ack", "x", "aip.core.v1.action"]))
+        envelope["message_id"] = draw(_odd_text)
+        envelope["sent_at"] = draw(st.sampled_from(["yesterday", "", "2026-13-40T99:99:99Z"]))
+    if draw(st.integers(0, 3)) == 0:
+        envelope["idempotency_key"] = draw(st.one_of(st.just(action.get("idempotency_key", "k0")), _odd_text))
     return envelope
 
 
@@ -126,7 +135,8 @@ _PRINCIPALS = ["tok-acme-invoker", "tok-acme-operator", "tok-acme-both", "tok-gl
 @st.composite
 def host_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
     """``(method, url, httpx request kwargs)`` for one host request."""
-    token = draw(st.one_of(st.sampled_from(_PRINCIPALS), st.sampled_from(["", "x", "tok-acme-invoker "])))
+    token = draw(st.sampled_from(["tok-acme-invoker"] * 8 + ["tok-acme-both"] * 3 + _PRINCIPALS
+                                 + ["", "x", "tok-acme-invoker "]))
     headers: dict[str, str] = {"Authorization": f"Bearer {token}"} if token else {}
     if draw(st.booleans()):
         headers["Accept"] = draw(st.sampled_from(["text/event-stream", "application/json", "*/*"]))
@@ -176,7 +186,7 @@ def _path_text() -> st.SearchStrategy[str]:
 def check_answer(request: tuple[str, str, dict[str, Any]], status: int, headers: Any, content: bytes) -> None:
     """Never a 5xx; JSON bodies decode; SSE bodies are whole frames of JSON; errors carry a code."""
     method, url, _ = request
-    assert status < 500, f"{method} {url} -> {status}: {content[:300]!r}"
+    assert status < 500 or (url == "/ready" and status == 503), f"{method} {url} -> {status}: {content[:300]!r}"
     ctype = headers.get("content-type", "")
     if ctype.startswith("text/event-stream"):
         decoder = SSEDecoder()
@@ -238,9 +248,10 @@ def sidecar_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
 
 def check_sidecar_answer(request: tuple[str, str, dict[str, Any]], status: int, headers: Any, content: bytes) -> None:
     method, url, _ = request
-    assert status < 500 or status == 507, f"{method} {url} -> {status}: {content[:300]!r}"
-    if status == 502:  # a failed blocking job: the generic message, never provider text
-        assert b"sk-live" not in content
+    # DESIGN §4: 502 a failed blocking job, 504 a wait past its timeout, 507 a full journal; never a 500
+    assert status < 500 or status in (502, 504, 507), f"{method} {url} -> {status}: {content[:300]!r}"
+    if status == 502:  # the generic message, never the provider's text
+        assert b"sk-live" not in content and json.loads(content)["status"] == "failed", content[:300]
     ctype = headers.get("content-type", "")
     if ctype.startswith("text/event-stream"):
         decoder = SSEDecoder()

@@ -10,8 +10,11 @@ additions:
   both); a sidecar may get resource limits (``RLIMIT_FSIZE``: real write
   failures without root or mounts).
 - The host configuration has tenant ``acme`` (crews echo, slow, failing,
-  chatty, knowledge_a) and ``beta`` (knowledge_b), principals as in
-  ``host_process.TOKENS``.
+  chatty, knowledge_a) and ``beta`` (echo, for its own jobs, and
+  knowledge_b); bearer principals as in ``host_process.TOKENS`` plus an
+  Ed25519 invoker ``acme-signer`` (:data:`SIGNER`) for signed envelopes.
+- :class:`AppThread` runs an app in-process on its own loop so synchronous
+  code (hypothesis, the chaos runner) can call it with a deadline.
 - :func:`calls_by_action` reads the offline LLM's call log (``<time> <pid>
   <model> <action id>``), so a test counts executions per action across
   processes and restarts.
@@ -371,7 +374,7 @@ class Tally:
 # ------------------------------------------------------- in-process host
 
 
-def host_files(root: Path, *, max_response_bytes: int | None = None) -> Path:
+def host_files(root: Path, *, max_response_bytes: int | None = None, sidecar_url: str | None = None) -> Path:
     """Write the ``tests/host/hostkit.py`` configuration under ``root`` (crews alpha, beta, gamma;
     tenants acme, globex, closed); returns the host.toml path."""
     import hostkit
@@ -386,13 +389,16 @@ def host_files(root: Path, *, max_response_bytes: int | None = None) -> Path:
     doc = hostkit.base_document()
     if max_response_bytes is not None:
         doc["host"]["max_response_bytes"] = max_response_bytes
+    if sidecar_url is not None:
+        doc["sidecar"]["url"] = sidecar_url
     config.write_text(hostkit.render_toml(doc))
     return config
 
 
-def inproc_app(root: Path, transport: httpx.AsyncBaseTransport, clock: Callable[[], float] | None = None,
-               *, max_response_bytes: int | None = None) -> Any:
-    """The host app in-process (hostkit configuration) over a fake sidecar transport."""
+def inproc_app(root: Path, transport: httpx.AsyncBaseTransport | None, clock: Callable[[], float] | None = None,
+               *, max_response_bytes: int | None = None, sidecar_url: str | None = None) -> Any:
+    """The host app in-process (hostkit configuration) over a fake sidecar transport
+    (``transport=None``: real HTTP to ``sidecar_url``)."""
     import dataclasses
 
     import hostkit
@@ -400,8 +406,8 @@ def inproc_app(root: Path, transport: httpx.AsyncBaseTransport, clock: Callable[
     from aip_crewai.host.app import create_app
     from aip_crewai.host.config import load_settings
 
-    settings = dataclasses.replace(load_settings(host_files(root, max_response_bytes=max_response_bytes), environ={}),
-                                   readiness_interval_s=3600.0)
+    config = host_files(root, max_response_bytes=max_response_bytes, sidecar_url=sidecar_url)
+    settings = dataclasses.replace(load_settings(config, environ={}), readiness_interval_s=3600.0)
     return create_app(settings, sidecar_transport=transport, clock=clock or hostkit.FakeClock())
 
 

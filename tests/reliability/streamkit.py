@@ -122,6 +122,10 @@ def stream_case(name: str, *, big: bool = False) -> Case:
         return Case(oversize(64 * 1024 * 1024), INVALID)
     if name == "too_many_events":
         return Case(too_many(100_000), INVALID)
+    if name == "alive_for_30s":  # a long job: started, keep-alives for 30 s, then completed
+        pieces = [(frame("started", 0, {"status": "running", "operation": "run"}), 0.1)]
+        pieces += [(b": keep-alive\n\n", 0.1)] * 300
+        return Case(pieces + [(frame("completed", 1, {"raw": ""}), 0.0)], "completed")
     if name == "response_too_large":  # with the host's max_response_bytes set to 65536
         return Case(whole(good(tuple("y" * 1000 for _ in range(100)))), TOO_LARGE)
     return CASES[name]
@@ -134,10 +138,15 @@ class StreamingTransport(httpx.AsyncBaseTransport):
     """``POST /jobs/stream`` streams the case named by the input topic; the rest is ``fake``'s."""
 
     def __init__(self, fake: Any) -> None:
+        import hostkit
+
         self.fake = fake
         self.cancels: list[str] = []
+        self.health = hostkit.HealthSidecar().health  # ready for the hostkit crews
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json=self.health)
         if request.url.path == "/jobs/stream":
             await request.aread()
             body = json.loads(request.content)
@@ -173,6 +182,8 @@ class FakeSidecarServer:
                        "operations": sorted(operations), "training_directory": False}
         self.big = big
         self.requests: list[tuple[str, str]] = []
+        #: ``"METHOD /path-prefix"`` entries this server receives but never answers (a frozen sidecar).
+        self.frozen: set[str] = set()
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
         self._thread = threading.Thread(target=self._main, args=(started,), daemon=True, name="fake-sidecar")
@@ -196,6 +207,8 @@ class FakeSidecarServer:
             headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             self.requests.append((method, path))
+            if any(f"{method} {path}".startswith(prefix) for prefix in self.frozen):
+                await asyncio.Event().wait()  # never answers (until the server closes)
             if headers.get("authorization") != f"Bearer {self.token}":
                 await self._json(writer, 401, {"detail": "missing or invalid bearer token"})
             elif method == "GET" and path == "/health":
@@ -209,6 +222,9 @@ class FakeSidecarServer:
                     await writer.drain()
                     if delay:
                         await asyncio.sleep(delay)
+            elif method == "GET" and path.startswith("/jobs/") and path.count("/") == 2:
+                await self._json(writer, 200, {"action_id": path[6:], "crew_id": "beta", "operation": "run",
+                                               "status": "completed", "event_count": 4, "output": {"raw": "Hello"}})
             elif method == "POST" and path.endswith("/cancel"):
                 job_id = json.loads(body)["action_id"]
                 await self._json(writer, 200, {"action_id": job_id, "status": "cancelled", "event_count": 1,
@@ -228,9 +244,17 @@ class FakeSidecarServer:
         await writer.drain()
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        async def shutdown() -> None:
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        self.loop.close()
 
 
 # ----------------------------------------------------------------- runner

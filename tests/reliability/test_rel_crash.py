@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -113,3 +114,121 @@ async def test_rel_restarted_host_keeps_a_running_action_while_the_sidecar_is_un
             status = (await http.get("/aip/v1/actions/act_wait", headers=bearer("acme-invoker"))).json()
             await asyncio.sleep(0.05)
     assert status["status"] == "running" and status["chunk_count"] == 2
+
+
+async def _seed_pending(root: Path, action_id: str, *, decision: str | None, with_approval: bool = True) -> str:
+    """A store left by a host killed inside the approval flow: a pending ``run`` of crew beta whose approval
+    was decided but not applied (``decision``), or whose approval row was never written."""
+    from aip_crewai.host.actions import APPROVAL_TTL_MS, policy_hash
+
+    store = await Store.open(root / "state" / "host.db")
+    try:
+        inp = {"topic": "approval"}
+        hashed = fence_hash("cap:crewai:beta", inp)
+        approval_id = f"apr_{action_id}"
+        _, record = await store.create_action("acme", action_id, "cap:crewai:beta", "beta", "run",
+                                              canonical_json(inp).decode(), hashed, "acme-invoker", "k-p",
+                                              "pending_approval", approval_id=approval_id)
+        if with_approval:
+            await store.create_approval("acme", approval_id, action_id, "cap:crewai:beta",
+                                        policy_hash("acme", action_id, "cap:crewai:beta", hashed), "acme-invoker",
+                                        record.input_json, record.created_at + APPROVAL_TTL_MS)
+        if decision is not None:
+            assert await store.decide_approval("acme", approval_id, decision, "ok", "acme-both", store.now_ms())
+    finally:
+        await store.close()
+    return approval_id
+
+
+async def _settled(http, action_id: str) -> dict:
+    for _ in range(300):
+        status = (await http.get(f"/aip/v1/actions/{action_id}", headers=bearer("acme-invoker"))).json()
+        if status["status"] not in ("pending_approval", "running"):
+            return status
+        await asyncio.sleep(0.01)
+    return status
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("decision,expected", [("approved", "completed"), ("denied", "failed")])
+async def test_rel_a_decision_recorded_before_a_host_crash_is_applied_after_restart(tmp_path, decision, expected):
+    """Regression: a host killed between recording an approval decision and applying it left the action
+    pending forever (the approval was decided, so nobody could decide again, and nothing expired it).
+    A restarted host applies the recorded decision: it dispatches an approval (once), fails a denial."""
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    app = inproc_app(tmp_path / "etc", fake.transport(), clock=time.time)
+    await _seed_pending(tmp_path / "etc", "act_decided", decision=decision)
+    async with running(app) as http:
+        status = await _settled(http, "act_decided")
+    assert status["status"] == expected
+    assert fake.executions == (1 if decision == "approved" else 0)
+
+
+@pytest.mark.timeout(30)
+async def test_rel_an_approval_lost_in_a_host_crash_is_restored_and_decidable(tmp_path):
+    """Regression: a host killed between writing a pending action and its approval left an action that
+    pointed at an approval nobody could find or decide (404), pending forever. A restarted host restores
+    the approval (same id, hash, requester, snapshot and expiry), so the approver can decide it."""
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    app = inproc_app(tmp_path / "etc", fake.transport(), clock=time.time)
+    approval_id = await _seed_pending(tmp_path / "etc", "act_orphan", decision=None, with_approval=False)
+    async with running(app) as http:
+        for _ in range(300):
+            listing = (await http.get("/aip/v1/approvals", headers=bearer("acme-both"))).json()["approvals"]
+            if listing:
+                break
+            await asyncio.sleep(0.01)
+        assert [a["approval_id"] for a in listing] == [approval_id]
+        shown = (await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))).json()
+        assert shown["input_snapshot"] == {"topic": "approval"} and shown["requested_by"] == "acme-invoker"
+        decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
+                                  json={"decision": "approved", "reason": "ok"})
+        assert decided.status_code == 200
+        status = await _settled(http, "act_orphan")
+    assert status["status"] == "completed" and fake.executions == 1
+
+
+@pytest.mark.timeout(60)
+def test_rel_a_frozen_sidecar_cannot_hang_status_reads_or_cancels(tmp_path, monkeypatch):
+    """Regression: the sidecar client had no read timeout, so a sidecar that stops answering (SIGSTOP, a
+    wedged loop: the connection stays open) held a status read and a runtime cancel forever (a real
+    host, a SIGSTOPped sidecar: both still unanswered after 40 s). Non-stream reads now give up after
+    JSON_READ_TIMEOUT_S (30 s; 0.5 s here): the status read fails as a transport error, the cancel as
+    cancelled_unconfirmed, both in time."""
+    import streamkit
+    from aip_crewai.contracts.operations import OPERATION_NAMES
+    from aip_crewai.host import sidecar_client
+    from relkit import AppThread
+
+    monkeypatch.setattr(sidecar_client, "JSON_READ_TIMEOUT_S", 0.5)
+    fake = streamkit.FakeSidecarServer(SIDECAR_TOKEN, ["alpha", "beta", "gamma"], sorted(OPERATION_NAMES))
+    app = AppThread(inproc_app(tmp_path / "etc", None, sidecar_url=fake.base_url, clock=time.time))
+    try:
+        def post(action_id, capability, inp, key=None):
+            env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": f"msg_{action_id}",
+                   "sent_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "body": {"action": {"id": action_id, "capability_id": capability, "input": inp,
+                                       **({"idempotency_key": key} if key else {})}}}
+            status, _, content = app.request("POST", "/aip/v1/messages", json=env, headers=bearer("acme-invoker"),
+                                             timeout=20)
+            return status, json.loads(content)
+
+        status, pending = post("act_long", "cap:crewai:beta", {"topic": "alive_for_30s"}, "k-long")
+        approval_id = pending["body"]["action_result"]["approval"]["approval_id"]
+        status, _, _ = app.request("POST", f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
+                                   json={"decision": "approved", "reason": "ok"})
+        assert status == 200
+        fake.frozen |= {"GET /jobs/", "POST /jobs/acme"}  # reads and cancels are never answered from now on
+        started = time.monotonic()
+        status, answer = post("act_read", "cap:crewai:beta:status", {"run_action_id": "act_long"})
+        error = answer["body"]["action_result"]["error"]
+        assert error["code"] == "connector.crewai.transport" and time.monotonic() - started < 10
+        started = time.monotonic()
+        status, _, content = app.request("POST", "/aip/v1/actions/act_long/cancel", headers=bearer("acme-invoker"),
+                                         timeout=20)
+        result = json.loads(content)["body"]["action_result"]
+        assert result["error"]["code"] == "connector.crewai.cancelled_unconfirmed"
+        assert time.monotonic() - started < 10
+    finally:
+        app.close()
+        fake.close()

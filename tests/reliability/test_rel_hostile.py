@@ -18,7 +18,7 @@ from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, envelope, sign
 from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, inproc_app
 
-FUZZ = settings(max_examples=int(os.environ.get("AIP_CREWAI_FUZZ_EXAMPLES", "300")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("AIP_CREWAI_FUZZ_EXAMPLES", "800")), deadline=None,
                 database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                       HealthCheck.filter_too_much])
 INPROC_WHO = streamkit.Principals(bearer("acme-invoker"), bearer("acme-both"), "cap:crewai:beta")

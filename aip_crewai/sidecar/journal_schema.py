@@ -1,0 +1,60 @@
+"""The journal's schema as data (no SQL is executed here; :mod:`journal` runs it).
+
+Forward-only numbered migrations (index + 1 is the ``PRAGMA user_version``
+after applying one; never edit a shipped migration, append a new one) and
+the marks that tell an aip-crewai journal from any other SQLite file.
+
+Source: DESIGN.md §5 (tables, forward-only migrations), STYLE.md (Storage).
+"""
+
+from __future__ import annotations
+
+#: ``PRAGMA application_id`` of a journal (ASCII "AIPC", 1095323715), set by migration 3.
+APPLICATION_ID = 0x41495043
+#: Tables every journal at schema version >= 1 has.
+OWN_TABLES = frozenset({"jobs", "events"})
+
+#: Forward-only migrations; index + 1 is the ``user_version`` after applying it.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: jobs and their events
+    """
+    CREATE TABLE jobs (
+        action_id TEXT PRIMARY KEY,
+        crew_id TEXT NOT NULL,
+        operation TEXT NOT NULL,
+        request_hash TEXT NOT NULL,
+        idempotency_key TEXT NOT NULL,
+        timeout_ms INTEGER,
+        status TEXT NOT NULL,
+        event_count INTEGER NOT NULL DEFAULT 0,
+        output BLOB,
+        error BLOB,
+        dropped_events INTEGER NOT NULL DEFAULT 0,
+        provider_stop_observed INTEGER,
+        archived INTEGER NOT NULL DEFAULT 0,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+    CREATE INDEX jobs_unfinished ON jobs(status) WHERE status IN ('queued', 'running');
+    CREATE TABLE events (
+        action_id TEXT NOT NULL,
+        sequence INTEGER NOT NULL,
+        event TEXT NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (action_id, sequence)
+    );
+    """,
+    # 2: task index for replay admission
+    """
+    CREATE TABLE task_runs (
+        task_id TEXT NOT NULL,
+        action_id TEXT NOT NULL,
+        crew_id TEXT NOT NULL,
+        result_index INTEGER,
+        PRIMARY KEY (task_id, action_id)
+    );
+    CREATE INDEX task_runs_action ON task_runs(action_id);
+    """,
+    # 3: mark the file as an aip-crewai journal (SQLite header field, see APPLICATION_ID)
+    f"PRAGMA application_id = {APPLICATION_ID};",
+)

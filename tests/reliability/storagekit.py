@@ -1,0 +1,329 @@
+"""Storage faults of the sidecar journal (DESIGN.md §4 "journal write failure 507 (nothing
+half-admitted)", §5 journal rules and crash fence).
+
+In-process (the sidecar app over a fake executor, its journal's SQLite
+connection made to fail on chosen writes, as a full disk does):
+
+- :func:`admission_write_failure`: the admission insert fails: 507, no row,
+  nothing executed, nothing counted;
+- :func:`terminal_write_failure`: a job's terminal commit fails: the caller
+  gets 507, the sidecar reports ``degraded`` and refuses new jobs (507,
+  nothing executed) instead of running work it cannot record; once the disk
+  takes writes again the kept outcome is recorded (one terminal event) and
+  admissions resume.
+
+Real processes:
+
+- :func:`file_size_limit`: ``RLIMIT_FSIZE`` makes real writes fail (EFBIG, like
+  a full disk) under a real sidecar; after a kill -9 and a restart without the
+  limit every job has exactly one terminal event and nothing refused ever ran;
+- :func:`journal_size_bound`: ``--max-journal-bytes`` answers 507 and admits nothing;
+- :func:`journal_refusals`: a corrupt, truncated, foreign (another
+  application's SQLite), non-SQLite or newer journal refuses start-up: exit 2,
+  one clear line, no traceback.
+
+Functions return ``[(check, ok, detail)]`` like :mod:`securitykit`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from chaoslib import uid
+from relkit import TERMINAL, Processes, calls_by_action, sidecar_events
+
+Result = tuple[str, bool, str]
+Predicate = Callable[[str, Any], bool]
+
+
+def _check(results: list[Result], name: str, ok: bool, detail: Any = "") -> None:
+    results.append((name, bool(ok), "" if ok else str(detail)[:300]))
+
+
+class FailingConnection:
+    """Wraps the journal's aiosqlite connection; statements matching ``fail`` raise
+    ``sqlite3.OperationalError("database or disk is full")`` while ``fail`` is set."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self.fail: Predicate | None = None
+        self.failures = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self._conn.in_transaction)
+
+    def _maybe_fail(self, sql: str, params: Any) -> None:
+        if self.fail is not None and self.fail(sql.strip(), params):
+            self.failures += 1
+            raise sqlite3.OperationalError("database or disk is full")
+
+    async def execute(self, sql: str, params: Any = ()) -> Any:
+        self._maybe_fail(sql, params)
+        return await self._conn.execute(sql, params)
+
+    async def executemany(self, sql: str, rows: Any) -> Any:
+        self._maybe_fail(sql, rows)
+        return await self._conn.executemany(sql, rows)
+
+    async def execute_fetchall(self, sql: str, params: Any = ()) -> Any:
+        self._maybe_fail(sql, params)
+        return await self._conn.execute_fetchall(sql, params)
+
+
+def any_write(sql: str, _params: Any) -> bool:
+    return sql.upper().startswith(("INSERT", "UPDATE", "DELETE"))
+
+
+def terminal_write(sql: str, params: Any) -> bool:
+    """The terminal transition of :meth:`Journal.transition` (status to completed/failed/cancelled)."""
+    return sql.startswith("UPDATE jobs SET status = ?") and bool(params) and params[0] in TERMINAL
+
+
+@asynccontextmanager
+async def sidecar_app(root: Path) -> AsyncIterator[tuple[httpx.AsyncClient, FailingConnection, Any, Any]]:
+    """``(client, failing connection, fake executor, app)``: the sidecar in-process on a journal in ``root``."""
+    from sidecar_fakes import FAKE_CREWS, TOKEN, FakeExecutor, make_settings
+
+    from aip_crewai.sidecar.app import create_app
+    from aip_crewai.sidecar.journal import Journal
+
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings = make_settings(root)
+    journal = await Journal.open(settings.journal)  # type: ignore[arg-type]
+    failing = FailingConnection(journal._conn)
+    journal._conn = failing  # type: ignore[assignment]
+    fake = FakeExecutor()
+    app = create_app(replace(settings), crews=FAKE_CREWS, executor=fake, journal=journal)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sidecar",
+                                     headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+            yield client, failing, fake, app
+
+
+def _job(action_id: str, crew: str = "echo") -> dict[str, Any]:
+    return {"crew_id": crew, "action_id": action_id, "operation": "run", "input": {}}
+
+
+async def admission_write_failure(root: Path) -> list[Result]:
+    results: list[Result] = []
+    async with sidecar_app(root) as (client, failing, fake, _):
+        before = (await client.get("/health")).json()["retained_runs"]
+        failing.fail = any_write
+        for path in ("/jobs", "/jobs/stream"):
+            action_id = uid("full")
+            answer = await client.post(path, json=_job(action_id), headers={"Idempotency-Key": "k"})
+            _check(results, f"{path} on a full disk is 507", answer.status_code == 507, answer.text)
+            failing.fail = None
+            seen = await client.get(f"/jobs/{action_id}")
+            _check(results, f"{path}: nothing half-admitted", seen.status_code == 404, seen.text)
+            failing.fail = any_write
+        failing.fail = None
+        health = (await client.get("/health")).json()
+        _check(results, "nothing executed", fake.calls == [], fake.calls)
+        _check(results, "nothing counted", health["retained_runs"] == before and health["status"] == "ready", health)
+        answer = await client.post("/jobs", json=_job(uid("after")), headers={"Idempotency-Key": "k"})
+        _check(results, "admissions work once the disk does", answer.status_code == 200, answer.text)
+    return results
+
+
+async def terminal_write_failure(root: Path) -> list[Result]:
+    results: list[Result] = []
+    async with sidecar_app(root) as (client, failing, fake, _):
+        lost = uid("lost")
+        failing.fail = terminal_write
+        answer = await client.post("/jobs", json=_job(lost), headers={"Idempotency-Key": "k"})
+        _check(results, "the blocking caller gets 507", answer.status_code == 507, answer.text)
+        health = (await client.get("/health")).json()
+        _check(results, "health says degraded (the host stops routing work)", health["status"] == "degraded", health)
+        calls = len(fake.calls)
+        refused = uid("refused")
+        answer = await client.post("/jobs/stream", json=_job(refused), headers={"Idempotency-Key": "k"})
+        _check(results, "a new job is refused while outcomes are unrecorded", answer.status_code == 507, answer.text)
+        _check(results, "the refused job never ran", len(fake.calls) == calls, fake.calls[calls:])
+        _check(results, "the refused job was not admitted",
+               (await client.get(f"/jobs/{refused}")).status_code == 404)
+        view = (await client.get(f"/jobs/{lost}")).json()
+        _check(results, "the lost job is not terminal yet", view["status"] == "running", view)
+        failing.fail = None  # the disk takes writes again: the backlog retries with backoff
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await client.get(f"/jobs/{lost}")).json()["status"] == "running":
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        view = (await client.get(f"/jobs/{lost}")).json()
+        events = (await client.get(f"/jobs/{lost}/events")).json()["events"]
+        terminals = [e for e in events if e["event"] in TERMINAL]
+        _check(results, "the kept outcome is recorded once", view["status"] == "completed" and len(terminals) == 1
+               and events[-1] is terminals[0] and [e["sequence"] for e in events] == list(range(len(events))),
+               (view, events))
+        health = (await client.get("/health")).json()
+        _check(results, "health is ready again", health["status"] == "ready", health)
+        answer = await client.post("/jobs", json=_job(uid("again")), headers={"Idempotency-Key": "k"})
+        _check(results, "admissions resume", answer.status_code == 200, answer.text)
+    return results
+
+
+def file_size_limit(procs: Processes, limit_bytes: int = 1_500_000, max_runs: int = 40) -> list[Result]:
+    """Real write failures: a real sidecar whose files may not grow past ``limit_bytes`` runs chatty jobs."""
+    results: list[Result] = []
+    sidecar = procs.sidecar(fsize_limit=limit_bytes)
+    ran: list[str] = []
+    first_failure = None
+    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http:
+        for _ in range(max_runs):
+            action_id = uid("chatty")
+            answer = http.post("/jobs", json=_job(action_id, "chatty"), headers={"Idempotency-Key": "k"})
+            ran.append(action_id)
+            if answer.status_code != 200:
+                first_failure = answer
+                break
+        _check(results, "the journal fills up and the caller gets 507",
+               first_failure is not None and first_failure.status_code == 507,
+               first_failure.text if first_failure is not None else "no failure within the runs")
+        health = http.get("/health").json()
+        _check(results, "a real write failure degrades health", health["status"] == "degraded", health)
+        refused = [uid("refused") for _ in range(3)]
+        for action_id in refused:
+            answer = http.post("/jobs", json=_job(action_id), headers={"Idempotency-Key": "k"})
+            _check(results, "admission is refused while degraded", answer.status_code == 507, answer.text)
+    sidecar.kill(signal.SIGKILL)
+    restarted = procs.restart_sidecar(sidecar)
+    calls = calls_by_action(procs.call_log)
+    with httpx.Client(base_url=restarted.base_url, headers=restarted.headers, timeout=30) as http:
+        for action_id in refused:
+            _check(results, "a refused job was never admitted", http.get(f"/jobs/{action_id}").status_code == 404)
+            _check(results, "a refused job never ran", calls[action_id] == 0, calls[action_id])
+    for action_id in ran:
+        events = sidecar_events(restarted, action_id)
+        terminals = [e for e in events if e["event"] in TERMINAL]
+        ok = len(terminals) == 1 and events[-1] is terminals[0] and \
+            [e["sequence"] for e in events] == list(range(len(events)))
+        _check(results, "every admitted job has exactly one terminal event", ok, (action_id, events[-2:]))
+    last = sidecar_events(restarted, ran[-1])[-1]
+    _check(results, "the job whose outcome was lost is failed as uncertain",
+           last["event"] == "completed" or (last["data"].get("uncertain_outcome") is True), last)
+    restarted.kill(signal.SIGTERM)
+    return results
+
+
+def journal_size_bound(procs: Processes, max_runs: int = 40) -> list[Result]:
+    results: list[Result] = []
+    sidecar = procs.sidecar(args=["--max-journal-bytes", "1048576"])
+    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http:
+        answer = None
+        for _ in range(max_runs):
+            action_id = uid("bound")
+            answer = http.post("/jobs", json=_job(action_id, "chatty"), headers={"Idempotency-Key": "k"})
+            if answer.status_code != 200:
+                break
+        _check(results, "past the journal bound admission is 507",
+               answer is not None and answer.status_code == 507 and "size bound" in answer.text,
+               answer.text if answer is not None else "")
+        _check(results, "the refused job was not admitted", http.get(f"/jobs/{action_id}").status_code == 404)
+        _check(results, "the refused job never ran", calls_by_action(procs.call_log)[action_id] == 0)
+        _check(results, "a full journal is not a failing one", http.get("/health").json()["status"] == "ready")
+    sidecar.kill(signal.SIGTERM)
+    return results
+
+
+def journal_refusals(workdir: Path) -> list[Result]:
+    """Start-up with unusable journals (before the CrewAI import, so each refusal takes well under a second)."""
+    from relkit import ALLOWED, REGISTRY, TOKEN, child_env, sidecar_command
+
+    results: list[Result] = []
+    workdir.mkdir(parents=True, exist_ok=True)
+    workdir.chmod(0o700)
+    token = workdir / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    env = child_env(workdir / "calls.log")
+
+    def valid_journal(path: Path, jobs: int = 300) -> bytes:
+        asyncio.run(_fill(path, jobs))
+        return path.read_bytes()
+
+    def corrupt(data: bytes) -> bytes:
+        damaged = bytearray(data)
+        for offset in range(8192, len(damaged) - 512, 4096):  # every page after the first two: bad cells
+            damaged[offset + 100: offset + 400] = os.urandom(300)
+        return bytes(damaged)
+
+    cases: dict[str, tuple[Callable[[Path], None], str]] = {
+        "a corrupt journal": (lambda p: p.write_bytes(corrupt(valid_journal(p))), "is corrupt"),
+        "a truncated journal": (lambda p: p.write_bytes(valid_journal(p)[:12288]), "corrupt"),
+        "a non-SQLite file": (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(4000)),
+                              "not a SQLite database"),
+        "another application's SQLite file": (_foreign_sqlite, "not an aip-crewai journal"),
+        "another application's versioned file": (lambda p: _foreign_sqlite(p, version=2),
+                                                 "not an aip-crewai journal"),
+        "a newer journal schema": (lambda p: _newer(p, valid_journal), "schema version"),
+    }
+    for name, (prepare, needle) in cases.items():
+        d = workdir / name.replace(" ", "-").replace("'", "")
+        d.mkdir(mode=0o700)
+        journal = d / "journal.db"
+        prepare(journal)
+        for extra in (Path(f"{journal}-wal"), Path(f"{journal}-shm")):
+            extra.unlink(missing_ok=True)
+        journal.chmod(0o600)
+        before = journal.read_bytes()
+        argv = [*sidecar_command("--registry", REGISTRY), "--journal", str(journal), "--token-file", str(token),
+                "--port", "0", "--allowed-operations", ALLOWED]
+        done = subprocess.run(argv, capture_output=True, timeout=60, env=env, stdin=subprocess.DEVNULL, check=False)
+        err = done.stderr.decode(errors="replace")
+        ok = done.returncode == 2 and needle in err and "Traceback" not in err and done.stdout == b"" \
+            and "--journal (AIP_CREWAI_STATE_FILE)" in err
+        _check(results, f"start-up refuses {name}", ok, f"exit {done.returncode}: {err[-400:]}")
+        _check(results, f"start-up leaves {name} untouched", journal.read_bytes() == before)
+    return results
+
+
+async def _fill(path: Path, jobs: int) -> None:
+    from aip_crewai.sidecar.jobs import EventRow, JobStatus, NewJob
+    from aip_crewai.sidecar.journal import Journal
+
+    journal = await Journal.open(path)
+    try:
+        for n in range(jobs):
+            action_id = f"job-{n}"
+            await journal.admit(NewJob(action_id, "echo", "run", "h" * 64, "k", None), max_retained_runs=10**6,
+                                max_bytes=10**12)
+            await journal.transition(action_id, JobStatus.RUNNING, first_sequence=0,
+                                     events=[EventRow(0, "started", b'{"status":"running"}')])
+        await journal._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        await journal.close()
+
+
+def _foreign_sqlite(path: Path, version: int = 0) -> None:
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+        db.execute("INSERT INTO notes (body) VALUES ('an operator''s data')")
+        if version:
+            db.execute(f"PRAGMA user_version = {version}")
+    db.close()
+
+
+def _newer(path: Path, make: Callable[[Path], bytes]) -> None:
+    from aip_crewai.sidecar.journal import SCHEMA_VERSION
+
+    make(path)
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
