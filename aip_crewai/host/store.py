@@ -363,12 +363,9 @@ class Store:
 
     async def create_approval(self, tenant: str, approval_id: str, action_id: str, capability_id: str,
                               policy_hash: str, requested_by: str, input_snapshot_json: str, expires_at: int,
-                              *, now: int | None = None, link_action: bool = False) -> ApprovalRecord:
-        """Insert a pending approval for an existing action.
-
-        Args:
-            link_action: also set the action's ``approval_id`` (only while it
-                is ``pending_approval``), in the same transaction.
+                              *, now: int | None = None) -> ApprovalRecord:
+        """Insert a pending approval for an existing action (whose row already
+        names ``approval_id``: see ``ActionService.submit``).
 
         Raises:
             StoreError: the approval id exists, or the action does not.
@@ -384,9 +381,6 @@ class Store:
                     f"RETURNING {_APPROVAL_COLUMNS}",
                     (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
                      "pending", None, None, None, now, expires_at)).fetchall()
-                if link_action:
-                    conn.execute("UPDATE actions SET approval_id = ?, updated_at = ? WHERE tenant = ? AND action_id = ? "
-                                 "AND status = 'pending_approval'", (approval_id, now, tenant, action_id)).close()
                 conn.execute("COMMIT")
             except BaseException as exc:
                 if conn.in_transaction:

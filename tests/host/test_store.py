@@ -283,15 +283,6 @@ async def test_create_and_read_approvals_per_tenant(store: Store):
         await store.create_approval("acme", "apr_x", "no_such_action", "cap", "ph", "p", "{}", T0 + 1)
 
 
-async def test_an_approval_can_link_its_pending_action_in_the_same_transaction(store: Store):
-    await make_action(store, status="pending_approval")
-    await store.create_approval("acme", "apr_1", "act_1", "cap", "ph", "svc:acme", "{}", T0 + 1, link_action=True)
-    assert (await store.get_action("acme", "act_1")).approval_id == "apr_1"
-    with pytest.raises(StoreError):  # the failed insert rolls the link back too
-        await store.create_approval("acme", "apr_1", "act_1", "cap", "ph", "svc:acme", "{}", T0 + 1, link_action=True)
-    assert (await store.get_action("acme", "act_1")).approval_id == "apr_1"
-
-
 async def test_listing_pages_with_a_cursor_and_a_done_flag(store: Store):
     for i in range(5):
         await approval(store, f"apr_{i}", action_id=f"act_{i}", now=T0 + i)
