@@ -54,6 +54,33 @@ def _chunk_text(envelope: dict) -> str | None:  # type: ignore[type-arg]
     return part.get("text") if isinstance(part, dict) else None
 
 
+def _with_progress(work, quiet: bool):  # type: ignore[no-untyped-def]
+    """Run a blocking call; on a terminal (and without --json) show the
+    elapsed time on stderr every 2 s while it waits."""
+    import threading
+    import time
+
+    if quiet or not sys.stderr.isatty():
+        return work()
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(2.0):
+            print(f"\r  waiting for the result… {time.monotonic() - started:.0f} s", end="", file=sys.stderr,
+                  flush=True)
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        return work()
+    finally:
+        done.set()
+        thread.join()
+        if time.monotonic() - started >= 2.0:
+            print(file=sys.stderr)
+
+
 def _call(args: argparse.Namespace) -> int:
     from .client import AipClientError
 
@@ -67,7 +94,8 @@ def _call(args: argparse.Namespace) -> int:
     try:
         with _client(args) as client:
             if not args.stream:
-                _print(client.call(args.capability_id, value, **kwargs), args.json)
+                _print(_with_progress(lambda: client.call(args.capability_id, value, **kwargs), args.json),
+                       args.json)
                 return 0
             for event, envelope in client.stream(args.capability_id, value, **kwargs):
                 if args.json:

@@ -157,3 +157,33 @@ def test_host_on_a_taken_port_fails_cleanly(tmp_path):
                                 capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_call_and_approvals(stack, tmp_path):
+    import subprocess
+    import sys
+
+    from host_process import TOKENS
+
+    host, _ = stack
+
+    def cli(principal, *args):
+        token = tmp_path / f"{principal}.token"
+        if not token.exists():
+            token.write_text(TOKENS[principal] + "\n")
+            token.chmod(0o600)
+        return subprocess.run([sys.executable, "-m", "aip_crewai.cli", *args, "--url", host.base_url,
+                               "--token-file", str(token), "--json"], capture_output=True, text=True, timeout=120)
+
+    answer = cli("acme-app", "call", "cap:crewai:knowledge_a:knowledge_query", "--input", '{"query": ["lamp"]}',
+                 "--idempotency-key", "cli-1")
+    assert answer.returncode == 0, answer.stderr
+    assert json.loads(answer.stdout)["body"]["action_result"]["status"] == "completed"
+    pending = cli("acme-app", "call", "cap:crewai:echo", "--input", '{"topic": "cli"}', "--idempotency-key", "cli-2")
+    approval_id = json.loads(pending.stdout)["body"]["action_result"]["approval"]["approval_id"]
+    listed = cli("acme-approver", "approvals", "list")
+    assert [a["approval_id"] for a in json.loads(listed.stdout)["approvals"]] == [approval_id]
+    decided = cli("acme-approver", "approvals", "decide", approval_id, "denied", "--reason", "cli test")
+    assert json.loads(decided.stdout)["decision"] == "denied"
+    bad = cli("acme-app", "call", "cap:crewai:echo", "--input", "[1]")
+    assert bad.returncode != 0 and "must be a JSON object" in bad.stderr
