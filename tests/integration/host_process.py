@@ -54,25 +54,38 @@ class Host:
         return self.process.wait(timeout=60)
 
 
-def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int) -> Path:
+def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int, *,
+                 crews: list[dict] | None = None, tenants: dict[str, list[str]] | None = None,
+                 max_response_bytes: int | None = None, extra_principals: list[dict[str, str]] | None = None) -> Path:
+    """host.toml (+ crews.json, sidecar.token 0600) in ``workdir``; returns the config path.
+
+    Defaults: the crews of :data:`ACME_CREWS` (run, status, events, cancel,
+    knowledge_query) plus ``knowledge_b``; tenants ``acme`` and ``beta``; the
+    bearer principals of :data:`TOKENS`. ``extra_principals`` are added as given.
+    """
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     token_file = workdir / "sidecar.token"
     if not token_file.exists():
         token_file.write_text(sidecar_token + "\n")
         token_file.chmod(0o600)
-    crews = [{"id": crew, "name": crew.title(), "allowed_operations": ALL_STARTABLE} for crew in ACME_CREWS]
-    crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
+    if crews is None:
+        crews = [{"id": crew, "name": crew.title(), "allowed_operations": ALL_STARTABLE} for crew in ACME_CREWS]
+        crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
     (workdir / "crews.json").write_text(json.dumps(crews))
-    lines = [
-        "[host]", f'bind = "127.0.0.1:{port}"', 'store = "host.db"', "",
-        "[sidecar]", f'url = "{sidecar_url}"', 'token_file = "sidecar.token"', "",
-        "[crews]", 'file = "crews.json"', "",
-        "[tenants.acme]", f"crews = {json.dumps(ACME_CREWS)}", "",
-        "[tenants.beta]", 'crews = ["knowledge_b"]', "",
-    ]
-    for principal, token in TOKENS.items():
-        lines += ["[[principals]]", f'id = "{principal}"', f'tenant = "{principal.split("-")[0]}"',
-                  f'roles = ["{ROLES[principal]}"]', f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"', ""]
+    tenants = tenants or {"acme": ACME_CREWS, "beta": ["knowledge_b"]}
+    lines = ["[host]", f'bind = "127.0.0.1:{port}"', 'store = "host.db"',
+             *([f"max_response_bytes = {max_response_bytes}"] if max_response_bytes else []), "",
+             "[sidecar]", f'url = "{sidecar_url}"', 'token_file = "sidecar.token"', "",
+             "[crews]", 'file = "crews.json"', ""]
+    for tenant, crew_ids in tenants.items():
+        lines += [f"[tenants.{json.dumps(tenant)}]", f"crews = {json.dumps(crew_ids)}", ""]
+    principals = [{"id": principal, "tenant": principal.split("-")[0], "role": ROLES[principal],
+                   "token_sha256": hashlib.sha256(token.encode()).hexdigest()} for principal, token in TOKENS.items()]
+    for entry in principals + list(extra_principals or []):
+        lines += ["[[principals]]", f'id = "{entry["id"]}"', f'tenant = "{entry["tenant"]}"',
+                  f'roles = ["{entry["role"]}"]']
+        lines += [f'{key} = "{entry[key]}"' for key in ("token_sha256", "ed25519_public_key") if key in entry]
+        lines.append("")
     config = workdir / "host.toml"
     config.write_text("\n".join(lines))
     return config

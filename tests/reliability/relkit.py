@@ -24,7 +24,6 @@ Polling only (:func:`until`), never a sleep that waits for a result.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import resource
@@ -47,7 +46,7 @@ for _extra in (ROOT / "tests" / "integration", ROOT / "tests" / "host", ROOT / "
     if str(_extra) not in sys.path:
         sys.path.insert(0, str(_extra))
 
-from host_process import ROLES, TOKENS, free_port  # noqa: E402
+from host_process import TOKENS, free_port, write_config  # noqa: E402
 from sidecar_process import REGISTRY, TOKEN, Sidecar, child_env, sidecar_command, wait_ready  # noqa: E402
 
 from aip_crewai.sse import SSEDecoder  # noqa: E402
@@ -121,33 +120,15 @@ def signer_key() -> Any:
 
 def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_token: str = TOKEN,
                       tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None) -> Path:
-    """host.toml (+ crews.json, sidecar.token 0600) in ``workdir``; returns the config path."""
+    """host.toml for the reliability crews (ACME_CREWS, OPERATIONS, TENANTS) plus
+    the Ed25519 :data:`SIGNER`; see ``host_process.write_config``."""
     import base64
-    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    token_file = workdir / "sidecar.token"
-    if not token_file.exists():
-        token_file.write_text(sidecar_token + "\n")
-        token_file.chmod(0o600)
     crews = [{"id": c, "name": c.title(), "allowed_operations": OPERATIONS} for c in ACME_CREWS]
     crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
-    (workdir / "crews.json").write_text(json.dumps(crews))
-    tenants = tenants or TENANTS
-    lines = ["[host]", f'bind = "127.0.0.1:{port}"', 'store = "host.db"',
-             *([f"max_response_bytes = {max_response_bytes}"] if max_response_bytes else []), "",
-             "[sidecar]", f'url = "{sidecar_url}"', 'token_file = "sidecar.token"', "",
-             "[crews]", 'file = "crews.json"', ""]
-    for tenant, crew_ids in tenants.items():
-        lines += [f"[tenants.{json.dumps(tenant)}]", f"crews = {json.dumps(crew_ids)}", ""]
-    for principal, token in TOKENS.items():
-        role = ROLES[principal]
-        lines += ["[[principals]]", f'id = "{principal}"', f'tenant = "{principal.split("-")[0]}"',
-                  f'roles = ["{role}"]', f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"', ""]
     public = base64.b64encode(signer_key().public_key().public_bytes_raw()).decode()
-    lines += ["[[principals]]", f'id = "{SIGNER}"', 'tenant = "acme"', 'roles = ["invoker"]',
-              f'ed25519_public_key = "{public}"', ""]
-    config = workdir / "host.toml"
-    config.write_text("\n".join(lines))
-    return config
+    signer = {"id": SIGNER, "tenant": "acme", "role": "invoker", "ed25519_public_key": public}
+    return write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants or TENANTS,
+                        max_response_bytes=max_response_bytes, extra_principals=[signer])
 
 
 class Processes:
