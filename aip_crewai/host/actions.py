@@ -41,7 +41,16 @@ from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
 from .sidecar_client import SidecarClient
 from .auth import Principal
-from .store import TRANSITIONS, ActionRecord, ActionState, ApprovalRecord, Store, StoreError, ms_to_rfc3339
+from .store import (
+    TRANSITIONS,
+    ActionRecord,
+    ActionState,
+    ApprovalRecord,
+    MissingTarget,
+    Store,
+    StoreError,
+    ms_to_rfc3339,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -131,8 +140,10 @@ class ActionService:
         if key is None and spec.key is ops.KeyRequirement.REQUIRED:
             self._fence("idempotency", "key_missing")
             raise IdempotencyKeyRequired(details={"capability_id": action.capability_id})
-        if "run_action_id" in action.input:
-            await self._check_target(tenant, crew_id, str(action.input["run_action_id"]))
+        run_action_id = str(action.input["run_action_id"]) if "run_action_id" in action.input else None
+        if run_action_id is not None and key is not None:
+            # Checked before the reservation: a request that fails here must leave no idempotency record.
+            await self._check_target(tenant, crew_id, run_action_id)
         hashed = fence_hash(action.capability_id, action.input)
         if key is not None:
             record = await self.store.reserve_idempotency(
@@ -148,11 +159,18 @@ class ActionService:
         # The approval id is fixed before the action row exists, so a concurrent
         # duplicate never sees a pending action without its approval reference.
         approval_id = "apr_" + secrets.token_urlsafe(16) if spec.approval else None
-        created, record_ = await self.store.create_action(
-            tenant, action.id, action.capability_id, crew_id, spec.name, canonical_json(action.input).decode(),
-            hashed, caller.id, key, status, approval_id=approval_id, timeout_ms=action.timeout_ms,
-            durable=durable_action(spec, key),
-        )
+        try:
+            # A running action is dispatched right after this write: it is created `sent` (one write, not two).
+            # Without a key, the target check of status/events/cancel rides in the same store call.
+            created, record_ = await self.store.create_action(
+                tenant, action.id, action.capability_id, crew_id, spec.name, canonical_json(action.input).decode(),
+                hashed, caller.id, key, status, approval_id=approval_id, timeout_ms=action.timeout_ms,
+                dispatch="sent" if status == "running" else "not_sent",
+                target=(run_action_id, ops.STARTABLE_OPERATIONS) if run_action_id is not None and key is None else None,
+                durable=durable_action(spec, key),
+            )
+        except MissingTarget:
+            raise ActionNotFound(details={"run_action_id": run_action_id}) from None
         if not created:
             if record_.input_hash != hashed or record_.idempotency_key != key:
                 self._fence("idempotency", "conflict")
@@ -229,8 +247,8 @@ class ActionService:
                                                dispatch="sent", durable=job.durable)
             result = await self.dispatcher.run(job, sink.add)
             await sink.drain()
-            await self._finish(tenant, action_id, result, job.dispatch.state, operation=job.spec.name,
-                               durable=job.durable)
+            live.final = await self._finish(tenant, action_id, result, job.dispatch.state, operation=job.spec.name,
+                                            durable=job.durable)
         except asyncio.CancelledError:
             sink.discard()  # a cancelled dispatch stores no further chunks (its canceller records the result)
             raise
@@ -246,17 +264,18 @@ class ActionService:
             live.notify()
 
     async def _finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None, *,
-                      operation: str | None = None, durable: bool = True) -> bool:
+                      operation: str | None = None, durable: bool = True) -> ActionRecord | None:
         """Store the terminal result (only from a live state). ``operation``
         (for metrics) saves a read when the caller knows it; ``durable``: see
-        :func:`durable_action`."""
+        :func:`durable_action`. Returns the stored record, or None when the
+        action had already ended (another writer's result stands)."""
         sources = [s.value for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
                    if ActionState(result.status) in TRANSITIONS[s]]
         changed = await self.store.update_action(
             tenant, action_id, from_statuses=sources, status=result.status,
             dispatch=dispatch, result_json=_encode.encode(result).decode(), durable=durable,
         )
-        log.info("action_finished", status=result.status, changed=changed)
+        log.info("action_finished", status=result.status, changed=changed is not None)
         if changed and self.metrics is not None:
             if operation is None:
                 record = await self.store.get_action(tenant, action_id)
@@ -358,8 +377,8 @@ class ActionService:
             log.info("action_resumed", from_chunk=job.first_chunk_sequence)
             result = await self.dispatcher.resume(job, sink.add)
             await sink.drain()
-            await self._finish(tenant, action_id, result, "acknowledged", operation=job.spec.name,
-                               durable=job.durable)
+            live.final = await self._finish(tenant, action_id, result, "acknowledged", operation=job.spec.name,
+                                            durable=job.durable)
         except asyncio.CancelledError:
             sink.discard()
             raise
@@ -409,8 +428,11 @@ class ActionService:
                 break
             if live is not None:
                 await live.wait(min(remaining, 5.0))
+                if live.final is not None:  # the record its dispatch stored: no read needed
+                    record = live.final
+                    continue
             else:
-                record = await self.refresh(record)
+                record = await self.refresh(await self._get(record.tenant, record.action_id))
                 if record.status == "running":
                     await asyncio.sleep(min(remaining, 0.5))  # polling the sidecar via refresh
             record = await self._get(record.tenant, record.action_id)

@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from .dispatch import Job
+from .store import ActionRecord
 
 
 @dataclass
@@ -20,6 +21,9 @@ class LiveAction:
 
     job: Job
     task: asyncio.Task[None] | None = None
+    #: The record as the dispatch's own result write left it (None until then,
+    #: and when another writer, e.g. a cancel, ended the action first).
+    final: ActionRecord | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self) -> None:

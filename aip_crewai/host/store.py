@@ -63,6 +63,7 @@ from .store_schema import (
     IdempotencyRecord,
     InsecureStorePath,
     InvalidCursor,
+    MissingTarget,
     StoreError,
     UnusableStore,
     check_location,
@@ -74,7 +75,7 @@ from .store_schema import (
 )
 
 __all__ = [
-    "MIGRATIONS", "ActionState", "TRANSITIONS", "Store", "StoreError", "InsecureStorePath", "InvalidCursor",
+    "MIGRATIONS", "ActionState", "TRANSITIONS", "Store", "StoreError", "InsecureStorePath", "InvalidCursor", "MissingTarget",
     "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage", "ChunkRecord", "check_location",
     "ms_to_rfc3339", "rfc3339_to_ms",
 ]
@@ -228,28 +229,54 @@ class Store:
     async def create_action(self, tenant: str, action_id: str, capability_id: str, crew_id: str, operation: str,
                             input_json: str, input_hash: str, principal_id: str, idempotency_key: str | None,
                             status: str, *, approval_id: str | None = None, timeout_ms: int | None = None,
+                            dispatch: str = "not_sent", target: tuple[str, Sequence[str]] | None = None,
                             now: int | None = None, durable: bool = True) -> tuple[bool, ActionRecord]:
         """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
+
+        Args:
+            dispatch: the initial dispatch state; ``sent`` for an action whose
+                dispatch starts right after this write ("the request may have
+                reached the sidecar"), which saves a second write.
+            target: ``(run_action_id, operations)``: insert only when the
+                tenant has an action ``run_action_id`` of the same crew whose
+                operation is one of ``operations`` (the target check of
+                status/events/cancel, in the same hop as the insert).
 
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
             (compare its ``input_hash``) with ``created`` False.
+
+        Raises:
+            MissingTarget: ``target`` names no such action (nothing was written).
         """
         if status not in (_S.PENDING_APPROVAL.value, _S.RUNNING.value):
             raise ValueError(f"an action starts pending_approval or running, not {status!r}")
+        if dispatch not in DISPATCH_RANK:
+            raise ValueError(f"unknown dispatch {dispatch!r}")
         now = self.now_ms() if now is None else now
 
         def create() -> tuple[bool, ActionRecord]:
-            created = self._change_now(
+            if target is not None:
+                run_action_id, operations = target
+                found = self._fetch_now(
+                    "SELECT 1 FROM actions WHERE tenant = ? AND action_id = ? AND crew_id = ? "
+                    f"AND operation IN ({', '.join('?' * len(operations))})",
+                    (tenant, run_action_id, crew_id, *operations),
+                )
+                if not found:
+                    raise MissingTarget(run_action_id)
+            rows = self._fetch_now(
                 f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 18)}) "
-                "ON CONFLICT (tenant, action_id) DO NOTHING",
+                f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {_ACTION_COLUMNS}",
                 (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id,
-                 idempotency_key, status, "not_sent", None, None, approval_id, timeout_ms, 0, now, now),
-            ) == 1
+                 idempotency_key, status, dispatch, None, None, approval_id, timeout_ms, 0, now, now),
+            )
+            if rows:
+                return True, ActionRecord(*rows[0])
             rows = self._fetch_now(_GET_ACTION, (tenant, action_id))
             if not rows:
                 raise StoreError("action vanished after creation")
-            return created, ActionRecord(*rows[0])
+            return False, ActionRecord(*rows[0])
 
         return await self._run(self._write_now, durable, create)
 
@@ -260,7 +287,7 @@ class Store:
     async def update_action(self, tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str,
                             dispatch: str | None = None, result_json: str | None = None,
                             error_json: str | None = None, approval_id: str | None = None,
-                            now: int | None = None, durable: bool = True) -> bool:
+                            now: int | None = None, durable: bool = True) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
         (``durable``: see the module docstring).
@@ -269,7 +296,7 @@ class Store:
         None-valued fields keep their stored value.
 
         Returns:
-            True when the row changed.
+            The updated record when the row changed, else None.
 
         Raises:
             ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
@@ -285,10 +312,12 @@ class Store:
         sql = ("UPDATE actions SET status = ?, updated_at = ?, "
                f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END, "
                "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
-               f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks})")
+               f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
+               f"RETURNING {_ACTION_COLUMNS}")
         params = (target.value, now, dispatch, DISPATCH_RANK.get(dispatch or "", -1), dispatch, result_json,
                   error_json, approval_id, tenant, action_id, *[s.value for s in sources])
-        return await self._run(self._write_now, durable, lambda: self._change_now(sql, params)) == 1
+        rows = await self._run(self._write_now, durable, lambda: self._fetch_now(sql, params))
+        return ActionRecord(*rows[0]) if rows else None
 
     async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
         """Actions still ``running`` (reconciliation after a restart), oldest first."""

@@ -255,6 +255,12 @@ class UnusableStore(StoreError):
     default_message = "the host store file cannot be used"
 
 
+class MissingTarget(LookupError):
+    """:meth:`Store.create_action` found no target action (the run a
+    status/events/cancel action names); nothing was written. Internal: the
+    action service answers ``action.not_found``."""
+
+
 class InvalidCursor(AipError):
     code = "request.invalid_cursor"
     category = Category.PERMANENT
