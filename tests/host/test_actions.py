@@ -177,6 +177,28 @@ async def test_status_of_own_run(env):
     assert result.output["action_id"] == "a1" and result.output["status"] == "completed"
 
 
+async def test_status_of_an_unknown_run_stores_nothing_with_or_without_a_key(env):
+    service, _, _ = env
+    for action_id, key in (("s1", None), ("s2", "k-status")):
+        with pytest.raises(ActionNotFound):
+            await service.submit(INVOKER, action(action_id, "cap:crewai:support:status", {"run_action_id": "nope"},
+                                                 key), None, stream=False)
+        assert await service.store.get_action("acme", action_id) is None
+    # The failed keyed request left no idempotency record: the key is free for a valid request.
+    assert await service.store.get_idempotency("acme", "k-status") is None
+
+
+async def test_a_running_action_is_created_sent(env):
+    service, _, _ = env
+    await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    status = await service.submit(INVOKER, action("s1", "cap:crewai:support:status", {"run_action_id": "a1"}, None),
+                                  None, stream=False)
+    assert status.status == "running" and status.dispatch == "sent"
+    done = await service.wait(status, 10)
+    assert done == await service.store.get_action("acme", "s1")  # the waiter got the stored record
+    assert done.status == "completed" and done.dispatch == "acknowledged"
+
+
 async def test_legacy_crew_has_no_train(env):
     service, _, _ = env
     with pytest.raises(CapabilityNotFound):

@@ -13,6 +13,7 @@ from aip_crewai.host.store import (
     MIGRATIONS,
     InsecureStorePath,
     InvalidCursor,
+    MissingTarget,
     Store,
     StoreError,
     ms_to_rfc3339,
@@ -180,6 +181,36 @@ async def test_create_action_once_and_return_the_existing(store: Store):
     assert await store.get_action("globex", "act_1") is None
     with pytest.raises(ValueError):
         await make_action(store, action_id="act_2", status="completed")
+
+
+async def test_create_action_checks_its_target_in_the_same_call(store: Store):
+    await make_action(store, action_id="run_1")  # a run of crew alpha
+    await store.create_action("acme", "st_0", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p", None,
+                              "running")
+    ok_target = ("run_1", ("run", "train"))
+    for run_action_id, crew_id, operations in [("nope", "alpha", ("run",)), ("run_1", "beta", ("run",)),
+                                               ("run_1", "alpha", ("train",)), ("st_0", "alpha", ("run",))]:
+        with pytest.raises(MissingTarget):
+            await store.create_action("acme", "st_1", "cap:crewai:alpha:status", crew_id, "status", "{}", "h", "p",
+                                      None, "running", target=(run_action_id, operations))
+        assert await store.get_action("acme", "st_1") is None  # nothing written
+    with pytest.raises(MissingTarget):  # another tenant's run is no target
+        await store.create_action("globex", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p",
+                                  None, "running", target=ok_target)
+    created, record = await store.create_action("acme", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}",
+                                                "h", "p", None, "running", dispatch="sent", target=ok_target)
+    assert created and record.dispatch == "sent" and record.status == "running"
+    with pytest.raises(ValueError):
+        await make_action(store, action_id="act_9", dispatch="maybe")
+
+
+async def test_update_action_returns_the_updated_record(store: Store):
+    await make_action(store)
+    record = await store.update_action("acme", "act_1", from_statuses=["running"], status="completed",
+                                       dispatch="acknowledged", result_json='{"ok":true}')
+    assert record == await store.get_action("acme", "act_1")
+    assert (record.status, record.dispatch, record.result_json) == ("completed", "acknowledged", '{"ok":true}')
+    assert await store.update_action("acme", "act_1", from_statuses=["running"], status="failed") is None
 
 
 async def test_transitions_are_enforced_in_the_where_clause(store: Store):
