@@ -107,13 +107,9 @@ async def post_decision(request: Request) -> Response:
         raise InvalidEnvelope("approval_id in the body differs from the path")
     service: ActionService = request.app.state.actions
     now = service.now_ms()
-    if not await service.store.decide_approval(principal.tenant, approval.approval_id, decision.decision,
-                                               decision.reason, principal.id, now):
-        raise ApprovalAlreadyDecided(details={"approval_id": approval.approval_id})
-    decided = await service.store.get_approval(principal.tenant, approval.approval_id)
+    decided = await service.decide(principal, approval.approval_id, decision.decision, decision.reason, now)
     if decided is None:
-        raise ApprovalNotFound()
-    await service.on_decision(decided)
+        raise ApprovalAlreadyDecided(details={"approval_id": approval.approval_id})
     return aip_json(ApprovalDecision(approval_id=decided.approval_id, decision=decision.decision,
                                      reason=decision.reason, decided_by=principal.id,
                                      decided_at=ms_to_rfc3339(now)))

@@ -75,9 +75,9 @@ from .store_schema import (
 )
 
 __all__ = [
-    "MIGRATIONS", "ActionState", "TRANSITIONS", "Store", "StoreError", "InsecureStorePath", "InvalidCursor", "MissingTarget",
-    "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage", "ChunkRecord", "check_location",
-    "ms_to_rfc3339", "rfc3339_to_ms",
+    "MIGRATIONS", "ActionState", "TRANSITIONS", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
+    "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage",
+    "ChunkRecord", "check_location", "ms_to_rfc3339", "rfc3339_to_ms",
 ]
 
 
@@ -92,6 +92,9 @@ _ACTION_COLUMNS = _columns(ActionRecord)
 _IDEMPOTENCY_COLUMNS = _columns(IdempotencyRecord)
 _APPROVAL_COLUMNS = _columns(ApprovalRecord)
 _GET_ACTION = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?"
+#: The one decision: only from ``pending``, before ``expires_at``, never by the requester.
+_DECIDE = ("UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ? "
+           "WHERE tenant = ? AND approval_id = ? AND status = 'pending' AND expires_at > ? AND requested_by != ?")
 _DISPATCH_RANK_SQL = "CASE dispatch WHEN 'not_sent' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END"
 
 
@@ -137,9 +140,16 @@ class Store:
         """The store clock, epoch milliseconds."""
         return int(self._clock() * 1000)
 
+    def _queue(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+        """Queue ``fn(*args)`` on the store's worker thread (the only thread
+        using the connection) NOW, before returning: the worker runs calls in
+        the order they were queued, so every store call made after this one
+        returns sees its effect, whether or not anyone awaits the future."""
+        return asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
     async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """Run ``fn(*args)`` on the store's worker thread (the only thread using the connection)."""
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+        """Run ``fn(*args)`` on the store's worker thread and wait for it."""
+        return await self._queue(fn, *args)
 
     def _fetch_now(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         return self._conn.execute(sql, params).fetchall()
@@ -160,6 +170,19 @@ class Store:
             return fn()
         finally:
             self._conn.execute("PRAGMA synchronous=FULL")
+
+    def _transaction_now(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` (on the worker) inside ``BEGIN IMMEDIATE`` … ``COMMIT``; roll back on any error."""
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            value = fn()
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return value
 
     async def _fetch(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         return await self._run(self._fetch_now, sql, params)
@@ -288,6 +311,16 @@ class Store:
                             dispatch: str | None = None, result_json: str | None = None,
                             error_json: str | None = None, approval_id: str | None = None,
                             now: int | None = None, durable: bool = True) -> ActionRecord | None:
+        """:meth:`queue_update_action`, awaited."""
+        return await self.queue_update_action(
+            tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
+            result_json=result_json, error_json=error_json, approval_id=approval_id, now=now, durable=durable,
+        )
+
+    def queue_update_action(self, tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str,
+                            dispatch: str | None = None, result_json: str | None = None,
+                            error_json: str | None = None, approval_id: str | None = None,
+                            now: int | None = None, durable: bool = True) -> asyncio.Future[ActionRecord | None]:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
         (``durable``: see the module docstring).
@@ -295,28 +328,22 @@ class Store:
         ``dispatch`` only moves forward (not_sent → sent → acknowledged);
         None-valued fields keep their stored value.
 
+        The write is queued before this returns (see :meth:`_queue`): every
+        later store call sees it, even one made before the future is awaited.
+
         Returns:
-            The updated record when the row changed, else None.
+            A future of the updated record when the row changed, else of None.
 
         Raises:
             ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
         """
-        sources = [ActionState(s) for s in from_statuses]
-        target = ActionState(status)
-        if not sources or any(target not in TRANSITIONS[s] for s in sources):
-            raise ValueError(f"transition {[s.value for s in sources]} -> {target.value} is not allowed")
-        if dispatch is not None and dispatch not in DISPATCH_RANK:
-            raise ValueError(f"unknown dispatch {dispatch!r}")
-        now = self.now_ms() if now is None else now
-        marks = ", ".join("?" * len(sources))
-        sql = ("UPDATE actions SET status = ?, updated_at = ?, "
-               f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END, "
-               "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
-               f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
-               f"RETURNING {_ACTION_COLUMNS}")
-        params = (target.value, now, dispatch, DISPATCH_RANK.get(dispatch or "", -1), dispatch, result_json,
-                  error_json, approval_id, tenant, action_id, *[s.value for s in sources])
-        rows = await self._run(self._write_now, durable, lambda: self._fetch_now(sql, params))
+        update = _action_update(tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
+                                result_json=result_json, error_json=error_json, approval_id=approval_id,
+                                now=self.now_ms() if now is None else now)
+        return self._queue(self._write_now, durable, lambda: self._update_now(update))
+
+    def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None:
+        rows = self._fetch_now(*update)
         return ActionRecord(*rows[0]) if rows else None
 
     async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
@@ -355,28 +382,24 @@ class Store:
         rows = [(tenant, action_id, seq, text) for seq, text in chunks]
         rank = DISPATCH_RANK.get(dispatch or "", -1)
 
-        def append() -> int:
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                cur = conn.executemany(
-                    "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (tenant, action_id, sequence) DO NOTHING", rows)
-                inserted = int(cur.rowcount)
-                cur.close()
-                conn.execute(
-                    "UPDATE actions SET chunk_count = chunk_count + ?, "
-                    f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END "
-                    "WHERE tenant = ? AND action_id = ?",
-                    (inserted, dispatch, rank, dispatch, tenant, action_id)).close()
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.IntegrityError):
-                    raise StoreError(f"cannot append chunks to unknown action {action_id!r}") from exc
-                raise
+        def insert() -> int:
+            cur = self._conn.executemany(
+                "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (tenant, action_id, sequence) DO NOTHING", rows)
+            inserted = int(cur.rowcount)
+            cur.close()
+            self._conn.execute(
+                "UPDATE actions SET chunk_count = chunk_count + ?, "
+                f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END "
+                "WHERE tenant = ? AND action_id = ?",
+                (inserted, dispatch, rank, dispatch, tenant, action_id)).close()
             return inserted
+
+        def append() -> int:
+            try:
+                return self._transaction_now(insert)
+            except sqlite3.IntegrityError as exc:
+                raise StoreError(f"cannot append chunks to unknown action {action_id!r}") from exc
 
         return await self._run(self._write_now, durable, append)
 
@@ -401,22 +424,18 @@ class Store:
         """
         now = self.now_ms() if now is None else now
 
+        def insert() -> list[tuple[Any, ...]]:
+            return self._fetch_now(
+                f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 13)}) "
+                f"RETURNING {_APPROVAL_COLUMNS}",
+                (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
+                 "pending", None, None, None, now, expires_at))
+
         def create() -> ApprovalRecord:
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
             try:
-                rows = conn.execute(
-                    f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 13)}) "
-                    f"RETURNING {_APPROVAL_COLUMNS}",
-                    (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
-                     "pending", None, None, None, now, expires_at)).fetchall()
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.IntegrityError):
-                    raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
-                raise
+                rows = self._transaction_now(insert)
+            except sqlite3.IntegrityError as exc:
+                raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
             return ApprovalRecord(*rows[0])
 
         return await self._run(create)
@@ -474,11 +493,44 @@ class Store:
         """
         if decision not in APPROVAL_DECISIONS:
             raise ValueError(f"decision must be one of {APPROVAL_DECISIONS}")
-        return await self._change(
-            "UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ? "
-            "WHERE tenant = ? AND approval_id = ? AND status = 'pending' AND expires_at > ? AND requested_by != ?",
-            (decision, reason, decided_by, now, tenant, approval_id, now, decided_by),
-        ) == 1
+        return await self._change(_DECIDE, (decision, reason, decided_by, now, tenant, approval_id, now, decided_by)) == 1
+
+    async def decide_and_start(self, tenant: str, approval_id: str, decision: str, reason: str, decided_by: str,
+                               now: int, *, start_if: Callable[[ApprovalRecord, ActionRecord], bool],
+                               ) -> tuple[ApprovalRecord | None, ActionRecord | None]:
+        """Record the one decision exactly as :meth:`decide_approval` does and,
+        in the SAME transaction (one commit), move its action from
+        ``pending_approval`` to ``running`` with dispatch ``sent`` when the
+        decision is ``approved`` and ``start_if(approval, action)`` holds (a
+        pure check, run on the worker: the approval's binding and expiry).
+
+        Returns:
+            ``(approval, started)``: the decided approval (None when this call
+            did not decide it: already decided, expired, the requester, or
+            unknown) and the started action (None when it was not started).
+
+        Raises:
+            ValueError: ``decision`` is not approved/denied.
+        """
+        if decision not in APPROVAL_DECISIONS:
+            raise ValueError(f"decision must be one of {APPROVAL_DECISIONS}")
+
+        def decide() -> tuple[ApprovalRecord | None, ActionRecord | None]:
+            rows = self._fetch_now(f"{_DECIDE} RETURNING {_APPROVAL_COLUMNS}",
+                                   (decision, reason, decided_by, now, tenant, approval_id, now, decided_by))
+            if not rows:
+                return None, None
+            approval = ApprovalRecord(*rows[0])
+            found = self._fetch_now(_GET_ACTION, (tenant, approval.action_id))
+            action = ActionRecord(*found[0]) if found else None
+            if approval.status != "approved" or action is None or action.status != _S.PENDING_APPROVAL.value \
+                    or not start_if(approval, action):
+                return approval, None
+            return approval, self._update_now(_action_update(
+                tenant, action.action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.RUNNING.value,
+                dispatch="sent", now=now))
+
+        return await self._run(self._transaction_now, decide)
 
     async def expire_approvals(self, now: int) -> list[ApprovalRecord]:
         """Mark every pending approval with ``expires_at <= now`` expired (all
@@ -487,6 +539,30 @@ class Store:
             "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
             f"RETURNING {_APPROVAL_COLUMNS}", (now,))
         return [ApprovalRecord(*row) for row in rows]
+
+
+def _action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str, now: int,
+                   dispatch: str | None = None, result_json: str | None = None, error_json: str | None = None,
+                   approval_id: str | None = None) -> tuple[str, tuple[Any, ...]]:
+    """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.queue_update_action`).
+
+    Raises:
+        ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
+    """
+    sources = [ActionState(s) for s in from_statuses]
+    target = ActionState(status)
+    if not sources or any(target not in TRANSITIONS[s] for s in sources):
+        raise ValueError(f"transition {[s.value for s in sources]} -> {target.value} is not allowed")
+    if dispatch is not None and dispatch not in DISPATCH_RANK:
+        raise ValueError(f"unknown dispatch {dispatch!r}")
+    marks = ", ".join("?" * len(sources))
+    sql = ("UPDATE actions SET status = ?, updated_at = ?, "
+           f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END, "
+           "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
+           f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
+           f"RETURNING {_ACTION_COLUMNS}")
+    return sql, (target.value, now, dispatch, DISPATCH_RANK.get(dispatch or "", -1), dispatch, result_json,
+                 error_json, approval_id, tenant, action_id, *[s.value for s in sources])
 
 
 def _connect(path: str) -> sqlite3.Connection:

@@ -1,6 +1,7 @@
 """The action service: both fences, dispatch, approvals, cancellation, tenant isolation (DESIGN.md §7, §8)."""
 
 import asyncio
+import dataclasses
 
 import httpx
 import pytest
@@ -60,10 +61,8 @@ def action(action_id, cap="cap:crewai:support", inp=None, key="k-" + "1"):
 
 
 async def approve(service, record):
-    approval = await service.store.get_approval(record.tenant, record.approval_id)
-    assert await service.store.decide_approval(record.tenant, approval.approval_id, "approved", "ok", APPROVER.id,
-                                               service.now_ms())
-    await service.on_decision(await service.store.get_approval(record.tenant, approval.approval_id))
+    decided = await service.decide(APPROVER, record.approval_id, "approved", "ok", service.now_ms())
+    assert decided is not None and decided.status == "approved"
     return await service.wait(await service.get(INVOKER, record.action_id), 10)
 
 
@@ -132,11 +131,29 @@ async def test_concurrent_duplicates_execute_once(env):
     assert sidecar.executions == 2
 
 
+def test_approval_admits_only_its_own_action_before_expiry():
+    from aip_crewai.host.actions import approval_admits, policy_hash
+    from aip_crewai.host.store import ActionRecord, ApprovalRecord
+
+    record = ActionRecord("acme", "a1", "cap:crewai:support", "support", "run", "{}", "h1", "p", "k", "pending_approval",
+                          "not_sent", None, None, "apr_1", None, 0, 1000, 1000)
+    bound = policy_hash("acme", "a1", "cap:crewai:support", "h1")
+    approval = ApprovalRecord("acme", "apr_1", "a1", "cap:crewai:support", bound, "p", "{}", "approved", "ok",
+                              "human", 2000, 1000, 901_000)
+    assert approval_admits(approval, record)
+    assert not approval_admits(dataclasses.replace(approval, status="denied"), record)
+    assert not approval_admits(dataclasses.replace(approval, decided_at=901_000), record)  # at expiry
+    assert approval_admits(dataclasses.replace(approval, decided_at=900_999), record)
+    for changed in ({"input_hash": "h2"}, {"action_id": "a2"}, {"tenant": "beta"},
+                    {"capability_id": "cap:crewai:support:train"}):
+        assert not approval_admits(approval, dataclasses.replace(record, **changed))
+
+
 async def test_denial_and_expiry_never_reach_the_sidecar(env):
     service, sidecar, clock = env
     denied = await service.submit(INVOKER, action("d1", key="kd"), None, stream=False)
-    assert await service.store.decide_approval("acme", denied.approval_id, "denied", "no", APPROVER.id, clock.ms)
-    await service.on_decision(await service.store.get_approval("acme", denied.approval_id))
+    assert (await service.decide(APPROVER, denied.approval_id, "denied", "no", clock.ms)).status == "denied"
+    assert await service.decide(APPROVER, denied.approval_id, "approved", "again", clock.ms) is None
     result = await service.result(await service.get(INVOKER, "d1"))
     assert result.status == "failed" and result.error.code == "policy.approval_denied"
     expired = await service.submit(INVOKER, action("e1", key="ke"), None, stream=False)

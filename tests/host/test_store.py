@@ -364,6 +364,55 @@ async def test_concurrent_decisions_have_one_winner(store: Store):
     assert sum(outcomes) == 1
 
 
+async def test_decide_and_start_moves_the_action_in_the_same_commit(store: Store):
+    await approval(store)
+    seen = []
+
+    def admits(approval, action):
+        seen.append((approval.status, action.status))
+        return True
+
+    assert await store.decide_and_start("acme", "apr_1", "approved", "x", "svc:acme", T0 + 1,
+                                        start_if=admits) == (None, None)  # the requester
+    assert await store.decide_and_start("globex", "apr_1", "approved", "x", "human:g", T0 + 1,
+                                        start_if=admits) == (None, None)  # another tenant
+    assert seen == []
+    decided, started = await store.decide_and_start("acme", "apr_1", "approved", "ok", "human:acme", T0 + 1,
+                                                    start_if=admits)
+    assert seen == [("approved", "pending_approval")]
+    assert decided == await store.get_approval("acme", "apr_1") and decided.decided_by == "human:acme"
+    assert started == await store.get_action("acme", "act_1")
+    assert (started.status, started.dispatch, started.updated_at) == ("running", "sent", T0 + 1)
+    assert await store.decide_and_start("acme", "apr_1", "denied", "late", "human:b", T0 + 2,
+                                        start_if=admits) == (None, None)  # decided once
+
+
+async def test_decide_and_start_leaves_the_action_when_denied_or_not_admitted(store: Store):
+    await approval(store, "apr_1", action_id="act_1")
+    await approval(store, "apr_2", action_id="act_2")
+    decided, started = await store.decide_and_start("acme", "apr_1", "denied", "no", "human:acme", T0 + 1,
+                                                    start_if=lambda a, r: True)
+    assert decided.status == "denied" and started is None
+    decided, started = await store.decide_and_start("acme", "apr_2", "approved", "ok", "human:acme", T0 + 1,
+                                                    start_if=lambda a, r: False)
+    assert decided.status == "approved" and started is None
+    for action_id in ("act_1", "act_2"):
+        assert (await store.get_action("acme", action_id)).status == "pending_approval"
+    with pytest.raises(ValueError):
+        await store.decide_and_start("acme", "apr_1", "maybe", "", "human:acme", T0, start_if=lambda a, r: True)
+
+
+async def test_decide_and_start_rolls_back_the_decision_when_the_check_fails(store: Store):
+    await approval(store)
+
+    def broken(approval, action):
+        raise RuntimeError("check failed")
+
+    with pytest.raises(RuntimeError):
+        await store.decide_and_start("acme", "apr_1", "approved", "ok", "human:acme", T0 + 1, start_if=broken)
+    assert (await store.get_approval("acme", "apr_1")).status == "pending"  # one transaction: nothing kept
+
+
 async def test_expired_approvals_cannot_be_decided_and_are_swept(store: Store):
     await approval(store, expires_at=T0 + 10)
     assert (await store.get_approval("acme", "apr_1")).effective_status(T0 + 10) == "expired"
