@@ -52,8 +52,8 @@ def _check(results: list[Result], name: str, ok: bool, detail: Any = "") -> None
 
 
 class FailingConnection:
-    """Wraps the journal's aiosqlite connection; statements matching ``fail`` raise
-    ``sqlite3.OperationalError("database or disk is full")`` while ``fail`` is set."""
+    """Wraps the journal's sqlite3 connection (used on the journal's worker thread); statements
+    matching ``fail`` raise ``sqlite3.OperationalError("database or disk is full")`` while ``fail`` is set."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -72,17 +72,13 @@ class FailingConnection:
             self.failures += 1
             raise sqlite3.OperationalError("database or disk is full")
 
-    async def execute(self, sql: str, params: Any = ()) -> Any:
+    def execute(self, sql: str, params: Any = ()) -> Any:
         self._maybe_fail(sql, params)
-        return await self._conn.execute(sql, params)
+        return self._conn.execute(sql, params)
 
-    async def executemany(self, sql: str, rows: Any) -> Any:
+    def executemany(self, sql: str, rows: Any) -> Any:
         self._maybe_fail(sql, rows)
-        return await self._conn.executemany(sql, rows)
-
-    async def execute_fetchall(self, sql: str, params: Any = ()) -> Any:
-        self._maybe_fail(sql, params)
-        return await self._conn.execute_fetchall(sql, params)
+        return self._conn.executemany(sql, rows)
 
 
 def any_write(sql: str, _params: Any) -> bool:
@@ -306,7 +302,7 @@ async def _fill(path: Path, jobs: int) -> None:
                                 max_bytes=10**12)
             await journal.transition(action_id, JobStatus.RUNNING, first_sequence=0,
                                      events=[EventRow(0, "started", b'{"status":"running"}')])
-        await journal._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        await journal._run(journal._conn.execute, "PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         await journal.close()
 

@@ -205,8 +205,8 @@ async def test_retained_run_limit_is_507_and_archiving_frees_a_slot(tmp_path):
 
 async def test_journal_write_failure_at_admission_is_507_with_nothing_half_admitted(tmp_path):
     async with running_app(tmp_path) as (client, app, fake):
-        conn = app.state.runtime.journal._conn  # the insert fails inside the admission transaction
-        await conn.execute("CREATE TEMP TRIGGER fail_insert BEFORE INSERT ON jobs "
+        journal = app.state.runtime.journal  # the insert fails inside the admission transaction
+        await journal._run(journal._conn.execute, "CREATE TEMP TRIGGER fail_insert BEFORE INSERT ON jobs "
                            "BEGIN SELECT RAISE(FAIL, 'disk I/O error'); END")
         resp = await client.post("/jobs", json=job("w"), headers=KEY)
         status = await client.get("/jobs/w")

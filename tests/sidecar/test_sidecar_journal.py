@@ -174,10 +174,11 @@ async def test_retained_limit_and_size_bound_refuse_admission_but_repeats_pass(t
 async def test_a_failed_admission_write_is_rolled_back(tmp_path):
     j = await Journal.open(tmp_path / "j.db")
     try:
-        await j._conn.execute("CREATE TEMP TRIGGER boom AFTER INSERT ON jobs BEGIN SELECT RAISE(FAIL, 'io'); END")
+        await j._run(j._conn.execute,
+                     "CREATE TEMP TRIGGER boom AFTER INSERT ON jobs BEGIN SELECT RAISE(FAIL, 'io'); END")
         with pytest.raises(JournalWriteFailed):
             await j.admit(new("a"), max_retained_runs=BIG, max_bytes=BIG)
-        await j._conn.execute("DROP TRIGGER boom")
+        await j._run(j._conn.execute, "DROP TRIGGER boom")
         assert await j.get("a") is None and j.retained_runs == 0
         _record, created = await j.admit(new("a"), max_retained_runs=BIG, max_bytes=BIG)
         assert created
@@ -237,11 +238,11 @@ async def _vm_steps_to_append(j: Journal, action_id: str, sequence: int) -> tupl
         nonlocal statements
         statements += 1
 
-    await j._conn.set_progress_handler(step, 1)
-    await j._conn.set_trace_callback(trace)
+    await j._run(j._conn.set_progress_handler, step, 1)
+    await j._run(j._conn.set_trace_callback, trace)
     assert await j.append_events(action_id, sequence, [ev(sequence)])
-    await j._conn.set_progress_handler(None, 1)
-    await j._conn.set_trace_callback(None)
+    await j._run(j._conn.set_progress_handler, None, 1)
+    await j._run(j._conn.set_trace_callback, None)
     return steps, statements
 
 
@@ -252,14 +253,15 @@ async def test_append_cost_does_not_depend_on_retained_jobs(tmp_path):
         path = tmp_path / f"j{retained}.db"
         j = await Journal.open(path)
         try:
-            await j._conn.execute("BEGIN")
-            await j._conn.executemany(
-                "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, status, "
-                "event_count, created_at, updated_at) VALUES (?, 'echo', 'run', 'h', 'k', 'completed', 3, 0, 0)",
-                [(f"old-{i}",) for i in range(retained)])
-            await j._conn.executemany("INSERT INTO events VALUES (?, ?, 'chunk', '{}')",
-                                      [(f"old-{i}", s) for i in range(retained) for s in range(3)])
-            await j._conn.execute("COMMIT")
+            def fill() -> None:  # on the journal's worker, the thread owning the connection
+                j._conn.executemany(
+                    "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, status, "
+                    "event_count, created_at, updated_at) VALUES (?, 'echo', 'run', 'h', 'k', 'completed', 3, 0, 0)",
+                    [(f"old-{i}",) for i in range(retained)])
+                j._conn.executemany("INSERT INTO events VALUES (?, ?, 'chunk', '{}')",
+                                    [(f"old-{i}", s) for i in range(retained) for s in range(3)])
+
+            await j._run(j._write_now, fill)
             await started(j, "live")
             await _vm_steps_to_append(j, "live", 1)  # warm the statement cache
             costs.append(await _vm_steps_to_append(j, "live", 2))
