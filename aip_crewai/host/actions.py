@@ -42,7 +42,6 @@ from .normalize import failed_result
 from .sidecar_client import SidecarClient
 from .auth import Principal
 from .store import (
-    DISPATCH_RANK,
     TRANSITIONS,
     ActionRecord,
     ActionState,
@@ -88,11 +87,8 @@ def durable_action(spec: OperationSpec, key: str | None) -> bool:
     """Whether the store fsyncs an action's own writes: always, except for a
     read-only operation without an idempotency key (a ``status`` read), whose
     record a power loss may drop at no cost: no side effect, no fence rests on
-    it, and the read is safe to repeat. Such an action's result is also
-    answered without waiting for its write (:meth:`ActionService._finish_behind`):
-    a crash of the host process in that window leaves it ``running``, and the
-    next read settles it as a read whose completion went unobserved. Every
-    other write survives host crashes (see :mod:`aip_crewai.host.store`)."""
+    it, and the read is safe to repeat. Crashes of the host process lose
+    nothing either way (see :mod:`aip_crewai.host.store`)."""
     return not (spec.read_only and key is None)
 
 
@@ -242,7 +238,7 @@ class ActionService:
         live = self.live.get(record.tenant, record.action_id)
         if live is not None:
             return live
-        live = LiveAction(job=self._job(record, stream=stream), record=record)
+        live = LiveAction(job=self._job(record, stream=stream))
         self.live.add(live)
         live.task = asyncio.get_running_loop().create_task(self._dispatch(live, mark_sent=record.dispatch == "not_sent"),
                                                            name=f"dispatch:{record.action_id}")
@@ -261,11 +257,8 @@ class ActionService:
                                                dispatch="sent", durable=job.durable)
             result = await self.dispatcher.run(job, sink.add)
             await sink.drain()
-            if job.durable or sink.used or live.record is None:
-                live.final = await self._finish(tenant, action_id, result, job.dispatch.state,
-                                                operation=job.spec.name, durable=job.durable)
-            else:
-                live.final = self._finish_behind(live.record, result, job.dispatch.state)
+            live.final = await self._finish(tenant, action_id, result, job.dispatch.state, operation=job.spec.name,
+                                            durable=job.durable)
         except asyncio.CancelledError:
             sink.discard()  # a cancelled dispatch stores no further chunks (its canceller records the result)
             raise
@@ -286,60 +279,21 @@ class ActionService:
         (for metrics) saves a read when the caller knows it; ``durable``: see
         :func:`durable_action`. Returns the stored record, or None when the
         action had already ended (another writer's result stands)."""
-        changed = await self._queue_finish(tenant, action_id, result, _encode.encode(result).decode(), dispatch,
-                                           durable=durable)
-        if changed and self.metrics is not None and operation is None:
-            record = await self.store.get_action(tenant, action_id)
-            operation = record.operation if record else "unknown"
-        self._finished(result, changed is not None, operation or "unknown")
-        return changed
-
-    def _queue_finish(self, tenant: str, action_id: str, result: ActionResult, result_json: str,
-                      dispatch: str | None, *, durable: bool, now: int | None = None,
-                      ) -> asyncio.Future[ActionRecord | None]:
         sources = [s.value for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
                    if ActionState(result.status) in TRANSITIONS[s]]
-        return self.store.queue_update_action(tenant, action_id, from_statuses=sources, status=result.status,
-                                              dispatch=dispatch, result_json=result_json, durable=durable, now=now)
-
-    def _finished(self, result: ActionResult, changed: bool, operation: str) -> None:
-        log.info("action_finished", status=result.status, changed=changed)
+        changed = await self.store.update_action(
+            tenant, action_id, from_statuses=sources, status=result.status,
+            dispatch=dispatch, result_json=_encode.encode(result).decode(), durable=durable,
+        )
+        log.info("action_finished", status=result.status, changed=changed is not None)
         if changed and self.metrics is not None:
+            if operation is None:
+                record = await self.store.get_action(tenant, action_id)
+                operation = record.operation if record else "unknown"
             self.metrics.actions.inc(operation=operation, status=result.status)
             if result.error is not None and result.error.code.startswith("connector."):
                 self.metrics.stream_errors.inc(code=result.error.code)
-
-    def _finish_behind(self, record: ActionRecord, result: ActionResult, dispatch: str | None) -> ActionRecord:
-        """Queue the result write of a running action whose writes are not
-        fsynced (:func:`durable_action`) and that stored no chunk, and return
-        the record that write leaves, WITHOUT waiting for it: the blocking
-        caller is answered while the store writes. Every later store call
-        sees the write (:meth:`Store.queue_update_action`), so reads in this
-        process never go back to ``running``.
-
-        Only this action's dispatch task writes its result while it runs (a
-        cancel first cancels that task, which then writes nothing), so the
-        write applies. Should the store fail, the failure is logged and the
-        action stays ``running``; the next read reconciles it as a read whose
-        completion went unobserved (DESIGN.md §8), as after a host crash.
-        """
-        now = self.now_ms()
-        result_json = _encode.encode(result).decode()
-        operation = record.operation
-
-        def written(future: asyncio.Future[ActionRecord | None]) -> None:
-            if future.cancelled() or future.exception() is not None:
-                log.error("action_result_write_failed", status=result.status,
-                          error_type=type(future.exception()).__name__ if not future.cancelled() else "cancelled")
-                return
-            self._finished(result, future.result() is not None, operation)
-
-        self._queue_finish(record.tenant, record.action_id, result, result_json, dispatch, durable=False,
-                           now=now).add_done_callback(written)
-        if dispatch is None or DISPATCH_RANK[dispatch] <= DISPATCH_RANK[record.dispatch]:
-            dispatch = record.dispatch
-        return dataclasses.replace(record, status=result.status, result_json=result_json, dispatch=dispatch,
-                                   updated_at=now)
+        return changed
 
     # --- reading ---------------------------------------------------------------
 
@@ -483,7 +437,10 @@ class ActionService:
             if remaining <= 0:
                 break
             if live is not None:
-                await live.wait(min(remaining, 5.0))
+                if live.task is not None:  # the end of the dispatch, not every chunk it stores
+                    await asyncio.wait((live.task,), timeout=min(remaining, 5.0))
+                else:
+                    await live.wait(min(remaining, 5.0))
                 if live.final is not None:  # the record its dispatch stored: no read needed
                     record = live.final
                     continue
@@ -643,11 +600,6 @@ class _ChunkSink:
         self.live = live
         self._queued: list[StreamChunk] = []
         self._writer: asyncio.Task[None] | None = None
-
-    @property
-    def used(self) -> bool:
-        """Whether any chunk was handed to this sink."""
-        return self._writer is not None
 
     async def add(self, chunks: list[StreamChunk]) -> None:
         """Queue ``chunks`` (in stream order); raises a previous write's error."""

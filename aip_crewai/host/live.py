@@ -20,8 +20,6 @@ class LiveAction:
     """One action whose dispatch task runs in this process."""
 
     job: Job
-    #: The action's record when its dispatch started (None when unknown).
-    record: ActionRecord | None = None
     task: asyncio.Task[None] | None = None
     #: The record as the dispatch's own result write left it (None until then,
     #: and when another writer, e.g. a cancel, ended the action first).

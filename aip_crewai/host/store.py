@@ -140,16 +140,9 @@ class Store:
         """The store clock, epoch milliseconds."""
         return int(self._clock() * 1000)
 
-    def _queue(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
-        """Queue ``fn(*args)`` on the store's worker thread (the only thread
-        using the connection) NOW, before returning: the worker runs calls in
-        the order they were queued, so every store call made after this one
-        returns sees its effect, whether or not anyone awaits the future."""
-        return asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
-
     async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """Run ``fn(*args)`` on the store's worker thread and wait for it."""
-        return await self._queue(fn, *args)
+        """Run ``fn(*args)`` on the store's worker thread (the only thread using the connection)."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     def _fetch_now(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         return self._conn.execute(sql, params).fetchall()
@@ -311,16 +304,6 @@ class Store:
                             dispatch: str | None = None, result_json: str | None = None,
                             error_json: str | None = None, approval_id: str | None = None,
                             now: int | None = None, durable: bool = True) -> ActionRecord | None:
-        """:meth:`queue_update_action`, awaited."""
-        return await self.queue_update_action(
-            tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
-            result_json=result_json, error_json=error_json, approval_id=approval_id, now=now, durable=durable,
-        )
-
-    def queue_update_action(self, tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str,
-                            dispatch: str | None = None, result_json: str | None = None,
-                            error_json: str | None = None, approval_id: str | None = None,
-                            now: int | None = None, durable: bool = True) -> asyncio.Future[ActionRecord | None]:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
         (``durable``: see the module docstring).
@@ -328,11 +311,8 @@ class Store:
         ``dispatch`` only moves forward (not_sent → sent → acknowledged);
         None-valued fields keep their stored value.
 
-        The write is queued before this returns (see :meth:`_queue`): every
-        later store call sees it, even one made before the future is awaited.
-
         Returns:
-            A future of the updated record when the row changed, else of None.
+            The updated record when the row changed, else None.
 
         Raises:
             ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
@@ -340,7 +320,7 @@ class Store:
         update = _action_update(tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
                                 result_json=result_json, error_json=error_json, approval_id=approval_id,
                                 now=self.now_ms() if now is None else now)
-        return self._queue(self._write_now, durable, lambda: self._update_now(update))
+        return await self._run(self._write_now, durable, lambda: self._update_now(update))
 
     def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None:
         rows = self._fetch_now(*update)
@@ -544,7 +524,7 @@ class Store:
 def _action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str, now: int,
                    dispatch: str | None = None, result_json: str | None = None, error_json: str | None = None,
                    approval_id: str | None = None) -> tuple[str, tuple[Any, ...]]:
-    """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.queue_update_action`).
+    """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.update_action`).
 
     Raises:
         ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.

@@ -5,7 +5,6 @@ import dataclasses
 
 import httpx
 import pytest
-import structlog
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action
@@ -21,7 +20,7 @@ from aip_crewai.host.actions import ActionService
 from aip_crewai.host.auth import Principal
 from aip_crewai.host.dispatch import Dispatcher
 from aip_crewai.host.sidecar_client import SidecarClient
-from aip_crewai.host.store import Store, StoreError
+from aip_crewai.host.store import Store
 
 from fake_sidecar import FakeSidecar
 
@@ -215,32 +214,6 @@ async def test_a_running_action_is_created_sent(env):
     done = await service.wait(status, 10)
     assert done == await service.store.get_action("acme", "s1")  # the waiter got the stored record
     assert done.status == "completed" and done.dispatch == "acknowledged"
-
-
-async def test_a_lost_read_result_write_is_logged_and_settled_by_the_next_read(env, monkeypatch):
-    service, _, _ = env
-    await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
-    queue_update = service.store.queue_update_action
-
-    def failing(tenant, action_id, **kw):
-        if action_id != "s1":
-            return queue_update(tenant, action_id, **kw)
-        future = asyncio.get_running_loop().create_future()
-        future.set_exception(StoreError("disk full"))
-        return future
-
-    monkeypatch.setattr(service.store, "queue_update_action", failing)
-    with structlog.testing.capture_logs() as logs:
-        status = await service.submit(INVOKER, action("s1", "cap:crewai:support:status", {"run_action_id": "a1"},
-                                                      None), None, stream=False)
-        answered = await service.wait(status, 10)
-    assert answered.status == "completed"  # the caller got its read
-    assert [e["error_type"] for e in logs if e["event"] == "action_result_write_failed"] == ["StoreError"]
-    assert (await service.store.get_action("acme", "s1")).status == "running"
-    monkeypatch.setattr(service.store, "queue_update_action", queue_update)
-    settled = await service.get(INVOKER, "s1")
-    assert settled.status == "cancelled"
-    assert (await service.result(settled)).output["completion_unobserved"] is True
 
 
 async def test_legacy_crew_has_no_train(env):
