@@ -2,6 +2,9 @@
 fences, dispatch in the background, cancellation and restart reconciliation.
 
 HTTP handlers (``routes_actions.py``, ``approvals.py``) stay thin over this.
+Cancellation lives in :mod:`.cancellation`, restart reconciliation and the
+approval-expiry sweep in :mod:`.recovery` (:class:`ActionService` delegates
+to both), chunk storage in :mod:`.chunk_sink`.
 
 Source: DESIGN.md §7 (fences), §8 (cancellation outcomes).
 """
@@ -19,23 +22,24 @@ import msgspec
 import structlog
 
 from ..contracts import operations as ops
-from ..contracts.aip import Action, ActionResult, ApprovalRef, StreamChunk
+from ..contracts.aip import Action, ActionResult, ApprovalRef
 from ..contracts.errors import (
     ActionNotFound,
     AipError,
     ApprovalDenied,
     ApprovalExpired,
     CapabilityNotFound,
-    ConnectorCancelledUnconfirmed,
     IdempotencyConflict,
     IdempotencyKeyRequired,
     InvalidInput,
-    NotCancellable,
 )
 from ..contracts.hashing import canonical_json, input_hash, sha256_hex
 from ..contracts.inputs import convert_input, has_control_characters
 from ..contracts.operations import OperationSpec
 from ..contracts.sidecar import MAX_IDEMPOTENCY_KEY_BYTES
+from . import cancellation, recovery
+from .cancellation import TERMINAL  # re-exported: routes_actions reads it from here
+from .chunk_sink import ChunkSink
 from .dispatch import Dispatcher, Job
 from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
@@ -56,7 +60,6 @@ log = structlog.get_logger(__name__)
 
 IDEMPOTENCY_TTL_MS = 86_400_000
 APPROVAL_TTL_MS = 900_000
-TERMINAL = ("completed", "failed", "cancelled")
 _encode = msgspec.json.Encoder()
 _result_decoder = msgspec.json.Decoder(ActionResult)
 
@@ -250,7 +253,7 @@ class ActionService:
         structlog.contextvars.clear_contextvars()  # this task's own context: drop the request that started it
         structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
 
-        sink = _ChunkSink(self.store, live)
+        sink = ChunkSink(self.store, live)
         try:
             if mark_sent:
                 await self.store.update_action(tenant, action_id, from_statuses=["running"], status="running",
@@ -333,79 +336,8 @@ class ActionService:
             return await self.store.get_approval(record.tenant, record.approval_id or "")
 
     async def reconcile(self, record: ActionRecord) -> None:
-        """Settle a running action left by a previous host process."""
-        job = self._job(record, stream=False)
-        spec = job.spec
-        if not spec.startable:
-            # Inspection reads are not journaled by the sidecar: their outcome is unknown, re-reading is safe.
-            result = ActionResult(action_id=record.action_id, status="cancelled", dispatch=record.dispatch,  # type: ignore[arg-type]
-                                  output={"remote_stop_confirmed": False, "provider_effect": "read_only",
-                                          "completion_unobserved": True})
-            await self._finish(record.tenant, record.action_id, result, None)
-            return
-        if spec.stream:
-            self._resume(record)  # follow the sidecar job live: its chunks since the restart, then its result
-            return
-        try:
-            terminal = await self.dispatcher.terminal_event(job)
-        except AipError as exc:
-            if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
-                await self._fail_never_admitted(record)
-            return
-        if terminal is None:
-            return  # still running at the sidecar; a later read settles it
-        from .normalize import result_from_terminal
-
-        await self._finish(record.tenant, record.action_id, result_from_terminal(record.action_id, spec, terminal),
-                           "acknowledged")
-
-    async def _fail_never_admitted(self, record: ActionRecord) -> None:
-        await self._finish(record.tenant, record.action_id, failed_result(
-            record.action_id, ConnectorCancelledUnconfirmed(
-                "the host restarted before the sidecar admitted the action", operation=record.operation,
-                remote_status=404, uncertain_outcome=False, dispatch="not_sent"),
-            dispatch="not_sent"), "not_sent")
-
-    def _resume(self, record: ActionRecord) -> None:
-        """Re-attach (once per process) to the sidecar job of a running streamed
-        action no task here dispatches, i.e. one a previous host process left
-        running. Read-only (:meth:`Dispatcher.resume`): never re-dispatched."""
-        if self.live.get(record.tenant, record.action_id) is not None:
-            return
-        live = LiveAction(job=self._job(record, stream=True))
-        self.live.add(live)
-        live.task = asyncio.get_running_loop().create_task(self._follow_sidecar(live),
-                                                           name=f"resume:{record.action_id}")
-
-    async def _follow_sidecar(self, live: LiveAction) -> None:
-        job = live.job
-        tenant, action_id = job.tenant, job.action_id
-        structlog.contextvars.clear_contextvars()
-        structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
-        sink = _ChunkSink(self.store, live)
-        try:
-            log.info("action_resumed", from_chunk=job.first_chunk_sequence)
-            result = await self.dispatcher.resume(job, sink.add)
-            await sink.drain()
-            live.final = await self._finish(tenant, action_id, result, "acknowledged", operation=job.spec.name,
-                                            durable=job.durable)
-        except asyncio.CancelledError:
-            sink.discard()
-            raise
-        except AipError as exc:
-            with contextlib.suppress(Exception):
-                await sink.drain()
-            if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
-                record = await self.store.get_action(tenant, action_id)
-                if record is not None:
-                    await self._fail_never_admitted(record)
-            else:  # the sidecar cannot be read now: the action stays running, the next read retries
-                log.warning("action_resume_deferred", code=exc.code)
-        except Exception:
-            log.exception("action_resume_failed")
-        finally:
-            self.live.remove(tenant, action_id)
-            live.notify()
+        """Settle a running action left by a previous host process (:func:`.recovery.reconcile`)."""
+        await recovery.reconcile(self, record)
 
     async def get(self, caller: Principal, action_id: str) -> ActionRecord:
         """The caller's tenant's action, refreshed. Raises ActionNotFound."""
@@ -501,137 +433,13 @@ class ActionService:
     # --- cancellation ----------------------------------------------------------
 
     async def cancel(self, caller: Principal, action_id: str) -> ActionResult:
-        """Runtime cancellation by the action's own tenant (DESIGN.md §8 table)."""
-        record = await self.get(caller, action_id)
-        spec = ops.get(record.operation)
-        if record.status in TERMINAL:
-            result = await self.result(record)
-            if result is not None:
-                return result
-        if spec.name in ("memory_reset", "cancel"):
-            raise NotCancellable(details={"operation": spec.name})
-        if record.status == "pending_approval":
-            result = ActionResult(action_id=action_id, status="cancelled", dispatch="not_sent",
-                                  output={"remote_stop_confirmed": False, "provider_effect": "none"})
-            await self._finish(record.tenant, action_id, result, None)
-            return (await self.result(await self._get(record.tenant, action_id))) or result
-        live = self.live.get(record.tenant, action_id)
-        if spec.read_only:
-            if live is not None and live.task is not None:
-                live.task.cancel()
-            output = {"remote_stop_confirmed": False, "provider_effect": "read_only", "completion_unobserved": True}
-            if spec.name == "events":
-                output = {"stream_detached": True, **output}
-            result = ActionResult(action_id=action_id, status="cancelled", output=output,
-                                  dispatch=record.dispatch)  # type: ignore[arg-type]
-            await self._finish(record.tenant, action_id, result, None)
-            return (await self.result(await self._get(record.tenant, action_id))) or result
-        job = live.job if live is not None else self._job(record, stream=True)
-        if live is not None and live.task is not None:
-            await _until_answered(live)  # a start still in flight may be admitted after a cancel would arrive
-        confirmed, view = await self.dispatcher.cancel_remote(job)
-        if confirmed and live is not None and live.task is not None:
-            # The sidecar records `cancelled`; the stream ends with it. Give it a moment, then detach.
-            done, _ = await asyncio.wait({live.task}, timeout=10)
-            if not done:
-                live.task.cancel()
-        record = await self._get(record.tenant, action_id)
-        if record.status in TERMINAL:
-            return (await self.result(record)) or ActionResult(action_id=action_id, status="cancelled")  # type: ignore[arg-type]
-        ended = await self._ended_before_cancel(job, view) if confirmed else None
-        if ended is not None:  # the job finished before the cancel reached it: its real outcome, not `cancelled`
-            result = ended
-        elif confirmed:
-            output = {"remote_stop_confirmed": True,
-                      "provider_stop_observed": bool((view or {}).get("provider_stop_observed", False))}
-            result = ActionResult(action_id=action_id, status="cancelled", output=output, dispatch="acknowledged")
-        else:
-            if live is not None and live.task is not None:
-                live.task.cancel()
-            result = failed_result(action_id, ConnectorCancelledUnconfirmed(
-                operation=spec.name, uncertain_outcome=True, dispatch=record.dispatch), dispatch=record.dispatch)
-        await self._finish(record.tenant, action_id, result, None)
-        return (await self.result(await self._get(record.tenant, action_id))) or result
+        """Runtime cancellation by the action's own tenant (DESIGN.md §8 table; :func:`.cancellation.cancel`)."""
+        return await cancellation.cancel(self, caller, action_id)
 
     async def _ended_before_cancel(self, job: Job, view: dict[str, Any] | None) -> ActionResult | None:
         """The sidecar's own terminal result when the cancel found the job already
-        completed or failed (None otherwise, or when it cannot be read)."""
-        if (view or {}).get("status") not in ("completed", "failed"):
-            return None
-        from .normalize import result_from_terminal
-
-        try:
-            terminal = await self.dispatcher.terminal_event(job)
-        except AipError:
-            return None
-        return None if terminal is None else result_from_terminal(job.action_id, job.spec, terminal)
-
-
-async def _until_answered(live: LiveAction, bound_s: float = 10.0) -> None:
-    """Wait (bounded) while the live dispatch's request is in flight (``sent``):
-    the sidecar admits a job before it answers, so until then a cancel may get
-    404 for a job that is admitted a moment later and then runs unseen."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + bound_s
-    while live.job.dispatch.state == "sent" and live.task is not None and not live.task.done() \
-            and loop.time() < deadline:
-        await asyncio.sleep(0.005)
-
-
-class _ChunkSink:
-    """Stores a dispatch's chunks with group commit.
-
-    The sidecar writes one SSE frame per event, so the stream yields about one
-    event per read; a store transaction per read would cap a stream at a few
-    thousand events per second. Chunks are queued instead and ONE writer task
-    stores everything queued in one transaction (chunks, chunk count and the
-    dispatch state together), then wakes the followers; events arriving during
-    a write go into the next one, so batches grow with the rate. The stream is
-    only held back (awaiting the writer) past :attr:`MAX_QUEUED` chunks.
-
-    Chunk writes are not fsynced: like the sidecar's chunk checkpoints they
-    become durable with the action's result commit (see :mod:`.store`).
-    """
-
-    MAX_QUEUED = 4096
-
-    def __init__(self, store: Store, live: LiveAction) -> None:
-        self.store = store
-        self.live = live
-        self._queued: list[StreamChunk] = []
-        self._writer: asyncio.Task[None] | None = None
-
-    async def add(self, chunks: list[StreamChunk]) -> None:
-        """Queue ``chunks`` (in stream order); raises a previous write's error."""
-        self._queued.extend(chunks)
-        if self._writer is None or self._writer.done():
-            if self._writer is not None:
-                self._writer.result()
-            self._writer = asyncio.get_running_loop().create_task(self._write())
-        if len(self._queued) >= self.MAX_QUEUED:
-            await asyncio.shield(self._writer)
-
-    async def drain(self) -> None:
-        """Wait until every queued chunk is stored; raises a write error."""
-        if self._writer is not None:
-            await asyncio.shield(self._writer)
-
-    def discard(self) -> None:
-        """Drop queued chunks and stop the writer (a batch already handed to the store may still land)."""
-        self._queued.clear()
-        if self._writer is not None:
-            if self._writer.done() and not self._writer.cancelled():
-                self._writer.exception()  # retrieved: the dispatch is being cancelled anyway
-            self._writer.cancel()
-
-    async def _write(self) -> None:
-        job = self.live.job
-        while self._queued:
-            batch, self._queued = self._queued, []
-            await self.store.append_chunks(job.tenant, job.action_id,
-                                           [(c.sequence, _encode.encode(c).decode()) for c in batch],
-                                           dispatch=job.dispatch.state, durable=False)
-            self.live.notify()
+        completed or failed (:func:`.cancellation.ended_before_cancel`)."""
+        return await cancellation.ended_before_cancel(self, job, view)
 
 
 def _idempotency_key(action_key: str | None, envelope_key: str | None) -> str | None:
@@ -647,35 +455,8 @@ def _idempotency_key(action_key: str | None, envelope_key: str | None) -> str | 
     return key
 
 
-#: How often pending approvals are swept for expiry, seconds.
-EXPIRY_SWEEP_S = 5.0
 #: How long shutdown waits for in-flight dispatches, seconds, before cancelling them.
 DRAIN_S = 20.0
-
-
-async def _sweep_expired(service: ActionService) -> None:
-    """Expire pending approvals whose TTL passed and fail their actions."""
-    while True:
-        await asyncio.sleep(EXPIRY_SWEEP_S)
-        try:
-            for approval in await service.store.expire_approvals(service.now_ms()):
-                record = await service.store.get_action(approval.tenant, approval.action_id)
-                if record is not None and record.status == "pending_approval":
-                    await service._finish(record.tenant, record.action_id,
-                                          failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"),
-                                          "not_sent")
-        except Exception:  # housekeeping must not kill the host
-            log.exception("approval_sweep_failed")
-
-
-async def _reconcile_all(service: ActionService) -> None:
-    """After a restart: settle actions the previous process left running, and
-    approvals it decided without applying the decision, or never wrote."""
-    for record in [*await service.store.list_in_flight(), *await service.store.list_awaiting_approval()]:
-        try:
-            await service.refresh(record)
-        except Exception:
-            log.exception("reconcile_failed", action_id=record.action_id)
 
 
 @contextlib.asynccontextmanager
@@ -692,7 +473,7 @@ async def lifespan(app: Any) -> AsyncIterator[None]:
     service = ActionService(app.state.store, Dispatcher(client, max_response_bytes=settings.max_response_bytes),
                             allowed, metrics=app.state.metrics)
     app.state.actions = service
-    tasks = [asyncio.create_task(_sweep_expired(service)), asyncio.create_task(_reconcile_all(service))]
+    tasks = [asyncio.create_task(recovery.sweep_expired(service)), asyncio.create_task(recovery.reconcile_all(service))]
     try:
         yield
     finally:

@@ -1,4 +1,4 @@
-"""The host store: the only host module that runs SQL (stdlib sqlite3 on one worker thread).
+"""The host store: named async methods over the host database (stdlib sqlite3 on one worker thread).
 
 One file, WAL, ``synchronous=FULL``, one connection owned by the app's
 lifespan. Every table's primary key starts with ``tenant`` and every method
@@ -35,6 +35,10 @@ File safety: the database is created 0600 (an existing file, or its
 ``-wal``/``-shm`` companions, with any group/other bit is refused, as is a
 symlink); its directory must not be group- or world-writable.
 
+Opening the connection (WAL, pragmas, :func:`migrate`) and the pre-flight
+:func:`check_store_file` live in :mod:`store_schema` and are re-exported
+here; no host module other than these two runs SQL.
+
 Source: DESIGN.md §7 (fences, "every store key starts with the tenant"),
 STYLE.md (Storage), seeds/hosted-knowledge-base-management.md (paging lessons).
 """
@@ -46,7 +50,6 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,6 +58,10 @@ from .store_schema import (
     DISPATCH_RANK,
     MIGRATIONS,
     TRANSITIONS,
+    _ACTION_COLUMNS,
+    _APPROVAL_COLUMNS,
+    _DISPATCH_RANK_SQL,
+    _IDEMPOTENCY_COLUMNS,
     ActionRecord,
     ActionState,
     ApprovalPage,
@@ -66,10 +73,14 @@ from .store_schema import (
     MissingTarget,
     StoreError,
     UnusableStore,
+    _action_update,
+    _connect,
     check_location,
+    check_store_file,
     create_private_file,
     decode_cursor,
     encode_cursor,
+    migrate,
     ms_to_rfc3339,
     rfc3339_to_ms,
 )
@@ -82,20 +93,10 @@ __all__ = [
 
 
 _S = ActionState
-
-
-def _columns(record_type: type) -> str:
-    return ", ".join(f.name for f in fields(record_type) if f.name != "created")
-
-
-_ACTION_COLUMNS = _columns(ActionRecord)
-_IDEMPOTENCY_COLUMNS = _columns(IdempotencyRecord)
-_APPROVAL_COLUMNS = _columns(ApprovalRecord)
 _GET_ACTION = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?"
 #: The one decision: only from ``pending``, before ``expires_at``, never by the requester.
 _DECIDE = ("UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ? "
            "WHERE tenant = ? AND approval_id = ? AND status = 'pending' AND expires_at > ? AND requested_by != ?")
-_DISPATCH_RANK_SQL = "CASE dispatch WHEN 'not_sent' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END"
 
 
 # --- the store -----------------------------------------------------------------
@@ -519,108 +520,3 @@ class Store:
             "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
             f"RETURNING {_APPROVAL_COLUMNS}", (now,))
         return [ApprovalRecord(*row) for row in rows]
-
-
-def _action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str, now: int,
-                   dispatch: str | None = None, result_json: str | None = None, error_json: str | None = None,
-                   approval_id: str | None = None) -> tuple[str, tuple[Any, ...]]:
-    """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.update_action`).
-
-    Raises:
-        ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
-    """
-    sources = [ActionState(s) for s in from_statuses]
-    target = ActionState(status)
-    if not sources or any(target not in TRANSITIONS[s] for s in sources):
-        raise ValueError(f"transition {[s.value for s in sources]} -> {target.value} is not allowed")
-    if dispatch is not None and dispatch not in DISPATCH_RANK:
-        raise ValueError(f"unknown dispatch {dispatch!r}")
-    marks = ", ".join("?" * len(sources))
-    sql = ("UPDATE actions SET status = ?, updated_at = ?, "
-           f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END, "
-           "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
-           f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
-           f"RETURNING {_ACTION_COLUMNS}")
-    return sql, (target.value, now, dispatch, DISPATCH_RANK.get(dispatch or "", -1), dispatch, result_json,
-                 error_json, approval_id, tenant, action_id, *[s.value for s in sources])
-
-
-def _connect(path: str) -> sqlite3.Connection:
-    """Open the connection (on the worker thread that will own it): WAL,
-    ``synchronous=FULL``, foreign keys, a busy timeout, then migrations."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        mode = (conn.execute("PRAGMA journal_mode=WAL").fetchone() or ("",))[0]
-        if str(mode).lower() != "wal":
-            raise StoreError(f"SQLite refused WAL mode for {path} (got {mode!r})")
-        for pragma in ("synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
-            conn.execute(f"PRAGMA {pragma}")
-        migrate(conn)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def migrate(conn: sqlite3.Connection) -> int:
-    """Apply the migrations the database lacks, each in its own transaction.
-
-    Returns:
-        The resulting ``user_version``.
-
-    Raises:
-        StoreError: the database is newer than this code.
-    """
-    version = int((conn.execute("PRAGMA user_version").fetchone() or (0,))[0])
-    if version > len(MIGRATIONS):
-        raise StoreError(f"the store schema is version {version}; this host knows up to {len(MIGRATIONS)}")
-    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-        try:
-            conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-    return len(MIGRATIONS)
-
-
-def check_store_file(path: Path) -> None:
-    """Refuse, before serving, a store file that cannot be this host's store
-    (read-only: nothing is written, so an operator's file is never touched).
-
-    An absent or empty file is fine (a new store). Otherwise the file must
-    be SQLite, pass ``quick_check``, and either be empty at schema version 0
-    or hold the ``actions`` table: migrating another application's database
-    would add our tables to its data.
-
-    Raises:
-        UnusableStore: with a message naming the file and what to do.
-    """
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    advice = "point host.store at a new path, or restore the store from a backup"
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise UnusableStore(f"store file {path} cannot be opened ({exc}); {advice}") from exc
-    try:
-        try:
-            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
-        except sqlite3.DatabaseError as exc:
-            raise UnusableStore(f"store file {path} is not a SQLite database ({exc}); {advice}") from exc
-        try:
-            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)").fetchall() if str(r[0]) != "ok"]
-        except sqlite3.DatabaseError as exc:
-            problems = [str(exc)]
-        if problems:
-            text = " ".join(" ".join(problems).replace("*** in database main ***", "").split())[:200]
-            raise UnusableStore(f"store file {path} is corrupt (SQLite integrity check: {text}); {advice}")
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        tables = {r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'").fetchall()}
-        if (version == 0 and tables) or (version > 0 and "actions" not in tables):
-            shown = ", ".join(sorted(tables)[:5]) or "none"
-            raise UnusableStore(f"store file {path} is not an aip-crewai host store (schema version {version}, "
-                                f"tables: {shown}); {advice}")
-    finally:
-        conn.close()

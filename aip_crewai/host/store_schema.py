@@ -1,7 +1,10 @@
-"""The host store's data model and on-disk rules (no SQL is executed here):
-forward-only migrations, row types, action states and transitions, the
-timestamp representation (integers, ms since the Unix epoch, UTC; rendered as
-RFC 3339 only at the edges), the file-location rules and the opaque cursor.
+"""The host store's data model and on-disk rules: forward-only migrations,
+row types, action states and transitions, the timestamp representation
+(integers, ms since the Unix epoch, UTC; rendered as RFC 3339 only at the
+edges), the file-location rules and the opaque cursor; the column lists and
+the action-update statement :mod:`store` runs; and the opening of the file
+(WAL, pragmas, :func:`migrate`) and its pre-flight check
+(:func:`check_store_file`), the only SQL executed here.
 
 Every table's primary key starts with ``tenant``. Migrations are numbered by
 their position in :data:`MIGRATIONS` and tracked with ``PRAGMA user_version``;
@@ -16,10 +19,13 @@ import base64
 import enum
 import os
 import re
+import sqlite3
 import stat
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -320,3 +326,124 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
     except (ValueError, msgspec.DecodeError) as exc:
         raise InvalidCursor() from exc
     return created_at, approval_id
+
+
+# --- SQL text for the store ----------------------------------------------------
+
+
+def _columns(record_type: type) -> str:
+    return ", ".join(f.name for f in fields(record_type) if f.name != "created")
+
+
+_ACTION_COLUMNS = _columns(ActionRecord)
+_IDEMPOTENCY_COLUMNS = _columns(IdempotencyRecord)
+_APPROVAL_COLUMNS = _columns(ApprovalRecord)
+_DISPATCH_RANK_SQL = "CASE dispatch WHEN 'not_sent' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END"
+
+
+def _action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str, now: int,
+                   dispatch: str | None = None, result_json: str | None = None, error_json: str | None = None,
+                   approval_id: str | None = None) -> tuple[str, tuple[Any, ...]]:
+    """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.update_action`).
+
+    Raises:
+        ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
+    """
+    sources = [ActionState(s) for s in from_statuses]
+    target = ActionState(status)
+    if not sources or any(target not in TRANSITIONS[s] for s in sources):
+        raise ValueError(f"transition {[s.value for s in sources]} -> {target.value} is not allowed")
+    if dispatch is not None and dispatch not in DISPATCH_RANK:
+        raise ValueError(f"unknown dispatch {dispatch!r}")
+    marks = ", ".join("?" * len(sources))
+    sql = ("UPDATE actions SET status = ?, updated_at = ?, "
+           f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END, "
+           "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
+           f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
+           f"RETURNING {_ACTION_COLUMNS}")
+    return sql, (target.value, now, dispatch, DISPATCH_RANK.get(dispatch or "", -1), dispatch, result_json,
+                 error_json, approval_id, tenant, action_id, *[s.value for s in sources])
+
+
+# --- opening and checking the file ---------------------------------------------
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    """Open the connection (on the worker thread that will own it): WAL,
+    ``synchronous=FULL``, foreign keys, a busy timeout, then migrations."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        mode = (conn.execute("PRAGMA journal_mode=WAL").fetchone() or ("",))[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"SQLite refused WAL mode for {path} (got {mode!r})")
+        for pragma in ("synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
+            conn.execute(f"PRAGMA {pragma}")
+        migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply the migrations the database lacks, each in its own transaction.
+
+    Returns:
+        The resulting ``user_version``.
+
+    Raises:
+        StoreError: the database is newer than this code.
+    """
+    version = int((conn.execute("PRAGMA user_version").fetchone() or (0,))[0])
+    if version > len(MIGRATIONS):
+        raise StoreError(f"the store schema is version {version}; this host knows up to {len(MIGRATIONS)}")
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        try:
+            conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    return len(MIGRATIONS)
+
+
+def check_store_file(path: Path) -> None:
+    """Refuse, before serving, a store file that cannot be this host's store
+    (read-only: nothing is written, so an operator's file is never touched).
+
+    An absent or empty file is fine (a new store). Otherwise the file must
+    be SQLite, pass ``quick_check``, and either be empty at schema version 0
+    or hold the ``actions`` table: migrating another application's database
+    would add our tables to its data.
+
+    Raises:
+        UnusableStore: with a message naming the file and what to do.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    advice = "point host.store at a new path, or restore the store from a backup"
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise UnusableStore(f"store file {path} cannot be opened ({exc}); {advice}") from exc
+    try:
+        try:
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise UnusableStore(f"store file {path} is not a SQLite database ({exc}); {advice}") from exc
+        try:
+            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)").fetchall() if str(r[0]) != "ok"]
+        except sqlite3.DatabaseError as exc:
+            problems = [str(exc)]
+        if problems:
+            text = " ".join(" ".join(problems).replace("*** in database main ***", "").split())[:200]
+            raise UnusableStore(f"store file {path} is corrupt (SQLite integrity check: {text}); {advice}")
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        tables = {r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'").fetchall()}
+        if (version == 0 and tables) or (version > 0 and "actions" not in tables):
+            shown = ", ".join(sorted(tables)[:5]) or "none"
+            raise UnusableStore(f"store file {path} is not an aip-crewai host store (schema version {version}, "
+                                f"tables: {shown}); {advice}")
+    finally:
+        conn.close()

@@ -263,14 +263,14 @@ async def test_omitted_output_is_read_from_the_job_view(env):
 
 
 async def _sink(service):
-    from aip_crewai.host.actions import _ChunkSink
+    from aip_crewai.host.chunk_sink import ChunkSink
     from aip_crewai.host.dispatch import Job
     from aip_crewai.host.live import LiveAction
 
     await service.store.create_action("acme", "s1", "cap:crewai:support", "support", "run", "{}", "h", "p", "k",
                                       "running")
     job = Job(tenant="acme", action_id="s1", crew_id="support", spec=ops.get("run"), input={}, idempotency_key="k")
-    return _ChunkSink(service.store, LiveAction(job=job))
+    return ChunkSink(service.store, LiveAction(job=job))
 
 
 def _chunk(sequence):

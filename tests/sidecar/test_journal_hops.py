@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from aip_crewai.sidecar import fence
-from aip_crewai.sidecar import journal as journal_module
+from aip_crewai.sidecar import journal_files
 from aip_crewai.sidecar.errors import JournalForeign, JournalFull
 from aip_crewai.sidecar.jobs import EventRow, JobStatus, NewJob, TaskRunRef
 from aip_crewai.sidecar.journal import Journal
@@ -173,14 +173,14 @@ async def test_a_refused_open_leaks_neither_the_worker_nor_the_lock(tmp_path):
 async def test_a_cancelled_open_closes_its_connection_then_releases_the_lock(tmp_path, monkeypatch):
     path = tmp_path / "j.db"
     entered, gate = threading.Event(), threading.Event()
-    check = journal_module._check_integrity
+    check = journal_files._check_integrity
 
     def slow_check(conn: sqlite3.Connection, p: Any) -> None:
         entered.set()
         gate.wait(10)
         check(conn, p)
 
-    monkeypatch.setattr(journal_module, "_check_integrity", slow_check)
+    monkeypatch.setattr(journal_files, "_check_integrity", slow_check)
     before = workers()
     task = asyncio.ensure_future(Journal.open(path))
     assert await asyncio.to_thread(entered.wait, 10)

@@ -9,7 +9,7 @@ import sqlite3
 import msgspec
 import pytest
 
-from aip_crewai.sidecar import journal as journal_module
+from aip_crewai.sidecar import journal_files
 from aip_crewai.sidecar.errors import (
     JournalFull,
     JournalInsecure,
@@ -51,15 +51,15 @@ async def test_fresh_journal_equals_all_migrations_applied_in_order(tmp_path):
     stepwise = tmp_path / "stepwise.db"
     for number in range(1, SCHEMA_VERSION + 1):
         # a database left at version `number - 1`, then opened by code that knows `number` migrations
-        original = journal_module.SCHEMA_VERSION
-        journal_module.SCHEMA_VERSION = number
+        original = journal_files.SCHEMA_VERSION
+        journal_files.SCHEMA_VERSION = number
         try:
             await (await Journal.open(stepwise)).close()
         finally:
-            journal_module.SCHEMA_VERSION = original
+            journal_files.SCHEMA_VERSION = original
         assert schema(stepwise)[-1] == ("user_version", number)
     assert schema(fresh) == schema(stepwise)
-    assert schema(fresh)[-1] == ("user_version", SCHEMA_VERSION) and SCHEMA_VERSION == len(journal_module.MIGRATIONS)
+    assert schema(fresh)[-1] == ("user_version", SCHEMA_VERSION) and SCHEMA_VERSION == len(journal_files.MIGRATIONS)
 
 
 async def test_journal_uses_wal_and_refuses_a_newer_schema(tmp_path):

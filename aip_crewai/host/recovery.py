@@ -1,0 +1,138 @@
+"""Restart recovery of the action service: settling the actions and approvals
+a previous host process left behind, and the periodic approval-expiry sweep.
+
+A running action nobody in this process dispatches is reconciled with its
+sidecar job (read, or followed live when streamed) and never re-dispatched;
+one the sidecar never admitted fails with a certain outcome (``not_sent``).
+Functions take the :class:`~aip_crewai.host.actions.ActionService` first;
+:meth:`ActionService.reconcile` and the app lifespan call them.
+
+Source: DESIGN.md §7 (approval fence: TTL, one decision), §8 (dispatch states, cancelled_unconfirmed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+import structlog
+
+from ..contracts.aip import ActionResult
+from ..contracts.errors import AipError, ApprovalExpired, ConnectorCancelledUnconfirmed
+from .chunk_sink import ChunkSink
+from .live import LiveAction
+from .normalize import failed_result
+from .store import ActionRecord
+
+if TYPE_CHECKING:
+    from .actions import ActionService
+
+log = structlog.get_logger(__name__)
+
+#: How often pending approvals are swept for expiry, seconds.
+EXPIRY_SWEEP_S = 5.0
+
+
+async def sweep_expired(service: ActionService) -> None:
+    """Expire pending approvals whose TTL passed and fail their actions."""
+    while True:
+        await asyncio.sleep(EXPIRY_SWEEP_S)
+        try:
+            for approval in await service.store.expire_approvals(service.now_ms()):
+                record = await service.store.get_action(approval.tenant, approval.action_id)
+                if record is not None and record.status == "pending_approval":
+                    await service._finish(record.tenant, record.action_id,
+                                          failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"),
+                                          "not_sent")
+        except Exception:  # housekeeping must not kill the host
+            log.exception("approval_sweep_failed")
+
+
+async def reconcile_all(service: ActionService) -> None:
+    """After a restart: settle actions the previous process left running, and
+    approvals it decided without applying the decision, or never wrote."""
+    for record in [*await service.store.list_in_flight(), *await service.store.list_awaiting_approval()]:
+        try:
+            await service.refresh(record)
+        except Exception:
+            log.exception("reconcile_failed", action_id=record.action_id)
+
+
+async def reconcile(service: ActionService, record: ActionRecord) -> None:
+    """Settle a running action left by a previous host process."""
+    job = service._job(record, stream=False)
+    spec = job.spec
+    if not spec.startable:
+        # Inspection reads are not journaled by the sidecar: their outcome is unknown, re-reading is safe.
+        result = ActionResult(action_id=record.action_id, status="cancelled", dispatch=record.dispatch,  # type: ignore[arg-type]
+                              output={"remote_stop_confirmed": False, "provider_effect": "read_only",
+                                      "completion_unobserved": True})
+        await service._finish(record.tenant, record.action_id, result, None)
+        return
+    if spec.stream:
+        _resume(service, record)  # follow the sidecar job live: its chunks since the restart, then its result
+        return
+    try:
+        terminal = await service.dispatcher.terminal_event(job)
+    except AipError as exc:
+        if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
+            await _fail_never_admitted(service, record)
+        return
+    if terminal is None:
+        return  # still running at the sidecar; a later read settles it
+    from .normalize import result_from_terminal
+
+    await service._finish(record.tenant, record.action_id, result_from_terminal(record.action_id, spec, terminal),
+                          "acknowledged")
+
+
+async def _fail_never_admitted(service: ActionService, record: ActionRecord) -> None:
+    await service._finish(record.tenant, record.action_id, failed_result(
+        record.action_id, ConnectorCancelledUnconfirmed(
+            "the host restarted before the sidecar admitted the action", operation=record.operation,
+            remote_status=404, uncertain_outcome=False, dispatch="not_sent"),
+        dispatch="not_sent"), "not_sent")
+
+
+def _resume(service: ActionService, record: ActionRecord) -> None:
+    """Re-attach (once per process) to the sidecar job of a running streamed
+    action no task here dispatches, i.e. one a previous host process left
+    running. Read-only (:meth:`Dispatcher.resume`): never re-dispatched."""
+    if service.live.get(record.tenant, record.action_id) is not None:
+        return
+    live = LiveAction(job=service._job(record, stream=True))
+    service.live.add(live)
+    live.task = asyncio.get_running_loop().create_task(_follow_sidecar(service, live),
+                                                       name=f"resume:{record.action_id}")
+
+
+async def _follow_sidecar(service: ActionService, live: LiveAction) -> None:
+    job = live.job
+    tenant, action_id = job.tenant, job.action_id
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
+    sink = ChunkSink(service.store, live)
+    try:
+        log.info("action_resumed", from_chunk=job.first_chunk_sequence)
+        result = await service.dispatcher.resume(job, sink.add)
+        await sink.drain()
+        live.final = await service._finish(tenant, action_id, result, "acknowledged", operation=job.spec.name,
+                                           durable=job.durable)
+    except asyncio.CancelledError:
+        sink.discard()
+        raise
+    except AipError as exc:
+        with contextlib.suppress(Exception):
+            await sink.drain()
+        if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
+            record = await service.store.get_action(tenant, action_id)
+            if record is not None:
+                await _fail_never_admitted(service, record)
+        else:  # the sidecar cannot be read now: the action stays running, the next read retries
+            log.warning("action_resume_deferred", code=exc.code)
+    except Exception:
+        log.exception("action_resume_failed")
+    finally:
+        service.live.remove(tenant, action_id)
+        live.notify()

@@ -1,0 +1,205 @@
+"""Opening a journal file: the worker start-up, the checks that refuse a file
+that is not ours, and the migrations (:mod:`journal` holds the
+:class:`~aip_crewai.sidecar.journal.Journal` that uses the connection).
+
+Everything here that touches the connection runs on the journal's worker
+thread, the one that will own the connection. Checks read only: a file that
+is not an aip-crewai journal, or is damaged, is refused before anything is
+written to it. Migrations (the SQL of :mod:`journal_schema`) are applied in
+order, each in its own transaction, and tracked with ``PRAGMA user_version``.
+
+Source: DESIGN.md §5 (journal, crash fence, forward-only migrations), STYLE.md (Storage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from aip_crewai.sidecar import fence
+from aip_crewai.sidecar.errors import JournalCorrupt, JournalError, JournalForeign, JournalSchemaError
+from aip_crewai.sidecar.journal_schema import APPLICATION_ID, MIGRATIONS, OWN_TABLES
+
+log = structlog.get_logger(__name__)
+
+#: The schema version this code migrates to (module-level so tests can step through the migrations).
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_COUNT_RETAINED = "SELECT COUNT(*) FROM jobs WHERE archived = 0"
+#: What :func:`_connect` returns on the worker: (connection, page size in bytes, retained runs).
+_Opened = tuple[sqlite3.Connection, int, int]
+
+
+# ------------------------------------------------------------------ opening
+
+
+async def _start_worker(path: Path, lock_fd: int | None, *, readonly: bool) -> tuple[ThreadPoolExecutor, _Opened]:
+    """Start a journal's worker thread and :func:`_connect` on it (the thread that will own the connection).
+
+    Nothing leaks on failure, cancellation included: the worker shuts down and
+    ``lock_fd`` is released once no connection is open (by the worker itself,
+    after the connect ends, when the caller gave up mid-open).
+    """
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aip-sidecar-journal")
+    opening = worker.submit(_connect, path, readonly)
+    try:
+        return worker, await asyncio.wrap_future(opening)
+    except BaseException:
+        if opening.done() and not opening.cancelled() and opening.exception() is not None:
+            _release(lock_fd)  # the connect failed and closed its connection
+        else:
+            worker.submit(_abandon, opening, lock_fd)
+        worker.shutdown(wait=False)
+        raise
+
+
+def _abandon(opening: Future[_Opened], lock_fd: int | None) -> None:
+    """(On the worker, after :func:`_connect`.) Close what an abandoned open opened, then release its lock."""
+    try:
+        if not opening.cancelled() and opening.exception() is None:
+            opening.result()[0].close()
+    finally:
+        _release(lock_fd)
+
+
+def _release(lock_fd: int | None) -> None:
+    if lock_fd is not None:
+        fence.release_lock(lock_fd)
+
+
+def _connect(path: Path, readonly: bool) -> _Opened:
+    """Connect (on the worker that will own the connection), then :func:`_prepare`, or
+    :func:`_prepare_readonly` over a ``mode=ro`` URI; a connection that fails to prepare is closed."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro" if readonly else str(path), uri=readonly, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise JournalError(f"cannot open the journal {path}: {exc}") from exc
+    try:
+        page_size, retained = (_prepare_readonly if readonly else _prepare)(conn, path)
+    except sqlite3.Error as exc:
+        conn.close()
+        unusable = f"{path} is not an aip-crewai journal" if readonly else f"cannot use the journal {path}"
+        raise JournalError(f"{unusable}: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn, page_size, retained
+
+
+def _prepare(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
+    """Check, set the pragmas and migrate; see :meth:`Journal.open`. Returns (page size in bytes, retained runs)."""
+    # Checks read only: a file that is not ours is refused before anything is written to it.
+    _check_readable(conn, path)
+    _check_integrity(conn, path)
+    _check_identity(conn, path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA journal_size_limit=67108864")
+    _migrate(conn, path)
+    return _scalar(conn, "PRAGMA page_size") or 4096, _scalar(conn, _COUNT_RETAINED) or 0
+
+
+def _prepare_readonly(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
+    """Check the schema version only (no writes); see :meth:`Journal.open_readonly`."""
+    version = _scalar(conn, "PRAGMA user_version") or 0
+    if version > SCHEMA_VERSION:
+        raise JournalSchemaError(f"the journal {path} has schema {version}; this code knows {SCHEMA_VERSION}")
+    return 4096, _scalar(conn, _COUNT_RETAINED) or 0
+
+
+# ------------------------------------------------------------------ helpers (run on the worker)
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    return conn.execute(sql, params).fetchall()
+
+
+def _scalar(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
+    rows = _rows(conn, sql, params)
+    return rows[0][0] if rows else None
+
+
+def _check_readable(conn: sqlite3.Connection, path: Path) -> None:
+    """Raise JournalForeign when ``path`` is not a SQLite database at all."""
+    try:
+        _scalar(conn, "SELECT COUNT(*) FROM sqlite_master")
+    except sqlite3.DatabaseError as exc:
+        if "malformed" in str(exc):
+            raise _corrupt(path, str(exc)) from exc
+        raise JournalForeign(
+            f"the journal {path} is not a SQLite database ({exc}); it is not an aip-crewai journal. "
+            "Point --journal at a new path or at a journal written by this sidecar"
+        ) from exc
+
+
+def _check_integrity(conn: sqlite3.Connection, path: Path) -> None:
+    """Run SQLite's ``quick_check`` (reads every page once); raise JournalCorrupt on damage."""
+    try:
+        problems = [str(row[0]) for row in _rows(conn, "PRAGMA quick_check(5)") if str(row[0]) != "ok"]
+    except sqlite3.DatabaseError as exc:
+        problems = [str(exc)]
+    if problems:
+        raise _corrupt(path, "; ".join(problems))
+
+
+def _corrupt(path: Path, problem: str) -> JournalCorrupt:
+    text = " ".join(problem.replace("*** in database main ***", "").split())[:200]
+    return JournalCorrupt(f"the journal {path} is corrupt (SQLite integrity check: {text}); "
+                          "restore it from a backup, or move it aside to start with an empty journal")
+
+
+def _check_identity(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse a database that is not an aip-crewai journal.
+
+    A journal has ``application_id`` 0 (written before migration 3) or
+    :data:`APPLICATION_ID`; at schema version 0 it is empty (a new file),
+    above it holds the ``jobs`` and ``events`` tables. Anything else belongs
+    to another application: migrating it would add our tables to its data.
+    """
+    app_id = _scalar(conn, "PRAGMA application_id") or 0
+    version = _scalar(conn, "PRAGMA user_version") or 0
+    tables = {row[0] for row in _rows(
+        conn, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+    problem = None
+    if app_id not in (0, APPLICATION_ID):
+        problem = f"its SQLite application_id is {app_id}, not {APPLICATION_ID}"
+    elif version == 0 and tables:
+        problem = f"it holds tables of another application ({', '.join(sorted(tables)[:5])})"
+    elif version > 0 and not OWN_TABLES <= tables:
+        problem = f"it is at schema version {version} but lacks the tables {', '.join(sorted(OWN_TABLES - tables))}"
+    if problem:
+        raise JournalForeign(
+            f"the journal {path} is not an aip-crewai journal: {problem}. "
+            "Point --journal at a new path or at a journal written by this sidecar"
+        )
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Apply the missing migrations in order, each in its own transaction."""
+    version = _scalar(conn, "PRAGMA user_version") or 0
+    if version > SCHEMA_VERSION:
+        raise JournalSchemaError(
+            f"the journal {path} has schema version {version}; this sidecar supports at most {SCHEMA_VERSION}"
+        )
+    for number in range(version + 1, SCHEMA_VERSION + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(MIGRATIONS[number - 1]):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {number}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        log.info("journal_migrated", schema_version=number)
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
