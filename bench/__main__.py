@@ -24,7 +24,9 @@ from bench.common import RESULTS_DIR, Section, machine_line, quiet_logs, table
 BENCHMARKS = ("control_path", "run_overhead", "streaming", "journal", "load")
 
 
-BEFORE_FIXES = "before-host-fixes.md"
+#: Earlier reports kept for comparison (``before-*.md``, oldest first) and the fix log.
+BEFORE_REPORTS = ("before-host-fixes.md", "before-hop-fixes.md")
+HISTORY = "HISTORY.md"
 
 
 def _report(sections: Sequence[Section], total_s: float, title: str, output: Path) -> str:
@@ -37,8 +39,11 @@ def _report(sections: Sequence[Section], total_s: float, title: str, output: Pat
         "ratios are ours / baseline for durations and rates alike, p99 is the slow tail. "
         "Targets are judged at p50.", "",
     ]
-    if output.name != BEFORE_FIXES and (output.parent / BEFORE_FIXES).exists():
-        lines += [f"The same benchmarks before the host hot-path fixes: [{BEFORE_FIXES}]({BEFORE_FIXES}).", ""]
+    earlier = [name for name in BEFORE_REPORTS if name != output.name and (output.parent / name).exists()]
+    if earlier:
+        links = ", ".join(f"[{name}]({name})" for name in earlier)
+        lines += [f"The same benchmarks before earlier fixes: {links}; what each fix changed: [{HISTORY}]({HISTORY}).",
+                  ""]
     lines += [
         *table(["#", "metric", "ours p50 / p99", "baseline p50 / p99", "ratio p50", "ratio p99", "target", ""], rows),
         "",
