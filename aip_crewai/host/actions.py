@@ -277,13 +277,15 @@ class ActionService:
             live.notify()
 
     async def _finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None, *,
-                      operation: str | None = None, durable: bool = True) -> ActionRecord | None:
-        """Store the terminal result (only from a live state). ``operation``
-        (for metrics) saves a read when the caller knows it; ``durable``: see
-        :func:`durable_action`. Returns the stored record, or None when the
-        action had already ended (another writer's result stands)."""
+                      operation: str | None = None, durable: bool = True,
+                      only_from: ActionState | None = None) -> ActionRecord | None:
+        """Store the terminal result (only from a live state, or only from
+        ``only_from`` when given). ``operation`` (for metrics) saves a read
+        when the caller knows it; ``durable``: see :func:`durable_action`.
+        Returns the stored record, or None when the action was not in such a
+        state (another writer's result stands)."""
         sources = [s.value for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
-                   if ActionState(result.status) in TRANSITIONS[s]]
+                   if ActionState(result.status) in TRANSITIONS[s] and only_from in (None, s)]
         changed = await self.store.update_action(
             tenant, action_id, from_statuses=sources, status=result.status,
             dispatch=dispatch, result_json=_encode.encode(result).decode(), durable=durable,

@@ -19,6 +19,7 @@ from .auth import Principal
 from .dispatch import Job
 from .live import LiveAction
 from .normalize import failed_result
+from .store import ActionState
 
 if TYPE_CHECKING:
     from .actions import ActionService
@@ -40,8 +41,13 @@ async def cancel(service: ActionService, caller: Principal, action_id: str) -> A
     if record.status == "pending_approval":
         result = ActionResult(action_id=action_id, status="cancelled", dispatch="not_sent",
                               output={"remote_stop_confirmed": False, "provider_effect": "none"})
-        await service._finish(record.tenant, action_id, result, None)
-        return (await service.result(await service._get(record.tenant, action_id))) or result
+        # Only while still pending: an approval that started the action meanwhile wins the row, and the
+        # action is then cancelled as the running action it now is (never "nothing happened" for a job that runs).
+        if await service._finish(record.tenant, action_id, result, None, only_from=ActionState.PENDING_APPROVAL):
+            return (await service.result(await service._get(record.tenant, action_id))) or result
+        record = await service._get(record.tenant, action_id)
+        if record.status != "running":
+            return (await service.result(record)) or result
     live = service.live.get(record.tenant, action_id)
     if spec.read_only:
         if live is not None and live.task is not None:
@@ -96,11 +102,13 @@ async def ended_before_cancel(service: ActionService, job: Job, view: dict[str, 
 
 
 async def _until_answered(live: LiveAction, bound_s: float = 10.0) -> None:
-    """Wait (bounded) while the live dispatch's request is in flight (``sent``):
-    the sidecar admits a job before it answers, so until then a cancel may get
-    404 for a job that is admitted a moment later and then runs unseen."""
+    """Wait (bounded) until the live dispatch's start request was answered
+    (``acknowledged``) or the dispatch ended: the sidecar admits a job before
+    it answers, so until then (the request in flight, or not even sent yet
+    because the dispatch task has not run) a cancel may get 404 for a job that
+    is admitted a moment later and then runs unseen."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound_s
-    while live.job.dispatch.state == "sent" and live.task is not None and not live.task.done() \
+    while live.job.dispatch.state != "acknowledged" and live.task is not None and not live.task.done() \
             and loop.time() < deadline:
         await asyncio.sleep(0.005)

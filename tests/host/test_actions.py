@@ -235,6 +235,54 @@ async def test_cancel_pending_and_not_cancellable(env):
         await service.cancel(INVOKER, "m1")
 
 
+async def test_a_cancel_that_saw_pending_never_overwrites_an_approval_that_started_the_run(env, monkeypatch):
+    """Regression (found by a break-it session): a cancel read the action as pending, an approval then
+    started it, and the cancel's `cancelled, provider_effect: none` overwrote the running action while
+    the sidecar ran the job to completion."""
+    service, sidecar, clock = env
+    pending = await service.submit(INVOKER, action("a1"), None, stream=False)
+    read = service.get
+
+    async def read_then_decide(caller, action_id):
+        record = await read(caller, action_id)
+        await service.decide(APPROVER, record.approval_id, "approved", "ok", clock.ms)  # lands after the read
+        return record  # still says pending_approval
+
+    monkeypatch.setattr(service, "get", read_then_decide)
+    result = await service.cancel(INVOKER, pending.action_id)
+    stored = await service.result(await service.store.get_action("acme", "a1"))
+    assert sidecar.executions == 1 and sidecar.jobs["acme:a1"].status == "completed"
+    assert result.status == stored.status == "completed"  # the job's real outcome, not "nothing happened"
+
+
+async def test_a_cancel_waits_until_the_start_was_answered_even_before_it_is_sent():
+    """Regression: `_until_answered` waited only while the start request was `sent`; a cancel arriving
+    before the dispatch task had even sent it went straight to the sidecar, got 404, and the job was
+    admitted and ran unseen right after."""
+    from aip_crewai.contracts import operations as ops
+    from aip_crewai.host.cancellation import _until_answered
+    from aip_crewai.host.dispatch import Job
+    from aip_crewai.host.live import LiveAction
+
+    gate = asyncio.Event()
+    live = LiveAction(job=Job(tenant="acme", action_id="a1", crew_id="support", spec=ops.get("run"), input={},
+                              idempotency_key="k"))
+    live.task = asyncio.get_running_loop().create_task(gate.wait())
+    waiting = asyncio.get_running_loop().create_task(_until_answered(live))
+    for state in ("not_sent", "sent"):
+        live.job.dispatch.state = state
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done(), state
+    live.job.dispatch.state = "acknowledged"
+    await asyncio.wait_for(waiting, 5)
+    # a dispatch that ends without an answer (connect failure: back to not_sent) releases the wait too
+    live.job.dispatch.state = "not_sent"
+    waiting = asyncio.get_running_loop().create_task(_until_answered(live))
+    gate.set()
+    await asyncio.wait_for(waiting, 5)
+
+
 async def test_invalid_stream_fails_with_cancel_attempt(env):
     service, sidecar, _ = env
     sidecar.stream_override = b'event: started\ndata: {"event":"started","sequence":0,"data":{}}\n\n'
