@@ -260,6 +260,9 @@ class ActionService:
                                                dispatch="sent", durable=job.durable)
             result = await self.dispatcher.run(job, sink.add)
             await sink.drain()
+            if job.spec.name == "status" and result.error is not None \
+                    and result.error.details.get("remote_status") == 404:
+                result = await self._status_of_unsent(job) or result
             live.final = await self._finish(tenant, action_id, result, job.dispatch.state, operation=job.spec.name,
                                             durable=job.durable)
         except asyncio.CancelledError:
@@ -275,6 +278,20 @@ class ActionService:
         finally:
             self.live.remove(tenant, action_id)
             live.notify()
+
+    async def _status_of_unsent(self, job: Job) -> ActionResult | None:
+        """The ``status`` of a run the sidecar does not know because it never
+        reached it (pending approval, denied, expired, or cancelled before
+        dispatch: the host's record says ``not_sent``): the host's own view of
+        that run, in the shape of the sidecar's job view, instead of a 404
+        from the sidecar. None when the run was sent (the 404 stands)."""
+        run_action_id = str(job.input["run_action_id"])
+        target = await self.store.get_action(job.tenant, run_action_id)
+        if target is None or target.dispatch != "not_sent":
+            return None
+        view = {"action_id": run_action_id, "crew_id": target.crew_id, "operation": target.operation,
+                "status": target.status, "event_count": 0, "output": None}
+        return ActionResult(action_id=job.action_id, status="completed", output=view, dispatch="acknowledged")
 
     async def _finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None, *,
                       operation: str | None = None, durable: bool = True,

@@ -216,6 +216,30 @@ async def test_a_running_action_is_created_sent(env):
     assert done.status == "completed" and done.dispatch == "acknowledged"
 
 
+async def test_status_of_a_run_that_never_reached_the_sidecar_is_the_hosts_view(env):
+    """Found by a break-it session: a status of a pending run failed with a connector error (sidecar 404)."""
+    service, sidecar, clock = env
+
+    async def status_of(run_action_id, status_id):
+        record = await service.submit(INVOKER, action(status_id, "cap:crewai:support:status",
+                                                      {"run_action_id": run_action_id}, None), None, stream=False)
+        return await service.result(await service.wait(record, 10))
+
+    await service.submit(INVOKER, action("p1", key="kp"), None, stream=False)
+    pending = await status_of("p1", "s1")
+    assert pending.status == "completed" and pending.output == {
+        "action_id": "p1", "crew_id": "support", "operation": "run", "status": "pending_approval",
+        "event_count": 0, "output": None}
+    denied = await service.submit(INVOKER, action("d1", key="kd"), None, stream=False)
+    await service.decide(APPROVER, denied.approval_id, "denied", "no", clock.ms)
+    assert (await status_of("d1", "s2")).output["status"] == "failed"
+    # a run that was sent but that the sidecar does not know (lost): the sidecar's 404 stands
+    await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    del sidecar.jobs["acme:a1"]
+    lost = await status_of("a1", "s3")
+    assert lost.status == "failed" and lost.error.details["remote_status"] == 404
+
+
 async def test_legacy_crew_has_no_train(env):
     service, _, _ = env
     with pytest.raises(CapabilityNotFound):
