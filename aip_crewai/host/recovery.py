@@ -2,8 +2,10 @@
 a previous host process left behind, and the periodic approval-expiry sweep.
 
 A running action nobody in this process dispatches is reconciled with its
-sidecar job (read, or followed live when streamed) and never re-dispatched;
-one the sidecar never admitted fails with a certain outcome (``not_sent``).
+sidecar job (read, or followed live when streamed) and never re-dispatched.
+One the sidecar never admitted (the previous process died before its start
+request was admitted) is dispatched now when it may still run, else fails
+with a certain outcome (``not_sent``): see :func:`_admit_or_fail`.
 Functions take the :class:`~aip_crewai.host.actions.ActionService` first;
 :meth:`ActionService.reconcile` and the app lifespan call them.
 
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from ..contracts import operations as ops
 from ..contracts.aip import ActionResult
 from ..contracts.errors import AipError, ApprovalExpired, ConnectorCancelledUnconfirmed
 from .chunk_sink import ChunkSink
@@ -77,7 +80,7 @@ async def reconcile(service: ActionService, record: ActionRecord) -> None:
         terminal = await service.dispatcher.terminal_event(job)
     except AipError as exc:
         if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
-            await _fail_never_admitted(service, record)
+            await _admit_or_fail(service, record)
         return
     if terminal is None:
         return  # still running at the sidecar; a later read settles it
@@ -85,6 +88,36 @@ async def reconcile(service: ActionService, record: ActionRecord) -> None:
 
     await service._finish(record.tenant, record.action_id, result_from_terminal(record.action_id, spec, terminal),
                           "acknowledged")
+
+
+async def _may_still_run(service: ActionService, record: ActionRecord) -> bool:
+    """Whether a running action the sidecar never admitted may be dispatched
+    now: its operation needs no approval, or its approval is approved, bound
+    to it, and still within its TTL (an approval covers running in its
+    validity window: DESIGN.md §7). A start the sidecar did answer
+    (``acknowledged``) was admitted: its job being gone is no reason to run
+    it again."""
+    from .actions import approval_admits
+
+    if record.dispatch == "acknowledged":
+        return False
+    if not ops.get(record.operation).approval:
+        return True
+    approval = await service.store.get_approval(record.tenant, record.approval_id) if record.approval_id else None
+    return approval is not None and approval_admits(approval, record) and service.now_ms() < approval.expires_at
+
+
+async def _admit_or_fail(service: ActionService, record: ActionRecord) -> None:
+    """A running action whose job the sidecar does not know: dispatch it now
+    if it may still run (:func:`_may_still_run`), else fail it as never
+    dispatched. Dispatching is safe: the sidecar admits a job id once
+    (``Idempotency-Key`` and request hash), so a start request of the dead
+    process that is admitted after all is joined, never run twice."""
+    if await _may_still_run(service, record):
+        log.info("action_dispatched_after_restart")
+        service.start(record, stream=True)
+    else:
+        await _fail_never_admitted(service, record)
 
 
 async def _fail_never_admitted(service: ActionService, record: ActionRecord) -> None:
@@ -113,6 +146,7 @@ async def _follow_sidecar(service: ActionService, live: LiveAction) -> None:
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
     sink = ChunkSink(service.store, live)
+    never_admitted: ActionRecord | None = None
     try:
         log.info("action_resumed", from_chunk=job.first_chunk_sequence)
         result = await service.dispatcher.resume(job, sink.add)
@@ -126,9 +160,7 @@ async def _follow_sidecar(service: ActionService, live: LiveAction) -> None:
         with contextlib.suppress(Exception):
             await sink.drain()
         if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
-            record = await service.store.get_action(tenant, action_id)
-            if record is not None:
-                await _fail_never_admitted(service, record)
+            never_admitted = await service.store.get_action(tenant, action_id)
         else:  # the sidecar cannot be read now: the action stays running, the next read retries
             log.warning("action_resume_deferred", code=exc.code)
     except Exception:
@@ -136,3 +168,5 @@ async def _follow_sidecar(service: ActionService, live: LiveAction) -> None:
     finally:
         service.live.remove(tenant, action_id)
         live.notify()
+    if never_admitted is not None and never_admitted.status == "running":
+        await _admit_or_fail(service, never_admitted)  # after this follower left the live registry

@@ -100,6 +100,48 @@ async def test_rel_restarted_host_fails_an_action_the_sidecar_never_admitted(tmp
     assert fake.executions == 0
 
 
+async def _seed_approved_unsent(root: Path, action_id: str, *, age_s: float) -> None:
+    """A store left by a host killed after an approval started its action (one commit: approved, running,
+    dispatch `sent`) but before the sidecar admitted the start request; everything happened ``age_s`` ago."""
+    from aip_crewai.host.actions import APPROVAL_TTL_MS, approval_admits, policy_hash
+
+    store = await Store.open(root / "state" / "host.db", clock=lambda: time.time() - age_s)
+    try:
+        inp = {"topic": "approved"}
+        hashed = fence_hash("cap:crewai:beta", inp)
+        _, record = await store.create_action("acme", action_id, "cap:crewai:beta", "beta", "run",
+                                              canonical_json(inp).decode(), hashed, "acme-invoker", "k-a",
+                                              "pending_approval", approval_id=f"apr_{action_id}")
+        await store.create_approval("acme", f"apr_{action_id}", action_id, "cap:crewai:beta",
+                                    policy_hash("acme", action_id, "cap:crewai:beta", hashed), "acme-invoker",
+                                    record.input_json, record.created_at + APPROVAL_TTL_MS)
+        _, started = await store.decide_and_start("acme", f"apr_{action_id}", "approved", "ok", "acme-both",
+                                                  store.now_ms(), start_if=approval_admits)
+        assert started is not None and started.dispatch == "sent"
+    finally:
+        await store.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("age_s,expected,executions", [(1.0, "completed", 1), (1000.0, "failed", 0)])
+async def test_rel_an_approved_action_the_sidecar_never_admitted_runs_after_restart_within_its_ttl(
+        tmp_path, age_s, expected, executions):
+    """Found by a break-it session: a host killed after an approval started its action but before the
+    sidecar admitted it left an approved action that a restart failed as never dispatched: the approval
+    was lost. A restarted host now dispatches it (once) while the approval is within its TTL, and fails it
+    as never dispatched (certain) after."""
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    app = inproc_app(tmp_path / "etc", fake.transport(), clock=time.time)
+    await _seed_approved_unsent(tmp_path / "etc", "act_unsent", age_s=age_s)
+    async with running(app) as http:
+        status = await _settled(http, "act_unsent")
+        result = (await http.get("/aip/v1/actions/act_unsent/result", headers=bearer("acme-invoker"))).json()
+    assert status["status"] == expected and fake.executions == executions
+    if expected == "failed":
+        error = result["body"]["action_result"]["error"]
+        assert error["details"]["uncertain_outcome"] is False and error["details"]["dispatch"] == "not_sent"
+
+
 @pytest.mark.timeout(30)
 async def test_rel_restarted_host_keeps_a_running_action_while_the_sidecar_is_unreachable(tmp_path):
     """A sidecar that cannot be reached leaves the action running (a later read retries), never failed."""
