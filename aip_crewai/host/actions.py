@@ -262,7 +262,7 @@ class ActionService:
             await sink.drain()
             if job.spec.name == "status" and result.error is not None \
                     and result.error.details.get("remote_status") == 404:
-                result = await self._status_of_unsent(job) or result
+                result = await self._status_before_admission(job) or result
             live.final = await self._finish(tenant, action_id, result, job.dispatch.state, operation=job.spec.name,
                                             durable=job.durable)
         except asyncio.CancelledError:
@@ -279,15 +279,16 @@ class ActionService:
             self.live.remove(tenant, action_id)
             live.notify()
 
-    async def _status_of_unsent(self, job: Job) -> ActionResult | None:
-        """The ``status`` of a run the sidecar does not know because it never
-        reached it (pending approval, denied, expired, or cancelled before
-        dispatch: the host's record says ``not_sent``): the host's own view of
-        that run, in the shape of the sidecar's job view, instead of a 404
-        from the sidecar. None when the run was sent (the 404 stands)."""
+    async def _status_before_admission(self, job: Job) -> ActionResult | None:
+        """The ``status`` of a run the sidecar does not know because it has not
+        admitted it: never sent (pending approval, denied, expired, cancelled
+        before dispatch) or its start still on the way (just approved): the
+        host's own view of that run, in the shape of the sidecar's job view,
+        instead of a 404 from the sidecar. None when the sidecar answered the
+        run's start (``acknowledged``): then its 404 stands."""
         run_action_id = str(job.input["run_action_id"])
         target = await self.store.get_action(job.tenant, run_action_id)
-        if target is None or target.dispatch != "not_sent":
+        if target is None or target.dispatch == "acknowledged":
             return None
         view = {"action_id": run_action_id, "crew_id": target.crew_id, "operation": target.operation,
                 "status": target.status, "event_count": 0, "output": None}
@@ -329,7 +330,7 @@ class ActionService:
                 # A previous process died between writing the action and its approval.
                 approval = await self._restore_approval(record)
             if approval is not None and approval.effective_status(self.now_ms()) == "expired":
-                await self.store.expire_approvals(self.now_ms())
+                await recovery.expire_due(self)  # this one's and every other due approval's action
                 await self._finish(record.tenant, record.action_id,
                                    failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"), "not_sent")
                 return await self._get(record.tenant, record.action_id)

@@ -35,31 +35,58 @@ log = structlog.get_logger(__name__)
 
 #: How often pending approvals are swept for expiry, seconds.
 EXPIRY_SWEEP_S = 5.0
+#: How often running actions no task here follows are reconciled with the sidecar, seconds.
+RECONCILE_S = 5.0
 
 
 async def sweep_expired(service: ActionService) -> None:
-    """Expire pending approvals whose TTL passed and fail their actions."""
+    """Every :data:`EXPIRY_SWEEP_S`: :func:`expire_due`."""
     while True:
         await asyncio.sleep(EXPIRY_SWEEP_S)
         try:
-            for approval in await service.store.expire_approvals(service.now_ms()):
-                record = await service.store.get_action(approval.tenant, approval.action_id)
-                if record is not None and record.status == "pending_approval":
-                    await service._finish(record.tenant, record.action_id,
-                                          failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"),
-                                          "not_sent")
+            await expire_due(service)
         except Exception:  # housekeeping must not kill the host
             log.exception("approval_sweep_failed")
 
 
+async def expire_due(service: ActionService) -> None:
+    """Expire every pending approval whose TTL passed and fail each one's
+    pending action (``policy.approval_expired``), whoever triggers it: the
+    sweep, or a read of one of them (which must not leave the others'
+    actions pending behind approvals nobody will sweep again)."""
+    for approval in await service.store.expire_approvals(service.now_ms()):
+        record = await service.store.get_action(approval.tenant, approval.action_id)
+        if record is not None and record.status == "pending_approval":
+            await service._finish(record.tenant, record.action_id,
+                                  failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"),
+                                  "not_sent")
+
+
 async def reconcile_all(service: ActionService) -> None:
     """After a restart: settle actions the previous process left running, and
-    approvals it decided without applying the decision, or never wrote."""
+    approvals it decided without applying the decision, or never wrote. Then,
+    every :data:`RECONCILE_S`, settle running actions no task of this process
+    dispatches or follows: those the sidecar could not be asked about yet
+    (unreachable at the restart) are retried without waiting for a reader."""
     for record in [*await service.store.list_in_flight(), *await service.store.list_awaiting_approval()]:
+        await _settle(service, record)
+    while True:
+        await asyncio.sleep(RECONCILE_S)
         try:
-            await service.refresh(record)
-        except Exception:
-            log.exception("reconcile_failed", action_id=record.action_id)
+            in_flight = await service.store.list_in_flight()
+        except Exception:  # housekeeping must not kill the host
+            log.exception("reconcile_listing_failed")
+            continue
+        for record in in_flight:
+            if service.live.get(record.tenant, record.action_id) is None:
+                await _settle(service, record)
+
+
+async def _settle(service: ActionService, record: ActionRecord) -> None:
+    try:
+        await service.refresh(record)
+    except Exception:
+        log.exception("reconcile_failed", action_id=record.action_id)
 
 
 async def reconcile(service: ActionService, record: ActionRecord) -> None:
@@ -93,10 +120,10 @@ async def reconcile(service: ActionService, record: ActionRecord) -> None:
 async def _may_still_run(service: ActionService, record: ActionRecord) -> bool:
     """Whether a running action the sidecar never admitted may be dispatched
     now: its operation needs no approval, or its approval is approved, bound
-    to it, and still within its TTL (an approval covers running in its
-    validity window: DESIGN.md §7). A start the sidecar did answer
-    (``acknowledged``) was admitted: its job being gone is no reason to run
-    it again."""
+    to it and decided before it expired (:func:`~.actions.approval_admits`;
+    the TTL bounds the decision, not the run: DESIGN.md §7). A start the
+    sidecar did answer (``acknowledged``) was admitted: its job being gone
+    is no reason to run it again."""
     from .actions import approval_admits
 
     if record.dispatch == "acknowledged":
@@ -104,7 +131,7 @@ async def _may_still_run(service: ActionService, record: ActionRecord) -> bool:
     if not ops.get(record.operation).approval:
         return True
     approval = await service.store.get_approval(record.tenant, record.approval_id) if record.approval_id else None
-    return approval is not None and approval_admits(approval, record) and service.now_ms() < approval.expires_at
+    return approval is not None and approval_admits(approval, record)
 
 
 async def _admit_or_fail(service: ActionService, record: ActionRecord) -> None:

@@ -233,11 +233,30 @@ async def test_status_of_a_run_that_never_reached_the_sidecar_is_the_hosts_view(
     denied = await service.submit(INVOKER, action("d1", key="kd"), None, stream=False)
     await service.decide(APPROVER, denied.approval_id, "denied", "no", clock.ms)
     assert (await status_of("d1", "s2")).output["status"] == "failed"
-    # a run that was sent but that the sidecar does not know (lost): the sidecar's 404 stands
+    # approved, its start not admitted yet (still on its way): the host's view says running
+    from aip_crewai.host.actions import approval_admits
+    started = await service.submit(INVOKER, action("r1", key="kr"), None, stream=False)
+    _, run = await service.store.decide_and_start("acme", started.approval_id, "approved", "ok", APPROVER.id,
+                                                  clock.ms, start_if=approval_admits)  # not dispatched here
+    assert run.dispatch == "sent" and (await status_of("r1", "s4")).output["status"] == "running"
+    # a run whose start the sidecar answered but that it does not know now (lost): the sidecar's 404 stands
     await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
     del sidecar.jobs["acme:a1"]
     lost = await status_of("a1", "s3")
     assert lost.status == "failed" and lost.error.details["remote_status"] == 404
+
+
+async def test_reading_one_expired_approval_fails_every_expired_action(env):
+    """Found by a break-it session: a read of action A expired every due approval but failed only A; the
+    periodic sweep then skipped B (its approval was already expired), leaving B pending forever."""
+    service, sidecar, clock = env
+    for action_id in ("e1", "e2"):
+        await service.submit(INVOKER, action(action_id, key=f"k-{action_id}"), None, stream=False)
+    clock.ms += 900_001
+    assert (await service.get(INVOKER, "e1")).status == "failed"
+    other = await service.store.get_action("acme", "e2")  # not read through the service
+    assert other.status == "failed" and (await service.result(other)).error.code == "policy.approval_expired"
+    assert sidecar.executions == 0
 
 
 async def test_legacy_crew_has_no_train(env):
