@@ -79,11 +79,19 @@ async def reconcile_all(service: ActionService) -> None:
             continue
         for record in in_flight:
             if service.live.get(record.tenant, record.action_id) is None:
-                await _settle(service, record)
+                await _settle(service, record, reread=True)
 
 
-async def _settle(service: ActionService, record: ActionRecord) -> None:
+async def _settle(service: ActionService, record: ActionRecord, *, reread: bool = False) -> None:
+    """:meth:`ActionService.refresh` of one action, errors logged. ``reread``:
+    read it again first (a listing may predate the end of a dispatch of this
+    process) and settle it only if it is still running with no task here."""
     try:
+        if reread:
+            fresh = await service.store.get_action(record.tenant, record.action_id)
+            if fresh is None or fresh.status != "running" or service.live.get(fresh.tenant, fresh.action_id):
+                return
+            record = fresh
         await service.refresh(record)
     except Exception:
         log.exception("reconcile_failed", action_id=record.action_id)
