@@ -147,18 +147,22 @@ async def test_rel_a_restarted_host_retries_actions_while_the_sidecar_was_unreac
     monkeypatch.setattr(recovery, "RECONCILE_S", 0.05)
     fake = FakeSidecar(SIDECAR_TOKEN)
     reachable = asyncio.Event()
+    refused: list[str] = []
 
     def maybe_down(request: httpx.Request) -> httpx.Response:
         if not reachable.is_set() and request.url.path != "/health":
+            refused.append(request.url.path)
             raise httpx.ConnectError("connection refused", request=request)
         return fake.handle(request)
 
     app = inproc_app(tmp_path / "etc", httpx.MockTransport(maybe_down), clock=time.time)
     await _seed_approved_unsent(tmp_path / "etc", "act_later", age_s=1.0)
     async with running(app):
-        for _ in range(10):
-            await asyncio.sleep(0.05)  # several reconcile periods with the sidecar down
-        assert fake.executions == 0
+        for _ in range(300):  # the restart pass and at least two periodic passes try while the sidecar is down
+            if len(refused) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert len(refused) >= 3 and fake.executions == 0
         reachable.set()
         for _ in range(200):  # no client reads the action: the periodic pass must dispatch it
             if fake.executions:
