@@ -192,12 +192,19 @@ def file_size_limit(procs: Processes, limit_bytes: int = 1_500_000, max_runs: in
         _check(results, "the journal fills up and the caller gets 507",
                first_failure is not None and first_failure.status_code == 507,
                first_failure.text if first_failure is not None else "no failure within the runs")
+        # Which write hit the limit decides the state: the last job's admission (refused whole, nothing to
+        # keep: health may stay ready) or a later write of it (an outcome the journal could not take is kept
+        # and retried: health is degraded). Either way the full journal refuses further admissions.
+        last_admitted = bool(ran) and http.get(f"/jobs/{ran[-1]}").status_code == 200
         health = http.get("/health").json()
-        _check(results, "a real write failure degrades health", health["status"] == "degraded", health)
+        if last_admitted:
+            _check(results, "an outcome the journal could not record degrades health",
+                   health["status"] == "degraded", health)
         refused = [uid("refused") for _ in range(3)]
         for action_id in refused:
             answer = http.post("/jobs", json=_job(action_id), headers={"Idempotency-Key": "k"})
-            _check(results, "admission is refused while degraded", answer.status_code == 507, answer.text)
+            _check(results, "admission is refused once the journal cannot grow", answer.status_code == 507,
+                   answer.text)
     sidecar.kill(signal.SIGKILL)
     restarted = procs.restart_sidecar(sidecar)
     calls = calls_by_action(procs.call_log)
@@ -205,15 +212,29 @@ def file_size_limit(procs: Processes, limit_bytes: int = 1_500_000, max_runs: in
         for action_id in refused:
             _check(results, "a refused job was never admitted", http.get(f"/jobs/{action_id}").status_code == 404)
             _check(results, "a refused job never ran", calls[action_id] == 0, calls[action_id])
-    for action_id in ran:
+        # The write that hits the limit may be the last job's admission (then it was refused whole) or one of
+        # its later writes (then it was admitted and its outcome was lost): which one depends on where the
+        # WAL file crosses the limit. Every earlier job was admitted.
+        admitted = [a for a in ran if http.get(f"/jobs/{a}").status_code == 200]
+    _check(results, "every job before the failing write was admitted", admitted[:len(ran) - 1] == ran[:-1],
+           sorted(set(ran) - set(admitted)))
+    _check(results, "the restart keeps what was admitted", (bool(ran) and ran[-1] in admitted) == last_admitted)
+    if ran and ran[-1] not in admitted:
+        _check(results, "a job refused at admission never ran", calls[ran[-1]] == 0, calls[ran[-1]])
+    for action_id in admitted:
         events = sidecar_events(restarted, action_id)
         terminals = [e for e in events if e["event"] in TERMINAL]
         ok = len(terminals) == 1 and events[-1] is terminals[0] and \
             [e["sequence"] for e in events] == list(range(len(events)))
         _check(results, "every admitted job has exactly one terminal event", ok, (action_id, events[-2:]))
-    last = sidecar_events(restarted, ran[-1])[-1]
-    _check(results, "the job whose outcome was lost is failed as uncertain",
-           last["event"] == "completed" or (last["data"].get("uncertain_outcome") is True), last)
+    if ran and ran[-1] in admitted:
+        # Its failing write was a later one: the start (then CrewAI never ran it: a certain failure) or a
+        # checkpoint or the result (then it ran and its outcome was lost: uncertain), unless it completed.
+        last = sidecar_events(restarted, ran[-1])[-1]
+        never_ran = last["data"].get("uncertain_outcome") is False and calls[ran[-1]] == 0
+        _check(results, "the job whose outcome was lost is failed as uncertain (certain if it never ran)",
+               last["event"] == "completed" or last["data"].get("uncertain_outcome") is True or never_ran,
+               (last, calls[ran[-1]]))
     restarted.kill(signal.SIGTERM)
     return results
 
