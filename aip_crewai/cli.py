@@ -49,7 +49,7 @@ def _print(value: object, as_json: bool) -> None:
 
 
 def _chunk_text(envelope: dict) -> str | None:  # type: ignore[type-arg]
-    chunk = (envelope.get("body") or {}).get("chunk") or {}
+    chunk = (envelope.get("body") or {}).get("stream_chunk") or {}
     part = chunk.get("part") or {}
     return part.get("text") if isinstance(part, dict) else None
 

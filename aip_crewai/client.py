@@ -5,7 +5,7 @@ Authenticates with a bearer token, or signs each envelope with an Ed25519
 private key (RFC 8785 canonical envelope without ``security.signature``).
 Streaming calls yield ``(event, envelope)`` pairs as they arrive.
 
-Source: DESIGN.md §6 (routes, envelope), §7 (signed envelopes).
+Source: README "AIP 1.0 conformance" (routes, envelopes, shapes).
 """
 
 from __future__ import annotations
@@ -27,18 +27,17 @@ from .sse import SSEDecoder
 
 
 class AipClientError(Exception):
-    """The host answered with an AIP error (``status``, ``code``, ``body``)."""
+    """The host answered with an AIP error (``status``, ``code``, ``body``): the
+    body is an ``aip.core.v1.error`` envelope, ``{"body": {"error": {"error": ProtocolError}}}``."""
 
     def __init__(self, status: int, body: Any) -> None:
         self.status = status
         self.body = body
-        error = body.get("error") if isinstance(body, dict) else None
+        inner = body.get("body") if isinstance(body, dict) else None
+        error = (inner.get("error") or {}).get("error") if isinstance(inner, dict) else None
         if isinstance(error, dict):
             self.code = str(error.get("code"))
             message = str(error.get("message"))
-        elif isinstance(body, dict) and isinstance(body.get("body"), dict) and "error" in body["body"]:
-            self.code = str(body["body"]["error"].get("code"))
-            message = str(body["body"]["error"].get("message"))
         else:
             self.code = "unknown"
             message = str(body)[:200]
@@ -100,13 +99,17 @@ class AipClient:
         return body
 
     def envelope(self, capability_id: str, input: dict[str, Any], *, action_id: str | None = None,
-                 idempotency_key: str | None = None, timeout_ms: int | None = None) -> dict[str, Any]:
-        """Build (and sign, when a key is set) an ``aip.core.v1.action`` envelope."""
+                 idempotency_key: str | None = None, timeout_ms: int | None = None,
+                 mode: str | None = None) -> dict[str, Any]:
+        """Build (and sign, when a key is set) an ``aip.core.v1.action`` envelope
+        (``mode``: ``sync`` | ``async`` | ``streaming``, or None for the host's default, sync)."""
         action: dict[str, Any] = {"id": action_id or new_id("act"), "capability_id": capability_id, "input": input}
         if idempotency_key is not None:
             action["idempotency_key"] = idempotency_key
         if timeout_ms is not None:
             action["timeout_ms"] = timeout_ms
+        if mode is not None:
+            action["mode"] = mode
         env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": new_id("msg"),
                "sent_at": now_rfc3339(), "body": {"action": action}}
         if self.signing_key is not None and self.key_id is not None:
@@ -114,7 +117,8 @@ class AipClient:
         return env
 
     def call(self, capability_id: str, input: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        """POST an action and wait for its ``action_result`` envelope (or ack)."""
+        """POST an action and wait for its ``action_result`` envelope (or an
+        ``ack`` envelope: ``mode="async"``, or a call still running after the host's wait)."""
         env = self.envelope(capability_id, input, **kwargs)
         response = self.http.post("/aip/v1/messages", content=json.dumps(env),
                                   headers={"Content-Type": CONTENT_TYPE})

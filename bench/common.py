@@ -504,7 +504,7 @@ class Governed:
         result = await self.post(body)
         if result["status"] != "pending_approval":
             raise BenchError(f"expected pending_approval, got {result['status']}")
-        return body, result["approval"]["approval_id"]
+        return body, result["output"]["approval_id"]
 
     async def governed_run(self, crew: str, input: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """Submit, approve, fetch the result with the blocking re-call (same id and key).

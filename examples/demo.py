@@ -110,7 +110,7 @@ def stop(process: subprocess.Popen[bytes], name: str) -> None:
 
 
 def text_of(envelope: dict) -> str:  # type: ignore[type-arg]
-    chunk = (envelope.get("body") or {}).get("chunk") or {}
+    chunk = (envelope.get("body") or {}).get("stream_chunk") or {}
     part = chunk.get("part") or {}
     return str(part.get("text") or "")
 
@@ -148,15 +148,16 @@ def main(argv: list[str] | None = None) -> int:
         say(f"   input: {json.dumps(TICKET)}")
         pending = tenant.call(f"cap:crewai:{CREW}", TICKET, action_id=action_id, idempotency_key=key)
         result = pending["body"]["action_result"]
-        say(f"   -> {result['status']}; approval {result['approval']['approval_id']} "
-            f"expires {result['approval']['expires_at']}; nothing was sent to the sidecar")
+        say(f"   -> {result['status']}; approval {result['output']['approval_id']} "
+            f"expires {result['output']['expires_at']}; nothing was sent to the sidecar")
 
         step(4, "the approver reviews the input snapshot and approves")
         queue = approver.approvals()
-        approval = approver.approval(queue["approvals"][0]["approval_id"])
-        say(f"   requested by {approval['requested_by']}; snapshot {json.dumps(approval['input_snapshot'])}")
-        decision = approver.decide(approval["approval_id"], "approved", "duplicate charge confirmed in billing")
-        say(f"   -> {decision['decision']} by {decision['decided_by']}")
+        approval = approver.approval(queue["approvals"][0]["request"]["id"])
+        request = approval["request"]
+        say(f"   requested by {request['requester']['id']}; input {json.dumps(approval['evidence_payload']['input'])}")
+        decision = approver.decide(request["id"], "approved", "duplicate charge confirmed in billing")
+        say(f"   -> {decision['decision']} by {decision['approver']['id']}")
 
         step(5, "the tenant streams the run as it happens")
         final, count = None, 0

@@ -1,41 +1,83 @@
-"""AIP 1.0 objects (native HTTP binding subset) as msgspec Structs.
+"""AIP 1.0 objects (the native HTTP binding subset the host speaks) as msgspec Structs.
 
-Field names follow DESIGN.md §6 and §7 exactly. Outbound objects omit unset
-optional fields; inbound ones (:class:`Envelope`, :class:`Action`,
-:class:`DecisionRequest`) reject unknown fields.
+Shapes and vocabularies follow the official AIP 1.0 JSON Schemas (draft
+2020-12, ``https://getaip.org/schemas/aip/<name>.schema.json``); the
+conformance suite in ``tests/conformance/`` validates every body the host
+sends against them. Field names are the schemas'; the README section "AIP
+1.0 conformance" lists which message types and routes the host implements.
 
-Source: DESIGN.md §6 (envelope, objects, manifest), §7 (approvals, signed
-envelopes); seeds/crewai-capabilities.md (contract fields).
+Outbound objects omit unset optional fields (``omit_defaults``), except the
+capability-contract Structs, which publish constants (rendered through
+:func:`aip_crewai.host.manifest.to_wire`). Inbound objects (:class:`Envelope`,
+:class:`Action`, :class:`Cancel`, :class:`DecisionRequest`) declare every
+field the schema allows, so a schema-valid message is accepted and the
+fields the host does not act on are ignored; a field the schema does not
+know is refused, as the schema's ``additionalProperties: false`` says.
+
+Source: AIP 1.0 schemas envelope, action, ack, stream_chunk, action_result,
+action_status, action_events, event, approval_request, approval_decision,
+approval_record_view, approval_list, manifest, capability_contract;
+docs/ARCHITECTURE.md (glossary).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
-from .errors import Category
-from .inputs import ACTION_ID_PATTERN, END, NO_CONTROL
+from .errors import AipError, Category
+from .inputs import ACTION_ID_PATTERN, NO_CONTROL
 
 AIP_VERSION = "1.0"
 MANIFEST_VERSION = "aip-manifest/v1"
-PROFILES = ("aip.native.http.v1", "aip.connector.crewai.v1")
+PROFILES = ("aip.native.http.v1", "aip.connector.crewai.v1", "aip.sse.stream.v1")
+NATIVE_PROFILE = "aip.native.http.v1"
+CONNECTOR_PROFILE = "aip.connector.crewai.v1"
 SSE_PROFILE = "aip.sse.stream.v1"
 CONTENT_TYPE = "application/aip+json"
 
-MessageId = Annotated[str, msgspec.Meta(min_length=5, max_length=256, pattern=r"^msg_[A-Za-z0-9._:-]+" + END)]
+#: Message ids: the schema allows any string; the host bounds them (1..256, no control characters).
+MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=NO_CONTROL)]
 ActionId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=ACTION_ID_PATTERN)]
 IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=512, pattern=NO_CONTROL)]
 Timestamp = Annotated[str, msgspec.Meta(min_length=1, max_length=64, description="RFC 3339 timestamp")]
+_Text = Annotated[str, msgspec.Meta(max_length=1024)]
 
-ActionStatusName = Literal["pending_approval", "running", "completed", "failed", "cancelled"]
-ResultStatus = Literal["completed", "failed", "cancelled", "pending_approval"]
-ChunkKind = Literal["data", "progress", "tool", "thought", "preview", "pending_approval", "error", "done"]
-Dispatch = Literal["not_sent", "sent", "acknowledged"]
+# --- state vocabularies, exactly as the schemas define them -------------------
+
+#: ActionLifecycleState (action_status.schema.json).
+ActionLifecycleState = Literal["unknown", "accepted", "queued", "running", "streaming", "pending_approval",
+                               "cancelling", "cancelled", "completed", "failed", "expired", "dead_lettered"]
+#: AckStatus (ack.schema.json).
+AckStatus = Literal["accepted", "rejected", "queued", "streaming", "cached"]
+#: ActionResultStatus (action_result.schema.json).
+ActionResultStatus = Literal["completed", "failed", "cancelled", "pending_approval", "requires_human"]
+#: StreamChunkKind (stream_chunk.schema.json).
+StreamChunkKind = Literal["data", "progress", "tool", "thought", "preview", "pending_approval", "error", "done"]
+#: ErrorCategory (the ProtocolError ``category``): :class:`~aip_crewai.contracts.errors.Category`.
+ErrorCategory = Category
+#: ApprovalDecisionKind (approval_decision.schema.json).
+ApprovalDecisionKind = Literal["approved", "denied", "expired", "revoked"]
+#: PrincipalKind (envelope.schema.json ``Principal.kind``).
+PrincipalKind = Literal["human", "agent", "service", "tenant", "customer", "contact", "system"]
+#: Approval record status labels of this host (``ApprovalRecordView.status`` is a free label in the schema).
+ApprovalStatus = Literal["pending", "approved", "denied", "expired"]
+
+#: Each vocabulary's values, for tests and for code that iterates them.
+VOCABULARIES: dict[str, tuple[str, ...]] = {
+    "ActionLifecycleState": get_args(ActionLifecycleState),
+    "AckStatus": get_args(AckStatus),
+    "ActionResultStatus": get_args(ActionResultStatus),
+    "StreamChunkKind": get_args(StreamChunkKind),
+    "ErrorCategory": tuple(c.value for c in Category),
+    "ApprovalDecisionKind": get_args(ApprovalDecisionKind),
+    "PrincipalKind": get_args(PrincipalKind),
+}
 
 
 class _Out(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Base of outbound objects whose defaults are all None (omitted on the wire)."""
+    """Base of outbound objects: unset optional fields are omitted on the wire."""
 
 
 class _Full(msgspec.Struct, frozen=True):
@@ -47,25 +89,52 @@ class _In(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields
     """Base of inbound objects."""
 
 
-# --- message parts (tagged by "type") ---------------------------------------
+# --- principals ---------------------------------------------------------------
+
+
+class Principal(_Out):
+    """An actor: ``{id, kind, display_name?}`` (schema ``Principal``)."""
+
+    id: str
+    kind: PrincipalKind
+    display_name: str | None = None
+
+
+class InboundPrincipal(_In):
+    """A ``Principal`` as a client may send it (``from``/``to``/``approver``);
+    the host reads ``id`` only and ignores the rest."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    kind: PrincipalKind
+    display_name: str | None = None
+    trust_domain: str | None = None
+    did: str | None = None
+    external_refs: list[Any] | None = None
+    delegated_authority: list[Any] | None = None
+    auth_context: Any = None
+
+
+# --- message parts (tagged by "type") -------------------------------------------
 
 
 class TextPart(_Out, tag="text", tag_field="type"):
     text: str
+    format: str | None = None
 
 
-class DataPart(_Out, tag="data", tag_field="type"):
+class JsonPart(_Out, tag="json", tag_field="type"):
     data: Any
+    schema: Any = None
 
 
-MessagePart = TextPart | DataPart
+MessagePart = TextPart | JsonPart
 
 
-# --- errors -----------------------------------------------------------------
+# --- errors -------------------------------------------------------------------
 
 
 class ProtocolError(_Out):
-    """AIP error body; HTTP status by category (errors.CATEGORY_HTTP_STATUS)."""
+    """The AIP error object; HTTP status by category (errors.CATEGORY_HTTP_STATUS)."""
 
     code: str
     message: str
@@ -76,99 +145,168 @@ class ProtocolError(_Out):
     source: str | None = None
 
 
-# --- actions ----------------------------------------------------------------
+class ErrorBody(_Out):
+    """``body.error`` of an ``aip.core.v1.error`` envelope: ``{"error": ProtocolError}``."""
+
+    error: ProtocolError
+
+
+# --- actions --------------------------------------------------------------------
+
+
+#: ``action.mode`` values: the schema's ActionMode, plus this host's earlier ``stream`` (read as ``streaming``).
+ActionMode = Literal["sync", "async", "streaming", "stream"]
 
 
 class Action(_In):
-    """``body.action`` of an ``aip.core.v1.action`` envelope."""
+    """``body.action`` of an ``aip.core.v1.action`` envelope.
+
+    The host acts on ``id``, ``capability_id``, ``input``, ``idempotency_key``,
+    ``timeout_ms`` and ``mode``; the other schema fields are accepted and
+    ignored (an ``approval`` in the action grants nothing: approvals are
+    decided through the approval routes, bound to the stored action).
+    """
 
     id: ActionId
     capability_id: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
-    input: dict[str, Any] = msgspec.field(default_factory=dict)
+    input: Any = msgspec.field(default_factory=dict)
     idempotency_key: IdempotencyKey | None = None
     timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=3_600_000)] | None = None
-    mode: Literal["sync", "stream"] | None = None
+    mode: ActionMode | None = None
+    conversation: Any = None
+    memory_context: Any = None
+    delegation_chain: list[Any] | None = None
+    federation: Any = None
+    callback: Any = None
+    observability: Any = None
+    compliance: Any = None
+    identity: Any = None
+    approval: Any = None
+    transaction: Any = None
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the caller asked for a streaming invocation."""
+        return self.mode in ("streaming", "stream")
 
 
-class ApprovalRef(_Out):
-    """What a ``pending_approval`` result carries (DESIGN.md §7)."""
+class CancelTarget(_In):
+    """``cancel.target``: ``{"action": id}`` (a session target is refused: the host has no sessions)."""
+
+    action: ActionId | None = None
+    session: str | None = None
+
+
+class Cancel(_In):
+    """``body.cancel`` of an ``aip.core.v1.cancel`` envelope."""
+
+    target: CancelTarget
+    reason: Annotated[str, msgspec.Meta(max_length=2048)] | None = None
+
+
+class ActionResult(_Out):
+    """``body.action_result``: the final (or pending-approval) result.
+
+    A ``pending_approval`` result carries the approval reference in
+    ``output`` (:class:`PendingApproval`) and a text message part.
+    """
+
+    action_id: str
+    status: ActionResultStatus
+    output: Any = None
+    message: list[MessagePart] = msgspec.field(default_factory=list)
+    error: ProtocolError | None = None
+
+
+class PendingApproval(_Out):
+    """``output`` of a ``pending_approval`` result: what an approver decides on."""
 
     approval_id: str
     policy_hash: str
     expires_at: Timestamp
-
-
-class ActionResult(_Full):
-    """``body.action_result``."""
-
-    action_id: str
-    status: ResultStatus
-    output: Any = None
-    message: list[MessagePart] = msgspec.field(default_factory=list)
-    error: ProtocolError | None = None
-    approval: ApprovalRef | None = None
-    dispatch: Dispatch | None = None
-
-
-class ActionStatus(_Full):
-    """``GET /aip/v1/actions/{id}``."""
-
-    action_id: str
-    capability_id: str
-    status: ActionStatusName
-    created_at: Timestamp
-    updated_at: Timestamp
-    dispatch: Dispatch = "not_sent"
-    chunk_count: int = 0
-    approval_id: str | None = None
+    approval_url: str
 
 
 class StreamChunk(_Out):
-    """``body.chunk``: one normalized event of an action's stream."""
+    """``body.stream_chunk``: one normalized event of an action's stream."""
 
     action_id: str
     sequence: int
-    kind: ChunkKind
+    kind: StreamChunkKind
     data: Any = None
     part: MessagePart | None = None
 
 
 class Ack(_Out):
-    """``body.ack``: the host accepted the action (first SSE event)."""
+    """``body.ack``: the host accepted (or replays) the action."""
 
     action_id: str
-    status: ActionStatusName
+    status: AckStatus
+    reason: str | None = None
+    retry_after_ms: int | None = None
 
 
-# --- envelope ---------------------------------------------------------------
+class ActionStatus(_Out):
+    """``GET /aip/v1/actions/{id}``: the durable lifecycle view."""
+
+    action_id: str
+    state: ActionLifecycleState
+    updated_at: Timestamp
+    capability_id: str | None = None
+    correlation_id: str | None = None
+    result_status: ActionResultStatus | None = None
+    approval_id: str | None = None
+    started_at: Timestamp | None = None
+    completed_at: Timestamp | None = None
+    result: ActionResult | None = None
+    links: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class Security(_In):
-    """Ed25519 envelope signature (DESIGN.md §7)."""
+class Event(_Out):
+    """One action-scoped event: ``kind`` is the AIP message type of ``data``."""
 
-    scheme: Literal["ed25519"]
-    key_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-    signature: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    id: str
+    kind: str
+    occurred_at: Timestamp
+    action_id: str | None = None
+    correlation_id: str | None = None
+    data: Any = None
 
 
-#: message_type -> the single body key it carries.
+class ActionEvents(_Out):
+    """``GET /aip/v1/actions/{id}/events`` and ``/chunks`` (JSON pages)."""
+
+    action_id: str
+    events: list[Event]
+    chunks: list[StreamChunk]
+    terminal: bool
+    cursor: str | None = None
+
+
+# --- envelope -------------------------------------------------------------------
+
+#: message_type -> the single body key it carries (the types this host sends or accepts).
 MESSAGE_BODY_KEYS: dict[str, str] = {
     "aip.core.v1.action": "action",
+    "aip.core.v1.cancel": "cancel",
     "aip.core.v1.action_result": "action_result",
-    "aip.core.v1.stream_chunk": "chunk",
+    "aip.core.v1.stream_chunk": "stream_chunk",
     "aip.core.v1.ack": "ack",
     "aip.core.v1.error": "error",
 }
+#: The message types a client may post to ``POST /aip/v1/messages``.
+INBOUND_MESSAGE_TYPES = ("aip.core.v1.action", "aip.core.v1.cancel")
 
 
 class Body(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """Externally tagged body: exactly one key is present."""
 
     action: Action | None = None
+    cancel: Cancel | None = None
     action_result: ActionResult | None = None
-    chunk: StreamChunk | None = None
+    stream_chunk: StreamChunk | None = None
     ack: Ack | None = None
-    error: ProtocolError | None = None
+    error: ErrorBody | None = None
 
     def __post_init__(self) -> None:
         present = [name for name in self.__struct_fields__ if getattr(self, name) is not None]
@@ -181,7 +319,14 @@ class Body(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_field
 
 
 class Envelope(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
-    """An AIP 1.0 message (DESIGN.md §6)."""
+    """An AIP 1.0 message (schema ``Envelope``).
+
+    ``from``/``to`` may be a Principal object (the schema) or a principal id
+    string (accepted for older clients); ``security`` is read by the
+    authenticator from the raw JSON (Ed25519 scheme, README "Signed
+    envelopes"); ``session_id``, ``in_response_to``, ``trace`` and
+    ``extensions`` are accepted and ignored.
+    """
 
     aip_version: Literal["1.0"]
     message_type: str
@@ -190,57 +335,125 @@ class Envelope(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_f
     body: Body
     idempotency_key: IdempotencyKey | None = None
     correlation_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
-    from_: Annotated[str, msgspec.Meta(max_length=256)] | None = msgspec.field(default=None, name="from")
-    security: Security | None = None
+    session_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    in_response_to: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    from_: InboundPrincipal | Annotated[str, msgspec.Meta(max_length=256)] | None = msgspec.field(
+        default=None, name="from")
+    to: InboundPrincipal | Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    trace: Any = None
+    security: Any = None
+    extensions: Any = None
 
     def __post_init__(self) -> None:
         expected = MESSAGE_BODY_KEYS.get(self.message_type)
         if expected is None:
-            raise ValueError(f"unknown message_type {self.message_type!r}")
+            raise ValueError(f"unsupported message_type {self.message_type!r}")
         if self.body.key != expected:
             raise ValueError(f"message_type {self.message_type} needs body key {expected!r}")
 
 
-# --- approvals --------------------------------------------------------------
+# --- approvals ------------------------------------------------------------------
+
+
+class ApproverSelector(_Full):
+    """Who may approve: the tenant's policy (approvers of the same tenant, not the requester)."""
+
+    type: Literal["tenant_policy"] = "tenant_policy"
+
+
+class EvidenceArtifact(_Out):
+    """Evidence attached to an approval request (schema ``EvidenceArtifact``)."""
+
+    id: str
+    kind: str
+    redacted: bool
+    uri: str | None = None
+    hash: str | None = None
 
 
 class ApprovalRequest(_Out):
-    """An approval waiting for (or holding) its one decision (DESIGN.md §7)."""
+    """The approval request of one governed action (schema ``ApprovalRequest``)."""
 
-    approval_id: str
+    id: str
     action_id: str
     capability_id: str
-    tenant: str
-    requested_by: str
-    policy_hash: str
-    status: Literal["pending", "approved", "denied", "expired"]
-    created_at: Timestamp
+    requester: Principal
+    subject: Principal
+    approver_selector: ApproverSelector
+    reason: str
+    evidence: list[EvidenceArtifact]
     expires_at: Timestamp
-    evidence_requirements: list[str] = msgspec.field(default_factory=list)
-    input_snapshot: Any = None
-    decision: ApprovalDecision | None = None
+    policy_hash: str
+    risk: Literal["low", "medium", "high", "critical"] | None = None
 
 
 class ApprovalDecision(_Out):
-    """The one decision of an approval."""
+    """The one decision of an approval (schema ``ApprovalDecision``)."""
 
     approval_id: str
-    decision: Literal["approved", "denied"]
-    reason: str
-    decided_by: str
+    decision: ApprovalDecisionKind
+    approver: Principal
     decided_at: Timestamp
+    reason: str | None = None
+    policy_hash: str | None = None
+    decision_id: str | None = None
+
+
+class ApprovalEvidencePayload(_Out):
+    """The exact governed input, shown to approvers with ``GET /aip/v1/approvals/{id}`` only."""
+
+    action_id: str
+    capability_id: str
+    input_hash: str
+    input: Any
+
+
+class ApprovalRecordView(_Out):
+    """One approval with its request, decision and status (schema ``ApprovalRecordView``)."""
+
+    request: ApprovalRequest
+    status: ApprovalStatus
+    created_at: Timestamp
+    updated_at: Timestamp
+    decision: ApprovalDecision | None = None
+    evidence_payload: ApprovalEvidencePayload | None = None
+
+
+class ApprovalList(_Out):
+    """``GET /aip/v1/approvals``: one page; ``cursor`` is None on the last page."""
+
+    approvals: list[ApprovalRecordView]
+    cursor: str | None = None
 
 
 class DecisionRequest(_In):
-    """Body of ``POST /aip/v1/approvals/{id}/decision``; the approver is the
-    authenticated principal, never a body field (DESIGN.md §7)."""
+    """Body of ``POST /aip/v1/approvals/{id}/decision``.
 
-    decision: Literal["approved", "denied"]
-    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
-    approval_id: str | None = None
+    Either this host's short form ``{decision, reason, approval_id?}`` or the
+    official ApprovalDecision object. The approver is the authenticated
+    principal: an ``approver`` naming anyone else is refused (403); a
+    ``policy_hash`` other than the approval's is refused (409); only
+    ``approved`` and ``denied`` can be decided; ``reason`` is required (the
+    capability contract's evidence requirement). ``decided_at``,
+    ``constraints``, ``evidence``, ``decision_id``, ``authority_path`` and
+    ``target_decision_id`` are accepted and ignored (the host stamps its
+    own decision time).
+    """
+
+    decision: ApprovalDecisionKind
+    reason: Annotated[str, msgspec.Meta(max_length=2048)] | None = None
+    approval_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    approver: InboundPrincipal | None = None
+    decided_at: str | None = None
+    constraints: list[Any] | None = None
+    evidence: list[Any] | None = None
+    decision_id: str | None = None
+    policy_hash: str | None = None
+    authority_path: list[Any] | None = None
+    target_decision_id: str | None = None
 
 
-# --- manifest ---------------------------------------------------------------
+# --- manifest -------------------------------------------------------------------
 
 
 class IdempotencyContract(_Full):
@@ -251,12 +464,15 @@ class IdempotencyContract(_Full):
 
 
 class ExecutionContract(_Full):
-    streaming: bool
-    cancellable: bool
-    retry_safe: bool
-    mutation: bool
-    default_timeout_ms: int = 600_000
-    max_timeout_ms: int = 3_600_000
+    """Schema ``ExecutionContract``: what invocation styles a capability supports."""
+
+    supports_sync: bool
+    supports_async: bool
+    supports_streaming: bool
+    supports_cancel: bool
+    supports_retry: bool
+    expected_completion: Literal["sync", "async", "streaming", "any"]
+    retry_safety: Literal["safe", "safe_with_idempotency_key", "unsafe", "unknown"]
 
 
 class DataContract(_Full):
@@ -280,6 +496,7 @@ class ApprovalContract(_Full):
 
 class CompensationContract(_Full):
     mode: str = "rollback_not_supported"
+    requires_approval: bool = False
 
 
 class CapabilityContract(_Out):
@@ -292,12 +509,14 @@ class CapabilityContract(_Out):
 
 
 class Binding(_Out):
-    """Private binding to the sidecar route (informational)."""
+    """A profile binding: the native AIP route, or the private sidecar route (informational)."""
 
-    protocol: str
+    profile: str
     method: str
     path: str
+    protocol: str | None = None
     stream_path: str | None = None
+    message_type: str | None = None
 
 
 class Capability(_Out):
@@ -314,7 +533,17 @@ class Capability(_Out):
 
 
 class Manifest(_Out):
+    """Schema ``Manifest``: the host (``agent``), profiles and the tenant's capabilities."""
+
     manifest_version: str
+    agent: Principal
     profiles: list[str]
     capabilities: list[Capability]
-    tenant: str | None = None
+    limits: dict[str, Any] | None = None
+
+
+def protocol_error(exc: AipError, *, source: str = "aip-crewai") -> ProtocolError:
+    """The ProtocolError object of one of our errors (code, message, category,
+    retryable, retry hint and details exactly as the error class built them)."""
+    return ProtocolError(code=exc.code, message=exc.message, category=exc.category, retryable=exc.retryable,
+                         retry_after_ms=exc.retry_after_ms, details=exc.details or None, source=source)

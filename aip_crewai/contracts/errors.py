@@ -124,6 +124,13 @@ class ApprovalAlreadyDecided(AipError):
     default_message = "the approval is already decided or expired"
 
 
+class ApprovalPolicyMismatch(AipError):
+    code = "approval.policy_mismatch"
+    category = Category.PERMANENT
+    http_status = 409
+    default_message = "the decision names a policy_hash other than the approval's (the approver evaluated something else)"
+
+
 class InvalidInput(AipError):
     """Input failed validation. ``field`` is a JSON path (``$.query[2]``),
     ``rule`` the broken rule in words (``at most 4096 UTF-8 bytes``)."""

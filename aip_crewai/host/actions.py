@@ -22,7 +22,7 @@ import msgspec
 import structlog
 
 from ..contracts import operations as ops
-from ..contracts.aip import Action, ActionResult, ApprovalRef
+from ..contracts.aip import Action, ActionResult, PendingApproval, TextPart
 from ..contracts.errors import (
     ActionNotFound,
     AipError,
@@ -79,6 +79,25 @@ def approval_admits(approval: ApprovalRecord, record: ActionRecord) -> bool:
             and approval.policy_hash == policy_hash(record.tenant, record.action_id, record.capability_id,
                                                     record.input_hash)
             and not (approval.decided_at is not None and approval.decided_at >= approval.expires_at))
+
+
+def pending_result(record: ActionRecord) -> ActionResult:
+    """The ``pending_approval`` result of a governed action waiting for its
+    approval: ``output`` is a :class:`~aip_crewai.contracts.aip.PendingApproval`
+    (approval id, policy hash, expiry, where an approver decides), plus a text
+    part. Derived from the action row alone (the approval row may still be in
+    flight for a concurrent duplicate): same hash, same expiry. Pure.
+
+    Source: README "The approval flow"."""
+    approval_id = record.approval_id or ""
+    expires_at = ms_to_rfc3339(record.created_at + APPROVAL_TTL_MS)
+    pending = PendingApproval(
+        approval_id=approval_id,
+        policy_hash=policy_hash(record.tenant, record.action_id, record.capability_id, record.input_hash),
+        expires_at=expires_at, approval_url=f"/aip/v1/approvals/{approval_id}")
+    text = f"{record.capability_id} needs an approval ({approval_id}) by an approver of the tenant before {expires_at}"
+    return ActionResult(action_id=record.action_id, status="pending_approval", output=pending,
+                        message=[TextPart(text=text)])
 
 
 def fence_hash(capability_id: str, value: Any) -> str:
@@ -292,7 +311,7 @@ class ActionService:
             return None
         view = {"action_id": run_action_id, "crew_id": target.crew_id, "operation": target.operation,
                 "status": target.status, "event_count": 0, "output": None}
-        return ActionResult(action_id=job.action_id, status="completed", output=view, dispatch="acknowledged")
+        return ActionResult(action_id=job.action_id, status="completed", output=view)
 
     async def _finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None, *,
                       operation: str | None = None, durable: bool = True,
@@ -332,7 +351,7 @@ class ActionService:
             if approval is not None and approval.effective_status(self.now_ms()) == "expired":
                 await recovery.expire_due(self)  # this one's and every other due approval's action
                 await self._finish(record.tenant, record.action_id,
-                                   failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"), "not_sent")
+                                   failed_result(record.action_id, ApprovalExpired()), "not_sent")
                 return await self._get(record.tenant, record.action_id)
             if approval is not None and approval.status in ("approved", "denied"):
                 await self.on_decision(approval)  # decided by a process that died before applying the decision
@@ -371,12 +390,7 @@ class ActionService:
         if record.status == "pending_approval" and record.approval_id:
             # Derived from the action row alone (the approval row may still be
             # in flight for a concurrent duplicate): same hash, same expiry.
-            ref = ApprovalRef(approval_id=record.approval_id,
-                              policy_hash=policy_hash(record.tenant, record.action_id, record.capability_id,
-                                                      record.input_hash),
-                              expires_at=ms_to_rfc3339(record.created_at + APPROVAL_TTL_MS))
-            return ActionResult(action_id=record.action_id, status="pending_approval", approval=ref,
-                                dispatch="not_sent")
+            return pending_result(record)
         return None
 
     async def wait(self, record: ActionRecord, timeout_s: float) -> ActionRecord:
@@ -414,12 +428,12 @@ class ActionService:
         if approval.status == "denied":
             self._fence("approval", "denied")
             await self._finish(record.tenant, record.action_id,
-                               failed_result(record.action_id, ApprovalDenied(), dispatch="not_sent"), "not_sent")
+                               failed_result(record.action_id, ApprovalDenied()), "not_sent")
             return
         if not approval_admits(approval, record):
             self._fence("approval", "rejected_at_dispatch")
             await self._finish(record.tenant, record.action_id,
-                               failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"), "not_sent")
+                               failed_result(record.action_id, ApprovalExpired()), "not_sent")
             return
         self._fence("approval", "approved")
         # Approved and dispatched at once: `sent` ("the request may have reached the sidecar") is recorded with

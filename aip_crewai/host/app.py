@@ -27,7 +27,8 @@ entered after the store and client are open, exited before they close).
 
 Errors: every error response is an ``aip.core.v1.error`` envelope
 (``{"aip_version": "1.0", "message_type": "aip.core.v1.error", "message_id",
-"sent_at", "body": {"error": ProtocolError}}``), content type
+"sent_at", "body": {"error": {"error": ProtocolError}}}``: the AIP 1.0
+error body, an ErrorBody holding the ProtocolError), content type
 ``application/aip+json``, status from the error class (401 adds
 ``WWW-Authenticate: Bearer``). The same envelope is the ``data`` of an SSE
 ``error`` event, so one client decoder serves both. Routing 404/405 use it
@@ -61,7 +62,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..asgi import CloseOnUnreadBody
-from ..contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ProtocolError
+from ..contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ErrorBody, protocol_error
 from ..contracts.errors import AipError, Category, Unauthenticated
 from . import manifest
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
@@ -117,8 +118,7 @@ class InternalError(AipError):
 
 def error_envelope(exc: AipError, *, correlation_id: str | None = None, now_ms: int | None = None) -> Envelope:
     """The ``aip.core.v1.error`` envelope of ``exc`` (message and details as the class built them)."""
-    error = ProtocolError(code=exc.code, message=exc.message, category=exc.category, retryable=exc.retryable,
-                          retry_after_ms=exc.retry_after_ms, details=exc.details or None, source="aip-crewai-host")
+    error = ErrorBody(error=protocol_error(exc))
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     return Envelope(aip_version=AIP_VERSION, message_type="aip.core.v1.error", message_id=f"msg_{uuid.uuid4().hex}",
                     sent_at=ms_to_rfc3339(now_ms), body=Body(error=error), correlation_id=correlation_id)

@@ -1,61 +1,147 @@
-"""Approval routes: the queue, one approval with its input snapshot, and the
-one decision.
+"""Approval routes: the queue, one approval with its evidence payload, and the
+one decision, in the AIP 1.0 shapes (ApprovalList, ApprovalRecordView,
+ApprovalDecision).
 
 Only approvers (or operators, for reading) of the approval's own tenant see
 it; another tenant's approval does not exist (404). The decider is the
-authenticated principal, never a body field; the requester may not decide.
+authenticated principal: a decision body naming another ``approver`` is
+refused (403); the requester may not decide.
 
-Source: DESIGN.md §7 (approval fence, decision request and answers).
+How a stored approval reads in AIP terms (:func:`render`):
+
+| field | value |
+|---|---|
+| ``request.requester`` | the principal that submitted the action |
+| ``request.subject`` | the crew that would do the work: ``{id: "crewai:<crew id>", kind: "agent"}`` |
+| ``request.approver_selector`` | ``{type: "tenant_policy"}``: approvers of the tenant, not the requester |
+| ``request.evidence`` | ``input_snapshot`` (hash of capability + input) and ``policy_decision`` (the policy hash) |
+| ``status`` | ``pending`` / ``approved`` / ``denied`` / ``expired`` |
+| ``decision`` | the approver's decision; for an expired approval, ``expired`` by the host (``kind: system``) |
+| ``evidence_payload`` | the exact input, only on ``GET /aip/v1/approvals/{id}`` |
+
+Principal kinds come from the principal id's prefix (``human:``, ``agent:``,
+``svc:``/``service:``, ``system:``); any other id is a ``service``.
+
+Source: AIP 1.0 schemas approval_list, approval_record_view,
+approval_request, approval_decision; README "The approval flow".
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..contracts.aip import ApprovalDecision, ApprovalRequest, DecisionRequest
+from ..contracts.aip import (
+    ApprovalDecision,
+    ApprovalEvidencePayload,
+    ApprovalList,
+    ApprovalRecordView,
+    ApprovalRequest,
+    ApproverSelector,
+    DecisionRequest,
+    EvidenceArtifact,
+    Principal,
+    PrincipalKind,
+)
 from ..contracts.errors import (
     ApprovalAlreadyDecided,
     ApprovalNotFound,
+    ApprovalPolicyMismatch,
     Forbidden,
     InvalidEnvelope,
 )
-from .actions import ActionService
-from .auth import Principal, authenticate
+from ..contracts import operations as ops
+from .actions import ActionService, fence_hash
+from .auth import Principal as Caller
+from .auth import authenticate
 from .routes_actions import aip_json
 from .store import ApprovalRecord, ms_to_rfc3339
 
-EVIDENCE = ["reason", "input_snapshot", "policy_decision"]
+#: The host itself, as the principal that expires approvals.
+HOST_PRINCIPAL = Principal(id="system:aip-crewai-host", kind="system", display_name="aip-crewai host")
+_KIND_PREFIXES: tuple[tuple[str, PrincipalKind], ...] = (
+    ("human:", "human"), ("agent:", "agent"), ("svc:", "service"), ("service:", "service"), ("system:", "system"),
+)
 _decision_decoder = msgspec.json.Decoder(DecisionRequest)
+#: Bound on a decision body, bytes (a reason is at most 2048 characters).
+MAX_DECISION_BYTES = 64 * 1024
 
 
-def _can_read(principal: Principal) -> None:
+def principal_view(principal_id: str) -> Principal:
+    """The AIP Principal of a configured principal id (kind from its prefix, else ``service``). Pure."""
+    kind: PrincipalKind = next((k for prefix, k in _KIND_PREFIXES if principal_id.startswith(prefix)), "service")
+    return Principal(id=principal_id, kind=kind)
+
+
+def _subject(capability_id: str, crews: dict[str, Any]) -> tuple[Principal, str | None]:
+    """The crew an approval's capability runs (as an agent principal) and the operation's risk."""
+    found = ops.resolve_capability(capability_id, {crew_id: ops.OPERATION_NAMES for crew_id in crews})
+    if found is None:  # the crew was removed from the configuration since
+        return Principal(id=f"crewai:{capability_id}", kind="agent"), None
+    crew = crews[found[0]]
+    return (Principal(id=f"crewai:{crew.id}", kind="agent", display_name=crew.name),
+            ops.get(found[1]).risk.value)
+
+
+def render(approval: ApprovalRecord, now_ms: int, crews: dict[str, Any], *, with_payload: bool) -> ApprovalRecordView:
+    """The ApprovalRecordView of a stored approval (see the module table). Pure.
+
+    Args:
+        approval: the stored approval.
+        now_ms: the host clock, epoch milliseconds (a pending approval past
+            its expiry reads ``expired``).
+        crews: crew id -> admitted descriptor (for the subject and risk).
+        with_payload: include the exact input (``evidence_payload``).
+    """
+    status = approval.effective_status(now_ms)
+    snapshot = msgspec.json.decode(approval.input_snapshot_json)
+    hashed = fence_hash(approval.capability_id, snapshot)
+    subject, risk = _subject(approval.capability_id, crews)
+    url = f"/aip/v1/approvals/{approval.approval_id}"
+    request = ApprovalRequest(
+        id=approval.approval_id, action_id=approval.action_id, capability_id=approval.capability_id,
+        requester=principal_view(approval.requested_by), subject=subject, approver_selector=ApproverSelector(),
+        reason=f"{approval.capability_id} changes crew state; the tenant's policy requires an approver's decision",
+        evidence=[EvidenceArtifact(id=f"{approval.approval_id}:input", kind="input_snapshot", redacted=True,
+                                   uri=url, hash=f"sha256:{hashed}"),
+                  EvidenceArtifact(id=f"{approval.approval_id}:policy", kind="policy_decision", redacted=False,
+                                   hash=f"sha256:{approval.policy_hash}")],
+        expires_at=ms_to_rfc3339(approval.expires_at), policy_hash=approval.policy_hash,
+        risk=risk,  # type: ignore[arg-type]
+    )
+    decision = None
+    updated = approval.created_at
+    if status in ("approved", "denied") and approval.decided_by and approval.decided_at is not None:
+        decision = ApprovalDecision(approval_id=approval.approval_id, decision=status,  # type: ignore[arg-type]
+                                    approver=principal_view(approval.decided_by),
+                                    decided_at=ms_to_rfc3339(approval.decided_at),
+                                    reason=approval.decision_reason, policy_hash=approval.policy_hash)
+        updated = approval.decided_at
+    elif status == "expired":
+        decision = ApprovalDecision(approval_id=approval.approval_id, decision="expired", approver=HOST_PRINCIPAL,
+                                    decided_at=ms_to_rfc3339(approval.expires_at), policy_hash=approval.policy_hash)
+        updated = approval.expires_at
+    payload = None
+    if with_payload:
+        payload = ApprovalEvidencePayload(action_id=approval.action_id, capability_id=approval.capability_id,
+                                          input_hash=hashed, input=snapshot)
+    return ApprovalRecordView(request=request, status=status,  # type: ignore[arg-type]
+                              created_at=ms_to_rfc3339(approval.created_at), updated_at=ms_to_rfc3339(updated),
+                              decision=decision, evidence_payload=payload)
+
+
+def _can_read(principal: Caller) -> None:
     if not (principal.has_role("approver") or principal.has_role("operator")):
         raise Forbidden("reading approvals needs the approver or operator role")
 
 
-def render(approval: ApprovalRecord, now_ms: int, *, with_snapshot: bool) -> ApprovalRequest:
-    """An ApprovalRequest view of a stored approval."""
-    decision = None
-    if approval.status in ("approved", "denied") and approval.decided_by and approval.decided_at is not None:
-        decision = ApprovalDecision(approval_id=approval.approval_id, decision=approval.status,  # type: ignore[arg-type]
-                                    reason=approval.decision_reason or "", decided_by=approval.decided_by,
-                                    decided_at=ms_to_rfc3339(approval.decided_at))
-    return ApprovalRequest(
-        approval_id=approval.approval_id, action_id=approval.action_id, capability_id=approval.capability_id,
-        tenant=approval.tenant, requested_by=approval.requested_by, policy_hash=approval.policy_hash,
-        status=approval.effective_status(now_ms),  # type: ignore[arg-type]
-        created_at=ms_to_rfc3339(approval.created_at), expires_at=ms_to_rfc3339(approval.expires_at),
-        evidence_requirements=EVIDENCE,
-        input_snapshot=msgspec.json.decode(approval.input_snapshot_json) if with_snapshot else None,
-        decision=decision,
-    )
-
-
 async def list_approvals(request: Request) -> Response:
-    """``GET /aip/v1/approvals?status=pending&cursor=...&limit=N``: one page."""
+    """``GET /aip/v1/approvals?status=pending&cursor=...&limit=N``: one ApprovalList
+    page (``cursor`` None on the last page)."""
     principal = await authenticate(request)
     _can_read(principal)
     service: ActionService = request.app.state.actions
@@ -69,11 +155,12 @@ async def list_approvals(request: Request) -> Response:
     await service.store.expire_approvals(now)
     page = await service.store.list_approvals(principal.tenant, status=status,
                                               cursor=request.query_params.get("cursor"), limit=int(limit_text))
-    return aip_json({"approvals": [render(a, now, with_snapshot=False) for a in page.items],
-                     "next_cursor": page.next_cursor, "done": page.done})
+    crews = request.app.state.crews
+    return aip_json(ApprovalList(approvals=[render(a, now, crews, with_payload=False) for a in page.items],
+                                 cursor=None if page.done else page.next_cursor))
 
 
-async def _approval(request: Request, principal: Principal) -> ApprovalRecord:
+async def _approval(request: Request, principal: Caller) -> ApprovalRecord:
     service: ActionService = request.app.state.actions
     approval = await service.store.get_approval(principal.tenant, request.path_params["approval_id"])
     if approval is None:
@@ -82,37 +169,57 @@ async def _approval(request: Request, principal: Principal) -> ApprovalRecord:
 
 
 async def get_approval(request: Request) -> Response:
-    """``GET /aip/v1/approvals/{id}``: the approval with its input snapshot."""
+    """``GET /aip/v1/approvals/{id}``: the ApprovalRecordView with its evidence payload (the exact input)."""
     principal = await authenticate(request)
     _can_read(principal)
     approval = await _approval(request, principal)
-    return aip_json(render(approval, request.app.state.actions.now_ms(), with_snapshot=True))
+    return aip_json(render(approval, request.app.state.actions.now_ms(), request.app.state.crews, with_payload=True))
+
+
+async def _decision_body(request: Request) -> DecisionRequest:
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > MAX_DECISION_BYTES:
+            raise InvalidEnvelope(f"a decision body is at most {MAX_DECISION_BYTES} bytes")
+    try:
+        return _decision_decoder.decode(bytes(body))
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InvalidEnvelope(f"invalid decision: {exc}") from exc
 
 
 async def post_decision(request: Request) -> Response:
-    """``POST /aip/v1/approvals/{id}/decision`` → 200 ApprovalDecision; 403 for a
-    non-approver or the requester; 404 another tenant's; 409 decided/expired."""
+    """``POST /aip/v1/approvals/{id}/decision`` (short form or an ApprovalDecision,
+    see :class:`~aip_crewai.contracts.aip.DecisionRequest`) → 200 ApprovalDecision;
+    400 an invalid body (no reason, a kind other than approved/denied);
+    403 a non-approver, the requester, or a body naming another approver;
+    404 another tenant's; 409 decided or expired, or another policy hash."""
     principal = await authenticate(request)
-    body = await request.body()
-    try:
-        decision = _decision_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidEnvelope(f"invalid decision: {exc}") from exc
+    decision = await _decision_body(request)
     approval = await _approval(request, principal)
     if not principal.has_role("approver"):
         raise Forbidden("deciding needs the approver role")
+    if decision.approver is not None and decision.approver.id != principal.id:
+        raise Forbidden("the approver is the authenticated principal; the body names another")
     if approval.requested_by == principal.id:
         raise Forbidden("the requester may not decide its own approval")
     if decision.approval_id is not None and decision.approval_id != approval.approval_id:
         raise InvalidEnvelope("approval_id in the body differs from the path")
+    if decision.decision not in ("approved", "denied"):
+        raise InvalidEnvelope("a decision is approved or denied (expiry and revocation are the host's)")
+    if not decision.reason:
+        raise InvalidEnvelope("a decision needs a reason (the capability's evidence requirement)")
+    if decision.policy_hash is not None and decision.policy_hash != approval.policy_hash:
+        raise ApprovalPolicyMismatch(details={"approval_id": approval.approval_id})
     service: ActionService = request.app.state.actions
     now = service.now_ms()
     decided = await service.decide(principal, approval.approval_id, decision.decision, decision.reason, now)
     if decided is None:
         raise ApprovalAlreadyDecided(details={"approval_id": approval.approval_id})
     return aip_json(ApprovalDecision(approval_id=decided.approval_id, decision=decision.decision,
-                                     reason=decision.reason, decided_by=principal.id,
-                                     decided_at=ms_to_rfc3339(now)))
+                                     approver=principal_view(principal.id), decided_at=ms_to_rfc3339(now),
+                                     reason=decision.reason, policy_hash=decided.policy_hash,
+                                     decision_id=f"{decided.approval_id}:decision"))
 
 
 def routes() -> list[Route]:

@@ -39,7 +39,7 @@ async def cancel(service: ActionService, caller: Principal, action_id: str) -> A
     if spec.name in ("memory_reset", "cancel"):
         raise NotCancellable(details={"operation": spec.name})
     if record.status == "pending_approval":
-        result = ActionResult(action_id=action_id, status="cancelled", dispatch="not_sent",
+        result = ActionResult(action_id=action_id, status="cancelled",
                               output={"remote_stop_confirmed": False, "provider_effect": "none"})
         # Only while still pending: an approval that started the action meanwhile wins the row, and the
         # action is then cancelled as the running action it now is (never "nothing happened" for a job that runs).
@@ -55,8 +55,7 @@ async def cancel(service: ActionService, caller: Principal, action_id: str) -> A
         output = {"remote_stop_confirmed": False, "provider_effect": "read_only", "completion_unobserved": True}
         if spec.name == "events":
             output = {"stream_detached": True, **output}
-        result = ActionResult(action_id=action_id, status="cancelled", output=output,
-                              dispatch=record.dispatch)  # type: ignore[arg-type]
+        result = ActionResult(action_id=action_id, status="cancelled", output=output)  # type: ignore[arg-type]
         await service._finish(record.tenant, action_id, result, None)
         return (await service.result(await service._get(record.tenant, action_id))) or result
     job = live.job if live is not None else service._job(record, stream=True)
@@ -77,12 +76,12 @@ async def cancel(service: ActionService, caller: Principal, action_id: str) -> A
     elif confirmed:
         output = {"remote_stop_confirmed": True,
                   "provider_stop_observed": bool((view or {}).get("provider_stop_observed", False))}
-        result = ActionResult(action_id=action_id, status="cancelled", output=output, dispatch="acknowledged")
+        result = ActionResult(action_id=action_id, status="cancelled", output=output)
     else:
         if live is not None and live.task is not None:
             live.task.cancel()
         result = failed_result(action_id, ConnectorCancelledUnconfirmed(
-            operation=spec.name, uncertain_outcome=True, dispatch=record.dispatch), dispatch=record.dispatch)
+            operation=spec.name, uncertain_outcome=True, dispatch=record.dispatch))
     await service._finish(record.tenant, action_id, result, None)
     return (await service.result(await service._get(record.tenant, action_id))) or result
 

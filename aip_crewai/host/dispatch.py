@@ -95,7 +95,7 @@ class Dispatcher:
             if job.spec.stream and job.spec.cancel and isinstance(exc, _STREAM_FAILURES) and job.dispatch.state != "not_sent":
                 exc = await self._cancel_after_failure(job, exc)
             log.warning("dispatch_failed", code=exc.code, operation=job.spec.name, dispatch=job.dispatch.state)
-            return failed_result(job.action_id, exc, dispatch=job.dispatch.state)
+            return failed_result(job.action_id, exc)
 
     async def _run(self, job: Job, on_chunks: OnChunks) -> ActionResult:
         spec, client = job.spec, self.client
@@ -137,7 +137,7 @@ class Dispatcher:
         return await self._settle_blocking(job, status)
 
     def _completed(self, job: Job, output: Any) -> ActionResult:
-        return ActionResult(action_id=job.action_id, status="completed", output=output, dispatch="acknowledged")
+        return ActionResult(action_id=job.action_id, status="completed", output=output)
 
     async def _settle_blocking(self, job: Job, status: int) -> ActionResult:
         """A blocking start answered 409/502/504: read the job's terminal event."""

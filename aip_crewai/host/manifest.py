@@ -28,9 +28,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..contracts.aip import (
+    CONNECTOR_PROFILE,
     CONTENT_TYPE,
     MANIFEST_VERSION,
+    NATIVE_PROFILE,
     PROFILES,
+    Principal,
     ApprovalContract,
     Binding,
     Capability,
@@ -44,7 +47,8 @@ from ..contracts.aip import (
 from ..contracts.artifacts import input_schema
 from ..contracts.errors import CapabilityNotFound
 from ..contracts.operations import CATALOGUE, OperationSpec, capability_id, get, resolve_capability
-from ..contracts.sidecar import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS
+from ..contracts.inputs import MAX_INPUT_BYTES
+from ..contracts.sidecar import DEFAULT_TIMEOUT_MS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_TIMEOUT_MS
 from .admission import CrewDescriptor
 from .auth import authenticate
 
@@ -175,14 +179,28 @@ def output_schema(spec: OperationSpec) -> dict[str, Any]:
     return {"$schema": _SCHEMA, "title": f"{spec.name} output", **OUTPUT_SCHEMAS[spec.name]}
 
 
+def execution_contract(spec: OperationSpec) -> ExecutionContract:
+    """The AIP ExecutionContract of an operation (pure).
+
+    Every capability can be called ``sync`` (blocking), ``async`` (ack, then
+    follow the action) and with an SSE stream of the host's own events;
+    ``supports_streaming`` says whether the crew streams output chunks.
+    Read-only operations are ``safe`` to retry; mutations are safe only with
+    their idempotency key (the fence answers a repeat with the stored result).
+    """
+    return ExecutionContract(
+        supports_sync=True, supports_async=True, supports_streaming=spec.stream, supports_cancel=spec.cancel,
+        supports_retry=spec.retry, expected_completion="streaming" if spec.stream else "sync",
+        retry_safety="safe" if spec.read_only else "safe_with_idempotency_key",
+    )
+
+
 def capability_for(crew: CrewDescriptor, spec: OperationSpec) -> Capability:
-    """The capability of one (crew, operation), with the whole contract (DESIGN.md §6)."""
+    """The capability of one (crew, operation), with the whole contract (README "Capabilities")."""
     contract = CapabilityContract(
         side_effects=list(spec.side_effects),
         idempotency=IdempotencyContract(requirement=spec.key.value),
-        execution=ExecutionContract(streaming=spec.stream, cancellable=spec.cancel, retry_safe=spec.retry,
-                                    mutation=spec.mutation, default_timeout_ms=DEFAULT_TIMEOUT_MS,
-                                    max_timeout_ms=MAX_TIMEOUT_MS),
+        execution=execution_contract(spec),
         data=DataContract(),
         approval=ApprovalContract(required=True) if spec.approval else None,
         compensation=CompensationContract() if spec.mutation else None,
@@ -195,7 +213,10 @@ def capability_for(crew: CrewDescriptor, spec: OperationSpec) -> Capability:
         input_schema=input_schema(spec),
         output_schema=output_schema(spec),
         requires_human_approval=spec.approval,
-        bindings=[Binding(protocol="http", method=spec.method, path=spec.path, stream_path=spec.stream_path)],
+        bindings=[Binding(profile=NATIVE_PROFILE, method="POST", path="/aip/v1/messages",
+                          message_type="aip.core.v1.action"),
+                  Binding(profile=CONNECTOR_PROFILE, protocol="http", method=spec.method, path=spec.path,
+                          stream_path=spec.stream_path)],
         contract=contract,
         description=crew.description,
     )
@@ -205,6 +226,22 @@ def crew_capabilities(crew: CrewDescriptor) -> tuple[Capability, ...]:
     """One capability per allowed operation of ``crew``, in catalogue order."""
     allowed = set(crew.allowed_operations)
     return tuple(capability_for(crew, spec) for spec in CATALOGUE if spec.name in allowed)
+
+
+#: The host as the manifest's ``agent``.
+HOST_AGENT = Principal(id="aip-crewai-host", kind="service", display_name="aip-crewai: AIP gateway to CrewAI crews")
+#: Published bounds (README "Limits"), in the manifest's free-form ``limits``.
+LIMITS: dict[str, Any] = {
+    "max_input_bytes": MAX_INPUT_BYTES, "default_timeout_ms": DEFAULT_TIMEOUT_MS, "max_timeout_ms": MAX_TIMEOUT_MS,
+    "idempotency_key_max_bytes": MAX_IDEMPOTENCY_KEY_BYTES, "idempotency_ttl_ms": 86_400_000,
+    "approval_ttl_ms": 900_000,
+}
+
+
+def manifest_for(capabilities: list[Capability]) -> Manifest:
+    """A tenant's Manifest: the host as ``agent``, the profiles, the capabilities it may call, the limits."""
+    return Manifest(manifest_version=MANIFEST_VERSION, agent=HOST_AGENT, profiles=list(PROFILES),
+                    capabilities=capabilities, limits=LIMITS)
 
 
 @dataclass(frozen=True)
@@ -234,16 +271,14 @@ class CapabilityIndex:
             wanted = set(crew_ids)
             visible = {cid: crew.allowed_operations for cid, crew in self.crews.items() if cid in wanted}
             self._visible[tenant] = visible
-            manifest = Manifest(manifest_version=MANIFEST_VERSION, profiles=list(PROFILES), tenant=tenant,
-                                capabilities=[cap for cid in visible for cap in self.by_crew[cid]])
-            self._manifests[tenant] = msgspec.json.encode(to_wire(manifest))
+            self._manifests[tenant] = msgspec.json.encode(to_wire(
+                manifest_for([cap for cid in visible for cap in self.by_crew[cid]])))
 
     def manifest_bytes(self, tenant: str) -> bytes:
         """The encoded manifest of ``tenant`` (no capabilities for an unknown or closed tenant)."""
         encoded = self._manifests.get(tenant)
         if encoded is None:
-            encoded = msgspec.json.encode(to_wire(Manifest(manifest_version=MANIFEST_VERSION, profiles=list(PROFILES),
-                                                           tenant=tenant, capabilities=[])))
+            encoded = msgspec.json.encode(to_wire(manifest_for([])))
         return encoded
 
     def manifest(self, tenant: str) -> Manifest:

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from ..contracts.aip import ActionResult, ProtocolError, StreamChunk, TextPart
+from ..contracts.aip import ActionResult, StreamChunk, TextPart, protocol_error
 from ..contracts.errors import (
     AipError,
     ConnectorExecutionFailed,
@@ -160,22 +160,10 @@ class StreamNormalizer:
         return self.terminal
 
 
-def error_body(error: AipError) -> ProtocolError:
-    """Render an error as the AIP ProtocolError object."""
-    return ProtocolError(
-        code=error.code,
-        message=error.message,
-        category=error.category,
-        retryable=error.retryable,
-        retry_after_ms=error.retry_after_ms,
-        details=error.details or None,
-        source="aip-crewai",
-    )
-
-
-def failed_result(action_id: str, error: AipError, *, dispatch: str | None = None) -> ActionResult:
-    """A failed ActionResult carrying ``error``."""
-    return ActionResult(action_id=action_id, status="failed", error=error_body(error), dispatch=dispatch)  # type: ignore[arg-type]
+def failed_result(action_id: str, error: AipError) -> ActionResult:
+    """A failed ActionResult carrying ``error`` (its details say how far the
+    request got: ``dispatch``, ``uncertain_outcome``, for connector errors)."""
+    return ActionResult(action_id=action_id, status="failed", error=protocol_error(error))
 
 
 def result_from_terminal(action_id: str, spec: OperationSpec, event: JobEvent) -> ActionResult:
@@ -186,10 +174,10 @@ def result_from_terminal(action_id: str, spec: OperationSpec, event: JobEvent) -
     whose details carry the event data.
     """
     if event.event == "completed":
-        return ActionResult(action_id=action_id, status="completed", output=event.data, dispatch="acknowledged")
+        return ActionResult(action_id=action_id, status="completed", output=event.data)
     if event.event == "cancelled":
         output: dict[str, Any] = {"remote_stop_confirmed": True, **event.data}
-        return ActionResult(action_id=action_id, status="cancelled", output=output, dispatch="acknowledged")
+        return ActionResult(action_id=action_id, status="cancelled", output=output)
     data = dict(event.data)
     error = ConnectorExecutionFailed(
         operation=spec.name,
@@ -199,4 +187,4 @@ def result_from_terminal(action_id: str, spec: OperationSpec, event: JobEvent) -
         dispatch="acknowledged",
         details={"event": data},
     )
-    return failed_result(action_id, error, dispatch="acknowledged")
+    return failed_result(action_id, error)

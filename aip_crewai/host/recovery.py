@@ -58,7 +58,7 @@ async def expire_due(service: ActionService) -> None:
         record = await service.store.get_action(approval.tenant, approval.action_id)
         if record is not None and record.status == "pending_approval":
             await service._finish(record.tenant, record.action_id,
-                                  failed_result(record.action_id, ApprovalExpired(), dispatch="not_sent"),
+                                  failed_result(record.action_id, ApprovalExpired()),
                                   "not_sent")
 
 
@@ -103,7 +103,7 @@ async def reconcile(service: ActionService, record: ActionRecord) -> None:
     spec = job.spec
     if not spec.startable:
         # Inspection reads are not journaled by the sidecar: their outcome is unknown, re-reading is safe.
-        result = ActionResult(action_id=record.action_id, status="cancelled", dispatch=record.dispatch,  # type: ignore[arg-type]
+        result = ActionResult(action_id=record.action_id, status="cancelled",  # type: ignore[arg-type]
                               output={"remote_stop_confirmed": False, "provider_effect": "read_only",
                                       "completion_unobserved": True})
         await service._finish(record.tenant, record.action_id, result, None)
@@ -159,8 +159,7 @@ async def _fail_never_admitted(service: ActionService, record: ActionRecord) -> 
     await service._finish(record.tenant, record.action_id, failed_result(
         record.action_id, ConnectorCancelledUnconfirmed(
             "the host restarted before the sidecar admitted the action", operation=record.operation,
-            remote_status=404, uncertain_outcome=False, dispatch="not_sent"),
-        dispatch="not_sent"), "not_sent")
+            remote_status=404, uncertain_outcome=False, dispatch="not_sent")), "not_sent")
 
 
 def _resume(service: ActionService, record: ActionRecord) -> None:

@@ -21,17 +21,21 @@ from ..contracts.aip import (
     AIP_VERSION,
     CONTENT_TYPE,
     Ack,
+    ActionEvents,
     ActionResult,
     ActionStatus,
     Body,
     Envelope,
+    ErrorBody,
+    Event,
+    ProtocolError,
     StreamChunk,
 )
 from ..contracts.errors import InvalidEnvelope, MessageTooLarge
 from ..sse import encode_comment, encode_event
 from .actions import TERMINAL, ActionService
 from .auth import Principal, authenticate, require_role
-from .normalize import error_body
+from .lifecycle import ack_reason, ack_status, lifecycle_state
 from .store import ActionRecord, InvalidCursor, ms_to_rfc3339
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
@@ -79,8 +83,29 @@ def _wants_sse(request: Request) -> bool:
     return "text/event-stream" in request.headers.get("accept", "")
 
 
+def ack_envelope(record: ActionRecord, *, streaming: bool) -> Envelope:
+    """The ``aip.core.v1.ack`` envelope of an accepted action (status per :func:`.lifecycle.ack_status`)."""
+    ack = Ack(action_id=record.action_id, status=ack_status(record.status, record.dispatch, streaming=streaming),
+              reason=ack_reason(record.status))
+    return envelope("aip.core.v1.ack", Body(ack=ack), correlation_id=record.action_id)
+
+
+def _decode_envelope(obj: Any) -> Envelope:
+    try:
+        return msgspec.convert(obj, Envelope, strict=True)
+    except msgspec.ValidationError as exc:
+        raise InvalidEnvelope(f"invalid envelope: {exc}") from exc
+
+
 async def post_message(request: Request) -> Response:
-    """``POST /aip/v1/messages`` with an ``aip.core.v1.action`` envelope."""
+    """``POST /aip/v1/messages``: an ``aip.core.v1.action`` or ``aip.core.v1.cancel`` envelope.
+
+    Action modes: ``sync`` (default) blocks for the result; ``async``
+    answers 202 with an ack at once (follow ``/aip/v1/actions/{id}``);
+    ``streaming`` (or ``Accept: text/event-stream``) answers the SSE stream.
+    A cancel envelope cancels the named action (same rules as ``POST
+    /aip/v1/actions/{id}/cancel``) and answers its result.
+    """
     raw = await _read_body(request)
     try:
         obj = msgspec.json.decode(raw)
@@ -89,17 +114,24 @@ async def post_message(request: Request) -> Response:
         raise InvalidEnvelope("the body is not JSON, or is nested too deeply") from exc
     principal = await authenticate(request, raw, obj if isinstance(obj, dict) else None)
     require_role(principal, "invoker")
-    try:
-        env = msgspec.convert(obj, Envelope, strict=True)
-    except msgspec.ValidationError as exc:
-        raise InvalidEnvelope(f"invalid envelope: {exc}") from exc
-    if env.body.action is None:
-        raise InvalidEnvelope("this route accepts aip.core.v1.action envelopes")
-    stream = _wants_sse(request) or env.body.action.mode == "stream"
+    env = _decode_envelope(obj)
     service = _service(request)
-    record = await service.submit(principal, env.body.action, env.idempotency_key, stream=stream)
+    if env.body.cancel is not None:
+        target = env.body.cancel.target.action
+        if target is None:
+            raise InvalidEnvelope("this host cancels actions only: cancel.target must be {\"action\": id}")
+        return aip_json(result_envelope(await service.cancel(principal, target)))
+    action = env.body.action
+    if action is None:
+        raise InvalidEnvelope("this route accepts aip.core.v1.action and aip.core.v1.cancel envelopes")
+    stream = _wants_sse(request) or action.streaming
+    record = await service.submit(principal, action, env.idempotency_key, stream=stream)
     if stream and _wants_sse(request):
         return _sse_response(service, record, after=-1)
+    if action.mode == "async":
+        if record.status in TERMINAL or record.status == "pending_approval":
+            return await _result_response(service, record)
+        return aip_json(ack_envelope(record, streaming=False), 202)
     timeout_s = (record.timeout_ms or 600_000) / 1000 + WAIT_MARGIN_S
     record = await service.wait(record, timeout_s)
     return await _result_response(service, record)
@@ -108,8 +140,7 @@ async def post_message(request: Request) -> Response:
 async def _result_response(service: ActionService, record: ActionRecord) -> Response:
     result = await service.result(record)
     if result is None:  # still running past the wait: tell the caller where to look
-        ack = Ack(action_id=record.action_id, status="running")
-        return aip_json(envelope("aip.core.v1.ack", Body(ack=ack), correlation_id=record.action_id), 202)
+        return aip_json(ack_envelope(record, streaming=False), 202)
     return aip_json(result_envelope(result), 202 if result.status == "pending_approval" else 200)
 
 
@@ -121,19 +152,28 @@ def _frame(n: int | None, name: str, env: Envelope) -> bytes:
     return encode_event(_encode.encode(env).decode(), event=name, id=None if n is None else f"sse_{n}")
 
 
+def _chunk_envelope(value: StreamChunk, sent_at: str) -> Envelope:
+    return envelope("aip.core.v1.stream_chunk", Body(stream_chunk=value), correlation_id=value.action_id,
+                    sent_at=sent_at)
+
+
+def _error_envelope(action_id: str, error: ProtocolError) -> Envelope:
+    return envelope("aip.core.v1.error", Body(error=ErrorBody(error=error)), correlation_id=action_id)
+
+
 async def follow(service: ActionService, record: ActionRecord, after: int) -> AsyncIterator[bytes]:
     """The AIP SSE stream of one action (profile ``aip.sse.stream.v1``).
 
     Positions: ``sse_0`` ack; ``sse_<1+s>`` the stored chunk of sequence s
     (event ``done`` for a done chunk, else ``chunk``); then ``error`` (failed
     results) and ``result``. Every position is derived from the store, so
-    ``Last-Event-ID: sse_<n>`` resumes exactly after n. Source: DESIGN.md §6.
+    ``Last-Event-ID: sse_<n>`` resumes exactly after n. The ack's status is
+    ``streaming`` for a running action, ``accepted`` while it waits for its
+    approval and ``cached`` when it already ended. Source: README "Streams".
     """
     tenant, action_id = record.tenant, record.action_id
     if after < 0:
-        status = record.status if record.status in ("pending_approval", "running") else "running"
-        yield _frame(0, "ack", envelope("aip.core.v1.ack", Body(ack=Ack(action_id=action_id, status=status)),  # type: ignore[arg-type]
-                                        correlation_id=action_id))
+        yield _frame(0, "ack", ack_envelope(record, streaming=True))
     last_seq = max(after - 1, -1)
     while True:
         chunks = await service.store.list_chunks(tenant, action_id, last_seq, 500)
@@ -144,8 +184,7 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
             for chunk in chunks:
                 value = _chunk_decoder.decode(chunk.chunk_json)
                 frames.append(_frame(1 + chunk.sequence, "done" if value.kind == "done" else "chunk",
-                                     envelope("aip.core.v1.stream_chunk", Body(chunk=value), correlation_id=action_id,
-                                              sent_at=sent_at)))
+                                     _chunk_envelope(value, sent_at)))
             last_seq = chunks[-1].sequence
             yield b"".join(frames)
         record = await service.refresh(await service.store.get_action(tenant, action_id) or record)
@@ -156,8 +195,7 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
             n = 1 + record.chunk_count
             if result.error is not None:
                 if n > after:
-                    yield _frame(n, "error", envelope("aip.core.v1.error", Body(error=result.error),
-                                                      correlation_id=action_id))
+                    yield _frame(n, "error", _error_envelope(action_id, result.error))
                 n += 1
             if result.status == "pending_approval":
                 # Not a position of the action's history: no id, so a client
@@ -193,13 +231,26 @@ async def _principal_action(request: Request) -> tuple[Principal, ActionService,
     return principal, service, record
 
 
+def action_links(action_id: str, approval_id: str | None) -> dict[str, str]:
+    """The typed links of an ActionStatus (relative URLs; ids are URL-safe by the action id rule)."""
+    base = f"/aip/v1/actions/{action_id}"
+    links = {"self": base, "result": f"{base}/result", "events": f"{base}/events", "chunks": f"{base}/chunks",
+             "cancel": f"{base}/cancel"}
+    if approval_id:
+        links["approval"] = f"/aip/v1/approvals/{approval_id}"
+    return links
+
+
 async def get_action(request: Request) -> Response:
-    """``GET /aip/v1/actions/{id}``: the action status."""
-    _, _, record = await _principal_action(request)
-    status = ActionStatus(action_id=record.action_id, capability_id=record.capability_id, status=record.status,  # type: ignore[arg-type]
-                          created_at=ms_to_rfc3339(record.created_at), updated_at=ms_to_rfc3339(record.updated_at),
-                          dispatch=record.dispatch, chunk_count=record.chunk_count,  # type: ignore[arg-type]
-                          approval_id=record.approval_id)
+    """``GET /aip/v1/actions/{id}``: the ActionStatus (state, result status, links; the result once final)."""
+    _, service, record = await _principal_action(request)
+    result = await service.result(record) if record.status in TERMINAL else None
+    status = ActionStatus(
+        action_id=record.action_id, capability_id=record.capability_id, correlation_id=record.action_id,
+        state=lifecycle_state(record.status, record.dispatch), updated_at=ms_to_rfc3339(record.updated_at),
+        result_status=result.status if result is not None else None, approval_id=record.approval_id,
+        completed_at=ms_to_rfc3339(record.updated_at) if result is not None else None, result=result,
+        links=action_links(record.action_id, record.approval_id))
     return aip_json(status)
 
 
@@ -209,34 +260,74 @@ async def get_result(request: Request) -> Response:
     return await _result_response(service, record)
 
 
+#: Most chunks in one JSON page of ``/events`` or ``/chunks``.
+PAGE_CHUNKS = 1000
+
+
 async def get_events(request: Request) -> Response:
-    """``GET /aip/v1/actions/{id}/events``: the action's AIP event history;
-    SSE (following live) with ``Accept: text/event-stream``, else a JSON page."""
+    """``GET /aip/v1/actions/{id}/events``: the action's history; SSE (following
+    live) with ``Accept: text/event-stream``, else one ActionEvents page.
+
+    The page holds the stream positions after ``Last-Event-ID``/``cursor``
+    (``sse_<n>``): the ack (kind ``aip.core.v1.ack``), the chunks (in
+    ``chunks`` and as ``aip.core.v1.stream_chunk`` events), and, once the
+    action ended, the error and result. ``cursor`` is the last position in
+    the page (pass it back to continue); None once the whole history of an
+    ended action was delivered.
+    """
     _, service, record = await _principal_action(request)
     after = _last_event_n(request)
     if _wants_sse(request):
         return _sse_response(service, record, after)
-    chunks = await service.store.list_chunks(record.tenant, record.action_id, max(after - 1, -1), 1000)
-    items = [{"id": f"sse_{1 + c.sequence}", "chunk": msgspec.json.decode(c.chunk_json)} for c in chunks]
-    done = record.status in TERMINAL and (not chunks or chunks[-1].sequence + 1 >= record.chunk_count)
-    result = await service.result(record) if done else None
-    return aip_json({"action_id": record.action_id, "status": record.status, "events": items,
-                     "next_cursor": items[-1]["id"] if items else (f"sse_{after}" if after >= 0 else None),
-                     "done": done, "result": result})
+    action_id = record.action_id
+    events: list[Event] = []
+    if after < 0:
+        ack = ack_envelope(record, streaming=False).body.ack
+        events.append(Event(id="sse_0", kind="aip.core.v1.ack", occurred_at=ms_to_rfc3339(record.created_at),
+                            action_id=action_id, correlation_id=action_id, data=ack))
+    rows = await service.store.list_chunks(record.tenant, action_id, max(after - 1, -1), PAGE_CHUNKS)
+    chunks = [_chunk_decoder.decode(row.chunk_json) for row in rows]
+    # Chunks carry no time of their own: they are stamped with the action's last update.
+    updated = ms_to_rfc3339(record.updated_at)
+    events += [Event(id=f"sse_{1 + c.sequence}", kind="aip.core.v1.stream_chunk", occurred_at=updated,
+                     action_id=action_id, correlation_id=action_id, data=c) for c in chunks]
+    last = chunks[-1].sequence if chunks else max(after - 1, -1)
+    terminal = record.status in TERMINAL
+    done = False
+    if terminal and last + 1 >= record.chunk_count:
+        result = await service.result(record)
+        n = 1 + record.chunk_count
+        if result is not None and result.error is not None:
+            if n > after:
+                events.append(Event(id=f"sse_{n}", kind="aip.core.v1.error", occurred_at=updated,
+                                    action_id=action_id, correlation_id=action_id,
+                                    data=ErrorBody(error=result.error)))
+            n += 1
+        if result is not None and n > after:
+            events.append(Event(id=f"sse_{n}", kind="aip.core.v1.action_result", occurred_at=updated,
+                                action_id=action_id, correlation_id=action_id, data=result))
+        done = True
+    cursor = None if done else (events[-1].id if events else (f"sse_{after}" if after >= 0 else None))
+    return aip_json(ActionEvents(action_id=action_id, events=events, chunks=chunks, cursor=cursor,
+                                 terminal=terminal))
 
 
 async def get_chunks(request: Request) -> Response:
-    """``GET /aip/v1/actions/{id}/chunks?cursor=N``: stored chunks after sequence N−1 (JSON page)."""
+    """``GET /aip/v1/actions/{id}/chunks?cursor=N``: one ActionEvents page of the
+    stored chunks from sequence N (``events`` empty); ``cursor`` is the next
+    sequence as a string, None once an ended action's chunks are all delivered."""
     _, service, record = await _principal_action(request)
     raw = request.query_params.get("cursor", "0")
     if not raw.isdigit() or len(raw) > 9:
         raise InvalidCursor("cursor must be a non-negative integer")
     cursor = int(raw)
-    chunks = await service.store.list_chunks(record.tenant, record.action_id, cursor - 1, 1000)
-    next_cursor = chunks[-1].sequence + 1 if chunks else cursor
-    done = record.status in TERMINAL and next_cursor >= record.chunk_count
-    return aip_json({"action_id": record.action_id, "chunks": [msgspec.json.decode(c.chunk_json) for c in chunks],
-                     "next_cursor": next_cursor, "done": done})
+    rows = await service.store.list_chunks(record.tenant, record.action_id, cursor - 1, PAGE_CHUNKS)
+    next_cursor = rows[-1].sequence + 1 if rows else cursor
+    terminal = record.status in TERMINAL
+    done = terminal and next_cursor >= record.chunk_count
+    return aip_json(ActionEvents(action_id=record.action_id, events=[],
+                                 chunks=[_chunk_decoder.decode(row.chunk_json) for row in rows],
+                                 cursor=None if done else str(next_cursor), terminal=terminal))
 
 
 async def post_cancel(request: Request) -> Response:

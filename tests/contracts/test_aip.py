@@ -39,9 +39,9 @@ def test_unknown_envelope_fields_rejected():
 
 
 def test_message_parts_are_tagged_by_type():
-    result = aip.ActionResult(action_id="a", status="completed", message=[aip.TextPart(text="hi"), aip.DataPart(data=[1])])
+    result = aip.ActionResult(action_id="a", status="completed", message=[aip.TextPart(text="hi"), aip.JsonPart(data=[1])])
     assert msgspec.json.decode(msgspec.json.encode(result))["message"] == [{"type": "text", "text": "hi"},
-                                                                          {"type": "data", "data": [1]}]
+                                                                          {"type": "json", "data": [1]}]
 
 
 @pytest.mark.parametrize("action_id", ["résumé-2", "a b", "a/b", ""])

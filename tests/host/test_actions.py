@@ -71,7 +71,7 @@ async def test_mutation_waits_for_approval_then_runs_once(env):
     record = await service.submit(INVOKER, action("a1"), None, stream=False)
     assert record.status == "pending_approval" and sidecar.executions == 0
     result = await service.result(record)
-    assert result.status == "pending_approval" and result.approval.approval_id == record.approval_id
+    assert result.status == "pending_approval" and result.output.approval_id == record.approval_id
     done = await approve(service, record)
     assert done.status == "completed" and sidecar.executions == 1
     result = await service.result(done)
@@ -416,5 +416,5 @@ async def test_concurrent_duplicates_of_a_mutation_all_see_the_pending_approval(
     records = await asyncio.gather(*same_id, *other_ids)
     results = [await service.result(r) for r in records]
     assert {r.status for r in results} == {"pending_approval"}
-    assert len({r.approval.approval_id for r in results}) == 1
+    assert len({r.output.approval_id for r in results}) == 1
     assert {r.action_id for r in records} == {"p1"} and sidecar.executions == 0

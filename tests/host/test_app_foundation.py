@@ -71,7 +71,7 @@ def error_of(response: httpx.Response) -> dict:
     assert response.headers["content-type"] == "application/aip+json"
     envelope = msgspec.json.decode(response.content, type=Envelope)  # a valid AIP envelope
     assert envelope.message_type == "aip.core.v1.error" and envelope.message_id.startswith("msg_")
-    return response.json()["body"]["error"]
+    return response.json()["body"]["error"]["error"]
 
 
 async def test_health_is_alive_and_unauthenticated(client):
@@ -83,7 +83,7 @@ async def test_unknown_route_is_an_aip_404(client):
     response = await client.get("/nope")
     assert response.status_code == 404
     assert error_of(response) == {"code": "route.not_found", "message": "no such route", "category": "permanent",
-                                  "retryable": False, "source": "aip-crewai-host"}
+                                  "retryable": False, "source": "aip-crewai"}
 
 
 async def test_wrong_method_is_an_aip_405(client):

@@ -163,8 +163,8 @@ async def test_http_401_has_an_aip_error_body_and_www_authenticate(client):
     assert response.headers["content-type"] == "application/aip+json"
     body = response.json()
     assert body["message_type"] == "aip.core.v1.error"
-    assert body["body"]["error"]["code"] == "auth.unauthenticated"
-    assert body["body"]["error"]["category"] == "auth"
+    assert body["body"]["error"]["error"]["code"] == "auth.unauthenticated"
+    assert body["body"]["error"]["error"]["category"] == "auth"
     assert "nope" not in response.text
 
 

@@ -67,8 +67,8 @@ def test_seed_counts_over_a_full_crew():
     assert [sum(c["risk"] == r for c in caps) for r in ("low", "medium", "high")] == [3, 5, 2]
     assert sum(c["requires_human_approval"] for c in caps) == 7
     assert sum(c["contract"]["idempotency"]["requirement"] == "required" for c in caps) == 8
-    assert sum(c["contract"]["execution"]["streaming"] for c in caps) == 6
-    assert sum(c["contract"]["execution"]["cancellable"] for c in caps) == 5
+    assert sum(c["contract"]["execution"]["supports_streaming"] for c in caps) == 6
+    assert sum(c["contract"]["execution"]["supports_cancel"] for c in caps) == 5
 
 
 @pytest.mark.parametrize("op", list(SEED))
@@ -81,22 +81,26 @@ def test_each_capability_matches_the_seed_row(op):
     contract = cap["contract"]
     assert contract["idempotency"] == {"requirement": key, "collision_behavior": "revalidate_input_hash",
                                        "key_scope": "tenant", "ttl_ms": 86_400_000}
-    execution = contract["execution"]
-    assert (execution["streaming"], execution["cancellable"], execution["retry_safe"], execution["mutation"]) == (
-        stream, cancel, retry, mutation)
+    assert contract["execution"] == {
+        "supports_sync": True, "supports_async": True, "supports_streaming": stream, "supports_cancel": cancel,
+        "supports_retry": retry, "expected_completion": "streaming" if stream else "sync",
+        "retry_safety": "safe_with_idempotency_key" if mutation else "safe"}
     assert contract["data"] == {"sensitivity": "confidential", "contains_pii": True, "redaction_required": True}
     if mutation:
         assert contract["side_effects"] == ["read", "write", "external_network", "code_execution"]
         assert contract["approval"] == {"required": True, "approver_selector": {"type": "tenant_policy"},
                                         "ttl_ms": 900_000,
                                         "evidence_requirements": ["reason", "input_snapshot", "policy_decision"]}
-        assert contract["compensation"] == {"mode": "rollback_not_supported"}
+        assert contract["compensation"] == {"mode": "rollback_not_supported", "requires_approval": False}
     else:
         assert contract["side_effects"] == ["read", "external_network"]
         assert "approval" not in contract and "compensation" not in contract
     method, path, stream_path = ROUTES[op]
-    (binding,) = cap["bindings"]
-    assert (binding["method"], binding["path"], binding.get("stream_path")) == (method, path, stream_path)
+    native, binding = cap["bindings"]
+    assert native == {"profile": "aip.native.http.v1", "method": "POST", "path": "/aip/v1/messages",
+                      "message_type": "aip.core.v1.action"}
+    assert (binding["profile"], binding["method"], binding["path"], binding.get("stream_path")) == (
+        "aip.connector.crewai.v1", method, path, stream_path)
     assert cap["input_schema"] == input_schema(spec)
 
 
@@ -140,8 +144,8 @@ def test_manifests_are_tenant_scoped_and_built_once():
     idx = index()
     assert idx.manifest_bytes("t1") is idx.manifest_bytes("t1")
     t1 = idx.manifest("t1")
-    assert (t1.manifest_version, t1.profiles, t1.tenant) == (
-        "aip-manifest/v1", ["aip.native.http.v1", "aip.connector.crewai.v1"], "t1")
+    assert (t1.manifest_version, t1.profiles, t1.agent.id) == (
+        "aip-manifest/v1", ["aip.native.http.v1", "aip.connector.crewai.v1", "aip.sse.stream.v1"], "aip-crewai-host")
     assert [c.id for c in t1.capabilities] == ["cap:crewai:a", "cap:crewai:a:status", "cap:crewai:a:events",
                                                "cap:crewai:a:cancel", "cap:crewai:a:x", "cap:crewai:a:x:status"]
     assert [c.id for c in idx.manifest("t2").capabilities] == ["cap:crewai:b"]
@@ -171,7 +175,7 @@ async def test_manifest_route_serves_the_callers_tenant(client):
     assert run["contract"]["idempotency"]["collision_behavior"] == "revalidate_input_hash"  # defaults on the wire
     assert run["contract"]["approval"]["approver_selector"] == {"type": "tenant_policy"}
     manifest = msgspec.json.decode(response.content, type=Manifest)
-    assert manifest.tenant == "acme" and len(manifest.capabilities) == 4 + 10
+    assert len(manifest.capabilities) == 4 + 10
     assert not any(c.id.startswith("cap:crewai:gamma") for c in manifest.capabilities)
     same = await client.get("/aip/v1/capabilities", headers=bearer("acme-invoker"))
     assert same.content == response.content
@@ -179,11 +183,11 @@ async def test_manifest_route_serves_the_callers_tenant(client):
 
 async def test_other_tenants_see_only_their_crews(client):
     globex = (await client.get("/aip/v1/manifest", headers=bearer("globex-invoker"))).json()
-    assert globex["tenant"] == "globex" and [c["id"] for c in globex["capabilities"]] == ["cap:crewai:gamma"]
+    assert [c["id"] for c in globex["capabilities"]] == ["cap:crewai:gamma"]
     closed = (await client.get("/aip/v1/manifest", headers=bearer("closed-invoker"))).json()
     assert closed["capabilities"] == []
 
 
 async def test_any_role_of_the_tenant_may_read(client):
     response = await client.get("/aip/v1/manifest", headers=bearer("acme-operator"))
-    assert response.status_code == 200 and response.json()["tenant"] == "acme"
+    assert response.status_code == 200 and len(response.json()["capabilities"]) == 4 + 10

@@ -47,13 +47,13 @@ async def test_approval_round_trip_over_http(http, fake):
     assert first.status_code == 202
     result = first.json()["body"]["action_result"]
     assert result["status"] == "pending_approval" and fake.executions == 0
-    approval_id = result["approval"]["approval_id"]
+    approval_id = result["output"]["approval_id"]
 
     listing = await http.get("/aip/v1/approvals", headers=bearer("acme-both"))
-    assert [a["approval_id"] for a in listing.json()["approvals"]] == [approval_id]
-    assert listing.json()["done"] is True
+    assert [a["request"]["id"] for a in listing.json()["approvals"]] == [approval_id]
+    assert listing.json().get("cursor") is None
     shown = await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))
-    assert shown.json()["input_snapshot"] == {"topic": "refunds"}
+    assert shown.json()["evidence_payload"]["input"] == {"topic": "refunds"}
 
     # the requester may not approve its own action; another tenant cannot see it
     assert (await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-invoker"),
@@ -62,7 +62,7 @@ async def test_approval_round_trip_over_http(http, fake):
 
     decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
                               json={"decision": "approved", "reason": "looks fine"})
-    assert decided.status_code == 200 and decided.json()["decided_by"] == "acme-both"
+    assert decided.status_code == 200 and decided.json()["approver"]["id"] == "acme-both"
     again = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
                             json={"decision": "denied", "reason": "changed my mind"})
     assert again.status_code == 409
@@ -75,10 +75,11 @@ async def test_approval_round_trip_over_http(http, fake):
     assert fake.executions == 1
 
     status = await http.get("/aip/v1/actions/act_run", headers=bearer("acme-invoker"))
-    assert status.json()["status"] == "completed" and status.json()["chunk_count"] == 3
+    assert status.json()["state"] == "completed" and status.json()["result_status"] == "completed"
     assert (await http.get("/aip/v1/actions/act_run", headers=bearer("globex-invoker"))).status_code == 404
     chunks = (await http.get("/aip/v1/actions/act_run/chunks?cursor=1", headers=bearer("acme-invoker"))).json()
-    assert [c["sequence"] for c in chunks["chunks"]] == [1, 2] and chunks["done"] is True
+    assert [c["sequence"] for c in chunks["chunks"]] == [1, 2] and chunks["terminal"] is True
+    assert chunks.get("cursor") is None
 
     history = await http.get("/aip/v1/actions/act_run/events", headers={**bearer("acme-invoker"),
                                                                        "Accept": "text/event-stream"})
@@ -96,11 +97,11 @@ async def test_changed_input_is_409_and_missing_key_is_400(http):
     changed = action_env("msg_2", "act_1", "cap:crewai:beta", {"topic": "b"}, key="k1")
     response = await post(http, "acme-invoker", changed)
     assert response.status_code == 409
-    assert response.json()["body"]["error"]["code"] == "action.idempotency_conflict"
+    assert response.json()["body"]["error"]["error"]["code"] == "action.idempotency_conflict"
     keyless = action_env("msg_3", "act_2", "cap:crewai:beta", {"topic": "a"})
     response = await post(http, "acme-invoker", keyless)
     assert response.status_code == 400
-    assert response.json()["body"]["error"]["code"] == "action.idempotency_key_required"
+    assert response.json()["body"]["error"]["error"]["code"] == "action.idempotency_key_required"
 
 
 async def test_streaming_read_only_call(http, fake):
@@ -116,14 +117,14 @@ async def test_other_tenant_cannot_call_or_inspect(http):
     env = action_env("msg_g", "act_g", "cap:crewai:beta:status", {"run_action_id": "act_x"})
     response = await post(http, "globex-invoker", env)
     assert response.status_code == 404
-    assert response.json()["body"]["error"]["code"] == "capability.not_found"
+    assert response.json()["body"]["error"]["error"]["code"] == "capability.not_found"
 
 
 async def test_invalid_input_names_the_field(http):
     env = action_env("msg_i", "act_i", "cap:crewai:beta:knowledge_query", {"query": []}, key="i1")
     response = await post(http, "acme-invoker", env)
     assert response.status_code == 400
-    assert response.json()["body"]["error"]["details"]["field"] == "$.query"
+    assert response.json()["body"]["error"]["error"]["details"]["field"] == "$.query"
 
 
 async def test_unauthenticated_message_is_401(http):
@@ -138,16 +139,16 @@ async def test_pending_stream_result_has_no_position_and_bad_cursors_are_typed(h
     assert [(name, ident) for name, ident, _ in events] == [("ack", "sse_0"), ("result", "sse_0")]
     for value in ["abc", "-1", "sse_x"]:
         bad = await http.get("/aip/v1/actions/act_p/events", headers={**bearer("acme-invoker"), "Last-Event-ID": value})
-        assert bad.status_code == 400 and bad.json()["body"]["error"]["code"] == "request.invalid_cursor"
+        assert bad.status_code == 400 and bad.json()["body"]["error"]["error"]["code"] == "request.invalid_cursor"
     bad = await http.get("/aip/v1/actions/act_p/chunks?cursor=abc", headers=bearer("acme-invoker"))
-    assert bad.json()["body"]["error"]["code"] == "request.invalid_cursor"
+    assert bad.json()["body"]["error"]["error"]["code"] == "request.invalid_cursor"
 
 
 async def test_oversize_body_is_413_with_the_bound(http):
     response = await http.post("/aip/v1/messages", content=b"x" * (2 * 1024 * 1024 + 1),
                                headers={**CT, **bearer("acme-invoker")})
     assert response.status_code == 413
-    assert response.json()["body"]["error"]["code"] == "message.too_large"
+    assert response.json()["body"]["error"]["error"]["code"] == "message.too_large"
 
 
 async def test_cancel_needs_the_invoker_role(http):

@@ -27,7 +27,7 @@ def stack(sidecar_factory, tmp_path):
 
 
 def approve_pending(host, result):
-    approval_id = result["approval"]["approval_id"]
+    approval_id = result["output"]["approval_id"]
     with host.client("acme-approver") as approver:
         return approver.decide(approval_id, "approved", "integration test")
 
@@ -36,7 +36,7 @@ def wait_status(client, action_id, statuses, deadline_s=60):
     end = time.monotonic() + deadline_s
     while True:
         status = client.action(action_id)
-        if status["status"] in statuses:
+        if status["state"] in statuses:
             return status
         if time.monotonic() > end:
             raise AssertionError(f"action {action_id} stuck in {status}")
@@ -95,7 +95,7 @@ def test_denial_never_reaches_the_sidecar(stack):
     with host.client("acme-app") as app, host.client("acme-approver") as approver:
         action_id, key = new_id("act"), new_id("key")
         result = app.call("cap:crewai:echo", {"topic": "x"}, action_id=action_id, idempotency_key=key)
-        approver.decide(result["body"]["action_result"]["approval"]["approval_id"], "denied", "not today")
+        approver.decide(result["body"]["action_result"]["output"]["approval_id"], "denied", "not today")
         final = app.call("cap:crewai:echo", {"topic": "x"}, action_id=action_id, idempotency_key=key)
         assert final["body"]["action_result"]["error"]["code"] == "policy.approval_denied"
     health = httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers).json()
@@ -110,7 +110,7 @@ def test_cancel_of_a_streaming_run(stack):
         approve_pending(host, result["body"]["action_result"])
         wait_status(app, action_id, {"running"})
         end = time.monotonic() + 30
-        while app.action(action_id)["chunk_count"] < 2 and time.monotonic() < end:
+        while len(app.chunks(action_id)["chunks"]) < 2 and time.monotonic() < end:
             time.sleep(0.05)
         cancelled = app.cancel(action_id)["body"]["action_result"]
         assert cancelled["status"] == "cancelled"
@@ -118,7 +118,7 @@ def test_cancel_of_a_streaming_run(stack):
         calls = len(sidecar.calls())
         view = httpx.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers).json()
         assert view["status"] == "cancelled"
-        assert app.action(action_id)["status"] == "cancelled"
+        assert app.action(action_id)["state"] == "cancelled"
     assert len(sidecar.calls()) <= calls + 1
 
 
@@ -127,7 +127,7 @@ def test_tenants_cannot_see_each_other(stack):
     with host.client("acme-app") as app, host.client("beta-app") as beta, host.client("beta-approver") as beta_approver:
         action_id, key = new_id("act"), new_id("key")
         pending = app.call("cap:crewai:echo", {"topic": "secret"}, action_id=action_id, idempotency_key=key)
-        approval_id = pending["body"]["action_result"]["approval"]["approval_id"]
+        approval_id = pending["body"]["action_result"]["output"]["approval_id"]
         assert {c["id"] for c in beta.manifest()["capabilities"]} == {"cap:crewai:knowledge_b:knowledge_query"}
         for call in (lambda: beta.call("cap:crewai:echo", {"topic": "x"}, idempotency_key="k"),
                      lambda: beta.action(action_id),
@@ -180,9 +180,11 @@ def test_cli_call_and_approvals(stack, tmp_path):
     assert answer.returncode == 0, answer.stderr
     assert json.loads(answer.stdout)["body"]["action_result"]["status"] == "completed"
     pending = cli("acme-app", "call", "cap:crewai:echo", "--input", '{"topic": "cli"}', "--idempotency-key", "cli-2")
-    approval_id = json.loads(pending.stdout)["body"]["action_result"]["approval"]["approval_id"]
+    approval_id = json.loads(pending.stdout)["body"]["action_result"]["output"]["approval_id"]
     listed = cli("acme-approver", "approvals", "list")
-    assert [a["approval_id"] for a in json.loads(listed.stdout)["approvals"]] == [approval_id]
+    assert [a["request"]["id"] for a in json.loads(listed.stdout)["approvals"]] == [approval_id]
+    shown = json.loads(cli("acme-approver", "approvals", "show", approval_id).stdout)
+    assert shown["evidence_payload"]["input"] == {"topic": "cli"} and shown["status"] == "pending"
     decided = cli("acme-approver", "approvals", "decide", approval_id, "denied", "--reason", "cli test")
     assert json.loads(decided.stdout)["decision"] == "denied"
     bad = cli("acme-app", "call", "cap:crewai:echo", "--input", "[1]")

@@ -29,7 +29,7 @@ from relkit import (
     Host,
     Processes,
     Sidecar,
-    action_status,
+    chunk_count,
     approve,
     calls_by_action,
     host_history,
@@ -164,14 +164,13 @@ def host_kill9(procs: Processes, sidecar: Sidecar, after_events: int) -> dict[st
                         headers={"Accept": "text/event-stream", "Last-Event-ID": seen[-1]}) as resp:
             resumed = [(event, sse_id or "") for event, sse_id, _ in sse_events(resp)]
         history = host_history(app, action_id)
-        status = action_status(app, action_id)
+        stored = chunk_count(app, action_id)
         result = app.get(f"/aip/v1/actions/{action_id}/result").json()["body"]["action_result"]
     events = sidecar_events(sidecar, job_id)
     assert resumed and resumed[-1][0] == "result", f"the resumed stream did not end with the result: {resumed}"
     assert seen + [sse_id for _, sse_id in resumed] == history, f"seen {seen} + resumed {resumed} != {history}"
     assert history == [f"sse_{n}" for n in range(len(history))], f"history ids {history}"
-    assert status["chunk_count"] == len(events), \
-        f"{status['chunk_count']} stored chunks for {len(events)} sidecar events"
+    assert stored == len(events), f"{stored} stored chunks for {len(events)} sidecar events"
     assert result["status"] == events[-1]["event"] == sidecar_view(sidecar, job_id)["status"], result
     assert admitted(sidecar, job_id) == 1, "the job was admitted more than once"
     assert calls_by_action(procs.call_log)[job_id] == CALLS_PER_RUN, "the job ran more than once"
@@ -204,7 +203,7 @@ def duplicate_requests(procs: Processes, sidecar: Sidecar, host: Host, n: int = 
 
     first = _pool_map(call, list(range(n)))
     assert {status for status, _ in first} == {202}, first
-    approvals = {body["body"]["action_result"]["approval"]["approval_id"] for _, body in first}
+    approvals = {body["body"]["action_result"]["output"]["approval_id"] for _, body in first}
     assert len(approvals) == 1, f"{len(approvals)} approvals for one action"
     assert approve(host, httpx.Response(202, json=first[0][1])).status_code == 200
     with host.client("acme-app") as app:
@@ -235,7 +234,7 @@ def decision_race(host: Host, n: int = 10) -> dict[str, Any]:
     action_id = uid("dec")
     with host.client("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "decide"}, action_id, action_id)
-    approval_id = pending.json()["body"]["action_result"]["approval"]["approval_id"]
+    approval_id = pending.json()["body"]["action_result"]["output"]["approval_id"]
     decisions = ["approved" if i % 2 else "denied" for i in range(n)]
     random.shuffle(decisions)
 
@@ -252,9 +251,9 @@ def decision_race(host: Host, n: int = 10) -> dict[str, Any]:
         final = wait_action(app, action_id)
         result = app.get(f"/aip/v1/actions/{action_id}/result").json()["body"]["action_result"]
     if winners[0] == "approved":
-        assert final["status"] == "completed", result
+        assert final["state"] == "completed", result
     else:
-        assert final["status"] == "failed" and result["error"]["code"] == "policy.approval_denied", result
+        assert final["state"] == "failed" and result["error"]["code"] == "policy.approval_denied", result
     return {"decisions": n, "winner": winners[0]}
 
 
@@ -276,5 +275,5 @@ def cancel_race(sidecar: Sidecar, host: Host, delay_s: float) -> dict[str, Any]:
         final = wait_action(app, action_id)
     view = until(lambda: (v := sidecar_view(sidecar, job_id)).get("status") in TERMINAL and v,
                  timeout=30, what="the sidecar job to be terminal")
-    assert final["status"] == view["status"], f"host {final['status']} but sidecar {view['status']}"
-    return {"status": final["status"]}
+    assert final["state"] == view["status"], f"host {final['state']} but sidecar {view['status']}"
+    return {"status": final["state"]}

@@ -301,7 +301,7 @@ def post_action(http: httpx.Client, capability_id: str, input: dict[str, Any], a
 
 def approve(host: Host, response: httpx.Response, decision: str = "approved") -> httpx.Response:
     """Decide the approval of a ``pending_approval`` answer as ``acme-approver``."""
-    approval_id = response.json()["body"]["action_result"]["approval"]["approval_id"]
+    approval_id = response.json()["body"]["action_result"]["output"]["approval_id"]
     with host.client("acme-approver") as approver:
         return approver.post(f"/aip/v1/approvals/{approval_id}/decision",
                              json={"decision": decision, "reason": "reliability test"})
@@ -315,9 +315,20 @@ def wait_action(http: httpx.Client, action_id: str, statuses: tuple[str, ...] = 
                 timeout: float = 60.0) -> dict[str, Any]:
     def settled() -> dict[str, Any] | None:
         status = action_status(http, action_id)
-        return status if status.get("status") in statuses else None
+        return status if status.get("state") in statuses else None
 
     return until(settled, timeout=timeout, interval=0.05, what=f"action {action_id} in {statuses}")
+
+
+def chunk_count(http: httpx.Client, action_id: str) -> int:
+    """How many chunks the host stored for an action (paging ``/chunks``)."""
+    count, cursor = 0, "0"
+    while True:
+        page = http.get(f"/aip/v1/actions/{action_id}/chunks", params={"cursor": cursor}).json()
+        count += len(page["chunks"])
+        if page.get("cursor") is None or not page["chunks"]:
+            return count
+        cursor = page["cursor"]
 
 
 def host_history(http: httpx.Client, action_id: str) -> list[str]:

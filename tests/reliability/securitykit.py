@@ -84,7 +84,7 @@ def host_credentials(host: Host) -> list[Result]:
     with host.client("acme-app") as app:
         target = uid("sec")
         pending = post_action(app, "cap:crewai:echo", {"topic": "creds"}, target, target)
-        approval_id = pending.json()["body"]["action_result"]["approval"]["approval_id"]
+        approval_id = pending.json()["body"]["action_result"]["output"]["approval_id"]
     routes = [("GET", "/aip/v1/manifest"), ("GET", "/aip/v1/capabilities"), ("POST", "/aip/v1/messages"),
               ("GET", f"/aip/v1/actions/{target}"), ("GET", f"/aip/v1/actions/{target}/result"),
               ("GET", f"/aip/v1/actions/{target}/events"), ("GET", f"/aip/v1/actions/{target}/chunks"),
@@ -104,7 +104,7 @@ def host_credentials(host: Host) -> list[Result]:
                     kwargs["json"] = {"decision": "approved", "reason": "forged"}
                 answer = http.request(method, path, **kwargs)
                 ok = answer.status_code == 401 and answer.headers.get("www-authenticate") == "Bearer" \
-                    and answer.json()["body"]["error"]["code"] == "auth.unauthenticated"
+                    and answer.json()["body"]["error"]["error"]["code"] == "auth.unauthenticated"
                 _check(results, f"host {method} {path.split('/')[-1] or path} {case}", ok,
                        f"{answer.status_code} {answer.text[:200]}")
         # signed envelopes (the messages route): only a fresh, intact, first-time signature is accepted
@@ -137,7 +137,7 @@ def host_credentials(host: Host) -> list[Result]:
         forged["signature_truncated"] = truncated
         for case, env in forged.items():
             answer = http.post("/aip/v1/messages", json=env)
-            ok = answer.status_code == 401 and answer.json()["body"]["error"]["code"] == "auth.unauthenticated"
+            ok = answer.status_code == 401 and answer.json()["body"]["error"]["error"]["code"] == "auth.unauthenticated"
             _check(results, f"host signed envelope {case}", ok, f"{answer.status_code} {answer.text[:200]}")
     with host.client("acme-app") as app, host.client("acme-approver") as approver:
         _check(results, "host rejected messages created nothing",
@@ -145,7 +145,7 @@ def host_credentials(host: Host) -> list[Result]:
         still = approver.get(f"/aip/v1/approvals/{approval_id}").json()
         _check(results, "host forged decisions changed nothing", still["status"] == "pending", still)
         _check(results, "host forged cancels changed nothing",
-               app.get(f"/aip/v1/actions/{target}").json()["status"] == "pending_approval")
+               app.get(f"/aip/v1/actions/{target}").json()["state"] == "pending_approval")
     return results
 
 
@@ -199,16 +199,17 @@ def cross_tenant(sidecar: Sidecar, host: Host) -> list[Result]:
         for cap, inp in (("cap:crewai:slow", {"topic": "x"}), ("cap:crewai:knowledge_a:knowledge_query",
                                                                  {"query": ["lighthouse"]})):
             answer = post_action(beta, cap, inp, uid("b"), uid("k"))
-            ok = answer.status_code == 404 and answer.json()["body"]["error"]["code"] == "capability.not_found"
+            ok = answer.status_code == 404 and answer.json()["body"]["error"]["error"]["code"] == "capability.not_found"
             _check(results, f"tenant call of another tenant's crew {cap}", ok, answer.text)
         for op in ("status", "events", "cancel"):  # beta's own crew, acme's run ids: not resolvable
             for run in (shared, hidden):
                 answer = post_action(beta, f"cap:crewai:echo:{op}", {"run_action_id": run}, uid("b"), uid("k"))
-                ok = answer.status_code == 404 and answer.json()["body"]["error"]["code"] == "action.not_found"
+                ok = answer.status_code == 404 and answer.json()["body"]["error"]["error"]["code"] == "action.not_found"
                 _check(results, f"tenant {op} of another tenant's run", ok, answer.text[:200])
         approvals = beta_approver.get("/aip/v1/approvals", params={"status": "pending"}).json()["approvals"]
-        _check(results, "tenant approval queue", all(a["tenant"] == "beta" for a in approvals), approvals[:2])
-        approval_id = acme_pending["approval"]["approval_id"]
+        approval_id = acme_pending["output"]["approval_id"]
+        _check(results, "tenant approval queue", all(a["request"]["id"] != approval_id for a in approvals),
+               approvals[:2])
         answer = beta_approver.get(f"/aip/v1/approvals/{approval_id}")
         _check(results, "tenant read of another tenant's approval", answer.status_code == 404, answer.text)
         answer = beta_approver.post(f"/aip/v1/approvals/{approval_id}/decision",
@@ -216,14 +217,14 @@ def cross_tenant(sidecar: Sidecar, host: Host) -> list[Result]:
         _check(results, "tenant decision on another tenant's approval", answer.status_code == 404, answer.text)
         # the same action id in tenant beta is a different action and a different sidecar job
         own = post_action(beta, "cap:crewai:echo", {"topic": "beta lagoon"}, shared, uid("k"))
-        approval = own.json()["body"]["action_result"]["approval"]["approval_id"]
+        approval = own.json()["body"]["action_result"]["output"]["approval_id"]
         beta_approver.post(f"/aip/v1/approvals/{approval}/decision", json={"decision": "approved", "reason": "ok"})
         wait_action(beta, shared)
         view = post_action(beta, "cap:crewai:echo:status", {"run_action_id": shared}, uid("b"), None)
         output = json.dumps(view.json()["body"]["action_result"].get("output"))
         _check(results, "same action id, own job", "lagoon" in output and "volcano" not in output, output[:200])
     with host.client("acme-approver") as approver:
-        still = approver.get(f"/aip/v1/approvals/{acme_pending['approval']['approval_id']}").json()
+        still = approver.get(f"/aip/v1/approvals/{acme_pending['output']['approval_id']}").json()
         _check(results, "another tenant's decision changed nothing", still["status"] == "pending", still)
     with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
         acme_job, beta_job = http.get(f"/jobs/acme:{shared}").json(), http.get(f"/jobs/beta:{shared}").json()

@@ -285,14 +285,14 @@ def run_case(request: Request, who: Principals, name: str, action_id: str, timeo
                                "idempotency_key": action_id}}}
     status, _, content = request("POST", "/aip/v1/messages", json=env, headers=who.invoker)
     assert status == 202, content[:300]
-    approval_id = json.loads(content)["body"]["action_result"]["approval"]["approval_id"]
+    approval_id = json.loads(content)["body"]["action_result"]["output"]["approval_id"]
     status, _, content = request("POST", f"/aip/v1/approvals/{approval_id}/decision", headers=who.approver,
                                  json={"decision": "approved", "reason": "stream corpus"})
     assert status == 200, content[:300]
     deadline = time.monotonic() + timeout
     while True:
         status, _, content = request("GET", f"/aip/v1/actions/{action_id}", headers=who.invoker)
-        if json.loads(content)["status"] not in ("running", "pending_approval"):
+        if json.loads(content)["state"] not in ("queued", "running", "pending_approval"):
             break
         if time.monotonic() > deadline:
             raise AssertionError(f"{name}: the action did not settle within {timeout} s")
@@ -304,9 +304,9 @@ def run_case(request: Request, who: Principals, name: str, action_id: str, timeo
         _, _, content = request("GET", f"/aip/v1/actions/{action_id}/chunks?cursor={cursor}", headers=who.invoker)
         page = json.loads(content)
         texts += [c["part"]["text"] for c in page["chunks"] if c.get("kind") == "data" and c.get("part")]
-        if page["done"] or not page["chunks"]:
+        if page.get("cursor") is None or not page["chunks"]:
             break
-        cursor = page["next_cursor"]
+        cursor = int(page["cursor"])
     error = result.get("error") or {}
     return {"status": result["status"], "code": error.get("code"), "text": "".join(texts),
             "details": error.get("details") or {}}

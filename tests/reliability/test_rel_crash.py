@@ -69,13 +69,14 @@ async def test_rel_restarted_host_backfills_chunks_from_the_sidecar_journal(tmp_
     async with running(app) as http:
         for _ in range(200):
             status = (await http.get("/aip/v1/actions/act_r", headers=bearer("acme-invoker"))).json()
-            if status["status"] != "running":
+            if status["state"] not in ("queued", "running"):
                 break
             await asyncio.sleep(0.01)
         events = await http.get("/aip/v1/actions/act_r/events", headers=bearer("acme-invoker"))
-    assert status["status"] == "completed" and status["chunk_count"] == 3  # started, chunk, completed
-    assert [e["id"] for e in events.json()["events"]] == ["sse_1", "sse_2", "sse_3"]
-    assert events.json()["events"][-1]["chunk"]["kind"] == "done"
+    assert status["state"] == "completed"
+    page = events.json()  # the ack, started, chunk, completed (3 chunks), the result
+    assert [e["id"] for e in page["events"]] == ["sse_0", "sse_1", "sse_2", "sse_3", "sse_4"]
+    assert [c["kind"] for c in page["chunks"]] == ["progress", "data", "done"]
     starts = [r for r in fake.requests if r.method == "POST" and r.url.path in ("/jobs", "/jobs/stream")]
     assert starts == [] and fake.executions == executions  # never re-dispatched
 
@@ -90,12 +91,12 @@ async def test_rel_restarted_host_fails_an_action_the_sidecar_never_admitted(tmp
     async with running(app) as http:
         for _ in range(200):
             status = (await http.get("/aip/v1/actions/act_lost", headers=bearer("acme-invoker"))).json()
-            if status["status"] != "running":
+            if status["state"] not in ("queued", "running"):
                 break
             await asyncio.sleep(0.01)
         result = (await http.get("/aip/v1/actions/act_lost/result", headers=bearer("acme-invoker"))).json()
     error = result["body"]["action_result"]["error"]
-    assert status["status"] == "failed" and error["code"] == "connector.crewai.cancelled_unconfirmed"
+    assert status["state"] == "failed" and error["code"] == "connector.crewai.cancelled_unconfirmed"
     assert error["details"]["uncertain_outcome"] is False and error["details"]["dispatch"] == "not_sent"
     assert fake.executions == 0
 
@@ -135,7 +136,7 @@ async def test_rel_an_approved_action_the_sidecar_never_admitted_runs_once_after
     await _seed_approved_unsent(tmp_path / "etc", "act_unsent", age_s=age_s)
     async with running(app) as http:
         status = await _settled(http, "act_unsent")
-    assert status["status"] == "completed" and fake.executions == 1
+    assert status["state"] == "completed" and fake.executions == 1
 
 
 @pytest.mark.timeout(30)
@@ -184,7 +185,8 @@ async def test_rel_restarted_host_keeps_a_running_action_while_the_sidecar_is_un
         for _ in range(3):
             status = (await http.get("/aip/v1/actions/act_wait", headers=bearer("acme-invoker"))).json()
             await asyncio.sleep(0.05)
-    assert status["status"] == "running" and status["chunk_count"] == 2
+        chunks = (await http.get("/aip/v1/actions/act_wait/chunks", headers=bearer("acme-invoker"))).json()
+    assert status["state"] == "running" and len(chunks["chunks"]) == 2
 
 
 async def _seed_pending(root: Path, action_id: str, *, decision: str | None, with_approval: bool = True) -> str:
@@ -214,7 +216,7 @@ async def _seed_pending(root: Path, action_id: str, *, decision: str | None, wit
 async def _settled(http, action_id: str) -> dict:
     for _ in range(300):
         status = (await http.get(f"/aip/v1/actions/{action_id}", headers=bearer("acme-invoker"))).json()
-        if status["status"] not in ("pending_approval", "running"):
+        if status["state"] not in ("pending_approval", "queued", "running"):
             return status
         await asyncio.sleep(0.01)
     return status
@@ -231,7 +233,7 @@ async def test_rel_a_decision_recorded_before_a_host_crash_is_applied_after_rest
     await _seed_pending(tmp_path / "etc", "act_decided", decision=decision)
     async with running(app) as http:
         status = await _settled(http, "act_decided")
-    assert status["status"] == expected
+    assert status["state"] == expected
     assert fake.executions == (1 if decision == "approved" else 0)
 
 
@@ -249,14 +251,15 @@ async def test_rel_an_approval_lost_in_a_host_crash_is_restored_and_decidable(tm
             if listing:
                 break
             await asyncio.sleep(0.01)
-        assert [a["approval_id"] for a in listing] == [approval_id]
+        assert [a["request"]["id"] for a in listing] == [approval_id]
         shown = (await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))).json()
-        assert shown["input_snapshot"] == {"topic": "approval"} and shown["requested_by"] == "acme-invoker"
+        assert shown["evidence_payload"]["input"] == {"topic": "approval"}
+        assert shown["request"]["requester"]["id"] == "acme-invoker"
         decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
                                   json={"decision": "approved", "reason": "ok"})
         assert decided.status_code == 200
         status = await _settled(http, "act_orphan")
-    assert status["status"] == "completed" and fake.executions == 1
+    assert status["state"] == "completed" and fake.executions == 1
 
 
 @pytest.mark.timeout(60)
@@ -285,7 +288,7 @@ def test_rel_a_frozen_sidecar_cannot_hang_status_reads_or_cancels(tmp_path, monk
             return status, json.loads(content)
 
         status, pending = post("act_long", "cap:crewai:beta", {"topic": "alive_for_30s"}, "k-long")
-        approval_id = pending["body"]["action_result"]["approval"]["approval_id"]
+        approval_id = pending["body"]["action_result"]["output"]["approval_id"]
         status, _, _ = app.request("POST", f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
                                    json={"decision": "approved", "reason": "ok"})
         assert status == 200

@@ -86,7 +86,7 @@ def test_rel_deeply_nested_bodies_are_400_not_500(host_app, sidecar_app, depth):
     nested = b"[" * depth + b"]" * depth
     status, _, content = host_app.request("POST", "/aip/v1/messages", content=nested,
                                           headers=bearer("acme-invoker"))
-    assert status == 400 and json.loads(content)["body"]["error"]["code"], content[:200]
+    assert status == 400 and json.loads(content)["body"]["error"]["error"]["code"], content[:200]
     env = envelope("msg_deep")
     env["body"]["action"]["input"] = {"x": fuzzkit.DEEP}
     signed = sign(env, "globex-signer")  # the signature over a placeholder: the checks before it must not crash

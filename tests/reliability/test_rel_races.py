@@ -80,7 +80,7 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
                                "idempotency_key": "k-c"}}}
     async with running(app) as http:
         pending = (await http.post("/aip/v1/messages", json=env, headers=bearer("acme-invoker"))).json()
-        approval_id = pending["body"]["action_result"]["approval"]["approval_id"]
+        approval_id = pending["body"]["action_result"]["output"]["approval_id"]
         decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
                                   json={"decision": "approved", "reason": "ok"})
         assert decided.status_code == 200
@@ -88,7 +88,7 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
         status = (await http.get("/aip/v1/actions/act_c", headers=bearer("acme-invoker"))).json()
     job = sidecar.fake.jobs["acme:act_c"]
     assert sidecar.cancel_statuses == [200]  # never a 404 for a job that was being admitted
-    assert status["status"] == cancelled["body"]["action_result"]["status"] == job.status == "completed"
+    assert status["state"] == cancelled["body"]["action_result"]["status"] == job.status == "completed"
 
 
 @pytest.mark.timeout(30)
