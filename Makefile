@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench contracts chaos clean
+.PHONY: run test check bench contracts chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,12 @@ run: $(STAMP)
 	$(PY) -m examples.demo
 
 test: $(STAMP)
+	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# The type check alone (make test runs it first).
+check: $(STAMP)
+	$(PY) -m mypy
 
 contracts: $(STAMP)
 	$(PY) -m aip_crewai.cli contracts --write

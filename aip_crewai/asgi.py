@@ -8,7 +8,7 @@ response; without the header a keep-alive client sends its next request on
 the dying connection and gets "server disconnected without a response", a
 transport error the host would have to count as an uncertain dispatch.
 
-Source: RFC 9112 §9.6 (``close`` connection option), STYLE.md (pure ASGI middleware).
+Source: RFC 9112 §9.6 (``close`` connection option).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Subcommands: ``host``, ``sidecar``, ``call``, ``approvals``, ``journal``,
 ``keys``, ``contracts``. Each subcommand module is imported lazily so that
-``aip-crewai host`` never imports CrewAI (DESIGN.md §1).
+``aip-crewai host`` never imports CrewAI (ARCHITECTURE.md §1).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _contracts(args: argparse.Namespace) -> int:
     return 1 if drift else 0
 
 
-def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _client(args: argparse.Namespace):
     from .client import AipClient
     from .keys import load_ed25519, read_private
 
@@ -48,13 +48,13 @@ def _print(value: object, as_json: bool) -> None:
         print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
-def _chunk_text(envelope: dict) -> str | None:  # type: ignore[type-arg]
+def _chunk_text(envelope: dict) -> str | None:
     chunk = (envelope.get("body") or {}).get("stream_chunk") or {}
     part = chunk.get("part") or {}
     return part.get("text") if isinstance(part, dict) else None
 
 
-def _with_progress(work, quiet: bool):  # type: ignore[no-untyped-def]
+def _with_progress(work, quiet: bool):
     """Run a blocking call; on a terminal (and without --json) show the
     elapsed time on stderr every 2 s while it waits."""
     import threading

@@ -54,7 +54,7 @@ def now_rfc3339() -> str:
 
 
 def sign_envelope(envelope: dict[str, Any], key: Ed25519PrivateKey, key_id: str) -> dict[str, Any]:
-    """Return ``envelope`` with ``security`` set and signed (DESIGN.md §7)."""
+    """Return ``envelope`` with ``security`` set and signed (ARCHITECTURE.md §7)."""
     unsigned = {**envelope, "security": {"scheme": "ed25519", "key_id": key_id}}
     signature = key.sign(jcs(unsigned))
     text = base64.urlsafe_b64encode(signature).rstrip(b"=").decode()
@@ -122,7 +122,7 @@ class AipClient:
         env = self.envelope(capability_id, input, **kwargs)
         response = self.http.post("/aip/v1/messages", content=json.dumps(env),
                                   headers={"Content-Type": CONTENT_TYPE})
-        return self._check(response)  # type: ignore[no-any-return]
+        return self._check(response)
 
     def stream(self, capability_id: str, input: dict[str, Any], **kwargs: Any) -> Iterator[tuple[str, dict[str, Any]]]:
         """POST an action with ``Accept: text/event-stream``; yield (event, envelope)."""
@@ -152,30 +152,30 @@ class AipClient:
         decoder.close()
 
     def manifest(self) -> dict[str, Any]:
-        return self._check(self.http.get("/aip/v1/manifest"))  # type: ignore[no-any-return]
+        return self._check(self.http.get("/aip/v1/manifest"))
 
     def action(self, action_id: str) -> dict[str, Any]:
-        return self._check(self.http.get(f"/aip/v1/actions/{action_id}"))  # type: ignore[no-any-return]
+        return self._check(self.http.get(f"/aip/v1/actions/{action_id}"))
 
     def result(self, action_id: str) -> dict[str, Any]:
-        return self._check(self.http.get(f"/aip/v1/actions/{action_id}/result"))  # type: ignore[no-any-return]
+        return self._check(self.http.get(f"/aip/v1/actions/{action_id}/result"))
 
     def chunks(self, action_id: str, cursor: int = 0) -> dict[str, Any]:
-        return self._check(self.http.get(f"/aip/v1/actions/{action_id}/chunks", params={"cursor": cursor}))  # type: ignore[no-any-return]
+        return self._check(self.http.get(f"/aip/v1/actions/{action_id}/chunks", params={"cursor": cursor}))
 
     def cancel(self, action_id: str) -> dict[str, Any]:
-        return self._check(self.http.post(f"/aip/v1/actions/{action_id}/cancel"))  # type: ignore[no-any-return]
+        return self._check(self.http.post(f"/aip/v1/actions/{action_id}/cancel"))
 
     def approvals(self, status: str | None = "pending", cursor: str | None = None) -> dict[str, Any]:
         params = {k: v for k, v in {"status": status, "cursor": cursor}.items() if v}
-        return self._check(self.http.get("/aip/v1/approvals", params=params))  # type: ignore[no-any-return]
+        return self._check(self.http.get("/aip/v1/approvals", params=params))
 
     def approval(self, approval_id: str) -> dict[str, Any]:
-        return self._check(self.http.get(f"/aip/v1/approvals/{approval_id}"))  # type: ignore[no-any-return]
+        return self._check(self.http.get(f"/aip/v1/approvals/{approval_id}"))
 
     def decide(self, approval_id: str, decision: str, reason: str) -> dict[str, Any]:
         body = {"decision": decision, "reason": reason}
-        return self._check(self.http.post(f"/aip/v1/approvals/{approval_id}/decision", json=body))  # type: ignore[no-any-return]
+        return self._check(self.http.post(f"/aip/v1/approvals/{approval_id}/decision", json=body))
 
     def wait_ready(self, deadline_s: float = 60.0) -> None:
         """Poll ``/ready`` until 200 or the deadline (seconds) passes."""

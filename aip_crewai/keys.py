@@ -37,7 +37,7 @@ def read_private(path: Path, *, what: str = "secret file") -> bytes:
     Raises:
         SecretFileError: naming the file and the broken rule, never the content.
 
-    Source: DESIGN.md §4 (token file rules); developers' guide (secrets).
+    Source: ARCHITECTURE.md §4 (token file rules); developers' guide (secrets).
     """
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))

@@ -5,7 +5,7 @@ point. Logs go to **stderr** (CrewAI prints to stdout). Event names are fixed
 snake_case phrases; data goes in key-values with units. Never log secrets,
 tokens, crew inputs or outputs: log sizes and hashes.
 
-Source: STYLE.md (Logging).
+Source: ARCHITECTURE.md §2 (logging).
 """
 
 from __future__ import annotations

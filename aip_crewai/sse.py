@@ -12,7 +12,7 @@ bound but not added to the frame (nothing of it is kept, so keep-alives
 between events never accumulate). With LF line ends ``len(encode_event(...))``
 is exactly the size of its frame.
 
-Source: DESIGN.md §11 (SSE codec API), §8 (a frame over 1 MiB fails the
+Source: ARCHITECTURE.md §11 (SSE codec API), §8 (a frame over 1 MiB fails the
 stream), §4 (frame layout, keep-alive comments); WHATWG HTML as above.
 """
 
@@ -47,7 +47,7 @@ class SSEEvent:
 
 class SSEFrameTooLarge(ValueError):
     """One frame exceeded ``max_frame_bytes``; ``limit_bytes`` is that bound (bytes).
-    Source: DESIGN.md §11 and §8 ("frame over 1 MiB")."""
+    Source: ARCHITECTURE.md §11 and §8 ("frame over 1 MiB")."""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
@@ -61,7 +61,7 @@ class SSEDecoder:
         max_frame_bytes: bound on one frame, bytes (what counts: see the module
             docstring). Raises ValueError unless a positive int.
 
-    Source: WHATWG HTML "event stream interpretation"; DESIGN.md §11.
+    Source: WHATWG HTML "event stream interpretation"; ARCHITECTURE.md §11.
     """
 
     def __init__(self, max_frame_bytes: int = 1048576) -> None:
@@ -219,7 +219,7 @@ def encode_event(data: str, event: str | None = None, id: str | None = None) -> 
         ValueError: ``event`` holds CR or LF, or ``id`` holds CR, LF or NUL
             (not representable); UnicodeEncodeError on lone surrogates.
 
-    Source: WHATWG HTML "event stream interpretation"; DESIGN.md §4, §11.
+    Source: WHATWG HTML "event stream interpretation"; ARCHITECTURE.md §4, §11.
     """
     parts: list[str] = []
     if id is not None:
@@ -244,6 +244,6 @@ def encode_comment(text: str) -> bytes:
     Returns the comment lines, bytes (UTF-8).
 
     Source: WHATWG HTML "event stream interpretation" (lines starting with a
-    colon are ignored); DESIGN.md §4 (``: keep-alive`` every 15 s).
+    colon are ignored); ARCHITECTURE.md §4 (``: keep-alive`` every 15 s).
     """
     return "".join(f": {line}\n" if line else ":\n" for line in _LINE_END.split(text)).encode("utf-8")

@@ -13,5 +13,5 @@ subset. One module per benchmark:
 | :mod:`bench.journal` | durable admissions; chunk appends with 10,000 retained jobs | a bare SQLite insert (FULL, WAL); appends with 10 retained jobs |
 | :mod:`bench.load` | 200 concurrent governed runs through the host | the same 200 runs straight to the sidecar |
 
-Source: DESIGN.md §10 (performance and limits to design for).
+Source: ARCHITECTURE.md §10 (performance and limits to design for).
 """

@@ -22,7 +22,7 @@ mapping attribute ``aip_crewai_options`` (read by
 | ``shared_knowledge_x``/``_y`` | crew ``knowledge_sources=`` (CrewAI's shared collection) | — |
 | ``agent_knowledge`` | an agent with ``knowledge_sources`` | — |
 
-Source: DESIGN.md §2 (offline demo crews).
+Source: ARCHITECTURE.md §2 (offline demo crews).
 """
 
 from __future__ import annotations

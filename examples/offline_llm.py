@@ -36,7 +36,7 @@ it as ``CustomProvider(embedding_callable=OfflineEmbedder)`` (a dict spec
 :func:`crew_knowledge` builds crew knowledge in a collection of its own, on a
 storage whose async search works (:class:`ThreadedKnowledgeStorage`).
 
-Source: DESIGN.md §2 (offline demo crews), crewai-notes.md (offline LLM).
+Source: ARCHITECTURE.md §2 (offline demo crews), ARCHITECTURE.md §5 (offline LLM).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Model selection (read at each factory call, i.e. per job):
 
 ``tracing=False`` and ``verbose=False``; a new LLM object per factory call.
 
-Source: DESIGN.md §2 (examples/: offline demo crews), §11 (``make run``).
+Source: ARCHITECTURE.md §2 (examples/: offline demo crews), §11 (``make run``).
 """
 
 from __future__ import annotations

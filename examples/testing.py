@@ -25,7 +25,7 @@ embedder) instead of ``knowledge_sources=``: CrewAI puts every crew's
 dir, so two crews would read (and reset) each other's texts. Its storage also
 answers CrewAI's async search (used by agents under ``akickoff``).
 
-Source: DESIGN.md §2 (examples/), §5 (fresh crew per job).
+Source: ARCHITECTURE.md §2 (examples/), §5 (fresh crew per job).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import msgspec
 from .errors import AipError, Category
 from .inputs import ACTION_ID_PATTERN, NO_CONTROL
 
-AIP_VERSION = "1.0"
+AIP_VERSION: Literal["1.0"] = "1.0"
 MANIFEST_VERSION = "aip-manifest/v1"
 PROFILES = ("aip.native.http.v1", "aip.connector.crewai.v1", "aip.sse.stream.v1")
 NATIVE_PROFILE = "aip.native.http.v1"
@@ -62,7 +62,8 @@ ApprovalDecisionKind = Literal["approved", "denied", "expired", "revoked"]
 #: PrincipalKind (envelope.schema.json ``Principal.kind``).
 PrincipalKind = Literal["human", "agent", "service", "tenant", "customer", "contact", "system"]
 #: Approval record status labels of this host (``ApprovalRecordView.status`` is a free label in the schema).
-ApprovalStatus = Literal["pending", "approved", "denied", "expired"]
+#: ``withdrawn``: the tenant cancelled the action before any decision.
+ApprovalStatus = Literal["pending", "approved", "denied", "expired", "withdrawn"]
 
 #: Each vocabulary's values, for tests and for code that iterates them.
 VOCABULARIES: dict[str, tuple[str, ...]] = {
@@ -92,7 +93,7 @@ class _In(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields
 # --- principals ---------------------------------------------------------------
 
 
-class Principal(_Out):
+class Principal(_Out, frozen=True):
     """An actor: ``{id, kind, display_name?}`` (schema ``Principal``)."""
 
     id: str
@@ -100,7 +101,7 @@ class Principal(_Out):
     display_name: str | None = None
 
 
-class InboundPrincipal(_In):
+class InboundPrincipal(_In, frozen=True):
     """A ``Principal`` as a client may send it (``from``/``to``/``approver``);
     the host reads ``id`` only and ignores the rest."""
 
@@ -117,12 +118,12 @@ class InboundPrincipal(_In):
 # --- message parts (tagged by "type") -------------------------------------------
 
 
-class TextPart(_Out, tag="text", tag_field="type"):
+class TextPart(_Out, tag="text", tag_field="type", frozen=True):
     text: str
     format: str | None = None
 
 
-class JsonPart(_Out, tag="json", tag_field="type"):
+class JsonPart(_Out, tag="json", tag_field="type", frozen=True):
     data: Any
     schema: Any = None
 
@@ -133,7 +134,7 @@ MessagePart = TextPart | JsonPart
 # --- errors -------------------------------------------------------------------
 
 
-class ProtocolError(_Out):
+class ProtocolError(_Out, frozen=True):
     """The AIP error object; HTTP status by category (errors.CATEGORY_HTTP_STATUS)."""
 
     code: str
@@ -145,7 +146,7 @@ class ProtocolError(_Out):
     source: str | None = None
 
 
-class ErrorBody(_Out):
+class ErrorBody(_Out, frozen=True):
     """``body.error`` of an ``aip.core.v1.error`` envelope: ``{"error": ProtocolError}``."""
 
     error: ProtocolError
@@ -158,7 +159,7 @@ class ErrorBody(_Out):
 ActionMode = Literal["sync", "async", "streaming", "stream"]
 
 
-class Action(_In):
+class Action(_In, frozen=True):
     """``body.action`` of an ``aip.core.v1.action`` envelope.
 
     The host acts on ``id``, ``capability_id``, ``input``, ``idempotency_key``,
@@ -190,21 +191,21 @@ class Action(_In):
         return self.mode in ("streaming", "stream")
 
 
-class CancelTarget(_In):
+class CancelTarget(_In, frozen=True):
     """``cancel.target``: ``{"action": id}`` (a session target is refused: the host has no sessions)."""
 
     action: ActionId | None = None
     session: str | None = None
 
 
-class Cancel(_In):
+class Cancel(_In, frozen=True):
     """``body.cancel`` of an ``aip.core.v1.cancel`` envelope."""
 
     target: CancelTarget
     reason: Annotated[str, msgspec.Meta(max_length=2048)] | None = None
 
 
-class ActionResult(_Out):
+class ActionResult(_Out, frozen=True):
     """``body.action_result``: the final (or pending-approval) result.
 
     A ``pending_approval`` result carries the approval reference in
@@ -218,7 +219,7 @@ class ActionResult(_Out):
     error: ProtocolError | None = None
 
 
-class PendingApproval(_Out):
+class PendingApproval(_Out, frozen=True):
     """``output`` of a ``pending_approval`` result: what an approver decides on."""
 
     approval_id: str
@@ -227,7 +228,7 @@ class PendingApproval(_Out):
     approval_url: str
 
 
-class StreamChunk(_Out):
+class StreamChunk(_Out, frozen=True):
     """``body.stream_chunk``: one normalized event of an action's stream."""
 
     action_id: str
@@ -237,7 +238,7 @@ class StreamChunk(_Out):
     part: MessagePart | None = None
 
 
-class Ack(_Out):
+class Ack(_Out, frozen=True):
     """``body.ack``: the host accepted (or replays) the action."""
 
     action_id: str
@@ -246,7 +247,7 @@ class Ack(_Out):
     retry_after_ms: int | None = None
 
 
-class ActionStatus(_Out):
+class ActionStatus(_Out, frozen=True):
     """``GET /aip/v1/actions/{id}``: the durable lifecycle view."""
 
     action_id: str
@@ -262,7 +263,7 @@ class ActionStatus(_Out):
     links: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class Event(_Out):
+class Event(_Out, frozen=True):
     """One action-scoped event: ``kind`` is the AIP message type of ``data``."""
 
     id: str
@@ -273,7 +274,7 @@ class Event(_Out):
     data: Any = None
 
 
-class ActionEvents(_Out):
+class ActionEvents(_Out, frozen=True):
     """``GET /aip/v1/actions/{id}/events`` and ``/chunks`` (JSON pages)."""
 
     action_id: str
@@ -355,13 +356,13 @@ class Envelope(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_f
 # --- approvals ------------------------------------------------------------------
 
 
-class ApproverSelector(_Full):
+class ApproverSelector(_Full, frozen=True):
     """Who may approve: the tenant's policy (approvers of the same tenant, not the requester)."""
 
     type: Literal["tenant_policy"] = "tenant_policy"
 
 
-class EvidenceArtifact(_Out):
+class EvidenceArtifact(_Out, frozen=True):
     """Evidence attached to an approval request (schema ``EvidenceArtifact``)."""
 
     id: str
@@ -371,7 +372,7 @@ class EvidenceArtifact(_Out):
     hash: str | None = None
 
 
-class ApprovalRequest(_Out):
+class ApprovalRequest(_Out, frozen=True):
     """The approval request of one governed action (schema ``ApprovalRequest``)."""
 
     id: str
@@ -387,7 +388,7 @@ class ApprovalRequest(_Out):
     risk: Literal["low", "medium", "high", "critical"] | None = None
 
 
-class ApprovalDecision(_Out):
+class ApprovalDecision(_Out, frozen=True):
     """The one decision of an approval (schema ``ApprovalDecision``)."""
 
     approval_id: str
@@ -399,7 +400,7 @@ class ApprovalDecision(_Out):
     decision_id: str | None = None
 
 
-class ApprovalEvidencePayload(_Out):
+class ApprovalEvidencePayload(_Out, frozen=True):
     """The exact governed input, shown to approvers with ``GET /aip/v1/approvals/{id}`` only."""
 
     action_id: str
@@ -408,7 +409,7 @@ class ApprovalEvidencePayload(_Out):
     input: Any
 
 
-class ApprovalRecordView(_Out):
+class ApprovalRecordView(_Out, frozen=True):
     """One approval with its request, decision and status (schema ``ApprovalRecordView``)."""
 
     request: ApprovalRequest
@@ -419,14 +420,14 @@ class ApprovalRecordView(_Out):
     evidence_payload: ApprovalEvidencePayload | None = None
 
 
-class ApprovalList(_Out):
+class ApprovalList(_Out, frozen=True):
     """``GET /aip/v1/approvals``: one page; ``cursor`` is None on the last page."""
 
     approvals: list[ApprovalRecordView]
     cursor: str | None = None
 
 
-class DecisionRequest(_In):
+class DecisionRequest(_In, frozen=True):
     """Body of ``POST /aip/v1/approvals/{id}/decision``.
 
     Either this host's short form ``{decision, reason, approval_id?}`` or the
@@ -456,14 +457,14 @@ class DecisionRequest(_In):
 # --- manifest -------------------------------------------------------------------
 
 
-class IdempotencyContract(_Full):
+class IdempotencyContract(_Full, frozen=True):
     requirement: Literal["required", "optional"]
     collision_behavior: str = "revalidate_input_hash"
     key_scope: str = "tenant"
     ttl_ms: int = 86_400_000
 
 
-class ExecutionContract(_Full):
+class ExecutionContract(_Full, frozen=True):
     """Schema ``ExecutionContract``: what invocation styles a capability supports."""
 
     supports_sync: bool
@@ -475,17 +476,17 @@ class ExecutionContract(_Full):
     retry_safety: Literal["safe", "safe_with_idempotency_key", "unsafe", "unknown"]
 
 
-class DataContract(_Full):
+class DataContract(_Full, frozen=True):
     sensitivity: str = "confidential"
     contains_pii: bool = True
     redaction_required: bool = True
 
 
-class ApprovalSelector(_Full):
+class ApprovalSelector(_Full, frozen=True):
     type: str = "tenant_policy"
 
 
-class ApprovalContract(_Full):
+class ApprovalContract(_Full, frozen=True):
     required: bool
     approver_selector: ApprovalSelector = msgspec.field(default_factory=ApprovalSelector)
     ttl_ms: int = 900_000
@@ -494,12 +495,12 @@ class ApprovalContract(_Full):
     )
 
 
-class CompensationContract(_Full):
+class CompensationContract(_Full, frozen=True):
     mode: str = "rollback_not_supported"
     requires_approval: bool = False
 
 
-class CapabilityContract(_Out):
+class CapabilityContract(_Out, frozen=True):
     side_effects: list[str]
     idempotency: IdempotencyContract
     execution: ExecutionContract
@@ -508,7 +509,7 @@ class CapabilityContract(_Out):
     compensation: CompensationContract | None = None
 
 
-class Binding(_Out):
+class Binding(_Out, frozen=True):
     """A profile binding: the native AIP route, or the private sidecar route (informational)."""
 
     profile: str
@@ -519,7 +520,7 @@ class Binding(_Out):
     message_type: str | None = None
 
 
-class Capability(_Out):
+class Capability(_Out, frozen=True):
     id: str
     name: str
     kind: str
@@ -532,7 +533,7 @@ class Capability(_Out):
     description: str | None = None
 
 
-class Manifest(_Out):
+class Manifest(_Out, frozen=True):
     """Schema ``Manifest``: the host (``agent``), profiles and the tenant's capabilities."""
 
     manifest_version: str

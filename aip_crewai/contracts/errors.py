@@ -5,7 +5,7 @@ Every error of ours subclasses :class:`AipError`. Each class carries a stable
 the class overrides it); the data lives in attributes and the message is built
 from them. The host renders any ``AipError`` as an AIP ``ProtocolError`` body.
 
-Source: DESIGN.md §6 (categories and statuses), §7 (host codes), §8
+Source: ARCHITECTURE.md §6 (categories and statuses), §7 (host codes), §8
 (connector codes, retryability).
 """
 
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 
 class Category(str, enum.Enum):
-    """AIP error categories (DESIGN.md §6)."""
+    """AIP error categories (ARCHITECTURE.md §6)."""
 
     TEMPORARY = "temporary"
     PERMANENT = "permanent"
@@ -27,7 +27,7 @@ class Category(str, enum.Enum):
     TRANSPORT = "transport"
 
 
-#: HTTP status by category (DESIGN.md §6). Idempotency conflicts override to 409.
+#: HTTP status by category (ARCHITECTURE.md §6). Idempotency conflicts override to 409.
 CATEGORY_HTTP_STATUS: dict[Category, int] = {
     Category.AUTH: 401,
     Category.POLICY: 403,
@@ -40,7 +40,7 @@ CATEGORY_HTTP_STATUS: dict[Category, int] = {
 
 
 def http_status_for(category: Category) -> int:
-    """Return the HTTP status of an error category (DESIGN.md §6)."""
+    """Return the HTTP status of an error category (ARCHITECTURE.md §6)."""
     return CATEGORY_HTTP_STATUS[category]
 
 
@@ -77,11 +77,11 @@ class AipError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """Whether a caller may retry. Default: never (DESIGN.md §8)."""
+        """Whether a caller may retry. Default: never (ARCHITECTURE.md §8)."""
         return False
 
 
-# --- host errors (DESIGN.md §7) -------------------------------------------
+# --- host errors (ARCHITECTURE.md §7) -------------------------------------------
 
 
 class Unauthenticated(AipError):
@@ -124,6 +124,20 @@ class ApprovalAlreadyDecided(AipError):
     default_message = "the approval is already decided or expired"
 
 
+class ApprovalExpiredUndecidable(AipError):
+    code = "approval.expired"
+    category = Category.PERMANENT
+    http_status = 409
+    default_message = "the approval expired before this decision; the action failed (policy.approval_expired)"
+
+
+class ApprovalWithdrawn(AipError):
+    code = "approval.withdrawn"
+    category = Category.PERMANENT
+    http_status = 409
+    default_message = "the action was cancelled before this decision; there is nothing left to approve"
+
+
 class ApprovalPolicyMismatch(AipError):
     code = "approval.policy_mismatch"
     category = Category.PERMANENT
@@ -146,7 +160,7 @@ class InvalidInput(AipError):
 
 
 class InputTooLarge(InvalidInput):
-    """The whole encoded input exceeds its byte bound (DESIGN.md §3: 1 MiB)."""
+    """The whole encoded input exceeds its byte bound (ARCHITECTURE.md §3: 1 MiB)."""
 
     code = "action.input_too_large"
     http_status = 413
@@ -208,7 +222,7 @@ class ApprovalExpired(AipError):
     default_message = "the approval expired before a decision"
 
 
-# --- connector errors (DESIGN.md §8) ---------------------------------------
+# --- connector errors (ARCHITECTURE.md §8) ---------------------------------------
 
 
 class ConnectorError(AipError):
@@ -217,7 +231,7 @@ class ConnectorError(AipError):
     ``details`` always carry ``operation``, ``remote_status`` (int or None)
     and ``uncertain_outcome`` (bool), plus ``dispatch`` (not_sent | sent |
     acknowledged). Retryable only for read-only operations on temporary or
-    transport failures (DESIGN.md §8).
+    transport failures (ARCHITECTURE.md §8).
     """
 
     code = "connector.crewai.error"

@@ -3,9 +3,9 @@
 Two canonical forms exist on purpose:
 - :func:`canonical_json`: sorted keys, compact separators, UTF-8 (no ASCII
   escaping); used for the sidecar request hash and the host input hash
-  (DESIGN.md §4, §7).
+  (ARCHITECTURE.md §4, §7).
 - :func:`jcs`: RFC 8785 (JSON Canonicalization Scheme) for signed envelopes
-  (DESIGN.md §7), via the ``rfc8785`` library.
+  (ARCHITECTURE.md §7), via the ``rfc8785`` library.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def sha256_hex(data: bytes) -> str:
 
 
 def input_hash(value: Any) -> str:
-    """SHA-256 hex of the canonical JSON of an action input (DESIGN.md §7)."""
+    """SHA-256 hex of the canonical JSON of an action input (ARCHITECTURE.md §7)."""
     return sha256_hex(canonical_json(value))
 
 
@@ -45,7 +45,7 @@ def request_hash(
     timeout_ms: int | None,
     idempotency_key: str,
 ) -> str:
-    """The sidecar's admission hash (DESIGN.md §4).
+    """The sidecar's admission hash (ARCHITECTURE.md §4).
 
     SHA-256 hex of the canonical JSON of ``{crew_id, action_id, operation,
     input, timeout_ms, idempotency_key}``; the same action id with a different
@@ -64,5 +64,5 @@ def request_hash(
 
 
 def jcs(value: Any) -> bytes:
-    """RFC 8785 canonical bytes of ``value`` (signed envelopes, DESIGN.md §7)."""
+    """RFC 8785 canonical bytes of ``value`` (signed envelopes, ARCHITECTURE.md §7)."""
     return rfc8785.dumps(value)

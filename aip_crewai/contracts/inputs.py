@@ -1,11 +1,11 @@
 """Per-operation input types and their validation.
 
-Each bound of DESIGN.md §3 is written once as an ``Annotated`` alias and
+Each bound of ARCHITECTURE.md §3 is written once as an ``Annotated`` alias and
 reused. Byte lengths are UTF-8 bytes; booleans are never numbers (msgspec is
 strict); unknown fields are rejected everywhere except the free-form ``run``
 input; the whole encoded input is at most :data:`MAX_INPUT_BYTES`.
 
-Source: DESIGN.md §3 (per-operation input).
+Source: ARCHITECTURE.md §3 (per-operation input).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import msgspec
 
 from .errors import InputTooLarge, InvalidInput
 
-#: Whole encoded input bound, bytes (DESIGN.md §3).
+#: Whole encoded input bound, bytes (ARCHITECTURE.md §3).
 MAX_INPUT_BYTES = 1_048_576
-#: Properties of a run input object (DESIGN.md §3).
+#: Properties of a run input object (ARCHITECTURE.md §3).
 MAX_RUN_PROPERTIES = 512
 
 # Python's ``$`` also matches before a final "\n" (msgspec matches with
@@ -88,33 +88,33 @@ class _Input(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defau
     """Base of the closed input objects."""
 
 
-class StatusInput(_Input):
+class StatusInput(_Input, frozen=True):
     """``status``: read one job's status."""
 
     run_action_id: RunActionId
 
 
-class EventsInput(_Input):
+class EventsInput(_Input, frozen=True):
     """``events``: read one job's events from ``cursor``."""
 
     run_action_id: RunActionId
     cursor: Cursor | None = None
 
 
-class CancelInput(_Input):
+class CancelInput(_Input, frozen=True):
     """``cancel``: request cancellation of another run."""
 
     run_action_id: RunActionId
     reason: Reason | None = None
 
 
-class BatchRunInput(_Input):
+class BatchRunInput(_Input, frozen=True):
     """``batch_run``: 1..100 input objects, one fresh crew each."""
 
     inputs: Annotated[list[Inputs], msgspec.Meta(min_length=1, max_length=100)]
 
 
-class ReplayInput(_Input):
+class ReplayInput(_Input, frozen=True):
     """``replay``: re-run from one task of a retained run."""
 
     task_id: TaskId
@@ -124,7 +124,7 @@ class ReplayInput(_Input):
         _check_bytes("task_id", self.task_id, _BYTE_BOUNDS["task_id"])
 
 
-class TrainInput(_Input):
+class TrainInput(_Input, frozen=True):
     """``train``: write ``<training dir>/<artifact_name>``."""
 
     n_iterations: Iterations
@@ -132,7 +132,7 @@ class TrainInput(_Input):
     inputs: Inputs | None = None
 
 
-class TestInput(_Input):
+class TestInput(_Input, frozen=True):
     """``test``: evaluate the crew with ``eval_llm``."""
 
     __test__ = False  # not a pytest class
@@ -142,7 +142,7 @@ class TestInput(_Input):
     inputs: Inputs | None = None
 
 
-class KnowledgeQueryInput(_Input):
+class KnowledgeQueryInput(_Input, frozen=True):
     """``knowledge_query``: query the crew-level knowledge."""
 
     query: Annotated[list[QueryItem], msgspec.Meta(min_length=1, max_length=100)]
@@ -155,7 +155,7 @@ class KnowledgeQueryInput(_Input):
                 raise InvalidInput(f"$.query[{index}]", f"at most {_BYTE_BOUNDS['query']} UTF-8 bytes")
 
 
-class MemoryResetInput(_Input):
+class MemoryResetInput(_Input, frozen=True):
     """``memory_reset``: reset one memory domain, or ``all``."""
 
     command_type: Literal["memory", "knowledge", "agent_knowledge", "kickoff_outputs", "all"]
@@ -185,7 +185,7 @@ def convert_input(input_type: Any, value: Any, *, check_size: bool = True) -> An
         input_type: one of the types above (the catalogue's ``input_type``).
         value: the decoded JSON input.
         check_size: check the 1 MiB bound first (the sidecar checks it later,
-            DESIGN.md §4 orders 422 and 404 before 413).
+            ARCHITECTURE.md §4 orders 422 and 404 before 413).
 
     Returns:
         The typed input (a Struct, or a dict for ``run``).
@@ -194,7 +194,7 @@ def convert_input(input_type: Any, value: Any, *, check_size: bool = True) -> An
         InputTooLarge: the encoded input exceeds 1 MiB.
         InvalidInput: any other rule; ``field`` is the JSON path.
 
-    Source: DESIGN.md §3.
+    Source: ARCHITECTURE.md §3.
     """
     if check_size:
         size = encoded_size(value)

@@ -3,7 +3,7 @@
 Every other module (manifest projection, fences, sidecar admission, CLI,
 generated artifacts) reads :data:`CATALOGUE`; none restates it.
 
-Source: DESIGN.md §3; seeds/crewai-capabilities.md ("Compare all operations",
+Source: ARCHITECTURE.md §3; README "Capabilities" ("Compare all operations",
 "Interpret methods and fixed sidecar paths").
 """
 
@@ -94,7 +94,7 @@ _REQ, _OPT = KeyRequirement.REQUIRED, KeyRequirement.OPTIONAL
 _A, _T, _W = Kind.AGENT, Kind.TOOL, Kind.WORKFLOW
 _L, _M, _H = Risk.LOW, Risk.MEDIUM, Risk.HIGH
 
-#: The ten operations in their published order (DESIGN.md §3).
+#: The ten operations in their published order (ARCHITECTURE.md §3).
 CATALOGUE: tuple[OperationSpec, ...] = (
     #            name, display, family, kind, risk, mutation, approval, key, stream, cancel, retry, method, path, stream path, input
     OperationSpec("run", "Run", _RUN_FAMILY, _A, _M, True, True, _REQ, True, True, False, "POST", "/jobs", "/jobs/stream",
@@ -122,10 +122,10 @@ CATALOGUE: tuple[OperationSpec, ...] = (
 
 OPERATIONS: Mapping[str, OperationSpec] = {spec.name: spec for spec in CATALOGUE}
 OPERATION_NAMES: tuple[str, ...] = tuple(OPERATIONS)
-#: Operations a sidecar always serves, whatever it allows to start (DESIGN.md §4 health).
+#: Operations a sidecar always serves, whatever it allows to start (ARCHITECTURE.md §4 health).
 INSPECTION_OPERATIONS: frozenset[str] = frozenset(s.name for s in CATALOGUE if not s.startable)
 STARTABLE_OPERATIONS: tuple[str, ...] = tuple(s.name for s in CATALOGUE if s.startable)
-#: Published default when a descriptor has no ``allowed_operations`` (DESIGN.md §7).
+#: Published default when a descriptor has no ``allowed_operations`` (ARCHITECTURE.md §7).
 LEGACY_DEFAULT_OPERATIONS: tuple[str, ...] = ("run", "status", "events", "cancel")
 
 
@@ -137,7 +137,7 @@ def get(name: str) -> OperationSpec:
 def capability_id(crew_id: str, operation: str) -> str:
     """Capability id of (crew, operation): ``cap:crewai:<crew>[:<op>]``.
 
-    Raises KeyError for an unknown operation. Source: DESIGN.md §3.
+    Raises KeyError for an unknown operation. Source: ARCHITECTURE.md §3.
     """
     suffix = OPERATIONS[operation].suffix
     return f"{CAPABILITY_PREFIX}{crew_id}" if suffix is None else f"{CAPABILITY_PREFIX}{crew_id}:{suffix}"
@@ -155,7 +155,7 @@ def resolve_capability(cap_id: str, allowed: Mapping[str, Iterable[str]]) -> tup
         means ``run``; otherwise the LONGEST crew id followed by ``:`` and an
         allowed suffix wins. ``:run`` is never a suffix.
 
-    Source: DESIGN.md §3 (capability-id resolution).
+    Source: ARCHITECTURE.md §3 (capability-id resolution).
     """
     if not cap_id.startswith(CAPABILITY_PREFIX):
         return None
@@ -172,7 +172,7 @@ def resolve_capability(cap_id: str, allowed: Mapping[str, Iterable[str]]) -> tup
 
 
 def aggregate_counts() -> dict[str, Any]:
-    """Counts published with the catalogue (seeds/crewai-capabilities.md)."""
+    """Counts published with the catalogue (README "Capabilities")."""
     return {
         "operations": len(CATALOGUE),
         "risk": {r.value: sum(1 for s in CATALOGUE if s.risk is r) for r in Risk},

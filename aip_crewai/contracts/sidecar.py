@@ -1,6 +1,6 @@
 """Wire types of the sidecar HTTP contract (peer-compatible).
 
-Source: DESIGN.md §4. The request types ignore unknown fields on purpose: the
+Source: ARCHITECTURE.md §4. The request types ignore unknown fields on purpose: the
 sidecar must accept what the public reference host sends, and a newer host
 may add fields (evolution by addition). Everything else is validated.
 """
@@ -13,12 +13,12 @@ import msgspec
 
 from .inputs import NO_CONTROL, Reason, RunActionId
 
-#: Execution timeout bounds, milliseconds (DESIGN.md §5).
+#: Execution timeout bounds, milliseconds (ARCHITECTURE.md §5).
 DEFAULT_TIMEOUT_MS = 600_000
 MAX_TIMEOUT_MS = 3_600_000
-#: Sidecar output bound, bytes (DESIGN.md §4).
+#: Sidecar output bound, bytes (ARCHITECTURE.md §4).
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024
-#: Idempotency-Key header bound, bytes (DESIGN.md §4, §7).
+#: Idempotency-Key header bound, bytes (ARCHITECTURE.md §4, §7).
 MAX_IDEMPOTENCY_KEY_BYTES = 512
 
 TimeoutMs = Annotated[int, msgspec.Meta(ge=1, le=MAX_TIMEOUT_MS, description="Execution timeout, milliseconds, 1..3600000.")]

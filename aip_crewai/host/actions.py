@@ -6,14 +6,13 @@ Cancellation lives in :mod:`.cancellation`, restart reconciliation and the
 approval-expiry sweep in :mod:`.recovery` (:class:`ActionService` delegates
 to both), chunk storage in :mod:`.chunk_sink`.
 
-Source: DESIGN.md §7 (fences), §8 (cancellation outcomes).
+Source: ARCHITECTURE.md §7 (fences), §8 (cancellation outcomes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -33,52 +32,29 @@ from ..contracts.errors import (
     IdempotencyKeyRequired,
     InvalidInput,
 )
-from ..contracts.hashing import canonical_json, input_hash, sha256_hex
+from ..contracts.hashing import canonical_json, input_hash
 from ..contracts.inputs import convert_input, has_control_characters
 from ..contracts.operations import OperationSpec
 from ..contracts.sidecar import MAX_IDEMPOTENCY_KEY_BYTES
 from . import cancellation, recovery
-from .cancellation import TERMINAL  # re-exported: routes_actions reads it from here
+from .auth import Principal
 from .chunk_sink import ChunkSink
 from .dispatch import Dispatcher, Job
+from .lifecycle import ActionEvent, ActionState, DispatchState, approval_admits, policy_hash
 from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
 from .sidecar_client import SidecarClient
-from .auth import Principal
-from .store import (
-    TRANSITIONS,
-    ActionRecord,
-    ActionState,
-    ApprovalRecord,
-    MissingTarget,
-    Store,
-    StoreError,
-    ms_to_rfc3339,
-)
+from .store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms_to_rfc3339
+from .writer import ActionWriter
+
+__all__ = ["ActionService", "approval_admits", "policy_hash", "pending_result", "fence_hash", "durable_action",
+           "APPROVAL_TTL_MS", "IDEMPOTENCY_TTL_MS", "lifespan"]
 
 log = structlog.get_logger(__name__)
 
 IDEMPOTENCY_TTL_MS = 86_400_000
 APPROVAL_TTL_MS = 900_000
-_encode = msgspec.json.Encoder()
 _result_decoder = msgspec.json.Decoder(ActionResult)
-
-
-def policy_hash(tenant: str, action_id: str, capability_id: str, hashed_input: str) -> str:
-    """The hash an approval binds: tenant, action id, capability and input hash (DESIGN.md §7)."""
-    return sha256_hex(canonical_json(
-        {"tenant": tenant, "action_id": action_id, "capability_id": capability_id, "input_hash": hashed_input}
-    ))
-
-
-def approval_admits(approval: ApprovalRecord, record: ActionRecord) -> bool:
-    """Whether ``approval`` lets ``record`` run: approved, bound to this exact
-    action (tenant, action id, capability, input hash: the policy hash), and
-    decided before it expired (DESIGN.md §7). Pure."""
-    return (approval.status == "approved"
-            and approval.policy_hash == policy_hash(record.tenant, record.action_id, record.capability_id,
-                                                    record.input_hash)
-            and not (approval.decided_at is not None and approval.decided_at >= approval.expires_at))
 
 
 def pending_result(record: ActionRecord) -> ActionResult:
@@ -98,6 +74,10 @@ def pending_result(record: ActionRecord) -> ActionResult:
     text = f"{record.capability_id} needs an approval ({approval_id}) by an approver of the tenant before {expires_at}"
     return ActionResult(action_id=record.action_id, status="pending_approval", output=pending,
                         message=[TextPart(text=text)])
+
+
+def _approval_hash(record: ActionRecord) -> str:
+    return policy_hash(record.tenant, record.action_id, record.capability_id, record.input_hash)
 
 
 def fence_hash(capability_id: str, value: Any) -> str:
@@ -139,6 +119,8 @@ class ActionService:
         self.allowed = allowed
         self.live = LiveRegistry()
         self.metrics = metrics
+        #: The one writer of action and approval state.
+        self.writer = ActionWriter(store, metrics=metrics)
         self.now_ms = now_ms or store.now_ms
         #: Actions created before this are a previous process's (no creator here may still be writing them).
         self.started_ms = self.now_ms()
@@ -151,7 +133,7 @@ class ActionService:
 
     def resolve(self, tenant: str, capability_id: str) -> tuple[str, OperationSpec]:
         """Resolve a capability for a tenant. Raises CapabilityNotFound (also
-        for crews the tenant may not see: DESIGN.md §7)."""
+        for crews the tenant may not see: ARCHITECTURE.md §7)."""
         found = ops.resolve_capability(capability_id, self.allowed.get(tenant, {}))
         if found is None:
             raise CapabilityNotFound(details={"capability_id": capability_id})
@@ -187,17 +169,18 @@ class ActionService:
                     raise IdempotencyConflict(details={"idempotency_key": key})
                 self._fence("idempotency", "replayed")
                 return await self._reserved_action(tenant, record.action_id)
-        status = "pending_approval" if spec.approval else "running"
+        event = ActionEvent.REQUEST_APPROVAL if spec.approval else ActionEvent.ADMIT
         # The approval id is fixed before the action row exists, so a concurrent
         # duplicate never sees a pending action without its approval reference.
         approval_id = "apr_" + secrets.token_urlsafe(16) if spec.approval else None
         try:
             # A running action is dispatched right after this write: it is created `sent` (one write, not two).
             # Without a key, the target check of status/events/cancel rides in the same store call.
-            created, record_ = await self.store.create_action(
-                tenant, action.id, action.capability_id, crew_id, spec.name, canonical_json(action.input).decode(),
-                hashed, caller.id, key, status, approval_id=approval_id, timeout_ms=action.timeout_ms,
-                dispatch="sent" if status == "running" else "not_sent",
+            created, record_ = await self.writer.create(
+                event, tenant, action.id, action.capability_id, crew_id, spec.name,
+                canonical_json(action.input).decode(), hashed, caller.id, key, approval_id=approval_id,
+                timeout_ms=action.timeout_ms,
+                dispatch=DispatchState.SENT if event is ActionEvent.ADMIT else DispatchState.NOT_SENT,
                 target=(run_action_id, ops.STARTABLE_OPERATIONS) if run_action_id is not None and key is None else None,
                 durable=durable_action(spec, key),
             )
@@ -212,11 +195,7 @@ class ActionService:
         self._fence("idempotency", "admitted")
         if approval_id is not None:
             self._fence("approval", "requested")
-            await self.store.create_approval(
-                tenant, approval_id, action.id, action.capability_id,
-                policy_hash(tenant, action.id, action.capability_id, hashed), caller.id,
-                record_.input_json, record_.created_at + APPROVAL_TTL_MS,
-            )
+            await self.writer.open_approval(record_, _approval_hash(record_), record_.created_at + APPROVAL_TTL_MS)
             return record_
         self.start(record_, stream=stream)
         return record_
@@ -238,7 +217,8 @@ class ActionService:
         if target is None or target.crew_id != crew_id or not ops.get(target.operation).startable:
             raise ActionNotFound(details={"run_action_id": run_action_id})
 
-    async def _get(self, tenant: str, action_id: str) -> ActionRecord:
+    async def record(self, tenant: str, action_id: str) -> ActionRecord:
+        """The stored action as it is (no refresh). Raises ActionNotFound."""
         record = await self.store.get_action(tenant, action_id)
         if record is None:
             raise ActionNotFound()
@@ -246,7 +226,8 @@ class ActionService:
 
     # --- dispatch --------------------------------------------------------------
 
-    def _job(self, record: ActionRecord, *, stream: bool) -> Job:
+    def job(self, record: ActionRecord, *, stream: bool) -> Job:
+        """The dispatch job of a stored action (``stream``: use the SSE route)."""
         return Job(
             tenant=record.tenant, action_id=record.action_id, crew_id=record.crew_id,
             spec=ops.get(record.operation), input=msgspec.json.decode(record.input_json),
@@ -260,9 +241,9 @@ class ActionService:
         live = self.live.get(record.tenant, record.action_id)
         if live is not None:
             return live
-        live = LiveAction(job=self._job(record, stream=stream))
+        live = LiveAction(job=self.job(record, stream=stream))
         self.live.add(live)
-        live.task = asyncio.get_running_loop().create_task(self._dispatch(live, mark_sent=record.dispatch == "not_sent"),
+        live.task = asyncio.get_running_loop().create_task(self._dispatch(live, mark_sent=record.dispatch == DispatchState.NOT_SENT),
                                                            name=f"dispatch:{record.action_id}")
         return live
 
@@ -275,15 +256,15 @@ class ActionService:
         sink = ChunkSink(self.store, live)
         try:
             if mark_sent:
-                await self.store.update_action(tenant, action_id, from_statuses=["running"], status="running",
-                                               dispatch="sent", durable=job.durable)
+                await self.writer.mark_sent(tenant, action_id, durable=job.durable)
             result = await self.dispatcher.run(job, sink.add)
             await sink.drain()
             if job.spec.name == "status" and result.error is not None \
-                    and result.error.details.get("remote_status") == 404:
+                    and (result.error.details or {}).get("remote_status") == 404:
                 result = await self._status_before_admission(job) or result
-            live.final = await self._finish(tenant, action_id, result, job.dispatch.state, operation=job.spec.name,
-                                            durable=job.durable)
+            # The dispatch's own final word on how far its request got (`not_sent` after a refused connection).
+            live.final = await self.writer.finish(tenant, action_id, result, job.dispatch.state, operation=job.spec.name,
+                                            durable=job.durable, settle_dispatch=True)
         except asyncio.CancelledError:
             sink.discard()  # a cancelled dispatch stores no further chunks (its canceller records the result)
             raise
@@ -292,7 +273,7 @@ class ActionService:
             with contextlib.suppress(Exception):  # keep what was received, unless storing is what failed
                 await sink.drain()
             error = AipError("the host failed while dispatching the action")
-            await self._finish(tenant, action_id, failed_result(action_id, error), job.dispatch.state,
+            await self.writer.finish(tenant, action_id, failed_result(action_id, error), job.dispatch.state,
                                operation=job.spec.name)
         finally:
             self.live.remove(tenant, action_id)
@@ -307,35 +288,11 @@ class ActionService:
         run's start (``acknowledged``): then its 404 stands."""
         run_action_id = str(job.input["run_action_id"])
         target = await self.store.get_action(job.tenant, run_action_id)
-        if target is None or target.dispatch == "acknowledged":
+        if target is None or target.dispatch == DispatchState.ACKNOWLEDGED:
             return None
         view = {"action_id": run_action_id, "crew_id": target.crew_id, "operation": target.operation,
                 "status": target.status, "event_count": 0, "output": None}
         return ActionResult(action_id=job.action_id, status="completed", output=view)
-
-    async def _finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None, *,
-                      operation: str | None = None, durable: bool = True,
-                      only_from: ActionState | None = None) -> ActionRecord | None:
-        """Store the terminal result (only from a live state, or only from
-        ``only_from`` when given). ``operation`` (for metrics) saves a read
-        when the caller knows it; ``durable``: see :func:`durable_action`.
-        Returns the stored record, or None when the action was not in such a
-        state (another writer's result stands)."""
-        sources = [s.value for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
-                   if ActionState(result.status) in TRANSITIONS[s] and only_from in (None, s)]
-        changed = await self.store.update_action(
-            tenant, action_id, from_statuses=sources, status=result.status,
-            dispatch=dispatch, result_json=_encode.encode(result).decode(), durable=durable,
-        )
-        log.info("action_finished", status=result.status, changed=changed is not None)
-        if changed and self.metrics is not None:
-            if operation is None:
-                record = await self.store.get_action(tenant, action_id)
-                operation = record.operation if record else "unknown"
-            self.metrics.actions.inc(operation=operation, status=result.status)
-            if result.error is not None and result.error.code.startswith("connector."):
-                self.metrics.stream_errors.inc(code=result.error.code)
-        return changed
 
     # --- reading ---------------------------------------------------------------
 
@@ -343,36 +300,27 @@ class ActionService:
         """Bring a record up to date: expire a stale approval; reconcile a
         running action nobody in this process dispatches (a host restart) with
         the sidecar's job, never re-dispatching it."""
-        if record.status == "pending_approval" and record.approval_id:
+        if record.status == ActionState.PENDING_APPROVAL and record.approval_id:
             approval = await self.store.get_approval(record.tenant, record.approval_id)
             if approval is None and record.created_at < self.started_ms:
                 # A previous process died between writing the action and its approval.
-                approval = await self._restore_approval(record)
+                approval = await self.writer.restore_approval(record, _approval_hash(record),
+                                                              record.created_at + APPROVAL_TTL_MS)
             if approval is not None and approval.effective_status(self.now_ms()) == "expired":
-                await recovery.expire_due(self)  # this one's and every other due approval's action
-                await self._finish(record.tenant, record.action_id,
-                                   failed_result(record.action_id, ApprovalExpired()), "not_sent")
-                return await self._get(record.tenant, record.action_id)
+                await self.expire_due()  # this one's and every other due approval's action
+                await self.writer.expire(record.tenant, record.action_id)
+                return await self.record(record.tenant, record.action_id)
             if approval is not None and approval.status in ("approved", "denied"):
                 await self.on_decision(approval)  # decided by a process that died before applying the decision
-                return await self._get(record.tenant, record.action_id)
-        if record.status == "running" and self.live.get(record.tenant, record.action_id) is None:
+                return await self.record(record.tenant, record.action_id)
+        if record.status == ActionState.RUNNING and self.live.get(record.tenant, record.action_id) is None:
             await self.reconcile(record)
-            return await self._get(record.tenant, record.action_id)
+            return await self.record(record.tenant, record.action_id)
         return record
 
-    async def _restore_approval(self, record: ActionRecord) -> ApprovalRecord | None:
-        """Write the approval a pending action points at, exactly as :meth:`submit`
-        would have (same id, policy hash, requester, snapshot and expiry). A
-        concurrent first request may be writing it right now: then its row wins."""
-        try:
-            return await self.store.create_approval(
-                record.tenant, record.approval_id or "", record.action_id, record.capability_id,
-                policy_hash(record.tenant, record.action_id, record.capability_id, record.input_hash),
-                record.principal_id, record.input_json, record.created_at + APPROVAL_TTL_MS,
-            )
-        except StoreError:
-            return await self.store.get_approval(record.tenant, record.approval_id or "")
+    async def expire_due(self) -> None:
+        """Expire every due approval and fail its pending action (all paths that expire approvals come here)."""
+        await self.writer.expire_due(self.now_ms())
 
     async def reconcile(self, record: ActionRecord) -> None:
         """Settle a running action left by a previous host process (:func:`.recovery.reconcile`)."""
@@ -380,14 +328,14 @@ class ActionService:
 
     async def get(self, caller: Principal, action_id: str) -> ActionRecord:
         """The caller's tenant's action, refreshed. Raises ActionNotFound."""
-        return await self.refresh(await self._get(caller.tenant, action_id))
+        return await self.refresh(await self.record(caller.tenant, action_id))
 
     async def result(self, record: ActionRecord) -> ActionResult | None:
         """The AIP result of a record: stored when terminal, the approval
         reference when pending, None while running."""
         if record.result_json:
             return _result_decoder.decode(record.result_json)
-        if record.status == "pending_approval" and record.approval_id:
+        if record.status == ActionState.PENDING_APPROVAL and record.approval_id:
             # Derived from the action row alone (the approval row may still be
             # in flight for a concurrent duplicate): same hash, same expiry.
             return pending_result(record)
@@ -397,7 +345,7 @@ class ActionService:
         """Wait until the action leaves ``running`` (or the timeout passes)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while record.status == "running":
+        while record.status == ActionState.RUNNING:
             live = self.live.get(record.tenant, record.action_id)
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -411,10 +359,10 @@ class ActionService:
                     record = live.final
                     continue
             else:
-                record = await self.refresh(await self._get(record.tenant, record.action_id))
-                if record.status == "running":
+                record = await self.refresh(await self.record(record.tenant, record.action_id))
+                if record.status == ActionState.RUNNING:
                     await asyncio.sleep(min(remaining, 0.5))  # polling the sidecar via refresh
-            record = await self._get(record.tenant, record.action_id)
+            record = await self.record(record.tenant, record.action_id)
         return record
 
     # --- approvals -------------------------------------------------------------
@@ -422,27 +370,25 @@ class ActionService:
     async def on_decision(self, approval: ApprovalRecord) -> None:
         """Apply a recorded decision: approved → dispatch (re-checking TTL and
         binding); denied → the action fails with a policy error."""
-        record = await self._get(approval.tenant, approval.action_id)
-        if record.status != "pending_approval":
+        record = await self.record(approval.tenant, approval.action_id)
+        if record.status != ActionState.PENDING_APPROVAL:
             return
         if approval.status == "denied":
             self._fence("approval", "denied")
-            await self._finish(record.tenant, record.action_id,
-                               failed_result(record.action_id, ApprovalDenied()), "not_sent")
+            await self.writer.finish(record.tenant, record.action_id, failed_result(record.action_id, ApprovalDenied()),
+                                     DispatchState.NOT_SENT.value, event=ActionEvent.DENY)
             return
         if not approval_admits(approval, record):
             self._fence("approval", "rejected_at_dispatch")
-            await self._finish(record.tenant, record.action_id,
-                               failed_result(record.action_id, ApprovalExpired()), "not_sent")
+            await self.writer.expire(record.tenant, record.action_id)
             return
         self._fence("approval", "approved")
         # Approved and dispatched at once: `sent` ("the request may have reached the sidecar") is recorded with
         # the transition, in one durable commit instead of two; a connect failure then ends `not_sent` in the
         # result, exactly as when `sent` is written by the dispatch itself (dispatch never moves backward).
-        if await self.store.update_action(record.tenant, record.action_id, from_statuses=["pending_approval"],
-                                          status="running", dispatch="sent"):
-            # The job is built from the input, key, crew and chunk count, which the transition left alone.
-            self.start(dataclasses.replace(record, status="running", dispatch="sent"), stream=True)
+        started = await self.writer.approve(record)
+        if started is not None:
+            self.start(started, stream=True)
 
     async def decide(self, approver: Principal, approval_id: str, decision: str, reason: str, now: int,
                      ) -> ApprovalRecord | None:
@@ -453,8 +399,7 @@ class ActionService:
         Returns the decided approval, or None when this call did not decide
         it (already decided, expired, or the approver is the requester).
         """
-        decided, started = await self.store.decide_and_start(approver.tenant, approval_id, decision, reason,
-                                                             approver.id, now, start_if=approval_admits)
+        decided, started = await self.writer.decide(approver, approval_id, decision, reason, now)
         if decided is None:
             return None
         if started is not None:
@@ -467,18 +412,13 @@ class ActionService:
     # --- cancellation ----------------------------------------------------------
 
     async def cancel(self, caller: Principal, action_id: str) -> ActionResult:
-        """Runtime cancellation by the action's own tenant (DESIGN.md §8 table; :func:`.cancellation.cancel`)."""
+        """Runtime cancellation by the action's own tenant (ARCHITECTURE.md §8 table; :func:`.cancellation.cancel`)."""
         return await cancellation.cancel(self, caller, action_id)
-
-    async def _ended_before_cancel(self, job: Job, view: dict[str, Any] | None) -> ActionResult | None:
-        """The sidecar's own terminal result when the cancel found the job already
-        completed or failed (:func:`.cancellation.ended_before_cancel`)."""
-        return await cancellation.ended_before_cancel(self, job, view)
 
 
 def _idempotency_key(action_key: str | None, envelope_key: str | None) -> str | None:
     """The action's key (the envelope's as a fallback); both must agree.
-    Keys are 1..512 UTF-8 bytes without control characters (DESIGN.md §7)."""
+    Keys are 1..512 UTF-8 bytes without control characters (ARCHITECTURE.md §7)."""
     if action_key is not None and envelope_key is not None and action_key != envelope_key:
         raise InvalidInput("$.body.action.idempotency_key", "differs from the envelope idempotency_key")
     key = action_key if action_key is not None else envelope_key

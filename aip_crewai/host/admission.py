@@ -26,8 +26,8 @@ Rules (each failure names the descriptor by index and id):
   misspelt ``allowed_operations`` would otherwise silently fall back to the
   legacy default and publish operations nobody meant to allow (fail closed).
 
-Source: DESIGN.md §3 (capability-id resolution), §7 (descriptors);
-seeds/crewai-capabilities.md ("Understand discovery projection").
+Source: ARCHITECTURE.md §3 (capability-id resolution), §7 (descriptors);
+README "Capabilities" ("Understand discovery projection").
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def load_descriptors(data: bytes) -> tuple[CrewDescriptor, ...]:
         AdmissionError: not a JSON array, 0 or more than 1000 entries, any
             descriptor rule, or a duplicate id (naming index and id).
 
-    Source: DESIGN.md §7.
+    Source: ARCHITECTURE.md §7.
     """
     try:
         items = msgspec.json.decode(data)

@@ -20,9 +20,9 @@ poller, enters the extensions' lifespans and tells systemd ``READY=1``.
 | ``http`` | ``httpx.AsyncClient`` for the sidecar (lifespan) |
 | ``readiness`` | :class:`~aip_crewai.host.readiness.Readiness` (lifespan) |
 
-Extensions: every module of :data:`EXTENSIONS` that exists is imported when
-the app is built; it may define ``routes() -> list[BaseRoute]`` (appended
-after the foundation routes) and ``lifespan(app)`` (an async context manager
+Extensions: the core modules of :data:`CORE_MODULES` (actions, action routes,
+approval routes), then any ``extensions`` named to :func:`create_app`. Each
+may define ``routes() -> list[BaseRoute]`` (appended after the foundation routes) and ``lifespan(app)`` (an async context manager
 entered after the store and client are open, exited before they close).
 
 Errors: every error response is an ``aip.core.v1.error`` envelope
@@ -34,7 +34,7 @@ error body, an ErrorBody holding the ProtocolError), content type
 ``error`` event, so one client decoder serves both. Routing 404/405 use it
 too; any other exception is a 500 with a generic body and a logged traceback.
 
-Source: DESIGN.md §6 (routes, errors), §7, STYLE.md (lifespan, errors, logging).
+Source: ARCHITECTURE.md §6 (routes, errors), §7, ARCHITECTURE.md §2.
 """
 
 from __future__ import annotations
@@ -42,9 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import importlib.util
 import re
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -64,7 +62,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..asgi import CloseOnUnreadBody
 from ..contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ErrorBody, protocol_error
 from ..contracts.errors import AipError, Category, Unauthenticated
-from . import manifest
+from . import actions, approvals, manifest, routes_actions
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import Settings
 from .manifest import CapabilityIndex, to_wire
@@ -75,9 +73,9 @@ from .store import Store, ms_to_rfc3339
 
 log = structlog.get_logger(__name__)
 
-#: Optional modules that extend the app (the lead's action and approval routes).
-EXTENSIONS: tuple[str, ...] = ("aip_crewai.host.actions", "aip_crewai.host.routes_actions", "aip_crewai.host.approvals")
-#: Sidecar connect timeout, seconds (DESIGN.md §7); reads are unbounded (streams).
+#: The core modules that add routes and lifespans, imported directly: a rename fails at import, never as 404s.
+CORE_MODULES: tuple[Any, ...] = (actions, routes_actions, approvals)
+#: Sidecar connect timeout, seconds (ARCHITECTURE.md §7); reads are unbounded (streams).
 SIDECAR_CONNECT_TIMEOUT_S = 10.0
 #: How often expired message-id claims are purged, seconds.
 PURGE_INTERVAL_S = 60.0
@@ -229,7 +227,7 @@ async def health(request: Request) -> Response:
 
 async def ready(request: Request) -> Response:
     """``GET /ready``: 200 ``{"status":"ready"}`` or 503 ``{"status":"unready","reason"}``
-    (re-checks the sidecar on demand while unready; DESIGN.md §7)."""
+    (re-checks the sidecar on demand while unready; ARCHITECTURE.md §7)."""
     readiness: Readiness = request.app.state.readiness
     state = readiness.state if readiness.ready else await readiness.refresh()
     if state.ready:
@@ -255,21 +253,9 @@ def foundation_routes() -> list[BaseRoute]:
 
 
 def _extensions(names: Sequence[str]) -> list[Any]:
-    """Import the extension modules that exist (a missing one is skipped; an
-    import error inside an existing one propagates)."""
-    modules = []
-    for name in names:
-        module = sys.modules.get(name)
-        if module is None:
-            try:
-                spec = importlib.util.find_spec(name)
-            except ModuleNotFoundError:  # a missing parent package
-                spec = None
-            if spec is None:
-                continue
-            module = importlib.import_module(name)
-        modules.append(module)
-    return modules
+    """Import extra modules by name (tests add routes and lifespans this way).
+    A missing module is an error, never skipped (ModuleNotFoundError)."""
+    return [importlib.import_module(name) for name in names]
 
 
 # --- lifespan ------------------------------------------------------------------
@@ -326,7 +312,7 @@ def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) ->
 
 
 def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTransport | None = None,
-               clock: Callable[[], float] = time.time, extensions: Sequence[str] = EXTENSIONS) -> Starlette:
+               clock: Callable[[], float] = time.time, extensions: Sequence[str] = ()) -> Starlette:
     """Build the host app.
 
     Args:
@@ -334,11 +320,12 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
         sidecar_transport: transport of the sidecar client (tests pass an
             ``httpx.MockTransport``); None means real HTTP.
         clock: epoch seconds, used for signature freshness and store times.
-        extensions: modules to import for extra routes/lifespans (see module docstring).
+        extensions: names of extra modules to import for routes/lifespans after
+            the core ones (see module docstring); a missing one raises ModuleNotFoundError.
 
-    Source: DESIGN.md §6.
+    Source: ARCHITECTURE.md §6.
     """
-    modules = _extensions(extensions)
+    modules = [*CORE_MODULES, *_extensions(extensions)]
     routes = foundation_routes()
     # Extension routes (POST /aip/v1/messages, actions, approvals) go after the foundation.
     for module in modules:

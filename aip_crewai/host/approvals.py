@@ -15,7 +15,7 @@ How a stored approval reads in AIP terms (:func:`render`):
 | ``request.subject`` | the crew that would do the work: ``{id: "crewai:<crew id>", kind: "agent"}`` |
 | ``request.approver_selector`` | ``{type: "tenant_policy"}``: approvers of the tenant, not the requester |
 | ``request.evidence`` | ``input_snapshot`` (hash of capability + input) and ``policy_decision`` (the policy hash) |
-| ``status`` | ``pending`` / ``approved`` / ``denied`` / ``expired`` |
+| ``status`` | ``pending`` / ``approved`` / ``denied`` / ``expired`` / ``withdrawn`` (the action was cancelled first) |
 | ``decision`` | the approver's decision; for an expired approval, ``expired`` by the host (``kind: system``) |
 | ``evidence_payload`` | the exact input, only on ``GET /aip/v1/approvals/{id}`` |
 
@@ -48,9 +48,12 @@ from ..contracts.aip import (
     PrincipalKind,
 )
 from ..contracts.errors import (
+    AipError,
     ApprovalAlreadyDecided,
+    ApprovalExpiredUndecidable,
     ApprovalNotFound,
     ApprovalPolicyMismatch,
+    ApprovalWithdrawn,
     Forbidden,
     InvalidEnvelope,
 )
@@ -146,13 +149,13 @@ async def list_approvals(request: Request) -> Response:
     _can_read(principal)
     service: ActionService = request.app.state.actions
     status = request.query_params.get("status")
-    if status is not None and status not in ("pending", "approved", "denied", "expired"):
-        raise InvalidEnvelope("status must be pending, approved, denied or expired")
+    if status is not None and status not in ("pending", "approved", "denied", "expired", "withdrawn"):
+        raise InvalidEnvelope("status must be pending, approved, denied, expired or withdrawn")
     limit_text = request.query_params.get("limit", "100")
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= 200:
         raise InvalidEnvelope("limit must be an integer 1..200")
+    await service.expire_due()  # expiring an approval fails its action, in every path
     now = service.now_ms()
-    await service.store.expire_approvals(now)
     page = await service.store.list_approvals(principal.tenant, status=status,
                                               cursor=request.query_params.get("cursor"), limit=int(limit_text))
     crews = request.app.state.crews
@@ -188,12 +191,25 @@ async def _decision_body(request: Request) -> DecisionRequest:
         raise InvalidEnvelope(f"invalid decision: {exc}") from exc
 
 
+async def _why_undecided(service: ActionService, principal: Caller, approval_id: str) -> AipError:
+    """The error for a decision the store did not record: expired, withdrawn
+    (its action was cancelled), or already decided."""
+    details = {"approval_id": approval_id}
+    current = await service.store.get_approval(principal.tenant, approval_id)
+    if current is not None and current.effective_status(service.now_ms()) == "expired":
+        return ApprovalExpiredUndecidable(details=details)
+    if current is not None and current.status in ("pending", "withdrawn"):
+        return ApprovalWithdrawn(details=details)  # pending here: its action left pending_approval first
+    return ApprovalAlreadyDecided(details=details)
+
+
 async def post_decision(request: Request) -> Response:
     """``POST /aip/v1/approvals/{id}/decision`` (short form or an ApprovalDecision,
     see :class:`~aip_crewai.contracts.aip.DecisionRequest`) → 200 ApprovalDecision;
     400 an invalid body (no reason, a kind other than approved/denied);
     403 a non-approver, the requester, or a body naming another approver;
-    404 another tenant's; 409 decided or expired, or another policy hash."""
+    404 another tenant's; 409 decided, expired or withdrawn (its action was
+    cancelled, also when the cancel won a race with this decision), or another policy hash."""
     principal = await authenticate(request)
     decision = await _decision_body(request)
     approval = await _approval(request, principal)
@@ -215,7 +231,7 @@ async def post_decision(request: Request) -> Response:
     now = service.now_ms()
     decided = await service.decide(principal, approval.approval_id, decision.decision, decision.reason, now)
     if decided is None:
-        raise ApprovalAlreadyDecided(details={"approval_id": approval.approval_id})
+        raise await _why_undecided(service, principal, approval.approval_id)
     return aip_json(ApprovalDecision(approval_id=decided.approval_id, decision=decision.decision,
                                      approver=principal_view(principal.id), decided_at=ms_to_rfc3339(now),
                                      reason=decision.reason, policy_hash=decided.policy_hash,

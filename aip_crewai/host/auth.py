@@ -1,6 +1,6 @@
 """Principal authentication and roles.
 
-Two ways in (DESIGN.md §7):
+Two ways in (ARCHITECTURE.md §7):
 
 - ``Authorization: Bearer <token>``: the SHA-256 of the presented token is
   compared with EVERY configured hash using ``hmac.compare_digest`` (no early
@@ -24,7 +24,7 @@ Roles are ``invoker``, ``approver``, ``operator``; :func:`require_role`
 raises ``Forbidden`` (403). Tenant routing is not decided here: a principal
 carries its tenant and every lookup downstream is keyed by it.
 
-Source: DESIGN.md §7 (principals, signed envelopes), §6 (statuses).
+Source: ARCHITECTURE.md §7 (principals, signed envelopes), §6 (statuses).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from .store import rfc3339_to_ms
 
 log = structlog.get_logger(__name__)
 
-#: Accepted clock difference for ``sent_at``, milliseconds (DESIGN.md §7).
+#: Accepted clock difference for ``sent_at``, milliseconds (ARCHITECTURE.md §7).
 MAX_CLOCK_SKEW_MS = 300_000
 #: How long a claimed message id is remembered past ``sent_at``, ms (> the skew window).
 MESSAGE_ID_RETENTION_MS = MAX_CLOCK_SKEW_MS + 60_000
@@ -214,7 +214,7 @@ async def authenticate(request: Request, raw_body: bytes | None = None,
     Raises:
         Unauthenticated: 401 (``WWW-Authenticate: Bearer`` is added by the handler).
 
-    Source: DESIGN.md §7.
+    Source: ARCHITECTURE.md §7.
     """
     del raw_body
     authenticator: Authenticator = request.app.state.authenticator

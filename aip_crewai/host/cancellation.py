@@ -1,100 +1,105 @@
-"""Runtime cancellation of an action by its own tenant: the outcomes of the
-DESIGN.md §8 table, by operation and by how far the dispatch got.
+"""Runtime cancellation of an action by its own tenant.
 
-Functions take the :class:`~aip_crewai.host.actions.ActionService` first;
-:meth:`ActionService.cancel` calls them.
+Which outcome applies is data: :func:`~.lifecycle.cancel_case` picks the row
+of :data:`~.lifecycle.CANCEL_OUTCOMES` for the action's state and operation;
+this module carries the row out over the writer, the dispatcher and the live
+registry of an :class:`~.writer.ActionRuntime`.
 
-Source: DESIGN.md §8 (cancellation outcomes).
+Source: README "Cancellation"; docs/ARCHITECTURE.md "Action states".
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contracts import operations as ops
 from ..contracts.aip import ActionResult
 from ..contracts.errors import AipError, ConnectorCancelledUnconfirmed, NotCancellable
 from .auth import Principal
 from .dispatch import Job
+from .lifecycle import CANCEL_OUTCOMES, ActionState, CancelCase, DispatchState, cancel_case, is_terminal
 from .live import LiveAction
-from .normalize import failed_result
-from .store import ActionState
-
-if TYPE_CHECKING:
-    from .actions import ActionService
-
-#: Action statuses after which nothing changes.
-TERMINAL = ("completed", "failed", "cancelled")
+from .normalize import failed_result, result_from_terminal
+from .writer import ActionRuntime
 
 
-async def cancel(service: ActionService, caller: Principal, action_id: str) -> ActionResult:
-    """Runtime cancellation by the action's own tenant (DESIGN.md §8 table)."""
-    record = await service.get(caller, action_id)
-    spec = ops.get(record.operation)
-    if record.status in TERMINAL:
-        result = await service.result(record)
-        if result is not None:
-            return result
-    if spec.name in ("memory_reset", "cancel"):
-        raise NotCancellable(details={"operation": spec.name})
-    if record.status == "pending_approval":
-        result = ActionResult(action_id=action_id, status="cancelled",
-                              output={"remote_stop_confirmed": False, "provider_effect": "none"})
-        # Only while still pending: an approval that started the action meanwhile wins the row, and the
-        # action is then cancelled as the running action it now is (never "nothing happened" for a job that runs).
-        if await service._finish(record.tenant, action_id, result, None, only_from=ActionState.PENDING_APPROVAL):
-            return (await service.result(await service._get(record.tenant, action_id))) or result
-        record = await service._get(record.tenant, action_id)
-        if record.status != "running":
-            return (await service.result(record)) or result
-    live = service.live.get(record.tenant, action_id)
-    if spec.read_only:
+def _outcome(case: CancelCase, action_id: str, **extra: Any) -> ActionResult:
+    row = CANCEL_OUTCOMES[case]
+    return ActionResult(action_id=action_id, status=row.status or "cancelled",  # type: ignore[arg-type]
+                        output={**(row.output or {}), **extra})
+
+
+async def cancel(runtime: ActionRuntime, caller: Principal, action_id: str) -> ActionResult:
+    """Cancel the caller's tenant's action (README "Cancellation" table).
+
+    Raises: ActionNotFound (not the tenant's), NotCancellable (memory_reset, cancel: 409).
+    """
+    record = await runtime.get(caller, action_id)
+    operation, read_only = record.operation, ops.get(record.operation).read_only
+    case = cancel_case(record.status, operation, read_only=read_only)
+    if case is CancelCase.ENDED:
+        return (await runtime.result(record)) or ActionResult(action_id=action_id, status=record.status)  # type: ignore[arg-type]
+    if case is CancelCase.NOT_CANCELLABLE:
+        raise NotCancellable(details={"operation": operation})
+    tenant = record.tenant
+    if case is CancelCase.WITHDRAW:
+        result = _outcome(case, action_id)
+        # Only while still pending, its approval withdrawn in the same commit (no decision can land after
+        # it): an approval that started the action meanwhile wins the row, and the action is then cancelled
+        # as the running action it now is (never "nothing happened" for a job that runs).
+        if await runtime.writer.withdraw(tenant, action_id, result):
+            return (await runtime.result(await runtime.record(tenant, action_id))) or result
+        record = await runtime.record(tenant, action_id)
+        if record.status != ActionState.RUNNING:
+            return (await runtime.result(record)) or result
+        case = cancel_case(record.status, operation, read_only=read_only)
+    live = runtime.live.get(tenant, action_id)
+    if case in (CancelCase.DETACH_READ, CancelCase.DETACH_STREAM):
         if live is not None and live.task is not None:
             live.task.cancel()
-        output = {"remote_stop_confirmed": False, "provider_effect": "read_only", "completion_unobserved": True}
-        if spec.name == "events":
-            output = {"stream_detached": True, **output}
-        result = ActionResult(action_id=action_id, status="cancelled", output=output)  # type: ignore[arg-type]
-        await service._finish(record.tenant, action_id, result, None)
-        return (await service.result(await service._get(record.tenant, action_id))) or result
-    job = live.job if live is not None else service._job(record, stream=True)
+        await runtime.writer.finish(tenant, action_id, _outcome(case, action_id), None)
+        return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(case, action_id)
+    return await _stop_remote(runtime, record.tenant, action_id, live,
+                              live.job if live is not None else runtime.job(record, stream=True))
+
+
+async def _stop_remote(runtime: ActionRuntime, tenant: str, action_id: str, live: LiveAction | None,
+                       job: Job) -> ActionResult:
+    """The ``stop_remote`` row: the sidecar's cancel; confirmed → cancelled, else cancelled_unconfirmed."""
     if live is not None and live.task is not None:
         await _until_answered(live)  # a start still in flight may be admitted after a cancel would arrive
-    confirmed, view = await service.dispatcher.cancel_remote(job)
+    confirmed, view = await runtime.dispatcher.cancel_remote(job)
     if confirmed and live is not None and live.task is not None:
         # The sidecar records `cancelled`; the stream ends with it. Give it a moment, then detach.
         done, _ = await asyncio.wait({live.task}, timeout=10)
         if not done:
             live.task.cancel()
-    record = await service._get(record.tenant, action_id)
-    if record.status in TERMINAL:
-        return (await service.result(record)) or ActionResult(action_id=action_id, status="cancelled")  # type: ignore[arg-type]
-    ended = await ended_before_cancel(service, job, view) if confirmed else None
+    record = await runtime.record(tenant, action_id)
+    if is_terminal(record.status):
+        return (await runtime.result(record)) or _outcome(CancelCase.STOP_REMOTE, action_id)
+    ended = await ended_before_cancel(runtime, job, view) if confirmed else None
     if ended is not None:  # the job finished before the cancel reached it: its real outcome, not `cancelled`
         result = ended
     elif confirmed:
-        output = {"remote_stop_confirmed": True,
-                  "provider_stop_observed": bool((view or {}).get("provider_stop_observed", False))}
-        result = ActionResult(action_id=action_id, status="cancelled", output=output)
+        result = _outcome(CancelCase.STOP_REMOTE, action_id,
+                          provider_stop_observed=bool((view or {}).get("provider_stop_observed", False)))
     else:
         if live is not None and live.task is not None:
             live.task.cancel()
         result = failed_result(action_id, ConnectorCancelledUnconfirmed(
-            operation=spec.name, uncertain_outcome=True, dispatch=record.dispatch))
-    await service._finish(record.tenant, action_id, result, None)
-    return (await service.result(await service._get(record.tenant, action_id))) or result
+            operation=job.spec.name, uncertain_outcome=True, dispatch=record.dispatch))
+    await runtime.writer.finish(tenant, action_id, result, None)
+    return (await runtime.result(await runtime.record(tenant, action_id))) or result
 
 
-async def ended_before_cancel(service: ActionService, job: Job, view: dict[str, Any] | None) -> ActionResult | None:
+async def ended_before_cancel(runtime: ActionRuntime, job: Job, view: dict[str, Any] | None) -> ActionResult | None:
     """The sidecar's own terminal result when the cancel found the job already
     completed or failed (None otherwise, or when it cannot be read)."""
     if (view or {}).get("status") not in ("completed", "failed"):
         return None
-    from .normalize import result_from_terminal
-
     try:
-        terminal = await service.dispatcher.terminal_event(job)
+        terminal = await runtime.dispatcher.terminal_event(job)
     except AipError:
         return None
     return None if terminal is None else result_from_terminal(job.action_id, job.spec, terminal)
@@ -108,6 +113,6 @@ async def _until_answered(live: LiveAction, bound_s: float = 10.0) -> None:
     is admitted a moment later and then runs unseen."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound_s
-    while live.job.dispatch.state != "acknowledged" and live.task is not None and not live.task.done() \
-            and loop.time() < deadline:
+    while live.job.dispatch.state != DispatchState.ACKNOWLEDGED and live.task is not None \
+            and not live.task.done() and loop.time() < deadline:
         await asyncio.sleep(0.005)

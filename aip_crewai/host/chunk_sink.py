@@ -1,7 +1,7 @@
 """Group commit of a dispatch's AIP stream chunks into the host store
 (used by the action service's dispatch and by restart recovery).
 
-Source: DESIGN.md §5 (chunk events commit in groups), §10 (appends batch).
+Source: ARCHITECTURE.md §5 (chunk events commit in groups), §10 (appends batch).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Host configuration: ``host.toml`` → a validated, frozen :class:`Settings`.
 
-TOML shape (DESIGN.md §11; every table rejects unknown keys)::
+TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
 
     [host]
     bind = "127.0.0.1:8081"            # "<ipv4|name>:<port>" or "[<ipv6>]:<port>"; default shown
@@ -34,7 +34,7 @@ visible ASCII. The only environment variable read is ``NOTIFY_SOCKET``.
 Every error is a :class:`ConfigError` whose message starts with the offending
 key, e.g. ``principals[1].token_sha256: must be 64 hexadecimal characters``.
 
-Source: DESIGN.md §7 (admission, tenant routing, principals), §11 (operator
+Source: ARCHITECTURE.md §7 (admission, tenant routing, principals), §11 (operator
 interface).
 """
 
@@ -58,17 +58,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 from ..contracts.errors import AipError, Category
 from ..contracts.inputs import has_control_characters
 from ..keys import SecretFileError, read_token
 from .admission import AdmissionError, CrewDescriptor, load_descriptors
 
-#: Response bound, bytes (DESIGN.md §8, §11).
+#: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
-#: Sidecar token file bounds, bytes (DESIGN.md §4).
+#: Sidecar token file bounds, bytes (ARCHITECTURE.md §4).
 #: Crews file bound, bytes (1,000 descriptors of at most ~17 KiB each, with room).
 MAX_CREWS_FILE_BYTES = 32 * 1024 * 1024
 ROLES: frozenset[str] = frozenset({"invoker", "approver", "operator"})
@@ -101,27 +101,27 @@ class _Table(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Base of the TOML tables: unknown keys are errors."""
 
 
-class _HostTable(_Table):
+class _HostTable(_Table, frozen=True):
     store: str
     bind: str = "127.0.0.1:8081"
     max_response_bytes: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESPONSE_BYTES_LIMIT)] = DEFAULT_MAX_RESPONSE_BYTES
     readiness_interval_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)] = 5_000
 
 
-class _SidecarTable(_Table):
+class _SidecarTable(_Table, frozen=True):
     url: str
     token_file: str
 
 
-class _CrewsTable(_Table):
+class _CrewsTable(_Table, frozen=True):
     file: str
 
 
-class _TenantTable(_Table):
+class _TenantTable(_Table, frozen=True):
     crews: list[str]
 
 
-class _PrincipalTable(_Table):
+class _PrincipalTable(_Table, frozen=True):
     id: str
     tenant: str
     roles: Annotated[list[Literal["invoker", "approver", "operator"]], msgspec.Meta(min_length=1)]
@@ -129,7 +129,7 @@ class _PrincipalTable(_Table):
     ed25519_public_key: str | None = None
 
 
-class _Root(_Table):
+class _Root(_Table, frozen=True):
     host: Any
     sidecar: Any
     crews: Any
@@ -240,7 +240,7 @@ def check_sidecar_url(url: str) -> str:
     Raises:
         ConfigError: keyed ``sidecar.url``.
 
-    Source: DESIGN.md §7 (sidecar client: https or loopback http).
+    Source: ARCHITECTURE.md §7 (sidecar client: https or loopback http).
     """
     key = "sidecar.url"
     if has_control_characters(url) or " " in url:
@@ -271,7 +271,7 @@ def read_token_file(path: Path, key: str = "sidecar.token_file") -> str:
     Raises:
         ConfigError: keyed ``key``, naming the rule.
 
-    Source: DESIGN.md §4 (token file rules), §7.
+    Source: ARCHITECTURE.md §4 (token file rules), §7.
     """
     try:
         return read_token(path)
@@ -386,7 +386,7 @@ def load_settings(path: str | os.PathLike[str], *, environ: Mapping[str, str] | 
     Raises:
         ConfigError: the file is missing, not TOML, or breaks a rule (keyed).
 
-    Source: DESIGN.md §11.
+    Source: ARCHITECTURE.md §11.
     """
     config_path = Path(path)
     try:

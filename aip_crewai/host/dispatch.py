@@ -1,10 +1,10 @@
 """Execute one admitted action against the sidecar and produce its AIP result.
 
 This module knows the operation catalogue's sidecar bindings and the result
-and cancellation mapping of DESIGN.md §8; it knows nothing of HTTP requests
+and cancellation mapping of ARCHITECTURE.md §8; it knows nothing of HTTP requests
 from tenants, fences or the store (chunks leave through ``on_chunks``).
 
-Source: DESIGN.md §4 (routes), §8 (normalization, cancellation, errors).
+Source: ARCHITECTURE.md §4 (routes), §8 (normalization, cancellation, errors).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .sidecar_client import Dispatch, SidecarClient, sidecar_job_id
 log = structlog.get_logger(__name__)
 
 OnChunks = Callable[[list[StreamChunk]], Awaitable[None]]
-#: Failures after which the job may be running at the sidecar: cancel it (DESIGN.md §8).
+#: Failures after which the job may be running at the sidecar: cancel it (ARCHITECTURE.md §8).
 _STREAM_FAILURES = (ConnectorInvalidStream, ConnectorResponseTooLarge, ConnectorTransport)
 
 
@@ -203,7 +203,7 @@ class Dispatcher:
     async def _with_full_output(self, job: Job, terminal: JobEvent) -> JobEvent:
         """A ``completed`` event too large for one event carries
         ``output_omitted: true``; the whole output (at most 4 MiB) is on the
-        job view, so read it there (sidecar contract, DESIGN.md §4)."""
+        job view, so read it there (sidecar contract, ARCHITECTURE.md §4)."""
         if terminal.event != "completed" or not terminal.data.get("output_omitted"):
             return terminal
         view = await self.client.get_job(job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id)
@@ -212,7 +212,7 @@ class Dispatcher:
 
     async def _cancel_after_failure(self, job: Job, error: ConnectorError) -> ConnectorError:
         """After a stream failure on a cancellable operation, ask the sidecar to
-        cancel (DESIGN.md §8); an unconfirmed cancel becomes cancelled_unconfirmed."""
+        cancel (ARCHITECTURE.md §8); an unconfirmed cancel becomes cancelled_unconfirmed."""
         try:
             await self.client.cancel(
                 job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id, crew_id=job.crew_id,

@@ -3,7 +3,8 @@
 A :class:`LiveAction` holds the dispatch task and a change signal; followers
 (SSE streams, duplicate blocking callers) read chunks and results from the
 store and wait on the signal between reads, so the store stays the single
-source of truth and a follower never misses or repeats a chunk.
+source of truth and a follower never misses or repeats a chunk: it takes
+:attr:`LiveAction.version` before reading and waits only for a change after it.
 """
 
 from __future__ import annotations
@@ -24,15 +25,24 @@ class LiveAction:
     #: The record as the dispatch's own result write left it (None until then,
     #: and when another writer, e.g. a cancel, ended the action first).
     final: ActionRecord | None = None
+    #: Bumped by every :meth:`notify`: a follower reads it BEFORE reading the
+    #: store and passes it to :meth:`wait`, so a change between its read and its
+    #: wait is never missed (register interest, then read, then wait).
+    version: int = 0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self) -> None:
         """Wake every waiter (new chunks or a result are in the store)."""
+        self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def wait(self, timeout_s: float) -> bool:
-        """Wait for the next change; False on timeout."""
+    async def wait(self, timeout_s: float, *, seen: int | None = None) -> bool:
+        """Wait for a change after ``seen`` (the :attr:`version` read before the
+        caller read the store; None: the next change); False on timeout.
+        Returns at once when a change already happened after ``seen``."""
+        if seen is not None and self.version != seen:
+            return True
         event = self._changed
         try:
             await asyncio.wait_for(event.wait(), timeout_s)

@@ -4,7 +4,7 @@ Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for a configuration
 or store-location error (one line on stderr naming the key, no traceback),
 1 when serving fails.
 
-Source: DESIGN.md §11 (operator interface), §1 (the host never imports CrewAI).
+Source: ARCHITECTURE.md §11 (operator interface), §1 (the host never imports CrewAI).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Pure part: :func:`crew_capabilities` turns one admitted descriptor into one
 :class:`~aip_crewai.contracts.aip.Capability` per allowed operation, in
-catalogue order, carrying the whole contract of DESIGN.md §6;
+catalogue order, carrying the whole contract of ARCHITECTURE.md §6;
 :class:`CapabilityIndex` does it once at startup for every crew and holds each
 tenant's encoded manifest. The routes (``GET /aip/v1/manifest`` and ``GET
 /aip/v1/capabilities``, same body) serve those bytes to any authenticated
@@ -12,8 +12,8 @@ Tenant routing is default-deny: a crew absent from the tenant's list does not
 exist for that tenant; :meth:`CapabilityIndex.resolve` answers
 ``capability.not_found`` exactly as for an unknown id.
 
-Source: DESIGN.md §3, §4 ("Outputs"), §6 (projection), §7 (bindings, routing);
-seeds/crewai-capabilities.md.
+Source: ARCHITECTURE.md §3, §4 ("Outputs"), §6 (projection), §7 (bindings, routing);
+README "Capabilities".
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _object(required: list[str], properties: dict[str, Any], description: str) -
     return {"type": "object", "description": description, "required": required, "properties": properties}
 
 
-#: Output schema per operation (DESIGN.md §4 "Outputs").
+#: Output schema per operation (ARCHITECTURE.md §4 "Outputs").
 OUTPUT_SCHEMAS: dict[str, dict[str, Any]] = {
     "run": _CREW_OUTPUT,
     "status": _JOB_VIEW,
@@ -289,7 +289,7 @@ class CapabilityIndex:
         return dict(self._visible.get(tenant, {}))
 
     def resolve(self, tenant: str, cap_id: str) -> ResolvedCapability:
-        """Resolve ``cap_id`` for ``tenant`` (longest crew id, DESIGN.md §3).
+        """Resolve ``cap_id`` for ``tenant`` (longest crew id, ARCHITECTURE.md §3).
 
         Raises:
             CapabilityNotFound: unknown id, an operation the crew does not

@@ -11,14 +11,14 @@ Metrics (all prefixed ``aip_host_``):
 |---|---|---|
 | ``requests_total`` | counter | route (path template), method, status |
 | ``request_duration_seconds`` | summary (sum, count) | route, method |
-| ``ready`` | gauge | (1 when the sidecar agrees, DESIGN.md §7) |
+| ``ready`` | gauge | (1 when the sidecar agrees, ARCHITECTURE.md §7) |
 | ``readiness_checks_total`` | counter | result (ready, unready) |
 | ``auth_failures_total`` | counter | |
 | ``fence_decisions_total`` | counter | fence, decision (incremented by the fences) |
 | ``stream_errors_total`` | counter | code |
 | ``actions_total`` | counter | operation, status |
 
-Source: DESIGN.md §6 (``/metrics``: Prometheus text).
+Source: ARCHITECTURE.md §6 (``/metrics``: Prometheus text).
 """
 
 from __future__ import annotations

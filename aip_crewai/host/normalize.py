@@ -7,7 +7,7 @@ bound (1 MiB), the event-count bound (100,000), the response bound (default
 64 MiB) and exactly one terminal event, last. :func:`result_from_terminal`
 maps the terminal event to an AIP ``ActionResult``.
 
-Source: DESIGN.md §8 (normalization, errors), §4 (events).
+Source: ARCHITECTURE.md §8 (normalization, errors), §4 (events).
 """
 
 from __future__ import annotations
@@ -32,16 +32,16 @@ MAX_STREAM_EVENTS = 100_000
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 
-#: sidecar chunk channel -> AIP chunk kind (DESIGN.md §8); other channels: progress.
+#: sidecar chunk channel -> AIP chunk kind (ARCHITECTURE.md §8); other channels: progress.
 CHANNEL_KINDS = {"tools": "tool", "llm": "data", "messages": "data"}
-#: sidecar event -> AIP chunk kind for the non-chunk events (DESIGN.md §8).
+#: sidecar event -> AIP chunk kind for the non-chunk events (ARCHITECTURE.md §8).
 EVENT_KINDS = {"started": "progress", "completed": "done", "cancelled": "done", "failed": "error"}
 
 _event_decoder = msgspec.json.Decoder(JobEvent)
 
 
 def chunk_kind(event: JobEvent) -> str:
-    """AIP chunk kind of one sidecar event (DESIGN.md §8)."""
+    """AIP chunk kind of one sidecar event (ARCHITECTURE.md §8)."""
     if event.event == "chunk":
         return CHANNEL_KINDS.get(str(event.data.get("channel")), "progress")
     return EVENT_KINDS.get(event.event, "progress")
@@ -167,7 +167,7 @@ def failed_result(action_id: str, error: AipError) -> ActionResult:
 
 
 def result_from_terminal(action_id: str, spec: OperationSpec, event: JobEvent) -> ActionResult:
-    """Map the sidecar's terminal event to the AIP result (DESIGN.md §8).
+    """Map the sidecar's terminal event to the AIP result (ARCHITECTURE.md §8).
 
     completed → ``completed`` with the event data as output; cancelled →
     ``cancelled``; failed → ``failed`` with ``connector.crewai.execution_failed``

@@ -12,7 +12,7 @@ the next poll). Concurrent refreshes share one request.
 
 Also here: :func:`notify_systemd`, the one-datagram ``sd_notify``.
 
-Source: DESIGN.md §7 (readiness), §6 (``/ready``), seeds/crewai-capabilities.md
+Source: ARCHITECTURE.md §7 (readiness), §6 (``/ready``), README "Capabilities"
 ("Understand discovery projection").
 """
 

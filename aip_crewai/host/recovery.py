@@ -6,30 +6,29 @@ sidecar job (read, or followed live when streamed) and never re-dispatched.
 One the sidecar never admitted (the previous process died before its start
 request was admitted) is dispatched now when it may still run, else fails
 with a certain outcome (``not_sent``): see :func:`_admit_or_fail`.
-Functions take the :class:`~aip_crewai.host.actions.ActionService` first;
-:meth:`ActionService.reconcile` and the app lifespan call them.
+Functions take an :class:`~aip_crewai.host.writer.ActionRuntime` (the action
+service) first and change state only through its writer;
+``ActionService.reconcile`` and the actions lifespan call them.
 
-Source: DESIGN.md §7 (approval fence: TTL, one decision), §8 (dispatch states, cancelled_unconfirmed).
+Source: README "The approval flow", "Failure behaviour"; docs/ARCHITECTURE.md "Action states".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
 
 import structlog
 
 from ..contracts import operations as ops
 from ..contracts.aip import ActionResult
-from ..contracts.errors import AipError, ApprovalExpired, ConnectorCancelledUnconfirmed
+from ..contracts.errors import AipError, ConnectorCancelledUnconfirmed
 from .chunk_sink import ChunkSink
+from .lifecycle import CANCEL_OUTCOMES, ActionState, CancelCase, DispatchState, approval_admits
 from .live import LiveAction
-from .normalize import failed_result
+from .normalize import failed_result, result_from_terminal
 from .store import ActionRecord
-
-if TYPE_CHECKING:
-    from .actions import ActionService
+from .writer import ActionRuntime
 
 log = structlog.get_logger(__name__)
 
@@ -39,153 +38,142 @@ EXPIRY_SWEEP_S = 5.0
 RECONCILE_S = 5.0
 
 
-async def sweep_expired(service: ActionService) -> None:
+async def sweep_expired(runtime: ActionRuntime) -> None:
     """Every :data:`EXPIRY_SWEEP_S`: :func:`expire_due`."""
     while True:
         await asyncio.sleep(EXPIRY_SWEEP_S)
         try:
-            await expire_due(service)
+            await expire_due(runtime)
         except Exception:  # housekeeping must not kill the host
             log.exception("approval_sweep_failed")
 
 
-async def expire_due(service: ActionService) -> None:
+async def expire_due(runtime: ActionRuntime) -> None:
     """Expire every pending approval whose TTL passed and fail each one's
     pending action (``policy.approval_expired``), whoever triggers it: the
-    sweep, or a read of one of them (which must not leave the others'
-    actions pending behind approvals nobody will sweep again)."""
-    for approval in await service.store.expire_approvals(service.now_ms()):
-        record = await service.store.get_action(approval.tenant, approval.action_id)
-        if record is not None and record.status == "pending_approval":
-            await service._finish(record.tenant, record.action_id,
-                                  failed_result(record.action_id, ApprovalExpired()),
-                                  "not_sent")
+    sweep, the approval list, or a read of one of them."""
+    await runtime.writer.expire_due(runtime.now_ms())
 
 
-async def reconcile_all(service: ActionService) -> None:
+async def reconcile_all(runtime: ActionRuntime) -> None:
     """After a restart: settle actions the previous process left running, and
     approvals it decided without applying the decision, or never wrote. Then,
     every :data:`RECONCILE_S`, settle running actions no task of this process
     dispatches or follows: those the sidecar could not be asked about yet
     (unreachable at the restart) are retried without waiting for a reader."""
-    for record in [*await service.store.list_in_flight(), *await service.store.list_awaiting_approval()]:
-        await _settle(service, record)
+    for record in [*await runtime.store.list_in_flight(), *await runtime.store.list_awaiting_approval()]:
+        await _settle(runtime, record)
     while True:
         await asyncio.sleep(RECONCILE_S)
         try:
-            in_flight = await service.store.list_in_flight()
+            in_flight = await runtime.store.list_in_flight()
         except Exception:  # housekeeping must not kill the host
             log.exception("reconcile_listing_failed")
             continue
         for record in in_flight:
-            if service.live.get(record.tenant, record.action_id) is None:
-                await _settle(service, record, reread=True)
+            if runtime.live.get(record.tenant, record.action_id) is None:
+                await _settle(runtime, record, reread=True)
 
 
-async def _settle(service: ActionService, record: ActionRecord, *, reread: bool = False) -> None:
+async def _settle(runtime: ActionRuntime, record: ActionRecord, *, reread: bool = False) -> None:
     """:meth:`ActionService.refresh` of one action, errors logged. ``reread``:
     read it again first (a listing may predate the end of a dispatch of this
     process) and settle it only if it is still running with no task here."""
     try:
         if reread:
-            fresh = await service.store.get_action(record.tenant, record.action_id)
-            if fresh is None or fresh.status != "running" or service.live.get(fresh.tenant, fresh.action_id):
+            fresh = await runtime.store.get_action(record.tenant, record.action_id)
+            if fresh is None or fresh.status != ActionState.RUNNING or runtime.live.get(fresh.tenant, fresh.action_id):
                 return
             record = fresh
-        await service.refresh(record)
+        await runtime.refresh(record)
     except Exception:
         log.exception("reconcile_failed", action_id=record.action_id)
 
 
-async def reconcile(service: ActionService, record: ActionRecord) -> None:
+async def reconcile(runtime: ActionRuntime, record: ActionRecord) -> None:
     """Settle a running action left by a previous host process."""
-    job = service._job(record, stream=False)
+    job = runtime.job(record, stream=False)
     spec = job.spec
     if not spec.startable:
         # Inspection reads are not journaled by the sidecar: their outcome is unknown, re-reading is safe.
-        result = ActionResult(action_id=record.action_id, status="cancelled",  # type: ignore[arg-type]
-                              output={"remote_stop_confirmed": False, "provider_effect": "read_only",
-                                      "completion_unobserved": True})
-        await service._finish(record.tenant, record.action_id, result, None)
+        row = CANCEL_OUTCOMES[CancelCase.DETACH_READ]  # what a cancel of the read would store
+        result = ActionResult(action_id=record.action_id, status="cancelled", output=dict(row.output or {}))
+        await runtime.writer.finish(record.tenant, record.action_id, result, None)
         return
     if spec.stream:
-        _resume(service, record)  # follow the sidecar job live: its chunks since the restart, then its result
+        _resume(runtime, record)  # follow the sidecar job live: its chunks since the restart, then its result
         return
     try:
-        terminal = await service.dispatcher.terminal_event(job)
+        terminal = await runtime.dispatcher.terminal_event(job)
     except AipError as exc:
         if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
-            await _admit_or_fail(service, record)
+            await _admit_or_fail(runtime, record)
         return
     if terminal is None:
         return  # still running at the sidecar; a later read settles it
-    from .normalize import result_from_terminal
-
-    await service._finish(record.tenant, record.action_id, result_from_terminal(record.action_id, spec, terminal),
-                          "acknowledged")
+    await runtime.writer.finish(record.tenant, record.action_id, result_from_terminal(record.action_id, spec, terminal),
+                          DispatchState.ACKNOWLEDGED.value)
 
 
-async def _may_still_run(service: ActionService, record: ActionRecord) -> bool:
+async def _may_still_run(runtime: ActionRuntime, record: ActionRecord) -> bool:
     """Whether a running action the sidecar never admitted may be dispatched
     now: its operation needs no approval, or its approval is approved, bound
     to it and decided before it expired (:func:`~.actions.approval_admits`;
-    the TTL bounds the decision, not the run: DESIGN.md §7). A start the
+    the TTL bounds the decision, not the run: ARCHITECTURE.md §7). A start the
     sidecar did answer (``acknowledged``) was admitted: its job being gone
     is no reason to run it again."""
-    from .actions import approval_admits
-
-    if record.dispatch == "acknowledged":
+    if record.dispatch == DispatchState.ACKNOWLEDGED:
         return False
     if not ops.get(record.operation).approval:
         return True
-    approval = await service.store.get_approval(record.tenant, record.approval_id) if record.approval_id else None
+    approval = await runtime.store.get_approval(record.tenant, record.approval_id) if record.approval_id else None
     return approval is not None and approval_admits(approval, record)
 
 
-async def _admit_or_fail(service: ActionService, record: ActionRecord) -> None:
+async def _admit_or_fail(runtime: ActionRuntime, record: ActionRecord) -> None:
     """A running action whose job the sidecar does not know: dispatch it now
     if it may still run (:func:`_may_still_run`), else fail it as never
     dispatched. Dispatching is safe: the sidecar admits a job id once
     (``Idempotency-Key`` and request hash), so a start request of the dead
     process that is admitted after all is joined, never run twice."""
-    if await _may_still_run(service, record):
+    if await _may_still_run(runtime, record):
         log.info("action_dispatched_after_restart")
-        service.start(record, stream=True)
+        runtime.start(record, stream=True)
     else:
-        await _fail_never_admitted(service, record)
+        await _fail_never_admitted(runtime, record)
 
 
-async def _fail_never_admitted(service: ActionService, record: ActionRecord) -> None:
-    await service._finish(record.tenant, record.action_id, failed_result(
+async def _fail_never_admitted(runtime: ActionRuntime, record: ActionRecord) -> None:
+    await runtime.writer.finish(record.tenant, record.action_id, failed_result(
         record.action_id, ConnectorCancelledUnconfirmed(
             "the host restarted before the sidecar admitted the action", operation=record.operation,
-            remote_status=404, uncertain_outcome=False, dispatch="not_sent")), "not_sent")
+            remote_status=404, uncertain_outcome=False, dispatch="not_sent")), DispatchState.NOT_SENT.value)
 
 
-def _resume(service: ActionService, record: ActionRecord) -> None:
+def _resume(runtime: ActionRuntime, record: ActionRecord) -> None:
     """Re-attach (once per process) to the sidecar job of a running streamed
     action no task here dispatches, i.e. one a previous host process left
     running. Read-only (:meth:`Dispatcher.resume`): never re-dispatched."""
-    if service.live.get(record.tenant, record.action_id) is not None:
+    if runtime.live.get(record.tenant, record.action_id) is not None:
         return
-    live = LiveAction(job=service._job(record, stream=True))
-    service.live.add(live)
-    live.task = asyncio.get_running_loop().create_task(_follow_sidecar(service, live),
+    live = LiveAction(job=runtime.job(record, stream=True))
+    runtime.live.add(live)
+    live.task = asyncio.get_running_loop().create_task(_follow_sidecar(runtime, live),
                                                        name=f"resume:{record.action_id}")
 
 
-async def _follow_sidecar(service: ActionService, live: LiveAction) -> None:
+async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
     job = live.job
     tenant, action_id = job.tenant, job.action_id
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
-    sink = ChunkSink(service.store, live)
+    sink = ChunkSink(runtime.store, live)
     never_admitted: ActionRecord | None = None
     try:
         log.info("action_resumed", from_chunk=job.first_chunk_sequence)
-        result = await service.dispatcher.resume(job, sink.add)
+        result = await runtime.dispatcher.resume(job, sink.add)
         await sink.drain()
-        live.final = await service._finish(tenant, action_id, result, "acknowledged", operation=job.spec.name,
+        live.final = await runtime.writer.finish(tenant, action_id, result, DispatchState.ACKNOWLEDGED.value, operation=job.spec.name,
                                            durable=job.durable)
     except asyncio.CancelledError:
         sink.discard()
@@ -194,13 +182,13 @@ async def _follow_sidecar(service: ActionService, live: LiveAction) -> None:
         with contextlib.suppress(Exception):
             await sink.drain()
         if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
-            never_admitted = await service.store.get_action(tenant, action_id)
+            never_admitted = await runtime.store.get_action(tenant, action_id)
         else:  # the sidecar cannot be read now: the action stays running, the next read retries
             log.warning("action_resume_deferred", code=exc.code)
     except Exception:
         log.exception("action_resume_failed")
     finally:
-        service.live.remove(tenant, action_id)
+        runtime.live.remove(tenant, action_id)
         live.notify()
-    if never_admitted is not None and never_admitted.status == "running":
-        await _admit_or_fail(service, never_admitted)  # after this follower left the live registry
+    if never_admitted is not None and never_admitted.status == ActionState.RUNNING:
+        await _admit_or_fail(runtime, never_admitted)  # after this follower left the live registry

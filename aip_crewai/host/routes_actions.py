@@ -2,7 +2,7 @@
 history routes. Thin: authenticate, decode, call :class:`ActionService`,
 render AIP envelopes (JSON or SSE).
 
-Source: DESIGN.md §6 (routes, SSE profile), §7 (fences), §8 (cancellation).
+Source: ARCHITECTURE.md §6 (routes, SSE profile), §7 (fences), §8 (cancellation).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from ..contracts.aip import (
 )
 from ..contracts.errors import InvalidEnvelope, MessageTooLarge
 from ..sse import encode_comment, encode_event
-from .actions import TERMINAL, ActionService
+from .actions import ActionService
 from .auth import Principal, authenticate, require_role
-from .lifecycle import ack_reason, ack_status, lifecycle_state
+from .lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
 from .store import ActionRecord, InvalidCursor, ms_to_rfc3339
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024
-#: Keep-alive comment interval on tenant SSE streams, seconds (DESIGN.md §4).
+#: Keep-alive comment interval on tenant SSE streams, seconds (ARCHITECTURE.md §4).
 KEEPALIVE_S = 15.0
 #: Longest a blocking JSON call waits for the result, seconds, beyond the action timeout.
 WAIT_MARGIN_S = 30.0
@@ -76,7 +76,7 @@ async def _read_body(request: Request) -> bytes:
 
 
 def _service(request: Request) -> ActionService:
-    return request.app.state.actions  # type: ignore[no-any-return]
+    return request.app.state.actions
 
 
 def _wants_sse(request: Request) -> bool:
@@ -129,7 +129,7 @@ async def post_message(request: Request) -> Response:
     if stream and _wants_sse(request):
         return _sse_response(service, record, after=-1)
     if action.mode == "async":
-        if record.status in TERMINAL or record.status == "pending_approval":
+        if is_terminal(record.status) or record.status == ActionState.PENDING_APPROVAL:
             return await _result_response(service, record)
         return aip_json(ack_envelope(record, streaming=False), 202)
     timeout_s = (record.timeout_ms or 600_000) / 1000 + WAIT_MARGIN_S
@@ -176,6 +176,8 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
         yield _frame(0, "ack", ack_envelope(record, streaming=True))
     last_seq = max(after - 1, -1)
     while True:
+        watched = service.live.get(tenant, action_id)
+        seen = watched.version if watched is not None else None  # before reading: a later change wakes us
         chunks = await service.store.list_chunks(tenant, action_id, last_seq, 500)
         if chunks:
             # One write per page of stored chunks, not per frame: each ASGI send costs a socket write.
@@ -188,7 +190,7 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
             last_seq = chunks[-1].sequence
             yield b"".join(frames)
         record = await service.refresh(await service.store.get_action(tenant, action_id) or record)
-        if record.status != "running" and record.chunk_count <= last_seq + 1:
+        if record.status != ActionState.RUNNING and record.chunk_count <= last_seq + 1:
             result = await service.result(record)
             if result is None:
                 return
@@ -204,12 +206,14 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
             elif n > after:
                 yield _frame(n, "result", result_envelope(result))
             return
-        if record.status == "running" and record.chunk_count > last_seq + 1:
+        if record.status == ActionState.RUNNING and record.chunk_count > last_seq + 1:
             continue
         live = service.live.get(tenant, action_id)
         if live is None:
             record = await service.wait(record, 1.0)
-        elif not await live.wait(KEEPALIVE_S):
+        elif live is not watched:
+            continue  # its dispatch registered after this round's read: read again
+        elif not await live.wait(KEEPALIVE_S, seen=seen):
             yield encode_comment("keep-alive")
 
 
@@ -244,7 +248,7 @@ def action_links(action_id: str, approval_id: str | None) -> dict[str, str]:
 async def get_action(request: Request) -> Response:
     """``GET /aip/v1/actions/{id}``: the ActionStatus (state, result status, links; the result once final)."""
     _, service, record = await _principal_action(request)
-    result = await service.result(record) if record.status in TERMINAL else None
+    result = await service.result(record) if is_terminal(record.status) else None
     status = ActionStatus(
         action_id=record.action_id, capability_id=record.capability_id, correlation_id=record.action_id,
         state=lifecycle_state(record.status, record.dispatch), updated_at=ms_to_rfc3339(record.updated_at),
@@ -292,7 +296,7 @@ async def get_events(request: Request) -> Response:
     events += [Event(id=f"sse_{1 + c.sequence}", kind="aip.core.v1.stream_chunk", occurred_at=updated,
                      action_id=action_id, correlation_id=action_id, data=c) for c in chunks]
     last = chunks[-1].sequence if chunks else max(after - 1, -1)
-    terminal = record.status in TERMINAL
+    terminal = is_terminal(record.status)
     done = False
     if terminal and last + 1 >= record.chunk_count:
         result = await service.result(record)
@@ -323,7 +327,7 @@ async def get_chunks(request: Request) -> Response:
     cursor = int(raw)
     rows = await service.store.list_chunks(record.tenant, record.action_id, cursor - 1, PAGE_CHUNKS)
     next_cursor = rows[-1].sequence + 1 if rows else cursor
-    terminal = record.status in TERMINAL
+    terminal = is_terminal(record.status)
     done = terminal and next_cursor >= record.chunk_count
     return aip_json(ActionEvents(action_id=record.action_id, events=[],
                                  chunks=[_chunk_decoder.decode(row.chunk_json) for row in rows],
@@ -331,7 +335,7 @@ async def get_chunks(request: Request) -> Response:
 
 
 async def post_cancel(request: Request) -> Response:
-    """``POST /aip/v1/actions/{id}/cancel``: runtime cancellation (DESIGN.md §8)."""
+    """``POST /aip/v1/actions/{id}/cancel``: runtime cancellation (ARCHITECTURE.md §8)."""
     principal = await authenticate(request)
     require_role(principal, "invoker")  # the action's own tenant, as a caller (not an approver or operator)
     result = await _service(request).cancel(principal, request.path_params["action_id"])

@@ -9,7 +9,7 @@ reference host does; the AIP action id is tenant-scoped, see :func:`sidecar_job_
 request got: ``not_sent`` (no connection), ``sent`` (bytes may have reached
 the sidecar, no answer), ``acknowledged`` (the sidecar answered).
 
-Source: DESIGN.md §4 (sidecar contract), §7 (sidecar client), §8 (errors).
+Source: ARCHITECTURE.md §4 (sidecar contract), §7 (sidecar client), §8 (errors).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def sidecar_idempotency_key(key: str) -> str:
 
 @dataclass
 class Dispatch:
-    """How far one request got (DESIGN.md §8)."""
+    """How far one request got (ARCHITECTURE.md §8)."""
 
     state: str = "not_sent"
 
@@ -85,7 +85,7 @@ class Dispatch:
 def error_for_status(
     status: int, spec: OperationSpec, *, detail: str | None, dispatch: str = "acknowledged"
 ) -> ConnectorError:
-    """Map a sidecar HTTP status to a connector error (DESIGN.md §8).
+    """Map a sidecar HTTP status to a connector error (ARCHITECTURE.md §8).
 
     401/403 → authentication; 404/413/422/428 → configuration_or_input;
     429 and ≥ 500 → remote_temporary; other 4xx → remote_rejected.
@@ -144,7 +144,7 @@ def _detail(body: bytes) -> str | None:
 
 
 class SidecarClient:
-    """Typed calls to the sidecar routes of DESIGN.md §4.
+    """Typed calls to the sidecar routes of ARCHITECTURE.md §4.
 
     Args:
         http: the lifespan-owned client (base URL and bearer set).

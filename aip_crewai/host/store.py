@@ -20,7 +20,7 @@ process, but a power loss may roll it back; WAL frames are appended in
 order, so the next durable commit makes it durable too. The action service
 uses it only where losing the write costs nothing: actions of read-only
 operations without an idempotency key (a status read leaves no side effect and
-no fence), and chunk appends (like the sidecar's chunk checkpoints, DESIGN.md
+no fence), and chunk appends (like the sidecar's chunk checkpoints, ARCHITECTURE.md
 §5: the result commit that ends the action is durable and covers them).
 
 Threading: the ``sqlite3`` connection lives on one dedicated worker thread and
@@ -39,13 +39,14 @@ Opening the connection (WAL, pragmas, :func:`migrate`) and the pre-flight
 :func:`check_store_file` live in :mod:`store_schema` and are re-exported
 here; no host module other than these two runs SQL.
 
-Source: DESIGN.md §7 (fences, "every store key starts with the tenant"),
-STYLE.md (Storage), seeds/hosted-knowledge-base-management.md (paging lessons).
+Source: ARCHITECTURE.md §7 (fences, "every store key starts with the tenant"),
+ARCHITECTURE.md §10 (storage).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -53,11 +54,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..sqlite_worker import start_worker
 from .store_schema import (
     APPROVAL_DECISIONS,
     DISPATCH_RANK,
     MIGRATIONS,
-    TRANSITIONS,
     _ACTION_COLUMNS,
     _APPROVAL_COLUMNS,
     _DISPATCH_RANK_SQL,
@@ -86,7 +87,7 @@ from .store_schema import (
 )
 
 __all__ = [
-    "MIGRATIONS", "ActionState", "TRANSITIONS", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
+    "MIGRATIONS", "ActionState", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
     "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage",
     "ChunkRecord", "check_location", "ms_to_rfc3339", "rfc3339_to_ms",
 ]
@@ -95,8 +96,12 @@ __all__ = [
 _S = ActionState
 _GET_ACTION = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?"
 #: The one decision: only from ``pending``, before ``expires_at``, never by the requester.
+# A decision needs the approval pending and unexpired, a decider other than the requester, AND its action
+# still waiting for it (a cancel that won leaves nothing to decide): all in one WHERE.
 _DECIDE = ("UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ? "
-           "WHERE tenant = ? AND approval_id = ? AND status = 'pending' AND expires_at > ? AND requested_by != ?")
+           "WHERE tenant = ? AND approval_id = ? AND status = 'pending' AND expires_at > ? AND requested_by != ? "
+           "AND EXISTS (SELECT 1 FROM actions WHERE actions.tenant = approvals.tenant "
+           "AND actions.action_id = approvals.action_id AND actions.status = 'pending_approval')")
 
 
 # --- the store -----------------------------------------------------------------
@@ -125,12 +130,9 @@ class Store:
         check_location(path)
         create_private_file(path)
         check_location(path)
-        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aip-host-store")
-        try:
-            conn = await asyncio.get_running_loop().run_in_executor(worker, _connect, str(path))
-        except BaseException:
-            worker.shutdown(wait=False)
-            raise
+        # Cancel-safe: a connection opened after the caller gave up is closed on the worker.
+        worker, conn = await start_worker(lambda: _connect(str(path)), name="aip-host-store",
+                                          abandon=lambda opened: opened.close() if opened is not None else None)
         return cls(conn, worker, clock=clock)
 
     async def close(self) -> None:
@@ -184,7 +186,7 @@ class Store:
     async def _change(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
         return await self._run(self._change_now, sql, params)
 
-    # --- message ids (signed envelopes, DESIGN.md §7) ---
+    # --- message ids (signed envelopes, ARCHITECTURE.md §7) ---
 
     async def claim_message_id(self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None) -> bool:
         """Claim ``message_id`` for ``tenant`` until ``expires_at`` (ms).
@@ -204,7 +206,7 @@ class Store:
         now = self.now_ms() if now is None else now
         return await self._change("DELETE FROM message_ids WHERE expires_at <= ?", (now,))
 
-    # --- idempotency (DESIGN.md §7) ---
+    # --- idempotency (ARCHITECTURE.md §7) ---
 
     async def reserve_idempotency(self, tenant: str, key: str, capability_id: str, action_id: str, input_hash: str,
                                   expires_at: int, *, now: int | None = None) -> IdempotencyRecord:
@@ -227,7 +229,7 @@ class Store:
                 (tenant, key, capability_id, action_id, input_hash, now, expires_at, now),
             )
             if rows:
-                return IdempotencyRecord(*rows[0], created=True)
+                return dataclasses.replace(IdempotencyRecord(*rows[0]), created=True)
             rows = self._fetch_now(f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE tenant = ? AND key = ?",
                                    (tenant, key))
             if not rows:  # replaced and purged between statements: cannot happen on one connection
@@ -304,13 +306,16 @@ class Store:
     async def update_action(self, tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str,
                             dispatch: str | None = None, result_json: str | None = None,
                             error_json: str | None = None, approval_id: str | None = None,
-                            now: int | None = None, durable: bool = True) -> ActionRecord | None:
+                            now: int | None = None, durable: bool = True,
+                            settle_dispatch: bool = False) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
         (``durable``: see the module docstring).
 
-        ``dispatch`` only moves forward (not_sent → sent → acknowledged);
-        None-valued fields keep their stored value.
+        ``dispatch`` only moves forward (not_sent → sent → acknowledged),
+        except with ``settle_dispatch``: the dispatch's own final word (e.g. a
+        refused connection: ``not_sent`` after ``sent`` was recorded as
+        "may have reached the sidecar"). None-valued fields keep their stored value.
 
         Returns:
             The updated record when the row changed, else None.
@@ -320,7 +325,7 @@ class Store:
         """
         update = _action_update(tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
                                 result_json=result_json, error_json=error_json, approval_id=approval_id,
-                                now=self.now_ms() if now is None else now)
+                                now=self.now_ms() if now is None else now, settle_dispatch=settle_dispatch)
         return await self._run(self._write_now, durable, lambda: self._update_now(update))
 
     def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None:
@@ -392,7 +397,7 @@ class Store:
             "ORDER BY sequence LIMIT ?", (tenant, action_id, after_sequence, limit))
         return [ChunkRecord(*row) for row in rows]
 
-    # --- approvals (DESIGN.md §7) ---
+    # --- approvals (ARCHITECTURE.md §7) ---
 
     async def create_approval(self, tenant: str, approval_id: str, action_id: str, capability_id: str,
                               policy_hash: str, requested_by: str, input_snapshot_json: str, expires_at: int,
@@ -447,7 +452,8 @@ class Store:
         """
         if not 1 <= limit <= 200:
             raise ValueError("limit must be 1..200")
-        clauses, params = ["tenant = ?"], [tenant]
+        clauses: list[str] = ["tenant = ?"]
+        params: list[Any] = [tenant]
         if status is not None:
             clauses.append("status = ?")
             params.append(status)
@@ -512,6 +518,27 @@ class Store:
                 dispatch="sent", now=now))
 
         return await self._run(self._transaction_now, decide)
+
+    async def cancel_pending(self, tenant: str, action_id: str, result_json: str) -> ActionRecord | None:
+        """In ONE transaction: move a ``pending_approval`` action to
+        ``cancelled`` with ``result_json``, and withdraw its pending approval
+        (status ``withdrawn``: no decision can be recorded any more).
+
+        Returns the cancelled record, or None when the action was no longer
+        pending (an approval started it first: that row stands, nothing changed).
+        """
+        now = self.now_ms()
+
+        def cancel() -> ActionRecord | None:
+            record = self._update_now(_action_update(
+                tenant, action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.CANCELLED.value,
+                result_json=result_json, now=now))
+            if record is not None:
+                self._conn.execute("UPDATE approvals SET status = 'withdrawn' "
+                                   "WHERE tenant = ? AND action_id = ? AND status = 'pending'", (tenant, action_id))
+            return record
+
+        return await self._run(self._transaction_now, cancel)
 
     async def expire_approvals(self, now: int) -> list[ApprovalRecord]:
         """Mark every pending approval with ``expires_at <= now`` expired (all

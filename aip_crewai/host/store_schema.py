@@ -10,13 +10,12 @@ Every table's primary key starts with ``tenant``. Migrations are numbered by
 their position in :data:`MIGRATIONS` and tracked with ``PRAGMA user_version``;
 never edit a shipped migration, append a new one.
 
-Source: DESIGN.md §7, STYLE.md (Storage).
+Source: ARCHITECTURE.md §7, ARCHITECTURE.md §10 (storage).
 """
 
 from __future__ import annotations
 
 import base64
-import enum
 import os
 import re
 import sqlite3
@@ -30,6 +29,7 @@ from typing import Any
 import msgspec
 
 from ..contracts.errors import AipError, Category
+from .lifecycle import ActionState, DispatchState, allowed
 
 _MIGRATION_1 = """
 CREATE TABLE actions (
@@ -105,30 +105,41 @@ CREATE TABLE message_ids (
 CREATE INDEX message_ids_expiry ON message_ids (expires_at);
 """
 
+# Migration 2: an approval whose action the tenant cancelled before any decision is
+# ``withdrawn`` (no longer decidable). SQLite cannot alter a CHECK: the table is rebuilt.
+_MIGRATION_2 = """
+CREATE TABLE approvals_v2 (
+    tenant              TEXT NOT NULL,
+    approval_id         TEXT NOT NULL,
+    action_id           TEXT NOT NULL,
+    capability_id       TEXT NOT NULL,
+    policy_hash         TEXT NOT NULL,
+    requested_by        TEXT NOT NULL,
+    input_snapshot_json TEXT NOT NULL,
+    status              TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied', 'expired', 'withdrawn')),
+    decision_reason     TEXT,
+    decided_by          TEXT,
+    decided_at          INTEGER,
+    created_at          INTEGER NOT NULL,
+    expires_at          INTEGER NOT NULL,
+    PRIMARY KEY (tenant, approval_id),
+    FOREIGN KEY (tenant, action_id) REFERENCES actions (tenant, action_id)
+) WITHOUT ROWID;
+INSERT INTO approvals_v2 SELECT tenant, approval_id, action_id, capability_id, policy_hash, requested_by,
+    input_snapshot_json, status, decision_reason, decided_by, decided_at, created_at, expires_at FROM approvals;
+DROP TABLE approvals;
+ALTER TABLE approvals_v2 RENAME TO approvals;
+CREATE INDEX approvals_by_created ON approvals (tenant, created_at, approval_id);
+CREATE INDEX approvals_by_action ON approvals (tenant, action_id);
+CREATE INDEX approvals_pending_expiry ON approvals (expires_at) WHERE status = 'pending';
+"""
+
 #: Forward-only migrations; migration N (1-based) brings ``user_version`` to N.
-MIGRATIONS: tuple[str, ...] = (_MIGRATION_1,)
+MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2)
 
 
-class ActionState(str, enum.Enum):
-    """Host action states (``ActionStatusName`` of contracts/aip.py)."""
-
-    PENDING_APPROVAL = "pending_approval"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-_S = ActionState
-#: Allowed transitions (self-transitions of live states update fields only).
-TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
-    _S.PENDING_APPROVAL: frozenset({_S.PENDING_APPROVAL, _S.RUNNING, _S.FAILED, _S.CANCELLED}),
-    _S.RUNNING: frozenset({_S.RUNNING, _S.COMPLETED, _S.FAILED, _S.CANCELLED}),
-    _S.COMPLETED: frozenset(),
-    _S.FAILED: frozenset(),
-    _S.CANCELLED: frozenset(),
-}
-DISPATCH_RANK = {"not_sent": 0, "sent": 1, "acknowledged": 2}
+#: Dispatch states in order (only forward, see :meth:`Store.update_action`).
+DISPATCH_RANK = {state.value: rank for rank, state in enumerate(DispatchState)}
 APPROVAL_DECISIONS = ("approved", "denied")
 _RFC3339_RE = re.compile(
     r"^(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<fraction>\d{1,9}))?"
@@ -343,15 +354,17 @@ _DISPATCH_RANK_SQL = "CASE dispatch WHEN 'not_sent' THEN 0 WHEN 'sent' THEN 1 EL
 
 def _action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str, now: int,
                    dispatch: str | None = None, result_json: str | None = None, error_json: str | None = None,
-                   approval_id: str | None = None) -> tuple[str, tuple[Any, ...]]:
+                   approval_id: str | None = None, settle_dispatch: bool = False) -> tuple[str, tuple[Any, ...]]:
     """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.update_action`).
+    ``settle_dispatch``: write ``dispatch`` as given even when it is behind the stored one.
 
     Raises:
-        ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
+        ValueError: a transition no event of the lifecycle table makes
+            (:func:`aip_crewai.host.lifecycle.allowed`), or an unknown dispatch.
     """
     sources = [ActionState(s) for s in from_statuses]
     target = ActionState(status)
-    if not sources or any(target not in TRANSITIONS[s] for s in sources):
+    if not sources or any(not allowed(s, target) for s in sources):
         raise ValueError(f"transition {[s.value for s in sources]} -> {target.value} is not allowed")
     if dispatch is not None and dispatch not in DISPATCH_RANK:
         raise ValueError(f"unknown dispatch {dispatch!r}")
@@ -361,7 +374,8 @@ def _action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str],
            "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
            f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
            f"RETURNING {_ACTION_COLUMNS}")
-    return sql, (target.value, now, dispatch, DISPATCH_RANK.get(dispatch or "", -1), dispatch, result_json,
+    rank = len(DISPATCH_RANK) if settle_dispatch else DISPATCH_RANK.get(dispatch or "", -1)
+    return sql, (target.value, now, dispatch, rank, dispatch, result_json,
                  error_json, approval_id, tenant, action_id, *[s.value for s in sources])
 
 

@@ -1,4 +1,4 @@
-"""Admission checks of ``POST /jobs`` in the order of DESIGN.md §4 (pure: no I/O).
+"""Admission checks of ``POST /jobs`` in the order of ARCHITECTURE.md §4 (pure: no I/O).
 
 :func:`check_request` runs every check that needs no journal, in order, and
 raises the first failure:
@@ -15,7 +15,7 @@ The runtime then checks the journal: same action id with another request hash
 → 409 (same hash: the existing record), replay task not retained → 422,
 retained runs at the limit or journal full → 507, write failure → 507.
 
-Source: DESIGN.md §3 (inputs), §4 (admission order and statuses).
+Source: ARCHITECTURE.md §3 (inputs), §4 (admission order and statuses).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Admission:
 
     ``input`` is the validated operation input as decoded JSON (what the
     executor receives); ``timeout_ms`` the effective execution bound,
-    milliseconds; ``request_hash`` the DESIGN §4 admission hash.
+    milliseconds; ``request_hash`` the ARCHITECTURE.md §4 admission hash.
     """
 
     crew_id: str
@@ -85,7 +85,7 @@ def check_request(
     allowed_operations: Collection[str],
     crews: Collection[str],
 ) -> Admission:
-    """Validate a ``POST /jobs`` body and headers in DESIGN §4 order.
+    """Validate a ``POST /jobs`` body and headers in ARCHITECTURE.md §4 order.
 
     Args:
         body: the raw request body (JSON object).
@@ -154,7 +154,7 @@ def check_request(
 def check_idempotency_key(value: str | None) -> str:
     """Return the key, or raise 428 (missing/blank) or 400 (too long, control chars).
 
-    Source: DESIGN.md §4, §7 (at most 512 bytes, no control characters).
+    Source: ARCHITECTURE.md §4, §7 (at most 512 bytes, no control characters).
     """
     if value is None or not value.strip():
         raise IdempotencyKeyMissing()
@@ -165,7 +165,7 @@ def check_idempotency_key(value: str | None) -> str:
 
 def validate_input(input_type: Any, value: Any) -> None:
     """Check ``value`` against an operation input type, without the size bound
-    (DESIGN.md §4 wants 422 and 404 before 413: the size is checked later).
+    (ARCHITECTURE.md §4 wants 422 and 404 before 413: the size is checked later).
 
     Raises:
         InvalidJobRequest: with ``details`` ``{field, rule}`` (JSON path, rule).

@@ -20,7 +20,7 @@ headers ``Cache-Control: no-cache`` and ``X-Accel-Buffering: no``.
 The lifespan owns the journal (opens and recovers it unless ``main`` already
 did, closes it at shutdown) and the :class:`Runtime`.
 
-Source: DESIGN.md §4, STYLE.md (pure ASGI middleware, lifespan-owned resources).
+Source: ARCHITECTURE.md §4, ARCHITECTURE.md §2.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def create_app(
 
 
 async def recover(journal: Journal) -> None:
-    """Run the crash fence and log what it did (DESIGN §5)."""
+    """Run the crash fence and log what it did (ARCHITECTURE.md §5)."""
     for action_id, previous in await journal.recover():
         log.warning("job_failed_by_restart", action_id=action_id, previous_status=previous.value,
                     uncertain_outcome=previous is JobStatus.RUNNING)
@@ -165,7 +165,7 @@ def executor_for(registry: Mapping[str, Any], execute: Any) -> Executor:
 
 
 def _runtime(request: Request) -> Runtime:
-    return request.app.state.runtime  # type: ignore[no-any-return]
+    return request.app.state.runtime
 
 
 async def health(request: Request) -> Response:

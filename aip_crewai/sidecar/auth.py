@@ -8,7 +8,7 @@ before routing (so unknown paths are 401 too, never 404). The token is never
 logged. With no token (``--allow-unauthenticated`` on loopback) requests
 pass through.
 
-Source: DESIGN.md §4 (every route requires the bearer token).
+Source: ARCHITECTURE.md §4 (every route requires the bearer token).
 """
 
 from __future__ import annotations

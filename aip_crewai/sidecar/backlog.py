@@ -9,7 +9,7 @@ job has its one true terminal event and admissions resume. If the process
 stops first, the crash fence of the next start fails the job as uncertain,
 which is still exactly one terminal event.
 
-Source: DESIGN.md §4 ("journal write failure 507 (nothing half-admitted)"),
+Source: ARCHITECTURE.md §4 ("journal write failure 507 (nothing half-admitted)"),
 §5 (durability, crash fence).
 """
 

@@ -1,7 +1,7 @@
 """Sidecar settings: flags, their environment variables, defaults, validation.
 
 :func:`load_settings` is the only place in the sidecar that reads the process
-environment. Every setting of DESIGN.md §11 is a flag that also reads the
+environment. Every setting of ARCHITECTURE.md §11 is a flag that also reads the
 peer's environment variable; a flag given on the command line wins over the
 environment, and an empty environment variable counts as unset. An invalid
 value raises :class:`ConfigError` naming the setting; the entry point prints
@@ -13,7 +13,7 @@ seconds``, ``--shutdown-grace-seconds``, ``--max-journal-bytes``,
 ``--allow-unauthenticated`` and ``--allow-ephemeral`` are flags only (never
 read from the environment) and work on loopback binds only.
 
-Source: DESIGN.md §11 (operator interface), §4 (token file), §5 (limits).
+Source: ARCHITECTURE.md §11 (operator interface), §4 (token file), §5 (limits).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from aip_crewai.contracts.operations import INSPECTION_OPERATIONS, STARTABLE_OPERATIONS
 
-#: Token file bounds, bytes (DESIGN.md §4).
+#: Token file bounds, bytes (ARCHITECTURE.md §4).
 
 
 class ConfigError(ValueError):
@@ -171,7 +171,7 @@ class _Option:
     help: str
 
 
-#: Every valued setting: flag, environment variable, parser, default (DESIGN.md §11).
+#: Every valued setting: flag, environment variable, parser, default (ARCHITECTURE.md §11).
 OPTIONS: tuple[_Option, ...] = (
     _Option("registry", "--registry", "AIP_CREWAI_REGISTRY", _text, None,
             "crew registry, module:attribute (required)"),
@@ -247,7 +247,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         ConfigError: a missing or invalid setting (the message names it).
         SystemExit: argparse usage errors (status 2) and ``--help`` (status 0).
 
-    Source: DESIGN.md §11, §4 (token file), §5.
+    Source: ARCHITECTURE.md §11, §4 (token file), §5.
     """
     args = build_parser().parse_args(list(argv))
     values: dict[str, Any] = {}
@@ -351,7 +351,7 @@ def read_token_file(path: Path, *, setting: str = "--token-file") -> str:
     Raises:
         ConfigError: any rule broken (the message names ``setting``, never the token).
 
-    Source: DESIGN.md §4.
+    Source: ARCHITECTURE.md §4.
     """
     try:
         return read_token(path)

@@ -4,7 +4,7 @@ The runtime builds one :class:`JobContext` per admitted job and hands it to
 ``aip_crewai.sidecar.operations.execute``. The adapter never sees the journal or
 HTTP; the runtime never imports CrewAI.
 
-Source: DESIGN.md §5 (per-job event capture, cooperative cancellation).
+Source: ARCHITECTURE.md §5 (per-job event capture, cooperative cancellation).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 class JobCancelled(Exception):
     """Raised inside a worker (from the offline LLM or a before-call hook) once
     the job's cancel flag is set, so synchronous CrewAI work stops at its next
-    model call. Source: DESIGN.md §5 (cancellation)."""
+    model call. Source: ARCHITECTURE.md §5 (cancellation)."""
 
 
 @dataclass
@@ -62,7 +62,7 @@ class SafeJobError(Exception):
     """A job failure whose message is safe to publish on the ``failed`` event
     (it names our own rule or target, never provider text), e.g.
     "memory_reset target 'memory' is not initialized". Any other exception is
-    published with a fixed generic message. Source: DESIGN.md §4 (events)."""
+    published with a fixed generic message. Source: ARCHITECTURE.md §4 (events)."""
 
     def __init__(self, message: str, error_type: str = "SafeJobError") -> None:
         super().__init__(message)

@@ -40,8 +40,8 @@ CrewAI also logs through stdlib ``logging``, quoting provider exception text
 search errors); the sidecar's logging configuration should not print foreign
 root records verbatim.
 
-Source: DESIGN.md §5 (storage under the state directory, telemetry disabled),
-crewai-notes.md (Environment).
+Source: ARCHITECTURE.md §5 (storage under the state directory, telemetry disabled),
+ARCHITECTURE.md §5 (Environment).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def prepare_crewai_environment(state_dir: Path) -> None:
             dir (its import-time paths would silently point elsewhere).
         OSError: the storage directory cannot be created.
 
-    Source: DESIGN.md §5; crewai-notes.md (Environment).
+    Source: ARCHITECTURE.md §5; ARCHITECTURE.md §5 (Environment).
     """
     storage = crewai_storage_dir(state_dir)
     current = os.environ.get("CREWAI_STORAGE_DIR")

@@ -5,7 +5,7 @@ is always a safe string (our rule or target, never provider text or
 secrets); ``details`` adds machine-readable fields where a caller needs them
 (``status``, ``error_type``, ``uncertain_outcome`` on a failed blocking job).
 
-Source: DESIGN.md §4 (statuses), STYLE.md (Errors: one root, data in attributes).
+Source: ARCHITECTURE.md §4 (statuses), ARCHITECTURE.md §2.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 - :func:`check_private_file` / :func:`create_private_file`: regular
   non-symlink files without group/other permission bits (0600).
 
-Source: DESIGN.md §5 (Journal).
+Source: ARCHITECTURE.md §5 (Journal).
 """
 
 from __future__ import annotations

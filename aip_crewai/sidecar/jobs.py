@@ -3,8 +3,7 @@
 Job states and their allowed transitions, the persisted job record, and the
 event row with its wire encoding ``{"event","sequence","data"}``.
 
-Source: DESIGN.md §4 (events), §5 (journal), STYLE.md (states are an Enum,
-transitions a table).
+Source: ARCHITECTURE.md §4 (events), §5 (journal), ARCHITECTURE.md §2.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ Rows (JSON columns are compact UTF-8 JSON bytes):
 Opening the file (worker start-up, identity and integrity checks,
 migrations) lives in :mod:`journal_files`; the schema in :mod:`journal_schema`.
 
-Source: DESIGN.md §5 (journal, durability, crash fence), STYLE.md (Storage).
+Source: ARCHITECTURE.md §5 (journal, durability, crash fence), ARCHITECTURE.md §10 (storage).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ __all__ = ["Journal", "RESTARTED_QUEUED", "RESTARTED_RUNNING", "SCHEMA_VERSION"]
 
 log = structlog.get_logger(__name__)
 
-#: Crash fence messages (DESIGN.md §5). A queued job never reached CrewAI
+#: Crash fence messages (ARCHITECTURE.md §5). A queued job never reached CrewAI
 #: (``started`` commits before execution), so its outcome is certain.
 RESTARTED_RUNNING = "sidecar restarted before CrewAI produced a terminal result"
 RESTARTED_QUEUED = "sidecar restarted before the job started; CrewAI never ran it"
@@ -140,7 +140,7 @@ class Journal:
             JournalSchemaError: the file's schema is newer than this code.
             JournalError: SQLite cannot open the file.
 
-        Source: DESIGN.md §5 (Journal).
+        Source: ARCHITECTURE.md §5 (Journal).
         """
         path = Path(path).absolute()
         fence.check_parent(path.parent)
@@ -266,7 +266,7 @@ class Journal:
         Returns:
             ``[(action_id, previous status)]``.
 
-        Source: DESIGN.md §5 (Crash fence).
+        Source: ARCHITECTURE.md §5 (Crash fence).
         """
         def fail(found: list[Any], now: int) -> list[tuple[str, JobStatus]]:
             recovered: list[tuple[str, JobStatus]] = []
@@ -365,7 +365,7 @@ class Journal:
             JournalFull: retained-run limit or size bound reached (nothing written).
             JournalWriteFailed: the insert failed (rolled back: nothing half-admitted).
 
-        Source: DESIGN.md §4 (admission), §5 (durability).
+        Source: ARCHITECTURE.md §4 (admission), §5 (durability).
         """
         def insert(now: int) -> JobRecord:
             self._conn.execute(
@@ -480,7 +480,7 @@ class Journal:
         """Archive a terminal job: keep a tombstone row (the action id and its
         hash stay fenced), delete its output, events and task index rows.
 
-        Source: DESIGN.md §4 (``DELETE /jobs/{action_id}``).
+        Source: ARCHITECTURE.md §4 (``DELETE /jobs/{action_id}``).
         """
         def tombstone() -> ArchiveOutcome:
             rows = _rows(self._conn, "SELECT status, archived FROM jobs WHERE action_id = ?", (action_id,))

@@ -8,21 +8,21 @@ is not an aip-crewai journal, or is damaged, is refused before anything is
 written to it. Migrations (the SQL of :mod:`journal_schema`) are applied in
 order, each in its own transaction, and tracked with ``PRAGMA user_version``.
 
-Source: DESIGN.md §5 (journal, crash fence, forward-only migrations), STYLE.md (Storage).
+Source: ARCHITECTURE.md §5 (journal, crash fence, forward-only migrations), ARCHITECTURE.md §10 (storage).
 """
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from aip_crewai.sidecar import fence
+from aip_crewai.sqlite_worker import start_worker
 from aip_crewai.sidecar.errors import JournalCorrupt, JournalError, JournalForeign, JournalSchemaError
 from aip_crewai.sidecar.journal_schema import APPLICATION_ID, MIGRATIONS, OWN_TABLES
 
@@ -42,30 +42,18 @@ _Opened = tuple[sqlite3.Connection, int, int]
 async def _start_worker(path: Path, lock_fd: int | None, *, readonly: bool) -> tuple[ThreadPoolExecutor, _Opened]:
     """Start a journal's worker thread and :func:`_connect` on it (the thread that will own the connection).
 
-    Nothing leaks on failure, cancellation included: the worker shuts down and
-    ``lock_fd`` is released once no connection is open (by the worker itself,
-    after the connect ends, when the caller gave up mid-open).
+    Nothing leaks on failure, cancellation included (:func:`aip_crewai.sqlite_worker.start_worker`):
+    the worker shuts down and ``lock_fd`` is released once no connection is open.
     """
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aip-sidecar-journal")
-    opening = worker.submit(_connect, path, readonly)
-    try:
-        return worker, await asyncio.wrap_future(opening)
-    except BaseException:
-        if opening.done() and not opening.cancelled() and opening.exception() is not None:
-            _release(lock_fd)  # the connect failed and closed its connection
-        else:
-            worker.submit(_abandon, opening, lock_fd)
-        worker.shutdown(wait=False)
-        raise
 
+    def abandon(opened: _Opened | None) -> None:
+        try:
+            if opened is not None:
+                opened[0].close()
+        finally:
+            _release(lock_fd)
 
-def _abandon(opening: Future[_Opened], lock_fd: int | None) -> None:
-    """(On the worker, after :func:`_connect`.) Close what an abandoned open opened, then release its lock."""
-    try:
-        if not opening.cancelled() and opening.exception() is None:
-            opening.result()[0].close()
-    finally:
-        _release(lock_fd)
+    return await start_worker(lambda: _connect(path, readonly), name="aip-sidecar-journal", abandon=abandon)
 
 
 def _release(lock_fd: int | None) -> None:

@@ -4,7 +4,7 @@ Forward-only numbered migrations (index + 1 is the ``PRAGMA user_version``
 after applying one; never edit a shipped migration, append a new one) and
 the marks that tell an aip-crewai journal from any other SQLite file.
 
-Source: DESIGN.md §5 (tables, forward-only migrations), STYLE.md (Storage).
+Source: ARCHITECTURE.md §5 (tables, forward-only migrations), ARCHITECTURE.md §10 (storage).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Chunk shaping (:func:`chunk_row`): only ``content``, ``channel``,
 ``task_id``, ``agent_role`` are kept; an event over ``max_event_bytes`` gets
 its ``content`` cut to fit and ``truncated: true``.
 
-Source: DESIGN.md §4 (events and their bounds), §5 (durability).
+Source: ARCHITECTURE.md §4 (events and their bounds), §5 (durability).
 """
 
 from __future__ import annotations

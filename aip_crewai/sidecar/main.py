@@ -24,7 +24,7 @@ lifespan closes the journal. Worker threads that ignore cancellation cannot
 be stopped in-process: if any is still busy, the process exits without
 waiting for it (the journal is already closed). Nothing is printed to stdout.
 
-Source: DESIGN.md §5, §11; STYLE.md (logging to stderr).
+Source: ARCHITECTURE.md §5, §11; ARCHITECTURE.md §2.
 """
 
 from __future__ import annotations

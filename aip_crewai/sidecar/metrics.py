@@ -1,6 +1,6 @@
 """Sidecar counters and gauges, rendered as Prometheus text (``GET /metrics``).
 
-An additive route (DESIGN.md §1: "metrics ... additive and optional for the
+An additive route (ARCHITECTURE.md §1: "metrics ... additive and optional for the
 peer"), behind the same bearer token as every route. Counters live in memory
 (they restart at zero with the process); gauges are read at render time.
 
@@ -14,7 +14,7 @@ peer"), behind the same bearer token as every route. Counters live in memory
 | ``aip_crewai_sidecar_active_runs`` | gauge | |
 | ``aip_crewai_sidecar_retained_runs`` / ``..._max_retained_runs`` | gauge | |
 
-Source: DESIGN.md §1, §6 (``/metrics`` as Prometheus text on the host).
+Source: ARCHITECTURE.md §1, §6 (``/metrics`` as Prometheus text on the host).
 """
 
 from __future__ import annotations

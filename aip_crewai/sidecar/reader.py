@@ -5,7 +5,7 @@ Committed events come from the journal, newer ones from the job's
 misses or repeats an event). A follower wakes on every change of its job and
 yields a keep-alive tick after ``keepalive_seconds`` without news.
 
-Source: DESIGN.md §4 (``GET /jobs/{id}``, ``/events`` as JSON and SSE, 416).
+Source: ARCHITECTURE.md §4 (``GET /jobs/{id}``, ``/events`` as JSON and SSE, 416).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ one) from crew id to either
 
 This module does not import CrewAI (only the operations package does).
 
-Source: DESIGN.md §1 (crew registry ``module:attribute``), §5 (each job runs
+Source: ARCHITECTURE.md §1 (crew registry ``module:attribute``), §5 (each job runs
 on a fresh crew), §11 (``--registry``).
 """
 
@@ -94,7 +94,7 @@ def load_registry(spec: str) -> dict[str, CrewSource]:
             characters, no control characters); a value that is neither a
             callable nor a crew instance.
 
-    Source: DESIGN.md §11 (``--registry`` / ``AIP_CREWAI_REGISTRY``).
+    Source: ARCHITECTURE.md §11 (``--registry`` / ``AIP_CREWAI_REGISTRY``).
     """
     if not isinstance(spec, str) or not _SPEC.match(spec):
         raise RegistryError(

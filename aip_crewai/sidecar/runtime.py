@@ -1,6 +1,6 @@
 """The job runtime: admission, execution under bounds, cancellation, reads.
 
-Lifecycle of one job (DESIGN.md §4, §5):
+Lifecycle of one job (ARCHITECTURE.md §4, §5):
 
 1. :meth:`Runtime.admit`: journal-free checks (:mod:`admission`), then the
    journal: an existing action id returns its record (409 on another hash);
@@ -37,7 +37,7 @@ knowledge_query and memory_reset are not cancellable: 409 while running.
 
 The read side (views, event pages, live followers) is :mod:`reader`.
 
-Source: DESIGN.md §4, §5; seeds/crewai-connector-overview.md (limits).
+Source: ARCHITECTURE.md §4, §5 (limits).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection, Coroutine
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,7 @@ from aip_crewai.sidecar.reader import JobReader
 log = structlog.get_logger(__name__)
 
 #: ``async executor(crew_id, operation, input, ctx) -> output``.
-Executor = Callable[[str, str, dict[str, Any], JobContext], Awaitable[dict[str, Any]]]
+Executor = Callable[[str, str, dict[str, Any], JobContext], Coroutine[Any, Any, dict[str, Any]]]
 
 #: Published instead of any exception text that is not a SafeJobError.
 GENERIC_FAILURE = "the operation raised an error; its text is withheld (it can hold provider secrets)"
@@ -118,7 +118,7 @@ class Runtime:
     async def admit(self, body: bytes, *, idempotency_key: str | None, header_action_id: str | None) -> Admission:
         """Admit a job (or find its existing record); return the checked request.
 
-        Raises every admission error of DESIGN §4 (see :mod:`admission`),
+        Raises every admission error of ARCHITECTURE.md §4 (see :mod:`admission`),
         RequestConflict (409), TaskRunNotFound (422), JournalFull /
         JournalWriteFailed (507), ShuttingDown (503).
         """
@@ -138,6 +138,9 @@ class Runtime:
         # Shielded: once the row may be committed, registration must not be cut off.
         await asyncio.shield(self._admit_new(adm))
         return adm
+
+    def _forget_task(self, action_id: str, _task: asyncio.Task[None]) -> None:
+        self._tasks.pop(action_id, None)
 
     def _repeat(self, record: JobRecord, adm: Admission) -> None:
         if record.request_hash != adm.request_hash:
@@ -166,7 +169,7 @@ class Runtime:
         self._live[adm.action_id] = live
         task = asyncio.create_task(self._run(live, adm.input), name=f"job:{adm.action_id}")
         self._tasks[adm.action_id] = task
-        task.add_done_callback(lambda _t, aid=adm.action_id: self._tasks.pop(aid, None))
+        task.add_done_callback(partial(self._forget_task, adm.action_id))
         self.metrics.inc("jobs_admitted_total", operation=adm.operation)
         log.info("job_admitted", action_id=adm.action_id, crew_id=adm.crew_id, operation=adm.operation,
                  input_bytes=adm.input_bytes, timeout_ms=adm.timeout_ms, request_hash=adm.request_hash[:16])
@@ -411,7 +414,7 @@ class Runtime:
     # ---------------------------------------------------------- health / stop
 
     def health(self) -> dict[str, Any]:
-        """``GET /health`` body (DESIGN §4)."""
+        """``GET /health`` body (ARCHITECTURE.md §4)."""
         s = self.settings
         return {
             "status": "stopping" if self._closing else "degraded" if len(self.backlog) else "ready",
@@ -465,7 +468,7 @@ def _stop_observed(task: asyncio.Task[Any], ctx: JobContext) -> bool:
 
 
 def _task_refs(operation: str, output: Any) -> list[TaskRunRef]:
-    """Task ids in a completed run/replay/batch_run output (DESIGN §4 Outputs)."""
+    """Task ids in a completed run/replay/batch_run output (ARCHITECTURE.md §4 Outputs)."""
     if not isinstance(output, dict):
         return []
     if operation in ("run", "replay"):

@@ -1,4 +1,4 @@
-"""Every input bound of DESIGN.md §3, at its limit and one past it."""
+"""Every input bound of ARCHITECTURE.md §3, at its limit and one past it."""
 
 import msgspec
 import pytest

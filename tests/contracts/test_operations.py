@@ -1,4 +1,4 @@
-"""The catalogue is the seed's table, and resolution follows DESIGN.md §3."""
+"""The catalogue is the seed's table, and resolution follows ARCHITECTURE.md §3."""
 
 import pytest
 

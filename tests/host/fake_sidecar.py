@@ -1,6 +1,6 @@
 """A scripted in-memory sidecar for host unit tests (httpx.MockTransport).
 
-It speaks the DESIGN.md §4 routes the host uses and counts executions, so a
+It speaks the ARCHITECTURE.md §4 routes the host uses and counts executions, so a
 test can assert that N requests produced exactly one sidecar job.
 """
 

@@ -1,4 +1,4 @@
-"""The action service: both fences, dispatch, approvals, cancellation, tenant isolation (DESIGN.md §7, §8)."""
+"""The action service: both fences, dispatch, approvals, cancellation, tenant isolation (ARCHITECTURE.md §7, §8)."""
 
 import asyncio
 import dataclasses

@@ -1,4 +1,4 @@
-"""Descriptor admission: every rule of DESIGN §7, errors naming index and id."""
+"""Descriptor admission: every rule of ARCHITECTURE.md §7, errors naming index and id."""
 
 from __future__ import annotations
 

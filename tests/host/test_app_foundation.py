@@ -1,5 +1,5 @@
 """The app shell: lifespan resources, error envelopes, middleware, /health, /metrics,
-extensions, systemd notification (DESIGN §6, STYLE)."""
+extensions, systemd notification (ARCHITECTURE.md §6, STYLE)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,20 @@ def extension():
 
 @pytest.fixture
 def app(make_app, extension):
-    return make_app(extensions=[EXT, "tests_host_no_such_module"])
+    return make_app(extensions=[EXT])
+
+
+def test_a_missing_extension_module_fails_the_build_instead_of_being_skipped(make_app):
+    """Regression: modules were loaded by name and a missing one skipped, so a rename turned routes into 404s."""
+    with pytest.raises(ModuleNotFoundError):
+        make_app(extensions=["tests_host_no_such_module"])
+
+
+def test_core_routes_come_from_direct_imports(make_app):
+    """The action and approval routes are part of every app, with no name lookup."""
+    paths = {getattr(route, "path", "") for route in make_app().routes}
+    assert {"/aip/v1/messages", "/aip/v1/actions/{action_id:str}", "/aip/v1/approvals",
+            "/aip/v1/approvals/{approval_id:str}/decision"} <= paths
 
 
 def error_of(response: httpx.Response) -> dict:

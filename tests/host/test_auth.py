@@ -1,4 +1,4 @@
-"""Principal authentication: bearer hashes, Ed25519 envelopes, replay, roles (DESIGN §7)."""
+"""Principal authentication: bearer hashes, Ed25519 envelopes, replay, roles (ARCHITECTURE.md §7)."""
 
 from __future__ import annotations
 

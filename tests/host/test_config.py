@@ -1,4 +1,4 @@
-"""host.toml: the DESIGN §11 shape, keyed errors, file rules, exit code 2."""
+"""host.toml: the ARCHITECTURE.md §11 shape, keyed errors, file rules, exit code 2."""
 
 from __future__ import annotations
 

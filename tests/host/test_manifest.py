@@ -1,5 +1,5 @@
 """The tenant-scoped manifest: counts, per-capability contract against the seed
-table, bindings, schemas, default-deny routing (DESIGN §6, §7)."""
+table, bindings, schemas, default-deny routing (ARCHITECTURE.md §6, §7)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from aip_crewai.host.manifest import CapabilityIndex, crew_capabilities, to_wire
 
 from hostkit import bearer
 
-# seeds/crewai-capabilities.md "Compare all operations" (restated here on purpose: the test checks the code).
+# README "Capabilities" "Compare all operations" (restated here on purpose: the test checks the code).
 SEED = {
     # op: (kind, risk, mutation, approval, key, stream, cancel, retry)
     "run": ("agent", "medium", True, True, "required", True, True, False),
@@ -29,7 +29,7 @@ SEED = {
     "knowledge_query": ("tool", "low", False, False, "required", False, False, True),
     "memory_reset": ("tool", "high", True, True, "required", False, False, False),
 }
-ROUTES = {  # seeds/crewai-capabilities.md "Interpret methods and fixed sidecar paths"
+ROUTES = {  # README "Capabilities" "Interpret methods and fixed sidecar paths"
     "run": ("POST", "/jobs", "/jobs/stream"),
     "status": ("GET", "/jobs/{run_action_id}", None),
     "events": ("GET", "/jobs/{run_action_id}/events", "/jobs/{run_action_id}/events"),

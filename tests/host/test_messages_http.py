@@ -1,4 +1,4 @@
-"""POST /aip/v1/messages and the action/approval routes over HTTP, in-process (DESIGN.md §6, §7)."""
+"""POST /aip/v1/messages and the action/approval routes over HTTP, in-process (ARCHITECTURE.md §6, §7)."""
 
 import json
 

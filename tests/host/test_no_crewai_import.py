@@ -1,4 +1,4 @@
-"""The host never imports CrewAI (DESIGN §1): every module under aip_crewai/host,
+"""The host never imports CrewAI (ARCHITECTURE.md §1): every module under aip_crewai/host,
 found dynamically, imports in a fresh interpreter without pulling in crewai."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The normalizer turns sidecar SSE into AIP chunks and rejects every malformed stream (DESIGN.md §8)."""
+"""The normalizer turns sidecar SSE into AIP chunks and rejects every malformed stream (ARCHITECTURE.md §8)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Readiness follows the sidecar's /health (DESIGN §7), on demand and by polling."""
+"""Readiness follows the sidecar's /health (ARCHITECTURE.md §7), on demand and by polling."""
 
 from __future__ import annotations
 

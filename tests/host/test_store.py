@@ -1,4 +1,4 @@
-"""The host store: migrations, file safety, tenant-keyed atomic fences (DESIGN §7)."""
+"""The host store: migrations, file safety, tenant-keyed atomic fences (ARCHITECTURE.md §7)."""
 
 from __future__ import annotations
 

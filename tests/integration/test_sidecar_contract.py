@@ -1,4 +1,4 @@
-"""The sidecar HTTP contract against a real process and the offline test crews (DESIGN §4)."""
+"""The sidecar HTTP contract against a real process and the offline test crews (ARCHITECTURE.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sidecar process lifecycle: crash fence, journal ownership, graceful stop, limits (DESIGN §5, §11)."""
+"""Sidecar process lifecycle: crash fence, journal ownership, graceful stop, limits (ARCHITECTURE.md §5, §11)."""
 
 from __future__ import annotations
 

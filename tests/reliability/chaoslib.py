@@ -5,7 +5,7 @@ Each function runs ONE trial against real processes and raises
 returns a small dict of what it observed. The tests call them with small
 counts, ``chaos.py`` with counts scaled by ``AIP_CREWAI_CHAOS_SCALE``.
 
-Categories (DESIGN.md §5, §7, §8):
+Categories (ARCHITECTURE.md §5, §7, §8):
 
 - crash: ``sidecar_kill9`` (kill -9 during N concurrent runs, restart on the
   same journal), ``host_kill9`` (kill -9 mid-stream, restart on the same
@@ -89,6 +89,13 @@ def sidecar_kill9(procs: Processes, runs: int = 6, running_at_kill: int = 2) -> 
         thread.start()
     until(lambda: len(calls_by_action(procs.call_log, sidecar.process.pid)) >= min(running_at_kill, runs),
           timeout=60, what="slow jobs calling the model")
+
+    def all_admitted() -> bool:
+        with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=10) as http:
+            return all(http.get(f"/jobs/{action_id}").status_code == 200 for action_id in ids)
+
+    # Every job admitted before the kill (on a loaded machine the last ones can lag the first model calls).
+    until(all_admitted, timeout=60, what="every job admitted")
     sidecar.kill(signal.SIGKILL)
     for thread in threads:
         thread.join(30)

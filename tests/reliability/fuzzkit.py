@@ -248,7 +248,7 @@ def sidecar_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
 
 def check_sidecar_answer(request: tuple[str, str, dict[str, Any]], status: int, headers: Any, content: bytes) -> None:
     method, url, _ = request
-    # DESIGN §4: 502 a failed blocking job, 504 a wait past its timeout, 507 a full journal; never a 500
+    # ARCHITECTURE.md §4: 502 a failed blocking job, 504 a wait past its timeout, 507 a full journal; never a 500
     assert status < 500 or status in (502, 504, 507), f"{method} {url} -> {status}: {content[:300]!r}"
     if status == 502:  # the generic message, never the provider's text
         assert b"sk-live" not in content and json.loads(content)["status"] == "failed", content[:300]

@@ -1,4 +1,4 @@
-"""Security checks against real processes (DESIGN.md §4 sidecar bearer, §7 principals and tenants).
+"""Security checks against real processes (ARCHITECTURE.md §4 sidecar bearer, §7 principals and tenants).
 
 Each function performs many independent checks and returns ``[(check, ok,
 detail)]`` instead of stopping at the first failure, so ``make chaos`` can

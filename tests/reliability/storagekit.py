@@ -1,4 +1,4 @@
-"""Storage faults of the sidecar journal (DESIGN.md §4 "journal write failure 507 (nothing
+"""Storage faults of the sidecar journal (ARCHITECTURE.md §4 "journal write failure 507 (nothing
 half-admitted)", §5 journal rules and crash fence).
 
 In-process (the sidecar app over a fake executor, its journal's SQLite

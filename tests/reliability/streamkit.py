@@ -3,7 +3,7 @@
 Each case of :data:`CASES` is a list of ``(bytes, delay seconds)`` pieces the
 fake writes in order (delays make TCP deliver pieces separately), and the
 expected AIP outcome: ``"completed"`` (the stream is valid) or an error code
-(DESIGN.md §8: ``connector.crewai.invalid_stream`` /
+(ARCHITECTURE.md §8: ``connector.crewai.invalid_stream`` /
 ``connector.crewai.response_too_large``). The case is chosen by the run
 input's ``topic``.
 

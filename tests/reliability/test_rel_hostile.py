@@ -1,5 +1,5 @@
 """Hostile input: fuzzed requests against both apps in-process, and a corpus of malformed
-sidecar streams through the host, in-process and over real HTTP (DESIGN.md §3, §6, §8)."""
+sidecar streams through the host, in-process and over real HTTP (ARCHITECTURE.md §3, §6, §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Races between concurrent callers: one execution, one decision, one terminal state (DESIGN.md §7, §8)."""
+"""Races between concurrent callers: one execution, one decision, one terminal state (ARCHITECTURE.md §7, §8)."""
 
 from __future__ import annotations
 
@@ -96,6 +96,7 @@ async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome
     """Regression: when the sidecar answered a cancel with an already completed job and no stream delivered
     the result, the host recorded `cancelled`; it now records the job's own terminal result."""
     from aip_crewai.contracts import operations as ops
+    from aip_crewai.host import cancellation
     from aip_crewai.host.actions import ActionService
     from aip_crewai.host.dispatch import Dispatcher, Job
     from aip_crewai.host.sidecar_client import SidecarClient
@@ -113,9 +114,9 @@ async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome
                                                   max_response_bytes=1 << 20), {"acme": {"support": frozenset({"run"})}})
         job = Job(tenant="acme", action_id="act_f", crew_id="support", spec=ops.get("run"), input={},
                   idempotency_key="k")
-        result = await service._ended_before_cancel(job, {"status": "completed"})
+        result = await cancellation.ended_before_cancel(service, job, {"status": "completed"})
         assert result is not None and result.status == "completed" and result.output == fake.jobs["acme:act_f"].events[-1]["data"]
-        assert await service._ended_before_cancel(job, {"status": "cancelled"}) is None
+        assert await cancellation.ended_before_cancel(service, job, {"status": "cancelled"}) is None
     finally:
         await store.close()
         await http.aclose()

@@ -1,5 +1,5 @@
 """Security: credentials on every route of both processes, tenant isolation, secrets, and start-up
-refusals of unsafe files and URLs (DESIGN.md §4, §7; STYLE.md "never log secrets")."""
+refusals of unsafe files and URLs (ARCHITECTURE.md §4, §7; secrets never in logs)."""
 
 from __future__ import annotations
 

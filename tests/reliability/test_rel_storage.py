@@ -1,5 +1,5 @@
 """Storage faults: journal write failures (in-process and real), the journal size bound, and unusable
-journals at start-up (DESIGN.md §4 "507 (nothing half-admitted)", §5 journal)."""
+journals at start-up (ARCHITECTURE.md §4 "507 (nothing half-admitted)", §5 journal)."""
 
 from __future__ import annotations
 

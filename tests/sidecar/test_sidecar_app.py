@@ -1,4 +1,4 @@
-"""The sidecar HTTP contract (DESIGN §4) over ASGI, with a fake executor."""
+"""The sidecar HTTP contract (ARCHITECTURE.md §4) over ASGI, with a fake executor."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sidecar settings (DESIGN §11): flags, environment, defaults, validation, exit status."""
+"""Sidecar settings (ARCHITECTURE.md §11): flags, environment, defaults, validation, exit status."""
 
 from __future__ import annotations
 

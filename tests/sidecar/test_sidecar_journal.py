@@ -1,4 +1,4 @@
-"""The SQLite job journal (DESIGN §5): schema, transitions, crash fence, fences, bounds."""
+"""The SQLite job journal (ARCHITECTURE.md §5): schema, transitions, crash fence, fences, bounds."""
 
 from __future__ import annotations
 

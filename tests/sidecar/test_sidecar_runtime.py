@@ -1,4 +1,4 @@
-"""The job runtime (DESIGN §4, §5) with a fake executor and a real journal."""
+"""The job runtime (ARCHITECTURE.md §4, §5) with a fake executor and a real journal."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for aip_crewai.sse: the sans-IO SSE codec (DESIGN.md §11, WHATWG HTML
+"""Tests for aip_crewai.sse: the sans-IO SSE codec (ARCHITECTURE.md §11, WHATWG HTML
 "event stream interpretation").
 
 Every table case runs whole, one byte at a time and followed by an extra frame;

@@ -10,7 +10,7 @@ operations: the module is the registration. Submodules whose name starts with
 The call runs inside :func:`_common.job_scope`, so every operation gets the
 per-job chunk sink and the cooperative cancel check without doing anything.
 
-Source: DESIGN.md §3 (operation catalogue), §4 (outputs), §5 (execution).
+Source: ARCHITECTURE.md §3 (operation catalogue), §4 (outputs), §5 (execution).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ async def execute(
     Args:
         source: where the job's fresh crew comes from.
         operation: the operation name (a submodule of this package).
-        input: the validated operation input (DESIGN §3).
+        input: the validated operation input (ARCHITECTURE.md §3).
         ctx: the job context (chunk sink, cancel flag, state dir).
 
     Returns:
-        The operation output (JSON-compatible dict, DESIGN §4 Outputs).
+        The operation output (JSON-compatible dict, ARCHITECTURE.md §4 Outputs).
 
     Raises:
         ValueError: ``operation`` names no operation module.

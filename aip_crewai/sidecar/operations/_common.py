@@ -12,9 +12,9 @@
   called by the offline LLM before each model call and, through a global
   ``before_llm_call`` hook, before every agent model call of any LLM.
 - :func:`serialize_crew_output` and :func:`to_bounded_json` give the wire
-  shapes of DESIGN.md §4 (Outputs).
+  shapes of ARCHITECTURE.md §4 (Outputs).
 
-Source: DESIGN.md §4 (events, outputs), §5 (per-job capture, cancellation).
+Source: ARCHITECTURE.md §4 (events, outputs), §5 (per-job capture, cancellation).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def job_scope(ctx: JobContext) -> Iterator[JobContext]:
     Yields:
         ``ctx``.
 
-    Source: DESIGN.md §5 (events are captured per job).
+    Source: ARCHITECTURE.md §5 (events are captured per job).
     """
     if _current_job.get() is ctx:
         yield ctx
@@ -151,7 +151,7 @@ def check_cancelled() -> None:
     Raises:
         JobCancelled: the current job was cancelled.
 
-    Source: DESIGN.md §5 (a per-job flag checked before every model call).
+    Source: ARCHITECTURE.md §5 (a per-job flag checked before every model call).
     """
     ctx = _current_job.get()
     if ctx is not None and ctx.cancel_flag.is_set():
@@ -206,7 +206,7 @@ def serialize_crew_output(output: Any, crew: Any = None) -> dict[str, Any]:
         "output_format", "json_dict", "pydantic"}], "json_dict", "pydantic"}``.
         The per-task ``messages`` prompt histories are omitted (large).
 
-    Source: DESIGN.md §4 (Outputs: run/replay).
+    Source: ARCHITECTURE.md §4 (Outputs: run/replay).
     """
     tasks_output = list(getattr(output, "tasks_output", None) or [])
     task_ids = _task_ids(tasks_output, crew)

@@ -4,7 +4,7 @@
 - :func:`run_in_worker`: run synchronous CrewAI work in a worker thread of
   the job's context and report a cooperative stop as :class:`JobCancelled`.
 
-Source: DESIGN.md §5 (worker threads, cooperative cancel).
+Source: ARCHITECTURE.md §5 (worker threads, cooperative cancel).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ failing item stops the batch with its exception and no sibling is left
 running; cancelling the job cancels the item in flight (see ``run``). Chunks of
 all items go to this job, each carrying its own ``task_id``.
 
-Source: DESIGN.md §3 (batch_run input), §4 (outputs), §5 (never share one
+Source: ARCHITECTURE.md §3 (batch_run input), §4 (outputs), §5 (never share one
 Crew object between batch items).
 """
 

@@ -19,8 +19,8 @@ metadata, score}``) each passed through ``to_bounded_json``; CrewAI's None
   contextvar, so concurrent jobs of different crews never meet. The crew is
   built inside the namespace (CrewAI embeds crew knowledge at construction).
 
-Source: DESIGN.md §3 (knowledge_query input), §4 (outputs); crewai-notes.md
-(knowledge).
+Source: ARCHITECTURE.md §3 (knowledge_query input), §4 (outputs), §5 (CrewAI
+knowledge).
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ naming it (CrewAI's RuntimeError text is not published); nothing else is
 reset in its place. Knowledge is re-embedded from the crew's sources whenever
 a crew is built, so a knowledge reset lasts until the next job of the crew.
 
-Source: DESIGN.md §3 (memory_reset input), §4 (outputs), §8 (not
-cancellable); crewai-notes.md (reset_memories).
+Source: ARCHITECTURE.md §3 (memory_reset input), §4 (outputs), §8 (not
+cancellable); ARCHITECTURE.md §5 (reset_memories).
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ skips interpolation for empty inputs, so the raw ``{x}`` text would reach the
 model, and it never runs ``before_kickoff_callbacks`` that fill defaults).
 The crew is built inside ``knowledge_query.knowledge_namespace``.
 
-Source: DESIGN.md §3 (replay input), §4 (outputs: run/replay), §5 (worker
-thread, cooperative cancel); crewai-notes.md (replay storage).
+Source: ARCHITECTURE.md §3 (replay input), §4 (outputs: run/replay), §5 (worker
+thread, cooperative cancel); ARCHITECTURE.md §5 (replay storage).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
 
     Args:
         source: the crew source.
-        input: ``{"task_id": str, "inputs"?: dict}`` (validated, DESIGN §3).
+        input: ``{"task_id": str, "inputs"?: dict}`` (validated, ARCHITECTURE.md §3).
         ctx: the job context; ``ctx.find_task_run`` is required.
 
     Returns:

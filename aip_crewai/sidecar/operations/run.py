@@ -19,7 +19,7 @@ thread after the task is cancelled; :func:`kickoff` therefore also sets
 ``ctx.cancel_flag``, which makes that call stop at its next chunk or model call
 (offline LLM, global ``before_llm_call`` hook) and mutes its chunks.
 
-Source: DESIGN.md §4 (outputs: run), §5 (fresh crew per job; run is
+Source: ARCHITECTURE.md §4 (outputs: run), §5 (fresh crew per job; run is
 cancelled through its asyncio task).
 """
 

@@ -25,7 +25,7 @@ deployment's own provider settings); then by CrewAI's ``create_llm(name)``
 resolve every name through their option, and ``examples/testing.py`` crews
 resolve their own model name (e.g. ``"offline-echo"``).
 
-Source: DESIGN.md §3 (test input), §4 (outputs: test), §5 (events captured
+Source: ARCHITECTURE.md §3 (test input), §4 (outputs: test), §5 (events captured
 per job by source identity; worker thread; cooperative cancel).
 """
 

@@ -26,7 +26,7 @@ What CrewAI 1.15.5 does (``crew.py::Crew.train``), and what we change:
   process's working directory is never changed, other jobs are unaffected).
   Two train jobs never share a file; the result is renamed into place.
 
-Source: DESIGN.md §3 (train input), §4 (outputs: train), §5 (never block on
+Source: ARCHITECTURE.md §3 (train input), §4 (outputs: train), §5 (never block on
 stdin; worker thread; cooperative cancel), §11 (``--training-dir``).
 """
 
@@ -100,7 +100,7 @@ def validate_training_dir(path: Path | str) -> None:
         ValueError: the path is missing, a symlink, not a directory, or
             group/world-writable.
 
-    Source: DESIGN.md §11 (``--training-dir``), §5 (state dir permissions).
+    Source: ARCHITECTURE.md §11 (``--training-dir``), §5 (state dir permissions).
     """
     p = Path(path)
     try:

@@ -1,0 +1,179 @@
+"""The one writer of action and approval state, and the runtime interface the
+lifecycle functions work over.
+
+:class:`ActionWriter` is the only code that changes an action's state or an
+approval's status (a test checks no other module calls the store's state
+writes). Every method names the :class:`~aip_crewai.host.lifecycle.ActionEvent`
+it applies, checks it against the lifecycle table, and leaves the source-state
+check to the storage ``WHERE`` clause, so a stale writer changes nothing.
+
+:class:`ActionRuntime` is what :mod:`.cancellation` and :mod:`.recovery`
+need from the action service (the writer, the dispatcher, the live registry
+and a few reads); they import this Protocol, never the service, so no
+module imports back into :mod:`.actions`.
+
+Source: docs/ARCHITECTURE.md "Action states", "Storage".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+import structlog
+
+from ..contracts.aip import ActionResult
+from ..contracts.errors import ApprovalExpired
+from .auth import Principal
+from .dispatch import Dispatcher, Job
+from .lifecycle import RESULT_EVENTS, TRANSITIONS, ActionEvent, ActionState, DispatchState, approval_admits
+from .live import LiveAction, LiveRegistry
+from .normalize import failed_result
+from .store import ActionRecord, ApprovalRecord, Store, StoreError
+
+log = structlog.get_logger(__name__)
+
+_encode = msgspec.json.Encoder()
+
+
+def _sources(event: ActionEvent, only_from: ActionState | None = None) -> list[str]:
+    sources = [s.value for s in TRANSITIONS[event].sources if only_from in (None, s)]
+    if not sources:
+        raise ValueError(f"{event.value} cannot start from {only_from}")
+    return sources
+
+
+class ActionWriter:
+    """Applies lifecycle events to the host store.
+
+    Args:
+        store: the host store.
+        metrics: the host :class:`~aip_crewai.host.metrics.Metrics` (optional):
+            every stored result is counted by operation and status.
+    """
+
+    def __init__(self, store: Store, *, metrics: Any = None) -> None:
+        self.store = store
+        self.metrics = metrics
+
+    async def create(self, event: ActionEvent, tenant: str, action_id: str, capability_id: str, crew_id: str,
+                     operation: str, input_json: str, input_hash: str, principal_id: str, key: str | None, *,
+                     approval_id: str | None = None, timeout_ms: int | None = None,
+                     dispatch: DispatchState = DispatchState.NOT_SENT,
+                     target: tuple[str, Sequence[str]] | None = None,
+                     durable: bool = True) -> tuple[bool, ActionRecord]:
+        """``request_approval`` or ``admit``: insert the action (see :meth:`Store.create_action`)."""
+        if TRANSITIONS[event].sources:
+            raise ValueError(f"{event.value} does not create an action")
+        return await self.store.create_action(
+            tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id, key,
+            TRANSITIONS[event].target.value, approval_id=approval_id, timeout_ms=timeout_ms, dispatch=dispatch.value,
+            target=target, durable=durable)
+
+    async def open_approval(self, record: ActionRecord, approval_hash: str, expires_at: int) -> ApprovalRecord:
+        """The pending approval of a ``pending_approval`` action (its row already names the id)."""
+        return await self.store.create_approval(record.tenant, record.approval_id or "", record.action_id,
+                                                record.capability_id, approval_hash, record.principal_id,
+                                                record.input_json, expires_at)
+
+    async def restore_approval(self, record: ActionRecord, approval_hash: str,
+                               expires_at: int) -> ApprovalRecord | None:
+        """Write the approval a pending action points at, exactly as admission
+        would have; a concurrent writer's row wins (then it is read back)."""
+        try:
+            return await self.open_approval(record, approval_hash, expires_at)
+        except StoreError:
+            return await self.store.get_approval(record.tenant, record.approval_id or "")
+
+    async def mark_sent(self, tenant: str, action_id: str, *, durable: bool = True) -> ActionRecord | None:
+        """``mark_sent``: the request may have reached the sidecar."""
+        return await self.store.update_action(tenant, action_id, from_statuses=_sources(ActionEvent.MARK_SENT),
+                                              status=TRANSITIONS[ActionEvent.MARK_SENT].target.value,
+                                              dispatch=DispatchState.SENT.value, durable=durable)
+
+    async def approve(self, record: ActionRecord) -> ActionRecord | None:
+        """``approve``: a pending action starts, recorded ``sent`` (its dispatch follows at once)."""
+        return await self.store.update_action(record.tenant, record.action_id,
+                                              from_statuses=_sources(ActionEvent.APPROVE),
+                                              status=TRANSITIONS[ActionEvent.APPROVE].target.value,
+                                              dispatch=DispatchState.SENT.value)
+
+    async def decide(self, approver: Principal, approval_id: str, decision: str, reason: str,
+                     now: int) -> tuple[ApprovalRecord | None, ActionRecord | None]:
+        """Record an approver's one decision and, when it admits the action
+        (:func:`~.lifecycle.approval_admits`), apply ``approve`` in the same
+        commit. Returns ``(decided approval or None, started action or None)``."""
+        return await self.store.decide_and_start(approver.tenant, approval_id, decision, reason, approver.id, now,
+                                                 start_if=approval_admits)
+
+    async def finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None, *,
+                     event: ActionEvent | None = None, operation: str | None = None, durable: bool = True,
+                     only_from: ActionState | None = None, settle_dispatch: bool = False) -> ActionRecord | None:
+        """Store a final result: ``event`` (default: complete / fail / cancel
+        by the result's status) from its table sources, or only from
+        ``only_from``. ``settle_dispatch``: the dispatch's own final word.
+
+        Returns the stored record, or None when the action was in no source
+        state (another writer's result stands)."""
+        event = event or RESULT_EVENTS[result.status]
+        target = TRANSITIONS[event].target
+        if target.value != result.status:
+            raise ValueError(f"{event.value} stores {target.value}, not a {result.status} result")
+        sources = [s.value for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
+                   if s in TRANSITIONS[event].sources and only_from in (None, s)]
+        changed = await self.store.update_action(
+            tenant, action_id, from_statuses=sources, status=target.value, dispatch=dispatch,
+            result_json=_encode.encode(result).decode(), durable=durable, settle_dispatch=settle_dispatch)
+        log.info("action_finished", status=result.status, changed=changed is not None)
+        if changed and self.metrics is not None:
+            if operation is None:
+                operation = changed.operation
+            self.metrics.actions.inc(operation=operation, status=result.status)
+            if result.error is not None and result.error.code.startswith("connector."):
+                self.metrics.stream_errors.inc(code=result.error.code)
+        return changed
+
+    async def withdraw(self, tenant: str, action_id: str, result: ActionResult) -> ActionRecord | None:
+        """``withdraw``: a pending action is cancelled and its approval withdrawn in one commit."""
+        if result.status != TRANSITIONS[ActionEvent.WITHDRAW].target.value:
+            raise ValueError("a withdrawn action is cancelled")
+        changed = await self.store.cancel_pending(tenant, action_id, _encode.encode(result).decode())
+        if changed and self.metrics is not None:
+            self.metrics.actions.inc(operation=changed.operation, status=result.status)
+        return changed
+
+    async def expire_due(self, now: int) -> list[ActionRecord]:
+        """``expire``: every pending approval past its TTL is expired and its
+        pending action fails with ``policy.approval_expired`` (all tenants).
+        Returns the actions it failed."""
+        failed = []
+        for approval in await self.store.expire_approvals(now):
+            record = await self.expire(approval.tenant, approval.action_id)
+            if record is not None:
+                failed.append(record)
+        return failed
+
+    async def expire(self, tenant: str, action_id: str) -> ActionRecord | None:
+        """``expire`` one pending action whose approval ran out."""
+        return await self.finish(tenant, action_id, failed_result(action_id, ApprovalExpired()),
+                                 DispatchState.NOT_SENT.value, event=ActionEvent.EXPIRE)
+
+
+class ActionRuntime(Protocol):
+    """What the lifecycle functions (:mod:`.cancellation`, :mod:`.recovery`)
+    use of the action service: the writer, the dispatcher, the live registry,
+    and reads."""
+
+    store: Store
+    writer: ActionWriter
+    dispatcher: Dispatcher
+    live: LiveRegistry
+    now_ms: Callable[[], int]
+
+    async def get(self, caller: Principal, action_id: str) -> ActionRecord: ...
+    async def record(self, tenant: str, action_id: str) -> ActionRecord: ...
+    async def result(self, record: ActionRecord) -> ActionResult | None: ...
+    async def refresh(self, record: ActionRecord) -> ActionRecord: ...
+    def job(self, record: ActionRecord, *, stream: bool) -> Job: ...
+    def start(self, record: ActionRecord, *, stream: bool = False) -> LiveAction: ...

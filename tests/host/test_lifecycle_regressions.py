@@ -1,0 +1,142 @@
+"""Regressions of the action lifecycle: every path that ends an approval ends its action, a cancel and a
+decision never both win, the stored dispatch state is the dispatch's own final word, and the store open
+leaks nothing when cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import httpx
+import pytest
+
+from fake_sidecar import FakeSidecar
+from hostkit import SIDECAR_TOKEN, bearer, running
+
+CT = {"Content-Type": "application/aip+json"}
+
+
+def run_envelope(action_id: str) -> dict:
+    return {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": f"msg_{action_id}",
+            "sent_at": "2026-09-21T14:13:20.000Z",
+            "body": {"action": {"id": action_id, "capability_id": "cap:crewai:beta", "input": {"topic": action_id},
+                                "idempotency_key": f"k-{action_id}"}}}
+
+
+async def submit_pending(http: httpx.AsyncClient, action_id: str) -> str:
+    response = await http.post("/aip/v1/messages", content=json.dumps(run_envelope(action_id)),
+                               headers={**CT, **bearer("acme-invoker")})
+    assert response.status_code == 202, response.text
+    return response.json()["body"]["action_result"]["output"]["approval_id"]
+
+
+async def decide(http: httpx.AsyncClient, approval_id: str, decision: str = "approved") -> httpx.Response:
+    return await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
+                           json={"decision": decision, "reason": "checked"})
+
+
+async def test_listing_approvals_fails_the_actions_whose_approval_it_expires(make_app, clock):
+    """Regression: the approval list expired approvals without failing their actions; the sweep never
+    revisited them, so the actions stayed pending until some other read."""
+    app = make_app(sidecar_transport=FakeSidecar(SIDECAR_TOKEN).transport())
+    async with running(app) as http:
+        await submit_pending(http, "exp_1")
+        clock.now += 901  # past the 15-minute TTL
+        listing = (await http.get("/aip/v1/approvals", params={"status": "expired"},
+                                  headers=bearer("acme-both"))).json()
+        assert [a["status"] for a in listing["approvals"]] == ["expired"]
+        record = await app.state.actions.store.get_action("acme", "exp_1")  # no action read: the store as left
+        assert record.status == "failed" and "policy.approval_expired" in record.result_json
+        late = await decide(http, listing["approvals"][0]["request"]["id"])
+        assert late.status_code == 409 and late.json()["body"]["error"]["error"]["code"] == "approval.expired"
+
+
+async def test_cancelling_a_pending_action_withdraws_its_approval(make_app):
+    """Regression: cancelling a pending action left its approval pending, and approving it later answered 200."""
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    app = make_app(sidecar_transport=fake.transport())
+    async with running(app) as http:
+        approval_id = await submit_pending(http, "wd_1")
+        cancelled = await http.post("/aip/v1/actions/wd_1/cancel", headers=bearer("acme-invoker"))
+        assert cancelled.json()["body"]["action_result"]["status"] == "cancelled"
+        shown = (await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))).json()
+        assert shown["status"] == "withdrawn"
+        answer = await decide(http, approval_id)
+        assert answer.status_code == 409 and answer.json()["body"]["error"]["error"]["code"] == "approval.withdrawn"
+        assert fake.executions == 0
+
+
+async def test_a_cancel_and_a_decision_never_both_win(make_app):
+    """Regression: when a cancel won against an approval, the approver still got 200 (and the approval
+    stayed approved) although the action never ran. Exactly one of them wins now, every time."""
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    app = make_app(sidecar_transport=fake.transport())
+    async with running(app) as http:
+        for n in range(30):
+            action_id = f"race_{n}"
+            approval_id = await submit_pending(http, action_id)
+            cancel, decision = await asyncio.gather(
+                http.post(f"/aip/v1/actions/{action_id}/cancel", headers=bearer("acme-invoker")),
+                decide(http, approval_id))
+            cancel_result = cancel.json()["body"]["action_result"]
+            withdrew = cancel_result.get("output", {}).get("provider_effect") == "none"
+            approval = (await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))).json()
+            if decision.status_code == 200:
+                assert not withdrew and approval["status"] == "approved", (n, cancel_result, approval)
+            else:
+                assert decision.status_code == 409 and withdrew and approval["status"] == "withdrawn", (n, approval)
+
+
+async def test_a_refused_connection_is_stored_not_sent(make_app):
+    """Regression: after a refused connection the action view said dispatch `sent` (recorded when the
+    approval started it) while its stored result said `not_sent`. The record now holds the dispatch's
+    own final word."""
+    fake = FakeSidecar(SIDECAR_TOKEN)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/jobs") and request.method == "POST":
+            raise httpx.ConnectError("connection refused", request=request)
+        return fake.handle(request)
+
+    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    async with running(app) as http:
+        approval_id = await submit_pending(http, "refused_1")
+        assert (await decide(http, approval_id)).status_code == 200
+        service = app.state.actions
+        record = await service.wait(await service.store.get_action("acme", "refused_1"), 10)
+        result = json.loads(record.result_json)
+        assert record.status == "failed" and result["error"]["details"]["dispatch"] == "not_sent"
+        assert record.dispatch == "not_sent"
+
+
+async def test_a_store_open_cancelled_mid_connect_closes_its_connection(tmp_path, monkeypatch):
+    """Regression: cancelling `Store.open` while SQLite was connecting leaked the connection and its
+    thread; the sidecar's journal open did not. Both now use one cancel-safe worker start."""
+    from aip_crewai.host import store as store_module
+
+    started, gate, closed = threading.Event(), threading.Event(), threading.Event()
+    real_connect = store_module._connect
+
+    class Tracked:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def close(self):
+            self.conn.close()
+            closed.set()
+
+    def slow_connect(path):
+        started.set()
+        gate.wait(10)
+        return Tracked(real_connect(path))
+
+    monkeypatch.setattr(store_module, "_connect", slow_connect)
+    tmp_path.chmod(0o700)
+    task = asyncio.ensure_future(store_module.Store.open(tmp_path / "host.db"))
+    assert await asyncio.to_thread(started.wait, 10)  # the connect is under way on the worker
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gate.set()
+    assert await asyncio.to_thread(closed.wait, 10)
