@@ -24,6 +24,7 @@ Polling only (:func:`until`), never a sleep that waits for a result.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -110,12 +111,16 @@ class Host:
 TENANTS = {"acme": ACME_CREWS, "beta": ["echo", "knowledge_b"]}
 #: An Ed25519 principal (acme, invoker) for signed envelopes; its private key seed.
 SIGNER, SIGNER_SEED = "acme-signer", b"\x07" * 32
+#: An approver-only Ed25519 principal of acme and its private key seed.
+APPROVER_SIGNER, APPROVER_SIGNER_SEED = "acme-approver-signer", b"\x08" * 32
+#: A bearer principal of acme with the operator role (``/metrics``).
+OPERATOR, OPERATOR_TOKEN = "acme-operator", "tok-acme-operator-1"
 
 
-def signer_key() -> Any:
+def signer_key(seed: bytes = SIGNER_SEED) -> Any:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    return Ed25519PrivateKey.from_private_bytes(SIGNER_SEED)
+    return Ed25519PrivateKey.from_private_bytes(seed)
 
 
 def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_token: str = TOKEN,
@@ -127,8 +132,13 @@ def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_tok
     crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
     public = base64.b64encode(signer_key().public_key().public_bytes_raw()).decode()
     signer = {"id": SIGNER, "tenant": "acme", "role": "invoker", "ed25519_public_key": public}
+    approver_public = base64.b64encode(signer_key(APPROVER_SIGNER_SEED).public_key().public_bytes_raw()).decode()
+    approver_signer = {"id": APPROVER_SIGNER, "tenant": "acme", "role": "approver",
+                       "ed25519_public_key": approver_public}
+    operator = {"id": OPERATOR, "tenant": "acme", "role": "operator",
+                "token_sha256": hashlib.sha256(OPERATOR_TOKEN.encode()).hexdigest()}
     return write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants or TENANTS,
-                        max_response_bytes=max_response_bytes, extra_principals=[signer])
+                        max_response_bytes=max_response_bytes, extra_principals=[signer, approver_signer, operator])
 
 
 class Processes:
