@@ -295,6 +295,10 @@ def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) ->
             transport=transport,
             follow_redirects=False,
             timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
+            # The environment's HTTP(S)_PROXY would receive the bearer token: only an explicit
+            # sidecar.proxy is used (README "Security").
+            trust_env=False,
+            proxy=settings.sidecar_proxy,
         )
         tasks: list[asyncio.Task[None]] = []
         try:

@@ -200,10 +200,11 @@ class Processes:
         """A new sidecar on the same journal (the old one must be gone)."""
         return self.sidecar(journal=old.journal, args=kwargs.pop("args", old.args), **kwargs)
 
-    def launch_host(self, workdir: Path, argv_config: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    def launch_host(self, workdir: Path, argv_config: Path,
+                    env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path, Path]:
         tag = self._tag()
         stderr_path, stdout_path = workdir / f"host{tag}.err", workdir / f"host{tag}.out"
-        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+        env = {**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, **(env or {})}
         with open(stderr_path, "wb") as err, open(stdout_path, "wb") as out:
             process = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(argv_config),
                                         "--log-format", "json"],
@@ -211,12 +212,14 @@ class Processes:
         return process, stderr_path, stdout_path
 
     def host(self, sidecar_url: str, *, name: str = "host", port: int | None = None, ready: bool = True,
-             tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None) -> Host:
-        """Start (or restart: same ``name`` → same store and config) a host; wait for ``/ready``."""
+             tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None,
+             env: dict[str, str] | None = None) -> Host:
+        """Start (or restart: same ``name`` → same store and config) a host; wait for ``/ready``
+        (``env``: extra environment variables of the process)."""
         workdir = self.workdir / name
         port = port or free_port()
         config = write_host_config(workdir, sidecar_url, port, tenants=tenants, max_response_bytes=max_response_bytes)
-        process, stderr_path, stdout_path = self.launch_host(workdir, config)
+        process, stderr_path, stdout_path = self.launch_host(workdir, config, env)
         host = Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stdout_path)
         self.hosts.append(host)
 

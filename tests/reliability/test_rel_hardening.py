@@ -60,3 +60,61 @@ def test_rel_a_refused_request_leaves_its_idempotency_key_free(stack):
         assert app.get(f"/aip/v1/actions/{fresh}").json()["status"] == "pending_approval"
         replay = post_action(app, "cap:crewai:echo", {"topic": "second"}, uid("h1-third"), key)
         assert replay.status_code == 202 and action_result(replay)["action_id"] == fresh
+
+
+# --- 2. the sidecar client ignores the environment's proxies --------------------------------------
+
+
+class _Recorder:
+    """A loopback TCP listener standing in for a proxy: records every byte any client sends it."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received = bytearray()
+        self.connections = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.received += conn.recv(65536)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.timeout(120)
+def test_rel_the_host_never_sends_the_sidecar_token_to_an_environment_proxy(procs):
+    """Regression (item 2): with HTTP_PROXY set, the proxy received `Authorization: Bearer <sidecar token>`.
+    The host's sidecar client ignores HTTP(S)_PROXY/ALL_PROXY (only an explicit sidecar.proxy is used)."""
+    from relkit import TOKEN
+
+    proxy = _Recorder()
+    try:
+        url = f"http://127.0.0.1:{proxy.port}"
+        env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
+                                      "all_proxy")}
+        env.update(NO_PROXY="", no_proxy="")
+        sidecar = procs.sidecar()
+        host = procs.host(sidecar.base_url, env=env)  # waits for /ready: the sidecar was reached directly
+        with host.client("acme-app") as app:
+            action_id = uid("h2")
+            answer = post_action(app, "cap:crewai:echo:status", {"run_action_id": action_id}, uid("h2s"))
+            assert answer.status_code in (200, 202, 404)
+        assert proxy.connections == 0 and TOKEN.encode() not in proxy.received
+    finally:
+        proxy.close()
