@@ -68,7 +68,7 @@ from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import Settings
 from .manifest import CapabilityIndex, to_wire
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .metrics import Metrics
+from .metrics import Metrics, method_label
 from .readiness import Readiness, notify_systemd
 from .store import Store, ms_to_rfc3339
 
@@ -207,11 +207,10 @@ class RequestContextMiddleware:
         finally:
             duration = time.perf_counter() - started
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = scope.get("method", "")
+            method = method_label(scope.get("method", ""))  # a closed set: never the raw request bytes
             metrics: Metrics | None = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
             if metrics is not None:
-                metrics.requests.inc(route=route, method=method, status=str(outcome["status"]))
-                metrics.request_duration.observe(duration, route=route, method=method)
+                metrics.observe_request(route, method, int(outcome["status"]), duration)
             extra = {k: info[k] for k in ("tenant", "principal") if k in info}
             log.info("request_finished", method=method, route=route, status=outcome["status"],
                      duration_ms=round(duration * 1000, 3), response_bytes=outcome["bytes"], **extra)
