@@ -8,10 +8,22 @@ response; without the header a keep-alive client sends its next request on
 the dying connection and gets "server disconnected without a response", a
 transport error the host would have to count as an uncertain dispatch.
 
-Source: RFC 9112 §9.6 (``close`` connection option), STYLE.md (pure ASGI middleware).
+
+
+:class:`BoundedBody`: every request body is bounded by its route BEFORE it is
+read: a declared ``Content-Length`` above the bound fails the first read, and
+a body that grows past it (chunked) fails the read that crosses it, so at
+most the bound is ever handed to the application. The failure is the
+exception the app chose, raised inside the handler's read, so the app's own
+error handler renders it (413).
+
+Source: RFC 9112 §9.6 (``close`` connection option), STYLE.md (pure ASGI
+middleware), README "Security" (request bodies).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -53,3 +65,50 @@ class CloseOnUnreadBody:
             await send(message)
 
         await self.app(scope, receive_wrapper, send_wrapper)
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's ``Content-Length`` as an integer; None when absent or not one decimal number."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            text = value.strip()
+            return int(text) if text.isdigit() and len(text) <= 19 else None
+    return None
+
+
+class BoundedBody:
+    """Pure ASGI middleware: bound each request body by route before it is read.
+
+    Args:
+        app: the wrapped application.
+        limit_for: ``scope -> bytes`` allowed for this request's body (by method and path).
+        too_large: ``limit_bytes -> exception`` raised from the application's
+            ``receive()`` when the declared or received body exceeds the limit.
+    """
+
+    def __init__(self, app: ASGIApp, limit_for: Callable[[Scope], int],
+                 too_large: Callable[[int], Exception]) -> None:
+        self.app = app
+        self.limit_for = limit_for
+        self.too_large = too_large
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope)
+        declared = declared_length(scope)
+        received = 0
+
+        async def bounded_receive() -> Message:
+            nonlocal received
+            if declared is not None and declared > limit:
+                raise self.too_large(limit)
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise self.too_large(limit)
+            return message
+
+        await self.app(scope, bounded_receive, send)

@@ -60,12 +60,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..asgi import CloseOnUnreadBody
+from ..asgi import BoundedBody, CloseOnUnreadBody
 from ..contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ProtocolError
-from ..contracts.errors import AipError, Category, Unauthenticated
+from ..contracts.errors import AipError, Category, MessageTooLarge, Unauthenticated
 from . import manifest
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import Settings
+from .limits import body_limit
 from .manifest import CapabilityIndex, to_wire
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, method_label
@@ -349,7 +350,8 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
             routes.extend(module.routes())
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware)],
+        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware),
+                    Middleware(BoundedBody, limit_for=body_limit, too_large=MessageTooLarge)],
         exception_handlers={AipError: _aip_error_handler, HTTPException: _http_error_handler},
         lifespan=_lifespan(sidecar_transport, modules),
     )

@@ -146,3 +146,38 @@ def test_rel_made_up_methods_and_paths_never_become_metric_labels(stack):
               if line.startswith("aip_host_requests_total{")}
     assert all('status="' in label and label.split('status="')[1][1:3] == "xx" for label in labels)
     assert len(text) < len(before.text) + 4096  # a handful of new series at most, not one per request
+
+
+# --- 5. every body bounded by route before it is read ---------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
+    """Regression (item 5): the decision route read an unbounded body (96 MiB: +181 MB). Each route now has a
+    bound (messages 2 MiB, decisions 32 KiB, others 16 KiB); a declared or chunked body past it is 413."""
+    from aip_crewai.host.limits import MAX_DECISION_BYTES, MAX_MESSAGE_BYTES
+
+    _, _, host = stack
+    with host.client("acme-app") as app:
+        pending = post_action(app, "cap:crewai:echo", {"topic": "bounded"}, uid("h5"), uid("h5k"))
+        approval_id = action_result(pending)["approval"]["approval_id"]
+
+    def chunks(total: int):
+        for _ in range(total // 65536 + 1):
+            yield b" " * 65536
+
+    decision = f"/aip/v1/approvals/{approval_id}/decision"
+    with host.client("acme-approver") as approver:
+        big = b'{"decision": "approved", "reason": "' + b"x" * (MAX_DECISION_BYTES + 10) + b'"}'
+        refused = approver.post(decision, content=big, headers={"Content-Type": "application/json"})
+        assert refused.status_code == 413 and error_code(refused) == "message.too_large"
+        streamed = approver.post(decision, content=chunks(4 * MAX_DECISION_BYTES))
+        assert streamed.status_code == 413 and error_code(streamed) == "message.too_large"
+        assert approver.get(f"/aip/v1/approvals/{approval_id}").json()["status"] == "pending"
+    with host.client("acme-app") as app:
+        for body in (b"{" + b" " * MAX_MESSAGE_BYTES + b"}", chunks(MAX_MESSAGE_BYTES + 1)):
+            answer = app.post("/aip/v1/messages", content=body, headers={"Content-Type": "application/aip+json"})
+            assert answer.status_code == 413 and error_code(answer) == "message.too_large"
+        cancel = app.post(f"/aip/v1/actions/{uid('h5c')}/cancel", content=chunks(100_000))
+        assert cancel.status_code in (404, 413)  # the cancel route reads no body: never more than 16 KiB
+        assert httpx.get(f"{host.base_url}/ready", timeout=10).status_code == 200
