@@ -7,13 +7,14 @@ adapts in one place; the tests assert statuses, error codes and stored state.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 import pytest
 
 from chaoslib import uid
-from relkit import post_action
+from relkit import envelope, post_action
 
 pytestmark = [pytest.mark.integration]
 
@@ -181,3 +182,34 @@ def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
         cancel = app.post(f"/aip/v1/actions/{uid('h5c')}/cancel", content=chunks(100_000))
         assert cancel.status_code in (404, 413)  # the cancel route reads no body: never more than 16 KiB
         assert httpx.get(f"{host.base_url}/ready", timeout=10).status_code == 200
+
+
+# --- 14. one nesting bound, checked at the host ----------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(stack):
+    """Regression (item 14): the host accepted inputs nested ~960 levels that the sidecar could not hash; the
+    action then failed as "uncertain" although nothing was admitted. The host now refuses them at submission
+    (400 action.invalid_input, nothing stored); the bound itself is accepted and runs."""
+    from aip_crewai.contracts.inputs import MAX_INPUT_DEPTH
+
+    def nested(levels: int) -> dict[str, Any]:
+        value: dict[str, Any] = {"topic": "deep"}
+        for _ in range(levels - 1):
+            value = {"topic": "deep", "n": value}
+        return value
+
+    _, _, host = stack
+    with host.client("acme-app") as app:
+        for levels in (MAX_INPUT_DEPTH + 1, 300, 960):
+            action_id = uid("h14")
+            env = envelope("cap:crewai:echo", {"topic": "deep"}, action_id, action_id)
+            raw = json.dumps(env).replace('{"topic": "deep"}', '{"n": ' * (levels - 1) + '{"topic": "deep"}'
+                                          + "}" * (levels - 1))  # the stdlib encoder recurses
+            answer = app.post("/aip/v1/messages", content=raw, headers={"Content-Type": "application/aip+json"})
+            assert answer.status_code == 400 and error_code(answer) == "action.invalid_input", levels
+            assert app.get(f"/aip/v1/actions/{action_id}").status_code == 404
+        action_id = uid("h14ok")
+        accepted = post_action(app, "cap:crewai:echo", nested(MAX_INPUT_DEPTH), action_id, action_id)
+        assert accepted.status_code == 202 and action_result(accepted)["status"] == "pending_approval"
