@@ -63,6 +63,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from ..contracts.errors import AipError, Category
 from ..contracts.inputs import has_control_characters
+from ..files import FileTooLarge, NotRegularFile, read_regular
 from ..keys import SecretFileError, read_token
 from .admission import AdmissionError, CrewDescriptor, load_descriptors
 
@@ -72,6 +73,8 @@ MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
 #: Sidecar token file bounds, bytes (DESIGN.md §4).
 #: Crews file bound, bytes (1,000 descriptors of at most ~17 KiB each, with room).
 MAX_CREWS_FILE_BYTES = 32 * 1024 * 1024
+#: Bound of host.toml, bytes.
+MAX_CONFIG_FILE_BYTES = 4 * 1024 * 1024
 ROLES: frozenset[str] = frozenset({"invoker", "approver", "operator"})
 #: Tenant names: no ":" (sidecar job ids are "<tenant>:<action id>"; a colon would let
 #: tenant "a" with action "b:c" and tenant "a:b" with action "c" share one sidecar job).
@@ -318,12 +321,11 @@ def read_token_file(path: Path, key: str = "sidecar.token_file") -> str:
 def _read_crews(path: Path) -> tuple[CrewDescriptor, ...]:
     key = "crews.file"
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_CREWS_FILE_BYTES + 1)
+        data = read_regular(path, MAX_CREWS_FILE_BYTES)  # non-blocking: a FIFO is refused, never waited on
+    except (NotRegularFile, FileTooLarge) as exc:
+        raise ConfigError(key, str(exc)) from None
     except OSError as exc:
         raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_CREWS_FILE_BYTES:
-        raise ConfigError(key, f"{path} exceeds {MAX_CREWS_FILE_BYTES} bytes")
     try:
         return load_descriptors(data)
     except AdmissionError as exc:
@@ -428,12 +430,17 @@ def load_settings(path: str | os.PathLike[str], *, environ: Mapping[str, str] | 
     """
     config_path = Path(path)
     try:
-        with open(config_path, "rb") as handle:
-            data = tomllib.load(handle)
+        raw = read_regular(config_path, MAX_CONFIG_FILE_BYTES)  # non-blocking: a FIFO is refused, never waited on
     except FileNotFoundError:
         raise ConfigError("--config", f"{config_path} does not exist") from None
+    except (NotRegularFile, FileTooLarge) as exc:
+        raise ConfigError("--config", str(exc)) from None
     except OSError as exc:
         raise ConfigError("--config", f"cannot read {config_path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError("--config", f"{config_path} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("--config", f"{config_path} is not valid TOML: {exc}") from None
     return build_settings(data, config_path, environ=environ)

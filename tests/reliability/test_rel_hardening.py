@@ -8,6 +8,7 @@ adapts in one place; the tests assert statuses, error codes and stored state.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -213,3 +214,48 @@ def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(stack):
         action_id = uid("h14ok")
         accepted = post_action(app, "cap:crewai:echo", nested(MAX_INPUT_DEPTH), action_id, action_id)
         assert accepted.status_code == 202 and action_result(accepted)["status"] == "pending_approval"
+
+
+# --- 12. FIFO token, key and config files ------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_rel_fifo_token_key_and_config_files_refuse_start_up_instead_of_hanging(tmp_path):
+    """Regression (item 12): a token, key or config file that is a FIFO hung start-up in open(). Files are
+    opened without blocking and anything but a regular file is refused: exit 2, one line, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from relkit import ALLOWED, REGISTRY, child_env, free_port, sidecar_command, write_host_config
+
+    def refused(argv: list[str], needle: str, env: dict[str, str] | None = None) -> None:
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:  # the hang this test is about
+            raise AssertionError(f"{argv[-4:]} hung") from None
+        err = done.stderr.decode(errors="replace")
+        assert done.returncode == 2 and needle in err and "Traceback" not in err, (argv, done.returncode, err[-400:])
+        assert "not a regular file" in err, err[-400:]
+
+    def fifo(path: Path) -> Path:
+        path.unlink(missing_ok=True)
+        os.mkfifo(path, 0o600)
+        return path
+
+    py = sys.executable
+    for name in ("host.toml", "crews.json", "sidecar.token"):
+        d = tmp_path / f"host-{name}"
+        config = write_host_config(d, "http://127.0.0.1:9", free_port())
+        fifo(d / name)
+        refused([py, "-m", "aip_crewai.cli", "host", "--config", str(config)],
+                "--config" if name == "host.toml" else ("crews.file" if name == "crews.json" else "sidecar.token_file"))
+    d = tmp_path / "sidecar"
+    d.mkdir(mode=0o700)
+    refused([*sidecar_command("--registry", REGISTRY), "--journal", str(d / "journal.db"), "--token-file",
+             str(fifo(d / "token")), "--port", "0", "--allowed-operations", ALLOWED],
+            "--token-file", child_env(d / "calls.log"))
+    from aip_crewai.keys import SecretFileError, load_ed25519
+
+    with pytest.raises(SecretFileError, match="not a regular file"):  # the CLI's signing key
+        load_ed25519(fifo(d / "signing.key"))
