@@ -17,15 +17,27 @@ most the bound is ever handed to the application. The failure is the
 exception the app chose, raised inside the handler's read, so the app's own
 error handler renders it (413).
 
+
+:class:`ClientGone`: a client that goes away while its body is being read
+(Starlette's ``ClientDisconnect``) is not a server error: one debug line
+(``client_disconnected``), no traceback, no 500; nobody is left to answer.
+The scope gets ``aip.client_gone = True`` so a request log can say so.
+
 Source: RFC 9112 §9.6 (``close`` connection option), STYLE.md (pure ASGI
-middleware), README "Security" (request bodies).
+middleware), README "Security" (request bodies, aborted uploads).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import structlog
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = structlog.get_logger(__name__)
+#: Scope key set by :class:`ClientGone` when the client went away mid-request.
+CLIENT_GONE_KEY = "aip.client_gone"
 
 
 def _has_body(scope: Scope) -> bool:
@@ -112,3 +124,21 @@ class BoundedBody:
             return message
 
         await self.app(scope, bounded_receive, send)
+
+
+class ClientGone:
+    """Pure ASGI middleware: a ``ClientDisconnect`` from the application is logged at
+    debug level without a traceback and ends the request quietly (no response)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        except ClientDisconnect:
+            scope[CLIENT_GONE_KEY] = True
+            log.debug("client_disconnected", method=scope.get("method"), path=scope.get("path"))

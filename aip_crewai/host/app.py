@@ -60,7 +60,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..asgi import BoundedBody, CloseOnUnreadBody
+from ..asgi import CLIENT_GONE_KEY, BoundedBody, ClientGone, CloseOnUnreadBody
 from ..contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ProtocolError
 from ..contracts.errors import AipError, Category, MessageTooLarge, Unauthenticated
 from . import manifest
@@ -206,6 +206,8 @@ class RequestContextMiddleware:
             response = error_response(InternalError(), correlation_id=info.get("correlation_id"))
             await response(scope, receive, send_wrapper)
         finally:
+            if scope.get(CLIENT_GONE_KEY) and not outcome["started"]:
+                outcome["status"] = 499  # the client closed the request (no answer was sent)
             duration = time.perf_counter() - started
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = method_label(scope.get("method", ""))  # a closed set: never the raw request bytes
@@ -351,7 +353,7 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
     app = Starlette(
         routes=routes,
         middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware),
-                    Middleware(BoundedBody, limit_for=body_limit, too_large=MessageTooLarge)],
+                    Middleware(BoundedBody, limit_for=body_limit, too_large=MessageTooLarge), Middleware(ClientGone)],
         exception_handlers={AipError: _aip_error_handler, HTTPException: _http_error_handler},
         lifespan=_lifespan(sidecar_transport, modules),
     )

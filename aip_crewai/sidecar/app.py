@@ -41,7 +41,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aip_crewai.asgi import CloseOnUnreadBody
+from aip_crewai.asgi import ClientGone, CloseOnUnreadBody
 from aip_crewai.contracts.errors import AipError
 from aip_crewai.contracts.sidecar import CancelRequest
 from aip_crewai.sse import encode_comment, encode_event
@@ -131,7 +131,7 @@ def create_app(
     return Starlette(
         routes=routes,
         middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestLog),
-                    Middleware(BearerAuth, token=settings.token)],
+                    Middleware(BearerAuth, token=settings.token), Middleware(ClientGone)],
         exception_handlers={AipError: aip_error, HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
