@@ -301,3 +301,41 @@ def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(procs):
     for needle in (b"Traceback", b"request_failed", b"unhandled_error", b'"level": "error"', b'"status": 500'):
         assert needle not in output, needle
     assert httpx.get(f"{host.base_url}/ready", timeout=10).status_code == 200
+
+
+# --- 10. anonymous health answers carry no tenant data -------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
+    """Regression (item 10): an anonymous /ready listed every configured crew id, of every tenant, while
+    unready. It now gives the kind of disagreement only; the ids go to the operator's log."""
+    from host_process import write_config
+
+    from relkit import TOKEN, free_port, until
+
+    hidden = "zz-hidden-crew-of-beta"
+    sidecar = procs.sidecar()
+    port = free_port()
+    workdir = procs.workdir / "host-unready"
+    crews = [{"id": "echo", "name": "Echo"}, {"id": hidden, "name": "Hidden"}]
+    config = write_config(workdir, sidecar.base_url, TOKEN, port, crews=crews,
+                          tenants={"acme": ["echo"], "beta": [hidden]})
+    process, stderr_path, _ = procs.launch_host(workdir, config)
+    from relkit import Host
+
+    procs.hosts.append(Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stderr_path))
+
+    def unready() -> httpx.Response | None:
+        try:
+            answer = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=10)
+        except httpx.TransportError:
+            return None
+        return answer if answer.status_code == 503 and "crews" in answer.text else None
+
+    answer = until(unready, timeout=60, what="an unready host naming the crew disagreement")
+    assert answer.json() == {"status": "unready", "reason": "sidecar lacks configured crews"}
+    assert hidden not in answer.text
+    health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+    assert health.status_code == 200 and hidden not in health.text
+    assert hidden.encode() in stderr_path.read_bytes()  # the operator still learns which crew
