@@ -23,8 +23,17 @@ error handler renders it (413).
 (``client_disconnected``), no traceback, no 500; nobody is left to answer.
 The scope gets ``aip.client_gone = True`` so a request log can say so.
 
-Source: RFC 9112 §9.6 (``close`` connection option), STYLE.md (pure ASGI
-middleware), README "Security" (request bodies, aborted uploads).
+
+:class:`RefuseAmbiguousFraming`: a request with both ``Content-Length`` and
+``Transfer-Encoding`` is answered by the app's chosen 400 with
+``Connection: close`` before any handler runs (RFC 9112 §6.3: such a message
+"ought to be handled as an error" and the connection closed; a proxy framing
+by ``Content-Length`` would otherwise disagree with us on where the next
+request starts).
+
+Source: RFC 9112 §9.6 (``close`` connection option), §6.3 (message body
+length), STYLE.md (pure ASGI middleware), README "Security" (request bodies,
+aborted uploads, framing).
 """
 
 from __future__ import annotations
@@ -142,3 +151,37 @@ class ClientGone:
         except ClientDisconnect:
             scope[CLIENT_GONE_KEY] = True
             log.debug("client_disconnected", method=scope.get("method"), path=scope.get("path"))
+
+
+def ambiguous_framing(scope: Scope) -> bool:
+    """Whether the request carries both ``Content-Length`` and ``Transfer-Encoding``."""
+    names = {name.lower() for name, _ in scope.get("headers") or ()}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
+class RefuseAmbiguousFraming:
+    """Pure ASGI middleware: refuse a request framed both ways (see the module docstring).
+
+    Args:
+        app: the wrapped application.
+        reject: ``() -> ASGI app`` answering the refusal (a 400 response of the app's own error shape);
+            ``Connection: close`` is added to it.
+    """
+
+    def __init__(self, app: ASGIApp, reject: Callable[[], ASGIApp]) -> None:
+        self.app = app
+        self.reject = reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not ambiguous_framing(scope):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_close(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        log.info("request_refused", reason="content_length_and_transfer_encoding")
+        await self.reject()(scope, receive, send_close)

@@ -339,3 +339,51 @@ def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
     health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
     assert health.status_code == 200 and hidden not in health.text
     assert hidden.encode() in stderr_path.read_bytes()  # the operator still learns which crew
+
+
+# --- 7. Content-Length with Transfer-Encoding -------------------------------------------------------
+
+
+def _raw_exchange(base_url: str, data: bytes) -> tuple[bytes, bool]:
+    """Send ``data`` on one connection; return everything received and whether the server closed it."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base_url)
+    received = b""
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(data)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                piece = sock.recv(65536)
+            except socket.timeout:
+                return received, False
+            if not piece:
+                return received, True
+            received += piece
+    return received, False
+
+
+@pytest.mark.timeout(120)
+def test_rel_content_length_with_transfer_encoding_is_400_and_closes_on_both_processes(stack):
+    """Regression (item 7): a request with both Content-Length and Transfer-Encoding was processed and the
+    connection kept open (request smuggling behind a proxy that frames by Content-Length). Both processes
+    answer 400 with `Connection: close` and close; the request pipelined after it is never answered."""
+    _, sidecar, host = stack
+    cases = [(host.base_url, "/aip/v1/messages", "Authorization: Bearer tok-acme-app-1\r\n"),
+             (host.base_url, "/health", ""),
+             (sidecar.base_url, "/jobs", f"Authorization: Bearer {sidecar.token}\r\nIdempotency-Key: k\r\n"),
+             (sidecar.base_url, "/health", "")]
+    for base_url, path, extra in cases:
+        smuggled = (f"POST {path} HTTP/1.1\r\nHost: x\r\n{extra}Content-Type: application/json\r\n"
+                    "Content-Length: 48\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+                    "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").encode()
+        received, closed = _raw_exchange(base_url, smuggled)
+        head = received.split(b"\r\n\r\n", 1)[0].lower()
+        assert head.startswith(b"http/1.1 400"), (base_url, path, received[:300])
+        assert b"connection: close" in head and closed, (base_url, path, received[:300])
+        assert received.count(b"HTTP/1.1 ") == 1, (base_url, path, received[:600])
+    with host.client("acme-app") as app:
+        assert app.get("/aip/v1/manifest").status_code == 200
