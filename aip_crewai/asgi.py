@@ -8,12 +8,45 @@ response; without the header a keep-alive client sends its next request on
 the dying connection and gets "server disconnected without a response", a
 transport error the host would have to count as an uncertain dispatch.
 
-Source: RFC 9112 §9.6 (``close`` connection option).
+
+
+:class:`BoundedBody`: every request body is bounded by its route BEFORE it is
+read: a declared ``Content-Length`` above the bound fails the first read, and
+a body that grows past it (chunked) fails the read that crosses it, so at
+most the bound is ever handed to the application. The failure is the
+exception the app chose, raised inside the handler's read, so the app's own
+error handler renders it (413).
+
+
+:class:`ClientGone`: a client that goes away while its body is being read
+(Starlette's ``ClientDisconnect``) is not a server error: one debug line
+(``client_disconnected``), no traceback, no 500; nobody is left to answer.
+The scope gets ``aip.client_gone = True`` so a request log can say so.
+
+
+:class:`RefuseAmbiguousFraming`: a request with both ``Content-Length`` and
+``Transfer-Encoding`` is answered by the app's chosen 400 with
+``Connection: close`` before any handler runs (RFC 9112 §6.3: such a message
+"ought to be handled as an error" and the connection closed; a proxy framing
+by ``Content-Length`` would otherwise disagree with us on where the next
+request starts).
+
+Source: RFC 9112 §9.6 (``close`` connection option), §6.3 (message body
+length), README "Security" (request bodies,
+aborted uploads, framing).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import structlog
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = structlog.get_logger(__name__)
+#: Scope key set by :class:`ClientGone` when the client went away mid-request.
+CLIENT_GONE_KEY = "aip.client_gone"
 
 
 def _has_body(scope: Scope) -> bool:
@@ -53,3 +86,102 @@ class CloseOnUnreadBody:
             await send(message)
 
         await self.app(scope, receive_wrapper, send_wrapper)
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's ``Content-Length`` as an integer; None when absent or not one decimal number."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            text = value.strip()
+            return int(text) if text.isdigit() and len(text) <= 19 else None
+    return None
+
+
+class BoundedBody:
+    """Pure ASGI middleware: bound each request body by route before it is read.
+
+    Args:
+        app: the wrapped application.
+        limit_for: ``scope -> bytes`` allowed for this request's body (by method and path).
+        too_large: ``limit_bytes -> exception`` raised from the application's
+            ``receive()`` when the declared or received body exceeds the limit.
+    """
+
+    def __init__(self, app: ASGIApp, limit_for: Callable[[Scope], int],
+                 too_large: Callable[[int], Exception]) -> None:
+        self.app = app
+        self.limit_for = limit_for
+        self.too_large = too_large
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope)
+        declared = declared_length(scope)
+        received = 0
+
+        async def bounded_receive() -> Message:
+            nonlocal received
+            if declared is not None and declared > limit:
+                raise self.too_large(limit)
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise self.too_large(limit)
+            return message
+
+        await self.app(scope, bounded_receive, send)
+
+
+class ClientGone:
+    """Pure ASGI middleware: a ``ClientDisconnect`` from the application is logged at
+    debug level without a traceback and ends the request quietly (no response)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        except ClientDisconnect:
+            scope[CLIENT_GONE_KEY] = True
+            log.debug("client_disconnected", method=scope.get("method"), path=scope.get("path"))
+
+
+def ambiguous_framing(scope: Scope) -> bool:
+    """Whether the request carries both ``Content-Length`` and ``Transfer-Encoding``."""
+    names = {name.lower() for name, _ in scope.get("headers") or ()}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
+class RefuseAmbiguousFraming:
+    """Pure ASGI middleware: refuse a request framed both ways (see the module docstring).
+
+    Args:
+        app: the wrapped application.
+        reject: ``() -> ASGI app`` answering the refusal (a 400 response of the app's own error shape);
+            ``Connection: close`` is added to it.
+    """
+
+    def __init__(self, app: ASGIApp, reject: Callable[[], ASGIApp]) -> None:
+        self.app = app
+        self.reject = reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not ambiguous_framing(scope):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_close(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        log.info("request_refused", reason="content_length_and_transfer_encoding")
+        await self.reject()(scope, receive, send_close)

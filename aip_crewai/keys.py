@@ -15,6 +15,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from .files import NotRegularFile, open_regular, read_fd
+
 MAX_SECRET_FILE_BYTES = 16384
 
 
@@ -37,28 +39,31 @@ def read_private(path: Path, *, what: str = "secret file") -> bytes:
     Raises:
         SecretFileError: naming the file and the broken rule, never the content.
 
-    Source: ARCHITECTURE.md §4 (token file rules); developers' guide (secrets).
+    Source: ARCHITECTURE.md §4 (token file rules); developers' guide (secrets); README
+    "Security" (opened without blocking: a FIFO is refused).
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = open_regular(path, follow_symlinks=False)  # non-blocking: a FIFO is refused, never waited on
     except FileNotFoundError:
         raise SecretFileError(f"{what} {path} does not exist") from None
+    except NotRegularFile:
+        raise SecretFileError(f"{what} {path} is not a regular file") from None
     except OSError as exc:
         if os.path.islink(path):
             raise SecretFileError(f"{what} {path} is a symlink; use a regular file") from None
         raise SecretFileError(f"cannot open {what} {path}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SecretFileError(f"{what} {path} is not a regular file")
         mode = stat.S_IMODE(info.st_mode)
         if mode & 0o077:
             raise SecretFileError(f"{what} {path} has mode {mode:04o}; it must be 0600 (no group/other access)")
         if not 1 <= info.st_size <= MAX_SECRET_FILE_BYTES:
             raise SecretFileError(f"{what} {path} must hold 1..{MAX_SECRET_FILE_BYTES} bytes, has {info.st_size}")
-        data = os.read(fd, MAX_SECRET_FILE_BYTES + 1)
+        data = read_fd(fd, MAX_SECRET_FILE_BYTES)
     finally:
         os.close(fd)
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise SecretFileError(f"{what} {path} must hold 1..{MAX_SECRET_FILE_BYTES} bytes")
     if data.endswith(b"\n"):
         data = data[:-2] if data.endswith(b"\r\n") else data[:-1]
     if not data:

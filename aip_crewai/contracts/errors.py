@@ -184,6 +184,17 @@ class MessageTooLarge(AipError):
         super().__init__(f"the request body exceeds {limit_bytes} bytes", details={"limit_bytes": limit_bytes})
 
 
+class AmbiguousFraming(AipError):
+    """A request carries both ``Content-Length`` and ``Transfer-Encoding``: refused
+    with 400 and the connection closed, because a proxy that frames by
+    ``Content-Length`` would see another request boundary than the server
+    (request smuggling; RFC 9112 §6.3). Source: README "Security"."""
+
+    code = "request.ambiguous_framing"
+    category = Category.PERMANENT
+    default_message = "a request may not carry both Content-Length and Transfer-Encoding"
+
+
 class InvalidEnvelope(AipError):
     code = "message.invalid_envelope"
     category = Category.PERMANENT

@@ -21,6 +21,10 @@ from .errors import InputTooLarge, InvalidInput
 MAX_INPUT_BYTES = 1_048_576
 #: Properties of a run input object (ARCHITECTURE.md §3).
 MAX_RUN_PROPERTIES = 512
+#: Nesting bound of an input, levels of objects/arrays (the input object itself is level 1). One bound for
+#: both processes: the host refuses deeper inputs at submission, so none reaches a sidecar that cannot
+#: hash it (README "Security").
+MAX_INPUT_DEPTH = 64
 
 # Python's ``$`` also matches before a final "\n" (msgspec matches with
 # ``re``), so every pattern ends with END, which means end-of-text in both
@@ -178,6 +182,22 @@ def invalid_input(exc: msgspec.ValidationError) -> InvalidInput:
     return InvalidInput(where.rstrip("`"), rule) if sep else InvalidInput("$", text)
 
 
+def exceeds_depth(value: Any, limit: int = MAX_INPUT_DEPTH) -> bool:
+    """Whether decoded JSON ``value`` nests objects/arrays deeper than ``limit``
+    levels (a scalar is level 0, ``{}`` level 1). Iterative: no recursion limit
+    is reached however deep the value is."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if level > limit:
+            return True
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
 def convert_input(input_type: Any, value: Any, *, check_size: bool = True) -> Any:
     """Validate ``value`` (decoded JSON) against ``input_type``.
 
@@ -192,10 +212,13 @@ def convert_input(input_type: Any, value: Any, *, check_size: bool = True) -> An
 
     Raises:
         InputTooLarge: the encoded input exceeds 1 MiB.
-        InvalidInput: any other rule; ``field`` is the JSON path.
+        InvalidInput: nested deeper than :data:`MAX_INPUT_DEPTH` (``field`` ``$``),
+            or any other rule; ``field`` is the JSON path.
 
-    Source: ARCHITECTURE.md §3.
+    Source: ARCHITECTURE.md §3; README "Security" (nesting depth).
     """
+    if exceeds_depth(value):
+        raise InvalidInput("$", f"nested deeper than {MAX_INPUT_DEPTH} levels of objects and arrays")
     if check_size:
         size = encoded_size(value)
         if size > MAX_INPUT_BYTES:

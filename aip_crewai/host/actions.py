@@ -155,38 +155,33 @@ class ActionService:
             self._fence("idempotency", "key_missing")
             raise IdempotencyKeyRequired(details={"capability_id": action.capability_id})
         run_action_id = str(action.input["run_action_id"]) if "run_action_id" in action.input else None
-        if run_action_id is not None and key is not None:
-            # Checked before the reservation: a request that fails here must leave no idempotency record.
-            await self._check_target(tenant, crew_id, run_action_id)
         hashed = fence_hash(action.capability_id, action.input)
-        if key is not None:
-            record = await self.store.reserve_idempotency(
-                tenant, key, action.capability_id, action.id, hashed, self.now_ms() + IDEMPOTENCY_TTL_MS
-            )
-            if not record.created and record.action_id != action.id:
-                if record.input_hash != hashed:
-                    self._fence("idempotency", "conflict")
-                    raise IdempotencyConflict(details={"idempotency_key": key})
-                self._fence("idempotency", "replayed")
-                return await self._reserved_action(tenant, record.action_id)
         event = ActionEvent.REQUEST_APPROVAL if spec.approval else ActionEvent.ADMIT
         # The approval id is fixed before the action row exists, so a concurrent
         # duplicate never sees a pending action without its approval reference.
         approval_id = "apr_" + secrets.token_urlsafe(16) if spec.approval else None
         try:
+            # One transaction: the target check of status/events/cancel, the key's reservation and the
+            # action row; a request refused here reserves nothing (README "Security": idempotency).
             # A running action is dispatched right after this write: it is created `sent` (one write, not two).
-            # Without a key, the target check of status/events/cancel rides in the same store call.
             created, record_ = await self.writer.create(
                 event, tenant, action.id, action.capability_id, crew_id, spec.name,
                 canonical_json(action.input).decode(), hashed, caller.id, key, approval_id=approval_id,
                 timeout_ms=action.timeout_ms,
                 dispatch=DispatchState.SENT if event is ActionEvent.ADMIT else DispatchState.NOT_SENT,
-                target=(run_action_id, ops.STARTABLE_OPERATIONS) if run_action_id is not None and key is None else None,
+                target=(run_action_id, ops.STARTABLE_OPERATIONS) if run_action_id is not None else None,
+                key_expires_at=self.now_ms() + IDEMPOTENCY_TTL_MS if key is not None else None,
                 durable=durable_action(spec, key),
             )
         except MissingTarget:
             raise ActionNotFound(details={"run_action_id": run_action_id}) from None
         if not created:
+            if record_.action_id != action.id:  # the key is held by another action
+                if record_.input_hash != hashed:
+                    self._fence("idempotency", "conflict")
+                    raise IdempotencyConflict(details={"idempotency_key": key})
+                self._fence("idempotency", "replayed")
+                return await self.refresh(record_)
             if record_.input_hash != hashed or record_.idempotency_key != key:
                 self._fence("idempotency", "conflict")
                 raise IdempotencyConflict("the action id was already used with a different input or key")
@@ -199,23 +194,6 @@ class ActionService:
             return record_
         self.start(record_, stream=stream)
         return record_
-
-    async def _reserved_action(self, tenant: str, action_id: str) -> ActionRecord:
-        """The action an idempotency record points at. A concurrent first
-        request may hold the reservation but not yet have written the action
-        row: wait briefly (bounded) instead of answering 404."""
-        for _ in range(100):
-            record = await self.store.get_action(tenant, action_id)
-            if record is not None:
-                return await self.refresh(record)
-            await asyncio.sleep(0.01)
-        raise ActionNotFound(details={"action_id": action_id})
-
-    async def _check_target(self, tenant: str, crew_id: str, run_action_id: str) -> None:
-        """status/events/cancel may only name a run of the same tenant and crew."""
-        target = await self.store.get_action(tenant, run_action_id)
-        if target is None or target.crew_id != crew_id or not ops.get(target.operation).startable:
-            raise ActionNotFound(details={"run_action_id": run_action_id})
 
     async def record(self, tenant: str, action_id: str) -> ActionRecord:
         """The stored action as it is (no refresh). Raises ActionNotFound."""

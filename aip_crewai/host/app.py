@@ -59,15 +59,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..asgi import CloseOnUnreadBody
+from ..asgi import CLIENT_GONE_KEY, BoundedBody, ClientGone, CloseOnUnreadBody, RefuseAmbiguousFraming
 from ..contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ErrorBody, protocol_error
-from ..contracts.errors import AipError, Category, Unauthenticated
+from ..contracts.errors import AipError, AmbiguousFraming, Category, MessageTooLarge, Unauthenticated
 from . import actions, approvals, manifest, routes_actions
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import Settings
+from .limits import body_limit
 from .manifest import CapabilityIndex, to_wire
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .metrics import Metrics
+from .metrics import Metrics, method_label
 from .readiness import Readiness, notify_systemd
 from .store import Store, ms_to_rfc3339
 
@@ -203,13 +204,14 @@ class RequestContextMiddleware:
             response = error_response(InternalError(), correlation_id=info.get("correlation_id"))
             await response(scope, receive, send_wrapper)
         finally:
+            if scope.get(CLIENT_GONE_KEY) and not outcome["started"]:
+                outcome["status"] = 499  # the client closed the request (no answer was sent)
             duration = time.perf_counter() - started
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = scope.get("method", "")
+            method = method_label(scope.get("method", ""))  # a closed set: never the raw request bytes
             metrics: Metrics | None = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
             if metrics is not None:
-                metrics.requests.inc(route=route, method=method, status=str(outcome["status"]))
-                metrics.request_duration.observe(duration, route=route, method=method)
+                metrics.observe_request(route, method, int(outcome["status"]), duration)
             extra = {k: info[k] for k in ("tenant", "principal") if k in info}
             log.info("request_finished", method=method, route=route, status=outcome["status"],
                      duration_ms=round(duration * 1000, 3), response_bytes=outcome["bytes"], **extra)
@@ -281,6 +283,10 @@ def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) ->
             transport=transport,
             follow_redirects=False,
             timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
+            # The environment's HTTP(S)_PROXY would receive the bearer token: only an explicit
+            # sidecar.proxy is used (README "Security").
+            trust_env=False,
+            proxy=settings.sidecar_proxy,
         )
         tasks: list[asyncio.Task[None]] = []
         try:
@@ -333,7 +339,9 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
             routes.extend(module.routes())
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware)],
+        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware),
+                    Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
+                    Middleware(BoundedBody, limit_for=body_limit, too_large=MessageTooLarge), Middleware(ClientGone)],
         exception_handlers={AipError: _aip_error_handler, HTTPException: _http_error_handler},
         lifespan=_lifespan(sidecar_transport, modules),
     )

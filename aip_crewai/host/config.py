@@ -11,6 +11,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     [sidecar]
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
     token_file = "sidecar.token"       # regular, non-symlink, no group/other permission bits, 1..16384 bytes
+    proxy = "http://proxy:3128"        # optional; only with an https url. Without it HTTP(S)_PROXY are ignored
 
     [crews]
     file = "crews.json"                # descriptors, see admission.py
@@ -62,6 +63,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from ..contracts.errors import AipError, Category
 from ..contracts.inputs import has_control_characters
+from ..files import FileTooLarge, NotRegularFile, read_regular
 from ..keys import SecretFileError, read_token
 from .admission import AdmissionError, CrewDescriptor, load_descriptors
 
@@ -71,6 +73,8 @@ MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
 #: Sidecar token file bounds, bytes (ARCHITECTURE.md §4).
 #: Crews file bound, bytes (1,000 descriptors of at most ~17 KiB each, with room).
 MAX_CREWS_FILE_BYTES = 32 * 1024 * 1024
+#: Bound of host.toml, bytes.
+MAX_CONFIG_FILE_BYTES = 4 * 1024 * 1024
 ROLES: frozenset[str] = frozenset({"invoker", "approver", "operator"})
 #: Tenant names: no ":" (sidecar job ids are "<tenant>:<action id>"; a colon would let
 #: tenant "a" with action "b:c" and tenant "a:b" with action "c" share one sidecar job).
@@ -111,6 +115,7 @@ class _HostTable(_Table, frozen=True):
 class _SidecarTable(_Table, frozen=True):
     url: str
     token_file: str
+    proxy: str | None = None
 
 
 class _CrewsTable(_Table, frozen=True):
@@ -162,6 +167,9 @@ class Settings:
         max_response_bytes: bound of one sidecar response body, bytes.
         sidecar_url: base URL of the sidecar (https, or http to loopback).
         sidecar_token: the bearer token for the sidecar (never logged).
+        sidecar_proxy: the proxy the sidecar client uses, or None: then the
+            client ignores ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` and
+            ``.netrc`` (README "Security").
         crews: admitted descriptors in file order.
         tenants: tenant name -> admitted crew ids it may see (file order).
         principals: configured principals in file order.
@@ -181,6 +189,7 @@ class Settings:
     principals: tuple[PrincipalConfig, ...]
     readiness_interval_s: float = 5.0
     notify_socket: str | None = None
+    sidecar_proxy: str | None = None
 
 
 # --- loading -----------------------------------------------------------------
@@ -261,6 +270,36 @@ def check_sidecar_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def check_sidecar_proxy(proxy: str | None, sidecar_url: str) -> str | None:
+    """Validate ``sidecar.proxy``: an http(s) URL with a host and no credentials,
+    query or fragment, allowed only when ``sidecar.url`` is https (through a
+    proxy, plain http would hand the sidecar bearer token to the proxy in
+    cleartext, which the loopback-only rule for http exists to prevent).
+
+    Raises:
+        ConfigError: keyed ``sidecar.proxy``.
+
+    Source: README "Security" (the sidecar client and proxies).
+    """
+    if proxy is None:
+        return None
+    key = "sidecar.proxy"
+    if has_control_characters(proxy) or " " in proxy:
+        raise ConfigError(key, "must not contain spaces or control characters")
+    try:
+        parts = urlsplit(proxy)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not 0..65535
+    except ValueError as exc:
+        raise ConfigError(key, f"not a valid URL ({exc})") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(key, "must be an http:// or https:// URL with a host")
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise ConfigError(key, "must not carry credentials, a query or a fragment")
+    if not sidecar_url.startswith("https://"):
+        raise ConfigError(key, "is only allowed with an https:// sidecar.url (the proxy would see the bearer token)")
+    return proxy
+
+
 def read_token_file(path: Path, key: str = "sidecar.token_file") -> str:
     """Read a bearer token from a protected file.
 
@@ -282,12 +321,11 @@ def read_token_file(path: Path, key: str = "sidecar.token_file") -> str:
 def _read_crews(path: Path) -> tuple[CrewDescriptor, ...]:
     key = "crews.file"
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_CREWS_FILE_BYTES + 1)
+        data = read_regular(path, MAX_CREWS_FILE_BYTES)  # non-blocking: a FIFO is refused, never waited on
+    except (NotRegularFile, FileTooLarge) as exc:
+        raise ConfigError(key, str(exc)) from None
     except OSError as exc:
         raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_CREWS_FILE_BYTES:
-        raise ConfigError(key, f"{path} exceeds {MAX_CREWS_FILE_BYTES} bytes")
     try:
         return load_descriptors(data)
     except AdmissionError as exc:
@@ -338,6 +376,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
     crews_table: _CrewsTable = _convert(root.crews, _CrewsTable, "crews")
     _check_bind(host.bind)
     url = check_sidecar_url(sidecar.url)
+    proxy = check_sidecar_proxy(sidecar.proxy, url)
     token = read_token_file(_resolve(base, sidecar.token_file, "sidecar.token_file"))
     crews_file = _resolve(base, crews_table.file, "crews.file")
     crews = _read_crews(crews_file)
@@ -377,6 +416,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         principals=tuple(principals),
         readiness_interval_s=host.readiness_interval_ms / 1000,
         notify_socket=env.get("NOTIFY_SOCKET") or None,
+        sidecar_proxy=proxy,
     )
 
 
@@ -390,12 +430,17 @@ def load_settings(path: str | os.PathLike[str], *, environ: Mapping[str, str] | 
     """
     config_path = Path(path)
     try:
-        with open(config_path, "rb") as handle:
-            data = tomllib.load(handle)
+        raw = read_regular(config_path, MAX_CONFIG_FILE_BYTES)  # non-blocking: a FIFO is refused, never waited on
     except FileNotFoundError:
         raise ConfigError("--config", f"{config_path} does not exist") from None
+    except (NotRegularFile, FileTooLarge) as exc:
+        raise ConfigError("--config", str(exc)) from None
     except OSError as exc:
         raise ConfigError("--config", f"cannot read {config_path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError("--config", f"{config_path} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("--config", f"{config_path} is not valid TOML: {exc}") from None
     return build_settings(data, config_path, environ=environ)

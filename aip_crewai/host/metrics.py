@@ -9,7 +9,7 @@ Metrics (all prefixed ``aip_host_``):
 
 | name | type | labels |
 |---|---|---|
-| ``requests_total`` | counter | route (path template), method, status |
+| ``requests_total`` | counter | route (path template), method, status (class) |
 | ``request_duration_seconds`` | summary (sum, count) | route, method |
 | ``ready`` | gauge | (1 when the sidecar agrees, ARCHITECTURE.md §7) |
 | ``readiness_checks_total`` | counter | result (ready, unready) |
@@ -18,7 +18,13 @@ Metrics (all prefixed ``aip_host_``):
 | ``stream_errors_total`` | counter | code |
 | ``actions_total`` | counter | operation, status |
 
-Source: ARCHITECTURE.md §6 (``/metrics``: Prometheus text).
+Every label value comes from a closed set, never from request bytes (an
+anonymous client sending made-up methods must not grow the exposition): the
+route is a path template of the app or ``unmatched``, the method one of
+:data:`KNOWN_METHODS` or ``other``, the status its class (``2xx`` … ``5xx``).
+:meth:`Metrics.observe_request` applies these rules.
+
+Source: ARCHITECTURE.md §6 (``/metrics``: Prometheus text); README "Security" (metrics labels).
 """
 
 from __future__ import annotations
@@ -27,6 +33,18 @@ import threading
 from collections.abc import Iterable
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: Request methods counted under their own name; any other is counted as ``other``.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    """``method`` when it is one of :data:`KNOWN_METHODS`, else ``other``."""
+    return method if method in KNOWN_METHODS else "other"
+
+
+def status_label(status: int) -> str:
+    """The status class: ``1xx`` … ``5xx`` (``other`` outside 100..599)."""
+    return f"{status // 100}xx" if 100 <= status <= 599 else "other"
 
 
 def _escape(value: str) -> str:
@@ -140,6 +158,19 @@ class Metrics:
         self.stream_errors = Counter(p + "stream_errors_total", "Sidecar stream failures by error code.", ("code",))
         self.actions = Counter(p + "actions_total", "Actions reaching a status, by operation.", ("operation", "status"))
         self.ready.set(0)
+
+    def observe_request(self, route: str | None, method: str, status: int, duration_s: float) -> None:
+        """Count one HTTP request (labels from closed sets only, see the module docstring).
+
+        Args:
+            route: the matched route's path template, or None (``unmatched``).
+            method: the raw request method (any other than :data:`KNOWN_METHODS` is ``other``).
+            status: the response status code.
+            duration_s: handling time, seconds.
+        """
+        route_label, method_name = route or "unmatched", method_label(method)
+        self.requests.inc(route=route_label, method=method_name, status=status_label(status))
+        self.request_duration.observe(duration_s, route=route_label, method=method_name)
 
     def families(self) -> list[_Family]:
         return [self.requests, self.request_duration, self.ready, self.readiness_checks, self.auth_failures,

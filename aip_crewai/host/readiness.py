@@ -55,8 +55,9 @@ def evaluate_health(body: Any, crews: Iterable[CrewDescriptor]) -> str | None:
         crews: the admitted descriptors.
 
     Returns:
-        None when ready, else a one-line reason (safe to show unauthenticated
-        callers: it names crew ids and operations, never secrets).
+        None when ready, else a one-line reason for the operator's log (it
+        names crew ids and operations: :func:`public_reason` is what an
+        anonymous caller sees).
     """
     if not isinstance(body, dict):
         return "sidecar health is not a JSON object"
@@ -77,9 +78,24 @@ def evaluate_health(body: Any, crews: Iterable[CrewDescriptor]) -> str | None:
     return None
 
 
+#: Reasons whose detail (after the colon) names configured crews or operations.
+_DETAILED = ("sidecar lacks configured crews", "sidecar lacks allowed operations")
+
+
+def public_reason(reason: str) -> str:
+    """What an anonymous ``/ready`` caller may read of ``reason``: no crew ids,
+    operations or other tenant data (README "Security": anonymous health)."""
+    for prefix in _DETAILED:
+        if reason.startswith(prefix):
+            return prefix
+    return reason
+
+
 @dataclass(frozen=True)
 class ReadinessState:
-    """The last verdict. ``checked_at`` is epoch seconds (None: never checked)."""
+    """The last verdict. ``reason`` is public (:func:`public_reason`; the detailed
+    one is logged with ``readiness_changed``); ``checked_at`` is epoch seconds
+    (None: never checked)."""
 
     ready: bool
     reason: str
@@ -103,6 +119,7 @@ class Readiness:
         self.metrics = metrics
         self.clock = clock
         self.state = ReadinessState(False, "sidecar health not checked yet")
+        self._detail: str | None = self.state.reason
         self._inflight: asyncio.Task[ReadinessState] | None = None
 
     @property
@@ -129,10 +146,10 @@ class Readiness:
 
     async def _check(self) -> ReadinessState:
         reason = await self._probe()
-        state = ReadinessState(reason is None, reason or "ready", self.clock())
-        if state.ready != self.state.ready or state.reason != self.state.reason:
-            log.info("readiness_changed", ready=state.ready, reason=state.reason)
-        self.state = state
+        state = ReadinessState(reason is None, public_reason(reason or "ready"), self.clock())
+        if state.ready != self.state.ready or reason != self._detail:
+            log.info("readiness_changed", ready=state.ready, reason=reason or "ready")
+        self.state, self._detail = state, reason
         self.metrics.ready.set(1 if state.ready else 0)
         self.metrics.readiness_checks.inc(result="ready" if state.ready else "unready")
         return state

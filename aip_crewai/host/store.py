@@ -8,10 +8,11 @@ construction (the periodic sweeps :meth:`Store.expire_approvals` and
 the tenant of every row they touch). Timestamps are integers, milliseconds
 since the Unix epoch (UTC); :func:`ms_to_rfc3339` renders them at the edges.
 
-Atomicity: every decision that must happen once (idempotency reservation,
-message-id claim, action creation, status transitions, approval decisions) is
-ONE SQL statement whose ``WHERE``/``ON CONFLICT`` clause decides, so it holds
-across connections too.
+Atomicity: every decision that must happen once (message-id claim, action
+creation, status transitions, approval decisions) is ONE SQL statement whose
+``WHERE``/``ON CONFLICT`` clause decides, so it holds across connections too;
+an idempotency reservation is written in the same ``BEGIN IMMEDIATE``
+transaction as the action row it points at (:meth:`Store.create_action`).
 
 Durability: every commit is fsynced (``synchronous=FULL``) unless the caller
 passes ``durable=False``, which runs that one write with
@@ -249,8 +250,15 @@ class Store:
                             input_json: str, input_hash: str, principal_id: str, idempotency_key: str | None,
                             status: str, *, approval_id: str | None = None, timeout_ms: int | None = None,
                             dispatch: str = "not_sent", target: tuple[str, Sequence[str]] | None = None,
-                            now: int | None = None, durable: bool = True) -> tuple[bool, ActionRecord]:
+                            key_expires_at: int | None = None, now: int | None = None,
+                            durable: bool = True) -> tuple[bool, ActionRecord]:
         """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
+
+        With ``idempotency_key`` and ``key_expires_at`` (ms) the key's
+        reservation is written in the SAME transaction as the action row, and
+        only when the row is created: a refused request (its action id taken,
+        its target missing) reserves nothing, and a crash cannot leave a key
+        without its action (README "Security": idempotency).
 
         Args:
             dispatch: the initial dispatch state; ``sent`` for an action whose
@@ -261,9 +269,15 @@ class Store:
                 operation is one of ``operations`` (the target check of
                 status/events/cancel, in the same hop as the insert).
 
+            key_expires_at: when the key's reservation expires, ms; None
+                records no reservation (the key is still stored on the row).
+
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
-            (compare its ``input_hash``) with ``created`` False.
+            (compare its ``input_hash``) with ``created`` False. With a
+            reservation, the existing record may be ANOTHER action: the one
+            a live reservation of the key points at (its ``action_id``
+            differs; compare ``input_hash``); nothing is written then.
 
         Raises:
             MissingTarget: ``target`` names no such action (nothing was written).
@@ -274,7 +288,23 @@ class Store:
             raise ValueError(f"unknown dispatch {dispatch!r}")
         now = self.now_ms() if now is None else now
 
+        reserve = idempotency_key is not None and key_expires_at is not None
+
+        def holder() -> ActionRecord | None:
+            """The other action a live reservation of the key points at (None: free, expired, or ours)."""
+            rows = self._fetch_now(
+                f"SELECT {_ACTION_COLUMNS} FROM actions WHERE (tenant, action_id) = "
+                "(SELECT tenant, action_id FROM idempotency WHERE tenant = ? AND key = ? AND expires_at > ? "
+                "AND action_id != ?)", (tenant, idempotency_key, now, action_id))
+            # A live reservation whose action row is missing (left by a crash of an older
+            # version between two commits) holds nothing: the upsert below takes it over.
+            return ActionRecord(*rows[0]) if rows else None
+
         def create() -> tuple[bool, ActionRecord]:
+            if reserve:
+                other = holder()
+                if other is not None:
+                    return False, other
             if target is not None:
                 run_action_id, operations = target
                 found = self._fetch_now(
@@ -291,13 +321,23 @@ class Store:
                  idempotency_key, status, dispatch, None, None, approval_id, timeout_ms, 0, now, now),
             )
             if rows:
+                if reserve:
+                    self._change_now(
+                        f"INSERT INTO idempotency ({_IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT (tenant, key) DO UPDATE SET capability_id = excluded.capability_id, "
+                        "action_id = excluded.action_id, input_hash = excluded.input_hash, "
+                        "created_at = excluded.created_at, expires_at = excluded.expires_at",
+                        (tenant, idempotency_key, capability_id, action_id, input_hash, now, key_expires_at))
                 return True, ActionRecord(*rows[0])
             rows = self._fetch_now(_GET_ACTION, (tenant, action_id))
             if not rows:
                 raise StoreError("action vanished after creation")
             return False, ActionRecord(*rows[0])
 
-        return await self._run(self._write_now, durable, create)
+        def transaction() -> tuple[bool, ActionRecord]:
+            return self._transaction_now(create)
+
+        return await self._run(self._write_now, durable, transaction if reserve else create)
 
     async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
         rows = await self._fetch(_GET_ACTION, (tenant, action_id))

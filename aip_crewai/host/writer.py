@@ -61,15 +61,16 @@ class ActionWriter:
                      operation: str, input_json: str, input_hash: str, principal_id: str, key: str | None, *,
                      approval_id: str | None = None, timeout_ms: int | None = None,
                      dispatch: DispatchState = DispatchState.NOT_SENT,
-                     target: tuple[str, Sequence[str]] | None = None,
+                     target: tuple[str, Sequence[str]] | None = None, key_expires_at: int | None = None,
                      durable: bool = True) -> tuple[bool, ActionRecord]:
-        """``request_approval`` or ``admit``: insert the action (see :meth:`Store.create_action`)."""
+        """``request_approval`` or ``admit``: insert the action and reserve its
+        idempotency key in one transaction (see :meth:`Store.create_action`)."""
         if TRANSITIONS[event].sources:
             raise ValueError(f"{event.value} does not create an action")
         return await self.store.create_action(
             tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id, key,
             TRANSITIONS[event].target.value, approval_id=approval_id, timeout_ms=timeout_ms, dispatch=dispatch.value,
-            target=target, durable=durable)
+            target=target, key_expires_at=key_expires_at, durable=durable)
 
     async def open_approval(self, record: ActionRecord, approval_hash: str, expires_at: int) -> ApprovalRecord:
         """The pending approval of a ``pending_approval`` action (its row already names the id)."""

@@ -41,8 +41,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aip_crewai.asgi import CloseOnUnreadBody
-from aip_crewai.contracts.errors import AipError
+from aip_crewai.asgi import ClientGone, CloseOnUnreadBody, RefuseAmbiguousFraming
+from aip_crewai.contracts.errors import AipError, AmbiguousFraming
 from aip_crewai.contracts.sidecar import CancelRequest
 from aip_crewai.sse import encode_comment, encode_event
 from aip_crewai.sidecar.admission import MAX_BODY_BYTES
@@ -131,7 +131,8 @@ def create_app(
     return Starlette(
         routes=routes,
         middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestLog),
-                    Middleware(BearerAuth, token=settings.token)],
+                    Middleware(RefuseAmbiguousFraming, reject=_ambiguous_framing),
+                    Middleware(BearerAuth, token=settings.token), Middleware(ClientGone)],
         exception_handlers={AipError: aip_error, HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
@@ -311,6 +312,12 @@ async def http_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, HTTPException):  # registered for HTTPException only
         raise exc
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+def _ambiguous_framing() -> Response:
+    """The sidecar's 400 for a request with both Content-Length and Transfer-Encoding."""
+    exc = AmbiguousFraming()
+    return JSONResponse({"detail": exc.message}, status_code=exc.status)
 
 
 async def server_error(request: Request, exc: Exception) -> Response:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import InputTooLarge, InvalidInput
-from aip_crewai.contracts.inputs import MAX_INPUT_BYTES, convert_input
+from aip_crewai.contracts.inputs import MAX_INPUT_BYTES, RunInput, convert_input
 
 
 def ok(op, value):
@@ -162,3 +162,26 @@ def test_trailing_line_end_is_a_control_character(value):
     bad("status", {"run_action_id": value})
     bad("replay", {"task_id": value})
     bad("knowledge_query", {"query": [value]})
+
+
+def _nested(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+def test_one_nesting_bound_for_every_input_checked_without_recursion():
+    """Issue 16 item 14: inputs nest at most MAX_INPUT_DEPTH levels; 10^5 levels are refused, not a RecursionError."""
+    from aip_crewai.contracts.inputs import MAX_INPUT_DEPTH, exceeds_depth
+
+    assert not exceeds_depth(_nested(MAX_INPUT_DEPTH)) and exceeds_depth(_nested(MAX_INPUT_DEPTH + 1))
+    assert not exceeds_depth({"a": 1, "b": [1, 2, {"c": "d"}]}) and not exceeds_depth(3)
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert exceeds_depth(deep)
+    convert_input(RunInput, _nested(MAX_INPUT_DEPTH))
+    with pytest.raises(InvalidInput) as caught:
+        convert_input(RunInput, {"x": deep})
+    assert caught.value.field == "$" and str(MAX_INPUT_DEPTH) in caught.value.rule

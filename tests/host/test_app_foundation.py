@@ -174,8 +174,8 @@ async def test_metrics_need_the_operator_role(client):
     response = await client.get("/metrics", headers=bearer("acme-operator"))
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = response.text
-    assert 'aip_host_requests_total{route="/health",method="GET",status="200"} 1' in text
-    assert 'aip_host_requests_total{route="/metrics",method="GET",status="401"} 1' in text
+    assert 'aip_host_requests_total{route="/health",method="GET",status="2xx"} 1' in text
+    assert 'aip_host_requests_total{route="/metrics",method="GET",status="4xx"} 2' in text
     assert "# TYPE aip_host_fence_decisions_total counter" in text
     assert "# TYPE aip_host_ready gauge" in text and "aip_host_request_duration_seconds_count" in text
     assert "acme" not in text  # no tenant labels

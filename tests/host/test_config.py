@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from aip_crewai.host.config import ConfigError, check_sidecar_url, load_settings
+from aip_crewai.host.config import ConfigError, check_sidecar_proxy, check_sidecar_url, load_settings
 from aip_crewai.host.main import main
 
 from hostkit import SIDECAR_TOKEN, HostFiles, base_document, os_mode
@@ -170,6 +170,21 @@ def test_descriptor_errors_surface_under_crews_file(host_files: HostFiles):
                                  "https://sidecar.internal:8443/prefix/"])
 def test_accepted_sidecar_urls(url):
     assert check_sidecar_url(url) == url.rstrip("/")
+
+
+def test_sidecar_proxy_is_only_for_https_sidecars_and_absent_by_default(host_files: HostFiles):
+    """Issue 16 item 2: without sidecar.proxy the client ignores the environment's proxies; an explicit
+    proxy is refused for plain http (it would see the bearer token) and must be a bare http(s) URL."""
+    assert load(host_files).sidecar_proxy is None
+    assert check_sidecar_proxy("http://proxy.internal:3128", "https://sidecar:8443") == "http://proxy.internal:3128"
+    for proxy, url in [("http://proxy:3128", "http://127.0.0.1:8090"), ("socks5://p:1", "https://s"),
+                       ("http://user:pw@proxy:3128", "https://s"), ("http://proxy:3128?x=1", "https://s"),
+                       ("proxy:3128", "https://s")]:
+        with pytest.raises(ConfigError) as caught:
+            check_sidecar_proxy(proxy, url)
+        assert caught.value.key == "sidecar.proxy"
+    err = error_of(host_files, mutate("sidecar.proxy", "http://proxy:3128"))
+    assert err.key == "sidecar.proxy" and "https" in err.message
 
 
 class TestTokenFile:

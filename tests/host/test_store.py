@@ -169,6 +169,32 @@ async def test_reservation_returns_the_live_record_and_replaces_an_expired_one(s
     assert (await store.reserve_idempotency("globex", "k", "cap", "act_9", "h9", T0 + DAY)).created
 
 
+async def test_a_refused_action_reserves_no_key_and_a_created_one_reserves_it_in_the_same_transaction(store: Store):
+    """Issue 16 item 1: the reservation exists only beside the action row it points at."""
+    await make_action(store, action_id="act_1", key="key-1", key_expires_at=T0 + DAY)
+    assert (await store.get_idempotency("acme", "key-1")).action_id == "act_1"
+    # act_1 again under another key: the existing row comes back, key-2 stays free
+    created, existing = await make_action(store, action_id="act_1", key="key-2", key_expires_at=T0 + DAY)
+    assert not created and existing.idempotency_key == "key-1"
+    assert await store.get_idempotency("acme", "key-2") is None
+    # a missing target refuses the request: no row, no reservation
+    with pytest.raises(MissingTarget):
+        await store.create_action("acme", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p",
+                                  "key-3", "running", target=("nope", ("run",)), key_expires_at=T0 + DAY)
+    assert await store.get_idempotency("acme", "key-3") is None and await store.get_action("acme", "st_1") is None
+    # key-1 held by act_1: another action id gets act_1 back and nothing is written
+    created, holder = await make_action(store, action_id="act_2", key="key-1", key_expires_at=T0 + DAY)
+    assert not created and holder.action_id == "act_1" and await store.get_action("acme", "act_2") is None
+
+
+async def test_a_reservation_without_its_action_row_is_taken_over(store: Store):
+    """A key wedged by an older version's crash between two commits no longer answers 404 for 24 h."""
+    await store.reserve_idempotency("acme", "key-w", "cap:crewai:alpha", "act_lost", "h1", T0 + DAY)
+    created, record = await make_action(store, action_id="act_2", key="key-w", key_expires_at=T0 + DAY)
+    assert created and record.action_id == "act_2"
+    assert (await store.get_idempotency("acme", "key-w")).action_id == "act_2"
+
+
 # --- actions ----------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ Polling only (:func:`until`), never a sleep that waits for a result.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -110,12 +111,16 @@ class Host:
 TENANTS = {"acme": ACME_CREWS, "beta": ["echo", "knowledge_b"]}
 #: An Ed25519 principal (acme, invoker) for signed envelopes; its private key seed.
 SIGNER, SIGNER_SEED = "acme-signer", b"\x07" * 32
+#: An approver-only Ed25519 principal of acme and its private key seed.
+APPROVER_SIGNER, APPROVER_SIGNER_SEED = "acme-approver-signer", b"\x08" * 32
+#: A bearer principal of acme with the operator role (``/metrics``).
+OPERATOR, OPERATOR_TOKEN = "acme-operator", "tok-acme-operator-1"
 
 
-def signer_key() -> Any:
+def signer_key(seed: bytes = SIGNER_SEED) -> Any:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    return Ed25519PrivateKey.from_private_bytes(SIGNER_SEED)
+    return Ed25519PrivateKey.from_private_bytes(seed)
 
 
 def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_token: str = TOKEN,
@@ -127,8 +132,13 @@ def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_tok
     crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
     public = base64.b64encode(signer_key().public_key().public_bytes_raw()).decode()
     signer = {"id": SIGNER, "tenant": "acme", "role": "invoker", "ed25519_public_key": public}
+    approver_public = base64.b64encode(signer_key(APPROVER_SIGNER_SEED).public_key().public_bytes_raw()).decode()
+    approver_signer = {"id": APPROVER_SIGNER, "tenant": "acme", "role": "approver",
+                       "ed25519_public_key": approver_public}
+    operator = {"id": OPERATOR, "tenant": "acme", "role": "operator",
+                "token_sha256": hashlib.sha256(OPERATOR_TOKEN.encode()).hexdigest()}
     return write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants or TENANTS,
-                        max_response_bytes=max_response_bytes, extra_principals=[signer])
+                        max_response_bytes=max_response_bytes, extra_principals=[signer, approver_signer, operator])
 
 
 class Processes:
@@ -190,10 +200,11 @@ class Processes:
         """A new sidecar on the same journal (the old one must be gone)."""
         return self.sidecar(journal=old.journal, args=kwargs.pop("args", old.args), **kwargs)
 
-    def launch_host(self, workdir: Path, argv_config: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    def launch_host(self, workdir: Path, argv_config: Path,
+                    env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path, Path]:
         tag = self._tag()
         stderr_path, stdout_path = workdir / f"host{tag}.err", workdir / f"host{tag}.out"
-        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+        env = {**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, **(env or {})}
         with open(stderr_path, "wb") as err, open(stdout_path, "wb") as out:
             process = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(argv_config),
                                         "--log-format", "json"],
@@ -201,12 +212,14 @@ class Processes:
         return process, stderr_path, stdout_path
 
     def host(self, sidecar_url: str, *, name: str = "host", port: int | None = None, ready: bool = True,
-             tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None) -> Host:
-        """Start (or restart: same ``name`` → same store and config) a host; wait for ``/ready``."""
+             tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None,
+             env: dict[str, str] | None = None) -> Host:
+        """Start (or restart: same ``name`` → same store and config) a host; wait for ``/ready``
+        (``env``: extra environment variables of the process)."""
         workdir = self.workdir / name
         port = port or free_port()
         config = write_host_config(workdir, sidecar_url, port, tenants=tenants, max_response_bytes=max_response_bytes)
-        process, stderr_path, stdout_path = self.launch_host(workdir, config)
+        process, stderr_path, stdout_path = self.launch_host(workdir, config, env)
         host = Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stdout_path)
         self.hosts.append(host)
 
