@@ -26,7 +26,6 @@ from ..contracts.errors import (
     ActionNotFound,
     AipError,
     ApprovalDenied,
-    ApprovalExpired,
     CapabilityNotFound,
     IdempotencyConflict,
     IdempotencyKeyRequired,

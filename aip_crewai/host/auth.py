@@ -43,6 +43,7 @@ import structlog
 from cryptography.exceptions import InvalidSignature
 from starlette.requests import Request
 
+from ..bearer import parse_bearer
 from ..contracts.errors import Forbidden, Unauthenticated
 from ..contracts.hashing import jcs
 from .config import PrincipalConfig
@@ -56,7 +57,6 @@ MAX_CLOCK_SKEW_MS = 300_000
 MESSAGE_ID_RETENTION_MS = MAX_CLOCK_SKEW_MS + 60_000
 MAX_BEARER_CHARS = 4096
 _SIGNATURE_RE = re.compile(r"^[A-Za-z0-9_-]{86}\Z")
-_BEARER_RE = re.compile(r"^Bearer +([\x21-\x7e]+) *\Z", re.IGNORECASE)
 #: Key of the per-request log info dict placed in the ASGI scope by the middleware.
 SCOPE_LOG_KEY = "aip.log"
 
@@ -185,10 +185,10 @@ class Authenticator:
         """
         signed = envelope_obj if isinstance(envelope_obj, dict) and "security" in envelope_obj else None
         if authorization is not None:
-            match = _BEARER_RE.match(authorization) if len(authorization) <= MAX_BEARER_CHARS + 16 else None
-            if match is None:
+            token = parse_bearer(authorization, max_token_chars=MAX_BEARER_CHARS)
+            if token is None:
                 raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
-            principal = self.authenticate_bearer(match.group(1))
+            principal = self.authenticate_bearer(token)
             if signed is not None and (await self.authenticate_envelope(signed)).id != principal.id:
                 raise Unauthenticated("the envelope is signed by another principal than the bearer token's")
             return principal

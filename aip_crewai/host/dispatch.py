@@ -27,7 +27,7 @@ from ..contracts.errors import (
 from ..contracts.operations import OperationSpec
 from ..contracts.sidecar import JobEvent
 from .normalize import StreamNormalizer, failed_result, result_from_terminal
-from .sidecar_client import Dispatch, SidecarClient, sidecar_job_id
+from .sidecar_client import DispatchProgress, SidecarClient, sidecar_job_id
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +57,7 @@ class Job:
     stream: bool = False
     first_chunk_sequence: int = 0
     durable: bool = True
-    dispatch: Dispatch = field(default_factory=Dispatch)
+    dispatch: DispatchProgress = field(default_factory=DispatchProgress)
 
     @property
     def job_id(self) -> str:
@@ -100,11 +100,11 @@ class Dispatcher:
     async def _run(self, job: Job, on_chunks: OnChunks) -> ActionResult:
         spec, client = job.spec, self.client
         if spec.name == "status":
-            view = await client.get_job(spec, job.dispatch, job_id=job.target_job_id, action_id=job.action_id)
+            view = await client.get_job(spec, job.dispatch, job_id=job.target_job_id)
             return self._completed(job, _public_view(view, job))
         if spec.name == "cancel":
             view = await client.cancel(
-                spec, job.dispatch, job_id=job.target_job_id, action_id=job.action_id, crew_id=job.crew_id,
+                spec, job.dispatch, job_id=job.target_job_id, crew_id=job.crew_id,
                 reason=job.input.get("reason"),
             )
             return self._completed(job, _public_view(view, job))
@@ -112,7 +112,7 @@ class Dispatcher:
             cursor = int(job.input.get("cursor") or 0)
             if not job.stream:
                 page = await client.get_events(
-                    spec, job.dispatch, job_id=job.target_job_id, action_id=job.action_id, cursor=cursor,
+                    spec, job.dispatch, job_id=job.target_job_id, cursor=cursor,
                 )
                 return self._completed(job, _public_view(page, job))
             terminal = await client.stream(
@@ -124,12 +124,12 @@ class Dispatcher:
                                          "next_cursor": terminal.sequence + 1})
         if spec.stream:
             terminal = await client.start_stream(
-                spec, job.dispatch, self._normalizer(job), on_chunks, job_id=job.job_id, action_id=job.action_id,
+                spec, job.dispatch, self._normalizer(job), on_chunks, job_id=job.job_id,
                 crew_id=job.crew_id, input=job.input, idempotency_key=job.idempotency_key, timeout_ms=job.timeout_ms,
             )
             return result_from_terminal(job.action_id, spec, await self._with_full_output(job, terminal))
         status, body = await client.start_job(
-            spec, job.dispatch, job_id=job.job_id, action_id=job.action_id, crew_id=job.crew_id, input=job.input,
+            spec, job.dispatch, job_id=job.job_id, crew_id=job.crew_id, input=job.input,
             idempotency_key=job.idempotency_key, timeout_ms=job.timeout_ms,
         )
         if status == 200:
@@ -153,12 +153,12 @@ class Dispatcher:
     async def terminal_event(self, job: Job) -> JobEvent | None:
         """The job's terminal sidecar event, or None while it runs (used for
         blocking starts and to reconcile actions after a host restart)."""
-        view = await self.client.get_job(job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id)
+        view = await self.client.get_job(job.spec, DispatchProgress(), job_id=job.job_id)
         count = int(view.get("event_count") or 0)
         if view.get("status") not in ("completed", "failed", "cancelled") or count == 0:
             return None
         page = await self.client.get_events(
-            job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id, cursor=count - 1,
+            job.spec, DispatchProgress(), job_id=job.job_id, cursor=count - 1,
         )
         events = page.get("events") or []
         if not events:
@@ -206,7 +206,7 @@ class Dispatcher:
         job view, so read it there (sidecar contract, ARCHITECTURE.md §4)."""
         if terminal.event != "completed" or not terminal.data.get("output_omitted"):
             return terminal
-        view = await self.client.get_job(job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id)
+        view = await self.client.get_job(job.spec, DispatchProgress(), job_id=job.job_id)
         output = view.get("output")
         return JobEvent(event="completed", sequence=terminal.sequence, data=output if isinstance(output, dict) else {"output": output})
 
@@ -215,7 +215,7 @@ class Dispatcher:
         cancel (ARCHITECTURE.md §8); an unconfirmed cancel becomes cancelled_unconfirmed."""
         try:
             await self.client.cancel(
-                job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id, crew_id=job.crew_id,
+                job.spec, DispatchProgress(), job_id=job.job_id, crew_id=job.crew_id,
                 reason="host stream failure",
             )
         except ConnectorError:
@@ -230,7 +230,7 @@ class Dispatcher:
         """Request a stop of a running job; returns (confirmed, job view)."""
         try:
             view = await self.client.cancel(
-                job.spec, Dispatch(), job_id=job.job_id, action_id=job.action_id, crew_id=job.crew_id,
+                job.spec, DispatchProgress(), job_id=job.job_id, crew_id=job.crew_id,
                 reason="cancelled by the tenant",
             )
         except ConnectorError:

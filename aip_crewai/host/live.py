@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from ..wakeup import ChangeSignal
 from .dispatch import Job
 from .store import ActionRecord
 
@@ -25,30 +26,22 @@ class LiveAction:
     #: The record as the dispatch's own result write left it (None until then,
     #: and when another writer, e.g. a cancel, ended the action first).
     final: ActionRecord | None = None
-    #: Bumped by every :meth:`notify`: a follower reads it BEFORE reading the
-    #: store and passes it to :meth:`wait`, so a change between its read and its
-    #: wait is never missed (register interest, then read, then wait).
-    version: int = 0
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The change signal (:class:`~aip_crewai.wakeup.ChangeSignal`): a follower
+    #: reads :attr:`version` BEFORE reading the store and passes it to
+    #: :meth:`wait`, so a change between its read and its wait is never missed.
+    signal: ChangeSignal = field(default_factory=ChangeSignal)
+
+    @property
+    def version(self) -> int:
+        return self.signal.version
 
     def notify(self) -> None:
         """Wake every waiter (new chunks or a result are in the store)."""
-        self.version += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self.signal.notify()
 
     async def wait(self, timeout_s: float, *, seen: int | None = None) -> bool:
-        """Wait for a change after ``seen`` (the :attr:`version` read before the
-        caller read the store; None: the next change); False on timeout.
-        Returns at once when a change already happened after ``seen``."""
-        if seen is not None and self.version != seen:
-            return True
-        event = self._changed
-        try:
-            await asyncio.wait_for(event.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        """Wait for a change after ``seen`` (see :meth:`ChangeSignal.wait`); False on timeout."""
+        return await self.signal.wait(timeout_s, seen=seen)
 
 
 class LiveRegistry:

@@ -29,10 +29,9 @@ Source: ARCHITECTURE.md §6 (``/metrics``: Prometheus text); README "Security" (
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterable
+from ..prometheus import CONTENT_TYPE, Counter, Gauge, Summary, _Family
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+__all__ = ["CONTENT_TYPE", "KNOWN_METHODS", "Metrics", "method_label", "status_label"]
 #: Request methods counted under their own name; any other is counted as ``other``.
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -45,100 +44,6 @@ def method_label(method: str) -> str:
 def status_label(status: int) -> str:
     """The status class: ``1xx`` … ``5xx`` (``other`` outside 100..599)."""
     return f"{status // 100}xx" if 100 <= status <= 599 else "other"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _format_value(value: float) -> str:
-    if value != value:  # NaN
-        return "NaN"
-    if value in (float("inf"), float("-inf")):
-        return "+Inf" if value > 0 else "-Inf"
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-class _Family:
-    kind = "untyped"
-
-    def __init__(self, name: str, help_text: str, labelnames: Iterable[str] = ()) -> None:
-        self.name = name
-        self.help = help_text
-        self.labelnames = tuple(labelnames)
-        self._values: dict[tuple[str, ...], float] = {}
-        self._lock = threading.Lock()
-
-    def _key(self, labels: dict[str, str]) -> tuple[str, ...]:
-        if set(labels) != set(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {tuple(labels)}")
-        return tuple(str(labels[name]) for name in self.labelnames)
-
-    def value(self, **labels: str) -> float:
-        """Current value of one label set (0 when never touched)."""
-        return self._values.get(self._key(labels), 0.0)
-
-    def _series(self) -> list[tuple[str, tuple[str, ...], float]]:
-        with self._lock:
-            return [("", key, value) for key, value in sorted(self._values.items())]
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        for suffix, key, value in self._series():
-            labels = ",".join(f'{name}="{_escape(v)}"' for name, v in zip(self.labelnames, key))
-            lines.append(f"{self.name}{suffix}{{{labels}}} {_format_value(value)}" if labels
-                         else f"{self.name}{suffix} {_format_value(value)}")
-        return lines
-
-
-class Counter(_Family):
-    """Monotonic counter: ``inc(amount=1, **labels)``."""
-
-    kind = "counter"
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError("a counter only goes up")
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
-
-
-class Gauge(_Family):
-    """Gauge: ``set(value, **labels)``."""
-
-    kind = "gauge"
-
-    def set(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = float(value)
-
-
-class Summary(_Family):
-    """Summary without quantiles: ``<name>_sum`` and ``<name>_count``."""
-
-    kind = "summary"
-
-    def __init__(self, name: str, help_text: str, labelnames: Iterable[str] = ()) -> None:
-        super().__init__(name, help_text, labelnames)
-        self._counts: dict[tuple[str, ...], float] = {}
-
-    def observe(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + value
-            self._counts[key] = self._counts.get(key, 0.0) + 1
-
-    def count(self, **labels: str) -> float:
-        return self._counts.get(self._key(labels), 0.0)
-
-    def _series(self) -> list[tuple[str, tuple[str, ...], float]]:
-        with self._lock:
-            series = []
-            for key in sorted(self._values):
-                series += [("_sum", key, self._values[key]), ("_count", key, self._counts[key])]
-            return series
 
 
 class Metrics:

@@ -5,7 +5,7 @@ The ``httpx.AsyncClient`` is owned by the host lifespan (bearer token from a
 0600 file, base URL https or loopback http, no redirects, connect timeout
 10 s); this module only uses it. Every request sends ``Idempotency-Key`` (for
 job starts) and ``X-AIP-Action-ID`` (= the sidecar job id of the body, as the
-reference host does; the AIP action id is tenant-scoped, see :func:`sidecar_job_id`). ``Dispatch`` records honestly how far a
+reference host does; the AIP action id is tenant-scoped, see :func:`sidecar_job_id`). ``DispatchProgress`` records honestly how far a
 request got: ``not_sent`` (no connection), ``sent`` (bytes may have reached
 the sidecar, no answer), ``acknowledged`` (the sidecar answered).
 
@@ -76,7 +76,7 @@ def sidecar_idempotency_key(key: str) -> str:
 
 
 @dataclass
-class Dispatch:
+class DispatchProgress:
     """How far one request got (ARCHITECTURE.md §8)."""
 
     state: str = "not_sent"
@@ -107,7 +107,7 @@ def error_for_status(
     return ConnectorRemoteRejected(**kwargs)
 
 
-def _transport_error(spec: OperationSpec, dispatch: Dispatch, exc: Exception) -> ConnectorTransport:
+def _transport_error(spec: OperationSpec, dispatch: DispatchProgress, exc: Exception) -> ConnectorTransport:
     return ConnectorTransport(
         f"the sidecar could not be reached ({type(exc).__name__})",
         operation=spec.name,
@@ -156,7 +156,7 @@ class SidecarClient:
         self.max_response_bytes = max_response_bytes
 
     async def _send(
-        self, method: str, path: str, spec: OperationSpec, dispatch: Dispatch, *, headers: dict[str, str],
+        self, method: str, path: str, spec: OperationSpec, dispatch: DispatchProgress, *, headers: dict[str, str],
         json: Any, params: dict[str, Any] | None, read_timeout_s: float | None = None,
     ) -> httpx.Response:
         """Send one request (streamed response), moving ``dispatch`` honestly:
@@ -182,7 +182,7 @@ class SidecarClient:
         method: str,
         path: str,
         spec: OperationSpec,
-        dispatch: Dispatch,
+        dispatch: DispatchProgress,
         *,
         headers: dict[str, str],
         json: Any = None,
@@ -212,22 +212,12 @@ class SidecarClient:
                 dispatch="acknowledged",
             ) from exc
 
-    async def health(self) -> dict[str, Any]:
-        """``GET /health`` → the decoded health view (raises httpx errors)."""
-        response = await self.http.get("/health")
-        response.raise_for_status()
-        value = response.json()
-        if not isinstance(value, dict):
-            raise ValueError("sidecar health is not an object")
-        return value
-
     async def start_job(
         self,
         spec: OperationSpec,
-        dispatch: Dispatch,
+        dispatch: DispatchProgress,
         *,
         job_id: str,
-        action_id: str,
         crew_id: str,
         input: Any,
         idempotency_key: str,
@@ -253,7 +243,7 @@ class SidecarClient:
     async def stream(
         self,
         spec: OperationSpec,
-        dispatch: Dispatch,
+        dispatch: DispatchProgress,
         normalizer: StreamNormalizer,
         on_chunks: Callable[[list[StreamChunk]], Awaitable[None]],
         *,
@@ -290,12 +280,11 @@ class SidecarClient:
     async def start_stream(
         self,
         spec: OperationSpec,
-        dispatch: Dispatch,
+        dispatch: DispatchProgress,
         normalizer: StreamNormalizer,
         on_chunks: Callable[[list[StreamChunk]], Awaitable[None]],
         *,
         job_id: str,
-        action_id: str,
         crew_id: str,
         input: Any,
         idempotency_key: str,
@@ -310,12 +299,12 @@ class SidecarClient:
             headers={"Idempotency-Key": sidecar_idempotency_key(idempotency_key)}, json=body,
         )
 
-    async def get_job(self, spec: OperationSpec, dispatch: Dispatch, *, job_id: str, action_id: str) -> Any:
+    async def get_job(self, spec: OperationSpec, dispatch: DispatchProgress, *, job_id: str) -> Any:
         """``GET /jobs/{job_id}`` → the job view."""
         return (await self._json("GET", f"/jobs/{job_id}", spec, dispatch, headers={"X-AIP-Action-ID": job_id}))[1]
 
     async def get_events(
-        self, spec: OperationSpec, dispatch: Dispatch, *, job_id: str, action_id: str, cursor: int
+        self, spec: OperationSpec, dispatch: DispatchProgress, *, job_id: str, cursor: int
     ) -> Any:
         """``GET /jobs/{job_id}/events?cursor=N`` as JSON → the events page."""
         return (
@@ -326,7 +315,7 @@ class SidecarClient:
         )[1]
 
     async def cancel(
-        self, spec: OperationSpec, dispatch: Dispatch, *, job_id: str, action_id: str, crew_id: str,
+        self, spec: OperationSpec, dispatch: DispatchProgress, *, job_id: str, crew_id: str,
         reason: str | None,
     ) -> Any:
         """``POST /jobs/{job_id}/cancel`` → the job view after cancellation."""

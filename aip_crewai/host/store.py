@@ -46,7 +46,6 @@ ARCHITECTURE.md §10 (storage).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import sqlite3
 import time
@@ -55,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..sqlite_worker import start_worker
+from ..storage import create_private_file, hop, start_worker
 from .store_schema import (
     APPROVAL_DECISIONS,
     DISPATCH_RANK,
@@ -79,7 +78,6 @@ from .store_schema import (
     _connect,
     check_location,
     check_store_file,
-    create_private_file,
     decode_cursor,
     encode_cursor,
     migrate,
@@ -90,7 +88,7 @@ from .store_schema import (
 __all__ = [
     "MIGRATIONS", "ActionState", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
     "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage",
-    "ChunkRecord", "check_location", "ms_to_rfc3339", "rfc3339_to_ms",
+    "ChunkRecord", "check_location", "check_store_file", "migrate", "UnusableStore", "ms_to_rfc3339", "rfc3339_to_ms",
 ]
 
 
@@ -146,7 +144,7 @@ class Store:
 
     async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(*args)`` on the store's worker thread (the only thread using the connection)."""
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+        return await hop(self._worker, fn, *args)
 
     def _fetch_now(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         return self._conn.execute(sql, params).fetchall()
@@ -471,13 +469,6 @@ class Store:
                                  (tenant, approval_id))
         return ApprovalRecord(*rows[0]) if rows else None
 
-    async def find_approval_for_action(self, tenant: str, action_id: str) -> ApprovalRecord | None:
-        """The latest approval of an action, or None."""
-        rows = await self._fetch(
-            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND action_id = ? "
-            "ORDER BY created_at DESC, approval_id DESC LIMIT 1", (tenant, action_id))
-        return ApprovalRecord(*rows[0]) if rows else None
-
     async def list_approvals(self, tenant: str, status: str | None = None, cursor: str | None = None,
                              limit: int = 100) -> ApprovalPage:
         """One page of a tenant's approvals, oldest first (stored status; pass
@@ -508,19 +499,6 @@ class Store:
         done = len(rows) <= limit
         next_cursor = None if done else encode_cursor(items[-1].created_at, items[-1].approval_id)
         return ApprovalPage(items, next_cursor, done)
-
-    async def decide_approval(self, tenant: str, approval_id: str, decision: str, reason: str, decided_by: str,
-                              now: int) -> bool:
-        """Record the one decision: only from ``pending``, before ``expires_at``,
-        and never by the requester (all in the ``WHERE``). Of concurrent
-        deciders exactly one gets True.
-
-        Raises:
-            ValueError: ``decision`` is not approved/denied.
-        """
-        if decision not in APPROVAL_DECISIONS:
-            raise ValueError(f"decision must be one of {APPROVAL_DECISIONS}")
-        return await self._change(_DECIDE, (decision, reason, decided_by, now, tenant, approval_id, now, decided_by)) == 1
 
     async def decide_and_start(self, tenant: str, approval_id: str, decision: str, reason: str, decided_by: str,
                                now: int, *, start_if: Callable[[ApprovalRecord, ActionRecord], bool],

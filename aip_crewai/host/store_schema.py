@@ -16,10 +16,8 @@ Source: ARCHITECTURE.md §7, ARCHITECTURE.md §10 (storage).
 from __future__ import annotations
 
 import base64
-import os
 import re
 import sqlite3
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
@@ -29,6 +27,7 @@ from typing import Any
 import msgspec
 
 from ..contracts.errors import AipError, Category
+from ..storage import apply_migrations, database_files, directory_problem, private_file_problem
 from .lifecycle import ActionState, DispatchState, allowed
 
 _MIGRATION_1 = """
@@ -288,42 +287,18 @@ class InvalidCursor(AipError):
 
 
 def check_location(path: Path) -> None:
-    """Refuse an unsafe store location (no I/O beyond ``stat``).
+    """Refuse an unsafe store location (no I/O beyond ``stat``; the shared
+    checks of :mod:`aip_crewai.storage`).
 
     Raises:
         InsecureStorePath: the directory is missing or group/world-writable;
             the file (or its ``-wal``/``-shm``) is a symlink, not a regular
             file, or has any permission bit beyond 0600.
     """
-    parent = path.parent
-    try:
-        parent_mode = stat.S_IMODE(os.stat(parent).st_mode)
-    except FileNotFoundError:
-        raise InsecureStorePath(f"store directory {parent} does not exist") from None
-    if parent_mode & 0o022:
-        raise InsecureStorePath(f"store directory {parent} has mode {parent_mode:04o}; "
-                                "it must not be group- or world-writable")
-    for candidate in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        try:
-            info = os.lstat(candidate)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-            raise InsecureStorePath(f"store file {candidate} must be a regular file, not a symlink")
-        mode = stat.S_IMODE(info.st_mode)
-        if mode & ~0o600:
-            raise InsecureStorePath(f"store file {candidate} has mode {mode:04o}; it must be 0600 (chmod 600)")
-
-
-def create_private_file(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except FileExistsError:
-        return
-    try:
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
+    problem = directory_problem(path.parent, "store directory") or next(
+        (p for p in map(lambda c: private_file_problem(c, "store file"), database_files(path)) if p), None)
+    if problem is not None:
+        raise InsecureStorePath(problem)
 
 
 def encode_cursor(created_at: int, approval_id: str) -> str:
@@ -400,7 +375,7 @@ def _connect(path: str) -> sqlite3.Connection:
 
 
 def migrate(conn: sqlite3.Connection) -> int:
-    """Apply the migrations the database lacks, each in its own transaction.
+    """Apply the migrations the database lacks (:func:`aip_crewai.storage.apply_migrations`).
 
     Returns:
         The resulting ``user_version``.
@@ -408,17 +383,8 @@ def migrate(conn: sqlite3.Connection) -> int:
     Raises:
         StoreError: the database is newer than this code.
     """
-    version = int((conn.execute("PRAGMA user_version").fetchone() or (0,))[0])
-    if version > len(MIGRATIONS):
-        raise StoreError(f"the store schema is version {version}; this host knows up to {len(MIGRATIONS)}")
-    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-        try:
-            conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-    return len(MIGRATIONS)
+    return apply_migrations(conn, MIGRATIONS, too_new=lambda version, known: StoreError(
+        f"the store schema is version {version}; this host knows up to {known}"))
 
 
 def check_store_file(path: Path) -> None:

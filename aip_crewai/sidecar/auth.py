@@ -18,6 +18,8 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from aip_crewai.bearer import parse_bearer
+
 _UNAUTHORIZED_BODY = b'{"detail":"missing or invalid bearer token"}'
 
 
@@ -54,13 +56,14 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
+#: Longest token the sidecar accepts, characters (the token file bound, ARCHITECTURE.md §4).
+MAX_TOKEN_CHARS = 16384
+
+
 def bearer_token(headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]) -> bytes | None:
-    """The token of the first ``Authorization: Bearer`` header (scheme is case-insensitive), or None."""
+    """The token of the first ``Authorization`` header (:func:`aip_crewai.bearer.parse_bearer`), or None."""
     for name, value in headers:
         if name.lower() == b"authorization":
-            scheme, _, token = value.strip().partition(b" ")
-            if scheme.lower() != b"bearer":
-                return None
-            token = token.strip()
-            return token or None
+            token = parse_bearer(value, max_token_chars=MAX_TOKEN_CHARS)
+            return None if token is None else token.encode("latin-1")
     return None

@@ -16,53 +16,27 @@ from __future__ import annotations
 
 import fcntl
 import os
-import stat
 from pathlib import Path
 
 from aip_crewai.sidecar.errors import JournalInsecure, JournalLocked
+from aip_crewai.storage import create_private_file, directory_problem, private_file_problem
+
+__all__ = ["check_parent", "check_private_file", "create_private_file", "acquire_lock", "release_lock"]
 
 
 def check_parent(directory: Path) -> None:
     """Raise JournalInsecure unless ``directory`` exists and only its owner can write it."""
-    try:
-        info = os.stat(directory)
-    except FileNotFoundError:
-        raise JournalInsecure(f"the journal directory {directory} does not exist") from None
-    if not stat.S_ISDIR(info.st_mode):
-        raise JournalInsecure(f"the journal directory {directory} is not a directory")
-    if info.st_mode & 0o022:
-        raise JournalInsecure(
-            f"the journal directory {directory} is group- or world-writable "
-            f"(mode {stat.S_IMODE(info.st_mode):04o}); use a directory only its owner can write"
-        )
+    problem = directory_problem(directory, "the journal directory")
+    if problem is not None:
+        raise JournalInsecure(problem)
 
 
 def check_private_file(path: Path) -> None:
     """Raise JournalInsecure if ``path`` exists and is a symlink, not a regular
-    file, or has any group/other permission bit (0600 required)."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(info.st_mode):
-        raise JournalInsecure(f"the journal file {path} is a symlink; use a regular file")
-    if not stat.S_ISREG(info.st_mode):
-        raise JournalInsecure(f"the journal file {path} is not a regular file")
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077:
-        raise JournalInsecure(f"the journal file {path} has mode {mode:04o}; it must be 0600 (chmod 600 {path})")
-
-
-def create_private_file(path: Path) -> None:
-    """Create ``path`` with mode 0600 if absent (never following a symlink)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        return
-    try:
-        os.fchmod(fd, 0o600)  # whatever the umask
-    finally:
-        os.close(fd)
+    file, or has any permission bit beyond 0600."""
+    problem = private_file_problem(path, "the journal file")
+    if problem is not None:
+        raise JournalInsecure(problem)
 
 
 def acquire_lock(journal: Path) -> int:

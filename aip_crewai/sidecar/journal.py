@@ -36,7 +36,6 @@ Source: ARCHITECTURE.md §5 (journal, durability, crash fence), ARCHITECTURE.md 
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -59,6 +58,7 @@ from aip_crewai.sidecar.jobs import (
     sources_of,
 )
 from aip_crewai.sidecar.journal_files import SCHEMA_VERSION, _release, _rows, _scalar, _start_worker
+from aip_crewai.storage import hop
 
 __all__ = ["Journal", "RESTARTED_QUEUED", "RESTARTED_RUNNING", "SCHEMA_VERSION"]
 
@@ -205,7 +205,7 @@ class Journal:
         Logs ``journal_write_failed`` here, in the caller's context (request id).
         """
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+            return await hop(self._worker, fn, *args)
         except JournalWriteFailed as exc:
             log.error("journal_write_failed", error_type=type(exc.__cause__).__name__)
             raise

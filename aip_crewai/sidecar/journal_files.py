@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from aip_crewai.sidecar import fence
-from aip_crewai.sqlite_worker import start_worker
+from aip_crewai.storage import apply_migrations, start_worker
 from aip_crewai.sidecar.errors import JournalCorrupt, JournalError, JournalForeign, JournalSchemaError
 from aip_crewai.sidecar.journal_schema import APPLICATION_ID, MIGRATIONS, OWN_TABLES
 
@@ -42,7 +42,7 @@ _Opened = tuple[sqlite3.Connection, int, int]
 async def _start_worker(path: Path, lock_fd: int | None, *, readonly: bool) -> tuple[ThreadPoolExecutor, _Opened]:
     """Start a journal's worker thread and :func:`_connect` on it (the thread that will own the connection).
 
-    Nothing leaks on failure, cancellation included (:func:`aip_crewai.sqlite_worker.start_worker`):
+    Nothing leaks on failure, cancellation included (:func:`aip_crewai.storage.start_worker`):
     the worker shuts down and ``lock_fd`` is released once no connection is open.
     """
 
@@ -169,25 +169,7 @@ def _check_identity(conn: sqlite3.Connection, path: Path) -> None:
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    """Apply the missing migrations in order, each in its own transaction."""
-    version = _scalar(conn, "PRAGMA user_version") or 0
-    if version > SCHEMA_VERSION:
-        raise JournalSchemaError(
-            f"the journal {path} has schema version {version}; this sidecar supports at most {SCHEMA_VERSION}"
-        )
-    for number in range(version + 1, SCHEMA_VERSION + 1):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in _statements(MIGRATIONS[number - 1]):
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {number}")
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        log.info("journal_migrated", schema_version=number)
-
-
-def _statements(script: str) -> list[str]:
-    return [s.strip() for s in script.split(";") if s.strip()]
+    """Apply the missing migrations in order, each in its own transaction (:func:`aip_crewai.storage.apply_migrations`)."""
+    apply_migrations(conn, MIGRATIONS[:SCHEMA_VERSION], too_new=lambda version, known: JournalSchemaError(
+        f"the journal {path} has schema version {version}; this sidecar supports at most {known}"),
+        applied=lambda number: log.info("journal_migrated", schema_version=number))

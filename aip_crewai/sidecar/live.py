@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from aip_crewai.contracts.operations import OperationSpec
+from aip_crewai.wakeup import ChangeSignal
 from aip_crewai.sidecar.context import JobContext
 from aip_crewai.sidecar.jobs import EventRow, JobStatus
 
@@ -64,20 +65,19 @@ class LiveJob:
     flush_scheduled: bool = False
     #: Pending chunks a failed checkpoint left behind: the next try waits for that many more.
     checkpoint_backoff: int = 0
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    signal: ChangeSignal = field(default_factory=ChangeSignal)
 
     @property
     def operation(self) -> str:
         return self.spec.name
 
     def changed(self) -> asyncio.Event:
-        """The event set at the next change; take it BEFORE reading the state."""
-        return self._changed
+        """The event set at the next change; take it BEFORE reading the state (:mod:`aip_crewai.wakeup`)."""
+        return self.signal.changed()
 
     def notify(self) -> None:
         """Wake every follower waiting on :meth:`changed`."""
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
+        self.signal.notify()
 
     def close(self) -> bool:
         """Claim the terminal outcome; False when someone already did."""

@@ -22,8 +22,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
+from aip_crewai.prometheus import CONTENT_TYPE, escape_label_value
+
+__all__ = ["CONTENT_TYPE", "PREFIX", "Metrics"]
+
 PREFIX = "aip_crewai_sidecar_"
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _HELP = {
     "jobs_admitted_total": ("counter", "Jobs admitted (new action ids only)."),
@@ -63,10 +66,6 @@ class Metrics:
                 continue
             series = sorted((labels, v) for (n, labels), v in self._counters.items() if n == name)
             for labels, value in series or [((), 0)]:
-                rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+                rendered = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
                 lines.append(f"{PREFIX}{name}{{{rendered}}} {value}" if rendered else f"{PREFIX}{name} {value}")
         return "\n".join(lines) + "\n"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

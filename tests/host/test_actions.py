@@ -24,6 +24,13 @@ from aip_crewai.host.store import Store
 
 from fake_sidecar import FakeSidecar
 
+
+async def decide(store, *args):
+    """Record one decision and start nothing: True when this call decided (the store's decide_and_start)."""
+    decided, _ = await store.decide_and_start(*args, start_if=lambda approval, action: False)
+    return decided is not None
+
+
 ALL = frozenset(ops.OPERATION_NAMES)
 INVOKER = Principal("svc:acme", "acme", frozenset({"invoker"}))
 APPROVER = Principal("human:acme", "acme", frozenset({"approver"}))
@@ -158,7 +165,7 @@ async def test_denial_and_expiry_never_reach_the_sidecar(env):
     assert result.status == "failed" and result.error.code == "policy.approval_denied"
     expired = await service.submit(INVOKER, action("e1", key="ke"), None, stream=False)
     clock.ms += 900_001
-    assert not await service.store.decide_approval("acme", expired.approval_id, "approved", "late", APPROVER.id,
+    assert not await decide(service.store, "acme", expired.approval_id, "approved", "late", APPROVER.id,
                                                    clock.ms)
     record = await service.get(INVOKER, "e1")
     assert record.status == "failed"

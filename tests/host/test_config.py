@@ -239,7 +239,7 @@ def test_main_exits_2_with_the_key_on_stderr(host_files: HostFiles, capsys):
 def test_main_exits_2_for_an_unsafe_store_directory(host_files: HostFiles, capsys):
     (host_files.root / "state").chmod(0o777)
     assert main(["--config", str(host_files.config)]) == 2
-    assert "must not be group- or world-writable" in capsys.readouterr().err
+    assert "is group- or world-writable" in capsys.readouterr().err
 
 
 def test_cli_exit_code_2_in_a_subprocess(host_files: HostFiles):

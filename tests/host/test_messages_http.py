@@ -6,7 +6,7 @@ import pytest
 
 from aip_crewai.sse import SSEDecoder
 from fake_sidecar import FakeSidecar
-from hostkit import NOW, SIDECAR_TOKEN, bearer, envelope, running
+from hostkit import SIDECAR_TOKEN, bearer, envelope, running
 
 CT = {"Content-Type": "application/aip+json"}
 

@@ -15,7 +15,7 @@ from aip_crewai.contracts.errors import (
     ConnectorTransport,
 )
 from aip_crewai.host.normalize import StreamNormalizer
-from aip_crewai.host.sidecar_client import Dispatch, SidecarClient, sidecar_job_id
+from aip_crewai.host.sidecar_client import DispatchProgress, SidecarClient, sidecar_job_id
 from aip_crewai.sse import encode_event
 
 RUN, STATUS = ops.get("run"), ops.get("status")
@@ -41,9 +41,9 @@ def test_job_ids_are_tenant_scoped_and_bounded():
 )
 async def test_status_mapping(status, error):
     c = client(lambda request: httpx.Response(status, json={"detail": "nope"}))
-    dispatch = Dispatch()
+    dispatch = DispatchProgress()
     with pytest.raises(error) as info:
-        await c.get_job(STATUS, dispatch, job_id="t:a", action_id="a")
+        await c.get_job(STATUS, dispatch, job_id="t:a")
     assert info.value.details["remote_status"] == status
     assert info.value.details["remote_detail"] == "nope"
     assert dispatch.state == "acknowledged"
@@ -54,9 +54,9 @@ async def test_connect_error_is_not_sent_and_retryable_only_for_reads():
     def refuse(request):
         raise httpx.ConnectError("refused", request=request)
 
-    dispatch = Dispatch()
+    dispatch = DispatchProgress()
     with pytest.raises(ConnectorTransport) as info:
-        await client(refuse).get_job(STATUS, dispatch, job_id="t:a", action_id="a")
+        await client(refuse).get_job(STATUS, dispatch, job_id="t:a")
     assert dispatch.state == "not_sent" and info.value.details["dispatch"] == "not_sent"
     assert info.value.retryable
 
@@ -65,9 +65,9 @@ async def test_read_error_after_send_is_sent_and_uncertain_for_mutations():
     def broken(request):
         raise httpx.ReadError("reset", request=request)
 
-    dispatch = Dispatch()
+    dispatch = DispatchProgress()
     with pytest.raises(ConnectorTransport) as info:
-        await client(broken).start_job(RUN, dispatch, job_id="t:a", action_id="a", crew_id="c", input={},
+        await client(broken).start_job(RUN, dispatch, job_id="t:a", crew_id="c", input={},
                                        idempotency_key="k", timeout_ms=None)
     assert info.value.details["dispatch"] == "sent"
     assert info.value.details["uncertain_outcome"] is True
@@ -82,7 +82,7 @@ async def test_start_job_sends_headers_and_body():
         seen["body"] = json.loads(request.content)
         return httpx.Response(200, json={"raw": "ok"})
 
-    status, body = await client(handler).start_job(RUN, Dispatch(), job_id="t:a", action_id="a", crew_id="c",
+    status, body = await client(handler).start_job(RUN, DispatchProgress(), job_id="t:a", crew_id="c",
                                                    input={"x": 1}, idempotency_key="key-1", timeout_ms=5000)
     assert (status, body) == (200, {"raw": "ok"})
     assert seen["headers"]["idempotency-key"] == "key-1" and seen["headers"]["x-aip-action-id"] == "t:a"
@@ -103,8 +103,8 @@ async def test_stream_delivers_chunks_then_terminal():
 
     c = client(lambda r: httpx.Response(200, content=sse("started", "chunk", "completed"),
                                         headers={"content-type": "text/event-stream"}))
-    terminal = await c.start_stream(RUN, Dispatch(), StreamNormalizer("a", RUN), on_chunks, job_id="t:a",
-                                    action_id="a", crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
+    terminal = await c.start_stream(RUN, DispatchProgress(), StreamNormalizer("a", RUN), on_chunks, job_id="t:a",
+                                    crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
     assert terminal.event == "completed" and [g.kind for g in got] == ["progress", "progress", "done"]
 
 
@@ -114,5 +114,5 @@ async def test_stream_without_terminal_is_invalid():
 
     c = client(lambda r: httpx.Response(200, content=sse("started")))
     with pytest.raises(ConnectorInvalidStream):
-        await c.start_stream(RUN, Dispatch(), StreamNormalizer("a", RUN), on_chunks, job_id="t:a", action_id="a",
+        await c.start_stream(RUN, DispatchProgress(), StreamNormalizer("a", RUN), on_chunks, job_id="t:a",
                              crew_id="c", input={}, idempotency_key="k", timeout_ms=None)

@@ -20,6 +20,12 @@ from aip_crewai.host.store import (
     rfc3339_to_ms,
 )
 
+async def decide(store, *args):
+    """Record one decision and start nothing: True when this call decided (the store's decide_and_start)."""
+    decided, _ = await store.decide_and_start(*args, start_if=lambda approval, action: False)
+    return decided is not None
+
+
 T0 = 1_790_000_000_000  # ms
 DAY = 86_400_000
 
@@ -333,7 +339,6 @@ async def test_create_and_read_approvals_per_tenant(store: Store):
     assert created.status == "pending" and created.created_at == T0
     assert await store.get_approval("acme", "apr_1") == created
     assert await store.get_approval("globex", "apr_1") is None
-    assert (await store.find_approval_for_action("acme", "act_1")).approval_id == "apr_1"
     with pytest.raises(StoreError):
         await approval(store)  # same id
     with pytest.raises(StoreError):
@@ -365,27 +370,27 @@ async def test_listing_pages_with_a_cursor_and_a_done_flag(store: Store):
 async def test_status_filter(store: Store):
     await approval(store, "apr_1", action_id="act_1")
     await approval(store, "apr_2", action_id="act_2")
-    assert await store.decide_approval("acme", "apr_1", "approved", "ok", "human:acme", T0 + 1)
+    assert await decide(store, "acme", "apr_1", "approved", "ok", "human:acme", T0 + 1)
     assert [a.approval_id for a in (await store.list_approvals("acme", status="pending")).items] == ["apr_2"]
 
 
 async def test_decision_exactly_once(store: Store):
     await approval(store)
-    assert not await store.decide_approval("acme", "apr_1", "approved", "self", "svc:acme", T0 + 1)  # requester
-    assert not await store.decide_approval("globex", "apr_1", "approved", "x", "human:g", T0 + 1)
-    assert await store.decide_approval("acme", "apr_1", "denied", "no", "human:acme", T0 + 1)
-    assert not await store.decide_approval("acme", "apr_1", "approved", "late", "human:other", T0 + 2)
+    assert not await decide(store, "acme", "apr_1", "approved", "self", "svc:acme", T0 + 1)  # requester
+    assert not await decide(store, "globex", "apr_1", "approved", "x", "human:g", T0 + 1)
+    assert await decide(store, "acme", "apr_1", "denied", "no", "human:acme", T0 + 1)
+    assert not await decide(store, "acme", "apr_1", "approved", "late", "human:other", T0 + 2)
     decided = await store.get_approval("acme", "apr_1")
     assert (decided.status, decided.decision_reason, decided.decided_by, decided.decided_at) == (
         "denied", "no", "human:acme", T0 + 1)
     with pytest.raises(ValueError):
-        await store.decide_approval("acme", "apr_1", "maybe", "", "human:acme", T0)
+        await decide(store, "acme", "apr_1", "maybe", "", "human:acme", T0)
 
 
 async def test_concurrent_decisions_have_one_winner(store: Store):
     await approval(store)
     outcomes = await asyncio.gather(*[
-        store.decide_approval("acme", "apr_1", "approved" if i % 2 else "denied", "r", f"human:{i}", T0 + 1)
+        decide(store, "acme", "apr_1", "approved" if i % 2 else "denied", "r", f"human:{i}", T0 + 1)
         for i in range(20)])
     assert sum(outcomes) == 1
 
@@ -442,7 +447,7 @@ async def test_decide_and_start_rolls_back_the_decision_when_the_check_fails(sto
 async def test_expired_approvals_cannot_be_decided_and_are_swept(store: Store):
     await approval(store, expires_at=T0 + 10)
     assert (await store.get_approval("acme", "apr_1")).effective_status(T0 + 10) == "expired"
-    assert not await store.decide_approval("acme", "apr_1", "approved", "late", "human:acme", T0 + 10)
+    assert not await decide(store, "acme", "apr_1", "approved", "late", "human:acme", T0 + 10)
     expired = await store.expire_approvals(T0 + 10)
     assert [(a.tenant, a.approval_id, a.status) for a in expired] == [("acme", "apr_1", "expired")]
     assert await store.expire_approvals(T0 + 20) == []

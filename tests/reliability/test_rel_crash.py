@@ -18,6 +18,12 @@ from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running
 from relkit import inproc_app
 
+async def decide(store, *args):
+    """Record one decision and start nothing: True when this call decided (the store's decide_and_start)."""
+    decided, _ = await store.decide_and_start(*args, start_if=lambda approval, action: False)
+    return decided is not None
+
+
 pytestmark = [pytest.mark.integration]
 
 
@@ -207,7 +213,7 @@ async def _seed_pending(root: Path, action_id: str, *, decision: str | None, wit
                                         policy_hash("acme", action_id, "cap:crewai:beta", hashed), "acme-invoker",
                                         record.input_json, record.created_at + APPROVAL_TTL_MS)
         if decision is not None:
-            assert await store.decide_approval("acme", approval_id, decision, "ok", "acme-both", store.now_ms())
+            assert await decide(store, "acme", approval_id, decision, "ok", "acme-both", store.now_ms())
     finally:
         await store.close()
     return approval_id
