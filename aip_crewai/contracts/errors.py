@@ -174,6 +174,38 @@ class AmbiguousFraming(AipError):
     default_message = "a request may not carry both Content-Length and Transfer-Encoding"
 
 
+class BodyTimeout(AipError):
+    """A request body did not arrive in time (a pause between chunks, or the
+    whole body, longer than the bound): 408 and the connection closed.
+    Source: README "Security" (timeouts)."""
+
+    code = "request.body_timeout"
+    category = Category.PERMANENT
+    http_status = 408
+    default_message = "the request body did not arrive in time"
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        super().__init__(f"the request body did not arrive within {limit_s:g} s", details={"limit_s": limit_s})
+
+
+class Overloaded(AipError):
+    """Too many requests are in flight on this process: 503, retry later.
+    Source: README "Security" (bounded concurrent requests)."""
+
+    code = "server.overloaded"
+    category = Category.TEMPORARY
+    default_message = "too many requests in flight; retry later"
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(details={"max_in_flight": limit}, retry_after_ms=1000)
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
 class InvalidEnvelope(AipError):
     code = "message.invalid_envelope"
     category = Category.PERMANENT

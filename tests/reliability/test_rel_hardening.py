@@ -387,3 +387,80 @@ def test_rel_content_length_with_transfer_encoding_is_400_and_closes_on_both_pro
         assert received.count(b"HTTP/1.1 ") == 1, (base_url, path, received[:600])
     with host.client("acme-app") as app:
         assert app.get("/aip/v1/manifest").status_code == 200
+
+
+# --- 3. authenticate first; timeouts; bounded requests; no h2c --------------------------------------
+
+
+def _timed_exchange(base_url: str, data: bytes, wait_s: float = 30.0) -> tuple[bytes, float]:
+    """Send ``data`` and read until the server closes; return what came back and how long it took, seconds."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base_url)
+    started = time.monotonic()
+    received = b""
+    with socket.create_connection((parts.hostname, parts.port), timeout=wait_s) as sock:
+        sock.sendall(data)
+        while True:
+            try:
+                piece = sock.recv(65536)
+            except (socket.timeout, ConnectionResetError):
+                break
+            if not piece:
+                break
+            received += piece
+    return received, time.monotonic() - started
+
+
+@pytest.mark.timeout(120)
+def test_rel_a_bad_bearer_is_refused_before_its_body_is_read(stack):
+    """Regression (item 3): POST /aip/v1/messages read up to 2 MiB before authenticating. A request whose
+    Authorization header is wrong is 401 at once, with the announced body never sent, and closed."""
+    _, _, host = stack
+    for authorization in ("Bearer nope", "Basic abc"):
+        head = (f"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}\r\n"
+                "Content-Type: application/aip+json\r\nContent-Length: 2000000\r\n\r\n").encode()
+        received, took = _timed_exchange(host.base_url, head)
+        assert received.startswith(b"HTTP/1.1 401") and b"connection: close" in received.lower(), received[:300]
+        assert took < 5.0, took
+
+
+@pytest.mark.timeout(120)
+def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(stack):
+    """Regression (item 3): 20 stalled anonymous connections held 42 MB indefinitely. A request head must
+    arrive within 5 s (the connection is closed), and a body may not pause for more than 10 s (408, closed),
+    on the host and the sidecar alike."""
+    from aip_crewai.serving import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
+
+    _, sidecar, host = stack
+    partial_head = b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Le"
+    stalled_body = (b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/aip+json\r\n"
+                    b"Content-Length: 100000\r\n\r\n{\"aip_version\"")
+    stalled_job = (f"POST /jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {sidecar.token}\r\nIdempotency-Key: k\r\n"
+                   "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{").encode()
+    for base_url in (host.base_url, sidecar.base_url):
+        received, took = _timed_exchange(base_url, partial_head)
+        assert received == b"" and HEADER_TIMEOUT_S - 1 <= took < HEADER_TIMEOUT_S + 10, (base_url, took)
+    for base_url, data in ((host.base_url, stalled_body), (sidecar.base_url, stalled_job)):
+        received, took = _timed_exchange(base_url, data)
+        assert received.startswith(b"HTTP/1.1 408") and b"connection: close" in received.lower(), received[:300]
+        assert BODY_IDLE_TIMEOUT_S - 1 <= took < BODY_IDLE_TIMEOUT_S + 10, took
+
+
+@pytest.mark.timeout(60)
+def test_rel_cleartext_http2_is_not_served(stack):
+    """Item 3: one cleartext HTTP/2 connection with 50 streams added 50 MB. h2c is off on both processes:
+    an `Upgrade: h2c` request is answered as HTTP/1.1 and the prior-knowledge preface is no HTTP/2."""
+    _, sidecar, host = stack
+    upgrade = (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+               b"HTTP2-Settings: AAMAAABkAAQAAP__\r\nConnection: close\r\n\r\n")
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+    for base_url in (host.base_url, sidecar.base_url):
+        received, _ = _timed_exchange(base_url, upgrade, wait_s=20)
+        assert received.startswith(b"HTTP/1.1 ") and b" 101 " not in received.split(b"\r\n", 1)[0], received[:200]
+        received, _ = _timed_exchange(base_url, preface, wait_s=20)
+        # an HTTP/2 server answers the preface with a SETTINGS frame (type 0x04 in the 4th byte)
+        assert not (len(received) >= 9 and received[3] == 4), received[:50]
+        assert received == b"" or received.startswith(b"HTTP/1.1 4"), received[:200]
