@@ -37,7 +37,7 @@ async def test_body_deadline_times_out_a_stalled_body_but_never_a_response_after
         await asyncio.sleep(0.3)  # longer than idle_s: the client is quietly reading a stream
         return {"type": "http.disconnect"}
 
-    guarded = BodyDeadline(app, idle_s=0.05, total_s=0.1, timed_out=TooSlow)
+    guarded = BodyDeadline(app, idle_s=0.05, total_s=30.0, timed_out=TooSlow)
     await guarded(_scope(), complete_then_late_disconnect, None)
     assert reads == ["http.request", "http.disconnect"]
 
