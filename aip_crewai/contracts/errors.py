@@ -206,6 +206,21 @@ class Overloaded(AipError):
         return True
 
 
+class NonCanonicalNumber(AipError):
+    """A signed envelope holds a number whose RFC 8785 form decodes to another
+    value or type (``1.0``, ``1e0``, ``-0.0``), or an integer of magnitude
+    2^53 or more: what runs must be exactly what was signed, so it is refused.
+    ``field`` is the JSON path, ``rule`` the reason. Source: README "Security"."""
+
+    code = "message.non_canonical_number"
+    category = Category.PERMANENT
+    default_message = "a number of the signed envelope is not canonical"
+
+    def __init__(self, field: str, rule: str) -> None:
+        self.field, self.rule = field, rule
+        super().__init__(f"the number at {field} {rule}", details={"field": field, "rule": rule})
+
+
 class InvalidEnvelope(AipError):
     code = "message.invalid_envelope"
     category = Category.PERMANENT

@@ -464,3 +464,68 @@ def test_rel_cleartext_http2_is_not_served(stack):
         # an HTTP/2 server answers the preface with a SETTINGS frame (type 0x04 in the 4th byte)
         assert not (len(received) >= 9 and received[3] == 4), received[:50]
         assert received == b"" or received.startswith(b"HTTP/1.1 4"), received[:200]
+
+
+# --- 6 and 8. signed envelopes: canonical numbers; message ids claimed per key after authorization ---
+
+
+def _signed(action_id: str, input: dict[str, Any], *, message_id: str | None = None, seed: bytes | None = None,
+            key_id: str | None = None) -> dict[str, Any]:
+    from aip_crewai.client import sign_envelope
+    from relkit import SIGNER, signer_key
+
+    env = envelope("cap:crewai:echo", input, action_id, action_id)
+    if message_id is not None:
+        env["message_id"] = message_id
+    return sign_envelope(env, signer_key(seed) if seed else signer_key(), key_id or SIGNER)
+
+
+@pytest.mark.timeout(60)
+def test_rel_signed_numbers_run_exactly_as_signed_or_are_a_typed_400(stack):
+    """Regression (item 6): an envelope signed over 1 was accepted as 1.0, 1e0 or -0.0 and the crew ran with
+    "1.0"; integers of 2^53 or more were a 401. Non-canonical numbers and unsignable integers are now a 400
+    (message.non_canonical_number) naming the field; nothing is stored, and the canonical message still runs."""
+    _, _, host = stack
+    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+        for variant in ("1.0", "1e0", "1E+0", "10e-1"):
+            action_id = uid("h6")
+            raw = json.dumps(_signed(action_id, {"topic": "numbers", "n": 1})).replace('"n": 1}', f'"n": {variant}}}')
+            assert f'"n": {variant}' in raw
+            answer = http.post("/aip/v1/messages", content=raw, headers={"Content-Type": "application/aip+json"})
+            assert answer.status_code == 400 and error_code(answer) == "message.non_canonical_number", answer.text
+            assert "$.body.action.input.n" in answer.text
+        action_id = uid("h6-zero")
+        raw = json.dumps(_signed(action_id, {"topic": "numbers", "n": 0})).replace('"n": 0}', '"n": -0.0}')
+        answer = http.post("/aip/v1/messages", content=raw, headers={"Content-Type": "application/aip+json"})
+        assert answer.status_code == 400 and error_code(answer) == "message.non_canonical_number"
+        big = _signed(uid("h6-big"), {"topic": "numbers", "n": 1})
+        raw = json.dumps(big).replace('"n": 1}', f'"n": {2**53}}}')
+        answer = http.post("/aip/v1/messages", content=raw, headers={"Content-Type": "application/aip+json"})
+        assert answer.status_code == 400 and error_code(answer) == "message.non_canonical_number"
+        assert "$.body.action.input.n" in answer.text
+        action_id = uid("h6-ok")
+        answer = http.post("/aip/v1/messages", json=_signed(action_id, {"topic": "numbers", "n": 1}))
+        assert answer.status_code == 202 and action_result(answer)["status"] == "pending_approval"
+    with host.client("acme-approver") as approver:
+        snapshot = approver.get(f"/aip/v1/approvals/{action_result(answer)['approval']['approval_id']}").json()
+        assert snapshot["input_snapshot"]["n"] == 1 and isinstance(snapshot["input_snapshot"]["n"], int)
+
+
+@pytest.mark.timeout(60)
+def test_rel_a_signer_without_the_role_cannot_burn_another_signers_message_ids(stack):
+    """Regression (item 8): signed message ids were claimed per tenant and before the role check, so an
+    approver-only signer could burn an invoker signer's ids. They are claimed per key, after authorization."""
+    from relkit import APPROVER_SIGNER, APPROVER_SIGNER_SEED
+
+    _, _, host = stack
+    message_id = f"msg_{uid('h8')}"
+    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+        burned = http.post("/aip/v1/messages", json=_signed(uid("h8a"), {"topic": "burn"}, message_id=message_id,
+                                                            seed=APPROVER_SIGNER_SEED, key_id=APPROVER_SIGNER))
+        assert burned.status_code == 403 and error_code(burned) == "policy.forbidden"
+        action_id = uid("h8b")
+        mine = _signed(action_id, {"topic": "mine"}, message_id=message_id)
+        first = http.post("/aip/v1/messages", json=mine)
+        assert first.status_code == 202 and action_result(first)["action_id"] == action_id
+        replay = http.post("/aip/v1/messages", json=mine)
+        assert replay.status_code == 401 and error_code(replay) == "auth.unauthenticated"
