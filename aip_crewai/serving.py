@@ -7,6 +7,7 @@
 | pause between two body chunks | :data:`BODY_IDLE_TIMEOUT_S` | :class:`~aip_crewai.asgi.BodyDeadline` (408) |
 | whole request body | :data:`BODY_TOTAL_TIMEOUT_S` | :class:`~aip_crewai.asgi.BodyDeadline` (408) |
 | requests in flight (SSE streams included) | :data:`MAX_IN_FLIGHT` | :class:`~aip_crewai.asgi.InFlightLimit` (503) |
+| open TCP connections | :data:`MAX_CONNECTIONS` | :func:`bound_connections`: one more is closed at once, unread |
 | HTTP/2 streams per connection | :data:`H2_MAX_CONCURRENT_STREAMS` | hypercorn (HTTP/2 is only reachable through TLS, which neither process terminates) |
 
 Cleartext HTTP/2 (h2c: ``Upgrade: h2c`` or the prior-knowledge preface) is
@@ -36,6 +37,9 @@ BODY_TOTAL_TIMEOUT_S = 60.0
 MAX_IN_FLIGHT = 4096
 #: Concurrent streams of one HTTP/2 connection.
 H2_MAX_CONCURRENT_STREAMS = 16
+#: Open TCP connections one process serves at once (busy ones: at most MAX_IN_FLIGHT; the rest idle or
+#: sending a head, which HEADER_TIMEOUT_S ends).
+MAX_CONNECTIONS = 8192
 
 
 def refuse_cleartext_h2() -> None:
@@ -60,19 +64,60 @@ def refuse_cleartext_h2() -> None:
     protocol._check_protocol = http11_only
 
 
+def bound_connections() -> None:
+    """Make hypercorn's asyncio server close, at once and unread, a connection
+    beyond ``config.aip_max_connections`` open ones (no attribute: unbounded).
+
+    Hypercorn has no setting for this: its accept callback runs the module
+    global ``hypercorn.asyncio.run.TCPServer``, replaced here by a subclass
+    that counts open connections per ``Config`` (idempotent).
+
+    Raises:
+        RuntimeError: the installed hypercorn no longer has that hook.
+    """
+    from hypercorn.asyncio import run as hypercorn_run
+
+    base = getattr(hypercorn_run, "TCPServer", None)
+    if base is None or not hasattr(base, "run"):
+        raise RuntimeError("this hypercorn version has no asyncio.run.TCPServer; cannot bound connections")
+    if getattr(base, "aip_bounded", False):
+        return
+
+    class BoundedTCPServer(base):  # type: ignore[misc, valid-type]
+        aip_bounded = True
+
+        async def run(self) -> None:
+            config = self.config
+            limit = getattr(config, "aip_max_connections", None)
+            open_now = getattr(config, "aip_open_connections", 0)
+            if limit is not None and open_now >= limit:
+                self.writer.close()  # over the bound: closed before a byte is read
+                return
+            config.aip_open_connections = open_now + 1
+            try:
+                await super().run()
+            finally:
+                config.aip_open_connections -= 1
+
+    hypercorn_run.TCPServer = BoundedTCPServer
+
+
 def hypercorn_config(bind: list[str], *, errorlog: logging.Logger | str | None = "-",
-                     graceful_timeout: float | None = None) -> Any:
+                     graceful_timeout: float | None = None, max_connections: int = MAX_CONNECTIONS) -> Any:
     """The hypercorn ``Config`` of both processes, with the bounds of the module table.
 
     Args:
         bind: hypercorn bind strings (``fd://<n>``).
         errorlog: hypercorn's error logger.
         graceful_timeout: seconds open connections get at shutdown (None: hypercorn's default).
+        max_connections: open TCP connections served at once (:func:`bound_connections`).
     """
     from hypercorn.config import Config
 
     refuse_cleartext_h2()
+    bound_connections()
     config = Config()
+    config.aip_max_connections = max_connections
     config.bind = bind
     config.accesslog = None  # the apps log one summary line per request
     config.errorlog = errorlog
