@@ -31,6 +31,17 @@ The scope gets ``aip.client_gone = True`` so a request log can say so.
 by ``Content-Length`` would otherwise disagree with us on where the next
 request starts).
 
+
+:class:`BodyDeadline`: a request body must keep arriving: a pause between two
+body chunks longer than ``idle_s``, or a whole body taking longer than
+``total_s``, fails the handler's read with the app's timeout error (408); once
+the body is complete (or there is none) the wrapper steps aside, so long
+responses (SSE) are never cut. Complements the server's header/idle timeout.
+
+:class:`InFlightLimit`: at most ``limit`` requests are handled at once (SSE
+streams included); one more is answered by the app's 503 with
+``Connection: close`` before any handler runs.
+
 Source: RFC 9112 §9.6 (``close`` connection option), §6.3 (message body
 length), README "Security" (request bodies,
 aborted uploads, framing).
@@ -38,6 +49,7 @@ aborted uploads, framing).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import structlog
@@ -177,11 +189,90 @@ class RefuseAmbiguousFraming:
             await self.app(scope, receive, send)
             return
 
-        async def send_close(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
-                message = {**message, "headers": [*headers, (b"connection", b"close")]}
-            await send(message)
-
         log.info("request_refused", reason="content_length_and_transfer_encoding")
-        await self.reject()(scope, receive, send_close)
+        await self.reject()(scope, receive, _closing(send))
+
+
+def _closing(send: Send) -> Send:
+    """``send`` adding ``Connection: close`` to the response start."""
+
+    async def send_close(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return send_close
+
+
+class BodyDeadline:
+    """Pure ASGI middleware: a request body must arrive in time (see the module docstring).
+
+    Args:
+        app: the wrapped application.
+        idle_s: longest pause between two body chunks, seconds.
+        total_s: longest time for the whole body, seconds (from the first read).
+        timed_out: ``seconds -> exception`` raised from ``receive()`` on a timeout.
+    """
+
+    def __init__(self, app: ASGIApp, idle_s: float, total_s: float,
+                 timed_out: Callable[[float], Exception]) -> None:
+        self.app = app
+        self.idle_s, self.total_s = idle_s, total_s
+        self.timed_out = timed_out
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        done = False
+        deadline: float | None = None
+
+        async def timed_receive() -> Message:
+            nonlocal done, deadline
+            if done:  # the body is complete: later reads only wait for a disconnect (SSE)
+                return await receive()
+            now = loop.time()
+            deadline = now + self.total_s if deadline is None else deadline
+            wait = min(self.idle_s, deadline - now)
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(wait, 0.0))
+            except asyncio.TimeoutError:
+                limit = self.idle_s if wait >= self.idle_s else self.total_s
+                raise self.timed_out(limit) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                done = True
+            return message
+
+        await self.app(scope, timed_receive, send)
+
+
+class InFlightLimit:
+    """Pure ASGI middleware: at most ``limit`` requests handled at once.
+
+    Args:
+        app: the wrapped application.
+        limit: requests in flight (SSE streams included).
+        reject: ``() -> ASGI app`` answering a request over the limit (503); ``Connection: close`` is added.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int, reject: Callable[[], ASGIApp]) -> None:
+        self.app = app
+        self.limit = limit
+        self.reject = reject
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            log.info("request_refused", reason="too_many_in_flight", limit=self.limit)
+            await self.reject()(scope, receive, _closing(send))
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1

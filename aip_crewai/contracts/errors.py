@@ -195,6 +195,53 @@ class AmbiguousFraming(AipError):
     default_message = "a request may not carry both Content-Length and Transfer-Encoding"
 
 
+class BodyTimeout(AipError):
+    """A request body did not arrive in time (a pause between chunks, or the
+    whole body, longer than the bound): 408 and the connection closed.
+    Source: README "Security" (timeouts)."""
+
+    code = "request.body_timeout"
+    category = Category.PERMANENT
+    http_status = 408
+    default_message = "the request body did not arrive in time"
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        super().__init__(f"the request body did not arrive within {limit_s:g} s", details={"limit_s": limit_s})
+
+
+class Overloaded(AipError):
+    """Too many requests are in flight on this process: 503, retry later.
+    Source: README "Security" (bounded concurrent requests)."""
+
+    code = "server.overloaded"
+    category = Category.TEMPORARY
+    default_message = "too many requests in flight; retry later"
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(details={"max_in_flight": limit}, retry_after_ms=1000)
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
+class NonCanonicalNumber(AipError):
+    """A signed envelope holds a number whose RFC 8785 form decodes to another
+    value or type (``1.0``, ``1e0``, ``-0.0``), or an integer of magnitude
+    2^53 or more: what runs must be exactly what was signed, so it is refused.
+    ``field`` is the JSON path, ``rule`` the reason. Source: README "Security"."""
+
+    code = "message.non_canonical_number"
+    category = Category.PERMANENT
+    default_message = "a number of the signed envelope is not canonical"
+
+    def __init__(self, field: str, rule: str) -> None:
+        self.field, self.rule = field, rule
+        super().__init__(f"the number at {field} {rule}", details={"field": field, "rule": rule})
+
+
 class InvalidEnvelope(AipError):
     code = "message.invalid_envelope"
     category = Category.PERMANENT

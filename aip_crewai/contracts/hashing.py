@@ -6,6 +6,11 @@ Two canonical forms exist on purpose:
   (ARCHITECTURE.md §4, §7).
 - :func:`jcs`: RFC 8785 (JSON Canonicalization Scheme) for signed envelopes
   (ARCHITECTURE.md §7), via the ``rfc8785`` library.
+
+:func:`number_problem` finds a number whose decoded value is not what its
+RFC 8785 form decodes to (``1.0``, ``1e0`` and ``-0.0`` all sign as ``1`` or
+``0`` but run as floats), or that RFC 8785 cannot represent (integers beyond
+±(2^53−1)): a signed envelope must run exactly what was signed.
 """
 
 from __future__ import annotations
@@ -66,3 +71,45 @@ def request_hash(
 def jcs(value: Any) -> bytes:
     """RFC 8785 canonical bytes of ``value`` (signed envelopes, ARCHITECTURE.md §7)."""
     return rfc8785.dumps(value)
+
+
+#: RFC 8785 (I-JSON) integer range.
+JCS_INT_MAX = 2**53 - 1
+
+
+def _child_path(path: str, key: object) -> str:
+    return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
+
+
+def number_problem(value: Any) -> tuple[str, str] | None:
+    """The first number of decoded JSON ``value`` that its RFC 8785 form does
+    not reproduce exactly, as ``(JSON path, rule)``; None when every number is canonical.
+
+    A number is canonical when ``json.loads(jcs(n))`` equals ``n`` with the
+    same type: ``1.0``, ``1e0`` or ``-0.0`` (floats, signed as the integers
+    ``1``/``0``) are not; integers beyond ±(2^53−1) cannot be canonicalized at
+    all. Iterative (no recursion limit). Booleans are not numbers.
+
+    Source: RFC 8785 §3.2.2.3; README "Security" (signed envelopes).
+    """
+    stack: list[tuple[str, Any]] = [("$", value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((_child_path(path, k), v) for k, v in reversed(list(node.items())))
+        elif isinstance(node, list):
+            stack.extend((_child_path(path, i), v) for i, v in reversed(list(enumerate(node))))
+        elif isinstance(node, bool):
+            continue
+        elif isinstance(node, int):
+            if abs(node) > JCS_INT_MAX:
+                return path, "is an integer of magnitude 2^53 or more, which RFC 8785 cannot canonicalize"
+        elif isinstance(node, float):
+            try:
+                canonical = rfc8785.dumps(node)
+            except ValueError:
+                return path, "is not a finite number"
+            back = json.loads(canonical)
+            if type(back) is not float or back != node or str(back) != str(node):
+                return path, f"is not in canonical form; send it as {canonical.decode()}"
+    return None

@@ -30,6 +30,7 @@ from ..contracts.errors import (
     IdempotencyConflict,
     IdempotencyKeyRequired,
     InvalidInput,
+    Unauthenticated,
 )
 from ..contracts.hashing import canonical_json, input_hash
 from ..contracts.inputs import convert_input, has_control_characters
@@ -43,6 +44,7 @@ from .lifecycle import ActionEvent, ActionState, DispatchState, approval_admits,
 from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
 from .sidecar_client import SidecarClient
+from .auth import Authenticator
 from .store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms_to_rfc3339
 from .writer import ActionWriter
 
@@ -102,6 +104,8 @@ class ActionService:
         allowed: tenant → {crew id → allowed operation names} (default deny:
             a crew absent for a tenant does not exist for it).
         metrics: the host :class:`~aip_crewai.host.metrics.Metrics` (optional).
+        authenticator: claims the message ids of signed envelopes once a
+            submission is authorized (None: a signed submission is refused).
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class ActionService:
         *,
         metrics: Any = None,
         now_ms: Callable[[], int] | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
@@ -120,6 +125,7 @@ class ActionService:
         self.metrics = metrics
         #: The one writer of action and approval state.
         self.writer = ActionWriter(store, metrics=metrics)
+        self.authenticator = authenticator
         self.now_ms = now_ms or store.now_ms
         #: Actions created before this are a previous process's (no creator here may still be writing them).
         self.started_ms = self.now_ms()
@@ -148,6 +154,7 @@ class ActionService:
         """
         tenant = caller.tenant
         crew_id, spec = self.resolve(tenant, action.capability_id)
+        await self._claim(caller)
         convert_input(spec.input_type, action.input)
         key = _idempotency_key(action.idempotency_key, envelope_key)
         if key is None and spec.key is ops.KeyRequirement.REQUIRED:
@@ -193,6 +200,25 @@ class ActionService:
             return record_
         self.start(record_, stream=stream)
         return record_
+
+    async def _claim(self, caller: Principal) -> None:
+        """Claim a signed envelope's message id for its key, now that the caller's role
+        (checked by the handler) and capability (:meth:`resolve`) authorize it
+        (README "Security": signed message ids).
+
+        Raises: Unauthenticated (a replayed id, or no authenticator to claim with).
+        """
+        if caller.message_claim is None:
+            return
+        try:
+            if self.authenticator is None:
+                raise Unauthenticated("signed envelopes need the store")
+            await self.authenticator.claim(caller)
+        except Unauthenticated as exc:
+            if self.metrics is not None:
+                self.metrics.auth_failures.inc()
+            log.info("authentication_failed", reason=exc.message)
+            raise
 
     async def record(self, tenant: str, action_id: str) -> ActionRecord:
         """The stored action as it is (no refresh). Raises ActionNotFound."""
@@ -422,7 +448,7 @@ async def lifespan(app: Any) -> AsyncIterator[None]:
         for tenant in settings.tenants
     }
     service = ActionService(app.state.store, Dispatcher(client, max_response_bytes=settings.max_response_bytes),
-                            allowed, metrics=app.state.metrics)
+                            allowed, metrics=app.state.metrics, authenticator=app.state.authenticator)
     app.state.actions = service
     tasks = [asyncio.create_task(recovery.sweep_expired(service)), asyncio.create_task(recovery.reconcile_all(service))]
     try:

@@ -59,9 +59,26 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..asgi import CLIENT_GONE_KEY, BoundedBody, ClientGone, CloseOnUnreadBody, RefuseAmbiguousFraming
+from ..asgi import (
+    CLIENT_GONE_KEY,
+    BodyDeadline,
+    BoundedBody,
+    ClientGone,
+    CloseOnUnreadBody,
+    InFlightLimit,
+    RefuseAmbiguousFraming,
+)
 from ..contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ErrorBody, protocol_error
-from ..contracts.errors import AipError, AmbiguousFraming, Category, MessageTooLarge, Unauthenticated
+from ..contracts.errors import (
+    AipError,
+    AmbiguousFraming,
+    BodyTimeout,
+    Category,
+    MessageTooLarge,
+    Overloaded,
+    Unauthenticated,
+)
+from ..serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT
 from . import actions, approvals, manifest, routes_actions
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import Settings
@@ -340,7 +357,10 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
     app = Starlette(
         routes=routes,
         middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware),
+                    Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: error_response(Overloaded(MAX_IN_FLIGHT))),
                     Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
+                    Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S,
+                               timed_out=BodyTimeout),
                     Middleware(BoundedBody, limit_for=body_limit, too_large=MessageTooLarge), Middleware(ClientGone)],
         exception_handlers={AipError: _aip_error_handler, HTTPException: _http_error_handler},
         lifespan=_lifespan(sidecar_transport, modules),

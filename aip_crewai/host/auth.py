@@ -10,10 +10,15 @@ Two ways in (ARCHITECTURE.md §7):
   bytes are the RFC 8785 canonical JSON (``hashing.jcs``) of the envelope
   object AS RECEIVED (the decoded JSON, not a re-encoded Struct, which would
   drop defaults) with only ``security.signature`` removed. Checked in this
-  order: principal known and holding a key, signature valid, ``sent_at``
-  within ±300 s of the host clock, ``message_id`` claimed for the first time
-  in the principal's tenant (claims outlive the freshness window). The
-  signature is verified before the claim, so forged messages cannot burn ids.
+  order: principal known and holding a key, every number canonical
+  (:func:`~aip_crewai.contracts.hashing.number_problem`: what runs is exactly
+  what was signed; else 400 ``message.non_canonical_number`` naming the
+  field), signature valid, ``sent_at`` within ±300 s of the host clock. The
+  ``message_id`` is claimed per signing key (principal), and only AFTER the
+  request is authorized (:meth:`Authenticator.claim`, called by the action
+  service once the role and capability checks passed), so neither a forged
+  message nor a signer without the role can burn another signer's ids
+  (claims outlive the freshness window).
 
 When a request has both, the bearer token decides and the signature, if
 present, must also verify and name the same principal. Anything else is
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import hmac
 import re
@@ -44,8 +50,9 @@ from cryptography.exceptions import InvalidSignature
 from starlette.requests import Request
 
 from ..bearer import parse_bearer
-from ..contracts.errors import Forbidden, Unauthenticated
-from ..contracts.hashing import jcs
+from ..contracts.errors import Forbidden, InvalidInput, NonCanonicalNumber, Unauthenticated
+from ..contracts.hashing import jcs, number_problem
+from ..contracts.inputs import MAX_INPUT_DEPTH, exceeds_depth
 from .config import PrincipalConfig
 from .store import rfc3339_to_ms
 
@@ -57,6 +64,8 @@ MAX_CLOCK_SKEW_MS = 300_000
 MESSAGE_ID_RETENTION_MS = MAX_CLOCK_SKEW_MS + 60_000
 MAX_BEARER_CHARS = 4096
 _SIGNATURE_RE = re.compile(r"^[A-Za-z0-9_-]{86}\Z")
+#: Nesting bound of a signed envelope: the input's bound plus the envelope, body and action levels above it.
+MAX_ENVELOPE_DEPTH = MAX_INPUT_DEPTH + 3
 #: Key of the per-request log info dict placed in the ASGI scope by the middleware.
 SCOPE_LOG_KEY = "aip.log"
 
@@ -69,6 +78,9 @@ class Principal:
     tenant: str
     roles: frozenset[str]
     method: str = "bearer"
+    #: ``(message_id, claim expiry ms)`` of a verified signed envelope, to be
+    #: claimed once the request is authorized (:meth:`Authenticator.claim`).
+    message_claim: tuple[str, int] | None = None
 
     def has_role(self, role: str) -> bool:
         return role in self.roles
@@ -77,7 +89,8 @@ class Principal:
 class MessageIdClaims(Protocol):
     """What the authenticator needs from the store."""
 
-    async def claim_message_id(self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None) -> bool: ...
+    async def claim_message_id(self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None,
+                               key_id: str | None = None) -> bool: ...
 
 
 def require_role(principal: Principal, role: str) -> None:
@@ -151,10 +164,14 @@ class Authenticator:
         signature = _b64url_signature(security.get("signature"))
         if signature is None:
             raise Unauthenticated("the signature must be 64 bytes in unpadded base64url")
+        if exceeds_depth(envelope_obj, MAX_ENVELOPE_DEPTH):  # an input error, checked before recursing into it
+            raise InvalidInput("$.body.action.input", f"nested deeper than {MAX_INPUT_DEPTH} levels of objects and arrays")
+        problem = number_problem(envelope_obj)
+        if problem is not None:  # 1.0 signs as 1 but would run as 1.0; 2**53 cannot be signed at all
+            raise NonCanonicalNumber(*problem)
         try:
             payload = signed_bytes(envelope_obj)
-        except (TypeError, ValueError, RecursionError) as exc:
-            # not JSON-representable (a float out of range, an integer beyond 2**53), or nested too deeply
+        except (TypeError, ValueError, RecursionError) as exc:  # not JSON-representable
             raise Unauthenticated("the envelope cannot be canonicalized") from exc
         try:
             config.ed25519_public_key.verify(signature, payload)
@@ -173,9 +190,22 @@ class Authenticator:
         if self.claims is None:
             raise Unauthenticated("signed envelopes need the store")
         expires = max(sent_ms, now_ms) + MESSAGE_ID_RETENTION_MS
-        if not await self.claims.claim_message_id(config.tenant, message_id, expires, now=now_ms):
+        return dataclasses.replace(self._principal(config, "ed25519"), message_claim=(message_id, expires))
+
+    async def claim(self, principal: Principal) -> None:
+        """Claim the message id of ``principal``'s signed envelope for its key (no-op without one).
+
+        Raises:
+            Unauthenticated: the id was already claimed by this key (a replay).
+        """
+        if principal.message_claim is None:
+            return
+        if self.claims is None:
+            raise Unauthenticated("signed envelopes need the store")
+        message_id, expires = principal.message_claim
+        if not await self.claims.claim_message_id(principal.tenant, message_id, expires,
+                                                  now=int(self._clock() * 1000), key_id=principal.id):
             raise Unauthenticated("message_id was already used")
-        return self._principal(config, "ed25519")
 
     async def authenticate(self, authorization: str | None, envelope_obj: dict[str, Any] | None) -> Principal:
         """Authenticate from the ``Authorization`` header value and/or the envelope.
@@ -189,8 +219,11 @@ class Authenticator:
             if token is None:
                 raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
             principal = self.authenticate_bearer(token)
-            if signed is not None and (await self.authenticate_envelope(signed)).id != principal.id:
-                raise Unauthenticated("the envelope is signed by another principal than the bearer token's")
+            if signed is not None:
+                signer = await self.authenticate_envelope(signed)
+                if signer.id != principal.id:
+                    raise Unauthenticated("the envelope is signed by another principal than the bearer token's")
+                principal = dataclasses.replace(principal, message_claim=signer.message_claim)
             return principal
         if signed is not None:
             return await self.authenticate_envelope(signed)

@@ -62,14 +62,11 @@ def listen(bind: str) -> socket.socket:
 async def serve(settings: Settings, sock: socket.socket) -> None:
     """Serve the app with hypercorn on the bound ``sock`` until SIGTERM or SIGINT."""
     from hypercorn.asyncio import serve as hypercorn_serve
-    from hypercorn.config import Config
 
+    from ..serving import hypercorn_config
     from .app import create_app
 
-    config = Config()
-    config.bind = [f"fd://{sock.fileno()}"]
-    config.accesslog = None  # the app logs one summary line per request
-    config.errorlog = "-"
+    config = hypercorn_config([f"fd://{sock.fileno()}"])  # timeouts, header bound, no h2c (README "Security")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -67,6 +67,12 @@ def result_envelope(result: ActionResult) -> Envelope:
 
 
 async def _read_body(request: Request) -> bytes:
+    """The message body (at most MAX_MESSAGE_BYTES). A bearer credential is
+    checked from the header BEFORE the body is read (401 without reading it);
+    only a request without one (a signed envelope) needs its body first
+    (README "Security": authenticate from headers first)."""
+    if "authorization" in request.headers:
+        await authenticate(request)
     body = bytearray()
     async for piece in request.stream():
         body += piece

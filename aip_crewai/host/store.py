@@ -187,17 +187,28 @@ class Store:
 
     # --- message ids (signed envelopes, ARCHITECTURE.md §7) ---
 
-    async def claim_message_id(self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None) -> bool:
-        """Claim ``message_id`` for ``tenant`` until ``expires_at`` (ms).
+    async def claim_message_id(self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None,
+                               key_id: str | None = None) -> bool:
+        """Claim ``message_id`` until ``expires_at`` (ms), for ``key_id`` (the
+        signing principal) within ``tenant``; without ``key_id``, for the tenant.
+
+        A per-key claim is stored as ``<key_id> U+001F <message_id>`` (principal
+        ids hold no control characters, so the split is unambiguous; no schema
+        change). A live tenant-wide claim of the same id (written before claims
+        were per key) still blocks it.
 
         Returns True the first time, False for a replay (an expired claim may be re-claimed).
+
+        Source: README "Security" (signed message ids).
         """
         now = self.now_ms() if now is None else now
+        stored = message_id if key_id is None else f"{key_id}\x1f{message_id}"
         return await self._change(
-            "INSERT INTO message_ids (tenant, message_id, expires_at) VALUES (?, ?, ?) "
+            "INSERT INTO message_ids (tenant, message_id, expires_at) SELECT ?, ?, ? "
+            "WHERE NOT EXISTS (SELECT 1 FROM message_ids WHERE tenant = ? AND message_id = ? AND expires_at > ?) "
             "ON CONFLICT (tenant, message_id) DO UPDATE SET expires_at = excluded.expires_at "
             "WHERE message_ids.expires_at <= ?",
-            (tenant, message_id, expires_at, now),
+            (tenant, stored, expires_at, tenant, message_id, now, now),
         ) == 1
 
     async def purge_message_ids(self, now: int | None = None) -> int:

@@ -41,8 +41,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aip_crewai.asgi import ClientGone, CloseOnUnreadBody, RefuseAmbiguousFraming
-from aip_crewai.contracts.errors import AipError, AmbiguousFraming
+from aip_crewai.asgi import BodyDeadline, ClientGone, CloseOnUnreadBody, InFlightLimit, RefuseAmbiguousFraming
+from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Overloaded
+from aip_crewai.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT
 from aip_crewai.contracts.sidecar import CancelRequest
 from aip_crewai.sse import encode_comment, encode_event
 from aip_crewai.sidecar.admission import MAX_BODY_BYTES
@@ -131,8 +132,12 @@ def create_app(
     return Starlette(
         routes=routes,
         middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestLog),
-                    Middleware(RefuseAmbiguousFraming, reject=_ambiguous_framing),
-                    Middleware(BearerAuth, token=settings.token), Middleware(ClientGone)],
+                    Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: _refusal(Overloaded(MAX_IN_FLIGHT))),
+                    Middleware(RefuseAmbiguousFraming, reject=lambda: _refusal(AmbiguousFraming())),
+                    Middleware(BearerAuth, token=settings.token),
+                    Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S,
+                               timed_out=BodyTimeout),
+                    Middleware(ClientGone)],
         exception_handlers={AipError: aip_error, HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
@@ -314,10 +319,10 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
-def _ambiguous_framing() -> Response:
-    """The sidecar's 400 for a request with both Content-Length and Transfer-Encoding."""
-    exc = AmbiguousFraming()
-    return JSONResponse({"detail": exc.message}, status_code=exc.status)
+def _refusal(exc: AipError) -> Response:
+    """The sidecar's error response for a refusal made by middleware (before routing)."""
+    headers = {"Retry-After": str(max(1, exc.retry_after_ms // 1000))} if exc.retry_after_ms else None
+    return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
 
 
 async def server_error(request: Request, exc: Exception) -> Response:

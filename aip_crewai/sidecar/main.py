@@ -164,8 +164,8 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object] | int:
 
 async def _serve(settings: Settings, crews: frozenset[str], executor: object, journal: Journal) -> int:
     from hypercorn.asyncio import serve
-    from hypercorn.config import Config
 
+    from aip_crewai.serving import hypercorn_config
     from aip_crewai.sidecar.app import create_app
 
     try:
@@ -177,11 +177,8 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
         await journal.close()
         raise
     app = create_app(settings, crews=crews, executor=executor, journal=journal)  # type: ignore[arg-type]
-    config = Config()
-    config.bind = [f"fd://{fd}"]
-    config.graceful_timeout = CONNECTION_GRACE_SECONDS
-    config.accesslog = None
-    config.errorlog = _hypercorn_logger()
+    # timeouts, header bound, no h2c (README "Security")
+    config = hypercorn_config([f"fd://{fd}"], errorlog=_hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -108,24 +108,47 @@ async def test_unparseable_sent_at_is_401(auth):
     await rejected(auth, None, sign({**envelope(), "sent_at": "yesterday"}, "acme-approver"))
 
 
+async def claimed(auth: Authenticator, header: str | None, obj: dict) -> Principal:
+    """Authenticate, then claim the message id as the action service does once the request is authorized."""
+    principal = await auth.authenticate(header, obj)
+    await auth.claim(principal)
+    return principal
+
+
+async def replayed(auth: Authenticator, header: str | None, obj: dict) -> str:
+    principal = await auth.authenticate(header, obj)  # the signature itself is fine
+    with pytest.raises(Unauthenticated) as info:
+        await auth.claim(principal)
+    return info.value.message
+
+
 async def test_replayed_message_id_is_401(auth):
     first = sign(envelope("msg_once"), "acme-approver")
-    assert await auth.authenticate(None, first)
-    assert "already used" in await rejected(auth, None, first)
-    # Re-signing with the same id does not help either.
-    assert "already used" in await rejected(auth, None, sign(envelope("msg_once", sent_at_s=NOW + 1), "acme-both"))
+    assert await claimed(auth, None, first)
+    assert "already used" in await replayed(auth, None, first)
+    # Re-signing with the same id and key does not help either.
+    assert "already used" in await replayed(auth, None, sign(envelope("msg_once", sent_at_s=NOW + 1), "acme-approver"))
 
 
-async def test_message_ids_are_scoped_by_tenant(auth):
-    assert await auth.authenticate(None, sign(envelope("msg_shared"), "acme-approver"))
-    assert (await auth.authenticate(None, sign(envelope("msg_shared"), "globex-signer"))).tenant == "globex"
+async def test_message_ids_are_claimed_per_key_and_only_when_claimed(auth):
+    """Issue 16 item 8: ids are claimed per signing key, and authenticating alone claims nothing."""
+    obj = sign(envelope("msg_shared"), "acme-approver")
+    assert await auth.authenticate(None, obj) and await auth.authenticate(None, obj)  # not claimed yet
+    assert await claimed(auth, None, obj)
+    assert (await claimed(auth, None, sign(envelope("msg_shared"), "acme-both"))).id == "acme-both"  # another key
+    assert (await claimed(auth, None, sign(envelope("msg_shared"), "globex-signer"))).tenant == "globex"
+
+
+async def test_a_tenant_wide_claim_from_before_the_upgrade_still_blocks_its_id(auth, store):
+    await store.claim_message_id("acme", "msg_legacy", 10**15)
+    assert "already used" in await replayed(auth, None, sign(envelope("msg_legacy"), "acme-approver"))
 
 
 async def test_forged_messages_do_not_burn_message_ids(auth):
     forged = sign(envelope("msg_target"), "acme-approver")
     forged["body"]["action"]["input"]["topic"] = "evil"
     await rejected(auth, None, forged)
-    assert await auth.authenticate(None, sign(envelope("msg_target"), "acme-approver"))
+    assert await claimed(auth, None, sign(envelope("msg_target"), "acme-approver"))
 
 
 async def test_unknown_key_id_and_keyless_principal_are_401(auth):
@@ -178,3 +201,40 @@ async def test_auth_failures_are_counted(make_app):
         await http.get("/aip/v1/manifest")
         await http.get("/aip/v1/manifest", headers=bearer("acme-invoker"))
     assert app.state.metrics.auth_failures.value() == 1
+
+
+@pytest.mark.parametrize(("number", "field"), [(1.0, "$.body.action.input.n"), (-0.0, "$.body.action.input.n"),
+                                               (2**53, "$.body.action.input.n"), (-(2**60), "$.body.action.input.n")])
+async def test_signed_envelopes_with_non_canonical_or_unsignable_numbers_are_a_typed_400(auth, number, field):
+    """Issue 16 item 6: 1 signed could run as 1.0 (1.0, 1e0, -0.0 all sign alike); 2**53 and beyond were a 401.
+    Both are input errors now: 400 message.non_canonical_number naming the field; nothing is claimed."""
+    from aip_crewai.contracts.errors import NonCanonicalNumber
+
+    obj = envelope("msg_num")
+    obj["body"]["action"]["input"] = {"topic": "x", "n": number}
+    with pytest.raises(NonCanonicalNumber) as info:
+        await auth.authenticate(None, sign(obj, "acme-approver") if abs(number) < 2**53 else
+                                {**obj, "security": sign(envelope(), "acme-approver")["security"]})
+    assert info.value.status == 400 and info.value.code == "message.non_canonical_number"
+    assert info.value.field == field
+    assert await claimed(auth, None, sign(envelope("msg_num"), "acme-approver"))  # the id is still free
+
+
+async def test_canonical_numbers_in_signed_envelopes_pass(auth):
+    obj = envelope("msg_ok")
+    obj["body"]["action"]["input"] = {"topic": "x", "n": [1, 1.5, 1e300, 0.1, -7, 2**53 - 1]}
+    assert await auth.authenticate(None, sign(obj, "acme-approver"))
+
+
+async def test_a_signed_envelope_nested_past_the_input_bound_is_a_400(auth):
+    from aip_crewai.contracts.errors import InvalidInput
+    from aip_crewai.contracts.inputs import MAX_INPUT_DEPTH
+
+    nested: dict = {"topic": "x"}
+    for _ in range(MAX_INPUT_DEPTH + 5):
+        nested = {"n": nested}
+    obj = envelope("msg_deep")
+    obj["body"]["action"]["input"] = nested
+    with pytest.raises(InvalidInput) as info:
+        await auth.authenticate(None, {**obj, "security": sign(envelope(), "acme-approver")["security"]})
+    assert info.value.status == 400

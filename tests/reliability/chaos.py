@@ -7,7 +7,9 @@ the failures are listed under the table, and the work directory is kept for insp
 Categories: crash (kill -9 of either process), race (duplicates, decisions, cancel vs completion),
 hostile (fuzzed requests to both apps, the malformed-stream corpus in-process and over real HTTP),
 security (credentials on every route, tenant isolation, secrets, start-up refusals), storage (journal
-write failures, the size bound, unusable journals). One real sidecar and host serve the race,
+write failures, the size bound, unusable journals), hardening (the regression scenarios of the security
+review, ``test_rel_hardening.py``: idempotency poisoning, proxies, metric labels, body bounds and timeouts,
+framing, h2c, FIFOs, aborted uploads, anonymous readiness, signed numbers and message ids). One real sidecar and host serve the race,
 security and host-crash trials; the other scenarios start their own processes.
 """
 
@@ -34,7 +36,7 @@ import storagekit  # noqa: E402
 import streamkit  # noqa: E402
 from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, Tally, inproc_app  # noqa: E402
 
-CATEGORIES = ("crash", "race", "hostile", "security", "storage")
+CATEGORIES = ("crash", "race", "hostile", "security", "storage", "hardening")
 
 
 class Runner:
@@ -210,6 +212,33 @@ def storage(r: Runner) -> None:
     r.checks("storage", "unusable journals", lambda: storagekit.journal_refusals(r.dir("journals")))
 
 
+def hardening(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
+    """Every ``test_rel_*`` scenario of ``test_rel_hardening.py``, ``scale`` times each: on the shared
+    stack (a ``stack`` parameter), on processes of its own (``procs``) or in a fresh directory (``tmp_path``)."""
+    import inspect
+
+    import test_rel_hardening as scenarios
+
+    for name, fn in inspect.getmembers(scenarios, inspect.isfunction):
+        if not name.startswith("test_rel_"):
+            continue
+        parameter = next(iter(inspect.signature(fn).parameters))
+        for n in range(r.scale):
+            label = f"{name[len('test_rel_'):]} #{n}"
+            if parameter == "stack":
+                r.trial("hardening", label, lambda fn=fn: fn(stack))
+            elif parameter == "procs":
+                procs = Processes(r.dir(name[9:40]))
+                try:
+                    r.trial("hardening", label, lambda fn=fn, procs=procs: fn(procs))
+                finally:
+                    procs.close()
+            else:
+                fresh = r.dir(name[9:40])
+                fresh.mkdir(mode=0o700, parents=True)
+                r.trial("hardening", label, lambda fn=fn, fresh=fresh: fn(fresh))
+
+
 def table(runner: Runner) -> str:
     lines = [f"{'category':<10} {'tried':>7} {'passed':>7} {'seconds':>8}", "-" * 35]
     for category in CATEGORIES:
@@ -238,7 +267,7 @@ def main() -> int:
         stack = (stack_procs, sidecar, host)
         for category, run in (("crash", lambda: crash(runner, stack)), ("race", lambda: race(runner, stack)),
                               ("hostile", lambda: hostile(runner)), ("security", lambda: security(runner, stack)),
-                              ("storage", lambda: storage(runner))):
+                              ("storage", lambda: storage(runner)), ("hardening", lambda: hardening(runner, stack))):
             print(f"chaos: {category} ...", flush=True)
             run()
     finally:

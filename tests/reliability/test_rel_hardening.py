@@ -387,3 +387,146 @@ def test_rel_content_length_with_transfer_encoding_is_400_and_closes_on_both_pro
         assert received.count(b"HTTP/1.1 ") == 1, (base_url, path, received[:600])
     with host.client("acme-app") as app:
         assert app.get("/aip/v1/manifest").status_code == 200
+
+
+# --- 3. authenticate first; timeouts; bounded requests; no h2c --------------------------------------
+
+
+def _timed_exchange(base_url: str, data: bytes, wait_s: float = 30.0) -> tuple[bytes, float]:
+    """Send ``data`` and read until the server closes; return what came back and how long it took, seconds."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base_url)
+    started = time.monotonic()
+    received = b""
+    with socket.create_connection((parts.hostname, parts.port), timeout=wait_s) as sock:
+        sock.sendall(data)
+        while True:
+            try:
+                piece = sock.recv(65536)
+            except (socket.timeout, ConnectionResetError):
+                break
+            if not piece:
+                break
+            received += piece
+    return received, time.monotonic() - started
+
+
+@pytest.mark.timeout(120)
+def test_rel_a_bad_bearer_is_refused_before_its_body_is_read(stack):
+    """Regression (item 3): POST /aip/v1/messages read up to 2 MiB before authenticating. A request whose
+    Authorization header is wrong is 401 at once, with the announced body never sent, and closed."""
+    _, _, host = stack
+    for authorization in ("Bearer nope", "Basic abc"):
+        head = (f"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}\r\n"
+                "Content-Type: application/aip+json\r\nContent-Length: 2000000\r\n\r\n").encode()
+        received, took = _timed_exchange(host.base_url, head)
+        assert received.startswith(b"HTTP/1.1 401") and b"connection: close" in received.lower(), received[:300]
+        assert took < 5.0, took
+
+
+@pytest.mark.timeout(120)
+def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(stack):
+    """Regression (item 3): 20 stalled anonymous connections held 42 MB indefinitely. A request head must
+    arrive within 5 s (the connection is closed), and a body may not pause for more than 10 s (408, closed),
+    on the host and the sidecar alike."""
+    from aip_crewai.serving import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
+
+    _, sidecar, host = stack
+    partial_head = b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Le"
+    stalled_body = (b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/aip+json\r\n"
+                    b"Content-Length: 100000\r\n\r\n{\"aip_version\"")
+    stalled_job = (f"POST /jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {sidecar.token}\r\nIdempotency-Key: k\r\n"
+                   "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{").encode()
+    for base_url in (host.base_url, sidecar.base_url):
+        received, took = _timed_exchange(base_url, partial_head)
+        assert received == b"" and HEADER_TIMEOUT_S - 1 <= took < HEADER_TIMEOUT_S + 10, (base_url, took)
+    for base_url, data in ((host.base_url, stalled_body), (sidecar.base_url, stalled_job)):
+        received, took = _timed_exchange(base_url, data)
+        assert received.startswith(b"HTTP/1.1 408") and b"connection: close" in received.lower(), received[:300]
+        assert BODY_IDLE_TIMEOUT_S - 1 <= took < BODY_IDLE_TIMEOUT_S + 10, took
+
+
+@pytest.mark.timeout(60)
+def test_rel_cleartext_http2_is_not_served(stack):
+    """Item 3: one cleartext HTTP/2 connection with 50 streams added 50 MB. h2c is off on both processes:
+    an `Upgrade: h2c` request is answered as HTTP/1.1 and the prior-knowledge preface is no HTTP/2."""
+    _, sidecar, host = stack
+    upgrade = (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+               b"HTTP2-Settings: AAMAAABkAAQAAP__\r\nConnection: close\r\n\r\n")
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+    for base_url in (host.base_url, sidecar.base_url):
+        received, _ = _timed_exchange(base_url, upgrade, wait_s=20)
+        assert received.startswith(b"HTTP/1.1 ") and b" 101 " not in received.split(b"\r\n", 1)[0], received[:200]
+        received, _ = _timed_exchange(base_url, preface, wait_s=20)
+        # an HTTP/2 server answers the preface with a SETTINGS frame (type 0x04 in the 4th byte)
+        assert not (len(received) >= 9 and received[3] == 4), received[:50]
+        assert received == b"" or received.startswith(b"HTTP/1.1 4"), received[:200]
+
+
+# --- 6 and 8. signed envelopes: canonical numbers; message ids claimed per key after authorization ---
+
+
+def _signed(action_id: str, input: dict[str, Any], *, message_id: str | None = None, seed: bytes | None = None,
+            key_id: str | None = None) -> dict[str, Any]:
+    from aip_crewai.client import sign_envelope
+    from relkit import SIGNER, signer_key
+
+    env = envelope("cap:crewai:echo", input, action_id, action_id)
+    if message_id is not None:
+        env["message_id"] = message_id
+    return sign_envelope(env, signer_key(seed) if seed else signer_key(), key_id or SIGNER)
+
+
+@pytest.mark.timeout(60)
+def test_rel_signed_numbers_run_exactly_as_signed_or_are_a_typed_400(stack):
+    """Regression (item 6): an envelope signed over 1 was accepted as 1.0, 1e0 or -0.0 and the crew ran with
+    "1.0"; integers of 2^53 or more were a 401. Non-canonical numbers and unsignable integers are now a 400
+    (message.non_canonical_number) naming the field; nothing is stored, and the canonical message still runs."""
+    _, _, host = stack
+    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+        for variant in ("1.0", "1e0", "1E+0", "10e-1"):
+            action_id = uid("h6")
+            raw = json.dumps(_signed(action_id, {"topic": "numbers", "n": 1})).replace('"n": 1}', f'"n": {variant}}}')
+            assert f'"n": {variant}' in raw
+            answer = http.post("/aip/v1/messages", content=raw, headers={"Content-Type": "application/aip+json"})
+            assert answer.status_code == 400 and error_code(answer) == "message.non_canonical_number", answer.text
+            assert "$.body.action.input.n" in answer.text
+        action_id = uid("h6-zero")
+        raw = json.dumps(_signed(action_id, {"topic": "numbers", "n": 0})).replace('"n": 0}', '"n": -0.0}')
+        answer = http.post("/aip/v1/messages", content=raw, headers={"Content-Type": "application/aip+json"})
+        assert answer.status_code == 400 and error_code(answer) == "message.non_canonical_number"
+        big = _signed(uid("h6-big"), {"topic": "numbers", "n": 1})
+        raw = json.dumps(big).replace('"n": 1}', f'"n": {2**53}}}')
+        answer = http.post("/aip/v1/messages", content=raw, headers={"Content-Type": "application/aip+json"})
+        assert answer.status_code == 400 and error_code(answer) == "message.non_canonical_number"
+        assert "$.body.action.input.n" in answer.text
+        action_id = uid("h6-ok")
+        answer = http.post("/aip/v1/messages", json=_signed(action_id, {"topic": "numbers", "n": 1}))
+        assert answer.status_code == 202 and action_result(answer)["status"] == "pending_approval"
+    with host.client("acme-approver") as approver:
+        shown = approver.get(f"/aip/v1/approvals/{action_result(answer)['output']['approval_id']}").json()
+        snapshot = shown["evidence_payload"]["input"]
+        assert snapshot["n"] == 1 and isinstance(snapshot["n"], int)
+
+
+@pytest.mark.timeout(60)
+def test_rel_a_signer_without_the_role_cannot_burn_another_signers_message_ids(stack):
+    """Regression (item 8): signed message ids were claimed per tenant and before the role check, so an
+    approver-only signer could burn an invoker signer's ids. They are claimed per key, after authorization."""
+    from relkit import APPROVER_SIGNER, APPROVER_SIGNER_SEED
+
+    _, _, host = stack
+    message_id = f"msg_{uid('h8')}"
+    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+        burned = http.post("/aip/v1/messages", json=_signed(uid("h8a"), {"topic": "burn"}, message_id=message_id,
+                                                            seed=APPROVER_SIGNER_SEED, key_id=APPROVER_SIGNER))
+        assert burned.status_code == 403 and error_code(burned) == "policy.forbidden"
+        action_id = uid("h8b")
+        mine = _signed(action_id, {"topic": "mine"}, message_id=message_id)
+        first = http.post("/aip/v1/messages", json=mine)
+        assert first.status_code == 202 and action_result(first)["action_id"] == action_id
+        replay = http.post("/aip/v1/messages", json=mine)
+        assert replay.status_code == 401 and error_code(replay) == "auth.unauthenticated"

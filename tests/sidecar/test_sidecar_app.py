@@ -356,3 +356,20 @@ async def test_metrics_count_jobs_by_operation_and_outcome(tmp_path):
     assert "aip_crewai_sidecar_retained_runs 3" in text and "aip_crewai_sidecar_active_runs 0" in text
     assert "aip_crewai_sidecar_journal_write_failures_total 0" in text
     assert unauthenticated.status_code == 401
+
+
+async def test_an_input_nested_past_the_shared_bound_is_422_before_hashing(tmp_path):
+    """Issue 16 item 14: the sidecar applies the host's nesting bound at admission (the host refuses first)."""
+    from aip_crewai.contracts.inputs import MAX_INPUT_DEPTH
+
+    def nested(levels: int) -> dict:
+        value: dict = {"topic": "x"}
+        for _ in range(levels - 1):
+            value = {"n": value}
+        return value
+
+    async with running_app(tmp_path) as (client, _app, fake):
+        deep = await client.post("/jobs", json=job("deep", "echo", "run", nested(MAX_INPUT_DEPTH + 1)), headers=KEY)
+        ok = await client.post("/jobs", json=job("ok", "echo", "run", nested(MAX_INPUT_DEPTH)), headers=KEY)
+    assert deep.status_code == 422 and "nested deeper" in deep.json()["detail"]
+    assert ok.status_code == 200 and len(fake.calls) == 1
