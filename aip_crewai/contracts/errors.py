@@ -268,6 +268,13 @@ class NotCancellable(AipError):
     default_message = "this action cannot be cancelled"
 
 
+class CapabilityRevoked(AipError):
+    code = "policy.capability_revoked"
+    category = Category.POLICY
+    default_message = ("the action's capability or its requester's role was revoked since it was requested; "
+                       "it will not run")
+
+
 class ApprovalDenied(AipError):
     code = "policy.approval_denied"
     category = Category.POLICY

@@ -27,6 +27,8 @@ from ..contracts.errors import (
     AipError,
     ApprovalDenied,
     CapabilityNotFound,
+    CapabilityRevoked,
+    Forbidden,
     IdempotencyConflict,
     IdempotencyKeyRequired,
     InvalidInput,
@@ -37,7 +39,7 @@ from ..contracts.inputs import convert_input, has_control_characters
 from ..contracts.operations import OperationSpec
 from ..contracts.sidecar import MAX_IDEMPOTENCY_KEY_BYTES
 from . import cancellation, recovery
-from .auth import Principal
+from .auth import FULL, Principal, action_access
 from .chunk_sink import ChunkSink
 from .dispatch import Dispatcher, Job
 from .lifecycle import ActionEvent, ActionState, DispatchState, approval_admits, policy_hash
@@ -117,6 +119,7 @@ class ActionService:
         metrics: Any = None,
         now_ms: Callable[[], int] | None = None,
         authenticator: Authenticator | None = None,
+        principals: Mapping[str, Any] | None = None,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
@@ -126,6 +129,9 @@ class ActionService:
         #: The one writer of action and approval state.
         self.writer = ActionWriter(store, metrics=metrics)
         self.authenticator = authenticator
+        #: principal id -> configuration (``tenant``, ``roles``): a governed action runs only while its
+        #: requester is still an invoker of its tenant (None: not checked).
+        self.principals = principals
         self.now_ms = now_ms or store.now_ms
         #: Actions created before this are a previous process's (no creator here may still be writing them).
         self.started_ms = self.now_ms()
@@ -258,6 +264,13 @@ class ActionService:
 
         sink = ChunkSink(self.store, live)
         try:
+            if job.spec.approval:  # a governed action: re-check what its approval relied on, right before sending
+                record = await self.store.get_action(tenant, action_id)
+                revoked = self.revocation(record) if record is not None else None
+                if record is not None and revoked is not None:
+                    await self.writer.finish(tenant, action_id, failed_result(action_id, revoked),
+                                             DispatchState.NOT_SENT.value, settle_dispatch=True)
+                    return
             if mark_sent:
                 await self.writer.mark_sent(tenant, action_id, durable=job.durable)
             result = await self.dispatcher.run(job, sink.add)
@@ -329,9 +342,33 @@ class ActionService:
         """Settle a running action left by a previous host process (:func:`.recovery.reconcile`)."""
         await recovery.reconcile(self, record)
 
+    async def access(self, caller: Principal, record: ActionRecord) -> str | None:
+        """What ``caller`` may read of ``record`` (:func:`~.auth.action_access`): ``full``, ``metadata`` or None."""
+        decided = False
+        if caller.has_role("approver") and record.approval_id:
+            approval = await self.store.get_approval(record.tenant, record.approval_id)
+            decided = approval is not None and approval.decided_by == caller.id
+        return action_access(caller, submitted=record.principal_id == caller.id, decided=decided)
+
+    async def read(self, caller: Principal, action_id: str) -> tuple[ActionRecord, str]:
+        """The caller's tenant's action, refreshed, with what the caller may read of it.
+
+        Raises: ActionNotFound (not the tenant's, or nothing the caller may read)."""
+        record = await self.record(caller.tenant, action_id)
+        level = await self.access(caller, record)
+        if level is None:
+            raise ActionNotFound()
+        return await self.refresh(record), level
+
     async def get(self, caller: Principal, action_id: str) -> ActionRecord:
-        """The caller's tenant's action, refreshed. Raises ActionNotFound."""
-        return await self.refresh(await self.record(caller.tenant, action_id))
+        """The caller's tenant's action, refreshed, when the caller may read all of it.
+
+        Raises: ActionNotFound (not the tenant's, or not the caller's to read);
+        Forbidden (an operator: metadata only)."""
+        record, level = await self.read(caller, action_id)
+        if level != FULL:
+            raise Forbidden("operators read action metadata only (GET /aip/v1/actions/{id})")
+        return record
 
     async def result(self, record: ActionRecord) -> ActionResult | None:
         """The AIP result of a record: stored when terminal, the approval
@@ -393,6 +430,26 @@ class ActionService:
         if started is not None:
             self.start(started, stream=True)
 
+    def revocation(self, record: ActionRecord) -> CapabilityRevoked | None:
+        """Why a governed action may no longer run, or None: its capability no
+        longer resolves to the same crew and operation for its tenant (routing
+        or the crew's operations changed), or its requester is no longer an
+        invoker of the tenant. Checked at decision time and again at dispatch
+        (README "Security": revocation). Pure over the configuration."""
+        found = ops.resolve_capability(record.capability_id, self.allowed.get(record.tenant, {}))
+        if found != (record.crew_id, record.operation):
+            return CapabilityRevoked(details={"capability_id": record.capability_id, "reason": "capability"})
+        if self.principals is not None:
+            requester = self.principals.get(record.principal_id)
+            if requester is None or requester.tenant != record.tenant or "invoker" not in requester.roles:
+                return CapabilityRevoked(details={"capability_id": record.capability_id, "reason": "requester"})
+        return None
+
+    async def _fail_revoked(self, record: ActionRecord, error: CapabilityRevoked) -> None:
+        self._fence("approval", "revoked")
+        await self.writer.finish(record.tenant, record.action_id, failed_result(record.action_id, error),
+                                 DispatchState.NOT_SENT.value, event=ActionEvent.FAIL)
+
     async def decide(self, approver: Principal, approval_id: str, decision: str, reason: str, now: int,
                      ) -> ApprovalRecord | None:
         """Record an approver's decision and apply it: an admitted approval
@@ -401,7 +458,17 @@ class ActionService:
 
         Returns the decided approval, or None when this call did not decide
         it (already decided, expired, or the approver is the requester).
+
+        Raises: CapabilityRevoked (403) for an approval of an action that may
+        no longer run (:meth:`revocation`); the action fails with it first.
         """
+        pending = await self.store.get_approval(approver.tenant, approval_id)
+        record = await self.store.get_action(approver.tenant, pending.action_id) if pending else None
+        if decision == "approved" and record is not None and record.status == ActionState.PENDING_APPROVAL:
+            revoked = self.revocation(record)
+            if revoked is not None:
+                await self._fail_revoked(record, revoked)
+                raise revoked
         decided, started = await self.writer.decide(approver, approval_id, decision, reason, now)
         if decided is None:
             return None
@@ -448,7 +515,8 @@ async def lifespan(app: Any) -> AsyncIterator[None]:
         for tenant in settings.tenants
     }
     service = ActionService(app.state.store, Dispatcher(client, max_response_bytes=settings.max_response_bytes),
-                            allowed, metrics=app.state.metrics, authenticator=app.state.authenticator)
+                            allowed, metrics=app.state.metrics, authenticator=app.state.authenticator,
+                            principals=app.state.principals)
     app.state.actions = service
     tasks = [asyncio.create_task(recovery.sweep_expired(service)), asyncio.create_task(recovery.reconcile_all(service))]
     try:

@@ -172,11 +172,14 @@ async def _approval(request: Request, principal: Caller) -> ApprovalRecord:
 
 
 async def get_approval(request: Request) -> Response:
-    """``GET /aip/v1/approvals/{id}``: the ApprovalRecordView with its evidence payload (the exact input)."""
+    """``GET /aip/v1/approvals/{id}``: the ApprovalRecordView; approvers also get its evidence payload
+    (the exact input), operators do not."""
     principal = await authenticate(request)
     _can_read(principal)
     approval = await _approval(request, principal)
-    return aip_json(render(approval, request.app.state.actions.now_ms(), request.app.state.crews, with_payload=True))
+    # The exact input is for approvers; an operator reads the approval's metadata only.
+    return aip_json(render(approval, request.app.state.actions.now_ms(), request.app.state.crews,
+                           with_payload=principal.has_role("approver")))
 
 
 async def _decision_body(request: Request) -> DecisionRequest:

@@ -93,6 +93,27 @@ class MessageIdClaims(Protocol):
                                key_id: str | None = None) -> bool: ...
 
 
+#: What a principal of an action's tenant may read of it (README "Security": who reads what).
+FULL, METADATA = "full", "metadata"
+
+
+def action_access(principal: Principal, *, submitted: bool, decided: bool) -> str | None:
+    """How much of one action of its own tenant ``principal`` may read. Pure.
+
+    - an invoker reads the actions it submitted (``full``: input, chunks, output);
+    - an approver reads the actions whose approval it decided (``full``);
+    - an operator reads metadata only (``metadata``: state, times, result
+      status and error code; no input, chunks, output or error details);
+    - anyone else: None (the action does not exist for it: 404).
+    A principal with several roles gets the widest of them.
+    """
+    if (principal.has_role("invoker") and submitted) or (principal.has_role("approver") and decided):
+        return FULL
+    if principal.has_role("operator"):
+        return METADATA
+    return None
+
+
 def require_role(principal: Principal, role: str) -> None:
     """Raise ``Forbidden`` (403, ``policy.forbidden``) unless ``principal`` holds ``role``."""
     if role not in principal.roles:

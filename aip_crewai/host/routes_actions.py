@@ -34,7 +34,7 @@ from ..contracts.aip import (
 from ..contracts.errors import InvalidEnvelope, MessageTooLarge
 from ..sse import encode_comment, encode_event
 from .actions import ActionService
-from .auth import Principal, authenticate, require_role
+from .auth import FULL, Principal, authenticate, require_role
 from .lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
 from .store import ActionRecord, InvalidCursor, ms_to_rfc3339
 
@@ -241,6 +241,15 @@ async def _principal_action(request: Request) -> tuple[Principal, ActionService,
     return principal, service, record
 
 
+def metadata_of(result: ActionResult) -> ActionResult:
+    """A result as an operator may read it: status and error code/category, no output, parts or details."""
+    error = None
+    if result.error is not None:
+        error = ProtocolError(code=result.error.code, message=result.error.code, category=result.error.category,
+                              retryable=result.error.retryable)
+    return ActionResult(action_id=result.action_id, status=result.status, error=error)
+
+
 def action_links(action_id: str, approval_id: str | None) -> dict[str, str]:
     """The typed links of an ActionStatus (relative URLs; ids are URL-safe by the action id rule)."""
     base = f"/aip/v1/actions/{action_id}"
@@ -252,9 +261,14 @@ def action_links(action_id: str, approval_id: str | None) -> dict[str, str]:
 
 
 async def get_action(request: Request) -> Response:
-    """``GET /aip/v1/actions/{id}``: the ActionStatus (state, result status, links; the result once final)."""
-    _, service, record = await _principal_action(request)
+    """``GET /aip/v1/actions/{id}``: the ActionStatus (state, result status, links; the result once final).
+    An operator gets the metadata only: the result carries its status and error code, no output or details."""
+    principal = await authenticate(request)
+    service = _service(request)
+    record, level = await service.read(principal, request.path_params["action_id"])
     result = await service.result(record) if is_terminal(record.status) else None
+    if result is not None and level != FULL:
+        result = metadata_of(result)
     status = ActionStatus(
         action_id=record.action_id, capability_id=record.capability_id, correlation_id=record.action_id,
         state=lifecycle_state(record.status, record.dispatch), updated_at=ms_to_rfc3339(record.updated_at),

@@ -46,7 +46,6 @@ ARCHITECTURE.md §10 (storage).
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -218,41 +217,6 @@ class Store:
 
     # --- idempotency (ARCHITECTURE.md §7) ---
 
-    async def reserve_idempotency(self, tenant: str, key: str, capability_id: str, action_id: str, input_hash: str,
-                                  expires_at: int, *, now: int | None = None) -> IdempotencyRecord:
-        """Reserve ``(tenant, key)`` in ONE statement: insert, or replace an expired
-        record, or return the live one untouched.
-
-        Returns:
-            The record; ``created`` is True only for the call that wrote it
-            (of N concurrent duplicates exactly one).
-        """
-        now = self.now_ms() if now is None else now
-
-        def reserve() -> IdempotencyRecord:
-            rows = self._fetch_now(
-                f"INSERT INTO idempotency ({_IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (tenant, key) DO UPDATE SET capability_id = excluded.capability_id, "
-                "action_id = excluded.action_id, input_hash = excluded.input_hash, created_at = excluded.created_at, "
-                "expires_at = excluded.expires_at WHERE idempotency.expires_at <= ? "
-                f"RETURNING {_IDEMPOTENCY_COLUMNS}",
-                (tenant, key, capability_id, action_id, input_hash, now, expires_at, now),
-            )
-            if rows:
-                return dataclasses.replace(IdempotencyRecord(*rows[0]), created=True)
-            rows = self._fetch_now(f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE tenant = ? AND key = ?",
-                                   (tenant, key))
-            if not rows:  # replaced and purged between statements: cannot happen on one connection
-                raise StoreError("idempotency record vanished during reservation")
-            return IdempotencyRecord(*rows[0])
-
-        return await self._run(reserve)
-
-    async def get_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
-        rows = await self._fetch(f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE tenant = ? AND key = ?",
-                                 (tenant, key))
-        return IdempotencyRecord(*rows[0]) if rows else None
-
     # --- actions ---
 
     async def create_action(self, tenant: str, action_id: str, capability_id: str, crew_id: str, operation: str,
@@ -274,7 +238,8 @@ class Store:
                 dispatch starts right after this write ("the request may have
                 reached the sidecar"), which saves a second write.
             target: ``(run_action_id, operations)``: insert only when the
-                tenant has an action ``run_action_id`` of the same crew whose
+                tenant has an action ``run_action_id`` of the same crew, submitted
+                by the same principal (an invoker reads its own runs), whose
                 operation is one of ``operations`` (the target check of
                 status/events/cancel, in the same hop as the insert).
 
@@ -317,9 +282,9 @@ class Store:
             if target is not None:
                 run_action_id, operations = target
                 found = self._fetch_now(
-                    "SELECT 1 FROM actions WHERE tenant = ? AND action_id = ? AND crew_id = ? "
+                    "SELECT 1 FROM actions WHERE tenant = ? AND action_id = ? AND crew_id = ? AND principal_id = ? "
                     f"AND operation IN ({', '.join('?' * len(operations))})",
-                    (tenant, run_action_id, crew_id, *operations),
+                    (tenant, run_action_id, crew_id, principal_id, *operations),
                 )
                 if not found:
                     raise MissingTarget(run_action_id)

@@ -5,6 +5,7 @@ leaks nothing when cancelled."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 
@@ -140,3 +141,50 @@ async def test_a_store_open_cancelled_mid_connect_closes_its_connection(tmp_path
         await task
     gate.set()
     assert await asyncio.to_thread(closed.wait, 10)
+
+
+async def _pending_then_restart(make_app, settings, fake, action_id: str, **changes):
+    """Submit a pending run with one app, then open the same store with a changed configuration."""
+    async with running(make_app(sidecar_transport=fake.transport())) as http:
+        approval_id = await submit_pending(http, action_id)
+    return approval_id, make_app(dataclasses.replace(settings, **changes), sidecar_transport=fake.transport())
+
+
+@pytest.mark.parametrize("change", ["crew_removed", "requester_lost_role"])
+async def test_an_approval_of_a_revoked_action_fails_it_instead_of_running_it(make_app, settings, change):
+    """Regression (security review item 13): an approval decided after the crew was removed from the tenant,
+    or after the requester lost its invoker role, still ran the action once."""
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    if change == "crew_removed":
+        changes = {"tenants": {**settings.tenants, "acme": ("alpha",)}}  # beta no longer routed to acme
+    else:
+        changes = {"principals": tuple(dataclasses.replace(p, roles=frozenset({"approver"}))
+                                       if p.id == "acme-invoker" else p for p in settings.principals)}
+    approval_id, app = await _pending_then_restart(make_app, settings, fake, f"rev_{change}", **changes)
+    async with running(app) as http:
+        answer = await decide(http, approval_id)
+        assert answer.status_code == 403
+        assert answer.json()["body"]["error"]["error"]["code"] == "policy.capability_revoked"
+        record = await app.state.actions.store.get_action("acme", f"rev_{change}")
+        assert record.status == "failed" and "policy.capability_revoked" in record.result_json
+    assert fake.executions == 0
+
+
+async def test_a_decision_applied_after_a_restart_rechecks_at_dispatch(make_app, settings):
+    """A decision recorded before a restart is applied by the restarted host; if the crew was removed
+    from the tenant meanwhile, the dispatch refuses it (checked again right before sending)."""
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    approval_id, app = await _pending_then_restart(make_app, settings, fake, "rev_dispatch",
+                                                   tenants={**settings.tenants, "acme": ("alpha",)})
+    async with running(app) as http:
+        store = app.state.actions.store
+        decided, _ = await store.decide_and_start("acme", approval_id, "approved", "ok", "acme-both",
+                                                  store.now_ms(), start_if=lambda approval, action: True)
+        assert decided is not None  # a started action, as a decision of a dead process would leave it
+        service = app.state.actions
+        service.start(await store.get_action("acme", "rev_dispatch"), stream=True)
+        record = await service.wait(await store.get_action("acme", "rev_dispatch"), 10)
+        assert record.status == "failed" and "policy.capability_revoked" in record.result_json
+        assert record.dispatch == "not_sent"
+        assert (await http.get("/aip/v1/actions/rev_dispatch", headers=bearer("acme-invoker"))).status_code == 200
+    assert fake.executions == 0

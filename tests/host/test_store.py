@@ -148,46 +148,53 @@ async def test_expired_message_claims_can_be_reclaimed_and_purged(store: Store):
 # --- idempotency ------------------------------------------------------------------
 
 
-async def test_fifty_concurrent_reservations_have_exactly_one_creator(store: Store):
+async def idempotency_row(store: Store, tenant: str, key: str) -> tuple | None:
+    """The stored reservation ``(action_id, input_hash, expires_at)`` of a key, read directly (no store API needs it)."""
+    rows = await store._fetch("SELECT action_id, input_hash, expires_at FROM idempotency WHERE tenant = ? AND key = ?",
+                              (tenant, key))
+    return rows[0] if rows else None
+
+
+async def test_fifty_concurrent_admissions_under_one_key_create_exactly_one_action(store: Store):
     results = await asyncio.gather(*[
-        store.reserve_idempotency("acme", "key-1", "cap:crewai:alpha", f"act_{i}", "h1", T0 + DAY) for i in range(50)])
-    assert sum(r.created for r in results) == 1
-    assert len({r.action_id for r in results}) == 1
+        make_action(store, action_id=f"act_{i}", key="key-1", key_expires_at=T0 + DAY) for i in range(50)])
+    assert sum(created for created, _ in results) == 1
+    assert len({record.action_id for _, record in results}) == 1
 
 
-async def test_concurrent_reservations_across_two_connections(store: Store, db_path: Path):
+async def test_concurrent_admissions_across_two_connections(store: Store, db_path: Path):
     second = await Store.open(db_path, clock=lambda: T0 / 1000)
     try:
         results = await asyncio.gather(*[
-            (store if i % 2 else second).reserve_idempotency("acme", "key-x", "cap", f"act_{i}", "h", T0 + DAY)
+            make_action(store if i % 2 else second, action_id=f"act_{i}", key="key-x", key_expires_at=T0 + DAY)
             for i in range(40)])
     finally:
         await second.close()
-    assert sum(r.created for r in results) == 1 and len({r.action_id for r in results}) == 1
+    assert sum(created for created, _ in results) == 1 and len({r.action_id for _, r in results}) == 1
 
 
-async def test_reservation_returns_the_live_record_and_replaces_an_expired_one(store: Store):
-    first = await store.reserve_idempotency("acme", "k", "cap", "act_1", "h1", T0 + DAY)
-    again = await store.reserve_idempotency("acme", "k", "cap", "act_2", "h2", T0 + DAY)
-    assert first.created and not again.created and (again.action_id, again.input_hash) == ("act_1", "h1")
-    later = await store.reserve_idempotency("acme", "k", "cap", "act_3", "h3", T0 + 2 * DAY, now=T0 + DAY)
-    assert later.created and later.action_id == "act_3"
-    assert (await store.reserve_idempotency("globex", "k", "cap", "act_9", "h9", T0 + DAY)).created
+async def test_a_live_key_returns_its_action_and_an_expired_one_is_taken_over(store: Store):
+    assert (await make_action(store, action_id="act_1", key="k", key_expires_at=T0 + DAY))[0]
+    created, holder = await make_action(store, action_id="act_2", key="k", key_expires_at=T0 + DAY)
+    assert not created and holder.action_id == "act_1"
+    later, record = await make_action(store, action_id="act_3", key="k", key_expires_at=T0 + 2 * DAY, now=T0 + DAY)
+    assert later and record.action_id == "act_3" and (await idempotency_row(store, "acme", "k"))[0] == "act_3"
+    assert (await make_action(store, tenant="globex", action_id="act_9", key="k", key_expires_at=T0 + DAY))[0]
 
 
 async def test_a_refused_action_reserves_no_key_and_a_created_one_reserves_it_in_the_same_transaction(store: Store):
     """Issue 16 item 1: the reservation exists only beside the action row it points at."""
     await make_action(store, action_id="act_1", key="key-1", key_expires_at=T0 + DAY)
-    assert (await store.get_idempotency("acme", "key-1")).action_id == "act_1"
+    assert (await idempotency_row(store, "acme", "key-1"))[0] == "act_1"
     # act_1 again under another key: the existing row comes back, key-2 stays free
     created, existing = await make_action(store, action_id="act_1", key="key-2", key_expires_at=T0 + DAY)
     assert not created and existing.idempotency_key == "key-1"
-    assert await store.get_idempotency("acme", "key-2") is None
+    assert await idempotency_row(store, "acme", "key-2") is None
     # a missing target refuses the request: no row, no reservation
     with pytest.raises(MissingTarget):
         await store.create_action("acme", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p",
                                   "key-3", "running", target=("nope", ("run",)), key_expires_at=T0 + DAY)
-    assert await store.get_idempotency("acme", "key-3") is None and await store.get_action("acme", "st_1") is None
+    assert await idempotency_row(store, "acme", "key-3") is None and await store.get_action("acme", "st_1") is None
     # key-1 held by act_1: another action id gets act_1 back and nothing is written
     created, holder = await make_action(store, action_id="act_2", key="key-1", key_expires_at=T0 + DAY)
     assert not created and holder.action_id == "act_1" and await store.get_action("acme", "act_2") is None
@@ -195,10 +202,12 @@ async def test_a_refused_action_reserves_no_key_and_a_created_one_reserves_it_in
 
 async def test_a_reservation_without_its_action_row_is_taken_over(store: Store):
     """A key wedged by an older version's crash between two commits no longer answers 404 for 24 h."""
-    await store.reserve_idempotency("acme", "key-w", "cap:crewai:alpha", "act_lost", "h1", T0 + DAY)
+    await store._change("INSERT INTO idempotency (tenant, key, capability_id, action_id, input_hash, created_at, "
+                        "expires_at) VALUES ('acme', 'key-w', 'cap:crewai:alpha', 'act_lost', 'h1', ?, ?)",
+                        (T0, T0 + DAY))  # what the old two-commit admission left after a crash
     created, record = await make_action(store, action_id="act_2", key="key-w", key_expires_at=T0 + DAY)
     assert created and record.action_id == "act_2"
-    assert (await store.get_idempotency("acme", "key-w")).action_id == "act_2"
+    assert (await idempotency_row(store, "acme", "key-w"))[0] == "act_2"
 
 
 # --- actions ----------------------------------------------------------------------
@@ -227,10 +236,13 @@ async def test_create_action_checks_its_target_in_the_same_call(store: Store):
                                       None, "running", target=(run_action_id, operations))
         assert await store.get_action("acme", "st_1") is None  # nothing written
     with pytest.raises(MissingTarget):  # another tenant's run is no target
-        await store.create_action("globex", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p",
+        await store.create_action("globex", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}", "h",
+                                  "svc:acme", None, "running", target=ok_target)
+    with pytest.raises(MissingTarget):  # nor another principal's run of the same tenant (least privilege)
+        await store.create_action("acme", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p",
                                   None, "running", target=ok_target)
     created, record = await store.create_action("acme", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}",
-                                                "h", "p", None, "running", dispatch="sent", target=ok_target)
+                                                "h", "svc:acme", None, "running", dispatch="sent", target=ok_target)
     assert created and record.dispatch == "sent" and record.status == "running"
     with pytest.raises(ValueError):
         await make_action(store, action_id="act_9", dispatch="maybe")

@@ -530,3 +530,61 @@ def test_rel_a_signer_without_the_role_cannot_burn_another_signers_message_ids(s
         assert first.status_code == 202 and action_result(first)["action_id"] == action_id
         replay = http.post("/aip/v1/messages", json=mine)
         assert replay.status_code == 401 and error_code(replay) == "auth.unauthenticated"
+
+
+# --- 13. an approval re-checks routing and the requester at decision and at dispatch ----------------
+
+
+@pytest.mark.timeout(120)
+def test_rel_an_approval_after_the_crew_left_the_tenant_fails_the_action_and_runs_nothing(procs):
+    """Regression (item 13): an approval decided after the crew was removed from the tenant still ran
+    the action once. Now the decision is refused (403 ``policy.capability_revoked``), the action fails
+    with that policy error, and the sidecar never sees it."""
+    import signal
+
+    from relkit import ACME_CREWS, TENANTS, approve, calls_by_action
+
+    sidecar = procs.sidecar()
+    host = procs.host(sidecar.base_url, name="h13")
+    action_id = uid("h13")
+    with host.client("acme-app") as app:
+        pending = post_action(app, "cap:crewai:echo", {"topic": "revoked"}, action_id, action_id)
+        assert pending.status_code == 202, pending.text
+    host.kill(signal.SIGTERM)
+    tenants = {**TENANTS, "acme": [crew for crew in ACME_CREWS if crew != "echo"]}
+    host = procs.host(sidecar.base_url, name="h13", port=host.port, tenants=tenants)
+    answer = approve(host, pending)
+    assert answer.status_code == 403 and error_code(answer) == "policy.capability_revoked", answer.text
+    with host.client("acme-app") as app:
+        result = app.get(f"/aip/v1/actions/{action_id}/result").json()["body"]["action_result"]
+    assert result["status"] == "failed" and result["error"]["code"] == "policy.capability_revoked"
+    assert calls_by_action(procs.call_log)[f"acme:{action_id}"] == 0
+
+
+# --- 9. least privilege inside a tenant -----------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_rel_operators_read_metadata_and_approvers_read_what_they_decided(stack):
+    """Regression (item 9): any principal of a tenant read every action's input and output. Now an
+    operator reads metadata only, an approver the actions it decided, an invoker its own actions
+    (every cell: tests/host/test_read_permissions.py)."""
+    from relkit import OPERATOR, OPERATOR_TOKEN, approve, wait_action
+
+    _, _, host = stack
+    action_id = uid("h9")
+    with host.client("acme-app") as app:
+        pending = post_action(app, "cap:crewai:echo", {"topic": "h9-private"}, action_id, action_id)
+        assert approve(host, pending).status_code == 200
+        wait_action(app, action_id)
+        assert "output" in app.get(f"/aip/v1/actions/{action_id}").json()["result"]
+    with httpx.Client(base_url=host.base_url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+                      timeout=30) as operator:
+        view = operator.get(f"/aip/v1/actions/{action_id}")
+        assert view.status_code == 200 and view.json()["result"]["status"] == "completed", (OPERATOR, view.text)
+        assert "output" not in view.json()["result"] and b"h9-private" not in view.content
+        for suffix in ("/result", "/events", "/chunks"):
+            answer = operator.get(f"/aip/v1/actions/{action_id}{suffix}")
+            assert answer.status_code == 403 and error_code(answer) == "policy.forbidden", suffix
+    with host.client("acme-approver") as approver:  # it decided this one
+        assert approver.get(f"/aip/v1/actions/{action_id}/result").status_code == 200
