@@ -245,18 +245,18 @@ class ActionService:
             durable=durable_action(ops.get(record.operation), record.idempotency_key),
         )
 
-    def start(self, record: ActionRecord, *, stream: bool = False) -> LiveAction:
+    def start(self, record: ActionRecord, *, stream: bool = False, rechecked: bool = False) -> LiveAction:
         """Start the background dispatch of a running action (once per process)."""
         live = self.live.get(record.tenant, record.action_id)
         if live is not None:
             return live
         live = LiveAction(job=self.job(record, stream=stream))
         self.live.add(live)
-        live.task = asyncio.get_running_loop().create_task(self._dispatch(live, mark_sent=record.dispatch == DispatchState.NOT_SENT),
-                                                           name=f"dispatch:{record.action_id}")
+        dispatch = self._dispatch(live, mark_sent=record.dispatch == DispatchState.NOT_SENT, recheck=not rechecked)
+        live.task = asyncio.get_running_loop().create_task(dispatch, name=f"dispatch:{record.action_id}")
         return live
 
-    async def _dispatch(self, live: LiveAction, *, mark_sent: bool = True) -> None:
+    async def _dispatch(self, live: LiveAction, *, mark_sent: bool = True, recheck: bool = True) -> None:
         job = live.job
         tenant, action_id = job.tenant, job.action_id
         structlog.contextvars.clear_contextvars()  # this task's own context: drop the request that started it
@@ -264,7 +264,7 @@ class ActionService:
 
         sink = ChunkSink(self.store, live)
         try:
-            if job.spec.approval:  # a governed action: re-check what its approval relied on, right before sending
+            if job.spec.approval and recheck:  # governed: re-check what its approval relied on, before sending
                 record = await self.store.get_action(tenant, action_id)
                 revoked = self.revocation(record) if record is not None else None
                 if record is not None and revoked is not None:
@@ -474,7 +474,7 @@ class ActionService:
             return None
         if started is not None:
             self._fence("approval", "approved")
-            self.start(started, stream=True)
+            self.start(started, stream=True, rechecked=True)  # revocation was checked just above
         else:
             await self.on_decision(decided)
         return decided
