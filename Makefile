@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test check bench contracts chaos clean
+.PHONY: run test test-matrix check bench contracts chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,17 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# The suite on the lowest and the highest supported Python, each in its own .venv-<version>
+# (pyenv's interpreters; a version that is not installed is skipped with a line). CI runs it.
+MATRIX ?= 3.10 3.13
+test-matrix:
+	@for v in $(MATRIX); do \
+	  py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.* 2>/dev/null | sort -V | tail -1)/bin/python; \
+	  if [ ! -x "$$py" ]; then echo "test-matrix: no Python $$v under pyenv; skipped"; continue; fi; \
+	  echo "test-matrix: Python $$v ($$py)"; \
+	  $(MAKE) --no-print-directory test PYTHON=$$py VENV=.venv-$$v || exit 1; \
+	done
 
 # The type check alone (make test runs it first).
 check: $(STAMP)
@@ -34,4 +45,4 @@ chaos: $(STAMP)
 	$(PY) tests/reliability/chaos.py
 
 clean:
-	rm -rf $(VENV) .run
+	rm -rf $(VENV) .venv-* .run

@@ -92,8 +92,8 @@ def directory_problem(directory: Path, what: str = "the directory") -> str | Non
 def private_file_problem(path: Path, what: str = "the file") -> str | None:
     """Why an existing ``path`` is not a private regular file (a symlink, a
     FIFO or anything but a regular file, or a permission bit beyond owner
-    read/write), or None (also when it does not exist). Only ``lstat``: never
-    opens it."""
+    read/write, or another owner than this process's user), or None (also
+    when it does not exist). Only ``lstat``: never opens it."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -102,6 +102,8 @@ def private_file_problem(path: Path, what: str = "the file") -> str | None:
         return f"{what} {path} is a symlink; use a regular file"
     if not stat.S_ISREG(info.st_mode):
         return f"{what} {path} is not a regular file"
+    if info.st_uid != os.geteuid():
+        return f"{what} {path} is owned by uid {info.st_uid}, not by this process's user ({os.geteuid()})"
     mode = stat.S_IMODE(info.st_mode)
     if mode & ~0o600:
         return f"{what} {path} has mode {mode:04o}; it must be 0600 (chmod 600 {path})"
@@ -123,6 +125,16 @@ def create_private_file(path: Path) -> None:
         os.fchmod(fd, 0o600)
     finally:
         os.close(fd)
+
+
+def integrity_problems(conn: sqlite3.Connection, limit: int = 5) -> list[str]:
+    """SQLite's ``quick_check`` (reads every page once, writes nothing): the
+    problems it reports (at most ``limit``), ``[]`` for a sound database."""
+    try:
+        return [str(row[0]) for row in conn.execute(f"PRAGMA quick_check({int(limit)})").fetchall()
+                if str(row[0]) != "ok"]
+    except sqlite3.DatabaseError as exc:
+        return [str(exc)]
 
 
 # --- forward-only migrations ---------------------------------------------------------

@@ -65,6 +65,7 @@ from ..contracts.errors import AipError, Category
 from ..contracts.inputs import has_control_characters
 from ..files import FileTooLarge, NotRegularFile, read_regular
 from ..keys import SecretFileError, read_token
+from ..loopback import is_loopback
 from .admission import AdmissionError, CrewDescriptor, load_descriptors
 
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
@@ -231,15 +232,6 @@ def _check_bind(bind: str) -> None:
             raise ConfigError("host.bind", f"{match['v6']!r} is not an IPv6 address") from None
 
 
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_sidecar_url(url: str) -> str:
     """Return ``url`` without a trailing ``/`` when it is an acceptable sidecar URL.
 
@@ -265,7 +257,7 @@ def check_sidecar_url(url: str) -> str:
         raise ConfigError(key, "must not carry credentials; use sidecar.token_file")
     if parts.query or parts.fragment:
         raise ConfigError(key, "must not have a query or fragment")
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         raise ConfigError(key, "plain http is only allowed to a loopback address (127.0.0.0/8, ::1, localhost); use https")
     return url.rstrip("/")
 

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from ..contracts.errors import AipError, Category
-from ..storage import apply_migrations, database_files, directory_problem, private_file_problem
+from ..storage import apply_migrations, database_files, directory_problem, integrity_problems, private_file_problem
 from .lifecycle import ActionState, DispatchState, allowed
 
 _MIGRATION_1 = """
@@ -411,10 +411,7 @@ def check_store_file(path: Path) -> None:
             conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
         except sqlite3.DatabaseError as exc:
             raise UnusableStore(f"store file {path} is not a SQLite database ({exc}); {advice}") from exc
-        try:
-            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)").fetchall() if str(r[0]) != "ok"]
-        except sqlite3.DatabaseError as exc:
-            problems = [str(exc)]
+        problems = integrity_problems(conn, 3)
         if problems:
             text = " ".join(" ".join(problems).replace("*** in database main ***", "").split())[:200]
             raise UnusableStore(f"store file {path} is corrupt (SQLite integrity check: {text}); {advice}")

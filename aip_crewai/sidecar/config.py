@@ -18,10 +18,7 @@ Source: ARCHITECTURE.md §11 (operator interface), §4 (token file), §5 (limits
 
 from __future__ import annotations
 
-from ..keys import SecretFileError, read_token
-
 import argparse
-import ipaddress
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from aip_crewai.contracts.operations import INSPECTION_OPERATIONS, STARTABLE_OPERATIONS
+from aip_crewai.loopback import is_loopback
+
+from ..keys import SecretFileError, read_token
 
 #: Token file bounds, bytes (ARCHITECTURE.md §4).
 
@@ -328,16 +328,6 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
 
 def _name(opt: _Option) -> str:
     return f"{opt.flag} ({opt.env})" if opt.env else opt.flag
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def read_token_file(path: Path, *, setting: str = "--token-file") -> str:

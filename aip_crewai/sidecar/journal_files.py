@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from aip_crewai.sidecar import fence
-from aip_crewai.storage import apply_migrations, start_worker
+from aip_crewai.storage import apply_migrations, integrity_problems, start_worker
 from aip_crewai.sidecar.errors import JournalCorrupt, JournalError, JournalForeign, JournalSchemaError
 from aip_crewai.sidecar.journal_schema import APPLICATION_ID, MIGRATIONS, OWN_TABLES
 
@@ -128,10 +128,7 @@ def _check_readable(conn: sqlite3.Connection, path: Path) -> None:
 
 def _check_integrity(conn: sqlite3.Connection, path: Path) -> None:
     """Run SQLite's ``quick_check`` (reads every page once); raise JournalCorrupt on damage."""
-    try:
-        problems = [str(row[0]) for row in _rows(conn, "PRAGMA quick_check(5)") if str(row[0]) != "ok"]
-    except sqlite3.DatabaseError as exc:
-        problems = [str(exc)]
+    problems = integrity_problems(conn, 5)
     if problems:
         raise _corrupt(path, "; ".join(problems))
 

@@ -463,3 +463,25 @@ async def test_expired_approvals_cannot_be_decided_and_are_swept(store: Store):
     expired = await store.expire_approvals(T0 + 10)
     assert [(a.tenant, a.approval_id, a.status) for a in expired] == [("acme", "apr_1", "expired")]
     assert await store.expire_approvals(T0 + 20) == []
+
+
+def test_a_damaged_store_file_is_refused_before_anything_is_written(tmp_path: Path):
+    """The shared integrity check (storage.integrity_problems) refuses a damaged file, read-only."""
+    from aip_crewai.host.store import UnusableStore, check_store_file
+
+    path = tmp_path / "host.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE actions (a TEXT)")
+        conn.execute("CREATE INDEX actions_a ON actions (a)")
+        conn.executemany("INSERT INTO actions VALUES (?)", [(f"row-{i:06d}" * 8,) for i in range(4000)])
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    data = bytearray(path.read_bytes())
+    page = 4096
+    for offset in range(3 * page, len(data) - page, 7 * page):  # scramble the middle of several pages
+        data[offset + 100: offset + 400] = bytes(300)
+    path.write_bytes(bytes(data))
+    before = path.read_bytes()
+    with pytest.raises(UnusableStore, match="corrupt|not a SQLite"):
+        check_store_file(path)
+    assert path.read_bytes() == before
