@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -232,6 +232,20 @@ def _check_bind(bind: str) -> None:
             raise ConfigError("host.bind", f"{match['v6']!r} is not an IPv6 address") from None
 
 
+def _http_url(key: str, value: str) -> SplitResult:
+    """``value`` split as an http(s) URL with a host and a valid port; ConfigError naming ``key`` otherwise."""
+    if has_control_characters(value) or " " in value:
+        raise ConfigError(key, "must not contain spaces or control characters")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not 0..65535
+    except ValueError as exc:
+        raise ConfigError(key, f"not a valid URL ({exc})") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(key, "must be an http:// or https:// URL with a host")
+    return parts
+
+
 def check_sidecar_url(url: str) -> str:
     """Return ``url`` without a trailing ``/`` when it is an acceptable sidecar URL.
 
@@ -244,20 +258,12 @@ def check_sidecar_url(url: str) -> str:
     Source: ARCHITECTURE.md §7 (sidecar client: https or loopback http).
     """
     key = "sidecar.url"
-    if has_control_characters(url) or " " in url:
-        raise ConfigError(key, "must not contain spaces or control characters")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 -- raises ValueError for a port that is not 0..65535
-    except ValueError as exc:
-        raise ConfigError(key, f"not a valid URL ({exc})") from exc
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(key, "must be an http:// or https:// URL with a host")
+    parts = _http_url(key, url)
     if parts.username is not None or parts.password is not None:
         raise ConfigError(key, "must not carry credentials; use sidecar.token_file")
     if parts.query or parts.fragment:
         raise ConfigError(key, "must not have a query or fragment")
-    if parts.scheme == "http" and not is_loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
         raise ConfigError(key, "plain http is only allowed to a loopback address (127.0.0.0/8, ::1, localhost); use https")
     return url.rstrip("/")
 
@@ -276,15 +282,7 @@ def check_sidecar_proxy(proxy: str | None, sidecar_url: str) -> str | None:
     if proxy is None:
         return None
     key = "sidecar.proxy"
-    if has_control_characters(proxy) or " " in proxy:
-        raise ConfigError(key, "must not contain spaces or control characters")
-    try:
-        parts = urlsplit(proxy)
-        parts.port  # noqa: B018 -- raises ValueError for a port that is not 0..65535
-    except ValueError as exc:
-        raise ConfigError(key, f"not a valid URL ({exc})") from exc
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(key, "must be an http:// or https:// URL with a host")
+    parts = _http_url(key, proxy)
     if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
         raise ConfigError(key, "must not carry credentials, a query or a fragment")
     if not sidecar_url.startswith("https://"):
