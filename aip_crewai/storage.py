@@ -19,6 +19,7 @@ Source: docs/ARCHITECTURE.md §10 (storage).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import sqlite3
 import stat
@@ -179,3 +180,40 @@ def apply_migrations(conn: sqlite3.Connection, migrations: Sequence[str], *,
 def _statements(script: str) -> list[str]:
     """The statements of a migration script (no ``;`` inside string literals or triggers)."""
     return [s.strip() for s in script.split(";") if s.strip()]
+
+
+# --- the one-process fence --------------------------------------------------------------
+
+
+def acquire_lock(path: Path, *, held: Callable[[Path], Exception], insecure: Callable[[str], Exception]) -> int:
+    """Lock ``<path>.lock`` exclusively (non-blocking); return the open descriptor.
+
+    One process owns a database: a second sidecar on a journal, or a second
+    host on a store, is refused before it touches the file.
+
+    Raises:
+        ``held(lock_path)``: another process holds the lock.
+        ``insecure(problem)``: the lock file breaks :func:`private_file_problem`.
+    """
+    lock_path = Path(f"{path}.lock")
+    problem = private_file_problem(lock_path, "the lock file")
+    if problem is not None:
+        raise insecure(problem)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise held(lock_path) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def release_lock(fd: int) -> None:
+    """Unlock and close a descriptor from :func:`acquire_lock`."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -19,8 +19,16 @@ from collections.abc import Sequence
 import structlog
 
 from ..log import configure_logging
+from ..storage import release_lock
 from .config import ConfigError, Settings, load_settings
-from .store import InsecureStorePath, UnusableStore, check_location, check_store_file
+from .store import (
+    InsecureStorePath,
+    StoreLocked,
+    UnusableStore,
+    check_location,
+    check_store_file,
+    lock_store,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +54,12 @@ def load(config: str) -> Settings:
     check_location(settings.store_path)
     check_store_file(settings.store_path)
     return settings
+
+
+def own_store(settings: Settings) -> int:
+    """Lock the store for this process (:func:`~aip_crewai.host.store.lock_store`); the lock lives
+    as long as the process. Raises StoreLocked or InsecureStorePath (both exit 2)."""
+    return lock_store(settings.store_path)
 
 
 def listen(bind: str) -> socket.socket:
@@ -80,9 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(json=None if args.log_format == "auto" else args.log_format == "json", level=args.log_level)
     try:
         settings = load(args.config)
-    except (ConfigError, InsecureStorePath, UnusableStore) as exc:
+        lock_fd = own_store(settings)
+    except (ConfigError, InsecureStorePath, UnusableStore, StoreLocked) as exc:
         print(f"aip-crewai host: configuration error: {exc.message}", file=sys.stderr)
         return 2
+    try:
+        return _run(settings)
+    finally:
+        release_lock(lock_fd)
+
+
+def _run(settings: Settings) -> int:
     try:
         sock = listen(settings.bind)
     except (OSError, ValueError) as exc:

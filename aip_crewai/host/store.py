@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..storage import create_private_file, hop, start_worker
+from ..storage import acquire_lock, create_private_file, hop, start_worker
 from .store_schema import (
     APPROVAL_DECISIONS,
     DISPATCH_RANK,
@@ -72,6 +72,7 @@ from .store_schema import (
     InvalidCursor,
     MissingTarget,
     StoreError,
+    StoreLocked,
     UnusableStore,
     _action_update,
     _connect,
@@ -87,8 +88,23 @@ from .store_schema import (
 __all__ = [
     "MIGRATIONS", "ActionState", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
     "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage",
-    "ChunkRecord", "check_location", "check_store_file", "migrate", "UnusableStore", "ms_to_rfc3339", "rfc3339_to_ms",
+    "ChunkRecord", "check_location", "check_store_file", "migrate", "UnusableStore", "StoreLocked", "lock_store", "ms_to_rfc3339", "rfc3339_to_ms",
 ]
+
+
+def lock_store(path: Path) -> int:
+    """Own the store for this process: an exclusive lock on ``<store>.lock``,
+    held until the process exits (or :func:`aip_crewai.storage.release_lock`).
+    A second host on the same store is refused before it serves, as a second
+    sidecar is on its journal (a shared-database mode does not exist yet).
+
+    Raises:
+        StoreLocked: another host process holds the lock.
+        InsecureStorePath: the lock file is a symlink, not a regular file, or not private.
+    """
+    return acquire_lock(path, insecure=InsecureStorePath, held=lambda lock_path: StoreLocked(
+        f"the store {path} is already owned by another running host (lock {lock_path} is held); "
+        "stop it first, or give this host its own store"))
 
 
 _S = ActionState

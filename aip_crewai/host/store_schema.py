@@ -262,6 +262,15 @@ class InsecureStorePath(StoreError):
     default_message = "the host store path is not safe"
 
 
+class StoreLocked(AipError):
+    """Another host process owns this store (its ``<store>.lock`` is held)."""
+
+    code = "store.locked"
+    category = Category.PERMANENT
+    http_status = 500
+    default_message = "the store is owned by another host process"
+
+
 class UnusableStore(StoreError):
     """The store file is not SQLite, is damaged, or is another application's database."""
 

@@ -14,12 +14,11 @@ Source: ARCHITECTURE.md §5 (Journal).
 
 from __future__ import annotations
 
-import fcntl
-import os
 from pathlib import Path
 
 from aip_crewai.sidecar.errors import JournalInsecure, JournalLocked
-from aip_crewai.storage import create_private_file, directory_problem, private_file_problem
+from aip_crewai.storage import acquire_lock as storage_lock
+from aip_crewai.storage import create_private_file, directory_problem, private_file_problem, release_lock
 
 __all__ = ["check_parent", "check_private_file", "create_private_file", "acquire_lock", "release_lock"]
 
@@ -40,31 +39,11 @@ def check_private_file(path: Path) -> None:
 
 
 def acquire_lock(journal: Path) -> int:
-    """Lock ``<journal>.lock`` exclusively; return the open descriptor.
+    """Lock ``<journal>.lock`` exclusively; return the open descriptor (:func:`aip_crewai.storage.acquire_lock`).
 
     Raises:
         JournalLocked: another process holds it.
-        JournalInsecure: the lock file breaks :func:`check_private_file`.
+        JournalInsecure: the lock file is a symlink, not a regular file, or not private.
     """
-    lock_path = Path(f"{journal}.lock")
-    check_private_file(lock_path)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise JournalLocked(
-            f"the journal {journal} is already owned by another active sidecar (lock {lock_path} is held)"
-        ) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def release_lock(fd: int) -> None:
-    """Unlock and close a descriptor from :func:`acquire_lock`."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    return storage_lock(journal, insecure=JournalInsecure, held=lambda lock_path: JournalLocked(
+        f"the journal {journal} is already owned by another active sidecar (lock {lock_path} is held)"))

@@ -312,3 +312,23 @@ def test_rel_a_frozen_sidecar_cannot_hang_status_reads_or_cancels(tmp_path, monk
     finally:
         app.close()
         fake.close()
+
+
+@pytest.mark.timeout(120)
+def test_rel_a_second_host_on_the_same_store_is_refused(procs):
+    """Regression (resilience review, item 6): a second host on the same store started and reported
+    ready, with nothing to keep the two apart. It now exits 2 before serving, as a second sidecar on a
+    journal does; once the first host is gone, a new one starts on the store."""
+    import signal
+
+    from relkit import free_port, write_host_config
+
+    sidecar = procs.sidecar()
+    first = procs.host(sidecar.base_url, name="h-one")
+    config = write_host_config(first.workdir, sidecar.base_url, free_port())  # same store, another port
+    process, stderr_path, _ = procs.launch_host(first.workdir, config)
+    assert process.wait(timeout=60) == 2
+    assert "already owned by another running host" in stderr_path.read_text()
+    first.kill(signal.SIGTERM)
+    again = procs.host(sidecar.base_url, name="h-one")
+    assert again.process.poll() is None
