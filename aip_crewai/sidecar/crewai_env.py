@@ -118,7 +118,10 @@ def import_crewai() -> None:
 
     Call after :func:`prepare_crewai_environment` and before reporting ready,
     so the first job does not pay the import cost. Also registers the global
-    cooperative-cancel ``before_llm_call`` hook.
+    cooperative-cancel ``before_llm_call`` hook and makes every crew keep its
+    task outputs (which quote the kickoff inputs) in a job-private in-memory
+    store instead of CrewAI's shared ``latest_kickoff_task_outputs.db``
+    (``operations._task_outputs``).
 
     Raises:
         RuntimeError: :func:`prepare_crewai_environment` was not called.
@@ -130,9 +133,10 @@ def import_crewai() -> None:
         raise RuntimeError("call prepare_crewai_environment() before import_crewai()")
     import crewai  # noqa: F401  (the import is the point)
 
-    from aip_crewai.sidecar.operations import _common
+    from aip_crewai.sidecar.operations import _common, _task_outputs
 
     _common.install_cancel_hook()
+    _task_outputs.install()
     _imported = True
 
 

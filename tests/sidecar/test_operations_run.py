@@ -378,3 +378,29 @@ def test_crewai_environment_is_offline_and_under_the_state_dir(crewai_state_dir)
     from crewai_core.paths import db_storage_path
 
     assert db_storage_path() == str(storage)
+
+
+async def test_kickoff_inputs_never_reach_crewais_shared_task_output_table(
+    registry, make_ctx, crewai_state_dir
+) -> None:
+    """CrewAI's default store writes inputs to one shared SQLite file; ours stays in the job."""
+    from aip_crewai.sidecar.operations._task_outputs import RetainedRunStore
+
+    marker = f"zqx-kickoff-{time.monotonic_ns()}"
+    ctx, _ = make_ctx()
+    await operations.execute(registry["echo"], "run", {"topic": marker}, ctx)
+    ctx, _ = make_ctx("batch_run")
+    await operations.execute(
+        registry["echo"], "batch_run", {"inputs": [{"topic": marker + "-b"}]}, ctx
+    )
+    leaked = [
+        path
+        for path in (crewai_state_dir / "crewai").rglob("*")
+        if path.is_file() and marker.encode() in path.read_bytes()
+    ]
+    assert leaked == []
+    crew = registry["echo"].new_crew()
+    assert isinstance(crew._task_output_handler, RetainedRunStore)
+    # train and test kick off a Crew.copy(): the copy is private as well
+    assert isinstance(crew.copy()._task_output_handler, RetainedRunStore)
+    assert crew.copy()._task_output_handler is not crew._task_output_handler

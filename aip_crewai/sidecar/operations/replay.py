@@ -42,8 +42,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from crewai.utilities.task_output_storage_handler import TaskOutputStorageHandler
-
 from aip_crewai.sidecar.context import InputRejected, JobContext
 from aip_crewai.sidecar.operations._common import (
     check_cancelled,
@@ -53,57 +51,7 @@ from aip_crewai.sidecar.operations._common import (
 from aip_crewai.sidecar.operations._maintenance import run_in_worker
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource
-
-
-class RetainedRunStore(TaskOutputStorageHandler):
-    """Job-private stand-in for CrewAI's replay table (no SQLite, no sharing).
-
-    Holds CrewAI's record shape, one per task index: ``{"task_id": str,
-    "expected_output", "output": {"description", "summary", "raw",
-    "pydantic", "json_dict", "output_format", "agent", "messages"},
-    "task_index": int, "inputs": dict, "was_replayed": bool}``.
-    """
-
-    def __init__(self, records: list[dict[str, Any]]) -> None:  # no super(): no SQLite
-        self._records = [dict(r) for r in records]
-
-    def update(self, task_index: int, log: dict[str, Any]) -> None:
-        """Record a task execution (CrewAI calls it after every task)."""
-        task = log["task"]
-        record = {
-            "task_id": str(task.id),
-            "expected_output": task.expected_output,
-            "output": dict(log["output"]),
-            "task_index": task_index,
-            "inputs": dict(log.get("inputs") or {}),
-            "was_replayed": bool(log.get("was_replayed", False)),
-        }
-        if task_index < len(self._records):
-            self._records[task_index] = record
-        else:
-            self._records.append(record)
-
-    def add(
-        self,
-        task: Any,
-        output: dict[str, Any],
-        task_index: int,
-        inputs: dict[str, Any] | None = None,
-        was_replayed: bool = False,
-    ) -> None:
-        """Same as :meth:`update` with the arguments spread out."""
-        self.update(
-            task_index,
-            {"task": task, "output": output, "inputs": inputs, "was_replayed": was_replayed},
-        )
-
-    def reset(self) -> None:
-        """Forget the records of this job only."""
-        self._records.clear()
-
-    def load(self) -> list[dict[str, Any]]:
-        """Return copies of the records, ordered by task index."""
-        return [dict(r) for r in self._records]
+from aip_crewai.sidecar.operations._task_outputs import RetainedRunStore
 
 
 def seed_records(run: dict[str, Any], inputs: dict[str, Any]) -> list[dict[str, Any]]:
