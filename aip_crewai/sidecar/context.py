@@ -42,6 +42,9 @@ class JobContext:
         find_task_run: ``await find_task_run(task_id)`` returns the stored
             output (serialized CrewOutput dict) of a retained run of THIS crew
             whose ``tasks_output`` holds that task id, or None.
+        tenant: the job's tenant (``tenancy.tenant_of`` of its job id; ``""``
+            for job ids without one); every piece of crew state the job
+            touches is kept per ``(tenant, crew_id)``.
         stop_observed: set True by the adapter when a cancelled worker really
             stopped at a model call (recorded on the ``cancelled`` event).
     """
@@ -55,6 +58,7 @@ class JobContext:
     training_dir: Path | None = None
     find_task_run: Callable[[str], Awaitable[dict[str, Any] | None]] | None = None
     stop_observed: bool = False
+    tenant: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -71,6 +71,16 @@ class JournalCorrupt(JournalError):
     http_status = 503
 
 
+class JournalReplaced(JournalError):
+    """The journal's path no longer names the file this sidecar opened (it was
+    replaced or removed while running): nothing is admitted until a restart
+    checks the file at the path again."""
+
+    code = "sidecar.journal_replaced"
+    http_status = 503
+    default_message = "the job journal file was replaced or removed while the sidecar runs; restart the sidecar"
+
+
 class JournalWriteFailed(JournalError):
     """A write transaction failed and was rolled back (nothing half-written)."""
 

@@ -37,6 +37,7 @@ Source: DESIGN.md §5 (journal, durability, crash fence), STYLE.md (Storage).
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -58,7 +59,8 @@ from aip_crewai.sidecar.jobs import (
     TaskRunRef,
     sources_of,
 )
-from aip_crewai.sidecar.journal_files import SCHEMA_VERSION, _release, _rows, _scalar, _start_worker
+from aip_crewai.sidecar.tenancy import tenant_of
+from aip_crewai.sidecar.journal_files import SCHEMA_VERSION, _release, check_main_file, _rows, _scalar, _start_worker
 
 __all__ = ["Journal", "RESTARTED_QUEUED", "RESTARTED_RUNNING", "SCHEMA_VERSION"]
 
@@ -98,6 +100,15 @@ class _Stale(Exception):
 
 _T = TypeVar("_T")
 
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path`` (symlinks not followed), or None when it cannot be read."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
 # ------------------------------------------------------------------- journal
 
 
@@ -113,6 +124,7 @@ class Journal:
         self._page_size = page_size
         self._retained = retained  # changed on the worker only
         self._closed = False
+        self._identity = _file_identity(path)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -148,6 +160,7 @@ class Journal:
         try:
             for candidate in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
                 fence.check_private_file(candidate)
+            check_main_file(path)
             fence.create_private_file(path)
         except BaseException:
             fence.release_lock(lock_fd)
@@ -169,6 +182,21 @@ class Journal:
             raise JournalError(f"no journal file at {path}")
         worker, (conn, page_size, retained) = await _start_worker(path, None, readonly=True)
         return cls(path, conn, worker, None, page_size, retained)
+
+    def still_at_path(self) -> bool:
+        """Whether ``self.path`` still names the file this journal opened.
+
+        A rename or copy onto the path (another file put in the journal's
+        place while the sidecar runs) is seen by the device and inode number:
+        the open connection keeps writing the old file, so nothing recorded
+        from then on would be found at the path by the next start.
+
+        Returns:
+            False when the path is missing or is another file. One ``stat``.
+
+        Source: README ("Tenant-scoped crew state": journal identity).
+        """
+        return self._identity is not None and _file_identity(self.path) == self._identity
 
     async def list_jobs(self, limit: int = 50) -> list[JobRecord]:
         """The newest ``limit`` jobs (archived tombstones included), newest first."""
@@ -331,18 +359,19 @@ class Journal:
             out.append(EventRow(sequence, event, bytes(data)))
         return out
 
-    async def find_task_run(self, crew_id: str, task_id: str) -> bytes | None:
+    async def find_task_run(self, crew_id: str, task_id: str, tenant: str = "") -> bytes | None:
         """Output (JSON bytes of one serialized CrewOutput) of the latest retained
-        completed job of ``crew_id`` whose ``tasks_output`` holds ``task_id``.
+        completed job of ``(tenant, crew_id)`` whose ``tasks_output`` holds ``task_id``.
 
         For a batch_run the matching item of ``results`` is returned. None
-        when no such run exists (other crews' runs never match).
+        when no such run exists (other crews' and other tenants' runs never
+        match; ``tenant`` is :func:`tenancy.tenant_of` of the job ids).
         """
         rows = await self._fetch(
             "SELECT j.output, t.result_index FROM task_runs t JOIN jobs j ON j.action_id = t.action_id "
-            "WHERE t.task_id = ? AND t.crew_id = ? AND j.archived = 0 AND j.status = 'completed' "
+            "WHERE t.task_id = ? AND t.tenant = ? AND t.crew_id = ? AND j.archived = 0 AND j.status = 'completed' "
             "ORDER BY t.rowid DESC LIMIT 1",
-            (task_id, crew_id),
+            (task_id, tenant, crew_id),
         )
         if not rows or rows[0][0] is None:
             return None
@@ -461,9 +490,11 @@ class Journal:
                 self._conn.executemany(_INSERT_EVENTS, rows)
             if refs:
                 crew = _scalar(self._conn, "SELECT crew_id FROM jobs WHERE action_id = ?", (action_id,))
+                tenant = tenant_of(action_id)
                 self._conn.executemany(
-                    "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index) VALUES (?,?,?,?)",
-                    [(r.task_id, action_id, crew, r.result_index) for r in refs],
+                    "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index, tenant) "
+                    "VALUES (?,?,?,?,?)",
+                    [(r.task_id, action_id, crew, r.result_index, tenant) for r in refs],
                 )
 
         return await self._run(self._guarded_now, apply)

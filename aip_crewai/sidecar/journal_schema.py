@@ -57,4 +57,13 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 3: mark the file as an aip-crewai journal (SQLite header field, see APPLICATION_ID)
     f"PRAGMA application_id = {APPLICATION_ID};",
+    # 4: the replay index is per tenant (README "Tenant-scoped crew state"); rows written before
+    # this migration get the tenant their job id names (see tenancy.tenant_of; an id whose
+    # prefix is no tenant name gets a tenant no job carries, so it is never matched again)
+    """
+    ALTER TABLE task_runs ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+    UPDATE task_runs SET tenant = substr(action_id, 1, instr(action_id, ':') - 1)
+        WHERE instr(action_id, ':') > 1;
+    CREATE INDEX task_runs_lookup ON task_runs(task_id, tenant, crew_id);
+    """,
 )

@@ -27,6 +27,7 @@ import msgspec
 from aip_crewai.contracts.operations import OperationSpec
 from aip_crewai.sidecar.context import JobContext
 from aip_crewai.sidecar.jobs import EventRow, JobStatus
+from aip_crewai.sidecar.tenancy import tenant_of
 
 #: Chunk channels passed through; anything else is published as ``llm``.
 CHANNELS = frozenset({"llm", "tools", "messages"})
@@ -65,6 +66,11 @@ class LiveJob:
     #: Pending chunks a failed checkpoint left behind: the next try waits for that many more.
     checkpoint_backoff: int = 0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def tenant(self) -> str:
+        """The job's tenant (:func:`tenancy.tenant_of` of its job id)."""
+        return tenant_of(self.action_id)
 
     @property
     def operation(self) -> str:

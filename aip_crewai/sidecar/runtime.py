@@ -62,6 +62,7 @@ from aip_crewai.sidecar.errors import (
     JobNotCancellable,
     JobNotFound,
     JobStillRunning,
+    JournalReplaced,
     JournalWriteFailed,
     RequestConflict,
     ShuttingDown,
@@ -72,6 +73,7 @@ from aip_crewai.sidecar.journal import Journal
 from aip_crewai.sidecar.live import LiveJob, chunk_row, event_row
 from aip_crewai.sidecar.metrics import Metrics
 from aip_crewai.sidecar.reader import JobReader
+from aip_crewai.sidecar.tenancy import tenant_of
 
 log = structlog.get_logger(__name__)
 
@@ -119,11 +121,15 @@ class Runtime:
         """Admit a job (or find its existing record); return the checked request.
 
         Raises every admission error of DESIGN §4 (see :mod:`admission`),
+        JournalReplaced (503: the journal's path names another file now),
         RequestConflict (409), TaskRunNotFound (422), JournalFull /
         JournalWriteFailed (507), ShuttingDown (503).
         """
         if self._closing:
             raise ShuttingDown()
+        if not self.journal.still_at_path():
+            log.error("journal_replaced", journal=str(self.journal.path))
+            raise JournalReplaced()
         adm = check_request(body, idempotency_key=idempotency_key, header_action_id=header_action_id,
                             allowed_operations=self.settings.allowed_operations, crews=self.crews)
         existing = await self.journal.get(adm.action_id)
@@ -132,9 +138,9 @@ class Runtime:
             return adm
         if adm.operation == "replay":
             task_id = adm.input["task_id"]
-            if await self.journal.find_task_run(adm.crew_id, task_id) is None:
+            if await self.journal.find_task_run(adm.crew_id, task_id, tenant_of(adm.action_id)) is None:
                 raise TaskRunNotFound(f"task_id {task_id!r} belongs to no retained completed run of crew "
-                                      f"{adm.crew_id!r}")
+                                      f"{adm.crew_id!r} for this tenant")
         # Shielded: once the row may be committed, registration must not be cut off.
         await asyncio.shield(self._admit_new(adm))
         return adm
@@ -198,10 +204,10 @@ class Runtime:
 
     async def _execute(self, live: LiveJob, input: dict[str, Any]) -> None:
         ctx = JobContext(
-            action_id=live.action_id, crew_id=live.crew_id, operation=live.operation,
+            action_id=live.action_id, crew_id=live.crew_id, operation=live.operation, tenant=live.tenant,
             emit_chunk=partial(self._emit_chunk, live), cancel_flag=live.cancel_flag,
             state_dir=self._state_dir,
-            training_dir=self.settings.training_dir, find_task_run=partial(self._find_task_run, live.crew_id),
+            training_dir=self.settings.training_dir, find_task_run=partial(self._find_task_run, live.crew_id, live.tenant),
         )
         live.ctx = ctx
         started_at = time.monotonic()
@@ -367,8 +373,8 @@ class Runtime:
                 live.committed += len(batch)
                 live.checkpoint_backoff = 0
 
-    async def _find_task_run(self, crew_id: str, task_id: str) -> dict[str, Any] | None:
-        raw = await self.journal.find_task_run(crew_id, task_id)
+    async def _find_task_run(self, crew_id: str, tenant: str, task_id: str) -> dict[str, Any] | None:
+        raw = await self.journal.find_task_run(crew_id, task_id, tenant)
         return None if raw is None else msgspec.json.decode(raw)
 
     # ------------------------------------------------------- cancel / archive
@@ -414,7 +420,8 @@ class Runtime:
         """``GET /health`` body (DESIGN §4)."""
         s = self.settings
         return {
-            "status": "stopping" if self._closing else "degraded" if len(self.backlog) else "ready",
+            "status": "stopping" if self._closing else "degraded"
+            if len(self.backlog) or not self.journal.still_at_path() else "ready",
             "crews": sorted(self.crews),
             "active_runs": sum(1 for live in self._live.values() if not live.closed),
             "retained_runs": self.journal.retained_runs,

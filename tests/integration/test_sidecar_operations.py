@@ -44,9 +44,9 @@ def test_the_five_operations_over_http(sidecar):
     train = post(sidecar, "train-1", "trainable", "train", {"n_iterations": 1, "artifact_name": "model-1"})
     assert train.status_code == 200, train.text
     assert train.json() == {"status": "completed", "artifact_name": "model-1", "n_iterations": 1}
-    artifact = sidecar.training_dir / "model-1"
+    artifact = sidecar.training_dir / "_default" / "trainable" / "model-1"  # job id without a tenant
     assert artifact.is_file() and stat.S_IMODE(artifact.stat().st_mode) == 0o600
-    assert sorted(p.name for p in sidecar.training_dir.iterdir()) == ["model-1"]
+    assert sorted(p.name for p in artifact.parent.iterdir()) == ["model-1"]
     assert not (sidecar.state_dir / "training_data.pkl").exists()
 
     tested = post(sidecar, "test-1", "trainable", "test", {"n_iterations": 1, "eval_llm": "offline-eval"})

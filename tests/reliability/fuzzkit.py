@@ -195,7 +195,7 @@ def check_answer(request: tuple[str, str, dict[str, Any]], status: int, headers:
         for event in events:
             json.loads(event.data)
         return
-    if not content:
+    if not content or ctype.startswith("text/plain"):  # e.g. an authorized /metrics: Prometheus text
         return
     body = json.loads(content)
     if status >= 400 and ctype.startswith("application/aip+json"):

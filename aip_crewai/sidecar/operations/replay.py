@@ -175,7 +175,7 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
         raise InputRejected(
             f"task_id {task_id!r} is not a task of a retained run of this crew"
         )
-    with job_scope(ctx), knowledge_namespace(ctx.crew_id):
+    with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant):
         crew, output = await run_in_worker(ctx, _replay, source, task_id, input, run)
     return serialize_crew_output(output, crew)
 

@@ -68,7 +68,7 @@ async def new_job_crew(source: CrewSource, ctx: JobContext) -> Any:
     """
 
     def build() -> Any:
-        with knowledge_namespace(ctx.crew_id):
+        with knowledge_namespace(ctx.crew_id, ctx.tenant):
             return source.new_crew()
 
     return await asyncio.to_thread(build)

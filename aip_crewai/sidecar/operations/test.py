@@ -162,7 +162,7 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
     eval_llm = str(input["eval_llm"])
     inputs = dict(input.get("inputs") or {})
     scores: list[dict[str, Any]] = []
-    with job_scope(ctx), knowledge_namespace(ctx.crew_id):
+    with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant):
         await run_in_worker(ctx, _test, source, eval_llm, n_iterations, inputs, scores)
     return {
         "status": "completed",
