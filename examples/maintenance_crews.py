@@ -21,6 +21,8 @@ mapping attribute ``aip_crewai_options`` (read by
 | ``memory_a``/``memory_b`` | 1 agent, 1 task, ``memory=True`` (names ``maintenance-memory-a``/``-b``) | — |
 | ``shared_knowledge_x``/``_y`` | crew ``knowledge_sources=`` (CrewAI's shared collection) | — |
 | ``agent_knowledge`` | an agent with ``knowledge_sources`` | — |
+| ``asks_human`` | ``echo`` with ``human_input=True`` on its second task | — |
+| ``variant`` | ``echo``; its two task texts swap places when the sidecar's environment has ``AIP_CREWAI_TEST_CREW_VARIANT=swapped`` (a crew definition change across a restart) | — |
 
 Source: DESIGN.md §2 (offline demo crews).
 """
@@ -30,11 +32,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import os
+
 from crewai import Agent, Crew, Task
 from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 
 from examples.offline_llm import OfflineLLM, offline_embedder
-from examples.testing import echo, slow
+from examples.testing import TWO_TASKS, build_crew, echo, slow
 
 TRAINING_FEEDBACK = "Name the topic in the first words of the answer."
 SHARED_X_TEXT = "The Kestrel glacier moves forty metres every winter across the fjord."
@@ -124,6 +128,23 @@ def agent_knowledge() -> Crew:
     )
 
 
+#: Environment variable switching :func:`variant` to its changed definition (tests only).
+VARIANT_ENV = "AIP_CREWAI_TEST_CREW_VARIANT"
+
+
+def variant() -> Crew:
+    """The ``echo`` crew, or with its two task texts swapped (same task count, other order)."""
+    texts = list(reversed(TWO_TASKS)) if os.environ.get(VARIANT_ENV) == "swapped" else list(TWO_TASKS)
+    return build_crew(OfflineLLM(model="offline-variant", chunks_per_answer=1), texts)
+
+
+def asks_human() -> Crew:
+    """The ``echo`` crew whose second task asks a human for feedback (``human_input=True``)."""
+    crew = echo()
+    crew.tasks[1].human_input = True
+    return crew
+
+
 _OPTIONS = {"training_feedback": TRAINING_FEEDBACK, "eval_llm": offline_eval_llm}
 
 CREWS: dict[str, Any] = {
@@ -134,4 +155,6 @@ CREWS: dict[str, Any] = {
     "shared_knowledge_x": shared_knowledge_x,
     "shared_knowledge_y": shared_knowledge_y,
     "agent_knowledge": agent_knowledge,
+    "variant": variant,
+    "asks_human": asks_human,
 }

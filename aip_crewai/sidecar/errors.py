@@ -157,6 +157,17 @@ class RequestConflict(SidecarError):
     default_message = "the action id was already used with a different request"
 
 
+class CrewBusy(SidecarError):
+    """``memory_reset`` of a (tenant, crew) while another job of it is queued or
+    running, or any job of a (tenant, crew) while its ``memory_reset`` runs:
+    refused, never queued (README "Tenant-scoped crew state")."""
+
+    code = "sidecar.crew_busy"
+    category = Category.TEMPORARY
+    http_status = 409
+    default_message = "the crew has a job in progress for this tenant; retry when it is finished"
+
+
 # --------------------------------------------------------- job routes (§4)
 
 

@@ -56,6 +56,7 @@ from aip_crewai.sidecar.jobs import (
     JobRecord,
     JobStatus,
     NewJob,
+    RunState,
     TaskRunRef,
     sources_of,
 )
@@ -360,26 +361,44 @@ class Journal:
         return out
 
     async def find_task_run(self, crew_id: str, task_id: str, tenant: str = "") -> bytes | None:
+        """:meth:`find_task_run_hit` without the job id and result index."""
+        hit = await self.find_task_run_hit(crew_id, task_id, tenant)
+        return None if hit is None else hit[0]
+
+    async def find_task_run_hit(self, crew_id: str, task_id: str,
+                                tenant: str = "") -> tuple[bytes, str, int | None] | None:
         """Output (JSON bytes of one serialized CrewOutput) of the latest retained
         completed job of ``(tenant, crew_id)`` whose ``tasks_output`` holds ``task_id``.
 
         For a batch_run the matching item of ``results`` is returned. None
         when no such run exists (other crews' and other tenants' runs never
-        match; ``tenant`` is :func:`tenancy.tenant_of` of the job ids).
+        match; ``tenant`` is :func:`tenancy.tenant_of` of the job ids). When
+        the run's :class:`RunState` was recorded, its keys (``fingerprint``)
+        are added to the returned object.
+
+        Returns:
+            ``(output JSON bytes, job id, result index or None)``, or None.
         """
         rows = await self._fetch(
-            "SELECT j.output, t.result_index FROM task_runs t JOIN jobs j ON j.action_id = t.action_id "
+            "SELECT j.output, t.result_index, s.state, t.action_id FROM task_runs t JOIN jobs j ON j.action_id = t.action_id "
+            "LEFT JOIN run_state s ON s.action_id = t.action_id AND s.result_index = COALESCE(t.result_index, -1) "
             "WHERE t.task_id = ? AND t.tenant = ? AND t.crew_id = ? AND j.archived = 0 AND j.status = 'completed' "
             "ORDER BY t.rowid DESC LIMIT 1",
             (task_id, tenant, crew_id),
         )
         if not rows or rows[0][0] is None:
             return None
-        output, index = rows[0]
+        output, index, state, action_id = rows[0]
         if index is None:
-            return bytes(output)
-        results = msgspec.json.decode(output).get("results") or []
-        return msgspec.json.encode(results[index]) if 0 <= index < len(results) else None
+            run = bytes(output) if state is None else msgspec.json.decode(output)
+        else:
+            results = msgspec.json.decode(output).get("results") or []
+            if not 0 <= index < len(results):
+                return None
+            run = results[index]
+        if state is not None:
+            run = {**run, **msgspec.json.decode(state)}
+        return (run if isinstance(run, bytes) else msgspec.json.encode(run)), action_id, index
 
     # -------------------------------------------------------------- writes
 
@@ -455,6 +474,7 @@ class Journal:
         error: bytes | None = None,
         dropped_events: int | None = None,
         task_runs: Iterable[TaskRunRef] = (),
+        run_states: Iterable[RunState] = (),
     ) -> bool:
         """Move a job to ``target`` and append ``events`` in one transaction.
 
@@ -466,6 +486,7 @@ class Journal:
                 terminal event); sequences from ``first_sequence``.
             output: completed output (JSON bytes); error: failed event data.
             task_runs: task ids to index (completed run/replay/batch_run).
+            run_states: what a replay of this run needs (inputs, fingerprint).
 
         Returns:
             True when applied, False when refused (stale or illegal transition).
@@ -477,6 +498,7 @@ class Journal:
         marks = ",".join("?" for _ in sources)
         rows = [(action_id, e.sequence, e.event, e.data) for e in events]
         refs = list(task_runs)
+        states = [(action_id, -1 if r.result_index is None else r.result_index, r.state) for r in run_states]
 
         def apply() -> None:
             self._update_one(
@@ -496,6 +518,9 @@ class Journal:
                     "VALUES (?,?,?,?,?)",
                     [(r.task_id, action_id, crew, r.result_index, tenant) for r in refs],
                 )
+            if states:
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO run_state (action_id, result_index, state) VALUES (?,?,?)", states)
 
         return await self._run(self._guarded_now, apply)
 
@@ -528,6 +553,7 @@ class Journal:
             )
             self._conn.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
             self._conn.execute("DELETE FROM task_runs WHERE action_id = ?", (action_id,))
+            self._conn.execute("DELETE FROM run_state WHERE action_id = ?", (action_id,))
             return ArchiveOutcome.ARCHIVED
 
         def archive_now() -> ArchiveOutcome:

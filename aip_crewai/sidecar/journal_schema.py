@@ -66,4 +66,14 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE instr(action_id, ':') > 1;
     CREATE INDEX task_runs_lookup ON task_runs(task_id, tenant, crew_id);
     """,
+    # 5: per completed run (result_index -1) or batch item, the crew fingerprint a replay checks
+    # (never crew inputs); same retention as the job (deleted on archive)
+    """
+    CREATE TABLE run_state (
+        action_id TEXT NOT NULL,
+        result_index INTEGER NOT NULL,
+        state BLOB NOT NULL,
+        PRIMARY KEY (action_id, result_index)
+    );
+    """,
 )

@@ -9,6 +9,8 @@ first and quotes it: "No relevant memories found." or "Found memories").
 
 from __future__ import annotations
 
+import hashlib
+import stat
 import subprocess
 import time
 
@@ -174,3 +176,104 @@ def test_a_journal_replaced_while_running_is_refused_now_and_at_restart(sidecar_
     sidecar.kill()
     with pytest.raises(AssertionError, match="exited with 2"):
         sidecar_factory.restart(sidecar)
+
+
+def job_status(sidecar, job_id):
+    return httpx.get(f"{sidecar.base_url}/jobs/{job_id}", headers=sidecar.headers).json()["status"]
+
+
+def wait_for(condition, deadline_s=60.0):
+    end = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < end, "condition not reached before the deadline"
+        time.sleep(0.05)
+
+
+def test_memory_reset_is_refused_while_a_job_of_the_same_tenant_and_crew_runs(sidecar):
+    """Item 6: 409 sidecar.crew_busy, not a reset that the running job's memories would undo."""
+    import threading
+
+    blocking = threading.Thread(target=post, args=(sidecar, "acme:slow-1", "trainable_slow", "run", {"topic": "t"}))
+    blocking.start()
+    try:
+        wait_for(lambda: httpx.get(f"{sidecar.base_url}/jobs/acme:slow-1", headers=sidecar.headers).status_code
+                 == 200 and job_status(sidecar, "acme:slow-1") == "running")
+        busy = post(sidecar, "acme:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"})
+        assert busy.status_code == 409, busy.text
+        assert "memory_reset is refused" in busy.json()["detail"]
+        assert httpx.get(f"{sidecar.base_url}/jobs/acme:reset-1", headers=sidecar.headers).status_code == 404
+        # another tenant's reset of the same crew is not held up by acme's run
+        assert ok(post(sidecar, "beta:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"}))[
+            "status"] == "completed"
+    finally:
+        blocking.join(timeout=120)
+    assert job_status(sidecar, "acme:slow-1") == "completed"
+    assert ok(post(sidecar, "acme:reset-2", "trainable_slow", "memory_reset", {"command_type": "all"}))[
+        "status"] == "completed"
+
+
+# ----------------------------------------------------- replay state kept with the run (items 4, 5)
+
+
+def journal_rows(sidecar, sql, params=()):
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{sidecar.journal}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def test_replay_of_an_older_run_needs_no_inputs_and_explicit_inputs_still_win(sidecar):
+    """Item 4: the inputs of every retained run are kept with it (a 0600 file), removed on archive, never logged."""
+    older = ok(post(sidecar, "acme:old", "trainable", "run", {"topic": "otters-7f2"}))
+    ok(post(sidecar, "acme:new", "trainable", "run", {"topic": "badgers"}))
+    task_id = older["tasks_output"][1]["task_id"]
+    replayed = ok(post(sidecar, "acme:rp-1", "trainable", "replay", {"task_id": task_id}))
+    assert [t["raw"].split(": ", 1)[1] for t in replayed["tasks_output"]] == [
+        "Summarize the topic otters-7f2.", "Restate the summary of otters-7f2."]
+    override = ok(post(sidecar, "acme:rp-2", "trainable", "replay", {"task_id": task_id,
+                                                                      "inputs": {"topic": "voles"}}))
+    assert override["tasks_output"][1]["raw"].endswith("Restate the summary of voles.")
+    # a replay's own output is replayable without inputs too (its inputs were kept)
+    again = ok(post(sidecar, "acme:rp-3", "trainable", "replay", {"task_id": override["tasks_output"][1]["task_id"]}))
+    assert again["tasks_output"][1]["raw"].endswith("Restate the summary of voles.")
+    kept = sidecar.state_dir / "replay-inputs" / (hashlib.sha256(b"acme:old").hexdigest() + ".json")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
+    assert b"otters-7f2" in kept.read_bytes()
+    assert journal_rows(sidecar, "SELECT COUNT(*) FROM run_state WHERE action_id = ?", ("acme:old",)) == [(1,)]
+    archived = httpx.delete(f"{sidecar.base_url}/jobs/acme:old",
+                            headers={**sidecar.headers, "X-AIP-Archive-Confirmation": "acme:old"})
+    assert archived.status_code == 200, archived.text
+    assert not kept.exists()
+    assert journal_rows(sidecar, "SELECT COUNT(*) FROM run_state WHERE action_id = ?", ("acme:old",)) == [(0,)]
+    assert "otters-7f2" not in sidecar.stderr()
+
+
+def test_replay_after_the_crew_definition_changed_is_refused_naming_the_change(sidecar_factory, sidecar):
+    """Item 5: same task count, other order: a typed failure before any model call, not a wrong replay."""
+    run = ok(post(sidecar, "acme:v1", "variant", "run", {"topic": "moss"}))
+    task_id = run["tasks_output"][1]["task_id"]
+    sidecar.kill()
+    changed = sidecar_factory.restart(sidecar, env={"AIP_CREWAI_TEST_CREW_VARIANT": "swapped"})
+    calls = len(changed.calls())
+    refused = post(changed, "acme:v-replay", "variant", "replay", {"task_id": task_id})
+    assert refused.status_code == 502, refused.text
+    error = refused.json()
+    assert error["error_type"] == "CrewDefinitionChanged"
+    assert "task 1: description changed; task 2: description changed" in error["detail"]
+    assert len(changed.calls()) == calls
+    # a run made with the current definition replays normally
+    fresh = ok(post(changed, "acme:v2", "variant", "run", {"topic": "moss"}))
+    assert ok(post(changed, "acme:v2-replay", "variant", "replay", {"task_id": fresh["tasks_output"][1]["task_id"]}))
+
+
+def test_a_crew_asking_for_human_input_fails_typed_without_model_calls_or_stdin(sidecar):
+    """Item 8: refused at the start of the job (before any model call); stdin is never read."""
+    calls = len(sidecar.calls())
+    failed = post(sidecar, "acme:human-run", "asks_human", "run", {"topic": "x"})
+    assert failed.status_code == 502, failed.text
+    assert failed.json()["error_type"] == "HumanInputUnsupported"
+    assert "task 2" in failed.json()["detail"]
+    assert len(sidecar.calls()) == calls
