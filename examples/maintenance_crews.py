@@ -22,6 +22,7 @@ mapping attribute ``aip_crewai_options`` (read by
 | ``shared_knowledge_x``/``_y`` | crew ``knowledge_sources=`` (CrewAI's shared collection) | — |
 | ``agent_knowledge`` | an agent with ``knowledge_sources`` | — |
 | ``asks_human`` | ``echo`` with ``human_input=True`` on its second task | — |
+| ``blocked_tool_user`` | 1 agent with the ``tally`` tool; its model calls take 3 s and ignore a cancel in flight | — |
 | ``variant`` | ``echo``; its two task texts swap places when the sidecar's environment has ``AIP_CREWAI_TEST_CREW_VARIANT=swapped`` (a crew definition change across a restart) | — |
 
 Source: DESIGN.md §2 (offline demo crews).
@@ -33,11 +34,15 @@ from collections.abc import Callable
 from typing import Any
 
 import os
+import time
+from urllib.parse import quote
 
 from crewai import Agent, Crew, Task
+from crewai.tools import tool
 from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 
-from examples.offline_llm import OfflineLLM, offline_embedder
+from aip_crewai.sidecar.operations._common import current_job
+from examples.offline_llm import CALL_LOG_ENV, OfflineLLM, offline_embedder
 from examples.testing import TWO_TASKS, build_crew, echo, slow
 
 TRAINING_FEEDBACK = "Name the topic in the first words of the answer."
@@ -138,6 +143,24 @@ def variant() -> Crew:
     return build_crew(OfflineLLM(model="offline-variant", chunks_per_answer=1), texts)
 
 
+@tool("tally")
+def tally(text: str) -> str:
+    """Count the words of a text (tests: each run appends ``<time> <pid> tool:tally <action id>`` to the call log)."""
+    path = os.environ.get(CALL_LOG_ENV)
+    if path:
+        job = current_job()
+        action = quote(job.action_id, safe=":") if job is not None else "-"
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{time.time():.6f} {os.getpid()} tool:tally {action}\n")
+    return f"the text has {len(str(text).split())} words"
+
+
+def blocked_tool_user() -> Crew:
+    """A tool-using crew whose model calls (10 chunks x 300 ms) finish even after a cancel."""
+    llm = OfflineLLM(model="offline-blocked-tools", chunks_per_answer=10, delay_ms=300, uninterruptible=True)
+    return build_crew(llm, ["Count the words of the topic {topic}."], tools=[tally])
+
+
 def asks_human() -> Crew:
     """The ``echo`` crew whose second task asks a human for feedback (``human_input=True``)."""
     crew = echo()
@@ -157,4 +180,5 @@ CREWS: dict[str, Any] = {
     "agent_knowledge": agent_knowledge,
     "variant": variant,
     "asks_human": asks_human,
+    "blocked_tool_user": blocked_tool_user,
 }

@@ -64,7 +64,9 @@ class JobEvent(msgspec.Struct, frozen=True):
 
 class JobView(msgspec.Struct, frozen=True):
     """``GET /jobs/{action_id}``. ``error`` (the failed event's data),
-    ``provider_stop_observed`` (None until a stopped worker returned) and
+    ``provider_stop_observed`` (None until a stopped worker returned),
+    ``uncertain_outcome`` (cancelled jobs: False only once the stop is
+    confirmed: the worker returned on it, so no model call or tool follows) and
     ``dropped_events`` (chunks past the per-run bound) are our additions."""
 
     action_id: str
@@ -75,6 +77,7 @@ class JobView(msgspec.Struct, frozen=True):
     output: Any = None
     error: dict[str, Any] | None = None
     provider_stop_observed: bool | None = None
+    uncertain_outcome: bool | None = None
     dropped_events: int = 0
 
 

@@ -277,3 +277,33 @@ def test_a_crew_asking_for_human_input_fails_typed_without_model_calls_or_stdin(
     assert failed.json()["error_type"] == "HumanInputUnsupported"
     assert "task 2" in failed.json()["detail"]
     assert len(sidecar.calls()) == calls
+
+
+def test_a_replay_cancelled_during_a_blocked_model_call_runs_no_tool_and_says_so(sidecar):
+    """Item 9: the in-flight call still answers with a tool call; the tool never runs, then the stop is confirmed."""
+    import threading
+
+    run = ok(post(sidecar, "acme:bt-run", "blocked_tool_user", "run", {"topic": "three little words"}))
+    assert any("tool:tally acme:bt-run" in line for line in sidecar.calls())  # the crew does use its tool
+    task_id = run["tasks_output"][0]["task_id"]
+    replay = threading.Thread(target=post, args=(sidecar, "acme:bt-replay", "blocked_tool_user", "replay",
+                                                 {"task_id": task_id}))
+    replay.start()
+    try:
+        wait_for(lambda: any("offline-blocked-tools acme:bt-replay" in line for line in sidecar.calls()))
+        cancelled = httpx.post(f"{sidecar.base_url}/jobs/acme:bt-replay/cancel", headers=sidecar.headers,
+                               json={"crew_id": "blocked_tool_user", "action_id": "acme:bt-replay"})
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json()["status"] == "cancelled"
+    finally:
+        replay.join(timeout=120)
+
+    def view():
+        return httpx.get(f"{sidecar.base_url}/jobs/acme:bt-replay", headers=sidecar.headers).json()
+
+    wait_for(lambda: view()["provider_stop_observed"] is not None)  # the worker returned
+    final = view()
+    assert final["provider_stop_observed"] is True and final["uncertain_outcome"] is False
+    replay_lines = [line for line in sidecar.calls() if line.endswith(" acme:bt-replay")]
+    assert not any("tool:tally" in line for line in replay_lines), replay_lines
+    assert len(replay_lines) == 1  # the blocked call only: no model call after the cancel

@@ -34,6 +34,7 @@ from crewai.hooks.llm_hooks import (
     get_before_llm_call_hooks,
     register_before_llm_call_hook,
 )
+from crewai.hooks.tool_hooks import get_before_tool_call_hooks, register_before_tool_call_hook
 
 from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
 
@@ -174,14 +175,33 @@ def _cancel_hook(_context: Any) -> None:
         raise HookAborted(str(exc), source="aip_crewai_cancel") from exc
 
 
+def _cancel_tool_hook(_context: Any) -> None:
+    """Global ``before_tool_call`` hook: never run a tool for a cancelled job.
+
+    A model call that was already in flight when the job was cancelled (a
+    blocked provider call cannot be interrupted in-process) may still answer
+    with a tool call; without this hook that tool would run after the stop
+    was recorded. Blocking it (``HookAborted``; CrewAI hands the agent a
+    "blocked" result, and its next model call is blocked by
+    :func:`_cancel_hook`) keeps the rule: once the flag is set, no model call
+    starts and no tool runs, so ``stop_observed`` is a confirmed stop.
+    """
+    try:
+        check_cancelled()
+    except JobCancelled as exc:
+        raise HookAborted(str(exc), source="aip_crewai_cancel") from exc
+
+
 def install_cancel_hook() -> None:
-    """Register :func:`_cancel_hook` once, globally (idempotent).
+    """Register :func:`_cancel_hook` and :func:`_cancel_tool_hook` once, globally (idempotent).
 
     Agent executors snapshot the global hook list when they are created (per
     task execution), so registering at import time covers every job.
     """
     if _cancel_hook not in get_before_llm_call_hooks():
         register_before_llm_call_hook(_cancel_hook)
+    if _cancel_tool_hook not in get_before_tool_call_hooks():
+        register_before_tool_call_hook(_cancel_tool_hook)
 
 
 install_cancel_hook()
