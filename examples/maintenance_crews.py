@@ -23,6 +23,7 @@ mapping attribute ``aip_crewai_options`` (read by
 | ``agent_knowledge`` | an agent with ``knowledge_sources`` | — |
 | ``asks_human`` | ``echo`` with ``human_input=True`` on its second task | — |
 | ``blocked_tool_user`` | 1 agent with the ``tally`` tool; its model calls take 3 s and ignore a cancel in flight | — |
+| ``broken_knowledge`` | crew ``knowledge_sources`` with an embedder that always raises (its text holds ``FAKE_SECRET``) | — |
 | ``variant`` | ``echo``; its two task texts swap places when the sidecar's environment has ``AIP_CREWAI_TEST_CREW_VARIANT=swapped`` (a crew definition change across a restart) | — |
 
 Source: DESIGN.md §2 (offline demo crews).
@@ -42,7 +43,10 @@ from crewai.tools import tool
 from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 
 from aip_crewai.sidecar.operations._common import current_job
-from examples.offline_llm import CALL_LOG_ENV, OfflineLLM, offline_embedder
+from crewai.rag.embeddings.providers.custom import CustomProvider
+from crewai.rag.embeddings.providers.custom.embedding_callable import CustomEmbeddingFunction
+
+from examples.offline_llm import CALL_LOG_ENV, FAKE_SECRET, OfflineLLM, offline_embedder
 from examples.testing import TWO_TASKS, build_crew, echo, slow
 
 TRAINING_FEEDBACK = "Name the topic in the first words of the answer."
@@ -91,7 +95,7 @@ def _single(name: str, *, memory: bool = False, **crew_kwargs: Any) -> Crew:
         agents=[agent],
         tasks=[task],
         memory=memory,
-        embedder=offline_embedder(),
+        embedder=crew_kwargs.pop("embedder", None) or offline_embedder(),
         verbose=False,
         tracing=False,
         before_kickoff_callbacks=[_default_topic],
@@ -161,6 +165,26 @@ def blocked_tool_user() -> Crew:
     return build_crew(llm, ["Count the words of the topic {topic}."], tools=[tally])
 
 
+class BrokenEmbedder(CustomEmbeddingFunction):
+    """An embedder that always fails, quoting a secret (as a provider error with a key would)."""
+
+    def __init__(self, **_config: Any) -> None:
+        pass
+
+    def __call__(self, input: Any) -> Any:  # noqa: A002 - CrewAI's parameter name
+        raise RuntimeError(f"embedding refused for key {FAKE_SECRET}")
+
+    @staticmethod
+    def name() -> str:
+        return "broken"
+
+
+def broken_knowledge() -> Crew:
+    """Crew knowledge whose embedder cannot work: CrewAI alone answers "no results"."""
+    return _single("maintenance-broken-knowledge", knowledge_sources=[StringKnowledgeSource(content=SHARED_X_TEXT)],
+                   embedder=CustomProvider(embedding_callable=BrokenEmbedder))
+
+
 def asks_human() -> Crew:
     """The ``echo`` crew whose second task asks a human for feedback (``human_input=True``)."""
     crew = echo()
@@ -181,4 +205,5 @@ CREWS: dict[str, Any] = {
     "variant": variant,
     "asks_human": asks_human,
     "blocked_tool_user": blocked_tool_user,
+    "broken_knowledge": broken_knowledge,
 }

@@ -10,6 +10,7 @@ first and quotes it: "No relevant memories found." or "Found memories").
 from __future__ import annotations
 
 import hashlib
+import signal
 import stat
 import subprocess
 import time
@@ -307,3 +308,33 @@ def test_a_replay_cancelled_during_a_blocked_model_call_runs_no_tool_and_says_so
     replay_lines = [line for line in sidecar.calls() if line.endswith(" acme:bt-replay")]
     assert not any("tool:tally" in line for line in replay_lines), replay_lines
     assert len(replay_lines) == 1  # the blocked call only: no model call after the cancel
+
+
+def test_knowledge_that_cannot_initialise_is_a_typed_error_without_its_text(tmp_path):
+    """Item 7 (part): knowledge_query answers KnowledgeUnavailable, not 200 {"results": []}; CrewAI's
+    printed "Failed to init knowledge: <secret>" reaches neither stdout nor stderr."""
+    from examples.offline_llm import FAKE_SECRET
+    from sidecar_process import Sidecar, TOKEN, wait_ready
+
+    workdir = tmp_path / "kq"
+    workdir.mkdir(mode=0o700)
+    stdout = workdir / "stdout.log"
+    (tmp_path / "training").mkdir(mode=0o700, exist_ok=True)
+    process = launch(workdir, args=["--registry", REGISTRY, "--allowed-operations", OPS, "--training-dir",
+                                    str(tmp_path / "training")], stdout=stdout)
+    try:
+        base_url = wait_ready(process, workdir / "stderr.log")
+    except AssertionError:
+        process.kill()
+        raise
+    sidecar = Sidecar(process, base_url, TOKEN, workdir / "journal.db", workdir, workdir / "calls.log",
+                      workdir / "stderr.log")
+
+    failed = post(sidecar, "acme:kq-broken", "broken_knowledge", "knowledge_query", {"query": ["glacier"]})
+    assert failed.status_code == 502, failed.text
+    assert failed.json()["error_type"] == "KnowledgeUnavailable"
+    assert FAKE_SECRET not in failed.text and FAKE_SECRET not in sidecar.stderr()
+    working = ok(post(sidecar, "acme:kq-ok", "shared_knowledge_x", "knowledge_query", {"query": ["glacier"]}))
+    assert working["results"] and "glacier" in working["results"][0]["content"].lower()
+    sidecar.kill(signal.SIGTERM)
+    assert stdout.read_bytes() == b""  # nothing CrewAI printed reached fd 1

@@ -48,7 +48,7 @@ from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 from crewai.memory.storage import factory as memory_factory
 from crewai_core.paths import db_storage_path
 
-from aip_crewai.sidecar.context import JobContext
+from aip_crewai.sidecar.context import JobContext, SafeJobError
 from aip_crewai.sidecar.operations._common import job_scope, to_bounded_json
 from aip_crewai.sidecar.registry import CrewSource
 from aip_crewai.sidecar.tenancy import DEFAULT_TENANT, namespace_key
@@ -173,7 +173,9 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
         ``{"results": [{"id", "content", "metadata", "score"}, ...]}``.
 
     Raises:
-        Exception: CrewAI or embedder errors, unchanged.
+        SafeJobError: ``KnowledgeUnavailable``: the crew declares knowledge
+            that cannot be built or searched (fixed message).
+        Exception: other CrewAI errors, unchanged.
     """
     query = [str(q) for q in input["query"]]
     results_limit = int(input.get("results_limit", 3))
@@ -183,7 +185,43 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
     return {"results": [to_bounded_json(item) for item in results or []]}
 
 
+#: Published when knowledge cannot be used (never the embedder's text: it can hold secrets).
+KNOWLEDGE_UNAVAILABLE = ("the crew's knowledge cannot be used (its embedder or storage failed to initialise or "
+                         "to search); the error text is withheld")
+
+
 def _query(source: CrewSource, query: list[str], limit: int, threshold: float) -> list[Any] | None:
-    """Worker thread: build the crew (it embeds its sources), then search."""
+    """Worker thread: build the crew (it embeds its sources), then search strictly.
+
+    CrewAI turns every knowledge failure into "no results": a failed
+    ``Knowledge`` construction is only printed (``crew.py::create_crew_knowledge``,
+    exception text included) and ``KnowledgeStorage.search`` logs the
+    exception and returns ``[]``. So a crew that declares ``knowledge_sources``
+    but has no ``knowledge`` is unavailable, and the search runs without
+    CrewAI's catch-all (:func:`_strict_search`).
+
+    Raises:
+        SafeJobError: ``KnowledgeUnavailable``, with a fixed message.
+    """
     crew = source.new_crew()
-    return crew.query_knowledge(query, results_limit=limit, score_threshold=threshold)
+    if getattr(crew, "knowledge_sources", None) and getattr(crew, "knowledge", None) is None:
+        raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable")
+    knowledge = getattr(crew, "knowledge", None)
+    storage = getattr(knowledge, "storage", None)
+    if not isinstance(storage, KnowledgeStorage):
+        return crew.query_knowledge(query, results_limit=limit, score_threshold=threshold)
+    try:
+        return _strict_search(storage, query, limit, threshold)
+    except Exception as exc:
+        raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable") from exc
+
+
+def _strict_search(storage: KnowledgeStorage, query: list[str], limit: int, threshold: float) -> list[Any]:
+    """``KnowledgeStorage.search`` of CrewAI 1.15.5 without its catch-all ``except`` (same arguments)."""
+    if not query:
+        raise ValueError("Query cannot be empty")
+    name = f"knowledge_{storage.collection_name}" if storage.collection_name else "knowledge"
+    text = " ".join(query) if len(query) > 1 else query[0]
+    results: list[Any] = storage._get_client().search(
+        collection_name=name, query=text, limit=limit, metadata_filter=None, score_threshold=threshold)
+    return results
