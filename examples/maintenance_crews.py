@@ -21,6 +21,10 @@ mapping attribute ``aip_crewai_options`` (read by
 | ``memory_a``/``memory_b`` | 1 agent, 1 task, ``memory=True`` (names ``maintenance-memory-a``/``-b``) | — |
 | ``shared_knowledge_x``/``_y`` | crew ``knowledge_sources=`` (CrewAI's shared collection) | — |
 | ``agent_knowledge`` | an agent with ``knowledge_sources`` | — |
+| ``asks_human`` | ``echo`` with ``human_input=True`` on its second task | — |
+| ``blocked_tool_user`` | 1 agent with the ``tally`` tool; its model calls take 3 s and ignore a cancel in flight | — |
+| ``broken_knowledge`` | crew ``knowledge_sources`` with an embedder that always raises (its text holds ``FAKE_SECRET``) | — |
+| ``variant`` | ``echo``; its two task texts swap places when the sidecar's environment has ``AIP_CREWAI_TEST_CREW_VARIANT=swapped`` (a crew definition change across a restart) | — |
 
 Source: ARCHITECTURE.md §2 (offline demo crews).
 """
@@ -30,11 +34,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import os
+import time
+from urllib.parse import quote
+
 from crewai import Agent, Crew, Task
+from crewai.tools import tool
 from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 
-from examples.offline_llm import OfflineLLM, offline_embedder
-from examples.testing import echo, slow
+from aip_crewai.sidecar.operations._common import current_job
+from crewai.rag.embeddings.providers.custom import CustomProvider
+from crewai.rag.embeddings.providers.custom.embedding_callable import CustomEmbeddingFunction
+
+from examples.offline_llm import CALL_LOG_ENV, FAKE_SECRET, OfflineLLM, offline_embedder
+from examples.testing import TWO_TASKS, build_crew, echo, slow
 
 TRAINING_FEEDBACK = "Name the topic in the first words of the answer."
 SHARED_X_TEXT = "The Kestrel glacier moves forty metres every winter across the fjord."
@@ -82,7 +95,7 @@ def _single(name: str, *, memory: bool = False, **crew_kwargs: Any) -> Crew:
         agents=[agent],
         tasks=[task],
         memory=memory,
-        embedder=offline_embedder(),
+        embedder=crew_kwargs.pop("embedder", None) or offline_embedder(),
         verbose=False,
         tracing=False,
         before_kickoff_callbacks=[_default_topic],
@@ -124,6 +137,61 @@ def agent_knowledge() -> Crew:
     )
 
 
+#: Environment variable switching :func:`variant` to its changed definition (tests only).
+VARIANT_ENV = "AIP_CREWAI_TEST_CREW_VARIANT"
+
+
+def variant() -> Crew:
+    """The ``echo`` crew, or with its two task texts swapped (same task count, other order)."""
+    texts = list(reversed(TWO_TASKS)) if os.environ.get(VARIANT_ENV) == "swapped" else list(TWO_TASKS)
+    return build_crew(OfflineLLM(model="offline-variant", chunks_per_answer=1), texts)
+
+
+@tool("tally")
+def tally(text: str) -> str:
+    """Count the words of a text (tests: each run appends ``<time> <pid> tool:tally <action id>`` to the call log)."""
+    path = os.environ.get(CALL_LOG_ENV)
+    if path:
+        job = current_job()
+        action = quote(job.action_id, safe=":") if job is not None else "-"
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{time.time():.6f} {os.getpid()} tool:tally {action}\n")
+    return f"the text has {len(str(text).split())} words"
+
+
+def blocked_tool_user() -> Crew:
+    """A tool-using crew whose model calls (10 chunks x 300 ms) finish even after a cancel."""
+    llm = OfflineLLM(model="offline-blocked-tools", chunks_per_answer=10, delay_ms=300, uninterruptible=True)
+    return build_crew(llm, ["Count the words of the topic {topic}."], tools=[tally])
+
+
+class BrokenEmbedder(CustomEmbeddingFunction):
+    """An embedder that always fails, quoting a secret (as a provider error with a key would)."""
+
+    def __init__(self, **_config: Any) -> None:
+        pass
+
+    def __call__(self, input: Any) -> Any:  # noqa: A002 - CrewAI's parameter name
+        raise RuntimeError(f"embedding refused for key {FAKE_SECRET}")
+
+    @staticmethod
+    def name() -> str:
+        return "broken"
+
+
+def broken_knowledge() -> Crew:
+    """Crew knowledge whose embedder cannot work: CrewAI alone answers "no results"."""
+    return _single("maintenance-broken-knowledge", knowledge_sources=[StringKnowledgeSource(content=SHARED_X_TEXT)],
+                   embedder=CustomProvider(embedding_callable=BrokenEmbedder))
+
+
+def asks_human() -> Crew:
+    """The ``echo`` crew whose second task asks a human for feedback (``human_input=True``)."""
+    crew = echo()
+    crew.tasks[1].human_input = True
+    return crew
+
+
 _OPTIONS = {"training_feedback": TRAINING_FEEDBACK, "eval_llm": offline_eval_llm}
 
 CREWS: dict[str, Any] = {
@@ -134,4 +202,8 @@ CREWS: dict[str, Any] = {
     "shared_knowledge_x": shared_knowledge_x,
     "shared_knowledge_y": shared_knowledge_y,
     "agent_knowledge": agent_knowledge,
+    "variant": variant,
+    "asks_human": asks_human,
+    "blocked_tool_user": blocked_tool_user,
+    "broken_knowledge": broken_knowledge,
 }

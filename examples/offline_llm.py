@@ -86,12 +86,15 @@ class OfflineLLM(BaseLLM):
         delay_ms: sleep before each chunk, milliseconds.
         fail: raise ``RuntimeError`` (containing :data:`FAKE_SECRET`) on every
             call.
+        uninterruptible: no cancel check between chunks (a provider call
+            blocked in flight: it answers in full after a cancel).
     """
 
     llm_type: str = "offline"
     chunks_per_answer: int = 3
     delay_ms: float = 0.0
     fail: bool = False
+    uninterruptible: bool = False
 
     def __init__(self, **data: Any) -> None:
         data.setdefault("model", "offline-echo")
@@ -137,7 +140,8 @@ class OfflineLLM(BaseLLM):
                 for piece in reply.pieces:
                     if self.delay_ms:
                         time.sleep(self.delay_ms / 1000)
-                    check_cancelled()
+                    if not self.uninterruptible:
+                        check_cancelled()
                     self._emit_piece(piece, reply, from_task, from_agent)
             except BaseException as exc:
                 self._emit_call_failed_event(
@@ -170,7 +174,8 @@ class OfflineLLM(BaseLLM):
                 for piece in reply.pieces:
                     if self.delay_ms:
                         await asyncio.sleep(self.delay_ms / 1000)
-                    check_cancelled()
+                    if not self.uninterruptible:
+                        check_cancelled()
                     self._emit_piece(piece, reply, from_task, from_agent)
             except BaseException as exc:
                 self._emit_call_failed_event(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from aip_crewai.sidecar.errors import JournalWriteFailed
-from aip_crewai.sidecar.jobs import EventRow, JobStatus, TaskRunRef
+from aip_crewai.sidecar.jobs import EventRow, JobStatus, RunState, TaskRunRef
 from aip_crewai.sidecar.journal import Journal
 
 log = structlog.get_logger(__name__)
@@ -45,6 +45,7 @@ class PendingTerminal:
     error: bytes | None = None
     dropped_events: int = 0
     task_runs: list[TaskRunRef] = field(default_factory=list)
+    run_states: list[RunState] = field(default_factory=list)
 
 
 class TerminalBacklog:
@@ -79,7 +80,7 @@ class TerminalBacklog:
                     applied = await self.journal.transition(
                         item.action_id, item.status, first_sequence=item.first_sequence, events=item.events,
                         output=item.output, error=item.error, dropped_events=item.dropped_events,
-                        task_runs=item.task_runs,
+                        task_runs=item.task_runs, run_states=item.run_states,
                     )
                 except JournalWriteFailed:
                     return False

@@ -297,6 +297,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     training_dir: Path | None = values["training_dir"]
     if training_dir is not None:
         training_dir = _check_private_dir(_name(by_dest["training_dir"]), training_dir.absolute())
+        _check_training_dir_apart(_name(by_dest["training_dir"]), training_dir, journal, state_dir)
     elif "train" in values["allowed_operations"]:
         raise ConfigError(_name(by_dest["training_dir"]), "is required when train is an allowed operation")
 
@@ -324,6 +325,30 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         log_format=values["log_format"],
         notify_socket=environ.get("NOTIFY_SOCKET") or None,
     )
+
+
+def _check_training_dir_apart(setting: str, training_dir: Path, journal: Path | None,
+                              state_dir: Path | None) -> None:
+    """Refuse a training directory that is, or contains, the journal or the state directory.
+
+    A train artifact is written by name into the training directory tree; if
+    that tree held the journal, an ``artifact_name`` such as ``journal.db``
+    could replace the live journal. Paths are compared resolved (symlinks
+    followed).
+
+    Raises:
+        ConfigError: the training directory equals the state directory or the
+            journal's directory, or is an ancestor of either.
+
+    Source: README ("Tenant-scoped crew state"); ARCHITECTURE.md §11 (``--training-dir``).
+    """
+    training = training_dir.resolve()
+    for label, path in (("the journal", journal), ("the state directory", state_dir)):
+        if path is None:
+            continue
+        target = path.resolve()
+        if target == training or training in target.parents:
+            raise ConfigError(setting, f"must not be, or contain, {label} ({path}); use a directory of its own")
 
 
 def _name(opt: _Option) -> str:

@@ -42,6 +42,14 @@ class JobContext:
         find_task_run: ``await find_task_run(task_id)`` returns the stored
             output (serialized CrewOutput dict) of a retained run of THIS crew
             whose ``tasks_output`` holds that task id, or None.
+        tenant: the job's tenant (``tenancy.tenant_of`` of its job id; ``""``
+            for job ids without one); every piece of crew state the job
+            touches is kept per ``(tenant, crew_id)``.
+        run_state: set by run, batch_run and replay for the runtime to keep
+            with a completed job (what a later replay of it needs): result
+            index (None: the job's own output; a batch item's index) ->
+            ``{"inputs": dict, "fingerprint": list}``. Crew inputs: the
+            runtime keeps them in the journal only, never in logs.
         stop_observed: set True by the adapter when a cancelled worker really
             stopped at a model call (recorded on the ``cancelled`` event).
     """
@@ -55,6 +63,8 @@ class JobContext:
     training_dir: Path | None = None
     find_task_run: Callable[[str], Awaitable[dict[str, Any] | None]] | None = None
     stop_observed: bool = False
+    tenant: str = ""
+    run_state: dict[int | None, dict[str, Any]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

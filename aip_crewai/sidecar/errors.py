@@ -71,6 +71,16 @@ class JournalCorrupt(JournalError):
     http_status = 503
 
 
+class JournalReplaced(JournalError):
+    """The journal's path no longer names the file this sidecar opened (it was
+    replaced or removed while running): nothing is admitted until a restart
+    checks the file at the path again."""
+
+    code = "sidecar.journal_replaced"
+    http_status = 503
+    default_message = "the job journal file was replaced or removed while the sidecar runs; restart the sidecar"
+
+
 class JournalWriteFailed(JournalError):
     """A write transaction failed and was rolled back (nothing half-written)."""
 
@@ -145,6 +155,17 @@ class RequestConflict(SidecarError):
     code = "sidecar.request_conflict"
     http_status = 409
     default_message = "the action id was already used with a different request"
+
+
+class CrewBusy(SidecarError):
+    """``memory_reset`` of a (tenant, crew) while another job of it is queued or
+    running, or any job of a (tenant, crew) while its ``memory_reset`` runs:
+    refused, never queued (README "Tenant-scoped crew state")."""
+
+    code = "sidecar.crew_busy"
+    category = Category.TEMPORARY
+    http_status = 409
+    default_message = "the crew has a job in progress for this tenant; retry when it is finished"
 
 
 # --------------------------------------------------------- job routes (§4)

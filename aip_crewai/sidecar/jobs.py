@@ -110,6 +110,16 @@ class ArchiveOutcome(enum.Enum):
 
 
 @dataclass(frozen=True)
+class RunState:
+    """What a replay of a completed run needs besides its output and inputs: ``state``
+    is compact JSON ``{"fingerprint": [...]}`` (never crew inputs: those are kept
+    in :mod:`replay_inputs` files); ``result_index``: batch item, else None."""
+
+    result_index: int | None
+    state: bytes
+
+
+@dataclass(frozen=True)
 class TaskRunRef:
     """A task id found in a completed output (``result_index``: batch item, else None)."""
 

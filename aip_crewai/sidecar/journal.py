@@ -36,6 +36,7 @@ Source: ARCHITECTURE.md §5 (journal, durability, crash fence), ARCHITECTURE.md 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -54,10 +55,12 @@ from aip_crewai.sidecar.jobs import (
     JobRecord,
     JobStatus,
     NewJob,
+    RunState,
     TaskRunRef,
     sources_of,
 )
-from aip_crewai.sidecar.journal_files import SCHEMA_VERSION, _release, _rows, _scalar, _start_worker
+from aip_crewai.sidecar.journal_files import SCHEMA_VERSION, _release, _rows, _scalar, _start_worker, check_main_file
+from aip_crewai.sidecar.tenancy import tenant_of
 from aip_crewai.storage import hop
 
 __all__ = ["Journal", "RESTARTED_QUEUED", "RESTARTED_RUNNING", "SCHEMA_VERSION"]
@@ -98,6 +101,15 @@ class _Stale(Exception):
 
 _T = TypeVar("_T")
 
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path`` (symlinks not followed), or None when it cannot be read."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
 # ------------------------------------------------------------------- journal
 
 
@@ -113,6 +125,7 @@ class Journal:
         self._page_size = page_size
         self._retained = retained  # changed on the worker only
         self._closed = False
+        self._identity = _file_identity(path)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -148,6 +161,7 @@ class Journal:
         try:
             for candidate in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
                 fence.check_private_file(candidate)
+            check_main_file(path)
             fence.create_private_file(path)
         except BaseException:
             fence.release_lock(lock_fd)
@@ -169,6 +183,21 @@ class Journal:
             raise JournalError(f"no journal file at {path}")
         worker, (conn, page_size, retained) = await _start_worker(path, None, readonly=True)
         return cls(path, conn, worker, None, page_size, retained)
+
+    def still_at_path(self) -> bool:
+        """Whether ``self.path`` still names the file this journal opened.
+
+        A rename or copy onto the path (another file put in the journal's
+        place while the sidecar runs) is seen by the device and inode number:
+        the open connection keeps writing the old file, so nothing recorded
+        from then on would be found at the path by the next start.
+
+        Returns:
+            False when the path is missing or is another file. One ``stat``.
+
+        Source: README ("Tenant-scoped crew state": journal identity).
+        """
+        return self._identity is not None and _file_identity(self.path) == self._identity
 
     async def list_jobs(self, limit: int = 50) -> list[JobRecord]:
         """The newest ``limit`` jobs (archived tombstones included), newest first."""
@@ -331,26 +360,48 @@ class Journal:
             out.append(EventRow(sequence, event, bytes(data)))
         return out
 
-    async def find_task_run(self, crew_id: str, task_id: str) -> bytes | None:
+    async def find_task_run(self, crew_id: str, task_id: str, tenant: str = "") -> bytes | None:
+        """:meth:`find_task_run_hit` without the job id and result index."""
+        hit = await self.find_task_run_hit(crew_id, task_id, tenant)
+        return None if hit is None else hit[0]
+
+    async def find_task_run_hit(self, crew_id: str, task_id: str,
+                                tenant: str = "") -> tuple[bytes, str, int | None] | None:
         """Output (JSON bytes of one serialized CrewOutput) of the latest retained
-        completed job of ``crew_id`` whose ``tasks_output`` holds ``task_id``.
+        completed job of ``(tenant, crew_id)`` whose ``tasks_output`` holds ``task_id``.
 
         For a batch_run the matching item of ``results`` is returned. None
-        when no such run exists (other crews' runs never match).
+        when no such run exists (other crews' and other tenants' runs never
+        match; ``tenant`` is :func:`tenancy.tenant_of` of the job ids). When
+        the run's :class:`RunState` was recorded, its keys (``fingerprint``)
+        are added to the returned object.
+
+        Returns:
+            ``(output JSON bytes, job id, result index or None)``, or None.
         """
         rows = await self._fetch(
-            "SELECT j.output, t.result_index FROM task_runs t JOIN jobs j ON j.action_id = t.action_id "
-            "WHERE t.task_id = ? AND t.crew_id = ? AND j.archived = 0 AND j.status = 'completed' "
+            "SELECT j.output, t.result_index, s.state, t.action_id FROM task_runs t JOIN jobs j ON j.action_id = t.action_id "
+            "LEFT JOIN run_state s ON s.action_id = t.action_id AND s.result_index = COALESCE(t.result_index, -1) "
+            "WHERE t.task_id = ? AND t.tenant = ? AND t.crew_id = ? AND j.archived = 0 AND j.status = 'completed' "
             "ORDER BY t.rowid DESC LIMIT 1",
-            (task_id, crew_id),
+            (task_id, tenant, crew_id),
         )
         if not rows or rows[0][0] is None:
             return None
-        output, index = rows[0]
+        output, index, state, action_id = rows[0]
+        if index is None and state is None:
+            return bytes(output), action_id, index
+        run: dict[str, Any]
         if index is None:
-            return bytes(output)
-        results = msgspec.json.decode(output).get("results") or []
-        return msgspec.json.encode(results[index]) if 0 <= index < len(results) else None
+            run = msgspec.json.decode(output)
+        else:
+            results = msgspec.json.decode(output).get("results") or []
+            if not 0 <= index < len(results):
+                return None
+            run = results[index]
+        if state is not None:
+            run = {**run, **msgspec.json.decode(state)}
+        return msgspec.json.encode(run), action_id, index
 
     # -------------------------------------------------------------- writes
 
@@ -426,6 +477,7 @@ class Journal:
         error: bytes | None = None,
         dropped_events: int | None = None,
         task_runs: Iterable[TaskRunRef] = (),
+        run_states: Iterable[RunState] = (),
     ) -> bool:
         """Move a job to ``target`` and append ``events`` in one transaction.
 
@@ -437,6 +489,7 @@ class Journal:
                 terminal event); sequences from ``first_sequence``.
             output: completed output (JSON bytes); error: failed event data.
             task_runs: task ids to index (completed run/replay/batch_run).
+            run_states: what a replay of this run needs (inputs, fingerprint).
 
         Returns:
             True when applied, False when refused (stale or illegal transition).
@@ -448,6 +501,7 @@ class Journal:
         marks = ",".join("?" for _ in sources)
         rows = [(action_id, e.sequence, e.event, e.data) for e in events]
         refs = list(task_runs)
+        states = [(action_id, -1 if r.result_index is None else r.result_index, r.state) for r in run_states]
 
         def apply() -> None:
             self._update_one(
@@ -461,10 +515,15 @@ class Journal:
                 self._conn.executemany(_INSERT_EVENTS, rows)
             if refs:
                 crew = _scalar(self._conn, "SELECT crew_id FROM jobs WHERE action_id = ?", (action_id,))
+                tenant = tenant_of(action_id)
                 self._conn.executemany(
-                    "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index) VALUES (?,?,?,?)",
-                    [(r.task_id, action_id, crew, r.result_index) for r in refs],
+                    "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index, tenant) "
+                    "VALUES (?,?,?,?,?)",
+                    [(r.task_id, action_id, crew, r.result_index, tenant) for r in refs],
                 )
+            if states:
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO run_state (action_id, result_index, state) VALUES (?,?,?)", states)
 
         return await self._run(self._guarded_now, apply)
 
@@ -497,6 +556,7 @@ class Journal:
             )
             self._conn.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
             self._conn.execute("DELETE FROM task_runs WHERE action_id = ?", (action_id,))
+            self._conn.execute("DELETE FROM run_state WHERE action_id = ?", (action_id,))
             return ArchiveOutcome.ARCHIVED
 
         def archive_now() -> ArchiveOutcome:

@@ -80,6 +80,39 @@ def _connect(path: Path, readonly: bool) -> _Opened:
     return conn, page_size, retained
 
 
+#: The first 16 bytes of every SQLite database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def check_main_file(path: Path) -> None:
+    """Refuse a journal path whose main file is not SQLite while its WAL remains.
+
+    In WAL mode SQLite reads pages from ``<journal>-wal`` before the main
+    file, so a file put in the journal's place (a train artifact, a copy)
+    next to the old WAL would open as if it were the journal, page 1
+    included, and be written over. Call it before SQLite opens the path.
+
+    Raises:
+        JournalForeign: the main file is empty or does not start with the
+            SQLite header while a ``-wal`` or ``-shm`` file exists, or is
+            non-empty and does not start with the SQLite header.
+
+    Source: README ("Tenant-scoped crew state": journal identity).
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        head = b""
+    leftovers = [p for p in (Path(f"{path}-wal"), Path(f"{path}-shm")) if p.exists()]
+    if head == SQLITE_HEADER:
+        return
+    if head or leftovers:
+        beside = f", yet {leftovers[0].name} of a journal is beside it" if leftovers else ""
+        raise JournalForeign(f"{path} is not a SQLite database{beside}: it is not this sidecar's journal "
+                             "(was it replaced?); restore the journal, or move these files away")
+
+
 def _prepare(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
     """Check, set the pragmas and migrate; see :meth:`Journal.open`. Returns (page size in bytes, retained runs)."""
     # Checks read only: a file that is not ours is refused before anything is written to it.

@@ -57,4 +57,23 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 3: mark the file as an aip-crewai journal (SQLite header field, see APPLICATION_ID)
     f"PRAGMA application_id = {APPLICATION_ID};",
+    # 4: the replay index is per tenant (README "Tenant-scoped crew state"); rows written before
+    # this migration get the tenant their job id names (see tenancy.tenant_of; an id whose
+    # prefix is no tenant name gets a tenant no job carries, so it is never matched again)
+    """
+    ALTER TABLE task_runs ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+    UPDATE task_runs SET tenant = substr(action_id, 1, instr(action_id, ':') - 1)
+        WHERE instr(action_id, ':') > 1;
+    CREATE INDEX task_runs_lookup ON task_runs(task_id, tenant, crew_id);
+    """,
+    # 5: per completed run (result_index -1) or batch item, the crew fingerprint a replay checks
+    # (never crew inputs); same retention as the job (deleted on archive)
+    """
+    CREATE TABLE run_state (
+        action_id TEXT NOT NULL,
+        result_index INTEGER NOT NULL,
+        state BLOB NOT NULL,
+        PRIMARY KEY (action_id, result_index)
+    );
+    """,
 )

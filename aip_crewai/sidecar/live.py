@@ -28,6 +28,7 @@ from aip_crewai.contracts.operations import OperationSpec
 from aip_crewai.wakeup import ChangeSignal
 from aip_crewai.sidecar.context import JobContext
 from aip_crewai.sidecar.jobs import EventRow, JobStatus
+from aip_crewai.sidecar.tenancy import tenant_of
 
 #: Chunk channels passed through; anything else is published as ``llm``.
 CHANNELS = frozenset({"llm", "tools", "messages"})
@@ -66,6 +67,11 @@ class LiveJob:
     #: Pending chunks a failed checkpoint left behind: the next try waits for that many more.
     checkpoint_backoff: int = 0
     signal: ChangeSignal = field(default_factory=ChangeSignal)
+
+    @property
+    def tenant(self) -> str:
+        """The job's tenant (:func:`tenancy.tenant_of` of its job id)."""
+        return tenant_of(self.action_id)
 
     @property
     def operation(self) -> str:

@@ -145,6 +145,7 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object] | int:
     from aip_crewai.sidecar.crewai_env import import_crewai, prepare_crewai_environment
 
     started = time.monotonic()
+    _silence_stdout()
     prepare_crewai_environment(settings.state_dir)  # type: ignore[arg-type]
     try:
         import_crewai()
@@ -266,6 +267,28 @@ def _hypercorn_logger() -> logging.Logger:
         logger.propagate = False
         logger.setLevel(logging.INFO)
     return logger
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 and ``sys.stdout`` at ``/dev/null`` before CrewAI is imported.
+
+    CrewAI prints panels and warnings to stdout, some quoting provider or
+    embedder exception text verbatim (e.g. ``Failed to init knowledge: <error>``
+    in ``crew.py::create_crew_knowledge``), which can hold secrets. The
+    sidecar writes nothing to stdout itself (logs go to stderr), so nothing
+    of CrewAI's may reach fd 1 either; a refusal before this point still
+    prints its one line on stderr.
+
+    Source: README ("Tenant-scoped crew state": knowledge); ARCHITECTURE.md §5 (logs go to stderr).
+    """
+    if sys.stdout is not None:
+        sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+    finally:
+        os.close(devnull)
+    sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
 
 
 def _refuse(message: str, *, status: int = 2) -> int:

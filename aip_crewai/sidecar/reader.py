@@ -51,7 +51,8 @@ class JobReader:
     async def view(self, action_id: str) -> dict[str, Any]:
         """``GET /jobs/{id}``: ``{action_id, crew_id, operation, status, event_count,
         output}`` plus ``error`` (failed), ``provider_stop_observed`` (cancelled,
-        or known), ``dropped_events`` (when > 0)."""
+        or known), ``uncertain_outcome`` (cancelled: true until the stop is
+        confirmed), ``dropped_events`` (when > 0)."""
         record, live = await self.record(action_id)
         status, count = (live.status, live.next_sequence) if live is not None else (record.status, record.event_count)
         view: dict[str, Any] = {
@@ -63,6 +64,9 @@ class JobReader:
             view["error"] = msgspec.Raw(record.error)
         if status is JobStatus.CANCELLED or record.provider_stop_observed is not None:
             view["provider_stop_observed"] = record.provider_stop_observed
+        if status is JobStatus.CANCELLED:
+            # Confirmed only once the worker returned on the stop (no model call or tool can follow).
+            view["uncertain_outcome"] = record.provider_stop_observed is not True
         dropped = live.dropped if live is not None else record.dropped_events
         if dropped:
             view["dropped_events"] = dropped

@@ -4,7 +4,9 @@ Lifecycle of one job (ARCHITECTURE.md §4, §5):
 
 1. :meth:`Runtime.admit`: journal-free checks (:mod:`admission`), then the
    journal: an existing action id returns its record (409 on another hash);
-   replay needs a retained run holding its task id (422); the ``queued`` row
+   replay needs a retained run holding its task id (422); memory_reset beside
+   another job of its tenant and crew, or any job beside a running
+   memory_reset of it, is 409 ``crew_busy``; the ``queued`` row
    is committed before anything runs (507 when full or on a write failure).
 2. The job waits for a slot of the concurrency semaphore, commits
    ``started`` (queued → running), then calls the executor with a
@@ -59,19 +61,23 @@ from aip_crewai.sidecar.backlog import PendingTerminal, TerminalBacklog
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
 from aip_crewai.sidecar.errors import (
+    CrewBusy,
     JobNotCancellable,
     JobNotFound,
     JobStillRunning,
+    JournalReplaced,
     JournalWriteFailed,
     RequestConflict,
     ShuttingDown,
     TaskRunNotFound,
 )
-from aip_crewai.sidecar.jobs import ArchiveOutcome, EventRow, JobRecord, JobStatus, NewJob, TaskRunRef
+from aip_crewai.sidecar.jobs import ArchiveOutcome, EventRow, JobRecord, JobStatus, NewJob, RunState, TaskRunRef
 from aip_crewai.sidecar.journal import Journal
 from aip_crewai.sidecar.live import LiveJob, chunk_row, event_row
 from aip_crewai.sidecar.metrics import Metrics
 from aip_crewai.sidecar.reader import JobReader
+from aip_crewai.sidecar.replay_inputs import ReplayInputs
+from aip_crewai.sidecar.tenancy import tenant_of
 
 log = structlog.get_logger(__name__)
 
@@ -103,6 +109,7 @@ class Runtime:
         self._executor = executor
         self._semaphore = asyncio.Semaphore(settings.max_concurrency)
         self._live: dict[str, LiveJob] = {}
+        self._admitting: dict[str, Admission] = {}  # passed every check, row not yet registered in _live
         self.reads = JobReader(journal, self._live, settings.sse_keepalive_seconds)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -112,6 +119,7 @@ class Runtime:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self.backlog = TerminalBacklog(journal, self._recorded_late)
+        self.replay_inputs = ReplayInputs(self._state_dir)
 
     # ------------------------------------------------------------ admission
 
@@ -119,11 +127,17 @@ class Runtime:
         """Admit a job (or find its existing record); return the checked request.
 
         Raises every admission error of ARCHITECTURE.md §4 (see :mod:`admission`),
+        JournalReplaced (503: the journal's path names another file now),
+        CrewBusy (409: memory_reset beside another job of its tenant and crew, see
+        :meth:`_check_crew_free`),
         RequestConflict (409), TaskRunNotFound (422), JournalFull /
         JournalWriteFailed (507), ShuttingDown (503).
         """
         if self._closing:
             raise ShuttingDown()
+        if not self.journal.still_at_path():
+            log.error("journal_replaced", journal=str(self.journal.path))
+            raise JournalReplaced()
         adm = check_request(body, idempotency_key=idempotency_key, header_action_id=header_action_id,
                             allowed_operations=self.settings.allowed_operations, crews=self.crews)
         existing = await self.journal.get(adm.action_id)
@@ -132,15 +146,42 @@ class Runtime:
             return adm
         if adm.operation == "replay":
             task_id = adm.input["task_id"]
-            if await self.journal.find_task_run(adm.crew_id, task_id) is None:
+            if await self.journal.find_task_run(adm.crew_id, task_id, tenant_of(adm.action_id)) is None:
                 raise TaskRunNotFound(f"task_id {task_id!r} belongs to no retained completed run of crew "
-                                      f"{adm.crew_id!r}")
-        # Shielded: once the row may be committed, registration must not be cut off.
-        await asyncio.shield(self._admit_new(adm))
+                                      f"{adm.crew_id!r} for this tenant")
+        self._check_crew_free(adm)
+        self._admitting[adm.action_id] = adm  # seen by concurrent admissions from here on (no await before)
+        try:
+            # Shielded: once the row may be committed, registration must not be cut off.
+            await asyncio.shield(self._admit_new(adm))
+        finally:
+            self._admitting.pop(adm.action_id, None)
         return adm
 
     def _forget_task(self, action_id: str, _task: asyncio.Task[None]) -> None:
         self._tasks.pop(action_id, None)
+
+    def _check_crew_free(self, adm: Admission) -> None:
+        """Refuse ``memory_reset`` beside another unfinished job of its (tenant, crew), and any job beside
+        a running ``memory_reset`` of it (a run ending after the reset would write its memories back).
+
+        Synchronous, so the check and the caller's registration in ``_admitting`` are one step.
+
+        Raises:
+            CrewBusy: 409 ``sidecar.crew_busy``.
+        """
+        tenant = tenant_of(adm.action_id)
+        others = [(live.operation, live.action_id) for live in self._live.values()
+                  if not live.closed and live.crew_id == adm.crew_id and live.tenant == tenant]
+        others += [(other.operation, other.action_id) for other in self._admitting.values()
+                   if other.crew_id == adm.crew_id and tenant_of(other.action_id) == tenant]
+        others = [(op, aid) for op, aid in others if aid != adm.action_id]
+        if adm.operation == "memory_reset" and others:
+            raise CrewBusy(f"crew {adm.crew_id!r} has {len(others)} job(s) queued or running for this tenant; "
+                           "memory_reset is refused until they are finished")
+        if any(op == "memory_reset" for op, _aid in others):
+            raise CrewBusy(f"a memory_reset of crew {adm.crew_id!r} is running for this tenant; retry when it "
+                           "is finished")
 
     def _repeat(self, record: JobRecord, adm: Admission) -> None:
         if record.request_hash != adm.request_hash:
@@ -201,10 +242,10 @@ class Runtime:
 
     async def _execute(self, live: LiveJob, input: dict[str, Any]) -> None:
         ctx = JobContext(
-            action_id=live.action_id, crew_id=live.crew_id, operation=live.operation,
+            action_id=live.action_id, crew_id=live.crew_id, operation=live.operation, tenant=live.tenant,
             emit_chunk=partial(self._emit_chunk, live), cancel_flag=live.cancel_flag,
             state_dir=self._state_dir,
-            training_dir=self.settings.training_dir, find_task_run=partial(self._find_task_run, live.crew_id),
+            training_dir=self.settings.training_dir, find_task_run=partial(self._find_task_run, live.crew_id, live.tenant),
         )
         live.ctx = ctx
         started_at = time.monotonic()
@@ -263,9 +304,14 @@ class Runtime:
         if len(EventRow(live.next_sequence, "completed", output).to_json()) > self.settings.max_event_bytes:
             data = msgspec.json.encode({"status": "completed", "output_omitted": True, "output_bytes": len(output)})
         refs = _task_refs(live.operation, task.result())
+        states = _run_states(live.ctx, refs)
+        inputs = _run_inputs(live.ctx, refs)
+        if inputs:  # before the terminal commit: once the run can be replayed, its inputs are there
+            await asyncio.to_thread(self.replay_inputs.write, live.action_id, inputs)
         log.info("job_completed", action_id=live.action_id, output_bytes=len(output), duration_ms=duration_ms,
                  events=live.next_sequence + 1, dropped_events=live.dropped)
-        await self._finish(live, JobStatus.COMPLETED, None, raw=data, output=output, task_runs=refs)
+        await self._finish(live, JobStatus.COMPLETED, None, raw=data, output=output, task_runs=refs,
+                           run_states=states)
 
     async def _fail(self, live: LiveJob, error_type: str, message: str, uncertain: bool) -> None:
         data = {"status": "failed", "error_type": error_type, "message": message, "uncertain_outcome": uncertain}
@@ -273,7 +319,7 @@ class Runtime:
 
     async def _finish(self, live: LiveJob, status: JobStatus, data: dict[str, Any] | None, *,
                       raw: bytes | None = None, output: bytes | None = None, error: bytes | None = None,
-                      task_runs: list[TaskRunRef] | None = None) -> None:
+                      task_runs: list[TaskRunRef] | None = None, run_states: list[RunState] | None = None) -> None:
         """Commit pending chunks and the terminal event in one transaction.
 
         The caller has claimed ``live.close()``. On a journal failure the job
@@ -290,6 +336,7 @@ class Runtime:
                 ok: bool | None = await self.journal.transition(
                     live.action_id, status, first_sequence=live.committed, events=events,
                     output=output, error=error, dropped_events=live.dropped, task_runs=task_runs or (),
+                    run_states=run_states or (),
                 )
             except JournalWriteFailed:
                 ok = None
@@ -306,7 +353,8 @@ class Runtime:
                           retrying=ok is None)
                 if ok is None:
                     self.backlog.add(PendingTerminal(live.action_id, live.operation, status, live.committed, events,
-                                                     output, error, live.dropped, list(task_runs or ())))
+                                                     output, error, live.dropped, list(task_runs or ()),
+                                                     list(run_states or ())))
         live.finished.set()
         live.notify()
         self._live.pop(live.action_id, None)
@@ -370,9 +418,18 @@ class Runtime:
                 live.committed += len(batch)
                 live.checkpoint_backoff = 0
 
-    async def _find_task_run(self, crew_id: str, task_id: str) -> dict[str, Any] | None:
-        raw = await self.journal.find_task_run(crew_id, task_id)
-        return None if raw is None else msgspec.json.decode(raw)
+    async def _find_task_run(self, crew_id: str, tenant: str, task_id: str) -> dict[str, Any] | None:
+        """``ctx.find_task_run``: the retained run (or batch item) holding ``task_id``, with the
+        ``fingerprint`` and ``inputs`` kept with it when there are any."""
+        hit = await self.journal.find_task_run_hit(crew_id, task_id, tenant)
+        if hit is None:
+            return None
+        raw, action_id, index = hit
+        run: dict[str, Any] = msgspec.json.decode(raw)
+        inputs = await asyncio.to_thread(self.replay_inputs.read, action_id, index)
+        if inputs is not None:
+            run["inputs"] = inputs
+        return run
 
     # ------------------------------------------------------- cancel / archive
 
@@ -408,6 +465,7 @@ class Runtime:
             raise JobNotFound(f"job {action_id!r} not found")
         if outcome is ArchiveOutcome.NOT_TERMINAL:
             raise JobStillRunning(f"job {action_id!r} is not terminal")
+        await asyncio.to_thread(self.replay_inputs.remove, action_id)
         log.info("job_archived", action_id=action_id, already=outcome is ArchiveOutcome.ALREADY_ARCHIVED)
         return {"action_id": action_id, "archived": True}
 
@@ -417,7 +475,8 @@ class Runtime:
         """``GET /health`` body (ARCHITECTURE.md §4)."""
         s = self.settings
         return {
-            "status": "stopping" if self._closing else "degraded" if len(self.backlog) else "ready",
+            "status": "stopping" if self._closing else "degraded"
+            if len(self.backlog) or not self.journal.still_at_path() else "ready",
             "crews": sorted(self.crews),
             "active_runs": sum(1 for live in self._live.values() if not live.closed),
             "retained_runs": self.journal.retained_runs,
@@ -465,6 +524,25 @@ def _stop_observed(task: asyncio.Task[Any], ctx: JobContext) -> bool:
     if task.cancelled() or ctx.stop_observed:
         return True
     return isinstance(task.exception(), JobCancelled)
+
+
+def _run_states(ctx: JobContext | None, refs: list[TaskRunRef]) -> list[RunState]:
+    """The crew fingerprints the operation left in ``ctx.run_state``, for the results that have task refs."""
+    if ctx is None or not refs:
+        return []
+    indexes = {ref.result_index for ref in refs}
+    return [RunState(index, msgspec.json.encode({"fingerprint": state["fingerprint"]}))
+            for index, state in ctx.run_state.items()
+            if index in indexes and isinstance(state, dict) and "fingerprint" in state]
+
+
+def _run_inputs(ctx: JobContext | None, refs: list[TaskRunRef]) -> dict[int | None, dict[str, Any]]:
+    """The inputs the operation left in ``ctx.run_state``, for the results that have task refs."""
+    if ctx is None or not refs:
+        return {}
+    indexes = {ref.result_index for ref in refs}
+    return {index: state["inputs"] for index, state in ctx.run_state.items()
+            if index in indexes and isinstance(state, dict) and isinstance(state.get("inputs"), dict)}
 
 
 def _task_refs(operation: str, output: Any) -> list[TaskRunRef]:

@@ -97,8 +97,9 @@ def child_env(call_log: Path, extra: dict[str, str] | None = None) -> dict[str, 
 
 
 def launch(workdir: Path, *, journal: Path | None = None, args: list[str] | None = None,
-           env: dict[str, str] | None = None, tag: str = "") -> subprocess.Popen[bytes]:
-    """Start a sidecar process (without waiting); stderr goes to ``workdir/stderr<tag>.log``."""
+           env: dict[str, str] | None = None, tag: str = "", stdout: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start a sidecar process (without waiting); stderr goes to ``workdir/stderr<tag>.log``,
+    stdout to ``stdout`` when given (else nowhere)."""
     token_file = workdir / "token"
     if not token_file.exists():
         token_file.write_text(TOKEN + "\n")
@@ -107,11 +108,14 @@ def launch(workdir: Path, *, journal: Path | None = None, args: list[str] | None
            "--allowed-operations", ALLOWED, "--sse-keepalive-seconds", "0.2", "--shutdown-grace-seconds", "2",
            *(args or [])]
     stderr = open(workdir / f"stderr{tag}.log", "wb")  # noqa: SIM115 - the child owns it
+    out = open(stdout, "wb") if stdout is not None else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen(cmd, cwd=workdir, env=child_env(workdir / "calls.log", env),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=stderr)
     finally:
         stderr.close()
+        if stdout is not None:
+            out.close()  # type: ignore[union-attr]
 
 
 def wait_ready(process: subprocess.Popen[bytes], stderr_path: Path) -> str:
@@ -168,3 +172,21 @@ class SidecarFactory:
         for sidecar in self.started:
             if sidecar.process.poll() is None:
                 sidecar.kill(signal.SIGKILL)
+
+
+def start_with_training_dir(factory: SidecarFactory, tmp_path: Path, registry: str, operations: str) -> Sidecar:
+    """A sidecar on ``registry`` allowing ``operations``, its ``--training-dir`` at ``tmp_path/training``
+    (kept as ``.training_dir``)."""
+    training = tmp_path / "training"
+    training.mkdir(mode=0o700)
+    sidecar = factory.start(args=["--registry", registry, "--allowed-operations", operations,
+                                  "--training-dir", str(training)])
+    sidecar.training_dir = training  # type: ignore[attr-defined]
+    return sidecar
+
+
+def post_job(sidecar: Sidecar, action_id: str, crew: str, operation: str, input: Any) -> httpx.Response:
+    """``POST /jobs`` with the idempotency key ``key-<action_id>`` (timeout 240 s)."""
+    body = {"crew_id": crew, "action_id": action_id, "operation": operation, "input": input}
+    return httpx.post(f"{sidecar.base_url}/jobs", json=body, timeout=240,
+                      headers={**sidecar.headers, "Idempotency-Key": f"key-{action_id}"})

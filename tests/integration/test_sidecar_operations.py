@@ -6,6 +6,7 @@ import stat
 
 import httpx
 import pytest
+from sidecar_process import post_job, start_with_training_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -14,18 +15,10 @@ OPS = "run,replay,train,test,knowledge_query,memory_reset"
 
 @pytest.fixture
 def sidecar(sidecar_factory, tmp_path):
-    training = tmp_path / "training"
-    training.mkdir(mode=0o700)
-    process = sidecar_factory.start(args=["--registry", "examples.maintenance_crews:CREWS", "--allowed-operations",
-                                          OPS, "--training-dir", str(training)])
-    process.training_dir = training
-    return process
+    return start_with_training_dir(sidecar_factory, tmp_path, "examples.maintenance_crews:CREWS", OPS)
 
 
-def post(sidecar, action_id, crew, operation, input):
-    body = {"crew_id": crew, "action_id": action_id, "operation": operation, "input": input}
-    return httpx.post(f"{sidecar.base_url}/jobs", json=body, timeout=240,
-                      headers={**sidecar.headers, "Idempotency-Key": f"key-{action_id}"})
+post = post_job
 
 
 def test_the_five_operations_over_http(sidecar):
@@ -44,9 +37,9 @@ def test_the_five_operations_over_http(sidecar):
     train = post(sidecar, "train-1", "trainable", "train", {"n_iterations": 1, "artifact_name": "model-1"})
     assert train.status_code == 200, train.text
     assert train.json() == {"status": "completed", "artifact_name": "model-1", "n_iterations": 1}
-    artifact = sidecar.training_dir / "model-1"
+    artifact = sidecar.training_dir / "_default" / "trainable" / "model-1"  # job id without a tenant
     assert artifact.is_file() and stat.S_IMODE(artifact.stat().st_mode) == 0o600
-    assert sorted(p.name for p in sidecar.training_dir.iterdir()) == ["model-1"]
+    assert sorted(p.name for p in artifact.parent.iterdir()) == ["model-1"]
     assert not (sidecar.state_dir / "training_data.pkl").exists()
 
     tested = post(sidecar, "test-1", "trainable", "test", {"n_iterations": 1, "eval_llm": "offline-eval"})

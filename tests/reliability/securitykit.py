@@ -276,10 +276,18 @@ def secrets_absent(procs: Processes, sidecar: Sidecar, host: Host) -> list[Resul
     store = host.workdir / "host.db"
     _check(results, "host store free of secrets and tokens", not scan([store], secrets), scan([store], secrets))
     hosts = {p.parent for p in sidecar.state_dir.rglob("host.toml")}
+    # Crew inputs are kept on purpose in one place only: the replay-inputs files (README, "Tenant-scoped
+    # crew state"), each 0600 in a 0700 directory; they never hold secrets and nothing else holds inputs.
+    kept = sidecar.state_dir / "replay-inputs"
+    kept_files = [p for p in kept.rglob("*") if p.is_file()] if kept.is_dir() else []
     state = [p for p in sidecar.state_dir.rglob("*") if p.is_file() and p.name not in ("token", "calls.log")
-             and not p.name.startswith("sidecar") and not hosts.intersection(p.parents)]
+             and not p.name.startswith("sidecar") and not hosts.intersection(p.parents) and kept not in p.parents]
     _check(results, "sidecar state (CrewAI storage) free of secrets and inputs",
            not scan(state, [*secrets, MARKER.encode()]), scan(state, [*secrets, MARKER.encode()]))
+    _check(results, "kept replay inputs free of secrets", not scan(kept_files, secrets), scan(kept_files, secrets))
+    loose = [str(p) for p in [kept, *kept_files] if p.exists()
+             and p.stat().st_mode & 0o077]
+    _check(results, "kept replay inputs private (0600 files in a 0700 directory)", not loose, loose)
     return results
 
 

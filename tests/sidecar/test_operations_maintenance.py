@@ -266,10 +266,12 @@ async def test_train_writes_only_the_artifact_and_never_reads_stdin(
     payload = {"n_iterations": 2, "artifact_name": "echo-v1", "inputs": {"topic": "owls"}}
     out = await jobs.call("trainable", "train", payload, ctx=ctx)
     assert out == {"status": "completed", "artifact_name": "echo-v1", "n_iterations": 2}
-    assert os.listdir(training_dir) == ["echo-v1"]  # no .pkl appended, no work dir left
+    artifacts = training_dir / "_default" / "trainable"  # <tenant>/<crew>: the default tenant
+    assert os.listdir(training_dir) == ["_default"]
+    assert os.listdir(artifacts) == ["echo-v1"]  # no .pkl appended, no work dir left
     assert os.listdir(cwd) == []  # no training_data.pkl in the working directory
-    assert (training_dir / "echo-v1").stat().st_mode & 0o777 == 0o600
-    data = load_artifact(training_dir / "echo-v1")
+    assert (artifacts / "echo-v1").stat().st_mode & 0o777 == 0o600
+    data = load_artifact(artifacts / "echo-v1")
     assert set(data) == {"Echo analyst"} and data["Echo analyst"]["suggestions"]
     assert ctx.extra["chunks"]  # the training answers streamed to the job
 
@@ -291,8 +293,9 @@ async def test_two_concurrent_train_jobs_never_collide(
         )
     )
     assert [o["artifact_name"] for o in outs] == names
-    assert sorted(os.listdir(training_dir)) == names
-    assert all("Echo analyst" in load_artifact(training_dir / name) for name in names)
+    artifacts = training_dir / "_default" / "trainable"
+    assert sorted(os.listdir(artifacts)) == names
+    assert all("Echo analyst" in load_artifact(artifacts / name) for name in names)
     assert "training_data.pkl" not in os.listdir(tmp_path)
 
 
@@ -472,16 +475,22 @@ async def test_reset_rejects_an_unknown_command_type(jobs: Jobs) -> None:
 
 async def test_memory_reset_clears_only_this_crews_memories(jobs: Jobs) -> None:
     """CrewAI's own reset drops the whole LanceDB table; ours keeps other crews' memories."""
+    from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
     from examples.maintenance_crews import memory_a, memory_b
 
-    for crew, text in ((memory_a(), "Alpha fact about lighthouses."), (memory_b(), "Beta fact about volcanoes.")):
+    def fresh(crew_id: str, factory: Callable[[], Any]) -> Any:
+        with knowledge_namespace(crew_id):  # as every job builds its crew
+            return factory()
+
+    for crew_id, factory, text in (("memory_a", memory_a, "Alpha fact about lighthouses."),
+                                   ("memory_b", memory_b, "Beta fact about volcanoes.")):
+        crew = fresh(crew_id, factory)
         crew._memory.remember(text, importance=0.5, categories=["t"], scope="/")
         crew._memory.drain_writes()
     out = await jobs.call("memory_b", "memory_reset", {"command_type": "memory"})
     assert out["reset_targets"] == ["memory"]
-    storage = memory_a()._memory._storage  # a fresh view of the shared LanceDB table
-    assert storage.count("/crew/maintenance-memory-b") == 0
-    assert storage.count("/crew/maintenance-memory-a") >= 1
+    assert fresh("memory_b", memory_b)._memory._storage.count("/crew/maintenance-memory-b") == 0
+    assert fresh("memory_a", memory_a)._memory._storage.count("/crew/maintenance-memory-a") >= 1
 
 
 async def test_knowledge_reset_of_one_crew_leaves_another_crews_collection(jobs: Jobs) -> None:
@@ -536,4 +545,4 @@ async def test_cancel_flag_stops_the_worker_at_its_next_model_call(
     assert calls_at_cancel == 1
     assert calls.count == calls_at_cancel  # no model call after the flag (agent retries blocked)
     assert len(chunks) < 10  # the in-flight 10-chunk answer was cut short
-    assert os.listdir(training_dir) == []  # a cancelled train leaves nothing behind
+    assert not [f for _dirs, _subs, files in os.walk(training_dir) for f in files]  # a cancelled train leaves no file

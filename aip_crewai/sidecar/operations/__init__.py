@@ -8,7 +8,11 @@ operations: the module is the registration. Submodules whose name starts with
 ``_`` are helpers, never operations.
 
 The call runs inside :func:`_common.job_scope`, so every operation gets the
-per-job chunk sink and the cooperative cancel check without doing anything.
+per-job chunk sink and the cooperative cancel check without doing anything,
+and inside ``knowledge_query.knowledge_namespace(crew_id, tenant)``, so every
+Memory and Knowledge CrewAI builds for the job is private to its
+``(tenant, crew)`` (README "Tenant-scoped crew state"), and with a
+human-input provider that never reads stdin (``train`` sets its own).
 
 Source: ARCHITECTURE.md §3 (operation catalogue), §4 (outputs), §5 (execution).
 """
@@ -46,9 +50,12 @@ async def execute(
             class with a fixed message.
     """
     module = _operation_module(operation)
-    from aip_crewai.sidecar.operations._common import job_scope
+    from aip_crewai.sidecar.operations._common import job_scope, no_human_input
+    from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 
-    with job_scope(ctx):
+    # The whole operation runs in the job's (tenant, crew) namespace: CrewAI may build
+    # Memory/Knowledge again after construction (pydantic re-validates a crew on assignment).
+    with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant), no_human_input():
         result: dict[str, Any] = await module.execute(source, input, ctx)
     return result
 

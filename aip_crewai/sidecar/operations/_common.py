@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import structlog
+from crewai.core.providers.human_input import SyncHumanInputProvider, reset_provider, set_provider
 from crewai.events.stream_context import add_stream_sink, reset_stream_sinks
 from crewai.events.types.llm_events import LLMStreamChunkEvent
 from crewai.hooks.dispatch import HookAborted
@@ -33,8 +34,9 @@ from crewai.hooks.llm_hooks import (
     get_before_llm_call_hooks,
     register_before_llm_call_hook,
 )
+from crewai.hooks.tool_hooks import get_before_tool_call_hooks, register_before_tool_call_hook
 
-from aip_crewai.sidecar.context import JobCancelled, JobContext
+from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
 
 log = structlog.get_logger(__name__)
 
@@ -173,17 +175,143 @@ def _cancel_hook(_context: Any) -> None:
         raise HookAborted(str(exc), source="aip_crewai_cancel") from exc
 
 
+def _cancel_tool_hook(_context: Any) -> None:
+    """Global ``before_tool_call`` hook: never run a tool for a cancelled job.
+
+    A model call that was already in flight when the job was cancelled (a
+    blocked provider call cannot be interrupted in-process) may still answer
+    with a tool call; without this hook that tool would run after the stop
+    was recorded. Blocking it (``HookAborted``; CrewAI hands the agent a
+    "blocked" result, and its next model call is blocked by
+    :func:`_cancel_hook`) keeps the rule: once the flag is set, no model call
+    starts and no tool runs, so ``stop_observed`` is a confirmed stop.
+    """
+    try:
+        check_cancelled()
+    except JobCancelled as exc:
+        raise HookAborted(str(exc), source="aip_crewai_cancel") from exc
+
+
 def install_cancel_hook() -> None:
-    """Register :func:`_cancel_hook` once, globally (idempotent).
+    """Register :func:`_cancel_hook` and :func:`_cancel_tool_hook` once, globally (idempotent).
 
     Agent executors snapshot the global hook list when they are created (per
     task execution), so registering at import time covers every job.
     """
     if _cancel_hook not in get_before_llm_call_hooks():
         register_before_llm_call_hook(_cancel_hook)
+    if _cancel_tool_hook not in get_before_tool_call_hooks():
+        register_before_tool_call_hook(_cancel_tool_hook)
 
 
 install_cancel_hook()
+
+
+# ------------------------------------------------------------------- human input
+
+
+class NoHumanInput(SyncHumanInputProvider):
+    """Job-scoped human-input provider of every operation but ``train``: never
+    reads stdin (CrewAI's default provider calls ``input()``, which blocks a
+    sidecar until its execution bound); any prompt fails the job with a
+    typed ``HumanInputUnsupported`` error instead."""
+
+    def _prompt_input(self, crew: Any = None) -> str:  # type: ignore[override]
+        raise SafeJobError(HUMAN_INPUT_MESSAGE, error_type="HumanInputUnsupported")
+
+    async def _prompt_input_async(self, crew: Any = None) -> str:  # type: ignore[override]
+        raise SafeJobError(HUMAN_INPUT_MESSAGE, error_type="HumanInputUnsupported")
+
+
+HUMAN_INPUT_MESSAGE = ("a task of this crew asks for human input (human_input=True); the sidecar has no human "
+                       "to ask and never reads standard input")
+
+
+@contextmanager
+def no_human_input() -> Iterator[None]:
+    """Install :class:`NoHumanInput` for the current context (follows threads started inside)."""
+    token = set_provider(NoHumanInput())
+    try:
+        yield
+    finally:
+        reset_provider(token)
+
+
+def refuse_human_input(crew: Any) -> None:
+    """Fail a job whose crew has a ``human_input=True`` task, before any model call.
+
+    Raises:
+        SafeJobError: ``HumanInputUnsupported``, naming the 1-based task positions.
+
+    Source: README ("Tenant-scoped crew state": human input).
+    """
+    positions = [i for i, task in enumerate(getattr(crew, "tasks", None) or [], start=1)
+                 if getattr(task, "human_input", False)]
+    if positions:
+        raise SafeJobError(f"{HUMAN_INPUT_MESSAGE} (task {', '.join(map(str, positions))})",
+                           error_type="HumanInputUnsupported")
+
+
+# ------------------------------------------------------------------- fingerprint
+
+#: The fields of one task in a crew fingerprint, in order.
+FINGERPRINT_FIELDS = ("name", "description", "expected_output", "agent_role")
+
+
+def crew_fingerprint(crew: Any) -> list[dict[str, str | None]]:
+    """The definition of a crew that a replay relies on, task by task, in order.
+
+    Args:
+        crew: a crew (texts before interpolation are used when CrewAI kept
+            them: ``Task._original_description``/``_original_expected_output``,
+            ``BaseAgent._original_role``).
+
+    Returns:
+        ``[{"name", "description", "expected_output", "agent_role"}]`` (str or
+        None each), one entry per task.
+
+    Source: README ("Tenant-scoped crew state": replay).
+    """
+    out = []
+    for task in list(getattr(crew, "tasks", None) or []):
+        agent = getattr(task, "agent", None)
+        role = getattr(agent, "_original_role", None) or getattr(agent, "role", None)
+        out.append({
+            "name": _text(getattr(task, "name", None)),
+            "description": _text(getattr(task, "_original_description", None) or getattr(task, "description", None)),
+            "expected_output": _text(getattr(task, "_original_expected_output", None)
+                                     or getattr(task, "expected_output", None)),
+            "agent_role": _text(role),
+        })
+    return out
+
+
+def fingerprint_change(stored: Any, current: list[dict[str, str | None]]) -> str | None:
+    """Say how a crew's definition changed since a run, or None when it did not.
+
+    Args:
+        stored: the fingerprint kept with the run (:func:`crew_fingerprint`).
+        current: the fingerprint of the crew now.
+
+    Returns:
+        E.g. ``"the run had 2 tasks, the crew now has 3"`` or ``"task 1:
+        description, agent_role changed; task 2: name changed"`` (1-based
+        task positions, field names only: never the texts).
+    """
+    if not isinstance(stored, list):
+        return None
+    if len(stored) != len(current):
+        return f"the run had {len(stored)} tasks, the crew now has {len(current)}"
+    changes = []
+    for position, (old, new) in enumerate(zip(stored, current, strict=True), start=1):
+        fields = [f for f in FINGERPRINT_FIELDS if not isinstance(old, dict) or old.get(f) != new.get(f)]
+        if fields:
+            changes.append(f"task {position}: {', '.join(fields)} changed")
+    return "; ".join(changes) or None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 # ------------------------------------------------------------------------ output

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from aip_crewai.sidecar.context import JobContext
-from aip_crewai.sidecar.operations._common import serialize_crew_output
+from aip_crewai.sidecar.operations._common import crew_fingerprint, serialize_crew_output
 from aip_crewai.sidecar.operations.run import kickoff, new_job_crew
 from aip_crewai.sidecar.registry import CrewSource
 
@@ -44,8 +44,9 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
     if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
         raise ValueError("batch_run input 'inputs' must be a non-empty array of objects")
     results = []
-    for item in items:
+    for index, item in enumerate(items):
         crew = await new_job_crew(source, ctx)
+        ctx.run_state[index] = {"inputs": dict(item), "fingerprint": crew_fingerprint(crew)}
         output = await kickoff(crew, item, ctx)
         results.append(serialize_crew_output(output, crew))
     return {"results": results, "count": len(results)}

@@ -14,13 +14,23 @@ metadata, score}``) each passed through ``to_bounded_json``; CrewAI's None
   so all crews of a storage dir share ``knowledge_crew`` (a query could
   return another crew's texts, a reset would clear them). Inside
   :func:`knowledge_namespace` every ``Knowledge`` built gets a collection
-  private to the crew id, through CrewAI's storage-factory seam
-  (``knowledge/storage/factory.py::set_knowledge_storage_factory``) and a
-  contextvar, so concurrent jobs of different crews never meet. The crew is
-  built inside the namespace (CrewAI embeds crew knowledge at construction).
+  private to the ``(tenant, crew id)`` pair, through CrewAI's storage-factory
+  seam (``knowledge/storage/factory.py::set_knowledge_storage_factory``) and a
+  contextvar, so concurrent jobs of different crews or tenants never meet.
+  The crew is built inside the namespace (CrewAI embeds crew knowledge at
+  construction).
+- Memory: CrewAI keys crew memory by crew *name* only, in one LanceDB table
+  of the storage dir (``<storage>/memory``; ``crew.py::create_crew_memory``).
+  Inside the same namespace every ``Memory`` built with the default
+  ``storage="lancedb"`` gets its own LanceDB directory
+  ``<storage>/namespaces/<32 hex of the namespace>/memory`` through CrewAI's
+  memory-storage factory (``memory/storage/factory.py``), so two tenants
+  routed to one crew never recall, nor reset, each other's memories. A
+  ``Memory`` object the registry module built outside any job (a module
+  global) cannot be namespaced: build memory inside the crew factory.
 
 Source: ARCHITECTURE.md §3 (knowledge_query input), §4 (outputs), §5 (CrewAI
-knowledge).
+knowledge); README ("Tenant-scoped crew state").
 """
 
 from __future__ import annotations
@@ -30,40 +40,62 @@ import contextvars
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from crewai.knowledge.storage import factory as storage_factory
 from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
+from crewai.memory.storage import factory as memory_factory
+from crewai_core.paths import db_storage_path
 
-from aip_crewai.sidecar.context import JobContext
+from aip_crewai.sidecar.context import JobContext, SafeJobError
 from aip_crewai.sidecar.operations._common import job_scope, to_bounded_json
 from aip_crewai.sidecar.registry import CrewSource
+from aip_crewai.sidecar.tenancy import DEFAULT_TENANT, namespace_key
 
 _namespace: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "aip_crewai_knowledge_namespace", default=None
 )
 _previous_factory: Any = None
+_previous_memory_factory: Any = None
+#: Directory under CrewAI's storage dir holding one directory per (tenant, crew) namespace.
+NAMESPACES_DIR = "namespaces"
 
 
-def private_collection_name(crew_id: str, collection_name: str | None) -> str:
-    """A Chroma-safe collection name owned by one crew id.
+def private_collection_name(namespace: str, collection_name: str | None) -> str:
+    """A Chroma-safe collection name owned by one namespace.
+
+    Args:
+        namespace: ``tenancy.namespace_key(tenant, crew_id)`` (the crew id
+            itself for the default tenant).
+        collection_name: CrewAI's own collection name (``crew``, an agent role).
 
     Returns:
-        ``aip_<16 hex of sha256(crew_id)>_<8 hex of sha256(collection_name)>``
+        ``aip_<16 hex of sha256(namespace)>_<8 hex of sha256(collection_name)>``
         (CrewAI prefixes ``knowledge_``: 38 characters, within Chroma's 3..63;
-        distinct crew ids or names give distinct collections).
+        distinct namespaces or names give distinct collections).
     """
-    crew_part = hashlib.sha256(crew_id.encode("utf-8")).hexdigest()[:16]
+    crew_part = hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:16]
     name_part = hashlib.sha256((collection_name or "").encode("utf-8")).hexdigest()[:8]
     return f"aip_{crew_part}_{name_part}"
 
 
+def namespace_storage_dir(namespace: str) -> Path:
+    """CrewAI-storage directory private to one namespace (created 0700 on use).
+
+    Returns:
+        ``<CrewAI storage dir>/namespaces/<32 hex of sha256(namespace)>``.
+    """
+    digest = hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:32]
+    return Path(db_storage_path()) / NAMESPACES_DIR / digest
+
+
 def _namespaced_storage(embedder: Any, collection_name: str | None) -> Any:
     """CrewAI knowledge-storage factory: private names inside a namespace."""
-    crew_id = _namespace.get()
-    if crew_id is None:
+    namespace = _namespace.get()
+    if namespace is None:
         return _previous_factory(embedder, collection_name) if _previous_factory else None
-    name = private_collection_name(crew_id, collection_name)
+    name = private_collection_name(namespace, collection_name)
     if _previous_factory is not None:
         custom = _previous_factory(embedder, name)
         if custom is not None:
@@ -71,31 +103,57 @@ def _namespaced_storage(embedder: Any, collection_name: str | None) -> Any:
     return KnowledgeStorage(embedder=embedder, collection_name=name)
 
 
-def install_knowledge_namespacing() -> None:
-    """Register :func:`_namespaced_storage` as CrewAI's storage factory (idempotent).
+def _namespaced_memory(spec: str) -> Any:
+    """CrewAI memory-storage factory: a private LanceDB directory inside a namespace.
 
-    A factory registered earlier is kept and called with the private name;
-    one registered later replaces ours (the namespacing then stops).
+    Only the default spec ``"lancedb"`` is redirected; any other spec (a
+    path, ``qdrant-edge``) is the crew author's explicit choice and is left
+    to CrewAI (or to a factory registered before ours).
     """
-    global _previous_factory
+    namespace = _namespace.get()
+    if namespace is not None and spec == "lancedb":
+        from crewai.memory.storage.lancedb_storage import LanceDBStorage
+
+        directory = namespace_storage_dir(namespace)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return LanceDBStorage(path=directory / "memory")
+    return _previous_memory_factory(spec) if _previous_memory_factory is not None else None
+
+
+def install_knowledge_namespacing() -> None:
+    """Register :func:`_namespaced_storage` and :func:`_namespaced_memory` as
+    CrewAI's knowledge and memory storage factories (idempotent).
+
+    A factory registered earlier is kept and called (with the private name
+    for knowledge); one registered later replaces ours (the namespacing then
+    stops).
+    """
+    global _previous_factory, _previous_memory_factory
     current = storage_factory._factory  # CrewAI offers a setter only; read its slot
-    if current is _namespaced_storage:
-        return
-    _previous_factory = current
-    storage_factory.set_knowledge_storage_factory(_namespaced_storage)
+    if current is not _namespaced_storage:
+        _previous_factory = current
+        storage_factory.set_knowledge_storage_factory(_namespaced_storage)
+    current_memory = memory_factory._factory
+    if current_memory is not _namespaced_memory:
+        _previous_memory_factory = current_memory
+        memory_factory.set_memory_storage_factory(_namespaced_memory)
 
 
 install_knowledge_namespacing()
 
 
 @contextmanager
-def knowledge_namespace(crew_id: str) -> Iterator[None]:
-    """Build every ``Knowledge`` of this context in collections private to ``crew_id``.
+def knowledge_namespace(crew_id: str, tenant: str = DEFAULT_TENANT) -> Iterator[None]:
+    """Build every ``Knowledge`` and ``Memory`` of this context private to ``(tenant, crew_id)``.
 
     Follows ``asyncio.to_thread`` and tasks started inside (a contextvar).
-    Re-entering with the same crew id is harmless.
+    Re-entering with the same pair is harmless.
+
+    Args:
+        crew_id: the registry crew id.
+        tenant: the job's tenant (``JobContext.tenant``; ``""`` the default tenant).
     """
-    token = _namespace.set(crew_id)
+    token = _namespace.set(namespace_key(tenant, crew_id))
     try:
         yield
     finally:
@@ -115,17 +173,55 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
         ``{"results": [{"id", "content", "metadata", "score"}, ...]}``.
 
     Raises:
-        Exception: CrewAI or embedder errors, unchanged.
+        SafeJobError: ``KnowledgeUnavailable``: the crew declares knowledge
+            that cannot be built or searched (fixed message).
+        Exception: other CrewAI errors, unchanged.
     """
     query = [str(q) for q in input["query"]]
     results_limit = int(input.get("results_limit", 3))
     score_threshold = float(input.get("score_threshold", 0.35))
-    with job_scope(ctx), knowledge_namespace(ctx.crew_id):
+    with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant):
         results = await asyncio.to_thread(_query, source, query, results_limit, score_threshold)
     return {"results": [to_bounded_json(item) for item in results or []]}
 
 
+#: Published when knowledge cannot be used (never the embedder's text: it can hold secrets).
+KNOWLEDGE_UNAVAILABLE = ("the crew's knowledge cannot be used (its embedder or storage failed to initialise or "
+                         "to search); the error text is withheld")
+
+
 def _query(source: CrewSource, query: list[str], limit: int, threshold: float) -> list[Any] | None:
-    """Worker thread: build the crew (it embeds its sources), then search."""
+    """Worker thread: build the crew (it embeds its sources), then search strictly.
+
+    CrewAI turns every knowledge failure into "no results": a failed
+    ``Knowledge`` construction is only printed (``crew.py::create_crew_knowledge``,
+    exception text included) and ``KnowledgeStorage.search`` logs the
+    exception and returns ``[]``. So a crew that declares ``knowledge_sources``
+    but has no ``knowledge`` is unavailable, and the search runs without
+    CrewAI's catch-all (:func:`_strict_search`).
+
+    Raises:
+        SafeJobError: ``KnowledgeUnavailable``, with a fixed message.
+    """
     crew = source.new_crew()
-    return crew.query_knowledge(query, results_limit=limit, score_threshold=threshold)
+    if getattr(crew, "knowledge_sources", None) and getattr(crew, "knowledge", None) is None:
+        raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable")
+    knowledge = getattr(crew, "knowledge", None)
+    storage = getattr(knowledge, "storage", None)
+    if not isinstance(storage, KnowledgeStorage):
+        return crew.query_knowledge(query, results_limit=limit, score_threshold=threshold)
+    try:
+        return _strict_search(storage, query, limit, threshold)
+    except Exception as exc:
+        raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable") from exc
+
+
+def _strict_search(storage: KnowledgeStorage, query: list[str], limit: int, threshold: float) -> list[Any]:
+    """``KnowledgeStorage.search`` of CrewAI 1.15.5 without its catch-all ``except`` (same arguments)."""
+    if not query:
+        raise ValueError("Query cannot be empty")
+    name = f"knowledge_{storage.collection_name}" if storage.collection_name else "knowledge"
+    text = " ".join(query) if len(query) > 1 else query[0]
+    results: list[Any] = storage._get_client().search(
+        collection_name=name, query=text, limit=limit, metadata_filter=None, score_threshold=threshold)
+    return results

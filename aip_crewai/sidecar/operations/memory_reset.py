@@ -73,7 +73,7 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
     command_type = str(input["command_type"])
     if command_type not in COMMAND_TYPES:
         raise InputRejected(f"unknown memory_reset command_type {command_type!r}")
-    with job_scope(ctx), knowledge_namespace(ctx.crew_id):
+    with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant):
         targets = await asyncio.to_thread(_reset, source, command_type)
     return {"status": "completed", "command_type": command_type, "reset_targets": targets}
 

@@ -27,25 +27,38 @@ What we do instead:
    ``crew_kickoff_completed`` without a started event on replay and prints a
    scope warning to stdout: harmless.
 
-Inputs: the caller's ``inputs`` win; else the retained record's ``inputs``
-key if the runtime stored one there; else ``{}``. Placeholders of the crew's
+Inputs: the caller's ``inputs`` win; else the inputs the runtime kept with
+the retained run (its ``inputs`` key: every run, batch item and replay keeps
+them in the journal, 0600, until the job is archived; never logged); else
+``{}``. Placeholders of the crew's
 texts that the inputs do not cover are rejected up front (``Crew.replay``
 skips interpolation for empty inputs, so the raw ``{x}`` text would reach the
 model, and it never runs ``before_kickoff_callbacks`` that fill defaults).
 The crew is built inside ``knowledge_query.knowledge_namespace``.
 
+Crew definition: a retained run carries the fingerprint of the crew that
+made it (``_common.crew_fingerprint``: task names, descriptions, expected
+outputs and agent roles in order). If the crew's definition differs now, the
+stored outputs would land on the wrong tasks, so the replay fails with a
+:class:`SafeJobError` ``CrewDefinitionChanged`` naming what changed, before
+any model call. (Runs retained before fingerprints were kept are checked by
+task count only.)
+
 Source: ARCHITECTURE.md §3 (replay input), §4 (outputs: run/replay), §5 (worker
-thread, cooperative cancel); ARCHITECTURE.md §5 (replay storage).
+thread, cooperative cancel; replay storage).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aip_crewai.sidecar.context import InputRejected, JobContext
+from aip_crewai.sidecar.context import InputRejected, JobContext, SafeJobError
 from aip_crewai.sidecar.operations._common import (
     check_cancelled,
+    crew_fingerprint,
+    fingerprint_change,
     job_scope,
+    refuse_human_input,
     serialize_crew_output,
 )
 from aip_crewai.sidecar.operations._maintenance import run_in_worker
@@ -110,6 +123,8 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
         InputRejected: no retained run of this crew holds ``task_id``; the
             run's task count differs from the crew's; the crew needs inputs
             and none are known.
+        SafeJobError: ``CrewDefinitionChanged``, the crew's definition
+            differs from the run's fingerprint (the message says how).
         RuntimeError: the runtime gave no ``find_task_run``.
         JobCancelled: the cancel flag was seen before a model call.
         Exception: CrewAI or provider errors, unchanged.
@@ -123,8 +138,8 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
         raise InputRejected(
             f"task_id {task_id!r} is not a task of a retained run of this crew"
         )
-    with job_scope(ctx), knowledge_namespace(ctx.crew_id):
-        crew, output = await run_in_worker(ctx, _replay, source, task_id, input, run)
+    with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant):
+        crew, output = await run_in_worker(ctx, _replay, source, task_id, input, run, ctx)
     return serialize_crew_output(output, crew)
 
 
@@ -138,16 +153,23 @@ def _replay_inputs(input: dict[str, Any], run: dict[str, Any], crew: Any) -> dic
     if missing:
         raise InputRejected(
             f"replay of this crew needs 'inputs' with {missing} "
-            "(the inputs of the retained run are not known)"
+            "(the retained run was made without them)"
         )
     return inputs
 
 
 def _replay(
-    source: CrewSource, task_id: str, input: dict[str, Any], run: dict[str, Any]
+    source: CrewSource, task_id: str, input: dict[str, Any], run: dict[str, Any], ctx: JobContext
 ) -> tuple[Any, Any]:
-    """Worker thread: build the crew, seed its private store, ``crew.replay``."""
+    """Worker thread: build the crew, check its definition, seed its private store, ``crew.replay``."""
     crew = source.new_crew()
+    refuse_human_input(crew)
+    fingerprint = crew_fingerprint(crew)
+    change = fingerprint_change(run.get("fingerprint"), fingerprint)
+    if change is not None:
+        raise SafeJobError(f"the crew's definition changed since the run of task_id {task_id!r}: {change}; "
+                           "replay it from a run made with the current definition",
+                           error_type="CrewDefinitionChanged")
     tasks_output = run.get("tasks_output") or []
     if len(tasks_output) != len(crew.tasks):
         raise InputRejected(
@@ -155,6 +177,7 @@ def _replay(
             f"this crew has {len(crew.tasks)}"
         )
     inputs = _replay_inputs(input, run, crew)
+    ctx.run_state[None] = {"inputs": dict(inputs), "fingerprint": fingerprint}
     crew._task_output_handler = RetainedRunStore(seed_records(run, inputs))
     check_cancelled()
     return crew, crew.replay(task_id, inputs=inputs)

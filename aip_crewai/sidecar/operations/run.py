@@ -19,6 +19,11 @@ thread after the task is cancelled; :func:`kickoff` therefore also sets
 ``ctx.cancel_flag``, which makes that call stop at its next chunk or model call
 (offline LLM, global ``before_llm_call`` hook) and mutes its chunks.
 
+Replay state: the job's inputs and the crew's fingerprint
+(``_common.crew_fingerprint``, taken before kickoff interpolates the texts)
+go to ``ctx.run_state``; the runtime keeps them with the completed job for
+``replay``.
+
 Source: ARCHITECTURE.md §4 (outputs: run), §5 (fresh crew per job; run is
 cancelled through its asyncio task).
 """
@@ -32,7 +37,7 @@ from crewai import CrewOutput
 from crewai.crews.utils import enable_agent_streaming
 
 from aip_crewai.sidecar.context import JobContext
-from aip_crewai.sidecar.operations._common import serialize_crew_output
+from aip_crewai.sidecar.operations._common import crew_fingerprint, refuse_human_input, serialize_crew_output
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource
 
@@ -51,9 +56,12 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
 
     Raises:
         asyncio.CancelledError: the job was cancelled.
+        SafeJobError: ``HumanInputUnsupported``: a task has ``human_input=True``
+            (before any model call).
         Exception: the crew failed (CrewAI or provider error, unchanged).
     """
     crew = await new_job_crew(source, ctx)
+    ctx.run_state[None] = {"inputs": dict(input), "fingerprint": crew_fingerprint(crew)}
     output = await kickoff(crew, input, ctx)
     return serialize_crew_output(output, crew)
 
@@ -68,8 +76,10 @@ async def new_job_crew(source: CrewSource, ctx: JobContext) -> Any:
     """
 
     def build() -> Any:
-        with knowledge_namespace(ctx.crew_id):
-            return source.new_crew()
+        with knowledge_namespace(ctx.crew_id, ctx.tenant):
+            crew = source.new_crew()
+        refuse_human_input(crew)
+        return crew
 
     return await asyncio.to_thread(build)
 

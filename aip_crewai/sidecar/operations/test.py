@@ -50,7 +50,7 @@ from crewai.utilities.evaluators.crew_evaluator_handler import CrewEvaluator
 from crewai.utilities.llm_utils import create_llm
 
 from aip_crewai.sidecar.context import JobContext
-from aip_crewai.sidecar.operations._common import check_cancelled, job_scope
+from aip_crewai.sidecar.operations._common import check_cancelled, job_scope, refuse_human_input
 from aip_crewai.sidecar.operations._maintenance import crew_option, run_in_worker
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource
@@ -162,7 +162,7 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
     eval_llm = str(input["eval_llm"])
     inputs = dict(input.get("inputs") or {})
     scores: list[dict[str, Any]] = []
-    with job_scope(ctx), knowledge_namespace(ctx.crew_id):
+    with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant):
         await run_in_worker(ctx, _test, source, eval_llm, n_iterations, inputs, scores)
     return {
         "status": "completed",
@@ -181,6 +181,7 @@ def _test(
 ) -> None:
     """Worker thread: ``Crew.test`` of CrewAI 1.15.5 on a fresh crew, minus the table."""
     crew = source.new_crew()
+    refuse_human_input(crew)
     llm = resolve_eval_llm(source, crew, eval_llm)
 
     def emit(event: Any) -> None:

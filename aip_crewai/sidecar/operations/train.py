@@ -2,8 +2,10 @@
 
 Input ``{n_iterations, artifact_name, inputs?}``; output ``{"status":
 "completed", "artifact_name", "n_iterations"}``; the artifact is written
-atomically as exactly ``<ctx.training_dir>/<artifact_name>`` (no ``.pkl`` is
-appended: name it ``x.pkl`` to get CrewAI's usual file name).
+atomically as exactly ``<ctx.training_dir>/<tenant>/<crew>/<artifact_name>``
+(:func:`artifact_dir`: per tenant and crew, so one tenant's artifact never
+replaces another's; no ``.pkl`` is appended: name it ``x.pkl`` to get
+CrewAI's usual file name).
 
 What CrewAI 1.15.5 does (``crew.py::Crew.train``), and what we change:
 
@@ -55,6 +57,7 @@ from aip_crewai.sidecar.operations._common import check_cancelled, job_scope
 from aip_crewai.sidecar.operations._maintenance import crew_option, run_in_worker
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource
+from aip_crewai.sidecar.tenancy import crew_dir_name, tenant_dir_name
 
 #: Name of the crew option holding the training feedback (``_maintenance.crew_option``).
 FEEDBACK_OPTION = "training_feedback"
@@ -158,7 +161,9 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
         ctx: the job context; ``ctx.training_dir`` must be set.
 
     Returns:
-        ``{"status": "completed", "artifact_name": str, "n_iterations": int}``.
+        ``{"status": "completed", "artifact_name": str, "n_iterations": int}``;
+        the artifact is ``<training dir>/<tenant>/<crew>/<artifact_name>``
+        (:func:`artifact_dir`).
 
     Raises:
         SafeJobError: train is not configured (no training dir) or the crew
@@ -179,10 +184,10 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
             f"(option {FEEDBACK_OPTION!r}); CrewAI cannot train without it"
         )
     inputs = dict(input.get("inputs") or {})
-    training_dir = Path(ctx.training_dir)
+    training_dir = artifact_dir(Path(ctx.training_dir), ctx.tenant, ctx.crew_id)
     work = tempfile.mkdtemp(prefix=_WORK_PREFIX, dir=training_dir)
     try:
-        with job_scope(ctx), knowledge_namespace(ctx.crew_id), _training_files_in(work):
+        with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant), _training_files_in(work):
             token = set_provider(FeedbackProvider(feedback))
             try:
                 result = os.path.join(work, "artifact.pkl")
@@ -194,6 +199,27 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"status": "completed", "artifact_name": artifact_name, "n_iterations": n_iterations}
+
+
+def artifact_dir(training_dir: Path, tenant: str, crew_id: str) -> Path:
+    """The directory holding the train artifacts of one ``(tenant, crew)`` (created 0700).
+
+    Args:
+        training_dir: the configured ``--training-dir``.
+        tenant: the job's tenant (``""``: the default tenant, directory ``_default``).
+        crew_id: the crew id (a crew id that is no safe file name becomes
+            ``crew-<hex>``, see ``tenancy.crew_dir_name``).
+
+    Returns:
+        ``<training_dir>/<tenant>/<crew>``; two tenants' ``artifact_name``
+        never name the same file.
+
+    Source: README ("Tenant-scoped crew state").
+    """
+    path = training_dir / tenant_dir_name(tenant) / crew_dir_name(crew_id)
+    for directory in (path.parent, path):
+        directory.mkdir(mode=0o700, exist_ok=True)
+    return path
 
 
 def _train(source: CrewSource, n_iterations: int, filename: str, inputs: dict[str, Any]) -> None:
