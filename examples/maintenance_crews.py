@@ -23,7 +23,7 @@ mapping attribute ``aip_crewai_options`` (read by
 | ``agent_knowledge`` | an agent with ``knowledge_sources`` | — |
 | ``asks_human`` | ``echo`` with ``human_input=True`` on its second task | — |
 | ``blocked_tool_user`` | 1 agent with the ``tally`` tool; its model calls take 3 s and ignore a cancel in flight | — |
-| ``broken_knowledge`` | crew ``knowledge_sources`` with an embedder that always raises (its text holds ``FAKE_SECRET``) | — |
+| ``broken_knowledge`` | verbose; crew ``knowledge_sources`` with an embedder that always raises (its text holds ``FAKE_SECRET``) | — |
 | ``variant`` | ``echo``; its two task texts swap places when the sidecar's environment has ``AIP_CREWAI_TEST_CREW_VARIANT=swapped`` (a crew definition change across a restart) | — |
 
 Source: ARCHITECTURE.md §2 (offline demo crews).
@@ -96,7 +96,7 @@ def _single(name: str, *, memory: bool = False, **crew_kwargs: Any) -> Crew:
         tasks=[task],
         memory=memory,
         embedder=crew_kwargs.pop("embedder", None) or offline_embedder(),
-        verbose=False,
+        verbose=crew_kwargs.pop("verbose", False),
         tracing=False,
         before_kickoff_callbacks=[_default_topic],
         **crew_kwargs,
@@ -180,9 +180,11 @@ class BrokenEmbedder(CustomEmbeddingFunction):
 
 
 def broken_knowledge() -> Crew:
-    """Crew knowledge whose embedder cannot work: CrewAI alone answers "no results"."""
+    """Crew knowledge whose embedder cannot work: CrewAI alone answers "no results".
+
+    Verbose, so CrewAI prints "Failed to init knowledge: <error with the secret>" to stdout."""
     return _single("maintenance-broken-knowledge", knowledge_sources=[StringKnowledgeSource(content=SHARED_X_TEXT)],
-                   embedder=CustomProvider(embedding_callable=BrokenEmbedder))
+                   embedder=CustomProvider(embedding_callable=BrokenEmbedder), verbose=True)
 
 
 def asks_human() -> Crew:

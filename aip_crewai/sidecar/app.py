@@ -84,6 +84,7 @@ def create_app(
     crews: Collection[str] | None = None,
     executor: Executor | None = None,
     journal: Journal | None = None,
+    crew_problems: Mapping[str, list[str]] | None = None,
 ) -> Starlette:
     """Build the sidecar ASGI app.
 
@@ -95,13 +96,16 @@ def create_app(
         journal: an already opened and recovered journal (``main`` opens it
             before serving); None: the lifespan opens and recovers
             ``settings.journal``. Either way the lifespan closes it.
+        crew_problems: ``{crew_id: [code]}`` found at start-up
+            (``operations._preflight``), published in ``/health``.
 
     Returns:
         The Starlette app; ``app.state.runtime`` is set during the lifespan.
     """
     if crews is None or executor is None:
-        crews, executor = registry_executor(settings.registry)
+        crews, executor, _none = registry_executor(settings.registry)
     crew_ids, run = frozenset(crews), executor
+    problems = {crew: list(codes) for crew, codes in (crew_problems or {}).items()}
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -111,7 +115,7 @@ def create_app(
                 raise RuntimeError("settings.journal is not set")
             owned = await Journal.open(settings.journal)
             await recover(owned)
-        runtime = Runtime(settings, owned, crew_ids, run)
+        runtime = Runtime(settings, owned, crew_ids, run, crew_problems=problems)
         app.state.runtime = runtime
         try:
             yield
@@ -150,13 +154,28 @@ async def recover(journal: Journal) -> None:
                     uncertain_outcome=previous is JobStatus.RUNNING)
 
 
-def registry_executor(spec: str) -> tuple[frozenset[str], Executor]:
-    """Load the crew registry ``spec`` and wrap ``operations.execute`` (imports CrewAI)."""
+def registry_executor(spec: str, *, preflight: bool = False) -> tuple[frozenset[str], Executor, dict[str, list[str]]]:
+    """Load the crew registry ``spec`` and wrap ``operations.execute`` (imports CrewAI).
+
+    Returns:
+        ``(crew ids, executor, crew problems)``; the problems
+        (``operations._preflight.crew_problems``: ``{crew_id: [code]}``) are
+        only looked for with ``preflight=True`` (each crew is built once),
+        else ``{}``.
+
+    Raises:
+        RegistryError, ImportError: the spec cannot be loaded.
+    """
     from aip_crewai.sidecar.operations import execute
     from aip_crewai.sidecar.registry import load_registry
 
     registry = load_registry(spec)
-    return frozenset(registry), executor_for(registry, execute)
+    problems: dict[str, list[str]] = {}
+    if preflight:
+        from aip_crewai.sidecar.operations._preflight import crew_problems
+
+        problems = crew_problems(registry)
+    return frozenset(registry), executor_for(registry, execute), problems
 
 
 def executor_for(registry: Mapping[str, Any], execute: Any) -> Executor:

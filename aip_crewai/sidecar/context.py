@@ -72,15 +72,24 @@ class SafeJobError(Exception):
     """A job failure whose message is safe to publish on the ``failed`` event
     (it names our own rule or target, never provider text), e.g.
     "memory_reset target 'memory' is not initialized". Any other exception is
-    published with a fixed generic message. Source: ARCHITECTURE.md §4 (events)."""
+    published with a fixed generic message.
 
-    def __init__(self, message: str, error_type: str = "SafeJobError") -> None:
+    ``before_any_effect=True`` says the job failed before any model call, tool
+    or state change (a refusal at its start), so its ``failed`` event carries
+    ``uncertain_outcome: false`` even for a mutation. Source: ARCHITECTURE.md
+    §4 (events)."""
+
+    def __init__(self, message: str, error_type: str = "SafeJobError", *, before_any_effect: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.error_type = error_type
+        self.before_any_effect = before_any_effect
 
 
 class InputRejected(SafeJobError):
     """The input cannot apply to this crew (e.g. a replay task id that belongs
     to no retained run of the crew). The runtime answers it at admission time
     where it can (a typed 4xx) and otherwise fails the job with this message."""
+
+    def __init__(self, message: str, error_type: str = "SafeJobError") -> None:
+        super().__init__(message, error_type, before_any_effect=True)

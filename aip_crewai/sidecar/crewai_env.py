@@ -46,11 +46,16 @@ ARCHITECTURE.md §5 (Environment).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import re
 import sys
+import threading
 from pathlib import Path
+
+import structlog
 
 _ENV_DEFAULTS: dict[str, str] = {
     "CREWAI_DISABLE_TELEMETRY": "true",
@@ -166,3 +171,99 @@ def _ensure_stdout() -> None:
     """Give CrewAI a writable stdout when the process has none."""
     if sys.stdout is None:
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
+
+
+#: Longest printed line kept while waiting for its newline (chars); the rest is dropped.
+MAX_PRINTED_LINE_CHARS = 8192
+_ERROR_WORDS = re.compile(r"error|fail|exception|traceback", re.IGNORECASE)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_FRAME = re.compile(r"[\u2500-\u259f]+")
+#: A printed error's label is kept only when it is plain words (no digits, keys or paths).
+_PLAIN_LABEL = re.compile(r"^[A-Za-z][A-Za-z ,'()-]{0,79}$")
+#: CrewAI's printed prefixes, e.g. ``[2026-12-01 04:14:29]`` and ``[ERROR]:``.
+_TAGS = re.compile(r"^(\s*\[[^\]]{0,40}\]:?)+\s*")
+
+
+class PrintedErrorLog(io.TextIOBase):
+    """A ``sys.stdout`` for CrewAI: nothing reaches fd 1; printed errors become log events.
+
+    Each complete printed line (ANSI colours and box-drawing frames removed)
+    that names an error (``error``, ``failed``, ``exception``, ...) is logged
+    once as ``crewai_printed_error`` at warning level with only its *label*:
+    the text before the first ``:`` when that is plain words (e.g. "Failed
+    to init knowledge"), else ``"withheld"``. The rest of the line (provider
+    and embedder messages, which can quote keys) is never logged: the same
+    rule as job errors, which publish their type and a fixed message.
+    Other lines (panels, progress) are dropped. Thread-safe; a line longer
+    than :data:`MAX_PRINTED_LINE_CHARS` is cut there.
+
+    Source: README ("Tenant-scoped crew state": knowledge; "Security": no
+    secrets in logs).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._pending = ""
+        self._log = structlog.get_logger("aip_crewai.sidecar")
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        """Take printed text; log the error lines it completes. Returns ``len(text)``."""
+        with self._lock:
+            lines = (self._pending + text).split("\n")
+            self._pending = lines.pop()[:MAX_PRINTED_LINE_CHARS]
+        for line in lines:
+            self._consider(line[:MAX_PRINTED_LINE_CHARS])
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is buffered below a line; a partial line waits for its newline."""
+
+    def _consider(self, line: str) -> None:
+        plain = _FRAME.sub(" ", _ANSI.sub("", line)).strip()
+        if not plain or not _ERROR_WORDS.search(plain):
+            return
+        self._log.warning("crewai_printed_error", label=printed_error_label(plain))
+
+
+def printed_error_label(line: str) -> str:
+    """The loggable label of a printed error line (see :class:`PrintedErrorLog`).
+
+    Args:
+        line: one printed line, colours and frames removed.
+
+    Returns:
+        After CrewAI's bracketed prefixes (``[<time>]``, ``[ERROR]:``), the
+        text before the first ``:``, stripped, when it is 1 to 80 plain
+        characters (letters, spaces, ``,'()-``); else ``"withheld"``.
+    """
+    line = _TAGS.sub("", line)
+    label = line.split(":", 1)[0].strip() if ":" in line else ""
+    return label if _PLAIN_LABEL.match(label) else "withheld"
+
+
+def capture_crewai_prints() -> None:
+    """Point fd 1 at ``/dev/null`` and ``sys.stdout`` at a :class:`PrintedErrorLog`.
+
+    Call before CrewAI is imported, in the sidecar process only (not in
+    tests that share pytest's stdout). CrewAI prints panels and warnings,
+    some quoting provider or embedder exceptions verbatim (e.g. ``Failed to
+    init knowledge: <error>`` in ``crew.py::create_crew_knowledge``), which
+    can hold secrets; the sidecar itself writes nothing to stdout (logs go
+    to stderr), so fd 1 carries nothing at all. Native writes to fd 1 are
+    discarded.
+
+    Raises:
+        OSError: ``/dev/null`` cannot be opened.
+    """
+    if sys.stdout is not None:
+        sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+    finally:
+        os.close(devnull)
+    sys.stdout = PrintedErrorLog()

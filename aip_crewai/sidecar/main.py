@@ -136,16 +136,16 @@ def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal
     if isinstance(loaded, int):  # refused
         loop.run_until_complete(journal.close())
         return loaded
-    crews, executor = loaded
-    return loop.run_until_complete(_serve(settings, crews, executor, journal))
+    crews, executor, problems = loaded
+    return loop.run_until_complete(_serve(settings, crews, executor, journal, problems))
 
 
-def _load_crews(settings: Settings) -> tuple[frozenset[str], object] | int:
+def _load_crews(settings: Settings) -> tuple[frozenset[str], object, dict[str, list[str]]] | int:
     """CrewAI's environment, ``import crewai`` and the registry; an exit status when refused."""
-    from aip_crewai.sidecar.crewai_env import import_crewai, prepare_crewai_environment
+    from aip_crewai.sidecar.crewai_env import capture_crewai_prints, import_crewai, prepare_crewai_environment
 
     started = time.monotonic()
-    _silence_stdout()
+    capture_crewai_prints()
     prepare_crewai_environment(settings.state_dir)  # type: ignore[arg-type]
     try:
         import_crewai()
@@ -156,14 +156,16 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object] | int:
     from aip_crewai.sidecar.registry import RegistryError
 
     try:
-        crews, executor = registry_executor(settings.registry)
+        crews, executor, problems = registry_executor(settings.registry, preflight=True)
     except (RegistryError, ImportError) as exc:
         return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {exc}")
-    log.info("crewai_ready", crews=len(crews), import_ms=int((time.monotonic() - started) * 1000))
-    return crews, executor
+    log.info("crewai_ready", crews=len(crews), unusable_crews=len(problems),
+             import_ms=int((time.monotonic() - started) * 1000))
+    return crews, executor, problems
 
 
-async def _serve(settings: Settings, crews: frozenset[str], executor: object, journal: Journal) -> int:
+async def _serve(settings: Settings, crews: frozenset[str], executor: object, journal: Journal,
+                 crew_problems: dict[str, list[str]]) -> int:
     from hypercorn.asyncio import serve
 
     from aip_crewai.serving import hypercorn_config
@@ -177,7 +179,8 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
     except BaseException:
         await journal.close()
         raise
-    app = create_app(settings, crews=crews, executor=executor, journal=journal)  # type: ignore[arg-type]
+    app = create_app(settings, crews=crews, executor=executor, journal=journal,  # type: ignore[arg-type]
+                     crew_problems=crew_problems)
     # timeouts, header bound, no h2c (README "Security")
     config = hypercorn_config([f"fd://{fd}"], errorlog=_hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
     stop = asyncio.Event()
@@ -267,28 +270,6 @@ def _hypercorn_logger() -> logging.Logger:
         logger.propagate = False
         logger.setLevel(logging.INFO)
     return logger
-
-
-def _silence_stdout() -> None:
-    """Point fd 1 and ``sys.stdout`` at ``/dev/null`` before CrewAI is imported.
-
-    CrewAI prints panels and warnings to stdout, some quoting provider or
-    embedder exception text verbatim (e.g. ``Failed to init knowledge: <error>``
-    in ``crew.py::create_crew_knowledge``), which can hold secrets. The
-    sidecar writes nothing to stdout itself (logs go to stderr), so nothing
-    of CrewAI's may reach fd 1 either; a refusal before this point still
-    prints its one line on stderr.
-
-    Source: README ("Tenant-scoped crew state": knowledge); ARCHITECTURE.md §5 (logs go to stderr).
-    """
-    if sys.stdout is not None:
-        sys.stdout.flush()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-    finally:
-        os.close(devnull)
-    sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
 
 
 def _refuse(message: str, *, status: int = 2) -> int:

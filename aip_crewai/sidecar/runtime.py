@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -102,8 +102,10 @@ class Runtime:
         executor: runs one operation (injectable for tests).
     """
 
-    def __init__(self, settings: Settings, journal: Journal, crews: Collection[str], executor: Executor) -> None:
+    def __init__(self, settings: Settings, journal: Journal, crews: Collection[str], executor: Executor,
+                 *, crew_problems: Mapping[str, list[str]] | None = None) -> None:
         self.settings = settings
+        self.crew_problems = {crew: list(codes) for crew, codes in (crew_problems or {}).items()}
         self.journal = journal
         self.crews = frozenset(crews)
         self._executor = executor
@@ -287,7 +289,8 @@ class Runtime:
             else:
                 error_type, message = type(exc).__name__, GENERIC_FAILURE
             log.warning("job_failed", action_id=live.action_id, error_type=error_type, duration_ms=duration_ms)
-            await self._fail(live, error_type, message, spec.mutation)
+            effect_free = isinstance(exc, SafeJobError) and exc.before_any_effect
+            await self._fail(live, error_type, message, spec.mutation and not effect_free)
             return
         try:
             output = msgspec.json.encode(task.result())
@@ -485,6 +488,7 @@ class Runtime:
             "stream_checkpoint_events": s.stream_checkpoint_events,
             "operations": s.operations,
             "training_directory": s.training_dir is not None,
+            "crew_problems": self.crew_problems,
         }
 
     def render_metrics(self) -> str:

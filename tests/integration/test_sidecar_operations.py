@@ -57,4 +57,4 @@ def test_the_five_operations_over_http(sidecar):
     view = httpx.get(f"{sidecar.base_url}/jobs/mr-2/events", headers=sidecar.headers).json()
     failed = view["events"][-1]["data"]
     assert failed["status"] == "failed" and "'memory'" in failed["message"]
-    assert failed["uncertain_outcome"] is True
+    assert failed["uncertain_outcome"] is False  # refused before anything was reset

@@ -303,8 +303,9 @@ def test_a_replay_cancelled_during_a_blocked_model_call_runs_no_tool_and_says_so
 
 
 def test_knowledge_that_cannot_initialise_is_a_typed_error_without_its_text(tmp_path):
-    """Item 7 (part): knowledge_query answers KnowledgeUnavailable, not 200 {"results": []}; CrewAI's
-    printed "Failed to init knowledge: <secret>" reaches neither stdout nor stderr."""
+    """Item 7: /health names the crew at start-up; knowledge_query and run fail KnowledgeUnavailable (not 200
+    {"results": []} or a run without retrieval); CrewAI's printed "Failed to init knowledge: <secret>" reaches
+    the log by its label only, and nothing reaches fd 1."""
     from sidecar_process import Sidecar, TOKEN, wait_ready
 
     fake_secret = "sk-test-SECRET-7f3a9c"  # examples.offline_llm.FAKE_SECRET: importing it would import CrewAI here
@@ -323,10 +324,21 @@ def test_knowledge_that_cannot_initialise_is_a_typed_error_without_its_text(tmp_
     sidecar = Sidecar(process, base_url, TOKEN, workdir / "journal.db", workdir, workdir / "calls.log",
                       workdir / "stderr.log")
 
-    failed = post(sidecar, "acme:kq-broken", "broken_knowledge", "knowledge_query", {"query": ["glacier"]})
-    assert failed.status_code == 502, failed.text
-    assert failed.json()["error_type"] == "KnowledgeUnavailable"
-    assert fake_secret not in failed.text and fake_secret not in sidecar.stderr()
+    health = ok(httpx.get(f"{base_url}/health", headers=sidecar.headers))
+    assert health["crew_problems"]["broken_knowledge"] == ["knowledge_unavailable"]
+    assert health["crew_problems"]["asks_human"] == ["human_input"]
+    assert "trainable" not in health["crew_problems"]
+    for job_id, operation, input in (("acme:kq-broken", "knowledge_query", {"query": ["glacier"]}),
+                                     ("acme:run-broken", "run", {"topic": "glacier"})):
+        failed = post(sidecar, job_id, "broken_knowledge", operation, input)
+        assert failed.status_code == 502, failed.text
+        assert failed.json()["error_type"] == "KnowledgeUnavailable"
+        assert failed.json()["uncertain_outcome"] is False  # refused before any model call
+        assert fake_secret not in failed.text
+    stderr = sidecar.stderr()
+    assert fake_secret not in stderr
+    # CrewAI printed "Failed to init knowledge: <error with the secret>": logged by its label only
+    assert '"crewai_printed_error"' in stderr and "Failed to init knowledge" in stderr
     working = ok(post(sidecar, "acme:kq-ok", "shared_knowledge_x", "knowledge_query", {"query": ["glacier"]}))
     assert working["results"] and "glacier" in working["results"][0]["content"].lower()
     sidecar.kill(signal.SIGTERM)

@@ -34,6 +34,7 @@ from crewai.hooks.llm_hooks import (
     get_before_llm_call_hooks,
     register_before_llm_call_hook,
 )
+from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 from crewai.hooks.tool_hooks import get_before_tool_call_hooks, register_before_tool_call_hook
 
 from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
@@ -249,7 +250,82 @@ def refuse_human_input(crew: Any) -> None:
                  if getattr(task, "human_input", False)]
     if positions:
         raise SafeJobError(f"{HUMAN_INPUT_MESSAGE} (task {', '.join(map(str, positions))})",
-                           error_type="HumanInputUnsupported")
+                           error_type="HumanInputUnsupported", before_any_effect=True)
+
+
+#: Published when knowledge cannot be used (never the embedder's text: it can hold secrets).
+KNOWLEDGE_UNAVAILABLE = ("the crew's knowledge cannot be used (its embedder or storage failed to initialise or "
+                         "to search); the error text is withheld")
+
+
+def unavailable_knowledge(crew: Any) -> list[str]:
+    """Where a crew declares knowledge that CrewAI could not build.
+
+    CrewAI builds crew knowledge at construction and only *prints* a failure
+    (``crew.py::create_crew_knowledge``: "Failed to init knowledge: <error>",
+    ``crew.knowledge`` then None or left without its sources), and its
+    search turns every error into no results; a kickoff then runs without
+    retrieval. So a crew with ``knowledge_sources`` is probed: one strict
+    search (:func:`strict_search`, one embedding of :data:`KNOWLEDGE_PROBE`
+    by the crew's embedder).
+
+    Returns:
+        ``["crew"]`` when ``knowledge_sources`` is set and the crew has no
+        knowledge storage or the probe raises, else ``[]``.
+
+    Source: README ("Tenant-scoped crew state": knowledge).
+    """
+    if not getattr(crew, "knowledge_sources", None):
+        return []
+    storage = getattr(getattr(crew, "knowledge", None), "storage", None)
+    if storage is None:
+        return ["crew"]
+    if isinstance(storage, KnowledgeStorage):
+        try:
+            strict_search(storage, [KNOWLEDGE_PROBE], 1, 0.0)
+        except Exception:  # noqa: BLE001 - the text can hold secrets; the code says it all
+            return ["crew"]
+    return []
+
+
+#: The query of the knowledge probe (one embedding of the crew's embedder).
+KNOWLEDGE_PROBE = "knowledge probe"
+
+
+def strict_search(storage: KnowledgeStorage, query: list[str], limit: int, threshold: float) -> list[Any]:
+    """``KnowledgeStorage.search`` of CrewAI 1.15.5 without its catch-all ``except`` (same arguments).
+
+    Raises:
+        ValueError: ``query`` is empty.
+        Exception: the embedder's or the vector store's error, unchanged.
+    """
+    if not query:
+        raise ValueError("Query cannot be empty")
+    name = f"knowledge_{storage.collection_name}" if storage.collection_name else "knowledge"
+    text = " ".join(query) if len(query) > 1 else query[0]
+    results: list[Any] = storage._get_client().search(
+        collection_name=name, query=text, limit=limit, metadata_filter=None, score_threshold=threshold)
+    return results
+
+
+def refuse_unavailable_knowledge(crew: Any) -> None:
+    """Fail a job whose crew's knowledge could not be built, before any model call.
+
+    Raises:
+        SafeJobError: ``KnowledgeUnavailable`` with :data:`KNOWLEDGE_UNAVAILABLE`.
+    """
+    if unavailable_knowledge(crew):
+        raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable", before_any_effect=True)
+
+
+def refuse_unusable_crew(crew: Any) -> None:
+    """:func:`refuse_human_input` and :func:`refuse_unavailable_knowledge`, in that order.
+
+    Raises:
+        SafeJobError: ``HumanInputUnsupported`` or ``KnowledgeUnavailable``.
+    """
+    refuse_human_input(crew)
+    refuse_unavailable_knowledge(crew)
 
 
 # ------------------------------------------------------------------- fingerprint

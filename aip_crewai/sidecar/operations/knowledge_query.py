@@ -49,7 +49,12 @@ from crewai.memory.storage import factory as memory_factory
 from crewai_core.paths import db_storage_path
 
 from aip_crewai.sidecar.context import JobContext, SafeJobError
-from aip_crewai.sidecar.operations._common import job_scope, to_bounded_json
+from aip_crewai.sidecar.operations._common import (
+    KNOWLEDGE_UNAVAILABLE,
+    job_scope,
+    strict_search,
+    to_bounded_json,
+)
 from aip_crewai.sidecar.registry import CrewSource
 from aip_crewai.sidecar.tenancy import DEFAULT_TENANT, namespace_key
 
@@ -185,11 +190,6 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
     return {"results": [to_bounded_json(item) for item in results or []]}
 
 
-#: Published when knowledge cannot be used (never the embedder's text: it can hold secrets).
-KNOWLEDGE_UNAVAILABLE = ("the crew's knowledge cannot be used (its embedder or storage failed to initialise or "
-                         "to search); the error text is withheld")
-
-
 def _query(source: CrewSource, query: list[str], limit: int, threshold: float) -> list[Any] | None:
     """Worker thread: build the crew (it embeds its sources), then search strictly.
 
@@ -198,30 +198,18 @@ def _query(source: CrewSource, query: list[str], limit: int, threshold: float) -
     exception text included) and ``KnowledgeStorage.search`` logs the
     exception and returns ``[]``. So a crew that declares ``knowledge_sources``
     but has no ``knowledge`` is unavailable, and the search runs without
-    CrewAI's catch-all (:func:`_strict_search`).
+    CrewAI's catch-all (``_common.strict_search``).
 
     Raises:
         SafeJobError: ``KnowledgeUnavailable``, with a fixed message.
     """
     crew = source.new_crew()
-    if getattr(crew, "knowledge_sources", None) and getattr(crew, "knowledge", None) is None:
-        raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable")
-    knowledge = getattr(crew, "knowledge", None)
-    storage = getattr(knowledge, "storage", None)
+    storage = getattr(getattr(crew, "knowledge", None), "storage", None)
+    if storage is None and getattr(crew, "knowledge_sources", None):
+        raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable", before_any_effect=True)
     if not isinstance(storage, KnowledgeStorage):
         return crew.query_knowledge(query, results_limit=limit, score_threshold=threshold)
     try:
-        return _strict_search(storage, query, limit, threshold)
+        return strict_search(storage, query, limit, threshold)
     except Exception as exc:
-        raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable") from exc
-
-
-def _strict_search(storage: KnowledgeStorage, query: list[str], limit: int, threshold: float) -> list[Any]:
-    """``KnowledgeStorage.search`` of CrewAI 1.15.5 without its catch-all ``except`` (same arguments)."""
-    if not query:
-        raise ValueError("Query cannot be empty")
-    name = f"knowledge_{storage.collection_name}" if storage.collection_name else "knowledge"
-    text = " ".join(query) if len(query) > 1 else query[0]
-    results: list[Any] = storage._get_client().search(
-        collection_name=name, query=text, limit=limit, metadata_filter=None, score_threshold=threshold)
-    return results
+        raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable", before_any_effect=True) from exc

@@ -86,7 +86,7 @@ def _reset(source: CrewSource, command_type: str) -> list[str]:
     initialized = [t for t in TARGETS if _initialized(crew, t)]
     if command_type != "all":
         if command_type not in initialized:
-            raise SafeJobError(f"memory_reset target {command_type!r} is not initialized")
+            raise SafeJobError(f"memory_reset target {command_type!r} is not initialized", before_any_effect=True)
         initialized = [command_type]
     for target in initialized:
         if target == "memory":

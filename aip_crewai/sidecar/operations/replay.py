@@ -58,7 +58,7 @@ from aip_crewai.sidecar.operations._common import (
     crew_fingerprint,
     fingerprint_change,
     job_scope,
-    refuse_human_input,
+    refuse_unusable_crew,
     serialize_crew_output,
 )
 from aip_crewai.sidecar.operations._maintenance import run_in_worker
@@ -163,13 +163,13 @@ def _replay(
 ) -> tuple[Any, Any]:
     """Worker thread: build the crew, check its definition, seed its private store, ``crew.replay``."""
     crew = source.new_crew()
-    refuse_human_input(crew)
+    refuse_unusable_crew(crew)
     fingerprint = crew_fingerprint(crew)
     change = fingerprint_change(run.get("fingerprint"), fingerprint)
     if change is not None:
         raise SafeJobError(f"the crew's definition changed since the run of task_id {task_id!r}: {change}; "
                            "replay it from a run made with the current definition",
-                           error_type="CrewDefinitionChanged")
+                           error_type="CrewDefinitionChanged", before_any_effect=True)
     tasks_output = run.get("tasks_output") or []
     if len(tasks_output) != len(crew.tasks):
         raise InputRejected(

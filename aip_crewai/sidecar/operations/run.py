@@ -37,7 +37,7 @@ from crewai import CrewOutput
 from crewai.crews.utils import enable_agent_streaming
 
 from aip_crewai.sidecar.context import JobContext
-from aip_crewai.sidecar.operations._common import crew_fingerprint, refuse_human_input, serialize_crew_output
+from aip_crewai.sidecar.operations._common import crew_fingerprint, refuse_unusable_crew, serialize_crew_output
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource
 
@@ -78,7 +78,7 @@ async def new_job_crew(source: CrewSource, ctx: JobContext) -> Any:
     def build() -> Any:
         with knowledge_namespace(ctx.crew_id, ctx.tenant):
             crew = source.new_crew()
-        refuse_human_input(crew)
+        refuse_unusable_crew(crew)
         return crew
 
     return await asyncio.to_thread(build)

@@ -50,7 +50,7 @@ from crewai.utilities.evaluators.crew_evaluator_handler import CrewEvaluator
 from crewai.utilities.llm_utils import create_llm
 
 from aip_crewai.sidecar.context import JobContext
-from aip_crewai.sidecar.operations._common import check_cancelled, job_scope, refuse_human_input
+from aip_crewai.sidecar.operations._common import check_cancelled, job_scope, refuse_unusable_crew
 from aip_crewai.sidecar.operations._maintenance import crew_option, run_in_worker
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource
@@ -181,7 +181,7 @@ def _test(
 ) -> None:
     """Worker thread: ``Crew.test`` of CrewAI 1.15.5 on a fresh crew, minus the table."""
     crew = source.new_crew()
-    refuse_human_input(crew)
+    refuse_unusable_crew(crew)
     llm = resolve_eval_llm(source, crew, eval_llm)
 
     def emit(event: Any) -> None:

@@ -53,7 +53,7 @@ from crewai.utilities.constants import TRAINING_DATA_FILE
 from crewai.utilities.training_handler import CrewTrainingHandler
 
 from aip_crewai.sidecar.context import JobContext, SafeJobError
-from aip_crewai.sidecar.operations._common import check_cancelled, job_scope
+from aip_crewai.sidecar.operations._common import check_cancelled, job_scope, refuse_unavailable_knowledge
 from aip_crewai.sidecar.operations._maintenance import crew_option, run_in_worker
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource
@@ -172,16 +172,17 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
         Exception: CrewAI or provider errors, unchanged.
     """
     if ctx.training_dir is None:
-        raise SafeJobError("train is not enabled: no training directory is configured")
+        raise SafeJobError("train is not enabled: no training directory is configured", before_any_effect=True)
     n_iterations = int(input["n_iterations"])
     artifact_name = str(input["artifact_name"])
     if Path(artifact_name).name != artifact_name or artifact_name in {".", ".."}:
-        raise SafeJobError("artifact_name must be a plain file name")
+        raise SafeJobError("artifact_name must be a plain file name", before_any_effect=True)
     feedback = training_feedback(source)
     if not feedback.strip():
         raise SafeJobError(
             f"crew {ctx.crew_id!r} has no training feedback configured "
-            f"(option {FEEDBACK_OPTION!r}); CrewAI cannot train without it"
+            f"(option {FEEDBACK_OPTION!r}); CrewAI cannot train without it",
+            before_any_effect=True,
         )
     inputs = dict(input.get("inputs") or {})
     training_dir = artifact_dir(Path(ctx.training_dir), ctx.tenant, ctx.crew_id)
@@ -225,5 +226,6 @@ def artifact_dir(training_dir: Path, tenant: str, crew_id: str) -> Path:
 def _train(source: CrewSource, n_iterations: int, filename: str, inputs: dict[str, Any]) -> None:
     """Worker thread: ``crew.train`` of a fresh crew, job's provider, private files."""
     crew = source.new_crew()
+    refuse_unavailable_knowledge(crew)
     check_cancelled()
     crew.train(n_iterations=n_iterations, filename=filename, inputs=inputs)

@@ -1,0 +1,94 @@
+"""Start-up check of every registered crew: problems a job would only meet later.
+
+Each crew is built once, as a job would build it, before the sidecar
+reports ready, in a namespace of its own (:data:`PREFLIGHT_TENANT`, a name
+no job's tenant can have) whose memory directory and crew knowledge
+collection are removed afterwards: the check leaves no crew state. The
+problems found are published per crew in ``GET /health`` (``crew_problems``)
+and logged once (``crew_unusable``, crew id and codes only). A crew with a
+problem stays registered: its jobs fail with the same typed error at their
+start (``_common.refuse_unusable_crew``), before any model call.
+
+Codes:
+
+- ``knowledge_unavailable``: the crew declares ``knowledge_sources`` but
+  CrewAI could not build its knowledge (a broken embedder, no provider key
+  for the default one); CrewAI itself would only print the error and run
+  without retrieval.
+- ``human_input``: a task has ``human_input=True`` (the sidecar never reads
+  standard input).
+- ``build_failed``: the factory raised, or returned no crew (the error text
+  is withheld: it can hold secrets).
+
+Source: README ("Tenant-scoped crew state": knowledge, human input);
+ARCHITECTURE.md §4 (``/health``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
+
+from aip_crewai.sidecar.operations._common import unavailable_knowledge
+from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace, namespace_storage_dir
+from aip_crewai.sidecar.registry import CrewSource
+from aip_crewai.sidecar.tenancy import namespace_key
+
+#: The tenant the preflight builds crews for: a job's tenant never contains ``:`` (``tenancy.tenant_of``).
+PREFLIGHT_TENANT = "preflight:"
+
+log = structlog.get_logger("aip_crewai.sidecar")
+
+
+def crew_problems(registry: Mapping[str, CrewSource]) -> dict[str, list[str]]:
+    """Build each crew once and report the problems of those that have any.
+
+    Args:
+        registry: crew id -> source (``registry.load_registry``).
+
+    Returns:
+        ``{crew_id: [code, ...]}`` for crews with at least one problem, codes
+        in the order of the module docstring; crews without problems are
+        absent. Never raises for a crew's own failure.
+    """
+    problems: dict[str, list[str]] = {}
+    for crew_id in sorted(registry):
+        found = problems_of(registry[crew_id])
+        if found:
+            problems[crew_id] = found
+            log.warning("crew_unusable", crew_id=crew_id, problems=found)
+    return problems
+
+
+def problems_of(source: CrewSource) -> list[str]:
+    """The problem codes of one crew (see the module docstring), ``[]`` if none."""
+    crew: Any = None
+    try:
+        with knowledge_namespace(source.crew_id, PREFLIGHT_TENANT):
+            crew = source.new_crew()
+            found = []
+            if unavailable_knowledge(crew):
+                found.append("knowledge_unavailable")
+            if any(getattr(task, "human_input", False) for task in getattr(crew, "tasks", None) or []):
+                found.append("human_input")
+            return found
+    except Exception as exc:  # noqa: BLE001 - a crew author's error; its text can hold secrets
+        log.warning("crew_build_failed", crew_id=source.crew_id, error_type=type(exc).__name__)
+        return ["build_failed"]
+    finally:
+        _forget(source.crew_id, crew)
+
+
+def _forget(crew_id: str, crew: Any) -> None:
+    """Remove what building ``crew`` in the preflight namespace stored (best effort)."""
+    storage = getattr(getattr(crew, "knowledge", None), "storage", None)
+    if isinstance(storage, KnowledgeStorage):
+        try:
+            storage.reset()
+        except Exception as exc:  # noqa: BLE001 - a broken store is what the preflight reports
+            log.debug("preflight_knowledge_not_removed", crew_id=crew_id, error_type=type(exc).__name__)
+    shutil.rmtree(namespace_storage_dir(namespace_key(PREFLIGHT_TENANT, crew_id)), ignore_errors=True)

@@ -1,0 +1,98 @@
+"""Start-up crew preflight, KnowledgeUnavailable at job start, and CrewAI's printed errors (issue 15 item 7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from aip_crewai.sidecar import operations
+from aip_crewai.sidecar.context import SafeJobError
+from aip_crewai.sidecar.crewai_env import MAX_PRINTED_LINE_CHARS, PrintedErrorLog, printed_error_label
+from aip_crewai.sidecar.registry import CrewSource, load_registry
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = "sk-test-SECRET-7f3a9c"
+
+
+@pytest.fixture
+def registry(crewai_state_dir: Path) -> dict[str, CrewSource]:
+    return load_registry("examples.maintenance_crews:CREWS")
+
+
+def test_preflight_names_each_unusable_crew_and_only_those(registry) -> None:
+    from aip_crewai.sidecar.operations._preflight import crew_problems
+
+    def explode() -> None:
+        raise RuntimeError(f"factory broke with {SECRET}")
+
+    registry = {**registry, "exploding": CrewSource(crew_id="exploding", factory=explode)}
+    with capture_logs() as logs:
+        problems = crew_problems(registry)
+    assert problems == {
+        "asks_human": ["human_input"],
+        "broken_knowledge": ["knowledge_unavailable"],
+        "exploding": ["build_failed"],
+    }
+    unusable = [e for e in logs if e["event"] == "crew_unusable"]
+    assert sorted(e["crew_id"] for e in unusable) == ["asks_human", "broken_knowledge", "exploding"]
+    assert SECRET not in repr(logs)
+
+
+@pytest.mark.parametrize("operation,input", [
+    ("run", {"topic": "glacier"}),
+    ("knowledge_query", {"query": ["glacier"]}),
+])
+async def test_a_crew_whose_knowledge_cannot_be_built_fails_typed_before_any_model_call(
+    registry, make_ctx, operation, input
+) -> None:
+    ctx, recorder = make_ctx(operation)
+    with pytest.raises(SafeJobError) as raised:
+        await operations.execute(registry["broken_knowledge"], operation, input, ctx)
+    assert raised.value.error_type == "KnowledgeUnavailable"
+    assert SECRET not in str(raised.value.message)
+    assert len(recorder) == 0  # no model call streamed anything
+
+
+def test_printed_error_lines_are_logged_by_label_only() -> None:
+    sink = PrintedErrorLog()
+    with capture_logs() as logs:
+        sink.write("\x1b[31m╭──── Crew ────╮\x1b[0m\nFailed to init knowledge: embedding refused ")
+        assert logs == []  # the error line is not complete yet
+        sink.write(f"for key {SECRET}\n")
+        sink.write("Task completed\n")
+        sink.write(f"│ Error {SECRET} without a colon │\n")
+        sink.write(f"RuntimeError: {SECRET}\n")
+    assert [(e["event"], e["label"]) for e in logs] == [
+        ("crewai_printed_error", "Failed to init knowledge"),
+        ("crewai_printed_error", "withheld"),
+        ("crewai_printed_error", "RuntimeError"),
+    ]
+    assert SECRET not in repr(logs)
+
+
+def test_a_printed_line_is_bounded_while_it_waits_for_its_newline() -> None:
+    sink = PrintedErrorLog()
+    with capture_logs() as logs:
+        assert sink.write("x" * (MAX_PRINTED_LINE_CHARS * 3)) == MAX_PRINTED_LINE_CHARS * 3
+        assert len(sink._pending) == MAX_PRINTED_LINE_CHARS
+        sink.write(" failed: the end of the long line is past the bound\n")
+        sink.write("Failed to save: x\n")
+    assert [e["label"] for e in logs] == ["Failed to save"]
+
+
+@pytest.mark.parametrize("line,label", [
+    ("Failed to init knowledge: boom", "Failed to init knowledge"),
+    ("[2026-12-01 04:14:29][WARNING]: Failed to init knowledge: boom", "Failed to init knowledge"),
+    ("[ERROR]: Failed to upsert documents: key", "Failed to upsert documents"),
+    ("Error: key=abc", "Error"),
+    ("Error in /etc/secret: x", "withheld"),
+    ("Error 42: x", "withheld"),
+    ("no colon error", "withheld"),
+    ("A" * 80 + ": failed", "A" * 80),
+    ("A" * 81 + ": failed", "withheld"),
+])
+def test_printed_error_label_keeps_plain_words_only(line, label) -> None:
+    assert printed_error_label(line) == label
