@@ -71,3 +71,21 @@ def crew_dir_name(crew_id: str) -> str:
     if TENANT_PATTERN.match(crew_id):
         return crew_id
     return "crew-" + hashlib.sha256(crew_id.encode("utf-8")).hexdigest()[:24]
+
+
+def private_collection_name(namespace: str, collection_name: str | None) -> str:
+    """A Chroma-safe collection name owned by one namespace.
+
+    Args:
+        namespace: ``tenancy.namespace_key(tenant, crew_id)`` (the crew id
+            itself for the default tenant).
+        collection_name: CrewAI's own collection name (``crew``, an agent role).
+
+    Returns:
+        ``aip_<16 hex of sha256(namespace)>_<8 hex of sha256(collection_name)>``
+        (CrewAI prefixes ``knowledge_``: 38 characters, within Chroma's 3..63;
+        distinct namespaces or names give distinct collections).
+    """
+    crew_part = hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:16]
+    name_part = hashlib.sha256((collection_name or "").encode("utf-8")).hexdigest()[:8]
+    return f"aip_{crew_part}_{name_part}"

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from aip_crewai.client import new_id
+from aip_crewai.sidecar.tenancy import namespace_key, private_collection_name
 from host_process import start_host
 from sidecar_process import launch, post_job, start_with_training_dir
 
@@ -70,6 +71,29 @@ def test_replay_never_reaches_another_tenants_run(sidecar):
     # a job id without a tenant (a peer host) is the default tenant: it does not see acme's runs either
     assert post(sidecar, "replay-2", "trainable", "replay", {"task_id": task_id,
                                                              "inputs": {"topic": "x"}}).status_code == 422
+
+
+def test_a_knowledge_reset_of_one_tenant_leaves_the_other_tenants_knowledge(sidecar):
+    query = {"query": ["glacier"]}
+    acme = ok(post(sidecar, "acme:kq-1", "shared_knowledge_x", "knowledge_query", query))["results"]
+    assert acme and "glacier" in acme[0]["content"].lower()
+    assert ok(post(sidecar, "beta:kr-1", "shared_knowledge_x", "memory_reset", {"command_type": "knowledge"}))[
+        "reset_targets"] == ["knowledge"]
+    # each tenant had a collection of its own; beta's reset deleted beta's only
+    collections = knowledge_collections(sidecar)
+    assert "knowledge_" + private_collection_name(namespace_key("acme", "shared_knowledge_x"), "crew") in collections
+    assert "knowledge_" + private_collection_name(namespace_key("beta", "shared_knowledge_x"), "crew") \
+        not in collections
+    assert ok(post(sidecar, "acme:kq-2", "shared_knowledge_x", "knowledge_query", query))["results"] == acme
+
+
+def knowledge_collections(sidecar) -> set[str]:
+    """The names of the collections in CrewAI's Chroma store of the sidecar (read-only)."""
+    import sqlite3
+
+    path = sidecar.state_dir / "crewai" / "chroma.sqlite3"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        return {name for (name,) in conn.execute("SELECT name FROM collections")}
 
 
 def test_training_artifacts_of_two_tenants_never_overwrite_each_other(sidecar):

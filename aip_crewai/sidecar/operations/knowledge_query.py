@@ -56,7 +56,7 @@ from aip_crewai.sidecar.operations._common import (
     to_bounded_json,
 )
 from aip_crewai.sidecar.registry import CrewSource
-from aip_crewai.sidecar.tenancy import DEFAULT_TENANT, namespace_key
+from aip_crewai.sidecar.tenancy import DEFAULT_TENANT, namespace_key, private_collection_name
 
 _namespace: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "aip_crewai_knowledge_namespace", default=None
@@ -65,24 +65,6 @@ _previous_factory: Any = None
 _previous_memory_factory: Any = None
 #: Directory under CrewAI's storage dir holding one directory per (tenant, crew) namespace.
 NAMESPACES_DIR = "namespaces"
-
-
-def private_collection_name(namespace: str, collection_name: str | None) -> str:
-    """A Chroma-safe collection name owned by one namespace.
-
-    Args:
-        namespace: ``tenancy.namespace_key(tenant, crew_id)`` (the crew id
-            itself for the default tenant).
-        collection_name: CrewAI's own collection name (``crew``, an agent role).
-
-    Returns:
-        ``aip_<16 hex of sha256(namespace)>_<8 hex of sha256(collection_name)>``
-        (CrewAI prefixes ``knowledge_``: 38 characters, within Chroma's 3..63;
-        distinct namespaces or names give distinct collections).
-    """
-    crew_part = hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:16]
-    name_part = hashlib.sha256((collection_name or "").encode("utf-8")).hexdigest()[:8]
-    return f"aip_{crew_part}_{name_part}"
 
 
 def namespace_storage_dir(namespace: str) -> Path:
