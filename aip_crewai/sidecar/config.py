@@ -61,7 +61,7 @@ class Settings:
         max_event_bytes: encoded size bound of one event, bytes.
         stream_checkpoint_events: chunk events committed per journal write.
         training_dir: where ``train`` writes artifacts (required with train).
-        max_journal_bytes: used journal pages bound, bytes; admission 507 past it.
+        max_journal_bytes: bound on used journal pages plus the -wal file, bytes; admission 507 past it.
         sse_keepalive_seconds: interval of ``: keep-alive`` comments.
         shutdown_grace_seconds: how long in-flight jobs may finish at shutdown.
         ephemeral: the journal is a temporary file made at start-up because

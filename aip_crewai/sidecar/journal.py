@@ -59,7 +59,15 @@ from aip_crewai.sidecar.jobs import (
     TaskRunRef,
     sources_of,
 )
-from aip_crewai.sidecar.journal_files import SCHEMA_VERSION, _release, _rows, _scalar, _start_worker, check_main_file
+from aip_crewai.sidecar.journal_files import (
+    SCHEMA_VERSION,
+    _release,
+    _rows,
+    _scalar,
+    _start_worker,
+    check_main_file,
+    wal_bytes,
+)
 from aip_crewai.sidecar.tenancy import tenant_of
 from aip_crewai.storage import hop
 
@@ -211,11 +219,22 @@ class Journal:
             return
         self._closed = True
         try:
-            await self._run(self._conn.close)
+            await self._run(self._checkpoint_and_close)
         finally:
             self._worker.shutdown(wait=True)
             _release(self._lock_fd)
             self._lock_fd = None
+
+    def _checkpoint_and_close(self) -> None:
+        """Copy the WAL into the main file and truncate it, then close (a failed checkpoint is harmless).
+
+        A read-only journal (``open_readonly``, beside the owning process) only closes."""
+        if self._lock_fd is not None:
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                log.warning("journal_checkpoint_failed", error_type=type(exc).__name__)
+        self._conn.close()
 
     @property
     def retained_runs(self) -> int:
@@ -278,9 +297,10 @@ class Journal:
             raise _Stale
 
     def _used_bytes_now(self) -> int:
+        """Bytes the journal holds on disk for the size bound: used pages plus the ``-wal`` file."""
         pages = _scalar(self._conn, "PRAGMA page_count") or 0
         free = _scalar(self._conn, "PRAGMA freelist_count") or 0
-        return int((pages - free) * self._page_size)
+        return int((pages - free) * self._page_size) + wal_bytes(self.path)
 
     # ------------------------------------------------------------ crash fence
 

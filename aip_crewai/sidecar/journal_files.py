@@ -13,6 +13,7 @@ Source: ARCHITECTURE.md §5 (journal, crash fence, forward-only migrations), ARC
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -113,6 +114,19 @@ def check_main_file(path: Path) -> None:
                              "(was it replaced?); restore the journal, or move these files away")
 
 
+#: The ``-wal`` file is truncated to this size after each checkpoint that resets it
+#: (SQLite's auto-checkpoint runs every 1000 pages, 4 MiB at the default page size).
+WAL_SIZE_LIMIT_BYTES = 4 * 1024 * 1024
+
+
+def wal_bytes(path: Path) -> int:
+    """Size of the journal's ``-wal`` file in bytes (0 when there is none)."""
+    try:
+        return os.stat(f"{path}-wal").st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _prepare(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
     """Check, set the pragmas and migrate; see :meth:`Journal.open`. Returns (page size in bytes, retained runs)."""
     # Checks read only: a file that is not ours is refused before anything is written to it.
@@ -121,7 +135,7 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
     _check_identity(conn, path)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA journal_size_limit=67108864")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
     _migrate(conn, path)
     return _scalar(conn, "PRAGMA page_size") or 4096, _scalar(conn, _COUNT_RETAINED) or 0
 

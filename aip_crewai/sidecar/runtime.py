@@ -85,6 +85,8 @@ log = structlog.get_logger(__name__)
 Executor = Callable[[str, str, dict[str, Any], JobContext], Coroutine[Any, Any, dict[str, Any]]]
 
 #: Published instead of any exception text that is not a SafeJobError.
+#: How long a failed admission write keeps ``/health`` ``degraded`` (s), unless an admission succeeds first.
+RECENT_WRITE_FAILURE_SECONDS = 30.0
 GENERIC_FAILURE = "the operation raised an error; its text is withheld (it can hold provider secrets)"
 #: Operations whose asyncio task is cancelled (natively async CrewAI calls).
 TASK_CANCELLED_OPERATIONS = frozenset({"run", "batch_run"})
@@ -116,6 +118,7 @@ class Runtime:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._admission_write_failed_at: float | None = None  # monotonic s of the last failed admission write
         self.metrics = Metrics()
         self._state_dir = settings.state_dir or (settings.journal.parent if settings.journal else Path.cwd())
         self._loop = asyncio.get_running_loop()
@@ -204,7 +207,9 @@ class Runtime:
                                                        max_bytes=self.settings.max_journal_bytes)
         except JournalWriteFailed:
             self.metrics.inc("journal_write_failures_total")
+            self._admission_write_failed_at = time.monotonic()
             raise
+        self._admission_write_failed_at = None
         if not created:
             self._repeat(record, adm)
             return
@@ -478,8 +483,7 @@ class Runtime:
         """``GET /health`` body (ARCHITECTURE.md §4)."""
         s = self.settings
         return {
-            "status": "stopping" if self._closing else "degraded"
-            if len(self.backlog) or not self.journal.still_at_path() else "ready",
+            "status": "stopping" if self._closing else "degraded" if self._degraded() else "ready",
             "crews": sorted(self.crews),
             "active_runs": sum(1 for live in self._live.values() if not live.closed),
             "retained_runs": self.journal.retained_runs,
@@ -490,6 +494,13 @@ class Runtime:
             "training_directory": s.training_dir is not None,
             "crew_problems": self.crew_problems,
         }
+
+    def _degraded(self) -> bool:
+        """Outcomes wait to be recorded, the journal was replaced, or an admission write failed
+        less than :data:`RECENT_WRITE_FAILURE_SECONDS` ago with no successful admission since."""
+        failed_at = self._admission_write_failed_at
+        recent = failed_at is not None and time.monotonic() - failed_at < RECENT_WRITE_FAILURE_SECONDS
+        return bool(len(self.backlog)) or not self.journal.still_at_path() or recent
 
     def render_metrics(self) -> str:
         """``GET /metrics`` body (Prometheus text, see :mod:`metrics`)."""

@@ -17,7 +17,7 @@ def _failures(results):
 @pytest.mark.timeout(30)
 async def test_rel_a_failed_admission_write_is_507_and_admits_and_runs_nothing(tmp_path):
     results = await storagekit.admission_write_failure(tmp_path / "j")
-    assert len(results) == 7 and _failures(results) == []
+    assert len(results) == 8 and _failures(results) == []
 
 
 @pytest.mark.timeout(30)

@@ -204,11 +204,15 @@ async def test_retained_run_limit_is_507_and_archiving_frees_a_slot(tmp_path):
     assert len(fake.calls) == 3
 
 
+async def fail_job_inserts(journal) -> None:
+    """Make every insert into the journal's jobs table fail like a disk error (``DROP TRIGGER fail_insert``)."""
+    await journal._run(journal._conn.execute, "CREATE TEMP TRIGGER fail_insert BEFORE INSERT ON jobs "
+                       "BEGIN SELECT RAISE(FAIL, 'disk I/O error'); END")
+
+
 async def test_journal_write_failure_at_admission_is_507_with_nothing_half_admitted(tmp_path):
     async with running_app(tmp_path) as (client, app, fake):
-        journal = app.state.runtime.journal  # the insert fails inside the admission transaction
-        await journal._run(journal._conn.execute, "CREATE TEMP TRIGGER fail_insert BEFORE INSERT ON jobs "
-                           "BEGIN SELECT RAISE(FAIL, 'disk I/O error'); END")
+        await fail_job_inserts(app.state.runtime.journal)  # inside the admission transaction
         resp = await client.post("/jobs", json=job("w"), headers=KEY)
         status = await client.get("/jobs/w")
     assert resp.status_code == 507
@@ -216,6 +220,30 @@ async def test_journal_write_failure_at_admission_is_507_with_nothing_half_admit
     assert fake.calls == []
     with sqlite3.connect(tmp_path / "journal.db") as db:
         assert db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
+
+
+async def test_a_failed_admission_write_turns_health_degraded_until_an_admission_succeeds(tmp_path):
+    async with running_app(tmp_path) as (client, app, _fake):
+        journal = app.state.runtime.journal
+        await fail_job_inserts(journal)
+        assert (await client.get("/health")).json()["status"] == "ready"
+        assert (await client.post("/jobs", json=job("w1"), headers=KEY)).status_code == 507
+        assert (await client.get("/health")).json()["status"] == "degraded"
+        await journal._run(journal._conn.execute, "DROP TRIGGER fail_insert")
+        assert (await client.post("/jobs", json=job("w2"), headers=KEY)).status_code == 200
+        assert (await client.get("/health")).json()["status"] == "ready"
+
+
+async def test_a_failed_admission_write_stops_degrading_health_after_its_window(tmp_path, monkeypatch):
+    from aip_crewai.sidecar import runtime as runtime_module
+
+    async with running_app(tmp_path) as (client, app, _fake):
+        journal = app.state.runtime.journal
+        await fail_job_inserts(journal)
+        assert (await client.post("/jobs", json=job("w1"), headers=KEY)).status_code == 507
+        assert (await client.get("/health")).json()["status"] == "degraded"
+        monkeypatch.setattr(runtime_module, "RECENT_WRITE_FAILURE_SECONDS", 0.0)
+        assert (await client.get("/health")).json()["status"] == "ready"
 
 
 async def test_stream_route_sends_all_events_as_sse_frames(tmp_path):

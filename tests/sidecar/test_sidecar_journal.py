@@ -269,3 +269,38 @@ async def test_append_cost_does_not_depend_on_retained_jobs(tmp_path):
             await j.close()
     assert costs[0] == costs[1], costs
     assert costs[0][0] > 10 and costs[0][1] >= 3  # the probe measured real work
+
+
+async def test_the_wal_file_shrinks_back_to_its_limit_after_a_large_commit(tmp_path):
+    path = tmp_path / "journal.db"
+    j = await Journal.open(path)
+    try:
+        await started(j, "big")
+        spike = [EventRow(n, "chunk", msgspec.json.encode("x" * 100_000)) for n in range(1, 121)]
+        assert await j.append_events("big", 1, spike)  # one commit of about 12 MiB
+        assert journal_files.wal_bytes(path) > 2 * journal_files.WAL_SIZE_LIMIT_BYTES
+        # the next commits checkpoint and restart the WAL, which is then truncated to its limit
+        for n in range(121, 124):
+            assert await j.append_events("big", n, [ev(n)])
+        assert journal_files.wal_bytes(path) <= journal_files.WAL_SIZE_LIMIT_BYTES
+    finally:
+        await j.close()
+    assert journal_files.wal_bytes(path) == 0
+
+
+async def test_the_size_bound_counts_the_wal_file(tmp_path):
+    path = tmp_path / "journal.db"
+    j = await Journal.open(path)
+    try:
+        await started(j, "a")
+        assert await j.append_events("a", 1, [EventRow(1, "chunk", msgspec.json.encode("y" * 200_000))])
+        wal = journal_files.wal_bytes(path)
+        pages = await j._run(lambda: j._used_bytes_now() - journal_files.wal_bytes(path))
+        assert wal > 200_000
+        # above the used pages alone, below pages + WAL: full
+        with pytest.raises(JournalFull):
+            await j.admit(new("b"), max_retained_runs=BIG, max_bytes=pages + wal)
+        record, created = await j.admit(new("c"), max_retained_runs=BIG, max_bytes=pages + wal + 1)
+        assert created and record.action_id == "c"
+    finally:
+        await j.close()
