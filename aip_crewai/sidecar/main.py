@@ -39,7 +39,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -89,7 +90,8 @@ def _run(settings: Settings) -> int:
     pool = ThreadPoolExecutor(max_workers=max(8, 4 * settings.max_concurrency), thread_name_prefix=WORKER_PREFIX)
     loop.set_default_executor(pool)
     try:
-        journal = loop.run_until_complete(_open_journal(settings))
+        with extending_start_timeout(settings.notify_socket):
+            journal = loop.run_until_complete(_open_journal(settings))
         status = 2 if journal is None else _load_and_serve(loop, settings, journal)
     finally:
         stuck = _close_loop(loop, pool)
@@ -129,7 +131,8 @@ async def _open_journal(settings: Settings) -> Journal | None:
 def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal: Journal) -> int:
     """Import CrewAI and the registry, then serve; the journal is closed on every path."""
     try:
-        loaded = _load_crews(settings)
+        with extending_start_timeout(settings.notify_socket):
+            loaded = _load_crews(settings)
     except BaseException:
         loop.run_until_complete(journal.close())
         raise
@@ -218,6 +221,46 @@ def _listen(host: str, port: int) -> tuple[int, int]:
         sock.close()
         raise
     return sock.detach(), actual
+
+
+#: While starting, the sidecar asks systemd for this much more time (s) ...
+EXTEND_BY_SECONDS = 30.0
+#: ... every this many seconds (s) ...
+EXTEND_EVERY_SECONDS = 5.0
+#: ... for at most this long in all (s): a start stuck for longer is left to ``TimeoutStartSec``.
+MAX_EXTENDED_START_SECONDS = 900.0
+
+
+@contextmanager
+def extending_start_timeout(address: str | None) -> Iterator[None]:
+    """Keep systemd's start timeout ahead of a slow start (journal check, recovery, CrewAI import).
+
+    While the block runs, a thread sends ``EXTEND_TIMEOUT_USEC=<EXTEND_BY_SECONDS in µs>`` at once
+    and then every :data:`EXTEND_EVERY_SECONDS`, for at most :data:`MAX_EXTENDED_START_SECONDS`.
+    Without ``NOTIFY_SOCKET`` it does nothing.
+
+    Source: README ("Operating under systemd"); sd_notify(3) ``EXTEND_TIMEOUT_USEC``.
+    """
+    if not address:
+        yield
+        return
+    stop = threading.Event()
+    message = f"EXTEND_TIMEOUT_USEC={int(EXTEND_BY_SECONDS * 1_000_000)}"
+
+    def beat() -> None:
+        deadline = time.monotonic() + MAX_EXTENDED_START_SECONDS
+        while time.monotonic() < deadline:
+            sd_notify(address, message)
+            if stop.wait(EXTEND_EVERY_SECONDS):
+                return
+
+    thread = threading.Thread(target=beat, name="aip-crewai-start-extender", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def sd_notify(address: str | None, message: str) -> None:
