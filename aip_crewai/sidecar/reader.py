@@ -25,6 +25,10 @@ from aip_crewai.sidecar.live import LiveJob
 PAGE_MAX_BYTES = 8 * 1024 * 1024
 
 
+#: Events per page a follower reads and sends at once (one journal read, one socket write).
+FOLLOW_PAGE_EVENTS = 1000
+
+
 class JobReader:
     """Reads jobs for the HTTP routes.
 
@@ -102,6 +106,25 @@ class JobReader:
         """Yield events from ``cursor`` live until the terminal one; None every
         ``sse_keepalive_seconds`` without news (a keep-alive tick).
 
+        One event at a time over :meth:`follow_pages`.
+
+        Raises JobNotFound / CursorOutOfRange before the first yield.
+        """
+        async for page in self.follow_pages(action_id, cursor):
+            if page is None:
+                yield None
+                continue
+            for row in page:
+                yield row
+
+    async def follow_pages(self, action_id: str, cursor: int) -> AsyncIterator[list[EventRow] | None]:
+        """Yield the events from ``cursor`` live, a page (up to :data:`FOLLOW_PAGE_EVENTS`
+        events, never empty) at a time, until the page that ends with the terminal event;
+        None every ``sse_keepalive_seconds`` without news (a keep-alive tick).
+
+        Pages are consecutive: no event is skipped or repeated, whether it was
+        committed or still pending when read.
+
         Raises JobNotFound / CursorOutOfRange before the first yield.
         """
         first = True
@@ -109,18 +132,19 @@ class JobReader:
             live = self._live.get(action_id)
             changed = live.changed() if live is not None else None
             try:
-                status, events, count = await self.page(action_id, cursor, limit=256)
+                status, events, count = await self.page(action_id, cursor, limit=FOLLOW_PAGE_EVENTS)
             except JobNotFound:
                 if first:
                     raise
                 return  # archived while followed: the stream ends
             first = False
-            for row in events:
-                yield row
+            for index, row in enumerate(events):
                 if row.terminal:
+                    yield events[: index + 1]
                     return
-            cursor += len(events)
             if events:
+                yield events
+                cursor += len(events)
                 continue
             if status.terminal or live is None or live.lost:
                 return  # terminal (all read), or lost: the stream ends without a terminal event

@@ -262,3 +262,21 @@ async def test_shutdown_lets_jobs_finish_within_the_grace(tmp_path):
         await rt.shutdown(5)
         record = await rt.journal.get("s")
     assert record.status is JobStatus.COMPLETED
+
+
+@pytest.mark.parametrize("checkpoint", [1, 3, 1000])
+async def test_followed_pages_hold_every_event_once_in_order_and_end_at_the_terminal(
+    tmp_path, monkeypatch, checkpoint
+):
+    """Pages stitch committed and pending events; no page is empty or crosses the terminal event."""
+    from aip_crewai.sidecar import reader
+
+    monkeypatch.setattr(reader, "FOLLOW_PAGE_EVENTS", 4)
+    async with runtime(tmp_path, stream_checkpoint_events=checkpoint) as (rt, _fake):
+        await admit(rt, "p", input={"chunks": 9})
+        pages = [page async for page in rt.reads.follow_pages("p", 0) if page is not None]
+        later = [page async for page in rt.reads.follow_pages("p", 5) if page is not None]
+    assert all(0 < len(page) <= 4 for page in pages + later)
+    assert [row.sequence for page in pages for row in page] == list(range(11))  # started, 9 chunks, completed
+    assert [row.sequence for page in later for row in page] == list(range(5, 11))
+    assert pages[-1][-1].event == "completed" and not any(row.terminal for page in pages for row in page[:-1])
