@@ -367,6 +367,7 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
     )
     metrics = Metrics()
     app.state.settings = settings
+    app.state.stopping = asyncio.Event()  # set at SIGTERM by host.main (see host.stopping)
     app.state.clock = clock
     app.state.metrics = metrics
     app.state.crews = {crew.id: crew for crew in settings.crews}

@@ -2,7 +2,12 @@
 
 Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for a configuration
 or store-location error (one line on stderr naming the key, no traceback),
-1 when serving fails.
+1 when serving fails, 130 on a second SIGINT during shutdown (no drain).
+
+Shutdown: the first SIGTERM/SIGINT ends open tenant streams and answers
+blocking calls at once (``host.stopping``), gives other connections
+:data:`CONNECTION_GRACE_S`, then drains in-flight dispatches (up to
+``actions.DRAIN_S``).
 
 Source: ARCHITECTURE.md §11 (operator interface), §1 (the host never imports CrewAI).
 """
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import socket
 import sys
@@ -31,6 +37,11 @@ from .store import (
 )
 
 log = structlog.get_logger(__name__)
+
+#: Seconds hypercorn gives open connections at shutdown (streams end at once; this bounds the rest).
+CONNECTION_GRACE_S = 5.0
+#: Exit status of a second SIGINT during shutdown (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,12 +91,26 @@ async def serve(settings: Settings, sock: socket.socket) -> None:
     from ..serving import hypercorn_config
     from .app import create_app
 
-    config = hypercorn_config([f"fd://{sock.fileno()}"])  # timeouts, header bound, no h2c (README "Security")
+    config = hypercorn_config([f"fd://{sock.fileno()}"],  # timeouts, header bound, no h2c (README "Security")
+                              graceful_timeout=CONNECTION_GRACE_S)
+    app = create_app(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            if signum == signal.SIGINT:  # a second Ctrl-C: no drain
+                log.warning("host_exit_now", signal=signal.Signals(signum).name)
+                sys.stderr.flush()
+                os._exit(EXIT_INTERRUPTED)
+            return
+        log.info("host_stopping", signal=signal.Signals(signum).name)
+        app.state.stopping.set()  # open streams end, blocking calls answer (host.stopping)
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await hypercorn_serve(create_app(settings), config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+        loop.add_signal_handler(signum, on_signal, signum)
+    await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,6 +36,7 @@ from ..sse import encode_comment, encode_event
 from .actions import ActionService
 from .auth import FULL, Principal, authenticate, require_role
 from .lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
+from .stopping import unless_stopping, until_stopping
 from .store import ActionRecord, InvalidCursor, ms_to_rfc3339
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
@@ -133,13 +134,13 @@ async def post_message(request: Request) -> Response:
     stream = _wants_sse(request) or action.streaming
     record = await service.submit(principal, action, env.idempotency_key, stream=stream)
     if stream and _wants_sse(request):
-        return _sse_response(service, record, after=-1)
+        return _sse_response(request, service, record, after=-1)
     if action.mode == "async":
         if is_terminal(record.status) or record.status == ActionState.PENDING_APPROVAL:
             return await _result_response(service, record)
         return aip_json(ack_envelope(record, streaming=False), 202)
     timeout_s = (record.timeout_ms or 600_000) / 1000 + WAIT_MARGIN_S
-    record = await service.wait(record, timeout_s)
+    record = await unless_stopping(request.app.state.stopping, service.wait(record, timeout_s), record)
     return await _result_response(service, record)
 
 
@@ -150,8 +151,9 @@ async def _result_response(service: ActionService, record: ActionRecord) -> Resp
     return aip_json(result_envelope(result), 202 if result.status == "pending_approval" else 200)
 
 
-def _sse_response(service: ActionService, record: ActionRecord, after: int) -> StreamingResponse:
-    return StreamingResponse(follow(service, record, after), media_type="text/event-stream", headers=SSE_HEADERS)
+def _sse_response(request: Request, service: ActionService, record: ActionRecord, after: int) -> StreamingResponse:
+    frames = until_stopping(request.app.state.stopping, follow(service, record, after))
+    return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 def _frame(n: int | None, name: str, env: Envelope) -> bytes:
@@ -302,7 +304,7 @@ async def get_events(request: Request) -> Response:
     _, service, record = await _principal_action(request)
     after = _last_event_n(request)
     if _wants_sse(request):
-        return _sse_response(service, record, after)
+        return _sse_response(request, service, record, after)
     action_id = record.action_id
     events: list[Event] = []
     if after < 0:

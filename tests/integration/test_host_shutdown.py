@@ -1,0 +1,103 @@
+"""Host shutdown with open tenant streams and blocking calls (issue 17 item 4), real processes.
+
+On Python 3.12.1 and later hypercorn waits for open connections, so before
+this fix a host with one open SSE stream was still alive 60 s after SIGTERM.
+The matrix (`make test-matrix`) runs these on the lowest and highest Python.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from aip_crewai.client import new_id
+from aip_crewai.host.stopping import SHUTDOWN_COMMENT
+from host_process import TOKENS, start_host
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+#: The host's own bound on a stop: hypercorn's grace for connections plus the dispatch drain.
+STOP_BOUND_S = 5.0 + 20.0
+
+
+@pytest.fixture
+def stack(sidecar_factory, tmp_path):
+    sidecar = sidecar_factory.start()
+    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token)
+    try:
+        yield host, sidecar, tmp_path / "host"
+    finally:
+        host.stop(signal.SIGKILL)
+
+
+def approved_slow_run(host) -> str:
+    """An approved run of the ``slow`` crew (about 6 s), running; returns its action id."""
+    action_id = new_id("act")
+    with host.client("acme-app") as app:
+        pending = app.call("cap:crewai:slow", {"topic": "t"}, action_id=action_id, idempotency_key=new_id("key"),
+                           mode="async")
+        approval_id = pending["body"]["action_result"]["output"]["approval_id"]
+    with host.client("acme-approver") as approver:
+        approver.decide(approval_id, "approved", "shutdown test")
+    return action_id
+
+
+def log_has(host, text: str, deadline_s: float = 30.0) -> None:
+    end = time.monotonic() + deadline_s
+    while text not in host.log.read_text():
+        assert time.monotonic() < end, f"{text!r} never logged"
+        time.sleep(0.02)
+
+
+def test_sigterm_ends_open_streams_and_the_host_exits_in_its_grace(stack):
+    host, sidecar, workdir = stack
+    action_id = approved_slow_run(host)
+    headers = {"Authorization": f"Bearer {TOKENS['acme-app']}", "Accept": "text/event-stream"}
+    received = bytearray()
+    first_chunk = threading.Event()
+
+    def follow() -> None:
+        with httpx.stream("GET", f"{host.base_url}/aip/v1/actions/{action_id}/events", headers=headers,
+                          timeout=60) as response:
+            for piece in response.iter_raw():
+                received.extend(piece)
+                if b"event: chunk" in received:
+                    first_chunk.set()
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    assert first_chunk.wait(30)
+    started = time.monotonic()
+    host.process.send_signal(signal.SIGTERM)
+    follower.join(10)
+    assert not follower.is_alive(), "the stream did not end at SIGTERM"
+    assert host.process.wait(timeout=STOP_BOUND_S + 5) == 0
+    assert time.monotonic() - started < STOP_BOUND_S
+    assert bytes(received).endswith(SHUTDOWN_COMMENT) and b"event: result" not in received
+    log = host.log.read_text()
+    assert "Traceback" not in log and "CancelledError" not in log
+    # the tenant resumes on a new host from the last position it saw
+    last_id = bytes(received).rsplit(b"id: ", 1)[1].split(b"\n", 1)[0].decode()
+    again = start_host(workdir, sidecar.base_url, sidecar.token)
+    try:
+        with again.client("acme-app") as app:
+            resumed = list(app.follow(action_id, last_event_id=last_id))
+        assert resumed[-1][0] == "result"
+        assert resumed[0][1]["_sse_id"] != last_id  # nothing repeated
+    finally:
+        again.stop()
+
+
+def test_a_second_sigint_exits_at_once_without_draining(stack):
+    host, _sidecar, _workdir = stack
+    approved_slow_run(host)
+    host.process.send_signal(signal.SIGINT)
+    log_has(host, "host_stopping")
+    started = time.monotonic()
+    host.process.send_signal(signal.SIGINT)
+    assert host.process.wait(timeout=10) == 130
+    assert time.monotonic() - started < 5
