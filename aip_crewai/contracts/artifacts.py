@@ -21,11 +21,42 @@ from .operations import CATALOGUE, OperationSpec
 
 
 def input_schema(spec: OperationSpec) -> dict[str, Any]:
-    """JSON Schema (draft 2020-12) of an operation's input, from its type."""
-    schema = msgspec.json.schema(spec.input_type)
+    """JSON Schema (draft 2020-12) of an operation's input, from its type.
+
+    The root is always the input object itself (``"type": "object"`` at the
+    top, see :func:`inline_root`): clients that turn capabilities into LLM
+    tools reject a top-level ``$ref``.
+    """
+    schema = inline_root(msgspec.json.schema(spec.input_type))
     schema.setdefault("$schema", "https://json-schema.org/draft/2020-12/schema")
     schema.setdefault("title", f"{spec.name} input")
     return schema
+
+
+def inline_root(schema: dict[str, Any]) -> dict[str, Any]:
+    """Replace a root ``{"$ref": "#/$defs/X", "$defs": {...}}`` by X's definition.
+
+    Args:
+        schema: a JSON Schema as msgspec generates it.
+
+    Returns:
+        A new schema whose root holds X's keywords; ``$defs`` keeps the other
+        definitions, and X too when something still refers to it (a recursive
+        type). A schema without a root ``$ref`` is returned as a copy.
+    """
+    ref = schema.get("$ref")
+    defs = dict(schema.get("$defs") or {})
+    prefix = "#/$defs/"
+    if not isinstance(ref, str) or not ref.startswith(prefix) or ref[len(prefix):] not in defs:
+        return dict(schema)
+    name = ref[len(prefix):]
+    root = {key: value for key, value in schema.items() if key not in ("$ref", "$defs")}
+    root.update(defs[name])
+    if f'"{ref}"' not in json.dumps(defs):
+        del defs[name]
+    if defs:
+        root["$defs"] = defs
+    return root
 
 
 def _record(spec: OperationSpec) -> dict[str, Any]:

@@ -1,9 +1,14 @@
 """Canonical hashing, the error catalogue, and drift of generated artifacts."""
 
 import hashlib
+import json
 from pathlib import Path
 
+import pytest
+
 from aip_crewai.contracts import artifacts
+from aip_crewai.contracts.artifacts import inline_root, input_schema
+from aip_crewai.contracts.operations import CATALOGUE
 from aip_crewai.contracts.errors import AipError, Category, ConnectorTransport, ConnectorExecutionFailed, all_error_classes
 from aip_crewai.contracts.hashing import canonical_json, jcs, request_hash
 
@@ -56,3 +61,22 @@ def test_capabilities_document_counts_first():
     assert list(doc)[:3] == ["connector_profile", "crewai_package", "counts"]
     assert [r["operation"] for r in doc["operations"]][0] == "run"
     assert doc["operations"][0]["capability_template"] == "cap:crewai:<crew_id>"
+
+
+@pytest.mark.parametrize("spec", CATALOGUE, ids=lambda s: s.name)
+def test_every_input_schema_is_an_object_at_its_root(spec) -> None:
+    """Tool-calling clients need ``type: object`` at the top, never a root ``$ref`` (issue 20 item 4)."""
+    schema = input_schema(spec)
+    assert schema["type"] == "object" and "$ref" not in schema
+    assert all(f"#/$defs/{name}" in json.dumps(schema) for name in schema.get("$defs", {}))  # no unused defs
+
+
+def test_inline_root_keeps_definitions_still_referred_to() -> None:
+    node = {"type": "object", "properties": {"child": {"$ref": "#/$defs/Node"}, "leaf": {"$ref": "#/$defs/Leaf"}}}
+    schema = {"$ref": "#/$defs/Node", "$defs": {"Node": node, "Leaf": {"type": "string"}, "Unused": {}}}
+    inlined = inline_root(schema)
+    assert inlined["type"] == "object" and "$ref" not in inlined
+    assert set(inlined["$defs"]) == {"Node", "Leaf", "Unused"}  # Node is recursive: kept
+    flat = inline_root({"$ref": "#/$defs/A", "$defs": {"A": {"type": "object"}}})
+    assert flat == {"type": "object"}
+    assert inline_root({"type": "object"}) == {"type": "object"}
