@@ -54,6 +54,7 @@ import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -277,6 +278,30 @@ def _extensions(names: Sequence[str]) -> list[Any]:
     return [importlib.import_module(name) for name in names]
 
 
+# --- CORS ----------------------------------------------------------------------
+
+#: Request headers a browser may send cross-origin (the AIP routes' own).
+CORS_ALLOW_HEADERS = ("Authorization", "Content-Type", "Last-Event-ID")
+#: Response headers a cross-origin script may read.
+CORS_EXPOSE_HEADERS = ("X-Request-ID",)
+#: How long a browser may cache a preflight answer, seconds.
+CORS_MAX_AGE_S = 600
+
+
+def _cors(settings: Settings) -> list[Middleware]:
+    """Starlette's CORS middleware for ``[host] cors_origins``, or nothing when there are none.
+
+    Exact origins only (no wildcard, no credentials: principals send a bearer
+    token or a signature, never cookies). A preflight from another origin
+    gets 400 and no ``Access-Control-Allow-*`` headers. Source: README "Browsers".
+    """
+    if not settings.cors_origins:
+        return []
+    return [Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
+                       allow_headers=list(CORS_ALLOW_HEADERS), expose_headers=list(CORS_EXPOSE_HEADERS),
+                       allow_credentials=False, max_age=CORS_MAX_AGE_S)]
+
+
 # --- lifespan ------------------------------------------------------------------
 
 
@@ -356,7 +381,7 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
             routes.extend(module.routes())
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware),
+        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware), *_cors(settings),
                     Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: error_response(Overloaded(MAX_IN_FLIGHT))),
                     Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
                     Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S,

@@ -7,6 +7,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     store = "host.db"                  # required; SQLite file of the host store
     max_response_bytes = 67108864      # 1 .. 268435456 bytes; default 64 MiB
     readiness_interval_ms = 5000       # our addition: sidecar /health poll period, 100 .. 600000 ms
+    cors_origins = []                  # browser origins allowed to call the AIP routes, e.g. "https://app.example"
 
     [sidecar]
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -71,6 +72,8 @@ from .admission import AdmissionError, CrewDescriptor, load_descriptors
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
+#: At most this many ``[host] cors_origins``.
+MAX_CORS_ORIGINS = 64
 #: Sidecar token file bounds, bytes (ARCHITECTURE.md §4).
 #: Crews file bound, bytes (1,000 descriptors of at most ~17 KiB each, with room).
 MAX_CREWS_FILE_BYTES = 32 * 1024 * 1024
@@ -111,6 +114,7 @@ class _HostTable(_Table, frozen=True):
     bind: str = "127.0.0.1:8081"
     max_response_bytes: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESPONSE_BYTES_LIMIT)] = DEFAULT_MAX_RESPONSE_BYTES
     readiness_interval_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)] = 5_000
+    cors_origins: Annotated[list[str], msgspec.Meta(max_length=MAX_CORS_ORIGINS)] = []
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -176,6 +180,8 @@ class Settings:
         principals: configured principals in file order.
         readiness_interval_s: sidecar ``/health`` poll period, seconds.
         notify_socket: systemd ``NOTIFY_SOCKET`` address, or None.
+        cors_origins: browser origins (``scheme://host[:port]``) allowed by
+            CORS; empty: no CORS headers at all (README "Browsers").
     """
 
     config_path: Path
@@ -191,6 +197,7 @@ class Settings:
     readiness_interval_s: float = 5.0
     notify_socket: str | None = None
     sidecar_proxy: str | None = None
+    cors_origins: tuple[str, ...] = ()
 
 
 # --- loading -----------------------------------------------------------------
@@ -407,7 +414,23 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         readiness_interval_s=host.readiness_interval_ms / 1000,
         notify_socket=env.get("NOTIFY_SOCKET") or None,
         sidecar_proxy=proxy,
+        cors_origins=tuple(_cors_origin(index, origin) for index, origin in enumerate(host.cors_origins)),
     )
+
+
+_ORIGIN = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?$")
+
+
+def _cors_origin(index: int, origin: str) -> str:
+    """One ``[host] cors_origins`` entry: an exact ``http(s)://host[:port]`` origin (no path, no wildcard).
+
+    Raises:
+        ConfigError: ``host.cors_origins[index]`` otherwise.
+    """
+    if not _ORIGIN.match(origin):
+        raise ConfigError(f"host.cors_origins[{index}]", f"{origin!r} is not an origin: use scheme://host[:port] "
+                          "with http or https, without a path or a wildcard")
+    return origin.lower()
 
 
 def load_settings(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Settings:

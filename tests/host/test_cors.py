@@ -1,0 +1,67 @@
+"""CORS for browsers (issue 19 item 3): `[host] cors_origins`, an allowed and a refused origin."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from aip_crewai.host.config import MAX_CORS_ORIGINS, ConfigError, load_settings
+
+from hostkit import HostFiles, base_document, bearer, running
+
+ALLOWED = "https://console.example"
+REFUSED = "https://evil.example"
+
+
+def load(files: HostFiles, origins):
+    doc = base_document()
+    doc["host"]["cors_origins"] = origins
+    files.write(doc)
+    return load_settings(files.config, environ={})
+
+
+def test_origins_are_exact_http_or_https_origins(host_files: HostFiles) -> None:
+    settings = load(host_files, ["https://Console.Example", "http://127.0.0.1:5173", "http://[::1]:8080"])
+    assert settings.cors_origins == ("https://console.example", "http://127.0.0.1:5173", "http://[::1]:8080")
+    assert load(host_files, []).cors_origins == ()
+    for bad in ("*", "https://a.example/", "https://a.example/path", "ftp://a.example", "a.example", ""):
+        with pytest.raises(ConfigError) as info:
+            load(host_files, ["https://ok.example", bad])
+        assert info.value.key == "host.cors_origins[1]"
+
+
+def test_at_most_the_documented_number_of_origins(host_files: HostFiles) -> None:
+    origins = [f"https://o{i}.example" for i in range(MAX_CORS_ORIGINS + 1)]
+    assert len(load(host_files, origins[:-1]).cors_origins) == MAX_CORS_ORIGINS
+    with pytest.raises(ConfigError) as info:
+        load(host_files, origins)
+    assert info.value.key.startswith("host.cors_origins")
+
+
+PREFLIGHT = {"Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type, last-event-id"}
+
+
+async def test_a_preflight_from_an_allowed_origin_is_answered_and_a_refused_one_is_not(make_app, settings) -> None:
+    app = make_app(dataclasses.replace(settings, cors_origins=(ALLOWED,)))
+    async with running(app) as http:
+        allowed = await http.options("/aip/v1/messages", headers={"Origin": ALLOWED, **PREFLIGHT})
+        refused = await http.options("/aip/v1/messages", headers={"Origin": REFUSED, **PREFLIGHT})
+        read = await http.get("/aip/v1/manifest", headers={"Origin": ALLOWED, **bearer("acme-invoker")})
+        foreign_read = await http.get("/aip/v1/manifest", headers={"Origin": REFUSED, **bearer("acme-invoker")})
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == ALLOWED
+    allowed_headers = {h.strip().lower() for h in allowed.headers["access-control-allow-headers"].split(",")}
+    assert {"authorization", "content-type", "last-event-id"} <= allowed_headers
+    assert "access-control-allow-credentials" not in allowed.headers
+    assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+    assert read.headers["access-control-allow-origin"] == ALLOWED
+    assert "x-request-id" in read.headers["access-control-expose-headers"].lower()
+    assert "access-control-allow-origin" not in foreign_read.headers
+
+
+async def test_without_origins_there_are_no_cors_headers(client) -> None:
+    preflight = await client.options("/aip/v1/messages", headers={"Origin": ALLOWED, **PREFLIGHT})
+    assert "access-control-allow-origin" not in preflight.headers
+    assert preflight.status_code == 405
