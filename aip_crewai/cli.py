@@ -102,7 +102,7 @@ def _call(args: argparse.Namespace) -> int:
                     print(json.dumps({"event": event, "envelope": envelope}, separators=(",", ":")), flush=True)
                 elif event in ("chunk", "done") and _chunk_text(envelope):
                     print(_chunk_text(envelope), end="", flush=True)
-                elif event in ("result", "error", "ack"):
+                elif event in ("result", "aip_error", "ack"):
                     print(f"\n[{event}]", flush=True)
                     _print(envelope.get("body"), False)
             return 0

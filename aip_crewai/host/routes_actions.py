@@ -169,6 +169,17 @@ def _error_envelope(action_id: str, error: ProtocolError) -> Envelope:
     return envelope("aip.core.v1.error", Body(error=ErrorBody(error=error)), correlation_id=action_id)
 
 
+#: SSE event name of a failed action's error frame: not ``error``, which browsers hand to
+#: ``EventSource.onerror`` (their connection-failure handler). README "Streams".
+ERROR_EVENT = "aip_error"
+
+
+def final_position(record: ActionRecord, result: Any) -> int:
+    """Stream position (``sse_<n>``) of the ``result`` frame of an ended action: after the ack,
+    its ``chunk_count`` chunks and the error frame when ``result.error`` is set."""
+    return 1 + record.chunk_count + (1 if result.error is not None else 0)
+
+
 async def follow(service: ActionService, record: ActionRecord, after: int) -> AsyncIterator[bytes]:
     """The AIP SSE stream of one action (profile ``aip.sse.stream.v1``).
 
@@ -202,11 +213,9 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
             result = await service.result(record)
             if result is None:
                 return
-            n = 1 + record.chunk_count
-            if result.error is not None:
-                if n > after:
-                    yield _frame(n, "error", _error_envelope(action_id, result.error))
-                n += 1
+            n = final_position(record, result)
+            if result.error is not None and n - 1 > after:
+                yield _frame(n - 1, ERROR_EVENT, _error_envelope(action_id, result.error))
             if result.status == "pending_approval":
                 # Not a position of the action's history: no id, so a client
                 # resuming later continues after the ack, at the first chunk.
@@ -304,6 +313,10 @@ async def get_events(request: Request) -> Response:
     _, service, record = await _principal_action(request)
     after = _last_event_n(request)
     if _wants_sse(request):
+        if after >= 0 and is_terminal(record.status):
+            result = await service.result(record)
+            if result is not None and after >= final_position(record, result):
+                return Response(status_code=204)  # all delivered: EventSource stops reconnecting
         return _sse_response(request, service, record, after)
     action_id = record.action_id
     events: list[Event] = []
@@ -322,13 +335,11 @@ async def get_events(request: Request) -> Response:
     done = False
     if terminal and last + 1 >= record.chunk_count:
         result = await service.result(record)
-        n = 1 + record.chunk_count
-        if result is not None and result.error is not None:
-            if n > after:
-                events.append(Event(id=f"sse_{n}", kind="aip.core.v1.error", occurred_at=updated,
-                                    action_id=action_id, correlation_id=action_id,
-                                    data=ErrorBody(error=result.error)))
-            n += 1
+        n = 1 + record.chunk_count if result is None else final_position(record, result)
+        if result is not None and result.error is not None and n - 1 > after:
+            events.append(Event(id=f"sse_{n - 1}", kind="aip.core.v1.error", occurred_at=updated,
+                                action_id=action_id, correlation_id=action_id,
+                                data=ErrorBody(error=result.error)))
         if result is not None and n > after:
             events.append(Event(id=f"sse_{n}", kind="aip.core.v1.action_result", occurred_at=updated,
                                 action_id=action_id, correlation_id=action_id, data=result))

@@ -173,7 +173,7 @@ async def test_cancel_denied_and_failed_conform(aip, fake, schemas):
             break
     assert body_of(failed.json())["error"]["code"] == "connector.crewai.execution_failed"
     replay = frames(await aip.get("/aip/v1/actions/conf_failed/events", headers={**bearer("acme-invoker"), **SSE}))
-    assert [f[0] for f in replay][-2:] == ["error", "result"]
+    assert [f[0] for f in replay][-2:] == ["aip_error", "result"]  # not "error": EventSource.onerror
     assert body_of(replay[-2][2])["error"]["code"] == "connector.crewai.execution_failed"
     page = (await aip.get("/aip/v1/actions/conf_failed/events", headers=bearer("acme-invoker"))).json()
     assert [e["kind"] for e in page["events"]][-2:] == ["aip.core.v1.error", "aip.core.v1.action_result"]

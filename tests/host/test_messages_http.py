@@ -89,6 +89,11 @@ async def test_approval_round_trip_over_http(http, fake):
     resumed = await http.get("/aip/v1/actions/act_run/events", headers={
         **bearer("acme-invoker"), "Accept": "text/event-stream", "Last-Event-ID": "sse_2"})
     assert [ident for _, ident, _ in sse_events(resumed.content)] == ["sse_3", "sse_4"]
+    # an EventSource reconnecting after the result frame is told to stop: 204, as the SSE spec allows
+    for last in ("sse_4", "sse_9"):
+        ended = await http.get("/aip/v1/actions/act_run/events", headers={
+            **bearer("acme-invoker"), "Accept": "text/event-stream", "Last-Event-ID": last})
+        assert ended.status_code == 204 and ended.content == b""
 
 
 async def test_changed_input_is_409_and_missing_key_is_400(http):
