@@ -334,7 +334,8 @@ def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) ->
         try:
             app.state.store, app.state.http = store, http
             app.state.authenticator.claims = store
-            app.state.readiness = Readiness(http, settings.crews, app.state.metrics, clock=app.state.clock)
+            app.state.readiness = Readiness(http, settings.crews, app.state.metrics, clock=app.state.clock,
+                                            on_crew_inputs=app.state.capabilities.set_crew_inputs)
             async with contextlib.AsyncExitStack() as stack:
                 for module in modules:
                     if hasattr(module, "lifespan"):

@@ -51,6 +51,7 @@ from ..contracts.inputs import MAX_INPUT_BYTES
 from ..contracts.sidecar import DEFAULT_TIMEOUT_MS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_TIMEOUT_MS
 from .admission import CrewDescriptor
 from .auth import authenticate
+from .crew_inputs import CrewInputs, project_input_schema
 
 _SCHEMA = "https://json-schema.org/draft/2020-12/schema"
 _JSON_OBJECT_OR_NULL = {"anyOf": [{"type": "object"}, {"type": "null"}]}
@@ -195,8 +196,9 @@ def execution_contract(spec: OperationSpec) -> ExecutionContract:
     )
 
 
-def capability_for(crew: CrewDescriptor, spec: OperationSpec) -> Capability:
-    """The capability of one (crew, operation), with the whole contract (README "Capabilities")."""
+def capability_for(crew: CrewDescriptor, spec: OperationSpec, inputs: CrewInputs | None = None) -> Capability:
+    """The capability of one (crew, operation), with the whole contract (README "Capabilities");
+    ``inputs`` (the sidecar's report for the crew) names the kickoff inputs in the input schema."""
     contract = CapabilityContract(
         side_effects=list(spec.side_effects),
         idempotency=IdempotencyContract(requirement=spec.key.value),
@@ -210,7 +212,7 @@ def capability_for(crew: CrewDescriptor, spec: OperationSpec) -> Capability:
         name=f"CrewAI {crew.name}: {spec.display_name}",
         kind=spec.kind.value,
         risk=spec.risk.value,
-        input_schema=input_schema(spec),
+        input_schema=project_input_schema(input_schema(spec), spec.name, inputs),
         output_schema=output_schema(spec),
         requires_human_approval=spec.approval,
         bindings=[Binding(profile=NATIVE_PROFILE, method="POST", path="/aip/v1/messages",
@@ -222,10 +224,10 @@ def capability_for(crew: CrewDescriptor, spec: OperationSpec) -> Capability:
     )
 
 
-def crew_capabilities(crew: CrewDescriptor) -> tuple[Capability, ...]:
+def crew_capabilities(crew: CrewDescriptor, inputs: CrewInputs | None = None) -> tuple[Capability, ...]:
     """One capability per allowed operation of ``crew``, in catalogue order."""
     allowed = set(crew.allowed_operations)
-    return tuple(capability_for(crew, spec) for spec in CATALOGUE if spec.name in allowed)
+    return tuple(capability_for(crew, spec, inputs) for spec in CATALOGUE if spec.name in allowed)
 
 
 #: The host as the manifest's ``agent``.
@@ -263,16 +265,29 @@ class CapabilityIndex:
 
     def __init__(self, crews: Iterable[CrewDescriptor], tenants: Mapping[str, Iterable[str]]) -> None:
         self.crews = {crew.id: crew for crew in crews}
-        self.by_crew = {crew_id: crew_capabilities(crew) for crew_id, crew in self.crews.items()}
-        self._by_id = {cap.id: cap for caps in self.by_crew.values() for cap in caps}
-        self._visible: dict[str, dict[str, tuple[str, ...]]] = {}
-        self._manifests: dict[str, bytes] = {}
-        for tenant, crew_ids in tenants.items():
+        self.tenants = {tenant: tuple(crew_ids) for tenant, crew_ids in tenants.items()}
+        self.crew_inputs: dict[str, CrewInputs] = {}
+        self._build()
+
+    def set_crew_inputs(self, inputs: Mapping[str, CrewInputs]) -> None:
+        """Project the sidecar's reported crew inputs into every input schema (rebuilds the manifests)."""
+        self.crew_inputs = dict(inputs)
+        self._build()
+
+    def _build(self) -> None:
+        by_crew = {crew_id: crew_capabilities(crew, self.crew_inputs.get(crew_id))
+                   for crew_id, crew in self.crews.items()}
+        visible_by_tenant: dict[str, dict[str, tuple[str, ...]]] = {}
+        manifests: dict[str, bytes] = {}
+        for tenant, crew_ids in self.tenants.items():
             wanted = set(crew_ids)
             visible = {cid: crew.allowed_operations for cid, crew in self.crews.items() if cid in wanted}
-            self._visible[tenant] = visible
-            self._manifests[tenant] = msgspec.json.encode(to_wire(
-                manifest_for([cap for cid in visible for cap in self.by_crew[cid]])))
+            visible_by_tenant[tenant] = visible
+            manifests[tenant] = msgspec.json.encode(to_wire(
+                manifest_for([cap for cid in visible for cap in by_crew[cid]])))
+        # swapped whole: a reader sees the old or the new index, never a mix
+        self.by_crew, self._visible, self._manifests = by_crew, visible_by_tenant, manifests
+        self._by_id = {cap.id: cap for caps in by_crew.values() for cap in caps}
 
     def manifest_bytes(self, tenant: str) -> bytes:
         """The encoded manifest of ``tenant`` (no capabilities for an unknown or closed tenant)."""

@@ -30,6 +30,7 @@ import msgspec
 import structlog
 
 from .admission import CrewDescriptor
+from .crew_inputs import CrewInputs, parse_crew_inputs
 from .metrics import Metrics
 
 log = structlog.get_logger(__name__)
@@ -113,8 +114,11 @@ class Readiness:
     """
 
     def __init__(self, http: httpx.AsyncClient, crews: Iterable[CrewDescriptor], metrics: Metrics,
-                 *, clock: Callable[[], float] = time.time) -> None:
+                 *, clock: Callable[[], float] = time.time,
+                 on_crew_inputs: Callable[[dict[str, CrewInputs]], None] | None = None) -> None:
         self.http = http
+        self.on_crew_inputs = on_crew_inputs
+        self.crew_inputs: dict[str, CrewInputs] = {}
         self.crews = tuple(crews)
         self.metrics = metrics
         self.clock = clock
@@ -142,7 +146,17 @@ class Readiness:
             decoded = msgspec.json.decode(body)
         except msgspec.DecodeError:
             return "sidecar health is not valid JSON"
+        self._observe_crew_inputs(decoded)
         return evaluate_health(decoded, self.crews)
+
+    def _observe_crew_inputs(self, body: Any) -> None:
+        """Keep the ``crew_inputs`` a sidecar reports (``crew_inputs.parse_crew_inputs``); tell the listener on change."""
+        found = parse_crew_inputs(body.get("crew_inputs") if isinstance(body, dict) else None)
+        if found != self.crew_inputs:
+            self.crew_inputs = found
+            log.info("crew_inputs_changed", crews=len(found))
+            if self.on_crew_inputs is not None:
+                self.on_crew_inputs(found)
 
     async def _check(self) -> ReadinessState:
         reason = await self._probe()

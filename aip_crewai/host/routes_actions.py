@@ -36,6 +36,7 @@ from ..sse import encode_comment, encode_event
 from .actions import ActionService
 from .auth import FULL, Principal, authenticate, require_role
 from .lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
+from .crew_inputs import check_crew_inputs
 from .stopping import unless_stopping, until_stopping
 from .store import ActionRecord, InvalidCursor, ms_to_rfc3339
 
@@ -132,6 +133,9 @@ async def post_message(request: Request) -> Response:
     if action is None:
         raise InvalidEnvelope("this route accepts aip.core.v1.action and aip.core.v1.cancel envelopes")
     stream = _wants_sse(request) or action.streaming
+    index = request.app.state.capabilities
+    resolved = index.resolve(principal.tenant, action.capability_id)
+    check_crew_inputs(resolved.spec.name, action.input, index.crew_inputs.get(resolved.crew.id))
     record = await service.submit(principal, action, env.idempotency_key, stream=stream)
     if stream and _wants_sse(request):
         return _sse_response(request, service, record, after=-1)

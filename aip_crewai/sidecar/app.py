@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -85,7 +86,7 @@ def create_app(
     crews: Collection[str] | None = None,
     executor: Executor | None = None,
     journal: Journal | None = None,
-    crew_problems: Mapping[str, list[str]] | None = None,
+    crew_facts: CrewFacts | None = None,
 ) -> Starlette:
     """Build the sidecar ASGI app.
 
@@ -97,8 +98,8 @@ def create_app(
         journal: an already opened and recovered journal (``main`` opens it
             before serving); None: the lifespan opens and recovers
             ``settings.journal``. Either way the lifespan closes it.
-        crew_problems: ``{crew_id: [code]}`` found at start-up
-            (``operations._preflight``), published in ``/health``.
+        crew_facts: what the start-up check found per crew
+            (:class:`CrewFacts`), published in ``/health``.
 
     Returns:
         The Starlette app; ``app.state.runtime`` is set during the lifespan.
@@ -106,7 +107,7 @@ def create_app(
     if crews is None or executor is None:
         crews, executor, _none = registry_executor(settings.registry)
     crew_ids, run = frozenset(crews), executor
-    problems = {crew: list(codes) for crew, codes in (crew_problems or {}).items()}
+    facts = crew_facts or CrewFacts()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -116,7 +117,7 @@ def create_app(
                 raise RuntimeError("settings.journal is not set")
             owned = await Journal.open(settings.journal)
             await recover(owned)
-        runtime = Runtime(settings, owned, crew_ids, run, crew_problems=problems)
+        runtime = Runtime(settings, owned, crew_ids, run, crew_problems=facts.problems, crew_inputs=facts.inputs)
         app.state.runtime = runtime
         try:
             yield
@@ -155,14 +156,14 @@ async def recover(journal: Journal) -> None:
                     uncertain_outcome=previous is JobStatus.RUNNING)
 
 
-def registry_executor(spec: str, *, preflight: bool = False) -> tuple[frozenset[str], Executor, dict[str, list[str]]]:
+def registry_executor(spec: str, *, preflight: bool = False) -> tuple[frozenset[str], Executor, CrewFacts]:
     """Load the crew registry ``spec`` and wrap ``operations.execute`` (imports CrewAI).
 
     Returns:
-        ``(crew ids, executor, crew problems)``; the problems
-        (``operations._preflight.crew_problems``: ``{crew_id: [code]}``) are
-        only looked for with ``preflight=True`` (each crew is built once),
-        else ``{}``.
+        ``(crew ids, executor, crew facts)``; the facts
+        (``operations._preflight.preflight``: problems and inputs per crew)
+        are only looked for with ``preflight=True`` (each crew is built
+        once), else empty.
 
     Raises:
         RegistryError, ImportError: the spec cannot be loaded.
@@ -171,12 +172,22 @@ def registry_executor(spec: str, *, preflight: bool = False) -> tuple[frozenset[
     from aip_crewai.sidecar.registry import load_registry
 
     registry = load_registry(spec)
-    problems: dict[str, list[str]] = {}
+    facts = CrewFacts()
     if preflight:
-        from aip_crewai.sidecar.operations._preflight import crew_problems
+        from aip_crewai.sidecar.operations._preflight import preflight as check_crews
 
-        problems = crew_problems(registry)
-    return frozenset(registry), executor_for(registry, execute), problems
+        found = check_crews(registry)
+        facts = CrewFacts(found.problems, found.inputs)
+    return frozenset(registry), executor_for(registry, execute), facts
+
+
+@dataclass(frozen=True)
+class CrewFacts:
+    """Per-crew facts published in ``/health`` (``operations._preflight``): ``problems``
+    ``{crew_id: [code]}`` and ``inputs`` ``{crew_id: {"placeholders": [name], "defaults": bool}}``."""
+
+    problems: Mapping[str, list[str]] = field(default_factory=dict)
+    inputs: Mapping[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def executor_for(registry: Mapping[str, Any], execute: Any) -> Executor:

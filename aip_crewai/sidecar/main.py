@@ -52,6 +52,7 @@ from aip_crewai.log import configure_logging
 from aip_crewai.sidecar.config import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
+    from aip_crewai.sidecar.app import CrewFacts
     from aip_crewai.sidecar.journal import Journal
 
 log = structlog.get_logger(__name__)
@@ -139,11 +140,11 @@ def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal
     if isinstance(loaded, int):  # refused
         loop.run_until_complete(journal.close())
         return loaded
-    crews, executor, problems = loaded
-    return loop.run_until_complete(_serve(settings, crews, executor, journal, problems))
+    crews, executor, facts = loaded
+    return loop.run_until_complete(_serve(settings, crews, executor, journal, facts))
 
 
-def _load_crews(settings: Settings) -> tuple[frozenset[str], object, dict[str, list[str]]] | int:
+def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
     """CrewAI's environment, ``import crewai`` and the registry; an exit status when refused."""
     from aip_crewai.sidecar.crewai_env import capture_crewai_prints, import_crewai, prepare_crewai_environment
 
@@ -159,16 +160,16 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, dict[str, l
     from aip_crewai.sidecar.registry import RegistryError
 
     try:
-        crews, executor, problems = registry_executor(settings.registry, preflight=True)
+        crews, executor, facts = registry_executor(settings.registry, preflight=True)
     except (RegistryError, ImportError) as exc:
         return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {exc}")
-    log.info("crewai_ready", crews=len(crews), unusable_crews=len(problems),
+    log.info("crewai_ready", crews=len(crews), unusable_crews=len(facts.problems),
              import_ms=int((time.monotonic() - started) * 1000))
-    return crews, executor, problems
+    return crews, executor, facts
 
 
 async def _serve(settings: Settings, crews: frozenset[str], executor: object, journal: Journal,
-                 crew_problems: dict[str, list[str]]) -> int:
+                 crew_facts: CrewFacts) -> int:
     from hypercorn.asyncio import serve
 
     from aip_crewai.serving import hypercorn_config
@@ -183,7 +184,7 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
         await journal.close()
         raise
     app = create_app(settings, crews=crews, executor=executor, journal=journal,  # type: ignore[arg-type]
-                     crew_problems=crew_problems)
+                     crew_facts=crew_facts)
     # timeouts, header bound, no h2c (README "Security")
     config = hypercorn_config([f"fd://{fd}"], errorlog=_hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
     stop = asyncio.Event()

@@ -105,9 +105,11 @@ class Runtime:
     """
 
     def __init__(self, settings: Settings, journal: Journal, crews: Collection[str], executor: Executor,
-                 *, crew_problems: Mapping[str, list[str]] | None = None) -> None:
+                 *, crew_problems: Mapping[str, list[str]] | None = None,
+                 crew_inputs: Mapping[str, dict[str, Any]] | None = None) -> None:
         self.settings = settings
         self.crew_problems = {crew: list(codes) for crew, codes in (crew_problems or {}).items()}
+        self.crew_inputs = {crew: dict(facts) for crew, facts in (crew_inputs or {}).items()}
         self.journal = journal
         self.crews = frozenset(crews)
         self._executor = executor
@@ -493,6 +495,7 @@ class Runtime:
             "operations": s.operations,
             "training_directory": s.training_dir is not None,
             "crew_problems": self.crew_problems,
+            "crew_inputs": self.crew_inputs,
         }
 
     def _degraded(self) -> bool:

@@ -33,6 +33,7 @@ class FakeSidecar:
 
     def __init__(self, token: str = "sidecar-token") -> None:
         self.token = token
+        self.health: dict[str, Any] = {"status": "ready"}  # what GET /health answers (tests may add fields)
         self.jobs: dict[str, FakeJob] = {}
         self.executions = 0
         self.requests: list[httpx.Request] = []
@@ -79,7 +80,7 @@ class FakeSidecar:
         if request.headers.get("authorization") != f"Bearer {self.token}":
             return httpx.Response(401, json={"detail": "unauthorized"})
         if path == "/health":
-            return httpx.Response(200, json={"status": "ready"})
+            return httpx.Response(200, json=self.health)
         if path in ("/jobs", "/jobs/stream") and request.method == "POST":
             job = self._admit(json.loads(request.content))
             if path == "/jobs":

@@ -96,3 +96,13 @@ def test_a_printed_line_is_bounded_while_it_waits_for_its_newline() -> None:
 ])
 def test_printed_error_label_keeps_plain_words_only(line, label) -> None:
     assert printed_error_label(line) == label
+
+
+def test_preflight_reports_each_buildable_crews_placeholders_and_whether_it_fills_defaults(crewai_state_dir) -> None:
+    from aip_crewai.sidecar.operations._preflight import preflight
+
+    registry = load_registry("examples.testing:CREWS")
+    found = preflight(registry)
+    assert set(found.inputs) == set(registry)  # every test crew builds
+    assert found.inputs["echo"] == {"placeholders": ["topic"], "defaults": True}
+    assert all(facts["placeholders"] == sorted(facts["placeholders"]) for facts in found.inputs.values())

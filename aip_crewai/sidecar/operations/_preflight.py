@@ -4,8 +4,8 @@ Each crew is built once, as a job would build it, before the sidecar
 reports ready, in a namespace of its own (:data:`PREFLIGHT_TENANT`, a name
 no job's tenant can have) whose memory directory and crew knowledge
 collection are removed afterwards: the check leaves no crew state. The
-problems found are published per crew in ``GET /health`` (``crew_problems``)
-and logged once (``crew_unusable``, crew id and codes only). A crew with a
+problems found are published per crew in ``GET /health`` (``crew_problems``),
+beside each crew's inputs (``crew_inputs``, see :class:`Preflight`), and logged once (``crew_unusable``, crew id and codes only). A crew with a
 problem stays registered: its jobs fail with the same typed error at their
 start (``_common.refuse_unusable_crew``), before any model call.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -44,28 +45,54 @@ PREFLIGHT_TENANT = "preflight:"
 log = structlog.get_logger("aip_crewai.sidecar")
 
 
-def crew_problems(registry: Mapping[str, CrewSource]) -> dict[str, list[str]]:
-    """Build each crew once and report the problems of those that have any.
+#: At most this many input names are reported per crew (the host's input bound is 512 properties).
+MAX_REPORTED_INPUTS = 512
+#: Longest input name reported, characters (longer placeholders are left out).
+MAX_INPUT_NAME_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the start-up check found, per crew id.
+
+    Attributes:
+        problems: ``{crew_id: [code, ...]}`` for crews with a problem (codes
+            in the order of the module docstring); others are absent.
+        inputs: ``{crew_id: {"placeholders": [name, ...], "defaults": bool}}``
+            for every crew that could be built: the ``{name}`` placeholders of
+            its tasks' and agents' texts (``Crew.fetch_inputs``), sorted, and
+            whether it has ``before_kickoff_callbacks`` (which may fill
+            missing inputs, so the placeholders are then optional).
+    """
+
+    problems: dict[str, list[str]] = field(default_factory=dict)
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def preflight(registry: Mapping[str, CrewSource]) -> Preflight:
+    """Build each crew once; report its problems and its inputs. Never raises for a crew's own failure.
 
     Args:
         registry: crew id -> source (``registry.load_registry``).
-
-    Returns:
-        ``{crew_id: [code, ...]}`` for crews with at least one problem, codes
-        in the order of the module docstring; crews without problems are
-        absent. Never raises for a crew's own failure.
     """
-    problems: dict[str, list[str]] = {}
+    result = Preflight()
     for crew_id in sorted(registry):
-        found = problems_of(registry[crew_id])
+        found, inputs = check(registry[crew_id])
         if found:
-            problems[crew_id] = found
+            result.problems[crew_id] = found
             log.warning("crew_unusable", crew_id=crew_id, problems=found)
-    return problems
+        if inputs is not None:
+            result.inputs[crew_id] = inputs
+    return result
 
 
-def problems_of(source: CrewSource) -> list[str]:
-    """The problem codes of one crew (see the module docstring), ``[]`` if none."""
+def crew_problems(registry: Mapping[str, CrewSource]) -> dict[str, list[str]]:
+    """:attr:`Preflight.problems` of :func:`preflight`."""
+    return preflight(registry).problems
+
+
+def check(source: CrewSource) -> tuple[list[str], dict[str, Any] | None]:
+    """The problem codes of one crew (``[]`` if none) and its inputs (None when it cannot be built)."""
     crew: Any = None
     try:
         with knowledge_namespace(source.crew_id, PREFLIGHT_TENANT):
@@ -75,12 +102,20 @@ def problems_of(source: CrewSource) -> list[str]:
                 found.append("knowledge_unavailable")
             if any(getattr(task, "human_input", False) for task in getattr(crew, "tasks", None) or []):
                 found.append("human_input")
-            return found
+            return found, crew_inputs(crew)
     except Exception as exc:  # noqa: BLE001 - a crew author's error; its text can hold secrets
         log.warning("crew_build_failed", crew_id=source.crew_id, error_type=type(exc).__name__)
-        return ["build_failed"]
+        return ["build_failed"], None
     finally:
         _forget(source.crew_id, crew)
+
+
+def crew_inputs(crew: Any) -> dict[str, Any]:
+    """``{"placeholders": [name, ...], "defaults": bool}`` of a crew (see :class:`Preflight`)."""
+    fetch = getattr(crew, "fetch_inputs", None)
+    names = sorted(n for n in (fetch() if callable(fetch) else ()) if 0 < len(n) <= MAX_INPUT_NAME_CHARS)
+    return {"placeholders": names[:MAX_REPORTED_INPUTS],
+            "defaults": bool(getattr(crew, "before_kickoff_callbacks", None))}
 
 
 def _forget(crew_id: str, crew: Any) -> None:

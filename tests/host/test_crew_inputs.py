@@ -1,0 +1,105 @@
+"""Crew inputs from the sidecar's /health: schemas name them, submissions lacking one are 400 (issue 20 item 3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aip_crewai.contracts.artifacts import input_schema
+from aip_crewai.contracts.errors import InvalidInput
+from aip_crewai.contracts.operations import get
+from aip_crewai.host.crew_inputs import (
+    MAX_PLACEHOLDERS,
+    CrewInputs,
+    check_crew_inputs,
+    parse_crew_inputs,
+    project_input_schema,
+)
+from fake_sidecar import FakeSidecar
+from hostkit import SIDECAR_TOKEN, bearer, envelope, running
+
+REQUIRED = CrewInputs(("customer", "topic"), defaults=False)
+FILLED = CrewInputs(("customer", "topic"), defaults=True)
+
+
+def test_parse_keeps_well_formed_entries_only() -> None:
+    parsed = parse_crew_inputs({
+        "a": {"placeholders": ["topic", "customer", "topic", "", 5, "x" * 257], "defaults": False},
+        "b": {"placeholders": "topic", "defaults": False},
+        "c": {"placeholders": ["t"], "defaults": "no"},
+        "d": ["topic"],
+    })
+    assert parsed == {"a": CrewInputs(("customer", "topic"), False)}
+    assert parse_crew_inputs(None) == {} and parse_crew_inputs(["a"]) == {}
+    many = parse_crew_inputs({"a": {"placeholders": [f"n{i:04d}" for i in range(MAX_PLACEHOLDERS + 1)],
+                                    "defaults": False}})
+    assert len(many["a"].placeholders) == MAX_PLACEHOLDERS
+
+
+@pytest.mark.parametrize("operation,input,path", [
+    ("run", {"topic": "x"}, "$.customer"),
+    ("batch_run", {"inputs": [{"topic": "x", "customer": "c"}, {"customer": "c"}]}, "$.inputs[1].topic"),
+    ("train", {"n_iterations": 1, "artifact_name": "a"}, "$.inputs.customer"),
+    ("test", {"n_iterations": 1, "inputs": {"customer": "c"}}, "$.inputs.topic"),
+])
+def test_a_missing_placeholder_is_named(operation, input, path) -> None:
+    with pytest.raises(InvalidInput) as info:
+        check_crew_inputs(operation, input, REQUIRED)
+    assert info.value.details["field"] == path
+    check_crew_inputs(operation, input, FILLED)  # the crew fills defaults: nothing required
+    check_crew_inputs(operation, input, None)  # a peer sidecar reports nothing: nothing checked
+
+
+def test_operations_without_kickoff_inputs_are_not_checked() -> None:
+    for operation in ("replay", "status", "knowledge_query", "memory_reset"):
+        check_crew_inputs(operation, {}, REQUIRED)
+
+
+@given(st.dictionaries(st.sampled_from(["customer", "topic", "other"]), st.text(max_size=3)))
+def test_check_agrees_with_the_projected_required_list(inputs) -> None:
+    schema = project_input_schema(input_schema(get("run")), "run", REQUIRED)
+    missing = [name for name in schema["required"] if name not in inputs]
+    try:
+        check_crew_inputs("run", inputs, REQUIRED)
+    except InvalidInput:
+        assert missing
+    else:
+        assert not missing
+
+
+def test_schemas_name_the_placeholders_and_require_them_unless_defaults() -> None:
+    run = project_input_schema(input_schema(get("run")), "run", REQUIRED)
+    assert run["type"] == "object" and set(run["properties"]) == {"customer", "topic"}
+    assert run["required"] == ["customer", "topic"]
+    assert "required" not in project_input_schema(input_schema(get("run")), "run", FILLED)
+    batch = project_input_schema(input_schema(get("batch_run")), "batch_run", REQUIRED)
+    assert batch["properties"]["inputs"]["items"]["required"] == ["customer", "topic"]
+    train = project_input_schema(input_schema(get("train")), "train", REQUIRED)
+    assert "inputs" in train["required"] and train["properties"]["inputs"]["type"] == "object"
+    assert project_input_schema(input_schema(get("run")), "run", None) == input_schema(get("run"))
+    assert input_schema(get("run")).get("properties") is None  # the generic schema is not modified
+
+
+async def test_through_the_host_the_manifest_and_the_fence_use_the_reported_inputs(make_app) -> None:
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    fake.health["crew_inputs"] = {"beta": {"placeholders": ["topic"], "defaults": False}}
+    app = make_app(sidecar_transport=fake.transport())
+    async with running(app) as http:
+        await app.state.readiness.refresh()
+        manifest = (await http.get("/aip/v1/manifest", headers=bearer("acme-invoker"))).json()
+        schemas = {cap["id"]: cap["input_schema"] for cap in manifest["capabilities"]}
+        assert schemas["cap:crewai:beta"]["required"] == ["topic"]
+        assert "required" not in schemas["cap:crewai:alpha"]  # not reported: the open schema
+        env = envelope("msg_ci")
+        env["body"]["action"] = {"id": "act_ci", "capability_id": "cap:crewai:beta", "input": {"other": 1},
+                                 "idempotency_key": "k-ci"}
+        refused = await http.post("/aip/v1/messages", content=json.dumps(env),
+                                  headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")})
+        approvals = await http.get("/aip/v1/approvals", headers=bearer("acme-both"))
+    assert refused.status_code == 400
+    error = refused.json()["body"]["error"]["error"]
+    assert error["code"] == "action.invalid_input" and error["details"]["field"] == "$.topic"
+    assert approvals.json()["approvals"] == []  # refused before any approval was requested
