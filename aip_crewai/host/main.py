@@ -1,8 +1,9 @@
 """``aip-crewai host --config host.toml``: the host process entry point.
 
-Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for a configuration
-or store-location error (one line on stderr naming the key, no traceback),
-1 when serving fails.
+Exit codes (README "Exit codes"): 0 after a clean shutdown (SIGTERM/SIGINT),
+2 for a configuration or store-location error or a bind that cannot listen
+(a taken port; one line on stderr naming the key, no traceback), 1 when
+serving fails.
 
 Source: ARCHITECTURE.md §11 (operator interface), §1 (the host never imports CrewAI).
 """
@@ -108,9 +109,9 @@ def _run(settings: Settings) -> int:
     try:
         sock = listen(settings.bind)
     except (OSError, ValueError) as exc:
-        print(f"aip-crewai host: cannot listen on {settings.bind}: {getattr(exc, 'strerror', None) or exc}",
-              file=sys.stderr)
-        return 1
+        print(f"aip-crewai host: configuration error: [host] bind: cannot listen on {settings.bind}: "
+              f"{getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        return 2
     try:
         asyncio.run(serve(settings, sock))
     except KeyboardInterrupt:
