@@ -262,3 +262,17 @@ async def test_shutdown_lets_jobs_finish_within_the_grace(tmp_path):
         await rt.shutdown(5)
         record = await rt.journal.get("s")
     assert record.status is JobStatus.COMPLETED
+
+
+def test_a_chunk_fits_the_smallest_event_bound_even_with_long_labels():
+    """--max-event-bytes 1024 (the reference's lower bound, issue 20 item 9): long labels are dropped before
+    the content is cut, so the event still fits."""
+    from aip_crewai.sidecar.live import MAX_LABEL_CHARS, chunk_row
+
+    row = chunk_row(7, {"content": "c" * 5000, "channel": "llm", "task_id": "\u2028" * MAX_LABEL_CHARS,
+                        "agent_role": "r" * MAX_LABEL_CHARS}, 1024)
+    assert row is not None and len(row.to_json()) <= 1024
+    data = json.loads(row.data)
+    assert data["truncated"] is True and data["content"].startswith("ccc") and "task_id" not in data
+    short = chunk_row(8, {"content": "c" * 5000, "channel": "llm", "task_id": "t1"}, 1024)
+    assert short is not None and len(short.to_json()) <= 1024 and json.loads(short.data)["task_id"] == "t1"
