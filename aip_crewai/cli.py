@@ -242,6 +242,10 @@ def _keys(args: argparse.Namespace) -> int:
 
 
 def _journal(args: argparse.Namespace) -> int:
+    if args.journal_command == "import":
+        from .sidecar.journal_import import main as import_main
+
+        return import_main(args)
     from .sidecar.inspect import main as inspect_main
 
     return inspect_main(args)
@@ -348,6 +352,12 @@ def build_parser() -> argparse.ArgumentParser:
     q = jsub.add_parser("inspect", help="one job with its events")
     q.add_argument("journal", help="the sidecar's SQLite journal file (--journal)")
     q.add_argument("action_id", help="the sidecar job id, <tenant>:<action id>")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q = jsub.add_parser("import", help="migrate a reference sidecar's JSON journal (runs and events) into a "
+                        "SQLite journal; importing twice changes nothing")
+    q.add_argument("source", help="the reference sidecar's JSON journal (its AIP_CREWAI_STATE_FILE, e.g. runs.json)")
+    q.add_argument("--journal", dest="target", help="the SQLite journal to create or add to (default: the "
+                   "source with suffix .db); the sidecar must not be running on it")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_journal)
     return parser
