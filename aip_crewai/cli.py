@@ -351,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q = jsub.add_parser("inspect", help="one job with its events")
     q.add_argument("journal", help="the sidecar's SQLite journal file (--journal)")
-    q.add_argument("action_id", help="the sidecar job id, <tenant>:<action id>")
+    q.add_argument("action_id", help="the sidecar job id, <tenant>:<action id>, or the action id alone when "
+                   "one tenant has it")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q = jsub.add_parser("import", help="migrate a reference sidecar's JSON journal (runs and events) into a "
                         "SQLite journal; importing twice changes nothing")

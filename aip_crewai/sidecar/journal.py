@@ -336,6 +336,20 @@ class Journal:
         rows = await self._fetch(_GET_JOB, (action_id,))
         return _record(rows[0]) if rows else None
 
+    async def job_ids_ending(self, action_id: str, limit: int = 10) -> list[str]:
+        """Job ids ``<tenant>:<action_id>`` of any tenant (a full scan: for the operator's CLI, not a route).
+
+        Returns:
+            At most ``limit`` ids, sorted.
+
+        Source: README "Command line" (``journal inspect`` without the tenant prefix).
+        """
+        suffix = f":{action_id}"
+        rows = await self._fetch("SELECT action_id FROM jobs WHERE length(action_id) > ? AND "
+                                 "substr(action_id, length(action_id) - ? + 1) = ? ORDER BY action_id LIMIT ?",
+                                 (len(suffix), len(suffix), suffix, limit))
+        return [row[0] for row in rows]
+
     async def summary(self, action_id: str) -> tuple[JobStatus, int, bool] | None:
         """``(status, event_count, archived)`` without the output/error blobs, or None."""
         rows = await self._fetch("SELECT status, event_count, archived FROM jobs WHERE action_id = ?", (action_id,))
