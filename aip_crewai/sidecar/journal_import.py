@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -203,13 +204,13 @@ async def import_file(source: Path, target: Path) -> dict[str, Any]:
 def main(args: argparse.Namespace) -> int:
     """``aip-crewai journal import PATH [--journal NEW]``: exit 0 when everything is in the journal,
     1 when some action ids conflict or the journal cannot be written, 2 when the source cannot be imported."""
-    from aip_crewai.log import configure_logging
-
-    configure_logging(level="warning")  # stdout carries the report only (the journal logs its migrations)
     source = Path(args.source)
     target = Path(args.target) if args.target else default_target(source)
     try:
-        report = asyncio.run(import_file(source, target))
+        # stdout carries the report only: the journal's log lines (structlog's default prints to the
+        # current sys.stdout) go to stderr; the process-wide logging configuration is left alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            report = asyncio.run(import_file(source, target))
     except ReferenceJournalError as exc:
         print(f"aip-crewai: {exc}", file=sys.stderr)
         return 2
