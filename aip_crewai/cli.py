@@ -1,8 +1,10 @@
 """``aip-crewai``: the command line.
 
-Subcommands: ``host``, ``sidecar``, ``call``, ``approvals``, ``journal``,
-``keys``, ``contracts``. Each subcommand module is imported lazily so that
-``aip-crewai host`` never imports CrewAI (ARCHITECTURE.md §1).
+Subcommands: ``host``, ``sidecar``, ``call``, ``actions``, ``manifest``,
+``approvals``, ``journal``, ``keys``, ``contracts``. Each subcommand module is
+imported lazily so that ``aip-crewai host`` never imports CrewAI
+(ARCHITECTURE.md §1). Exit codes: :class:`aip_crewai.exit_codes.Exit`
+(README "Exit codes").
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from .exit_codes import Exit, of_envelope, of_error
 
 DEFAULT_CONTRACTS_DIR = Path(__file__).resolve().parent.parent / "contracts"
 
@@ -30,6 +37,24 @@ def _contracts(args: argparse.Namespace) -> int:
     return 1 if drift else 0
 
 
+class UsageError(Exception):
+    """A usage or configuration problem of the command line (exit 2, one line on stderr)."""
+
+
+def host_url(text: str) -> str:
+    """Check a ``--url``: an absolute ``http://`` or ``https://`` URL with a host.
+
+    Raises:
+        argparse.ArgumentTypeError: naming the expected form (argparse exits 2).
+    """
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an http(s) URL; give the host's base URL with its scheme, "
+            "e.g. http://127.0.0.1:8081 or https://aip.example.com")
+    return text.strip()
+
+
 def _client(args: argparse.Namespace):
     from .client import AipClient
     from .keys import load_ed25519, read_private
@@ -37,7 +62,7 @@ def _client(args: argparse.Namespace):
     token = read_private(Path(args.token_file), what="token file").decode() if args.token_file else None
     key = load_ed25519(Path(args.signing_key)) if args.signing_key else None
     if token is None and key is None:
-        raise SystemExit("aip-crewai: give --token-file or --signing-key (or AIP_CREWAI_TOKEN_FILE)")
+        raise UsageError("give --token-file or --signing-key (or AIP_CREWAI_TOKEN_FILE)")
     return AipClient(args.url, token=token, signing_key=key, key_id=args.key_id)
 
 
@@ -81,36 +106,123 @@ def _with_progress(work, quiet: bool):
             print(file=sys.stderr)
 
 
+#: The stream frames that carry an outcome (the error frame is ``aip_error``, README "Streams").
+_OUTCOME_EVENTS = ("result", "aip_error", "ack")
+
+
+def _show_stream(events: Iterable[tuple[str, dict]], as_json: bool) -> Exit:
+    """Print an AIP stream as it arrives; return the exit code of its outcome.
+
+    The last ``result`` decides; without one, the last ``aip_error`` frame,
+    then the ``ack`` (README "Exit codes"). A stream that ends without a
+    ``result`` (the host shut down, or the connection dropped) says so on
+    stderr with the command that resumes it.
+    """
+    outcome: dict[str, Exit] = {}
+    action_id, last_id, ended = None, None, False
+    for event, envelope in events:
+        ended = ended or event == "result"
+        action_id = envelope.get("correlation_id") or action_id
+        last_id = envelope.get("_sse_id") or last_id
+        if as_json:
+            print(json.dumps({"event": event, "envelope": envelope}, separators=(",", ":")), flush=True)
+        elif event in ("chunk", "done") and _chunk_text(envelope):
+            print(_chunk_text(envelope), end="", flush=True)
+        elif event in _OUTCOME_EVENTS:
+            print(f"\n[{event}]", flush=True)
+            _print(envelope.get("body"), False)
+        code = of_envelope(envelope) if event in _OUTCOME_EVENTS else None
+        if code is not None:
+            outcome[event] = code
+    if not ended and action_id:
+        resume = f" --last-event-id {last_id}" if last_id else ""
+        print(f"\naip-crewai: the stream ended before the result (the host may be shutting down); resume with: "
+              f"aip-crewai actions follow {action_id}{resume}", file=sys.stderr)
+    return outcome.get("result", outcome.get("aip_error", outcome.get("ack", Exit.FAILED)))
+
+
+def _outcome(envelope: Any) -> Exit:
+    code = of_envelope(envelope)
+    return Exit.OK if code is None else code
+
+
+def _refused(exc: Any, as_json: bool) -> Exit:
+    """Report a host refusal (an ``AipClientError``) and return its exit code."""
+    print(f"aip-crewai: {exc}", file=sys.stderr)
+    if as_json:
+        _print(exc.body, True)
+    return of_error(exc.code, exc.status)
+
+
 def _call(args: argparse.Namespace) -> int:
     from .client import AipClientError
 
     try:
         value = json.loads(args.input)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"aip-crewai: --input is not JSON: {exc}") from None
+        raise UsageError(f"--input is not JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise SystemExit("aip-crewai: --input must be a JSON object")
+        raise UsageError("--input must be a JSON object")
     kwargs = {"action_id": args.action_id, "idempotency_key": args.idempotency_key}
     try:
         with _client(args) as client:
-            if not args.stream:
-                _print(_with_progress(lambda: client.call(args.capability_id, value, **kwargs), args.json),
-                       args.json)
-                return 0
-            for event, envelope in client.stream(args.capability_id, value, **kwargs):
-                if args.json:
-                    print(json.dumps({"event": event, "envelope": envelope}, separators=(",", ":")), flush=True)
-                elif event in ("chunk", "done") and _chunk_text(envelope):
-                    print(_chunk_text(envelope), end="", flush=True)
-                elif event in ("result", "aip_error", "ack"):
-                    print(f"\n[{event}]", flush=True)
-                    _print(envelope.get("body"), False)
-            return 0
+            if args.stream:
+                return _show_stream(client.stream(args.capability_id, value, **kwargs), args.json)
+            answer = _with_progress(lambda: client.call(args.capability_id, value, **kwargs), args.json)
+            _print(answer, args.json)
+            return _outcome(answer)
     except AipClientError as exc:
-        print(f"aip-crewai: {exc}", file=sys.stderr)
-        if args.json:
-            _print(exc.body, True)
-        return 1
+        return _refused(exc, args.json)
+
+
+def _actions(args: argparse.Namespace) -> int:
+    from .client import AipClientError
+
+    try:
+        with _client(args) as client:
+            if args.actions_command == "show":
+                _print(client.action(args.action_id), args.json)
+                return Exit.OK
+            if args.actions_command == "result":
+                answer = client.result(args.action_id)
+                _print(answer, args.json)
+                return _outcome(answer)
+            return _show_stream(client.follow(args.action_id, last_event_id=args.last_event_id), args.json)
+    except AipClientError as exc:
+        return _refused(exc, args.json)
+
+
+def _manifest(args: argparse.Namespace) -> int:
+    from .client import AipClientError
+
+    try:
+        with _client(args) as client:
+            manifest = client.manifest()
+    except AipClientError as exc:
+        return _refused(exc, args.json)
+    if args.json:
+        _print(manifest, True)
+        return Exit.OK
+    for line in _manifest_lines(manifest):
+        print(line)
+    return Exit.OK
+
+
+def _manifest_lines(manifest: dict) -> Iterator[str]:
+    """One block per capability: id, kind, whether it needs approval, its input's required and optional fields."""
+    for cap in manifest.get("capabilities") or []:
+        if not isinstance(cap, dict):
+            continue
+        schema = cap.get("input_schema") or {}
+        root = schema
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        if isinstance(ref, str):
+            root = (schema.get("$defs") or {}).get(ref.rsplit("/", 1)[-1], schema)
+        props = sorted((root.get("properties") or {}) if isinstance(root, dict) else {})
+        required = set(root.get("required") or []) if isinstance(root, dict) else set()
+        fields = ", ".join(f"{name}{'' if name in required else '?'}" for name in props) or "(any object)"
+        yield f"{cap.get('id')}  [{cap.get('kind', '')}] {cap.get('description') or cap.get('name') or ''}".rstrip()
+        yield f"    input: {fields}"
 
 
 def _approvals(args: argparse.Namespace) -> int:
@@ -126,8 +238,7 @@ def _approvals(args: argparse.Namespace) -> int:
                 _print(client.decide(args.approval_id, args.decision, args.reason), args.json)
         return 0
     except AipClientError as exc:
-        print(f"aip-crewai: {exc}", file=sys.stderr)
-        return 1
+        return _refused(exc, args.json)
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -140,29 +251,51 @@ def _keys(args: argparse.Namespace) -> int:
         else:
             print(json.dumps({"file": str(path), "ed25519_public_key": generate_ed25519(path)}))
     except FileExistsError:
-        raise SystemExit(f"aip-crewai: {path} exists; refusing to overwrite a secret") from None
+        raise UsageError(f"{path} exists; refusing to overwrite a secret") from None
     return 0
 
 
 def _journal(args: argparse.Namespace) -> int:
+    if args.journal_command == "import":
+        from .sidecar.journal_import import main as import_main
+
+        return import_main(args)
     from .sidecar.inspect import main as inspect_main
 
     return inspect_main(args)
 
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=os.environ.get("AIP_CREWAI_HOST_URL", "http://127.0.0.1:8081"),
-                   help="host base URL (env AIP_CREWAI_HOST_URL; default %(default)s)")
+    p.add_argument("--url", type=host_url, default=os.environ.get("AIP_CREWAI_HOST_URL", "http://127.0.0.1:8081"),
+                   help="host base URL with its scheme, http(s)://HOST:PORT (env AIP_CREWAI_HOST_URL; "
+                   "default %(default)s)")
     p.add_argument("--token-file", default=os.environ.get("AIP_CREWAI_TOKEN_FILE"),
                    help="0600 file holding the principal's bearer token (env AIP_CREWAI_TOKEN_FILE)")
     p.add_argument("--signing-key", default=os.environ.get("AIP_CREWAI_SIGNING_KEY"),
                    help="0600 Ed25519 private key (PEM) to sign envelopes instead (env AIP_CREWAI_SIGNING_KEY)")
-    p.add_argument("--key-id", default=os.environ.get("AIP_CREWAI_KEY_ID"), help="principal id of the signing key")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--key-id", default=os.environ.get("AIP_CREWAI_KEY_ID"), help="principal id of the signing key (env AIP_CREWAI_KEY_ID)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (one JSON value per line)")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aip-crewai")
+    except PackageNotFoundError:  # a source tree without an install
+        return "unknown"
+
+
+EXIT_CODES_HELP = ("exit codes: 0 completed (or success), 1 failed, 2 usage or configuration error, 3 cancelled, "
+                   "4 denied (approval denied or expired, policy, 401/403), 5 pending approval, 6 accepted and still "
+                   "running, 7 host unreachable, 141 output pipe closed (README \"Exit codes\")")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="aip-crewai", description="Governed AIP gateway for CrewAI crews.")
+    """The ``aip-crewai`` parser (``host`` and ``sidecar`` parse their own arguments)."""
+    parser = argparse.ArgumentParser(prog="aip-crewai", description="Governed AIP gateway for CrewAI crews.",
+                                     epilog=EXIT_CODES_HELP)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("host", help="run the AIP host (aip-crewai host --config host.toml; see --help)")
@@ -174,8 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default=str(DEFAULT_CONTRACTS_DIR), help="artifact folder (default: %(default)s)")
     p.set_defaults(func=_contracts)
 
-    p = sub.add_parser("call", help="invoke a capability as a tenant")
-    p.add_argument("capability_id")
+    p = sub.add_parser("call", help="invoke a capability as a tenant", epilog=EXIT_CODES_HELP)
+    p.add_argument("capability_id", help="capability id from the manifest, e.g. cap:crewai:CREW or "
+                   "cap:crewai:CREW:OPERATION")
     p.add_argument("--input", required=True, help="the action input, a JSON object")
     p.add_argument("--action-id", help="action id (default: a new random id)")
     p.add_argument("--idempotency-key", help="idempotency key (required by mutations and knowledge_query)")
@@ -183,45 +317,80 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_flags(p)
     p.set_defaults(func=_call)
 
+    p = sub.add_parser("actions", help="an action you submitted: its status, its result, or its stream")
+    asub = p.add_subparsers(dest="actions_command", required=True)
+    for name, text in (("show", "the ActionStatus (state, result status, links)"),
+                       ("result", "the stored action_result (an ack while running); exit code as for call"),
+                       ("follow", "the action's stream from the start, or after --last-event-id; exit code as "
+                        "for call")):
+        q = asub.add_parser(name, help=text, epilog=EXIT_CODES_HELP)
+        q.add_argument("action_id", help="the action id given to (or printed by) call")
+        if name == "follow":
+            q.add_argument("--last-event-id", help="resume after this stream position (sse_<n>)")
+        _add_client_flags(q)
+    p.set_defaults(func=_actions)
+
+    p = sub.add_parser("manifest", help="what this principal may call, and with what input")
+    _add_client_flags(p)
+    p.set_defaults(func=_manifest)
+
     p = sub.add_parser("approvals", help="list, show or decide approvals")
     asub = p.add_subparsers(dest="approvals_command", required=True)
     q = asub.add_parser("list", help="one page of the tenant's approvals")
     q.add_argument("--status", default="pending", help="pending|approved|denied|expired (default %(default)s)")
-    q.add_argument("--cursor")
+    q.add_argument("--cursor", help="the next_cursor of the previous page")
     _add_client_flags(q)
     q = asub.add_parser("show", help="one approval with its input snapshot")
-    q.add_argument("approval_id")
+    q.add_argument("approval_id", help="approval id (from approvals list, or the pending call's output)")
     _add_client_flags(q)
     q = asub.add_parser("decide", help="approve or deny (as the authenticated approver)")
-    q.add_argument("approval_id")
-    q.add_argument("decision", choices=["approved", "denied"])
-    q.add_argument("--reason", required=True)
+    q.add_argument("approval_id", help="approval id (from approvals list)")
+    q.add_argument("decision", choices=["approved", "denied"], help="approved or denied")
+    q.add_argument("--reason", required=True, help="why (recorded with the decision)")
     _add_client_flags(q)
     p.set_defaults(func=_approvals)
 
     p = sub.add_parser("keys", help="generate secrets (written 0600)")
     ksub = p.add_subparsers(dest="keys_command", required=True)
     q = ksub.add_parser("generate", help="a bearer token (prints its SHA-256) or an Ed25519 key (prints the public key)")
-    q.add_argument("kind", choices=["token", "ed25519"])
+    q.add_argument("kind", choices=["token", "ed25519"], help="token (bearer) or ed25519 (signing key)")
     q.add_argument("--out", required=True, help="file to create (refuses to overwrite)")
     p.set_defaults(func=_keys)
 
-    p = sub.add_parser("journal", help="read-only views of a sidecar journal file")
+    p = sub.add_parser("journal", help="sidecar journal files: read-only views, and import of a reference journal")
     jsub = p.add_subparsers(dest="journal_command", required=True)
     q = jsub.add_parser("list", help="jobs, newest first")
-    q.add_argument("journal")
-    q.add_argument("--limit", type=int, default=50)
-    q.add_argument("--json", action="store_true")
+    q.add_argument("journal", help="the sidecar's SQLite journal file (--journal)")
+    q.add_argument("--limit", type=int, default=50, help="at most this many jobs (default %(default)s)")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
     q = jsub.add_parser("inspect", help="one job with its events")
-    q.add_argument("journal")
-    q.add_argument("action_id")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("journal", help="the sidecar's SQLite journal file (--journal)")
+    q.add_argument("action_id", help="the sidecar job id, <tenant>:<action id>, or the action id alone when "
+                   "one tenant has it")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q = jsub.add_parser("import", help="migrate a reference sidecar's JSON journal (runs and events) into a "
+                        "SQLite journal; importing twice changes nothing")
+    q.add_argument("source", help="the reference sidecar's JSON journal (its AIP_CREWAI_STATE_FILE, e.g. runs.json)")
+    q.add_argument("--journal", dest="target", help="the SQLite journal to create or add to (default: the "
+                   "source with suffix .db); the sidecar must not be running on it")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_journal)
     return parser
 
 
+def _quiet_broken_pipe() -> int:
+    """stdout's reader went away (``| head``): no message, and no second error at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return Exit.BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``aip-crewai`` console script."""
+    """Entry point of the ``aip-crewai`` console script; returns the exit code (README "Exit codes")."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # Long-running processes own their own argument parsing.
     if argv and argv[0] == "sidecar":
@@ -232,6 +401,13 @@ def main(argv: list[str] | None = None) -> int:
         from .host.main import main as host_main
 
         return host_main(argv[1:])
+    try:
+        return _dispatch(argv)
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+
+
+def _dispatch(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     import httpx
 
@@ -239,13 +415,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
-    except SecretFileError as exc:
+    except (UsageError, SecretFileError) as exc:
         print(f"aip-crewai: {exc}", file=sys.stderr)
+        return Exit.USAGE
     except httpx.TransportError as exc:
         print(f"aip-crewai: cannot reach {getattr(args, 'url', 'the host')}: {type(exc).__name__}", file=sys.stderr)
+        return Exit.UNREACHABLE
+    except BrokenPipeError:
+        raise
     except OSError as exc:
-        print(f"aip-crewai: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
-    return 1
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"aip-crewai: {where}{exc.strerror or exc}", file=sys.stderr)
+        return Exit.USAGE
 
 
 if __name__ == "__main__":

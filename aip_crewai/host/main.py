@@ -1,8 +1,9 @@
 """``aip-crewai host --config host.toml``: the host process entry point.
 
-Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for a configuration
-or store-location error (one line on stderr naming the key, no traceback),
-1 when serving fails, 130 on a second SIGINT during shutdown (no drain).
+Exit codes (README "Exit codes"): 0 after a clean shutdown (SIGTERM/SIGINT),
+2 for a configuration or store-location error or a bind that cannot listen
+(a taken port; one line on stderr naming the key, no traceback), 1 when
+serving fails, 130 on a second SIGINT during shutdown (no drain).
 
 Shutdown: the first SIGTERM/SIGINT ends open tenant streams and answers
 blocking calls at once (``host.stopping``), gives other connections
@@ -133,9 +134,9 @@ def _run(settings: Settings) -> int:
     try:
         sock = listen(settings.bind)
     except (OSError, ValueError) as exc:
-        print(f"aip-crewai host: cannot listen on {settings.bind}: {getattr(exc, 'strerror', None) or exc}",
-              file=sys.stderr)
-        return 1
+        print(f"aip-crewai host: configuration error: [host] bind: cannot listen on {settings.bind}: "
+              f"{getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        return 2
     try:
         asyncio.run(serve(settings, sock))
     except KeyboardInterrupt:

@@ -3,8 +3,8 @@
 :func:`check_request` runs every check that needs no journal, in order, and
 raises the first failure:
 
-1. operation not enabled → 403 (an unparsable body → 422 first: without a
-   body there is no operation to check);
+1. operation not enabled → 403 (an unparsable body, or an operation that is
+   none of the ten, → 422 first, as the reference sidecar answers);
 2. missing/blank ``Idempotency-Key`` → 428; over 512 bytes or with control
    characters → 400;
 3. request or operation input invalid → 422;
@@ -98,7 +98,7 @@ def check_request(
         The :class:`Admission`.
 
     Raises:
-        InvalidJobRequest (422), OperationNotEnabled (403),
+        InvalidJobRequest (422; also an unknown operation name), OperationNotEnabled (403),
         IdempotencyKeyMissing (428), IdempotencyKeyInvalid (400),
         BadRequest (400, header/body action id mismatch), CrewNotFound (404),
         RequestTooLarge (413).
@@ -112,9 +112,12 @@ def check_request(
     if not isinstance(payload, dict):
         raise InvalidJobRequest("the request body must be a JSON object")
     operation = payload.get("operation", "run")
-    if not isinstance(operation, str) or operation not in allowed_operations:
+    if not isinstance(operation, str) or operation not in OPERATIONS:  # as the reference: 422, not 403
         shown = operation[:64] if isinstance(operation, str) else type(operation).__name__
-        raise OperationNotEnabled(f"operation {shown!r} is not enabled on this sidecar")
+        raise InvalidJobRequest(f"unknown operation {shown!r}; operations: {', '.join(OPERATIONS)}",
+                                details={"field": "$.operation", "rule": "one of the ten operations"})
+    if operation not in allowed_operations:
+        raise OperationNotEnabled(f"operation {operation!r} is not enabled on this sidecar")
     key = check_idempotency_key(idempotency_key)
     try:
         request = msgspec.convert(payload, JobRequest, strict=True)

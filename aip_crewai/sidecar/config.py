@@ -10,8 +10,17 @@ it on stderr and exits with status 2.
 Additions of ours (same rules, ``AIP_CREWAI_`` prefix): ``--sse-keepalive-
 seconds``, ``--shutdown-grace-seconds``, ``--max-journal-bytes``,
 ``--log-level``, ``--log-format``. The two safety valves
-``--allow-unauthenticated`` and ``--allow-ephemeral`` are flags only (never
-read from the environment) and work on loopback binds only.
+``--allow-unauthenticated`` and ``--allow-ephemeral`` (also
+``AIP_CREWAI_ALLOW_UNAUTHENTICATED`` / ``AIP_CREWAI_ALLOW_EPHEMERAL`` =
+``1|true|yes|on``, or ``0|false|no|off``) work on loopback binds only.
+
+The reference sidecar's environment is accepted as it is (README "Migrating
+from the reference sidecar"): an inline ``AIP_CREWAI_BEARER_TOKEN`` (a warning
+says a token file is safer), ``AIP_CREWAI_MAX_STATE_BYTES`` (the journal size
+bound, as ``--max-journal-bytes``), a training directory that does not exist
+yet (created 0700), and ``--max-event-bytes`` up to 4 MiB. Problems an
+operator should hear about but that do not stop start-up are returned in
+:attr:`Settings.warnings` (logged by the entry point; never a secret).
 
 Source: ARCHITECTURE.md §11 (operator interface), §4 (token file), §5 (limits).
 """
@@ -29,9 +38,20 @@ from typing import Any
 from aip_crewai.contracts.operations import INSPECTION_OPERATIONS, STARTABLE_OPERATIONS
 from aip_crewai.loopback import is_loopback
 
-from ..keys import SecretFileError, read_token
+from ..keys import MAX_SECRET_FILE_BYTES, SecretFileError, read_token
 
-#: Token file bounds, bytes (ARCHITECTURE.md §4).
+#: Bounds of ``--max-event-bytes``, bytes (the reference sidecar's range).
+MIN_EVENT_BYTES, MAX_EVENT_BYTES = 1024, 4_194_304
+#: The host's SSE frame bound, bytes (ARCHITECTURE.md §7): larger events are refused by the host.
+HOST_FRAME_BYTES = 1_048_576
+#: The reference's ``AIP_CREWAI_MAX_STATE_BYTES`` range, bytes; it sets ``--max-journal-bytes``.
+STATE_BYTES_ENV = "AIP_CREWAI_MAX_STATE_BYTES"
+#: The reference's inline token (a token file is safer: it is not in the process environment).
+INLINE_TOKEN_ENV = "AIP_CREWAI_BEARER_TOKEN"
+#: Environment switches of the two safety valves, by flag.
+VALVE_ENV = {"allow_unauthenticated": "AIP_CREWAI_ALLOW_UNAUTHENTICATED",
+             "allow_ephemeral": "AIP_CREWAI_ALLOW_EPHEMERAL"}
+_TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 
 
 class ConfigError(ValueError):
@@ -67,6 +87,7 @@ class Settings:
         ephemeral: the journal is a temporary file made at start-up because
             none was configured (health then says ``durable_journal: false``).
         notify_socket: systemd ``NOTIFY_SOCKET`` (from the environment only).
+        warnings: ``(event, message)`` pairs for the start-up log (no secrets).
     """
 
     registry: str
@@ -92,6 +113,7 @@ class Settings:
     log_format: str = "auto"
     notify_socket: str | None = None
     ephemeral: bool = False
+    warnings: tuple[tuple[str, str], ...] = ()
 
     @property
     def operations(self) -> list[str]:
@@ -193,14 +215,17 @@ OPTIONS: tuple[_Option, ...] = (
             "non-archived jobs kept; admission answers 507 at the limit"),
     _Option("max_events_per_run", "--max-events-per-run", "AIP_CREWAI_MAX_EVENTS_PER_RUN", _int_in(2, 100_000), 1000,
             "events per job, the terminal one included"),
-    _Option("max_event_bytes", "--max-event-bytes", "AIP_CREWAI_MAX_EVENT_BYTES", _int_in(4096, 1_048_576), 262_144,
-            "encoded size bound of one event, bytes (at most 1 MiB, the host's SSE frame bound)"),
+    _Option("max_event_bytes", "--max-event-bytes", "AIP_CREWAI_MAX_EVENT_BYTES",
+            _int_in(MIN_EVENT_BYTES, MAX_EVENT_BYTES), 262_144,
+            "encoded size bound of one event, bytes, 1024..4194304 (above 1 MiB, the aip-crewai host's SSE frame "
+            "bound, a warning at start: the host refuses larger events)"),
     _Option("stream_checkpoint_events", "--stream-checkpoint-events", "AIP_CREWAI_STREAM_CHECKPOINT_EVENTS",
             _int_in(1, 100_000), 128, "chunk events committed per journal write"),
     _Option("training_dir", "--training-dir", "AIP_CREWAI_TRAINING_DIR", _path, None,
             "directory for train artifacts (required when train is allowed)"),
     _Option("max_journal_bytes", "--max-journal-bytes", "AIP_CREWAI_MAX_JOURNAL_BYTES",
-            _int_in(1_048_576, 1 << 50), 1_073_741_824, "journal size bound, bytes; admission answers 507 past it"),
+            _int_in(1_048_576, 1 << 50), 1_073_741_824, "journal size bound, bytes; admission answers 507 past it "
+            "(the reference's AIP_CREWAI_MAX_STATE_BYTES, 1048576..4294967296, sets it too)"),
     _Option("sse_keepalive_seconds", "--sse-keepalive-seconds", "AIP_CREWAI_SSE_KEEPALIVE_SECONDS",
             _float_in(0.01, 3600.0), 15.0, "interval of SSE keep-alive comments, seconds"),
     _Option("shutdown_grace_seconds", "--shutdown-grace-seconds", "AIP_CREWAI_SHUTDOWN_GRACE_SECONDS",
@@ -226,10 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(opt.flag, dest=opt.dest, metavar=opt.dest.upper(), default=None,
                             help=f"{opt.help}{env}{shown}")
     parser.add_argument("--allow-unauthenticated", action="store_true",
-                        help="serve without a bearer token; loopback --host only (flag only, no env)")
+                        help="serve without a bearer token; loopback --host only "
+                        f"[env {VALVE_ENV['allow_unauthenticated']}=1|true]")
     parser.add_argument("--allow-ephemeral", action="store_true",
                         help="use a temporary journal when --journal is unset; loopback --host only "
-                        "(health then reports durable_journal=false; flag only, no env)")
+                        f"(health then reports durable_journal=false) [env {VALVE_ENV['allow_ephemeral']}=1|true]")
     return parser
 
 
@@ -262,11 +288,17 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         except ValueError as exc:
             raise ConfigError(_name(opt), f"{exc} (got {source!r})") from None
     by_dest = {opt.dest: opt for opt in OPTIONS}
+    warnings: list[tuple[str, str]] = []
     if values["registry"] is None:
         raise ConfigError(_name(by_dest["registry"]), "is required (module:attribute)")
+    values["max_journal_bytes"] = _journal_bytes(args, environ, values["max_journal_bytes"])
+    if values["max_event_bytes"] > HOST_FRAME_BYTES:
+        warnings.append(("max_event_bytes_above_host_frame",
+                         f"--max-event-bytes is {values['max_event_bytes']}: the aip-crewai host refuses events "
+                         f"over {HOST_FRAME_BYTES} bytes (its SSE frame bound)"))
     loopback = is_loopback(values["host"])
-    allow_unauth = bool(args.allow_unauthenticated)
-    allow_ephemeral = bool(args.allow_ephemeral)
+    allow_unauth = bool(args.allow_unauthenticated) or _switch(environ, VALVE_ENV["allow_unauthenticated"])
+    allow_ephemeral = bool(args.allow_ephemeral) or _switch(environ, VALVE_ENV["allow_ephemeral"])
     if allow_unauth and not loopback:
         raise ConfigError("--allow-unauthenticated", f"only allowed with a loopback --host, not {values['host']!r}")
     if allow_ephemeral and not loopback:
@@ -288,16 +320,30 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
 
     token: str | None = None
     token_file: Path | None = values["token_file"]
+    inline = environ.get(INLINE_TOKEN_ENV) or None
+    if token_file is not None and inline is not None:
+        raise ConfigError(INLINE_TOKEN_ENV, f"and {_name(by_dest['token_file'])} are mutually exclusive; "
+                          "keep the token file")
     if token_file is not None:
         token = read_token_file(token_file, setting=_name(by_dest["token_file"]))
+    elif inline is not None:
+        token = inline_token(inline)
+        warnings.append(("bearer_token_inline",
+                         f"the bearer token comes from {INLINE_TOKEN_ENV}; a 0600 token file "
+                         f"({_name(by_dest['token_file'])}) is safer: the environment is readable by more "
+                         "processes and tools than the file"))
     elif not allow_unauth:
         raise ConfigError(_name(by_dest["token_file"]),
-                          "is required (or --allow-unauthenticated on a loopback --host)")
+                          f"is required (or {INLINE_TOKEN_ENV}, or --allow-unauthenticated on a loopback --host)")
 
     training_dir: Path | None = values["training_dir"]
     if training_dir is not None:
-        training_dir = _check_private_dir(_name(by_dest["training_dir"]), training_dir.absolute())
-        _check_training_dir_apart(_name(by_dest["training_dir"]), training_dir, journal, state_dir)
+        setting = _name(by_dest["training_dir"])
+        training_dir = training_dir.absolute()
+        _check_training_dir_apart(setting, training_dir, journal, state_dir)
+        if _make_private_dirs(setting, training_dir):
+            warnings.append(("training_dir_created", f"created the training directory {training_dir} (mode 0700)"))
+        training_dir = _check_private_dir(setting, training_dir)
     elif "train" in values["allowed_operations"]:
         raise ConfigError(_name(by_dest["training_dir"]), "is required when train is an allowed operation")
 
@@ -324,7 +370,79 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         log_level=values["log_level"],
         log_format=values["log_format"],
         notify_socket=environ.get("NOTIFY_SOCKET") or None,
+        warnings=tuple(warnings),
     )
+
+
+def _switch(environ: Mapping[str, str], name: str) -> bool:
+    """An on/off environment variable: ``1|true|yes|on`` or ``0|false|no|off`` (any case); unset or empty is off.
+
+    Raises:
+        ConfigError: any other value (a typo never silently turns a safety valve on or off).
+    """
+    text = (environ.get(name) or "").strip().lower()
+    if not text or text in _FALSE:
+        return False
+    if text in _TRUE:
+        return True
+    raise ConfigError(name, f"must be 1, true, yes, on, 0, false, no or off (got {environ.get(name)!r})")
+
+
+def _journal_bytes(args: argparse.Namespace, environ: Mapping[str, str], current: int) -> int:
+    """``--max-journal-bytes``, or the reference's ``AIP_CREWAI_MAX_STATE_BYTES`` when that alone is given.
+
+    The reference bounds its JSON state file; here the bound applies to the
+    SQLite journal's used pages (admission 507 past it), the same promise.
+
+    Raises:
+        ConfigError: ``AIP_CREWAI_MAX_STATE_BYTES`` outside 1048576..4294967296,
+            or given together with a different ``--max-journal-bytes``.
+    """
+    raw = environ.get(STATE_BYTES_ENV) or None
+    if raw is None:
+        return current
+    try:
+        state_bytes = _int_in(1_048_576, 4_294_967_296)(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{STATE_BYTES_ENV} (sets --max-journal-bytes)", f"{exc} (got {raw!r})") from None
+    explicit = args.max_journal_bytes is not None or bool(environ.get("AIP_CREWAI_MAX_JOURNAL_BYTES"))
+    if explicit and current != state_bytes:
+        raise ConfigError(STATE_BYTES_ENV, f"is {state_bytes} but --max-journal-bytes (AIP_CREWAI_MAX_JOURNAL_BYTES) "
+                          f"is {current}; they are one bound, set one of them")
+    return state_bytes
+
+
+def inline_token(text: str) -> str:
+    """Check an inline bearer token (``AIP_CREWAI_BEARER_TOKEN``): surrounding whitespace is
+    stripped; then 1..16384 bytes of visible ASCII (it travels in an HTTP header), as a token file.
+
+    Raises:
+        ConfigError: naming the variable, never the token.
+
+    Source: README "Migrating from the reference sidecar"; ARCHITECTURE.md §4 (bearer token).
+    """
+    token = text.strip()
+    if not 1 <= len(token.encode("utf-8", "surrogateescape")) <= MAX_SECRET_FILE_BYTES:
+        raise ConfigError(INLINE_TOKEN_ENV, f"must hold 1..{MAX_SECRET_FILE_BYTES} bytes")
+    if not all(0x21 <= ord(char) <= 0x7E for char in token):
+        raise ConfigError(INLINE_TOKEN_ENV, "must be one token of visible ASCII characters, without whitespace")
+    return token
+
+
+def _make_private_dirs(setting: str, path: Path) -> bool:
+    """Create ``path`` and any missing parents, each mode 0700; True when something was created.
+
+    Raises:
+        ConfigError: a directory cannot be created (the message names it).
+    """
+    missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+            os.chmod(directory, 0o700)  # the umask may have taken bits away; never added any
+        except OSError as exc:
+            raise ConfigError(setting, f"cannot create {directory}: {exc.strerror}") from None
+    return bool(missing)
 
 
 def _check_training_dir_apart(setting: str, training_dir: Path, journal: Path | None,

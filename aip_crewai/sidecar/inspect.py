@@ -50,11 +50,18 @@ async def _run(args: argparse.Namespace) -> int:
                           f"{job['crew_id']:<20} {job['action_id']}")
             return 0
         record = await journal.get(args.action_id)
+        if record is None:  # an action id without its tenant prefix: the job of the one tenant that has it
+            matches = await journal.job_ids_ending(args.action_id)
+            if len(matches) > 1:
+                print(f"aip-crewai: {args.action_id!r} is an action of several tenants; give one of: "
+                      f"{', '.join(matches)}", file=sys.stderr)
+                return 1
+            record = await journal.get(matches[0]) if matches else None
         if record is None:
             print(f"aip-crewai: no job {args.action_id!r} in {args.journal}", file=sys.stderr)
             return 1
         events = [{"sequence": e.sequence, "event": e.event, "data": json.loads(e.data)}
-                  for e in await journal.read_events(args.action_id, 0, limit=100_000)]
+                  for e in await journal.read_events(record.action_id, 0, limit=100_000)]
         view = {**_job(record), "output": json.loads(record.output) if record.output else None, "events": events}
         print(json.dumps(view, separators=(",", ":")) if args.json else json.dumps(view, indent=2, ensure_ascii=False))
         return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -125,3 +126,46 @@ class TaskRunRef:
 
     task_id: str
     result_index: int | None = None
+
+
+@dataclass(frozen=True)
+class ImportedJob:
+    """A finished job migrated from a reference sidecar's JSON journal (``aip-crewai journal import``).
+
+    ``status`` is terminal; ``events`` are its whole history, sequences from 0,
+    the terminal event last; ``output`` (completed) and ``error`` (failed event
+    data) are compact JSON bytes; ``task_runs`` index a completed run for replay.
+    ``created_at`` in epoch milliseconds.
+
+    Source: README "Migrating from the reference sidecar".
+    """
+
+    action_id: str
+    crew_id: str
+    operation: str
+    request_hash: str
+    status: JobStatus
+    events: tuple[EventRow, ...]
+    output: bytes | None
+    error: bytes | None
+    task_runs: tuple[TaskRunRef, ...]
+    created_at: int
+
+
+def task_refs(operation: str, output: Any) -> list[TaskRunRef]:
+    """Task ids in a completed run/replay/batch_run output (ARCHITECTURE.md §4 Outputs)."""
+    if not isinstance(output, dict):
+        return []
+    if operation in ("run", "replay"):
+        items: list[tuple[int | None, Any]] = [(None, output)]
+    elif operation == "batch_run":
+        items = list(enumerate(output.get("results") or []))
+    else:
+        return []
+    refs: list[TaskRunRef] = []
+    for index, item in items:
+        for task in (item.get("tasks_output") or []) if isinstance(item, dict) else []:
+            task_id = task.get("task_id") if isinstance(task, dict) else None
+            if isinstance(task_id, str) and 0 < len(task_id.encode()) <= 256:
+                refs.append(TaskRunRef(task_id, index))
+    return refs

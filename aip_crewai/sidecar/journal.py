@@ -52,6 +52,7 @@ from aip_crewai.sidecar.errors import JournalError, JournalFull, JournalWriteFai
 from aip_crewai.sidecar.jobs import (
     ArchiveOutcome,
     EventRow,
+    ImportedJob,
     JobRecord,
     JobStatus,
     NewJob,
@@ -165,6 +166,8 @@ class Journal:
         """
         path = Path(path).absolute()
         fence.check_parent(path.parent)
+        lock_path = Path(f"{path}.lock")
+        lock_is_new = not os.path.lexists(lock_path)
         lock_fd = fence.acquire_lock(path)
         try:
             for candidate in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
@@ -172,6 +175,8 @@ class Journal:
             check_main_file(path)
             fence.create_private_file(path)
         except BaseException:
+            if lock_is_new:  # a refused file gets no lock file beside it (e.g. a reference runs.json)
+                lock_path.unlink(missing_ok=True)
             fence.release_lock(lock_fd)
             raise
         worker, (conn, page_size, retained) = await _start_worker(path, lock_fd, readonly=False)
@@ -350,6 +355,20 @@ class Journal:
         """The job row of ``action_id`` (archived tombstones included), or None."""
         rows = await self._fetch(_GET_JOB, (action_id,))
         return _record(rows[0]) if rows else None
+
+    async def job_ids_ending(self, action_id: str, limit: int = 10) -> list[str]:
+        """Job ids ``<tenant>:<action_id>`` of any tenant (a full scan: for the operator's CLI, not a route).
+
+        Returns:
+            At most ``limit`` ids, sorted.
+
+        Source: README "Command line" (``journal inspect`` without the tenant prefix).
+        """
+        suffix = f":{action_id}"
+        rows = await self._fetch("SELECT action_id FROM jobs WHERE length(action_id) > ? AND "
+                                 "substr(action_id, length(action_id) - ? + 1) = ? ORDER BY action_id LIMIT ?",
+                                 (len(suffix), len(suffix), suffix, limit))
+        return [row[0] for row in rows]
 
     async def summary(self, action_id: str) -> tuple[JobStatus, int, bool] | None:
         """``(status, event_count, archived)`` without the output/error blobs, or None."""
@@ -554,6 +573,55 @@ class Journal:
             "WHERE action_id = ? AND provider_stop_observed IS NULL AND status IN ('cancelled', 'failed')",
             (int(observed), _now_ms(), action_id),
         ))
+
+    async def import_jobs(self, jobs: Sequence[ImportedJob]) -> tuple[list[str], list[str], list[str]]:
+        """Insert finished jobs migrated from a reference journal, with their events, in ONE transaction.
+
+        A job whose action id is already in the journal is left as it is:
+        with the same request hash it counts as present (importing twice
+        changes nothing), with another as a conflict. The idempotency key is
+        unknown to the reference journal and stored empty.
+
+        Returns:
+            ``(imported, present, conflicting)`` action ids.
+
+        Raises:
+            JournalWriteFailed: SQLite failed (rolled back: nothing imported).
+
+        Source: README "Migrating from the reference sidecar"; ARCHITECTURE.md §5 (journal).
+        """
+        def insert_all() -> tuple[list[str], list[str], list[str]]:
+            imported: list[str] = []
+            present: list[str] = []
+            conflicting: list[str] = []
+            for job in jobs:
+                found = _rows(self._conn, "SELECT request_hash FROM jobs WHERE action_id = ?", (job.action_id,))
+                if found:
+                    (present if found[0][0] == job.request_hash else conflicting).append(job.action_id)
+                    continue
+                self._conn.execute(
+                    "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, "
+                    "status, event_count, output, error, created_at, updated_at) VALUES (?, ?, ?, ?, '', NULL, ?, ?, ?, ?, ?, ?)",
+                    (job.action_id, job.crew_id, job.operation, job.request_hash, job.status.value, len(job.events),
+                     job.output, job.error, job.created_at, job.created_at),
+                )
+                self._conn.executemany(_INSERT_EVENTS, [(job.action_id, e.sequence, e.event, e.data)
+                                                        for e in job.events])
+                self._conn.executemany(
+                    "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index, tenant) "
+                    "VALUES (?,?,?,?,?)",
+                    [(r.task_id, job.action_id, job.crew_id, r.result_index, tenant_of(job.action_id))
+                     for r in job.task_runs],
+                )
+                imported.append(job.action_id)
+            return imported, present, conflicting
+
+        def import_now() -> tuple[list[str], list[str], list[str]]:
+            outcome = self._write_now(insert_all)
+            self._retained += len(outcome[0])
+            return outcome
+
+        return await self._run(import_now)
 
     async def archive(self, action_id: str) -> ArchiveOutcome:
         """Archive a terminal job: keep a tombstone row (the action id and its

@@ -108,6 +108,10 @@ def check_main_file(path: Path) -> None:
     leftovers = [p for p in (Path(f"{path}-wal"), Path(f"{path}-shm")) if p.exists()]
     if head == SQLITE_HEADER:
         return
+    if head.lstrip()[:1] == b"[" and not leftovers:
+        raise JournalForeign(f"{path} looks like a reference sidecar's JSON journal, not a SQLite journal; "
+                             f"migrate it with `aip-crewai journal import {path}` and point --journal "
+                             "(AIP_CREWAI_STATE_FILE) at the new file it prints")
     if head or leftovers:
         beside = f", yet {leftovers[0].name} of a journal is beside it" if leftovers else ""
         raise JournalForeign(f"{path} is not a SQLite database{beside}: it is not this sidecar's journal "

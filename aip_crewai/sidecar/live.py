@@ -129,6 +129,11 @@ def chunk_row(sequence: int, data: Any, max_event_bytes: int) -> EventRow | None
         return row
     encoded_content = len(msgspec.json.encode(content))
     budget = max_event_bytes - (size - encoded_content) - _TRUNCATED_MARK
+    if budget < len(b'""'):  # a small bound (from 1024 bytes) cannot hold long labels: drop them first
+        shaped.pop("task_id", None)
+        shaped.pop("agent_role", None)
+        budget = max_event_bytes - len(event_row(sequence, "chunk", {**shaped, "content": ""}).to_json()) \
+            - _TRUNCATED_MARK + len(b'""')
     shaped["content"] = _fit(content, budget)
     shaped["truncated"] = True
     return event_row(sequence, "chunk", shaped)

@@ -72,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _refuse(str(exc))
     configure_logging(json=None if settings.log_format == "auto" else settings.log_format == "json",
                       level=settings.log_level)
+    for event, message in settings.warnings:  # e.g. an inline token (never the token itself)
+        log.warning(event, message=message)
     temporary: str | None = None
     if settings.journal is None:
         temporary = tempfile.mkdtemp(prefix="aip-crewai-sidecar-")

@@ -71,7 +71,16 @@ from aip_crewai.sidecar.errors import (
     ShuttingDown,
     TaskRunNotFound,
 )
-from aip_crewai.sidecar.jobs import ArchiveOutcome, EventRow, JobRecord, JobStatus, NewJob, RunState, TaskRunRef
+from aip_crewai.sidecar.jobs import (
+    ArchiveOutcome,
+    EventRow,
+    JobRecord,
+    JobStatus,
+    NewJob,
+    RunState,
+    TaskRunRef,
+    task_refs,
+)
 from aip_crewai.sidecar.journal import Journal
 from aip_crewai.sidecar.live import LiveJob, chunk_row, event_row
 from aip_crewai.sidecar.metrics import Metrics
@@ -313,7 +322,7 @@ class Runtime:
         data = output
         if len(EventRow(live.next_sequence, "completed", output).to_json()) > self.settings.max_event_bytes:
             data = msgspec.json.encode({"status": "completed", "output_omitted": True, "output_bytes": len(output)})
-        refs = _task_refs(live.operation, task.result())
+        refs = task_refs(live.operation, task.result())
         states = _run_states(live.ctx, refs)
         inputs = _run_inputs(live.ctx, refs)
         if inputs:  # before the terminal commit: once the run can be replayed, its inputs are there
@@ -561,22 +570,3 @@ def _run_inputs(ctx: JobContext | None, refs: list[TaskRunRef]) -> dict[int | No
     indexes = {ref.result_index for ref in refs}
     return {index: state["inputs"] for index, state in ctx.run_state.items()
             if index in indexes and isinstance(state, dict) and isinstance(state.get("inputs"), dict)}
-
-
-def _task_refs(operation: str, output: Any) -> list[TaskRunRef]:
-    """Task ids in a completed run/replay/batch_run output (ARCHITECTURE.md §4 Outputs)."""
-    if not isinstance(output, dict):
-        return []
-    if operation in ("run", "replay"):
-        items: list[tuple[int | None, Any]] = [(None, output)]
-    elif operation == "batch_run":
-        items = list(enumerate(output.get("results") or []))
-    else:
-        return []
-    refs: list[TaskRunRef] = []
-    for index, item in items:
-        for task in (item.get("tasks_output") or []) if isinstance(item, dict) else []:
-            task_id = task.get("task_id") if isinstance(task, dict) else None
-            if isinstance(task_id, str) and 0 < len(task_id.encode()) <= 256:
-                refs.append(TaskRunRef(task_id, index))
-    return refs

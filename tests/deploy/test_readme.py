@@ -37,3 +37,10 @@ def test_host_config_keys_are_documented():
     for key in ["[host]", "bind =", "store =", "max_response_bytes =", "[sidecar]", "url =", "token_file =",
                 "[crews]", "file =", "[tenants.", "[[principals]]", "token_sha256 =", "ed25519_public_key ="]:
         assert key in README, key
+
+
+def test_exit_codes_are_documented():
+    from aip_crewai.exit_codes import Exit
+
+    for code in Exit:
+        assert f"\n| {code.value} | " in README, code.name

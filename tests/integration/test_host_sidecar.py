@@ -154,7 +154,7 @@ def test_host_on_a_taken_port_fails_cleanly(tmp_path):
         config = write_config(tmp_path / "h", "http://127.0.0.1:9", "tok", taken.getsockname()[1])
         result = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
                                 capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a configuration error, as a bad host.toml (README "Exit codes")
     assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -179,6 +179,7 @@ def test_cli_call_and_approvals(stack, tmp_path):
     assert answer.returncode == 0, answer.stderr
     assert json.loads(answer.stdout)["body"]["action_result"]["status"] == "completed"
     pending = cli("acme-app", "call", "cap:crewai:echo", "--input", '{"topic": "cli"}', "--idempotency-key", "cli-2")
+    assert pending.returncode == 5, pending.stderr  # pending approval (README "Exit codes")
     approval_id = json.loads(pending.stdout)["body"]["action_result"]["output"]["approval_id"]
     listed = cli("acme-approver", "approvals", "list")
     assert [a["request"]["id"] for a in json.loads(listed.stdout)["approvals"]] == [approval_id]
@@ -187,4 +188,4 @@ def test_cli_call_and_approvals(stack, tmp_path):
     decided = cli("acme-approver", "approvals", "decide", approval_id, "denied", "--reason", "cli test")
     assert json.loads(decided.stdout)["decision"] == "denied"
     bad = cli("acme-app", "call", "cap:crewai:echo", "--input", "[1]")
-    assert bad.returncode != 0 and "must be a JSON object" in bad.stderr
+    assert bad.returncode == 2 and "must be a JSON object" in bad.stderr

@@ -91,6 +91,7 @@ async def test_exact_repeat_returns_the_record_without_a_second_execution(shared
 async def test_admission_statuses_in_design_order(shared_sidecar):
     big = {"blob": "b" * 1_100_000}
     cases = [
+        (body(uid("a"), "nope", "deploy", big), {}, 422),  # an unknown operation, as the reference answers
         (body(uid("a"), "nope", "train", big), {}, 403),
         (body(uid("a"), "nope", "run", big), {}, 428),
         (body(uid("a"), "nope", "run", big), {"Idempotency-Key": "k" * 513}, 400),

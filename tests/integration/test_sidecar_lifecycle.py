@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from sidecar_process import child_env, launch, sidecar_command, wait_ready
+from sidecar_process import TOKEN, child_env, launch, sidecar_command, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -146,3 +146,71 @@ async def test_an_insecure_journal_file_refuses_start_up(sidecar_factory):
     assert process.wait(timeout=120) == 2
     message = (sidecar_factory.workdir / "stderr-loose.log").read_text()
     assert "--journal (AIP_CREWAI_STATE_FILE)" in message and "must be 0600" in message
+
+
+async def test_the_reference_sidecar_environment_starts_the_sidecar(sidecar_factory):
+    """Issue 20 item 9: the reference's environment, unchanged, starts our sidecar (README "Migrating from the
+    reference sidecar"); the inline token is warned about and never logged; an unknown operation is 422."""
+    workdir = sidecar_factory.workdir / "reference-env"
+    workdir.mkdir(mode=0o700)
+    training = workdir / "training" / "artifacts"  # does not exist yet
+    env = child_env(workdir / "calls.log", {
+        "AIP_CREWAI_REGISTRY": "examples.testing:CREWS", "AIP_CREWAI_HOST": "127.0.0.1",
+        "AIP_CREWAI_BEARER_TOKEN": TOKEN, "AIP_CREWAI_STATE_FILE": str(workdir / "runs.db"),
+        "AIP_CREWAI_ALLOWED_OPERATIONS": "run,train", "AIP_CREWAI_TRAINING_DIR": str(training),
+        "AIP_CREWAI_MAX_EVENT_BYTES": "1024", "AIP_CREWAI_MAX_STATE_BYTES": "268435456",
+        "AIP_CREWAI_ALLOW_UNAUTHENTICATED": "false", "AIP_CREWAI_ALLOW_EPHEMERAL": "false"})
+    stderr_path = workdir / "stderr.log"
+    with open(stderr_path, "wb") as log_file:
+        process = subprocess.Popen(sidecar_command("--port", "0"), cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=log_file)
+    try:
+        base_url = wait_ready(process, stderr_path)
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(base_url=base_url, headers=headers) as client:
+            health = (await client.get("/health")).json()
+            unknown = await client.post("/jobs", json={"crew_id": "echo", "action_id": "a1", "operation": "deploy",
+                                                       "input": {}}, headers={"Idempotency-Key": "k"})
+            unauthenticated = await client.get("/health", headers={"Authorization": "Bearer wrong"})
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    assert health["status"] == "ready" and "train" in health["operations"]
+    assert unknown.status_code == 422 and unauthenticated.status_code == 401
+    assert training.is_dir() and training.stat().st_mode & 0o777 == 0o700
+    log = stderr_path.read_text()
+    assert '"bearer_token_inline"' in log and "token file" in log
+    assert TOKEN not in log
+
+
+async def test_a_sidecar_serves_the_jobs_imported_from_a_reference_journal(sidecar_factory):
+    """Issue 20 item 10: ``aip-crewai journal import`` then start on the new journal; the imported jobs answer
+    as they ended (a running one as failed, uncertain) and an imported action id never runs again."""
+    import json
+
+    workdir = sidecar_factory.workdir / "imported"
+    workdir.mkdir(mode=0o700)
+    output = {"raw": "old answer", "token_usage": {}, "tasks_output": []}
+    runs = [
+        {"action_id": "ref-done", "crew_id": "echo", "operation": "run", "input_hash": "h1", "status": "completed",
+         "events": [{"event": "started", "sequence": 0, "data": {}},
+                    {"event": "completed", "sequence": 1, "data": output}], "output": output},
+        {"action_id": "ref-running", "crew_id": "echo", "operation": "run", "input_hash": "h2", "status": "running",
+         "events": [{"event": "started", "sequence": 0, "data": {}}], "output": None},
+    ]
+    source = workdir / "runs.json"
+    source.write_text(json.dumps(runs))
+    source.chmod(0o600)
+    imported = subprocess.run(sidecar_command()[:-1] + ["journal", "import", str(source)], cwd=workdir,
+                              env=child_env(workdir / "calls.log"), capture_output=True, timeout=60, check=False)
+    assert imported.returncode == 0, imported.stderr
+    sidecar = sidecar_factory.start(journal=workdir / "runs.db")
+    async with sidecar.client() as client:
+        done = (await client.get("/jobs/ref-done")).json()
+        failed = (await client.get("/jobs/ref-running")).json()
+        events = (await client.get("/jobs/ref-running/events")).json()
+        again = await client.post("/jobs", json={"crew_id": "echo", "action_id": "ref-done", "input": {}},
+                                  headers={"Idempotency-Key": "k"})
+    assert done["status"] == "completed" and done["output"] == output and done["event_count"] == 2
+    assert failed["status"] == "failed" and events["events"][-1]["data"]["uncertain_outcome"] is True
+    assert again.status_code == 409 and sidecar.calls() == []

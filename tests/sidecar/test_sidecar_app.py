@@ -133,8 +133,9 @@ async def test_exact_repeat_returns_the_record_without_a_second_execution(tmp_pa
 
 ADMISSION_CASES = [
     # (description, body, headers, expected status): each later case also breaks every later rule
+    ("unknown operation (the reference's 422)", job("x", "nope", "deploy", "x" * 10), {}, 422),
     ("operation not enabled", job("x", "nope", "train", "x" * 10), {}, 403),
-    ("unknown operation", job("x", "nope", "status", {}), {}, 403),
+    ("inspection operation", job("x", "nope", "status", {}), {}, 403),
     ("missing key", job("x", "nope", "run", {"a": "b" * 2_000_000}), {}, 428),
     ("blank key", job("x", "nope"), {"Idempotency-Key": "  "}, 428),
     ("key too long", job("x", "nope"), {"Idempotency-Key": "k" * 513}, 400),

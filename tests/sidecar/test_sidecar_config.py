@@ -83,6 +83,8 @@ def test_environment_is_read_and_flags_override_it(tmp_path, base):
     ("--port", "70000", "--port (AIP_CREWAI_PORT)"),
     ("--max-events-per-run", "1", "--max-events-per-run"),
     ("--max-event-bytes", "100", "--max-event-bytes"),
+    ("--max-event-bytes", "1023", "--max-event-bytes"),
+    ("--max-event-bytes", "4194305", "--max-event-bytes"),
     ("--stream-checkpoint-events", "-3", "--stream-checkpoint-events"),
     ("--max-retained-runs", "lots", "--max-retained-runs"),
     ("--allowed-operations", "run,launch", "--allowed-operations"),
@@ -163,8 +165,6 @@ def _write(path, text):
 def test_training_dir_is_required_with_train_and_must_be_private(base, tmp_path):
     with pytest.raises(ConfigError, match="--training-dir .*required when train"):
         load_settings([*base, "--allowed-operations", "run,train"], {})
-    with pytest.raises(ConfigError, match="does not exist"):
-        load_settings([*base, "--allowed-operations", "train", "--training-dir", str(tmp_path / "nope")], {})
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o775)
@@ -193,3 +193,85 @@ def test_settings_are_immutable(base):
     assert isinstance(settings, Settings)
     with pytest.raises(AttributeError):
         settings.port = 1  # type: ignore[misc]
+
+
+# --------------------------------------------- the reference sidecar's environment (issue 20 item 9)
+
+REFERENCE_ENV = {
+    "AIP_CREWAI_REGISTRY": "examples.testing:CREWS",
+    "AIP_CREWAI_HOST": "127.0.0.1",
+    "AIP_CREWAI_BEARER_TOKEN": "inline-s3cret",
+    "AIP_CREWAI_MAX_EVENT_BYTES": "1024",
+    "AIP_CREWAI_MAX_STATE_BYTES": "268435456",
+    "AIP_CREWAI_ALLOWED_OPERATIONS": "run,train",
+}
+
+
+def test_the_reference_environment_is_accepted_as_it_is(tmp_path):
+    training = tmp_path / "var" / "training"  # does not exist yet
+    env = {**REFERENCE_ENV, "AIP_CREWAI_STATE_FILE": str(tmp_path / "runs.db"),
+           "AIP_CREWAI_TRAINING_DIR": str(training)}
+    settings = load_settings([], env)
+    assert settings.token == "inline-s3cret" and settings.token_file is None
+    assert settings.max_event_bytes == 1024 and settings.max_journal_bytes == 268_435_456
+    assert settings.training_dir == training and training.is_dir()
+    assert oct(training.stat().st_mode & 0o777) == oct(0o700)
+    assert oct((tmp_path / "var").stat().st_mode & 0o777) == oct(0o700)
+    events = dict(settings.warnings)
+    assert "token file" in events["bearer_token_inline"] and "training_dir_created" in events
+    assert "inline-s3cret" not in repr(settings) and "inline-s3cret" not in repr(settings.warnings)
+
+
+@pytest.mark.parametrize("value, ok", [("1024", True), ("1023", False), ("4194304", True), ("4194305", False)])
+def test_max_event_bytes_takes_the_reference_range(base, value, ok):
+    if ok:
+        settings = load_settings(base, {"AIP_CREWAI_MAX_EVENT_BYTES": value})
+        assert settings.max_event_bytes == int(value)
+        assert ("max_event_bytes_above_host_frame" in dict(settings.warnings)) == (int(value) > 1_048_576)
+    else:
+        with pytest.raises(ConfigError, match=r"AIP_CREWAI_MAX_EVENT_BYTES.*1024\.\.4194304"):
+            load_settings(base, {"AIP_CREWAI_MAX_EVENT_BYTES": value})
+
+
+@pytest.mark.parametrize("value, ok", [("1048576", True), ("1048575", False), ("4294967296", True),
+                                       ("4294967297", False), ("lots", False)])
+def test_max_state_bytes_sets_the_journal_bound_within_the_reference_range(base, value, ok):
+    if ok:
+        assert load_settings(base, {"AIP_CREWAI_MAX_STATE_BYTES": value}).max_journal_bytes == int(value)
+    else:
+        with pytest.raises(ConfigError, match="AIP_CREWAI_MAX_STATE_BYTES"):
+            load_settings(base, {"AIP_CREWAI_MAX_STATE_BYTES": value})
+
+
+def test_max_state_bytes_and_a_different_journal_bound_are_refused(base):
+    with pytest.raises(ConfigError, match="one bound"):
+        load_settings([*base, "--max-journal-bytes", "2097152"], {"AIP_CREWAI_MAX_STATE_BYTES": "1048576"})
+    same = load_settings(base, {"AIP_CREWAI_MAX_STATE_BYTES": "2097152", "AIP_CREWAI_MAX_JOURNAL_BYTES": "2097152"})
+    assert same.max_journal_bytes == 2097152
+
+
+def test_inline_token_rules_and_exclusion_with_the_token_file(base):
+    with pytest.raises(ConfigError, match="mutually exclusive") as exc:
+        load_settings(base, {"AIP_CREWAI_BEARER_TOKEN": "inline-s3cret"})
+    assert "inline-s3cret" not in str(exc.value)
+    no_token = base[:4]
+    for bad in ("two words", "x" * 16385, "caf\u00e9"):
+        with pytest.raises(ConfigError, match="AIP_CREWAI_BEARER_TOKEN") as exc:
+            load_settings(no_token, {"AIP_CREWAI_BEARER_TOKEN": bad})
+        assert bad not in str(exc.value)
+    assert load_settings(no_token, {"AIP_CREWAI_BEARER_TOKEN": "tok\n"}).token == "tok"
+
+
+@pytest.mark.parametrize("name, flag", [("AIP_CREWAI_ALLOW_UNAUTHENTICATED", "allow_unauthenticated"),
+                                        ("AIP_CREWAI_ALLOW_EPHEMERAL", "allow_ephemeral")])
+def test_safety_valves_read_their_environment_on_loopback_only(tmp_path, name, flag):
+    minimal = ["--registry", "examples.testing:CREWS"]
+    env = {"AIP_CREWAI_ALLOW_UNAUTHENTICATED": "true", "AIP_CREWAI_ALLOW_EPHEMERAL": "1"}
+    settings = load_settings(minimal, env)
+    assert settings.allow_unauthenticated and settings.allow_ephemeral and settings.token is None
+    assert settings.journal is None
+    with pytest.raises(ConfigError, match="only allowed with a loopback"):
+        load_settings([*minimal, "--host", "0.0.0.0"], env)
+    with pytest.raises(ConfigError, match=name):
+        load_settings(minimal, {**env, name: "maybe"})
+    assert getattr(load_settings([*minimal, f"--{flag.replace('_', '-')}"], {**env, name: "false"}), flag)

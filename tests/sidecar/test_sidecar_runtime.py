@@ -280,3 +280,17 @@ async def test_followed_pages_hold_every_event_once_in_order_and_end_at_the_term
     assert [row.sequence for page in pages for row in page] == list(range(11))  # started, 9 chunks, completed
     assert [row.sequence for page in later for row in page] == list(range(5, 11))
     assert pages[-1][-1].event == "completed" and not any(row.terminal for page in pages for row in page[:-1])
+
+
+def test_a_chunk_fits_the_smallest_event_bound_even_with_long_labels():
+    """--max-event-bytes 1024 (the reference's lower bound, issue 20 item 9): long labels are dropped before
+    the content is cut, so the event still fits."""
+    from aip_crewai.sidecar.live import MAX_LABEL_CHARS, chunk_row
+
+    row = chunk_row(7, {"content": "c" * 5000, "channel": "llm", "task_id": "\u2028" * MAX_LABEL_CHARS,
+                        "agent_role": "r" * MAX_LABEL_CHARS}, 1024)
+    assert row is not None and len(row.to_json()) <= 1024
+    data = json.loads(row.data)
+    assert data["truncated"] is True and data["content"].startswith("ccc") and "task_id" not in data
+    short = chunk_row(8, {"content": "c" * 5000, "channel": "llm", "task_id": "t1"}, 1024)
+    assert short is not None and len(short.to_json()) <= 1024 and json.loads(short.data)["task_id"] == "t1"

@@ -1,0 +1,232 @@
+"""``aip-crewai`` client commands: exit codes per outcome, with and without --stream/--json,
+usage errors, --version, help text, ``| head`` (issue 20 items 1 and 2; README "Exit codes").
+
+The host is a canned AIP server on loopback (one answer per capability id), so
+every outcome is produced on demand; the real host and sidecar answer the same
+shapes in ``tests/integration/test_host_sidecar.py::test_cli_call_and_approvals``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aip_crewai import cli
+from aip_crewai.exit_codes import Exit
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _result(status: str, error_code: str | None = None) -> dict[str, Any]:
+    result: dict[str, Any] = {"action_id": "act_1", "status": status}
+    if error_code:
+        result["error"] = {"code": error_code, "message": "m", "category": "x", "retryable": False}
+    return {"aip_version": "1.0", "message_type": "aip.core.v1.action_result", "body": {"action_result": result}}
+
+
+def _error(code: str) -> dict[str, Any]:
+    return {"aip_version": "1.0", "message_type": "aip.core.v1.error",
+            "body": {"error": {"error": {"code": code, "message": "refused", "category": "x", "retryable": False}}}}
+
+
+ACK = {"aip_version": "1.0", "message_type": "aip.core.v1.ack", "body": {"ack": {"action_id": "act_1",
+                                                                                   "status": "accepted"}}}
+PENDING_ACK = {"aip_version": "1.0", "message_type": "aip.core.v1.ack",
+               "body": {"ack": {"action_id": "act_1", "status": "accepted", "reason": "pending_approval"}}}
+
+#: capability id -> (HTTP status of a sync answer, sync answer, stream frames [(event, envelope)])
+OUTCOMES: dict[str, tuple[int, dict[str, Any], list[tuple[str, dict[str, Any]]]]] = {
+    "cap:done": (200, _result("completed"), [("ack", ACK), ("result", _result("completed"))]),
+    "cap:failed": (200, _result("failed", "connector.crewai.execution_failed"),
+                   [("ack", ACK), ("aip_error", _error("connector.crewai.execution_failed")),
+                    ("result", _result("failed", "connector.crewai.execution_failed"))]),
+    "cap:cancelled": (200, _result("cancelled"), [("ack", ACK), ("result", _result("cancelled"))]),
+    "cap:denied": (200, _result("failed", "policy.approval_denied"),
+                   [("ack", ACK), ("aip_error", _error("policy.approval_denied")),
+                    ("result", _result("failed", "policy.approval_denied"))]),
+    "cap:pending": (202, _result("pending_approval"), [("ack", PENDING_ACK), ("result", _result("pending_approval"))]),
+    "cap:running": (202, ACK, [("ack", ACK)]),
+    "cap:unknown": (404, _error("capability.not_found"), []),
+    "cap:forbidden": (403, _error("policy.forbidden"), []),
+}
+EXPECTED = {"cap:done": Exit.OK, "cap:failed": Exit.FAILED, "cap:cancelled": Exit.CANCELLED,
+            "cap:denied": Exit.DENIED, "cap:pending": Exit.PENDING_APPROVAL, "cap:running": Exit.RUNNING,
+            "cap:unknown": Exit.FAILED, "cap:forbidden": Exit.DENIED}
+BIG_MANIFEST = {"capabilities": [{"id": f"cap:crewai:crew{i}", "kind": "agent", "description": "x" * 80,
+                                  "input_schema": {"type": "object", "properties": {"topic": {}}}}
+                                 for i in range(3000)]}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/aip/v1/manifest":
+            self._send(200, json.dumps(BIG_MANIFEST).encode())
+        elif self.path.endswith("/result"):
+            self._send(200, json.dumps(OUTCOMES["cap:cancelled"][1]).encode())
+        elif self.path.endswith("/events"):
+            self._stream(OUTCOMES["cap:denied"][2])
+        else:
+            self._send(200, json.dumps({"action_id": "act_1", "state": "running"}).encode())
+
+    def do_POST(self) -> None:  # noqa: N802
+        envelope = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        status, answer, frames = OUTCOMES[envelope["body"]["action"]["capability_id"]]
+        if "text/event-stream" in self.headers.get("Accept", "") and frames:
+            self._stream(frames)
+        else:
+            self._send(status, json.dumps(answer).encode())
+
+    def _stream(self, frames: list[tuple[str, dict[str, Any]]]) -> None:
+        body = b"".join(f"id: sse_{n}\nevent: {event}\ndata: {json.dumps(env)}\n\n".encode()
+                        for n, (event, env) in enumerate(frames))
+        self._send(200, body, "text/event-stream")
+
+
+@pytest.fixture(scope="module")
+def host_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def token(tmp_path: Path) -> str:
+    path = tmp_path / "tenant.token"
+    path.write_text("tok\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def _call(host_url: str, token: str, capability: str, *extra: str) -> int:
+    return cli.main(["call", capability, "--input", "{}", "--idempotency-key", "k", "--url", host_url,
+                     "--token-file", token, *extra])
+
+
+@pytest.mark.parametrize("mode", [(), ("--json",), ("--stream",), ("--stream", "--json")], ids=" ".join)
+@pytest.mark.parametrize("capability", sorted(EXPECTED))
+def test_call_exit_code_names_the_outcome_in_every_mode(host_url, token, capsys, capability, mode):
+    if "--stream" in mode and not OUTCOMES[capability][2]:
+        mode = tuple(m for m in mode if m != "--stream")  # a refusal is answered before any stream
+    assert _call(host_url, token, capability, *mode) == EXPECTED[capability]
+
+
+def test_exit_codes_are_distinct_and_config_errors_are_2():
+    values = [code.value for code in Exit]
+    assert len(values) == len(set(values))
+    assert Exit.USAGE == 2 and Exit.OK == 0 and Exit.FAILED == 1
+
+
+def test_actions_result_and_follow_use_the_call_exit_codes(host_url, token, capsys):
+    assert cli.main(["actions", "result", "act_1", "--url", host_url, "--token-file", token]) == Exit.CANCELLED
+    capsys.readouterr()
+    assert cli.main(["actions", "follow", "act_1", "--url", host_url, "--token-file", token, "--json"]) \
+        == Exit.DENIED
+    frames = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [f["event"] for f in frames][-3:] == ["ack", "aip_error", "result"]
+    assert cli.main(["actions", "show", "act_1", "--url", host_url, "--token-file", token]) == Exit.OK
+
+
+def test_manifest_lists_capabilities_and_their_input_fields(host_url, token, capsys):
+    assert cli.main(["manifest", "--url", host_url, "--token-file", token]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("cap:crewai:crew0  [agent]") and out[1] == "    input: topic?"
+
+
+def test_unreachable_host_is_its_own_code(token, capsys):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert _call(f"http://127.0.0.1:{port}", token, "cap:done") == Exit.UNREACHABLE
+    assert "cannot reach" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["call", "cap:x", "--input", "[1]"], "must be a JSON object"),
+    (["call", "cap:x", "--input", "{"], "--input is not JSON"),
+    (["call", "cap:x", "--input", "{}", "--url", "127.0.0.1:8081"], "http://127.0.0.1:8081"),
+    (["call", "cap:x", "--input", "{}"], "--token-file or --signing-key"),
+    (["call", "cap:x", "--input", "{}", "--token-file", "/nonexistent/token"], "/nonexistent/token"),
+    (["call"], "required"),
+])
+def test_usage_and_configuration_errors_exit_2_with_a_hint(argv, says, capsys, monkeypatch):
+    monkeypatch.delenv("AIP_CREWAI_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("AIP_CREWAI_SIGNING_KEY", raising=False)
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip().startswith("aip-crewai ")
+
+
+def _actions(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Action]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from ((f"{name} {where}", a) for where, a in _actions(child))
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield parser.prog, action
+
+
+def test_every_argument_has_help_text():
+    missing = [f"{where}: {action.dest}" for where, action in _actions(cli.build_parser()) if not action.help]
+    assert missing == []
+
+
+def test_a_closed_pipe_ends_quietly(host_url, token):
+    """``aip-crewai manifest | head -1``: no "Broken pipe" message, exit 141 (README "Exit codes")."""
+    process = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "manifest", "--url", host_url,
+                                "--token-file", token], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.readline().startswith(b"cap:crewai:crew0")
+    process.stdout.close()  # the reader goes away, as head does; the rest (> a pipe buffer) cannot be written
+    err = process.stderr.read()
+    assert process.wait(timeout=30) == Exit.BROKEN_PIPE
+    assert err == b""
+
+
+def test_a_stream_that_ends_without_its_result_says_how_to_resume(capsys):
+    """Issue 17 item 4: a host that shuts down ends the stream; the CLI tells the user and the resume command."""
+    events = [("ack", {"correlation_id": "act_cut", "_sse_id": "sse_0", "body": {"ack": {"status": "streaming"}}}),
+              ("chunk", {"correlation_id": "act_cut", "_sse_id": "sse_1",
+                         "body": {"stream_chunk": {"kind": "data", "content": "x"}}})]
+    cli._show_stream(events, False)
+    err = capsys.readouterr().err
+    assert "ended before the result" in err and "aip-crewai actions follow act_cut --last-event-id sse_1" in err
+    finished = [*events, ("result", {"correlation_id": "act_cut", "_sse_id": "sse_2", "body": {}})]
+    cli._show_stream(finished, False)
+    assert "ended before the result" not in capsys.readouterr().err
