@@ -255,6 +255,12 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from .sidecar.doctor import main as doctor_main
+
+    return doctor_main(args)
+
+
 def _journal(args: argparse.Namespace) -> int:
     if args.journal_command == "import":
         from .sidecar.journal_import import main as import_main
@@ -356,6 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("kind", choices=["token", "ed25519"], help="token (bearer) or ed25519 (signing key)")
     q.add_argument("--out", required=True, help="file to create (refuses to overwrite)")
     p.set_defaults(func=_keys)
+
+    p = sub.add_parser("doctor", help="check every crew of a registry as the sidecar does at start-up (model keys, "
+                       "knowledge, human input) and list its inputs; exit 1 when a crew has a problem")
+    p.add_argument("--registry", help="module:attribute of the crew registry (default: $AIP_CREWAI_REGISTRY)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_doctor)
 
     p = sub.add_parser("journal", help="sidecar journal files: read-only views, and import of a reference journal")
     jsub = p.add_subparsers(dest="journal_command", required=True)

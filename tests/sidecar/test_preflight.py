@@ -106,3 +106,25 @@ def test_preflight_reports_each_buildable_crews_placeholders_and_whether_it_fill
     assert set(found.inputs) == set(registry)  # every test crew builds
     assert found.inputs["echo"] == {"placeholders": ["topic"], "defaults": True}
     assert all(facts["placeholders"] == sorted(facts["placeholders"]) for facts in found.inputs.values())
+
+
+async def test_a_real_model_without_its_key_is_named_at_start_up_and_fails_jobs_certainly(
+    crewai_state_dir, make_ctx, monkeypatch
+) -> None:
+    """Issue 20 item 6: a crew on gpt-4o-mini without OPENAI_API_KEY is reported, and its jobs fail certainly."""
+    from crewai import LLM
+
+    from aip_crewai.sidecar.operations._preflight import preflight
+    from examples.testing import build_crew
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    registry = {"real": CrewSource(crew_id="real", factory=lambda: build_crew(LLM(model="gpt-4o-mini"),
+                                                                               ["Summarize {topic}."]))}
+    assert preflight(registry).problems == {"real": ["llm_unconfigured"]}
+    ctx, recorder = make_ctx("run")
+    with pytest.raises(SafeJobError) as raised:
+        await operations.execute(registry["real"], "run", {"topic": "t"}, ctx)
+    assert raised.value.error_type == "LlmUnconfigured" and raised.value.before_any_effect
+    assert "openai/gpt-4o-mini" in raised.value.message and len(recorder) == 0
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    assert preflight(registry).problems == {}  # with a key: nothing to report (no call is made)

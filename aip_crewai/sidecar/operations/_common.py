@@ -319,13 +319,59 @@ def refuse_unavailable_knowledge(crew: Any) -> None:
 
 
 def refuse_unusable_crew(crew: Any) -> None:
-    """:func:`refuse_human_input` and :func:`refuse_unavailable_knowledge`, in that order.
+    """:func:`refuse_human_input`, :func:`refuse_unconfigured_llms` and
+    :func:`refuse_unavailable_knowledge`, in that order.
 
     Raises:
-        SafeJobError: ``HumanInputUnsupported`` or ``KnowledgeUnavailable``.
+        SafeJobError: ``HumanInputUnsupported``, ``LlmUnconfigured`` or ``KnowledgeUnavailable``.
     """
     refuse_human_input(crew)
+    refuse_unconfigured_llms(crew)
     refuse_unavailable_knowledge(crew)
+
+
+# ------------------------------------------------------------------- model configuration
+
+#: Modules of CrewAI's own LLM classes, whose ``api_key`` it fills from the provider's variable.
+_CREWAI_LLM_MODULES = ("crewai.llms.providers.", "crewai.llm")
+
+
+def unconfigured_llms(crew: Any) -> list[str]:
+    """Where a crew uses a CrewAI model that has no API key (e.g. ``gpt-4o-mini`` without ``OPENAI_API_KEY``).
+
+    Only CrewAI's own LLM classes are checked (a custom ``BaseLLM``, such as
+    the offline test model, configures itself): one whose ``api_key`` field
+    is empty could only fail at its first call, after an approval.
+
+    Returns:
+        ``["<where>: <provider>/<model>"]`` (``agent '<role>'``, ``manager``),
+        in crew order; ``[]`` when every model has a key.
+
+    Source: README ("Tenant-scoped crew state": start-up preflight).
+    """
+    found = []
+    slots = [(f"agent {getattr(a, 'role', '?')!r}", getattr(a, "llm", None)) for a in getattr(crew, "agents", None) or []]
+    slots.append(("manager", getattr(crew, "manager_llm", None)))  # function_calling_llm: deprecated, not read
+    for where, llm in slots:
+        module = type(llm).__module__
+        if llm is None or not module.startswith(_CREWAI_LLM_MODULES) or "api_key" not in getattr(type(llm), "model_fields", {}):
+            continue
+        if not getattr(llm, "api_key", None):
+            found.append(f"{where}: {getattr(llm, 'provider', None) or '?'}/{getattr(llm, 'model', '?')}")
+    return found
+
+
+def refuse_unconfigured_llms(crew: Any) -> None:
+    """Fail a job whose crew uses a CrewAI model without an API key, before any model call.
+
+    Raises:
+        SafeJobError: ``LlmUnconfigured`` naming the models (never a key), ``before_any_effect``.
+    """
+    missing = unconfigured_llms(crew)
+    if missing:
+        raise SafeJobError(f"no API key is configured for {'; '.join(missing)} (set the provider's key variable "
+                           "in the sidecar's environment, e.g. OPENAI_API_KEY)", error_type="LlmUnconfigured",
+                           before_any_effect=True)
 
 
 # ------------------------------------------------------------------- fingerprint

@@ -11,6 +11,9 @@ start (``_common.refuse_unusable_crew``), before any model call.
 
 Codes:
 
+- ``llm_unconfigured``: an agent (or the manager) uses a CrewAI model
+  without an API key (``_common.unconfigured_llms``); jobs fail
+  ``LlmUnconfigured`` with ``uncertain_outcome: false`` before any model call.
 - ``knowledge_unavailable``: the crew declares ``knowledge_sources`` but
   CrewAI could not build its knowledge (a broken embedder, no provider key
   for the default one); CrewAI itself would only print the error and run
@@ -34,7 +37,7 @@ from typing import Any
 import structlog
 from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 
-from aip_crewai.sidecar.operations._common import unavailable_knowledge
+from aip_crewai.sidecar.operations._common import unavailable_knowledge, unconfigured_llms
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace, namespace_storage_dir
 from aip_crewai.sidecar.registry import CrewSource
 from aip_crewai.sidecar.tenancy import namespace_key
@@ -98,6 +101,8 @@ def check(source: CrewSource) -> tuple[list[str], dict[str, Any] | None]:
         with knowledge_namespace(source.crew_id, PREFLIGHT_TENANT):
             crew = source.new_crew()
             found = []
+            if unconfigured_llms(crew):
+                found.append("llm_unconfigured")
             if unavailable_knowledge(crew):
                 found.append("knowledge_unavailable")
             if any(getattr(task, "human_input", False) for task in getattr(crew, "tasks", None) or []):

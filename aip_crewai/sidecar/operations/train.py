@@ -53,7 +53,12 @@ from crewai.utilities.constants import TRAINING_DATA_FILE
 from crewai.utilities.training_handler import CrewTrainingHandler
 
 from aip_crewai.sidecar.context import JobContext, SafeJobError
-from aip_crewai.sidecar.operations._common import check_cancelled, job_scope, refuse_unavailable_knowledge
+from aip_crewai.sidecar.operations._common import (
+    check_cancelled,
+    job_scope,
+    refuse_unavailable_knowledge,
+    refuse_unconfigured_llms,
+)
 from aip_crewai.sidecar.operations._maintenance import crew_option, run_in_worker
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource
@@ -226,6 +231,7 @@ def artifact_dir(training_dir: Path, tenant: str, crew_id: str) -> Path:
 def _train(source: CrewSource, n_iterations: int, filename: str, inputs: dict[str, Any]) -> None:
     """Worker thread: ``crew.train`` of a fresh crew, job's provider, private files."""
     crew = source.new_crew()
+    refuse_unconfigured_llms(crew)
     refuse_unavailable_knowledge(crew)
     check_cancelled()
     crew.train(n_iterations=n_iterations, filename=filename, inputs=inputs)
