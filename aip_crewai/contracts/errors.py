@@ -275,6 +275,14 @@ class CapabilityRevoked(AipError):
                        "it will not run")
 
 
+class CrewUnavailable(AipError):
+    code = "capability.unavailable"
+    category = Category.TEMPORARY
+    http_status = 503
+    default_message = ("the sidecar does not serve this capability's crew (the host's crews file lists it, the "
+                       "sidecar's registry does not); nothing was started and no approval was requested")
+
+
 class ApprovalDenied(AipError):
     code = "policy.approval_denied"
     category = Category.POLICY

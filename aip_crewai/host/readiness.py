@@ -70,13 +70,22 @@ def evaluate_health(body: Any, crews: Iterable[CrewDescriptor]) -> str | None:
     if not isinstance(served_crews, list) or not isinstance(served_ops, list):
         return "sidecar health lacks the crews or operations list"
     crews = list(crews)
-    missing_crews = {c.id for c in crews} - {c for c in served_crews if isinstance(c, str)}
+    missing_crews = unserved_crews(body, crews)
     if missing_crews:
         return f"sidecar lacks configured crews: {_preview(missing_crews)}"
     missing_ops = {op for c in crews for op in c.allowed_operations} - {o for o in served_ops if isinstance(o, str)}
     if missing_ops:
         return f"sidecar lacks allowed operations: {_preview(missing_ops)}"
     return None
+
+
+def unserved_crews(body: Any, crews: Iterable[CrewDescriptor]) -> frozenset[str]:
+    """The admitted crew ids a sidecar ``/health`` body does not list in ``crews``
+    (empty when the body has no such list: nothing is known)."""
+    served = body.get("crews") if isinstance(body, dict) else None
+    if not isinstance(served, list):
+        return frozenset()
+    return frozenset({c.id for c in crews} - {c for c in served if isinstance(c, str)})
 
 
 #: Reasons whose detail (after the colon) names configured crews or operations.
@@ -119,6 +128,8 @@ class Readiness:
         self.http = http
         self.on_crew_inputs = on_crew_inputs
         self.crew_inputs: dict[str, CrewInputs] = {}
+        #: Admitted crews the sidecar's last health answer did not list: submissions to them are refused.
+        self.unserved_crews: frozenset[str] = frozenset()
         self.crews = tuple(crews)
         self.metrics = metrics
         self.clock = clock
@@ -147,6 +158,13 @@ class Readiness:
         except msgspec.DecodeError:
             return "sidecar health is not valid JSON"
         self._observe_crew_inputs(decoded)
+        unserved = unserved_crews(decoded, self.crews)
+        if unserved != self.unserved_crews:
+            if unserved:
+                log.warning("crews_not_served", crews=sorted(unserved),
+                            hint="the crews file lists them, the sidecar's registry does not; calls to them "
+                                 "are refused with capability.unavailable")
+            self.unserved_crews = unserved
         return evaluate_health(decoded, self.crews)
 
     def _observe_crew_inputs(self, body: Any) -> None:
@@ -162,7 +180,7 @@ class Readiness:
         reason = await self._probe()
         state = ReadinessState(reason is None, public_reason(reason or "ready"), self.clock())
         if state.ready != self.state.ready or reason != self._detail:
-            log.info("readiness_changed", ready=state.ready, reason=reason or "ready")
+            (log.info if state.ready else log.warning)("readiness_changed", ready=state.ready, reason=reason or "ready")
         self.state, self._detail = state, reason
         self.metrics.ready.set(1 if state.ready else 0)
         self.metrics.readiness_checks.inc(result="ready" if state.ready else "unready")

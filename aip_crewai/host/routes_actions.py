@@ -31,7 +31,7 @@ from ..contracts.aip import (
     ProtocolError,
     StreamChunk,
 )
-from ..contracts.errors import InvalidEnvelope, MessageTooLarge
+from ..contracts.errors import CrewUnavailable, InvalidEnvelope, MessageTooLarge
 from ..sse import encode_comment, encode_event
 from .actions import ActionService
 from .auth import FULL, Principal, authenticate, require_role
@@ -135,6 +135,8 @@ async def post_message(request: Request) -> Response:
     stream = _wants_sse(request) or action.streaming
     index = request.app.state.capabilities
     resolved = index.resolve(principal.tenant, action.capability_id)
+    if resolved.crew.id in request.app.state.readiness.unserved_crews:
+        raise CrewUnavailable(details={"capability_id": action.capability_id})
     check_crew_inputs(resolved.spec.name, action.input, index.crew_inputs.get(resolved.crew.id))
     record = await service.submit(principal, action, env.idempotency_key, stream=stream)
     if stream and _wants_sse(request):

@@ -103,3 +103,32 @@ async def test_through_the_host_the_manifest_and_the_fence_use_the_reported_inpu
     error = refused.json()["body"]["error"]["error"]
     assert error["code"] == "action.invalid_input" and error["details"]["field"] == "$.topic"
     assert approvals.json()["approvals"] == []  # refused before any approval was requested
+
+
+async def test_a_crew_the_sidecar_does_not_serve_is_refused_before_any_approval(make_app) -> None:
+    """Issue 20 item 7: a warning names the crews; submissions to them are 503 capability.unavailable."""
+    from structlog.testing import capture_logs
+
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    fake.health.update({"crews": ["alpha", "gamma"], "operations": ["run"], "durable_journal": True})
+    app = make_app(sidecar_transport=fake.transport())
+    async with running(app) as http:
+        with capture_logs() as logs:
+            await app.state.readiness.refresh()
+        env = envelope("msg_un")
+        env["body"]["action"] = {"id": "act_un", "capability_id": "cap:crewai:beta", "input": {"topic": "t"},
+                                 "idempotency_key": "k-un"}
+        refused = await http.post("/aip/v1/messages", content=json.dumps(env),
+                                  headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")})
+        approvals = await http.get("/aip/v1/approvals", headers=bearer("acme-both"))
+        served = envelope("msg_ok")
+        served["body"]["action"] = {"id": "act_ok", "capability_id": "cap:crewai:alpha", "input": {},
+                                    "idempotency_key": "k-ok"}
+        accepted = await http.post("/aip/v1/messages", content=json.dumps(served),
+                                   headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")})
+    warnings = [e for e in logs if e["event"] == "crews_not_served"]
+    assert warnings and warnings[0]["crews"] == ["beta"] and warnings[0]["log_level"] == "warning"
+    assert refused.status_code == 503
+    assert refused.json()["body"]["error"]["error"]["code"] == "capability.unavailable"
+    assert approvals.json()["approvals"] == []
+    assert accepted.status_code == 202  # a served crew still gets its approval request
