@@ -1,0 +1,42 @@
+"""The shipped example configs fit together (issue 20 item 7): every crew the host example admits is in the
+sidecar example's registry, with operations the sidecar example allows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+REPO = Path(__file__).resolve().parents[2]
+#: What the sidecar always serves besides --allowed-operations (ARCHITECTURE.md §3).
+ALWAYS = {"status", "events", "cancel"}
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#"))
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+@pytest.mark.timeout(120)
+def test_the_host_example_admits_only_crews_and_operations_the_sidecar_example_serves() -> None:
+    host = tomllib.loads((REPO / "host" / "host.example.toml").read_text())
+    crews = json.loads((REPO / "host" / host["crews"]["file"]).read_text())
+    sidecar = _env_file(REPO / "sidecar" / "sidecar.env.example")
+    module, attribute = sidecar["AIP_CREWAI_REGISTRY"].split(":")
+    served = json.loads(subprocess.run(  # imports CrewAI: in a child process
+        [sys.executable, "-c", f"import json, {module} as m; print(json.dumps(sorted(m.{attribute})))"],
+        cwd=REPO, capture_output=True, check=True, timeout=100).stdout)
+    allowed = set(sidecar["AIP_CREWAI_ALLOWED_OPERATIONS"].split(",")) | ALWAYS
+    assert {crew["id"] for crew in crews} <= set(served)
+    for crew in crews:
+        assert set(crew.get("allowed_operations", ["run", "status", "events", "cancel"])) <= allowed, crew["id"]
+    for tenant in host["tenants"].values():
+        assert set(tenant["crews"]) <= {crew["id"] for crew in crews}
