@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import structlog
+
 #: Longest wait for a whole request head, and for the next request on an idle connection, seconds.
 HEADER_TIMEOUT_S = 5.0
 #: Bound of a request line plus headers, bytes.
@@ -100,6 +102,28 @@ def bound_connections() -> None:
                 config.aip_open_connections -= 1
 
     setattr(hypercorn_run, "TCPServer", BoundedTCPServer)  # noqa: B010 (mypy: a class attribute of another module)
+
+
+class _StructlogHandler(logging.Handler):
+    """Forward hypercorn's stdlib log records to structlog (one JSON line on stderr, like ours)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        structlog.get_logger("hypercorn").log(record.levelno, "hypercorn_log", message=record.getMessage(),
+                                              exc_info=record.exc_info)
+
+
+def hypercorn_logger() -> logging.Logger:
+    """The logger both processes give hypercorn as its error log: its lines become structlog events."""
+    logger = logging.getLogger("aip_crewai.hypercorn")
+    if not logger.handlers:
+        logger.addHandler(_StructlogHandler())
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+    return logger
+
+
+#: Paths of probes (readiness, liveness, scraping): their request lines are logged at debug, not info.
+PROBE_PATHS = frozenset({"/ready", "/health", "/metrics"})
 
 
 def hypercorn_config(bind: list[str], *, errorlog: logging.Logger | str | None = "-",

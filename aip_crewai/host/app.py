@@ -79,7 +79,7 @@ from ..contracts.errors import (
     Overloaded,
     Unauthenticated,
 )
-from ..serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT
+from ..serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
 from . import actions, approvals, manifest, routes_actions
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import Settings
@@ -231,7 +231,8 @@ class RequestContextMiddleware:
             if metrics is not None:
                 metrics.observe_request(route, method, int(outcome["status"]), duration)
             extra = {k: info[k] for k in ("tenant", "principal") if k in info}
-            log.info("request_finished", method=method, route=route, status=outcome["status"],
+            (log.debug if route in PROBE_PATHS else log.info)(
+                "request_finished", method=method, route=route, status=outcome["status"],
                      duration_ms=round(duration * 1000, 3), response_bytes=outcome["bytes"], **extra)
             structlog.contextvars.clear_contextvars()
             structlog.contextvars.bind_contextvars(**saved)

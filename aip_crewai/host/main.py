@@ -89,11 +89,11 @@ async def serve(settings: Settings, sock: socket.socket) -> None:
     """Serve the app with hypercorn on the bound ``sock`` until SIGTERM or SIGINT."""
     from hypercorn.asyncio import serve as hypercorn_serve
 
-    from ..serving import hypercorn_config
+    from ..serving import hypercorn_config, hypercorn_logger
     from .app import create_app
 
     config = hypercorn_config([f"fd://{sock.fileno()}"],  # timeouts, header bound, no h2c (README "Security")
-                              graceful_timeout=CONNECTION_GRACE_S)
+                              errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_S)
     app = create_app(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -45,7 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aip_crewai.asgi import BodyDeadline, ClientGone, CloseOnUnreadBody, InFlightLimit, RefuseAmbiguousFraming
 from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Overloaded
-from aip_crewai.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT
+from aip_crewai.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
 from aip_crewai.contracts.sidecar import CancelRequest
 from aip_crewai.sse import encode_comment, encode_event
 from aip_crewai.sidecar.admission import MAX_BODY_BYTES
@@ -400,5 +400,6 @@ class RequestLog:
             try:
                 await self.app(scope, receive, send_wrapper)
             finally:
-                log.info("http_request", method=scope["method"], path=scope["path"], status=status,
+                (log.debug if scope["path"] in PROBE_PATHS else log.info)(
+                    "http_request", method=scope["method"], path=scope["path"], status=status,
                          duration_ms=round((time.monotonic() - started) * 1000, 2))

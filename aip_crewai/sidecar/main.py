@@ -30,7 +30,6 @@ Source: ARCHITECTURE.md §5, §11; ARCHITECTURE.md §2.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import shutil
 import signal
@@ -174,7 +173,7 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
                  crew_facts: CrewFacts) -> int:
     from hypercorn.asyncio import serve
 
-    from aip_crewai.serving import hypercorn_config
+    from aip_crewai.serving import hypercorn_config, hypercorn_logger
     from aip_crewai.sidecar.app import create_app
 
     try:
@@ -188,7 +187,7 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
     app = create_app(settings, crews=crews, executor=executor, journal=journal,  # type: ignore[arg-type]
                      crew_facts=crew_facts)
     # timeouts, header bound, no h2c (README "Security")
-    config = hypercorn_config([f"fd://{fd}"], errorlog=_hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
+    config = hypercorn_config([f"fd://{fd}"], errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -299,23 +298,6 @@ def _close_loop(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor) -> li
     for thread in workers:
         thread.join(max(0.0, deadline - time.monotonic()))
     return [t.name for t in workers if t.is_alive()]
-
-
-class _StructlogHandler(logging.Handler):
-    """Forward hypercorn's stdlib log records to structlog (JSON on stderr)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        structlog.get_logger("hypercorn").log(record.levelno, "hypercorn_log", message=record.getMessage(),
-                                              exc_info=record.exc_info)
-
-
-def _hypercorn_logger() -> logging.Logger:
-    logger = logging.getLogger("aip_crewai.hypercorn")
-    if not logger.handlers:
-        logger.addHandler(_StructlogHandler())
-        logger.propagate = False
-        logger.setLevel(logging.INFO)
-    return logger
 
 
 def _refuse(message: str, *, status: int = 2) -> int:

@@ -252,3 +252,14 @@ def test_the_host_process_serves_and_stops_cleanly_on_sigterm(host_files):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_probe_requests_are_logged_at_debug_and_others_at_info(client) -> None:
+    """Issue 20 item 8: every /ready poll at info level drowned the log."""
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        await client.get("/ready")
+        await client.get("/aip/v1/manifest", headers=bearer("acme-invoker"))
+    levels = {e["route"]: e["log_level"] for e in logs if e["event"] == "request_finished"}
+    assert levels == {"/ready": "debug", "/aip/v1/manifest": "info"}

@@ -65,3 +65,4 @@ async def test_without_origins_there_are_no_cors_headers(client) -> None:
     preflight = await client.options("/aip/v1/messages", headers={"Origin": ALLOWED, **PREFLIGHT})
     assert "access-control-allow-origin" not in preflight.headers
     assert preflight.status_code == 405
+

@@ -7,6 +7,7 @@ The matrix (`make test-matrix`) runs these on the lowest and highest Python.
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -80,6 +81,8 @@ def test_sigterm_ends_open_streams_and_the_host_exits_in_its_grace(stack):
     assert bytes(received).endswith(SHUTDOWN_COMMENT) and b"event: result" not in received
     log = host.log.read_text()
     assert "Traceback" not in log and "CancelledError" not in log
+    for line in log.splitlines():  # hypercorn's own lines too are JSON events (issue 20 item 8)
+        assert json.loads(line)["event"], line
     # the tenant resumes on a new host from the last position it saw
     last_id = bytes(received).rsplit(b"id: ", 1)[1].split(b"\n", 1)[0].decode()
     again = start_host(workdir, sidecar.base_url, sidecar.token)
