@@ -8,8 +8,9 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "make: installing aip-crewai and its dependencies into $(VENV) (CrewAI is large: the first time takes a minute or two)"
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --progress-bar off -e '.[dev]'
 	touch $(STAMP)
 
 run: $(STAMP)
