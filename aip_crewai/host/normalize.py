@@ -34,6 +34,9 @@ MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 
 #: sidecar chunk channel -> AIP chunk kind (ARCHITECTURE.md §8); other channels: progress.
 CHANNEL_KINDS = {"tools": "tool", "llm": "data", "messages": "data"}
+#: A reference sidecar's chunk carries CrewAI's ``chunk_type`` (``StreamChunkType``: ``text`` |
+#: ``tool_call``) and a ``tool_call`` object instead of ``channel``: the same kinds.
+CHUNK_TYPE_KINDS = {"text": "data", "tool_call": "tool"}
 #: sidecar event -> AIP chunk kind for the non-chunk events (ARCHITECTURE.md §8).
 EVENT_KINDS = {"started": "progress", "completed": "done", "cancelled": "done", "failed": "error"}
 
@@ -43,7 +46,11 @@ _event_decoder = msgspec.json.Decoder(JobEvent)
 def chunk_kind(event: JobEvent) -> str:
     """AIP chunk kind of one sidecar event (ARCHITECTURE.md §8)."""
     if event.event == "chunk":
-        return CHANNEL_KINDS.get(str(event.data.get("channel")), "progress")
+        if "channel" in event.data:
+            return CHANNEL_KINDS.get(str(event.data["channel"]), "progress")
+        if event.data.get("tool_call"):
+            return "tool"
+        return CHUNK_TYPE_KINDS.get(str(event.data.get("chunk_type", "")).lower(), "progress")
     return EVENT_KINDS.get(event.event, "progress")
 
 

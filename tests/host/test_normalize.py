@@ -143,3 +143,19 @@ def test_read_only_operation_errors_are_not_uncertain():
     with pytest.raises(ConnectorInvalidStream) as info:
         n.close()
     assert info.value.details["uncertain_outcome"] is False
+
+
+@pytest.mark.parametrize("data,kind", [
+    ({"content": "a", "chunk_type": "text"}, "data"),
+    ({"content": "a", "chunk_type": "TEXT"}, "data"),
+    ({"content": "", "chunk_type": "tool_call", "tool_call": {"tool_name": "search"}}, "tool"),
+    ({"content": "", "tool_call": {"tool_name": "search"}}, "tool"),
+    ({"content": "a", "chunk_type": "other"}, "progress"),
+    ({"content": "a", "channel": "llm", "chunk_type": "tool_call"}, "data"),  # ours: channel decides
+])
+def test_reference_sidecar_chunks_map_by_chunk_type_and_tool_call(data, kind):
+    """Issue 17 item 8: a reference sidecar's chunks carry chunk_type/tool_call instead of channel."""
+    from aip_crewai.contracts.sidecar import JobEvent
+    from aip_crewai.host.normalize import chunk_kind
+
+    assert chunk_kind(JobEvent(event="chunk", sequence=1, data=data)) == kind
