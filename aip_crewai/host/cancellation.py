@@ -60,6 +60,12 @@ async def cancel(runtime: ActionRuntime, caller: Principal, action_id: str) -> A
             live.task.cancel()
         await runtime.writer.finish(tenant, action_id, _outcome(case, action_id), None)
         return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(case, action_id)
+    if live is not None and live.task is not None and live.retry_waiting:
+        # Queued for a retry of a start the sidecar did not admit: stopped before anything more is sent.
+        live.task.cancel()
+        await runtime.writer.finish(tenant, action_id, _outcome(CancelCase.DEQUEUE, action_id),
+                                    DispatchState.NOT_SENT.value, settle_dispatch=True)
+        return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(CancelCase.DEQUEUE, action_id)
     return await _stop_remote(runtime, record.tenant, action_id, live,
                               live.job if live is not None else runtime.job(record, stream=True))
 

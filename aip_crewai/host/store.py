@@ -337,7 +337,7 @@ class Store:
                             dispatch: str | None = None, result_json: str | None = None,
                             error_json: str | None = None, approval_id: str | None = None,
                             now: int | None = None, durable: bool = True,
-                            settle_dispatch: bool = False) -> ActionRecord | None:
+                            settle_dispatch: bool = False, replacing: str | None = None) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
         (``durable``: see the module docstring).
@@ -346,6 +346,8 @@ class Store:
         except with ``settle_dispatch``: the dispatch's own final word (e.g. a
         refused connection: ``not_sent`` after ``sent`` was recorded as
         "may have reached the sidecar"). None-valued fields keep their stored value.
+        ``replacing``: only while the stored ``result_json`` is exactly this
+        (a correction of a provisional result: a concurrent correction wins).
 
         Returns:
             The updated record when the row changed, else None.
@@ -355,7 +357,8 @@ class Store:
         """
         update = _action_update(tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
                                 result_json=result_json, error_json=error_json, approval_id=approval_id,
-                                now=self.now_ms() if now is None else now, settle_dispatch=settle_dispatch)
+                                now=self.now_ms() if now is None else now, settle_dispatch=settle_dispatch,
+                                replacing=replacing)
         return await self._run(self._write_now, durable, lambda: self._update_now(update))
 
     def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None:
@@ -366,6 +369,18 @@ class Store:
         """Actions still ``running`` (reconciliation after a restart), oldest first."""
         where, params = ("status = 'running'", ()) if tenant is None else ("status = 'running' AND tenant = ?", (tenant,))
         rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE {where} ORDER BY created_at", params)
+        return [ActionRecord(*row) for row in rows]
+
+    async def list_failed_with(self, codes: Iterable[str], limit: int = 100) -> list[ActionRecord]:
+        """``failed`` actions whose stored result names one of the error
+        ``codes`` (a prefilter: the caller decides finality), least recently
+        updated first, at most ``limit`` (all tenants)."""
+        codes = list(codes)
+        if not codes:
+            return []
+        likes = " OR ".join("result_json LIKE ?" for _ in codes)
+        rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE status = 'failed' AND ({likes}) "
+                                 "ORDER BY updated_at LIMIT ?", (*[f'%"{code}"%' for code in codes], limit))
         return [ActionRecord(*row) for row in rows]
 
     async def list_awaiting_approval(self) -> list[ActionRecord]:

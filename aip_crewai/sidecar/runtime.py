@@ -493,6 +493,7 @@ class Runtime:
             "operations": s.operations,
             "training_directory": s.training_dir is not None,
             "crew_problems": self.crew_problems,
+            "sse_keepalive_seconds": s.sse_keepalive_seconds,
         }
 
     def _degraded(self) -> bool:

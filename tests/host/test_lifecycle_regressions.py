@@ -89,15 +89,23 @@ async def test_a_cancel_and_a_decision_never_both_win(make_app):
                 assert decision.status_code == 409 and withdrew and approval["status"] == "withdrawn", (n, approval)
 
 
-async def test_a_refused_connection_is_stored_not_sent(make_app):
-    """Regression: after a refused connection the action view said dispatch `sent` (recorded when the
-    approval started it) while its stored result said `not_sent`. The record now holds the dispatch's
-    own final word."""
+async def test_a_refused_start_is_queued_and_retried_under_the_same_job_and_key(make_app):
+    """Issue 17 item 1: a start the sidecar provably did not admit (a refused connection, then a 503
+    "shutting down" answered before admission) no longer burns the approval: the action goes back to
+    `queued` (dispatch `not_sent`) and the same job id and idempotency key are sent again until admitted."""
     fake = FakeSidecar(SIDECAR_TOKEN)
+    starts: list[tuple[str, str | None]] = []
+    queued_seen = asyncio.Event()
 
     def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path.startswith("/jobs") and request.method == "POST":
-            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/jobs/stream" and request.method == "POST":
+            starts.append((json.loads(request.content)["action_id"], request.headers.get("Idempotency-Key")))
+            if len(starts) == 1:
+                raise httpx.ConnectError("connection refused", request=request)
+            if len(starts) == 2:
+                return httpx.Response(503, json={"detail": "the sidecar is shutting down and admits no new jobs"})
+            if not queued_seen.is_set():
+                return httpx.Response(503, json={"detail": "shutting down"})
         return fake.handle(request)
 
     app = make_app(sidecar_transport=httpx.MockTransport(handle))
@@ -105,10 +113,41 @@ async def test_a_refused_connection_is_stored_not_sent(make_app):
         approval_id = await submit_pending(http, "refused_1")
         assert (await decide(http, approval_id)).status_code == 200
         service = app.state.actions
-        record = await service.wait(await service.store.get_action("acme", "refused_1"), 10)
-        result = json.loads(record.result_json)
-        assert record.status == "failed" and result["error"]["details"]["dispatch"] == "not_sent"
-        assert record.dispatch == "not_sent"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while True:  # the tenant's view while the start waits for its retry
+            view = (await http.get("/aip/v1/actions/refused_1", headers=bearer("acme-invoker"))).json()
+            if view["state"] == "queued":
+                break
+            assert view["state"] in ("running", "queued") and loop.time() < deadline, view
+            await asyncio.sleep(0.01)
+        queued_seen.set()
+        record = await service.wait(await service.store.get_action("acme", "refused_1"), 15)
+        assert record.status == "completed", record.result_json
+        assert len(starts) >= 3 and len(set(starts)) == 1, starts  # one job id, one key, every time
+
+
+async def test_a_start_refused_until_the_dispatch_deadline_fails_with_a_certain_outcome(make_app, settings, clock):
+    """Issue 17 item 1: past `dispatch_deadline_seconds` the action fails with
+    `connector.crewai.dispatch_deadline`, `uncertain_outcome: false`, dispatch `not_sent`."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/jobs") and request.method == "POST":
+            clock.now += 0.6  # each refused attempt passes time on the host's clock
+            raise httpx.ConnectError("connection refused", request=request)
+        return FakeSidecar(SIDECAR_TOKEN).handle(request)
+
+    app = make_app(dataclasses.replace(settings, dispatch_deadline_s=1.0),
+                   sidecar_transport=httpx.MockTransport(handle))
+    async with running(app) as http:
+        approval_id = await submit_pending(http, "refused_2")
+        assert (await decide(http, approval_id)).status_code == 200
+        service = app.state.actions
+        record = await service.wait(await service.store.get_action("acme", "refused_2"), 15)
+        error = json.loads(record.result_json)["error"]
+        assert record.status == "failed" and record.dispatch == "not_sent", record
+        assert error["code"] == "connector.crewai.dispatch_deadline"
+        assert error["details"]["uncertain_outcome"] is False and error["details"]["dispatch"] == "not_sent"
+        assert error["details"]["attempts"] >= 2 and error["details"]["last_cause"] == "connector.crewai.transport"
 
 
 async def test_a_store_open_cancelled_mid_connect_closes_its_connection(tmp_path, monkeypatch):
