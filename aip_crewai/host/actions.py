@@ -468,7 +468,9 @@ class ActionService:
         return None
 
     async def wait(self, record: ActionRecord, timeout_s: float) -> ActionRecord:
-        """Wait until the action leaves ``running`` (or the timeout passes)."""
+        """Wait until the action leaves ``running``, or is queued for a retry
+        of a start the sidecar did not admit (ARCHITECTURE.md §9), or the
+        timeout passes; returns the record as it then is."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while record.status == ActionState.RUNNING:
@@ -484,6 +486,8 @@ class ActionService:
                 if live.final is not None:  # the record its dispatch stored: no read needed
                     record = live.final
                     continue
+                if live.retry_waiting:  # queued for a retry of its start: answer now, the caller follows it
+                    return await self.record(record.tenant, record.action_id)
             else:
                 record = await self.refresh(await self.record(record.tenant, record.action_id))
                 if record.status == ActionState.RUNNING:

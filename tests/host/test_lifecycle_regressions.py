@@ -227,3 +227,43 @@ async def test_a_decision_applied_after_a_restart_rechecks_at_dispatch(make_app,
         assert record.dispatch == "not_sent"
         assert (await http.get("/aip/v1/actions/rev_dispatch", headers=bearer("acme-invoker"))).status_code == 200
     assert fake.executions == 0
+
+
+async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journal(make_app, monkeypatch):
+    """Issue 17 item 3, on read (the periodic half is off here): a stored `cancelled_unconfirmed` with
+    `uncertain_outcome: true` whose sidecar job the journal calls `failed`, `uncertain_outcome: false`
+    (queued, never ran) reads as the journal's result on the next GET, and is then final."""
+    from aip_crewai.contracts.errors import ConnectorCancelledUnconfirmed
+    from aip_crewai.host import recovery
+    from aip_crewai.host.normalize import failed_result
+
+    async def no_periodic_correction(runtime):
+        return None
+
+    monkeypatch.setattr(recovery, "correct_provisional", no_periodic_correction)
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    journal_says = {"error_type": "SidecarRestarted", "uncertain_outcome": False}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/jobs/acme:prov_1":
+            return httpx.Response(200, json={"action_id": "acme:prov_1", "crew_id": "beta", "operation": "run",
+                                             "status": "failed", "event_count": 1, "output": None})
+        if request.url.path == "/jobs/acme:prov_1/events":
+            return httpx.Response(200, json={"events": [{"event": "failed", "sequence": 0, "data": journal_says}]})
+        return fake.handle(request)
+
+    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    async with running(app) as http:
+        approval_id = await submit_pending(http, "prov_1")
+        service = app.state.actions
+        record = await service.store.get_action("acme", "prov_1")
+        provisional = failed_result("prov_1", ConnectorCancelledUnconfirmed(
+            operation="run", uncertain_outcome=True, dispatch="acknowledged"))
+        assert await service.writer.finish("acme", "prov_1", provisional, "acknowledged") is not None
+        assert approval_id and record is not None
+        view = (await http.get("/aip/v1/actions/prov_1", headers=bearer("acme-invoker"))).json()
+        error = view["result"]["error"]
+        assert view["state"] == "failed" and error["code"] == "connector.crewai.execution_failed", view
+        assert error["details"]["uncertain_outcome"] is False
+        stored = await service.store.get_action("acme", "prov_1")
+        assert recovery.is_final(stored, await service.result(stored))
