@@ -120,7 +120,10 @@ class Dispatcher:
         try:
             return await self._run(job, on_chunks)
         except ConnectorError as exc:
-            if job.spec.startable and not_admitted(exc):
+            # Only the start request's own refusal: a read after an answered start (the job view of a
+            # blocking start, a full output) that cannot connect says nothing about admission.
+            if job.spec.startable and not_admitted(exc) \
+                    and (exc.details.get("admitted") is False or job.dispatch.state == "not_sent"):
                 raise StartNotAdmitted(exc) from exc
             if job.spec.stream and job.spec.cancel and isinstance(exc, _STREAM_FAILURES) and job.dispatch.state != "not_sent":
                 exc = await self._cancel_after_failure(job, exc)

@@ -267,3 +267,37 @@ async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journa
         assert error["details"]["uncertain_outcome"] is False
         stored = await service.store.get_action("acme", "prov_1")
         assert recovery.is_final(stored, await service.result(stored))
+
+
+async def test_cancelling_an_action_queued_for_a_retry_stops_it_before_anything_is_sent(make_app):
+    """Issue 17 item 1 (the `dequeue` row of ARCHITECTURE.md §8): an approved run whose start was
+    refused waits `queued` for its retry; a cancel then stops it at once, `cancelled` with
+    `provider_effect: none`, and no further start is sent."""
+    starts: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/jobs/stream":
+            starts.append(request.method)
+            raise httpx.ConnectError("connection refused", request=request)
+        return FakeSidecar(SIDECAR_TOKEN).handle(request)
+
+    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    async with running(app) as http:
+        approval_id = await submit_pending(http, "dequeue_1")
+        assert (await decide(http, approval_id)).status_code == 200
+        service = app.state.actions
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not ((live := service.live.get("acme", "dequeue_1")) is not None and live.retry_waiting):
+            assert loop.time() < deadline, "never queued for a retry"
+            await asyncio.sleep(0.005)
+        task = live.task
+        answer = await http.post("/aip/v1/actions/dequeue_1/cancel", headers=bearer("acme-invoker"))
+        assert answer.status_code == 200, answer.text
+        result = answer.json()["body"]["action_result"]
+        assert result["status"] == "cancelled", result
+        assert result["output"] == {"remote_stop_confirmed": False, "provider_effect": "none"}
+        await asyncio.wait({task}, timeout=5)
+        assert task.done() and service.live.get("acme", "dequeue_1") is None  # its dispatch can send no more
+        record = await service.store.get_action("acme", "dequeue_1")
+        assert record.status == "cancelled" and record.dispatch == "not_sent" and len(starts) >= 1
