@@ -301,3 +301,37 @@ async def test_cancelling_an_action_queued_for_a_retry_stops_it_before_anything_
         assert task.done() and service.live.get("acme", "dequeue_1") is None  # its dispatch can send no more
         record = await service.store.get_action("acme", "dequeue_1")
         assert record.status == "cancelled" and record.dispatch == "not_sent" and len(starts) >= 1
+
+
+async def test_a_blocking_start_stored_still_running_is_corrected_once_the_job_ends(make_app):
+    """Issue 17 item 3: a blocking `knowledge_query` whose wait ended before its job (the sidecar answered
+    504 and the job view still said `running`, as a reference-style sidecar does after `timeout_ms`) is
+    stored `remote_temporary`; it is not final, and the next read after the job ended gives its result."""
+    job = {"status": "running"}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/jobs" and request.method == "POST":
+            return httpx.Response(504, json={"detail": "the job did not end within timeout_ms"})
+        if request.url.path == "/jobs/acme:kq_1":
+            done = job["status"] == "completed"
+            return httpx.Response(200, json={"action_id": "acme:kq_1", "crew_id": "beta", "operation": "knowledge_query",
+                                             "status": job["status"], "event_count": 2 if done else 1, "output": None})
+        if request.url.path == "/jobs/acme:kq_1/events":
+            return httpx.Response(200, json={"events": [{"event": "completed", "sequence": 1,
+                                                         "data": {"results": ["late"]}}]})
+        return FakeSidecar(SIDECAR_TOKEN).handle(request)
+
+    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    envelope = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": "msg_kq_1",
+                "sent_at": "2026-09-21T14:13:20.000Z",
+                "body": {"action": {"id": "kq_1", "capability_id": "cap:crewai:beta:knowledge_query",
+                                    "input": {"query": ["lighthouse"]}, "idempotency_key": "k-kq_1"}}}
+    async with running(app) as http:
+        first = await http.post("/aip/v1/messages", content=json.dumps(envelope), headers={**CT, **bearer("acme-invoker")})
+        error = first.json()["body"]["action_result"]["error"]
+        assert error["code"] == "connector.crewai.remote_temporary" and error["details"]["remote_status"] == 504
+        view = (await http.get("/aip/v1/actions/kq_1", headers=bearer("acme-invoker"))).json()
+        assert view["state"] == "failed"  # still running at the sidecar: the provisional result stands
+        job["status"] = "completed"
+        view = (await http.get("/aip/v1/actions/kq_1", headers=bearer("acme-invoker"))).json()
+        assert view["state"] == "completed" and view["result"]["output"] == {"results": ["late"]}, view
