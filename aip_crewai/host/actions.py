@@ -59,8 +59,6 @@ log = structlog.get_logger(__name__)
 
 IDEMPOTENCY_TTL_MS = 86_400_000
 APPROVAL_TTL_MS = 900_000
-#: Bound of the sidecar read a read of a provisional result makes to correct it, seconds.
-CORRECT_ON_READ_S = 3.0
 #: Backoff between retries of a start the sidecar did not admit: first wait and cap, seconds (ARCHITECTURE.md §9).
 RETRY_FIRST_S, RETRY_MAX_S = 0.5, 30.0
 
@@ -395,7 +393,7 @@ class ActionService:
         running action nobody in this process dispatches (a host restart) with
         the sidecar's job, never re-dispatching it; correct a stored result
         that is not final from the sidecar's job (ARCHITECTURE.md §9 "Final
-        results"; bounded by :data:`CORRECT_ON_READ_S`)."""
+        results"; bounded by :data:`.recovery.CORRECT_BOUND_S`)."""
         if record.status == ActionState.PENDING_APPROVAL and record.approval_id:
             approval = await self.store.get_approval(record.tenant, record.approval_id)
             if approval is None and record.created_at < self.started_ms:
@@ -415,7 +413,7 @@ class ActionService:
         if record.status == ActionState.FAILED and not recovery.is_final(record, await self.result(record)):
             # A provisional result: re-read from the sidecar, within a bound (a frozen sidecar must not hold reads).
             with contextlib.suppress(asyncio.TimeoutError):
-                corrected = await asyncio.wait_for(recovery.correct(self, record), CORRECT_ON_READ_S)
+                corrected = await asyncio.wait_for(recovery.correct(self, record), recovery.CORRECT_BOUND_S)
                 if corrected is not None:
                     return corrected
         return record

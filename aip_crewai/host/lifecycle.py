@@ -135,6 +135,9 @@ PROVISIONAL_CODES = frozenset({
 })
 #: ``remote_status`` of a blocking start whose wait ended before the job did (409, 502, 504: the job was read).
 _STILL_RUNNING_STATUSES = frozenset({409, 502, 504})
+#: Compact-JSON fragments one of which a provisional result's text holds (the store's prefilter of
+#: :func:`result_is_final`: uncertain, or a status of a wait that ended first).
+PROVISIONAL_MARKERS = ('"uncertain_outcome":true', *(f'"remote_status":{s}' for s in sorted(_STILL_RUNNING_STATUSES)))
 
 
 def result_is_final(status: str, *, startable: bool, error_code: str | None,

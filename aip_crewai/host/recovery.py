@@ -30,6 +30,7 @@ from .lifecycle import (
     CANCEL_OUTCOMES,
     is_terminal,
     PROVISIONAL_CODES,
+    PROVISIONAL_MARKERS,
     ActionState,
     CancelCase,
     DispatchState,
@@ -47,6 +48,9 @@ log = structlog.get_logger(__name__)
 EXPIRY_SWEEP_S = 5.0
 #: How often running actions no task here follows are reconciled with the sidecar, seconds.
 RECONCILE_S = 5.0
+#: Bound of one correction of a provisional result (its sidecar reads), seconds: a frozen sidecar
+#: must hold neither a tenant's read nor the reconciler's pass.
+CORRECT_BOUND_S = 3.0
 
 
 async def sweep_expired(runtime: ActionRuntime) -> None:
@@ -93,13 +97,16 @@ async def correct_provisional(runtime: ActionRuntime) -> None:
     (:func:`~.lifecycle.result_is_final`) and correct it (:func:`correct`);
     errors are logged (the periodic half of ARCHITECTURE.md §9 "Final results")."""
     try:
-        candidates = await runtime.store.list_failed_with(sorted(PROVISIONAL_CODES))
+        candidates = await runtime.store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS)
     except Exception:  # housekeeping must not kill the host
         log.exception("correction_listing_failed")
         return
     for record in candidates:
         try:
-            await correct(runtime, record)
+            await asyncio.wait_for(correct(runtime, record), CORRECT_BOUND_S)
+        except asyncio.TimeoutError:  # the sidecar does not answer (frozen): the next pass tries again
+            log.warning("correction_deferred", action_id=record.action_id)
+            return
         except Exception:
             log.exception("correction_failed", action_id=record.action_id)
 

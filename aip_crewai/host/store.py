@@ -371,16 +371,22 @@ class Store:
         rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE {where} ORDER BY created_at", params)
         return [ActionRecord(*row) for row in rows]
 
-    async def list_failed_with(self, codes: Iterable[str], limit: int = 100) -> list[ActionRecord]:
-        """``failed`` actions whose stored result names one of the error
-        ``codes`` (a prefilter: the caller decides finality), least recently
-        updated first, at most ``limit`` (all tenants)."""
-        codes = list(codes)
-        if not codes:
+    async def list_failed_with(self, codes: Iterable[str], markers: Iterable[str],
+                               limit: int = 100) -> list[ActionRecord]:
+        """``failed`` actions whose stored result's error ``code`` is one of
+        ``codes`` and whose result text holds one of ``markers`` (compact JSON
+        fragments such as ``"uncertain_outcome":true``), not yet marked
+        ``"reconciled"``: a prefilter, the caller decides finality. Least
+        recently updated first, at most ``limit`` (all tenants)."""
+        codes, markers = list(codes), list(markers)
+        if not codes or not markers:
             return []
-        likes = " OR ".join("result_json LIKE ?" for _ in codes)
-        rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE status = 'failed' AND ({likes}) "
-                                 "ORDER BY updated_at LIMIT ?", (*[f'%"{code}"%' for code in codes], limit))
+        any_code = " OR ".join("result_json LIKE ?" for _ in codes)
+        any_marker = " OR ".join("result_json LIKE ?" for _ in markers)
+        rows = await self._fetch(
+            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE status = 'failed' AND ({any_code}) AND ({any_marker}) "
+            "AND result_json NOT LIKE '%\"reconciled\":%' ORDER BY updated_at LIMIT ?",
+            (*[f'%"code":"{code}"%' for code in codes], *[f"%{marker}%" for marker in markers], limit))
         return [ActionRecord(*row) for row in rows]
 
     async def list_awaiting_approval(self) -> list[ActionRecord]:
