@@ -364,6 +364,16 @@ class ConnectorTransport(ConnectorError):
     default_message = "the sidecar could not be reached"
 
 
+class ConnectorStreamSilent(ConnectorTransport):
+    """The sidecar's event stream sent nothing (not even a keep-alive) for a
+    few keep-alive intervals. The host reconciles from the job view and
+    follows the job again; it never calls the run cancelled for this
+    (ARCHITECTURE.md §8). Details add ``silence_seconds``."""
+
+    code = "connector.crewai.stream_silent"
+    default_message = "the sidecar's event stream went silent"
+
+
 class ConnectorInvalidStream(ConnectorError):
     code = "connector.crewai.invalid_stream"
     default_message = "the sidecar sent an invalid event stream"
@@ -377,6 +387,19 @@ class ConnectorResponseTooLarge(ConnectorError):
 class ConnectorCancelledUnconfirmed(ConnectorError):
     code = "connector.crewai.cancelled_unconfirmed"
     default_message = "cancellation was requested but the sidecar did not confirm it"
+
+
+class ConnectorDispatchDeadline(ConnectorError):
+    """A start the sidecar provably never admitted (no connection, 503 before
+    admission, 507) was retried with backoff until the host's
+    ``dispatch_deadline_seconds`` passed: nothing ran (``uncertain_outcome:
+    false``, ``dispatch: not_sent``). Details add ``deadline_seconds``,
+    ``attempts`` and ``last_cause`` (the code of the last refusal).
+    ARCHITECTURE.md §9 (dispatch)."""
+
+    code = "connector.crewai.dispatch_deadline"
+    category = Category.TEMPORARY
+    default_message = "the sidecar did not admit the action before the dispatch deadline"
 
 
 class ConnectorExecutionFailed(ConnectorError):

@@ -28,6 +28,7 @@ from ..contracts.errors import (
     ApprovalDenied,
     CapabilityNotFound,
     CapabilityRevoked,
+    ConnectorDispatchDeadline,
     Forbidden,
     IdempotencyConflict,
     IdempotencyKeyRequired,
@@ -41,11 +42,12 @@ from ..contracts.sidecar import MAX_IDEMPOTENCY_KEY_BYTES
 from . import cancellation, recovery
 from .auth import FULL, Principal, action_access
 from .chunk_sink import ChunkSink
-from .dispatch import Dispatcher, Job
+from .config import DEFAULT_DISPATCH_DEADLINE_S
+from .dispatch import DispatchDeferred, Dispatcher, Job, OnChunks, StartNotAdmitted
 from .lifecycle import ActionEvent, ActionState, DispatchState, approval_admits, policy_hash
 from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
-from .sidecar_client import SidecarClient
+from .sidecar_client import DispatchProgress, SidecarClient
 from .auth import Authenticator
 from .store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms_to_rfc3339
 from .writer import ActionWriter
@@ -57,6 +59,17 @@ log = structlog.get_logger(__name__)
 
 IDEMPOTENCY_TTL_MS = 86_400_000
 APPROVAL_TTL_MS = 900_000
+#: Backoff between retries of a start the sidecar did not admit: first wait and cap, seconds (ARCHITECTURE.md §9).
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 30.0
+
+
+def retry_delay_s(attempt: int) -> float:
+    """The wait before retry ``attempt`` (1, 2, ...) of a start the sidecar
+    did not admit, seconds: :data:`RETRY_FIRST_S` doubled per attempt, at
+    most :data:`RETRY_MAX_S`. Raises ValueError for ``attempt`` < 1. Pure."""
+    if attempt < 1:
+        raise ValueError("attempts count from 1")
+    return min(RETRY_FIRST_S * 2 ** min(attempt - 1, 16), RETRY_MAX_S)
 _result_decoder = msgspec.json.Decoder(ActionResult)
 
 
@@ -108,6 +121,9 @@ class ActionService:
         metrics: the host :class:`~aip_crewai.host.metrics.Metrics` (optional).
         authenticator: claims the message ids of signed envelopes once a
             submission is authorized (None: a signed submission is refused).
+        dispatch_deadline_s: how long a start the sidecar provably did not
+            admit is retried, seconds, from the moment the action may run
+            (admitted, or its approval decided): ARCHITECTURE.md §9.
     """
 
     def __init__(
@@ -120,6 +136,7 @@ class ActionService:
         now_ms: Callable[[], int] | None = None,
         authenticator: Authenticator | None = None,
         principals: Mapping[str, Any] | None = None,
+        dispatch_deadline_s: float = DEFAULT_DISPATCH_DEADLINE_S,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
@@ -133,6 +150,7 @@ class ActionService:
         #: requester is still an invoker of its tenant (None: not checked).
         self.principals = principals
         self.now_ms = now_ms or store.now_ms
+        self.dispatch_deadline_ms = int(dispatch_deadline_s * 1000)
         #: Actions created before this are a previous process's (no creator here may still be writing them).
         self.started_ms = self.now_ms()
 
@@ -271,9 +289,10 @@ class ActionService:
                     await self.writer.finish(tenant, action_id, failed_result(action_id, revoked),
                                              DispatchState.NOT_SENT.value, settle_dispatch=True)
                     return
-            if mark_sent:
-                await self.writer.mark_sent(tenant, action_id, durable=job.durable)
-            result = await self.dispatcher.run(job, sink.add)
+            result = await self._run_until_admitted(live, sink.add, mark_sent=mark_sent)
+            if result is None:  # no longer running (a cancel won while it waited), or deferred to the reconciler
+                await sink.drain()
+                return
             await sink.drain()
             if job.spec.name == "status" and result.error is not None \
                     and (result.error.details or {}).get("remote_status") == 404:
@@ -295,6 +314,63 @@ class ActionService:
             self.live.remove(tenant, action_id)
             live.notify()
 
+    async def _run_until_admitted(self, live: LiveAction, on_chunks: OnChunks, *,
+                                  mark_sent: bool) -> ActionResult | None:
+        """Run the job; a start the sidecar provably did not admit is retried
+        (same job id and idempotency key, so never run twice) after
+        :func:`retry_delay_s`, the action requeued meanwhile (tenants
+        see ``queued``), until the dispatch deadline: then a failed result
+        ``connector.crewai.dispatch_deadline`` with ``uncertain_outcome:
+        false`` (ARCHITECTURE.md §9). Returns the result to store, or None:
+        the action stopped running meanwhile (a cancel), or its silent stream
+        is left to the reconciler (:class:`~.dispatch.DispatchDeferred`)."""
+        job = live.job
+        attempts, deadline_ms = 0, None
+        while True:
+            if mark_sent and await self.writer.mark_sent(job.tenant, job.action_id, durable=job.durable) is None:
+                return None  # no longer running (cancelled while queued): nothing is sent
+            try:
+                return await self.dispatcher.run(job, on_chunks)
+            except DispatchDeferred as deferred:
+                log.warning("dispatch_deferred", code=deferred.error.code)
+                return None
+            except StartNotAdmitted as refused:
+                attempts += 1
+                if deadline_ms is None:
+                    deadline_ms = await self._dispatch_deadline_ms(job.tenant, job.action_id)
+                remaining_ms = deadline_ms - self.now_ms()
+                log.info("dispatch_not_admitted", code=refused.error.code, attempts=attempts,
+                         remaining_ms=max(remaining_ms, 0))
+                job.dispatch.state = DispatchState.NOT_SENT.value
+                if remaining_ms <= 0:
+                    return failed_result(job.action_id, ConnectorDispatchDeadline(
+                        operation=job.spec.name, remote_status=refused.error.remote_status, uncertain_outcome=False,
+                        read_only=job.spec.read_only, dispatch=DispatchState.NOT_SENT.value,
+                        details={"deadline_seconds": self.dispatch_deadline_ms / 1000, "attempts": attempts,
+                                 "last_cause": refused.error.code}))
+                if await self.writer.requeue(job.tenant, job.action_id, durable=job.durable) is None:
+                    return None
+                live.notify()
+                live.retry_waiting = True
+                try:
+                    await asyncio.sleep(min(retry_delay_s(attempts), remaining_ms / 1000))
+                finally:
+                    live.retry_waiting = False
+                job.dispatch = DispatchProgress()
+                mark_sent = True
+
+    async def _dispatch_deadline_ms(self, tenant: str, action_id: str) -> int:
+        """When retries of an action's start stop, epoch ms: the dispatch
+        deadline after the action could first run (its approval's decision,
+        else its admission), both stored, so a restart keeps the deadline."""
+        record = await self.record(tenant, action_id)
+        since = record.created_at
+        if record.approval_id:
+            approval = await self.store.get_approval(tenant, record.approval_id)
+            if approval is not None and approval.decided_at is not None:
+                since = approval.decided_at
+        return since + self.dispatch_deadline_ms
+
     async def _status_before_admission(self, job: Job) -> ActionResult | None:
         """The ``status`` of a run the sidecar does not know because it has not
         admitted it: never sent (pending approval, denied, expired, cancelled
@@ -315,7 +391,9 @@ class ActionService:
     async def refresh(self, record: ActionRecord) -> ActionRecord:
         """Bring a record up to date: expire a stale approval; reconcile a
         running action nobody in this process dispatches (a host restart) with
-        the sidecar's job, never re-dispatching it."""
+        the sidecar's job, never re-dispatching it; correct a stored result
+        that is not final from the sidecar's job (ARCHITECTURE.md §9 "Final
+        results"; bounded by :data:`.recovery.CORRECT_BOUND_S`)."""
         if record.status == ActionState.PENDING_APPROVAL and record.approval_id:
             approval = await self.store.get_approval(record.tenant, record.approval_id)
             if approval is None and record.created_at < self.started_ms:
@@ -332,6 +410,12 @@ class ActionService:
         if record.status == ActionState.RUNNING and self.live.get(record.tenant, record.action_id) is None:
             await self.reconcile(record)
             return await self.record(record.tenant, record.action_id)
+        if record.status == ActionState.FAILED and not recovery.is_final(record, await self.result(record)):
+            # A provisional result: re-read from the sidecar, within a bound (a frozen sidecar must not hold reads).
+            with contextlib.suppress(asyncio.TimeoutError):
+                corrected = await asyncio.wait_for(recovery.correct(self, record), recovery.CORRECT_BOUND_S)
+                if corrected is not None:
+                    return corrected
         return record
 
     async def expire_due(self) -> None:
@@ -382,7 +466,9 @@ class ActionService:
         return None
 
     async def wait(self, record: ActionRecord, timeout_s: float) -> ActionRecord:
-        """Wait until the action leaves ``running`` (or the timeout passes)."""
+        """Wait until the action leaves ``running``, or is queued for a retry
+        of a start the sidecar did not admit (ARCHITECTURE.md §9), or the
+        timeout passes; returns the record as it then is."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while record.status == ActionState.RUNNING:
@@ -398,6 +484,8 @@ class ActionService:
                 if live.final is not None:  # the record its dispatch stored: no read needed
                     record = live.final
                     continue
+                if live.retry_waiting:  # queued for a retry of its start: answer now, the caller follows it
+                    return await self.record(record.tenant, record.action_id)
             else:
                 record = await self.refresh(await self.record(record.tenant, record.action_id))
                 if record.status == ActionState.RUNNING:
@@ -509,14 +597,19 @@ async def lifespan(app: Any) -> AsyncIterator[None]:
     lifespan opened; sweep approval expiry; reconcile after a restart; on
     shutdown, let in-flight dispatches finish for up to DRAIN_S seconds."""
     settings = app.state.settings
-    client = SidecarClient(app.state.http, max_response_bytes=settings.max_response_bytes)
+
+    def keepalive_s() -> float:  # the sidecar's /health says, else the configured interval
+        published = getattr(getattr(app.state, "readiness", None), "keepalive_s", None)
+        return published if published is not None else settings.sidecar_keepalive_s
+
+    client = SidecarClient(app.state.http, max_response_bytes=settings.max_response_bytes, keepalive_s=keepalive_s)
     allowed = {
         tenant: {crew: frozenset(operations) for crew, operations in app.state.capabilities.visible_crews(tenant).items()}
         for tenant in settings.tenants
     }
     service = ActionService(app.state.store, Dispatcher(client, max_response_bytes=settings.max_response_bytes),
                             allowed, metrics=app.state.metrics, authenticator=app.state.authenticator,
-                            principals=app.state.principals)
+                            principals=app.state.principals, dispatch_deadline_s=settings.dispatch_deadline_s)
     app.state.actions = service
     tasks = [asyncio.create_task(recovery.sweep_expired(service)), asyncio.create_task(recovery.reconcile_all(service))]
     try:

@@ -69,6 +69,12 @@ async def _stop_remote(runtime: ActionRuntime, tenant: str, action_id: str, live
     """The ``stop_remote`` row: the sidecar's cancel; confirmed → cancelled, else cancelled_unconfirmed."""
     if live is not None and live.task is not None:
         await _until_answered(live)  # a start still in flight may be admitted after a cancel would arrive
+    if live is not None and live.task is not None and live.retry_waiting:
+        # Queued for a retry of a start the sidecar did not admit: stopped before anything more is sent.
+        live.task.cancel()
+        await runtime.writer.finish(tenant, action_id, _outcome(CancelCase.DEQUEUE, action_id),
+                                    DispatchState.NOT_SENT.value, settle_dispatch=True)
+        return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(CancelCase.DEQUEUE, action_id)
     confirmed, view = await runtime.dispatcher.cancel_remote(job)
     if confirmed and live is not None and live.task is not None:
         # The sidecar records `cancelled`; the stream ends with it. Give it a moment, then detach.
@@ -110,9 +116,10 @@ async def _until_answered(live: LiveAction, bound_s: float = 10.0) -> None:
     (``acknowledged``) or the dispatch ended: the sidecar admits a job before
     it answers, so until then (the request in flight, or not even sent yet
     because the dispatch task has not run) a cancel may get 404 for a job that
-    is admitted a moment later and then runs unseen."""
+    is admitted a moment later and then runs unseen. A start the sidecar did
+    not admit, waiting for its retry (``retry_waiting``), is answered too."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound_s
     while live.job.dispatch.state != DispatchState.ACKNOWLEDGED and live.task is not None \
-            and not live.task.done() and loop.time() < deadline:
+            and not live.task.done() and not live.retry_waiting and loop.time() < deadline:
         await asyncio.sleep(0.005)

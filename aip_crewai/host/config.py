@@ -8,11 +8,13 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     max_response_bytes = 67108864      # 1 .. 268435456 bytes; default 64 MiB
     readiness_interval_ms = 5000       # our addition: sidecar /health poll period, 100 .. 600000 ms
     cors_origins = []                  # browser origins allowed to call the AIP routes, e.g. "https://app.example"
+    dispatch_deadline_seconds = 600    # retry a start the sidecar did not admit for this long, 1 .. 86400 s
 
     [sidecar]
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
     token_file = "sidecar.token"       # regular, non-symlink, no group/other permission bits, 1..16384 bytes
     proxy = "http://proxy:3128"        # optional; only with an https url. Without it HTTP(S)_PROXY are ignored
+    keepalive_seconds = 15.0           # the sidecar's SSE keep-alive interval when its /health does not say, 0.1 .. 3600
 
     [crews]
     file = "crews.json"                # descriptors, see admission.py
@@ -74,6 +76,10 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
 #: At most this many ``[host] cors_origins``.
 MAX_CORS_ORIGINS = 64
+#: How long a start the sidecar provably did not admit is retried, seconds (ARCHITECTURE.md §9).
+DEFAULT_DISPATCH_DEADLINE_S = 600.0
+#: The sidecar's SSE keep-alive interval assumed when its ``/health`` has no ``sse_keepalive_seconds``, seconds.
+DEFAULT_SIDECAR_KEEPALIVE_S = 15.0
 #: Sidecar token file bounds, bytes (ARCHITECTURE.md §4).
 #: Crews file bound, bytes (1,000 descriptors of at most ~17 KiB each, with room).
 MAX_CREWS_FILE_BYTES = 32 * 1024 * 1024
@@ -115,12 +121,14 @@ class _HostTable(_Table, frozen=True):
     max_response_bytes: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESPONSE_BYTES_LIMIT)] = DEFAULT_MAX_RESPONSE_BYTES
     readiness_interval_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)] = 5_000
     cors_origins: Annotated[list[str], msgspec.Meta(max_length=MAX_CORS_ORIGINS)] = []
+    dispatch_deadline_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = DEFAULT_DISPATCH_DEADLINE_S
 
 
 class _SidecarTable(_Table, frozen=True):
     url: str
     token_file: str
     proxy: str | None = None
+    keepalive_seconds: Annotated[float, msgspec.Meta(ge=0.1, le=3600)] = DEFAULT_SIDECAR_KEEPALIVE_S
 
 
 class _CrewsTable(_Table, frozen=True):
@@ -182,6 +190,12 @@ class Settings:
         notify_socket: systemd ``NOTIFY_SOCKET`` address, or None.
         cors_origins: browser origins (``scheme://host[:port]``) allowed by
             CORS; empty: no CORS headers at all (README "Browsers").
+        dispatch_deadline_s: how long a start the sidecar provably did not
+            admit is retried with backoff before the action fails with
+            ``connector.crewai.dispatch_deadline``, seconds (ARCHITECTURE.md §9).
+        sidecar_keepalive_s: the sidecar's SSE keep-alive interval, seconds,
+            when its ``/health`` does not publish ``sse_keepalive_seconds``
+            (a silent stream is detected after a few missed keep-alives).
     """
 
     config_path: Path
@@ -198,6 +212,8 @@ class Settings:
     notify_socket: str | None = None
     sidecar_proxy: str | None = None
     cors_origins: tuple[str, ...] = ()
+    dispatch_deadline_s: float = DEFAULT_DISPATCH_DEADLINE_S
+    sidecar_keepalive_s: float = DEFAULT_SIDECAR_KEEPALIVE_S
 
 
 # --- loading -----------------------------------------------------------------
@@ -415,6 +431,8 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         notify_socket=env.get("NOTIFY_SOCKET") or None,
         sidecar_proxy=proxy,
         cors_origins=tuple(_cors_origin(index, origin) for index, origin in enumerate(host.cors_origins)),
+        dispatch_deadline_s=float(host.dispatch_deadline_seconds),
+        sidecar_keepalive_s=float(sidecar.keepalive_seconds),
     )
 
 

@@ -22,18 +22,40 @@ from ..contracts.errors import (
     ConnectorInvalidStream,
     ConnectorRemoteTemporary,
     ConnectorResponseTooLarge,
+    ConnectorStreamSilent,
     ConnectorTransport,
 )
 from ..contracts.operations import OperationSpec
 from ..contracts.sidecar import JobEvent
 from .normalize import StreamNormalizer, failed_result, result_from_terminal
-from .sidecar_client import DispatchProgress, SidecarClient, sidecar_job_id
+from .sidecar_client import DispatchProgress, SidecarClient, not_admitted, sidecar_job_id
 
 log = structlog.get_logger(__name__)
 
 OnChunks = Callable[[list[StreamChunk]], Awaitable[None]]
 #: Failures after which the job may be running at the sidecar: cancel it (ARCHITECTURE.md §8).
 _STREAM_FAILURES = (ConnectorInvalidStream, ConnectorResponseTooLarge, ConnectorTransport)
+
+
+class StartNotAdmitted(Exception):
+    """A start the sidecar provably did not admit (:func:`.sidecar_client.not_admitted`):
+    nothing ran; the caller retries it under the same job id and idempotency
+    key until its dispatch deadline (ARCHITECTURE.md §9). ``error``: the refusal."""
+
+    def __init__(self, error: ConnectorError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class DispatchDeferred(Exception):
+    """The job's event stream went silent and the job view cannot be read
+    either (a frozen or unreachable sidecar): the action stays running and the
+    periodic reconciler follows it again (ARCHITECTURE.md §8). ``error``: the
+    last failure."""
+
+    def __init__(self, error: ConnectorError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 @dataclass
@@ -88,10 +110,21 @@ class Dispatcher:
 
     async def run(self, job: Job, on_chunks: OnChunks) -> ActionResult:
         """Execute ``job``; never raises a ConnectorError (it becomes a failed
-        result whose ``dispatch`` says how far the request got)."""
+        result whose ``dispatch`` says how far the request got).
+
+        Raises:
+            StartNotAdmitted: a start (a startable operation) the sidecar
+                provably did not admit; the caller retries it.
+            DispatchDeferred: a silent stream whose job cannot be read now.
+        """
         try:
             return await self._run(job, on_chunks)
         except ConnectorError as exc:
+            # Only the start request's own refusal: a read after an answered start (the job view of a
+            # blocking start, a full output) that cannot connect says nothing about admission.
+            if job.spec.startable and not_admitted(exc) \
+                    and (exc.details.get("admitted") is False or job.dispatch.state == "not_sent"):
+                raise StartNotAdmitted(exc) from exc
             if job.spec.stream and job.spec.cancel and isinstance(exc, _STREAM_FAILURES) and job.dispatch.state != "not_sent":
                 exc = await self._cancel_after_failure(job, exc)
             log.warning("dispatch_failed", code=exc.code, operation=job.spec.name, dispatch=job.dispatch.state)
@@ -115,18 +148,20 @@ class Dispatcher:
                     spec, job.dispatch, job_id=job.target_job_id, cursor=cursor,
                 )
                 return self._completed(job, _public_view(page, job))
-            terminal = await client.stream(
-                spec, job.dispatch, self._normalizer(job, cursor), on_chunks, method="GET",
+            normalizer = self._normalizer(job, cursor)
+            terminal = await self._follow(job, job.target_job_id, normalizer, on_chunks, client.stream(
+                spec, job.dispatch, normalizer, on_chunks, method="GET",
                 path=spec.stream_path.format(run_action_id=job.target_job_id),  # type: ignore[union-attr]
                 action_id=job.target_job_id, params={"cursor": cursor},  # the header names the sidecar job
-            )
+            ))
             return self._completed(job, {"run_action_id": job.input["run_action_id"], "status": terminal.event,
                                          "next_cursor": terminal.sequence + 1})
         if spec.stream:
-            terminal = await client.start_stream(
-                spec, job.dispatch, self._normalizer(job), on_chunks, job_id=job.job_id,
+            normalizer = self._normalizer(job)
+            terminal = await self._follow(job, job.job_id, normalizer, on_chunks, client.start_stream(
+                spec, job.dispatch, normalizer, on_chunks, job_id=job.job_id,
                 crew_id=job.crew_id, input=job.input, idempotency_key=job.idempotency_key, timeout_ms=job.timeout_ms,
-            )
+            ))
             return result_from_terminal(job.action_id, spec, await self._with_full_output(job, terminal))
         status, body = await client.start_job(
             spec, job.dispatch, job_id=job.job_id, crew_id=job.crew_id, input=job.input,
@@ -135,6 +170,45 @@ class Dispatcher:
         if status == 200:
             return self._completed(job, body)
         return await self._settle_blocking(job, status)
+
+    async def _follow(self, job: Job, job_id: str, normalizer: StreamNormalizer, on_chunks: OnChunks,
+                      first: Awaitable[JobEvent]) -> JobEvent:
+        """Await ``first`` (a stream of job ``job_id`` fed to ``normalizer``)
+        to its terminal event; when the stream goes silent
+        (:class:`~aip_crewai.contracts.errors.ConnectorStreamSilent`), read
+        the job view (``GET /jobs/{id}``) and follow the job's events again
+        from the first one not received, for as long as it is silent and the
+        view answers (ARCHITECTURE.md §8: silence is never a cancel).
+
+        Raises:
+            DispatchDeferred: the view cannot be read (frozen or gone sidecar).
+            StartNotAdmitted: a silent start whose job the sidecar does not know (404).
+            ConnectorError: any other failure of a stream.
+        """
+        try:
+            return await first
+        except ConnectorStreamSilent as exc:
+            silent = exc
+        while True:
+            log.warning("sidecar_stream_silent", job_id=job_id, next_sequence=normalizer.expected,
+                        silence_s=silent.details.get("silence_seconds"))
+            try:
+                await self.client.get_job(job.spec, DispatchProgress(), job_id=job_id)
+            except ConnectorError as exc:
+                if exc.remote_status == 404 and job_id == job.job_id and job.spec.startable:
+                    exc.details.update(admitted=False, uncertain_outcome=False)  # the start never became a job
+                    raise StartNotAdmitted(exc) from exc
+                if exc.remote_status is None:  # no answer: leave the action running for the reconciler
+                    raise DispatchDeferred(exc) from exc
+                raise
+            job.dispatch.state = "acknowledged"  # the sidecar knows the job
+            normalizer = normalizer.resumed()
+            try:
+                return await self.client.stream(
+                    job.spec, DispatchProgress(), normalizer, on_chunks, method="GET",
+                    path=f"/jobs/{job_id}/events", action_id=job_id, params={"cursor": normalizer.expected})
+            except ConnectorStreamSilent as exc:
+                silent = exc
 
     def _completed(self, job: Job, output: Any) -> ActionResult:
         return ActionResult(action_id=job.action_id, status="completed", output=output)
@@ -182,15 +256,17 @@ class Dispatcher:
         Raises:
             ConnectorError: the sidecar cannot be read (404: it never
                 admitted the job), or the job still runs after a 416.
+            DispatchDeferred: the stream went silent and the job view cannot be read.
+            StartNotAdmitted: the stream went silent and the sidecar does not know the job.
         """
         cursor = max(job.first_chunk_sequence - 1, 0)
         normalizer = StreamNormalizer(job.action_id, job.spec, start_sequence=cursor, first_chunk_sequence=cursor,
                                       max_response_bytes=self.max_response_bytes)
         try:
-            terminal = await self.client.stream(
+            terminal = await self._follow(job, job.job_id, normalizer, on_chunks, self.client.stream(
                 job.spec, job.dispatch, normalizer, on_chunks, method="GET", path=f"/jobs/{job.job_id}/events",
                 action_id=job.job_id, params={"cursor": cursor},
-            )
+            ))
         except ConnectorError as exc:
             if exc.remote_status != 416:
                 raise

@@ -24,6 +24,8 @@ State machine (docs/ARCHITECTURE.md "Action states"):
 | ``complete`` | ``running`` | ``completed`` |
 | ``fail`` | ``running``, ``pending_approval`` | ``failed`` |
 | ``cancel`` | ``running`` | ``cancelled`` |
+| ``requeue`` | ``running`` | ``running`` (dispatch back to ``not_sent``: the sidecar provably did not admit the start) |
+| ``correct_complete`` / ``correct_fail`` / ``correct_cancel`` | ``failed`` (a provisional result only) | ``completed`` / ``failed`` / ``cancelled`` |
 
 A running action also records how far its request got to the sidecar
 (:class:`DispatchState`): ``not_sent`` → ``sent`` → ``acknowledged``, only
@@ -74,6 +76,10 @@ class ActionEvent(str, enum.Enum):
     COMPLETE = "complete"
     FAIL = "fail"
     CANCEL = "cancel"
+    REQUEUE = "requeue"
+    CORRECT_COMPLETE = "correct_complete"
+    CORRECT_FAIL = "correct_fail"
+    CORRECT_CANCEL = "correct_cancel"
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,12 @@ TRANSITIONS: dict[ActionEvent, Transition] = {
     ActionEvent.COMPLETE: Transition(frozenset({_S.RUNNING}), _S.COMPLETED),
     ActionEvent.FAIL: Transition(frozenset({_S.RUNNING, _S.PENDING_APPROVAL}), _S.FAILED),
     ActionEvent.CANCEL: Transition(frozenset({_S.RUNNING}), _S.CANCELLED),
+    # A start the sidecar provably did not admit: the action waits for its retry, dispatch `not_sent`.
+    ActionEvent.REQUEUE: Transition(frozenset({_S.RUNNING}), _S.RUNNING),
+    # A provisional result (see `result_is_final`) replaced by what the sidecar's journal says.
+    ActionEvent.CORRECT_COMPLETE: Transition(frozenset({_S.FAILED}), _S.COMPLETED),
+    ActionEvent.CORRECT_FAIL: Transition(frozenset({_S.FAILED}), _S.FAILED),
+    ActionEvent.CORRECT_CANCEL: Transition(frozenset({_S.FAILED}), _S.CANCELLED),
 }
 #: Stored states with a final result.
 TERMINAL_STATES = frozenset({_S.COMPLETED, _S.FAILED, _S.CANCELLED})
@@ -108,6 +120,51 @@ RESULT_EVENTS: dict[str, ActionEvent] = {
     "failed": ActionEvent.FAIL,
     "cancelled": ActionEvent.CANCEL,
 }
+
+
+#: The event that replaces a provisional result with the sidecar's, by the new result's status.
+CORRECTION_EVENTS: dict[str, ActionEvent] = {
+    "completed": ActionEvent.CORRECT_COMPLETE,
+    "failed": ActionEvent.CORRECT_FAIL,
+    "cancelled": ActionEvent.CORRECT_CANCEL,
+}
+#: Connector error codes of a stored failure that the sidecar's job may still contradict.
+PROVISIONAL_CODES = frozenset({
+    "connector.crewai.remote_temporary", "connector.crewai.cancelled_unconfirmed", "connector.crewai.transport",
+    "connector.crewai.invalid_stream", "connector.crewai.response_too_large",
+})
+#: ``remote_status`` of a blocking start whose wait ended before the job did (409, 502, 504: the job was read).
+_STILL_RUNNING_STATUSES = frozenset({409, 502, 504})
+#: Compact-JSON fragments one of which a provisional result's text holds (the store's prefilter of
+#: :func:`result_is_final`: uncertain, or a status of a wait that ended first).
+PROVISIONAL_MARKERS = ('"uncertain_outcome":true', *(f'"remote_status":{s}' for s in sorted(_STILL_RUNNING_STATUSES)))
+
+
+def result_is_final(status: str, *, startable: bool, error_code: str | None,
+                    details: dict[str, object] | None) -> bool:
+    """Whether a stored result is final: the host will not change it
+    (ARCHITECTURE.md §9 "Final results"). Pure.
+
+    Every ``completed`` and ``cancelled`` result is final, and every failure
+    except a *provisional* one: an action that started a sidecar job
+    (``startable``) failed with one of :data:`PROVISIONAL_CODES` while the job
+    may have been admitted and may still end otherwise: ``uncertain_outcome:
+    true``, or a ``remote_temporary`` whose blocking wait ended before the job
+    (``remote_status`` 409, 502 or 504). A result the reconciler marked
+    ``reconciled`` (the sidecar no longer knows the job) is final as it is.
+    ``status``: the stored state; ``details``: the error's details (None: none).
+    """
+    if not is_terminal(status):
+        return False
+    if status != ActionState.FAILED or not startable or error_code not in PROVISIONAL_CODES:
+        return True
+    facts = details or {}
+    if facts.get("reconciled"):
+        return True
+    if facts.get("uncertain_outcome") is True:
+        return False
+    return not (error_code == "connector.crewai.remote_temporary"
+                and facts.get("remote_status") in _STILL_RUNNING_STATUSES)
 
 
 def allowed(source: str | ActionState, target: str | ActionState) -> bool:
@@ -182,6 +239,7 @@ class CancelCase(str, enum.Enum):
     DETACH_READ = "detach_read"  # status, knowledge_query: stop waiting, nothing to stop
     DETACH_STREAM = "detach_stream"  # events: stop following; the target job is untouched
     STOP_REMOTE = "stop_remote"  # run, batch_run, replay, train, test: the sidecar's cancel
+    DEQUEUE = "dequeue"  # queued for a retry of a start the sidecar did not admit: nothing was admitted
 
 
 @dataclass(frozen=True)
@@ -208,6 +266,8 @@ CANCEL_OUTCOMES: dict[CancelCase, CancelOutcome] = {
         "cancelled", {"stream_detached": True, "remote_stop_confirmed": False, "provider_effect": "read_only",
                       "completion_unobserved": True},
         "cancelled; the followed job is untouched"),
+    CancelCase.DEQUEUE: CancelOutcome("cancelled", {"remote_stop_confirmed": False, "provider_effect": "none"},
+                                      "cancelled while waiting to retry its start; the sidecar never admitted it"),
     CancelCase.STOP_REMOTE: CancelOutcome("cancelled", {"remote_stop_confirmed": True},
                                           "the sidecar's cancel; confirmed: cancelled, else cancelled_unconfirmed"),
 }

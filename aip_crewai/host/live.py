@@ -30,6 +30,9 @@ class LiveAction:
     #: reads :attr:`version` BEFORE reading the store and passes it to
     #: :meth:`wait`, so a change between its read and its wait is never missed.
     signal: ChangeSignal = field(default_factory=ChangeSignal)
+    #: True only while the dispatch sleeps before retrying a start the sidecar did not admit:
+    #: cancelling the task then stops it before anything is sent (ARCHITECTURE.md §8 ``dequeue``).
+    retry_waiting: bool = False
 
     @property
     def version(self) -> int:

@@ -103,7 +103,21 @@ class StreamNormalizer:
         self.received_bytes = 0
         self.events = 0
         self.terminal: JobEvent | None = None
+        self._max_frame_bytes = max_frame_bytes
         self._decoder = SSEDecoder(max_frame_bytes=max_frame_bytes)
+
+    def resumed(self) -> StreamNormalizer:
+        """A normalizer for the same job's events read again from the first
+        one this one did not receive (after a silent stream): same action,
+        bounds and counts so far; a partial frame is dropped (it is read again).
+        Raises: ConnectorInvalidStream when the terminal event was already received."""
+        if self.terminal is not None:
+            raise self._invalid("stream resumed after its terminal event")
+        other = StreamNormalizer(self.action_id, self.spec, start_sequence=self.expected,
+                                 first_chunk_sequence=self.next_chunk, max_response_bytes=self.max_response_bytes,
+                                 max_events=self.max_events, max_frame_bytes=self._max_frame_bytes)
+        other.received_bytes, other.events = self.received_bytes, self.events
+        return other
 
     def _invalid(self, reason: str) -> ConnectorInvalidStream:
         return ConnectorInvalidStream(

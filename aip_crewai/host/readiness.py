@@ -88,6 +88,22 @@ def unserved_crews(body: Any, crews: Iterable[CrewDescriptor]) -> frozenset[str]
     return frozenset({c.id for c in crews} - {c for c in served if isinstance(c, str)})
 
 
+#: Bounds of a published keep-alive interval the host accepts, seconds.
+KEEPALIVE_BOUNDS_S = (0.01, 3600.0)
+
+
+def published_keepalive_s(body: Any) -> float | None:
+    """The optional ``sse_keepalive_seconds`` of a sidecar ``/health`` body,
+    seconds, or None when absent or not a number within
+    :data:`KEEPALIVE_BOUNDS_S` (a peer sidecar without the field: the host's
+    configured ``[sidecar] keepalive_seconds`` applies). Pure."""
+    value = body.get("sse_keepalive_seconds") if isinstance(body, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    low, high = KEEPALIVE_BOUNDS_S
+    return float(value) if low <= value <= high else None
+
+
 #: Reasons whose detail (after the colon) names configured crews or operations.
 _DETAILED = ("sidecar lacks configured crews", "sidecar lacks allowed operations")
 
@@ -136,6 +152,9 @@ class Readiness:
         self.state = ReadinessState(False, "sidecar health not checked yet")
         self._detail: str | None = self.state.reason
         self._inflight: asyncio.Task[ReadinessState] | None = None
+        #: The sidecar's SSE keep-alive interval as its last ``/health`` published it
+        #: (``sse_keepalive_seconds``), seconds; None: not published (a peer sidecar), use the configured one.
+        self.keepalive_s: float | None = None
 
     @property
     def ready(self) -> bool:
@@ -165,6 +184,7 @@ class Readiness:
                             hint="the crews file lists them, the sidecar's registry does not; calls to them "
                                  "are refused with capability.unavailable")
             self.unserved_crews = unserved
+        self.keepalive_s = published_keepalive_s(decoded)
         return evaluate_health(decoded, self.crews)
 
     def _observe_crew_inputs(self, body: Any) -> None:

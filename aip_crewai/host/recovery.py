@@ -18,13 +18,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import msgspec
 import structlog
 
 from ..contracts import operations as ops
 from ..contracts.aip import ActionResult
 from ..contracts.errors import AipError, ConnectorCancelledUnconfirmed
 from .chunk_sink import ChunkSink
-from .lifecycle import CANCEL_OUTCOMES, ActionState, CancelCase, DispatchState, approval_admits
+from .dispatch import DispatchDeferred, StartNotAdmitted
+from .lifecycle import (
+    CANCEL_OUTCOMES,
+    is_terminal,
+    PROVISIONAL_CODES,
+    PROVISIONAL_MARKERS,
+    ActionState,
+    CancelCase,
+    DispatchState,
+    approval_admits,
+    result_is_final,
+)
 from .live import LiveAction
 from .normalize import failed_result, result_from_terminal
 from .store import ActionRecord
@@ -36,6 +48,9 @@ log = structlog.get_logger(__name__)
 EXPIRY_SWEEP_S = 5.0
 #: How often running actions no task here follows are reconciled with the sidecar, seconds.
 RECONCILE_S = 5.0
+#: Bound of one correction of a provisional result (its sidecar reads), seconds: a frozen sidecar
+#: must hold neither a tenant's read nor the reconciler's pass.
+CORRECT_BOUND_S = 3.0
 
 
 async def sweep_expired(runtime: ActionRuntime) -> None:
@@ -63,6 +78,7 @@ async def reconcile_all(runtime: ActionRuntime) -> None:
     (unreachable at the restart) are retried without waiting for a reader."""
     for record in [*await runtime.store.list_in_flight(), *await runtime.store.list_awaiting_approval()]:
         await _settle(runtime, record)
+    await correct_provisional(runtime)
     while True:
         await asyncio.sleep(RECONCILE_S)
         try:
@@ -73,6 +89,61 @@ async def reconcile_all(runtime: ActionRuntime) -> None:
         for record in in_flight:
             if runtime.live.get(record.tenant, record.action_id) is None:
                 await _settle(runtime, record, reread=True)
+        await correct_provisional(runtime)
+
+
+async def correct_provisional(runtime: ActionRuntime) -> None:
+    """Re-read from the sidecar every stored result that is not final
+    (:func:`~.lifecycle.result_is_final`) and correct it (:func:`correct`);
+    errors are logged (the periodic half of ARCHITECTURE.md §9 "Final results")."""
+    try:
+        candidates = await runtime.store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS)
+    except Exception:  # housekeeping must not kill the host
+        log.exception("correction_listing_failed")
+        return
+    for record in candidates:
+        try:
+            await asyncio.wait_for(correct(runtime, record), CORRECT_BOUND_S)
+        except asyncio.TimeoutError:  # the sidecar does not answer (frozen): the next pass tries again
+            log.warning("correction_deferred", action_id=record.action_id)
+            return
+        except Exception:
+            log.exception("correction_failed", action_id=record.action_id)
+
+
+def is_final(record: ActionRecord, result: ActionResult | None) -> bool:
+    """Whether ``record``'s stored ``result`` is final (:func:`~.lifecycle.result_is_final`). Pure."""
+    if not is_terminal(record.status) or result is None:
+        return is_terminal(record.status)
+    error = result.error
+    return result_is_final(record.status, startable=ops.get(record.operation).startable,
+                           error_code=error.code if error is not None else None,
+                           details=error.details if error is not None else None)
+
+
+async def correct(runtime: ActionRuntime, record: ActionRecord) -> ActionRecord | None:
+    """Correct one stored result that is not final from the sidecar's job
+    (ARCHITECTURE.md §9 "Final results"): the job's terminal event replaces
+    it (``correct_*``); a job the sidecar does not know (404: never admitted,
+    or archived) leaves the result as it is, marked ``reconciled:
+    "job_unknown"`` (final: there is nothing more to learn); a job still
+    running, or a sidecar that cannot be read, changes nothing now.
+    Returns the corrected record, or None when nothing changed."""
+    result = await runtime.result(record)
+    if is_final(record, result) or result is None or result.error is None:
+        return None
+    job = runtime.job(record, stream=False)
+    try:
+        terminal = await runtime.dispatcher.terminal_event(job)
+    except AipError as exc:
+        if exc.details.get("remote_status") != 404:
+            return None
+        error = msgspec.structs.replace(result.error, details={**(result.error.details or {}),
+                                                                "reconciled": "job_unknown"})
+        return await runtime.writer.correct(record, msgspec.structs.replace(result, error=error), dispatch=None)
+    if terminal is None:
+        return None
+    return await runtime.writer.correct(record, result_from_terminal(record.action_id, job.spec, terminal))
 
 
 async def _settle(runtime: ActionRuntime, record: ActionRecord, *, reread: bool = False) -> None:
@@ -108,6 +179,8 @@ async def reconcile(runtime: ActionRuntime, record: ActionRecord) -> None:
     except AipError as exc:
         if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
             await _admit_or_fail(runtime, record)
+        elif exc.details.get("dispatch") == DispatchState.NOT_SENT:  # unreachable: its dispatch retries, deadline
+            await _start_if_may_run(runtime, record)
         return
     if terminal is None:
         return  # still running at the sidecar; a later read settles it
@@ -143,6 +216,17 @@ async def _admit_or_fail(runtime: ActionRuntime, record: ActionRecord) -> None:
         await _fail_never_admitted(runtime, record)
 
 
+async def _start_if_may_run(runtime: ActionRuntime, record: ActionRecord) -> None:
+    """A running action whose sidecar cannot be reached now: when it may
+    still run (:func:`_may_still_run`: never acknowledged), dispatch it, so
+    its start is retried with backoff up to its dispatch deadline
+    (ARCHITECTURE.md §9; the sidecar joins a start it admitted already);
+    else leave it for a later reconciliation."""
+    if await _may_still_run(runtime, record):
+        log.info("action_dispatched_after_restart", sidecar="unreachable")
+        runtime.start(record, stream=True)
+
+
 async def _fail_never_admitted(runtime: ActionRuntime, record: ActionRecord) -> None:
     await runtime.writer.finish(record.tenant, record.action_id, failed_result(
         record.action_id, ConnectorCancelledUnconfirmed(
@@ -169,6 +253,7 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
     structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
     sink = ChunkSink(runtime.store, live)
     never_admitted: ActionRecord | None = None
+    unreachable: ActionRecord | None = None
     try:
         log.info("action_resumed", from_chunk=job.first_chunk_sequence)
         result = await runtime.dispatcher.resume(job, sink.add)
@@ -178,13 +263,16 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
     except asyncio.CancelledError:
         sink.discard()
         raise
-    except AipError as exc:
+    except (AipError, StartNotAdmitted, DispatchDeferred) as exc:
         with contextlib.suppress(Exception):
             await sink.drain()
-        if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
+        error = exc if isinstance(exc, AipError) else exc.error
+        if error.details.get("remote_status") == 404:  # the sidecar never admitted it
             never_admitted = await runtime.store.get_action(tenant, action_id)
+        elif error.details.get("dispatch") == DispatchState.NOT_SENT:  # unreachable: dispatch with retries
+            unreachable = await runtime.store.get_action(tenant, action_id)
         else:  # the sidecar cannot be read now: the action stays running, the next read retries
-            log.warning("action_resume_deferred", code=exc.code)
+            log.warning("action_resume_deferred", code=error.code)
     except Exception:
         log.exception("action_resume_failed")
     finally:
@@ -192,3 +280,5 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
         live.notify()
     if never_admitted is not None and never_admitted.status == ActionState.RUNNING:
         await _admit_or_fail(runtime, never_admitted)  # after this follower left the live registry
+    elif unreachable is not None and unreachable.status == ActionState.RUNNING:
+        await _start_if_may_run(runtime, unreachable)

@@ -30,6 +30,7 @@ from ..contracts.errors import (
     ConnectorRemoteRejected,
     ConnectorRemoteTemporary,
     ConnectorResponseTooLarge,
+    ConnectorStreamSilent,
     ConnectorTransport,
 )
 from ..contracts.operations import OperationSpec
@@ -42,6 +43,31 @@ JSON_READ_TIMEOUT_S = 30.0
 #: Bound on a JSON (non-stream) sidecar answer, bytes: the 4 MiB output plus envelope room.
 MAX_JSON_RESPONSE_BYTES = 8 * 1024 * 1024
 _MAX_DETAIL_CHARS = 512
+#: Keep-alive intervals an event stream may miss before it counts as silent (ARCHITECTURE.md §8).
+MISSED_KEEPALIVES = 3
+#: The shortest silence that counts, seconds (a loaded machine delays a keep-alive now and then).
+MIN_SILENCE_S = 2.0
+#: Statuses of a start the sidecar answered before admitting anything (ARCHITECTURE.md §4 admission order).
+_REFUSED_BEFORE_ADMISSION = (503, 507)
+
+
+def silence_bound_s(keepalive_s: float) -> float:
+    """How long an event stream may send nothing before it is silent:
+    :data:`MISSED_KEEPALIVES` keep-alive intervals, at least
+    :data:`MIN_SILENCE_S`; ``keepalive_s`` in seconds, > 0.
+
+    Raises: ValueError (``keepalive_s`` not positive)."""
+    if not keepalive_s > 0:
+        raise ValueError("the keep-alive interval must be positive")
+    return max(MISSED_KEEPALIVES * keepalive_s, MIN_SILENCE_S)
+
+
+def not_admitted(error: ConnectorError) -> bool:
+    """Whether a failed start was provably not admitted by the sidecar: no
+    connection was made (``dispatch: not_sent``), or the sidecar refused it
+    before admission (``admitted: false`` in the details: a 503, or a 507
+    that names no job). Such a start is retried (ARCHITECTURE.md §9)."""
+    return error.dispatch == "not_sent" or error.details.get("admitted") is False
 
 
 #: Characters that would change a sidecar URL path's meaning (query, fragment, escapes).
@@ -107,6 +133,20 @@ def error_for_status(
     return ConnectorRemoteRejected(**kwargs)
 
 
+def _refused_before_admission(error: ConnectorError) -> None:
+    """Mark a start refusal the sidecar made before admitting anything: nothing ran."""
+    error.uncertain_outcome = False
+    error.details.update(admitted=False, uncertain_outcome=False)
+
+
+def _silent(spec: OperationSpec, dispatch: DispatchProgress, silence_s: float | None) -> ConnectorStreamSilent:
+    return ConnectorStreamSilent(
+        f"the sidecar sent nothing for {silence_s} s", operation=spec.name,
+        uncertain_outcome=spec.mutation and dispatch.state != "not_sent", read_only=spec.read_only,
+        dispatch=dispatch.state, details={"silence_seconds": silence_s},
+    )
+
+
 def _transport_error(spec: OperationSpec, dispatch: DispatchProgress, exc: Exception) -> ConnectorTransport:
     return ConnectorTransport(
         f"the sidecar could not be reached ({type(exc).__name__})",
@@ -134,12 +174,16 @@ async def _read_bounded(response: httpx.Response, limit: int, spec: OperationSpe
     return bytes(body)
 
 
-def _detail(body: bytes) -> str | None:
+def _field(body: bytes, name: str) -> Any:
     try:
         value = msgspec.json.decode(body)
     except msgspec.DecodeError:
         return None
-    detail = value.get("detail") if isinstance(value, dict) else None
+    return value.get(name) if isinstance(value, dict) else None
+
+
+def _detail(body: bytes) -> str | None:
+    detail = _field(body, "detail")
     return detail if isinstance(detail, str) else None
 
 
@@ -149,15 +193,20 @@ class SidecarClient:
     Args:
         http: the lifespan-owned client (base URL and bearer set).
         max_response_bytes: bound on one streamed response, bytes.
+        keepalive_s: the sidecar's SSE keep-alive interval now, seconds (a
+            callable: its ``/health`` may say; see :func:`silence_bound_s`).
     """
 
-    def __init__(self, http: httpx.AsyncClient, *, max_response_bytes: int) -> None:
+    def __init__(self, http: httpx.AsyncClient, *, max_response_bytes: int,
+                 keepalive_s: Callable[[], float] = lambda: 15.0) -> None:
         self.http = http
         self.max_response_bytes = max_response_bytes
+        self.keepalive_s = keepalive_s
 
     async def _send(
         self, method: str, path: str, spec: OperationSpec, dispatch: DispatchProgress, *, headers: dict[str, str],
         json: Any, params: dict[str, Any] | None, read_timeout_s: float | None = None,
+        silent_is_distinct: bool = False,
     ) -> httpx.Response:
         """Send one request (streamed response), moving ``dispatch`` honestly:
         ``sent`` once we try, back to ``not_sent`` when no connection was made,
@@ -169,9 +218,12 @@ class SidecarClient:
             request = self.http.build_request(method, path, headers=headers, json=json, params=params,
                                               timeout=timeout)
             response = await self.http.send(request, stream=True)
-        except httpx.ConnectError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached the sidecar
             dispatch.state = "not_sent"
             raise _transport_error(spec, dispatch, exc) from exc
+        except httpx.ReadTimeout as exc:
+            raise _silent(spec, dispatch, read_timeout_s) if silent_is_distinct else \
+                _transport_error(spec, dispatch, exc) from exc
         except httpx.HTTPError as exc:
             raise _transport_error(spec, dispatch, exc) from exc
         dispatch.state = "acknowledged"
@@ -199,7 +251,11 @@ class SidecarClient:
         finally:
             await response.aclose()
         if response.status_code not in ok:
-            raise error_for_status(response.status_code, spec, detail=_detail(body))
+            error = error_for_status(response.status_code, spec, detail=_detail(body))
+            job_status = _field(body, "status")
+            if isinstance(job_status, str):
+                error.details["remote_job_status"] = job_status[:64]
+            raise error
         try:
             return response.status_code, msgspec.json.decode(body)
         except msgspec.DecodeError as exc:
@@ -238,6 +294,9 @@ class SidecarClient:
         except ConnectorError as exc:
             if exc.remote_status in (409, 502, 504):
                 return exc.remote_status, exc.details.get("remote_detail")
+            # A blocking start's 507 after admission names the job's status (the outcome was not recorded).
+            if exc.remote_status in _REFUSED_BEFORE_ADMISSION and "remote_job_status" not in exc.details:
+                _refused_before_admission(exc)
             raise
 
     async def stream(
@@ -262,7 +321,9 @@ class SidecarClient:
         Raises: ConnectorError (status, transport, invalid stream, too large).
         """
         all_headers = {"Accept": "text/event-stream", "X-AIP-Action-ID": action_id, **(headers or {})}
-        response = await self._send(method, path, spec, dispatch, headers=all_headers, json=json, params=params)
+        silence_s = silence_bound_s(self.keepalive_s())
+        response = await self._send(method, path, spec, dispatch, headers=all_headers, json=json, params=params,
+                                    read_timeout_s=silence_s, silent_is_distinct=True)
         try:
             if response.status_code != 200:
                 body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
@@ -272,6 +333,8 @@ class SidecarClient:
                 if chunks:
                     await on_chunks(chunks)
             return normalizer.close()
+        except httpx.ReadTimeout as exc:
+            raise _silent(spec, dispatch, silence_s) from exc
         except httpx.HTTPError as exc:
             raise _transport_error(spec, dispatch, exc) from exc
         finally:
@@ -290,14 +353,23 @@ class SidecarClient:
         idempotency_key: str,
         timeout_ms: int | None,
     ) -> JobEvent:
-        """``POST /jobs/stream`` to the terminal event (see :meth:`stream`)."""
+        """``POST /jobs/stream`` to the terminal event (see :meth:`stream`).
+        Any refusal status of a stream start comes before admission (the SSE
+        answer starts only once the job is admitted): a 503 or 507 is marked
+        ``admitted: false`` (:func:`not_admitted`)."""
         body = {"crew_id": crew_id, "action_id": job_id, "operation": spec.name, "input": input}
         if timeout_ms is not None:
             body["timeout_ms"] = timeout_ms
-        return await self.stream(
-            spec, dispatch, normalizer, on_chunks, method="POST", path="/jobs/stream", action_id=job_id,
-            headers={"Idempotency-Key": sidecar_idempotency_key(idempotency_key)}, json=body,
-        )
+        try:
+            return await self.stream(
+                spec, dispatch, normalizer, on_chunks, method="POST", path="/jobs/stream", action_id=job_id,
+                headers={"Idempotency-Key": sidecar_idempotency_key(idempotency_key)}, json=body,
+            )
+        except ConnectorError as exc:
+            if exc.remote_status in _REFUSED_BEFORE_ADMISSION and dispatch.state == "acknowledged" \
+                    and normalizer.events == 0:
+                _refused_before_admission(exc)
+            raise
 
     async def get_job(self, spec: OperationSpec, dispatch: DispatchProgress, *, job_id: str) -> Any:
         """``GET /jobs/{job_id}`` → the job view."""

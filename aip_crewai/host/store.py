@@ -337,7 +337,7 @@ class Store:
                             dispatch: str | None = None, result_json: str | None = None,
                             error_json: str | None = None, approval_id: str | None = None,
                             now: int | None = None, durable: bool = True,
-                            settle_dispatch: bool = False) -> ActionRecord | None:
+                            settle_dispatch: bool = False, replacing: str | None = None) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
         (``durable``: see the module docstring).
@@ -346,6 +346,8 @@ class Store:
         except with ``settle_dispatch``: the dispatch's own final word (e.g. a
         refused connection: ``not_sent`` after ``sent`` was recorded as
         "may have reached the sidecar"). None-valued fields keep their stored value.
+        ``replacing``: only while the stored ``result_json`` is exactly this
+        (a correction of a provisional result: a concurrent correction wins).
 
         Returns:
             The updated record when the row changed, else None.
@@ -355,7 +357,8 @@ class Store:
         """
         update = _action_update(tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
                                 result_json=result_json, error_json=error_json, approval_id=approval_id,
-                                now=self.now_ms() if now is None else now, settle_dispatch=settle_dispatch)
+                                now=self.now_ms() if now is None else now, settle_dispatch=settle_dispatch,
+                                replacing=replacing)
         return await self._run(self._write_now, durable, lambda: self._update_now(update))
 
     def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None:
@@ -366,6 +369,24 @@ class Store:
         """Actions still ``running`` (reconciliation after a restart), oldest first."""
         where, params = ("status = 'running'", ()) if tenant is None else ("status = 'running' AND tenant = ?", (tenant,))
         rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE {where} ORDER BY created_at", params)
+        return [ActionRecord(*row) for row in rows]
+
+    async def list_failed_with(self, codes: Iterable[str], markers: Iterable[str],
+                               limit: int = 100) -> list[ActionRecord]:
+        """``failed`` actions whose stored result's error ``code`` is one of
+        ``codes`` and whose result text holds one of ``markers`` (compact JSON
+        fragments such as ``"uncertain_outcome":true``), not yet marked
+        ``"reconciled"``: a prefilter, the caller decides finality. Least
+        recently updated first, at most ``limit`` (all tenants)."""
+        codes, markers = list(codes), list(markers)
+        if not codes or not markers:
+            return []
+        any_code = " OR ".join("result_json LIKE ?" for _ in codes)
+        any_marker = " OR ".join("result_json LIKE ?" for _ in markers)
+        rows = await self._fetch(
+            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE status = 'failed' AND ({any_code}) AND ({any_marker}) "
+            "AND result_json NOT LIKE '%\"reconciled\":%' ORDER BY updated_at LIMIT ?",
+            (*[f'%"code":"{code}"%' for code in codes], *[f"%{marker}%" for marker in markers], limit))
         return [ActionRecord(*row) for row in rows]
 
     async def list_awaiting_approval(self) -> list[ActionRecord]:

@@ -338,9 +338,11 @@ _DISPATCH_RANK_SQL = "CASE dispatch WHEN 'not_sent' THEN 0 WHEN 'sent' THEN 1 EL
 
 def _action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str, now: int,
                    dispatch: str | None = None, result_json: str | None = None, error_json: str | None = None,
-                   approval_id: str | None = None, settle_dispatch: bool = False) -> tuple[str, tuple[Any, ...]]:
+                   approval_id: str | None = None, settle_dispatch: bool = False,
+                   replacing: str | None = None) -> tuple[str, tuple[Any, ...]]:
     """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.update_action`).
     ``settle_dispatch``: write ``dispatch`` as given even when it is behind the stored one.
+    ``replacing``: change the row only while its ``result_json`` is exactly this (a correction of a stored result).
 
     Raises:
         ValueError: a transition no event of the lifecycle table makes
@@ -357,10 +359,11 @@ def _action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str],
            f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END, "
            "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
            f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
-           f"RETURNING {_ACTION_COLUMNS}")
+           f"{'AND result_json = ? ' if replacing is not None else ''}RETURNING {_ACTION_COLUMNS}")
     rank = len(DISPATCH_RANK) if settle_dispatch else DISPATCH_RANK.get(dispatch or "", -1)
     return sql, (target.value, now, dispatch, rank, dispatch, result_json,
-                 error_json, approval_id, tenant, action_id, *[s.value for s in sources])
+                 error_json, approval_id, tenant, action_id, *[s.value for s in sources],
+                 *([replacing] if replacing is not None else []))
 
 
 # --- opening and checking the file ---------------------------------------------

@@ -27,7 +27,7 @@ from ..contracts.aip import ActionResult
 from ..contracts.errors import ApprovalExpired
 from .auth import Principal
 from .dispatch import Dispatcher, Job
-from .lifecycle import RESULT_EVENTS, TRANSITIONS, ActionEvent, ActionState, DispatchState, approval_admits
+from .lifecycle import CORRECTION_EVENTS, RESULT_EVENTS, TRANSITIONS, ActionEvent, ActionState, DispatchState, approval_admits
 from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
 from .store import ActionRecord, ApprovalRecord, Store, StoreError
@@ -92,6 +92,36 @@ class ActionWriter:
         return await self.store.update_action(tenant, action_id, from_statuses=_sources(ActionEvent.MARK_SENT),
                                               status=TRANSITIONS[ActionEvent.MARK_SENT].target.value,
                                               dispatch=DispatchState.SENT.value, durable=durable)
+
+    async def requeue(self, tenant: str, action_id: str, *, durable: bool = True) -> ActionRecord | None:
+        """``requeue``: the sidecar provably did not admit the start (no
+        connection, 503 before admission, 507), so the running action waits
+        for its retry with dispatch ``not_sent`` again (tenants see
+        ``queued``; ARCHITECTURE.md §9). Returns the record, or None when it
+        is no longer running (a cancel won)."""
+        return await self.store.update_action(tenant, action_id, from_statuses=_sources(ActionEvent.REQUEUE),
+                                              status=TRANSITIONS[ActionEvent.REQUEUE].target.value,
+                                              dispatch=DispatchState.NOT_SENT.value, durable=durable,
+                                              settle_dispatch=True)
+
+    async def correct(self, record: ActionRecord, result: ActionResult,
+                      dispatch: DispatchState | None = DispatchState.ACKNOWLEDGED) -> ActionRecord | None:
+        """``correct_*``: replace ``record``'s provisional stored result
+        (:func:`~.lifecycle.result_is_final` is false for it) with ``result``,
+        what the sidecar's journal says (ARCHITECTURE.md §9 "Final results").
+        Only while the stored result is still the one read (a concurrent
+        correction wins). ``dispatch``: moved forward to this (None: kept).
+        Returns the corrected record, or None."""
+        if record.result_json is None:
+            raise ValueError("only a stored result can be corrected")
+        event = CORRECTION_EVENTS[result.status]
+        changed = await self.store.update_action(
+            record.tenant, record.action_id, from_statuses=_sources(event),
+            status=TRANSITIONS[event].target.value, dispatch=dispatch.value if dispatch is not None else None,
+            result_json=_encode.encode(result).decode(), replacing=record.result_json)
+        log.info("action_result_corrected", action_id=record.action_id, status=result.status,
+                 changed=changed is not None)
+        return changed
 
     async def approve(self, record: ActionRecord) -> ActionRecord | None:
         """``approve``: a pending action starts, recorded ``sent`` (its dispatch follows at once)."""

@@ -505,6 +505,7 @@ class Runtime:
             "training_directory": s.training_dir is not None,
             "crew_problems": self.crew_problems,
             "crew_inputs": self.crew_inputs,
+            "sse_keepalive_seconds": s.sse_keepalive_seconds,
         }
 
     def _degraded(self) -> bool:

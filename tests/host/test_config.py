@@ -52,6 +52,14 @@ def test_valid_config_loads_with_defaults_and_relative_paths(host_files: HostFil
     invoker = settings.principals[0]
     assert invoker.roles == frozenset({"invoker"}) and len(invoker.token_sha256) == 32
     assert settings.notify_socket is None
+    assert settings.dispatch_deadline_s == 600.0 and settings.sidecar_keepalive_s == 15.0
+
+
+def test_dispatch_deadline_and_keepalive_are_read(host_files: HostFiles):
+    doc = mutate("host.dispatch_deadline_seconds", 2)
+    doc["sidecar"]["keepalive_seconds"] = 0.5
+    settings = load(host_files, doc)
+    assert settings.dispatch_deadline_s == 2.0 and settings.sidecar_keepalive_s == 0.5
 
 
 def test_relative_paths_resolve_against_the_config_dir_not_cwd(host_files: HostFiles, tmp_path, monkeypatch):
@@ -118,6 +126,11 @@ def mutate(path: str, value) -> dict:
         ("principals.1.id", "acme-invoker", "principals[1].id", "already used"),
         ("principals.1.id", "", "principals[1].id", "1..256"),
         ("principals.1.extra", 1, "principals[1].extra", "unknown key"),
+        ("host.dispatch_deadline_seconds", 0, "host.dispatch_deadline_seconds", ">= 1"),
+        ("host.dispatch_deadline_seconds", 86_401, "host.dispatch_deadline_seconds", "<= 86400"),
+        ("host.dispatch_deadline_seconds", "soon", "host.dispatch_deadline_seconds", "float"),
+        ("sidecar.keepalive_seconds", 0, "sidecar.keepalive_seconds", ">= 0.1"),
+        ("sidecar.keepalive_seconds", 3601, "sidecar.keepalive_seconds", "<= 3600"),
     ],
 )
 def test_errors_name_the_offending_key(host_files: HostFiles, path, value, key, words):

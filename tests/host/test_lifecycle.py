@@ -6,6 +6,7 @@ from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import VOCABULARIES
 from aip_crewai.host.lifecycle import (
     CANCEL_OUTCOMES,
+    CORRECTION_EVENTS,
     RESULT_EVENTS,
     TERMINAL_STATES,
     TRANSITIONS,
@@ -17,13 +18,41 @@ from aip_crewai.host.lifecycle import (
     allowed,
     cancel_case,
     lifecycle_state,
+    result_is_final,
 )
 
 
-def test_terminal_states_are_left_by_no_event():
-    assert all(not (t.sources & TERMINAL_STATES) for t in TRANSITIONS.values())
-    for terminal in TERMINAL_STATES:
+def test_terminal_states_are_left_only_by_a_correction_of_a_failure():
+    leaving = {event for event, t in TRANSITIONS.items() if t.sources & TERMINAL_STATES}
+    assert leaving == set(CORRECTION_EVENTS.values())
+    for event in leaving:
+        assert TRANSITIONS[event].sources == {ActionState.FAILED}
+    for terminal in (ActionState.COMPLETED, ActionState.CANCELLED):
         assert not any(allowed(terminal, target) for target in ActionState)
+    assert not allowed(ActionState.FAILED, ActionState.RUNNING)
+    assert not allowed(ActionState.FAILED, ActionState.PENDING_APPROVAL)
+
+
+_UNCERTAIN = {"uncertain_outcome": True, "dispatch": "sent"}
+
+
+@pytest.mark.parametrize("status, startable, code, details, final", [
+    ("running", True, None, None, False),
+    ("completed", True, None, None, True),
+    ("cancelled", True, None, None, True),
+    ("failed", True, "connector.crewai.execution_failed", _UNCERTAIN, True),  # the journal's own word
+    ("failed", True, "connector.crewai.cancelled_unconfirmed", _UNCERTAIN, False),
+    ("failed", True, "connector.crewai.transport", _UNCERTAIN, False),
+    ("failed", False, "connector.crewai.transport", _UNCERTAIN, True),  # status/events/cancel: no job of its own
+    ("failed", True, "connector.crewai.transport", {"uncertain_outcome": False, "dispatch": "not_sent"}, True),
+    ("failed", True, "connector.crewai.remote_temporary", {"uncertain_outcome": False, "remote_status": 504}, False),
+    ("failed", True, "connector.crewai.remote_temporary", {"uncertain_outcome": False, "remote_status": 429}, True),
+    ("failed", True, "connector.crewai.cancelled_unconfirmed", {**_UNCERTAIN, "reconciled": "job_unknown"}, True),
+    ("failed", True, "connector.crewai.dispatch_deadline", {"uncertain_outcome": False}, True),
+    ("failed", True, "policy.approval_denied", None, True),
+])
+def test_which_results_are_final(status, startable, code, details, final):
+    assert result_is_final(status, startable=startable, error_code=code, details=details) is final
 
 
 def test_allowed_is_exactly_the_table():

@@ -89,15 +89,23 @@ async def test_a_cancel_and_a_decision_never_both_win(make_app):
                 assert decision.status_code == 409 and withdrew and approval["status"] == "withdrawn", (n, approval)
 
 
-async def test_a_refused_connection_is_stored_not_sent(make_app):
-    """Regression: after a refused connection the action view said dispatch `sent` (recorded when the
-    approval started it) while its stored result said `not_sent`. The record now holds the dispatch's
-    own final word."""
+async def test_a_refused_start_is_queued_and_retried_under_the_same_job_and_key(make_app):
+    """Issue 17 item 1: a start the sidecar provably did not admit (a refused connection, then a 503
+    "shutting down" answered before admission) no longer burns the approval: the action goes back to
+    `queued` (dispatch `not_sent`) and the same job id and idempotency key are sent again until admitted."""
     fake = FakeSidecar(SIDECAR_TOKEN)
+    starts: list[tuple[str, str | None]] = []
+    queued_seen = asyncio.Event()
 
     def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path.startswith("/jobs") and request.method == "POST":
-            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/jobs/stream" and request.method == "POST":
+            starts.append((json.loads(request.content)["action_id"], request.headers.get("Idempotency-Key")))
+            if len(starts) == 1:
+                raise httpx.ConnectError("connection refused", request=request)
+            if len(starts) == 2:
+                return httpx.Response(503, json={"detail": "the sidecar is shutting down and admits no new jobs"})
+            if not queued_seen.is_set():
+                return httpx.Response(503, json={"detail": "shutting down"})
         return fake.handle(request)
 
     app = make_app(sidecar_transport=httpx.MockTransport(handle))
@@ -105,10 +113,41 @@ async def test_a_refused_connection_is_stored_not_sent(make_app):
         approval_id = await submit_pending(http, "refused_1")
         assert (await decide(http, approval_id)).status_code == 200
         service = app.state.actions
-        record = await service.wait(await service.store.get_action("acme", "refused_1"), 10)
-        result = json.loads(record.result_json)
-        assert record.status == "failed" and result["error"]["details"]["dispatch"] == "not_sent"
-        assert record.dispatch == "not_sent"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while True:  # the tenant's view while the start waits for its retry
+            view = (await http.get("/aip/v1/actions/refused_1", headers=bearer("acme-invoker"))).json()
+            if view["state"] == "queued":
+                break
+            assert view["state"] in ("running", "queued") and loop.time() < deadline, view
+            await asyncio.sleep(0.01)
+        queued_seen.set()
+        record = await service.wait(await service.store.get_action("acme", "refused_1"), 15)
+        assert record.status == "completed", record.result_json
+        assert len(starts) >= 3 and len(set(starts)) == 1, starts  # one job id, one key, every time
+
+
+async def test_a_start_refused_until_the_dispatch_deadline_fails_with_a_certain_outcome(make_app, settings, clock):
+    """Issue 17 item 1: past `dispatch_deadline_seconds` the action fails with
+    `connector.crewai.dispatch_deadline`, `uncertain_outcome: false`, dispatch `not_sent`."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/jobs") and request.method == "POST":
+            clock.now += 0.6  # each refused attempt passes time on the host's clock
+            raise httpx.ConnectError("connection refused", request=request)
+        return FakeSidecar(SIDECAR_TOKEN).handle(request)
+
+    app = make_app(dataclasses.replace(settings, dispatch_deadline_s=1.0),
+                   sidecar_transport=httpx.MockTransport(handle))
+    async with running(app) as http:
+        approval_id = await submit_pending(http, "refused_2")
+        assert (await decide(http, approval_id)).status_code == 200
+        service = app.state.actions
+        record = await service.wait(await service.store.get_action("acme", "refused_2"), 15)
+        error = json.loads(record.result_json)["error"]
+        assert record.status == "failed" and record.dispatch == "not_sent", record
+        assert error["code"] == "connector.crewai.dispatch_deadline"
+        assert error["details"]["uncertain_outcome"] is False and error["details"]["dispatch"] == "not_sent"
+        assert error["details"]["attempts"] >= 2 and error["details"]["last_cause"] == "connector.crewai.transport"
 
 
 async def test_a_store_open_cancelled_mid_connect_closes_its_connection(tmp_path, monkeypatch):
@@ -188,3 +227,111 @@ async def test_a_decision_applied_after_a_restart_rechecks_at_dispatch(make_app,
         assert record.dispatch == "not_sent"
         assert (await http.get("/aip/v1/actions/rev_dispatch", headers=bearer("acme-invoker"))).status_code == 200
     assert fake.executions == 0
+
+
+async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journal(make_app, monkeypatch):
+    """Issue 17 item 3, on read (the periodic half is off here): a stored `cancelled_unconfirmed` with
+    `uncertain_outcome: true` whose sidecar job the journal calls `failed`, `uncertain_outcome: false`
+    (queued, never ran) reads as the journal's result on the next GET, and is then final."""
+    from aip_crewai.contracts.errors import ConnectorCancelledUnconfirmed
+    from aip_crewai.host import recovery
+    from aip_crewai.host.normalize import failed_result
+
+    async def no_periodic_correction(runtime):
+        return None
+
+    monkeypatch.setattr(recovery, "correct_provisional", no_periodic_correction)
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    journal_says = {"error_type": "SidecarRestarted", "uncertain_outcome": False}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/jobs/acme:prov_1":
+            return httpx.Response(200, json={"action_id": "acme:prov_1", "crew_id": "beta", "operation": "run",
+                                             "status": "failed", "event_count": 1, "output": None})
+        if request.url.path == "/jobs/acme:prov_1/events":
+            return httpx.Response(200, json={"events": [{"event": "failed", "sequence": 0, "data": journal_says}]})
+        return fake.handle(request)
+
+    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    async with running(app) as http:
+        approval_id = await submit_pending(http, "prov_1")
+        service = app.state.actions
+        record = await service.store.get_action("acme", "prov_1")
+        provisional = failed_result("prov_1", ConnectorCancelledUnconfirmed(
+            operation="run", uncertain_outcome=True, dispatch="acknowledged"))
+        assert await service.writer.finish("acme", "prov_1", provisional, "acknowledged") is not None
+        assert approval_id and record is not None
+        view = (await http.get("/aip/v1/actions/prov_1", headers=bearer("acme-invoker"))).json()
+        error = view["result"]["error"]
+        assert view["state"] == "failed" and error["code"] == "connector.crewai.execution_failed", view
+        assert error["details"]["uncertain_outcome"] is False
+        stored = await service.store.get_action("acme", "prov_1")
+        assert recovery.is_final(stored, await service.result(stored))
+
+
+async def test_cancelling_an_action_queued_for_a_retry_stops_it_before_anything_is_sent(make_app):
+    """Issue 17 item 1 (the `dequeue` row of ARCHITECTURE.md §8): an approved run whose start was
+    refused waits `queued` for its retry; a cancel then stops it at once, `cancelled` with
+    `provider_effect: none`, and no further start is sent."""
+    starts: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/jobs/stream":
+            starts.append(request.method)
+            raise httpx.ConnectError("connection refused", request=request)
+        return FakeSidecar(SIDECAR_TOKEN).handle(request)
+
+    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    async with running(app) as http:
+        approval_id = await submit_pending(http, "dequeue_1")
+        assert (await decide(http, approval_id)).status_code == 200
+        service = app.state.actions
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not ((live := service.live.get("acme", "dequeue_1")) is not None and live.retry_waiting):
+            assert loop.time() < deadline, "never queued for a retry"
+            await asyncio.sleep(0.005)
+        task = live.task
+        answer = await http.post("/aip/v1/actions/dequeue_1/cancel", headers=bearer("acme-invoker"))
+        assert answer.status_code == 200, answer.text
+        result = answer.json()["body"]["action_result"]
+        assert result["status"] == "cancelled", result
+        assert result["output"] == {"remote_stop_confirmed": False, "provider_effect": "none"}
+        await asyncio.wait({task}, timeout=5)
+        assert task.done() and service.live.get("acme", "dequeue_1") is None  # its dispatch can send no more
+        record = await service.store.get_action("acme", "dequeue_1")
+        assert record.status == "cancelled" and record.dispatch == "not_sent" and len(starts) >= 1
+
+
+async def test_a_blocking_start_stored_still_running_is_corrected_once_the_job_ends(make_app):
+    """Issue 17 item 3: a blocking `knowledge_query` whose wait ended before its job (the sidecar answered
+    504 and the job view still said `running`, as a reference-style sidecar does after `timeout_ms`) is
+    stored `remote_temporary`; it is not final, and the next read after the job ended gives its result."""
+    job = {"status": "running"}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/jobs" and request.method == "POST":
+            return httpx.Response(504, json={"detail": "the job did not end within timeout_ms"})
+        if request.url.path == "/jobs/acme:kq_1":
+            done = job["status"] == "completed"
+            return httpx.Response(200, json={"action_id": "acme:kq_1", "crew_id": "beta", "operation": "knowledge_query",
+                                             "status": job["status"], "event_count": 2 if done else 1, "output": None})
+        if request.url.path == "/jobs/acme:kq_1/events":
+            return httpx.Response(200, json={"events": [{"event": "completed", "sequence": 1,
+                                                         "data": {"results": ["late"]}}]})
+        return FakeSidecar(SIDECAR_TOKEN).handle(request)
+
+    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    envelope = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": "msg_kq_1",
+                "sent_at": "2026-09-21T14:13:20.000Z",
+                "body": {"action": {"id": "kq_1", "capability_id": "cap:crewai:beta:knowledge_query",
+                                    "input": {"query": ["lighthouse"]}, "idempotency_key": "k-kq_1"}}}
+    async with running(app) as http:
+        first = await http.post("/aip/v1/messages", content=json.dumps(envelope), headers={**CT, **bearer("acme-invoker")})
+        error = first.json()["body"]["action_result"]["error"]
+        assert error["code"] == "connector.crewai.remote_temporary" and error["details"]["remote_status"] == 504
+        view = (await http.get("/aip/v1/actions/kq_1", headers=bearer("acme-invoker"))).json()
+        assert view["state"] == "failed"  # still running at the sidecar: the provisional result stands
+        job["status"] = "completed"
+        view = (await http.get("/aip/v1/actions/kq_1", headers=bearer("acme-invoker"))).json()
+        assert view["state"] == "completed" and view["result"]["output"] == {"results": ["late"]}, view

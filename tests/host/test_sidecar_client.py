@@ -8,6 +8,7 @@ import pytest
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import (
     ConnectorAuthentication,
+    ConnectorError,
     ConnectorConfigurationOrInput,
     ConnectorInvalidStream,
     ConnectorRemoteRejected,
@@ -15,7 +16,15 @@ from aip_crewai.contracts.errors import (
     ConnectorTransport,
 )
 from aip_crewai.host.normalize import StreamNormalizer
-from aip_crewai.host.sidecar_client import DispatchProgress, SidecarClient, sidecar_job_id
+from aip_crewai.host.actions import retry_delay_s
+from aip_crewai.host.readiness import published_keepalive_s
+from aip_crewai.host.sidecar_client import (
+    DispatchProgress,
+    SidecarClient,
+    not_admitted,
+    sidecar_job_id,
+    silence_bound_s,
+)
 from aip_crewai.sse import encode_event
 
 RUN, STATUS = ops.get("run"), ops.get("status")
@@ -116,3 +125,72 @@ async def test_stream_without_terminal_is_invalid():
     with pytest.raises(ConnectorInvalidStream):
         await c.start_stream(RUN, DispatchProgress(), StreamNormalizer("a", RUN), on_chunks, job_id="t:a",
                              crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
+
+
+# --- issue 17: which refusals are provably before admission; silence bounds --------------------------------
+
+KQ = ops.get("knowledge_query")
+
+
+@pytest.mark.parametrize(("status", "body", "admitted"), [
+    (503, {"detail": "the sidecar is shutting down and admits no new jobs"}, False),
+    (507, {"detail": "the job journal is full"}, False),
+    (507, {"detail": "the job's terminal result could not be recorded", "status": "completed", "action_id": "t:a"},
+     None),  # after admission: the job exists, its outcome is uncertain
+    (500, {"detail": "internal error"}, None),
+])
+async def test_a_blocking_start_refused_before_admission_is_marked_not_admitted(status, body, admitted):
+    c = client(lambda request: httpx.Response(status, json=body))
+    with pytest.raises(ConnectorError) as info:
+        await c.start_job(KQ, DispatchProgress(), job_id="t:a", crew_id="c", input={}, idempotency_key="k",
+                          timeout_ms=None)
+    assert info.value.details.get("admitted") is admitted
+    assert not_admitted(info.value) is (admitted is False)
+
+
+@pytest.mark.parametrize(("status", "admitted"), [(503, False), (507, False), (500, None), (502, None)])
+async def test_a_stream_start_refused_before_admission_is_marked_not_admitted(status, admitted):
+    c = client(lambda request: httpx.Response(status, json={"detail": "no"}))
+    with pytest.raises(ConnectorError) as info:
+        await c.start_stream(RUN, DispatchProgress(), StreamNormalizer("a", RUN), _no_chunks, job_id="t:a",
+                             crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
+    assert info.value.details.get("admitted") is admitted
+    if admitted is False:
+        assert info.value.details["uncertain_outcome"] is False
+
+
+async def test_a_refused_connection_is_not_admitted():
+    def refuse(request):
+        raise httpx.ConnectError("refused", request=request)
+
+    with pytest.raises(ConnectorTransport) as info:
+        await client(refuse).start_stream(RUN, DispatchProgress(), StreamNormalizer("a", RUN), _no_chunks,
+                                          job_id="t:a", crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
+    assert not_admitted(info.value) and info.value.details["uncertain_outcome"] is False
+
+
+async def _no_chunks(chunks):
+    return None
+
+
+def test_silence_bound_counts_missed_keepalives_with_a_floor():
+    assert silence_bound_s(15.0) == 45.0
+    assert silence_bound_s(0.2) == 2.0
+    with pytest.raises(ValueError):
+        silence_bound_s(0)
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ({"sse_keepalive_seconds": 0.2}, 0.2), ({"sse_keepalive_seconds": 15}, 15.0), ({}, None),
+    ({"sse_keepalive_seconds": True}, None), ({"sse_keepalive_seconds": "15"}, None),
+    ({"sse_keepalive_seconds": 0}, None), ({"sse_keepalive_seconds": 10_000}, None), ([], None),
+])
+def test_the_published_keepalive_is_optional_and_bounded(body, expected):
+    assert published_keepalive_s(body) == expected
+
+
+def test_retry_delays_double_to_a_cap():
+    assert [retry_delay_s(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert retry_delay_s(50) == 30.0
+    with pytest.raises(ValueError):
+        retry_delay_s(0)

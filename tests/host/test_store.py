@@ -485,3 +485,40 @@ def test_a_damaged_store_file_is_refused_before_anything_is_written(tmp_path: Pa
     with pytest.raises(UnusableStore, match="corrupt|not a SQLite"):
         check_store_file(path)
     assert path.read_bytes() == before
+
+
+async def test_provisional_results_are_listed_and_final_ones_are_not(store: Store):
+    """Issue 17 item 3: the reconciler's prefilter lists failures the sidecar may still contradict, never a
+    final failure that merely mentions a provisional code (a dispatch deadline's `last_cause`) or a result
+    marked reconciled; a correction replaces only the result it read."""
+    import dataclasses
+
+    from aip_crewai.contracts.aip import ActionResult
+    from aip_crewai.contracts.errors import ConnectorCancelledUnconfirmed, ConnectorDispatchDeadline
+    from aip_crewai.host.lifecycle import PROVISIONAL_CODES, PROVISIONAL_MARKERS
+    from aip_crewai.host.normalize import failed_result
+    from aip_crewai.host.writer import ActionWriter
+
+    writer = ActionWriter(store)
+    unconfirmed = ConnectorCancelledUnconfirmed(operation="run", uncertain_outcome=True, dispatch="acknowledged")
+    results = {
+        "provisional": failed_result("provisional", unconfirmed),
+        "deadline": failed_result("deadline", ConnectorDispatchDeadline(
+            operation="run", uncertain_outcome=False, dispatch="not_sent",
+            details={"last_cause": "connector.crewai.transport"})),
+        "reconciled": failed_result("reconciled", ConnectorCancelledUnconfirmed(
+            operation="run", uncertain_outcome=True, details={"reconciled": "job_unknown"})),
+    }
+    for action_id, result in results.items():
+        await make_action(store, action_id=action_id, key=f"key-{action_id}")
+        assert await writer.finish("acme", action_id, result, "acknowledged") is not None
+    listed = await store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS)
+    assert [r.action_id for r in listed] == ["provisional"]
+    record = listed[0]
+    stale = dataclasses.replace(record, result_json=record.result_json.replace("true", "false"))
+    done = failed_result("provisional", ConnectorCancelledUnconfirmed(operation="run", uncertain_outcome=False))
+    assert await writer.correct(stale, done) is None  # not the stored result: a concurrent writer won
+    corrected = await writer.correct(record, ActionResult(action_id="provisional", status="completed",
+                                                          output={"ok": True}))
+    assert corrected is not None and corrected.status == "completed" and corrected.dispatch == "acknowledged"
+    assert await store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS) == []

@@ -56,12 +56,14 @@ class Host:
 
 def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int, *,
                  crews: list[dict] | None = None, tenants: dict[str, list[str]] | None = None,
-                 max_response_bytes: int | None = None, extra_principals: list[dict[str, str]] | None = None) -> Path:
+                 max_response_bytes: int | None = None, extra_principals: list[dict[str, str]] | None = None,
+                 host_options: dict[str, object] | None = None) -> Path:
     """host.toml (+ crews.json, sidecar.token 0600) in ``workdir``; returns the config path.
 
     Defaults: the crews of :data:`ACME_CREWS` (run, status, events, cancel,
     knowledge_query) plus ``knowledge_b``; tenants ``acme`` and ``beta``; the
-    bearer principals of :data:`TOKENS`. ``extra_principals`` are added as given.
+    bearer principals of :data:`TOKENS`. ``extra_principals`` are added as given;
+    ``host_options`` are more ``[host]`` keys (e.g. ``dispatch_deadline_seconds``).
     """
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     token_file = workdir / "sidecar.token"
@@ -74,7 +76,8 @@ def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int,
     (workdir / "crews.json").write_text(json.dumps(crews))
     tenants = tenants or {"acme": ACME_CREWS, "beta": ["knowledge_b"]}
     lines = ["[host]", f'bind = "127.0.0.1:{port}"', 'store = "host.db"',
-             *([f"max_response_bytes = {max_response_bytes}"] if max_response_bytes else []), "",
+             *([f"max_response_bytes = {max_response_bytes}"] if max_response_bytes else []),
+             *[f"{key} = {json.dumps(value)}" for key, value in (host_options or {}).items()], "",
              "[sidecar]", f'url = "{sidecar_url}"', 'token_file = "sidecar.token"', "",
              "[crews]", 'file = "crews.json"', ""]
     for tenant, crew_ids in tenants.items():

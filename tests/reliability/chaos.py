@@ -9,7 +9,9 @@ hostile (fuzzed requests to both apps, the malformed-stream corpus in-process an
 security (credentials on every route, tenant isolation, secrets, start-up refusals), storage (journal
 write failures, the size bound, unusable journals), hardening (the regression scenarios of the security
 review, ``test_rel_hardening.py``: idempotency poisoning, proxies, metric labels, body bounds and timeouts,
-framing, h2c, FIFOs, aborted uploads, anonymous readiness, signed numbers and message ids). One real sidecar and host serve the race,
+framing, h2c, FIFOs, aborted uploads, anonymous readiness, signed numbers and message ids), outage (the sidecar
+down, draining, frozen and killed around approvals, ``test_rel_outage.py``: zero approvals lost, zero actions
+left non-final after reconciliation). One real sidecar and host serve the race,
 security and host-crash trials; the other scenarios start their own processes.
 """
 
@@ -36,7 +38,7 @@ import storagekit  # noqa: E402
 import streamkit  # noqa: E402
 from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, Tally, inproc_app  # noqa: E402
 
-CATEGORIES = ("crash", "race", "hostile", "security", "storage", "hardening")
+CATEGORIES = ("crash", "race", "hostile", "security", "storage", "hardening", "outage")
 
 
 class Runner:
@@ -213,30 +215,44 @@ def storage(r: Runner) -> None:
 
 
 def hardening(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
-    """Every ``test_rel_*`` scenario of ``test_rel_hardening.py``, ``scale`` times each: on the shared
-    stack (a ``stack`` parameter), on processes of its own (``procs``) or in a fresh directory (``tmp_path``)."""
+    """Every ``test_rel_*`` scenario of ``test_rel_hardening.py``, ``scale`` times each."""
+    import test_rel_hardening
+
+    scenarios(r, stack, "hardening", test_rel_hardening)
+
+
+def outage(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
+    """Every ``test_rel_*`` scenario of ``test_rel_outage.py``, ``scale`` times each: the sidecar down,
+    draining, frozen and killed around approvals (each asserts zero approvals lost and every action final)."""
+    import test_rel_outage
+
+    scenarios(r, stack, "outage", test_rel_outage)
+
+
+def scenarios(r: Runner, stack: tuple[Processes, Any, Any], category: str, module: Any) -> None:
+    """Every ``test_rel_*`` function of ``module``, ``scale`` times each, counted under ``category``: on the
+    shared stack (a ``stack`` parameter), on processes of its own (``procs``) or in a fresh directory
+    (``tmp_path``)."""
     import inspect
 
-    import test_rel_hardening as scenarios
-
-    for name, fn in inspect.getmembers(scenarios, inspect.isfunction):
+    for name, fn in inspect.getmembers(module, inspect.isfunction):
         if not name.startswith("test_rel_"):
             continue
         parameter = next(iter(inspect.signature(fn).parameters))
         for n in range(r.scale):
             label = f"{name[len('test_rel_'):]} #{n}"
             if parameter == "stack":
-                r.trial("hardening", label, lambda fn=fn: fn(stack))
+                r.trial(category, label, lambda fn=fn: fn(stack))
             elif parameter == "procs":
                 procs = Processes(r.dir(name[9:40]))
                 try:
-                    r.trial("hardening", label, lambda fn=fn, procs=procs: fn(procs))
+                    r.trial(category, label, lambda fn=fn, procs=procs: fn(procs))
                 finally:
                     procs.close()
             else:
                 fresh = r.dir(name[9:40])
                 fresh.mkdir(mode=0o700, parents=True)
-                r.trial("hardening", label, lambda fn=fn, fresh=fresh: fn(fresh))
+                r.trial(category, label, lambda fn=fn, fresh=fresh: fn(fresh))
 
 
 def table(runner: Runner) -> str:
@@ -267,7 +283,8 @@ def main() -> int:
         stack = (stack_procs, sidecar, host)
         for category, run in (("crash", lambda: crash(runner, stack)), ("race", lambda: race(runner, stack)),
                               ("hostile", lambda: hostile(runner)), ("security", lambda: security(runner, stack)),
-                              ("storage", lambda: storage(runner)), ("hardening", lambda: hardening(runner, stack))):
+                              ("storage", lambda: storage(runner)), ("hardening", lambda: hardening(runner, stack)),
+                              ("outage", lambda: outage(runner, stack))):
             print(f"chaos: {category} ...", flush=True)
             run()
     finally:

@@ -124,7 +124,8 @@ def signer_key(seed: bytes = SIGNER_SEED) -> Any:
 
 
 def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_token: str = TOKEN,
-                      tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None) -> Path:
+                      tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None,
+                      host_options: dict[str, object] | None = None) -> Path:
     """host.toml for the reliability crews (ACME_CREWS, OPERATIONS, TENANTS) plus
     the Ed25519 :data:`SIGNER`; see ``host_process.write_config``."""
     import base64
@@ -138,7 +139,8 @@ def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_tok
     operator = {"id": OPERATOR, "tenant": "acme", "role": "operator",
                 "token_sha256": hashlib.sha256(OPERATOR_TOKEN.encode()).hexdigest()}
     return write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants or TENANTS,
-                        max_response_bytes=max_response_bytes, extra_principals=[signer, approver_signer, operator])
+                        max_response_bytes=max_response_bytes, extra_principals=[signer, approver_signer, operator],
+                        host_options=host_options)
 
 
 class Processes:
@@ -213,12 +215,13 @@ class Processes:
 
     def host(self, sidecar_url: str, *, name: str = "host", port: int | None = None, ready: bool = True,
              tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None,
-             env: dict[str, str] | None = None) -> Host:
+             env: dict[str, str] | None = None, host_options: dict[str, object] | None = None) -> Host:
         """Start (or restart: same ``name`` → same store and config) a host; wait for ``/ready``
-        (``env``: extra environment variables of the process)."""
+        (``env``: extra environment variables of the process; ``host_options``: more ``[host]`` keys)."""
         workdir = self.workdir / name
         port = port or free_port()
-        config = write_host_config(workdir, sidecar_url, port, tenants=tenants, max_response_bytes=max_response_bytes)
+        config = write_host_config(workdir, sidecar_url, port, tenants=tenants, max_response_bytes=max_response_bytes,
+                                   host_options=host_options)
         process, stderr_path, stdout_path = self.launch_host(workdir, config, env)
         host = Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stdout_path)
         self.hosts.append(host)

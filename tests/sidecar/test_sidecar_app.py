@@ -35,7 +35,7 @@ async def test_health_reports_crews_limits_and_operations(tmp_path):
         "status": "ready", "crews": sorted(FAKE_CREWS), "active_runs": 0, "retained_runs": 0,
         "max_retained_runs": 2000, "durable_journal": True, "stream_checkpoint_events": 128,
         "operations": ["cancel", "events", "replay", "run", "status"], "training_directory": True,
-        "crew_problems": {}, "crew_inputs": {},
+        "crew_problems": {}, "crew_inputs": {}, "sse_keepalive_seconds": 0.05,
     }
 
 

@@ -1,0 +1,276 @@
+"""Sidecar outages around approvals, through real processes (issue 17 items 1-3; ``make chaos`` category
+``outage`` runs every ``test_rel_*`` scenario here): the sidecar down, draining, frozen (SIGSTOP) and
+killed and restarted while approved actions wait or run.
+
+What each scenario holds to (ARCHITECTURE.md §9 "Dispatch" and "Final results"):
+
+- zero approvals lost: an approved action whose start the sidecar did not admit stays ``queued`` and
+  runs, once, when the sidecar is back (or fails past its dispatch deadline with
+  ``connector.crewai.dispatch_deadline``, ``uncertain_outcome: false``);
+- zero actions left non-final after reconciliation: every action ends with a final result
+  (:func:`aip_crewai.host.lifecycle.result_is_final`).
+
+Polling with deadlines only (``relkit.until``); never a sleep that waits for a result.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+from typing import Any
+
+import httpx
+import pytest
+
+from aip_crewai.host.lifecycle import result_is_final
+from chaoslib import uid
+from host_process import free_port
+from relkit import Host, Processes, TERMINAL, action_status, approve, post_action, sidecar_events, until, wait_action
+
+pytestmark = [pytest.mark.integration]
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _served(host: Host) -> Host:
+    """Wait until the host answers ``/health`` (it is not ``/ready`` while the sidecar is down)."""
+    def up() -> bool:
+        if host.process.poll() is not None:
+            raise AssertionError(f"host exited {host.process.returncode}: {host.output()[-2000:]!r}")
+        try:
+            return httpx.get(f"{host.base_url}/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    until(up, timeout=60, interval=0.05, what="host /health")
+    return host
+
+
+def _approved_run(host: Host, http: httpx.Client, crew: str, prefix: str) -> str:
+    """Submit a governed ``run`` of ``crew`` and approve it; returns the action id."""
+    action_id = uid(prefix)
+    pending = post_action(http, f"cap:crewai:{crew}", {"topic": action_id}, action_id, key=f"key-{action_id}")
+    assert pending.status_code in (200, 202), pending.text
+    decided = approve(host, pending)
+    assert decided.status_code == 200, decided.text
+    return action_id
+
+
+def _final(view: dict[str, Any]) -> bool:
+    result = view.get("result") or {}
+    error = result.get("error") or {}
+    return result_is_final(view.get("state", ""), startable=True, error_code=error.get("code"),
+                           details=error.get("details"))
+
+
+def assert_all_final(http: httpx.Client, action_ids: list[str], timeout: float = 90.0) -> dict[str, dict[str, Any]]:
+    """Every action reaches a final result (reconciliation included); returns the views."""
+    views: dict[str, dict[str, Any]] = {}
+    for action_id in action_ids:
+        views[action_id] = until(lambda a=action_id: (lambda v: v if _final(v) else None)(action_status(http, a)),
+                                 timeout=timeout, interval=0.1, what=f"{action_id} final")
+    return views
+
+
+def _started_once(sidecar: Any, action_id: str) -> list[dict[str, Any]]:
+    events = sidecar_events(sidecar, f"acme:{action_id}")
+    assert [e["event"] for e in events].count("started") == 1, events
+    return events
+
+
+def _events_so_far(sidecar: Any, action_id: str) -> int:
+    """How many events the sidecar journaled for the action's job (0 while it is not admitted yet)."""
+    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as direct:
+        answer = direct.get(f"/jobs/acme:{action_id}")
+    return int(answer.json().get("event_count") or 0) if answer.status_code == 200 else 0
+
+
+def _fixed_port_sidecar(procs: Processes, port: int, *args: str) -> Any:
+    return procs.sidecar(args=["--port", str(port), *args])
+
+
+# ------------------------------------------------------------------ scenarios
+
+
+@pytest.mark.timeout(180)
+def test_rel_outage_approved_while_the_sidecar_is_down_runs_once_when_it_is_back(procs):
+    """Item 1: the sidecar is down when the run is approved (and when a knowledge query, which needs no
+    approval, is submitted to the unready host): both are accepted and stay ``queued`` (not failed), then
+    complete once the sidecar starts, each started exactly once under its one job id."""
+    port = free_port()
+    host = _served(procs.host(f"http://127.0.0.1:{port}", ready=False))
+    with host.client("acme-app") as http:
+        run_id = _approved_run(host, http, "echo", "down")
+        query_id = uid("down-kq")
+        answer = post_action(http, "cap:crewai:knowledge_a:knowledge_query", {"query": ["refunds"]}, query_id,
+                             key=f"key-{query_id}")
+        assert answer.status_code in (200, 202), answer.text
+        for action_id in (run_id, query_id):
+            until(lambda a=action_id: action_status(http, a).get("state") == "queued", timeout=30,
+                  what=f"{action_id} queued while the sidecar is down")
+        assert action_status(http, run_id)["state"] == "queued"  # still not burned after several retries
+        sidecar = _fixed_port_sidecar(procs, port)
+        views = assert_all_final(http, [run_id, query_id])
+        assert views[run_id]["state"] == "completed", views[run_id]
+        assert views[query_id]["state"] == "completed", views[query_id]
+        _started_once(sidecar, run_id)
+
+
+@pytest.mark.timeout(180)
+def test_rel_outage_a_queued_approval_survives_a_host_restart(procs):
+    """Item 1: the run is approved and queued while the sidecar is down; the host is killed (-9) and
+    restarted on its store, the sidecar still down: recovery keeps it queued and retries it; once the
+    sidecar starts, it completes, started once."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    host = _served(procs.host(url, ready=False))
+    with host.client("acme-app") as http:
+        action_id = _approved_run(host, http, "echo", "restart")
+        until(lambda: action_status(http, action_id).get("state") == "queued", timeout=30, what="queued")
+    host.kill(signal.SIGKILL)
+    host = _served(procs.host(url, port=host.port, ready=False))
+    with host.client("acme-app") as http:
+        until(lambda: b"dispatch_not_admitted" in host.output(), timeout=60, what="the restarted host retrying")
+        assert action_status(http, action_id)["state"] == "queued"
+        sidecar = _fixed_port_sidecar(procs, port)
+        view = assert_all_final(http, [action_id])[action_id]
+        assert view["state"] == "completed", view
+        _started_once(sidecar, action_id)
+
+
+@pytest.mark.timeout(120)
+def test_rel_outage_past_the_dispatch_deadline_fails_with_a_certain_outcome(procs):
+    """Item 1: with ``dispatch_deadline_seconds = 1`` and no sidecar, an approved run fails with
+    ``connector.crewai.dispatch_deadline``, ``uncertain_outcome: false``, dispatch ``not_sent``; a sidecar
+    started afterwards never runs it."""
+    port = free_port()
+    host = _served(procs.host(f"http://127.0.0.1:{port}", ready=False, host_options={"dispatch_deadline_seconds": 1}))
+    with host.client("acme-app") as http:
+        action_id = _approved_run(host, http, "echo", "deadline")
+        view = wait_action(http, action_id, timeout=60)
+        error = view["result"]["error"]
+        assert view["state"] == "failed" and error["code"] == "connector.crewai.dispatch_deadline", view
+        assert error["details"]["uncertain_outcome"] is False and error["details"]["dispatch"] == "not_sent"
+        assert _final(view)
+        sidecar = _fixed_port_sidecar(procs, port)
+        with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as direct:
+            assert direct.get(f"/jobs/acme:{action_id}").status_code == 404
+
+
+@pytest.mark.timeout(180)
+def test_rel_outage_a_run_approved_while_the_sidecar_drains_is_queued_not_burned(procs):
+    """Item 1: the sidecar is draining (SIGTERM with a slow job still running) when a run is approved: its
+    start gets 503 "shutting down" on a pooled connection, or a refused connection once the listener is
+    closed (both provably not admitted; the 503 itself is pinned in-process by
+    ``tests/host/test_lifecycle_regressions.py``). The approval is kept, and the run completes once a new
+    sidecar serves the journal."""
+    port = free_port()
+    sidecar = _fixed_port_sidecar(procs, port, "--shutdown-grace-seconds", "3")
+    host = procs.host(sidecar.base_url)
+    with host.client("acme-app") as http:
+        slow_id = _approved_run(host, http, "slow", "drain-slow")
+        until(lambda: action_status(http, slow_id).get("state") == "running", timeout=30, what="slow run running")
+        pending_id = uid("drain")
+        pending = post_action(http, "cap:crewai:echo", {"topic": pending_id}, pending_id, key=f"key-{pending_id}")
+        sidecar.process.send_signal(signal.SIGTERM)
+
+        def draining() -> bool:
+            try:
+                return httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers, timeout=5).json().get(
+                    "status") == "stopping"
+            except httpx.HTTPError:
+                return sidecar.process.poll() is not None  # already gone: a refused connection instead
+
+        until(draining, timeout=30, what="the sidecar draining")
+        assert approve(host, pending).status_code == 200
+        sidecar.process.wait(timeout=60)
+        assert action_status(http, pending_id)["state"] in ("queued", "running")
+        restarted = procs.restart_sidecar(sidecar)
+        views = assert_all_final(http, [slow_id, pending_id])
+        assert views[pending_id]["state"] == "completed", views[pending_id]
+        _started_once(restarted, pending_id)
+
+
+@pytest.mark.timeout(180)
+def test_rel_outage_a_frozen_sidecar_is_detected_and_followed_again_not_cancelled(procs):
+    """Item 2: SIGSTOP of the sidecar mid-stream. The host sees the silence after a few missed keep-alives
+    (the sidecar publishes ``sse_keepalive_seconds`` 0.2 in ``/health``: silent after 2 s), keeps the action
+    running (never cancelled, never failed), and after SIGCONT reads the job view and follows the job
+    again: the run completes with every sidecar event stored once."""
+    sidecar = procs.sidecar()
+    host = procs.host(sidecar.base_url)
+    with host.client("acme-app") as http:
+        action_id = _approved_run(host, http, "slow", "frozen")
+        until(lambda: _events_so_far(sidecar, action_id) >= 3, timeout=60, what="events flowing")
+        sidecar.process.send_signal(signal.SIGSTOP)
+        try:
+            until(lambda: b"sidecar_stream_silent" in host.output(), timeout=30, what="the host seeing the silence")
+            assert action_status(http, action_id)["state"] == "running"
+        finally:
+            sidecar.process.send_signal(signal.SIGCONT)
+        view = wait_action(http, action_id, timeout=90)
+        assert view["state"] == "completed", view
+        events = _started_once(sidecar, action_id)
+        stored = _stored_chunk_sequences(host, action_id)
+        assert stored == list(range(len(events))), (stored, len(events))
+
+
+def _stored_chunk_sequences(host: Host, action_id: str) -> list[int]:
+    with sqlite3.connect(f"file:{host.workdir / 'host.db'}?mode=ro", uri=True) as db:
+        return [row[0] for row in db.execute(
+            "SELECT sequence FROM chunks WHERE tenant = 'acme' AND action_id = ? ORDER BY sequence", (action_id,))]
+
+
+def _stored_result(host: Host, action_id: str) -> dict[str, Any] | None:
+    with sqlite3.connect(f"file:{host.workdir / 'host.db'}?mode=ro", uri=True) as db:
+        row = db.execute("SELECT result_json FROM actions WHERE tenant = 'acme' AND action_id = ?",
+                         (action_id,)).fetchone()
+    return json.loads(row[0]) if row and row[0] else None
+
+
+@pytest.mark.timeout(240)
+def test_rel_outage_sidecar_killed_mid_run_provisional_results_are_corrected_by_the_reconciler(procs):
+    """Item 3: kill -9 of the sidecar while one run executes and another waits in its queue
+    (``--max-concurrency 1``). The host stores provisional failures (its cancel after the broken stream
+    cannot be confirmed: ``cancelled_unconfirmed``, ``uncertain_outcome: true``). After the sidecar
+    restarts, the periodic reconciler (no tenant read involved: the store is watched directly) replaces
+    them with the journal's word: the running job ``failed`` with ``uncertain_outcome: true``, the queued
+    one ``failed`` with ``uncertain_outcome: false`` (it never ran); both final."""
+    port = free_port()
+    sidecar = _fixed_port_sidecar(procs, port, "--max-concurrency", "1")
+    host = procs.host(sidecar.base_url)
+    with host.client("acme-app") as http:
+        running_id = _approved_run(host, http, "slow", "k9-run")
+        until(lambda: _events_so_far(sidecar, running_id) >= 2, timeout=60, what="first run going")
+        queued_id = _approved_run(host, http, "slow", "k9-queued")
+
+        def admitted() -> bool:
+            with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=10) as direct:
+                return direct.get(f"/jobs/acme:{queued_id}").status_code == 200
+
+        until(admitted, timeout=60, what="second run admitted (queued at the sidecar)")
+        sidecar.kill(signal.SIGKILL)
+        provisional = {}
+        for action_id in (running_id, queued_id):
+            provisional[action_id] = until(lambda a=action_id: _stored_result(host, a), timeout=60,
+                                           what=f"{action_id} stored")
+        for action_id, result in provisional.items():  # what the host could say with the sidecar gone
+            error = result["error"]
+            assert error["details"]["uncertain_outcome"] is True, result
+            assert not result_is_final("failed", startable=True, error_code=error["code"], details=error["details"])
+        procs.restart_sidecar(sidecar)
+
+        def corrected(action_id: str) -> dict[str, Any] | None:
+            result = _stored_result(host, action_id)
+            error = (result or {}).get("error") or {}
+            return result if error.get("code") == "connector.crewai.execution_failed" else None
+
+        ran = until(lambda: corrected(running_id), timeout=60, what="running job corrected")
+        never_ran = until(lambda: corrected(queued_id), timeout=60, what="queued job corrected")
+        assert ran["error"]["details"]["uncertain_outcome"] is True
+        assert never_ran["error"]["details"]["uncertain_outcome"] is False
+        assert_all_final(http, [running_id, queued_id])
+        assert all(s in TERMINAL for s in (action_status(http, running_id)["state"],
+                                           action_status(http, queued_id)["state"]))
