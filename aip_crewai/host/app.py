@@ -336,7 +336,8 @@ def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) ->
             app.state.store, app.state.http = store, http
             app.state.authenticator.claims = store
             app.state.readiness = Readiness(http, settings.crews, app.state.metrics, clock=app.state.clock,
-                                            on_crew_inputs=app.state.capabilities.set_crew_inputs)
+                                            on_crew_inputs=app.state.capabilities.set_crew_inputs,
+                                            on_cancellable=app.state.capabilities.set_cancellable)
             async with contextlib.AsyncExitStack() as stack:
                 for module in modules:
                     if hasattr(module, "lifespan"):

@@ -24,6 +24,7 @@ from ..contracts.errors import (
     ConnectorResponseTooLarge,
     ConnectorStreamSilent,
     ConnectorTransport,
+    NotCancellable,
 )
 from ..contracts.operations import OperationSpec
 from ..contracts.sidecar import JobEvent
@@ -303,13 +304,23 @@ class Dispatcher:
         return error
 
     async def cancel_remote(self, job: Job) -> tuple[bool, dict[str, Any] | None]:
-        """Request a stop of a running job; returns (confirmed, job view)."""
+        """Request a stop of a running job; returns (confirmed, job view).
+
+        Raises:
+            NotCancellable: the sidecar answered 409 (a peer sidecar cancels
+                only ``run`` and ``batch_run``): the job keeps running and the
+                host keeps following it (issue 17 item 8).
+        """
         try:
             view = await self.client.cancel(
                 job.spec, DispatchProgress(), job_id=job.job_id, crew_id=job.crew_id,
                 reason="cancelled by the tenant",
             )
-        except ConnectorError:
+        except ConnectorError as exc:
+            if exc.remote_status == 409:
+                raise NotCancellable(
+                    message="the sidecar cannot cancel this operation; the action keeps running",
+                    details={"operation": job.spec.name}) from exc
             return False, None
         return view.get("status") in ("cancelled", "completed", "failed"), view
 

@@ -180,7 +180,7 @@ def output_schema(spec: OperationSpec) -> dict[str, Any]:
     return {"$schema": _SCHEMA, "title": f"{spec.name} output", **OUTPUT_SCHEMAS[spec.name]}
 
 
-def execution_contract(spec: OperationSpec) -> ExecutionContract:
+def execution_contract(spec: OperationSpec, cancellable: frozenset[str] | None = None) -> ExecutionContract:
     """The AIP ExecutionContract of an operation (pure).
 
     Every capability can be called ``sync`` (blocking), ``async`` (ack, then
@@ -188,21 +188,25 @@ def execution_contract(spec: OperationSpec) -> ExecutionContract:
     ``supports_streaming`` says whether the crew streams output chunks.
     Read-only operations are ``safe`` to retry; mutations are safe only with
     their idempotency key (the fence answers a repeat with the stored result).
+    ``supports_cancel`` needs our table's cancel flag and, once the sidecar's
+    ``/health`` was read, the operation in its ``cancellable_operations``
+    (``cancellable``; None: not known yet).
     """
     return ExecutionContract(
-        supports_sync=True, supports_async=True, supports_streaming=spec.stream, supports_cancel=spec.cancel,
+        supports_sync=True, supports_async=True, supports_streaming=spec.stream, supports_cancel=spec.cancel and (cancellable is None or spec.name in cancellable),
         supports_retry=spec.retry, expected_completion="streaming" if spec.stream else "sync",
         retry_safety="safe" if spec.read_only else "safe_with_idempotency_key",
     )
 
 
-def capability_for(crew: CrewDescriptor, spec: OperationSpec, inputs: CrewInputs | None = None) -> Capability:
+def capability_for(crew: CrewDescriptor, spec: OperationSpec, inputs: CrewInputs | None = None,
+                   cancellable: frozenset[str] | None = None) -> Capability:
     """The capability of one (crew, operation), with the whole contract (README "Capabilities");
     ``inputs`` (the sidecar's report for the crew) names the kickoff inputs in the input schema."""
     contract = CapabilityContract(
         side_effects=list(spec.side_effects),
         idempotency=IdempotencyContract(requirement=spec.key.value),
-        execution=execution_contract(spec),
+        execution=execution_contract(spec, cancellable),
         data=DataContract(),
         approval=ApprovalContract(required=True) if spec.approval else None,
         compensation=CompensationContract() if spec.mutation else None,
@@ -224,10 +228,11 @@ def capability_for(crew: CrewDescriptor, spec: OperationSpec, inputs: CrewInputs
     )
 
 
-def crew_capabilities(crew: CrewDescriptor, inputs: CrewInputs | None = None) -> tuple[Capability, ...]:
+def crew_capabilities(crew: CrewDescriptor, inputs: CrewInputs | None = None,
+                      cancellable: frozenset[str] | None = None) -> tuple[Capability, ...]:
     """One capability per allowed operation of ``crew``, in catalogue order."""
     allowed = set(crew.allowed_operations)
-    return tuple(capability_for(crew, spec, inputs) for spec in CATALOGUE if spec.name in allowed)
+    return tuple(capability_for(crew, spec, inputs, cancellable) for spec in CATALOGUE if spec.name in allowed)
 
 
 #: The host as the manifest's ``agent``.
@@ -267,6 +272,12 @@ class CapabilityIndex:
         self.crews = {crew.id: crew for crew in crews}
         self.tenants = {tenant: tuple(crew_ids) for tenant, crew_ids in tenants.items()}
         self.crew_inputs: dict[str, CrewInputs] = {}
+        self.cancellable: frozenset[str] | None = None
+        self._build()
+
+    def set_cancellable(self, cancellable: frozenset[str]) -> None:
+        """Publish ``supports_cancel`` from what the sidecar can cancel (rebuilds the manifests)."""
+        self.cancellable = cancellable
         self._build()
 
     def set_crew_inputs(self, inputs: Mapping[str, CrewInputs]) -> None:
@@ -275,7 +286,7 @@ class CapabilityIndex:
         self._build()
 
     def _build(self) -> None:
-        by_crew = {crew_id: crew_capabilities(crew, self.crew_inputs.get(crew_id))
+        by_crew = {crew_id: crew_capabilities(crew, self.crew_inputs.get(crew_id), self.cancellable)
                    for crew_id, crew in self.crews.items()}
         visible_by_tenant: dict[str, dict[str, tuple[str, ...]]] = {}
         manifests: dict[str, bytes] = {}

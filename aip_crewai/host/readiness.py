@@ -104,6 +104,19 @@ def published_keepalive_s(body: Any) -> float | None:
     return float(value) if low <= value <= high else None
 
 
+#: What a sidecar without ``cancellable_operations`` in its ``/health`` can cancel (the reference sidecar).
+DEFAULT_CANCELLABLE = frozenset({"run", "batch_run"})
+
+
+def published_cancellable(body: Any) -> frozenset[str]:
+    """The operations a sidecar ``/health`` body says it can cancel (``cancellable_operations``),
+    or :data:`DEFAULT_CANCELLABLE` when the field is absent or not a list of strings. Pure."""
+    value = body.get("cancellable_operations") if isinstance(body, dict) else None
+    if not isinstance(value, list) or not all(isinstance(op, str) for op in value):
+        return DEFAULT_CANCELLABLE
+    return frozenset(value)
+
+
 #: Reasons whose detail (after the colon) names configured crews or operations.
 _DETAILED = ("sidecar lacks configured crews", "sidecar lacks allowed operations")
 
@@ -140,9 +153,13 @@ class Readiness:
 
     def __init__(self, http: httpx.AsyncClient, crews: Iterable[CrewDescriptor], metrics: Metrics,
                  *, clock: Callable[[], float] = time.time,
-                 on_crew_inputs: Callable[[dict[str, CrewInputs]], None] | None = None) -> None:
+                 on_crew_inputs: Callable[[dict[str, CrewInputs]], None] | None = None,
+                 on_cancellable: Callable[[frozenset[str]], None] | None = None) -> None:
         self.http = http
         self.on_crew_inputs = on_crew_inputs
+        self.on_cancellable = on_cancellable
+        #: What the sidecar can cancel as its last ``/health`` said; None: not known yet (our own table applies).
+        self.cancellable: frozenset[str] | None = None
         self.crew_inputs: dict[str, CrewInputs] = {}
         #: Admitted crews the sidecar's last health answer did not list: submissions to them are refused.
         self.unserved_crews: frozenset[str] = frozenset()
@@ -185,6 +202,11 @@ class Readiness:
                                  "are refused with capability.unavailable")
             self.unserved_crews = unserved
         self.keepalive_s = published_keepalive_s(decoded)
+        cancellable = published_cancellable(decoded)
+        if cancellable != self.cancellable:
+            self.cancellable = cancellable
+            if self.on_cancellable is not None:
+                self.on_cancellable(cancellable)
         return evaluate_health(decoded, self.crews)
 
     def _observe_crew_inputs(self, body: Any) -> None:

@@ -55,6 +55,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from aip_crewai.contracts.operations import get as operation_spec
 from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
 from aip_crewai.sidecar.admission import Admission, check_request
 from aip_crewai.sidecar.backlog import PendingTerminal, TerminalBacklog
@@ -506,6 +507,7 @@ class Runtime:
             "crew_problems": self.crew_problems,
             "crew_inputs": self.crew_inputs,
             "sse_keepalive_seconds": s.sse_keepalive_seconds,
+            "cancellable_operations": sorted(op for op in s.operations if operation_spec(op).cancel),
         }
 
     def _degraded(self) -> bool:

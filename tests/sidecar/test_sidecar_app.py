@@ -36,6 +36,7 @@ async def test_health_reports_crews_limits_and_operations(tmp_path):
         "max_retained_runs": 2000, "durable_journal": True, "stream_checkpoint_events": 128,
         "operations": ["cancel", "events", "replay", "run", "status"], "training_directory": True,
         "crew_problems": {}, "crew_inputs": {}, "sse_keepalive_seconds": 0.05,
+        "cancellable_operations": ["replay", "run"],
     }
 
 
