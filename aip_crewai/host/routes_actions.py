@@ -190,7 +190,7 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
     """The AIP SSE stream of one action (profile ``aip.sse.stream.v1``).
 
     Positions: ``sse_0`` ack; ``sse_<1+s>`` the stored chunk of sequence s
-    (event ``done`` for a done chunk, else ``chunk``); then ``error`` (failed
+    (event ``done`` for a done chunk, else ``chunk``); then ``aip_error`` (failed
     results) and ``result``. Every position is derived from the store, so
     ``Last-Event-ID: sse_<n>`` resumes exactly after n. The ack's status is
     ``streaming`` for a running action, ``accepted`` while it waits for its
