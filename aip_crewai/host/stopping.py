@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..sse import encode_comment
 
@@ -37,26 +37,37 @@ async def until_stopping(stopping: asyncio.Event, frames: AsyncIterator[bytes]) 
     wake-up wait: nothing it would send is lost, the store keeps it) and closed.
     """
     stop = asyncio.ensure_future(stopping.wait())
+    step: asyncio.Future[bytes] | None = None
     try:
         while True:
             step = asyncio.ensure_future(frames.__anext__())
             done, _ = await asyncio.wait((step, stop), return_when=asyncio.FIRST_COMPLETED)
             if step in done:
                 try:
-                    yield step.result()
+                    frame = step.result()
                 except StopAsyncIteration:
                     return
+                step = None
+                yield frame
                 continue
-            step.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await step
+            await _cancelled(step)
+            step = None
             yield SHUTDOWN_COMMENT
             return
     finally:
-        stop.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await stop
+        # Also when the client went away (the response task cancelled, or this generator closed)
+        # while a frame was awaited: stop that await before closing the source.
+        await _cancelled(stop)
+        if step is not None:
+            await _cancelled(step)
         await frames.aclose()  # type: ignore[attr-defined]
+
+
+async def _cancelled(future: asyncio.Future[Any]) -> None:
+    """Cancel ``future`` and wait until it has ended (its outcome is dropped)."""
+    future.cancel()
+    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+        await future
 
 
 async def unless_stopping(stopping: asyncio.Event, waiting: Awaitable[T], fallback: T) -> T:

@@ -64,3 +64,28 @@ async def test_a_wait_that_finishes_first_returns_its_value() -> None:
         return "done"
 
     assert await unless_stopping(asyncio.Event(), quick(), "fallback") == "done"
+
+
+async def test_a_client_that_goes_away_mid_wait_closes_the_source_without_an_error() -> None:
+    """The response task is cancelled while a frame is awaited (a client disconnect)."""
+    closed = asyncio.Event()
+
+    async def frames():
+        try:
+            yield b"one"
+            await asyncio.Event().wait()
+            yield b"never"
+        finally:
+            closed.set()
+
+    async def consume() -> None:
+        async for _frame in until_stopping(asyncio.Event(), frames()):
+            pass
+
+    task = asyncio.ensure_future(consume())
+    for _ in range(5):  # let it read the first frame and wait for the second
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert closed.is_set()
