@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m examples.demo
+	$(PY) -m aip_crewai.examples.demo
 
 test: $(STAMP)
 	$(PY) -m mypy
