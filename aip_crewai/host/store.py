@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..storage import acquire_lock, create_private_file, hop, start_worker
+from .lifecycle import allowed, is_terminal
 from .store_schema import (
     APPROVAL_DECISIONS,
     DISPATCH_RANK,
@@ -240,7 +241,7 @@ class Store:
                             status: str, *, approval_id: str | None = None, timeout_ms: int | None = None,
                             dispatch: str = "not_sent", target: tuple[str, Sequence[str]] | None = None,
                             key_expires_at: int | None = None, now: int | None = None,
-                            durable: bool = True) -> tuple[bool, ActionRecord]:
+                            durable: bool = True, result: tuple[str, str] | None = None) -> tuple[bool, ActionRecord]:
         """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
 
         With ``idempotency_key`` and ``key_expires_at`` (ms) the key's
@@ -261,6 +262,10 @@ class Store:
 
             key_expires_at: when the key's reservation expires, ms; None
                 records no reservation (the key is still stored on the row).
+            result: ``(status, result_json)``: the action already ran (a
+                key-less read answered inline); the row is inserted in its
+                final state: a terminal status the lifecycle allows after
+                ``status`` (``running``). ValueError otherwise.
 
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
@@ -276,6 +281,11 @@ class Store:
             raise ValueError(f"an action starts pending_approval or running, not {status!r}")
         if dispatch not in DISPATCH_RANK:
             raise ValueError(f"unknown dispatch {dispatch!r}")
+        result_json = None
+        if result is not None:
+            if not allowed(_S(status), _S(result[0])) or not is_terminal(result[0]):
+                raise ValueError(f"an action created {status} cannot be stored {result[0]}")
+            status, result_json = result
         now = self.now_ms() if now is None else now
 
         reserve = idempotency_key is not None and key_expires_at is not None
@@ -308,7 +318,7 @@ class Store:
                 f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 18)}) "
                 f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {_ACTION_COLUMNS}",
                 (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id,
-                 idempotency_key, status, dispatch, None, None, approval_id, timeout_ms, 0, now, now),
+                 idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0, now, now),
             )
             if rows:
                 if reserve:

@@ -224,6 +224,20 @@ async def test_create_action_once_and_return_the_existing(store: Store):
         await make_action(store, action_id="act_2", status="completed")
 
 
+async def test_create_action_can_insert_an_action_already_finished(store: Store):
+    """A key-less read answered inline: admit and its result in one insert (issue 22 item 3)."""
+    created, record = await store.create_action("acme", "st_1", "cap", "alpha", "status", "{}", "h", "p", None,
+                                                "running", dispatch="acknowledged", durable=False,
+                                                result=("completed", '{"status":"completed"}'))
+    assert created and record.status == "completed" and record.result_json == '{"status":"completed"}'
+    assert record == await store.get_action("acme", "st_1")
+    for status, result in (("running", "running"), ("pending_approval", "completed"), ("running", "unknown")):
+        with pytest.raises(ValueError):  # only what the lifecycle allows after the starting state
+            await store.create_action("acme", "st_2", "cap", "alpha", "status", "{}", "h", "p", None, status,
+                                      result=(result, "{}"))
+    assert await store.get_action("acme", "st_2") is None
+
+
 async def test_create_action_checks_its_target_in_the_same_call(store: Store):
     await make_action(store, action_id="run_1")  # a run of crew alpha
     await store.create_action("acme", "st_0", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p", None,
