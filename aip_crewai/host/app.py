@@ -80,7 +80,7 @@ from ..contracts.errors import (
     Unauthenticated,
 )
 from ..serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
-from . import actions, approvals, manifest, routes_actions
+from . import actions, approvals, console, manifest, routes_actions
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import Settings
 from .limits import body_limit
@@ -93,7 +93,7 @@ from .store import Store, ms_to_rfc3339
 log = structlog.get_logger(__name__)
 
 #: The core modules that add routes and lifespans, imported directly: a rename fails at import, never as 404s.
-CORE_MODULES: tuple[Any, ...] = (actions, routes_actions, approvals)
+CORE_MODULES: tuple[Any, ...] = (actions, routes_actions, approvals, console)
 #: Sidecar connect timeout, seconds (ARCHITECTURE.md §7); reads are unbounded (streams).
 SIDECAR_CONNECT_TIMEOUT_S = 10.0
 #: How often expired message-id claims are purged, seconds.

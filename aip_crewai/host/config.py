@@ -9,6 +9,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     readiness_interval_ms = 5000       # our addition: sidecar /health poll period, 100 .. 600000 ms
     cors_origins = []                  # browser origins allowed to call the AIP routes, e.g. "https://app.example"
     dispatch_deadline_seconds = 600    # retry a start the sidecar did not admit for this long, 1 .. 86400 s
+    console = true                     # serve the approval console at /console/ (false: 404)
 
     [sidecar]
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -122,6 +123,7 @@ class _HostTable(_Table, frozen=True):
     readiness_interval_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)] = 5_000
     cors_origins: Annotated[list[str], msgspec.Meta(max_length=MAX_CORS_ORIGINS)] = []
     dispatch_deadline_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = DEFAULT_DISPATCH_DEADLINE_S
+    console: bool = True
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -196,6 +198,7 @@ class Settings:
         sidecar_keepalive_s: the sidecar's SSE keep-alive interval, seconds,
             when its ``/health`` does not publish ``sse_keepalive_seconds``
             (a silent stream is detected after a few missed keep-alives).
+        console: serve the approval console at ``/console/`` (README "Approval console").
     """
 
     config_path: Path
@@ -214,6 +217,7 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     dispatch_deadline_s: float = DEFAULT_DISPATCH_DEADLINE_S
     sidecar_keepalive_s: float = DEFAULT_SIDECAR_KEEPALIVE_S
+    console: bool = True
 
 
 # --- loading -----------------------------------------------------------------
@@ -433,6 +437,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         cors_origins=tuple(_cors_origin(index, origin) for index, origin in enumerate(host.cors_origins)),
         dispatch_deadline_s=float(host.dispatch_deadline_seconds),
         sidecar_keepalive_s=float(sidecar.keepalive_seconds),
+        console=host.console,
     )
 
 
