@@ -77,6 +77,7 @@ from ..contracts.errors import (
     Category,
     MessageTooLarge,
     Overloaded,
+    RouteNotFound,
     Unauthenticated,
 )
 from ..serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
@@ -99,13 +100,6 @@ SIDECAR_CONNECT_TIMEOUT_S = 10.0
 #: How often expired message-id claims are purged, seconds.
 PURGE_INTERVAL_S = 60.0
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
-
-
-class RouteNotFound(AipError):
-    code = "route.not_found"
-    category = Category.PERMANENT
-    http_status = 404
-    default_message = "no such route"
 
 
 class MethodNotAllowed(AipError):

@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ..contracts.errors import AipError
+from ..contracts.errors import RouteNotFound
+
 
 #: file name -> media type of the files the console serves (nothing else is served).
 FILES = {"index.html": "text/html; charset=utf-8", "console.js": "text/javascript; charset=utf-8",
@@ -36,12 +37,6 @@ HEADERS = {
 }
 
 
-class ConsoleDisabled(AipError):
-    code = "route.not_found"
-    http_status = 404
-    default_message = "the approval console is disabled on this host ([host] console = false)"
-
-
 @cache
 def _file(name: str) -> bytes:
     return (resources.files(__package__) / "console_static" / name).read_bytes()
@@ -49,7 +44,7 @@ def _file(name: str) -> bytes:
 
 def _enabled(request: Request) -> None:
     if not request.app.state.settings.console:
-        raise ConsoleDisabled()
+        raise RouteNotFound("the approval console is disabled on this host ([host] console = false)")
 
 
 async def console_redirect(request: Request) -> Response:
@@ -63,7 +58,7 @@ async def console_file(request: Request) -> Response:
     _enabled(request)
     name = request.path_params.get("name") or "index.html"
     if name not in FILES:
-        raise ConsoleDisabled("no such console file")
+        raise RouteNotFound("no such console file")
     return Response(_file(name), media_type=FILES[name], headers=HEADERS)
 
 

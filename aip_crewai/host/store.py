@@ -46,7 +46,6 @@ ARCHITECTURE.md §10 (storage).
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +54,7 @@ from typing import Any, TypeVar
 
 from ..storage import acquire_lock, create_private_file, hop, start_worker
 from .lifecycle import allowed, is_terminal
+from .store_db import Db, PostgresDb, SqliteDb
 from .store_schema import (
     APPROVAL_DECISIONS,
     DISPATCH_RANK,
@@ -77,6 +77,8 @@ from .store_schema import (
     UnusableStore,
     _action_update,
     _connect,
+    connect_postgres,
+    is_postgres_url,
     check_location,
     check_store_file,
     decode_cursor,
@@ -128,30 +130,43 @@ _T = TypeVar("_T")
 class Store:
     """Named async methods over the host database. Open with :meth:`open`."""
 
-    def __init__(self, conn: sqlite3.Connection, worker: ThreadPoolExecutor, *,
+    def __init__(self, db: Db, worker: ThreadPoolExecutor, *,
                  clock: Callable[[], float] = time.time) -> None:
-        self._conn = conn
+        self._db = db
         self._worker = worker
         self._clock = clock
 
     @classmethod
-    async def open(cls, path: Path, *, clock: Callable[[], float] = time.time) -> Store:
-        """Check the location, create the file 0600 if missing, connect, apply migrations.
+    async def open(cls, location: Path | str, *, clock: Callable[[], float] = time.time) -> Store:
+        """Open the store: a SQLite file (check the location, create it 0600 if missing, connect) or a
+        ``postgresql://`` URL (connect); then apply the migrations the database lacks.
 
         Raises:
-            InsecureStorePath: see :func:`check_location`.
-            StoreError: the schema is newer than this code, or WAL is unavailable.
+            InsecureStorePath: see :func:`check_location` (SQLite).
+            StoreError: the schema is newer than this code, WAL is unavailable (SQLite), or the
+                PostgreSQL server cannot be reached or holds another application's tables.
         """
+        if is_postgres_url(location):
+            url = str(location)
+            worker, db = await start_worker(lambda: PostgresDb(connect_postgres(url)), name="aip-host-store",
+                                            abandon=lambda opened: opened.close() if opened is not None else None)
+            return cls(db, worker, clock=clock)
+        path = Path(location)
         check_location(path)
         create_private_file(path)
         check_location(path)
         # Cancel-safe: a connection opened after the caller gave up is closed on the worker.
-        worker, conn = await start_worker(lambda: _connect(str(path)), name="aip-host-store",
-                                          abandon=lambda opened: opened.close() if opened is not None else None)
-        return cls(conn, worker, clock=clock)
+        worker, sqlite = await start_worker(lambda: SqliteDb(_connect(str(path))), name="aip-host-store",
+                                            abandon=lambda opened: opened.close() if opened is not None else None)
+        return cls(sqlite, worker, clock=clock)
+
+    @property
+    def engine(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._db.engine
 
     async def close(self) -> None:
-        await self._run(self._conn.close)
+        await self._run(self._db.close)
         self._worker.shutdown(wait=True)
 
     def now_ms(self) -> int:
@@ -162,38 +177,19 @@ class Store:
         """Run ``fn(*args)`` on the store's worker thread (the only thread using the connection)."""
         return await hop(self._worker, fn, *args)
 
-    def _fetch_now(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
-        return self._conn.execute(sql, params).fetchall()
+    def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._db.fetch(sql, params)
 
-    def _change_now(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
-        cur = self._conn.execute(sql, params)
-        try:
-            return int(cur.rowcount)
-        finally:
-            cur.close()
+    def _change_now(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._db.change(sql, params)
 
     def _write_now(self, durable: bool, fn: Callable[[], _T]) -> _T:
-        """Run the write ``fn`` (on the worker) fsynced, or with ``synchronous=NORMAL``."""
-        if durable:
-            return fn()
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        try:
-            return fn()
-        finally:
-            self._conn.execute("PRAGMA synchronous=FULL")
+        """Run the write ``fn`` (on the worker), fsynced at commit or not (:meth:`Db.write`)."""
+        return self._db.write(durable, fn)
 
     def _transaction_now(self, fn: Callable[[], _T]) -> _T:
-        """Run ``fn`` (on the worker) inside ``BEGIN IMMEDIATE`` … ``COMMIT``; roll back on any error."""
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            value = fn()
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        return value
+        """Run ``fn`` (on the worker) as one transaction excluding every other writer; roll back on any error."""
+        return self._db.transaction(fn)
 
     async def _fetch(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         return await self._run(self._fetch_now, sql, params)
@@ -430,22 +426,20 @@ class Store:
         rank = DISPATCH_RANK.get(dispatch or "", -1)
 
         def insert() -> int:
-            cur = self._conn.executemany(
+            inserted = self._db.change_many(
                 "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (tenant, action_id, sequence) DO NOTHING", rows)
-            inserted = int(cur.rowcount)
-            cur.close()
-            self._conn.execute(
+            self._db.change(
                 "UPDATE actions SET chunk_count = chunk_count + ?, "
-                f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END "
-                "WHERE tenant = ? AND action_id = ?",
-                (inserted, dispatch, rank, dispatch, tenant, action_id)).close()
+                f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} "
+                "THEN CAST(? AS TEXT) ELSE dispatch END WHERE tenant = ? AND action_id = ?",
+                (inserted, dispatch, rank, dispatch, tenant, action_id))
             return inserted
 
         def append() -> int:
             try:
                 return self._transaction_now(insert)
-            except sqlite3.IntegrityError as exc:
+            except self._db.integrity_error as exc:
                 raise StoreError(f"cannot append chunks to unknown action {action_id!r}") from exc
 
         return await self._run(self._write_now, durable, append)
@@ -481,7 +475,7 @@ class Store:
         def create() -> ApprovalRecord:
             try:
                 rows = self._transaction_now(insert)
-            except sqlite3.IntegrityError as exc:
+            except self._db.integrity_error as exc:
                 raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
             return ApprovalRecord(*rows[0])
 
@@ -575,7 +569,7 @@ class Store:
                 tenant, action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.CANCELLED.value,
                 result_json=result_json, now=now))
             if record is not None:
-                self._conn.execute("UPDATE approvals SET status = 'withdrawn' "
+                self._db.change("UPDATE approvals SET status = 'withdrawn' "
                                    "WHERE tenant = ? AND action_id = ? AND status = 'pending'", (tenant, action_id))
             return record
 
