@@ -10,6 +10,8 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     cors_origins = []                  # browser origins allowed to call the AIP routes, e.g. "https://app.example"
     dispatch_deadline_seconds = 600    # retry a start the sidecar did not admit for this long, 1 .. 86400 s
     console = true                     # serve the approval console at /console/ (false: 404)
+    host_id = "<hostname>:<port>"      # this host in dispatch leases; unique per host sharing a PostgreSQL store
+    lease_seconds = 30                 # a dispatch lease lasts this long unless renewed, 1 .. 3600 s
 
     [sidecar]
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -50,6 +52,7 @@ import binascii
 import ipaddress
 import os
 import re
+import socket
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,6 +78,8 @@ from .admission import AdmissionError, CrewDescriptor, load_descriptors
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
+#: Default ``[host] lease_seconds``: a dispatch lease lasts this long unless renewed (issue 21 item 2).
+DEFAULT_LEASE_S = 30.0
 #: At most this many ``[host] cors_origins``.
 MAX_CORS_ORIGINS = 64
 #: How long a start the sidecar provably did not admit is retried, seconds (ARCHITECTURE.md §9).
@@ -124,6 +129,8 @@ class _HostTable(_Table, frozen=True):
     cors_origins: Annotated[list[str], msgspec.Meta(max_length=MAX_CORS_ORIGINS)] = []
     dispatch_deadline_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = DEFAULT_DISPATCH_DEADLINE_S
     console: bool = True
+    host_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
+    lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_S
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -199,6 +206,10 @@ class Settings:
             when its ``/health`` does not publish ``sse_keepalive_seconds``
             (a silent stream is detected after a few missed keep-alives).
         console: serve the approval console at ``/console/`` (README "Approval console").
+        host_id: this host in dispatch leases (default ``<hostname>:<bind port>``); hosts sharing a
+            PostgreSQL store need distinct ids (issue 21 item 2).
+        lease_s: how long a dispatch lease lasts unless renewed, seconds; a dead host's running actions
+            are taken over by another host after it.
     """
 
     config_path: Path
@@ -218,6 +229,8 @@ class Settings:
     dispatch_deadline_s: float = DEFAULT_DISPATCH_DEADLINE_S
     sidecar_keepalive_s: float = DEFAULT_SIDECAR_KEEPALIVE_S
     console: bool = True
+    host_id: str = "host"
+    lease_s: float = DEFAULT_LEASE_S
 
 
 # --- loading -----------------------------------------------------------------
@@ -239,6 +252,13 @@ def _convert(value: Any, type_: Any, prefix: str) -> Any:
             name = (unknown or missing).group(1)  # type: ignore[union-attr]
             raise ConfigError(f"{key}.{name}" if key else name, "unknown key" if unknown else "required key is missing") from exc
         raise ConfigError(key or "(root)", rule) from exc
+
+
+def _default_host_id(bind: str) -> str:
+    """``<hostname>:<port>`` (stable across restarts, so a restarted host keeps its own leases), or
+    ``<hostname>:pid<pid>`` for an ephemeral port (0)."""
+    port = bind.rsplit(":", 1)[-1]
+    return f"{socket.gethostname()}:{port if port != '0' else f'pid{os.getpid()}'}"[:128]
 
 
 def _store(base: Path, raw: str) -> Path | str:
@@ -450,6 +470,8 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         dispatch_deadline_s=float(host.dispatch_deadline_seconds),
         sidecar_keepalive_s=float(sidecar.keepalive_seconds),
         console=host.console,
+        host_id=host.host_id or _default_host_id(host.bind),
+        lease_s=float(host.lease_seconds),
     )
 
 

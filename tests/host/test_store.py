@@ -578,3 +578,49 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
                                                           output={"ok": True}))
     assert corrected is not None and corrected.status == "completed" and corrected.dispatch == "acknowledged"
     assert await store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS) == []
+
+
+# --- dispatch leases (issue 21 item 2) -------------------------------------------------------
+
+
+async def test_a_lease_belongs_to_one_host_until_it_expires_and_is_then_taken_over(location: Path | str):
+    clock = {"now": T0}
+    a = await Store.open(location, clock=lambda: clock["now"] / 1000, owner="host-a", lease_ms=2000)
+    b = await Store.open(location, clock=lambda: clock["now"] / 1000, owner="host-b", lease_ms=2000)
+    try:
+        _, record = await make_action(a, action_id="act_1")
+        assert (record.lease_owner, record.lease_expires_at) == ("host-a", T0 + 2000)
+        assert await a.take_lease("acme", "act_1") and not await b.take_lease("acme", "act_1")
+        clock["now"] = T0 + 1500
+        assert await a.renew_leases() == 1 and await b.renew_leases() == 0
+        clock["now"] = T0 + 3000  # renewed until T0 + 3500: still a's
+        assert not await b.take_lease("acme", "act_1")
+        clock["now"] = T0 + 3500  # expired: b takes it, a no longer renews it
+        assert await b.take_lease("acme", "act_1") and not await a.take_lease("acme", "act_1")
+        assert await a.renew_leases() == 0
+        assert (await a.get_action("acme", "act_1")).lease_owner == "host-b"
+        # pending and finished actions have no lease to take
+        await make_action(a, action_id="act_2", status="pending_approval", key="key-2")
+        assert not await b.take_lease("acme", "act_2")
+        unleased = await Store.open(location, clock=lambda: clock["now"] / 1000)
+        try:
+            assert await unleased.take_lease("acme", "act_1")  # no owner: no lease mode
+        finally:
+            await unleased.close()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_the_deciding_host_holds_the_lease_of_the_action_it_starts(location: Path | str):
+    store = await Store.open(location, clock=lambda: T0 / 1000, owner="host-a", lease_ms=2000)
+    try:
+        _, action = await make_action(store, action_id="act_1", status="pending_approval", approval_id="apr_1")
+        assert action.lease_owner is None
+        await store.create_approval("acme", "apr_1", "act_1", "cap:crewai:alpha", "ph", "svc:acme", "{}", T0 + DAY)
+        approval, started = await store.decide_and_start("acme", "apr_1", "approved", "ok", "human:x", T0,
+                                                          start_if=lambda approval, action: True)
+        assert approval is not None and started is not None
+        assert (started.status, started.lease_owner, started.lease_expires_at) == ("running", "host-a", T0 + 2000)
+    finally:
+        await store.close()
