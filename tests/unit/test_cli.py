@@ -245,3 +245,19 @@ def test_doctor_runs_the_start_up_preflight_by_hand():
     bad = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", "nope:X"],
                          capture_output=True, timeout=100, check=False)
     assert bad.returncode == 2 and b"cannot import module 'nope'" in bad.stderr
+
+
+def test_client_commands_send_log_lines_to_stderr_never_stdout(capsys) -> None:
+    """A library module's log line during a client command must not corrupt its stdout (JSON, streams)."""
+    import structlog
+
+    from aip_crewai import cli
+
+    with pytest.raises(SystemExit) as exited:  # argparse's --version exits 0 after configuring
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    capsys.readouterr()
+    structlog.get_logger("aip_crewai.test").warning("a_warning_during_a_command")
+    structlog.get_logger("aip_crewai.test").info("an_info_line")
+    out, err = capsys.readouterr()
+    assert out == "" and "a_warning_during_a_command" in err and "an_info_line" not in err
