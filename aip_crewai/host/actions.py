@@ -669,16 +669,31 @@ async def lifespan(app: Any) -> AsyncIterator[None]:
     shutdown, let in-flight dispatches finish for up to DRAIN_S seconds."""
     settings = app.state.settings
 
-    def keepalive_s() -> float:  # the sidecar's /health says, else the configured interval
-        published = getattr(getattr(app.state, "readiness", None), "keepalive_s", None)
-        return published if published is not None else settings.sidecar_keepalive_s
+    group = app.state.readiness
 
-    client = SidecarClient(app.state.http, max_response_bytes=settings.max_response_bytes, keepalive_s=keepalive_s)
+    def keepalive_of(name: str, configured: float) -> Callable[[], float]:
+        def keepalive_s() -> float:  # the sidecar's /health says, else the configured interval
+            member = next((m for n, m in getattr(group, "members", []) if n == name), None)
+            published = getattr(member if member is not None else group, "keepalive_s", None)
+            return published if published is not None else configured
+        return keepalive_s
+
+    sidecars = settings.sidecars or ()
+    by_name = {sidecar.name: SidecarClient(app.state.sidecar_http[sidecar.name],
+                                           max_response_bytes=settings.max_response_bytes,
+                                           keepalive_s=keepalive_of(sidecar.name, sidecar.keepalive_s))
+               for sidecar in sidecars}
+    client = next(iter(by_name.values())) if by_name else SidecarClient(
+        app.state.http, max_response_bytes=settings.max_response_bytes,
+        keepalive_s=keepalive_of("sidecar", settings.sidecar_keepalive_s))
+    by_crew = {crew.id: by_name[sidecar.name] for sidecar in sidecars if sidecar.crews is not None
+               for crew in settings.crews if crew.id in sidecar.crews}
     allowed = {
         tenant: {crew: frozenset(operations) for crew, operations in app.state.capabilities.visible_crews(tenant).items()}
         for tenant in settings.tenants
     }
-    service = ActionService(app.state.store, Dispatcher(client, max_response_bytes=settings.max_response_bytes),
+    service = ActionService(app.state.store, Dispatcher(client, max_response_bytes=settings.max_response_bytes,
+                                                        clients=by_crew),
                             allowed, metrics=app.state.metrics, authenticator=app.state.authenticator,
                             principals=app.state.principals, dispatch_deadline_s=settings.dispatch_deadline_s)
     app.state.actions = service

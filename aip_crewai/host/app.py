@@ -84,12 +84,12 @@ from ..contracts.errors import (
 from ..serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
 from . import actions, approvals, console, manifest, routes_actions
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
-from .config import Settings
+from .config import SidecarSettings, Settings
 from .limits import body_limit
 from .manifest import CapabilityIndex, to_wire
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, method_label
-from .readiness import Readiness, notify_systemd
+from .readiness import Readiness, ReadinessGroup, notify_systemd
 from .store import Store, ms_to_rfc3339
 
 log = structlog.get_logger(__name__)
@@ -310,6 +310,53 @@ async def _purge_loop(store: Store) -> None:
             log.exception("message_id_purge_failed")
 
 
+def _sidecars(settings: Settings) -> tuple[SidecarSettings, ...]:
+    """The configured sidecars (settings built by hand in tests may name only the first one's fields)."""
+    return settings.sidecars or (SidecarSettings("sidecar", settings.sidecar_url, settings.sidecar_token,
+                                                 settings.sidecar_proxy, settings.sidecar_keepalive_s),)
+
+
+def _sidecar_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
+    """The lifespan-owned client of one sidecar; ``transport``: one for every sidecar, or name -> transport
+    (tests), or None (real HTTP)."""
+    return httpx.AsyncClient(
+        base_url=sidecar.url,
+        headers={"Authorization": f"Bearer {sidecar.token}"},
+        transport=transport.get(sidecar.name) if isinstance(transport, dict) else transport,
+        follow_redirects=False,
+        timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
+        # The environment's HTTP(S)_PROXY would receive the bearer token: only an explicit
+        # sidecar.proxy is used (README "Security").
+        trust_env=False,
+        proxy=sidecar.proxy,
+    )
+
+
+def _readiness(app: Starlette, settings: Settings, clients: dict[str, httpx.AsyncClient]) -> ReadinessGroup:
+    """One :class:`Readiness` per sidecar over the crews it serves, grouped (issue 21 item 3). Crew inputs
+    reported by each sidecar are merged into the capability index; what each can cancel is published
+    for its own crews."""
+    capabilities = app.state.capabilities
+    reported: dict[str, dict[str, Any]] = {}
+
+    def inputs_of(name: str) -> Callable[[dict[str, Any]], None]:
+        def update(found: dict[str, Any]) -> None:
+            reported[name] = found
+            capabilities.set_crew_inputs({crew: schema for inputs in reported.values() for crew, schema in inputs.items()})
+        return update
+
+    def cancellable_of(crew_ids: list[str]) -> Callable[[frozenset[str]], None]:
+        return lambda cancellable: capabilities.set_cancellable(cancellable, crew_ids)
+
+    members = []
+    for sidecar in _sidecars(settings):
+        crews = [crew for crew in settings.crews if sidecar.serves(crew.id)]
+        members.append((sidecar.name, Readiness(
+            clients[sidecar.name], crews, app.state.metrics, clock=app.state.clock, on_crew_inputs=inputs_of(sidecar.name),
+            on_cancellable=cancellable_of([crew.id for crew in crews]))))
+    return ReadinessGroup(members)
+
+
 def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) -> Callable[[Starlette], Any]:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -318,24 +365,13 @@ def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) ->
         shared = not isinstance(settings.store_path, Path)
         store = await Store.open(settings.store_path, clock=app.state.clock,
                                  owner=settings.host_id if shared else None, lease_ms=int(settings.lease_s * 1000))
-        http = httpx.AsyncClient(
-            base_url=settings.sidecar_url,
-            headers={"Authorization": f"Bearer {settings.sidecar_token}"},
-            transport=transport,
-            follow_redirects=False,
-            timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
-            # The environment's HTTP(S)_PROXY would receive the bearer token: only an explicit
-            # sidecar.proxy is used (README "Security").
-            trust_env=False,
-            proxy=settings.sidecar_proxy,
-        )
+        clients = {sidecar.name: _sidecar_http(sidecar, transport) for sidecar in _sidecars(settings)}
+        http = next(iter(clients.values()))
         tasks: list[asyncio.Task[None]] = []
         try:
-            app.state.store, app.state.http = store, http
+            app.state.store, app.state.http, app.state.sidecar_http = store, http, clients
             app.state.authenticator.claims = store
-            app.state.readiness = Readiness(http, settings.crews, app.state.metrics, clock=app.state.clock,
-                                            on_crew_inputs=app.state.capabilities.set_crew_inputs,
-                                            on_cancellable=app.state.capabilities.set_cancellable)
+            app.state.readiness = _readiness(app, settings, clients)
             async with contextlib.AsyncExitStack() as stack:
                 for module in modules:
                     if hasattr(module, "lifespan"):
@@ -353,7 +389,8 @@ def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) ->
                     await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             app.state.authenticator.claims = None
-            await http.aclose()
+            for client in clients.values():
+                await client.aclose()
             await store.close()
             log.info("host_stopped")
 

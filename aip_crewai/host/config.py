@@ -13,11 +13,15 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     host_id = "<hostname>:<port>"      # this host in dispatch leases; unique per host sharing a PostgreSQL store
     lease_seconds = 30                 # a dispatch lease lasts this long unless renewed, 1 .. 3600 s
 
-    [sidecar]
+    [sidecar]                          # one sidecar serving every crew; or several, each with its crews:
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
     token_file = "sidecar.token"       # regular, non-symlink, no group/other permission bits, 1..16384 bytes
     proxy = "http://proxy:3128"        # optional; only with an https url. Without it HTTP(S)_PROXY are ignored
     keepalive_seconds = 15.0           # the sidecar's SSE keep-alive interval when its /health does not say, 0.1 .. 3600
+
+    # [[sidecars]]                     # instead of [sidecar]: the same keys, plus
+    # name = "eu-1"                    # optional, for logs (default sidecar-<n>)
+    # crews = ["support-primary"]      # the admitted crews it serves; each crew in exactly one entry
 
     [crews]
     file = "crews.json"                # descriptors, see admission.py
@@ -80,6 +84,8 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
 #: Default ``[host] lease_seconds``: a dispatch lease lasts this long unless renewed (issue 21 item 2).
 DEFAULT_LEASE_S = 30.0
+#: At most this many ``[[sidecars]]`` entries.
+MAX_SIDECARS = 64
 #: At most this many ``[host] cors_origins``.
 MAX_CORS_ORIGINS = 64
 #: How long a start the sidecar provably did not admit is retried, seconds (ARCHITECTURE.md §9).
@@ -140,6 +146,13 @@ class _SidecarTable(_Table, frozen=True):
     keepalive_seconds: Annotated[float, msgspec.Meta(ge=0.1, le=3600)] = DEFAULT_SIDECAR_KEEPALIVE_S
 
 
+class _SidecarsEntry(_SidecarTable, frozen=True):
+    """One ``[[sidecars]]`` entry: a ``[sidecar]`` table plus the crews it serves."""
+
+    crews: Annotated[list[str], msgspec.Meta(min_length=1)] = []
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None = None
+
+
 class _CrewsTable(_Table, frozen=True):
     file: str
 
@@ -158,8 +171,9 @@ class _PrincipalTable(_Table, frozen=True):
 
 class _Root(_Table, frozen=True):
     host: Any
-    sidecar: Any
     crews: Any
+    sidecar: Any = None
+    sidecars: Annotated[list[Any], msgspec.Meta(max_length=MAX_SIDECARS)] | None = None
     tenants: dict[str, Any] = {}
     principals: list[Any] = []
 
@@ -176,6 +190,25 @@ class PrincipalConfig:
     roles: frozenset[str]
     token_sha256: bytes | None = field(default=None, repr=False)
     ed25519_public_key: Ed25519PublicKey | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class SidecarSettings:
+    """One sidecar the host dispatches to (issue 21 item 3).
+
+    ``crews``: the admitted crew ids it serves; None for the one ``[sidecar]`` of a single-sidecar host
+    (every crew). ``name``: for logs and errors (``sidecar`` for ``[sidecar]``; ``sidecars[i].name`` or
+    ``sidecar-<i>``)."""
+
+    name: str
+    url: str
+    token: str = field(repr=False)
+    proxy: str | None = None
+    keepalive_s: float = DEFAULT_SIDECAR_KEEPALIVE_S
+    crews: frozenset[str] | None = None
+
+    def serves(self, crew_id: str) -> bool:
+        return self.crews is None or crew_id in self.crews
 
 
 @dataclass(frozen=True)
@@ -210,6 +243,8 @@ class Settings:
             PostgreSQL store need distinct ids (issue 21 item 2).
         lease_s: how long a dispatch lease lasts unless renewed, seconds; a dead host's running actions
             are taken over by another host after it.
+        sidecars: every sidecar, each with the crews it serves (``[[sidecars]]``), or the one
+            ``[sidecar]`` serving every crew; the ``sidecar_*`` fields are the first one's.
     """
 
     config_path: Path
@@ -231,6 +266,7 @@ class Settings:
     console: bool = True
     host_id: str = "host"
     lease_s: float = DEFAULT_LEASE_S
+    sidecars: tuple[SidecarSettings, ...] = ()
 
 
 # --- loading -----------------------------------------------------------------
@@ -421,15 +457,13 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
     base = config_path.resolve().parent
     root: _Root = _convert(dict(data), _Root, "")
     host: _HostTable = _convert(root.host, _HostTable, "host")
-    sidecar: _SidecarTable = _convert(root.sidecar, _SidecarTable, "sidecar")
     crews_table: _CrewsTable = _convert(root.crews, _CrewsTable, "crews")
     _check_bind(host.bind)
-    url = check_sidecar_url(sidecar.url)
-    proxy = check_sidecar_proxy(sidecar.proxy, url)
-    token = read_token_file(_resolve(base, sidecar.token_file, "sidecar.token_file"))
     crews_file = _resolve(base, crews_table.file, "crews.file")
     crews = _read_crews(crews_file)
     crew_ids = {crew.id for crew in crews}
+    sidecars = _sidecars(root, base, [crew.id for crew in crews], crews_file)
+    first = sidecars[0]
     tenants: dict[str, tuple[str, ...]] = {}
     for name, raw in root.tenants.items():
         key = f"tenants.{name}"
@@ -457,22 +491,73 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         bind=host.bind,
         store_path=_store(base, host.store),
         max_response_bytes=host.max_response_bytes,
-        sidecar_url=url,
-        sidecar_token=token,
+        sidecar_url=first.url,
+        sidecar_token=first.token,
         crews_file=crews_file,
         crews=crews,
         tenants=types.MappingProxyType(tenants),
         principals=tuple(principals),
         readiness_interval_s=host.readiness_interval_ms / 1000,
         notify_socket=env.get("NOTIFY_SOCKET") or None,
-        sidecar_proxy=proxy,
+        sidecar_proxy=first.proxy,
         cors_origins=tuple(_cors_origin(index, origin) for index, origin in enumerate(host.cors_origins)),
         dispatch_deadline_s=float(host.dispatch_deadline_seconds),
-        sidecar_keepalive_s=float(sidecar.keepalive_seconds),
+        sidecar_keepalive_s=first.keepalive_s,
         console=host.console,
         host_id=host.host_id or _default_host_id(host.bind),
         lease_s=float(host.lease_seconds),
+        sidecars=sidecars,
     )
+
+
+def _sidecar(base: Path, table: _SidecarTable, key: str, name: str,
+             crews: frozenset[str] | None) -> SidecarSettings:
+    """One sidecar's settings; errors keyed under ``key`` (``sidecar`` or ``sidecars[i]``)."""
+    try:
+        url = check_sidecar_url(table.url)
+        proxy = check_sidecar_proxy(table.proxy, url)
+    except ConfigError as exc:
+        if key == "sidecar":
+            raise
+        raise ConfigError(exc.key.replace("sidecar", key, 1), exc.reason) from None
+    token = read_token_file(_resolve(base, table.token_file, f"{key}.token_file"))
+    return SidecarSettings(name, url, token, proxy, float(table.keepalive_seconds), crews)
+
+
+def _sidecars(root: _Root, base: Path, crew_ids: list[str], crews_file: Path) -> tuple[SidecarSettings, ...]:
+    """``[sidecar]`` (every crew) or ``[[sidecars]]`` (each admitted crew served by exactly one).
+
+    Raises:
+        ConfigError: neither or both given; a crew not admitted, listed twice or served by none.
+    """
+    if (root.sidecar is None) == (root.sidecars is None):
+        raise ConfigError("sidecar", "give either one [sidecar] table or [[sidecars]] entries, not both or neither")
+    if root.sidecar is not None:
+        return (_sidecar(base, _convert(root.sidecar, _SidecarTable, "sidecar"), "sidecar", "sidecar", None),)
+    entries = root.sidecars or []
+    if not entries:
+        raise ConfigError("sidecars", "needs at least one entry")
+    served: dict[str, str] = {}
+    result: list[SidecarSettings] = []
+    for index, raw in enumerate(entries):
+        key = f"sidecars[{index}]"
+        entry: _SidecarsEntry = _convert(raw, _SidecarsEntry, key)
+        name = entry.name or f"sidecar-{index + 1}"
+        if any(other.name == name for other in result):
+            raise ConfigError(f"{key}.name", f"{name!r} is already the name of another sidecar")
+        for position, crew_id in enumerate(entry.crews):
+            where = f"{key}.crews[{position}]"
+            if crew_id not in crew_ids:
+                raise ConfigError(where, f"{crew_id!r} is not an admitted crew id in {crews_file}")
+            if crew_id in served:
+                raise ConfigError(where, f"{crew_id!r} is already served by sidecar {served[crew_id]!r}")
+            served[crew_id] = name
+        result.append(_sidecar(base, entry, key, name, frozenset(entry.crews)))
+    unserved = [crew_id for crew_id in crew_ids if crew_id not in served]
+    if unserved:
+        raise ConfigError("sidecars", f"no sidecar serves the admitted crews {', '.join(unserved)}: list each "
+                          "in exactly one [[sidecars]] entry")
+    return tuple(result)
 
 
 _ORIGIN = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?$")

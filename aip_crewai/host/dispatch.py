@@ -9,7 +9,7 @@ Source: ARCHITECTURE.md §4 (routes), §8 (normalization, cancellation, errors).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,9 +99,16 @@ class Dispatcher:
         max_response_bytes: bound on one streamed response, bytes.
     """
 
-    def __init__(self, client: SidecarClient, *, max_response_bytes: int) -> None:
+    def __init__(self, client: SidecarClient, *, max_response_bytes: int,
+                 clients: Mapping[str, SidecarClient] | None = None) -> None:
         self.client = client
         self.max_response_bytes = max_response_bytes
+        #: crew id -> the client of the sidecar serving it (issue 21 item 3); others use ``client``.
+        self.clients = dict(clients or {})
+
+    def client_for(self, job: Job) -> SidecarClient:
+        """The client of the sidecar that serves ``job``'s crew."""
+        return self.clients.get(job.crew_id, self.client)
 
     def _normalizer(self, job: Job, start_sequence: int = 0) -> StreamNormalizer:
         return StreamNormalizer(
@@ -132,7 +139,7 @@ class Dispatcher:
             return failed_result(job.action_id, exc)
 
     async def _run(self, job: Job, on_chunks: OnChunks) -> ActionResult:
-        spec, client = job.spec, self.client
+        spec, client = job.spec, self.client_for(job)
         if spec.name == "status":
             view = await client.get_job(spec, job.dispatch, job_id=job.target_job_id)
             return self._completed(job, _public_view(view, job))
@@ -194,7 +201,7 @@ class Dispatcher:
             log.warning("sidecar_stream_silent", job_id=job_id, next_sequence=normalizer.expected,
                         silence_s=silent.details.get("silence_seconds"))
             try:
-                await self.client.get_job(job.spec, DispatchProgress(), job_id=job_id)
+                await self.client_for(job).get_job(job.spec, DispatchProgress(), job_id=job_id)
             except ConnectorError as exc:
                 if exc.remote_status == 404 and job_id == job.job_id and job.spec.startable:
                     exc.details.update(admitted=False, uncertain_outcome=False)  # the start never became a job
@@ -205,7 +212,7 @@ class Dispatcher:
             job.dispatch.state = "acknowledged"  # the sidecar knows the job
             normalizer = normalizer.resumed()
             try:
-                return await self.client.stream(
+                return await self.client_for(job).stream(
                     job.spec, DispatchProgress(), normalizer, on_chunks, method="GET",
                     path=f"/jobs/{job_id}/events", action_id=job_id, params={"cursor": normalizer.expected})
             except ConnectorStreamSilent as exc:
@@ -228,11 +235,11 @@ class Dispatcher:
     async def terminal_event(self, job: Job) -> JobEvent | None:
         """The job's terminal sidecar event, or None while it runs (used for
         blocking starts and to reconcile actions after a host restart)."""
-        view = await self.client.get_job(job.spec, DispatchProgress(), job_id=job.job_id)
+        view = await self.client_for(job).get_job(job.spec, DispatchProgress(), job_id=job.job_id)
         count = int(view.get("event_count") or 0)
         if view.get("status") not in ("completed", "failed", "cancelled") or count == 0:
             return None
-        page = await self.client.get_events(
+        page = await self.client_for(job).get_events(
             job.spec, DispatchProgress(), job_id=job.job_id, cursor=count - 1,
         )
         events = page.get("events") or []
@@ -264,7 +271,7 @@ class Dispatcher:
         normalizer = StreamNormalizer(job.action_id, job.spec, start_sequence=cursor, first_chunk_sequence=cursor,
                                       max_response_bytes=self.max_response_bytes)
         try:
-            terminal = await self._follow(job, job.job_id, normalizer, on_chunks, self.client.stream(
+            terminal = await self._follow(job, job.job_id, normalizer, on_chunks, self.client_for(job).stream(
                 job.spec, job.dispatch, normalizer, on_chunks, method="GET", path=f"/jobs/{job.job_id}/events",
                 action_id=job.job_id, params={"cursor": cursor},
             ))
@@ -283,7 +290,7 @@ class Dispatcher:
         job view, so read it there (sidecar contract, ARCHITECTURE.md §4)."""
         if terminal.event != "completed" or not terminal.data.get("output_omitted"):
             return terminal
-        view = await self.client.get_job(job.spec, DispatchProgress(), job_id=job.job_id)
+        view = await self.client_for(job).get_job(job.spec, DispatchProgress(), job_id=job.job_id)
         output = view.get("output")
         return JobEvent(event="completed", sequence=terminal.sequence, data=output if isinstance(output, dict) else {"output": output})
 
@@ -291,7 +298,7 @@ class Dispatcher:
         """After a stream failure on a cancellable operation, ask the sidecar to
         cancel (ARCHITECTURE.md §8); an unconfirmed cancel becomes cancelled_unconfirmed."""
         try:
-            await self.client.cancel(
+            await self.client_for(job).cancel(
                 job.spec, DispatchProgress(), job_id=job.job_id, crew_id=job.crew_id,
                 reason="host stream failure",
             )
@@ -312,7 +319,7 @@ class Dispatcher:
                 host keeps following it (issue 17 item 8).
         """
         try:
-            view = await self.client.cancel(
+            view = await self.client_for(job).cancel(
                 job.spec, DispatchProgress(), job_id=job.job_id, crew_id=job.crew_id,
                 reason="cancelled by the tenant",
             )

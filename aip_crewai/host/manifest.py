@@ -272,12 +272,15 @@ class CapabilityIndex:
         self.crews = {crew.id: crew for crew in crews}
         self.tenants = {tenant: tuple(crew_ids) for tenant, crew_ids in tenants.items()}
         self.crew_inputs: dict[str, CrewInputs] = {}
-        self.cancellable: frozenset[str] | None = None
+        #: crew id -> what its sidecar can cancel (absent: not known yet, our own table applies).
+        self.cancellable: dict[str, frozenset[str]] = {}
         self._build()
 
-    def set_cancellable(self, cancellable: frozenset[str]) -> None:
-        """Publish ``supports_cancel`` from what the sidecar can cancel (rebuilds the manifests)."""
-        self.cancellable = cancellable
+    def set_cancellable(self, cancellable: frozenset[str], crews: Iterable[str] | None = None) -> None:
+        """Publish ``supports_cancel`` of ``crews`` (None: every crew) from what their sidecar can
+        cancel (rebuilds the manifests)."""
+        for crew_id in self.crews if crews is None else crews:
+            self.cancellable[crew_id] = cancellable
         self._build()
 
     def set_crew_inputs(self, inputs: Mapping[str, CrewInputs]) -> None:
@@ -286,7 +289,7 @@ class CapabilityIndex:
         self._build()
 
     def _build(self) -> None:
-        by_crew = {crew_id: crew_capabilities(crew, self.crew_inputs.get(crew_id), self.cancellable)
+        by_crew = {crew_id: crew_capabilities(crew, self.crew_inputs.get(crew_id), self.cancellable.get(crew_id))
                    for crew_id, crew in self.crews.items()}
         visible_by_tenant: dict[str, dict[str, tuple[str, ...]]] = {}
         manifests: dict[str, bytes] = {}

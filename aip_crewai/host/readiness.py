@@ -260,3 +260,66 @@ def notify_systemd(address: str | None, message: bytes = b"READY=1") -> bool:
         log.warning("systemd_notify_failed", error=type(exc).__name__)
         return False
     return True
+
+
+class ReadinessGroup:
+    """The readiness of several sidecars, each serving its own crews (issue 21 item 3), with the
+    interface of one :class:`Readiness` for ``/ready``, submissions and dispatch.
+
+    The host is ready while at least one sidecar is (a load balancer keeps sending it work); a crew
+    whose sidecar's last check said unready is unavailable on its own (``unserved_crews``: submissions
+    to it get ``capability.unavailable`` before any approval), as is a crew its sidecar does not list.
+    ``members``: ``(name, readiness)`` pairs, each :class:`Readiness` built over its sidecar's crews.
+    """
+
+    def __init__(self, members: list[tuple[str, Readiness]]) -> None:
+        if not members:
+            raise ValueError("a readiness group needs at least one sidecar")
+        self.members = members
+
+    @property
+    def ready(self) -> bool:
+        return any(member.ready for _, member in self.members)
+
+    @property
+    def state(self) -> ReadinessState:
+        return self._combined()
+
+    def _combined(self) -> ReadinessState:
+        if len(self.members) == 1:
+            return self.members[0][1].state
+        ready = [m for _, m in self.members if m.ready]
+        unready = [(name, m) for name, m in self.members if not m.ready]
+        checked = [m.state.checked_at for _, m in self.members if m.state.checked_at is not None]
+        if ready:
+            return ReadinessState(True, "ready", max(checked) if checked else None)
+        name, first = unready[0]
+        return ReadinessState(False, f"no sidecar is ready (sidecar {name}: {first.state.reason})",
+                              max(checked) if checked else None)
+
+    @property
+    def unserved_crews(self) -> frozenset[str]:
+        crews: set[str] = set()
+        for _, member in self.members:
+            crews |= member.unserved_crews
+            if not member.ready and member.state.checked_at is not None and len(self.members) > 1:
+                crews |= {crew.id for crew in member.crews}
+        return frozenset(crews)
+
+    def member_for(self, crew_id: str) -> Readiness | None:
+        """The readiness of the sidecar serving ``crew_id``."""
+        return next((m for _, m in self.members if any(c.id == crew_id for c in m.crews)), None)
+
+    @property
+    def keepalive_s(self) -> float | None:
+        """The first sidecar's published keep-alive interval (single-sidecar callers)."""
+        return self.members[0][1].keepalive_s
+
+    async def refresh(self) -> ReadinessState:
+        """Check every sidecar now (concurrently); the combined state."""
+        await asyncio.gather(*(member.refresh() for _, member in self.members))
+        return self._combined()
+
+    async def run(self, interval_s: float) -> None:
+        """Poll every sidecar every ``interval_s`` seconds until cancelled."""
+        await asyncio.gather(*(member.run(interval_s) for _, member in self.members))

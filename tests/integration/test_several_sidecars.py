@@ -1,0 +1,57 @@
+"""Crews sharded over two real sidecars (issue 21 item 3): each crew's actions go to its own sidecar, a
+crew on a stopped sidecar is unavailable on its own (503 before any approval) while the other crew keeps
+working, and the host stays ready while one sidecar is."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from aip_crewai.client import AipClientError, new_id
+from host_process import start_host
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def run_echo(host, crew: str, topic: str) -> dict:
+    with host.client("acme-app") as app, host.client("acme-approver") as approver:
+        action_id = new_id("act")
+        pending = app.call(f"cap:crewai:{crew}", {"topic": topic}, action_id=action_id, idempotency_key=new_id("k"))
+        approver.decide(pending["body"]["action_result"]["output"]["approval_id"], "approved", "two sidecars")
+        list(app.follow(action_id))
+        return {"action_id": action_id, **app.result(action_id)["body"]["action_result"]}
+
+
+def test_each_crew_runs_on_its_own_sidecar_and_a_stopped_one_takes_only_its_crews(sidecar_factory, tmp_path):
+    first = sidecar_factory.start()
+    second = sidecar_factory.start(journal=tmp_path / "second-journal.db")
+    host = start_host(tmp_path / "host", first.base_url, first.token, host_options={"readiness_interval_ms": 200},
+                      sidecars=[{"url": first.base_url, "name": "one", "crews": ["echo", "slow", "knowledge_a"]},
+                                {"url": second.base_url, "name": "two", "crews": ["chatty", "knowledge_b"]}])
+    try:
+        echo = run_echo(host, "echo", "lagoons")
+        chatty = run_echo(host, "chatty", "deltas")
+        assert echo["status"] == chatty["status"] == "completed"
+        pid_of = {first.process.pid: "one", second.process.pid: "two"}
+        served = {(pid_of[int(line.split()[1])], line.split()[3].rsplit(":", 1)[-1]) for line in first.calls()}
+        assert ("one", echo["action_id"]) in served and ("two", chatty["action_id"]) in served
+        assert ("two", echo["action_id"]) not in served and ("one", chatty["action_id"]) not in served
+
+        second.kill()
+        with host.client("acme-app") as app:
+            deadline = time.monotonic() + 30
+            while True:  # the next readiness poll (200 ms) marks chatty unavailable
+                try:
+                    app.call("cap:crewai:chatty", {"topic": "x"}, action_id=new_id("act"), idempotency_key=new_id("k"))
+                except AipClientError as exc:
+                    if exc.code == "capability.unavailable":
+                        assert exc.status == 503
+                        break
+                assert time.monotonic() < deadline, "chatty never became unavailable"
+                time.sleep(0.1)
+        assert httpx.get(f"{host.base_url}/ready").status_code == 200  # one sidecar is ready
+        assert run_echo(host, "echo", "reefs")["status"] == "completed"
+    finally:
+        host.stop()
