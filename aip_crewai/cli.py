@@ -63,6 +63,8 @@ def _client(args: argparse.Namespace):
     key = load_ed25519(Path(args.signing_key)) if args.signing_key else None
     if token is None and key is None:
         raise UsageError("give --token-file or --signing-key (or AIP_CREWAI_TOKEN_FILE)")
+    if key is not None and not args.key_id:
+        raise UsageError("--signing-key needs --key-id (the principal id the key belongs to; env AIP_CREWAI_KEY_ID)")
     return AipClient(args.url, token=token, signing_key=key, key_id=args.key_id)
 
 
@@ -278,8 +280,10 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", default=os.environ.get("AIP_CREWAI_TOKEN_FILE"),
                    help="0600 file holding the principal's bearer token (env AIP_CREWAI_TOKEN_FILE)")
     p.add_argument("--signing-key", default=os.environ.get("AIP_CREWAI_SIGNING_KEY"),
-                   help="0600 Ed25519 private key (PEM) to sign envelopes instead (env AIP_CREWAI_SIGNING_KEY)")
-    p.add_argument("--key-id", default=os.environ.get("AIP_CREWAI_KEY_ID"), help="principal id of the signing key (env AIP_CREWAI_KEY_ID)")
+                   help="0600 Ed25519 private key (PEM): every request is signed (RFC 9421 HTTP Message "
+                   "Signature) and so is an action envelope; needs --key-id (env AIP_CREWAI_SIGNING_KEY)")
+    p.add_argument("--key-id", default=os.environ.get("AIP_CREWAI_KEY_ID"),
+                   help="principal id of the signing key, as host.toml names it (env AIP_CREWAI_KEY_ID)")
     p.add_argument("--json", action="store_true", help="machine-readable output (one JSON value per line)")
 
 

@@ -281,8 +281,9 @@ def _extensions(names: Sequence[str]) -> list[Any]:
 
 # --- CORS ----------------------------------------------------------------------
 
-#: Request headers a browser may send cross-origin (the AIP routes' own).
-CORS_ALLOW_HEADERS = ("Authorization", "Content-Type", "Last-Event-ID")
+#: Request headers a browser may send cross-origin (the AIP routes' own, and an RFC 9421 signature's).
+CORS_ALLOW_HEADERS = ("Authorization", "Content-Type", "Last-Event-ID", "Signature", "Signature-Input",
+                      "Content-Digest")
 #: Response headers a cross-origin script may read.
 CORS_EXPOSE_HEADERS = ("X-Request-ID",)
 #: How long a browser may cache a preflight answer, seconds.

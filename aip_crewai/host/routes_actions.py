@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from .. import httpsig
 from ..contracts.aip import (
     AIP_VERSION,
     CONTENT_TYPE,
@@ -72,8 +73,9 @@ async def _read_body(request: Request) -> bytes:
     """The message body (at most MAX_MESSAGE_BYTES). A bearer credential is
     checked from the header BEFORE the body is read (401 without reading it);
     only a request without one (a signed envelope) needs its body first
-    (README "Security": authenticate from headers first)."""
-    if "authorization" in request.headers:
+    (README "Security": authenticate from headers first). An RFC 9421
+    signed request is checked once, with its body (its ``content-digest``)."""
+    if "authorization" in request.headers and not httpsig.is_signed(request.headers.keys()):
         await authenticate(request)
     body = bytearray()
     async for piece in request.stream():

@@ -53,6 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..wakeup import ChangeSignal
 from ..storage import acquire_lock, create_private_file, hop, start_worker
 from .store_schema import (
     APPROVAL_DECISIONS,
@@ -64,6 +65,7 @@ from .store_schema import (
     _IDEMPOTENCY_COLUMNS,
     ActionRecord,
     ActionState,
+    ApprovalEvent,
     ApprovalPage,
     ApprovalRecord,
     ChunkRecord,
@@ -87,7 +89,7 @@ from .store_schema import (
 
 __all__ = [
     "MIGRATIONS", "ActionState", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
-    "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage",
+    "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage", "ApprovalEvent",
     "ChunkRecord", "check_location", "check_store_file", "migrate", "UnusableStore", "StoreLocked", "lock_store", "ms_to_rfc3339", "rfc3339_to_ms",
 ]
 
@@ -112,7 +114,7 @@ _GET_ACTION = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND actio
 #: The one decision: only from ``pending``, before ``expires_at``, never by the requester.
 # A decision needs the approval pending and unexpired, a decider other than the requester, AND its action
 # still waiting for it (a cancel that won leaves nothing to decide): all in one WHERE.
-_DECIDE = ("UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ? "
+_DECIDE = ("UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ?, decision_proof = ? "
            "WHERE tenant = ? AND approval_id = ? AND status = 'pending' AND expires_at > ? AND requested_by != ? "
            "AND EXISTS (SELECT 1 FROM actions WHERE actions.tenant = approvals.tenant "
            "AND actions.action_id = approvals.action_id AND actions.status = 'pending_approval')")
@@ -132,6 +134,9 @@ class Store:
         self._conn = conn
         self._worker = worker
         self._clock = clock
+        #: Notified after every write that may have changed an approval (the
+        #: approval event stream's wake-up; ARCHITECTURE.md §10 live followers).
+        self.approvals_changed = ChangeSignal()
 
     @classmethod
     async def open(cls, path: Path, *, clock: Callable[[], float] = time.time) -> Store:
@@ -463,10 +468,10 @@ class Store:
 
         def insert() -> list[tuple[Any, ...]]:
             return self._fetch_now(
-                f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 13)}) "
+                f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
                 f"RETURNING {_APPROVAL_COLUMNS}",
                 (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
-                 "pending", None, None, None, now, expires_at))
+                 "pending", None, None, None, now, expires_at, None))
 
         def create() -> ApprovalRecord:
             try:
@@ -475,7 +480,10 @@ class Store:
                 raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
             return ApprovalRecord(*rows[0])
 
-        return await self._run(create)
+        try:
+            return await self._run(create)
+        finally:
+            self.approvals_changed.notify()
 
     async def get_approval(self, tenant: str, approval_id: str) -> ApprovalRecord | None:
         rows = await self._fetch(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND approval_id = ?",
@@ -515,6 +523,7 @@ class Store:
 
     async def decide_and_start(self, tenant: str, approval_id: str, decision: str, reason: str, decided_by: str,
                                now: int, *, start_if: Callable[[ApprovalRecord, ActionRecord], bool],
+                               proof: str | None = None,
                                ) -> tuple[ApprovalRecord | None, ActionRecord | None]:
         """Record the one decision exactly as :meth:`decide_approval` does and,
         in the SAME transaction (one commit), move its action from
@@ -526,6 +535,7 @@ class Store:
             ``(approval, started)``: the decided approval (None when this call
             did not decide it: already decided, expired, the requester, or
             unknown) and the started action (None when it was not started).
+            ``proof`` (the JSON proof of a signed decision) is stored with the decision.
 
         Raises:
             ValueError: ``decision`` is not approved/denied.
@@ -535,7 +545,7 @@ class Store:
 
         def decide() -> tuple[ApprovalRecord | None, ActionRecord | None]:
             rows = self._fetch_now(f"{_DECIDE} RETURNING {_APPROVAL_COLUMNS}",
-                                   (decision, reason, decided_by, now, tenant, approval_id, now, decided_by))
+                                   (decision, reason, decided_by, now, proof, tenant, approval_id, now, decided_by))
             if not rows:
                 return None, None
             approval = ApprovalRecord(*rows[0])
@@ -548,7 +558,10 @@ class Store:
                 tenant, action.action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.RUNNING.value,
                 dispatch="sent", now=now))
 
-        return await self._run(self._transaction_now, decide)
+        try:
+            return await self._run(self._transaction_now, decide)
+        finally:
+            self.approvals_changed.notify()
 
     async def cancel_pending(self, tenant: str, action_id: str, result_json: str) -> ActionRecord | None:
         """In ONE transaction: move a ``pending_approval`` action to
@@ -569,7 +582,10 @@ class Store:
                                    "WHERE tenant = ? AND action_id = ? AND status = 'pending'", (tenant, action_id))
             return record
 
-        return await self._run(self._transaction_now, cancel)
+        try:
+            return await self._run(self._transaction_now, cancel)
+        finally:
+            self.approvals_changed.notify()
 
     async def expire_approvals(self, now: int) -> list[ApprovalRecord]:
         """Mark every pending approval with ``expires_at <= now`` expired (all
@@ -577,4 +593,19 @@ class Store:
         rows = await self._fetch(
             "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
             f"RETURNING {_APPROVAL_COLUMNS}", (now,))
+        if rows:
+            self.approvals_changed.notify()
         return [ApprovalRecord(*row) for row in rows]
+
+    # --- the approval event log (migration 3; README "Approval events") ---
+
+    async def list_approval_events(self, tenant: str, after_seq: int, limit: int) -> list[ApprovalEvent]:
+        """A tenant's approval events with ``seq > after_seq``, oldest first, at most ``limit``."""
+        rows = await self._fetch("SELECT seq, approval_id, status FROM approval_events WHERE tenant = ? AND seq > ? "
+                                 "ORDER BY seq LIMIT ?", (tenant, after_seq, limit))
+        return [ApprovalEvent(*row) for row in rows]
+
+    async def last_approval_event(self, tenant: str) -> int:
+        """The position of a tenant's latest approval event (0: none yet)."""
+        rows = await self._fetch("SELECT COALESCE(MAX(seq), 0) FROM approval_events WHERE tenant = ?", (tenant,))
+        return int(rows[0][0])
