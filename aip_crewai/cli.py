@@ -59,12 +59,12 @@ def _client(args: argparse.Namespace):
     from .client import AipClient
     from .keys import load_ed25519, read_private
 
+    if args.signing_key and not args.key_id:  # never a silently unsigned request
+        raise UsageError("--signing-key needs --key-id (the principal id the key belongs to; env AIP_CREWAI_KEY_ID)")
     token = read_private(Path(args.token_file), what="token file").decode() if args.token_file else None
     key = load_ed25519(Path(args.signing_key)) if args.signing_key else None
     if token is None and key is None:
         raise UsageError("give --token-file or --signing-key (or AIP_CREWAI_TOKEN_FILE)")
-    if key is not None and not args.key_id:
-        raise UsageError("--signing-key needs --key-id (the principal id the key belongs to; env AIP_CREWAI_KEY_ID)")
     return AipClient(args.url, token=token, signing_key=key, key_id=args.key_id)
 
 

@@ -96,12 +96,15 @@ def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int,
 
 def start_host(workdir: Path, sidecar_url: str, sidecar_token: str, *, port: int | None = None,
                wait_ready: bool = True, crews: list[dict] | None = None,
-               tenants: dict[str, list[str]] | None = None) -> Host:
+               tenants: dict[str, list[str]] | None = None, extra_principals: list[dict[str, str]] | None = None,
+               host_options: dict[str, object] | None = None) -> Host:
     """Start a host; with ``wait_ready`` block until ``/ready`` answers 200.
 
-    ``crews`` and ``tenants`` replace :func:`write_config`'s defaults."""
+    ``crews`` and ``tenants`` replace :func:`write_config`'s defaults;
+    ``extra_principals`` and ``host_options`` are passed to it."""
     port = port or free_port()
-    config = write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants)
+    config = write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants,
+                          extra_principals=extra_principals, host_options=host_options)
     log = workdir / f"host-{port}-{time.monotonic_ns()}.log"
     handle = log.open("wb")
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}

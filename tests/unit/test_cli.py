@@ -173,10 +173,14 @@ def test_unreachable_host_is_its_own_code(token, capsys):
     (["call", "cap:x", "--input", "{}"], "--token-file or --signing-key"),
     (["call", "cap:x", "--input", "{}", "--token-file", "/nonexistent/token"], "/nonexistent/token"),
     (["call"], "required"),
+    (["approvals", "list", "--signing-key", "/nonexistent/key.pem"], "--signing-key needs --key-id"),
+    (["approvals", "decide", "apr_1", "approved", "--reason", "r", "--signing-key", "k.pem"], "--key-id"),
+    (["actions", "show", "act_1", "--signing-key", "k.pem"], "--key-id"),
 ])
 def test_usage_and_configuration_errors_exit_2_with_a_hint(argv, says, capsys, monkeypatch):
     monkeypatch.delenv("AIP_CREWAI_TOKEN_FILE", raising=False)
     monkeypatch.delenv("AIP_CREWAI_SIGNING_KEY", raising=False)
+    monkeypatch.delenv("AIP_CREWAI_KEY_ID", raising=False)
     try:
         code = cli.main(argv)
     except SystemExit as exc:  # argparse's own usage errors
