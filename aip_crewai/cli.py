@@ -55,7 +55,7 @@ def host_url(text: str) -> str:
     return text.strip()
 
 
-def _client(args: argparse.Namespace):
+def _client(args: argparse.Namespace, *, timeout_s: float | None = 660.0):
     from .client import AipClient
     from .keys import load_ed25519, read_private
 
@@ -65,7 +65,7 @@ def _client(args: argparse.Namespace):
     key = load_ed25519(Path(args.signing_key)) if args.signing_key else None
     if token is None and key is None:
         raise UsageError("give --token-file or --signing-key (or AIP_CREWAI_TOKEN_FILE)")
-    return AipClient(args.url, token=token, signing_key=key, key_id=args.key_id)
+    return AipClient(args.url, token=token, signing_key=key, key_id=args.key_id, timeout_s=timeout_s)
 
 
 def _print(value: object, as_json: bool) -> None:
@@ -227,11 +227,54 @@ def _manifest_lines(manifest: dict) -> Iterator[str]:
         yield f"    input: {fields}"
 
 
+def _approval_line(event: str, data: dict) -> str:
+    """One line of ``approvals watch`` for an approval event (its ``data`` is an AIP Event)."""
+    view = data.get("data") or {}
+    request = view.get("request") or {}
+    approval_id = request.get("id", "?")
+    if event == "pending":
+        requester = (request.get("requester") or {}).get("id", "?")
+        return (f"pending    {approval_id}  {request.get('capability_id', '?')}  action {request.get('action_id', '?')}"
+                f"  by {requester}  expires {request.get('expires_at', '?')}  policy {request.get('policy_hash', '?')}")
+    if event == "decided":
+        decision = view.get("decision") or {}
+        return (f"decided    {approval_id}  {decision.get('decision', view.get('status', '?'))} by "
+                f"{(decision.get('approver') or {}).get('id', '?')}")
+    return f"{event:<10} {approval_id}"
+
+
+def _watch(client, args: argparse.Namespace) -> int:
+    """``approvals watch``: print the queue, then each approval event as it
+    arrives, until Ctrl-C (exit 0), ``--count`` pending approvals (exit 0), or
+    the host ends the stream (exit 1, with the command that resumes it)."""
+    pending, last_id = 0, args.last_event_id
+    try:
+        for event, data in client.approval_events(last_event_id=args.last_event_id):
+            sse_id = data.pop("_sse_id", None)  # None: an entry of the pending snapshot
+            last_id = sse_id or last_id
+            if args.json:
+                print(json.dumps({"event": event, "id": sse_id, "data": data}, separators=(",", ":")), flush=True)
+            elif event != "ready":
+                print(_approval_line(event, data), flush=True)
+            if event == "pending":
+                pending += 1
+                if args.count is not None and pending >= args.count:
+                    return Exit.OK
+    except KeyboardInterrupt:
+        return Exit.OK
+    resume = f" --last-event-id {last_id}" if last_id else ""
+    print(f"aip-crewai: the approval stream ended (the host may be shutting down); resume with: "
+          f"aip-crewai approvals watch{resume}", file=sys.stderr)
+    return Exit.FAILED
+
+
 def _approvals(args: argparse.Namespace) -> int:
     from .client import AipClientError
 
     try:
-        with _client(args) as client:
+        with _client(args, timeout_s=None if args.approvals_command == "watch" else 660.0) as client:
+            if args.approvals_command == "watch":
+                return _watch(client, args)
             if args.approvals_command == "list":
                 _print(client.approvals(status=args.status, cursor=args.cursor), args.json)
             elif args.approvals_command == "show":
@@ -352,6 +395,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_flags(q)
     q = asub.add_parser("show", help="one approval with its input snapshot")
     q.add_argument("approval_id", help="approval id (from approvals list, or the pending call's output)")
+    _add_client_flags(q)
+    q = asub.add_parser("watch", help="print the pending approvals, then every approval event live (SSE), until "
+                        "Ctrl-C", epilog="exit codes: 0 stopped by Ctrl-C or --count reached, 1 the host ended the "
+                        "stream (the resume command is printed), 2 usage, 4 credential refused, 7 host unreachable")
+    q.add_argument("--last-event-id", help="resume after this position (apv_<n>) instead of starting with the "
+                   "pending queue")
+    q.add_argument("--count", type=int, help="exit 0 once this many pending approvals were printed")
     _add_client_flags(q)
     q = asub.add_parser("decide", help="approve or deny (as the authenticated approver)")
     q.add_argument("approval_id", help="approval id (from approvals list)")

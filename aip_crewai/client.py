@@ -225,6 +225,12 @@ class AipClient:
         with self.http.stream("GET", "/aip/v1/approvals/events", headers=headers) as response:
             yield from self._events(response)
 
+    def stream_token(self, action_id: str | None = None) -> dict[str, Any]:
+        """Mint a stream token (``{stream_token, expires_at, stream_url}``) for one
+        action's events, or for the approval stream when ``action_id`` is None."""
+        path = f"/aip/v1/actions/{action_id}/stream-token" if action_id else "/aip/v1/approvals/stream-token"
+        return self._check(self.http.post(path))
+
     def wait_ready(self, deadline_s: float = 60.0) -> None:
         """Poll ``/ready`` until 200 or the deadline (seconds) passes."""
         end = time.monotonic() + deadline_s

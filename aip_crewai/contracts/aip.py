@@ -271,6 +271,7 @@ class Event(_Out, frozen=True):
     occurred_at: Timestamp
     action_id: str | None = None
     correlation_id: str | None = None
+    actor: Principal | None = None
     data: Any = None
 
 

@@ -80,7 +80,7 @@ from ..contracts.errors import (
     Unauthenticated,
 )
 from ..serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
-from . import actions, approvals, manifest, routes_actions
+from . import actions, approval_stream, approvals, manifest, routes_actions, stream_tokens
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import Settings
 from .limits import body_limit
@@ -93,7 +93,7 @@ from .store import Store, ms_to_rfc3339
 log = structlog.get_logger(__name__)
 
 #: The core modules that add routes and lifespans, imported directly: a rename fails at import, never as 404s.
-CORE_MODULES: tuple[Any, ...] = (actions, routes_actions, approvals)
+CORE_MODULES: tuple[Any, ...] = (actions, routes_actions, stream_tokens, approval_stream, approvals)
 #: Sidecar connect timeout, seconds (ARCHITECTURE.md §7); reads are unbounded (streams).
 SIDECAR_CONNECT_TIMEOUT_S = 10.0
 #: How often expired message-id claims are purged, seconds.
@@ -403,4 +403,5 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
     app.state.principals = {p.id: p for p in settings.principals}
     app.state.capabilities = CapabilityIndex(settings.crews, settings.tenants)
     app.state.authenticator = Authenticator(settings.principals, None, clock=clock)
+    app.state.stream_token_key = stream_tokens.new_key()  # per process: tokens end with it (README "Stream tokens")
     return app

@@ -63,7 +63,7 @@ from ..contracts.errors import (
 from ..contracts import operations as ops
 from .actions import ActionService, fence_hash
 from .auth import Principal as Caller
-from .auth import authenticate
+from .auth import authenticate, can_read_approvals
 from .routes_actions import aip_json
 from .store import ApprovalRecord, ms_to_rfc3339
 
@@ -173,16 +173,11 @@ def proof_evidence(approval: ApprovalRecord) -> list[EvidenceArtifact] | None:
                              uri=f"/aip/v1/approvals/{approval.approval_id}/proof", hash=f"sha256:{digest}")]
 
 
-def _can_read(principal: Caller) -> None:
-    if not (principal.has_role("approver") or principal.has_role("operator")):
-        raise Forbidden("reading approvals needs the approver or operator role")
-
-
 async def list_approvals(request: Request) -> Response:
     """``GET /aip/v1/approvals?status=pending&cursor=...&limit=N``: one ApprovalList
     page (``cursor`` None on the last page)."""
     principal = await authenticate(request)
-    _can_read(principal)
+    can_read_approvals(principal)
     service: ActionService = request.app.state.actions
     status = request.query_params.get("status")
     if status is not None and status not in ("pending", "approved", "denied", "expired", "withdrawn"):
@@ -211,7 +206,7 @@ async def get_approval(request: Request) -> Response:
     """``GET /aip/v1/approvals/{id}``: the ApprovalRecordView; approvers also get its evidence payload
     (the exact input), operators do not."""
     principal = await authenticate(request)
-    _can_read(principal)
+    can_read_approvals(principal)
     approval = await _approval(request, principal)
     # The exact input is for approvers; an operator reads the approval's metadata only.
     return aip_json(render(approval, request.app.state.actions.now_ms(), request.app.state.crews,
@@ -299,7 +294,7 @@ async def get_proof(request: Request) -> Response:
     signed decision (approvers and operators of the tenant); 404
     ``approval.no_proof`` when the decision was not signed or not made yet."""
     principal = await authenticate(request)
-    _can_read(principal)
+    can_read_approvals(principal)
     approval = await _approval(request, principal)
     if approval.decision_proof is None:
         raise ProofNotFound(details={"approval_id": approval.approval_id})

@@ -128,6 +128,13 @@ def action_access(principal: Principal, *, submitted: bool, decided: bool) -> st
     return None
 
 
+def can_read_approvals(principal: Principal) -> None:
+    """Raise ``Forbidden`` (403) unless ``principal`` is an approver or an operator
+    (who read a tenant's approvals: README "Who reads what")."""
+    if not (principal.has_role("approver") or principal.has_role("operator")):
+        raise Forbidden("reading approvals needs the approver or operator role")
+
+
 def require_role(principal: Principal, role: str) -> None:
     """Raise ``Forbidden`` (403, ``policy.forbidden``) unless ``principal`` holds ``role``."""
     if role not in principal.roles:
@@ -367,6 +374,11 @@ async def authenticate(request: Request, raw_body: bytes | None = None,
         request.app.state.metrics.auth_failures.inc()
         log.info("authentication_failed", reason=exc.message)
         raise
+    return bind_principal(request, principal)
+
+
+def bind_principal(request: Request, principal: Principal) -> Principal:
+    """Name ``principal`` and its tenant in the log context and the request's summary line; returns it."""
     structlog.contextvars.bind_contextvars(tenant=principal.tenant, principal=principal.id)
     info = request.scope.get(SCOPE_LOG_KEY)
     if isinstance(info, dict):

@@ -9,6 +9,8 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     readiness_interval_ms = 5000       # our addition: sidecar /health poll period, 100 .. 600000 ms
     cors_origins = []                  # browser origins allowed to call the AIP routes, e.g. "https://app.example"
     dispatch_deadline_seconds = 600    # retry a start the sidecar did not admit for this long, 1 .. 86400 s
+    stream_token_ttl_seconds = 300     # lifetime of a minted stream token (EventSource auth), 10 .. 3600 s
+    openapi = true                     # serve the generated OpenAPI document at /openapi.json
 
     [sidecar]
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -78,6 +80,9 @@ MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
 MAX_CORS_ORIGINS = 64
 #: How long a start the sidecar provably did not admit is retried, seconds (ARCHITECTURE.md §9).
 DEFAULT_DISPATCH_DEADLINE_S = 600.0
+#: Lifetime of a stream token, seconds (README "Stream tokens"), and its bounds.
+DEFAULT_STREAM_TOKEN_TTL_S = 300
+MIN_STREAM_TOKEN_TTL_S, MAX_STREAM_TOKEN_TTL_S = 10, 3600
 #: The sidecar's SSE keep-alive interval assumed when its ``/health`` has no ``sse_keepalive_seconds``, seconds.
 DEFAULT_SIDECAR_KEEPALIVE_S = 15.0
 #: Sidecar token file bounds, bytes (ARCHITECTURE.md §4).
@@ -122,6 +127,9 @@ class _HostTable(_Table, frozen=True):
     readiness_interval_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)] = 5_000
     cors_origins: Annotated[list[str], msgspec.Meta(max_length=MAX_CORS_ORIGINS)] = []
     dispatch_deadline_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = DEFAULT_DISPATCH_DEADLINE_S
+    stream_token_ttl_seconds: Annotated[int, msgspec.Meta(ge=MIN_STREAM_TOKEN_TTL_S, le=MAX_STREAM_TOKEN_TTL_S)] = \
+        DEFAULT_STREAM_TOKEN_TTL_S
+    openapi: bool = True
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -196,6 +204,8 @@ class Settings:
         sidecar_keepalive_s: the sidecar's SSE keep-alive interval, seconds,
             when its ``/health`` does not publish ``sse_keepalive_seconds``
             (a silent stream is detected after a few missed keep-alives).
+        stream_token_ttl_s: lifetime of a minted stream token, seconds (README "Stream tokens").
+        openapi: serve ``/openapi.json`` (README "OpenAPI").
     """
 
     config_path: Path
@@ -214,6 +224,8 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     dispatch_deadline_s: float = DEFAULT_DISPATCH_DEADLINE_S
     sidecar_keepalive_s: float = DEFAULT_SIDECAR_KEEPALIVE_S
+    stream_token_ttl_s: int = DEFAULT_STREAM_TOKEN_TTL_S
+    openapi: bool = True
 
 
 # --- loading -----------------------------------------------------------------
@@ -433,6 +445,8 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         cors_origins=tuple(_cors_origin(index, origin) for index, origin in enumerate(host.cors_origins)),
         dispatch_deadline_s=float(host.dispatch_deadline_seconds),
         sidecar_keepalive_s=float(sidecar.keepalive_seconds),
+        stream_token_ttl_s=host.stream_token_ttl_seconds,
+        openapi=host.openapi,
     )
 
 

@@ -39,6 +39,7 @@ from .auth import FULL, Principal, authenticate, require_role
 from .lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
 from .crew_inputs import check_crew_inputs
 from .stopping import unless_stopping, until_stopping
+from .stream_tokens import action_scope, authenticate_stream
 from .store import ActionRecord, InvalidCursor, ms_to_rfc3339
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
@@ -253,8 +254,14 @@ def _last_event_n(request: Request) -> int:
     return int(text)
 
 
-async def _principal_action(request: Request) -> tuple[Principal, ActionService, ActionRecord]:
-    principal = await authenticate(request)
+async def _principal_action(request: Request, *, stream: bool = False,
+                            ) -> tuple[Principal, ActionService, ActionRecord]:
+    """The caller, the service and the action it may read in full; ``stream``: the
+    ``/events`` route, which also takes a stream token for this action (:mod:`.stream_tokens`)."""
+    if stream:
+        principal = await authenticate_stream(request, scope=action_scope(request.path_params["action_id"]))
+    else:
+        principal = await authenticate(request)
     service = _service(request)
     record = await service.get(principal, request.path_params["action_id"])
     return principal, service, record
@@ -318,7 +325,7 @@ async def get_events(request: Request) -> Response:
     the page (pass it back to continue); None once the whole history of an
     ended action was delivered.
     """
-    _, service, record = await _principal_action(request)
+    _, service, record = await _principal_action(request, stream=True)
     after = _last_event_n(request)
     if _wants_sse(request):
         if after >= 0 and is_terminal(record.status):

@@ -12,7 +12,7 @@ import pytest
 
 from aip_crewai.client import RequestSigner
 from fake_sidecar import FakeSidecar
-from hostkit import NOW, SIDECAR_TOKEN, bearer, private_key, running
+from hostkit import NOW, SIDECAR_TOKEN, bearer, private_key, running, submit_action
 
 CT = {"Content-Type": "application/aip+json"}
 
@@ -26,12 +26,7 @@ async def world(make_app):
     """The app over a fake sidecar, with one action of acme-invoker pending approval."""
     app = make_app(sidecar_transport=FakeSidecar(SIDECAR_TOKEN).transport())
     async with running(app) as http:
-        env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": "msg_sig",
-               "sent_at": "2026-09-21T14:13:20.000Z",
-               "body": {"action": {"id": "sig_run", "capability_id": "cap:crewai:beta",
-                                   "input": {"topic": "t"}, "idempotency_key": "k-sig"}}}
-        pending = await http.post("/aip/v1/messages", content=json.dumps(env), headers={**CT, **bearer("acme-invoker")})
-        output = pending.json()["body"]["action_result"]["output"]
+        output = await submit_action(http, "sig_run")
         yield app, http, output["approval_id"], output["policy_hash"]
 
 

@@ -72,3 +72,44 @@ def test_a_signing_key_without_a_key_id_is_a_usage_error(keyed):
     unsigned = run_cli("approvals", "list", "--url", host.base_url, "--signing-key", str(key), "--key-id",
                        "human:someone-else")
     assert unsigned.returncode == 4  # the host refused the credential (401): README "Exit codes"
+
+
+def test_approvals_watch_prints_a_new_pending_approval_live(keyed):
+    host, key = keyed
+    watch = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "approvals", "watch", "--count", "2", "--json",
+                              "--url", host.base_url, "--signing-key", str(key), "--key-id", APPROVER],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with host.client("acme-app") as app:
+            first = app.call("cap:crewai:echo", {"topic": "w1"}, idempotency_key="watch-1")
+            second = app.call("cap:crewai:echo", {"topic": "w2"}, idempotency_key="watch-2")
+        out, err = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    pending = [line["data"]["data"]["request"]["id"] for line in lines if line["event"] == "pending"]
+    expected = [r["body"]["action_result"]["output"]["approval_id"] for r in (first, second)]
+    assert pending == expected
+
+
+def test_a_stream_token_follows_an_action_without_a_header_and_is_never_logged(keyed):
+    import httpx
+
+    host, _ = keyed
+    with host.client("acme-app") as app:
+        done = app.call("cap:crewai:knowledge_a:knowledge_query", {"query": ["lamp"]}, idempotency_key="tok-1")
+        action_id = done["body"]["action_result"]["action_id"]
+        minted = app.stream_token(action_id)
+    token = minted["stream_token"]
+    with httpx.stream("GET", host.base_url + minted["stream_url"], headers={"Accept": "text/event-stream"},
+                      timeout=30) as response:
+        text = response.read().decode()
+    assert response.status_code == 200 and "event: result" in text
+    refused = httpx.get(f"{host.base_url}/aip/v1/actions/{action_id}/events?stream_token={token[:-2]}xx", timeout=30)
+    assert refused.status_code == 401
+    host.stop()  # flush the log
+    log = host.log.read_text()
+    assert "/events" in log and token not in log and token[:24] not in log
