@@ -80,7 +80,7 @@ from ..contracts.errors import (
     Unauthenticated,
 )
 from ..serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
-from . import actions, approval_stream, approvals, manifest, routes_actions, stream_tokens
+from . import actions, approval_stream, approvals, manifest, openapi, routes_actions, stream_tokens
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import Settings
 from .limits import body_limit
@@ -379,6 +379,8 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
     """
     modules = [*CORE_MODULES, *_extensions(extensions)]
     routes = foundation_routes()
+    if settings.openapi:
+        routes.extend(openapi.routes())
     # Extension routes (POST /aip/v1/messages, actions, approvals) go after the foundation.
     for module in modules:
         if hasattr(module, "routes"):
