@@ -111,4 +111,5 @@ async def aip(make_app: Any, fake: FakeSidecar, schemas: Schemas) -> AsyncIterat
         transport = ValidatingTransport(httpx.ASGITransport(app=app), schemas)
         async with httpx.AsyncClient(transport=transport, base_url="http://host.test") as client:
             client.validating = transport  # type: ignore[attr-defined]
+            client.app = app  # type: ignore[attr-defined]  # for endless streams (tests/host/ssekit.py)
             yield client
