@@ -25,13 +25,15 @@ DEFAULT_CONTRACTS_DIR = Path(__file__).resolve().parent.parent / "contracts"
 
 def _contracts(args: argparse.Namespace) -> int:
     from .contracts import artifacts
+    from .host.openapi import artifact as openapi_artifact
 
     root = Path(args.dir)
+    extra = dict([openapi_artifact()])
     if args.write:
-        for rel in artifacts.write(root):
+        for rel in artifacts.write(root, extra=extra):
             print(f"wrote {root / rel}")
         return 0
-    drift = artifacts.check(root)
+    drift = artifacts.check(root, extra=extra)
     for rel in drift:
         print(f"drift: {root / rel} differs from the code; run `aip-crewai contracts --write`", file=sys.stderr)
     return 1 if drift else 0

@@ -10,7 +10,8 @@ answers: ``4XX`` and ``503``, the ``aip.core.v1.error`` envelope.
 
 No ``/docs`` renderer is shipped: a well-kept one (Swagger UI, Redoc) would
 be a vendored JavaScript bundle inside the package; point any OpenAPI viewer
-at ``/openapi.json`` instead (README "OpenAPI").
+at ``/openapi.json`` instead (README "OpenAPI"). ``aip-crewai contracts --write``
+also commits it as ``contracts/openapi.host.json`` (a test fails on drift).
 
 Source: OpenAPI 3.1.0 (its Schema Object is JSON Schema 2020-12, which
 msgspec generates); issue 19 item 5.
@@ -18,6 +19,7 @@ msgspec generates); issue 19 item 5.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -210,6 +212,15 @@ def document(*, title: str = "aip-crewai host", version: str = "0.1.0") -> dict[
                             "description": "a stream token (README \"Stream tokens\")"}}},
         "security": [{"bearer": []}, {"httpSignature": []}],
     }
+
+
+#: Where ``aip-crewai contracts --write`` commits the document (under ``contracts/``).
+ARTIFACT_PATH = "openapi.host.json"
+
+
+def artifact() -> tuple[str, str]:
+    """``(relative path under contracts/, text)`` of the committed document (drift-tested)."""
+    return ARTIFACT_PATH, json.dumps(document(), indent=2, ensure_ascii=False) + "\n"
 
 
 def _operation_id(method: str, path: str) -> str:

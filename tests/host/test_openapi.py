@@ -49,3 +49,11 @@ async def test_it_is_served_without_credentials_and_can_be_switched_off(make_app
 
 def test_starlette_paths_become_openapi_paths():
     assert openapi.openapi_path("/aip/v1/actions/{action_id:str}/events") == "/aip/v1/actions/{action_id}/events"
+
+
+def test_the_committed_document_matches_the_code():
+    from pathlib import Path
+
+    rel, text = openapi.artifact()
+    committed = Path(__file__).resolve().parents[2] / "contracts" / rel
+    assert committed.read_text(encoding="utf-8") == text, "run `aip-crewai contracts --write`"
