@@ -54,10 +54,13 @@ QUERY_PARAMETER = "stream_token"
 APPROVALS_SCOPE = "approvals"
 #: Prefix (and version) of every token.
 PREFIX = "ast1"
-#: Bound on a presented token, characters (an action id is at most 512 bytes).
-MAX_TOKEN_CHARS = 2048
+#: Bound on a token's payload, characters: room for the longest principal id (256 characters)
+#: and action id (256), each of 4-byte UTF-8 characters, in base64url.
+MAX_PAYLOAD_CHARS = 4096
+#: Bound on a presented token, characters: ``ast1.`` + payload + ``.`` + 43 MAC characters.
+MAX_TOKEN_CHARS = len(PREFIX) + 1 + MAX_PAYLOAD_CHARS + 1 + 43
 log = structlog.get_logger(__name__)
-_TOKEN_RE = re.compile(r"^ast1\.([A-Za-z0-9_-]{1,1900})\.([A-Za-z0-9_-]{43})\Z")
+_TOKEN_RE = re.compile(r"^ast1\.([A-Za-z0-9_-]{1,%d})\.([A-Za-z0-9_-]{43})\Z" % MAX_PAYLOAD_CHARS)
 
 
 def new_key() -> bytes:
@@ -81,13 +84,15 @@ def _unb64(text: str) -> bytes:
 def mint(key: bytes, principal_id: str, tenant: str, scope: str, expires_ms: int) -> str:
     """A token for ``principal_id`` of ``tenant`` on stream ``scope`` until ``expires_ms``. Pure."""
     payload = _b64(json.dumps({"p": principal_id, "t": tenant, "s": scope, "e": expires_ms},
-                              separators=(",", ":"), sort_keys=True).encode("utf-8"))
+                              separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8"))
     mac = hmac.new(key, f"{PREFIX}.{payload}".encode("ascii"), hashlib.sha256).digest()
     return f"{PREFIX}.{payload}.{_b64(mac)}"
 
 
 @dataclass(frozen=True)
 class TokenClaims:
+    """What a valid token says: its principal, tenant, stream scope and expiry (epoch ms)."""
+
     principal_id: str
     tenant: str
     scope: str
@@ -106,11 +111,14 @@ def check(key: bytes, token: str, *, scope: str, now_ms: int) -> TokenClaims:
     expected = hmac.new(key, f"{PREFIX}.{match.group(1)}".encode("ascii"), hashlib.sha256).digest()
     try:
         presented = _unb64(match.group(2))
+    except (binascii.Error, ValueError):
+        raise Unauthenticated("the stream token is malformed") from None
+    if not hmac.compare_digest(expected, presented):  # before the payload is parsed at all
+        raise Unauthenticated("the stream token is not valid (forged, or minted by another host process)")
+    try:
         claims: Any = json.loads(_unb64(match.group(1)))
     except (binascii.Error, ValueError):
         raise Unauthenticated("the stream token is malformed") from None
-    if not hmac.compare_digest(expected, presented):
-        raise Unauthenticated("the stream token is not valid (forged, or minted by another host process)")
     if not isinstance(claims, dict) or not all(isinstance(claims.get(k), str) for k in ("p", "t", "s")) \
             or not isinstance(claims.get("e"), int):
         raise Unauthenticated("the stream token is malformed")

@@ -151,8 +151,19 @@ def test_malformed_tokens_are_refused(token):
         check(KEY, token, scope=APPROVALS_SCOPE, now_ms=0)
 
 
-def test_a_token_at_the_length_bound_is_read():
-    scope = action_scope("a" * 1200)
-    token = mint(KEY, "p", "t", scope, 10**13)
+def test_the_longest_ids_fit_a_token():
+    """A principal id and an action id of 256 four-byte characters each (their bounds)."""
+    scope = action_scope("\U0001f600" * 256)
+    token = mint(KEY, "\U0001f600" * 256, "t" * 128, scope, 10**13)
     assert len(token) <= stream_tokens.MAX_TOKEN_CHARS
     assert check(KEY, token, scope=scope, now_ms=0).scope == scope
+
+
+def test_a_token_at_the_length_bound_is_read_and_one_past_it_is_not():
+    at_limit = "ast1." + "A" * stream_tokens.MAX_PAYLOAD_CHARS + "." + "A" * 43
+    assert len(at_limit) == stream_tokens.MAX_TOKEN_CHARS
+    with pytest.raises(Unauthenticated, match="not valid"):  # read, and its MAC checked
+        check(KEY, at_limit, scope=APPROVALS_SCOPE, now_ms=0)
+    over = "ast1." + "A" * (stream_tokens.MAX_PAYLOAD_CHARS + 1) + "." + "A" * 43
+    with pytest.raises(Unauthenticated, match="malformed"):
+        check(KEY, over, scope=APPROVALS_SCOPE, now_ms=0)
