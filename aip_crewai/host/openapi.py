@@ -72,6 +72,11 @@ class Answer:
 
 @dataclass(frozen=True)
 class Operation:
+    """One documented route: its summary, answers by status (``"200"``, ``"204"``; the error
+    answers are added for every route), request body type, query and header parameters
+    (name, description), and who may call it (``public``: no credential; ``stream_token``:
+    also a stream token)."""
+
     summary: str
     answers: dict[str, Answer]
     body: Any = None

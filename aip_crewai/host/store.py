@@ -199,6 +199,13 @@ class Store:
             raise
         return value
 
+    async def _approvals_write(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """:meth:`_run` a write that may change approvals, then wake the approval stream (also on failure)."""
+        try:
+            return await self._run(fn, *args)
+        finally:
+            self.approvals_changed.notify()
+
     async def _fetch(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         return await self._run(self._fetch_now, sql, params)
 
@@ -480,10 +487,7 @@ class Store:
                 raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
             return ApprovalRecord(*rows[0])
 
-        try:
-            return await self._run(create)
-        finally:
-            self.approvals_changed.notify()
+        return await self._approvals_write(create)
 
     async def get_approval(self, tenant: str, approval_id: str) -> ApprovalRecord | None:
         rows = await self._fetch(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND approval_id = ?",
@@ -558,10 +562,7 @@ class Store:
                 tenant, action.action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.RUNNING.value,
                 dispatch="sent", now=now))
 
-        try:
-            return await self._run(self._transaction_now, decide)
-        finally:
-            self.approvals_changed.notify()
+        return await self._approvals_write(self._transaction_now, decide)
 
     async def cancel_pending(self, tenant: str, action_id: str, result_json: str) -> ActionRecord | None:
         """In ONE transaction: move a ``pending_approval`` action to
@@ -582,10 +583,7 @@ class Store:
                                    "WHERE tenant = ? AND action_id = ? AND status = 'pending'", (tenant, action_id))
             return record
 
-        try:
-            return await self._run(self._transaction_now, cancel)
-        finally:
-            self.approvals_changed.notify()
+        return await self._approvals_write(self._transaction_now, cancel)
 
     async def expire_approvals(self, now: int) -> list[ApprovalRecord]:
         """Mark every pending approval with ``expires_at <= now`` expired (all
