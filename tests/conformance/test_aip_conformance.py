@@ -314,6 +314,9 @@ async def test_signed_decisions_and_approval_events_conform(aip, schemas):
     assert decided.status_code == 200 and decided.json()["evidence"][0]["kind"] == "http_message_signature"
     record = (await aip.get(f"/aip/v1/approvals/{approval_id}", auth=signer)).json()
     assert record["decision"]["evidence"] == decided.json()["evidence"]
+    assert (await aip.get(f"/aip/v1/approvals/{approval_id}/proof", auth=signer)).json()["key_id"] == "acme-approver"
+    token = (await aip.post("/aip/v1/approvals/stream-token", headers=bearer("acme-both"))).json()
+    assert token["stream_url"].startswith("/aip/v1/approvals/events?stream_token=")
     stream = await open_stream(aip.app, "/aip/v1/approvals/events", {**bearer("acme-both"), "Last-Event-ID": "apv_0"})
     try:
         events = [await stream.next_event(), await stream.next_event()]

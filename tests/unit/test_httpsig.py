@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -202,3 +203,21 @@ def test_every_signed_request_verifies_and_any_changed_body_byte_does_not(path, 
 def test_reasons_never_carry_key_material():
     text = reason(signed(key=OTHER))
     assert not re.search(r"[A-Za-z0-9+/]{40,}", text)
+
+
+def test_the_readme_test_vector():
+    """README "Signed requests" prints these exact headers and base (for other implementations)."""
+    key = Ed25519PrivateKey.from_private_bytes(bytes(32))
+    body = b'{"decision":"approved","reason":"checked","policy_hash":"9c1185a5c5e9fc54612808977ee8f548b2258d31"}'
+    url = "https://aip.example.com/aip/v1/approvals/apr_7f3a/decision"
+    headers = sign_request("POST", url, body, key, "human:acme-approver", created=1790000000,
+                           nonce="2m2hXz3hL0mR1c5vQk7yTA")
+    assert headers == {
+        "Content-Digest": "sha-256=:LSr+79XFOZxag+5SDeq+KwAjWen9m8Ux4HsV1qthgcY=:",
+        "Signature-Input": 'aip=("@method" "@authority" "@path" "@query" "content-digest");created=1790000000;'
+                           'keyid="human:acme-approver";alg="ed25519";nonce="2m2hXz3hL0mR1c5vQk7yTA"',
+        "Signature": "aip=:kvoeRuo8J2y+c6/kY+SVDkN8Nd/Mi6bxYv1ubNgoVWOhzNg8yLWufhf6Zbx3Yjf8X2YAdu5S/OvQ84EJdbTEAQ==:"}
+    verified = verify_request("POST", url, list(headers.items()), body, public_key=lambda _: key.public_key(),
+                              now_s=1790000000)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert verified.signature_base in readme
