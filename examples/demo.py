@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 from aip_crewai.client import AipClient, new_id
-from aip_crewai.keys import generate_token
+from aip_crewai.keys import generate_ed25519, generate_token, load_ed25519
 
 CREW = "support-triage"
+APPROVER = "human:acme-approver"
 TICKET = {
     "customer": "Dana Whitfield",
     "ticket": "I was charged twice for my annual plan this month and I'd like a refund of the duplicate charge.",
@@ -56,7 +57,7 @@ def write_config(run: Path) -> dict[str, Path | int]:
     secrets = run / "secrets"
     generate_token(secrets / "sidecar.token")
     invoker_sha = generate_token(secrets / "invoker.token")
-    approver_sha = generate_token(secrets / "approver.token")
+    approver_key = generate_ed25519(secrets / "approver.pem")  # the approver holds only a key (README "Signed requests")
     crews = [{"id": CREW, "name": "Support triage", "description": "Classifies a ticket and drafts a policy-based reply.",
               "allowed_operations": ["run", "status", "events", "cancel", "knowledge_query"]}]
     (run / "host" / "crews.json").write_text(json.dumps(crews, indent=2))
@@ -83,10 +84,10 @@ def write_config(run: Path) -> dict[str, Path | int]:
         token_sha256 = "{invoker_sha}"
 
         [[principals]]
-        id = "human:acme-approver"
+        id = "{APPROVER}"
         tenant = "acme"
         roles = ["approver"]
-        token_sha256 = "{approver_sha}"
+        ed25519_public_key = "{approver_key}"
         """))
     return {"sidecar_port": sidecar_port, "host_port": host_port}
 
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     host = start(["host", "--config", str(run / "host" / "host.toml")], run / "host.log")
     base = f"http://127.0.0.1:{ports['host_port']}"
     tenant = AipClient(base, token=(run / "secrets" / "invoker.token").read_text().strip())
-    approver = AipClient(base, token=(run / "secrets" / "approver.token").read_text().strip())
+    approver = AipClient(base, signing_key=load_ed25519(run / "secrets" / "approver.pem"), key_id=APPROVER)
     try:
         started = time.monotonic()
         tenant.wait_ready(120)
@@ -151,13 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         say(f"   -> {result['status']}; approval {result['output']['approval_id']} "
             f"expires {result['output']['expires_at']}; nothing was sent to the sidecar")
 
-        step(4, "the approver reviews the input snapshot and approves")
+        step(4, "the approver (who holds only an Ed25519 key: every request is signed) reviews the input and approves")
         queue = approver.approvals()
         approval = approver.approval(queue["approvals"][0]["request"]["id"])
         request = approval["request"]
         say(f"   requested by {request['requester']['id']}; input {json.dumps(approval['evidence_payload']['input'])}")
         decision = approver.decide(request["id"], "approved", "duplicate charge confirmed in billing")
-        say(f"   -> {decision['decision']} by {decision['approver']['id']}")
+        say(f"   -> {decision['decision']} by {decision['approver']['id']}; the signed decision's proof: "
+            f"{decision['evidence'][0]['uri']}")
 
         step(5, "the tenant streams the run as it happens")
         final, count = None, 0
