@@ -221,3 +221,31 @@ def test_the_readme_test_vector():
                               now_s=1790000000)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert verified.signature_base in readme
+
+
+_HEADER_TEXT = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=300)
+
+
+@given(signature_input=st.one_of(_HEADER_TEXT, st.sampled_from([
+           'aip=("@method" "@authority" "@path" "@query");created=1790000000;keyid="human:approver";alg="ed25519"',
+           'aip=("@method");keyid="human:approver"', 'aip=();created=1', 'a=("content-digest";key="x")'])),
+       signature=st.one_of(_HEADER_TEXT, st.just("aip=:" + "A" * 86 + "==:")),
+       digest=st.one_of(st.none(), _HEADER_TEXT), body=st.binary(max_size=64))
+def test_any_signature_headers_are_rejected_with_a_reason_never_another_error(signature_input, signature, digest, body):
+    headers = {"Signature-Input": signature_input, "Signature": signature}
+    if digest is not None:
+        headers["Content-Digest"] = digest
+    with pytest.raises(SignatureRejected) as caught:
+        verify(headers, body=body)
+    assert caught.value.reason
+
+
+@given(tamper=st.sampled_from(["Signature-Input", "Signature", "Content-Digest"]), data=st.data())
+def test_any_change_to_a_real_signature_header_is_rejected(tamper, data):
+    headers = signed()
+    value = headers[tamper]
+    index = data.draw(st.integers(0, len(value) - 1))
+    changed = value[:index] + data.draw(st.sampled_from("aZ9=:;\"( ")) + value[index + 1:]
+    if changed != value:
+        with pytest.raises(SignatureRejected):
+            verify({**headers, tamper: changed})
