@@ -522,3 +522,40 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
                                                           output={"ok": True}))
     assert corrected is not None and corrected.status == "completed" and corrected.dispatch == "acknowledged"
     assert await store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS) == []
+
+
+async def test_migration_3_keeps_older_approvals_and_logs_every_later_change(db_path: Path):
+    """A store written before migration 3 (decision proofs, the approval event log): its approvals read
+    back without a proof, and every later creation or status change is logged per tenant, in order."""
+    from aip_crewai.host.store_schema import MIGRATIONS as ALL
+
+    with sqlite3.connect(db_path) as conn:
+        for number, script in enumerate(ALL[:2], start=1):
+            conn.executescript(script)
+            conn.execute(f"PRAGMA user_version = {number}")
+        conn.execute("INSERT INTO actions (tenant, action_id, capability_id, crew_id, operation, input_json, "
+                     "input_hash, principal_id, idempotency_key, status, dispatch, result_json, error_json, "
+                     "approval_id, timeout_ms, chunk_count, created_at, updated_at) VALUES ('acme', 'old', 'cap', "
+                     "'alpha', 'run', '{}', 'h', 'p', 'k', 'pending_approval', 'not_sent', NULL, NULL, 'apr_old', "
+                     f"NULL, 0, {T0}, {T0})")
+        conn.execute("INSERT INTO approvals VALUES ('acme', 'apr_old', 'old', 'cap', 'ph', 'p', '{}', 'pending', "
+                     f"NULL, NULL, NULL, {T0}, {T0 + 900_000})")
+    conn.close()
+    db_path.chmod(0o600)
+    store = await Store.open(db_path, clock=lambda: T0 / 1000)
+    try:
+        old = await store.get_approval("acme", "apr_old")
+        assert old is not None and old.decision_proof is None and old.status == "pending"
+        assert await store.last_approval_event("acme") == 0  # history before the log is not invented
+        await make_action(store, action_id="new", status="pending_approval", approval_id="apr_new")
+        await approval(store, "apr_new", action_id="new")
+        assert await decide(store, "acme", "apr_old", "denied", "no", "human:x", T0 + 1)
+        await make_action(store, tenant="globex", action_id="g", status="pending_approval", approval_id="apr_g")
+        await approval(store, "apr_g", tenant="globex", action_id="g")
+        events = await store.list_approval_events("acme", 0, 10)
+        assert [(e.seq, e.approval_id, e.status) for e in events] == [(1, "apr_new", "pending"),
+                                                                      (2, "apr_old", "denied")]
+        assert [(e.seq, e.approval_id) for e in await store.list_approval_events("globex", 0, 10)] == [(1, "apr_g")]
+        assert await store.list_approval_events("acme", 1, 10) == events[1:]
+    finally:
+        await store.close()
