@@ -6,13 +6,16 @@ The profile (README "Signed requests"):
 
 - one signature (any label), algorithm ``ed25519`` (the ``alg`` parameter
   must be present and say so), ``keyid`` = the principal id;
-- covered components, at least: ``@method``, ``@authority``, ``@path``,
-  ``@query``, and ``content-digest`` (RFC 9530, ``sha-256`` or ``sha-512``)
-  whenever the request has a body; the digest must match the body bytes;
+- covered components, at least: ``@method`` and the whole target, either as
+  ``@target-uri`` or as ``@authority`` + ``@path`` + ``@query`` (what this
+  package's client signs: it survives a TLS-terminating proxy, whose scheme
+  the host does not see), and ``content-digest`` (RFC 9530, ``sha-256`` or
+  ``sha-512``) whenever the request has a body; the digest must match the
+  body bytes;
 - parameters ``created`` (integer seconds, within ±300 s of the host clock),
-  ``nonce`` (:data:`NONCE_RE`: 16..128 characters of ``A-Za-z0-9_-``; the
-  caller claims it once per key), optional ``expires`` (must be in the
-  future), nothing else but ``tag``;
+  ``nonce`` (:data:`NONCE_RE`: 16..128 characters of base64 or base64url,
+  ``A-Za-z0-9+/_-`` and ``=``; the caller claims it once per key), optional
+  ``expires`` (must be in the future), nothing else but ``tag``;
 - ``Signature-Input`` and ``Signature`` at most :data:`MAX_SIGNATURE_HEADER_CHARS`
   characters each.
 
@@ -50,15 +53,19 @@ from http_message_signatures import (
 ALGORITHM = "ed25519"
 #: The label this package's clients use (any label is accepted).
 LABEL = "aip"
-#: Components every signed request must cover.
+#: Components this package's client covers (one of the :data:`TARGET_COVERAGES`).
 REQUIRED_COMPONENTS = ("@method", "@authority", "@path", "@query")
+#: Every signature covers ``@method`` and one of these sets (the whole request target).
+TARGET_COVERAGES = (frozenset({"@target-uri"}), frozenset({"@authority", "@path", "@query"}))
 #: Accepted distance between ``created`` and the host clock, seconds (as for signed envelopes).
 MAX_CLOCK_SKEW_S = 300
 #: Bound on each of ``Signature-Input`` and ``Signature``, characters.
 MAX_SIGNATURE_HEADER_CHARS = 4096
-#: A nonce: 16..128 URL-safe characters (a random 16-byte value in base64url is 22).
-NONCE_RE = re.compile(r"^[A-Za-z0-9_-]{16,128}\Z")
+#: A nonce: 16..128 characters of base64 or base64url (16 random bytes are 22 or 24 of them).
+NONCE_RE = re.compile(r"^[A-Za-z0-9+/_=-]{16,128}\Z")
 MIN_NONCE_CHARS, MAX_NONCE_CHARS = 16, 128
+_COVERAGE = ("the signature must cover @method and @target-uri (or @authority, @path and @query), and "
+             "content-digest with a body")
 _ALLOWED_PARAMETERS = frozenset({"created", "keyid", "alg", "nonce", "expires", "tag"})
 #: Headers that mark a request as signed.
 SIGNATURE_HEADERS = ("signature-input", "signature")
@@ -219,7 +226,7 @@ def verify_request(method: str, url: str, headers: Sequence[tuple[str, str]], bo
     verifier = _Verifier(signature_algorithm=algorithms.ED25519, key_resolver=_Keys(public=public_key))
     message = _Message(method, url, _Headers(lines))
     try:
-        results = verifier.verify(message, max_age=None, require_components=REQUIRED_COMPONENTS, body=body)
+        results = verifier.verify(message, max_age=None, require_components=("@method",), body=body)
     except InvalidSignature as exc:
         raise SignatureRejected(_reason(exc)) from None
     except HTTPMessageSignaturesException as exc:
@@ -227,6 +234,9 @@ def verify_request(method: str, url: str, headers: Sequence[tuple[str, str]], bo
     if len(results) != 1:  # the library refuses several without a tag; a tag could still select several
         raise SignatureRejected("a request carries exactly one signature")
     result = results[0]
+    covered = {key.strip('"') for key in result.covered_components if ";" not in key}
+    if not any(target <= covered for target in TARGET_COVERAGES):
+        raise SignatureRejected(_COVERAGE)
     params = result.parameters
     extra = set(params) - _ALLOWED_PARAMETERS
     if extra:
@@ -236,7 +246,7 @@ def verify_request(method: str, url: str, headers: Sequence[tuple[str, str]], bo
     nonce = params.get("nonce")
     if not isinstance(nonce, str) or not NONCE_RE.match(nonce):
         raise SignatureRejected(f"the signature needs a nonce of {MIN_NONCE_CHARS}..{MAX_NONCE_CHARS} "
-                                "characters A-Z a-z 0-9 _ -")
+                                "characters A-Z a-z 0-9 + / _ - =")
     created = params.get("created")
     if not isinstance(created, int) or abs(now_s - created) > MAX_CLOCK_SKEW_S:
         raise SignatureRejected(f"created is more than {MAX_CLOCK_SKEW_S} s away from the host clock")
@@ -266,7 +276,7 @@ def _reason(exc: Exception) -> str:
     if "Content-Digest" in text or "content-digest" in text.lower():
         return f"content digest: {text}"
     if "Required component" in text:
-        return f"the signature must cover {', '.join(REQUIRED_COMPONENTS)} (and content-digest with a body)"
+        return _COVERAGE
     if isinstance(exc.__cause__, Exception) or "verify" in text.lower() or not text:
         return "the signature does not verify"
     return text[:200]

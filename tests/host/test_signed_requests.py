@@ -166,3 +166,35 @@ def test_the_client_refuses_a_signing_key_without_a_key_id():
     with pytest.raises(ValueError):
         AipClient("http://127.0.0.1:1", signing_key=private_key("acme-approver"))
     assert isinstance(signer("acme-approver"), httpx.Auth)
+
+
+def target_uri_signed(request: httpx.Request, principal: str) -> httpx.Request:
+    """Sign as the approval console does: ``@method`` + ``@target-uri`` (+ ``content-digest``),
+    label ``sig1``, a nonce in standard base64 (console.js ``signedHeaders``)."""
+    import datetime
+    import secrets
+
+    from http_message_signatures import HTTPMessageSigner, algorithms
+
+    from aip_crewai.httpsig import _Keys, _Message
+
+    headers: dict[str, str] = {}
+    signer = HTTPMessageSigner(signature_algorithm=algorithms.ED25519, key_resolver=_Keys(private=private_key(principal)))
+    signer.sign(_Message(request.method, str(request.url), headers), key_id=principal, label="sig1",
+                nonce=base64.b64encode(secrets.token_bytes(16)).decode(),
+                created=datetime.datetime.fromtimestamp(NOW, tz=datetime.timezone.utc),
+                covered_component_ids=("@method", "@target-uri"), body=request.content or None)
+    request.headers.update(headers)
+    return request
+
+
+async def test_the_consoles_target_uri_signatures_are_accepted(world):
+    _, http, approval_id, policy_hash = world
+    listed = await http.send(target_uri_signed(http.build_request("GET", "/aip/v1/approvals"), "acme-approver"))
+    assert listed.status_code == 200, listed.text
+    request = http.build_request("POST", f"/aip/v1/approvals/{approval_id}/decision",
+                                 json={"decision": "approved", "reason": "console", "policy_hash": policy_hash})
+    decided = await http.send(target_uri_signed(request, "acme-approver"))
+    assert decided.status_code == 200, decided.text
+    proof = (await http.get(f"/aip/v1/approvals/{approval_id}/proof", auth=signer("acme-approver"))).json()
+    assert f'"@target-uri": http://host.test/aip/v1/approvals/{approval_id}/decision' in proof["signature_base"]

@@ -95,7 +95,7 @@ def test_nonces_at_their_length_bounds_are_accepted(length):
 
 
 @pytest.mark.parametrize("nonce", ["a" * (httpsig.MIN_NONCE_CHARS - 1), "a" * (httpsig.MAX_NONCE_CHARS + 1),
-                                   "a" * 20 + "/", "a" * 20 + " "])
+                                   "a" * 20 + "*", "a" * 20 + " ", "a" * 20 + "."])
 def test_nonces_outside_the_profile_are_rejected(nonce):
     assert "nonce" in reason(signed(nonce=nonce))
 
@@ -113,6 +113,43 @@ def _resign(headers: dict[str, str], params: str, *, components: str | None = No
 
 
 OK_PARAMS = f';created={NOW};keyid="human:approver";alg="ed25519";nonce="{"n" * 22}"'
+
+
+def console_signed(method: str, url: str, body: bytes | None, *, nonce: str = "q83vEjRWeJq8", created: int = NOW,
+                   components: tuple[str, ...] = ("@method", "@target-uri")) -> dict[str, str]:
+    """What the approval console's JavaScript sends (aip_crewai/host/console_static/console.js,
+    ``signedHeaders``): label ``sig1``, ``@method`` + ``@target-uri`` (+ ``content-digest``), a
+    nonce in standard base64 of 16 random bytes."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    values = {"@method": method, "@target-uri": url, "@path": parts.path, "@query": f"?{parts.query}"}
+    headers = {}
+    names = list(components)
+    if body is not None:
+        import hashlib
+        headers["Content-Digest"] = f"sha-256=:{base64.b64encode(hashlib.sha256(body).digest()).decode()}:"
+        values["content-digest"] = headers["Content-Digest"]
+        names.append("content-digest")
+    nonce = base64.b64encode(nonce.encode()[:16].ljust(16, b"\xfb")).decode()  # has "+" or "/" and "=="
+    params = f'({" ".join(chr(34) + n + chr(34) for n in names)});created={created};keyid="human:approver";' \
+             f'alg="ed25519";nonce="{nonce}"'
+    base = "\n".join([*(f'"{n}": {values[n]}' for n in names), f'"@signature-params": {params}'])
+    headers["Signature-Input"] = f"sig1={params}"
+    headers["Signature"] = f"sig1=:{base64.b64encode(KEY.sign(base.encode())).decode()}:"
+    return headers
+
+
+def test_the_consoles_target_uri_signatures_verify():
+    headers = console_signed("POST", URL, BODY)
+    assert "==" in headers["Signature-Input"]
+    verified = verify(headers)
+    assert verified.signature_base.splitlines()[1] == f'"@target-uri": {URL}'
+    get = console_signed("GET", "http://127.0.0.1:8081/aip/v1/approvals/events", None, nonce="another-nonce-16b")
+    assert verify(get, "GET", "http://127.0.0.1:8081/aip/v1/approvals/events", b"").nonce
+    assert "does not verify" in reason(headers, url=URL.replace("http://", "https://"))
+    assert "must cover" in reason(console_signed("POST", URL, BODY, components=("@method",)))
+    assert "must cover" in reason(console_signed("POST", URL, BODY, components=("@method", "@path", "@query")))
 
 
 def test_hand_signed_params_verify():
