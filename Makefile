@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-matrix check bench contracts chaos clean
+.PHONY: run test test-matrix test-postgresql check bench contracts chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m examples.demo
+	$(PY) -m aip_crewai.examples.demo
 
 test: $(STAMP)
 	$(PY) -m mypy
@@ -30,6 +30,11 @@ test-matrix:
 	  echo "test-matrix: Python $$v ($$py)"; \
 	  $(MAKE) --no-print-directory test PYTHON=$$py VENV=.venv-$$v || exit 1; \
 	done
+
+# Only the PostgreSQL tests (make test runs them too): a throwaway cluster from Debian's `postgresql`
+# package in a temporary directory, started as the `postgres` user on a loopback port (tests/pgserver.py).
+test-postgresql: $(STAMP)
+	$(PY) -m pytest -q -k "postgresql or postgres"
 
 # The type check alone (make test runs it first).
 check: $(STAMP)

@@ -231,15 +231,17 @@ class AipClient:
         path = f"/aip/v1/actions/{action_id}/stream-token" if action_id else "/aip/v1/approvals/stream-token"
         return self._check(self.http.post(path))
 
+    def ready_now(self) -> bool:
+        """One ``/ready`` probe: True on 200; False on any other status or a transport error."""
+        try:
+            return self.http.get("/ready").status_code == 200
+        except httpx.TransportError:
+            return False
+
     def wait_ready(self, deadline_s: float = 60.0) -> None:
-        """Poll ``/ready`` until 200 or the deadline (seconds) passes."""
+        """Poll ``/ready`` until 200 or the deadline (seconds) passes; raises ``TimeoutError``."""
         end = time.monotonic() + deadline_s
-        while True:
-            try:
-                if self.http.get("/ready").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
+        while not self.ready_now():
             if time.monotonic() > end:
                 raise TimeoutError("the host did not become ready")
             time.sleep(0.2)

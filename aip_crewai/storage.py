@@ -178,19 +178,8 @@ def apply_migrations(conn: sqlite3.Connection, migrations: Sequence[str], *,
 
 
 def _statements(script: str) -> list[str]:
-    """The statements of a migration script, each whole: pieces split at ``;``
-    are joined until SQLite calls them complete (``sqlite3.complete_statement``),
-    so a ``CREATE TRIGGER ... BEGIN ...; END`` stays one statement."""
-    statements, pending = [], ""
-    for piece in script.split(";"):
-        pending += piece + ";"
-        if sqlite3.complete_statement(pending):
-            if pending.strip(" \t\r\n;"):
-                statements.append(pending.strip()[:-1].strip())
-            pending = ""
-    if pending.strip(" \t\r\n;"):
-        statements.append(pending.strip().rstrip(";").strip())
-    return statements
+    """The statements of a migration script (no ``;`` inside string literals or triggers)."""
+    return [s.strip() for s in script.split(";") if s.strip()]
 
 
 # --- the one-process fence --------------------------------------------------------------

@@ -3,8 +3,8 @@
 | crew id | shape | in-process ``akickoff`` on the 2-core bench machine |
 |---|---|---|
 | ``fast`` | 1 agent, 1 task, 1 chunk per answer | about 23 ms (CrewAI's own floor: Flow setup, pydantic models) |
-| ``echo`` | :func:`examples.testing.echo` (2 tasks, 3 chunks each) | about 35 ms |
-| ``chatty`` | :func:`examples.testing.chatty` (2 tasks, 500 chunks each: 1,000 per run) | about 90 ms |
+| ``echo`` | :func:`aip_crewai.examples.testing.echo` (2 tasks, 3 chunks each) | about 35 ms |
+| ``chatty`` | :func:`aip_crewai.examples.testing.chatty` (2 tasks, 500 chunks each: 1,000 per run) | about 90 ms |
 
 Each entry is a zero-argument factory, so every job (and every in-process
 baseline call) gets a fresh crew and a fresh LLM object.
@@ -16,8 +16,8 @@ from typing import Any
 
 from crewai import Crew
 
-from examples.offline_llm import OfflineLLM
-from examples.testing import build_crew, chatty, echo
+from aip_crewai.examples.offline_llm import OfflineLLM
+from aip_crewai.examples.testing import build_crew, chatty, echo
 
 
 def fast() -> Crew:

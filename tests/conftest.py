@@ -17,3 +17,37 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# --- PostgreSQL (issue 21): one throwaway server per session, a fresh database per test ----------------------
+
+import itertools  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+import pgserver  # noqa: E402
+
+_database_numbers = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[pgserver.PostgresServer]:
+    bin_dir = pgserver.find_bin_dir()
+    if bin_dir is None:
+        pytest.skip(pgserver.SKIP_REASON)
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("PostgreSQL tests skipped: psycopg is not installed (pip install 'psycopg[binary]')")
+    server = pgserver.PostgresServer(bin_dir)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: pgserver.PostgresServer) -> str:
+    """The URL of a new, empty database on the session's server."""
+    return postgres_server.create_database(f"test_{os.getpid()}_{next(_database_numbers)}")

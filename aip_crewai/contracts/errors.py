@@ -277,6 +277,15 @@ class NotCancellable(AipError):
     default_message = "this action cannot be cancelled"
 
 
+class RouteNotFound(AipError):
+    """No such route (or a route this host has switched off, such as a disabled console)."""
+
+    code = "route.not_found"
+    category = Category.PERMANENT
+    http_status = 404
+    default_message = "no such route"
+
+
 class CapabilityRevoked(AipError):
     code = "policy.capability_revoked"
     category = Category.POLICY

@@ -101,6 +101,17 @@ def fence_hash(capability_id: str, value: Any) -> str:
     return input_hash({"capability_id": capability_id, "input": value})
 
 
+def inline_read(spec: OperationSpec, key: str | None) -> bool:
+    """Whether a blocking call of ``spec`` is answered in the request (:meth:`ActionService._read_inline`):
+    a key-less read that needs no approval, starts nothing and streams nothing (``status``, an
+    ``events`` page)."""
+    return key is None and spec.read_only and not spec.approval and spec.name in ops.INSPECTION_OPERATIONS
+
+
+async def _no_chunks(chunks: list[Any]) -> None:
+    """The chunk sink of an inline read: a status or events page has none."""
+
+
 def durable_action(spec: OperationSpec, key: str | None) -> bool:
     """Whether the store fsyncs an action's own writes: always, except for a
     read-only operation without an idempotency key (a ``status`` read), whose
@@ -168,8 +179,13 @@ class ActionService:
             raise CapabilityNotFound(details={"capability_id": capability_id})
         return found[0], ops.get(found[1])
 
-    async def submit(self, caller: Principal, action: Action, envelope_key: str | None, *, stream: bool) -> ActionRecord:
+    async def submit(self, caller: Principal, action: Action, envelope_key: str | None, *, stream: bool,
+                     blocking: bool = False) -> ActionRecord:
         """Admit an action through both fences; start its dispatch when it may run.
+
+        ``blocking``: the caller waits for the result (a ``sync`` call without
+        a stream). A key-less read (:func:`inline_read`) is then answered in
+        the request itself and recorded once, finished (:meth:`_read_inline`).
 
         Returns the action record (new, or the existing one for a repeat).
 
@@ -190,6 +206,8 @@ class ActionService:
         # The approval id is fixed before the action row exists, so a concurrent
         # duplicate never sees a pending action without its approval reference.
         approval_id = "apr_" + secrets.token_urlsafe(16) if spec.approval else None
+        if blocking and not stream and inline_read(spec, key):
+            return await self._read_inline(caller, action, crew_id, spec, hashed)
         try:
             # One transaction: the target check of status/events/cancel, the key's reservation and the
             # action row; a request refused here reserves nothing (README "Security": idempotency).
@@ -206,17 +224,7 @@ class ActionService:
         except MissingTarget:
             raise ActionNotFound(details={"run_action_id": run_action_id}) from None
         if not created:
-            if record_.action_id != action.id:  # the key is held by another action
-                if record_.input_hash != hashed:
-                    self._fence("idempotency", "conflict")
-                    raise IdempotencyConflict(details={"idempotency_key": key})
-                self._fence("idempotency", "replayed")
-                return await self.refresh(record_)
-            if record_.input_hash != hashed or record_.idempotency_key != key:
-                self._fence("idempotency", "conflict")
-                raise IdempotencyConflict("the action id was already used with a different input or key")
-            self._fence("idempotency", "replayed")
-            return await self.refresh(record_)
+            return await self._existing(record_, action.id, hashed, key)
         self._fence("idempotency", "admitted")
         if approval_id is not None:
             self._fence("approval", "requested")
@@ -224,6 +232,53 @@ class ActionService:
             return record_
         self.start(record_, stream=stream)
         return record_
+
+    async def _existing(self, record: ActionRecord, action_id: str, hashed: str, key: str | None) -> ActionRecord:
+        """A submission that found ``record`` stored (its action id, or its key's live
+        reservation): the same intent replays it, refreshed; another raises IdempotencyConflict."""
+        if record.action_id != action_id:  # the key is held by another action
+            if record.input_hash != hashed:
+                self._fence("idempotency", "conflict")
+                raise IdempotencyConflict(details={"idempotency_key": key})
+        elif record.input_hash != hashed or record.idempotency_key != key:
+            self._fence("idempotency", "conflict")
+            raise IdempotencyConflict("the action id was already used with a different input or key")
+        self._fence("idempotency", "replayed")
+        return await self.refresh(record)
+
+    async def _read_inline(self, caller: Principal, action: Action, crew_id: str, spec: OperationSpec,
+                           hashed: str) -> ActionRecord:
+        """Answer a key-less read (``status``, or an ``events`` page) in the request: ask the
+        sidecar, then record the action once, finished, in ONE write (admit and its result
+        together, not durable), instead of a running row, a dispatch task and a second write
+        (issue 22: ``:status`` cost). The target check (the caller's own run of this crew) is
+        part of that write: a missing target answers ActionNotFound and records nothing, and
+        the sidecar's answer is discarded. A read repeated under a stored action id replays
+        the stored record (the fresh answer is dropped). Source: ARCHITECTURE.md "Action states".
+        """
+        run_action_id = str(action.input["run_action_id"])
+        job = Job(tenant=caller.tenant, action_id=action.id, crew_id=crew_id, spec=spec, input=dict(action.input),
+                  idempotency_key=action.id, timeout_ms=action.timeout_ms, durable=False)
+        structlog.contextvars.bind_contextvars(action_id=action.id, crew_id=crew_id)
+        try:
+            result = await self.dispatcher.run(job, _no_chunks)
+            if spec.name == "status" and result.error is not None \
+                    and (result.error.details or {}).get("remote_status") == 404:
+                result = await self._status_before_admission(job) or result
+        except Exception:  # a host bug answers a typed failure, recorded like any other result
+            log.exception("dispatch_crashed")
+            result = failed_result(action.id, AipError("the host failed while dispatching the action"))
+        try:
+            created, record = await self.writer.create_answered(
+                caller.tenant, action.id, action.capability_id, crew_id, spec.name,
+                canonical_json(action.input).decode(), hashed, caller.id, result, job.dispatch.state,
+                timeout_ms=action.timeout_ms, target=(run_action_id, ops.STARTABLE_OPERATIONS))
+        except MissingTarget:
+            raise ActionNotFound(details={"run_action_id": run_action_id}) from None
+        if not created:
+            return await self._existing(record, action.id, hashed, None)
+        self._fence("idempotency", "admitted")
+        return record
 
     async def _claim(self, caller: Principal) -> None:
         """Claim a signed envelope's message id for its key, now that the caller's role

@@ -77,10 +77,11 @@ from ..contracts.errors import (
     Category,
     MessageTooLarge,
     Overloaded,
+    RouteNotFound,
     Unauthenticated,
 )
 from ..serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
-from . import actions, approval_stream, approvals, manifest, openapi, routes_actions, stream_tokens
+from . import actions, approval_stream, approvals, console, manifest, openapi, routes_actions, stream_tokens
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import Settings
 from .limits import body_limit
@@ -93,19 +94,12 @@ from .store import Store, ms_to_rfc3339
 log = structlog.get_logger(__name__)
 
 #: The core modules that add routes and lifespans, imported directly: a rename fails at import, never as 404s.
-CORE_MODULES: tuple[Any, ...] = (actions, routes_actions, stream_tokens, approval_stream, approvals)
+CORE_MODULES: tuple[Any, ...] = (actions, routes_actions, stream_tokens, approval_stream, approvals, console)
 #: Sidecar connect timeout, seconds (ARCHITECTURE.md §7); reads are unbounded (streams).
 SIDECAR_CONNECT_TIMEOUT_S = 10.0
 #: How often expired message-id claims are purged, seconds.
 PURGE_INTERVAL_S = 60.0
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
-
-
-class RouteNotFound(AipError):
-    code = "route.not_found"
-    category = Category.PERMANENT
-    http_status = 404
-    default_message = "no such route"
 
 
 class MethodNotAllowed(AipError):

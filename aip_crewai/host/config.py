@@ -4,13 +4,14 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
 
     [host]
     bind = "127.0.0.1:8081"            # "<ipv4|name>:<port>" or "[<ipv6>]:<port>"; default shown
-    store = "host.db"                  # required; SQLite file of the host store
+    store = "host.db"                  # required; SQLite file of the host store, or "postgresql://user@host/db"
     max_response_bytes = 67108864      # 1 .. 268435456 bytes; default 64 MiB
     readiness_interval_ms = 5000       # our addition: sidecar /health poll period, 100 .. 600000 ms
     cors_origins = []                  # browser origins allowed to call the AIP routes, e.g. "https://app.example"
     dispatch_deadline_seconds = 600    # retry a start the sidecar did not admit for this long, 1 .. 86400 s
     stream_token_ttl_seconds = 300     # lifetime of a minted stream token (EventSource auth), 10 .. 3600 s
     openapi = true                     # serve the generated OpenAPI document at /openapi.json
+    console = true                     # serve the approval console at /console/ (false: 404)
 
     [sidecar]
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -130,6 +131,7 @@ class _HostTable(_Table, frozen=True):
     stream_token_ttl_seconds: Annotated[int, msgspec.Meta(ge=MIN_STREAM_TOKEN_TTL_S, le=MAX_STREAM_TOKEN_TTL_S)] = \
         DEFAULT_STREAM_TOKEN_TTL_S
     openapi: bool = True
+    console: bool = True
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -184,7 +186,7 @@ class Settings:
 
     Attributes:
         bind: ``host:port`` for hypercorn.
-        store_path: absolute path of the SQLite host store.
+        store_path: absolute path of the SQLite host store, or a ``postgresql://`` URL (issue 21).
         max_response_bytes: bound of one sidecar response body, bytes.
         sidecar_url: base URL of the sidecar (https, or http to loopback).
         sidecar_token: the bearer token for the sidecar (never logged).
@@ -206,11 +208,12 @@ class Settings:
             (a silent stream is detected after a few missed keep-alives).
         stream_token_ttl_s: lifetime of a minted stream token, seconds (README "Stream tokens").
         openapi: serve ``/openapi.json`` (README "OpenAPI").
+        console: serve the approval console at ``/console/`` (README "Approval console").
     """
 
     config_path: Path
     bind: str
-    store_path: Path
+    store_path: Path | str
     max_response_bytes: int
     sidecar_url: str
     sidecar_token: str = field(repr=False)
@@ -226,6 +229,7 @@ class Settings:
     sidecar_keepalive_s: float = DEFAULT_SIDECAR_KEEPALIVE_S
     stream_token_ttl_s: int = DEFAULT_STREAM_TOKEN_TTL_S
     openapi: bool = True
+    console: bool = True
 
 
 # --- loading -----------------------------------------------------------------
@@ -247,6 +251,18 @@ def _convert(value: Any, type_: Any, prefix: str) -> Any:
             name = (unknown or missing).group(1)  # type: ignore[union-attr]
             raise ConfigError(f"{key}.{name}" if key else name, "unknown key" if unknown else "required key is missing") from exc
         raise ConfigError(key or "(root)", rule) from exc
+
+
+def _store(base: Path, raw: str) -> Path | str:
+    """``[host] store``: a SQLite file (relative to the config's directory), or a ``postgresql://`` URL
+    kept as given (libpq URL syntax; the password belongs in ``~/.pgpass`` or ``PGPASSFILE``, not here)."""
+    if raw.startswith(("postgresql://", "postgres://")):
+        if has_control_characters(raw) or len(raw) > 4096:
+            raise ConfigError("host.store", "a PostgreSQL URL must be at most 4096 characters without control characters")
+        if re.match(r"^postgres(ql)?://[^/@]*:[^/@]*@", raw):
+            raise ConfigError("host.store", "keep the password out of the URL: use ~/.pgpass or PGPASSFILE (0600)")
+        return raw
+    return _resolve(base, raw, "host.store")
 
 
 def _resolve(base: Path, raw: str, key: str) -> Path:
@@ -431,7 +447,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
     return Settings(
         config_path=config_path.resolve(),
         bind=host.bind,
-        store_path=_resolve(base, host.store, "host.store"),
+        store_path=_store(base, host.store),
         max_response_bytes=host.max_response_bytes,
         sidecar_url=url,
         sidecar_token=token,
@@ -447,6 +463,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         sidecar_keepalive_s=float(sidecar.keepalive_seconds),
         stream_token_ttl_s=host.stream_token_ttl_seconds,
         openapi=host.openapi,
+        console=host.console,
     )
 
 

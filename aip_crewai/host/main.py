@@ -21,13 +21,15 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import structlog
 
 from ..log import configure_logging
 from ..storage import release_lock
 from .config import ConfigError, Settings, load_settings
+from .store_schema import lock_postgres_store
 from .store import (
     InsecureStorePath,
     StoreLocked,
@@ -63,15 +65,22 @@ def load(config: str) -> Settings:
         UnusableStore: the store file is not SQLite, is damaged, or is another application's.
     """
     settings = load_settings(config)
-    check_location(settings.store_path)
-    check_store_file(settings.store_path)
+    if isinstance(settings.store_path, Path):  # a PostgreSQL store is checked when it is opened
+        check_location(settings.store_path)
+        check_store_file(settings.store_path)
     return settings
 
 
-def own_store(settings: Settings) -> int:
-    """Lock the store for this process (:func:`~aip_crewai.host.store.lock_store`); the lock lives
-    as long as the process. Raises StoreLocked or InsecureStorePath (both exit 2)."""
-    return lock_store(settings.store_path)
+def own_store(settings: Settings) -> Callable[[], None]:
+    """Own the store for this process; returns the release. A SQLite store: an exclusive lock on
+    ``<store>.lock`` (:func:`~aip_crewai.host.store.lock_store`); a PostgreSQL store: a session
+    advisory lock (:func:`~aip_crewai.host.store_schema.lock_postgres_store`). Either lives as long as
+    the process. Raises StoreLocked, InsecureStorePath or UnusableStore (all exit 2)."""
+    if isinstance(settings.store_path, Path):
+        fd = lock_store(settings.store_path)
+        return lambda: release_lock(fd)
+    conn = lock_postgres_store(settings.store_path)
+    return conn.close
 
 
 def listen(bind: str) -> socket.socket:
@@ -120,14 +129,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(json=None if args.log_format == "auto" else args.log_format == "json", level=args.log_level)
     try:
         settings = load(args.config)
-        lock_fd = own_store(settings)
+        release = own_store(settings)
     except (ConfigError, InsecureStorePath, UnusableStore, StoreLocked) as exc:
         print(f"aip-crewai host: configuration error: {exc.message}", file=sys.stderr)
         return 2
     try:
         return _run(settings)
     finally:
-        release_lock(lock_fd)
+        release()
 
 
 def _run(settings: Settings) -> int:

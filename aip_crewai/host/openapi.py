@@ -98,6 +98,14 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/metrics"): Operation("Prometheus metrics (operator role)", {
         "200": Answer("Prometheus text", {"text/plain": str})}),
     ("GET", "/openapi.json"): Operation("This document", {"200": Answer("OpenAPI 3.1", {JSON: dict})}, public=True),
+    ("GET", "/console"): Operation("The approval console: a redirect to /console/", {
+        "308": Answer("to /console/"), "404": Answer("the console is disabled", _ENVELOPE)}, public=True),
+    ("GET", "/console/"): Operation("The approval console's page", {
+        "200": Answer("index.html", {"text/html": str}), "404": Answer("the console is disabled", _ENVELOPE)},
+        public=True),
+    ("GET", "/console/{name:str}"): Operation("One of the console's files (index.html, console.js, console.css)", {
+        "200": Answer("the file", {"text/html": str, "text/javascript": str, "text/css": str}),
+        "404": Answer("no such file, or the console is disabled", _ENVELOPE)}, public=True),
     ("GET", "/aip/v1/manifest"): Operation("The caller's tenant manifest", {"200": Answer("Manifest", {
         CONTENT_TYPE: Manifest})}),
     ("GET", "/aip/v1/capabilities"): Operation("The caller's tenant manifest (alias)", {"200": Answer("Manifest", {

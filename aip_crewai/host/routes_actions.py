@@ -40,7 +40,7 @@ from .lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecyc
 from .crew_inputs import check_crew_inputs
 from .stopping import unless_stopping, until_stopping
 from .stream_tokens import action_scope, authenticate_stream
-from .store import ActionRecord, InvalidCursor, ms_to_rfc3339
+from .store import ActionRecord, ChunkRecord, InvalidCursor, ms_to_rfc3339
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024
@@ -141,7 +141,8 @@ async def post_message(request: Request) -> Response:
     if resolved.crew.id in request.app.state.readiness.unserved_crews:
         raise CrewUnavailable(details={"capability_id": action.capability_id})
     check_crew_inputs(resolved.spec.name, action.input, index.crew_inputs.get(resolved.crew.id))
-    record = await service.submit(principal, action, env.idempotency_key, stream=stream)
+    record = await service.submit(principal, action, env.idempotency_key, stream=stream,
+                                  blocking=action.mode != "async")
     if stream and _wants_sse(request):
         return _sse_response(request, service, record, after=-1)
     if action.mode == "async":
@@ -169,9 +170,46 @@ def _frame(n: int | None, name: str, env: Envelope) -> bytes:
     return encode_event(_encode.encode(env).decode(), event=name, id=None if n is None else f"sse_{n}")
 
 
-def _chunk_envelope(value: StreamChunk, sent_at: str) -> Envelope:
-    return envelope("aip.core.v1.stream_chunk", Body(stream_chunk=value), correlation_id=value.action_id,
-                    sent_at=sent_at)
+class _ChunkKind(msgspec.Struct):
+    kind: str
+
+
+_chunk_kind_decoder = msgspec.json.Decoder(_ChunkKind)
+
+
+class ChunkFrames:
+    """SSE frames of stored chunks, for one page of one action's stream.
+
+    Each frame: position ``sse_<1+sequence>``, event ``done`` for a done chunk
+    else ``chunk``, data a ``stream_chunk`` envelope with a fresh message id,
+    the page's ``sent_at`` and the stored chunk JSON spliced in as is: the host
+    encoded it itself from a valid :class:`StreamChunk`, so it is neither
+    decoded nor encoded again, and the envelope around it is a byte template in
+    :class:`Envelope`'s own field order (``aip_version``, ``message_type``,
+    ``message_id``, ``sent_at``, ``body``, ``correlation_id``). A test checks the
+    frame equals ``encode_event`` of the encoded :class:`Envelope`, message id
+    aside. Compact JSON has no line ends; a stored row that does hold one goes
+    through ``encode_event``. Source: README "Streams"; issue 22 item 2.
+    """
+
+    def __init__(self, action_id: str, sent_at: str) -> None:
+        self._head = (b'{"aip_version":' + _encode.encode(AIP_VERSION)
+                      + b',"message_type":"aip.core.v1.stream_chunk","message_id":"msg_')
+        self._middle = b'","sent_at":' + _encode.encode(sent_at) + b',"body":{"stream_chunk":'
+        self._tail = b'},"correlation_id":' + _encode.encode(action_id) + b"}"
+
+    def frame(self, chunk: ChunkRecord) -> bytes:
+        """The frame of one stored chunk, bytes."""
+        name = b"done" if _chunk_kind_decoder.decode(chunk.chunk_json).kind == "done" else b"chunk"
+        data = b"".join((self._head, secrets.token_hex(12).encode(), self._middle, chunk.chunk_json.encode(),
+                         self._tail))
+        if b"\n" in data or b"\r" in data:
+            return encode_event(data.decode(), event=name.decode(), id=f"sse_{1 + chunk.sequence}")
+        return b"id: sse_%d\nevent: %s\ndata: %s\n\n" % (1 + chunk.sequence, name, data)
+
+    def page(self, chunks: list[ChunkRecord]) -> bytes:
+        """The frames of a page of stored chunks, in order, as one write."""
+        return b"".join([self.frame(chunk) for chunk in chunks])
 
 
 def _error_envelope(action_id: str, error: ProtocolError) -> Envelope:
@@ -210,13 +248,8 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
         if chunks:
             # One write per page of stored chunks, not per frame: each ASGI send costs a socket write.
             sent_at = ms_to_rfc3339(int(time.time() * 1000))
-            frames = []
-            for chunk in chunks:
-                value = _chunk_decoder.decode(chunk.chunk_json)
-                frames.append(_frame(1 + chunk.sequence, "done" if value.kind == "done" else "chunk",
-                                     _chunk_envelope(value, sent_at)))
             last_seq = chunks[-1].sequence
-            yield b"".join(frames)
+            yield ChunkFrames(action_id, sent_at).page(chunks)
         record = await service.refresh(await service.store.get_action(tenant, action_id) or record)
         if record.status != ActionState.RUNNING and record.chunk_count <= last_seq + 1:
             result = await service.result(record)

@@ -46,7 +46,6 @@ ARCHITECTURE.md §10 (storage).
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +54,8 @@ from typing import Any, TypeVar
 
 from ..wakeup import ChangeSignal
 from ..storage import acquire_lock, create_private_file, hop, start_worker
+from .lifecycle import allowed, is_terminal
+from .store_db import Db, PostgresDb, SqliteDb
 from .store_schema import (
     APPROVAL_DECISIONS,
     DISPATCH_RANK,
@@ -78,6 +79,8 @@ from .store_schema import (
     UnusableStore,
     _action_update,
     _connect,
+    connect_postgres,
+    is_postgres_url,
     check_location,
     check_store_file,
     decode_cursor,
@@ -129,9 +132,9 @@ _T = TypeVar("_T")
 class Store:
     """Named async methods over the host database. Open with :meth:`open`."""
 
-    def __init__(self, conn: sqlite3.Connection, worker: ThreadPoolExecutor, *,
+    def __init__(self, db: Db, worker: ThreadPoolExecutor, *,
                  clock: Callable[[], float] = time.time) -> None:
-        self._conn = conn
+        self._db = db
         self._worker = worker
         self._clock = clock
         #: Notified after every write that may have changed an approval (the
@@ -139,23 +142,36 @@ class Store:
         self.approvals_changed = ChangeSignal()
 
     @classmethod
-    async def open(cls, path: Path, *, clock: Callable[[], float] = time.time) -> Store:
-        """Check the location, create the file 0600 if missing, connect, apply migrations.
+    async def open(cls, location: Path | str, *, clock: Callable[[], float] = time.time) -> Store:
+        """Open the store: a SQLite file (check the location, create it 0600 if missing, connect) or a
+        ``postgresql://`` URL (connect); then apply the migrations the database lacks.
 
         Raises:
-            InsecureStorePath: see :func:`check_location`.
-            StoreError: the schema is newer than this code, or WAL is unavailable.
+            InsecureStorePath: see :func:`check_location` (SQLite).
+            StoreError: the schema is newer than this code, WAL is unavailable (SQLite), or the
+                PostgreSQL server cannot be reached or holds another application's tables.
         """
+        if is_postgres_url(location):
+            url = str(location)
+            worker, db = await start_worker(lambda: PostgresDb(connect_postgres(url)), name="aip-host-store",
+                                            abandon=lambda opened: opened.close() if opened is not None else None)
+            return cls(db, worker, clock=clock)
+        path = Path(location)
         check_location(path)
         create_private_file(path)
         check_location(path)
         # Cancel-safe: a connection opened after the caller gave up is closed on the worker.
-        worker, conn = await start_worker(lambda: _connect(str(path)), name="aip-host-store",
-                                          abandon=lambda opened: opened.close() if opened is not None else None)
-        return cls(conn, worker, clock=clock)
+        worker, sqlite = await start_worker(lambda: SqliteDb(_connect(str(path))), name="aip-host-store",
+                                            abandon=lambda opened: opened.close() if opened is not None else None)
+        return cls(sqlite, worker, clock=clock)
+
+    @property
+    def engine(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._db.engine
 
     async def close(self) -> None:
-        await self._run(self._conn.close)
+        await self._run(self._db.close)
         self._worker.shutdown(wait=True)
 
     def now_ms(self) -> int:
@@ -166,38 +182,26 @@ class Store:
         """Run ``fn(*args)`` on the store's worker thread (the only thread using the connection)."""
         return await hop(self._worker, fn, *args)
 
-    def _fetch_now(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
-        return self._conn.execute(sql, params).fetchall()
+    def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._db.fetch(sql, params)
 
-    def _change_now(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
-        cur = self._conn.execute(sql, params)
-        try:
-            return int(cur.rowcount)
-        finally:
-            cur.close()
+    def _change_now(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._db.change(sql, params)
 
     def _write_now(self, durable: bool, fn: Callable[[], _T]) -> _T:
-        """Run the write ``fn`` (on the worker) fsynced, or with ``synchronous=NORMAL``."""
-        if durable:
-            return fn()
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        try:
-            return fn()
-        finally:
-            self._conn.execute("PRAGMA synchronous=FULL")
+        """Run the write ``fn`` (on the worker), fsynced at commit or not (:meth:`Db.write`)."""
+        return self._db.write(durable, fn)
 
     def _transaction_now(self, fn: Callable[[], _T]) -> _T:
-        """Run ``fn`` (on the worker) inside ``BEGIN IMMEDIATE`` … ``COMMIT``; roll back on any error."""
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            value = fn()
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        return value
+        """Run ``fn`` (on the worker) as one transaction excluding every other writer; roll back on any error."""
+        return self._db.transaction(fn)
+
+    def _log_approval_now(self, tenant: str, approval_id: str, status: str) -> None:
+        """Append ``(approval_id, status)`` to ``tenant``'s approval event log at the next position
+        (inside the caller's transaction, which excludes every other writer)."""
+        self._db.change("INSERT INTO approval_events (tenant, seq, approval_id, status) SELECT CAST(? AS TEXT), "
+                        "COALESCE(MAX(seq), 0) + 1, CAST(? AS TEXT), CAST(? AS TEXT) FROM approval_events "
+                        "WHERE tenant = ?", (tenant, approval_id, status, tenant))
 
     async def _approvals_write(self, fn: Callable[..., _T], *args: Any) -> _T:
         """:meth:`_run` a write that may change approvals, then wake the approval stream (also on failure)."""
@@ -252,7 +256,7 @@ class Store:
                             status: str, *, approval_id: str | None = None, timeout_ms: int | None = None,
                             dispatch: str = "not_sent", target: tuple[str, Sequence[str]] | None = None,
                             key_expires_at: int | None = None, now: int | None = None,
-                            durable: bool = True) -> tuple[bool, ActionRecord]:
+                            durable: bool = True, result: tuple[str, str] | None = None) -> tuple[bool, ActionRecord]:
         """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
 
         With ``idempotency_key`` and ``key_expires_at`` (ms) the key's
@@ -273,6 +277,10 @@ class Store:
 
             key_expires_at: when the key's reservation expires, ms; None
                 records no reservation (the key is still stored on the row).
+            result: ``(status, result_json)``: the action already ran (a
+                key-less read answered inline); the row is inserted in its
+                final state: a terminal status the lifecycle allows after
+                ``status`` (``running``). ValueError otherwise.
 
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
@@ -288,6 +296,11 @@ class Store:
             raise ValueError(f"an action starts pending_approval or running, not {status!r}")
         if dispatch not in DISPATCH_RANK:
             raise ValueError(f"unknown dispatch {dispatch!r}")
+        result_json = None
+        if result is not None:
+            if not allowed(_S(status), _S(result[0])) or not is_terminal(result[0]):
+                raise ValueError(f"an action created {status} cannot be stored {result[0]}")
+            status, result_json = result
         now = self.now_ms() if now is None else now
 
         reserve = idempotency_key is not None and key_expires_at is not None
@@ -320,7 +333,7 @@ class Store:
                 f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 18)}) "
                 f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {_ACTION_COLUMNS}",
                 (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id,
-                 idempotency_key, status, dispatch, None, None, approval_id, timeout_ms, 0, now, now),
+                 idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0, now, now),
             )
             if rows:
                 if reserve:
@@ -432,22 +445,20 @@ class Store:
         rank = DISPATCH_RANK.get(dispatch or "", -1)
 
         def insert() -> int:
-            cur = self._conn.executemany(
+            inserted = self._db.change_many(
                 "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (tenant, action_id, sequence) DO NOTHING", rows)
-            inserted = int(cur.rowcount)
-            cur.close()
-            self._conn.execute(
+            self._db.change(
                 "UPDATE actions SET chunk_count = chunk_count + ?, "
-                f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END "
-                "WHERE tenant = ? AND action_id = ?",
-                (inserted, dispatch, rank, dispatch, tenant, action_id)).close()
+                f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} "
+                "THEN CAST(? AS TEXT) ELSE dispatch END WHERE tenant = ? AND action_id = ?",
+                (inserted, dispatch, rank, dispatch, tenant, action_id))
             return inserted
 
         def append() -> int:
             try:
                 return self._transaction_now(insert)
-            except sqlite3.IntegrityError as exc:
+            except self._db.integrity_error as exc:
                 raise StoreError(f"cannot append chunks to unknown action {action_id!r}") from exc
 
         return await self._run(self._write_now, durable, append)
@@ -474,16 +485,18 @@ class Store:
         now = self.now_ms() if now is None else now
 
         def insert() -> list[tuple[Any, ...]]:
-            return self._fetch_now(
+            rows = self._fetch_now(
                 f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
                 f"RETURNING {_APPROVAL_COLUMNS}",
                 (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
                  "pending", None, None, None, now, expires_at, None))
+            self._log_approval_now(tenant, approval_id, "pending")
+            return rows
 
         def create() -> ApprovalRecord:
             try:
                 rows = self._transaction_now(insert)
-            except sqlite3.IntegrityError as exc:
+            except self._db.integrity_error as exc:
                 raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
             return ApprovalRecord(*rows[0])
 
@@ -553,6 +566,7 @@ class Store:
             if not rows:
                 return None, None
             approval = ApprovalRecord(*rows[0])
+            self._log_approval_now(tenant, approval_id, approval.status)
             found = self._fetch_now(_GET_ACTION, (tenant, approval.action_id))
             action = ActionRecord(*found[0]) if found else None
             if approval.status != "approved" or action is None or action.status != _S.PENDING_APPROVAL.value \
@@ -579,8 +593,10 @@ class Store:
                 tenant, action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.CANCELLED.value,
                 result_json=result_json, now=now))
             if record is not None:
-                self._conn.execute("UPDATE approvals SET status = 'withdrawn' "
-                                   "WHERE tenant = ? AND action_id = ? AND status = 'pending'", (tenant, action_id))
+                for (withdrawn,) in self._fetch_now("UPDATE approvals SET status = 'withdrawn' WHERE tenant = ? "
+                                                    "AND action_id = ? AND status = 'pending' RETURNING approval_id",
+                                                    (tenant, action_id)):
+                    self._log_approval_now(tenant, withdrawn, "withdrawn")
             return record
 
         return await self._approvals_write(self._transaction_now, cancel)
@@ -588,12 +604,15 @@ class Store:
     async def expire_approvals(self, now: int) -> list[ApprovalRecord]:
         """Mark every pending approval with ``expires_at <= now`` expired (all
         tenants); returns the records it changed (so their actions can fail)."""
-        rows = await self._fetch(
-            "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
-            f"RETURNING {_APPROVAL_COLUMNS}", (now,))
-        if rows:
-            self.approvals_changed.notify()
-        return [ApprovalRecord(*row) for row in rows]
+        def expire() -> list[ApprovalRecord]:
+            expired = [ApprovalRecord(*row) for row in self._fetch_now(
+                "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
+                f"RETURNING {_APPROVAL_COLUMNS}", (now,))]
+            for approval in sorted(expired, key=lambda a: (a.tenant, a.expires_at, a.approval_id)):
+                self._log_approval_now(approval.tenant, approval.approval_id, "expired")
+            return expired
+
+        return await self._approvals_write(self._transaction_now, expire)
 
     # --- the approval event log (migration 3; README "Approval events") ---
 

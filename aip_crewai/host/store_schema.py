@@ -136,9 +136,9 @@ CREATE INDEX approvals_pending_expiry ON approvals (expires_at) WHERE status = '
 # Migration 3 (issue 19): the proof of a signed decision (JSON: the RFC 9421 signature
 # base, signature and the decision body, README "Signed requests"), and the approval
 # event log of ``GET /aip/v1/approvals/events``: one row per approval created or changed
-# in status, written by triggers in the same transaction as the change, so no path that
-# creates, decides, withdraws or expires an approval can forget it. ``seq`` counts per
-# tenant from 1 (a tenant's positions tell nothing about other tenants).
+# in status, written by the store in the same transaction as the change
+# (:meth:`Store._log_approval_now`). ``seq`` counts per tenant from 1 (a tenant's positions
+# tell nothing about other tenants). Plain DDL: the same script serves PostgreSQL.
 _MIGRATION_3 = """
 ALTER TABLE approvals ADD COLUMN decision_proof TEXT;
 CREATE TABLE approval_events (
@@ -148,14 +148,6 @@ CREATE TABLE approval_events (
     status      TEXT NOT NULL,
     PRIMARY KEY (tenant, seq)
 ) WITHOUT ROWID;
-CREATE TRIGGER approval_events_created AFTER INSERT ON approvals BEGIN
-    INSERT INTO approval_events (tenant, seq, approval_id, status) VALUES (NEW.tenant,
-        (SELECT COALESCE(MAX(seq), 0) + 1 FROM approval_events WHERE tenant = NEW.tenant), NEW.approval_id, NEW.status);
-END;
-CREATE TRIGGER approval_events_changed AFTER UPDATE OF status ON approvals WHEN OLD.status != NEW.status BEGIN
-    INSERT INTO approval_events (tenant, seq, approval_id, status) VALUES (NEW.tenant,
-        (SELECT COALESCE(MAX(seq), 0) + 1 FROM approval_events WHERE tenant = NEW.tenant), NEW.approval_id, NEW.status);
-END;
 """
 
 #: Forward-only migrations; migration N (1-based) brings ``user_version`` to N.
@@ -392,7 +384,8 @@ def _action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str],
         raise ValueError(f"unknown dispatch {dispatch!r}")
     marks = ", ".join("?" * len(sources))
     sql = ("UPDATE actions SET status = ?, updated_at = ?, "
-           f"dispatch = CASE WHEN ? IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN ? ELSE dispatch END, "
+           f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} THEN CAST(? AS TEXT) "
+           "ELSE dispatch END, "
            "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
            f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
            f"{'AND result_json = ? ' if replacing is not None else ''}RETURNING {_ACTION_COLUMNS}")
@@ -433,6 +426,105 @@ def migrate(conn: sqlite3.Connection) -> int:
     """
     return apply_migrations(conn, MIGRATIONS, too_new=lambda version, known: StoreError(
         f"the store schema is version {version}; this host knows up to {known}"))
+
+
+# --- PostgreSQL (issue 21) --------------------------------------------------------
+
+def postgres_migration(sqlite_ddl: str) -> str:
+    """One migration of :data:`MIGRATIONS` in PostgreSQL's dialect: 64-bit integers (times are ms since
+    the epoch) and no ``WITHOUT ROWID``. The migrations are written once for both engines; a test applies
+    every one to a real PostgreSQL server."""
+    return re.sub(r"\bINTEGER\b", "BIGINT", sqlite_ddl.replace(" WITHOUT ROWID", ""))
+
+
+#: :data:`MIGRATIONS` for PostgreSQL, tracked in ``aip_schema_version`` (migration N brings it to N).
+PG_MIGRATIONS: tuple[str, ...] = tuple(postgres_migration(ddl) for ddl in MIGRATIONS)
+#: The advisory lock held while migrating, so hosts starting together migrate once.
+_PG_MIGRATION_LOCK = 0x41495044
+
+
+def is_postgres_url(location: str | Path) -> bool:
+    """Whether a ``[host] store`` value names a PostgreSQL database (``postgresql://`` or ``postgres://``)."""
+    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+def _pg_connect(url: str, application_name: str, error: type[StoreError]) -> Any:
+    """An autocommit psycopg connection to ``url``; ``error`` when psycopg is missing or the server
+    cannot be reached (its first message line only: libpq never echoes a password, and the URL holds none)."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise error("a PostgreSQL store needs psycopg: pip install 'aip-crewai[postgresql]'") from exc
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=10, application_name=application_name)
+    except psycopg.Error as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "no detail"
+        raise error(f"cannot connect to the PostgreSQL store ({type(exc).__name__}: {first})") from exc
+
+
+def connect_postgres(url: str) -> Any:
+    """Open an autocommit psycopg connection to ``url`` and apply :data:`PG_MIGRATIONS` (on the worker).
+
+    Raises:
+        StoreError: psycopg is not installed, the server refused the connection, or its schema is newer.
+    """
+    conn = _pg_connect(url, "aip-crewai-host", StoreError)
+    try:
+        migrate_postgres(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+#: The session advisory lock a host holds on its PostgreSQL store for its lifetime (one host per database
+#: until the multi-host lease mode exists: issue 21 item 2).
+PG_OWNER_LOCK = 0x41495045
+
+
+def lock_postgres_store(url: str) -> Any:
+    """Own a PostgreSQL store for this process: a connection holding :data:`PG_OWNER_LOCK` (released when
+    the connection closes, so also when the process dies). Returns the connection (close it to release).
+
+    Raises:
+        StoreLocked: another host holds the lock.
+        UnusableStore: psycopg is missing or the server cannot be reached.
+    """
+    conn = _pg_connect(url, "aip-crewai-host-lock", UnusableStore)
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (PG_OWNER_LOCK,)).fetchone()
+    if not row or not row[0]:
+        conn.close()
+        raise StoreLocked("the PostgreSQL store is already owned by another running host; several hosts on one "
+                          "database need the lease mode, which this version does not have yet: stop the other host, "
+                          "or give this host its own database")
+    return conn
+
+
+def migrate_postgres(conn: Any) -> int:
+    """Apply the PostgreSQL migrations ``conn``'s database lacks, each in its own transaction, under an
+    advisory lock (concurrent hosts migrate once). Returns the resulting version.
+
+    Raises:
+        StoreError: the database is newer than this code, or holds tables that are not a host store's.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_MIGRATION_LOCK,))
+        conn.execute("CREATE TABLE IF NOT EXISTS aip_schema_version (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT version FROM aip_schema_version").fetchone()
+        version = int(row[0]) if row else 0
+        if row is None:
+            others = conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
+                                  "current_schema() AND table_name IN ('actions', 'approvals', 'chunks')").fetchone()
+            if others and int(others[0]):
+                raise StoreError("the PostgreSQL database holds tables named like the host store's but no "
+                                 "aip_schema_version: give the host its own database")
+            conn.execute("INSERT INTO aip_schema_version (version) VALUES (0)")
+        if version > len(PG_MIGRATIONS):
+            raise StoreError(f"the store schema is version {version}; this host knows up to {len(PG_MIGRATIONS)}")
+        for number in range(version + 1, len(PG_MIGRATIONS) + 1):
+            conn.execute(PG_MIGRATIONS[number - 1])
+            conn.execute("UPDATE aip_schema_version SET version = %s", (number,))
+        return len(PG_MIGRATIONS) if version < len(PG_MIGRATIONS) else version
 
 
 def check_store_file(path: Path) -> None:

@@ -72,6 +72,34 @@ class ActionWriter:
             TRANSITIONS[event].target.value, approval_id=approval_id, timeout_ms=timeout_ms, dispatch=dispatch.value,
             target=target, key_expires_at=key_expires_at, durable=durable)
 
+    async def create_answered(self, tenant: str, action_id: str, capability_id: str, crew_id: str, operation: str,
+                              input_json: str, input_hash: str, principal_id: str, result: ActionResult, dispatch: str,
+                              *, timeout_ms: int | None = None,
+                              target: tuple[str, Sequence[str]] | None = None) -> tuple[bool, ActionRecord]:
+        """``admit`` and the result's own event (``complete`` or ``fail``) in ONE write: a key-less
+        read the host answered inline is recorded once, already finished (not durable: see
+        ``actions.durable_action``). Same returns and raises as :meth:`Store.create_action`."""
+        event = RESULT_EVENTS[result.status]
+        admitted = TRANSITIONS[ActionEvent.ADMIT].target
+        if admitted not in TRANSITIONS[event].sources or TRANSITIONS[event].target.value != result.status:
+            raise ValueError(f"{event.value} cannot follow admit with a {result.status} result")
+        created, record = await self.store.create_action(
+            tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id, None,
+            admitted.value, timeout_ms=timeout_ms, dispatch=dispatch, target=target, durable=False,
+            result=(result.status, _encode.encode(result).decode()))
+        log.info("action_finished", status=result.status, changed=created)
+        if created:
+            self._count(operation, result)
+        return created, record
+
+    def _count(self, operation: str, result: ActionResult) -> None:
+        """Count a stored result by operation and status (and a connector error by code)."""
+        if self.metrics is None:
+            return
+        self.metrics.actions.inc(operation=operation, status=result.status)
+        if result.error is not None and result.error.code.startswith("connector."):
+            self.metrics.stream_errors.inc(code=result.error.code)
+
     async def open_approval(self, record: ActionRecord, approval_hash: str, expires_at: int) -> ApprovalRecord:
         """The pending approval of a ``pending_approval`` action (its row already names the id)."""
         return await self.store.create_approval(record.tenant, record.approval_id or "", record.action_id,
@@ -158,12 +186,8 @@ class ActionWriter:
             tenant, action_id, from_statuses=sources, status=target.value, dispatch=dispatch,
             result_json=_encode.encode(result).decode(), durable=durable, settle_dispatch=settle_dispatch)
         log.info("action_finished", status=result.status, changed=changed is not None)
-        if changed and self.metrics is not None:
-            if operation is None:
-                operation = changed.operation
-            self.metrics.actions.inc(operation=operation, status=result.status)
-            if result.error is not None and result.error.code.startswith("connector."):
-                self.metrics.stream_errors.inc(code=result.error.code)
+        if changed:
+            self._count(operation or changed.operation, result)
         return changed
 
     async def withdraw(self, tenant: str, action_id: str, result: ActionResult) -> ActionRecord | None:

@@ -40,3 +40,14 @@ def test_the_host_example_admits_only_crews_and_operations_the_sidecar_example_s
         assert set(crew.get("allowed_operations", ["run", "status", "events", "cancel"])) <= allowed, crew["id"]
     for tenant in host["tenants"].values():
         assert set(tenant["crews"]) <= {crew["id"] for crew in crews}
+
+
+def test_the_distribution_ships_one_top_level_package() -> None:
+    """The demo and test crews live in ``aip_crewai.examples``: nothing named ``examples`` is installed at the top
+    level, where it would shadow or be shadowed by a user's own package (issue 20 item 8)."""
+    from setuptools import find_packages
+
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = find_packages(str(REPO), include=find["include"])
+    assert "aip_crewai.examples" in packages
+    assert {name.split(".")[0] for name in packages} == {"aip_crewai"}

@@ -223,6 +223,68 @@ async def test_a_running_action_is_created_sent(env):
     assert done.status == "completed" and done.dispatch == "acknowledged"
 
 
+def status_action(action_id, run_action_id="a1", key=None):
+    return action(action_id, "cap:crewai:support:status", {"run_action_id": run_action_id}, key)
+
+
+async def test_a_blocking_keyless_read_is_answered_inline_and_recorded_once_finished(env, monkeypatch):
+    """Issue 22 item 3: one store write (admit and result together), no dispatch task, not durable."""
+    service, sidecar, _ = env
+    await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    writes = []
+    create, update = service.store.create_action, service.store.update_action
+
+    async def counted_create(*args, **kwargs):
+        writes.append(("create", kwargs.get("durable"), kwargs.get("result") is not None))
+        return await create(*args, **kwargs)
+
+    async def counted_update(*args, **kwargs):
+        writes.append(("update", kwargs.get("durable"), None))
+        return await update(*args, **kwargs)
+
+    monkeypatch.setattr(service.store, "create_action", counted_create)
+    monkeypatch.setattr(service.store, "update_action", counted_update)
+    before = len(sidecar.requests)
+    record = await service.submit(INVOKER, status_action("s1"), None, stream=False, blocking=True)
+    assert writes == [("create", False, True)] and len(sidecar.requests) == before + 1
+    assert record.status == "completed" and record.dispatch == "acknowledged"
+    assert service.live.get("acme", "s1") is None
+    assert record == await service.store.get_action("acme", "s1")
+    result = await service.result(record)
+    assert result.output["action_id"] == "a1" and result.output["status"] == "completed"
+    # an events page is a read too; a keyed read and a non-blocking one keep the dispatch path
+    page = await service.submit(INVOKER, action("e1", "cap:crewai:support:events", {"run_action_id": "a1"}, None),
+                                None, stream=False, blocking=True)
+    assert page.status == "completed" and writes[-1] == ("create", False, True)
+    for read, blocking in ((status_action("s2", key="k-read"), True), (status_action("s3"), False)):
+        running = await service.submit(INVOKER, read, None, stream=False, blocking=blocking)
+        assert running.status == "running"
+        assert (await service.wait(running, 10)).status == "completed"
+    assert [w[0] for w in writes[2:]] == ["create", "update", "create", "update"]
+
+
+async def test_an_inline_read_repeats_by_action_id_and_refuses_a_foreign_or_missing_target(env):
+    service, _, _ = env
+    await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    await approve(service, await service.submit(INVOKER, action("a2", key="k-2"), None, stream=False))
+    first = await service.submit(INVOKER, status_action("s1"), None, stream=False, blocking=True)
+    again = await service.submit(INVOKER, status_action("s1"), None, stream=False, blocking=True)
+    assert again == first  # the stored answer, replayed
+    with pytest.raises(IdempotencyConflict):
+        await service.submit(INVOKER, status_action("s1", run_action_id="a2"), None, stream=False, blocking=True)
+    for caller, run_action_id in ((INVOKER, "nope"), (OTHER, "a1")):
+        with pytest.raises(ActionNotFound):
+            await service.submit(caller, status_action("s9", run_action_id), None, stream=False, blocking=True)
+        assert await service.store.get_action(caller.tenant, "s9") is None
+
+
+async def test_an_inline_status_of_an_unadmitted_run_is_the_hosts_view(env):
+    service, _, _ = env
+    await service.submit(INVOKER, action("p1", key="kp"), None, stream=False)
+    record = await service.submit(INVOKER, status_action("s1", "p1"), None, stream=False, blocking=True)
+    assert (await service.result(record)).output["status"] == "pending_approval"
+
+
 async def test_status_of_a_run_that_never_reached_the_sidecar_is_the_hosts_view(env):
     """Found by a break-it session: a status of a pending run failed with a connector error (sidecar 404)."""
     service, sidecar, clock = env

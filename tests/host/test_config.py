@@ -167,6 +167,21 @@ def test_missing_required_key_is_named(host_files: HostFiles):
     assert err.key == "host.store" and "missing" in err.message
 
 
+def test_a_postgresql_store_is_a_url_kept_as_given_and_never_holds_a_password(host_files: HostFiles):
+    """Issue 21 item 1: ``store = "postgresql://..."``; the password belongs in ~/.pgpass or PGPASSFILE."""
+    doc = base_document()
+    for url in ("postgresql://aip@db.internal:5432/aip_host", "postgres://db/aip?sslmode=verify-full"):
+        doc["host"]["store"] = url
+        assert load(host_files, doc).store_path == url
+    for bad, why in (("postgresql://aip:hunter2@db/aip", "PGPASSFILE"), ("postgresql://db/a\nb", "control"),
+                     ("postgresql://db/" + "a" * 4100, "4096")):
+        doc["host"]["store"] = bad
+        err = error_of(host_files, doc)
+        assert err.key == "host.store" and why in err.message and "hunter2" not in err.message
+    doc["host"]["store"] = "state/host.db"
+    assert load(host_files, doc).store_path == host_files.config.parent / "state" / "host.db"
+
+
 def test_principal_needs_a_credential(host_files: HostFiles):
     doc = base_document()
     doc["principals"][0].pop("token_sha256")

@@ -37,8 +37,25 @@ def db_path(tmp_path: Path) -> Path:
     return state / "host.db"
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def location(request: pytest.FixtureRequest, db_path: Path) -> Path | str:
+    """Where the store lives: a SQLite file, or a fresh database on a real PostgreSQL server (issue 21;
+    skipped with one line without PostgreSQL). Tests about the SQLite file itself use ``db_path``."""
+    if request.param == "sqlite":
+        return db_path
+    return request.getfixturevalue("postgres_url")
+
+
 @pytest.fixture
-async def store(db_path: Path):
+async def store(location: Path | str):
+    opened = await Store.open(location, clock=lambda: T0 / 1000)
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+async def sqlite_store(db_path: Path):
+    """For the tests about the SQLite file itself."""
     opened = await Store.open(db_path, clock=lambda: T0 / 1000)
     yield opened
     await opened.close()
@@ -86,7 +103,30 @@ async def test_newer_schema_is_refused(db_path: Path):
         await Store.open(db_path)
 
 
-async def test_file_is_created_0600_in_wal_mode(store: Store, db_path: Path):
+async def test_postgresql_applies_every_migration_once_and_refuses_a_newer_or_foreign_schema(postgres_url: str):
+    """Issue 21 item 1: the SQLite migrations, written once, applied in PostgreSQL's dialect."""
+    import psycopg
+
+    from aip_crewai.host.store_schema import PG_MIGRATIONS
+
+    for _ in range(2):
+        await (await Store.open(postgres_url)).close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM aip_schema_version").fetchall() == [(len(PG_MIGRATIONS),)]
+        columns = dict(conn.execute("SELECT column_name, data_type FROM information_schema.columns "
+                                    "WHERE table_name = 'actions'").fetchall())
+        assert columns["created_at"] == "bigint" and columns["status"] == "text"
+        conn.execute("UPDATE aip_schema_version SET version = version + 1")
+    with pytest.raises(StoreError, match="newer|knows up to"):
+        await Store.open(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE aip_schema_version")
+    with pytest.raises(StoreError, match="its own database"):
+        await Store.open(postgres_url)
+
+
+async def test_file_is_created_0600_in_wal_mode(sqlite_store: Store, db_path: Path):
+    store = sqlite_store
     assert os.stat(db_path).st_mode & 0o777 == 0o600
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -162,8 +202,9 @@ async def test_fifty_concurrent_admissions_under_one_key_create_exactly_one_acti
     assert len({record.action_id for _, record in results}) == 1
 
 
-async def test_concurrent_admissions_across_two_connections(store: Store, db_path: Path):
-    second = await Store.open(db_path, clock=lambda: T0 / 1000)
+async def test_concurrent_admissions_across_two_connections(store: Store, location: Path | str):
+    """Two connections stand for two hosts on one database (issue 21 item 2: the key fence across replicas)."""
+    second = await Store.open(location, clock=lambda: T0 / 1000)
     try:
         results = await asyncio.gather(*[
             make_action(store if i % 2 else second, action_id=f"act_{i}", key="key-x", key_expires_at=T0 + DAY)
@@ -222,6 +263,20 @@ async def test_create_action_once_and_return_the_existing(store: Store):
     assert await store.get_action("globex", "act_1") is None
     with pytest.raises(ValueError):
         await make_action(store, action_id="act_2", status="completed")
+
+
+async def test_create_action_can_insert_an_action_already_finished(store: Store):
+    """A key-less read answered inline: admit and its result in one insert (issue 22 item 3)."""
+    created, record = await store.create_action("acme", "st_1", "cap", "alpha", "status", "{}", "h", "p", None,
+                                                "running", dispatch="acknowledged", durable=False,
+                                                result=("completed", '{"status":"completed"}'))
+    assert created and record.status == "completed" and record.result_json == '{"status":"completed"}'
+    assert record == await store.get_action("acme", "st_1")
+    for status, result in (("running", "running"), ("pending_approval", "completed"), ("running", "unknown")):
+        with pytest.raises(ValueError):  # only what the lifecycle allows after the starting state
+            await store.create_action("acme", "st_2", "cap", "alpha", "status", "{}", "h", "p", None, status,
+                                      result=(result, "{}"))
+    assert await store.get_action("acme", "st_2") is None
 
 
 async def test_create_action_checks_its_target_in_the_same_call(store: Store):
@@ -323,7 +378,8 @@ async def test_chunk_append_moves_dispatch_forward_in_the_same_transaction(store
         await store.append_chunks("acme", "act_1", [(2, "{}")], dispatch="lost")
 
 
-async def test_non_durable_writes_are_visible_and_the_connection_stays_full(store: Store, db_path: Path):
+async def test_non_durable_writes_are_visible_and_the_connection_stays_full(sqlite_store: Store, db_path: Path):
+    store = sqlite_store
     """durable=False relaxes fsync for that write only; the connection goes back to synchronous=FULL."""
     created, _ = await make_action(store, action_id="read_1", key=None, durable=False)
     assert created
@@ -559,3 +615,25 @@ async def test_migration_3_keeps_older_approvals_and_logs_every_later_change(db_
         assert await store.list_approval_events("acme", 1, 10) == events[1:]
     finally:
         await store.close()
+
+
+async def test_every_approval_change_is_logged_per_tenant_in_order_on_both_engines(store: Store):
+    """The approval event log (migration 3) on SQLite and PostgreSQL: creation, decision with its
+    proof, withdrawal and expiry each append one row, per tenant from 1, in the writing transaction."""
+    await approval(store, "apr_a", action_id="act_a")
+    await approval(store, "apr_b", action_id="act_b")
+    await approval(store, "apr_c", action_id="act_c", expires_at=T0 + 10)
+    await approval(store, "apr_g", tenant="globex", action_id="act_g")
+    decided, _ = await store.decide_and_start("acme", "apr_a", "approved", "ok", "human:x", T0 + 1,
+                                              start_if=lambda approval, action: False, proof='{"p":1}')
+    assert decided is not None and decided.decision_proof == '{"p":1}'
+    assert await store.cancel_pending("acme", "act_b", '{"status":"cancelled"}') is not None
+    assert [a.approval_id for a in await store.expire_approvals(T0 + 10)] == ["apr_c"]
+    events = await store.list_approval_events("acme", 0, 100)
+    assert [(e.seq, e.approval_id, e.status) for e in events] == [
+        (1, "apr_a", "pending"), (2, "apr_b", "pending"), (3, "apr_c", "pending"), (4, "apr_a", "approved"),
+        (5, "apr_b", "withdrawn"), (6, "apr_c", "expired")]
+    assert await store.last_approval_event("acme") == 6 and await store.last_approval_event("globex") == 1
+    assert [e.seq for e in await store.list_approval_events("acme", 4, 1)] == [5]
+    assert not await decide(store, "acme", "apr_a", "denied", "again", "human:y", T0 + 2)  # nothing logged
+    assert await store.last_approval_event("acme") == 6

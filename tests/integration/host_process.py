@@ -57,13 +57,14 @@ class Host:
 def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int, *,
                  crews: list[dict] | None = None, tenants: dict[str, list[str]] | None = None,
                  max_response_bytes: int | None = None, extra_principals: list[dict[str, str]] | None = None,
-                 host_options: dict[str, object] | None = None) -> Path:
+                 host_options: dict[str, object] | None = None, store: str = "host.db") -> Path:
     """host.toml (+ crews.json, sidecar.token 0600) in ``workdir``; returns the config path.
 
     Defaults: the crews of :data:`ACME_CREWS` (run, status, events, cancel,
     knowledge_query) plus ``knowledge_b``; tenants ``acme`` and ``beta``; the
     bearer principals of :data:`TOKENS`. ``extra_principals`` are added as given;
-    ``host_options`` are more ``[host]`` keys (e.g. ``dispatch_deadline_seconds``).
+    ``host_options`` are more ``[host]`` keys (e.g. ``dispatch_deadline_seconds``); ``store`` is the
+    ``[host] store`` value (a SQLite file, or a ``postgresql://`` URL).
     """
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     token_file = workdir / "sidecar.token"
@@ -75,7 +76,7 @@ def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int,
         crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
     (workdir / "crews.json").write_text(json.dumps(crews))
     tenants = tenants or {"acme": ACME_CREWS, "beta": ["knowledge_b"]}
-    lines = ["[host]", f'bind = "127.0.0.1:{port}"', 'store = "host.db"',
+    lines = ["[host]", f'bind = "127.0.0.1:{port}"', f"store = {json.dumps(store)}",
              *([f"max_response_bytes = {max_response_bytes}"] if max_response_bytes else []),
              *[f"{key} = {json.dumps(value)}" for key, value in (host_options or {}).items()], "",
              "[sidecar]", f'url = "{sidecar_url}"', 'token_file = "sidecar.token"', "",
@@ -97,14 +98,13 @@ def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int,
 def start_host(workdir: Path, sidecar_url: str, sidecar_token: str, *, port: int | None = None,
                wait_ready: bool = True, crews: list[dict] | None = None,
                tenants: dict[str, list[str]] | None = None, extra_principals: list[dict[str, str]] | None = None,
-               host_options: dict[str, object] | None = None) -> Host:
+               host_options: dict[str, object] | None = None, store: str = "host.db") -> Host:
     """Start a host; with ``wait_ready`` block until ``/ready`` answers 200.
 
-    ``crews`` and ``tenants`` replace :func:`write_config`'s defaults;
-    ``extra_principals`` and ``host_options`` are passed to it."""
+    ``crews``, ``tenants``, ``extra_principals`` and ``host_options`` go to :func:`write_config`."""
     port = port or free_port()
     config = write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants,
-                          extra_principals=extra_principals, host_options=host_options)
+                          extra_principals=extra_principals, host_options=host_options, store=store)
     log = workdir / f"host-{port}-{time.monotonic_ns()}.log"
     handle = log.open("wb")
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}

@@ -1,7 +1,7 @@
 """Real sidecar processes on loopback for integration tests (helpers of ``conftest.py``).
 
 ``start_sidecar(...)`` runs ``python -m aip_crewai.cli sidecar`` with the
-offline test crews (``examples.testing:CREWS``) on an ephemeral port
+offline test crews (``aip_crewai.examples.testing:CREWS``) on an ephemeral port
 (``--port 0``: the sidecar binds first and logs ``sidecar_listening`` with the
 real port on stderr, so there is no free-port race), a 0600 token file and a
 journal in a private temporary directory. It waits for ``/health`` and
@@ -30,7 +30,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "integration-token-5f1c"
-REGISTRY = "examples.testing:CREWS"
+REGISTRY = "aip_crewai.examples.testing:CREWS"
 ALLOWED = "run,batch_run,replay,test,knowledge_query,memory_reset"
 START_TIMEOUT_S = 90.0
 

@@ -14,7 +14,7 @@ from aip_crewai.sse import SSEDecoder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-#: examples.offline_llm.FAKE_SECRET (not imported: that would import CrewAI into the test process).
+#: aip_crewai.examples.offline_llm.FAKE_SECRET (not imported: that would import CrewAI into the test process).
 FAKE_SECRET = "sk-test-SECRET-7f3a9c"
 
 

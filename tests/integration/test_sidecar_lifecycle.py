@@ -120,7 +120,7 @@ async def test_systemd_gets_more_start_time_then_ready_once_the_sidecar_serves(s
 async def test_ephemeral_unauthenticated_mode_reports_a_non_durable_journal(sidecar_factory):
     workdir = sidecar_factory.workdir
     env = child_env(workdir / "calls.log")
-    args = ["--registry", "examples.testing:CREWS", "--allow-ephemeral", "--allow-unauthenticated"]
+    args = ["--registry", "aip_crewai.examples.testing:CREWS", "--allow-ephemeral", "--allow-unauthenticated"]
     refused = subprocess.run(sidecar_command(*args, "--host", "0.0.0.0"), cwd=workdir, env=env,
                              capture_output=True, timeout=60, check=False)
     assert refused.returncode == 2 and refused.stdout == b""
@@ -155,7 +155,7 @@ async def test_the_reference_sidecar_environment_starts_the_sidecar(sidecar_fact
     workdir.mkdir(mode=0o700)
     training = workdir / "training" / "artifacts"  # does not exist yet
     env = child_env(workdir / "calls.log", {
-        "AIP_CREWAI_REGISTRY": "examples.testing:CREWS", "AIP_CREWAI_HOST": "127.0.0.1",
+        "AIP_CREWAI_REGISTRY": "aip_crewai.examples.testing:CREWS", "AIP_CREWAI_HOST": "127.0.0.1",
         "AIP_CREWAI_BEARER_TOKEN": TOKEN, "AIP_CREWAI_STATE_FILE": str(workdir / "runs.db"),
         "AIP_CREWAI_ALLOWED_OPERATIONS": "run,train", "AIP_CREWAI_TRAINING_DIR": str(training),
         "AIP_CREWAI_MAX_EVENT_BYTES": "1024", "AIP_CREWAI_MAX_STATE_BYTES": "268435456",

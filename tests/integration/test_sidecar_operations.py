@@ -15,7 +15,7 @@ OPS = "run,replay,train,test,knowledge_query,memory_reset"
 
 @pytest.fixture
 def sidecar(sidecar_factory, tmp_path):
-    return start_with_training_dir(sidecar_factory, tmp_path, "examples.maintenance_crews:CREWS", OPS)
+    return start_with_training_dir(sidecar_factory, tmp_path, "aip_crewai.examples.maintenance_crews:CREWS", OPS)
 
 
 post = post_job

@@ -2,7 +2,7 @@
 
 Through the real sidecar (job ids ``<tenant>:<action id>``, as the host sends
 them) and, for memory and replay, through the real host with tenants acme
-and beta both routed to the same crews. Crews: ``examples.maintenance_crews``
+and beta both routed to the same crews. Crews: ``aip_crewai.examples.maintenance_crews``
 (``memory_a`` remembers every run; its offline agent calls the memory tool
 first and quotes it: "No relevant memories found." or "Found memories").
 """
@@ -26,7 +26,7 @@ from sidecar_process import launch, post_job, start_with_training_dir
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 OPS = "run,replay,train,knowledge_query,memory_reset"
-REGISTRY = "examples.maintenance_crews:CREWS"
+REGISTRY = "aip_crewai.examples.maintenance_crews:CREWS"
 NO_MEMORY = "No relevant memories found."
 MEMORY = "Found memories"
 
@@ -332,7 +332,7 @@ def test_knowledge_that_cannot_initialise_is_a_typed_error_without_its_text(tmp_
     the log by its label only, and nothing reaches fd 1."""
     from sidecar_process import Sidecar, TOKEN, wait_ready
 
-    fake_secret = "sk-test-SECRET-7f3a9c"  # examples.offline_llm.FAKE_SECRET: importing it would import CrewAI here
+    fake_secret = "sk-test-SECRET-7f3a9c"  # aip_crewai.examples.offline_llm.FAKE_SECRET: importing it would import CrewAI here
 
     workdir = tmp_path / "kq"
     workdir.mkdir(mode=0o700)

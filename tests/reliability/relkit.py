@@ -52,7 +52,7 @@ from sidecar_process import REGISTRY, TOKEN, Sidecar, child_env, sidecar_command
 
 from aip_crewai.sse import SSEDecoder  # noqa: E402
 
-#: examples.offline_llm.FAKE_SECRET (not imported: that imports CrewAI into this process).
+#: aip_crewai.examples.offline_llm.FAKE_SECRET (not imported: that imports CrewAI into this process).
 FAKE_SECRET = "sk-test-SECRET-7f3a9c"
 #: A distinctive marker put in crew inputs; it must never reach logs, error bodies or the journal.
 MARKER = "zqx-INPUT-MARKER-5e1d"

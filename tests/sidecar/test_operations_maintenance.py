@@ -4,7 +4,7 @@ Every test runs the operation through the dispatcher
 (``operations.execute(source, op, input, ctx)``) with a JobContext built
 here (:class:`Jobs`); its ``find_task_run`` is a fake runtime store holding
 the outputs of earlier ``run``/``replay`` jobs per crew id. Crews come from
-``examples.testing:CREWS`` and ``examples.maintenance_crews:CREWS``. No
+``aip_crewai.examples.testing:CREWS`` and ``aip_crewai.examples.maintenance_crews:CREWS``. No
 network: any non-loopback connect fails the test.
 """
 
@@ -112,8 +112,8 @@ class Jobs:
 @pytest.fixture
 def jobs(crewai_state_dir: Path) -> Jobs:
     registry = {
-        **load_registry("examples.testing:CREWS"),
-        **load_registry("examples.maintenance_crews:CREWS"),
+        **load_registry("aip_crewai.examples.testing:CREWS"),
+        **load_registry("aip_crewai.examples.maintenance_crews:CREWS"),
     }
     return Jobs(registry, crewai_state_dir)
 
@@ -397,7 +397,7 @@ async def query(jobs: Jobs, crew_id: str, text: str, **extra: Any) -> list[dict[
 
 
 async def test_knowledge_query_returns_the_crews_own_match(jobs: Jobs) -> None:
-    from examples.testing import KNOWLEDGE_A_TEXT
+    from aip_crewai.examples.testing import KNOWLEDGE_A_TEXT
 
     results = await query(jobs, "knowledge_a", "lighthouse lamp")
     assert [r["content"] for r in results] == [KNOWLEDGE_A_TEXT]
@@ -476,7 +476,7 @@ async def test_reset_rejects_an_unknown_command_type(jobs: Jobs) -> None:
 async def test_memory_reset_clears_only_this_crews_memories(jobs: Jobs) -> None:
     """CrewAI's own reset drops the whole LanceDB table; ours keeps other crews' memories."""
     from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
-    from examples.maintenance_crews import memory_a, memory_b
+    from aip_crewai.examples.maintenance_crews import memory_a, memory_b
 
     def fresh(crew_id: str, factory: Callable[[], Any]) -> Any:
         with knowledge_namespace(crew_id):  # as every job builds its crew

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 def registry(crewai_state_dir: Path) -> dict[str, CrewSource]:
-    return load_registry("examples.testing:CREWS")
+    return load_registry("aip_crewai.examples.testing:CREWS")
 
 
 def _lines(path: Path) -> int:
@@ -80,8 +80,8 @@ async def test_missing_topic_uses_the_documented_default(registry, make_ctx) -> 
 
 
 async def test_concurrent_runs_have_zero_cross_job_chunks(crewai_state_dir, make_ctx) -> None:
-    from examples.offline_llm import OfflineLLM
-    from examples.testing import TWO_TASKS, build_crew
+    from aip_crewai.examples.offline_llm import OfflineLLM
+    from aip_crewai.examples.testing import TWO_TASKS, build_crew
 
     source = _source(lambda: build_crew(OfflineLLM(chunks_per_answer=8, delay_ms=15), TWO_TASKS))
     (ctx_a, rec_a), (ctx_b, rec_b) = make_ctx(), make_ctx()
@@ -163,7 +163,7 @@ async def test_failing_crew_raises_with_the_secret_only_in_the_exception(
     registry, make_ctx, capsys
 ) -> None:
     """Provider text stays in the exception: not in chunks, root log records or stdout/stderr."""
-    from examples.offline_llm import FAKE_SECRET
+    from aip_crewai.examples.offline_llm import FAKE_SECRET
 
     messages: list[str] = []
 
@@ -236,7 +236,7 @@ async def test_cancel_hook_stops_any_llm_in_worker_threads(crewai_state_dir, mak
     from crewai.llms.base_llm import BaseLLM
 
     from aip_crewai.sidecar.operations._common import job_scope
-    from examples.testing import build_crew
+    from aip_crewai.examples.testing import build_crew
 
     calls: list[int] = []
 
@@ -260,7 +260,7 @@ async def test_cancel_hook_stops_any_llm_in_worker_threads(crewai_state_dir, mak
 
 async def test_offline_llm_checks_the_cancel_flag_before_calling(crewai_state_dir, make_ctx) -> None:
     from aip_crewai.sidecar.operations._common import job_scope
-    from examples.offline_llm import OfflineLLM
+    from aip_crewai.examples.offline_llm import OfflineLLM
 
     ctx, _ = make_ctx("train")
     ctx.cancel_flag.set()
@@ -270,7 +270,7 @@ async def test_offline_llm_checks_the_cancel_flag_before_calling(crewai_state_di
 
 
 async def test_crew_streaming_output_yields_offline_chunks(crewai_state_dir) -> None:
-    from examples.testing import echo
+    from aip_crewai.examples.testing import echo
 
     crew = echo()
     crew.stream = True
@@ -281,7 +281,7 @@ async def test_crew_streaming_output_yields_offline_chunks(crewai_state_dir) -> 
 
 
 async def test_offline_llm_answers_structured_requests(crewai_state_dir) -> None:
-    from examples.offline_llm import OfflineLLM
+    from aip_crewai.examples.offline_llm import OfflineLLM
 
     class Score(BaseModel):
         quality: float
@@ -353,7 +353,7 @@ async def test_support_triage_demo_runs_offline_without_network(
     monkeypatch.setattr(socket.socket, "connect", connect)
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     monkeypatch.delenv("AIP_CREWAI_DEMO_MODEL", raising=False)
-    source = load_registry("examples.support_triage:CREWS")["support-triage"]
+    source = load_registry("aip_crewai.examples.support_triage:CREWS")["support-triage"]
     ctx, rec = make_ctx()
     out = await operations.execute(source, "run", {"customer": "Ann Lee"}, ctx)
     assert attempts == []

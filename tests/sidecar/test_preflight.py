@@ -19,7 +19,7 @@ SECRET = "sk-test-SECRET-7f3a9c"
 
 @pytest.fixture
 def registry(crewai_state_dir: Path) -> dict[str, CrewSource]:
-    return load_registry("examples.maintenance_crews:CREWS")
+    return load_registry("aip_crewai.examples.maintenance_crews:CREWS")
 
 
 def test_preflight_names_each_unusable_crew_and_only_those(registry) -> None:
@@ -101,7 +101,7 @@ def test_printed_error_label_keeps_plain_words_only(line, label) -> None:
 def test_preflight_reports_each_buildable_crews_placeholders_and_whether_it_fills_defaults(crewai_state_dir) -> None:
     from aip_crewai.sidecar.operations._preflight import preflight
 
-    registry = load_registry("examples.testing:CREWS")
+    registry = load_registry("aip_crewai.examples.testing:CREWS")
     found = preflight(registry)
     assert set(found.inputs) == set(registry)  # every test crew builds
     assert found.inputs["echo"] == {"placeholders": ["topic"], "defaults": True}
@@ -115,7 +115,7 @@ async def test_a_real_model_without_its_key_is_named_at_start_up_and_fails_jobs_
     from crewai import LLM
 
     from aip_crewai.sidecar.operations._preflight import preflight
-    from examples.testing import build_crew
+    from aip_crewai.examples.testing import build_crew
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     registry = {"real": CrewSource(crew_id="real", factory=lambda: build_crew(LLM(model="gpt-4o-mini"),

@@ -169,14 +169,14 @@ def test_mapping_order_is_kept(module_factory) -> None:
 
 @pytest.mark.timeout(120)
 def test_example_registries_expose_the_documented_crew_ids(crewai_state_dir: Path) -> None:
-    testing = load_registry("examples.testing:CREWS")
+    testing = load_registry("aip_crewai.examples.testing:CREWS")
     assert set(testing) == {
         "echo", "echo-template", "slow", "failing", "chatty",
         "tool_user", "knowledge_a", "knowledge_b",
     }
     assert testing["echo-template"].kind == "template"
     assert {k for k, v in testing.items() if v.kind == "factory"} == set(testing) - {"echo-template"}
-    assert list(load_registry("examples.support_triage:CREWS")) == ["support-triage"]
+    assert list(load_registry("aip_crewai.examples.support_triage:CREWS")) == ["support-triage"]
 
 
 def test_registry_module_does_not_import_crewai() -> None:

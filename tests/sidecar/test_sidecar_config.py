@@ -32,7 +32,7 @@ def base(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     token.chmod(0o600)
-    return ["--registry", "examples.testing:CREWS", "--journal", str(tmp_path / "j.db"), "--token-file", str(token)]
+    return ["--registry", "aip_crewai.examples.testing:CREWS", "--journal", str(tmp_path / "j.db"), "--token-file", str(token)]
 
 
 def test_every_design_flag_has_its_environment_variable_and_default():
@@ -198,7 +198,7 @@ def test_settings_are_immutable(base):
 # --------------------------------------------- the reference sidecar's environment (issue 20 item 9)
 
 REFERENCE_ENV = {
-    "AIP_CREWAI_REGISTRY": "examples.testing:CREWS",
+    "AIP_CREWAI_REGISTRY": "aip_crewai.examples.testing:CREWS",
     "AIP_CREWAI_HOST": "127.0.0.1",
     "AIP_CREWAI_BEARER_TOKEN": "inline-s3cret",
     "AIP_CREWAI_MAX_EVENT_BYTES": "1024",
@@ -265,7 +265,7 @@ def test_inline_token_rules_and_exclusion_with_the_token_file(base):
 @pytest.mark.parametrize("name, flag", [("AIP_CREWAI_ALLOW_UNAUTHENTICATED", "allow_unauthenticated"),
                                         ("AIP_CREWAI_ALLOW_EPHEMERAL", "allow_ephemeral")])
 def test_safety_valves_read_their_environment_on_loopback_only(tmp_path, name, flag):
-    minimal = ["--registry", "examples.testing:CREWS"]
+    minimal = ["--registry", "aip_crewai.examples.testing:CREWS"]
     env = {"AIP_CREWAI_ALLOW_UNAUTHENTICATED": "true", "AIP_CREWAI_ALLOW_EPHEMERAL": "1"}
     settings = load_settings(minimal, env)
     assert settings.allow_unauthenticated and settings.allow_ephemeral and settings.token is None

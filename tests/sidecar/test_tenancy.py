@@ -65,7 +65,7 @@ async def test_a_knowledge_reset_of_one_tenant_leaves_the_other_tenants_collecti
     from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
     from aip_crewai.sidecar.registry import load_registry
 
-    source = load_registry("examples.maintenance_crews:CREWS")["shared_knowledge_x"]
+    source = load_registry("aip_crewai.examples.maintenance_crews:CREWS")["shared_knowledge_x"]
     with knowledge_namespace("shared_knowledge_x", "acme"):
         acme = source.new_crew()  # embeds acme's copy of the crew's knowledge now
     ctx = JobContext(action_id="beta:reset-1", crew_id="shared_knowledge_x", operation="memory_reset",

@@ -259,7 +259,7 @@ def test_a_stream_that_ends_without_its_result_says_how_to_resume(capsys):
 def test_doctor_runs_the_start_up_preflight_by_hand():
     """Issue 20 item 6: the same checks as the sidecar's start-up, exit 1 on a problem, 2 on a bad registry."""
     run = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry",
-                          "examples.maintenance_crews:CREWS", "--json"], capture_output=True, timeout=100, check=False)
+                          "aip_crewai.examples.maintenance_crews:CREWS", "--json"], capture_output=True, timeout=100, check=False)
     assert run.returncode == 1, run.stderr
     report = json.loads(run.stdout)
     assert report["crew_problems"] == {"asks_human": ["human_input"], "broken_knowledge": ["knowledge_unavailable"]}

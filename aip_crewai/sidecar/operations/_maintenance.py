@@ -28,7 +28,7 @@ def crew_option(source: CrewSource, name: str, default: Any = None) -> Any:
     Options live in a mapping attribute ``aip_crewai_options`` of the
     registry entry: the factory function, or the template crew (a ``Crew``
     subclass declaring that field). Keys used: ``training_feedback`` (str,
-    ``train``) and ``eval_llm`` (``test``); see ``examples/maintenance_crews.py``.
+    ``train``) and ``eval_llm`` (``test``); see ``aip_crewai/examples/maintenance_crews.py``.
 
     Returns:
         The option's value, or ``default`` when absent.

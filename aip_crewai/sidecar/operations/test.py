@@ -21,8 +21,8 @@ Eval LLM (a model name string): resolved, in order, by the crew option
 see ``_maintenance.crew_option``); then by an agent LLM of the crew whose ``model``
 equals the name (a shallow copy with its own token counters: the
 deployment's own provider settings); then by CrewAI's ``create_llm(name)``
-(a real provider: network). Offline, ``examples/maintenance_crews.py`` crews
-resolve every name through their option, and ``examples/testing.py`` crews
+(a real provider: network). Offline, ``aip_crewai/examples/maintenance_crews.py`` crews
+resolve every name through their option, and ``aip_crewai/examples/testing.py`` crews
 resolve their own model name (e.g. ``"offline-echo"``).
 
 Source: ARCHITECTURE.md §3 (test input), §4 (outputs: test), §5 (events captured

@@ -1,9 +1,9 @@
-"""Offline crews for the maintenance operations (registry ``examples.maintenance_crews:CREWS``).
+"""Offline crews for the maintenance operations (registry ``aip_crewai.examples.maintenance_crews:CREWS``).
 
 What ``train``/``test``/``knowledge_query``/``memory_reset`` need beyond the
-basic test crews, built from :mod:`examples.offline_llm` (offline LLM and
+basic test crews, built from :mod:`aip_crewai.examples.offline_llm` (offline LLM and
 embedder, a new LLM per factory call) and the ``echo``/``slow`` crews of
-:mod:`examples.testing`.
+:mod:`aip_crewai.examples.testing`.
 
 Deployment options are carried by the registry entry (the factory) as a
 mapping attribute ``aip_crewai_options`` (read by
@@ -46,8 +46,8 @@ from aip_crewai.sidecar.operations._common import current_job
 from crewai.rag.embeddings.providers.custom import CustomProvider
 from crewai.rag.embeddings.providers.custom.embedding_callable import CustomEmbeddingFunction
 
-from examples.offline_llm import CALL_LOG_ENV, FAKE_SECRET, OfflineLLM, offline_embedder
-from examples.testing import TWO_TASKS, build_crew, echo, slow
+from aip_crewai.examples.offline_llm import CALL_LOG_ENV, FAKE_SECRET, OfflineLLM, offline_embedder
+from aip_crewai.examples.testing import TWO_TASKS, build_crew, echo, slow
 
 TRAINING_FEEDBACK = "Name the topic in the first words of the answer."
 SHARED_X_TEXT = "The Kestrel glacier moves forty metres every winter across the fjord."

@@ -1,6 +1,6 @@
-"""Deterministic offline test crews: registry ``examples.testing:CREWS``.
+"""Deterministic offline test crews: registry ``aip_crewai.examples.testing:CREWS``.
 
-Every crew uses :class:`examples.offline_llm.OfflineLLM` (a new LLM object
+Every crew uses :class:`aip_crewai.examples.offline_llm.OfflineLLM` (a new LLM object
 per factory call: CrewAI's token usage is cumulative per LLM object),
 ``tracing=False`` and ``verbose=False``. Inputs: task texts interpolate
 ``{topic}``; a missing ``topic`` defaults to ``"nothing in particular"`` (a
@@ -36,7 +36,7 @@ from crewai import Agent, Crew, Task
 from crewai.knowledge.knowledge import Knowledge
 from crewai.tools import tool
 
-from examples.offline_llm import OfflineLLM, crew_knowledge, offline_embedder
+from aip_crewai.examples.offline_llm import OfflineLLM, crew_knowledge, offline_embedder
 
 DEFAULT_INPUTS: dict[str, Any] = {"topic": "nothing in particular"}
 

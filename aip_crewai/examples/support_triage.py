@@ -1,4 +1,4 @@
-"""The realistic demo crew: registry ``examples.support_triage:CREWS``, crew id ``support-triage``.
+"""The realistic demo crew: registry ``aip_crewai.examples.support_triage:CREWS``, crew id ``support-triage``.
 
 Two agents (a triage analyst and a resolution writer) and three sequential
 tasks: classify the ticket, find the support-policy clauses that apply,
@@ -9,7 +9,7 @@ CrewAI storage dir.
 
 Model selection (read at each factory call, i.e. per job):
 
-- default: the deterministic :class:`examples.offline_llm.OfflineLLM`
+- default: the deterministic :class:`aip_crewai.examples.offline_llm.OfflineLLM`
   (8 chunks per answer, 10 ms per chunk) and the offline hashed embedder. No
   network, no API key. Knowledge collection ``knowledge_support_triage_offline``.
 - ``AIP_CREWAI_DEMO_MODEL=<model>`` (e.g. ``gpt-4o-mini``): ``crewai.LLM(model=
@@ -32,7 +32,7 @@ from typing import Any
 from crewai import LLM, Agent, Crew, Task
 from crewai.llms.base_llm import BaseLLM
 
-from examples.offline_llm import OfflineLLM, crew_knowledge, offline_embedder
+from aip_crewai.examples.offline_llm import OfflineLLM, crew_knowledge, offline_embedder
 
 DEMO_MODEL_ENV = "AIP_CREWAI_DEMO_MODEL"
 CREW_ID = "support-triage"
