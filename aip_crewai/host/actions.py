@@ -337,6 +337,9 @@ class ActionService:
 
         sink = ChunkSink(self.store, live)
         try:
+            if not await self.store.take_lease(tenant, action_id):  # another host dispatches it (issue 21)
+                log.info("action_leased_elsewhere")
+                return
             if job.spec.approval and recheck:  # governed: re-check what its approval relied on, before sending
                 record = await self.store.get_action(tenant, action_id)
                 revoked = self.revocation(record) if record is not None else None
@@ -463,6 +466,10 @@ class ActionService:
                 await self.on_decision(approval)  # decided by a process that died before applying the decision
                 return await self.record(record.tenant, record.action_id)
         if record.status == ActionState.RUNNING and self.live.get(record.tenant, record.action_id) is None:
+            # Only the holder of its dispatch lease settles it: another live host's action is left to it
+            # (issue 21 item 2); an expired lease (a dead host's) is taken over here.
+            if not await self.store.take_lease(record.tenant, record.action_id):
+                return record
             await self.reconcile(record)
             return await self.record(record.tenant, record.action_id)
         if record.status == ActionState.FAILED and not recovery.is_final(record, await self.result(record)):
@@ -667,7 +674,8 @@ async def lifespan(app: Any) -> AsyncIterator[None]:
                             allowed, metrics=app.state.metrics, authenticator=app.state.authenticator,
                             principals=app.state.principals, dispatch_deadline_s=settings.dispatch_deadline_s)
     app.state.actions = service
-    tasks = [asyncio.create_task(recovery.sweep_expired(service)), asyncio.create_task(recovery.reconcile_all(service))]
+    tasks = [asyncio.create_task(recovery.sweep_expired(service)), asyncio.create_task(recovery.reconcile_all(service)),
+             asyncio.create_task(recovery.renew_leases(service))]
     try:
         yield
     finally:

@@ -46,6 +46,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -314,7 +315,10 @@ def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) ->
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         settings: Settings = app.state.settings
-        store = await Store.open(settings.store_path, clock=app.state.clock)
+        # Dispatch leases where hosts share the store (PostgreSQL); a SQLite store has one host (its lock file).
+        shared = not isinstance(settings.store_path, Path)
+        store = await Store.open(settings.store_path, clock=app.state.clock,
+                                 owner=settings.host_id if shared else None, lease_ms=int(settings.lease_s * 1000))
         http = httpx.AsyncClient(
             base_url=settings.sidecar_url,
             headers={"Authorization": f"Bearer {settings.sidecar_token}"},

@@ -12,6 +12,8 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     stream_token_ttl_seconds = 300     # lifetime of a minted stream token (EventSource auth), 10 .. 3600 s
     openapi = true                     # serve the generated OpenAPI document at /openapi.json
     console = true                     # serve the approval console at /console/ (false: 404)
+    host_id = "<hostname>:<port>"      # this host in dispatch leases; unique per host sharing a PostgreSQL store
+    lease_seconds = 30                 # a dispatch lease lasts this long unless renewed, 1 .. 3600 s
 
     [sidecar]
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -52,6 +54,7 @@ import binascii
 import ipaddress
 import os
 import re
+import socket
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -77,6 +80,8 @@ from .admission import AdmissionError, CrewDescriptor, load_descriptors
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
+#: Default ``[host] lease_seconds``: a dispatch lease lasts this long unless renewed (issue 21 item 2).
+DEFAULT_LEASE_S = 30.0
 #: At most this many ``[host] cors_origins``.
 MAX_CORS_ORIGINS = 64
 #: How long a start the sidecar provably did not admit is retried, seconds (ARCHITECTURE.md §9).
@@ -132,6 +137,8 @@ class _HostTable(_Table, frozen=True):
         DEFAULT_STREAM_TOKEN_TTL_S
     openapi: bool = True
     console: bool = True
+    host_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
+    lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_S
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -209,6 +216,10 @@ class Settings:
         stream_token_ttl_s: lifetime of a minted stream token, seconds (README "Stream tokens").
         openapi: serve ``/openapi.json`` (README "OpenAPI").
         console: serve the approval console at ``/console/`` (README "Approval console").
+        host_id: this host in dispatch leases (default ``<hostname>:<bind port>``); hosts sharing a
+            PostgreSQL store need distinct ids (issue 21 item 2).
+        lease_s: how long a dispatch lease lasts unless renewed, seconds; a dead host's running actions
+            are taken over by another host after it.
     """
 
     config_path: Path
@@ -230,6 +241,8 @@ class Settings:
     stream_token_ttl_s: int = DEFAULT_STREAM_TOKEN_TTL_S
     openapi: bool = True
     console: bool = True
+    host_id: str = "host"
+    lease_s: float = DEFAULT_LEASE_S
 
 
 # --- loading -----------------------------------------------------------------
@@ -251,6 +264,13 @@ def _convert(value: Any, type_: Any, prefix: str) -> Any:
             name = (unknown or missing).group(1)  # type: ignore[union-attr]
             raise ConfigError(f"{key}.{name}" if key else name, "unknown key" if unknown else "required key is missing") from exc
         raise ConfigError(key or "(root)", rule) from exc
+
+
+def _default_host_id(bind: str) -> str:
+    """``<hostname>:<port>`` (stable across restarts, so a restarted host keeps its own leases), or
+    ``<hostname>:pid<pid>`` for an ephemeral port (0)."""
+    port = bind.rsplit(":", 1)[-1]
+    return f"{socket.gethostname()}:{port if port != '0' else f'pid{os.getpid()}'}"[:128]
 
 
 def _store(base: Path, raw: str) -> Path | str:
@@ -464,6 +484,8 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         stream_token_ttl_s=host.stream_token_ttl_seconds,
         openapi=host.openapi,
         console=host.console,
+        host_id=host.host_id or _default_host_id(host.bind),
+        lease_s=float(host.lease_seconds),
     )
 
 

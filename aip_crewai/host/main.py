@@ -73,13 +73,13 @@ def load(config: str) -> Settings:
 
 def own_store(settings: Settings) -> Callable[[], None]:
     """Own the store for this process; returns the release. A SQLite store: an exclusive lock on
-    ``<store>.lock`` (:func:`~aip_crewai.host.store.lock_store`); a PostgreSQL store: a session
-    advisory lock (:func:`~aip_crewai.host.store_schema.lock_postgres_store`). Either lives as long as
-    the process. Raises StoreLocked, InsecureStorePath or UnusableStore (all exit 2)."""
+    ``<store>.lock`` (:func:`~aip_crewai.host.store.lock_store`); a PostgreSQL store, shared by
+    several hosts: a session advisory lock on this host's id
+    (:func:`~aip_crewai.host.store_schema.lock_postgres_store`). Either lives as long as the process. Raises StoreLocked, InsecureStorePath or UnusableStore (all exit 2)."""
     if isinstance(settings.store_path, Path):
         fd = lock_store(settings.store_path)
         return lambda: release_lock(fd)
-    conn = lock_postgres_store(settings.store_path)
+    conn = lock_postgres_store(settings.store_path, settings.host_id)
     return conn.close
 
 

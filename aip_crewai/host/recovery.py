@@ -92,6 +92,19 @@ async def reconcile_all(runtime: ActionRuntime) -> None:
         await correct_provisional(runtime)
 
 
+async def renew_leases(runtime: ActionRuntime) -> None:
+    """Every third of the lease: extend this host's dispatch leases (issue 21 item 2). A host that stops
+    renewing (killed, frozen) loses them when they expire, and another host's reconciler takes its
+    running actions over (:meth:`~.actions.ActionService.refresh`)."""
+    interval_s = max(runtime.store.lease_ms / 3000, 0.05)
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await runtime.store.renew_leases()
+        except Exception:  # housekeeping must not kill the host
+            log.exception("lease_renewal_failed")
+
+
 async def correct_provisional(runtime: ActionRuntime) -> None:
     """Re-read from the sidecar every stored result that is not final
     (:func:`~.lifecycle.result_is_final`) and correct it (:func:`correct`);
@@ -255,6 +268,9 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
     never_admitted: ActionRecord | None = None
     unreachable: ActionRecord | None = None
     try:
+        if not await runtime.store.take_lease(tenant, action_id):
+            log.info("action_leased_elsewhere")  # another host follows it (issue 21 item 2)
+            return
         log.info("action_resumed", from_chunk=job.first_chunk_sequence)
         result = await runtime.dispatcher.resume(job, sink.add)
         await sink.drain()

@@ -113,6 +113,8 @@ def lock_store(path: Path) -> int:
 
 
 _S = ActionState
+#: How long a dispatch lease lasts unless renewed, ms (``[host] lease_seconds``).
+DEFAULT_LEASE_MS = 30_000
 _GET_ACTION = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?"
 #: The one decision: only from ``pending``, before ``expires_at``, never by the requester.
 # A decision needs the approval pending and unexpired, a decider other than the requester, AND its action
@@ -133,16 +135,22 @@ class Store:
     """Named async methods over the host database. Open with :meth:`open`."""
 
     def __init__(self, db: Db, worker: ThreadPoolExecutor, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, owner: str | None = None,
+                 lease_ms: int = DEFAULT_LEASE_MS) -> None:
         self._db = db
         self._worker = worker
         self._clock = clock
         #: Notified after every write that may have changed an approval (the
         #: approval event stream's wake-up; ARCHITECTURE.md §10 live followers).
         self.approvals_changed = ChangeSignal()
+        #: This host's id in dispatch leases (None: no leases, every lease check passes).
+        self.owner = owner
+        #: How long a lease lasts unless renewed, ms.
+        self.lease_ms = lease_ms
 
     @classmethod
-    async def open(cls, location: Path | str, *, clock: Callable[[], float] = time.time) -> Store:
+    async def open(cls, location: Path | str, *, clock: Callable[[], float] = time.time, owner: str | None = None,
+                   lease_ms: int = DEFAULT_LEASE_MS) -> Store:
         """Open the store: a SQLite file (check the location, create it 0600 if missing, connect) or a
         ``postgresql://`` URL (connect); then apply the migrations the database lacks.
 
@@ -155,7 +163,7 @@ class Store:
             url = str(location)
             worker, db = await start_worker(lambda: PostgresDb(connect_postgres(url)), name="aip-host-store",
                                             abandon=lambda opened: opened.close() if opened is not None else None)
-            return cls(db, worker, clock=clock)
+            return cls(db, worker, clock=clock, owner=owner, lease_ms=lease_ms)
         path = Path(location)
         check_location(path)
         create_private_file(path)
@@ -163,7 +171,7 @@ class Store:
         # Cancel-safe: a connection opened after the caller gave up is closed on the worker.
         worker, sqlite = await start_worker(lambda: SqliteDb(_connect(str(path))), name="aip-host-store",
                                             abandon=lambda opened: opened.close() if opened is not None else None)
-        return cls(sqlite, worker, clock=clock)
+        return cls(sqlite, worker, clock=clock, owner=owner, lease_ms=lease_ms)
 
     @property
     def engine(self) -> str:
@@ -330,10 +338,11 @@ class Store:
                 if not found:
                     raise MissingTarget(run_action_id)
             rows = self._fetch_now(
-                f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 18)}) "
+                f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 20)}) "
                 f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {_ACTION_COLUMNS}",
                 (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id,
-                 idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0, now, now),
+                 idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0, now, now,
+                 *self._lease_for(status, now)),
             )
             if rows:
                 if reserve:
@@ -353,6 +362,37 @@ class Store:
             return self._transaction_now(create)
 
         return await self._run(self._write_now, durable, transaction if reserve else create)
+
+    # --- dispatch leases (issue 21 item 2) ---
+
+    def _lease_for(self, status: str, now: int) -> tuple[str | None, int | None]:
+        """``(lease_owner, lease_expires_at)`` of a row entering ``status``: this host's lease when running."""
+        if self.owner is None or status != _S.RUNNING.value:
+            return None, None
+        return self.owner, now + self.lease_ms
+
+    async def take_lease(self, tenant: str, action_id: str, *, now: int | None = None) -> bool:
+        """Take (or keep) the dispatch lease of a running action for this host: True when this host now
+        holds it; False when another host's lease is live (it dispatches or reconciles the action) or the
+        action no longer runs. Without an owner (no lease mode): True. One statement, so two hosts
+        racing for an expired lease cannot both win."""
+        if self.owner is None:
+            return True
+        now = self.now_ms() if now is None else now
+        changed = await self._run(self._write_now, True, lambda: self._change_now(
+            "UPDATE actions SET lease_owner = ?, lease_expires_at = ? WHERE tenant = ? AND action_id = ? "
+            "AND status = 'running' AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
+            (self.owner, now + self.lease_ms, tenant, action_id, self.owner, now)))
+        return changed > 0
+
+    async def renew_leases(self, *, now: int | None = None) -> int:
+        """Extend every lease this host holds on a running action by :attr:`lease_ms`; returns how many."""
+        if self.owner is None:
+            return 0
+        now = self.now_ms() if now is None else now
+        return await self._run(self._write_now, True, lambda: self._change_now(
+            "UPDATE actions SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'running'",
+            (now + self.lease_ms, self.owner)))
 
     async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
         rows = await self._fetch(_GET_ACTION, (tenant, action_id))
@@ -572,9 +612,15 @@ class Store:
             if approval.status != "approved" or action is None or action.status != _S.PENDING_APPROVAL.value \
                     or not start_if(approval, action):
                 return approval, None
-            return approval, self._update_now(_action_update(
+            started = self._update_now(_action_update(
                 tenant, action.action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.RUNNING.value,
                 dispatch="sent", now=now))
+            if started is not None and self.owner is not None:  # the deciding host dispatches: its lease
+                leased = self._fetch_now(
+                    f"UPDATE actions SET lease_owner = ?, lease_expires_at = ? WHERE tenant = ? AND action_id = ? "
+                    f"RETURNING {_ACTION_COLUMNS}", (*self._lease_for(_S.RUNNING.value, now), tenant, action.action_id))
+                started = ActionRecord(*leased[0]) if leased else started
+            return approval, started
 
         return await self._approvals_write(self._transaction_now, decide)
 
@@ -614,7 +660,7 @@ class Store:
 
         return await self._approvals_write(self._transaction_now, expire)
 
-    # --- the approval event log (migration 3; README "Approval events") ---
+    # --- the approval event log (migration 4; README "Approval events") ---
 
     async def list_approval_events(self, tenant: str, after_seq: int, limit: int) -> list[ApprovalEvent]:
         """A tenant's approval events with ``seq > after_seq``, oldest first, at most ``limit``."""

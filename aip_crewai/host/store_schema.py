@@ -133,13 +133,20 @@ CREATE INDEX approvals_by_action ON approvals (tenant, action_id);
 CREATE INDEX approvals_pending_expiry ON approvals (expires_at) WHERE status = 'pending';
 """
 
-# Migration 3 (issue 19): the proof of a signed decision (JSON: the RFC 9421 signature
+# Migration 3: the dispatch lease of a running action (issue 21 item 2): which host dispatches or
+# reconciles it, until when (ms). A lease that is not renewed expires, and another host takes it over.
+_MIGRATION_3 = """
+ALTER TABLE actions ADD COLUMN lease_owner TEXT;
+ALTER TABLE actions ADD COLUMN lease_expires_at INTEGER;
+"""
+
+# Migration 4 (issue 19): the proof of a signed decision (JSON: the RFC 9421 signature
 # base, signature and the decision body, README "Signed requests"), and the approval
 # event log of ``GET /aip/v1/approvals/events``: one row per approval created or changed
 # in status, written by the store in the same transaction as the change
 # (:meth:`Store._log_approval_now`). ``seq`` counts per tenant from 1 (a tenant's positions
 # tell nothing about other tenants). Plain DDL: the same script serves PostgreSQL.
-_MIGRATION_3 = """
+_MIGRATION_4 = """
 ALTER TABLE approvals ADD COLUMN decision_proof TEXT;
 CREATE TABLE approval_events (
     tenant      TEXT NOT NULL,
@@ -151,7 +158,7 @@ CREATE TABLE approval_events (
 """
 
 #: Forward-only migrations; migration N (1-based) brings ``user_version`` to N.
-MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3)
+MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4)
 
 
 #: Dispatch states in order (only forward, see :meth:`Store.update_action`).
@@ -211,6 +218,9 @@ class ActionRecord:
     chunk_count: int
     created_at: int
     updated_at: int
+    #: the host that dispatches or reconciles the running action, and until when (ms): issue 21 item 2
+    lease_owner: str | None = None
+    lease_expires_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -477,26 +487,26 @@ def connect_postgres(url: str) -> Any:
     return conn
 
 
-#: The session advisory lock a host holds on its PostgreSQL store for its lifetime (one host per database
-#: until the multi-host lease mode exists: issue 21 item 2).
-PG_OWNER_LOCK = 0x41495045
+#: The class of the session advisory locks that keep one process per host id on a PostgreSQL store.
+PG_HOST_ID_LOCK_CLASS = 0x41495045
 
 
-def lock_postgres_store(url: str) -> Any:
-    """Own a PostgreSQL store for this process: a connection holding :data:`PG_OWNER_LOCK` (released when
-    the connection closes, so also when the process dies). Returns the connection (close it to release).
+def lock_postgres_store(url: str, host_id: str) -> Any:
+    """Claim ``host_id`` on a PostgreSQL store for this process: a connection holding a session advisory
+    lock on it (released when the connection closes, so also when the process dies). Several hosts share
+    one store, each under its own id: two processes with one id would share dispatch leases (issue 21
+    item 2). Returns the connection (close it to release).
 
     Raises:
-        StoreLocked: another host holds the lock.
+        StoreLocked: another running process uses ``host_id`` on this store.
         UnusableStore: psycopg is missing or the server cannot be reached.
     """
     conn = _pg_connect(url, "aip-crewai-host-lock", UnusableStore)
-    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (PG_OWNER_LOCK,)).fetchone()
+    row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (PG_HOST_ID_LOCK_CLASS, host_id)).fetchone()
     if not row or not row[0]:
         conn.close()
-        raise StoreLocked("the PostgreSQL store is already owned by another running host; several hosts on one "
-                          "database need the lease mode, which this version does not have yet: stop the other host, "
-                          "or give this host its own database")
+        raise StoreLocked(f"another running host uses host_id {host_id!r} on this PostgreSQL store; "
+                          "give each host its own [host] host_id")
     return conn
 
 

@@ -580,13 +580,59 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
     assert await store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS) == []
 
 
-async def test_migration_3_keeps_older_approvals_and_logs_every_later_change(db_path: Path):
-    """A store written before migration 3 (decision proofs, the approval event log): its approvals read
+# --- dispatch leases (issue 21 item 2) -------------------------------------------------------
+
+
+async def test_a_lease_belongs_to_one_host_until_it_expires_and_is_then_taken_over(location: Path | str):
+    clock = {"now": T0}
+    a = await Store.open(location, clock=lambda: clock["now"] / 1000, owner="host-a", lease_ms=2000)
+    b = await Store.open(location, clock=lambda: clock["now"] / 1000, owner="host-b", lease_ms=2000)
+    try:
+        _, record = await make_action(a, action_id="act_1")
+        assert (record.lease_owner, record.lease_expires_at) == ("host-a", T0 + 2000)
+        assert await a.take_lease("acme", "act_1") and not await b.take_lease("acme", "act_1")
+        clock["now"] = T0 + 1500
+        assert await a.renew_leases() == 1 and await b.renew_leases() == 0
+        clock["now"] = T0 + 3000  # renewed until T0 + 3500: still a's
+        assert not await b.take_lease("acme", "act_1")
+        clock["now"] = T0 + 3500  # expired: b takes it, a no longer renews it
+        assert await b.take_lease("acme", "act_1") and not await a.take_lease("acme", "act_1")
+        assert await a.renew_leases() == 0
+        assert (await a.get_action("acme", "act_1")).lease_owner == "host-b"
+        # pending and finished actions have no lease to take
+        await make_action(a, action_id="act_2", status="pending_approval", key="key-2")
+        assert not await b.take_lease("acme", "act_2")
+        unleased = await Store.open(location, clock=lambda: clock["now"] / 1000)
+        try:
+            assert await unleased.take_lease("acme", "act_1")  # no owner: no lease mode
+        finally:
+            await unleased.close()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_the_deciding_host_holds_the_lease_of_the_action_it_starts(location: Path | str):
+    store = await Store.open(location, clock=lambda: T0 / 1000, owner="host-a", lease_ms=2000)
+    try:
+        _, action = await make_action(store, action_id="act_1", status="pending_approval", approval_id="apr_1")
+        assert action.lease_owner is None
+        await store.create_approval("acme", "apr_1", "act_1", "cap:crewai:alpha", "ph", "svc:acme", "{}", T0 + DAY)
+        approval, started = await store.decide_and_start("acme", "apr_1", "approved", "ok", "human:x", T0,
+                                                          start_if=lambda approval, action: True)
+        assert approval is not None and started is not None
+        assert (started.status, started.lease_owner, started.lease_expires_at) == ("running", "host-a", T0 + 2000)
+    finally:
+        await store.close()
+
+
+async def test_migration_4_keeps_older_approvals_and_logs_every_later_change(db_path: Path):
+    """A store written before migration 4 (decision proofs, the approval event log): its approvals read
     back without a proof, and every later creation or status change is logged per tenant, in order."""
     from aip_crewai.host.store_schema import MIGRATIONS as ALL
 
     with sqlite3.connect(db_path) as conn:
-        for number, script in enumerate(ALL[:2], start=1):
+        for number, script in enumerate(ALL[:3], start=1):
             conn.executescript(script)
             conn.execute(f"PRAGMA user_version = {number}")
         conn.execute("INSERT INTO actions (tenant, action_id, capability_id, crew_id, operation, input_json, "
@@ -618,7 +664,7 @@ async def test_migration_3_keeps_older_approvals_and_logs_every_later_change(db_
 
 
 async def test_every_approval_change_is_logged_per_tenant_in_order_on_both_engines(store: Store):
-    """The approval event log (migration 3) on SQLite and PostgreSQL: creation, decision with its
+    """The approval event log (migration 4) on SQLite and PostgreSQL: creation, decision with its
     proof, withdrawal and expiry each append one row, per tenant from 1, in the writing transaction."""
     await approval(store, "apr_a", action_id="act_a")
     await approval(store, "apr_b", action_id="act_b")

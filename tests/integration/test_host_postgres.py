@@ -51,15 +51,17 @@ def test_the_governed_flow_on_postgresql_survives_a_restart(sidecar_factory, tmp
         again.stop()
 
 
-def test_a_second_host_on_the_same_postgresql_store_is_refused(sidecar_factory, tmp_path, postgres_url):
+def test_a_second_process_with_the_same_host_id_is_refused(sidecar_factory, tmp_path, postgres_url):
     sidecar = sidecar_factory.start()
-    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, store=postgres_url)
+    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, store=postgres_url,
+                      host_options={"host_id": "host-a"})
     try:
-        config = write_config(tmp_path / "second", sidecar.base_url, sidecar.token, free_port(), store=postgres_url)
+        config = write_config(tmp_path / "second", sidecar.base_url, sidecar.token, free_port(), store=postgres_url,
+                              host_options={"host_id": "host-a"})
         second = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
                                 capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         assert second.returncode == 2, second.stderr
-        assert "already owned by another running host" in second.stderr
+        assert "another running host uses host_id 'host-a'" in second.stderr
     finally:
         host.stop()
 
