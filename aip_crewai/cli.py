@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .exit_codes import Exit, of_envelope, of_error
+from .log import configure_logging
 
 DEFAULT_CONTRACTS_DIR = Path(__file__).resolve().parent.parent / "contracts"
 
@@ -469,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         from .host.main import main as host_main
 
         return host_main(argv[1:])
+    # Client commands: any log line of a module they use goes to stderr, warnings and worse only, so a
+    # command's stdout (its JSON, its stream) is never interleaved with log lines.
+    configure_logging(json=False, level="warning", cache=False)
     try:
         return _dispatch(argv)
     except BrokenPipeError:

@@ -16,13 +16,27 @@ import sys
 import structlog
 
 
-def configure_logging(*, json: bool | None = None, level: str = "info") -> None:
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is at each write (a test's capture, a replaced stream), not the one
+    configured first: a logger cached before the stream changed never writes to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def configure_logging(*, json: bool | None = None, level: str = "info", cache: bool = True) -> None:
     """Configure structlog once.
 
     Args:
         json: JSON lines (production) when True, the console renderer when
             False; None picks JSON unless stderr is a terminal.
         level: minimum level name (debug, info, warning, error).
+        cache: cache each logger on first use (the long-running processes); a
+            client command configures without, so a caller that configures
+            logging again (an embedding program, a test) is obeyed.
     """
     if json is None:
         json = not sys.stderr.isatty()
@@ -38,6 +52,6 @@ def configure_logging(*, json: bool | None = None, level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
+        cache_logger_on_first_use=cache,
     )

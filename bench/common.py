@@ -367,15 +367,17 @@ class Stack:
         _wait_http(f"{process.base_url}/health", {"Authorization": f"Bearer {SIDECAR_TOKEN}"}, process)
         return process
 
-    def start_host(self, sidecar: Process, crews: Sequence[str], *, name: str = "host") -> Process:
-        """``aip-crewai host`` on port 0 in front of ``sidecar``; tenant ``bench`` sees ``crews``."""
+    def start_host(self, sidecar: Process, crews: Sequence[str], *, name: str = "host",
+                   store: str = "host.db") -> Process:
+        """``aip-crewai host`` on port 0 in front of ``sidecar``; tenant ``bench`` sees ``crews``;
+        ``store``: a SQLite file in its own directory, or a ``postgresql://`` URL (``host_id`` = ``name``)."""
         home = self.workdir / name
         home.mkdir(mode=0o700)
         (home / "sidecar.token").write_text(SIDECAR_TOKEN + "\n")
         (home / "sidecar.token").chmod(0o600)
         descriptors = [{"id": crew, "name": crew.title(), "allowed_operations": HOST_OPERATIONS} for crew in crews]
         (home / "crews.json").write_text(json.dumps(descriptors))
-        lines = ["[host]", 'bind = "127.0.0.1:0"', 'store = "host.db"', "",
+        lines = ["[host]", 'bind = "127.0.0.1:0"', f"store = {json.dumps(store)}", f'host_id = "{name}"', "",
                  "[sidecar]", f'url = "{sidecar.base_url}"', 'token_file = "sidecar.token"', "",
                  "[crews]", 'file = "crews.json"', "",
                  f"[tenants.{TENANT}]", f"crews = {json.dumps(list(crews))}", ""]

@@ -51,3 +51,13 @@ def postgres_server() -> Iterator[pgserver.PostgresServer]:
 def postgres_url(postgres_server: pgserver.PostgresServer) -> str:
     """The URL of a new, empty database on the session's server."""
     return postgres_server.create_database(f"test_{os.getpid()}_{next(_database_numbers)}")
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> Iterator[None]:
+    """Each test starts from structlog's defaults: a test that configures logging (a CLI command, a
+    process's main()) leaves nothing behind for the next one."""
+    import structlog
+
+    yield
+    structlog.reset_defaults()

@@ -46,6 +46,7 @@ from .config import DEFAULT_DISPATCH_DEADLINE_S
 from .dispatch import DispatchDeferred, Dispatcher, Job, OnChunks, StartNotAdmitted
 from .lifecycle import ActionEvent, ActionState, DispatchState, approval_admits, policy_hash
 from .live import LiveAction, LiveRegistry
+from .notify import RemoteChanges, listen
 from .normalize import failed_result
 from .sidecar_client import DispatchProgress, SidecarClient
 from .auth import Authenticator
@@ -59,6 +60,9 @@ log = structlog.get_logger(__name__)
 
 IDEMPOTENCY_TTL_MS = 86_400_000
 APPROVAL_TTL_MS = 900_000
+#: Longest wait for another host's action between store reads when changes are pushed, seconds (a
+#: missed notification costs at most this much delay).
+REMOTE_POLL_S = 5.0
 #: Backoff between retries of a start the sidecar did not admit: first wait and cap, seconds (ARCHITECTURE.md §9).
 RETRY_FIRST_S, RETRY_MAX_S = 0.5, 30.0
 
@@ -153,6 +157,8 @@ class ActionService:
         self.dispatcher = dispatcher
         self.allowed = allowed
         self.live = LiveRegistry()
+        #: Changes other hosts commit to a shared store, pushed to followers here (:mod:`.notify`).
+        self.remote = RemoteChanges()
         self.metrics = metrics
         #: The one writer of action and approval state.
         self.writer = ActionWriter(store, metrics=metrics)
@@ -549,9 +555,12 @@ class ActionService:
                 if live.retry_waiting:  # queued for a retry of its start: answer now, the caller follows it
                     return await self.record(record.tenant, record.action_id)
             else:
+                remote = self.remote.signal(record.tenant, record.action_id)  # before the read (wakeup rule)
+                seen = remote.version
                 record = await self.refresh(await self.record(record.tenant, record.action_id))
                 if record.status == ActionState.RUNNING:
-                    await asyncio.sleep(min(remaining, 0.5))  # polling the sidecar via refresh
+                    # Another host's action (a shared store pushes its changes) or one to poll via refresh.
+                    await remote.wait(min(remaining, REMOTE_POLL_S if self.remote.pushed else 0.5), seen=seen)
             record = await self.record(record.tenant, record.action_id)
         return record
 
@@ -676,9 +685,13 @@ async def lifespan(app: Any) -> AsyncIterator[None]:
     app.state.actions = service
     tasks = [asyncio.create_task(recovery.sweep_expired(service)), asyncio.create_task(recovery.reconcile_all(service)),
              asyncio.create_task(recovery.renew_leases(service))]
+    store_url = app.state.store.url
+    stop_listening = listen(store_url, service.remote, asyncio.get_running_loop()) if store_url else None
     try:
         yield
     finally:
+        if stop_listening is not None:
+            await asyncio.to_thread(stop_listening)
         for task in tasks:
             task.cancel()
         live = service.live.tasks()

@@ -244,6 +244,8 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
     while True:
         watched = service.live.get(tenant, action_id)
         seen = watched.version if watched is not None else None  # before reading: a later change wakes us
+        remote = service.remote.signal(tenant, action_id)  # another host's commits (shared store)
+        remote_seen = remote.version
         chunks = await service.store.list_chunks(tenant, action_id, last_seq, 500)
         if chunks:
             # One write per page of stored chunks, not per frame: each ASGI send costs a socket write.
@@ -269,7 +271,9 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
             continue
         live = service.live.get(tenant, action_id)
         if live is None:
-            record = await service.wait(record, 1.0)
+            if service.remote.pushed and not await remote.wait(KEEPALIVE_S, seen=remote_seen):
+                yield encode_comment("keep-alive")  # another host's action: its commits are pushed here
+            record = await service.wait(record, 1.0) if not service.remote.pushed else record
         elif live is not watched:
             continue  # its dispatch registered after this round's read: read again
         elif not await live.wait(KEEPALIVE_S, seen=seen):

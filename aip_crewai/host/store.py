@@ -55,6 +55,8 @@ from typing import Any, TypeVar
 from ..wakeup import ChangeSignal
 from ..storage import acquire_lock, create_private_file, hop, start_worker
 from .lifecycle import allowed, is_terminal
+from .notify import CHANNEL as NOTIFY_CHANNEL
+from .notify import payload as notify_payload
 from .store_db import Db, PostgresDb, SqliteDb
 from .store_schema import (
     APPROVAL_DECISIONS,
@@ -147,6 +149,7 @@ class Store:
         self.owner = owner
         #: How long a lease lasts unless renewed, ms.
         self.lease_ms = lease_ms
+        self._url: str | None = None
 
     @classmethod
     async def open(cls, location: Path | str, *, clock: Callable[[], float] = time.time, owner: str | None = None,
@@ -163,7 +166,9 @@ class Store:
             url = str(location)
             worker, db = await start_worker(lambda: PostgresDb(connect_postgres(url)), name="aip-host-store",
                                             abandon=lambda opened: opened.close() if opened is not None else None)
-            return cls(db, worker, clock=clock, owner=owner, lease_ms=lease_ms)
+            opened = cls(db, worker, clock=clock, owner=owner, lease_ms=lease_ms)
+            opened._url = url
+            return opened
         path = Path(location)
         check_location(path)
         create_private_file(path)
@@ -172,6 +177,11 @@ class Store:
         worker, sqlite = await start_worker(lambda: SqliteDb(_connect(str(path))), name="aip-host-store",
                                             abandon=lambda opened: opened.close() if opened is not None else None)
         return cls(sqlite, worker, clock=clock, owner=owner, lease_ms=lease_ms)
+
+    @property
+    def url(self) -> str | None:
+        """The PostgreSQL URL of a shared store (None for SQLite)."""
+        return self._url
 
     @property
     def engine(self) -> str:
@@ -428,7 +438,17 @@ class Store:
 
     def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None:
         rows = self._fetch_now(*update)
-        return ActionRecord(*rows[0]) if rows else None
+        if not rows:
+            return None
+        record = ActionRecord(*rows[0])
+        self._notify_now(record.tenant, record.action_id)
+        return record
+
+    def _notify_now(self, tenant: str, action_id: str) -> None:
+        """On a shared (PostgreSQL) store: tell the other hosts' followers that this action changed
+        (``NOTIFY``, delivered at this write's commit: :mod:`.notify`). Nothing on SQLite."""
+        if self._db.engine == "postgresql":
+            self._fetch_now("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, notify_payload(tenant, action_id)))
 
     async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
         """Actions still ``running`` (reconciliation after a restart), oldest first."""
@@ -493,6 +513,7 @@ class Store:
                 f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} "
                 "THEN CAST(? AS TEXT) ELSE dispatch END WHERE tenant = ? AND action_id = ?",
                 (inserted, dispatch, rank, dispatch, tenant, action_id))
+            self._notify_now(tenant, action_id)
             return inserted
 
         def append() -> int:

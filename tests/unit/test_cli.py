@@ -284,3 +284,19 @@ def test_approvals_watch_stops_after_count_pending_and_prints_json(host_url, tok
         == Exit.OK
     (line,) = capsys.readouterr().out.splitlines()
     assert json.loads(line)["event"] == "pending" and json.loads(line)["id"] is None
+
+
+def test_client_commands_send_log_lines_to_stderr_never_stdout(capsys) -> None:
+    """A library module's log line during a client command must not corrupt its stdout (JSON, streams)."""
+    import structlog
+
+    from aip_crewai import cli
+
+    with pytest.raises(SystemExit) as exited:  # argparse's --version exits 0 after configuring
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    capsys.readouterr()
+    structlog.get_logger("aip_crewai.test").warning("a_warning_during_a_command")
+    structlog.get_logger("aip_crewai.test").info("an_info_line")
+    out, err = capsys.readouterr()
+    assert out == "" and "a_warning_during_a_command" in err and "an_info_line" not in err

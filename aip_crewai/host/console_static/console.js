@@ -213,11 +213,13 @@ async function loadPending() {
   renderQueue();
 }
 
+// An approval event's data is an AIP Event whose `data` is the ApprovalRecordView (README "Approval events");
+// `ready` (the snapshot's end) carries no approval: the queue is reloaded then.
 function approvalIdOf(data) {
   try {
     const value = JSON.parse(data);
-    return value.approval_id || (value.request && value.request.id) || (value.approval && value.approval.request
-      && value.approval.request.id) || null;
+    const view = value.data || {};
+    return (view.request && view.request.id) || null;
   } catch (_) { return null; }
 }
 
@@ -226,8 +228,9 @@ function watchApprovals() {
   const live = (on) => { $("live").textContent = on ? "live" : "reconnecting"; $("live").className = on ? "badge" : "badge off"; };
   follow(`${API}/approvals/events`, (name, data) => {
     const id = approvalIdOf(data);
-    (id ? refreshApproval(id) : loadPending()).catch(showError);
-  }, state.liveAbort.signal, (on) => { live(on); if (on) loadPending().catch(showError); })
+    if (id) refreshApproval(id).catch(showError);
+    else if (name === "ready") loadPending().catch(showError);
+  }, state.liveAbort.signal, live)
     .catch((err) => { $("live").textContent = "no live events"; showError(err); });
 }
 
