@@ -26,13 +26,15 @@ DEFAULT_CONTRACTS_DIR = Path(__file__).resolve().parent.parent / "contracts"
 
 def _contracts(args: argparse.Namespace) -> int:
     from .contracts import artifacts
+    from .host.openapi import artifact as openapi_artifact
 
     root = Path(args.dir)
+    extra = dict([openapi_artifact()])
     if args.write:
-        for rel in artifacts.write(root):
+        for rel in artifacts.write(root, extra=extra):
             print(f"wrote {root / rel}")
         return 0
-    drift = artifacts.check(root)
+    drift = artifacts.check(root, extra=extra)
     for rel in drift:
         print(f"drift: {root / rel} differs from the code; run `aip-crewai contracts --write`", file=sys.stderr)
     return 1 if drift else 0
@@ -56,15 +58,17 @@ def host_url(text: str) -> str:
     return text.strip()
 
 
-def _client(args: argparse.Namespace):
+def _client(args: argparse.Namespace, *, timeout_s: float | None = 660.0):
     from .client import AipClient
     from .keys import load_ed25519, read_private
 
+    if args.signing_key and not args.key_id:  # never a silently unsigned request
+        raise UsageError("--signing-key needs --key-id (the principal id the key belongs to; env AIP_CREWAI_KEY_ID)")
     token = read_private(Path(args.token_file), what="token file").decode() if args.token_file else None
     key = load_ed25519(Path(args.signing_key)) if args.signing_key else None
     if token is None and key is None:
         raise UsageError("give --token-file or --signing-key (or AIP_CREWAI_TOKEN_FILE)")
-    return AipClient(args.url, token=token, signing_key=key, key_id=args.key_id)
+    return AipClient(args.url, token=token, signing_key=key, key_id=args.key_id, timeout_s=timeout_s)
 
 
 def _print(value: object, as_json: bool) -> None:
@@ -226,11 +230,54 @@ def _manifest_lines(manifest: dict) -> Iterator[str]:
         yield f"    input: {fields}"
 
 
+def _approval_line(event: str, data: dict) -> str:
+    """One line of ``approvals watch`` for an approval event (its ``data`` is an AIP Event)."""
+    view = data.get("data") or {}
+    request = view.get("request") or {}
+    approval_id = request.get("id", "?")
+    if event == "pending":
+        requester = (request.get("requester") or {}).get("id", "?")
+        return (f"pending    {approval_id}  {request.get('capability_id', '?')}  action {request.get('action_id', '?')}"
+                f"  by {requester}  expires {request.get('expires_at', '?')}  policy {request.get('policy_hash', '?')}")
+    if event == "decided":
+        decision = view.get("decision") or {}
+        return (f"decided    {approval_id}  {decision.get('decision', view.get('status', '?'))} by "
+                f"{(decision.get('approver') or {}).get('id', '?')}")
+    return f"{event:<10} {approval_id}"
+
+
+def _watch(client, args: argparse.Namespace) -> int:
+    """``approvals watch``: print the queue, then each approval event as it
+    arrives, until Ctrl-C (exit 0), ``--count`` pending approvals (exit 0), or
+    the host ends the stream (exit 1, with the command that resumes it)."""
+    pending, last_id = 0, args.last_event_id
+    try:
+        for event, data in client.approval_events(last_event_id=args.last_event_id):
+            sse_id = data.pop("_sse_id", None)  # None: an entry of the pending snapshot
+            last_id = sse_id or last_id
+            if args.json:
+                print(json.dumps({"event": event, "id": sse_id, "data": data}, separators=(",", ":")), flush=True)
+            elif event != "ready":
+                print(_approval_line(event, data), flush=True)
+            if event == "pending":
+                pending += 1
+                if args.count is not None and pending >= args.count:
+                    return Exit.OK
+    except KeyboardInterrupt:
+        return Exit.OK
+    resume = f" --last-event-id {last_id}" if last_id else ""
+    print(f"aip-crewai: the approval stream ended (the host may be shutting down); resume with: "
+          f"aip-crewai approvals watch{resume}", file=sys.stderr)
+    return Exit.FAILED
+
+
 def _approvals(args: argparse.Namespace) -> int:
     from .client import AipClientError
 
     try:
-        with _client(args) as client:
+        with _client(args, timeout_s=None if args.approvals_command == "watch" else 660.0) as client:
+            if args.approvals_command == "watch":
+                return _watch(client, args)
             if args.approvals_command == "list":
                 _print(client.approvals(status=args.status, cursor=args.cursor), args.json)
             elif args.approvals_command == "show":
@@ -279,8 +326,10 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", default=os.environ.get("AIP_CREWAI_TOKEN_FILE"),
                    help="0600 file holding the principal's bearer token (env AIP_CREWAI_TOKEN_FILE)")
     p.add_argument("--signing-key", default=os.environ.get("AIP_CREWAI_SIGNING_KEY"),
-                   help="0600 Ed25519 private key (PEM) to sign envelopes instead (env AIP_CREWAI_SIGNING_KEY)")
-    p.add_argument("--key-id", default=os.environ.get("AIP_CREWAI_KEY_ID"), help="principal id of the signing key (env AIP_CREWAI_KEY_ID)")
+                   help="0600 Ed25519 private key (PEM): every request is signed (RFC 9421 HTTP Message "
+                   "Signature) and so is an action envelope; needs --key-id (env AIP_CREWAI_SIGNING_KEY)")
+    p.add_argument("--key-id", default=os.environ.get("AIP_CREWAI_KEY_ID"),
+                   help="principal id of the signing key, as host.toml names it (env AIP_CREWAI_KEY_ID)")
     p.add_argument("--json", action="store_true", help="machine-readable output (one JSON value per line)")
 
 
@@ -349,6 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_flags(q)
     q = asub.add_parser("show", help="one approval with its input snapshot")
     q.add_argument("approval_id", help="approval id (from approvals list, or the pending call's output)")
+    _add_client_flags(q)
+    q = asub.add_parser("watch", help="print the pending approvals, then every approval event live (SSE), until "
+                        "Ctrl-C", epilog="exit codes: 0 stopped by Ctrl-C or --count reached, 1 the host ended the "
+                        "stream (the resume command is printed), 2 usage, 4 credential refused, 7 host unreachable")
+    q.add_argument("--last-event-id", help="resume after this position (apv_<n>) instead of starting with the "
+                   "pending queue")
+    q.add_argument("--count", type=int, help="exit 0 once this many pending approvals were printed")
     _add_client_flags(q)
     q = asub.add_parser("decide", help="approve or deny (as the authenticated approver)")
     q.add_argument("approval_id", help="approval id (from approvals list)")

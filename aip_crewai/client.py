@@ -1,9 +1,12 @@
 """Tenant-side Python client of the host's AIP API (used by the CLI, the
 demo and the tests).
 
-Authenticates with a bearer token, or signs each envelope with an Ed25519
-private key (RFC 8785 canonical envelope without ``security.signature``).
-Streaming calls yield ``(event, envelope)`` pairs as they arrive.
+Authenticates with a bearer token, or with an Ed25519 private key: every
+request is signed as an HTTP Message Signature (RFC 9421, :mod:`aip_crewai.httpsig`:
+method, authority, path, query and the body's Content-Digest, a fresh nonce),
+and an action envelope is signed too (RFC 8785 canonical envelope without
+``security.signature``). Streaming calls yield ``(event, envelope)`` pairs as
+they arrive.
 
 Source: README "AIP 1.0 conformance" (routes, envelopes, shapes).
 """
@@ -14,13 +17,14 @@ import base64
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from . import httpsig
 from .contracts.aip import CONTENT_TYPE
 from .contracts.hashing import jcs
 from .sse import SSEDecoder
@@ -61,21 +65,48 @@ def sign_envelope(envelope: dict[str, Any], key: Ed25519PrivateKey, key_id: str)
     return {**unsigned, "security": {**unsigned["security"], "signature": text}}
 
 
+class RequestSigner(httpx.Auth):
+    """httpx auth that signs every request (RFC 9421, this package's profile).
+
+    Args:
+        key / key_id: the Ed25519 private key and the principal id it belongs to.
+        clock: epoch seconds (the ``created`` parameter).
+    """
+
+    requires_request_body = True
+
+    def __init__(self, key: Ed25519PrivateKey, key_id: str, *, clock: Callable[[], float] = time.time) -> None:
+        self.key, self.key_id, self.clock = key, key_id, clock
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        headers = httpsig.sign_request(request.method, str(request.url), request.content, self.key, self.key_id,
+                                       created=int(self.clock()))
+        request.headers.update(headers)
+        yield request
+
+
 class AipClient:
     """Synchronous client of one host.
 
     Args:
         base_url: e.g. ``http://127.0.0.1:8081``.
         token: bearer token of the principal, or None when signing.
-        signing_key / key_id: Ed25519 private key and principal id for signed envelopes.
+        signing_key / key_id: Ed25519 private key and principal id: every request
+            is signed (RFC 9421) and so is every action envelope.
         timeout_s: read timeout, seconds (None: no read timeout, for long streams).
+
+    Raises:
+        ValueError: ``signing_key`` without ``key_id`` (nothing would say whose key it is).
     """
 
     def __init__(self, base_url: str, *, token: str | None = None, signing_key: Ed25519PrivateKey | None = None,
                  key_id: str | None = None, timeout_s: float | None = 660.0,
                  transport: httpx.BaseTransport | None = None) -> None:
+        if signing_key is not None and not key_id:
+            raise ValueError("a signing key needs its key id (the principal id)")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=base_url, headers=headers, transport=transport,
+        auth = RequestSigner(signing_key, key_id) if signing_key is not None and key_id else None
+        self.http = httpx.Client(base_url=base_url, headers=headers, transport=transport, auth=auth,
                                  timeout=httpx.Timeout(timeout_s, connect=10.0), follow_redirects=False)
         self.signing_key = signing_key
         self.key_id = key_id
@@ -173,9 +204,32 @@ class AipClient:
     def approval(self, approval_id: str) -> dict[str, Any]:
         return self._check(self.http.get(f"/aip/v1/approvals/{approval_id}"))
 
-    def decide(self, approval_id: str, decision: str, reason: str) -> dict[str, Any]:
-        body = {"decision": decision, "reason": reason}
+    def decide(self, approval_id: str, decision: str, reason: str, *, policy_hash: str | None = None) -> dict[str, Any]:
+        """Decide an approval. With a signing key the body names the approval's
+        ``policy_hash`` (read from the approval when not given), so the stored
+        signature proves which policy was decided."""
+        if policy_hash is None and self.signing_key is not None:
+            policy_hash = self.approval(approval_id)["request"]["policy_hash"]
+        body: dict[str, Any] = {"decision": decision, "reason": reason}
+        if policy_hash is not None:
+            body["policy_hash"] = policy_hash
         return self._check(self.http.post(f"/aip/v1/approvals/{approval_id}/decision", json=body))
+
+    def approval_events(self, *, last_event_id: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Follow the tenant's approval events (``GET /aip/v1/approvals/events``):
+        yields ``(event, data)``, ``data["_sse_id"]`` the position (None for the
+        snapshot of pending approvals sent first on a fresh connection)."""
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id:
+            headers["Last-Event-ID"] = last_event_id
+        with self.http.stream("GET", "/aip/v1/approvals/events", headers=headers) as response:
+            yield from self._events(response)
+
+    def stream_token(self, action_id: str | None = None) -> dict[str, Any]:
+        """Mint a stream token (``{stream_token, expires_at, stream_url}``) for one
+        action's events, or for the approval stream when ``action_id`` is None."""
+        path = f"/aip/v1/actions/{action_id}/stream-token" if action_id else "/aip/v1/approvals/stream-token"
+        return self._check(self.http.post(path))
 
     def ready_now(self) -> bool:
         """One ``/ready`` probe: True on 200; False on any other status or a transport error."""

@@ -271,6 +271,7 @@ class Event(_Out, frozen=True):
     occurred_at: Timestamp
     action_id: str | None = None
     correlation_id: str | None = None
+    actor: Principal | None = None
     data: Any = None
 
 
@@ -398,6 +399,8 @@ class ApprovalDecision(_Out, frozen=True):
     reason: str | None = None
     policy_hash: str | None = None
     decision_id: str | None = None
+    #: A signed decision's proof (kind ``http_message_signature``, ``uri`` the proof route).
+    evidence: list[EvidenceArtifact] | None = None
 
 
 class ApprovalEvidencePayload(_Out, frozen=True):

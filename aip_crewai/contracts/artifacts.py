@@ -107,20 +107,21 @@ def generated_files() -> dict[str, str]:
     return files
 
 
-def check(root: Path) -> list[str]:
-    """Return the relative paths under ``root`` that differ from the code."""
+def check(root: Path, *, extra: dict[str, str] | None = None) -> list[str]:
+    """Return the relative paths under ``root`` that differ from the code
+    (``extra``: more generated files, relative path -> text, e.g. the host's OpenAPI document)."""
     drift = []
-    for rel, text in generated_files().items():
+    for rel, text in {**generated_files(), **(extra or {})}.items():
         path = root / rel
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             drift.append(rel)
     return drift
 
 
-def write(root: Path) -> list[str]:
-    """Write every generated file under ``root``; return the paths written."""
+def write(root: Path, *, extra: dict[str, str] | None = None) -> list[str]:
+    """Write every generated file (and ``extra``) under ``root``; return the paths written."""
     written = []
-    for rel, text in generated_files().items():
+    for rel, text in {**generated_files(), **(extra or {})}.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

@@ -117,6 +117,15 @@ class ApprovalNotFound(AipError):
     default_message = "approval not found"
 
 
+class ProofNotFound(AipError):
+    """The approval's decision was not signed (or not made yet): it has no proof to show."""
+
+    code = "approval.no_proof"
+    category = Category.PERMANENT
+    http_status = 404
+    default_message = "this approval has no signed decision"
+
+
 class ApprovalAlreadyDecided(AipError):
     code = "approval.already_decided"
     category = Category.PERMANENT

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from aip_crewai.client import AipClient, new_id
-from aip_crewai.keys import generate_token
+from aip_crewai.keys import generate_ed25519, generate_token, load_ed25519
 
 CREW = "support-triage"
+APPROVER = "human:acme-approver"
 TICKET = {
     "customer": "Dana Whitfield",
     "ticket": "I was charged twice for my annual plan this month and I'd like a refund of the duplicate charge.",
@@ -64,7 +65,7 @@ def write_config(run: Path) -> dict[str, int]:
     secrets = run / "secrets"
     generate_token(secrets / "sidecar.token")
     invoker_sha = generate_token(secrets / "invoker.token")
-    approver_sha = generate_token(secrets / "approver.token")
+    approver_key = generate_ed25519(secrets / "approver.pem")  # the approver holds only a key (README "Signed requests")
     crews = [{"id": CREW, "name": "Support triage", "description": "Classifies a ticket and drafts a policy-based reply.",
               "allowed_operations": ["run", "status", "events", "cancel", "knowledge_query"]}]
     (run / "host" / "crews.json").write_text(json.dumps(crews, indent=2))
@@ -91,10 +92,10 @@ def write_config(run: Path) -> dict[str, int]:
         token_sha256 = "{invoker_sha}"
 
         [[principals]]
-        id = "human:acme-approver"
+        id = "{APPROVER}"
         tenant = "acme"
         roles = ["approver"]
-        token_sha256 = "{approver_sha}"
+        ed25519_public_key = "{approver_key}"
         """))
     return {"sidecar_port": sidecar_port, "host_port": host_port}
 
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ports, sidecar, host = start_both(run)
     base = f"http://127.0.0.1:{ports['host_port']}"
     tenant = AipClient(base, token=(run / "secrets" / "invoker.token").read_text().strip())
-    approver = AipClient(base, token=(run / "secrets" / "approver.token").read_text().strip())
+    approver = AipClient(base, signing_key=load_ed25519(run / "secrets" / "approver.pem"), key_id=APPROVER)
     try:
 
         manifest = tenant.manifest()
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             f"expires {result['output']['expires_at']};")
         say("      nothing was sent to the sidecar")
 
-        step(4, "the approver reviews the input snapshot and approves")
+        step(4, "the approver (only an Ed25519 key: its requests are signed) reviews and approves")
         queue = approver.approvals()
         approval = approver.approval(queue["approvals"][0]["request"]["id"])
         request = approval["request"]
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         say_json("input", approval["evidence_payload"]["input"])
         decision = approver.decide(request["id"], "approved", "duplicate charge confirmed in billing")
         say(f"   -> {decision['decision']} by {decision['approver']['id']}")
+        say(f"   signed decision; its proof: {decision['evidence'][0]['uri']}")
 
         step(5, "the tenant streams the run as it happens")
         final, count, printer = None, 0, ChunkPrinter()

@@ -610,13 +610,14 @@ class ActionService:
                                  DispatchState.NOT_SENT.value, event=ActionEvent.FAIL)
 
     async def decide(self, approver: Principal, approval_id: str, decision: str, reason: str, now: int,
-                     ) -> ApprovalRecord | None:
+                     *, proof: str | None = None) -> ApprovalRecord | None:
         """Record an approver's decision and apply it: an admitted approval
         starts its action in the same store commit (then the dispatch);
         a denial or a rejected approval fails the action (:meth:`on_decision`).
 
         Returns the decided approval, or None when this call did not decide
         it (already decided, expired, or the approver is the requester).
+        ``proof``: the JSON proof of a signed decision, stored with it.
 
         Raises: CapabilityRevoked (403) for an approval of an action that may
         no longer run (:meth:`revocation`); the action fails with it first.
@@ -628,7 +629,7 @@ class ActionService:
             if revoked is not None:
                 await self._fail_revoked(record, revoked)
                 raise revoked
-        decided, started = await self.writer.decide(approver, approval_id, decision, reason, now)
+        decided, started = await self.writer.decide(approver, approval_id, decision, reason, now, proof=proof)
         if decided is None:
             return None
         if started is not None:

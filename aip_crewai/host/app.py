@@ -82,7 +82,7 @@ from ..contracts.errors import (
     Unauthenticated,
 )
 from ..serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
-from . import actions, approvals, console, manifest, routes_actions
+from . import actions, approval_stream, approvals, console, manifest, openapi, routes_actions, stream_tokens
 from .auth import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
 from .config import SidecarSettings, Settings
 from .limits import body_limit
@@ -95,7 +95,7 @@ from .store import Store, ms_to_rfc3339
 log = structlog.get_logger(__name__)
 
 #: The core modules that add routes and lifespans, imported directly: a rename fails at import, never as 404s.
-CORE_MODULES: tuple[Any, ...] = (actions, routes_actions, approvals, console)
+CORE_MODULES: tuple[Any, ...] = (actions, routes_actions, stream_tokens, approval_stream, approvals, console)
 #: Sidecar connect timeout, seconds (ARCHITECTURE.md §7); reads are unbounded (streams).
 SIDECAR_CONNECT_TIMEOUT_S = 10.0
 #: How often expired message-id claims are purged, seconds.
@@ -276,8 +276,9 @@ def _extensions(names: Sequence[str]) -> list[Any]:
 
 # --- CORS ----------------------------------------------------------------------
 
-#: Request headers a browser may send cross-origin (the AIP routes' own).
-CORS_ALLOW_HEADERS = ("Authorization", "Content-Type", "Last-Event-ID")
+#: Request headers a browser may send cross-origin (the AIP routes' own, and an RFC 9421 signature's).
+CORS_ALLOW_HEADERS = ("Authorization", "Content-Type", "Last-Event-ID", "Signature", "Signature-Input",
+                      "Content-Digest")
 #: Response headers a cross-origin script may read.
 CORS_EXPOSE_HEADERS = ("X-Request-ID",)
 #: How long a browser may cache a preflight answer, seconds.
@@ -413,6 +414,8 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
     """
     modules = [*CORE_MODULES, *_extensions(extensions)]
     routes = foundation_routes()
+    if settings.openapi:
+        routes.extend(openapi.routes())
     # Extension routes (POST /aip/v1/messages, actions, approvals) go after the foundation.
     for module in modules:
         if hasattr(module, "routes"):
@@ -437,4 +440,5 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
     app.state.principals = {p.id: p for p in settings.principals}
     app.state.capabilities = CapabilityIndex(settings.crews, settings.tenants)
     app.state.authenticator = Authenticator(settings.principals, None, clock=clock)
+    app.state.stream_token_key = stream_tokens.new_key()  # per process: tokens end with it (README "Stream tokens")
     return app

@@ -28,6 +28,7 @@ approval_request, approval_decision; README "The approval flow".
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import msgspec
@@ -35,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .. import httpsig
 from ..contracts.aip import (
     ApprovalDecision,
     ApprovalEvidencePayload,
@@ -56,11 +58,12 @@ from ..contracts.errors import (
     ApprovalWithdrawn,
     Forbidden,
     InvalidEnvelope,
+    ProofNotFound,
 )
 from ..contracts import operations as ops
 from .actions import ActionService, fence_hash
 from .auth import Principal as Caller
-from .auth import authenticate
+from .auth import authenticate, can_read_approvals
 from .routes_actions import aip_json
 from .store import ApprovalRecord, ms_to_rfc3339
 
@@ -72,6 +75,26 @@ _KIND_PREFIXES: tuple[tuple[str, PrincipalKind], ...] = (
 _decision_decoder = msgspec.json.Decoder(DecisionRequest)
 #: Bound on a decision body, bytes (a reason is at most 2048 characters).
 MAX_DECISION_BYTES = 64 * 1024
+#: Evidence kind of a signed decision's proof.
+PROOF_KIND = "http_message_signature"
+
+
+class DecisionProof(msgspec.Struct, frozen=True):
+    """What proves a signed decision (``GET /aip/v1/approvals/{id}/proof``):
+    the RFC 9421 ``signature`` (standard base64 of 64 bytes) by ``key_id``
+    over ``signature_base``, whose ``content-digest`` line is the SHA-256 of
+    ``body``, the decision body as sent (which names the ``policy_hash``).
+    Anyone with the principal's public key re-verifies it offline."""
+
+    scheme: str
+    alg: str
+    key_id: str
+    created: int
+    nonce: str
+    signature_input: str
+    signature_base: str
+    signature: str
+    body: str
 
 
 def principal_view(principal_id: str) -> Principal:
@@ -122,7 +145,8 @@ def render(approval: ApprovalRecord, now_ms: int, crews: dict[str, Any], *, with
         decision = ApprovalDecision(approval_id=approval.approval_id, decision=status,  # type: ignore[arg-type]
                                     approver=principal_view(approval.decided_by),
                                     decided_at=ms_to_rfc3339(approval.decided_at),
-                                    reason=approval.decision_reason, policy_hash=approval.policy_hash)
+                                    reason=approval.decision_reason, policy_hash=approval.policy_hash,
+                                    evidence=proof_evidence(approval))
         updated = approval.decided_at
     elif status == "expired":
         decision = ApprovalDecision(approval_id=approval.approval_id, decision="expired", approver=HOST_PRINCIPAL,
@@ -137,16 +161,23 @@ def render(approval: ApprovalRecord, now_ms: int, crews: dict[str, Any], *, with
                               decision=decision, evidence_payload=payload)
 
 
-def _can_read(principal: Caller) -> None:
-    if not (principal.has_role("approver") or principal.has_role("operator")):
-        raise Forbidden("reading approvals needs the approver or operator role")
+def proof_evidence(approval: ApprovalRecord) -> list[EvidenceArtifact] | None:
+    """The evidence of a signed decision: one ``http_message_signature`` artifact
+    whose ``hash`` is the SHA-256 of the signature base and whose ``uri`` serves
+    the whole proof; None for an unsigned decision. Pure."""
+    if approval.decision_proof is None:
+        return None
+    proof = msgspec.json.decode(approval.decision_proof, type=DecisionProof)
+    digest = hashlib.sha256(proof.signature_base.encode("ascii")).hexdigest()
+    return [EvidenceArtifact(id=f"{approval.approval_id}:signature", kind=PROOF_KIND, redacted=False,
+                             uri=f"/aip/v1/approvals/{approval.approval_id}/proof", hash=f"sha256:{digest}")]
 
 
 async def list_approvals(request: Request) -> Response:
     """``GET /aip/v1/approvals?status=pending&cursor=...&limit=N``: one ApprovalList
     page (``cursor`` None on the last page)."""
     principal = await authenticate(request)
-    _can_read(principal)
+    can_read_approvals(principal)
     service: ActionService = request.app.state.actions
     status = request.query_params.get("status")
     if status is not None and status not in ("pending", "approved", "denied", "expired", "withdrawn"):
@@ -175,21 +206,25 @@ async def get_approval(request: Request) -> Response:
     """``GET /aip/v1/approvals/{id}``: the ApprovalRecordView; approvers also get its evidence payload
     (the exact input), operators do not."""
     principal = await authenticate(request)
-    _can_read(principal)
+    can_read_approvals(principal)
     approval = await _approval(request, principal)
     # The exact input is for approvers; an operator reads the approval's metadata only.
     return aip_json(render(approval, request.app.state.actions.now_ms(), request.app.state.crews,
                            with_payload=principal.has_role("approver")))
 
 
-async def _decision_body(request: Request) -> DecisionRequest:
+async def _decision_bytes(request: Request) -> bytes:
     body = bytearray()
     async for piece in request.stream():
         body += piece
         if len(body) > MAX_DECISION_BYTES:
             raise InvalidEnvelope(f"a decision body is at most {MAX_DECISION_BYTES} bytes")
+    return bytes(body)
+
+
+def _decode_decision(raw: bytes) -> DecisionRequest:
     try:
-        return _decision_decoder.decode(bytes(body))
+        return _decision_decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InvalidEnvelope(f"invalid decision: {exc}") from exc
 
@@ -213,8 +248,13 @@ async def post_decision(request: Request) -> Response:
     403 a non-approver, the requester, or a body naming another approver;
     404 another tenant's; 409 decided, expired or withdrawn (its action was
     cancelled, also when the cancel won a race with this decision), or another policy hash."""
-    principal = await authenticate(request)
-    decision = await _decision_body(request)
+    if httpsig.is_signed(request.headers.keys()):  # the signature covers the body: read it first
+        raw = await _decision_bytes(request)
+        principal = await authenticate(request, raw)
+    else:
+        principal = await authenticate(request)
+        raw = await _decision_bytes(request)
+    decision = _decode_decision(raw)
     approval = await _approval(request, principal)
     if not principal.has_role("approver"):
         raise Forbidden("deciding needs the approver role")
@@ -228,17 +268,37 @@ async def post_decision(request: Request) -> Response:
         raise InvalidEnvelope("a decision is approved or denied (expiry and revocation are the host's)")
     if not decision.reason:
         raise InvalidEnvelope("a decision needs a reason (the capability's evidence requirement)")
+    signature = principal.request_signature
+    if signature is not None and decision.policy_hash is None:
+        raise InvalidEnvelope("a signed decision names the policy_hash it decides (so its signature proves it)")
     if decision.policy_hash is not None and decision.policy_hash != approval.policy_hash:
         raise ApprovalPolicyMismatch(details={"approval_id": approval.approval_id})
+    proof = None
+    if signature is not None:
+        proof = msgspec.json.encode(DecisionProof(**signature.proof(), body=raw.decode("utf-8"))).decode()
     service: ActionService = request.app.state.actions
     now = service.now_ms()
-    decided = await service.decide(principal, approval.approval_id, decision.decision, decision.reason, now)
+    decided = await service.decide(principal, approval.approval_id, decision.decision, decision.reason, now,
+                                   proof=proof)
     if decided is None:
         raise await _why_undecided(service, principal, approval.approval_id)
     return aip_json(ApprovalDecision(approval_id=decided.approval_id, decision=decision.decision,
                                      approver=principal_view(principal.id), decided_at=ms_to_rfc3339(now),
                                      reason=decision.reason, policy_hash=decided.policy_hash,
-                                     decision_id=f"{decided.approval_id}:decision"))
+                                     decision_id=f"{decided.approval_id}:decision",
+                                     evidence=proof_evidence(decided)))
+
+
+async def get_proof(request: Request) -> Response:
+    """``GET /aip/v1/approvals/{id}/proof``: the :class:`DecisionProof` of a
+    signed decision (approvers and operators of the tenant); 404
+    ``approval.no_proof`` when the decision was not signed or not made yet."""
+    principal = await authenticate(request)
+    can_read_approvals(principal)
+    approval = await _approval(request, principal)
+    if approval.decision_proof is None:
+        raise ProofNotFound(details={"approval_id": approval.approval_id})
+    return Response(approval.decision_proof.encode(), media_type="application/json")
 
 
 def routes() -> list[Route]:
@@ -246,5 +306,6 @@ def routes() -> list[Route]:
     return [
         Route("/aip/v1/approvals", list_approvals, methods=["GET"]),
         Route("/aip/v1/approvals/{approval_id:str}", get_approval, methods=["GET"]),
+        Route("/aip/v1/approvals/{approval_id:str}/proof", get_proof, methods=["GET"]),
         Route("/aip/v1/approvals/{approval_id:str}/decision", post_decision, methods=["POST"]),
     ]

@@ -20,8 +20,18 @@ Two ways in (ARCHITECTURE.md §7):
   message nor a signer without the role can burn another signer's ids
   (claims outlive the freshness window).
 
-When a request has both, the bearer token decides and the signature, if
-present, must also verify and name the same principal. Anything else is
+- An HTTP Message Signature (RFC 9421, :mod:`aip_crewai.httpsig`): the
+  ``Signature-Input``/``Signature`` headers, Ed25519, ``keyid`` = the principal
+  id, covering ``@method @authority @path @query`` (and ``content-digest``
+  with a body), ``created`` within ±300 s, a ``nonce`` claimed once per key in
+  the same claim store as envelope message ids (as ``httpsig:<nonce>``), at
+  once: a verified signature is its key's own, so claiming it cannot burn
+  anyone else's nonces. Any route accepts it, so a principal configured with
+  only an ``ed25519_public_key`` lists, shows and decides approvals and reads
+  the actions its role allows (README "Signed requests").
+
+When a request has several, the bearer token decides and every signature
+present must also verify and name the same principal. Anything else is
 :class:`~aip_crewai.contracts.errors.Unauthenticated` (401 with
 ``WWW-Authenticate: Bearer``, rendered by the app's error handler).
 
@@ -49,6 +59,7 @@ import structlog
 from cryptography.exceptions import InvalidSignature
 from starlette.requests import Request
 
+from .. import httpsig
 from ..bearer import parse_bearer
 from ..contracts.errors import Forbidden, InvalidInput, NonCanonicalNumber, Unauthenticated
 from ..contracts.hashing import jcs, number_problem
@@ -72,7 +83,8 @@ SCOPE_LOG_KEY = "aip.log"
 
 @dataclass(frozen=True)
 class Principal:
-    """An authenticated caller. ``method`` is ``bearer`` or ``ed25519``."""
+    """An authenticated caller. ``method`` is ``bearer``, ``ed25519`` (a signed
+    envelope) or ``http_signature`` (an RFC 9421 signed request)."""
 
     id: str
     tenant: str
@@ -81,6 +93,8 @@ class Principal:
     #: ``(message_id, claim expiry ms)`` of a verified signed envelope, to be
     #: claimed once the request is authorized (:meth:`Authenticator.claim`).
     message_claim: tuple[str, int] | None = None
+    #: The verified RFC 9421 signature of this request (its proof), when it was signed.
+    request_signature: httpsig.VerifiedSignature | None = None
 
     def has_role(self, role: str) -> bool:
         return role in self.roles
@@ -112,6 +126,13 @@ def action_access(principal: Principal, *, submitted: bool, decided: bool) -> st
     if principal.has_role("operator"):
         return METADATA
     return None
+
+
+def can_read_approvals(principal: Principal) -> None:
+    """Raise ``Forbidden`` (403) unless ``principal`` is an approver or an operator
+    (who read a tenant's approvals: README "Who reads what")."""
+    if not (principal.has_role("approver") or principal.has_role("operator")):
+        raise Forbidden("reading approvals needs the approver or operator role")
 
 
 def require_role(principal: Principal, role: str) -> None:
@@ -228,27 +249,100 @@ class Authenticator:
                                                   now=int(self._clock() * 1000), key_id=principal.id):
             raise Unauthenticated("message_id was already used")
 
-    async def authenticate(self, authorization: str | None, envelope_obj: dict[str, Any] | None) -> Principal:
-        """Authenticate from the ``Authorization`` header value and/or the envelope.
+    def _public_key(self, key_id: str) -> Any:
+        config = self._principals.get(key_id)
+        return config.ed25519_public_key if config is not None else None
+
+    async def authenticate_signed_request(self, request: SignedRequest) -> Principal:
+        """Verify an RFC 9421 signed request (:func:`aip_crewai.httpsig.verify_request`)
+        and claim its nonce for its key.
 
         Raises:
-            Unauthenticated: no credential, or a bad one.
+            Unauthenticated: the signature breaks the profile, does not verify,
+                names an unknown key, or its nonce was used before (a replay).
+        """
+        now_s = self._clock()
+        try:
+            verified = httpsig.verify_request(request.method, request.url, request.headers, request.body,
+                                              public_key=self._public_key, now_s=now_s)
+        except httpsig.SignatureRejected as exc:
+            raise Unauthenticated(f"signed request: {exc.reason}") from None
+        config = self._principals[verified.key_id]  # the key resolved, so the principal exists
+        if self.claims is None:
+            raise Unauthenticated("signed requests need the store")
+        now_ms = int(now_s * 1000)
+        expires = max(verified.created * 1000, now_ms) + MESSAGE_ID_RETENTION_MS
+        if not await self.claims.claim_message_id(config.tenant, f"{NONCE_CLAIM_PREFIX}{verified.nonce}", expires,
+                                                  now=now_ms, key_id=config.id):
+            raise Unauthenticated("signed request: the nonce was already used")
+        return dataclasses.replace(self._principal(config, "http_signature"), request_signature=verified)
+
+    async def authenticate(self, authorization: str | None, envelope_obj: dict[str, Any] | None,
+                           signed_request: SignedRequest | None = None) -> Principal:
+        """Authenticate from the ``Authorization`` header value, the RFC 9421
+        signature of the request, and/or the envelope's signature; every
+        credential present must verify and name the same principal.
+
+        Raises:
+            Unauthenticated: no credential, a bad one, or two naming different principals.
         """
         signed = envelope_obj if isinstance(envelope_obj, dict) and "security" in envelope_obj else None
+        principal: Principal | None = None
         if authorization is not None:
             token = parse_bearer(authorization, max_token_chars=MAX_BEARER_CHARS)
             if token is None:
                 raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
             principal = self.authenticate_bearer(token)
-            if signed is not None:
-                signer = await self.authenticate_envelope(signed)
-                if signer.id != principal.id:
-                    raise Unauthenticated("the envelope is signed by another principal than the bearer token's")
-                principal = dataclasses.replace(principal, message_claim=signer.message_claim)
-            return principal
+        if signed_request is not None:
+            by_request = await self.authenticate_signed_request(signed_request)
+            if principal is not None and by_request.id != principal.id:
+                raise Unauthenticated("the request is signed by another principal than the bearer token's")
+            principal = by_request if principal is None else dataclasses.replace(
+                principal, request_signature=by_request.request_signature)
         if signed is not None:
-            return await self.authenticate_envelope(signed)
-        raise Unauthenticated()
+            signer = await self.authenticate_envelope(signed)
+            if principal is None:
+                return signer
+            if signer.id != principal.id:
+                raise Unauthenticated("the envelope is signed by another principal than the request's credential")
+            principal = dataclasses.replace(principal, message_claim=signer.message_claim)
+        if principal is None:
+            raise Unauthenticated()
+        return principal
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    """What an RFC 9421 verifier needs of an HTTP request (built by :func:`signed_request`)."""
+
+    method: str
+    url: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+#: Prefix of an HTTP signature's nonce in the claim store (beside envelope message ids).
+NONCE_CLAIM_PREFIX = "httpsig:"
+
+
+def signed_request(request: Request, body: bytes | None) -> SignedRequest | None:
+    """The request as signed, when it carries ``Signature-Input``/``Signature``; else None.
+
+    The URL is rebuilt from what the host received: the ASGI scheme, the
+    ``Host`` header, the raw (still percent-encoded) path and query string.
+    ``body`` None means the route does not read one: verified as empty.
+    """
+    if not httpsig.is_signed(request.headers.keys()):
+        return None
+    scope = request.scope
+    host = request.headers.get("host") or "{}:{}".format(*(scope.get("server") or ("localhost", 80)))
+    raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
+    query = scope.get("query_string") or b""
+    url = f"{scope.get('scheme', 'http')}://{host}{raw_path.decode('latin-1')}"
+    if query:
+        url += "?" + query.decode("latin-1")
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+    return SignedRequest(request.method, url, headers, body or b"")
 
 
 async def authenticate(request: Request, raw_body: bytes | None = None,
@@ -256,9 +350,11 @@ async def authenticate(request: Request, raw_body: bytes | None = None,
     """Authenticate an HTTP request with the app's :class:`Authenticator`.
 
     Args:
-        request: the Starlette request (its ``Authorization`` header is read).
-        raw_body: the body bytes, unused by the checks today (the signature
-            covers the decoded object); accepted so callers pass what they read.
+        request: the Starlette request (its ``Authorization`` and RFC 9421
+            signature headers are read).
+        raw_body: the body bytes the route read (an RFC 9421 signature's
+            ``content-digest`` is checked against them); None for a route that
+            reads no body (checked as empty).
         envelope_obj: the envelope as decoded JSON (a dict), when the request
             carries one; needed for Ed25519 signatures.
 
@@ -270,14 +366,19 @@ async def authenticate(request: Request, raw_body: bytes | None = None,
 
     Source: ARCHITECTURE.md §7.
     """
-    del raw_body
     authenticator: Authenticator = request.app.state.authenticator
     try:
-        principal = await authenticator.authenticate(request.headers.get("authorization"), envelope_obj)
+        principal = await authenticator.authenticate(request.headers.get("authorization"), envelope_obj,
+                                                     signed_request(request, raw_body))
     except Unauthenticated as exc:
         request.app.state.metrics.auth_failures.inc()
         log.info("authentication_failed", reason=exc.message)
         raise
+    return bind_principal(request, principal)
+
+
+def bind_principal(request: Request, principal: Principal) -> Principal:
+    """Name ``principal`` and its tenant in the log context and the request's summary line; returns it."""
     structlog.contextvars.bind_contextvars(tenant=principal.tenant, principal=principal.id)
     info = request.scope.get(SCOPE_LOG_KEY)
     if isinstance(info, dict):

@@ -9,6 +9,8 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     readiness_interval_ms = 5000       # our addition: sidecar /health poll period, 100 .. 600000 ms
     cors_origins = []                  # browser origins allowed to call the AIP routes, e.g. "https://app.example"
     dispatch_deadline_seconds = 600    # retry a start the sidecar did not admit for this long, 1 .. 86400 s
+    stream_token_ttl_seconds = 300     # lifetime of a minted stream token (EventSource auth), 10 .. 3600 s
+    openapi = true                     # serve the generated OpenAPI document at /openapi.json
     console = true                     # serve the approval console at /console/ (false: 404)
     host_id = "<hostname>:<port>"      # this host in dispatch leases; unique per host sharing a PostgreSQL store
     lease_seconds = 30                 # a dispatch lease lasts this long unless renewed, 1 .. 3600 s
@@ -90,6 +92,9 @@ MAX_SIDECARS = 64
 MAX_CORS_ORIGINS = 64
 #: How long a start the sidecar provably did not admit is retried, seconds (ARCHITECTURE.md §9).
 DEFAULT_DISPATCH_DEADLINE_S = 600.0
+#: Lifetime of a stream token, seconds (README "Stream tokens"), and its bounds.
+DEFAULT_STREAM_TOKEN_TTL_S = 300
+MIN_STREAM_TOKEN_TTL_S, MAX_STREAM_TOKEN_TTL_S = 10, 3600
 #: The sidecar's SSE keep-alive interval assumed when its ``/health`` has no ``sse_keepalive_seconds``, seconds.
 DEFAULT_SIDECAR_KEEPALIVE_S = 15.0
 #: Sidecar token file bounds, bytes (ARCHITECTURE.md §4).
@@ -134,6 +139,9 @@ class _HostTable(_Table, frozen=True):
     readiness_interval_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)] = 5_000
     cors_origins: Annotated[list[str], msgspec.Meta(max_length=MAX_CORS_ORIGINS)] = []
     dispatch_deadline_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = DEFAULT_DISPATCH_DEADLINE_S
+    stream_token_ttl_seconds: Annotated[int, msgspec.Meta(ge=MIN_STREAM_TOKEN_TTL_S, le=MAX_STREAM_TOKEN_TTL_S)] = \
+        DEFAULT_STREAM_TOKEN_TTL_S
+    openapi: bool = True
     console: bool = True
     host_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
     lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_S
@@ -238,6 +246,8 @@ class Settings:
         sidecar_keepalive_s: the sidecar's SSE keep-alive interval, seconds,
             when its ``/health`` does not publish ``sse_keepalive_seconds``
             (a silent stream is detected after a few missed keep-alives).
+        stream_token_ttl_s: lifetime of a minted stream token, seconds (README "Stream tokens").
+        openapi: serve ``/openapi.json`` (README "OpenAPI").
         console: serve the approval console at ``/console/`` (README "Approval console").
         host_id: this host in dispatch leases (default ``<hostname>:<bind port>``); hosts sharing a
             PostgreSQL store need distinct ids (issue 21 item 2).
@@ -263,6 +273,8 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     dispatch_deadline_s: float = DEFAULT_DISPATCH_DEADLINE_S
     sidecar_keepalive_s: float = DEFAULT_SIDECAR_KEEPALIVE_S
+    stream_token_ttl_s: int = DEFAULT_STREAM_TOKEN_TTL_S
+    openapi: bool = True
     console: bool = True
     host_id: str = "host"
     lease_s: float = DEFAULT_LEASE_S
@@ -503,6 +515,8 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         cors_origins=tuple(_cors_origin(index, origin) for index, origin in enumerate(host.cors_origins)),
         dispatch_deadline_s=float(host.dispatch_deadline_seconds),
         sidecar_keepalive_s=first.keepalive_s,
+        stream_token_ttl_s=host.stream_token_ttl_seconds,
+        openapi=host.openapi,
         console=host.console,
         host_id=host.host_id or _default_host_id(host.bind),
         lease_s=float(host.lease_seconds),

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from .. import httpsig
 from ..contracts.aip import (
     AIP_VERSION,
     CONTENT_TYPE,
@@ -38,6 +39,7 @@ from .auth import FULL, Principal, authenticate, require_role
 from .lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
 from .crew_inputs import check_crew_inputs
 from .stopping import unless_stopping, until_stopping
+from .stream_tokens import action_scope, authenticate_stream
 from .store import ActionRecord, ChunkRecord, InvalidCursor, ms_to_rfc3339
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
@@ -72,8 +74,9 @@ async def _read_body(request: Request) -> bytes:
     """The message body (at most MAX_MESSAGE_BYTES). A bearer credential is
     checked from the header BEFORE the body is read (401 without reading it);
     only a request without one (a signed envelope) needs its body first
-    (README "Security": authenticate from headers first)."""
-    if "authorization" in request.headers:
+    (README "Security": authenticate from headers first). An RFC 9421
+    signed request is checked once, with its body (its ``content-digest``)."""
+    if "authorization" in request.headers and not httpsig.is_signed(request.headers.keys()):
         await authenticate(request)
     body = bytearray()
     async for piece in request.stream():
@@ -288,8 +291,14 @@ def _last_event_n(request: Request) -> int:
     return int(text)
 
 
-async def _principal_action(request: Request) -> tuple[Principal, ActionService, ActionRecord]:
-    principal = await authenticate(request)
+async def _principal_action(request: Request, *, stream: bool = False,
+                            ) -> tuple[Principal, ActionService, ActionRecord]:
+    """The caller, the service and the action it may read in full; ``stream``: the
+    ``/events`` route, which also takes a stream token for this action (:mod:`.stream_tokens`)."""
+    if stream:
+        principal = await authenticate_stream(request, scope=action_scope(request.path_params["action_id"]))
+    else:
+        principal = await authenticate(request)
     service = _service(request)
     record = await service.get(principal, request.path_params["action_id"])
     return principal, service, record
@@ -353,7 +362,7 @@ async def get_events(request: Request) -> Response:
     the page (pass it back to continue); None once the whole history of an
     ended action was delivered.
     """
-    _, service, record = await _principal_action(request)
+    _, service, record = await _principal_action(request, stream=True)
     after = _last_event_n(request)
     if _wants_sse(request):
         if after >= 0 and is_terminal(record.status):

@@ -52,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..wakeup import ChangeSignal
 from ..storage import acquire_lock, create_private_file, hop, start_worker
 from .lifecycle import allowed, is_terminal
 from .notify import CHANNEL as NOTIFY_CHANNEL
@@ -67,6 +68,7 @@ from .store_schema import (
     _IDEMPOTENCY_COLUMNS,
     ActionRecord,
     ActionState,
+    ApprovalEvent,
     ApprovalPage,
     ApprovalRecord,
     ChunkRecord,
@@ -92,7 +94,7 @@ from .store_schema import (
 
 __all__ = [
     "MIGRATIONS", "ActionState", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
-    "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage",
+    "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage", "ApprovalEvent",
     "ChunkRecord", "check_location", "check_store_file", "migrate", "UnusableStore", "StoreLocked", "lock_store", "ms_to_rfc3339", "rfc3339_to_ms",
 ]
 
@@ -119,7 +121,7 @@ _GET_ACTION = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND actio
 #: The one decision: only from ``pending``, before ``expires_at``, never by the requester.
 # A decision needs the approval pending and unexpired, a decider other than the requester, AND its action
 # still waiting for it (a cancel that won leaves nothing to decide): all in one WHERE.
-_DECIDE = ("UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ? "
+_DECIDE = ("UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ?, decision_proof = ? "
            "WHERE tenant = ? AND approval_id = ? AND status = 'pending' AND expires_at > ? AND requested_by != ? "
            "AND EXISTS (SELECT 1 FROM actions WHERE actions.tenant = approvals.tenant "
            "AND actions.action_id = approvals.action_id AND actions.status = 'pending_approval')")
@@ -140,6 +142,9 @@ class Store:
         self._db = db
         self._worker = worker
         self._clock = clock
+        #: Notified after every write that may have changed an approval (the
+        #: approval event stream's wake-up; ARCHITECTURE.md §10 live followers).
+        self.approvals_changed = ChangeSignal()
         #: This host's id in dispatch leases (None: no leases, every lease check passes).
         self.owner = owner
         #: How long a lease lasts unless renewed, ms.
@@ -208,6 +213,20 @@ class Store:
     def _transaction_now(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` (on the worker) as one transaction excluding every other writer; roll back on any error."""
         return self._db.transaction(fn)
+
+    def _log_approval_now(self, tenant: str, approval_id: str, status: str) -> None:
+        """Append ``(approval_id, status)`` to ``tenant``'s approval event log at the next position
+        (inside the caller's transaction, which excludes every other writer)."""
+        self._db.change("INSERT INTO approval_events (tenant, seq, approval_id, status) SELECT CAST(? AS TEXT), "
+                        "COALESCE(MAX(seq), 0) + 1, CAST(? AS TEXT), CAST(? AS TEXT) FROM approval_events "
+                        "WHERE tenant = ?", (tenant, approval_id, status, tenant))
+
+    async def _approvals_write(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """:meth:`_run` a write that may change approvals, then wake the approval stream (also on failure)."""
+        try:
+            return await self._run(fn, *args)
+        finally:
+            self.approvals_changed.notify()
 
     async def _fetch(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         return await self._run(self._fetch_now, sql, params)
@@ -527,11 +546,13 @@ class Store:
         now = self.now_ms() if now is None else now
 
         def insert() -> list[tuple[Any, ...]]:
-            return self._fetch_now(
-                f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 13)}) "
+            rows = self._fetch_now(
+                f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
                 f"RETURNING {_APPROVAL_COLUMNS}",
                 (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
-                 "pending", None, None, None, now, expires_at))
+                 "pending", None, None, None, now, expires_at, None))
+            self._log_approval_now(tenant, approval_id, "pending")
+            return rows
 
         def create() -> ApprovalRecord:
             try:
@@ -540,7 +561,7 @@ class Store:
                 raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
             return ApprovalRecord(*rows[0])
 
-        return await self._run(create)
+        return await self._approvals_write(create)
 
     async def get_approval(self, tenant: str, approval_id: str) -> ApprovalRecord | None:
         rows = await self._fetch(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND approval_id = ?",
@@ -580,6 +601,7 @@ class Store:
 
     async def decide_and_start(self, tenant: str, approval_id: str, decision: str, reason: str, decided_by: str,
                                now: int, *, start_if: Callable[[ApprovalRecord, ActionRecord], bool],
+                               proof: str | None = None,
                                ) -> tuple[ApprovalRecord | None, ActionRecord | None]:
         """Record the one decision exactly as :meth:`decide_approval` does and,
         in the SAME transaction (one commit), move its action from
@@ -591,6 +613,7 @@ class Store:
             ``(approval, started)``: the decided approval (None when this call
             did not decide it: already decided, expired, the requester, or
             unknown) and the started action (None when it was not started).
+            ``proof`` (the JSON proof of a signed decision) is stored with the decision.
 
         Raises:
             ValueError: ``decision`` is not approved/denied.
@@ -600,10 +623,11 @@ class Store:
 
         def decide() -> tuple[ApprovalRecord | None, ActionRecord | None]:
             rows = self._fetch_now(f"{_DECIDE} RETURNING {_APPROVAL_COLUMNS}",
-                                   (decision, reason, decided_by, now, tenant, approval_id, now, decided_by))
+                                   (decision, reason, decided_by, now, proof, tenant, approval_id, now, decided_by))
             if not rows:
                 return None, None
             approval = ApprovalRecord(*rows[0])
+            self._log_approval_now(tenant, approval_id, approval.status)
             found = self._fetch_now(_GET_ACTION, (tenant, approval.action_id))
             action = ActionRecord(*found[0]) if found else None
             if approval.status != "approved" or action is None or action.status != _S.PENDING_APPROVAL.value \
@@ -619,7 +643,7 @@ class Store:
                 started = ActionRecord(*leased[0]) if leased else started
             return approval, started
 
-        return await self._run(self._transaction_now, decide)
+        return await self._approvals_write(self._transaction_now, decide)
 
     async def cancel_pending(self, tenant: str, action_id: str, result_json: str) -> ActionRecord | None:
         """In ONE transaction: move a ``pending_approval`` action to
@@ -636,16 +660,36 @@ class Store:
                 tenant, action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.CANCELLED.value,
                 result_json=result_json, now=now))
             if record is not None:
-                self._db.change("UPDATE approvals SET status = 'withdrawn' "
-                                   "WHERE tenant = ? AND action_id = ? AND status = 'pending'", (tenant, action_id))
+                for (withdrawn,) in self._fetch_now("UPDATE approvals SET status = 'withdrawn' WHERE tenant = ? "
+                                                    "AND action_id = ? AND status = 'pending' RETURNING approval_id",
+                                                    (tenant, action_id)):
+                    self._log_approval_now(tenant, withdrawn, "withdrawn")
             return record
 
-        return await self._run(self._transaction_now, cancel)
+        return await self._approvals_write(self._transaction_now, cancel)
 
     async def expire_approvals(self, now: int) -> list[ApprovalRecord]:
         """Mark every pending approval with ``expires_at <= now`` expired (all
         tenants); returns the records it changed (so their actions can fail)."""
-        rows = await self._fetch(
-            "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
-            f"RETURNING {_APPROVAL_COLUMNS}", (now,))
-        return [ApprovalRecord(*row) for row in rows]
+        def expire() -> list[ApprovalRecord]:
+            expired = [ApprovalRecord(*row) for row in self._fetch_now(
+                "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
+                f"RETURNING {_APPROVAL_COLUMNS}", (now,))]
+            for approval in sorted(expired, key=lambda a: (a.tenant, a.expires_at, a.approval_id)):
+                self._log_approval_now(approval.tenant, approval.approval_id, "expired")
+            return expired
+
+        return await self._approvals_write(self._transaction_now, expire)
+
+    # --- the approval event log (migration 4; README "Approval events") ---
+
+    async def list_approval_events(self, tenant: str, after_seq: int, limit: int) -> list[ApprovalEvent]:
+        """A tenant's approval events with ``seq > after_seq``, oldest first, at most ``limit``."""
+        rows = await self._fetch("SELECT seq, approval_id, status FROM approval_events WHERE tenant = ? AND seq > ? "
+                                 "ORDER BY seq LIMIT ?", (tenant, after_seq, limit))
+        return [ApprovalEvent(*row) for row in rows]
+
+    async def last_approval_event(self, tenant: str) -> int:
+        """The position of a tenant's latest approval event (0: none yet)."""
+        rows = await self._fetch("SELECT COALESCE(MAX(seq), 0) FROM approval_events WHERE tenant = ?", (tenant,))
+        return int(rows[0][0])

@@ -140,8 +140,25 @@ ALTER TABLE actions ADD COLUMN lease_owner TEXT;
 ALTER TABLE actions ADD COLUMN lease_expires_at INTEGER;
 """
 
+# Migration 4 (issue 19): the proof of a signed decision (JSON: the RFC 9421 signature
+# base, signature and the decision body, README "Signed requests"), and the approval
+# event log of ``GET /aip/v1/approvals/events``: one row per approval created or changed
+# in status, written by the store in the same transaction as the change
+# (:meth:`Store._log_approval_now`). ``seq`` counts per tenant from 1 (a tenant's positions
+# tell nothing about other tenants). Plain DDL: the same script serves PostgreSQL.
+_MIGRATION_4 = """
+ALTER TABLE approvals ADD COLUMN decision_proof TEXT;
+CREATE TABLE approval_events (
+    tenant      TEXT NOT NULL,
+    seq         INTEGER NOT NULL CHECK (seq >= 1),
+    approval_id TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    PRIMARY KEY (tenant, seq)
+) WITHOUT ROWID;
+"""
+
 #: Forward-only migrations; migration N (1-based) brings ``user_version`` to N.
-MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3)
+MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4)
 
 
 #: Dispatch states in order (only forward, see :meth:`Store.update_action`).
@@ -237,10 +254,21 @@ class ApprovalRecord:
     decided_at: int | None
     created_at: int
     expires_at: int
+    #: JSON proof of a signed decision (:meth:`aip_crewai.httpsig.VerifiedSignature.proof` plus ``body``), else None.
+    decision_proof: str | None = None
 
     def effective_status(self, now_ms: int) -> str:
         """``expired`` for a pending approval past ``expires_at`` (before the sweep ran)."""
         return "expired" if self.status == "pending" and now_ms >= self.expires_at else self.status
+
+
+@dataclass(frozen=True)
+class ApprovalEvent:
+    """One row of a tenant's approval event log: position ``seq`` (from 1), the approval, its new status."""
+
+    seq: int
+    approval_id: str
+    status: str
 
 
 @dataclass(frozen=True)

@@ -159,12 +159,13 @@ class ActionWriter:
                                               dispatch=DispatchState.SENT.value)
 
     async def decide(self, approver: Principal, approval_id: str, decision: str, reason: str,
-                     now: int) -> tuple[ApprovalRecord | None, ActionRecord | None]:
-        """Record an approver's one decision and, when it admits the action
-        (:func:`~.lifecycle.approval_admits`), apply ``approve`` in the same
-        commit. Returns ``(decided approval or None, started action or None)``."""
+                     now: int, *, proof: str | None = None) -> tuple[ApprovalRecord | None, ActionRecord | None]:
+        """Record an approver's one decision (with the JSON ``proof`` of a signed
+        one) and, when it admits the action (:func:`~.lifecycle.approval_admits`),
+        apply ``approve`` in the same commit. Returns ``(decided approval or
+        None, started action or None)``."""
         return await self.store.decide_and_start(approver.tenant, approval_id, decision, reason, approver.id, now,
-                                                 start_if=approval_admits)
+                                                 start_if=approval_admits, proof=proof)
 
     async def finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None, *,
                      event: ActionEvent | None = None, operation: str | None = None, durable: bool = True,

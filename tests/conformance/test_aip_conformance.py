@@ -297,3 +297,33 @@ async def test_official_approval_decision_body_is_accepted(aip, schemas):
     schemas.check("request decision", "approval_decision", body)
     response = await aip.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"), json=body)
     assert response.status_code == 200 and response.json()["decision"] == "approved"
+
+
+async def test_signed_decisions_and_approval_events_conform(aip, schemas):
+    """A signed decision (its ``evidence``) and every frame of the approval stream (an AIP
+    ``Event`` whose ``data`` is an ApprovalRecordView) are schema-valid."""
+    from aip_crewai.client import RequestSigner
+    from hostkit import private_key
+    from ssekit import open_stream
+
+    approval_id = await pending_run(aip, schemas, "conf_signed")
+    signer = RequestSigner(private_key("acme-approver"), "acme-approver", clock=lambda: NOW)
+    shown = (await aip.get(f"/aip/v1/approvals/{approval_id}", auth=signer)).json()
+    decided = await aip.post(f"/aip/v1/approvals/{approval_id}/decision", auth=signer, json={
+        "decision": "approved", "reason": "signed", "policy_hash": shown["request"]["policy_hash"]})
+    assert decided.status_code == 200 and decided.json()["evidence"][0]["kind"] == "http_message_signature"
+    record = (await aip.get(f"/aip/v1/approvals/{approval_id}", auth=signer)).json()
+    assert record["decision"]["evidence"] == decided.json()["evidence"]
+    assert (await aip.get(f"/aip/v1/approvals/{approval_id}/proof", auth=signer)).json()["key_id"] == "acme-approver"
+    token = (await aip.post("/aip/v1/approvals/stream-token", headers=bearer("acme-both"))).json()
+    assert token["stream_url"].startswith("/aip/v1/approvals/events?stream_token=")
+    stream = await open_stream(aip.app, "/aip/v1/approvals/events", {**bearer("acme-both"), "Last-Event-ID": "apv_0"})
+    try:
+        events = [await stream.next_event(), await stream.next_event()]
+    finally:
+        await stream.close()
+    assert [(e.event, e.id) for e in events] == [("pending", "apv_1"), ("decided", "apv_2")]
+    for event in events:
+        data = json.loads(event.data)
+        schemas.check(f"GET /aip/v1/approvals/events frame {event.id}", "event", data)
+        schemas.check(f"GET /aip/v1/approvals/events frame {event.id} data", "approval_record_view", data["data"])

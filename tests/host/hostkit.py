@@ -259,3 +259,18 @@ def sign(obj: dict[str, Any], principal_id: str, *, key_id: str | None = None) -
 
 def os_mode(path: Path) -> int:
     return os.stat(path).st_mode & 0o777
+
+
+async def submit_action(http: httpx.AsyncClient, action_id: str, *, principal: str = "acme-invoker",
+                        capability: str = "cap:crewai:beta", input: Any = None) -> dict[str, Any]:
+    """POST an ``aip.core.v1.action`` (key ``k-<action id>``) as ``principal``'s bearer; returns the
+    result's ``output`` (for a mutation: ``approval_id``, ``policy_hash``, ...)."""
+    env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": f"msg_{action_id}",
+           "sent_at": ms_to_rfc3339(int(NOW * 1000)),
+           "body": {"action": {"id": action_id, "capability_id": capability,
+                               "input": {"topic": "t"} if input is None else input,
+                               "idempotency_key": f"k-{action_id}"}}}
+    answer = await http.post("/aip/v1/messages", content=json.dumps(env),
+                             headers={"Content-Type": "application/aip+json", **bearer(principal)})
+    assert answer.status_code == 202, answer.text
+    return answer.json()["body"]["action_result"]["output"]

@@ -62,6 +62,16 @@ def test_dispatch_deadline_and_keepalive_are_read(host_files: HostFiles):
     assert settings.dispatch_deadline_s == 2.0 and settings.sidecar_keepalive_s == 0.5
 
 
+@pytest.mark.parametrize("ttl", [10, 3600])
+def test_stream_token_ttl_at_its_bounds_is_read(host_files: HostFiles, ttl):
+    assert load(host_files, mutate("host.stream_token_ttl_seconds", ttl)).stream_token_ttl_s == ttl
+
+
+def test_stream_token_ttl_and_openapi_defaults(host_files: HostFiles):
+    settings = load(host_files, mutate("host.openapi", False))
+    assert settings.stream_token_ttl_s == 300 and settings.openapi is False
+
+
 def test_relative_paths_resolve_against_the_config_dir_not_cwd(host_files: HostFiles, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     settings = load_settings(Path("etc/host.toml"), environ={})
@@ -129,6 +139,9 @@ def mutate(path: str, value) -> dict:
         ("host.dispatch_deadline_seconds", 0, "host.dispatch_deadline_seconds", ">= 1"),
         ("host.dispatch_deadline_seconds", 86_401, "host.dispatch_deadline_seconds", "<= 86400"),
         ("host.dispatch_deadline_seconds", "soon", "host.dispatch_deadline_seconds", "float"),
+        ("host.stream_token_ttl_seconds", 9, "host.stream_token_ttl_seconds", ">= 10"),
+        ("host.stream_token_ttl_seconds", 3601, "host.stream_token_ttl_seconds", "<= 3600"),
+        ("host.openapi", "yes", "host.openapi", "bool"),
         ("sidecar.keepalive_seconds", 0, "sidecar.keepalive_seconds", ">= 0.1"),
         ("sidecar.keepalive_seconds", 3601, "sidecar.keepalive_seconds", "<= 3600"),
     ],

@@ -66,3 +66,14 @@ async def test_without_origins_there_are_no_cors_headers(client) -> None:
     assert "access-control-allow-origin" not in preflight.headers
     assert preflight.status_code == 405
 
+
+
+async def test_a_browser_may_send_an_rfc9421_signature_cross_origin(make_app, settings) -> None:
+    app = make_app(dataclasses.replace(settings, cors_origins=(ALLOWED,)))
+    async with running(app) as http:
+        preflight = await http.options("/aip/v1/approvals/apr_1/decision", headers={
+            "Origin": ALLOWED, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, signature, signature-input, content-digest"})
+    assert preflight.status_code == 200
+    allowed_headers = {h.strip().lower() for h in preflight.headers["access-control-allow-headers"].split(",")}
+    assert {"signature", "signature-input", "content-digest"} <= allowed_headers

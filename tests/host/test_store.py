@@ -624,3 +624,62 @@ async def test_the_deciding_host_holds_the_lease_of_the_action_it_starts(locatio
         assert (started.status, started.lease_owner, started.lease_expires_at) == ("running", "host-a", T0 + 2000)
     finally:
         await store.close()
+
+
+async def test_migration_4_keeps_older_approvals_and_logs_every_later_change(db_path: Path):
+    """A store written before migration 4 (decision proofs, the approval event log): its approvals read
+    back without a proof, and every later creation or status change is logged per tenant, in order."""
+    from aip_crewai.host.store_schema import MIGRATIONS as ALL
+
+    with sqlite3.connect(db_path) as conn:
+        for number, script in enumerate(ALL[:3], start=1):
+            conn.executescript(script)
+            conn.execute(f"PRAGMA user_version = {number}")
+        conn.execute("INSERT INTO actions (tenant, action_id, capability_id, crew_id, operation, input_json, "
+                     "input_hash, principal_id, idempotency_key, status, dispatch, result_json, error_json, "
+                     "approval_id, timeout_ms, chunk_count, created_at, updated_at) VALUES ('acme', 'old', 'cap', "
+                     "'alpha', 'run', '{}', 'h', 'p', 'k', 'pending_approval', 'not_sent', NULL, NULL, 'apr_old', "
+                     f"NULL, 0, {T0}, {T0})")
+        conn.execute("INSERT INTO approvals VALUES ('acme', 'apr_old', 'old', 'cap', 'ph', 'p', '{}', 'pending', "
+                     f"NULL, NULL, NULL, {T0}, {T0 + 900_000})")
+    conn.close()
+    db_path.chmod(0o600)
+    store = await Store.open(db_path, clock=lambda: T0 / 1000)
+    try:
+        old = await store.get_approval("acme", "apr_old")
+        assert old is not None and old.decision_proof is None and old.status == "pending"
+        assert await store.last_approval_event("acme") == 0  # history before the log is not invented
+        await make_action(store, action_id="new", status="pending_approval", approval_id="apr_new")
+        await approval(store, "apr_new", action_id="new")
+        assert await decide(store, "acme", "apr_old", "denied", "no", "human:x", T0 + 1)
+        await make_action(store, tenant="globex", action_id="g", status="pending_approval", approval_id="apr_g")
+        await approval(store, "apr_g", tenant="globex", action_id="g")
+        events = await store.list_approval_events("acme", 0, 10)
+        assert [(e.seq, e.approval_id, e.status) for e in events] == [(1, "apr_new", "pending"),
+                                                                      (2, "apr_old", "denied")]
+        assert [(e.seq, e.approval_id) for e in await store.list_approval_events("globex", 0, 10)] == [(1, "apr_g")]
+        assert await store.list_approval_events("acme", 1, 10) == events[1:]
+    finally:
+        await store.close()
+
+
+async def test_every_approval_change_is_logged_per_tenant_in_order_on_both_engines(store: Store):
+    """The approval event log (migration 4) on SQLite and PostgreSQL: creation, decision with its
+    proof, withdrawal and expiry each append one row, per tenant from 1, in the writing transaction."""
+    await approval(store, "apr_a", action_id="act_a")
+    await approval(store, "apr_b", action_id="act_b")
+    await approval(store, "apr_c", action_id="act_c", expires_at=T0 + 10)
+    await approval(store, "apr_g", tenant="globex", action_id="act_g")
+    decided, _ = await store.decide_and_start("acme", "apr_a", "approved", "ok", "human:x", T0 + 1,
+                                              start_if=lambda approval, action: False, proof='{"p":1}')
+    assert decided is not None and decided.decision_proof == '{"p":1}'
+    assert await store.cancel_pending("acme", "act_b", '{"status":"cancelled"}') is not None
+    assert [a.approval_id for a in await store.expire_approvals(T0 + 10)] == ["apr_c"]
+    events = await store.list_approval_events("acme", 0, 100)
+    assert [(e.seq, e.approval_id, e.status) for e in events] == [
+        (1, "apr_a", "pending"), (2, "apr_b", "pending"), (3, "apr_c", "pending"), (4, "apr_a", "approved"),
+        (5, "apr_b", "withdrawn"), (6, "apr_c", "expired")]
+    assert await store.last_approval_event("acme") == 6 and await store.last_approval_event("globex") == 1
+    assert [e.seq for e in await store.list_approval_events("acme", 4, 1)] == [5]
+    assert not await decide(store, "acme", "apr_a", "denied", "again", "human:y", T0 + 2)  # nothing logged
+    assert await store.last_approval_event("acme") == 6

@@ -11,7 +11,9 @@ write failures, the size bound, unusable journals), hardening (the regression sc
 review, ``test_rel_hardening.py``: idempotency poisoning, proxies, metric labels, body bounds and timeouts,
 framing, h2c, FIFOs, aborted uploads, anonymous readiness, signed numbers and message ids), outage (the sidecar
 down, draining, frozen and killed around approvals, ``test_rel_outage.py``: zero approvals lost, zero actions
-left non-final after reconciliation). One real sidecar and host serve the race,
+left non-final after reconciliation), api (the OpenAPI property test,
+``tests/integration/test_openapi_property.py``, with random draws and 200 × scale requests per
+operation: one trial per operation). One real sidecar and host serve the race,
 security and host-crash trials; the other scenarios start their own processes.
 """
 
@@ -38,7 +40,7 @@ import storagekit  # noqa: E402
 import streamkit  # noqa: E402
 from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, Tally, inproc_app  # noqa: E402
 
-CATEGORIES = ("crash", "race", "hostile", "security", "storage", "hardening", "outage")
+CATEGORIES = ("crash", "race", "hostile", "security", "storage", "hardening", "outage", "api")
 
 
 class Runner:
@@ -229,6 +231,30 @@ def outage(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
     scenarios(r, stack, "outage", test_rel_outage)
 
 
+def api(r: Runner) -> None:
+    """The OpenAPI property test against a real host of its own, drawing at random
+    (``HYPOTHESIS_PROFILE=explore``) 200 × scale requests per operation; one trial per test."""
+    import subprocess
+
+    started = time.monotonic()
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "HYPOTHESIS_PROFILE": "explore", "AIP_CREWAI_API_EXAMPLES": str(200 * r.scale)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+                           "tests/integration/test_openapi_property.py"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=3600)
+    outcomes = 0
+    for line in done.stdout.splitlines():
+        if line.startswith("PASSED "):
+            r.tally.record("api", True)
+            outcomes += 1
+        elif line.startswith(("FAILED ", "ERROR ")):
+            r.tally.record("api", False, line[:500])
+            outcomes += 1
+    if outcomes == 0 or done.returncode not in (0, 1):
+        r.tally.record("api", False, f"pytest exited {done.returncode}: {done.stdout[-500:]}{done.stderr[-500:]}")
+    r.seconds["api"] = r.seconds.get("api", 0.0) + time.monotonic() - started
+
+
 def scenarios(r: Runner, stack: tuple[Processes, Any, Any], category: str, module: Any) -> None:
     """Every ``test_rel_*`` function of ``module``, ``scale`` times each, counted under ``category``: on the
     shared stack (a ``stack`` parameter), on processes of its own (``procs``) or in a fresh directory
@@ -284,7 +310,7 @@ def main() -> int:
         for category, run in (("crash", lambda: crash(runner, stack)), ("race", lambda: race(runner, stack)),
                               ("hostile", lambda: hostile(runner)), ("security", lambda: security(runner, stack)),
                               ("storage", lambda: storage(runner)), ("hardening", lambda: hardening(runner, stack)),
-                              ("outage", lambda: outage(runner, stack))):
+                              ("outage", lambda: outage(runner, stack)), ("api", lambda: api(runner))):
             print(f"chaos: {category} ...", flush=True)
             run()
     finally:

@@ -90,7 +90,9 @@ def host_credentials(host: Host) -> list[Result]:
               ("GET", f"/aip/v1/actions/{target}/events"), ("GET", f"/aip/v1/actions/{target}/chunks"),
               ("POST", f"/aip/v1/actions/{target}/cancel"), ("GET", "/aip/v1/approvals"),
               ("GET", f"/aip/v1/approvals/{approval_id}"), ("POST", f"/aip/v1/approvals/{approval_id}/decision"),
-              ("GET", "/metrics")]
+              ("GET", "/metrics"), ("POST", f"/aip/v1/actions/{target}/stream-token"),
+              ("POST", "/aip/v1/approvals/stream-token"), ("GET", "/aip/v1/approvals/events"),
+              ("GET", f"/aip/v1/approvals/{approval_id}/proof")]
     attempted: list[str] = []
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
         for method, path in routes:
@@ -196,6 +198,8 @@ def cross_tenant(sidecar: Sidecar, host: Host) -> list[Result]:
             _check(results, f"tenant read actions/{{id}}{suffix}", answer.status_code == 404, answer.text)
         answer = beta.post(f"/aip/v1/actions/{hidden}/cancel")
         _check(results, "tenant cancel of another tenant's action", answer.status_code == 404, answer.text)
+        answer = beta.post(f"/aip/v1/actions/{hidden}/stream-token")
+        _check(results, "tenant stream token for another tenant's action", answer.status_code == 404, answer.text)
         for cap, inp in (("cap:crewai:slow", {"topic": "x"}), ("cap:crewai:knowledge_a:knowledge_query",
                                                                  {"query": ["lighthouse"]})):
             answer = post_action(beta, cap, inp, uid("b"), uid("k"))
@@ -212,6 +216,8 @@ def cross_tenant(sidecar: Sidecar, host: Host) -> list[Result]:
                approvals[:2])
         answer = beta_approver.get(f"/aip/v1/approvals/{approval_id}")
         _check(results, "tenant read of another tenant's approval", answer.status_code == 404, answer.text)
+        answer = beta_approver.get(f"/aip/v1/approvals/{approval_id}/proof")
+        _check(results, "tenant read of another tenant's decision proof", answer.status_code == 404, answer.text)
         answer = beta_approver.post(f"/aip/v1/approvals/{approval_id}/decision",
                                     json={"decision": "approved", "reason": "not mine"})
         _check(results, "tenant decision on another tenant's approval", answer.status_code == 404, answer.text)

@@ -66,6 +66,23 @@ BIG_MANIFEST = {"capabilities": [{"id": f"cap:crewai:crew{i}", "kind": "agent", 
                                  for i in range(3000)]}
 
 
+def _approval_event(kind: str, status: str, decision: dict[str, Any] | None = None) -> str:
+    view: dict[str, Any] = {"request": {"id": "apr_1", "capability_id": "cap:crewai:echo", "action_id": "act_1",
+                                        "requester": {"id": "svc:app", "kind": "service"},
+                                        "expires_at": "2026-09-21T14:28:20.000Z", "policy_hash": "ab12"},
+                            "status": status}
+    if decision:
+        view["decision"] = decision
+    return json.dumps({"id": "x", "kind": f"approval.{kind}", "occurred_at": "2026-09-21T14:13:20.000Z",
+                       "data": view})
+
+
+#: What the fake host streams on /aip/v1/approvals/events: the queue, ready, a decision, then it ends.
+APPROVAL_FRAMES = (f"event: pending\ndata: {_approval_event('pending', 'pending')}\n\n"
+                   "id: apv_1\nevent: ready\ndata: {\"position\": \"apv_1\"}\n\n"
+                   f"id: apv_2\nevent: decided\ndata: {_approval_event('decided', 'approved', {'decision': 'approved', 'approver': {'id': 'human:bob', 'kind': 'human'}})}\n\n").encode()
+
+
 class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
@@ -80,6 +97,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path == "/aip/v1/manifest":
             self._send(200, json.dumps(BIG_MANIFEST).encode())
+        elif self.path == "/aip/v1/approvals/events":
+            self._send(200, APPROVAL_FRAMES, "text/event-stream")
         elif self.path.endswith("/result"):
             self._send(200, json.dumps(OUTCOMES["cap:cancelled"][1]).encode())
         elif self.path.endswith("/events"):
@@ -173,10 +192,14 @@ def test_unreachable_host_is_its_own_code(token, capsys):
     (["call", "cap:x", "--input", "{}"], "--token-file or --signing-key"),
     (["call", "cap:x", "--input", "{}", "--token-file", "/nonexistent/token"], "/nonexistent/token"),
     (["call"], "required"),
+    (["approvals", "list", "--signing-key", "/nonexistent/key.pem"], "--signing-key needs --key-id"),
+    (["approvals", "decide", "apr_1", "approved", "--reason", "r", "--signing-key", "k.pem"], "--key-id"),
+    (["actions", "show", "act_1", "--signing-key", "k.pem"], "--key-id"),
 ])
 def test_usage_and_configuration_errors_exit_2_with_a_hint(argv, says, capsys, monkeypatch):
     monkeypatch.delenv("AIP_CREWAI_TOKEN_FILE", raising=False)
     monkeypatch.delenv("AIP_CREWAI_SIGNING_KEY", raising=False)
+    monkeypatch.delenv("AIP_CREWAI_KEY_ID", raising=False)
     try:
         code = cli.main(argv)
     except SystemExit as exc:  # argparse's own usage errors
@@ -245,6 +268,22 @@ def test_doctor_runs_the_start_up_preflight_by_hand():
     bad = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", "nope:X"],
                          capture_output=True, timeout=100, check=False)
     assert bad.returncode == 2 and b"cannot import module 'nope'" in bad.stderr
+
+
+def test_approvals_watch_prints_the_queue_and_changes_and_says_how_to_resume(host_url, token, capsys):
+    assert cli.main(["approvals", "watch", "--url", host_url, "--token-file", token]) == Exit.FAILED
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        "pending    apr_1  cap:crewai:echo  action act_1  by svc:app  expires 2026-09-21T14:28:20.000Z  policy ab12",
+        "decided    apr_1  approved by human:bob"]
+    assert "aip-crewai approvals watch --last-event-id apv_2" in err
+
+
+def test_approvals_watch_stops_after_count_pending_and_prints_json(host_url, token, capsys):
+    assert cli.main(["approvals", "watch", "--count", "1", "--json", "--url", host_url, "--token-file", token]) \
+        == Exit.OK
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["event"] == "pending" and json.loads(line)["id"] is None
 
 
 def test_client_commands_send_log_lines_to_stderr_never_stdout(capsys) -> None:

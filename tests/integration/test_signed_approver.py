@@ -1,0 +1,115 @@
+"""The README's approver, configured with only an Ed25519 public key, approves with the
+CLI against the real host process (issue 19 item 1)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from host_process import start_host
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+APPROVER = "human:acme-approver"  # README and host/host.example.toml
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aip_crewai.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def keyed(sidecar_factory, tmp_path: Path):
+    """A host whose approver holds only the public key the README's command printed."""
+    key = tmp_path / "approver.pem"
+    generated = run_cli("keys", "generate", "ed25519", "--out", str(key))
+    assert generated.returncode == 0, generated.stderr
+    public = json.loads(generated.stdout)["ed25519_public_key"]
+    sidecar = sidecar_factory.start()
+    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, extra_principals=[
+        {"id": APPROVER, "tenant": "acme", "role": "approver", "ed25519_public_key": public}])
+    try:
+        yield host, key
+    finally:
+        host.stop()
+
+
+def test_the_readme_approver_approves_with_only_its_key(keyed):
+    host, key = keyed
+    signed = ["--url", host.base_url, "--signing-key", str(key), "--key-id", APPROVER, "--json"]
+    with host.client("acme-app") as app:
+        pending = app.call("cap:crewai:echo", {"topic": "signed"}, idempotency_key="sig-1")
+    approval_id = pending["body"]["action_result"]["output"]["approval_id"]
+    listed = run_cli("approvals", "list", *signed)
+    assert listed.returncode == 0, listed.stderr
+    assert [a["request"]["id"] for a in json.loads(listed.stdout)["approvals"]] == [approval_id]
+    shown = run_cli("approvals", "show", approval_id, *signed)
+    assert json.loads(shown.stdout)["evidence_payload"]["input"] == {"topic": "signed"}
+    decided = run_cli("approvals", "decide", approval_id, "approved", "--reason", "checked", *signed)
+    assert decided.returncode == 0, decided.stderr
+    decision = json.loads(decided.stdout)
+    assert decision["approver"]["id"] == APPROVER and decision["evidence"][0]["kind"] == "http_message_signature"
+    action_id = pending["body"]["action_result"]["action_id"]
+    end = time.monotonic() + 60
+    with host.client("acme-app") as app:
+        while app.action(action_id)["state"] != "completed":
+            assert time.monotonic() < end, "the approved action never completed"
+            time.sleep(0.05)
+    result = run_cli("actions", "result", action_id, *signed)  # the approver decided it: it may read it
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["body"]["action_result"]["status"] == "completed"
+
+
+def test_a_signing_key_without_a_key_id_is_a_usage_error(keyed):
+    host, key = keyed
+    answer = run_cli("approvals", "list", "--url", host.base_url, "--signing-key", str(key))
+    assert answer.returncode == 2 and "--key-id" in answer.stderr
+    unsigned = run_cli("approvals", "list", "--url", host.base_url, "--signing-key", str(key), "--key-id",
+                       "human:someone-else")
+    assert unsigned.returncode == 4  # the host refused the credential (401): README "Exit codes"
+
+
+def test_approvals_watch_prints_a_new_pending_approval_live(keyed):
+    host, key = keyed
+    watch = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "approvals", "watch", "--count", "2", "--json",
+                              "--url", host.base_url, "--signing-key", str(key), "--key-id", APPROVER],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with host.client("acme-app") as app:
+            first = app.call("cap:crewai:echo", {"topic": "w1"}, idempotency_key="watch-1")
+            second = app.call("cap:crewai:echo", {"topic": "w2"}, idempotency_key="watch-2")
+        out, err = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    pending = [line["data"]["data"]["request"]["id"] for line in lines if line["event"] == "pending"]
+    expected = [r["body"]["action_result"]["output"]["approval_id"] for r in (first, second)]
+    assert pending == expected
+
+
+def test_a_stream_token_follows_an_action_without_a_header_and_is_never_logged(keyed):
+    import httpx
+
+    host, _ = keyed
+    with host.client("acme-app") as app:
+        done = app.call("cap:crewai:knowledge_a:knowledge_query", {"query": ["lamp"]}, idempotency_key="tok-1")
+        action_id = done["body"]["action_result"]["action_id"]
+        minted = app.stream_token(action_id)
+    token = minted["stream_token"]
+    with httpx.stream("GET", host.base_url + minted["stream_url"], headers={"Accept": "text/event-stream"},
+                      timeout=30) as response:
+        text = response.read().decode()
+    assert response.status_code == 200 and "event: result" in text
+    refused = httpx.get(f"{host.base_url}/aip/v1/actions/{action_id}/events?stream_token={token[:-2]}xx", timeout=30)
+    assert refused.status_code == 401
+    host.stop()  # flush the log
+    log = host.log.read_text()
+    assert "/events" in log and token not in log and token[:24] not in log
