@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from sidecar_process import TOKEN, child_env, launch, sidecar_command, wait_ready
+from sidecar_process import TOKEN, child_env, launch, sidecar_command, until, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -19,16 +19,6 @@ def body(action_id: str, crew: str = "echo", operation: str = "run", input: dict
     return {"crew_id": crew, "action_id": action_id, "operation": operation, "input": input or {}}
 
 
-async def until(predicate, timeout: float = 30.0, interval: float = 0.02):
-    """Poll ``predicate()`` until truthy; return its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(interval)
 
 
 async def test_kill_9_during_a_run_then_restart_fails_it_as_uncertain_without_rerunning(sidecar_factory):
