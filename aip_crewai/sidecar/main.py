@@ -20,9 +20,11 @@ Start-up order (nothing is served before the last step):
 Shutdown on SIGTERM/SIGINT: new admissions get 503, running jobs may finish
 within ``--shutdown-grace-seconds``, the rest are cancelled with a terminal
 event; then hypercorn stops accepting and closes connections, and the
-lifespan closes the journal. Worker threads that ignore cancellation cannot
-be stopped in-process: if any is still busy, the process exits without
-waiting for it (the journal is already closed). Nothing is printed to stdout.
+lifespan kills the job worker processes left (``--isolation process``) and
+closes the journal. With ``--isolation inprocess``, worker threads that
+ignore cancellation cannot be stopped: if any is still busy, the process
+exits without waiting for it (the journal is already closed). Nothing is
+printed to stdout.
 
 Source: ARCHITECTURE.md §5, §11; ARCHITECTURE.md §2.
 """
@@ -223,6 +225,8 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
         await stop.wait()
         log.info("sidecar_stopping", grace_seconds=settings.shutdown_grace_seconds)
         sd_notify(settings.notify_socket, "STOPPING=1")
+        if workers is not None:
+            workers.stop_replacing()  # the fork server may already have had a SIGTERM of its own
         runtime = getattr(app.state, "runtime", None)
         if runtime is not None:
             await runtime.shutdown(settings.shutdown_grace_seconds)

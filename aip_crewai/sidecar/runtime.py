@@ -36,6 +36,10 @@ concurrency slot is held until the worker really returns; then
 ``provider_stop_observed`` is recorded (True when the worker stopped on the
 cancel: task cancelled, JobCancelled raised, or ``ctx.stop_observed``).
 knowledge_query and memory_reset are not cancellable: 409 while running.
+An executor with ``stops_by_task`` (the process-isolated ``workers.WorkerPool``)
+has its task cancelled for every operation, and a timeout or shutdown stops it
+the same way: it asks its worker to stop and kills it after the grace
+(ARCHITECTURE.md §5 "Isolation").
 
 The read side (views, event pages, live followers) is :mod:`reader`.
 

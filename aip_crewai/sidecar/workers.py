@@ -38,6 +38,7 @@ Source: ARCHITECTURE.md §5 (isolation); README "Process isolation".
 from __future__ import annotations
 
 import asyncio
+import atexit
 import multiprocessing
 import signal
 import socket
@@ -216,6 +217,8 @@ class WorkerPool:
         """
         if self._context is None:
             self._context = start_forkserver()
+        # Before multiprocessing's own exit hook, which joins every child: never wait on a worker at exit.
+        atexit.register(self._kill_all_now)
         results = await asyncio.gather(*(self._start_one() for _ in range(self.size)), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
@@ -226,6 +229,7 @@ class WorkerPool:
     async def close(self) -> None:
         """Stop starting workers and kill every worker (idle or busy); wait for their exits."""
         self._closing = True
+        atexit.unregister(self._kill_all_now)
         for task in list(self._spawning):
             task.cancel()
         workers = list(self._alive)
@@ -233,6 +237,14 @@ class WorkerPool:
             worker.kill()
         await asyncio.gather(*(w.reap() for w in workers), return_exceptions=True)
         self._alive.clear()
+
+    def _kill_all_now(self) -> None:
+        for worker in list(self._alive):
+            worker.kill()
+
+    def stop_replacing(self) -> None:
+        """At a stop: start no more workers (jobs still running keep theirs; queued ones wait to be cancelled)."""
+        self._closing = True
 
     def idle(self) -> int:
         """Workers booted and waiting for a job."""

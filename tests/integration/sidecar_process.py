@@ -56,12 +56,17 @@ class Sidecar:
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=30.0, **kwargs)
 
-    def calls(self, pid: int | None = None) -> list[str]:
-        """Model calls logged so far (all processes, or one pid)."""
+    def calls(self, pid: int | None = None, since: float | None = None) -> list[str]:
+        """Model calls logged so far (all processes, or one pid; those at or after unix time ``since``).
+
+        With process isolation a call is made by a job's worker process, not the sidecar's own pid:
+        tell sidecars apart by time (``since``), not by pid.
+        """
         if not self.call_log.exists():
             return []
         lines = [line for line in self.call_log.read_text().splitlines() if line.strip()]
-        return [line for line in lines if pid is None or line.split()[1] == str(pid)]
+        return [line for line in lines if (pid is None or line.split()[1] == str(pid))
+                and (since is None or float(line.split()[0]) >= since)]
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
