@@ -9,11 +9,11 @@
 - **/health during a memory-save stall**: the same probe while a
   ``memory_stall`` job runs (CrewAI's ``akickoff`` waits on memory saves on
   its event loop, crewAI PR#6497), process vs inprocess sidecar.
-- **hard cancel**: from ``POST /jobs/{id}/cancel`` of a job blocked in its
-  tool to its worker's death (the job view's ``provider_stop_observed``
-  turns true only once the killed worker was reaped), vs the cancel of a
-  job that stops cooperatively (the ``slow`` crew's next await), with
-  ``--cancel-grace-seconds 1``. Target: < 1.5 s.
+- **hard cancel**: from ``POST /jobs/{id}/cancel`` of a job whose tool
+  blocks in ``time.sleep`` to its worker's death: a ``test`` job (its crew
+  runs in a thread that ignores the flag: killed after
+  ``--cancel-grace-seconds 1``) vs a ``run`` job (its task stops at once).
+  Target: < 1.5 s.
 - **memory per idle worker**: proportional set size (PSS, shared pages
   split between their users) of the whole sidecar process tree with
   ``--max-concurrency 4`` vs ``--max-concurrency 1``, per extra worker, vs
@@ -30,6 +30,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -150,7 +151,8 @@ async def run() -> Section:
     with Stack("isolation") as stack:
         markers = stack.workdir / "markers"
         markers.mkdir(mode=0o700)
-        process = stack.start_sidecar("--isolation", "process", "--cancel-grace-seconds", "1", name="process",
+        process = stack.start_sidecar("--isolation", "process", "--cancel-grace-seconds", "1", "--allowed-operations",
+                                      "run,test", name="process",
                                       env={"AIP_CREWAI_TEST_MARKER_DIR": str(markers),
                                            "AIP_CREWAI_TEST_BLOCK_SECONDS": "5"})
         inprocess = stack.start_sidecar("--isolation", "inprocess", name="inprocess")
@@ -169,19 +171,20 @@ async def run() -> Section:
             section.rows.append(_p99_row(f"/health while {BLOCKERS} jobs block 5 s in a synchronous call vs idle",
                                          during, idle, HEALTH_P99_S))
 
-            stall_iso = asyncio.create_task(_run(iso, "memory_stall"))
-            stall_inp = asyncio.create_task(_run(inp, "memory_stall"))
-            iso_stall = Stats.of(await _health_samples(iso, while_running=stall_iso))
-            inp_stall = Stats.of(await _health_samples(inp, while_running=stall_inp))
+            iso_stall = Stats.of(await _health_samples(iso, while_running=asyncio.create_task(
+                _run(iso, "memory_stall"))))
+            inp_stall = Stats.of(await _health_samples(inp, while_running=asyncio.create_task(
+                _run(inp, "memory_stall"))))
             section.rows.append(_p99_row("/health during a memory-save stall: process vs inprocess", iso_stall,
                                          inp_stall, HEALTH_P99_S))
 
             hard, soft = [], []
             for _ in range(CANCELS):
-                hard.append(await _cancel(iso, "blocking", markers))
-                soft.append(await _cancel(iso, "slow", None))
+                hard.append(await _cancel(iso, "test", {"n_iterations": 1, "eval_llm": "offline-blocking"}, markers))
+                soft.append(await _cancel(iso, "run", {"topic": "isolation"}, markers))
             hard_s, soft_s = Stats.of(hard), Stats.of(soft)
-            section.rows.append(Row("cancel → dead worker: job blocked in a tool vs cooperative stop",
+            section.rows.append(Row("cancel → dead worker, tool blocked in `time.sleep`: `test` (killed after the "
+                                    "1 s grace) vs `run` (its task stops at once)",
                                     f"{hard_s.p50 * 1000:.0f} ms / {hard_s.p99 * 1000:.0f} ms",
                                     f"{soft_s.p50 * 1000:.0f} ms / {soft_s.p99 * 1000:.0f} ms",
                                     f"{hard_s.p50 / soft_s.p50:.1f}×", f"{hard_s.p99 / soft_s.p99:.1f}×",
@@ -199,9 +202,10 @@ async def run() -> Section:
         f"Added latency: {ours.n} interleaved rounds after {WARMUP} warm-up rounds, one run at a time, two sidecars "
         "side by side (4 workers each for process).",
         f"/health: one probe every 10 ms; idle = 200 probes before the blocking jobs; while blocking: {during.n} probes.",
-        f"Cancel: {CANCELS} rounds; request sent once the tool's marker file exists (blocking) or after the job's "
-        "admission (slow); timed until the job view says `provider_stop_observed: true` (the worker was reaped). "
-        "Grace 1 s, so a blocked job's time is about the grace plus the kill.",
+        f"Cancel: {CANCELS} rounds each; the request is sent once the tool wrote its marker file (it then blocks 5 s in "
+        "`time.sleep`), timed until the worker process is gone (/proc). `test` runs the crew in a thread that "
+        "ignores the cooperative flag: killed after the 1 s grace. `run`'s asyncio task is cancelled, the worker "
+        "answers and exits (its blocked tool thread dies with it).",
         "Memory: PSS splits each shared page between the processes that map it; a worker shares CrewAI's pages "
         "with the fork server it was forked from.",
     ]
@@ -214,22 +218,32 @@ def _p99_row(metric: str, ours: Stats, baseline: Stats, max_p99_s: float) -> Row
                f"{ours.p99 / baseline.p99:.2f}×", f"p99 < {max_p99_s * 1000:g} ms", ours.p99 < max_p99_s)
 
 
-async def _cancel(client: httpx.AsyncClient, crew: str, markers: Path | None) -> float:
+async def _cancel(client: httpx.AsyncClient, operation: str, input: dict[str, Any], markers: Path) -> float:
+    """Seconds from the cancel request of a ``blocking`` job whose tool blocks to its worker's death."""
     job_id = f"bench:{uuid.uuid4().hex}"
-    job = asyncio.create_task(client.post("/jobs", json=_body(crew, job_id), headers={"Idempotency-Key": job_id}))
-    if markers is not None:
-        before = len(list(markers.glob("*.started")))
-        await _wait_markers(markers, before + 1)
-    else:
-        while (await client.get(f"/jobs/{job_id}")).status_code != 200:
-            await asyncio.sleep(0.005)
+    body = {"crew_id": "blocking", "action_id": job_id, "operation": operation, "input": input}
+    job = asyncio.create_task(client.post("/jobs", json=body, headers={"Idempotency-Key": job_id}))
+    marker = markers / f"{quote(job_id, safe='')}.started"
+    end = time.monotonic() + 60
+    while not marker.exists() or not marker.read_text():
+        if time.monotonic() > end:
+            raise BenchError("the blocking tool did not start in time")
+        await asyncio.sleep(0.005)
+    pid = int(marker.read_text())
     started = time.perf_counter()
-    answer = await client.post(f"/jobs/{job_id}/cancel", json={"crew_id": crew, "action_id": job_id})
+    answer = await client.post(f"/jobs/{job_id}/cancel", json={"crew_id": "blocking", "action_id": job_id})
     if answer.status_code != 200:
         raise BenchError(f"cancel answered {answer.status_code}: {answer.text[:200]}")
-    while (await client.get(f"/jobs/{job_id}")).json().get("provider_stop_observed") is None:
-        await asyncio.sleep(0.002)
+    while Path(f"/proc/{pid}").exists() and "zombie" not in _status(pid):
+        await asyncio.sleep(0.001)
     elapsed = time.perf_counter() - started
     await job
     return elapsed
 
+
+def _status(pid: int) -> str:
+    try:
+        return next((line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("State:")), "")
+    except OSError:
+        return "zombie"

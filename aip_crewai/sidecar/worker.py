@@ -8,8 +8,10 @@ CrewAI import. :func:`serve` is the process target:
 1. boot: SIGINT and SIGTERM ignored (the sidecar drains its jobs at a stop
    and kills a worker with SIGKILL when it must); logging to stderr as the
    sidecar logs; fd 1 to ``/dev/null`` and ``sys.stdout`` to a
-   ``PrintedErrorLog`` of its own; CrewAI's environment; the registry.
-   Then :class:`~worker_wire.Ready`;
+   ``PrintedErrorLog`` of its own; CrewAI's environment; the registry; one
+   throwaway kickoff (``operations/_preload.warm_up``: the pages a kickoff
+   writes are copied now, not on the job's time). Then
+   :class:`~worker_wire.Ready`;
 2. wait for :class:`~worker_wire.Start` (end of file: the sidecar is gone,
    exit at once);
 3. run ``operations.execute`` on a fresh event loop of its own, with a
@@ -167,7 +169,14 @@ def _boot(boot: Boot) -> dict[str, Any]:
     capture_crewai_prints()
     prepare_crewai_environment(Path(boot.state_dir))
     import_crewai()
-    return dict(load_registry(boot.registry))
+    registry = dict(load_registry(boot.registry))
+    from aip_crewai.sidecar.operations import _preload
+
+    try:  # the copy-on-write cost of a first kickoff, paid while idle (operations/_preload.py)
+        _preload.warm_up(in_worker=True)
+    except Exception as exc:  # noqa: BLE001 - the job then pays it, nothing worse
+        log.warning("worker_warm_up_failed", error_type=type(exc).__name__)
+    return registry
 
 
 def run_job(registry: dict[str, Any], start: Start, channel: Channel) -> Done | Failed:

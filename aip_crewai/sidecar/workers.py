@@ -73,8 +73,8 @@ from aip_crewai.sidecar.worker_wire import (
 
 log = structlog.get_logger(__name__)
 
-#: Modules the fork server imports before it forks any worker.
-PRELOAD = ["aip_crewai.sidecar.operations._preload"]
+#: Modules the fork server imports before it forks any worker (the last one warms CrewAI up).
+PRELOAD = ["aip_crewai.sidecar.workers", "aip_crewai.sidecar.worker", "aip_crewai.sidecar.operations._preload"]
 #: How long a worker may take to boot (s); the first ones wait for the fork server's CrewAI import.
 BOOT_TIMEOUT_SECONDS = 300.0
 #: Delay before starting a worker again after one failed to boot (s), doubling up to the maximum.
@@ -83,17 +83,24 @@ RESPAWN_DELAY_SECONDS, MAX_RESPAWN_DELAY_SECONDS = 0.5, 10.0
 REAP_SECONDS = 10.0
 
 
-def start_forkserver() -> BaseContext:
+def start_forkserver(registry: str | None = None) -> BaseContext:
     """Start the worker fork server now (it imports CrewAI in the background) and return its context.
 
     Call after ``crewai_env.prepare_crewai_environment`` and
     ``capture_crewai_prints``: the fork server inherits the environment and
     file descriptors 1 and 2 of this moment.
 
+    Args:
+        registry: ``--registry`` (``module:attribute``); its module is imported
+            by the fork server too (before the CrewAI warm-up), so a worker
+            does not import it again. A module that fails there is imported
+            (and its failure reported) by each worker.
+
     Source: ARCHITECTURE.md §5 (isolation).
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    module = registry.split(":", 1)[0].strip() if registry else ""
+    context.set_forkserver_preload([module, *PRELOAD] if module else PRELOAD)
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
