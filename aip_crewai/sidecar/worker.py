@@ -186,6 +186,9 @@ def run_job(registry: dict[str, Any], start: Start, channel: Channel) -> Done | 
     """
     from aip_crewai.sidecar.operations import execute
 
+    if start.crew_id not in registry:  # the sidecar admitted it from the same registry: never expected
+        return Failed("CrewNotFound", f"crew {start.crew_id!r} is not in this worker's registry",
+                      before_any_effect=True)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     chunks = _ChunkSender(channel, max(0, start.max_events - 2), start.max_event_bytes)

@@ -43,6 +43,7 @@ import multiprocessing
 import signal
 import socket
 import time
+from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -190,13 +191,15 @@ class WorkerPool:
         cancel_grace_seconds: how long a cancelled job may take to stop before its worker is killed.
         max_events: ``--max-events-per-run``; max_event_bytes: ``--max-event-bytes``.
         context: the multiprocessing context (default: :func:`start_forkserver`'s).
+        target: the worker process's function ``(socket, boot bytes)`` (default: :func:`worker.serve`;
+            tests pass fakes).
     """
 
     #: The runtime cancels this executor's task for every operation (hard cancel).
     stops_by_task = True
 
     def __init__(self, boot: Boot, size: int, *, cancel_grace_seconds: float, max_events: int, max_event_bytes: int,
-                 context: BaseContext | None = None) -> None:
+                 context: BaseContext | None = None, target: Callable[[socket.socket, bytes], None] | None = None) -> None:
         self.boot = boot
         self.size = size
         self.cancel_grace_seconds = cancel_grace_seconds
@@ -204,9 +207,11 @@ class WorkerPool:
         self.max_event_bytes = max_event_bytes
         self.bound = frame_bound(max_event_bytes)
         self._context = context
+        self._target = target or _worker_entry
         self._boot_data = encode_boot(boot)
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._alive: set[_Worker] = set()
+        self._processes: set[Any] = set()  # every worker process started and not yet known to be reaped
         self._spawning: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._failures = 0
@@ -242,12 +247,28 @@ class WorkerPool:
         workers = list(self._alive)
         for worker in workers:
             worker.kill()
+        self._kill_all_now()  # also workers still booting
         await asyncio.gather(*(w.reap() for w in workers), return_exceptions=True)
+        await asyncio.gather(*(asyncio.to_thread(p.join, REAP_SECONDS) for p in self._processes),
+                             return_exceptions=True)
         self._alive.clear()
+        self._processes.clear()
+
+    def _track(self, process: Any, started: asyncio.Future[None]) -> None:
+        if started.cancelled() or started.exception() is not None:
+            return
+        self._processes.add(process)
+        if self._closing:
+            process.kill()
 
     def _kill_all_now(self) -> None:
-        for worker in list(self._alive):
-            worker.kill()
+        """SIGKILL every worker process started (at interpreter exit: none may hold it)."""
+        for process in list(self._processes):
+            try:
+                if process.exitcode is None:
+                    process.kill()
+            except (OSError, ValueError):
+                pass
 
     def stop_replacing(self) -> None:
         """At a stop: start no more workers (jobs still running keep theirs; queued ones wait to be cancelled)."""
@@ -267,9 +288,12 @@ class WorkerPool:
             raise RuntimeError("the pool is not started")
         ours, theirs = socket.socketpair()
         try:
-            process = context.Process(target=_worker_entry, args=(theirs, self._boot_data),  # type: ignore[attr-defined]
+            process = context.Process(target=self._target, args=(theirs, self._boot_data),  # type: ignore[attr-defined]
                                       name="aip-crewai-job-worker", daemon=False)
-            await asyncio.to_thread(process.start)
+            started = asyncio.ensure_future(asyncio.to_thread(process.start))
+            # Tracked once started, even when this task is cancelled meanwhile (a close kills it).
+            started.add_done_callback(lambda future: self._track(process, future))
+            await asyncio.shield(started)
         except BaseException:
             ours.close()
             raise
@@ -292,6 +316,7 @@ class WorkerPool:
 
     def _replace(self) -> None:
         """Start a worker in the background (after a failure, with a growing delay)."""
+        self._processes = {p for p in self._processes if p.exitcode is None}  # forget the reaped ones
         if self._closing:
             return
         task = asyncio.get_running_loop().create_task(self._replace_later())

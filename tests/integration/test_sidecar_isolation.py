@@ -16,12 +16,11 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 from sidecar_process import Sidecar, SidecarFactory, until
-
-from examples.isolation_crews import marker
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -31,6 +30,12 @@ pytestmark = [
 ]
 
 REGISTRY = "examples.isolation_crews:CREWS"
+
+
+def marker(job: str, suffix: str) -> Path | None:
+    """``examples.isolation_crews.marker`` (not imported: that would import CrewAI into the test process)."""
+    directory = os.environ.get("AIP_CREWAI_TEST_MARKER_DIR")
+    return Path(directory) / f"{quote(job, safe='')}.{suffix}" if directory else None
 
 
 def start(factory: SidecarFactory, markers: Path, *, block_seconds: float = 60.0, drain_seconds: float = 2.0,
@@ -185,18 +190,17 @@ async def test_a_job_never_sees_the_process_state_another_job_left(sidecar_facto
     """Environment, working directory, stdout, event-bus handlers and module state a job changes are
     gone for the next job, and two concurrent jobs run in two processes."""
     markers = tmp_path / "markers"
-    monkeypatch.setenv("AIP_CREWAI_TEST_MARKER_DIR", str(markers))
     sidecar = start(sidecar_factory, markers)
     clean = {"env": None, "cwd": str(sidecar.state_dir), "stdout": "PrintedErrorLog", "bus_handlers": 0, "seen": []}
     async with sidecar.client() as client:
         reports = []
         for job in ("t1:probe-1", "t1:probe-2"):
             assert (await submit(client, job, "probe")).status_code == 200
-            reports.append(json.loads((markers / f"{job.replace(':', '%3A')}.probe").read_text()))
+            reports.append(json.loads((markers / f"{quote(job, safe='')}.probe").read_text()))
         both = await asyncio.gather(submit(client, "t1:probe-3", "probe"), submit(client, "t1:probe-4", "probe"))
         assert [r.status_code for r in both] == [200, 200]
         for job in ("t1:probe-3", "t1:probe-4"):
-            reports.append(json.loads((markers / f"{job.replace(':', '%3A')}.probe").read_text()))
+            reports.append(json.loads((markers / f"{quote(job, safe='')}.probe").read_text()))
     for report in reports:
         assert {k: report[k] for k in clean} == clean
     assert len({r["pid"] for r in reports}) == 4
