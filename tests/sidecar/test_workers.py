@@ -65,9 +65,8 @@ async def test_a_worker_that_dies_fails_its_job_naming_the_signal():
     assert chunks == [{"content": "before", "channel": "llm"}]
 
 
-async def test_a_worker_that_ignores_its_cancel_is_killed_after_the_grace():
-    pool = make_pool(worker_fakes.ignores_cancel)
-    ctx, chunks, _dropped = make_ctx()
+async def cancel_after_first_chunk(pool: WorkerPool, ctx: JobContext, chunks: list[Any]) -> tuple[Any, float, int]:
+    """Start a job, cancel its task once a chunk arrived; (its result or exception, seconds, worker pid)."""
     await pool.start()
     try:
         job = asyncio.create_task(pool("crew", "replay", {}, ctx))
@@ -76,11 +75,20 @@ async def test_a_worker_that_ignores_its_cancel_is_killed_after_the_grace():
         (pid,) = pool.pids()
         asked = time.monotonic()
         job.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await job
-        took = time.monotonic() - asked
+        try:
+            outcome: Any = await job
+        except BaseException as exc:  # noqa: BLE001 - the outcome under test
+            outcome = exc
+        return outcome, time.monotonic() - asked, pid
     finally:
         await pool.close()
+
+
+async def test_a_worker_that_ignores_its_cancel_is_killed_after_the_grace():
+    pool = make_pool(worker_fakes.ignores_cancel)
+    ctx, chunks, _dropped = make_ctx()
+    outcome, took, pid = await cancel_after_first_chunk(pool, ctx, chunks)
+    assert isinstance(outcome, asyncio.CancelledError)
     assert GRACE <= took < GRACE + 5
     assert ctx.stop_observed is True and pool.killed_total == 1
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
@@ -89,33 +97,16 @@ async def test_a_worker_that_ignores_its_cancel_is_killed_after_the_grace():
 async def test_a_worker_that_stops_on_its_cancel_is_a_confirmed_stop_without_a_kill():
     pool = make_pool(worker_fakes.stops_on_cancel, grace=30)
     ctx, chunks, _dropped = make_ctx()
-    await pool.start()
-    try:
-        job = asyncio.create_task(pool("crew", "replay", {}, ctx))
-        while not chunks:
-            await asyncio.sleep(0.01)
-        asked = time.monotonic()
-        job.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await job
-    finally:
-        await pool.close()
-    assert time.monotonic() - asked < 5 and ctx.stop_observed is True and pool.killed_total == 0
+    outcome, took, _pid = await cancel_after_first_chunk(pool, ctx, chunks)
+    assert isinstance(outcome, asyncio.CancelledError)
+    assert took < 5 and ctx.stop_observed is True and pool.killed_total == 0
 
 
 async def test_a_worker_that_finishes_despite_its_cancel_leaves_the_stop_unobserved():
     pool = make_pool(worker_fakes.finishes_despite_cancel, grace=30)
     ctx, chunks, _dropped = make_ctx()
-    await pool.start()
-    try:
-        job = asyncio.create_task(pool("crew", "replay", {}, ctx))
-        while not chunks:
-            await asyncio.sleep(0.01)
-        job.cancel()
-        assert await job == {"raw": "done anyway"}
-    finally:
-        await pool.close()
-    assert ctx.stop_observed is False
+    outcome, _took, _pid = await cancel_after_first_chunk(pool, ctx, chunks)
+    assert outcome == {"raw": "done anyway"} and ctx.stop_observed is False
 
 
 async def test_replay_lookups_run_state_and_dropped_chunks_cross_the_pipe():
