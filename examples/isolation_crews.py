@@ -8,9 +8,10 @@ so another process (a test) can follow what a tool did and in which process.
 | crew id | shape | what its tool does |
 |---|---|---|
 | ``echo`` | ``examples.testing.echo`` | — (a fast run: 2 model calls) |
-| ``blocking_tool`` | 1 agent with ``block_then_write`` | writes ``<job>.started`` (its pid), blocks ``AIP_CREWAI_TEST_BLOCK_SECONDS`` (default 5) in ``time.sleep`` (a synchronous call a cooperative cancel cannot stop), then writes ``<job>.after`` (the side effect a hard cancel must prevent) |
+| ``blocking_tool`` | 1 agent with ``block_then_write`` | writes ``<job>.started`` (its pid), blocks ``AIP_CREWAI_TEST_BLOCK_SECONDS`` (default 5) in ``time.sleep`` (a synchronous call a cooperative cancel cannot stop; not while the marker directory holds a file ``no-block``), then writes ``<job>.after`` (the side effect a hard cancel must prevent) |
+| ``blocking_trainable`` | ``blocking_tool`` with the options ``train`` and ``test`` need (``examples.maintenance_crews``) | as ``blocking_tool`` |
 | ``exits`` | 1 agent with ``exit_process`` | ``os._exit(7)``: the process running the job ends |
-| ``probe`` | 1 agent with ``probe_process`` | writes ``<job>.probe`` (JSON: what it found of earlier jobs in its process: ``env``, ``cwd``, ``stdout``, ``bus_handlers``, ``seen``), then leaves its own traces (environment variable, working directory, ``sys.stdout``, an event-bus handler, a module global) |
+| ``probe`` | 1 agent with ``probe_process`` | writes ``<job>.probe`` (JSON: what it found of earlier jobs in its process: ``env``, ``cwd``, ``stdout``, ``bus_handlers``, ``seen``), and the rows of CrewAI's shared replay table, then leaves its own traces (environment variable, working directory, ``sys.stdout``, an event-bus handler, a module global) |
 | ``memory_stall`` | ``echo``-like, crew ``memory=`` a :class:`SlowDrainMemory` | — (CrewAI's ``akickoff`` waits for memory saves synchronously on its event loop, crewAI PR#6497; each wait here takes ``AIP_CREWAI_TEST_DRAIN_SECONDS``, default 2) |
 
 Source: ARCHITECTURE.md §5 (isolation); README "Process isolation".
@@ -18,9 +19,11 @@ Source: ARCHITECTURE.md §5 (isolation); README "Process isolation".
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import sqlite3
 import sys
 import tempfile
 import time
@@ -36,6 +39,7 @@ from crewai.rag.embeddings.factory import build_embedder
 from crewai.tools import tool
 
 from aip_crewai.sidecar.operations._common import current_job
+from examples.maintenance_crews import TRAINING_FEEDBACK, offline_eval_llm, with_options
 from examples.offline_llm import OfflineLLM, offline_embedder
 from examples.testing import TWO_TASKS, build_crew, echo
 
@@ -45,6 +49,8 @@ MARKER_DIR_ENV = "AIP_CREWAI_TEST_MARKER_DIR"
 BLOCK_SECONDS_ENV = "AIP_CREWAI_TEST_BLOCK_SECONDS"
 #: Seconds each memory drain of ``memory_stall`` takes (default 2).
 DRAIN_SECONDS_ENV = "AIP_CREWAI_TEST_DRAIN_SECONDS"
+#: A file of this name in the marker directory makes ``block_then_write`` skip its block.
+NO_BLOCK_FILE = "no-block"
 #: Environment variable the probe sets (a later job in the same process would see it).
 PROBE_ENV = "AIP_CREWAI_TEST_PROBE_TRACE"
 
@@ -73,7 +79,9 @@ def block_then_write(text: str) -> str:
     """Block in a synchronous call, then leave a side effect (a file)."""
     job = _job_id()
     _write(marker(job, "started"), str(os.getpid()))
-    time.sleep(float(os.environ.get(BLOCK_SECONDS_ENV) or 5))
+    directory = os.environ.get(MARKER_DIR_ENV)
+    if not (directory and (Path(directory) / NO_BLOCK_FILE).exists()):
+        time.sleep(float(os.environ.get(BLOCK_SECONDS_ENV) or 5))
     _write(marker(job, "after"), str(os.getpid()))
     return f"blocked and wrote for {len(str(text).split())} words"
 
@@ -96,6 +104,8 @@ def probe_process(text: str) -> str:
         "stdout": type(sys.stdout).__name__,
         "bus_handlers": len(_HANDLERS),
         "seen": list(_SEEN),
+        # rows in CrewAI's shared replay table: jobs keep task outputs in a store of their own, never there
+        "replay_rows": _replay_rows(),
     }
     _write(marker(job, "probe"), json.dumps(found))
     os.environ[PROBE_ENV] = job
@@ -110,6 +120,18 @@ def probe_process(text: str) -> str:
     _HANDLERS.append(handler)
     _SEEN.append(job)
     return "probed"
+
+
+def _replay_rows() -> int:
+    """Rows of CrewAI's shared ``latest_kickoff_task_outputs`` table in its storage dir (0 without the file)."""
+    path = Path(os.environ.get("CREWAI_STORAGE_DIR") or ".") / "latest_kickoff_task_outputs.db"
+    if not path.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        try:
+            return int(db.execute("SELECT COUNT(*) FROM latest_kickoff_task_outputs").fetchone()[0])
+        except sqlite3.OperationalError:  # no table yet
+            return 0
 
 
 class SlowDrainMemory(Memory):
@@ -139,7 +161,7 @@ def probe() -> Crew:
 
 
 def memory_stall() -> Crew:
-    """Two tasks on a crew whose memory drains slowly (the akickoff loop stall)."""
+    """One task on a crew whose memory drains slowly (the akickoff loop stall)."""
     base = build_crew(OfflineLLM(model="offline-memory-stall", chunks_per_answer=1), TWO_TASKS[:1])
     memory = SlowDrainMemory(embedder=build_embedder(offline_embedder()),  # type: ignore[arg-type]
                              llm=OfflineLLM(model="offline-memory-llm"), root_scope="/crew/memory-stall")
@@ -150,6 +172,8 @@ def memory_stall() -> Crew:
 CREWS: dict[str, Any] = {
     "echo": echo,
     "blocking_tool": blocking_tool,
+    "blocking_trainable": with_options(blocking_tool, training_feedback=TRAINING_FEEDBACK,
+                                       eval_llm=offline_eval_llm),
     "exits": exits,
     "probe": probe,
     "memory_stall": memory_stall,

@@ -476,7 +476,8 @@ class _Job:
                     await self.worker.reap()
                     break
                 if isinstance(message, Failed) and message.cancelled:
-                    how = "stopped"  # the job ended on its cancel flag; the worker exits right after
+                    how = "stopped"  # the job ended on its cancel flag; the worker exits right after:
+                    await self.worker.reap()  # confirmed once it is gone (a thread it left dies with it)
                     break
                 result = self._handle(message)
                 if result is not None:

@@ -81,19 +81,31 @@ async def view(client: httpx.AsyncClient, job: str) -> dict[str, Any]:
 
 async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_side_effect(
         sidecar_factory: SidecarFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """run, batch_run and test: a cancel while the tool blocks kills the worker; the tool's file is never
-    written, the stop is confirmed, and the request-to-dead-worker time is under 1.5 s."""
+    """run, batch_run, replay, train and test: a cancel while the tool blocks stops the worker (killed after
+    the grace where the flag cannot stop it); the tool's file is never written, the stop is confirmed, and the
+    request-to-dead-worker time is under 1.5 s."""
     markers = tmp_path / "markers"
     monkeypatch.setenv("AIP_CREWAI_TEST_MARKER_DIR", str(markers))  # ``marker()`` in this process
-    sidecar = start(sidecar_factory, markers)
+    training = tmp_path / "training"
+    training.mkdir(mode=0o700)
+    sidecar = start(sidecar_factory, markers, operations="run,batch_run,replay,train,test",
+                    extra=["--training-dir", str(training)])
     async with sidecar.client() as client:
+        (markers / "no-block").touch()  # a run that completes, to replay from
+        done = await submit(client, "t1:to-replay", "blocking_trainable")
+        assert done.status_code == 200
+        (markers / "no-block").unlink()
+        task_id = done.json()["tasks_output"][0]["task_id"]
         for operation, input in (("run", {}), ("batch_run", {"inputs": [{"topic": "a"}]}),
+                                 ("replay", {"task_id": task_id, "inputs": {"topic": "again"}}),
+                                 ("train", {"n_iterations": 1, "artifact_name": "a.pkl"}),
                                  ("test", {"n_iterations": 1, "eval_llm": "offline-blocking"})):
             job = f"t1:cancel-{operation}"
-            blocked = asyncio.create_task(submit(client, job, "blocking_tool", operation, input))
+            blocked = asyncio.create_task(submit(client, job, "blocking_trainable", operation, input))
             pid = await wait_for(lambda job=job: started_pid(markers, job), f"{operation}'s tool to start")
             asked = time.monotonic()
-            cancel = await client.post(f"/jobs/{job}/cancel", json={"crew_id": "blocking_tool", "action_id": job})
+            cancel = await client.post(f"/jobs/{job}/cancel", json={"crew_id": "blocking_trainable",
+                                                                     "action_id": job})
             assert cancel.status_code == 200 and cancel.json()["status"] == "cancelled"
             await wait_for(lambda pid=pid: not alive(pid), "the worker to die", deadline_s=10)
             assert time.monotonic() - asked < 1.5
@@ -110,8 +122,10 @@ async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_sid
             assert after is not None and not after.exists()  # and never will: its process is gone
     stops = {e["action_id"]: e["how"] for e in sidecar.log_events("job_worker_stopped")}
     # run/batch_run end on their cancelled task (the worker then exits, its tool thread with it);
-    # test's synchronous tool ignores the flag, so its worker is killed after the grace.
-    assert stops == {"t1:cancel-run": "stopped", "t1:cancel-batch_run": "stopped", "t1:cancel-test": "killed"}
+    # replay/train/test run CrewAI in a thread whose blocked tool ignores the flag: killed after the grace.
+    assert stops == {"t1:cancel-run": "stopped", "t1:cancel-batch_run": "stopped", "t1:cancel-replay": "killed",
+                     "t1:cancel-train": "killed", "t1:cancel-test": "killed"}
+    assert not list(training.rglob("a.pkl"))
 
 
 async def test_health_stays_fast_while_four_jobs_block(sidecar_factory: SidecarFactory, tmp_path: Path,
@@ -185,13 +199,14 @@ async def test_the_memory_save_stall_no_longer_blocks_the_sidecar(sidecar_factor
 
 
 async def test_a_job_never_sees_the_process_state_another_job_left(sidecar_factory: SidecarFactory,
-                                                                   tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                   tmp_path: Path) -> None:
     """Environment, working directory, stdout, event-bus handlers and module state a job changes are
-    gone for the next job, and two concurrent jobs run in two processes."""
+    gone for the next job, CrewAI's shared replay table is never written, and two concurrent jobs run in
+    two processes (each booted from a fork server that had imported CrewAI: no job pays the import)."""
     markers = tmp_path / "markers"
-    sidecar = start(sidecar_factory, markers)
-    clean = {"env": None, "cwd": str(sidecar.state_dir), "stdout": "PrintedErrorLog", "bus_handlers": 0, "seen": []}
+    sidecar = start(sidecar_factory, markers, extra=["--log-level", "debug"])
+    clean = {"env": None, "cwd": str(sidecar.state_dir), "stdout": "PrintedErrorLog", "bus_handlers": 0, "seen": [],
+             "replay_rows": 0}
     async with sidecar.client() as client:
         reports = []
         for job in ("t1:probe-1", "t1:probe-2"):
@@ -205,3 +220,5 @@ async def test_a_job_never_sees_the_process_state_another_job_left(sidecar_facto
         assert {k: report[k] for k in clean} == clean
     assert len({r["pid"] for r in reports}) == 4
     assert sidecar.process.pid not in {r["pid"] for r in reports}
+    booted = sidecar.log_events("worker_ready")
+    assert len(booted) >= 4 and all(e["crewai_preloaded"] and e["boot_ms"] < 3000 for e in booted)
