@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-matrix test-postgresql check bench contracts chaos clean
+.PHONY: run test test-inprocess test-matrix test-postgresql check bench contracts chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# The sidecar integration tests again with jobs in the sidecar process (--isolation inprocess; the
+# suite's default is process isolation). CI runs it once, beside make test.
+test-inprocess: $(STAMP)
+	AIP_CREWAI_ISOLATION=inprocess $(PY) -m pytest -q tests/integration
 
 # The suite on the lowest and the highest supported Python, each in its own .venv-<version>
 # (pyenv's interpreters; a version that is not installed is skipped with a line). CI runs it.

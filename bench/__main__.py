@@ -21,7 +21,8 @@ from pathlib import Path
 
 from bench.common import RESULTS_DIR, Section, machine_line, quiet_logs, table
 
-BENCHMARKS = ("control_path", "run_overhead", "streaming", "journal", "journal_switch", "load", "scale_out")
+BENCHMARKS = ("control_path", "run_overhead", "streaming", "journal", "journal_switch", "load", "isolation",
+              "scale_out")
 
 
 #: Earlier reports kept for comparison (``before-*.md``, oldest first) and the fix log.

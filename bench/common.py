@@ -331,17 +331,18 @@ class Stack:
         self.processes.clear()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def _spawn(self, name: str, cmd: list[str]) -> Process:
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Process:
         stderr_path = self.workdir / f"{name}.stderr"
         with stderr_path.open("wb") as stderr:
-            popen = subprocess.Popen(cmd, cwd=self.workdir, env=child_env(), stdin=subprocess.DEVNULL,
+            popen = subprocess.Popen(cmd, cwd=self.workdir, env={**child_env(), **(env or {})}, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=stderr)
         process = Process(name, popen, stderr_path)
         self.processes.append(process)
         return process
 
-    def start_sidecar(self, *args: str, name: str = "sidecar") -> Process:
-        """``aip-crewai sidecar`` with the bench crews, a 0600 token, a journal here, port 0."""
+    def start_sidecar(self, *args: str, name: str = "sidecar", env: dict[str, str] | None = None) -> Process:
+        """``aip-crewai sidecar`` with the bench crews, a 0600 token, a journal here, port 0 (``env``: added
+        to its environment)."""
         token_file = self.workdir / "sidecar.token"
         if not token_file.exists():
             token_file.write_text(SIDECAR_TOKEN + "\n")
@@ -351,7 +352,7 @@ class Stack:
         cmd = [sys.executable, "-m", "aip_crewai.cli", "sidecar", "--registry", REGISTRY,
                "--journal", str(state / "journal.db"), "--token-file", str(token_file), "--port", "0",
                "--shutdown-grace-seconds", "5", *args]
-        process = self._spawn(name, cmd)
+        process = self._spawn(name, cmd, env)
         end = time.monotonic() + START_TIMEOUT_S
         while True:
             if process.popen.poll() is not None:

@@ -60,7 +60,7 @@ async def _status_s(governed: Governed, run_id: str) -> float:
 
 
 async def run() -> Section:
-    section = Section("scale_out", "6. Scale-out: the host store on PostgreSQL (1 vs 2 hosts, SQLite vs PostgreSQL)")
+    section = Section("scale_out", "7. Scale-out: the host store on PostgreSQL (1 vs 2 hosts, SQLite vs PostgreSQL)")
     sys.path.insert(0, str(ROOT / "tests"))
     import pgserver
 

@@ -63,6 +63,7 @@ from aip_crewai.sidecar.errors import (
 from aip_crewai.sidecar.jobs import EventRow, JobStatus
 from aip_crewai.sidecar.journal import Journal
 from aip_crewai.sidecar.runtime import Executor, Runtime
+from aip_crewai.sidecar.workers import WorkerPool
 
 log = structlog.get_logger(__name__)
 
@@ -87,6 +88,7 @@ def create_app(
     executor: Executor | None = None,
     journal: Journal | None = None,
     crew_facts: CrewFacts | None = None,
+    workers: WorkerPool | None = None,
 ) -> Starlette:
     """Build the sidecar ASGI app.
 
@@ -100,10 +102,15 @@ def create_app(
             ``settings.journal``. Either way the lifespan closes it.
         crew_facts: what the start-up check found per crew
             (:class:`CrewFacts`), published in ``/health``.
+        workers: the job worker pool (``--isolation process``), then also the
+            executor; the lifespan starts it before serving and closes it
+            (killing its workers) after the runtime's shutdown.
 
     Returns:
         The Starlette app; ``app.state.runtime`` is set during the lifespan.
     """
+    if workers is not None:
+        executor = workers
     if crews is None or executor is None:
         crews, executor, _none = registry_executor(settings.registry)
     crew_ids, run = frozenset(crews), executor
@@ -117,13 +124,26 @@ def create_app(
                 raise RuntimeError("settings.journal is not set")
             owned = await Journal.open(settings.journal)
             await recover(owned)
-        runtime = Runtime(settings, owned, crew_ids, run, crew_problems=facts.problems, crew_inputs=facts.inputs)
+        try:
+            if workers is not None:
+                await workers.start()
+            runtime = Runtime(settings, owned, crew_ids, run, crew_problems=facts.problems,
+                              crew_inputs=facts.inputs)
+        except BaseException:
+            if workers is not None:
+                await workers.close()
+            await owned.close()
+            raise
         app.state.runtime = runtime
         try:
             yield
         finally:
-            await runtime.shutdown(settings.shutdown_grace_seconds)
-            await owned.close()
+            try:
+                await runtime.shutdown(settings.shutdown_grace_seconds)
+            finally:
+                if workers is not None:
+                    await workers.close()
+                await owned.close()
 
     routes = [
         Route("/health", health, methods=["GET"]),

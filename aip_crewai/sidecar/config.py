@@ -9,7 +9,7 @@ it on stderr and exits with status 2.
 
 Additions of ours (same rules, ``AIP_CREWAI_`` prefix): ``--sse-keepalive-
 seconds``, ``--shutdown-grace-seconds``, ``--max-journal-bytes``,
-``--log-level``, ``--log-format``. The two safety valves
+``--isolation``, ``--cancel-grace-seconds``, ``--log-level``, ``--log-format``. The two safety valves
 ``--allow-unauthenticated`` and ``--allow-ephemeral`` (also
 ``AIP_CREWAI_ALLOW_UNAUTHENTICATED`` / ``AIP_CREWAI_ALLOW_EPHEMERAL`` =
 ``1|true|yes|on``, or ``0|false|no|off``) work on loopback binds only.
@@ -84,6 +84,10 @@ class Settings:
         max_journal_bytes: bound on used journal pages plus the -wal file, bytes; admission 507 past it.
         sse_keepalive_seconds: interval of ``: keep-alive`` comments.
         shutdown_grace_seconds: how long in-flight jobs may finish at shutdown.
+        isolation: ``process`` (each job in a worker process of its own, :mod:`workers`)
+            or ``inprocess`` (jobs run in the sidecar process: debugging).
+        cancel_grace_seconds: with ``process``, how long a cancelled job may take to
+            stop cooperatively before its worker is killed.
         ephemeral: the journal is a temporary file made at start-up because
             none was configured (health then says ``durable_journal: false``).
         notify_socket: systemd ``NOTIFY_SOCKET`` (from the environment only).
@@ -109,6 +113,8 @@ class Settings:
     max_journal_bytes: int = 1_073_741_824
     sse_keepalive_seconds: float = 15.0
     shutdown_grace_seconds: float = 20.0
+    isolation: str = "process"
+    cancel_grace_seconds: float = 1.0
     log_level: str = "info"
     log_format: str = "auto"
     notify_socket: str | None = None
@@ -230,6 +236,12 @@ OPTIONS: tuple[_Option, ...] = (
             _float_in(0.01, 3600.0), 15.0, "interval of SSE keep-alive comments, seconds"),
     _Option("shutdown_grace_seconds", "--shutdown-grace-seconds", "AIP_CREWAI_SHUTDOWN_GRACE_SECONDS",
             _float_in(0.0, 3600.0), 20.0, "at SIGTERM/SIGINT, how long running jobs may finish before cancellation"),
+    _Option("isolation", "--isolation", "AIP_CREWAI_ISOLATION", _choice("process", "inprocess"), "process",
+            "where jobs run: process (each job in a worker process of its own: hard cancel, crash containment) or "
+            "inprocess (in the sidecar process, for debugging)"),
+    _Option("cancel_grace_seconds", "--cancel-grace-seconds", "AIP_CREWAI_CANCEL_GRACE_SECONDS",
+            _float_in(0.0, 60.0), 1.0, "with --isolation process: how long a cancelled job may take to stop "
+            "before its worker process is killed, seconds"),
     _Option("log_level", "--log-level", "AIP_CREWAI_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info",
             "log level (logs go to stderr)"),
     _Option("log_format", "--log-format", "AIP_CREWAI_LOG_FORMAT", _choice("auto", "json", "console"), "auto",
@@ -367,6 +379,8 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         max_journal_bytes=values["max_journal_bytes"],
         sse_keepalive_seconds=values["sse_keepalive_seconds"],
         shutdown_grace_seconds=values["shutdown_grace_seconds"],
+        isolation=values["isolation"],
+        cancel_grace_seconds=values["cancel_grace_seconds"],
         log_level=values["log_level"],
         log_format=values["log_format"],
         notify_socket=environ.get("NOTIFY_SOCKET") or None,

@@ -52,6 +52,9 @@ class JobContext:
             runtime keeps them in the journal only, never in logs.
         stop_observed: set True by the adapter when a cancelled worker really
             stopped at a model call (recorded on the ``cancelled`` event).
+        note_dropped: ``note_dropped(n)`` counts ``n`` chunks a worker process
+            dropped itself at the per-job event bound (process isolation,
+            ARCHITECTURE.md §5 "Isolation"); None in-process.
     """
 
     action_id: str
@@ -66,6 +69,14 @@ class JobContext:
     tenant: str = ""
     run_state: dict[int | None, dict[str, Any]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    note_dropped: Callable[[int], None] | None = None
+
+
+#: Published instead of any exception text that is not a SafeJobError.
+GENERIC_FAILURE = "the operation raised an error; its text is withheld (it can hold provider secrets)"
+#: Operations whose asyncio task is cancelled in-process (natively async CrewAI calls); the
+#: others stop at their next model call. Source: ARCHITECTURE.md §5 (cancellation).
+TASK_CANCELLED_OPERATIONS = frozenset({"run", "batch_run"})
 
 
 class SafeJobError(Exception):
@@ -76,14 +87,18 @@ class SafeJobError(Exception):
 
     ``before_any_effect=True`` says the job failed before any model call, tool
     or state change (a refusal at its start), so its ``failed`` event carries
-    ``uncertain_outcome: false`` even for a mutation. Source: ARCHITECTURE.md
-    §4 (events)."""
+    ``uncertain_outcome: false`` even for a mutation; ``uncertain`` (when not
+    None) sets ``uncertain_outcome`` outright (a worker process that died:
+    True). Source: ARCHITECTURE.md §4 (events), §5 (isolation)."""
 
-    def __init__(self, message: str, error_type: str = "SafeJobError", *, before_any_effect: bool = False) -> None:
+    def __init__(self, message: str, error_type: str = "SafeJobError", *, before_any_effect: bool = False,
+                 uncertain: bool | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.error_type = error_type
         self.before_any_effect = before_any_effect
+        #: Overrides the ``uncertain_outcome`` the runtime derives (a dead worker: always True).
+        self.uncertain = uncertain
 
 
 class InputRejected(SafeJobError):

@@ -20,9 +20,11 @@ Start-up order (nothing is served before the last step):
 Shutdown on SIGTERM/SIGINT: new admissions get 503, running jobs may finish
 within ``--shutdown-grace-seconds``, the rest are cancelled with a terminal
 event; then hypercorn stops accepting and closes connections, and the
-lifespan closes the journal. Worker threads that ignore cancellation cannot
-be stopped in-process: if any is still busy, the process exits without
-waiting for it (the journal is already closed). Nothing is printed to stdout.
+lifespan kills the job worker processes left (``--isolation process``) and
+closes the journal. With ``--isolation inprocess``, worker threads that
+ignore cancellation cannot be stopped: if any is still busy, the process
+exits without waiting for it (the journal is already closed). Nothing is
+printed to stdout.
 
 Source: ARCHITECTURE.md §5, §11; ARCHITECTURE.md §2.
 """
@@ -146,12 +148,22 @@ def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal
 
 
 def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
-    """CrewAI's environment, ``import crewai`` and the registry; an exit status when refused."""
+    """CrewAI's environment, ``import crewai`` and the registry; an exit status when refused.
+
+    With ``--isolation process`` the executor is a :class:`~aip_crewai.sidecar.workers.WorkerPool`
+    whose fork server is started before this process imports CrewAI (both imports then run side
+    by side); the app's lifespan boots its workers before serving.
+    """
     from aip_crewai.sidecar.crewai_env import capture_crewai_prints, import_crewai, prepare_crewai_environment
 
     started = time.monotonic()
     capture_crewai_prints()
     prepare_crewai_environment(settings.state_dir)  # type: ignore[arg-type]
+    context = None
+    if settings.isolation == "process":
+        from aip_crewai.sidecar.workers import start_forkserver
+
+        context = start_forkserver(settings.registry)
     try:
         import_crewai()
     except Exception as exc:  # a broken install: say which, never a traceback of provider text
@@ -165,7 +177,16 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] 
     except (RegistryError, ImportError) as exc:
         return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {exc}")
     log.info("crewai_ready", crews=len(crews), unusable_crews=len(facts.problems),
-             import_ms=int((time.monotonic() - started) * 1000))
+             import_ms=int((time.monotonic() - started) * 1000), isolation=settings.isolation)
+    if context is not None:
+        from aip_crewai.sidecar.worker_wire import Boot
+        from aip_crewai.sidecar.workers import WorkerPool
+
+        json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
+        boot = Boot(settings.registry, str(settings.state_dir), json_logs, settings.log_level)
+        executor = WorkerPool(boot, settings.max_concurrency, cancel_grace_seconds=settings.cancel_grace_seconds,
+                              max_events=settings.max_events_per_run, max_event_bytes=settings.max_event_bytes,
+                              context=context)
     return crews, executor, facts
 
 
@@ -184,8 +205,11 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
     except BaseException:
         await journal.close()
         raise
+    from aip_crewai.sidecar.workers import WorkerPool
+
+    workers = executor if isinstance(executor, WorkerPool) else None
     app = create_app(settings, crews=crews, executor=executor, journal=journal,  # type: ignore[arg-type]
-                     crew_facts=crew_facts)
+                     crew_facts=crew_facts, workers=workers)
     # timeouts, header bound, no h2c (README "Security")
     config = hypercorn_config([f"fd://{fd}"], errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
     stop = asyncio.Event()
@@ -201,6 +225,8 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
         await stop.wait()
         log.info("sidecar_stopping", grace_seconds=settings.shutdown_grace_seconds)
         sd_notify(settings.notify_socket, "STOPPING=1")
+        if workers is not None:
+            workers.stop_replacing()  # the fork server may already have had a SIGTERM of its own
         runtime = getattr(app.state, "runtime", None)
         if runtime is not None:
             await runtime.shutdown(settings.shutdown_grace_seconds)

@@ -36,6 +36,10 @@ concurrency slot is held until the worker really returns; then
 ``provider_stop_observed`` is recorded (True when the worker stopped on the
 cancel: task cancelled, JobCancelled raised, or ``ctx.stop_observed``).
 knowledge_query and memory_reset are not cancellable: 409 while running.
+An executor with ``stops_by_task`` (the process-isolated ``workers.WorkerPool``)
+has its task cancelled for every operation, and a timeout or shutdown stops it
+the same way: it asks its worker to stop and kills it after the grace
+(ARCHITECTURE.md §5 "Isolation").
 
 The read side (views, event pages, live followers) is :mod:`reader`.
 
@@ -60,7 +64,13 @@ from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
 from aip_crewai.sidecar.admission import Admission, check_request
 from aip_crewai.sidecar.backlog import PendingTerminal, TerminalBacklog
 from aip_crewai.sidecar.config import Settings
-from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.context import (
+    GENERIC_FAILURE,
+    TASK_CANCELLED_OPERATIONS,
+    JobCancelled,
+    JobContext,
+    SafeJobError,
+)
 from aip_crewai.sidecar.errors import (
     CrewBusy,
     JobNotCancellable,
@@ -94,12 +104,8 @@ log = structlog.get_logger(__name__)
 #: ``async executor(crew_id, operation, input, ctx) -> output``.
 Executor = Callable[[str, str, dict[str, Any], JobContext], Coroutine[Any, Any, dict[str, Any]]]
 
-#: Published instead of any exception text that is not a SafeJobError.
 #: How long a failed admission write keeps ``/health`` ``degraded`` (s), unless an admission succeeds first.
 RECENT_WRITE_FAILURE_SECONDS = 30.0
-GENERIC_FAILURE = "the operation raised an error; its text is withheld (it can hold provider secrets)"
-#: Operations whose asyncio task is cancelled (natively async CrewAI calls).
-TASK_CANCELLED_OPERATIONS = frozenset({"run", "batch_run"})
 #: Bound on a SafeJobError message, characters.
 MAX_SAFE_MESSAGE_CHARS = 2048
 
@@ -123,6 +129,8 @@ class Runtime:
         self.journal = journal
         self.crews = frozenset(crews)
         self._executor = executor
+        #: A process-isolated executor stops every operation through its task (hard cancel, ``workers``).
+        self._stops_by_task = bool(getattr(executor, "stops_by_task", False))
         self._semaphore = asyncio.Semaphore(settings.max_concurrency)
         self._live: dict[str, LiveJob] = {}
         self._admitting: dict[str, Admission] = {}  # passed every check, row not yet registered in _live
@@ -265,6 +273,7 @@ class Runtime:
             emit_chunk=partial(self._emit_chunk, live), cancel_flag=live.cancel_flag,
             state_dir=self._state_dir,
             training_dir=self.settings.training_dir, find_task_run=partial(self._find_task_run, live.crew_id, live.tenant),
+            note_dropped=partial(self._note_dropped, live),
         )
         live.ctx = ctx
         started_at = time.monotonic()
@@ -307,7 +316,10 @@ class Runtime:
                 error_type, message = type(exc).__name__, GENERIC_FAILURE
             log.warning("job_failed", action_id=live.action_id, error_type=error_type, duration_ms=duration_ms)
             effect_free = isinstance(exc, SafeJobError) and exc.before_any_effect
-            await self._fail(live, error_type, message, spec.mutation and not effect_free)
+            uncertain = spec.mutation and not effect_free
+            if isinstance(exc, SafeJobError) and exc.uncertain is not None:
+                uncertain = exc.uncertain
+            await self._fail(live, error_type, message, uncertain)
             return
         try:
             output = msgspec.json.encode(task.result())
@@ -385,7 +397,7 @@ class Runtime:
     def _signal_stop(self, live: LiveJob, *, force: bool = False) -> None:
         """Set the cooperative flag; cancel the asyncio task where that stops CrewAI."""
         live.cancel_flag.set()
-        if live.exec_task is not None and (force or live.operation in TASK_CANCELLED_OPERATIONS):
+        if live.exec_task is not None and (force or self._stops_by_task or live.operation in TASK_CANCELLED_OPERATIONS):
             live.exec_task.cancel()
 
     # ---------------------------------------------------------------- chunks
@@ -399,6 +411,10 @@ class Runtime:
                 self._loop.call_soon_threadsafe(self._accept_chunk, live, data)
         except Exception as exc:  # a closed loop at shutdown: the chunk is lost, never raised into CrewAI
             log.debug("chunk_not_accepted", action_id=live.action_id, error_type=type(exc).__name__)
+
+    def _note_dropped(self, live: LiveJob, count: int) -> None:
+        """``ctx.note_dropped``: chunks a worker process dropped itself at the per-job bound (event loop only)."""
+        live.dropped += max(0, count)
 
     def _accept_chunk(self, live: LiveJob, data: dict[str, Any]) -> None:
         if live.closed or live.status is not JobStatus.RUNNING:

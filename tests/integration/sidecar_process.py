@@ -16,6 +16,7 @@ test directories have one).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -55,12 +56,17 @@ class Sidecar:
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=30.0, **kwargs)
 
-    def calls(self, pid: int | None = None) -> list[str]:
-        """Model calls logged so far (all processes, or one pid)."""
+    def calls(self, pid: int | None = None, since: float | None = None) -> list[str]:
+        """Model calls logged so far (all processes, or one pid; those at or after unix time ``since``).
+
+        With process isolation a call is made by a job's worker process, not the sidecar's own pid:
+        tell sidecars apart by time (``since``), not by pid.
+        """
         if not self.call_log.exists():
             return []
         lines = [line for line in self.call_log.read_text().splitlines() if line.strip()]
-        return [line for line in lines if pid is None or line.split()[1] == str(pid)]
+        return [line for line in lines if (pid is None or line.split()[1] == str(pid))
+                and (since is None or float(line.split()[0]) >= since)]
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
@@ -82,14 +88,37 @@ class Sidecar:
         return self.process.wait(timeout=60)
 
 
+async def until(predicate: Any, timeout: float = 30.0, interval: float = 0.02, what: str = "condition") -> Any:
+    """Poll ``predicate()`` until truthy and return its value (a condition with a deadline, never a bare sleep).
+
+    Raises:
+        AssertionError: ``what`` not met within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met before the deadline ({timeout} s)")
+        await asyncio.sleep(interval)
+
+
 def sidecar_command(*args: str) -> list[str]:
     """``python -m aip_crewai.cli sidecar <args>`` with this interpreter."""
     return [sys.executable, "-m", "aip_crewai.cli", "sidecar", *args]
 
 
+#: Kept from the test process's environment: the suite runs its sidecars in either isolation mode
+#: (``AIP_CREWAI_ISOLATION=inprocess make test``; README "Process isolation").
+PASSED_ENV = ("AIP_CREWAI_ISOLATION",)
+
+
 def child_env(call_log: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The test process environment without ``AIP_CREWAI_*``/``NOTIFY_SOCKET``, plus the call log."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_CREWAI_") and k != "NOTIFY_SOCKET"}
+    """The test process environment without ``AIP_CREWAI_*`` (but :data:`PASSED_ENV`) or ``NOTIFY_SOCKET``,
+    plus the call log."""
+    env = {k: v for k, v in os.environ.items()
+           if (not k.startswith("AIP_CREWAI_") or k in PASSED_ENV) and k != "NOTIFY_SOCKET"}
     env["AIP_CREWAI_TEST_CALL_LOG"] = str(call_log)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})

@@ -172,6 +172,10 @@ async def test_cancelling_a_running_run_ends_it_cancelled_within_a_second(shared
             ended_at = time.monotonic()
         calls_after_cancel = len(shared_sidecar.calls())
         view = (await client.get(f"/jobs/{aid}")).json()
+        deadline = time.monotonic() + 5  # the stop is recorded once the worker (thread or process) has returned
+        while view.get("provider_stop_observed") is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            view = (await client.get(f"/jobs/{aid}")).json()
         repeat = await client.post(f"/jobs/{aid}/cancel", json={"crew_id": "slow", "action_id": aid})
         blocking = await client.post("/jobs", json=body(aid, "slow"), headers={"Idempotency-Key": aid})
     assert events[-1] == {"event": "cancelled", "sequence": events[-1]["sequence"], "data": {"status": "cancelled"}}

@@ -256,14 +256,16 @@ class Processes:
 # ------------------------------------------------------------------- reads
 
 
-def calls_by_action(call_log: Path, pid: int | None = None) -> Counter[str]:
-    """Model calls per sidecar action id (optionally of one process) from the offline LLM's call log."""
+def calls_by_action(call_log: Path, pid: int | None = None, since: float | None = None) -> Counter[str]:
+    """Model calls per sidecar action id (optionally of one process, or at or after unix time ``since``)
+    from the offline LLM's call log. With process isolation the calls come from job worker processes:
+    tell sidecars apart by time, not by the sidecar's pid."""
     counts: Counter[str] = Counter()
     if not call_log.exists():
         return counts
     for line in call_log.read_text().splitlines():
         parts = line.split()
-        if len(parts) >= 4 and (pid is None or parts[1] == str(pid)):
+        if len(parts) >= 4 and (pid is None or parts[1] == str(pid)) and (since is None or float(parts[0]) >= since):
             counts[unquote(parts[3])] += 1
     return counts
 

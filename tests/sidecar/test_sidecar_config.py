@@ -275,3 +275,25 @@ def test_safety_valves_read_their_environment_on_loopback_only(tmp_path, name, f
     with pytest.raises(ConfigError, match=name):
         load_settings(minimal, {**env, name: "maybe"})
     assert getattr(load_settings([*minimal, f"--{flag.replace('_', '-')}"], {**env, name: "false"}), flag)
+
+
+@pytest.mark.parametrize("source", ["flag", "env"])
+@pytest.mark.parametrize("value", ["process", "inprocess", "INPROCESS"])
+def test_isolation_reads_its_flag_and_variable(base, source, value):
+    """``--isolation`` / ``AIP_CREWAI_ISOLATION``: process (default) or inprocess (README "Process isolation")."""
+    assert load_settings(base, {}).isolation == "process"
+    args, env = (base + ["--isolation", value], {}) if source == "flag" else (base, {"AIP_CREWAI_ISOLATION": value})
+    assert load_settings(args, env).isolation == value.lower()
+    with pytest.raises(ConfigError, match=r"--isolation \(AIP_CREWAI_ISOLATION\).*process, inprocess"):
+        load_settings(base, {"AIP_CREWAI_ISOLATION": "threads"})
+
+
+@pytest.mark.parametrize("value, ok", [("0", True), ("60", True), ("60.01", False), ("-0.1", False), ("nan", False)])
+def test_cancel_grace_seconds_is_bounded(base, value, ok):
+    """``--cancel-grace-seconds`` / ``AIP_CREWAI_CANCEL_GRACE_SECONDS``: 0..60 s, default 1."""
+    assert load_settings(base, {}).cancel_grace_seconds == 1.0
+    if ok:
+        assert load_settings(base, {"AIP_CREWAI_CANCEL_GRACE_SECONDS": value}).cancel_grace_seconds == float(value)
+    else:
+        with pytest.raises(ConfigError, match=r"AIP_CREWAI_CANCEL_GRACE_SECONDS.*0\.0\.\.60\.0"):
+            load_settings(base, {"AIP_CREWAI_CANCEL_GRACE_SECONDS": value})

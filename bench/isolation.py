@@ -1,0 +1,249 @@
+"""Process isolation (``--isolation process``): its cost and what it buys, each beside a baseline of the same run.
+
+- **added latency**: a ``fast`` run (``POST /jobs``, blocking) on a sidecar
+  with ``--isolation process`` vs one with ``--isolation inprocess``,
+  interleaved. Target: at most +5 ms at p50.
+- **/health while jobs block**: ``GET /health`` while 4 jobs each block 5 s
+  in a synchronous call (the ``blocking`` crew's tool: ``time.sleep``),
+  vs ``GET /health`` of the same idle sidecar. Target: p99 < 50 ms.
+- **/health during a memory-save stall**: the same probe while a
+  ``memory_stall`` job runs (CrewAI's ``akickoff`` waits on memory saves on
+  its event loop, crewAI PR#6497), process vs inprocess sidecar.
+- **hard cancel**: from ``POST /jobs/{id}/cancel`` of a job whose tool
+  blocks in ``time.sleep`` to its worker's death: a ``test`` job (its crew
+  runs in a thread that ignores the flag: killed after
+  ``--cancel-grace-seconds 1``) vs a ``run`` job (its task stops at once).
+  Target: < 1.5 s.
+- **memory per idle worker**: proportional set size (PSS, shared pages
+  split between their users) of the whole sidecar process tree with
+  ``--max-concurrency 4`` vs ``--max-concurrency 1``, per extra worker, vs
+  the resident size of the fork server (one CrewAI import). The worker's
+  private memory (USS) is shown too.
+
+Source: ARCHITECTURE.md §5 (isolation); README "Process isolation".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from bench.common import (
+    SIDECAR_TOKEN,
+    BenchError,
+    Row,
+    Section,
+    Stack,
+    Stats,
+    added_row,
+    async_client,
+    interleave,
+)
+
+ROUNDS = 150
+WARMUP = 5
+BUDGET_S = 30.0
+MAX_ADDED_S = 0.005
+BLOCKERS = 4
+HEALTH_P99_S = 0.050
+CANCEL_S = 1.5
+CANCELS = 5
+
+
+def _body(crew: str, job_id: str) -> dict[str, Any]:
+    return {"crew_id": crew, "action_id": job_id, "operation": "run", "input": {"topic": "isolation"}}
+
+
+async def _run(client: httpx.AsyncClient, crew: str) -> float:
+    job_id = f"bench:{uuid.uuid4().hex}"
+    started = time.perf_counter()
+    response = await client.post("/jobs", json=_body(crew, job_id), headers={"Idempotency-Key": job_id})
+    elapsed = time.perf_counter() - started
+    if response.status_code != 200:
+        raise BenchError(f"POST /jobs answered {response.status_code}: {response.text[:200]}")
+    return elapsed
+
+
+async def _health_samples(client: httpx.AsyncClient, *, count: int | None = None,
+                          while_running: asyncio.Task[Any] | None = None) -> list[float]:
+    samples = []
+    while (count is not None and len(samples) < count) or (while_running is not None and not while_running.done()):
+        started = time.perf_counter()
+        response = await client.get("/health")
+        samples.append(time.perf_counter() - started)
+        if response.status_code != 200:
+            raise BenchError(f"/health answered {response.status_code}")
+        await asyncio.sleep(0.01)
+    return samples
+
+
+async def _wait_markers(directory: Path, count: int, deadline_s: float = 60.0) -> None:
+    end = time.monotonic() + deadline_s
+    while len(list(directory.glob("*.started"))) < count:
+        if time.monotonic() > end:
+            raise BenchError(f"{count} blocking tools did not start in time")
+        await asyncio.sleep(0.01)
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _smaps(pid: int) -> dict[str, int]:
+    """``/proc/<pid>/smaps_rollup`` in KiB (Rss, Pss, Private_Clean, Private_Dirty, ...)."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+            key, value = line.split(":", 1)
+            out[key] = int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def _idle_tree(stack: Stack, concurrency: int) -> tuple[int, int, int]:
+    """(tree PSS KiB, fork server RSS KiB, mean worker USS KiB) of an idle process-mode sidecar."""
+    sidecar = stack.start_sidecar("--isolation", "process", "--max-concurrency", str(concurrency),
+                                  name=f"sidecar-c{concurrency}")
+    try:
+        async with async_client(sidecar.base_url, SIDECAR_TOKEN) as client:
+            for _ in range(3):  # every worker has booted; one job per worker ran and was replaced
+                await _run(client, "fast")
+        await asyncio.sleep(1.0)  # replacements boot
+        pids = _tree(sidecar.pid)
+        server = [p for p in pids if "forkserver" in _cmdline(p)]
+        workers = [p for p in pids if p != sidecar.pid and p not in server]
+        pss = sum(_smaps(p).get("Pss", 0) for p in pids)
+        uss = [_smaps(p).get("Private_Clean", 0) + _smaps(p).get("Private_Dirty", 0) for p in workers]
+        return pss, (_smaps(server[0]).get("Rss", 0) if server else 0), (sum(uss) // len(uss) if uss else 0)
+    finally:
+        sidecar.stop()
+
+
+async def run() -> Section:
+    section = Section("isolation", "6. Process isolation: cost and gains vs in-process jobs")
+    with Stack("isolation") as stack:
+        markers = stack.workdir / "markers"
+        markers.mkdir(mode=0o700)
+        process = stack.start_sidecar("--isolation", "process", "--cancel-grace-seconds", "1", "--allowed-operations",
+                                      "run,test", name="process",
+                                      env={"AIP_CREWAI_TEST_MARKER_DIR": str(markers),
+                                           "AIP_CREWAI_TEST_BLOCK_SECONDS": "5"})
+        inprocess = stack.start_sidecar("--isolation", "inprocess", name="inprocess")
+        async with async_client(process.base_url, SIDECAR_TOKEN) as iso, \
+                async_client(inprocess.base_url, SIDECAR_TOKEN) as inp:
+            samples = await interleave({"process": lambda: _run(iso, "fast"), "inprocess": lambda: _run(inp, "fast")},
+                                       rounds=ROUNDS, warmup=WARMUP, budget_s=BUDGET_S)
+            ours, base = Stats.of(samples["process"]), Stats.of(samples["inprocess"])
+            section.rows.append(added_row("run `fast`: --isolation process vs inprocess (POST /jobs)", ours, base,
+                                          max_added_s=MAX_ADDED_S))
+
+            idle = Stats.of(await _health_samples(iso, count=200))
+            blockers = [asyncio.create_task(_run(iso, "blocking")) for _ in range(BLOCKERS)]
+            await _wait_markers(markers, BLOCKERS)
+            during = Stats.of(await _health_samples(iso, while_running=asyncio.gather(*blockers)))
+            section.rows.append(_p99_row(f"/health while {BLOCKERS} jobs block 5 s in a synchronous call vs idle",
+                                         during, idle, HEALTH_P99_S))
+
+            iso_stall = Stats.of(await _health_samples(iso, while_running=asyncio.create_task(
+                _run(iso, "memory_stall"))))
+            inp_stall = Stats.of(await _health_samples(inp, while_running=asyncio.create_task(
+                _run(inp, "memory_stall"))))
+            section.rows.append(_p99_row("/health during a memory-save stall: process vs inprocess", iso_stall,
+                                         inp_stall, HEALTH_P99_S))
+
+            hard, soft = [], []
+            for _ in range(CANCELS):
+                hard.append(await _cancel(iso, "test", {"n_iterations": 1, "eval_llm": "offline-blocking"}, markers))
+                soft.append(await _cancel(iso, "run", {"topic": "isolation"}, markers))
+            hard_s, soft_s = Stats.of(hard), Stats.of(soft)
+            section.rows.append(Row("cancel → dead worker, tool blocked in `time.sleep`: `test` (killed after the "
+                                    "1 s grace) vs `run` (its task stops at once)",
+                                    f"{hard_s.p50 * 1000:.0f} ms / {hard_s.p99 * 1000:.0f} ms",
+                                    f"{soft_s.p50 * 1000:.0f} ms / {soft_s.p99 * 1000:.0f} ms",
+                                    f"{hard_s.p50 / soft_s.p50:.1f}×", f"{hard_s.p99 / soft_s.p99:.1f}×",
+                                    f"< {CANCEL_S:g} s", hard_s.p99 < CANCEL_S))
+        process.stop()
+        inprocess.stop()
+        four, four_server, four_uss = await _idle_tree(stack, 4)
+        one, _server, _uss = await _idle_tree(stack, 1)
+        per_worker = (four - one) / 3
+        section.rows.append(Row("memory per idle worker (tree PSS, 4 vs 1 workers) vs a CrewAI import (fork server "
+                                "RSS)", f"{per_worker / 1024:.1f} MiB (USS {four_uss / 1024:.1f} MiB)",
+                                f"{four_server / 1024:.0f} MiB", f"{per_worker / max(1, four_server):.2f}×", "—",
+                                "well under a CrewAI import", per_worker < four_server / 4))
+    section.notes += [
+        f"Added latency: {ours.n} interleaved rounds after {WARMUP} warm-up rounds, one run at a time, two sidecars "
+        "side by side (4 workers each for process).",
+        f"/health: one probe every 10 ms; idle = 200 probes before the blocking jobs; while blocking: {during.n} probes.",
+        f"Cancel: {CANCELS} rounds each; the request is sent once the tool wrote its marker file (it then blocks 5 s in "
+        "`time.sleep`), timed until the worker process is gone (/proc). `test` runs the crew in a thread that "
+        "ignores the cooperative flag: killed after the 1 s grace. `run`'s asyncio task is cancelled, the worker "
+        "answers and exits (its blocked tool thread dies with it).",
+        "Memory: PSS splits each shared page between the processes that map it; a worker shares CrewAI's pages "
+        "with the fork server it was forked from.",
+    ]
+    return section
+
+
+def _p99_row(metric: str, ours: Stats, baseline: Stats, max_p99_s: float) -> Row:
+    return Row(metric, f"{ours.p50 * 1000:.2f} ms / {ours.p99 * 1000:.2f} ms",
+               f"{baseline.p50 * 1000:.2f} ms / {baseline.p99 * 1000:.2f} ms", f"{ours.p50 / baseline.p50:.2f}×",
+               f"{ours.p99 / baseline.p99:.2f}×", f"p99 < {max_p99_s * 1000:g} ms", ours.p99 < max_p99_s)
+
+
+async def _cancel(client: httpx.AsyncClient, operation: str, input: dict[str, Any], markers: Path) -> float:
+    """Seconds from the cancel request of a ``blocking`` job whose tool blocks to its worker's death."""
+    job_id = f"bench:{uuid.uuid4().hex}"
+    body = {"crew_id": "blocking", "action_id": job_id, "operation": operation, "input": input}
+    job = asyncio.create_task(client.post("/jobs", json=body, headers={"Idempotency-Key": job_id}))
+    marker = markers / f"{quote(job_id, safe='')}.started"
+    end = time.monotonic() + 60
+    while not marker.exists() or not marker.read_text():
+        if time.monotonic() > end:
+            raise BenchError("the blocking tool did not start in time")
+        await asyncio.sleep(0.005)
+    pid = int(marker.read_text())
+    started = time.perf_counter()
+    answer = await client.post(f"/jobs/{job_id}/cancel", json={"crew_id": "blocking", "action_id": job_id})
+    if answer.status_code != 200:
+        raise BenchError(f"cancel answered {answer.status_code}: {answer.text[:200]}")
+    while Path(f"/proc/{pid}").exists() and "zombie" not in _status(pid):
+        await asyncio.sleep(0.001)
+    elapsed = time.perf_counter() - started
+    await job
+    return elapsed
+
+
+def _status(pid: int) -> str:
+    try:
+        return next((line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("State:")), "")
+    except OSError:
+        return "zombie"

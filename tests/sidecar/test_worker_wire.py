@@ -1,0 +1,135 @@
+"""The worker pipe protocol and the worker's chunk bound (``worker_wire``, ``worker``; ARCHITECTURE.md §5 "Isolation")."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+
+import msgspec
+import pytest
+
+from aip_crewai.sidecar.live import MAX_LABEL_CHARS
+from aip_crewai.sidecar.worker import Channel, _ChunkSender
+from aip_crewai.sidecar.worker_wire import (
+    HEADER,
+    Boot,
+    Cancel,
+    Chunk,
+    Done,
+    Failed,
+    FrameError,
+    Start,
+    TaskRun,
+    decode_boot,
+    decode_from_worker,
+    decode_to_worker,
+    encode,
+    encode_boot,
+    frame_bound,
+    payload_length,
+)
+from aip_crewai.sidecar.workers import describe_exit
+
+
+def test_every_message_round_trips_in_its_direction():
+    start = Start("t:a", "echo", "run", "t", {"topic": "x", "n": [1, 2.5, None]}, "/s", None, 1000, 262144)
+    for message in (start, Cancel(), TaskRun(3, {"tasks_output": []}), TaskRun(4, None)):
+        assert decode_to_worker(encode(message)[HEADER.size:]) == message
+    for message in (Chunk({"content": "c", "channel": "llm"}), Done(b'{"raw":"x"}', [(None, {"inputs": {}}), (2, {})], 3),
+                    Failed("RuntimeError"), Failed("JobCancelled", cancelled=True, stop_observed=True)):
+        assert decode_from_worker(encode(message)[HEADER.size:]) == message
+    boot = Boot("aip_crewai.examples.testing:CREWS", "/state", True, "info")
+    assert decode_boot(encode_boot(boot)) == boot
+
+
+def test_a_message_of_the_other_direction_or_garbage_is_a_frame_error():
+    with pytest.raises(FrameError):
+        decode_from_worker(encode(Cancel())[HEADER.size:])
+    with pytest.raises(FrameError):
+        decode_to_worker(encode(Chunk({}))[HEADER.size:])
+    with pytest.raises(FrameError):
+        decode_from_worker(b"\xc1 not msgpack")
+
+
+def test_the_frame_bound_is_enforced_at_its_limit_and_one_past_it():
+    bound = frame_bound(1024)
+    assert payload_length(HEADER.pack(bound), bound) == bound
+    with pytest.raises(FrameError, match=f"{bound + 1} bytes exceeds the bound of {bound} bytes"):
+        payload_length(HEADER.pack(bound + 1), bound)
+    assert frame_bound(4096) - frame_bound(1024) == 6 * 3072
+
+
+def test_a_channel_refuses_an_oversized_frame_before_reading_it():
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        channel = Channel(theirs, 64)
+        ours.sendall(encode(Cancel()) + HEADER.pack(64) + b"x" * 64 + HEADER.pack(65))
+        assert channel.recv() == Cancel()
+        with pytest.raises(FrameError):  # 64 bytes are read (and are no message), 65 are not
+            channel.recv()
+        with pytest.raises(FrameError):
+            channel.recv()
+        ours.close()
+        assert channel.recv() is None  # end of file: the sidecar is gone
+
+
+@pytest.mark.parametrize("limit", [0, 1, 5])
+def test_a_worker_sends_at_most_its_chunk_limit_and_counts_the_rest(limit):
+    """The per-job bound holds in the worker too: ``limit`` chunks cross the pipe, one more is only counted."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sender = _ChunkSender(Channel(theirs, frame_bound(1024)), limit, 1024)
+        for i in range(limit + 1):
+            sender({"content": f"c{i}", "channel": "llm"})
+        assert (sender.sent, sender.dropped) == (limit, 1)
+        theirs.close()
+        received = _read_all(ours)
+        assert [m.data["content"] for m in received] == [f"c{i}" for i in range(limit)]  # type: ignore[union-attr]
+
+
+def test_a_worker_cuts_chunk_content_and_labels_the_sidecar_would_cut_anyway():
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sender = _ChunkSender(Channel(theirs, frame_bound(1024)), 10, 1024)
+        sender({"content": "x" * 5000, "channel": "tools", "task_id": "t" * 999, "agent_role": None, "other": "y"})
+        sender("not a mapping")  # dropped, as the sidecar would
+        theirs.close()
+        (message,) = _read_all(ours)
+    assert isinstance(message, Chunk)
+    assert message.data == {"content": "x" * 1025, "channel": "tools", "task_id": "t" * MAX_LABEL_CHARS}
+
+
+def _read_all(ours: socket.socket) -> list[object]:
+    """Every message until end of file (worker → sidecar direction)."""
+    reader = Channel(ours, frame_bound(1024))
+    out = []
+    while (header := reader._exact(HEADER.size)) is not None:
+        out.append(decode_from_worker(reader._exact(payload_length(header, reader.bound)) or b""))
+    return out
+
+
+@pytest.mark.parametrize("code, text", [(-signal.SIGKILL, "signal SIGKILL"), (-signal.SIGSEGV, "signal SIGSEGV"),
+                                        (7, "exit status 7"), (None, "exit status unknown"), (-200, "signal 200")])
+def test_a_worker_exit_is_named_by_its_signal_or_status(code, text):
+    assert describe_exit(code) == text
+
+
+def test_chunks_sent_from_many_threads_arrive_whole():
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sender = _ChunkSender(Channel(theirs, frame_bound(1024)), 1000, 1024)
+        threads = [threading.Thread(target=lambda n=n: [sender({"content": f"{n}-{i}" * 50}) for i in range(50)])
+                   for n in range(8)]
+        received: list[object] = []
+        drain = threading.Thread(target=lambda: received.extend(_read_all(ours)))
+        drain.start()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        theirs.shutdown(socket.SHUT_WR)
+        drain.join(30)
+    assert len(received) == 400 and all(isinstance(m, Chunk) for m in received)
+    assert msgspec.json.encode(sorted(m.data["content"] for m in received))  # type: ignore[attr-defined]
+

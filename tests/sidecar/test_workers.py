@@ -1,0 +1,133 @@
+"""The worker pool (``workers.WorkerPool``; ARCHITECTURE.md §5 "Isolation") with fake workers (no CrewAI).
+
+Each test starts a pool of one spawned fake worker (``worker_fakes``) and runs one job through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import worker_fakes
+
+from aip_crewai.sidecar.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.worker_wire import Boot
+from aip_crewai.sidecar.workers import WorkerDied, WorkerPool
+
+pytestmark = pytest.mark.timeout(60)
+
+GRACE = 0.3
+
+
+def make_pool(target: Any, *, grace: float = GRACE) -> WorkerPool:
+    return WorkerPool(Boot("unused:CREWS", "/nonexistent", True, "info"), 1, cancel_grace_seconds=grace,
+                      max_events=10, max_event_bytes=1024, context=multiprocessing.get_context("spawn"),
+                      target=target)
+
+
+def make_ctx(find: Any = None) -> tuple[JobContext, list[dict[str, Any]], list[int]]:
+    chunks: list[dict[str, Any]] = []
+    dropped: list[int] = []
+    ctx = JobContext(action_id="t:job", crew_id="crew", operation="replay", emit_chunk=chunks.append,
+                     cancel_flag=threading.Event(), state_dir=Path("/nonexistent"), find_task_run=find,
+                     tenant="t", note_dropped=dropped.append)
+    return ctx, chunks, dropped
+
+
+async def run_job(pool: WorkerPool, ctx: JobContext, input: dict[str, Any] | None = None) -> Any:
+    await pool.start()
+    try:
+        return await pool("crew", "replay", input or {}, ctx)
+    finally:
+        await pool.close()
+
+
+async def test_a_frame_over_the_bound_kills_the_worker_and_fails_the_job_typed():
+    pool = make_pool(worker_fakes.oversized)
+    ctx, _chunks, _dropped = make_ctx()
+    with pytest.raises(SafeJobError) as raised:
+        await run_job(pool, ctx)
+    assert raised.value.error_type == "WorkerProtocolError" and raised.value.uncertain is True
+
+
+async def test_a_worker_that_dies_fails_its_job_naming_the_signal():
+    pool = make_pool(worker_fakes.dies)
+    ctx, chunks, _dropped = make_ctx()
+    with pytest.raises(WorkerDied) as raised:
+        await run_job(pool, ctx)
+    assert raised.value.error_type == "WorkerDied" and raised.value.uncertain is True
+    assert "signal SIGKILL" in raised.value.message
+    assert chunks == [{"content": "before", "channel": "llm"}]
+
+
+async def cancel_after_first_chunk(pool: WorkerPool, ctx: JobContext, chunks: list[Any]) -> tuple[Any, float, int]:
+    """Start a job, cancel its task once a chunk arrived; (its result or exception, seconds, worker pid)."""
+    await pool.start()
+    try:
+        job = asyncio.create_task(pool("crew", "replay", {}, ctx))
+        while not chunks:
+            await asyncio.sleep(0.01)
+        (pid,) = pool.pids()
+        asked = time.monotonic()
+        job.cancel()
+        try:
+            outcome: Any = await job
+        except BaseException as exc:  # noqa: BLE001 - the outcome under test
+            outcome = exc
+        return outcome, time.monotonic() - asked, pid
+    finally:
+        await pool.close()
+
+
+async def test_a_worker_that_ignores_its_cancel_is_killed_after_the_grace():
+    pool = make_pool(worker_fakes.ignores_cancel)
+    ctx, chunks, _dropped = make_ctx()
+    outcome, took, pid = await cancel_after_first_chunk(pool, ctx, chunks)
+    assert isinstance(outcome, asyncio.CancelledError)
+    assert GRACE <= took < GRACE + 5
+    assert ctx.stop_observed is True and pool.killed_total == 1
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+async def test_a_worker_that_stops_on_its_cancel_is_a_confirmed_stop_without_a_kill():
+    pool = make_pool(worker_fakes.stops_on_cancel, grace=30)
+    ctx, chunks, _dropped = make_ctx()
+    outcome, took, _pid = await cancel_after_first_chunk(pool, ctx, chunks)
+    assert isinstance(outcome, asyncio.CancelledError)
+    assert took < 5 and ctx.stop_observed is True and pool.killed_total == 0
+
+
+async def test_a_worker_that_finishes_despite_its_cancel_leaves_the_stop_unobserved():
+    pool = make_pool(worker_fakes.finishes_despite_cancel, grace=30)
+    ctx, chunks, _dropped = make_ctx()
+    outcome, _took, _pid = await cancel_after_first_chunk(pool, ctx, chunks)
+    assert outcome == {"raw": "done anyway"} and ctx.stop_observed is False
+
+
+async def test_replay_lookups_run_state_and_dropped_chunks_cross_the_pipe():
+    asked: list[str] = []
+
+    async def find(task_id: str) -> dict[str, Any] | None:
+        asked.append(task_id)
+        return {"tasks_output": [{"task_id": task_id}]}
+
+    pool = make_pool(worker_fakes.asks_for_a_run)
+    ctx, _chunks, dropped = make_ctx(find)
+    assert await run_job(pool, ctx, {"task_id": "task-1"}) == {"found": True}
+    assert asked == ["task-1"] and dropped == [2]
+    assert ctx.run_state == {None: {"inputs": {"topic": "t"}}, 3: {"fingerprint": []}}
+
+
+async def test_a_failure_without_a_message_is_published_with_the_generic_one():
+    pool = make_pool(worker_fakes.fails)
+    ctx, _chunks, _dropped = make_ctx()
+    with pytest.raises(SafeJobError) as raised:
+        await run_job(pool, ctx)
+    assert (raised.value.error_type, raised.value.message, raised.value.uncertain) == ("RuntimeError",
+                                                                                       GENERIC_FAILURE, None)
+    assert not isinstance(raised.value, JobCancelled)

@@ -1,0 +1,89 @@
+"""Fake job workers for ``test_workers.py``: process targets speaking the worker pipe protocol.
+
+Importable by name in a spawned child (the test directory is on ``sys.path``). No CrewAI.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+from aip_crewai.sidecar.worker import Channel
+from aip_crewai.sidecar.worker_wire import (
+    HEADER,
+    Cancel,
+    Chunk,
+    Done,
+    Failed,
+    FindTaskRun,
+    Ready,
+    Start,
+    TaskRun,
+    frame_bound,
+)
+
+
+def _start(sock: socket.socket) -> tuple[Channel, Start]:
+    channel = Channel(sock, frame_bound(1024))
+    channel.send(Ready(os.getpid()))
+    start = channel.recv()
+    assert isinstance(start, Start)
+    return channel, start
+
+
+def oversized(sock: socket.socket, _boot: bytes) -> None:
+    """Announces a frame one byte over the sidecar's bound."""
+    channel, start = _start(sock)
+    sock.sendall(HEADER.pack(frame_bound(start.max_event_bytes) + 1))
+    time.sleep(60)
+
+
+def dies(sock: socket.socket, _boot: bytes) -> None:
+    """Sends a chunk, then kills itself (SIGKILL)."""
+    channel, _start_message = _start(sock)
+    channel.send(Chunk({"content": "before", "channel": "llm"}))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def ignores_cancel(sock: socket.socket, _boot: bytes) -> None:
+    """Sends a chunk, then blocks whatever it is told (a tool in ``time.sleep``)."""
+    channel, _start_message = _start(sock)
+    channel.send(Chunk({"content": "blocking", "channel": "tools"}))
+    time.sleep(60)
+    channel.send(Done(b'{"late": true}', []))
+
+
+def stops_on_cancel(sock: socket.socket, _boot: bytes) -> None:
+    """Waits for Cancel, then reports a cooperative stop."""
+    channel, _start_message = _start(sock)
+    channel.send(Chunk({"content": "running", "channel": "llm"}))
+    while not isinstance(channel.recv(), Cancel):
+        pass
+    channel.send(Failed("JobCancelled", cancelled=True, stop_observed=True))
+
+
+def finishes_despite_cancel(sock: socket.socket, _boot: bytes) -> None:
+    """Answers a Cancel with a completed output (it finished its work anyway)."""
+    channel, _start_message = _start(sock)
+    channel.send(Chunk({"content": "running", "channel": "llm"}))
+    while not isinstance(channel.recv(), Cancel):
+        pass
+    channel.send(Done(b'{"raw": "done anyway"}', []))
+
+
+def asks_for_a_run(sock: socket.socket, _boot: bytes) -> None:
+    """replay's lookup: FindTaskRun, then completes with what it got, keeping run state and dropped chunks."""
+    channel, start = _start(sock)
+    channel.send(FindTaskRun(1, start.input["task_id"]))
+    answer = channel.recv()
+    assert isinstance(answer, TaskRun) and answer.request == 1
+    output = b'{"found": %s}' % (b"true" if answer.run else b"false")
+    channel.send(Done(output, [(None, {"inputs": {"topic": "t"}}), (3, {"fingerprint": []})], dropped=2))
+
+
+def fails(sock: socket.socket, _boot: bytes) -> None:
+    """Reports a failure with a class name only (no publishable message)."""
+    _channel, _start_message = _start(sock)
+    _channel.send(Failed("RuntimeError"))
