@@ -44,10 +44,13 @@ def test_the_host_example_admits_only_crews_and_operations_the_sidecar_example_s
 
 def test_the_distribution_ships_one_top_level_package() -> None:
     """The demo and test crews live in ``aip_crewai.examples``: nothing named ``examples`` is installed at the top
-    level, where it would shadow or be shadowed by a user's own package (issue 20 item 8)."""
-    from setuptools import find_packages
+    level, where it would shadow or be shadowed by a user's own package (issue 20 item 8). Checked as setuptools'
+    package discovery sees the tree (top-level directories with an ``__init__.py`` matching ``include``), without
+    importing setuptools (not in every venv)."""
+    import fnmatch
 
     find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    packages = find_packages(str(REPO), include=find["include"])
-    assert "aip_crewai.examples" in packages
-    assert {name.split(".")[0] for name in packages} == {"aip_crewai"}
+    top_level = {path.parent.name for path in REPO.glob("*/__init__.py")}
+    shipped = {name for name in top_level if any(fnmatch.fnmatchcase(name, pattern) for pattern in find["include"])}
+    assert shipped == {"aip_crewai"}
+    assert (REPO / "aip_crewai" / "examples" / "__init__.py").is_file() and not (REPO / "examples").exists()
