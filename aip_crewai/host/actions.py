@@ -474,7 +474,7 @@ class ActionService:
         if record.status == ActionState.RUNNING and self.live.get(record.tenant, record.action_id) is None:
             # Only the holder of its dispatch lease settles it: another live host's action is left to it
             # (issue 21 item 2); an expired lease (a dead host's) is taken over here.
-            if not await self.store.take_lease(record.tenant, record.action_id):
+            if self.store.lease_is_foreign(record) or not await self.store.take_lease(record.tenant, record.action_id):
                 return record
             await self.reconcile(record)
             return await self.record(record.tenant, record.action_id)

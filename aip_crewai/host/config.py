@@ -315,7 +315,7 @@ def _store(base: Path, raw: str) -> Path | str:
     if raw.startswith(("postgresql://", "postgres://")):
         if has_control_characters(raw) or len(raw) > 4096:
             raise ConfigError("host.store", "a PostgreSQL URL must be at most 4096 characters without control characters")
-        if re.match(r"^postgres(ql)?://[^/@]*:[^/@]*@", raw):
+        if re.match(r"^postgres(ql)?://[^/@]*:[^/@]*@", raw) or re.search(r"[?&]password=", raw):
             raise ConfigError("host.store", "keep the password out of the URL: use ~/.pgpass or PGPASSFILE (0600)")
         return raw
     return _resolve(base, raw, "host.store")

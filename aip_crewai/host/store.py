@@ -138,7 +138,7 @@ class Store:
 
     def __init__(self, db: Db, worker: ThreadPoolExecutor, *,
                  clock: Callable[[], float] = time.time, owner: str | None = None,
-                 lease_ms: int = DEFAULT_LEASE_MS) -> None:
+                 lease_ms: int = DEFAULT_LEASE_MS, url: str | None = None) -> None:
         self._db = db
         self._worker = worker
         self._clock = clock
@@ -149,7 +149,7 @@ class Store:
         self.owner = owner
         #: How long a lease lasts unless renewed, ms.
         self.lease_ms = lease_ms
-        self._url: str | None = None
+        self._url = url
 
     @classmethod
     async def open(cls, location: Path | str, *, clock: Callable[[], float] = time.time, owner: str | None = None,
@@ -166,9 +166,7 @@ class Store:
             url = str(location)
             worker, db = await start_worker(lambda: PostgresDb(connect_postgres(url)), name="aip-host-store",
                                             abandon=lambda opened: opened.close() if opened is not None else None)
-            opened = cls(db, worker, clock=clock, owner=owner, lease_ms=lease_ms)
-            opened._url = url
-            return opened
+            return cls(db, worker, clock=clock, owner=owner, lease_ms=lease_ms, url=url)
         path = Path(location)
         check_location(path)
         create_private_file(path)
@@ -380,6 +378,13 @@ class Store:
         if self.owner is None or status != _S.RUNNING.value:
             return None, None
         return self.owner, now + self.lease_ms
+
+    def lease_is_foreign(self, record: ActionRecord, *, now: int | None = None) -> bool:
+        """Whether ``record`` (as read) shows another host's live lease: :meth:`take_lease` would fail, so a
+        reader following that host's action skips the write (pure; the write stays the authority)."""
+        if self.owner is None or record.lease_owner in (None, self.owner) or record.lease_expires_at is None:
+            return False
+        return record.lease_expires_at > (self.now_ms() if now is None else now)
 
     async def take_lease(self, tenant: str, action_id: str, *, now: int | None = None) -> bool:
         """Take (or keep) the dispatch lease of a running action for this host: True when this host now

@@ -173,7 +173,8 @@ def test_a_postgresql_store_is_a_url_kept_as_given_and_never_holds_a_password(ho
     for url in ("postgresql://aip@db.internal:5432/aip_host", "postgres://db/aip?sslmode=verify-full"):
         doc["host"]["store"] = url
         assert load(host_files, doc).store_path == url
-    for bad, why in (("postgresql://aip:hunter2@db/aip", "PGPASSFILE"), ("postgresql://db/a\nb", "control"),
+    for bad, why in (("postgresql://aip:hunter2@db/aip", "PGPASSFILE"), ("postgresql://db/aip?password=hunter2",
+                                                                        "PGPASSFILE"), ("postgresql://db/a\nb", "control"),
                      ("postgresql://db/" + "a" * 4100, "4096")):
         doc["host"]["store"] = bad
         err = error_of(host_files, doc)

@@ -70,9 +70,12 @@ async def test_a_client_that_goes_away_mid_wait_closes_the_source_without_an_err
     """The response task is cancelled while a frame is awaited (a client disconnect)."""
     closed = asyncio.Event()
 
+    waiting = asyncio.Event()
+
     async def frames():
         try:
             yield b"one"
+            waiting.set()  # the consumer took the first frame and asked for the second
             await asyncio.Event().wait()
             yield b"never"
         finally:
@@ -83,8 +86,7 @@ async def test_a_client_that_goes_away_mid_wait_closes_the_source_without_an_err
             pass
 
     task = asyncio.ensure_future(consume())
-    for _ in range(5):  # let it read the first frame and wait for the second
-        await asyncio.sleep(0)
+    await asyncio.wait_for(waiting.wait(), 10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -591,6 +591,8 @@ async def test_a_lease_belongs_to_one_host_until_it_expires_and_is_then_taken_ov
         _, record = await make_action(a, action_id="act_1")
         assert (record.lease_owner, record.lease_expires_at) == ("host-a", T0 + 2000)
         assert await a.take_lease("acme", "act_1") and not await b.take_lease("acme", "act_1")
+        assert b.lease_is_foreign(record) and not a.lease_is_foreign(record)
+        assert not b.lease_is_foreign(record, now=T0 + 2000)  # expired as read: worth trying to take
         clock["now"] = T0 + 1500
         assert await a.renew_leases() == 1 and await b.renew_leases() == 0
         clock["now"] = T0 + 3000  # renewed until T0 + 3500: still a's

@@ -70,7 +70,9 @@ async def cancel_after_first_chunk(pool: WorkerPool, ctx: JobContext, chunks: li
     await pool.start()
     try:
         job = asyncio.create_task(pool("crew", "replay", {}, ctx))
-        while not chunks:
+        deadline = time.monotonic() + 30
+        while not chunks:  # a condition with a deadline: the worker's first chunk
+            assert not job.done() and time.monotonic() < deadline, "the worker never sent its first chunk"
             await asyncio.sleep(0.01)
         (pid,) = pool.pids()
         asked = time.monotonic()
