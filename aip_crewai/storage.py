@@ -32,12 +32,14 @@ _T = TypeVar("_T")
 
 
 async def start_worker(open_: Callable[[], _T], *, name: str,
-                       abandon: Callable[[_T | None], None]) -> tuple[ThreadPoolExecutor, _T]:
-    """Start a one-thread executor and run ``open_()`` on it.
+                       abandon: Callable[[_T | None], None], threads: int = 1) -> tuple[ThreadPoolExecutor, _T]:
+    """Start an executor (one thread unless ``threads`` says more) and run ``open_()`` on it.
 
     Args:
         open_: opens (and prepares) the connection; runs on the worker.
         name: thread name prefix (visible in tracebacks and py-spy).
+        threads: the executor's threads: 1 for a connection that one thread owns; more for a
+            connection pool whose connections each method checks out (the PostgreSQL host store).
         abandon: cleanup when the caller does not get the result: called on the
             worker with what ``open_`` returned, or with None when it raised
             (it closed its own connection then); it may release locks.
@@ -48,7 +50,7 @@ async def start_worker(open_: Callable[[], _T], *, name: str,
     Raises:
         Whatever ``open_`` raised, or CancelledError; nothing leaks either way.
     """
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    worker = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
     opening = worker.submit(open_)
     try:
         return worker, await asyncio.wrap_future(opening)
@@ -56,7 +58,7 @@ async def start_worker(open_: Callable[[], _T], *, name: str,
         if opening.done() and not opening.cancelled() and opening.exception() is not None:
             abandon(None)  # the open failed and closed its own connection: release at once
         else:
-            worker.submit(_abandon, opening, abandon)  # runs after open_ (one thread, FIFO)
+            worker.submit(_abandon, opening, abandon)  # runs after open_ (it waits for its result)
         worker.shutdown(wait=False)
         raise
 

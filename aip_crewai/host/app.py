@@ -365,7 +365,8 @@ def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) ->
         # Dispatch leases where hosts share the store (PostgreSQL); a SQLite store has one host (its lock file).
         shared = not isinstance(settings.store_path, Path)
         store = await Store.open(settings.store_path, clock=app.state.clock,
-                                 owner=settings.host_id if shared else None, lease_ms=int(settings.lease_s * 1000))
+                                 owner=settings.host_id if shared else None, lease_ms=int(settings.lease_s * 1000),
+                                 pool_size=settings.store_pool_size)
         clients = {sidecar.name: _sidecar_http(sidecar, transport) for sidecar in _sidecars(settings)}
         http = next(iter(clients.values()))
         tasks: list[asyncio.Task[None]] = []

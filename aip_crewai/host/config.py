@@ -14,6 +14,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     console = true                     # serve the approval console at /console/ (false: 404)
     host_id = "<hostname>:<port>"      # this host in dispatch leases; unique per host sharing a PostgreSQL store
     lease_seconds = 30                 # a dispatch lease lasts this long unless renewed, 1 .. 3600 s
+    store_pool_size = 4                # a PostgreSQL store's pooled connections (= store threads), 1 .. 64
 
     [sidecar]                          # one sidecar serving every crew; or several, each with its crews:
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -86,6 +87,10 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
 #: Default ``[host] lease_seconds``: a dispatch lease lasts this long unless renewed (issue 21 item 2).
 DEFAULT_LEASE_S = 30.0
+#: Default and largest ``[host] store_pool_size``: the pooled connections (and store worker threads) of a
+#: PostgreSQL host store (issue 21 item 1; a SQLite store keeps its one connection).
+DEFAULT_STORE_POOL_SIZE = 4
+MAX_STORE_POOL_SIZE = 64
 #: At most this many ``[[sidecars]]`` entries.
 MAX_SIDECARS = 64
 #: At most this many ``[host] cors_origins``.
@@ -145,6 +150,7 @@ class _HostTable(_Table, frozen=True):
     console: bool = True
     host_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
     lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_S
+    store_pool_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_STORE_POOL_SIZE)] = DEFAULT_STORE_POOL_SIZE
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -253,6 +259,7 @@ class Settings:
             PostgreSQL store need distinct ids (issue 21 item 2).
         lease_s: how long a dispatch lease lasts unless renewed, seconds; a dead host's running actions
             are taken over by another host after it.
+        store_pool_size: connections of a PostgreSQL store's pool, one per store worker thread.
         sidecars: every sidecar, each with the crews it serves (``[[sidecars]]``), or the one
             ``[sidecar]`` serving every crew; the ``sidecar_*`` fields are the first one's.
     """
@@ -278,6 +285,7 @@ class Settings:
     console: bool = True
     host_id: str = "host"
     lease_s: float = DEFAULT_LEASE_S
+    store_pool_size: int = DEFAULT_STORE_POOL_SIZE
     sidecars: tuple[SidecarSettings, ...] = ()
 
 
@@ -520,6 +528,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         console=host.console,
         host_id=host.host_id or _default_host_id(host.bind),
         lease_s=float(host.lease_seconds),
+        store_pool_size=host.store_pool_size,
         sidecars=sidecars,
     )
 

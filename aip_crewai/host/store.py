@@ -30,7 +30,10 @@ hop per method, not one per statement and cursor call as with aiosqlite,
 whose hops cost about 85 µs each on the benchmark machine). Calls are thereby
 serialized, so a multi-statement transaction never swallows another
 coroutine's write, and a cancelled caller never leaves a transaction half
-done: the function runs to its end on the worker.
+done: the function runs to its end on the worker. A PostgreSQL store runs its
+methods the same way on ``pool_size`` worker threads, each method on one
+connection checked out of a pool for its whole run (:class:`store_db.PostgresDb`):
+reads run side by side, writes serialize on the writer lock.
 
 File safety: the database is created 0600 (an existing file, or its
 ``-wal``/``-shm`` companions, with any group/other bit is refused, as is a
@@ -81,8 +84,8 @@ from .store_schema import (
     UnusableStore,
     _action_update,
     _connect,
-    connect_postgres,
     is_postgres_url,
+    open_postgres_pool,
     check_location,
     check_store_file,
     decode_cursor,
@@ -117,6 +120,8 @@ def lock_store(path: Path) -> int:
 _S = ActionState
 #: How long a dispatch lease lasts unless renewed, ms (``[host] lease_seconds``).
 DEFAULT_LEASE_MS = 30_000
+#: Connections (and worker threads) of a PostgreSQL store's pool (``[host] store_pool_size``, issue 21).
+DEFAULT_POOL_SIZE = 4
 _GET_ACTION = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?"
 #: The one decision: only from ``pending``, before ``expires_at``, never by the requester.
 # A decision needs the approval pending and unexpired, a decider other than the requester, AND its action
@@ -153,9 +158,10 @@ class Store:
 
     @classmethod
     async def open(cls, location: Path | str, *, clock: Callable[[], float] = time.time, owner: str | None = None,
-                   lease_ms: int = DEFAULT_LEASE_MS) -> Store:
+                   lease_ms: int = DEFAULT_LEASE_MS, pool_size: int = DEFAULT_POOL_SIZE) -> Store:
         """Open the store: a SQLite file (check the location, create it 0600 if missing, connect) or a
-        ``postgresql://`` URL (connect); then apply the migrations the database lacks.
+        ``postgresql://`` URL (a pool of ``pool_size`` connections, one per worker thread); then apply
+        the migrations the database lacks.
 
         Raises:
             InsecureStorePath: see :func:`check_location` (SQLite).
@@ -164,7 +170,8 @@ class Store:
         """
         if is_postgres_url(location):
             url = str(location)
-            worker, db = await start_worker(lambda: PostgresDb(connect_postgres(url)), name="aip-host-store",
+            worker, db = await start_worker(lambda: PostgresDb(open_postgres_pool(url, pool_size)),
+                                            name="aip-host-store", threads=pool_size,
                                             abandon=lambda opened: opened.close() if opened is not None else None)
             return cls(db, worker, clock=clock, owner=owner, lease_ms=lease_ms, url=url)
         path = Path(location)
@@ -187,7 +194,7 @@ class Store:
         return self._db.engine
 
     async def close(self) -> None:
-        await self._run(self._db.close)
+        await hop(self._worker, self._db.close)
         self._worker.shutdown(wait=True)
 
     def now_ms(self) -> int:
@@ -195,8 +202,9 @@ class Store:
         return int(self._clock() * 1000)
 
     async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """Run ``fn(*args)`` on the store's worker thread (the only thread using the connection)."""
-        return await hop(self._worker, fn, *args)
+        """Run ``fn(*args)`` on a store worker thread with a connection for all its statements
+        (:meth:`Db.run`: SQLite's one connection, or one of PostgreSQL's pooled ones)."""
+        return await hop(self._worker, self._db.run, fn, *args)
 
     def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._db.fetch(sql, params)

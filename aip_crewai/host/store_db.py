@@ -6,7 +6,8 @@ worker thread (one hop per method). That function talks to a :class:`Db`:
 
 | | :class:`SqliteDb` (the embedded default) | :class:`PostgresDb` (``postgresql://...``) |
 |---|---|---|
-| driver | ``sqlite3`` | psycopg 3 (synchronous connection, autocommit) |
+| driver | ``sqlite3`` | psycopg 3 (synchronous connections, autocommit) |
+| connections | one, on the store's one worker thread | a ``psycopg_pool`` pool, one connection per worker thread (``[host] store_pool_size``) |
 | placeholders | ``?`` | ``?`` rewritten to ``%s`` (a literal ``%`` doubled) |
 | a write transaction | ``BEGIN IMMEDIATE`` (the database's one writer) | ``BEGIN`` + ``pg_advisory_xact_lock``: writers of every host serialize as SQLite's do |
 | a write outside a transaction | one statement, autocommit | wrapped in the same locked transaction |
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -41,6 +43,10 @@ class Db(Protocol):
     integrity_error: type[Exception]
     #: ``sqlite`` or ``postgresql``.
     engine: str
+
+    def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run one store method's function ``fn(*args)`` on the calling worker thread, with a connection
+        for its whole duration (every statement of one method on one connection)."""
 
     def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of one statement (``[]`` for a statement that returns none)."""
@@ -69,6 +75,9 @@ class SqliteDb:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+
+    def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return fn(*args)  # one connection, one worker thread
 
     def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self.conn.execute(sql, params).fetchall()
@@ -122,21 +131,51 @@ def postgres_sql(sql: str) -> str:
 
 
 class PostgresDb:
-    """PostgreSQL through one synchronous psycopg 3 connection (autocommit) owned by the worker thread.
+    """PostgreSQL through a pool of synchronous psycopg 3 connections (autocommit), one per store thread.
 
-    Every write runs in a transaction holding :data:`WRITER_LOCK` (``pg_advisory_xact_lock``), so the
-    writers of all hosts on the database serialize like SQLite's single writer.
+    The store runs each method on one of its worker threads (as many as the pool holds connections)
+    through :meth:`run`, which checks a connection out of the pool for the whole method and binds it to
+    that thread; the other methods use the bound connection. A connection that broke (the server
+    restarted) is discarded by the pool when it is returned, and a new one is opened in its place.
+    Reads of several callers thereby run in parallel; every write runs in a transaction holding
+    :data:`WRITER_LOCK` (``pg_advisory_xact_lock``), so the writers of all hosts and threads on the
+    database serialize like SQLite's single writer.
+
+    Source: issue 21 item 1 (a connection pool).
     """
 
     engine = "postgresql"
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, pool: Any) -> None:
         import psycopg
 
-        self.conn = conn
+        #: The ``psycopg_pool.ConnectionPool`` the connections come from (opened by the caller).
+        self.pool = pool
         self.integrity_error: type[Exception] = psycopg.errors.IntegrityError
-        self._depth = 0
+        self._bound = threading.local()
         self._cache: dict[str, str] = {}
+
+    @property
+    def conn(self) -> Any:
+        """The connection bound to this thread by :meth:`run`.
+
+        Raises:
+            RuntimeError: called outside :meth:`run` (a store bug).
+        """
+        conn = getattr(self._bound, "conn", None)
+        if conn is None:
+            raise RuntimeError("a PostgreSQL store statement ran outside Db.run")
+        return conn
+
+    def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        if getattr(self._bound, "conn", None) is not None:  # a method calling another on the same thread
+            return fn(*args)
+        with self.pool.connection() as conn:
+            self._bound.conn, self._bound.depth = conn, 0
+            try:
+                return fn(*args)
+            finally:
+                self._bound.conn = None
 
     def _sql(self, sql: str) -> str:
         converted = self._cache.get(sql)
@@ -168,15 +207,16 @@ class PostgresDb:
         return self.transaction(locked)
 
     def transaction(self, fn: Callable[[], _T]) -> _T:
-        if self._depth:  # already inside this connection's transaction (a write calling a transaction)
+        conn, bound = self.conn, self._bound
+        if bound.depth:  # already inside this connection's transaction (a write calling a transaction)
             return fn()
-        self._depth += 1
+        bound.depth += 1
         try:
-            with self.conn.transaction():
-                self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
                 return fn()
         finally:
-            self._depth -= 1
+            bound.depth -= 1
 
     def close(self) -> None:
-        self.conn.close()
+        self.pool.close()

@@ -487,6 +487,42 @@ def connect_postgres(url: str) -> Any:
     return conn
 
 
+#: Seconds a store call waits for a free pooled connection (or for a new one) before it fails.
+PG_POOL_TIMEOUT_S = 10.0
+
+
+def open_postgres_pool(url: str, size: int) -> Any:
+    """Apply :data:`PG_MIGRATIONS` on one connection (:func:`connect_postgres`, then closed), then open a
+    ``psycopg_pool.ConnectionPool`` of ``size`` autocommit connections to ``url`` (all opened before this
+    returns). A connection is checked out for the whole of one store method (:class:`store_db.PostgresDb`)
+    and tried as it leaves the pool: one the server dropped is replaced, not handed out.
+
+    Raises:
+        StoreError: psycopg or psycopg_pool is missing, the server cannot be reached, or the schema is
+            newer (the pool's connections not ready within :data:`PG_POOL_TIMEOUT_S`).
+    """
+    connect_postgres(url).close()
+    try:
+        from psycopg_pool import ConnectionPool, PoolTimeout
+    except ImportError as exc:
+        raise StoreError("a PostgreSQL store needs psycopg_pool: pip install 'aip-crewai[postgresql]'") from exc
+    # check: a connection is tried (an empty query) as it leaves the pool, so one the server dropped
+    # (a restart, an idle timeout) is replaced there instead of failing the store method that got it.
+    pool = ConnectionPool(url, min_size=size, max_size=size, open=False, timeout=PG_POOL_TIMEOUT_S,
+                          name="aip-crewai-host-store", check=ConnectionPool.check_connection,
+                          kwargs={"autocommit": True, "connect_timeout": 10, "application_name": "aip-crewai-host"})
+    try:
+        pool.open(wait=True, timeout=PG_POOL_TIMEOUT_S)
+    except PoolTimeout as exc:
+        pool.close()
+        raise StoreError(f"the PostgreSQL store's {size} pooled connections were not ready within "
+                         f"{PG_POOL_TIMEOUT_S:g} s") from exc
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
 #: The class of the session advisory locks that keep one process per host id on a PostgreSQL store.
 PG_HOST_ID_LOCK_CLASS = 0x41495045
 

@@ -67,9 +67,14 @@ def test_stream_token_ttl_at_its_bounds_is_read(host_files: HostFiles, ttl):
     assert load(host_files, mutate("host.stream_token_ttl_seconds", ttl)).stream_token_ttl_s == ttl
 
 
+@pytest.mark.parametrize("size", [1, 64])
+def test_store_pool_size_at_its_bounds_is_read(host_files: HostFiles, size):
+    assert load(host_files, mutate("host.store_pool_size", size)).store_pool_size == size
+
+
 def test_stream_token_ttl_and_openapi_defaults(host_files: HostFiles):
     settings = load(host_files, mutate("host.openapi", False))
-    assert settings.stream_token_ttl_s == 300 and settings.openapi is False
+    assert settings.stream_token_ttl_s == 300 and settings.openapi is False and settings.store_pool_size == 4
 
 
 def test_relative_paths_resolve_against_the_config_dir_not_cwd(host_files: HostFiles, tmp_path, monkeypatch):
@@ -142,6 +147,8 @@ def mutate(path: str, value) -> dict:
         ("host.stream_token_ttl_seconds", 9, "host.stream_token_ttl_seconds", ">= 10"),
         ("host.stream_token_ttl_seconds", 3601, "host.stream_token_ttl_seconds", "<= 3600"),
         ("host.openapi", "yes", "host.openapi", "bool"),
+        ("host.store_pool_size", 0, "host.store_pool_size", ">= 1"),
+        ("host.store_pool_size", 65, "host.store_pool_size", "<= 64"),
         ("sidecar.keepalive_seconds", 0, "sidecar.keepalive_seconds", ">= 0.1"),
         ("sidecar.keepalive_seconds", 3601, "sidecar.keepalive_seconds", "<= 3600"),
     ],

@@ -1,0 +1,104 @@
+"""The PostgreSQL host store's connection pool (issue 21 item 1): one pooled connection per store
+method, reads not queued behind a write waiting for the writer lock, fences held across the pool's
+threads and across two stores (two hosts), a connection the server dropped replaced.
+
+Against a real throwaway PostgreSQL server (tests/pgserver.py); skipped with one line without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from aip_crewai.host.store import Store
+from aip_crewai.host.store_db import WRITER_LOCK
+
+pytestmark = pytest.mark.timeout(60)
+
+T0 = 1_790_000_000_000  # ms
+
+
+def _backends(url: str) -> int:
+    """Connections the host store holds on the server (its ``application_name``)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'aip-crewai-host'"
+                           " AND datname = current_database()").fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_the_pool_holds_its_size_in_connections_and_closes_them(postgres_url: str):
+    store = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=3)
+    try:
+        assert _backends(postgres_url) == 3
+        assert await store.claim_message_id("acme", "m-1", T0 + 60_000)
+    finally:
+        await store.close()
+    await _until(lambda: _backends(postgres_url) == 0, "the pool's connections to close")
+
+
+async def test_a_read_is_not_queued_behind_a_write_waiting_for_the_writer_lock(postgres_url: str):
+    """Another host holds the writer lock: this host's write waits for it on one pooled connection
+    while a read runs on another (with one connection the read would wait behind the write)."""
+    store = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=2)
+    other_host = psycopg.connect(postgres_url, autocommit=True)
+    try:
+        other_host.execute("BEGIN")
+        other_host.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+        write = asyncio.create_task(store.expire_approvals(T0))  # one locked write transaction
+
+        def waiting_for_the_lock() -> bool:
+            with psycopg.connect(postgres_url, autocommit=True) as conn:
+                row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                                   "AND objid = %s", (WRITER_LOCK,)).fetchone()
+            return bool(row and row[0])
+
+        await _until(waiting_for_the_lock, "the store's write to wait for the writer lock")
+        assert await asyncio.wait_for(store.get_action("acme", "act-none"), timeout=5) is None
+        assert not write.done()
+        other_host.execute("COMMIT")
+        assert await asyncio.wait_for(write, timeout=5) == []
+    finally:
+        other_host.close()
+        await store.close()
+
+
+async def test_a_message_id_is_claimed_once_across_the_pool_and_across_two_hosts(postgres_url: str):
+    """Issue 21 item 2: a signed message id is claimed once, whichever host and connection claims it."""
+    host_a = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=4)
+    host_b = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=4)
+    try:
+        for n in range(5):
+            claims = [store.claim_message_id("acme", f"m-{n}", T0 + 60_000, key_id="approver-key")
+                      for _ in range(8) for store in (host_a, host_b)]
+            assert sorted(await asyncio.gather(*claims)) == [False] * 15 + [True]
+    finally:
+        await host_a.close()
+        await host_b.close()
+
+
+async def test_a_connection_the_server_dropped_is_replaced_not_handed_out(postgres_url: str):
+    """A database restart or an idle timeout drops the pool's connections: every later store method
+    still succeeds (each connection is tried as it leaves the pool)."""
+    store = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=2)
+    try:
+        assert await store.claim_message_id("acme", "before", T0 + 60_000)
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE application_name = 'aip-crewai-host' AND datname = current_database()")
+        for n in range(6):  # more calls than connections: each dropped one is met at least once
+            assert await store.claim_message_id("acme", f"after-{n}", T0 + 60_000)
+            assert await store.get_action("acme", "act-none") is None
+    finally:
+        await store.close()
