@@ -499,7 +499,10 @@ class Store:
     async def append_chunks(self, tenant: str, action_id: str, chunks: Sequence[tuple[int, str]], *,
                             dispatch: str | None = None, durable: bool = True) -> int:
         """Append ``(sequence, chunk_json)`` pairs in one transaction; sequences
-        already stored are skipped. Returns how many were inserted.
+        already stored are skipped, and nothing is appended once the action is
+        terminal (a batch of a cancelled dispatch that reaches the store after the
+        canceller's result write, on another pooled connection or another host,
+        is dropped: no chunk ever follows the result). Returns how many were inserted.
 
         Args:
             dispatch: also move the action's dispatch forward to this, in the
@@ -518,6 +521,9 @@ class Store:
         rank = DISPATCH_RANK.get(dispatch or "", -1)
 
         def insert() -> int:
+            state = self._db.fetch("SELECT status FROM actions WHERE tenant = ? AND action_id = ?", (tenant, action_id))
+            if state and is_terminal(state[0][0]):
+                return 0  # the result is written: a late batch (a discarded dispatch's) never follows it
             inserted = self._db.change_many(
                 "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (tenant, action_id, sequence) DO NOTHING", rows)

@@ -367,6 +367,16 @@ async def test_chunks_append_list_and_count(store: Store):
         await store.append_chunks("globex", "act_1", [(0, "{}")])
 
 
+async def test_no_chunk_is_appended_once_the_action_is_terminal(store: Store):
+    """A late batch of a cancelled dispatch (on another pooled connection or host) never follows the result."""
+    await make_action(store)
+    assert await store.append_chunks("acme", "act_1", [(0, "{}")]) == 1
+    await store.update_action("acme", "act_1", from_statuses=["running"], status="cancelled", result_json="{}")
+    assert await store.append_chunks("acme", "act_1", [(1, "{}"), (2, "{}")]) == 0
+    assert [c.sequence for c in await store.list_chunks("acme", "act_1")] == [0]
+    assert (await store.get_action("acme", "act_1")).chunk_count == 1
+
+
 async def test_chunk_append_moves_dispatch_forward_in_the_same_transaction(store: Store):
     await make_action(store)
     await store.append_chunks("acme", "act_1", [(0, "{}")], dispatch="acknowledged", durable=False)
