@@ -353,7 +353,8 @@ def _readiness(app: Starlette, settings: Settings, clients: dict[str, httpx.Asyn
     for sidecar in _sidecars(settings):
         crews = [crew for crew in settings.crews if sidecar.serves(crew.id)]
         members.append((sidecar.name, Readiness(
-            clients[sidecar.name], crews, app.state.metrics, clock=app.state.clock, on_crew_inputs=inputs_of(sidecar.name),
+            clients[sidecar.name], crews, app.state.metrics, clock=app.state.clock, name=sidecar.name,
+            on_crew_inputs=inputs_of(sidecar.name),
             on_cancellable=cancellable_of([crew.id for crew in crews]))))
     return ReadinessGroup(members)
 

@@ -11,7 +11,8 @@ Metrics (all prefixed ``aip_host_``):
 |---|---|---|
 | ``requests_total`` | counter | route (path template), method, status (class) |
 | ``request_duration_seconds`` | summary (sum, count) | route, method |
-| ``ready`` | gauge | (1 when the sidecar agrees, ARCHITECTURE.md §7) |
+| ``ready`` | gauge | (1 while the host is ready: a sidecar agrees, ARCHITECTURE.md §7) |
+| ``sidecar_ready`` | gauge | sidecar (its configured name; 1 while that sidecar agrees) |
 | ``readiness_checks_total`` | counter | result (ready, unready) |
 | ``auth_failures_total`` | counter | |
 | ``fence_decisions_total`` | counter | fence, decision (incremented by the fences) |
@@ -55,7 +56,9 @@ class Metrics:
                                 ("route", "method", "status"))
         self.request_duration = Summary(p + "request_duration_seconds", "HTTP request handling time, seconds.",
                                         ("route", "method"))
-        self.ready = Gauge(p + "ready", "1 when the sidecar health agrees with the configuration, else 0.")
+        self.ready = Gauge(p + "ready", "1 while the host is ready (a sidecar's health agrees), else 0.")
+        self.sidecar_ready = Gauge(p + "sidecar_ready", "1 while this sidecar's health agrees with the "
+                                   "configuration, else 0.", ("sidecar",))
         self.readiness_checks = Counter(p + "readiness_checks_total", "Sidecar health checks by result.", ("result",))
         self.auth_failures = Counter(p + "auth_failures_total", "Requests refused as unauthenticated.")
         self.fence_decisions = Counter(p + "fence_decisions_total", "Fence decisions by fence and decision.",
@@ -78,7 +81,7 @@ class Metrics:
         self.request_duration.observe(duration_s, route=route_label, method=method_name)
 
     def families(self) -> list[_Family]:
-        return [self.requests, self.request_duration, self.ready, self.readiness_checks, self.auth_failures,
+        return [self.requests, self.request_duration, self.ready, self.sidecar_ready, self.readiness_checks, self.auth_failures,
                 self.fence_decisions, self.stream_errors, self.actions]
 
     def render(self) -> str:

@@ -147,15 +147,20 @@ class Readiness:
     Args:
         http: the lifespan-owned sidecar client (base URL and bearer set).
         crews: the admitted descriptors.
-        metrics: where the ``ready`` gauge and check counters live.
+        metrics: where the ``ready`` and ``sidecar_ready`` gauges and check counters live.
         clock: epoch seconds.
+        name: the sidecar's configured name (the ``sidecar_ready`` gauge's label).
     """
 
     def __init__(self, http: httpx.AsyncClient, crews: Iterable[CrewDescriptor], metrics: Metrics,
-                 *, clock: Callable[[], float] = time.time,
+                 *, clock: Callable[[], float] = time.time, name: str = "sidecar",
                  on_crew_inputs: Callable[[dict[str, CrewInputs]], None] | None = None,
                  on_cancellable: Callable[[frozenset[str]], None] | None = None) -> None:
         self.http = http
+        self.name = name
+        #: Whether the whole host is ready (the ``ready`` gauge): this sidecar alone, unless a
+        #: :class:`ReadinessGroup` holds it (then: any of its sidecars).
+        self.host_ready: Callable[[], bool] = lambda: self.state.ready
         self.on_crew_inputs = on_crew_inputs
         self.on_cancellable = on_cancellable
         #: What the sidecar can cancel as its last ``/health`` said; None: not known yet (our own table applies).
@@ -224,7 +229,8 @@ class Readiness:
         if state.ready != self.state.ready or reason != self._detail:
             (log.info if state.ready else log.warning)("readiness_changed", ready=state.ready, reason=reason or "ready")
         self.state, self._detail = state, reason
-        self.metrics.ready.set(1 if state.ready else 0)
+        self.metrics.sidecar_ready.set(1 if state.ready else 0, sidecar=self.name)
+        self.metrics.ready.set(1 if self.host_ready() else 0)
         self.metrics.readiness_checks.inc(result="ready" if state.ready else "unready")
         return state
 
@@ -276,6 +282,8 @@ class ReadinessGroup:
         if not members:
             raise ValueError("a readiness group needs at least one sidecar")
         self.members = members
+        for _, member in members:
+            member.host_ready = lambda: self.ready  # the ``ready`` gauge is the group's verdict
 
     @property
     def ready(self) -> bool:

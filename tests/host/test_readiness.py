@@ -121,3 +121,35 @@ async def poll(condition, timeout_s: float = 5.0) -> None:
         if loop.time() > deadline:
             raise AssertionError("condition not met before the deadline")
         await asyncio.sleep(0.005)
+
+
+async def test_each_sidecar_has_its_own_ready_gauge_and_the_host_gauge_is_the_groups():
+    """Issue 21 item 3: with several sidecars, ``sidecar_ready{sidecar=...}`` per sidecar, and
+    ``ready`` 1 while any sidecar is (no sidecar's check overwrites another's)."""
+    from aip_crewai.host.metrics import Metrics
+    from aip_crewai.host.readiness import Readiness, ReadinessGroup
+
+    up = {"one": True, "two": True}
+
+    def sidecar(name: str, crews: list[str]) -> httpx.AsyncClient:
+        def answer(request: httpx.Request) -> httpx.Response:
+            if not up[name]:
+                return httpx.Response(503, json={"status": "starting"})
+            return httpx.Response(200, json={**GOOD, "crews": crews})
+        return httpx.AsyncClient(base_url=f"http://{name}.invalid", transport=httpx.MockTransport(answer))
+
+    metrics = Metrics()
+    a, b = ([crew for crew in CREWS if crew.id == crew_id] for crew_id in ("a", "b"))
+    group = ReadinessGroup([("one", Readiness(sidecar("one", ["a"]), a, metrics, name="one")),
+                            ("two", Readiness(sidecar("two", ["b"]), b, metrics, name="two"))])
+    await group.refresh()
+    assert (metrics.ready.value(), metrics.sidecar_ready.value(sidecar="one"),
+            metrics.sidecar_ready.value(sidecar="two")) == (1, 1, 1)
+    up["two"] = False
+    await group.refresh()
+    assert (metrics.ready.value(), metrics.sidecar_ready.value(sidecar="one"),
+            metrics.sidecar_ready.value(sidecar="two")) == (1, 1, 0)
+    assert 'aip_host_sidecar_ready{sidecar="two"} 0' in metrics.render()
+    up["one"] = False
+    await group.refresh()
+    assert (metrics.ready.value(), metrics.sidecar_ready.value(sidecar="one")) == (0, 0)
