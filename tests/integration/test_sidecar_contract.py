@@ -170,12 +170,16 @@ async def test_cancelling_a_running_run_ends_it_cancelled_within_a_second(shared
 
             events, _ = await read_sse(resp, on_event=on_event)
             ended_at = time.monotonic()
-        calls_after_cancel = len(shared_sidecar.calls())
+        def job_calls(since: float | None = None) -> list[str]:  # the shared sidecar's log holds other jobs too
+            return [line for line in shared_sidecar.calls(since=since) if line.split()[3].endswith(aid)]
+
+        calls_after_cancel = len(job_calls())
         view = (await client.get(f"/jobs/{aid}")).json()
         deadline = time.monotonic() + 5  # the stop is recorded once the worker (thread or process) has returned
         while view.get("provider_stop_observed") is None and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
             view = (await client.get(f"/jobs/{aid}")).json()
+        confirmed_at = time.time()  # the worker has returned: nothing of this job can call the model after it
         repeat = await client.post(f"/jobs/{aid}/cancel", json={"crew_id": "slow", "action_id": aid})
         blocking = await client.post("/jobs", json=body(aid, "slow"), headers={"Idempotency-Key": aid})
     assert events[-1] == {"event": "cancelled", "sequence": events[-1]["sequence"], "data": {"status": "cancelled"}}
@@ -183,8 +187,8 @@ async def test_cancelling_a_running_run_ends_it_cancelled_within_a_second(shared
     assert view["status"] == "cancelled" and view["provider_stop_observed"] is True
     assert repeat.status_code == 200 and repeat.json()["status"] == "cancelled"
     assert blocking.status_code == 409
-    await asyncio.sleep(0.7)  # two more chunks' worth of time: a stopped crew makes no further call
-    assert len(shared_sidecar.calls()) == calls_after_cancel
+    # A stopped crew makes no further call (the confirmed stop means its worker returned or died).
+    assert job_calls(since=confirmed_at) == [] and len(job_calls()) == calls_after_cancel
 
 
 async def test_sse_resumes_with_last_event_id_and_cursor_and_416_outside(shared_sidecar):
