@@ -29,7 +29,7 @@ import structlog
 from ..log import configure_logging
 from ..storage import release_lock
 from .config import ConfigError, Settings, load_settings
-from .store_schema import lock_postgres_store
+from .store_schema import PostgresHostLock
 from .store import (
     InsecureStorePath,
     StoreLocked,
@@ -71,16 +71,33 @@ def load(config: str) -> Settings:
     return settings
 
 
-def own_store(settings: Settings) -> Callable[[], None]:
-    """Own the store for this process; returns the release. A SQLite store: an exclusive lock on
-    ``<store>.lock`` (:func:`~aip_crewai.host.store.lock_store`); a PostgreSQL store, shared by
-    several hosts: a session advisory lock on this host's id
-    (:func:`~aip_crewai.host.store_schema.lock_postgres_store`). Either lives as long as the process. Raises StoreLocked, InsecureStorePath or UnusableStore (all exit 2)."""
+def own_store(settings: Settings) -> tuple[Callable[[], None], PostgresHostLock | None]:
+    """Own the store for this process; returns ``(release, host_lock)``. A SQLite store: an exclusive
+    lock on ``<store>.lock`` (:func:`~aip_crewai.host.store.lock_store`; ``host_lock`` None); a PostgreSQL
+    store, shared by several hosts: a session advisory lock on this host's id
+    (:class:`~aip_crewai.host.store_schema.PostgresHostLock`, re-checked by :func:`guard_host_lock`).
+    Either lives as long as the process. Raises StoreLocked, InsecureStorePath or UnusableStore (all exit 2)."""
     if isinstance(settings.store_path, Path):
         fd = lock_store(settings.store_path)
-        return lambda: release_lock(fd)
-    conn = lock_postgres_store(settings.store_path, settings.host_id)
-    return conn.close
+        return (lambda: release_lock(fd)), None
+    assert settings.host_id is not None
+    lock = PostgresHostLock(settings.store_path, settings.host_id)
+    return lock.close, lock
+
+
+async def guard_host_lock(lock: PostgresHostLock, interval_s: float, lost: Callable[[], None]) -> None:
+    """Every ``interval_s`` seconds, check this host still holds its host id on the PostgreSQL store
+    (:meth:`PostgresHostLock.verify`, on a thread); when another process took the id (after a database
+    restart dropped the lock), log ``host_id_taken`` and call ``lost`` once (the host stops). Runs until
+    cancelled."""
+    while True:
+        await asyncio.sleep(interval_s)
+        held = await asyncio.to_thread(lock.verify)
+        if held is False:
+            log.error("host_id_taken", host_id=lock.host_id,
+                      reason="the database dropped this host's id lock and another process took the id")
+            lost()
+            return
 
 
 def listen(bind: str) -> socket.socket:
@@ -94,8 +111,14 @@ def listen(bind: str) -> socket.socket:
     return socket.create_server((host, int(port)), family=family, backlog=1024)
 
 
-async def serve(settings: Settings, sock: socket.socket) -> None:
-    """Serve the app with hypercorn on the bound ``sock`` until SIGTERM or SIGINT."""
+#: Exit status of a host that stopped because another process took its host id (systemd restarts it).
+EXIT_HOST_ID_TAKEN = 1
+
+
+async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHostLock | None = None) -> int:
+    """Serve the app with hypercorn on the bound ``sock`` until SIGTERM or SIGINT (returns 0), or until
+    another process takes this host's id on a PostgreSQL store (``host_lock`` re-checked every third of
+    the lease; returns :data:`EXIT_HOST_ID_TAKEN`)."""
     from hypercorn.asyncio import serve as hypercorn_serve
 
     from ..serving import hypercorn_config, hypercorn_logger
@@ -120,7 +143,21 @@ async def serve(settings: Settings, sock: socket.socket) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    taken: list[bool] = []
+
+    def lost() -> None:
+        taken.append(True)
+        app.state.stopping.set()
+        stop.set()
+
+    guard = None if host_lock is None else \
+        asyncio.ensure_future(guard_host_lock(host_lock, max(settings.lease_s / 3, 0.05), lost))
+    try:
+        await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    finally:
+        if guard is not None:
+            guard.cancel()
+    return EXIT_HOST_ID_TAKEN if taken else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,17 +166,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(json=None if args.log_format == "auto" else args.log_format == "json", level=args.log_level)
     try:
         settings = load(args.config)
-        release = own_store(settings)
+        release, host_lock = own_store(settings)
     except (ConfigError, InsecureStorePath, UnusableStore, StoreLocked) as exc:
         print(f"aip-crewai host: configuration error: {exc.message}", file=sys.stderr)
         return 2
     try:
-        return _run(settings)
+        return _run(settings, host_lock)
     finally:
         release()
 
 
-def _run(settings: Settings) -> int:
+def _run(settings: Settings, host_lock: PostgresHostLock | None = None) -> int:
     try:
         sock = listen(settings.bind)
     except (OSError, ValueError) as exc:
@@ -147,10 +184,9 @@ def _run(settings: Settings) -> int:
               f"{getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(settings, sock))
+        return asyncio.run(serve(settings, sock, host_lock))
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # the process boundary: log once, exit non-zero
         log.exception("host_failed", error=type(exc).__name__)
         return 1
-    return 0

@@ -527,23 +527,70 @@ def open_postgres_pool(url: str, size: int) -> Any:
 PG_HOST_ID_LOCK_CLASS = 0x41495045
 
 
-def lock_postgres_store(url: str, host_id: str) -> Any:
-    """Claim ``host_id`` on a PostgreSQL store for this process: a connection holding a session advisory
+class PostgresHostLock:
+    """This process's claim on ``host_id`` on a PostgreSQL store: a connection holding a session advisory
     lock on it (released when the connection closes, so also when the process dies). Several hosts share
     one store, each under its own id: two processes with one id would share dispatch leases (issue 21
-    item 2). Returns the connection (close it to release).
+    item 2).
 
-    Raises:
+    A database restart ends the session and with it the lock, silently: :meth:`verify` (called
+    periodically by the host) notices, reconnects and takes the lock again, and says when another
+    process took the id in the meantime (the host then stops: it must not dispatch under a shared id).
+
+    Raises (constructor):
         StoreLocked: another running process uses ``host_id`` on this store.
         UnusableStore: psycopg is missing or the server cannot be reached.
     """
-    conn = _pg_connect(url, "aip-crewai-host-lock", UnusableStore)
-    row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (PG_HOST_ID_LOCK_CLASS, host_id)).fetchone()
-    if not row or not row[0]:
-        conn.close()
-        raise StoreLocked(f"another running host uses host_id {host_id!r} on this PostgreSQL store; "
-                          "give each host its own [host] host_id")
-    return conn
+
+    def __init__(self, url: str, host_id: str) -> None:
+        self.url, self.host_id = url, host_id
+        conn = self._take()
+        if conn is None:
+            raise StoreLocked(f"another running host uses host_id {host_id!r} on this PostgreSQL store; "
+                              "give each host its own [host] host_id")
+        self.conn: Any = conn
+
+    def _take(self) -> Any | None:
+        """A new connection holding the lock, or None when another process holds it (UnusableStore: no server)."""
+        conn = _pg_connect(self.url, "aip-crewai-host-lock", UnusableStore)
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))",
+                               (PG_HOST_ID_LOCK_CLASS, self.host_id)).fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        if not row or not row[0]:
+            conn.close()
+            return None
+        return conn
+
+    def verify(self) -> bool | None:
+        """Blocking (run it on a thread). True: this process holds the lock (its connection answers, or it
+        broke and the lock was taken again on a new one). False: the connection broke and another process
+        holds the id now. None: the server cannot be reached (unknown; try again later). Never raises."""
+        import psycopg
+
+        try:
+            self.conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            pass
+        try:
+            self.conn.close()
+        except psycopg.Error:
+            pass
+        try:
+            conn = self._take()
+        except (StoreError, psycopg.Error):
+            return None
+        if conn is None:
+            return False
+        self.conn = conn
+        return True
+
+    def close(self) -> None:
+        """Release the lock (close its connection)."""
+        self.conn.close()
 
 
 def migrate_postgres(conn: Any) -> int:

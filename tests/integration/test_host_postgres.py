@@ -1,13 +1,18 @@
 """The real host on a real PostgreSQL store (issue 21 items 1 and 4): the governed flow end to end, the
 store's rows in PostgreSQL, a restart on the same database, and a second host refused while the first owns it
-(several hosts need the lease mode, not built yet). Skipped with one line without PostgreSQL."""
+(each host id is held by one process, also after a database restart dropped its lock). Skipped with one
+line without PostgreSQL."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
+
+from aip_crewai.host.store_schema import PG_HOST_ID_LOCK_CLASS, PostgresHostLock, StoreLocked
 
 from aip_crewai.client import new_id
 from host_process import start_host, write_config, free_port
@@ -72,3 +77,66 @@ def test_a_password_in_the_url_is_refused_before_anything_connects(tmp_path):
     run = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert run.returncode == 2 and "PGPASSFILE" in run.stderr and "secret" not in run.stderr
+
+
+def _drop_host_locks(url: str) -> None:
+    """End the sessions holding host-id locks, as a database restart does; return once they are gone."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE application_name = 'aip-crewai-host-lock' AND datname = current_database()")
+        deadline = time.monotonic() + 10
+        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'aip-crewai-host-lock' "
+                           "AND datname = current_database()").fetchone()[0]:
+            assert time.monotonic() < deadline, "the terminated sessions never ended"
+            time.sleep(0.01)
+
+
+def test_a_dropped_host_id_lock_is_taken_again_or_reported_taken(postgres_url):
+    """A database restart ends the lock's session silently: verify() takes the lock again on a new
+    connection, or says another process took the id meanwhile, or that the server is unreachable."""
+    lock = PostgresHostLock(postgres_url, "host-a")
+    try:
+        assert lock.verify() is True
+        _drop_host_locks(postgres_url)
+        assert lock.verify() is True  # reconnected and locked again: a second claimant is refused
+        with pytest.raises(StoreLocked):
+            PostgresHostLock(postgres_url, "host-a")
+        _drop_host_locks(postgres_url)
+        other = PostgresHostLock(postgres_url, "host-a")  # the id was free: another process took it
+        try:
+            assert lock.verify() is False
+        finally:
+            other.close()
+        _drop_host_locks(postgres_url)
+        lock.url = "postgresql://127.0.0.1:1/nowhere"  # the server is gone: unknown, never raised
+        assert lock.verify() is None
+    finally:
+        lock.close()
+
+
+def test_a_host_whose_id_another_process_took_stops(sidecar_factory, tmp_path, postgres_url):
+    """After the database dropped host-a's lock, another process claims host-a first: the running host
+    notices within a third of its lease, logs host_id_taken and exits 1 (never dispatching under a shared id)."""
+    sidecar = sidecar_factory.start()
+    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, store=postgres_url,
+                      host_options={"host_id": "host-a", "lease_seconds": 1})
+    usurper = psycopg.connect(postgres_url, autocommit=True)
+    try:
+        # The usurper queues for host-a's lock first, so it gets it when the session ends, before the
+        # host's next check can take it again.
+        queued = threading.Thread(target=usurper.execute, args=("SELECT pg_advisory_lock(%s, hashtext(%s))",
+                                                                (PG_HOST_ID_LOCK_CLASS, "host-a")))
+        queued.start()
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            deadline = time.monotonic() + 10
+            while not admin.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                                    ).fetchone()[0]:
+                assert time.monotonic() < deadline, "the usurper never queued"
+                time.sleep(0.01)
+        _drop_host_locks(postgres_url)
+        queued.join(timeout=10)
+        assert host.process.wait(timeout=30) == 1
+        assert "host_id_taken" in host.log.read_text()
+    finally:
+        usurper.close()
+        host.stop()
