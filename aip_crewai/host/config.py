@@ -14,6 +14,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     console = true                     # serve the approval console at /console/ (false: 404)
     host_id = "<hostname>:<port>"      # this host in dispatch leases; unique per host sharing a PostgreSQL store
     lease_seconds = 30                 # a dispatch lease lasts this long unless renewed, 1 .. 3600 s
+    status_cache_entries = 1024        # final job views kept for key-less :status reads, 0 .. 1000000; 0 disables
 
     [sidecar]                          # one sidecar serving every crew; or several, each with its crews:
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -80,6 +81,8 @@ from ..files import FileTooLarge, NotRegularFile, read_regular
 from ..keys import SecretFileError, read_token
 from ..loopback import is_loopback
 from .admission import AdmissionError, CrewDescriptor, load_descriptors
+from .view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
+from .view_cache import MAX_ENTRIES as MAX_STATUS_CACHE_ENTRIES
 
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -145,6 +148,8 @@ class _HostTable(_Table, frozen=True):
     console: bool = True
     host_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
     lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_S
+    status_cache_entries: Annotated[int, msgspec.Meta(ge=0, le=MAX_STATUS_CACHE_ENTRIES)] = \
+        DEFAULT_STATUS_CACHE_ENTRIES
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -255,6 +260,10 @@ class Settings:
             are taken over by another host after it.
         sidecars: every sidecar, each with the crews it serves (``[[sidecars]]``), or the one
             ``[sidecar]`` serving every crew; the ``sidecar_*`` fields are the first one's.
+        status_cache_entries: bound of this host's own cache of final job views, entries (0: off);
+            a key-less ``:status`` of a completed, failed or confirmed-cancelled run is answered from
+            it without the sidecar hop, and still recorded as an action (issue 22 item 3;
+            :mod:`.view_cache`). Not shared between hosts: final views never change.
     """
 
     config_path: Path
@@ -279,6 +288,7 @@ class Settings:
     host_id: str = "host"
     lease_s: float = DEFAULT_LEASE_S
     sidecars: tuple[SidecarSettings, ...] = ()
+    status_cache_entries: int = DEFAULT_STATUS_CACHE_ENTRIES
 
 
 # --- loading -----------------------------------------------------------------
@@ -521,6 +531,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         host_id=host.host_id or _default_host_id(host.bind),
         lease_s=float(host.lease_seconds),
         sidecars=sidecars,
+        status_cache_entries=host.status_cache_entries,
     )
 
 

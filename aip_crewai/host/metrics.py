@@ -17,6 +17,7 @@ Metrics (all prefixed ``aip_host_``):
 | ``fence_decisions_total`` | counter | fence, decision (incremented by the fences) |
 | ``stream_errors_total`` | counter | code |
 | ``actions_total`` | counter | operation, status |
+| ``status_cache_total`` | counter | result (hit, miss): key-less ``:status`` reads answered from the host's cache of final job views, or asking the sidecar (not counted while the cache is disabled) |
 
 Every label value comes from a closed set, never from request bytes (an
 anonymous client sending made-up methods must not grow the exposition): the
@@ -62,6 +63,8 @@ class Metrics:
                                        ("fence", "decision"))
         self.stream_errors = Counter(p + "stream_errors_total", "Sidecar stream failures by error code.", ("code",))
         self.actions = Counter(p + "actions_total", "Actions reaching a status, by operation.", ("operation", "status"))
+        self.status_cache = Counter(p + "status_cache_total",
+                                    "Key-less status reads by result of the final-view cache (hit, miss).", ("result",))
         self.ready.set(0)
 
     def observe_request(self, route: str | None, method: str, status: int, duration_s: float) -> None:
@@ -79,7 +82,7 @@ class Metrics:
 
     def families(self) -> list[_Family]:
         return [self.requests, self.request_duration, self.ready, self.readiness_checks, self.auth_failures,
-                self.fence_decisions, self.stream_errors, self.actions]
+                self.fence_decisions, self.stream_errors, self.actions, self.status_cache]
 
     def render(self) -> str:
         """The whole exposition, text format 0.0.4."""

@@ -67,6 +67,15 @@ def test_stream_token_ttl_at_its_bounds_is_read(host_files: HostFiles, ttl):
     assert load(host_files, mutate("host.stream_token_ttl_seconds", ttl)).stream_token_ttl_s == ttl
 
 
+@pytest.mark.parametrize("entries", [0, 1, 1_000_000])
+def test_status_cache_entries_at_its_bounds_is_read(host_files: HostFiles, entries):
+    assert load(host_files, mutate("host.status_cache_entries", entries)).status_cache_entries == entries
+
+
+def test_status_cache_entries_default(host_files: HostFiles):
+    assert load(host_files, base_document()).status_cache_entries == 1024
+
+
 def test_stream_token_ttl_and_openapi_defaults(host_files: HostFiles):
     settings = load(host_files, mutate("host.openapi", False))
     assert settings.stream_token_ttl_s == 300 and settings.openapi is False
@@ -142,6 +151,10 @@ def mutate(path: str, value) -> dict:
         ("host.stream_token_ttl_seconds", 9, "host.stream_token_ttl_seconds", ">= 10"),
         ("host.stream_token_ttl_seconds", 3601, "host.stream_token_ttl_seconds", "<= 3600"),
         ("host.openapi", "yes", "host.openapi", "bool"),
+        ("host.status_cache_entries", -1, "host.status_cache_entries", ">= 0"),
+        ("host.status_cache_entries", 1_000_001, "host.status_cache_entries", "<= 1000000"),
+        ("host.status_cache_entries", 1.5, "host.status_cache_entries", "int"),
+        ("host.status_cache_entries", "many", "host.status_cache_entries", "int"),
         ("sidecar.keepalive_seconds", 0, "sidecar.keepalive_seconds", ">= 0.1"),
         ("sidecar.keepalive_seconds", 3601, "sidecar.keepalive_seconds", "<= 3600"),
     ],
