@@ -369,16 +369,17 @@ class Stack:
         return process
 
     def start_host(self, sidecar: Process, crews: Sequence[str], *, name: str = "host",
-                   store: str = "host.db") -> Process:
+                   store: str = "host.db", host_keys: Sequence[str] = ()) -> Process:
         """``aip-crewai host`` on port 0 in front of ``sidecar``; tenant ``bench`` sees ``crews``;
-        ``store``: a SQLite file in its own directory, or a ``postgresql://`` URL (``host_id`` = ``name``)."""
+        ``store``: a SQLite file in its own directory, or a ``postgresql://`` URL (``host_id`` = ``name``);
+        ``host_keys``: more ``[host]`` lines, e.g. ``"status_cache_entries = 0"``."""
         home = self.workdir / name
         home.mkdir(mode=0o700)
         (home / "sidecar.token").write_text(SIDECAR_TOKEN + "\n")
         (home / "sidecar.token").chmod(0o600)
         descriptors = [{"id": crew, "name": crew.title(), "allowed_operations": HOST_OPERATIONS} for crew in crews]
         (home / "crews.json").write_text(json.dumps(descriptors))
-        lines = ["[host]", 'bind = "127.0.0.1:0"', f"store = {json.dumps(store)}", f'host_id = "{name}"', "",
+        lines = ["[host]", 'bind = "127.0.0.1:0"', f"store = {json.dumps(store)}", f'host_id = "{name}"', *host_keys, "",
                  "[sidecar]", f'url = "{sidecar.base_url}"', 'token_file = "sidecar.token"', "",
                  "[crews]", 'file = "crews.json"', "",
                  f"[tenants.{TENANT}]", f"crews = {json.dumps(list(crews))}", ""]

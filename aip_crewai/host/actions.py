@@ -51,6 +51,7 @@ from .normalize import failed_result
 from .sidecar_client import DispatchProgress, SidecarClient
 from .auth import Authenticator
 from .store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms_to_rfc3339
+from .view_cache import DEFAULT_ENTRIES, ViewCache, is_final_view
 from .writer import ActionWriter
 
 __all__ = ["ActionService", "approval_admits", "policy_hash", "pending_result", "fence_hash", "durable_action",
@@ -75,6 +76,7 @@ def retry_delay_s(attempt: int) -> float:
         raise ValueError("attempts count from 1")
     return min(RETRY_FIRST_S * 2 ** min(attempt - 1, 16), RETRY_MAX_S)
 _result_decoder = msgspec.json.Decoder(ActionResult)
+_view_encoder = msgspec.json.Encoder()
 
 
 def pending_result(record: ActionRecord) -> ActionResult:
@@ -139,6 +141,10 @@ class ActionService:
         dispatch_deadline_s: how long a start the sidecar provably did not
             admit is retried, seconds, from the moment the action may run
             (admitted, or its approval decided): ARCHITECTURE.md §9.
+        status_cache_entries: bound of :attr:`status_views`, the cache of final
+            job views that answers a key-less ``:status`` of a final run without
+            the sidecar hop (``[host] status_cache_entries``; 0 disables it).
+            Each host process has its own (:mod:`.view_cache`).
     """
 
     def __init__(
@@ -152,6 +158,7 @@ class ActionService:
         authenticator: Authenticator | None = None,
         principals: Mapping[str, Any] | None = None,
         dispatch_deadline_s: float = DEFAULT_DISPATCH_DEADLINE_S,
+        status_cache_entries: int = DEFAULT_ENTRIES,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
@@ -170,6 +177,8 @@ class ActionService:
         self.dispatch_deadline_ms = int(dispatch_deadline_s * 1000)
         #: Actions created before this are a previous process's (no creator here may still be writing them).
         self.started_ms = self.now_ms()
+        #: Final job views by (tenant, crew, run action id), for key-less ``:status`` reads (:meth:`_read_inline`).
+        self.status_views = ViewCache(status_cache_entries)
 
     def _fence(self, fence: str, decision: str) -> None:
         if self.metrics is not None:
@@ -260,20 +269,40 @@ class ActionService:
         (issue 22: ``:status`` cost). The target check (the caller's own run of this crew) is
         part of that write: a missing target answers ActionNotFound and records nothing, and
         the sidecar's answer is discarded. A read repeated under a stored action id replays
-        the stored record (the fresh answer is dropped). Source: ARCHITECTURE.md "Action states".
+        the stored record (the fresh answer is dropped).
+
+        A ``status`` of a run whose view this host already read final (:func:`.view_cache.is_final_view`)
+        is answered from :attr:`status_views` without the sidecar hop: the same result bytes
+        (the view as the dispatch presents it, dispatch ``acknowledged``: the sidecar did
+        answer that view), with the same target check and the same one write. A view enters
+        the cache only from the sidecar's own successful answer, after its target check
+        passed (never the host's view of an unsent run, never an error).
+        Source: ARCHITECTURE.md "Action states"; issue 22 item 3.
         """
         run_action_id = str(action.input["run_action_id"])
         job = Job(tenant=caller.tenant, action_id=action.id, crew_id=crew_id, spec=spec, input=dict(action.input),
                   idempotency_key=action.id, timeout_ms=action.timeout_ms, durable=False)
         structlog.contextvars.bind_contextvars(action_id=action.id, crew_id=crew_id)
-        try:
-            result = await self.dispatcher.run(job, _no_chunks)
-            if spec.name == "status" and result.error is not None \
-                    and (result.error.details or {}).get("remote_status") == 404:
-                result = await self._status_before_admission(job) or result
-        except Exception:  # a host bug answers a typed failure, recorded like any other result
-            log.exception("dispatch_crashed")
-            result = failed_result(action.id, AipError("the host failed while dispatching the action"))
+        cache_key = (caller.tenant, crew_id, run_action_id)
+        cached = self.status_views.get(cache_key) if spec.name == "status" and self.status_views.enabled else None
+        fresh_view: bytes | None = None
+        if cached is not None:
+            self._count_status_cache("hit")
+            result = ActionResult(action_id=action.id, status="completed", output=msgspec.Raw(cached))
+            job.dispatch.state = DispatchState.ACKNOWLEDGED.value
+        else:
+            if spec.name == "status" and self.status_views.enabled:
+                self._count_status_cache("miss")
+            try:
+                result = await self.dispatcher.run(job, _no_chunks)
+                if spec.name == "status" and result.error is None and is_final_view(result.output):
+                    fresh_view = _view_encoder.encode(result.output)
+                if spec.name == "status" and result.error is not None \
+                        and (result.error.details or {}).get("remote_status") == 404:
+                    result = await self._status_before_admission(job) or result
+            except Exception:  # a host bug answers a typed failure, recorded like any other result
+                log.exception("dispatch_crashed")
+                result = failed_result(action.id, AipError("the host failed while dispatching the action"))
         try:
             created, record = await self.writer.create_answered(
                 caller.tenant, action.id, action.capability_id, crew_id, spec.name,
@@ -281,10 +310,16 @@ class ActionService:
                 timeout_ms=action.timeout_ms, target=(run_action_id, ops.STARTABLE_OPERATIONS))
         except MissingTarget:
             raise ActionNotFound(details={"run_action_id": run_action_id}) from None
+        if fresh_view is not None:  # the target check passed: the caller's own run
+            self.status_views.put(cache_key, fresh_view)
         if not created:
             return await self._existing(record, action.id, hashed, None)
         self._fence("idempotency", "admitted")
         return record
+
+    def _count_status_cache(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.status_cache.inc(result=result)
 
     async def _claim(self, caller: Principal) -> None:
         """Claim a signed envelope's message id for its key, now that the caller's role
@@ -696,7 +731,8 @@ async def lifespan(app: Any) -> AsyncIterator[None]:
     service = ActionService(app.state.store, Dispatcher(client, max_response_bytes=settings.max_response_bytes,
                                                         clients=by_crew),
                             allowed, metrics=app.state.metrics, authenticator=app.state.authenticator,
-                            principals=app.state.principals, dispatch_deadline_s=settings.dispatch_deadline_s)
+                            principals=app.state.principals, dispatch_deadline_s=settings.dispatch_deadline_s,
+                            status_cache_entries=settings.status_cache_entries)
     app.state.actions = service
     tasks = [asyncio.create_task(recovery.sweep_expired(service)), asyncio.create_task(recovery.reconcile_all(service)),
              asyncio.create_task(recovery.renew_leases(service))]

@@ -15,6 +15,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     host_id = "<hostname>:<port>"      # this host in dispatch leases; unique per host sharing a PostgreSQL store
     lease_seconds = 30                 # a dispatch lease lasts this long unless renewed, 1 .. 3600 s
     store_pool_size = 4                # a PostgreSQL store's pooled connections (= store threads), 1 .. 64
+    status_cache_entries = 1024        # final job views kept for key-less :status reads, 0 .. 1000000; 0 disables
 
     [sidecar]                          # one sidecar serving every crew; or several, each with its crews:
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -81,6 +82,8 @@ from ..files import FileTooLarge, NotRegularFile, read_regular
 from ..keys import SecretFileError, read_token
 from ..loopback import is_loopback
 from .admission import AdmissionError, CrewDescriptor, load_descriptors
+from .view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
+from .view_cache import MAX_ENTRIES as MAX_STATUS_CACHE_ENTRIES
 
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -151,6 +154,8 @@ class _HostTable(_Table, frozen=True):
     host_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
     lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_S
     store_pool_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_STORE_POOL_SIZE)] = DEFAULT_STORE_POOL_SIZE
+    status_cache_entries: Annotated[int, msgspec.Meta(ge=0, le=MAX_STATUS_CACHE_ENTRIES)] = \
+        DEFAULT_STATUS_CACHE_ENTRIES
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -262,6 +267,10 @@ class Settings:
         store_pool_size: connections of a PostgreSQL store's pool, one per store worker thread.
         sidecars: every sidecar, each with the crews it serves (``[[sidecars]]``), or the one
             ``[sidecar]`` serving every crew; the ``sidecar_*`` fields are the first one's.
+        status_cache_entries: bound of this host's own cache of final job views, entries (0: off);
+            a key-less ``:status`` of a completed, failed or confirmed-cancelled run is answered from
+            it without the sidecar hop, and still recorded as an action (issue 22 item 3;
+            :mod:`.view_cache`). Not shared between hosts: final views never change.
     """
 
     config_path: Path
@@ -287,6 +296,7 @@ class Settings:
     lease_s: float = DEFAULT_LEASE_S
     store_pool_size: int = DEFAULT_STORE_POOL_SIZE
     sidecars: tuple[SidecarSettings, ...] = ()
+    status_cache_entries: int = DEFAULT_STATUS_CACHE_ENTRIES
 
 
 # --- loading -----------------------------------------------------------------
@@ -530,6 +540,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         lease_s=float(host.lease_seconds),
         store_pool_size=host.store_pool_size,
         sidecars=sidecars,
+        status_cache_entries=host.status_cache_entries,
     )
 
 

@@ -18,6 +18,7 @@ Metrics (all prefixed ``aip_host_``):
 | ``fence_decisions_total`` | counter | fence, decision (incremented by the fences) |
 | ``stream_errors_total`` | counter | code |
 | ``actions_total`` | counter | operation, status |
+| ``status_cache_total`` | counter | result (hit, miss): key-less ``:status`` reads answered from the host's cache of final job views, or asking the sidecar (not counted while the cache is disabled) |
 
 Every label value comes from a closed set, never from request bytes (an
 anonymous client sending made-up methods must not grow the exposition): the
@@ -65,6 +66,8 @@ class Metrics:
                                        ("fence", "decision"))
         self.stream_errors = Counter(p + "stream_errors_total", "Sidecar stream failures by error code.", ("code",))
         self.actions = Counter(p + "actions_total", "Actions reaching a status, by operation.", ("operation", "status"))
+        self.status_cache = Counter(p + "status_cache_total",
+                                    "Key-less status reads by result of the final-view cache (hit, miss).", ("result",))
         self.ready.set(0)
 
     def observe_request(self, route: str | None, method: str, status: int, duration_s: float) -> None:
@@ -81,8 +84,8 @@ class Metrics:
         self.request_duration.observe(duration_s, route=route_label, method=method_name)
 
     def families(self) -> list[_Family]:
-        return [self.requests, self.request_duration, self.ready, self.sidecar_ready, self.readiness_checks, self.auth_failures,
-                self.fence_decisions, self.stream_errors, self.actions]
+        return [self.requests, self.request_duration, self.ready, self.sidecar_ready, self.readiness_checks,
+                self.auth_failures, self.fence_decisions, self.stream_errors, self.actions, self.status_cache]
 
     def render(self) -> str:
         """The whole exposition, text format 0.0.4."""

@@ -22,6 +22,8 @@ class FakeJob:
     operation: str
     input: Any
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: Keys added to (or replacing) this job's view, e.g. ``provider_stop_observed`` or ``error``.
+    view_extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -72,7 +74,7 @@ class FakeSidecar:
         output = terminal["data"] if terminal["event"] == "completed" else None
         return {"action_id": job.action_id, "crew_id": job.crew_id, "operation": job.operation,
                 "status": terminal["event"] if terminal["event"] in ("completed", "failed", "cancelled") else "running",
-                "event_count": len(job.events), "output": output}
+                "event_count": len(job.events), "output": output, **job.view_extra}
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)

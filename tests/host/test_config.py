@@ -72,6 +72,15 @@ def test_store_pool_size_at_its_bounds_is_read(host_files: HostFiles, size):
     assert load(host_files, mutate("host.store_pool_size", size)).store_pool_size == size
 
 
+@pytest.mark.parametrize("entries", [0, 1, 1_000_000])
+def test_status_cache_entries_at_its_bounds_is_read(host_files: HostFiles, entries):
+    assert load(host_files, mutate("host.status_cache_entries", entries)).status_cache_entries == entries
+
+
+def test_status_cache_entries_default(host_files: HostFiles):
+    assert load(host_files, base_document()).status_cache_entries == 1024
+
+
 def test_stream_token_ttl_and_openapi_defaults(host_files: HostFiles):
     settings = load(host_files, mutate("host.openapi", False))
     assert settings.stream_token_ttl_s == 300 and settings.openapi is False and settings.store_pool_size == 4
@@ -149,6 +158,10 @@ def mutate(path: str, value) -> dict:
         ("host.openapi", "yes", "host.openapi", "bool"),
         ("host.store_pool_size", 0, "host.store_pool_size", ">= 1"),
         ("host.store_pool_size", 65, "host.store_pool_size", "<= 64"),
+        ("host.status_cache_entries", -1, "host.status_cache_entries", ">= 0"),
+        ("host.status_cache_entries", 1_000_001, "host.status_cache_entries", "<= 1000000"),
+        ("host.status_cache_entries", 1.5, "host.status_cache_entries", "int"),
+        ("host.status_cache_entries", "many", "host.status_cache_entries", "int"),
         ("sidecar.keepalive_seconds", 0, "sidecar.keepalive_seconds", ">= 0.1"),
         ("sidecar.keepalive_seconds", 3601, "sidecar.keepalive_seconds", "<= 3600"),
     ],

@@ -67,6 +67,12 @@ def test_approval_round_trip_stream_and_replay_by_key(stack):
         assert len(sidecar.calls()) == calls
         status = app.call("cap:crewai:echo:status", {"run_action_id": action_id})
         assert status["body"]["action_result"]["output"]["status"] == "completed"
+        # read again: the final view now comes from the host's cache, the same answer, still an action
+        cached = app.call("cap:crewai:echo:status", {"run_action_id": action_id})
+        first, second = dict(status["body"]["action_result"]), dict(cached["body"]["action_result"])
+        read_id = second.pop("action_id")
+        assert first.pop("action_id") != read_id and first == second
+        assert app.action(read_id)["state"] == "completed"
         # resume after the third event: exactly the rest, once
         resumed = [(name, env["_sse_id"]) for name, env in app.follow(action_id, last_event_id="sse_2")]
         assert resumed == [(name, env["_sse_id"]) for name, env in events[3:]]
