@@ -7,12 +7,13 @@ throwaway cluster (:mod:`pgserver`), and a stable ``[host] host_id``, so a resta
 working directory) finds its state and its own dispatch leases. Without PostgreSQL installed, a test
 that starts a host under the switch is skipped with one line.
 
-Read the store of a host through :func:`open_host_store` (the product's :class:`~aip_crewai.host.store.Store`,
-either backend) or :func:`store_text` (every stored value, to look for what must not be there);
-:data:`sqlite_only` marks a test that is about the SQLite file itself.
+Read the store of a host through :func:`open_host_store` or :func:`read_host_store` (the product's
+:class:`~aip_crewai.host.store.Store`, either backend) or :func:`store_text` (every stored value, to look
+for what must not be there). A test about the SQLite file itself (its modes, a non-SQLite file) passes
+``store=SQLITE_STORE`` explicitly and runs the same under either backend.
 
-No pytest needed to start hosts (``make chaos`` uses these helpers too); the cluster is stopped by the
-test session's fixture, or at exit.
+``make chaos`` starts its hosts through these helpers too (the switch works there as well); the cluster
+is stopped by the test session's fixture, or at exit.
 """
 
 from __future__ import annotations
@@ -151,13 +152,3 @@ def store_text(workdir: Path) -> bytes:
             "AND table_type = 'BASE TABLE' ORDER BY table_name").fetchall()]
         return b"\n".join(str(row[0]).encode() for table in tables
                           for row in conn.execute(f'SELECT t::text FROM "{table}" AS t').fetchall())
-
-
-def _sqlite_only_mark() -> Any:
-    import pytest
-
-    return pytest.mark.skipif(postgresql(), reason=f"about the SQLite store file itself ({SWITCH}=postgresql)")
-
-
-#: Marks a test about the SQLite store file itself (file modes, a non-SQLite file): skipped under the switch.
-sqlite_only = _sqlite_only_mark()

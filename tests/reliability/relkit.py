@@ -222,7 +222,7 @@ class Processes:
         workdir = self.workdir / name
         port = port or free_port()
         config = write_host_config(workdir, sidecar_url, port, tenants=tenants, max_response_bytes=max_response_bytes,
-                                   host_options=host_options, store=store)
+                                   host_options=host_options)
         process, stderr_path, stdout_path = self.launch_host(workdir, config, env)
         host = Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stdout_path)
         self.hosts.append(host)
