@@ -36,10 +36,14 @@ test-matrix:
 	  $(MAKE) --no-print-directory test PYTHON=$$py VENV=.venv-$$v || exit 1; \
 	done
 
-# Only the PostgreSQL tests (make test runs them too): a throwaway cluster from Debian's `postgresql`
-# package in a temporary directory, started as the `postgres` user on a loopback port (tests/pgserver.py).
+# The PostgreSQL tests (make test runs them too), then the integration and reliability suites with every
+# host they start on PostgreSQL (AIP_CREWAI_TEST_STORE=postgresql: a fresh database per host, tests/storebackend.py;
+# tests about the SQLite file itself skip). A throwaway cluster from Debian's `postgresql` package in a
+# temporary directory, started as the `postgres` user on a loopback port (tests/pgserver.py); without it
+# the tests skip with one line. CI runs it.
 test-postgresql: $(STAMP)
 	$(PY) -m pytest -q -k "postgresql or postgres"
+	AIP_CREWAI_TEST_STORE=postgresql $(PY) -m pytest -q tests/integration tests/reliability
 
 # The type check alone (make test runs it first).
 check: $(STAMP)

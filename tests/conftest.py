@@ -27,24 +27,27 @@ from collections.abc import Iterator  # noqa: E402
 import pytest  # noqa: E402
 
 import pgserver  # noqa: E402
+import storebackend  # noqa: E402
 
 _database_numbers = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
-def postgres_server() -> Iterator[pgserver.PostgresServer]:
-    bin_dir = pgserver.find_bin_dir()
-    if bin_dir is None:
-        pytest.skip(pgserver.SKIP_REASON)
+def postgres_server() -> pgserver.PostgresServer:
+    """The session's throwaway cluster (the one the suites' hosts use under ``AIP_CREWAI_TEST_STORE=postgresql``,
+    :mod:`storebackend`); the test skips with one line without PostgreSQL."""
     try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        pytest.skip("PostgreSQL tests skipped: psycopg is not installed (pip install 'psycopg[binary]')")
-    server = pgserver.PostgresServer(bin_dir)
-    try:
-        yield server
-    finally:
-        server.stop()
+        return storebackend.cluster()  # stopped by _stop_store_cluster, after every session fixture using it
+    except storebackend.Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_store_cluster() -> Iterator[None]:
+    """Stop the session's cluster, if anything started it, once every other session fixture is torn down
+    (autouse: set up first, torn down last)."""
+    yield
+    storebackend.stop_cluster()
 
 
 @pytest.fixture

@@ -24,7 +24,12 @@ from pathlib import Path
 
 import httpx
 
-from aip_crewai.client import AipClient
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/: storebackend, pgserver (make chaos too)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import storebackend  # noqa: E402
+
+from aip_crewai.client import AipClient  # noqa: E402
 
 TOKENS = {"acme-app": "tok-acme-app-1", "acme-approver": "tok-acme-approver-1", "beta-app": "tok-beta-app-1",
           "beta-approver": "tok-beta-approver-1"}
@@ -57,7 +62,7 @@ class Host:
 def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int, *,
                  crews: list[dict] | None = None, tenants: dict[str, list[str]] | None = None,
                  max_response_bytes: int | None = None, extra_principals: list[dict[str, str]] | None = None,
-                 host_options: dict[str, object] | None = None, store: str = "host.db",
+                 host_options: dict[str, object] | None = None, store: str | None = None,
                  sidecars: list[dict[str, object]] | None = None) -> Path:
     """host.toml (+ crews.json, sidecar.token 0600) in ``workdir``; returns the config path.
 
@@ -65,9 +70,15 @@ def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int,
     knowledge_query) plus ``knowledge_b``; tenants ``acme`` and ``beta``; the
     bearer principals of :data:`TOKENS`. ``extra_principals`` are added as given;
     ``host_options`` are more ``[host]`` keys (e.g. ``dispatch_deadline_seconds``); ``store`` is the
-    ``[host] store`` value (a SQLite file, or a ``postgresql://`` URL); ``sidecars``: ``[[sidecars]]``
+    ``[host] store`` value (a SQLite file, or a ``postgresql://`` URL); by default the suite's backend
+    (:func:`storebackend.host_store`: ``host.db``, or under ``AIP_CREWAI_TEST_STORE=postgresql`` this
+    workdir's own database and a stable ``host_id``); ``sidecars``: ``[[sidecars]]``
     entries (``url``, ``crews``, ...; the token file is shared) instead of ``[sidecar]``.
     """
+    if store is None:
+        store, host_id = storebackend.host_store(workdir)
+        if host_id is not None and "host_id" not in (host_options or {}):
+            host_options = {"host_id": host_id, **(host_options or {})}
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     token_file = workdir / "sidecar.token"
     if not token_file.exists():
@@ -102,11 +113,12 @@ def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int,
 def start_host(workdir: Path, sidecar_url: str, sidecar_token: str, *, port: int | None = None,
                wait_ready: bool = True, crews: list[dict] | None = None,
                tenants: dict[str, list[str]] | None = None, extra_principals: list[dict[str, str]] | None = None,
-               host_options: dict[str, object] | None = None, store: str = "host.db",
+               host_options: dict[str, object] | None = None, store: str | None = None,
                sidecars: list[dict[str, object]] | None = None) -> Host:
     """Start a host; with ``wait_ready`` block until ``/ready`` answers 200.
 
-    ``crews``, ``tenants``, ``extra_principals`` and ``host_options`` go to :func:`write_config`."""
+    ``crews``, ``tenants``, ``extra_principals``, ``host_options``, ``store`` and ``sidecars`` go to
+    :func:`write_config`."""
     port = port or free_port()
     config = write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants,
                           extra_principals=extra_principals, host_options=host_options, store=store,

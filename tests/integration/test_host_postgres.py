@@ -140,3 +140,34 @@ def test_a_host_whose_id_another_process_took_stops(sidecar_factory, tmp_path, p
     finally:
         usurper.close()
         host.stop()
+
+
+def test_the_suites_postgresql_switch_gives_each_host_its_own_database_kept_across_a_kill9(
+        sidecar_factory, tmp_path, postgres_server, monkeypatch):
+    """``AIP_CREWAI_TEST_STORE=postgresql`` (tests/storebackend.py): a host started without an explicit store
+    gets a database of its own and a stable host_id; a restart on the same workdir after kill -9 takes the
+    host_id over at once (the session advisory lock died with the process) and finds its actions."""
+    import signal
+
+    import storebackend
+
+    monkeypatch.setenv(storebackend.SWITCH, "postgresql")
+    sidecar = sidecar_factory.start()
+    first_store, first_id = storebackend.host_store(tmp_path / "one")
+    assert storebackend.host_store(tmp_path / "one") == (first_store, first_id)
+    assert storebackend.host_store(tmp_path / "two")[0] != first_store
+    host = start_host(tmp_path / "one", sidecar.base_url, sidecar.token)
+    try:
+        assert f'host_id = "{first_id}"' in (tmp_path / "one" / "host.toml").read_text()
+        done = governed_run(host, "tides")
+    finally:
+        host.stop(signal.SIGKILL)
+    again = start_host(tmp_path / "one", sidecar.base_url, sidecar.token)
+    try:
+        with again.client("acme-app") as app:
+            assert app.result(done["action_id"])["body"]["action_result"]["status"] == "completed"
+        record = storebackend.read_host_store(tmp_path / "one", lambda store: store.get_action("acme", done["action_id"]))
+        assert record is not None and record.status == "completed"
+        assert b"tides" in storebackend.store_text(tmp_path / "one")
+    finally:
+        again.stop()

@@ -125,9 +125,10 @@ def signer_key(seed: bytes = SIGNER_SEED) -> Any:
 
 def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_token: str = TOKEN,
                       tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None,
-                      host_options: dict[str, object] | None = None) -> Path:
+                      host_options: dict[str, object] | None = None, store: str | None = None) -> Path:
     """host.toml for the reliability crews (ACME_CREWS, OPERATIONS, TENANTS) plus
-    the Ed25519 :data:`SIGNER`; see ``host_process.write_config``."""
+    the Ed25519 :data:`SIGNER`; see ``host_process.write_config`` (``store``: by default the suite's
+    backend, ``storebackend.host_store``)."""
     import base64
     crews = [{"id": c, "name": c.title(), "allowed_operations": OPERATIONS} for c in ACME_CREWS]
     crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
@@ -140,7 +141,7 @@ def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_tok
                 "token_sha256": hashlib.sha256(OPERATOR_TOKEN.encode()).hexdigest()}
     return write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants or TENANTS,
                         max_response_bytes=max_response_bytes, extra_principals=[signer, approver_signer, operator],
-                        host_options=host_options)
+                        host_options=host_options, store=store)
 
 
 class Processes:

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 import chaoslib
+import storebackend
 from aip_crewai.contracts.hashing import canonical_json
 from aip_crewai.host.actions import fence_hash
 from aip_crewai.host.store import Store
@@ -328,7 +329,9 @@ def test_rel_a_second_host_on_the_same_store_is_refused(procs):
     config = write_host_config(first.workdir, sidecar.base_url, free_port())  # same store, another port
     process, stderr_path, _ = procs.launch_host(first.workdir, config)
     assert process.wait(timeout=60) == 2
-    assert "already owned by another running host" in stderr_path.read_text()
+    # SQLite: the store's lock file; PostgreSQL: the session advisory lock on the host's id in its database.
+    held = "another running host uses host_id" if storebackend.postgresql() else "already owned by another running host"
+    assert held in stderr_path.read_text()
     first.kill(signal.SIGTERM)
     again = procs.host(sidecar.base_url, name="h-one")
     assert again.process.poll() is None

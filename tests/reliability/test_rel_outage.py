@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 from typing import Any
 
 import httpx
 import pytest
 
+import storebackend
 from aip_crewai.host.lifecycle import result_is_final
 from chaoslib import uid
 from host_process import free_port
@@ -218,16 +218,21 @@ def test_rel_outage_a_frozen_sidecar_is_detected_and_followed_again_not_cancelle
 
 
 def _stored_chunk_sequences(host: Host, action_id: str) -> list[int]:
-    with sqlite3.connect(f"file:{host.workdir / 'host.db'}?mode=ro", uri=True) as db:
-        return [row[0] for row in db.execute(
-            "SELECT sequence FROM chunks WHERE tenant = 'acme' AND action_id = ? ORDER BY sequence", (action_id,))]
+    """The sequences of the chunks the host stored for an acme action, read from its store (either backend)."""
+    async def read(store: Any) -> list[int]:
+        return [chunk.sequence for chunk in await store.list_chunks("acme", action_id, limit=100_000)]
+
+    return storebackend.read_host_store(host.workdir, read)
 
 
 def _stored_result(host: Host, action_id: str) -> dict[str, Any] | None:
-    with sqlite3.connect(f"file:{host.workdir / 'host.db'}?mode=ro", uri=True) as db:
-        row = db.execute("SELECT result_json FROM actions WHERE tenant = 'acme' AND action_id = ?",
-                         (action_id,)).fetchone()
-    return json.loads(row[0]) if row and row[0] else None
+    """The result the host stored for an acme action (no tenant read: nothing reconciles it on the way)."""
+    async def read(store: Any) -> str | None:
+        record = await store.get_action("acme", action_id)
+        return record.result_json if record is not None else None
+
+    raw = storebackend.read_host_store(host.workdir, read)
+    return json.loads(raw) if raw else None
 
 
 @pytest.mark.timeout(240)
@@ -254,7 +259,7 @@ def test_rel_outage_sidecar_killed_mid_run_provisional_results_are_corrected_by_
         sidecar.kill(signal.SIGKILL)
         provisional = {}
         for action_id in (running_id, queued_id):
-            provisional[action_id] = until(lambda a=action_id: _stored_result(host, a), timeout=60,
+            provisional[action_id] = until(lambda a=action_id: _stored_result(host, a), timeout=60, interval=0.1,
                                            what=f"{action_id} stored")
         for action_id, result in provisional.items():  # what the host could say with the sidecar gone
             error = result["error"]
@@ -267,8 +272,8 @@ def test_rel_outage_sidecar_killed_mid_run_provisional_results_are_corrected_by_
             error = (result or {}).get("error") or {}
             return result if error.get("code") == "connector.crewai.execution_failed" else None
 
-        ran = until(lambda: corrected(running_id), timeout=60, what="running job corrected")
-        never_ran = until(lambda: corrected(queued_id), timeout=60, what="queued job corrected")
+        ran = until(lambda: corrected(running_id), timeout=60, interval=0.1, what="running job corrected")
+        never_ran = until(lambda: corrected(queued_id), timeout=60, interval=0.1, what="queued job corrected")
         assert ran["error"]["details"]["uncertain_outcome"] is True
         assert never_ran["error"]["details"]["uncertain_outcome"] is False
         assert_all_final(http, [running_id, queued_id])
