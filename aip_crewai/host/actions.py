@@ -50,7 +50,7 @@ from .notify import RemoteChanges, listen
 from .normalize import failed_result
 from .sidecar_client import DispatchProgress, SidecarClient
 from .auth import Authenticator
-from .store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms_to_rfc3339
+from .store import ActionRecord, ApprovalRecord, MissingTarget, Store, StoreUnavailable, ms_to_rfc3339
 from .view_cache import DEFAULT_ENTRIES, ViewCache, is_final_view
 from .writer import ActionWriter
 
@@ -402,6 +402,13 @@ class ActionService:
         except asyncio.CancelledError:
             sink.discard()  # a cancelled dispatch stores no further chunks (its canceller records the result)
             raise
+        except StoreUnavailable:
+            # The store cannot be written now (an outage): the action stays running (its lease this host's),
+            # and the job goes on at the sidecar. The reconciler (every RECONCILE_S) re-attaches to it once
+            # the store answers again, replaying the chunks not yet stored, and records its real outcome;
+            # writing a failure here would give a tenant "failed" for a run that completes.
+            sink.discard()
+            log.warning("dispatch_deferred", reason="store unavailable")
         except Exception:  # never lose an action: record a failure instead
             log.exception("dispatch_crashed")
             with contextlib.suppress(Exception):  # keep what was received, unless storing is what failed

@@ -90,7 +90,7 @@ from .manifest import CapabilityIndex, to_wire
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, method_label
 from .readiness import Readiness, ReadinessGroup, notify_systemd
-from .store import Store, ms_to_rfc3339
+from .store import Store, StoreError, ms_to_rfc3339
 
 log = structlog.get_logger(__name__)
 
@@ -365,9 +365,13 @@ def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) ->
         settings: Settings = app.state.settings
         # Dispatch leases where hosts share the store (PostgreSQL); a SQLite store has one host (its lock file).
         shared = not isinstance(settings.store_path, Path)
-        store = await Store.open(settings.store_path, clock=app.state.clock,
-                                 owner=settings.host_id if shared else None, lease_ms=int(settings.lease_s * 1000),
-                                 pool_size=settings.store_pool_size)
+        try:
+            store = await Store.open(settings.store_path, clock=app.state.clock,
+                                     owner=settings.host_id if shared else None,
+                                     lease_ms=int(settings.lease_s * 1000), pool_size=settings.store_pool_size)
+        except StoreError as exc:  # the process reports it in one line and exits 2 (host/main.py)
+            app.state.startup_error = exc
+            raise
         clients = {sidecar.name: _sidecar_http(sidecar, transport) for sidecar in _sidecars(settings)}
         http = next(iter(clients.values()))
         tasks: list[asyncio.Task[None]] = []

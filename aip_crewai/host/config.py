@@ -333,10 +333,40 @@ def _store(base: Path, raw: str) -> Path | str:
     if raw.startswith(("postgresql://", "postgres://")):
         if has_control_characters(raw) or len(raw) > 4096:
             raise ConfigError("host.store", "a PostgreSQL URL must be at most 4096 characters without control characters")
-        if re.match(r"^postgres(ql)?://[^/@]*:[^/@]*@", raw) or re.search(r"[?&]password=", raw):
-            raise ConfigError("host.store", "keep the password out of the URL: use ~/.pgpass or PGPASSFILE (0600)")
+        problem = _postgres_url_problem(raw)
+        if problem is not None:
+            raise ConfigError("host.store", problem)
         return raw
+    if _CONNINFO_RE.match(raw):
+        raise ConfigError("host.store", "a PostgreSQL store is a postgresql:// URL (key=value connection strings "
+                                        "are not accepted); anything else is a SQLite file path")
     return _resolve(base, raw, "host.store")
+
+
+#: A libpq key/value connection string (``host=... dbname=...``), refused as a store path.
+_CONNINFO_RE = re.compile(r"^\s*[A-Za-z_]+\s*=")
+_PASSWORD_ADVICE = "keep the password out of the URL: use ~/.pgpass or PGPASSFILE (0600)"
+
+
+def _postgres_url_problem(raw: str) -> str | None:
+    """Why a ``postgresql://`` store URL is refused, or None. The URL is read as libpq reads it (percent-
+    decoded names and values, via psycopg's parser when installed), so a password hides nowhere: not as
+    ``user:password@``, not in ``?password=`` however encoded, not in a user name holding a ``:`` (a
+    mis-encoded ``user:password``, which the server would echo back in its error)."""
+    if re.match(r"^postgres(ql)?://[^/@]*:[^/@]*@", raw) or re.search(r"[?&]password=", raw):
+        return _PASSWORD_ADVICE
+    try:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:  # the store cannot be opened without psycopg anyway (a clear error at start-up)
+        return None
+    try:
+        params = conninfo_to_dict(raw)
+    except psycopg.Error:
+        return "is not a valid PostgreSQL URL (libpq URI syntax: postgresql://user@host:port/dbname?param=value)"
+    if "password" in params or ":" in str(params.get("user") or ""):
+        return _PASSWORD_ADVICE
+    return None
 
 
 def _resolve(base: Path, raw: str, key: str) -> Path:

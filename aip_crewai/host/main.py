@@ -16,6 +16,7 @@ Source: ARCHITECTURE.md §11 (operator interface), §1 (the host never imports C
 from __future__ import annotations
 
 import argparse
+import logging
 import asyncio
 import os
 import signal
@@ -32,6 +33,7 @@ from .config import ConfigError, Settings, load_settings
 from .store_schema import PostgresHostLock
 from .store import (
     InsecureStorePath,
+    StoreError,
     StoreLocked,
     UnusableStore,
     check_location,
@@ -100,6 +102,27 @@ async def guard_host_lock(lock: PostgresHostLock, interval_s: float, lost: Calla
             return
 
 
+class _LibraryLog(logging.Handler):
+    """Forwards a library's stdlib log records (warnings and worse) to structlog: one line each, in the
+    process's format (JSON lines by default), its first line only (psycopg's connection errors span two)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage().splitlines()
+        except Exception:  # a malformed record must not break logging
+            text = [str(record.msg)]
+        structlog.get_logger(record.name).log(record.levelno, "library_log", library=record.name,
+                                              message=(text[0] if text else "")[:500])
+
+
+def route_library_logs(name: str) -> None:
+    """Send logger ``name``'s records at WARNING and above through structlog instead of Python's
+    last-resort handler (plain multi-line text on stderr): the psycopg pool's reconnection messages."""
+    library = logging.getLogger(name)
+    library.handlers = [_LibraryLog(logging.WARNING)]
+    library.propagate = False
+
+
 def listen(bind: str) -> socket.socket:
     """Bind and listen on ``host:port`` (``[v6]:port`` too) before serving, so
     a taken port is one clear error instead of a failure after start-up.
@@ -120,6 +143,7 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
     another process takes this host's id on a PostgreSQL store (``host_lock`` re-checked every third of
     the lease; returns :data:`EXIT_HOST_ID_TAKEN`)."""
     from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.utils import LifespanFailureError
 
     from ..serving import hypercorn_config, hypercorn_logger
     from .app import create_app
@@ -154,6 +178,11 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
         asyncio.ensure_future(guard_host_lock(host_lock, max(settings.lease_s / 3, 0.05), lost))
     try:
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    except LifespanFailureError:
+        startup_error = getattr(app.state, "startup_error", None)
+        if isinstance(startup_error, StoreError):  # the store could not be opened: one line, exit 2
+            raise startup_error from None
+        raise
     finally:
         if guard is not None:
             guard.cancel()
@@ -164,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the host. Returns the process exit code."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     configure_logging(json=None if args.log_format == "auto" else args.log_format == "json", level=args.log_level)
+    route_library_logs("psycopg")
     try:
         settings = load(args.config)
         release, host_lock = own_store(settings)
@@ -187,6 +217,9 @@ def _run(settings: Settings, host_lock: PostgresHostLock | None = None) -> int:
         return asyncio.run(serve(settings, sock, host_lock))
     except KeyboardInterrupt:
         return 0
+    except StoreError as exc:  # raised while opening the store (e.g. a PostgreSQL pool not filled in time)
+        print(f"aip-crewai host: store error: {exc.message}", file=sys.stderr)
+        return 2
     except Exception as exc:  # the process boundary: log once, exit non-zero
         log.exception("host_failed", error=type(exc).__name__)
         return 1

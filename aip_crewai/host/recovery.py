@@ -39,7 +39,7 @@ from .lifecycle import (
 )
 from .live import LiveAction
 from .normalize import failed_result, result_from_terminal
-from .store import ActionRecord
+from .store import ActionRecord, StoreUnavailable
 from .writer import ActionRuntime
 
 log = structlog.get_logger(__name__)
@@ -59,6 +59,8 @@ async def sweep_expired(runtime: ActionRuntime) -> None:
         await asyncio.sleep(EXPIRY_SWEEP_S)
         try:
             await expire_due(runtime)
+        except StoreUnavailable:  # logged by the store; the next sweep tries again
+            pass
         except Exception:  # housekeeping must not kill the host
             log.exception("approval_sweep_failed")
 
@@ -83,6 +85,8 @@ async def reconcile_all(runtime: ActionRuntime) -> None:
         await asyncio.sleep(RECONCILE_S)
         try:
             in_flight = await runtime.store.list_in_flight()
+        except StoreUnavailable:  # logged by the store; the next pass tries again
+            continue
         except Exception:  # housekeeping must not kill the host
             log.exception("reconcile_listing_failed")
             continue
@@ -101,6 +105,8 @@ async def renew_leases(runtime: ActionRuntime) -> None:
         await asyncio.sleep(interval_s)
         try:
             await runtime.store.renew_leases()
+        except StoreUnavailable:  # logged by the store; renewed at the next tick (a third of the lease)
+            pass
         except Exception:  # housekeeping must not kill the host
             log.exception("lease_renewal_failed")
 
@@ -111,6 +117,8 @@ async def correct_provisional(runtime: ActionRuntime) -> None:
     errors are logged (the periodic half of ARCHITECTURE.md §9 "Final results")."""
     try:
         candidates = await runtime.store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS)
+    except StoreUnavailable:  # logged by the store; the next pass tries again
+        return
     except Exception:  # housekeeping must not kill the host
         log.exception("correction_listing_failed")
         return

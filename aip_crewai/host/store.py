@@ -56,6 +56,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import structlog
+
 from ..wakeup import ChangeSignal
 from ..storage import acquire_lock, create_private_file, hop, start_worker
 from .lifecycle import allowed, is_terminal
@@ -81,6 +83,7 @@ from .store_schema import (
     MissingTarget,
     StoreError,
     StoreLocked,
+    StoreUnavailable,
     UnusableStore,
     _action_update,
     _connect,
@@ -96,7 +99,7 @@ from .store_schema import (
 __all__ = [
     "MIGRATIONS", "ActionState", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
     "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage", "ApprovalEvent",
-    "ChunkRecord", "check_location", "check_store_file", "migrate", "UnusableStore", "StoreLocked", "lock_store", "ms_to_rfc3339", "rfc3339_to_ms",
+    "ChunkRecord", "StoreUnavailable", "check_location", "check_store_file", "migrate", "UnusableStore", "StoreLocked", "lock_store", "ms_to_rfc3339", "rfc3339_to_ms",
 ]
 
 
@@ -115,6 +118,7 @@ def lock_store(path: Path) -> int:
         "stop it first, or give this host its own store"))
 
 
+log = structlog.get_logger(__name__)
 _S = ActionState
 #: How long a dispatch lease lasts unless renewed, ms (``[host] lease_seconds``).
 DEFAULT_LEASE_MS = 30_000
@@ -195,8 +199,17 @@ class Store(ApprovalMethods):
 
     async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(*args)`` on a store worker thread with a connection for all its statements
-        (:meth:`Db.run`: SQLite's one connection, or one of PostgreSQL's pooled ones)."""
-        return await hop(self._worker, self._db.run, fn, *args)
+        (:meth:`Db.run`: SQLite's one connection, or one of PostgreSQL's pooled ones).
+
+        Raises:
+            StoreUnavailable: the database cannot be reached now (:attr:`Db.unavailable_errors`).
+        """
+        try:
+            return await hop(self._worker, self._db.run, fn, *args)
+        except self._db.unavailable_errors as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning("store_unavailable", error=type(exc).__name__, detail=first[:200])
+            raise StoreUnavailable() from exc
 
     def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._db.fetch(sql, params)

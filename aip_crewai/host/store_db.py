@@ -43,6 +43,8 @@ class Db(Protocol):
     integrity_error: type[Exception]
     #: ``sqlite`` or ``postgresql``.
     engine: str
+    #: The engine's errors that mean "cannot reach the database now" (the store raises StoreUnavailable).
+    unavailable_errors: tuple[type[BaseException], ...]
 
     def run(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run one store method's function ``fn(*args)`` on the calling worker thread, with a connection
@@ -72,6 +74,7 @@ class SqliteDb:
 
     integrity_error: type[Exception] = sqlite3.IntegrityError
     engine = "sqlite"
+    unavailable_errors: tuple[type[BaseException], ...] = ()  # a local file: its errors are not outages
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
@@ -151,7 +154,11 @@ class PostgresDb:
 
         #: The ``psycopg_pool.ConnectionPool`` the connections come from (opened by the caller).
         self.pool = pool
+        from psycopg_pool import PoolTimeout
+
         self.integrity_error: type[Exception] = psycopg.errors.IntegrityError
+        #: Connection refused or lost (``OperationalError``), or no pooled connection free in time.
+        self.unavailable_errors: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
         self._bound = threading.local()
         self._cache: dict[str, str] = {}
 

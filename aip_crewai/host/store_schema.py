@@ -293,6 +293,25 @@ class StoreError(AipError):
     default_message = "the host store failed"
 
 
+class StoreUnavailable(StoreError):
+    """The database cannot be reached right now: the connection was refused or lost, or no pooled
+    connection came free within the pool's timeout (a PostgreSQL store). Temporary: 503, retryable
+    (a retried submission with the same idempotency key is answered once). Raised by every store
+    method (``Store._run``) for the engine's :attr:`~.store_db.Db.unavailable_errors`."""
+
+    code = "store.unavailable"
+    category = Category.TEMPORARY
+    http_status = 503
+    default_message = "the host store is unavailable; retry shortly"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, retry_after_ms=1000)
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
 class InsecureStorePath(StoreError):
     code = "store.insecure_path"
     category = Category.PERMANENT

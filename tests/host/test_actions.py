@@ -487,3 +487,31 @@ async def test_concurrent_duplicates_of_a_mutation_all_see_the_pending_approval(
     assert {r.status for r in results} == {"pending_approval"}
     assert len({r.output.approval_id for r in results}) == 1
     assert {r.action_id for r in records} == {"p1"} and sidecar.executions == 0
+
+
+async def test_a_store_outage_during_a_dispatch_leaves_the_action_running_until_it_is_settled(env, monkeypatch):
+    """The result write fails with StoreUnavailable (the database is down): no failure is recorded for a
+    run the sidecar completes; the action stays running, and the next read re-attaches and records the
+    real outcome, with the crew run once."""
+    from aip_crewai.host.store import StoreUnavailable
+
+    service, sidecar, _ = env
+    record = await service.submit(INVOKER, action("o1"), None, stream=False)
+    finish, failed = service.writer.finish, []
+
+    async def outage(*args, **kwargs):
+        if not failed:
+            failed.append(True)
+            raise StoreUnavailable()
+        return await finish(*args, **kwargs)
+
+    monkeypatch.setattr(service.writer, "finish", outage)
+    assert await service.decide(APPROVER, record.approval_id, "approved", "ok", service.now_ms()) is not None
+    deadline = asyncio.get_running_loop().time() + 10
+    while not failed or service.live.get("acme", "o1") is not None:  # the dispatch met the outage and ended
+        assert asyncio.get_running_loop().time() < deadline, "the dispatch never ended"
+        await asyncio.sleep(0.01)
+    assert (await service.store.get_action("acme", "o1")).status == "running"
+    done = await service.wait(await service.get(INVOKER, "o1"), 10)
+    assert done.status == "completed" and sidecar.executions == 1
+    assert (await service.result(done)).output["raw"].startswith("done:")

@@ -195,7 +195,11 @@ def test_a_postgresql_store_is_a_url_kept_as_given_and_never_holds_a_password(ho
         assert load(host_files, doc).store_path == url
     for bad, why in (("postgresql://aip:hunter2@db/aip", "PGPASSFILE"), ("postgresql://db/aip?password=hunter2",
                                                                         "PGPASSFILE"), ("postgresql://db/a\nb", "control"),
-                     ("postgresql://db/" + "a" * 4100, "4096")):
+                     ("postgresql://db/" + "a" * 4100, "4096"),
+                     ("postgresql://aip@db/aip?pass%77ord=hunter2", "PGPASSFILE"),  # an encoded parameter name
+                     ("postgresql://aip%3Ahunter2@db/aip", "PGPASSFILE"),  # a mis-encoded user:password
+                     ("postgresql://aip@db/aip?bogus=hunter2", "not a valid PostgreSQL URL"),
+                     ("host=db dbname=aip password=hunter2", "postgresql:// URL")):
         doc["host"]["store"] = bad
         err = error_of(host_files, doc)
         assert err.key == "host.store" and why in err.message and "hunter2" not in err.message
@@ -318,3 +322,45 @@ def test_token_hash_is_case_insensitive_hex(host_files: HostFiles):
     doc = base_document()
     doc["principals"][0]["token_sha256"] = hashlib.sha256(b"tok-acme-invoker").hexdigest().upper()
     assert load(host_files, doc).principals[0].token_sha256 == hashlib.sha256(b"tok-acme-invoker").digest()
+
+
+def test_main_exits_2_in_one_line_when_the_store_cannot_be_opened_at_start_up(host_files: HostFiles, capsys,
+                                                                              monkeypatch):
+    """A store that fails while the app opens it (e.g. a PostgreSQL pool not filled in time: more pooled
+    connections than the server allows) is one line on stderr and exit 2, like every other unusable store."""
+    from aip_crewai.host.store import Store, StoreError
+
+    async def refuse(*args, **kwargs):
+        raise StoreError("the PostgreSQL store's 64 pooled connections were not ready within 10 s")
+
+    monkeypatch.setattr(Store, "open", refuse)
+    doc = base_document()
+    doc["host"]["bind"] = "127.0.0.1:0"
+    host_files.write(doc)
+    assert main(["--config", str(host_files.config)]) == 2
+    err = capsys.readouterr().err
+    assert "store error: the PostgreSQL store's 64 pooled connections were not ready" in err
+    assert "Traceback" not in err
+
+
+def test_the_postgresql_pools_log_lines_are_one_structured_line_each(capsys):
+    """psycopg's pool logs reconnection failures through stdlib logging (two lines of plain text); the host
+    routes them through structlog: one JSON line each, the first line of the message."""
+    import json
+    import logging
+
+    from aip_crewai.host.main import route_library_logs
+    from aip_crewai.log import configure_logging
+
+    configure_logging(json=True, level="info", cache=False)
+    route_library_logs("psycopg")
+    try:
+        logging.getLogger("psycopg.pool").warning("error connecting in 'pool': connection refused\n\tIs the server running?")
+        logging.getLogger("psycopg.pool").info("below the threshold")
+    finally:
+        logging.getLogger("psycopg").handlers, logging.getLogger("psycopg").propagate = [], True
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    record = json.loads(lines[0])
+    assert record["event"] == "library_log" and record["library"] == "psycopg.pool"
+    assert record["message"] == "error connecting in 'pool': connection refused"

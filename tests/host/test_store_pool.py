@@ -102,3 +102,32 @@ async def test_a_connection_the_server_dropped_is_replaced_not_handed_out(postgr
             assert await store.get_action("acme", "act-none") is None
     finally:
         await store.close()
+
+
+async def test_an_outage_is_a_typed_retryable_error_and_the_store_recovers(postgres_url: str, monkeypatch):
+    """The database refuses every connection (as while it is down): a store method fails with
+    StoreUnavailable (503, retryable) once no pooled connection comes within the pool timeout, never a
+    driver error; once the database is back, store methods succeed again."""
+    from aip_crewai.host import store_schema
+    from aip_crewai.host.store import StoreUnavailable
+
+    monkeypatch.setattr(store_schema, "PG_POOL_TIMEOUT_S", 1.0)
+    database = postgres_url.rsplit("/", 1)[1].split("?")[0]
+    store = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=2)
+    try:
+        with psycopg.connect(postgres_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,))
+            with pytest.raises(StoreUnavailable) as raised:
+                await store.get_action("acme", "act-none")
+            assert raised.value.status == 503 and raised.value.retryable and raised.value.code == "store.unavailable"
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        deadline = time.monotonic() + 45
+        while True:  # the pool reconnects in the background, backing off
+            try:
+                assert await store.claim_message_id("acme", "after-the-outage", T0 + 60_000)
+                break
+            except StoreUnavailable:
+                assert time.monotonic() < deadline, "the store never recovered"
+    finally:
+        await store.close()
