@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+from urllib.parse import quote
 import secrets
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -46,6 +47,11 @@ class AipClientError(Exception):
             self.code = "unknown"
             message = str(body)[:200]
         super().__init__(f"{status} {self.code}: {message}")
+
+
+def _segment(value: str) -> str:
+    """An id as one URL path segment, percent-encoded (action ids may hold ``?``, ``#`` or ``%``)."""
+    return quote(value, safe="")
 
 
 def new_id(prefix: str) -> str:
@@ -167,7 +173,7 @@ class AipClient:
         headers = {"Accept": "text/event-stream"}
         if last_event_id:
             headers["Last-Event-ID"] = last_event_id
-        with self.http.stream("GET", f"/aip/v1/actions/{action_id}/events", headers=headers) as response:
+        with self.http.stream("GET", f"/aip/v1/actions/{_segment(action_id)}/events", headers=headers) as response:
             yield from self._events(response)
 
     def _events(self, response: httpx.Response) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -186,23 +192,23 @@ class AipClient:
         return self._check(self.http.get("/aip/v1/manifest"))
 
     def action(self, action_id: str) -> dict[str, Any]:
-        return self._check(self.http.get(f"/aip/v1/actions/{action_id}"))
+        return self._check(self.http.get(f"/aip/v1/actions/{_segment(action_id)}"))
 
     def result(self, action_id: str) -> dict[str, Any]:
-        return self._check(self.http.get(f"/aip/v1/actions/{action_id}/result"))
+        return self._check(self.http.get(f"/aip/v1/actions/{_segment(action_id)}/result"))
 
     def chunks(self, action_id: str, cursor: int = 0) -> dict[str, Any]:
-        return self._check(self.http.get(f"/aip/v1/actions/{action_id}/chunks", params={"cursor": cursor}))
+        return self._check(self.http.get(f"/aip/v1/actions/{_segment(action_id)}/chunks", params={"cursor": cursor}))
 
     def cancel(self, action_id: str) -> dict[str, Any]:
-        return self._check(self.http.post(f"/aip/v1/actions/{action_id}/cancel"))
+        return self._check(self.http.post(f"/aip/v1/actions/{_segment(action_id)}/cancel"))
 
     def approvals(self, status: str | None = "pending", cursor: str | None = None) -> dict[str, Any]:
         params = {k: v for k, v in {"status": status, "cursor": cursor}.items() if v}
         return self._check(self.http.get("/aip/v1/approvals", params=params))
 
     def approval(self, approval_id: str) -> dict[str, Any]:
-        return self._check(self.http.get(f"/aip/v1/approvals/{approval_id}"))
+        return self._check(self.http.get(f"/aip/v1/approvals/{_segment(approval_id)}"))
 
     def decide(self, approval_id: str, decision: str, reason: str, *, policy_hash: str | None = None) -> dict[str, Any]:
         """Decide an approval. With a signing key the body names the approval's
@@ -213,7 +219,7 @@ class AipClient:
         body: dict[str, Any] = {"decision": decision, "reason": reason}
         if policy_hash is not None:
             body["policy_hash"] = policy_hash
-        return self._check(self.http.post(f"/aip/v1/approvals/{approval_id}/decision", json=body))
+        return self._check(self.http.post(f"/aip/v1/approvals/{_segment(approval_id)}/decision", json=body))
 
     def approval_events(self, *, last_event_id: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
         """Follow the tenant's approval events (``GET /aip/v1/approvals/events``):
@@ -228,7 +234,7 @@ class AipClient:
     def stream_token(self, action_id: str | None = None) -> dict[str, Any]:
         """Mint a stream token (``{stream_token, expires_at, stream_url}``) for one
         action's events, or for the approval stream when ``action_id`` is None."""
-        path = f"/aip/v1/actions/{action_id}/stream-token" if action_id else "/aip/v1/approvals/stream-token"
+        path = f"/aip/v1/actions/{_segment(action_id)}/stream-token" if action_id else "/aip/v1/approvals/stream-token"
         return self._check(self.http.post(path))
 
     def ready_now(self) -> bool:

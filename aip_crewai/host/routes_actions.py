@@ -11,6 +11,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 from starlette.requests import Request
@@ -321,12 +322,13 @@ def metadata_of(result: ActionResult) -> ActionResult:
 
 
 def action_links(action_id: str, approval_id: str | None) -> dict[str, str]:
-    """The typed links of an ActionStatus (relative URLs; ids are URL-safe by the action id rule)."""
-    base = f"/aip/v1/actions/{action_id}"
+    """The typed links of an ActionStatus (relative URLs; each id one percent-encoded path segment: an
+    action id may hold ``?``, ``#`` or ``%``)."""
+    base = f"/aip/v1/actions/{quote(action_id, safe='')}"
     links = {"self": base, "result": f"{base}/result", "events": f"{base}/events", "chunks": f"{base}/chunks",
              "cancel": f"{base}/cancel"}
     if approval_id:
-        links["approval"] = f"/aip/v1/approvals/{approval_id}"
+        links["approval"] = f"/aip/v1/approvals/{quote(approval_id, safe='')}"
     return links
 
 
