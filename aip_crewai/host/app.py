@@ -243,7 +243,11 @@ async def health(request: Request) -> Response:
 
 async def ready(request: Request) -> Response:
     """``GET /ready``: 200 ``{"status":"ready"}`` or 503 ``{"status":"unready","reason"}``
-    (re-checks the sidecar on demand while unready; ARCHITECTURE.md §7)."""
+    (re-checks the sidecar on demand while unready; ARCHITECTURE.md §7). Unready too while the
+    store's last method found the database unreachable (``Store.unavailable``)."""
+    store = getattr(request.app.state, "store", None)
+    if store is not None and store.unavailable:
+        return JSONResponse({"status": "unready", "reason": "the host store is unavailable"}, status_code=503)
     readiness: Readiness = request.app.state.readiness
     state = readiness.state if readiness.ready else await readiness.refresh()
     if state.ready:

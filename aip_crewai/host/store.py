@@ -151,6 +151,9 @@ class Store(ApprovalMethods):
         #: How long a lease lasts unless renewed, ms.
         self.lease_ms = lease_ms
         self._url = url
+        #: The last store method failed with StoreUnavailable (no method succeeded since): ``/ready`` says
+        #: unready. The host's periodic work (lease renewal, reconciliation) keeps it current.
+        self.unavailable = False
 
     @classmethod
     async def open(cls, location: Path | str, *, clock: Callable[[], float] = time.time, owner: str | None = None,
@@ -205,11 +208,14 @@ class Store(ApprovalMethods):
             StoreUnavailable: the database cannot be reached now (:attr:`Db.unavailable_errors`).
         """
         try:
-            return await hop(self._worker, self._db.run, fn, *args)
+            value = await hop(self._worker, self._db.run, fn, *args)
         except self._db.unavailable_errors as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.warning("store_unavailable", error=type(exc).__name__, detail=first[:200])
+            self.unavailable = True
             raise StoreUnavailable() from exc
+        self.unavailable = False
+        return value
 
     def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._db.fetch(sql, params)

@@ -153,3 +153,16 @@ async def test_each_sidecar_has_its_own_ready_gauge_and_the_host_gauge_is_the_gr
     up["one"] = False
     await group.refresh()
     assert (metrics.ready.value(), metrics.sidecar_ready.value(sidecar="one")) == (0, 0)
+
+
+async def test_the_host_is_unready_while_its_store_is_unavailable(make_app):
+    """A store method that found the database unreachable makes /ready 503 until one succeeds again."""
+    app = make_app()
+    async with running(app) as client:
+        await poll(lambda: app.state.readiness.ready)
+        app.state.store.unavailable = True
+        answer = await client.get("/ready")
+        assert answer.status_code == 503 and answer.json() == {"status": "unready",
+                                                               "reason": "the host store is unavailable"}
+        await app.state.store.get_action("acme", "act-none")  # a method that succeeds clears it
+        assert (await client.get("/ready")).status_code == 200

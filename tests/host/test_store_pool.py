@@ -121,11 +121,13 @@ async def test_an_outage_is_a_typed_retryable_error_and_the_store_recovers(postg
             with pytest.raises(StoreUnavailable) as raised:
                 await store.get_action("acme", "act-none")
             assert raised.value.status == 503 and raised.value.retryable and raised.value.code == "store.unavailable"
+            assert store.unavailable  # /ready says unready meanwhile
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         deadline = time.monotonic() + 45
         while True:  # the pool reconnects in the background, backing off
             try:
                 assert await store.claim_message_id("acme", "after-the-outage", T0 + 60_000)
+                assert not store.unavailable
                 break
             except StoreUnavailable:
                 assert time.monotonic() < deadline, "the store never recovered"
