@@ -527,8 +527,11 @@ def open_postgres_pool(url: str, size: int) -> Any:
         raise StoreError("a PostgreSQL store needs psycopg_pool: pip install 'aip-crewai[postgresql]'") from exc
     # check: a connection is tried (an empty query) as it leaves the pool, so one the server dropped
     # (a restart, an idle timeout) is replaced there instead of failing the store method that got it.
+    # reconnect_timeout: a lost connection's replacement backs off (doubling) for at most this long, then
+    # the next store method starts a fresh attempt: after a long outage no retry waits minutes.
     pool = ConnectionPool(url, min_size=size, max_size=size, open=False, timeout=PG_POOL_TIMEOUT_S,
                           name="aip-crewai-host-store", check=ConnectionPool.check_connection,
+                          reconnect_timeout=PG_POOL_TIMEOUT_S,
                           kwargs={"autocommit": True, "connect_timeout": 10, "application_name": "aip-crewai-host"})
     try:
         pool.open(wait=True, timeout=PG_POOL_TIMEOUT_S)
