@@ -288,7 +288,9 @@ class ApprovalPage:
 
 
 class StoreError(AipError):
-    code = "store.unavailable"
+    """The host store failed (the root of the store's errors; an outage is :class:`StoreUnavailable`)."""
+
+    code = "store.error"
     category = Category.TEMPORARY
     default_message = "the host store failed"
 
