@@ -23,6 +23,7 @@ machine, so the sidecar is CPU-bound by CrewAI under this load.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
@@ -82,7 +83,7 @@ async def run() -> Section:
                 await governed.decide(approval_id)
                 result = await governed.post(body)
                 if result["status"] != "completed":
-                    raise BenchError(f"run ended {result['status']}")
+                    raise BenchError(f"run ended {result['status']}: {json.dumps(result.get('error'))[:300]}")
                 return time.perf_counter() - started
 
             async def sidecar_run() -> float:
