@@ -248,6 +248,46 @@ def envelope(message_id: str = "msg_1", *, sent_at_s: float = NOW, **extra: Any)
     }
 
 
+def action_env(message_id: str, action_id: str, cap: str, inp: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    """:func:`envelope` carrying the action ``action_id`` for ``cap`` with input ``inp`` (and ``key``)."""
+    env = envelope(message_id)
+    env["body"]["action"] = {"id": action_id, "capability_id": cap, "input": inp}
+    if key:
+        env["body"]["action"]["idempotency_key"] = key
+    return env
+
+
+class Clock:
+    """A settable store clock (epoch ms) for an in-process ActionService."""
+
+    def __init__(self) -> None:
+        self.ms = 1_800_000_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+async def open_action_service(tmp_path: Path, tenants: dict[str, Any], **kwargs: Any) -> tuple[Any, Any, httpx.AsyncClient, Clock]:
+    """An ActionService over a SQLite store in ``tmp_path`` and a FakeSidecar; returns
+    ``(service, sidecar, http, clock)`` (close ``http`` and ``service.store`` after)."""
+    from fake_sidecar import FakeSidecar
+
+    from aip_crewai.host.actions import ActionService
+    from aip_crewai.host.dispatch import Dispatcher
+    from aip_crewai.host.sidecar_client import SidecarClient
+    from aip_crewai.host.store import Store
+
+    tmp_path.chmod(0o700)
+    clock = Clock()
+    store = await Store.open(tmp_path / "host.db", clock=lambda: clock.ms / 1000)
+    sidecar = FakeSidecar()
+    http = httpx.AsyncClient(transport=sidecar.transport(), base_url="http://127.0.0.1:8090",
+                             headers={"Authorization": "Bearer sidecar-token"})
+    service = ActionService(store, Dispatcher(SidecarClient(http, max_response_bytes=1 << 20),
+                                              max_response_bytes=1 << 20), tenants, now_ms=clock, **kwargs)
+    return service, sidecar, http, clock
+
+
 def sign(obj: dict[str, Any], principal_id: str, *, key_id: str | None = None) -> dict[str, Any]:
     """Sign ``obj`` as ``principal_id``: RFC 8785 of the envelope with
     ``security = {scheme, key_id}``, signature added afterwards."""

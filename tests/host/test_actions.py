@@ -3,7 +3,6 @@
 import asyncio
 import dataclasses
 
-import httpx
 import pytest
 
 from aip_crewai.contracts import operations as ops
@@ -16,13 +15,9 @@ from aip_crewai.contracts.errors import (
     InvalidInput,
     NotCancellable,
 )
-from aip_crewai.host.actions import ActionService
 from aip_crewai.host.auth import Principal
-from aip_crewai.host.dispatch import Dispatcher
-from aip_crewai.host.sidecar_client import SidecarClient
-from aip_crewai.host.store import Store
 
-from fake_sidecar import FakeSidecar
+from hostkit import open_action_service
 
 
 async def decide(store, *args):
@@ -37,29 +32,14 @@ APPROVER = Principal("human:acme", "acme", frozenset({"approver"}))
 OTHER = Principal("svc:beta", "beta", frozenset({"invoker", "approver"}))
 
 
-class Clock:
-    def __init__(self):
-        self.ms = 1_800_000_000_000
-
-    def __call__(self):
-        return self.ms
-
-
 @pytest.fixture
 async def env(tmp_path):
-    tmp_path.chmod(0o700)
-    clock = Clock()
-    store = await Store.open(tmp_path / "host.db", clock=lambda: clock.ms / 1000)
-    sidecar = FakeSidecar()
-    http = httpx.AsyncClient(transport=sidecar.transport(), base_url="http://127.0.0.1:8090",
-                             headers={"Authorization": "Bearer sidecar-token"})
-    service = ActionService(store, Dispatcher(SidecarClient(http, max_response_bytes=1 << 20),
-                                              max_response_bytes=1 << 20),
-                            {"acme": {"support": ALL, "legacy": frozenset(ops.LEGACY_DEFAULT_OPERATIONS)},
-                             "beta": {"support": ALL}}, now_ms=clock)
+    service, sidecar, http, clock = await open_action_service(
+        tmp_path, {"acme": {"support": ALL, "legacy": frozenset(ops.LEGACY_DEFAULT_OPERATIONS)},
+                   "beta": {"support": ALL}})
     yield service, sidecar, clock
     await http.aclose()
-    await store.close()
+    await service.store.close()
 
 
 def action(action_id, cap="cap:crewai:support", inp=None, key="k-" + "1"):

@@ -6,7 +6,7 @@ import pytest
 
 from aip_crewai.sse import SSEDecoder
 from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, envelope, running
+from hostkit import SIDECAR_TOKEN, action_env, bearer, envelope, running
 
 CT = {"Content-Type": "application/aip+json"}
 
@@ -20,14 +20,6 @@ def fake():
 async def http(make_app, fake):
     async with running(make_app(sidecar_transport=fake.transport())) as client:
         yield client
-
-
-def action_env(message_id, action_id, cap, inp, key=None):
-    env = envelope(message_id)
-    env["body"]["action"] = {"id": action_id, "capability_id": cap, "input": inp}
-    if key:
-        env["body"]["action"]["idempotency_key"] = key
-    return env
 
 
 async def post(http, principal, env, **headers):

@@ -7,21 +7,16 @@ Every read is still an action in the store, with its target check.
 
 import json
 
-import httpx
 import pytest
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action
 from aip_crewai.contracts.errors import ActionNotFound
-from aip_crewai.host.actions import ActionService
 from aip_crewai.host.auth import Principal
-from aip_crewai.host.dispatch import Dispatcher
 from aip_crewai.host.metrics import Metrics
-from aip_crewai.host.sidecar_client import SidecarClient
-from aip_crewai.host.store import Store
 
 from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, envelope, running
+from hostkit import SIDECAR_TOKEN, action_env, bearer, open_action_service, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,25 +27,9 @@ APPROVER = Principal("human:acme", "acme", frozenset({"approver"}))
 OTHER = Principal("svc:beta", "beta", frozenset({"invoker"}))
 
 
-class Clock:
-    def __init__(self):
-        self.ms = 1_800_000_000_000
-
-    def __call__(self):
-        return self.ms
-
-
 async def open_service(tmp_path, **kwargs):
-    tmp_path.chmod(0o700)
-    clock = Clock()
-    store = await Store.open(tmp_path / "host.db", clock=lambda: clock.ms / 1000)
-    sidecar = FakeSidecar()
-    http = httpx.AsyncClient(transport=sidecar.transport(), base_url="http://127.0.0.1:8090",
-                             headers={"Authorization": "Bearer sidecar-token"})
-    service = ActionService(store, Dispatcher(SidecarClient(http, max_response_bytes=1 << 20),
-                                              max_response_bytes=1 << 20),
-                            {"acme": {"support": ALL}, "beta": {"support": ALL}}, now_ms=clock,
-                            metrics=Metrics(), **kwargs)
+    service, sidecar, http, _ = await open_action_service(
+        tmp_path, {"acme": {"support": ALL}, "beta": {"support": ALL}}, metrics=Metrics(), **kwargs)
     return service, sidecar, http
 
 
@@ -249,14 +228,6 @@ CT = {"Content-Type": "application/aip+json"}
 
 async def post(http, principal, env):
     return await http.post("/aip/v1/messages", content=json.dumps(env), headers={**CT, **bearer(principal)})
-
-
-def action_env(message_id, action_id, cap, inp, key=None):
-    env = envelope(message_id)
-    env["body"]["action"] = {"id": action_id, "capability_id": cap, "input": inp}
-    if key:
-        env["body"]["action"]["idempotency_key"] = key
-    return env
 
 
 @pytest.mark.parametrize("entries", [None, 0])
