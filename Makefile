@@ -20,30 +20,35 @@ test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
-# The sidecar integration tests again with jobs in the sidecar process (--isolation inprocess; the
-# suite's default is process isolation). CI runs it once, beside make test.
+# The integration tests that run crew jobs (marker sidecar_jobs) again with jobs in the sidecar process
+# (--isolation inprocess; the suite's default is process isolation). CI runs it, after make test.
 test-inprocess: $(STAMP)
-	AIP_CREWAI_ISOLATION=inprocess $(PY) -m pytest -q tests/integration
+	AIP_CREWAI_ISOLATION=inprocess $(PY) -m pytest -q -m sidecar_jobs tests/integration
 
-# The suite on the lowest and the highest supported Python, each in its own .venv-<version>
-# (pyenv's interpreters; a version that is not installed is skipped with a line). CI runs it.
+# The lowest and the highest supported Python (pyenv's interpreters), each in its own .venv-<version>: the
+# type check and every test but the process-level suites (markers integration and browser; make test runs
+# those on the default Python). The demo's end-to-end test and the hostile-input tests still start both
+# processes on each. A version that is not installed is skipped with a line. CI runs it.
 MATRIX ?= 3.10 3.13
+MATRIX_TESTS ?= -m "not integration and not browser"
 test-matrix:
 	@for v in $(MATRIX); do \
 	  py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.* 2>/dev/null | sort -V | tail -1)/bin/python; \
 	  if [ ! -x "$$py" ]; then echo "test-matrix: no Python $$v under pyenv; skipped"; continue; fi; \
 	  echo "test-matrix: Python $$v ($$py)"; \
-	  $(MAKE) --no-print-directory test PYTHON=$$py VENV=.venv-$$v || exit 1; \
+	  $(MAKE) --no-print-directory .venv-$$v/.installed PYTHON=$$py VENV=.venv-$$v || exit 1; \
+	  .venv-$$v/bin/python -m mypy || exit 1; \
+	  .venv-$$v/bin/python -m pytest -q $(MATRIX_TESTS) || exit 1; \
 	done
 
-# The PostgreSQL tests (make test runs them too), then the integration and reliability suites with every
-# host they start on PostgreSQL (AIP_CREWAI_TEST_STORE=postgresql: a fresh database per host, tests/storebackend.py;
-# tests about the SQLite file itself skip). A throwaway cluster from Debian's `postgresql` package in a
-# temporary directory, started as the `postgres` user on a loopback port (tests/pgserver.py); without it
-# the tests skip with one line. CI runs it.
+# The host-level suites (marker host_processes: every integration and reliability test that starts a host)
+# again with every host on PostgreSQL (AIP_CREWAI_TEST_STORE=postgresql: a fresh database per host,
+# tests/storebackend.py; tests about the SQLite file itself skip). The PostgreSQL-specific tests run in
+# make test already. A throwaway cluster from Debian's `postgresql` package in a temporary directory,
+# started as the `postgres` user on a loopback port (tests/pgserver.py); without it the tests skip with one
+# line. CI runs it.
 test-postgresql: $(STAMP)
-	$(PY) -m pytest -q -k "postgresql or postgres"
-	AIP_CREWAI_TEST_STORE=postgresql $(PY) -m pytest -q tests/integration tests/reliability
+	AIP_CREWAI_TEST_STORE=postgresql $(PY) -m pytest -q -m host_processes tests/integration tests/reliability
 
 # The type check alone (make test runs it first).
 check: $(STAMP)

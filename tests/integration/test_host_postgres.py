@@ -19,7 +19,7 @@ from host_process import start_host, write_config, free_port
 
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: psycopg is not installed")
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.host_processes]
 
 
 def governed_run(host, topic: str) -> dict:

@@ -19,7 +19,7 @@ from aip_crewai.client import new_id
 from aip_crewai.host.stopping import SHUTDOWN_COMMENT
 from host_process import TOKENS, start_host
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.host_processes]
 
 #: The host's own bound on a stop: hypercorn's grace for connections plus the dispatch drain.
 STOP_BOUND_S = 5.0 + 20.0

@@ -12,7 +12,7 @@ import pytest
 from aip_crewai.client import AipClientError, new_id
 from host_process import start_host
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.host_processes, pytest.mark.sidecar_jobs]
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from aip_crewai.client import CONTENT_TYPE, AipClient, AipClientError, new_id, s
 from host_process import start_host
 
 pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: psycopg is not installed")
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.host_processes]
 
 LEASE_S = 2
 

@@ -26,7 +26,7 @@ from schemathesis.checks import (  # type: ignore[attr-defined]  # noqa: E402
 from aip_crewai.host import openapi  # noqa: E402
 from host_process import TOKENS, start_host  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.host_processes]
 
 EXAMPLES = int(os.environ.get("AIP_CREWAI_API_EXAMPLES", "30"))
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

@@ -12,7 +12,7 @@ import pytest
 
 from aip_crewai.sse import SSEDecoder
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180), pytest.mark.sidecar_jobs]
 
 #: aip_crewai.examples.offline_llm.FAKE_SECRET (not imported: that would import CrewAI into the test process).
 FAKE_SECRET = "sk-test-SECRET-7f3a9c"

@@ -23,6 +23,7 @@ import pytest
 from sidecar_process import Sidecar, SidecarFactory, until
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.timeout(180),
     # these pin --isolation process themselves: the default pass of the suite has run them already
     pytest.mark.skipif(os.environ.get("AIP_CREWAI_ISOLATION") == "inprocess",

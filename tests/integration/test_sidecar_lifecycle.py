@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sidecar_process import TOKEN, child_env, launch, sidecar_command, until, wait_ready
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.sidecar_jobs]
 
 
 def body(action_id: str, crew: str = "echo", operation: str = "run", input: dict | None = None) -> dict:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from sidecar_process import post_job, start_with_training_dir
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.sidecar_jobs]
 
 OPS = "run,replay,train,test,knowledge_query,memory_reset"
 

@@ -13,7 +13,7 @@ import pytest
 
 from host_process import start_host
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.host_processes]
 
 APPROVER = "human:acme-approver"  # README and host/host.example.toml
 

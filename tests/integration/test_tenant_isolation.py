@@ -23,7 +23,7 @@ from aip_crewai.sidecar.tenancy import namespace_key, private_collection_name
 from host_process import start_host
 from sidecar_process import launch, post_job, start_with_training_dir
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420), pytest.mark.host_processes, pytest.mark.sidecar_jobs]
 
 OPS = "run,replay,train,knowledge_query,memory_reset"
 REGISTRY = "aip_crewai.examples.maintenance_crews:CREWS"

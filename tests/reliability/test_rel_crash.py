@@ -25,7 +25,7 @@ async def decide(store, *args):
     return decided is not None
 
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
 
 @pytest.mark.timeout(120)

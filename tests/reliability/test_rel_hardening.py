@@ -17,7 +17,7 @@ import pytest
 from chaoslib import uid
 from relkit import envelope, post_action
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
 
 def error_code(response: httpx.Response) -> str | None:

@@ -18,6 +18,8 @@ from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, envelope, sign
 from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, inproc_app
 
+pytestmark = [pytest.mark.host_processes]
+
 FUZZ = settings(max_examples=int(os.environ.get("AIP_CREWAI_FUZZ_EXAMPLES", "800")), deadline=None,
                 database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                       HealthCheck.filter_too_much])

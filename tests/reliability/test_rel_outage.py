@@ -28,7 +28,7 @@ from chaoslib import uid
 from host_process import free_port
 from relkit import Host, Processes, TERMINAL, action_status, approve, post_action, sidecar_events, until, wait_action
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
 
 # ------------------------------------------------------------------ helpers

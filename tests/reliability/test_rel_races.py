@@ -10,7 +10,7 @@ import pytest
 
 import chaoslib
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
 
 @pytest.mark.timeout(90)

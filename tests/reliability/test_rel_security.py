@@ -9,7 +9,7 @@ import securitykit
 from aip_crewai.host.config import ConfigError, check_sidecar_url
 from aip_crewai.host.sidecar_client import sidecar_job_id
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
 
 def _failures(results):

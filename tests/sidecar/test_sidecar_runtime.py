@@ -55,15 +55,19 @@ async def test_chunks_reach_followers_live_before_they_are_committed(tmp_path):
         assert [e["event"] for e in await events_of(rt, "a")] == ["started", "chunk", "completed"]
 
 
-@pytest.mark.parametrize("checkpoint,committed", [(4, 1), (2, 3), (1, 4)])
+@pytest.mark.parametrize("checkpoint,committed", [(4, {1}), (2, {3, 4}), (1, {4})])
 async def test_chunks_commit_in_groups_of_stream_checkpoint_events(tmp_path, checkpoint, committed):
-    """3 chunks from a worker thread: committed rows = started + whole groups of `checkpoint`."""
+    """3 chunks from a worker thread: committed rows = started + at least the whole groups of `checkpoint`.
+
+    A checkpoint commits what is pending when it runs: with groups of 2, the third chunk may have
+    arrived before the first group's write started (seen under load), so 3 or 4 rows are committed.
+    With groups of 4 nothing is committed before the terminal event."""
     async with runtime(tmp_path, stream_checkpoint_events=checkpoint) as (rt, fake):
         await admit(rt, "w", "worker")
         await poll(lambda: _count(rt, "w", 4))  # started + 3 chunks visible
-        await poll(lambda: _committed(rt, "w", committed))
+        await poll(lambda: _committed_in(rt, "w", committed))
         await asyncio.sleep(0.05)  # settle: nothing more may be committed before the terminal event
-        assert len(await rt.journal.read_events("w", 0)) == committed
+        assert len(await rt.journal.read_events("w", 0)) in committed
         fake.release_thread.set()
         await rt.reads.wait("w", 5000)
         assert [e["event"] for e in await events_of(rt, "w")] == ["started", "chunk", "chunk", "chunk", "completed"]
@@ -74,8 +78,8 @@ async def _count(rt, action_id, n):
     return len(events) >= n
 
 
-async def _committed(rt, action_id, n):
-    return len(await rt.journal.read_events(action_id, 0)) == n
+async def _committed_in(rt, action_id, counts):
+    return len(await rt.journal.read_events(action_id, 0)) in counts
 
 
 async def test_events_per_run_are_capped_so_the_terminal_event_always_fits(tmp_path):
