@@ -201,23 +201,48 @@ class ChunkFrames:
     """
 
     def __init__(self, action_id: str, sent_at: str) -> None:
-        self._head = (b'{"aip_version":' + _encode.encode(AIP_VERSION)
-                      + b',"message_type":"aip.core.v1.stream_chunk","message_id":"msg_')
-        self._middle = b'","sent_at":' + _encode.encode(sent_at) + b',"body":{"stream_chunk":'
-        self._tail = b'},"correlation_id":' + _encode.encode(action_id) + b"}"
+        head = (b'{"aip_version":' + _encode.encode(AIP_VERSION)
+                + b',"message_type":"aip.core.v1.stream_chunk","message_id":"msg_')
+        middle = b'","sent_at":' + _encode.encode(sent_at) + b',"body":{"stream_chunk":'
+        tail = b'},"correlation_id":' + _encode.encode(action_id) + b"}"
+        # id, event, then data = head + message id + middle + the stored chunk + tail; % escapes nothing
+        self._template = (b"id: sse_%d\nevent: %s\ndata: " + head.replace(b"%", b"%%") + b"%s"
+                          + middle.replace(b"%", b"%%") + b"%s" + tail.replace(b"%", b"%%") + b"\n\n")
+        self._parts = (head, middle, tail)
 
-    def frame(self, chunk: ChunkRecord) -> bytes:
-        """The frame of one stored chunk, bytes."""
-        name = b"done" if _chunk_kind_decoder.decode(chunk.chunk_json).kind == "done" else b"chunk"
-        data = b"".join((self._head, secrets.token_hex(12).encode(), self._middle, chunk.chunk_json.encode(),
-                         self._tail))
+    def frame(self, chunk: ChunkRecord, message_id: bytes | None = None) -> bytes:
+        """The frame of one stored chunk, bytes (``message_id``: 24 hex digits, fresh when None)."""
+        return self._frame(chunk, message_id if message_id is not None else secrets.token_hex(12).encode())
+
+    def page(self, chunks: list[ChunkRecord]) -> bytes:
+        """The frames of a page of stored chunks, in order, as one write.
+
+        One draw of random bytes gives the page's message ids; a page whose bytes hold any CR, or more
+        than a frame's four LFs per chunk, is built again frame by frame (a stored row with a line end)."""
+        ids = secrets.token_hex(12 * len(chunks)).encode()
+        template = self._template
+        page = b"".join([template % (1 + chunk.sequence, _kind(chunk.chunk_json), ids[24 * i: 24 * i + 24],
+                                     chunk.chunk_json.encode())
+                         for i, chunk in enumerate(chunks)])
+        if page.count(b"\n") == 4 * len(chunks) and b"\r" not in page:
+            return page
+        return b"".join([self._frame(chunk, ids[24 * i: 24 * i + 24]) for i, chunk in enumerate(chunks)])
+
+    def _frame(self, chunk: ChunkRecord, message_id: bytes) -> bytes:
+        name = _kind(chunk.chunk_json)
+        head, middle, tail = self._parts
+        data = b"".join((head, message_id, middle, chunk.chunk_json.encode(), tail))
         if b"\n" in data or b"\r" in data:
             return encode_event(data.decode(), event=name.decode(), id=f"sse_{1 + chunk.sequence}")
         return b"id: sse_%d\nevent: %s\ndata: %s\n\n" % (1 + chunk.sequence, name, data)
 
-    def page(self, chunks: list[ChunkRecord]) -> bytes:
-        """The frames of a page of stored chunks, in order, as one write."""
-        return b"".join([self.frame(chunk) for chunk in chunks])
+
+def _kind(chunk_json: str) -> bytes:
+    """The SSE event name of a stored chunk: ``done`` for a done chunk, else ``chunk``. A done chunk's JSON
+    holds the string ``"done"`` whatever its spacing; only a chunk holding it is decoded to be sure."""
+    if '"done"' in chunk_json and _chunk_kind_decoder.decode(chunk_json).kind == "done":
+        return b"done"
+    return b"chunk"
 
 
 def _error_envelope(action_id: str, error: ProtocolError) -> Envelope:

@@ -271,8 +271,10 @@ class ApprovalEvent:
     status: str
 
 
-@dataclass(frozen=True)
-class ChunkRecord:
+class ChunkRecord(msgspec.Struct, frozen=True):
+    """One stored chunk: its sequence and its compact ``StreamChunk`` JSON (a Struct: a replay page
+    builds one per chunk, in C)."""
+
     sequence: int
     chunk_json: str
 

@@ -86,9 +86,12 @@ class JobRecord:
     updated_at: int
 
 
-@dataclass(frozen=True, slots=True)
-class EventRow:
-    """One event; ``data`` is the compact JSON bytes of the event's data object."""
+class EventRow(msgspec.Struct, frozen=True):
+    """One event; ``data`` is the compact JSON bytes of the event's data object.
+
+    A msgspec Struct, not a dataclass: a replay page builds one per event, and a Struct is
+    built in C (a frozen dataclass sets each field through ``object.__setattr__``).
+    """
 
     sequence: int
     event: str

@@ -372,8 +372,7 @@ class Journal:
 
     async def summary(self, action_id: str) -> tuple[JobStatus, int, bool] | None:
         """``(status, event_count, archived)`` without the output/error blobs, or None."""
-        rows = await self._fetch("SELECT status, event_count, archived FROM jobs WHERE action_id = ?", (action_id,))
-        return (JobStatus(rows[0][0]), rows[0][1], bool(rows[0][2])) if rows else None
+        return await self._run(_summary, self._conn, action_id)
 
     async def read_events(
         self, action_id: str, cursor: int, *, limit: int = 1000, max_bytes: int | None = None
@@ -385,19 +384,15 @@ class Journal:
             max_bytes: stop before the data bytes would exceed this (the
                 first event is always returned).
         """
-        rows = await self._fetch(
-            "SELECT sequence, event, data FROM events WHERE action_id = ? AND sequence >= ? "
-            "ORDER BY sequence LIMIT ?",
-            (action_id, cursor, limit),
-        )
-        out: list[EventRow] = []
-        total = 0
-        for sequence, event, data in rows:
-            total += len(data)
-            if max_bytes is not None and out and total > max_bytes:
-                break
-            out.append(EventRow(sequence, event, bytes(data)))
-        return out
+        return await self._run(_events, self._conn, action_id, cursor, limit, max_bytes)
+
+    async def summary_and_events(
+        self, action_id: str, cursor: int, *, limit: int, max_bytes: int | None = None
+    ) -> tuple[tuple[JobStatus, int, bool] | None, list[EventRow]]:
+        """:meth:`summary` and then, when ``0 <= cursor < event_count`` and the job is not archived,
+        :meth:`read_events` of at most ``min(limit, event_count - cursor)`` events, in one hop to the
+        journal's thread (a replay's page costs one hop, not two); ``(summary, [])`` otherwise."""
+        return await self._run(_summary_and_events, self._conn, action_id, cursor, limit, max_bytes)
 
     async def find_task_run(self, crew_id: str, task_id: str, tenant: str = "") -> bytes | None:
         """:meth:`find_task_run_hit` without the job id and result index."""
@@ -654,3 +649,33 @@ class Journal:
             return outcome
 
         return await self._run(archive_now)
+
+
+# ------------------------------------------------------------------ reads (run on the worker)
+
+
+def _summary(conn: sqlite3.Connection, action_id: str) -> tuple[JobStatus, int, bool] | None:
+    rows = _rows(conn, "SELECT status, event_count, archived FROM jobs WHERE action_id = ?", (action_id,))
+    return (JobStatus(rows[0][0]), rows[0][1], bool(rows[0][2])) if rows else None
+
+
+def _events(conn: sqlite3.Connection, action_id: str, cursor: int, limit: int,
+            max_bytes: int | None) -> list[EventRow]:
+    rows = _rows(conn, "SELECT sequence, event, data FROM events WHERE action_id = ? AND sequence >= ? "
+                       "ORDER BY sequence LIMIT ?", (action_id, cursor, limit))
+    if max_bytes is not None:
+        total = 0
+        for index, (_sequence, _event, data) in enumerate(rows):
+            total += len(data)
+            if total > max_bytes and index:  # the first event is always returned
+                del rows[index:]
+                break
+    return [EventRow(*row) for row in rows]
+
+
+def _summary_and_events(conn: sqlite3.Connection, action_id: str, cursor: int, limit: int,
+                        max_bytes: int | None) -> tuple[tuple[JobStatus, int, bool] | None, list[EventRow]]:
+    summary = _summary(conn, action_id)
+    if summary is None or summary[2] or not 0 <= cursor < summary[1] or limit <= 0:
+        return summary, []
+    return summary, _events(conn, action_id, cursor, min(limit, summary[1] - cursor), max_bytes)

@@ -26,7 +26,7 @@ PAGE_MAX_BYTES = 8 * 1024 * 1024
 
 
 #: Events per page a follower reads and sends at once (one journal read, one socket write).
-FOLLOW_PAGE_EVENTS = 1000
+FOLLOW_PAGE_EVENTS = 4096
 
 
 class JobReader:
@@ -84,16 +84,18 @@ class JobReader:
         Raises JobNotFound, CursorOutOfRange (416: cursor < 0 or > event_count).
         """
         live = self._live.get(action_id)
-        if live is not None:
-            status, committed, pending, count = live.snapshot()
-        else:
-            summary = await self.journal.summary(action_id)
+        if live is None:  # not running here: the journal's summary and the page in one hop
+            summary, events = await self.journal.summary_and_events(action_id, cursor, limit=limit,
+                                                                    max_bytes=max_bytes)
             if summary is None or summary[2]:
                 raise JobNotFound(f"job {action_id!r} not found" if summary is None else f"job {action_id!r} was archived")
-            status, committed, pending, count = summary[0], summary[1], [], summary[1]
+            if not 0 <= cursor <= summary[1]:
+                raise CursorOutOfRange(f"cursor {cursor} is outside the journal (0..{summary[1]})")
+            return summary[0], events, summary[1]
+        status, committed, pending, count = live.snapshot()
         if not 0 <= cursor <= count:
             raise CursorOutOfRange(f"cursor {cursor} is outside the journal (0..{count})")
-        events: list[EventRow] = []
+        events = []
         if cursor < committed and limit > 0:
             events = await self.journal.read_events(action_id, cursor, limit=min(limit, committed - cursor),
                                                     max_bytes=max_bytes)
@@ -127,17 +129,24 @@ class JobReader:
 
         Raises JobNotFound / CursorOutOfRange before the first yield.
         """
-        first = True
+        async for page in await self.open_pages(action_id, cursor):
+            yield page
+
+    async def open_pages(self, action_id: str, cursor: int) -> AsyncIterator[list[EventRow] | None]:
+        """:meth:`follow_pages` with its first read done before this returns: JobNotFound and
+        CursorOutOfRange are raised here, so an SSE route answers 404/416 before its stream starts
+        and the first page costs no second read."""
+        live = self._live.get(action_id)
+        changed = live.changed() if live is not None else None
+        first = await self.page(action_id, cursor, limit=FOLLOW_PAGE_EVENTS)
+        return self._pages(action_id, cursor, live, changed, first)
+
+    async def _pages(self, action_id: str, cursor: int, live: LiveJob | None, changed: asyncio.Event | None,
+                     read: tuple[JobStatus, list[EventRow], int]) -> AsyncIterator[list[EventRow] | None]:
+        """The loop of :meth:`follow_pages`; ``live``/``changed`` were taken before ``read``, the first page
+        (a wake-up between the two is never missed)."""
         while True:
-            live = self._live.get(action_id)
-            changed = live.changed() if live is not None else None
-            try:
-                status, events, count = await self.page(action_id, cursor, limit=FOLLOW_PAGE_EVENTS)
-            except JobNotFound:
-                if first:
-                    raise
-                return  # archived while followed: the stream ends
-            first = False
+            status, events, _count = read
             for index, row in enumerate(events):
                 if row.terminal:
                     yield events[: index + 1]
@@ -145,15 +154,19 @@ class JobReader:
             if events:
                 yield events
                 cursor += len(events)
-                continue
-            if status.terminal or live is None or live.lost:
+            elif status.terminal or live is None or live.lost:
                 return  # terminal (all read), or lost: the stream ends without a terminal event
-            if live.finished.is_set():
-                continue
+            elif not live.finished.is_set():
+                try:
+                    await asyncio.wait_for(changed.wait(), self._keepalive)  # type: ignore[union-attr]
+                except asyncio.TimeoutError:
+                    yield None
+            live = self._live.get(action_id)
+            changed = live.changed() if live is not None else None
             try:
-                await asyncio.wait_for(changed.wait(), self._keepalive)  # type: ignore[union-attr]
-            except asyncio.TimeoutError:
-                yield None
+                read = await self.page(action_id, cursor, limit=FOLLOW_PAGE_EVENTS)
+            except JobNotFound:
+                return  # archived while followed: the stream ends
 
     async def wait(self, action_id: str, timeout_ms: int) -> JobRecord:
         """Wait until the job is terminal; raise JobWaitTimeout (504) after ``timeout_ms``."""

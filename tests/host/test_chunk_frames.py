@@ -28,7 +28,7 @@ chunks = st.builds(StreamChunk, action_id=st.from_regex(r"act_[A-Za-z0-9_-]{1,20
 
 @pytest.fixture(autouse=True)
 def fixed_message_id(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(routes_actions.secrets, "token_hex", lambda n: FIXED)
+    monkeypatch.setattr(routes_actions.secrets, "token_hex", lambda n: FIXED * (n // 12))
 
 
 @given(chunk=chunks, sent_at=st.sampled_from(["2026-12-01T06:00:00.000Z", "2026-12-01T06:00:00.123Z"]))
@@ -50,10 +50,21 @@ def test_a_stored_row_with_a_line_end_still_makes_one_well_formed_frame() -> Non
 
 
 def test_a_page_is_its_frames_in_order_and_fresh_message_ids_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    ids = iter(["a" * 24, "b" * 24])
-    monkeypatch.setattr(routes_actions.secrets, "token_hex", lambda n: next(ids))
+    monkeypatch.setattr(routes_actions.secrets, "token_hex", lambda n: ("a" * 24 + "b" * 24)[: 2 * n])
     rows = [ChunkRecord(i, msgspec.json.encode(StreamChunk(action_id="act_1", sequence=i, kind=k)).decode())
             for i, k in enumerate(["data", "done"])]
     events = SSEDecoder().feed(ChunkFrames("act_1", "2026-12-01T06:00:00.000Z").page(rows))
     assert [(e.id, e.event) for e in events] == [("sse_1", "chunk"), ("sse_2", "done")]
     assert [json.loads(e.data)["message_id"] for e in events] == ["msg_" + "a" * 24, "msg_" + "b" * 24]
+
+
+@given(st.lists(chunks, min_size=1, max_size=6), st.lists(st.integers(0, 5), max_size=2))
+def test_a_page_equals_its_frames_one_by_one_with_raw_line_ends_anywhere(page_chunks, spoiled) -> None:
+    """The page's one-template path and its frame-by-frame fallback (a stored row with a line end) agree with
+    the frame of each chunk alone, in order."""
+    rows = [ChunkRecord(i, msgspec.json.encode(chunk).decode()) for i, chunk in enumerate(page_chunks)]
+    for index in spoiled:
+        if index < len(rows):
+            rows[index] = ChunkRecord(index, rows[index].chunk_json.replace(",", ",\n", 1))
+    frames = ChunkFrames("act_%1", "2026-12-01T06:00:00.000Z")
+    assert frames.page(rows) == b"".join(frames.frame(row) for row in rows)

@@ -58,6 +58,7 @@ CALLS: dict[str, Callable[[Journal], Awaitable[Any]]] = {
     "get": lambda j: j.get("run"),
     "summary": lambda j: j.summary("run"),
     "read_events": lambda j: j.read_events("run", 0, max_bytes=10),
+    "summary_and_events": lambda j: j.summary_and_events("done", 0, limit=10),
     "find_task_run": lambda j: j.find_task_run("echo", "t1"),
     "list_jobs": lambda j: j.list_jobs(),
     "used_bytes": lambda j: j.used_bytes(),
@@ -96,6 +97,29 @@ async def test_every_public_method_makes_exactly_one_worker_hop(tmp_path, name):
         except JournalFull:
             assert name == "admit past the size bound"
         assert hops == 1, f"{name} made {hops} hops"
+    finally:
+        await j.close()
+
+
+async def test_summary_and_events_reads_a_page_only_inside_the_journal(tmp_path):
+    """The replay's one-hop read: the summary always, the events only for ``0 <= cursor < event_count`` of
+    a retained job, at most ``limit`` of them and never past ``event_count``."""
+    j = await Journal.open(tmp_path / "j.db")
+    try:
+        await j.admit(new("done"), max_retained_runs=BIG, max_bytes=BIG)
+        await j.transition("done", JobStatus.RUNNING, first_sequence=0, events=[ev(0, "started")])
+        await j.transition("done", JobStatus.COMPLETED, first_sequence=1, output=b"{}",
+                           events=[ev(1), ev(2), ev(3, "completed")])
+        summary = (JobStatus.COMPLETED, 4, False)
+        assert await j.summary_and_events("nope", 0, limit=10) == (None, [])
+        for cursor, limit, sequences in [(0, 10, [0, 1, 2, 3]), (1, 2, [1, 2]), (3, 10, [3]), (4, 10, []),
+                                         (5, 10, []), (-1, 10, []), (0, 0, [])]:
+            got, events = await j.summary_and_events("done", cursor, limit=limit)
+            assert got == summary and [e.sequence for e in events] == sequences, (cursor, limit)
+        _, events = await j.summary_and_events("done", 0, limit=10, max_bytes=1)
+        assert [e.sequence for e in events] == [0]  # the first event always, then the byte bound
+        await j.archive("done")
+        assert await j.summary_and_events("done", 0, limit=10) == ((JobStatus.COMPLETED, 4, True), [])
     finally:
         await j.close()
 
