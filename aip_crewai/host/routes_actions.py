@@ -271,35 +271,39 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
     approval and ``cached`` when it already ended. Source: README "Streams".
     """
     tenant, action_id = record.tenant, record.action_id
-    if after < 0:
-        yield _frame(0, "ack", ack_envelope(record, streaming=True))
+    # Frames wait in ``out`` until the stream would block (or ends): one socket write carries the ack, a
+    # page of chunks and the result of an ended action, not one write each.
+    out: list[bytes] = [_frame(0, "ack", ack_envelope(record, streaming=True))] if after < 0 else []
     last_seq = max(after - 1, -1)
     while True:
         watched = service.live.get(tenant, action_id)
         seen = watched.version if watched is not None else None  # before reading: a later change wakes us
         remote = service.remote.signal(tenant, action_id)  # another host's commits (shared store)
         remote_seen = remote.version
-        chunks = await service.store.list_chunks(tenant, action_id, last_seq, 500)
+        chunks = await service.store.list_chunks(tenant, action_id, last_seq, FOLLOW_PAGE_CHUNKS)
         if chunks:
-            # One write per page of stored chunks, not per frame: each ASGI send costs a socket write.
             sent_at = ms_to_rfc3339(int(time.time() * 1000))
             last_seq = chunks[-1].sequence
-            yield ChunkFrames(action_id, sent_at).page(chunks)
+            out.append(ChunkFrames(action_id, sent_at).page(chunks))
         record = await service.refresh(await service.store.get_action(tenant, action_id) or record)
         if record.status != ActionState.RUNNING and record.chunk_count <= last_seq + 1:
             result = await service.result(record)
-            if result is None:
-                return
-            n = final_position(record, result)
-            if result.error is not None and n - 1 > after:
-                yield _frame(n - 1, ERROR_EVENT, _error_envelope(action_id, result.error))
-            if result.status == "pending_approval":
-                # Not a position of the action's history: no id, so a client
-                # resuming later continues after the ack, at the first chunk.
-                yield _frame(None, "result", result_envelope(result))
-            elif n > after:
-                yield _frame(n, "result", result_envelope(result))
+            if result is not None:
+                n = final_position(record, result)
+                if result.error is not None and n - 1 > after:
+                    out.append(_frame(n - 1, ERROR_EVENT, _error_envelope(action_id, result.error)))
+                if result.status == "pending_approval":
+                    # Not a position of the action's history: no id, so a client
+                    # resuming later continues after the ack, at the first chunk.
+                    out.append(_frame(None, "result", result_envelope(result)))
+                elif n > after:
+                    out.append(_frame(n, "result", result_envelope(result)))
+            if out:
+                yield b"".join(out)
             return
+        if out:
+            yield b"".join(out)
+            out = []
         if record.status == ActionState.RUNNING and record.chunk_count > last_seq + 1:
             continue
         live = service.live.get(tenant, action_id)
@@ -311,6 +315,11 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
             continue  # its dispatch registered after this round's read: read again
         elif not await live.wait(KEEPALIVE_S, seen=seen):
             yield encode_comment("keep-alive")
+
+
+#: Most stored chunks a follower reads and writes at once. Memory stays bounded by the action's whole
+#: stream, which ``[host] max_response_bytes`` bounds (README "Configuration reference").
+FOLLOW_PAGE_CHUNKS = 2048
 
 
 def _last_event_n(request: Request) -> int:
