@@ -123,26 +123,37 @@ def _show_stream(events: Iterable[tuple[str, dict]], as_json: bool) -> Exit:
     ``result`` (the host shut down, or the connection dropped) says so on
     stderr with the command that resumes it.
     """
+    import httpx
+
     outcome: dict[str, Exit] = {}
     action_id, last_id, ended = None, None, False
-    for event, envelope in events:
-        ended = ended or event == "result"
-        action_id = envelope.get("correlation_id") or action_id
-        last_id = envelope.get("_sse_id") or last_id
-        if as_json:
-            print(json.dumps({"event": event, "envelope": envelope}, separators=(",", ":")), flush=True)
-        elif event in ("chunk", "done") and _chunk_text(envelope):
-            print(_chunk_text(envelope), end="", flush=True)
-        elif event in _OUTCOME_EVENTS:
-            print(f"\n[{event}]", flush=True)
-            _print(envelope.get("body"), False)
-        code = of_envelope(envelope) if event in _OUTCOME_EVENTS else None
-        if code is not None:
-            outcome[event] = code
+    cut: httpx.TransportError | None = None
+    try:
+        for event, envelope in events:
+            ended = ended or event == "result"
+            action_id = envelope.get("correlation_id") or action_id
+            last_id = envelope.get("_sse_id") or last_id
+            if as_json:
+                print(json.dumps({"event": event, "envelope": envelope}, separators=(",", ":")), flush=True)
+            elif event in ("chunk", "done") and _chunk_text(envelope):
+                print(_chunk_text(envelope), end="", flush=True)
+            elif event in _OUTCOME_EVENTS:
+                print(f"\n[{event}]", flush=True)
+                _print(envelope.get("body"), False)
+            code = of_envelope(envelope) if event in _OUTCOME_EVENTS else None
+            if code is not None:
+                outcome[event] = code
+    except httpx.TransportError as exc:
+        if action_id is None:
+            raise  # nothing arrived: "cannot reach" (exit 7), as for any other request
+        cut = exc
     if not ended and action_id:
+        why = (f"the connection to the host was lost ({type(cut).__name__})" if cut is not None
+               else "the stream ended before the result (the host may be shutting down)")
         resume = f" --last-event-id {last_id}" if last_id else ""
-        print(f"\naip-crewai: the stream ended before the result (the host may be shutting down); resume with: "
-              f"aip-crewai actions follow {action_id}{resume}", file=sys.stderr)
+        print(f"\naip-crewai: {why}; resume with: aip-crewai actions follow {action_id}{resume}", file=sys.stderr)
+    if cut is not None and not ended:
+        return Exit.UNREACHABLE
     return outcome.get("result", outcome.get("aip_error", outcome.get("ack", Exit.FAILED)))
 
 

@@ -255,6 +255,30 @@ def test_a_stream_that_ends_without_its_result_says_how_to_resume(capsys):
     assert "ended before the result" not in capsys.readouterr().err
 
 
+def test_a_stream_cut_by_a_lost_connection_says_how_to_resume_and_exits_7(capsys):
+    """A host killed mid-stream: the connection drops (a transport error, not a clean end). The CLI says so,
+    prints the resume command with the last SSE id it printed, and exits 7 (unreachable)."""
+    import httpx
+
+    def cut():
+        yield "ack", {"correlation_id": "act_cut", "_sse_id": "sse_0", "body": {"ack": {"status": "streaming"}}}
+        yield "chunk", {"correlation_id": "act_cut", "_sse_id": "sse_3", "body": {"stream_chunk": {"kind": "data"}}}
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+    assert cli._show_stream(cut(), True) == Exit.UNREACHABLE
+    out, err = capsys.readouterr()
+    assert '"_sse_id":"sse_3"' in out.splitlines()[-1]  # --json lines carry the id to resume after
+    assert "connection to the host was lost (RemoteProtocolError)" in err
+    assert "aip-crewai actions follow act_cut --last-event-id sse_3" in err
+
+    def refused():
+        raise httpx.ConnectError("refused")
+        yield  # a generator that fails before its first event
+
+    with pytest.raises(httpx.ConnectError):
+        cli._show_stream(refused(), False)
+
+
 @pytest.mark.timeout(120)
 def test_doctor_runs_the_start_up_preflight_by_hand():
     """Issue 20 item 6: the same checks as the sidecar's start-up, exit 1 on a problem, 2 on a bad registry."""
