@@ -271,8 +271,8 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
     approval and ``cached`` when it already ended. Source: README "Streams".
     """
     tenant, action_id = record.tenant, record.action_id
-    # Frames wait in ``out`` until the stream would block (or ends): one socket write carries the ack, a
-    # page of chunks and the result of an ended action, not one write each.
+    # Frames wait in ``out`` until the stream would block (or ends), or a live action's page is read: one
+    # socket write carries the ack, the chunks and the result of an ended action, not one write each.
     out: list[bytes] = [_frame(0, "ack", ack_envelope(record, streaming=True))] if after < 0 else []
     last_seq = max(after - 1, -1)
     while True:
@@ -285,6 +285,9 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
             sent_at = ms_to_rfc3339(int(time.time() * 1000))
             last_seq = chunks[-1].sequence
             out.append(ChunkFrames(action_id, sent_at).page(chunks))
+            if record.status == ActionState.RUNNING:  # live: the page goes now, not after the next store read
+                yield b"".join(out)
+                out = []
         record = await service.refresh(await service.store.get_action(tenant, action_id) or record)
         if record.status != ActionState.RUNNING and record.chunk_count <= last_seq + 1:
             result = await service.result(record)
