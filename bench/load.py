@@ -83,7 +83,7 @@ async def run() -> Section:
                 await governed.decide(approval_id)
                 result = await governed.post(body)
                 if result["status"] != "completed":
-                    raise BenchError(f"run ended {result['status']}: {json.dumps(result.get('error'))[:300]}")
+                    raise BenchError(f"run ended {result['status']}: {json.dumps(result.get('error'))[:800]}")
                 return time.perf_counter() - started
 
             async def sidecar_run() -> float:
@@ -109,7 +109,7 @@ async def run() -> Section:
                         if isinstance(outcome, BaseException):
                             errors[name] += 1
                             if len(samples) < 3:
-                                samples.append(f"{name}: {type(outcome).__name__}: {str(outcome)[:300]}")
+                                samples.append(f"{name}: {type(outcome).__name__}: {str(outcome)[:900]}")
                         else:
                             latencies[name].append(outcome)
                     for process, peak in sampler.peak.items():
