@@ -4,7 +4,15 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-inprocess test-matrix test-postgresql check bench contracts chaos clean
+.PHONY: run test test-fast test-inprocess test-matrix test-postgresql check bench contracts chaos clean
+
+# Test processes of pytest-xdist (`pytest -n`): the suite is mostly waiting on real processes, so more
+# workers than the 2 cores of the CI machine pay off. Tests sharing a module's sidecar stay on one worker
+# (tests/conftest.py: --dist loadgroup).
+TEST_WORKERS ?= 4
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
+# `timed <name> <command...>`: run it and print its wall time.
+timed = started=$$(date +%s); status=0; $(2) || status=$$?; echo "make $(1): $$(( $$(date +%s) - started )) s (exit $$status)"; exit $$status
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,20 +25,25 @@ run: $(STAMP)
 	$(PY) -m aip_crewai.examples.demo
 
 test: $(STAMP)
-	$(PY) -m mypy
-	$(PY) -m pytest -q
+	@$(call timed,test,$(PY) -m mypy && $(PY) -m pytest -q $(XDIST))
+
+# The fast tier: every test that starts no process (marker `processes`: tests/conftest.py sets it on the
+# integration and browser suites and on the tests using a process fixture; any other test that forks or
+# starts a program fails here, naming the marker). One pytest process: CrewAI is imported once.
+test-fast: $(STAMP)
+	@$(call timed,test-fast,AIP_CREWAI_TEST_TIER=fast $(PY) -m pytest -q -m "not processes")
 
 # The integration tests that run crew jobs (marker sidecar_jobs) again with jobs in the sidecar process
 # (--isolation inprocess; the suite's default is process isolation). CI runs it, after make test.
 test-inprocess: $(STAMP)
-	AIP_CREWAI_ISOLATION=inprocess $(PY) -m pytest -q -m sidecar_jobs tests/integration
+	@$(call timed,test-inprocess,AIP_CREWAI_ISOLATION=inprocess $(PY) -m pytest -q $(XDIST) -m sidecar_jobs tests/integration)
 
 # The lowest and the highest supported Python (pyenv's interpreters), each in its own .venv-<version>: the
-# type check and every test but the process-level suites (markers integration and browser; make test runs
-# those on the default Python). The demo's end-to-end test and the hostile-input tests still start both
-# processes on each. A version that is not installed is skipped with a line. CI runs it.
+# type check, the fast tier (every test that starts no process; make test runs the rest on the default
+# Python) and the demo's end-to-end test, which starts both processes. A version that is not installed is
+# skipped with a line. CI runs it.
 MATRIX ?= 3.10 3.13
-MATRIX_TESTS ?= -m "not integration and not browser"
+MATRIX_TESTS ?= -m "not processes"
 test-matrix:
 	@for v in $(MATRIX); do \
 	  py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.* 2>/dev/null | sort -V | tail -1)/bin/python; \
@@ -38,7 +51,8 @@ test-matrix:
 	  echo "test-matrix: Python $$v ($$py)"; \
 	  $(MAKE) --no-print-directory .venv-$$v/.installed PYTHON=$$py VENV=.venv-$$v || exit 1; \
 	  .venv-$$v/bin/python -m mypy || exit 1; \
-	  .venv-$$v/bin/python -m pytest -q $(MATRIX_TESTS) || exit 1; \
+	  AIP_CREWAI_TEST_TIER=fast .venv-$$v/bin/python -m pytest -q $(MATRIX_TESTS) || exit 1; \
+	  .venv-$$v/bin/python -m pytest -q tests/integration/test_demo.py || exit 1; \
 	done
 
 # The host-level suites (marker host_processes: every integration and reliability test that starts a host)
@@ -48,7 +62,7 @@ test-matrix:
 # started as the `postgres` user on a loopback port (tests/pgserver.py); without it the tests skip with one
 # line. CI runs it.
 test-postgresql: $(STAMP)
-	AIP_CREWAI_TEST_STORE=postgresql $(PY) -m pytest -q -m host_processes tests/integration tests/reliability
+	@$(call timed,test-postgresql,AIP_CREWAI_TEST_STORE=postgresql $(PY) -m pytest -q $(XDIST) -m host_processes tests/integration tests/reliability)
 
 # The type check alone (make test runs it first).
 check: $(STAMP)

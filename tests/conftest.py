@@ -3,7 +3,9 @@
 Hypothesis profiles: ``ci`` (the default, used by ``make test`` and CI) is
 derandomized and keeps no example database, so a property test gives the
 same draws on every run and cannot turn red on a new random draw without a
-change; ``explore`` draws at random (``HYPOTHESIS_PROFILE=explore``). Wide
+change, and it ignores wall time (no per-example deadline, no ``too_slow`` health
+check), so a slow or shared machine cannot fail a property; ``explore`` draws at random
+(``HYPOTHESIS_PROFILE=explore``). Wide
 random exploration runs in ``make chaos`` (tests/reliability/chaos.py sets
 its own settings).
 """
@@ -12,9 +14,10 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
@@ -64,3 +67,62 @@ def _structlog_defaults() -> Iterator[None]:
 
     yield
     structlog.reset_defaults()
+
+
+# --- Test tiers: `make test-fast` starts no process ---------------------------------------------------------
+
+import _posixsubprocess  # noqa: E402
+import subprocess  # noqa: E402
+
+#: ``AIP_CREWAI_TEST_TIER=fast`` (``make test-fast``): only tests without the ``processes`` marker run, and each
+#: of them fails if it starts a process (fork, exec or spawn), so the tier stays in-process by construction.
+FAST_TIER = os.environ.get("AIP_CREWAI_TEST_TIER") == "fast"
+#: Fixtures that start a process: a test using one is marked ``processes``.
+PROCESS_FIXTURES = frozenset({"postgres_server", "postgres_url", "sidecar_factory", "shared_sidecar", "procs", "stack"})
+
+
+#: Wider-scoped fixtures every worker may hold a copy of (they do not make a test depend on its module's others).
+SHARED_EVERYWHERE = frozenset({"postgres_server", "_stop_store_cluster"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``processes`` every test that starts real processes: the ``integration`` and ``browser`` suites and
+    the tests using a fixture of :data:`PROCESS_FIXTURES` or parametrized ``postgresql``; other tests that
+    start one carry the mark themselves (the fast tier's guard below finds those that do not).
+
+    For ``pytest -n N --dist loadgroup`` (``make test``): a test using a module-, class- or session-scoped
+    fixture of ours (a shared sidecar, a host stack) joins its module's ``xdist_group``, so the module's tests
+    run on one worker and share that fixture; every other test is scheduled on its own."""
+    for item in items:
+        fixture_info = getattr(item, "_fixtureinfo", None)
+        for name, definitions in (fixture_info.name2fixturedefs.items() if fixture_info else ()):
+            if name not in SHARED_EVERYWHERE and any(d.scope != "function" and str(d.baseid).startswith("tests")
+                                                     for d in definitions):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+                break
+        fixtures = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        on_postgresql = callspec is not None and "postgresql" in callspec.params.values()  # a store parameter
+        if (item.get_closest_marker("integration") or item.get_closest_marker("browser")
+                or fixtures & PROCESS_FIXTURES or on_postgresql):
+            item.add_marker(pytest.mark.processes)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the fast tier, a test without the ``processes`` marker that forks or starts a program fails, naming
+    the marker to add."""
+    if not FAST_TIER or request.node.get_closest_marker("processes"):
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.processes "
+                             "(make test-fast runs only tests that start none)")
+
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", refuse)  # multiprocessing's spawn and fork server
+    monkeypatch.setattr(subprocess, "_fork_exec", refuse, raising=False)  # subprocess imported it by name
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)
+    monkeypatch.setattr(subprocess, "_USE_POSIX_SPAWN", False)

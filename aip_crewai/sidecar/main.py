@@ -12,7 +12,9 @@ Start-up order (nothing is served before the last step):
    runs before the CrewAI import, so a bad journal is refused at once;
 5. CrewAI's environment (telemetry off, storage under the state dir), then
    ``import crewai`` (a few seconds) and the crew registry (exit 2 on a bad
-   ``--registry``);
+   ``--registry``). With ``--isolation process`` (the default) both happen
+   in the worker fork server and a registry check process forked from it,
+   never in this process (one CrewAI import per sidecar, not two);
 6. the listening socket (exit 2 if it cannot bind), then hypercorn; once it
    accepts, ``sidecar_listening`` is logged (with the real port, also for
    ``--port 0``) and systemd gets ``READY=1`` when ``NOTIFY_SOCKET`` is set.
@@ -150,44 +152,70 @@ def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal
 def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
     """CrewAI's environment, ``import crewai`` and the registry; an exit status when refused.
 
-    With ``--isolation process`` the executor is a :class:`~aip_crewai.sidecar.workers.WorkerPool`
-    whose fork server is started before this process imports CrewAI (both imports then run side
-    by side); the app's lifespan boots its workers before serving.
+    With ``--isolation process`` this process never imports CrewAI: the worker fork server does (once,
+    for every worker), and the registry and the start-up preflight are checked in one process forked from
+    it (``workers.describe_registry``), whose answer gives the crew ids and their facts; the executor is a
+    :class:`~aip_crewai.sidecar.workers.WorkerPool` whose workers the app's lifespan boots before serving.
+    With ``--isolation inprocess`` this process imports CrewAI and the registry itself.
     """
-    from aip_crewai.sidecar.crewai_env import capture_crewai_prints, import_crewai, prepare_crewai_environment
+    from aip_crewai.sidecar.crewai_env import capture_crewai_prints, prepare_crewai_environment
 
     started = time.monotonic()
     capture_crewai_prints()
     prepare_crewai_environment(settings.state_dir)  # type: ignore[arg-type]
-    context = None
-    if settings.isolation == "process":
-        from aip_crewai.sidecar.workers import start_forkserver
+    loaded = _load_in_workers(settings) if settings.isolation == "process" else _load_here(settings)
+    if isinstance(loaded, int):
+        return loaded
+    crews, _, facts = loaded
+    log.info("crewai_ready", crews=len(crews), unusable_crews=len(facts.problems),
+             import_ms=int((time.monotonic() - started) * 1000), isolation=settings.isolation)
+    return loaded
 
-        context = start_forkserver(settings.registry)
+
+def _load_here(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
+    """``import crewai`` and the registry in this process (``--isolation inprocess``)."""
+    from aip_crewai.sidecar.crewai_env import import_crewai
+
     try:
         import_crewai()
     except Exception as exc:  # a broken install: say which, never a traceback of provider text
-        log.error("crewai_import_failed", error_type=type(exc).__name__)
-        return _refuse(f"cannot import CrewAI ({type(exc).__name__})", status=1)
+        return _import_failed(type(exc).__name__)
     from aip_crewai.sidecar.app import registry_executor
     from aip_crewai.sidecar.registry import RegistryError
 
     try:
-        crews, executor, facts = registry_executor(settings.registry, preflight=True)
+        return registry_executor(settings.registry, preflight=True)
     except (RegistryError, ImportError) as exc:
         return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {exc}")
-    log.info("crewai_ready", crews=len(crews), unusable_crews=len(facts.problems),
-             import_ms=int((time.monotonic() - started) * 1000), isolation=settings.isolation)
-    if context is not None:
-        from aip_crewai.sidecar.worker_wire import Boot
-        from aip_crewai.sidecar.workers import WorkerPool
 
-        json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
-        boot = Boot(settings.registry, str(settings.state_dir), json_logs, settings.log_level)
-        executor = WorkerPool(boot, settings.max_concurrency, cancel_grace_seconds=settings.cancel_grace_seconds,
-                              max_events=settings.max_events_per_run, max_event_bytes=settings.max_event_bytes,
-                              context=context)
-    return crews, executor, facts
+
+def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
+    """The fork server, the registry check forked from it, and the worker pool (``--isolation process``)."""
+    from aip_crewai.sidecar.app import CrewFacts
+    from aip_crewai.sidecar.worker_wire import Boot
+    from aip_crewai.sidecar.workers import WorkerPool, WorkerStartFailed, describe_registry, start_forkserver
+
+    context = start_forkserver(settings.registry)
+    json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
+    boot = Boot(settings.registry, str(settings.state_dir), json_logs, settings.log_level)
+    try:
+        described = describe_registry(context, boot)
+    except WorkerStartFailed as exc:
+        log.error("registry_check_failed", error=str(exc))
+        return _refuse(f"cannot check the crew registry: {exc}", status=1)
+    if described.import_failed is not None:
+        return _import_failed(described.import_failed)
+    if described.refused is not None:
+        return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {described.refused}")
+    executor = WorkerPool(boot, settings.max_concurrency, cancel_grace_seconds=settings.cancel_grace_seconds,
+                          max_events=settings.max_events_per_run, max_event_bytes=settings.max_event_bytes,
+                          context=context)
+    return frozenset(described.crews), executor, CrewFacts(described.problems, described.inputs)
+
+
+def _import_failed(error_type: str) -> int:
+    log.error("crewai_import_failed", error_type=error_type)
+    return _refuse(f"cannot import CrewAI ({error_type})", status=1)
 
 
 async def _serve(settings: Settings, crews: frozenset[str], executor: object, journal: Journal,

@@ -24,6 +24,12 @@ CrewAI import. :func:`serve` is the process target:
 4. send :class:`~worker_wire.Done` or :class:`~worker_wire.Failed` and
    exit with ``os._exit`` (CrewAI's threads never hold the process).
 
+The same module holds the start-up registry check (:func:`describe`): one
+process forked like a worker, before any, that loads the registry and runs
+the preflight and answers :class:`~worker_wire.Described`, so that with
+process isolation the sidecar process itself never imports CrewAI (one
+import per sidecar, in the fork server, instead of two).
+
 A worker whose sidecar goes away (end of file on its socket) exits at once:
 nothing it would do next could be recorded.
 
@@ -58,6 +64,7 @@ from aip_crewai.sidecar.worker_wire import (
     Boot,
     Cancel,
     Chunk,
+    Described,
     Done,
     Failed,
     FindTaskRun,
@@ -157,17 +164,65 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
     _exit(0)
 
 
-def _boot(boot: Boot) -> dict[str, Any]:
-    """Signals, logging, stdout, CrewAI's environment, the registry."""
+def describe(sock: socket.socket, boot_data: bytes) -> None:
+    """Process target of the start-up registry check: answer one :class:`~worker_wire.Described`, exit.
+
+    Loads CrewAI (preloaded by the fork server) and ``boot.registry``, then runs the start-up preflight
+    (``operations._preflight``: each crew built once) and sends the crew ids and the facts found. A registry
+    that cannot be loaded is answered with its message in ``refused``, a failed ``import crewai`` with its
+    exception class in ``import_failed``; anything else ends the process without an answer (the sidecar
+    then names the exit status).
+
+    Args:
+        sock: this process's end of a socketpair with the sidecar.
+        boot_data: an encoded :class:`~worker_wire.Boot`.
+    """
+    boot = decode_boot(boot_data)
+    channel = Channel(sock, frame_bound(262_144))
+    _prepare(boot)
+    from aip_crewai.sidecar.crewai_env import import_crewai
+    from aip_crewai.sidecar.registry import RegistryError, load_registry
+
+    try:
+        import_crewai()
+    except Exception as exc:  # noqa: BLE001 - a broken install: only its class is published
+        answer = Described(import_failed=type(exc).__name__)
+    else:
+        try:
+            registry = load_registry(boot.registry)
+        except (RegistryError, ImportError) as exc:
+            answer = Described(refused=str(exc))
+        else:
+            from aip_crewai.sidecar.operations._preflight import preflight
+
+            found = preflight(registry)
+            answer = Described(list(registry), {k: list(v) for k, v in found.problems.items()},
+                               {k: dict(v) for k, v in found.inputs.items()})
+    try:
+        channel.send(answer)
+    except OSError:
+        pass
+    _exit(0)
+
+
+def _prepare(boot: Boot) -> None:
+    """Signals, logging, stdout and CrewAI's environment, as the sidecar has them."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from aip_crewai.log import configure_logging
-    from aip_crewai.sidecar.crewai_env import capture_crewai_prints, import_crewai, prepare_crewai_environment
-    from aip_crewai.sidecar.registry import load_registry
+    from aip_crewai.sidecar.crewai_env import capture_crewai_prints, prepare_crewai_environment
 
     configure_logging(json=boot.log_json, level=boot.log_level)
     capture_crewai_prints()
     prepare_crewai_environment(Path(boot.state_dir))
+
+
+def _boot(boot: Boot) -> dict[str, Any]:
+    """:func:`_prepare`, CrewAI, the registry."""
+    from aip_crewai.sidecar.crewai_env import import_crewai
+    from aip_crewai.sidecar.registry import load_registry
+
+    _prepare(boot)
     import_crewai()
     registry = dict(load_registry(boot.registry))
     from aip_crewai.sidecar.operations import _preload

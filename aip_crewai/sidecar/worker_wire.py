@@ -15,6 +15,7 @@ frame is treated as broken (the sidecar kills that worker and fails its job).
 | sidecar → worker | :class:`TaskRun` | its answer |
 | sidecar → worker | :class:`Cancel` | the job was cancelled (cooperative stop; a kill follows after the grace) |
 | worker → sidecar | :class:`Done` / :class:`Failed` | the job's end; the worker exits after it |
+| registry check → sidecar | :class:`Described` | the one answer of the start-up registry check process (no job) |
 
 Source: ARCHITECTURE.md §5 (isolation, per-job bounds).
 """
@@ -143,8 +144,27 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
     dropped: int = 0
 
 
+class Described(msgspec.Struct, frozen=True, tag="described"):
+    """The start-up registry check's answer (``worker.describe``): what the sidecar process would otherwise
+    learn by importing CrewAI and the registry itself.
+
+    Attributes:
+        crews: the registry's crew ids, in its order.
+        problems: the start-up preflight's ``{crew id: [code]}`` (``operations._preflight``).
+        inputs: the preflight's ``{crew id: {"placeholders": [name], "defaults": bool}}``.
+        refused: why ``--registry`` cannot be loaded (a ``RegistryError`` or ``ImportError`` message), else None.
+        import_failed: the exception class of a failed ``import crewai``, else None.
+    """
+
+    crews: list[str] = []
+    problems: dict[str, list[str]] = {}
+    inputs: dict[str, dict[str, Any]] = {}
+    refused: str | None = None
+    import_failed: str | None = None
+
+
 ToWorker = Start | Cancel | TaskRun
-FromWorker = Ready | Chunk | FindTaskRun | Done | Failed
+FromWorker = Ready | Chunk | FindTaskRun | Done | Failed | Described
 
 _ENCODER = msgspec.msgpack.Encoder()
 _TO_WORKER = msgspec.msgpack.Decoder(ToWorker)

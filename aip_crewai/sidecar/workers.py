@@ -56,6 +56,7 @@ from aip_crewai.sidecar.worker_wire import (
     Boot,
     Cancel,
     Chunk,
+    Described,
     Done,
     Failed,
     FindTaskRun,
@@ -110,6 +111,59 @@ def start_forkserver(registry: str | None = None) -> BaseContext:
 
 class WorkerStartFailed(RuntimeError):
     """The pool could not start its workers (the sidecar stops: exit 1)."""
+
+
+def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT_TIMEOUT_SECONDS) -> Described:
+    """The start-up registry check, in a process forked from the fork server (``worker.describe``).
+
+    Blocks until its answer (the fork server's CrewAI import included), at most ``timeout`` seconds; the
+    process is then reaped (killed if it lingers). With process isolation this replaces the sidecar's own
+    ``import crewai`` and registry load: the crew ids and the preflight's facts come from here.
+
+    Returns:
+        the :class:`~worker_wire.Described` answer (``refused`` / ``import_failed`` set when refused).
+
+    Raises:
+        WorkerStartFailed: no answer (the process died, timed out or sent a bad frame); the message names
+            its exit status.
+
+    Source: ARCHITECTURE.md §5 (isolation).
+    """
+    ours, theirs = socket.socketpair()
+    process = context.Process(target=_describe_entry, args=(theirs, encode_boot(boot)),  # type: ignore[attr-defined]
+                              name="aip-crewai-registry-check", daemon=False)
+    try:
+        process.start()
+    finally:
+        theirs.close()
+    answer: FromWorker | None = None
+    try:
+        ours.settimeout(timeout)
+        header = _read_exactly(ours, HEADER.size)
+        answer = decode_from_worker(_read_exactly(ours, payload_length(header, frame_bound(262_144))))
+    except (OSError, EOFError, FrameError):
+        answer = None
+    finally:
+        ours.close()
+        process.join(REAP_SECONDS)
+        if process.exitcode is None:
+            process.kill()
+            process.join(REAP_SECONDS)
+    if not isinstance(answer, Described):
+        raise WorkerStartFailed(f"the registry check process ended without an answer "
+                                f"({describe_exit(process.exitcode)})")
+    return answer
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    """``size`` bytes from a blocking socket. Raises EOFError at end of file, OSError (timeouts too)."""
+    data = bytearray()
+    while len(data) < size:
+        piece = sock.recv(size - len(data))
+        if not piece:
+            raise EOFError
+        data += piece
+    return bytes(data)
 
 
 class WorkerDied(SafeJobError):
@@ -499,4 +553,11 @@ def _worker_entry(sock: socket.socket, boot_data: bytes) -> None:
     from aip_crewai.sidecar.worker import serve
 
     serve(sock, boot_data)
+
+
+def _describe_entry(sock: socket.socket, boot_data: bytes) -> None:
+    """Process target of :func:`describe_registry` (imported by reference in the fork server's child)."""
+    from aip_crewai.sidecar.worker import describe
+
+    describe(sock, boot_data)
 

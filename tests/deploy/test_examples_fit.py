@@ -25,6 +25,7 @@ def _env_file(path: Path) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_the_host_example_admits_only_crews_and_operations_the_sidecar_example_serves() -> None:
     host = tomllib.loads((REPO / "host" / "host.example.toml").read_text())

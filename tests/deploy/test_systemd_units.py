@@ -19,6 +19,7 @@ def test_unit_has_notify_and_hardening(unit):
         assert line in text, f"{unit.name} lacks {line}"
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
 def test_systemd_analyze_verify(unit, tmp_path):

@@ -308,6 +308,7 @@ def test_main_exits_2_for_an_unsafe_store_directory(host_files: HostFiles, capsy
     assert "is group- or world-writable" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_cli_exit_code_2_in_a_subprocess(host_files: HostFiles):
     doc = copy.deepcopy(base_document())
     doc["sidecar"]["url"] = "http://192.0.2.1:8090"

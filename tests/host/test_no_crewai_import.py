@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
@@ -23,6 +25,7 @@ print(len(names))
 """
 
 
+@pytest.mark.processes
 def test_no_host_module_imports_crewai():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -223,3 +223,29 @@ async def test_a_job_never_sees_the_process_state_another_job_left(sidecar_facto
     assert sidecar.process.pid not in {r["pid"] for r in reports}
     booted = sidecar.log_events("worker_ready")
     assert len(booted) >= 4 and all(e["crewai_preloaded"] and e["boot_ms"] < 3000 for e in booted)
+
+
+async def test_the_sidecar_process_never_imports_crewai_and_still_checks_the_registry(
+        sidecar_factory: SidecarFactory, tmp_path: Path) -> None:
+    """With process isolation CrewAI is imported once per sidecar, in the worker fork server: the sidecar
+    process itself maps none of CrewAI's compiled dependencies (pydantic's core), yet it knows the crews and
+    the preflight's facts (from the registry check forked from the fork server), and a registry attribute
+    that does not exist is still refused at start with exit 2 and one line naming ``--registry``."""
+    sidecar = start(sidecar_factory, tmp_path / "markers")
+    maps = Path(f"/proc/{sidecar.process.pid}/maps").read_text()
+    assert "pydantic_core" not in maps and "crewai" not in maps
+    async with sidecar.client() as client:
+        health = (await client.get("/health")).json()
+    assert "blocking_tool" in health["crews"] and "crew_problems" in health
+    ready = sidecar.log_events("crewai_ready")
+    assert ready and ready[0]["isolation"] == "process" and ready[0]["crews"] == len(health["crews"])
+
+    from sidecar_process import launch
+
+    workdir = tmp_path / "refused"
+    workdir.mkdir(mode=0o700)
+    process = launch(workdir, args=["--registry", "aip_crewai.examples.isolation_crews:NO_SUCH_CREWS",
+                                    "--isolation", "process"], tag="-refused")
+    assert process.wait(timeout=120) == 2
+    lines = [line for line in (workdir / "stderr-refused.log").read_text().splitlines() if "--registry" in line]
+    assert len(lines) == 1 and "NO_SUCH_CREWS" in lines[0] and "Traceback" not in lines[0]

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from aip_crewai.sidecar.jobs import NewJob
 from aip_crewai.sidecar.journal import Journal
 
@@ -13,6 +15,7 @@ def cli(*args):
                           timeout=60)
 
 
+@pytest.mark.processes
 async def test_list_and_inspect_beside_the_owning_process(tmp_path):
     tmp_path.chmod(0o700)
     path = tmp_path / "journal.db"
@@ -40,6 +43,7 @@ async def test_list_and_inspect_beside_the_owning_process(tmp_path):
         await journal.close()
 
 
+@pytest.mark.processes
 def test_not_a_journal_is_a_clear_error(tmp_path):
     bogus = tmp_path / "x.db"
     bogus.write_text("hello")

@@ -19,7 +19,7 @@ from aip_crewai.sidecar.context import GENERIC_FAILURE, JobCancelled, JobContext
 from aip_crewai.sidecar.worker_wire import Boot
 from aip_crewai.sidecar.workers import WorkerDied, WorkerPool
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 
 GRACE = 0.3
 

@@ -230,6 +230,7 @@ def test_every_argument_has_help_text():
     assert missing == []
 
 
+@pytest.mark.processes
 def test_a_closed_pipe_ends_quietly(host_url, token):
     """``aip-crewai manifest | head -1``: no "Broken pipe" message, exit 141 (README "Exit codes")."""
     process = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "manifest", "--url", host_url,
@@ -279,6 +280,7 @@ def test_a_stream_cut_by_a_lost_connection_says_how_to_resume_and_exits_7(capsys
         cli._show_stream(refused(), False)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_doctor_runs_the_start_up_preflight_by_hand():
     """Issue 20 item 6: the same checks as the sidecar's start-up, exit 1 on a problem, 2 on a bad registry."""
