@@ -163,7 +163,7 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] 
     if settings.isolation == "process":
         from aip_crewai.sidecar.workers import start_forkserver
 
-        context = start_forkserver(settings.registry)
+        context = start_forkserver()
     try:
         import_crewai()
     except Exception as exc:  # a broken install: say which, never a traceback of provider text

@@ -166,11 +166,15 @@ def _boot(boot: Boot) -> dict[str, Any]:
     from aip_crewai.sidecar.registry import load_registry
 
     configure_logging(json=boot.log_json, level=boot.log_level)
+    from aip_crewai.sidecar.operations import _preload
+
+    if _preload.FORK_SERVER_THREADS:  # forked from a multi-threaded process: a lock may be held forever
+        log.error("worker_fork_server_threaded", pid=os.getpid(), threads=_preload.FORK_SERVER_THREADS)
+        raise RuntimeError("the fork server was not single-threaded")
     capture_crewai_prints()
     prepare_crewai_environment(Path(boot.state_dir))
     import_crewai()
-    registry = dict(load_registry(boot.registry))
-    from aip_crewai.sidecar.operations import _preload
+    registry = dict(load_registry(boot.registry))  # after the fork: its threads start here (workers.start_forkserver)
 
     try:  # the copy-on-write cost of a first kickoff, paid while idle (operations/_preload.py)
         _preload.warm_up(in_worker=True)
@@ -208,7 +212,7 @@ def run_job(registry: dict[str, Any], start: Start, channel: Channel) -> Done | 
         return Failed("JobCancelled", cancelled=True, stop_observed=True, dropped=chunks.dropped)
     except SafeJobError as exc:
         return Failed(exc.error_type, str(exc.message)[:MAX_MESSAGE_CHARS], exc.before_any_effect,
-                      dropped=chunks.dropped)
+                      dropped=chunks.dropped, uncertain=exc.uncertain)
     except BaseException as exc:  # noqa: BLE001 - only the class is published
         return Failed(type(exc).__name__, stop_observed=ctx.stop_observed, dropped=chunks.dropped)
     try:

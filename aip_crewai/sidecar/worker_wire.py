@@ -133,6 +133,7 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
         cancelled: the job stopped on its cancel (``JobCancelled`` or a cancelled task).
         stop_observed: ``ctx.stop_observed``.
         dropped: chunks dropped at the per-job event bound.
+        uncertain: ``SafeJobError.uncertain`` (None: the runtime derives ``uncertain_outcome``).
     """
 
     error_type: str
@@ -141,6 +142,7 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
     cancelled: bool = False
     stop_observed: bool = False
     dropped: int = 0
+    uncertain: bool | None = None
 
 
 ToWorker = Start | Cancel | TaskRun

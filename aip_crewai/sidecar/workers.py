@@ -8,7 +8,9 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
 - **Fork server.** :func:`start_forkserver` starts multiprocessing's fork
   server right after CrewAI's environment is set (in parallel with the
   sidecar's own CrewAI import); it imports CrewAI and the operations once
-  (``operations/_preload.py``). Workers fork from it, not from the sidecar,
+  (``operations/_preload.py``), never the crew registry (which may start
+  threads: each worker imports it after the fork; :func:`start_forkserver`).
+  Workers fork from it, not from the sidecar,
   whose event loop and threads make a plain ``fork`` unsafe. A worker is
   ready in about 10 ms and shares the fork server's pages.
 - **Pool.** ``--max-concurrency`` workers exist at any time, booted ahead of
@@ -84,24 +86,26 @@ RESPAWN_DELAY_SECONDS, MAX_RESPAWN_DELAY_SECONDS = 0.5, 10.0
 REAP_SECONDS = 10.0
 
 
-def start_forkserver(registry: str | None = None) -> BaseContext:
+def start_forkserver() -> BaseContext:
     """Start the worker fork server now (it imports CrewAI in the background) and return its context.
 
     Call after ``crewai_env.prepare_crewai_environment`` and
     ``capture_crewai_prints``: the fork server inherits the environment and
     file descriptors 1 and 2 of this moment.
 
-    Args:
-        registry: ``--registry`` (``module:attribute``); its module is imported
-            by the fork server too (before the CrewAI warm-up), so a worker
-            does not import it again. A module that fails there is imported
-            (and its failure reported) by each worker.
+    The crew registry is *not* preloaded: a registry module may start threads
+    at import (an SDK's metrics flusher, an exporter), and a process forked
+    while another thread holds a lock inherits the lock held forever (issue
+    27: 3 of 4 jobs hung). The fork server imports only CrewAI and our own
+    modules and records any thread left besides its main one
+    (``operations/_preload.FORK_SERVER_THREADS``); each worker imports the
+    registry after the fork (its threads start in the worker, where they are
+    safe) and refuses to boot if the fork server was not single-threaded.
 
     Source: ARCHITECTURE.md §5 (isolation).
     """
     context = multiprocessing.get_context("forkserver")
-    module = registry.split(":", 1)[0].strip() if registry else ""
-    context.set_forkserver_preload([module, *PRELOAD] if module else PRELOAD)
+    context.set_forkserver_preload(PRELOAD)
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
@@ -442,7 +446,7 @@ class _Job:
                 raise JobCancelled(f"job {ctx.action_id} was cancelled")
             ctx.stop_observed = ctx.stop_observed or message.stop_observed
             raise SafeJobError(message.message or GENERIC_FAILURE, error_type=message.error_type,
-                               before_any_effect=message.before_any_effect)
+                               before_any_effect=message.before_any_effect, uncertain=message.uncertain)
         raise SafeJobError("the worker process sent an unexpected message", error_type="WorkerProtocolError",
                            uncertain=True)
 

@@ -58,9 +58,17 @@ def tool_call(name: str, **arguments: Any) -> Answer:
     return Answer(tool_calls=((name, arguments),))
 
 
+Marker = str | tuple[str, ...]
+
+
+def _matches(marker: Marker, value: str) -> bool:
+    """Whether ``value`` holds the marker (every part of a tuple marker)."""
+    return all(part in value for part in ((marker,) if isinstance(marker, str) else marker))
+
+
 @dataclass
 class _Rule:
-    marker: str
+    marker: Marker
     answers: list[Answer]
     served: int = 0
 
@@ -74,7 +82,7 @@ class _Rule:
 class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     rules: list[_Rule] = field(default_factory=list)
-    failures: list[tuple[str, int]] = field(default_factory=list)
+    failures: list[tuple[str, Marker, int]] = field(default_factory=list)  # (path, marker, status)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -86,6 +94,14 @@ def embed(value: str) -> list[float]:
         vector[digest[0] % EMBEDDING_DIMENSIONS] += 1.0 if digest[1] % 2 else -1.0
     norm = math.sqrt(sum(x * x for x in vector)) or 1.0
     return [x / norm for x in vector]
+
+
+def request_text(body: dict[str, Any]) -> str:
+    """What markers are looked for in: a chat request's messages, an embeddings request's inputs."""
+    inputs = body.get("input")
+    if inputs is not None:
+        return "\n".join([inputs] if isinstance(inputs, str) else [str(v) for v in inputs])
+    return message_text(body)
 
 
 def message_text(body: dict[str, Any]) -> str:
@@ -140,21 +156,22 @@ class FakeProvider:
 
     # ------------------------------------------------------------- script
 
-    def script(self, marker: str, *answers: Answer) -> None:
-        """Answer chat requests whose messages contain ``marker`` with ``answers`` in order (the last repeats)."""
+    def script(self, marker: Marker, *answers: Answer) -> None:
+        """Answer chat requests whose messages contain ``marker`` (all its parts) with ``answers`` in order
+        (the last repeats). The rule scripted last is tried first."""
         with self._state.lock:
             self._state.rules.insert(0, _Rule(marker, list(answers)))
 
-    def fail_next(self, marker: str, status: int) -> None:
-        """Answer the next chat request containing ``marker`` with HTTP ``status`` (once)."""
+    def fail_next(self, marker: Marker, status: int, *, times: int = 1, path: str = "/v1/chat/completions") -> None:
+        """Answer the next ``times`` requests to ``path`` containing ``marker`` with HTTP ``status``."""
         with self._state.lock:
-            self._state.failures.append((marker, status))
+            self._state.failures.extend([(path, marker, status)] * times)
 
     def requests(self, marker: str | None = None, path: str = "/v1/chat/completions") -> list[dict[str, Any]]:
         """Recorded request bodies to ``path`` (with ``_path``, ``_status``), those containing ``marker``."""
         with self._state.lock:
             seen = list(self._state.requests)
-        return [r for r in seen if r["_path"] == path and (marker is None or marker in message_text(r))]
+        return [r for r in seen if r["_path"] == path and (marker is None or _matches(marker, request_text(r)))]
 
 
 def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
@@ -168,26 +185,23 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             record = {**body, "_path": self.path, "_status": 200}
-            if self.path == "/v1/embeddings":
-                with state.lock:
-                    state.requests.append(record)
-                return self._embeddings(body)
-            if self.path != "/v1/chat/completions":
+            if self.path not in ("/v1/embeddings", "/v1/chat/completions"):
                 return self._json(404, {"error": {"message": "not found", "type": "invalid_request_error"}})
-            prompt = message_text(body)
+            prompt = request_text(body)
             with state.lock:
-                failure = next((f for f in state.failures if f[0] in prompt), None)
+                failure = next((f for f in state.failures if f[0] == self.path and _matches(f[1], prompt)), None)
                 if failure is not None:
                     state.failures.remove(failure)
-                    record["_status"] = failure[1]
-                rule = next((r for r in state.rules if r.marker in prompt), None)
-                answer = (rule.next() if rule else _default(body)) if failure is None else None
+                    record["_status"] = failure[2]
+                rule = next((r for r in state.rules if _matches(r.marker, prompt)), None)
+                answer = rule.next() if rule and failure is None and "messages" in body else None
                 state.requests.append(record)
             if failure is not None:
-                return self._json(failure[1], {"error": {"message": "rate limited", "type": "rate_limit_error"}},
+                return self._json(failure[2], {"error": {"message": "scripted failure", "type": "server_error"}},
                                   {"retry-after-ms": "10", "retry-after": "0"})
-            if answer is None:
-                return
+            if self.path == "/v1/embeddings":
+                return self._embeddings(body)
+            answer = answer or _default(body)
             if body.get("stream"):
                 return self._stream(body, answer)
             return self._json(200, _completion(body, answer))

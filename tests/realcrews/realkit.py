@@ -1,8 +1,8 @@
 """The real-crew suite's kit: the example deployment (``examples/realcrews``) run as a tenant would use it.
 
 :func:`start_deployment` starts a real sidecar on the example registry (by
-default ``threaded_registry:CREWS``: the example crews behind a module that
-starts a thread at import) with ``REALCREWS_BASE_URL`` at a
+default :data:`SUITE_REGISTRY`: the example crews behind a module that
+starts a thread at import, and two that cannot work) with ``REALCREWS_BASE_URL`` at a
 :class:`~fake_provider.FakeProvider`, and a real host in front of it whose
 crews come from the example's ``crews.json``. Tenants: ``acme`` sees every
 example crew, ``beta`` only ``memory`` (principals of ``host_process.TOKENS``).
@@ -42,7 +42,10 @@ from fake_provider import FakeProvider  # noqa: E402
 
 #: The API key the crews send (the suite checks it never appears in a published message).
 API_KEY = "sk-fake-realcrews-SECRET-1234"
-THREADED_REGISTRY = "threaded_registry:CREWS"
+#: The example crews behind a thread started at import, plus two crews that cannot work (``suite_registry.py``).
+SUITE_REGISTRY = "suite_registry:CREWS"
+#: The crews of :data:`SUITE_REGISTRY` that are not in the example's ``crews.json``.
+BROKEN_CREWS = ["broken-knowledge", "no-key"]
 
 
 class EscapeRecorder:
@@ -93,14 +96,14 @@ def example_crews() -> list[dict[str, Any]]:
 def sidecar_env(provider: FakeProvider, escapes: EscapeRecorder) -> dict[str, str]:
     """The example's provider settings, pointed at ``provider``; the recording proxy for the rest."""
     proxy = f"http://127.0.0.1:{escapes.port}"
-    return {"PYTHONPATH": f"{EXAMPLE}:{ROOT}", "REALCREWS_BASE_URL": provider.base_url, "REALCREWS_API_KEY": API_KEY,
+    return {"PYTHONPATH": f"{EXAMPLE}:{HERE}:{ROOT}", "REALCREWS_BASE_URL": provider.base_url, "REALCREWS_API_KEY": API_KEY,
             "REALCREWS_MODEL": "openai/fake-chat", "REALCREWS_EMBED_MODEL": "fake-embed",
             "HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy, "https_proxy": proxy,
             "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 
 
 def start_deployment(workdir: Path, provider: FakeProvider, *, isolation: str | None = None,
-                     registry: str = THREADED_REGISTRY) -> Deployment:
+                     registry: str = SUITE_REGISTRY) -> Deployment:
     """A sidecar on the example registry and a host in front of it (see the module docstring)."""
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     escapes = EscapeRecorder()
@@ -111,7 +114,8 @@ def start_deployment(workdir: Path, provider: FakeProvider, *, isolation: str | 
     sidecar = Sidecar(process, "", TOKEN, workdir / "journal.db", workdir, workdir / "calls.log", stderr, args)
     try:
         sidecar.base_url = wait_ready(process, stderr)
-        crews = example_crews()
+        crews = example_crews() + [{"id": crew, "name": crew, "allowed_operations": ["run", "status", "events"]}
+                                   for crew in BROKEN_CREWS]
         ids = [crew["id"] for crew in crews]
         host = start_host(workdir / "host", sidecar.base_url, TOKEN, crews=crews,
                           tenants={"acme": ids, "beta": ["memory"]})
@@ -133,7 +137,7 @@ class Outcome:
 
     @property
     def chunks(self) -> list[dict[str, Any]]:
-        return [env["body"]["chunk"] for name, env in self.events if name == "chunk"]
+        return [env["body"]["stream_chunk"] for name, env in self.events if name == "chunk"]
 
     def texts(self, kind: str) -> list[str]:
         """The text parts of the chunks of ``kind``, in order."""

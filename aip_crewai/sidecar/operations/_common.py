@@ -38,6 +38,7 @@ from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 from crewai.hooks.tool_hooks import get_before_tool_call_hooks, register_before_tool_call_hook
 
 from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.operations import _swallowed
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +47,8 @@ _current_job: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar
 )
 
 DEFAULT_MAX_DEPTH = 8
+#: The chunk channel of CrewAI's own model calls (no task): published as ``progress`` (:func:`chunk_data`).
+INTERNAL_CHANNEL = "internal"
 DEFAULT_MAX_ITEMS = 200
 
 
@@ -99,7 +102,10 @@ def _make_sink(ctx: JobContext) -> Any:
     """
 
     def sink(_source: Any, event: Any) -> None:
-        if not isinstance(event, LLMStreamChunkEvent) or ctx.cancel_flag.is_set():
+        if not isinstance(event, LLMStreamChunkEvent):
+            _swallowed.note(ctx, event)
+            return
+        if ctx.cancel_flag.is_set():
             return
         try:
             data = chunk_data(event)
@@ -124,10 +130,14 @@ def chunk_data(event: Any) -> dict[str, Any] | None:
     Returns:
         ``{"content", "channel", "task_id"?, "agent_role"?}``; channel ``tools``
         when the chunk is part of a native tool call (content: the arguments
-        fragment, or the tool name when the fragment is empty), else ``llm``.
+        fragment, or the tool name when the fragment is empty); ``llm`` for an
+        agent's answer to its task; :data:`INTERNAL_CHANNEL` for a model call
+        CrewAI makes for itself, outside any task (the knowledge query rewrite,
+        ``agent/core.py::_get_knowledge_search_query``; memory analysis), which
+        the host publishes as ``progress``, never as the answer's ``data``.
     """
     content = event.chunk or ""
-    channel = "llm"
+    channel = "llm" if event.task_id else INTERNAL_CHANNEL
     if event.tool_call is not None:
         channel = "tools"
         if not content:
@@ -292,7 +302,8 @@ def unavailable_knowledge(crew: Any) -> list[str]:
 KNOWLEDGE_PROBE = "knowledge probe"
 
 
-def strict_search(storage: KnowledgeStorage, query: list[str], limit: int, threshold: float) -> list[Any]:
+def strict_search(storage: KnowledgeStorage, query: list[str], limit: int, threshold: float,
+                  metadata_filter: dict[str, Any] | None = None) -> list[Any]:
     """``KnowledgeStorage.search`` of CrewAI 1.15.5 without its catch-all ``except`` (same arguments).
 
     Raises:
@@ -304,7 +315,7 @@ def strict_search(storage: KnowledgeStorage, query: list[str], limit: int, thres
     name = f"knowledge_{storage.collection_name}" if storage.collection_name else "knowledge"
     text = " ".join(query) if len(query) > 1 else query[0]
     results: list[Any] = storage._get_client().search(
-        collection_name=name, query=text, limit=limit, metadata_filter=None, score_threshold=threshold)
+        collection_name=name, query=text, limit=limit, metadata_filter=metadata_filter, score_threshold=threshold)
     return results
 
 
