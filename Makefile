@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-inprocess test-matrix test-postgresql check bench contracts chaos clean
+.PHONY: run test test-realcrews test-inprocess test-matrix test-postgresql check bench contracts chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,10 +20,15 @@ test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
+# The real-crew compatibility suite alone (make test runs it too): the example deployment examples/realcrews
+# through a real sidecar and host against a fake OpenAI-compatible provider on loopback.
+test-realcrews: $(STAMP)
+	$(PY) -m pytest -q -m realcrews tests/realcrews
+
 # The integration tests that run crew jobs (marker sidecar_jobs) again with jobs in the sidecar process
 # (--isolation inprocess; the suite's default is process isolation). CI runs it, after make test.
 test-inprocess: $(STAMP)
-	AIP_CREWAI_ISOLATION=inprocess $(PY) -m pytest -q -m sidecar_jobs tests/integration
+	AIP_CREWAI_ISOLATION=inprocess $(PY) -m pytest -q -m sidecar_jobs tests/integration tests/realcrews
 
 # The lowest and the highest supported Python (pyenv's interpreters), each in its own .venv-<version>: the
 # type check and every test but the process-level suites (markers integration and browser; make test runs
