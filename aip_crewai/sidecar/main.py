@@ -218,17 +218,25 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
     from aip_crewai.serving import hypercorn_config, hypercorn_logger
     from aip_crewai.sidecar.app import create_app
 
-    try:
-        fd, port = _listen(sock)
-    except OSError as exc:
-        await journal.close()
-        return _refuse(f"--host/--port: cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
-    except BaseException:
-        await journal.close()
-        raise
-    from aip_crewai.sidecar.workers import WorkerPool
+    from aip_crewai.sidecar.workers import ForkServerThreaded, WorkerPool
 
     workers = executor if isinstance(executor, WorkerPool) else None
+    try:
+        if workers is not None:  # before listening: a refusal is one line (the lifespan's start is then a no-op)
+            await workers.start()
+        fd, port = _listen(sock)
+    except (OSError, ForkServerThreaded) as exc:
+        if workers is not None:
+            await workers.close()
+        await journal.close()
+        if isinstance(exc, ForkServerThreaded):
+            return _refuse(f"--isolation process: {exc}")
+        return _refuse(f"--host/--port: cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
+    except BaseException:
+        if workers is not None:
+            await workers.close()
+        await journal.close()
+        raise
     app = create_app(settings, crews=crews, executor=executor, journal=journal,  # type: ignore[arg-type]
                      crew_facts=crew_facts, workers=workers)
     # timeouts, header bound, no h2c (README "Security")

@@ -64,6 +64,7 @@ from aip_crewai.sidecar.worker_wire import (
     FrameError,
     FromWorker,
     Ready,
+    Refused,
     Start,
     TaskRun,
     ToWorker,
@@ -132,6 +133,13 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
     preloaded = "crewai" in sys.modules
     boot = decode_boot(boot_data)
     channel = Channel(sock, frame_bound(262_144))
+    threads = _fork_server_threads()
+    if threads:  # forked from a multi-threaded process: a lock another thread held stays held here
+        try:
+            channel.send(Refused(threads))
+        except OSError:
+            pass
+        _exit(BOOT_FAILED_STATUS)
     try:
         registry = _boot(boot)
     except BaseException as exc:  # noqa: BLE001 - report the type only, never the text
@@ -157,6 +165,13 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
     _exit(0)
 
 
+def _fork_server_threads() -> list[str]:
+    """The threads the fork server had besides its main one (``operations/_preload.FORK_SERVER_THREADS``);
+    ``[]`` when it did not preload (nothing is imported here then: the worker's own count says nothing)."""
+    preload = sys.modules.get("aip_crewai.sidecar.operations._preload")
+    return list(getattr(preload, "FORK_SERVER_THREADS", []))
+
+
 def _boot(boot: Boot) -> dict[str, Any]:
     """Signals, logging, stdout, CrewAI's environment, the registry."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -166,15 +181,11 @@ def _boot(boot: Boot) -> dict[str, Any]:
     from aip_crewai.sidecar.registry import load_registry
 
     configure_logging(json=boot.log_json, level=boot.log_level)
-    from aip_crewai.sidecar.operations import _preload
-
-    if _preload.FORK_SERVER_THREADS:  # forked from a multi-threaded process: a lock may be held forever
-        log.error("worker_fork_server_threaded", pid=os.getpid(), threads=_preload.FORK_SERVER_THREADS)
-        raise RuntimeError("the fork server was not single-threaded")
     capture_crewai_prints()
     prepare_crewai_environment(Path(boot.state_dir))
     import_crewai()
     registry = dict(load_registry(boot.registry))  # after the fork: its threads start here (workers.start_forkserver)
+    from aip_crewai.sidecar.operations import _preload
 
     try:  # the copy-on-write cost of a first kickoff, paid while idle (operations/_preload.py)
         _preload.warm_up(in_worker=True)

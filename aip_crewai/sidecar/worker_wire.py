@@ -96,6 +96,13 @@ class Ready(msgspec.Struct, frozen=True, tag="ready"):
     pid: int
 
 
+class Refused(msgspec.Struct, frozen=True, tag="refused"):
+    """The worker will run no job: the fork server it was forked from had ``threads`` besides its main one
+    (a lock one of them held stays held in the worker; ``workers.start_forkserver``)."""
+
+    threads: list[str]
+
+
 class Chunk(msgspec.Struct, frozen=True, tag="chunk"):
     """One chunk payload ``{"content", "channel", "task_id"?, "agent_role"?}``."""
 
@@ -146,7 +153,7 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
 
 
 ToWorker = Start | Cancel | TaskRun
-FromWorker = Ready | Chunk | FindTaskRun | Done | Failed
+FromWorker = Ready | Refused | Chunk | FindTaskRun | Done | Failed
 
 _ENCODER = msgspec.msgpack.Encoder()
 _TO_WORKER = msgspec.msgpack.Decoder(ToWorker)

@@ -64,6 +64,7 @@ from aip_crewai.sidecar.worker_wire import (
     FrameError,
     FromWorker,
     Ready,
+    Refused,
     Start,
     TaskRun,
     ToWorker,
@@ -114,6 +115,18 @@ def start_forkserver() -> BaseContext:
 
 class WorkerStartFailed(RuntimeError):
     """The pool could not start its workers (the sidecar stops: exit 1)."""
+
+
+class ForkServerThreaded(WorkerStartFailed):
+    """The fork server had threads besides its main one: no worker may be forked from it (the sidecar
+    refuses to start: one line, exit 2)."""
+
+    def __init__(self, threads: list[str]) -> None:
+        names = ", ".join(threads[:8]) + (f" and {len(threads) - 8} more" if len(threads) > 8 else "")
+        super().__init__(f"the job worker fork server runs {len(threads)} thread(s) besides its main one ({names}); "
+                         "workers forked from it could inherit a lock held forever. Something it imports starts "
+                         "them: set OPENBLAS_NUM_THREADS=1 for numpy's, or use --isolation inprocess")
+        self.threads = threads
 
 
 class WorkerDied(SafeJobError):
@@ -218,6 +231,7 @@ class WorkerPool:
         self._processes: set[Any] = set()  # every worker process started and not yet known to be reaped
         self._spawning: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._started = False
         self._failures = 0
         self.started_total = 0
         self.killed_total = 0
@@ -231,6 +245,8 @@ class WorkerPool:
         Raises:
             WorkerStartFailed: a worker could not boot (its log line says why).
         """
+        if self._started:
+            return
         if self._context is None:
             self._context = start_forkserver()
         # Before multiprocessing's own exit hook, which joins every child: never wait on a worker at exit.
@@ -239,7 +255,11 @@ class WorkerPool:
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             await self.close()
+            threaded = next((r for r in failed if isinstance(r, ForkServerThreaded)), None)
+            if threaded is not None:
+                raise threaded
             raise WorkerStartFailed(f"{len(failed)} of {self.size} job workers could not start ({failed[0]})")
+        self._started = True
         log.info("workers_ready", workers=self.size)
 
     async def close(self) -> None:
@@ -314,6 +334,8 @@ class WorkerPool:
         if not isinstance(ready, Ready):
             code = await worker.reap()
             self._alive.discard(worker)
+            if isinstance(ready, Refused):
+                raise ForkServerThreaded(ready.threads)
             raise WorkerStartFailed(f"a job worker did not boot ({describe_exit(code)})")
         self.started_total += 1
         self._idle.put_nowait(worker)

@@ -5,6 +5,7 @@ end the sidecar with one line on stderr and exit 2 within a few seconds; a good 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -75,3 +76,20 @@ def test_a_good_start_logs_its_progress_in_order(tmp_path):
               if line.startswith("{")]
     progress = [e for e in events if e in ("journal_checked", "crewai_importing", "crewai_ready", "sidecar_listening")]
     assert progress == ["journal_checked", "crewai_importing", "crewai_ready", "sidecar_listening"], events
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no second thread on one core")
+def test_a_fork_server_left_with_a_second_thread_is_refused_in_one_line_naming_it(tmp_path):
+    """numpy's OpenBLAS starts a native thread per core at import unless OPENBLAS_NUM_THREADS=1 (the sidecar's
+    default); forced to 2, the fork server has a second thread and no worker may be forked from it."""
+    process = launch(tmp_path, args=["--isolation", "process"], env={"OPENBLAS_NUM_THREADS": "2"})
+    try:
+        status = process.wait(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = (tmp_path / "stderr.log").read_text()
+    assert status == 2, text
+    lines = [line for line in text.splitlines() if not line.startswith("{")]
+    assert len(lines) == 1 and "fork server runs 1 thread(s)" in lines[0] and "native-thread-1" in lines[0], lines
+    assert "sidecar_listening" not in text and "Traceback" not in text
