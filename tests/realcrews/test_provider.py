@@ -31,7 +31,7 @@ def test_an_unreachable_provider_fails_typed_and_certain_naming_the_connection(d
     result = outcome.result
     assert result["status"] == "failed", result
     error = result["error"]
-    assert "could not be reached" in error["message"] and "connection" in error["message"], error
+    assert "could not be reached (connection failed: APIConnectionError)" in error["message"], error
     assert error["details"]["event"]["error_type"] == "ProviderUnreachable", error
     assert error["details"].get("uncertain_outcome") is False, error
     published = json.dumps([env for _, env in outcome.events])

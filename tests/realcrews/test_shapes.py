@@ -38,6 +38,7 @@ def test_a_hierarchical_crew_delegates_through_its_manager_llm(deployment, provi
     worker = [r for r in provider.requests("DELEGATED-LINE hi-1") if "You are Writer" in message_text(r)]
     assert worker, "the manager's delegation never reached the Writer"
     assert outcome.result["output"]["raw"].endswith("The tide turns at noon (hi-1).")
+    assert "DELEGATED-LINE" not in "".join(outcome.texts("data")), "the manager's delegation streamed as the answer"
 
 
 def test_a_sequential_task_reads_the_previous_task_through_its_context(deployment, provider):

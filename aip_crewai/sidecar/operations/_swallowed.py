@@ -111,23 +111,34 @@ def provider_error(exc: BaseException, ctx: JobContext) -> SafeJobError | None:
     import httpx
     import openai
 
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(seen) < MAX_CHAIN:
-        seen.add(id(current))
-        if isinstance(current, openai.APIStatusError):
-            return SafeJobError(f"the model provider answered HTTP {current.status_code}{tool_error_summary(ctx)}",
-                                error_type="ProviderError", uncertain=_uncertain(ctx))
-        if isinstance(current, openai.APITimeoutError | httpx.TimeoutException):
-            return SafeJobError(f"the model provider did not answer in time ({type(current).__name__})"
-                                f"{tool_error_summary(ctx)}", error_type="ProviderUnreachable",
-                                uncertain=_uncertain(ctx))
-        if isinstance(current, openai.APIConnectionError | httpx.TransportError | ConnectionError):
-            return SafeJobError(f"the model provider could not be reached (connection failed: "
-                                f"{type(current).__name__}){tool_error_summary(ctx)}",
-                                error_type="ProviderUnreachable", uncertain=_uncertain(ctx))
-        current = current.__cause__ or current.__context__
+    chain = _chain(exc)
+    status = next((e for e in chain if isinstance(e, openai.APIStatusError)), None)
+    if status is not None:
+        return SafeJobError(f"the model provider answered HTTP {status.status_code}{tool_error_summary(ctx)}",
+                            error_type="ProviderError", uncertain=_uncertain(ctx))
+    timeout = next((e for e in chain if isinstance(e, openai.APITimeoutError | httpx.TimeoutException)), None)
+    if timeout is not None:
+        return SafeJobError(f"the model provider did not answer in time ({type(timeout).__name__})"
+                            f"{tool_error_summary(ctx)}", error_type="ProviderUnreachable", uncertain=_uncertain(ctx))
+    # the most specific first: the SDK's or httpx's error, then CrewAI's ConnectionError around it
+    connection: BaseException | None = next(
+        (e for e in chain if isinstance(e, openai.APIConnectionError | httpx.TransportError)), None)
+    connection = connection or next((e for e in chain if isinstance(e, ConnectionError)), None)
+    if connection is not None:
+        return SafeJobError(f"the model provider could not be reached (connection failed: "
+                            f"{type(connection).__name__}){tool_error_summary(ctx)}",
+                            error_type="ProviderUnreachable", uncertain=_uncertain(ctx))
     return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes and contexts, outermost first (at most :data:`MAX_CHAIN`)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in chain) and len(chain) < MAX_CHAIN:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
 
 
 def failure(exc: Exception, ctx: JobContext) -> SafeJobError | None:
