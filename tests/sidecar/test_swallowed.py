@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from crewai.events.types.knowledge_events import KnowledgeSearchQueryFailedEvent
-from crewai.events.types.tool_usage_events import ToolUsageErrorEvent, ToolUsageStartedEvent
 
 from aip_crewai.sidecar.context import JobContext, SafeJobError
-from aip_crewai.sidecar.operations import _swallowed
+
+#: CrewAI is imported by the tests, once its environment is prepared (``conftest.crewai_state_dir``).
+pytestmark = pytest.mark.usefixtures("crewai_state_dir")
 
 
 def _ctx() -> JobContext:
@@ -44,16 +44,24 @@ REQUEST = httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
      "ProviderError", "answered HTTP 503"),
 ])
 def test_a_provider_error_anywhere_in_the_chain_is_named_without_its_text(inner, error_type, words):
+    from aip_crewai.sidecar.operations import _swallowed
+
     typed = _swallowed.failure(_wrapped(inner), _ctx())
     assert isinstance(typed, SafeJobError) and typed.error_type == error_type and words in typed.message
     assert "sk-secret" not in typed.message and typed.uncertain is False
 
 
 def test_an_error_without_a_provider_cause_is_left_alone():
+    from aip_crewai.sidecar.operations import _swallowed
+
     assert _swallowed.failure(ValueError("x"), _ctx()) is None
 
 
 def test_a_swallowed_knowledge_failure_fails_the_job_even_after_an_output():
+    from crewai.events.types.knowledge_events import KnowledgeSearchQueryFailedEvent
+
+    from aip_crewai.sidecar.operations import _swallowed
+
     ctx = _ctx()
     _swallowed.note(ctx, KnowledgeSearchQueryFailedEvent(query="q", error="TypeError: asearch"))
     degraded = _swallowed.degraded_error(ctx)
@@ -61,6 +69,10 @@ def test_a_swallowed_knowledge_failure_fails_the_job_even_after_an_output():
 
 
 def test_tool_errors_are_listed_by_tool_and_type_and_a_started_tool_makes_a_failure_uncertain():
+    from crewai.events.types.tool_usage_events import ToolUsageErrorEvent, ToolUsageStartedEvent
+
+    from aip_crewai.sidecar.operations import _swallowed
+
     ctx = _ctx()
     _swallowed.note(ctx, ToolUsageStartedEvent(tool_name="lookup", tool_args={}))
     _swallowed.note(ctx, ToolUsageErrorEvent(tool_name="lookup", tool_args={}, error=KeyError("sk-secret")))
