@@ -47,9 +47,9 @@ _current_job: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar
 )
 
 DEFAULT_MAX_DEPTH = 8
+DEFAULT_MAX_ITEMS = 200
 #: The chunk channel of CrewAI's own model calls (no task): published as ``progress`` (:func:`chunk_data`).
 INTERNAL_CHANNEL = "internal"
-DEFAULT_MAX_ITEMS = 200
 
 
 # --------------------------------------------------------------------------- scope
@@ -97,17 +97,19 @@ def _make_sink(ctx: JobContext) -> Any:
     CrewAI calls it for *every* event emitted in the job's context; only
     stream chunks are forwarded (never failure events: their text may hold
     provider secrets), and none once the job's cancel flag is set (a worker
-    thread may still finish its chunk after the job ended). It never raises
-    (an exception would break the emitter).
+    thread may still finish its chunk after the job ended). Every other event
+    goes to ``_swallowed.note``, which records the failures CrewAI carries on
+    from (a knowledge search, memory, a tool). It never raises (an exception
+    would break the emitter).
     """
 
     def sink(_source: Any, event: Any) -> None:
-        if not isinstance(event, LLMStreamChunkEvent):
-            _swallowed.note(ctx, event)
-            return
-        if ctx.cancel_flag.is_set():
-            return
         try:
+            if not isinstance(event, LLMStreamChunkEvent):
+                _swallowed.note(ctx, event)  # a failure CrewAI emits and carries on from
+                return
+            if ctx.cancel_flag.is_set():
+                return
             data = chunk_data(event)
             if data is not None:
                 ctx.emit_chunk(data)

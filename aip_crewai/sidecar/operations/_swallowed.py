@@ -38,7 +38,7 @@ from crewai.events.types.memory_events import (
 )
 from crewai.events.types.tool_usage_events import ToolUsageErrorEvent, ToolUsageStartedEvent
 
-from aip_crewai.sidecar.context import JobContext, SafeJobError
+from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
 
 #: Event class -> the error type a job fails with when CrewAI emitted it and carried on.
 DEGRADING_EVENTS: dict[type, str] = {
@@ -144,8 +144,8 @@ def _chain(exc: BaseException) -> list[BaseException]:
 def failure(exc: Exception, ctx: JobContext) -> SafeJobError | None:
     """The typed failure to publish instead of ``exc`` (None: keep ``exc``): a swallowed knowledge or memory
     failure first (the likelier root cause), then a provider error, then a tool error naming the tool."""
-    if isinstance(exc, SafeJobError):
-        return None
+    if isinstance(exc, SafeJobError | JobCancelled) or ctx.cancel_flag.is_set():
+        return None  # already typed, or a cancelled job: its stop is the outcome, not what failed meanwhile
     found = degraded_error(ctx) or provider_error(exc, ctx)
     if found is None and tool_errors(ctx):
         found = SafeJobError(f"the crew failed after a tool error{tool_error_summary(ctx)}",
