@@ -45,7 +45,11 @@ API_KEY = "sk-fake-realcrews-SECRET-1234"
 #: The example crews behind a thread started at import, plus two crews that cannot work (``suite_registry.py``).
 SUITE_REGISTRY = "suite_registry:CREWS"
 #: The crews of :data:`SUITE_REGISTRY` that are not in the example's ``crews.json``.
-BROKEN_CREWS = ["broken-knowledge", "no-key"]
+BROKEN_CREWS = {"broken-knowledge": ("knowledge_unavailable", "KnowledgeUnavailable"),
+                "broken-memory": ("memory_unavailable", "MemoryUnavailable"),
+                "no-key": ("llm_unconfigured", "LlmUnconfigured")}
+#: ``/health`` ``crew_problems`` of :data:`SUITE_REGISTRY`.
+CREW_PROBLEMS = {crew: [code] for crew, (code, _error) in BROKEN_CREWS.items()}
 
 
 class EscapeRecorder:

@@ -13,6 +13,7 @@ from sidecar_process import child_env
 from fake_provider import message_text, text
 from realkit import (
     AGENT_FACT_TEXT,
+    CREW_PROBLEMS,
     FILE_FACT_TEXT,
     KNOWLEDGE_FACT_TEXT,
     SUITE_REGISTRY,
@@ -77,10 +78,9 @@ def test_crew_knowledge_reaches_the_prompt_with_jobs_in_the_sidecar_process(inpr
     assert any(KNOWLEDGE_FACT_TEXT in p for p in _answer_prompts(provider, "KNOWLEDGE-RUN q-ip1"))
 
 
-def test_doctor_reports_the_crews_whose_knowledge_or_llm_cannot_work(deployment, provider, tmp_path):
+def test_doctor_reports_the_crews_whose_knowledge_memory_or_llm_cannot_work(deployment, provider, tmp_path):
     env = {**child_env(tmp_path / "calls.log", sidecar_env(provider, deployment.escapes))}
     done = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", SUITE_REGISTRY, "--json"],
                           cwd=tmp_path, env=env, capture_output=True, timeout=240, stdin=subprocess.DEVNULL)
     assert done.returncode == 1, done.stderr.decode(errors="replace")
-    assert json.loads(done.stdout)["crew_problems"] == {"broken-knowledge": ["knowledge_unavailable"],
-                                                        "no-key": ["llm_unconfigured"]}
+    assert json.loads(done.stdout)["crew_problems"] == CREW_PROBLEMS

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from fake_provider import text
-from realkit import BROKEN_CREWS, run_action
+from realkit import BROKEN_CREWS, CREW_PROBLEMS, run_action
 
 pytestmark = [pytest.mark.realcrews, pytest.mark.integration, pytest.mark.sidecar_jobs, pytest.mark.host_processes,
               pytest.mark.timeout(300)]
@@ -53,11 +53,11 @@ def test_telemetry_at_its_defaults_sends_nothing_off_loopback(deployment, provid
     assert deployment.escapes.attempts == 0
 
 
-def test_crews_whose_knowledge_or_llm_cannot_work_are_in_health_and_fail_typed_and_certain(deployment):
+def test_crews_whose_knowledge_memory_or_llm_cannot_work_are_in_health_and_fail_typed_and_certain(deployment):
     sidecar = deployment.sidecar
     health = httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers, timeout=30).json()
-    assert health["crew_problems"] == {"broken-knowledge": ["knowledge_unavailable"], "no-key": ["llm_unconfigured"]}
-    for crew, error_type in zip(BROKEN_CREWS, ["KnowledgeUnavailable", "LlmUnconfigured"]):
+    assert health["crew_problems"] == CREW_PROBLEMS
+    for crew, (_code, error_type) in BROKEN_CREWS.items():
         result = run_action(deployment, crew, {"question": "x"}).result
         assert result["status"] == "failed", result
         assert result["error"]["details"]["event"]["error_type"] == error_type

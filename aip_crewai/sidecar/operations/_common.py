@@ -331,16 +331,45 @@ def refuse_unavailable_knowledge(crew: Any) -> None:
         raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable", before_any_effect=True)
 
 
+#: Published when memory cannot be used (never the embedder's text).
+MEMORY_UNAVAILABLE = ("the crew's memory cannot be used (its embedder failed to initialise or to embed); the "
+                      "error text is withheld")
+#: The text of the memory probe (one embedding by the memory's embedder).
+MEMORY_PROBE = "memory probe"
+
+
+def unavailable_memory(crew: Any) -> bool:
+    """Whether the crew has CrewAI memory (``memory=True`` or a ``Memory``) whose embedder cannot embed.
+
+    CrewAI builds the memory's embedder lazily, on the first recall or save,
+    and a failure there is only emitted (``Memory*FailedEvent``) while the
+    run goes on; so the embedder is built and asked for one embedding of
+    :data:`MEMORY_PROBE` (``memory/unified_memory.py::Memory._embedder``).
+    """
+    memory = getattr(crew, "_memory", None)
+    if memory is None or not hasattr(type(memory), "_embedder"):
+        return False
+    from crewai.memory.types import embed_text
+
+    try:
+        return not embed_text(memory._embedder, MEMORY_PROBE)
+    except Exception:  # noqa: BLE001 - the text can hold secrets; the code says it all
+        return True
+
+
 def refuse_unusable_crew(crew: Any) -> None:
-    """:func:`refuse_human_input`, :func:`refuse_unconfigured_llms` and
-    :func:`refuse_unavailable_knowledge`, in that order.
+    """:func:`refuse_human_input`, :func:`refuse_unconfigured_llms`,
+    :func:`refuse_unavailable_knowledge` and an unusable memory, in that order.
 
     Raises:
-        SafeJobError: ``HumanInputUnsupported``, ``LlmUnconfigured`` or ``KnowledgeUnavailable``.
+        SafeJobError: ``HumanInputUnsupported``, ``LlmUnconfigured``, ``KnowledgeUnavailable`` or
+            ``MemoryUnavailable``.
     """
     refuse_human_input(crew)
     refuse_unconfigured_llms(crew)
     refuse_unavailable_knowledge(crew)
+    if unavailable_memory(crew):
+        raise SafeJobError(MEMORY_UNAVAILABLE, error_type="MemoryUnavailable", before_any_effect=True)
 
 
 # ------------------------------------------------------------------- model configuration
