@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast test-inprocess test-matrix test-postgresql check bench contracts chaos clean
+.PHONY: run test test-fast test-realcrews test-inprocess test-matrix test-postgresql check bench contracts chaos clean
 
 # Test processes of pytest-xdist (`pytest -n`): the suite is mostly waiting on real processes, so more
 # workers than the 2 cores of the CI machine pay off. Tests sharing a module's sidecar stay on one worker
@@ -33,10 +33,15 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	@$(call timed,test-fast,AIP_CREWAI_TEST_TIER=fast $(PY) -m pytest -q -m "not processes")
 
+# The real-crew compatibility suite alone (make test runs it too): the example deployment examples/realcrews
+# through a real sidecar and host against a fake OpenAI-compatible provider on loopback.
+test-realcrews: $(STAMP)
+	$(PY) -m pytest -q -m realcrews tests/realcrews
+
 # The integration tests that run crew jobs (marker sidecar_jobs) again with jobs in the sidecar process
 # (--isolation inprocess; the suite's default is process isolation). CI runs it, after make test.
 test-inprocess: $(STAMP)
-	@$(call timed,test-inprocess,AIP_CREWAI_ISOLATION=inprocess $(PY) -m pytest -q $(XDIST) -m sidecar_jobs tests/integration)
+	@$(call timed,test-inprocess,AIP_CREWAI_ISOLATION=inprocess $(PY) -m pytest -q $(XDIST) -m sidecar_jobs tests/integration tests/realcrews)
 
 # The lowest and the highest supported Python (pyenv's interpreters), each in its own .venv-<version>: the
 # type check, the fast tier (every test that starts no process; make test runs the rest on the default

@@ -187,12 +187,27 @@ def failed_result(action_id: str, error: AipError) -> ActionResult:
     return ActionResult(action_id=action_id, status="failed", error=protocol_error(error))
 
 
+#: Longest sidecar failure message quoted in an AIP error message, characters.
+MAX_FAILURE_MESSAGE_CHARS = 1024
+
+
+def failure_message(data: dict[str, Any]) -> str | None:
+    """``"the crew failed (ProviderUnreachable): the model provider could not be reached ..."`` from a
+    sidecar ``failed`` event's ``error_type`` and ``message`` (the sidecar publishes only safe text there:
+    its own typed messages, or a fixed one); None (the default message) when either is missing."""
+    error_type, message = data.get("error_type"), data.get("message")
+    if not isinstance(error_type, str) or not isinstance(message, str) or not error_type or not message:
+        return None
+    return f"the crew failed ({error_type[:128]}): {message[:MAX_FAILURE_MESSAGE_CHARS]}"
+
+
 def result_from_terminal(action_id: str, spec: OperationSpec, event: JobEvent) -> ActionResult:
     """Map the sidecar's terminal event to the AIP result (ARCHITECTURE.md §8).
 
     completed → ``completed`` with the event data as output; cancelled →
     ``cancelled``; failed → ``failed`` with ``connector.crewai.execution_failed``
-    whose details carry the event data.
+    whose message names the sidecar's error type and message
+    (:func:`failure_message`) and whose details carry the event data.
     """
     if event.event == "completed":
         return ActionResult(action_id=action_id, status="completed", output=event.data)
@@ -201,6 +216,7 @@ def result_from_terminal(action_id: str, spec: OperationSpec, event: JobEvent) -
         return ActionResult(action_id=action_id, status="cancelled", output=output)
     data = dict(event.data)
     error = ConnectorExecutionFailed(
+        failure_message(data),
         operation=spec.name,
         remote_status=200,
         uncertain_outcome=bool(data.get("uncertain_outcome", spec.mutation)),

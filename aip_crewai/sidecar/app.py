@@ -154,6 +154,11 @@ def create_app(
         Route("/jobs/{action_id}", delete_job, methods=["DELETE"]),
         Route("/jobs/{action_id}/events", get_events, methods=["GET"]),
         Route("/jobs/{action_id}/cancel", cancel_job, methods=["POST"]),
+        # The reference sidecar's legacy names for run jobs (README "Migrating from the reference sidecar").
+        Route("/runs", post_run, methods=["POST"]),
+        Route("/runs/stream", post_run_stream, methods=["POST"]),
+        Route("/runs/{action_id}", get_job, methods=["GET"]),
+        Route("/runs/{action_id}/cancel", cancel_job, methods=["POST"]),
     ]
     return Starlette(
         routes=routes,
@@ -235,9 +240,10 @@ async def metrics(request: Request) -> Response:
     return Response(_runtime(request).render_metrics(), headers={"Content-Type": CONTENT_TYPE})
 
 
-async def post_job(request: Request) -> Response:
+async def post_job(request: Request, body: bytes | None = None) -> Response:
     runtime = _runtime(request)
-    adm = await runtime.admit(await _body(request, MAX_BODY_BYTES), **_admission_headers(request))
+    body = await _body(request, MAX_BODY_BYTES) if body is None else body
+    adm = await runtime.admit(body, **_admission_headers(request))
     record = await runtime.reads.wait(adm.action_id, adm.timeout_ms)
     if record.status is JobStatus.COMPLETED:
         return Response(record.output or b"null", media_type="application/json")
@@ -251,11 +257,35 @@ async def post_job(request: Request) -> Response:
                              details={"status": record.status.value, "action_id": record.action_id})
 
 
-async def post_job_stream(request: Request) -> Response:
+async def post_job_stream(request: Request, body: bytes | None = None) -> Response:
     runtime = _runtime(request)
-    adm = await runtime.admit(await _body(request, MAX_BODY_BYTES), **_admission_headers(request))
+    body = await _body(request, MAX_BODY_BYTES) if body is None else body
+    adm = await runtime.admit(body, **_admission_headers(request))
     cursor = _last_event_cursor(request, default=0)
     return await _sse(runtime, adm.action_id, cursor)
+
+
+async def post_run(request: Request) -> Response:
+    """``POST /runs``: the reference's legacy ``POST /jobs``, for ``run`` only (400 otherwise)."""
+    return await post_job(request, await _run_body(request))
+
+
+async def post_run_stream(request: Request) -> Response:
+    """``POST /runs/stream``: the reference's legacy ``POST /jobs/stream``, for ``run`` only (400 otherwise)."""
+    return await post_job_stream(request, await _run_body(request))
+
+
+async def _run_body(request: Request) -> bytes:
+    """The body of a legacy run route; :class:`BadRequest` when it names another operation than ``run``
+    (an absent ``operation`` is ``run``; any other defect is left to the admission's own checks)."""
+    body = await _body(request, MAX_BODY_BYTES)
+    try:
+        value = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return body
+    if isinstance(value, dict) and value.get("operation", "run") != "run":
+        raise BadRequest("legacy run route only accepts run")
+    return body
 
 
 async def get_job(request: Request) -> Response:

@@ -17,8 +17,8 @@ seconds``, ``--shutdown-grace-seconds``, ``--max-journal-bytes``,
 The reference sidecar's environment is accepted as it is (README "Migrating
 from the reference sidecar"): an inline ``AIP_CREWAI_BEARER_TOKEN`` (a warning
 says a token file is safer), ``AIP_CREWAI_MAX_STATE_BYTES`` (the journal size
-bound, as ``--max-journal-bytes``), a training directory that does not exist
-yet (created 0700), and ``--max-event-bytes`` up to 4 MiB. Problems an
+bound, as ``--max-journal-bytes``), a training directory or a journal
+directory that does not exist yet (created 0700, with missing parents), and ``--max-event-bytes`` up to 4 MiB. Problems an
 operator should hear about but that do not stop start-up are returned in
 :attr:`Settings.warnings` (logged by the entry point; never a secret).
 
@@ -206,7 +206,7 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("host", "--host", "AIP_CREWAI_HOST", _text, "127.0.0.1", "listen address"),
     _Option("port", "--port", "AIP_CREWAI_PORT", _int_in(0, 65535), 8090, "listen port (0: any free port)"),
     _Option("journal", "--journal", "AIP_CREWAI_STATE_FILE", _path, None,
-            "SQLite job journal (required unless --allow-ephemeral on loopback)"),
+            "SQLite job journal (required unless --allow-ephemeral on loopback; a missing directory is created 0700)"),
     _Option("state_dir", "--state-dir", "AIP_CREWAI_STATE_DIR", _path, None,
             "state directory; CrewAI storage goes under it (default: the journal's directory)"),
     _Option("token_file", "--token-file", "AIP_CREWAI_BEARER_TOKEN_FILE", _path, None,
@@ -321,9 +321,10 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         raise ConfigError(_name(by_dest["journal"]), "is required (or --allow-ephemeral on a loopback --host)")
     if journal is not None:
         journal = journal.absolute()
-        # Checked here, before CrewAI's storage set-up could create the directory.
-        if not journal.parent.is_dir():
-            raise ConfigError(_name(by_dest["journal"]), f"the directory {journal.parent} does not exist")
+        # A missing directory is created 0700 with its missing parents, as the reference sidecar does (a
+        # drop-in switch needs no change); the journal's own checks then refuse a directory others can write.
+        if _make_private_dirs(_name(by_dest["journal"]), journal.parent):
+            warnings.append(("journal_dir_created", f"created the journal directory {journal.parent} (mode 0700)"))
     state_dir: Path | None = values["state_dir"]
     if state_dir is not None:
         state_dir = _check_private_dir(_name(by_dest["state_dir"]), state_dir.absolute())

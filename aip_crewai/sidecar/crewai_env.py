@@ -24,6 +24,12 @@ What is set, and why (measured against crewai 1.15.5 sources):
   ``trace_consent=false`` when absent: otherwise the first kickoff collects a
   "first-time" trace and, on a terminal, prompts on stdin for 20 s and may
   upload it.
+- ``OPENBLAS_NUM_THREADS=1`` (unless set): ``import crewai`` imports numpy,
+  whose OpenBLAS starts a native worker thread per core at import; the worker
+  fork server must fork from a process with one thread
+  (``workers.start_forkserver``), and a crew gateway has no use for parallel
+  BLAS. An operator who sets it above 1 gets a sidecar that refuses to start
+  its workers (``worker_fork_server_threaded``).
 - ``REDIS_URL`` is removed: ``crewai_core.lock_store`` would otherwise take its
   file locks through that Redis server.
 
@@ -112,6 +118,7 @@ def prepare_crewai_environment(state_dir: Path) -> None:
     for name, value in _ENV_DEFAULTS.items():
         os.environ[name] = value
     os.environ["CREWAI_STORAGE_DIR"] = str(storage)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.pop("REDIS_URL", None)
     _seed_user_data(storage / _USER_DATA_FILE)
     _ensure_stdout()

@@ -3,7 +3,7 @@
 Builds every crew of the registry once, in a throwaway CrewAI state
 directory (nothing of the sidecar's state is touched), and prints per crew
 the problems the sidecar would publish in ``/health`` (``crew_problems``:
-``llm_unconfigured``, ``knowledge_unavailable``, ``human_input``,
+``llm_unconfigured``, ``knowledge_unavailable``, ``memory_unavailable``, ``human_input``,
 ``build_failed``) and its inputs (``crew_inputs``). CrewAI's own prints are
 swallowed (they can quote provider errors).
 

@@ -31,7 +31,7 @@ from aip_crewai.sidecar.jobs import EventRow, JobStatus
 from aip_crewai.sidecar.tenancy import tenant_of
 
 #: Chunk channels passed through; anything else is published as ``llm``.
-CHANNELS = frozenset({"llm", "tools", "messages"})
+CHANNELS = frozenset({"llm", "tools", "messages", "internal"})
 #: Bound on ``task_id`` / ``agent_role`` in a chunk, characters.
 MAX_LABEL_CHARS = 256
 _TRUNCATED_MARK = len(b',"truncated":true')

@@ -2,22 +2,29 @@
 
 Start-up order (nothing is served before the last step):
 
-1. settings from flags and environment (:mod:`config`); an invalid setting
-   prints one line on stderr and exits 2 (no traceback);
+1. settings from flags and environment (:mod:`config`, token file type, mode
+   and size included); an invalid setting prints one line on stderr and exits
+   2 (no traceback);
 2. logging to stderr (JSON unless stderr is a terminal);
 3. a temporary journal directory when ``--allow-ephemeral`` and no journal;
-4. the journal: lock, permissions, integrity and schema checks, migrations,
+4. the registry's module is located on the Python path without importing
+   anything (``registry.locate_registry``) and the port is bound (not yet
+   listening: connections are refused until ready); either failure is one
+   line and exit 2 within a second or two, before the CrewAI import;
+5. the journal: lock, permissions, integrity and schema checks, migrations,
    then the crash fence (exit 2 on refusal, e.g. "already owned by another
-   active sidecar", a corrupt file or another application's database). This
-   runs before the CrewAI import, so a bad journal is refused at once;
-5. CrewAI's environment (telemetry off, storage under the state dir), then
-   ``import crewai`` (a few seconds) and the crew registry (exit 2 on a bad
-   ``--registry``). With ``--isolation process`` (the default) both happen
-   in the worker fork server and a registry check process forked from it,
-   never in this process (one CrewAI import per sidecar, not two);
-6. the listening socket (exit 2 if it cannot bind), then hypercorn; once it
-   accepts, ``sidecar_listening`` is logged (with the real port, also for
-   ``--port 0``) and systemd gets ``READY=1`` when ``NOTIFY_SOCKET`` is set.
+   active sidecar", a corrupt file or another application's database);
+   ``journal_checked`` is logged;
+6. CrewAI's environment (telemetry off, storage under the state dir), then
+   ``crewai_importing``, ``import crewai`` (seconds to tens of seconds) and the
+   crew registry with its preflight (exit 2 on a registry that fails to
+   import or holds no crews); ``crewai_ready`` says the crews are built.
+   With ``--isolation process`` (the default) both happen in the worker
+   fork server and a registry check process forked from it, never in this
+   process (one CrewAI import per sidecar, not two);
+7. the socket listens, then hypercorn; once it accepts, ``sidecar_listening``
+   is logged (with the real port, also for ``--port 0``) and systemd gets
+   ``READY=1`` when ``NOTIFY_SOCKET`` is set.
 
 Shutdown on SIGTERM/SIGINT: new admissions get 503, running jobs may finish
 within ``--shutdown-grace-seconds``, the rest are cancelled with a terminal
@@ -91,6 +98,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(settings: Settings) -> int:
+    from aip_crewai.sidecar.registry import RegistryError, locate_registry
+
+    try:  # the checks that need no CrewAI come first: each refusal is one line within a second or two
+        locate_registry(settings.registry)
+    except RegistryError as exc:
+        return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {exc}")
+    try:
+        sock = _bind(settings.host, settings.port)  # bound now (nobody else takes the port), listening once ready
+    except OSError as exc:
+        return _refuse(f"--host/--port: cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     pool = ThreadPoolExecutor(max_workers=max(8, 4 * settings.max_concurrency), thread_name_prefix=WORKER_PREFIX)
@@ -98,8 +115,11 @@ def _run(settings: Settings) -> int:
     try:
         with extending_start_timeout(settings.notify_socket):
             journal = loop.run_until_complete(_open_journal(settings))
-        status = 2 if journal is None else _load_and_serve(loop, settings, journal)
+        if journal is not None:
+            log.info("journal_checked", journal=str(settings.journal))
+        status = 2 if journal is None else _load_and_serve(loop, settings, journal, sock)
     finally:
+        sock.close()  # a no-op once hypercorn owns its descriptor
         stuck = _close_loop(loop, pool)
     if stuck:
         log.warning("worker_threads_abandoned", threads=stuck)
@@ -134,7 +154,8 @@ async def _open_journal(settings: Settings) -> Journal | None:
     return journal
 
 
-def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal: Journal) -> int:
+def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal: Journal,
+                    sock: socket.socket) -> int:
     """Import CrewAI and the registry, then serve; the journal is closed on every path."""
     try:
         with extending_start_timeout(settings.notify_socket):
@@ -146,7 +167,7 @@ def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal
         loop.run_until_complete(journal.close())
         return loaded
     crews, executor, facts = loaded
-    return loop.run_until_complete(_serve(settings, crews, executor, journal, facts))
+    return loop.run_until_complete(_serve(settings, crews, executor, journal, facts, sock))
 
 
 def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
@@ -163,6 +184,7 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] 
     started = time.monotonic()
     capture_crewai_prints()
     prepare_crewai_environment(settings.state_dir)  # type: ignore[arg-type]
+    log.info("crewai_importing", isolation=settings.isolation)
     loaded = _load_in_workers(settings) if settings.isolation == "process" else _load_here(settings)
     if isinstance(loaded, int):
         return loaded
@@ -193,13 +215,21 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
     """The fork server, the registry check forked from it, and the worker pool (``--isolation process``)."""
     from aip_crewai.sidecar.app import CrewFacts
     from aip_crewai.sidecar.worker_wire import Boot
-    from aip_crewai.sidecar.workers import WorkerPool, WorkerStartFailed, describe_registry, start_forkserver
+    from aip_crewai.sidecar.workers import (
+        ForkServerThreaded,
+        WorkerPool,
+        WorkerStartFailed,
+        describe_registry,
+        start_forkserver,
+    )
 
-    context = start_forkserver(settings.registry)
+    context = start_forkserver()
     json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
     boot = Boot(settings.registry, str(settings.state_dir), json_logs, settings.log_level)
     try:
         described = describe_registry(context, boot)
+    except ForkServerThreaded as exc:
+        return _refuse(f"--isolation process: {exc}")
     except WorkerStartFailed as exc:
         log.error("registry_check_failed", error=str(exc))
         return _refuse(f"cannot check the crew registry: {exc}", status=1)
@@ -219,23 +249,31 @@ def _import_failed(error_type: str) -> int:
 
 
 async def _serve(settings: Settings, crews: frozenset[str], executor: object, journal: Journal,
-                 crew_facts: CrewFacts) -> int:
+                 crew_facts: CrewFacts, sock: socket.socket) -> int:
     from hypercorn.asyncio import serve
 
     from aip_crewai.serving import hypercorn_config, hypercorn_logger
     from aip_crewai.sidecar.app import create_app
 
-    try:
-        fd, port = _listen(settings.host, settings.port)
-    except OSError as exc:
-        await journal.close()
-        return _refuse(f"--host/--port: cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
-    except BaseException:
-        await journal.close()
-        raise
-    from aip_crewai.sidecar.workers import WorkerPool
+    from aip_crewai.sidecar.workers import ForkServerThreaded, WorkerPool
 
     workers = executor if isinstance(executor, WorkerPool) else None
+    try:
+        if workers is not None:  # before listening: a refusal is one line (the lifespan's start is then a no-op)
+            await workers.start()
+        fd, port = _listen(sock)
+    except (OSError, ForkServerThreaded) as exc:
+        if workers is not None:
+            await workers.close()
+        await journal.close()
+        if isinstance(exc, ForkServerThreaded):
+            return _refuse(f"--isolation process: {exc}")
+        return _refuse(f"--host/--port: cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
+    except BaseException:
+        if workers is not None:
+            await workers.close()
+        await journal.close()
+        raise
     app = create_app(settings, crews=crews, executor=executor, journal=journal,  # type: ignore[arg-type]
                      crew_facts=crew_facts, workers=workers)
     # timeouts, header bound, no h2c (README "Security")
@@ -264,19 +302,28 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
     return 0
 
 
-def _listen(host: str, port: int) -> tuple[int, int]:
-    """Bind a listening TCP socket; return ``(detached fd, actual port)``."""
+def _bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and not yet listening (connections are refused until :func:`_listen`).
+
+    Raises:
+        OSError: the address cannot be resolved or bound (in use, not local, no permission).
+    """
     family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(1024)
-        actual = sock.getsockname()[1]
     except BaseException:
         sock.close()
         raise
-    return sock.detach(), actual
+    return sock
+
+
+def _listen(sock: socket.socket) -> tuple[int, int]:
+    """Start listening on the bound ``sock``; return ``(detached fd, actual port)``."""
+    sock.listen(1024)
+    port: int = sock.getsockname()[1]
+    return sock.detach(), port
 
 
 #: While starting, the sidecar asks systemd for this much more time (s) ...

@@ -18,6 +18,7 @@ on a fresh crew), §11 (``--registry``).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -75,6 +76,49 @@ class CrewSource:
         crew = self.template.copy()
         _detach_token_usage(crew)
         return crew
+
+
+def locate_registry(spec: str) -> str:
+    """Check, without importing anything, that ``spec`` is well formed and its module exists on the path.
+
+    Run before the CrewAI import (tens of seconds), so a mistyped ``--registry`` is refused at once.
+    The top-level name is found through every finder (``importlib.util.find_spec``:
+    editable installs too, nothing imported), each further dotted part with
+    ``importlib.machinery.PathFinder`` in its parent's directories, so no
+    package ``__init__`` runs. A module already imported counts as found.
+
+    Args:
+        spec: ``"package.module:attribute"``.
+
+    Returns:
+        The module's file (or ``"namespace package"``, ``"built-in"``).
+
+    Raises:
+        RegistryError: malformed spec, or no module of that name on ``sys.path``.
+    """
+    import importlib.machinery
+    import sys
+
+    if not isinstance(spec, str) or not _SPEC.match(spec):
+        raise RegistryError(f"registry spec {spec!r} must look like 'package.module:attribute'")
+    module_name = spec.split(":", 1)[0]
+    if module_name in sys.modules:
+        return str(getattr(sys.modules[module_name], "__file__", None) or "already imported")
+    path: list[str] | None = None
+    found: Any = None
+    parts = module_name.split(".")
+    for index, part in enumerate(parts):
+        # the top level through every finder (editable installs, built-ins; nothing is imported),
+        # below it the parent's directories only (importlib.util.find_spec would import the parent)
+        found = importlib.util.find_spec(part) if path is None else importlib.machinery.PathFinder.find_spec(part, path)
+        if found is None:
+            where = ".".join(parts[:index + 1])
+            raise RegistryError(f"registry {spec!r}: no module {where!r} on the Python path "
+                                "(check the name and PYTHONPATH)")
+        path = list(found.submodule_search_locations or [])
+        if index < len(parts) - 1 and not path:
+            raise RegistryError(f"registry {spec!r}: {'.'.join(parts[:index + 1])!r} is a module, not a package")
+    return str(found.origin or "namespace package")
 
 
 def load_registry(spec: str) -> dict[str, CrewSource]:

@@ -71,6 +71,7 @@ from aip_crewai.sidecar.worker_wire import (
     FrameError,
     FromWorker,
     Ready,
+    Refused,
     Start,
     TaskRun,
     ToWorker,
@@ -139,6 +140,9 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
     preloaded = "crewai" in sys.modules
     boot = decode_boot(boot_data)
     channel = Channel(sock, frame_bound(262_144))
+    threads = _fork_server_threads()
+    if threads:  # forked from a multi-threaded process: a lock another thread held stays held here
+        _send_and_exit(channel, Refused(threads), BOOT_FAILED_STATUS)
     try:
         registry = _boot(boot)
     except BaseException as exc:  # noqa: BLE001 - report the type only, never the text
@@ -179,6 +183,9 @@ def describe(sock: socket.socket, boot_data: bytes) -> None:
     """
     boot = decode_boot(boot_data)
     channel = Channel(sock, frame_bound(262_144))
+    threads = _fork_server_threads()
+    if threads:  # forked from a multi-threaded process: refuse before importing anything
+        _send_and_exit(channel, Refused(threads), BOOT_FAILED_STATUS)
     _prepare(boot)
     from aip_crewai.sidecar.crewai_env import import_crewai
     from aip_crewai.sidecar.registry import RegistryError, load_registry
@@ -198,11 +205,22 @@ def describe(sock: socket.socket, boot_data: bytes) -> None:
             found = preflight(registry)
             answer = Described(list(registry), {k: list(v) for k, v in found.problems.items()},
                                {k: dict(v) for k, v in found.inputs.items()})
+    _send_and_exit(channel, answer, 0)
+
+
+def _send_and_exit(channel: Channel, message: FromWorker, status: int) -> NoReturn:
     try:
-        channel.send(answer)
+        channel.send(message)
     except OSError:
         pass
-    _exit(0)
+    _exit(status)
+
+
+def _fork_server_threads() -> list[str]:
+    """The threads the fork server had besides its main one (``operations/_preload.FORK_SERVER_THREADS``);
+    ``[]`` when it did not preload (nothing is imported here then: the worker's own count says nothing)."""
+    preload = sys.modules.get("aip_crewai.sidecar.operations._preload")
+    return list(getattr(preload, "FORK_SERVER_THREADS", []))
 
 
 def _prepare(boot: Boot) -> None:
@@ -224,7 +242,7 @@ def _boot(boot: Boot) -> dict[str, Any]:
 
     _prepare(boot)
     import_crewai()
-    registry = dict(load_registry(boot.registry))
+    registry = dict(load_registry(boot.registry))  # after the fork: its threads start here (workers.start_forkserver)
     from aip_crewai.sidecar.operations import _preload
 
     try:  # the copy-on-write cost of a first kickoff, paid while idle (operations/_preload.py)
@@ -263,7 +281,7 @@ def run_job(registry: dict[str, Any], start: Start, channel: Channel) -> Done | 
         return Failed("JobCancelled", cancelled=True, stop_observed=True, dropped=chunks.dropped)
     except SafeJobError as exc:
         return Failed(exc.error_type, str(exc.message)[:MAX_MESSAGE_CHARS], exc.before_any_effect,
-                      dropped=chunks.dropped)
+                      dropped=chunks.dropped, uncertain=exc.uncertain)
     except BaseException as exc:  # noqa: BLE001 - only the class is published
         return Failed(type(exc).__name__, stop_observed=ctx.stop_observed, dropped=chunks.dropped)
     try:

@@ -97,6 +97,13 @@ class Ready(msgspec.Struct, frozen=True, tag="ready"):
     pid: int
 
 
+class Refused(msgspec.Struct, frozen=True, tag="refused"):
+    """The worker will run no job: the fork server it was forked from had ``threads`` besides its main one
+    (a lock one of them held stays held in the worker; ``workers.start_forkserver``)."""
+
+    threads: list[str]
+
+
 class Chunk(msgspec.Struct, frozen=True, tag="chunk"):
     """One chunk payload ``{"content", "channel", "task_id"?, "agent_role"?}``."""
 
@@ -134,6 +141,7 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
         cancelled: the job stopped on its cancel (``JobCancelled`` or a cancelled task).
         stop_observed: ``ctx.stop_observed``.
         dropped: chunks dropped at the per-job event bound.
+        uncertain: ``SafeJobError.uncertain`` (None: the runtime derives ``uncertain_outcome``).
     """
 
     error_type: str
@@ -142,6 +150,7 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
     cancelled: bool = False
     stop_observed: bool = False
     dropped: int = 0
+    uncertain: bool | None = None
 
 
 class Described(msgspec.Struct, frozen=True, tag="described"):
@@ -164,7 +173,7 @@ class Described(msgspec.Struct, frozen=True, tag="described"):
 
 
 ToWorker = Start | Cancel | TaskRun
-FromWorker = Ready | Chunk | FindTaskRun | Done | Failed | Described
+FromWorker = Ready | Refused | Chunk | FindTaskRun | Done | Failed | Described
 
 _ENCODER = msgspec.msgpack.Encoder()
 _TO_WORKER = msgspec.msgpack.Decoder(ToWorker)

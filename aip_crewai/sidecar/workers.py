@@ -8,7 +8,9 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
 - **Fork server.** :func:`start_forkserver` starts multiprocessing's fork
   server right after CrewAI's environment is set (in parallel with the
   sidecar's own CrewAI import); it imports CrewAI and the operations once
-  (``operations/_preload.py``). Workers fork from it, not from the sidecar,
+  (``operations/_preload.py``), never the crew registry (which may start
+  threads: each worker imports it after the fork; :func:`start_forkserver`).
+  Workers fork from it, not from the sidecar,
   whose event loop and threads make a plain ``fork`` unsafe. A worker is
   ready in about 10 ms and shares the fork server's pages.
 - **Pool.** ``--max-concurrency`` workers exist at any time, booted ahead of
@@ -63,6 +65,7 @@ from aip_crewai.sidecar.worker_wire import (
     FrameError,
     FromWorker,
     Ready,
+    Refused,
     Start,
     TaskRun,
     ToWorker,
@@ -85,24 +88,26 @@ RESPAWN_DELAY_SECONDS, MAX_RESPAWN_DELAY_SECONDS = 0.5, 10.0
 REAP_SECONDS = 10.0
 
 
-def start_forkserver(registry: str | None = None) -> BaseContext:
+def start_forkserver() -> BaseContext:
     """Start the worker fork server now (it imports CrewAI in the background) and return its context.
 
     Call after ``crewai_env.prepare_crewai_environment`` and
     ``capture_crewai_prints``: the fork server inherits the environment and
     file descriptors 1 and 2 of this moment.
 
-    Args:
-        registry: ``--registry`` (``module:attribute``); its module is imported
-            by the fork server too (before the CrewAI warm-up), so a worker
-            does not import it again. A module that fails there is imported
-            (and its failure reported) by each worker.
+    The crew registry is *not* preloaded: a registry module may start threads
+    at import (an SDK's metrics flusher, an exporter), and a process forked
+    while another thread holds a lock inherits the lock held forever (a job that
+    needs it hangs until its timeout). The fork server imports only CrewAI and our own
+    modules and records any thread left besides its main one
+    (``operations/_preload.FORK_SERVER_THREADS``); each worker imports the
+    registry after the fork (its threads start in the worker, where they are
+    safe) and refuses to boot if the fork server was not single-threaded.
 
     Source: ARCHITECTURE.md §5 (isolation).
     """
     context = multiprocessing.get_context("forkserver")
-    module = registry.split(":", 1)[0].strip() if registry else ""
-    context.set_forkserver_preload([module, *PRELOAD] if module else PRELOAD)
+    context.set_forkserver_preload(PRELOAD)
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
@@ -111,6 +116,18 @@ def start_forkserver(registry: str | None = None) -> BaseContext:
 
 class WorkerStartFailed(RuntimeError):
     """The pool could not start its workers (the sidecar stops: exit 1)."""
+
+
+class ForkServerThreaded(WorkerStartFailed):
+    """The fork server had threads besides its main one: no worker may be forked from it (the sidecar
+    refuses to start: one line, exit 2)."""
+
+    def __init__(self, threads: list[str]) -> None:
+        names = ", ".join(threads[:8]) + (f" and {len(threads) - 8} more" if len(threads) > 8 else "")
+        super().__init__(f"the job worker fork server runs {len(threads)} thread(s) besides its main one ({names}); "
+                         "workers forked from it could inherit a lock held forever. Something it imports starts "
+                         "them: set OPENBLAS_NUM_THREADS=1 for numpy's, or use --isolation inprocess")
+        self.threads = threads
 
 
 def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT_TIMEOUT_SECONDS) -> Described:
@@ -124,6 +141,7 @@ def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT
         the :class:`~worker_wire.Described` answer (``refused`` / ``import_failed`` set when refused).
 
     Raises:
+        ForkServerThreaded: the fork server had threads besides its main one (the check refused to run).
         WorkerStartFailed: no answer (the process died, timed out or sent a bad frame); the message names
             its exit status.
 
@@ -149,6 +167,8 @@ def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT
         if process.exitcode is None:
             process.kill()
             process.join(REAP_SECONDS)
+    if isinstance(answer, Refused):
+        raise ForkServerThreaded(answer.threads)
     if not isinstance(answer, Described):
         raise WorkerStartFailed(f"the registry check process ended without an answer "
                                 f"({describe_exit(process.exitcode)})")
@@ -268,6 +288,7 @@ class WorkerPool:
         self._processes: set[Any] = set()  # every worker process started and not yet known to be reaped
         self._spawning: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._started = False
         self._failures = 0
         self.started_total = 0
         self.killed_total = 0
@@ -281,6 +302,8 @@ class WorkerPool:
         Raises:
             WorkerStartFailed: a worker could not boot (its log line says why).
         """
+        if self._started:
+            return
         if self._context is None:
             self._context = start_forkserver()
         # Before multiprocessing's own exit hook, which joins every child: never wait on a worker at exit.
@@ -289,7 +312,11 @@ class WorkerPool:
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             await self.close()
+            threaded = next((r for r in failed if isinstance(r, ForkServerThreaded)), None)
+            if threaded is not None:
+                raise threaded
             raise WorkerStartFailed(f"{len(failed)} of {self.size} job workers could not start ({failed[0]})")
+        self._started = True
         log.info("workers_ready", workers=self.size)
 
     async def close(self) -> None:
@@ -364,6 +391,8 @@ class WorkerPool:
         if not isinstance(ready, Ready):
             code = await worker.reap()
             self._alive.discard(worker)
+            if isinstance(ready, Refused):
+                raise ForkServerThreaded(ready.threads)
             raise WorkerStartFailed(f"a job worker did not boot ({describe_exit(code)})")
         self.started_total += 1
         self._idle.put_nowait(worker)
@@ -496,7 +525,7 @@ class _Job:
                 raise JobCancelled(f"job {ctx.action_id} was cancelled")
             ctx.stop_observed = ctx.stop_observed or message.stop_observed
             raise SafeJobError(message.message or GENERIC_FAILURE, error_type=message.error_type,
-                               before_any_effect=message.before_any_effect)
+                               before_any_effect=message.before_any_effect, uncertain=message.uncertain)
         raise SafeJobError("the worker process sent an unexpected message", error_type="WorkerProtocolError",
                            uncertain=True)
 

@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-SUITES = sorted([*TESTS.glob("integration/test_*.py"), *TESTS.glob("reliability/test_*.py")])
+SUITES = sorted([*TESTS.glob("integration/test_*.py"), *TESTS.glob("reliability/test_*.py"),
+                 *TESTS.glob("realcrews/test_*.py")])
 #: How the suites start a host: ``host_process.start_host``/``write_config``, ``relkit.Processes.host``/
-#: ``launch_host``, and the reliability ``stack`` fixture (sidecar and host processes).
-HOST_STARTERS = re.compile(r"\bstart_host\(|\bwrite_config\(|\bprocs\.(?:launch_)?host\(|def test_\w+\([^)]*\bstack\b")
+#: ``launch_host``, the reliability ``stack`` fixture (sidecar and host processes) and the real-crew suite's
+#: ``deployment`` fixture / ``start_deployment`` (``tests/realcrews/realkit.py``).
+HOST_STARTERS = re.compile(r"\bstart_host\(|\bwrite_config\(|\bprocs\.(?:launch_)?host\(|\bstart_deployment\("
+                           r"|def test_\w+\([^)]*\b(?:stack|deployment)\b")
 
 
 @pytest.mark.parametrize("path", SUITES, ids=lambda p: f"{p.parent.name}/{p.name}")

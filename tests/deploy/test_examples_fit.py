@@ -25,15 +25,25 @@ def _env_file(path: Path) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
+#: (host config, sidecar env file): the shipped deployment and the real-crew example deployment (whose env file
+#: puts its crew module's directory on ``PYTHONPATH``, relative to the repository root).
+DEPLOYMENTS = [(REPO / "host" / "host.example.toml", REPO / "sidecar" / "sidecar.env.example"),
+               (REPO / "examples" / "realcrews" / "host.toml", REPO / "examples" / "realcrews" / "sidecar.env")]
+
+
 @pytest.mark.processes
 @pytest.mark.timeout(120)
-def test_the_host_example_admits_only_crews_and_operations_the_sidecar_example_serves() -> None:
-    host = tomllib.loads((REPO / "host" / "host.example.toml").read_text())
-    crews = json.loads((REPO / "host" / host["crews"]["file"]).read_text())
-    sidecar = _env_file(REPO / "sidecar" / "sidecar.env.example")
+@pytest.mark.parametrize(("host_toml", "env_file"), DEPLOYMENTS, ids=["shipped", "realcrews"])
+def test_the_host_example_admits_only_crews_and_operations_the_sidecar_example_serves(host_toml: Path,
+                                                                                    env_file: Path) -> None:
+    host = tomllib.loads(host_toml.read_text())
+    crews = json.loads((host_toml.parent / host["crews"]["file"]).read_text())
+    sidecar = _env_file(env_file)
     module, attribute = sidecar["AIP_CREWAI_REGISTRY"].split(":")
+    path = [str(REPO / entry) for entry in sidecar.get("PYTHONPATH", "").split(":") if entry]
     served = json.loads(subprocess.run(  # imports CrewAI: in a child process
-        [sys.executable, "-c", f"import json, {module} as m; print(json.dumps(sorted(m.{attribute})))"],
+        [sys.executable, "-c", f"import json, sys; sys.path[:0] = {path!r}; import {module} as m; "
+                               f"print(json.dumps(sorted(m.{attribute})))"],
         cwd=REPO, capture_output=True, check=True, timeout=100).stdout)
     allowed = set(sidecar["AIP_CREWAI_ALLOWED_OPERATIONS"].split(",")) | ALWAYS
     assert {crew["id"] for crew in crews} <= set(served)
@@ -54,4 +64,6 @@ def test_the_distribution_ships_one_top_level_package() -> None:
     top_level = {path.parent.name for path in REPO.glob("*/__init__.py")}
     shipped = {name for name in top_level if any(fnmatch.fnmatchcase(name, pattern) for pattern in find["include"])}
     assert shipped == {"aip_crewai"}
-    assert (REPO / "aip_crewai" / "examples" / "__init__.py").is_file() and not (REPO / "examples").exists()
+    assert (REPO / "aip_crewai" / "examples" / "__init__.py").is_file()
+    # the top-level examples/ holds example deployments (configs + crew modules put on PYTHONPATH), no package
+    assert not list(REPO.glob("examples/**/__init__.py"))

@@ -70,6 +70,7 @@ def test_failed_event_maps_to_execution_failed_with_details():
     assert result.error.details["uncertain_outcome"] is True
     assert result.error.details["operation"] == "run"
     assert result.error.details["event"]["error_type"] == "RuntimeError"
+    assert result.error.message == "the crew failed (RuntimeError): crew failed"
     assert result.error.retryable is False
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 import uuid
@@ -182,3 +183,27 @@ def test_example_registries_expose_the_documented_crew_ids(crewai_state_dir: Pat
 def test_registry_module_does_not_import_crewai() -> None:
     source = Path(__import__("aip_crewai.sidecar.registry").sidecar.registry.__file__).read_text()
     assert "import crewai" not in source and "from crewai" not in source
+
+
+def test_locate_registry_finds_a_module_without_importing_it_or_its_packages():
+    import subprocess
+
+    code = ("import sys; from aip_crewai.sidecar.registry import locate_registry; "
+            "print(locate_registry('aip_crewai.examples.testing:CREWS')); "
+            "print('aip_crewai.examples' in sys.modules, 'crewai' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    origin, imported = done.stdout.splitlines()
+    assert origin.endswith("aip_crewai/examples/testing.py") and imported == "False False"
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("no_such_module_xyz:CREWS", "no module 'no_such_module_xyz' on the Python path"),
+    ("aip_crewai.no_such_xyz:CREWS", "no module 'aip_crewai.no_such_xyz'"),
+    ("aip_crewai.log.inner:CREWS", "'aip_crewai.log' is a module, not a package"),
+    ("no colon", "must look like"),
+])
+def test_locate_registry_refuses_what_cannot_be_imported(spec, message):
+    from aip_crewai.sidecar.registry import locate_registry
+
+    with pytest.raises(RegistryError, match=re.escape(message)):
+        locate_registry(spec)

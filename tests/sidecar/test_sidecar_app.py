@@ -43,6 +43,7 @@ async def test_health_reports_crews_limits_and_operations(tmp_path):
 @pytest.mark.parametrize("method,path", [
     ("GET", "/health"), ("POST", "/jobs"), ("POST", "/jobs/stream"), ("GET", "/jobs/a"),
     ("GET", "/jobs/a/events"), ("POST", "/jobs/a/cancel"), ("DELETE", "/jobs/a"), ("GET", "/nowhere"),
+    ("POST", "/runs"), ("POST", "/runs/stream"), ("GET", "/runs/a"), ("POST", "/runs/a/cancel"),
 ])
 async def test_every_route_requires_the_bearer_token(tmp_path, method, path):
     async with running_app(tmp_path) as (client, _app, fake):
@@ -404,3 +405,24 @@ async def test_an_input_nested_past_the_shared_bound_is_422_before_hashing(tmp_p
         ok = await client.post("/jobs", json=job("ok", "echo", "run", nested(MAX_INPUT_DEPTH)), headers=KEY)
     assert deep.status_code == 422 and "nested deeper" in deep.json()["detail"]
     assert ok.status_code == 200 and len(fake.calls) == 1
+
+
+async def test_the_reference_legacy_run_routes_answer_as_the_job_routes(tmp_path):
+    async with running_app(tmp_path) as (client, _app, fake):
+        blocking = await client.post("/runs", json=job("l1", input={"chunks": 2}), headers=KEY)
+        legacy_view, view = (await client.get("/runs/l1")).json(), (await client.get("/jobs/l1")).json()
+        streamed = await client.post("/runs/stream", json={**job("l2"), "operation": "run"}, headers=KEY)
+        defaulted = await client.post("/runs", json={"crew_id": "echo", "action_id": "l3", "input": {}}, headers=KEY)
+        cancel = await client.post("/runs/l1/cancel", json={"crew_id": "echo", "action_id": "l1"})
+        mismatch = await client.post("/runs/l1/cancel", json={"crew_id": "echo", "action_id": "other"})
+        calls = len(fake.calls)
+        other = await client.post("/runs", json=job("l4", operation="replay", input={"task_id": "t"}), headers=KEY)
+        other_stream = await client.post("/runs/stream", json=job("l5", operation="batch_run"), headers=KEY)
+    assert blocking.status_code == 200 and blocking.json()["tasks_output"][0]["task_id"] == "task-l1-0"
+    assert legacy_view == view and view["status"] == "completed"
+    assert [e["event"] for e in sse_events(streamed.content)][-1] == "completed"
+    assert defaulted.status_code == 200
+    assert cancel.status_code == 200 and cancel.json()["status"] == "completed" and mismatch.status_code == 400
+    for refused in (other, other_stream):
+        assert refused.status_code == 400 and refused.json() == {"detail": "legacy run route only accepts run"}
+    assert len(fake.calls) == calls == 3

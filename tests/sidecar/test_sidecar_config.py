@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 
 import pytest
 
@@ -103,10 +104,12 @@ def test_invalid_environment_values_name_the_setting(base):
         load_settings(base, {"AIP_CREWAI_MAX_EVENT_BYTES": "big"})
 
 
-def test_journal_directory_must_exist_before_anything_creates_it(tmp_path, base):
-    with pytest.raises(ConfigError, match=r"^--journal \(AIP_CREWAI_STATE_FILE\): the directory .* does not exist"):
-        load_settings([*base, "--journal", str(tmp_path / "missing" / "j.db")], {})
-    assert not (tmp_path / "missing").exists()
+def test_a_missing_journal_directory_is_created_0700_as_the_reference_does(tmp_path, base):
+    settings = load_settings([*base, "--journal", str(tmp_path / "missing" / "deeper" / "j.db")], {})
+    for directory in (tmp_path / "missing", tmp_path / "missing" / "deeper"):
+        assert directory.is_dir() and stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert [event for event, _ in settings.warnings] == ["journal_dir_created"]
+    assert settings.state_dir == tmp_path / "missing" / "deeper"
     with pytest.raises(ConfigError, match="--state-dir .* does not exist"):
         load_settings([*base, "--state-dir", str(tmp_path / "nostate")], {})
 

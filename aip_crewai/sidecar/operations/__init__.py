@@ -14,6 +14,11 @@ Memory and Knowledge CrewAI builds for the job is private to its
 ``(tenant, crew)`` (README "Tenant-scoped crew state"), and with a
 human-input provider that never reads stdin (``train`` sets its own).
 
+What CrewAI swallows during the job (a knowledge search or memory failure it
+ran on without, a tool error) and the model provider's errors become typed
+failures here, at one boundary (:mod:`._swallowed`): a degraded run is never
+``completed``; a completed output lists its ``tool_errors``.
+
 Source: ARCHITECTURE.md §3 (operation catalogue), §4 (outputs), §5 (execution).
 """
 
@@ -46,7 +51,11 @@ async def execute(
     Raises:
         ValueError: ``operation`` names no operation module.
         asyncio.CancelledError: the job's task was cancelled (propagated).
-        Exception: whatever CrewAI raised; the runtime publishes only its
+        SafeJobError: ``KnowledgeSearchFailed`` / ``MemoryFailed`` (CrewAI
+            ran on without them), ``ProviderError`` (an HTTP status) or
+            ``ProviderUnreachable`` (a connection failure); a failure after a
+            tool error names the tool and its exception type.
+        Exception: whatever else CrewAI raised; the runtime publishes only its
             class with a fixed message.
     """
     module = _operation_module(operation)
@@ -55,8 +64,21 @@ async def execute(
 
     # The whole operation runs in the job's (tenant, crew) namespace: CrewAI may build
     # Memory/Knowledge again after construction (pydantic re-validates a crew on assignment).
+    from aip_crewai.sidecar.operations import _swallowed
+
     with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant), no_human_input():
-        result: dict[str, Any] = await module.execute(source, input, ctx)
+        try:
+            result: dict[str, Any] = await module.execute(source, input, ctx)
+        except Exception as exc:  # the one boundary where CrewAI's and providers' errors become ours
+            typed = _swallowed.failure(exc, ctx)
+            if typed is None:
+                raise
+            raise typed from exc
+    degraded = _swallowed.degraded_error(ctx)  # CrewAI carried on without knowledge or memory: not a success
+    if degraded is not None:
+        raise degraded
+    if _swallowed.tool_errors(ctx):
+        result = {**result, "tool_errors": _swallowed.tool_errors(ctx)}
     return result
 
 

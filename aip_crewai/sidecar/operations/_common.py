@@ -38,6 +38,7 @@ from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 from crewai.hooks.tool_hooks import get_before_tool_call_hooks, register_before_tool_call_hook
 
 from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.operations import _swallowed
 
 log = structlog.get_logger(__name__)
 
@@ -47,6 +48,8 @@ _current_job: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar
 
 DEFAULT_MAX_DEPTH = 8
 DEFAULT_MAX_ITEMS = 200
+#: The chunk channel of CrewAI's own model calls (no task): published as ``progress`` (:func:`chunk_data`).
+INTERNAL_CHANNEL = "internal"
 
 
 # --------------------------------------------------------------------------- scope
@@ -94,14 +97,19 @@ def _make_sink(ctx: JobContext) -> Any:
     CrewAI calls it for *every* event emitted in the job's context; only
     stream chunks are forwarded (never failure events: their text may hold
     provider secrets), and none once the job's cancel flag is set (a worker
-    thread may still finish its chunk after the job ended). It never raises
-    (an exception would break the emitter).
+    thread may still finish its chunk after the job ended). Every other event
+    goes to ``_swallowed.note``, which records the failures CrewAI carries on
+    from (a knowledge search, memory, a tool). It never raises (an exception
+    would break the emitter).
     """
 
     def sink(_source: Any, event: Any) -> None:
-        if not isinstance(event, LLMStreamChunkEvent) or ctx.cancel_flag.is_set():
-            return
         try:
+            if not isinstance(event, LLMStreamChunkEvent):
+                _swallowed.note(ctx, event)  # a failure CrewAI emits and carries on from
+                return
+            if ctx.cancel_flag.is_set():
+                return
             data = chunk_data(event)
             if data is not None:
                 ctx.emit_chunk(data)
@@ -124,10 +132,14 @@ def chunk_data(event: Any) -> dict[str, Any] | None:
     Returns:
         ``{"content", "channel", "task_id"?, "agent_role"?}``; channel ``tools``
         when the chunk is part of a native tool call (content: the arguments
-        fragment, or the tool name when the fragment is empty), else ``llm``.
+        fragment, or the tool name when the fragment is empty); ``llm`` for an
+        agent's answer to its task; :data:`INTERNAL_CHANNEL` for a model call
+        CrewAI makes for itself, outside any task (the knowledge query rewrite,
+        ``agent/core.py::_get_knowledge_search_query``; memory analysis), which
+        the host publishes as ``progress``, never as the answer's ``data``.
     """
     content = event.chunk or ""
-    channel = "llm"
+    channel = "llm" if event.task_id else INTERNAL_CHANNEL
     if event.tool_call is not None:
         channel = "tools"
         if not content:
@@ -292,7 +304,8 @@ def unavailable_knowledge(crew: Any) -> list[str]:
 KNOWLEDGE_PROBE = "knowledge probe"
 
 
-def strict_search(storage: KnowledgeStorage, query: list[str], limit: int, threshold: float) -> list[Any]:
+def strict_search(storage: KnowledgeStorage, query: list[str], limit: int, threshold: float,
+                  metadata_filter: dict[str, Any] | None = None) -> list[Any]:
     """``KnowledgeStorage.search`` of CrewAI 1.15.5 without its catch-all ``except`` (same arguments).
 
     Raises:
@@ -304,7 +317,7 @@ def strict_search(storage: KnowledgeStorage, query: list[str], limit: int, thres
     name = f"knowledge_{storage.collection_name}" if storage.collection_name else "knowledge"
     text = " ".join(query) if len(query) > 1 else query[0]
     results: list[Any] = storage._get_client().search(
-        collection_name=name, query=text, limit=limit, metadata_filter=None, score_threshold=threshold)
+        collection_name=name, query=text, limit=limit, metadata_filter=metadata_filter, score_threshold=threshold)
     return results
 
 
@@ -318,16 +331,45 @@ def refuse_unavailable_knowledge(crew: Any) -> None:
         raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable", before_any_effect=True)
 
 
+#: Published when memory cannot be used (never the embedder's text).
+MEMORY_UNAVAILABLE = ("the crew's memory cannot be used (its embedder failed to initialise or to embed); the "
+                      "error text is withheld")
+#: The text of the memory probe (one embedding by the memory's embedder).
+MEMORY_PROBE = "memory probe"
+
+
+def unavailable_memory(crew: Any) -> bool:
+    """Whether the crew has CrewAI memory (``memory=True`` or a ``Memory``) whose embedder cannot embed.
+
+    CrewAI builds the memory's embedder lazily, on the first recall or save,
+    and a failure there is only emitted (``Memory*FailedEvent``) while the
+    run goes on; so the embedder is built and asked for one embedding of
+    :data:`MEMORY_PROBE` (``memory/unified_memory.py::Memory._embedder``).
+    """
+    memory = getattr(crew, "_memory", None)
+    if memory is None or not hasattr(type(memory), "_embedder"):
+        return False
+    from crewai.memory.types import embed_text
+
+    try:
+        return not embed_text(memory._embedder, MEMORY_PROBE)
+    except Exception:  # noqa: BLE001 - the text can hold secrets; the code says it all
+        return True
+
+
 def refuse_unusable_crew(crew: Any) -> None:
-    """:func:`refuse_human_input`, :func:`refuse_unconfigured_llms` and
-    :func:`refuse_unavailable_knowledge`, in that order.
+    """:func:`refuse_human_input`, :func:`refuse_unconfigured_llms`,
+    :func:`refuse_unavailable_knowledge` and an unusable memory, in that order.
 
     Raises:
-        SafeJobError: ``HumanInputUnsupported``, ``LlmUnconfigured`` or ``KnowledgeUnavailable``.
+        SafeJobError: ``HumanInputUnsupported``, ``LlmUnconfigured``, ``KnowledgeUnavailable`` or
+            ``MemoryUnavailable``.
     """
     refuse_human_input(crew)
     refuse_unconfigured_llms(crew)
     refuse_unavailable_knowledge(crew)
+    if unavailable_memory(crew):
+        raise SafeJobError(MEMORY_UNAVAILABLE, error_type="MemoryUnavailable", before_any_effect=True)
 
 
 # ------------------------------------------------------------------- model configuration

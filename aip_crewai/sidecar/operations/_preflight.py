@@ -18,6 +18,9 @@ Codes:
   CrewAI could not build its knowledge (a broken embedder, no provider key
   for the default one); CrewAI itself would only print the error and run
   without retrieval.
+- ``memory_unavailable``: the crew has CrewAI memory whose embedder cannot
+  embed (``_common.unavailable_memory``); CrewAI would only emit the failure
+  and run without recall; jobs fail ``MemoryUnavailable``.
 - ``human_input``: a task has ``human_input=True`` (the sidecar never reads
   standard input).
 - ``build_failed``: the factory raised, or returned no crew (the error text
@@ -37,7 +40,7 @@ from typing import Any
 import structlog
 from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 
-from aip_crewai.sidecar.operations._common import unavailable_knowledge, unconfigured_llms
+from aip_crewai.sidecar.operations._common import unavailable_knowledge, unavailable_memory, unconfigured_llms
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace, namespace_storage_dir
 from aip_crewai.sidecar.registry import CrewSource
 from aip_crewai.sidecar.tenancy import namespace_key
@@ -105,6 +108,8 @@ def check(source: CrewSource) -> tuple[list[str], dict[str, Any] | None]:
                 found.append("llm_unconfigured")
             if unavailable_knowledge(crew):
                 found.append("knowledge_unavailable")
+            if unavailable_memory(crew):
+                found.append("memory_unavailable")
             if any(getattr(task, "human_input", False) for task in getattr(crew, "tasks", None) or []):
                 found.append("human_input")
             return found, crew_inputs(crew)

@@ -172,3 +172,22 @@ if _ready:
     # collection there does not write to (and copy) the pages they share with the fork server.
     gc.collect()
     gc.freeze()
+
+
+def other_threads() -> list[str]:
+    """Threads of this process besides the calling one: Python threads by name, plus
+    ``native-thread-<n>`` for OS threads Python does not know (``/proc/self/task``, Linux)."""
+    import os
+    import threading
+
+    names = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+    try:
+        native = len(os.listdir("/proc/self/task")) - 1 - len(names)
+    except OSError:
+        native = 0
+    return names + [f"native-thread-{n}" for n in range(1, native + 1)]
+
+
+#: The threads the fork server had besides its main one once it preloaded (``[]``: safe to fork); a worker
+#: inherits this value and refuses to boot when it is not empty (``worker._boot``).
+FORK_SERVER_THREADS: list[str] = other_threads()

@@ -5,9 +5,11 @@ Input ``{query: [str], results_limit=3, score_threshold=0.35}``; output
 metadata, score}``) each passed through ``to_bounded_json``; CrewAI's None
 ("the crew has no knowledge") becomes ``[]``.
 
-- The SYNC ``Crew.query_knowledge`` runs in a worker thread:
-  ``aquery_knowledge`` silently returns ``[]`` with the default synchronous
-  Chroma client (``KnowledgeStorage.asearch`` swallows the TypeError).
+- The SYNC ``Crew.query_knowledge`` runs in a worker thread: CrewAI's own
+  ``aquery_knowledge`` returns ``[]`` with the default synchronous Chroma
+  client (``KnowledgeStorage.asearch`` swallows the TypeError); every
+  ``Knowledge`` built while the sidecar runs gets a :class:`JobKnowledgeStorage`,
+  whose async search works (the same cause broke knowledge inside runs).
 - Isolation: CrewAI names knowledge collections by fixed strings: ``"crew"``
   for every crew's ``knowledge_sources`` (``crew.py::create_crew_knowledge``)
   and the agent role for agent knowledge (``agent/core.py::set_knowledge``),
@@ -77,17 +79,57 @@ def namespace_storage_dir(namespace: str) -> Path:
     return Path(db_storage_path()) / NAMESPACES_DIR / digest
 
 
+class JobKnowledgeStorage(KnowledgeStorage):
+    """CrewAI's Chroma knowledge storage whose searches work inside ``akickoff`` and never fail silently.
+
+    Root cause (CrewAI 1.15.5): an agent's knowledge retrieval under
+    ``akickoff`` awaits ``Knowledge.aquery`` -> ``KnowledgeStorage.asearch`` ->
+    ``ChromaDBClient.asearch``, which needs an ``AsyncClientAPI``; but
+    ``KnowledgeStorage`` always builds a synchronous ``PersistentClient``
+    (``rag/chromadb/factory.py::create_client``), so every async search raised
+    ``TypeError("Asynchronous method asearch() requires an AsyncClientAPI")``,
+    which ``asearch`` logged (a traceback on the root logger) and turned into
+    "no results": the run went on without its knowledge. Here ``asearch``
+    runs the synchronous search in a worker thread when the client is
+    synchronous (``asyncio.to_thread`` carries the job's contextvars), and both
+    searches raise instead of returning ``[]`` (``_common.strict_search``):
+    CrewAI then emits ``KnowledgeSearchQueryFailedEvent``, which fails the job
+    (``_swallowed``).
+    """
+
+    def search(self, query: list[str], limit: int = 5, metadata_filter: dict[str, Any] | None = None,
+               score_threshold: float = 0.6) -> list[Any]:
+        return strict_search(self, query, limit, score_threshold, metadata_filter)
+
+    async def asearch(self, query: list[str], limit: int = 5, metadata_filter: dict[str, Any] | None = None,
+                      score_threshold: float = 0.6) -> list[Any]:
+        from crewai.rag.chromadb.utils import _is_async_client
+
+        client = getattr(self._get_client(), "client", None)
+        if client is not None and _is_async_client(client):
+            name = f"knowledge_{self.collection_name}" if self.collection_name else "knowledge"
+            text = " ".join(query) if len(query) > 1 else (query[0] if query else "")
+            if not text:
+                raise ValueError("Query cannot be empty")
+            results: list[Any] = await self._get_client().asearch(
+                collection_name=name, query=text, limit=limit, metadata_filter=metadata_filter,
+                score_threshold=score_threshold)
+            return results
+        return await asyncio.to_thread(self.search, query, limit, metadata_filter, score_threshold)
+
+
 def _namespaced_storage(embedder: Any, collection_name: str | None) -> Any:
-    """CrewAI knowledge-storage factory: private names inside a namespace."""
+    """CrewAI knowledge-storage factory: a :class:`JobKnowledgeStorage`, its name private inside a namespace.
+
+    A factory registered before ours is asked first (with the private name); its storage is used as it is.
+    """
     namespace = _namespace.get()
-    if namespace is None:
-        return _previous_factory(embedder, collection_name) if _previous_factory else None
-    name = private_collection_name(namespace, collection_name)
+    name = private_collection_name(namespace, collection_name) if namespace is not None else collection_name
     if _previous_factory is not None:
         custom = _previous_factory(embedder, name)
         if custom is not None:
             return custom
-    return KnowledgeStorage(embedder=embedder, collection_name=name)
+    return JobKnowledgeStorage(embedder=embedder, collection_name=name)
 
 
 def _namespaced_memory(spec: str) -> Any:

@@ -1,0 +1,95 @@
+"""Start-up refusals arrive before the CrewAI import: a registry module that is not on the
+path, a port that cannot be bound, a token file with a loose mode and a journal path that is a directory each
+end the sidecar with one line on stderr and exit 2 within a few seconds; a good start logs its progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from sidecar_process import launch, wait_ready
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+#: The refusals are checked before ``import crewai`` (tens of seconds on a loaded machine): well under it.
+DEADLINE_S = 5.0
+
+
+def _refusal(workdir: Path, **kwargs) -> tuple[float, list[str]]:
+    started = time.monotonic()
+    process = launch(workdir, **kwargs)
+    try:
+        status = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    elapsed = time.monotonic() - started
+    assert status == 2, (workdir / "stderr.log").read_text()
+    lines = (workdir / "stderr.log").read_text().splitlines()
+    assert not any("crewai_importing" in line for line in lines)
+    return elapsed, [line for line in lines if not line.startswith("{")]
+
+
+def test_a_registry_module_not_on_the_path_is_refused_before_the_crewai_import(tmp_path):
+    elapsed, lines = _refusal(tmp_path, args=["--registry", "no_such_realcrews_module.crews:CREWS"])
+    assert len(lines) == 1 and "no module 'no_such_realcrews_module'" in lines[0], lines
+    assert elapsed < DEADLINE_S
+
+
+def test_a_port_in_use_is_refused_before_the_crewai_import(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        elapsed, lines = _refusal(tmp_path, args=["--port", str(taken.getsockname()[1])])
+    assert len(lines) == 1 and "cannot listen" in lines[0], lines
+    assert elapsed < DEADLINE_S
+
+
+def test_a_token_file_others_can_write_is_refused_before_the_crewai_import(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("integration-token-5f1c\n")
+    token.chmod(0o666)
+    elapsed, lines = _refusal(tmp_path)
+    assert len(lines) == 1 and "token" in lines[0].lower(), lines
+    assert elapsed < DEADLINE_S
+
+
+def test_a_journal_path_that_is_a_directory_is_refused_before_the_crewai_import(tmp_path):
+    (tmp_path / "journal-dir").mkdir(mode=0o700)
+    elapsed, lines = _refusal(tmp_path, journal=tmp_path / "journal-dir")
+    assert len(lines) == 1 and "--journal" in lines[0], lines
+    assert elapsed < DEADLINE_S
+
+
+def test_a_good_start_logs_its_progress_in_order(tmp_path):
+    process = launch(tmp_path)
+    try:
+        wait_ready(process, tmp_path / "stderr.log")
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+    events = [json.loads(line).get("event") for line in (tmp_path / "stderr.log").read_text().splitlines()
+              if line.startswith("{")]
+    progress = [e for e in events if e in ("journal_checked", "crewai_importing", "crewai_ready", "sidecar_listening")]
+    assert progress == ["journal_checked", "crewai_importing", "crewai_ready", "sidecar_listening"], events
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no second thread on one core")
+def test_a_fork_server_left_with_a_second_thread_is_refused_in_one_line_naming_it(tmp_path):
+    """numpy's OpenBLAS starts a native thread per core at import unless OPENBLAS_NUM_THREADS=1 (the sidecar's
+    default); forced to 2, the fork server has a second thread and no worker may be forked from it."""
+    process = launch(tmp_path, args=["--isolation", "process"], env={"OPENBLAS_NUM_THREADS": "2"})
+    try:
+        status = process.wait(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = (tmp_path / "stderr.log").read_text()
+    assert status == 2, text
+    lines = [line for line in text.splitlines() if not line.startswith("{")]
+    assert len(lines) == 1 and "fork server runs 1 thread(s)" in lines[0] and "native-thread-1" in lines[0], lines
+    assert "sidecar_listening" not in text and "Traceback" not in text

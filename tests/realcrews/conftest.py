@@ -1,0 +1,38 @@
+"""Fixtures of the real-crew suite (helpers in ``realkit.py``, the provider in ``fake_provider.py``).
+
+- ``provider`` (session): one fake OpenAI-compatible provider; tests script it by markers unique to them.
+- ``deployment`` (session): the example deployment (sidecar with the default process isolation + host).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fake_provider import FakeProvider  # noqa: E402
+from realkit import Deployment, start_deployment  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def provider() -> Iterator[FakeProvider]:
+    fake = FakeProvider().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+@pytest.fixture(scope="session")
+def deployment(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    workdir = tmp_path_factory.mktemp("realcrews")
+    workdir.chmod(0o700)
+    started = start_deployment(workdir, provider)  # AIP_CREWAI_ISOLATION decides (default: process)
+    try:
+        yield started
+    finally:
+        started.close()
