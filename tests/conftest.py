@@ -91,15 +91,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the tests using a fixture of :data:`PROCESS_FIXTURES` or parametrized ``postgresql``; other tests that
     start one carry the mark themselves (the fast tier's guard below finds those that do not).
 
-    For ``pytest -n N --dist loadgroup`` (``make test``): a test using a module-, class- or session-scoped
-    fixture of ours (a shared sidecar, a host stack) joins its module's ``xdist_group``, so the module's tests
-    run on one worker and share that fixture; every other test is scheduled on its own."""
+    For ``pytest -n N --dist loadgroup`` (``make test``): a test using a module- or class-scoped fixture of
+    ours (a shared sidecar) joins its module's ``xdist_group``, and one using a session-scoped one (a host
+    stack) that fixture's group, so those tests run on one worker and share one copy; every other test is
+    scheduled on its own."""
     for item in items:
         fixture_info = getattr(item, "_fixtureinfo", None)
         for name, definitions in (fixture_info.name2fixturedefs.items() if fixture_info else ()):
-            if name not in SHARED_EVERYWHERE and any(d.scope != "function" and str(d.baseid).startswith("tests")
-                                                     for d in definitions):
-                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            shared = [d for d in definitions if d.scope != "function" and str(d.baseid).startswith("tests")]
+            if name not in SHARED_EVERYWHERE and shared:
+                # a session fixture groups every module using it; a module or class fixture its module
+                group = f"{shared[-1].baseid}::{name}" if shared[-1].scope == "session" else item.nodeid.split("::")[0]
+                item.add_marker(pytest.mark.xdist_group(group))
                 break
         fixtures = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)
