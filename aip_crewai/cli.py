@@ -26,7 +26,7 @@ DEFAULT_CONTRACTS_DIR = Path(__file__).resolve().parent.parent / "contracts"
 
 def _contracts(args: argparse.Namespace) -> int:
     from .contracts import artifacts
-    from .host.openapi import artifact as openapi_artifact
+    from .host.http.openapi import artifact as openapi_artifact
 
     root = Path(args.dir)
     extra = dict([openapi_artifact()])

@@ -51,7 +51,7 @@ from typing import Any
 import httpx
 
 from aip_crewai.contracts import operations as ops
-from aip_crewai.host.normalize import StreamNormalizer
+from aip_crewai.host.actions.normalize import StreamNormalizer
 from aip_crewai.sse import SSEDecoder
 from bench.common import (
     AIP_CONTENT_TYPE,

@@ -81,9 +81,9 @@ from ..contracts.inputs import has_control_characters
 from ..files import FileTooLarge, NotRegularFile, read_regular
 from ..keys import SecretFileError, read_token
 from ..loopback import is_loopback
-from .admission import AdmissionError, CrewDescriptor, load_descriptors
-from .view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
-from .view_cache import MAX_ENTRIES as MAX_STATUS_CACHE_ENTRIES
+from .crews.descriptors import AdmissionError, CrewDescriptor, load_descriptors
+from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
+from .sidecars.view_cache import MAX_ENTRIES as MAX_STATUS_CACHE_ENTRIES
 
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024

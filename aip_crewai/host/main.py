@@ -30,8 +30,8 @@ import structlog
 from ..log import configure_logging
 from ..storage import release_lock
 from .config import ConfigError, Settings, load_settings
-from .store_schema import PostgresHostLock
-from .store import (
+from .store.records import PostgresHostLock
+from .store.store import (
     InsecureStorePath,
     StoreError,
     StoreLocked,
@@ -75,9 +75,9 @@ def load(config: str) -> Settings:
 
 def own_store(settings: Settings) -> tuple[Callable[[], None], PostgresHostLock | None]:
     """Own the store for this process; returns ``(release, host_lock)``. A SQLite store: an exclusive
-    lock on ``<store>.lock`` (:func:`~aip_crewai.host.store.lock_store`; ``host_lock`` None); a PostgreSQL
+    lock on ``<store>.lock`` (:func:`~aip_crewai.host.store.store.lock_store`; ``host_lock`` None); a PostgreSQL
     store, shared by several hosts: a session advisory lock on this host's id
-    (:class:`~aip_crewai.host.store_schema.PostgresHostLock`, re-checked by :func:`guard_host_lock`).
+    (:class:`~aip_crewai.host.store.records.PostgresHostLock`, re-checked by :func:`guard_host_lock`).
     Either lives as long as the process. Raises StoreLocked, InsecureStorePath or UnusableStore (all exit 2)."""
     if isinstance(settings.store_path, Path):
         fd = lock_store(settings.store_path)
@@ -146,7 +146,7 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
     from hypercorn.utils import LifespanFailureError
 
     from ..serving import hypercorn_config, hypercorn_logger
-    from .app import create_app
+    from .http.app import create_app
 
     config = hypercorn_config([f"fd://{sock.fileno()}"],  # timeouts, header bound, no h2c (README "Security")
                               errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_S)

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import ConnectorRemoteTemporary, IdempotencyConflict
-from aip_crewai.host.auth import authenticate
+from aip_crewai.host.auth.principals import authenticate
 
 from hostkit import bearer, running
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from aip_crewai.host import approval_stream
+from aip_crewai.host.http import approval_stream
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running, submit_action
 from ssekit import open_stream

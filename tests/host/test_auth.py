@@ -9,8 +9,8 @@ import pytest
 
 from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import Forbidden, Unauthenticated
-from aip_crewai.host.auth import Authenticator, Principal, require_role, signed_bytes
-from aip_crewai.host.store import Store
+from aip_crewai.host.auth.principals import Authenticator, Principal, require_role, signed_bytes
+from aip_crewai.host.store.store import Store
 
 from hostkit import NOW, TOKENS, bearer, envelope, running, sign
 
@@ -48,7 +48,7 @@ async def test_missing_or_wrong_bearer_is_401(auth, header):
 
 async def test_every_hash_is_compared(auth, monkeypatch):
     """No early exit: all configured hashes are compared whatever matches."""
-    import aip_crewai.host.auth as module
+    import aip_crewai.host.auth.principals as module
 
     calls = []
     real = module.hmac.compare_digest

@@ -8,9 +8,9 @@ import pytest
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import NotCancellable
-from aip_crewai.host.dispatch import Dispatcher, Job
-from aip_crewai.host.readiness import DEFAULT_CANCELLABLE, published_cancellable
-from aip_crewai.host.sidecar_client import SidecarClient
+from aip_crewai.host.actions.dispatch import Dispatcher, Job
+from aip_crewai.host.sidecars.readiness import DEFAULT_CANCELLABLE, published_cancellable
+from aip_crewai.host.sidecars.client import SidecarClient
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running
 

@@ -328,7 +328,7 @@ def test_main_exits_2_in_one_line_when_the_store_cannot_be_opened_at_start_up(ho
                                                                               monkeypatch):
     """A store that fails while the app opens it (e.g. a PostgreSQL pool not filled in time: more pooled
     connections than the server allows) is one line on stderr and exit 2, like every other unusable store."""
-    from aip_crewai.host.store import Store, StoreError
+    from aip_crewai.host.store.store import Store, StoreError
 
     async def refuse(*args, **kwargs):
         raise StoreError("the PostgreSQL store's 64 pooled connections were not ready within 10 s")

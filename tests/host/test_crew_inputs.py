@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from aip_crewai.contracts.artifacts import input_schema
 from aip_crewai.contracts.errors import InvalidInput
 from aip_crewai.contracts.operations import get
-from aip_crewai.host.crew_inputs import (
+from aip_crewai.host.crews.inputs import (
     MAX_PLACEHOLDERS,
     CrewInputs,
     check_crew_inputs,

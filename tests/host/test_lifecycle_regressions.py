@@ -153,7 +153,7 @@ async def test_a_start_refused_until_the_dispatch_deadline_fails_with_a_certain_
 async def test_a_store_open_cancelled_mid_connect_closes_its_connection(tmp_path, monkeypatch):
     """Regression: cancelling `Store.open` while SQLite was connecting leaked the connection and its
     thread; the sidecar's journal open did not. Both now use one cancel-safe worker start."""
-    from aip_crewai.host import store as store_module
+    from aip_crewai.host.store import store as store_module
 
     started, gate, closed = threading.Event(), threading.Event(), threading.Event()
     real_connect = store_module._connect
@@ -234,8 +234,8 @@ async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journa
     `uncertain_outcome: true` whose sidecar job the journal calls `failed`, `uncertain_outcome: false`
     (queued, never ran) reads as the journal's result on the next GET, and is then final."""
     from aip_crewai.contracts.errors import ConnectorCancelledUnconfirmed
-    from aip_crewai.host import recovery
-    from aip_crewai.host.normalize import failed_result
+    from aip_crewai.host.actions import recovery
+    from aip_crewai.host.actions.normalize import failed_result
 
     async def no_periodic_correction(runtime):
         return None

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from aip_crewai.host.notify import RemoteChanges, listen, payload
-from aip_crewai.host.store import Store
+from aip_crewai.host.store.notify import RemoteChanges, listen, payload
+from aip_crewai.host.store.store import Store
 
 T0 = 1_790_000_000_000
 

@@ -9,7 +9,7 @@ import dataclasses
 import msgspec
 
 from aip_crewai.contracts.aip import ApprovalDecision, Envelope
-from aip_crewai.host import openapi
+from aip_crewai.host.http import openapi
 from hostkit import running
 
 

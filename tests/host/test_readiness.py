@@ -8,8 +8,8 @@ import dataclasses
 import httpx
 import pytest
 
-from aip_crewai.host.admission import load_descriptors
-from aip_crewai.host.readiness import evaluate_health
+from aip_crewai.host.crews.descriptors import load_descriptors
+from aip_crewai.host.sidecars.readiness import evaluate_health
 
 from hostkit import running
 
@@ -127,7 +127,7 @@ async def test_each_sidecar_has_its_own_ready_gauge_and_the_host_gauge_is_the_gr
     """Issue 21 item 3: with several sidecars, ``sidecar_ready{sidecar=...}`` per sidecar, and
     ``ready`` 1 while any sidecar is (no sidecar's check overwrites another's)."""
     from aip_crewai.host.metrics import Metrics
-    from aip_crewai.host.readiness import Readiness, ReadinessGroup
+    from aip_crewai.host.sidecars.readiness import Readiness, ReadinessGroup
 
     up = {"one": True, "two": True}
 

@@ -15,10 +15,10 @@ from aip_crewai.contracts.errors import (
     ConnectorRemoteTemporary,
     ConnectorTransport,
 )
-from aip_crewai.host.normalize import StreamNormalizer
-from aip_crewai.host.actions import retry_delay_s
-from aip_crewai.host.readiness import published_keepalive_s
-from aip_crewai.host.sidecar_client import (
+from aip_crewai.host.actions.normalize import StreamNormalizer
+from aip_crewai.host.actions.service import retry_delay_s
+from aip_crewai.host.sidecars.readiness import published_keepalive_s
+from aip_crewai.host.sidecars.client import (
     DispatchProgress,
     SidecarClient,
     not_admitted,

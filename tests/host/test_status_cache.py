@@ -12,7 +12,7 @@ import pytest
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action
 from aip_crewai.contracts.errors import ActionNotFound
-from aip_crewai.host.auth import Principal
+from aip_crewai.host.auth.principals import Principal
 from aip_crewai.host.metrics import Metrics
 
 from fake_sidecar import FakeSidecar

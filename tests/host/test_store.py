@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aip_crewai.host.store import (
+from aip_crewai.host.store.store import (
     MIGRATIONS,
     InsecureStorePath,
     InvalidCursor,
@@ -107,7 +107,7 @@ async def test_postgresql_applies_every_migration_once_and_refuses_a_newer_or_fo
     """Issue 21 item 1: the SQLite migrations, written once, applied in PostgreSQL's dialect."""
     import psycopg
 
-    from aip_crewai.host.store_schema import PG_MIGRATIONS
+    from aip_crewai.host.store.records import PG_MIGRATIONS
 
     for _ in range(2):
         await (await Store.open(postgres_url)).close()
@@ -533,7 +533,7 @@ async def test_expired_approvals_cannot_be_decided_and_are_swept(store: Store):
 
 def test_a_damaged_store_file_is_refused_before_anything_is_written(tmp_path: Path):
     """The shared integrity check (storage.integrity_problems) refuses a damaged file, read-only."""
-    from aip_crewai.host.store import UnusableStore, check_store_file
+    from aip_crewai.host.store.store import UnusableStore, check_store_file
 
     path = tmp_path / "host.db"
     with sqlite3.connect(path) as conn:
@@ -561,9 +561,9 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
 
     from aip_crewai.contracts.aip import ActionResult
     from aip_crewai.contracts.errors import ConnectorCancelledUnconfirmed, ConnectorDispatchDeadline
-    from aip_crewai.host.lifecycle import PROVISIONAL_CODES, PROVISIONAL_MARKERS
-    from aip_crewai.host.normalize import failed_result
-    from aip_crewai.host.writer import ActionWriter
+    from aip_crewai.host.actions.lifecycle import PROVISIONAL_CODES, PROVISIONAL_MARKERS
+    from aip_crewai.host.actions.normalize import failed_result
+    from aip_crewai.host.actions.writer import ActionWriter
 
     writer = ActionWriter(store)
     unconfirmed = ConnectorCancelledUnconfirmed(operation="run", uncertain_outcome=True, dispatch="acknowledged")
@@ -641,7 +641,7 @@ async def test_the_deciding_host_holds_the_lease_of_the_action_it_starts(locatio
 async def test_migration_4_keeps_older_approvals_and_logs_every_later_change(db_path: Path):
     """A store written before migration 4 (decision proofs, the approval event log): its approvals read
     back without a proof, and every later creation or status change is logged per tenant, in order."""
-    from aip_crewai.host.store_schema import MIGRATIONS as ALL
+    from aip_crewai.host.store.records import MIGRATIONS as ALL
 
     with sqlite3.connect(db_path) as conn:
         for number, script in enumerate(ALL[:3], start=1):

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from aip_crewai.host.store import Store
-from aip_crewai.host.store_db import WRITER_LOCK
+from aip_crewai.host.store.store import Store
+from aip_crewai.host.store.engine import WRITER_LOCK
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,8 +108,8 @@ async def test_an_outage_is_a_typed_retryable_error_and_the_store_recovers(postg
     """The database refuses every connection (as while it is down): a store method fails with
     StoreUnavailable (503, retryable) once no pooled connection comes within the pool timeout, never a
     driver error; once the database is back, store methods succeed again."""
-    from aip_crewai.host import store_schema
-    from aip_crewai.host.store import StoreUnavailable
+    from aip_crewai.host.store import records as store_schema
+    from aip_crewai.host.store.store import StoreUnavailable
 
     monkeypatch.setattr(store_schema, "PG_POOL_TIMEOUT_S", 1.0)
     database = postgres_url.rsplit("/", 1)[1].split("?")[0]

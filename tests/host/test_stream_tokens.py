@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from aip_crewai.contracts.errors import Unauthenticated
-from aip_crewai.host import stream_tokens
-from aip_crewai.host.stream_tokens import APPROVALS_SCOPE, action_scope, check, mint
+from aip_crewai.host.auth import stream_tokens
+from aip_crewai.host.auth.stream_tokens import APPROVALS_SCOPE, action_scope, check, mint
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running, submit_action
 from ssekit import open_stream

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aip_crewai.host.view_cache import DEFAULT_ENTRIES, DEFAULT_MAX_BYTES, ViewCache, is_final_view
+from aip_crewai.host.sidecars.view_cache import DEFAULT_ENTRIES, DEFAULT_MAX_BYTES, ViewCache, is_final_view
 
 TIMEOUT_ERROR = {"status": "failed", "error_type": "ExecutionTimeout", "message": "too long", "uncertain_outcome": True}
 

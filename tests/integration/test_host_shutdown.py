@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from aip_crewai.client import new_id
-from aip_crewai.host.stopping import SHUTDOWN_COMMENT
+from aip_crewai.host.http.stopping import SHUTDOWN_COMMENT
 from host_process import TOKENS, start_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.host_processes]

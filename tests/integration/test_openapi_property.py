@@ -23,7 +23,7 @@ from schemathesis.checks import (  # type: ignore[attr-defined]  # noqa: E402
     status_code_conformance,
 )
 
-from aip_crewai.host import openapi  # noqa: E402
+from aip_crewai.host.http import openapi
 from host_process import TOKENS, start_host  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.host_processes]

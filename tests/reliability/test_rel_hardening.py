@@ -157,7 +157,7 @@ def test_rel_made_up_methods_and_paths_never_become_metric_labels(stack):
 def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
     """Regression (item 5): the decision route read an unbounded body (96 MiB: +181 MB). Each route now has a
     bound (messages 2 MiB, decisions 32 KiB, others 16 KiB); a declared or chunked body past it is 413."""
-    from aip_crewai.host.limits import MAX_DECISION_BYTES, MAX_MESSAGE_BYTES
+    from aip_crewai.host.http.limits import MAX_DECISION_BYTES, MAX_MESSAGE_BYTES
 
     _, _, host = stack
     with host.client("acme-app") as app:

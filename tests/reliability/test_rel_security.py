@@ -7,7 +7,7 @@ import pytest
 
 import securitykit
 from aip_crewai.host.config import ConfigError, check_sidecar_url
-from aip_crewai.host.sidecar_client import sidecar_job_id
+from aip_crewai.host.sidecars.client import sidecar_job_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
