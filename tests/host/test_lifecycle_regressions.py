@@ -156,7 +156,7 @@ async def test_a_store_open_cancelled_mid_connect_closes_its_connection(tmp_path
     from aip_crewai.host.store import store as store_module
 
     started, gate, closed = threading.Event(), threading.Event(), threading.Event()
-    real_connect = store_module._connect
+    real_connect = store_module.connect_sqlite
 
     class Tracked:
         def __init__(self, conn):
@@ -171,7 +171,7 @@ async def test_a_store_open_cancelled_mid_connect_closes_its_connection(tmp_path
         gate.wait(10)
         return Tracked(real_connect(path))
 
-    monkeypatch.setattr(store_module, "_connect", slow_connect)
+    monkeypatch.setattr(store_module, "connect_sqlite", slow_connect)
     tmp_path.chmod(0o700)
     task = asyncio.ensure_future(store_module.Store.open(tmp_path / "host.db"))
     assert await asyncio.to_thread(started.wait, 10)  # the connect is under way on the worker

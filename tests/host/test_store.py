@@ -107,7 +107,7 @@ async def test_postgresql_applies_every_migration_once_and_refuses_a_newer_or_fo
     """Issue 21 item 1: the SQLite migrations, written once, applied in PostgreSQL's dialect."""
     import psycopg
 
-    from aip_crewai.host.store.records import PG_MIGRATIONS
+    from aip_crewai.host.store.migrations import PG_MIGRATIONS
 
     for _ in range(2):
         await (await Store.open(postgres_url)).close()
@@ -641,7 +641,7 @@ async def test_the_deciding_host_holds_the_lease_of_the_action_it_starts(locatio
 async def test_migration_4_keeps_older_approvals_and_logs_every_later_change(db_path: Path):
     """A store written before migration 4 (decision proofs, the approval event log): its approvals read
     back without a proof, and every later creation or status change is logged per tenant, in order."""
-    from aip_crewai.host.store.records import MIGRATIONS as ALL
+    from aip_crewai.host.store.migrations import MIGRATIONS as ALL
 
     with sqlite3.connect(db_path) as conn:
         for number, script in enumerate(ALL[:3], start=1):

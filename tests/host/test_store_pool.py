@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from aip_crewai.host.store.store import Store
-from aip_crewai.host.store.engine import WRITER_LOCK
+from aip_crewai.host.store.postgres import WRITER_LOCK
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,7 +108,7 @@ async def test_an_outage_is_a_typed_retryable_error_and_the_store_recovers(postg
     """The database refuses every connection (as while it is down): a store method fails with
     StoreUnavailable (503, retryable) once no pooled connection comes within the pool timeout, never a
     driver error; once the database is back, store methods succeed again."""
-    from aip_crewai.host.store import records as store_schema
+    from aip_crewai.host.store import postgres as store_schema
     from aip_crewai.host.store.store import StoreUnavailable
 
     monkeypatch.setattr(store_schema, "PG_POOL_TIMEOUT_S", 1.0)

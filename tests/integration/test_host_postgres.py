@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from aip_crewai.host.store.records import PG_HOST_ID_LOCK_CLASS, PostgresHostLock, StoreLocked
+from aip_crewai.host.store.postgres import PG_HOST_ID_LOCK_CLASS, PostgresHostLock
+from aip_crewai.host.store.records import StoreLocked
 
 from aip_crewai.client import new_id
 from host_process import start_host, write_config, free_port

@@ -16,25 +16,22 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...wakeup import ChangeSignal
+from ..actions.lifecycle import ActionState
 from .engine import Db
 from .records import (
-    _ACTION_COLUMNS,
-    _APPROVAL_COLUMNS,
     APPROVAL_DECISIONS,
     ActionRecord,
-    ActionState,
     ApprovalEvent,
     ApprovalPage,
     ApprovalRecord,
     StoreError,
-    _action_update,
     decode_cursor,
     encode_cursor,
 )
+from .sql import ACTION_COLUMNS, APPROVAL_COLUMNS, GET_ACTION, action_update
 
 _T = TypeVar("_T")
 _S = ActionState
-_GET_ACTION = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?"
 #: The one decision: only from ``pending``, before ``expires_at``, never by the requester.
 # A decision needs the approval pending and unexpired, a decider other than the requester, AND its action
 # still waiting for it (a cancel that won leaves nothing to decide): all in one WHERE.
@@ -89,8 +86,8 @@ class ApprovalMethods:
 
         def insert() -> list[tuple[Any, ...]]:
             rows = self._fetch_now(
-                f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
-                f"RETURNING {_APPROVAL_COLUMNS}",
+                f"INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
+                f"RETURNING {APPROVAL_COLUMNS}",
                 (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
                  "pending", None, None, None, now, expires_at, None))
             self._log_approval_now(tenant, approval_id, "pending")
@@ -106,7 +103,7 @@ class ApprovalMethods:
         return await self._approvals_write(create)
 
     async def get_approval(self, tenant: str, approval_id: str) -> ApprovalRecord | None:
-        rows = await self._fetch(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND approval_id = ?",
+        rows = await self._fetch(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND approval_id = ?",
                                  (tenant, approval_id))
         return ApprovalRecord(*rows[0]) if rows else None
 
@@ -134,7 +131,7 @@ class ApprovalMethods:
             clauses.append("(created_at, approval_id) > (?, ?)")
             params += [created_at, approval_id]
         rows = await self._fetch(
-            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE {' AND '.join(clauses)} "
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE {' AND '.join(clauses)} "
             "ORDER BY created_at, approval_id LIMIT ?", (*params, limit + 1))
         items = [ApprovalRecord(*row) for row in rows[:limit]]
         done = len(rows) <= limit
@@ -164,24 +161,24 @@ class ApprovalMethods:
             raise ValueError(f"decision must be one of {APPROVAL_DECISIONS}")
 
         def decide() -> tuple[ApprovalRecord | None, ActionRecord | None]:
-            rows = self._fetch_now(f"{_DECIDE} RETURNING {_APPROVAL_COLUMNS}",
+            rows = self._fetch_now(f"{_DECIDE} RETURNING {APPROVAL_COLUMNS}",
                                    (decision, reason, decided_by, now, proof, tenant, approval_id, now, decided_by))
             if not rows:
                 return None, None
             approval = ApprovalRecord(*rows[0])
             self._log_approval_now(tenant, approval_id, approval.status)
-            found = self._fetch_now(_GET_ACTION, (tenant, approval.action_id))
+            found = self._fetch_now(GET_ACTION, (tenant, approval.action_id))
             action = ActionRecord(*found[0]) if found else None
             if approval.status != "approved" or action is None or action.status != _S.PENDING_APPROVAL.value \
                     or not start_if(approval, action):
                 return approval, None
-            started = self._update_now(_action_update(
+            started = self._update_now(action_update(
                 tenant, action.action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.RUNNING.value,
                 dispatch="sent", now=now))
             if started is not None and self.owner is not None:  # the deciding host dispatches: its lease
                 leased = self._fetch_now(
                     f"UPDATE actions SET lease_owner = ?, lease_expires_at = ? WHERE tenant = ? AND action_id = ? "
-                    f"RETURNING {_ACTION_COLUMNS}", (*self._lease_for(_S.RUNNING.value, now), tenant, action.action_id))
+                    f"RETURNING {ACTION_COLUMNS}", (*self._lease_for(_S.RUNNING.value, now), tenant, action.action_id))
                 started = ActionRecord(*leased[0]) if leased else started
             return approval, started
 
@@ -198,7 +195,7 @@ class ApprovalMethods:
         now = self.now_ms()
 
         def cancel() -> ActionRecord | None:
-            record = self._update_now(_action_update(
+            record = self._update_now(action_update(
                 tenant, action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.CANCELLED.value,
                 result_json=result_json, now=now))
             if record is not None:
@@ -216,7 +213,7 @@ class ApprovalMethods:
         def expire() -> list[ApprovalRecord]:
             expired = [ApprovalRecord(*row) for row in self._fetch_now(
                 "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
-                f"RETURNING {_APPROVAL_COLUMNS}", (now,))]
+                f"RETURNING {APPROVAL_COLUMNS}", (now,))]
             for approval in sorted(expired, key=lambda a: (a.tenant, a.expires_at, a.approval_id)):
                 self._log_approval_now(approval.tenant, approval.approval_id, "expired")
             return expired

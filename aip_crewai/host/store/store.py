@@ -32,17 +32,19 @@ serialized, so a multi-statement transaction never swallows another
 coroutine's write, and a cancelled caller never leaves a transaction half
 done: the function runs to its end on the worker. A PostgreSQL store runs its
 methods the same way on ``pool_size`` worker threads, each method on one
-connection checked out of a pool for its whole run (:class:`store_db.PostgresDb`):
+connection checked out of a pool for its whole run (:class:`.postgres.PostgresDb`):
 reads run side by side, writes serialize on the writer lock.
 
 File safety: the database is created 0600 (an existing file, or its
 ``-wal``/``-shm`` companions, with any group/other bit is refused, as is a
 symlink); its directory must not be group- or world-writable.
 
-Opening the connection (WAL, pragmas, :func:`migrate`) and the pre-flight
-:func:`check_store_file` live in :mod:`store_schema` and are re-exported
-here; the approval methods are in :mod:`store_approvals` (the store's base
-class) and the two engines in :mod:`store_db`. No other host module runs SQL.
+The package's parts: the row types and errors (:mod:`.records`, re-exported
+here), the schema (:mod:`.migrations`), the SQL text shared by the store's
+modules (:mod:`.sql`), one module per engine behind :class:`.engine.Db`
+(:mod:`.sqlite`: opening the file, its pre-flight :func:`check_store_file`;
+:mod:`.postgres`), and the approval methods (:mod:`.approvals`, the store's
+base class). No other host module runs SQL.
 
 Source: ARCHITECTURE.md §7 (fences, "every store key starts with the tenant"),
 ARCHITECTURE.md §10 (storage).
@@ -59,20 +61,17 @@ from typing import Any, TypeVar
 import structlog
 
 from ...wakeup import ChangeSignal
-from ...storage import acquire_lock, create_private_file, hop, start_worker
-from ..actions.lifecycle import allowed, is_terminal
+from ...storage import create_private_file, hop, start_worker
+from ..actions.lifecycle import ActionState, allowed, is_terminal
 from .notify import CHANNEL as NOTIFY_CHANNEL
 from .notify import payload as notify_payload
 from .approvals import ApprovalMethods
-from .engine import Db, PostgresDb, SqliteDb
+from .engine import Db
+from .migrations import MIGRATIONS, migrate
+from .postgres import PostgresDb, is_postgres_url, open_postgres_pool
 from .records import (
     DISPATCH_RANK,
-    MIGRATIONS,
-    _ACTION_COLUMNS,
-    _DISPATCH_RANK_SQL,
-    _IDEMPOTENCY_COLUMNS,
     ActionRecord,
-    ActionState,
     ApprovalEvent,
     ApprovalPage,
     ApprovalRecord,
@@ -85,16 +84,11 @@ from .records import (
     StoreLocked,
     StoreUnavailable,
     UnusableStore,
-    _action_update,
-    _connect,
-    is_postgres_url,
-    open_postgres_pool,
-    check_location,
-    check_store_file,
-    migrate,
     ms_to_rfc3339,
     rfc3339_to_ms,
 )
+from .sql import ACTION_COLUMNS, DISPATCH_RANK_SQL, GET_ACTION, IDEMPOTENCY_COLUMNS, action_update
+from .sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
 
 __all__ = [
     "MIGRATIONS", "ActionState", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
@@ -103,28 +97,12 @@ __all__ = [
 ]
 
 
-def lock_store(path: Path) -> int:
-    """Own the store for this process: an exclusive lock on ``<store>.lock``,
-    held until the process exits (or :func:`aip_crewai.storage.release_lock`).
-    A second host on the same store is refused before it serves, as a second
-    sidecar is on its journal (a shared-database mode does not exist yet).
-
-    Raises:
-        StoreLocked: another host process holds the lock.
-        InsecureStorePath: the lock file is a symlink, not a regular file, or not private.
-    """
-    return acquire_lock(path, insecure=InsecureStorePath, held=lambda lock_path: StoreLocked(
-        f"the store {path} is already owned by another running host (lock {lock_path} is held); "
-        "stop it first, or give this host its own store"))
-
-
 log = structlog.get_logger(__name__)
 _S = ActionState
 #: How long a dispatch lease lasts unless renewed, ms (``[host] lease_seconds``).
 DEFAULT_LEASE_MS = 30_000
 #: Connections (and worker threads) of a PostgreSQL store's pool (``[host] store_pool_size``, issue 21).
 DEFAULT_POOL_SIZE = 4
-_GET_ACTION = f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?"
 # --- the store -----------------------------------------------------------------
 
 
@@ -134,7 +112,7 @@ _T = TypeVar("_T")
 class Store(ApprovalMethods):
     """Named async methods over the host database. Open with :meth:`open`.
 
-    The approval methods (and the approval event log) are in :mod:`.store_approvals`.
+    The approval methods (and the approval event log) are in :mod:`.approvals`.
     """
 
     def __init__(self, db: Db, worker: ThreadPoolExecutor, *,
@@ -178,7 +156,7 @@ class Store(ApprovalMethods):
         create_private_file(path)
         check_location(path)
         # Cancel-safe: a connection opened after the caller gave up is closed on the worker.
-        worker, sqlite = await start_worker(lambda: SqliteDb(_connect(str(path))), name="aip-host-store",
+        worker, sqlite = await start_worker(lambda: SqliteDb(connect_sqlite(str(path))), name="aip-host-store",
                                             abandon=lambda opened: opened.close() if opened is not None else None)
         return cls(sqlite, worker, clock=clock, owner=owner, lease_ms=lease_ms)
 
@@ -329,7 +307,7 @@ class Store(ApprovalMethods):
         def holder() -> ActionRecord | None:
             """The other action a live reservation of the key points at (None: free, expired, or ours)."""
             rows = self._fetch_now(
-                f"SELECT {_ACTION_COLUMNS} FROM actions WHERE (tenant, action_id) = "
+                f"SELECT {ACTION_COLUMNS} FROM actions WHERE (tenant, action_id) = "
                 "(SELECT tenant, action_id FROM idempotency WHERE tenant = ? AND key = ? AND expires_at > ? "
                 "AND action_id != ?)", (tenant, idempotency_key, now, action_id))
             # A live reservation whose action row is missing (left by a crash of an older
@@ -351,8 +329,8 @@ class Store(ApprovalMethods):
                 if not found:
                     raise MissingTarget(run_action_id)
             rows = self._fetch_now(
-                f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES ({', '.join('?' * 20)}) "
-                f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {_ACTION_COLUMNS}",
+                f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 20)}) "
+                f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {ACTION_COLUMNS}",
                 (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id,
                  idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0, now, now,
                  *self._lease_for(status, now)),
@@ -360,13 +338,13 @@ class Store(ApprovalMethods):
             if rows:
                 if reserve:
                     self._change_now(
-                        f"INSERT INTO idempotency ({_IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                        f"INSERT INTO idempotency ({IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
                         "ON CONFLICT (tenant, key) DO UPDATE SET capability_id = excluded.capability_id, "
                         "action_id = excluded.action_id, input_hash = excluded.input_hash, "
                         "created_at = excluded.created_at, expires_at = excluded.expires_at",
                         (tenant, idempotency_key, capability_id, action_id, input_hash, now, key_expires_at))
                 return True, ActionRecord(*rows[0])
-            rows = self._fetch_now(_GET_ACTION, (tenant, action_id))
+            rows = self._fetch_now(GET_ACTION, (tenant, action_id))
             if not rows:
                 raise StoreError("action vanished after creation")
             return False, ActionRecord(*rows[0])
@@ -415,7 +393,7 @@ class Store(ApprovalMethods):
             (now + self.lease_ms, self.owner)))
 
     async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
-        rows = await self._fetch(_GET_ACTION, (tenant, action_id))
+        rows = await self._fetch(GET_ACTION, (tenant, action_id))
         return ActionRecord(*rows[0]) if rows else None
 
     async def update_action(self, tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str,
@@ -440,7 +418,7 @@ class Store(ApprovalMethods):
         Raises:
             ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
         """
-        update = _action_update(tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
+        update = action_update(tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
                                 result_json=result_json, error_json=error_json, approval_id=approval_id,
                                 now=self.now_ms() if now is None else now, settle_dispatch=settle_dispatch,
                                 replacing=replacing)
@@ -463,7 +441,7 @@ class Store(ApprovalMethods):
     async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
         """Actions still ``running`` (reconciliation after a restart), oldest first."""
         where, params = ("status = 'running'", ()) if tenant is None else ("status = 'running' AND tenant = ?", (tenant,))
-        rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE {where} ORDER BY created_at", params)
+        rows = await self._fetch(f"SELECT {ACTION_COLUMNS} FROM actions WHERE {where} ORDER BY created_at", params)
         return [ActionRecord(*row) for row in rows]
 
     async def list_failed_with(self, codes: Iterable[str], markers: Iterable[str],
@@ -479,7 +457,7 @@ class Store(ApprovalMethods):
         any_code = " OR ".join("result_json LIKE ?" for _ in codes)
         any_marker = " OR ".join("result_json LIKE ?" for _ in markers)
         rows = await self._fetch(
-            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE status = 'failed' AND ({any_code}) AND ({any_marker}) "
+            f"SELECT {ACTION_COLUMNS} FROM actions WHERE status = 'failed' AND ({any_code}) AND ({any_marker}) "
             "AND result_json NOT LIKE '%\"reconciled\":%' ORDER BY updated_at LIMIT ?",
             (*[f'%"code":"{code}"%' for code in codes], *[f"%{marker}%" for marker in markers], limit))
         return [ActionRecord(*row) for row in rows]
@@ -487,7 +465,7 @@ class Store(ApprovalMethods):
     async def list_awaiting_approval(self) -> list[ActionRecord]:
         """Actions still ``pending_approval`` (all tenants; the restart check of
         approvals a previous process decided or never wrote), oldest first."""
-        rows = await self._fetch(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE status = 'pending_approval' "
+        rows = await self._fetch(f"SELECT {ACTION_COLUMNS} FROM actions WHERE status = 'pending_approval' "
                                  "ORDER BY created_at")
         return [ActionRecord(*row) for row in rows]
 
@@ -526,7 +504,7 @@ class Store(ApprovalMethods):
                 "ON CONFLICT (tenant, action_id, sequence) DO NOTHING", rows)
             self._db.change(
                 "UPDATE actions SET chunk_count = chunk_count + ?, "
-                f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {_DISPATCH_RANK_SQL} "
+                f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {DISPATCH_RANK_SQL} "
                 "THEN CAST(? AS TEXT) ELSE dispatch END WHERE tenant = ? AND action_id = ?",
                 (inserted, dispatch, rank, dispatch, tenant, action_id))
             self._notify_now(tenant, action_id)
