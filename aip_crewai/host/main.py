@@ -8,7 +8,7 @@ serving fails, 130 on a second SIGINT during shutdown (no drain).
 Shutdown: the first SIGTERM/SIGINT ends open tenant streams and answers
 blocking calls at once (``host.stopping``), gives other connections
 :data:`CONNECTION_GRACE_S`, then drains in-flight dispatches (up to
-``actions.DRAIN_S``).
+``http.lifespan.DRAIN_S``).
 
 Source: ARCHITECTURE.md §11 (operator interface), §1 (the host never imports CrewAI).
 """
@@ -147,6 +147,7 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
 
     from ..serving import hypercorn_config, hypercorn_logger
     from .http.app import create_app
+    from .http.state import host_setup, startup_error
 
     config = hypercorn_config([f"fd://{sock.fileno()}"],  # timeouts, header bound, no h2c (README "Security")
                               errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_S)
@@ -162,7 +163,7 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
                 os._exit(EXIT_INTERRUPTED)
             return
         log.info("host_stopping", signal=signal.Signals(signum).name)
-        app.state.stopping.set()  # open streams end, blocking calls answer (host.stopping)
+        host_setup(app).stopping.set()  # open streams end, blocking calls answer (http.stopping)
         stop.set()
 
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -171,7 +172,7 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
 
     def lost() -> None:
         taken.append(True)
-        app.state.stopping.set()
+        host_setup(app).stopping.set()
         stop.set()
 
     guard = None if host_lock is None else \
@@ -179,9 +180,9 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
     try:
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     except LifespanFailureError:
-        startup_error = getattr(app.state, "startup_error", None)
-        if isinstance(startup_error, StoreError):  # the store could not be opened: one line, exit 2
-            raise startup_error from None
+        error = startup_error(app)
+        if isinstance(error, StoreError):  # the store could not be opened: one line, exit 2
+            raise error from None
         raise
     finally:
         if guard is not None:

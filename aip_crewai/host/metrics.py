@@ -1,6 +1,6 @@
 """Host metrics in the Prometheus text exposition format (hand-written, no dependency).
 
-One :class:`Metrics` per app (``app.state.metrics``), so tests never share
+One :class:`Metrics` per app (``HostState.metrics``), so tests never share
 counters. Labels never carry tenants, principals, crew ids, action ids or
 inputs: the exposition is readable by an operator of any tenant and must not
 leak another tenant's activity beyond aggregates.

@@ -119,7 +119,7 @@ async def test_concurrent_duplicates_execute_once(env):
 
 
 def test_approval_admits_only_its_own_action_before_expiry():
-    from aip_crewai.host.actions.service import approval_admits, policy_hash
+    from aip_crewai.host.actions.lifecycle import approval_admits, policy_hash
     from aip_crewai.host.store.store import ActionRecord, ApprovalRecord
 
     record = ActionRecord("acme", "a1", "cap:crewai:support", "support", "run", "{}", "h1", "p", "k", "pending_approval",
@@ -283,7 +283,7 @@ async def test_status_of_a_run_that_never_reached_the_sidecar_is_the_hosts_view(
     await service.decide(APPROVER, denied.approval_id, "denied", "no", clock.ms)
     assert (await status_of("d1", "s2")).output["status"] == "failed"
     # approved, its start not admitted yet (still on its way): the host's view says running
-    from aip_crewai.host.actions.service import approval_admits
+    from aip_crewai.host.actions.lifecycle import approval_admits
     started = await service.submit(INVOKER, action("r1", key="kr"), None, stream=False)
     _, run = await service.store.decide_and_start("acme", started.approval_id, "approved", "ok", APPROVER.id,
                                                   clock.ms, start_if=approval_admits)  # not dispatched here

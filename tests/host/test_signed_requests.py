@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from aip_crewai.client import RequestSigner
+from aip_crewai.host.http.state import host_state
 from fake_sidecar import FakeSidecar
 from hostkit import NOW, SIDECAR_TOKEN, bearer, private_key, running, submit_action
 
@@ -44,7 +45,7 @@ async def test_a_key_only_approver_lists_shows_decides_and_reads_the_action(worl
     evidence = decided.json()["evidence"]
     assert [(e["kind"], e["uri"]) for e in evidence] == [
         ("http_message_signature", f"/aip/v1/approvals/{approval_id}/proof")]
-    service = app.state.actions
+    service = host_state(app).actions
     await service.wait(await service.store.get_action("acme", "sig_run"), 10)
     action = await http.get("/aip/v1/actions/sig_run", auth=auth)  # it decided the approval: full read
     assert action.status_code == 200 and action.json()["result_status"] == "completed"

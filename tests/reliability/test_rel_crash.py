@@ -13,7 +13,7 @@ import pytest
 import chaoslib
 import storebackend
 from aip_crewai.contracts.hashing import canonical_json
-from aip_crewai.host.actions.service import fence_hash
+from aip_crewai.host.actions.idempotency import fence_hash
 from aip_crewai.host.store.store import Store
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running
@@ -111,7 +111,8 @@ async def test_rel_restarted_host_fails_an_action_the_sidecar_never_admitted(tmp
 async def _seed_approved_unsent(root: Path, action_id: str, *, age_s: float) -> None:
     """A store left by a host killed after an approval started its action (one commit: approved, running,
     dispatch `sent`) but before the sidecar admitted the start request; everything happened ``age_s`` ago."""
-    from aip_crewai.host.actions.service import APPROVAL_TTL_MS, approval_admits, policy_hash
+    from aip_crewai.host.actions.service import APPROVAL_TTL_MS
+    from aip_crewai.host.actions.lifecycle import approval_admits, policy_hash
 
     store = await Store.open(root / "state" / "host.db", clock=lambda: time.time() - age_s)
     try:
@@ -199,7 +200,8 @@ async def test_rel_restarted_host_keeps_a_running_action_while_the_sidecar_is_un
 async def _seed_pending(root: Path, action_id: str, *, decision: str | None, with_approval: bool = True) -> str:
     """A store left by a host killed inside the approval flow: a pending ``run`` of crew beta whose approval
     was decided but not applied (``decision``), or whose approval row was never written."""
-    from aip_crewai.host.actions.service import APPROVAL_TTL_MS, policy_hash
+    from aip_crewai.host.actions.service import APPROVAL_TTL_MS
+    from aip_crewai.host.actions.lifecycle import policy_hash
 
     store = await Store.open(root / "state" / "host.db")
     try:

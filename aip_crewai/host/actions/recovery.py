@@ -212,7 +212,7 @@ async def reconcile(runtime: ActionRuntime, record: ActionRecord) -> None:
 async def _may_still_run(runtime: ActionRuntime, record: ActionRecord) -> bool:
     """Whether a running action the sidecar never admitted may be dispatched
     now: its operation needs no approval, or its approval is approved, bound
-    to it and decided before it expired (:func:`~.actions.approval_admits`;
+    to it and decided before it expired (:func:`.lifecycle.approval_admits`;
     the TTL bounds the decision, not the run: ARCHITECTURE.md §7). A start the
     sidecar did answer (``acknowledged``) was admitted: its job being gone
     is no reason to run it again."""

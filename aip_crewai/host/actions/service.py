@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -32,34 +32,31 @@ from ...contracts.errors import (
     Forbidden,
     IdempotencyConflict,
     IdempotencyKeyRequired,
-    InvalidInput,
     Unauthenticated,
 )
-from ...contracts.hashing import canonical_json, input_hash
-from ...contracts.inputs import convert_input, has_control_characters
+from ...contracts.hashing import canonical_json
+from ...contracts.inputs import convert_input
 from ...contracts.operations import OperationSpec
-from ...contracts.sidecar import MAX_IDEMPOTENCY_KEY_BYTES
 from . import cancellation, recovery
 from ..auth.principals import FULL, Principal, action_access
 from .chunk_sink import ChunkSink
 from ..config import DEFAULT_DISPATCH_DEADLINE_S
 from .dispatch import DispatchDeferred, Dispatcher, Job, OnChunks, StartNotAdmitted
 from .lifecycle import ActionEvent, ActionState, DispatchState, approval_admits, policy_hash
+from .idempotency import IDEMPOTENCY_TTL_MS, checked_key, fence_hash, repeat_decision
 from .live import LiveAction, LiveRegistry
-from ..store.notify import RemoteChanges, listen
+from ..store.notify import RemoteChanges
 from .normalize import failed_result
-from ..sidecars.client import DispatchProgress, SidecarClient
+from ..sidecars.client import DispatchProgress
 from ..auth.principals import Authenticator
 from ..store.store import ActionRecord, ApprovalRecord, MissingTarget, Store, StoreUnavailable, ms_to_rfc3339
 from ..sidecars.view_cache import DEFAULT_ENTRIES, ViewCache, is_final_view
 from .writer import ActionWriter
 
-__all__ = ["ActionService", "approval_admits", "policy_hash", "pending_result", "fence_hash", "durable_action",
-           "APPROVAL_TTL_MS", "IDEMPOTENCY_TTL_MS", "lifespan"]
+__all__ = ["ActionService", "pending_result", "durable_action", "inline_read", "retry_delay_s", "APPROVAL_TTL_MS"]
 
 log = structlog.get_logger(__name__)
 
-IDEMPOTENCY_TTL_MS = 86_400_000
 APPROVAL_TTL_MS = 900_000
 #: Longest wait for another host's action between store reads when changes are pushed, seconds (a
 #: missed notification costs at most this much delay).
@@ -100,11 +97,6 @@ def pending_result(record: ActionRecord) -> ActionResult:
 
 def _approval_hash(record: ActionRecord) -> str:
     return policy_hash(record.tenant, record.action_id, record.capability_id, record.input_hash)
-
-
-def fence_hash(capability_id: str, value: Any) -> str:
-    """What the idempotency fence revalidates: the capability and the exact input."""
-    return input_hash({"capability_id": capability_id, "input": value})
 
 
 def inline_read(spec: OperationSpec, key: str | None) -> bool:
@@ -211,7 +203,7 @@ class ActionService:
         crew_id, spec = self.resolve(tenant, action.capability_id)
         await self._claim(caller)
         convert_input(spec.input_type, action.input)
-        key = _idempotency_key(action.idempotency_key, envelope_key)
+        key = checked_key(action.idempotency_key, envelope_key)
         if key is None and spec.key is ops.KeyRequirement.REQUIRED:
             self._fence("idempotency", "key_missing")
             raise IdempotencyKeyRequired(details={"capability_id": action.capability_id})
@@ -249,16 +241,15 @@ class ActionService:
         return record_
 
     async def _existing(self, record: ActionRecord, action_id: str, hashed: str, key: str | None) -> ActionRecord:
-        """A submission that found ``record`` stored (its action id, or its key's live
-        reservation): the same intent replays it, refreshed; another raises IdempotencyConflict."""
-        if record.action_id != action_id:  # the key is held by another action
-            if record.input_hash != hashed:
-                self._fence("idempotency", "conflict")
-                raise IdempotencyConflict(details={"idempotency_key": key})
-        elif record.input_hash != hashed or record.idempotency_key != key:
+        """A submission that found ``record`` stored (its action id, or its key's live reservation):
+        the same intent replays it, refreshed; another raises IdempotencyConflict
+        (:func:`.idempotency.repeat_decision`)."""
+        try:
+            decision = repeat_decision(record, action_id, hashed, key)
+        except IdempotencyConflict:
             self._fence("idempotency", "conflict")
-            raise IdempotencyConflict("the action id was already used with a different input or key")
-        self._fence("idempotency", "replayed")
+            raise
+        self._fence("idempotency", decision)
         return await self.refresh(record)
 
     async def _read_inline(self, caller: Principal, action: Action, crew_id: str, spec: OperationSpec,
@@ -688,74 +679,3 @@ class ActionService:
         return await cancellation.cancel(self, caller, action_id)
 
 
-def _idempotency_key(action_key: str | None, envelope_key: str | None) -> str | None:
-    """The action's key (the envelope's as a fallback); both must agree.
-    Keys are 1..512 UTF-8 bytes without control characters (ARCHITECTURE.md §7)."""
-    if action_key is not None and envelope_key is not None and action_key != envelope_key:
-        raise InvalidInput("$.body.action.idempotency_key", "differs from the envelope idempotency_key")
-    key = action_key if action_key is not None else envelope_key
-    if key is None:
-        return None
-    if not key or len(key.encode("utf-8")) > MAX_IDEMPOTENCY_KEY_BYTES or has_control_characters(key):
-        raise InvalidInput("$.idempotency_key", f"1..{MAX_IDEMPOTENCY_KEY_BYTES} UTF-8 bytes, no control characters")
-    return key
-
-
-#: How long shutdown waits for in-flight dispatches, seconds, before cancelling them.
-DRAIN_S = 20.0
-
-
-@contextlib.asynccontextmanager
-async def lifespan(app: Any) -> AsyncIterator[None]:
-    """Build ``app.state.actions`` over the store and sidecar client the app
-    lifespan opened; sweep approval expiry; reconcile after a restart; on
-    shutdown, let in-flight dispatches finish for up to DRAIN_S seconds."""
-    settings = app.state.settings
-
-    group = app.state.readiness
-
-    def keepalive_of(name: str, configured: float) -> Callable[[], float]:
-        def keepalive_s() -> float:  # the sidecar's /health says, else the configured interval
-            member = next((m for n, m in getattr(group, "members", []) if n == name), None)
-            published = getattr(member if member is not None else group, "keepalive_s", None)
-            return published if published is not None else configured
-        return keepalive_s
-
-    sidecars = settings.sidecars or ()
-    by_name = {sidecar.name: SidecarClient(app.state.sidecar_http[sidecar.name],
-                                           max_response_bytes=settings.max_response_bytes,
-                                           keepalive_s=keepalive_of(sidecar.name, sidecar.keepalive_s))
-               for sidecar in sidecars}
-    client = next(iter(by_name.values())) if by_name else SidecarClient(
-        app.state.http, max_response_bytes=settings.max_response_bytes,
-        keepalive_s=keepalive_of("sidecar", settings.sidecar_keepalive_s))
-    by_crew = {crew.id: by_name[sidecar.name] for sidecar in sidecars if sidecar.crews is not None
-               for crew in settings.crews if crew.id in sidecar.crews}
-    allowed = {
-        tenant: {crew: frozenset(operations) for crew, operations in app.state.capabilities.visible_crews(tenant).items()}
-        for tenant in settings.tenants
-    }
-    service = ActionService(app.state.store, Dispatcher(client, max_response_bytes=settings.max_response_bytes,
-                                                        clients=by_crew),
-                            allowed, metrics=app.state.metrics, authenticator=app.state.authenticator,
-                            principals=app.state.principals, dispatch_deadline_s=settings.dispatch_deadline_s,
-                            status_cache_entries=settings.status_cache_entries)
-    app.state.actions = service
-    tasks = [asyncio.create_task(recovery.sweep_expired(service)), asyncio.create_task(recovery.reconcile_all(service)),
-             asyncio.create_task(recovery.renew_leases(service))]
-    store_url = app.state.store.url
-    stop_listening = listen(store_url, service.remote, asyncio.get_running_loop()) if store_url else None
-    try:
-        yield
-    finally:
-        if stop_listening is not None:
-            await asyncio.to_thread(stop_listening)
-        for task in tasks:
-            task.cancel()
-        live = service.live.tasks()
-        if live:
-            log.info("draining_dispatches", count=len(live))
-            _, pending = await asyncio.wait(live, timeout=DRAIN_S)
-            for task in pending:
-                task.cancel()
-        await asyncio.gather(*tasks, *live, return_exceptions=True)

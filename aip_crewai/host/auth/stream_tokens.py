@@ -40,13 +40,8 @@ from typing import Any
 
 import msgspec
 import structlog
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from ...contracts.errors import Unauthenticated
-from .principals import Principal, authenticate, bind_principal, can_read_approvals
-from ..store.store import ms_to_rfc3339
 
 #: The query parameter that carries a token.
 QUERY_PARAMETER = "stream_token"
@@ -137,61 +132,3 @@ class StreamToken(msgspec.Struct, frozen=True):
     stream_url: str
 
 
-async def authenticate_stream(request: Request, *, scope: str) -> Principal:
-    """The principal of a stream request: from ``?stream_token=`` when present
-    (for ``scope``; no other credential is looked at), else as any request
-    (:func:`~.auth.authenticate`).
-
-    Raises:
-        Unauthenticated: a bad token, or its principal is no longer configured in its tenant.
-    """
-    token = request.query_params.get(QUERY_PARAMETER)
-    if token is None:
-        return await authenticate(request)
-    now_ms = int(request.app.state.clock() * 1000)
-    try:
-        claims = check(request.app.state.stream_token_key, token, scope=scope, now_ms=now_ms)
-        config = request.app.state.principals.get(claims.principal_id)
-        if config is None or config.tenant != claims.tenant:
-            raise Unauthenticated("the stream token's principal is not configured")
-    except Unauthenticated as exc:
-        request.app.state.metrics.auth_failures.inc()
-        log.info("authentication_failed", reason=exc.message)
-        raise
-    return bind_principal(request, Principal(config.id, config.tenant, config.roles, "stream_token"))
-
-
-def _minted(request: Request, principal: Principal, scope: str, url: str) -> Response:
-    settings = request.app.state.settings
-    expires = int(request.app.state.clock() * 1000) + settings.stream_token_ttl_s * 1000
-    token = mint(request.app.state.stream_token_key, principal.id, principal.tenant, scope, expires)
-    body = StreamToken(stream_token=token, expires_at=ms_to_rfc3339(expires),
-                       stream_url=f"{url}?{QUERY_PARAMETER}={token}")
-    return Response(msgspec.json.encode(body), media_type="application/json",
-                    headers={"Cache-Control": "no-store"})
-
-
-async def post_action_stream_token(request: Request) -> Response:
-    """``POST /aip/v1/actions/{id}/stream-token``: a token for that action's
-    ``/events`` stream; the same access check as reading the events (404 for
-    an action the caller may not read in full, 403 for an operator)."""
-    principal = await authenticate(request)
-    record = await request.app.state.actions.get(principal, request.path_params["action_id"])
-    return _minted(request, principal, action_scope(record.action_id),
-                   f"/aip/v1/actions/{record.action_id}/events")
-
-
-async def post_approvals_stream_token(request: Request) -> Response:
-    """``POST /aip/v1/approvals/stream-token``: a token for ``/aip/v1/approvals/events``
-    (approvers and operators; 403 otherwise)."""
-    principal = await authenticate(request)
-    can_read_approvals(principal)
-    return _minted(request, principal, APPROVALS_SCOPE, "/aip/v1/approvals/events")
-
-
-def routes() -> list[Route]:
-    """The mint routes (before ``/aip/v1/approvals/{id}``)."""
-    return [
-        Route("/aip/v1/actions/{action_id:str}/stream-token", post_action_stream_token, methods=["POST"]),
-        Route("/aip/v1/approvals/stream-token", post_approvals_stream_token, methods=["POST"]),
-    ]

@@ -23,13 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from ...contracts.aip import (
     CONNECTOR_PROFILE,
-    CONTENT_TYPE,
     MANIFEST_VERSION,
     NATIVE_PROFILE,
     PROFILES,
@@ -50,7 +46,6 @@ from ...contracts.operations import CATALOGUE, OperationSpec, capability_id, get
 from ...contracts.inputs import MAX_INPUT_BYTES
 from ...contracts.sidecar import DEFAULT_TIMEOUT_MS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_TIMEOUT_MS
 from .descriptors import CrewDescriptor
-from ..auth.principals import authenticate
 from .inputs import CrewInputs, project_input_schema
 
 _SCHEMA = "https://json-schema.org/draft/2020-12/schema"
@@ -329,17 +324,3 @@ class CapabilityIndex:
             raise CapabilityNotFound(details={"capability_id": cap_id[:1024]})
         crew_id, operation = found
         return ResolvedCapability(self.crews[crew_id], get(operation), self._by_id[capability_id(crew_id, operation)])
-
-
-async def manifest_endpoint(request: Request) -> Response:
-    """``GET /aip/v1/manifest`` and ``/aip/v1/capabilities``: the caller's tenant manifest."""
-    principal = await authenticate(request)
-    index: CapabilityIndex = request.app.state.capabilities
-    return Response(index.manifest_bytes(principal.tenant), media_type=CONTENT_TYPE)
-
-
-def routes() -> list[Route]:
-    return [
-        Route("/aip/v1/manifest", manifest_endpoint, methods=["GET"], name="manifest"),
-        Route("/aip/v1/capabilities", manifest_endpoint, methods=["GET"], name="capabilities"),
-    ]

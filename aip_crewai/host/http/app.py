@@ -1,29 +1,15 @@
-"""The host's Starlette application: state, lifespan, errors, middleware, foundation routes.
+"""The host's Starlette application: errors, middleware, foundation routes, and :func:`create_app`.
 
-``create_app(settings)`` builds everything that does not need I/O (the
-capability index, the authenticator, metrics) once; the lifespan opens the
-store and the ONE ``httpx.AsyncClient`` for the sidecar, starts the readiness
-poller, enters the extensions' lifespans and tells systemd ``READY=1``.
+``create_app(settings)`` builds everything that does not need I/O once (the
+capability index, the authenticator, metrics: :class:`~.state.HostSetup`); the
+lifespan (:mod:`.lifespan`) opens the store, the sidecar clients and the action
+service, and sets the typed, frozen :class:`~.state.HostState` that every
+handler reads through :func:`~.state.host_state`.
 
-``app.state`` after startup:
-
-| attribute | what |
-|---|---|
-| ``settings`` | :class:`~aip_crewai.host.config.Settings` |
-| ``clock`` | ``() -> float`` epoch seconds (injectable) |
-| ``metrics`` | :class:`~aip_crewai.host.metrics.Metrics` |
-| ``crews`` | ``dict[crew_id, CrewDescriptor]`` (admitted, file order) |
-| ``principals`` | ``dict[principal_id, PrincipalConfig]`` |
-| ``capabilities`` | :class:`~aip_crewai.host.crews.manifest.CapabilityIndex` |
-| ``authenticator`` | :class:`~aip_crewai.host.auth.principals.Authenticator` |
-| ``store`` | :class:`~aip_crewai.host.store.store.Store` (lifespan) |
-| ``http`` | ``httpx.AsyncClient`` for the sidecar (lifespan) |
-| ``readiness`` | :class:`~aip_crewai.host.sidecars.readiness.Readiness` (lifespan) |
-
-Extensions: the core modules of :data:`CORE_MODULES` (actions, action routes,
-approval routes), then any ``extensions`` named to :func:`create_app`. Each
+Extensions: the core modules of :data:`CORE_MODULES` (action routes, stream
+tokens, approval routes, the console), then any ``extensions`` named to :func:`create_app`. Each
 may define ``routes() -> list[BaseRoute]`` (appended after the foundation routes) and ``lifespan(app)`` (an async context manager
-entered after the store and client are open, exited before they close).
+entered once HostState is set, exited before the store and clients close).
 
 Errors: every error response is an ``aip.core.v1.error`` envelope
 (``{"aip_version": "1.0", "message_type": "aip.core.v1.error", "message_id",
@@ -40,13 +26,11 @@ Source: ARCHITECTURE.md §6 (routes, errors), §7, ARCHITECTURE.md §2.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -82,27 +66,24 @@ from ...contracts.errors import (
     Unauthenticated,
 )
 from ...serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
-from ..actions import service as actions
-from . import approval_stream, approvals, console, openapi, routes as routes_actions
-from ..crews import manifest
-from ..auth import stream_tokens
-from ..auth.principals import SCOPE_LOG_KEY, Authenticator, authenticate, require_role
-from ..config import SidecarSettings, Settings
-from .limits import body_limit
+from ..auth import stream_tokens as stream_tokens_codec
+from ..auth.principals import SCOPE_LOG_KEY, Authenticator, require_role
+from ..config import Settings
 from ..crews.manifest import CapabilityIndex, to_wire
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import Metrics, method_label
-from ..sidecars.readiness import Readiness, ReadinessGroup, notify_systemd
-from ..store.store import Store, StoreError, ms_to_rfc3339
+from ..store.records import ms_to_rfc3339
+from . import approval_stream, approvals, console, openapi, stream_tokens
+from . import routes as routes_actions
+from .authenticate import authenticate
+from .lifespan import app_lifespan
+from .limits import body_limit
+from .state import HostSetup, host_state
 
 log = structlog.get_logger(__name__)
 
 #: The core modules that add routes and lifespans, imported directly: a rename fails at import, never as 404s.
-CORE_MODULES: tuple[Any, ...] = (actions, routes_actions, stream_tokens, approval_stream, approvals, console)
-#: Sidecar connect timeout, seconds (ARCHITECTURE.md §7); reads are unbounded (streams).
-SIDECAR_CONNECT_TIMEOUT_S = 10.0
-#: How often expired message-id claims are purged, seconds.
-PURGE_INTERVAL_S = 60.0
+CORE_MODULES: tuple[Any, ...] = (routes_actions, stream_tokens, approval_stream, approvals, console)
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
 
 
@@ -186,8 +167,9 @@ class RequestContextMiddleware:
     (``request_finished``: method, route template, status, duration_ms,
     response_bytes, tenant, principal; never headers, query or bodies)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics | None = None) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -225,9 +207,8 @@ class RequestContextMiddleware:
             duration = time.perf_counter() - started
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = method_label(scope.get("method", ""))  # a closed set: never the raw request bytes
-            metrics: Metrics | None = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
-            if metrics is not None:
-                metrics.observe_request(route, method, int(outcome["status"]), duration)
+            if self.metrics is not None:
+                self.metrics.observe_request(route, method, int(outcome["status"]), duration)
             extra = {k: info[k] for k in ("tenant", "principal") if k in info}
             (log.debug if route in PROBE_PATHS else log.info)(
                 "request_finished", method=method, route=route, status=outcome["status"],
@@ -248,10 +229,10 @@ async def ready(request: Request) -> Response:
     """``GET /ready``: 200 ``{"status":"ready"}`` or 503 ``{"status":"unready","reason"}``
     (re-checks the sidecar on demand while unready; ARCHITECTURE.md §7). Unready too while the
     store's last method found the database unreachable (``Store.unavailable``)."""
-    store = getattr(request.app.state, "store", None)
-    if store is not None and store.unavailable:
+    host = host_state(request)
+    if host.store.unavailable:
         return JSONResponse({"status": "unready", "reason": "the host store is unavailable"}, status_code=503)
-    readiness: Readiness = request.app.state.readiness
+    readiness = host.readiness
     state = readiness.state if readiness.ready else await readiness.refresh()
     if state.ready:
         return JSONResponse({"status": "ready"})
@@ -262,8 +243,13 @@ async def metrics_endpoint(request: Request) -> Response:
     """``GET /metrics``: Prometheus text; needs a principal with the ``operator`` role."""
     principal = await authenticate(request)
     require_role(principal, "operator")
-    metrics: Metrics = request.app.state.metrics
-    return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+    return Response(host_state(request).metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
+async def manifest_endpoint(request: Request) -> Response:
+    """``GET /aip/v1/manifest`` and ``/aip/v1/capabilities``: the caller's tenant manifest."""
+    principal = await authenticate(request)
+    return Response(host_state(request).capabilities.manifest_bytes(principal.tenant), media_type=CONTENT_TYPE)
 
 
 def foundation_routes() -> list[BaseRoute]:
@@ -271,7 +257,8 @@ def foundation_routes() -> list[BaseRoute]:
         Route("/health", health, methods=["GET"], name="health"),
         Route("/ready", ready, methods=["GET"], name="ready"),
         Route("/metrics", metrics_endpoint, methods=["GET"], name="metrics"),
-        *manifest.routes(),
+        Route("/aip/v1/manifest", manifest_endpoint, methods=["GET"], name="manifest"),
+        Route("/aip/v1/capabilities", manifest_endpoint, methods=["GET"], name="capabilities"),
     ]
 
 
@@ -309,108 +296,6 @@ def _cors(settings: Settings) -> list[Middleware]:
 # --- lifespan ------------------------------------------------------------------
 
 
-async def _purge_loop(store: Store) -> None:
-    while True:
-        await asyncio.sleep(PURGE_INTERVAL_S)
-        try:
-            await store.purge_message_ids()
-        except Exception:  # keep purging later; never kill the host for housekeeping
-            log.exception("message_id_purge_failed")
-
-
-def _sidecars(settings: Settings) -> tuple[SidecarSettings, ...]:
-    """The configured sidecars (settings built by hand in tests may name only the first one's fields)."""
-    return settings.sidecars or (SidecarSettings("sidecar", settings.sidecar_url, settings.sidecar_token,
-                                                 settings.sidecar_proxy, settings.sidecar_keepalive_s),)
-
-
-def _sidecar_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
-    """The lifespan-owned client of one sidecar; ``transport``: one for every sidecar, or name -> transport
-    (tests), or None (real HTTP)."""
-    return httpx.AsyncClient(
-        base_url=sidecar.url,
-        headers={"Authorization": f"Bearer {sidecar.token}"},
-        transport=transport.get(sidecar.name) if isinstance(transport, dict) else transport,
-        follow_redirects=False,
-        timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
-        # The environment's HTTP(S)_PROXY would receive the bearer token: only an explicit
-        # sidecar.proxy is used (README "Security").
-        trust_env=False,
-        proxy=sidecar.proxy,
-    )
-
-
-def _readiness(app: Starlette, settings: Settings, clients: dict[str, httpx.AsyncClient]) -> ReadinessGroup:
-    """One :class:`Readiness` per sidecar over the crews it serves, grouped (issue 21 item 3). Crew inputs
-    reported by each sidecar are merged into the capability index; what each can cancel is published
-    for its own crews."""
-    capabilities = app.state.capabilities
-    reported: dict[str, dict[str, Any]] = {}
-
-    def inputs_of(name: str) -> Callable[[dict[str, Any]], None]:
-        def update(found: dict[str, Any]) -> None:
-            reported[name] = found
-            capabilities.set_crew_inputs({crew: schema for inputs in reported.values() for crew, schema in inputs.items()})
-        return update
-
-    def cancellable_of(crew_ids: list[str]) -> Callable[[frozenset[str]], None]:
-        return lambda cancellable: capabilities.set_cancellable(cancellable, crew_ids)
-
-    members = []
-    for sidecar in _sidecars(settings):
-        crews = [crew for crew in settings.crews if sidecar.serves(crew.id)]
-        members.append((sidecar.name, Readiness(
-            clients[sidecar.name], crews, app.state.metrics, clock=app.state.clock, name=sidecar.name,
-            on_crew_inputs=inputs_of(sidecar.name),
-            on_cancellable=cancellable_of([crew.id for crew in crews]))))
-    return ReadinessGroup(members)
-
-
-def _lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) -> Callable[[Starlette], Any]:
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        settings: Settings = app.state.settings
-        # Dispatch leases where hosts share the store (PostgreSQL); a SQLite store has one host (its lock file).
-        shared = not isinstance(settings.store_path, Path)
-        try:
-            store = await Store.open(settings.store_path, clock=app.state.clock,
-                                     owner=settings.host_id if shared else None,
-                                     lease_ms=int(settings.lease_s * 1000), pool_size=settings.store_pool_size)
-        except StoreError as exc:  # the process reports it in one line and exits 2 (host/main.py)
-            app.state.startup_error = exc
-            raise
-        clients = {sidecar.name: _sidecar_http(sidecar, transport) for sidecar in _sidecars(settings)}
-        http = next(iter(clients.values()))
-        tasks: list[asyncio.Task[None]] = []
-        try:
-            app.state.store, app.state.http, app.state.sidecar_http = store, http, clients
-            app.state.authenticator.claims = store
-            app.state.readiness = _readiness(app, settings, clients)
-            async with contextlib.AsyncExitStack() as stack:
-                for module in modules:
-                    if hasattr(module, "lifespan"):
-                        await stack.enter_async_context(module.lifespan(app))
-                tasks.append(asyncio.create_task(app.state.readiness.run(settings.readiness_interval_s)))
-                tasks.append(asyncio.create_task(_purge_loop(store)))
-                log.info("host_started", bind=settings.bind, crews=len(settings.crews),
-                         tenants=len(settings.tenants), principals=len(settings.principals))
-                notify_systemd(settings.notify_socket)
-                try:
-                    yield
-                finally:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            app.state.authenticator.claims = None
-            for client in clients.values():
-                await client.aclose()
-            await store.close()
-            log.info("host_stopped")
-
-    return lifespan
-
-
 def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTransport | None = None,
                clock: Callable[[], float] = time.time, extensions: Sequence[str] = ()) -> Starlette:
     """Build the host app.
@@ -426,6 +311,7 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
     Source: ARCHITECTURE.md §6.
     """
     modules = [*CORE_MODULES, *_extensions(extensions)]
+    metrics = Metrics()
     routes = foundation_routes()
     if settings.openapi:
         routes.extend(openapi.routes())
@@ -435,23 +321,21 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
             routes.extend(module.routes())
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware), *_cors(settings),
+        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware, metrics=metrics), *_cors(settings),
                     Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: error_response(Overloaded(MAX_IN_FLIGHT))),
                     Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
                     Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S,
                                timed_out=BodyTimeout),
                     Middleware(BoundedBody, limit_for=body_limit, too_large=MessageTooLarge), Middleware(ClientGone)],
         exception_handlers={AipError: _aip_error_handler, HTTPException: _http_error_handler},
-        lifespan=_lifespan(sidecar_transport, modules),
+        lifespan=app_lifespan(sidecar_transport, modules),
     )
-    metrics = Metrics()
-    app.state.settings = settings
-    app.state.stopping = asyncio.Event()  # set at SIGTERM by host.main (see host.stopping)
-    app.state.clock = clock
-    app.state.metrics = metrics
-    app.state.crews = {crew.id: crew for crew in settings.crews}
-    app.state.principals = {p.id: p for p in settings.principals}
-    app.state.capabilities = CapabilityIndex(settings.crews, settings.tenants)
-    app.state.authenticator = Authenticator(settings.principals, None, clock=clock)
-    app.state.stream_token_key = stream_tokens.new_key()  # per process: tokens end with it (README "Stream tokens")
+    app.state.setup = HostSetup(
+        settings=settings, clock=clock, metrics=metrics, crews={crew.id: crew for crew in settings.crews},
+        principals={p.id: p for p in settings.principals},
+        capabilities=CapabilityIndex(settings.crews, settings.tenants),
+        authenticator=Authenticator(settings.principals, None, clock=clock),
+        stopping=asyncio.Event(),  # set at SIGTERM by host.main (see .stopping)
+        stream_token_key=stream_tokens_codec.new_key(),  # per process: tokens end with it (README "Stream tokens")
+    )
     return app

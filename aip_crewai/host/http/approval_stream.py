@@ -31,7 +31,7 @@ Source: issue 19 items 1-2; ARCHITECTURE.md §10 (live followers).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from .state import host_state
 from ...contracts.aip import Event
 from ...sse import encode_comment, encode_event
 from ..actions.service import ActionService
@@ -47,7 +48,8 @@ from ..auth.principals import can_read_approvals
 from .routes import SSE_HEADERS
 from .stopping import until_stopping
 from ..store.store import ApprovalRecord, InvalidCursor, ms_to_rfc3339
-from ..auth.stream_tokens import APPROVALS_SCOPE, authenticate_stream
+from ..auth.stream_tokens import APPROVALS_SCOPE
+from .stream_tokens import authenticate_stream
 
 #: Keep-alive comment interval, seconds (as on action streams).
 KEEPALIVE_S = 15.0
@@ -73,7 +75,7 @@ def parse_position(text: str) -> int:
 
 
 def approval_event(approval: ApprovalRecord, status: str, seq: int | None, now_ms: int,
-                   crews: dict[str, Any]) -> tuple[str, Event]:
+                   crews: Mapping[str, Any]) -> tuple[str, Event]:
     """The SSE event name and AIP ``Event`` of one logged change (``status``
     is the status the change set; ``seq`` None for a snapshot entry). Pure."""
     name = EVENT_NAMES.get(status, "pending")
@@ -92,7 +94,7 @@ def approval_event(approval: ApprovalRecord, status: str, seq: int | None, now_m
     return name, event
 
 
-async def follow_approvals(service: ActionService, tenant: str, crews: dict[str, Any],
+async def follow_approvals(service: ActionService, tenant: str, crews: Mapping[str, Any],
                            after: int | None) -> AsyncIterator[bytes]:
     """The frames of a tenant's approval stream (module table), forever.
 
@@ -147,13 +149,14 @@ async def get_approval_events(request: Request) -> Response:
     or one past the latest event."""
     principal = await authenticate_stream(request, scope=APPROVALS_SCOPE)
     can_read_approvals(principal)
-    service: ActionService = request.app.state.actions
+    state = host_state(request)
+    service = state.actions
     value = request.headers.get("last-event-id") or request.query_params.get("cursor")
     after = parse_position(value) if value else None
     if after is not None and after > await service.store.last_approval_event(principal.tenant):
         raise InvalidCursor("Last-Event-ID is past the latest approval event of this tenant")
-    frames = follow_approvals(service, principal.tenant, request.app.state.crews, after)
-    return StreamingResponse(until_stopping(request.app.state.stopping, frames), media_type="text/event-stream",
+    frames = follow_approvals(service, principal.tenant, state.crews, after)
+    return StreamingResponse(until_stopping(state.stopping, frames), media_type="text/event-stream",
                              headers=SSE_HEADERS)
 
 

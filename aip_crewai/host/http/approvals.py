@@ -29,6 +29,7 @@ approval_request, approval_decision; README "The approval flow".
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -36,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .state import host_state
 from ... import httpsig
 from ...contracts.aip import (
     ApprovalDecision,
@@ -61,9 +63,11 @@ from ...contracts.errors import (
     ProofNotFound,
 )
 from ...contracts import operations as ops
-from ..actions.service import ActionService, fence_hash
+from ..actions.service import ActionService
+from ..actions.idempotency import fence_hash
 from ..auth.principals import Principal as Caller
-from ..auth.principals import authenticate, can_read_approvals
+from .authenticate import authenticate
+from ..auth.principals import can_read_approvals
 from .routes import aip_json
 from ..store.store import ApprovalRecord, ms_to_rfc3339
 
@@ -103,7 +107,7 @@ def principal_view(principal_id: str) -> Principal:
     return Principal(id=principal_id, kind=kind)
 
 
-def _subject(capability_id: str, crews: dict[str, Any]) -> tuple[Principal, str | None]:
+def _subject(capability_id: str, crews: Mapping[str, Any]) -> tuple[Principal, str | None]:
     """The crew an approval's capability runs (as an agent principal) and the operation's risk."""
     found = ops.resolve_capability(capability_id, {crew_id: ops.OPERATION_NAMES for crew_id in crews})
     if found is None:  # the crew was removed from the configuration since
@@ -113,7 +117,7 @@ def _subject(capability_id: str, crews: dict[str, Any]) -> tuple[Principal, str 
             ops.get(found[1]).risk.value)
 
 
-def render(approval: ApprovalRecord, now_ms: int, crews: dict[str, Any], *, with_payload: bool) -> ApprovalRecordView:
+def render(approval: ApprovalRecord, now_ms: int, crews: Mapping[str, Any], *, with_payload: bool) -> ApprovalRecordView:
     """The ApprovalRecordView of a stored approval (see the module table). Pure.
 
     Args:
@@ -178,7 +182,7 @@ async def list_approvals(request: Request) -> Response:
     page (``cursor`` None on the last page)."""
     principal = await authenticate(request)
     can_read_approvals(principal)
-    service: ActionService = request.app.state.actions
+    service: ActionService = host_state(request).actions
     status = request.query_params.get("status")
     if status is not None and status not in ("pending", "approved", "denied", "expired", "withdrawn"):
         raise InvalidEnvelope("status must be pending, approved, denied, expired or withdrawn")
@@ -189,13 +193,13 @@ async def list_approvals(request: Request) -> Response:
     now = service.now_ms()
     page = await service.store.list_approvals(principal.tenant, status=status,
                                               cursor=request.query_params.get("cursor"), limit=int(limit_text))
-    crews = request.app.state.crews
+    crews = host_state(request).crews
     return aip_json(ApprovalList(approvals=[render(a, now, crews, with_payload=False) for a in page.items],
                                  cursor=None if page.done else page.next_cursor))
 
 
 async def _approval(request: Request, principal: Caller) -> ApprovalRecord:
-    service: ActionService = request.app.state.actions
+    service: ActionService = host_state(request).actions
     approval = await service.store.get_approval(principal.tenant, request.path_params["approval_id"])
     if approval is None:
         raise ApprovalNotFound()
@@ -209,7 +213,7 @@ async def get_approval(request: Request) -> Response:
     can_read_approvals(principal)
     approval = await _approval(request, principal)
     # The exact input is for approvers; an operator reads the approval's metadata only.
-    return aip_json(render(approval, request.app.state.actions.now_ms(), request.app.state.crews,
+    return aip_json(render(approval, (state := host_state(request)).actions.now_ms(), state.crews,
                            with_payload=principal.has_role("approver")))
 
 
@@ -276,7 +280,7 @@ async def post_decision(request: Request) -> Response:
     proof = None
     if signature is not None:
         proof = msgspec.json.encode(DecisionProof(**signature.proof(), body=raw.decode("utf-8"))).decode()
-    service: ActionService = request.app.state.actions
+    service: ActionService = host_state(request).actions
     now = service.now_ms()
     decided = await service.decide(principal, approval.approval_id, decision.decision, decision.reason, now,
                                    proof=proof)

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from .state import host_state
 from ...contracts.errors import RouteNotFound
 
 
@@ -43,7 +44,7 @@ def _file(name: str) -> bytes:
 
 
 def _enabled(request: Request) -> None:
-    if not request.app.state.settings.console:
+    if not host_state(request).settings.console:
         raise RouteNotFound("the approval console is disabled on this host ([host] console = false)")
 
 

@@ -19,6 +19,8 @@ msgspec generates); issue 19 item 5.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import re
 from dataclasses import dataclass, field
@@ -251,11 +253,13 @@ def undocumented(routes: list[BaseRoute]) -> set[tuple[str, str]]:
 
 async def openapi_endpoint(request: Request) -> Response:
     """``GET /openapi.json``: the generated document (no authentication: it holds no tenant data)."""
-    encoded = getattr(request.app.state, "openapi_bytes", None)
-    if encoded is None:
-        encoded = msgspec.json.encode(document())
-        request.app.state.openapi_bytes = encoded
-    return Response(encoded, media_type=JSON)
+    return Response(_document_bytes(), media_type=JSON)
+
+
+@functools.lru_cache(maxsize=1)
+def _document_bytes() -> bytes:
+    """:func:`document` encoded once per process (it depends on no configuration)."""
+    return msgspec.json.encode(document())
 
 
 def routes() -> list[Route]:

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from .state import host_state
 from ... import httpsig
 from ...contracts.aip import (
     AIP_VERSION,
@@ -36,11 +37,13 @@ from ...contracts.aip import (
 from ...contracts.errors import CrewUnavailable, InvalidEnvelope, MessageTooLarge
 from ...sse import encode_comment, encode_event
 from ..actions.service import ActionService
-from ..auth.principals import FULL, Principal, authenticate, require_role
+from ..auth.principals import FULL, Principal, require_role
+from .authenticate import authenticate
 from ..actions.lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
 from ..crews.inputs import check_crew_inputs
 from .stopping import unless_stopping, until_stopping
-from ..auth.stream_tokens import action_scope, authenticate_stream
+from ..auth.stream_tokens import action_scope
+from .stream_tokens import authenticate_stream
 from ..store.store import ActionRecord, ChunkRecord, InvalidCursor, ms_to_rfc3339
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
@@ -91,7 +94,7 @@ async def _read_body(request: Request) -> bytes:
 
 
 def _service(request: Request) -> ActionService:
-    return request.app.state.actions
+    return host_state(request).actions
 
 
 def _wants_sse(request: Request) -> bool:
@@ -140,9 +143,9 @@ async def post_message(request: Request) -> Response:
     if action is None:
         raise InvalidEnvelope("this route accepts aip.core.v1.action and aip.core.v1.cancel envelopes")
     stream = _wants_sse(request) or action.streaming
-    index = request.app.state.capabilities
+    index = host_state(request).capabilities
     resolved = index.resolve(principal.tenant, action.capability_id)
-    readiness = request.app.state.readiness
+    readiness = host_state(request).readiness
     if resolved.crew.id in readiness.unserved_crews:
         member = readiness.member_for(resolved.crew.id) if hasattr(readiness, "member_for") else readiness
         if member is not None and not member.ready:
@@ -158,7 +161,7 @@ async def post_message(request: Request) -> Response:
             return await _result_response(service, record)
         return aip_json(ack_envelope(record, streaming=False), 202)
     timeout_s = (record.timeout_ms or 600_000) / 1000 + WAIT_MARGIN_S
-    record = await unless_stopping(request.app.state.stopping, service.wait(record, timeout_s), record)
+    record = await unless_stopping(host_state(request).stopping, service.wait(record, timeout_s), record)
     return await _result_response(service, record)
 
 
@@ -170,7 +173,7 @@ async def _result_response(service: ActionService, record: ActionRecord) -> Resp
 
 
 def _sse_response(request: Request, service: ActionService, record: ActionRecord, after: int) -> StreamingResponse:
-    frames = until_stopping(request.app.state.stopping, follow(service, record, after))
+    frames = until_stopping(host_state(request).stopping, follow(service, record, after))
     return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
 
 

@@ -4,7 +4,7 @@ Hypercorn waits for open connections before the app's lifespan shuts down
 (on Python 3.12.1 and later ``asyncio.Server.wait_closed`` really waits), so a
 tenant's open SSE stream, or a blocking call waiting for a long run, would
 keep the host alive past systemd's stop timeout. At SIGTERM (or the first
-SIGINT) ``host.main`` sets ``app.state.stopping``; then
+SIGINT) ``host.main`` sets ``HostSetup.stopping``; then
 
 - an SSE stream sends the comment :data:`SHUTDOWN_COMMENT` and ends without a
   terminal event; the tenant resumes on any host with ``Last-Event-ID``
