@@ -29,7 +29,8 @@ import structlog
 
 from ..log import configure_logging
 from ..storage import release_lock
-from .config import ConfigError, Settings, load_settings
+from .config import ConfigError, load_settings
+from .settings import Settings
 from .store.postgres import PostgresHostLock
 from .store.store import (
     InsecureStorePath,

@@ -37,7 +37,8 @@ from starlette.applications import Starlette
 from aip_crewai.contracts.hashing import jcs
 from aip_crewai.contracts.operations import OPERATION_NAMES
 from aip_crewai.host.http.app import create_app
-from aip_crewai.host.config import Settings, load_settings
+from aip_crewai.host.settings import Settings
+from aip_crewai.host.config import load_settings
 from aip_crewai.host.store.store import ms_to_rfc3339
 
 SIDECAR_TOKEN = "sidecar-secret-token"

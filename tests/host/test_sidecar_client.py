@@ -16,7 +16,7 @@ from aip_crewai.contracts.errors import (
     ConnectorTransport,
 )
 from aip_crewai.host.actions.normalize import StreamNormalizer
-from aip_crewai.host.actions.service import retry_delay_s
+from aip_crewai.host.actions.dispatch_task import retry_delay_s
 from aip_crewai.host.sidecars.readiness import published_keepalive_s
 from aip_crewai.host.sidecars.client import (
     DispatchProgress,

@@ -28,7 +28,6 @@ from ...contracts.errors import (
     ApprovalDenied,
     CapabilityNotFound,
     CapabilityRevoked,
-    ConnectorDispatchDeadline,
     Forbidden,
     IdempotencyConflict,
     IdempotencyKeyRequired,
@@ -37,23 +36,21 @@ from ...contracts.errors import (
 from ...contracts.hashing import canonical_json
 from ...contracts.inputs import convert_input
 from ...contracts.operations import OperationSpec
-from . import cancellation, recovery
+from . import cancellation, dispatch_task, recovery
 from ..auth.principals import FULL, Principal, action_access
-from .chunk_sink import ChunkSink
-from ..config import DEFAULT_DISPATCH_DEADLINE_S
-from .dispatch import DispatchDeferred, Dispatcher, Job, OnChunks, StartNotAdmitted
+from ..settings import DEFAULT_DISPATCH_DEADLINE_S
+from .dispatch import Dispatcher, Job
 from .lifecycle import ActionEvent, ActionState, DispatchState, approval_admits, policy_hash
 from .idempotency import IDEMPOTENCY_TTL_MS, checked_key, fence_hash, repeat_decision
 from .live import LiveAction, LiveRegistry
 from ..store.notify import RemoteChanges
 from .normalize import failed_result
-from ..sidecars.client import DispatchProgress
 from ..auth.principals import Authenticator
-from ..store.store import ActionRecord, ApprovalRecord, MissingTarget, Store, StoreUnavailable, ms_to_rfc3339
+from ..store.store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms_to_rfc3339
 from ..sidecars.view_cache import DEFAULT_ENTRIES, ViewCache, is_final_view
 from .writer import ActionWriter
 
-__all__ = ["ActionService", "pending_result", "durable_action", "inline_read", "retry_delay_s", "APPROVAL_TTL_MS"]
+__all__ = ["ActionService", "pending_result", "durable_action", "inline_read", "APPROVAL_TTL_MS"]
 
 log = structlog.get_logger(__name__)
 
@@ -61,17 +58,6 @@ APPROVAL_TTL_MS = 900_000
 #: Longest wait for another host's action between store reads when changes are pushed, seconds (a
 #: missed notification costs at most this much delay).
 REMOTE_POLL_S = 5.0
-#: Backoff between retries of a start the sidecar did not admit: first wait and cap, seconds (ARCHITECTURE.md §9).
-RETRY_FIRST_S, RETRY_MAX_S = 0.5, 30.0
-
-
-def retry_delay_s(attempt: int) -> float:
-    """The wait before retry ``attempt`` (1, 2, ...) of a start the sidecar
-    did not admit, seconds: :data:`RETRY_FIRST_S` doubled per attempt, at
-    most :data:`RETRY_MAX_S`. Raises ValueError for ``attempt`` < 1. Pure."""
-    if attempt < 1:
-        raise ValueError("attempts count from 1")
-    return min(RETRY_FIRST_S * 2 ** min(attempt - 1, 16), RETRY_MAX_S)
 _result_decoder = msgspec.json.Decoder(ActionResult)
 _view_encoder = msgspec.json.Encoder()
 
@@ -290,7 +276,7 @@ class ActionService:
                     fresh_view = _view_encoder.encode(result.output)
                 if spec.name == "status" and result.error is not None \
                         and (result.error.details or {}).get("remote_status") == 404:
-                    result = await self._status_before_admission(job) or result
+                    result = await dispatch_task.status_before_admission(self, job) or result
             except Exception:  # a host bug answers a typed failure, recorded like any other result
                 log.exception("dispatch_crashed")
                 result = failed_result(action.id, AipError("the host failed while dispatching the action"))
@@ -357,131 +343,10 @@ class ActionService:
             return live
         live = LiveAction(job=self.job(record, stream=stream))
         self.live.add(live)
-        dispatch = self._dispatch(live, mark_sent=record.dispatch == DispatchState.NOT_SENT, recheck=not rechecked)
+        dispatch = dispatch_task.run(self, live, mark_sent=record.dispatch == DispatchState.NOT_SENT,
+                                     recheck=not rechecked)
         live.task = asyncio.get_running_loop().create_task(dispatch, name=f"dispatch:{record.action_id}")
         return live
-
-    async def _dispatch(self, live: LiveAction, *, mark_sent: bool = True, recheck: bool = True) -> None:
-        job = live.job
-        tenant, action_id = job.tenant, job.action_id
-        structlog.contextvars.clear_contextvars()  # this task's own context: drop the request that started it
-        structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
-
-        sink = ChunkSink(self.store, live)
-        try:
-            if not await self.store.take_lease(tenant, action_id):  # another host dispatches it (issue 21)
-                log.info("action_leased_elsewhere")
-                return
-            if job.spec.approval and recheck:  # governed: re-check what its approval relied on, before sending
-                record = await self.store.get_action(tenant, action_id)
-                revoked = self.revocation(record) if record is not None else None
-                if record is not None and revoked is not None:
-                    await self.writer.finish(tenant, action_id, failed_result(action_id, revoked),
-                                             DispatchState.NOT_SENT.value, settle_dispatch=True)
-                    return
-            result = await self._run_until_admitted(live, sink.add, mark_sent=mark_sent)
-            if result is None:  # no longer running (a cancel won while it waited), or deferred to the reconciler
-                await sink.drain()
-                return
-            await sink.drain()
-            if job.spec.name == "status" and result.error is not None \
-                    and (result.error.details or {}).get("remote_status") == 404:
-                result = await self._status_before_admission(job) or result
-            # The dispatch's own final word on how far its request got (`not_sent` after a refused connection).
-            live.final = await self.writer.finish(tenant, action_id, result, job.dispatch.state, operation=job.spec.name,
-                                            durable=job.durable, settle_dispatch=True)
-        except asyncio.CancelledError:
-            sink.discard()  # a cancelled dispatch stores no further chunks (its canceller records the result)
-            raise
-        except StoreUnavailable:
-            # The store cannot be written now (an outage): the action stays running (its lease this host's),
-            # and the job goes on at the sidecar. The reconciler (every RECONCILE_S) re-attaches to it once
-            # the store answers again, replaying the chunks not yet stored, and records its real outcome;
-            # writing a failure here would give a tenant "failed" for a run that completes.
-            sink.discard()
-            log.warning("dispatch_deferred", reason="store unavailable")
-        except Exception:  # never lose an action: record a failure instead
-            log.exception("dispatch_crashed")
-            with contextlib.suppress(Exception):  # keep what was received, unless storing is what failed
-                await sink.drain()
-            error = AipError("the host failed while dispatching the action")
-            await self.writer.finish(tenant, action_id, failed_result(action_id, error), job.dispatch.state,
-                               operation=job.spec.name)
-        finally:
-            self.live.remove(tenant, action_id)
-            live.notify()
-
-    async def _run_until_admitted(self, live: LiveAction, on_chunks: OnChunks, *,
-                                  mark_sent: bool) -> ActionResult | None:
-        """Run the job; a start the sidecar provably did not admit is retried
-        (same job id and idempotency key, so never run twice) after
-        :func:`retry_delay_s`, the action requeued meanwhile (tenants
-        see ``queued``), until the dispatch deadline: then a failed result
-        ``connector.crewai.dispatch_deadline`` with ``uncertain_outcome:
-        false`` (ARCHITECTURE.md §9). Returns the result to store, or None:
-        the action stopped running meanwhile (a cancel), or its silent stream
-        is left to the reconciler (:class:`~.dispatch.DispatchDeferred`)."""
-        job = live.job
-        attempts, deadline_ms = 0, None
-        while True:
-            if mark_sent and await self.writer.mark_sent(job.tenant, job.action_id, durable=job.durable) is None:
-                return None  # no longer running (cancelled while queued): nothing is sent
-            try:
-                return await self.dispatcher.run(job, on_chunks)
-            except DispatchDeferred as deferred:
-                log.warning("dispatch_deferred", code=deferred.error.code)
-                return None
-            except StartNotAdmitted as refused:
-                attempts += 1
-                if deadline_ms is None:
-                    deadline_ms = await self._dispatch_deadline_ms(job.tenant, job.action_id)
-                remaining_ms = deadline_ms - self.now_ms()
-                log.info("dispatch_not_admitted", code=refused.error.code, attempts=attempts,
-                         remaining_ms=max(remaining_ms, 0))
-                job.dispatch.state = DispatchState.NOT_SENT.value
-                if remaining_ms <= 0:
-                    return failed_result(job.action_id, ConnectorDispatchDeadline(
-                        operation=job.spec.name, remote_status=refused.error.remote_status, uncertain_outcome=False,
-                        read_only=job.spec.read_only, dispatch=DispatchState.NOT_SENT.value,
-                        details={"deadline_seconds": self.dispatch_deadline_ms / 1000, "attempts": attempts,
-                                 "last_cause": refused.error.code}))
-                if await self.writer.requeue(job.tenant, job.action_id, durable=job.durable) is None:
-                    return None
-                live.notify()
-                live.retry_waiting = True
-                try:
-                    await asyncio.sleep(min(retry_delay_s(attempts), remaining_ms / 1000))
-                finally:
-                    live.retry_waiting = False
-                job.dispatch = DispatchProgress()
-                mark_sent = True
-
-    async def _dispatch_deadline_ms(self, tenant: str, action_id: str) -> int:
-        """When retries of an action's start stop, epoch ms: the dispatch
-        deadline after the action could first run (its approval's decision,
-        else its admission), both stored, so a restart keeps the deadline."""
-        record = await self.record(tenant, action_id)
-        since = record.created_at
-        if record.approval_id:
-            approval = await self.store.get_approval(tenant, record.approval_id)
-            if approval is not None and approval.decided_at is not None:
-                since = approval.decided_at
-        return since + self.dispatch_deadline_ms
-
-    async def _status_before_admission(self, job: Job) -> ActionResult | None:
-        """The ``status`` of a run the sidecar does not know because it has not
-        admitted it: never sent (pending approval, denied, expired, cancelled
-        before dispatch) or its start still on the way (just approved): the
-        host's own view of that run, in the shape of the sidecar's job view,
-        instead of a 404 from the sidecar. None when the sidecar answered the
-        run's start (``acknowledged``): then its 404 stands."""
-        run_action_id = str(job.input["run_action_id"])
-        target = await self.store.get_action(job.tenant, run_action_id)
-        if target is None or target.dispatch == DispatchState.ACKNOWLEDGED:
-            return None
-        view = {"action_id": run_action_id, "crew_id": target.crew_id, "operation": target.operation,
-                "status": target.status, "event_count": 0, "output": None}
-        return ActionResult(action_id=job.action_id, status="completed", output=view)
 
     # --- reading ---------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import msgspec
 import structlog
 
 from ...contracts.aip import ActionResult
-from ...contracts.errors import ApprovalExpired
+from ...contracts.errors import ApprovalExpired, CapabilityRevoked
 from ..auth.principals import Principal
 from .dispatch import Dispatcher, Job
 from .lifecycle import (
@@ -225,7 +225,7 @@ class ActionWriter:
 
 
 class ActionRuntime(Protocol):
-    """What the lifecycle functions (:mod:`.cancellation`, :mod:`.recovery`)
+    """What the lifecycle functions (:mod:`.cancellation`, :mod:`.recovery`, :mod:`.dispatch_task`)
     use of the action service: the writer, the dispatcher, the live registry,
     and reads."""
 
@@ -234,6 +234,8 @@ class ActionRuntime(Protocol):
     dispatcher: Dispatcher
     live: LiveRegistry
     now_ms: Callable[[], int]
+    #: How long a start the sidecar provably did not admit is retried, ms (ARCHITECTURE.md §9).
+    dispatch_deadline_ms: int
 
     async def get(self, caller: Principal, action_id: str) -> ActionRecord: ...
     async def record(self, tenant: str, action_id: str) -> ActionRecord: ...
@@ -241,3 +243,4 @@ class ActionRuntime(Protocol):
     async def refresh(self, record: ActionRecord) -> ActionRecord: ...
     def job(self, record: ActionRecord, *, stream: bool) -> Job: ...
     def start(self, record: ActionRecord, *, stream: bool = False) -> LiveAction: ...
+    def revocation(self, record: ActionRecord) -> CapabilityRevoked | None: ...

@@ -64,7 +64,7 @@ from ...bearer import parse_bearer
 from ...contracts.errors import Forbidden, InvalidInput, NonCanonicalNumber, Unauthenticated
 from ...contracts.hashing import jcs, number_problem
 from ...contracts.inputs import MAX_INPUT_DEPTH, exceeds_depth
-from ..config import PrincipalConfig
+from ..settings import PrincipalConfig
 from ..store.store import rfc3339_to_ms
 
 log = structlog.get_logger(__name__)
@@ -163,7 +163,7 @@ class Authenticator:
     """Authenticates requests against the configured principals.
 
     Args:
-        principals: from :class:`~aip_crewai.host.config.Settings`.
+        principals: from :class:`~aip_crewai.host.settings.Settings`.
         claims: the store (``claim_message_id``), used for signed envelopes.
         clock: seconds since the epoch (injectable for tests).
     """

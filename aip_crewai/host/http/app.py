@@ -68,7 +68,7 @@ from ...contracts.errors import (
 from ...serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
 from ..auth import stream_tokens as stream_tokens_codec
 from ..auth.principals import SCOPE_LOG_KEY, Authenticator, require_role
-from ..config import Settings
+from ..settings import Settings
 from ..crews.manifest import CapabilityIndex, to_wire
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import Metrics, method_label

@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from ..actions import recovery
 from ..actions.dispatch import Dispatcher
 from ..actions.service import ActionService
-from ..config import Settings, SidecarSettings
+from ..settings import Settings, SidecarSettings
 from ..sidecars.client import SidecarClient
 from ..sidecars.readiness import Readiness, ReadinessGroup, notify_systemd
 from ..store.notify import listen

@@ -19,7 +19,7 @@ from starlette.requests import HTTPConnection
 
 from ..actions.service import ActionService
 from ..auth.principals import Authenticator
-from ..config import PrincipalConfig, Settings
+from ..settings import PrincipalConfig, Settings
 from ..crews.descriptors import CrewDescriptor
 from ..crews.manifest import CapabilityIndex
 from ..metrics import Metrics
