@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from .lifecycle import DispatchState
 from ...contracts.aip import ActionResult, StreamChunk
 from ...contracts.errors import (
     ConnectorCancelledUnconfirmed,
@@ -131,9 +132,9 @@ class Dispatcher:
             # Only the start request's own refusal: a read after an answered start (the job view of a
             # blocking start, a full output) that cannot connect says nothing about admission.
             if job.spec.startable and not_admitted(exc) \
-                    and (exc.details.get("admitted") is False or job.dispatch.state == "not_sent"):
+                    and (exc.details.get("admitted") is False or job.dispatch.state == DispatchState.NOT_SENT):
                 raise StartNotAdmitted(exc) from exc
-            if job.spec.stream and job.spec.cancel and isinstance(exc, _STREAM_FAILURES) and job.dispatch.state != "not_sent":
+            if job.spec.stream and job.spec.cancel and isinstance(exc, _STREAM_FAILURES) and job.dispatch.state != DispatchState.NOT_SENT:
                 exc = await self._cancel_after_failure(job, exc)
             log.warning("dispatch_failed", code=exc.code, operation=job.spec.name, dispatch=job.dispatch.state)
             return failed_result(job.action_id, exc)
@@ -209,7 +210,7 @@ class Dispatcher:
                 if exc.remote_status is None:  # no answer: leave the action running for the reconciler
                     raise DispatchDeferred(exc) from exc
                 raise
-            job.dispatch.state = "acknowledged"  # the sidecar knows the job
+            job.dispatch.state = DispatchState.ACKNOWLEDGED  # the sidecar knows the job
             normalizer = normalizer.resumed()
             try:
                 return await self.client_for(job).stream(

@@ -122,7 +122,7 @@ async def _run_until_admitted(runtime: ActionRuntime, live: LiveAction, on_chunk
             remaining_ms = deadline_ms - runtime.now_ms()
             log.info("dispatch_not_admitted", code=refused.error.code, attempts=attempts,
                      remaining_ms=max(remaining_ms, 0))
-            job.dispatch.state = DispatchState.NOT_SENT.value
+            job.dispatch.state = DispatchState.NOT_SENT
             if remaining_ms <= 0:
                 return failed_result(job.action_id, ConnectorDispatchDeadline(
                     operation=job.spec.name, remote_status=refused.error.remote_status, uncertain_outcome=False,

@@ -45,7 +45,19 @@ from ...contracts.aip import AckStatus, ActionLifecycleState
 from ...contracts.hashing import canonical_json, sha256_hex
 
 
-class ActionState(str, enum.Enum):
+class Vocabulary(str, enum.Enum):
+    """Base of the lifecycle's string enums: a member IS its value (``str()``, f-strings, JSON, hashing
+    and ``==`` all see ``"running"``), so records carry enums end to end while every stored, logged and
+    sent value stays the same string (the behaviour of Python 3.11's ``StrEnum``, on 3.10 too)."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return format(str.__str__(self), spec)
+
+
+class ActionState(Vocabulary):
     """The stored states of an action (a subset of AIP's ActionLifecycleState)."""
 
     PENDING_APPROVAL = "pending_approval"
@@ -55,7 +67,7 @@ class ActionState(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
-class DispatchState(str, enum.Enum):
+class DispatchState(Vocabulary):
     """How far a running action's request got to the sidecar."""
 
     NOT_SENT = "not_sent"
@@ -63,7 +75,18 @@ class DispatchState(str, enum.Enum):
     ACKNOWLEDGED = "acknowledged"  # the sidecar answered it (admitted the job)
 
 
-class ActionEvent(str, enum.Enum):
+class ApprovalStatus(Vocabulary):
+    """The stored statuses of an approval: ``pending`` until its one decision, expiry or withdrawal
+    (ARCHITECTURE.md §9 "Approval statuses")."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"
+
+
+class ActionEvent(Vocabulary):
     """What moves an action (see the module table)."""
 
     REQUEST_APPROVAL = "request_approval"
@@ -140,7 +163,7 @@ _STILL_RUNNING_STATUSES = frozenset({409, 502, 504})
 PROVISIONAL_MARKERS = ('"uncertain_outcome":true', *(f'"remote_status":{s}' for s in sorted(_STILL_RUNNING_STATUSES)))
 
 
-def result_is_final(status: str, *, startable: bool, error_code: str | None,
+def result_is_final(status: ActionState, *, startable: bool, error_code: str | None,
                     details: dict[str, object] | None) -> bool:
     """Whether a stored result is final: the host will not change it
     (ARCHITECTURE.md §9 "Final results"). Pure.
@@ -195,7 +218,7 @@ class ApprovalFacts(Protocol):
     """What :func:`approval_admits` reads of a stored approval."""
 
     @property
-    def status(self) -> str: ...
+    def status(self) -> ApprovalStatus: ...
     @property
     def policy_hash(self) -> str: ...
     @property
@@ -221,7 +244,7 @@ def approval_admits(approval: ApprovalFacts, record: ActionFacts) -> bool:
     """Whether ``approval`` lets ``record`` run: approved, bound to this exact
     action (tenant, action id, capability, input hash: the policy hash), and
     decided before it expired (README "The approval flow"). Pure."""
-    return (approval.status == "approved"
+    return (approval.status == ApprovalStatus.APPROVED
             and approval.policy_hash == policy_hash(record.tenant, record.action_id, record.capability_id,
                                                     record.input_hash)
             and not (approval.decided_at is not None and approval.decided_at >= approval.expires_at))
@@ -230,7 +253,7 @@ def approval_admits(approval: ApprovalFacts, record: ActionFacts) -> bool:
 # --- runtime cancellation (README "Cancellation") -------------------------------
 
 
-class CancelCase(str, enum.Enum):
+class CancelCase(Vocabulary):
     """Which row of the cancellation table applies to an action now."""
 
     ENDED = "ended"  # already terminal: its result stands
@@ -275,7 +298,7 @@ CANCEL_OUTCOMES: dict[CancelCase, CancelOutcome] = {
 NOT_CANCELLABLE_OPERATIONS = frozenset({"memory_reset", "cancel"})
 
 
-def cancel_case(status: str, operation: str, *, read_only: bool) -> CancelCase:
+def cancel_case(status: ActionState, operation: str, *, read_only: bool) -> CancelCase:
     """The :class:`CancelCase` of an action in stored state ``status``. Pure."""
     if is_terminal(status):
         return CancelCase.ENDED
@@ -301,12 +324,12 @@ LIFECYCLE: dict[tuple[str, str], ActionLifecycleState] = {
 }
 
 
-def lifecycle_state(status: str, dispatch: str) -> ActionLifecycleState:
+def lifecycle_state(status: ActionState, dispatch: DispatchState) -> ActionLifecycleState:
     """The AIP ActionLifecycleState of a stored action (``unknown`` for a pair outside the table)."""
     return LIFECYCLE.get((status, dispatch), "unknown")
 
 
-def ack_status(status: str, dispatch: str, *, streaming: bool) -> AckStatus:
+def ack_status(status: ActionState, dispatch: DispatchState, *, streaming: bool) -> AckStatus:
     """The AckStatus the host answers for an action it has accepted.
 
     - ended (a repeat, or a replayed stream): ``cached``, the stored result follows;
@@ -323,6 +346,6 @@ def ack_status(status: str, dispatch: str, *, streaming: bool) -> AckStatus:
     return "accepted"
 
 
-def ack_reason(status: str) -> str | None:
+def ack_reason(status: ActionState) -> str | None:
     """The ack's ``reason``: the stored state when it is not plain running."""
-    return None if status == ActionState.RUNNING else status
+    return None if status == ActionState.RUNNING else status.value

@@ -40,7 +40,7 @@ from . import cancellation, dispatch_task, recovery
 from ..auth.principals import FULL, Principal, action_access
 from ..settings import DEFAULT_DISPATCH_DEADLINE_S
 from .dispatch import Dispatcher, Job
-from .lifecycle import ActionEvent, ActionState, DispatchState, approval_admits, policy_hash
+from .lifecycle import ActionEvent, ActionState, ApprovalStatus, DispatchState, approval_admits, policy_hash
 from .idempotency import IDEMPOTENCY_TTL_MS, checked_key, fence_hash, repeat_decision
 from .live import LiveAction, LiveRegistry
 from ..store.notify import RemoteChanges
@@ -266,7 +266,7 @@ class ActionService:
         if cached is not None:
             self._count_status_cache("hit")
             result = ActionResult(action_id=action.id, status="completed", output=msgspec.Raw(cached))
-            job.dispatch.state = DispatchState.ACKNOWLEDGED.value
+            job.dispatch.state = DispatchState.ACKNOWLEDGED
         else:
             if spec.name == "status" and self.status_views.enabled:
                 self._count_status_cache("miss")
@@ -362,11 +362,11 @@ class ActionService:
                 # A previous process died between writing the action and its approval.
                 approval = await self.writer.restore_approval(record, _approval_hash(record),
                                                               record.created_at + APPROVAL_TTL_MS)
-            if approval is not None and approval.effective_status(self.now_ms()) == "expired":
+            if approval is not None and approval.effective_status(self.now_ms()) is ApprovalStatus.EXPIRED:
                 await self.expire_due()  # this one's and every other due approval's action
                 await self.writer.expire(record.tenant, record.action_id)
                 return await self.record(record.tenant, record.action_id)
-            if approval is not None and approval.status in ("approved", "denied"):
+            if approval is not None and approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
                 await self.on_decision(approval)  # decided by a process that died before applying the decision
                 return await self.record(record.tenant, record.action_id)
         if record.status == ActionState.RUNNING and self.live.get(record.tenant, record.action_id) is None:
@@ -470,7 +470,7 @@ class ActionService:
         record = await self.record(approval.tenant, approval.action_id)
         if record.status != ActionState.PENDING_APPROVAL:
             return
-        if approval.status == "denied":
+        if approval.status is ApprovalStatus.DENIED:
             self._fence("approval", "denied")
             await self.writer.finish(record.tenant, record.action_id, failed_result(record.action_id, ApprovalDenied()),
                                      DispatchState.NOT_SENT.value, event=ActionEvent.DENY)
@@ -522,7 +522,7 @@ class ActionService:
         """
         pending = await self.store.get_approval(approver.tenant, approval_id)
         record = await self.store.get_action(approver.tenant, pending.action_id) if pending else None
-        if decision == "approved" and record is not None and record.status == ActionState.PENDING_APPROVAL:
+        if decision == ApprovalStatus.APPROVED and record is not None and record.status == ActionState.PENDING_APPROVAL:
             revoked = self.revocation(record)
             if revoked is not None:
                 await self._fail_revoked(record, revoked)

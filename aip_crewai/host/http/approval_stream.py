@@ -40,6 +40,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from .state import host_state
+from ..actions.lifecycle import ApprovalStatus
 from ...contracts.aip import Event
 from ...sse import encode_comment, encode_event
 from ..actions.service import ActionService
@@ -113,7 +114,7 @@ async def follow_approvals(service: ActionService, tenant: str, crews: Mapping[s
         while True:
             page = await store.list_approvals(tenant, status="pending", cursor=cursor, limit=200)
             for approval in page.items:
-                if approval.effective_status(now) == "pending":
+                if approval.effective_status(now) is ApprovalStatus.PENDING:
                     name, event = approval_event(approval, "pending", None, now, crews)
                     frames.append(encode_event(_encode.encode(event).decode(), event=name))
             if page.done:

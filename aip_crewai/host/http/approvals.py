@@ -38,6 +38,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .state import host_state
+from ..actions.lifecycle import ApprovalStatus
 from ... import httpsig
 from ...contracts.aip import (
     ApprovalDecision,
@@ -184,7 +185,7 @@ async def list_approvals(request: Request) -> Response:
     can_read_approvals(principal)
     service: ActionService = host_state(request).actions
     status = request.query_params.get("status")
-    if status is not None and status not in ("pending", "approved", "denied", "expired", "withdrawn"):
+    if status is not None and status not in {s.value for s in ApprovalStatus}:
         raise InvalidEnvelope("status must be pending, approved, denied, expired or withdrawn")
     limit_text = request.query_params.get("limit", "100")
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= 200:
@@ -238,7 +239,7 @@ async def _why_undecided(service: ActionService, principal: Caller, approval_id:
     (its action was cancelled), or already decided."""
     details = {"approval_id": approval_id}
     current = await service.store.get_approval(principal.tenant, approval_id)
-    if current is not None and current.effective_status(service.now_ms()) == "expired":
+    if current is not None and current.effective_status(service.now_ms()) is ApprovalStatus.EXPIRED:
         return ApprovalExpiredUndecidable(details=details)
     if current is not None and current.status in ("pending", "withdrawn"):
         return ApprovalWithdrawn(details=details)  # pending here: its action left pending_approval first

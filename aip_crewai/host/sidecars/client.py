@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from ..actions.lifecycle import DispatchState
 from ...contracts.aip import StreamChunk
 from ...contracts.errors import (
     ConnectorAuthentication,
@@ -105,7 +106,7 @@ def sidecar_idempotency_key(key: str) -> str:
 class DispatchProgress:
     """How far one request got (ARCHITECTURE.md §8)."""
 
-    state: str = "not_sent"
+    state: DispatchState = DispatchState.NOT_SENT
 
 
 def error_for_status(
@@ -142,7 +143,7 @@ def _refused_before_admission(error: ConnectorError) -> None:
 def _silent(spec: OperationSpec, dispatch: DispatchProgress, silence_s: float | None) -> ConnectorStreamSilent:
     return ConnectorStreamSilent(
         f"the sidecar sent nothing for {silence_s} s", operation=spec.name,
-        uncertain_outcome=spec.mutation and dispatch.state != "not_sent", read_only=spec.read_only,
+        uncertain_outcome=spec.mutation and dispatch.state != DispatchState.NOT_SENT, read_only=spec.read_only,
         dispatch=dispatch.state, details={"silence_seconds": silence_s},
     )
 
@@ -151,7 +152,7 @@ def _transport_error(spec: OperationSpec, dispatch: DispatchProgress, exc: Excep
     return ConnectorTransport(
         f"the sidecar could not be reached ({type(exc).__name__})",
         operation=spec.name,
-        uncertain_outcome=spec.mutation and dispatch.state != "not_sent",
+        uncertain_outcome=spec.mutation and dispatch.state != DispatchState.NOT_SENT,
         read_only=spec.read_only,
         dispatch=dispatch.state,
     )
@@ -212,21 +213,21 @@ class SidecarClient:
         ``sent`` once we try, back to ``not_sent`` when no connection was made,
         ``acknowledged`` when the sidecar answered."""
         try:
-            dispatch.state = "sent"
+            dispatch.state = DispatchState.SENT
             timeout = httpx.USE_CLIENT_DEFAULT if read_timeout_s is None else \
                 httpx.Timeout(read_timeout_s, connect=self.http.timeout.connect)
             request = self.http.build_request(method, path, headers=headers, json=json, params=params,
                                               timeout=timeout)
             response = await self.http.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached the sidecar
-            dispatch.state = "not_sent"
+            dispatch.state = DispatchState.NOT_SENT
             raise _transport_error(spec, dispatch, exc) from exc
         except httpx.ReadTimeout as exc:
             raise _silent(spec, dispatch, read_timeout_s) if silent_is_distinct else \
                 _transport_error(spec, dispatch, exc) from exc
         except httpx.HTTPError as exc:
             raise _transport_error(spec, dispatch, exc) from exc
-        dispatch.state = "acknowledged"
+        dispatch.state = DispatchState.ACKNOWLEDGED
         return response
 
     async def _json(

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 import msgspec
 
 from ...contracts.errors import AipError, Category
-from ..actions.lifecycle import DispatchState
+from ..actions.lifecycle import ActionState, ApprovalStatus, DispatchState
 
 
 # Migration 2: an approval whose action the tenant cancelled before any decision is
@@ -81,8 +81,8 @@ class ActionRecord:
     input_hash: str
     principal_id: str
     idempotency_key: str | None
-    status: str
-    dispatch: str
+    status: ActionState
+    dispatch: DispatchState
     result_json: str | None
     error_json: str | None
     approval_id: str | None
@@ -93,6 +93,10 @@ class ActionRecord:
     #: the host that dispatches or reconciles the running action, and until when (ms): issue 21 item 2
     lease_owner: str | None = None
     lease_expires_at: int | None = None
+
+    def __post_init__(self) -> None:  # rows hold the values: the record holds the lifecycle's enums
+        object.__setattr__(self, "status", ActionState(self.status))
+        object.__setattr__(self, "dispatch", DispatchState(self.dispatch))
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ class ApprovalRecord:
     policy_hash: str
     requested_by: str
     input_snapshot_json: str
-    status: str
+    status: ApprovalStatus
     decision_reason: str | None
     decided_by: str | None
     decided_at: int | None
@@ -129,9 +133,13 @@ class ApprovalRecord:
     #: JSON proof of a signed decision (:meth:`aip_crewai.httpsig.VerifiedSignature.proof` plus ``body``), else None.
     decision_proof: str | None = None
 
-    def effective_status(self, now_ms: int) -> str:
+    def __post_init__(self) -> None:  # the row holds the value: the record holds the enum
+        object.__setattr__(self, "status", ApprovalStatus(self.status))
+
+    def effective_status(self, now_ms: int) -> ApprovalStatus:
         """``expired`` for a pending approval past ``expires_at`` (before the sweep ran)."""
-        return "expired" if self.status == "pending" and now_ms >= self.expires_at else self.status
+        expired = self.status is ApprovalStatus.PENDING and now_ms >= self.expires_at
+        return ApprovalStatus.EXPIRED if expired else self.status
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,10 @@ class ApprovalEvent:
 
     seq: int
     approval_id: str
-    status: str
+    status: ApprovalStatus
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", ApprovalStatus(self.status))
 
 
 class ChunkRecord(msgspec.Struct, frozen=True):
