@@ -77,9 +77,9 @@ except ModuleNotFoundError:  # Python 3.10
 
 from ..contracts.errors import AipError, Category
 from ..contracts.inputs import has_control_characters
-from ..files import FileTooLarge, NotRegularFile, read_regular
-from ..keys import SecretFileError, read_token
-from ..loopback import is_loopback
+from ..plumbing.files import FileTooLarge, NotRegularFile, read_regular
+from ..plumbing.keys import SecretFileError, read_token
+from ..plumbing.loopback import is_loopback
 from .crews.descriptors import AdmissionError, CrewDescriptor, load_descriptors
 from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
 from .settings import (

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import structlog
 
-from ..log import configure_logging
-from ..storage import release_lock
+from ..plumbing.log import configure_logging
+from ..plumbing.storage import release_lock
 from .config import ConfigError, load_settings
 from .settings import Settings
 from .store.postgres import PostgresHostLock
@@ -146,7 +146,7 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.utils import LifespanFailureError
 
-    from ..serving import hypercorn_config, hypercorn_logger
+    from ..plumbing.serving import hypercorn_config, hypercorn_logger
     from .http.app import create_app
     from .http.state import host_setup, startup_error
 

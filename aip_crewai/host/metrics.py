@@ -31,7 +31,7 @@ Source: ARCHITECTURE.md §6 (``/metrics``: Prometheus text); README "Security" (
 
 from __future__ import annotations
 
-from ..prometheus import CONTENT_TYPE, Counter, Gauge, Summary, _Family
+from ..plumbing.prometheus import CONTENT_TYPE, Counter, Gauge, Summary, _Family
 
 __all__ = ["CONTENT_TYPE", "KNOWN_METHODS", "Metrics", "method_label", "status_label"]
 #: Request methods counted under their own name; any other is counted as ``other``.

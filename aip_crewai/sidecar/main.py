@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from aip_crewai.log import configure_logging
+from aip_crewai.plumbing.log import configure_logging
 from aip_crewai.sidecar.config import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
-    from aip_crewai.sidecar.app import CrewFacts
-    from aip_crewai.sidecar.journal import Journal
+    from aip_crewai.sidecar.http.app import CrewFacts
+    from aip_crewai.sidecar.journal.store import Journal
 
 log = structlog.get_logger(__name__)
 
@@ -108,9 +108,9 @@ def _run(settings: Settings) -> int:
 
 async def _open_journal(settings: Settings) -> Journal | None:
     """Open, check and recover the journal; None (refusal printed) when it cannot be used."""
-    from aip_crewai.sidecar.app import recover
+    from aip_crewai.sidecar.http.app import recover
     from aip_crewai.sidecar.errors import JournalError
-    from aip_crewai.sidecar.journal import Journal
+    from aip_crewai.sidecar.journal.store import Journal
 
     if settings.journal is None:  # main() sets an ephemeral one; config requires it otherwise
         raise RuntimeError("settings.journal is not set")
@@ -161,7 +161,7 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] 
     prepare_crewai_environment(settings.state_dir)  # type: ignore[arg-type]
     context = None
     if settings.isolation == "process":
-        from aip_crewai.sidecar.workers import start_forkserver
+        from aip_crewai.sidecar.isolation.pool import start_forkserver
 
         context = start_forkserver(settings.registry)
     try:
@@ -169,7 +169,7 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] 
     except Exception as exc:  # a broken install: say which, never a traceback of provider text
         log.error("crewai_import_failed", error_type=type(exc).__name__)
         return _refuse(f"cannot import CrewAI ({type(exc).__name__})", status=1)
-    from aip_crewai.sidecar.app import registry_executor
+    from aip_crewai.sidecar.http.app import registry_executor
     from aip_crewai.sidecar.registry import RegistryError
 
     try:
@@ -179,8 +179,8 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] 
     log.info("crewai_ready", crews=len(crews), unusable_crews=len(facts.problems),
              import_ms=int((time.monotonic() - started) * 1000), isolation=settings.isolation)
     if context is not None:
-        from aip_crewai.sidecar.worker_wire import Boot
-        from aip_crewai.sidecar.workers import WorkerPool
+        from aip_crewai.sidecar.isolation.wire import Boot
+        from aip_crewai.sidecar.isolation.pool import WorkerPool
 
         json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
         boot = Boot(settings.registry, str(settings.state_dir), json_logs, settings.log_level)
@@ -194,8 +194,8 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
                  crew_facts: CrewFacts) -> int:
     from hypercorn.asyncio import serve
 
-    from aip_crewai.serving import hypercorn_config, hypercorn_logger
-    from aip_crewai.sidecar.app import create_app
+    from aip_crewai.plumbing.serving import hypercorn_config, hypercorn_logger
+    from aip_crewai.sidecar.http.app import create_app
 
     try:
         fd, port = _listen(settings.host, settings.port)
@@ -205,7 +205,7 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
     except BaseException:
         await journal.close()
         raise
-    from aip_crewai.sidecar.workers import WorkerPool
+    from aip_crewai.sidecar.isolation.pool import WorkerPool
 
     workers = executor if isinstance(executor, WorkerPool) else None
     app = create_app(settings, crews=crews, executor=executor, journal=journal,  # type: ignore[arg-type]

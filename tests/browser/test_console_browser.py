@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from aip_crewai.client import new_id
-from aip_crewai.keys import generate_ed25519
+from aip_crewai.plumbing.keys import generate_ed25519
 from host_process import start_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(180)]

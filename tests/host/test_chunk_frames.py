@@ -1,4 +1,4 @@
-"""The host's stored-chunk SSE frames (``routes_actions.ChunkFrames``): the byte template equals encoding
+"""The host's stored-chunk SSE frames (``host/http/routes.py`` ``ChunkFrames``): the byte template equals encoding
 the decoded chunk inside an ``Envelope`` (issue 22 item 2: replay speed without a second dialect)."""
 
 from __future__ import annotations

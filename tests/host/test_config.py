@@ -350,7 +350,7 @@ def test_the_postgresql_pools_log_lines_are_one_structured_line_each(capsys):
     import logging
 
     from aip_crewai.host.main import route_library_logs
-    from aip_crewai.log import configure_logging
+    from aip_crewai.plumbing.log import configure_logging
 
     configure_logging(json=True, level="info", cache=False)
     route_library_logs("psycopg")

@@ -177,7 +177,7 @@ def target_uri_signed(request: httpx.Request, principal: str) -> httpx.Request:
 
     from http_message_signatures import HTTPMessageSigner, algorithms
 
-    from aip_crewai.httpsig import _Keys, _Message
+    from aip_crewai.plumbing.httpsig import _Keys, _Message
 
     headers: dict[str, str] = {}
     signer = HTTPMessageSigner(signature_algorithm=algorithms.ED25519, key_resolver=_Keys(private=private_key(principal)))

@@ -95,8 +95,8 @@ async def sidecar_app(root: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Fail
     """``(client, failing connection, fake executor, app)``: the sidecar in-process on a journal in ``root``."""
     from sidecar_fakes import FAKE_CREWS, TOKEN, FakeExecutor, make_settings
 
-    from aip_crewai.sidecar.app import create_app
-    from aip_crewai.sidecar.journal import Journal
+    from aip_crewai.sidecar.http.app import create_app
+    from aip_crewai.sidecar.journal.store import Journal
 
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     settings = make_settings(root)
@@ -315,8 +315,8 @@ def journal_refusals(workdir: Path) -> list[Result]:
 
 
 async def _fill(path: Path, jobs: int) -> None:
-    from aip_crewai.sidecar.jobs import EventRow, JobStatus, NewJob
-    from aip_crewai.sidecar.journal import Journal
+    from aip_crewai.sidecar.jobs.model import EventRow, JobStatus, NewJob
+    from aip_crewai.sidecar.journal.store import Journal
 
     journal = await Journal.open(path)
     try:
@@ -341,7 +341,7 @@ def _foreign_sqlite(path: Path, version: int = 0) -> None:
 
 
 def _newer(path: Path, make: Callable[[Path], bytes]) -> None:
-    from aip_crewai.sidecar.journal import SCHEMA_VERSION
+    from aip_crewai.sidecar.journal.store import SCHEMA_VERSION
 
     make(path)
     with sqlite3.connect(path) as db:

@@ -255,7 +255,7 @@ def test_rel_fifo_token_key_and_config_files_refuse_start_up_instead_of_hanging(
     refused([*sidecar_command("--registry", REGISTRY), "--journal", str(d / "journal.db"), "--token-file",
              str(fifo(d / "token")), "--port", "0", "--allowed-operations", ALLOWED],
             "--token-file", child_env(d / "calls.log"))
-    from aip_crewai.keys import SecretFileError, load_ed25519
+    from aip_crewai.plumbing.keys import SecretFileError, load_ed25519
 
     with pytest.raises(SecretFileError, match="not a regular file"):  # the CLI's signing key
         load_ed25519(fifo(d / "signing.key"))
@@ -432,7 +432,7 @@ def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(stack):
     """Regression (item 3): 20 stalled anonymous connections held 42 MB indefinitely. A request head must
     arrive within 5 s (the connection is closed), and a body may not pause for more than 10 s (408, closed),
     on the host and the sidecar alike."""
-    from aip_crewai.serving import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
+    from aip_crewai.plumbing.serving import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
 
     _, sidecar, host = stack
     partial_head = b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Le"

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from aip_crewai.sidecar import fence
-from aip_crewai.sidecar import journal_files
+from aip_crewai.sidecar.journal import lock as fence
+from aip_crewai.sidecar.journal import files as journal_files
 from aip_crewai.sidecar.errors import JournalForeign, JournalFull
-from aip_crewai.sidecar.jobs import EventRow, JobStatus, NewJob, TaskRunRef
-from aip_crewai.sidecar.journal import Journal
+from aip_crewai.sidecar.jobs.model import EventRow, JobStatus, NewJob, TaskRunRef
+from aip_crewai.sidecar.journal.store import Journal
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from aip_crewai.sidecar import operations
-from aip_crewai.sidecar.context import SafeJobError
+from aip_crewai.sidecar.jobs.context import SafeJobError
 from aip_crewai.sidecar.crewai_env import MAX_PRINTED_LINE_CHARS, PrintedErrorLog, printed_error_label
 from aip_crewai.sidecar.registry import CrewSource, load_registry
 

@@ -4,8 +4,8 @@ import json
 import subprocess
 import sys
 
-from aip_crewai.sidecar.jobs import NewJob
-from aip_crewai.sidecar.journal import Journal
+from aip_crewai.sidecar.jobs.model import NewJob
+from aip_crewai.sidecar.journal.store import Journal
 
 
 def cli(*args):

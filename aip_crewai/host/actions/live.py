@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ...wakeup import ChangeSignal
+from ...plumbing.wakeup import ChangeSignal
 from .dispatch import Job
 from ..store.store import ActionRecord
 
@@ -26,7 +26,7 @@ class LiveAction:
     #: The record as the dispatch's own result write left it (None until then,
     #: and when another writer, e.g. a cancel, ended the action first).
     final: ActionRecord | None = None
-    #: The change signal (:class:`~aip_crewai.wakeup.ChangeSignal`): a follower
+    #: The change signal (:class:`~aip_crewai.plumbing.wakeup.ChangeSignal`): a follower
     #: reads :attr:`version` BEFORE reading the store and passes it to
     #: :meth:`wait`, so a change between its read and its wait is never missed.
     signal: ChangeSignal = field(default_factory=ChangeSignal)

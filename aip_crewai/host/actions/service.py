@@ -1,7 +1,7 @@
 """The action service: capability resolution, the idempotency and approval
 fences, dispatch in the background, cancellation and restart reconciliation.
 
-HTTP handlers (``routes_actions.py``, ``approvals.py``) stay thin over this.
+HTTP handlers (``http/routes.py``, ``http/approvals.py``) stay thin over this.
 Cancellation lives in :mod:`.cancellation`, restart reconciliation and the
 approval-expiry sweep in :mod:`.recovery` (:class:`ActionService` delegates
 to both), chunk storage in :mod:`.chunk_sink`.

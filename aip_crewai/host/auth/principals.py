@@ -20,7 +20,7 @@ Two ways in (ARCHITECTURE.md §7):
   message nor a signer without the role can burn another signer's ids
   (claims outlive the freshness window).
 
-- An HTTP Message Signature (RFC 9421, :mod:`aip_crewai.httpsig`): the
+- An HTTP Message Signature (RFC 9421, :mod:`aip_crewai.plumbing.httpsig`): the
   ``Signature-Input``/``Signature`` headers, Ed25519, ``keyid`` = the principal
   id, covering ``@method @authority @path @query`` (and ``content-digest``
   with a body), ``created`` within ±300 s, a ``nonce`` claimed once per key in
@@ -59,8 +59,8 @@ import structlog
 from cryptography.exceptions import InvalidSignature
 from starlette.requests import Request
 
-from ... import httpsig
-from ...bearer import parse_bearer
+from ...plumbing import httpsig
+from ...plumbing.bearer import parse_bearer
 from ...contracts.errors import Forbidden, InvalidInput, NonCanonicalNumber, Unauthenticated
 from ...contracts.hashing import jcs, number_problem
 from ...contracts.inputs import MAX_INPUT_DEPTH, exceeds_depth
@@ -254,7 +254,7 @@ class Authenticator:
         return config.ed25519_public_key if config is not None else None
 
     async def authenticate_signed_request(self, request: SignedRequest) -> Principal:
-        """Verify an RFC 9421 signed request (:func:`aip_crewai.httpsig.verify_request`)
+        """Verify an RFC 9421 signed request (:func:`aip_crewai.plumbing.httpsig.verify_request`)
         and claim its nonce for its key.
 
         Raises:

@@ -21,7 +21,7 @@ check runs as for any credential.
 
 Never logged: the request log line carries the route template, never the
 query string (:class:`~aip_crewai.host.http.app.RequestContextMiddleware`), and
-hypercorn's access log is off (:mod:`aip_crewai.serving`).
+hypercorn's access log is off (:mod:`aip_crewai.plumbing.serving`).
 
 Source: issue 19 item 4; RFC 2104 (HMAC).
 """

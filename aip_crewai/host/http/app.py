@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ...asgi import (
+from ...plumbing.asgi import (
     CLIENT_GONE_KEY,
     BodyDeadline,
     BoundedBody,
@@ -65,7 +65,7 @@ from ...contracts.errors import (
     RouteNotFound,
     Unauthenticated,
 )
-from ...serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
+from ...plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
 from ..auth import stream_tokens as stream_tokens_codec
 from ..auth.principals import SCOPE_LOG_KEY, Authenticator, require_role
 from ..settings import Settings

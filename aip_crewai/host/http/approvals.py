@@ -39,7 +39,7 @@ from starlette.routing import Route
 
 from .state import host_state
 from ..actions.lifecycle import ApprovalStatus
-from ... import httpsig
+from ...plumbing import httpsig
 from ...contracts.aip import (
     ApprovalDecision,
     ApprovalEvidencePayload,

@@ -1,4 +1,4 @@
-"""Per-route request-body bounds of the host (applied by :class:`~aip_crewai.asgi.BoundedBody`).
+"""Per-route request-body bounds of the host (applied by :class:`~aip_crewai.plumbing.asgi.BoundedBody`).
 
 | route | bound |
 |---|---|

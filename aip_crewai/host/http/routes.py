@@ -19,7 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from .state import host_state
-from ... import httpsig
+from ...plumbing import httpsig
 from ...contracts.aip import (
     AIP_VERSION,
     CONTENT_TYPE,

@@ -215,7 +215,7 @@ class Readiness:
         return evaluate_health(decoded, self.crews)
 
     def _observe_crew_inputs(self, body: Any) -> None:
-        """Keep the ``crew_inputs`` a sidecar reports (``crew_inputs.parse_crew_inputs``); tell the listener on change."""
+        """Keep the ``crew_inputs`` a sidecar reports (:func:`..crews.inputs.parse_crew_inputs`); tell the listener on change."""
         found = parse_crew_inputs(body.get("crew_inputs") if isinstance(body, dict) else None)
         if found != self.crew_inputs:
             self.crew_inputs = found

@@ -18,8 +18,8 @@ Nothing is shared or invalidated between hosts, and nothing needs to be: a
 final view never changes, so two hosts can only hold the same bytes.
 
 Source: ARCHITECTURE.md "Action states" (key-less reads answered inline);
-``aip_crewai/sidecar/reader.py`` ``JobReader.view`` (what a view holds) and
-``aip_crewai/sidecar/runtime.py`` (when ``provider_stop_observed`` is written).
+``aip_crewai/sidecar/jobs/reader.py`` ``JobReader.view`` (what a view holds) and
+``aip_crewai/sidecar/jobs/runtime.py`` (when ``provider_stop_observed`` is written).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def is_final_view(view: Any) -> bool:
     only). Anything else (``running``, ``queued``, a shape this does not know) is not final.
     Pure.
 
-    Source: ``sidecar/reader.py`` ``JobReader.view``; ``sidecar/journal.py``
-    ``set_provider_stop_observed``; ``sidecar/runtime.py`` (the execution bound).
+    Source: ``sidecar/jobs/reader.py`` ``JobReader.view``; ``sidecar/journal/store.py``
+    ``set_provider_stop_observed``; ``sidecar/jobs/runtime.py`` (the execution bound).
     """
     if not isinstance(view, Mapping):
         return False

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...wakeup import ChangeSignal
+from ...plumbing.wakeup import ChangeSignal
 from ..actions.lifecycle import ActionState
 from .engine import Db
 from .records import (

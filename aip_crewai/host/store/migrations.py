@@ -13,7 +13,7 @@ import re
 import sqlite3
 from typing import Any
 
-from ...storage import apply_migrations
+from ...plumbing.storage import apply_migrations
 from .records import StoreError
 
 
@@ -143,7 +143,7 @@ MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRAT
 
 
 def migrate(conn: sqlite3.Connection) -> int:
-    """Apply the migrations the database lacks (:func:`aip_crewai.storage.apply_migrations`).
+    """Apply the migrations the database lacks (:func:`aip_crewai.plumbing.storage.apply_migrations`).
 
     Returns:
         The resulting ``user_version``.

@@ -10,7 +10,7 @@ tenant following an action that another host dispatches sees its chunks as
 they are committed, not at the next poll. Without a listener (a SQLite
 store, one host) nothing is pushed and followers poll.
 
-Follow the rule of :mod:`aip_crewai.wakeup`: take :meth:`RemoteChanges.signal`
+Follow the rule of :mod:`aip_crewai.plumbing.wakeup`: take :meth:`RemoteChanges.signal`
 and its ``version`` BEFORE reading the store, then wait with ``seen``.
 
 Source: ARCHITECTURE.md §10 (live followers).
@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import structlog
 
-from ...wakeup import ChangeSignal
+from ...plumbing.wakeup import ChangeSignal
 
 log = structlog.get_logger(__name__)
 

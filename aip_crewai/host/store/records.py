@@ -130,7 +130,7 @@ class ApprovalRecord:
     decided_at: int | None
     created_at: int
     expires_at: int
-    #: JSON proof of a signed decision (:meth:`aip_crewai.httpsig.VerifiedSignature.proof` plus ``body``), else None.
+    #: JSON proof of a signed decision (:meth:`aip_crewai.plumbing.httpsig.VerifiedSignature.proof` plus ``body``), else None.
     decision_proof: str | None = None
 
     def __post_init__(self) -> None:  # the row holds the value: the record holds the enum

@@ -11,7 +11,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...storage import acquire_lock, database_files, directory_problem, integrity_problems, private_file_problem
+from ...plumbing.storage import (
+    acquire_lock,
+    database_files,
+    directory_problem,
+    integrity_problems,
+    private_file_problem,
+)
 from .migrations import migrate
 from .records import InsecureStorePath, StoreError, StoreLocked, UnusableStore
 
@@ -37,7 +43,7 @@ def connect_sqlite(path: str) -> sqlite3.Connection:
 
 def check_location(path: Path) -> None:
     """Refuse an unsafe store location (no I/O beyond ``stat``; the shared
-    checks of :mod:`aip_crewai.storage`).
+    checks of :mod:`aip_crewai.plumbing.storage`).
 
     Raises:
         InsecureStorePath: the directory is missing or group/world-writable;
@@ -146,7 +152,7 @@ class SqliteDb:
 
 def lock_store(path: Path) -> int:
     """Own the store for this process: an exclusive lock on ``<store>.lock``,
-    held until the process exits (or :func:`aip_crewai.storage.release_lock`).
+    held until the process exits (or :func:`aip_crewai.plumbing.storage.release_lock`).
     A second host on the same store is refused before it serves, as a second
     sidecar is on its journal (a shared-database mode does not exist yet).
 

@@ -60,8 +60,8 @@ from typing import Any, TypeVar
 
 import structlog
 
-from ...wakeup import ChangeSignal
-from ...storage import create_private_file, hop, start_worker
+from ...plumbing.wakeup import ChangeSignal
+from ...plumbing.storage import create_private_file, hop, start_worker
 from ..actions.lifecycle import ActionState, allowed, is_terminal
 from .notify import CHANNEL as NOTIFY_CHANNEL
 from .notify import payload as notify_payload

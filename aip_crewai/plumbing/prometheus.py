@@ -3,7 +3,7 @@
 Counter, gauge and summary families keyed by label values, rendered in the
 text format version 0.0.4; label values are escaped by
 :func:`escape_label_value`. Each process declares its own families (host:
-``host/metrics.py``; sidecar: ``sidecar/metrics.py``).
+``host/metrics.py``; sidecar: ``sidecar/http/metrics.py``).
 
 Source: docs/ARCHITECTURE.md §2 (metrics on both processes).
 """

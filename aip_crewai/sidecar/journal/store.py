@@ -1,7 +1,7 @@
-"""The SQLite job journal: the sidecar's durable state, and (with :mod:`journal_files`) its only SQL.
+"""The SQLite job journal: the sidecar's durable state, and (with :mod:`.files` and :mod:`.queries`) its only SQL.
 
 One file, owned by one process: an exclusive ``flock`` on ``<journal>.lock``
-fences a second sidecar. WAL mode with ``synchronous=FULL``: every commit is
+refuses a second sidecar. WAL mode with ``synchronous=FULL``: every commit is
 durable when it returns. Forward-only numbered migrations tracked with
 ``PRAGMA user_version``. Every write is one ``BEGIN IMMEDIATE`` transaction.
 
@@ -29,7 +29,7 @@ Rows (JSON columns are compact UTF-8 JSON bytes):
   (``result_index`` for batch items), for ``replay`` admission.
 
 Opening the file (worker start-up, identity and integrity checks,
-migrations) lives in :mod:`journal_files`; the schema in :mod:`journal_schema`.
+migrations) lives in :mod:`.files`; the schema in :mod:`.schema`.
 
 Source: ARCHITECTURE.md §5 (journal, durability, crash fence), ARCHITECTURE.md §10 (storage).
 """
@@ -44,12 +44,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-import msgspec
 import structlog
 
-from aip_crewai.sidecar import fence
+from aip_crewai.sidecar.journal import lock
 from aip_crewai.sidecar.errors import JournalError, JournalFull, JournalWriteFailed
-from aip_crewai.sidecar.jobs import (
+from aip_crewai.sidecar.jobs.model import (
     ArchiveOutcome,
     EventRow,
     ImportedJob,
@@ -60,45 +59,37 @@ from aip_crewai.sidecar.jobs import (
     TaskRunRef,
     sources_of,
 )
-from aip_crewai.sidecar.journal_files import (
+from aip_crewai.sidecar.journal.crash_fence import UNFINISHED_JOBS, end_unfinished
+from aip_crewai.sidecar.journal.queries import (
+    GET_JOB,
+    INSERT_EVENTS,
+    JOBS_ENDING,
+    JOB_COLUMNS,
+    TASK_RUN_HIT,
+    job_record,
+    read_events,
+    read_summary,
+    read_summary_and_events,
+    task_run_hit,
+)
+from aip_crewai.sidecar.journal.files import (
     SCHEMA_VERSION,
-    _release,
-    _rows,
-    _scalar,
-    _start_worker,
+    release,
+    fetch_rows,
+    fetch_scalar,
+    start_journal_worker,
     check_main_file,
+    file_identity,
     wal_bytes,
 )
 from aip_crewai.sidecar.tenancy import tenant_of
-from aip_crewai.storage import hop
+from aip_crewai.plumbing.storage import hop
 
-__all__ = ["Journal", "RESTARTED_QUEUED", "RESTARTED_RUNNING", "SCHEMA_VERSION"]
+__all__ = ["Journal", "SCHEMA_VERSION"]
 
 log = structlog.get_logger(__name__)
 
-#: Crash fence messages (ARCHITECTURE.md §5). A queued job never reached CrewAI
-#: (``started`` commits before execution), so its outcome is certain.
-RESTARTED_RUNNING = "sidecar restarted before CrewAI produced a terminal result"
-RESTARTED_QUEUED = "sidecar restarted before the job started; CrewAI never ran it"
-
 # ------------------------------------------------------------------- records
-
-_JOB_COLUMNS = (
-    "action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, status, event_count, output, "
-    "error, dropped_events, provider_stop_observed, archived, created_at, updated_at"
-)
-_GET_JOB = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE action_id = ?"
-_INSERT_EVENTS = "INSERT INTO events VALUES (?, ?, ?, ?)"
-
-
-def _record(row: Sequence[Any]) -> JobRecord:
-    return JobRecord(
-        action_id=row[0], crew_id=row[1], operation=row[2], request_hash=row[3], idempotency_key=row[4],
-        timeout_ms=row[5], status=JobStatus(row[6]), event_count=row[7], output=row[8], error=row[9],
-        dropped_events=row[10], provider_stop_observed=None if row[11] is None else bool(row[11]),
-        archived=bool(row[12]), created_at=row[13], updated_at=row[14],
-    )
-
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -110,14 +101,6 @@ class _Stale(Exception):
 
 _T = TypeVar("_T")
 
-
-def _file_identity(path: Path) -> tuple[int, int] | None:
-    """``(st_dev, st_ino)`` of ``path`` (symlinks not followed), or None when it cannot be read."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino
 
 # ------------------------------------------------------------------- journal
 
@@ -134,7 +117,7 @@ class Journal:
         self._page_size = page_size
         self._retained = retained  # changed on the worker only
         self._closed = False
-        self._identity = _file_identity(path)
+        self._identity = file_identity(path)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -148,7 +131,7 @@ class Journal:
         group/other permission bits, and is created with mode 0600 when absent;
         then, reading only, SQLite's ``quick_check`` (a damaged file is refused
         before the crash fence writes to it) and the identity check
-        (:func:`.journal_files._check_identity`: another application's
+        (:func:`.files._check_identity`: another application's
         database is never touched); then WAL, ``synchronous=FULL`` and
         migrations. The worker thread and the lock never outlive a failed (or
         cancelled) open.
@@ -165,21 +148,21 @@ class Journal:
         Source: ARCHITECTURE.md §5 (Journal).
         """
         path = Path(path).absolute()
-        fence.check_parent(path.parent)
+        lock.check_parent(path.parent)
         lock_path = Path(f"{path}.lock")
         lock_is_new = not os.path.lexists(lock_path)
-        lock_fd = fence.acquire_lock(path)
+        lock_fd = lock.acquire_lock(path)
         try:
             for candidate in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-                fence.check_private_file(candidate)
+                lock.check_private_file(candidate)
             check_main_file(path)
-            fence.create_private_file(path)
+            lock.create_private_file(path)
         except BaseException:
             if lock_is_new:  # a refused file gets no lock file beside it (e.g. a reference runs.json)
                 lock_path.unlink(missing_ok=True)
-            fence.release_lock(lock_fd)
+            lock.release_lock(lock_fd)
             raise
-        worker, (conn, page_size, retained) = await _start_worker(path, lock_fd, readonly=False)
+        worker, (conn, page_size, retained) = await start_journal_worker(path, lock_fd, readonly=False)
         return cls(path, conn, worker, lock_fd, page_size, retained)
 
     @classmethod
@@ -194,7 +177,7 @@ class Journal:
         path = Path(path).absolute()
         if not path.is_file():
             raise JournalError(f"no journal file at {path}")
-        worker, (conn, page_size, retained) = await _start_worker(path, None, readonly=True)
+        worker, (conn, page_size, retained) = await start_journal_worker(path, None, readonly=True)
         return cls(path, conn, worker, None, page_size, retained)
 
     def still_at_path(self) -> bool:
@@ -210,13 +193,13 @@ class Journal:
 
         Source: README ("Tenant-scoped crew state": journal identity).
         """
-        return self._identity is not None and _file_identity(self.path) == self._identity
+        return self._identity is not None and file_identity(self.path) == self._identity
 
     async def list_jobs(self, limit: int = 50) -> list[JobRecord]:
         """The newest ``limit`` jobs (archived tombstones included), newest first."""
-        rows = await self._fetch(f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY created_at DESC, action_id LIMIT ?",
+        rows = await self._fetch(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY created_at DESC, action_id LIMIT ?",
                                  (limit,))
-        return [_record(row) for row in rows]
+        return [job_record(row) for row in rows]
 
     async def close(self) -> None:
         """Close the connection (on the worker), stop the worker and release the lock (idempotent)."""
@@ -227,7 +210,7 @@ class Journal:
             await self._run(self._checkpoint_and_close)
         finally:
             self._worker.shutdown(wait=True)
-            _release(self._lock_fd)
+            release(self._lock_fd)
             self._lock_fd = None
 
     def _checkpoint_and_close(self) -> None:
@@ -264,7 +247,7 @@ class Journal:
             raise
 
     async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        return await self._run(_rows, self._conn, sql, params)
+        return await self._run(fetch_rows, self._conn, sql, params)
 
     def _write_now(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(*args)`` (on the worker) in one ``BEGIN IMMEDIATE`` .. ``COMMIT``;
@@ -303,8 +286,8 @@ class Journal:
 
     def _used_bytes_now(self) -> int:
         """Bytes the journal holds on disk for the size bound: used pages plus the ``-wal`` file."""
-        pages = _scalar(self._conn, "PRAGMA page_count") or 0
-        free = _scalar(self._conn, "PRAGMA freelist_count") or 0
+        pages = fetch_scalar(self._conn, "PRAGMA page_count") or 0
+        free = fetch_scalar(self._conn, "PRAGMA freelist_count") or 0
         return int((pages - free) * self._page_size) + wal_bytes(self.path)
 
     # ------------------------------------------------------------ crash fence
@@ -315,37 +298,16 @@ class Journal:
         Each gets a terminal ``failed`` event ``{status, error_type:
         "SidecarRestarted", message, uncertain_outcome}``: uncertain (True)
         for running jobs, certain (False) for queued ones, which never reached
-        CrewAI. Nothing is ever re-run. One transaction.
+        CrewAI. Nothing is ever re-run. One transaction (:func:`.crash_fence.end_unfinished`).
 
         Returns:
             ``[(action_id, previous status)]``.
 
         Source: ARCHITECTURE.md §5 (Crash fence).
         """
-        def fail(found: list[Any], now: int) -> list[tuple[str, JobStatus]]:
-            recovered: list[tuple[str, JobStatus]] = []
-            for action_id, status, count in found:
-                running = status == JobStatus.RUNNING.value
-                data = msgspec.json.encode({
-                    "status": "failed",
-                    "error_type": "SidecarRestarted",
-                    "message": RESTARTED_RUNNING if running else RESTARTED_QUEUED,
-                    "uncertain_outcome": running,
-                })
-                cur = self._conn.execute(
-                    "UPDATE jobs SET status = 'failed', error = ?, event_count = event_count + 1, updated_at = ? "
-                    "WHERE action_id = ? AND status = ? AND event_count = ?",
-                    (data, now, action_id, status, count),
-                )
-                if cur.rowcount == 1:
-                    self._conn.execute("INSERT INTO events VALUES (?, ?, 'failed', ?)", (action_id, count, data))
-                    recovered.append((action_id, JobStatus(status)))
-            return recovered
-
         def recover_now() -> list[tuple[str, JobStatus]]:
-            found = _rows(self._conn,
-                          "SELECT action_id, status, event_count FROM jobs WHERE status IN ('queued', 'running')")
-            return self._write_now(fail, found, _now_ms()) if found else []
+            found = fetch_rows(self._conn, UNFINISHED_JOBS)
+            return self._write_now(end_unfinished, self._conn, found, _now_ms()) if found else []
 
         return await self._run(recover_now)
 
@@ -353,8 +315,8 @@ class Journal:
 
     async def get(self, action_id: str) -> JobRecord | None:
         """The job row of ``action_id`` (archived tombstones included), or None."""
-        rows = await self._fetch(_GET_JOB, (action_id,))
-        return _record(rows[0]) if rows else None
+        rows = await self._fetch(GET_JOB, (action_id,))
+        return job_record(rows[0]) if rows else None
 
     async def job_ids_ending(self, action_id: str, limit: int = 10) -> list[str]:
         """Job ids ``<tenant>:<action_id>`` of any tenant (a full scan: for the operator's CLI, not a route).
@@ -365,14 +327,12 @@ class Journal:
         Source: README "Command line" (``journal inspect`` without the tenant prefix).
         """
         suffix = f":{action_id}"
-        rows = await self._fetch("SELECT action_id FROM jobs WHERE length(action_id) > ? AND "
-                                 "substr(action_id, length(action_id) - ? + 1) = ? ORDER BY action_id LIMIT ?",
-                                 (len(suffix), len(suffix), suffix, limit))
+        rows = await self._fetch(JOBS_ENDING, (len(suffix), len(suffix), suffix, limit))
         return [row[0] for row in rows]
 
     async def summary(self, action_id: str) -> tuple[JobStatus, int, bool] | None:
         """``(status, event_count, archived)`` without the output/error blobs, or None."""
-        return await self._run(_summary, self._conn, action_id)
+        return await self._run(read_summary, self._conn, action_id)
 
     async def read_events(
         self, action_id: str, cursor: int, *, limit: int = 1000, max_bytes: int | None = None
@@ -384,7 +344,7 @@ class Journal:
             max_bytes: stop before the data bytes would exceed this (the
                 first event is always returned).
         """
-        return await self._run(_events, self._conn, action_id, cursor, limit, max_bytes)
+        return await self._run(read_events, self._conn, action_id, cursor, limit, max_bytes)
 
     async def summary_and_events(
         self, action_id: str, cursor: int, *, limit: int, max_bytes: int | None = None
@@ -392,7 +352,7 @@ class Journal:
         """:meth:`summary` and then, when ``0 <= cursor < event_count`` and the job is not archived,
         :meth:`read_events` of at most ``min(limit, event_count - cursor)`` events, in one hop to the
         journal's thread (a replay's page costs one hop, not two); ``(summary, [])`` otherwise."""
-        return await self._run(_summary_and_events, self._conn, action_id, cursor, limit, max_bytes)
+        return await self._run(read_summary_and_events, self._conn, action_id, cursor, limit, max_bytes)
 
     async def find_task_run(self, crew_id: str, task_id: str, tenant: str = "") -> bytes | None:
         """:meth:`find_task_run_hit` without the job id and result index."""
@@ -413,29 +373,8 @@ class Journal:
         Returns:
             ``(output JSON bytes, job id, result index or None)``, or None.
         """
-        rows = await self._fetch(
-            "SELECT j.output, t.result_index, s.state, t.action_id FROM task_runs t JOIN jobs j ON j.action_id = t.action_id "
-            "LEFT JOIN run_state s ON s.action_id = t.action_id AND s.result_index = COALESCE(t.result_index, -1) "
-            "WHERE t.task_id = ? AND t.tenant = ? AND t.crew_id = ? AND j.archived = 0 AND j.status = 'completed' "
-            "ORDER BY t.rowid DESC LIMIT 1",
-            (task_id, tenant, crew_id),
-        )
-        if not rows or rows[0][0] is None:
-            return None
-        output, index, state, action_id = rows[0]
-        if index is None and state is None:
-            return bytes(output), action_id, index
-        run: dict[str, Any]
-        if index is None:
-            run = msgspec.json.decode(output)
-        else:
-            results = msgspec.json.decode(output).get("results") or []
-            if not 0 <= index < len(results):
-                return None
-            run = results[index]
-        if state is not None:
-            run = {**run, **msgspec.json.decode(state)}
-        return msgspec.json.encode(run), action_id, index
+        rows = await self._fetch(TASK_RUN_HIT, (task_id, tenant, crew_id))
+        return task_run_hit(rows)
 
     # -------------------------------------------------------------- writes
 
@@ -459,13 +398,13 @@ class Journal:
                 (job.action_id, job.crew_id, job.operation, job.request_hash, job.idempotency_key, job.timeout_ms,
                  now, now),
             )
-            return _record(_rows(self._conn, _GET_JOB, (job.action_id,))[0])
+            return job_record(fetch_rows(self._conn, GET_JOB, (job.action_id,))[0])
 
         def admit_now() -> tuple[JobRecord, bool]:
             # Calls are serialized on the worker: no other admission can slip in between the read and the insert.
-            existing = _rows(self._conn, _GET_JOB, (job.action_id,))
+            existing = fetch_rows(self._conn, GET_JOB, (job.action_id,))
             if existing:
-                return _record(existing[0]), False
+                return job_record(existing[0]), False
             if self._retained >= max_retained_runs:
                 raise JournalFull(f"retained runs are at the limit ({max_retained_runs}); archive terminal jobs")
             if self._used_bytes_now() >= max_bytes:
@@ -496,7 +435,7 @@ class Journal:
                 "WHERE action_id = ? AND status = 'running' AND event_count = ?",
                 (len(rows), _now_ms(), action_id, first_sequence),
             )
-            self._conn.executemany(_INSERT_EVENTS, rows)
+            self._conn.executemany(INSERT_EVENTS, rows)
 
         return await self._run(self._guarded_now, append)
 
@@ -546,9 +485,9 @@ class Journal:
                  first_sequence, *sources),
             )
             if rows:
-                self._conn.executemany(_INSERT_EVENTS, rows)
+                self._conn.executemany(INSERT_EVENTS, rows)
             if refs:
-                crew = _scalar(self._conn, "SELECT crew_id FROM jobs WHERE action_id = ?", (action_id,))
+                crew = fetch_scalar(self._conn, "SELECT crew_id FROM jobs WHERE action_id = ?", (action_id,))
                 tenant = tenant_of(action_id)
                 self._conn.executemany(
                     "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index, tenant) "
@@ -590,7 +529,7 @@ class Journal:
             present: list[str] = []
             conflicting: list[str] = []
             for job in jobs:
-                found = _rows(self._conn, "SELECT request_hash FROM jobs WHERE action_id = ?", (job.action_id,))
+                found = fetch_rows(self._conn, "SELECT request_hash FROM jobs WHERE action_id = ?", (job.action_id,))
                 if found:
                     (present if found[0][0] == job.request_hash else conflicting).append(job.action_id)
                     continue
@@ -600,7 +539,7 @@ class Journal:
                     (job.action_id, job.crew_id, job.operation, job.request_hash, job.status.value, len(job.events),
                      job.output, job.error, job.created_at, job.created_at),
                 )
-                self._conn.executemany(_INSERT_EVENTS, [(job.action_id, e.sequence, e.event, e.data)
+                self._conn.executemany(INSERT_EVENTS, [(job.action_id, e.sequence, e.event, e.data)
                                                         for e in job.events])
                 self._conn.executemany(
                     "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index, tenant) "
@@ -620,12 +559,12 @@ class Journal:
 
     async def archive(self, action_id: str) -> ArchiveOutcome:
         """Archive a terminal job: keep a tombstone row (the action id and its
-        hash stay fenced), delete its output, events and task index rows.
+        hash stay taken), delete its output, events and task index rows.
 
         Source: ARCHITECTURE.md §4 (``DELETE /jobs/{action_id}``).
         """
         def tombstone() -> ArchiveOutcome:
-            rows = _rows(self._conn, "SELECT status, archived FROM jobs WHERE action_id = ?", (action_id,))
+            rows = fetch_rows(self._conn, "SELECT status, archived FROM jobs WHERE action_id = ?", (action_id,))
             if not rows:
                 return ArchiveOutcome.NOT_FOUND
             status, archived = rows[0]
@@ -654,28 +593,3 @@ class Journal:
 # ------------------------------------------------------------------ reads (run on the worker)
 
 
-def _summary(conn: sqlite3.Connection, action_id: str) -> tuple[JobStatus, int, bool] | None:
-    rows = _rows(conn, "SELECT status, event_count, archived FROM jobs WHERE action_id = ?", (action_id,))
-    return (JobStatus(rows[0][0]), rows[0][1], bool(rows[0][2])) if rows else None
-
-
-def _events(conn: sqlite3.Connection, action_id: str, cursor: int, limit: int,
-            max_bytes: int | None) -> list[EventRow]:
-    rows = _rows(conn, "SELECT sequence, event, data FROM events WHERE action_id = ? AND sequence >= ? "
-                       "ORDER BY sequence LIMIT ?", (action_id, cursor, limit))
-    if max_bytes is not None:
-        total = 0
-        for index, (_sequence, _event, data) in enumerate(rows):
-            total += len(data)
-            if total > max_bytes and index:  # the first event is always returned
-                del rows[index:]
-                break
-    return [EventRow(*row) for row in rows]
-
-
-def _summary_and_events(conn: sqlite3.Connection, action_id: str, cursor: int, limit: int,
-                        max_bytes: int | None) -> tuple[tuple[JobStatus, int, bool] | None, list[EventRow]]:
-    summary = _summary(conn, action_id)
-    if summary is None or summary[2] or not 0 <= cursor < summary[1] or limit <= 0:
-        return summary, []
-    return summary, _events(conn, action_id, cursor, min(limit, summary[1] - cursor), max_bytes)

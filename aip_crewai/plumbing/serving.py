@@ -4,9 +4,9 @@
 |---|---|---|
 | request head (and an idle keep-alive connection) | :data:`HEADER_TIMEOUT_S` | hypercorn ``keep_alive_timeout``: the timer runs from the connection's start, or the end of the previous response, until a whole request head has arrived |
 | request head size | :data:`MAX_HEADER_BYTES` | hypercorn ``h11_max_incomplete_size`` |
-| pause between two body chunks | :data:`BODY_IDLE_TIMEOUT_S` | :class:`~aip_crewai.asgi.BodyDeadline` (408) |
-| whole request body | :data:`BODY_TOTAL_TIMEOUT_S` | :class:`~aip_crewai.asgi.BodyDeadline` (408) |
-| requests in flight (SSE streams included) | :data:`MAX_IN_FLIGHT` | :class:`~aip_crewai.asgi.InFlightLimit` (503) |
+| pause between two body chunks | :data:`BODY_IDLE_TIMEOUT_S` | :class:`~aip_crewai.plumbing.asgi.BodyDeadline` (408) |
+| whole request body | :data:`BODY_TOTAL_TIMEOUT_S` | :class:`~aip_crewai.plumbing.asgi.BodyDeadline` (408) |
+| requests in flight (SSE streams included) | :data:`MAX_IN_FLIGHT` | :class:`~aip_crewai.plumbing.asgi.InFlightLimit` (503) |
 | open TCP connections | :data:`MAX_CONNECTIONS` | :func:`bound_connections`: one more is closed at once, unread |
 | HTTP/2 streams per connection | :data:`H2_MAX_CONCURRENT_STREAMS` | hypercorn (HTTP/2 is only reachable through TLS, which neither process terminates) |
 

@@ -25,9 +25,9 @@ from typing import Any
 import msgspec
 
 from aip_crewai.contracts.operations import OperationSpec
-from aip_crewai.wakeup import ChangeSignal
-from aip_crewai.sidecar.context import JobContext
-from aip_crewai.sidecar.jobs import EventRow, JobStatus
+from aip_crewai.plumbing.wakeup import ChangeSignal
+from aip_crewai.sidecar.jobs.context import JobContext
+from aip_crewai.sidecar.jobs.model import EventRow, JobStatus
 from aip_crewai.sidecar.tenancy import tenant_of
 
 #: Chunk channels passed through; anything else is published as ``llm``.
@@ -78,7 +78,7 @@ class LiveJob:
         return self.spec.name
 
     def changed(self) -> asyncio.Event:
-        """The event set at the next change; take it BEFORE reading the state (:mod:`aip_crewai.wakeup`)."""
+        """The event set at the next change; take it BEFORE reading the state (:mod:`aip_crewai.plumbing.wakeup`)."""
         return self.signal.changed()
 
     def notify(self) -> None:

@@ -1,4 +1,4 @@
-"""The journal's schema as data (no SQL is executed here; :mod:`journal_files` runs it).
+"""The journal's schema as data (no SQL is executed here; :mod:`.files` runs it).
 
 Forward-only numbered migrations (index + 1 is the ``PRAGMA user_version``
 after applying one; never edit a shipped migration, append a new one) and

@@ -61,10 +61,10 @@ import structlog
 
 from aip_crewai.contracts.operations import get as operation_spec
 from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
-from aip_crewai.sidecar.admission import Admission, check_request
-from aip_crewai.sidecar.backlog import PendingTerminal, TerminalBacklog
+from aip_crewai.sidecar.jobs.admission import Admission, check_request
+from aip_crewai.sidecar.journal.backlog import PendingTerminal, TerminalBacklog
 from aip_crewai.sidecar.config import Settings
-from aip_crewai.sidecar.context import (
+from aip_crewai.sidecar.jobs.context import (
     GENERIC_FAILURE,
     TASK_CANCELLED_OPERATIONS,
     JobCancelled,
@@ -82,7 +82,7 @@ from aip_crewai.sidecar.errors import (
     ShuttingDown,
     TaskRunNotFound,
 )
-from aip_crewai.sidecar.jobs import (
+from aip_crewai.sidecar.jobs.model import (
     ArchiveOutcome,
     EventRow,
     JobRecord,
@@ -92,11 +92,11 @@ from aip_crewai.sidecar.jobs import (
     TaskRunRef,
     task_refs,
 )
-from aip_crewai.sidecar.journal import Journal
-from aip_crewai.sidecar.live import LiveJob, chunk_row, event_row
-from aip_crewai.sidecar.metrics import Metrics
-from aip_crewai.sidecar.reader import JobReader
-from aip_crewai.sidecar.replay_inputs import ReplayInputs
+from aip_crewai.sidecar.journal.store import Journal
+from aip_crewai.sidecar.jobs.live import LiveJob, chunk_row, event_row
+from aip_crewai.sidecar.http.metrics import Metrics
+from aip_crewai.sidecar.jobs.reader import JobReader
+from aip_crewai.sidecar.jobs.replay_inputs import ReplayInputs
 from aip_crewai.sidecar.tenancy import tenant_of
 
 log = structlog.get_logger(__name__)

@@ -1,11 +1,11 @@
 """Opening a journal file: the worker start-up, the checks that refuse a file
-that is not ours, and the migrations (:mod:`journal` holds the
-:class:`~aip_crewai.sidecar.journal.Journal` that uses the connection).
+that is not ours, and the migrations (:mod:`.store` holds the
+:class:`~aip_crewai.sidecar.journal.store.Journal` that uses the connection).
 
 Everything here that touches the connection runs on the journal's worker
 thread, the one that will own the connection. Checks read only: a file that
 is not an aip-crewai journal, or is damaged, is refused before anything is
-written to it. Migrations (the SQL of :mod:`journal_schema`) are applied in
+written to it. Migrations (the SQL of :mod:`.schema`) are applied in
 order, each in its own transaction, and tracked with ``PRAGMA user_version``.
 
 Source: ARCHITECTURE.md §5 (journal, crash fence, forward-only migrations), ARCHITECTURE.md §10 (storage).
@@ -22,10 +22,10 @@ from typing import Any
 
 import structlog
 
-from aip_crewai.sidecar import fence
-from aip_crewai.storage import apply_migrations, integrity_problems, start_worker
+from aip_crewai.sidecar.journal import lock
+from aip_crewai.plumbing.storage import apply_migrations, integrity_problems, start_worker
 from aip_crewai.sidecar.errors import JournalCorrupt, JournalError, JournalForeign, JournalSchemaError
-from aip_crewai.sidecar.journal_schema import APPLICATION_ID, MIGRATIONS, OWN_TABLES
+from aip_crewai.sidecar.journal.schema import APPLICATION_ID, MIGRATIONS, OWN_TABLES
 
 log = structlog.get_logger(__name__)
 
@@ -40,10 +40,10 @@ _Opened = tuple[sqlite3.Connection, int, int]
 # ------------------------------------------------------------------ opening
 
 
-async def _start_worker(path: Path, lock_fd: int | None, *, readonly: bool) -> tuple[ThreadPoolExecutor, _Opened]:
+async def start_journal_worker(path: Path, lock_fd: int | None, *, readonly: bool) -> tuple[ThreadPoolExecutor, _Opened]:
     """Start a journal's worker thread and :func:`_connect` on it (the thread that will own the connection).
 
-    Nothing leaks on failure, cancellation included (:func:`aip_crewai.storage.start_worker`):
+    Nothing leaks on failure, cancellation included (:func:`aip_crewai.plumbing.storage.start_worker`):
     the worker shuts down and ``lock_fd`` is released once no connection is open.
     """
 
@@ -52,14 +52,14 @@ async def _start_worker(path: Path, lock_fd: int | None, *, readonly: bool) -> t
             if opened is not None:
                 opened[0].close()
         finally:
-            _release(lock_fd)
+            release(lock_fd)
 
     return await start_worker(lambda: _connect(path, readonly), name="aip-sidecar-journal", abandon=abandon)
 
 
-def _release(lock_fd: int | None) -> None:
+def release(lock_fd: int | None) -> None:
     if lock_fd is not None:
-        fence.release_lock(lock_fd)
+        lock.release_lock(lock_fd)
 
 
 def _connect(path: Path, readonly: bool) -> _Opened:
@@ -141,33 +141,33 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
     _migrate(conn, path)
-    return _scalar(conn, "PRAGMA page_size") or 4096, _scalar(conn, _COUNT_RETAINED) or 0
+    return fetch_scalar(conn, "PRAGMA page_size") or 4096, fetch_scalar(conn, _COUNT_RETAINED) or 0
 
 
 def _prepare_readonly(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
     """Check the schema version only (no writes); see :meth:`Journal.open_readonly`."""
-    version = _scalar(conn, "PRAGMA user_version") or 0
+    version = fetch_scalar(conn, "PRAGMA user_version") or 0
     if version > SCHEMA_VERSION:
         raise JournalSchemaError(f"the journal {path} has schema {version}; this code knows {SCHEMA_VERSION}")
-    return 4096, _scalar(conn, _COUNT_RETAINED) or 0
+    return 4096, fetch_scalar(conn, _COUNT_RETAINED) or 0
 
 
 # ------------------------------------------------------------------ helpers (run on the worker)
 
 
-def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+def fetch_rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
     return conn.execute(sql, params).fetchall()
 
 
-def _scalar(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
-    rows = _rows(conn, sql, params)
+def fetch_scalar(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
+    rows = fetch_rows(conn, sql, params)
     return rows[0][0] if rows else None
 
 
 def _check_readable(conn: sqlite3.Connection, path: Path) -> None:
     """Raise JournalForeign when ``path`` is not a SQLite database at all."""
     try:
-        _scalar(conn, "SELECT COUNT(*) FROM sqlite_master")
+        fetch_scalar(conn, "SELECT COUNT(*) FROM sqlite_master")
     except sqlite3.DatabaseError as exc:
         if "malformed" in str(exc):
             raise _corrupt(path, str(exc)) from exc
@@ -198,9 +198,9 @@ def _check_identity(conn: sqlite3.Connection, path: Path) -> None:
     above it holds the ``jobs`` and ``events`` tables. Anything else belongs
     to another application: migrating it would add our tables to its data.
     """
-    app_id = _scalar(conn, "PRAGMA application_id") or 0
-    version = _scalar(conn, "PRAGMA user_version") or 0
-    tables = {row[0] for row in _rows(
+    app_id = fetch_scalar(conn, "PRAGMA application_id") or 0
+    version = fetch_scalar(conn, "PRAGMA user_version") or 0
+    tables = {row[0] for row in fetch_rows(
         conn, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
     problem = None
     if app_id not in (0, APPLICATION_ID):
@@ -217,7 +217,16 @@ def _check_identity(conn: sqlite3.Connection, path: Path) -> None:
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    """Apply the missing migrations in order, each in its own transaction (:func:`aip_crewai.storage.apply_migrations`)."""
+    """Apply the missing migrations in order, each in its own transaction (:func:`aip_crewai.plumbing.storage.apply_migrations`)."""
     apply_migrations(conn, MIGRATIONS[:SCHEMA_VERSION], too_new=lambda version, known: JournalSchemaError(
         f"the journal {path} has schema version {version}; this sidecar supports at most {known}"),
         applied=lambda number: log.info("journal_migrated", schema_version=number))
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path`` (symlinks not followed), or None when it cannot be read."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino

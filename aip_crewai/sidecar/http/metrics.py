@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from aip_crewai.prometheus import CONTENT_TYPE, escape_label_value
+from aip_crewai.plumbing.prometheus import CONTENT_TYPE, escape_label_value
 
 __all__ = ["CONTENT_TYPE", "PREFIX", "Metrics"]
 

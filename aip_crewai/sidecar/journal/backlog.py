@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import structlog
 
 from aip_crewai.sidecar.errors import JournalWriteFailed
-from aip_crewai.sidecar.jobs import EventRow, JobStatus, RunState, TaskRunRef
-from aip_crewai.sidecar.journal import Journal
+from aip_crewai.sidecar.jobs.model import EventRow, JobStatus, RunState, TaskRunRef
+from aip_crewai.sidecar.journal.store import Journal
 
 log = structlog.get_logger(__name__)
 
@@ -102,7 +102,7 @@ class TerminalBacklog:
             delay = min(delay * 2, MAX_RETRY_S)
 
     async def close(self) -> None:
-        """Stop retrying (kept outcomes stay ``running`` in the journal: the next start fences them)."""
+        """Stop retrying (kept outcomes stay ``running`` in the journal: the next start's crash fence ends them)."""
         if self._retry is not None and not self._retry.done():
             self._retry.cancel()
             await asyncio.gather(self._retry, return_exceptions=True)

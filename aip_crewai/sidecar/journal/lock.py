@@ -1,4 +1,4 @@
-"""The journal's process and permission fence (files only, no SQL).
+"""The journal's process lock and file permission checks (files only, no SQL).
 
 - :func:`acquire_lock`: an exclusive non-blocking ``flock`` on
   ``<journal>.lock``; a second sidecar on the same journal is refused
@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from aip_crewai.sidecar.errors import JournalInsecure, JournalLocked
-from aip_crewai.storage import acquire_lock as storage_lock
-from aip_crewai.storage import create_private_file, directory_problem, private_file_problem, release_lock
+from aip_crewai.plumbing.storage import acquire_lock as storage_lock
+from aip_crewai.plumbing.storage import create_private_file, directory_problem, private_file_problem, release_lock
 
 __all__ = ["check_parent", "check_private_file", "create_private_file", "acquire_lock", "release_lock"]
 
@@ -39,7 +39,7 @@ def check_private_file(path: Path) -> None:
 
 
 def acquire_lock(journal: Path) -> int:
-    """Lock ``<journal>.lock`` exclusively; return the open descriptor (:func:`aip_crewai.storage.acquire_lock`).
+    """Lock ``<journal>.lock`` exclusively; return the open descriptor (:func:`aip_crewai.plumbing.storage.acquire_lock`).
 
     Raises:
         JournalLocked: another process holds it.

@@ -66,7 +66,7 @@ class Boot(msgspec.Struct, frozen=True):
 
 
 class Start(msgspec.Struct, frozen=True, tag="start"):
-    """The job a worker runs (its :class:`~aip_crewai.sidecar.context.JobContext` fields)."""
+    """The job a worker runs (its :class:`~aip_crewai.sidecar.jobs.context.JobContext` fields)."""
 
     action_id: str
     crew_id: str

@@ -18,7 +18,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aip_crewai.bearer import parse_bearer
+from aip_crewai.plumbing.bearer import parse_bearer
 
 _UNAUTHORIZED_BODY = b'{"detail":"missing or invalid bearer token"}'
 
@@ -61,7 +61,7 @@ MAX_TOKEN_CHARS = 16384
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]) -> bytes | None:
-    """The token of the first ``Authorization`` header (:func:`aip_crewai.bearer.parse_bearer`), or None."""
+    """The token of the first ``Authorization`` header (:func:`aip_crewai.plumbing.bearer.parse_bearer`), or None."""
     for name, value in headers:
         if name.lower() == b"authorization":
             token = parse_bearer(value, max_token_chars=MAX_TOKEN_CHARS)

@@ -43,13 +43,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aip_crewai.asgi import BodyDeadline, ClientGone, CloseOnUnreadBody, InFlightLimit, RefuseAmbiguousFraming
+from aip_crewai.plumbing.asgi import BodyDeadline, ClientGone, CloseOnUnreadBody, InFlightLimit, RefuseAmbiguousFraming
 from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Overloaded
-from aip_crewai.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
+from aip_crewai.plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
 from aip_crewai.contracts.sidecar import CancelRequest
 from aip_crewai.sse import encode_comment, encode_event
-from aip_crewai.sidecar.admission import MAX_BODY_BYTES
-from aip_crewai.sidecar.auth import BearerAuth
+from aip_crewai.sidecar.jobs.admission import MAX_BODY_BYTES
+from aip_crewai.sidecar.http.auth import BearerAuth
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.errors import (
     ArchiveConfirmationRequired,
@@ -60,10 +60,10 @@ from aip_crewai.sidecar.errors import (
     JournalWriteFailed,
     RequestTooLarge,
 )
-from aip_crewai.sidecar.jobs import EventRow, JobStatus
-from aip_crewai.sidecar.journal import Journal
-from aip_crewai.sidecar.runtime import Executor, Runtime
-from aip_crewai.sidecar.workers import WorkerPool
+from aip_crewai.sidecar.jobs.model import EventRow, JobStatus
+from aip_crewai.sidecar.journal.store import Journal
+from aip_crewai.sidecar.jobs.runtime import Executor, Runtime
+from aip_crewai.sidecar.isolation.pool import WorkerPool
 
 log = structlog.get_logger(__name__)
 
@@ -230,7 +230,7 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    from aip_crewai.sidecar.metrics import CONTENT_TYPE
+    from aip_crewai.sidecar.http.metrics import CONTENT_TYPE
 
     return Response(_runtime(request).render_metrics(), headers={"Content-Type": CONTENT_TYPE})
 

@@ -38,9 +38,10 @@ import msgspec
 
 from aip_crewai.contracts.operations import STARTABLE_OPERATIONS
 from aip_crewai.contracts.errors import AipError
-from aip_crewai.files import FileTooLarge, NotRegularFile, read_regular
-from aip_crewai.sidecar.jobs import TERMINAL_EVENTS, EventRow, ImportedJob, JobStatus, task_refs
-from aip_crewai.sidecar.journal import RESTARTED_RUNNING, Journal
+from aip_crewai.plumbing.files import FileTooLarge, NotRegularFile, read_regular
+from aip_crewai.sidecar.jobs.model import TERMINAL_EVENTS, EventRow, ImportedJob, JobStatus, task_refs
+from aip_crewai.sidecar.journal.crash_fence import RESTARTED_RUNNING
+from aip_crewai.sidecar.journal.store import Journal
 
 #: Largest reference journal read, bytes (the reference's own ``AIP_CREWAI_MAX_STATE_BYTES`` bound).
 MAX_REFERENCE_BYTES = 4_294_967_296

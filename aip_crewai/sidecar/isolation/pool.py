@@ -50,8 +50,8 @@ from typing import Any
 import msgspec
 import structlog
 
-from aip_crewai.sidecar.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
-from aip_crewai.sidecar.worker_wire import (
+from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Boot,
     Cancel,
@@ -75,7 +75,7 @@ from aip_crewai.sidecar.worker_wire import (
 log = structlog.get_logger(__name__)
 
 #: Modules the fork server imports before it forks any worker (the last one warms CrewAI up).
-PRELOAD = ["aip_crewai.sidecar.workers", "aip_crewai.sidecar.worker", "aip_crewai.sidecar.operations._preload"]
+PRELOAD = ["aip_crewai.sidecar.isolation.pool", "aip_crewai.sidecar.isolation.worker", "aip_crewai.sidecar.operations._preload"]
 #: How long a worker may take to boot (s); the first ones wait for the fork server's CrewAI import.
 BOOT_TIMEOUT_SECONDS = 300.0
 #: Delay before starting a worker again after one failed to boot (s), doubling up to the maximum.
@@ -496,7 +496,7 @@ class _Job:
 
 def _worker_entry(sock: socket.socket, boot_data: bytes) -> None:
     """Process target (imported by reference in the fork server's child)."""
-    from aip_crewai.sidecar.worker import serve
+    from aip_crewai.sidecar.isolation.worker import serve
 
     serve(sock, boot_data)
 

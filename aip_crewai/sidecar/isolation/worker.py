@@ -1,6 +1,6 @@
 """One job worker process: boots, runs exactly one job, reports it, exits.
 
-Started by :class:`aip_crewai.sidecar.workers.WorkerPool` from the worker
+Started by :class:`aip_crewai.sidecar.isolation.pool.WorkerPool` from the worker
 fork server, which imported CrewAI and the operations beforehand
 (``operations/_preload.py``), so a worker starts in about 10 ms and pays no
 CrewAI import. :func:`serve` is the process target:
@@ -51,9 +51,9 @@ import msgspec
 import structlog
 
 from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
-from aip_crewai.sidecar.context import TASK_CANCELLED_OPERATIONS, JobCancelled, JobContext, SafeJobError
-from aip_crewai.sidecar.live import MAX_LABEL_CHARS
-from aip_crewai.sidecar.worker_wire import (
+from aip_crewai.sidecar.jobs.context import TASK_CANCELLED_OPERATIONS, JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
+from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Boot,
     Cancel,
@@ -161,7 +161,7 @@ def _boot(boot: Boot) -> dict[str, Any]:
     """Signals, logging, stdout, CrewAI's environment, the registry."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from aip_crewai.log import configure_logging
+    from aip_crewai.plumbing.log import configure_logging
     from aip_crewai.sidecar.crewai_env import capture_crewai_prints, import_crewai, prepare_crewai_environment
     from aip_crewai.sidecar.registry import load_registry
 

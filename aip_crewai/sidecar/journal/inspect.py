@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..contracts.errors import AipError
-from .journal import Journal
-from .jobs import JobRecord
+from ...contracts.errors import AipError
+from .store import Journal
+from ..jobs.model import JobRecord
 
 
 def _when(ms: int) -> str:
