@@ -35,7 +35,7 @@ from ...contracts.aip import (
     StreamChunk,
 )
 from ...contracts.errors import CrewUnavailable, InvalidEnvelope, MessageTooLarge
-from ...sse import encode_comment, encode_event
+from ...sse import encode_comment, encode_event, encode_page, page_template
 from ..actions.service import ActionService
 from ..auth.principals import FULL, Principal, require_role
 from .authenticate import authenticate
@@ -208,9 +208,9 @@ class ChunkFrames:
                 + b',"message_type":"aip.core.v1.stream_chunk","message_id":"msg_')
         middle = b'","sent_at":' + _encode.encode(sent_at) + b',"body":{"stream_chunk":'
         tail = b'},"correlation_id":' + _encode.encode(action_id) + b"}"
-        # id, event, then data = head + message id + middle + the stored chunk + tail; % escapes nothing
-        self._template = (b"id: sse_%d\nevent: %s\ndata: " + head.replace(b"%", b"%%") + b"%s"
-                          + middle.replace(b"%", b"%%") + b"%s" + tail.replace(b"%", b"%%") + b"\n\n")
+        # id, event, then data = head + message id + middle + the stored chunk + tail
+        self._template = page_template(head.replace(b"%", b"%%") + b"%s" + middle.replace(b"%", b"%%") + b"%s"
+                                       + tail.replace(b"%", b"%%"), id_prefix=b"sse_")
         self._parts = (head, middle, tail)
 
     def frame(self, chunk: ChunkRecord, message_id: bytes | None = None) -> bytes:
@@ -223,13 +223,9 @@ class ChunkFrames:
         One draw of random bytes gives the page's message ids; a page whose bytes hold any CR, or more
         than a frame's four LFs per chunk, is built again frame by frame (a stored row with a line end)."""
         ids = secrets.token_hex(12 * len(chunks)).encode()
-        template = self._template
-        page = b"".join([template % (1 + chunk.sequence, _kind(chunk.chunk_json), ids[24 * i: 24 * i + 24],
-                                     chunk.chunk_json.encode())
-                         for i, chunk in enumerate(chunks)])
-        if page.count(b"\n") == 4 * len(chunks) and b"\r" not in page:
-            return page
-        return b"".join([self._frame(chunk, ids[24 * i: 24 * i + 24]) for i, chunk in enumerate(chunks)])
+        values = [(1 + chunk.sequence, _kind(chunk.chunk_json), ids[24 * i: 24 * i + 24], chunk.chunk_json.encode())
+                  for i, chunk in enumerate(chunks)]
+        return encode_page(self._template, values, lambda i: self._frame(chunks[i], ids[24 * i: 24 * i + 24]))
 
     def _frame(self, chunk: ChunkRecord, message_id: bytes) -> bytes:
         name = _kind(chunk.chunk_json)
@@ -237,7 +233,11 @@ class ChunkFrames:
         data = b"".join((head, message_id, middle, chunk.chunk_json.encode(), tail))
         if b"\n" in data or b"\r" in data:
             return encode_event(data.decode(), event=name.decode(), id=f"sse_{1 + chunk.sequence}")
-        return b"id: sse_%d\nevent: %s\ndata: %s\n\n" % (1 + chunk.sequence, name, data)
+        return _ONE_FRAME % (1 + chunk.sequence, name, data)
+
+
+#: One frame of :meth:`ChunkFrames._frame` whose data holds no line end.
+_ONE_FRAME = page_template(b"%s", id_prefix=b"sse_")
 
 
 def _kind(chunk_json: str) -> bytes:

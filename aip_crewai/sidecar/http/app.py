@@ -47,7 +47,7 @@ from aip_crewai.plumbing.asgi import BodyDeadline, ClientGone, CloseOnUnreadBody
 from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Overloaded
 from aip_crewai.plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
 from aip_crewai.contracts.sidecar import CancelRequest
-from aip_crewai.sse import encode_comment, encode_event
+from aip_crewai.sse import encode_comment, encode_event, encode_page, page_template
 from aip_crewai.sidecar.jobs.admission import MAX_BODY_BYTES
 from aip_crewai.sidecar.http.auth import BearerAuth
 from aip_crewai.sidecar.config import Settings
@@ -371,13 +371,10 @@ def sse_frames(rows: Sequence[EventRow]) -> bytes:
     """
     names = _FRAME_NAMES
     try:
-        page = b"".join([_FRAME % (row.sequence, name, name, row.sequence, row.data)
-                         for row in rows for name in (names[row.event],)])
+        values = [(row.sequence, name, name, row.sequence, row.data) for row in rows for name in (names[row.event],)]
     except KeyError:  # a name not seen before: frame by frame, which records it when it is safe
         return b"".join(map(_checked_frame, rows))
-    if page.count(b"\n") == 4 * len(rows) and b"\r" not in page:
-        return page
-    return b"".join(map(_checked_frame, rows))
+    return encode_page(_FRAME, values, lambda i: _checked_frame(rows[i]))
 
 
 def _checked_frame(row: EventRow) -> bytes:
@@ -392,7 +389,7 @@ def _checked_frame(row: EventRow) -> bytes:
 
 
 #: A frame-safe event's SSE frame: ``id``, ``event``, and ``data`` = :meth:`EventRow.to_json` written out.
-_FRAME = b'id: %d\nevent: %s\ndata: {"event":"%s","sequence":%d,"data":%s}\n\n'
+_FRAME = page_template(b'{"event":"%s","sequence":%d,"data":%s}')
 _FRAME_SAFE_EVENT = re.compile(r"[a-z_]{1,32}")
 #: Frame-safe event names seen so far, as ASCII bytes (ours are a handful; the bound keeps a journal of
 #: odd names from growing it).
