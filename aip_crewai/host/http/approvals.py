@@ -37,9 +37,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .limits import MAX_DECISION_BYTES
 from .state import host_state
 from ..actions.lifecycle import ApprovalStatus
 from ...plumbing import httpsig
+from ...plumbing.asgi import read_bounded
 from ...contracts.aip import (
     ApprovalDecision,
     ApprovalEvidencePayload,
@@ -61,6 +63,7 @@ from ...contracts.errors import (
     ApprovalWithdrawn,
     Forbidden,
     InvalidEnvelope,
+    MessageTooLarge,
     ProofNotFound,
 )
 from ...contracts import operations as ops
@@ -78,8 +81,6 @@ _KIND_PREFIXES: tuple[tuple[str, PrincipalKind], ...] = (
     ("human:", "human"), ("agent:", "agent"), ("svc:", "service"), ("service:", "service"), ("system:", "system"),
 )
 _decision_decoder = msgspec.json.Decoder(DecisionRequest)
-#: Bound on a decision body, bytes (a reason is at most 2048 characters).
-MAX_DECISION_BYTES = 64 * 1024
 #: Evidence kind of a signed decision's proof.
 PROOF_KIND = "http_message_signature"
 
@@ -219,12 +220,9 @@ async def get_approval(request: Request) -> Response:
 
 
 async def _decision_bytes(request: Request) -> bytes:
-    body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > MAX_DECISION_BYTES:
-            raise InvalidEnvelope(f"a decision body is at most {MAX_DECISION_BYTES} bytes")
-    return bytes(body)
+    """The decision body, at most :data:`~.limits.MAX_DECISION_BYTES` (the route's one bound, also applied
+    by the body middleware: 413 ``message.too_large``)."""
+    return await read_bounded(request, MAX_DECISION_BYTES, MessageTooLarge)
 
 
 def _decode_decision(raw: bytes) -> DecisionRequest:

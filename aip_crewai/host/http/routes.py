@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from .state import host_state
 from ...plumbing import httpsig
+from ...plumbing.asgi import read_bounded
 from ...contracts.aip import (
     AIP_VERSION,
     CONTENT_TYPE,
@@ -85,12 +86,7 @@ async def _read_body(request: Request) -> bytes:
     signed request is checked once, with its body (its ``content-digest``)."""
     if "authorization" in request.headers and not httpsig.is_signed(request.headers.keys()):
         await authenticate(request)
-    body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > MAX_MESSAGE_BYTES:
-            raise MessageTooLarge(MAX_MESSAGE_BYTES)
-    return bytes(body)
+    return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge)
 
 
 def _service(request: Request) -> ActionService:

@@ -43,7 +43,14 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aip_crewai.plumbing.asgi import BodyDeadline, ClientGone, CloseOnUnreadBody, InFlightLimit, RefuseAmbiguousFraming
+from aip_crewai.plumbing.asgi import (
+    BodyDeadline,
+    ClientGone,
+    CloseOnUnreadBody,
+    InFlightLimit,
+    RefuseAmbiguousFraming,
+    read_bounded,
+)
 from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Overloaded
 from aip_crewai.plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
 from aip_crewai.contracts.sidecar import CancelRequest
@@ -310,15 +317,11 @@ def _admission_headers(request: Request) -> dict[str, str | None]:
 
 async def _body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 past ``limit`` bytes (never buffered beyond it)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestTooLarge(f"the request body exceeds {limit} bytes")
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise RequestTooLarge(f"the request body exceeds {limit} bytes")
-    return bytes(data)
+    return await read_bounded(request, limit, _too_large)
+
+
+def _too_large(limit: int) -> RequestTooLarge:
+    return RequestTooLarge(f"the request body exceeds {limit} bytes")
 
 
 def _int_param(raw: str | None, name: str, default: int) -> int:
