@@ -50,7 +50,11 @@ aborted uploads, framing).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import re
+import time
+import uuid
+from collections.abc import Callable, Collection
+from typing import Any
 
 import structlog
 from starlette.requests import ClientDisconnect
@@ -60,6 +64,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 log = structlog.get_logger(__name__)
 #: Scope key set by :class:`ClientGone` when the client went away mid-request.
 CLIENT_GONE_KEY = "aip.client_gone"
+#: Scope key of the request's log facts (``request_id``; ``tenant``, ``principal`` once authenticated):
+#: the request log's summary line adds ``tenant`` and ``principal`` from it.
+SCOPE_LOG_KEY = "aip.log"
+#: Request methods logged and counted under their own name; any other is ``other``.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
 
 
 def _has_body(scope: Scope) -> bool:
@@ -297,3 +307,91 @@ class InFlightLimit:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+
+def method_label(method: str) -> str:
+    """``method`` when it is one of :data:`KNOWN_METHODS`, else ``other`` (never the raw request bytes)."""
+    return method if method in KNOWN_METHODS else "other"
+
+
+class RequestLog:
+    """Pure ASGI middleware of both processes: ONE summary line per request.
+
+    Binds ``request_id`` into structlog's contextvars for the request's own lines and writes one
+    ``request_finished`` line (method, route template, status, duration_ms, response_bytes, and the
+    ``tenant``/``principal`` of :data:`SCOPE_LOG_KEY`; never headers, the raw path, the query or bodies;
+    probe routes at debug level). A request whose client closed it before any answer is logged 499.
+
+    Args:
+        app: the wrapped application.
+        probe_paths: routes logged at debug level (health probes).
+        echo_request_id: take a sane inbound ``X-Request-ID`` (else a new ``req_<hex>``) and echo it in
+            the response (the host); otherwise a new 16-hex id, not echoed (the sidecar).
+        observe: ``(route, method, status, duration_s) -> None`` (request metrics), or None.
+        on_error: the ASGI response sent for an unexpected exception raised before the response started
+            (the traceback is logged once, ``request_failed``), from the request's log facts; None: the
+            exception propagates to the app's own handler.
+
+    Source: README "Logs" (the summary line of both processes).
+    """
+
+    def __init__(self, app: ASGIApp, *, probe_paths: Collection[str] = (), echo_request_id: bool = False,
+                 observe: Callable[[str, str, int, float], None] | None = None,
+                 on_error: Callable[[dict[str, Any]], ASGIApp] | None = None) -> None:
+        self.app = app
+        self.probe_paths = probe_paths
+        self.echo_request_id = echo_request_id
+        self.observe = observe
+        self.on_error = on_error
+
+    def _request_id(self, scope: Scope) -> str:
+        if not self.echo_request_id:
+            return uuid.uuid4().hex[:16]
+        inbound = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"x-request-id"), "")
+        return inbound if _REQUEST_ID_RE.match(inbound) else f"req_{uuid.uuid4().hex}"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = self._request_id(scope)
+        info: dict[str, Any] = {"request_id": request_id}
+        scope[SCOPE_LOG_KEY] = info
+        echo = [(b"x-request-id", request_id.encode("latin-1"))] if self.echo_request_id else []
+        saved = structlog.contextvars.get_contextvars()
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        outcome = {"status": 500, "started": False, "bytes": 0}
+        started = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                outcome["status"], outcome["started"] = message["status"], True
+                if echo:
+                    message = {**message, "headers": [*message.get("headers", []), *echo]}
+            elif message["type"] == "http.response.body":
+                outcome["bytes"] = int(outcome["bytes"]) + len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except Exception:
+            if self.on_error is None:
+                raise
+            log.exception("request_failed")
+            if outcome["started"]:
+                raise
+            await self.on_error(info)(scope, receive, send_wrapper)
+        finally:
+            if scope.get(CLIENT_GONE_KEY) and not outcome["started"]:
+                outcome["status"] = 499  # the client closed the request (no answer was sent)
+            duration = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = method_label(scope.get("method", ""))
+            if self.observe is not None:
+                self.observe(route, method, int(outcome["status"]), duration)
+            extra = {k: info[k] for k in ("tenant", "principal") if k in info}
+            (log.debug if route in self.probe_paths else log.info)(
+                "request_finished", method=method, route=route, status=outcome["status"],
+                duration_ms=round(duration * 1000, 3), response_bytes=outcome["bytes"], **extra)
+            structlog.contextvars.clear_contextvars()
+            structlog.contextvars.bind_contextvars(**saved)

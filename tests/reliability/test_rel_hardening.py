@@ -292,7 +292,7 @@ def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(procs):
     def logged() -> bool:
         host_lines = [line for line in host.output().splitlines() if b"request_finished" in line
                       and b"/aip/v1/messages" in line]
-        side_lines = [line for line in sidecar.stderr_path.read_bytes().splitlines() if b"http_request" in line
+        side_lines = [line for line in sidecar.stderr_path.read_bytes().splitlines() if b"request_finished" in line
                       and b'"/jobs"' in line]
         return len(host_lines) >= 10 and len(side_lines) >= 5
 

@@ -78,7 +78,6 @@ _SIGNATURE_RE = re.compile(r"^[A-Za-z0-9_-]{86}\Z")
 #: Nesting bound of a signed envelope: the input's bound plus the envelope, body and action levels above it.
 MAX_ENVELOPE_DEPTH = MAX_INPUT_DEPTH + 3
 #: Key of the per-request log info dict placed in the ASGI scope by the middleware.
-SCOPE_LOG_KEY = "aip.log"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ are read from the configuration at each use, and the stream's own access
 check runs as for any credential.
 
 Never logged: the request log line carries the route template, never the
-query string (:class:`~aip_crewai.host.http.app.RequestContextMiddleware`), and
+query string (:class:`~aip_crewai.plumbing.asgi.RequestLog`), and
 hypercorn's access log is off (:mod:`aip_crewai.plumbing.serving`).
 
 Source: issue 19 item 4; RFC 2104 (HMAC).

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -43,16 +42,17 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from ...plumbing.asgi import (
-    CLIENT_GONE_KEY,
     BodyDeadline,
     BoundedBody,
     ClientGone,
     CloseOnUnreadBody,
     InFlightLimit,
+    SCOPE_LOG_KEY,
     RefuseAmbiguousFraming,
+    RequestLog,
 )
 from ...contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ErrorBody, protocol_error
 from ...contracts.errors import (
@@ -67,11 +67,11 @@ from ...contracts.errors import (
 )
 from ...plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
 from ..auth import stream_tokens as stream_tokens_codec
-from ..auth.principals import SCOPE_LOG_KEY, Authenticator, require_role
+from ..auth.principals import Authenticator, require_role
 from ..settings import Settings
 from ..crews.manifest import CapabilityIndex, to_wire
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ..metrics import Metrics, method_label
+from ..metrics import Metrics
 from ..store.records import ms_to_rfc3339
 from . import approval_stream, approvals, console, openapi, stream_tokens
 from . import routes as routes_actions
@@ -84,7 +84,6 @@ log = structlog.get_logger(__name__)
 
 #: The core modules that add routes and lifespans, imported directly: a rename fails at import, never as 404s.
 CORE_MODULES: tuple[Any, ...] = (routes_actions, stream_tokens, approval_stream, approvals, console)
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
 
 
 class MethodNotAllowed(AipError):
@@ -159,62 +158,9 @@ async def _http_error_handler(request: Request, exc: Exception) -> Response:
 # --- middleware ----------------------------------------------------------------
 
 
-class RequestContextMiddleware:
-    """Pure ASGI middleware: binds ``request_id`` into structlog's contextvars
-    (from a sane inbound ``X-Request-ID`` or a new ``req_<hex>``), echoes it
-    in the response, renders unexpected exceptions as a generic 500 envelope
-    (traceback logged once), counts the request and logs ONE summary line
-    (``request_finished``: method, route template, status, duration_ms,
-    response_bytes, tenant, principal; never headers, query or bodies)."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics | None = None) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        inbound = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"x-request-id"), "")
-        request_id = inbound if _REQUEST_ID_RE.match(inbound) else f"req_{uuid.uuid4().hex}"
-        info: dict[str, Any] = {"request_id": request_id}
-        scope[SCOPE_LOG_KEY] = info
-        saved = structlog.contextvars.get_contextvars()
-        structlog.contextvars.bind_contextvars(request_id=request_id)
-        outcome = {"status": 500, "started": False, "bytes": 0}
-        started = time.perf_counter()
-
-        async def send_wrapper(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                outcome["status"], outcome["started"] = message["status"], True
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (b"x-request-id", request_id.encode("latin-1"))]}
-            elif message["type"] == "http.response.body":
-                outcome["bytes"] = int(outcome["bytes"]) + len(message.get("body", b""))
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        except Exception:
-            log.exception("request_failed")
-            if outcome["started"]:
-                raise
-            response = error_response(InternalError(), correlation_id=info.get("correlation_id"))
-            await response(scope, receive, send_wrapper)
-        finally:
-            if scope.get(CLIENT_GONE_KEY) and not outcome["started"]:
-                outcome["status"] = 499  # the client closed the request (no answer was sent)
-            duration = time.perf_counter() - started
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = method_label(scope.get("method", ""))  # a closed set: never the raw request bytes
-            if self.metrics is not None:
-                self.metrics.observe_request(route, method, int(outcome["status"]), duration)
-            extra = {k: info[k] for k in ("tenant", "principal") if k in info}
-            (log.debug if route in PROBE_PATHS else log.info)(
-                "request_finished", method=method, route=route, status=outcome["status"],
-                     duration_ms=round(duration * 1000, 3), response_bytes=outcome["bytes"], **extra)
-            structlog.contextvars.clear_contextvars()
-            structlog.contextvars.bind_contextvars(**saved)
+def _internal_error(info: dict[str, Any]) -> ASGIApp:
+    """The generic 500 envelope of an unexpected exception (:class:`~aip_crewai.plumbing.asgi.RequestLog`)."""
+    return error_response(InternalError(), correlation_id=info.get("correlation_id"))
 
 
 # --- foundation routes ---------------------------------------------------------
@@ -321,7 +267,8 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
             routes.extend(module.routes())
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestContextMiddleware, metrics=metrics), *_cors(settings),
+        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestLog, probe_paths=PROBE_PATHS, echo_request_id=True, observe=metrics.observe_request,
+                               on_error=_internal_error), *_cors(settings),
                     Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: error_response(Overloaded(MAX_IN_FLIGHT))),
                     Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
                     Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S,

@@ -13,7 +13,8 @@ import structlog
 from starlette.requests import Request
 
 from ...contracts.errors import Unauthenticated
-from ..auth.principals import SCOPE_LOG_KEY, Principal, signed_request
+from ...plumbing.asgi import SCOPE_LOG_KEY
+from ..auth.principals import Principal, signed_request
 from .state import host_setup
 
 log = structlog.get_logger(__name__)

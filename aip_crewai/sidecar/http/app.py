@@ -26,8 +26,6 @@ Source: ARCHITECTURE.md §4, ARCHITECTURE.md §2.
 from __future__ import annotations
 
 import re
-import time
-import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -41,7 +39,6 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aip_crewai.plumbing.asgi import (
     BodyDeadline,
@@ -49,6 +46,7 @@ from aip_crewai.plumbing.asgi import (
     CloseOnUnreadBody,
     InFlightLimit,
     RefuseAmbiguousFraming,
+    RequestLog,
     read_bounded,
 )
 from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Overloaded
@@ -164,7 +162,7 @@ def create_app(
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestLog),
+        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestLog, probe_paths=PROBE_PATHS),
                     Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: _refusal(Overloaded(MAX_IN_FLIGHT))),
                     Middleware(RefuseAmbiguousFraming, reject=lambda: _refusal(AmbiguousFraming())),
                     Middleware(BearerAuth, token=settings.token),
@@ -425,33 +423,3 @@ def _refusal(exc: AipError) -> Response:
 async def server_error(request: Request, exc: Exception) -> Response:
     log.error("unhandled_error", error_type=type(exc).__name__, path=request.url.path, exc_info=exc)
     return JSONResponse({"detail": "internal error"}, status_code=500)
-
-
-class RequestLog:
-    """Pure ASGI middleware: binds ``request_id`` for the request's logs and
-    writes one ``http_request`` line (method, path, status, duration_ms)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = uuid.uuid4().hex[:16]
-        status = 0
-        started = time.monotonic()
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        with structlog.contextvars.bound_contextvars(request_id=request_id):
-            try:
-                await self.app(scope, receive, send_wrapper)
-            finally:
-                (log.debug if scope["path"] in PROBE_PATHS else log.info)(
-                    "http_request", method=scope["method"], path=scope["path"], status=status,
-                         duration_ms=round((time.monotonic() - started) * 1000, 2))
