@@ -1,4 +1,4 @@
-"""Which store the host processes of the integration and reliability suites use (issue 21 item 4).
+"""Which store the host processes of the integration and reliability suites use.
 
 ``AIP_CREWAI_TEST_STORE=postgresql`` (default ``sqlite``) gives every host those suites start
 (``host_process.write_config`` and ``relkit`` without an explicit ``store``) ``[host] store =

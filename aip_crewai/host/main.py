@@ -29,7 +29,7 @@ import structlog
 
 from ..plumbing.log import configure_logging
 from ..plumbing.storage import release_lock
-from .config import ConfigError, load_settings
+from .config import HostConfigError, load_settings
 from .settings import Settings
 from .store.postgres import PostgresHostLock
 from .store.store import (
@@ -63,7 +63,7 @@ def load(config: str) -> Settings:
     """Load settings and pre-check the store location (both exit 2 in :func:`main`).
 
     Raises:
-        ConfigError: the configuration is unusable.
+        HostConfigError: the configuration is unusable.
         InsecureStorePath: the store location is unsafe.
         UnusableStore: the store file is not SQLite, is damaged, or is another application's.
     """
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load(args.config)
         release, host_lock = own_store(settings)
-    except (ConfigError, InsecureStorePath, UnusableStore, StoreLocked) as exc:
+    except (HostConfigError, InsecureStorePath, UnusableStore, StoreLocked) as exc:
         print(f"aip-crewai host: configuration error: {exc.message}", file=sys.stderr)
         return 2
     try:

@@ -21,12 +21,12 @@ from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
 
-#: Default ``[host] lease_seconds``: a dispatch lease lasts this long unless renewed (issue 21 item 2).
+#: Default ``[host] lease_seconds``: a dispatch lease lasts this long unless renewed (ARCHITECTURE.md §10).
 DEFAULT_LEASE_S = 30.0
 
 
 #: Default and largest ``[host] store_pool_size``: the pooled connections (and store worker threads) of a
-#: PostgreSQL host store (issue 21 item 1; a SQLite store keeps its one connection).
+#: PostgreSQL host store (a SQLite store keeps its one connection).
 DEFAULT_STORE_POOL_SIZE = 4
 
 
@@ -58,7 +58,7 @@ class PrincipalConfig:
 
 @dataclass(frozen=True)
 class SidecarSettings:
-    """One sidecar the host dispatches to (issue 21 item 3).
+    """One sidecar the host dispatches to (``[sidecar]`` or one ``[[sidecars]]`` entry).
 
     ``crews``: the admitted crew ids it serves; None for the one ``[sidecar]`` of a single-sidecar host
     (every crew). ``name``: for logs and errors (``sidecar`` for ``[sidecar]``; ``sidecars[i].name`` or
@@ -82,7 +82,7 @@ class Settings:
 
     Attributes:
         bind: ``host:port`` for hypercorn.
-        store_path: absolute path of the SQLite host store, or a ``postgresql://`` URL (issue 21).
+        store_path: absolute path of the SQLite host store, or a ``postgresql://`` URL (ARCHITECTURE.md §10).
         max_response_bytes: bound of one sidecar response body, bytes.
         sidecar_url: base URL of the sidecar (https, or http to loopback).
         sidecar_token: the bearer token for the sidecar (never logged).
@@ -106,7 +106,7 @@ class Settings:
         openapi: serve ``/openapi.json`` (README "OpenAPI").
         console: serve the approval console at ``/console/`` (README "Approval console").
         host_id: this host in dispatch leases (default ``<hostname>:<bind port>``); hosts sharing a
-            PostgreSQL store need distinct ids (issue 21 item 2).
+            PostgreSQL store need distinct ids (one process per id: ARCHITECTURE.md §10).
         lease_s: how long a dispatch lease lasts unless renewed, seconds; a dead host's running actions
             are taken over by another host after it.
         store_pool_size: connections of a PostgreSQL store's pool, one per store worker thread.
@@ -114,7 +114,7 @@ class Settings:
             ``[sidecar]`` serving every crew; the ``sidecar_*`` fields are the first one's.
         status_cache_entries: bound of this host's own cache of final job views, entries (0: off);
             a key-less ``:status`` of a completed, failed or confirmed-cancelled run is answered from
-            it without the sidecar hop, and still recorded as an action (issue 22 item 3;
+            it without the sidecar hop, and still recorded as an action (ARCHITECTURE.md §9;
             :mod:`.view_cache`). Not shared between hosts: final views never change.
     """
 

@@ -184,7 +184,7 @@ def _statements(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
-# --- the one-process fence --------------------------------------------------------------
+# --- the one-process lock ---------------------------------------------------------------
 
 
 def acquire_lock(path: Path, *, held: Callable[[Path], Exception], insecure: Callable[[str], Exception]) -> int:

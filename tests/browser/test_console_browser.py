@@ -1,4 +1,4 @@
-"""The approval console in real Chromium (issue 19 items 2 and 6): an approver signs in with a token or an
+"""The approval console in real Chromium: an approver signs in with a token or an
 Ed25519 key, sees a pending action appear live, approves it, and watches its chunks and result arrive."""
 
 from __future__ import annotations

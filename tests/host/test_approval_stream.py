@@ -1,4 +1,4 @@
-"""``GET /aip/v1/approvals/events`` (issue 19 item 2): the tenant's pending queue, then every
+"""``GET /aip/v1/approvals/events``: the tenant's pending queue, then every
 approval created, decided, expired or withdrawn, live and resumable, role-checked."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the sidecar can cancel (issue 17 item 8): learned from /health, published, and a refused cancel
+"""What the sidecar can cancel: learned from /health, published, and a refused cancel
 leaves the job running and followed."""
 
 from __future__ import annotations

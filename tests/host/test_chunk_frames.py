@@ -1,5 +1,5 @@
 """The host's stored-chunk SSE frames (``host/http/routes.py`` ``ChunkFrames``): the byte template equals encoding
-the decoded chunk inside an ``Envelope`` (issue 22 item 2: replay speed without a second dialect)."""
+the decoded chunk inside an ``Envelope`` (replay speed without a second dialect)."""
 
 from __future__ import annotations
 

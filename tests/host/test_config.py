@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from aip_crewai.host.config import ConfigError, check_sidecar_proxy, check_sidecar_url, load_settings
+from aip_crewai.host.config import HostConfigError, check_sidecar_proxy, check_sidecar_url, load_settings
 from aip_crewai.host.main import main
 
 from hostkit import SIDECAR_TOKEN, HostFiles, base_document, os_mode
@@ -32,8 +32,8 @@ def load(files: HostFiles, doc: dict | None = None):
     return load_settings(files.config, environ={})
 
 
-def error_of(files: HostFiles, doc: dict) -> ConfigError:
-    with pytest.raises(ConfigError) as info:
+def error_of(files: HostFiles, doc: dict) -> HostConfigError:
+    with pytest.raises(HostConfigError) as info:
         load(files, doc)
     return info.value
 
@@ -246,7 +246,7 @@ def test_sidecar_proxy_is_only_for_https_sidecars_and_absent_by_default(host_fil
     for proxy, url in [("http://proxy:3128", "http://127.0.0.1:8090"), ("socks5://p:1", "https://s"),
                        ("http://user:pw@proxy:3128", "https://s"), ("http://proxy:3128?x=1", "https://s"),
                        ("proxy:3128", "https://s")]:
-        with pytest.raises(ConfigError) as caught:
+        with pytest.raises(HostConfigError) as caught:
             check_sidecar_proxy(proxy, url)
         assert caught.value.key == "sidecar.proxy"
     err = error_of(host_files, mutate("sidecar.proxy", "http://proxy:3128"))
@@ -289,7 +289,7 @@ class TestTokenFile:
 
 def test_not_toml_is_a_config_error(host_files: HostFiles):
     host_files.config.write_text("[host\n")
-    with pytest.raises(ConfigError, match="not valid TOML"):
+    with pytest.raises(HostConfigError, match="not valid TOML"):
         load_settings(host_files.config, environ={})
 
 

@@ -1,4 +1,4 @@
-"""Crew inputs from the sidecar's /health: schemas name them, submissions lacking one are 400 (issue 20 item 3)."""
+"""Crew inputs from the sidecar's /health: schemas name them, submissions lacking one are 400."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Changes committed on a shared PostgreSQL store are pushed to followers on every host (issue 21 item 2):
+"""Changes committed on a shared PostgreSQL store are pushed to followers on every host:
 chunks and results stored by one Store wake the signal another host's listener holds, at commit."""
 
 from __future__ import annotations

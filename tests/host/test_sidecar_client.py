@@ -127,7 +127,7 @@ async def test_stream_without_terminal_is_invalid():
                              crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
 
 
-# --- issue 17: which refusals are provably before admission; silence bounds --------------------------------
+# --- which refusals are provably before admission (ARCHITECTURE.md §9); silence bounds (§8) --------------------------------
 
 KQ = ops.get("knowledge_query")
 

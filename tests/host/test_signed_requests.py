@@ -1,4 +1,4 @@
-"""Signed requests (RFC 9421, issue 19 item 1): a principal holding only an Ed25519
+"""Signed requests (RFC 9421): a principal holding only an Ed25519
 key lists, shows and decides approvals and reads what its role allows; replays,
 tampering and mismatched credentials are 401; a signed decision keeps its proof."""
 

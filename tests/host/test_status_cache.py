@@ -1,4 +1,4 @@
-"""Key-less ``:status`` of a final run answered from the host's cache of final job views (issue 22 item 3).
+"""Key-less ``:status`` of a final run answered from the host's cache of final job views.
 
 Through the real code paths: :class:`ActionService` over a store on disk and the scripted
 sidecar (each test counts the job-view reads that reach it), and the app over HTTP in-process.

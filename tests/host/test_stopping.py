@@ -1,4 +1,4 @@
-"""host.stopping: streams end and blocking waits answer once the host is stopping (issue 17 item 4)."""
+"""host.stopping: streams end and blocking waits answer once the host is stopping."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ def db_path(tmp_path: Path) -> Path:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def location(request: pytest.FixtureRequest, db_path: Path) -> Path | str:
-    """Where the store lives: a SQLite file, or a fresh database on a real PostgreSQL server (issue 21;
+    """Where the store lives: a SQLite file, or a fresh database on a real PostgreSQL server (
     skipped with one line without PostgreSQL). Tests about the SQLite file itself use ``db_path``."""
     if request.param == "sqlite":
         return db_path
@@ -203,7 +203,7 @@ async def test_fifty_concurrent_admissions_under_one_key_create_exactly_one_acti
 
 
 async def test_concurrent_admissions_across_two_connections(store: Store, location: Path | str):
-    """Two connections stand for two hosts on one database (issue 21 item 2: the key fence across replicas)."""
+    """Two connections stand for two hosts on one database (the key fence across replicas)."""
     second = await Store.open(location, clock=lambda: T0 / 1000)
     try:
         results = await asyncio.gather(*[
@@ -266,7 +266,7 @@ async def test_create_action_once_and_return_the_existing(store: Store):
 
 
 async def test_create_action_can_insert_an_action_already_finished(store: Store):
-    """A key-less read answered inline: admit and its result in one insert (issue 22 item 3)."""
+    """A key-less read answered inline: admit and its result in one insert."""
     created, record = await store.create_action("acme", "st_1", "cap", "alpha", "status", "{}", "h", "p", None,
                                                 "running", dispatch="acknowledged", durable=False,
                                                 result=("completed", '{"status":"completed"}'))
@@ -590,7 +590,7 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
     assert await store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS) == []
 
 
-# --- dispatch leases (issue 21 item 2) -------------------------------------------------------
+# --- dispatch leases -------------------------------------------------------
 
 
 async def test_a_lease_belongs_to_one_host_until_it_expires_and_is_then_taken_over(location: Path | str):

@@ -1,4 +1,4 @@
-"""The PostgreSQL host store's connection pool (issue 21 item 1): one pooled connection per store
+"""The PostgreSQL host store's connection pool: one pooled connection per store
 method, reads not queued behind a write waiting for the writer lock, fences held across the pool's
 threads and across two stores (two hosts), a connection the server dropped replaced.
 

@@ -1,4 +1,4 @@
-"""Stream tokens (issue 19 item 4): minted by an authenticated request, bound to one
+"""Stream tokens: minted by an authenticated request, bound to one
 principal, tenant and stream, valid for minutes, accepted as ``?stream_token=`` by
 EventSource-style clients, and never logged."""
 

@@ -1,4 +1,4 @@
-"""The host's cache of final job views (issue 22 item 3): what is final, both bounds, LRU order, disabled at 0.
+"""The host's cache of final job views: what is final, both bounds, LRU order, disabled at 0.
 
 The property test runs under the suite's Hypothesis profile (``ci``: derandomized, tests/conftest.py).
 """

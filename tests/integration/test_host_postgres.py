@@ -1,4 +1,4 @@
-"""The real host on a real PostgreSQL store (issue 21 items 1 and 4): the governed flow end to end, the
+"""The real host on a real PostgreSQL store: the governed flow end to end, the
 store's rows in PostgreSQL, a restart on the same database, and a second host refused while the first owns it
 (each host id is held by one process, also after a database restart dropped its lock). Skipped with one
 line without PostgreSQL."""

@@ -1,4 +1,4 @@
-"""The generated OpenAPI document against the real host (issue 19 item 5): requests
+"""The generated OpenAPI document against the real host: requests
 schemathesis generates from the document, for every operation, get no 5xx and no
 answer outside the document (status, content type, schema).
 

@@ -132,7 +132,7 @@ async def admission_write_failure(root: Path) -> list[Result]:
         failing.fail = None
         health = (await client.get("/health")).json()
         _check(results, "nothing executed", fake.calls == [], fake.calls)
-        # the failed writes are recent: degraded (issue 17 item 7) until an admission is written again
+        # the failed writes are recent: degraded until an admission is written again
         _check(results, "nothing counted", health["retained_runs"] == before and health["status"] == "degraded", health)
         answer = await client.post("/jobs", json=_job(uid("after")), headers={"Idempotency-Key": "k"})
         _check(results, "admissions work once the disk does", answer.status_code == 200, answer.text)

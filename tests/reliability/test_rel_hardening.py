@@ -1,4 +1,4 @@
-"""Security hardening (issue 16): each finding of the independent review, replayed against the real
+"""Security hardening: each finding of the independent review, replayed against the real
 host and sidecar on loopback. The README's "Security" section lists each bound tested here.
 
 Error bodies are read through :func:`error_code` only, so a change of the error envelope's layout

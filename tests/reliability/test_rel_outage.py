@@ -1,4 +1,4 @@
-"""Sidecar outages around approvals, through real processes (issue 17 items 1-3; ``make chaos`` category
+"""Sidecar outages around approvals, through real processes (``make chaos`` category
 ``outage`` runs every ``test_rel_*`` scenario here): the sidecar down, draining, frozen (SIGSTOP) and
 killed and restarted while approved actions wait or run.
 

@@ -1,4 +1,4 @@
-"""``aip-crewai journal import``: a reference sidecar's JSON journal into a SQLite journal (issue 20 item 10;
+"""``aip-crewai journal import``: a reference sidecar's JSON journal into a SQLite journal (
 README "Migrating from the reference sidecar")."""
 
 from __future__ import annotations

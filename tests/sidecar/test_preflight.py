@@ -1,4 +1,4 @@
-"""Start-up crew preflight, KnowledgeUnavailable at job start, and CrewAI's printed errors (issue 15 item 7)."""
+"""Start-up crew preflight, KnowledgeUnavailable at job start, and CrewAI's printed errors."""
 
 from __future__ import annotations
 

@@ -287,7 +287,7 @@ async def test_followed_pages_hold_every_event_once_in_order_and_end_at_the_term
 
 
 def test_a_chunk_fits_the_smallest_event_bound_even_with_long_labels():
-    """--max-event-bytes 1024 (the reference's lower bound, issue 20 item 9): long labels are dropped before
+    """--max-event-bytes 1024 (the reference's lower bound): long labels are dropped before
     the content is cut, so the event still fits."""
     from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS, chunk_row
 

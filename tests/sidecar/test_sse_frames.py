@@ -1,4 +1,4 @@
-"""The sidecar's direct SSE frame equals the reference encoder's, and pages keep every event once (issue 22)."""
+"""The sidecar's direct SSE frame equals the reference encoder's, and pages keep every event once."""
 
 from __future__ import annotations
 

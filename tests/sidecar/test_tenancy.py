@@ -1,4 +1,4 @@
-"""Tenants at the sidecar: tenant of a job id, private names, and per-tenant knowledge (issue 15)."""
+"""Tenants at the sidecar: tenant of a job id, private names, and per-tenant knowledge."""
 
 from __future__ import annotations
 

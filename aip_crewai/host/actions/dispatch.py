@@ -104,7 +104,7 @@ class Dispatcher:
                  clients: Mapping[str, SidecarClient] | None = None) -> None:
         self.client = client
         self.max_response_bytes = max_response_bytes
-        #: crew id -> the client of the sidecar serving it (issue 21 item 3); others use ``client``.
+        #: crew id -> the client of the sidecar serving it (``[[sidecars]]``, ARCHITECTURE.md §10); others use ``client``.
         self.clients = dict(clients or {})
 
     def client_for(self, job: Job) -> SidecarClient:
@@ -317,7 +317,7 @@ class Dispatcher:
         Raises:
             NotCancellable: the sidecar answered 409 (a peer sidecar cancels
                 only ``run`` and ``batch_run``): the job keeps running and the
-                host keeps following it (issue 17 item 8).
+                host keeps following it (ARCHITECTURE.md §8: a silent stream is never a cancel).
         """
         try:
             view = await self.client_for(job).cancel(

@@ -53,7 +53,7 @@ async def run(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool = Tru
 
     sink = ChunkSink(runtime.store, live)
     try:
-        if not await runtime.store.take_lease(tenant, action_id):  # another host dispatches it (issue 21)
+        if not await runtime.store.take_lease(tenant, action_id):  # another host holds its dispatch lease (ARCHITECTURE.md §10)
             log.info("action_leased_elsewhere")
             return
         if job.spec.approval and recheck:  # governed: re-check what its approval relied on, before sending

@@ -97,7 +97,7 @@ async def reconcile_all(runtime: ActionRuntime) -> None:
 
 
 async def renew_leases(runtime: ActionRuntime) -> None:
-    """Every third of the lease: extend this host's dispatch leases (issue 21 item 2). A host that stops
+    """Every third of the lease: extend this host's dispatch leases (ARCHITECTURE.md §10). A host that stops
     renewing (killed, frozen) loses them when they expire, and another host's reconciler takes its
     running actions over (:meth:`~.actions.ActionService.refresh`)."""
     interval_s = max(runtime.store.lease_ms / 3000, 0.05)
@@ -277,7 +277,7 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
     unreachable: ActionRecord | None = None
     try:
         if not await runtime.store.take_lease(tenant, action_id):
-            log.info("action_leased_elsewhere")  # another host follows it (issue 21 item 2)
+            log.info("action_leased_elsewhere")  # another host holds its dispatch lease and follows it
             return
         log.info("action_resumed", from_chunk=job.first_chunk_sequence)
         result = await runtime.dispatcher.resume(job, sink.add)

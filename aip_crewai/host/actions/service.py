@@ -243,7 +243,7 @@ class ActionService:
         """Answer a key-less read (``status``, or an ``events`` page) in the request: ask the
         sidecar, then record the action once, finished, in ONE write (admit and its result
         together, not durable), instead of a running row, a dispatch task and a second write
-        (issue 22: ``:status`` cost). The target check (the caller's own run of this crew) is
+        (the cheapest record of a read that changes nothing). The target check (the caller's own run of this crew) is
         part of that write: a missing target answers ActionNotFound and records nothing, and
         the sidecar's answer is discarded. A read repeated under a stored action id replays
         the stored record (the fresh answer is dropped).
@@ -254,7 +254,7 @@ class ActionService:
         answer that view), with the same target check and the same one write. A view enters
         the cache only from the sidecar's own successful answer, after its target check
         passed (never the host's view of an unsent run, never an error).
-        Source: ARCHITECTURE.md "Action states"; issue 22 item 3.
+        Source: ARCHITECTURE.md §9 (a key-less read answered inline; the final-view cache).
         """
         run_action_id = str(action.input["run_action_id"])
         job = Job(tenant=caller.tenant, action_id=action.id, crew_id=crew_id, spec=spec, input=dict(action.input),
@@ -371,7 +371,7 @@ class ActionService:
                 return await self.record(record.tenant, record.action_id)
         if record.status == ActionState.RUNNING and self.live.get(record.tenant, record.action_id) is None:
             # Only the holder of its dispatch lease settles it: another live host's action is left to it
-            # (issue 21 item 2); an expired lease (a dead host's) is taken over here.
+            # (ARCHITECTURE.md §10, dispatch leases); an expired lease (a dead host's) is taken over here.
             if self.store.lease_is_foreign(record) or not await self.store.take_lease(record.tenant, record.action_id):
                 return record
             await self.reconcile(record)

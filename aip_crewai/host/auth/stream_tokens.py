@@ -23,7 +23,7 @@ Never logged: the request log line carries the route template, never the
 query string (:class:`~aip_crewai.plumbing.asgi.RequestLog`), and
 hypercorn's access log is off (:mod:`aip_crewai.plumbing.serving`).
 
-Source: issue 19 item 4; RFC 2104 (HMAC).
+Source: README "Stream tokens"; RFC 2104 (HMAC).
 """
 
 from __future__ import annotations

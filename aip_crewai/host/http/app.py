@@ -239,7 +239,7 @@ def _cors(settings: Settings) -> list[Middleware]:
                        allow_credentials=False, max_age=CORS_MAX_AGE_S)]
 
 
-# --- lifespan ------------------------------------------------------------------
+# --- the app -------------------------------------------------------------------
 
 
 def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTransport | None = None,

@@ -26,7 +26,7 @@ Who: approvers and operators of the tenant (403 otherwise), by bearer
 token, signed request, or a stream token of scope ``approvals``
 (:mod:`.stream_tokens`).
 
-Source: issue 19 items 1-2; ARCHITECTURE.md §10 (live followers).
+Source: README "Approval events"; ARCHITECTURE.md §10 (live followers, the approval event log).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Headers: a Content-Security-Policy allowing only this origin (no inline
 script or style, no framing), ``X-Content-Type-Options: nosniff``,
 ``Referrer-Policy: no-referrer`` and ``Cache-Control: no-cache``.
 
-Source: issue 19 item 2; ARCHITECTURE.md §6.
+Source: README "Approval console"; ARCHITECTURE.md §6.
 """
 
 from __future__ import annotations

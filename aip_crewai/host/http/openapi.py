@@ -14,7 +14,7 @@ at ``/openapi.json`` instead (README "OpenAPI"). ``aip-crewai contracts --write`
 also commits it as ``contracts/openapi.host.json`` (a test fails on drift).
 
 Source: OpenAPI 3.1.0 (its Schema Object is JSON Schema 2020-12, which
-msgspec generates); issue 19 item 5.
+msgspec generates); README "OpenAPI".
 """
 
 from __future__ import annotations

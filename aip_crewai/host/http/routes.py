@@ -196,7 +196,7 @@ class ChunkFrames:
     ``message_id``, ``sent_at``, ``body``, ``correlation_id``). A test checks the
     frame equals ``encode_event`` of the encoded :class:`Envelope`, message id
     aside. Compact JSON has no line ends; a stored row that does hold one goes
-    through ``encode_event``. Source: README "Streams"; issue 22 item 2.
+    through ``encode_event``. Source: README "AIP 1.0 conformance" (streams); ARCHITECTURE.md §4 (frame layout).
     """
 
     def __init__(self, action_id: str, sent_at: str) -> None:

@@ -269,7 +269,7 @@ def notify_systemd(address: str | None, message: bytes = b"READY=1") -> bool:
 
 
 class ReadinessGroup:
-    """The readiness of several sidecars, each serving its own crews (issue 21 item 3), with the
+    """The readiness of several sidecars, each serving its own crews (``[[sidecars]]``, ARCHITECTURE.md §10), with the
     interface of one :class:`Readiness` for ``/ready``, submissions and dispatch.
 
     The host is ready while at least one sidecar is (a load balancer keeps sending it work); a crew

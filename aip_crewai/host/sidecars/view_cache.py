@@ -1,4 +1,4 @@
-"""A bounded in-memory cache of the FINAL job views of runs (issue 22 item 3).
+"""A bounded in-memory cache of the FINAL job views of runs (ARCHITECTURE.md §9).
 
 A run's job view (the sidecar's ``GET /jobs/{id}``) stops changing once the
 run is final, so the host answers a key-less ``:status`` of a final run from

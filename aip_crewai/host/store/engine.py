@@ -16,10 +16,10 @@ worker thread (one hop per method). That function talks to a :class:`Db`:
 
 Serializing writers keeps every multi-statement method (the key's holder
 check and the insert, a decision and its action's start) atomic across
-hosts exactly as it is for one SQLite writer (issue 21 item 2: every fence
+hosts exactly as it is for one SQLite writer (every fence
 holds across replicas); reads run without the lock.
 
-Source: ARCHITECTURE.md §10 (storage); issue 21.
+Source: ARCHITECTURE.md §10 (storage).
 """
 
 from __future__ import annotations

@@ -92,6 +92,8 @@ CREATE INDEX message_ids_expiry ON message_ids (expires_at);
 """
 
 
+# Migration 2: an approval whose action the tenant cancelled before any decision is
+# ``withdrawn`` (no longer decidable). SQLite cannot alter a CHECK: the table is rebuilt.
 _MIGRATION_2 = """
 CREATE TABLE approvals_v2 (
     tenant              TEXT NOT NULL,
@@ -120,12 +122,20 @@ CREATE INDEX approvals_pending_expiry ON approvals (expires_at) WHERE status = '
 """
 
 
+# Migration 3: the dispatch lease of a running action: which host dispatches or
+# reconciles it, until when (ms). A lease that is not renewed expires, and another host takes it over.
 _MIGRATION_3 = """
 ALTER TABLE actions ADD COLUMN lease_owner TEXT;
 ALTER TABLE actions ADD COLUMN lease_expires_at INTEGER;
 """
 
 
+# Migration 4: the proof of a signed decision (JSON: the RFC 9421 signature
+# base, signature and the decision body, README "Signed requests"), and the approval
+# event log of ``GET /aip/v1/approvals/events``: one row per approval created or changed
+# in status, written by the store in the same transaction as the change
+# (:meth:`Store._log_approval_now`). ``seq`` counts per tenant from 1 (a tenant's positions
+# tell nothing about other tenants). Plain DDL: the same script serves PostgreSQL.
 _MIGRATION_4 = """
 ALTER TABLE approvals ADD COLUMN decision_proof TEXT;
 CREATE TABLE approval_events (

@@ -1,4 +1,4 @@
-"""Changes committed by other hosts, pushed to this host's followers (issue 21 item 2).
+"""Changes committed by other hosts, pushed to this host's followers (ARCHITECTURE.md §10).
 
 On a PostgreSQL store every write that stores chunks or a result also sends
 ``NOTIFY aip_actions, '<tenant> <action_id>'`` (delivered at its commit:

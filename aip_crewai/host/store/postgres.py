@@ -98,8 +98,7 @@ PG_HOST_ID_LOCK_CLASS = 0x41495045
 class PostgresHostLock:
     """This process's claim on ``host_id`` on a PostgreSQL store: a connection holding a session advisory
     lock on it (released when the connection closes, so also when the process dies). Several hosts share
-    one store, each under its own id: two processes with one id would share dispatch leases (issue 21
-    item 2).
+    one store, each under its own id: two processes with one id would share dispatch leases.
 
     A database restart ends the session and with it the lock, silently: :meth:`verify` (called
     periodically by the host) notices, reconnects and takes the lock again, and says when another
@@ -185,7 +184,7 @@ class PostgresDb:
     :data:`WRITER_LOCK` (``pg_advisory_xact_lock``), so the writers of all hosts and threads on the
     database serialize like SQLite's single writer.
 
-    Source: issue 21 item 1 (a connection pool).
+    Source: ARCHITECTURE.md §10 (a PostgreSQL store: one pooled connection per store thread).
     """
 
     engine = "postgresql"

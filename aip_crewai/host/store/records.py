@@ -19,20 +19,6 @@ from ...contracts.errors import AipError, Category
 from ..actions.lifecycle import ActionState, ApprovalStatus, DispatchState
 
 
-# Migration 2: an approval whose action the tenant cancelled before any decision is
-# ``withdrawn`` (no longer decidable). SQLite cannot alter a CHECK: the table is rebuilt.
-
-# Migration 3: the dispatch lease of a running action (issue 21 item 2): which host dispatches or
-# reconciles it, until when (ms). A lease that is not renewed expires, and another host takes it over.
-
-# Migration 4 (issue 19): the proof of a signed decision (JSON: the RFC 9421 signature
-# base, signature and the decision body, README "Signed requests"), and the approval
-# event log of ``GET /aip/v1/approvals/events``: one row per approval created or changed
-# in status, written by the store in the same transaction as the change
-# (:meth:`Store._log_approval_now`). ``seq`` counts per tenant from 1 (a tenant's positions
-# tell nothing about other tenants). Plain DDL: the same script serves PostgreSQL.
-
-
 #: Dispatch states in order (only forward, see :meth:`Store.update_action`).
 DISPATCH_RANK = {state.value: rank for rank, state in enumerate(DispatchState)}
 APPROVAL_DECISIONS = ("approved", "denied")
@@ -90,7 +76,7 @@ class ActionRecord:
     chunk_count: int
     created_at: int
     updated_at: int
-    #: the host that dispatches or reconciles the running action, and until when (ms): issue 21 item 2
+    #: the host that dispatches or reconciles the running action, and until when (ms): ARCHITECTURE.md §10
     lease_owner: str | None = None
     lease_expires_at: int | None = None
 
@@ -250,14 +236,3 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
     except (ValueError, msgspec.DecodeError) as exc:
         raise InvalidCursor() from exc
     return created_at, approval_id
-
-
-# --- SQL text for the store ----------------------------------------------------
-
-
-# --- opening and checking the file ---------------------------------------------
-
-
-# --- PostgreSQL (issue 21) --------------------------------------------------------
-
-

@@ -101,7 +101,7 @@ log = structlog.get_logger(__name__)
 _S = ActionState
 #: How long a dispatch lease lasts unless renewed, ms (``[host] lease_seconds``).
 DEFAULT_LEASE_MS = 30_000
-#: Connections (and worker threads) of a PostgreSQL store's pool (``[host] store_pool_size``, issue 21).
+#: Connections (and worker threads) of a PostgreSQL store's pool (``[host] store_pool_size``).
 DEFAULT_POOL_SIZE = 4
 # --- the store -----------------------------------------------------------------
 
@@ -246,9 +246,7 @@ class Store(ApprovalMethods):
         now = self.now_ms() if now is None else now
         return await self._change("DELETE FROM message_ids WHERE expires_at <= ?", (now,))
 
-    # --- idempotency (ARCHITECTURE.md §7) ---
-
-    # --- actions ---
+    # --- actions and the idempotency key's reservation (ARCHITECTURE.md §7) ---
 
     async def create_action(self, tenant: str, action_id: str, capability_id: str, crew_id: str, operation: str,
                             input_json: str, input_hash: str, principal_id: str, idempotency_key: str | None,
@@ -354,7 +352,7 @@ class Store(ApprovalMethods):
 
         return await self._run(self._write_now, durable, transaction if reserve else create)
 
-    # --- dispatch leases (issue 21 item 2) ---
+    # --- dispatch leases (ARCHITECTURE.md §10) ---
 
     def _lease_for(self, status: str, now: int) -> tuple[str | None, int | None]:
         """``(lease_owner, lease_expires_at)`` of a row entering ``status``: this host's lease when running."""

@@ -89,8 +89,6 @@ __all__ = ["Journal", "SCHEMA_VERSION"]
 
 log = structlog.get_logger(__name__)
 
-# ------------------------------------------------------------------- records
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
