@@ -81,7 +81,6 @@ from ..plumbing.files import FileTooLarge, NotRegularFile, read_regular
 from ..plumbing.keys import SecretFileError, read_token
 from ..plumbing.loopback import is_loopback
 from .crews.descriptors import AdmissionError, CrewDescriptor, load_descriptors
-from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
 from .settings import (
     DEFAULT_DISPATCH_DEADLINE_S,
     DEFAULT_LEASE_S,
@@ -93,6 +92,7 @@ from .settings import (
     Settings,
     SidecarSettings,
 )
+from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
 from .sidecars.view_cache import MAX_ENTRIES as MAX_STATUS_CACHE_ENTRIES
 
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024

@@ -16,8 +16,8 @@ Source: ARCHITECTURE.md §11 (operator interface), §1 (the host never imports C
 from __future__ import annotations
 
 import argparse
-import logging
 import asyncio
+import logging
 import os
 import signal
 import socket

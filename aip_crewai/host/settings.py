@@ -16,7 +16,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from .crews.descriptors import CrewDescriptor
 from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
 
-
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 

@@ -57,8 +57,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import structlog
-from starlette.requests import ClientDisconnect
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = structlog.get_logger(__name__)

@@ -9,7 +9,8 @@ import pytest
 
 from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import Forbidden, Unauthenticated
-from aip_crewai.host.auth.principals import Authenticator, Principal, require_role, signed_bytes
+from aip_crewai.host.auth.principals import Authenticator, Principal, require_role
+from aip_crewai.host.auth.signatures import signed_bytes
 from aip_crewai.host.store.store import Store
 from aip_crewai.host.http.state import host_setup
 

@@ -11,8 +11,8 @@ import asyncio
 import msgspec
 
 from ...contracts.aip import StreamChunk
-from .live import LiveAction
 from ..store.store import Store
+from .live import LiveAction
 
 _encode = msgspec.json.Encoder()
 

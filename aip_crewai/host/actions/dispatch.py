@@ -15,7 +15,6 @@ from typing import Any
 
 import structlog
 
-from .lifecycle import DispatchState
 from ...contracts.aip import ActionResult, StreamChunk
 from ...contracts.errors import (
     ConnectorCancelledUnconfirmed,
@@ -29,8 +28,9 @@ from ...contracts.errors import (
 )
 from ...contracts.operations import OperationSpec
 from ...contracts.sidecar import JobEvent
-from .normalize import StreamNormalizer, failed_result, result_from_terminal
 from ..sidecars.client import DispatchProgress, SidecarClient, not_admitted, sidecar_job_id
+from .lifecycle import DispatchState
+from .normalize import StreamNormalizer, failed_result, result_from_terminal
 
 log = structlog.get_logger(__name__)
 

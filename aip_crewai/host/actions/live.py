@@ -13,8 +13,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from ...plumbing.wakeup import ChangeSignal
-from .dispatch import Job
 from ..store.store import ActionRecord
+from .dispatch import Job
 
 
 @dataclass

@@ -24,22 +24,22 @@ import structlog
 from ...contracts import operations as ops
 from ...contracts.aip import ActionResult
 from ...contracts.errors import AipError, ConnectorCancelledUnconfirmed
+from ..store.store import ActionRecord, StoreUnavailable
 from .chunk_sink import ChunkSink
 from .dispatch import DispatchDeferred, StartNotAdmitted
 from .lifecycle import (
     CANCEL_OUTCOMES,
-    is_terminal,
     PROVISIONAL_CODES,
     PROVISIONAL_MARKERS,
     ActionState,
     CancelCase,
     DispatchState,
     approval_admits,
+    is_terminal,
     result_is_final,
 )
 from .live import LiveAction
 from .normalize import failed_result, result_from_terminal
-from ..store.store import ActionRecord, StoreUnavailable
 from .writer import ActionRuntime
 
 log = structlog.get_logger(__name__)

@@ -36,18 +36,17 @@ from ...contracts.errors import (
 from ...contracts.hashing import canonical_json
 from ...contracts.inputs import convert_input
 from ...contracts.operations import OperationSpec
-from . import cancellation, dispatch_task, recovery
-from ..auth.principals import FULL, Principal, action_access
+from ..auth.principals import FULL, Authenticator, Principal, action_access
 from ..settings import DEFAULT_DISPATCH_DEADLINE_S
-from .dispatch import Dispatcher, Job
-from .lifecycle import ActionEvent, ActionState, ApprovalStatus, DispatchState, approval_admits, policy_hash
-from .idempotency import IDEMPOTENCY_TTL_MS, checked_key, fence_hash, repeat_decision
-from .live import LiveAction, LiveRegistry
-from ..store.notify import RemoteChanges
-from .normalize import failed_result
-from ..auth.principals import Authenticator
-from ..store.store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms_to_rfc3339
 from ..sidecars.view_cache import DEFAULT_ENTRIES, ViewCache, is_final_view
+from ..store.notify import RemoteChanges
+from ..store.store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms_to_rfc3339
+from . import cancellation, dispatch_task, recovery
+from .dispatch import Dispatcher, Job
+from .idempotency import IDEMPOTENCY_TTL_MS, checked_key, fence_hash, repeat_decision
+from .lifecycle import ActionEvent, ActionState, ApprovalStatus, DispatchState, approval_admits, policy_hash
+from .live import LiveAction, LiveRegistry
+from .normalize import failed_result
 from .writer import ActionWriter
 
 __all__ = ["ActionService", "pending_result", "durable_action", "inline_read", "APPROVAL_TTL_MS"]

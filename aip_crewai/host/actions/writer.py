@@ -26,6 +26,7 @@ import structlog
 from ...contracts.aip import ActionResult
 from ...contracts.errors import ApprovalExpired, CapabilityRevoked
 from ..auth.principals import Principal
+from ..store.store import ActionRecord, ApprovalRecord, Store, StoreError
 from .dispatch import Dispatcher, Job
 from .lifecycle import (
     CORRECTION_EVENTS,
@@ -38,7 +39,6 @@ from .lifecycle import (
 )
 from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
-from ..store.store import ActionRecord, ApprovalRecord, Store, StoreError
 
 log = structlog.get_logger(__name__)
 

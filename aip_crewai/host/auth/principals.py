@@ -44,12 +44,9 @@ Source: ARCHITECTURE.md §7 (principals, signed envelopes), §6 (statuses).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import hashlib
 import hmac
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -57,15 +54,15 @@ from typing import Any, Protocol
 
 import structlog
 from cryptography.exceptions import InvalidSignature
-from starlette.requests import Request
 
+from ...contracts.errors import Forbidden, InvalidInput, NonCanonicalNumber, Unauthenticated
+from ...contracts.hashing import number_problem
+from ...contracts.inputs import MAX_INPUT_DEPTH, exceeds_depth
 from ...plumbing import httpsig
 from ...plumbing.bearer import parse_bearer
-from ...contracts.errors import Forbidden, InvalidInput, NonCanonicalNumber, Unauthenticated
-from ...contracts.hashing import jcs, number_problem
-from ...contracts.inputs import MAX_INPUT_DEPTH, exceeds_depth
 from ..settings import PrincipalConfig
-from ..store.store import rfc3339_to_ms
+from ..store.records import rfc3339_to_ms
+from .signatures import NONCE_CLAIM_PREFIX, SignedRequest, envelope_signature, signed_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -74,10 +71,8 @@ MAX_CLOCK_SKEW_MS = 300_000
 #: How long a claimed message id is remembered past ``sent_at``, ms (> the skew window).
 MESSAGE_ID_RETENTION_MS = MAX_CLOCK_SKEW_MS + 60_000
 MAX_BEARER_CHARS = 4096
-_SIGNATURE_RE = re.compile(r"^[A-Za-z0-9_-]{86}\Z")
 #: Nesting bound of a signed envelope: the input's bound plus the envelope, body and action levels above it.
 MAX_ENVELOPE_DEPTH = MAX_INPUT_DEPTH + 3
-#: Key of the per-request log info dict placed in the ASGI scope by the middleware.
 
 
 @dataclass(frozen=True)
@@ -140,24 +135,6 @@ def require_role(principal: Principal, role: str) -> None:
         raise Forbidden(f"this needs the {role} role", details={"required_role": role})
 
 
-def _b64url_signature(text: Any) -> bytes | None:
-    if not isinstance(text, str) or not _SIGNATURE_RE.match(text):
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(text + "==")
-    except (binascii.Error, ValueError):
-        return None
-    return raw if len(raw) == 64 else None
-
-
-def signed_bytes(envelope_obj: dict[str, Any]) -> bytes:
-    """RFC 8785 bytes an Ed25519 signature covers: the received envelope
-    object with ``security.signature`` removed (``scheme``/``key_id`` kept)."""
-    security = dict(envelope_obj["security"])
-    security.pop("signature", None)
-    return jcs({**envelope_obj, "security": security})
-
-
 class Authenticator:
     """Authenticates requests against the configured principals.
 
@@ -202,7 +179,7 @@ class Authenticator:
         config = self._principals.get(key_id) if isinstance(key_id, str) else None
         if config is None or config.ed25519_public_key is None:
             raise Unauthenticated("unknown signing key")
-        signature = _b64url_signature(security.get("signature"))
+        signature = envelope_signature(security.get("signature"))
         if signature is None:
             raise Unauthenticated("the signature must be 64 bytes in unpadded base64url")
         if exceeds_depth(envelope_obj, MAX_ENVELOPE_DEPTH):  # an input error, checked before recursing into it
@@ -308,39 +285,5 @@ class Authenticator:
         if principal is None:
             raise Unauthenticated()
         return principal
-
-
-@dataclass(frozen=True)
-class SignedRequest:
-    """What an RFC 9421 verifier needs of an HTTP request (built by :func:`signed_request`)."""
-
-    method: str
-    url: str
-    headers: list[tuple[str, str]]
-    body: bytes
-
-
-#: Prefix of an HTTP signature's nonce in the claim store (beside envelope message ids).
-NONCE_CLAIM_PREFIX = "httpsig:"
-
-
-def signed_request(request: Request, body: bytes | None) -> SignedRequest | None:
-    """The request as signed, when it carries ``Signature-Input``/``Signature``; else None.
-
-    The URL is rebuilt from what the host received: the ASGI scheme, the
-    ``Host`` header, the raw (still percent-encoded) path and query string.
-    ``body`` None means the route does not read one: verified as empty.
-    """
-    if not httpsig.is_signed(request.headers.keys()):
-        return None
-    scope = request.scope
-    host = request.headers.get("host") or "{}:{}".format(*(scope.get("server") or ("localhost", 80)))
-    raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
-    query = scope.get("query_string") or b""
-    url = f"{scope.get('scheme', 'http')}://{host}{raw_path.decode('latin-1')}"
-    if query:
-        url += "?" + query.decode("latin-1")
-    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])]
-    return SignedRequest(request.method, url, headers, body or b"")
 
 

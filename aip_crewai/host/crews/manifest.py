@@ -29,7 +29,6 @@ from ...contracts.aip import (
     MANIFEST_VERSION,
     NATIVE_PROFILE,
     PROFILES,
-    Principal,
     ApprovalContract,
     Binding,
     Capability,
@@ -39,11 +38,12 @@ from ...contracts.aip import (
     ExecutionContract,
     IdempotencyContract,
     Manifest,
+    Principal,
 )
 from ...contracts.artifacts import input_schema
 from ...contracts.errors import CapabilityNotFound
-from ...contracts.operations import CATALOGUE, OperationSpec, capability_id, get, resolve_capability
 from ...contracts.inputs import MAX_INPUT_BYTES
+from ...contracts.operations import CATALOGUE, OperationSpec, capability_id, get, resolve_capability
 from ...contracts.sidecar import DEFAULT_TIMEOUT_MS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_TIMEOUT_MS
 from .descriptors import CrewDescriptor
 from .inputs import CrewInputs, project_input_schema

@@ -44,16 +44,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
-from ...plumbing.asgi import (
-    BodyDeadline,
-    BoundedBody,
-    ClientGone,
-    CloseOnUnreadBody,
-    InFlightLimit,
-    SCOPE_LOG_KEY,
-    RefuseAmbiguousFraming,
-    RequestLog,
-)
 from ...contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ErrorBody, protocol_error
 from ...contracts.errors import (
     AipError,
@@ -65,13 +55,23 @@ from ...contracts.errors import (
     RouteNotFound,
     Unauthenticated,
 )
+from ...plumbing.asgi import (
+    SCOPE_LOG_KEY,
+    BodyDeadline,
+    BoundedBody,
+    ClientGone,
+    CloseOnUnreadBody,
+    InFlightLimit,
+    RefuseAmbiguousFraming,
+    RequestLog,
+)
 from ...plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
 from ..auth import stream_tokens as stream_tokens_codec
 from ..auth.principals import Authenticator, require_role
-from ..settings import Settings
 from ..crews.manifest import CapabilityIndex, to_wire
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import Metrics
+from ..settings import Settings
 from ..store.records import ms_to_rfc3339
 from . import approval_stream, approvals, console, openapi, stream_tokens
 from . import routes as routes_actions

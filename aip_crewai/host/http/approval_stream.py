@@ -39,17 +39,17 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from .state import host_state
-from ..actions.lifecycle import ApprovalStatus
 from ...contracts.aip import Event
 from ...sse import encode_comment, encode_event
+from ..actions.lifecycle import ApprovalStatus
 from ..actions.service import ActionService
-from .approvals import HOST_PRINCIPAL, principal_view, render
 from ..auth.principals import can_read_approvals
-from .routes import SSE_HEADERS
-from .stopping import until_stopping
-from ..store.store import ApprovalRecord, InvalidCursor, ms_to_rfc3339
 from ..auth.stream_tokens import APPROVALS_SCOPE
+from ..store.store import ApprovalRecord, InvalidCursor, ms_to_rfc3339
+from .approvals import HOST_PRINCIPAL, principal_view, render
+from .routes import SSE_HEADERS
+from .state import host_state
+from .stopping import until_stopping
 from .stream_tokens import authenticate_stream
 
 #: Keep-alive comment interval, seconds (as on action streams).

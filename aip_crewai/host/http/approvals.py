@@ -37,11 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .limits import MAX_DECISION_BYTES
-from .state import host_state
-from ..actions.lifecycle import ApprovalStatus
-from ...plumbing import httpsig
-from ...plumbing.asgi import read_bounded
+from ...contracts import operations as ops
 from ...contracts.aip import (
     ApprovalDecision,
     ApprovalEvidencePayload,
@@ -66,14 +62,18 @@ from ...contracts.errors import (
     MessageTooLarge,
     ProofNotFound,
 )
-from ...contracts import operations as ops
-from ..actions.service import ActionService
+from ...plumbing import httpsig
+from ...plumbing.asgi import read_bounded
 from ..actions.idempotency import fence_hash
+from ..actions.lifecycle import ApprovalStatus
+from ..actions.service import ActionService
 from ..auth.principals import Principal as Caller
-from .authenticate import authenticate
 from ..auth.principals import can_read_approvals
-from .routes import aip_json
 from ..store.store import ApprovalRecord, ms_to_rfc3339
+from .authenticate import authenticate
+from .limits import MAX_DECISION_BYTES
+from .routes import aip_json
+from .state import host_state
 
 #: The host itself, as the principal that expires approvals.
 HOST_PRINCIPAL = Principal(id="system:aip-crewai-host", kind="system", display_name="aip-crewai host")

@@ -14,7 +14,8 @@ from starlette.requests import Request
 
 from ...contracts.errors import Unauthenticated
 from ...plumbing.asgi import SCOPE_LOG_KEY
-from ..auth.principals import Principal, signed_request
+from ..auth.principals import Principal
+from ..auth.signatures import signed_request
 from .state import host_setup
 
 log = structlog.get_logger(__name__)

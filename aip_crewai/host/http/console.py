@@ -22,9 +22,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .state import host_state
 from ...contracts.errors import RouteNotFound
-
+from .state import host_state
 
 #: file name -> media type of the files the console serves (nothing else is served).
 FILES = {"index.html": "text/html; charset=utf-8", "console.js": "text/javascript; charset=utf-8",

@@ -20,7 +20,6 @@ msgspec generates); README "OpenAPI".
 from __future__ import annotations
 
 import functools
-
 import json
 import re
 from dataclasses import dataclass, field
@@ -42,8 +41,8 @@ from ...contracts.aip import (
     Envelope,
     Manifest,
 )
-from .approvals import DecisionProof
 from ..auth.stream_tokens import QUERY_PARAMETER, StreamToken
+from .approvals import DecisionProof
 
 OPENAPI_VERSION = "3.1.0"
 _REF = "#/components/schemas/{name}"

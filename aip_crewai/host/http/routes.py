@@ -18,9 +18,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from .state import host_state
-from ...plumbing import httpsig
-from ...plumbing.asgi import read_bounded
 from ...contracts.aip import (
     AIP_VERSION,
     CONTENT_TYPE,
@@ -36,16 +33,19 @@ from ...contracts.aip import (
     StreamChunk,
 )
 from ...contracts.errors import CrewUnavailable, InvalidEnvelope, MessageTooLarge
+from ...plumbing import httpsig
+from ...plumbing.asgi import read_bounded
 from ...sse import encode_comment, encode_event, encode_page, page_template
+from ..actions.lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
 from ..actions.service import ActionService
 from ..auth.principals import FULL, Principal, require_role
-from .authenticate import authenticate
-from ..actions.lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
-from ..crews.inputs import check_crew_inputs
-from .stopping import unless_stopping, until_stopping
 from ..auth.stream_tokens import action_scope
-from .stream_tokens import authenticate_stream
+from ..crews.inputs import check_crew_inputs
 from ..store.store import ActionRecord, ChunkRecord, InvalidCursor, ms_to_rfc3339
+from .authenticate import authenticate
+from .state import host_state
+from .stopping import unless_stopping, until_stopping
+from .stream_tokens import authenticate_stream
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024

@@ -19,10 +19,10 @@ from starlette.requests import HTTPConnection
 
 from ..actions.service import ActionService
 from ..auth.principals import Authenticator
-from ..settings import PrincipalConfig, Settings
 from ..crews.descriptors import CrewDescriptor
 from ..crews.manifest import CapabilityIndex
 from ..metrics import Metrics
+from ..settings import PrincipalConfig, Settings
 from ..sidecars.readiness import ReadinessGroup
 from ..store.store import Store
 

@@ -22,7 +22,6 @@ from typing import Any
 import httpx
 import msgspec
 
-from ..actions.lifecycle import DispatchState
 from ...contracts.aip import StreamChunk
 from ...contracts.errors import (
     ConnectorAuthentication,
@@ -36,6 +35,7 @@ from ...contracts.errors import (
 )
 from ...contracts.operations import OperationSpec
 from ...contracts.sidecar import DEFAULT_TIMEOUT_MS, JobEvent
+from ..actions.lifecycle import DispatchState
 from ..actions.normalize import StreamNormalizer
 
 #: Longest silence accepted while reading a JSON (non-stream) answer, seconds: a frozen sidecar

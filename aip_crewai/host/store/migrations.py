@@ -16,7 +16,6 @@ from typing import Any
 from ...plumbing.storage import apply_migrations
 from .records import StoreError
 
-
 _MIGRATION_1 = """
 CREATE TABLE actions (
     tenant          TEXT NOT NULL,

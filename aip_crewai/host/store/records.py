@@ -18,7 +18,6 @@ import msgspec
 from ...contracts.errors import AipError, Category
 from ..actions.lifecycle import ActionState, ApprovalStatus, DispatchState
 
-
 #: Dispatch states in order (only forward, see :meth:`Store.update_action`).
 DISPATCH_RANK = {state.value: rank for rank, state in enumerate(DispatchState)}
 APPROVAL_DECISIONS = ("approved", "denied")

@@ -60,14 +60,14 @@ from typing import Any, TypeVar
 
 import structlog
 
-from ...plumbing.wakeup import ChangeSignal
 from ...plumbing.storage import create_private_file, hop, start_worker
+from ...plumbing.wakeup import ChangeSignal
 from ..actions.lifecycle import ActionState, allowed, is_terminal
-from .notify import CHANNEL as NOTIFY_CHANNEL
-from .notify import payload as notify_payload
 from .approvals import ApprovalMethods
 from .engine import Db
 from .migrations import MIGRATIONS, migrate
+from .notify import CHANNEL as NOTIFY_CHANNEL
+from .notify import payload as notify_payload
 from .postgres import PostgresDb, is_postgres_url, open_postgres_pool
 from .records import (
     DISPATCH_RANK,

@@ -40,6 +40,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Overloaded
+from aip_crewai.contracts.sidecar import CancelRequest
 from aip_crewai.plumbing.asgi import (
     BodyDeadline,
     ClientGone,
@@ -49,12 +51,7 @@ from aip_crewai.plumbing.asgi import (
     RequestLog,
     read_bounded,
 )
-from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Overloaded
 from aip_crewai.plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
-from aip_crewai.contracts.sidecar import CancelRequest
-from aip_crewai.sse import encode_comment, encode_event, encode_page, page_template
-from aip_crewai.sidecar.jobs.admission import MAX_BODY_BYTES
-from aip_crewai.sidecar.http.auth import BearerAuth
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.errors import (
     ArchiveConfirmationRequired,
@@ -65,10 +62,13 @@ from aip_crewai.sidecar.errors import (
     JournalWriteFailed,
     RequestTooLarge,
 )
-from aip_crewai.sidecar.jobs.model import EventRow, JobStatus
-from aip_crewai.sidecar.journal.store import Journal
-from aip_crewai.sidecar.jobs.runtime import Executor, Runtime
+from aip_crewai.sidecar.http.auth import BearerAuth
 from aip_crewai.sidecar.isolation.pool import WorkerPool
+from aip_crewai.sidecar.jobs.admission import MAX_BODY_BYTES
+from aip_crewai.sidecar.jobs.model import EventRow, JobStatus
+from aip_crewai.sidecar.jobs.runtime import Executor, Runtime
+from aip_crewai.sidecar.journal.store import Journal
+from aip_crewai.sse import encode_comment, encode_event, encode_page, page_template
 
 log = structlog.get_logger(__name__)
 

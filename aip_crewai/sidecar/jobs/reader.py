@@ -17,9 +17,9 @@ from typing import Any
 import msgspec
 
 from aip_crewai.sidecar.errors import CursorOutOfRange, JobNotFound, JobWaitTimeout
+from aip_crewai.sidecar.jobs.live import LiveJob
 from aip_crewai.sidecar.jobs.model import EventRow, JobRecord, JobStatus
 from aip_crewai.sidecar.journal.store import Journal
-from aip_crewai.sidecar.jobs.live import LiveJob
 
 #: Bound on one JSON events page, bytes of event data (at least one event is returned).
 PAGE_MAX_BYTES = 8 * 1024 * 1024

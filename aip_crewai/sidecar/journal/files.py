@@ -22,9 +22,9 @@ from typing import Any
 
 import structlog
 
-from aip_crewai.sidecar.journal import lock
 from aip_crewai.plumbing.storage import apply_migrations, integrity_problems, start_worker
 from aip_crewai.sidecar.errors import JournalCorrupt, JournalError, JournalForeign, JournalSchemaError
+from aip_crewai.sidecar.journal import lock
 from aip_crewai.sidecar.journal.schema import APPLICATION_ID, MIGRATIONS, OWN_TABLES
 
 log = structlog.get_logger(__name__)

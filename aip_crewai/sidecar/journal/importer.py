@@ -36,8 +36,8 @@ from typing import Any
 
 import msgspec
 
-from aip_crewai.contracts.operations import STARTABLE_OPERATIONS
 from aip_crewai.contracts.errors import AipError
+from aip_crewai.contracts.operations import STARTABLE_OPERATIONS
 from aip_crewai.plumbing.files import FileTooLarge, NotRegularFile, read_regular
 from aip_crewai.sidecar.jobs.model import TERMINAL_EVENTS, EventRow, ImportedJob, JobStatus, task_refs
 from aip_crewai.sidecar.journal.crash_fence import RESTARTED_RUNNING

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ...contracts.errors import AipError
-from .store import Journal
 from ..jobs.model import JobRecord
+from .store import Journal
 
 
 def _when(ms: int) -> str:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aip_crewai.sidecar.errors import JournalInsecure, JournalLocked
 from aip_crewai.plumbing.storage import acquire_lock as storage_lock
 from aip_crewai.plumbing.storage import create_private_file, directory_problem, private_file_problem, release_lock
+from aip_crewai.sidecar.errors import JournalInsecure, JournalLocked
 
 __all__ = ["check_parent", "check_private_file", "create_private_file", "acquire_lock", "release_lock"]
 

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from aip_crewai.sidecar.journal import lock
+from aip_crewai.plumbing.storage import hop
 from aip_crewai.sidecar.errors import JournalError, JournalFull, JournalWriteFailed
 from aip_crewai.sidecar.jobs.model import (
     ArchiveOutcome,
@@ -59,12 +59,23 @@ from aip_crewai.sidecar.jobs.model import (
     TaskRunRef,
     sources_of,
 )
+from aip_crewai.sidecar.journal import lock
 from aip_crewai.sidecar.journal.crash_fence import UNFINISHED_JOBS, end_unfinished
+from aip_crewai.sidecar.journal.files import (
+    SCHEMA_VERSION,
+    check_main_file,
+    fetch_rows,
+    fetch_scalar,
+    file_identity,
+    release,
+    start_journal_worker,
+    wal_bytes,
+)
 from aip_crewai.sidecar.journal.queries import (
     GET_JOB,
     INSERT_EVENTS,
-    JOBS_ENDING,
     JOB_COLUMNS,
+    JOBS_ENDING,
     TASK_RUN_HIT,
     job_record,
     read_events,
@@ -72,18 +83,7 @@ from aip_crewai.sidecar.journal.queries import (
     read_summary_and_events,
     task_run_hit,
 )
-from aip_crewai.sidecar.journal.files import (
-    SCHEMA_VERSION,
-    release,
-    fetch_rows,
-    fetch_scalar,
-    start_journal_worker,
-    check_main_file,
-    file_identity,
-    wal_bytes,
-)
 from aip_crewai.sidecar.tenancy import tenant_of
-from aip_crewai.plumbing.storage import hop
 
 __all__ = ["Journal", "SCHEMA_VERSION"]
 
