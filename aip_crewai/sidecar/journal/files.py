@@ -58,6 +58,7 @@ async def start_journal_worker(path: Path, lock_fd: int | None, *, readonly: boo
 
 
 def release(lock_fd: int | None) -> None:
+    """Release the journal's process lock (None: a read-only journal holds none)."""
     if lock_fd is not None:
         lock.release_lock(lock_fd)
 
@@ -156,10 +157,12 @@ def _prepare_readonly(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
 
 
 def fetch_rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    """Every row of one statement (on the journal's worker thread)."""
     return conn.execute(sql, params).fetchall()
 
 
 def fetch_scalar(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
+    """The first column of the first row of one statement, or None without a row."""
     rows = fetch_rows(conn, sql, params)
     return rows[0][0] if rows else None
 

@@ -39,6 +39,7 @@ TASK_RUN_HIT = (
 
 
 def job_record(row: Sequence[Any]) -> JobRecord:
+    """A :class:`JobRecord` from a row of :data:`JOB_COLUMNS` (times in epoch ms)."""
     return JobRecord(
         action_id=row[0], crew_id=row[1], operation=row[2], request_hash=row[3], idempotency_key=row[4],
         timeout_ms=row[5], status=JobStatus(row[6]), event_count=row[7], output=row[8], error=row[9],
@@ -48,12 +49,15 @@ def job_record(row: Sequence[Any]) -> JobRecord:
 
 
 def read_summary(conn: sqlite3.Connection, action_id: str) -> tuple[JobStatus, int, bool] | None:
+    """``(status, event_count, archived)`` of a job without its output and error blobs, or None."""
     rows = fetch_rows(conn, "SELECT status, event_count, archived FROM jobs WHERE action_id = ?", (action_id,))
     return (JobStatus(rows[0][0]), rows[0][1], bool(rows[0][2])) if rows else None
 
 
 def read_events(conn: sqlite3.Connection, action_id: str, cursor: int, limit: int,
             max_bytes: int | None) -> list[EventRow]:
+    """At most ``limit`` committed events from ``sequence >= cursor``, in order, stopping before their data
+    would exceed ``max_bytes`` (None: no byte bound; the first event is always returned)."""
     rows = fetch_rows(conn, "SELECT sequence, event, data FROM events WHERE action_id = ? AND sequence >= ? "
                        "ORDER BY sequence LIMIT ?", (action_id, cursor, limit))
     if max_bytes is not None:
@@ -68,6 +72,8 @@ def read_events(conn: sqlite3.Connection, action_id: str, cursor: int, limit: in
 
 def read_summary_and_events(conn: sqlite3.Connection, action_id: str, cursor: int, limit: int,
                         max_bytes: int | None) -> tuple[tuple[JobStatus, int, bool] | None, list[EventRow]]:
+    """:func:`read_summary`, then :func:`read_events` of at most ``min(limit, event_count - cursor)`` events
+    when ``0 <= cursor < event_count`` and the job is not archived; ``(summary, [])`` otherwise."""
     summary = read_summary(conn, action_id)
     if summary is None or summary[2] or not 0 <= cursor < summary[1] or limit <= 0:
         return summary, []
