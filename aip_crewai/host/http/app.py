@@ -73,7 +73,8 @@ from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import Metrics
 from ..settings import Settings
 from ..store.records import ms_to_rfc3339
-from . import approval_stream, approvals, console, openapi, stream_tokens
+from . import approval_stream, approvals, console, openapi
+from . import authenticate as authentication
 from . import routes as routes_actions
 from .authenticate import authenticate
 from .lifespan import app_lifespan
@@ -83,7 +84,7 @@ from .state import HostSetup, host_state
 log = structlog.get_logger(__name__)
 
 #: The core modules that add routes and lifespans, imported directly: a rename fails at import, never as 404s.
-CORE_MODULES: tuple[Any, ...] = (routes_actions, stream_tokens, approval_stream, approvals, console)
+CORE_MODULES: tuple[Any, ...] = (routes_actions, authentication, approval_stream, approvals, console)
 
 
 class MethodNotAllowed(AipError):

@@ -24,7 +24,7 @@ at shutdown the stream ends with the resume comment (:mod:`.stopping`).
 
 Who: approvers and operators of the tenant (403 otherwise), by bearer
 token, signed request, or a stream token of scope ``approvals``
-(:mod:`.stream_tokens`).
+(:mod:`.authenticate`).
 
 Source: README "Approval events"; ARCHITECTURE.md §10 (live followers, the approval event log).
 """
@@ -47,10 +47,10 @@ from ..auth.principals import can_read_approvals
 from ..auth.stream_tokens import APPROVALS_SCOPE
 from ..store.store import ApprovalRecord, InvalidCursor, ms_to_rfc3339
 from .approvals import HOST_PRINCIPAL, principal_view, render
+from .authenticate import authenticate_stream
 from .routes import SSE_HEADERS
 from .state import host_state
 from .stopping import until_stopping
-from .stream_tokens import authenticate_stream
 
 #: Keep-alive comment interval, seconds (as on action streams).
 KEEPALIVE_S = 15.0

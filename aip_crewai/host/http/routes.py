@@ -42,10 +42,9 @@ from ..auth.principals import FULL, Principal, require_role
 from ..auth.stream_tokens import action_scope
 from ..crews.inputs import check_crew_inputs
 from ..store.store import ActionRecord, ChunkRecord, InvalidCursor, ms_to_rfc3339
-from .authenticate import authenticate
+from .authenticate import authenticate, authenticate_stream
 from .state import host_state
 from .stopping import unless_stopping, until_stopping
-from .stream_tokens import authenticate_stream
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024
@@ -338,7 +337,7 @@ def _last_event_n(request: Request) -> int:
 async def _principal_action(request: Request, *, stream: bool = False,
                             ) -> tuple[Principal, ActionService, ActionRecord]:
     """The caller, the service and the action it may read in full; ``stream``: the
-    ``/events`` route, which also takes a stream token for this action (:mod:`.stream_tokens`)."""
+    ``/events`` route, which also takes a stream token for this action (:mod:`.authenticate`)."""
     if stream:
         principal = await authenticate_stream(request, scope=action_scope(request.path_params["action_id"]))
     else:

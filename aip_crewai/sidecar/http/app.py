@@ -186,7 +186,7 @@ def registry_executor(spec: str, *, preflight: bool = False) -> tuple[frozenset[
 
     Returns:
         ``(crew ids, executor, crew facts)``; the facts
-        (``operations._preflight.preflight``: problems and inputs per crew)
+        (``operations.startup.preflight.preflight``: problems and inputs per crew)
         are only looked for with ``preflight=True`` (each crew is built
         once), else empty.
 
@@ -199,7 +199,7 @@ def registry_executor(spec: str, *, preflight: bool = False) -> tuple[frozenset[
     registry = load_registry(spec)
     facts = CrewFacts()
     if preflight:
-        from aip_crewai.sidecar.operations._preflight import preflight as check_crews
+        from aip_crewai.sidecar.operations.startup.preflight import preflight as check_crews
 
         found = check_crews(registry)
         facts = CrewFacts(found.problems, found.inputs)
@@ -208,7 +208,7 @@ def registry_executor(spec: str, *, preflight: bool = False) -> tuple[frozenset[
 
 @dataclass(frozen=True)
 class CrewFacts:
-    """Per-crew facts published in ``/health`` (``operations._preflight``): ``problems``
+    """Per-crew facts published in ``/health`` (``operations.startup.preflight``): ``problems``
     ``{crew_id: [code]}`` and ``inputs`` ``{crew_id: {"placeholders": [name], "defaults": bool}}``."""
 
     problems: Mapping[str, list[str]] = field(default_factory=dict)

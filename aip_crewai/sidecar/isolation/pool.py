@@ -75,7 +75,7 @@ from aip_crewai.sidecar.isolation.wire import (
 log = structlog.get_logger(__name__)
 
 #: Modules the fork server imports before it forks any worker (the last one warms CrewAI up).
-PRELOAD = ["aip_crewai.sidecar.isolation.pool", "aip_crewai.sidecar.isolation.worker", "aip_crewai.sidecar.operations._preload"]
+PRELOAD = ["aip_crewai.sidecar.isolation.pool", "aip_crewai.sidecar.isolation.worker", "aip_crewai.sidecar.operations.startup.preload"]
 #: How long a worker may take to boot (s); the first ones wait for the fork server's CrewAI import.
 BOOT_TIMEOUT_SECONDS = 300.0
 #: Delay before starting a worker again after one failed to boot (s), doubling up to the maximum.

@@ -2,7 +2,7 @@
 
 Started by :class:`aip_crewai.sidecar.isolation.pool.WorkerPool` from the worker
 fork server, which imported CrewAI and the operations beforehand
-(``operations/_preload.py``), so a worker starts in about 10 ms and pays no
+(``operations/startup/preload.py``), so a worker starts in about 10 ms and pays no
 CrewAI import. :func:`serve` is the process target:
 
 1. boot: SIGINT and SIGTERM ignored (the sidecar drains its jobs at a stop
@@ -170,9 +170,9 @@ def _boot(boot: Boot) -> dict[str, Any]:
     prepare_crewai_environment(Path(boot.state_dir))
     import_crewai()
     registry = dict(load_registry(boot.registry))
-    from aip_crewai.sidecar.operations import _preload
+    from aip_crewai.sidecar.operations.startup import preload as _preload
 
-    try:  # the copy-on-write cost of a first kickoff, paid while idle (operations/_preload.py)
+    try:  # the copy-on-write cost of a first kickoff, paid while idle (operations/startup/preload.py)
         _preload.warm_up(in_worker=True)
     except Exception as exc:  # noqa: BLE001 - the job then pays it, nothing worse
         log.warning("worker_warm_up_failed", error_type=type(exc).__name__)

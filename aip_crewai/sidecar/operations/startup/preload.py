@@ -36,7 +36,6 @@ try:
 
     from aip_crewai.sidecar.operations import (  # noqa: F401
         _common,
-        _preflight,
         _task_outputs,
         batch_run,
         knowledge_query,
@@ -46,6 +45,7 @@ try:
         test,
         train,
     )
+    from aip_crewai.sidecar.operations.startup import preflight as _preflight  # noqa: F401
 except Exception:  # noqa: BLE001, S110 - reported by the worker that imports it again
     _ready = False
 else:
