@@ -19,14 +19,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .exit_codes import Exit, of_envelope, of_error
-from .log import configure_logging
+from .plumbing.log import configure_logging
 
 DEFAULT_CONTRACTS_DIR = Path(__file__).resolve().parent.parent / "contracts"
 
 
 def _contracts(args: argparse.Namespace) -> int:
     from .contracts import artifacts
-    from .host.openapi import artifact as openapi_artifact
+    from .host.http.openapi import artifact as openapi_artifact
 
     root = Path(args.dir)
     extra = dict([openapi_artifact()])
@@ -60,7 +60,7 @@ def host_url(text: str) -> str:
 
 def _client(args: argparse.Namespace, *, timeout_s: float | None = 660.0):
     from .client import AipClient
-    from .keys import load_ed25519, read_private
+    from .plumbing.keys import load_ed25519, read_private
 
     if args.signing_key and not args.key_id:  # never a silently unsigned request
         raise UsageError("--signing-key needs --key-id (the principal id the key belongs to; env AIP_CREWAI_KEY_ID)")
@@ -301,7 +301,7 @@ def _approvals(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from .keys import generate_ed25519, generate_token
+    from .plumbing.keys import generate_ed25519, generate_token
 
     path = Path(args.out)
     try:
@@ -322,10 +322,10 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _journal(args: argparse.Namespace) -> int:
     if args.journal_command == "import":
-        from .sidecar.journal_import import main as import_main
+        from .sidecar.journal.importer import main as import_main
 
         return import_main(args)
-    from .sidecar.inspect import main as inspect_main
+    from .sidecar.journal.inspect import main as inspect_main
 
     return inspect_main(args)
 
@@ -494,7 +494,7 @@ def _dispatch(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     import httpx
 
-    from .keys import SecretFileError
+    from .plumbing.keys import SecretFileError
 
     try:
         return int(args.func(args))

@@ -2,7 +2,7 @@
 demo and the tests).
 
 Authenticates with a bearer token, or with an Ed25519 private key: every
-request is signed as an HTTP Message Signature (RFC 9421, :mod:`aip_crewai.httpsig`:
+request is signed as an HTTP Message Signature (RFC 9421, :mod:`aip_crewai.plumbing.httpsig`:
 method, authority, path, query and the body's Content-Digest, a fresh nonce),
 and an action envelope is signed too (RFC 8785 canonical envelope without
 ``security.signature``). Streaming calls yield ``(event, envelope)`` pairs as
@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from . import httpsig
+from .plumbing import httpsig
 from .contracts.aip import CONTENT_TYPE
 from .contracts.hashing import jcs
 from .sse import SSEDecoder

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import aiosqlite
 
-from aip_crewai.sidecar.jobs import EventRow, JobStatus, NewJob
-from aip_crewai.sidecar.journal import Journal
+from aip_crewai.sidecar.jobs.model import EventRow, JobStatus, NewJob
+from aip_crewai.sidecar.journal.store import Journal
 from bench.common import Section, Stats, interleave, rate_row
 
 ADMISSIONS = 400

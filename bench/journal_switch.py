@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aip_crewai.sidecar.journal import Journal
+from aip_crewai.sidecar.journal.store import Journal
 from bench.common import Section, Stats, interleave, rate_row
 from bench.journal import CHUNK, EVENTS_PER_RETAINED_JOB, LIMITS, _journal, _new_job
 

@@ -1,4 +1,4 @@
-"""Scale-out (issue 21 item 5): the host store on PostgreSQL, one host against two, and against SQLite.
+"""Scale-out: the host store on PostgreSQL, one host against two, and against SQLite.
 
 A throwaway PostgreSQL cluster (Debian's binaries, ``tests/pgserver.py``, ``fsync=off`` like a tmpfs test
 cluster: the ratios compare code paths, not disks) and one sidecar (``--max-concurrency 64``, the ``fast``

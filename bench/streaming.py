@@ -30,13 +30,13 @@ The host's own replay of a finished action: ``GET
 round's action (the stored chunks; no sidecar involved), 1,004 events (ack,
 1,001 chunks, result), whole AIP envelopes.
 
-The sidecar's replay alone (issue 22 item 1): the same recorded stream read
+The sidecar's replay alone: the same recorded stream read
 raw over one kept-alive connection, 40 requests, interleaved with the bare
 server of :mod:`bench.bare` answering the very same bytes (this run's floor).
 
 Targets: host live ≥ 0.8× the sidecar; host GET replay ≥ 0.8× the sidecar's
 replay; the sidecar's replay alone ≥ 1.5× the reference sidecar's 67,900
-events/s (measured in issue 22; not re-measured here, its code is not in this
+events/s (measured once on this class of machine, bench/results/HISTORY.md; not re-measured here, its code is not in this
 repository); decoder ≥ 100,000 events/s (the ``:events`` action and
 normalizer rows are reported without a target).
 """
@@ -51,7 +51,7 @@ from typing import Any
 import httpx
 
 from aip_crewai.contracts import operations as ops
-from aip_crewai.host.normalize import StreamNormalizer
+from aip_crewai.host.actions.normalize import StreamNormalizer
 from aip_crewai.sse import SSEDecoder
 from bench.common import (
     AIP_CONTENT_TYPE,
@@ -72,7 +72,7 @@ LIVE_ROUNDS = 9
 REPLAY_ROUNDS = 15
 #: Requests of the sidecar-alone replay row (and of its bare baseline), after one warm-up each.
 RAW_REPLAY_ROUNDS = 40
-#: The reference sidecar's replay rate of the same job, measured in issue 22 on this class of machine (its
+#: The reference sidecar's replay rate of the same job, measured once on this class of machine (bench/results/HISTORY.md) (its
 #: code is not in this repository, so it cannot run here); item 1's target is 1.5× it.
 REFERENCE_REPLAY_EVENTS_PER_S = 67_900
 CHUNKS = 1000
@@ -80,7 +80,7 @@ PIECE_BYTES = 16 * 1024
 DECODE_SECONDS = 1.0
 MIN_DECODER_RATE = 100_000.0
 MIN_RATIO = 0.8
-#: Host replay of a finished action's stream (GET .../events) vs the sidecar's own replay (issue 22 item 2).
+#: Host replay of a finished action's stream (GET .../events) vs the sidecar's own replay.
 MIN_REPLAY_RATIO = 0.8
 
 
@@ -261,11 +261,11 @@ async def run() -> Section:
                  Stats(1, decoder_s, decoder_s), units=1, min_ratio=None),
     ]
     section.notes += [
-        f"Sidecar alone (issue 22 item 1): {RAW_REPLAY_ROUNDS} `GET /jobs/{{id}}/events` SSE requests of the completed "
+        f"Sidecar alone: {RAW_REPLAY_ROUNDS} `GET /jobs/{{id}}/events` SSE requests of the completed "
         "chatty job (1,002 events) over one kept-alive connection, the body read raw (no client-side parsing), "
         "interleaved with a bare Starlette-on-Hypercorn server (`bench.bare`) answering the very same bytes in one "
-        f"response. Target: 1.5× the reference sidecar's {REFERENCE_REPLAY_EVENTS_PER_S:,} events/s measured in "
-        "issue 22 on this class of machine (a fixed figure: the reference's code is not in this repository, so it "
+        f"response. Target: 1.5× the reference sidecar's {REFERENCE_REPLAY_EVENTS_PER_S:,} events/s measured "
+        "once on this class of machine (a fixed figure: the reference's code is not in this repository, so it "
         "is not re-measured here; the bare server is this run's floor).",
         f"Live: {len(live['host'])} interleaved rounds after one warm-up round; window from the first data chunk to "
         "the terminal event. The crew itself emits ~1,000 chunks in ~70–90 ms in-process, so the live rate is "

@@ -22,7 +22,7 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-# --- PostgreSQL (issue 21): one throwaway server per session, a fresh database per test ----------------------
+# --- PostgreSQL: one throwaway server per session, a fresh database per test ----------------------
 
 import itertools  # noqa: E402
 from collections.abc import Iterator  # noqa: E402

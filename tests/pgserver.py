@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL server for tests: Debian's binaries, a cluster in a temporary directory, started as
 the unprivileged ``postgres`` user (or the current user when that is not root) on a free loopback port, and
-removed afterwards. No mock: the host store's PostgreSQL tests run against this (issue 21 item 4).
+removed afterwards. No mock: the host store's PostgreSQL tests run against this.
 
 ``find_bin_dir()`` is None when PostgreSQL is not installed: the tests that need it skip with one line.
 ``AIP_CREWAI_PG_BIN`` names the directory of ``initdb``/``pg_ctl`` explicitly.

@@ -1,4 +1,4 @@
-"""Which store the host processes of the integration and reliability suites use (issue 21 item 4).
+"""Which store the host processes of the integration and reliability suites use.
 
 ``AIP_CREWAI_TEST_STORE=postgresql`` (default ``sqlite``) gives every host those suites start
 (``host_process.write_config`` and ``relkit`` without an explicit ``store``) ``[host] store =
@@ -8,7 +8,7 @@ working directory) finds its state and its own dispatch leases. Without PostgreS
 that starts a host under the switch is skipped with one line.
 
 Read the store of a host through :func:`open_host_store` or :func:`read_host_store` (the product's
-:class:`~aip_crewai.host.store.Store`, either backend) or :func:`store_text` (every stored value, to look
+:class:`~aip_crewai.host.store.store.Store`, either backend) or :func:`store_text` (every stored value, to look
 for what must not be there). A test about the SQLite file itself (its modes, a non-SQLite file) passes
 ``store=SQLITE_STORE`` explicitly and runs the same under either backend.
 
@@ -119,8 +119,8 @@ def store_location(workdir: Path) -> Path | str:
 
 async def open_host_store(workdir: Path) -> Any:
     """The store of the host working in ``workdir`` (either backend), opened through the product's
-    :meth:`~aip_crewai.host.store.Store.open`; close it when done. Read it beside the running host."""
-    from aip_crewai.host.store import Store
+    :meth:`~aip_crewai.host.store.store.Store.open`; close it when done. Read it beside the running host."""
+    from aip_crewai.host.store.store import Store
 
     return await Store.open(store_location(workdir))
 

@@ -8,7 +8,7 @@ sends against them. Field names are the schemas'; the README section "AIP
 
 Outbound objects omit unset optional fields (``omit_defaults``), except the
 capability-contract Structs, which publish constants (rendered through
-:func:`aip_crewai.host.manifest.to_wire`). Inbound objects (:class:`Envelope`,
+:func:`aip_crewai.host.crews.manifest.to_wire`). Inbound objects (:class:`Envelope`,
 :class:`Action`, :class:`Cancel`, :class:`DecisionRequest`) declare every
 field the schema allows, so a schema-valid message is accepted and the
 fields the host does not act on are ignored; a field the schema does not

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from aip_crewai.client import AipClient, new_id
-from aip_crewai.keys import generate_ed25519, generate_token, load_ed25519
+from aip_crewai.plumbing.keys import generate_ed25519, generate_token, load_ed25519
 
 CREW = "support-triage"
 APPROVER = "human:acme-approver"

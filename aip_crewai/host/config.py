@@ -1,4 +1,4 @@
-"""Host configuration: ``host.toml`` → a validated, frozen :class:`Settings`.
+"""Host configuration: ``host.toml`` → a validated, frozen :class:`~.settings.Settings`.
 
 TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
 
@@ -46,7 +46,7 @@ and its neighbours move together. The sidecar token is read once, here; its
 surrounding whitespace (a trailing newline) is stripped and the rest must be
 visible ASCII. The only environment variable read is ``NOTIFY_SOCKET``.
 
-Every error is a :class:`ConfigError` whose message starts with the offending
+Every error is a :class:`HostConfigError` whose message starts with the offending
 key, e.g. ``principals[1].token_sha256: must be 64 hexadecimal characters``.
 
 Source: ARCHITECTURE.md §7 (admission, tenant routing, principals), §11 (operator
@@ -63,7 +63,6 @@ import re
 import socket
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import SplitResult, urlsplit
@@ -78,39 +77,36 @@ except ModuleNotFoundError:  # Python 3.10
 
 from ..contracts.errors import AipError, Category
 from ..contracts.inputs import has_control_characters
-from ..files import FileTooLarge, NotRegularFile, read_regular
-from ..keys import SecretFileError, read_token
-from ..loopback import is_loopback
-from .admission import AdmissionError, CrewDescriptor, load_descriptors
-from .view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
-from .view_cache import MAX_ENTRIES as MAX_STATUS_CACHE_ENTRIES
+from ..plumbing.files import FileTooLarge, NotRegularFile, read_regular
+from ..plumbing.keys import SecretFileError, read_token
+from ..plumbing.loopback import is_loopback
+from .crews.descriptors import AdmissionError, CrewDescriptor, load_descriptors
+from .settings import (
+    DEFAULT_DISPATCH_DEADLINE_S,
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_SIDECAR_KEEPALIVE_S,
+    DEFAULT_STORE_POOL_SIZE,
+    DEFAULT_STREAM_TOKEN_TTL_S,
+    PrincipalConfig,
+    Settings,
+    SidecarSettings,
+)
+from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
+from .sidecars.view_cache import MAX_ENTRIES as MAX_STATUS_CACHE_ENTRIES
 
-#: Response bound, bytes (ARCHITECTURE.md §8, §11).
-DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
-#: Default ``[host] lease_seconds``: a dispatch lease lasts this long unless renewed (issue 21 item 2).
-DEFAULT_LEASE_S = 30.0
-#: Default and largest ``[host] store_pool_size``: the pooled connections (and store worker threads) of a
-#: PostgreSQL host store (issue 21 item 1; a SQLite store keeps its one connection).
-DEFAULT_STORE_POOL_SIZE = 4
 MAX_STORE_POOL_SIZE = 64
 #: At most this many ``[[sidecars]]`` entries.
 MAX_SIDECARS = 64
 #: At most this many ``[host] cors_origins``.
 MAX_CORS_ORIGINS = 64
-#: How long a start the sidecar provably did not admit is retried, seconds (ARCHITECTURE.md §9).
-DEFAULT_DISPATCH_DEADLINE_S = 600.0
-#: Lifetime of a stream token, seconds (README "Stream tokens"), and its bounds.
-DEFAULT_STREAM_TOKEN_TTL_S = 300
 MIN_STREAM_TOKEN_TTL_S, MAX_STREAM_TOKEN_TTL_S = 10, 3600
-#: The sidecar's SSE keep-alive interval assumed when its ``/health`` has no ``sse_keepalive_seconds``, seconds.
-DEFAULT_SIDECAR_KEEPALIVE_S = 15.0
 #: Sidecar token file bounds, bytes (ARCHITECTURE.md §4).
 #: Crews file bound, bytes (1,000 descriptors of at most ~17 KiB each, with room).
 MAX_CREWS_FILE_BYTES = 32 * 1024 * 1024
 #: Bound of host.toml, bytes.
 MAX_CONFIG_FILE_BYTES = 4 * 1024 * 1024
-ROLES: frozenset[str] = frozenset({"invoker", "approver", "operator"})
 #: Tenant names: no ":" (sidecar job ids are "<tenant>:<action id>"; a colon would let
 #: tenant "a" with action "b:c" and tenant "a:b" with action "c" share one sidecar job).
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
@@ -118,8 +114,8 @@ _HEX64_RE = re.compile(r"^[0-9a-fA-F]{64}\Z")
 _BIND_RE = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>[0-9]{1,5})\Z")
 
 
-class ConfigError(AipError):
-    """The host configuration is unusable. ``key`` names the offending key
+class HostConfigError(AipError):
+    """The host configuration is unusable (the sidecar's own is :class:`aip_crewai.sidecar.config.ConfigError`). ``key`` names the offending key
     (``principals[1].token_sha256``), ``reason`` says what is wrong."""
 
     code = "config.invalid"
@@ -197,108 +193,6 @@ class _Root(_Table, frozen=True):
     principals: list[Any] = []
 
 
-# --- the result --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PrincipalConfig:
-    """One configured principal. ``token_sha256`` is the 32-byte digest (not hex)."""
-
-    id: str
-    tenant: str
-    roles: frozenset[str]
-    token_sha256: bytes | None = field(default=None, repr=False)
-    ed25519_public_key: Ed25519PublicKey | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class SidecarSettings:
-    """One sidecar the host dispatches to (issue 21 item 3).
-
-    ``crews``: the admitted crew ids it serves; None for the one ``[sidecar]`` of a single-sidecar host
-    (every crew). ``name``: for logs and errors (``sidecar`` for ``[sidecar]``; ``sidecars[i].name`` or
-    ``sidecar-<i>``)."""
-
-    name: str
-    url: str
-    token: str = field(repr=False)
-    proxy: str | None = None
-    keepalive_s: float = DEFAULT_SIDECAR_KEEPALIVE_S
-    crews: frozenset[str] | None = None
-
-    def serves(self, crew_id: str) -> bool:
-        return self.crews is None or crew_id in self.crews
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything the host needs, validated. Built by :func:`load_settings`;
-    tests may derive variants with ``dataclasses.replace``.
-
-    Attributes:
-        bind: ``host:port`` for hypercorn.
-        store_path: absolute path of the SQLite host store, or a ``postgresql://`` URL (issue 21).
-        max_response_bytes: bound of one sidecar response body, bytes.
-        sidecar_url: base URL of the sidecar (https, or http to loopback).
-        sidecar_token: the bearer token for the sidecar (never logged).
-        sidecar_proxy: the proxy the sidecar client uses, or None: then the
-            client ignores ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` and
-            ``.netrc`` (README "Security").
-        crews: admitted descriptors in file order.
-        tenants: tenant name -> admitted crew ids it may see (file order).
-        principals: configured principals in file order.
-        readiness_interval_s: sidecar ``/health`` poll period, seconds.
-        notify_socket: systemd ``NOTIFY_SOCKET`` address, or None.
-        cors_origins: browser origins (``scheme://host[:port]``) allowed by
-            CORS; empty: no CORS headers at all (README "Browsers").
-        dispatch_deadline_s: how long a start the sidecar provably did not
-            admit is retried with backoff before the action fails with
-            ``connector.crewai.dispatch_deadline``, seconds (ARCHITECTURE.md §9).
-        sidecar_keepalive_s: the sidecar's SSE keep-alive interval, seconds,
-            when its ``/health`` does not publish ``sse_keepalive_seconds``
-            (a silent stream is detected after a few missed keep-alives).
-        stream_token_ttl_s: lifetime of a minted stream token, seconds (README "Stream tokens").
-        openapi: serve ``/openapi.json`` (README "OpenAPI").
-        console: serve the approval console at ``/console/`` (README "Approval console").
-        host_id: this host in dispatch leases (default ``<hostname>:<bind port>``); hosts sharing a
-            PostgreSQL store need distinct ids (issue 21 item 2).
-        lease_s: how long a dispatch lease lasts unless renewed, seconds; a dead host's running actions
-            are taken over by another host after it.
-        store_pool_size: connections of a PostgreSQL store's pool, one per store worker thread.
-        sidecars: every sidecar, each with the crews it serves (``[[sidecars]]``), or the one
-            ``[sidecar]`` serving every crew; the ``sidecar_*`` fields are the first one's.
-        status_cache_entries: bound of this host's own cache of final job views, entries (0: off);
-            a key-less ``:status`` of a completed, failed or confirmed-cancelled run is answered from
-            it without the sidecar hop, and still recorded as an action (issue 22 item 3;
-            :mod:`.view_cache`). Not shared between hosts: final views never change.
-    """
-
-    config_path: Path
-    bind: str
-    store_path: Path | str
-    max_response_bytes: int
-    sidecar_url: str
-    sidecar_token: str = field(repr=False)
-    crews_file: Path
-    crews: tuple[CrewDescriptor, ...]
-    tenants: Mapping[str, tuple[str, ...]]
-    principals: tuple[PrincipalConfig, ...]
-    readiness_interval_s: float = 5.0
-    notify_socket: str | None = None
-    sidecar_proxy: str | None = None
-    cors_origins: tuple[str, ...] = ()
-    dispatch_deadline_s: float = DEFAULT_DISPATCH_DEADLINE_S
-    sidecar_keepalive_s: float = DEFAULT_SIDECAR_KEEPALIVE_S
-    stream_token_ttl_s: int = DEFAULT_STREAM_TOKEN_TTL_S
-    openapi: bool = True
-    console: bool = True
-    host_id: str = "host"
-    lease_s: float = DEFAULT_LEASE_S
-    store_pool_size: int = DEFAULT_STORE_POOL_SIZE
-    sidecars: tuple[SidecarSettings, ...] = ()
-    status_cache_entries: int = DEFAULT_STATUS_CACHE_ENTRIES
-
-
 # --- loading -----------------------------------------------------------------
 
 
@@ -316,8 +210,8 @@ def _convert(value: Any, type_: Any, prefix: str) -> Any:
         missing = re.match(r"Object missing required field `(.+)`\Z", rule)
         if unknown or missing:
             name = (unknown or missing).group(1)  # type: ignore[union-attr]
-            raise ConfigError(f"{key}.{name}" if key else name, "unknown key" if unknown else "required key is missing") from exc
-        raise ConfigError(key or "(root)", rule) from exc
+            raise HostConfigError(f"{key}.{name}" if key else name, "unknown key" if unknown else "required key is missing") from exc
+        raise HostConfigError(key or "(root)", rule) from exc
 
 
 def _default_host_id(bind: str) -> str:
@@ -332,13 +226,13 @@ def _store(base: Path, raw: str) -> Path | str:
     kept as given (libpq URL syntax; the password belongs in ``~/.pgpass`` or ``PGPASSFILE``, not here)."""
     if raw.startswith(("postgresql://", "postgres://")):
         if has_control_characters(raw) or len(raw) > 4096:
-            raise ConfigError("host.store", "a PostgreSQL URL must be at most 4096 characters without control characters")
+            raise HostConfigError("host.store", "a PostgreSQL URL must be at most 4096 characters without control characters")
         problem = _postgres_url_problem(raw)
         if problem is not None:
-            raise ConfigError("host.store", problem)
+            raise HostConfigError("host.store", problem)
         return raw
     if _CONNINFO_RE.match(raw):
-        raise ConfigError("host.store", "a PostgreSQL store is a postgresql:// URL (key=value connection strings "
+        raise HostConfigError("host.store", "a PostgreSQL store is a postgresql:// URL (key=value connection strings "
                                         "are not accepted); anything else is a SQLite file path")
     return _resolve(base, raw, "host.store")
 
@@ -371,7 +265,7 @@ def _postgres_url_problem(raw: str) -> str | None:
 
 def _resolve(base: Path, raw: str, key: str) -> Path:
     if not raw or has_control_characters(raw):
-        raise ConfigError(key, "must be a non-empty path without control characters")
+        raise HostConfigError(key, "must be a non-empty path without control characters")
     path = Path(raw).expanduser()
     return path if path.is_absolute() else (base / path)
 
@@ -379,25 +273,25 @@ def _resolve(base: Path, raw: str, key: str) -> Path:
 def _check_bind(bind: str) -> None:
     match = _BIND_RE.match(bind)
     if match is None or int(match["port"]) > 65535:
-        raise ConfigError("host.bind", "must be <address>:<port> (IPv6 in brackets), port 0..65535")
+        raise HostConfigError("host.bind", "must be <address>:<port> (IPv6 in brackets), port 0..65535")
     if match["v6"] is not None:
         try:
             ipaddress.IPv6Address(match["v6"])
         except ValueError:
-            raise ConfigError("host.bind", f"{match['v6']!r} is not an IPv6 address") from None
+            raise HostConfigError("host.bind", f"{match['v6']!r} is not an IPv6 address") from None
 
 
 def _http_url(key: str, value: str) -> SplitResult:
-    """``value`` split as an http(s) URL with a host and a valid port; ConfigError naming ``key`` otherwise."""
+    """``value`` split as an http(s) URL with a host and a valid port; HostConfigError naming ``key`` otherwise."""
     if has_control_characters(value) or " " in value:
-        raise ConfigError(key, "must not contain spaces or control characters")
+        raise HostConfigError(key, "must not contain spaces or control characters")
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 -- raises ValueError for a port that is not 0..65535
     except ValueError as exc:
-        raise ConfigError(key, f"not a valid URL ({exc})") from exc
+        raise HostConfigError(key, f"not a valid URL ({exc})") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(key, "must be an http:// or https:// URL with a host")
+        raise HostConfigError(key, "must be an http:// or https:// URL with a host")
     return parts
 
 
@@ -408,18 +302,18 @@ def check_sidecar_url(url: str) -> str:
     127.0.0.0/8, ``::1`` or ``localhost``. No credentials, query or fragment.
 
     Raises:
-        ConfigError: keyed ``sidecar.url``.
+        HostConfigError: keyed ``sidecar.url``.
 
     Source: ARCHITECTURE.md §7 (sidecar client: https or loopback http).
     """
     key = "sidecar.url"
     parts = _http_url(key, url)
     if parts.username is not None or parts.password is not None:
-        raise ConfigError(key, "must not carry credentials; use sidecar.token_file")
+        raise HostConfigError(key, "must not carry credentials; use sidecar.token_file")
     if parts.query or parts.fragment:
-        raise ConfigError(key, "must not have a query or fragment")
+        raise HostConfigError(key, "must not have a query or fragment")
     if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
-        raise ConfigError(key, "plain http is only allowed to a loopback address (127.0.0.0/8, ::1, localhost); use https")
+        raise HostConfigError(key, "plain http is only allowed to a loopback address (127.0.0.0/8, ::1, localhost); use https")
     return url.rstrip("/")
 
 
@@ -430,7 +324,7 @@ def check_sidecar_proxy(proxy: str | None, sidecar_url: str) -> str | None:
     cleartext, which the loopback-only rule for http exists to prevent).
 
     Raises:
-        ConfigError: keyed ``sidecar.proxy``.
+        HostConfigError: keyed ``sidecar.proxy``.
 
     Source: README "Security" (the sidecar client and proxies).
     """
@@ -439,9 +333,9 @@ def check_sidecar_proxy(proxy: str | None, sidecar_url: str) -> str | None:
     key = "sidecar.proxy"
     parts = _http_url(key, proxy)
     if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
-        raise ConfigError(key, "must not carry credentials, a query or a fragment")
+        raise HostConfigError(key, "must not carry credentials, a query or a fragment")
     if not sidecar_url.startswith("https://"):
-        raise ConfigError(key, "is only allowed with an https:// sidecar.url (the proxy would see the bearer token)")
+        raise HostConfigError(key, "is only allowed with an https:// sidecar.url (the proxy would see the bearer token)")
     return proxy
 
 
@@ -453,14 +347,14 @@ def read_token_file(path: Path, key: str = "sidecar.token_file") -> str:
     whitespace is stripped and the token must be visible ASCII.
 
     Raises:
-        ConfigError: keyed ``key``, naming the rule.
+        HostConfigError: keyed ``key``, naming the rule.
 
     Source: ARCHITECTURE.md §4 (token file rules), §7.
     """
     try:
         return read_token(path)
     except SecretFileError as exc:
-        raise ConfigError(key, str(exc)) from None
+        raise HostConfigError(key, str(exc)) from None
 
 
 def _read_crews(path: Path) -> tuple[CrewDescriptor, ...]:
@@ -468,38 +362,38 @@ def _read_crews(path: Path) -> tuple[CrewDescriptor, ...]:
     try:
         data = read_regular(path, MAX_CREWS_FILE_BYTES)  # non-blocking: a FIFO is refused, never waited on
     except (NotRegularFile, FileTooLarge) as exc:
-        raise ConfigError(key, str(exc)) from None
+        raise HostConfigError(key, str(exc)) from None
     except OSError as exc:
-        raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from None
+        raise HostConfigError(key, f"cannot read {path}: {exc.strerror}") from None
     try:
         return load_descriptors(data)
     except AdmissionError as exc:
-        raise ConfigError(key, f"{path}: {exc.message}") from exc
+        raise HostConfigError(key, f"{path}: {exc.message}") from exc
 
 
 def _principal(index: int, raw: Any, tenants: Mapping[str, Any]) -> PrincipalConfig:
     key = f"principals[{index}]"
     table: _PrincipalTable = _convert(raw, _PrincipalTable, key)
     if not 1 <= len(table.id) <= 256 or has_control_characters(table.id):
-        raise ConfigError(f"{key}.id", "must be 1..256 characters without control characters")
+        raise HostConfigError(f"{key}.id", "must be 1..256 characters without control characters")
     if table.tenant not in tenants:
-        raise ConfigError(f"{key}.tenant", f"unknown tenant {table.tenant!r}; add a [tenants.{table.tenant}] table")
+        raise HostConfigError(f"{key}.tenant", f"unknown tenant {table.tenant!r}; add a [tenants.{table.tenant}] table")
     digest = None
     if table.token_sha256 is not None:
         if not _HEX64_RE.match(table.token_sha256):
-            raise ConfigError(f"{key}.token_sha256", "must be 64 hexadecimal characters (SHA-256 of the bearer token)")
+            raise HostConfigError(f"{key}.token_sha256", "must be 64 hexadecimal characters (SHA-256 of the bearer token)")
         digest = bytes.fromhex(table.token_sha256)
     public_key = None
     if table.ed25519_public_key is not None:
         try:
             raw_key = base64.b64decode(table.ed25519_public_key, validate=True)
         except (binascii.Error, ValueError):
-            raise ConfigError(f"{key}.ed25519_public_key", "must be standard base64") from None
+            raise HostConfigError(f"{key}.ed25519_public_key", "must be standard base64") from None
         if len(raw_key) != 32:
-            raise ConfigError(f"{key}.ed25519_public_key", f"must decode to 32 bytes, not {len(raw_key)}")
+            raise HostConfigError(f"{key}.ed25519_public_key", f"must decode to 32 bytes, not {len(raw_key)}")
         public_key = Ed25519PublicKey.from_public_bytes(raw_key)
     if digest is None and public_key is None:
-        raise ConfigError(key, "needs token_sha256 and/or ed25519_public_key")
+        raise HostConfigError(key, "needs token_sha256 and/or ed25519_public_key")
     return PrincipalConfig(table.id, table.tenant, frozenset(table.roles), digest, public_key)
 
 
@@ -512,7 +406,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         environ: environment (only ``NOTIFY_SOCKET`` is read); default ``os.environ``.
 
     Raises:
-        ConfigError: the first problem found, keyed.
+        HostConfigError: the first problem found, keyed.
     """
     base = config_path.resolve().parent
     root: _Root = _convert(dict(data), _Root, "")
@@ -528,22 +422,22 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
     for name, raw in root.tenants.items():
         key = f"tenants.{name}"
         if not _TENANT_RE.match(name):
-            raise ConfigError(key, "tenant names match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$ (no colon)")
+            raise HostConfigError(key, "tenant names match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$ (no colon)")
         table: _TenantTable = _convert(raw, _TenantTable, key)
         for position, crew_id in enumerate(table.crews):
             if crew_id not in crew_ids:
-                raise ConfigError(f"{key}.crews[{position}]", f"{crew_id!r} is not an admitted crew id in {crews_file}")
+                raise HostConfigError(f"{key}.crews[{position}]", f"{crew_id!r} is not an admitted crew id in {crews_file}")
             if crew_id in table.crews[:position]:
-                raise ConfigError(f"{key}.crews[{position}]", f"{crew_id!r} is listed twice")
+                raise HostConfigError(f"{key}.crews[{position}]", f"{crew_id!r} is listed twice")
         tenants[name] = tuple(table.crews)
     principals: list[PrincipalConfig] = []
     for index, raw in enumerate(root.principals):
         principal = _principal(index, raw, tenants)
         for other in principals:
             if other.id == principal.id:
-                raise ConfigError(f"principals[{index}].id", f"{principal.id!r} is already used by another principal")
+                raise HostConfigError(f"principals[{index}].id", f"{principal.id!r} is already used by another principal")
             if principal.token_sha256 is not None and other.token_sha256 == principal.token_sha256:
-                raise ConfigError(f"principals[{index}].token_sha256", f"already used by principal {other.id!r}")
+                raise HostConfigError(f"principals[{index}].token_sha256", f"already used by principal {other.id!r}")
         principals.append(principal)
     env = os.environ if environ is None else environ
     return Settings(
@@ -580,10 +474,10 @@ def _sidecar(base: Path, table: _SidecarTable, key: str, name: str,
     try:
         url = check_sidecar_url(table.url)
         proxy = check_sidecar_proxy(table.proxy, url)
-    except ConfigError as exc:
+    except HostConfigError as exc:
         if key == "sidecar":
             raise
-        raise ConfigError(exc.key.replace("sidecar", key, 1), exc.reason) from None
+        raise HostConfigError(exc.key.replace("sidecar", key, 1), exc.reason) from None
     token = read_token_file(_resolve(base, table.token_file, f"{key}.token_file"))
     return SidecarSettings(name, url, token, proxy, float(table.keepalive_seconds), crews)
 
@@ -592,15 +486,15 @@ def _sidecars(root: _Root, base: Path, crew_ids: list[str], crews_file: Path) ->
     """``[sidecar]`` (every crew) or ``[[sidecars]]`` (each admitted crew served by exactly one).
 
     Raises:
-        ConfigError: neither or both given; a crew not admitted, listed twice or served by none.
+        HostConfigError: neither or both given; a crew not admitted, listed twice or served by none.
     """
     if (root.sidecar is None) == (root.sidecars is None):
-        raise ConfigError("sidecar", "give either one [sidecar] table or [[sidecars]] entries, not both or neither")
+        raise HostConfigError("sidecar", "give either one [sidecar] table or [[sidecars]] entries, not both or neither")
     if root.sidecar is not None:
         return (_sidecar(base, _convert(root.sidecar, _SidecarTable, "sidecar"), "sidecar", "sidecar", None),)
     entries = root.sidecars or []
     if not entries:
-        raise ConfigError("sidecars", "needs at least one entry")
+        raise HostConfigError("sidecars", "needs at least one entry")
     served: dict[str, str] = {}
     result: list[SidecarSettings] = []
     for index, raw in enumerate(entries):
@@ -608,18 +502,18 @@ def _sidecars(root: _Root, base: Path, crew_ids: list[str], crews_file: Path) ->
         entry: _SidecarsEntry = _convert(raw, _SidecarsEntry, key)
         name = entry.name or f"sidecar-{index + 1}"
         if any(other.name == name for other in result):
-            raise ConfigError(f"{key}.name", f"{name!r} is already the name of another sidecar")
+            raise HostConfigError(f"{key}.name", f"{name!r} is already the name of another sidecar")
         for position, crew_id in enumerate(entry.crews):
             where = f"{key}.crews[{position}]"
             if crew_id not in crew_ids:
-                raise ConfigError(where, f"{crew_id!r} is not an admitted crew id in {crews_file}")
+                raise HostConfigError(where, f"{crew_id!r} is not an admitted crew id in {crews_file}")
             if crew_id in served:
-                raise ConfigError(where, f"{crew_id!r} is already served by sidecar {served[crew_id]!r}")
+                raise HostConfigError(where, f"{crew_id!r} is already served by sidecar {served[crew_id]!r}")
             served[crew_id] = name
         result.append(_sidecar(base, entry, key, name, frozenset(entry.crews)))
     unserved = [crew_id for crew_id in crew_ids if crew_id not in served]
     if unserved:
-        raise ConfigError("sidecars", f"no sidecar serves the admitted crews {', '.join(unserved)}: list each "
+        raise HostConfigError("sidecars", f"no sidecar serves the admitted crews {', '.join(unserved)}: list each "
                           "in exactly one [[sidecars]] entry")
     return tuple(result)
 
@@ -631,10 +525,10 @@ def _cors_origin(index: int, origin: str) -> str:
     """One ``[host] cors_origins`` entry: an exact ``http(s)://host[:port]`` origin (no path, no wildcard).
 
     Raises:
-        ConfigError: ``host.cors_origins[index]`` otherwise.
+        HostConfigError: ``host.cors_origins[index]`` otherwise.
     """
     if not _ORIGIN.match(origin):
-        raise ConfigError(f"host.cors_origins[{index}]", f"{origin!r} is not an origin: use scheme://host[:port] "
+        raise HostConfigError(f"host.cors_origins[{index}]", f"{origin!r} is not an origin: use scheme://host[:port] "
                           "with http or https, without a path or a wildcard")
     return origin.lower()
 
@@ -643,7 +537,7 @@ def load_settings(path: str | os.PathLike[str], *, environ: Mapping[str, str] | 
     """Read and validate ``host.toml``.
 
     Raises:
-        ConfigError: the file is missing, not TOML, or breaks a rule (keyed).
+        HostConfigError: the file is missing, not TOML, or breaks a rule (keyed).
 
     Source: ARCHITECTURE.md §11.
     """
@@ -651,15 +545,15 @@ def load_settings(path: str | os.PathLike[str], *, environ: Mapping[str, str] | 
     try:
         raw = read_regular(config_path, MAX_CONFIG_FILE_BYTES)  # non-blocking: a FIFO is refused, never waited on
     except FileNotFoundError:
-        raise ConfigError("--config", f"{config_path} does not exist") from None
+        raise HostConfigError("--config", f"{config_path} does not exist") from None
     except (NotRegularFile, FileTooLarge) as exc:
-        raise ConfigError("--config", str(exc)) from None
+        raise HostConfigError("--config", str(exc)) from None
     except OSError as exc:
-        raise ConfigError("--config", f"cannot read {config_path}: {exc.strerror}") from None
+        raise HostConfigError("--config", f"cannot read {config_path}: {exc.strerror}") from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ConfigError("--config", f"{config_path} is not UTF-8 text") from None
+        raise HostConfigError("--config", f"{config_path} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("--config", f"{config_path} is not valid TOML: {exc}") from None
+        raise HostConfigError("--config", f"{config_path} is not valid TOML: {exc}") from None
     return build_settings(data, config_path, environ=environ)

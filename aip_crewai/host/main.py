@@ -8,7 +8,7 @@ serving fails, 130 on a second SIGINT during shutdown (no drain).
 Shutdown: the first SIGTERM/SIGINT ends open tenant streams and answers
 blocking calls at once (``host.stopping``), gives other connections
 :data:`CONNECTION_GRACE_S`, then drains in-flight dispatches (up to
-``actions.DRAIN_S``).
+``http.lifespan.DRAIN_S``).
 
 Source: ARCHITECTURE.md §11 (operator interface), §1 (the host never imports CrewAI).
 """
@@ -16,8 +16,8 @@ Source: ARCHITECTURE.md §11 (operator interface), §1 (the host never imports C
 from __future__ import annotations
 
 import argparse
-import logging
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -27,11 +27,12 @@ from pathlib import Path
 
 import structlog
 
-from ..log import configure_logging
-from ..storage import release_lock
-from .config import ConfigError, Settings, load_settings
-from .store_schema import PostgresHostLock
-from .store import (
+from ..plumbing.log import configure_logging
+from ..plumbing.storage import release_lock
+from .config import HostConfigError, load_settings
+from .settings import Settings
+from .store.postgres import PostgresHostLock
+from .store.store import (
     InsecureStorePath,
     StoreError,
     StoreLocked,
@@ -62,7 +63,7 @@ def load(config: str) -> Settings:
     """Load settings and pre-check the store location (both exit 2 in :func:`main`).
 
     Raises:
-        ConfigError: the configuration is unusable.
+        HostConfigError: the configuration is unusable.
         InsecureStorePath: the store location is unsafe.
         UnusableStore: the store file is not SQLite, is damaged, or is another application's.
     """
@@ -75,9 +76,9 @@ def load(config: str) -> Settings:
 
 def own_store(settings: Settings) -> tuple[Callable[[], None], PostgresHostLock | None]:
     """Own the store for this process; returns ``(release, host_lock)``. A SQLite store: an exclusive
-    lock on ``<store>.lock`` (:func:`~aip_crewai.host.store.lock_store`; ``host_lock`` None); a PostgreSQL
+    lock on ``<store>.lock`` (:func:`~aip_crewai.host.store.store.lock_store`; ``host_lock`` None); a PostgreSQL
     store, shared by several hosts: a session advisory lock on this host's id
-    (:class:`~aip_crewai.host.store_schema.PostgresHostLock`, re-checked by :func:`guard_host_lock`).
+    (:class:`~aip_crewai.host.store.postgres.PostgresHostLock`, re-checked by :func:`guard_host_lock`).
     Either lives as long as the process. Raises StoreLocked, InsecureStorePath or UnusableStore (all exit 2)."""
     if isinstance(settings.store_path, Path):
         fd = lock_store(settings.store_path)
@@ -145,8 +146,9 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.utils import LifespanFailureError
 
-    from ..serving import hypercorn_config, hypercorn_logger
-    from .app import create_app
+    from ..plumbing.serving import hypercorn_config, hypercorn_logger
+    from .http.app import create_app
+    from .http.state import host_setup, startup_error
 
     config = hypercorn_config([f"fd://{sock.fileno()}"],  # timeouts, header bound, no h2c (README "Security")
                               errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_S)
@@ -162,7 +164,7 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
                 os._exit(EXIT_INTERRUPTED)
             return
         log.info("host_stopping", signal=signal.Signals(signum).name)
-        app.state.stopping.set()  # open streams end, blocking calls answer (host.stopping)
+        host_setup(app).stopping.set()  # open streams end, blocking calls answer (http.stopping)
         stop.set()
 
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -171,7 +173,7 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
 
     def lost() -> None:
         taken.append(True)
-        app.state.stopping.set()
+        host_setup(app).stopping.set()
         stop.set()
 
     guard = None if host_lock is None else \
@@ -179,9 +181,9 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
     try:
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     except LifespanFailureError:
-        startup_error = getattr(app.state, "startup_error", None)
-        if isinstance(startup_error, StoreError):  # the store could not be opened: one line, exit 2
-            raise startup_error from None
+        error = startup_error(app)
+        if isinstance(error, StoreError):  # the store could not be opened: one line, exit 2
+            raise error from None
         raise
     finally:
         if guard is not None:
@@ -197,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load(args.config)
         release, host_lock = own_store(settings)
-    except (ConfigError, InsecureStorePath, UnusableStore, StoreLocked) as exc:
+    except (HostConfigError, InsecureStorePath, UnusableStore, StoreLocked) as exc:
         print(f"aip-crewai host: configuration error: {exc.message}", file=sys.stderr)
         return 2
     try:

@@ -1,6 +1,6 @@
 """Host metrics in the Prometheus text exposition format (hand-written, no dependency).
 
-One :class:`Metrics` per app (``app.state.metrics``), so tests never share
+One :class:`Metrics` per app (``HostState.metrics``), so tests never share
 counters. Labels never carry tenants, principals, crew ids, action ids or
 inputs: the exposition is readable by an operator of any tenant and must not
 leak another tenant's activity beyond aggregates.
@@ -23,7 +23,7 @@ Metrics (all prefixed ``aip_host_``):
 Every label value comes from a closed set, never from request bytes (an
 anonymous client sending made-up methods must not grow the exposition): the
 route is a path template of the app or ``unmatched``, the method one of
-:data:`KNOWN_METHODS` or ``other``, the status its class (``2xx`` … ``5xx``).
+:data:`~aip_crewai.plumbing.asgi.KNOWN_METHODS` or ``other``, the status its class (``2xx`` … ``5xx``).
 :meth:`Metrics.observe_request` applies these rules.
 
 Source: ARCHITECTURE.md §6 (``/metrics``: Prometheus text); README "Security" (metrics labels).
@@ -31,18 +31,10 @@ Source: ARCHITECTURE.md §6 (``/metrics``: Prometheus text); README "Security" (
 
 from __future__ import annotations
 
-from ..prometheus import CONTENT_TYPE, Counter, Gauge, Summary, _Family
+from ..plumbing.asgi import method_label
+from ..plumbing.prometheus import CONTENT_TYPE, Counter, Gauge, Summary, _Family
 
-__all__ = ["CONTENT_TYPE", "KNOWN_METHODS", "Metrics", "method_label", "status_label"]
-#: Request methods counted under their own name; any other is counted as ``other``.
-KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-
-
-def method_label(method: str) -> str:
-    """``method`` when it is one of :data:`KNOWN_METHODS`, else ``other``."""
-    return method if method in KNOWN_METHODS else "other"
-
-
+__all__ = ["CONTENT_TYPE", "Metrics", "status_label"]
 def status_label(status: int) -> str:
     """The status class: ``1xx`` … ``5xx`` (``other`` outside 100..599)."""
     return f"{status // 100}xx" if 100 <= status <= 599 else "other"
@@ -75,7 +67,7 @@ class Metrics:
 
         Args:
             route: the matched route's path template, or None (``unmatched``).
-            method: the raw request method (any other than :data:`KNOWN_METHODS` is ``other``).
+            method: the raw request method (any other than :data:`~aip_crewai.plumbing.asgi.KNOWN_METHODS` is ``other``).
             status: the response status code.
             duration_s: handling time, seconds.
         """

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from aip_crewai.contracts.operations import INSPECTION_OPERATIONS, STARTABLE_OPERATIONS
-from aip_crewai.loopback import is_loopback
+from aip_crewai.plumbing.loopback import is_loopback
 
-from ..keys import MAX_SECRET_FILE_BYTES, SecretFileError, read_token
+from ..plumbing.keys import MAX_SECRET_FILE_BYTES, SecretFileError, read_token
 
 #: Bounds of ``--max-event-bytes``, bytes (the reference sidecar's range).
 MIN_EVENT_BYTES, MAX_EVENT_BYTES = 1024, 4_194_304
@@ -84,7 +84,7 @@ class Settings:
         max_journal_bytes: bound on used journal pages plus the -wal file, bytes; admission 507 past it.
         sse_keepalive_seconds: interval of ``: keep-alive`` comments.
         shutdown_grace_seconds: how long in-flight jobs may finish at shutdown.
-        isolation: ``process`` (each job in a worker process of its own, :mod:`workers`)
+        isolation: ``process`` (each job in a worker process of its own, :mod:`.isolation.pool`)
             or ``inprocess`` (jobs run in the sidecar process: debugging).
         cancel_grace_seconds: with ``process``, how long a cancelled job may take to
             stop cooperatively before its worker is killed.

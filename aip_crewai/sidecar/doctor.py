@@ -41,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
 
             prepare_crewai_environment(state)  # before anything imports crewai
             import_crewai()
-            from aip_crewai.sidecar.operations._preflight import preflight
+            from aip_crewai.sidecar.operations.startup.preflight import preflight
             from aip_crewai.sidecar.registry import RegistryError, load_registry
             try:
                 registry = load_registry(spec)

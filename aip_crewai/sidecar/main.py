@@ -58,12 +58,12 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from aip_crewai.log import configure_logging
+from aip_crewai.plumbing.log import configure_logging
 from aip_crewai.sidecar.config import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
-    from aip_crewai.sidecar.app import CrewFacts
-    from aip_crewai.sidecar.journal import Journal
+    from aip_crewai.sidecar.http.app import CrewFacts
+    from aip_crewai.sidecar.journal.store import Journal
 
 log = structlog.get_logger(__name__)
 
@@ -130,9 +130,9 @@ def _run(settings: Settings) -> int:
 
 async def _open_journal(settings: Settings) -> Journal | None:
     """Open, check and recover the journal; None (refusal printed) when it cannot be used."""
-    from aip_crewai.sidecar.app import recover
+    from aip_crewai.sidecar.http.app import recover
     from aip_crewai.sidecar.errors import JournalError
-    from aip_crewai.sidecar.journal import Journal
+    from aip_crewai.sidecar.journal.store import Journal
 
     if settings.journal is None:  # main() sets an ephemeral one; config requires it otherwise
         raise RuntimeError("settings.journal is not set")
@@ -176,7 +176,7 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] 
     With ``--isolation process`` this process never imports CrewAI: the worker fork server does (once,
     for every worker), and the registry and the start-up preflight are checked in one process forked from
     it (``workers.describe_registry``), whose answer gives the crew ids and their facts; the executor is a
-    :class:`~aip_crewai.sidecar.workers.WorkerPool` whose workers the app's lifespan boots before serving.
+    :class:`~aip_crewai.sidecar.isolation.pool.WorkerPool` whose workers the app's lifespan boots before serving.
     With ``--isolation inprocess`` this process imports CrewAI and the registry itself.
     """
     from aip_crewai.sidecar.crewai_env import capture_crewai_prints, prepare_crewai_environment
@@ -202,7 +202,7 @@ def _load_here(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] |
         import_crewai()
     except Exception as exc:  # a broken install: say which, never a traceback of provider text
         return _import_failed(type(exc).__name__)
-    from aip_crewai.sidecar.app import registry_executor
+    from aip_crewai.sidecar.http.app import registry_executor
     from aip_crewai.sidecar.registry import RegistryError
 
     try:
@@ -213,9 +213,9 @@ def _load_here(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] |
 
 def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
     """The fork server, the registry check forked from it, and the worker pool (``--isolation process``)."""
-    from aip_crewai.sidecar.app import CrewFacts
-    from aip_crewai.sidecar.worker_wire import Boot
-    from aip_crewai.sidecar.workers import (
+    from aip_crewai.sidecar.http.app import CrewFacts
+    from aip_crewai.sidecar.isolation.wire import Boot
+    from aip_crewai.sidecar.isolation.pool import (
         ForkServerThreaded,
         WorkerPool,
         WorkerStartFailed,
@@ -252,10 +252,10 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
                  crew_facts: CrewFacts, sock: socket.socket) -> int:
     from hypercorn.asyncio import serve
 
-    from aip_crewai.serving import hypercorn_config, hypercorn_logger
-    from aip_crewai.sidecar.app import create_app
+    from aip_crewai.plumbing.serving import hypercorn_config, hypercorn_logger
+    from aip_crewai.sidecar.http.app import create_app
 
-    from aip_crewai.sidecar.workers import ForkServerThreaded, WorkerPool
+    from aip_crewai.sidecar.isolation.pool import ForkServerThreaded, WorkerPool
 
     workers = executor if isinstance(executor, WorkerPool) else None
     try:

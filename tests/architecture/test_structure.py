@@ -12,8 +12,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aip_crewai"
 STATE_WRITES = {"create_action", "update_action", "create_approval", "decide_approval", "decide_and_start",
                 "cancel_pending", "expire_approvals"}
 #: The modules allowed to call them: the writer, and the storage modules that define them.
-WRITERS = {"aip_crewai.host.writer", "aip_crewai.host.store", "aip_crewai.host.store_approvals",
-           "aip_crewai.host.store_schema", "aip_crewai.host.store_db"}
+WRITERS = {"aip_crewai.host.actions.writer", "aip_crewai.host.store.store", "aip_crewai.host.store.approvals",
+           "aip_crewai.host.store.records", "aip_crewai.host.store.engine"}
 
 
 def module_name(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""Browser tests in real Chromium (issue 19 item 6): Debian's ``chromium`` driven by Playwright's Python
+"""Browser tests in real Chromium: Debian's ``chromium`` driven by Playwright's Python
 package pointed at it (``executable_path``; Playwright downloads no browser). ``.ci/run`` installs both.
 
 Without the browser, or without Playwright, every test here skips with one line naming what is missing.

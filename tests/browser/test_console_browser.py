@@ -1,4 +1,4 @@
-"""The approval console in real Chromium (issue 19 items 2 and 6): an approver signs in with a token or an
+"""The approval console in real Chromium: an approver signs in with a token or an
 Ed25519 key, sees a pending action appear live, approves it, and watches its chunks and result arrive."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from aip_crewai.client import new_id
-from aip_crewai.keys import generate_ed25519
+from aip_crewai.plumbing.keys import generate_ed25519
 from host_process import start_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(180)]

@@ -1,5 +1,5 @@
 """A tenant page in real Chromium consumes an action's stream with EventSource and a stream token, from a
-different origin through CORS (issue 19 items 3, 4 and 6): the token is minted with fetch() and the bearer
+different origin through CORS: the token is minted with fetch() and the bearer
 (a CORS preflight), the stream needs no header, the AIP frames arrive as named events, and after the
 result the host's 204 on reconnect stops EventSource for good."""
 

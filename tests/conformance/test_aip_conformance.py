@@ -15,7 +15,7 @@ from aip_crewai.contracts.aip import VOCABULARIES
 from aip_crewai.sse import SSEDecoder, encode_event
 from aipschemas import check_envelope
 from hostkit import NOW, bearer
-from aip_crewai.host.store import ms_to_rfc3339
+from aip_crewai.host.store.store import ms_to_rfc3339
 
 CT = {"Content-Type": "application/aip+json"}
 SSE = {"Accept": "text/event-stream"}

@@ -65,7 +65,7 @@ def test_capabilities_document_counts_first():
 
 @pytest.mark.parametrize("spec", CATALOGUE, ids=lambda s: s.name)
 def test_every_input_schema_is_an_object_at_its_root(spec) -> None:
-    """Tool-calling clients need ``type: object`` at the top, never a root ``$ref`` (issue 20 item 4)."""
+    """Tool-calling clients need ``type: object`` at the top, never a root ``$ref``."""
     schema = input_schema(spec)
     assert schema["type"] == "object" and "$ref" not in schema
     assert all(f"#/$defs/{name}" in json.dumps(schema) for name in schema.get("$defs", {}))  # no unused defs

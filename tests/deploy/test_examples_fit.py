@@ -1,4 +1,4 @@
-"""The shipped example configs fit together (issue 20 item 7): every crew the host example admits is in the
+"""The shipped example configs fit together: every crew the host example admits is in the
 sidecar example's registry, with operations the sidecar example allows."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_the_host_example_admits_only_crews_and_operations_the_sidecar_example_s
 
 def test_the_distribution_ships_one_top_level_package() -> None:
     """The demo and test crews live in ``aip_crewai.examples``: nothing named ``examples`` is installed at the top
-    level, where it would shadow or be shadowed by a user's own package (issue 20 item 8). Checked as setuptools'
+    level, where it would shadow or be shadowed by a user's own package. Checked as setuptools'
     package discovery sees the tree (top-level directories with an ``__init__.py`` matching ``include``), without
     importing setuptools (not in every venv)."""
     import fnmatch

@@ -36,9 +36,10 @@ from starlette.applications import Starlette
 
 from aip_crewai.contracts.hashing import jcs
 from aip_crewai.contracts.operations import OPERATION_NAMES
-from aip_crewai.host.app import create_app
-from aip_crewai.host.config import Settings, load_settings
-from aip_crewai.host.store import ms_to_rfc3339
+from aip_crewai.host.http.app import create_app
+from aip_crewai.host.settings import Settings
+from aip_crewai.host.config import load_settings
+from aip_crewai.host.store.store import ms_to_rfc3339
 
 SIDECAR_TOKEN = "sidecar-secret-token"
 NOW = 1_790_000_000.0  # 2026-09-21T…Z, epoch seconds
@@ -272,10 +273,10 @@ async def open_action_service(tmp_path: Path, tenants: dict[str, Any], **kwargs:
     ``(service, sidecar, http, clock)`` (close ``http`` and ``service.store`` after)."""
     from fake_sidecar import FakeSidecar
 
-    from aip_crewai.host.actions import ActionService
-    from aip_crewai.host.dispatch import Dispatcher
-    from aip_crewai.host.sidecar_client import SidecarClient
-    from aip_crewai.host.store import Store
+    from aip_crewai.host.actions.service import ActionService
+    from aip_crewai.host.actions.dispatch import Dispatcher
+    from aip_crewai.host.sidecars.client import SidecarClient
+    from aip_crewai.host.store.store import Store
 
     tmp_path.chmod(0o700)
     clock = Clock()

@@ -15,7 +15,7 @@ from aip_crewai.contracts.errors import (
     InvalidInput,
     NotCancellable,
 )
-from aip_crewai.host.auth import Principal
+from aip_crewai.host.auth.principals import Principal
 
 from hostkit import open_action_service
 
@@ -119,8 +119,8 @@ async def test_concurrent_duplicates_execute_once(env):
 
 
 def test_approval_admits_only_its_own_action_before_expiry():
-    from aip_crewai.host.actions import approval_admits, policy_hash
-    from aip_crewai.host.store import ActionRecord, ApprovalRecord
+    from aip_crewai.host.actions.lifecycle import approval_admits, policy_hash
+    from aip_crewai.host.store.store import ActionRecord, ApprovalRecord
 
     record = ActionRecord("acme", "a1", "cap:crewai:support", "support", "run", "{}", "h1", "p", "k", "pending_approval",
                           "not_sent", None, None, "apr_1", None, 0, 1000, 1000)
@@ -283,7 +283,7 @@ async def test_status_of_a_run_that_never_reached_the_sidecar_is_the_hosts_view(
     await service.decide(APPROVER, denied.approval_id, "denied", "no", clock.ms)
     assert (await status_of("d1", "s2")).output["status"] == "failed"
     # approved, its start not admitted yet (still on its way): the host's view says running
-    from aip_crewai.host.actions import approval_admits
+    from aip_crewai.host.actions.lifecycle import approval_admits
     started = await service.submit(INVOKER, action("r1", key="kr"), None, stream=False)
     _, run = await service.store.decide_and_start("acme", started.approval_id, "approved", "ok", APPROVER.id,
                                                   clock.ms, start_if=approval_admits)  # not dispatched here
@@ -352,9 +352,9 @@ async def test_a_cancel_waits_until_the_start_was_answered_even_before_it_is_sen
     before the dispatch task had even sent it went straight to the sidecar, got 404, and the job was
     admitted and ran unseen right after."""
     from aip_crewai.contracts import operations as ops
-    from aip_crewai.host.cancellation import _until_answered
-    from aip_crewai.host.dispatch import Job
-    from aip_crewai.host.live import LiveAction
+    from aip_crewai.host.actions.cancellation import _until_answered
+    from aip_crewai.host.actions.dispatch import Job
+    from aip_crewai.host.actions.live import LiveAction
 
     gate = asyncio.Event()
     live = LiveAction(job=Job(tenant="acme", action_id="a1", crew_id="support", spec=ops.get("run"), input={},
@@ -403,9 +403,9 @@ async def test_omitted_output_is_read_from_the_job_view(env):
 
 
 async def _sink(service):
-    from aip_crewai.host.chunk_sink import ChunkSink
-    from aip_crewai.host.dispatch import Job
-    from aip_crewai.host.live import LiveAction
+    from aip_crewai.host.actions.chunk_sink import ChunkSink
+    from aip_crewai.host.actions.dispatch import Job
+    from aip_crewai.host.actions.live import LiveAction
 
     await service.store.create_action("acme", "s1", "cap:crewai:support", "support", "run", "{}", "h", "p", "k",
                                       "running")
@@ -450,7 +450,7 @@ async def test_a_discarded_sink_stores_nothing_more(env):
 
 
 def test_only_key_less_read_only_actions_skip_fsync():
-    from aip_crewai.host.actions import durable_action
+    from aip_crewai.host.actions.service import durable_action
 
     assert not durable_action(ops.get("status"), None)
     assert durable_action(ops.get("status"), "k")
@@ -473,7 +473,7 @@ async def test_a_store_outage_during_a_dispatch_leaves_the_action_running_until_
     """The result write fails with StoreUnavailable (the database is down): no failure is recorded for a
     run the sidecar completes; the action stays running, and the next read re-attaches and records the
     real outcome, with the crew run once."""
-    from aip_crewai.host.store import StoreUnavailable
+    from aip_crewai.host.store.store import StoreUnavailable
 
     service, sidecar, _ = env
     record = await service.submit(INVOKER, action("o1"), None, stream=False)

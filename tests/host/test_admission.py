@@ -7,7 +7,7 @@ import json
 import pytest
 
 from aip_crewai.contracts.operations import LEGACY_DEFAULT_OPERATIONS, OPERATION_NAMES, resolve_capability
-from aip_crewai.host.admission import AdmissionError, check_crew_id, load_descriptors
+from aip_crewai.host.crews.descriptors import AdmissionError, check_crew_id, load_descriptors
 
 
 def load(items) -> tuple:

@@ -21,7 +21,8 @@ from starlette.routing import Route
 
 from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import ConnectorRemoteTemporary, IdempotencyConflict
-from aip_crewai.host.auth import authenticate
+from aip_crewai.host.http.authenticate import authenticate
+from aip_crewai.host.http.state import host_state
 
 from hostkit import bearer, running
 
@@ -52,7 +53,7 @@ def extension():
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        module.events.append(("enter", app.state.store is not None, app.state.http is not None))
+        module.events.append(("enter", host_state(app).store is not None, host_state(app).http is not None))
         yield
         module.events.append(("exit",))
 
@@ -155,13 +156,13 @@ async def test_request_ids_are_bound_echoed_and_do_not_leak(app):
 
 async def test_lifespan_owns_the_store_and_one_sidecar_client(app, extension, settings):
     async with running(app):
-        http: httpx.AsyncClient = app.state.http
+        http: httpx.AsyncClient = host_state(app).http
         assert str(http.base_url) == "http://127.0.0.1:8090"
         assert http.follow_redirects is False
         assert (http.timeout.connect, http.timeout.read) == (10.0, None)
         assert http.headers["authorization"] == "Bearer sidecar-secret-token"
-        assert app.state.store is not None and settings.store_path.exists()
-        assert app.state.authenticator.claims is app.state.store
+        assert host_state(app).store is not None and settings.store_path.exists()
+        assert host_state(app).authenticator.claims is host_state(app).store
         assert extension.events == [("enter", True, True)]
     assert http.is_closed and extension.events[-1] == ("exit",)
 

@@ -1,4 +1,4 @@
-"""``GET /aip/v1/approvals/events`` (issue 19 item 2): the tenant's pending queue, then every
+"""``GET /aip/v1/approvals/events``: the tenant's pending queue, then every
 approval created, decided, expired or withdrawn, live and resumable, role-checked."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from aip_crewai.host import approval_stream
+from aip_crewai.host.http import approval_stream
+from aip_crewai.host.http.state import host_setup, host_state
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running, submit_action
 from ssekit import open_stream
@@ -61,7 +62,7 @@ async def test_a_fresh_stream_sends_the_queue_then_every_change_live(world, cloc
         await submit("run_3")
         assert (await stream.next_event()).id == "apv_5"
         clock.now += 16 * 60  # past the 15-minute TTL
-        await app.state.actions.expire_due()
+        await host_state(app).actions.expire_due()
         expired = await stream.next_event()
         assert (expired.event, expired.id) == ("expired", "apv_6")
         assert data(expired)["actor"]["id"] == "system:aip-crewai-host"
@@ -139,7 +140,7 @@ async def test_shutdown_ends_the_stream_with_the_resume_comment(world):
     app, _, _ = world
     stream = await open_stream(app, "/aip/v1/approvals/events", bearer("acme-both"))
     assert (await stream.next_event()).event == "ready"
-    app.state.stopping.set()
+    host_setup(app).stopping.set()
     while not stream.ended:
         await stream._more()
     await stream.close()

@@ -9,8 +9,10 @@ import pytest
 
 from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import Forbidden, Unauthenticated
-from aip_crewai.host.auth import Authenticator, Principal, require_role, signed_bytes
-from aip_crewai.host.store import Store
+from aip_crewai.host.auth.principals import Authenticator, Principal, require_role
+from aip_crewai.host.auth.signatures import signed_bytes
+from aip_crewai.host.store.store import Store
+from aip_crewai.host.http.state import host_setup
 
 from hostkit import NOW, TOKENS, bearer, envelope, running, sign
 
@@ -48,7 +50,7 @@ async def test_missing_or_wrong_bearer_is_401(auth, header):
 
 async def test_every_hash_is_compared(auth, monkeypatch):
     """No early exit: all configured hashes are compared whatever matches."""
-    import aip_crewai.host.auth as module
+    import aip_crewai.host.auth.principals as module
 
     calls = []
     real = module.hmac.compare_digest
@@ -200,7 +202,7 @@ async def test_auth_failures_are_counted(make_app):
     async with running(app) as http:
         await http.get("/aip/v1/manifest")
         await http.get("/aip/v1/manifest", headers=bearer("acme-invoker"))
-    assert app.state.metrics.auth_failures.value() == 1
+    assert host_setup(app).metrics.auth_failures.value() == 1
 
 
 @pytest.mark.parametrize(("number", "field"), [(1.0, "$.body.action.input.n"), (-0.0, "$.body.action.input.n"),

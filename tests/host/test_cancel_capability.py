@@ -1,4 +1,4 @@
-"""What the sidecar can cancel (issue 17 item 8): learned from /health, published, and a refused cancel
+"""What the sidecar can cancel: learned from /health, published, and a refused cancel
 leaves the job running and followed."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import pytest
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import NotCancellable
-from aip_crewai.host.dispatch import Dispatcher, Job
-from aip_crewai.host.readiness import DEFAULT_CANCELLABLE, published_cancellable
-from aip_crewai.host.sidecar_client import SidecarClient
+from aip_crewai.host.actions.dispatch import Dispatcher, Job
+from aip_crewai.host.sidecars.readiness import DEFAULT_CANCELLABLE, published_cancellable
+from aip_crewai.host.sidecars.client import SidecarClient
+from aip_crewai.host.http.state import host_state
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running
 
@@ -31,7 +32,7 @@ async def test_supports_cancel_follows_what_the_sidecar_publishes(make_app) -> N
     app = make_app(sidecar_transport=fake.transport())
 
     async def supports_cancel() -> dict[str, bool]:
-        await app.state.readiness.refresh()
+        await host_state(app).readiness.refresh()
         manifest = (await http.get("/aip/v1/manifest", headers=bearer("acme-invoker"))).json()
         return {cap["id"]: cap["contract"]["execution"]["supports_cancel"] for cap in manifest["capabilities"]}
 

@@ -1,5 +1,5 @@
-"""The host's stored-chunk SSE frames (``routes_actions.ChunkFrames``): the byte template equals encoding
-the decoded chunk inside an ``Envelope`` (issue 22 item 2: replay speed without a second dialect)."""
+"""The host's stored-chunk SSE frames (``host/http/routes.py`` ``ChunkFrames``): the byte template equals encoding
+the decoded chunk inside an ``Envelope`` (replay speed without a second dialect)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aip_crewai.contracts.aip import AIP_VERSION, Body, Envelope, JsonPart, StreamChunk, TextPart
-from aip_crewai.host import routes_actions
-from aip_crewai.host.routes_actions import ChunkFrames
-from aip_crewai.host.store import ChunkRecord
+from aip_crewai.host.http import routes as routes_actions
+from aip_crewai.host.http.routes import ChunkFrames
+from aip_crewai.host.store.store import ChunkRecord
 from aip_crewai.sse import SSEDecoder, encode_event
 
 FIXED = "0123456789abcdef01234567"

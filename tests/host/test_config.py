@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from aip_crewai.host.config import ConfigError, check_sidecar_proxy, check_sidecar_url, load_settings
+from aip_crewai.host.config import HostConfigError, check_sidecar_proxy, check_sidecar_url, load_settings
 from aip_crewai.host.main import main
 
 from hostkit import SIDECAR_TOKEN, HostFiles, base_document, os_mode
@@ -32,8 +32,8 @@ def load(files: HostFiles, doc: dict | None = None):
     return load_settings(files.config, environ={})
 
 
-def error_of(files: HostFiles, doc: dict) -> ConfigError:
-    with pytest.raises(ConfigError) as info:
+def error_of(files: HostFiles, doc: dict) -> HostConfigError:
+    with pytest.raises(HostConfigError) as info:
         load(files, doc)
     return info.value
 
@@ -246,7 +246,7 @@ def test_sidecar_proxy_is_only_for_https_sidecars_and_absent_by_default(host_fil
     for proxy, url in [("http://proxy:3128", "http://127.0.0.1:8090"), ("socks5://p:1", "https://s"),
                        ("http://user:pw@proxy:3128", "https://s"), ("http://proxy:3128?x=1", "https://s"),
                        ("proxy:3128", "https://s")]:
-        with pytest.raises(ConfigError) as caught:
+        with pytest.raises(HostConfigError) as caught:
             check_sidecar_proxy(proxy, url)
         assert caught.value.key == "sidecar.proxy"
     err = error_of(host_files, mutate("sidecar.proxy", "http://proxy:3128"))
@@ -289,7 +289,7 @@ class TestTokenFile:
 
 def test_not_toml_is_a_config_error(host_files: HostFiles):
     host_files.config.write_text("[host\n")
-    with pytest.raises(ConfigError, match="not valid TOML"):
+    with pytest.raises(HostConfigError, match="not valid TOML"):
         load_settings(host_files.config, environ={})
 
 
@@ -329,7 +329,7 @@ def test_main_exits_2_in_one_line_when_the_store_cannot_be_opened_at_start_up(ho
                                                                               monkeypatch):
     """A store that fails while the app opens it (e.g. a PostgreSQL pool not filled in time: more pooled
     connections than the server allows) is one line on stderr and exit 2, like every other unusable store."""
-    from aip_crewai.host.store import Store, StoreError
+    from aip_crewai.host.store.store import Store, StoreError
 
     async def refuse(*args, **kwargs):
         raise StoreError("the PostgreSQL store's 64 pooled connections were not ready within 10 s")
@@ -351,7 +351,7 @@ def test_the_postgresql_pools_log_lines_are_one_structured_line_each(capsys):
     import logging
 
     from aip_crewai.host.main import route_library_logs
-    from aip_crewai.log import configure_logging
+    from aip_crewai.plumbing.log import configure_logging
 
     configure_logging(json=True, level="info", cache=False)
     route_library_logs("psycopg")

@@ -1,4 +1,4 @@
-"""The approval console's files (issue 19 item 2): served at /console/ with a strict CSP, only the three
+"""The approval console's files: served at /console/ with a strict CSP, only the three
 shipped files, and 404 everywhere once `[host] console = false`. The page itself is exercised in Chromium
 by tests/browser."""
 

@@ -1,4 +1,4 @@
-"""CORS for browsers (issue 19 item 3): `[host] cors_origins`, an allowed and a refused origin."""
+"""CORS for browsers: `[host] cors_origins`, an allowed and a refused origin."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from aip_crewai.host.config import MAX_CORS_ORIGINS, ConfigError, load_settings
+from aip_crewai.host.config import MAX_CORS_ORIGINS, HostConfigError, load_settings
 
 from hostkit import HostFiles, base_document, bearer, running
 
@@ -26,7 +26,7 @@ def test_origins_are_exact_http_or_https_origins(host_files: HostFiles) -> None:
     assert settings.cors_origins == ("https://console.example", "http://127.0.0.1:5173", "http://[::1]:8080")
     assert load(host_files, []).cors_origins == ()
     for bad in ("*", "https://a.example/", "https://a.example/path", "ftp://a.example", "a.example", ""):
-        with pytest.raises(ConfigError) as info:
+        with pytest.raises(HostConfigError) as info:
             load(host_files, ["https://ok.example", bad])
         assert info.value.key == "host.cors_origins[1]"
 
@@ -34,7 +34,7 @@ def test_origins_are_exact_http_or_https_origins(host_files: HostFiles) -> None:
 def test_at_most_the_documented_number_of_origins(host_files: HostFiles) -> None:
     origins = [f"https://o{i}.example" for i in range(MAX_CORS_ORIGINS + 1)]
     assert len(load(host_files, origins[:-1]).cors_origins) == MAX_CORS_ORIGINS
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(HostConfigError) as info:
         load(host_files, origins)
     assert info.value.key.startswith("host.cors_origins")
 

@@ -1,4 +1,4 @@
-"""Crew inputs from the sidecar's /health: schemas name them, submissions lacking one are 400 (issue 20 item 3)."""
+"""Crew inputs from the sidecar's /health: schemas name them, submissions lacking one are 400."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from hypothesis import strategies as st
 from aip_crewai.contracts.artifacts import input_schema
 from aip_crewai.contracts.errors import InvalidInput
 from aip_crewai.contracts.operations import get
-from aip_crewai.host.crew_inputs import (
+from aip_crewai.host.crews.inputs import (
     MAX_PLACEHOLDERS,
     CrewInputs,
     check_crew_inputs,
     parse_crew_inputs,
     project_input_schema,
 )
+from aip_crewai.host.http.state import host_state
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, envelope, running
 
@@ -88,7 +89,7 @@ async def test_through_the_host_the_manifest_and_the_fence_use_the_reported_inpu
     fake.health["crew_inputs"] = {"beta": {"placeholders": ["topic"], "defaults": False}}
     app = make_app(sidecar_transport=fake.transport())
     async with running(app) as http:
-        await app.state.readiness.refresh()
+        await host_state(app).readiness.refresh()
         manifest = (await http.get("/aip/v1/manifest", headers=bearer("acme-invoker"))).json()
         schemas = {cap["id"]: cap["input_schema"] for cap in manifest["capabilities"]}
         assert schemas["cap:crewai:beta"]["required"] == ["topic"]
@@ -114,7 +115,7 @@ async def test_a_crew_the_sidecar_does_not_serve_is_refused_before_any_approval(
     app = make_app(sidecar_transport=fake.transport())
     async with running(app) as http:
         with capture_logs() as logs:
-            await app.state.readiness.refresh()
+            await host_state(app).readiness.refresh()
         env = envelope("msg_un")
         env["body"]["action"] = {"id": "act_un", "capability_id": "cap:crewai:beta", "input": {"topic": "t"},
                                  "idempotency_key": "k-un"}

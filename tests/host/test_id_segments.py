@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 
 from aip_crewai.client import AipClient
-from aip_crewai.host.routes_actions import action_links
+from aip_crewai.host.http.routes import action_links
 
 ODD = "q?m%x#y"
 

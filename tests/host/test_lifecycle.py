@@ -4,7 +4,7 @@ import pytest
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import VOCABULARIES
-from aip_crewai.host.lifecycle import (
+from aip_crewai.host.actions.lifecycle import (
     CANCEL_OUTCOMES,
     CORRECTION_EVENTS,
     RESULT_EVENTS,

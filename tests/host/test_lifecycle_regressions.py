@@ -15,6 +15,8 @@ import pytest
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running
 
+from aip_crewai.host.http.state import host_state
+
 CT = {"Content-Type": "application/aip+json"}
 
 
@@ -47,7 +49,7 @@ async def test_listing_approvals_fails_the_actions_whose_approval_it_expires(mak
         listing = (await http.get("/aip/v1/approvals", params={"status": "expired"},
                                   headers=bearer("acme-both"))).json()
         assert [a["status"] for a in listing["approvals"]] == ["expired"]
-        record = await app.state.actions.store.get_action("acme", "exp_1")  # no action read: the store as left
+        record = await host_state(app).actions.store.get_action("acme", "exp_1")  # no action read: the store as left
         assert record.status == "failed" and "policy.approval_expired" in record.result_json
         late = await decide(http, listing["approvals"][0]["request"]["id"])
         assert late.status_code == 409 and late.json()["body"]["error"]["error"]["code"] == "approval.expired"
@@ -112,7 +114,7 @@ async def test_a_refused_start_is_queued_and_retried_under_the_same_job_and_key(
     async with running(app) as http:
         approval_id = await submit_pending(http, "refused_1")
         assert (await decide(http, approval_id)).status_code == 200
-        service = app.state.actions
+        service = host_state(app).actions
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
         while True:  # the tenant's view while the start waits for its retry
@@ -141,7 +143,7 @@ async def test_a_start_refused_until_the_dispatch_deadline_fails_with_a_certain_
     async with running(app) as http:
         approval_id = await submit_pending(http, "refused_2")
         assert (await decide(http, approval_id)).status_code == 200
-        service = app.state.actions
+        service = host_state(app).actions
         record = await service.wait(await service.store.get_action("acme", "refused_2"), 15)
         error = json.loads(record.result_json)["error"]
         assert record.status == "failed" and record.dispatch == "not_sent", record
@@ -153,10 +155,10 @@ async def test_a_start_refused_until_the_dispatch_deadline_fails_with_a_certain_
 async def test_a_store_open_cancelled_mid_connect_closes_its_connection(tmp_path, monkeypatch):
     """Regression: cancelling `Store.open` while SQLite was connecting leaked the connection and its
     thread; the sidecar's journal open did not. Both now use one cancel-safe worker start."""
-    from aip_crewai.host import store as store_module
+    from aip_crewai.host.store import store as store_module
 
     started, gate, closed = threading.Event(), threading.Event(), threading.Event()
-    real_connect = store_module._connect
+    real_connect = store_module.connect_sqlite
 
     class Tracked:
         def __init__(self, conn):
@@ -171,7 +173,7 @@ async def test_a_store_open_cancelled_mid_connect_closes_its_connection(tmp_path
         gate.wait(10)
         return Tracked(real_connect(path))
 
-    monkeypatch.setattr(store_module, "_connect", slow_connect)
+    monkeypatch.setattr(store_module, "connect_sqlite", slow_connect)
     tmp_path.chmod(0o700)
     task = asyncio.ensure_future(store_module.Store.open(tmp_path / "host.db"))
     assert await asyncio.to_thread(started.wait, 10)  # the connect is under way on the worker
@@ -204,7 +206,7 @@ async def test_an_approval_of_a_revoked_action_fails_it_instead_of_running_it(ma
         answer = await decide(http, approval_id)
         assert answer.status_code == 403
         assert answer.json()["body"]["error"]["error"]["code"] == "policy.capability_revoked"
-        record = await app.state.actions.store.get_action("acme", f"rev_{change}")
+        record = await host_state(app).actions.store.get_action("acme", f"rev_{change}")
         assert record.status == "failed" and "policy.capability_revoked" in record.result_json
     assert fake.executions == 0
 
@@ -216,11 +218,11 @@ async def test_a_decision_applied_after_a_restart_rechecks_at_dispatch(make_app,
     approval_id, app = await _pending_then_restart(make_app, settings, fake, "rev_dispatch",
                                                    tenants={**settings.tenants, "acme": ("alpha",)})
     async with running(app) as http:
-        store = app.state.actions.store
+        store = host_state(app).actions.store
         decided, _ = await store.decide_and_start("acme", approval_id, "approved", "ok", "acme-both",
                                                   store.now_ms(), start_if=lambda approval, action: True)
         assert decided is not None  # a started action, as a decision of a dead process would leave it
-        service = app.state.actions
+        service = host_state(app).actions
         service.start(await store.get_action("acme", "rev_dispatch"), stream=True)
         record = await service.wait(await store.get_action("acme", "rev_dispatch"), 10)
         assert record.status == "failed" and "policy.capability_revoked" in record.result_json
@@ -234,8 +236,8 @@ async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journa
     `uncertain_outcome: true` whose sidecar job the journal calls `failed`, `uncertain_outcome: false`
     (queued, never ran) reads as the journal's result on the next GET, and is then final."""
     from aip_crewai.contracts.errors import ConnectorCancelledUnconfirmed
-    from aip_crewai.host import recovery
-    from aip_crewai.host.normalize import failed_result
+    from aip_crewai.host.actions import recovery
+    from aip_crewai.host.actions.normalize import failed_result
 
     async def no_periodic_correction(runtime):
         return None
@@ -255,7 +257,7 @@ async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journa
     app = make_app(sidecar_transport=httpx.MockTransport(handle))
     async with running(app) as http:
         approval_id = await submit_pending(http, "prov_1")
-        service = app.state.actions
+        service = host_state(app).actions
         record = await service.store.get_action("acme", "prov_1")
         provisional = failed_result("prov_1", ConnectorCancelledUnconfirmed(
             operation="run", uncertain_outcome=True, dispatch="acknowledged"))
@@ -285,7 +287,7 @@ async def test_cancelling_an_action_queued_for_a_retry_stops_it_before_anything_
     async with running(app) as http:
         approval_id = await submit_pending(http, "dequeue_1")
         assert (await decide(http, approval_id)).status_code == 200
-        service = app.state.actions
+        service = host_state(app).actions
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
         while not ((live := service.live.get("acme", "dequeue_1")) is not None and live.retry_waiting):

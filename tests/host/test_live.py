@@ -2,7 +2,7 @@
 
 import asyncio
 
-from aip_crewai.host.live import LiveAction
+from aip_crewai.host.actions.live import LiveAction
 
 
 async def test_a_change_between_the_read_and_the_wait_is_not_missed():

@@ -10,8 +10,8 @@ from aip_crewai.contracts.aip import Manifest
 from aip_crewai.contracts.artifacts import input_schema
 from aip_crewai.contracts.errors import CapabilityNotFound
 from aip_crewai.contracts.operations import get
-from aip_crewai.host.admission import CrewDescriptor, load_descriptors
-from aip_crewai.host.manifest import CapabilityIndex, crew_capabilities, to_wire
+from aip_crewai.host.crews.descriptors import CrewDescriptor, load_descriptors
+from aip_crewai.host.crews.manifest import CapabilityIndex, crew_capabilities, to_wire
 
 from hostkit import bearer
 

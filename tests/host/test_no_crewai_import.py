@@ -20,7 +20,7 @@ for name in names:
 import aip_crewai.cli
 leaked = sorted(m for m in sys.modules if m == "crewai" or m.startswith("crewai."))
 assert not leaked, leaked
-assert "aip_crewai.host.main" in names and "aip_crewai.host.app" in names, names
+assert "aip_crewai.host.main" in names and "aip_crewai.host.http.app" in names, names
 print(len(names))
 """
 

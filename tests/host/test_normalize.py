@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import ConnectorInvalidStream, ConnectorResponseTooLarge
-from aip_crewai.host.normalize import StreamNormalizer, result_from_terminal
+from aip_crewai.host.actions.normalize import StreamNormalizer, result_from_terminal
 from aip_crewai.sse import encode_event
 
 RUN = ops.get("run")
@@ -157,6 +157,6 @@ def test_read_only_operation_errors_are_not_uncertain():
 def test_reference_sidecar_chunks_map_by_chunk_type_and_tool_call(data, kind):
     """Issue 17 item 8: a reference sidecar's chunks carry chunk_type/tool_call instead of channel."""
     from aip_crewai.contracts.sidecar import JobEvent
-    from aip_crewai.host.normalize import chunk_kind
+    from aip_crewai.host.actions.normalize import chunk_kind
 
     assert chunk_kind(JobEvent(event="chunk", sequence=1, data=data)) == kind

@@ -1,4 +1,4 @@
-"""Changes committed on a shared PostgreSQL store are pushed to followers on every host (issue 21 item 2):
+"""Changes committed on a shared PostgreSQL store are pushed to followers on every host:
 chunks and results stored by one Store wake the signal another host's listener holds, at commit."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from aip_crewai.host.notify import RemoteChanges, listen, payload
-from aip_crewai.host.store import Store
+from aip_crewai.host.store.notify import RemoteChanges, listen, payload
+from aip_crewai.host.store.store import Store
 
 T0 = 1_790_000_000_000
 

@@ -1,4 +1,4 @@
-"""The generated OpenAPI 3.1 document (issue 19 item 5): every route documented, every
+"""The generated OpenAPI 3.1 document: every route documented, every
 schema from the msgspec types, served at /openapi.json unless ``[host] openapi = false``.
 The property test against the real host is tests/integration/test_openapi_property.py."""
 
@@ -9,7 +9,7 @@ import dataclasses
 import msgspec
 
 from aip_crewai.contracts.aip import ApprovalDecision, Envelope
-from aip_crewai.host import openapi
+from aip_crewai.host.http import openapi
 from hostkit import running
 
 

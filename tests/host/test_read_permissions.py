@@ -10,6 +10,7 @@ import json
 import pytest
 
 from aip_crewai.host.config import load_settings
+from aip_crewai.host.http.state import host_state
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, base_document, bearer, running
 
@@ -41,7 +42,7 @@ async def world(host_files, make_app):
         decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=token_of("acme-approver2"),
                                   json={"decision": "approved", "reason": "ok"})
         assert decided.status_code == 200
-        service = app.state.actions
+        service = host_state(app).actions
         await service.wait(await service.store.get_action("acme", "perm_run"), 10)
         yield http, approval_id
 

@@ -8,8 +8,9 @@ import dataclasses
 import httpx
 import pytest
 
-from aip_crewai.host.admission import load_descriptors
-from aip_crewai.host.readiness import evaluate_health
+from aip_crewai.host.crews.descriptors import load_descriptors
+from aip_crewai.host.sidecars.readiness import evaluate_health
+from aip_crewai.host.http.state import host_setup, host_state
 
 from hostkit import running
 
@@ -62,15 +63,15 @@ async def test_ready_flips_with_the_sidecar_on_demand(make_app, sidecar):
 async def test_background_poll_notices_a_regression(make_app, settings, sidecar):
     app = make_app(dataclasses.replace(settings, readiness_interval_s=0.01))
     async with running(app) as client:
-        await poll(lambda: app.state.readiness.ready)
+        await poll(lambda: host_state(app).readiness.ready)
         assert (await client.get("/ready")).status_code == 200
         sidecar.health["crews"] = ["alpha"]
-        await poll(lambda: not app.state.readiness.ready)
+        await poll(lambda: not host_state(app).readiness.ready)
         response = await client.get("/ready")
         assert response.status_code == 503 and response.json() == {"status": "unready",
                                                                     "reason": "sidecar lacks configured crews"}
         assert "beta" not in response.text and "gamma" not in response.text  # anonymous: no tenant data
-        assert app.state.metrics.ready.value() == 0
+        assert host_setup(app).metrics.ready.value() == 0
 
 
 @pytest.mark.parametrize(
@@ -100,16 +101,16 @@ async def test_readiness_metrics(make_app):
     app = make_app()
     async with running(app) as client:
         await client.get("/ready")
-        await poll(lambda: app.state.metrics.ready.value() == 1)
-        assert app.state.metrics.readiness_checks.value(result="ready") >= 1
+        await poll(lambda: host_setup(app).metrics.ready.value() == 1)
+        assert host_setup(app).metrics.readiness_checks.value(result="ready") >= 1
 
 
 async def test_concurrent_refreshes_share_one_request(make_app, sidecar):
     app = make_app()
     async with running(app):
-        await poll(lambda: app.state.readiness.state.checked_at is not None)
+        await poll(lambda: host_state(app).readiness.state.checked_at is not None)
         before = len(sidecar.requests)
-        await asyncio.gather(*[app.state.readiness.refresh() for _ in range(10)])
+        await asyncio.gather(*[host_state(app).readiness.refresh() for _ in range(10)])
         assert len(sidecar.requests) - before == 1
 
 
@@ -127,7 +128,7 @@ async def test_each_sidecar_has_its_own_ready_gauge_and_the_host_gauge_is_the_gr
     """Issue 21 item 3: with several sidecars, ``sidecar_ready{sidecar=...}`` per sidecar, and
     ``ready`` 1 while any sidecar is (no sidecar's check overwrites another's)."""
     from aip_crewai.host.metrics import Metrics
-    from aip_crewai.host.readiness import Readiness, ReadinessGroup
+    from aip_crewai.host.sidecars.readiness import Readiness, ReadinessGroup
 
     up = {"one": True, "two": True}
 
@@ -159,10 +160,10 @@ async def test_the_host_is_unready_while_its_store_is_unavailable(make_app):
     """A store method that found the database unreachable makes /ready 503 until one succeeds again."""
     app = make_app()
     async with running(app) as client:
-        await poll(lambda: app.state.readiness.ready)
-        app.state.store.unavailable = True
+        await poll(lambda: host_state(app).readiness.ready)
+        host_state(app).store.unavailable = True
         answer = await client.get("/ready")
         assert answer.status_code == 503 and answer.json() == {"status": "unready",
                                                                "reason": "the host store is unavailable"}
-        await app.state.store.get_action("acme", "act-none")  # a method that succeeds clears it
+        await host_state(app).store.get_action("acme", "act-none")  # a method that succeeds clears it
         assert (await client.get("/ready")).status_code == 200

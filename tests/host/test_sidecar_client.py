@@ -15,10 +15,10 @@ from aip_crewai.contracts.errors import (
     ConnectorRemoteTemporary,
     ConnectorTransport,
 )
-from aip_crewai.host.normalize import StreamNormalizer
-from aip_crewai.host.actions import retry_delay_s
-from aip_crewai.host.readiness import published_keepalive_s
-from aip_crewai.host.sidecar_client import (
+from aip_crewai.host.actions.normalize import StreamNormalizer
+from aip_crewai.host.actions.dispatch_task import retry_delay_s
+from aip_crewai.host.sidecars.readiness import published_keepalive_s
+from aip_crewai.host.sidecars.client import (
     DispatchProgress,
     SidecarClient,
     not_admitted,
@@ -127,7 +127,7 @@ async def test_stream_without_terminal_is_invalid():
                              crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
 
 
-# --- issue 17: which refusals are provably before admission; silence bounds --------------------------------
+# --- which refusals are provably before admission (ARCHITECTURE.md §9); silence bounds (§8) --------------------------------
 
 KQ = ops.get("knowledge_query")
 

@@ -1,11 +1,11 @@
-"""Crews sharded over several sidecars (issue 21 item 3): ``[[sidecars]]`` with the crews each serves;
+"""Crews sharded over several sidecars: ``[[sidecars]]`` with the crews each serves;
 one ``[sidecar]`` stays valid and serves every crew."""
 
 from __future__ import annotations
 
 import pytest
 
-from aip_crewai.host.config import ConfigError, load_settings
+from aip_crewai.host.config import HostConfigError, load_settings
 
 from hostkit import CREWS, HostFiles, base_document
 
@@ -28,8 +28,8 @@ def load(files: HostFiles, doc: dict):
     return load_settings(files.config, environ={})
 
 
-def error(files: HostFiles, doc: dict) -> ConfigError:
-    with pytest.raises(ConfigError) as info:
+def error(files: HostFiles, doc: dict) -> HostConfigError:
+    with pytest.raises(HostConfigError) as info:
         load(files, doc)
     return info.value
 

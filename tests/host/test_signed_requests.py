@@ -1,4 +1,4 @@
-"""Signed requests (RFC 9421, issue 19 item 1): a principal holding only an Ed25519
+"""Signed requests (RFC 9421): a principal holding only an Ed25519
 key lists, shows and decides approvals and reads what its role allows; replays,
 tampering and mismatched credentials are 401; a signed decision keeps its proof."""
 
@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from aip_crewai.client import RequestSigner
+from aip_crewai.host.http.state import host_state
 from fake_sidecar import FakeSidecar
 from hostkit import NOW, SIDECAR_TOKEN, bearer, private_key, running, submit_action
 
@@ -44,7 +45,7 @@ async def test_a_key_only_approver_lists_shows_decides_and_reads_the_action(worl
     evidence = decided.json()["evidence"]
     assert [(e["kind"], e["uri"]) for e in evidence] == [
         ("http_message_signature", f"/aip/v1/approvals/{approval_id}/proof")]
-    service = app.state.actions
+    service = host_state(app).actions
     await service.wait(await service.store.get_action("acme", "sig_run"), 10)
     action = await http.get("/aip/v1/actions/sig_run", auth=auth)  # it decided the approval: full read
     assert action.status_code == 200 and action.json()["result_status"] == "completed"
@@ -176,7 +177,7 @@ def target_uri_signed(request: httpx.Request, principal: str) -> httpx.Request:
 
     from http_message_signatures import HTTPMessageSigner, algorithms
 
-    from aip_crewai.httpsig import _Keys, _Message
+    from aip_crewai.plumbing.httpsig import _Keys, _Message
 
     headers: dict[str, str] = {}
     signer = HTTPMessageSigner(signature_algorithm=algorithms.ED25519, key_resolver=_Keys(private=private_key(principal)))

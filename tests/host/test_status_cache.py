@@ -1,4 +1,4 @@
-"""Key-less ``:status`` of a final run answered from the host's cache of final job views (issue 22 item 3).
+"""Key-less ``:status`` of a final run answered from the host's cache of final job views.
 
 Through the real code paths: :class:`ActionService` over a store on disk and the scripted
 sidecar (each test counts the job-view reads that reach it), and the app over HTTP in-process.
@@ -12,8 +12,9 @@ import pytest
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action
 from aip_crewai.contracts.errors import ActionNotFound
-from aip_crewai.host.auth import Principal
+from aip_crewai.host.auth.principals import Principal
 from aip_crewai.host.metrics import Metrics
+from aip_crewai.host.http.state import host_state
 
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, action_env, bearer, open_action_service, running
@@ -267,4 +268,4 @@ async def test_status_over_http_answers_the_same_bytes_cached_or_not(make_app, s
         metrics = (await http.get("/metrics", headers=bearer("acme-operator"))).text
         if entries is None:
             assert 'aip_host_status_cache_total{result="hit"} 2' in metrics
-        assert app.state.actions.status_views.enabled is (entries is None)
+        assert host_state(app).actions.status_views.enabled is (entries is None)

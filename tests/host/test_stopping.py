@@ -1,4 +1,4 @@
-"""host.stopping: streams end and blocking waits answer once the host is stopping (issue 17 item 4)."""
+"""host.stopping: streams end and blocking waits answer once the host is stopping."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aip_crewai.host.stopping import SHUTDOWN_COMMENT, unless_stopping, until_stopping
+from aip_crewai.host.http.stopping import SHUTDOWN_COMMENT, unless_stopping, until_stopping
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aip_crewai.host.store import (
+from aip_crewai.host.store.store import (
     MIGRATIONS,
     InsecureStorePath,
     InvalidCursor,
@@ -39,7 +39,7 @@ def db_path(tmp_path: Path) -> Path:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def location(request: pytest.FixtureRequest, db_path: Path) -> Path | str:
-    """Where the store lives: a SQLite file, or a fresh database on a real PostgreSQL server (issue 21;
+    """Where the store lives: a SQLite file, or a fresh database on a real PostgreSQL server (
     skipped with one line without PostgreSQL). Tests about the SQLite file itself use ``db_path``."""
     if request.param == "sqlite":
         return db_path
@@ -107,7 +107,7 @@ async def test_postgresql_applies_every_migration_once_and_refuses_a_newer_or_fo
     """Issue 21 item 1: the SQLite migrations, written once, applied in PostgreSQL's dialect."""
     import psycopg
 
-    from aip_crewai.host.store_schema import PG_MIGRATIONS
+    from aip_crewai.host.store.migrations import PG_MIGRATIONS
 
     for _ in range(2):
         await (await Store.open(postgres_url)).close()
@@ -203,7 +203,7 @@ async def test_fifty_concurrent_admissions_under_one_key_create_exactly_one_acti
 
 
 async def test_concurrent_admissions_across_two_connections(store: Store, location: Path | str):
-    """Two connections stand for two hosts on one database (issue 21 item 2: the key fence across replicas)."""
+    """Two connections stand for two hosts on one database (the key fence across replicas)."""
     second = await Store.open(location, clock=lambda: T0 / 1000)
     try:
         results = await asyncio.gather(*[
@@ -266,7 +266,7 @@ async def test_create_action_once_and_return_the_existing(store: Store):
 
 
 async def test_create_action_can_insert_an_action_already_finished(store: Store):
-    """A key-less read answered inline: admit and its result in one insert (issue 22 item 3)."""
+    """A key-less read answered inline: admit and its result in one insert."""
     created, record = await store.create_action("acme", "st_1", "cap", "alpha", "status", "{}", "h", "p", None,
                                                 "running", dispatch="acknowledged", durable=False,
                                                 result=("completed", '{"status":"completed"}'))
@@ -533,7 +533,7 @@ async def test_expired_approvals_cannot_be_decided_and_are_swept(store: Store):
 
 def test_a_damaged_store_file_is_refused_before_anything_is_written(tmp_path: Path):
     """The shared integrity check (storage.integrity_problems) refuses a damaged file, read-only."""
-    from aip_crewai.host.store import UnusableStore, check_store_file
+    from aip_crewai.host.store.store import UnusableStore, check_store_file
 
     path = tmp_path / "host.db"
     with sqlite3.connect(path) as conn:
@@ -561,9 +561,9 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
 
     from aip_crewai.contracts.aip import ActionResult
     from aip_crewai.contracts.errors import ConnectorCancelledUnconfirmed, ConnectorDispatchDeadline
-    from aip_crewai.host.lifecycle import PROVISIONAL_CODES, PROVISIONAL_MARKERS
-    from aip_crewai.host.normalize import failed_result
-    from aip_crewai.host.writer import ActionWriter
+    from aip_crewai.host.actions.lifecycle import PROVISIONAL_CODES, PROVISIONAL_MARKERS
+    from aip_crewai.host.actions.normalize import failed_result
+    from aip_crewai.host.actions.writer import ActionWriter
 
     writer = ActionWriter(store)
     unconfirmed = ConnectorCancelledUnconfirmed(operation="run", uncertain_outcome=True, dispatch="acknowledged")
@@ -590,7 +590,7 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
     assert await store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS) == []
 
 
-# --- dispatch leases (issue 21 item 2) -------------------------------------------------------
+# --- dispatch leases -------------------------------------------------------
 
 
 async def test_a_lease_belongs_to_one_host_until_it_expires_and_is_then_taken_over(location: Path | str):
@@ -641,7 +641,7 @@ async def test_the_deciding_host_holds_the_lease_of_the_action_it_starts(locatio
 async def test_migration_4_keeps_older_approvals_and_logs_every_later_change(db_path: Path):
     """A store written before migration 4 (decision proofs, the approval event log): its approvals read
     back without a proof, and every later creation or status change is logged per tenant, in order."""
-    from aip_crewai.host.store_schema import MIGRATIONS as ALL
+    from aip_crewai.host.store.migrations import MIGRATIONS as ALL
 
     with sqlite3.connect(db_path) as conn:
         for number, script in enumerate(ALL[:3], start=1):

@@ -1,4 +1,4 @@
-"""The PostgreSQL host store's connection pool (issue 21 item 1): one pooled connection per store
+"""The PostgreSQL host store's connection pool: one pooled connection per store
 method, reads not queued behind a write waiting for the writer lock, fences held across the pool's
 threads and across two stores (two hosts), a connection the server dropped replaced.
 
@@ -14,8 +14,8 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from aip_crewai.host.store import Store
-from aip_crewai.host.store_db import WRITER_LOCK
+from aip_crewai.host.store.store import Store
+from aip_crewai.host.store.postgres import WRITER_LOCK
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,8 +108,8 @@ async def test_an_outage_is_a_typed_retryable_error_and_the_store_recovers(postg
     """The database refuses every connection (as while it is down): a store method fails with
     StoreUnavailable (503, retryable) once no pooled connection comes within the pool timeout, never a
     driver error; once the database is back, store methods succeed again."""
-    from aip_crewai.host import store_schema
-    from aip_crewai.host.store import StoreUnavailable
+    from aip_crewai.host.store import postgres as store_schema
+    from aip_crewai.host.store.store import StoreUnavailable
 
     monkeypatch.setattr(store_schema, "PG_POOL_TIMEOUT_S", 1.0)
     database = postgres_url.rsplit("/", 1)[1].split("?")[0]

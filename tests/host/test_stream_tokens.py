@@ -1,4 +1,4 @@
-"""Stream tokens (issue 19 item 4): minted by an authenticated request, bound to one
+"""Stream tokens: minted by an authenticated request, bound to one
 principal, tenant and stream, valid for minutes, accepted as ``?stream_token=`` by
 EventSource-style clients, and never logged."""
 
@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from aip_crewai.contracts.errors import Unauthenticated
-from aip_crewai.host import stream_tokens
-from aip_crewai.host.stream_tokens import APPROVALS_SCOPE, action_scope, check, mint
+from aip_crewai.host.auth import stream_tokens
+from aip_crewai.host.auth.stream_tokens import APPROVALS_SCOPE, action_scope, check, mint
+from aip_crewai.host.http.state import host_state
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running, submit_action
 from ssekit import open_stream
@@ -29,7 +30,7 @@ async def world(make_app):
         approval_id = (await submit_action(http, "tok_run"))["approval_id"]
         await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
                         json={"decision": "approved", "reason": "ok"})
-        service = app.state.actions
+        service = host_state(app).actions
         await service.wait(await service.store.get_action("acme", "tok_run"), 10)
         yield app, http
 
@@ -94,7 +95,7 @@ async def test_minting_checks_the_same_access_as_reading_the_events(world):
 async def test_another_host_process_or_a_restart_does_not_accept_it(world, make_app):
     app, http = world
     token = (await minted(http, "/aip/v1/actions/tok_run/stream-token"))["stream_token"]
-    app.state.stream_token_key = stream_tokens.new_key()  # what a restart does
+    app.state.host = dataclasses.replace(host_state(app), stream_token_key=stream_tokens.new_key())  # what a restart does
     refused = await http.get(f"/aip/v1/actions/tok_run/events?stream_token={token}")
     assert refused.status_code == 401 and "another host process" in refused.text
 

@@ -1,4 +1,4 @@
-"""The host's cache of final job views (issue 22 item 3): what is final, both bounds, LRU order, disabled at 0.
+"""The host's cache of final job views: what is final, both bounds, LRU order, disabled at 0.
 
 The property test runs under the suite's Hypothesis profile (``ci``: derandomized, tests/conftest.py).
 """
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aip_crewai.host.view_cache import DEFAULT_ENTRIES, DEFAULT_MAX_BYTES, ViewCache, is_final_view
+from aip_crewai.host.sidecars.view_cache import DEFAULT_ENTRIES, DEFAULT_MAX_BYTES, ViewCache, is_final_view
 
 TIMEOUT_ERROR = {"status": "failed", "error_type": "ExecutionTimeout", "message": "too long", "uncertain_outcome": True}
 

@@ -21,7 +21,7 @@ def test_demo_flow(tmp_path):
                      "match: Refund policy", "host stopped (exit status 0)", "sidecar stopped (exit status 0)"]:
         assert expected in out, expected
     assert "Traceback" not in out
-    # readable: wrapped lines, one block per speaker, the knowledge excerpt ends at a sentence (issue 20 item 8)
+    # readable: wrapped lines, one block per speaker, the knowledge excerpt ends at a sentence
     assert max(len(line) for line in out.splitlines() if str(tmp_path) not in line) <= 100, out
     for header in ["   [task]", "   [Support triage analyst]", "   [Resolution writer]"]:
         assert header in out.splitlines(), header

@@ -1,4 +1,4 @@
-"""The real host on a real PostgreSQL store (issue 21 items 1 and 4): the governed flow end to end, the
+"""The real host on a real PostgreSQL store: the governed flow end to end, the
 store's rows in PostgreSQL, a restart on the same database, and a second host refused while the first owns it
 (each host id is held by one process, also after a database restart dropped its lock). Skipped with one
 line without PostgreSQL."""
@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from aip_crewai.host.store_schema import PG_HOST_ID_LOCK_CLASS, PostgresHostLock, StoreLocked
+from aip_crewai.host.store.postgres import PG_HOST_ID_LOCK_CLASS, PostgresHostLock
+from aip_crewai.host.store.records import StoreLocked
 
 from aip_crewai.client import new_id
 from host_process import start_host, write_config, free_port

@@ -1,4 +1,4 @@
-"""Host shutdown with open tenant streams and blocking calls (issue 17 item 4), real processes.
+"""Host shutdown with open tenant streams and blocking calls, real processes.
 
 On Python 3.12.1 and later hypercorn waits for open connections, so before
 this fix a host with one open SSE stream was still alive 60 s after SIGTERM.
@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from aip_crewai.client import new_id
-from aip_crewai.host.stopping import SHUTDOWN_COMMENT
+from aip_crewai.host.http.stopping import SHUTDOWN_COMMENT
 from host_process import TOKENS, start_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.host_processes]
@@ -81,7 +81,7 @@ def test_sigterm_ends_open_streams_and_the_host_exits_in_its_grace(stack):
     assert bytes(received).endswith(SHUTDOWN_COMMENT) and b"event: result" not in received
     log = host.log.read_text()
     assert "Traceback" not in log and "CancelledError" not in log
-    for line in log.splitlines():  # hypercorn's own lines too are JSON events (issue 20 item 8)
+    for line in log.splitlines():  # hypercorn's own lines too are JSON events
         assert json.loads(line)["event"], line
     # the tenant resumes on a new host from the last position it saw
     last_id = bytes(received).rsplit(b"id: ", 1)[1].split(b"\n", 1)[0].decode()

@@ -1,4 +1,4 @@
-"""Several hosts on one PostgreSQL store (issue 21 items 2 and 4): every fence holds across replicas.
+"""Several hosts on one PostgreSQL store: every fence holds across replicas.
 
 Two host processes (``host-a``, ``host-b``, 2-second dispatch leases) share a real PostgreSQL database and two
 sidecars (``one`` serves echo and the knowledge crews, ``two`` serves slow and chatty). Concurrent duplicates

@@ -1,4 +1,4 @@
-"""The generated OpenAPI document against the real host (issue 19 item 5): requests
+"""The generated OpenAPI document against the real host: requests
 schemathesis generates from the document, for every operation, get no 5xx and no
 answer outside the document (status, content type, schema).
 
@@ -23,7 +23,7 @@ from schemathesis.checks import (  # type: ignore[attr-defined]  # noqa: E402
     status_code_conformance,
 )
 
-from aip_crewai.host import openapi  # noqa: E402
+from aip_crewai.host.http import openapi
 from host_process import TOKENS, start_host  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.host_processes]

@@ -1,4 +1,4 @@
-"""Crews sharded over two real sidecars (issue 21 item 3): each crew's actions go to its own sidecar, a
+"""Crews sharded over two real sidecars: each crew's actions go to its own sidecar, a
 crew on a stopped sidecar is unavailable on its own (503 before any approval) while the other crew keeps
 working, and the host stays ready while one sidecar is."""
 

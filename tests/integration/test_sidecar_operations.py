@@ -1,4 +1,4 @@
-"""replay, train, test, knowledge_query and memory_reset through the real sidecar's HTTP API (issue 4)."""
+"""replay, train, test, knowledge_query and memory_reset through the real sidecar's HTTP API."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The README's approver, configured with only an Ed25519 public key, approves with the
-CLI against the real host process (issue 19 item 1)."""
+CLI against the real host process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Two tenants routed to one crew share no crew state (issue 15: items 1, 2, 3).
+"""Two tenants routed to one crew share no crew state.
 
 Through the real sidecar (job ids ``<tenant>:<action id>``, as the host sends
 them) and, for memory and replay, through the real host with tenants acme

@@ -138,7 +138,7 @@ def hostile(r: Runner) -> None:
     from sidecar_fakes import FAKE_CREWS, FakeExecutor, make_settings
     from sidecar_fakes import TOKEN as FAKE_TOKEN
 
-    from aip_crewai.sidecar.app import create_app
+    from aip_crewai.sidecar.http.app import create_app
 
     host = AppThread(inproc_app(r.dir("fuzz-host"), streamkit.StreamingTransport(FakeSidecar(SIDECAR_TOKEN))))
     root = r.dir("fuzz-sidecar")
@@ -293,7 +293,7 @@ def table(runner: Runner) -> str:
 
 
 def main() -> int:
-    from aip_crewai.log import configure_logging
+    from aip_crewai.plumbing.log import configure_logging
 
     scale = max(1, int(os.environ.get("AIP_CREWAI_CHAOS_SCALE", "1") or "1"))
     seed = int(os.environ.get("AIP_CREWAI_CHAOS_SEED", str(random.randrange(1 << 30))))

@@ -414,7 +414,7 @@ def inproc_app(root: Path, transport: httpx.AsyncBaseTransport | None, clock: Ca
 
     import hostkit
 
-    from aip_crewai.host.app import create_app
+    from aip_crewai.host.http.app import create_app
     from aip_crewai.host.config import load_settings
 
     config = host_files(root, max_response_bytes=max_response_bytes, sidecar_url=sidecar_url)

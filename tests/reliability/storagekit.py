@@ -95,8 +95,8 @@ async def sidecar_app(root: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Fail
     """``(client, failing connection, fake executor, app)``: the sidecar in-process on a journal in ``root``."""
     from sidecar_fakes import FAKE_CREWS, TOKEN, FakeExecutor, make_settings
 
-    from aip_crewai.sidecar.app import create_app
-    from aip_crewai.sidecar.journal import Journal
+    from aip_crewai.sidecar.http.app import create_app
+    from aip_crewai.sidecar.journal.store import Journal
 
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     settings = make_settings(root)
@@ -132,7 +132,7 @@ async def admission_write_failure(root: Path) -> list[Result]:
         failing.fail = None
         health = (await client.get("/health")).json()
         _check(results, "nothing executed", fake.calls == [], fake.calls)
-        # the failed writes are recent: degraded (issue 17 item 7) until an admission is written again
+        # the failed writes are recent: degraded until an admission is written again
         _check(results, "nothing counted", health["retained_runs"] == before and health["status"] == "degraded", health)
         answer = await client.post("/jobs", json=_job(uid("after")), headers={"Idempotency-Key": "k"})
         _check(results, "admissions work once the disk does", answer.status_code == 200, answer.text)
@@ -315,8 +315,8 @@ def journal_refusals(workdir: Path) -> list[Result]:
 
 
 async def _fill(path: Path, jobs: int) -> None:
-    from aip_crewai.sidecar.jobs import EventRow, JobStatus, NewJob
-    from aip_crewai.sidecar.journal import Journal
+    from aip_crewai.sidecar.jobs.model import EventRow, JobStatus, NewJob
+    from aip_crewai.sidecar.journal.store import Journal
 
     journal = await Journal.open(path)
     try:
@@ -341,7 +341,7 @@ def _foreign_sqlite(path: Path, version: int = 0) -> None:
 
 
 def _newer(path: Path, make: Callable[[Path], bytes]) -> None:
-    from aip_crewai.sidecar.journal import SCHEMA_VERSION
+    from aip_crewai.sidecar.journal.store import SCHEMA_VERSION
 
     make(path)
     with sqlite3.connect(path) as db:

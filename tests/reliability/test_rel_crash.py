@@ -13,8 +13,8 @@ import pytest
 import chaoslib
 import storebackend
 from aip_crewai.contracts.hashing import canonical_json
-from aip_crewai.host.actions import fence_hash
-from aip_crewai.host.store import Store
+from aip_crewai.host.actions.idempotency import fence_hash
+from aip_crewai.host.store.store import Store
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running
 from relkit import inproc_app
@@ -111,7 +111,8 @@ async def test_rel_restarted_host_fails_an_action_the_sidecar_never_admitted(tmp
 async def _seed_approved_unsent(root: Path, action_id: str, *, age_s: float) -> None:
     """A store left by a host killed after an approval started its action (one commit: approved, running,
     dispatch `sent`) but before the sidecar admitted the start request; everything happened ``age_s`` ago."""
-    from aip_crewai.host.actions import APPROVAL_TTL_MS, approval_admits, policy_hash
+    from aip_crewai.host.actions.service import APPROVAL_TTL_MS
+    from aip_crewai.host.actions.lifecycle import approval_admits, policy_hash
 
     store = await Store.open(root / "state" / "host.db", clock=lambda: time.time() - age_s)
     try:
@@ -150,7 +151,7 @@ async def test_rel_an_approved_action_the_sidecar_never_admitted_runs_once_after
 async def test_rel_a_restarted_host_retries_actions_while_the_sidecar_was_unreachable(tmp_path, monkeypatch):
     """Found by a break-it session: the restart reconciliation ran once; an approved action found while the
     sidecar was unreachable stayed unsent until some client read it. Now it is retried periodically."""
-    from aip_crewai.host import recovery
+    from aip_crewai.host.actions import recovery
 
     monkeypatch.setattr(recovery, "RECONCILE_S", 0.05)
     fake = FakeSidecar(SIDECAR_TOKEN)
@@ -199,7 +200,8 @@ async def test_rel_restarted_host_keeps_a_running_action_while_the_sidecar_is_un
 async def _seed_pending(root: Path, action_id: str, *, decision: str | None, with_approval: bool = True) -> str:
     """A store left by a host killed inside the approval flow: a pending ``run`` of crew beta whose approval
     was decided but not applied (``decision``), or whose approval row was never written."""
-    from aip_crewai.host.actions import APPROVAL_TTL_MS, policy_hash
+    from aip_crewai.host.actions.service import APPROVAL_TTL_MS
+    from aip_crewai.host.actions.lifecycle import policy_hash
 
     store = await Store.open(root / "state" / "host.db")
     try:
@@ -278,7 +280,7 @@ def test_rel_a_frozen_sidecar_cannot_hang_status_reads_or_cancels(tmp_path, monk
     cancelled_unconfirmed, both in time."""
     import streamkit
     from aip_crewai.contracts.operations import OPERATION_NAMES
-    from aip_crewai.host import sidecar_client
+    from aip_crewai.host.sidecars import client as sidecar_client
     from relkit import AppThread
 
     monkeypatch.setattr(sidecar_client, "JSON_READ_TIMEOUT_S", 0.5)

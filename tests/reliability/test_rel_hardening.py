@@ -1,4 +1,4 @@
-"""Security hardening (issue 16): each finding of the independent review, replayed against the real
+"""Security hardening: each finding of the independent review, replayed against the real
 host and sidecar on loopback. The README's "Security" section lists each bound tested here.
 
 Error bodies are read through :func:`error_code` only, so a change of the error envelope's layout
@@ -157,7 +157,7 @@ def test_rel_made_up_methods_and_paths_never_become_metric_labels(stack):
 def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
     """Regression (item 5): the decision route read an unbounded body (96 MiB: +181 MB). Each route now has a
     bound (messages 2 MiB, decisions 32 KiB, others 16 KiB); a declared or chunked body past it is 413."""
-    from aip_crewai.host.limits import MAX_DECISION_BYTES, MAX_MESSAGE_BYTES
+    from aip_crewai.host.http.limits import MAX_DECISION_BYTES, MAX_MESSAGE_BYTES
 
     _, _, host = stack
     with host.client("acme-app") as app:
@@ -255,7 +255,7 @@ def test_rel_fifo_token_key_and_config_files_refuse_start_up_instead_of_hanging(
     refused([*sidecar_command("--registry", REGISTRY), "--journal", str(d / "journal.db"), "--token-file",
              str(fifo(d / "token")), "--port", "0", "--allowed-operations", ALLOWED],
             "--token-file", child_env(d / "calls.log"))
-    from aip_crewai.keys import SecretFileError, load_ed25519
+    from aip_crewai.plumbing.keys import SecretFileError, load_ed25519
 
     with pytest.raises(SecretFileError, match="not a regular file"):  # the CLI's signing key
         load_ed25519(fifo(d / "signing.key"))
@@ -292,7 +292,7 @@ def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(procs):
     def logged() -> bool:
         host_lines = [line for line in host.output().splitlines() if b"request_finished" in line
                       and b"/aip/v1/messages" in line]
-        side_lines = [line for line in sidecar.stderr_path.read_bytes().splitlines() if b"http_request" in line
+        side_lines = [line for line in sidecar.stderr_path.read_bytes().splitlines() if b"request_finished" in line
                       and b'"/jobs"' in line]
         return len(host_lines) >= 10 and len(side_lines) >= 5
 
@@ -432,7 +432,7 @@ def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(stack):
     """Regression (item 3): 20 stalled anonymous connections held 42 MB indefinitely. A request head must
     arrive within 5 s (the connection is closed), and a body may not pause for more than 10 s (408, closed),
     on the host and the sidecar alike."""
-    from aip_crewai.serving import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
+    from aip_crewai.plumbing.serving import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
 
     _, sidecar, host = stack
     partial_head = b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Le"

@@ -43,7 +43,7 @@ def sidecar_app(tmp_path_factory):
     from sidecar_fakes import FAKE_CREWS, FakeExecutor, make_settings
     from sidecar_fakes import TOKEN as FAKE_TOKEN
 
-    from aip_crewai.sidecar.app import create_app
+    from aip_crewai.sidecar.http.app import create_app
 
     root = tmp_path_factory.mktemp("hostile-sidecar")
     root.chmod(0o700)

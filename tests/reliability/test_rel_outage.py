@@ -1,4 +1,4 @@
-"""Sidecar outages around approvals, through real processes (issue 17 items 1-3; ``make chaos`` category
+"""Sidecar outages around approvals, through real processes (``make chaos`` category
 ``outage`` runs every ``test_rel_*`` scenario here): the sidecar down, draining, frozen (SIGSTOP) and
 killed and restarted while approved actions wait or run.
 
@@ -8,7 +8,7 @@ What each scenario holds to (ARCHITECTURE.md §9 "Dispatch" and "Final results")
   runs, once, when the sidecar is back (or fails past its dispatch deadline with
   ``connector.crewai.dispatch_deadline``, ``uncertain_outcome: false``);
 - zero actions left non-final after reconciliation: every action ends with a final result
-  (:func:`aip_crewai.host.lifecycle.result_is_final`).
+  (:func:`aip_crewai.host.actions.lifecycle.result_is_final`).
 
 Polling with deadlines only (``relkit.until``); never a sleep that waits for a result.
 """
@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 import storebackend
-from aip_crewai.host.lifecycle import result_is_final
+from aip_crewai.host.actions.lifecycle import result_is_final
 from chaoslib import uid
 from host_process import free_port
 from relkit import Host, Processes, TERMINAL, action_status, approve, post_action, sidecar_events, until, wait_action

@@ -96,11 +96,11 @@ async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome
     """Regression: when the sidecar answered a cancel with an already completed job and no stream delivered
     the result, the host recorded `cancelled`; it now records the job's own terminal result."""
     from aip_crewai.contracts import operations as ops
-    from aip_crewai.host import cancellation
-    from aip_crewai.host.actions import ActionService
-    from aip_crewai.host.dispatch import Dispatcher, Job
-    from aip_crewai.host.sidecar_client import SidecarClient
-    from aip_crewai.host.store import Store
+    from aip_crewai.host.actions import cancellation
+    from aip_crewai.host.actions.service import ActionService
+    from aip_crewai.host.actions.dispatch import Dispatcher, Job
+    from aip_crewai.host.sidecars.client import SidecarClient
+    from aip_crewai.host.store.store import Store
     from fake_sidecar import FakeSidecar
 
     tmp_path.chmod(0o700)

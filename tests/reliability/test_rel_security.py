@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import securitykit
-from aip_crewai.host.config import ConfigError, check_sidecar_url
-from aip_crewai.host.sidecar_client import sidecar_job_id
+from aip_crewai.host.config import HostConfigError, check_sidecar_url
+from aip_crewai.host.sidecars.client import sidecar_job_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
@@ -59,7 +59,7 @@ def test_rel_unsafe_files_and_urls_refuse_start_up_with_a_clear_message(tmp_path
     "http://10.0.0.1\\\\@127.0.0.1", "ftp://127.0.0.1", "http://u@127.0.0.1",
 ])
 def test_rel_plain_http_sidecar_urls_off_loopback_are_refused(url):
-    with pytest.raises(ConfigError):
+    with pytest.raises(HostConfigError):
         check_sidecar_url(url)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from aip_crewai.sidecar.context import JobContext
+from aip_crewai.sidecar.jobs.context import JobContext
 from aip_crewai.sidecar.crewai_env import import_crewai, prepare_crewai_environment
 
 

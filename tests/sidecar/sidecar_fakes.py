@@ -24,9 +24,9 @@ from typing import Any
 
 import httpx
 
-from aip_crewai.sidecar.app import create_app
+from aip_crewai.sidecar.http.app import create_app
 from aip_crewai.sidecar.config import Settings
-from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.context import JobCancelled, JobContext, SafeJobError
 
 SECRET = "sk-live-DO-NOT-LEAK-1234"
 TOKEN = "test-token-0123456789"

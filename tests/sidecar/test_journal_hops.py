@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from aip_crewai.sidecar import fence
-from aip_crewai.sidecar import journal_files
+from aip_crewai.sidecar.journal import lock
+from aip_crewai.sidecar.journal import files as journal_files
 from aip_crewai.sidecar.errors import JournalForeign, JournalFull
-from aip_crewai.sidecar.jobs import EventRow, JobStatus, NewJob, TaskRunRef
-from aip_crewai.sidecar.journal import Journal
+from aip_crewai.sidecar.jobs.model import EventRow, JobStatus, NewJob, TaskRunRef
+from aip_crewai.sidecar.journal.store import Journal
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,7 +45,7 @@ async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
 
 def lock_is_free(path) -> bool:
     try:
-        fence.release_lock(fence.acquire_lock(path))
+        lock.release_lock(lock.acquire_lock(path))
     except Exception:
         return False
     return True
@@ -211,7 +211,7 @@ async def test_a_cancelled_open_closes_its_connection_then_releases_the_lock(tmp
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert not lock_is_free(path)  # the worker still holds a connection: the fence stays up
+    assert not lock_is_free(path)  # the worker still holds a connection: the lock stays held
     gate.set()
     await until(lambda: workers() == before and lock_is_free(path))
     await (await Journal.open(path)).close()

@@ -1,4 +1,4 @@
-"""``aip-crewai journal import``: a reference sidecar's JSON journal into a SQLite journal (issue 20 item 10;
+"""``aip-crewai journal import``: a reference sidecar's JSON journal into a SQLite journal (
 README "Migrating from the reference sidecar")."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 
 from aip_crewai import cli
 from aip_crewai.sidecar.errors import JournalForeign
-from aip_crewai.sidecar.journal import RESTARTED_RUNNING, Journal
+from aip_crewai.sidecar.journal.crash_fence import RESTARTED_RUNNING
+from aip_crewai.sidecar.journal.store import Journal
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from aip_crewai.sidecar import operations
-from aip_crewai.sidecar.context import InputRejected, JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.context import InputRejected, JobCancelled, JobContext, SafeJobError
 from aip_crewai.sidecar.registry import CrewSource, load_registry
 
 pytestmark = pytest.mark.timeout(180)

@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from aip_crewai.sidecar import operations
-from aip_crewai.sidecar.context import JobCancelled
+from aip_crewai.sidecar.jobs.context import JobCancelled
 from aip_crewai.sidecar.registry import CrewSource, load_registry
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""Start-up crew preflight, KnowledgeUnavailable at job start, and CrewAI's printed errors (issue 15 item 7)."""
+"""Start-up crew preflight, KnowledgeUnavailable at job start, and CrewAI's printed errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from aip_crewai.sidecar import operations
-from aip_crewai.sidecar.context import SafeJobError
+from aip_crewai.sidecar.jobs.context import SafeJobError
 from aip_crewai.sidecar.crewai_env import MAX_PRINTED_LINE_CHARS, PrintedErrorLog, printed_error_label
 from aip_crewai.sidecar.registry import CrewSource, load_registry
 
@@ -23,7 +23,7 @@ def registry(crewai_state_dir: Path) -> dict[str, CrewSource]:
 
 
 def test_preflight_names_each_unusable_crew_and_only_those(registry) -> None:
-    from aip_crewai.sidecar.operations._preflight import crew_problems
+    from aip_crewai.sidecar.operations.startup.preflight import crew_problems
 
     def explode() -> None:
         raise RuntimeError(f"factory broke with {SECRET}")
@@ -99,7 +99,7 @@ def test_printed_error_label_keeps_plain_words_only(line, label) -> None:
 
 
 def test_preflight_reports_each_buildable_crews_placeholders_and_whether_it_fills_defaults(crewai_state_dir) -> None:
-    from aip_crewai.sidecar.operations._preflight import preflight
+    from aip_crewai.sidecar.operations.startup.preflight import preflight
 
     registry = load_registry("aip_crewai.examples.testing:CREWS")
     found = preflight(registry)
@@ -114,7 +114,7 @@ async def test_a_real_model_without_its_key_is_named_at_start_up_and_fails_jobs_
     """Issue 20 item 6: a crew on gpt-4o-mini without OPENAI_API_KEY is reported, and its jobs fail certainly."""
     from crewai import LLM
 
-    from aip_crewai.sidecar.operations._preflight import preflight
+    from aip_crewai.sidecar.operations.startup.preflight import preflight
     from aip_crewai.examples.testing import build_crew
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

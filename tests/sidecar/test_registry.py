@@ -199,7 +199,7 @@ def test_locate_registry_finds_a_module_without_importing_it_or_its_packages():
 @pytest.mark.parametrize(("spec", "message"), [
     ("no_such_module_xyz:CREWS", "no module 'no_such_module_xyz' on the Python path"),
     ("aip_crewai.no_such_xyz:CREWS", "no module 'aip_crewai.no_such_xyz'"),
-    ("aip_crewai.log.inner:CREWS", "'aip_crewai.log' is a module, not a package"),
+    ("aip_crewai.plumbing.log.inner:CREWS", "'aip_crewai.plumbing.log' is a module, not a package"),
     ("no colon", "must look like"),
 ])
 def test_locate_registry_refuses_what_cannot_be_imported(spec, message):

@@ -238,7 +238,7 @@ async def test_a_failed_admission_write_turns_health_degraded_until_an_admission
 
 
 async def test_a_failed_admission_write_stops_degrading_health_after_its_window(tmp_path, monkeypatch):
-    from aip_crewai.sidecar import runtime as runtime_module
+    from aip_crewai.sidecar.jobs import runtime as runtime_module
 
     async with running_app(tmp_path) as (client, app, _fake):
         journal = app.state.runtime.journal

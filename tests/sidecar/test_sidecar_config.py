@@ -198,7 +198,7 @@ def test_settings_are_immutable(base):
         settings.port = 1  # type: ignore[misc]
 
 
-# --------------------------------------------- the reference sidecar's environment (issue 20 item 9)
+# --------------------------------------------- the reference sidecar's environment
 
 REFERENCE_ENV = {
     "AIP_CREWAI_REGISTRY": "aip_crewai.examples.testing:CREWS",

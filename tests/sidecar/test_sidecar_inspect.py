@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from aip_crewai.sidecar.jobs import NewJob
-from aip_crewai.sidecar.journal import Journal
+from aip_crewai.sidecar.jobs.model import NewJob
+from aip_crewai.sidecar.journal.store import Journal
 
 
 def cli(*args):
@@ -33,7 +33,7 @@ async def test_list_and_inspect_beside_the_owning_process(tmp_path):
         assert path.read_bytes() == before
         missing = cli("inspect", str(path), "nope")
         assert missing.returncode == 1 and "no job" in missing.stderr
-        short = cli("inspect", str(path), "a1", "--json")  # without the tenant prefix (issue 20 item 2)
+        short = cli("inspect", str(path), "a1", "--json")  # without the tenant prefix
         assert short.returncode == 0 and json.loads(short.stdout)["action_id"] == "acme:a1"
         await journal.admit(NewJob("beta:a1", "echo", "run", "h" * 64, "k1", None), max_retained_runs=10,
                             max_bytes=1 << 30)

@@ -9,7 +9,7 @@ import sqlite3
 import msgspec
 import pytest
 
-from aip_crewai.sidecar import journal_files
+from aip_crewai.sidecar.journal import files as journal_files
 from aip_crewai.sidecar.errors import (
     JournalFull,
     JournalInsecure,
@@ -17,8 +17,9 @@ from aip_crewai.sidecar.errors import (
     JournalSchemaError,
     JournalWriteFailed,
 )
-from aip_crewai.sidecar.jobs import TRANSITIONS, ArchiveOutcome, EventRow, JobStatus, NewJob, TaskRunRef
-from aip_crewai.sidecar.journal import RESTARTED_QUEUED, RESTARTED_RUNNING, SCHEMA_VERSION, Journal
+from aip_crewai.sidecar.jobs.model import TRANSITIONS, ArchiveOutcome, EventRow, JobStatus, NewJob, TaskRunRef
+from aip_crewai.sidecar.journal.crash_fence import RESTARTED_QUEUED, RESTARTED_RUNNING
+from aip_crewai.sidecar.journal.store import SCHEMA_VERSION, Journal
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,9 +11,9 @@ import pytest
 from sidecar_fakes import FakeExecutor, job, make_settings, poll
 
 from aip_crewai.sidecar.errors import JobNotCancellable, JobWaitTimeout, ShuttingDown
-from aip_crewai.sidecar.jobs import JobStatus
-from aip_crewai.sidecar.journal import Journal
-from aip_crewai.sidecar.runtime import GENERIC_FAILURE, Runtime
+from aip_crewai.sidecar.jobs.model import JobStatus
+from aip_crewai.sidecar.journal.store import Journal
+from aip_crewai.sidecar.jobs.runtime import GENERIC_FAILURE, Runtime
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -273,7 +273,7 @@ async def test_followed_pages_hold_every_event_once_in_order_and_end_at_the_term
     tmp_path, monkeypatch, checkpoint
 ):
     """Pages stitch committed and pending events; no page is empty or crosses the terminal event."""
-    from aip_crewai.sidecar import reader
+    from aip_crewai.sidecar.jobs import reader
 
     monkeypatch.setattr(reader, "FOLLOW_PAGE_EVENTS", 4)
     async with runtime(tmp_path, stream_checkpoint_events=checkpoint) as (rt, _fake):
@@ -287,9 +287,9 @@ async def test_followed_pages_hold_every_event_once_in_order_and_end_at_the_term
 
 
 def test_a_chunk_fits_the_smallest_event_bound_even_with_long_labels():
-    """--max-event-bytes 1024 (the reference's lower bound, issue 20 item 9): long labels are dropped before
+    """--max-event-bytes 1024 (the reference's lower bound): long labels are dropped before
     the content is cut, so the event still fits."""
-    from aip_crewai.sidecar.live import MAX_LABEL_CHARS, chunk_row
+    from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS, chunk_row
 
     row = chunk_row(7, {"content": "c" * 5000, "channel": "llm", "task_id": "\u2028" * MAX_LABEL_CHARS,
                         "agent_role": "r" * MAX_LABEL_CHARS}, 1024)

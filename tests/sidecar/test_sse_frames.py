@@ -1,4 +1,4 @@
-"""The sidecar's direct SSE frame equals the reference encoder's, and pages keep every event once (issue 22)."""
+"""The sidecar's direct SSE frame equals the reference encoder's, and pages keep every event once."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 import pytest
 
-from aip_crewai.sidecar.app import sse_frame, sse_frames
-from aip_crewai.sidecar.jobs import EventRow
+from aip_crewai.sidecar.http.app import sse_frame, sse_frames
+from aip_crewai.sidecar.jobs.model import EventRow
 from aip_crewai.sse import SSEDecoder, encode_event
 
 json_values = st.recursive(

@@ -1,4 +1,4 @@
-"""EXTEND_TIMEOUT_USEC while the sidecar starts (issue 17 item 6), against a real datagram socket."""
+"""EXTEND_TIMEOUT_USEC while the sidecar starts, against a real datagram socket."""
 
 from __future__ import annotations
 

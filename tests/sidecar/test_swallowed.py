@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from aip_crewai.sidecar.context import JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.context import JobContext, SafeJobError
 
 #: CrewAI is imported by the tests, once its environment is prepared (``conftest.crewai_state_dir``).
 pytestmark = pytest.mark.usefixtures("crewai_state_dir")

@@ -1,4 +1,4 @@
-"""Tenants at the sidecar: tenant of a job id, private names, and per-tenant knowledge (issue 15)."""
+"""Tenants at the sidecar: tenant of a job id, private names, and per-tenant knowledge."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from aip_crewai.sidecar.journal import Journal
-from aip_crewai.sidecar.jobs import JobStatus, NewJob, TaskRunRef
+from aip_crewai.sidecar.journal.store import Journal
+from aip_crewai.sidecar.jobs.model import JobStatus, NewJob, TaskRunRef
 from aip_crewai.sidecar.tenancy import crew_dir_name, namespace_key, tenant_dir_name, tenant_of
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,7 +61,7 @@ async def test_a_knowledge_reset_of_one_tenant_leaves_the_other_tenants_collecti
     crewai_state_dir: Path,
 ) -> None:
     from aip_crewai.sidecar import operations
-    from aip_crewai.sidecar.context import JobContext
+    from aip_crewai.sidecar.jobs.context import JobContext
     from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
     from aip_crewai.sidecar.registry import load_registry
 

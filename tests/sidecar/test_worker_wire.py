@@ -1,4 +1,4 @@
-"""The worker pipe protocol and the worker's chunk bound (``worker_wire``, ``worker``; ARCHITECTURE.md §5 "Isolation")."""
+"""The worker pipe protocol and the worker's chunk bound (``isolation/wire.py``, ``isolation/worker.py``; ARCHITECTURE.md §5 "Isolation")."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import threading
 import msgspec
 import pytest
 
-from aip_crewai.sidecar.live import MAX_LABEL_CHARS
-from aip_crewai.sidecar.worker import Channel, _ChunkSender
-from aip_crewai.sidecar.worker_wire import (
+from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
+from aip_crewai.sidecar.isolation.worker import Channel, _ChunkSender
+from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Boot,
     Cancel,
@@ -29,7 +29,7 @@ from aip_crewai.sidecar.worker_wire import (
     frame_bound,
     payload_length,
 )
-from aip_crewai.sidecar.workers import describe_exit
+from aip_crewai.sidecar.isolation.pool import describe_exit
 
 
 def test_every_message_round_trips_in_its_direction():

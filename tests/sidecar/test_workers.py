@@ -1,4 +1,4 @@
-"""The worker pool (``workers.WorkerPool``; ARCHITECTURE.md §5 "Isolation") with fake workers (no CrewAI).
+"""The worker pool (``isolation/pool.py`` ``WorkerPool``; ARCHITECTURE.md §5 "Isolation") with fake workers (no CrewAI).
 
 Each test starts a pool of one spawned fake worker (``worker_fakes``) and runs one job through it.
 """
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import worker_fakes
 
-from aip_crewai.sidecar.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
-from aip_crewai.sidecar.worker_wire import Boot
-from aip_crewai.sidecar.workers import WorkerDied, WorkerPool
+from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.isolation.wire import Boot
+from aip_crewai.sidecar.isolation.pool import WorkerDied, WorkerPool
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 

@@ -10,8 +10,8 @@ import signal
 import socket
 import time
 
-from aip_crewai.sidecar.worker import Channel
-from aip_crewai.sidecar.worker_wire import (
+from aip_crewai.sidecar.isolation.worker import Channel
+from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Cancel,
     Chunk,

@@ -1,4 +1,4 @@
-"""aip_crewai/asgi.py: the shared pure-ASGI guards (README "Security")."""
+"""aip_crewai/plumbing/asgi.py: the shared pure-ASGI guards (README "Security")."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from starlette.responses import PlainTextResponse
 
-from aip_crewai.asgi import BodyDeadline, InFlightLimit
+from aip_crewai.plumbing.asgi import BodyDeadline, InFlightLimit
 
 
 class TooSlow(Exception):

@@ -1,5 +1,5 @@
 """``aip-crewai`` client commands: exit codes per outcome, with and without --stream/--json,
-usage errors, --version, help text, ``| head`` (issue 20 items 1 and 2; README "Exit codes").
+usage errors, --version, help text, ``| head`` (README "Exit codes").
 
 The host is a canned AIP server on loopback (one answer per capability id), so
 every outcome is produced on demand; the real host and sidecar answer the same

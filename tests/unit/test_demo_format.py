@@ -1,4 +1,4 @@
-"""The demo's output helpers: wrapped, speaker-grouped chunks and whole-sentence excerpts (issue 20 item 8)."""
+"""The demo's output helpers: wrapped, speaker-grouped chunks and whole-sentence excerpts."""
 
 from hypothesis import given
 from hypothesis import strategies as st

@@ -1,4 +1,4 @@
-"""aip_crewai/files.py: regular files only, opened without blocking, read within a bound."""
+"""aip_crewai/plumbing/files.py: regular files only, opened without blocking, read within a bound."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from aip_crewai.files import FileTooLarge, NotRegularFile, read_regular
+from aip_crewai.plumbing.files import FileTooLarge, NotRegularFile, read_regular
 
 
 def test_a_fifo_a_directory_and_an_oversized_file_are_refused_without_blocking(tmp_path):

@@ -1,4 +1,4 @@
-"""The RFC 9421 profile of aip_crewai.httpsig: what verifies, and each rule a request can break."""
+"""The RFC 9421 profile of aip_crewai.plumbing.httpsig: what verifies, and each rule a request can break."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aip_crewai import httpsig
-from aip_crewai.httpsig import MAX_CLOCK_SKEW_S, SignatureRejected, sign_request, verify_request
+from aip_crewai.plumbing import httpsig
+from aip_crewai.plumbing.httpsig import MAX_CLOCK_SKEW_S, SignatureRejected, sign_request, verify_request
 
 KEY = Ed25519PrivateKey.from_private_bytes(b"\x07" * 32)
 OTHER = Ed25519PrivateKey.from_private_bytes(b"\x08" * 32)

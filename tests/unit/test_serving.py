@@ -1,4 +1,4 @@
-"""aip_crewai/serving.py: the hypercorn configuration of both processes (README "Security")."""
+"""aip_crewai/plumbing/serving.py: the hypercorn configuration of both processes (README "Security")."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from aip_crewai.serving import hypercorn_config
+from aip_crewai.plumbing.serving import hypercorn_config
 
 
 async def _app(scope, receive, send):

@@ -15,7 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aip_crewai.sse import SSEDecoder, SSEEvent, SSEFrameTooLarge, encode_comment, encode_event
+from aip_crewai.sse import (
+    SSEDecoder,
+    SSEEvent,
+    SSEFrameTooLarge,
+    encode_comment,
+    encode_event,
+    encode_page,
+    page_template,
+)
 
 BOM = b"\xef\xbb\xbf"
 
@@ -419,3 +427,31 @@ def test_bound_is_chunking_invariant_and_only_raises_too_large(raw: bytes, point
         assert events == (unbounded[: len(events)] if raised else whole)
     if not whole_raised:
         assert whole == unbounded
+
+
+# --- the page encoder (one template per page, both processes) ----------------------------------------
+
+_FRAME_VALUES = st.tuples(
+    st.integers(min_value=0, max_value=2**63),
+    st.text(st.characters(blacklist_characters="\r\n"), max_size=12),  # encode_event refuses CR/LF in a name
+    st.text(max_size=40),  # any data: a line end sends the page to the frame-by-frame path
+)
+
+
+@PROP
+@given(st.lists(_FRAME_VALUES, max_size=8), st.sampled_from([b"", b"sse_"]))
+def test_a_page_equals_its_frames_encoded_one_by_one(frames, prefix):
+    """encode_page of one page_template equals the concatenated encode_event frames, fast path or not."""
+    template = page_template(b"%s", id_prefix=prefix)
+    values = [(number, event.encode(), data.encode()) for number, event, data in frames]
+
+    def one(index: int) -> bytes:
+        number, event, data = frames[index]
+        return encode_event(data, event=event, id=f"{prefix.decode()}{number}")
+
+    assert encode_page(template, values, one) == b"".join(one(i) for i in range(len(frames)))
+
+
+def test_a_page_template_keeps_a_literal_percent_of_its_prefix():
+    assert encode_page(page_template(b"%s", id_prefix=b"a%d"), [(1, b"e", b"x")], lambda i: b"") \
+        == encode_event("x", event="e", id="a%d1")

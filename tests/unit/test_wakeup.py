@@ -2,7 +2,7 @@
 
 import asyncio
 
-from aip_crewai.wakeup import ChangeSignal
+from aip_crewai.plumbing.wakeup import ChangeSignal
 
 
 async def test_an_event_taken_before_the_read_is_set_by_a_later_change():

@@ -28,7 +28,7 @@ import importlib
 import re
 from typing import Any
 
-from aip_crewai.sidecar.context import JobContext
+from aip_crewai.sidecar.jobs.context import JobContext
 from aip_crewai.sidecar.registry import CrewSource
 
 _OPERATION = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -37,7 +37,7 @@ from crewai.hooks.llm_hooks import (
 from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 from crewai.hooks.tool_hooks import get_before_tool_call_hooks, register_before_tool_call_hook
 
-from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.context import JobCancelled, JobContext, SafeJobError
 from aip_crewai.sidecar.operations import _swallowed
 
 log = structlog.get_logger(__name__)

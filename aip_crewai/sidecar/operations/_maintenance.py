@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from aip_crewai.sidecar.context import JobCancelled, JobContext
+from aip_crewai.sidecar.jobs.context import JobCancelled, JobContext
 from aip_crewai.sidecar.registry import CrewSource
 
 T = TypeVar("T")

@@ -38,7 +38,7 @@ from crewai.events.types.memory_events import (
 )
 from crewai.events.types.tool_usage_events import ToolUsageErrorEvent, ToolUsageStartedEvent
 
-from aip_crewai.sidecar.context import JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.context import JobCancelled, JobContext, SafeJobError
 
 #: Event class -> the error type a job fails with when CrewAI emitted it and carried on.
 DEGRADING_EVENTS: dict[type, str] = {

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aip_crewai.sidecar.context import JobContext
+from aip_crewai.sidecar.jobs.context import JobContext
 from aip_crewai.sidecar.operations._common import crew_fingerprint, serialize_crew_output
 from aip_crewai.sidecar.operations.run import kickoff, new_job_crew
 from aip_crewai.sidecar.registry import CrewSource

@@ -50,7 +50,7 @@ from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 from crewai.memory.storage import factory as memory_factory
 from crewai_core.paths import db_storage_path
 
-from aip_crewai.sidecar.context import JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.context import JobContext, SafeJobError
 from aip_crewai.sidecar.operations._common import (
     KNOWLEDGE_UNAVAILABLE,
     job_scope,

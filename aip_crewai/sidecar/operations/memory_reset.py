@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from aip_crewai.sidecar.context import InputRejected, JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.context import InputRejected, JobContext, SafeJobError
 from aip_crewai.sidecar.operations._common import job_scope
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource

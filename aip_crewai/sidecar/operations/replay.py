@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aip_crewai.sidecar.context import InputRejected, JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.context import InputRejected, JobContext, SafeJobError
 from aip_crewai.sidecar.operations._common import (
     check_cancelled,
     crew_fingerprint,

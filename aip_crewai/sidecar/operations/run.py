@@ -36,7 +36,7 @@ from typing import Any
 from crewai import CrewOutput
 from crewai.crews.utils import enable_agent_streaming
 
-from aip_crewai.sidecar.context import JobContext
+from aip_crewai.sidecar.jobs.context import JobContext
 from aip_crewai.sidecar.operations._common import crew_fingerprint, refuse_unusable_crew, serialize_crew_output
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource

@@ -49,7 +49,7 @@ from crewai.llms.base_llm import BaseLLM
 from crewai.utilities.evaluators.crew_evaluator_handler import CrewEvaluator
 from crewai.utilities.llm_utils import create_llm
 
-from aip_crewai.sidecar.context import JobContext
+from aip_crewai.sidecar.jobs.context import JobContext
 from aip_crewai.sidecar.operations._common import check_cancelled, job_scope, refuse_unusable_crew
 from aip_crewai.sidecar.operations._maintenance import crew_option, run_in_worker
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace

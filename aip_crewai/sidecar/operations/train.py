@@ -52,7 +52,7 @@ from crewai.core.providers.human_input import (
 from crewai.utilities.constants import TRAINING_DATA_FILE
 from crewai.utilities.training_handler import CrewTrainingHandler
 
-from aip_crewai.sidecar.context import JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.context import JobContext, SafeJobError
 from aip_crewai.sidecar.operations._common import (
     check_cancelled,
     job_scope,

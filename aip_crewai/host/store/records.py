@@ -1,0 +1,237 @@
+"""The host store's data model: the row types, the timestamp representation (integers, ms since the
+Unix epoch, UTC; rendered as RFC 3339 only at the edges), the store's errors and the opaque cursor of
+approval pages. No SQL runs here: the schema is :mod:`.migrations`, the shared SQL text :mod:`.sql`,
+the engines :mod:`.sqlite` and :mod:`.postgres`.
+
+Source: ARCHITECTURE.md §7, ARCHITECTURE.md §10 (storage).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import msgspec
+
+from ...contracts.errors import AipError, Category
+from ..actions.lifecycle import ActionState, ApprovalStatus, DispatchState
+
+#: Dispatch states in order (only forward, see :meth:`Store.update_action`).
+DISPATCH_RANK = {state.value: rank for rank, state in enumerate(DispatchState)}
+APPROVAL_DECISIONS = ("approved", "denied")
+_RFC3339_RE = re.compile(
+    r"^(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<fraction>\d{1,9}))?"
+    r"(?P<offset>[Zz]|[+-]\d{2}:\d{2})\Z", re.ASCII)
+
+
+# --- timestamps ----------------------------------------------------------------
+
+
+def ms_to_rfc3339(ms: int) -> str:
+    """Render epoch milliseconds as RFC 3339 UTC, e.g. ``2026-11-29T10:00:00.123Z``."""
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def rfc3339_to_ms(text: str) -> int:
+    """Parse an RFC 3339 timestamp (``Z`` or ``±hh:mm`` offset) to epoch ms.
+
+    Raises:
+        ValueError: not RFC 3339 (no offset, a date alone, out of range).
+    """
+    match = _RFC3339_RE.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError("not an RFC 3339 timestamp")
+    offset = "+00:00" if match["offset"] in ("Z", "z") else match["offset"]
+    moment = datetime.fromisoformat(f"{match['date']}T{match['time']}{offset}")
+    fraction = (match["fraction"] or "") + "000"
+    return int(moment.timestamp()) * 1000 + int(fraction[:3])
+
+
+# --- records -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """One row of ``actions``. ``*_json`` hold canonical JSON text; times are ms."""
+
+    tenant: str
+    action_id: str
+    capability_id: str
+    crew_id: str
+    operation: str
+    input_json: str
+    input_hash: str
+    principal_id: str
+    idempotency_key: str | None
+    status: ActionState
+    dispatch: DispatchState
+    result_json: str | None
+    error_json: str | None
+    approval_id: str | None
+    timeout_ms: int | None
+    chunk_count: int
+    created_at: int
+    updated_at: int
+    #: the host that dispatches or reconciles the running action, and until when (ms): ARCHITECTURE.md §10
+    lease_owner: str | None = None
+    lease_expires_at: int | None = None
+
+    def __post_init__(self) -> None:  # rows hold the values: the record holds the lifecycle's enums
+        object.__setattr__(self, "status", ActionState(self.status))
+        object.__setattr__(self, "dispatch", DispatchState(self.dispatch))
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    """One idempotency reservation; ``created`` is True for the call that made it."""
+
+    tenant: str
+    key: str
+    capability_id: str
+    action_id: str
+    input_hash: str
+    created_at: int
+    expires_at: int
+    created: bool = False
+
+
+@dataclass(frozen=True)
+class ApprovalRecord:
+    """One approval. ``status`` is as stored; see :meth:`effective_status`."""
+
+    tenant: str
+    approval_id: str
+    action_id: str
+    capability_id: str
+    policy_hash: str
+    requested_by: str
+    input_snapshot_json: str
+    status: ApprovalStatus
+    decision_reason: str | None
+    decided_by: str | None
+    decided_at: int | None
+    created_at: int
+    expires_at: int
+    #: JSON proof of a signed decision (:meth:`aip_crewai.plumbing.httpsig.VerifiedSignature.proof` plus ``body``), else None.
+    decision_proof: str | None = None
+
+    def __post_init__(self) -> None:  # the row holds the value: the record holds the enum
+        object.__setattr__(self, "status", ApprovalStatus(self.status))
+
+    def effective_status(self, now_ms: int) -> ApprovalStatus:
+        """``expired`` for a pending approval past ``expires_at`` (before the sweep ran)."""
+        expired = self.status is ApprovalStatus.PENDING and now_ms >= self.expires_at
+        return ApprovalStatus.EXPIRED if expired else self.status
+
+
+@dataclass(frozen=True)
+class ApprovalEvent:
+    """One row of a tenant's approval event log: position ``seq`` (from 1), the approval, its new status."""
+
+    seq: int
+    approval_id: str
+    status: ApprovalStatus
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", ApprovalStatus(self.status))
+
+
+class ChunkRecord(msgspec.Struct, frozen=True):
+    """One stored chunk: its sequence and its compact ``StreamChunk`` JSON (a Struct: a replay page
+    builds one per chunk, in C)."""
+
+    sequence: int
+    chunk_json: str
+
+
+@dataclass(frozen=True)
+class ApprovalPage:
+    """A page of approvals. Follow ``next_cursor`` until ``done`` is True
+    (``next_cursor`` is None exactly when ``done``)."""
+
+    items: list[ApprovalRecord]
+    next_cursor: str | None
+    done: bool
+
+
+class StoreError(AipError):
+    """The host store failed (the root of the store's errors; an outage is :class:`StoreUnavailable`)."""
+
+    code = "store.error"
+    category = Category.TEMPORARY
+    default_message = "the host store failed"
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached right now: the connection was refused or lost, or no pooled
+    connection came free within the pool's timeout (a PostgreSQL store). Temporary: 503, retryable
+    (a retried submission with the same idempotency key is answered once). Raised by every store
+    method (``Store._run``) for the engine's :attr:`~.engine.Db.unavailable_errors`."""
+
+    code = "store.unavailable"
+    category = Category.TEMPORARY
+    http_status = 503
+    default_message = "the host store is unavailable; retry shortly"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, retry_after_ms=1000)
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
+class InsecureStorePath(StoreError):
+    code = "store.insecure_path"
+    category = Category.PERMANENT
+    http_status = 500
+    default_message = "the host store path is not safe"
+
+
+class StoreLocked(AipError):
+    """Another host process owns this store (its ``<store>.lock`` is held)."""
+
+    code = "store.locked"
+    category = Category.PERMANENT
+    http_status = 500
+    default_message = "the store is owned by another host process"
+
+
+class UnusableStore(StoreError):
+    """The store file is not SQLite, is damaged, or is another application's database."""
+
+    code = "store.unusable"
+    category = Category.PERMANENT
+    http_status = 500
+    default_message = "the host store file cannot be used"
+
+
+class MissingTarget(LookupError):
+    """:meth:`Store.create_action` found no target action (the run a
+    status/events/cancel action names); nothing was written. Internal: the
+    action service answers ``action.not_found``."""
+
+
+class InvalidCursor(AipError):
+    code = "request.invalid_cursor"
+    category = Category.PERMANENT
+    default_message = "the cursor is not valid"
+
+
+# --- file safety ---------------------------------------------------------------
+
+
+def encode_cursor(created_at: int, approval_id: str) -> str:
+    return base64.urlsafe_b64encode(msgspec.json.encode([created_at, approval_id])).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, approval_id = msgspec.json.decode(raw, type=tuple[int, str])
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise InvalidCursor() from exc
+    return created_at, approval_id

@@ -1,0 +1,525 @@
+"""The host store: named async methods over the host database (stdlib sqlite3 on one worker thread).
+
+One file, WAL, ``synchronous=FULL``, one connection owned by the app's
+lifespan. Every table's primary key starts with ``tenant`` and every method
+takes ``tenant`` first, so one tenant cannot address another's rows by
+construction (the periodic sweeps :meth:`Store.expire_approvals` and
+:meth:`Store.purge_message_ids` are the only tenant-less methods and return
+the tenant of every row they touch). Timestamps are integers, milliseconds
+since the Unix epoch (UTC); :func:`ms_to_rfc3339` renders them at the edges.
+
+Atomicity: every decision that must happen once (message-id claim, action
+creation, status transitions, approval decisions) is ONE SQL statement whose
+``WHERE``/``ON CONFLICT`` clause decides, so it holds across connections too;
+an idempotency reservation is written in the same ``BEGIN IMMEDIATE``
+transaction as the action row it points at (:meth:`Store.create_action`).
+
+Durability: every commit is fsynced (``synchronous=FULL``) unless the caller
+passes ``durable=False``, which runs that one write with
+``synchronous=NORMAL``: it is atomic and survives a crash of the host
+process, but a power loss may roll it back; WAL frames are appended in
+order, so the next durable commit makes it durable too. The action service
+uses it only where losing the write costs nothing: actions of read-only
+operations without an idempotency key (a status read leaves no side effect and
+no fence), and chunk appends (like the sidecar's chunk checkpoints, ARCHITECTURE.md
+§5: the result commit that ends the action is durable and covers them).
+
+Threading: the ``sqlite3`` connection lives on one dedicated worker thread and
+every store method runs ALL its statements there as one function (one thread
+hop per method, not one per statement and cursor call as with aiosqlite,
+whose hops cost about 85 µs each on the benchmark machine). Calls are thereby
+serialized, so a multi-statement transaction never swallows another
+coroutine's write, and a cancelled caller never leaves a transaction half
+done: the function runs to its end on the worker. A PostgreSQL store runs its
+methods the same way on ``pool_size`` worker threads, each method on one
+connection checked out of a pool for its whole run (:class:`.postgres.PostgresDb`):
+reads run side by side, writes serialize on the writer lock.
+
+File safety: the database is created 0600 (an existing file, or its
+``-wal``/``-shm`` companions, with any group/other bit is refused, as is a
+symlink); its directory must not be group- or world-writable.
+
+The package's parts: the row types and errors (:mod:`.records`, re-exported
+here), the schema (:mod:`.migrations`), the SQL text shared by the store's
+modules (:mod:`.sql`), one module per engine behind :class:`.engine.Db`
+(:mod:`.sqlite`: opening the file, its pre-flight :func:`check_store_file`;
+:mod:`.postgres`), and the approval methods (:mod:`.approvals`, the store's
+base class). No other host module runs SQL.
+
+Source: ARCHITECTURE.md §7 (fences, "every store key starts with the tenant"),
+ARCHITECTURE.md §10 (storage).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from ...plumbing.storage import create_private_file, hop, start_worker
+from ...plumbing.wakeup import ChangeSignal
+from ..actions.lifecycle import ActionState, allowed, is_terminal
+from .approvals import ApprovalMethods
+from .engine import Db
+from .migrations import MIGRATIONS, migrate
+from .notify import CHANNEL as NOTIFY_CHANNEL
+from .notify import payload as notify_payload
+from .postgres import PostgresDb, is_postgres_url, open_postgres_pool
+from .records import (
+    DISPATCH_RANK,
+    ActionRecord,
+    ApprovalEvent,
+    ApprovalPage,
+    ApprovalRecord,
+    ChunkRecord,
+    IdempotencyRecord,
+    InsecureStorePath,
+    InvalidCursor,
+    MissingTarget,
+    StoreError,
+    StoreLocked,
+    StoreUnavailable,
+    UnusableStore,
+    ms_to_rfc3339,
+    rfc3339_to_ms,
+)
+from .sql import ACTION_COLUMNS, DISPATCH_RANK_SQL, GET_ACTION, IDEMPOTENCY_COLUMNS, action_update
+from .sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
+
+__all__ = [
+    "MIGRATIONS", "ActionState", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
+    "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage", "ApprovalEvent",
+    "ChunkRecord", "StoreUnavailable", "check_location", "check_store_file", "migrate", "UnusableStore", "StoreLocked", "lock_store", "ms_to_rfc3339", "rfc3339_to_ms",
+]
+
+
+log = structlog.get_logger(__name__)
+_S = ActionState
+#: How long a dispatch lease lasts unless renewed, ms (``[host] lease_seconds``).
+DEFAULT_LEASE_MS = 30_000
+#: Connections (and worker threads) of a PostgreSQL store's pool (``[host] store_pool_size``).
+DEFAULT_POOL_SIZE = 4
+# --- the store -----------------------------------------------------------------
+
+
+_T = TypeVar("_T")
+
+
+class Store(ApprovalMethods):
+    """Named async methods over the host database. Open with :meth:`open`.
+
+    The approval methods (and the approval event log) are in :mod:`.approvals`.
+    """
+
+    def __init__(self, db: Db, worker: ThreadPoolExecutor, *,
+                 clock: Callable[[], float] = time.time, owner: str | None = None,
+                 lease_ms: int = DEFAULT_LEASE_MS, url: str | None = None) -> None:
+        self._db = db
+        self._worker = worker
+        self._clock = clock
+        #: Notified after every write that may have changed an approval (the
+        #: approval event stream's wake-up; ARCHITECTURE.md §10 live followers).
+        self.approvals_changed = ChangeSignal()
+        #: This host's id in dispatch leases (None: no leases, every lease check passes).
+        self.owner = owner
+        #: How long a lease lasts unless renewed, ms.
+        self.lease_ms = lease_ms
+        self._url = url
+        #: The last store method failed with StoreUnavailable (no method succeeded since): ``/ready`` says
+        #: unready. The host's periodic work (lease renewal, reconciliation) keeps it current.
+        self.unavailable = False
+
+    @classmethod
+    async def open(cls, location: Path | str, *, clock: Callable[[], float] = time.time, owner: str | None = None,
+                   lease_ms: int = DEFAULT_LEASE_MS, pool_size: int = DEFAULT_POOL_SIZE) -> Store:
+        """Open the store: a SQLite file (check the location, create it 0600 if missing, connect) or a
+        ``postgresql://`` URL (a pool of ``pool_size`` connections, one per worker thread); then apply
+        the migrations the database lacks.
+
+        Raises:
+            InsecureStorePath: see :func:`check_location` (SQLite).
+            StoreError: the schema is newer than this code, WAL is unavailable (SQLite), or the
+                PostgreSQL server cannot be reached or holds another application's tables.
+        """
+        if is_postgres_url(location):
+            url = str(location)
+            worker, db = await start_worker(lambda: PostgresDb(open_postgres_pool(url, pool_size)),
+                                            name="aip-host-store", threads=pool_size,
+                                            abandon=lambda opened: opened.close() if opened is not None else None)
+            return cls(db, worker, clock=clock, owner=owner, lease_ms=lease_ms, url=url)
+        path = Path(location)
+        check_location(path)
+        create_private_file(path)
+        check_location(path)
+        # Cancel-safe: a connection opened after the caller gave up is closed on the worker.
+        worker, sqlite = await start_worker(lambda: SqliteDb(connect_sqlite(str(path))), name="aip-host-store",
+                                            abandon=lambda opened: opened.close() if opened is not None else None)
+        return cls(sqlite, worker, clock=clock, owner=owner, lease_ms=lease_ms)
+
+    @property
+    def url(self) -> str | None:
+        """The PostgreSQL URL of a shared store (None for SQLite)."""
+        return self._url
+
+    @property
+    def engine(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._db.engine
+
+    async def close(self) -> None:
+        await hop(self._worker, self._db.close)
+        self._worker.shutdown(wait=True)
+
+    def now_ms(self) -> int:
+        """The store clock, epoch milliseconds."""
+        return int(self._clock() * 1000)
+
+    async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run ``fn(*args)`` on a store worker thread with a connection for all its statements
+        (:meth:`Db.run`: SQLite's one connection, or one of PostgreSQL's pooled ones).
+
+        Raises:
+            StoreUnavailable: the database cannot be reached now (:attr:`Db.unavailable_errors`).
+        """
+        try:
+            value = await hop(self._worker, self._db.run, fn, *args)
+        except self._db.unavailable_errors as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning("store_unavailable", error=type(exc).__name__, detail=first[:200])
+            self.unavailable = True
+            raise StoreUnavailable() from exc
+        self.unavailable = False
+        return value
+
+    def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._db.fetch(sql, params)
+
+    def _change_now(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._db.change(sql, params)
+
+    def _write_now(self, durable: bool, fn: Callable[[], _T]) -> _T:
+        """Run the write ``fn`` (on the worker), fsynced at commit or not (:meth:`Db.write`)."""
+        return self._db.write(durable, fn)
+
+    def _transaction_now(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` (on the worker) as one transaction excluding every other writer; roll back on any error."""
+        return self._db.transaction(fn)
+
+    async def _fetch(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
+        return await self._run(self._fetch_now, sql, params)
+
+    async def _change(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
+        return await self._run(self._change_now, sql, params)
+
+    # --- message ids (signed envelopes, ARCHITECTURE.md §7) ---
+
+    async def claim_message_id(self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None,
+                               key_id: str | None = None) -> bool:
+        """Claim ``message_id`` until ``expires_at`` (ms), for ``key_id`` (the
+        signing principal) within ``tenant``; without ``key_id``, for the tenant.
+
+        A per-key claim is stored as ``<key_id> U+001F <message_id>`` (principal
+        ids hold no control characters, so the split is unambiguous; no schema
+        change). A live tenant-wide claim of the same id (written before claims
+        were per key) still blocks it.
+
+        Returns True the first time, False for a replay (an expired claim may be re-claimed).
+
+        Source: README "Security" (signed message ids).
+        """
+        now = self.now_ms() if now is None else now
+        stored = message_id if key_id is None else f"{key_id}\x1f{message_id}"
+        return await self._change(
+            "INSERT INTO message_ids (tenant, message_id, expires_at) SELECT ?, ?, ? "
+            "WHERE NOT EXISTS (SELECT 1 FROM message_ids WHERE tenant = ? AND message_id = ? AND expires_at > ?) "
+            "ON CONFLICT (tenant, message_id) DO UPDATE SET expires_at = excluded.expires_at "
+            "WHERE message_ids.expires_at <= ?",
+            (tenant, stored, expires_at, tenant, message_id, now, now),
+        ) == 1
+
+    async def purge_message_ids(self, now: int | None = None) -> int:
+        """Delete expired message-id claims (all tenants); returns how many."""
+        now = self.now_ms() if now is None else now
+        return await self._change("DELETE FROM message_ids WHERE expires_at <= ?", (now,))
+
+    # --- actions and the idempotency key's reservation (ARCHITECTURE.md §7) ---
+
+    async def create_action(self, tenant: str, action_id: str, capability_id: str, crew_id: str, operation: str,
+                            input_json: str, input_hash: str, principal_id: str, idempotency_key: str | None,
+                            status: str, *, approval_id: str | None = None, timeout_ms: int | None = None,
+                            dispatch: str = "not_sent", target: tuple[str, Sequence[str]] | None = None,
+                            key_expires_at: int | None = None, now: int | None = None,
+                            durable: bool = True, result: tuple[str, str] | None = None) -> tuple[bool, ActionRecord]:
+        """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
+
+        With ``idempotency_key`` and ``key_expires_at`` (ms) the key's
+        reservation is written in the SAME transaction as the action row, and
+        only when the row is created: a refused request (its action id taken,
+        its target missing) reserves nothing, and a crash cannot leave a key
+        without its action (README "Security": idempotency).
+
+        Args:
+            dispatch: the initial dispatch state; ``sent`` for an action whose
+                dispatch starts right after this write ("the request may have
+                reached the sidecar"), which saves a second write.
+            target: ``(run_action_id, operations)``: insert only when the
+                tenant has an action ``run_action_id`` of the same crew, submitted
+                by the same principal (an invoker reads its own runs), whose
+                operation is one of ``operations`` (the target check of
+                status/events/cancel, in the same hop as the insert).
+
+            key_expires_at: when the key's reservation expires, ms; None
+                records no reservation (the key is still stored on the row).
+            result: ``(status, result_json)``: the action already ran (a
+                key-less read answered inline); the row is inserted in its
+                final state: a terminal status the lifecycle allows after
+                ``status`` (``running``). ValueError otherwise.
+
+        Returns:
+            ``(created, record)``: the new record, or the EXISTING one
+            (compare its ``input_hash``) with ``created`` False. With a
+            reservation, the existing record may be ANOTHER action: the one
+            a live reservation of the key points at (its ``action_id``
+            differs; compare ``input_hash``); nothing is written then.
+
+        Raises:
+            MissingTarget: ``target`` names no such action (nothing was written).
+        """
+        if status not in (_S.PENDING_APPROVAL.value, _S.RUNNING.value):
+            raise ValueError(f"an action starts pending_approval or running, not {status!r}")
+        if dispatch not in DISPATCH_RANK:
+            raise ValueError(f"unknown dispatch {dispatch!r}")
+        result_json = None
+        if result is not None:
+            if not allowed(_S(status), _S(result[0])) or not is_terminal(result[0]):
+                raise ValueError(f"an action created {status} cannot be stored {result[0]}")
+            status, result_json = result
+        now = self.now_ms() if now is None else now
+
+        reserve = idempotency_key is not None and key_expires_at is not None
+
+        def holder() -> ActionRecord | None:
+            """The other action a live reservation of the key points at (None: free, expired, or ours)."""
+            rows = self._fetch_now(
+                f"SELECT {ACTION_COLUMNS} FROM actions WHERE (tenant, action_id) = "
+                "(SELECT tenant, action_id FROM idempotency WHERE tenant = ? AND key = ? AND expires_at > ? "
+                "AND action_id != ?)", (tenant, idempotency_key, now, action_id))
+            # A live reservation whose action row is missing (left by a crash of an older
+            # version between two commits) holds nothing: the upsert below takes it over.
+            return ActionRecord(*rows[0]) if rows else None
+
+        def create() -> tuple[bool, ActionRecord]:
+            if reserve:
+                other = holder()
+                if other is not None:
+                    return False, other
+            if target is not None:
+                run_action_id, operations = target
+                found = self._fetch_now(
+                    "SELECT 1 FROM actions WHERE tenant = ? AND action_id = ? AND crew_id = ? AND principal_id = ? "
+                    f"AND operation IN ({', '.join('?' * len(operations))})",
+                    (tenant, run_action_id, crew_id, principal_id, *operations),
+                )
+                if not found:
+                    raise MissingTarget(run_action_id)
+            rows = self._fetch_now(
+                f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 20)}) "
+                f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {ACTION_COLUMNS}",
+                (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id,
+                 idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0, now, now,
+                 *self._lease_for(status, now)),
+            )
+            if rows:
+                if reserve:
+                    self._change_now(
+                        f"INSERT INTO idempotency ({IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT (tenant, key) DO UPDATE SET capability_id = excluded.capability_id, "
+                        "action_id = excluded.action_id, input_hash = excluded.input_hash, "
+                        "created_at = excluded.created_at, expires_at = excluded.expires_at",
+                        (tenant, idempotency_key, capability_id, action_id, input_hash, now, key_expires_at))
+                return True, ActionRecord(*rows[0])
+            rows = self._fetch_now(GET_ACTION, (tenant, action_id))
+            if not rows:
+                raise StoreError("action vanished after creation")
+            return False, ActionRecord(*rows[0])
+
+        def transaction() -> tuple[bool, ActionRecord]:
+            return self._transaction_now(create)
+
+        return await self._run(self._write_now, durable, transaction if reserve else create)
+
+    # --- dispatch leases (ARCHITECTURE.md §10) ---
+
+    def _lease_for(self, status: str, now: int) -> tuple[str | None, int | None]:
+        """``(lease_owner, lease_expires_at)`` of a row entering ``status``: this host's lease when running."""
+        if self.owner is None or status != _S.RUNNING.value:
+            return None, None
+        return self.owner, now + self.lease_ms
+
+    def lease_is_foreign(self, record: ActionRecord, *, now: int | None = None) -> bool:
+        """Whether ``record`` (as read) shows another host's live lease: :meth:`take_lease` would fail, so a
+        reader following that host's action skips the write (pure; the write stays the authority)."""
+        if self.owner is None or record.lease_owner in (None, self.owner) or record.lease_expires_at is None:
+            return False
+        return record.lease_expires_at > (self.now_ms() if now is None else now)
+
+    async def take_lease(self, tenant: str, action_id: str, *, now: int | None = None) -> bool:
+        """Take (or keep) the dispatch lease of a running action for this host: True when this host now
+        holds it; False when another host's lease is live (it dispatches or reconciles the action) or the
+        action no longer runs. Without an owner (no lease mode): True. One statement, so two hosts
+        racing for an expired lease cannot both win."""
+        if self.owner is None:
+            return True
+        now = self.now_ms() if now is None else now
+        changed = await self._run(self._write_now, True, lambda: self._change_now(
+            "UPDATE actions SET lease_owner = ?, lease_expires_at = ? WHERE tenant = ? AND action_id = ? "
+            "AND status = 'running' AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
+            (self.owner, now + self.lease_ms, tenant, action_id, self.owner, now)))
+        return changed > 0
+
+    async def renew_leases(self, *, now: int | None = None) -> int:
+        """Extend every lease this host holds on a running action by :attr:`lease_ms`; returns how many."""
+        if self.owner is None:
+            return 0
+        now = self.now_ms() if now is None else now
+        return await self._run(self._write_now, True, lambda: self._change_now(
+            "UPDATE actions SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'running'",
+            (now + self.lease_ms, self.owner)))
+
+    async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
+        rows = await self._fetch(GET_ACTION, (tenant, action_id))
+        return ActionRecord(*rows[0]) if rows else None
+
+    async def update_action(self, tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str,
+                            dispatch: str | None = None, result_json: str | None = None,
+                            error_json: str | None = None, approval_id: str | None = None,
+                            now: int | None = None, durable: bool = True,
+                            settle_dispatch: bool = False, replacing: str | None = None) -> ActionRecord | None:
+        """Move an action from one of ``from_statuses`` to ``status``; the SQL
+        ``WHERE`` enforces the source state, so a stale writer changes nothing
+        (``durable``: see the module docstring).
+
+        ``dispatch`` only moves forward (not_sent → sent → acknowledged),
+        except with ``settle_dispatch``: the dispatch's own final word (e.g. a
+        refused connection: ``not_sent`` after ``sent`` was recorded as
+        "may have reached the sidecar"). None-valued fields keep their stored value.
+        ``replacing``: only while the stored ``result_json`` is exactly this
+        (a correction of a provisional result: a concurrent correction wins).
+
+        Returns:
+            The updated record when the row changed, else None.
+
+        Raises:
+            ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
+        """
+        update = action_update(tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
+                                result_json=result_json, error_json=error_json, approval_id=approval_id,
+                                now=self.now_ms() if now is None else now, settle_dispatch=settle_dispatch,
+                                replacing=replacing)
+        return await self._run(self._write_now, durable, lambda: self._update_now(update))
+
+    def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None:
+        rows = self._fetch_now(*update)
+        if not rows:
+            return None
+        record = ActionRecord(*rows[0])
+        self._notify_now(record.tenant, record.action_id)
+        return record
+
+    def _notify_now(self, tenant: str, action_id: str) -> None:
+        """On a shared (PostgreSQL) store: tell the other hosts' followers that this action changed
+        (``NOTIFY``, delivered at this write's commit: :mod:`.notify`). Nothing on SQLite."""
+        if self._db.engine == "postgresql":
+            self._fetch_now("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, notify_payload(tenant, action_id)))
+
+    async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
+        """Actions still ``running`` (reconciliation after a restart), oldest first."""
+        where, params = ("status = 'running'", ()) if tenant is None else ("status = 'running' AND tenant = ?", (tenant,))
+        rows = await self._fetch(f"SELECT {ACTION_COLUMNS} FROM actions WHERE {where} ORDER BY created_at", params)
+        return [ActionRecord(*row) for row in rows]
+
+    async def list_failed_with(self, codes: Iterable[str], markers: Iterable[str],
+                               limit: int = 100) -> list[ActionRecord]:
+        """``failed`` actions whose stored result's error ``code`` is one of
+        ``codes`` and whose result text holds one of ``markers`` (compact JSON
+        fragments such as ``"uncertain_outcome":true``), not yet marked
+        ``"reconciled"``: a prefilter, the caller decides finality. Least
+        recently updated first, at most ``limit`` (all tenants)."""
+        codes, markers = list(codes), list(markers)
+        if not codes or not markers:
+            return []
+        any_code = " OR ".join("result_json LIKE ?" for _ in codes)
+        any_marker = " OR ".join("result_json LIKE ?" for _ in markers)
+        rows = await self._fetch(
+            f"SELECT {ACTION_COLUMNS} FROM actions WHERE status = 'failed' AND ({any_code}) AND ({any_marker}) "
+            "AND result_json NOT LIKE '%\"reconciled\":%' ORDER BY updated_at LIMIT ?",
+            (*[f'%"code":"{code}"%' for code in codes], *[f"%{marker}%" for marker in markers], limit))
+        return [ActionRecord(*row) for row in rows]
+
+    async def list_awaiting_approval(self) -> list[ActionRecord]:
+        """Actions still ``pending_approval`` (all tenants; the restart check of
+        approvals a previous process decided or never wrote), oldest first."""
+        rows = await self._fetch(f"SELECT {ACTION_COLUMNS} FROM actions WHERE status = 'pending_approval' "
+                                 "ORDER BY created_at")
+        return [ActionRecord(*row) for row in rows]
+
+    # --- chunks ---
+
+    async def append_chunks(self, tenant: str, action_id: str, chunks: Sequence[tuple[int, str]], *,
+                            dispatch: str | None = None, durable: bool = True) -> int:
+        """Append ``(sequence, chunk_json)`` pairs in one transaction; sequences
+        already stored are skipped, and nothing is appended once the action is
+        terminal (a batch of a cancelled dispatch that reaches the store after the
+        canceller's result write, on another pooled connection or another host,
+        is dropped: no chunk ever follows the result). Returns how many were inserted.
+
+        Args:
+            dispatch: also move the action's dispatch forward to this, in the
+                same transaction (never backward; None keeps it).
+            durable: see the module docstring.
+
+        Raises:
+            StoreError: the action does not exist (foreign key).
+            ValueError: an unknown dispatch.
+        """
+        if not chunks:
+            return 0
+        if dispatch is not None and dispatch not in DISPATCH_RANK:
+            raise ValueError(f"unknown dispatch {dispatch!r}")
+        rows = [(tenant, action_id, seq, text) for seq, text in chunks]
+        rank = DISPATCH_RANK.get(dispatch or "", -1)
+
+        def insert() -> int:
+            state = self._db.fetch("SELECT status FROM actions WHERE tenant = ? AND action_id = ?", (tenant, action_id))
+            if state and is_terminal(state[0][0]):
+                return 0  # the result is written: a late batch (a discarded dispatch's) never follows it
+            inserted = self._db.change_many(
+                "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (tenant, action_id, sequence) DO NOTHING", rows)
+            self._db.change(
+                "UPDATE actions SET chunk_count = chunk_count + ?, "
+                f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {DISPATCH_RANK_SQL} "
+                "THEN CAST(? AS TEXT) ELSE dispatch END WHERE tenant = ? AND action_id = ?",
+                (inserted, dispatch, rank, dispatch, tenant, action_id))
+            self._notify_now(tenant, action_id)
+            return inserted
+
+        def append() -> int:
+            try:
+                return self._transaction_now(insert)
+            except self._db.integrity_error as exc:
+                raise StoreError(f"cannot append chunks to unknown action {action_id!r}") from exc
+
+        return await self._run(self._write_now, durable, append)
+
+    async def list_chunks(self, tenant: str, action_id: str, after_sequence: int = -1,
+                          limit: int = 1000) -> list[ChunkRecord]:
+        """Chunks with ``sequence > after_sequence``, ascending, at most ``limit``."""
+        rows = await self._fetch(
+            "SELECT sequence, chunk_json FROM chunks WHERE tenant = ? AND action_id = ? AND sequence > ? "
+            "ORDER BY sequence LIMIT ?", (tenant, action_id, after_sequence, limit))
+        return [ChunkRecord(*row) for row in rows]
