@@ -185,6 +185,7 @@ def test_registry_module_does_not_import_crewai() -> None:
     assert "import crewai" not in source and "from crewai" not in source
 
 
+@pytest.mark.processes
 def test_locate_registry_finds_a_module_without_importing_it_or_its_packages():
     import subprocess
 
