@@ -13,13 +13,18 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from .exit_codes import Exit, of_envelope, of_error
 from .plumbing.log import configure_logging
+
+if TYPE_CHECKING:
+    from .client import AipClient
+
+T = TypeVar("T")
 
 DEFAULT_CONTRACTS_DIR = Path(__file__).resolve().parent.parent / "contracts"
 
@@ -54,11 +59,12 @@ def host_url(text: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not an http(s) URL; give the host's base URL with its scheme, "
-            "e.g. http://127.0.0.1:8081 or https://aip.example.com")
+            "e.g. http://127.0.0.1:8081 or https://aip.example.com"
+        )
     return text.strip()
 
 
-def _client(args: argparse.Namespace, *, timeout_s: float | None = 660.0):
+def _client(args: argparse.Namespace, *, timeout_s: float | None = 660.0) -> AipClient:
     from .client import AipClient
     from .plumbing.keys import load_ed25519, read_private
 
@@ -78,13 +84,13 @@ def _print(value: object, as_json: bool) -> None:
         print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
-def _chunk_text(envelope: dict) -> str | None:
+def _chunk_text(envelope: dict[str, Any]) -> str | None:
     chunk = (envelope.get("body") or {}).get("stream_chunk") or {}
     part = chunk.get("part") or {}
     return part.get("text") if isinstance(part, dict) else None
 
 
-def _with_progress(work, quiet: bool):
+def _with_progress(work: Callable[[], T], quiet: bool) -> T:
     """Run a blocking call; on a terminal (and without --json) show the
     elapsed time on stderr every 2 s while it waits."""
     import threading
@@ -97,8 +103,9 @@ def _with_progress(work, quiet: bool):
 
     def tick() -> None:
         while not done.wait(2.0):
-            print(f"\r  waiting for the result… {time.monotonic() - started:.0f} s", end="", file=sys.stderr,
-                  flush=True)
+            print(
+                f"\r  waiting for the result… {time.monotonic() - started:.0f} s", end="", file=sys.stderr, flush=True
+            )
 
     thread = threading.Thread(target=tick, daemon=True)
     thread.start()
@@ -115,7 +122,7 @@ def _with_progress(work, quiet: bool):
 _OUTCOME_EVENTS = ("result", "aip_error", "ack")
 
 
-def _show_stream(events: Iterable[tuple[str, dict]], as_json: bool) -> Exit:
+def _show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) -> Exit:
     """Print an AIP stream as it arrives; return the exit code of its outcome.
 
     The last ``result`` decides; without one, the last ``aip_error`` frame,
@@ -148,8 +155,11 @@ def _show_stream(events: Iterable[tuple[str, dict]], as_json: bool) -> Exit:
             raise  # nothing arrived: "cannot reach" (exit 7), as for any other request
         cut = exc
     if not ended and action_id:
-        why = (f"the connection to the host was lost ({type(cut).__name__})" if cut is not None
-               else "the stream ended before the result (the host may be shutting down)")
+        why = (
+            f"the connection to the host was lost ({type(cut).__name__})"
+            if cut is not None
+            else "the stream ended before the result (the host may be shutting down)"
+        )
         resume = f" --last-event-id {last_id}" if last_id else ""
         print(f"\naip-crewai: {why}; resume with: aip-crewai actions follow {action_id}{resume}", file=sys.stderr)
     if cut is not None and not ended:
@@ -224,7 +234,7 @@ def _manifest(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def _manifest_lines(manifest: dict) -> Iterator[str]:
+def _manifest_lines(manifest: dict[str, Any]) -> Iterator[str]:
     """One block per capability: id, kind, whether it needs approval, its input's required and optional fields."""
     for cap in manifest.get("capabilities") or []:
         if not isinstance(cap, dict):
@@ -241,23 +251,27 @@ def _manifest_lines(manifest: dict) -> Iterator[str]:
         yield f"    input: {fields}"
 
 
-def _approval_line(event: str, data: dict) -> str:
+def _approval_line(event: str, data: dict[str, Any]) -> str:
     """One line of ``approvals watch`` for an approval event (its ``data`` is an AIP Event)."""
     view = data.get("data") or {}
     request = view.get("request") or {}
     approval_id = request.get("id", "?")
     if event == "pending":
         requester = (request.get("requester") or {}).get("id", "?")
-        return (f"pending    {approval_id}  {request.get('capability_id', '?')}  action {request.get('action_id', '?')}"
-                f"  by {requester}  expires {request.get('expires_at', '?')}  policy {request.get('policy_hash', '?')}")
+        return (
+            f"pending    {approval_id}  {request.get('capability_id', '?')}  action {request.get('action_id', '?')}"
+            f"  by {requester}  expires {request.get('expires_at', '?')}  policy {request.get('policy_hash', '?')}"
+        )
     if event == "decided":
         decision = view.get("decision") or {}
-        return (f"decided    {approval_id}  {decision.get('decision', view.get('status', '?'))} by "
-                f"{(decision.get('approver') or {}).get('id', '?')}")
+        return (
+            f"decided    {approval_id}  {decision.get('decision', view.get('status', '?'))} by "
+            f"{(decision.get('approver') or {}).get('id', '?')}"
+        )
     return f"{event:<10} {approval_id}"
 
 
-def _watch(client, args: argparse.Namespace) -> int:
+def _watch(client: AipClient, args: argparse.Namespace) -> int:
     """``approvals watch``: print the queue, then each approval event as it
     arrives, until Ctrl-C (exit 0), ``--count`` pending approvals (exit 0), or
     the host ends the stream (exit 1, with the command that resumes it)."""
@@ -277,8 +291,11 @@ def _watch(client, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return Exit.OK
     resume = f" --last-event-id {last_id}" if last_id else ""
-    print(f"aip-crewai: the approval stream ended (the host may be shutting down); resume with: "
-          f"aip-crewai approvals watch{resume}", file=sys.stderr)
+    print(
+        f"aip-crewai: the approval stream ended (the host may be shutting down); resume with: "
+        f"aip-crewai approvals watch{resume}",
+        file=sys.stderr,
+    )
     return Exit.FAILED
 
 
@@ -331,16 +348,28 @@ def _journal(args: argparse.Namespace) -> int:
 
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", type=host_url, default=os.environ.get("AIP_CREWAI_HOST_URL", "http://127.0.0.1:8081"),
-                   help="host base URL with its scheme, http(s)://HOST:PORT (env AIP_CREWAI_HOST_URL; "
-                   "default %(default)s)")
-    p.add_argument("--token-file", default=os.environ.get("AIP_CREWAI_TOKEN_FILE"),
-                   help="0600 file holding the principal's bearer token (env AIP_CREWAI_TOKEN_FILE)")
-    p.add_argument("--signing-key", default=os.environ.get("AIP_CREWAI_SIGNING_KEY"),
-                   help="0600 Ed25519 private key (PEM): every request is signed (RFC 9421 HTTP Message "
-                   "Signature) and so is an action envelope; needs --key-id (env AIP_CREWAI_SIGNING_KEY)")
-    p.add_argument("--key-id", default=os.environ.get("AIP_CREWAI_KEY_ID"),
-                   help="principal id of the signing key, as host.toml names it (env AIP_CREWAI_KEY_ID)")
+    p.add_argument(
+        "--url",
+        type=host_url,
+        default=os.environ.get("AIP_CREWAI_HOST_URL", "http://127.0.0.1:8081"),
+        help="host base URL with its scheme, http(s)://HOST:PORT (env AIP_CREWAI_HOST_URL; default %(default)s)",
+    )
+    p.add_argument(
+        "--token-file",
+        default=os.environ.get("AIP_CREWAI_TOKEN_FILE"),
+        help="0600 file holding the principal's bearer token (env AIP_CREWAI_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--signing-key",
+        default=os.environ.get("AIP_CREWAI_SIGNING_KEY"),
+        help="0600 Ed25519 private key (PEM): every request is signed (RFC 9421 HTTP Message "
+        "Signature) and so is an action envelope; needs --key-id (env AIP_CREWAI_SIGNING_KEY)",
+    )
+    p.add_argument(
+        "--key-id",
+        default=os.environ.get("AIP_CREWAI_KEY_ID"),
+        help="principal id of the signing key, as host.toml names it (env AIP_CREWAI_KEY_ID)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output (one JSON value per line)")
 
 
@@ -353,15 +382,18 @@ def _version() -> str:
         return "unknown"
 
 
-EXIT_CODES_HELP = ("exit codes: 0 completed (or success), 1 failed, 2 usage or configuration error, 3 cancelled, "
-                   "4 denied (approval denied or expired, policy, 401/403), 5 pending approval, 6 accepted and still "
-                   "running, 7 host unreachable, 141 output pipe closed (README \"Exit codes\")")
+EXIT_CODES_HELP = (
+    "exit codes: 0 completed (or success), 1 failed, 2 usage or configuration error, 3 cancelled, "
+    "4 denied (approval denied or expired, policy, 401/403), 5 pending approval, 6 accepted and still "
+    'running, 7 host unreachable, 141 output pipe closed (README "Exit codes")'
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``aip-crewai`` parser (``host`` and ``sidecar`` parse their own arguments)."""
-    parser = argparse.ArgumentParser(prog="aip-crewai", description="Governed AIP gateway for CrewAI crews.",
-                                     epilog=EXIT_CODES_HELP)
+    parser = argparse.ArgumentParser(
+        prog="aip-crewai", description="Governed AIP gateway for CrewAI crews.", epilog=EXIT_CODES_HELP
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -375,8 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_contracts)
 
     p = sub.add_parser("call", help="invoke a capability as a tenant", epilog=EXIT_CODES_HELP)
-    p.add_argument("capability_id", help="capability id from the manifest, e.g. cap:crewai:CREW or "
-                   "cap:crewai:CREW:OPERATION")
+    p.add_argument(
+        "capability_id", help="capability id from the manifest, e.g. cap:crewai:CREW or cap:crewai:CREW:OPERATION"
+    )
     p.add_argument("--input", required=True, help="the action input, a JSON object")
     p.add_argument("--action-id", help="action id (default: a new random id)")
     p.add_argument("--idempotency-key", help="idempotency key (required by mutations and knowledge_query)")
@@ -386,10 +419,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("actions", help="an action you submitted: its status, its result, or its stream")
     asub = p.add_subparsers(dest="actions_command", required=True)
-    for name, text in (("show", "the ActionStatus (state, result status, links)"),
-                       ("result", "the stored action_result (an ack while running); exit code as for call"),
-                       ("follow", "the action's stream from the start, or after --last-event-id; exit code as "
-                        "for call")):
+    for name, text in (
+        ("show", "the ActionStatus (state, result status, links)"),
+        ("result", "the stored action_result (an ack while running); exit code as for call"),
+        ("follow", "the action's stream from the start, or after --last-event-id; exit code as for call"),
+    ):
         q = asub.add_parser(name, help=text, epilog=EXIT_CODES_HELP)
         q.add_argument("action_id", help="the action id given to (or printed by) call")
         if name == "follow":
@@ -410,11 +444,15 @@ def build_parser() -> argparse.ArgumentParser:
     q = asub.add_parser("show", help="one approval with its input snapshot")
     q.add_argument("approval_id", help="approval id (from approvals list, or the pending call's output)")
     _add_client_flags(q)
-    q = asub.add_parser("watch", help="print the pending approvals, then every approval event live (SSE), until "
-                        "Ctrl-C", epilog="exit codes: 0 stopped by Ctrl-C or --count reached, 1 the host ended the "
-                        "stream (the resume command is printed), 2 usage, 4 credential refused, 7 host unreachable")
-    q.add_argument("--last-event-id", help="resume after this position (apv_<n>) instead of starting with the "
-                   "pending queue")
+    q = asub.add_parser(
+        "watch",
+        help="print the pending approvals, then every approval event live (SSE), until Ctrl-C",
+        epilog="exit codes: 0 stopped by Ctrl-C or --count reached, 1 the host ended the "
+        "stream (the resume command is printed), 2 usage, 4 credential refused, 7 host unreachable",
+    )
+    q.add_argument(
+        "--last-event-id", help="resume after this position (apv_<n>) instead of starting with the pending queue"
+    )
     q.add_argument("--count", type=int, help="exit 0 once this many pending approvals were printed")
     _add_client_flags(q)
     q = asub.add_parser("decide", help="approve or deny (as the authenticated approver)")
@@ -426,13 +464,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("keys", help="generate secrets (written 0600)")
     ksub = p.add_subparsers(dest="keys_command", required=True)
-    q = ksub.add_parser("generate", help="a bearer token (prints its SHA-256) or an Ed25519 key (prints the public key)")
+    q = ksub.add_parser(
+        "generate", help="a bearer token (prints its SHA-256) or an Ed25519 key (prints the public key)"
+    )
     q.add_argument("kind", choices=["token", "ed25519"], help="token (bearer) or ed25519 (signing key)")
     q.add_argument("--out", required=True, help="file to create (refuses to overwrite)")
     p.set_defaults(func=_keys)
 
-    p = sub.add_parser("doctor", help="check every crew of a registry as the sidecar does at start-up (model keys, "
-                       "knowledge, human input) and list its inputs; exit 1 when a crew has a problem")
+    p = sub.add_parser(
+        "doctor",
+        help="check every crew of a registry as the sidecar does at start-up (model keys, "
+        "knowledge, human input) and list its inputs; exit 1 when a crew has a problem",
+    )
     p.add_argument("--registry", help="module:attribute of the crew registry (default: $AIP_CREWAI_REGISTRY)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_doctor)
@@ -445,14 +488,22 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q = jsub.add_parser("inspect", help="one job with its events")
     q.add_argument("journal", help="the sidecar's SQLite journal file (--journal)")
-    q.add_argument("action_id", help="the sidecar job id, <tenant>:<action id>, or the action id alone when "
-                   "one tenant has it")
+    q.add_argument(
+        "action_id", help="the sidecar job id, <tenant>:<action id>, or the action id alone when one tenant has it"
+    )
     q.add_argument("--json", action="store_true", help="machine-readable output")
-    q = jsub.add_parser("import", help="migrate a reference sidecar's JSON journal (runs and events) into a "
-                        "SQLite journal; importing twice changes nothing")
+    q = jsub.add_parser(
+        "import",
+        help="migrate a reference sidecar's JSON journal (runs and events) into a "
+        "SQLite journal; importing twice changes nothing",
+    )
     q.add_argument("source", help="the reference sidecar's JSON journal (its AIP_CREWAI_STATE_FILE, e.g. runs.json)")
-    q.add_argument("--journal", dest="target", help="the SQLite journal to create or add to (default: the "
-                   "source with suffix .db); the sidecar must not be running on it")
+    q.add_argument(
+        "--journal",
+        dest="target",
+        help="the SQLite journal to create or add to (default: the "
+        "source with suffix .db); the sidecar must not be running on it",
+    )
     q.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_journal)
     return parser

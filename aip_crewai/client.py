@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import base64
 import json
-from urllib.parse import quote
 import secrets
 import time
 from collections.abc import Callable, Generator, Iterator
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from .plumbing import httpsig
 from .contracts.aip import CONTENT_TYPE
 from .contracts.hashing import jcs
+from .plumbing import httpsig
 from .sse import SSEDecoder
 
 
@@ -85,8 +85,9 @@ class RequestSigner(httpx.Auth):
         self.key, self.key_id, self.clock = key, key_id, clock
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        headers = httpsig.sign_request(request.method, str(request.url), request.content, self.key, self.key_id,
-                                       created=int(self.clock()))
+        headers = httpsig.sign_request(
+            request.method, str(request.url), request.content, self.key, self.key_id, created=int(self.clock())
+        )
         request.headers.update(headers)
         yield request
 
@@ -105,15 +106,28 @@ class AipClient:
         ValueError: ``signing_key`` without ``key_id`` (nothing would say whose key it is).
     """
 
-    def __init__(self, base_url: str, *, token: str | None = None, signing_key: Ed25519PrivateKey | None = None,
-                 key_id: str | None = None, timeout_s: float | None = 660.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
+        key_id: str | None = None,
+        timeout_s: float | None = 660.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         if signing_key is not None and not key_id:
             raise ValueError("a signing key needs its key id (the principal id)")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         auth = RequestSigner(signing_key, key_id) if signing_key is not None and key_id else None
-        self.http = httpx.Client(base_url=base_url, headers=headers, transport=transport, auth=auth,
-                                 timeout=httpx.Timeout(timeout_s, connect=10.0), follow_redirects=False)
+        self.http = httpx.Client(
+            base_url=base_url,
+            headers=headers,
+            transport=transport,
+            auth=auth,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            follow_redirects=False,
+        )
         self.signing_key = signing_key
         self.key_id = key_id
 
@@ -126,18 +140,30 @@ class AipClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check(self, response: httpx.Response) -> Any:
+    def _check(self, response: httpx.Response) -> dict[str, Any]:
+        """The JSON object of a successful answer.
+
+        Raises:
+            AipClientError: a status of 400 or more, or a success whose body is not a JSON object.
+        """
         try:
             body = response.json()
         except ValueError:
             body = response.text
-        if response.status_code >= 400:
+        if response.status_code >= 400 or not isinstance(body, dict):
             raise AipClientError(response.status_code, body)
         return body
 
-    def envelope(self, capability_id: str, input: dict[str, Any], *, action_id: str | None = None,
-                 idempotency_key: str | None = None, timeout_ms: int | None = None,
-                 mode: str | None = None) -> dict[str, Any]:
+    def envelope(
+        self,
+        capability_id: str,
+        input: dict[str, Any],
+        *,
+        action_id: str | None = None,
+        idempotency_key: str | None = None,
+        timeout_ms: int | None = None,
+        mode: str | None = None,
+    ) -> dict[str, Any]:
         """Build (and sign, when a key is set) an ``aip.core.v1.action`` envelope
         (``mode``: ``sync`` | ``async`` | ``streaming``, or None for the host's default, sync)."""
         action: dict[str, Any] = {"id": action_id or new_id("act"), "capability_id": capability_id, "input": input}
@@ -147,8 +173,13 @@ class AipClient:
             action["timeout_ms"] = timeout_ms
         if mode is not None:
             action["mode"] = mode
-        env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": new_id("msg"),
-               "sent_at": now_rfc3339(), "body": {"action": action}}
+        env = {
+            "aip_version": "1.0",
+            "message_type": "aip.core.v1.action",
+            "message_id": new_id("msg"),
+            "sent_at": now_rfc3339(),
+            "body": {"action": action},
+        }
         if self.signing_key is not None and self.key_id is not None:
             env = sign_envelope(env, self.signing_key, self.key_id)
         return env
@@ -157,8 +188,7 @@ class AipClient:
         """POST an action and wait for its ``action_result`` envelope (or an
         ``ack`` envelope: ``mode="async"``, or a call still running after the host's wait)."""
         env = self.envelope(capability_id, input, **kwargs)
-        response = self.http.post("/aip/v1/messages", content=json.dumps(env),
-                                  headers={"Content-Type": CONTENT_TYPE})
+        response = self.http.post("/aip/v1/messages", content=json.dumps(env), headers={"Content-Type": CONTENT_TYPE})
         return self._check(response)
 
     def stream(self, capability_id: str, input: dict[str, Any], **kwargs: Any) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -19,15 +19,15 @@ from typing import Any
 class Exit(IntEnum):
     """Process exit codes (README "Exit codes")."""
 
-    OK = 0                  #: success; for an action: completed
-    FAILED = 1              #: the action failed, or the host refused the request (an AIP error)
-    USAGE = 2               #: usage or configuration error (arguments, files, URL, taken port)
-    CANCELLED = 3           #: the action was cancelled
-    DENIED = 4              #: the approval was denied or expired, a policy refused it, or 401/403
-    PENDING_APPROVAL = 5    #: the action waits for an approver's decision
-    RUNNING = 6             #: the action was accepted and has no result yet (follow it)
-    UNREACHABLE = 7         #: the host could not be reached (connection refused, DNS, timeout)
-    BROKEN_PIPE = 141       #: stdout was closed by its reader (``| head``): 128 + SIGPIPE, as a shell reports it
+    OK = 0  #: success; for an action: completed
+    FAILED = 1  #: the action failed, or the host refused the request (an AIP error)
+    USAGE = 2  #: usage or configuration error (arguments, files, URL, taken port)
+    CANCELLED = 3  #: the action was cancelled
+    DENIED = 4  #: the approval was denied or expired, a policy refused it, or 401/403
+    PENDING_APPROVAL = 5  #: the action waits for an approver's decision
+    RUNNING = 6  #: the action was accepted and has no result yet (follow it)
+    UNREACHABLE = 7  #: the host could not be reached (connection refused, DNS, timeout)
+    BROKEN_PIPE = 141  #: stdout was closed by its reader (``| head``): 128 + SIGPIPE, as a shell reports it
 
 
 #: Error codes that mean "a policy said no" rather than "it failed".

@@ -22,7 +22,15 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["SSEDecoder", "SSEEvent", "SSEFrameTooLarge", "encode_comment", "encode_event", "encode_page", "page_template"]
+__all__ = [
+    "SSEDecoder",
+    "SSEEvent",
+    "SSEFrameTooLarge",
+    "encode_comment",
+    "encode_event",
+    "encode_page",
+    "page_template",
+]
 
 _BOM = b"\xef\xbb\xbf"
 _LINE_END = re.compile(r"\r\n|\r|\n")  # encoder side: the decoder's line ends

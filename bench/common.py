@@ -141,22 +141,41 @@ class Row:
 def latency_row(metric: str, ours: Stats, baseline: Stats, *, max_ratio: float | None) -> Row:
     """Ratio of durations ours / baseline (lower is better)."""
     r50, r99 = ours.p50 / baseline.p50, ours.p99 / baseline.p99
-    return Row(metric, f"{_ms(ours.p50)} / {_ms(ours.p99)}", f"{_ms(baseline.p50)} / {_ms(baseline.p99)}",
-               f"{r50:.2f}×", f"{r99:.2f}×", "—" if max_ratio is None else f"≤ {max_ratio:g}× at p50",
-               None if max_ratio is None else r50 <= max_ratio)
+    return Row(
+        metric,
+        f"{_ms(ours.p50)} / {_ms(ours.p99)}",
+        f"{_ms(baseline.p50)} / {_ms(baseline.p99)}",
+        f"{r50:.2f}×",
+        f"{r99:.2f}×",
+        "—" if max_ratio is None else f"≤ {max_ratio:g}× at p50",
+        None if max_ratio is None else r50 <= max_ratio,
+    )
 
 
 def added_row(metric: str, ours: Stats, baseline: Stats, *, max_added_s: float) -> Row:
     """Difference of durations ours − baseline (p50 and p99), and their ratio."""
     added50, added99 = ours.p50 - baseline.p50, ours.p99 - baseline.p99
-    return Row(metric, f"{_ms(ours.p50)} / {_ms(ours.p99)}", f"{_ms(baseline.p50)} / {_ms(baseline.p99)}",
-               f"{ours.p50 / baseline.p50:.2f}× (+{added50 * 1000:.1f} ms)",
-               f"{ours.p99 / baseline.p99:.2f}× (+{added99 * 1000:.1f} ms)",
-               f"≤ +{max_added_s * 1000:g} ms at p50", added50 <= max_added_s)
+    return Row(
+        metric,
+        f"{_ms(ours.p50)} / {_ms(ours.p99)}",
+        f"{_ms(baseline.p50)} / {_ms(baseline.p99)}",
+        f"{ours.p50 / baseline.p50:.2f}× (+{added50 * 1000:.1f} ms)",
+        f"{ours.p99 / baseline.p99:.2f}× (+{added99 * 1000:.1f} ms)",
+        f"≤ +{max_added_s * 1000:g} ms at p50",
+        added50 <= max_added_s,
+    )
 
 
-def rate_row(metric: str, unit: str, ours: Stats, baseline: Stats, *, units: float,
-             min_ratio: float | None, min_rate: float | None = None) -> Row:
+def rate_row(
+    metric: str,
+    unit: str,
+    ours: Stats,
+    baseline: Stats,
+    *,
+    units: float,
+    min_ratio: float | None,
+    min_rate: float | None = None,
+) -> Row:
     """Throughput comparison. ``ours``/``baseline`` are durations of samples of
     ``units`` items each; rates are ``units / duration`` (p99 = the slow tail).
     Ratio ours / baseline (higher is better)."""
@@ -169,8 +188,15 @@ def rate_row(metric: str, unit: str, ours: Stats, baseline: Stats, *, units: flo
     if min_rate is not None:
         targets.append(f"≥ {_rate(min_rate, unit)}")
         met = met and o50 >= min_rate
-    return Row(metric, f"{_rate(o50, unit)} / {_rate(o99, unit)}", f"{_rate(b50, unit)} / {_rate(b99, unit)}",
-               f"{o50 / b50:.2f}×", f"{o99 / b99:.2f}×", ", ".join(targets) or "—", met if targets else None)
+    return Row(
+        metric,
+        f"{_rate(o50, unit)} / {_rate(o99, unit)}",
+        f"{_rate(b50, unit)} / {_rate(b99, unit)}",
+        f"{o50 / b50:.2f}×",
+        f"{o99 / b99:.2f}×",
+        ", ".join(targets) or "—",
+        met if targets else None,
+    )
 
 
 @dataclass
@@ -186,9 +212,10 @@ class Section:
 
     def markdown(self) -> str:
         lines = [f"## {self.title}", "", f"Runtime: {self.seconds:.1f} s.", ""]
-        lines += table(["metric", "ours p50 / p99", "baseline p50 / p99", "ratio p50", "ratio p99", "target", ""],
-                       [[r.metric, r.ours, r.baseline, r.ratio_p50, r.ratio_p99, r.target, r.verdict]
-                        for r in self.rows])
+        lines += table(
+            ["metric", "ours p50 / p99", "baseline p50 / p99", "ratio p50", "ratio p99", "target", ""],
+            [[r.metric, r.ours, r.baseline, r.ratio_p50, r.ratio_p99, r.target, r.verdict] for r in self.rows],
+        )
         if self.extra:
             lines += ["", *self.extra]
         if self.notes:
@@ -198,8 +225,10 @@ class Section:
     def console(self) -> str:
         out = [f"== {self.title} ({self.seconds:.1f} s)"]
         for r in self.rows:
-            out.append(f"  {r.metric}: ours {r.ours} | baseline {r.baseline} | ratio p50 {r.ratio_p50}, "
-                       f"p99 {r.ratio_p99} | target {r.target} [{r.verdict}]")
+            out.append(
+                f"  {r.metric}: ours {r.ours} | baseline {r.baseline} | ratio p50 {r.ratio_p50}, "
+                f"p99 {r.ratio_p99} | target {r.target} [{r.verdict}]"
+            )
         return "\n".join(out)
 
 
@@ -220,8 +249,10 @@ def machine_line() -> str:
                 break
     except OSError:
         pass
-    return (f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, Python {sys.version.split()[0]}, "
-            f"{os.cpu_count()} cores ({model})")
+    return (
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, Python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} cores ({model})"
+    )
 
 
 # --- processes ---------------------------------------------------------------------
@@ -298,8 +329,11 @@ class Process:
 
 def child_env() -> dict[str, str]:
     """This environment without our settings variables, with the repository on PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("AIP_CREWAI_") and k not in ("NOTIFY_SOCKET", "CREWAI_STORAGE_DIR")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("AIP_CREWAI_") and k not in ("NOTIFY_SOCKET", "CREWAI_STORAGE_DIR")
+    }
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -318,8 +352,9 @@ class Stack:
     def __enter__(self) -> Stack:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:
@@ -334,8 +369,14 @@ class Stack:
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Process:
         stderr_path = self.workdir / f"{name}.stderr"
         with stderr_path.open("wb") as stderr:
-            popen = subprocess.Popen(cmd, cwd=self.workdir, env={**child_env(), **(env or {})}, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=stderr)
+            popen = subprocess.Popen(
+                cmd,
+                cwd=self.workdir,
+                env={**child_env(), **(env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
         process = Process(name, popen, stderr_path)
         self.processes.append(process)
         return process
@@ -349,9 +390,23 @@ class Stack:
             token_file.chmod(0o600)
         state = self.workdir / f"{name}-state"
         state.mkdir(mode=0o700, exist_ok=True)
-        cmd = [sys.executable, "-m", "aip_crewai.cli", "sidecar", "--registry", REGISTRY,
-               "--journal", str(state / "journal.db"), "--token-file", str(token_file), "--port", "0",
-               "--shutdown-grace-seconds", "5", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "aip_crewai.cli",
+            "sidecar",
+            "--registry",
+            REGISTRY,
+            "--journal",
+            str(state / "journal.db"),
+            "--token-file",
+            str(token_file),
+            "--port",
+            "0",
+            "--shutdown-grace-seconds",
+            "5",
+            *args,
+        ]
         process = self._spawn(name, cmd, env)
         end = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -368,8 +423,15 @@ class Stack:
         _wait_http(f"{process.base_url}/health", {"Authorization": f"Bearer {SIDECAR_TOKEN}"}, process)
         return process
 
-    def start_host(self, sidecar: Process, crews: Sequence[str], *, name: str = "host",
-                   store: str = "host.db", host_keys: Sequence[str] = ()) -> Process:
+    def start_host(
+        self,
+        sidecar: Process,
+        crews: Sequence[str],
+        *,
+        name: str = "host",
+        store: str = "host.db",
+        host_keys: Sequence[str] = (),
+    ) -> Process:
         """``aip-crewai host`` on port 0 in front of ``sidecar``; tenant ``bench`` sees ``crews``;
         ``store``: a SQLite file in its own directory, or a ``postgresql://`` URL (``host_id`` = ``name``);
         ``host_keys``: more ``[host]`` lines, e.g. ``"status_cache_entries = 0"``."""
@@ -379,15 +441,37 @@ class Stack:
         (home / "sidecar.token").chmod(0o600)
         descriptors = [{"id": crew, "name": crew.title(), "allowed_operations": HOST_OPERATIONS} for crew in crews]
         (home / "crews.json").write_text(json.dumps(descriptors))
-        lines = ["[host]", 'bind = "127.0.0.1:0"', f"store = {json.dumps(store)}", f'host_id = "{name}"', *host_keys, "",
-                 "[sidecar]", f'url = "{sidecar.base_url}"', 'token_file = "sidecar.token"', "",
-                 "[crews]", 'file = "crews.json"', "",
-                 f"[tenants.{TENANT}]", f"crews = {json.dumps(list(crews))}", ""]
+        lines = [
+            "[host]",
+            'bind = "127.0.0.1:0"',
+            f"store = {json.dumps(store)}",
+            f'host_id = "{name}"',
+            *host_keys,
+            "",
+            "[sidecar]",
+            f'url = "{sidecar.base_url}"',
+            'token_file = "sidecar.token"',
+            "",
+            "[crews]",
+            'file = "crews.json"',
+            "",
+            f"[tenants.{TENANT}]",
+            f"crews = {json.dumps(list(crews))}",
+            "",
+        ]
         for principal, token in TOKENS.items():
-            lines += ["[[principals]]", f'id = "{principal}"', f'tenant = "{TENANT}"', f'roles = ["{ROLES[principal]}"]',
-                      f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"', ""]
+            lines += [
+                "[[principals]]",
+                f'id = "{principal}"',
+                f'tenant = "{TENANT}"',
+                f'roles = ["{ROLES[principal]}"]',
+                f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"',
+                "",
+            ]
         (home / "host.toml").write_text("\n".join(lines))
-        process = self._spawn(name, [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(home / "host.toml")])
+        process = self._spawn(
+            name, [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(home / "host.toml")]
+        )
         process.base_url = f"http://127.0.0.1:{process.wait_for_port(_HYPERCORN_PORT)}"
         _wait_http(f"{process.base_url}/ready", {}, process)
         return process
@@ -457,8 +541,15 @@ def envelope(capability_id: str, input: dict[str, Any], *, action_id: str, key: 
     if key is not None:
         action["idempotency_key"] = key
     sent_at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    return json.dumps({"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": new_id("msg"),
-                       "sent_at": sent_at, "body": {"action": action}}).encode()
+    return json.dumps(
+        {
+            "aip_version": "1.0",
+            "message_type": "aip.core.v1.action",
+            "message_id": new_id("msg"),
+            "sent_at": sent_at,
+            "body": {"action": action},
+        }
+    ).encode()
 
 
 def async_client(base_url: str, token: str | None = None, *, connections: int = 16) -> httpx.AsyncClient:
@@ -467,8 +558,9 @@ def async_client(base_url: str, token: str | None = None, *, connections: int = 
     a request can race the server closing the connection and fail with ReadError."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=1.0)
-    return httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits,
-                             timeout=httpx.Timeout(300.0, connect=10.0))
+    return httpx.AsyncClient(
+        base_url=base_url, headers=headers, limits=limits, timeout=httpx.Timeout(300.0, connect=10.0)
+    )
 
 
 class BenchError(RuntimeError):
@@ -497,8 +589,9 @@ class Governed:
         return result  # type: ignore[no-any-return]
 
     async def decide(self, approval_id: str) -> None:
-        response = await self.approver.post(f"/aip/v1/approvals/{approval_id}/decision",
-                                            json={"decision": "approved", "reason": "benchmark"})
+        response = await self.approver.post(
+            f"/aip/v1/approvals/{approval_id}/decision", json={"decision": "approved", "reason": "benchmark"}
+        )
         if response.status_code != 200:
             raise BenchError(f"decision answered {response.status_code}: {response.text[:300]}")
 

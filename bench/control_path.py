@@ -63,6 +63,7 @@ async def run() -> Section:
             bare = stack.start_bare(view.content)
             bare_client = async_client(bare.base_url)
             try:
+
                 def via(through: Governed, run: str) -> Timed:
                     async def timed() -> float:
                         body = envelope("cap:crewai:fast:status", {"run_action_id": run}, action_id=new_id("act"))
@@ -72,6 +73,7 @@ async def run() -> Section:
                         if answer["status"] != "completed" or answer["output"]["status"] != "completed":
                             raise BenchError(f"status through the host answered {answer}")
                         return elapsed
+
                     return timed
 
                 async def via_sidecar() -> float:
@@ -90,9 +92,17 @@ async def run() -> Section:
                         raise BenchError("bare server answered something else")
                     return elapsed
 
-                samples = await interleave({"host": via(governed, run_id), "host_uncached": via(uncached, uncached_run_id),
-                                            "sidecar": via_sidecar, "bare": via_bare},
-                                           rounds=ROUNDS, warmup=WARMUP, budget_s=BUDGET_S)
+                samples = await interleave(
+                    {
+                        "host": via(governed, run_id),
+                        "host_uncached": via(uncached, uncached_run_id),
+                        "sidecar": via_sidecar,
+                        "bare": via_bare,
+                    },
+                    rounds=ROUNDS,
+                    warmup=WARMUP,
+                    budget_s=BUDGET_S,
+                )
             finally:
                 await bare_client.aclose()
         finally:

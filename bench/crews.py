@@ -29,5 +29,11 @@ def fast() -> Crew:
     return build_crew(OfflineLLM(model="offline-fast", chunks_per_answer=1), ["Say {topic}."], role="Fast echo")
 
 
-CREWS: dict[str, Any] = {"fast": fast, "echo": echo, "chatty": chatty, "slow": slow, "blocking": blocking_tool,
-                         "memory_stall": memory_stall}
+CREWS: dict[str, Any] = {
+    "fast": fast,
+    "echo": echo,
+    "chatty": chatty,
+    "slow": slow,
+    "blocking": blocking_tool,
+    "memory_stall": memory_stall,
+}

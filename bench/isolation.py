@@ -70,8 +70,9 @@ async def _run(client: httpx.AsyncClient, crew: str) -> float:
     return elapsed
 
 
-async def _health_samples(client: httpx.AsyncClient, *, count: int | None = None,
-                          while_running: asyncio.Task[Any] | None = None) -> list[float]:
+async def _health_samples(
+    client: httpx.AsyncClient, *, count: int | None = None, while_running: asyncio.Task[Any] | None = None
+) -> list[float]:
     samples = []
     while (count is not None and len(samples) < count) or (while_running is not None and not while_running.done()):
         started = time.perf_counter()
@@ -129,8 +130,9 @@ def _cmdline(pid: int) -> str:
 
 async def _idle_tree(stack: Stack, concurrency: int) -> tuple[int, int, int]:
     """(tree PSS KiB, fork server RSS KiB, mean worker USS KiB) of an idle process-mode sidecar."""
-    sidecar = stack.start_sidecar("--isolation", "process", "--max-concurrency", str(concurrency),
-                                  name=f"sidecar-c{concurrency}")
+    sidecar = stack.start_sidecar(
+        "--isolation", "process", "--max-concurrency", str(concurrency), name=f"sidecar-c{concurrency}"
+    )
     try:
         async with async_client(sidecar.base_url, SIDECAR_TOKEN) as client:
             for _ in range(3):  # every worker has booted; one job per worker ran and was replaced
@@ -151,53 +153,87 @@ async def run() -> Section:
     with Stack("isolation") as stack:
         markers = stack.workdir / "markers"
         markers.mkdir(mode=0o700)
-        process = stack.start_sidecar("--isolation", "process", "--cancel-grace-seconds", "1", "--allowed-operations",
-                                      "run,test", name="process",
-                                      env={"AIP_CREWAI_TEST_MARKER_DIR": str(markers),
-                                           "AIP_CREWAI_TEST_BLOCK_SECONDS": "5"})
+        process = stack.start_sidecar(
+            "--isolation",
+            "process",
+            "--cancel-grace-seconds",
+            "1",
+            "--allowed-operations",
+            "run,test",
+            name="process",
+            env={"AIP_CREWAI_TEST_MARKER_DIR": str(markers), "AIP_CREWAI_TEST_BLOCK_SECONDS": "5"},
+        )
         inprocess = stack.start_sidecar("--isolation", "inprocess", name="inprocess")
-        async with async_client(process.base_url, SIDECAR_TOKEN) as iso, \
-                async_client(inprocess.base_url, SIDECAR_TOKEN) as inp:
-            samples = await interleave({"process": lambda: _run(iso, "fast"), "inprocess": lambda: _run(inp, "fast")},
-                                       rounds=ROUNDS, warmup=WARMUP, budget_s=BUDGET_S)
+        async with (
+            async_client(process.base_url, SIDECAR_TOKEN) as iso,
+            async_client(inprocess.base_url, SIDECAR_TOKEN) as inp,
+        ):
+            samples = await interleave(
+                {"process": lambda: _run(iso, "fast"), "inprocess": lambda: _run(inp, "fast")},
+                rounds=ROUNDS,
+                warmup=WARMUP,
+                budget_s=BUDGET_S,
+            )
             ours, base = Stats.of(samples["process"]), Stats.of(samples["inprocess"])
-            section.rows.append(added_row("run `fast`: --isolation process vs inprocess (POST /jobs)", ours, base,
-                                          max_added_s=MAX_ADDED_S))
+            section.rows.append(
+                added_row(
+                    "run `fast`: --isolation process vs inprocess (POST /jobs)", ours, base, max_added_s=MAX_ADDED_S
+                )
+            )
 
             idle = Stats.of(await _health_samples(iso, count=200))
             blockers = [asyncio.create_task(_run(iso, "blocking")) for _ in range(BLOCKERS)]
             await _wait_markers(markers, BLOCKERS)
             during = Stats.of(await _health_samples(iso, while_running=asyncio.gather(*blockers)))
-            section.rows.append(_p99_row(f"/health while {BLOCKERS} jobs block 5 s in a synchronous call vs idle",
-                                         during, idle, HEALTH_P99_S))
+            section.rows.append(
+                _p99_row(
+                    f"/health while {BLOCKERS} jobs block 5 s in a synchronous call vs idle", during, idle, HEALTH_P99_S
+                )
+            )
 
-            iso_stall = Stats.of(await _health_samples(iso, while_running=asyncio.create_task(
-                _run(iso, "memory_stall"))))
-            inp_stall = Stats.of(await _health_samples(inp, while_running=asyncio.create_task(
-                _run(inp, "memory_stall"))))
-            section.rows.append(_p99_row("/health during a memory-save stall: process vs inprocess", iso_stall,
-                                         inp_stall, HEALTH_P99_S))
+            iso_stall = Stats.of(
+                await _health_samples(iso, while_running=asyncio.create_task(_run(iso, "memory_stall")))
+            )
+            inp_stall = Stats.of(
+                await _health_samples(inp, while_running=asyncio.create_task(_run(inp, "memory_stall")))
+            )
+            section.rows.append(
+                _p99_row("/health during a memory-save stall: process vs inprocess", iso_stall, inp_stall, HEALTH_P99_S)
+            )
 
             hard, soft = [], []
             for _ in range(CANCELS):
                 hard.append(await _cancel(iso, "test", {"n_iterations": 1, "eval_llm": "offline-blocking"}, markers))
                 soft.append(await _cancel(iso, "run", {"topic": "isolation"}, markers))
             hard_s, soft_s = Stats.of(hard), Stats.of(soft)
-            section.rows.append(Row("cancel → dead worker, tool blocked in `time.sleep`: `test` (killed after the "
-                                    "1 s grace) vs `run` (its task stops at once)",
-                                    f"{hard_s.p50 * 1000:.0f} ms / {hard_s.p99 * 1000:.0f} ms",
-                                    f"{soft_s.p50 * 1000:.0f} ms / {soft_s.p99 * 1000:.0f} ms",
-                                    f"{hard_s.p50 / soft_s.p50:.1f}×", f"{hard_s.p99 / soft_s.p99:.1f}×",
-                                    f"< {CANCEL_S:g} s", hard_s.p99 < CANCEL_S))
+            section.rows.append(
+                Row(
+                    "cancel → dead worker, tool blocked in `time.sleep`: `test` (killed after the "
+                    "1 s grace) vs `run` (its task stops at once)",
+                    f"{hard_s.p50 * 1000:.0f} ms / {hard_s.p99 * 1000:.0f} ms",
+                    f"{soft_s.p50 * 1000:.0f} ms / {soft_s.p99 * 1000:.0f} ms",
+                    f"{hard_s.p50 / soft_s.p50:.1f}×",
+                    f"{hard_s.p99 / soft_s.p99:.1f}×",
+                    f"< {CANCEL_S:g} s",
+                    hard_s.p99 < CANCEL_S,
+                )
+            )
         process.stop()
         inprocess.stop()
         four, four_server, four_uss = await _idle_tree(stack, 4)
         one, _server, _uss = await _idle_tree(stack, 1)
         per_worker = (four - one) / 3
-        section.rows.append(Row("memory per idle worker (tree PSS, 4 vs 1 workers) vs a CrewAI import (fork server "
-                                "RSS)", f"{per_worker / 1024:.1f} MiB (USS {four_uss / 1024:.1f} MiB)",
-                                f"{four_server / 1024:.0f} MiB", f"{per_worker / max(1, four_server):.2f}×", "—",
-                                "well under a CrewAI import", per_worker < four_server / 4))
+        section.rows.append(
+            Row(
+                "memory per idle worker (tree PSS, 4 vs 1 workers) vs a CrewAI import (fork server RSS)",
+                f"{per_worker / 1024:.1f} MiB (USS {four_uss / 1024:.1f} MiB)",
+                f"{four_server / 1024:.0f} MiB",
+                f"{per_worker / max(1, four_server):.2f}×",
+                "—",
+                "well under a CrewAI import",
+                per_worker < four_server / 4,
+            )
+        )
     section.notes += [
         f"Added latency: {ours.n} interleaved rounds after {WARMUP} warm-up rounds, one run at a time, two sidecars "
         "side by side (4 workers each for process).",
@@ -213,9 +249,15 @@ async def run() -> Section:
 
 
 def _p99_row(metric: str, ours: Stats, baseline: Stats, max_p99_s: float) -> Row:
-    return Row(metric, f"{ours.p50 * 1000:.2f} ms / {ours.p99 * 1000:.2f} ms",
-               f"{baseline.p50 * 1000:.2f} ms / {baseline.p99 * 1000:.2f} ms", f"{ours.p50 / baseline.p50:.2f}×",
-               f"{ours.p99 / baseline.p99:.2f}×", f"p99 < {max_p99_s * 1000:g} ms", ours.p99 < max_p99_s)
+    return Row(
+        metric,
+        f"{ours.p50 * 1000:.2f} ms / {ours.p99 * 1000:.2f} ms",
+        f"{baseline.p50 * 1000:.2f} ms / {baseline.p99 * 1000:.2f} ms",
+        f"{ours.p50 / baseline.p50:.2f}×",
+        f"{ours.p99 / baseline.p99:.2f}×",
+        f"p99 < {max_p99_s * 1000:g} ms",
+        ours.p99 < max_p99_s,
+    )
 
 
 async def _cancel(client: httpx.AsyncClient, operation: str, input: dict[str, Any], markers: Path) -> float:
@@ -243,7 +285,8 @@ async def _cancel(client: httpx.AsyncClient, operation: str, input: dict[str, An
 
 def _status(pid: int) -> str:
     try:
-        return next((line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                     if line.startswith("State:")), "")
+        return next(
+            (line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:")), ""
+        )
     except OSError:
         return "zombie"

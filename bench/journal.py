@@ -41,16 +41,20 @@ RETAINED_FEW = 10
 EVENTS_PER_RETAINED_JOB = 50
 BUDGET_S = 20.0
 MIN_RATIO = 0.8
-CHUNK = b'{"content":"lighthouse ","channel":"llm","task_id":"3f9a6c1e-0b7d-4c55-9a51-6c2d1f0e8b27","agent_role":"Chatty"}'
-LIMITS = {"max_retained_runs": 1_000_000, "max_bytes": 8 * 1024 ** 3}
+CHUNK = (
+    b'{"content":"lighthouse ","channel":"llm","task_id":"3f9a6c1e-0b7d-4c55-9a51-6c2d1f0e8b27","agent_role":"Chatty"}'
+)
+LIMITS = {"max_retained_runs": 1_000_000, "max_bytes": 8 * 1024**3}
 
 _BARE_TABLE = """CREATE TABLE jobs (action_id TEXT PRIMARY KEY, crew_id TEXT NOT NULL, operation TEXT NOT NULL,
  request_hash TEXT NOT NULL, idempotency_key TEXT NOT NULL, timeout_ms INTEGER, status TEXT NOT NULL,
  event_count INTEGER NOT NULL DEFAULT 0, output BLOB, error BLOB, dropped_events INTEGER NOT NULL DEFAULT 0,
  provider_stop_observed INTEGER, archived INTEGER NOT NULL DEFAULT 0, created_at INTEGER NOT NULL,
  updated_at INTEGER NOT NULL)"""
-_BARE_INSERT = ("INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, status, "
-                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)")
+_BARE_INSERT = (
+    "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, status, "
+    "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)"
+)
 
 
 def _new_job() -> NewJob:
@@ -73,9 +77,12 @@ def _populate(path: Path, jobs: int) -> None:
             conn.execute(
                 "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, status, "
                 "event_count, output, created_at, updated_at) VALUES (?, 'chatty', 'run', ?, ?, 'completed', ?, ?, ?, ?)",
-                (action_id, f"{i:064x}", f"key-{i}", EVENTS_PER_RETAINED_JOB, b'{"raw":"done"}', now, now))
-            conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
-                             [(action_id, s, "chunk", CHUNK) for s in range(EVENTS_PER_RETAINED_JOB)])
+                (action_id, f"{i:064x}", f"key-{i}", EVENTS_PER_RETAINED_JOB, b'{"raw":"done"}', now, now),
+            )
+            conn.executemany(
+                "INSERT INTO events VALUES (?, ?, ?, ?)",
+                [(action_id, s, "chunk", CHUNK) for s in range(EVENTS_PER_RETAINED_JOB)],
+            )
         conn.execute("COMMIT")
     conn.close()
 
@@ -153,14 +160,22 @@ async def run() -> Section:
             return time.perf_counter() - started
 
         admissions = await interleave(
-            {"journal": lambda: admit(few), "journal_many": lambda: admit(many), "bare": bare_insert,
-             "bare_aiosqlite": bare_aiosqlite},
-            rounds=ADMISSIONS, warmup=10, budget_s=BUDGET_S)
+            {
+                "journal": lambda: admit(few),
+                "journal_many": lambda: admit(many),
+                "bare": bare_insert,
+                "bare_aiosqlite": bare_aiosqlite,
+            },
+            rounds=ADMISSIONS,
+            warmup=10,
+            budget_s=BUDGET_S,
+        )
         appenders = {"few": _Appender(few), "many": _Appender(many)}
         for appender in appenders.values():
             await appender.start()
-        appends = await interleave({name: a.checkpoint for name, a in appenders.items()},
-                                   rounds=CHECKPOINTS, warmup=5, budget_s=BUDGET_S)
+        appends = await interleave(
+            {name: a.checkpoint for name, a in appenders.items()}, rounds=CHECKPOINTS, warmup=5, budget_s=BUDGET_S
+        )
     finally:
         for journal in journals:
             await journal.close()
@@ -172,14 +187,38 @@ async def run() -> Section:
     adm = {k: Stats.of(v) for k, v in admissions.items()}
     app = {k: Stats.of(v) for k, v in appends.items()}
     section.rows += [
-        rate_row("admission: Journal.admit vs bare sqlite3 INSERT (FULL, WAL)", "admissions", adm["journal"],
-                 adm["bare"], units=1, min_ratio=None),
-        rate_row("admission: Journal.admit vs bare aiosqlite INSERT (FULL, WAL)", "admissions", adm["journal"],
-                 adm["bare_aiosqlite"], units=1, min_ratio=None),
-        rate_row(f"admission: {RETAINED_MANY:,} vs {RETAINED_FEW} retained jobs", "admissions", adm["journal_many"],
-                 adm["journal"], units=1, min_ratio=None),
-        rate_row(f"chunk appends (checkpoints of {CHECKPOINT_EVENTS}): {RETAINED_MANY:,} vs {RETAINED_FEW} retained jobs",
-                 "chunks", app["many"], app["few"], units=1, min_ratio=MIN_RATIO),
+        rate_row(
+            "admission: Journal.admit vs bare sqlite3 INSERT (FULL, WAL)",
+            "admissions",
+            adm["journal"],
+            adm["bare"],
+            units=1,
+            min_ratio=None,
+        ),
+        rate_row(
+            "admission: Journal.admit vs bare aiosqlite INSERT (FULL, WAL)",
+            "admissions",
+            adm["journal"],
+            adm["bare_aiosqlite"],
+            units=1,
+            min_ratio=None,
+        ),
+        rate_row(
+            f"admission: {RETAINED_MANY:,} vs {RETAINED_FEW} retained jobs",
+            "admissions",
+            adm["journal_many"],
+            adm["journal"],
+            units=1,
+            min_ratio=None,
+        ),
+        rate_row(
+            f"chunk appends (checkpoints of {CHECKPOINT_EVENTS}): {RETAINED_MANY:,} vs {RETAINED_FEW} retained jobs",
+            "chunks",
+            app["many"],
+            app["few"],
+            units=1,
+            min_ratio=MIN_RATIO,
+        ),
     ]
     section.notes += [
         f"Admissions: {adm['journal'].n} interleaved rounds (journal with {RETAINED_FEW} and with {RETAINED_MANY:,} "

@@ -43,8 +43,13 @@ class ReferenceStyleJournal:
         chunk = json.loads(CHUNK)
         self.runs: dict[str, dict[str, Any]] = {
             f"retained:{i:06d}": {
-                "action_id": f"retained:{i:06d}", "crew_id": "chatty", "operation": "run", "status": "completed",
-                "request_hash": f"{i:064x}", "idempotency_key": f"key-{i}", "output": {"raw": "done"},
+                "action_id": f"retained:{i:06d}",
+                "crew_id": "chatty",
+                "operation": "run",
+                "status": "completed",
+                "request_hash": f"{i:064x}",
+                "idempotency_key": f"key-{i}",
+                "output": {"raw": "done"},
                 "events": [{"event": "chunk", "sequence": s, "data": chunk} for s in range(EVENTS_PER_RETAINED_JOB)],
             }
             for i in range(retained)
@@ -70,9 +75,15 @@ class ReferenceStyleJournal:
 
     def admit(self) -> None:
         job = _new_job()
-        self.runs[job.action_id] = {"action_id": job.action_id, "crew_id": job.crew_id, "operation": job.operation,
-                                    "status": "queued", "request_hash": job.request_hash,
-                                    "idempotency_key": job.idempotency_key, "events": []}
+        self.runs[job.action_id] = {
+            "action_id": job.action_id,
+            "crew_id": job.crew_id,
+            "operation": job.operation,
+            "status": "queued",
+            "request_hash": job.request_hash,
+            "idempotency_key": job.idempotency_key,
+            "events": [],
+        }
         self.persist()
 
 
@@ -101,16 +112,25 @@ async def run() -> Section:
                 reference.admit()
                 return time.perf_counter() - started
 
-            samples[retained] = await interleave({"ours": admit_ours, "reference": admit_reference},
-                                                 rounds=ROUNDS, warmup=3, budget_s=BUDGET_S)
+            samples[retained] = await interleave(
+                {"ours": admit_ours, "reference": admit_reference}, rounds=ROUNDS, warmup=3, budget_s=BUDGET_S
+            )
     finally:
         for journal in ours.values():
             await journal.close()
         shutil.rmtree(workdir, ignore_errors=True)
     for retained in RETAINED:
         stats = {k: Stats.of(v) for k, v in samples[retained].items()}
-        section.rows.append(rate_row(f"admission at {retained:,} retained jobs: ours vs reference-style JSON journal",
-                                     "admissions", stats["ours"], stats["reference"], units=1, min_ratio=None))
+        section.rows.append(
+            rate_row(
+                f"admission at {retained:,} retained jobs: ours vs reference-style JSON journal",
+                "admissions",
+                stats["ours"],
+                stats["reference"],
+                units=1,
+                min_ratio=None,
+            )
+        )
     section.notes += [
         "Method: the reference-style journal rewrites one JSON file of every retained job and its events per "
         "persist (write, fsync, rename, directory fsync); ours commits one SQLite transaction (WAL, "

@@ -72,8 +72,11 @@ async def run() -> Section:
         try:
             for _ in range(3):  # warm both paths
                 await governed.governed_run("fast", INPUT)
-                await side.post("/jobs", json={"crew_id": "fast", "action_id": f"warm:{uuid.uuid4().hex}",
-                                               "input": INPUT}, headers={"Idempotency-Key": new_id("key")})
+                await side.post(
+                    "/jobs",
+                    json={"crew_id": "fast", "action_id": f"warm:{uuid.uuid4().hex}", "input": INPUT},
+                    headers={"Idempotency-Key": new_id("key")},
+                )
             await asyncio.sleep(0.5)
             idle = {p.name: p.rss_kib() for p in processes}
 
@@ -89,8 +92,11 @@ async def run() -> Section:
             async def sidecar_run() -> float:
                 job_id = f"load:{uuid.uuid4().hex}"
                 started = time.perf_counter()
-                response = await side.post("/jobs", json={"crew_id": "fast", "action_id": job_id, "input": INPUT},
-                                           headers={"Idempotency-Key": new_id("key"), "X-AIP-Action-ID": job_id})
+                response = await side.post(
+                    "/jobs",
+                    json={"crew_id": "fast", "action_id": job_id, "input": INPUT},
+                    headers={"Idempotency-Key": new_id("key"), "X-AIP-Action-ID": job_id},
+                )
                 if response.status_code != 200:
                     raise BenchError(f"POST /jobs answered {response.status_code}")
                 return time.perf_counter() - started
@@ -126,22 +132,62 @@ async def run() -> Section:
     host_peak = max(peaks["host"]["host"], peaks["sidecar"]["host"])
     sidecar_peak = max(peaks["host"]["sidecar"], peaks["sidecar"]["sidecar"])
     section.rows += [
-        rate_row(f"throughput: {RUNS} concurrent governed runs via host vs POST /jobs", "runs", throughput["host"],
-                 throughput["sidecar"], units=1, min_ratio=None),
-        latency_row("latency per run: host (submit → result) vs sidecar POST /jobs", Stats.of(latencies["host"]),
-                    Stats.of(latencies["sidecar"]), max_ratio=None),
-        Row("errors (failed or not completed runs)", f"{errors['host']} of {total['host']}",
-            f"{errors['sidecar']} of {total['sidecar']}", "—", "—", "0 errors",
-            errors["host"] == 0 and errors["sidecar"] == 0),
-        Row("peak RSS under load: host vs sidecar", _mib(host_peak), _mib(sidecar_peak),
-            f"{host_peak / sidecar_peak:.2f}×", "—", f"≤ {MAX_RSS_RATIO:g}×", host_peak / sidecar_peak <= MAX_RSS_RATIO),
+        rate_row(
+            f"throughput: {RUNS} concurrent governed runs via host vs POST /jobs",
+            "runs",
+            throughput["host"],
+            throughput["sidecar"],
+            units=1,
+            min_ratio=None,
+        ),
+        latency_row(
+            "latency per run: host (submit → result) vs sidecar POST /jobs",
+            Stats.of(latencies["host"]),
+            Stats.of(latencies["sidecar"]),
+            max_ratio=None,
+        ),
+        Row(
+            "errors (failed or not completed runs)",
+            f"{errors['host']} of {total['host']}",
+            f"{errors['sidecar']} of {total['sidecar']}",
+            "—",
+            "—",
+            "0 errors",
+            errors["host"] == 0 and errors["sidecar"] == 0,
+        ),
+        Row(
+            "peak RSS under load: host vs sidecar",
+            _mib(host_peak),
+            _mib(sidecar_peak),
+            f"{host_peak / sidecar_peak:.2f}×",
+            "—",
+            f"≤ {MAX_RSS_RATIO:g}×",
+            host_peak / sidecar_peak <= MAX_RSS_RATIO,
+        ),
     ]
     section.extra += table(
-        ["process", "RSS idle (warm)", "peak during host phase", "peak during sidecar phase", "RSS after",
-         "CPU per run, host phase", "CPU per run, sidecar phase"],
-        [[p, _mib(idle[p]), _mib(peaks["host"][p]), _mib(peaks["sidecar"][p]), _mib(after[p]),
-          f"{cpu['host'][p] / total['host'] * 1000:.1f} ms", f"{cpu['sidecar'][p] / total['sidecar'] * 1000:.1f} ms"]
-         for p in ("host", "sidecar")])
+        [
+            "process",
+            "RSS idle (warm)",
+            "peak during host phase",
+            "peak during sidecar phase",
+            "RSS after",
+            "CPU per run, host phase",
+            "CPU per run, sidecar phase",
+        ],
+        [
+            [
+                p,
+                _mib(idle[p]),
+                _mib(peaks["host"][p]),
+                _mib(peaks["sidecar"][p]),
+                _mib(after[p]),
+                f"{cpu['host'][p] / total['host'] * 1000:.1f} ms",
+                f"{cpu['sidecar'][p] / total['sidecar'] * 1000:.1f} ms",
+            ]
+            for p in ("host", "sidecar")
+        ],
+    )
     section.notes += [f"error: {sample}" for sample in samples]
     section.notes += [
         f"{ROUNDS} rounds of each phase ({RUNS} runs at once each), pooled; throughput p50 = mean over rounds, "

@@ -81,6 +81,7 @@ async def run() -> Section:
         governed = Governed(host)
         side = async_client(sidecar.base_url, SIDECAR_TOKEN)
         try:
+
             async def via_host() -> float:
                 result, elapsed = await governed.governed_run("fast", INPUT)
                 if "overhead" not in result["output"]["raw"]:
@@ -91,22 +92,28 @@ async def run() -> Section:
                 job_id = f"direct:{uuid.uuid4().hex}"
                 body = {"crew_id": "fast", "action_id": job_id, "operation": "run", "input": INPUT}
                 started = time.perf_counter()
-                response = await side.post("/jobs", json=body, headers={"Idempotency-Key": new_id("key"),
-                                                                         "X-AIP-Action-ID": job_id})
+                response = await side.post(
+                    "/jobs", json=body, headers={"Idempotency-Key": new_id("key"), "X-AIP-Action-ID": job_id}
+                )
                 elapsed = time.perf_counter() - started
                 if response.status_code != 200 or "overhead" not in response.json()["raw"]:
                     raise BenchError(f"sidecar POST /jobs answered {response.status_code}: {response.text[:200]}")
                 return elapsed
 
-            samples = await interleave({"in_process": in_process, "sidecar": via_sidecar, "host": via_host},
-                                       rounds=ROUNDS, warmup=WARMUP, budget_s=BUDGET_S)
+            samples = await interleave(
+                {"in_process": in_process, "sidecar": via_sidecar, "host": via_host},
+                rounds=ROUNDS,
+                warmup=WARMUP,
+                budget_s=BUDGET_S,
+            )
         finally:
             await side.aclose()
             await governed.aclose()
     host_s, side_s, base_s = (Stats.of(samples[k]) for k in ("host", "sidecar", "in_process"))
     section.rows += [
-        added_row("run `fast`: host (decision → result) vs in-process akickoff", host_s, base_s,
-                  max_added_s=MAX_ADDED_S),
+        added_row(
+            "run `fast`: host (decision → result) vs in-process akickoff", host_s, base_s, max_added_s=MAX_ADDED_S
+        ),
         latency_row("run `fast`: sidecar POST /jobs vs in-process akickoff", side_s, base_s, max_ratio=None),
         latency_row("run `fast`: host (decision → result) vs sidecar POST /jobs", host_s, side_s, max_ratio=None),
     ]

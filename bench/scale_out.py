@@ -42,8 +42,9 @@ RUN_ROUNDS = 60
 async def _throughput(hosts: list[Governed]) -> float:
     """Seconds for RUNS concurrent governed runs spread over ``hosts``."""
     started = time.perf_counter()
-    results = await asyncio.gather(*[hosts[i % len(hosts)].governed_run("fast", {"topic": f"t{i}"})
-                                     for i in range(RUNS)])
+    results = await asyncio.gather(
+        *[hosts[i % len(hosts)].governed_run("fast", {"topic": f"t{i}"}) for i in range(RUNS)]
+    )
     if any(result["status"] != "completed" for result, _ in results):
         raise BenchError("a run did not complete")
     return time.perf_counter() - started
@@ -73,31 +74,45 @@ async def run() -> Section:
         with Stack("scale") as stack:
             sidecar = stack.start_sidecar("--max-concurrency", "64")
             shared = server.create_database("bench_shared")
-            pg_hosts = [Governed(stack.start_host(sidecar, ["fast"], name=f"pg-{i}", store=shared), connections=64)
-                        for i in (1, 2)]
+            pg_hosts = [
+                Governed(stack.start_host(sidecar, ["fast"], name=f"pg-{i}", store=shared), connections=64)
+                for i in (1, 2)
+            ]
             sqlite_host = Governed(stack.start_host(sidecar, ["fast"], name="sqlite"), connections=16)
-            solo = Governed(stack.start_host(sidecar, ["fast"], name="pg-solo", store=server.create_database("bench_solo")),
-                            connections=16)
+            solo = Governed(
+                stack.start_host(sidecar, ["fast"], name="pg-solo", store=server.create_database("bench_solo")),
+                connections=16,
+            )
             try:
                 await _throughput(pg_hosts)  # warm-up
                 one: list[float] = []
                 two: list[float] = []
                 for phase in range(PHASES):
-                    (one if phase % 2 == 0 else two).append(await _throughput(pg_hosts[:1] if phase % 2 == 0 else pg_hosts))
+                    (one if phase % 2 == 0 else two).append(
+                        await _throughput(pg_hosts[:1] if phase % 2 == 0 else pg_hosts)
+                    )
                 run_on = {}
                 for name, governed in (("sqlite", sqlite_host), ("postgresql", solo)):
                     result, _ = await governed.governed_run("fast", {"topic": "status"})
                     run_on[name] = result["action_id"]
                 status: dict[str, list[float]] = {"sqlite": [], "postgresql": []}
                 for i in range(STATUS_ROUNDS + 20):
-                    order = (("sqlite", sqlite_host), ("postgresql", solo)) if i % 2 else (("postgresql", solo), ("sqlite", sqlite_host))
+                    order = (
+                        (("sqlite", sqlite_host), ("postgresql", solo))
+                        if i % 2
+                        else (("postgresql", solo), ("sqlite", sqlite_host))
+                    )
                     for name, governed in order:
                         elapsed = await _status_s(governed, run_on[name])
                         if i >= 20:
                             status[name].append(elapsed)
                 overhead: dict[str, list[float]] = {"sqlite": [], "postgresql": []}
                 for i in range(RUN_ROUNDS + 3):
-                    order = (("sqlite", sqlite_host), ("postgresql", solo)) if i % 2 else (("postgresql", solo), ("sqlite", sqlite_host))
+                    order = (
+                        (("sqlite", sqlite_host), ("postgresql", solo))
+                        if i % 2
+                        else (("postgresql", solo), ("sqlite", sqlite_host))
+                    )
                     for name, governed in order:
                         _, elapsed = await governed.governed_run("fast", {"topic": f"r{i}"})
                         if i >= 3:
@@ -108,12 +123,26 @@ async def run() -> Section:
     finally:
         server.stop()
     section.rows += [
-        rate_row("governed runs: 2 hosts vs 1 host on one PostgreSQL", "runs", Stats.of(two), Stats.of(one),
-                 units=RUNS, min_ratio=None),
-        latency_row("status: host on PostgreSQL vs host on SQLite", Stats.of(status["postgresql"]),
-                    Stats.of(status["sqlite"]), max_ratio=None),
-        latency_row("run `fast` (decision → result): PostgreSQL vs SQLite", Stats.of(overhead["postgresql"]),
-                    Stats.of(overhead["sqlite"]), max_ratio=None),
+        rate_row(
+            "governed runs: 2 hosts vs 1 host on one PostgreSQL",
+            "runs",
+            Stats.of(two),
+            Stats.of(one),
+            units=RUNS,
+            min_ratio=None,
+        ),
+        latency_row(
+            "status: host on PostgreSQL vs host on SQLite",
+            Stats.of(status["postgresql"]),
+            Stats.of(status["sqlite"]),
+            max_ratio=None,
+        ),
+        latency_row(
+            "run `fast` (decision → result): PostgreSQL vs SQLite",
+            Stats.of(overhead["postgresql"]),
+            Stats.of(overhead["sqlite"]),
+            max_ratio=None,
+        ),
     ]
     section.notes += [
         f"Throughput: {RUNS} concurrent governed runs per phase, {PHASES} interleaved phases (1 host, 2 hosts, …) "

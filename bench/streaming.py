@@ -95,7 +95,9 @@ async def _read_raw(client: httpx.AsyncClient, url: str) -> int:
     return size
 
 
-async def read_sse(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> tuple[list[tuple[str, float]], bytes]:
+async def read_sse(
+    client: httpx.AsyncClient, method: str, url: str, **kwargs: Any
+) -> tuple[list[tuple[str, float]], bytes]:
     """Stream an SSE response; return [(event name, perf_counter at receipt)] and the raw bytes."""
     decoder, events, raw = SSEDecoder(), [], bytearray()
     headers = {"Accept": "text/event-stream", **kwargs.pop("headers", {})}
@@ -122,7 +124,7 @@ def _window(events: list[tuple[str, float]], first_data: int, terminal: str) -> 
 
 def _decode_rate(raw: bytes, fn: Any) -> float:
     """Seconds per event of ``fn(pieces)`` (returns the event count), over DECODE_SECONDS."""
-    pieces = [raw[i:i + PIECE_BYTES] for i in range(0, len(raw), PIECE_BYTES)]
+    pieces = [raw[i : i + PIECE_BYTES] for i in range(0, len(raw), PIECE_BYTES)]
     count, started = 0, time.perf_counter()
     while time.perf_counter() - started < DECODE_SECONDS:
         count += fn(pieces)
@@ -162,11 +164,17 @@ async def run() -> Section:
         governed = Governed(host)
         side = async_client(sidecar.base_url, SIDECAR_TOKEN)
         try:
+
             async def live_sidecar() -> str:
                 job_id = f"direct:{uuid.uuid4().hex}"
                 body = {"crew_id": "chatty", "action_id": job_id, "operation": "run", "input": {"topic": "rivers"}}
-                events, _ = await read_sse(side, "POST", "/jobs/stream", json=body,
-                                           headers={"Idempotency-Key": new_id("key"), "X-AIP-Action-ID": job_id})
+                events, _ = await read_sse(
+                    side,
+                    "POST",
+                    "/jobs/stream",
+                    json=body,
+                    headers={"Idempotency-Key": new_id("key"), "X-AIP-Action-ID": job_id},
+                )
                 chunks, seconds = _window(events, 0, "completed")
                 if chunks != CHUNKS:
                     raise BenchError(f"sidecar streamed {chunks} chunks, expected {CHUNKS}")
@@ -176,8 +184,9 @@ async def run() -> Section:
             async def live_host() -> str:
                 body, approval_id = await governed.submit("chatty", {"topic": "rivers"})
                 await governed.decide(approval_id)
-                events, _ = await read_sse(governed.app, "POST", "/aip/v1/messages", content=body,
-                                           headers={"Content-Type": AIP_CONTENT_TYPE})
+                events, _ = await read_sse(
+                    governed.app, "POST", "/aip/v1/messages", content=body, headers={"Content-Type": AIP_CONTENT_TYPE}
+                )
                 # host chunk events: the `started` progress chunk, then the data chunks; `done`; `result`
                 chunks, seconds = _window(events, 1, "result")
                 if chunks != CHUNKS:
@@ -203,8 +212,9 @@ async def run() -> Section:
                     raise BenchError("recorded sidecar stream lost chunks")
                 body = envelope("cap:crewai:chatty:events", {"run_action_id": host_run}, action_id=new_id("act"))
                 started = time.perf_counter()
-                events, _ = await read_sse(governed.app, "POST", "/aip/v1/messages", content=body,
-                                           headers={"Content-Type": AIP_CONTENT_TYPE})
+                events, _ = await read_sse(
+                    governed.app, "POST", "/aip/v1/messages", content=body, headers={"Content-Type": AIP_CONTENT_TYPE}
+                )
                 replay["host"].append(time.perf_counter() - started)
                 if [name for name, _ in events].count("chunk") != CHUNKS + 1 or events[-1][0] != "result":
                     raise BenchError("host replay did not deliver every chunk and the result")
@@ -224,8 +234,10 @@ async def run() -> Section:
             bare_client = async_client(bare.base_url)
             try:
                 for i in range(RAW_REPLAY_ROUNDS + 1):
-                    for name, client, url in (("sidecar_raw", side, f"/jobs/{side_job}/events"),
-                                              ("bare_raw", bare_client, f"/jobs/{side_job}")):
+                    for name, client, url in (
+                        ("sidecar_raw", side, f"/jobs/{side_job}/events"),
+                        ("bare_raw", bare_client, f"/jobs/{side_job}"),
+                    ):
                         started = time.perf_counter()
                         size = await _read_raw(client, url)
                         if i:
@@ -242,23 +254,65 @@ async def run() -> Section:
     normalizer_s = _decode_rate(recorded, _normalizer)
     per_chunk = {k: Stats.of([s / CHUNKS for s in v]) for k, v in live.items()}
     # events per stream: the sidecar's 1,002; the host GET adds its ack and result frames to the 1,002
-    events_of = {"sidecar": CHUNKS + 2, "host": CHUNKS + 2, "host_get": CHUNKS + 4, "sidecar_raw": CHUNKS + 2,
-                 "bare_raw": CHUNKS + 2}
+    events_of = {
+        "sidecar": CHUNKS + 2,
+        "host": CHUNKS + 2,
+        "host_get": CHUNKS + 4,
+        "sidecar_raw": CHUNKS + 2,
+        "bare_raw": CHUNKS + 2,
+    }
     per_event = {k: Stats.of([s / events_of[k] for s in v]) for k, v in replay.items()}
     section.rows += [
-        rate_row("live chatty run: host follower vs sidecar SSE", "chunks", per_chunk["host"], per_chunk["sidecar"],
-                 units=1, min_ratio=MIN_RATIO),
-        rate_row("recorded replay, sidecar alone (raw read) vs a bare server sending the same bytes", "events",
-                 per_event["sidecar_raw"], per_event["bare_raw"], units=1, min_ratio=None,
-                 min_rate=1.5 * REFERENCE_REPLAY_EVENTS_PER_S),
-        rate_row("recorded replay: host GET /aip/v1/actions/{id}/events vs sidecar events SSE", "events",
-                 per_event["host_get"], per_event["sidecar"], units=1, min_ratio=MIN_REPLAY_RATIO),
-        rate_row("recorded replay: host `:events` vs sidecar events SSE", "events", per_event["host"],
-                 per_event["sidecar"], units=1, min_ratio=None),
-        rate_row("SSEDecoder alone vs bare frame split", "events", Stats(1, decoder_s, decoder_s),
-                 Stats(1, bare_s, bare_s), units=1, min_ratio=None, min_rate=MIN_DECODER_RATE),
-        rate_row("StreamNormalizer alone vs SSEDecoder alone", "events", Stats(1, normalizer_s, normalizer_s),
-                 Stats(1, decoder_s, decoder_s), units=1, min_ratio=None),
+        rate_row(
+            "live chatty run: host follower vs sidecar SSE",
+            "chunks",
+            per_chunk["host"],
+            per_chunk["sidecar"],
+            units=1,
+            min_ratio=MIN_RATIO,
+        ),
+        rate_row(
+            "recorded replay, sidecar alone (raw read) vs a bare server sending the same bytes",
+            "events",
+            per_event["sidecar_raw"],
+            per_event["bare_raw"],
+            units=1,
+            min_ratio=None,
+            min_rate=1.5 * REFERENCE_REPLAY_EVENTS_PER_S,
+        ),
+        rate_row(
+            "recorded replay: host GET /aip/v1/actions/{id}/events vs sidecar events SSE",
+            "events",
+            per_event["host_get"],
+            per_event["sidecar"],
+            units=1,
+            min_ratio=MIN_REPLAY_RATIO,
+        ),
+        rate_row(
+            "recorded replay: host `:events` vs sidecar events SSE",
+            "events",
+            per_event["host"],
+            per_event["sidecar"],
+            units=1,
+            min_ratio=None,
+        ),
+        rate_row(
+            "SSEDecoder alone vs bare frame split",
+            "events",
+            Stats(1, decoder_s, decoder_s),
+            Stats(1, bare_s, bare_s),
+            units=1,
+            min_ratio=None,
+            min_rate=MIN_DECODER_RATE,
+        ),
+        rate_row(
+            "StreamNormalizer alone vs SSEDecoder alone",
+            "events",
+            Stats(1, normalizer_s, normalizer_s),
+            Stats(1, decoder_s, decoder_s),
+            units=1,
+            min_ratio=None,
+        ),
     ]
     section.notes += [
         f"Sidecar alone: {RAW_REPLAY_ROUNDS} `GET /jobs/{{id}}/events` SSE requests of the completed "

@@ -16,8 +16,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "ci", derandomize=True, database=None, print_blob=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
@@ -27,9 +28,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 import itertools  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
-import pytest  # noqa: E402
-
 import pgserver  # noqa: E402
+import pytest  # noqa: E402
 import storebackend  # noqa: E402
 
 _database_numbers = itertools.count(1)
@@ -97,7 +97,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     scheduled on its own."""
     for item in items:
         fixture_info = getattr(item, "_fixtureinfo", None)
-        for name, definitions in (fixture_info.name2fixturedefs.items() if fixture_info else ()):
+        for name, definitions in fixture_info.name2fixturedefs.items() if fixture_info else ():
             shared = [d for d in definitions if d.scope != "function" and str(d.baseid).startswith("tests")]
             if name not in SHARED_EVERYWHERE and shared:
                 # a session fixture groups every module using it; a module or class fixture its module
@@ -107,8 +107,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)
         on_postgresql = callspec is not None and "postgresql" in callspec.params.values()  # a store parameter
-        if (item.get_closest_marker("integration") or item.get_closest_marker("browser")
-                or fixtures & PROCESS_FIXTURES or on_postgresql):
+        if (
+            item.get_closest_marker("integration")
+            or item.get_closest_marker("browser")
+            or fixtures & PROCESS_FIXTURES
+            or on_postgresql
+        ):
             item.add_marker(pytest.mark.processes)
 
 
@@ -120,8 +124,10 @@ def _fast_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: py
         return
 
     def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.processes "
-                             "(make test-fast runs only tests that start none)")
+        raise AssertionError(
+            f"{request.node.nodeid} starts a process: mark it @pytest.mark.processes "
+            "(make test-fast runs only tests that start none)"
+        )
 
     monkeypatch.setattr(_posixsubprocess, "fork_exec", refuse)  # multiprocessing's spawn and fork server
     monkeypatch.setattr(subprocess, "_fork_exec", refuse, raising=False)  # subprocess imported it by name

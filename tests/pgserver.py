@@ -59,8 +59,13 @@ class PostgresServer:
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "server.log"), "-w", "start")
 
     def _run(self, tool: str, *args: str) -> None:
-        subprocess.run([*self._as, str(self.bin_dir / tool), *args], check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, timeout=120)
+        subprocess.run(
+            [*self._as, str(self.bin_dir / tool), *args],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{self.user}@127.0.0.1:{self.port}/{database}"

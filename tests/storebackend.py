@@ -70,8 +70,9 @@ def cluster() -> pgserver.PostgresServer:
         try:
             import psycopg  # noqa: F401
         except ImportError:
-            raise Unavailable("PostgreSQL tests skipped: psycopg is not installed (pip install 'psycopg[binary]')") \
-                from None
+            raise Unavailable(
+                "PostgreSQL tests skipped: psycopg is not installed (pip install 'psycopg[binary]')"
+            ) from None
         _cluster = pgserver.PostgresServer(bin_dir)
         atexit.register(stop_cluster)
     return _cluster
@@ -128,6 +129,7 @@ async def open_host_store(workdir: Path) -> Any:
 def read_host_store(workdir: Path, read: Callable[[Any], Awaitable[_T]]) -> _T:
     """``await read(store)`` on the store of the host working in ``workdir`` (:func:`open_host_store`),
     from synchronous code; the store is closed afterwards. Read-only use beside the running host."""
+
     async def run() -> _T:
         store = await open_host_store(workdir)
         try:
@@ -147,8 +149,15 @@ def store_text(workdir: Path) -> bytes:
     import psycopg
 
     with psycopg.connect(location, autocommit=True) as conn:
-        tables = [row[0] for row in conn.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
-            "AND table_type = 'BASE TABLE' ORDER BY table_name").fetchall()]
-        return b"\n".join(str(row[0]).encode() for table in tables
-                          for row in conn.execute(f'SELECT t::text FROM "{table}" AS t').fetchall())
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+                "AND table_type = 'BASE TABLE' ORDER BY table_name"
+            ).fetchall()
+        ]
+        return b"\n".join(
+            str(row[0]).encode()
+            for table in tables
+            for row in conn.execute(f'SELECT t::text FROM "{table}" AS t').fetchall()
+        )

@@ -65,12 +65,21 @@ def write_config(run: Path) -> dict[str, int]:
     secrets = run / "secrets"
     generate_token(secrets / "sidecar.token")
     invoker_sha = generate_token(secrets / "invoker.token")
-    approver_key = generate_ed25519(secrets / "approver.pem")  # the approver holds only a key (README "Signed requests")
-    crews = [{"id": CREW, "name": "Support triage", "description": "Classifies a ticket and drafts a policy-based reply.",
-              "allowed_operations": ["run", "status", "events", "cancel", "knowledge_query"]}]
+    approver_key = generate_ed25519(
+        secrets / "approver.pem"
+    )  # the approver holds only a key (README "Signed requests")
+    crews = [
+        {
+            "id": CREW,
+            "name": "Support triage",
+            "description": "Classifies a ticket and drafts a policy-based reply.",
+            "allowed_operations": ["run", "status", "events", "cancel", "knowledge_query"],
+        }
+    ]
     (run / "host" / "crews.json").write_text(json.dumps(crews, indent=2))
     sidecar_port, host_port = free_port(), free_port()
-    (run / "host" / "host.toml").write_text(textwrap.dedent(f"""\
+    (run / "host" / "host.toml").write_text(
+        textwrap.dedent(f"""\
         [host]
         bind = "127.0.0.1:{host_port}"
         store = "host.db"
@@ -96,15 +105,21 @@ def write_config(run: Path) -> dict[str, int]:
         tenant = "acme"
         roles = ["approver"]
         ed25519_public_key = "{approver_key}"
-        """))
+        """)
+    )
     return {"sidecar_port": sidecar_port, "host_port": host_port}
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     handle = log.open("wb")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", *args], stdout=handle, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "aip_crewai.cli", *args],
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 WIDTH = 96
@@ -123,12 +138,25 @@ def start_both(run: Path) -> tuple[dict[str, int], subprocess.Popen[bytes], subp
     """
     for attempt in range(1, START_ATTEMPTS + 1):
         ports = write_config(run)
-        step(1, f"starting the sidecar (127.0.0.1:{ports['sidecar_port']}) "
-                f"and the host (127.0.0.1:{ports['host_port']})")
-        sidecar = start(["sidecar", "--registry", "aip_crewai.examples.support_triage:CREWS",
-                         "--port", str(ports["sidecar_port"]), "--journal", str(run / "sidecar" / "journal.db"),
-                         "--token-file", str(run / "secrets" / "sidecar.token"),
-                         "--allowed-operations", "run,knowledge_query"], run / "sidecar.log")
+        step(
+            1, f"starting the sidecar (127.0.0.1:{ports['sidecar_port']}) and the host (127.0.0.1:{ports['host_port']})"
+        )
+        sidecar = start(
+            [
+                "sidecar",
+                "--registry",
+                "aip_crewai.examples.support_triage:CREWS",
+                "--port",
+                str(ports["sidecar_port"]),
+                "--journal",
+                str(run / "sidecar" / "journal.db"),
+                "--token-file",
+                str(run / "secrets" / "sidecar.token"),
+                "--allowed-operations",
+                "run,knowledge_query",
+            ],
+            run / "sidecar.log",
+        )
         host = start(["host", "--config", str(run / "host" / "host.toml")], run / "host.log")
         probe = AipClient(f"http://127.0.0.1:{ports['host_port']}")
         started, end = time.monotonic(), time.monotonic() + 120
@@ -217,7 +245,7 @@ def excerpt(text: str, limit: int = 240) -> str:
         return text
     cut = max(text.rfind(". ", 0, limit), text.rfind("! ", 0, limit), text.rfind("? ", 0, limit))
     if cut > 0:
-        return text[:cut + 1]
+        return text[: cut + 1]
     return text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
@@ -251,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
     tenant = AipClient(base, token=(run / "secrets" / "invoker.token").read_text().strip())
     approver = AipClient(base, signing_key=load_ed25519(run / "secrets" / "approver.pem"), key_id=APPROVER)
     try:
-
         manifest = tenant.manifest()
         step(2, f"the tenant's manifest lists {len(manifest['capabilities'])} capabilities")
         for cap in manifest["capabilities"]:
@@ -262,8 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         say_json("input", TICKET)
         pending = tenant.call(f"cap:crewai:{CREW}", TICKET, action_id=action_id, idempotency_key=key)
         result = pending["body"]["action_result"]
-        say(f"   -> {result['status']}; approval {result['output']['approval_id']} "
-            f"expires {result['output']['expires_at']};")
+        say(
+            f"   -> {result['status']}; approval {result['output']['approval_id']} "
+            f"expires {result['output']['expires_at']};"
+        )
         say("      nothing was sent to the sidecar")
 
         step(4, "the approver (only an Ed25519 key: its requests are signed) reviews and approves")
@@ -292,8 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         step(6, "the final result")
         say(textwrap.indent(textwrap.fill(final["output"]["raw"], 96), "   "))
         again = tenant.call(f"cap:crewai:{CREW}", TICKET, action_id=action_id, idempotency_key=key)
-        say(f"   calling again with the same action id and key returns the stored result: "
-            f"{again['body']['action_result']['status']}")
+        say(
+            f"   calling again with the same action id and key returns the stored result: "
+            f"{again['body']['action_result']['status']}"
+        )
 
         step(7, f"cap:crewai:{CREW}:status and :events")
         status = tenant.call(f"cap:crewai:{CREW}:status", {"run_action_id": action_id})
@@ -307,8 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         say(f"   events: {', '.join(f'{k}×{v}' for k, v in kinds.items())}")
 
         step(8, f"cap:crewai:{CREW}:knowledge_query (read-only: no approval, but a key)")
-        answer = tenant.call(f"cap:crewai:{CREW}:knowledge_query", {"query": ["refund for a duplicate charge"]},
-                             idempotency_key=new_id("idem"))
+        answer = tenant.call(
+            f"cap:crewai:{CREW}:knowledge_query",
+            {"query": ["refund for a duplicate charge"]},
+            idempotency_key=new_id("idem"),
+        )
         results = answer["body"]["action_result"]["output"]["results"]
         for item in results:
             content = str(item.get("content", item)) if isinstance(item, dict) else str(item)

@@ -38,10 +38,10 @@ from crewai.memory.unified_memory import Memory
 from crewai.rag.embeddings.factory import build_embedder
 from crewai.tools import tool
 
-from aip_crewai.sidecar.operations._common import current_job
 from aip_crewai.examples.maintenance_crews import TRAINING_FEEDBACK, offline_eval_llm, with_options
 from aip_crewai.examples.offline_llm import OfflineLLM, offline_embedder
 from aip_crewai.examples.testing import TWO_TASKS, build_crew, echo
+from aip_crewai.sidecar.operations._common import current_job
 
 #: Directory of the marker files (unset: no files).
 MARKER_DIR_ENV = "AIP_CREWAI_TEST_MARKER_DIR"
@@ -144,36 +144,53 @@ class SlowDrainMemory(Memory):
 
 def blocking_tool() -> Crew:
     """One agent whose tool blocks, then writes a file."""
-    return build_crew(OfflineLLM(model="offline-blocking", chunks_per_answer=2),
-                      ["Count the words of the topic {topic}."], tools=[block_then_write])
+    return build_crew(
+        OfflineLLM(model="offline-blocking", chunks_per_answer=2),
+        ["Count the words of the topic {topic}."],
+        tools=[block_then_write],
+    )
 
 
 def exits() -> Crew:
     """One agent whose tool ends the process."""
-    return build_crew(OfflineLLM(model="offline-exits", chunks_per_answer=2),
-                      ["Count the words of the topic {topic}."], tools=[exit_process])
+    return build_crew(
+        OfflineLLM(model="offline-exits", chunks_per_answer=2),
+        ["Count the words of the topic {topic}."],
+        tools=[exit_process],
+    )
 
 
 def probe() -> Crew:
     """One agent whose tool reports and leaves process traces."""
-    return build_crew(OfflineLLM(model="offline-probe", chunks_per_answer=2),
-                      ["Probe the process for {topic}."], tools=[probe_process])
+    return build_crew(
+        OfflineLLM(model="offline-probe", chunks_per_answer=2),
+        ["Probe the process for {topic}."],
+        tools=[probe_process],
+    )
 
 
 def memory_stall() -> Crew:
     """One task on a crew whose memory drains slowly (the akickoff loop stall)."""
     base = build_crew(OfflineLLM(model="offline-memory-stall", chunks_per_answer=1), TWO_TASKS[:1])
-    memory = SlowDrainMemory(embedder=build_embedder(offline_embedder()),
-                             llm=OfflineLLM(model="offline-memory-llm"), root_scope="/crew/memory-stall")
-    return Crew(agents=base.agents, tasks=base.tasks, memory=memory, tracing=False, verbose=False,
-                before_kickoff_callbacks=base.before_kickoff_callbacks)
+    memory = SlowDrainMemory(
+        embedder=build_embedder(offline_embedder()),
+        llm=OfflineLLM(model="offline-memory-llm"),
+        root_scope="/crew/memory-stall",
+    )
+    return Crew(
+        agents=base.agents,
+        tasks=base.tasks,
+        memory=memory,
+        tracing=False,
+        verbose=False,
+        before_kickoff_callbacks=base.before_kickoff_callbacks,
+    )
 
 
 CREWS: dict[str, Any] = {
     "echo": echo,
     "blocking_tool": blocking_tool,
-    "blocking_trainable": with_options(blocking_tool, training_feedback=TRAINING_FEEDBACK,
-                                       eval_llm=offline_eval_llm),
+    "blocking_trainable": with_options(blocking_tool, training_feedback=TRAINING_FEEDBACK, eval_llm=offline_eval_llm),
     "exits": exits,
     "probe": probe,
     "memory_stall": memory_stall,

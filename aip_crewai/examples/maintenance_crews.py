@@ -31,23 +31,21 @@ Source: ARCHITECTURE.md §2 (offline demo crews).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote
 
 from crewai import Agent, Crew, Task
-from crewai.tools import tool
 from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
-
-from aip_crewai.sidecar.operations._common import current_job
 from crewai.rag.embeddings.providers.custom import CustomProvider
 from crewai.rag.embeddings.providers.custom.embedding_callable import CustomEmbeddingFunction
+from crewai.tools import tool
 
 from aip_crewai.examples.offline_llm import CALL_LOG_ENV, FAKE_SECRET, OfflineLLM, offline_embedder
 from aip_crewai.examples.testing import TWO_TASKS, build_crew, echo, slow
+from aip_crewai.sidecar.operations._common import current_job
 
 TRAINING_FEEDBACK = "Name the topic in the first words of the answer."
 SHARED_X_TEXT = "The Kestrel glacier moves forty metres every winter across the fjord."
@@ -183,8 +181,12 @@ def broken_knowledge() -> Crew:
     """Crew knowledge whose embedder cannot work: CrewAI alone answers "no results".
 
     Verbose, so CrewAI prints "Failed to init knowledge: <error with the secret>" to stdout."""
-    return _single("maintenance-broken-knowledge", knowledge_sources=[StringKnowledgeSource(content=SHARED_X_TEXT)],
-                   embedder=CustomProvider(embedding_callable=BrokenEmbedder), verbose=True)
+    return _single(
+        "maintenance-broken-knowledge",
+        knowledge_sources=[StringKnowledgeSource(content=SHARED_X_TEXT)],
+        embedder=CustomProvider(embedding_callable=BrokenEmbedder),
+        verbose=True,
+    )
 
 
 def asks_human() -> Crew:

@@ -131,9 +131,12 @@ class OfflineLLM(BaseLLM):
         self._log_call()
         with llm_call_context():
             self._emit_call_started_event(
-                messages=messages, tools=tools, callbacks=callbacks,
+                messages=messages,
+                tools=tools,
+                callbacks=callbacks,
                 available_functions=available_functions,
-                from_task=from_task, from_agent=from_agent,
+                from_task=from_task,
+                from_agent=from_agent,
             )
             try:
                 reply = self._reply(messages, tools, response_model)
@@ -144,9 +147,7 @@ class OfflineLLM(BaseLLM):
                         check_cancelled()
                     self._emit_piece(piece, reply, from_task, from_agent)
             except BaseException as exc:
-                self._emit_call_failed_event(
-                    error=type(exc).__name__, from_task=from_task, from_agent=from_agent
-                )
+                self._emit_call_failed_event(error=type(exc).__name__, from_task=from_task, from_agent=from_agent)
                 raise
             return self._finish(reply, messages, from_task, from_agent)
 
@@ -165,9 +166,12 @@ class OfflineLLM(BaseLLM):
         self._log_call()
         with llm_call_context():
             self._emit_call_started_event(
-                messages=messages, tools=tools, callbacks=callbacks,
+                messages=messages,
+                tools=tools,
+                callbacks=callbacks,
                 available_functions=available_functions,
-                from_task=from_task, from_agent=from_agent,
+                from_task=from_task,
+                from_agent=from_agent,
             )
             try:
                 reply = self._reply(messages, tools, response_model)
@@ -178,9 +182,7 @@ class OfflineLLM(BaseLLM):
                         check_cancelled()
                     self._emit_piece(piece, reply, from_task, from_agent)
             except BaseException as exc:
-                self._emit_call_failed_event(
-                    error=type(exc).__name__, from_task=from_task, from_agent=from_agent
-                )
+                self._emit_call_failed_event(error=type(exc).__name__, from_task=from_task, from_agent=from_agent)
                 raise
             return self._finish(reply, messages, from_task, from_agent)
 
@@ -193,9 +195,7 @@ class OfflineLLM(BaseLLM):
         response_model: type[BaseModel] | None,
     ) -> _Reply:
         if self.fail:
-            raise RuntimeError(
-                f"offline provider rejected the request (api_key={FAKE_SECRET})"
-            )
+            raise RuntimeError(f"offline provider rejected the request (api_key={FAKE_SECRET})")
         text = _prompt_text(messages)
         subject = _subject(text)
         if response_model is not None:
@@ -233,8 +233,11 @@ class OfflineLLM(BaseLLM):
                 },
             }
         self._emit_stream_chunk_event(
-            chunk=piece, from_task=from_task, from_agent=from_agent,
-            tool_call=tool_call, call_type=call_type,
+            chunk=piece,
+            from_task=from_task,
+            from_agent=from_agent,
+            tool_call=tool_call,
+            call_type=call_type,
         )
 
     def _finish(self, reply: _Reply, messages: Any, from_task: Any, from_agent: Any) -> Any:
@@ -245,8 +248,10 @@ class OfflineLLM(BaseLLM):
         self._emit_call_completed_event(
             response=reply.body,
             call_type=LLMCallType.TOOL_CALL if reply.tool_call else LLMCallType.LLM_CALL,
-            from_task=from_task, from_agent=from_agent,
-            messages=messages, usage=usage,
+            from_task=from_task,
+            from_agent=from_agent,
+            messages=messages,
+            usage=usage,
         )
         return reply.result
 
@@ -277,7 +282,7 @@ def split_chunks(text: str, n: int) -> list[str]:
     """Split ``text`` into ``n`` contiguous, non-empty pieces (fewer if too short)."""
     n = max(1, min(n, len(text) or 1))
     bounds = [len(text) * i // n for i in range(n + 1)]
-    return [text[bounds[i]:bounds[i + 1]] for i in range(n)]
+    return [text[bounds[i] : bounds[i + 1]] for i in range(n)]
 
 
 def _prompt_text(messages: Any) -> str:
@@ -301,9 +306,7 @@ def _subject(text: str) -> str:
 
 
 def _has_tool_result(messages: Any) -> bool:
-    return isinstance(messages, list) and any(
-        isinstance(m, Mapping) and m.get("role") == "tool" for m in messages
-    )
+    return isinstance(messages, list) and any(isinstance(m, Mapping) and m.get("role") == "tool" for m in messages)
 
 
 def _last_tool_result(messages: Any) -> str:
@@ -328,8 +331,7 @@ def _tool_call(tool: Mapping[str, Any], subject: str) -> dict[str, Any]:
 
 def _schema_value(schema: Any, subject: str) -> Any:
     kind = schema.get("type") if isinstance(schema, Mapping) else None
-    return {"integer": 8, "number": 8.0, "boolean": True, "array": [subject],
-            "object": {}}.get(str(kind), subject)
+    return {"integer": 8, "number": 8.0, "boolean": True, "array": [subject], "object": {}}.get(str(kind), subject)
 
 
 def fake_model_data(model: type[BaseModel]) -> dict[str, Any]:
@@ -342,10 +344,7 @@ def fake_model_data(model: type[BaseModel]) -> dict[str, Any]:
         A dict with one value per field (numbers 8/8.0, ``"offline <name>"``
         strings, one-element lists, first enum/literal value, nested models).
     """
-    return {
-        name: _fake_value(field.annotation, name, 0)
-        for name, field in model.model_fields.items()
-    }
+    return {name: _fake_value(field.annotation, name, 0) for name, field in model.model_fields.items()}
 
 
 def _fake_value(annotation: Any, name: str, depth: int) -> Any:
@@ -369,10 +368,11 @@ def _fake_value(annotation: Any, name: str, depth: int) -> Any:
         return {"key": _fake_value(value_type, name, depth + 1)}
     if isinstance(annotation, type):
         if issubclass(annotation, BaseModel):
-            return {} if depth > 4 else {
-                n: _fake_value(f.annotation, n, depth + 1)
-                for n, f in annotation.model_fields.items()
-            }
+            return (
+                {}
+                if depth > 4
+                else {n: _fake_value(f.annotation, n, depth + 1) for n, f in annotation.model_fields.items()}
+            )
         if issubclass(annotation, enum.Enum):
             return next(iter(annotation)).value
         if issubclass(annotation, bool):

@@ -84,8 +84,7 @@ def support_triage() -> Crew:
         role="Support triage analyst",
         goal="Classify tickets from {customer} and find the support policy that applies.",
         backstory=(
-            "You have triaged thousands of support tickets and know the company's "
-            "refund and support policies by heart."
+            "You have triaged thousands of support tickets and know the company's refund and support policies by heart."
         ),
         llm=triage_llm,
         allow_delegation=False,
@@ -103,7 +102,7 @@ def support_triage() -> Crew:
     )
     classify = Task(
         description=(
-            "Classify the support ticket from {customer}: \"{ticket}\". Give the category "
+            'Classify the support ticket from {customer}: "{ticket}". Give the category '
             "(billing, refund, technical, account or other) and the urgency (low, normal, urgent)."
         ),
         expected_output="Two lines: 'Category: ...' and 'Urgency: ...'.",
@@ -112,14 +111,14 @@ def support_triage() -> Crew:
     policy = Task(
         description=(
             "Find the support and refund policy clauses that apply to the ticket from "
-            "{customer}: \"{ticket}\". Quote them."
+            '{customer}: "{ticket}". Quote them.'
         ),
         expected_output="The applicable policy clauses, quoted, one per line.",
         agent=analyst,
     )
     reply = Task(
         description=(
-            "Draft the reply to {customer} about \"{ticket}\", following the classification "
+            'Draft the reply to {customer} about "{ticket}", following the classification '
             "and the quoted policy clauses."
         ),
         expected_output="A short, polite email reply signed 'Support team'.",

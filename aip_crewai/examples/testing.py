@@ -92,10 +92,7 @@ def build_crew(
         verbose=False,
         max_iter=3,
     )
-    tasks = [
-        Task(description=text, expected_output="One line about {topic}.", agent=agent)
-        for text in descriptions
-    ]
+    tasks = [Task(description=text, expected_output="One line about {topic}.", agent=agent) for text in descriptions]
     return Crew(
         agents=[agent],
         tasks=tasks,

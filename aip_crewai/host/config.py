@@ -61,6 +61,7 @@ import ipaddress
 import os
 import re
 import socket
+import sys
 import types
 from collections.abc import Mapping
 from pathlib import Path
@@ -70,9 +71,9 @@ from urllib.parse import SplitResult, urlsplit
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 from ..contracts.errors import AipError, Category
@@ -143,15 +144,15 @@ class _HostTable(_Table, frozen=True):
     readiness_interval_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)] = 5_000
     cors_origins: Annotated[list[str], msgspec.Meta(max_length=MAX_CORS_ORIGINS)] = []
     dispatch_deadline_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = DEFAULT_DISPATCH_DEADLINE_S
-    stream_token_ttl_seconds: Annotated[int, msgspec.Meta(ge=MIN_STREAM_TOKEN_TTL_S, le=MAX_STREAM_TOKEN_TTL_S)] = \
+    stream_token_ttl_seconds: Annotated[int, msgspec.Meta(ge=MIN_STREAM_TOKEN_TTL_S, le=MAX_STREAM_TOKEN_TTL_S)] = (
         DEFAULT_STREAM_TOKEN_TTL_S
+    )
     openapi: bool = True
     console: bool = True
     host_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
     lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_S
     store_pool_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_STORE_POOL_SIZE)] = DEFAULT_STORE_POOL_SIZE
-    status_cache_entries: Annotated[int, msgspec.Meta(ge=0, le=MAX_STATUS_CACHE_ENTRIES)] = \
-        DEFAULT_STATUS_CACHE_ENTRIES
+    status_cache_entries: Annotated[int, msgspec.Meta(ge=0, le=MAX_STATUS_CACHE_ENTRIES)] = DEFAULT_STATUS_CACHE_ENTRIES
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -210,7 +211,9 @@ def _convert(value: Any, type_: Any, prefix: str) -> Any:
         missing = re.match(r"Object missing required field `(.+)`\Z", rule)
         if unknown or missing:
             name = (unknown or missing).group(1)  # type: ignore[union-attr]
-            raise HostConfigError(f"{key}.{name}" if key else name, "unknown key" if unknown else "required key is missing") from exc
+            raise HostConfigError(
+                f"{key}.{name}" if key else name, "unknown key" if unknown else "required key is missing"
+            ) from exc
         raise HostConfigError(key or "(root)", rule) from exc
 
 
@@ -226,14 +229,19 @@ def _store(base: Path, raw: str) -> Path | str:
     kept as given (libpq URL syntax; the password belongs in ``~/.pgpass`` or ``PGPASSFILE``, not here)."""
     if raw.startswith(("postgresql://", "postgres://")):
         if has_control_characters(raw) or len(raw) > 4096:
-            raise HostConfigError("host.store", "a PostgreSQL URL must be at most 4096 characters without control characters")
+            raise HostConfigError(
+                "host.store", "a PostgreSQL URL must be at most 4096 characters without control characters"
+            )
         problem = _postgres_url_problem(raw)
         if problem is not None:
             raise HostConfigError("host.store", problem)
         return raw
     if _CONNINFO_RE.match(raw):
-        raise HostConfigError("host.store", "a PostgreSQL store is a postgresql:// URL (key=value connection strings "
-                                        "are not accepted); anything else is a SQLite file path")
+        raise HostConfigError(
+            "host.store",
+            "a PostgreSQL store is a postgresql:// URL (key=value connection strings "
+            "are not accepted); anything else is a SQLite file path",
+        )
     return _resolve(base, raw, "host.store")
 
 
@@ -313,7 +321,9 @@ def check_sidecar_url(url: str) -> str:
     if parts.query or parts.fragment:
         raise HostConfigError(key, "must not have a query or fragment")
     if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
-        raise HostConfigError(key, "plain http is only allowed to a loopback address (127.0.0.0/8, ::1, localhost); use https")
+        raise HostConfigError(
+            key, "plain http is only allowed to a loopback address (127.0.0.0/8, ::1, localhost); use https"
+        )
     return url.rstrip("/")
 
 
@@ -335,7 +345,9 @@ def check_sidecar_proxy(proxy: str | None, sidecar_url: str) -> str | None:
     if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
         raise HostConfigError(key, "must not carry credentials, a query or a fragment")
     if not sidecar_url.startswith("https://"):
-        raise HostConfigError(key, "is only allowed with an https:// sidecar.url (the proxy would see the bearer token)")
+        raise HostConfigError(
+            key, "is only allowed with an https:// sidecar.url (the proxy would see the bearer token)"
+        )
     return proxy
 
 
@@ -381,7 +393,9 @@ def _principal(index: int, raw: Any, tenants: Mapping[str, Any]) -> PrincipalCon
     digest = None
     if table.token_sha256 is not None:
         if not _HEX64_RE.match(table.token_sha256):
-            raise HostConfigError(f"{key}.token_sha256", "must be 64 hexadecimal characters (SHA-256 of the bearer token)")
+            raise HostConfigError(
+                f"{key}.token_sha256", "must be 64 hexadecimal characters (SHA-256 of the bearer token)"
+            )
         digest = bytes.fromhex(table.token_sha256)
     public_key = None
     if table.ed25519_public_key is not None:
@@ -426,7 +440,9 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         table: _TenantTable = _convert(raw, _TenantTable, key)
         for position, crew_id in enumerate(table.crews):
             if crew_id not in crew_ids:
-                raise HostConfigError(f"{key}.crews[{position}]", f"{crew_id!r} is not an admitted crew id in {crews_file}")
+                raise HostConfigError(
+                    f"{key}.crews[{position}]", f"{crew_id!r} is not an admitted crew id in {crews_file}"
+                )
             if crew_id in table.crews[:position]:
                 raise HostConfigError(f"{key}.crews[{position}]", f"{crew_id!r} is listed twice")
         tenants[name] = tuple(table.crews)
@@ -435,7 +451,9 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         principal = _principal(index, raw, tenants)
         for other in principals:
             if other.id == principal.id:
-                raise HostConfigError(f"principals[{index}].id", f"{principal.id!r} is already used by another principal")
+                raise HostConfigError(
+                    f"principals[{index}].id", f"{principal.id!r} is already used by another principal"
+                )
             if principal.token_sha256 is not None and other.token_sha256 == principal.token_sha256:
                 raise HostConfigError(f"principals[{index}].token_sha256", f"already used by principal {other.id!r}")
         principals.append(principal)
@@ -468,8 +486,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
     )
 
 
-def _sidecar(base: Path, table: _SidecarTable, key: str, name: str,
-             crews: frozenset[str] | None) -> SidecarSettings:
+def _sidecar(base: Path, table: _SidecarTable, key: str, name: str, crews: frozenset[str] | None) -> SidecarSettings:
     """One sidecar's settings; errors keyed under ``key`` (``sidecar`` or ``sidecars[i]``)."""
     try:
         url = check_sidecar_url(table.url)
@@ -513,8 +530,10 @@ def _sidecars(root: _Root, base: Path, crew_ids: list[str], crews_file: Path) ->
         result.append(_sidecar(base, entry, key, name, frozenset(entry.crews)))
     unserved = [crew_id for crew_id in crew_ids if crew_id not in served]
     if unserved:
-        raise HostConfigError("sidecars", f"no sidecar serves the admitted crews {', '.join(unserved)}: list each "
-                          "in exactly one [[sidecars]] entry")
+        raise HostConfigError(
+            "sidecars",
+            f"no sidecar serves the admitted crews {', '.join(unserved)}: list each in exactly one [[sidecars]] entry",
+        )
     return tuple(result)
 
 
@@ -528,8 +547,10 @@ def _cors_origin(index: int, origin: str) -> str:
         HostConfigError: ``host.cors_origins[index]`` otherwise.
     """
     if not _ORIGIN.match(origin):
-        raise HostConfigError(f"host.cors_origins[{index}]", f"{origin!r} is not an origin: use scheme://host[:port] "
-                          "with http or https, without a path or a wildcard")
+        raise HostConfigError(
+            f"host.cors_origins[{index}]",
+            f"{origin!r} is not an origin: use scheme://host[:port] with http or https, without a path or a wildcard",
+        )
     return origin.lower()
 
 

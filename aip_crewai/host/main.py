@@ -52,10 +52,16 @@ EXIT_INTERRUPTED = 130
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aip-crewai host", description="Run the AIP host for CrewAI crews.")
-    parser.add_argument("--config", required=True, help="path of host.toml (relative paths inside resolve against its directory)")
+    parser.add_argument(
+        "--config", required=True, help="path of host.toml (relative paths inside resolve against its directory)"
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"],
-                        help="json lines, console, or auto (json unless stderr is a terminal)")
+    parser.add_argument(
+        "--log-format",
+        default="auto",
+        choices=["auto", "json", "console"],
+        help="json lines, console, or auto (json unless stderr is a terminal)",
+    )
     return parser
 
 
@@ -97,8 +103,11 @@ async def guard_host_lock(lock: PostgresHostLock, interval_s: float, lost: Calla
         await asyncio.sleep(interval_s)
         held = await asyncio.to_thread(lock.verify)
         if held is False:
-            log.error("host_id_taken", host_id=lock.host_id,
-                      reason="the database dropped this host's id lock and another process took the id")
+            log.error(
+                "host_id_taken",
+                host_id=lock.host_id,
+                reason="the database dropped this host's id lock and another process took the id",
+            )
             lost()
             return
 
@@ -112,8 +121,9 @@ class _LibraryLog(logging.Handler):
             text = record.getMessage().splitlines()
         except Exception:  # a malformed record must not break logging
             text = [str(record.msg)]
-        structlog.get_logger(record.name).log(record.levelno, "library_log", library=record.name,
-                                              message=(text[0] if text else "")[:500])
+        structlog.get_logger(record.name).log(
+            record.levelno, "library_log", library=record.name, message=(text[0] if text else "")[:500]
+        )
 
 
 def route_library_logs(name: str) -> None:
@@ -150,8 +160,11 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
     from .http.app import create_app
     from .http.state import host_setup, startup_error
 
-    config = hypercorn_config([f"fd://{sock.fileno()}"],  # timeouts, header bound, no h2c (README "Security")
-                              errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_S)
+    config = hypercorn_config(
+        [f"fd://{sock.fileno()}"],  # timeouts, header bound, no h2c (README "Security")
+        errorlog=hypercorn_logger(),
+        graceful_timeout=CONNECTION_GRACE_S,
+    )
     app = create_app(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -176,8 +189,11 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
         host_setup(app).stopping.set()
         stop.set()
 
-    guard = None if host_lock is None else \
-        asyncio.ensure_future(guard_host_lock(host_lock, max(settings.lease_s / 3, 0.05), lost))
+    guard = (
+        None
+        if host_lock is None
+        else asyncio.ensure_future(guard_host_lock(host_lock, max(settings.lease_s / 3, 0.05), lost))
+    )
     try:
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     except LifespanFailureError:
@@ -212,8 +228,11 @@ def _run(settings: Settings, host_lock: PostgresHostLock | None = None) -> int:
     try:
         sock = listen(settings.bind)
     except (OSError, ValueError) as exc:
-        print(f"aip-crewai host: configuration error: [host] bind: cannot listen on {settings.bind}: "
-              f"{getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        print(
+            f"aip-crewai host: configuration error: [host] bind: cannot listen on {settings.bind}: "
+            f"{getattr(exc, 'strerror', None) or exc}",
+            file=sys.stderr,
+        )
         return 2
     try:
         return asyncio.run(serve(settings, sock, host_lock))

@@ -35,6 +35,8 @@ from ..plumbing.asgi import method_label
 from ..plumbing.prometheus import CONTENT_TYPE, Counter, Gauge, Summary, _Family
 
 __all__ = ["CONTENT_TYPE", "Metrics", "status_label"]
+
+
 def status_label(status: int) -> str:
     """The status class: ``1xx`` … ``5xx`` (``other`` outside 100..599)."""
     return f"{status // 100}xx" if 100 <= status <= 599 else "other"
@@ -45,21 +47,28 @@ class Metrics:
 
     def __init__(self) -> None:
         p = "aip_host_"
-        self.requests = Counter(p + "requests_total", "HTTP requests by route template, method and status.",
-                                ("route", "method", "status"))
-        self.request_duration = Summary(p + "request_duration_seconds", "HTTP request handling time, seconds.",
-                                        ("route", "method"))
+        self.requests = Counter(
+            p + "requests_total", "HTTP requests by route template, method and status.", ("route", "method", "status")
+        )
+        self.request_duration = Summary(
+            p + "request_duration_seconds", "HTTP request handling time, seconds.", ("route", "method")
+        )
         self.ready = Gauge(p + "ready", "1 while the host is ready (a sidecar's health agrees), else 0.")
-        self.sidecar_ready = Gauge(p + "sidecar_ready", "1 while this sidecar's health agrees with the "
-                                   "configuration, else 0.", ("sidecar",))
+        self.sidecar_ready = Gauge(
+            p + "sidecar_ready", "1 while this sidecar's health agrees with the configuration, else 0.", ("sidecar",)
+        )
         self.readiness_checks = Counter(p + "readiness_checks_total", "Sidecar health checks by result.", ("result",))
         self.auth_failures = Counter(p + "auth_failures_total", "Requests refused as unauthenticated.")
-        self.fence_decisions = Counter(p + "fence_decisions_total", "Fence decisions by fence and decision.",
-                                       ("fence", "decision"))
+        self.fence_decisions = Counter(
+            p + "fence_decisions_total", "Fence decisions by fence and decision.", ("fence", "decision")
+        )
         self.stream_errors = Counter(p + "stream_errors_total", "Sidecar stream failures by error code.", ("code",))
         self.actions = Counter(p + "actions_total", "Actions reaching a status, by operation.", ("operation", "status"))
-        self.status_cache = Counter(p + "status_cache_total",
-                                    "Key-less status reads by result of the final-view cache (hit, miss).", ("result",))
+        self.status_cache = Counter(
+            p + "status_cache_total",
+            "Key-less status reads by result of the final-view cache (hit, miss).",
+            ("result",),
+        )
         self.ready.set(0)
 
     def observe_request(self, route: str | None, method: str, status: int, duration_s: float) -> None:
@@ -76,8 +85,18 @@ class Metrics:
         self.request_duration.observe(duration_s, route=route_label, method=method_name)
 
     def families(self) -> list[_Family]:
-        return [self.requests, self.request_duration, self.ready, self.sidecar_ready, self.readiness_checks,
-                self.auth_failures, self.fence_decisions, self.stream_errors, self.actions, self.status_cache]
+        return [
+            self.requests,
+            self.request_duration,
+            self.ready,
+            self.sidecar_ready,
+            self.readiness_checks,
+            self.auth_failures,
+            self.fence_decisions,
+            self.stream_errors,
+            self.actions,
+            self.status_cache,
+        ]
 
     def render(self) -> str:
         """The whole exposition, text format 0.0.4."""

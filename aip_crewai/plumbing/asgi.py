@@ -149,8 +149,7 @@ class BoundedBody:
             ``receive()`` when the declared or received body exceeds the limit.
     """
 
-    def __init__(self, app: ASGIApp, limit_for: Callable[[Scope], int],
-                 too_large: Callable[[int], Exception]) -> None:
+    def __init__(self, app: ASGIApp, limit_for: Callable[[Scope], int], too_large: Callable[[int], Exception]) -> None:
         self.app = app
         self.limit_for = limit_for
         self.too_large = too_large
@@ -245,8 +244,7 @@ class BodyDeadline:
         timed_out: ``seconds -> exception`` raised from ``receive()`` on a timeout.
     """
 
-    def __init__(self, app: ASGIApp, idle_s: float, total_s: float,
-                 timed_out: Callable[[float], Exception]) -> None:
+    def __init__(self, app: ASGIApp, idle_s: float, total_s: float, timed_out: Callable[[float], Exception]) -> None:
         self.app = app
         self.idle_s, self.total_s = idle_s, total_s
         self.timed_out = timed_out
@@ -334,9 +332,15 @@ class RequestLog:
     Source: README "Logs" (the summary line of both processes).
     """
 
-    def __init__(self, app: ASGIApp, *, probe_paths: Collection[str] = (), echo_request_id: bool = False,
-                 observe: Callable[[str, str, int, float], None] | None = None,
-                 on_error: Callable[[dict[str, Any]], ASGIApp] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        probe_paths: Collection[str] = (),
+        echo_request_id: bool = False,
+        observe: Callable[[str, str, int, float], None] | None = None,
+        on_error: Callable[[dict[str, Any]], ASGIApp] | None = None,
+    ) -> None:
         self.app = app
         self.probe_paths = probe_paths
         self.echo_request_id = echo_request_id
@@ -390,7 +394,13 @@ class RequestLog:
                 self.observe(route, method, int(outcome["status"]), duration)
             extra = {k: info[k] for k in ("tenant", "principal") if k in info}
             (log.debug if route in self.probe_paths else log.info)(
-                "request_finished", method=method, route=route, status=outcome["status"],
-                duration_ms=round(duration * 1000, 3), response_bytes=outcome["bytes"], **extra)
+                "request_finished",
+                method=method,
+                route=route,
+                status=outcome["status"],
+                duration_ms=round(duration * 1000, 3),
+                response_bytes=outcome["bytes"],
+                **extra,
+            )
             structlog.contextvars.clear_contextvars()
             structlog.contextvars.bind_contextvars(**saved)

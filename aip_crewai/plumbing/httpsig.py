@@ -64,8 +64,9 @@ MAX_SIGNATURE_HEADER_CHARS = 4096
 #: A nonce: 16..128 characters of base64 or base64url (16 random bytes are 22 or 24 of them).
 NONCE_RE = re.compile(r"^[A-Za-z0-9+/_=-]{16,128}\Z")
 MIN_NONCE_CHARS, MAX_NONCE_CHARS = 16, 128
-_COVERAGE = ("the signature must cover @method and @target-uri (or @authority, @path and @query), and "
-             "content-digest with a body")
+_COVERAGE = (
+    "the signature must cover @method and @target-uri (or @authority, @path and @query), and content-digest with a body"
+)
 _ALLOWED_PARAMETERS = frozenset({"created", "keyid", "alg", "nonce", "expires", "tag"})
 #: Headers that mark a request as signed.
 SIGNATURE_HEADERS = ("signature-input", "signature")
@@ -106,10 +107,16 @@ class VerifiedSignature:
     def proof(self) -> dict[str, Any]:
         """The JSON-able proof to keep with a decision: anyone holding the
         public key re-verifies ``signature`` over ``signature_base``."""
-        return {"scheme": "http-message-signature", "alg": ALGORITHM, "key_id": self.key_id,
-                "created": self.created, "nonce": self.nonce, "signature_input": self.signature_input,
-                "signature_base": self.signature_base,
-                "signature": base64.b64encode(self.signature).decode("ascii")}
+        return {
+            "scheme": "http-message-signature",
+            "alg": ALGORITHM,
+            "key_id": self.key_id,
+            "created": self.created,
+            "nonce": self.nonce,
+            "signature_input": self.signature_input,
+            "signature_base": self.signature_base,
+            "signature": base64.b64encode(self.signature).decode("ascii"),
+        }
 
 
 class _Headers:
@@ -140,8 +147,9 @@ class _Message:
 
 
 class _Keys(HTTPSignatureKeyResolver):
-    def __init__(self, public: Callable[[str], Ed25519PublicKey | None] | None = None,
-                 private: Ed25519PrivateKey | None = None) -> None:
+    def __init__(
+        self, public: Callable[[str], Ed25519PublicKey | None] | None = None, private: Ed25519PrivateKey | None = None
+    ) -> None:
         self._public, self._private = public, private
 
     def resolve_public_key(self, key_id: str) -> Ed25519PublicKey | None:
@@ -163,8 +171,9 @@ def new_nonce() -> str:
     return secrets.token_urlsafe(16)
 
 
-def sign_request(method: str, url: str, body: bytes, key: Ed25519PrivateKey, key_id: str, *,
-                 created: int, nonce: str | None = None) -> dict[str, str]:
+def sign_request(
+    method: str, url: str, body: bytes, key: Ed25519PrivateKey, key_id: str, *, created: int, nonce: str | None = None
+) -> dict[str, str]:
     """The headers that sign one request in this profile.
 
     Args:
@@ -185,9 +194,15 @@ def sign_request(method: str, url: str, body: bytes, key: Ed25519PrivateKey, key
     headers = _WritableHeaders()
     signer = HTTPMessageSigner(signature_algorithm=algorithms.ED25519, key_resolver=_Keys(private=key))
     try:
-        signer.sign(_Message(method, url, headers), key_id=key_id, label=LABEL, nonce=nonce or new_nonce(),
-                    created=datetime.datetime.fromtimestamp(created, tz=datetime.timezone.utc),
-                    covered_component_ids=REQUIRED_COMPONENTS, body=body or None)
+        signer.sign(
+            _Message(method, url, headers),
+            key_id=key_id,
+            label=LABEL,
+            nonce=nonce or new_nonce(),
+            created=datetime.datetime.fromtimestamp(created, tz=datetime.timezone.utc),
+            covered_component_ids=REQUIRED_COMPONENTS,
+            body=body or None,
+        )
     except HTTPMessageSignaturesException as exc:
         raise SignatureRejected(f"cannot sign this request: {exc}") from exc
     return dict(headers)
@@ -198,8 +213,15 @@ def is_signed(header_names: Iterable[str]) -> bool:
     return any(name.lower() in SIGNATURE_HEADERS for name in header_names)
 
 
-def verify_request(method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes, *,
-                   public_key: Callable[[str], Ed25519PublicKey | None], now_s: float) -> VerifiedSignature:
+def verify_request(
+    method: str,
+    url: str,
+    headers: Sequence[tuple[str, str]],
+    body: bytes,
+    *,
+    public_key: Callable[[str], Ed25519PublicKey | None],
+    now_s: float,
+) -> VerifiedSignature:
     """Verify one signed request against the profile (module docstring).
 
     Args:
@@ -245,8 +267,9 @@ def verify_request(method: str, url: str, headers: Sequence[tuple[str, str]], bo
         raise SignatureRejected('the signature must name alg="ed25519"')
     nonce = params.get("nonce")
     if not isinstance(nonce, str) or not NONCE_RE.match(nonce):
-        raise SignatureRejected(f"the signature needs a nonce of {MIN_NONCE_CHARS}..{MAX_NONCE_CHARS} "
-                                "characters A-Z a-z 0-9 + / _ - =")
+        raise SignatureRejected(
+            f"the signature needs a nonce of {MIN_NONCE_CHARS}..{MAX_NONCE_CHARS} characters A-Z a-z 0-9 + / _ - ="
+        )
     created = params.get("created")
     if not isinstance(created, int) or abs(now_s - created) > MAX_CLOCK_SKEW_S:
         raise SignatureRejected(f"created is more than {MAX_CLOCK_SKEW_S} s away from the host clock")
@@ -256,9 +279,15 @@ def verify_request(method: str, url: str, headers: Sequence[tuple[str, str]], bo
     signature_input = result.covered_components.get('"@signature-params"', "")
     base = "\n".join(f"{k}: {v}" for k, v in result.covered_components.items())
     raw = next((v for n, v in lines if n.lower() == "signature"), "")
-    return VerifiedSignature(key_id=str(params["keyid"]), created=created, nonce=nonce,
-                             signature_input=signature_input, signature_base=base,
-                             signature=_signature_bytes(raw, result.label), covered=dict(result.covered_components))
+    return VerifiedSignature(
+        key_id=str(params["keyid"]),
+        created=created,
+        nonce=nonce,
+        signature_input=signature_input,
+        signature_base=base,
+        signature=_signature_bytes(raw, result.label),
+        covered=dict(result.covered_components),
+    )
 
 
 def _signature_bytes(header: str, label: str) -> bytes:

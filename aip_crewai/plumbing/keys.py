@@ -94,8 +94,7 @@ def generate_ed25519(path: Path) -> str:
     """Write a new Ed25519 private key (PKCS#8 PEM) to ``path`` (0600); return
     the base64 raw 32-byte public key for the host config."""
     key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     write_private(path, pem)
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return base64.b64encode(raw).decode()

@@ -55,9 +55,14 @@ class _Family:
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
         for suffix, key, value in self._series():
-            labels = ",".join(f'{name}="{escape_label_value(v)}"' for name, v in zip(self.labelnames, key))
-            lines.append(f"{self.name}{suffix}{{{labels}}} {_format_value(value)}" if labels
-                         else f"{self.name}{suffix} {_format_value(value)}")
+            labels = ",".join(
+                f'{name}="{escape_label_value(v)}"' for name, v in zip(self.labelnames, key, strict=False)
+            )
+            lines.append(
+                f"{self.name}{suffix}{{{labels}}} {_format_value(value)}"
+                if labels
+                else f"{self.name}{suffix} {_format_value(value)}"
+            )
         return lines
 
 

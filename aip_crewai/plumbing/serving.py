@@ -108,8 +108,9 @@ class _StructlogHandler(logging.Handler):
     """Forward hypercorn's stdlib log records to structlog (one JSON line on stderr, like ours)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        structlog.get_logger("hypercorn").log(record.levelno, "hypercorn_log", message=record.getMessage(),
-                                              exc_info=record.exc_info)
+        structlog.get_logger("hypercorn").log(
+            record.levelno, "hypercorn_log", message=record.getMessage(), exc_info=record.exc_info
+        )
 
 
 def hypercorn_logger() -> logging.Logger:
@@ -126,8 +127,13 @@ def hypercorn_logger() -> logging.Logger:
 PROBE_PATHS = frozenset({"/ready", "/health", "/metrics"})
 
 
-def hypercorn_config(bind: list[str], *, errorlog: logging.Logger | str | None = "-",
-                     graceful_timeout: float | None = None, max_connections: int = MAX_CONNECTIONS) -> Any:
+def hypercorn_config(
+    bind: list[str],
+    *,
+    errorlog: logging.Logger | str | None = "-",
+    graceful_timeout: float | None = None,
+    max_connections: int = MAX_CONNECTIONS,
+) -> Any:
     """The hypercorn ``Config`` of both processes, with the bounds of the module table.
 
     Args:

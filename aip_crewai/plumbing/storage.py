@@ -31,8 +31,9 @@ from typing import TypeVar
 _T = TypeVar("_T")
 
 
-async def start_worker(open_: Callable[[], _T], *, name: str,
-                       abandon: Callable[[_T | None], None], threads: int = 1) -> tuple[ThreadPoolExecutor, _T]:
+async def start_worker(
+    open_: Callable[[], _T], *, name: str, abandon: Callable[[_T | None], None], threads: int = 1
+) -> tuple[ThreadPoolExecutor, _T]:
     """Start an executor (one thread unless ``threads`` says more) and run ``open_()`` on it.
 
     Args:
@@ -87,8 +88,10 @@ def directory_problem(directory: Path, what: str = "the directory") -> str | Non
     if not stat.S_ISDIR(info.st_mode):
         return f"{what} {directory} is not a directory"
     if info.st_mode & 0o022:
-        return (f"{what} {directory} is group- or world-writable (mode {stat.S_IMODE(info.st_mode):04o}); "
-                "use a directory only its owner can write")
+        return (
+            f"{what} {directory} is group- or world-writable (mode {stat.S_IMODE(info.st_mode):04o}); "
+            "use a directory only its owner can write"
+        )
     return None
 
 
@@ -134,8 +137,9 @@ def integrity_problems(conn: sqlite3.Connection, limit: int = 5) -> list[str]:
     """SQLite's ``quick_check`` (reads every page once, writes nothing): the
     problems it reports (at most ``limit``), ``[]`` for a sound database."""
     try:
-        return [str(row[0]) for row in conn.execute(f"PRAGMA quick_check({int(limit)})").fetchall()
-                if str(row[0]) != "ok"]
+        return [
+            str(row[0]) for row in conn.execute(f"PRAGMA quick_check({int(limit)})").fetchall() if str(row[0]) != "ok"
+        ]
     except sqlite3.DatabaseError as exc:
         return [str(exc)]
 
@@ -143,9 +147,13 @@ def integrity_problems(conn: sqlite3.Connection, limit: int = 5) -> list[str]:
 # --- forward-only migrations ---------------------------------------------------------
 
 
-def apply_migrations(conn: sqlite3.Connection, migrations: Sequence[str], *,
-                     too_new: Callable[[int, int], Exception],
-                     applied: Callable[[int], None] | None = None) -> int:
+def apply_migrations(
+    conn: sqlite3.Connection,
+    migrations: Sequence[str],
+    *,
+    too_new: Callable[[int, int], Exception],
+    applied: Callable[[int], None] | None = None,
+) -> int:
     """Apply the migrations ``conn`` lacks, in order, each in its own
     ``BEGIN IMMEDIATE`` transaction with its ``PRAGMA user_version`` bump
     (migration N brings the version to N).

@@ -49,8 +49,10 @@ STATE_BYTES_ENV = "AIP_CREWAI_MAX_STATE_BYTES"
 #: The reference's inline token (a token file is safer: it is not in the process environment).
 INLINE_TOKEN_ENV = "AIP_CREWAI_BEARER_TOKEN"
 #: Environment switches of the two safety valves, by flag.
-VALVE_ENV = {"allow_unauthenticated": "AIP_CREWAI_ALLOW_UNAUTHENTICATED",
-             "allow_ephemeral": "AIP_CREWAI_ALLOW_EPHEMERAL"}
+VALVE_ENV = {
+    "allow_unauthenticated": "AIP_CREWAI_ALLOW_UNAUTHENTICATED",
+    "allow_ephemeral": "AIP_CREWAI_ALLOW_EPHEMERAL",
+}
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 
 
@@ -201,51 +203,151 @@ class _Option:
 
 #: Every valued setting: flag, environment variable, parser, default (ARCHITECTURE.md §11).
 OPTIONS: tuple[_Option, ...] = (
-    _Option("registry", "--registry", "AIP_CREWAI_REGISTRY", _text, None,
-            "crew registry, module:attribute (required)"),
+    _Option("registry", "--registry", "AIP_CREWAI_REGISTRY", _text, None, "crew registry, module:attribute (required)"),
     _Option("host", "--host", "AIP_CREWAI_HOST", _text, "127.0.0.1", "listen address"),
     _Option("port", "--port", "AIP_CREWAI_PORT", _int_in(0, 65535), 8090, "listen port (0: any free port)"),
-    _Option("journal", "--journal", "AIP_CREWAI_STATE_FILE", _path, None,
-            "SQLite job journal (required unless --allow-ephemeral on loopback; a missing directory is created 0700)"),
-    _Option("state_dir", "--state-dir", "AIP_CREWAI_STATE_DIR", _path, None,
-            "state directory; CrewAI storage goes under it (default: the journal's directory)"),
-    _Option("token_file", "--token-file", "AIP_CREWAI_BEARER_TOKEN_FILE", _path, None,
-            "bearer token file: regular file, mode 0600, 1..16384 bytes "
-            "(required unless --allow-unauthenticated on loopback)"),
-    _Option("allowed_operations", "--allowed-operations", "AIP_CREWAI_ALLOWED_OPERATIONS", _operations, ("run",),
-            "comma list of startable operations (run, batch_run, replay, train, test, knowledge_query, "
-            "memory_reset); status, events and cancel are always served"),
-    _Option("max_concurrency", "--max-concurrency", "AIP_CREWAI_MAX_CONCURRENCY", _int_in(1, 1024), 4,
-            "jobs executing at once"),
-    _Option("max_retained_runs", "--max-retained-runs", "AIP_CREWAI_MAX_RETAINED_RUNS", _int_in(1, 10_000_000), 2000,
-            "non-archived jobs kept; admission answers 507 at the limit"),
-    _Option("max_events_per_run", "--max-events-per-run", "AIP_CREWAI_MAX_EVENTS_PER_RUN", _int_in(2, 100_000), 1000,
-            "events per job, the terminal one included"),
-    _Option("max_event_bytes", "--max-event-bytes", "AIP_CREWAI_MAX_EVENT_BYTES",
-            _int_in(MIN_EVENT_BYTES, MAX_EVENT_BYTES), 262_144,
-            "encoded size bound of one event, bytes, 1024..4194304 (above 1 MiB, the aip-crewai host's SSE frame "
-            "bound, a warning at start: the host refuses larger events)"),
-    _Option("stream_checkpoint_events", "--stream-checkpoint-events", "AIP_CREWAI_STREAM_CHECKPOINT_EVENTS",
-            _int_in(1, 100_000), 128, "chunk events committed per journal write"),
-    _Option("training_dir", "--training-dir", "AIP_CREWAI_TRAINING_DIR", _path, None,
-            "directory for train artifacts (required when train is allowed)"),
-    _Option("max_journal_bytes", "--max-journal-bytes", "AIP_CREWAI_MAX_JOURNAL_BYTES",
-            _int_in(1_048_576, 1 << 50), 1_073_741_824, "journal size bound, bytes; admission answers 507 past it "
-            "(the reference's AIP_CREWAI_MAX_STATE_BYTES, 1048576..4294967296, sets it too)"),
-    _Option("sse_keepalive_seconds", "--sse-keepalive-seconds", "AIP_CREWAI_SSE_KEEPALIVE_SECONDS",
-            _float_in(0.01, 3600.0), 15.0, "interval of SSE keep-alive comments, seconds"),
-    _Option("shutdown_grace_seconds", "--shutdown-grace-seconds", "AIP_CREWAI_SHUTDOWN_GRACE_SECONDS",
-            _float_in(0.0, 3600.0), 20.0, "at SIGTERM/SIGINT, how long running jobs may finish before cancellation"),
-    _Option("isolation", "--isolation", "AIP_CREWAI_ISOLATION", _choice("process", "inprocess"), "process",
-            "where jobs run: process (each job in a worker process of its own: hard cancel, crash containment) or "
-            "inprocess (in the sidecar process, for debugging)"),
-    _Option("cancel_grace_seconds", "--cancel-grace-seconds", "AIP_CREWAI_CANCEL_GRACE_SECONDS",
-            _float_in(0.0, 60.0), 1.0, "with --isolation process: how long a cancelled job may take to stop "
-            "before its worker process is killed, seconds"),
-    _Option("log_level", "--log-level", "AIP_CREWAI_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info",
-            "log level (logs go to stderr)"),
-    _Option("log_format", "--log-format", "AIP_CREWAI_LOG_FORMAT", _choice("auto", "json", "console"), "auto",
-            "log format; auto: JSON unless stderr is a terminal"),
+    _Option(
+        "journal",
+        "--journal",
+        "AIP_CREWAI_STATE_FILE",
+        _path,
+        None,
+        "SQLite job journal (required unless --allow-ephemeral on loopback; a missing directory is created 0700)",
+    ),
+    _Option(
+        "state_dir",
+        "--state-dir",
+        "AIP_CREWAI_STATE_DIR",
+        _path,
+        None,
+        "state directory; CrewAI storage goes under it (default: the journal's directory)",
+    ),
+    _Option(
+        "token_file",
+        "--token-file",
+        "AIP_CREWAI_BEARER_TOKEN_FILE",
+        _path,
+        None,
+        "bearer token file: regular file, mode 0600, 1..16384 bytes "
+        "(required unless --allow-unauthenticated on loopback)",
+    ),
+    _Option(
+        "allowed_operations",
+        "--allowed-operations",
+        "AIP_CREWAI_ALLOWED_OPERATIONS",
+        _operations,
+        ("run",),
+        "comma list of startable operations (run, batch_run, replay, train, test, knowledge_query, "
+        "memory_reset); status, events and cancel are always served",
+    ),
+    _Option(
+        "max_concurrency",
+        "--max-concurrency",
+        "AIP_CREWAI_MAX_CONCURRENCY",
+        _int_in(1, 1024),
+        4,
+        "jobs executing at once",
+    ),
+    _Option(
+        "max_retained_runs",
+        "--max-retained-runs",
+        "AIP_CREWAI_MAX_RETAINED_RUNS",
+        _int_in(1, 10_000_000),
+        2000,
+        "non-archived jobs kept; admission answers 507 at the limit",
+    ),
+    _Option(
+        "max_events_per_run",
+        "--max-events-per-run",
+        "AIP_CREWAI_MAX_EVENTS_PER_RUN",
+        _int_in(2, 100_000),
+        1000,
+        "events per job, the terminal one included",
+    ),
+    _Option(
+        "max_event_bytes",
+        "--max-event-bytes",
+        "AIP_CREWAI_MAX_EVENT_BYTES",
+        _int_in(MIN_EVENT_BYTES, MAX_EVENT_BYTES),
+        262_144,
+        "encoded size bound of one event, bytes, 1024..4194304 (above 1 MiB, the aip-crewai host's SSE frame "
+        "bound, a warning at start: the host refuses larger events)",
+    ),
+    _Option(
+        "stream_checkpoint_events",
+        "--stream-checkpoint-events",
+        "AIP_CREWAI_STREAM_CHECKPOINT_EVENTS",
+        _int_in(1, 100_000),
+        128,
+        "chunk events committed per journal write",
+    ),
+    _Option(
+        "training_dir",
+        "--training-dir",
+        "AIP_CREWAI_TRAINING_DIR",
+        _path,
+        None,
+        "directory for train artifacts (required when train is allowed)",
+    ),
+    _Option(
+        "max_journal_bytes",
+        "--max-journal-bytes",
+        "AIP_CREWAI_MAX_JOURNAL_BYTES",
+        _int_in(1_048_576, 1 << 50),
+        1_073_741_824,
+        "journal size bound, bytes; admission answers 507 past it "
+        "(the reference's AIP_CREWAI_MAX_STATE_BYTES, 1048576..4294967296, sets it too)",
+    ),
+    _Option(
+        "sse_keepalive_seconds",
+        "--sse-keepalive-seconds",
+        "AIP_CREWAI_SSE_KEEPALIVE_SECONDS",
+        _float_in(0.01, 3600.0),
+        15.0,
+        "interval of SSE keep-alive comments, seconds",
+    ),
+    _Option(
+        "shutdown_grace_seconds",
+        "--shutdown-grace-seconds",
+        "AIP_CREWAI_SHUTDOWN_GRACE_SECONDS",
+        _float_in(0.0, 3600.0),
+        20.0,
+        "at SIGTERM/SIGINT, how long running jobs may finish before cancellation",
+    ),
+    _Option(
+        "isolation",
+        "--isolation",
+        "AIP_CREWAI_ISOLATION",
+        _choice("process", "inprocess"),
+        "process",
+        "where jobs run: process (each job in a worker process of its own: hard cancel, crash containment) or "
+        "inprocess (in the sidecar process, for debugging)",
+    ),
+    _Option(
+        "cancel_grace_seconds",
+        "--cancel-grace-seconds",
+        "AIP_CREWAI_CANCEL_GRACE_SECONDS",
+        _float_in(0.0, 60.0),
+        1.0,
+        "with --isolation process: how long a cancelled job may take to stop "
+        "before its worker process is killed, seconds",
+    ),
+    _Option(
+        "log_level",
+        "--log-level",
+        "AIP_CREWAI_LOG_LEVEL",
+        _choice("debug", "info", "warning", "error"),
+        "info",
+        "log level (logs go to stderr)",
+    ),
+    _Option(
+        "log_format",
+        "--log-format",
+        "AIP_CREWAI_LOG_FORMAT",
+        _choice("auto", "json", "console"),
+        "auto",
+        "log format; auto: JSON unless stderr is a terminal",
+    ),
 )
 
 
@@ -260,14 +362,20 @@ def build_parser() -> argparse.ArgumentParser:
         default = ",".join(opt.default) if isinstance(opt.default, tuple) else opt.default
         env = f" [env {opt.env}]" if opt.env else ""
         shown = f" (default: {default})" if default is not None else ""
-        parser.add_argument(opt.flag, dest=opt.dest, metavar=opt.dest.upper(), default=None,
-                            help=f"{opt.help}{env}{shown}")
-    parser.add_argument("--allow-unauthenticated", action="store_true",
-                        help="serve without a bearer token; loopback --host only "
-                        f"[env {VALVE_ENV['allow_unauthenticated']}=1|true]")
-    parser.add_argument("--allow-ephemeral", action="store_true",
-                        help="use a temporary journal when --journal is unset; loopback --host only "
-                        f"(health then reports durable_journal=false) [env {VALVE_ENV['allow_ephemeral']}=1|true]")
+        parser.add_argument(
+            opt.flag, dest=opt.dest, metavar=opt.dest.upper(), default=None, help=f"{opt.help}{env}{shown}"
+        )
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help=f"serve without a bearer token; loopback --host only [env {VALVE_ENV['allow_unauthenticated']}=1|true]",
+    )
+    parser.add_argument(
+        "--allow-ephemeral",
+        action="store_true",
+        help="use a temporary journal when --journal is unset; loopback --host only "
+        f"(health then reports durable_journal=false) [env {VALVE_ENV['allow_ephemeral']}=1|true]",
+    )
     return parser
 
 
@@ -305,9 +413,13 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         raise ConfigError(_name(by_dest["registry"]), "is required (module:attribute)")
     values["max_journal_bytes"] = _journal_bytes(args, environ, values["max_journal_bytes"])
     if values["max_event_bytes"] > HOST_FRAME_BYTES:
-        warnings.append(("max_event_bytes_above_host_frame",
-                         f"--max-event-bytes is {values['max_event_bytes']}: the aip-crewai host refuses events "
-                         f"over {HOST_FRAME_BYTES} bytes (its SSE frame bound)"))
+        warnings.append(
+            (
+                "max_event_bytes_above_host_frame",
+                f"--max-event-bytes is {values['max_event_bytes']}: the aip-crewai host refuses events "
+                f"over {HOST_FRAME_BYTES} bytes (its SSE frame bound)",
+            )
+        )
     loopback = is_loopback(values["host"])
     allow_unauth = bool(args.allow_unauthenticated) or _switch(environ, VALVE_ENV["allow_unauthenticated"])
     allow_ephemeral = bool(args.allow_ephemeral) or _switch(environ, VALVE_ENV["allow_ephemeral"])
@@ -335,19 +447,26 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     token_file: Path | None = values["token_file"]
     inline = environ.get(INLINE_TOKEN_ENV) or None
     if token_file is not None and inline is not None:
-        raise ConfigError(INLINE_TOKEN_ENV, f"and {_name(by_dest['token_file'])} are mutually exclusive; "
-                          "keep the token file")
+        raise ConfigError(
+            INLINE_TOKEN_ENV, f"and {_name(by_dest['token_file'])} are mutually exclusive; keep the token file"
+        )
     if token_file is not None:
         token = read_token_file(token_file, setting=_name(by_dest["token_file"]))
     elif inline is not None:
         token = inline_token(inline)
-        warnings.append(("bearer_token_inline",
-                         f"the bearer token comes from {INLINE_TOKEN_ENV}; a 0600 token file "
-                         f"({_name(by_dest['token_file'])}) is safer: the environment is readable by more "
-                         "processes and tools than the file"))
+        warnings.append(
+            (
+                "bearer_token_inline",
+                f"the bearer token comes from {INLINE_TOKEN_ENV}; a 0600 token file "
+                f"({_name(by_dest['token_file'])}) is safer: the environment is readable by more "
+                "processes and tools than the file",
+            )
+        )
     elif not allow_unauth:
-        raise ConfigError(_name(by_dest["token_file"]),
-                          f"is required (or {INLINE_TOKEN_ENV}, or --allow-unauthenticated on a loopback --host)")
+        raise ConfigError(
+            _name(by_dest["token_file"]),
+            f"is required (or {INLINE_TOKEN_ENV}, or --allow-unauthenticated on a loopback --host)",
+        )
 
     training_dir: Path | None = values["training_dir"]
     if training_dir is not None:
@@ -422,8 +541,11 @@ def _journal_bytes(args: argparse.Namespace, environ: Mapping[str, str], current
         raise ConfigError(f"{STATE_BYTES_ENV} (sets --max-journal-bytes)", f"{exc} (got {raw!r})") from None
     explicit = args.max_journal_bytes is not None or bool(environ.get("AIP_CREWAI_MAX_JOURNAL_BYTES"))
     if explicit and current != state_bytes:
-        raise ConfigError(STATE_BYTES_ENV, f"is {state_bytes} but --max-journal-bytes (AIP_CREWAI_MAX_JOURNAL_BYTES) "
-                          f"is {current}; they are one bound, set one of them")
+        raise ConfigError(
+            STATE_BYTES_ENV,
+            f"is {state_bytes} but --max-journal-bytes (AIP_CREWAI_MAX_JOURNAL_BYTES) "
+            f"is {current}; they are one bound, set one of them",
+        )
     return state_bytes
 
 
@@ -460,8 +582,7 @@ def _make_private_dirs(setting: str, path: Path) -> bool:
     return bool(missing)
 
 
-def _check_training_dir_apart(setting: str, training_dir: Path, journal: Path | None,
-                              state_dir: Path | None) -> None:
+def _check_training_dir_apart(setting: str, training_dir: Path, journal: Path | None, state_dir: Path | None) -> None:
     """Refuse a training directory that is, or contains, the journal or the state directory.
 
     A train artifact is written by name into the training directory tree; if

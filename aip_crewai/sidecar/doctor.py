@@ -43,6 +43,7 @@ def main(args: argparse.Namespace) -> int:
             import_crewai()
             from aip_crewai.sidecar.operations.startup.preflight import preflight
             from aip_crewai.sidecar.registry import RegistryError, load_registry
+
             try:
                 registry = load_registry(spec)
             except (RegistryError, ImportError) as exc:

@@ -50,8 +50,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,15 +80,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(argv, os.environ)
     except ConfigError as exc:
         return _refuse(str(exc))
-    configure_logging(json=None if settings.log_format == "auto" else settings.log_format == "json",
-                      level=settings.log_level)
+    configure_logging(
+        json=None if settings.log_format == "auto" else settings.log_format == "json", level=settings.log_level
+    )
     for event, message in settings.warnings:  # e.g. an inline token (never the token itself)
         log.warning(event, message=message)
     temporary: str | None = None
     if settings.journal is None:
         temporary = tempfile.mkdtemp(prefix="aip-crewai-sidecar-")
-        settings = replace(settings, journal=Path(temporary) / "journal.db",
-                           state_dir=settings.state_dir or Path(temporary), ephemeral=True)
+        settings = replace(
+            settings,
+            journal=Path(temporary) / "journal.db",
+            state_dir=settings.state_dir or Path(temporary),
+            ephemeral=True,
+        )
         log.warning("journal_ephemeral", journal=str(settings.journal))
     try:
         return _run(settings)
@@ -130,8 +135,8 @@ def _run(settings: Settings) -> int:
 
 async def _open_journal(settings: Settings) -> Journal | None:
     """Open, check and recover the journal; None (refusal printed) when it cannot be used."""
-    from aip_crewai.sidecar.http.app import recover
     from aip_crewai.sidecar.errors import JournalError
+    from aip_crewai.sidecar.http.app import recover
     from aip_crewai.sidecar.journal.store import Journal
 
     if settings.journal is None:  # main() sets an ephemeral one; config requires it otherwise
@@ -145,8 +150,10 @@ async def _open_journal(settings: Settings) -> Journal | None:
         await recover(journal)
     except JournalError as exc:  # e.g. a page the integrity check could not see fails the crash fence's write
         await journal.close()
-        _refuse(f"--journal (AIP_CREWAI_STATE_FILE): the crash fence could not be recorded in {settings.journal} "
-                f"({exc.message}); check the disk, or restore the journal from a backup")
+        _refuse(
+            f"--journal (AIP_CREWAI_STATE_FILE): the crash fence could not be recorded in {settings.journal} "
+            f"({exc.message}); check the disk, or restore the journal from a backup"
+        )
         return None
     except BaseException:
         await journal.close()
@@ -154,8 +161,7 @@ async def _open_journal(settings: Settings) -> Journal | None:
     return journal
 
 
-def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal: Journal,
-                    sock: socket.socket) -> int:
+def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal: Journal, sock: socket.socket) -> int:
     """Import CrewAI and the registry, then serve; the journal is closed on every path."""
     try:
         with extending_start_timeout(settings.notify_socket):
@@ -189,8 +195,13 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] 
     if isinstance(loaded, int):
         return loaded
     crews, _, facts = loaded
-    log.info("crewai_ready", crews=len(crews), unusable_crews=len(facts.problems),
-             import_ms=int((time.monotonic() - started) * 1000), isolation=settings.isolation)
+    log.info(
+        "crewai_ready",
+        crews=len(crews),
+        unusable_crews=len(facts.problems),
+        import_ms=int((time.monotonic() - started) * 1000),
+        isolation=settings.isolation,
+    )
     return loaded
 
 
@@ -214,7 +225,6 @@ def _load_here(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] |
 def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
     """The fork server, the registry check forked from it, and the worker pool (``--isolation process``)."""
     from aip_crewai.sidecar.http.app import CrewFacts
-    from aip_crewai.sidecar.isolation.wire import Boot
     from aip_crewai.sidecar.isolation.pool import (
         ForkServerThreaded,
         WorkerPool,
@@ -222,6 +232,7 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
         describe_registry,
         start_forkserver,
     )
+    from aip_crewai.sidecar.isolation.wire import Boot
 
     context = start_forkserver()
     json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
@@ -237,9 +248,14 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
         return _import_failed(described.import_failed)
     if described.refused is not None:
         return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {described.refused}")
-    executor = WorkerPool(boot, settings.max_concurrency, cancel_grace_seconds=settings.cancel_grace_seconds,
-                          max_events=settings.max_events_per_run, max_event_bytes=settings.max_event_bytes,
-                          context=context)
+    executor = WorkerPool(
+        boot,
+        settings.max_concurrency,
+        cancel_grace_seconds=settings.cancel_grace_seconds,
+        max_events=settings.max_events_per_run,
+        max_event_bytes=settings.max_event_bytes,
+        context=context,
+    )
     return frozenset(described.crews), executor, CrewFacts(described.problems, described.inputs)
 
 
@@ -248,13 +264,18 @@ def _import_failed(error_type: str) -> int:
     return _refuse(f"cannot import CrewAI ({error_type})", status=1)
 
 
-async def _serve(settings: Settings, crews: frozenset[str], executor: object, journal: Journal,
-                 crew_facts: CrewFacts, sock: socket.socket) -> int:
+async def _serve(
+    settings: Settings,
+    crews: frozenset[str],
+    executor: object,
+    journal: Journal,
+    crew_facts: CrewFacts,
+    sock: socket.socket,
+) -> int:
     from hypercorn.asyncio import serve
 
     from aip_crewai.plumbing.serving import hypercorn_config, hypercorn_logger
     from aip_crewai.sidecar.http.app import create_app
-
     from aip_crewai.sidecar.isolation.pool import ForkServerThreaded, WorkerPool
 
     workers = executor if isinstance(executor, WorkerPool) else None
@@ -274,8 +295,14 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
             await workers.close()
         await journal.close()
         raise
-    app = create_app(settings, crews=crews, executor=executor, journal=journal,  # type: ignore[arg-type]
-                     crew_facts=crew_facts, workers=workers)
+    app = create_app(
+        settings,
+        crews=crews,
+        executor=executor,  # type: ignore[arg-type]
+        journal=journal,
+        crew_facts=crew_facts,
+        workers=workers,
+    )
     # timeouts, header bound, no h2c (README "Security")
     config = hypercorn_config([f"fd://{fd}"], errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
     stop = asyncio.Event()
@@ -285,8 +312,14 @@ async def _serve(settings: Settings, crews: frozenset[str], executor: object, jo
 
     async def shutdown_trigger() -> None:
         # hypercorn starts this once its servers accept connections
-        log.info("sidecar_listening", host=settings.host, port=port, journal=str(settings.journal),
-                 durable_journal=not settings.ephemeral, authenticated=settings.token is not None)
+        log.info(
+            "sidecar_listening",
+            host=settings.host,
+            port=port,
+            journal=str(settings.journal),
+            durable_journal=not settings.ephemeral,
+            authenticated=settings.token is not None,
+        )
         sd_notify(settings.notify_socket, "READY=1")
         await stop.wait()
         log.info("sidecar_stopping", grace_seconds=settings.shutdown_grace_seconds)

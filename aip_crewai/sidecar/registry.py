@@ -68,10 +68,7 @@ class CrewSource:
         if self.factory is not None:
             crew = self.factory()
             if not _is_crew(crew):
-                raise RegistryError(
-                    f"factory for crew {self.crew_id!r} returned "
-                    f"{type(crew).__name__}, not a crew"
-                )
+                raise RegistryError(f"factory for crew {self.crew_id!r} returned {type(crew).__name__}, not a crew")
             return crew
         crew = self.template.copy()
         _detach_token_usage(crew)
@@ -112,12 +109,13 @@ def locate_registry(spec: str) -> str:
         # below it the parent's directories only (importlib.util.find_spec would import the parent)
         found = importlib.util.find_spec(part) if path is None else importlib.machinery.PathFinder.find_spec(part, path)
         if found is None:
-            where = ".".join(parts[:index + 1])
-            raise RegistryError(f"registry {spec!r}: no module {where!r} on the Python path "
-                                "(check the name and PYTHONPATH)")
+            where = ".".join(parts[: index + 1])
+            raise RegistryError(
+                f"registry {spec!r}: no module {where!r} on the Python path (check the name and PYTHONPATH)"
+            )
         path = list(found.submodule_search_locations or [])
         if index < len(parts) - 1 and not path:
-            raise RegistryError(f"registry {spec!r}: {'.'.join(parts[:index + 1])!r} is a module, not a package")
+            raise RegistryError(f"registry {spec!r}: {'.'.join(parts[: index + 1])!r} is a module, not a package")
     return str(found.origin or "namespace package")
 
 
@@ -141,24 +139,18 @@ def load_registry(spec: str) -> dict[str, CrewSource]:
     Source: ARCHITECTURE.md §11 (``--registry`` / ``AIP_CREWAI_REGISTRY``).
     """
     if not isinstance(spec, str) or not _SPEC.match(spec):
-        raise RegistryError(
-            f"registry spec {spec!r} must look like 'package.module:attribute'"
-        )
+        raise RegistryError(f"registry spec {spec!r} must look like 'package.module:attribute'")
     module_name, attribute = spec.split(":", 1)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise RegistryError(
-            f"registry {spec!r}: cannot import module {module_name!r} ({exc})"
-        ) from exc
+        raise RegistryError(f"registry {spec!r}: cannot import module {module_name!r} ({exc})") from exc
     target: Any = module
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
         except AttributeError as exc:
-            raise RegistryError(
-                f"registry {spec!r}: module {module_name!r} has no attribute {attribute!r}"
-            ) from exc
+            raise RegistryError(f"registry {spec!r}: module {module_name!r} has no attribute {attribute!r}") from exc
     entries = _as_mapping(spec, target)
     if not entries:
         raise RegistryError(f"registry {spec!r}: the crew mapping is empty")
@@ -177,8 +169,7 @@ def _as_mapping(spec: str, target: Any) -> Mapping[Any, Any]:
             "not a mapping of crew id to crew factory"
         )
     raise RegistryError(
-        f"registry {spec!r}: attribute is {type(target).__name__}, "
-        "not a mapping or a callable returning one"
+        f"registry {spec!r}: attribute is {type(target).__name__}, not a mapping or a callable returning one"
     )
 
 
@@ -186,9 +177,7 @@ def _checked_items(spec: str, entries: Mapping[Any, Any]) -> list[tuple[str, Any
     items = []
     for key, value in entries.items():
         if not isinstance(key, str) or not key:
-            raise RegistryError(
-                f"registry {spec!r}: crew id {key!r} must be a non-empty string"
-            )
+            raise RegistryError(f"registry {spec!r}: crew id {key!r} must be a non-empty string")
         if len(key) > MAX_CREW_ID_CHARS or _CONTROL.search(key):
             raise RegistryError(
                 f"registry {spec!r}: crew id {key!r} must be at most "
@@ -201,8 +190,7 @@ def _checked_items(spec: str, entries: Mapping[Any, Any]) -> list[tuple[str, Any
 def _source(spec: str, key: str, value: Any) -> CrewSource:
     if not (callable(value) or _is_crew(value)):
         raise RegistryError(
-            f"registry {spec!r}: crew {key!r} is {type(value).__name__}, not a "
-            "zero-argument factory or a crew instance"
+            f"registry {spec!r}: crew {key!r} is {type(value).__name__}, not a zero-argument factory or a crew instance"
         )
     if callable(value):
         return CrewSource(crew_id=key, factory=value)

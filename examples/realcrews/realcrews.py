@@ -43,23 +43,39 @@ def _setting(name: str, default: str) -> str:
 
 def llm(*, stream: bool = False) -> LLM:
     """The chat model at the configured provider (CrewAI's native OpenAI client)."""
-    return LLM(model=_setting("REALCREWS_MODEL", "openai/gpt-4o-mini"),
-               base_url=_setting("REALCREWS_BASE_URL", "https://api.openai.com/v1"),
-               api_key=_setting("REALCREWS_API_KEY", ""), stream=stream, max_retries=2, timeout=60)
+    return LLM(
+        model=_setting("REALCREWS_MODEL", "openai/gpt-4o-mini"),
+        base_url=_setting("REALCREWS_BASE_URL", "https://api.openai.com/v1"),
+        api_key=_setting("REALCREWS_API_KEY", ""),
+        stream=stream,
+        max_retries=2,
+        timeout=60,
+    )
 
 
 def embedder() -> dict[str, Any]:
     """CrewAI's OpenAI embedder config, pointed at the same provider."""
-    return {"provider": "openai", "config": {
-        "api_key": _setting("REALCREWS_API_KEY", ""),
-        "api_base": _setting("REALCREWS_BASE_URL", "https://api.openai.com/v1"),
-        "model_name": _setting("REALCREWS_EMBED_MODEL", "text-embedding-3-small")}}
+    return {
+        "provider": "openai",
+        "config": {
+            "api_key": _setting("REALCREWS_API_KEY", ""),
+            "api_base": _setting("REALCREWS_BASE_URL", "https://api.openai.com/v1"),
+            "model_name": _setting("REALCREWS_EMBED_MODEL", "text-embedding-3-small"),
+        },
+    }
 
 
 def _agent(role: str, **kwargs: Any) -> Agent:
-    return Agent(role=role, goal=f"Do the {role.lower()}'s job well", backstory=f"An experienced {role.lower()}.",
-                 llm=kwargs.pop("llm", None) or llm(), allow_delegation=False, verbose=False, max_iter=4,
-                 **kwargs)
+    return Agent(
+        role=role,
+        goal=f"Do the {role.lower()}'s job well",
+        backstory=f"An experienced {role.lower()}.",
+        llm=kwargs.pop("llm", None) or llm(),
+        allow_delegation=False,
+        verbose=False,
+        max_iter=4,
+        **kwargs,
+    )
 
 
 # ------------------------------------------------------------------------------- knowledge
@@ -69,15 +85,22 @@ def knowledge_crew() -> Crew:
     """Crew knowledge: a string source and a file source, embedded by the provider."""
     researcher = _agent("Researcher")
     task = Task(description="KNOWLEDGE-RUN {question}", expected_output="A short answer.", agent=researcher)
-    return Crew(agents=[researcher], tasks=[task], embedder=embedder(),
-                knowledge_sources=[StringKnowledgeSource(content=KNOWLEDGE_FACT),
-                                   TextFileKnowledgeSource(file_paths=[HERE / "knowledge" / "handbook.txt"])])
+    return Crew(
+        agents=[researcher],
+        tasks=[task],
+        embedder=embedder(),
+        knowledge_sources=[
+            StringKnowledgeSource(content=KNOWLEDGE_FACT),
+            TextFileKnowledgeSource(file_paths=[HERE / "knowledge" / "handbook.txt"]),
+        ],
+    )
 
 
 def agent_knowledge_crew() -> Crew:
     """Knowledge on the agent, not on the crew."""
-    captain = _agent("Harbour master", knowledge_sources=[StringKnowledgeSource(content=AGENT_FACT)],
-                     embedder=embedder())
+    captain = _agent(
+        "Harbour master", knowledge_sources=[StringKnowledgeSource(content=AGENT_FACT)], embedder=embedder()
+    )
     task = Task(description="AGENT-KNOWLEDGE-RUN {question}", expected_output="A short answer.", agent=captain)
     return Crew(agents=[captain], tasks=[task])
 
@@ -89,8 +112,7 @@ def memory_crew() -> Crew:
     """``memory=True`` with the provider's embedder (and its LLM for memory analysis)."""
     clerk = _agent("Clerk")
     task = Task(description="MEMORY-RUN {note}", expected_output="A short answer.", agent=clerk)
-    return Crew(name="memory-crew", agents=[clerk], tasks=[task], memory=True, embedder=embedder(),
-                chat_llm=llm())
+    return Crew(name="memory-crew", agents=[clerk], tasks=[task], memory=True, embedder=embedder(), chat_llm=llm())
 
 
 # ------------------------------------------------------------------------ structured output
@@ -106,10 +128,18 @@ class Verdict(BaseModel):
 def structured_crew() -> Crew:
     """``output_pydantic`` then ``output_json`` tasks."""
     analyst = _agent("Analyst")
-    first = Task(description="STRUCTURED-PYDANTIC Classify {subject}.", expected_output="A label and a score.",
-                 agent=analyst, output_pydantic=Verdict)
-    second = Task(description="STRUCTURED-JSON Classify {subject} again.", expected_output="A label and a score.",
-                  agent=analyst, output_json=Verdict)
+    first = Task(
+        description="STRUCTURED-PYDANTIC Classify {subject}.",
+        expected_output="A label and a score.",
+        agent=analyst,
+        output_pydantic=Verdict,
+    )
+    second = Task(
+        description="STRUCTURED-JSON Classify {subject} again.",
+        expected_output="A label and a score.",
+        agent=analyst,
+        output_json=Verdict,
+    )
     return Crew(agents=[analyst], tasks=[first, second])
 
 
@@ -126,10 +156,13 @@ def hierarchical_crew() -> Crew:
 def sequential_crew() -> Crew:
     """Two sequential tasks, the second reading the first through ``context``."""
     scout, editor = _agent("Scout"), _agent("Editor")
-    find = Task(description="SEQUENTIAL-FIRST Find one fact about {topic}.", expected_output="One fact.",
-                agent=scout)
-    edit = Task(description="SEQUENTIAL-SECOND Polish the fact.", expected_output="One polished fact.",
-                agent=editor, context=[find])
+    find = Task(description="SEQUENTIAL-FIRST Find one fact about {topic}.", expected_output="One fact.", agent=scout)
+    edit = Task(
+        description="SEQUENTIAL-SECOND Polish the fact.",
+        expected_output="One polished fact.",
+        agent=editor,
+        context=[find],
+    )
     return Crew(agents=[scout, editor], tasks=[find, edit], process=Process.sequential)
 
 
@@ -164,8 +197,7 @@ async def async_echo(text: str) -> str:
 def tools_crew() -> Crew:
     """An agent with a tool using a thread pool and an async tool."""
     worker = _agent("Toolsmith", tools=[parallel_count, async_echo])
-    task = Task(description="TOOLS-RUN Use your tools on {words}.", expected_output="The tool results.",
-                agent=worker)
+    task = Task(description="TOOLS-RUN Use your tools on {words}.", expected_output="The tool results.", agent=worker)
     return Crew(agents=[worker], tasks=[task])
 
 

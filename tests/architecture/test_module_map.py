@@ -17,8 +17,13 @@ MAX_MODULES_PER_FOLDER = 12
 #: No module is longer than this, lines.
 MAX_MODULE_LINES = 600
 #: Where a ``§N`` may be cited.
-CITING = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").glob("*.py"),
-          ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+CITING = [
+    *PACKAGE.rglob("*.py"),
+    *(ROOT / "tests").rglob("*.py"),
+    *(ROOT / "bench").glob("*.py"),
+    ROOT / "README.md",
+    *(ROOT / "docs").glob("*.md"),
+]
 
 
 def modules() -> list[Path]:
@@ -33,7 +38,7 @@ def listed(path: Path) -> bool:
 def module_map() -> dict[str, set[str]]:
     """§2's table: folder (relative to the repository, ending in ``/``) -> the ``*.py`` names its row cites."""
     text = ARCHITECTURE.read_text()
-    section = text[text.index("## §2 "):text.index("\n## §3 ")]
+    section = text[text.index("## §2 ") : text.index("\n## §3 ")]
     rows: dict[str, set[str]] = {}
     for line in section.splitlines():
         cells = line.split(" | ")
@@ -51,8 +56,12 @@ def test_the_module_map_names_every_module_and_nothing_else():
         folders.add(folder)
         if listed(path) and path.name not in rows.get(folder, set()):
             missing.append(path.relative_to(ROOT).as_posix())
-    stale = [f"{folder}{name}" for folder, names in rows.items() for name in sorted(names)
-             if not (ROOT / folder / name).is_file()]
+    stale = [
+        f"{folder}{name}"
+        for folder, names in rows.items()
+        for name in sorted(names)
+        if not (ROOT / folder / name).is_file()
+    ]
     assert missing == [], f"modules missing from docs/ARCHITECTURE.md §2: {missing}"
     assert stale == [], f"§2 names modules that do not exist: {stale}"
     assert sorted(set(rows) - folders) == [], "§2 has a row for a folder without modules"
@@ -67,8 +76,11 @@ def test_no_folder_holds_more_than_twelve_modules():
 
 
 def test_no_module_exceeds_six_hundred_lines():
-    long = {p.relative_to(ROOT).as_posix(): n for p in modules()
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    long = {
+        p.relative_to(ROOT).as_posix(): n
+        for p in modules()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
     assert long == {}
 
 
@@ -94,24 +106,34 @@ def test_host_and_sidecar_never_import_each_other():
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         for own, other in (("aip_crewai.host", "aip_crewai.sidecar"), ("aip_crewai.sidecar", "aip_crewai.host")):
             if name.startswith(own + "."):
-                crossings += [f"{name} -> {target}" for target in sorted(_imported(path))
-                              if target == other or target.startswith(other + ".")]
+                crossings += [
+                    f"{name} -> {target}"
+                    for target in sorted(_imported(path))
+                    if target == other or target.startswith(other + ".")
+                ]
     assert crossings == []
 
 
 def test_every_cited_section_exists():
     sections = set(re.findall(r"^## §(\d+) ", ARCHITECTURE.read_text(), re.MULTILINE))
-    dangling = sorted({f"{path.relative_to(ROOT).as_posix()}: §{number}"
-                       for path in CITING for number in re.findall(r"§(\d+)", path.read_text())
-                       if number not in sections})
+    dangling = sorted(
+        {
+            f"{path.relative_to(ROOT).as_posix()}: §{number}"
+            for path in CITING
+            for number in re.findall(r"§(\d+)", path.read_text())
+            if number not in sections
+        }
+    )
     assert dangling == []
 
 
 def test_no_comment_cites_an_issue_number():
     """A comment or docstring states its rule (or names the README or ARCHITECTURE section holding it),
     never an issue: the issue tracker is not part of the repository."""
-    citing = [f"{path.relative_to(ROOT).as_posix()}:{number}"
-              for path in (*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").glob("*.py"))
-              for number, line in enumerate(path.read_text().splitlines(), 1)
-              if re.search(r"\bissues? \d+\b", line)]
+    citing = [
+        f"{path.relative_to(ROOT).as_posix()}:{number}"
+        for path in (*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").glob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bissues? \d+\b", line)
+    ]
     assert citing == []

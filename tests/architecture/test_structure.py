@@ -9,11 +9,23 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "aip_crewai"
 
 #: Store methods that change an action's state or an approval's status.
-STATE_WRITES = {"create_action", "update_action", "create_approval", "decide_approval", "decide_and_start",
-                "cancel_pending", "expire_approvals"}
+STATE_WRITES = {
+    "create_action",
+    "update_action",
+    "create_approval",
+    "decide_approval",
+    "decide_and_start",
+    "cancel_pending",
+    "expire_approvals",
+}
 #: The modules allowed to call them: the writer, and the storage modules that define them.
-WRITERS = {"aip_crewai.host.actions.writer", "aip_crewai.host.store.store", "aip_crewai.host.store.approvals",
-           "aip_crewai.host.store.records", "aip_crewai.host.store.engine"}
+WRITERS = {
+    "aip_crewai.host.actions.writer",
+    "aip_crewai.host.store.store",
+    "aip_crewai.host.store.approvals",
+    "aip_crewai.host.store.records",
+    "aip_crewai.host.store.engine",
+}
 
 
 def module_name(path: Path) -> str:
@@ -27,8 +39,11 @@ def modules() -> dict[str, ast.Module]:
 
 def imports(name: str, tree: ast.Module, known: set[str]) -> set[str]:
     """Every package module ``name`` imports, at any level (TYPE_CHECKING and function bodies included)."""
-    package = name if name in known and (PACKAGE.parent / name.replace(".", "/") / "__init__.py").exists() \
+    package = (
+        name
+        if name in known and (PACKAGE.parent / name.replace(".", "/") / "__init__.py").exists()
         else name.rpartition(".")[0]
+    )
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -63,7 +78,7 @@ def test_no_import_cycle_in_the_package():
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycle = path[path.index(nxt):] + [nxt]
+                cycle = path[path.index(nxt) :] + [nxt]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if nxt not in state:
                 visit(nxt)
@@ -94,7 +109,12 @@ def test_no_private_method_of_another_object_is_called_in_the_host():
         if not name.startswith("aip_crewai.host."):
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
-                    and isinstance(node.value, ast.Name) and node.value.id in ("service", "runtime"):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("service", "runtime")
+            ):
                 offenders.append(f"{name}:{node.lineno} {node.value.id}.{node.attr}")
     assert offenders == []

@@ -10,13 +10,16 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-SUITES = sorted([*TESTS.glob("integration/test_*.py"), *TESTS.glob("reliability/test_*.py"),
-                 *TESTS.glob("realcrews/test_*.py")])
+SUITES = sorted(
+    [*TESTS.glob("integration/test_*.py"), *TESTS.glob("reliability/test_*.py"), *TESTS.glob("realcrews/test_*.py")]
+)
 #: How the suites start a host: ``host_process.start_host``/``write_config``, ``relkit.Processes.host``/
 #: ``launch_host``, the reliability ``stack`` fixture (sidecar and host processes) and the real-crew suite's
 #: ``deployment`` fixture / ``start_deployment`` (``tests/realcrews/realkit.py``).
-HOST_STARTERS = re.compile(r"\bstart_host\(|\bwrite_config\(|\bprocs\.(?:launch_)?host\(|\bstart_deployment\("
-                           r"|def test_\w+\([^)]*\b(?:stack|deployment)\b")
+HOST_STARTERS = re.compile(
+    r"\bstart_host\(|\bwrite_config\(|\bprocs\.(?:launch_)?host\(|\bstart_deployment\("
+    r"|def test_\w+\([^)]*\b(?:stack|deployment)\b"
+)
 
 
 @pytest.mark.parametrize("path", SUITES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -24,7 +27,8 @@ def test_a_file_that_starts_a_host_is_marked_host_processes(path: Path) -> None:
     source = path.read_text()
     assert bool(HOST_STARTERS.search(source)) == ("pytest.mark.host_processes" in source), (
         f"{path.name}: starts a host: {bool(HOST_STARTERS.search(source))}; marked host_processes: "
-        f"{'pytest.mark.host_processes' in source}")
+        f"{'pytest.mark.host_processes' in source}"
+    )
 
 
 def test_the_markers_select_files() -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from host_process import start_host
 
 from aip_crewai.client import new_id
 from aip_crewai.plumbing.keys import generate_ed25519
-from host_process import start_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -23,8 +23,12 @@ def stack(sidecar_factory, tmp_path) -> Any:
     sidecar = sidecar_factory.start()
     key_file = tmp_path / "approver.pem"
     public = generate_ed25519(key_file)
-    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, extra_principals=[
-        {"id": KEY_APPROVER, "tenant": "acme", "role": "approver", "ed25519_public_key": public}])
+    host = start_host(
+        tmp_path / "host",
+        sidecar.base_url,
+        sidecar.token,
+        extra_principals=[{"id": KEY_APPROVER, "tenant": "acme", "role": "approver", "ed25519_public_key": public}],
+    )
     try:
         yield host, key_file
     finally:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from host_process import TOKENS, free_port, start_host
 
 from aip_crewai.client import new_id
-from host_process import TOKENS, free_port, start_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -62,13 +62,13 @@ def page_origin(tmp_path: Path) -> Any:
         server.shutdown()
 
 
-def test_a_tenant_page_on_another_origin_follows_a_stream_with_eventsource(sidecar_factory, tmp_path, browser,
-                                                                             artifacts, page_origin) -> None:
+def test_a_tenant_page_on_another_origin_follows_a_stream_with_eventsource(
+    sidecar_factory, tmp_path, browser, artifacts, page_origin
+) -> None:
     from playwright.sync_api import expect
 
     sidecar = sidecar_factory.start()
-    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token,
-                      host_options={"cors_origins": [page_origin]})
+    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, host_options={"cors_origins": [page_origin]})
     try:
         topic = f"fjords-{new_id('t')}"
         action_id = new_id("act")

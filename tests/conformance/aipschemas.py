@@ -38,24 +38,30 @@ class Schemas:
     """Validators for every schema file, keyed by name (``envelope``, ``action_status``, ...)."""
 
     def __init__(self, directory: Path) -> None:
-        contents = {p.name.removesuffix(".schema.json"): json.loads(p.read_text())
-                    for p in sorted(directory.glob("*.schema.json"))}
+        contents = {
+            p.name.removesuffix(".schema.json"): json.loads(p.read_text())
+            for p in sorted(directory.glob("*.schema.json"))
+        }
         registry: Registry = Registry().with_resources(
-            (schema["$id"], Resource.from_contents(schema)) for schema in contents.values())
-        self.validators = {name: Draft202012Validator(schema, registry=registry)
-                           for name, schema in contents.items()}
+            (schema["$id"], Resource.from_contents(schema)) for schema in contents.values()
+        )
+        self.validators = {name: Draft202012Validator(schema, registry=registry) for name, schema in contents.items()}
         self.checked = 0
 
     def check(self, route: str, name: str, instance: Any) -> None:
         """Raise :class:`Violation` on the first error (the shallowest, then in document order)."""
         self.checked += 1
-        errors = sorted(self.validators[name].iter_errors(instance),
-                        key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
+        errors = sorted(
+            self.validators[name].iter_errors(instance),
+            key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]),
+        )
         if errors:
             first = errors[0]
             detail = "; ".join(f"{c.json_path}: {c.message[:160]}" for c in (first.context or [])[:4])
-            raise Violation(f"{route}: {name}.schema.json at {first.json_path}: {first.message[:300]}"
-                            + (f" [{detail}]" if detail else ""))
+            raise Violation(
+                f"{route}: {name}.schema.json at {first.json_path}: {first.message[:300]}"
+                + (f" [{detail}]" if detail else "")
+            )
 
 
 #: message_type -> the body key the AIP registry gives it (the schema's MessageBody
@@ -75,5 +81,7 @@ def check_envelope(schemas: Schemas, route: str, envelope: Any) -> None:
     schemas.check(route, "envelope", envelope)
     expected = BODY_KEYS.get(envelope["message_type"])
     if expected is None or list(envelope["body"]) != [expected]:
-        raise Violation(f"{route}: envelope.schema.json at $.body: message_type {envelope['message_type']} "
-                        f"carries body key(s) {list(envelope['body'])}, expected {expected!r}")
+        raise Violation(
+            f"{route}: envelope.schema.json at $.body: message_type {envelope['message_type']} "
+            f"carries body key(s) {list(envelope['body'])}, expected {expected!r}"
+        )

@@ -19,14 +19,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
 
 from aipschemas import SCHEMAS_DIR, Schemas, Violation, check_envelope  # noqa: E402
+from fake_sidecar import FakeSidecar  # noqa: E402
 from hostkit import SIDECAR_TOKEN, clock, host_files, make_app, running, settings, sidecar  # noqa: E402,F401
 
 from aip_crewai.sse import SSEDecoder  # noqa: E402
-from fake_sidecar import FakeSidecar  # noqa: E402
 
 if SCHEMAS_DIR is None:
-    pytest.skip("AIP 1.0 schemas not found (../shared/aip-schemas or $AIP_SCHEMAS_DIR): conformance suite skipped",
-                allow_module_level=True)
+    pytest.skip(
+        "AIP 1.0 schemas not found (../shared/aip-schemas or $AIP_SCHEMAS_DIR): conformance suite skipped",
+        allow_module_level=True,
+    )
 
 #: (method, path pattern) -> schema of a 2xx JSON body. Error statuses are always error envelopes.
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
@@ -44,7 +46,10 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 
 #: Routes under /aip/ whose 2xx answers are this host's own JSON, not AIP objects (README "Stream
 #: tokens", "Signed requests"): their errors are still checked as AIP error envelopes.
-NOT_AIP = [re.compile(r"^/aip/v1/(actions/[^/]+|approvals)/stream-token$"), re.compile(r"^/aip/v1/approvals/[^/]+/proof$")]
+NOT_AIP = [
+    re.compile(r"^/aip/v1/(actions/[^/]+|approvals)/stream-token$"),
+    re.compile(r"^/aip/v1/approvals/[^/]+/proof$"),
+]
 
 
 def schema_for(method: str, path: str) -> str | None:
@@ -69,8 +74,13 @@ class ValidatingTransport(httpx.AsyncBaseTransport):
         own = response.status_code < 400 and any(pattern.match(path) for pattern in NOT_AIP)
         if (path.startswith("/aip/") and not own) or response.status_code >= 400:
             self.validate(route, request.method, path, response.status_code, ctype, body)
-        return httpx.Response(response.status_code, headers=response.headers, content=body,
-                              request=request, extensions=response.extensions)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            content=body,
+            request=request,
+            extensions=response.extensions,
+        )
 
     def validate(self, route: str, method: str, path: str, status: int, ctype: str, body: bytes) -> None:
         if ctype.startswith("text/event-stream"):

@@ -27,24 +27,37 @@ def _env_file(path: Path) -> dict[str, str]:
 
 #: (host config, sidecar env file): the shipped deployment and the real-crew example deployment (whose env file
 #: puts its crew module's directory on ``PYTHONPATH``, relative to the repository root).
-DEPLOYMENTS = [(REPO / "host" / "host.example.toml", REPO / "sidecar" / "sidecar.env.example"),
-               (REPO / "examples" / "realcrews" / "host.toml", REPO / "examples" / "realcrews" / "sidecar.env")]
+DEPLOYMENTS = [
+    (REPO / "host" / "host.example.toml", REPO / "sidecar" / "sidecar.env.example"),
+    (REPO / "examples" / "realcrews" / "host.toml", REPO / "examples" / "realcrews" / "sidecar.env"),
+]
 
 
 @pytest.mark.processes
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("host_toml", "env_file"), DEPLOYMENTS, ids=["shipped", "realcrews"])
-def test_the_host_example_admits_only_crews_and_operations_the_sidecar_example_serves(host_toml: Path,
-                                                                                    env_file: Path) -> None:
+def test_the_host_example_admits_only_crews_and_operations_the_sidecar_example_serves(
+    host_toml: Path, env_file: Path
+) -> None:
     host = tomllib.loads(host_toml.read_text())
     crews = json.loads((host_toml.parent / host["crews"]["file"]).read_text())
     sidecar = _env_file(env_file)
     module, attribute = sidecar["AIP_CREWAI_REGISTRY"].split(":")
     path = [str(REPO / entry) for entry in sidecar.get("PYTHONPATH", "").split(":") if entry]
-    served = json.loads(subprocess.run(  # imports CrewAI: in a child process
-        [sys.executable, "-c", f"import json, sys; sys.path[:0] = {path!r}; import {module} as m; "
-                               f"print(json.dumps(sorted(m.{attribute})))"],
-        cwd=REPO, capture_output=True, check=True, timeout=100).stdout)
+    served = json.loads(
+        subprocess.run(  # imports CrewAI: in a child process
+            [
+                sys.executable,
+                "-c",
+                f"import json, sys; sys.path[:0] = {path!r}; import {module} as m; "
+                f"print(json.dumps(sorted(m.{attribute})))",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+            timeout=100,
+        ).stdout
+    )
     allowed = set(sidecar["AIP_CREWAI_ALLOWED_OPERATIONS"].split(",")) | ALWAYS
     assert {crew["id"] for crew in crews} <= set(served)
     for crew in crews:

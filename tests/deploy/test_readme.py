@@ -28,14 +28,29 @@ def test_every_sidecar_setting_is_documented_with_its_env_and_default():
 
 def test_capability_table_matches_the_catalogue():
     for spec in CATALOGUE:
-        row = (f"| `{spec.name}` | `{capability_id('<crew>', spec.name)}` | {spec.kind.value} | {spec.risk.value} | "
-               f"{'yes' if spec.approval else 'no'} | {spec.key.value} | ")
+        row = (
+            f"| `{spec.name}` | `{capability_id('<crew>', spec.name)}` | {spec.kind.value} | {spec.risk.value} | "
+            f"{'yes' if spec.approval else 'no'} | {spec.key.value} | "
+        )
         assert row in README, spec.name
 
 
 def test_host_config_keys_are_documented():
-    for key in ["[host]", "bind =", "store =", "max_response_bytes =", "[sidecar]", "url =", "token_file =",
-                "[crews]", "file =", "[tenants.", "[[principals]]", "token_sha256 =", "ed25519_public_key ="]:
+    for key in [
+        "[host]",
+        "bind =",
+        "store =",
+        "max_response_bytes =",
+        "[sidecar]",
+        "url =",
+        "token_file =",
+        "[crews]",
+        "file =",
+        "[tenants.",
+        "[[principals]]",
+        "token_sha256 =",
+        "ed25519_public_key =",
+    ]:
         assert key in README, key
 
 

@@ -14,8 +14,16 @@ UNITS = [ROOT / "host" / "aip-crewai-host.service", ROOT / "sidecar" / "aip-crew
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
 def test_unit_has_notify_and_hardening(unit):
     text = unit.read_text()
-    for line in ["Type=notify", "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes",
-                 "Restart=on-failure", "StateDirectory=", "KillSignal=SIGTERM", "TimeoutStopSec="]:
+    for line in [
+        "Type=notify",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "PrivateTmp=yes",
+        "Restart=on-failure",
+        "StateDirectory=",
+        "KillSignal=SIGTERM",
+        "TimeoutStopSec=",
+    ]:
         assert line in text, f"{unit.name} lacks {line}"
 
 

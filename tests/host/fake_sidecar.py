@@ -64,17 +64,27 @@ class FakeSidecar:
 
     def _sse(self, events: list[dict[str, Any]]) -> httpx.Response:
         if self.omit_output:
-            events = [{**e, "data": {"status": "completed", "output_omitted": True, "output_bytes": 9}}
-                      if e["event"] == "completed" else e for e in events]
+            events = [
+                {**e, "data": {"status": "completed", "output_omitted": True, "output_bytes": 9}}
+                if e["event"] == "completed"
+                else e
+                for e in events
+            ]
         body = b"".join(encode_event(json.dumps(e), event=e["event"], id=str(e["sequence"])) for e in events)
         return httpx.Response(200, content=self.stream_override or body, headers={"content-type": "text/event-stream"})
 
     def _view(self, job: FakeJob) -> dict[str, Any]:
         terminal = job.events[-1]
         output = terminal["data"] if terminal["event"] == "completed" else None
-        return {"action_id": job.action_id, "crew_id": job.crew_id, "operation": job.operation,
-                "status": terminal["event"] if terminal["event"] in ("completed", "failed", "cancelled") else "running",
-                "event_count": len(job.events), "output": output, **job.view_extra}
+        return {
+            "action_id": job.action_id,
+            "crew_id": job.crew_id,
+            "operation": job.operation,
+            "status": terminal["event"] if terminal["event"] in ("completed", "failed", "cancelled") else "running",
+            "event_count": len(job.events),
+            "output": output,
+            **job.view_extra,
+        }
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
@@ -98,9 +108,16 @@ class FakeSidecar:
             cursor = int(request.url.params.get("cursor", "0"))
             if "text/event-stream" in request.headers.get("accept", ""):
                 return self._sse(job.events[cursor:])
-            return httpx.Response(200, json={"action_id": job.action_id, "cursor": cursor,
-                                             "next_cursor": len(job.events), "status": self._view(job)["status"],
-                                             "events": job.events[cursor:]})
+            return httpx.Response(
+                200,
+                json={
+                    "action_id": job.action_id,
+                    "cursor": cursor,
+                    "next_cursor": len(job.events),
+                    "status": self._view(job)["status"],
+                    "events": job.events[cursor:],
+                },
+            )
         if parts[3] == "cancel":
             if self.cancel_status != 200:
                 return httpx.Response(self.cancel_status, json={"detail": "no"})

@@ -36,9 +36,9 @@ from starlette.applications import Starlette
 
 from aip_crewai.contracts.hashing import jcs
 from aip_crewai.contracts.operations import OPERATION_NAMES
+from aip_crewai.host.config import load_settings
 from aip_crewai.host.http.app import create_app
 from aip_crewai.host.settings import Settings
-from aip_crewai.host.config import load_settings
 from aip_crewai.host.store.store import ms_to_rfc3339
 
 SIDECAR_TOKEN = "sidecar-secret-token"
@@ -95,7 +95,9 @@ def render_toml(doc: dict[str, Any]) -> str:
     """Render the host config document (tables, ``tenants.*`` and ``[[principals]]``)."""
     lines: list[str] = []
     for key, value in doc.items():
-        if not isinstance(value, (dict, list)) or (isinstance(value, list) and value and not isinstance(value[0], dict)):
+        if not isinstance(value, (dict, list)) or (
+            isinstance(value, list) and value and not isinstance(value[0], dict)
+        ):
             lines.append(f"{key} = {toml_value(value)}")
     for key, value in doc.items():
         if key == "tenants" and isinstance(value, dict):
@@ -187,9 +189,15 @@ class HealthSidecar:
 
     def __init__(self) -> None:
         self.health: Any = {
-            "status": "ready", "crews": sorted(c["id"] for c in CREWS), "active_runs": 0, "retained_runs": 0,
-            "max_retained_runs": 2000, "durable_journal": True, "stream_checkpoint_events": 128,
-            "operations": sorted(OPERATION_NAMES), "training_directory": True,
+            "status": "ready",
+            "crews": sorted(c["id"] for c in CREWS),
+            "active_runs": 0,
+            "retained_runs": 0,
+            "max_retained_runs": 2000,
+            "durable_journal": True,
+            "stream_checkpoint_events": 128,
+            "operations": sorted(OPERATION_NAMES),
+            "training_directory": True,
         }
         self.health_status = 200
         self.requests: list[httpx.Request] = []
@@ -249,7 +257,9 @@ def envelope(message_id: str = "msg_1", *, sent_at_s: float = NOW, **extra: Any)
     }
 
 
-def action_env(message_id: str, action_id: str, cap: str, inp: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+def action_env(
+    message_id: str, action_id: str, cap: str, inp: dict[str, Any], key: str | None = None
+) -> dict[str, Any]:
     """:func:`envelope` carrying the action ``action_id`` for ``cap`` with input ``inp`` (and ``key``)."""
     env = envelope(message_id)
     env["body"]["action"] = {"id": action_id, "capability_id": cap, "input": inp}
@@ -268,13 +278,15 @@ class Clock:
         return self.ms
 
 
-async def open_action_service(tmp_path: Path, tenants: dict[str, Any], **kwargs: Any) -> tuple[Any, Any, httpx.AsyncClient, Clock]:
+async def open_action_service(
+    tmp_path: Path, tenants: dict[str, Any], **kwargs: Any
+) -> tuple[Any, Any, httpx.AsyncClient, Clock]:
     """An ActionService over a SQLite store in ``tmp_path`` and a FakeSidecar; returns
     ``(service, sidecar, http, clock)`` (close ``http`` and ``service.store`` after)."""
     from fake_sidecar import FakeSidecar
 
-    from aip_crewai.host.actions.service import ActionService
     from aip_crewai.host.actions.dispatch import Dispatcher
+    from aip_crewai.host.actions.service import ActionService
     from aip_crewai.host.sidecars.client import SidecarClient
     from aip_crewai.host.store.store import Store
 
@@ -282,10 +294,18 @@ async def open_action_service(tmp_path: Path, tenants: dict[str, Any], **kwargs:
     clock = Clock()
     store = await Store.open(tmp_path / "host.db", clock=lambda: clock.ms / 1000)
     sidecar = FakeSidecar()
-    http = httpx.AsyncClient(transport=sidecar.transport(), base_url="http://127.0.0.1:8090",
-                             headers={"Authorization": "Bearer sidecar-token"})
-    service = ActionService(store, Dispatcher(SidecarClient(http, max_response_bytes=1 << 20),
-                                              max_response_bytes=1 << 20), tenants, now_ms=clock, **kwargs)
+    http = httpx.AsyncClient(
+        transport=sidecar.transport(),
+        base_url="http://127.0.0.1:8090",
+        headers={"Authorization": "Bearer sidecar-token"},
+    )
+    service = ActionService(
+        store,
+        Dispatcher(SidecarClient(http, max_response_bytes=1 << 20), max_response_bytes=1 << 20),
+        tenants,
+        now_ms=clock,
+        **kwargs,
+    )
     return service, sidecar, http, clock
 
 
@@ -302,16 +322,34 @@ def os_mode(path: Path) -> int:
     return os.stat(path).st_mode & 0o777
 
 
-async def submit_action(http: httpx.AsyncClient, action_id: str, *, principal: str = "acme-invoker",
-                        capability: str = "cap:crewai:beta", input: Any = None) -> dict[str, Any]:
+async def submit_action(
+    http: httpx.AsyncClient,
+    action_id: str,
+    *,
+    principal: str = "acme-invoker",
+    capability: str = "cap:crewai:beta",
+    input: Any = None,
+) -> dict[str, Any]:
     """POST an ``aip.core.v1.action`` (key ``k-<action id>``) as ``principal``'s bearer; returns the
     result's ``output`` (for a mutation: ``approval_id``, ``policy_hash``, ...)."""
-    env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": f"msg_{action_id}",
-           "sent_at": ms_to_rfc3339(int(NOW * 1000)),
-           "body": {"action": {"id": action_id, "capability_id": capability,
-                               "input": {"topic": "t"} if input is None else input,
-                               "idempotency_key": f"k-{action_id}"}}}
-    answer = await http.post("/aip/v1/messages", content=json.dumps(env),
-                             headers={"Content-Type": "application/aip+json", **bearer(principal)})
+    env = {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": f"msg_{action_id}",
+        "sent_at": ms_to_rfc3339(int(NOW * 1000)),
+        "body": {
+            "action": {
+                "id": action_id,
+                "capability_id": capability,
+                "input": {"topic": "t"} if input is None else input,
+                "idempotency_key": f"k-{action_id}",
+            }
+        },
+    }
+    answer = await http.post(
+        "/aip/v1/messages",
+        content=json.dumps(env),
+        headers={"Content-Type": "application/aip+json", **bearer(principal)},
+    )
     assert answer.status_code == 202, answer.text
     return answer.json()["body"]["action_result"]["output"]

@@ -20,9 +20,17 @@ class Stream:
     def __init__(self, app: Any, target: str, headers: dict[str, str]) -> None:
         parts = urlsplit(target)
         self.scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-            "path": parts.path, "raw_path": parts.path.encode(), "query_string": parts.query.encode(),
-            "root_path": "", "client": ("127.0.0.1", 50000), "server": ("host.test", 80),
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": parts.path,
+            "raw_path": parts.path.encode(),
+            "query_string": parts.query.encode(),
+            "root_path": "",
+            "client": ("127.0.0.1", 50000),
+            "server": ("host.test", 80),
             "headers": [(b"host", b"host.test"), *((k.lower().encode(), v.encode()) for k, v in headers.items())],
         }
         self.app = app

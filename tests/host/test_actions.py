@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 
 import pytest
+from hostkit import open_action_service
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action
@@ -16,8 +17,6 @@ from aip_crewai.contracts.errors import (
     NotCancellable,
 )
 from aip_crewai.host.auth.principals import Principal
-
-from hostkit import open_action_service
 
 
 async def decide(store, *args):
@@ -35,16 +34,18 @@ OTHER = Principal("svc:beta", "beta", frozenset({"invoker", "approver"}))
 @pytest.fixture
 async def env(tmp_path):
     service, sidecar, http, clock = await open_action_service(
-        tmp_path, {"acme": {"support": ALL, "legacy": frozenset(ops.LEGACY_DEFAULT_OPERATIONS)},
-                   "beta": {"support": ALL}})
+        tmp_path,
+        {"acme": {"support": ALL, "legacy": frozenset(ops.LEGACY_DEFAULT_OPERATIONS)}, "beta": {"support": ALL}},
+    )
     yield service, sidecar, clock
     await http.aclose()
     await service.store.close()
 
 
 def action(action_id, cap="cap:crewai:support", inp=None, key="k-" + "1"):
-    return Action(id=action_id, capability_id=cap, input=inp if inp is not None else {"ticket": "refund"},
-                  idempotency_key=key)
+    return Action(
+        id=action_id, capability_id=cap, input=inp if inp is not None else {"ticket": "refund"}, idempotency_key=key
+    )
 
 
 async def approve(service, record):
@@ -89,8 +90,9 @@ async def test_key_required_for_mutations_and_knowledge_query(env):
     with pytest.raises(IdempotencyKeyRequired):
         await service.submit(INVOKER, action("a1", key=None), None, stream=False)
     with pytest.raises(IdempotencyKeyRequired):
-        await service.submit(INVOKER, action("q1", "cap:crewai:support:knowledge_query", {"query": ["x"]}, None),
-                             None, stream=False)
+        await service.submit(
+            INVOKER, action("q1", "cap:crewai:support:knowledge_query", {"query": ["x"]}, None), None, stream=False
+        )
 
 
 @pytest.mark.parametrize("key", ["", "k" * 513, "a\nb"])
@@ -122,17 +124,40 @@ def test_approval_admits_only_its_own_action_before_expiry():
     from aip_crewai.host.actions.lifecycle import approval_admits, policy_hash
     from aip_crewai.host.store.store import ActionRecord, ApprovalRecord
 
-    record = ActionRecord("acme", "a1", "cap:crewai:support", "support", "run", "{}", "h1", "p", "k", "pending_approval",
-                          "not_sent", None, None, "apr_1", None, 0, 1000, 1000)
+    record = ActionRecord(
+        "acme",
+        "a1",
+        "cap:crewai:support",
+        "support",
+        "run",
+        "{}",
+        "h1",
+        "p",
+        "k",
+        "pending_approval",
+        "not_sent",
+        None,
+        None,
+        "apr_1",
+        None,
+        0,
+        1000,
+        1000,
+    )
     bound = policy_hash("acme", "a1", "cap:crewai:support", "h1")
-    approval = ApprovalRecord("acme", "apr_1", "a1", "cap:crewai:support", bound, "p", "{}", "approved", "ok",
-                              "human", 2000, 1000, 901_000)
+    approval = ApprovalRecord(
+        "acme", "apr_1", "a1", "cap:crewai:support", bound, "p", "{}", "approved", "ok", "human", 2000, 1000, 901_000
+    )
     assert approval_admits(approval, record)
     assert not approval_admits(dataclasses.replace(approval, status="denied"), record)
     assert not approval_admits(dataclasses.replace(approval, decided_at=901_000), record)  # at expiry
     assert approval_admits(dataclasses.replace(approval, decided_at=900_999), record)
-    for changed in ({"input_hash": "h2"}, {"action_id": "a2"}, {"tenant": "beta"},
-                    {"capability_id": "cap:crewai:support:train"}):
+    for changed in (
+        {"input_hash": "h2"},
+        {"action_id": "a2"},
+        {"tenant": "beta"},
+        {"capability_id": "cap:crewai:support:train"},
+    ):
         assert not approval_admits(approval, dataclasses.replace(record, **changed))
 
 
@@ -145,8 +170,7 @@ async def test_denial_and_expiry_never_reach_the_sidecar(env):
     assert result.status == "failed" and result.error.code == "policy.approval_denied"
     expired = await service.submit(INVOKER, action("e1", key="ke"), None, stream=False)
     clock.ms += 900_001
-    assert not await decide(service.store, "acme", expired.approval_id, "approved", "late", APPROVER.id,
-                                                   clock.ms)
+    assert not await decide(service.store, "acme", expired.approval_id, "approved", "late", APPROVER.id, clock.ms)
     record = await service.get(INVOKER, "e1")
     assert record.status == "failed"
     assert (await service.result(record)).error.code == "policy.approval_expired"
@@ -161,8 +185,9 @@ async def test_tenants_are_isolated(env):
         await service.get(OTHER, "a1")
     # beta may see the shared crew, but not acme's run through it
     with pytest.raises(ActionNotFound):
-        await service.submit(OTHER, action("s1", "cap:crewai:support:status", {"run_action_id": "a1"}, None),
-                             None, stream=False)
+        await service.submit(
+            OTHER, action("s1", "cap:crewai:support:status", {"run_action_id": "a1"}, None), None, stream=False
+        )
     with pytest.raises(CapabilityNotFound):
         await service.submit(OTHER, action("l1", "cap:crewai:legacy"), None, stream=False)
     # beta's own action with the same id is a different action and a different sidecar job
@@ -173,8 +198,9 @@ async def test_tenants_are_isolated(env):
 async def test_status_of_own_run(env):
     service, _, _ = env
     await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
-    status = await service.submit(INVOKER, action("s1", "cap:crewai:support:status", {"run_action_id": "a1"}, None),
-                                  None, stream=False)
+    status = await service.submit(
+        INVOKER, action("s1", "cap:crewai:support:status", {"run_action_id": "a1"}, None), None, stream=False
+    )
     status = await service.wait(status, 10)
     result = await service.result(status)
     assert result.status == "completed"
@@ -185,8 +211,12 @@ async def test_status_of_an_unknown_run_stores_nothing_with_or_without_a_key(env
     service, _, _ = env
     for action_id, key in (("s1", None), ("s2", "k-status")):
         with pytest.raises(ActionNotFound):
-            await service.submit(INVOKER, action(action_id, "cap:crewai:support:status", {"run_action_id": "nope"},
-                                                 key), None, stream=False)
+            await service.submit(
+                INVOKER,
+                action(action_id, "cap:crewai:support:status", {"run_action_id": "nope"}, key),
+                None,
+                stream=False,
+            )
         assert await service.store.get_action("acme", action_id) is None
     # The failed keyed request left no idempotency record: the key is free for a valid request.
     assert not await service.store._fetch("SELECT 1 FROM idempotency WHERE key = ?", ("k-status",))
@@ -195,8 +225,9 @@ async def test_status_of_an_unknown_run_stores_nothing_with_or_without_a_key(env
 async def test_a_running_action_is_created_sent(env):
     service, _, _ = env
     await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
-    status = await service.submit(INVOKER, action("s1", "cap:crewai:support:status", {"run_action_id": "a1"}, None),
-                                  None, stream=False)
+    status = await service.submit(
+        INVOKER, action("s1", "cap:crewai:support:status", {"run_action_id": "a1"}, None), None, stream=False
+    )
     assert status.status == "running" and status.dispatch == "sent"
     done = await service.wait(status, 10)
     assert done == await service.store.get_action("acme", "s1")  # the waiter got the stored record
@@ -233,8 +264,13 @@ async def test_a_blocking_keyless_read_is_answered_inline_and_recorded_once_fini
     result = await service.result(record)
     assert result.output["action_id"] == "a1" and result.output["status"] == "completed"
     # an events page is a read too; a keyed read and a non-blocking one keep the dispatch path
-    page = await service.submit(INVOKER, action("e1", "cap:crewai:support:events", {"run_action_id": "a1"}, None),
-                                None, stream=False, blocking=True)
+    page = await service.submit(
+        INVOKER,
+        action("e1", "cap:crewai:support:events", {"run_action_id": "a1"}, None),
+        None,
+        stream=False,
+        blocking=True,
+    )
     assert page.status == "completed" and writes[-1] == ("create", False, True)
     for read, blocking in ((status_action("s2", key="k-read"), True), (status_action("s3"), False)):
         running = await service.submit(INVOKER, read, None, stream=False, blocking=blocking)
@@ -270,23 +306,34 @@ async def test_status_of_a_run_that_never_reached_the_sidecar_is_the_hosts_view(
     service, sidecar, clock = env
 
     async def status_of(run_action_id, status_id):
-        record = await service.submit(INVOKER, action(status_id, "cap:crewai:support:status",
-                                                      {"run_action_id": run_action_id}, None), None, stream=False)
+        record = await service.submit(
+            INVOKER,
+            action(status_id, "cap:crewai:support:status", {"run_action_id": run_action_id}, None),
+            None,
+            stream=False,
+        )
         return await service.result(await service.wait(record, 10))
 
     await service.submit(INVOKER, action("p1", key="kp"), None, stream=False)
     pending = await status_of("p1", "s1")
     assert pending.status == "completed" and pending.output == {
-        "action_id": "p1", "crew_id": "support", "operation": "run", "status": "pending_approval",
-        "event_count": 0, "output": None}
+        "action_id": "p1",
+        "crew_id": "support",
+        "operation": "run",
+        "status": "pending_approval",
+        "event_count": 0,
+        "output": None,
+    }
     denied = await service.submit(INVOKER, action("d1", key="kd"), None, stream=False)
     await service.decide(APPROVER, denied.approval_id, "denied", "no", clock.ms)
     assert (await status_of("d1", "s2")).output["status"] == "failed"
     # approved, its start not admitted yet (still on its way): the host's view says running
     from aip_crewai.host.actions.lifecycle import approval_admits
+
     started = await service.submit(INVOKER, action("r1", key="kr"), None, stream=False)
-    _, run = await service.store.decide_and_start("acme", started.approval_id, "approved", "ok", APPROVER.id,
-                                                  clock.ms, start_if=approval_admits)  # not dispatched here
+    _, run = await service.store.decide_and_start(
+        "acme", started.approval_id, "approved", "ok", APPROVER.id, clock.ms, start_if=approval_admits
+    )  # not dispatched here
     assert run.dispatch == "sent" and (await status_of("r1", "s4")).output["status"] == "running"
     # a run whose start the sidecar answered but that it does not know now (lost): the sidecar's 404 stands
     await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
@@ -311,9 +358,12 @@ async def test_reading_one_expired_approval_fails_every_expired_action(env):
 async def test_legacy_crew_has_no_train(env):
     service, _, _ = env
     with pytest.raises(CapabilityNotFound):
-        await service.submit(INVOKER, action("t1", "cap:crewai:legacy:train", {"n_iterations": 1,
-                                                                                "artifact_name": "x"}), None,
-                             stream=False)
+        await service.submit(
+            INVOKER,
+            action("t1", "cap:crewai:legacy:train", {"n_iterations": 1, "artifact_name": "x"}),
+            None,
+            stream=False,
+        )
 
 
 async def test_cancel_pending_and_not_cancellable(env):
@@ -321,8 +371,9 @@ async def test_cancel_pending_and_not_cancellable(env):
     await service.submit(INVOKER, action("a1"), None, stream=False)
     result = await service.cancel(INVOKER, "a1")
     assert result.status == "cancelled" and sidecar.executions == 0
-    await service.submit(INVOKER, action("m1", "cap:crewai:support:memory_reset", {"command_type": "memory"},
-                                         "km"), None, stream=False)
+    await service.submit(
+        INVOKER, action("m1", "cap:crewai:support:memory_reset", {"command_type": "memory"}, "km"), None, stream=False
+    )
     with pytest.raises(NotCancellable):
         await service.cancel(INVOKER, "m1")
 
@@ -357,8 +408,9 @@ async def test_a_cancel_waits_until_the_start_was_answered_even_before_it_is_sen
     from aip_crewai.host.actions.live import LiveAction
 
     gate = asyncio.Event()
-    live = LiveAction(job=Job(tenant="acme", action_id="a1", crew_id="support", spec=ops.get("run"), input={},
-                              idempotency_key="k"))
+    live = LiveAction(
+        job=Job(tenant="acme", action_id="a1", crew_id="support", spec=ops.get("run"), input={}, idempotency_key="k")
+    )
     live.task = asyncio.get_running_loop().create_task(gate.wait())
     waiting = asyncio.get_running_loop().create_task(_until_answered(live))
     for state in ("not_sent", "sent"):
@@ -407,8 +459,9 @@ async def _sink(service):
     from aip_crewai.host.actions.dispatch import Job
     from aip_crewai.host.actions.live import LiveAction
 
-    await service.store.create_action("acme", "s1", "cap:crewai:support", "support", "run", "{}", "h", "p", "k",
-                                      "running")
+    await service.store.create_action(
+        "acme", "s1", "cap:crewai:support", "support", "run", "{}", "h", "p", "k", "running"
+    )
     job = Job(tenant="acme", action_id="s1", crew_id="support", spec=ops.get("run"), input={}, idempotency_key="k")
     return ChunkSink(service.store, LiveAction(job=job))
 

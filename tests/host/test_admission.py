@@ -69,24 +69,44 @@ def test_one_thousand_crews_are_admitted():
 
 @pytest.mark.parametrize(
     "crew_id",
-    ["", "x" * 257, "has space", "slash/id", "tab\tid", "nl\n", "é", ":lead", "trail:", "dou::ble", "-dash-first",
-     "a:status", "a:run", "x:y:memory_reset", "\u0085"],
+    [
+        "",
+        "x" * 257,
+        "has space",
+        "slash/id",
+        "tab\tid",
+        "nl\n",
+        "é",
+        ":lead",
+        "trail:",
+        "dou::ble",
+        "-dash-first",
+        "a:status",
+        "a:run",
+        "x:y:memory_reset",
+        "\u0085",
+    ],
 )
 def test_invalid_ids_fail(crew_id):
     err = failure([{"id": crew_id, "name": "C"}])
     assert err.field == "id" and err.index == 0 and err.crew_id == crew_id
 
 
-@pytest.mark.parametrize("crew_id", ["a", "support-primary", "x" * 256, "team.a_b-c", "ns:crew", "a:b:c", "status",
-                                     "run", "status:x"])
+@pytest.mark.parametrize(
+    "crew_id", ["a", "support-primary", "x" * 256, "team.a_b-c", "ns:crew", "a:b:c", "status", "run", "status:x"]
+)
 def test_valid_ids(crew_id):
     assert check_crew_id(crew_id) is None
     assert load([{"id": crew_id, "name": "C"}])[0].id == crew_id
 
 
 def test_colon_ids_stay_unambiguous_with_longest_match():
-    crews = load([{"id": "ns", "name": "N", "allowed_operations": list(OPERATION_NAMES)},
-                  {"id": "ns:crew", "name": "NC", "allowed_operations": list(OPERATION_NAMES)}])
+    crews = load(
+        [
+            {"id": "ns", "name": "N", "allowed_operations": list(OPERATION_NAMES)},
+            {"id": "ns:crew", "name": "NC", "allowed_operations": list(OPERATION_NAMES)},
+        ]
+    )
     allowed = {c.id: c.allowed_operations for c in crews}
     assert resolve_capability("cap:crewai:ns:crew", allowed) == ("ns:crew", "run")
     assert resolve_capability("cap:crewai:ns:crew:status", allowed) == ("ns:crew", "status")
@@ -115,8 +135,12 @@ def test_unknown_descriptor_fields_are_rejected():
 
 @pytest.mark.parametrize(
     ("item", "field"),
-    [({"name": "C"}, None), ({"id": 5, "name": "C"}, "id"), ({"id": "c", "name": "C", "allowed_operations": "run"},
-                                                              "allowed_operations"), ("c", None)],
+    [
+        ({"name": "C"}, None),
+        ({"id": 5, "name": "C"}, "id"),
+        ({"id": "c", "name": "C", "allowed_operations": "run"}, "allowed_operations"),
+        ("c", None),
+    ],
 )
 def test_wrong_shapes_fail_with_the_index(item, field):
     err = failure([{"id": "ok", "name": "OK"}, item])

@@ -15,6 +15,7 @@ import httpx
 import msgspec
 import pytest
 import structlog
+from hostkit import bearer, running
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -23,8 +24,6 @@ from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import ConnectorRemoteTemporary, IdempotencyConflict
 from aip_crewai.host.http.authenticate import authenticate
 from aip_crewai.host.http.state import host_state
-
-from hostkit import bearer, running
 
 EXT = "tests_host_fake_extension"
 
@@ -48,8 +47,12 @@ def extension():
         principal = await authenticate(request)
         return JSONResponse({"id": principal.id, "context": structlog.contextvars.get_contextvars()})
 
-    module.routes = lambda: [Route("/boom", boom), Route("/conflict", conflict), Route("/temporary", temporary),
-                             Route("/whoami", whoami)]
+    module.routes = lambda: [
+        Route("/boom", boom),
+        Route("/conflict", conflict),
+        Route("/temporary", temporary),
+        Route("/whoami", whoami),
+    ]
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -77,8 +80,12 @@ def test_a_missing_extension_module_fails_the_build_instead_of_being_skipped(mak
 def test_core_routes_come_from_direct_imports(make_app):
     """The action and approval routes are part of every app, with no name lookup."""
     paths = {getattr(route, "path", "") for route in make_app().routes}
-    assert {"/aip/v1/messages", "/aip/v1/actions/{action_id:str}", "/aip/v1/approvals",
-            "/aip/v1/approvals/{approval_id:str}/decision"} <= paths
+    assert {
+        "/aip/v1/messages",
+        "/aip/v1/actions/{action_id:str}",
+        "/aip/v1/approvals",
+        "/aip/v1/approvals/{approval_id:str}/decision",
+    } <= paths
 
 
 def error_of(response: httpx.Response) -> dict:
@@ -96,8 +103,13 @@ async def test_health_is_alive_and_unauthenticated(client):
 async def test_unknown_route_is_an_aip_404(client):
     response = await client.get("/nope")
     assert response.status_code == 404
-    assert error_of(response) == {"code": "route.not_found", "message": "no such route", "category": "permanent",
-                                  "retryable": False, "source": "aip-crewai"}
+    assert error_of(response) == {
+        "code": "route.not_found",
+        "message": "no such route",
+        "category": "permanent",
+        "retryable": False,
+        "source": "aip-crewai",
+    }
 
 
 async def test_wrong_method_is_an_aip_405(client):
@@ -230,9 +242,12 @@ def test_the_host_process_serves_and_stops_cleanly_on_sigterm(host_files):
     doc = base_document()
     doc["host"]["bind"] = f"127.0.0.1:{port}"
     host_files.write(doc)
-    proc = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(host_files.config),
-                             "--log-format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(host_files.config), "--log-format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from aip_crewai.host.http import approval_stream
-from aip_crewai.host.http.state import host_setup, host_state
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running, submit_action
 from ssekit import open_stream
+
+from aip_crewai.host.http import approval_stream
+from aip_crewai.host.http.state import host_setup, host_state
+
 
 @pytest.fixture
 async def world(make_app):
@@ -47,8 +48,11 @@ async def test_a_fresh_stream_sends_the_queue_then_every_change_live(world, cloc
         assert event["action_id"] == "run_2" and event["data"]["request"]["id"] == second
         assert "evidence_payload" not in event["data"]  # the input is read with GET /aip/v1/approvals/{id}
 
-        decided = await http.post(f"/aip/v1/approvals/{first}/decision", headers=bearer("acme-both"),
-                                  json={"decision": "denied", "reason": "no"})
+        decided = await http.post(
+            f"/aip/v1/approvals/{first}/decision",
+            headers=bearer("acme-both"),
+            json={"decision": "denied", "reason": "no"},
+        )
         assert decided.status_code == 200
         change = await stream.next_event()
         assert (change.event, change.id) == ("decided", "apv_3")

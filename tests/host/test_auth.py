@@ -6,15 +6,14 @@ import copy
 
 import msgspec
 import pytest
+from hostkit import NOW, TOKENS, bearer, envelope, running, sign
 
 from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import Forbidden, Unauthenticated
 from aip_crewai.host.auth.principals import Authenticator, Principal, require_role
 from aip_crewai.host.auth.signatures import signed_bytes
-from aip_crewai.host.store.store import Store
 from aip_crewai.host.http.state import host_setup
-
-from hostkit import NOW, TOKENS, bearer, envelope, running, sign
+from aip_crewai.host.store.store import Store
 
 
 @pytest.fixture
@@ -42,8 +41,18 @@ async def test_bearer_token_maps_to_its_principal(auth):
     assert (await auth.authenticate(f"bearer  {TOKENS['globex-invoker']}", None)).tenant == "globex"
 
 
-@pytest.mark.parametrize("header", [None, "", "Bearer", "Bearer wrong-token", "Basic dXNlcjpwYXNz",
-                                    f"Token {TOKENS['acme-invoker']}", "Bearer " + "x" * 5000])
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer wrong-token",
+        "Basic dXNlcjpwYXNz",
+        f"Token {TOKENS['acme-invoker']}",
+        "Bearer " + "x" * 5000,
+    ],
+)
 async def test_missing_or_wrong_bearer_is_401(auth, header):
     await rejected(auth, header, None)
 
@@ -205,8 +214,15 @@ async def test_auth_failures_are_counted(make_app):
     assert host_setup(app).metrics.auth_failures.value() == 1
 
 
-@pytest.mark.parametrize(("number", "field"), [(1.0, "$.body.action.input.n"), (-0.0, "$.body.action.input.n"),
-                                               (2**53, "$.body.action.input.n"), (-(2**60), "$.body.action.input.n")])
+@pytest.mark.parametrize(
+    ("number", "field"),
+    [
+        (1.0, "$.body.action.input.n"),
+        (-0.0, "$.body.action.input.n"),
+        (2**53, "$.body.action.input.n"),
+        (-(2**60), "$.body.action.input.n"),
+    ],
+)
 async def test_signed_envelopes_with_non_canonical_or_unsignable_numbers_are_a_typed_400(auth, number, field):
     """Issue 16 item 6: 1 signed could run as 1.0 (1.0, 1e0, -0.0 all sign alike); 2**53 and beyond were a 401.
     Both are input errors now: 400 message.non_canonical_number naming the field; nothing is claimed."""
@@ -215,8 +231,12 @@ async def test_signed_envelopes_with_non_canonical_or_unsignable_numbers_are_a_t
     obj = envelope("msg_num")
     obj["body"]["action"]["input"] = {"topic": "x", "n": number}
     with pytest.raises(NonCanonicalNumber) as info:
-        await auth.authenticate(None, sign(obj, "acme-approver") if abs(number) < 2**53 else
-                                {**obj, "security": sign(envelope(), "acme-approver")["security"]})
+        await auth.authenticate(
+            None,
+            sign(obj, "acme-approver")
+            if abs(number) < 2**53
+            else {**obj, "security": sign(envelope(), "acme-approver")["security"]},
+        )
     assert info.value.status == 400 and info.value.code == "message.non_canonical_number"
     assert info.value.field == field
     assert await claimed(auth, None, sign(envelope("msg_num"), "acme-approver"))  # the id is still free

@@ -5,24 +5,27 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from fake_sidecar import FakeSidecar
+from hostkit import SIDECAR_TOKEN, bearer, running
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import NotCancellable
 from aip_crewai.host.actions.dispatch import Dispatcher, Job
-from aip_crewai.host.sidecars.readiness import DEFAULT_CANCELLABLE, published_cancellable
-from aip_crewai.host.sidecars.client import SidecarClient
 from aip_crewai.host.http.state import host_state
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, running
+from aip_crewai.host.sidecars.client import SidecarClient
+from aip_crewai.host.sidecars.readiness import DEFAULT_CANCELLABLE, published_cancellable
 
 
-@pytest.mark.parametrize("body,expected", [
-    ({}, DEFAULT_CANCELLABLE),  # a peer sidecar without the field: run and batch_run only
-    ({"cancellable_operations": ["run", "train"]}, frozenset({"run", "train"})),
-    ({"cancellable_operations": "run"}, DEFAULT_CANCELLABLE),
-    ({"cancellable_operations": ["run", 3]}, DEFAULT_CANCELLABLE),
-    (None, DEFAULT_CANCELLABLE),
-])
+@pytest.mark.parametrize(
+    "body,expected",
+    [
+        ({}, DEFAULT_CANCELLABLE),  # a peer sidecar without the field: run and batch_run only
+        ({"cancellable_operations": ["run", "train"]}, frozenset({"run", "train"})),
+        ({"cancellable_operations": "run"}, DEFAULT_CANCELLABLE),
+        ({"cancellable_operations": ["run", 3]}, DEFAULT_CANCELLABLE),
+        (None, DEFAULT_CANCELLABLE),
+    ],
+)
 def test_published_cancellable_operations(body, expected) -> None:
     assert published_cancellable(body) == expected
 
@@ -49,11 +52,17 @@ async def test_supports_cancel_follows_what_the_sidecar_publishes(make_app) -> N
 async def test_a_cancel_the_sidecar_refuses_is_not_cancellable_and_other_failures_are_unconfirmed(status) -> None:
     fake = FakeSidecar(SIDECAR_TOKEN)
     fake.cancel_status = status
-    async with httpx.AsyncClient(transport=fake.transport(), base_url="http://127.0.0.1:8090",
-                                 headers={"Authorization": f"Bearer {SIDECAR_TOKEN}"}) as http:
+    async with httpx.AsyncClient(
+        transport=fake.transport(),
+        base_url="http://127.0.0.1:8090",
+        headers={"Authorization": f"Bearer {SIDECAR_TOKEN}"},
+    ) as http:
         dispatcher = Dispatcher(SidecarClient(http, max_response_bytes=1 << 20), max_response_bytes=1 << 20)
-        await http.post("/jobs", json={"crew_id": "beta", "action_id": "acme:act_t", "operation": "train",
-                                       "input": {}}, headers={"Idempotency-Key": "k"})
+        await http.post(
+            "/jobs",
+            json={"crew_id": "beta", "action_id": "acme:act_t", "operation": "train", "input": {}},
+            headers={"Idempotency-Key": "k"},
+        )
         job = Job("acme", "act_t", "beta", ops.get("train"), {}, "k")
         if status == 409:
             with pytest.raises(NotCancellable) as refused:

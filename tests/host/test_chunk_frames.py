@@ -17,13 +17,20 @@ from aip_crewai.host.store.store import ChunkRecord
 from aip_crewai.sse import SSEDecoder, encode_event
 
 FIXED = "0123456789abcdef01234567"
-json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=20),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                      max_size=3), max_leaves=8)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
 parts = st.none() | st.builds(TextPart, text=st.text(max_size=40)) | st.builds(JsonPart, data=json_values)
-chunks = st.builds(StreamChunk, action_id=st.from_regex(r"act_[A-Za-z0-9_-]{1,20}", fullmatch=True),
-                   sequence=st.integers(0, 10**6), kind=st.sampled_from(["data", "tool", "progress", "done", "error"]),
-                   data=json_values, part=parts)
+chunks = st.builds(
+    StreamChunk,
+    action_id=st.from_regex(r"act_[A-Za-z0-9_-]{1,20}", fullmatch=True),
+    sequence=st.integers(0, 10**6),
+    kind=st.sampled_from(["data", "tool", "progress", "done", "error"]),
+    data=json_values,
+    part=parts,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -35,8 +42,14 @@ def fixed_message_id(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_frame_equals_the_encoded_envelope_of_the_decoded_chunk(chunk: StreamChunk, sent_at: str) -> None:
     stored = msgspec.json.encode(chunk).decode()
     frame = ChunkFrames(chunk.action_id, sent_at).frame(ChunkRecord(chunk.sequence, stored))
-    reference = Envelope(aip_version=AIP_VERSION, message_type="aip.core.v1.stream_chunk", message_id="msg_" + FIXED,
-                         sent_at=sent_at, body=Body(stream_chunk=chunk), correlation_id=chunk.action_id)
+    reference = Envelope(
+        aip_version=AIP_VERSION,
+        message_type="aip.core.v1.stream_chunk",
+        message_id="msg_" + FIXED,
+        sent_at=sent_at,
+        body=Body(stream_chunk=chunk),
+        correlation_id=chunk.action_id,
+    )
     name = "done" if chunk.kind == "done" else "chunk"
     assert frame == encode_event(msgspec.json.encode(reference).decode(), event=name, id=f"sse_{1 + chunk.sequence}")
 
@@ -51,8 +64,10 @@ def test_a_stored_row_with_a_line_end_still_makes_one_well_formed_frame() -> Non
 
 def test_a_page_is_its_frames_in_order_and_fresh_message_ids_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(routes_actions.secrets, "token_hex", lambda n: ("a" * 24 + "b" * 24)[: 2 * n])
-    rows = [ChunkRecord(i, msgspec.json.encode(StreamChunk(action_id="act_1", sequence=i, kind=k)).decode())
-            for i, k in enumerate(["data", "done"])]
+    rows = [
+        ChunkRecord(i, msgspec.json.encode(StreamChunk(action_id="act_1", sequence=i, kind=k)).decode())
+        for i, k in enumerate(["data", "done"])
+    ]
     events = SSEDecoder().feed(ChunkFrames("act_1", "2026-12-01T06:00:00.000Z").page(rows))
     assert [(e.id, e.event) for e in events] == [("sse_1", "chunk"), ("sse_2", "done")]
     assert [json.loads(e.data)["message_id"] for e in events] == ["msg_" + "a" * 24, "msg_" + "b" * 24]

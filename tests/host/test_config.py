@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import structlog
+from hostkit import SIDECAR_TOKEN, HostFiles, base_document, os_mode
 
 from aip_crewai.host.config import HostConfigError, check_sidecar_proxy, check_sidecar_url, load_settings
 from aip_crewai.host.main import main
-
-from hostkit import SIDECAR_TOKEN, HostFiles, base_document, os_mode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -193,13 +192,16 @@ def test_a_postgresql_store_is_a_url_kept_as_given_and_never_holds_a_password(ho
     for url in ("postgresql://aip@db.internal:5432/aip_host", "postgres://db/aip?sslmode=verify-full"):
         doc["host"]["store"] = url
         assert load(host_files, doc).store_path == url
-    for bad, why in (("postgresql://aip:hunter2@db/aip", "PGPASSFILE"), ("postgresql://db/aip?password=hunter2",
-                                                                        "PGPASSFILE"), ("postgresql://db/a\nb", "control"),
-                     ("postgresql://db/" + "a" * 4100, "4096"),
-                     ("postgresql://aip@db/aip?pass%77ord=hunter2", "PGPASSFILE"),  # an encoded parameter name
-                     ("postgresql://aip%3Ahunter2@db/aip", "PGPASSFILE"),  # a mis-encoded user:password
-                     ("postgresql://aip@db/aip?bogus=hunter2", "not a valid PostgreSQL URL"),
-                     ("host=db dbname=aip password=hunter2", "postgresql:// URL")):
+    for bad, why in (
+        ("postgresql://aip:hunter2@db/aip", "PGPASSFILE"),
+        ("postgresql://db/aip?password=hunter2", "PGPASSFILE"),
+        ("postgresql://db/a\nb", "control"),
+        ("postgresql://db/" + "a" * 4100, "4096"),
+        ("postgresql://aip@db/aip?pass%77ord=hunter2", "PGPASSFILE"),  # an encoded parameter name
+        ("postgresql://aip%3Ahunter2@db/aip", "PGPASSFILE"),  # a mis-encoded user:password
+        ("postgresql://aip@db/aip?bogus=hunter2", "not a valid PostgreSQL URL"),
+        ("host=db dbname=aip password=hunter2", "postgresql:// URL"),
+    ):
         doc["host"]["store"] = bad
         err = error_of(host_files, doc)
         assert err.key == "host.store" and why in err.message and "hunter2" not in err.message
@@ -232,8 +234,16 @@ def test_descriptor_errors_surface_under_crews_file(host_files: HostFiles):
     assert err.key == "crews.file" and "[0] (id 'a')" in err.message and "name" in err.message
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:8090", "http://127.9.9.9", "http://[::1]:8090", "http://localhost:1",
-                                 "https://sidecar.internal:8443/prefix/"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8090",
+        "http://127.9.9.9",
+        "http://[::1]:8090",
+        "http://localhost:1",
+        "https://sidecar.internal:8443/prefix/",
+    ],
+)
 def test_accepted_sidecar_urls(url):
     assert check_sidecar_url(url) == url.rstrip("/")
 
@@ -243,9 +253,13 @@ def test_sidecar_proxy_is_only_for_https_sidecars_and_absent_by_default(host_fil
     proxy is refused for plain http (it would see the bearer token) and must be a bare http(s) URL."""
     assert load(host_files).sidecar_proxy is None
     assert check_sidecar_proxy("http://proxy.internal:3128", "https://sidecar:8443") == "http://proxy.internal:3128"
-    for proxy, url in [("http://proxy:3128", "http://127.0.0.1:8090"), ("socks5://p:1", "https://s"),
-                       ("http://user:pw@proxy:3128", "https://s"), ("http://proxy:3128?x=1", "https://s"),
-                       ("proxy:3128", "https://s")]:
+    for proxy, url in [
+        ("http://proxy:3128", "http://127.0.0.1:8090"),
+        ("socks5://p:1", "https://s"),
+        ("http://user:pw@proxy:3128", "https://s"),
+        ("http://proxy:3128?x=1", "https://s"),
+        ("proxy:3128", "https://s"),
+    ]:
         with pytest.raises(HostConfigError) as caught:
             check_sidecar_proxy(proxy, url)
         assert caught.value.key == "sidecar.proxy"
@@ -313,8 +327,13 @@ def test_cli_exit_code_2_in_a_subprocess(host_files: HostFiles):
     doc = copy.deepcopy(base_document())
     doc["sidecar"]["url"] = "http://192.0.2.1:8090"
     host_files.write(doc)
-    proc = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(host_files.config)],
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(host_files.config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "sidecar.url" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -325,8 +344,9 @@ def test_token_hash_is_case_insensitive_hex(host_files: HostFiles):
     assert load(host_files, doc).principals[0].token_sha256 == hashlib.sha256(b"tok-acme-invoker").digest()
 
 
-def test_main_exits_2_in_one_line_when_the_store_cannot_be_opened_at_start_up(host_files: HostFiles, capsys,
-                                                                              monkeypatch):
+def test_main_exits_2_in_one_line_when_the_store_cannot_be_opened_at_start_up(
+    host_files: HostFiles, capsys, monkeypatch
+):
     """A store that fails while the app opens it (e.g. a PostgreSQL pool not filled in time: more pooled
     connections than the server allows) is one line on stderr and exit 2, like every other unusable store."""
     from aip_crewai.host.store.store import Store, StoreError
@@ -356,7 +376,9 @@ def test_the_postgresql_pools_log_lines_are_one_structured_line_each(capsys):
     configure_logging(json=True, level="info", cache=False)
     route_library_logs("psycopg")
     try:
-        logging.getLogger("psycopg.pool").warning("error connecting in 'pool': connection refused\n\tIs the server running?")
+        logging.getLogger("psycopg.pool").warning(
+            "error connecting in 'pool': connection refused\n\tIs the server running?"
+        )
         logging.getLogger("psycopg.pool").info("below the threshold")
     finally:
         logging.getLogger("psycopg").handlers, logging.getLogger("psycopg").propagate = [], True

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from aip_crewai.host.config import load_settings
-
 from hostkit import HostFiles, base_document, running
+
+from aip_crewai.host.config import load_settings
 
 
 async def test_the_console_serves_its_three_files_with_a_strict_policy(make_app, settings) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hostkit import HostFiles, base_document, bearer, running
 
 from aip_crewai.host.config import MAX_CORS_ORIGINS, HostConfigError, load_settings
-
-from hostkit import HostFiles, base_document, bearer, running
 
 ALLOWED = "https://console.example"
 REFUSED = "https://evil.example"
@@ -39,8 +38,10 @@ def test_at_most_the_documented_number_of_origins(host_files: HostFiles) -> None
     assert info.value.key.startswith("host.cors_origins")
 
 
-PREFLIGHT = {"Access-Control-Request-Method": "POST",
-             "Access-Control-Request-Headers": "authorization, content-type, last-event-id"}
+PREFLIGHT = {
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type, last-event-id",
+}
 
 
 async def test_a_preflight_from_an_allowed_origin_is_answered_and_a_refused_one_is_not(make_app, settings) -> None:
@@ -67,13 +68,17 @@ async def test_without_origins_there_are_no_cors_headers(client) -> None:
     assert preflight.status_code == 405
 
 
-
 async def test_a_browser_may_send_an_rfc9421_signature_cross_origin(make_app, settings) -> None:
     app = make_app(dataclasses.replace(settings, cors_origins=(ALLOWED,)))
     async with running(app) as http:
-        preflight = await http.options("/aip/v1/approvals/apr_1/decision", headers={
-            "Origin": ALLOWED, "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "content-type, signature, signature-input, content-digest"})
+        preflight = await http.options(
+            "/aip/v1/approvals/apr_1/decision",
+            headers={
+                "Origin": ALLOWED,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type, signature, signature-input, content-digest",
+            },
+        )
     assert preflight.status_code == 200
     allowed_headers = {h.strip().lower() for h in preflight.headers["access-control-allow-headers"].split(",")}
     assert {"signature", "signature-input", "content-digest"} <= allowed_headers

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from fake_sidecar import FakeSidecar
+from hostkit import SIDECAR_TOKEN, bearer, envelope, running
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,33 +21,37 @@ from aip_crewai.host.crews.inputs import (
     project_input_schema,
 )
 from aip_crewai.host.http.state import host_state
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, envelope, running
 
 REQUIRED = CrewInputs(("customer", "topic"), defaults=False)
 FILLED = CrewInputs(("customer", "topic"), defaults=True)
 
 
 def test_parse_keeps_well_formed_entries_only() -> None:
-    parsed = parse_crew_inputs({
-        "a": {"placeholders": ["topic", "customer", "topic", "", 5, "x" * 257], "defaults": False},
-        "b": {"placeholders": "topic", "defaults": False},
-        "c": {"placeholders": ["t"], "defaults": "no"},
-        "d": ["topic"],
-    })
+    parsed = parse_crew_inputs(
+        {
+            "a": {"placeholders": ["topic", "customer", "topic", "", 5, "x" * 257], "defaults": False},
+            "b": {"placeholders": "topic", "defaults": False},
+            "c": {"placeholders": ["t"], "defaults": "no"},
+            "d": ["topic"],
+        }
+    )
     assert parsed == {"a": CrewInputs(("customer", "topic"), False)}
     assert parse_crew_inputs(None) == {} and parse_crew_inputs(["a"]) == {}
-    many = parse_crew_inputs({"a": {"placeholders": [f"n{i:04d}" for i in range(MAX_PLACEHOLDERS + 1)],
-                                    "defaults": False}})
+    many = parse_crew_inputs(
+        {"a": {"placeholders": [f"n{i:04d}" for i in range(MAX_PLACEHOLDERS + 1)], "defaults": False}}
+    )
     assert len(many["a"].placeholders) == MAX_PLACEHOLDERS
 
 
-@pytest.mark.parametrize("operation,input,path", [
-    ("run", {"topic": "x"}, "$.customer"),
-    ("batch_run", {"inputs": [{"topic": "x", "customer": "c"}, {"customer": "c"}]}, "$.inputs[1].topic"),
-    ("train", {"n_iterations": 1, "artifact_name": "a"}, "$.inputs.customer"),
-    ("test", {"n_iterations": 1, "inputs": {"customer": "c"}}, "$.inputs.topic"),
-])
+@pytest.mark.parametrize(
+    "operation,input,path",
+    [
+        ("run", {"topic": "x"}, "$.customer"),
+        ("batch_run", {"inputs": [{"topic": "x", "customer": "c"}, {"customer": "c"}]}, "$.inputs[1].topic"),
+        ("train", {"n_iterations": 1, "artifact_name": "a"}, "$.inputs.customer"),
+        ("test", {"n_iterations": 1, "inputs": {"customer": "c"}}, "$.inputs.topic"),
+    ],
+)
 def test_a_missing_placeholder_is_named(operation, input, path) -> None:
     with pytest.raises(InvalidInput) as info:
         check_crew_inputs(operation, input, REQUIRED)
@@ -95,10 +101,17 @@ async def test_through_the_host_the_manifest_and_the_fence_use_the_reported_inpu
         assert schemas["cap:crewai:beta"]["required"] == ["topic"]
         assert "required" not in schemas["cap:crewai:alpha"]  # not reported: the open schema
         env = envelope("msg_ci")
-        env["body"]["action"] = {"id": "act_ci", "capability_id": "cap:crewai:beta", "input": {"other": 1},
-                                 "idempotency_key": "k-ci"}
-        refused = await http.post("/aip/v1/messages", content=json.dumps(env),
-                                  headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")})
+        env["body"]["action"] = {
+            "id": "act_ci",
+            "capability_id": "cap:crewai:beta",
+            "input": {"other": 1},
+            "idempotency_key": "k-ci",
+        }
+        refused = await http.post(
+            "/aip/v1/messages",
+            content=json.dumps(env),
+            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
+        )
         approvals = await http.get("/aip/v1/approvals", headers=bearer("acme-both"))
     assert refused.status_code == 400
     error = refused.json()["body"]["error"]["error"]
@@ -117,16 +130,30 @@ async def test_a_crew_the_sidecar_does_not_serve_is_refused_before_any_approval(
         with capture_logs() as logs:
             await host_state(app).readiness.refresh()
         env = envelope("msg_un")
-        env["body"]["action"] = {"id": "act_un", "capability_id": "cap:crewai:beta", "input": {"topic": "t"},
-                                 "idempotency_key": "k-un"}
-        refused = await http.post("/aip/v1/messages", content=json.dumps(env),
-                                  headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")})
+        env["body"]["action"] = {
+            "id": "act_un",
+            "capability_id": "cap:crewai:beta",
+            "input": {"topic": "t"},
+            "idempotency_key": "k-un",
+        }
+        refused = await http.post(
+            "/aip/v1/messages",
+            content=json.dumps(env),
+            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
+        )
         approvals = await http.get("/aip/v1/approvals", headers=bearer("acme-both"))
         served = envelope("msg_ok")
-        served["body"]["action"] = {"id": "act_ok", "capability_id": "cap:crewai:alpha", "input": {},
-                                    "idempotency_key": "k-ok"}
-        accepted = await http.post("/aip/v1/messages", content=json.dumps(served),
-                                   headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")})
+        served["body"]["action"] = {
+            "id": "act_ok",
+            "capability_id": "cap:crewai:alpha",
+            "input": {},
+            "idempotency_key": "k-ok",
+        }
+        accepted = await http.post(
+            "/aip/v1/messages",
+            content=json.dumps(served),
+            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
+        )
     warnings = [e for e in logs if e["event"] == "crews_not_served"]
     assert warnings and warnings[0]["crews"] == ["beta"] and warnings[0]["log_level"] == "warning"
     assert refused.status_code == 503

@@ -31,5 +31,9 @@ def test_the_client_sends_each_id_as_one_encoded_segment():
         client.result(ODD)
         client.cancel(ODD)
         client.approval("apr#1")
-    assert seen == [b"/aip/v1/actions/q%3Fm%25x%23y", b"/aip/v1/actions/q%3Fm%25x%23y/result",
-                    b"/aip/v1/actions/q%3Fm%25x%23y/cancel", b"/aip/v1/approvals/apr%231"]
+    assert seen == [
+        b"/aip/v1/actions/q%3Fm%25x%23y",
+        b"/aip/v1/actions/q%3Fm%25x%23y/result",
+        b"/aip/v1/actions/q%3Fm%25x%23y/cancel",
+        b"/aip/v1/approvals/apr%231",
+    ]

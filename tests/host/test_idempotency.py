@@ -11,8 +11,26 @@ from aip_crewai.contracts.errors import IdempotencyConflict, InvalidInput
 from aip_crewai.host.actions.idempotency import checked_key, fence_hash, repeat_decision
 from aip_crewai.host.store.records import ActionRecord
 
-RECORD = ActionRecord("acme", "a1", "cap:crewai:support", "support", "run", "{}", fence_hash("cap:crewai:support", {}),
-                      "p", "k1", "running", "sent", None, None, None, None, 0, 1, 1)
+RECORD = ActionRecord(
+    "acme",
+    "a1",
+    "cap:crewai:support",
+    "support",
+    "run",
+    "{}",
+    fence_hash("cap:crewai:support", {}),
+    "p",
+    "k1",
+    "running",
+    "sent",
+    None,
+    None,
+    None,
+    None,
+    0,
+    1,
+    1,
+)
 
 
 def test_a_key_is_one_to_512_bytes_without_control_characters_and_both_places_agree():

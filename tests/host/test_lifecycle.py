@@ -36,21 +36,30 @@ def test_terminal_states_are_left_only_by_a_correction_of_a_failure():
 _UNCERTAIN = {"uncertain_outcome": True, "dispatch": "sent"}
 
 
-@pytest.mark.parametrize("status, startable, code, details, final", [
-    ("running", True, None, None, False),
-    ("completed", True, None, None, True),
-    ("cancelled", True, None, None, True),
-    ("failed", True, "connector.crewai.execution_failed", _UNCERTAIN, True),  # the journal's own word
-    ("failed", True, "connector.crewai.cancelled_unconfirmed", _UNCERTAIN, False),
-    ("failed", True, "connector.crewai.transport", _UNCERTAIN, False),
-    ("failed", False, "connector.crewai.transport", _UNCERTAIN, True),  # status/events/cancel: no job of its own
-    ("failed", True, "connector.crewai.transport", {"uncertain_outcome": False, "dispatch": "not_sent"}, True),
-    ("failed", True, "connector.crewai.remote_temporary", {"uncertain_outcome": False, "remote_status": 504}, False),
-    ("failed", True, "connector.crewai.remote_temporary", {"uncertain_outcome": False, "remote_status": 429}, True),
-    ("failed", True, "connector.crewai.cancelled_unconfirmed", {**_UNCERTAIN, "reconciled": "job_unknown"}, True),
-    ("failed", True, "connector.crewai.dispatch_deadline", {"uncertain_outcome": False}, True),
-    ("failed", True, "policy.approval_denied", None, True),
-])
+@pytest.mark.parametrize(
+    "status, startable, code, details, final",
+    [
+        ("running", True, None, None, False),
+        ("completed", True, None, None, True),
+        ("cancelled", True, None, None, True),
+        ("failed", True, "connector.crewai.execution_failed", _UNCERTAIN, True),  # the journal's own word
+        ("failed", True, "connector.crewai.cancelled_unconfirmed", _UNCERTAIN, False),
+        ("failed", True, "connector.crewai.transport", _UNCERTAIN, False),
+        ("failed", False, "connector.crewai.transport", _UNCERTAIN, True),  # status/events/cancel: no job of its own
+        ("failed", True, "connector.crewai.transport", {"uncertain_outcome": False, "dispatch": "not_sent"}, True),
+        (
+            "failed",
+            True,
+            "connector.crewai.remote_temporary",
+            {"uncertain_outcome": False, "remote_status": 504},
+            False,
+        ),
+        ("failed", True, "connector.crewai.remote_temporary", {"uncertain_outcome": False, "remote_status": 429}, True),
+        ("failed", True, "connector.crewai.cancelled_unconfirmed", {**_UNCERTAIN, "reconciled": "job_unknown"}, True),
+        ("failed", True, "connector.crewai.dispatch_deadline", {"uncertain_outcome": False}, True),
+        ("failed", True, "policy.approval_denied", None, True),
+    ],
+)
 def test_which_results_are_final(status, startable, code, details, final):
     assert result_is_final(status, startable=startable, error_code=code, details=details) is final
 

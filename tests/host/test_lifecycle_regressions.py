@@ -11,7 +11,6 @@ import threading
 
 import httpx
 import pytest
-
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running
 
@@ -21,22 +20,36 @@ CT = {"Content-Type": "application/aip+json"}
 
 
 def run_envelope(action_id: str) -> dict:
-    return {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": f"msg_{action_id}",
-            "sent_at": "2026-09-21T14:13:20.000Z",
-            "body": {"action": {"id": action_id, "capability_id": "cap:crewai:beta", "input": {"topic": action_id},
-                                "idempotency_key": f"k-{action_id}"}}}
+    return {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": f"msg_{action_id}",
+        "sent_at": "2026-09-21T14:13:20.000Z",
+        "body": {
+            "action": {
+                "id": action_id,
+                "capability_id": "cap:crewai:beta",
+                "input": {"topic": action_id},
+                "idempotency_key": f"k-{action_id}",
+            }
+        },
+    }
 
 
 async def submit_pending(http: httpx.AsyncClient, action_id: str) -> str:
-    response = await http.post("/aip/v1/messages", content=json.dumps(run_envelope(action_id)),
-                               headers={**CT, **bearer("acme-invoker")})
+    response = await http.post(
+        "/aip/v1/messages", content=json.dumps(run_envelope(action_id)), headers={**CT, **bearer("acme-invoker")}
+    )
     assert response.status_code == 202, response.text
     return response.json()["body"]["action_result"]["output"]["approval_id"]
 
 
 async def decide(http: httpx.AsyncClient, approval_id: str, decision: str = "approved") -> httpx.Response:
-    return await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
-                           json={"decision": decision, "reason": "checked"})
+    return await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        headers=bearer("acme-both"),
+        json={"decision": decision, "reason": "checked"},
+    )
 
 
 async def test_listing_approvals_fails_the_actions_whose_approval_it_expires(make_app, clock):
@@ -46,8 +59,9 @@ async def test_listing_approvals_fails_the_actions_whose_approval_it_expires(mak
     async with running(app) as http:
         await submit_pending(http, "exp_1")
         clock.now += 901  # past the 15-minute TTL
-        listing = (await http.get("/aip/v1/approvals", params={"status": "expired"},
-                                  headers=bearer("acme-both"))).json()
+        listing = (
+            await http.get("/aip/v1/approvals", params={"status": "expired"}, headers=bearer("acme-both"))
+        ).json()
         assert [a["status"] for a in listing["approvals"]] == ["expired"]
         record = await host_state(app).actions.store.get_action("acme", "exp_1")  # no action read: the store as left
         assert record.status == "failed" and "policy.approval_expired" in record.result_json
@@ -81,7 +95,8 @@ async def test_a_cancel_and_a_decision_never_both_win(make_app):
             approval_id = await submit_pending(http, action_id)
             cancel, decision = await asyncio.gather(
                 http.post(f"/aip/v1/actions/{action_id}/cancel", headers=bearer("acme-invoker")),
-                decide(http, approval_id))
+                decide(http, approval_id),
+            )
             cancel_result = cancel.json()["body"]["action_result"]
             withdrew = cancel_result.get("output", {}).get("provider_effect") == "none"
             approval = (await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))).json()
@@ -132,14 +147,16 @@ async def test_a_refused_start_is_queued_and_retried_under_the_same_job_and_key(
 async def test_a_start_refused_until_the_dispatch_deadline_fails_with_a_certain_outcome(make_app, settings, clock):
     """Issue 17 item 1: past `dispatch_deadline_seconds` the action fails with
     `connector.crewai.dispatch_deadline`, `uncertain_outcome: false`, dispatch `not_sent`."""
+
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path.startswith("/jobs") and request.method == "POST":
             clock.now += 0.6  # each refused attempt passes time on the host's clock
             raise httpx.ConnectError("connection refused", request=request)
         return FakeSidecar(SIDECAR_TOKEN).handle(request)
 
-    app = make_app(dataclasses.replace(settings, dispatch_deadline_s=1.0),
-                   sidecar_transport=httpx.MockTransport(handle))
+    app = make_app(
+        dataclasses.replace(settings, dispatch_deadline_s=1.0), sidecar_transport=httpx.MockTransport(handle)
+    )
     async with running(app) as http:
         approval_id = await submit_pending(http, "refused_2")
         assert (await decide(http, approval_id)).status_code == 200
@@ -199,8 +216,12 @@ async def test_an_approval_of_a_revoked_action_fails_it_instead_of_running_it(ma
     if change == "crew_removed":
         changes = {"tenants": {**settings.tenants, "acme": ("alpha",)}}  # beta no longer routed to acme
     else:
-        changes = {"principals": tuple(dataclasses.replace(p, roles=frozenset({"approver"}))
-                                       if p.id == "acme-invoker" else p for p in settings.principals)}
+        changes = {
+            "principals": tuple(
+                dataclasses.replace(p, roles=frozenset({"approver"})) if p.id == "acme-invoker" else p
+                for p in settings.principals
+            )
+        }
     approval_id, app = await _pending_then_restart(make_app, settings, fake, f"rev_{change}", **changes)
     async with running(app) as http:
         answer = await decide(http, approval_id)
@@ -215,12 +236,14 @@ async def test_a_decision_applied_after_a_restart_rechecks_at_dispatch(make_app,
     """A decision recorded before a restart is applied by the restarted host; if the crew was removed
     from the tenant meanwhile, the dispatch refuses it (checked again right before sending)."""
     fake = FakeSidecar(SIDECAR_TOKEN)
-    approval_id, app = await _pending_then_restart(make_app, settings, fake, "rev_dispatch",
-                                                   tenants={**settings.tenants, "acme": ("alpha",)})
+    approval_id, app = await _pending_then_restart(
+        make_app, settings, fake, "rev_dispatch", tenants={**settings.tenants, "acme": ("alpha",)}
+    )
     async with running(app) as http:
         store = host_state(app).actions.store
-        decided, _ = await store.decide_and_start("acme", approval_id, "approved", "ok", "acme-both",
-                                                  store.now_ms(), start_if=lambda approval, action: True)
+        decided, _ = await store.decide_and_start(
+            "acme", approval_id, "approved", "ok", "acme-both", store.now_ms(), start_if=lambda approval, action: True
+        )
         assert decided is not None  # a started action, as a decision of a dead process would leave it
         service = host_state(app).actions
         service.start(await store.get_action("acme", "rev_dispatch"), stream=True)
@@ -248,8 +271,17 @@ async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journa
 
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/jobs/acme:prov_1":
-            return httpx.Response(200, json={"action_id": "acme:prov_1", "crew_id": "beta", "operation": "run",
-                                             "status": "failed", "event_count": 1, "output": None})
+            return httpx.Response(
+                200,
+                json={
+                    "action_id": "acme:prov_1",
+                    "crew_id": "beta",
+                    "operation": "run",
+                    "status": "failed",
+                    "event_count": 1,
+                    "output": None,
+                },
+            )
         if request.url.path == "/jobs/acme:prov_1/events":
             return httpx.Response(200, json={"events": [{"event": "failed", "sequence": 0, "data": journal_says}]})
         return fake.handle(request)
@@ -259,8 +291,9 @@ async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journa
         approval_id = await submit_pending(http, "prov_1")
         service = host_state(app).actions
         record = await service.store.get_action("acme", "prov_1")
-        provisional = failed_result("prov_1", ConnectorCancelledUnconfirmed(
-            operation="run", uncertain_outcome=True, dispatch="acknowledged"))
+        provisional = failed_result(
+            "prov_1", ConnectorCancelledUnconfirmed(operation="run", uncertain_outcome=True, dispatch="acknowledged")
+        )
         assert await service.writer.finish("acme", "prov_1", provisional, "acknowledged") is not None
         assert approval_id and record is not None
         view = (await http.get("/aip/v1/actions/prov_1", headers=bearer("acme-invoker"))).json()
@@ -316,20 +349,42 @@ async def test_a_blocking_start_stored_still_running_is_corrected_once_the_job_e
             return httpx.Response(504, json={"detail": "the job did not end within timeout_ms"})
         if request.url.path == "/jobs/acme:kq_1":
             done = job["status"] == "completed"
-            return httpx.Response(200, json={"action_id": "acme:kq_1", "crew_id": "beta", "operation": "knowledge_query",
-                                             "status": job["status"], "event_count": 2 if done else 1, "output": None})
+            return httpx.Response(
+                200,
+                json={
+                    "action_id": "acme:kq_1",
+                    "crew_id": "beta",
+                    "operation": "knowledge_query",
+                    "status": job["status"],
+                    "event_count": 2 if done else 1,
+                    "output": None,
+                },
+            )
         if request.url.path == "/jobs/acme:kq_1/events":
-            return httpx.Response(200, json={"events": [{"event": "completed", "sequence": 1,
-                                                         "data": {"results": ["late"]}}]})
+            return httpx.Response(
+                200, json={"events": [{"event": "completed", "sequence": 1, "data": {"results": ["late"]}}]}
+            )
         return FakeSidecar(SIDECAR_TOKEN).handle(request)
 
     app = make_app(sidecar_transport=httpx.MockTransport(handle))
-    envelope = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": "msg_kq_1",
-                "sent_at": "2026-09-21T14:13:20.000Z",
-                "body": {"action": {"id": "kq_1", "capability_id": "cap:crewai:beta:knowledge_query",
-                                    "input": {"query": ["lighthouse"]}, "idempotency_key": "k-kq_1"}}}
+    envelope = {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": "msg_kq_1",
+        "sent_at": "2026-09-21T14:13:20.000Z",
+        "body": {
+            "action": {
+                "id": "kq_1",
+                "capability_id": "cap:crewai:beta:knowledge_query",
+                "input": {"query": ["lighthouse"]},
+                "idempotency_key": "k-kq_1",
+            }
+        },
+    }
     async with running(app) as http:
-        first = await http.post("/aip/v1/messages", content=json.dumps(envelope), headers={**CT, **bearer("acme-invoker")})
+        first = await http.post(
+            "/aip/v1/messages", content=json.dumps(envelope), headers={**CT, **bearer("acme-invoker")}
+        )
         error = first.json()["body"]["action_result"]["error"]
         assert error["code"] == "connector.crewai.remote_temporary" and error["details"]["remote_status"] == 504
         view = (await http.get("/aip/v1/actions/kq_1", headers=bearer("acme-invoker"))).json()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hostkit import bearer
 
 from aip_crewai.contracts.aip import Manifest
 from aip_crewai.contracts.artifacts import input_schema
@@ -12,8 +13,6 @@ from aip_crewai.contracts.errors import CapabilityNotFound
 from aip_crewai.contracts.operations import get
 from aip_crewai.host.crews.descriptors import CrewDescriptor, load_descriptors
 from aip_crewai.host.crews.manifest import CapabilityIndex, crew_capabilities, to_wire
-
-from hostkit import bearer
 
 # README "Capabilities" "Compare all operations" (restated here on purpose: the test checks the code).
 SEED = {
@@ -53,13 +52,18 @@ def by_op(crew: CrewDescriptor) -> dict[str, dict]:
 def test_fully_enabled_crew_publishes_ten_in_catalogue_order():
     caps = crew_capabilities(FULL)
     assert [c.id for c in caps] == ["cap:crewai:support-primary"] + [
-        f"cap:crewai:support-primary:{op}" for op in list(SEED)[1:]]
+        f"cap:crewai:support-primary:{op}" for op in list(SEED)[1:]
+    ]
     assert not any(c.id.endswith(":run") for c in caps)
 
 
 def test_legacy_crew_publishes_four():
     assert [c.id for c in crew_capabilities(LEGACY)] == [
-        "cap:crewai:legacy", "cap:crewai:legacy:status", "cap:crewai:legacy:events", "cap:crewai:legacy:cancel"]
+        "cap:crewai:legacy",
+        "cap:crewai:legacy:status",
+        "cap:crewai:legacy:events",
+        "cap:crewai:legacy:cancel",
+    ]
 
 
 def test_seed_counts_over_a_full_crew():
@@ -79,28 +83,48 @@ def test_each_capability_matches_the_seed_row(op):
     assert cap["name"] == f"CrewAI Support: {spec.display_name}"
     assert (cap["kind"], cap["risk"], cap["requires_human_approval"]) == (kind, risk, approval)
     contract = cap["contract"]
-    assert contract["idempotency"] == {"requirement": key, "collision_behavior": "revalidate_input_hash",
-                                       "key_scope": "tenant", "ttl_ms": 86_400_000}
+    assert contract["idempotency"] == {
+        "requirement": key,
+        "collision_behavior": "revalidate_input_hash",
+        "key_scope": "tenant",
+        "ttl_ms": 86_400_000,
+    }
     assert contract["execution"] == {
-        "supports_sync": True, "supports_async": True, "supports_streaming": stream, "supports_cancel": cancel,
-        "supports_retry": retry, "expected_completion": "streaming" if stream else "sync",
-        "retry_safety": "safe_with_idempotency_key" if mutation else "safe"}
+        "supports_sync": True,
+        "supports_async": True,
+        "supports_streaming": stream,
+        "supports_cancel": cancel,
+        "supports_retry": retry,
+        "expected_completion": "streaming" if stream else "sync",
+        "retry_safety": "safe_with_idempotency_key" if mutation else "safe",
+    }
     assert contract["data"] == {"sensitivity": "confidential", "contains_pii": True, "redaction_required": True}
     if mutation:
         assert contract["side_effects"] == ["read", "write", "external_network", "code_execution"]
-        assert contract["approval"] == {"required": True, "approver_selector": {"type": "tenant_policy"},
-                                        "ttl_ms": 900_000,
-                                        "evidence_requirements": ["reason", "input_snapshot", "policy_decision"]}
+        assert contract["approval"] == {
+            "required": True,
+            "approver_selector": {"type": "tenant_policy"},
+            "ttl_ms": 900_000,
+            "evidence_requirements": ["reason", "input_snapshot", "policy_decision"],
+        }
         assert contract["compensation"] == {"mode": "rollback_not_supported", "requires_approval": False}
     else:
         assert contract["side_effects"] == ["read", "external_network"]
         assert "approval" not in contract and "compensation" not in contract
     method, path, stream_path = ROUTES[op]
     native, binding = cap["bindings"]
-    assert native == {"profile": "aip.native.http.v1", "method": "POST", "path": "/aip/v1/messages",
-                      "message_type": "aip.core.v1.action"}
+    assert native == {
+        "profile": "aip.native.http.v1",
+        "method": "POST",
+        "path": "/aip/v1/messages",
+        "message_type": "aip.core.v1.action",
+    }
     assert (binding["profile"], binding["method"], binding["path"], binding.get("stream_path")) == (
-        "aip.connector.crewai.v1", method, path, stream_path)
+        "aip.connector.crewai.v1",
+        method,
+        path,
+        stream_path,
+    )
     assert cap["input_schema"] == input_schema(spec)
 
 
@@ -120,8 +144,13 @@ def test_output_schemas_follow_design_outputs():
     job_view = {"action_id", "crew_id", "operation", "status", "event_count"}
     assert set(caps["status"]["output_schema"]["required"]) == job_view
     assert set(caps["cancel"]["output_schema"]["required"]) == job_view
-    assert set(caps["events"]["output_schema"]["required"]) == {"action_id", "cursor", "next_cursor", "status",
-                                                                  "events"}
+    assert set(caps["events"]["output_schema"]["required"]) == {
+        "action_id",
+        "cursor",
+        "next_cursor",
+        "status",
+        "events",
+    }
     assert all(c["output_schema"]["$schema"].endswith("2020-12/schema") for c in caps.values())
 
 
@@ -135,8 +164,10 @@ def test_description_comes_from_the_descriptor():
 
 
 def index() -> CapabilityIndex:
-    crews = load_descriptors(b'[{"id": "a", "name": "A"}, {"id": "b", "name": "B", "allowed_operations": ["run"]},'
-                             b' {"id": "a:x", "name": "AX", "allowed_operations": ["run", "status"]}]')
+    crews = load_descriptors(
+        b'[{"id": "a", "name": "A"}, {"id": "b", "name": "B", "allowed_operations": ["run"]},'
+        b' {"id": "a:x", "name": "AX", "allowed_operations": ["run", "status"]}]'
+    )
     return CapabilityIndex(crews, {"t1": ["a", "a:x"], "t2": ["b"], "closed": []})
 
 
@@ -145,9 +176,18 @@ def test_manifests_are_tenant_scoped_and_built_once():
     assert idx.manifest_bytes("t1") is idx.manifest_bytes("t1")
     t1 = idx.manifest("t1")
     assert (t1.manifest_version, t1.profiles, t1.agent.id) == (
-        "aip-manifest/v1", ["aip.native.http.v1", "aip.connector.crewai.v1", "aip.sse.stream.v1"], "aip-crewai-host")
-    assert [c.id for c in t1.capabilities] == ["cap:crewai:a", "cap:crewai:a:status", "cap:crewai:a:events",
-                                               "cap:crewai:a:cancel", "cap:crewai:a:x", "cap:crewai:a:x:status"]
+        "aip-manifest/v1",
+        ["aip.native.http.v1", "aip.connector.crewai.v1", "aip.sse.stream.v1"],
+        "aip-crewai-host",
+    )
+    assert [c.id for c in t1.capabilities] == [
+        "cap:crewai:a",
+        "cap:crewai:a:status",
+        "cap:crewai:a:events",
+        "cap:crewai:a:cancel",
+        "cap:crewai:a:x",
+        "cap:crewai:a:x:status",
+    ]
     assert [c.id for c in idx.manifest("t2").capabilities] == ["cap:crewai:b"]
     assert idx.manifest("closed").capabilities == [] and idx.manifest("nobody").capabilities == []
 
@@ -157,8 +197,14 @@ def test_default_deny_another_tenants_crew_is_not_found_like_an_unknown_one():
     assert idx.resolve("t1", "cap:crewai:a:x:status").crew.id == "a:x"
     assert idx.resolve("t2", "cap:crewai:b").spec.name == "run"
     errors = []
-    for tenant, cap in [("t2", "cap:crewai:a"), ("t1", "cap:crewai:b"), ("t1", "cap:crewai:zzz"),
-                        ("t1", "cap:crewai:a:train"), ("closed", "cap:crewai:a"), ("t1", "cap:crewai:a:run")]:
+    for tenant, cap in [
+        ("t2", "cap:crewai:a"),
+        ("t1", "cap:crewai:b"),
+        ("t1", "cap:crewai:zzz"),
+        ("t1", "cap:crewai:a:train"),
+        ("closed", "cap:crewai:a"),
+        ("t1", "cap:crewai:a:run"),
+    ]:
         with pytest.raises(CapabilityNotFound) as info:
             idx.resolve(tenant, cap)
         errors.append((info.value.code, info.value.status, info.value.message))

@@ -3,10 +3,10 @@
 import json
 
 import pytest
-
-from aip_crewai.sse import SSEDecoder
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, action_env, bearer, envelope, running
+
+from aip_crewai.sse import SSEDecoder
 
 CT = {"Content-Type": "application/aip+json"}
 
@@ -48,15 +48,29 @@ async def test_approval_round_trip_over_http(http, fake):
     assert shown.json()["evidence_payload"]["input"] == {"topic": "refunds"}
 
     # the requester may not approve its own action; another tenant cannot see it
-    assert (await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-invoker"),
-                            json={"decision": "approved", "reason": "me"})).status_code == 403
-    assert (await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("globex-invoker"))).status_code in (403, 404)
+    assert (
+        await http.post(
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=bearer("acme-invoker"),
+            json={"decision": "approved", "reason": "me"},
+        )
+    ).status_code == 403
+    assert (await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("globex-invoker"))).status_code in (
+        403,
+        404,
+    )
 
-    decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
-                              json={"decision": "approved", "reason": "looks fine"})
+    decided = await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        headers=bearer("acme-both"),
+        json={"decision": "approved", "reason": "looks fine"},
+    )
     assert decided.status_code == 200 and decided.json()["approver"]["id"] == "acme-both"
-    again = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
-                            json={"decision": "denied", "reason": "changed my mind"})
+    again = await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        headers=bearer("acme-both"),
+        json={"decision": "denied", "reason": "changed my mind"},
+    )
     assert again.status_code == 409
 
     env["message_id"] = "msg_b"
@@ -73,18 +87,28 @@ async def test_approval_round_trip_over_http(http, fake):
     assert [c["sequence"] for c in chunks["chunks"]] == [1, 2] and chunks["terminal"] is True
     assert chunks.get("cursor") is None
 
-    history = await http.get("/aip/v1/actions/act_run/events", headers={**bearer("acme-invoker"),
-                                                                       "Accept": "text/event-stream"})
+    history = await http.get(
+        "/aip/v1/actions/act_run/events", headers={**bearer("acme-invoker"), "Accept": "text/event-stream"}
+    )
     events = sse_events(history.content)
     assert [(name, ident) for name, ident, _ in events] == [
-        ("ack", "sse_0"), ("chunk", "sse_1"), ("chunk", "sse_2"), ("done", "sse_3"), ("result", "sse_4")]
-    resumed = await http.get("/aip/v1/actions/act_run/events", headers={
-        **bearer("acme-invoker"), "Accept": "text/event-stream", "Last-Event-ID": "sse_2"})
+        ("ack", "sse_0"),
+        ("chunk", "sse_1"),
+        ("chunk", "sse_2"),
+        ("done", "sse_3"),
+        ("result", "sse_4"),
+    ]
+    resumed = await http.get(
+        "/aip/v1/actions/act_run/events",
+        headers={**bearer("acme-invoker"), "Accept": "text/event-stream", "Last-Event-ID": "sse_2"},
+    )
     assert [ident for _, ident, _ in sse_events(resumed.content)] == ["sse_3", "sse_4"]
     # an EventSource reconnecting after the result frame is told to stop: 204, as the SSE spec allows
     for last in ("sse_4", "sse_9"):
-        ended = await http.get("/aip/v1/actions/act_run/events", headers={
-            **bearer("acme-invoker"), "Accept": "text/event-stream", "Last-Event-ID": last})
+        ended = await http.get(
+            "/aip/v1/actions/act_run/events",
+            headers={**bearer("acme-invoker"), "Accept": "text/event-stream", "Last-Event-ID": last},
+        )
         assert ended.status_code == 204 and ended.content == b""
 
 
@@ -142,8 +166,9 @@ async def test_pending_stream_result_has_no_position_and_bad_cursors_are_typed(h
 
 
 async def test_oversize_body_is_413_with_the_bound(http):
-    response = await http.post("/aip/v1/messages", content=b"x" * (2 * 1024 * 1024 + 1),
-                               headers={**CT, **bearer("acme-invoker")})
+    response = await http.post(
+        "/aip/v1/messages", content=b"x" * (2 * 1024 * 1024 + 1), headers={**CT, **bearer("acme-invoker")}
+    )
     assert response.status_code == 413
     assert response.json()["body"]["error"]["error"]["code"] == "message.too_large"
 

@@ -20,13 +20,15 @@ def frame(event, sequence, data, *, with_id=True):
 
 
 def good_stream():
-    return b"".join([
-        frame("started", 0, {"status": "running", "operation": "run"}),
-        frame("chunk", 1, {"content": "Hel", "channel": "llm"}),
-        frame("chunk", 2, {"content": "search()", "channel": "tools"}),
-        frame("chunk", 3, {"content": "x", "channel": "other"}),
-        frame("completed", 4, {"raw": "Hello"}),
-    ])
+    return b"".join(
+        [
+            frame("started", 0, {"status": "running", "operation": "run"}),
+            frame("chunk", 1, {"content": "Hel", "channel": "llm"}),
+            frame("chunk", 2, {"content": "search()", "channel": "tools"}),
+            frame("chunk", 3, {"content": "x", "channel": "other"}),
+            frame("completed", 4, {"raw": "Hello"}),
+        ]
+    )
 
 
 def normalize(body, chunk_size=None, **kwargs):
@@ -34,7 +36,7 @@ def normalize(body, chunk_size=None, **kwargs):
     chunks = []
     step = chunk_size or max(1, len(body))
     for i in range(0, len(body), step):
-        chunks.extend(n.feed(body[i:i + step]))
+        chunks.extend(n.feed(body[i : i + step]))
     return chunks, n.close()
 
 
@@ -60,8 +62,11 @@ def test_any_chunking_gives_the_same_chunks(size):
 
 
 def test_failed_event_maps_to_execution_failed_with_details():
-    body = frame("started", 0, {}) + frame("failed", 1, {"status": "failed", "error_type": "RuntimeError",
-                                                          "message": "crew failed", "uncertain_outcome": True})
+    body = frame("started", 0, {}) + frame(
+        "failed",
+        1,
+        {"status": "failed", "error_type": "RuntimeError", "message": "crew failed", "uncertain_outcome": True},
+    )
     chunks, terminal = normalize(body)
     assert chunks[-1].kind == "error"
     result = result_from_terminal("act_1", RUN, terminal)
@@ -97,9 +102,9 @@ MALFORMED = {
     "not_json": encode_event("not json", event="chunk"),
     "wrong_shape": encode_event(json.dumps({"event": "chunk"}), event="chunk"),
     "name_mismatch": encode_event(json.dumps({"event": "completed", "sequence": 0, "data": {}}), event="chunk"),
-    "unterminated_frame": frame("started", 0, {}) + b"data: {\"event\":\"completed\",\"sequence\":1,\"data\":{}}",
-    "u2028_is_not_a_line_end": frame("started", 0, {}) + "data: {\"event\":\"completed\",\u2028\"sequence\":1}\n\n".encode(),
-    "invalid_utf8": frame("started", 0, {}) + b"data: {\"event\":\"completed\",\"sequence\":1,\"data\":{\"x\":\"\xff\"}\n\n",
+    "unterminated_frame": frame("started", 0, {}) + b'data: {"event":"completed","sequence":1,"data":{}}',
+    "u2028_is_not_a_line_end": frame("started", 0, {}) + 'data: {"event":"completed",\u2028"sequence":1}\n\n'.encode(),
+    "invalid_utf8": frame("started", 0, {}) + b'data: {"event":"completed","sequence":1,"data":{"x":"\xff"}\n\n',
 }
 
 
@@ -146,14 +151,17 @@ def test_read_only_operation_errors_are_not_uncertain():
     assert info.value.details["uncertain_outcome"] is False
 
 
-@pytest.mark.parametrize("data,kind", [
-    ({"content": "a", "chunk_type": "text"}, "data"),
-    ({"content": "a", "chunk_type": "TEXT"}, "data"),
-    ({"content": "", "chunk_type": "tool_call", "tool_call": {"tool_name": "search"}}, "tool"),
-    ({"content": "", "tool_call": {"tool_name": "search"}}, "tool"),
-    ({"content": "a", "chunk_type": "other"}, "progress"),
-    ({"content": "a", "channel": "llm", "chunk_type": "tool_call"}, "data"),  # ours: channel decides
-])
+@pytest.mark.parametrize(
+    "data,kind",
+    [
+        ({"content": "a", "chunk_type": "text"}, "data"),
+        ({"content": "a", "chunk_type": "TEXT"}, "data"),
+        ({"content": "", "chunk_type": "tool_call", "tool_call": {"tool_name": "search"}}, "tool"),
+        ({"content": "", "tool_call": {"tool_name": "search"}}, "tool"),
+        ({"content": "a", "chunk_type": "other"}, "progress"),
+        ({"content": "a", "channel": "llm", "chunk_type": "tool_call"}, "data"),  # ours: channel decides
+    ],
+)
 def test_reference_sidecar_chunks_map_by_chunk_type_and_tool_call(data, kind):
     """Issue 17 item 8: a reference sidecar's chunks carry chunk_type/tool_call instead of channel."""
     from aip_crewai.contracts.sidecar import JobEvent

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from aip_crewai.host.store.notify import RemoteChanges, listen, payload
 from aip_crewai.host.store.store import Store
 
@@ -22,6 +20,7 @@ def test_a_payload_names_the_tenant_and_the_action_and_only_followed_actions_are
         assert followed.version == 0
         changes.deliver(payload("acme", "act_1"))
         assert followed.version == 1
+
     asyncio.run(scenario())
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
+from hostkit import running
 
 from aip_crewai.contracts.aip import ApprovalDecision, Envelope
 from aip_crewai.host.http import openapi
-from hostkit import running
 
 
 def test_every_route_of_the_app_is_documented_and_nothing_else(make_app):
@@ -19,15 +19,18 @@ def test_every_route_of_the_app_is_documented_and_nothing_else(make_app):
 
 def test_schemas_are_the_types_schemas():
     doc = openapi.document()
-    _, components = msgspec.json.schema_components([Envelope, ApprovalDecision],
-                                                   ref_template="#/components/schemas/{name}")
+    _, components = msgspec.json.schema_components(
+        [Envelope, ApprovalDecision], ref_template="#/components/schemas/{name}"
+    )
     for name in ("Envelope", "ApprovalDecision", "Body", "ProtocolError"):
         assert doc["components"]["schemas"][name] == components[name]
     decision = doc["paths"]["/aip/v1/approvals/{approval_id}/decision"]["post"]
     assert decision["requestBody"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/DecisionRequest"}
+        "$ref": "#/components/schemas/DecisionRequest"
+    }
     assert decision["responses"]["4XX"]["content"]["application/aip+json"]["schema"] == {
-        "$ref": "#/components/schemas/Envelope"}
+        "$ref": "#/components/schemas/Envelope"
+    }
 
 
 def test_the_document_is_openapi_3_1_and_the_same_every_time():

@@ -8,11 +8,11 @@ import hashlib
 import json
 
 import pytest
+from fake_sidecar import FakeSidecar
+from hostkit import SIDECAR_TOKEN, base_document, bearer, running
 
 from aip_crewai.host.config import load_settings
 from aip_crewai.host.http.state import host_state
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, base_document, bearer, running
 
 EXTRA = {"acme-invoker2": ["invoker"], "acme-approver2": ["approver"], "acme-approver3": ["approver"]}
 CT = {"Content-Type": "application/aip+json"}
@@ -26,21 +26,35 @@ def token_of(principal: str) -> dict[str, str]:
 async def world(host_files, make_app):
     """A completed run of acme-invoker, approved by acme-approver2, and the app serving it."""
     doc = base_document()
-    doc["principals"] += [{"id": pid, "tenant": "acme", "roles": roles,
-                           "token_sha256": hashlib.sha256(f"tok-{pid}".encode()).hexdigest()}
-                          for pid, roles in EXTRA.items()]
+    doc["principals"] += [
+        {"id": pid, "tenant": "acme", "roles": roles, "token_sha256": hashlib.sha256(f"tok-{pid}".encode()).hexdigest()}
+        for pid, roles in EXTRA.items()
+    ]
     host_files.write(doc)
     settings = dataclasses.replace(load_settings(host_files.config, environ={}), readiness_interval_s=3600.0)
     app = make_app(settings, sidecar_transport=FakeSidecar(SIDECAR_TOKEN).transport())
     async with running(app) as http:
-        env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": "msg_perm",
-               "sent_at": "2026-09-21T14:13:20.000Z",
-               "body": {"action": {"id": "perm_run", "capability_id": "cap:crewai:beta",
-                                   "input": {"topic": "secret-input"}, "idempotency_key": "k-perm"}}}
+        env = {
+            "aip_version": "1.0",
+            "message_type": "aip.core.v1.action",
+            "message_id": "msg_perm",
+            "sent_at": "2026-09-21T14:13:20.000Z",
+            "body": {
+                "action": {
+                    "id": "perm_run",
+                    "capability_id": "cap:crewai:beta",
+                    "input": {"topic": "secret-input"},
+                    "idempotency_key": "k-perm",
+                }
+            },
+        }
         pending = await http.post("/aip/v1/messages", content=json.dumps(env), headers={**CT, **bearer("acme-invoker")})
         approval_id = pending.json()["body"]["action_result"]["output"]["approval_id"]
-        decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=token_of("acme-approver2"),
-                                  json={"decision": "approved", "reason": "ok"})
+        decided = await http.post(
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=token_of("acme-approver2"),
+            json={"decision": "approved", "reason": "ok"},
+        )
         assert decided.status_code == 200
         service = host_state(app).actions
         await service.wait(await service.store.get_action("acme", "perm_run"), 10)
@@ -48,25 +62,74 @@ async def world(host_files, make_app):
 
 
 async def status_capability(http, principal: str):
-    env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": f"msg_st_{principal}",
-           "sent_at": "2026-09-21T14:13:20.000Z",
-           "body": {"action": {"id": f"st_{principal}", "capability_id": "cap:crewai:beta:status",
-                               "input": {"run_action_id": "perm_run"}}}}
+    env = {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": f"msg_st_{principal}",
+        "sent_at": "2026-09-21T14:13:20.000Z",
+        "body": {
+            "action": {
+                "id": f"st_{principal}",
+                "capability_id": "cap:crewai:beta:status",
+                "input": {"run_action_id": "perm_run"},
+            }
+        },
+    }
     return await http.post("/aip/v1/messages", content=json.dumps(env), headers={**CT, **token_of(principal)})
 
 
 #: principal -> expected status per resource (README "Security": who reads what).
 TABLE = {
-    "acme-invoker": {"action": 200, "result": 200, "events": 200, "chunks": 200, "cancel": 200, "status": 200,
-                     "approvals": 403, "approval": 403},
-    "acme-invoker2": {"action": 404, "result": 404, "events": 404, "chunks": 404, "cancel": 404, "status": 404,
-                      "approvals": 403, "approval": 403},
-    "acme-approver2": {"action": 200, "result": 200, "events": 200, "chunks": 200, "cancel": 403, "status": 403,
-                       "approvals": 200, "approval": 200},
-    "acme-approver3": {"action": 404, "result": 404, "events": 404, "chunks": 404, "cancel": 403, "status": 403,
-                       "approvals": 200, "approval": 200},
-    "acme-operator": {"action": 200, "result": 403, "events": 403, "chunks": 403, "cancel": 403, "status": 403,
-                      "approvals": 200, "approval": 200},
+    "acme-invoker": {
+        "action": 200,
+        "result": 200,
+        "events": 200,
+        "chunks": 200,
+        "cancel": 200,
+        "status": 200,
+        "approvals": 403,
+        "approval": 403,
+    },
+    "acme-invoker2": {
+        "action": 404,
+        "result": 404,
+        "events": 404,
+        "chunks": 404,
+        "cancel": 404,
+        "status": 404,
+        "approvals": 403,
+        "approval": 403,
+    },
+    "acme-approver2": {
+        "action": 200,
+        "result": 200,
+        "events": 200,
+        "chunks": 200,
+        "cancel": 403,
+        "status": 403,
+        "approvals": 200,
+        "approval": 200,
+    },
+    "acme-approver3": {
+        "action": 404,
+        "result": 404,
+        "events": 404,
+        "chunks": 404,
+        "cancel": 403,
+        "status": 403,
+        "approvals": 200,
+        "approval": 200,
+    },
+    "acme-operator": {
+        "action": 200,
+        "result": 403,
+        "events": 403,
+        "chunks": 403,
+        "cancel": 403,
+        "status": 403,
+        "approvals": 200,
+        "approval": 200,
+    },
 }
 
 
@@ -94,5 +157,8 @@ async def test_every_cell_of_the_read_table(world, principal):
     if approval.status_code == 200:  # the exact input is for approvers
         assert ("evidence_payload" in approval.json()) == principal.startswith("acme-approver")
     for response in got.values():
-        assert b"secret-input" not in response.content or principal in ("acme-invoker", "acme-approver2",
-                                                                          "acme-approver3")
+        assert b"secret-input" not in response.content or principal in (
+            "acme-invoker",
+            "acme-approver2",
+            "acme-approver3",
+        )

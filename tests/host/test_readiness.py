@@ -7,16 +7,19 @@ import dataclasses
 
 import httpx
 import pytest
-
-from aip_crewai.host.crews.descriptors import load_descriptors
-from aip_crewai.host.sidecars.readiness import evaluate_health
-from aip_crewai.host.http.state import host_setup, host_state
-
 from hostkit import running
 
+from aip_crewai.host.crews.descriptors import load_descriptors
+from aip_crewai.host.http.state import host_setup, host_state
+from aip_crewai.host.sidecars.readiness import evaluate_health
+
 CREWS = load_descriptors(b'[{"id": "a", "name": "A"}, {"id": "b", "name": "B", "allowed_operations": ["train"]}]')
-GOOD = {"status": "ready", "crews": ["a", "b", "extra"], "durable_journal": True,
-        "operations": ["cancel", "events", "run", "status", "train"]}
+GOOD = {
+    "status": "ready",
+    "crews": ["a", "b", "extra"],
+    "durable_journal": True,
+    "operations": ["cancel", "events", "run", "status", "train"],
+}
 
 
 def test_agreeing_health_is_ready():
@@ -68,8 +71,10 @@ async def test_background_poll_notices_a_regression(make_app, settings, sidecar)
         sidecar.health["crews"] = ["alpha"]
         await poll(lambda: not host_state(app).readiness.ready)
         response = await client.get("/ready")
-        assert response.status_code == 503 and response.json() == {"status": "unready",
-                                                                    "reason": "sidecar lacks configured crews"}
+        assert response.status_code == 503 and response.json() == {
+            "status": "unready",
+            "reason": "sidecar lacks configured crews",
+        }
         assert "beta" not in response.text and "gamma" not in response.text  # anonymous: no tenant data
         assert host_setup(app).metrics.ready.value() == 0
 
@@ -137,19 +142,30 @@ async def test_each_sidecar_has_its_own_ready_gauge_and_the_host_gauge_is_the_gr
             if not up[name]:
                 return httpx.Response(503, json={"status": "starting"})
             return httpx.Response(200, json={**GOOD, "crews": crews})
+
         return httpx.AsyncClient(base_url=f"http://{name}.invalid", transport=httpx.MockTransport(answer))
 
     metrics = Metrics()
     a, b = ([crew for crew in CREWS if crew.id == crew_id] for crew_id in ("a", "b"))
-    group = ReadinessGroup([("one", Readiness(sidecar("one", ["a"]), a, metrics, name="one")),
-                            ("two", Readiness(sidecar("two", ["b"]), b, metrics, name="two"))])
+    group = ReadinessGroup(
+        [
+            ("one", Readiness(sidecar("one", ["a"]), a, metrics, name="one")),
+            ("two", Readiness(sidecar("two", ["b"]), b, metrics, name="two")),
+        ]
+    )
     await group.refresh()
-    assert (metrics.ready.value(), metrics.sidecar_ready.value(sidecar="one"),
-            metrics.sidecar_ready.value(sidecar="two")) == (1, 1, 1)
+    assert (
+        metrics.ready.value(),
+        metrics.sidecar_ready.value(sidecar="one"),
+        metrics.sidecar_ready.value(sidecar="two"),
+    ) == (1, 1, 1)
     up["two"] = False
     await group.refresh()
-    assert (metrics.ready.value(), metrics.sidecar_ready.value(sidecar="one"),
-            metrics.sidecar_ready.value(sidecar="two")) == (1, 1, 0)
+    assert (
+        metrics.ready.value(),
+        metrics.sidecar_ready.value(sidecar="one"),
+        metrics.sidecar_ready.value(sidecar="two"),
+    ) == (1, 1, 0)
     assert 'aip_host_sidecar_ready{sidecar="two"} 0' in metrics.render()
     up["one"] = False
     await group.refresh()
@@ -163,7 +179,9 @@ async def test_the_host_is_unready_while_its_store_is_unavailable(make_app):
         await poll(lambda: host_state(app).readiness.ready)
         host_state(app).store.unavailable = True
         answer = await client.get("/ready")
-        assert answer.status_code == 503 and answer.json() == {"status": "unready",
-                                                               "reason": "the host store is unavailable"}
+        assert answer.status_code == 503 and answer.json() == {
+            "status": "unready",
+            "reason": "the host store is unavailable",
+        }
         await host_state(app).store.get_action("acme", "act-none")  # a method that succeeds clears it
         assert (await client.get("/ready")).status_code == 200

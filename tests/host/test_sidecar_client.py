@@ -8,16 +8,15 @@ import pytest
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import (
     ConnectorAuthentication,
-    ConnectorError,
     ConnectorConfigurationOrInput,
+    ConnectorError,
     ConnectorInvalidStream,
     ConnectorRemoteRejected,
     ConnectorRemoteTemporary,
     ConnectorTransport,
 )
-from aip_crewai.host.actions.normalize import StreamNormalizer
 from aip_crewai.host.actions.dispatch_task import retry_delay_s
-from aip_crewai.host.sidecars.readiness import published_keepalive_s
+from aip_crewai.host.actions.normalize import StreamNormalizer
 from aip_crewai.host.sidecars.client import (
     DispatchProgress,
     SidecarClient,
@@ -25,6 +24,7 @@ from aip_crewai.host.sidecars.client import (
     sidecar_job_id,
     silence_bound_s,
 )
+from aip_crewai.host.sidecars.readiness import published_keepalive_s
 from aip_crewai.sse import encode_event
 
 RUN, STATUS = ops.get("run"), ops.get("status")
@@ -44,9 +44,16 @@ def test_job_ids_are_tenant_scoped_and_bounded():
 
 @pytest.mark.parametrize(
     ("status", "error"),
-    [(401, ConnectorAuthentication), (403, ConnectorAuthentication), (404, ConnectorConfigurationOrInput),
-     (422, ConnectorConfigurationOrInput), (400, ConnectorRemoteRejected), (429, ConnectorRemoteTemporary),
-     (500, ConnectorRemoteTemporary), (503, ConnectorRemoteTemporary)],
+    [
+        (401, ConnectorAuthentication),
+        (403, ConnectorAuthentication),
+        (404, ConnectorConfigurationOrInput),
+        (422, ConnectorConfigurationOrInput),
+        (400, ConnectorRemoteRejected),
+        (429, ConnectorRemoteTemporary),
+        (500, ConnectorRemoteTemporary),
+        (503, ConnectorRemoteTemporary),
+    ],
 )
 async def test_status_mapping(status, error):
     c = client(lambda request: httpx.Response(status, json={"detail": "nope"}))
@@ -76,8 +83,9 @@ async def test_read_error_after_send_is_sent_and_uncertain_for_mutations():
 
     dispatch = DispatchProgress()
     with pytest.raises(ConnectorTransport) as info:
-        await client(broken).start_job(RUN, dispatch, job_id="t:a", crew_id="c", input={},
-                                       idempotency_key="k", timeout_ms=None)
+        await client(broken).start_job(
+            RUN, dispatch, job_id="t:a", crew_id="c", input={}, idempotency_key="k", timeout_ms=None
+        )
     assert info.value.details["dispatch"] == "sent"
     assert info.value.details["uncertain_outcome"] is True
     assert not info.value.retryable
@@ -91,17 +99,25 @@ async def test_start_job_sends_headers_and_body():
         seen["body"] = json.loads(request.content)
         return httpx.Response(200, json={"raw": "ok"})
 
-    status, body = await client(handler).start_job(RUN, DispatchProgress(), job_id="t:a", crew_id="c",
-                                                   input={"x": 1}, idempotency_key="key-1", timeout_ms=5000)
+    status, body = await client(handler).start_job(
+        RUN, DispatchProgress(), job_id="t:a", crew_id="c", input={"x": 1}, idempotency_key="key-1", timeout_ms=5000
+    )
     assert (status, body) == (200, {"raw": "ok"})
     assert seen["headers"]["idempotency-key"] == "key-1" and seen["headers"]["x-aip-action-id"] == "t:a"
-    assert seen["body"] == {"crew_id": "c", "action_id": "t:a", "operation": "run", "input": {"x": 1},
-                            "timeout_ms": 5000}
+    assert seen["body"] == {
+        "crew_id": "c",
+        "action_id": "t:a",
+        "operation": "run",
+        "input": {"x": 1},
+        "timeout_ms": 5000,
+    }
 
 
 def sse(*events):
-    return b"".join(encode_event(json.dumps({"event": e, "sequence": i, "data": {}}), event=e, id=str(i))
-                    for i, e in enumerate(events))
+    return b"".join(
+        encode_event(json.dumps({"event": e, "sequence": i, "data": {}}), event=e, id=str(i))
+        for i, e in enumerate(events)
+    )
 
 
 async def test_stream_delivers_chunks_then_terminal():
@@ -110,10 +126,22 @@ async def test_stream_delivers_chunks_then_terminal():
     async def on_chunks(chunks):
         got.extend(chunks)
 
-    c = client(lambda r: httpx.Response(200, content=sse("started", "chunk", "completed"),
-                                        headers={"content-type": "text/event-stream"}))
-    terminal = await c.start_stream(RUN, DispatchProgress(), StreamNormalizer("a", RUN), on_chunks, job_id="t:a",
-                                    crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
+    c = client(
+        lambda r: httpx.Response(
+            200, content=sse("started", "chunk", "completed"), headers={"content-type": "text/event-stream"}
+        )
+    )
+    terminal = await c.start_stream(
+        RUN,
+        DispatchProgress(),
+        StreamNormalizer("a", RUN),
+        on_chunks,
+        job_id="t:a",
+        crew_id="c",
+        input={},
+        idempotency_key="k",
+        timeout_ms=None,
+    )
     assert terminal.event == "completed" and [g.kind for g in got] == ["progress", "progress", "done"]
 
 
@@ -123,8 +151,17 @@ async def test_stream_without_terminal_is_invalid():
 
     c = client(lambda r: httpx.Response(200, content=sse("started")))
     with pytest.raises(ConnectorInvalidStream):
-        await c.start_stream(RUN, DispatchProgress(), StreamNormalizer("a", RUN), on_chunks, job_id="t:a",
-                             crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
+        await c.start_stream(
+            RUN,
+            DispatchProgress(),
+            StreamNormalizer("a", RUN),
+            on_chunks,
+            job_id="t:a",
+            crew_id="c",
+            input={},
+            idempotency_key="k",
+            timeout_ms=None,
+        )
 
 
 # --- which refusals are provably before admission (ARCHITECTURE.md §9); silence bounds (§8) --------------------------------
@@ -132,18 +169,25 @@ async def test_stream_without_terminal_is_invalid():
 KQ = ops.get("knowledge_query")
 
 
-@pytest.mark.parametrize(("status", "body", "admitted"), [
-    (503, {"detail": "the sidecar is shutting down and admits no new jobs"}, False),
-    (507, {"detail": "the job journal is full"}, False),
-    (507, {"detail": "the job's terminal result could not be recorded", "status": "completed", "action_id": "t:a"},
-     None),  # after admission: the job exists, its outcome is uncertain
-    (500, {"detail": "internal error"}, None),
-])
+@pytest.mark.parametrize(
+    ("status", "body", "admitted"),
+    [
+        (503, {"detail": "the sidecar is shutting down and admits no new jobs"}, False),
+        (507, {"detail": "the job journal is full"}, False),
+        (
+            507,
+            {"detail": "the job's terminal result could not be recorded", "status": "completed", "action_id": "t:a"},
+            None,
+        ),  # after admission: the job exists, its outcome is uncertain
+        (500, {"detail": "internal error"}, None),
+    ],
+)
 async def test_a_blocking_start_refused_before_admission_is_marked_not_admitted(status, body, admitted):
     c = client(lambda request: httpx.Response(status, json=body))
     with pytest.raises(ConnectorError) as info:
-        await c.start_job(KQ, DispatchProgress(), job_id="t:a", crew_id="c", input={}, idempotency_key="k",
-                          timeout_ms=None)
+        await c.start_job(
+            KQ, DispatchProgress(), job_id="t:a", crew_id="c", input={}, idempotency_key="k", timeout_ms=None
+        )
     assert info.value.details.get("admitted") is admitted
     assert not_admitted(info.value) is (admitted is False)
 
@@ -152,8 +196,17 @@ async def test_a_blocking_start_refused_before_admission_is_marked_not_admitted(
 async def test_a_stream_start_refused_before_admission_is_marked_not_admitted(status, admitted):
     c = client(lambda request: httpx.Response(status, json={"detail": "no"}))
     with pytest.raises(ConnectorError) as info:
-        await c.start_stream(RUN, DispatchProgress(), StreamNormalizer("a", RUN), _no_chunks, job_id="t:a",
-                             crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
+        await c.start_stream(
+            RUN,
+            DispatchProgress(),
+            StreamNormalizer("a", RUN),
+            _no_chunks,
+            job_id="t:a",
+            crew_id="c",
+            input={},
+            idempotency_key="k",
+            timeout_ms=None,
+        )
     assert info.value.details.get("admitted") is admitted
     if admitted is False:
         assert info.value.details["uncertain_outcome"] is False
@@ -164,8 +217,17 @@ async def test_a_refused_connection_is_not_admitted():
         raise httpx.ConnectError("refused", request=request)
 
     with pytest.raises(ConnectorTransport) as info:
-        await client(refuse).start_stream(RUN, DispatchProgress(), StreamNormalizer("a", RUN), _no_chunks,
-                                          job_id="t:a", crew_id="c", input={}, idempotency_key="k", timeout_ms=None)
+        await client(refuse).start_stream(
+            RUN,
+            DispatchProgress(),
+            StreamNormalizer("a", RUN),
+            _no_chunks,
+            job_id="t:a",
+            crew_id="c",
+            input={},
+            idempotency_key="k",
+            timeout_ms=None,
+        )
     assert not_admitted(info.value) and info.value.details["uncertain_outcome"] is False
 
 
@@ -180,11 +242,19 @@ def test_silence_bound_counts_missed_keepalives_with_a_floor():
         silence_bound_s(0)
 
 
-@pytest.mark.parametrize(("body", "expected"), [
-    ({"sse_keepalive_seconds": 0.2}, 0.2), ({"sse_keepalive_seconds": 15}, 15.0), ({}, None),
-    ({"sse_keepalive_seconds": True}, None), ({"sse_keepalive_seconds": "15"}, None),
-    ({"sse_keepalive_seconds": 0}, None), ({"sse_keepalive_seconds": 10_000}, None), ([], None),
-])
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"sse_keepalive_seconds": 0.2}, 0.2),
+        ({"sse_keepalive_seconds": 15}, 15.0),
+        ({}, None),
+        ({"sse_keepalive_seconds": True}, None),
+        ({"sse_keepalive_seconds": "15"}, None),
+        ({"sse_keepalive_seconds": 0}, None),
+        ({"sse_keepalive_seconds": 10_000}, None),
+        ([], None),
+    ],
+)
 def test_the_published_keepalive_is_optional_and_bounded(body, expected):
     assert published_keepalive_s(body) == expected
 

@@ -4,10 +4,9 @@ one ``[sidecar]`` stays valid and serves every crew."""
 from __future__ import annotations
 
 import pytest
+from hostkit import CREWS, HostFiles, base_document
 
 from aip_crewai.host.config import HostConfigError, load_settings
-
-from hostkit import CREWS, HostFiles, base_document
 
 CREW_IDS = [crew["id"] for crew in CREWS]
 
@@ -42,10 +41,17 @@ def test_one_sidecar_table_serves_every_crew(host_files: HostFiles) -> None:
 
 def test_each_crew_is_served_by_the_sidecar_that_lists_it(host_files: HostFiles) -> None:
     first, rest = CREW_IDS[:1], CREW_IDS[1:]
-    settings = load(host_files, document(entry("http://127.0.0.1:8090", first, name="eu-1"),
-                                         entry("http://127.0.0.1:8091", rest, keepalive_seconds=2.0)))
-    assert [(s.name, s.crews) for s in settings.sidecars] == [("eu-1", frozenset(first)),
-                                                              ("sidecar-2", frozenset(rest))]
+    settings = load(
+        host_files,
+        document(
+            entry("http://127.0.0.1:8090", first, name="eu-1"),
+            entry("http://127.0.0.1:8091", rest, keepalive_seconds=2.0),
+        ),
+    )
+    assert [(s.name, s.crews) for s in settings.sidecars] == [
+        ("eu-1", frozenset(first)),
+        ("sidecar-2", frozenset(rest)),
+    ]
     assert settings.sidecars[1].keepalive_s == 2.0 and settings.sidecar_url == "http://127.0.0.1:8090"
     assert settings.sidecars[0].serves(first[0]) and not settings.sidecars[0].serves(rest[0])
 
@@ -58,13 +64,19 @@ def test_every_admitted_crew_is_served_exactly_once_by_a_valid_sidecar(host_file
     neither = base_document()
     del neither["sidecar"]
     assert error(host_files, neither).key == "sidecar"
-    assert error(host_files, document(entry(one, CREW_IDS), entry("http://127.0.0.1:8091", CREW_IDS[:1]))).key \
+    assert (
+        error(host_files, document(entry(one, CREW_IDS), entry("http://127.0.0.1:8091", CREW_IDS[:1]))).key
         == "sidecars[1].crews[0]"
+    )
     unserved = error(host_files, document(entry(one, CREW_IDS[:1])))
     assert unserved.key == "sidecars" and CREW_IDS[1] in unserved.message
     assert error(host_files, document(entry(one, ["no-such-crew", *CREW_IDS]))).key == "sidecars[0].crews[0]"
-    assert error(host_files, document(entry(one, CREW_IDS[:1]), entry("http://example.com", CREW_IDS[1:]))).key \
+    assert (
+        error(host_files, document(entry(one, CREW_IDS[:1]), entry("http://example.com", CREW_IDS[1:]))).key
         == "sidecars[1].url"
-    assert error(host_files, document(entry(one, CREW_IDS[:1], name="a"), entry(one, CREW_IDS[1:], name="a"))).key \
+    )
+    assert (
+        error(host_files, document(entry(one, CREW_IDS[:1], name="a"), entry(one, CREW_IDS[1:], name="a"))).key
         == "sidecars[1].name"
+    )
     assert error(host_files, document(entry(one, []))).key.startswith("sidecars[0]")

@@ -9,11 +9,11 @@ import json
 
 import httpx
 import pytest
+from fake_sidecar import FakeSidecar
+from hostkit import NOW, SIDECAR_TOKEN, bearer, private_key, running, submit_action
 
 from aip_crewai.client import RequestSigner
 from aip_crewai.host.http.state import host_state
-from fake_sidecar import FakeSidecar
-from hostkit import NOW, SIDECAR_TOKEN, bearer, private_key, running, submit_action
 
 CT = {"Content-Type": "application/aip+json"}
 
@@ -39,12 +39,16 @@ async def test_a_key_only_approver_lists_shows_decides_and_reads_the_action(worl
     assert [a["request"]["id"] for a in listed.json()["approvals"]] == [approval_id]
     shown = await http.get(f"/aip/v1/approvals/{approval_id}", auth=auth)
     assert shown.status_code == 200 and shown.json()["evidence_payload"]["input"] == {"topic": "t"}
-    decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", auth=auth,
-                              json={"decision": "approved", "reason": "fine", "policy_hash": policy_hash})
+    decided = await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        auth=auth,
+        json={"decision": "approved", "reason": "fine", "policy_hash": policy_hash},
+    )
     assert decided.status_code == 200, decided.text
     evidence = decided.json()["evidence"]
     assert [(e["kind"], e["uri"]) for e in evidence] == [
-        ("http_message_signature", f"/aip/v1/approvals/{approval_id}/proof")]
+        ("http_message_signature", f"/aip/v1/approvals/{approval_id}/proof")
+    ]
     service = host_state(app).actions
     await service.wait(await service.store.get_action("acme", "sig_run"), 10)
     action = await http.get("/aip/v1/actions/sig_run", auth=auth)  # it decided the approval: full read
@@ -56,27 +60,36 @@ async def test_a_key_only_approver_lists_shows_decides_and_reads_the_action(worl
 async def test_the_stored_proof_shows_who_approved_which_policy_hash(world):
     _, http, approval_id, policy_hash = world
     auth = signer("acme-approver")
-    await http.post(f"/aip/v1/approvals/{approval_id}/decision", auth=auth,
-                    json={"decision": "approved", "reason": "fine", "policy_hash": policy_hash})
+    await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        auth=auth,
+        json={"decision": "approved", "reason": "fine", "policy_hash": policy_hash},
+    )
     proof = (await http.get(f"/aip/v1/approvals/{approval_id}/proof", auth=auth)).json()
     assert proof["key_id"] == "acme-approver" and proof["alg"] == "ed25519"
     # Offline: the signature verifies over the base; the base's digest is the body's; the body names the hash.
-    private_key("acme-approver").public_key().verify(base64.b64decode(proof["signature"]),
-                                                     proof["signature_base"].encode())
+    private_key("acme-approver").public_key().verify(
+        base64.b64decode(proof["signature"]), proof["signature_base"].encode()
+    )
     assert f'"@path": /aip/v1/approvals/{approval_id}/decision' in proof["signature_base"]
     from http_message_signatures import ContentDigest
+
     digest_line = next(line for line in proof["signature_base"].splitlines() if line.startswith('"content-digest"'))
     ContentDigest.verify(digest_line.split(": ", 1)[1], proof["body"].encode())
     assert json.loads(proof["body"])["policy_hash"] == policy_hash
     evidence_hash = (await http.get(f"/aip/v1/approvals/{approval_id}", auth=auth)).json()["decision"]["evidence"][0]
     import hashlib
+
     assert evidence_hash["hash"] == "sha256:" + hashlib.sha256(proof["signature_base"].encode()).hexdigest()
 
 
 async def test_an_unsigned_decision_has_no_proof(world):
     _, http, approval_id, _ = world
-    decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
-                              json={"decision": "denied", "reason": "no"})
+    decided = await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        headers=bearer("acme-both"),
+        json={"decision": "denied", "reason": "no"},
+    )
     assert decided.status_code == 200 and "evidence" not in decided.json()
     missing = await http.get(f"/aip/v1/approvals/{approval_id}/proof", headers=bearer("acme-both"))
     assert missing.status_code == 404
@@ -85,15 +98,21 @@ async def test_an_unsigned_decision_has_no_proof(world):
 
 async def test_a_signed_decision_must_name_the_policy_hash(world):
     _, http, approval_id, _ = world
-    response = await http.post(f"/aip/v1/approvals/{approval_id}/decision", auth=signer("acme-approver"),
-                               json={"decision": "approved", "reason": "fine"})
+    response = await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        auth=signer("acme-approver"),
+        json={"decision": "approved", "reason": "fine"},
+    )
     assert response.status_code == 400 and "policy_hash" in response.text
 
 
 async def test_a_signed_decision_for_another_policy_hash_is_409(world):
     _, http, approval_id, _ = world
-    response = await http.post(f"/aip/v1/approvals/{approval_id}/decision", auth=signer("acme-approver"),
-                               json={"decision": "approved", "reason": "fine", "policy_hash": "0" * 64})
+    response = await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        auth=signer("acme-approver"),
+        json={"decision": "approved", "reason": "fine", "policy_hash": "0" * 64},
+    )
     assert response.status_code == 409
 
 
@@ -117,13 +136,17 @@ async def test_a_signature_for_another_route_or_body_is_401(world):
     first = await http.get("/aip/v1/approvals", auth=signer("acme-approver"))
     headers = {k: v for k, v in first.request.headers.items() if k.lower() in ("signature", "signature-input")}
     assert (await http.get(f"/aip/v1/approvals/{approval_id}", headers=headers)).status_code == 401
-    request = http.build_request("POST", f"/aip/v1/approvals/{approval_id}/decision",
-                                 json={"decision": "approved", "reason": "fine", "policy_hash": policy_hash})
+    request = http.build_request(
+        "POST",
+        f"/aip/v1/approvals/{approval_id}/decision",
+        json={"decision": "approved", "reason": "fine", "policy_hash": policy_hash},
+    )
     signed = signer("acme-approver").auth_flow(request)
     tampered = next(signed)
     body = json.dumps({"decision": "denied", "reason": "fine", "policy_hash": policy_hash}).encode()
-    response = await http.post(tampered.url, content=body, headers={
-        k: v for k, v in tampered.headers.items() if k.lower() != "content-length"})
+    response = await http.post(
+        tampered.url, content=body, headers={k: v for k, v in tampered.headers.items() if k.lower() != "content-length"}
+    )
     assert response.status_code == 401 and "content digest" in response.text
 
 
@@ -144,10 +167,20 @@ async def test_roles_still_apply_to_signed_requests(world):
 
 async def test_a_signed_request_submits_an_action_without_a_signed_envelope(world):
     _, http, _, _ = world
-    env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": "msg_sig2",
-           "sent_at": "2026-09-21T14:13:20.000Z",
-           "body": {"action": {"id": "sig_run2", "capability_id": "cap:crewai:gamma", "input": {"topic": "t"},
-                               "idempotency_key": "k-sig2"}}}
+    env = {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": "msg_sig2",
+        "sent_at": "2026-09-21T14:13:20.000Z",
+        "body": {
+            "action": {
+                "id": "sig_run2",
+                "capability_id": "cap:crewai:gamma",
+                "input": {"topic": "t"},
+                "idempotency_key": "k-sig2",
+            }
+        },
+    }
     response = await http.post("/aip/v1/messages", content=json.dumps(env), headers=CT, auth=signer("globex-signer"))
     assert response.status_code == 202, response.text
     assert response.json()["body"]["action_result"]["status"] == "pending_approval"
@@ -180,11 +213,18 @@ def target_uri_signed(request: httpx.Request, principal: str) -> httpx.Request:
     from aip_crewai.plumbing.httpsig import _Keys, _Message
 
     headers: dict[str, str] = {}
-    signer = HTTPMessageSigner(signature_algorithm=algorithms.ED25519, key_resolver=_Keys(private=private_key(principal)))
-    signer.sign(_Message(request.method, str(request.url), headers), key_id=principal, label="sig1",
-                nonce=base64.b64encode(secrets.token_bytes(16)).decode(),
-                created=datetime.datetime.fromtimestamp(NOW, tz=datetime.timezone.utc),
-                covered_component_ids=("@method", "@target-uri"), body=request.content or None)
+    signer = HTTPMessageSigner(
+        signature_algorithm=algorithms.ED25519, key_resolver=_Keys(private=private_key(principal))
+    )
+    signer.sign(
+        _Message(request.method, str(request.url), headers),
+        key_id=principal,
+        label="sig1",
+        nonce=base64.b64encode(secrets.token_bytes(16)).decode(),
+        created=datetime.datetime.fromtimestamp(NOW, tz=datetime.timezone.utc),
+        covered_component_ids=("@method", "@target-uri"),
+        body=request.content or None,
+    )
     request.headers.update(headers)
     return request
 
@@ -193,8 +233,11 @@ async def test_the_consoles_target_uri_signatures_are_accepted(world):
     _, http, approval_id, policy_hash = world
     listed = await http.send(target_uri_signed(http.build_request("GET", "/aip/v1/approvals"), "acme-approver"))
     assert listed.status_code == 200, listed.text
-    request = http.build_request("POST", f"/aip/v1/approvals/{approval_id}/decision",
-                                 json={"decision": "approved", "reason": "console", "policy_hash": policy_hash})
+    request = http.build_request(
+        "POST",
+        f"/aip/v1/approvals/{approval_id}/decision",
+        json={"decision": "approved", "reason": "console", "policy_hash": policy_hash},
+    )
     decided = await http.send(target_uri_signed(request, "acme-approver"))
     assert decided.status_code == 200, decided.text
     proof = (await http.get(f"/aip/v1/approvals/{approval_id}/proof", auth=signer("acme-approver"))).json()

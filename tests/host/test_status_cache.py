@@ -8,16 +8,15 @@ Every read is still an action in the store, with its target check.
 import json
 
 import pytest
+from fake_sidecar import FakeSidecar
+from hostkit import SIDECAR_TOKEN, action_env, bearer, open_action_service, running
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action
 from aip_crewai.contracts.errors import ActionNotFound
 from aip_crewai.host.auth.principals import Principal
-from aip_crewai.host.metrics import Metrics
 from aip_crewai.host.http.state import host_state
-
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, action_env, bearer, open_action_service, running
+from aip_crewai.host.metrics import Metrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,7 +29,8 @@ OTHER = Principal("svc:beta", "beta", frozenset({"invoker"}))
 
 async def open_service(tmp_path, **kwargs):
     service, sidecar, http, _ = await open_action_service(
-        tmp_path, {"acme": {"support": ALL}, "beta": {"support": ALL}}, metrics=Metrics(), **kwargs)
+        tmp_path, {"acme": {"support": ALL}, "beta": {"support": ALL}}, metrics=Metrics(), **kwargs
+    )
     return service, sidecar, http
 
 
@@ -241,8 +241,11 @@ async def test_status_over_http_answers_the_same_bytes_cached_or_not(make_app, s
     async with running(app) as http:
         run = action_env("msg_run", "act_run", "cap:crewai:beta", {"topic": "t"}, key="run-1")
         approval_id = (await post(http, "acme-invoker", run)).json()["body"]["action_result"]["output"]["approval_id"]
-        decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
-                                  json={"decision": "approved", "reason": "ok"})
+        decided = await http.post(
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=bearer("acme-both"),
+            json={"decision": "approved", "reason": "ok"},
+        )
         assert decided.status_code == 200
         run["message_id"] = "msg_run_2"
         assert (await post(http, "acme-invoker", run)).json()["body"]["action_result"]["status"] == "completed"

@@ -20,6 +20,7 @@ from aip_crewai.host.store.store import (
     rfc3339_to_ms,
 )
 
+
 async def decide(store, *args):
     """Record one decision and start nothing: True when this call decided (the store's decide_and_start)."""
     decided, _ = await store.decide_and_start(*args, start_if=lambda approval, action: False)
@@ -69,8 +70,19 @@ def schema(path: Path) -> list[tuple]:
 
 
 async def make_action(store: Store, tenant: str = "acme", action_id: str = "act_1", status: str = "running", **kw):
-    return await store.create_action(tenant, action_id, "cap:crewai:alpha", "alpha", "run", '{"a":1}', "h1",
-                                     "svc:acme", kw.pop("key", "key-1"), status, **kw)
+    return await store.create_action(
+        tenant,
+        action_id,
+        "cap:crewai:alpha",
+        "alpha",
+        "run",
+        '{"a":1}',
+        "h1",
+        "svc:acme",
+        kw.pop("key", "key-1"),
+        status,
+        **kw,
+    )
 
 
 # --- migrations and files ---------------------------------------------------------
@@ -113,8 +125,11 @@ async def test_postgresql_applies_every_migration_once_and_refuses_a_newer_or_fo
         await (await Store.open(postgres_url)).close()
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         assert conn.execute("SELECT version FROM aip_schema_version").fetchall() == [(len(PG_MIGRATIONS),)]
-        columns = dict(conn.execute("SELECT column_name, data_type FROM information_schema.columns "
-                                    "WHERE table_name = 'actions'").fetchall())
+        columns = dict(
+            conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'actions'"
+            ).fetchall()
+        )
         assert columns["created_at"] == "bigint" and columns["status"] == "text"
         conn.execute("UPDATE aip_schema_version SET version = version + 1")
     with pytest.raises(StoreError, match="newer|knows up to"):
@@ -126,7 +141,6 @@ async def test_postgresql_applies_every_migration_once_and_refuses_a_newer_or_fo
 
 
 async def test_file_is_created_0600_in_wal_mode(sqlite_store: Store, db_path: Path):
-    store = sqlite_store
     assert os.stat(db_path).st_mode & 0o777 == 0o600
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -190,14 +204,16 @@ async def test_expired_message_claims_can_be_reclaimed_and_purged(store: Store):
 
 async def idempotency_row(store: Store, tenant: str, key: str) -> tuple | None:
     """The stored reservation ``(action_id, input_hash, expires_at)`` of a key, read directly (no store API needs it)."""
-    rows = await store._fetch("SELECT action_id, input_hash, expires_at FROM idempotency WHERE tenant = ? AND key = ?",
-                              (tenant, key))
+    rows = await store._fetch(
+        "SELECT action_id, input_hash, expires_at FROM idempotency WHERE tenant = ? AND key = ?", (tenant, key)
+    )
     return rows[0] if rows else None
 
 
 async def test_fifty_concurrent_admissions_under_one_key_create_exactly_one_action(store: Store):
-    results = await asyncio.gather(*[
-        make_action(store, action_id=f"act_{i}", key="key-1", key_expires_at=T0 + DAY) for i in range(50)])
+    results = await asyncio.gather(
+        *[make_action(store, action_id=f"act_{i}", key="key-1", key_expires_at=T0 + DAY) for i in range(50)]
+    )
     assert sum(created for created, _ in results) == 1
     assert len({record.action_id for _, record in results}) == 1
 
@@ -206,9 +222,12 @@ async def test_concurrent_admissions_across_two_connections(store: Store, locati
     """Two connections stand for two hosts on one database (the key fence across replicas)."""
     second = await Store.open(location, clock=lambda: T0 / 1000)
     try:
-        results = await asyncio.gather(*[
-            make_action(store if i % 2 else second, action_id=f"act_{i}", key="key-x", key_expires_at=T0 + DAY)
-            for i in range(40)])
+        results = await asyncio.gather(
+            *[
+                make_action(store if i % 2 else second, action_id=f"act_{i}", key="key-x", key_expires_at=T0 + DAY)
+                for i in range(40)
+            ]
+        )
     finally:
         await second.close()
     assert sum(created for created, _ in results) == 1 and len({r.action_id for _, r in results}) == 1
@@ -233,8 +252,20 @@ async def test_a_refused_action_reserves_no_key_and_a_created_one_reserves_it_in
     assert await idempotency_row(store, "acme", "key-2") is None
     # a missing target refuses the request: no row, no reservation
     with pytest.raises(MissingTarget):
-        await store.create_action("acme", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p",
-                                  "key-3", "running", target=("nope", ("run",)), key_expires_at=T0 + DAY)
+        await store.create_action(
+            "acme",
+            "st_1",
+            "cap:crewai:alpha:status",
+            "alpha",
+            "status",
+            "{}",
+            "h",
+            "p",
+            "key-3",
+            "running",
+            target=("nope", ("run",)),
+            key_expires_at=T0 + DAY,
+        )
     assert await idempotency_row(store, "acme", "key-3") is None and await store.get_action("acme", "st_1") is None
     # key-1 held by act_1: another action id gets act_1 back and nothing is written
     created, holder = await make_action(store, action_id="act_2", key="key-1", key_expires_at=T0 + DAY)
@@ -243,9 +274,11 @@ async def test_a_refused_action_reserves_no_key_and_a_created_one_reserves_it_in
 
 async def test_a_reservation_without_its_action_row_is_taken_over(store: Store):
     """A key wedged by an older version's crash between two commits no longer answers 404 for 24 h."""
-    await store._change("INSERT INTO idempotency (tenant, key, capability_id, action_id, input_hash, created_at, "
-                        "expires_at) VALUES ('acme', 'key-w', 'cap:crewai:alpha', 'act_lost', 'h1', ?, ?)",
-                        (T0, T0 + DAY))  # what the old two-commit admission left after a crash
+    await store._change(
+        "INSERT INTO idempotency (tenant, key, capability_id, action_id, input_hash, created_at, "
+        "expires_at) VALUES ('acme', 'key-w', 'cap:crewai:alpha', 'act_lost', 'h1', ?, ?)",
+        (T0, T0 + DAY),
+    )  # what the old two-commit admission left after a crash
     created, record = await make_action(store, action_id="act_2", key="key-w", key_expires_at=T0 + DAY)
     assert created and record.action_id == "act_2"
     assert (await idempotency_row(store, "acme", "key-w"))[0] == "act_2"
@@ -257,8 +290,9 @@ async def test_a_reservation_without_its_action_row_is_taken_over(store: Store):
 async def test_create_action_once_and_return_the_existing(store: Store):
     created, record = await make_action(store, timeout_ms=5000)
     assert created and record.status == "running" and record.dispatch == "not_sent" and record.timeout_ms == 5000
-    again, existing = await store.create_action("acme", "act_1", "cap", "alpha", "run", "{}", "other", "p", None,
-                                                "running")
+    again, existing = await store.create_action(
+        "acme", "act_1", "cap", "alpha", "run", "{}", "other", "p", None, "running"
+    )
     assert not again and existing.input_hash == "h1"
     assert await store.get_action("globex", "act_1") is None
     with pytest.raises(ValueError):
@@ -267,37 +301,100 @@ async def test_create_action_once_and_return_the_existing(store: Store):
 
 async def test_create_action_can_insert_an_action_already_finished(store: Store):
     """A key-less read answered inline: admit and its result in one insert."""
-    created, record = await store.create_action("acme", "st_1", "cap", "alpha", "status", "{}", "h", "p", None,
-                                                "running", dispatch="acknowledged", durable=False,
-                                                result=("completed", '{"status":"completed"}'))
+    created, record = await store.create_action(
+        "acme",
+        "st_1",
+        "cap",
+        "alpha",
+        "status",
+        "{}",
+        "h",
+        "p",
+        None,
+        "running",
+        dispatch="acknowledged",
+        durable=False,
+        result=("completed", '{"status":"completed"}'),
+    )
     assert created and record.status == "completed" and record.result_json == '{"status":"completed"}'
     assert record == await store.get_action("acme", "st_1")
     for status, result in (("running", "running"), ("pending_approval", "completed"), ("running", "unknown")):
         with pytest.raises(ValueError):  # only what the lifecycle allows after the starting state
-            await store.create_action("acme", "st_2", "cap", "alpha", "status", "{}", "h", "p", None, status,
-                                      result=(result, "{}"))
+            await store.create_action(
+                "acme", "st_2", "cap", "alpha", "status", "{}", "h", "p", None, status, result=(result, "{}")
+            )
     assert await store.get_action("acme", "st_2") is None
 
 
 async def test_create_action_checks_its_target_in_the_same_call(store: Store):
     await make_action(store, action_id="run_1")  # a run of crew alpha
-    await store.create_action("acme", "st_0", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p", None,
-                              "running")
+    await store.create_action(
+        "acme", "st_0", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p", None, "running"
+    )
     ok_target = ("run_1", ("run", "train"))
-    for run_action_id, crew_id, operations in [("nope", "alpha", ("run",)), ("run_1", "beta", ("run",)),
-                                               ("run_1", "alpha", ("train",)), ("st_0", "alpha", ("run",))]:
+    for run_action_id, crew_id, operations in [
+        ("nope", "alpha", ("run",)),
+        ("run_1", "beta", ("run",)),
+        ("run_1", "alpha", ("train",)),
+        ("st_0", "alpha", ("run",)),
+    ]:
         with pytest.raises(MissingTarget):
-            await store.create_action("acme", "st_1", "cap:crewai:alpha:status", crew_id, "status", "{}", "h", "p",
-                                      None, "running", target=(run_action_id, operations))
+            await store.create_action(
+                "acme",
+                "st_1",
+                "cap:crewai:alpha:status",
+                crew_id,
+                "status",
+                "{}",
+                "h",
+                "p",
+                None,
+                "running",
+                target=(run_action_id, operations),
+            )
         assert await store.get_action("acme", "st_1") is None  # nothing written
     with pytest.raises(MissingTarget):  # another tenant's run is no target
-        await store.create_action("globex", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}", "h",
-                                  "svc:acme", None, "running", target=ok_target)
+        await store.create_action(
+            "globex",
+            "st_1",
+            "cap:crewai:alpha:status",
+            "alpha",
+            "status",
+            "{}",
+            "h",
+            "svc:acme",
+            None,
+            "running",
+            target=ok_target,
+        )
     with pytest.raises(MissingTarget):  # nor another principal's run of the same tenant (least privilege)
-        await store.create_action("acme", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}", "h", "p",
-                                  None, "running", target=ok_target)
-    created, record = await store.create_action("acme", "st_1", "cap:crewai:alpha:status", "alpha", "status", "{}",
-                                                "h", "svc:acme", None, "running", dispatch="sent", target=ok_target)
+        await store.create_action(
+            "acme",
+            "st_1",
+            "cap:crewai:alpha:status",
+            "alpha",
+            "status",
+            "{}",
+            "h",
+            "p",
+            None,
+            "running",
+            target=ok_target,
+        )
+    created, record = await store.create_action(
+        "acme",
+        "st_1",
+        "cap:crewai:alpha:status",
+        "alpha",
+        "status",
+        "{}",
+        "h",
+        "svc:acme",
+        None,
+        "running",
+        dispatch="sent",
+        target=ok_target,
+    )
     assert created and record.dispatch == "sent" and record.status == "running"
     with pytest.raises(ValueError):
         await make_action(store, action_id="act_9", dispatch="maybe")
@@ -305,8 +402,14 @@ async def test_create_action_checks_its_target_in_the_same_call(store: Store):
 
 async def test_update_action_returns_the_updated_record(store: Store):
     await make_action(store)
-    record = await store.update_action("acme", "act_1", from_statuses=["running"], status="completed",
-                                       dispatch="acknowledged", result_json='{"ok":true}')
+    record = await store.update_action(
+        "acme",
+        "act_1",
+        from_statuses=["running"],
+        status="completed",
+        dispatch="acknowledged",
+        result_json='{"ok":true}',
+    )
     assert record == await store.get_action("acme", "act_1")
     assert (record.status, record.dispatch, record.result_json) == ("completed", "acknowledged", '{"ok":true}')
     assert await store.update_action("acme", "act_1", from_statuses=["running"], status="failed") is None
@@ -315,16 +418,21 @@ async def test_update_action_returns_the_updated_record(store: Store):
 async def test_transitions_are_enforced_in_the_where_clause(store: Store):
     await make_action(store, status="pending_approval")
     assert not await store.update_action("acme", "act_1", from_statuses=["running"], status="completed")
-    assert await store.update_action("acme", "act_1", from_statuses=["pending_approval"], status="running",
-                                     approval_id="apr_1")
-    assert await store.update_action("acme", "act_1", from_statuses=["running"], status="completed",
-                                     result_json='{"ok":true}')
+    assert await store.update_action(
+        "acme", "act_1", from_statuses=["pending_approval"], status="running", approval_id="apr_1"
+    )
+    assert await store.update_action(
+        "acme", "act_1", from_statuses=["running"], status="completed", result_json='{"ok":true}'
+    )
     # A stale writer (still believing it is running) changes nothing.
-    assert not await store.update_action("acme", "act_1", from_statuses=["running"], status="failed",
-                                         error_json="{}")
+    assert not await store.update_action("acme", "act_1", from_statuses=["running"], status="failed", error_json="{}")
     record = await store.get_action("acme", "act_1")
     assert (record.status, record.result_json, record.error_json, record.approval_id) == (
-        "completed", '{"ok":true}', None, "apr_1")
+        "completed",
+        '{"ok":true}',
+        None,
+        "apr_1",
+    )
     with pytest.raises(ValueError):
         await store.update_action("acme", "act_1", from_statuses=["completed"], status="running")
     with pytest.raises(ValueError):
@@ -333,8 +441,12 @@ async def test_transitions_are_enforced_in_the_where_clause(store: Store):
 
 async def test_dispatch_only_moves_forward(store: Store):
     await make_action(store)
-    for dispatch, expected in [("sent", "sent"), ("acknowledged", "acknowledged"), ("sent", "acknowledged"),
-                               ("not_sent", "acknowledged")]:
+    for dispatch, expected in [
+        ("sent", "sent"),
+        ("acknowledged", "acknowledged"),
+        ("sent", "acknowledged"),
+        ("not_sent", "acknowledged"),
+    ]:
         await store.update_action("acme", "act_1", from_statuses=["running"], status="running", dispatch=dispatch)
         assert (await store.get_action("acme", "act_1")).dispatch == expected
 
@@ -393,8 +505,9 @@ async def test_non_durable_writes_are_visible_and_the_connection_stays_full(sqli
     """durable=False relaxes fsync for that write only; the connection goes back to synchronous=FULL."""
     created, _ = await make_action(store, action_id="read_1", key=None, durable=False)
     assert created
-    assert await store.update_action("acme", "read_1", from_statuses=["running"], status="completed",
-                                     result_json="{}", durable=False)
+    assert await store.update_action(
+        "acme", "read_1", from_statuses=["running"], status="completed", result_json="{}", durable=False
+    )
     assert (await store.get_action("acme", "read_1")).status == "completed"
     assert (await store._fetch("PRAGMA synchronous"))[0][0] == 2  # FULL
     with sqlite3.connect(db_path) as other:  # committed: another connection sees it
@@ -404,12 +517,20 @@ async def test_non_durable_writes_are_visible_and_the_connection_stays_full(sqli
 # --- approvals --------------------------------------------------------------------
 
 
-async def approval(store: Store, approval_id: str = "apr_1", *, tenant: str = "acme", action_id: str = "act_1",
-                   expires_at: int = T0 + 900_000, now: int = T0):
+async def approval(
+    store: Store,
+    approval_id: str = "apr_1",
+    *,
+    tenant: str = "acme",
+    action_id: str = "act_1",
+    expires_at: int = T0 + 900_000,
+    now: int = T0,
+):
     if await store.get_action(tenant, action_id) is None:
         await make_action(store, tenant=tenant, action_id=action_id, status="pending_approval")
-    return await store.create_approval(tenant, approval_id, action_id, "cap:crewai:alpha", "ph", "svc:acme",
-                                       '{"a":1}', expires_at, now=now)
+    return await store.create_approval(
+        tenant, approval_id, action_id, "cap:crewai:alpha", "ph", "svc:acme", '{"a":1}', expires_at, now=now
+    )
 
 
 async def test_create_and_read_approvals_per_tenant(store: Store):
@@ -460,16 +581,23 @@ async def test_decision_exactly_once(store: Store):
     assert not await decide(store, "acme", "apr_1", "approved", "late", "human:other", T0 + 2)
     decided = await store.get_approval("acme", "apr_1")
     assert (decided.status, decided.decision_reason, decided.decided_by, decided.decided_at) == (
-        "denied", "no", "human:acme", T0 + 1)
+        "denied",
+        "no",
+        "human:acme",
+        T0 + 1,
+    )
     with pytest.raises(ValueError):
         await decide(store, "acme", "apr_1", "maybe", "", "human:acme", T0)
 
 
 async def test_concurrent_decisions_have_one_winner(store: Store):
     await approval(store)
-    outcomes = await asyncio.gather(*[
-        decide(store, "acme", "apr_1", "approved" if i % 2 else "denied", "r", f"human:{i}", T0 + 1)
-        for i in range(20)])
+    outcomes = await asyncio.gather(
+        *[
+            decide(store, "acme", "apr_1", "approved" if i % 2 else "denied", "r", f"human:{i}", T0 + 1)
+            for i in range(20)
+        ]
+    )
     assert sum(outcomes) == 1
 
 
@@ -481,29 +609,38 @@ async def test_decide_and_start_moves_the_action_in_the_same_commit(store: Store
         seen.append((approval.status, action.status))
         return True
 
-    assert await store.decide_and_start("acme", "apr_1", "approved", "x", "svc:acme", T0 + 1,
-                                        start_if=admits) == (None, None)  # the requester
-    assert await store.decide_and_start("globex", "apr_1", "approved", "x", "human:g", T0 + 1,
-                                        start_if=admits) == (None, None)  # another tenant
+    assert await store.decide_and_start("acme", "apr_1", "approved", "x", "svc:acme", T0 + 1, start_if=admits) == (
+        None,
+        None,
+    )  # the requester
+    assert await store.decide_and_start("globex", "apr_1", "approved", "x", "human:g", T0 + 1, start_if=admits) == (
+        None,
+        None,
+    )  # another tenant
     assert seen == []
-    decided, started = await store.decide_and_start("acme", "apr_1", "approved", "ok", "human:acme", T0 + 1,
-                                                    start_if=admits)
+    decided, started = await store.decide_and_start(
+        "acme", "apr_1", "approved", "ok", "human:acme", T0 + 1, start_if=admits
+    )
     assert seen == [("approved", "pending_approval")]
     assert decided == await store.get_approval("acme", "apr_1") and decided.decided_by == "human:acme"
     assert started == await store.get_action("acme", "act_1")
     assert (started.status, started.dispatch, started.updated_at) == ("running", "sent", T0 + 1)
-    assert await store.decide_and_start("acme", "apr_1", "denied", "late", "human:b", T0 + 2,
-                                        start_if=admits) == (None, None)  # decided once
+    assert await store.decide_and_start("acme", "apr_1", "denied", "late", "human:b", T0 + 2, start_if=admits) == (
+        None,
+        None,
+    )  # decided once
 
 
 async def test_decide_and_start_leaves_the_action_when_denied_or_not_admitted(store: Store):
     await approval(store, "apr_1", action_id="act_1")
     await approval(store, "apr_2", action_id="act_2")
-    decided, started = await store.decide_and_start("acme", "apr_1", "denied", "no", "human:acme", T0 + 1,
-                                                    start_if=lambda a, r: True)
+    decided, started = await store.decide_and_start(
+        "acme", "apr_1", "denied", "no", "human:acme", T0 + 1, start_if=lambda a, r: True
+    )
     assert decided.status == "denied" and started is None
-    decided, started = await store.decide_and_start("acme", "apr_2", "approved", "ok", "human:acme", T0 + 1,
-                                                    start_if=lambda a, r: False)
+    decided, started = await store.decide_and_start(
+        "acme", "apr_2", "approved", "ok", "human:acme", T0 + 1, start_if=lambda a, r: False
+    )
     assert decided.status == "approved" and started is None
     for action_id in ("act_1", "act_2"):
         assert (await store.get_action("acme", action_id)).status == "pending_approval"
@@ -545,7 +682,7 @@ def test_a_damaged_store_file_is_refused_before_anything_is_written(tmp_path: Pa
     data = bytearray(path.read_bytes())
     page = 4096
     for offset in range(3 * page, len(data) - page, 7 * page):  # scramble the middle of several pages
-        data[offset + 100: offset + 400] = bytes(300)
+        data[offset + 100 : offset + 400] = bytes(300)
     path.write_bytes(bytes(data))
     before = path.read_bytes()
     with pytest.raises(UnusableStore, match="corrupt|not a SQLite"):
@@ -569,11 +706,21 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
     unconfirmed = ConnectorCancelledUnconfirmed(operation="run", uncertain_outcome=True, dispatch="acknowledged")
     results = {
         "provisional": failed_result("provisional", unconfirmed),
-        "deadline": failed_result("deadline", ConnectorDispatchDeadline(
-            operation="run", uncertain_outcome=False, dispatch="not_sent",
-            details={"last_cause": "connector.crewai.transport"})),
-        "reconciled": failed_result("reconciled", ConnectorCancelledUnconfirmed(
-            operation="run", uncertain_outcome=True, details={"reconciled": "job_unknown"})),
+        "deadline": failed_result(
+            "deadline",
+            ConnectorDispatchDeadline(
+                operation="run",
+                uncertain_outcome=False,
+                dispatch="not_sent",
+                details={"last_cause": "connector.crewai.transport"},
+            ),
+        ),
+        "reconciled": failed_result(
+            "reconciled",
+            ConnectorCancelledUnconfirmed(
+                operation="run", uncertain_outcome=True, details={"reconciled": "job_unknown"}
+            ),
+        ),
     }
     for action_id, result in results.items():
         await make_action(store, action_id=action_id, key=f"key-{action_id}")
@@ -584,8 +731,9 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
     stale = dataclasses.replace(record, result_json=record.result_json.replace("true", "false"))
     done = failed_result("provisional", ConnectorCancelledUnconfirmed(operation="run", uncertain_outcome=False))
     assert await writer.correct(stale, done) is None  # not the stored result: a concurrent writer won
-    corrected = await writer.correct(record, ActionResult(action_id="provisional", status="completed",
-                                                          output={"ok": True}))
+    corrected = await writer.correct(
+        record, ActionResult(action_id="provisional", status="completed", output={"ok": True})
+    )
     assert corrected is not None and corrected.status == "completed" and corrected.dispatch == "acknowledged"
     assert await store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS) == []
 
@@ -630,8 +778,9 @@ async def test_the_deciding_host_holds_the_lease_of_the_action_it_starts(locatio
         _, action = await make_action(store, action_id="act_1", status="pending_approval", approval_id="apr_1")
         assert action.lease_owner is None
         await store.create_approval("acme", "apr_1", "act_1", "cap:crewai:alpha", "ph", "svc:acme", "{}", T0 + DAY)
-        approval, started = await store.decide_and_start("acme", "apr_1", "approved", "ok", "human:x", T0,
-                                                          start_if=lambda approval, action: True)
+        approval, started = await store.decide_and_start(
+            "acme", "apr_1", "approved", "ok", "human:x", T0, start_if=lambda approval, action: True
+        )
         assert approval is not None and started is not None
         assert (started.status, started.lease_owner, started.lease_expires_at) == ("running", "host-a", T0 + 2000)
     finally:
@@ -647,13 +796,17 @@ async def test_migration_4_keeps_older_approvals_and_logs_every_later_change(db_
         for number, script in enumerate(ALL[:3], start=1):
             conn.executescript(script)
             conn.execute(f"PRAGMA user_version = {number}")
-        conn.execute("INSERT INTO actions (tenant, action_id, capability_id, crew_id, operation, input_json, "
-                     "input_hash, principal_id, idempotency_key, status, dispatch, result_json, error_json, "
-                     "approval_id, timeout_ms, chunk_count, created_at, updated_at) VALUES ('acme', 'old', 'cap', "
-                     "'alpha', 'run', '{}', 'h', 'p', 'k', 'pending_approval', 'not_sent', NULL, NULL, 'apr_old', "
-                     f"NULL, 0, {T0}, {T0})")
-        conn.execute("INSERT INTO approvals VALUES ('acme', 'apr_old', 'old', 'cap', 'ph', 'p', '{}', 'pending', "
-                     f"NULL, NULL, NULL, {T0}, {T0 + 900_000})")
+        conn.execute(
+            "INSERT INTO actions (tenant, action_id, capability_id, crew_id, operation, input_json, "
+            "input_hash, principal_id, idempotency_key, status, dispatch, result_json, error_json, "
+            "approval_id, timeout_ms, chunk_count, created_at, updated_at) VALUES ('acme', 'old', 'cap', "
+            "'alpha', 'run', '{}', 'h', 'p', 'k', 'pending_approval', 'not_sent', NULL, NULL, 'apr_old', "
+            f"NULL, 0, {T0}, {T0})"
+        )
+        conn.execute(
+            "INSERT INTO approvals VALUES ('acme', 'apr_old', 'old', 'cap', 'ph', 'p', '{}', 'pending', "
+            f"NULL, NULL, NULL, {T0}, {T0 + 900_000})"
+        )
     conn.close()
     db_path.chmod(0o600)
     store = await Store.open(db_path, clock=lambda: T0 / 1000)
@@ -667,8 +820,10 @@ async def test_migration_4_keeps_older_approvals_and_logs_every_later_change(db_
         await make_action(store, tenant="globex", action_id="g", status="pending_approval", approval_id="apr_g")
         await approval(store, "apr_g", tenant="globex", action_id="g")
         events = await store.list_approval_events("acme", 0, 10)
-        assert [(e.seq, e.approval_id, e.status) for e in events] == [(1, "apr_new", "pending"),
-                                                                      (2, "apr_old", "denied")]
+        assert [(e.seq, e.approval_id, e.status) for e in events] == [
+            (1, "apr_new", "pending"),
+            (2, "apr_old", "denied"),
+        ]
         assert [(e.seq, e.approval_id) for e in await store.list_approval_events("globex", 0, 10)] == [(1, "apr_g")]
         assert await store.list_approval_events("acme", 1, 10) == events[1:]
     finally:
@@ -682,15 +837,21 @@ async def test_every_approval_change_is_logged_per_tenant_in_order_on_both_engin
     await approval(store, "apr_b", action_id="act_b")
     await approval(store, "apr_c", action_id="act_c", expires_at=T0 + 10)
     await approval(store, "apr_g", tenant="globex", action_id="act_g")
-    decided, _ = await store.decide_and_start("acme", "apr_a", "approved", "ok", "human:x", T0 + 1,
-                                              start_if=lambda approval, action: False, proof='{"p":1}')
+    decided, _ = await store.decide_and_start(
+        "acme", "apr_a", "approved", "ok", "human:x", T0 + 1, start_if=lambda approval, action: False, proof='{"p":1}'
+    )
     assert decided is not None and decided.decision_proof == '{"p":1}'
     assert await store.cancel_pending("acme", "act_b", '{"status":"cancelled"}') is not None
     assert [a.approval_id for a in await store.expire_approvals(T0 + 10)] == ["apr_c"]
     events = await store.list_approval_events("acme", 0, 100)
     assert [(e.seq, e.approval_id, e.status) for e in events] == [
-        (1, "apr_a", "pending"), (2, "apr_b", "pending"), (3, "apr_c", "pending"), (4, "apr_a", "approved"),
-        (5, "apr_b", "withdrawn"), (6, "apr_c", "expired")]
+        (1, "apr_a", "pending"),
+        (2, "apr_b", "pending"),
+        (3, "apr_c", "pending"),
+        (4, "apr_a", "approved"),
+        (5, "apr_b", "withdrawn"),
+        (6, "apr_c", "expired"),
+    ]
     assert await store.last_approval_event("acme") == 6 and await store.last_approval_event("globex") == 1
     assert [e.seq for e in await store.list_approval_events("acme", 4, 1)] == [5]
     assert not await decide(store, "acme", "apr_a", "denied", "again", "human:y", T0 + 2)  # nothing logged

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from aip_crewai.host.store.store import Store
 from aip_crewai.host.store.postgres import WRITER_LOCK
+from aip_crewai.host.store.store import Store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,8 +25,10 @@ T0 = 1_790_000_000_000  # ms
 def _backends(url: str) -> int:
     """Connections the host store holds on the server (its ``application_name``)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'aip-crewai-host'"
-                           " AND datname = current_database()").fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'aip-crewai-host'"
+            " AND datname = current_database()"
+        ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -60,8 +62,10 @@ async def test_a_read_is_not_queued_behind_a_write_waiting_for_the_writer_lock(p
 
         def waiting_for_the_lock() -> bool:
             with psycopg.connect(postgres_url, autocommit=True) as conn:
-                row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-                                   "AND objid = %s", (WRITER_LOCK,)).fetchone()
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s",
+                    (WRITER_LOCK,),
+                ).fetchone()
             return bool(row and row[0])
 
         await _until(waiting_for_the_lock, "the store's write to wait for the writer lock")
@@ -80,8 +84,11 @@ async def test_a_message_id_is_claimed_once_across_the_pool_and_across_two_hosts
     host_b = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=4)
     try:
         for n in range(5):
-            claims = [store.claim_message_id("acme", f"m-{n}", T0 + 60_000, key_id="approver-key")
-                      for _ in range(8) for store in (host_a, host_b)]
+            claims = [
+                store.claim_message_id("acme", f"m-{n}", T0 + 60_000, key_id="approver-key")
+                for _ in range(8)
+                for store in (host_a, host_b)
+            ]
             assert sorted(await asyncio.gather(*claims)) == [False] * 15 + [True]
     finally:
         await host_a.close()
@@ -95,8 +102,10 @@ async def test_a_connection_the_server_dropped_is_replaced_not_handed_out(postgr
     try:
         assert await store.claim_message_id("acme", "before", T0 + 60_000)
         with psycopg.connect(postgres_url, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE application_name = 'aip-crewai-host' AND datname = current_database()")
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'aip-crewai-host' AND datname = current_database()"
+            )
         for n in range(6):  # more calls than connections: each dropped one is met at least once
             assert await store.claim_message_id("acme", f"after-{n}", T0 + 60_000)
             assert await store.get_action("acme", "act-none") is None

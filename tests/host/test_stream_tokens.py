@@ -7,17 +7,17 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from fake_sidecar import FakeSidecar
+from hostkit import SIDECAR_TOKEN, bearer, running, submit_action
 from hypothesis import given
 from hypothesis import strategies as st
+from ssekit import open_stream
 from structlog.testing import capture_logs
 
 from aip_crewai.contracts.errors import Unauthenticated
 from aip_crewai.host.auth import stream_tokens
 from aip_crewai.host.auth.stream_tokens import APPROVALS_SCOPE, action_scope, check, mint
 from aip_crewai.host.http.state import host_state
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, running, submit_action
-from ssekit import open_stream
 
 KEY = b"k" * 32
 
@@ -28,8 +28,11 @@ async def world(make_app):
     app = make_app(sidecar_transport=FakeSidecar(SIDECAR_TOKEN).transport())
     async with running(app) as http:
         approval_id = (await submit_action(http, "tok_run"))["approval_id"]
-        await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
-                        json={"decision": "approved", "reason": "ok"})
+        await http.post(
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=bearer("acme-both"),
+            json={"decision": "approved", "reason": "ok"},
+        )
         service = host_state(app).actions
         await service.wait(await service.store.get_action("acme", "tok_run"), 10)
         yield app, http
@@ -76,8 +79,9 @@ async def test_the_token_expires_after_its_ttl(world, clock):
 
 
 async def test_the_ttl_is_configurable(make_app, settings, clock):
-    app = make_app(dataclasses.replace(settings, stream_token_ttl_s=10),
-                   sidecar_transport=FakeSidecar(SIDECAR_TOKEN).transport())
+    app = make_app(
+        dataclasses.replace(settings, stream_token_ttl_s=10), sidecar_transport=FakeSidecar(SIDECAR_TOKEN).transport()
+    )
     async with running(app) as http:
         token = await minted(http, "/aip/v1/approvals/stream-token", "acme-both")
     assert token["expires_at"] == "2026-09-21T14:13:30.000Z"
@@ -87,7 +91,9 @@ async def test_minting_checks_the_same_access_as_reading_the_events(world):
     _, http = world
     assert (await http.post("/aip/v1/actions/tok_run/stream-token")).status_code == 401
     assert (await http.post("/aip/v1/actions/tok_run/stream-token", headers=bearer("acme-operator"))).status_code == 403
-    assert (await http.post("/aip/v1/actions/tok_run/stream-token", headers=bearer("globex-invoker"))).status_code == 404
+    assert (
+        await http.post("/aip/v1/actions/tok_run/stream-token", headers=bearer("globex-invoker"))
+    ).status_code == 404
     assert (await http.post("/aip/v1/actions/nope/stream-token", headers=bearer("acme-invoker"))).status_code == 404
     assert (await http.post("/aip/v1/approvals/stream-token", headers=bearer("acme-invoker"))).status_code == 403
 
@@ -95,7 +101,9 @@ async def test_minting_checks_the_same_access_as_reading_the_events(world):
 async def test_another_host_process_or_a_restart_does_not_accept_it(world, make_app):
     app, http = world
     token = (await minted(http, "/aip/v1/actions/tok_run/stream-token"))["stream_token"]
-    app.state.host = dataclasses.replace(host_state(app), stream_token_key=stream_tokens.new_key())  # what a restart does
+    app.state.host = dataclasses.replace(
+        host_state(app), stream_token_key=stream_tokens.new_key()
+    )  # what a restart does
     refused = await http.get(f"/aip/v1/actions/tok_run/events?stream_token={token}")
     assert refused.status_code == 401 and "another host process" in refused.text
 
@@ -123,8 +131,12 @@ async def test_the_token_never_appears_in_the_logs(world):
     assert routes == {"/aip/v1/actions/{action_id:str}/stream-token", "/aip/v1/actions/{action_id:str}/events"}
 
 
-@given(principal=st.text(min_size=1, max_size=40), tenant=st.text(min_size=1, max_size=20),
-       action=st.text(min_size=1, max_size=60), expires=st.integers(1, 2**50))
+@given(
+    principal=st.text(min_size=1, max_size=40),
+    tenant=st.text(min_size=1, max_size=20),
+    action=st.text(min_size=1, max_size=60),
+    expires=st.integers(1, 2**50),
+)
 def test_every_minted_token_checks_for_its_scope_and_no_other(principal, tenant, action, expires):
     token = mint(KEY, principal, tenant, action_scope(action), expires)
     claims = check(KEY, token, scope=action_scope(action), now_ms=expires - 1)
@@ -140,13 +152,15 @@ def test_any_changed_character_is_refused(data):
     token = mint(KEY, "acme-invoker", "acme", APPROVALS_SCOPE, 10**13)
     index = data.draw(st.integers(0, len(token) - 1))
     replacement = data.draw(st.sampled_from("AQgw_-.x"))
-    changed = token[:index] + replacement + token[index + 1:]
+    changed = token[:index] + replacement + token[index + 1 :]
     if changed != token:
         with pytest.raises(Unauthenticated):
             check(KEY, changed, scope=APPROVALS_SCOPE, now_ms=0)
 
 
-@pytest.mark.parametrize("token", ["", "ast1", "ast1..", "ast2.e30." + "A" * 43, "x" * (stream_tokens.MAX_TOKEN_CHARS + 1)])
+@pytest.mark.parametrize(
+    "token", ["", "ast1", "ast1..", "ast2.e30." + "A" * 43, "x" * (stream_tokens.MAX_TOKEN_CHARS + 1)]
+)
 def test_malformed_tokens_are_refused(token):
     with pytest.raises(Unauthenticated):
         check(KEY, token, scope=APPROVALS_SCOPE, now_ms=0)

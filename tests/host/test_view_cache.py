@@ -18,27 +18,30 @@ def key(n: int, tenant: str = "acme") -> tuple[str, str, str]:
     return (tenant, "crew", f"run{n}")
 
 
-@pytest.mark.parametrize("view, final", [
-    ({"status": "completed", "output": {"raw": "x"}}, True),
-    ({"status": "failed", "error": {"error_type": "ValueError"}}, True),
-    ({"status": "failed", "error": {"error_type": "SidecarRestarted"}}, True),
-    ({"status": "failed"}, True),
-    # a timed-out job's worker is still being stopped: provider_stop_observed is written later
-    ({"status": "failed", "error": TIMEOUT_ERROR}, False),
-    ({"status": "failed", "error": TIMEOUT_ERROR, "provider_stop_observed": True}, True),
-    ({"status": "failed", "error": TIMEOUT_ERROR, "provider_stop_observed": False}, True),
-    ({"status": "cancelled", "provider_stop_observed": True, "uncertain_outcome": False}, True),
-    ({"status": "cancelled", "provider_stop_observed": None, "uncertain_outcome": True}, False),
-    ({"status": "cancelled", "provider_stop_observed": False, "uncertain_outcome": True}, False),
-    ({"status": "cancelled"}, False),
-    ({"status": "running"}, False),
-    ({"status": "queued"}, False),
-    ({"status": "pending_approval"}, False),
-    ({}, False),
-    (None, False),
-    ("completed", False),
-    ([{"status": "completed"}], False),
-])
+@pytest.mark.parametrize(
+    "view, final",
+    [
+        ({"status": "completed", "output": {"raw": "x"}}, True),
+        ({"status": "failed", "error": {"error_type": "ValueError"}}, True),
+        ({"status": "failed", "error": {"error_type": "SidecarRestarted"}}, True),
+        ({"status": "failed"}, True),
+        # a timed-out job's worker is still being stopped: provider_stop_observed is written later
+        ({"status": "failed", "error": TIMEOUT_ERROR}, False),
+        ({"status": "failed", "error": TIMEOUT_ERROR, "provider_stop_observed": True}, True),
+        ({"status": "failed", "error": TIMEOUT_ERROR, "provider_stop_observed": False}, True),
+        ({"status": "cancelled", "provider_stop_observed": True, "uncertain_outcome": False}, True),
+        ({"status": "cancelled", "provider_stop_observed": None, "uncertain_outcome": True}, False),
+        ({"status": "cancelled", "provider_stop_observed": False, "uncertain_outcome": True}, False),
+        ({"status": "cancelled"}, False),
+        ({"status": "running"}, False),
+        ({"status": "queued"}, False),
+        ({"status": "pending_approval"}, False),
+        ({}, False),
+        (None, False),
+        ("completed", False),
+        ([{"status": "completed"}], False),
+    ],
+)
 def test_only_views_that_can_never_change_are_final(view, final):
     assert is_final_view(view) is final
 
@@ -108,8 +111,7 @@ def test_negative_bounds_are_refused(entries, max_bytes):
         ViewCache(entries, max_bytes)
 
 
-operations = st.lists(st.tuples(st.sampled_from(["put", "get"]), st.integers(0, 7), st.integers(0, 12)),
-                      max_size=60)
+operations = st.lists(st.tuples(st.sampled_from(["put", "get"]), st.integers(0, 7), st.integers(0, 12)), max_size=60)
 
 
 @given(max_entries=st.integers(0, 5), max_bytes=st.integers(0, 24), ops=operations)

@@ -31,8 +31,12 @@ import storebackend  # noqa: E402
 
 from aip_crewai.client import AipClient  # noqa: E402
 
-TOKENS = {"acme-app": "tok-acme-app-1", "acme-approver": "tok-acme-approver-1", "beta-app": "tok-beta-app-1",
-          "beta-approver": "tok-beta-approver-1"}
+TOKENS = {
+    "acme-app": "tok-acme-app-1",
+    "acme-approver": "tok-acme-approver-1",
+    "beta-app": "tok-beta-app-1",
+    "beta-approver": "tok-beta-approver-1",
+}
 ROLES = {"acme-app": "invoker", "acme-approver": "approver", "beta-app": "invoker", "beta-approver": "approver"}
 ACME_CREWS = ["echo", "slow", "chatty", "knowledge_a"]
 ALL_STARTABLE = ["run", "status", "events", "cancel", "knowledge_query"]
@@ -59,11 +63,20 @@ class Host:
         return self.process.wait(timeout=60)
 
 
-def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int, *,
-                 crews: list[dict] | None = None, tenants: dict[str, list[str]] | None = None,
-                 max_response_bytes: int | None = None, extra_principals: list[dict[str, str]] | None = None,
-                 host_options: dict[str, object] | None = None, store: str | None = None,
-                 sidecars: list[dict[str, object]] | None = None) -> Path:
+def write_config(
+    workdir: Path,
+    sidecar_url: str,
+    sidecar_token: str,
+    port: int,
+    *,
+    crews: list[dict] | None = None,
+    tenants: dict[str, list[str]] | None = None,
+    max_response_bytes: int | None = None,
+    extra_principals: list[dict[str, str]] | None = None,
+    host_options: dict[str, object] | None = None,
+    store: str | None = None,
+    sidecars: list[dict[str, object]] | None = None,
+) -> Path:
     """host.toml (+ crews.json, sidecar.token 0600) in ``workdir``; returns the config path.
 
     Defaults: the crews of :data:`ACME_CREWS` (run, status, events, cancel,
@@ -89,20 +102,49 @@ def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int,
         crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
     (workdir / "crews.json").write_text(json.dumps(crews))
     tenants = tenants or {"acme": ACME_CREWS, "beta": ["knowledge_b"]}
-    lines = ["[host]", f'bind = "127.0.0.1:{port}"', f"store = {json.dumps(store)}",
-             *([f"max_response_bytes = {max_response_bytes}"] if max_response_bytes else []),
-             *[f"{key} = {json.dumps(value)}" for key, value in (host_options or {}).items()], "",
-             *(["[sidecar]", f'url = "{sidecar_url}"', 'token_file = "sidecar.token"', ""] if sidecars is None else
-               [line for entry in sidecars for line in ("[[sidecars]]", 'token_file = "sidecar.token"',
-                                                         *[f"{k} = {json.dumps(v)}" for k, v in entry.items()], "")]),
-             "[crews]", 'file = "crews.json"', ""]
+    lines = [
+        "[host]",
+        f'bind = "127.0.0.1:{port}"',
+        f"store = {json.dumps(store)}",
+        *([f"max_response_bytes = {max_response_bytes}"] if max_response_bytes else []),
+        *[f"{key} = {json.dumps(value)}" for key, value in (host_options or {}).items()],
+        "",
+        *(
+            ["[sidecar]", f'url = "{sidecar_url}"', 'token_file = "sidecar.token"', ""]
+            if sidecars is None
+            else [
+                line
+                for entry in sidecars
+                for line in (
+                    "[[sidecars]]",
+                    'token_file = "sidecar.token"',
+                    *[f"{k} = {json.dumps(v)}" for k, v in entry.items()],
+                    "",
+                )
+            ]
+        ),
+        "[crews]",
+        'file = "crews.json"',
+        "",
+    ]
     for tenant, crew_ids in tenants.items():
         lines += [f"[tenants.{json.dumps(tenant)}]", f"crews = {json.dumps(crew_ids)}", ""]
-    principals = [{"id": principal, "tenant": principal.split("-")[0], "role": ROLES[principal],
-                   "token_sha256": hashlib.sha256(token.encode()).hexdigest()} for principal, token in TOKENS.items()]
+    principals = [
+        {
+            "id": principal,
+            "tenant": principal.split("-")[0],
+            "role": ROLES[principal],
+            "token_sha256": hashlib.sha256(token.encode()).hexdigest(),
+        }
+        for principal, token in TOKENS.items()
+    ]
     for entry in principals + list(extra_principals or []):
-        lines += ["[[principals]]", f'id = "{entry["id"]}"', f'tenant = "{entry["tenant"]}"',
-                  f'roles = ["{entry["role"]}"]']
+        lines += [
+            "[[principals]]",
+            f'id = "{entry["id"]}"',
+            f'tenant = "{entry["tenant"]}"',
+            f'roles = ["{entry["role"]}"]',
+        ]
         lines += [f'{key} = "{entry[key]}"' for key in ("token_sha256", "ed25519_public_key") if key in entry]
         lines.append("")
     config = workdir / "host.toml"
@@ -110,24 +152,47 @@ def write_config(workdir: Path, sidecar_url: str, sidecar_token: str, port: int,
     return config
 
 
-def start_host(workdir: Path, sidecar_url: str, sidecar_token: str, *, port: int | None = None,
-               wait_ready: bool = True, crews: list[dict] | None = None,
-               tenants: dict[str, list[str]] | None = None, extra_principals: list[dict[str, str]] | None = None,
-               host_options: dict[str, object] | None = None, store: str | None = None,
-               sidecars: list[dict[str, object]] | None = None) -> Host:
+def start_host(
+    workdir: Path,
+    sidecar_url: str,
+    sidecar_token: str,
+    *,
+    port: int | None = None,
+    wait_ready: bool = True,
+    crews: list[dict] | None = None,
+    tenants: dict[str, list[str]] | None = None,
+    extra_principals: list[dict[str, str]] | None = None,
+    host_options: dict[str, object] | None = None,
+    store: str | None = None,
+    sidecars: list[dict[str, object]] | None = None,
+) -> Host:
     """Start a host; with ``wait_ready`` block until ``/ready`` answers 200.
 
     ``crews``, ``tenants``, ``extra_principals``, ``host_options``, ``store`` and ``sidecars`` go to
     :func:`write_config`."""
     port = port or free_port()
-    config = write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants,
-                          extra_principals=extra_principals, host_options=host_options, store=store,
-                          sidecars=sidecars)
+    config = write_config(
+        workdir,
+        sidecar_url,
+        sidecar_token,
+        port,
+        crews=crews,
+        tenants=tenants,
+        extra_principals=extra_principals,
+        host_options=host_options,
+        store=store,
+        sidecars=sidecars,
+    )
     log = workdir / f"host-{port}-{time.monotonic_ns()}.log"
     handle = log.open("wb")
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
-    process = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=handle, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=handle,
+        env=env,
+    )
     handle.close()
     host = Host(process, f"http://127.0.0.1:{port}", log)
     deadline = time.monotonic() + 60

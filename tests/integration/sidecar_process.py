@@ -65,8 +65,11 @@ class Sidecar:
         if not self.call_log.exists():
             return []
         lines = [line for line in self.call_log.read_text().splitlines() if line.strip()]
-        return [line for line in lines if (pid is None or line.split()[1] == str(pid))
-                and (since is None or float(line.split()[0]) >= since)]
+        return [
+            line
+            for line in lines
+            if (pid is None or line.split()[1] == str(pid)) and (since is None or float(line.split()[0]) >= since)
+        ]
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
@@ -117,30 +120,59 @@ PASSED_ENV = ("AIP_CREWAI_ISOLATION",)
 def child_env(call_log: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The test process environment without ``AIP_CREWAI_*`` (but :data:`PASSED_ENV`) or ``NOTIFY_SOCKET``,
     plus the call log."""
-    env = {k: v for k, v in os.environ.items()
-           if (not k.startswith("AIP_CREWAI_") or k in PASSED_ENV) and k != "NOTIFY_SOCKET"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if (not k.startswith("AIP_CREWAI_") or k in PASSED_ENV) and k != "NOTIFY_SOCKET"
+    }
     env["AIP_CREWAI_TEST_CALL_LOG"] = str(call_log)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})
     return env
 
 
-def launch(workdir: Path, *, journal: Path | None = None, args: list[str] | None = None,
-           env: dict[str, str] | None = None, tag: str = "", stdout: Path | None = None) -> subprocess.Popen[bytes]:
+def launch(
+    workdir: Path,
+    *,
+    journal: Path | None = None,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    tag: str = "",
+    stdout: Path | None = None,
+) -> subprocess.Popen[bytes]:
     """Start a sidecar process (without waiting); stderr goes to ``workdir/stderr<tag>.log``,
     stdout to ``stdout`` when given (else nowhere)."""
     token_file = workdir / "token"
     if not token_file.exists():
         token_file.write_text(TOKEN + "\n")
         token_file.chmod(0o600)
-    cmd = [*sidecar_command("--registry", REGISTRY), "--journal", str(journal or workdir / "journal.db"), "--token-file", str(token_file), "--port", "0",
-           "--allowed-operations", ALLOWED, "--sse-keepalive-seconds", "0.2", "--shutdown-grace-seconds", "2",
-           *(args or [])]
+    cmd = [
+        *sidecar_command("--registry", REGISTRY),
+        "--journal",
+        str(journal or workdir / "journal.db"),
+        "--token-file",
+        str(token_file),
+        "--port",
+        "0",
+        "--allowed-operations",
+        ALLOWED,
+        "--sse-keepalive-seconds",
+        "0.2",
+        "--shutdown-grace-seconds",
+        "2",
+        *(args or []),
+    ]
     stderr = open(workdir / f"stderr{tag}.log", "wb")  # noqa: SIM115 - the child owns it
     out = open(stdout, "wb") if stdout is not None else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
     try:
-        return subprocess.Popen(cmd, cwd=workdir, env=child_env(workdir / "calls.log", env),
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=stderr)
+        return subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            env=child_env(workdir / "calls.log", env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=stderr,
+        )
     finally:
         stderr.close()
         if stdout is not None:
@@ -180,15 +212,17 @@ class SidecarFactory:
         self.started: list[Sidecar] = []
         self._count = 0
 
-    def start(self, *, args: list[str] | None = None, env: dict[str, str] | None = None,
-              journal: Path | None = None) -> Sidecar:
+    def start(
+        self, *, args: list[str] | None = None, env: dict[str, str] | None = None, journal: Path | None = None
+    ) -> Sidecar:
         self._count += 1
         tag = str(self._count)
         journal = journal or self.workdir / "journal.db"
         process = launch(self.workdir, journal=journal, args=args, env=env, tag=tag)
         stderr_path = self.workdir / f"stderr{tag}.log"
-        sidecar = Sidecar(process, "", TOKEN, journal, self.workdir, self.workdir / "calls.log", stderr_path,
-                          list(args or []))
+        sidecar = Sidecar(
+            process, "", TOKEN, journal, self.workdir, self.workdir / "calls.log", stderr_path, list(args or [])
+        )
         self.started.append(sidecar)
         sidecar.base_url = wait_ready(process, stderr_path)
         return sidecar
@@ -208,8 +242,9 @@ def start_with_training_dir(factory: SidecarFactory, tmp_path: Path, registry: s
     (kept as ``.training_dir``)."""
     training = tmp_path / "training"
     training.mkdir(mode=0o700)
-    sidecar = factory.start(args=["--registry", registry, "--allowed-operations", operations,
-                                  "--training-dir", str(training)])
+    sidecar = factory.start(
+        args=["--registry", registry, "--allowed-operations", operations, "--training-dir", str(training)]
+    )
     sidecar.training_dir = training  # type: ignore[attr-defined]
     return sidecar
 
@@ -217,5 +252,9 @@ def start_with_training_dir(factory: SidecarFactory, tmp_path: Path, registry: s
 def post_job(sidecar: Sidecar, action_id: str, crew: str, operation: str, input: Any) -> httpx.Response:
     """``POST /jobs`` with the idempotency key ``key-<action_id>`` (timeout 240 s)."""
     body = {"crew_id": crew, "action_id": action_id, "operation": operation, "input": input}
-    return httpx.post(f"{sidecar.base_url}/jobs", json=body, timeout=240,
-                      headers={**sidecar.headers, "Idempotency-Key": f"key-{action_id}"})
+    return httpx.post(
+        f"{sidecar.base_url}/jobs",
+        json=body,
+        timeout=240,
+        headers={**sidecar.headers, "Idempotency-Key": f"key-{action_id}"},
+    )

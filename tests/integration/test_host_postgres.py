@@ -11,12 +11,11 @@ import threading
 import time
 
 import pytest
-
-from aip_crewai.host.store.postgres import PG_HOST_ID_LOCK_CLASS, PostgresHostLock
-from aip_crewai.host.store.records import StoreLocked
+from host_process import free_port, start_host, write_config
 
 from aip_crewai.client import new_id
-from host_process import start_host, write_config, free_port
+from aip_crewai.host.store.postgres import PG_HOST_ID_LOCK_CLASS, PostgresHostLock
+from aip_crewai.host.store.records import StoreLocked
 
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: psycopg is not installed")
 
@@ -42,8 +41,9 @@ def test_the_governed_flow_on_postgresql_survives_a_restart(sidecar_factory, tmp
         first = governed_run(host, "harbours")
         assert first["result"]["status"] == "completed" and "harbours" in first["result"]["output"]["raw"]
         with psycopg.connect(postgres_url) as conn:
-            row = conn.execute("SELECT status, dispatch FROM actions WHERE action_id = %s",
-                               (first["action_id"],)).fetchone()
+            row = conn.execute(
+                "SELECT status, dispatch FROM actions WHERE action_id = %s", (first["action_id"],)
+            ).fetchone()
             chunks = conn.execute("SELECT count(*) FROM chunks WHERE action_id = %s", (first["action_id"],)).fetchone()
         assert row == ("completed", "acknowledged") and chunks[0] > 0
     finally:
@@ -59,13 +59,25 @@ def test_the_governed_flow_on_postgresql_survives_a_restart(sidecar_factory, tmp
 
 def test_a_second_process_with_the_same_host_id_is_refused(sidecar_factory, tmp_path, postgres_url):
     sidecar = sidecar_factory.start()
-    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, store=postgres_url,
-                      host_options={"host_id": "host-a"})
+    host = start_host(
+        tmp_path / "host", sidecar.base_url, sidecar.token, store=postgres_url, host_options={"host_id": "host-a"}
+    )
     try:
-        config = write_config(tmp_path / "second", sidecar.base_url, sidecar.token, free_port(), store=postgres_url,
-                              host_options={"host_id": "host-a"})
-        second = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
-                                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        config = write_config(
+            tmp_path / "second",
+            sidecar.base_url,
+            sidecar.token,
+            free_port(),
+            store=postgres_url,
+            host_options={"host_id": "host-a"},
+        )
+        second = subprocess.run(
+            [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert second.returncode == 2, second.stderr
         assert "another running host uses host_id 'host-a'" in second.stderr
     finally:
@@ -73,21 +85,31 @@ def test_a_second_process_with_the_same_host_id_is_refused(sidecar_factory, tmp_
 
 
 def test_a_password_in_the_url_is_refused_before_anything_connects(tmp_path):
-    config = write_config(tmp_path / "host", "http://127.0.0.1:9", "tok", free_port(),
-                          store="postgresql://aip:secret@127.0.0.1:5/db")
-    run = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
-                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    config = write_config(
+        tmp_path / "host", "http://127.0.0.1:9", "tok", free_port(), store="postgresql://aip:secret@127.0.0.1:5/db"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert run.returncode == 2 and "PGPASSFILE" in run.stderr and "secret" not in run.stderr
 
 
 def _drop_host_locks(url: str) -> None:
     """End the sessions holding host-id locks, as a database restart does; return once they are gone."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE application_name = 'aip-crewai-host-lock' AND datname = current_database()")
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'aip-crewai-host-lock' AND datname = current_database()"
+        )
         deadline = time.monotonic() + 10
-        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'aip-crewai-host-lock' "
-                           "AND datname = current_database()").fetchone()[0]:
+        while conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'aip-crewai-host-lock' "
+            "AND datname = current_database()"
+        ).fetchone()[0]:
             assert time.monotonic() < deadline, "the terminated sessions never ended"
             time.sleep(0.01)
 
@@ -119,19 +141,27 @@ def test_a_host_whose_id_another_process_took_stops(sidecar_factory, tmp_path, p
     """After the database dropped host-a's lock, another process claims host-a first: the running host
     notices within a third of its lease, logs host_id_taken and exits 1 (never dispatching under a shared id)."""
     sidecar = sidecar_factory.start()
-    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, store=postgres_url,
-                      host_options={"host_id": "host-a", "lease_seconds": 1})
+    host = start_host(
+        tmp_path / "host",
+        sidecar.base_url,
+        sidecar.token,
+        store=postgres_url,
+        host_options={"host_id": "host-a", "lease_seconds": 1},
+    )
     usurper = psycopg.connect(postgres_url, autocommit=True)
     try:
         # The usurper queues for host-a's lock first, so it gets it when the session ends, before the
         # host's next check can take it again.
-        queued = threading.Thread(target=usurper.execute, args=("SELECT pg_advisory_lock(%s, hashtext(%s))",
-                                                                (PG_HOST_ID_LOCK_CLASS, "host-a")))
+        queued = threading.Thread(
+            target=usurper.execute,
+            args=("SELECT pg_advisory_lock(%s, hashtext(%s))", (PG_HOST_ID_LOCK_CLASS, "host-a")),
+        )
         queued.start()
         with psycopg.connect(postgres_url, autocommit=True) as admin:
             deadline = time.monotonic() + 10
-            while not admin.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                                    ).fetchone()[0]:
+            while not admin.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone()[0]:
                 assert time.monotonic() < deadline, "the usurper never queued"
                 time.sleep(0.01)
         _drop_host_locks(postgres_url)
@@ -144,7 +174,8 @@ def test_a_host_whose_id_another_process_took_stops(sidecar_factory, tmp_path, p
 
 
 def test_the_suites_postgresql_switch_gives_each_host_its_own_database_kept_across_a_kill9(
-        sidecar_factory, tmp_path, postgres_server, monkeypatch):
+    sidecar_factory, tmp_path, postgres_server, monkeypatch
+):
     """``AIP_CREWAI_TEST_STORE=postgresql`` (tests/storebackend.py): a host started without an explicit store
     gets a database of its own and a stable host_id; a restart on the same workdir after kill -9 takes the
     host_id over at once (the session advisory lock died with the process) and finds its actions."""
@@ -167,7 +198,9 @@ def test_the_suites_postgresql_switch_gives_each_host_its_own_database_kept_acro
     try:
         with again.client("acme-app") as app:
             assert app.result(done["action_id"])["body"]["action_result"]["status"] == "completed"
-        record = storebackend.read_host_store(tmp_path / "one", lambda store: store.get_action("acme", done["action_id"]))
+        record = storebackend.read_host_store(
+            tmp_path / "one", lambda store: store.get_action("acme", done["action_id"])
+        )
         assert record is not None and record.status == "completed"
         assert b"tides" in storebackend.store_text(tmp_path / "one")
     finally:

@@ -14,10 +14,10 @@ import time
 
 import httpx
 import pytest
+from host_process import TOKENS, start_host
 
 from aip_crewai.client import new_id
 from aip_crewai.host.http.stopping import SHUTDOWN_COMMENT
-from host_process import TOKENS, start_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.host_processes]
 
@@ -39,8 +39,9 @@ def approved_slow_run(host) -> str:
     """An approved run of the ``slow`` crew (about 6 s), running; returns its action id."""
     action_id = new_id("act")
     with host.client("acme-app") as app:
-        pending = app.call("cap:crewai:slow", {"topic": "t"}, action_id=action_id, idempotency_key=new_id("key"),
-                           mode="async")
+        pending = app.call(
+            "cap:crewai:slow", {"topic": "t"}, action_id=action_id, idempotency_key=new_id("key"), mode="async"
+        )
         approval_id = pending["body"]["action_result"]["output"]["approval_id"]
     with host.client("acme-approver") as approver:
         approver.decide(approval_id, "approved", "shutdown test")
@@ -62,8 +63,9 @@ def test_sigterm_ends_open_streams_and_the_host_exits_in_its_grace(stack):
     first_chunk = threading.Event()
 
     def follow() -> None:
-        with httpx.stream("GET", f"{host.base_url}/aip/v1/actions/{action_id}/events", headers=headers,
-                          timeout=60) as response:
+        with httpx.stream(
+            "GET", f"{host.base_url}/aip/v1/actions/{action_id}/events", headers=headers, timeout=60
+        ) as response:
             for piece in response.iter_raw():
                 received.extend(piece)
                 if b"event: chunk" in received:

@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
+from host_process import start_host
 
 from aip_crewai.client import AipClientError, new_id
-from host_process import start_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.host_processes, pytest.mark.sidecar_jobs]
 
@@ -84,13 +84,19 @@ def test_fifty_concurrent_identical_requests_make_one_sidecar_job(stack):
 
     def call(_):
         with host.client("acme-app") as app:
-            return app.call("cap:crewai:knowledge_a:knowledge_query", {"query": ["lighthouse"]},
-                            action_id=action_id, idempotency_key=key)["body"]["action_result"]
+            return app.call(
+                "cap:crewai:knowledge_a:knowledge_query",
+                {"query": ["lighthouse"]},
+                action_id=action_id,
+                idempotency_key=key,
+            )["body"]["action_result"]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
         results = list(pool.map(call, range(50)))
     assert {r["status"] for r in results} == {"completed"}
-    assert {json.dumps(r["output"], sort_keys=True) for r in results} == {json.dumps(results[0]["output"], sort_keys=True)}
+    assert {json.dumps(r["output"], sort_keys=True) for r in results} == {
+        json.dumps(results[0]["output"], sort_keys=True)
+    }
     health = httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers).json()
     assert health["retained_runs"] == 1
 
@@ -134,16 +140,19 @@ def test_tenants_cannot_see_each_other(stack):
         pending = app.call("cap:crewai:echo", {"topic": "secret"}, action_id=action_id, idempotency_key=key)
         approval_id = pending["body"]["action_result"]["output"]["approval_id"]
         assert {c["id"] for c in beta.manifest()["capabilities"]} == {"cap:crewai:knowledge_b:knowledge_query"}
-        for call in (lambda: beta.call("cap:crewai:echo", {"topic": "x"}, idempotency_key="k"),
-                     lambda: beta.action(action_id),
-                     lambda: beta_approver.approval(approval_id),
-                     lambda: beta_approver.decide(approval_id, "approved", "not mine")):
+        for call in (
+            lambda: beta.call("cap:crewai:echo", {"topic": "x"}, idempotency_key="k"),
+            lambda: beta.action(action_id),
+            lambda: beta_approver.approval(approval_id),
+            lambda: beta_approver.decide(approval_id, "approved", "not mine"),
+        ):
             with pytest.raises(AipClientError) as info:
                 call()
             assert info.value.status == 404
         assert beta_approver.approvals()["approvals"] == []
-        answer = beta.call("cap:crewai:knowledge_b:knowledge_query", {"query": ["lighthouse keeper"]},
-                           idempotency_key=new_id("k"))
+        answer = beta.call(
+            "cap:crewai:knowledge_b:knowledge_query", {"query": ["lighthouse keeper"]}, idempotency_key=new_id("k")
+        )
         assert "lighthouse" not in json.dumps(answer["body"]["action_result"]["output"]).lower()
 
 
@@ -158,8 +167,12 @@ def test_host_on_a_taken_port_fails_cleanly(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         config = write_config(tmp_path / "h", "http://127.0.0.1:9", "tok", taken.getsockname()[1])
-        result = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 2  # a configuration error, as a bad host.toml (README "Exit codes")
     assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr
 
@@ -177,11 +190,32 @@ def test_cli_call_and_approvals(stack, tmp_path):
         if not token.exists():
             token.write_text(TOKENS[principal] + "\n")
             token.chmod(0o600)
-        return subprocess.run([sys.executable, "-m", "aip_crewai.cli", *args, "--url", host.base_url,
-                               "--token-file", str(token), "--json"], capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "aip_crewai.cli",
+                *args,
+                "--url",
+                host.base_url,
+                "--token-file",
+                str(token),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
-    answer = cli("acme-app", "call", "cap:crewai:knowledge_a:knowledge_query", "--input", '{"query": ["lamp"]}',
-                 "--idempotency-key", "cli-1")
+    answer = cli(
+        "acme-app",
+        "call",
+        "cap:crewai:knowledge_a:knowledge_query",
+        "--input",
+        '{"query": ["lamp"]}',
+        "--idempotency-key",
+        "cli-1",
+    )
     assert answer.returncode == 0, answer.stderr
     assert json.loads(answer.stdout)["body"]["action_result"]["status"] == "completed"
     pending = cli("acme-app", "call", "cap:crewai:echo", "--input", '{"topic": "cli"}', "--idempotency-key", "cli-2")

@@ -20,9 +20,9 @@ import time
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from host_process import start_host
 
 from aip_crewai.client import CONTENT_TYPE, AipClient, AipClientError, new_id, sign_envelope
-from host_process import start_host
 
 pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: psycopg is not installed")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.host_processes]
@@ -39,13 +39,24 @@ def hosts(sidecar_factory, tmp_path, postgres_url):
     """``([host-a, host-b], sidecar one, sidecar two)``: both hosts route each crew to its own sidecar."""
     one = sidecar_factory.start()
     two = sidecar_factory.start(journal=tmp_path / "two-journal.db")
-    sidecars = [{"url": one.base_url, "name": "one", "crews": ["echo", "knowledge_a", "knowledge_b"]},
-                {"url": two.base_url, "name": "two", "crews": ["slow", "chatty"]}]
+    sidecars = [
+        {"url": one.base_url, "name": "one", "crews": ["echo", "knowledge_a", "knowledge_b"]},
+        {"url": two.base_url, "name": "two", "crews": ["slow", "chatty"]},
+    ]
     public = base64.b64encode(SIGNER_KEY.public_key().public_bytes_raw()).decode()
     signer = {"id": SIGNER, "tenant": "acme", "role": "invoker", "ed25519_public_key": public}
-    started = [start_host(tmp_path / name, one.base_url, one.token, store=postgres_url, sidecars=sidecars,
-                          extra_principals=[signer], host_options={"host_id": name, "lease_seconds": LEASE_S})
-               for name in ("host-a", "host-b")]
+    started = [
+        start_host(
+            tmp_path / name,
+            one.base_url,
+            one.token,
+            store=postgres_url,
+            sidecars=sidecars,
+            extra_principals=[signer],
+            host_options={"host_id": name, "lease_seconds": LEASE_S},
+        )
+        for name in ("host-a", "host-b")
+    ]
     try:
         yield started, one, two
     finally:
@@ -84,6 +95,7 @@ def test_duplicates_spread_over_two_hosts_execute_once_and_a_follow_on_either_se
                 return approver.decide(approval_id, "approved", "two hosts")["decision"]
             except AipClientError as exc:
                 return exc.code
+
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         decisions = sorted(pool.map(decide, (a, b, a, b)))
     assert decisions.count("approved") == 1 and set(decisions) - {"approved"} == {"approval.already_decided"}

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis needs Python 3.11+ (pyproject.toml)")
+from host_process import TOKENS, start_host  # noqa: E402
 from schemathesis.checks import (  # type: ignore[attr-defined]  # noqa: E402
     content_type_conformance,
     not_a_server_error,
@@ -23,8 +24,7 @@ from schemathesis.checks import (  # type: ignore[attr-defined]  # noqa: E402
     status_code_conformance,
 )
 
-from aip_crewai.host.http import openapi
-from host_process import TOKENS, start_host  # noqa: E402
+from aip_crewai.host.http import openapi  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.host_processes]
 
@@ -37,8 +37,12 @@ ENDLESS = {("GET", "/aip/v1/approvals/events")}
 CREDENTIAL_HEADERS = {"authorization", "signature", "signature-input", "content-digest"}
 #: The action and approval the ``existing`` runs name (filled by the ``host`` fixture).
 KNOWN: dict[str, str] = {}
-OPERATIONS = sorted((method.upper(), path) for path, item in openapi.document()["paths"].items()
-                    for method in item if (method.upper(), path) not in ENDLESS)
+OPERATIONS = sorted(
+    (method.upper(), path)
+    for path, item in openapi.document()["paths"].items()
+    for method in item
+    if (method.upper(), path) not in ENDLESS
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +74,13 @@ def test_the_served_document_is_the_generated_one(host):
     assert served.json()["openapi"] == "3.1.0"
 
 
-@pytest.mark.parametrize("method, path, ids", [
-    *((method, path, "drawn") for method, path in OPERATIONS),
-    *((method, path, "existing") for method, path in OPERATIONS if "_id}" in path)])
+@pytest.mark.parametrize(
+    "method, path, ids",
+    [
+        *((method, path, "drawn") for method, path in OPERATIONS),
+        *((method, path, "existing") for method, path in OPERATIONS if "_id}" in path),
+    ],
+)
 def test_generated_requests_get_no_5xx_and_only_documented_answers(host, method, path, ids):
     """``drawn``: every part drawn from the document; ``existing``: the path names an action
     (a completed knowledge_query) or approval (pending) that exists, the rest drawn."""
@@ -82,9 +90,11 @@ def test_generated_requests_get_no_5xx_and_only_documented_answers(host, method,
     fixed = {name: KNOWN[name] for name in names} if ids == "existing" else None
     operation = SCHEMA[path][method]
 
-    @settings(max_examples=EXAMPLES, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                     HealthCheck.function_scoped_fixture])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+    )
     @given(case=operation.as_strategy(path_parameters=fixed))
     def check(case):
         # The document's security schemes make schemathesis draw credentials of its own (a random

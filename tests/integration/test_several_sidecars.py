@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
+from host_process import start_host
 
 from aip_crewai.client import AipClientError, new_id
-from host_process import start_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.host_processes]
 
@@ -27,13 +27,21 @@ def run_echo(host, crew: str, topic: str) -> dict:
 def test_each_crew_runs_on_its_own_sidecar_and_a_stopped_one_takes_only_its_crews(sidecar_factory, tmp_path):
     first = sidecar_factory.start()
     second = sidecar_factory.start(journal=tmp_path / "second-journal.db")
-    host = start_host(tmp_path / "host", first.base_url, first.token, host_options={"readiness_interval_ms": 200},
-                      sidecars=[{"url": first.base_url, "name": "one", "crews": ["echo", "slow", "knowledge_a"]},
-                                {"url": second.base_url, "name": "two", "crews": ["chatty", "knowledge_b"]}])
+    host = start_host(
+        tmp_path / "host",
+        first.base_url,
+        first.token,
+        host_options={"readiness_interval_ms": 200},
+        sidecars=[
+            {"url": first.base_url, "name": "one", "crews": ["echo", "slow", "knowledge_a"]},
+            {"url": second.base_url, "name": "two", "crews": ["chatty", "knowledge_b"]},
+        ],
+    )
     try:
         echo = run_echo(host, "echo", "lagoons")
         chatty = run_echo(host, "chatty", "deltas")
         assert echo["status"] == chatty["status"] == "completed"
+
         def job_status(sidecar, action_id: str) -> int:  # each sidecar's journal knows only its own jobs
             return httpx.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers).status_code
 

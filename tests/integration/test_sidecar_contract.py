@@ -54,8 +54,9 @@ async def wait_calls(sidecar, at_least: int, timeout: float = 30.0) -> int:
 async def test_admit_stream_until_the_terminal_event(shared_sidecar):
     aid = uid("stream")
     async with shared_sidecar.client() as client:
-        async with client.stream("POST", "/jobs/stream", json=body(aid, input={"topic": "tides"}),
-                                 headers={"Idempotency-Key": aid}) as resp:
+        async with client.stream(
+            "POST", "/jobs/stream", json=body(aid, input={"topic": "tides"}), headers={"Idempotency-Key": aid}
+        ) as resp:
             assert resp.status_code == 200
             assert resp.headers["content-type"].startswith("text/event-stream")
             assert resp.headers["cache-control"] == "no-cache" and resp.headers["x-accel-buffering"] == "no"
@@ -79,8 +80,9 @@ async def test_exact_repeat_returns_the_record_without_a_second_execution(shared
         again = await client.post("/jobs", json=body(aid, input={"topic": "owls"}), headers=headers)
         stream = await client.post("/jobs/stream", json=body(aid, input={"topic": "owls"}), headers=headers)
         changed = await client.post("/jobs", json=body(aid, input={"topic": "bats"}), headers=headers)
-        other_key = await client.post("/jobs", json=body(aid, input={"topic": "owls"}),
-                                      headers={"Idempotency-Key": aid + "x"})
+        other_key = await client.post(
+            "/jobs", json=body(aid, input={"topic": "owls"}), headers={"Idempotency-Key": aid + "x"}
+        )
     assert first.status_code == again.status_code == stream.status_code == 200
     assert first.json() == again.json()
     assert after_first - before == 2  # two tasks, one model call each
@@ -122,8 +124,16 @@ async def test_failed_job_is_502_without_provider_text(shared_sidecar):
 
 
 async def test_every_route_needs_the_token(shared_sidecar):
-    routes = [("GET", "/health"), ("POST", "/jobs"), ("POST", "/jobs/stream"), ("GET", "/jobs/x"),
-              ("GET", "/jobs/x/events"), ("POST", "/jobs/x/cancel"), ("DELETE", "/jobs/x"), ("GET", "/other")]
+    routes = [
+        ("GET", "/health"),
+        ("POST", "/jobs"),
+        ("POST", "/jobs/stream"),
+        ("GET", "/jobs/x"),
+        ("GET", "/jobs/x/events"),
+        ("POST", "/jobs/x/cancel"),
+        ("DELETE", "/jobs/x"),
+        ("GET", "/other"),
+    ]
     async with httpx.AsyncClient(base_url=shared_sidecar.base_url) as client:
         for method, path in routes:
             for headers in ({}, {"Authorization": "Bearer wrong"}):
@@ -137,14 +147,15 @@ async def test_concurrent_jobs_never_see_each_others_events(shared_sidecar):
     topics = {uid("conc"): "alpha", uid("conc"): "omega"}
 
     async def one(client, aid, topic):
-        async with client.stream("POST", "/jobs/stream", json=body(aid, "slow", input={"topic": topic}),
-                                 headers={"Idempotency-Key": aid}) as resp:
+        async with client.stream(
+            "POST", "/jobs/stream", json=body(aid, "slow", input={"topic": topic}), headers={"Idempotency-Key": aid}
+        ) as resp:
             events, _ = await read_sse(resp)
         return aid, topic, events
 
     async with shared_sidecar.client() as client:
         results = await asyncio.gather(*(one(client, aid, t) for aid, t in topics.items()))
-    for aid, topic, events in results:
+    for _aid, topic, events in results:
         assert events[-1]["event"] == "completed"
         own_tasks = {t["task_id"] for t in events[-1]["data"]["tasks_output"]}
         chunks = [e["data"] for e in events if e["event"] == "chunk"]
@@ -158,8 +169,9 @@ async def test_concurrent_jobs_never_see_each_others_events(shared_sidecar):
 async def test_cancelling_a_running_run_ends_it_cancelled_within_a_second(shared_sidecar):
     aid = uid("cancel")
     async with shared_sidecar.client() as client:
-        async with client.stream("POST", "/jobs/stream", json=body(aid, "slow"),
-                                 headers={"Idempotency-Key": aid}) as resp:
+        async with client.stream(
+            "POST", "/jobs/stream", json=body(aid, "slow"), headers={"Idempotency-Key": aid}
+        ) as resp:
             cancelled_at = []
 
             async def on_event(event):
@@ -170,6 +182,7 @@ async def test_cancelling_a_running_run_ends_it_cancelled_within_a_second(shared
 
             events, _ = await read_sse(resp, on_event=on_event)
             ended_at = time.monotonic()
+
         def job_calls(since: float | None = None) -> list[str]:  # the shared sidecar's log holds other jobs too
             return [line for line in shared_sidecar.calls(since=since) if line.split()[3].endswith(aid)]
 
@@ -197,8 +210,9 @@ async def test_sse_resumes_with_last_event_id_and_cursor_and_416_outside(shared_
     async with shared_sidecar.client() as client:
         # follow a live job, drop the connection after 3 events, resume with Last-Event-ID
         first: list[dict] = []
-        async with client.stream("POST", "/jobs/stream", json=body(aid, "slow"),
-                                 headers={"Idempotency-Key": aid}) as resp:
+        async with client.stream(
+            "POST", "/jobs/stream", json=body(aid, "slow"), headers={"Idempotency-Key": aid}
+        ) as resp:
             decoder = SSEDecoder()
             async for chunk in resp.aiter_raw():
                 first += [json.loads(f.data) for f in decoder.feed(chunk)]
@@ -242,6 +256,7 @@ async def test_health_and_routing_errors(shared_sidecar):
         not_allowed = await client.put("/health")
     assert health["status"] == "ready" and health["durable_journal"] is True
     assert "echo" in health["crews"] and health["operations"] == sorted(
-        {"run", "batch_run", "replay", "test", "knowledge_query", "memory_reset", "status", "events", "cancel"})
+        {"run", "batch_run", "replay", "test", "knowledge_query", "memory_reset", "status", "events", "cancel"}
+    )
     assert not_found.status_code == 404 and not_found.json() == {"detail": "Not Found"}
     assert not_allowed.status_code == 405 and "detail" in not_allowed.json()

@@ -72,8 +72,11 @@ def test_a_good_start_logs_its_progress_in_order(tmp_path):
     finally:
         process.kill()
         process.wait(timeout=60)
-    events = [json.loads(line).get("event") for line in (tmp_path / "stderr.log").read_text().splitlines()
-              if line.startswith("{")]
+    events = [
+        json.loads(line).get("event")
+        for line in (tmp_path / "stderr.log").read_text().splitlines()
+        if line.startswith("{")
+    ]
     progress = [e for e in events if e in ("journal_checked", "crewai_importing", "crewai_ready", "sidecar_listening")]
     assert progress == ["journal_checked", "crewai_importing", "crewai_ready", "sidecar_listening"], events
 

@@ -26,8 +26,10 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(180),
     # these pin --isolation process themselves: the default pass of the suite has run them already
-    pytest.mark.skipif(os.environ.get("AIP_CREWAI_ISOLATION") == "inprocess",
-                       reason="process isolation tests run in the default (process) pass"),
+    pytest.mark.skipif(
+        os.environ.get("AIP_CREWAI_ISOLATION") == "inprocess",
+        reason="process isolation tests run in the default (process) pass",
+    ),
 ]
 
 REGISTRY = "aip_crewai.examples.isolation_crews:CREWS"
@@ -39,18 +41,39 @@ def marker(job: str, suffix: str) -> Path | None:
     return Path(directory) / f"{quote(job, safe='')}.{suffix}" if directory else None
 
 
-def start(factory: SidecarFactory, markers: Path, *, block_seconds: float = 60.0, drain_seconds: float = 2.0,
-          operations: str = "run,batch_run,test", extra: list[str] | None = None) -> Sidecar:
+def start(
+    factory: SidecarFactory,
+    markers: Path,
+    *,
+    block_seconds: float = 60.0,
+    drain_seconds: float = 2.0,
+    operations: str = "run,batch_run,test",
+    extra: list[str] | None = None,
+) -> Sidecar:
     markers.mkdir(exist_ok=True)
     return factory.start(
-        args=["--registry", REGISTRY, "--allowed-operations", operations, "--isolation", "process",
-              "--cancel-grace-seconds", "0.5", *(extra or [])],
-        env={"AIP_CREWAI_TEST_MARKER_DIR": str(markers), "AIP_CREWAI_TEST_BLOCK_SECONDS": str(block_seconds),
-             "AIP_CREWAI_TEST_DRAIN_SECONDS": str(drain_seconds)})
+        args=[
+            "--registry",
+            REGISTRY,
+            "--allowed-operations",
+            operations,
+            "--isolation",
+            "process",
+            "--cancel-grace-seconds",
+            "0.5",
+            *(extra or []),
+        ],
+        env={
+            "AIP_CREWAI_TEST_MARKER_DIR": str(markers),
+            "AIP_CREWAI_TEST_BLOCK_SECONDS": str(block_seconds),
+            "AIP_CREWAI_TEST_DRAIN_SECONDS": str(drain_seconds),
+        },
+    )
 
 
-async def submit(client: httpx.AsyncClient, action_id: str, crew: str, operation: str = "run",
-                 input: Any = None) -> httpx.Response:
+async def submit(
+    client: httpx.AsyncClient, action_id: str, crew: str, operation: str = "run", input: Any = None
+) -> httpx.Response:
     body = {"crew_id": crew, "action_id": action_id, "operation": operation, "input": input or {}}
     return await client.post("/jobs", json=body, headers={"Idempotency-Key": f"key-{action_id}"}, timeout=120)
 
@@ -81,7 +104,8 @@ async def view(client: httpx.AsyncClient, job: str) -> dict[str, Any]:
 
 
 async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_side_effect(
-        sidecar_factory: SidecarFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sidecar_factory: SidecarFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """run, batch_run, replay, train and test: a cancel while the tool blocks stops the worker (killed after
     the grace where the flag cannot stop it); the tool's file is never written, the stop is confirmed, and the
     request-to-dead-worker time is under 1.5 s."""
@@ -89,24 +113,27 @@ async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_sid
     monkeypatch.setenv("AIP_CREWAI_TEST_MARKER_DIR", str(markers))  # ``marker()`` in this process
     training = tmp_path / "training"
     training.mkdir(mode=0o700)
-    sidecar = start(sidecar_factory, markers, operations="run,batch_run,replay,train,test",
-                    extra=["--training-dir", str(training)])
+    sidecar = start(
+        sidecar_factory, markers, operations="run,batch_run,replay,train,test", extra=["--training-dir", str(training)]
+    )
     async with sidecar.client() as client:
         (markers / "no-block").touch()  # a run that completes, to replay from
         done = await submit(client, "t1:to-replay", "blocking_trainable")
         assert done.status_code == 200
         (markers / "no-block").unlink()
         task_id = done.json()["tasks_output"][0]["task_id"]
-        for operation, input in (("run", {}), ("batch_run", {"inputs": [{"topic": "a"}]}),
-                                 ("replay", {"task_id": task_id, "inputs": {"topic": "again"}}),
-                                 ("train", {"n_iterations": 1, "artifact_name": "a.pkl"}),
-                                 ("test", {"n_iterations": 1, "eval_llm": "offline-blocking"})):
+        for operation, input in (
+            ("run", {}),
+            ("batch_run", {"inputs": [{"topic": "a"}]}),
+            ("replay", {"task_id": task_id, "inputs": {"topic": "again"}}),
+            ("train", {"n_iterations": 1, "artifact_name": "a.pkl"}),
+            ("test", {"n_iterations": 1, "eval_llm": "offline-blocking"}),
+        ):
             job = f"t1:cancel-{operation}"
             blocked = asyncio.create_task(submit(client, job, "blocking_trainable", operation, input))
             pid = await wait_for(lambda job=job: started_pid(markers, job), f"{operation}'s tool to start")
             asked = time.monotonic()
-            cancel = await client.post(f"/jobs/{job}/cancel", json={"crew_id": "blocking_trainable",
-                                                                     "action_id": job})
+            cancel = await client.post(f"/jobs/{job}/cancel", json={"crew_id": "blocking_trainable", "action_id": job})
             assert cancel.status_code == 200 and cancel.json()["status"] == "cancelled"
             await wait_for(lambda pid=pid: not alive(pid), "the worker to die", deadline_s=10)
             assert time.monotonic() - asked < 1.5
@@ -124,13 +151,19 @@ async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_sid
     stops = {e["action_id"]: e["how"] for e in sidecar.log_events("job_worker_stopped")}
     # run/batch_run end on their cancelled task (the worker then exits, its tool thread with it);
     # replay/train/test run CrewAI in a thread whose blocked tool ignores the flag: killed after the grace.
-    assert stops == {"t1:cancel-run": "stopped", "t1:cancel-batch_run": "stopped", "t1:cancel-replay": "killed",
-                     "t1:cancel-train": "killed", "t1:cancel-test": "killed"}
+    assert stops == {
+        "t1:cancel-run": "stopped",
+        "t1:cancel-batch_run": "stopped",
+        "t1:cancel-replay": "killed",
+        "t1:cancel-train": "killed",
+        "t1:cancel-test": "killed",
+    }
     assert not list(training.rglob("a.pkl"))
 
 
-async def test_health_stays_fast_while_four_jobs_block(sidecar_factory: SidecarFactory, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_health_stays_fast_while_four_jobs_block(
+    sidecar_factory: SidecarFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Four jobs blocked in a synchronous call leave ``/health`` answering within 250 ms (p100 of 40)."""
     markers = tmp_path / "markers"
     monkeypatch.setenv("AIP_CREWAI_TEST_MARKER_DIR", str(markers))
@@ -151,8 +184,9 @@ async def test_health_stays_fast_while_four_jobs_block(sidecar_factory: SidecarF
         await asyncio.gather(*running)
 
 
-async def test_a_sigkilled_worker_fails_only_its_own_job(sidecar_factory: SidecarFactory, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_sigkilled_worker_fails_only_its_own_job(
+    sidecar_factory: SidecarFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SIGKILL to one job's worker: that job fails ``WorkerDied`` (signal SIGKILL, uncertain), the job
     beside it completes, and later jobs run in replacement workers; ``os._exit`` in a tool likewise."""
     markers = tmp_path / "markers"
@@ -180,8 +214,9 @@ async def test_a_sigkilled_worker_fails_only_its_own_job(sidecar_factory: Sideca
     assert sidecar.process.poll() is None
 
 
-async def test_the_memory_save_stall_no_longer_blocks_the_sidecar(sidecar_factory: SidecarFactory,
-                                                                   tmp_path: Path) -> None:
+async def test_the_memory_save_stall_no_longer_blocks_the_sidecar(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
     """A crew whose akickoff waits synchronously on memory saves (crewAI PR#6497) no longer stalls
     ``/health``: every probe while it runs answers within 250 ms."""
     sidecar = start(sidecar_factory, tmp_path / "markers", drain_seconds=1.5)
@@ -199,15 +234,22 @@ async def test_the_memory_save_stall_no_longer_blocks_the_sidecar(sidecar_factor
         assert probes > 10 and worst < 0.25, f"/health took {worst * 1000:.0f} ms during memory saves"
 
 
-async def test_a_job_never_sees_the_process_state_another_job_left(sidecar_factory: SidecarFactory,
-                                                                   tmp_path: Path) -> None:
+async def test_a_job_never_sees_the_process_state_another_job_left(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
     """Environment, working directory, stdout, event-bus handlers and module state a job changes are
     gone for the next job, CrewAI's shared replay table is never written, and two concurrent jobs run in
     two processes (each booted from a fork server that had imported CrewAI: no job pays the import)."""
     markers = tmp_path / "markers"
     sidecar = start(sidecar_factory, markers, extra=["--log-level", "debug"])
-    clean = {"env": None, "cwd": str(sidecar.state_dir), "stdout": "PrintedErrorLog", "bus_handlers": 0, "seen": [],
-             "replay_rows": 0}
+    clean = {
+        "env": None,
+        "cwd": str(sidecar.state_dir),
+        "stdout": "PrintedErrorLog",
+        "bus_handlers": 0,
+        "seen": [],
+        "replay_rows": 0,
+    }
     async with sidecar.client() as client:
         reports = []
         for job in ("t1:probe-1", "t1:probe-2"):
@@ -226,7 +268,8 @@ async def test_a_job_never_sees_the_process_state_another_job_left(sidecar_facto
 
 
 async def test_the_sidecar_process_never_imports_crewai_and_still_checks_the_registry(
-        sidecar_factory: SidecarFactory, tmp_path: Path) -> None:
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
     """With process isolation CrewAI is imported once per sidecar, in the worker fork server: the sidecar
     process itself maps none of CrewAI's compiled dependencies (pydantic's core), yet it knows the crews and
     the preflight's facts (from the registry check forked from the fork server), and a registry attribute
@@ -244,8 +287,11 @@ async def test_the_sidecar_process_never_imports_crewai_and_still_checks_the_reg
 
     workdir = tmp_path / "refused"
     workdir.mkdir(mode=0o700)
-    process = launch(workdir, args=["--registry", "aip_crewai.examples.isolation_crews:NO_SUCH_CREWS",
-                                    "--isolation", "process"], tag="-refused")
+    process = launch(
+        workdir,
+        args=["--registry", "aip_crewai.examples.isolation_crews:NO_SUCH_CREWS", "--isolation", "process"],
+        tag="-refused",
+    )
     assert process.wait(timeout=120) == 2
     lines = [line for line in (workdir / "stderr-refused.log").read_text().splitlines() if "--registry" in line]
     assert len(lines) == 1 and "NO_SUCH_CREWS" in lines[0] and "Traceback" not in lines[0]

@@ -19,16 +19,13 @@ def body(action_id: str, crew: str = "echo", operation: str = "run", input: dict
     return {"crew_id": crew, "action_id": action_id, "operation": operation, "input": input or {}}
 
 
-
-
 async def test_kill_9_during_a_run_then_restart_fails_it_as_uncertain_without_rerunning(sidecar_factory):
     first = sidecar_factory.start()
     async with first.client() as client:
-        task = asyncio.create_task(client.post("/jobs", json=body("crash-1", "slow"),
-                                               headers={"Idempotency-Key": "k"}))
+        task = asyncio.create_task(client.post("/jobs", json=body("crash-1", "slow"), headers={"Idempotency-Key": "k"}))
         await until(lambda: first.calls())  # CrewAI is executing (in the sidecar or its worker)
         assert first.kill(signal.SIGKILL) == -signal.SIGKILL
-        with pytest.raises(Exception):
+        with pytest.raises(httpx.TransportError):  # the sidecar died mid-request
             await task
     restarted_at = time.time()
     second = sidecar_factory.restart(first)
@@ -39,9 +36,12 @@ async def test_kill_9_during_a_run_then_restart_fails_it_as_uncertain_without_re
         health = (await client.get("/health")).json()
     assert view["status"] == "failed"
     assert events[0]["event"] == "started" and events[-1]["event"] == "failed"
-    assert events[-1]["data"] == {"status": "failed", "error_type": "SidecarRestarted",
-                                  "message": "sidecar restarted before CrewAI produced a terminal result",
-                                  "uncertain_outcome": True}
+    assert events[-1]["data"] == {
+        "status": "failed",
+        "error_type": "SidecarRestarted",
+        "message": "sidecar restarted before CrewAI produced a terminal result",
+        "uncertain_outcome": True,
+    }
     assert [e["sequence"] for e in events] == list(range(len(events)))
     assert repeat.status_code == 502 and repeat.json()["error_type"] == "SidecarRestarted"
     assert second.calls(since=restarted_at) == []  # never re-run (nor by a worker of the killed sidecar)
@@ -63,8 +63,7 @@ async def test_a_second_sidecar_on_the_same_journal_refuses_to_start(sidecar_fac
 async def test_sigterm_cancels_jobs_past_the_grace_with_a_terminal_event(sidecar_factory):
     first = sidecar_factory.start(args=["--shutdown-grace-seconds", "0.2"])
     async with first.client() as client:
-        task = asyncio.create_task(client.post("/jobs", json=body("term-1", "slow"),
-                                               headers={"Idempotency-Key": "k"}))
+        task = asyncio.create_task(client.post("/jobs", json=body("term-1", "slow"), headers={"Idempotency-Key": "k"}))
         await until(lambda: first.calls())
         assert first.kill(signal.SIGTERM) == 0
         answer = await task
@@ -112,13 +111,20 @@ async def test_ephemeral_unauthenticated_mode_reports_a_non_durable_journal(side
     workdir = sidecar_factory.workdir
     env = child_env(workdir / "calls.log")
     args = ["--registry", "aip_crewai.examples.testing:CREWS", "--allow-ephemeral", "--allow-unauthenticated"]
-    refused = subprocess.run(sidecar_command(*args, "--host", "0.0.0.0"), cwd=workdir, env=env,
-                             capture_output=True, timeout=60, check=False)
+    refused = subprocess.run(
+        sidecar_command(*args, "--host", "0.0.0.0"), cwd=workdir, env=env, capture_output=True, timeout=60, check=False
+    )
     assert refused.returncode == 2 and refused.stdout == b""
     assert b"only allowed with a loopback --host" in refused.stderr
     with open(workdir / "eph.log", "wb") as log_file:
-        process = subprocess.Popen(sidecar_command(*args, "--port", "0"), cwd=workdir, env=env,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_file)
+        process = subprocess.Popen(
+            sidecar_command(*args, "--port", "0"),
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
     try:
         base_url = wait_ready(process, workdir / "eph.log")
         async with httpx.AsyncClient(base_url=base_url) as client:
@@ -145,23 +151,41 @@ async def test_the_reference_sidecar_environment_starts_the_sidecar(sidecar_fact
     workdir = sidecar_factory.workdir / "reference-env"
     workdir.mkdir(mode=0o700)
     training = workdir / "training" / "artifacts"  # does not exist yet
-    env = child_env(workdir / "calls.log", {
-        "AIP_CREWAI_REGISTRY": "aip_crewai.examples.testing:CREWS", "AIP_CREWAI_HOST": "127.0.0.1",
-        "AIP_CREWAI_BEARER_TOKEN": TOKEN, "AIP_CREWAI_STATE_FILE": str(workdir / "runs.db"),
-        "AIP_CREWAI_ALLOWED_OPERATIONS": "run,train", "AIP_CREWAI_TRAINING_DIR": str(training),
-        "AIP_CREWAI_MAX_EVENT_BYTES": "1024", "AIP_CREWAI_MAX_STATE_BYTES": "268435456",
-        "AIP_CREWAI_ALLOW_UNAUTHENTICATED": "false", "AIP_CREWAI_ALLOW_EPHEMERAL": "false"})
+    env = child_env(
+        workdir / "calls.log",
+        {
+            "AIP_CREWAI_REGISTRY": "aip_crewai.examples.testing:CREWS",
+            "AIP_CREWAI_HOST": "127.0.0.1",
+            "AIP_CREWAI_BEARER_TOKEN": TOKEN,
+            "AIP_CREWAI_STATE_FILE": str(workdir / "runs.db"),
+            "AIP_CREWAI_ALLOWED_OPERATIONS": "run,train",
+            "AIP_CREWAI_TRAINING_DIR": str(training),
+            "AIP_CREWAI_MAX_EVENT_BYTES": "1024",
+            "AIP_CREWAI_MAX_STATE_BYTES": "268435456",
+            "AIP_CREWAI_ALLOW_UNAUTHENTICATED": "false",
+            "AIP_CREWAI_ALLOW_EPHEMERAL": "false",
+        },
+    )
     stderr_path = workdir / "stderr.log"
     with open(stderr_path, "wb") as log_file:
-        process = subprocess.Popen(sidecar_command("--port", "0"), cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=log_file)
+        process = subprocess.Popen(
+            sidecar_command("--port", "0"),
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
     try:
         base_url = wait_ready(process, stderr_path)
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with httpx.AsyncClient(base_url=base_url, headers=headers) as client:
             health = (await client.get("/health")).json()
-            unknown = await client.post("/jobs", json={"crew_id": "echo", "action_id": "a1", "operation": "deploy",
-                                                       "input": {}}, headers={"Idempotency-Key": "k"})
+            unknown = await client.post(
+                "/jobs",
+                json={"crew_id": "echo", "action_id": "a1", "operation": "deploy", "input": {}},
+                headers={"Idempotency-Key": "k"},
+            )
             unauthenticated = await client.get("/health", headers={"Authorization": "Bearer wrong"})
     finally:
         process.send_signal(signal.SIGTERM)
@@ -183,25 +207,48 @@ async def test_a_sidecar_serves_the_jobs_imported_from_a_reference_journal(sidec
     workdir.mkdir(mode=0o700)
     output = {"raw": "old answer", "token_usage": {}, "tasks_output": []}
     runs = [
-        {"action_id": "ref-done", "crew_id": "echo", "operation": "run", "input_hash": "h1", "status": "completed",
-         "events": [{"event": "started", "sequence": 0, "data": {}},
-                    {"event": "completed", "sequence": 1, "data": output}], "output": output},
-        {"action_id": "ref-running", "crew_id": "echo", "operation": "run", "input_hash": "h2", "status": "running",
-         "events": [{"event": "started", "sequence": 0, "data": {}}], "output": None},
+        {
+            "action_id": "ref-done",
+            "crew_id": "echo",
+            "operation": "run",
+            "input_hash": "h1",
+            "status": "completed",
+            "events": [
+                {"event": "started", "sequence": 0, "data": {}},
+                {"event": "completed", "sequence": 1, "data": output},
+            ],
+            "output": output,
+        },
+        {
+            "action_id": "ref-running",
+            "crew_id": "echo",
+            "operation": "run",
+            "input_hash": "h2",
+            "status": "running",
+            "events": [{"event": "started", "sequence": 0, "data": {}}],
+            "output": None,
+        },
     ]
     source = workdir / "runs.json"
     source.write_text(json.dumps(runs))
     source.chmod(0o600)
-    imported = subprocess.run(sidecar_command()[:-1] + ["journal", "import", str(source)], cwd=workdir,
-                              env=child_env(workdir / "calls.log"), capture_output=True, timeout=60, check=False)
+    imported = subprocess.run(
+        sidecar_command()[:-1] + ["journal", "import", str(source)],
+        cwd=workdir,
+        env=child_env(workdir / "calls.log"),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert imported.returncode == 0, imported.stderr
     sidecar = sidecar_factory.start(journal=workdir / "runs.db")
     async with sidecar.client() as client:
         done = (await client.get("/jobs/ref-done")).json()
         failed = (await client.get("/jobs/ref-running")).json()
         events = (await client.get("/jobs/ref-running/events")).json()
-        again = await client.post("/jobs", json={"crew_id": "echo", "action_id": "ref-done", "input": {}},
-                                  headers={"Idempotency-Key": "k"})
+        again = await client.post(
+            "/jobs", json={"crew_id": "echo", "action_id": "ref-done", "input": {}}, headers={"Idempotency-Key": "k"}
+        )
     assert done["status"] == "completed" and done["output"] == output and done["event_count"] == 2
     assert failed["status"] == "failed" and events["events"][-1]["data"]["uncertain_outcome"] is True
     assert again.status_code == 409 and sidecar.calls() == []

@@ -27,8 +27,9 @@ def test_the_five_operations_over_http(sidecar):
     tasks = run.json()["tasks_output"]
     assert all(task["task_id"] for task in tasks)
 
-    replay = post(sidecar, "replay-1", "trainable", "replay", {"task_id": tasks[-1]["task_id"],
-                                                                "inputs": {"topic": "tides"}})
+    replay = post(
+        sidecar, "replay-1", "trainable", "replay", {"task_id": tasks[-1]["task_id"], "inputs": {"topic": "tides"}}
+    )
     assert replay.status_code == 200, replay.text
     assert "tides" in replay.json()["raw"]
     unknown = post(sidecar, "replay-2", "trainable", "replay", {"task_id": "not-a-task"})

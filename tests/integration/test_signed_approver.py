@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from host_process import start_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.host_processes]
@@ -19,8 +18,9 @@ APPROVER = "human:acme-approver"  # README and host/host.example.toml
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "aip_crewai.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "aip_crewai.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture
@@ -31,8 +31,12 @@ def keyed(sidecar_factory, tmp_path: Path):
     assert generated.returncode == 0, generated.stderr
     public = json.loads(generated.stdout)["ed25519_public_key"]
     sidecar = sidecar_factory.start()
-    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, extra_principals=[
-        {"id": APPROVER, "tenant": "acme", "role": "approver", "ed25519_public_key": public}])
+    host = start_host(
+        tmp_path / "host",
+        sidecar.base_url,
+        sidecar.token,
+        extra_principals=[{"id": APPROVER, "tenant": "acme", "role": "approver", "ed25519_public_key": public}],
+    )
     try:
         yield host, key
     finally:
@@ -69,16 +73,35 @@ def test_a_signing_key_without_a_key_id_is_a_usage_error(keyed):
     host, key = keyed
     answer = run_cli("approvals", "list", "--url", host.base_url, "--signing-key", str(key))
     assert answer.returncode == 2 and "--key-id" in answer.stderr
-    unsigned = run_cli("approvals", "list", "--url", host.base_url, "--signing-key", str(key), "--key-id",
-                       "human:someone-else")
+    unsigned = run_cli(
+        "approvals", "list", "--url", host.base_url, "--signing-key", str(key), "--key-id", "human:someone-else"
+    )
     assert unsigned.returncode == 4  # the host refused the credential (401): README "Exit codes"
 
 
 def test_approvals_watch_prints_a_new_pending_approval_live(keyed):
     host, key = keyed
-    watch = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "approvals", "watch", "--count", "2", "--json",
-                              "--url", host.base_url, "--signing-key", str(key), "--key-id", APPROVER],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watch = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aip_crewai.cli",
+            "approvals",
+            "watch",
+            "--count",
+            "2",
+            "--json",
+            "--url",
+            host.base_url,
+            "--signing-key",
+            str(key),
+            "--key-id",
+            APPROVER,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with host.client("acme-app") as app:
             first = app.call("cap:crewai:echo", {"topic": "w1"}, idempotency_key="watch-1")
@@ -104,8 +127,9 @@ def test_a_stream_token_follows_an_action_without_a_header_and_is_never_logged(k
         action_id = done["body"]["action_result"]["action_id"]
         minted = app.stream_token(action_id)
     token = minted["stream_token"]
-    with httpx.stream("GET", host.base_url + minted["stream_url"], headers={"Accept": "text/event-stream"},
-                      timeout=30) as response:
+    with httpx.stream(
+        "GET", host.base_url + minted["stream_url"], headers={"Accept": "text/event-stream"}, timeout=30
+    ) as response:
         text = response.read().decode()
     assert response.status_code == 200 and "event: result" in text
     refused = httpx.get(f"{host.base_url}/aip/v1/actions/{action_id}/events?stream_token={token[:-2]}xx", timeout=30)

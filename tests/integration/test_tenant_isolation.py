@@ -17,11 +17,11 @@ import time
 
 import httpx
 import pytest
+from host_process import start_host
+from sidecar_process import launch, post_job, start_with_training_dir
 
 from aip_crewai.client import new_id
 from aip_crewai.sidecar.tenancy import namespace_key, private_collection_name
-from host_process import start_host
-from sidecar_process import launch, post_job, start_with_training_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420), pytest.mark.host_processes, pytest.mark.sidecar_jobs]
 
@@ -49,8 +49,9 @@ def test_memory_of_one_tenant_is_neither_recalled_nor_reset_by_another(sidecar):
     assert MEMORY in ok(post(sidecar, "acme:m2", "memory_a", "run", {"topic": "tides"}))["raw"]
     # beta, same crew: nothing of acme's is recalled
     assert NO_MEMORY in ok(post(sidecar, "beta:m1", "memory_a", "run", {"topic": "tides"}))["raw"]
-    assert ok(post(sidecar, "beta:r1", "memory_a", "memory_reset", {"command_type": "memory"}))[
-        "reset_targets"] == ["memory"]
+    assert ok(post(sidecar, "beta:r1", "memory_a", "memory_reset", {"command_type": "memory"}))["reset_targets"] == [
+        "memory"
+    ]
     # beta's reset left acme's memories alone
     assert MEMORY in ok(post(sidecar, "acme:m3", "memory_a", "run", {"topic": "tides"}))["raw"]
     namespaces = sidecar.state_dir / "crewai" / "namespaces"
@@ -60,17 +61,25 @@ def test_memory_of_one_tenant_is_neither_recalled_nor_reset_by_another(sidecar):
 def test_replay_never_reaches_another_tenants_run(sidecar):
     run = ok(post(sidecar, "acme:run-1", "trainable", "run", {"topic": "acme-secret-topic"}))
     task_id = run["tasks_output"][-1]["task_id"]
-    foreign = post(sidecar, "beta:replay-1", "trainable", "replay",
-                   {"task_id": task_id, "inputs": {"topic": "beta"}})
+    foreign = post(sidecar, "beta:replay-1", "trainable", "replay", {"task_id": task_id, "inputs": {"topic": "beta"}})
     assert foreign.status_code == 422, foreign.text
     assert "acme-secret-topic" not in foreign.text
     assert sidecar.calls() and not any("beta" in line for line in sidecar.calls())  # no model call for beta
-    own = ok(post(sidecar, "acme:replay-1", "trainable", "replay",
-                  {"task_id": task_id, "inputs": {"topic": "acme-secret-topic"}}))
+    own = ok(
+        post(
+            sidecar,
+            "acme:replay-1",
+            "trainable",
+            "replay",
+            {"task_id": task_id, "inputs": {"topic": "acme-secret-topic"}},
+        )
+    )
     assert "acme-secret-topic" in own["raw"]
     # a job id without a tenant (a peer host) is the default tenant: it does not see acme's runs either
-    assert post(sidecar, "replay-2", "trainable", "replay", {"task_id": task_id,
-                                                             "inputs": {"topic": "x"}}).status_code == 422
+    assert (
+        post(sidecar, "replay-2", "trainable", "replay", {"task_id": task_id, "inputs": {"topic": "x"}}).status_code
+        == 422
+    )
 
 
 def test_a_knowledge_reset_of_one_tenant_leaves_the_other_tenants_knowledge(sidecar):
@@ -78,12 +87,14 @@ def test_a_knowledge_reset_of_one_tenant_leaves_the_other_tenants_knowledge(side
     acme = ok(post(sidecar, "acme:kq-1", "shared_knowledge_x", "knowledge_query", query))["results"]
     assert acme and "glacier" in acme[0]["content"].lower()
     assert ok(post(sidecar, "beta:kr-1", "shared_knowledge_x", "memory_reset", {"command_type": "knowledge"}))[
-        "reset_targets"] == ["knowledge"]
+        "reset_targets"
+    ] == ["knowledge"]
     # each tenant had a collection of its own; beta's reset deleted beta's only
     collections = knowledge_collections(sidecar)
     assert "knowledge_" + private_collection_name(namespace_key("acme", "shared_knowledge_x"), "crew") in collections
-    assert "knowledge_" + private_collection_name(namespace_key("beta", "shared_knowledge_x"), "crew") \
-        not in collections
+    assert (
+        "knowledge_" + private_collection_name(namespace_key("beta", "shared_knowledge_x"), "crew") not in collections
+    )
     assert ok(post(sidecar, "acme:kq-2", "shared_knowledge_x", "knowledge_query", query))["results"] == acme
 
 
@@ -98,8 +109,9 @@ def knowledge_collections(sidecar) -> set[str]:
 
 def test_training_artifacts_of_two_tenants_never_overwrite_each_other(sidecar):
     for tenant in ("acme", "beta"):
-        out = ok(post(sidecar, f"{tenant}:train-1", "trainable", "train",
-                      {"n_iterations": 1, "artifact_name": "journal.db"}))
+        out = ok(
+            post(sidecar, f"{tenant}:train-1", "trainable", "train", {"n_iterations": 1, "artifact_name": "journal.db"})
+        )
         assert out["artifact_name"] == "journal.db"
     files = sorted(str(p.relative_to(sidecar.training_dir)) for p in sidecar.training_dir.rglob("*") if p.is_file())
     assert files == ["acme/trainable/journal.db", "beta/trainable/journal.db"]
@@ -115,8 +127,19 @@ def test_a_training_dir_that_is_or_contains_the_journal_or_state_dir_is_refused(
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     training = {"journal_dir": workdir, "parent_of_journal_dir": root, "state_dir": state}[where]
-    process = launch(workdir, args=["--registry", REGISTRY, "--allowed-operations", OPS, "--training-dir",
-                                    str(training), "--state-dir", str(state)])
+    process = launch(
+        workdir,
+        args=[
+            "--registry",
+            REGISTRY,
+            "--allowed-operations",
+            OPS,
+            "--training-dir",
+            str(training),
+            "--state-dir",
+            str(state),
+        ],
+    )
     try:
         assert process.wait(timeout=60) == 2
     except subprocess.TimeoutExpired:
@@ -129,15 +152,21 @@ def test_a_training_dir_that_is_or_contains_the_journal_or_state_dir_is_refused(
 
 # ----------------------------------------------------------------- through the host
 
-CREWS = [{"id": crew, "name": crew, "allowed_operations": ["run", "status", "events", "cancel", "replay",
-                                                           "memory_reset"]}
-         for crew in ("memory_a", "trainable")]
+CREWS = [
+    {"id": crew, "name": crew, "allowed_operations": ["run", "status", "events", "cancel", "replay", "memory_reset"]}
+    for crew in ("memory_a", "trainable")
+]
 
 
 @pytest.fixture
 def stack(sidecar, tmp_path):
-    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, crews=CREWS,
-                      tenants={"acme": ["memory_a", "trainable"], "beta": ["memory_a", "trainable"]})
+    host = start_host(
+        tmp_path / "host",
+        sidecar.base_url,
+        sidecar.token,
+        crews=CREWS,
+        tenants={"acme": ["memory_a", "trainable"], "beta": ["memory_a", "trainable"]},
+    )
     try:
         yield host
     finally:
@@ -169,8 +198,7 @@ def test_two_tenants_through_the_host_share_no_memory_and_no_replay(stack):
     assert first["status"] == "completed", first
     assert MEMORY in invoke(host, "acme", "cap:crewai:memory_a", {"topic": "tides"})["output"]["raw"]
     assert NO_MEMORY in invoke(host, "beta", "cap:crewai:memory_a", {"topic": "tides"})["output"]["raw"]
-    assert invoke(host, "beta", "cap:crewai:memory_a:memory_reset", {"command_type": "memory"})[
-        "status"] == "completed"
+    assert invoke(host, "beta", "cap:crewai:memory_a:memory_reset", {"command_type": "memory"})["status"] == "completed"
     assert MEMORY in invoke(host, "acme", "cap:crewai:memory_a", {"topic": "tides"})["output"]["raw"]
 
     run = invoke(host, "acme", "cap:crewai:trainable", {"topic": "acme-only"})
@@ -213,20 +241,28 @@ def test_memory_reset_is_refused_while_a_job_of_the_same_tenant_and_crew_runs(si
     blocking = threading.Thread(target=post, args=(sidecar, "acme:slow-1", "trainable_slow", "run", {"topic": "t"}))
     blocking.start()
     try:
-        wait_for(lambda: httpx.get(f"{sidecar.base_url}/jobs/acme:slow-1", headers=sidecar.headers).status_code
-                 == 200 and job_status(sidecar, "acme:slow-1") == "running")
+        wait_for(
+            lambda: (
+                httpx.get(f"{sidecar.base_url}/jobs/acme:slow-1", headers=sidecar.headers).status_code == 200
+                and job_status(sidecar, "acme:slow-1") == "running"
+            )
+        )
         busy = post(sidecar, "acme:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"})
         assert busy.status_code == 409, busy.text
         assert "memory_reset is refused" in busy.json()["detail"]
         assert httpx.get(f"{sidecar.base_url}/jobs/acme:reset-1", headers=sidecar.headers).status_code == 404
         # another tenant's reset of the same crew is not held up by acme's run
-        assert ok(post(sidecar, "beta:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"}))[
-            "status"] == "completed"
+        assert (
+            ok(post(sidecar, "beta:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"}))["status"]
+            == "completed"
+        )
     finally:
         blocking.join(timeout=120)
     assert job_status(sidecar, "acme:slow-1") == "completed"
-    assert ok(post(sidecar, "acme:reset-2", "trainable_slow", "memory_reset", {"command_type": "all"}))[
-        "status"] == "completed"
+    assert (
+        ok(post(sidecar, "acme:reset-2", "trainable_slow", "memory_reset", {"command_type": "all"}))["status"]
+        == "completed"
+    )
 
 
 # ----------------------------------------------------- replay state kept with the run (items 4, 5)
@@ -249,9 +285,10 @@ def test_replay_of_an_older_run_needs_no_inputs_and_explicit_inputs_still_win(si
     task_id = older["tasks_output"][1]["task_id"]
     replayed = ok(post(sidecar, "acme:rp-1", "trainable", "replay", {"task_id": task_id}))
     assert [t["raw"].split(": ", 1)[1] for t in replayed["tasks_output"]] == [
-        "Summarize the topic otters-7f2.", "Restate the summary of otters-7f2."]
-    override = ok(post(sidecar, "acme:rp-2", "trainable", "replay", {"task_id": task_id,
-                                                                      "inputs": {"topic": "voles"}}))
+        "Summarize the topic otters-7f2.",
+        "Restate the summary of otters-7f2.",
+    ]
+    override = ok(post(sidecar, "acme:rp-2", "trainable", "replay", {"task_id": task_id, "inputs": {"topic": "voles"}}))
     assert override["tasks_output"][1]["raw"].endswith("Restate the summary of voles.")
     # a replay's own output is replayable without inputs too (its inputs were kept)
     again = ok(post(sidecar, "acme:rp-3", "trainable", "replay", {"task_id": override["tasks_output"][1]["task_id"]}))
@@ -260,8 +297,9 @@ def test_replay_of_an_older_run_needs_no_inputs_and_explicit_inputs_still_win(si
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
     assert b"otters-7f2" in kept.read_bytes()
     assert journal_rows(sidecar, "SELECT COUNT(*) FROM run_state WHERE action_id = ?", ("acme:old",)) == [(1,)]
-    archived = httpx.delete(f"{sidecar.base_url}/jobs/acme:old",
-                            headers={**sidecar.headers, "X-AIP-Archive-Confirmation": "acme:old"})
+    archived = httpx.delete(
+        f"{sidecar.base_url}/jobs/acme:old", headers={**sidecar.headers, "X-AIP-Archive-Confirmation": "acme:old"}
+    )
     assert archived.status_code == 200, archived.text
     assert not kept.exists()
     assert journal_rows(sidecar, "SELECT COUNT(*) FROM run_state WHERE action_id = ?", ("acme:old",)) == [(0,)]
@@ -303,13 +341,17 @@ def test_a_replay_cancelled_during_a_blocked_model_call_runs_no_tool_and_says_so
     run = ok(post(sidecar, "acme:bt-run", "blocked_tool_user", "run", {"topic": "three little words"}))
     assert any("tool:tally acme:bt-run" in line for line in sidecar.calls())  # the crew does use its tool
     task_id = run["tasks_output"][0]["task_id"]
-    replay = threading.Thread(target=post, args=(sidecar, "acme:bt-replay", "blocked_tool_user", "replay",
-                                                 {"task_id": task_id}))
+    replay = threading.Thread(
+        target=post, args=(sidecar, "acme:bt-replay", "blocked_tool_user", "replay", {"task_id": task_id})
+    )
     replay.start()
     try:
         wait_for(lambda: any("offline-blocked-tools acme:bt-replay" in line for line in sidecar.calls()))
-        cancelled = httpx.post(f"{sidecar.base_url}/jobs/acme:bt-replay/cancel", headers=sidecar.headers,
-                               json={"crew_id": "blocked_tool_user", "action_id": "acme:bt-replay"})
+        cancelled = httpx.post(
+            f"{sidecar.base_url}/jobs/acme:bt-replay/cancel",
+            headers=sidecar.headers,
+            json={"crew_id": "blocked_tool_user", "action_id": "acme:bt-replay"},
+        )
         assert cancelled.status_code == 200, cancelled.text
         assert cancelled.json()["status"] == "cancelled"
     finally:
@@ -330,30 +372,38 @@ def test_knowledge_that_cannot_initialise_is_a_typed_error_without_its_text(tmp_
     """Item 7: /health names the crew at start-up; knowledge_query and run fail KnowledgeUnavailable (not 200
     {"results": []} or a run without retrieval); CrewAI's printed "Failed to init knowledge: <secret>" reaches
     the log by its label only, and nothing reaches fd 1."""
-    from sidecar_process import Sidecar, TOKEN, wait_ready
+    from sidecar_process import TOKEN, Sidecar, wait_ready
 
-    fake_secret = "sk-test-SECRET-7f3a9c"  # aip_crewai.examples.offline_llm.FAKE_SECRET: importing it would import CrewAI here
+    fake_secret = (
+        "sk-test-SECRET-7f3a9c"  # aip_crewai.examples.offline_llm.FAKE_SECRET: importing it would import CrewAI here
+    )
 
     workdir = tmp_path / "kq"
     workdir.mkdir(mode=0o700)
     stdout = workdir / "stdout.log"
     (tmp_path / "training").mkdir(mode=0o700, exist_ok=True)
-    process = launch(workdir, args=["--registry", REGISTRY, "--allowed-operations", OPS, "--training-dir",
-                                    str(tmp_path / "training")], stdout=stdout)
+    process = launch(
+        workdir,
+        args=["--registry", REGISTRY, "--allowed-operations", OPS, "--training-dir", str(tmp_path / "training")],
+        stdout=stdout,
+    )
     try:
         base_url = wait_ready(process, workdir / "stderr.log")
     except AssertionError:
         process.kill()
         raise
-    sidecar = Sidecar(process, base_url, TOKEN, workdir / "journal.db", workdir, workdir / "calls.log",
-                      workdir / "stderr.log")
+    sidecar = Sidecar(
+        process, base_url, TOKEN, workdir / "journal.db", workdir, workdir / "calls.log", workdir / "stderr.log"
+    )
 
     health = ok(httpx.get(f"{base_url}/health", headers=sidecar.headers))
     assert health["crew_problems"]["broken_knowledge"] == ["knowledge_unavailable"]
     assert health["crew_problems"]["asks_human"] == ["human_input"]
     assert "trainable" not in health["crew_problems"]
-    for job_id, operation, input in (("acme:kq-broken", "knowledge_query", {"query": ["glacier"]}),
-                                     ("acme:run-broken", "run", {"topic": "glacier"})):
+    for job_id, operation, input in (
+        ("acme:kq-broken", "knowledge_query", {"query": ["glacier"]}),
+        ("acme:run-broken", "run", {"topic": "glacier"}),
+    ):
         failed = post(sidecar, job_id, "broken_knowledge", operation, input)
         assert failed.status_code == 502, failed.text
         assert failed.json()["error_type"] == "KnowledgeUnavailable"

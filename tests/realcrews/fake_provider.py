@@ -197,8 +197,11 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 answer = rule.next() if rule and failure is None and "messages" in body else None
                 state.requests.append(record)
             if failure is not None:
-                return self._json(failure[2], {"error": {"message": "scripted failure", "type": "server_error"}},
-                                  {"retry-after-ms": "10", "retry-after": "0"})
+                return self._json(
+                    failure[2],
+                    {"error": {"message": "scripted failure", "type": "server_error"}},
+                    {"retry-after-ms": "10", "retry-after": "0"},
+                )
             if self.path == "/v1/embeddings":
                 return self._embeddings(body)
             answer = answer or _default(body)
@@ -210,8 +213,15 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             inputs = body.get("input")
             items = [inputs] if isinstance(inputs, str) else list(inputs or [])
             data = [{"object": "embedding", "index": i, "embedding": embed(str(v))} for i, v in enumerate(items)]
-            self._json(200, {"object": "list", "data": data, "model": body.get("model", "fake-embed"),
-                             "usage": {"prompt_tokens": len(items), "total_tokens": len(items)}})
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": data,
+                    "model": body.get("model", "fake-embed"),
+                    "usage": {"prompt_tokens": len(items), "total_tokens": len(items)},
+                },
+            )
 
         def _json(self, status: int, value: Any, headers: dict[str, str] | None = None) -> None:
             payload = json.dumps(value).encode()
@@ -229,13 +239,27 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
-            base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
-                    "model": body.get("model", "fake")}
+            base = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": body.get("model", "fake"),
+            }
             events: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
             events += [{"content": piece} for piece in answer.chunks()]
             for index, (name, arguments) in enumerate(answer.tool_calls):
-                events.append({"tool_calls": [{"index": index, "id": f"call_{index}", "type": "function",
-                                               "function": {"name": name, "arguments": json.dumps(arguments)}}]})
+                events.append(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": f"call_{index}",
+                                "type": "function",
+                                "function": {"name": name, "arguments": json.dumps(arguments)},
+                            }
+                        ]
+                    }
+                )
             for delta in events:
                 self._event({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
             finish = "tool_calls" if answer.tool_calls else "stop"
@@ -258,14 +282,18 @@ def _usage() -> dict[str, int]:
 def _completion(body: dict[str, Any], answer: Answer) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": answer.text or None}
     if answer.tool_calls:
-        message["tool_calls"] = [{"id": f"call_{i}", "type": "function",
-                                  "function": {"name": name, "arguments": json.dumps(arguments)}}
-                                 for i, (name, arguments) in enumerate(answer.tool_calls)]
-    return {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", "fake"),
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if answer.tool_calls else "stop"}],
-            "usage": _usage()}
+        message["tool_calls"] = [
+            {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+            for i, (name, arguments) in enumerate(answer.tool_calls)
+        ]
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "fake"),
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if answer.tool_calls else "stop"}],
+        "usage": _usage(),
+    }
 
 
 def _default(body: dict[str, Any]) -> Answer:

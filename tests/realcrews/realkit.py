@@ -34,20 +34,22 @@ for _extra in (ROOT / "tests" / "integration",):
     if str(_extra) not in sys.path:
         sys.path.insert(0, str(_extra))
 
+from fake_provider import FakeProvider  # noqa: E402
 from host_process import Host, start_host  # noqa: E402
 from sidecar_process import TOKEN, Sidecar, launch, wait_ready  # noqa: E402
 
 from aip_crewai.client import AipClient, new_id  # noqa: E402
-from fake_provider import FakeProvider  # noqa: E402
 
 #: The API key the crews send (the suite checks it never appears in a published message).
 API_KEY = "sk-fake-realcrews-SECRET-1234"
 #: The example crews behind a thread started at import, plus two crews that cannot work (``suite_registry.py``).
 SUITE_REGISTRY = "suite_registry:CREWS"
 #: The crews of :data:`SUITE_REGISTRY` that are not in the example's ``crews.json``.
-BROKEN_CREWS = {"broken-knowledge": ("knowledge_unavailable", "KnowledgeUnavailable"),
-                "broken-memory": ("memory_unavailable", "MemoryUnavailable"),
-                "no-key": ("llm_unconfigured", "LlmUnconfigured")}
+BROKEN_CREWS = {
+    "broken-knowledge": ("knowledge_unavailable", "KnowledgeUnavailable"),
+    "broken-memory": ("memory_unavailable", "MemoryUnavailable"),
+    "no-key": ("llm_unconfigured", "LlmUnconfigured"),
+}
 #: ``/health`` ``crew_problems`` of :data:`SUITE_REGISTRY`.
 CREW_PROBLEMS = {crew: [code] for crew, (code, _error) in BROKEN_CREWS.items()}
 
@@ -100,14 +102,24 @@ def example_crews() -> list[dict[str, Any]]:
 def sidecar_env(provider: FakeProvider, escapes: EscapeRecorder) -> dict[str, str]:
     """The example's provider settings, pointed at ``provider``; the recording proxy for the rest."""
     proxy = f"http://127.0.0.1:{escapes.port}"
-    return {"PYTHONPATH": f"{EXAMPLE}:{HERE}:{ROOT}", "REALCREWS_BASE_URL": provider.base_url, "REALCREWS_API_KEY": API_KEY,
-            "REALCREWS_MODEL": "openai/fake-chat", "REALCREWS_EMBED_MODEL": "fake-embed",
-            "HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy, "https_proxy": proxy,
-            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    return {
+        "PYTHONPATH": f"{EXAMPLE}:{HERE}:{ROOT}",
+        "REALCREWS_BASE_URL": provider.base_url,
+        "REALCREWS_API_KEY": API_KEY,
+        "REALCREWS_MODEL": "openai/fake-chat",
+        "REALCREWS_EMBED_MODEL": "fake-embed",
+        "HTTP_PROXY": proxy,
+        "HTTPS_PROXY": proxy,
+        "http_proxy": proxy,
+        "https_proxy": proxy,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }
 
 
-def start_deployment(workdir: Path, provider: FakeProvider, *, isolation: str | None = None,
-                     registry: str = SUITE_REGISTRY) -> Deployment:
+def start_deployment(
+    workdir: Path, provider: FakeProvider, *, isolation: str | None = None, registry: str = SUITE_REGISTRY
+) -> Deployment:
     """A sidecar on the example registry and a host in front of it (see the module docstring)."""
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     escapes = EscapeRecorder()
@@ -118,11 +130,13 @@ def start_deployment(workdir: Path, provider: FakeProvider, *, isolation: str | 
     sidecar = Sidecar(process, "", TOKEN, workdir / "journal.db", workdir, workdir / "calls.log", stderr, args)
     try:
         sidecar.base_url = wait_ready(process, stderr)
-        crews = example_crews() + [{"id": crew, "name": crew, "allowed_operations": ["run", "status", "events"]}
-                                   for crew in BROKEN_CREWS]
+        crews = example_crews() + [
+            {"id": crew, "name": crew, "allowed_operations": ["run", "status", "events"]} for crew in BROKEN_CREWS
+        ]
         ids = [crew["id"] for crew in crews]
-        host = start_host(workdir / "host", sidecar.base_url, TOKEN, crews=crews,
-                          tenants={"acme": ids, "beta": ["memory"]})
+        host = start_host(
+            workdir / "host", sidecar.base_url, TOKEN, crews=crews, tenants={"acme": ids, "beta": ["memory"]}
+        )
     except BaseException:
         if process.poll() is None:
             process.kill()

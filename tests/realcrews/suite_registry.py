@@ -10,10 +10,9 @@ Imported by the sidecar (``PYTHONPATH`` from ``realkit.sidecar_env``), never by 
 
 from __future__ import annotations
 
-from crewai import LLM, Agent, Crew, Task
-from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
-
 import threaded_registry
+from crewai import LLM, Crew, Task
+from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 from realcrews import _agent, embedder
 
 #: Nothing listens on the discard port of loopback.
@@ -25,8 +24,12 @@ def broken_knowledge_crew() -> Crew:
     spec["config"]["api_base"] = DEAD_URL
     clerk = _agent("Clerk")
     task = Task(description="BROKEN-KNOWLEDGE-RUN {question}", expected_output="An answer.", agent=clerk)
-    return Crew(agents=[clerk], tasks=[task], embedder=spec,
-                knowledge_sources=[StringKnowledgeSource(content="Nobody will ever read this.")])
+    return Crew(
+        agents=[clerk],
+        tasks=[task],
+        embedder=spec,
+        knowledge_sources=[StringKnowledgeSource(content="Nobody will ever read this.")],
+    )
 
 
 def broken_memory_crew() -> Crew:
@@ -42,5 +45,9 @@ def no_key_crew() -> Crew:
     return Crew(agents=[clerk], tasks=[Task(description="NO-KEY-RUN", expected_output="An answer.", agent=clerk)])
 
 
-CREWS = {**threaded_registry.CREWS, "broken-knowledge": broken_knowledge_crew, "broken-memory": broken_memory_crew,
-         "no-key": no_key_crew}
+CREWS = {
+    **threaded_registry.CREWS,
+    "broken-knowledge": broken_knowledge_crew,
+    "broken-memory": broken_memory_crew,
+    "no-key": no_key_crew,
+}

@@ -8,8 +8,6 @@ import subprocess
 import sys
 
 import pytest
-from sidecar_process import child_env
-
 from fake_provider import message_text, text
 from realkit import (
     AGENT_FACT_TEXT,
@@ -21,9 +19,15 @@ from realkit import (
     sidecar_env,
     start_deployment,
 )
+from sidecar_process import child_env
 
-pytestmark = [pytest.mark.realcrews, pytest.mark.integration, pytest.mark.sidecar_jobs, pytest.mark.host_processes,
-              pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.realcrews,
+    pytest.mark.integration,
+    pytest.mark.sidecar_jobs,
+    pytest.mark.host_processes,
+    pytest.mark.timeout(300),
+]
 
 
 def _answer_prompts(provider, marker):
@@ -80,7 +84,13 @@ def test_crew_knowledge_reaches_the_prompt_with_jobs_in_the_sidecar_process(inpr
 
 def test_doctor_reports_the_crews_whose_knowledge_memory_or_llm_cannot_work(deployment, provider, tmp_path):
     env = {**child_env(tmp_path / "calls.log", sidecar_env(provider, deployment.escapes))}
-    done = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", SUITE_REGISTRY, "--json"],
-                          cwd=tmp_path, env=env, capture_output=True, timeout=240, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", SUITE_REGISTRY, "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 1, done.stderr.decode(errors="replace")
     assert json.loads(done.stdout)["crew_problems"] == CREW_PROBLEMS

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from fake_provider import text
 from realkit import API_KEY, run_action
 
-pytestmark = [pytest.mark.realcrews, pytest.mark.integration, pytest.mark.sidecar_jobs, pytest.mark.host_processes,
-              pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.realcrews,
+    pytest.mark.integration,
+    pytest.mark.sidecar_jobs,
+    pytest.mark.host_processes,
+    pytest.mark.timeout(300),
+]
 
 
 def test_a_429_once_is_retried_and_the_run_completes(deployment, provider):

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from fake_provider import message_text, text, tool_call
 from realkit import API_KEY, run_action
 
-pytestmark = [pytest.mark.realcrews, pytest.mark.integration, pytest.mark.sidecar_jobs, pytest.mark.host_processes,
-              pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.realcrews,
+    pytest.mark.integration,
+    pytest.mark.sidecar_jobs,
+    pytest.mark.host_processes,
+    pytest.mark.timeout(300),
+]
 
 
 def test_output_pydantic_and_output_json_fields_arrive_as_json_in_the_result(deployment, provider):
@@ -28,10 +32,16 @@ def test_output_pydantic_and_output_json_fields_arrive_as_json_in_the_result(dep
 
 
 def test_a_hierarchical_crew_delegates_through_its_manager_llm(deployment, provider):
-    provider.script(("HIERARCHICAL-RUN", "hi-1", "Crew Manager"),
-                    tool_call("delegate_work_to_coworker", task="DELEGATED-LINE hi-1 write the line",
-                              context="about tides", coworker="Writer"),
-                    text("Thought: done.\nFinal Answer: The tide turns at noon (hi-1)."))
+    provider.script(
+        ("HIERARCHICAL-RUN", "hi-1", "Crew Manager"),
+        tool_call(
+            "delegate_work_to_coworker",
+            task="DELEGATED-LINE hi-1 write the line",
+            context="about tides",
+            coworker="Writer",
+        ),
+        text("Thought: done.\nFinal Answer: The tide turns at noon (hi-1)."),
+    )
     provider.script(("DELEGATED-LINE hi-1",), text("Thought: easy.\nFinal Answer: The tide turns at noon."))
     outcome = run_action(deployment, "hierarchical", {"topic": "hi-1 tides"})
     assert outcome.result["status"] == "completed", outcome.result
@@ -52,8 +62,12 @@ def test_a_sequential_task_reads_the_previous_task_through_its_context(deploymen
 
 
 def test_a_thread_pool_tool_and_an_async_tool_run_and_their_results_reach_the_model(deployment, provider):
-    provider.script(("TOOLS-RUN", "tl-1"), tool_call("parallel_count", words="aa bbb"),
-                    tool_call("async_echo", text="hi-42"), text("Thought: done.\nFinal Answer: tools ok (tl-1)"))
+    provider.script(
+        ("TOOLS-RUN", "tl-1"),
+        tool_call("parallel_count", words="aa bbb"),
+        tool_call("async_echo", text="hi-42"),
+        text("Thought: done.\nFinal Answer: tools ok (tl-1)"),
+    )
     outcome = run_action(deployment, "tools", {"words": "tl-1 aa bbb"})
     assert outcome.result["status"] == "completed", outcome.result
     seen = "\n".join(json.dumps(r["messages"]) for r in provider.requests("tl-1"))
@@ -62,8 +76,11 @@ def test_a_thread_pool_tool_and_an_async_tool_run_and_their_results_reach_the_mo
 
 
 def test_a_tool_that_raises_is_named_with_its_exception_type_and_no_secret(deployment, provider):
-    provider.script(("FAILING-TOOL-RUN", "ft-1"), tool_call("failing_lookup", query="ledger"),
-                    text("Thought: the archive failed.\nFinal Answer: no record (ft-1)"))
+    provider.script(
+        ("FAILING-TOOL-RUN", "ft-1"),
+        tool_call("failing_lookup", query="ledger"),
+        text("Thought: the archive failed.\nFinal Answer: no record (ft-1)"),
+    )
     outcome = run_action(deployment, "failing-tool", {"query": "ft-1 ledger"})
     assert outcome.result["status"] == "completed", outcome.result
     assert outcome.result["output"]["tool_errors"] == [{"tool": "failing_lookup", "error_type": "LookupFailed"}]

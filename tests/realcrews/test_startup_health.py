@@ -9,12 +9,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from fake_provider import text
 from realkit import BROKEN_CREWS, CREW_PROBLEMS, run_action
 
-pytestmark = [pytest.mark.realcrews, pytest.mark.integration, pytest.mark.sidecar_jobs, pytest.mark.host_processes,
-              pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.realcrews,
+    pytest.mark.integration,
+    pytest.mark.sidecar_jobs,
+    pytest.mark.host_processes,
+    pytest.mark.timeout(300),
+]
 
 
 def _children(pid: int) -> list[int]:
@@ -34,7 +38,8 @@ def _forkserver_pid(sidecar_pid: int) -> int | None:
 
 
 def test_jobs_of_a_registry_that_starts_a_thread_at_import_complete_and_the_fork_server_has_one_thread(
-        deployment, provider):
+    deployment, provider
+):
     provider.script(("PLAIN-RUN", "th-"), text("Thought: fine.\nFinal Answer: threaded ok"))
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         outcomes = list(pool.map(lambda i: run_action(deployment, "plain", {"prompt": f"th-{i} hello"}), range(4)))

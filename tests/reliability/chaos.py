@@ -86,8 +86,13 @@ class Runner:
 
         count = {"n": 0}
 
-        @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=examples,
+            deadline=None,
+            database=None,
+            derandomize=False,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(request=strategy)
         def run(request: Any) -> None:
             count["n"] += 1
@@ -111,14 +116,20 @@ def crash(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
     for n in range(r.scale):
         procs = Processes(r.dir("sidecar-kill9"))
         try:
-            r.trial("crash", f"sidecar kill -9 #{n}", lambda p=procs: chaoslib.sidecar_kill9(
-                p, runs=6 + 2 * n, running_at_kill=r.rng.randint(1, 4)))
+            r.trial(
+                "crash",
+                f"sidecar kill -9 #{n}",
+                lambda p=procs: chaoslib.sidecar_kill9(p, runs=6 + 2 * n, running_at_kill=r.rng.randint(1, 4)),
+            )
         finally:
             procs.close()
-    for n in range(3 * r.scale):
+    for _ in range(3 * r.scale):
         after = r.rng.randint(1, 12)
-        r.trial("crash", f"host kill -9 after {after} events", lambda a=after: chaoslib.host_kill9(
-            stack[0], stack[1], after_events=a))
+        r.trial(
+            "crash",
+            f"host kill -9 after {after} events",
+            lambda a=after: chaoslib.host_kill9(stack[0], stack[1], after_events=a),
+        )
 
 
 def race(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
@@ -127,7 +138,7 @@ def race(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
         r.trial("race", f"duplicates #{n}", lambda: chaoslib.duplicate_requests(procs, sidecar, host, n=20))
     for n in range(5 * r.scale):
         r.trial("race", f"decisions #{n}", lambda: chaoslib.decision_race(host, n=10))
-    for n in range(20 * r.scale):
+    for _ in range(20 * r.scale):
         delay = r.rng.uniform(0.0, 0.16)
         r.trial("race", f"cancel after {delay:.3f} s", lambda d=delay: chaoslib.cancel_race(sidecar, host, d))
 
@@ -143,9 +154,12 @@ def hostile(r: Runner) -> None:
     host = AppThread(inproc_app(r.dir("fuzz-host"), streamkit.StreamingTransport(FakeSidecar(SIDECAR_TOKEN))))
     root = r.dir("fuzz-sidecar")
     root.mkdir(mode=0o700)
-    sidecar = AppThread(create_app(make_settings(root, max_retained_runs=10**6), crews=FAKE_CREWS,
-                                   executor=FakeExecutor()), base_url="http://sidecar")
+    sidecar = AppThread(
+        create_app(make_settings(root, max_retained_runs=10**6), crews=FAKE_CREWS, executor=FakeExecutor()),
+        base_url="http://sidecar",
+    )
     try:
+
         def host_call(request: Any) -> None:
             fuzzkit.check_answer(request, *host.request(request[0], request[1], timeout=15, **request[2]))
 
@@ -157,10 +171,15 @@ def hostile(r: Runner) -> None:
         r.fuzz("hostile", "host fuzz", fuzzkit.host_requests(), host_call, 1000 * r.scale)
         r.fuzz("hostile", "sidecar fuzz", fuzzkit.sidecar_requests(), sidecar_call, 1000 * r.scale)
         who = streamkit.Principals(bearer("acme-invoker"), bearer("acme-both"), "cap:crewai:beta")
-        for n in range(r.scale):
+        for _n in range(r.scale):
             for name in [*streamkit.INPROC, "too_many_events"]:
-                r.trial("hostile", f"stream {name} in-process", lambda c=name: streamkit.check_case(
-                    c, streamkit.run_case(host.request, who, c, chaoslib.uid("corpus")), streamkit.stream_case(c)))
+                r.trial(
+                    "hostile",
+                    f"stream {name} in-process",
+                    lambda c=name: streamkit.check_case(
+                        c, streamkit.run_case(host.request, who, c, chaoslib.uid("corpus")), streamkit.stream_case(c)
+                    ),
+                )
     finally:
         host.close()
         sidecar.close()
@@ -168,20 +187,30 @@ def hostile(r: Runner) -> None:
     procs = Processes(r.dir("streams-http"))
     try:
         real = procs.host(fake.base_url)
-        who = streamkit.Principals({"Authorization": "Bearer tok-acme-app-1"},
-                                   {"Authorization": "Bearer tok-acme-approver-1"}, "cap:crewai:echo")
+        who = streamkit.Principals(
+            {"Authorization": "Bearer tok-acme-app-1"},
+            {"Authorization": "Bearer tok-acme-approver-1"},
+            "cap:crewai:echo",
+        )
         import httpx
 
         with httpx.Client(base_url=real.base_url, timeout=30) as http:
+
             def request(method: str, url: str, **kwargs: Any) -> Any:
                 response = http.request(method, url, **kwargs)
                 return response.status_code, response.headers, response.content
 
-            for n in range(r.scale):
+            for _n in range(r.scale):
                 for name in streamkit.OVER_HTTP:
-                    r.trial("hostile", f"stream {name} over HTTP", lambda c=name: streamkit.check_case(
-                        c, streamkit.run_case(request, who, c, chaoslib.uid("http")),
-                        streamkit.stream_case(c, big=True)))
+                    r.trial(
+                        "hostile",
+                        f"stream {name} over HTTP",
+                        lambda c=name: streamkit.check_case(
+                            c,
+                            streamkit.run_case(request, who, c, chaoslib.uid("http")),
+                            streamkit.stream_case(c, big=True),
+                        ),
+                    )
     finally:
         procs.close()
         fake.close()
@@ -189,7 +218,7 @@ def hostile(r: Runner) -> None:
 
 def security(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
     procs, sidecar, host = stack
-    for n in range(r.scale):
+    for _n in range(r.scale):
         r.checks("security", "host credentials", lambda: securitykit.host_credentials(host))
         r.checks("security", "sidecar credentials", lambda: securitykit.sidecar_credentials(sidecar))
         r.checks("security", "tenants", lambda: securitykit.cross_tenant(sidecar, host))
@@ -198,11 +227,17 @@ def security(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
 
 
 def storage(r: Runner) -> None:
-    for n in range(r.scale):
-        r.checks("storage", "admission write failure",
-                 lambda: asyncio.run(storagekit.admission_write_failure(r.dir("admission-failure"))))
-        r.checks("storage", "terminal write failure",
-                 lambda: asyncio.run(storagekit.terminal_write_failure(r.dir("terminal-failure"))))
+    for _n in range(r.scale):
+        r.checks(
+            "storage",
+            "admission write failure",
+            lambda: asyncio.run(storagekit.admission_write_failure(r.dir("admission-failure"))),
+        )
+        r.checks(
+            "storage",
+            "terminal write failure",
+            lambda: asyncio.run(storagekit.terminal_write_failure(r.dir("terminal-failure"))),
+        )
     procs = Processes(r.dir("fsize"))
     try:
         r.checks("storage", "file size limit", lambda: storagekit.file_size_limit(procs))
@@ -239,9 +274,23 @@ def api(r: Runner) -> None:
     started = time.monotonic()
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "HYPOTHESIS_PROFILE": "explore", "AIP_CREWAI_API_EXAMPLES": str(200 * r.scale)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-                           "tests/integration/test_openapi_property.py"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=3600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "tests/integration/test_openapi_property.py",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     outcomes = 0
     for line in done.stdout.splitlines():
         if line.startswith("PASSED "):
@@ -266,7 +315,7 @@ def scenarios(r: Runner, stack: tuple[Processes, Any, Any], category: str, modul
             continue
         parameter = next(iter(inspect.signature(fn).parameters))
         for n in range(r.scale):
-            label = f"{name[len('test_rel_'):]} #{n}"
+            label = f"{name[len('test_rel_') :]} #{n}"
             if parameter == "stack":
                 r.trial(category, label, lambda fn=fn: fn(stack))
             elif parameter == "procs":
@@ -307,10 +356,16 @@ def main() -> int:
         sidecar = stack_procs.sidecar()
         host = stack_procs.host(sidecar.base_url)
         stack = (stack_procs, sidecar, host)
-        for category, run in (("crash", lambda: crash(runner, stack)), ("race", lambda: race(runner, stack)),
-                              ("hostile", lambda: hostile(runner)), ("security", lambda: security(runner, stack)),
-                              ("storage", lambda: storage(runner)), ("hardening", lambda: hardening(runner, stack)),
-                              ("outage", lambda: outage(runner, stack)), ("api", lambda: api(runner))):
+        for category, run in (
+            ("crash", lambda: crash(runner, stack)),
+            ("race", lambda: race(runner, stack)),
+            ("hostile", lambda: hostile(runner)),
+            ("security", lambda: security(runner, stack)),
+            ("storage", lambda: storage(runner)),
+            ("hardening", lambda: hardening(runner, stack)),
+            ("outage", lambda: outage(runner, stack)),
+            ("api", lambda: api(runner)),
+        ):
             print(f"chaos: {category} ...", flush=True)
             run()
     finally:

@@ -24,15 +24,14 @@ import uuid
 from typing import Any
 
 import httpx
-
 from relkit import (
     TERMINAL,
     Host,
     Processes,
     Sidecar,
-    chunk_count,
     approve,
     calls_by_action,
+    chunk_count,
     host_history,
     post_action,
     sidecar_events,
@@ -77,8 +76,10 @@ def sidecar_kill9(procs: Processes, runs: int = 6, running_at_kill: int = 2) -> 
         got: list[Any] = []
         body = {"crew_id": "slow", "action_id": action_id, "operation": "run", "input": {"topic": action_id}}
         try:
-            with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http, \
-                    http.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": action_id}) as resp:
+            with (
+                httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http,
+                http.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": action_id}) as resp,
+            ):
                 got.append(("status", resp.status_code))
                 got += [data["event"] for _, _, data in sse_events(resp)]
         except httpx.HTTPError as exc:
@@ -88,8 +89,11 @@ def sidecar_kill9(procs: Processes, runs: int = 6, running_at_kill: int = 2) -> 
     threads = [threading.Thread(target=stream, args=(action_id,)) for action_id in ids]
     for thread in threads:
         thread.start()
-    until(lambda: len(calls_by_action(procs.call_log)) >= min(running_at_kill, runs),
-          timeout=60, what="slow jobs calling the model")
+    until(
+        lambda: len(calls_by_action(procs.call_log)) >= min(running_at_kill, runs),
+        timeout=60,
+        what="slow jobs calling the model",
+    )
 
     def all_admitted() -> bool:
         with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=10) as http:
@@ -101,8 +105,9 @@ def sidecar_kill9(procs: Processes, runs: int = 6, running_at_kill: int = 2) -> 
     for thread in threads:
         thread.join(30)
     before = calls_by_action(procs.call_log)
-    assert not any(event in TERMINAL for got in streams.values() for event in got), \
+    assert not any(event in TERMINAL for got in streams.values() for event in got), (
         f"a stream saw a terminal event before the kill: {streams}"
+    )
     restarted_at = time.time()
     restarted = procs.restart_sidecar(sidecar)
     running = queued = 0
@@ -110,8 +115,9 @@ def sidecar_kill9(procs: Processes, runs: int = 6, running_at_kill: int = 2) -> 
     with httpx.Client(base_url=restarted.base_url, headers=restarted.headers, timeout=30) as http:
         for action_id in ids:
             if http.get(f"/jobs/{action_id}").status_code == 404:  # the kill came before its admission
-                assert not any(isinstance(e, str) for e in streams[action_id]), \
+                assert not any(isinstance(e, str) for e in streams[action_id]), (
                     f"{action_id}: events were streamed but the job is not in the journal"
+                )
                 continue
             journaled.append(action_id)
             events = sidecar_events(restarted, action_id)
@@ -157,8 +163,9 @@ def host_kill9(procs: Processes, sidecar: Sidecar, after_events: int) -> dict[st
         assert pending.status_code == 202, pending.text
         assert approve(host, pending).status_code == 200
         try:
-            with app.stream("GET", f"/aip/v1/actions/{action_id}/events",
-                            headers={"Accept": "text/event-stream"}) as resp:
+            with app.stream(
+                "GET", f"/aip/v1/actions/{action_id}/events", headers={"Accept": "text/event-stream"}
+            ) as resp:
                 for _, sse_id, _ in sse_events(resp):
                     seen.append(sse_id or "")
                     if len(seen) == after_events:
@@ -169,8 +176,11 @@ def host_kill9(procs: Processes, sidecar: Sidecar, after_events: int) -> dict[st
     restarted = procs.host(sidecar.base_url, name=name, port=host.port)
     resumed: list[tuple[str, str]] = []
     with restarted.client("acme-app") as app:
-        with app.stream("GET", f"/aip/v1/actions/{action_id}/events",
-                        headers={"Accept": "text/event-stream", "Last-Event-ID": seen[-1]}) as resp:
+        with app.stream(
+            "GET",
+            f"/aip/v1/actions/{action_id}/events",
+            headers={"Accept": "text/event-stream", "Last-Event-ID": seen[-1]},
+        ) as resp:
             resumed = [(event, sse_id or "") for event, sse_id, _ in sse_events(resp)]
         history = host_history(app, action_id)
         stored = chunk_count(app, action_id)
@@ -249,8 +259,9 @@ def decision_race(host: Host, n: int = 10) -> dict[str, Any]:
 
     def decide(decision: str) -> tuple[str, int]:
         with host.client("acme-approver") as approver:
-            answer = approver.post(f"/aip/v1/approvals/{approval_id}/decision",
-                                   json={"decision": decision, "reason": "race"})
+            answer = approver.post(
+                f"/aip/v1/approvals/{approval_id}/decision", json={"decision": decision, "reason": "race"}
+            )
             return decision, answer.status_code
 
     answers = _pool_map(decide, decisions)
@@ -282,7 +293,10 @@ def cancel_race(sidecar: Sidecar, host: Host, delay_s: float) -> dict[str, Any]:
         answer = app.post(f"/aip/v1/actions/{action_id}/cancel")
         assert answer.status_code == 200, answer.text
         final = wait_action(app, action_id)
-    view = until(lambda: (v := sidecar_view(sidecar, job_id)).get("status") in TERMINAL and v,
-                 timeout=30, what="the sidecar job to be terminal")
+    view = until(
+        lambda: (v := sidecar_view(sidecar, job_id)).get("status") in TERMINAL and v,
+        timeout=30,
+        what="the sidecar job to be terminal",
+    )
     assert final["state"] == view["status"], f"host {final['state']} but sidecar {view['status']}"
     return {"status": final["state"]}

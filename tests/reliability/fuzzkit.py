@@ -23,13 +23,36 @@ from aip_crewai.sse import SSEDecoder
 _text = st.text(max_size=24)
 _odd_text = st.one_of(
     _text,
-    st.sampled_from(["", " ", "a?b", "a#b", "a%2Fb", "a/b", "..", "\u00e9\u2603", "\x00", "x\n", "\ud7ff",
-                     "sha256:" + "0" * 64, "a" * 300, "msg_" + "z" * 10, "\u2028", "\ufeff"]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "a?b",
+            "a#b",
+            "a%2Fb",
+            "a/b",
+            "..",
+            "\u00e9\u2603",
+            "\x00",
+            "x\n",
+            "\ud7ff",
+            "sha256:" + "0" * 64,
+            "a" * 300,
+            "msg_" + "z" * 10,
+            "\u2028",
+            "\ufeff",
+        ]
+    ),
 )
-_ints = st.one_of(st.integers(-3, 200), st.integers(-(2**70), 2**70), st.sampled_from([0, 1, 100, 101, 100000, 2**53 + 1]))
+_ints = st.one_of(
+    st.integers(-3, 200), st.integers(-(2**70), 2**70), st.sampled_from([0, 1, 100, 101, 100000, 2**53 + 1])
+)
 _scalars = st.one_of(st.none(), st.booleans(), _ints, st.floats(allow_nan=False, allow_infinity=False), _odd_text)
-_json = st.recursive(_scalars, lambda kids: st.one_of(st.lists(kids, max_size=3),
-                                                      st.dictionaries(_text, kids, max_size=3)), max_leaves=12)
+_json = st.recursive(
+    _scalars,
+    lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(_text, kids, max_size=3)),
+    max_leaves=12,
+)
 
 
 def _maybe(value: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -54,12 +77,22 @@ _FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "cancel": {"run_action_id": _odd_text, "reason": _odd_text},
     "batch_run": {"inputs": st.lists(st.dictionaries(_text, _scalars, max_size=2), max_size=3)},
     "replay": {"task_id": _odd_text, "inputs": st.dictionaries(_text, _scalars, max_size=2)},
-    "train": {"n_iterations": _ints, "artifact_name": _odd_text, "inputs": st.dictionaries(_text, _scalars, max_size=2)},
+    "train": {
+        "n_iterations": _ints,
+        "artifact_name": _odd_text,
+        "inputs": st.dictionaries(_text, _scalars, max_size=2),
+    },
     "test": {"n_iterations": _ints, "eval_llm": _odd_text},
-    "knowledge_query": {"query": st.lists(_odd_text, max_size=3), "results_limit": _ints,
-                        "score_threshold": st.one_of(st.floats(allow_nan=False, allow_infinity=False), _ints)},
-    "memory_reset": {"command_type": st.one_of(st.sampled_from(["memory", "knowledge", "agent_knowledge",
-                                                                "kickoff_outputs", "all"]), _odd_text)},
+    "knowledge_query": {
+        "query": st.lists(_odd_text, max_size=3),
+        "results_limit": _ints,
+        "score_threshold": st.one_of(st.floats(allow_nan=False, allow_infinity=False), _ints),
+    },
+    "memory_reset": {
+        "command_type": st.one_of(
+            st.sampled_from(["memory", "knowledge", "agent_knowledge", "kickoff_outputs", "all"]), _odd_text
+        )
+    },
 }
 
 
@@ -91,8 +124,11 @@ def action_envelope(draw: st.DrawFn) -> Any:
     if draw(st.integers(0, 7)) == 0:
         capability = draw(_odd_text)
     odd_id = draw(st.integers(0, 3)) == 0
-    action: dict[str, Any] = {"id": draw(_odd_text) if odd_id else f"act_{draw(st.integers(0, 30))}",
-                              "capability_id": capability, "input": draw(operation_input(operation))}
+    action: dict[str, Any] = {
+        "id": draw(_odd_text) if odd_id else f"act_{draw(st.integers(0, 30))}",
+        "capability_id": capability,
+        "input": draw(operation_input(operation)),
+    }
     if draw(st.integers(0, 3)) > 0:
         odd_key = draw(st.integers(0, 3)) == 0
         action["idempotency_key"] = draw(_odd_text) if odd_key else f"k{draw(st.integers(0, 5))}"
@@ -112,9 +148,18 @@ def action_envelope(draw: st.DrawFn) -> Any:
     elif mutation == 1:
         envelope[draw(_text)] = draw(_json)
     elif mutation == 2:
-        envelope["security"] = draw(st.one_of(_json, st.fixed_dictionaries(
-            {"scheme": st.just("ed25519"), "key_id": st.sampled_from(["globex-signer", "acme-approver", "nobody"]),
-             "signature": st.one_of(_odd_text, st.just("A" * 86))})))
+        envelope["security"] = draw(
+            st.one_of(
+                _json,
+                st.fixed_dictionaries(
+                    {
+                        "scheme": st.just("ed25519"),
+                        "key_id": st.sampled_from(["globex-signer", "acme-approver", "nobody"]),
+                        "signature": st.one_of(_odd_text, st.just("A" * 86)),
+                    }
+                ),
+            )
+        )
     elif mutation == 3:
         del envelope[draw(st.sampled_from(sorted(envelope)))]
     elif mutation == 4:
@@ -135,8 +180,9 @@ _PRINCIPALS = ["tok-acme-invoker", "tok-acme-operator", "tok-acme-both", "tok-gl
 @st.composite
 def host_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
     """``(method, url, httpx request kwargs)`` for one host request."""
-    token = draw(st.sampled_from(["tok-acme-invoker"] * 8 + ["tok-acme-both"] * 3 + _PRINCIPALS
-                                 + ["", "x", "tok-acme-invoker "]))
+    token = draw(
+        st.sampled_from(["tok-acme-invoker"] * 8 + ["tok-acme-both"] * 3 + _PRINCIPALS + ["", "x", "tok-acme-invoker "])
+    )
     headers: dict[str, str] = {"Authorization": f"Bearer {token}"} if token else {}
     if draw(st.booleans()):
         headers["Accept"] = draw(st.sampled_from(["text/event-stream", "application/json", "*/*"]))
@@ -153,23 +199,38 @@ def host_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
         return "POST", "/aip/v1/messages", {"content": content, "headers": headers}
     if route == 5:
         suffix = draw(st.sampled_from(["", "/result", "/events", "/chunks"]))
-        params = {"cursor": draw(st.one_of(_ascii_header(), st.integers(-5, 2**40).map(str)))} \
-            if draw(st.booleans()) else {}
+        params = (
+            {"cursor": draw(st.one_of(_ascii_header(), st.integers(-5, 2**40).map(str)))} if draw(st.booleans()) else {}
+        )
         return "GET", f"/aip/v1/actions/{action_id}{suffix}", {"headers": headers, "params": params}
     if route == 6:
         return "POST", f"/aip/v1/actions/{action_id}/cancel", {"headers": headers}
     if route == 7:
-        params = {k: draw(_ascii_header()) for k in draw(st.lists(st.sampled_from(["status", "cursor", "limit"]),
-                                                                   max_size=3, unique=True))}
+        params = {
+            k: draw(_ascii_header())
+            for k in draw(st.lists(st.sampled_from(["status", "cursor", "limit"]), max_size=3, unique=True))
+        }
         approval = draw(st.one_of(st.just(""), _path_text().map(lambda t: "/" + t)))
         return "GET", f"/aip/v1/approvals{approval}", {"headers": headers, "params": params}
     if route == 8:
-        body = draw(st.one_of(_json, st.fixed_dictionaries(
-            {"decision": st.sampled_from(["approved", "denied", "maybe"]), "reason": _odd_text})))
-        return "POST", f"/aip/v1/approvals/{draw(_path_text())}/decision", {
-            "content": json.dumps(body).encode("utf-8", "surrogatepass"), "headers": headers}
-    path = draw(st.sampled_from(["/aip/v1/manifest", "/aip/v1/capabilities", "/metrics", "/health", "/ready",
-                                 "/aip/v1/nowhere"]))
+        body = draw(
+            st.one_of(
+                _json,
+                st.fixed_dictionaries(
+                    {"decision": st.sampled_from(["approved", "denied", "maybe"]), "reason": _odd_text}
+                ),
+            )
+        )
+        return (
+            "POST",
+            f"/aip/v1/approvals/{draw(_path_text())}/decision",
+            {"content": json.dumps(body).encode("utf-8", "surrogatepass"), "headers": headers},
+        )
+    path = draw(
+        st.sampled_from(
+            ["/aip/v1/manifest", "/aip/v1/capabilities", "/metrics", "/health", "/ready", "/aip/v1/nowhere"]
+        )
+    )
     return draw(st.sampled_from(["GET", "POST", "DELETE"])), path, {"headers": headers}
 
 
@@ -217,8 +278,12 @@ def sidecar_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
         headers["Last-Event-ID"] = draw(_ascii_header())
     route = draw(st.integers(0, 6))
     if route <= 2:
-        body: Any = {"crew_id": crew, "action_id": job_id, "operation": operation,
-                     "input": draw(operation_input(operation))}
+        body: Any = {
+            "crew_id": crew,
+            "action_id": job_id,
+            "operation": operation,
+            "input": draw(operation_input(operation)),
+        }
         if draw(st.integers(0, 3)) == 0:
             body["timeout_ms"] = draw(_maybe(_ints))
         if draw(st.integers(0, 5)) == 0:
@@ -230,20 +295,30 @@ def sidecar_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
     path_id = draw(_path_text())
     if route == 3:
         headers["Accept"] = draw(st.sampled_from(["text/event-stream", "application/json"]))
-        params = {"cursor": draw(st.one_of(_ascii_header(), st.integers(-5, 2**40).map(str)))} \
-            if draw(st.booleans()) else {}
-        return "GET", f"/jobs/{path_id}{draw(st.sampled_from(['', '/events']))}", {"headers": headers,
-                                                                                    "params": params}
+        params = (
+            {"cursor": draw(st.one_of(_ascii_header(), st.integers(-5, 2**40).map(str)))} if draw(st.booleans()) else {}
+        )
+        return "GET", f"/jobs/{path_id}{draw(st.sampled_from(['', '/events']))}", {"headers": headers, "params": params}
     if route == 4:
-        body = draw(st.one_of(_json, st.fixed_dictionaries({"crew_id": st.just(crew), "action_id": st.just(job_id),
-                                                            "reason": _odd_text})))
-        return "POST", f"/jobs/{path_id}/cancel", {"content": json.dumps(body).encode("utf-8", "surrogatepass"),
-                                                   "headers": headers}
+        body = draw(
+            st.one_of(
+                _json,
+                st.fixed_dictionaries({"crew_id": st.just(crew), "action_id": st.just(job_id), "reason": _odd_text}),
+            )
+        )
+        return (
+            "POST",
+            f"/jobs/{path_id}/cancel",
+            {"content": json.dumps(body).encode("utf-8", "surrogatepass"), "headers": headers},
+        )
     if route == 5:
         headers["X-AIP-Archive-Confirmation"] = draw(_ascii_header())
         return "DELETE", f"/jobs/{path_id}", {"headers": headers}
-    return draw(st.sampled_from(["GET", "POST"])), draw(st.sampled_from(["/health", "/metrics", "/nowhere"])), \
-        {"headers": headers}
+    return (
+        draw(st.sampled_from(["GET", "POST"])),
+        draw(st.sampled_from(["/health", "/metrics", "/nowhere"])),
+        {"headers": headers},
+    )
 
 
 def check_sidecar_answer(request: tuple[str, str, dict[str, Any]], status: int, headers: Any, content: bytes) -> None:

@@ -95,8 +95,12 @@ class Host:
     stdout_path: Path
 
     def client(self, principal: str, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {TOKENS[principal]}"},
-                            timeout=httpx.Timeout(60.0, connect=10.0), **kwargs)
+        return httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {TOKENS[principal]}"},
+            timeout=httpx.Timeout(60.0, connect=10.0),
+            **kwargs,
+        )
 
     def output(self) -> bytes:
         return b"".join(p.read_bytes() for p in (self.stderr_path, self.stdout_path) if p.exists())
@@ -123,25 +127,51 @@ def signer_key(seed: bytes = SIGNER_SEED) -> Any:
     return Ed25519PrivateKey.from_private_bytes(seed)
 
 
-def write_host_config(workdir: Path, sidecar_url: str, port: int, *, sidecar_token: str = TOKEN,
-                      tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None,
-                      host_options: dict[str, object] | None = None, store: str | None = None) -> Path:
+def write_host_config(
+    workdir: Path,
+    sidecar_url: str,
+    port: int,
+    *,
+    sidecar_token: str = TOKEN,
+    tenants: dict[str, list[str]] | None = None,
+    max_response_bytes: int | None = None,
+    host_options: dict[str, object] | None = None,
+    store: str | None = None,
+) -> Path:
     """host.toml for the reliability crews (ACME_CREWS, OPERATIONS, TENANTS) plus
     the Ed25519 :data:`SIGNER`; see ``host_process.write_config`` (``store``: by default the suite's
     backend, ``storebackend.host_store``)."""
     import base64
+
     crews = [{"id": c, "name": c.title(), "allowed_operations": OPERATIONS} for c in ACME_CREWS]
     crews.append({"id": "knowledge_b", "name": "Knowledge B", "allowed_operations": ["knowledge_query"]})
     public = base64.b64encode(signer_key().public_key().public_bytes_raw()).decode()
     signer = {"id": SIGNER, "tenant": "acme", "role": "invoker", "ed25519_public_key": public}
     approver_public = base64.b64encode(signer_key(APPROVER_SIGNER_SEED).public_key().public_bytes_raw()).decode()
-    approver_signer = {"id": APPROVER_SIGNER, "tenant": "acme", "role": "approver",
-                       "ed25519_public_key": approver_public}
-    operator = {"id": OPERATOR, "tenant": "acme", "role": "operator",
-                "token_sha256": hashlib.sha256(OPERATOR_TOKEN.encode()).hexdigest()}
-    return write_config(workdir, sidecar_url, sidecar_token, port, crews=crews, tenants=tenants or TENANTS,
-                        max_response_bytes=max_response_bytes, extra_principals=[signer, approver_signer, operator],
-                        host_options=host_options, store=store)
+    approver_signer = {
+        "id": APPROVER_SIGNER,
+        "tenant": "acme",
+        "role": "approver",
+        "ed25519_public_key": approver_public,
+    }
+    operator = {
+        "id": OPERATOR,
+        "tenant": "acme",
+        "role": "operator",
+        "token_sha256": hashlib.sha256(OPERATOR_TOKEN.encode()).hexdigest(),
+    }
+    return write_config(
+        workdir,
+        sidecar_url,
+        sidecar_token,
+        port,
+        crews=crews,
+        tenants=tenants or TENANTS,
+        max_response_bytes=max_response_bytes,
+        extra_principals=[signer, approver_signer, operator],
+        host_options=host_options,
+        store=store,
+    )
 
 
 class Processes:
@@ -160,9 +190,15 @@ class Processes:
         self._count += 1
         return str(self._count)
 
-    def launch_sidecar(self, *, journal: Path | None = None, args: list[str] | None = None,
-                       env: dict[str, str] | None = None, fsize_limit: int | None = None,
-                       token_file: Path | None = None) -> tuple[subprocess.Popen[bytes], Path, Path, list[str]]:
+    def launch_sidecar(
+        self,
+        *,
+        journal: Path | None = None,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        fsize_limit: int | None = None,
+        token_file: Path | None = None,
+    ) -> tuple[subprocess.Popen[bytes], Path, Path, list[str]]:
         """Start a sidecar without waiting; returns (process, stderr path, stdout path, argv)."""
         tag = self._tag()
         if token_file is None:
@@ -170,10 +206,24 @@ class Processes:
             if not token_file.exists():
                 token_file.write_text(TOKEN + "\n")
                 token_file.chmod(0o600)
-        argv = [*sidecar_command("--registry", REGISTRY), "--journal", str(journal or self.workdir / "journal.db"),
-                "--token-file", str(token_file), "--port", "0", "--allowed-operations", ALLOWED,
-                "--sse-keepalive-seconds", "0.2", "--shutdown-grace-seconds", "2", "--log-format", "json",
-                *(args or [])]
+        argv = [
+            *sidecar_command("--registry", REGISTRY),
+            "--journal",
+            str(journal or self.workdir / "journal.db"),
+            "--token-file",
+            str(token_file),
+            "--port",
+            "0",
+            "--allowed-operations",
+            ALLOWED,
+            "--sse-keepalive-seconds",
+            "0.2",
+            "--shutdown-grace-seconds",
+            "2",
+            "--log-format",
+            "json",
+            *(args or []),
+        ]
         stderr_path, stdout_path = self.workdir / f"sidecar{tag}.err", self.workdir / f"sidecar{tag}.out"
 
         def limits() -> None:
@@ -182,17 +232,30 @@ class Processes:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
 
         with open(stderr_path, "wb") as err, open(stdout_path, "wb") as out:
-            process = subprocess.Popen(argv, cwd=self.workdir, env=child_env(self.call_log, env),
-                                       stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                       preexec_fn=limits if fsize_limit is not None else None)
+            process = subprocess.Popen(
+                argv,
+                cwd=self.workdir,
+                env=child_env(self.call_log, env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                preexec_fn=limits if fsize_limit is not None else None,
+            )
         return process, stderr_path, stdout_path, argv
 
-    def sidecar(self, *, journal: Path | None = None, args: list[str] | None = None,
-                env: dict[str, str] | None = None, fsize_limit: int | None = None) -> Sidecar:
+    def sidecar(
+        self,
+        *,
+        journal: Path | None = None,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        fsize_limit: int | None = None,
+    ) -> Sidecar:
         """Start a sidecar and wait until ``/health`` answers."""
         journal = journal or self.workdir / "journal.db"
-        process, stderr_path, stdout_path, _ = self.launch_sidecar(journal=journal, args=args, env=env,
-                                                                   fsize_limit=fsize_limit)
+        process, stderr_path, stdout_path, _ = self.launch_sidecar(
+            journal=journal, args=args, env=env, fsize_limit=fsize_limit
+        )
         sidecar = Sidecar(process, "", TOKEN, journal, self.workdir, self.call_log, stderr_path, list(args or []))
         sidecar.stdout_path = stdout_path  # type: ignore[attr-defined]
         self.sidecars.append(sidecar)
@@ -203,26 +266,46 @@ class Processes:
         """A new sidecar on the same journal (the old one must be gone)."""
         return self.sidecar(journal=old.journal, args=kwargs.pop("args", old.args), **kwargs)
 
-    def launch_host(self, workdir: Path, argv_config: Path,
-                    env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    def launch_host(
+        self, workdir: Path, argv_config: Path, env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], Path, Path]:
         tag = self._tag()
         stderr_path, stdout_path = workdir / f"host{tag}.err", workdir / f"host{tag}.out"
         env = {**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, **(env or {})}
         with open(stderr_path, "wb") as err, open(stdout_path, "wb") as out:
-            process = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(argv_config),
-                                        "--log-format", "json"],
-                                       stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(argv_config), "--log-format", "json"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+            )
         return process, stderr_path, stdout_path
 
-    def host(self, sidecar_url: str, *, name: str = "host", port: int | None = None, ready: bool = True,
-             tenants: dict[str, list[str]] | None = None, max_response_bytes: int | None = None,
-             env: dict[str, str] | None = None, host_options: dict[str, object] | None = None) -> Host:
+    def host(
+        self,
+        sidecar_url: str,
+        *,
+        name: str = "host",
+        port: int | None = None,
+        ready: bool = True,
+        tenants: dict[str, list[str]] | None = None,
+        max_response_bytes: int | None = None,
+        env: dict[str, str] | None = None,
+        host_options: dict[str, object] | None = None,
+    ) -> Host:
         """Start (or restart: same ``name`` → same store and config) a host; wait for ``/ready``
         (``env``: extra environment variables of the process; ``host_options``: more ``[host]`` keys)."""
         workdir = self.workdir / name
         port = port or free_port()
-        config = write_host_config(workdir, sidecar_url, port, tenants=tenants, max_response_bytes=max_response_bytes,
-                                   host_options=host_options)
+        config = write_host_config(
+            workdir,
+            sidecar_url,
+            port,
+            tenants=tenants,
+            max_response_bytes=max_response_bytes,
+            host_options=host_options,
+        )
         process, stderr_path, stdout_path = self.launch_host(workdir, config, env)
         host = Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stdout_path)
         self.hosts.append(host)
@@ -241,8 +324,12 @@ class Processes:
 
     def all_output(self) -> bytes:
         """Every process's captured stdout and stderr."""
-        paths = [*self.workdir.glob("sidecar*.err"), *self.workdir.glob("sidecar*.out"),
-                 *self.workdir.glob("*/host*.err"), *self.workdir.glob("*/host*.out")]
+        paths = [
+            *self.workdir.glob("sidecar*.err"),
+            *self.workdir.glob("sidecar*.out"),
+            *self.workdir.glob("*/host*.err"),
+            *self.workdir.glob("*/host*.out"),
+        ]
         return b"".join(p.read_bytes() for p in paths)
 
     def close(self) -> None:
@@ -308,30 +395,41 @@ def envelope(capability_id: str, input: dict[str, Any], action_id: str, key: str
     action: dict[str, Any] = {"id": action_id, "capability_id": capability_id, "input": input}
     if key is not None:
         action["idempotency_key"] = key
-    return {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": f"msg_{os.urandom(8).hex()}",
-            "sent_at": now_rfc3339(), "body": {"action": action}}
+    return {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": f"msg_{os.urandom(8).hex()}",
+        "sent_at": now_rfc3339(),
+        "body": {"action": action},
+    }
 
 
-def post_action(http: httpx.Client, capability_id: str, input: dict[str, Any], action_id: str,
-                key: str | None = None) -> httpx.Response:
-    return http.post("/aip/v1/messages", json=envelope(capability_id, input, action_id, key),
-                     headers={"Content-Type": "application/aip+json"})
+def post_action(
+    http: httpx.Client, capability_id: str, input: dict[str, Any], action_id: str, key: str | None = None
+) -> httpx.Response:
+    return http.post(
+        "/aip/v1/messages",
+        json=envelope(capability_id, input, action_id, key),
+        headers={"Content-Type": "application/aip+json"},
+    )
 
 
 def approve(host: Host, response: httpx.Response, decision: str = "approved") -> httpx.Response:
     """Decide the approval of a ``pending_approval`` answer as ``acme-approver``."""
     approval_id = response.json()["body"]["action_result"]["output"]["approval_id"]
     with host.client("acme-approver") as approver:
-        return approver.post(f"/aip/v1/approvals/{approval_id}/decision",
-                             json={"decision": decision, "reason": "reliability test"})
+        return approver.post(
+            f"/aip/v1/approvals/{approval_id}/decision", json={"decision": decision, "reason": "reliability test"}
+        )
 
 
 def action_status(http: httpx.Client, action_id: str) -> dict[str, Any]:
     return http.get(f"/aip/v1/actions/{action_id}").json()  # type: ignore[no-any-return]
 
 
-def wait_action(http: httpx.Client, action_id: str, statuses: tuple[str, ...] = TERMINAL,
-                timeout: float = 60.0) -> dict[str, Any]:
+def wait_action(
+    http: httpx.Client, action_id: str, statuses: tuple[str, ...] = TERMINAL, timeout: float = 60.0
+) -> dict[str, Any]:
     def settled() -> dict[str, Any] | None:
         status = action_status(http, action_id)
         return status if status.get("state") in statuses else None
@@ -406,16 +504,22 @@ def host_files(root: Path, *, max_response_bytes: int | None = None, sidecar_url
     return config
 
 
-def inproc_app(root: Path, transport: httpx.AsyncBaseTransport | None, clock: Callable[[], float] | None = None,
-               *, max_response_bytes: int | None = None, sidecar_url: str | None = None) -> Any:
+def inproc_app(
+    root: Path,
+    transport: httpx.AsyncBaseTransport | None,
+    clock: Callable[[], float] | None = None,
+    *,
+    max_response_bytes: int | None = None,
+    sidecar_url: str | None = None,
+) -> Any:
     """The host app in-process (hostkit configuration) over a fake sidecar transport
     (``transport=None``: real HTTP to ``sidecar_url``)."""
     import dataclasses
 
     import hostkit
 
-    from aip_crewai.host.http.app import create_app
     from aip_crewai.host.config import load_settings
+    from aip_crewai.host.http.app import create_app
 
     config = host_files(root, max_response_bytes=max_response_bytes, sidecar_url=sidecar_url)
     settings = dataclasses.replace(load_settings(config, environ={}), readiness_interval_s=3600.0)

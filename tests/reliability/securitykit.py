@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 import storebackend
+from chaoslib import uid
 from relkit import (
     FAKE_SECRET,
     MARKER,
@@ -50,7 +50,6 @@ from relkit import (
     wait_action,
     write_host_config,
 )
-from chaoslib import uid
 
 Result = tuple[str, bool, str]
 
@@ -61,11 +60,19 @@ def _check(results: list[Result], name: str, ok: bool, detail: Any = "") -> None
 
 def _tampered(token: str) -> list[tuple[str, str | None]]:
     flipped = token[:-1] + ("0" if token[-1] != "0" else "1")
-    return [("missing", None), ("wrong", "Bearer tok-not-a-principal"), ("tampered_last_char", f"Bearer {flipped}"),
-            ("tampered_suffix", f"Bearer {token}x"), ("tampered_prefix", f"Bearer {token[:-1]}"),
-            ("tampered_case", f"Bearer {token.upper()}"), ("basic_scheme", f"Basic {token}"),
-            ("no_token", "Bearer"), ("empty", ""), ("token_without_scheme", token),
-            ("two_tokens", f"Bearer {token} {token}")]
+    return [
+        ("missing", None),
+        ("wrong", "Bearer tok-not-a-principal"),
+        ("tampered_last_char", f"Bearer {flipped}"),
+        ("tampered_suffix", f"Bearer {token}x"),
+        ("tampered_prefix", f"Bearer {token[:-1]}"),
+        ("tampered_case", f"Bearer {token.upper()}"),
+        ("basic_scheme", f"Basic {token}"),
+        ("no_token", "Bearer"),
+        ("empty", ""),
+        ("token_without_scheme", token),
+        ("two_tokens", f"Bearer {token} {token}"),
+    ]
 
 
 def _sign(env: dict[str, Any], key: Any = None, key_id: str = SIGNER) -> dict[str, Any]:
@@ -86,14 +93,24 @@ def host_credentials(host: Host) -> list[Result]:
         target = uid("sec")
         pending = post_action(app, "cap:crewai:echo", {"topic": "creds"}, target, target)
         approval_id = pending.json()["body"]["action_result"]["output"]["approval_id"]
-    routes = [("GET", "/aip/v1/manifest"), ("GET", "/aip/v1/capabilities"), ("POST", "/aip/v1/messages"),
-              ("GET", f"/aip/v1/actions/{target}"), ("GET", f"/aip/v1/actions/{target}/result"),
-              ("GET", f"/aip/v1/actions/{target}/events"), ("GET", f"/aip/v1/actions/{target}/chunks"),
-              ("POST", f"/aip/v1/actions/{target}/cancel"), ("GET", "/aip/v1/approvals"),
-              ("GET", f"/aip/v1/approvals/{approval_id}"), ("POST", f"/aip/v1/approvals/{approval_id}/decision"),
-              ("GET", "/metrics"), ("POST", f"/aip/v1/actions/{target}/stream-token"),
-              ("POST", "/aip/v1/approvals/stream-token"), ("GET", "/aip/v1/approvals/events"),
-              ("GET", f"/aip/v1/approvals/{approval_id}/proof")]
+    routes = [
+        ("GET", "/aip/v1/manifest"),
+        ("GET", "/aip/v1/capabilities"),
+        ("POST", "/aip/v1/messages"),
+        ("GET", f"/aip/v1/actions/{target}"),
+        ("GET", f"/aip/v1/actions/{target}/result"),
+        ("GET", f"/aip/v1/actions/{target}/events"),
+        ("GET", f"/aip/v1/actions/{target}/chunks"),
+        ("POST", f"/aip/v1/actions/{target}/cancel"),
+        ("GET", "/aip/v1/approvals"),
+        ("GET", f"/aip/v1/approvals/{approval_id}"),
+        ("POST", f"/aip/v1/approvals/{approval_id}/decision"),
+        ("GET", "/metrics"),
+        ("POST", f"/aip/v1/actions/{target}/stream-token"),
+        ("POST", "/aip/v1/approvals/stream-token"),
+        ("GET", "/aip/v1/approvals/events"),
+        ("GET", f"/aip/v1/approvals/{approval_id}/proof"),
+    ]
     attempted: list[str] = []
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
         for method, path in routes:
@@ -106,10 +123,17 @@ def host_credentials(host: Host) -> list[Result]:
                 elif path.endswith("/decision"):
                     kwargs["json"] = {"decision": "approved", "reason": "forged"}
                 answer = http.request(method, path, **kwargs)
-                ok = answer.status_code == 401 and answer.headers.get("www-authenticate") == "Bearer" \
+                ok = (
+                    answer.status_code == 401
+                    and answer.headers.get("www-authenticate") == "Bearer"
                     and answer.json()["body"]["error"]["error"]["code"] == "auth.unauthenticated"
-                _check(results, f"host {method} {path.split('/')[-1] or path} {case}", ok,
-                       f"{answer.status_code} {answer.text[:200]}")
+                )
+                _check(
+                    results,
+                    f"host {method} {path.split('/')[-1] or path} {case}",
+                    ok,
+                    f"{answer.status_code} {answer.text[:200]}",
+                )
         # signed envelopes (the messages route): only a fresh, intact, first-time signature is accepted
         base = envelope("cap:crewai:echo", {"topic": "signed"}, uid("sig"), None)
         base["body"]["action"]["idempotency_key"] = base["body"]["action"]["id"]
@@ -143,12 +167,19 @@ def host_credentials(host: Host) -> list[Result]:
             ok = answer.status_code == 401 and answer.json()["body"]["error"]["error"]["code"] == "auth.unauthenticated"
             _check(results, f"host signed envelope {case}", ok, f"{answer.status_code} {answer.text[:200]}")
     with host.client("acme-app") as app, host.client("acme-approver") as approver:
-        _check(results, "host rejected messages created nothing",
-               all(app.get(f"/aip/v1/actions/{a}").status_code == 404 for a in attempted), attempted[:3])
+        _check(
+            results,
+            "host rejected messages created nothing",
+            all(app.get(f"/aip/v1/actions/{a}").status_code == 404 for a in attempted),
+            attempted[:3],
+        )
         still = approver.get(f"/aip/v1/approvals/{approval_id}").json()
         _check(results, "host forged decisions changed nothing", still["status"] == "pending", still)
-        _check(results, "host forged cancels changed nothing",
-               app.get(f"/aip/v1/actions/{target}").json()["state"] == "pending_approval")
+        _check(
+            results,
+            "host forged cancels changed nothing",
+            app.get(f"/aip/v1/actions/{target}").json()["state"] == "pending_approval",
+        )
     return results
 
 
@@ -157,10 +188,12 @@ def sidecar_credentials(sidecar: Sidecar) -> list[Result]:
     job = uid("sec-job")
     body = {"crew_id": "echo", "action_id": job, "operation": "run", "input": {}}
     routes: list[tuple[str, str, dict[str, Any]]] = [
-        ("GET", "/health", {}), ("GET", "/metrics", {}),
+        ("GET", "/health", {}),
+        ("GET", "/metrics", {}),
         ("POST", "/jobs", {"json": body, "headers": {"Idempotency-Key": job}}),
         ("POST", "/jobs/stream", {"json": body, "headers": {"Idempotency-Key": job}}),
-        ("GET", f"/jobs/{job}", {}), ("GET", f"/jobs/{job}/events", {}),
+        ("GET", f"/jobs/{job}", {}),
+        ("GET", f"/jobs/{job}/events", {}),
         ("GET", f"/jobs/{job}/events", {"headers": {"Accept": "text/event-stream"}}),
         ("POST", f"/jobs/{job}/cancel", {"json": {"crew_id": "echo", "action_id": job}}),
         ("DELETE", f"/jobs/{job}", {"headers": {"X-AIP-Archive-Confirmation": job}}),
@@ -174,10 +207,17 @@ def sidecar_credentials(sidecar: Sidecar) -> list[Result]:
                     headers["Authorization"] = authorization
                 params = {"access_token": TOKEN, "token": TOKEN} if case == "query_token" else None
                 answer = http.request(method, path, params=params, **{**kwargs, "headers": headers})
-                ok = answer.status_code == 401 and answer.headers.get("www-authenticate") == "Bearer" \
+                ok = (
+                    answer.status_code == 401
+                    and answer.headers.get("www-authenticate") == "Bearer"
                     and answer.json() == {"detail": "missing or invalid bearer token"}
-                _check(results, f"sidecar {method} {path.replace(job, '{id}')} {case}", ok,
-                       f"{answer.status_code} {answer.text[:200]}")
+                )
+                _check(
+                    results,
+                    f"sidecar {method} {path.replace(job, '{id}')} {case}",
+                    ok,
+                    f"{answer.status_code} {answer.text[:200]}",
+                )
         seen = http.get(f"/jobs/{job}", headers=sidecar.headers)
         _check(results, "sidecar rejected requests admitted nothing", seen.status_code == 404, seen.text)
     return results
@@ -201,8 +241,10 @@ def cross_tenant(sidecar: Sidecar, host: Host) -> list[Result]:
         _check(results, "tenant cancel of another tenant's action", answer.status_code == 404, answer.text)
         answer = beta.post(f"/aip/v1/actions/{hidden}/stream-token")
         _check(results, "tenant stream token for another tenant's action", answer.status_code == 404, answer.text)
-        for cap, inp in (("cap:crewai:slow", {"topic": "x"}), ("cap:crewai:knowledge_a:knowledge_query",
-                                                                 {"query": ["lighthouse"]})):
+        for cap, inp in (
+            ("cap:crewai:slow", {"topic": "x"}),
+            ("cap:crewai:knowledge_a:knowledge_query", {"query": ["lighthouse"]}),
+        ):
             answer = post_action(beta, cap, inp, uid("b"), uid("k"))
             ok = answer.status_code == 404 and answer.json()["body"]["error"]["error"]["code"] == "capability.not_found"
             _check(results, f"tenant call of another tenant's crew {cap}", ok, answer.text)
@@ -213,14 +255,16 @@ def cross_tenant(sidecar: Sidecar, host: Host) -> list[Result]:
                 _check(results, f"tenant {op} of another tenant's run", ok, answer.text[:200])
         approvals = beta_approver.get("/aip/v1/approvals", params={"status": "pending"}).json()["approvals"]
         approval_id = acme_pending["output"]["approval_id"]
-        _check(results, "tenant approval queue", all(a["request"]["id"] != approval_id for a in approvals),
-               approvals[:2])
+        _check(
+            results, "tenant approval queue", all(a["request"]["id"] != approval_id for a in approvals), approvals[:2]
+        )
         answer = beta_approver.get(f"/aip/v1/approvals/{approval_id}")
         _check(results, "tenant read of another tenant's approval", answer.status_code == 404, answer.text)
         answer = beta_approver.get(f"/aip/v1/approvals/{approval_id}/proof")
         _check(results, "tenant read of another tenant's decision proof", answer.status_code == 404, answer.text)
-        answer = beta_approver.post(f"/aip/v1/approvals/{approval_id}/decision",
-                                    json={"decision": "approved", "reason": "not mine"})
+        answer = beta_approver.post(
+            f"/aip/v1/approvals/{approval_id}/decision", json={"decision": "approved", "reason": "not mine"}
+        )
         _check(results, "tenant decision on another tenant's approval", answer.status_code == 404, answer.text)
         # the same action id in tenant beta is a different action and a different sidecar job
         own = post_action(beta, "cap:crewai:echo", {"topic": "beta lagoon"}, shared, uid("k"))
@@ -235,8 +279,12 @@ def cross_tenant(sidecar: Sidecar, host: Host) -> list[Result]:
         _check(results, "another tenant's decision changed nothing", still["status"] == "pending", still)
     with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
         acme_job, beta_job = http.get(f"/jobs/acme:{shared}").json(), http.get(f"/jobs/beta:{shared}").json()
-        _check(results, "one sidecar job per tenant",
-               "volcano" in json.dumps(acme_job) and "lagoon" in json.dumps(beta_job), (acme_job, beta_job))
+        _check(
+            results,
+            "one sidecar job per tenant",
+            "volcano" in json.dumps(acme_job) and "lagoon" in json.dumps(beta_job),
+            (acme_job, beta_job),
+        )
     return results
 
 
@@ -260,15 +308,21 @@ def secrets_absent(procs: Processes, sidecar: Sidecar, host: Host) -> list[Resul
         approve(host, pending)
         wait_action(app, echo)
         bodies.append(app.get(f"/aip/v1/actions/{echo}/result").content)
-        for inp in ({"query": [MARKER], "results_limit": MARKER}, {"query": [MARKER], "score_threshold": 7},
-                    {"query": [MARKER + "\u0007"]}):  # invalid crew inputs: the errors name the field, not the value
+        for inp in (
+            {"query": [MARKER], "results_limit": MARKER},
+            {"query": [MARKER], "score_threshold": 7},
+            {"query": [MARKER + "\u0007"]},
+        ):  # invalid crew inputs: the errors name the field, not the value
             answer = post_action(app, "cap:crewai:knowledge_a:knowledge_query", inp, uid("bad"), uid("k"))
             _check(results, "invalid input refused", answer.status_code == 400, answer.text[:200])
             bodies.append(answer.content)
     with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http:
         direct = uid("direct")
-        answer = http.post("/jobs", json={"crew_id": "failing", "action_id": direct, "input": {"note": MARKER}},
-                           headers={"Idempotency-Key": direct})
+        answer = http.post(
+            "/jobs",
+            json={"crew_id": "failing", "action_id": direct, "input": {"note": MARKER}},
+            headers={"Idempotency-Key": direct},
+        )
         _check(results, "failing job answered 502", answer.status_code == 502, answer.text)
         bodies.append(answer.content)
         bodies.append(http.get(f"/jobs/{direct}/events").content)
@@ -276,25 +330,47 @@ def secrets_absent(procs: Processes, sidecar: Sidecar, host: Host) -> list[Resul
     output = procs.all_output()
     for needle in [*secrets, MARKER.encode()]:
         _check(results, f"process output free of {needle[:12]!r}", needle not in output, "found in stdout/stderr")
-        _check(results, f"error bodies free of {needle[:12]!r}", not any(needle in b for b in bodies),
-               [b[:200] for b in bodies if needle in b][:1])
-    _check(results, "journal free of secrets and inputs", not scan([sidecar.journal], [*secrets, MARKER.encode()]),
-           scan([sidecar.journal], [*secrets, MARKER.encode()]))
+        _check(
+            results,
+            f"error bodies free of {needle[:12]!r}",
+            not any(needle in b for b in bodies),
+            [b[:200] for b in bodies if needle in b][:1],
+        )
+    _check(
+        results,
+        "journal free of secrets and inputs",
+        not scan([sidecar.journal], [*secrets, MARKER.encode()]),
+        scan([sidecar.journal], [*secrets, MARKER.encode()]),
+    )
     stored = storebackend.store_text(host.workdir)  # the SQLite file and WAL, or the PostgreSQL rows
-    _check(results, "host store free of secrets and tokens", stored and not any(n in stored for n in secrets),
-           [n[:12] for n in secrets if n in stored] or "nothing stored")
+    _check(
+        results,
+        "host store free of secrets and tokens",
+        stored and not any(n in stored for n in secrets),
+        [n[:12] for n in secrets if n in stored] or "nothing stored",
+    )
     hosts = {p.parent for p in sidecar.state_dir.rglob("host.toml")}
     # Crew inputs are kept on purpose in one place only: the replay-inputs files (README, "Tenant-scoped
     # crew state"), each 0600 in a 0700 directory; they never hold secrets and nothing else holds inputs.
     kept = sidecar.state_dir / "replay-inputs"
     kept_files = [p for p in kept.rglob("*") if p.is_file()] if kept.is_dir() else []
-    state = [p for p in sidecar.state_dir.rglob("*") if p.is_file() and p.name not in ("token", "calls.log")
-             and not p.name.startswith("sidecar") and not hosts.intersection(p.parents) and kept not in p.parents]
-    _check(results, "sidecar state (CrewAI storage) free of secrets and inputs",
-           not scan(state, [*secrets, MARKER.encode()]), scan(state, [*secrets, MARKER.encode()]))
+    state = [
+        p
+        for p in sidecar.state_dir.rglob("*")
+        if p.is_file()
+        and p.name not in ("token", "calls.log")
+        and not p.name.startswith("sidecar")
+        and not hosts.intersection(p.parents)
+        and kept not in p.parents
+    ]
+    _check(
+        results,
+        "sidecar state (CrewAI storage) free of secrets and inputs",
+        not scan(state, [*secrets, MARKER.encode()]),
+        scan(state, [*secrets, MARKER.encode()]),
+    )
     _check(results, "kept replay inputs free of secrets", not scan(kept_files, secrets), scan(kept_files, secrets))
-    loose = [str(p) for p in [kept, *kept_files] if p.exists()
-             and p.stat().st_mode & 0o077]
+    loose = [str(p) for p in [kept, *kept_files] if p.exists() and p.stat().st_mode & 0o077]
     _check(results, "kept replay inputs private (0600 files in a 0700 directory)", not loose, loose)
     return results
 
@@ -327,8 +403,9 @@ def startup_refusals(workdir: Path) -> list[Result]:
         # before a store is opened).
         config = write_host_config(d, "http://127.0.0.1:9", free_port(), store=storebackend.SQLITE_STORE)
         prepare(d, config)
-        _refused(results, f"host refuses {name}", _run([py, "-m", "aip_crewai.cli", "host", "--config", str(config)]),
-                 needle)
+        _refused(
+            results, f"host refuses {name}", _run([py, "-m", "aip_crewai.cli", "host", "--config", str(config)]), needle
+        )
 
     def chmod(rel: str, mode: int) -> Callable[[Path, Path], None]:
         def prepare(d: Path, _config: Path) -> None:
@@ -336,24 +413,35 @@ def startup_refusals(workdir: Path) -> list[Result]:
             if not target.exists():
                 target.write_bytes(b"")
             target.chmod(mode)
+
         return prepare
 
     def rewrite(old: str, new: str) -> Callable[[Path, Path], None]:
         def prepare(_d: Path, config: Path) -> None:
             config.write_text(config.read_text().replace(old, new))
+
         return prepare
 
     host_case("a sidecar token readable by others", chmod("sidecar.token", 0o644), "0600")
     host_case("a store readable by others", chmod("host.db", 0o644), "must be 0600")
     host_case("a store WAL readable by others", chmod("host.db-wal", 0o640), "must be 0600")
     host_case("a world-writable store directory", lambda d, c: d.chmod(0o777), "group- or world-writable")
-    for url in ("http://10.1.2.3:8090", "http://sidecar.internal:8090", "http://127.0.0.1.nip.io:8090",
-                "http://[::ffff:10.0.0.1]:8090", "http://0x7f000001:8090", "http://user:pw@127.0.0.1:8090"):
+    for url in (
+        "http://10.1.2.3:8090",
+        "http://sidecar.internal:8090",
+        "http://127.0.0.1.nip.io:8090",
+        "http://[::ffff:10.0.0.1]:8090",
+        "http://0x7f000001:8090",
+        "http://user:pw@127.0.0.1:8090",
+    ):
         host_case(f"sidecar url {url}", rewrite("http://127.0.0.1:9", url), "sidecar.url")
-    host_case("a tenant name with a colon", rewrite("[tenants.\"beta\"]", "[tenants.\"acme:beta\"]"), "no colon")
+    host_case("a tenant name with a colon", rewrite('[tenants."beta"]', '[tenants."acme:beta"]'), "no colon")
     host_case("a non-SQLite store", lambda d, c: _private(d / "host.db", b"not a database" * 64), "not a SQLite")
-    host_case("another application's SQLite store", lambda d, c: _foreign_sqlite(d / "host.db"),
-              "not an aip-crewai host store")
+    host_case(
+        "another application's SQLite store",
+        lambda d, c: _foreign_sqlite(d / "host.db"),
+        "not an aip-crewai host store",
+    )
 
     token = workdir / "sidecar.token"
     _private(token, (TOKEN + "\n").encode())
@@ -363,8 +451,18 @@ def startup_refusals(workdir: Path) -> list[Result]:
         d = workdir / f"sidecar-{name.replace(' ', '-')}"
         d.mkdir(mode=0o700)
         extra = prepare(d)
-        argv = [*sidecar_command("--registry", REGISTRY), "--journal", str(d / "journal.db"), "--token-file",
-                str(token), "--port", "0", "--allowed-operations", ALLOWED, *extra]
+        argv = [
+            *sidecar_command("--registry", REGISTRY),
+            "--journal",
+            str(d / "journal.db"),
+            "--token-file",
+            str(token),
+            "--port",
+            "0",
+            "--allowed-operations",
+            ALLOWED,
+            *extra,
+        ]
         _refused(results, f"sidecar refuses {name}", _run(argv, env), needle)
 
     def loose_token(d: Path) -> list[str]:
@@ -379,6 +477,7 @@ def startup_refusals(workdir: Path) -> list[Result]:
         def prepare(d: Path) -> list[str]:
             _private(d / rel, data, mode)
             return []
+
         return prepare
 
     def open_dir(d: Path) -> list[str]:

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from chaoslib import uid
 from relkit import TERMINAL, Processes, calls_by_action, sidecar_events
 
@@ -107,8 +106,9 @@ async def sidecar_app(root: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Fail
     app = create_app(replace(settings), crews=FAKE_CREWS, executor=fake, journal=journal)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://sidecar",
-                                     headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://sidecar", headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as client:
             yield client, failing, fake, app
 
 
@@ -155,8 +155,7 @@ async def terminal_write_failure(root: Path) -> list[Result]:
         answer = await client.post("/jobs/stream", json=_job(refused), headers={"Idempotency-Key": "k"})
         _check(results, "a new job is refused while outcomes are unrecorded", answer.status_code == 507, answer.text)
         _check(results, "the refused job never ran", len(fake.calls) == calls, fake.calls[calls:])
-        _check(results, "the refused job was not admitted",
-               (await client.get(f"/jobs/{refused}")).status_code == 404)
+        _check(results, "the refused job was not admitted", (await client.get(f"/jobs/{refused}")).status_code == 404)
         view = (await client.get(f"/jobs/{lost}")).json()
         _check(results, "the lost job is not terminal yet", view["status"] == "running", view)
         failing.fail = None  # the disk takes writes again: the backlog retries with backoff
@@ -168,9 +167,15 @@ async def terminal_write_failure(root: Path) -> list[Result]:
         view = (await client.get(f"/jobs/{lost}")).json()
         events = (await client.get(f"/jobs/{lost}/events")).json()["events"]
         terminals = [e for e in events if e["event"] in TERMINAL]
-        _check(results, "the kept outcome is recorded once", view["status"] == "completed" and len(terminals) == 1
-               and events[-1] is terminals[0] and [e["sequence"] for e in events] == list(range(len(events))),
-               (view, events))
+        _check(
+            results,
+            "the kept outcome is recorded once",
+            view["status"] == "completed"
+            and len(terminals) == 1
+            and events[-1] is terminals[0]
+            and [e["sequence"] for e in events] == list(range(len(events))),
+            (view, events),
+        )
         health = (await client.get("/health")).json()
         _check(results, "health is ready again", health["status"] == "ready", health)
         answer = await client.post("/jobs", json=_job(uid("again")), headers={"Idempotency-Key": "k"})
@@ -192,22 +197,28 @@ def file_size_limit(procs: Processes, limit_bytes: int = 1_500_000, max_runs: in
             if answer.status_code != 200:
                 first_failure = answer
                 break
-        _check(results, "the journal fills up and the caller gets 507",
-               first_failure is not None and first_failure.status_code == 507,
-               first_failure.text if first_failure is not None else "no failure within the runs")
+        _check(
+            results,
+            "the journal fills up and the caller gets 507",
+            first_failure is not None and first_failure.status_code == 507,
+            first_failure.text if first_failure is not None else "no failure within the runs",
+        )
         # Which write hit the limit decides the state: the last job's admission (refused whole, nothing to
         # keep: health may stay ready) or a later write of it (an outcome the journal could not take is kept
         # and retried: health is degraded). Either way the full journal refuses further admissions.
         last_admitted = bool(ran) and http.get(f"/jobs/{ran[-1]}").status_code == 200
         health = http.get("/health").json()
         if last_admitted:
-            _check(results, "an outcome the journal could not record degrades health",
-                   health["status"] == "degraded", health)
+            _check(
+                results,
+                "an outcome the journal could not record degrades health",
+                health["status"] == "degraded",
+                health,
+            )
         refused = [uid("refused") for _ in range(3)]
         for action_id in refused:
             answer = http.post("/jobs", json=_job(action_id), headers={"Idempotency-Key": "k"})
-            _check(results, "admission is refused once the journal cannot grow", answer.status_code == 507,
-                   answer.text)
+            _check(results, "admission is refused once the journal cannot grow", answer.status_code == 507, answer.text)
     sidecar.kill(signal.SIGKILL)
     restarted = procs.restart_sidecar(sidecar)
     calls = calls_by_action(procs.call_log)
@@ -219,25 +230,35 @@ def file_size_limit(procs: Processes, limit_bytes: int = 1_500_000, max_runs: in
         # its later writes (then it was admitted and its outcome was lost): which one depends on where the
         # WAL file crosses the limit. Every earlier job was admitted.
         admitted = [a for a in ran if http.get(f"/jobs/{a}").status_code == 200]
-    _check(results, "every job before the failing write was admitted", admitted[:len(ran) - 1] == ran[:-1],
-           sorted(set(ran) - set(admitted)))
+    _check(
+        results,
+        "every job before the failing write was admitted",
+        admitted[: len(ran) - 1] == ran[:-1],
+        sorted(set(ran) - set(admitted)),
+    )
     _check(results, "the restart keeps what was admitted", (bool(ran) and ran[-1] in admitted) == last_admitted)
     if ran and ran[-1] not in admitted:
         _check(results, "a job refused at admission never ran", calls[ran[-1]] == 0, calls[ran[-1]])
     for action_id in admitted:
         events = sidecar_events(restarted, action_id)
         terminals = [e for e in events if e["event"] in TERMINAL]
-        ok = len(terminals) == 1 and events[-1] is terminals[0] and \
-            [e["sequence"] for e in events] == list(range(len(events)))
+        ok = (
+            len(terminals) == 1
+            and events[-1] is terminals[0]
+            and [e["sequence"] for e in events] == list(range(len(events)))
+        )
         _check(results, "every admitted job has exactly one terminal event", ok, (action_id, events[-2:]))
     if ran and ran[-1] in admitted:
         # Its failing write was a later one: the start (then CrewAI never ran it: a certain failure) or a
         # checkpoint or the result (then it ran and its outcome was lost: uncertain), unless it completed.
         last = sidecar_events(restarted, ran[-1])[-1]
         never_ran = last["data"].get("uncertain_outcome") is False and calls[ran[-1]] == 0
-        _check(results, "the job whose outcome was lost is failed as uncertain (certain if it never ran)",
-               last["event"] == "completed" or last["data"].get("uncertain_outcome") is True or never_ran,
-               (last, calls[ran[-1]]))
+        _check(
+            results,
+            "the job whose outcome was lost is failed as uncertain (certain if it never ran)",
+            last["event"] == "completed" or last["data"].get("uncertain_outcome") is True or never_ran,
+            (last, calls[ran[-1]]),
+        )
     restarted.kill(signal.SIGTERM)
     return results
 
@@ -252,9 +273,12 @@ def journal_size_bound(procs: Processes, max_runs: int = 40) -> list[Result]:
             answer = http.post("/jobs", json=_job(action_id, "chatty"), headers={"Idempotency-Key": "k"})
             if answer.status_code != 200:
                 break
-        _check(results, "past the journal bound admission is 507",
-               answer is not None and answer.status_code == 507 and "size bound" in answer.text,
-               answer.text if answer is not None else "")
+        _check(
+            results,
+            "past the journal bound admission is 507",
+            answer is not None and answer.status_code == 507 and "size bound" in answer.text,
+            answer.text if answer is not None else "",
+        )
         _check(results, "the refused job was not admitted", http.get(f"/jobs/{action_id}").status_code == 404)
         _check(results, "the refused job never ran", calls_by_action(procs.call_log)[action_id] == 0)
         _check(results, "a full journal is not a failing one", http.get("/health").json()["status"] == "ready")
@@ -281,17 +305,18 @@ def journal_refusals(workdir: Path) -> list[Result]:
     def corrupt(data: bytes) -> bytes:
         damaged = bytearray(data)
         for offset in range(8192, len(damaged) - 512, 4096):  # every page after the first two: bad cells
-            damaged[offset + 100: offset + 400] = os.urandom(300)
+            damaged[offset + 100 : offset + 400] = os.urandom(300)
         return bytes(damaged)
 
     cases: dict[str, tuple[Callable[[Path], None], str]] = {
         "a corrupt journal": (lambda p: p.write_bytes(corrupt(valid_journal(p))), "is corrupt"),
         "a truncated journal": (lambda p: p.write_bytes(valid_journal(p)[:12288]), "corrupt"),
-        "a non-SQLite file": (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(4000)),
-                              "not a SQLite database"),
+        "a non-SQLite file": (
+            lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(4000)),
+            "not a SQLite database",
+        ),
         "another application's SQLite file": (_foreign_sqlite, "not an aip-crewai journal"),
-        "another application's versioned file": (lambda p: _foreign_sqlite(p, version=2),
-                                                 "not an aip-crewai journal"),
+        "another application's versioned file": (lambda p: _foreign_sqlite(p, version=2), "not an aip-crewai journal"),
         "a newer journal schema": (lambda p: _newer(p, valid_journal), "schema version"),
     }
     for name, (prepare, needle) in cases.items():
@@ -303,12 +328,26 @@ def journal_refusals(workdir: Path) -> list[Result]:
             extra.unlink(missing_ok=True)
         journal.chmod(0o600)
         before = journal.read_bytes()
-        argv = [*sidecar_command("--registry", REGISTRY), "--journal", str(journal), "--token-file", str(token),
-                "--port", "0", "--allowed-operations", ALLOWED]
+        argv = [
+            *sidecar_command("--registry", REGISTRY),
+            "--journal",
+            str(journal),
+            "--token-file",
+            str(token),
+            "--port",
+            "0",
+            "--allowed-operations",
+            ALLOWED,
+        ]
         done = subprocess.run(argv, capture_output=True, timeout=60, env=env, stdin=subprocess.DEVNULL, check=False)
         err = done.stderr.decode(errors="replace")
-        ok = done.returncode == 2 and needle in err and "Traceback" not in err and done.stdout == b"" \
+        ok = (
+            done.returncode == 2
+            and needle in err
+            and "Traceback" not in err
+            and done.stdout == b""
             and "--journal (AIP_CREWAI_STATE_FILE)" in err
+        )
         _check(results, f"start-up refuses {name}", ok, f"exit {done.returncode}: {err[-400:]}")
         _check(results, f"start-up leaves {name} untouched", journal.read_bytes() == before)
     return results
@@ -322,10 +361,12 @@ async def _fill(path: Path, jobs: int) -> None:
     try:
         for n in range(jobs):
             action_id = f"job-{n}"
-            await journal.admit(NewJob(action_id, "echo", "run", "h" * 64, "k", None), max_retained_runs=10**6,
-                                max_bytes=10**12)
-            await journal.transition(action_id, JobStatus.RUNNING, first_sequence=0,
-                                     events=[EventRow(0, "started", b'{"status":"running"}')])
+            await journal.admit(
+                NewJob(action_id, "echo", "run", "h" * 64, "k", None), max_retained_runs=10**6, max_bytes=10**12
+            )
+            await journal.transition(
+                action_id, JobStatus.RUNNING, first_sequence=0, events=[EventRow(0, "started", b'{"status":"running"}')]
+            )
         await journal._run(journal._conn.execute, "PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         await journal.close()

@@ -53,14 +53,14 @@ def split_after(data: bytes, marker: bytes, delay: float = 0.005) -> Pieces:
     """Pieces that end right after each ``marker`` (so the next byte arrives in another read)."""
     pieces, start = [], 0
     while (index := data.find(marker, start)) != -1:
-        pieces.append((data[start:index + len(marker)], delay))
+        pieces.append((data[start : index + len(marker)], delay))
         start = index + len(marker)
     pieces.append((data[start:], 0.0))
     return [p for p in pieces if p[0]]
 
 
 def trickle(data: bytes, delay: float = 0.01) -> Pieces:
-    return [(data[i:i + 1], delay) for i in range(len(data))]
+    return [(data[i : i + 1], delay) for i in range(len(data))]
 
 
 def oversize(total: int, piece: int = 65536) -> Pieces:
@@ -74,7 +74,7 @@ def too_many(events: int) -> Pieces:
     frames = [frame("started", 0, {"status": "running", "operation": "run"})]
     frames += [frame("chunk", i, {"content": "x", "channel": "llm"}) for i in range(1, events + 1)]
     frames.append(frame("completed", events + 1, {"raw": "x"}))
-    return [(b"".join(frames[i:i + 1000]), 0.0) for i in range(0, len(frames), 1000)]
+    return [(b"".join(frames[i : i + 1000]), 0.0) for i in range(0, len(frames), 1000)]
 
 
 def crlf(data: bytes) -> bytes:
@@ -94,16 +94,21 @@ CASES: dict[str, Case] = {
     "crlf_split_between_cr_and_lf": Case(split_after(crlf(good()), b"\r"), "completed", "Hello"),
     "bom_at_start": Case(whole(b"\xef\xbb\xbf" + good()), "completed", "Hello"),
     "u2028_inside_data": Case(whole(good((_U2028,))), "completed", _U2028),
-    "utf8_split_across_reads": Case([(_SPLIT_UTF8[:_SPLIT_UTF8.index(b"\xc3") + 1], 0.005),
-                                     (_SPLIT_UTF8[_SPLIT_UTF8.index(b"\xc3") + 1:], 0.0)], "completed", "h\u00e9llo"),
-    "keepalive_comments_between_events": Case(whole(good().replace(b"\n\n", b"\n\n: keep-alive\n\n")), "completed",
-                                              "Hello"),
+    "utf8_split_across_reads": Case(
+        [(_SPLIT_UTF8[: _SPLIT_UTF8.index(b"\xc3") + 1], 0.005), (_SPLIT_UTF8[_SPLIT_UTF8.index(b"\xc3") + 1 :], 0.0)],
+        "completed",
+        "h\u00e9llo",
+    ),
+    "keepalive_comments_between_events": Case(
+        whole(good().replace(b"\n\n", b"\n\n: keep-alive\n\n")), "completed", "Hello"
+    ),
     "invalid_utf8_in_a_string": Case(whole(good().replace(b"Hel", b"H\xffl")), "completed", "H\ufffdllo"),
     "invalid_utf8_breaking_json": Case(whole(frame("started", 0, {}) + b"data: {\xff}\n\n"), INVALID),
     "no_terminal_event": Case(whole(good()[: good().index(b"event: completed")]), INVALID),
     "sequence_gap": Case(whole(frame("started", 0, {}) + frame("completed", 2, {})), INVALID),
-    "sequence_repeat": Case(whole(frame("started", 0, {}) + frame("started", 0, {}) + frame("completed", 1, {})),
-                            INVALID),
+    "sequence_repeat": Case(
+        whole(frame("started", 0, {}) + frame("started", 0, {}) + frame("completed", 1, {})), INVALID
+    ),
     "event_after_terminal": Case(whole(good() + frame("chunk", 4, {"content": "late", "channel": "llm"})), INVALID),
     "oversize_frame": Case(oversize(8 * 1024 * 1024), INVALID),
     "trickle_one_byte_per_10ms": Case(trickle(good()), "completed", "Hello"),
@@ -112,8 +117,16 @@ CASES: dict[str, Case] = {
 #: Cases cheap enough for the in-process host (the trickle runs over real HTTP only).
 INPROC = [name for name in CASES if not name.startswith("trickle")]
 #: Cases where a real socket adds something (read boundaries, timing, process memory).
-OVER_HTTP = ["crlf_split_between_cr_and_lf", "bom_at_start", "u2028_inside_data", "utf8_split_across_reads",
-             "trickle_one_byte_per_10ms", "no_terminal_event", "oversize_frame", "invalid_utf8_in_a_string"]
+OVER_HTTP = [
+    "crlf_split_between_cr_and_lf",
+    "bom_at_start",
+    "u2028_inside_data",
+    "utf8_split_across_reads",
+    "trickle_one_byte_per_10ms",
+    "no_terminal_event",
+    "oversize_frame",
+    "invalid_utf8_in_a_string",
+]
 
 
 def stream_case(name: str, *, big: bool = False) -> Case:
@@ -156,8 +169,16 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             self.cancels.append(request.url.path)
             await request.aread()
             job_id = json.loads(request.content)["action_id"]
-            return httpx.Response(200, json={"action_id": job_id, "status": "cancelled", "event_count": 1,
-                                             "output": None, "provider_stop_observed": True})
+            return httpx.Response(
+                200,
+                json={
+                    "action_id": job_id,
+                    "status": "cancelled",
+                    "event_count": 1,
+                    "output": None,
+                    "provider_stop_observed": True,
+                },
+            )
         response = self.fake.handle(request)
         return response  # type: ignore[no-any-return]
 
@@ -177,9 +198,17 @@ class FakeSidecarServer:
 
     def __init__(self, token: str, crews: list[str], operations: list[str], *, big: bool = True) -> None:
         self.token = token
-        self.health = {"status": "ready", "crews": sorted(crews), "active_runs": 0, "retained_runs": 0,
-                       "max_retained_runs": 2000, "durable_journal": True, "stream_checkpoint_events": 128,
-                       "operations": sorted(operations), "training_directory": False}
+        self.health = {
+            "status": "ready",
+            "crews": sorted(crews),
+            "active_runs": 0,
+            "retained_runs": 0,
+            "max_retained_runs": 2000,
+            "durable_journal": True,
+            "stream_checkpoint_events": 128,
+            "operations": sorted(operations),
+            "training_directory": False,
+        }
         self.big = big
         self.requests: list[tuple[str, str]] = []
         #: ``"METHOD /path-prefix"`` entries this server receives but never answers (a frozen sidecar).
@@ -215,20 +244,41 @@ class FakeSidecarServer:
                 await self._json(writer, 200, self.health)
             elif method == "POST" and path == "/jobs/stream":
                 case = stream_case(str(json.loads(body)["input"].get("topic")), big=self.big)
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                             b"Connection: close\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                    b"Connection: close\r\n\r\n"
+                )
                 for data, delay in case.pieces:
                     writer.write(data)
                     await writer.drain()
                     if delay:
                         await asyncio.sleep(delay)
             elif method == "GET" and path.startswith("/jobs/") and path.count("/") == 2:
-                await self._json(writer, 200, {"action_id": path[6:], "crew_id": "beta", "operation": "run",
-                                               "status": "completed", "event_count": 4, "output": {"raw": "Hello"}})
+                await self._json(
+                    writer,
+                    200,
+                    {
+                        "action_id": path[6:],
+                        "crew_id": "beta",
+                        "operation": "run",
+                        "status": "completed",
+                        "event_count": 4,
+                        "output": {"raw": "Hello"},
+                    },
+                )
             elif method == "POST" and path.endswith("/cancel"):
                 job_id = json.loads(body)["action_id"]
-                await self._json(writer, 200, {"action_id": job_id, "status": "cancelled", "event_count": 1,
-                                               "output": None, "provider_stop_observed": True})
+                await self._json(
+                    writer,
+                    200,
+                    {
+                        "action_id": job_id,
+                        "status": "cancelled",
+                        "event_count": 1,
+                        "output": None,
+                        "provider_stop_observed": True,
+                    },
+                )
             else:
                 await self._json(writer, 404, {"detail": "not found"})
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
@@ -239,8 +289,11 @@ class FakeSidecarServer:
     @staticmethod
     async def _json(writer: asyncio.StreamWriter, status: int, value: Any) -> None:
         data = json.dumps(value).encode()
-        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-                     "Connection: close\r\n\r\n".encode() + data)
+        writer.write(
+            f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+            + data
+        )
         await writer.drain()
 
     def close(self) -> None:
@@ -279,15 +332,29 @@ def run_case(request: Request, who: Principals, name: str, action_id: str, timeo
 
     from aip_crewai.client import now_rfc3339
 
-    env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": f"msg_{action_id}",
-           "sent_at": now_rfc3339(),
-           "body": {"action": {"id": action_id, "capability_id": who.capability, "input": {"topic": name},
-                               "idempotency_key": action_id}}}
+    env = {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": f"msg_{action_id}",
+        "sent_at": now_rfc3339(),
+        "body": {
+            "action": {
+                "id": action_id,
+                "capability_id": who.capability,
+                "input": {"topic": name},
+                "idempotency_key": action_id,
+            }
+        },
+    }
     status, _, content = request("POST", "/aip/v1/messages", json=env, headers=who.invoker)
     assert status == 202, content[:300]
     approval_id = json.loads(content)["body"]["action_result"]["output"]["approval_id"]
-    status, _, content = request("POST", f"/aip/v1/approvals/{approval_id}/decision", headers=who.approver,
-                                 json={"decision": "approved", "reason": "stream corpus"})
+    status, _, content = request(
+        "POST",
+        f"/aip/v1/approvals/{approval_id}/decision",
+        headers=who.approver,
+        json={"decision": "approved", "reason": "stream corpus"},
+    )
     assert status == 200, content[:300]
     deadline = time.monotonic() + timeout
     while True:
@@ -308,8 +375,12 @@ def run_case(request: Request, who: Principals, name: str, action_id: str, timeo
             break
         cursor = int(page["cursor"])
     error = result.get("error") or {}
-    return {"status": result["status"], "code": error.get("code"), "text": "".join(texts),
-            "details": error.get("details") or {}}
+    return {
+        "status": result["status"],
+        "code": error.get("code"),
+        "text": "".join(texts),
+        "details": error.get("details") or {},
+    }
 
 
 def check_case(name: str, outcome: dict[str, Any], case: Case) -> None:

@@ -7,17 +7,18 @@ import json
 import time
 from pathlib import Path
 
+import chaoslib
 import httpx
 import pytest
-
-import chaoslib
 import storebackend
-from aip_crewai.contracts.hashing import canonical_json
-from aip_crewai.host.actions.idempotency import fence_hash
-from aip_crewai.host.store.store import Store
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running
 from relkit import inproc_app
+
+from aip_crewai.contracts.hashing import canonical_json
+from aip_crewai.host.actions.idempotency import fence_hash
+from aip_crewai.host.store.store import Store
+
 
 async def decide(store, *args):
     """Record one decision and start nothing: True when this call decided (the store's decide_and_start)."""
@@ -51,12 +52,24 @@ async def _seed_running(root: Path, action_id: str, chunks: int) -> None:
     store = await Store.open(root / "state" / "host.db")
     try:
         inp = {"topic": "restart"}
-        await store.create_action("acme", action_id, "cap:crewai:beta", "beta", "run", canonical_json(inp).decode(),
-                                  fence_hash("cap:crewai:beta", inp), "acme-invoker", "k-1", "running")
+        await store.create_action(
+            "acme",
+            action_id,
+            "cap:crewai:beta",
+            "beta",
+            "run",
+            canonical_json(inp).decode(),
+            fence_hash("cap:crewai:beta", inp),
+            "acme-invoker",
+            "k-1",
+            "running",
+        )
         await store.update_action("acme", action_id, from_statuses=["running"], status="running", dispatch="sent")
         kinds = ["progress", "data", "done"]  # what the fake sidecar streams: started, an llm chunk, completed
-        rows = [(seq, json.dumps({"action_id": action_id, "sequence": seq, "kind": kinds[seq], "data": {}}))
-                for seq in range(chunks)]
+        rows = [
+            (seq, json.dumps({"action_id": action_id, "sequence": seq, "kind": kinds[seq], "data": {}}))
+            for seq in range(chunks)
+        ]
         await store.append_chunks("acme", action_id, rows, dispatch="acknowledged")
     finally:
         await store.close()
@@ -111,21 +124,39 @@ async def test_rel_restarted_host_fails_an_action_the_sidecar_never_admitted(tmp
 async def _seed_approved_unsent(root: Path, action_id: str, *, age_s: float) -> None:
     """A store left by a host killed after an approval started its action (one commit: approved, running,
     dispatch `sent`) but before the sidecar admitted the start request; everything happened ``age_s`` ago."""
-    from aip_crewai.host.actions.service import APPROVAL_TTL_MS
     from aip_crewai.host.actions.lifecycle import approval_admits, policy_hash
+    from aip_crewai.host.actions.service import APPROVAL_TTL_MS
 
     store = await Store.open(root / "state" / "host.db", clock=lambda: time.time() - age_s)
     try:
         inp = {"topic": "approved"}
         hashed = fence_hash("cap:crewai:beta", inp)
-        _, record = await store.create_action("acme", action_id, "cap:crewai:beta", "beta", "run",
-                                              canonical_json(inp).decode(), hashed, "acme-invoker", "k-a",
-                                              "pending_approval", approval_id=f"apr_{action_id}")
-        await store.create_approval("acme", f"apr_{action_id}", action_id, "cap:crewai:beta",
-                                    policy_hash("acme", action_id, "cap:crewai:beta", hashed), "acme-invoker",
-                                    record.input_json, record.created_at + APPROVAL_TTL_MS)
-        _, started = await store.decide_and_start("acme", f"apr_{action_id}", "approved", "ok", "acme-both",
-                                                  store.now_ms(), start_if=approval_admits)
+        _, record = await store.create_action(
+            "acme",
+            action_id,
+            "cap:crewai:beta",
+            "beta",
+            "run",
+            canonical_json(inp).decode(),
+            hashed,
+            "acme-invoker",
+            "k-a",
+            "pending_approval",
+            approval_id=f"apr_{action_id}",
+        )
+        await store.create_approval(
+            "acme",
+            f"apr_{action_id}",
+            action_id,
+            "cap:crewai:beta",
+            policy_hash("acme", action_id, "cap:crewai:beta", hashed),
+            "acme-invoker",
+            record.input_json,
+            record.created_at + APPROVAL_TTL_MS,
+        )
+        _, started = await store.decide_and_start(
+            "acme", f"apr_{action_id}", "approved", "ok", "acme-both", store.now_ms(), start_if=approval_admits
+        )
         assert started is not None and started.dispatch == "sent"
     finally:
         await store.close()
@@ -200,21 +231,38 @@ async def test_rel_restarted_host_keeps_a_running_action_while_the_sidecar_is_un
 async def _seed_pending(root: Path, action_id: str, *, decision: str | None, with_approval: bool = True) -> str:
     """A store left by a host killed inside the approval flow: a pending ``run`` of crew beta whose approval
     was decided but not applied (``decision``), or whose approval row was never written."""
-    from aip_crewai.host.actions.service import APPROVAL_TTL_MS
     from aip_crewai.host.actions.lifecycle import policy_hash
+    from aip_crewai.host.actions.service import APPROVAL_TTL_MS
 
     store = await Store.open(root / "state" / "host.db")
     try:
         inp = {"topic": "approval"}
         hashed = fence_hash("cap:crewai:beta", inp)
         approval_id = f"apr_{action_id}"
-        _, record = await store.create_action("acme", action_id, "cap:crewai:beta", "beta", "run",
-                                              canonical_json(inp).decode(), hashed, "acme-invoker", "k-p",
-                                              "pending_approval", approval_id=approval_id)
+        _, record = await store.create_action(
+            "acme",
+            action_id,
+            "cap:crewai:beta",
+            "beta",
+            "run",
+            canonical_json(inp).decode(),
+            hashed,
+            "acme-invoker",
+            "k-p",
+            "pending_approval",
+            approval_id=approval_id,
+        )
         if with_approval:
-            await store.create_approval("acme", approval_id, action_id, "cap:crewai:beta",
-                                        policy_hash("acme", action_id, "cap:crewai:beta", hashed), "acme-invoker",
-                                        record.input_json, record.created_at + APPROVAL_TTL_MS)
+            await store.create_approval(
+                "acme",
+                approval_id,
+                action_id,
+                "cap:crewai:beta",
+                policy_hash("acme", action_id, "cap:crewai:beta", hashed),
+                "acme-invoker",
+                record.input_json,
+                record.created_at + APPROVAL_TTL_MS,
+            )
         if decision is not None:
             assert await decide(store, "acme", approval_id, decision, "ok", "acme-both", store.now_ms())
     finally:
@@ -264,8 +312,11 @@ async def test_rel_an_approval_lost_in_a_host_crash_is_restored_and_decidable(tm
         shown = (await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))).json()
         assert shown["evidence_payload"]["input"] == {"topic": "approval"}
         assert shown["request"]["requester"]["id"] == "acme-invoker"
-        decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
-                                  json={"decision": "approved", "reason": "ok"})
+        decided = await http.post(
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=bearer("acme-both"),
+            json={"decision": "approved", "reason": "ok"},
+        )
         assert decided.status_code == 200
         status = await _settled(http, "act_orphan")
     assert status["state"] == "completed" and fake.executions == 1
@@ -279,27 +330,44 @@ def test_rel_a_frozen_sidecar_cannot_hang_status_reads_or_cancels(tmp_path, monk
     JSON_READ_TIMEOUT_S (30 s; 0.5 s here): the status read fails as a transport error, the cancel as
     cancelled_unconfirmed, both in time."""
     import streamkit
+    from relkit import AppThread
+
     from aip_crewai.contracts.operations import OPERATION_NAMES
     from aip_crewai.host.sidecars import client as sidecar_client
-    from relkit import AppThread
 
     monkeypatch.setattr(sidecar_client, "JSON_READ_TIMEOUT_S", 0.5)
     fake = streamkit.FakeSidecarServer(SIDECAR_TOKEN, ["alpha", "beta", "gamma"], sorted(OPERATION_NAMES))
     app = AppThread(inproc_app(tmp_path / "etc", None, sidecar_url=fake.base_url, clock=time.time))
     try:
+
         def post(action_id, capability, inp, key=None):
-            env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": f"msg_{action_id}",
-                   "sent_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "body": {"action": {"id": action_id, "capability_id": capability, "input": inp,
-                                       **({"idempotency_key": key} if key else {})}}}
-            status, _, content = app.request("POST", "/aip/v1/messages", json=env, headers=bearer("acme-invoker"),
-                                             timeout=20)
+            env = {
+                "aip_version": "1.0",
+                "message_type": "aip.core.v1.action",
+                "message_id": f"msg_{action_id}",
+                "sent_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "body": {
+                    "action": {
+                        "id": action_id,
+                        "capability_id": capability,
+                        "input": inp,
+                        **({"idempotency_key": key} if key else {}),
+                    }
+                },
+            }
+            status, _, content = app.request(
+                "POST", "/aip/v1/messages", json=env, headers=bearer("acme-invoker"), timeout=20
+            )
             return status, json.loads(content)
 
         status, pending = post("act_long", "cap:crewai:beta", {"topic": "alive_for_30s"}, "k-long")
         approval_id = pending["body"]["action_result"]["output"]["approval_id"]
-        status, _, _ = app.request("POST", f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
-                                   json={"decision": "approved", "reason": "ok"})
+        status, _, _ = app.request(
+            "POST",
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=bearer("acme-both"),
+            json={"decision": "approved", "reason": "ok"},
+        )
         assert status == 200
         fake.frozen |= {"GET /jobs/", "POST /jobs/acme"}  # reads and cancels are never answered from now on
         started = time.monotonic()
@@ -307,8 +375,9 @@ def test_rel_a_frozen_sidecar_cannot_hang_status_reads_or_cancels(tmp_path, monk
         error = answer["body"]["action_result"]["error"]
         assert error["code"] == "connector.crewai.transport" and time.monotonic() - started < 10
         started = time.monotonic()
-        status, _, content = app.request("POST", "/aip/v1/actions/act_long/cancel", headers=bearer("acme-invoker"),
-                                         timeout=20)
+        status, _, content = app.request(
+            "POST", "/aip/v1/actions/act_long/cancel", headers=bearer("acme-invoker"), timeout=20
+        )
         result = json.loads(content)["body"]["action_result"]
         assert result["error"]["code"] == "connector.crewai.cancelled_unconfirmed"
         assert time.monotonic() - started < 10

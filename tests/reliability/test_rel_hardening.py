@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from chaoslib import uid
 from relkit import envelope, post_action
 
@@ -108,8 +107,9 @@ def test_rel_the_host_never_sends_the_sidecar_token_to_an_environment_proxy(proc
     proxy = _Recorder()
     try:
         url = f"http://127.0.0.1:{proxy.port}"
-        env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
-                                      "all_proxy")}
+        env = {
+            name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+        }
         env.update(NO_PROXY="", no_proxy="")
         sidecar = procs.sidecar()
         host = procs.host(sidecar.base_url, env=env)  # waits for /ready: the sidecar was reached directly
@@ -144,8 +144,11 @@ def test_rel_made_up_methods_and_paths_never_become_metric_labels(stack):
         text = http.get("/metrics", headers=operator).text
     assert not any(method in text for method in made_up) and "/health/" not in text
     assert 'method="other"' in text and 'route="unmatched"' in text
-    statuses = {line.rsplit('status="', 1)[1].split('"', 1)[0] for line in text.splitlines()
-                if line.startswith("aip_host_requests_total{")}
+    statuses = {
+        line.rsplit('status="', 1)[1].split('"', 1)[0]
+        for line in text.splitlines()
+        if line.startswith("aip_host_requests_total{")
+    }
     assert statuses and statuses <= {"1xx", "2xx", "3xx", "4xx", "5xx"}, statuses
     assert len(text) < len(before.text) + 4096  # a handful of new series at most, not one per request
 
@@ -206,8 +209,9 @@ def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(stack):
         for levels in (MAX_INPUT_DEPTH + 1, 300, 960):
             action_id = uid("h14")
             env = envelope("cap:crewai:echo", {"topic": "deep"}, action_id, action_id)
-            raw = json.dumps(env).replace('{"topic": "deep"}', '{"n": ' * (levels - 1) + '{"topic": "deep"}'
-                                          + "}" * (levels - 1))  # the stdlib encoder recurses
+            raw = json.dumps(env).replace(
+                '{"topic": "deep"}', '{"n": ' * (levels - 1) + '{"topic": "deep"}' + "}" * (levels - 1)
+            )  # the stdlib encoder recurses
             answer = app.post("/aip/v1/messages", content=raw, headers={"Content-Type": "application/aip+json"})
             assert answer.status_code == 400 and error_code(answer) == "action.invalid_input", levels
             assert app.get(f"/aip/v1/actions/{action_id}").status_code == 404
@@ -248,13 +252,27 @@ def test_rel_fifo_token_key_and_config_files_refuse_start_up_instead_of_hanging(
         d = tmp_path / f"host-{name}"
         config = write_host_config(d, "http://127.0.0.1:9", free_port())
         fifo(d / name)
-        refused([py, "-m", "aip_crewai.cli", "host", "--config", str(config)],
-                "--config" if name == "host.toml" else ("crews.file" if name == "crews.json" else "sidecar.token_file"))
+        refused(
+            [py, "-m", "aip_crewai.cli", "host", "--config", str(config)],
+            "--config" if name == "host.toml" else ("crews.file" if name == "crews.json" else "sidecar.token_file"),
+        )
     d = tmp_path / "sidecar"
     d.mkdir(mode=0o700)
-    refused([*sidecar_command("--registry", REGISTRY), "--journal", str(d / "journal.db"), "--token-file",
-             str(fifo(d / "token")), "--port", "0", "--allowed-operations", ALLOWED],
-            "--token-file", child_env(d / "calls.log"))
+    refused(
+        [
+            *sidecar_command("--registry", REGISTRY),
+            "--journal",
+            str(d / "journal.db"),
+            "--token-file",
+            str(fifo(d / "token")),
+            "--port",
+            "0",
+            "--allowed-operations",
+            ALLOWED,
+        ],
+        "--token-file",
+        child_env(d / "calls.log"),
+    )
     from aip_crewai.plumbing.keys import SecretFileError, load_ed25519
 
     with pytest.raises(SecretFileError, match="not a regular file"):  # the CLI's signing key
@@ -270,8 +288,15 @@ def _abort_upload(base_url: str, path: str, headers: dict[str, str]) -> None:
     from urllib.parse import urlsplit
 
     parts = urlsplit(base_url)
-    head = [f"POST {path} HTTP/1.1", f"Host: {parts.hostname}", "Content-Type: application/json",
-            "Content-Length: 100000", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
+    head = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {parts.hostname}",
+        "Content-Type: application/json",
+        "Content-Length: 100000",
+        *(f"{k}: {v}" for k, v in headers.items()),
+        "",
+        "",
+    ]
     with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
         sock.sendall("\r\n".join(head).encode() + b"{" + b" " * 999)
 
@@ -290,10 +315,14 @@ def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(procs):
         _abort_upload(sidecar.base_url, "/jobs", {**sidecar.headers, "Idempotency-Key": "k"})
 
     def logged() -> bool:
-        host_lines = [line for line in host.output().splitlines() if b"request_finished" in line
-                      and b"/aip/v1/messages" in line]
-        side_lines = [line for line in sidecar.stderr_path.read_bytes().splitlines() if b"request_finished" in line
-                      and b'"/jobs"' in line]
+        host_lines = [
+            line for line in host.output().splitlines() if b"request_finished" in line and b"/aip/v1/messages" in line
+        ]
+        side_lines = [
+            line
+            for line in sidecar.stderr_path.read_bytes().splitlines()
+            if b"request_finished" in line and b'"/jobs"' in line
+        ]
         return len(host_lines) >= 10 and len(side_lines) >= 5
 
     until(logged, timeout=30, what="the aborted requests' summary lines")
@@ -311,7 +340,6 @@ def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
     """Regression (item 10): an anonymous /ready listed every configured crew id, of every tenant, while
     unready. It now gives the kind of disagreement only; the ids go to the operator's log."""
     from host_process import write_config
-
     from relkit import TOKEN, free_port, until
 
     hidden = "zz-hidden-crew-of-beta"
@@ -319,8 +347,9 @@ def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
     port = free_port()
     workdir = procs.workdir / "host-unready"
     crews = [{"id": "echo", "name": "Echo"}, {"id": hidden, "name": "Hidden"}]
-    config = write_config(workdir, sidecar.base_url, TOKEN, port, crews=crews,
-                          tenants={"acme": ["echo"], "beta": [hidden]})
+    config = write_config(
+        workdir, sidecar.base_url, TOKEN, port, crews=crews, tenants={"acme": ["echo"], "beta": [hidden]}
+    )
     process, stderr_path, _ = procs.launch_host(workdir, config)
     from relkit import Host
 
@@ -358,7 +387,7 @@ def _raw_exchange(base_url: str, data: bytes) -> tuple[bytes, bool]:
         while time.monotonic() < deadline:
             try:
                 piece = sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 return received, False
             if not piece:
                 return received, True
@@ -372,14 +401,18 @@ def test_rel_content_length_with_transfer_encoding_is_400_and_closes_on_both_pro
     connection kept open (request smuggling behind a proxy that frames by Content-Length). Both processes
     answer 400 with `Connection: close` and close; the request pipelined after it is never answered."""
     _, sidecar, host = stack
-    cases = [(host.base_url, "/aip/v1/messages", "Authorization: Bearer tok-acme-app-1\r\n"),
-             (host.base_url, "/health", ""),
-             (sidecar.base_url, "/jobs", f"Authorization: Bearer {sidecar.token}\r\nIdempotency-Key: k\r\n"),
-             (sidecar.base_url, "/health", "")]
+    cases = [
+        (host.base_url, "/aip/v1/messages", "Authorization: Bearer tok-acme-app-1\r\n"),
+        (host.base_url, "/health", ""),
+        (sidecar.base_url, "/jobs", f"Authorization: Bearer {sidecar.token}\r\nIdempotency-Key: k\r\n"),
+        (sidecar.base_url, "/health", ""),
+    ]
     for base_url, path, extra in cases:
-        smuggled = (f"POST {path} HTTP/1.1\r\nHost: x\r\n{extra}Content-Type: application/json\r\n"
-                    "Content-Length: 48\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
-                    "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").encode()
+        smuggled = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\n{extra}Content-Type: application/json\r\n"
+            "Content-Length: 48\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+            "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        ).encode()
         received, closed = _raw_exchange(base_url, smuggled)
         head = received.split(b"\r\n\r\n", 1)[0].lower()
         assert head.startswith(b"http/1.1 400"), (base_url, path, received[:300])
@@ -406,7 +439,7 @@ def _timed_exchange(base_url: str, data: bytes, wait_s: float = 30.0) -> tuple[b
         while True:
             try:
                 piece = sock.recv(65536)
-            except (socket.timeout, ConnectionResetError):
+            except (TimeoutError, ConnectionResetError):
                 break
             if not piece:
                 break
@@ -420,8 +453,10 @@ def test_rel_a_bad_bearer_is_refused_before_its_body_is_read(stack):
     Authorization header is wrong is 401 at once, with the announced body never sent, and closed."""
     _, _, host = stack
     for authorization in ("Bearer nope", "Basic abc"):
-        head = (f"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}\r\n"
-                "Content-Type: application/aip+json\r\nContent-Length: 2000000\r\n\r\n").encode()
+        head = (
+            f"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}\r\n"
+            "Content-Type: application/aip+json\r\nContent-Length: 2000000\r\n\r\n"
+        ).encode()
         received, took = _timed_exchange(host.base_url, head)
         assert received.startswith(b"HTTP/1.1 401") and b"connection: close" in received.lower(), received[:300]
         assert took < 5.0, took
@@ -436,10 +471,14 @@ def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(stack):
 
     _, sidecar, host = stack
     partial_head = b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Le"
-    stalled_body = (b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/aip+json\r\n"
-                    b"Content-Length: 100000\r\n\r\n{\"aip_version\"")
-    stalled_job = (f"POST /jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {sidecar.token}\r\nIdempotency-Key: k\r\n"
-                   "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{").encode()
+    stalled_body = (
+        b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/aip+json\r\n"
+        b'Content-Length: 100000\r\n\r\n{"aip_version"'
+    )
+    stalled_job = (
+        f"POST /jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {sidecar.token}\r\nIdempotency-Key: k\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+    ).encode()
     for base_url in (host.base_url, sidecar.base_url):
         received, took = _timed_exchange(base_url, partial_head)
         assert received == b"" and HEADER_TIMEOUT_S - 1 <= took < HEADER_TIMEOUT_S + 10, (base_url, took)
@@ -454,8 +493,10 @@ def test_rel_cleartext_http2_is_not_served(stack):
     """Item 3: one cleartext HTTP/2 connection with 50 streams added 50 MB. h2c is off on both processes:
     an `Upgrade: h2c` request is answered as HTTP/1.1 and the prior-knowledge preface is no HTTP/2."""
     _, sidecar, host = stack
-    upgrade = (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
-               b"HTTP2-Settings: AAMAAABkAAQAAP__\r\nConnection: close\r\n\r\n")
+    upgrade = (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        b"HTTP2-Settings: AAMAAABkAAQAAP__\r\nConnection: close\r\n\r\n"
+    )
     preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
     for base_url in (host.base_url, sidecar.base_url):
         received, _ = _timed_exchange(base_url, upgrade, wait_s=20)
@@ -469,10 +510,17 @@ def test_rel_cleartext_http2_is_not_served(stack):
 # --- 6 and 8. signed envelopes: canonical numbers; message ids claimed per key after authorization ---
 
 
-def _signed(action_id: str, input: dict[str, Any], *, message_id: str | None = None, seed: bytes | None = None,
-            key_id: str | None = None) -> dict[str, Any]:
-    from aip_crewai.client import sign_envelope
+def _signed(
+    action_id: str,
+    input: dict[str, Any],
+    *,
+    message_id: str | None = None,
+    seed: bytes | None = None,
+    key_id: str | None = None,
+) -> dict[str, Any]:
     from relkit import SIGNER, signer_key
+
+    from aip_crewai.client import sign_envelope
 
     env = envelope("cap:crewai:echo", input, action_id, action_id)
     if message_id is not None:
@@ -521,8 +569,12 @@ def test_rel_a_signer_without_the_role_cannot_burn_another_signers_message_ids(s
     _, _, host = stack
     message_id = f"msg_{uid('h8')}"
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
-        burned = http.post("/aip/v1/messages", json=_signed(uid("h8a"), {"topic": "burn"}, message_id=message_id,
-                                                            seed=APPROVER_SIGNER_SEED, key_id=APPROVER_SIGNER))
+        burned = http.post(
+            "/aip/v1/messages",
+            json=_signed(
+                uid("h8a"), {"topic": "burn"}, message_id=message_id, seed=APPROVER_SIGNER_SEED, key_id=APPROVER_SIGNER
+            ),
+        )
         assert burned.status_code == 403 and error_code(burned) == "policy.forbidden"
         action_id = uid("h8b")
         mine = _signed(action_id, {"topic": "mine"}, message_id=message_id)
@@ -578,8 +630,9 @@ def test_rel_operators_read_metadata_and_approvers_read_what_they_decided(stack)
         assert approve(host, pending).status_code == 200
         wait_action(app, action_id)
         assert "output" in app.get(f"/aip/v1/actions/{action_id}").json()["result"]
-    with httpx.Client(base_url=host.base_url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
-                      timeout=30) as operator:
+    with httpx.Client(
+        base_url=host.base_url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=30
+    ) as operator:
         view = operator.get(f"/aip/v1/actions/{action_id}")
         assert view.status_code == 200 and view.json()["result"]["status"] == "completed", (OPERATOR, view.text)
         assert "output" not in view.json()["result"] and b"h9-private" not in view.content

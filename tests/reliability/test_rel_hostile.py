@@ -8,29 +8,32 @@ import os
 import tracemalloc
 from pathlib import Path
 
+import fuzzkit
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
-
-import fuzzkit
 import streamkit
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, envelope, sign
+from hypothesis import HealthCheck, given, settings
 from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, inproc_app
 
 pytestmark = [pytest.mark.host_processes]
 
-FUZZ = settings(max_examples=int(os.environ.get("AIP_CREWAI_FUZZ_EXAMPLES", "800")), deadline=None,
-                database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                      HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=int(os.environ.get("AIP_CREWAI_FUZZ_EXAMPLES", "800")),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 INPROC_WHO = streamkit.Principals(bearer("acme-invoker"), bearer("acme-both"), "cap:crewai:beta")
 
 
 @pytest.fixture(scope="module")
 def host_app(tmp_path_factory):
     """The host in-process over the scripted stream corpus (FakeSidecar for every other route)."""
-    app = AppThread(inproc_app(tmp_path_factory.mktemp("hostile") / "etc",
-                               streamkit.StreamingTransport(FakeSidecar(SIDECAR_TOKEN))))
+    app = AppThread(
+        inproc_app(tmp_path_factory.mktemp("hostile") / "etc", streamkit.StreamingTransport(FakeSidecar(SIDECAR_TOKEN)))
+    )
     try:
         yield app
     finally:
@@ -47,8 +50,10 @@ def sidecar_app(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hostile-sidecar")
     root.chmod(0o700)
-    app = AppThread(create_app(make_settings(root, max_retained_runs=100_000), crews=FAKE_CREWS,
-                               executor=FakeExecutor()), base_url="http://sidecar")
+    app = AppThread(
+        create_app(make_settings(root, max_retained_runs=100_000), crews=FAKE_CREWS, executor=FakeExecutor()),
+        base_url="http://sidecar",
+    )
     app.token = FAKE_TOKEN  # type: ignore[attr-defined]
     try:
         yield app
@@ -86,8 +91,7 @@ def test_rel_deeply_nested_bodies_are_400_not_500(host_app, sidecar_app, depth):
     message route and the sidecar's job routes; a signed envelope nested just under it made the RFC 8785
     canonicalization recurse too deep (500). All are now client errors."""
     nested = b"[" * depth + b"]" * depth
-    status, _, content = host_app.request("POST", "/aip/v1/messages", content=nested,
-                                          headers=bearer("acme-invoker"))
+    status, _, content = host_app.request("POST", "/aip/v1/messages", content=nested, headers=bearer("acme-invoker"))
     assert status == 400 and json.loads(content)["body"]["error"]["error"]["code"], content[:200]
     env = envelope("msg_deep")
     env["body"]["action"]["input"] = {"x": fuzzkit.DEEP}
@@ -95,9 +99,12 @@ def test_rel_deeply_nested_bodies_are_400_not_500(host_app, sidecar_app, depth):
     status, _, content = host_app.request("POST", "/aip/v1/messages", content=fuzzkit.encode(signed, depth))
     assert status in (400, 401), content[:200]
     for path in ("/jobs", "/jobs/stream", "/jobs/a/cancel"):
-        status, _, content = sidecar_app.request("POST", path, content=nested,
-                                                 headers={"Authorization": f"Bearer {sidecar_app.token}",
-                                                          "Idempotency-Key": "k"})
+        status, _, content = sidecar_app.request(
+            "POST",
+            path,
+            content=nested,
+            headers={"Authorization": f"Bearer {sidecar_app.token}", "Idempotency-Key": "k"},
+        )
         assert status in (400, 413, 422), (path, status, content[:200])
 
 
@@ -109,15 +116,22 @@ def test_rel_action_ids_unsafe_in_urls_reach_their_own_sidecar_job(host_app):
     ids = ["plain_1", "plain_1?x", "plain_1#x", "plain_%41", "sha256:" + "0" * 64]
     for n, action_id in enumerate(ids):
         env = envelope(f"msg_ids_{n}")
-        env["body"]["action"] = {"id": action_id, "capability_id": "cap:crewai:beta:knowledge_query",
-                                 "input": {"query": [f"q{n}"]}, "idempotency_key": f"cl\u00e9-{n}"}
+        env["body"]["action"] = {
+            "id": action_id,
+            "capability_id": "cap:crewai:beta:knowledge_query",
+            "input": {"query": [f"q{n}"]},
+            "idempotency_key": f"cl\u00e9-{n}",
+        }
         status, _, content = host_app.request("POST", "/aip/v1/messages", json=env, headers=bearer("acme-invoker"))
         result = json.loads(content)["body"]["action_result"]
         assert status == 200 and result["status"] == "completed", (action_id, content[:300])
     for n, action_id in enumerate(ids):
         env = envelope(f"msg_ids_status_{n}")
-        env["body"]["action"] = {"id": f"st_{n}", "capability_id": "cap:crewai:beta:status",
-                                 "input": {"run_action_id": action_id}}
+        env["body"]["action"] = {
+            "id": f"st_{n}",
+            "capability_id": "cap:crewai:beta:status",
+            "input": {"run_action_id": action_id},
+        }
         status, _, content = host_app.request("POST", "/aip/v1/messages", json=env, headers=bearer("acme-invoker"))
         view = json.loads(content)["body"]["action_result"]["output"]
         assert status == 200 and view["action_id"] == action_id and view["status"] == "completed", content[:300]
@@ -148,8 +162,9 @@ def test_rel_stream_corpus_through_the_host_in_process(host_app, name):
 
 @pytest.mark.timeout(60)
 def test_rel_response_over_the_host_bound_is_response_too_large(tmp_path):
-    app = AppThread(inproc_app(tmp_path / "etc", streamkit.StreamingTransport(FakeSidecar(SIDECAR_TOKEN)),
-                               max_response_bytes=65536))
+    app = AppThread(
+        inproc_app(tmp_path / "etc", streamkit.StreamingTransport(FakeSidecar(SIDECAR_TOKEN)), max_response_bytes=65536)
+    )
     try:
         outcome = streamkit.run_case(app.request, INPROC_WHO, "response_too_large", "act_big")
     finally:
@@ -183,10 +198,12 @@ def test_rel_stream_corpus_over_real_http_to_a_real_host(http_host, name):
     """Split reads, a BOM, U+2028, a trickle of one byte per 10 ms, a 64 MiB frame: the documented outcome
     from a real host process, whose peak memory stays bounded."""
     host, _ = http_host
-    who = streamkit.Principals({"Authorization": "Bearer tok-acme-app-1"},
-                               {"Authorization": "Bearer tok-acme-approver-1"}, "cap:crewai:echo")
+    who = streamkit.Principals(
+        {"Authorization": "Bearer tok-acme-app-1"}, {"Authorization": "Bearer tok-acme-approver-1"}, "cap:crewai:echo"
+    )
     before = _vm_hwm_kib(host.process.pid)
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
+
         def request(method, url, **kwargs):
             response = http.request(method, url, **kwargs)
             return response.status_code, response.headers, response.content

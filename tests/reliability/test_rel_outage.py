@@ -21,12 +21,12 @@ from typing import Any
 
 import httpx
 import pytest
-
 import storebackend
-from aip_crewai.host.actions.lifecycle import result_is_final
 from chaoslib import uid
 from host_process import free_port
-from relkit import Host, Processes, TERMINAL, action_status, approve, post_action, sidecar_events, until, wait_action
+from relkit import TERMINAL, Host, Processes, action_status, approve, post_action, sidecar_events, until, wait_action
+
+from aip_crewai.host.actions.lifecycle import result_is_final
 
 pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
 def _served(host: Host) -> Host:
     """Wait until the host answers ``/health`` (it is not ``/ready`` while the sidecar is down)."""
+
     def up() -> bool:
         if host.process.poll() is not None:
             raise AssertionError(f"host exited {host.process.returncode}: {host.output()[-2000:]!r}")
@@ -61,16 +62,21 @@ def _approved_run(host: Host, http: httpx.Client, crew: str, prefix: str) -> str
 def _final(view: dict[str, Any]) -> bool:
     result = view.get("result") or {}
     error = result.get("error") or {}
-    return result_is_final(view.get("state", ""), startable=True, error_code=error.get("code"),
-                           details=error.get("details"))
+    return result_is_final(
+        view.get("state", ""), startable=True, error_code=error.get("code"), details=error.get("details")
+    )
 
 
 def assert_all_final(http: httpx.Client, action_ids: list[str], timeout: float = 90.0) -> dict[str, dict[str, Any]]:
     """Every action reaches a final result (reconciliation included); returns the views."""
     views: dict[str, dict[str, Any]] = {}
     for action_id in action_ids:
-        views[action_id] = until(lambda a=action_id: (lambda v: v if _final(v) else None)(action_status(http, a)),
-                                 timeout=timeout, interval=0.1, what=f"{action_id} final")
+        views[action_id] = until(
+            lambda a=action_id: (lambda v: v if _final(v) else None)(action_status(http, a)),
+            timeout=timeout,
+            interval=0.1,
+            what=f"{action_id} final",
+        )
     return views
 
 
@@ -104,12 +110,16 @@ def test_rel_outage_approved_while_the_sidecar_is_down_runs_once_when_it_is_back
     with host.client("acme-app") as http:
         run_id = _approved_run(host, http, "echo", "down")
         query_id = uid("down-kq")
-        answer = post_action(http, "cap:crewai:knowledge_a:knowledge_query", {"query": ["refunds"]}, query_id,
-                             key=f"key-{query_id}")
+        answer = post_action(
+            http, "cap:crewai:knowledge_a:knowledge_query", {"query": ["refunds"]}, query_id, key=f"key-{query_id}"
+        )
         assert answer.status_code in (200, 202), answer.text
         for action_id in (run_id, query_id):
-            until(lambda a=action_id: action_status(http, a).get("state") == "queued", timeout=30,
-                  what=f"{action_id} queued while the sidecar is down")
+            until(
+                lambda a=action_id: action_status(http, a).get("state") == "queued",
+                timeout=30,
+                what=f"{action_id} queued while the sidecar is down",
+            )
         assert action_status(http, run_id)["state"] == "queued"  # still not burned after several retries
         sidecar = _fixed_port_sidecar(procs, port)
         views = assert_all_final(http, [run_id, query_id])
@@ -178,8 +188,10 @@ def test_rel_outage_a_run_approved_while_the_sidecar_drains_is_queued_not_burned
 
         def draining() -> bool:
             try:
-                return httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers, timeout=5).json().get(
-                    "status") == "stopping"
+                return (
+                    httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers, timeout=5).json().get("status")
+                    == "stopping"
+                )
             except httpx.HTTPError:
                 return sidecar.process.poll() is not None  # already gone: a refused connection instead
 
@@ -219,6 +231,7 @@ def test_rel_outage_a_frozen_sidecar_is_detected_and_followed_again_not_cancelle
 
 def _stored_chunk_sequences(host: Host, action_id: str) -> list[int]:
     """The sequences of the chunks the host stored for an acme action, read from its store (either backend)."""
+
     async def read(store: Any) -> list[int]:
         return [chunk.sequence for chunk in await store.list_chunks("acme", action_id, limit=100_000)]
 
@@ -227,6 +240,7 @@ def _stored_chunk_sequences(host: Host, action_id: str) -> list[int]:
 
 def _stored_result(host: Host, action_id: str) -> dict[str, Any] | None:
     """The result the host stored for an acme action (no tenant read: nothing reconciles it on the way)."""
+
     async def read(store: Any) -> str | None:
         record = await store.get_action("acme", action_id)
         return record.result_json if record is not None else None
@@ -259,9 +273,10 @@ def test_rel_outage_sidecar_killed_mid_run_provisional_results_are_corrected_by_
         sidecar.kill(signal.SIGKILL)
         provisional = {}
         for action_id in (running_id, queued_id):
-            provisional[action_id] = until(lambda a=action_id: _stored_result(host, a), timeout=60, interval=0.1,
-                                           what=f"{action_id} stored")
-        for action_id, result in provisional.items():  # what the host could say with the sidecar gone
+            provisional[action_id] = until(
+                lambda a=action_id: _stored_result(host, a), timeout=60, interval=0.1, what=f"{action_id} stored"
+            )
+        for result in provisional.values():  # what the host could say with the sidecar gone
             error = result["error"]
             assert error["details"]["uncertain_outcome"] is True, result
             assert not result_is_final("failed", startable=True, error_code=error["code"], details=error["details"])
@@ -277,5 +292,6 @@ def test_rel_outage_sidecar_killed_mid_run_provisional_results_are_corrected_by_
         assert ran["error"]["details"]["uncertain_outcome"] is True
         assert never_ran["error"]["details"]["uncertain_outcome"] is False
         assert_all_final(http, [running_id, queued_id])
-        assert all(s in TERMINAL for s in (action_status(http, running_id)["state"],
-                                           action_status(http, queued_id)["state"]))
+        assert all(
+            s in TERMINAL for s in (action_status(http, running_id)["state"], action_status(http, queued_id)["state"])
+        )

@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import chaoslib
 import httpx
 import pytest
-
-import chaoslib
 
 pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
@@ -69,20 +68,32 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
     host recorded `cancelled_unconfirmed` (failed) and dropped its stream, and the sidecar then admitted
     and completed the job: host failed, sidecar completed. Now the cancel waits for the start's answer."""
     from hostkit import bearer, running
-
     from relkit import inproc_app
 
     sidecar = SlowAdmission()
     app = inproc_app(tmp_path / "etc", httpx.MockTransport(sidecar.handle))
-    env = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": "msg_c1",
-           "sent_at": "2026-09-21T23:33:20.000Z",
-           "body": {"action": {"id": "act_c", "capability_id": "cap:crewai:beta", "input": {"topic": "t"},
-                               "idempotency_key": "k-c"}}}
+    env = {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": "msg_c1",
+        "sent_at": "2026-09-21T23:33:20.000Z",
+        "body": {
+            "action": {
+                "id": "act_c",
+                "capability_id": "cap:crewai:beta",
+                "input": {"topic": "t"},
+                "idempotency_key": "k-c",
+            }
+        },
+    }
     async with running(app) as http:
         pending = (await http.post("/aip/v1/messages", json=env, headers=bearer("acme-invoker"))).json()
         approval_id = pending["body"]["action_result"]["output"]["approval_id"]
-        decided = await http.post(f"/aip/v1/approvals/{approval_id}/decision", headers=bearer("acme-both"),
-                                  json={"decision": "approved", "reason": "ok"})
+        decided = await http.post(
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=bearer("acme-both"),
+            json={"decision": "approved", "reason": "ok"},
+        )
         assert decided.status_code == 200
         cancelled = (await http.post("/aip/v1/actions/act_c/cancel", headers=bearer("acme-invoker"))).json()
         status = (await http.get("/aip/v1/actions/act_c", headers=bearer("acme-invoker"))).json()
@@ -95,27 +106,37 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
 async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome(tmp_path):
     """Regression: when the sidecar answered a cancel with an already completed job and no stream delivered
     the result, the host recorded `cancelled`; it now records the job's own terminal result."""
+    from fake_sidecar import FakeSidecar
+
     from aip_crewai.contracts import operations as ops
     from aip_crewai.host.actions import cancellation
-    from aip_crewai.host.actions.service import ActionService
     from aip_crewai.host.actions.dispatch import Dispatcher, Job
+    from aip_crewai.host.actions.service import ActionService
     from aip_crewai.host.sidecars.client import SidecarClient
     from aip_crewai.host.store.store import Store
-    from fake_sidecar import FakeSidecar
 
     tmp_path.chmod(0o700)
     fake = FakeSidecar()
     fake._admit({"crew_id": "support", "action_id": "acme:act_f", "operation": "run", "input": {}})
-    http = httpx.AsyncClient(transport=fake.transport(), base_url="http://127.0.0.1:8090",
-                             headers={"Authorization": "Bearer sidecar-token"})
+    http = httpx.AsyncClient(
+        transport=fake.transport(), base_url="http://127.0.0.1:8090", headers={"Authorization": "Bearer sidecar-token"}
+    )
     store = await Store.open(tmp_path / "host.db")
     try:
-        service = ActionService(store, Dispatcher(SidecarClient(http, max_response_bytes=1 << 20),
-                                                  max_response_bytes=1 << 20), {"acme": {"support": frozenset({"run"})}})
-        job = Job(tenant="acme", action_id="act_f", crew_id="support", spec=ops.get("run"), input={},
-                  idempotency_key="k")
+        service = ActionService(
+            store,
+            Dispatcher(SidecarClient(http, max_response_bytes=1 << 20), max_response_bytes=1 << 20),
+            {"acme": {"support": frozenset({"run"})}},
+        )
+        job = Job(
+            tenant="acme", action_id="act_f", crew_id="support", spec=ops.get("run"), input={}, idempotency_key="k"
+        )
         result = await cancellation.ended_before_cancel(service, job, {"status": "completed"})
-        assert result is not None and result.status == "completed" and result.output == fake.jobs["acme:act_f"].events[-1]["data"]
+        assert (
+            result is not None
+            and result.status == "completed"
+            and result.output == fake.jobs["acme:act_f"].events[-1]["data"]
+        )
         assert await cancellation.ended_before_cancel(service, job, {"status": "cancelled"}) is None
     finally:
         await store.close()

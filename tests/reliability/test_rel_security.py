@@ -4,8 +4,8 @@ refusals of unsafe files and URLs (ARCHITECTURE.md §4, §7; secrets never in lo
 from __future__ import annotations
 
 import pytest
-
 import securitykit
+
 from aip_crewai.host.config import HostConfigError, check_sidecar_url
 from aip_crewai.host.sidecars.client import sidecar_job_id
 
@@ -53,11 +53,22 @@ def test_rel_unsafe_files_and_urls_refuse_start_up_with_a_clear_message(tmp_path
     assert len(results) >= 18 and _failures(results) == []
 
 
-@pytest.mark.parametrize("url", [
-    "http://10.1.2.3:8090", "http://sidecar:8090", "http://127.0.0.1.nip.io", "http://[::ffff:127.0.0.1]",
-    "http://127.1", "http://2130706433", "http://localhost.:8090", "http://10.0.0.1#@127.0.0.1",
-    "http://10.0.0.1\\\\@127.0.0.1", "ftp://127.0.0.1", "http://u@127.0.0.1",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.1.2.3:8090",
+        "http://sidecar:8090",
+        "http://127.0.0.1.nip.io",
+        "http://[::ffff:127.0.0.1]",
+        "http://127.1",
+        "http://2130706433",
+        "http://localhost.:8090",
+        "http://10.0.0.1#@127.0.0.1",
+        "http://10.0.0.1\\\\@127.0.0.1",
+        "ftp://127.0.0.1",
+        "http://u@127.0.0.1",
+    ],
+)
 def test_rel_plain_http_sidecar_urls_off_loopback_are_refused(url):
     with pytest.raises(HostConfigError):
         check_sidecar_url(url)
@@ -81,13 +92,23 @@ def test_rel_an_early_401_closes_the_connection_instead_of_poisoning_keep_alive(
     import httpx
 
     _, sidecar, host = stack
-    targets = [(sidecar.base_url, "/jobs", {"Idempotency-Key": "k"}, sidecar.headers, "/health"),
-               (host.base_url, "/aip/v1/approvals/apr_x/decision", {}, {"Authorization": "Bearer tok-acme-approver-1"},
-                "/aip/v1/approvals")]
+    targets = [
+        (sidecar.base_url, "/jobs", {"Idempotency-Key": "k"}, sidecar.headers, "/health"),
+        (
+            host.base_url,
+            "/aip/v1/approvals/apr_x/decision",
+            {},
+            {"Authorization": "Bearer tok-acme-approver-1"},
+            "/aip/v1/approvals",
+        ),
+    ]
     for base_url, path, extra, good, follow_up in targets:
         with httpx.Client(base_url=base_url, timeout=30) as http:  # one keep-alive connection pool
             for _ in range(25):
-                rejected = http.post(path, json={"crew_id": "echo", "action_id": "x", "input": {"p": "y" * 2000}},
-                                     headers={**extra, "Authorization": "Bearer nope"})
+                rejected = http.post(
+                    path,
+                    json={"crew_id": "echo", "action_id": "x", "input": {"p": "y" * 2000}},
+                    headers={**extra, "Authorization": "Bearer nope"},
+                )
                 assert rejected.status_code == 401 and rejected.headers.get("connection") == "close"
                 assert http.get(follow_up, headers=good).status_code == 200

@@ -4,7 +4,6 @@ journals at start-up (ARCHITECTURE.md §4 "507 (nothing half-admitted)", §5 jou
 from __future__ import annotations
 
 import pytest
-
 import storagekit
 
 pytestmark = [pytest.mark.integration]

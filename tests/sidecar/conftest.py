@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from aip_crewai.sidecar.jobs.context import JobContext
 from aip_crewai.sidecar.crewai_env import import_crewai, prepare_crewai_environment
+from aip_crewai.sidecar.jobs.context import JobContext
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from aip_crewai.sidecar.http.app import create_app
 from aip_crewai.sidecar.config import Settings
+from aip_crewai.sidecar.http.app import create_app
 from aip_crewai.sidecar.jobs.context import JobCancelled, JobContext, SafeJobError
 
 SECRET = "sk-live-DO-NOT-LEAK-1234"
@@ -128,9 +128,15 @@ async def running_app(tmp_path: Path, **overrides: Any) -> AsyncIterator[tuple[h
             yield client, app, fake
 
 
-def job(action_id: str, crew_id: str = "echo", operation: str = "run", input: Any = None, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"crew_id": crew_id, "action_id": action_id, "operation": operation,
-                            "input": {} if input is None else input}
+def job(
+    action_id: str, crew_id: str = "echo", operation: str = "run", input: Any = None, **extra: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "crew_id": crew_id,
+        "action_id": action_id,
+        "operation": operation,
+        "input": {} if input is None else input,
+    }
     body.update(extra)
     return body
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from aip_crewai.sidecar.journal import lock
-from aip_crewai.sidecar.journal import files as journal_files
 from aip_crewai.sidecar.errors import JournalForeign, JournalFull
 from aip_crewai.sidecar.jobs.model import EventRow, JobStatus, NewJob, TaskRunRef
+from aip_crewai.sidecar.journal import files as journal_files
+from aip_crewai.sidecar.journal import lock
 from aip_crewai.sidecar.journal.store import Journal
 
 pytestmark = pytest.mark.timeout(60)
@@ -65,8 +65,14 @@ CALLS: dict[str, Callable[[Journal], Awaitable[Any]]] = {
     "recover": lambda j: j.recover(),
     "append_events": lambda j: j.append_events("run", 1, [ev(1), ev(2)]),
     "append_events (stale)": lambda j: j.append_events("run", 0, [ev(0)]),
-    "transition": lambda j: j.transition("run", JobStatus.COMPLETED, first_sequence=1, output=b"{}",
-                                         events=[ev(1, "completed")], task_runs=[TaskRunRef("t2")]),
+    "transition": lambda j: j.transition(
+        "run",
+        JobStatus.COMPLETED,
+        first_sequence=1,
+        output=b"{}",
+        events=[ev(1, "completed")],
+        task_runs=[TaskRunRef("t2")],
+    ),
     "set_provider_stop_observed": lambda j: j.set_provider_stop_observed("done", True),
     "archive": lambda j: j.archive("done"),
     "close": lambda j: j.close(),
@@ -81,8 +87,14 @@ async def test_every_public_method_makes_exactly_one_worker_hop(tmp_path, name):
             await j.admit(new(action_id), max_retained_runs=BIG, max_bytes=BIG)
         for action_id in ("run", "done"):
             await j.transition(action_id, JobStatus.RUNNING, first_sequence=0, events=[ev(0, "started")])
-        await j.transition("done", JobStatus.COMPLETED, first_sequence=1, events=[ev(1, "completed")],
-                           output=b'{"tasks_output":[]}', task_runs=[TaskRunRef("t1")])
+        await j.transition(
+            "done",
+            JobStatus.COMPLETED,
+            first_sequence=1,
+            events=[ev(1, "completed")],
+            output=b'{"tasks_output":[]}',
+            task_runs=[TaskRunRef("t1")],
+        )
         hops = 0
         submit = j._worker.submit
 
@@ -108,12 +120,20 @@ async def test_summary_and_events_reads_a_page_only_inside_the_journal(tmp_path)
     try:
         await j.admit(new("done"), max_retained_runs=BIG, max_bytes=BIG)
         await j.transition("done", JobStatus.RUNNING, first_sequence=0, events=[ev(0, "started")])
-        await j.transition("done", JobStatus.COMPLETED, first_sequence=1, output=b"{}",
-                           events=[ev(1), ev(2), ev(3, "completed")])
+        await j.transition(
+            "done", JobStatus.COMPLETED, first_sequence=1, output=b"{}", events=[ev(1), ev(2), ev(3, "completed")]
+        )
         summary = (JobStatus.COMPLETED, 4, False)
         assert await j.summary_and_events("nope", 0, limit=10) == (None, [])
-        for cursor, limit, sequences in [(0, 10, [0, 1, 2, 3]), (1, 2, [1, 2]), (3, 10, [3]), (4, 10, []),
-                                         (5, 10, []), (-1, 10, []), (0, 0, [])]:
+        for cursor, limit, sequences in [
+            (0, 10, [0, 1, 2, 3]),
+            (1, 2, [1, 2]),
+            (3, 10, [3]),
+            (4, 10, []),
+            (5, 10, []),
+            (-1, 10, []),
+            (0, 0, []),
+        ]:
             got, events = await j.summary_and_events("done", cursor, limit=limit)
             assert got == summary and [e.sequence for e in events] == sequences, (cursor, limit)
         _, events = await j.summary_and_events("done", 0, limit=10, max_bytes=1)
@@ -162,8 +182,11 @@ async def test_a_cancelled_transition_applies_status_and_events_together(tmp_pat
         await j.admit(new("a"), max_retained_runs=BIG, max_bytes=BIG)
         await j.transition("a", JobStatus.RUNNING, first_sequence=0, events=[ev(0, "started")])
         events = [ev(1), ev(2), ev(3, "completed")]
-        await _cancel_mid_statement(j, "INSERT INTO events", j.transition(
-            "a", JobStatus.COMPLETED, first_sequence=1, events=events, output=b"{}"))
+        await _cancel_mid_statement(
+            j,
+            "INSERT INTO events",
+            j.transition("a", JobStatus.COMPLETED, first_sequence=1, events=events, output=b"{}"),
+        )
         record = await j.get("a")
         assert record is not None and record.status is JobStatus.COMPLETED and record.event_count == 4
         assert [e.sequence for e in await j.read_events("a", 0)] == [0, 1, 2, 3]

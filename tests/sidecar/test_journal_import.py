@@ -27,22 +27,51 @@ def _events(*names_and_data: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]
 
 OUTPUT = {"raw": "done", "token_usage": {}, "tasks_output": [{"task_id": "task-1", "raw": "t"}]}
 REFERENCE_RUNS: list[dict[str, Any]] = [
-    {"action_id": "acme:a-done", "crew_id": "echo", "operation": "run", "input_hash": "h1", "status": "completed",
-     "events": _events(("started", {"status": "running", "operation": "run"}),
-                       ("chunk", {"content": "hel", "channel": "llm"}), ("completed", OUTPUT)),
-     "output": OUTPUT},
-    {"action_id": "acme:a-failed", "crew_id": "echo", "operation": "run", "input_hash": "h2", "status": "failed",
-     "events": _events(("started", {"status": "running", "operation": "run"}),
-                       ("failed", {"status": "failed", "error_type": "ValueError", "message": "m",
-                                   "uncertain_outcome": True})),
-     "output": None},
-    {"action_id": "acme:a-cancelled", "crew_id": "echo", "operation": "batch_run", "input_hash": "h3",
-     "status": "cancelled", "events": _events(("started", {}), ("cancelled", {"status": "cancelled"})),
-     "output": None},
-    {"action_id": "acme:a-running", "crew_id": "echo", "operation": "run", "input_hash": "h4", "status": "running",
-     "events": _events(("started", {"status": "running", "operation": "run"}),
-                       ("chunk", {"content": "half", "channel": "llm"})),
-     "output": None},
+    {
+        "action_id": "acme:a-done",
+        "crew_id": "echo",
+        "operation": "run",
+        "input_hash": "h1",
+        "status": "completed",
+        "events": _events(
+            ("started", {"status": "running", "operation": "run"}),
+            ("chunk", {"content": "hel", "channel": "llm"}),
+            ("completed", OUTPUT),
+        ),
+        "output": OUTPUT,
+    },
+    {
+        "action_id": "acme:a-failed",
+        "crew_id": "echo",
+        "operation": "run",
+        "input_hash": "h2",
+        "status": "failed",
+        "events": _events(
+            ("started", {"status": "running", "operation": "run"}),
+            ("failed", {"status": "failed", "error_type": "ValueError", "message": "m", "uncertain_outcome": True}),
+        ),
+        "output": None,
+    },
+    {
+        "action_id": "acme:a-cancelled",
+        "crew_id": "echo",
+        "operation": "batch_run",
+        "input_hash": "h3",
+        "status": "cancelled",
+        "events": _events(("started", {}), ("cancelled", {"status": "cancelled"})),
+        "output": None,
+    },
+    {
+        "action_id": "acme:a-running",
+        "crew_id": "echo",
+        "operation": "run",
+        "input_hash": "h4",
+        "status": "running",
+        "events": _events(
+            ("started", {"status": "running", "operation": "run"}), ("chunk", {"content": "half", "channel": "llm"})
+        ),
+        "output": None,
+    },
 ]
 
 
@@ -55,9 +84,11 @@ def _write_reference(directory: Path, runs: list[dict[str, Any]] = REFERENCE_RUN
 
 def _dump(journal: Path) -> tuple[list[Any], list[Any], list[Any]]:
     with sqlite3.connect(f"file:{journal}?mode=ro", uri=True) as conn:
-        return (conn.execute("SELECT * FROM jobs ORDER BY action_id").fetchall(),
-                conn.execute("SELECT * FROM events ORDER BY action_id, sequence").fetchall(),
-                conn.execute("SELECT * FROM task_runs ORDER BY action_id, task_id").fetchall())
+        return (
+            conn.execute("SELECT * FROM jobs ORDER BY action_id").fetchall(),
+            conn.execute("SELECT * FROM events ORDER BY action_id, sequence").fetchall(),
+            conn.execute("SELECT * FROM task_runs ORDER BY action_id, task_id").fetchall(),
+        )
 
 
 def _import(source: Path, target: Path, capsys) -> tuple[int, Any]:
@@ -99,8 +130,11 @@ async def _check_imported(target: Path) -> None:
         assert running is not None and running.status.value == "failed" and running.event_count == 3
         last = (await journal.read_events("acme:a-running", 0))[-1]
         assert last.event == "failed" and json.loads(last.data) == {
-            "status": "failed", "error_type": "SidecarRestarted", "message": RESTARTED_RUNNING,
-            "uncertain_outcome": True}
+            "status": "failed",
+            "error_type": "SidecarRestarted",
+            "message": RESTARTED_RUNNING,
+            "uncertain_outcome": True,
+        }
         assert await journal.find_task_run("echo", "task-1", "acme") is not None  # replay finds imported runs
         assert done.request_hash == "h1"
     finally:
@@ -127,14 +161,17 @@ def test_a_conflicting_action_id_is_reported_and_left_alone(workdir, capsys):
     assert _dump(target) == before
 
 
-@pytest.mark.parametrize("runs, says", [
-    ({"not": "a list"}, "not a reference sidecar journal"),
-    ([{**REFERENCE_RUNS[0], "status": "paused"}], "unknown status"),
-    ([{**REFERENCE_RUNS[0], "operation": "deploy"}], "unknown operation"),
-    ([{**REFERENCE_RUNS[0], "events": _events(("completed", {}), ("chunk", {}))}], "terminal but not the last"),
-    ([{**REFERENCE_RUNS[0], "events": [{"event": "started", "sequence": 3, "data": {}}]}], "sequences must be"),
-    ([REFERENCE_RUNS[0], REFERENCE_RUNS[0]], "action id twice"),
-])
+@pytest.mark.parametrize(
+    "runs, says",
+    [
+        ({"not": "a list"}, "not a reference sidecar journal"),
+        ([{**REFERENCE_RUNS[0], "status": "paused"}], "unknown status"),
+        ([{**REFERENCE_RUNS[0], "operation": "deploy"}], "unknown operation"),
+        ([{**REFERENCE_RUNS[0], "events": _events(("completed", {}), ("chunk", {}))}], "terminal but not the last"),
+        ([{**REFERENCE_RUNS[0], "events": [{"event": "started", "sequence": 3, "data": {}}]}], "sequences must be"),
+        ([REFERENCE_RUNS[0], REFERENCE_RUNS[0]], "action id twice"),
+    ],
+)
 def test_an_unusable_reference_journal_writes_nothing(workdir, capsys, runs, says):
     source = workdir / "runs.json"
     source.write_text(json.dumps(runs))

@@ -475,15 +475,17 @@ async def test_reset_rejects_an_unknown_command_type(jobs: Jobs) -> None:
 
 async def test_memory_reset_clears_only_this_crews_memories(jobs: Jobs) -> None:
     """CrewAI's own reset drops the whole LanceDB table; ours keeps other crews' memories."""
-    from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
     from aip_crewai.examples.maintenance_crews import memory_a, memory_b
+    from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 
     def fresh(crew_id: str, factory: Callable[[], Any]) -> Any:
         with knowledge_namespace(crew_id):  # as every job builds its crew
             return factory()
 
-    for crew_id, factory, text in (("memory_a", memory_a, "Alpha fact about lighthouses."),
-                                   ("memory_b", memory_b, "Beta fact about volcanoes.")):
+    for crew_id, factory, text in (
+        ("memory_a", memory_a, "Alpha fact about lighthouses."),
+        ("memory_b", memory_b, "Beta fact about volcanoes."),
+    ):
         crew = fresh(crew_id, factory)
         crew._memory.remember(text, importance=0.5, categories=["t"], scope="/")
         crew._memory.drain_writes()

@@ -67,9 +67,7 @@ async def test_run_emits_llm_chunks_attributed_to_tasks(registry, make_ctx) -> N
     assert len(rec) == 6  # 2 tasks x 3 chunks
     assert {c["channel"] for c in rec.chunks} == {"llm"}
     assert {c["agent_role"] for c in rec.chunks} == {"Echo analyst"}
-    assert [c["task_id"] for c in rec.chunks] == [
-        t["task_id"] for t in out["tasks_output"] for _ in range(3)
-    ]
+    assert [c["task_id"] for c in rec.chunks] == [t["task_id"] for t in out["tasks_output"] for _ in range(3)]
     assert "Final Answer: offline-echo: Summarize the topic herons." in rec.text()
 
 
@@ -94,6 +92,7 @@ async def test_concurrent_runs_have_zero_cross_job_chunks(crewai_state_dir, make
                 started[key].set()
                 met.append(started[other].wait(timeout=20))
             rec(data)
+
         return emit
 
     ctx_a.emit_chunk = rendezvous(rec_a, "a", "b")
@@ -117,9 +116,7 @@ async def test_concurrent_runs_have_zero_cross_job_chunks(crewai_state_dir, make
 async def test_batch_run_uses_a_fresh_crew_per_item(registry, make_ctx) -> None:
     ctx, rec = make_ctx("batch_run")
     topics = ["ibis", "kite", "loon"]
-    out = await operations.execute(
-        registry["echo"], "batch_run", {"inputs": [{"topic": t} for t in topics]}, ctx
-    )
+    out = await operations.execute(registry["echo"], "batch_run", {"inputs": [{"topic": t} for t in topics]}, ctx)
     assert out["count"] == 3 and len(out["results"]) == 3
     for topic, result in zip(topics, out["results"], strict=True):
         assert result["raw"] == f"offline-echo: Restate the summary of {topic}."
@@ -136,9 +133,7 @@ async def test_batch_run_rejects_a_bad_inputs_list(registry, make_ctx) -> None:
         await operations.execute(registry["echo"], "batch_run", {"inputs": [1]}, ctx)
 
 
-async def test_cancelling_a_slow_run_stops_model_calls(
-    registry, make_ctx, tmp_path, monkeypatch
-) -> None:
+async def test_cancelling_a_slow_run_stops_model_calls(registry, make_ctx, tmp_path, monkeypatch) -> None:
     log = tmp_path / "calls.log"
     monkeypatch.setenv("AIP_CREWAI_TEST_CALL_LOG", str(log))
     ctx, rec = make_ctx()
@@ -159,9 +154,7 @@ async def test_cancelling_a_slow_run_stops_model_calls(
         await asyncio.sleep(0.05)
 
 
-async def test_failing_crew_raises_with_the_secret_only_in_the_exception(
-    registry, make_ctx, capsys
-) -> None:
+async def test_failing_crew_raises_with_the_secret_only_in_the_exception(registry, make_ctx, capsys) -> None:
     """Provider text stays in the exception: not in chunks, root log records or stdout/stderr."""
     from aip_crewai.examples.offline_llm import FAKE_SECRET
 
@@ -235,8 +228,8 @@ async def test_cancel_hook_stops_any_llm_in_worker_threads(crewai_state_dir, mak
     """The global before_llm_call hook stops a model that has no cancel check of its own."""
     from crewai.llms.base_llm import BaseLLM
 
-    from aip_crewai.sidecar.operations._common import job_scope
     from aip_crewai.examples.testing import build_crew
+    from aip_crewai.sidecar.operations._common import job_scope
 
     calls: list[int] = []
 
@@ -259,8 +252,8 @@ async def test_cancel_hook_stops_any_llm_in_worker_threads(crewai_state_dir, mak
 
 
 async def test_offline_llm_checks_the_cancel_flag_before_calling(crewai_state_dir, make_ctx) -> None:
-    from aip_crewai.sidecar.operations._common import job_scope
     from aip_crewai.examples.offline_llm import OfflineLLM
+    from aip_crewai.sidecar.operations._common import job_scope
 
     ctx, _ = make_ctx("train")
     ctx.cancel_flag.set()
@@ -331,9 +324,7 @@ def test_to_bounded_json_bounds_depth_items_and_odd_values() -> None:
     assert node == "…" and depth == 7
 
 
-async def test_support_triage_demo_runs_offline_without_network(
-    crewai_state_dir, make_ctx, monkeypatch
-) -> None:
+async def test_support_triage_demo_runs_offline_without_network(crewai_state_dir, make_ctx, monkeypatch) -> None:
     """The demo crew (and CrewAI around it) opens no non-loopback connection."""
     import socket
 
@@ -390,9 +381,7 @@ async def test_kickoff_inputs_never_reach_crewais_shared_task_output_table(
     ctx, _ = make_ctx()
     await operations.execute(registry["echo"], "run", {"topic": marker}, ctx)
     ctx, _ = make_ctx("batch_run")
-    await operations.execute(
-        registry["echo"], "batch_run", {"inputs": [{"topic": marker + "-b"}]}, ctx
-    )
+    await operations.execute(registry["echo"], "batch_run", {"inputs": [{"topic": marker + "-b"}]}, ctx)
     leaked = [
         path
         for path in (crewai_state_dir / "crewai").rglob("*")

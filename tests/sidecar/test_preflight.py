@@ -8,8 +8,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from aip_crewai.sidecar import operations
-from aip_crewai.sidecar.jobs.context import SafeJobError
 from aip_crewai.sidecar.crewai_env import MAX_PRINTED_LINE_CHARS, PrintedErrorLog, printed_error_label
+from aip_crewai.sidecar.jobs.context import SafeJobError
 from aip_crewai.sidecar.registry import CrewSource, load_registry
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,10 +41,13 @@ def test_preflight_names_each_unusable_crew_and_only_those(registry) -> None:
     assert SECRET not in repr(logs)
 
 
-@pytest.mark.parametrize("operation,input", [
-    ("run", {"topic": "glacier"}),
-    ("knowledge_query", {"query": ["glacier"]}),
-])
+@pytest.mark.parametrize(
+    "operation,input",
+    [
+        ("run", {"topic": "glacier"}),
+        ("knowledge_query", {"query": ["glacier"]}),
+    ],
+)
 async def test_a_crew_whose_knowledge_cannot_be_built_fails_typed_before_any_model_call(
     registry, make_ctx, operation, input
 ) -> None:
@@ -83,17 +86,20 @@ def test_a_printed_line_is_bounded_while_it_waits_for_its_newline() -> None:
     assert [e["label"] for e in logs] == ["Failed to save"]
 
 
-@pytest.mark.parametrize("line,label", [
-    ("Failed to init knowledge: boom", "Failed to init knowledge"),
-    ("[2026-12-01 04:14:29][WARNING]: Failed to init knowledge: boom", "Failed to init knowledge"),
-    ("[ERROR]: Failed to upsert documents: key", "Failed to upsert documents"),
-    ("Error: key=abc", "Error"),
-    ("Error in /etc/secret: x", "withheld"),
-    ("Error 42: x", "withheld"),
-    ("no colon error", "withheld"),
-    ("A" * 80 + ": failed", "A" * 80),
-    ("A" * 81 + ": failed", "withheld"),
-])
+@pytest.mark.parametrize(
+    "line,label",
+    [
+        ("Failed to init knowledge: boom", "Failed to init knowledge"),
+        ("[2026-12-01 04:14:29][WARNING]: Failed to init knowledge: boom", "Failed to init knowledge"),
+        ("[ERROR]: Failed to upsert documents: key", "Failed to upsert documents"),
+        ("Error: key=abc", "Error"),
+        ("Error in /etc/secret: x", "withheld"),
+        ("Error 42: x", "withheld"),
+        ("no colon error", "withheld"),
+        ("A" * 80 + ": failed", "A" * 80),
+        ("A" * 81 + ": failed", "withheld"),
+    ],
+)
 def test_printed_error_label_keeps_plain_words_only(line, label) -> None:
     assert printed_error_label(line) == label
 
@@ -114,12 +120,13 @@ async def test_a_real_model_without_its_key_is_named_at_start_up_and_fails_jobs_
     """Issue 20 item 6: a crew on gpt-4o-mini without OPENAI_API_KEY is reported, and its jobs fail certainly."""
     from crewai import LLM
 
-    from aip_crewai.sidecar.operations.startup.preflight import preflight
     from aip_crewai.examples.testing import build_crew
+    from aip_crewai.sidecar.operations.startup.preflight import preflight
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    registry = {"real": CrewSource(crew_id="real", factory=lambda: build_crew(LLM(model="gpt-4o-mini"),
-                                                                               ["Summarize {topic}."]))}
+    registry = {
+        "real": CrewSource(crew_id="real", factory=lambda: build_crew(LLM(model="gpt-4o-mini"), ["Summarize {topic}."]))
+    }
     assert preflight(registry).problems == {"real": ["llm_unconfigured"]}
     ctx, recorder = make_ctx("run")
     with pytest.raises(SafeJobError) as raised:

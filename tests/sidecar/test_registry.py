@@ -55,9 +55,7 @@ def test_registry_error_is_a_value_error() -> None:
     assert issubclass(RegistryError, ValueError)
 
 
-@pytest.mark.parametrize(
-    "spec", ["", "nocolon", "mod:", ":attr", "a b:c", "mod:attr:extra", "mod:1attr", "-mod:x"]
-)
+@pytest.mark.parametrize("spec", ["", "nocolon", "mod:", ":attr", "a b:c", "mod:attr:extra", "mod:1attr", "-mod:x"])
 def test_malformed_spec_is_rejected(spec: str) -> None:
     with pytest.raises(RegistryError, match="must look like"):
         load_registry(spec)
@@ -119,10 +117,7 @@ def test_value_neither_factory_nor_crew_is_rejected_naming_the_key(module_factor
 
 def test_factory_is_called_once_per_new_crew(module_factory) -> None:
     name = module_factory(
-        FAKE
-        + "calls = []\n"
-        + "def make():\n    calls.append(1)\n    return FakeCrew()\n"
-        + "CREWS = {'f': make}\n"
+        FAKE + "calls = []\n" + "def make():\n    calls.append(1)\n    return FakeCrew()\n" + "CREWS = {'f': make}\n"
     )
     sources = load_registry(f"{name}:CREWS")
     module = sys.modules[name]
@@ -134,9 +129,7 @@ def test_factory_is_called_once_per_new_crew(module_factory) -> None:
 
 
 def test_callable_attribute_and_dotted_attribute_are_accepted(module_factory) -> None:
-    name = module_factory(
-        FAKE + "class Holder:\n    @staticmethod\n    def crews():\n        return {'x': FakeCrew}\n"
-    )
+    name = module_factory(FAKE + "class Holder:\n    @staticmethod\n    def crews():\n        return {'x': FakeCrew}\n")
     sources = load_registry(f"{name}:Holder.crews")
     assert list(sources) == ["x"]
     assert isinstance(sources["x"].new_crew(), FakeCrew)
@@ -172,8 +165,14 @@ def test_mapping_order_is_kept(module_factory) -> None:
 def test_example_registries_expose_the_documented_crew_ids(crewai_state_dir: Path) -> None:
     testing = load_registry("aip_crewai.examples.testing:CREWS")
     assert set(testing) == {
-        "echo", "echo-template", "slow", "failing", "chatty",
-        "tool_user", "knowledge_a", "knowledge_b",
+        "echo",
+        "echo-template",
+        "slow",
+        "failing",
+        "chatty",
+        "tool_user",
+        "knowledge_a",
+        "knowledge_b",
     }
     assert testing["echo-template"].kind == "template"
     assert {k for k, v in testing.items() if v.kind == "factory"} == set(testing) - {"echo-template"}
@@ -189,20 +188,25 @@ def test_registry_module_does_not_import_crewai() -> None:
 def test_locate_registry_finds_a_module_without_importing_it_or_its_packages():
     import subprocess
 
-    code = ("import sys; from aip_crewai.sidecar.registry import locate_registry; "
-            "print(locate_registry('aip_crewai.examples.testing:CREWS')); "
-            "print('aip_crewai.examples' in sys.modules, 'crewai' in sys.modules)")
+    code = (
+        "import sys; from aip_crewai.sidecar.registry import locate_registry; "
+        "print(locate_registry('aip_crewai.examples.testing:CREWS')); "
+        "print('aip_crewai.examples' in sys.modules, 'crewai' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     origin, imported = done.stdout.splitlines()
     assert origin.endswith("aip_crewai/examples/testing.py") and imported == "False False"
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ("no_such_module_xyz:CREWS", "no module 'no_such_module_xyz' on the Python path"),
-    ("aip_crewai.no_such_xyz:CREWS", "no module 'aip_crewai.no_such_xyz'"),
-    ("aip_crewai.plumbing.log.inner:CREWS", "'aip_crewai.plumbing.log' is a module, not a package"),
-    ("no colon", "must look like"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_such_module_xyz:CREWS", "no module 'no_such_module_xyz' on the Python path"),
+        ("aip_crewai.no_such_xyz:CREWS", "no module 'aip_crewai.no_such_xyz'"),
+        ("aip_crewai.plumbing.log.inner:CREWS", "'aip_crewai.plumbing.log' is a module, not a package"),
+        ("no colon", "must look like"),
+    ],
+)
 def test_locate_registry_refuses_what_cannot_be_imported(spec, message):
     from aip_crewai.sidecar.registry import locate_registry
 

@@ -32,19 +32,39 @@ async def test_health_reports_crews_limits_and_operations(tmp_path):
         resp = await client.get("/health")
     assert resp.status_code == 200
     assert resp.json() == {
-        "status": "ready", "crews": sorted(FAKE_CREWS), "active_runs": 0, "retained_runs": 0,
-        "max_retained_runs": 2000, "durable_journal": True, "stream_checkpoint_events": 128,
-        "operations": ["cancel", "events", "replay", "run", "status"], "training_directory": True,
-        "crew_problems": {}, "crew_inputs": {}, "sse_keepalive_seconds": 0.05,
+        "status": "ready",
+        "crews": sorted(FAKE_CREWS),
+        "active_runs": 0,
+        "retained_runs": 0,
+        "max_retained_runs": 2000,
+        "durable_journal": True,
+        "stream_checkpoint_events": 128,
+        "operations": ["cancel", "events", "replay", "run", "status"],
+        "training_directory": True,
+        "crew_problems": {},
+        "crew_inputs": {},
+        "sse_keepalive_seconds": 0.05,
         "cancellable_operations": ["replay", "run"],
     }
 
 
-@pytest.mark.parametrize("method,path", [
-    ("GET", "/health"), ("POST", "/jobs"), ("POST", "/jobs/stream"), ("GET", "/jobs/a"),
-    ("GET", "/jobs/a/events"), ("POST", "/jobs/a/cancel"), ("DELETE", "/jobs/a"), ("GET", "/nowhere"),
-    ("POST", "/runs"), ("POST", "/runs/stream"), ("GET", "/runs/a"), ("POST", "/runs/a/cancel"),
-])
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("GET", "/health"),
+        ("POST", "/jobs"),
+        ("POST", "/jobs/stream"),
+        ("GET", "/jobs/a"),
+        ("GET", "/jobs/a/events"),
+        ("POST", "/jobs/a/cancel"),
+        ("DELETE", "/jobs/a"),
+        ("GET", "/nowhere"),
+        ("POST", "/runs"),
+        ("POST", "/runs/stream"),
+        ("GET", "/runs/a"),
+        ("POST", "/runs/a/cancel"),
+    ],
+)
 async def test_every_route_requires_the_bearer_token(tmp_path, method, path):
     async with running_app(tmp_path) as (client, _app, fake):
         missing = await client.request(method, path, headers={"Authorization": ""}, json=job("a"))
@@ -64,8 +84,14 @@ async def test_blocking_job_returns_the_output_and_records_events(tmp_path):
         page = (await client.get("/jobs/a1/events")).json()
     assert resp.status_code == 200
     assert resp.json()["tasks_output"][0]["task_id"] == "task-a1-0"
-    assert view == {"action_id": "a1", "crew_id": "echo", "operation": "run", "status": "completed",
-                    "event_count": 5, "output": resp.json()}
+    assert view == {
+        "action_id": "a1",
+        "crew_id": "echo",
+        "operation": "run",
+        "status": "completed",
+        "event_count": 5,
+        "output": resp.json(),
+    }
     assert [e["event"] for e in page["events"]] == ["started", "chunk", "chunk", "chunk", "completed"]
     assert [e["sequence"] for e in page["events"]] == [0, 1, 2, 3, 4]
     assert page["events"][0]["data"] == {"status": "running", "operation": "run"}
@@ -84,8 +110,16 @@ async def test_failed_job_is_502_with_a_generic_message_never_provider_text(tmp_
     body = resp.json()
     assert body["error_type"] == "RuntimeError" and body["uncertain_outcome"] is True
     assert body["detail"] == body["message"]
-    assert events[-1] == {"event": "failed", "sequence": 1, "data": {
-        "status": "failed", "error_type": "RuntimeError", "message": body["message"], "uncertain_outcome": True}}
+    assert events[-1] == {
+        "event": "failed",
+        "sequence": 1,
+        "data": {
+            "status": "failed",
+            "error_type": "RuntimeError",
+            "message": body["message"],
+            "uncertain_outcome": True,
+        },
+    }
     assert view["status"] == "failed" and view["error"]["error_type"] == "RuntimeError"
     assert SECRET not in resp.text + json.dumps(events) + json.dumps(view)
     journal_bytes = b"".join(p.read_bytes() for p in tmp_path.glob("journal.db*"))
@@ -95,8 +129,9 @@ async def test_failed_job_is_502_with_a_generic_message_never_provider_text(tmp_
 async def test_read_only_failure_is_not_uncertain_and_safe_errors_keep_their_message(tmp_path):
     async with running_app(tmp_path) as (client, _app, _fake):
         kq = await client.post("/jobs", json=job("k1", "failing", "knowledge_query", {"query": ["q"]}), headers=KEY)
-        safe = await client.post("/jobs", json=job("s1", "safe", "memory_reset", {"command_type": "memory"}),
-                                 headers=KEY)
+        safe = await client.post(
+            "/jobs", json=job("s1", "safe", "memory_reset", {"command_type": "memory"}), headers=KEY
+        )
     assert kq.status_code == 502 and kq.json()["uncertain_outcome"] is False
     assert safe.json()["error_type"] == "TargetNotInitialized"
     assert safe.json()["detail"] == "memory_reset target 'memory' is not initialized"
@@ -173,18 +208,20 @@ async def test_key_length_is_512_bytes_inclusive_and_body_bound_is_413(tmp_path)
 
 async def test_replay_needs_a_retained_completed_run_of_the_same_crew(tmp_path):
     async with running_app(tmp_path) as (client, _app, fake):
-        unknown = await client.post("/jobs", json=job("p0", operation="replay", input={"task_id": "task-r-0"}),
-                                    headers=KEY)
+        unknown = await client.post(
+            "/jobs", json=job("p0", operation="replay", input={"task_id": "task-r-0"}), headers=KEY
+        )
         await client.post("/jobs", json=job("r"), headers=KEY)
-        other_crew = await client.post("/jobs", json=job("p1", "slow", "replay", {"task_id": "task-r-0"}),
-                                       headers=KEY)
+        other_crew = await client.post("/jobs", json=job("p1", "slow", "replay", {"task_id": "task-r-0"}), headers=KEY)
         ok = await client.post("/jobs", json=job("p2", operation="replay", input={"task_id": "task-r-0"}), headers=KEY)
         await client.post("/jobs", json=job("b", operation="batch_run", input={"inputs": [{}, {}]}), headers=KEY)
-        batch_item = await client.post("/jobs", json=job("p3", operation="replay", input={"task_id": "task-b-1-0"}),
-                                       headers=KEY)
+        batch_item = await client.post(
+            "/jobs", json=job("p3", operation="replay", input={"task_id": "task-b-1-0"}), headers=KEY
+        )
         archived = await client.delete("/jobs/r", headers={"X-AIP-Archive-Confirmation": "r"})
-        after_archive = await client.post("/jobs", json=job("p4", operation="replay", input={"task_id": "task-r-0"}),
-                                          headers=KEY)
+        after_archive = await client.post(
+            "/jobs", json=job("p4", operation="replay", input={"task_id": "task-r-0"}), headers=KEY
+        )
     assert unknown.status_code == other_crew.status_code == after_archive.status_code == 422
     assert "task_id" in unknown.json()["detail"]
     assert archived.status_code == 200
@@ -209,8 +246,10 @@ async def test_retained_run_limit_is_507_and_archiving_frees_a_slot(tmp_path):
 
 async def fail_job_inserts(journal) -> None:
     """Make every insert into the journal's jobs table fail like a disk error (``DROP TRIGGER fail_insert``)."""
-    await journal._run(journal._conn.execute, "CREATE TEMP TRIGGER fail_insert BEFORE INSERT ON jobs "
-                       "BEGIN SELECT RAISE(FAIL, 'disk I/O error'); END")
+    await journal._run(
+        journal._conn.execute,
+        "CREATE TEMP TRIGGER fail_insert BEFORE INSERT ON jobs BEGIN SELECT RAISE(FAIL, 'disk I/O error'); END",
+    )
 
 
 async def test_journal_write_failure_at_admission_is_507_with_nothing_half_admitted(tmp_path):
@@ -314,8 +353,9 @@ async def _view_with_stop(client, action_id):
 
 async def test_non_cancellable_operation_is_409_while_running(tmp_path):
     async with running_app(tmp_path) as (client, _app, fake):
-        task = asyncio.create_task(client.post("/jobs", json=job("m", "slow", "memory_reset",
-                                                                  {"command_type": "all"}), headers=KEY))
+        task = asyncio.create_task(
+            client.post("/jobs", json=job("m", "slow", "memory_reset", {"command_type": "all"}), headers=KEY)
+        )
         await poll(lambda: fake.started.is_set())
         resp = await client.post("/jobs/m/cancel", json={"crew_id": "slow", "action_id": "m"})
         fake.release.set()

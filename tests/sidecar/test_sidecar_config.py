@@ -33,7 +33,14 @@ def base(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     token.chmod(0o600)
-    return ["--registry", "aip_crewai.examples.testing:CREWS", "--journal", str(tmp_path / "j.db"), "--token-file", str(token)]
+    return [
+        "--registry",
+        "aip_crewai.examples.testing:CREWS",
+        "--journal",
+        str(tmp_path / "j.db"),
+        "--token-file",
+        str(token),
+    ]
 
 
 def test_every_design_flag_has_its_environment_variable_and_default():
@@ -55,7 +62,11 @@ def test_help_documents_every_flag_and_variable(capsys):
 def test_defaults_apply_and_the_token_loses_one_trailing_newline(base, tmp_path):
     settings = load_settings(base, {})
     assert (settings.host, settings.port, settings.max_concurrency, settings.allowed_operations) == (
-        "127.0.0.1", 8090, 4, ("run",))
+        "127.0.0.1",
+        8090,
+        4,
+        ("run",),
+    )
     assert settings.token == "s3cret" and settings.state_dir == tmp_path
     assert settings.operations == ["cancel", "events", "run", "status"]
     assert "s3cret" not in repr(settings)
@@ -78,21 +89,24 @@ def test_environment_is_read_and_flags_override_it(tmp_path, base):
     assert (flagged.max_concurrency, flagged.registry) == (2, "other:X")
 
 
-@pytest.mark.parametrize("flag,value,named", [
-    ("--max-concurrency", "0", "--max-concurrency (AIP_CREWAI_MAX_CONCURRENCY)"),
-    ("--max-concurrency", "1_000", "--max-concurrency"),
-    ("--port", "70000", "--port (AIP_CREWAI_PORT)"),
-    ("--max-events-per-run", "1", "--max-events-per-run"),
-    ("--max-event-bytes", "100", "--max-event-bytes"),
-    ("--max-event-bytes", "1023", "--max-event-bytes"),
-    ("--max-event-bytes", "4194305", "--max-event-bytes"),
-    ("--stream-checkpoint-events", "-3", "--stream-checkpoint-events"),
-    ("--max-retained-runs", "lots", "--max-retained-runs"),
-    ("--allowed-operations", "run,launch", "--allowed-operations"),
-    ("--allowed-operations", "status,events", "--allowed-operations"),
-    ("--sse-keepalive-seconds", "nan", "--sse-keepalive-seconds"),
-    ("--log-level", "loud", "--log-level"),
-])
+@pytest.mark.parametrize(
+    "flag,value,named",
+    [
+        ("--max-concurrency", "0", "--max-concurrency (AIP_CREWAI_MAX_CONCURRENCY)"),
+        ("--max-concurrency", "1_000", "--max-concurrency"),
+        ("--port", "70000", "--port (AIP_CREWAI_PORT)"),
+        ("--max-events-per-run", "1", "--max-events-per-run"),
+        ("--max-event-bytes", "100", "--max-event-bytes"),
+        ("--max-event-bytes", "1023", "--max-event-bytes"),
+        ("--max-event-bytes", "4194305", "--max-event-bytes"),
+        ("--stream-checkpoint-events", "-3", "--stream-checkpoint-events"),
+        ("--max-retained-runs", "lots", "--max-retained-runs"),
+        ("--allowed-operations", "run,launch", "--allowed-operations"),
+        ("--allowed-operations", "status,events", "--allowed-operations"),
+        ("--sse-keepalive-seconds", "nan", "--sse-keepalive-seconds"),
+        ("--log-level", "loud", "--log-level"),
+    ],
+)
 def test_invalid_values_name_the_setting(base, flag, value, named):
     with pytest.raises(ConfigError) as info:
         load_settings([*base, flag, value], {})
@@ -130,13 +144,16 @@ def test_journal_and_token_are_required_unless_explicitly_waived_on_loopback(tmp
             load_settings([*base, flag, "--host", "0.0.0.0"], {})
 
 
-@pytest.mark.parametrize("content,mode,problem", [
-    ("tok\n", 0o644, "mode 0644"),
-    ("", 0o600, "1..16384 bytes"),
-    ("x" * 16385, 0o600, "1..16384 bytes"),
-    ("\n", 0o600, "empty token"),
-    ("two words\n", 0o600, "without whitespace"),
-])
+@pytest.mark.parametrize(
+    "content,mode,problem",
+    [
+        ("tok\n", 0o644, "mode 0644"),
+        ("", 0o600, "1..16384 bytes"),
+        ("x" * 16385, 0o600, "1..16384 bytes"),
+        ("\n", 0o600, "empty token"),
+        ("two words\n", 0o600, "without whitespace"),
+    ],
+)
 def test_token_file_rules(tmp_path, content, mode, problem):
     path = tmp_path / "token"
     path.write_text(content)
@@ -212,8 +229,11 @@ REFERENCE_ENV = {
 
 def test_the_reference_environment_is_accepted_as_it_is(tmp_path):
     training = tmp_path / "var" / "training"  # does not exist yet
-    env = {**REFERENCE_ENV, "AIP_CREWAI_STATE_FILE": str(tmp_path / "runs.db"),
-           "AIP_CREWAI_TRAINING_DIR": str(training)}
+    env = {
+        **REFERENCE_ENV,
+        "AIP_CREWAI_STATE_FILE": str(tmp_path / "runs.db"),
+        "AIP_CREWAI_TRAINING_DIR": str(training),
+    }
     settings = load_settings([], env)
     assert settings.token == "inline-s3cret" and settings.token_file is None
     assert settings.max_event_bytes == 1024 and settings.max_journal_bytes == 268_435_456
@@ -236,8 +256,9 @@ def test_max_event_bytes_takes_the_reference_range(base, value, ok):
             load_settings(base, {"AIP_CREWAI_MAX_EVENT_BYTES": value})
 
 
-@pytest.mark.parametrize("value, ok", [("1048576", True), ("1048575", False), ("4294967296", True),
-                                       ("4294967297", False), ("lots", False)])
+@pytest.mark.parametrize(
+    "value, ok", [("1048576", True), ("1048575", False), ("4294967296", True), ("4294967297", False), ("lots", False)]
+)
 def test_max_state_bytes_sets_the_journal_bound_within_the_reference_range(base, value, ok):
     if ok:
         assert load_settings(base, {"AIP_CREWAI_MAX_STATE_BYTES": value}).max_journal_bytes == int(value)
@@ -265,8 +286,10 @@ def test_inline_token_rules_and_exclusion_with_the_token_file(base):
     assert load_settings(no_token, {"AIP_CREWAI_BEARER_TOKEN": "tok\n"}).token == "tok"
 
 
-@pytest.mark.parametrize("name, flag", [("AIP_CREWAI_ALLOW_UNAUTHENTICATED", "allow_unauthenticated"),
-                                        ("AIP_CREWAI_ALLOW_EPHEMERAL", "allow_ephemeral")])
+@pytest.mark.parametrize(
+    "name, flag",
+    [("AIP_CREWAI_ALLOW_UNAUTHENTICATED", "allow_unauthenticated"), ("AIP_CREWAI_ALLOW_EPHEMERAL", "allow_ephemeral")],
+)
 def test_safety_valves_read_their_environment_on_loopback_only(tmp_path, name, flag):
     minimal = ["--registry", "aip_crewai.examples.testing:CREWS"]
     env = {"AIP_CREWAI_ALLOW_UNAUTHENTICATED": "true", "AIP_CREWAI_ALLOW_EPHEMERAL": "1"}

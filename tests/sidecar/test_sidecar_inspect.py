@@ -11,8 +11,9 @@ from aip_crewai.sidecar.journal.store import Journal
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "aip_crewai.cli", "journal", *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "aip_crewai.cli", "journal", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.processes
@@ -21,8 +22,9 @@ async def test_list_and_inspect_beside_the_owning_process(tmp_path):
     path = tmp_path / "journal.db"
     journal = await Journal.open(path)  # holds the lock, like a running sidecar
     try:
-        await journal.admit(NewJob("acme:a1", "echo", "run", "h" * 64, "k1", None), max_retained_runs=10,
-                            max_bytes=1 << 30)
+        await journal.admit(
+            NewJob("acme:a1", "echo", "run", "h" * 64, "k1", None), max_retained_runs=10, max_bytes=1 << 30
+        )
         before = path.read_bytes()
         listed = cli("list", str(path), "--json")
         assert listed.returncode == 0, listed.stderr
@@ -35,8 +37,9 @@ async def test_list_and_inspect_beside_the_owning_process(tmp_path):
         assert missing.returncode == 1 and "no job" in missing.stderr
         short = cli("inspect", str(path), "a1", "--json")  # without the tenant prefix
         assert short.returncode == 0 and json.loads(short.stdout)["action_id"] == "acme:a1"
-        await journal.admit(NewJob("beta:a1", "echo", "run", "h" * 64, "k1", None), max_retained_runs=10,
-                            max_bytes=1 << 30)
+        await journal.admit(
+            NewJob("beta:a1", "echo", "run", "h" * 64, "k1", None), max_retained_runs=10, max_bytes=1 << 30
+        )
         both = cli("inspect", str(path), "a1")
         assert both.returncode == 1 and "acme:a1, beta:a1" in both.stderr
     finally:

@@ -9,7 +9,6 @@ import sqlite3
 import msgspec
 import pytest
 
-from aip_crewai.sidecar.journal import files as journal_files
 from aip_crewai.sidecar.errors import (
     JournalFull,
     JournalInsecure,
@@ -18,6 +17,7 @@ from aip_crewai.sidecar.errors import (
     JournalWriteFailed,
 )
 from aip_crewai.sidecar.jobs.model import TRANSITIONS, ArchiveOutcome, EventRow, JobStatus, NewJob, TaskRunRef
+from aip_crewai.sidecar.journal import files as journal_files
 from aip_crewai.sidecar.journal.crash_fence import RESTARTED_QUEUED, RESTARTED_RUNNING
 from aip_crewai.sidecar.journal.store import SCHEMA_VERSION, Journal
 
@@ -146,8 +146,12 @@ async def test_recovery_fails_unfinished_jobs_once_and_never_touches_terminal_on
         assert await j.recover() == []
         running = await j.read_events("running", 0)
         assert [r.event for r in running] == ["started", "chunk", "failed"] and running[-1].sequence == 2
-        assert json.loads(running[-1].data) == {"status": "failed", "error_type": "SidecarRestarted",
-                                                "message": RESTARTED_RUNNING, "uncertain_outcome": True}
+        assert json.loads(running[-1].data) == {
+            "status": "failed",
+            "error_type": "SidecarRestarted",
+            "message": RESTARTED_RUNNING,
+            "uncertain_outcome": True,
+        }
         queued = await j.read_events("queued", 0)
         assert json.loads(queued[0].data)["message"] == RESTARTED_QUEUED
         assert json.loads(queued[0].data)["uncertain_outcome"] is False
@@ -175,8 +179,9 @@ async def test_retained_limit_and_size_bound_refuse_admission_but_repeats_pass(t
 async def test_a_failed_admission_write_is_rolled_back(tmp_path):
     j = await Journal.open(tmp_path / "j.db")
     try:
-        await j._run(j._conn.execute,
-                     "CREATE TEMP TRIGGER boom AFTER INSERT ON jobs BEGIN SELECT RAISE(FAIL, 'io'); END")
+        await j._run(
+            j._conn.execute, "CREATE TEMP TRIGGER boom AFTER INSERT ON jobs BEGIN SELECT RAISE(FAIL, 'io'); END"
+        )
         with pytest.raises(JournalWriteFailed):
             await j.admit(new("a"), max_retained_runs=BIG, max_bytes=BIG)
         await j._run(j._conn.execute, "DROP TRIGGER boom")
@@ -191,14 +196,24 @@ async def test_task_index_finds_retained_completed_runs_of_the_same_crew_only(tm
     j = await Journal.open(tmp_path / "j.db")
     try:
         run_output = {"raw": "r", "tasks_output": [{"task_id": "t1"}]}
-        batch_output = {"results": [{"tasks_output": [{"task_id": "b0"}]}, {"tasks_output": [{"task_id": "b1"}]}],
-                        "count": 2}
-        for aid, op, out, refs in (("r", "run", run_output, [TaskRunRef("t1")]),
-                                   ("b", "batch_run", batch_output, [TaskRunRef("b0", 0), TaskRunRef("b1", 1)])):
+        batch_output = {
+            "results": [{"tasks_output": [{"task_id": "b0"}]}, {"tasks_output": [{"task_id": "b1"}]}],
+            "count": 2,
+        }
+        for aid, op, out, refs in (
+            ("r", "run", run_output, [TaskRunRef("t1")]),
+            ("b", "batch_run", batch_output, [TaskRunRef("b0", 0), TaskRunRef("b1", 1)]),
+        ):
             await started(j, aid, operation=op)
             raw = msgspec.json.encode(out)
-            assert await j.transition(aid, JobStatus.COMPLETED, first_sequence=1, events=[EventRow(1, "completed", raw)],
-                                      output=raw, task_runs=refs)
+            assert await j.transition(
+                aid,
+                JobStatus.COMPLETED,
+                first_sequence=1,
+                events=[EventRow(1, "completed", raw)],
+                output=raw,
+                task_runs=refs,
+            )
         assert json.loads(await j.find_task_run("echo", "t1")) == run_output
         assert json.loads(await j.find_task_run("echo", "b1")) == batch_output["results"][1]
         assert await j.find_task_run("other", "t1") is None
@@ -254,13 +269,17 @@ async def test_append_cost_does_not_depend_on_retained_jobs(tmp_path):
         path = tmp_path / f"j{retained}.db"
         j = await Journal.open(path)
         try:
+
             def fill() -> None:  # on the journal's worker, the thread owning the connection
                 j._conn.executemany(
                     "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, status, "
                     "event_count, created_at, updated_at) VALUES (?, 'echo', 'run', 'h', 'k', 'completed', 3, 0, 0)",
-                    [(f"old-{i}",) for i in range(retained)])
-                j._conn.executemany("INSERT INTO events VALUES (?, ?, 'chunk', '{}')",
-                                    [(f"old-{i}", s) for i in range(retained) for s in range(3)])
+                    [(f"old-{i}",) for i in range(retained)],
+                )
+                j._conn.executemany(
+                    "INSERT INTO events VALUES (?, ?, 'chunk', '{}')",
+                    [(f"old-{i}", s) for i in range(retained) for s in range(3)],
+                )
 
             await j._run(j._write_now, fill)
             await started(j, "live")

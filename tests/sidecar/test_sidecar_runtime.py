@@ -12,8 +12,8 @@ from sidecar_fakes import FakeExecutor, job, make_settings, poll
 
 from aip_crewai.sidecar.errors import JobNotCancellable, JobWaitTimeout, ShuttingDown
 from aip_crewai.sidecar.jobs.model import JobStatus
-from aip_crewai.sidecar.journal.store import Journal
 from aip_crewai.sidecar.jobs.runtime import GENERIC_FAILURE, Runtime
+from aip_crewai.sidecar.journal.store import Journal
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -116,8 +116,12 @@ async def test_failures_publish_class_name_generic_message_and_mutation_uncertai
         failed = json.loads((await rt.reads.wait("f", 5000)).error)
         read_only = json.loads((await rt.reads.wait("k", 5000)).error)
         bad = json.loads((await rt.reads.wait("b", 5000)).error)
-    assert failed == {"status": "failed", "error_type": "RuntimeError", "message": GENERIC_FAILURE,
-                      "uncertain_outcome": True}
+    assert failed == {
+        "status": "failed",
+        "error_type": "RuntimeError",
+        "message": GENERIC_FAILURE,
+        "uncertain_outcome": True,
+    }
     assert read_only["uncertain_outcome"] is False
     assert bad["error_type"] == "InvalidOutput"
 
@@ -254,8 +258,11 @@ async def test_shutdown_refuses_admissions_and_cancels_jobs_past_the_grace(tmp_p
             await admit(rt, "n", "echo")
         events = await events_of(rt, "s")
         assert rt.health()["status"] == "stopping"
-    assert events[-1] == {"event": "cancelled", "sequence": 2,
-                          "data": {"status": "cancelled", "reason": "sidecar_shutdown"}}
+    assert events[-1] == {
+        "event": "cancelled",
+        "sequence": 2,
+        "data": {"status": "cancelled", "reason": "sidecar_shutdown"},
+    }
 
 
 async def test_shutdown_lets_jobs_finish_within_the_grace(tmp_path):
@@ -269,9 +276,7 @@ async def test_shutdown_lets_jobs_finish_within_the_grace(tmp_path):
 
 
 @pytest.mark.parametrize("checkpoint", [1, 3, 1000])
-async def test_followed_pages_hold_every_event_once_in_order_and_end_at_the_terminal(
-    tmp_path, monkeypatch, checkpoint
-):
+async def test_followed_pages_hold_every_event_once_in_order_and_end_at_the_terminal(tmp_path, monkeypatch, checkpoint):
     """Pages stitch committed and pending events; no page is empty or crosses the terminal event."""
     from aip_crewai.sidecar.jobs import reader
 
@@ -291,8 +296,16 @@ def test_a_chunk_fits_the_smallest_event_bound_even_with_long_labels():
     the content is cut, so the event still fits."""
     from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS, chunk_row
 
-    row = chunk_row(7, {"content": "c" * 5000, "channel": "llm", "task_id": "\u2028" * MAX_LABEL_CHARS,
-                        "agent_role": "r" * MAX_LABEL_CHARS}, 1024)
+    row = chunk_row(
+        7,
+        {
+            "content": "c" * 5000,
+            "channel": "llm",
+            "task_id": "\u2028" * MAX_LABEL_CHARS,
+            "agent_role": "r" * MAX_LABEL_CHARS,
+        },
+        1024,
+    )
     assert row is not None and len(row.to_json()) <= 1024
     data = json.loads(row.data)
     assert data["truncated"] is True and data["content"].startswith("ccc") and "task_id" not in data

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-
-import pytest
 
 from aip_crewai.sidecar.http.app import sse_frame, sse_frames
 from aip_crewai.sidecar.jobs.model import EventRow
@@ -40,7 +39,8 @@ def test_a_page_of_frames_decodes_to_its_events_in_order(datas) -> None:
     decoder = SSEDecoder()
     decoded = decoder.feed(b"".join(map(sse_frame, rows)))
     assert [(e.id, e.event, msgspec.json.decode(e.data)["data"]) for e in decoded] == [
-        (str(n), "chunk", msgspec.json.decode(msgspec.json.encode(d))) for n, d in enumerate(datas)]
+        (str(n), "chunk", msgspec.json.decode(msgspec.json.encode(d))) for n, d in enumerate(datas)
+    ]
 
 
 @given(st.lists(st.tuples(events, st.text(max_size=30)), max_size=12))
@@ -49,8 +49,7 @@ def test_a_page_equals_the_frames_of_its_rows_encoded_one_by_one(items) -> None:
     take encode_event's path, the others the direct one, and the page is their frames in order."""
     rows = [EventRow(n, event, text.encode("utf-8")) for n, (event, text) in enumerate(items)]
     try:
-        expected = [encode_event(row.to_json().decode("utf-8"), event=row.event, id=str(row.sequence))
-                    for row in rows]
+        expected = [encode_event(row.to_json().decode("utf-8"), event=row.event, id=str(row.sequence)) for row in rows]
     except (ValueError, UnicodeEncodeError):
         assume(False)
     assert sse_frames(rows) == b"".join(expected)  # names first seen here: frame by frame
@@ -64,9 +63,13 @@ def test_a_frame_of_an_event_name_at_the_direct_paths_edge_is_the_encoders(event
 
 
 def test_a_page_with_a_raw_line_end_in_one_event_falls_back_for_that_event_only() -> None:
-    rows = [EventRow(0, "chunk", b'{"n":0}'), EventRow(1, "chunk", b'"a\nb"'), EventRow(2, "chunk", b'"c\rd"'),
-            EventRow(3, "completed", b"{}")]
+    rows = [
+        EventRow(0, "chunk", b'{"n":0}'),
+        EventRow(1, "chunk", b'"a\nb"'),
+        EventRow(2, "chunk", b'"c\rd"'),
+        EventRow(3, "completed", b"{}"),
+    ]
     sse_frames(rows[:1] + rows[3:])  # both names known: the next call takes the page path first
     page = sse_frames(rows)
     assert page == b"".join(encode_event(r.to_json().decode(), event=r.event, id=str(r.sequence)) for r in rows)
-    assert page.count(b"\n\n") == 4 and b"data: {\"event\":\"chunk\",\"sequence\":1,\"data\":\"a\ndata: b\"}" in page
+    assert page.count(b"\n\n") == 4 and b'data: {"event":"chunk","sequence":1,"data":"a\ndata: b"}' in page

@@ -38,4 +38,3 @@ def test_no_extension_past_the_cap(tmp_path, monkeypatch) -> None:
         with sidecar_main.extending_start_timeout(path):
             pass
         assert received(listener) == []
-

@@ -16,8 +16,14 @@ pytestmark = pytest.mark.usefixtures("crewai_state_dir")
 
 
 def _ctx() -> JobContext:
-    return JobContext(action_id="a", crew_id="c", operation="run", emit_chunk=lambda _: None,
-                      cancel_flag=threading.Event(), state_dir=Path("."))
+    return JobContext(
+        action_id="a",
+        crew_id="c",
+        operation="run",
+        emit_chunk=lambda _: None,
+        cancel_flag=threading.Event(),
+        state_dir=Path("."),
+    )
 
 
 def _wrapped(inner: BaseException) -> Exception:
@@ -37,12 +43,18 @@ def _wrapped(inner: BaseException) -> Exception:
 REQUEST = httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
 
 
-@pytest.mark.parametrize(("inner", "error_type", "words"), [
-    (openai.APIConnectionError(request=REQUEST), "ProviderUnreachable", "could not be reached (connection failed"),
-    (openai.APITimeoutError(request=REQUEST), "ProviderUnreachable", "did not answer in time"),
-    (openai.InternalServerError("boom sk-secret", response=httpx.Response(503, request=REQUEST), body=None),
-     "ProviderError", "answered HTTP 503"),
-])
+@pytest.mark.parametrize(
+    ("inner", "error_type", "words"),
+    [
+        (openai.APIConnectionError(request=REQUEST), "ProviderUnreachable", "could not be reached (connection failed"),
+        (openai.APITimeoutError(request=REQUEST), "ProviderUnreachable", "did not answer in time"),
+        (
+            openai.InternalServerError("boom sk-secret", response=httpx.Response(503, request=REQUEST), body=None),
+            "ProviderError",
+            "answered HTTP 503",
+        ),
+    ],
+)
 def test_a_provider_error_anywhere_in_the_chain_is_named_without_its_text(inner, error_type, words):
     from aip_crewai.sidecar.operations import _swallowed
 

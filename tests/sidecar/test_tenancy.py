@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from aip_crewai.sidecar.journal.store import Journal
 from aip_crewai.sidecar.jobs.model import JobStatus, NewJob, TaskRunRef
+from aip_crewai.sidecar.journal.store import Journal
 from aip_crewai.sidecar.tenancy import crew_dir_name, namespace_key, tenant_dir_name, tenant_of
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,11 +45,11 @@ async def test_the_replay_index_answers_only_the_tenant_of_the_run(tmp_path: Pat
     journal = await Journal.open(tmp_path / "journal.db")
     try:
         output = b'{"raw":"x","tasks_output":[{"task_id":"t1"}]}'
-        await journal.admit(NewJob("acme:r1", "echo", "run", "h", "k", None), max_retained_runs=10,
-                            max_bytes=1 << 30)
+        await journal.admit(NewJob("acme:r1", "echo", "run", "h", "k", None), max_retained_runs=10, max_bytes=1 << 30)
         assert await journal.transition("acme:r1", JobStatus.RUNNING, first_sequence=0)
-        assert await journal.transition("acme:r1", JobStatus.COMPLETED, first_sequence=0, output=output,
-                                        task_runs=[TaskRunRef("t1")])
+        assert await journal.transition(
+            "acme:r1", JobStatus.COMPLETED, first_sequence=0, output=output, task_runs=[TaskRunRef("t1")]
+        )
         assert await journal.find_task_run("echo", "t1", "acme") == output
         assert await journal.find_task_run("echo", "t1", "beta") is None
         assert await journal.find_task_run("echo", "t1") is None  # the default tenant
@@ -68,9 +68,15 @@ async def test_a_knowledge_reset_of_one_tenant_leaves_the_other_tenants_collecti
     source = load_registry("aip_crewai.examples.maintenance_crews:CREWS")["shared_knowledge_x"]
     with knowledge_namespace("shared_knowledge_x", "acme"):
         acme = source.new_crew()  # embeds acme's copy of the crew's knowledge now
-    ctx = JobContext(action_id="beta:reset-1", crew_id="shared_knowledge_x", operation="memory_reset",
-                     emit_chunk=lambda _data: None, cancel_flag=threading.Event(), state_dir=crewai_state_dir,
-                     tenant="beta")
+    ctx = JobContext(
+        action_id="beta:reset-1",
+        crew_id="shared_knowledge_x",
+        operation="memory_reset",
+        emit_chunk=lambda _data: None,
+        cancel_flag=threading.Event(),
+        state_dir=crewai_state_dir,
+        tenant="beta",
+    )
     out = await operations.execute(source, "memory_reset", {"command_type": "knowledge"}, ctx)
     assert out["reset_targets"] == ["knowledge"]
     results = await asyncio.to_thread(acme.query_knowledge, ["glacier fjord"], 3, 0.0)

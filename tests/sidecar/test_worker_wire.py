@@ -9,8 +9,7 @@ import threading
 import msgspec
 import pytest
 
-from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
-from aip_crewai.sidecar.isolation.worker import Channel, _ChunkSender
+from aip_crewai.sidecar.isolation.pool import describe_exit
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Boot,
@@ -29,25 +28,30 @@ from aip_crewai.sidecar.isolation.wire import (
     frame_bound,
     payload_length,
 )
-from aip_crewai.sidecar.isolation.pool import describe_exit
+from aip_crewai.sidecar.isolation.worker import Channel, _ChunkSender
+from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
 
 
 def test_every_message_round_trips_in_its_direction():
     start = Start("t:a", "echo", "run", "t", {"topic": "x", "n": [1, 2.5, None]}, "/s", None, 1000, 262144)
     for message in (start, Cancel(), TaskRun(3, {"tasks_output": []}), TaskRun(4, None)):
-        assert decode_to_worker(encode(message)[HEADER.size:]) == message
-    for message in (Chunk({"content": "c", "channel": "llm"}), Done(b'{"raw":"x"}', [(None, {"inputs": {}}), (2, {})], 3),
-                    Failed("RuntimeError"), Failed("JobCancelled", cancelled=True, stop_observed=True)):
-        assert decode_from_worker(encode(message)[HEADER.size:]) == message
+        assert decode_to_worker(encode(message)[HEADER.size :]) == message
+    for message in (
+        Chunk({"content": "c", "channel": "llm"}),
+        Done(b'{"raw":"x"}', [(None, {"inputs": {}}), (2, {})], 3),
+        Failed("RuntimeError"),
+        Failed("JobCancelled", cancelled=True, stop_observed=True),
+    ):
+        assert decode_from_worker(encode(message)[HEADER.size :]) == message
     boot = Boot("aip_crewai.examples.testing:CREWS", "/state", True, "info")
     assert decode_boot(encode_boot(boot)) == boot
 
 
 def test_a_message_of_the_other_direction_or_garbage_is_a_frame_error():
     with pytest.raises(FrameError):
-        decode_from_worker(encode(Cancel())[HEADER.size:])
+        decode_from_worker(encode(Cancel())[HEADER.size :])
     with pytest.raises(FrameError):
-        decode_to_worker(encode(Chunk({}))[HEADER.size:])
+        decode_to_worker(encode(Chunk({}))[HEADER.size :])
     with pytest.raises(FrameError):
         decode_from_worker(b"\xc1 not msgpack")
 
@@ -109,8 +113,16 @@ def _read_all(ours: socket.socket) -> list[object]:
     return out
 
 
-@pytest.mark.parametrize("code, text", [(-signal.SIGKILL, "signal SIGKILL"), (-signal.SIGSEGV, "signal SIGSEGV"),
-                                        (7, "exit status 7"), (None, "exit status unknown"), (-200, "signal 200")])
+@pytest.mark.parametrize(
+    "code, text",
+    [
+        (-signal.SIGKILL, "signal SIGKILL"),
+        (-signal.SIGSEGV, "signal SIGSEGV"),
+        (7, "exit status 7"),
+        (None, "exit status unknown"),
+        (-200, "signal 200"),
+    ],
+)
 def test_a_worker_exit_is_named_by_its_signal_or_status(code, text):
     assert describe_exit(code) == text
 
@@ -119,8 +131,10 @@ def test_chunks_sent_from_many_threads_arrive_whole():
     ours, theirs = socket.socketpair()
     with ours, theirs:
         sender = _ChunkSender(Channel(theirs, frame_bound(1024)), 1000, 1024)
-        threads = [threading.Thread(target=lambda n=n: [sender({"content": f"{n}-{i}" * 50}) for i in range(50)])
-                   for n in range(8)]
+        threads = [
+            threading.Thread(target=lambda n=n: [sender({"content": f"{n}-{i}" * 50}) for i in range(50)])
+            for n in range(8)
+        ]
         received: list[object] = []
         drain = threading.Thread(target=lambda: received.extend(_read_all(ours)))
         drain.start()
@@ -132,4 +146,3 @@ def test_chunks_sent_from_many_threads_arrive_whole():
         drain.join(30)
     assert len(received) == 400 and all(isinstance(m, Chunk) for m in received)
     assert msgspec.json.encode(sorted(m.data["content"] for m in received))  # type: ignore[attr-defined]
-

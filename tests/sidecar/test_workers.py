@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import worker_fakes
 
-from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
-from aip_crewai.sidecar.isolation.wire import Boot
 from aip_crewai.sidecar.isolation.pool import WorkerDied, WorkerPool
+from aip_crewai.sidecar.isolation.wire import Boot
+from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 
@@ -25,17 +25,31 @@ GRACE = 0.3
 
 
 def make_pool(target: Any, *, grace: float = GRACE) -> WorkerPool:
-    return WorkerPool(Boot("unused:CREWS", "/nonexistent", True, "info"), 1, cancel_grace_seconds=grace,
-                      max_events=10, max_event_bytes=1024, context=multiprocessing.get_context("spawn"),
-                      target=target)
+    return WorkerPool(
+        Boot("unused:CREWS", "/nonexistent", True, "info"),
+        1,
+        cancel_grace_seconds=grace,
+        max_events=10,
+        max_event_bytes=1024,
+        context=multiprocessing.get_context("spawn"),
+        target=target,
+    )
 
 
 def make_ctx(find: Any = None) -> tuple[JobContext, list[dict[str, Any]], list[int]]:
     chunks: list[dict[str, Any]] = []
     dropped: list[int] = []
-    ctx = JobContext(action_id="t:job", crew_id="crew", operation="replay", emit_chunk=chunks.append,
-                     cancel_flag=threading.Event(), state_dir=Path("/nonexistent"), find_task_run=find,
-                     tenant="t", note_dropped=dropped.append)
+    ctx = JobContext(
+        action_id="t:job",
+        crew_id="crew",
+        operation="replay",
+        emit_chunk=chunks.append,
+        cancel_flag=threading.Event(),
+        state_dir=Path("/nonexistent"),
+        find_task_run=find,
+        tenant="t",
+        note_dropped=dropped.append,
+    )
     return ctx, chunks, dropped
 
 
@@ -130,6 +144,9 @@ async def test_a_failure_without_a_message_is_published_with_the_generic_one():
     ctx, _chunks, _dropped = make_ctx()
     with pytest.raises(SafeJobError) as raised:
         await run_job(pool, ctx)
-    assert (raised.value.error_type, raised.value.message, raised.value.uncertain) == ("RuntimeError",
-                                                                                       GENERIC_FAILURE, None)
+    assert (raised.value.error_type, raised.value.message, raised.value.uncertain) == (
+        "RuntimeError",
+        GENERIC_FAILURE,
+        None,
+    )
     assert not isinstance(raised.value, JobCancelled)

@@ -10,7 +10,6 @@ import signal
 import socket
 import time
 
-from aip_crewai.sidecar.isolation.worker import Channel
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Cancel,
@@ -23,6 +22,7 @@ from aip_crewai.sidecar.isolation.wire import (
     TaskRun,
     frame_bound,
 )
+from aip_crewai.sidecar.isolation.worker import Channel
 
 
 def _start(sock: socket.socket) -> tuple[Channel, Start]:

@@ -34,53 +34,97 @@ def _result(status: str, error_code: str | None = None) -> dict[str, Any]:
 
 
 def _error(code: str) -> dict[str, Any]:
-    return {"aip_version": "1.0", "message_type": "aip.core.v1.error",
-            "body": {"error": {"error": {"code": code, "message": "refused", "category": "x", "retryable": False}}}}
+    return {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.error",
+        "body": {"error": {"error": {"code": code, "message": "refused", "category": "x", "retryable": False}}},
+    }
 
 
-ACK = {"aip_version": "1.0", "message_type": "aip.core.v1.ack", "body": {"ack": {"action_id": "act_1",
-                                                                                   "status": "accepted"}}}
-PENDING_ACK = {"aip_version": "1.0", "message_type": "aip.core.v1.ack",
-               "body": {"ack": {"action_id": "act_1", "status": "accepted", "reason": "pending_approval"}}}
+ACK = {
+    "aip_version": "1.0",
+    "message_type": "aip.core.v1.ack",
+    "body": {"ack": {"action_id": "act_1", "status": "accepted"}},
+}
+PENDING_ACK = {
+    "aip_version": "1.0",
+    "message_type": "aip.core.v1.ack",
+    "body": {"ack": {"action_id": "act_1", "status": "accepted", "reason": "pending_approval"}},
+}
 
 #: capability id -> (HTTP status of a sync answer, sync answer, stream frames [(event, envelope)])
 OUTCOMES: dict[str, tuple[int, dict[str, Any], list[tuple[str, dict[str, Any]]]]] = {
     "cap:done": (200, _result("completed"), [("ack", ACK), ("result", _result("completed"))]),
-    "cap:failed": (200, _result("failed", "connector.crewai.execution_failed"),
-                   [("ack", ACK), ("aip_error", _error("connector.crewai.execution_failed")),
-                    ("result", _result("failed", "connector.crewai.execution_failed"))]),
+    "cap:failed": (
+        200,
+        _result("failed", "connector.crewai.execution_failed"),
+        [
+            ("ack", ACK),
+            ("aip_error", _error("connector.crewai.execution_failed")),
+            ("result", _result("failed", "connector.crewai.execution_failed")),
+        ],
+    ),
     "cap:cancelled": (200, _result("cancelled"), [("ack", ACK), ("result", _result("cancelled"))]),
-    "cap:denied": (200, _result("failed", "policy.approval_denied"),
-                   [("ack", ACK), ("aip_error", _error("policy.approval_denied")),
-                    ("result", _result("failed", "policy.approval_denied"))]),
+    "cap:denied": (
+        200,
+        _result("failed", "policy.approval_denied"),
+        [
+            ("ack", ACK),
+            ("aip_error", _error("policy.approval_denied")),
+            ("result", _result("failed", "policy.approval_denied")),
+        ],
+    ),
     "cap:pending": (202, _result("pending_approval"), [("ack", PENDING_ACK), ("result", _result("pending_approval"))]),
     "cap:running": (202, ACK, [("ack", ACK)]),
     "cap:unknown": (404, _error("capability.not_found"), []),
     "cap:forbidden": (403, _error("policy.forbidden"), []),
 }
-EXPECTED = {"cap:done": Exit.OK, "cap:failed": Exit.FAILED, "cap:cancelled": Exit.CANCELLED,
-            "cap:denied": Exit.DENIED, "cap:pending": Exit.PENDING_APPROVAL, "cap:running": Exit.RUNNING,
-            "cap:unknown": Exit.FAILED, "cap:forbidden": Exit.DENIED}
-BIG_MANIFEST = {"capabilities": [{"id": f"cap:crewai:crew{i}", "kind": "agent", "description": "x" * 80,
-                                  "input_schema": {"type": "object", "properties": {"topic": {}}}}
-                                 for i in range(3000)]}
+EXPECTED = {
+    "cap:done": Exit.OK,
+    "cap:failed": Exit.FAILED,
+    "cap:cancelled": Exit.CANCELLED,
+    "cap:denied": Exit.DENIED,
+    "cap:pending": Exit.PENDING_APPROVAL,
+    "cap:running": Exit.RUNNING,
+    "cap:unknown": Exit.FAILED,
+    "cap:forbidden": Exit.DENIED,
+}
+BIG_MANIFEST = {
+    "capabilities": [
+        {
+            "id": f"cap:crewai:crew{i}",
+            "kind": "agent",
+            "description": "x" * 80,
+            "input_schema": {"type": "object", "properties": {"topic": {}}},
+        }
+        for i in range(3000)
+    ]
+}
 
 
 def _approval_event(kind: str, status: str, decision: dict[str, Any] | None = None) -> str:
-    view: dict[str, Any] = {"request": {"id": "apr_1", "capability_id": "cap:crewai:echo", "action_id": "act_1",
-                                        "requester": {"id": "svc:app", "kind": "service"},
-                                        "expires_at": "2026-09-21T14:28:20.000Z", "policy_hash": "ab12"},
-                            "status": status}
+    view: dict[str, Any] = {
+        "request": {
+            "id": "apr_1",
+            "capability_id": "cap:crewai:echo",
+            "action_id": "act_1",
+            "requester": {"id": "svc:app", "kind": "service"},
+            "expires_at": "2026-09-21T14:28:20.000Z",
+            "policy_hash": "ab12",
+        },
+        "status": status,
+    }
     if decision:
         view["decision"] = decision
-    return json.dumps({"id": "x", "kind": f"approval.{kind}", "occurred_at": "2026-09-21T14:13:20.000Z",
-                       "data": view})
+    return json.dumps({"id": "x", "kind": f"approval.{kind}", "occurred_at": "2026-09-21T14:13:20.000Z", "data": view})
 
 
 #: What the fake host streams on /aip/v1/approvals/events: the queue, ready, a decision, then it ends.
-APPROVAL_FRAMES = (f"event: pending\ndata: {_approval_event('pending', 'pending')}\n\n"
-                   "id: apv_1\nevent: ready\ndata: {\"position\": \"apv_1\"}\n\n"
-                   f"id: apv_2\nevent: decided\ndata: {_approval_event('decided', 'approved', {'decision': 'approved', 'approver': {'id': 'human:bob', 'kind': 'human'}})}\n\n").encode()
+APPROVAL_FRAMES = (
+    f"event: pending\ndata: {_approval_event('pending', 'pending')}\n\n"
+    'id: apv_1\nevent: ready\ndata: {"position": "apv_1"}\n\n'
+    f"id: apv_2\nevent: decided\ndata: {_approval_event('decided', 'approved', {'decision': 'approved', 'approver': {'id': 'human:bob', 'kind': 'human'}})}\n\n"
+).encode()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -115,8 +159,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(status, json.dumps(answer).encode())
 
     def _stream(self, frames: list[tuple[str, dict[str, Any]]]) -> None:
-        body = b"".join(f"id: sse_{n}\nevent: {event}\ndata: {json.dumps(env)}\n\n".encode()
-                        for n, (event, env) in enumerate(frames))
+        body = b"".join(
+            f"id: sse_{n}\nevent: {event}\ndata: {json.dumps(env)}\n\n".encode()
+            for n, (event, env) in enumerate(frames)
+        )
         self._send(200, body, "text/event-stream")
 
 
@@ -141,8 +187,21 @@ def token(tmp_path: Path) -> str:
 
 
 def _call(host_url: str, token: str, capability: str, *extra: str) -> int:
-    return cli.main(["call", capability, "--input", "{}", "--idempotency-key", "k", "--url", host_url,
-                     "--token-file", token, *extra])
+    return cli.main(
+        [
+            "call",
+            capability,
+            "--input",
+            "{}",
+            "--idempotency-key",
+            "k",
+            "--url",
+            host_url,
+            "--token-file",
+            token,
+            *extra,
+        ]
+    )
 
 
 @pytest.mark.parametrize("mode", [(), ("--json",), ("--stream",), ("--stream", "--json")], ids=" ".join)
@@ -162,8 +221,7 @@ def test_exit_codes_are_distinct_and_config_errors_are_2():
 def test_actions_result_and_follow_use_the_call_exit_codes(host_url, token, capsys):
     assert cli.main(["actions", "result", "act_1", "--url", host_url, "--token-file", token]) == Exit.CANCELLED
     capsys.readouterr()
-    assert cli.main(["actions", "follow", "act_1", "--url", host_url, "--token-file", token, "--json"]) \
-        == Exit.DENIED
+    assert cli.main(["actions", "follow", "act_1", "--url", host_url, "--token-file", token, "--json"]) == Exit.DENIED
     frames = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [f["event"] for f in frames][-3:] == ["ack", "aip_error", "result"]
     assert cli.main(["actions", "show", "act_1", "--url", host_url, "--token-file", token]) == Exit.OK
@@ -185,17 +243,20 @@ def test_unreachable_host_is_its_own_code(token, capsys):
     assert "cannot reach" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["call", "cap:x", "--input", "[1]"], "must be a JSON object"),
-    (["call", "cap:x", "--input", "{"], "--input is not JSON"),
-    (["call", "cap:x", "--input", "{}", "--url", "127.0.0.1:8081"], "http://127.0.0.1:8081"),
-    (["call", "cap:x", "--input", "{}"], "--token-file or --signing-key"),
-    (["call", "cap:x", "--input", "{}", "--token-file", "/nonexistent/token"], "/nonexistent/token"),
-    (["call"], "required"),
-    (["approvals", "list", "--signing-key", "/nonexistent/key.pem"], "--signing-key needs --key-id"),
-    (["approvals", "decide", "apr_1", "approved", "--reason", "r", "--signing-key", "k.pem"], "--key-id"),
-    (["actions", "show", "act_1", "--signing-key", "k.pem"], "--key-id"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["call", "cap:x", "--input", "[1]"], "must be a JSON object"),
+        (["call", "cap:x", "--input", "{"], "--input is not JSON"),
+        (["call", "cap:x", "--input", "{}", "--url", "127.0.0.1:8081"], "http://127.0.0.1:8081"),
+        (["call", "cap:x", "--input", "{}"], "--token-file or --signing-key"),
+        (["call", "cap:x", "--input", "{}", "--token-file", "/nonexistent/token"], "/nonexistent/token"),
+        (["call"], "required"),
+        (["approvals", "list", "--signing-key", "/nonexistent/key.pem"], "--signing-key needs --key-id"),
+        (["approvals", "decide", "apr_1", "approved", "--reason", "r", "--signing-key", "k.pem"], "--key-id"),
+        (["actions", "show", "act_1", "--signing-key", "k.pem"], "--key-id"),
+    ],
+)
 def test_usage_and_configuration_errors_exit_2_with_a_hint(argv, says, capsys, monkeypatch):
     monkeypatch.delenv("AIP_CREWAI_TOKEN_FILE", raising=False)
     monkeypatch.delenv("AIP_CREWAI_SIGNING_KEY", raising=False)
@@ -233,8 +294,11 @@ def test_every_argument_has_help_text():
 @pytest.mark.processes
 def test_a_closed_pipe_ends_quietly(host_url, token):
     """``aip-crewai manifest | head -1``: no "Broken pipe" message, exit 141 (README "Exit codes")."""
-    process = subprocess.Popen([sys.executable, "-m", "aip_crewai.cli", "manifest", "--url", host_url,
-                                "--token-file", token], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aip_crewai.cli", "manifest", "--url", host_url, "--token-file", token],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert process.stdout is not None and process.stderr is not None
     assert process.stdout.readline().startswith(b"cap:crewai:crew0")
     process.stdout.close()  # the reader goes away, as head does; the rest (> a pipe buffer) cannot be written
@@ -245,9 +309,17 @@ def test_a_closed_pipe_ends_quietly(host_url, token):
 
 def test_a_stream_that_ends_without_its_result_says_how_to_resume(capsys):
     """Issue 17 item 4: a host that shuts down ends the stream; the CLI tells the user and the resume command."""
-    events = [("ack", {"correlation_id": "act_cut", "_sse_id": "sse_0", "body": {"ack": {"status": "streaming"}}}),
-              ("chunk", {"correlation_id": "act_cut", "_sse_id": "sse_1",
-                         "body": {"stream_chunk": {"kind": "data", "content": "x"}}})]
+    events = [
+        ("ack", {"correlation_id": "act_cut", "_sse_id": "sse_0", "body": {"ack": {"status": "streaming"}}}),
+        (
+            "chunk",
+            {
+                "correlation_id": "act_cut",
+                "_sse_id": "sse_1",
+                "body": {"stream_chunk": {"kind": "data", "content": "x"}},
+            },
+        ),
+    ]
     cli._show_stream(events, False)
     err = capsys.readouterr().err
     assert "ended before the result" in err and "aip-crewai actions follow act_cut --last-event-id sse_1" in err
@@ -284,15 +356,31 @@ def test_a_stream_cut_by_a_lost_connection_says_how_to_resume_and_exits_7(capsys
 @pytest.mark.timeout(120)
 def test_doctor_runs_the_start_up_preflight_by_hand():
     """Issue 20 item 6: the same checks as the sidecar's start-up, exit 1 on a problem, 2 on a bad registry."""
-    run = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry",
-                          "aip_crewai.examples.maintenance_crews:CREWS", "--json"], capture_output=True, timeout=100, check=False)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aip_crewai.cli",
+            "doctor",
+            "--registry",
+            "aip_crewai.examples.maintenance_crews:CREWS",
+            "--json",
+        ],
+        capture_output=True,
+        timeout=100,
+        check=False,
+    )
     assert run.returncode == 1, run.stderr
     report = json.loads(run.stdout)
     assert report["crew_problems"] == {"asks_human": ["human_input"], "broken_knowledge": ["knowledge_unavailable"]}
     assert report["crew_inputs"]["trainable"] == {"placeholders": ["topic"], "defaults": True}
     assert b"sk-test-SECRET" not in run.stdout + run.stderr  # CrewAI's printed embedder error is swallowed
-    bad = subprocess.run([sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", "nope:X"],
-                         capture_output=True, timeout=100, check=False)
+    bad = subprocess.run(
+        [sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", "nope:X"],
+        capture_output=True,
+        timeout=100,
+        check=False,
+    )
     assert bad.returncode == 2 and b"cannot import module 'nope'" in bad.stderr
 
 
@@ -301,13 +389,15 @@ def test_approvals_watch_prints_the_queue_and_changes_and_says_how_to_resume(hos
     out, err = capsys.readouterr()
     assert out.splitlines() == [
         "pending    apr_1  cap:crewai:echo  action act_1  by svc:app  expires 2026-09-21T14:28:20.000Z  policy ab12",
-        "decided    apr_1  approved by human:bob"]
+        "decided    apr_1  approved by human:bob",
+    ]
     assert "aip-crewai approvals watch --last-event-id apv_2" in err
 
 
 def test_approvals_watch_stops_after_count_pending_and_prints_json(host_url, token, capsys):
-    assert cli.main(["approvals", "watch", "--count", "1", "--json", "--url", host_url, "--token-file", token]) \
-        == Exit.OK
+    assert (
+        cli.main(["approvals", "watch", "--count", "1", "--json", "--url", host_url, "--token-file", token]) == Exit.OK
+    )
     (line,) = capsys.readouterr().out.splitlines()
     assert json.loads(line)["event"] == "pending" and json.loads(line)["id"] is None
 

@@ -15,10 +15,22 @@ def printed(capsys, chunks):
 
 
 def test_words_split_across_chunks_print_whole_and_a_new_speaker_starts_a_block(capsys):
-    out = printed(capsys, [("task", "Classify the tic"), ("task", "ket now."), ("Analyst", "Thought: done\nFinal"),
-                           ("Analyst", " Answer: billing")])
-    assert out.splitlines() == ["   [task]", "     Classify the ticket now.", "   [Analyst]", "     Thought: done",
-                                "     Final Answer: billing"]
+    out = printed(
+        capsys,
+        [
+            ("task", "Classify the tic"),
+            ("task", "ket now."),
+            ("Analyst", "Thought: done\nFinal"),
+            ("Analyst", " Answer: billing"),
+        ],
+    )
+    assert out.splitlines() == [
+        "   [task]",
+        "     Classify the ticket now.",
+        "   [Analyst]",
+        "     Thought: done",
+        "     Final Answer: billing",
+    ]
 
 
 def test_long_text_wraps_at_the_width_without_breaking_words(capsys):
@@ -33,6 +45,7 @@ def test_long_text_wraps_at_the_width_without_breaking_words(capsys):
 def test_any_chunking_keeps_every_word_in_order(chunks):
     import io
     from contextlib import redirect_stdout
+
     buffer = io.StringIO()
     with redirect_stdout(buffer):
         printer = ChunkPrinter()
@@ -54,6 +67,7 @@ def test_excerpt_ends_at_a_sentence_or_a_word():
 def test_a_chunk_without_an_agent_is_the_task_or_a_tool():
     def envelope(kind, data):
         return {"body": {"stream_chunk": {"kind": kind, "data": data}}}
+
     assert speaker_of(envelope("data", {"agent_role": "Writer"})) == "Writer"
     assert speaker_of(envelope("data", {})) == "task"
     assert speaker_of(envelope("tool", {})) == "tool"

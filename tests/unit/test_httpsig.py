@@ -22,8 +22,16 @@ URL = "http://127.0.0.1:8081/aip/v1/approvals/apr_1/decision?x=1"
 BODY = b'{"decision":"approved","reason":"ok","policy_hash":"abc"}'
 
 
-def signed(method: str = "POST", url: str = URL, body: bytes = BODY, *, key=KEY, key_id="human:approver",
-           created: int = NOW, nonce: str | None = None) -> dict[str, str]:
+def signed(
+    method: str = "POST",
+    url: str = URL,
+    body: bytes = BODY,
+    *,
+    key=KEY,
+    key_id="human:approver",
+    created: int = NOW,
+    nonce: str | None = None,
+) -> dict[str, str]:
     return sign_request(method, url, body, key, key_id, created=created, nonce=nonce)
 
 
@@ -42,8 +50,11 @@ def test_a_signed_request_verifies_and_keeps_its_proof():
     verified = verify(headers)
     assert (verified.key_id, verified.created, verified.nonce) == ("human:approver", NOW, "n" * 22)
     assert verified.signature_base.splitlines()[:4] == [
-        '"@method": POST', '"@authority": 127.0.0.1:8081', '"@path": /aip/v1/approvals/apr_1/decision',
-        '"@query": ?x=1']
+        '"@method": POST',
+        '"@authority": 127.0.0.1:8081',
+        '"@path": /aip/v1/approvals/apr_1/decision',
+        '"@query": ?x=1',
+    ]
     assert verified.signature_base.splitlines()[4].startswith('"content-digest": sha-256=:')
     # The proof re-verifies offline with the public key alone.
     proof = verified.proof()
@@ -57,14 +68,17 @@ def test_a_request_without_a_body_needs_no_digest():
     assert verify(headers, "GET", "http://h.test/aip/v1/approvals", b"").key_id == "human:approver"
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"method": "PUT"}, "does not verify"),
-    ({"url": URL.replace("apr_1", "apr_2")}, "does not verify"),
-    ({"url": URL.replace("?x=1", "?x=2")}, "does not verify"),
-    ({"url": URL.replace("8081", "8082")}, "does not verify"),
-    ({"body": BODY.replace(b"approved", b"denied!!")}, "content digest"),
-    ({"body": b""}, "content digest"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"method": "PUT"}, "does not verify"),
+        ({"url": URL.replace("apr_1", "apr_2")}, "does not verify"),
+        ({"url": URL.replace("?x=1", "?x=2")}, "does not verify"),
+        ({"url": URL.replace("8081", "8082")}, "does not verify"),
+        ({"body": BODY.replace(b"approved", b"denied!!")}, "content digest"),
+        ({"body": b""}, "content digest"),
+    ],
+)
 def test_any_change_to_a_covered_part_is_rejected(change, expected):
     assert expected in reason(signed(), **change)
 
@@ -94,8 +108,16 @@ def test_nonces_at_their_length_bounds_are_accepted(length):
     assert verify(signed(nonce="a" * length)).nonce == "a" * length
 
 
-@pytest.mark.parametrize("nonce", ["a" * (httpsig.MIN_NONCE_CHARS - 1), "a" * (httpsig.MAX_NONCE_CHARS + 1),
-                                   "a" * 20 + "*", "a" * 20 + " ", "a" * 20 + "."])
+@pytest.mark.parametrize(
+    "nonce",
+    [
+        "a" * (httpsig.MIN_NONCE_CHARS - 1),
+        "a" * (httpsig.MAX_NONCE_CHARS + 1),
+        "a" * 20 + "*",
+        "a" * 20 + " ",
+        "a" * 20 + ".",
+    ],
+)
 def test_nonces_outside_the_profile_are_rejected(nonce):
     assert "nonce" in reason(signed(nonce=nonce))
 
@@ -104,8 +126,13 @@ def _resign(headers: dict[str, str], params: str, *, components: str | None = No
     """Sign again with a hand-written signature-params (to test parameters the signer never writes)."""
     covered = components or '("@method" "@authority" "@path" "@query" "content-digest")'
     digest = headers["Content-Digest"]
-    values = {"@method": "POST", "@authority": "127.0.0.1:8081", "@path": "/aip/v1/approvals/apr_1/decision",
-              "@query": "?x=1", "content-digest": digest}
+    values = {
+        "@method": "POST",
+        "@authority": "127.0.0.1:8081",
+        "@path": "/aip/v1/approvals/apr_1/decision",
+        "@query": "?x=1",
+        "content-digest": digest,
+    }
     names = re.findall(r'"([^"]+)"', covered)
     base = "\n".join([*(f'"{name}": {values[name]}' for name in names), f'"@signature-params": {covered}{params}'])
     signature = base64.b64encode(KEY.sign(base.encode())).decode()
@@ -115,8 +142,15 @@ def _resign(headers: dict[str, str], params: str, *, components: str | None = No
 OK_PARAMS = f';created={NOW};keyid="human:approver";alg="ed25519";nonce="{"n" * 22}"'
 
 
-def console_signed(method: str, url: str, body: bytes | None, *, nonce: str = "q83vEjRWeJq8", created: int = NOW,
-                   components: tuple[str, ...] = ("@method", "@target-uri")) -> dict[str, str]:
+def console_signed(
+    method: str,
+    url: str,
+    body: bytes | None,
+    *,
+    nonce: str = "q83vEjRWeJq8",
+    created: int = NOW,
+    components: tuple[str, ...] = ("@method", "@target-uri"),
+) -> dict[str, str]:
     """What the approval console's JavaScript sends (aip_crewai/host/console_static/console.js,
     ``signedHeaders``): label ``sig1``, ``@method`` + ``@target-uri`` (+ ``content-digest``), a
     nonce in standard base64 of 16 random bytes."""
@@ -128,12 +162,15 @@ def console_signed(method: str, url: str, body: bytes | None, *, nonce: str = "q
     names = list(components)
     if body is not None:
         import hashlib
+
         headers["Content-Digest"] = f"sha-256=:{base64.b64encode(hashlib.sha256(body).digest()).decode()}:"
         values["content-digest"] = headers["Content-Digest"]
         names.append("content-digest")
     nonce = base64.b64encode(nonce.encode()[:16].ljust(16, b"\xfb")).decode()  # has "+" or "/" and "=="
-    params = f'({" ".join(chr(34) + n + chr(34) for n in names)});created={created};keyid="human:approver";' \
-             f'alg="ed25519";nonce="{nonce}"'
+    params = (
+        f'({" ".join(chr(34) + n + chr(34) for n in names)});created={created};keyid="human:approver";'
+        f'alg="ed25519";nonce="{nonce}"'
+    )
     base = "\n".join([*(f'"{n}": {values[n]}' for n in names), f'"@signature-params": {params}'])
     headers["Signature-Input"] = f"sig1={params}"
     headers["Signature"] = f"sig1=:{base64.b64encode(KEY.sign(base.encode())).decode()}:"
@@ -156,14 +193,17 @@ def test_hand_signed_params_verify():
     assert verify(_resign(signed(), OK_PARAMS)).nonce == "n" * 22
 
 
-@pytest.mark.parametrize("params, expected", [
-    (f';created={NOW};keyid="human:approver";nonce="{"n" * 22}"', 'alg="ed25519"'),
-    (f';created={NOW};keyid="human:approver";alg="ed25519"', "nonce"),
-    (f';keyid="human:approver";alg="ed25519";nonce="{"n" * 22}"', "created"),
-    (OK_PARAMS + f";expires={NOW}", "expired"),
-    (OK_PARAMS + ';other="x"', "other"),
-    (f';created={NOW};keyid="human:approver";alg="hmac-sha256";nonce="{"n" * 22}"', ""),
-])
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        (f';created={NOW};keyid="human:approver";nonce="{"n" * 22}"', 'alg="ed25519"'),
+        (f';created={NOW};keyid="human:approver";alg="ed25519"', "nonce"),
+        (f';keyid="human:approver";alg="ed25519";nonce="{"n" * 22}"', "created"),
+        (OK_PARAMS + f";expires={NOW}", "expired"),
+        (OK_PARAMS + ';other="x"', "other"),
+        (f';created={NOW};keyid="human:approver";alg="hmac-sha256";nonce="{"n" * 22}"', ""),
+    ],
+)
 def test_parameters_outside_the_profile_are_rejected(params, expected):
     assert expected in reason(_resign(signed(), params))
 
@@ -172,8 +212,10 @@ def test_a_future_expires_is_accepted():
     assert verify(_resign(signed(), OK_PARAMS + f";expires={NOW + 60}")).key_id == "human:approver"
 
 
-@pytest.mark.parametrize("components", ['("@method" "@authority" "@path" "content-digest")',
-                                        '("@authority" "@path" "@query" "content-digest")'])
+@pytest.mark.parametrize(
+    "components",
+    ['("@method" "@authority" "@path" "content-digest")', '("@authority" "@path" "@query" "content-digest")'],
+)
 def test_a_signature_that_leaves_a_required_component_out_is_rejected(components):
     assert "must cover" in reason(_resign(signed(), OK_PARAMS, components=components))
 
@@ -225,8 +267,12 @@ def test_fresh_nonces_fit_the_profile_and_differ():
 _SEGMENT = st.text(alphabet=st.sampled_from("abcXYZ019-._~"), min_size=1, max_size=12)
 
 
-@given(path=st.lists(_SEGMENT, min_size=1, max_size=4), query=st.one_of(st.none(), _SEGMENT),
-       body=st.binary(max_size=256), method=st.sampled_from(["GET", "POST"]))
+@given(
+    path=st.lists(_SEGMENT, min_size=1, max_size=4),
+    query=st.one_of(st.none(), _SEGMENT),
+    body=st.binary(max_size=256),
+    method=st.sampled_from(["GET", "POST"]),
+)
 def test_every_signed_request_verifies_and_any_changed_body_byte_does_not(path, query, body, method):
     url = "http://127.0.0.1:8081/" + "/".join(path) + (f"?q={query}" if query is not None else "")
     headers = signed(method, url, body)
@@ -247,15 +293,18 @@ def test_the_readme_test_vector():
     key = Ed25519PrivateKey.from_private_bytes(bytes(32))
     body = b'{"decision":"approved","reason":"checked","policy_hash":"9c1185a5c5e9fc54612808977ee8f548b2258d31"}'
     url = "https://aip.example.com/aip/v1/approvals/apr_7f3a/decision"
-    headers = sign_request("POST", url, body, key, "human:acme-approver", created=1790000000,
-                           nonce="2m2hXz3hL0mR1c5vQk7yTA")
+    headers = sign_request(
+        "POST", url, body, key, "human:acme-approver", created=1790000000, nonce="2m2hXz3hL0mR1c5vQk7yTA"
+    )
     assert headers == {
         "Content-Digest": "sha-256=:LSr+79XFOZxag+5SDeq+KwAjWen9m8Ux4HsV1qthgcY=:",
         "Signature-Input": 'aip=("@method" "@authority" "@path" "@query" "content-digest");created=1790000000;'
-                           'keyid="human:acme-approver";alg="ed25519";nonce="2m2hXz3hL0mR1c5vQk7yTA"',
-        "Signature": "aip=:kvoeRuo8J2y+c6/kY+SVDkN8Nd/Mi6bxYv1ubNgoVWOhzNg8yLWufhf6Zbx3Yjf8X2YAdu5S/OvQ84EJdbTEAQ==:"}
-    verified = verify_request("POST", url, list(headers.items()), body, public_key=lambda _: key.public_key(),
-                              now_s=1790000000)
+        'keyid="human:acme-approver";alg="ed25519";nonce="2m2hXz3hL0mR1c5vQk7yTA"',
+        "Signature": "aip=:kvoeRuo8J2y+c6/kY+SVDkN8Nd/Mi6bxYv1ubNgoVWOhzNg8yLWufhf6Zbx3Yjf8X2YAdu5S/OvQ84EJdbTEAQ==:",
+    }
+    verified = verify_request(
+        "POST", url, list(headers.items()), body, public_key=lambda _: key.public_key(), now_s=1790000000
+    )
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert verified.signature_base in readme
 
@@ -263,11 +312,22 @@ def test_the_readme_test_vector():
 _HEADER_TEXT = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=300)
 
 
-@given(signature_input=st.one_of(_HEADER_TEXT, st.sampled_from([
-           'aip=("@method" "@authority" "@path" "@query");created=1790000000;keyid="human:approver";alg="ed25519"',
-           'aip=("@method");keyid="human:approver"', 'aip=();created=1', 'a=("content-digest";key="x")'])),
-       signature=st.one_of(_HEADER_TEXT, st.just("aip=:" + "A" * 86 + "==:")),
-       digest=st.one_of(st.none(), _HEADER_TEXT), body=st.binary(max_size=64))
+@given(
+    signature_input=st.one_of(
+        _HEADER_TEXT,
+        st.sampled_from(
+            [
+                'aip=("@method" "@authority" "@path" "@query");created=1790000000;keyid="human:approver";alg="ed25519"',
+                'aip=("@method");keyid="human:approver"',
+                "aip=();created=1",
+                'a=("content-digest";key="x")',
+            ]
+        ),
+    ),
+    signature=st.one_of(_HEADER_TEXT, st.just("aip=:" + "A" * 86 + "==:")),
+    digest=st.one_of(st.none(), _HEADER_TEXT),
+    body=st.binary(max_size=64),
+)
 def test_any_signature_headers_are_rejected_with_a_reason_never_another_error(signature_input, signature, digest, body):
     headers = {"Signature-Input": signature_input, "Signature": signature}
     if digest is not None:
@@ -282,7 +342,7 @@ def test_any_change_to_a_real_signature_header_is_rejected(tamper, data):
     headers = signed()
     value = headers[tamper]
     index = data.draw(st.integers(0, len(value) - 1))
-    changed = value[:index] + data.draw(st.sampled_from("aZ9=:;\"( ")) + value[index + 1:]
+    changed = value[:index] + data.draw(st.sampled_from('aZ9=:;"( ')) + value[index + 1 :]
     if changed != value:
         with pytest.raises(SignatureRejected):
             verify({**headers, tamper: changed})

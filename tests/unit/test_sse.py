@@ -96,7 +96,12 @@ CASES: list[tuple[str, bytes, list[SSEEvent], bool]] = [
     ("unterminated_discarded", b"data: a\n\ndata: b\n", [E("a")], False),
     ("unterminated_line_discarded", b"data: a\n\ndata: b", [E("a")], False),
     ("unterminated_cr_discarded", b"data: a\r\rdata: b\r", [E("a")], False),
-    ("unicode_separators_kept", "data: a\u2028b\u2029c\x85d\x0be\x0cf\x1cg\n\n".encode(), [E("a\u2028b\u2029c\x85d\x0be\x0cf\x1cg")], True),
+    (
+        "unicode_separators_kept",
+        "data: a\u2028b\u2029c\x85d\x0be\x0cf\x1cg\n\n".encode(),
+        [E("a\u2028b\u2029c\x85d\x0be\x0cf\x1cg")],
+        True,
+    ),
     ("nul_in_data_kept", b"data: a\x00b\n\n", [E("a\x00b")], True),
     ("invalid_utf8_replaced", b"data: a\xffb\n\n", [E("a\ufffdb")], True),
     ("truncated_utf8_before_lf", b"data: \xe2\x82\n\n", [E("\ufffd")], True),
@@ -222,7 +227,13 @@ def test_stays_failed_after_raising() -> None:
     dec = SSEDecoder(10)
     with pytest.raises(SSEFrameTooLarge):
         dec.feed(b"data: 0123456789\n\n")
-    for call in (lambda: dec.feed(b""), lambda: dec.feed(b"\n\n"), lambda: dec.feed(b"data: a\n\n"), dec.close, dec.close):
+    for call in (
+        lambda: dec.feed(b""),
+        lambda: dec.feed(b"\n\n"),
+        lambda: dec.feed(b"data: a\n\n"),
+        dec.close,
+        dec.close,
+    ):
         with pytest.raises(SSEFrameTooLarge):
             call()
 
@@ -336,15 +347,13 @@ any_char = st.characters(blacklist_categories=("Cs",))
 data_text = st.text(st.one_of(any_char, st.sampled_from(SEPARATORS)))
 event_name = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), min_size=1)
 event_id = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n\x00"))
-frames = st.lists(
-    st.tuples(data_text, st.none() | event_name, st.none() | event_id, st.none() | data_text), max_size=8
-)
+frames = st.lists(st.tuples(data_text, st.none() | event_name, st.none() | event_id, st.none() | data_text), max_size=8)
 PROP = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def split_at(data: bytes, points: list[int]) -> list[bytes]:
     cuts = sorted({p % (len(data) + 1) for p in points})
-    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=False)]
 
 
 @PROP
@@ -453,5 +462,6 @@ def test_a_page_equals_its_frames_encoded_one_by_one(frames, prefix):
 
 
 def test_a_page_template_keeps_a_literal_percent_of_its_prefix():
-    assert encode_page(page_template(b"%s", id_prefix=b"a%d"), [(1, b"e", b"x")], lambda i: b"") \
-        == encode_event("x", event="e", id="a%d1")
+    assert encode_page(page_template(b"%s", id_prefix=b"a%d"), [(1, b"e", b"x")], lambda i: b"") == encode_event(
+        "x", event="e", id="a%d1"
+    )

@@ -26,8 +26,11 @@ from .writer import ActionRuntime
 
 def _outcome(case: CancelCase, action_id: str, **extra: Any) -> ActionResult:
     row = CANCEL_OUTCOMES[case]
-    return ActionResult(action_id=action_id, status=row.status or "cancelled",  # type: ignore[arg-type]
-                        output={**(row.output or {}), **extra})
+    return ActionResult(
+        action_id=action_id,
+        status=row.status or "cancelled",  # type: ignore[arg-type]
+        output={**(row.output or {}), **extra},
+    )
 
 
 async def cancel(runtime: ActionRuntime, caller: Principal, action_id: str) -> ActionResult:
@@ -60,21 +63,30 @@ async def cancel(runtime: ActionRuntime, caller: Principal, action_id: str) -> A
             live.task.cancel()
         await runtime.writer.finish(tenant, action_id, _outcome(case, action_id), None)
         return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(case, action_id)
-    return await _stop_remote(runtime, record.tenant, action_id, live,
-                              live.job if live is not None else runtime.job(record, stream=True))
+    return await _stop_remote(
+        runtime, record.tenant, action_id, live, live.job if live is not None else runtime.job(record, stream=True)
+    )
 
 
-async def _stop_remote(runtime: ActionRuntime, tenant: str, action_id: str, live: LiveAction | None,
-                       job: Job) -> ActionResult:
+async def _stop_remote(
+    runtime: ActionRuntime, tenant: str, action_id: str, live: LiveAction | None, job: Job
+) -> ActionResult:
     """The ``stop_remote`` row: the sidecar's cancel; confirmed → cancelled, else cancelled_unconfirmed."""
     if live is not None and live.task is not None:
         await _until_answered(live)  # a start still in flight may be admitted after a cancel would arrive
     if live is not None and live.task is not None and live.retry_waiting:
         # Queued for a retry of a start the sidecar did not admit: stopped before anything more is sent.
         live.task.cancel()
-        await runtime.writer.finish(tenant, action_id, _outcome(CancelCase.DEQUEUE, action_id),
-                                    DispatchState.NOT_SENT.value, settle_dispatch=True)
-        return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(CancelCase.DEQUEUE, action_id)
+        await runtime.writer.finish(
+            tenant,
+            action_id,
+            _outcome(CancelCase.DEQUEUE, action_id),
+            DispatchState.NOT_SENT.value,
+            settle_dispatch=True,
+        )
+        return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(
+            CancelCase.DEQUEUE, action_id
+        )
     confirmed, view = await runtime.dispatcher.cancel_remote(job)
     if confirmed and live is not None and live.task is not None:
         # The sidecar records `cancelled`; the stream ends with it. Give it a moment, then detach.
@@ -88,13 +100,18 @@ async def _stop_remote(runtime: ActionRuntime, tenant: str, action_id: str, live
     if ended is not None:  # the job finished before the cancel reached it: its real outcome, not `cancelled`
         result = ended
     elif confirmed:
-        result = _outcome(CancelCase.STOP_REMOTE, action_id,
-                          provider_stop_observed=bool((view or {}).get("provider_stop_observed", False)))
+        result = _outcome(
+            CancelCase.STOP_REMOTE,
+            action_id,
+            provider_stop_observed=bool((view or {}).get("provider_stop_observed", False)),
+        )
     else:
         if live is not None and live.task is not None:
             live.task.cancel()
-        result = failed_result(action_id, ConnectorCancelledUnconfirmed(
-            operation=job.spec.name, uncertain_outcome=True, dispatch=record.dispatch))
+        result = failed_result(
+            action_id,
+            ConnectorCancelledUnconfirmed(operation=job.spec.name, uncertain_outcome=True, dispatch=record.dispatch),
+        )
     await runtime.writer.finish(tenant, action_id, result, None)
     return (await runtime.result(await runtime.record(tenant, action_id))) or result
 
@@ -120,6 +137,11 @@ async def _until_answered(live: LiveAction, bound_s: float = 10.0) -> None:
     not admit, waiting for its retry (``retry_waiting``), is answered too."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound_s
-    while live.job.dispatch.state != DispatchState.ACKNOWLEDGED and live.task is not None \
-            and not live.task.done() and not live.retry_waiting and loop.time() < deadline:
+    while (
+        live.job.dispatch.state != DispatchState.ACKNOWLEDGED
+        and live.task is not None
+        and not live.task.done()
+        and not live.retry_waiting
+        and loop.time() < deadline
+    ):
         await asyncio.sleep(0.005)

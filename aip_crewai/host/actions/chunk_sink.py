@@ -67,7 +67,11 @@ class ChunkSink:
         job = self.live.job
         while self._queued:
             batch, self._queued = self._queued, []
-            await self.store.append_chunks(job.tenant, job.action_id,
-                                           [(c.sequence, _encode.encode(c).decode()) for c in batch],
-                                           dispatch=job.dispatch.state, durable=False)
+            await self.store.append_chunks(
+                job.tenant,
+                job.action_id,
+                [(c.sequence, _encode.encode(c).decode()) for c in batch],
+                dispatch=job.dispatch.state,
+                durable=False,
+            )
             self.live.notify()

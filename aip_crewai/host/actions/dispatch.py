@@ -100,8 +100,9 @@ class Dispatcher:
         max_response_bytes: bound on one streamed response, bytes.
     """
 
-    def __init__(self, client: SidecarClient, *, max_response_bytes: int,
-                 clients: Mapping[str, SidecarClient] | None = None) -> None:
+    def __init__(
+        self, client: SidecarClient, *, max_response_bytes: int, clients: Mapping[str, SidecarClient] | None = None
+    ) -> None:
         self.client = client
         self.max_response_bytes = max_response_bytes
         #: crew id -> the client of the sidecar serving it (``[[sidecars]]``, ARCHITECTURE.md §10); others use ``client``.
@@ -113,8 +114,11 @@ class Dispatcher:
 
     def _normalizer(self, job: Job, start_sequence: int = 0) -> StreamNormalizer:
         return StreamNormalizer(
-            job.action_id, job.spec, start_sequence=start_sequence,
-            first_chunk_sequence=job.first_chunk_sequence, max_response_bytes=self.max_response_bytes,
+            job.action_id,
+            job.spec,
+            start_sequence=start_sequence,
+            first_chunk_sequence=job.first_chunk_sequence,
+            max_response_bytes=self.max_response_bytes,
         )
 
     async def run(self, job: Job, on_chunks: OnChunks) -> ActionResult:
@@ -131,10 +135,18 @@ class Dispatcher:
         except ConnectorError as exc:
             # Only the start request's own refusal: a read after an answered start (the job view of a
             # blocking start, a full output) that cannot connect says nothing about admission.
-            if job.spec.startable and not_admitted(exc) \
-                    and (exc.details.get("admitted") is False or job.dispatch.state == DispatchState.NOT_SENT):
+            if (
+                job.spec.startable
+                and not_admitted(exc)
+                and (exc.details.get("admitted") is False or job.dispatch.state == DispatchState.NOT_SENT)
+            ):
                 raise StartNotAdmitted(exc) from exc
-            if job.spec.stream and job.spec.cancel and isinstance(exc, _STREAM_FAILURES) and job.dispatch.state != DispatchState.NOT_SENT:
+            if (
+                job.spec.stream
+                and job.spec.cancel
+                and isinstance(exc, _STREAM_FAILURES)
+                and job.dispatch.state != DispatchState.NOT_SENT
+            ):
                 exc = await self._cancel_after_failure(job, exc)
             log.warning("dispatch_failed", code=exc.code, operation=job.spec.name, dispatch=job.dispatch.state)
             return failed_result(job.action_id, exc)
@@ -146,7 +158,10 @@ class Dispatcher:
             return self._completed(job, _public_view(view, job))
         if spec.name == "cancel":
             view = await client.cancel(
-                spec, job.dispatch, job_id=job.target_job_id, crew_id=job.crew_id,
+                spec,
+                job.dispatch,
+                job_id=job.target_job_id,
+                crew_id=job.crew_id,
                 reason=job.input.get("reason"),
             )
             return self._completed(job, _public_view(view, job))
@@ -154,34 +169,73 @@ class Dispatcher:
             cursor = int(job.input.get("cursor") or 0)
             if not job.stream:
                 page = await client.get_events(
-                    spec, job.dispatch, job_id=job.target_job_id, cursor=cursor,
+                    spec,
+                    job.dispatch,
+                    job_id=job.target_job_id,
+                    cursor=cursor,
                 )
                 return self._completed(job, _public_view(page, job))
             normalizer = self._normalizer(job, cursor)
-            terminal = await self._follow(job, job.target_job_id, normalizer, on_chunks, client.stream(
-                spec, job.dispatch, normalizer, on_chunks, method="GET",
-                path=spec.stream_path.format(run_action_id=job.target_job_id),  # type: ignore[union-attr]
-                action_id=job.target_job_id, params={"cursor": cursor},  # the header names the sidecar job
-            ))
-            return self._completed(job, {"run_action_id": job.input["run_action_id"], "status": terminal.event,
-                                         "next_cursor": terminal.sequence + 1})
+            terminal = await self._follow(
+                job,
+                job.target_job_id,
+                normalizer,
+                on_chunks,
+                client.stream(
+                    spec,
+                    job.dispatch,
+                    normalizer,
+                    on_chunks,
+                    method="GET",
+                    path=spec.stream_path.format(run_action_id=job.target_job_id),  # type: ignore[union-attr]
+                    action_id=job.target_job_id,
+                    params={"cursor": cursor},  # the header names the sidecar job
+                ),
+            )
+            return self._completed(
+                job,
+                {
+                    "run_action_id": job.input["run_action_id"],
+                    "status": terminal.event,
+                    "next_cursor": terminal.sequence + 1,
+                },
+            )
         if spec.stream:
             normalizer = self._normalizer(job)
-            terminal = await self._follow(job, job.job_id, normalizer, on_chunks, client.start_stream(
-                spec, job.dispatch, normalizer, on_chunks, job_id=job.job_id,
-                crew_id=job.crew_id, input=job.input, idempotency_key=job.idempotency_key, timeout_ms=job.timeout_ms,
-            ))
+            terminal = await self._follow(
+                job,
+                job.job_id,
+                normalizer,
+                on_chunks,
+                client.start_stream(
+                    spec,
+                    job.dispatch,
+                    normalizer,
+                    on_chunks,
+                    job_id=job.job_id,
+                    crew_id=job.crew_id,
+                    input=job.input,
+                    idempotency_key=job.idempotency_key,
+                    timeout_ms=job.timeout_ms,
+                ),
+            )
             return result_from_terminal(job.action_id, spec, await self._with_full_output(job, terminal))
         status, body = await client.start_job(
-            spec, job.dispatch, job_id=job.job_id, crew_id=job.crew_id, input=job.input,
-            idempotency_key=job.idempotency_key, timeout_ms=job.timeout_ms,
+            spec,
+            job.dispatch,
+            job_id=job.job_id,
+            crew_id=job.crew_id,
+            input=job.input,
+            idempotency_key=job.idempotency_key,
+            timeout_ms=job.timeout_ms,
         )
         if status == 200:
             return self._completed(job, body)
         return await self._settle_blocking(job, status)
 
-    async def _follow(self, job: Job, job_id: str, normalizer: StreamNormalizer, on_chunks: OnChunks,
-                      first: Awaitable[JobEvent]) -> JobEvent:
+    async def _follow(
+        self, job: Job, job_id: str, normalizer: StreamNormalizer, on_chunks: OnChunks, first: Awaitable[JobEvent]
+    ) -> JobEvent:
         """Await ``first`` (a stream of job ``job_id`` fed to ``normalizer``)
         to its terminal event; when the stream goes silent
         (:class:`~aip_crewai.contracts.errors.ConnectorStreamSilent`), read
@@ -199,8 +253,12 @@ class Dispatcher:
         except ConnectorStreamSilent as exc:
             silent = exc
         while True:
-            log.warning("sidecar_stream_silent", job_id=job_id, next_sequence=normalizer.expected,
-                        silence_s=silent.details.get("silence_seconds"))
+            log.warning(
+                "sidecar_stream_silent",
+                job_id=job_id,
+                next_sequence=normalizer.expected,
+                silence_s=silent.details.get("silence_seconds"),
+            )
             try:
                 await self.client_for(job).get_job(job.spec, DispatchProgress(), job_id=job_id)
             except ConnectorError as exc:
@@ -214,8 +272,15 @@ class Dispatcher:
             normalizer = normalizer.resumed()
             try:
                 return await self.client_for(job).stream(
-                    job.spec, DispatchProgress(), normalizer, on_chunks, method="GET",
-                    path=f"/jobs/{job_id}/events", action_id=job_id, params={"cursor": normalizer.expected})
+                    job.spec,
+                    DispatchProgress(),
+                    normalizer,
+                    on_chunks,
+                    method="GET",
+                    path=f"/jobs/{job_id}/events",
+                    action_id=job_id,
+                    params={"cursor": normalizer.expected},
+                )
             except ConnectorStreamSilent as exc:
                 silent = exc
 
@@ -229,8 +294,11 @@ class Dispatcher:
             return result_from_terminal(job.action_id, job.spec, terminal)
         raise ConnectorRemoteTemporary(
             "the sidecar is still running the job after the wait timed out",
-            operation=job.spec.name, remote_status=status, uncertain_outcome=job.spec.mutation,
-            read_only=job.spec.read_only, dispatch="acknowledged",
+            operation=job.spec.name,
+            remote_status=status,
+            uncertain_outcome=job.spec.mutation,
+            read_only=job.spec.read_only,
+            dispatch="acknowledged",
         )
 
     async def terminal_event(self, job: Job) -> JobEvent | None:
@@ -241,7 +309,10 @@ class Dispatcher:
         if view.get("status") not in ("completed", "failed", "cancelled") or count == 0:
             return None
         page = await self.client_for(job).get_events(
-            job.spec, DispatchProgress(), job_id=job.job_id, cursor=count - 1,
+            job.spec,
+            DispatchProgress(),
+            job_id=job.job_id,
+            cursor=count - 1,
         )
         events = page.get("events") or []
         if not events:
@@ -269,13 +340,30 @@ class Dispatcher:
             StartNotAdmitted: the stream went silent and the sidecar does not know the job.
         """
         cursor = max(job.first_chunk_sequence - 1, 0)
-        normalizer = StreamNormalizer(job.action_id, job.spec, start_sequence=cursor, first_chunk_sequence=cursor,
-                                      max_response_bytes=self.max_response_bytes)
+        normalizer = StreamNormalizer(
+            job.action_id,
+            job.spec,
+            start_sequence=cursor,
+            first_chunk_sequence=cursor,
+            max_response_bytes=self.max_response_bytes,
+        )
         try:
-            terminal = await self._follow(job, job.job_id, normalizer, on_chunks, self.client_for(job).stream(
-                job.spec, job.dispatch, normalizer, on_chunks, method="GET", path=f"/jobs/{job.job_id}/events",
-                action_id=job.job_id, params={"cursor": cursor},
-            ))
+            terminal = await self._follow(
+                job,
+                job.job_id,
+                normalizer,
+                on_chunks,
+                self.client_for(job).stream(
+                    job.spec,
+                    job.dispatch,
+                    normalizer,
+                    on_chunks,
+                    method="GET",
+                    path=f"/jobs/{job.job_id}/events",
+                    action_id=job.job_id,
+                    params={"cursor": cursor},
+                ),
+            )
         except ConnectorError as exc:
             if exc.remote_status != 416:
                 raise
@@ -293,20 +381,30 @@ class Dispatcher:
             return terminal
         view = await self.client_for(job).get_job(job.spec, DispatchProgress(), job_id=job.job_id)
         output = view.get("output")
-        return JobEvent(event="completed", sequence=terminal.sequence, data=output if isinstance(output, dict) else {"output": output})
+        return JobEvent(
+            event="completed",
+            sequence=terminal.sequence,
+            data=output if isinstance(output, dict) else {"output": output},
+        )
 
     async def _cancel_after_failure(self, job: Job, error: ConnectorError) -> ConnectorError:
         """After a stream failure on a cancellable operation, ask the sidecar to
         cancel (ARCHITECTURE.md §8); an unconfirmed cancel becomes cancelled_unconfirmed."""
         try:
             await self.client_for(job).cancel(
-                job.spec, DispatchProgress(), job_id=job.job_id, crew_id=job.crew_id,
+                job.spec,
+                DispatchProgress(),
+                job_id=job.job_id,
+                crew_id=job.crew_id,
                 reason="host stream failure",
             )
         except ConnectorError:
             return ConnectorCancelledUnconfirmed(
-                operation=job.spec.name, remote_status=error.remote_status, uncertain_outcome=True,
-                dispatch=job.dispatch.state, details={"cause": error.code},
+                operation=job.spec.name,
+                remote_status=error.remote_status,
+                uncertain_outcome=True,
+                dispatch=job.dispatch.state,
+                details={"cause": error.code},
             )
         error.details["cancel_confirmed"] = True
         return error
@@ -321,14 +419,18 @@ class Dispatcher:
         """
         try:
             view = await self.client_for(job).cancel(
-                job.spec, DispatchProgress(), job_id=job.job_id, crew_id=job.crew_id,
+                job.spec,
+                DispatchProgress(),
+                job_id=job.job_id,
+                crew_id=job.crew_id,
                 reason="cancelled by the tenant",
             )
         except ConnectorError as exc:
             if exc.remote_status == 409:
                 raise NotCancellable(
                     message="the sidecar cannot cancel this operation; the action keeps running",
-                    details={"operation": job.spec.name}) from exc
+                    details={"operation": job.spec.name},
+                ) from exc
             return False, None
         return view.get("status") in ("cancelled", "completed", "failed"), view
 
@@ -339,4 +441,3 @@ def _public_view(value: Any, job: Job) -> Any:
     if isinstance(value, dict) and "action_id" in value:
         value = {**value, "action_id": job.input.get("run_action_id", job.action_id)}
     return value
-

@@ -38,7 +38,7 @@ def retry_delay_s(attempt: int) -> float:
     most :data:`RETRY_MAX_S`. Raises ValueError for ``attempt`` < 1. Pure."""
     if attempt < 1:
         raise ValueError("attempts count from 1")
-    return min(RETRY_FIRST_S * 2 ** min(attempt - 1, 16), RETRY_MAX_S)
+    return float(min(RETRY_FIRST_S * 2 ** min(attempt - 1, 16), RETRY_MAX_S))
 
 
 async def run(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool = True, recheck: bool = True) -> None:
@@ -53,27 +53,44 @@ async def run(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool = Tru
 
     sink = ChunkSink(runtime.store, live)
     try:
-        if not await runtime.store.take_lease(tenant, action_id):  # another host holds its dispatch lease (ARCHITECTURE.md §10)
+        if not await runtime.store.take_lease(
+            tenant, action_id
+        ):  # another host holds its dispatch lease (ARCHITECTURE.md §10)
             log.info("action_leased_elsewhere")
             return
         if job.spec.approval and recheck:  # governed: re-check what its approval relied on, before sending
             record = await runtime.store.get_action(tenant, action_id)
             revoked = runtime.revocation(record) if record is not None else None
             if record is not None and revoked is not None:
-                await runtime.writer.finish(tenant, action_id, failed_result(action_id, revoked),
-                                         DispatchState.NOT_SENT.value, settle_dispatch=True)
+                await runtime.writer.finish(
+                    tenant,
+                    action_id,
+                    failed_result(action_id, revoked),
+                    DispatchState.NOT_SENT.value,
+                    settle_dispatch=True,
+                )
                 return
         result = await _run_until_admitted(runtime, live, sink.add, mark_sent=mark_sent)
         if result is None:  # no longer running (a cancel won while it waited), or deferred to the reconciler
             await sink.drain()
             return
         await sink.drain()
-        if job.spec.name == "status" and result.error is not None \
-                and (result.error.details or {}).get("remote_status") == 404:
+        if (
+            job.spec.name == "status"
+            and result.error is not None
+            and (result.error.details or {}).get("remote_status") == 404
+        ):
             result = await status_before_admission(runtime, job) or result
         # The dispatch's own final word on how far its request got (`not_sent` after a refused connection).
-        live.final = await runtime.writer.finish(tenant, action_id, result, job.dispatch.state, operation=job.spec.name,
-                                        durable=job.durable, settle_dispatch=True)
+        live.final = await runtime.writer.finish(
+            tenant,
+            action_id,
+            result,
+            job.dispatch.state,
+            operation=job.spec.name,
+            durable=job.durable,
+            settle_dispatch=True,
+        )
     except asyncio.CancelledError:
         sink.discard()  # a cancelled dispatch stores no further chunks (its canceller records the result)
         raise
@@ -89,14 +106,17 @@ async def run(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool = Tru
         with contextlib.suppress(Exception):  # keep what was received, unless storing is what failed
             await sink.drain()
         error = AipError("the host failed while dispatching the action")
-        await runtime.writer.finish(tenant, action_id, failed_result(action_id, error), job.dispatch.state,
-                           operation=job.spec.name)
+        await runtime.writer.finish(
+            tenant, action_id, failed_result(action_id, error), job.dispatch.state, operation=job.spec.name
+        )
     finally:
         runtime.live.remove(tenant, action_id)
         live.notify()
 
-async def _run_until_admitted(runtime: ActionRuntime, live: LiveAction, on_chunks: OnChunks, *,
-                              mark_sent: bool) -> ActionResult | None:
+
+async def _run_until_admitted(
+    runtime: ActionRuntime, live: LiveAction, on_chunks: OnChunks, *, mark_sent: bool
+) -> ActionResult | None:
     """Run the job; a start the sidecar provably did not admit is retried
     (same job id and idempotency key, so never run twice) after
     :func:`retry_delay_s`, the action requeued meanwhile (tenants
@@ -120,15 +140,26 @@ async def _run_until_admitted(runtime: ActionRuntime, live: LiveAction, on_chunk
             if deadline_ms is None:
                 deadline_ms = await _deadline_ms(runtime, job.tenant, job.action_id)
             remaining_ms = deadline_ms - runtime.now_ms()
-            log.info("dispatch_not_admitted", code=refused.error.code, attempts=attempts,
-                     remaining_ms=max(remaining_ms, 0))
+            log.info(
+                "dispatch_not_admitted", code=refused.error.code, attempts=attempts, remaining_ms=max(remaining_ms, 0)
+            )
             job.dispatch.state = DispatchState.NOT_SENT
             if remaining_ms <= 0:
-                return failed_result(job.action_id, ConnectorDispatchDeadline(
-                    operation=job.spec.name, remote_status=refused.error.remote_status, uncertain_outcome=False,
-                    read_only=job.spec.read_only, dispatch=DispatchState.NOT_SENT.value,
-                    details={"deadline_seconds": runtime.dispatch_deadline_ms / 1000, "attempts": attempts,
-                             "last_cause": refused.error.code}))
+                return failed_result(
+                    job.action_id,
+                    ConnectorDispatchDeadline(
+                        operation=job.spec.name,
+                        remote_status=refused.error.remote_status,
+                        uncertain_outcome=False,
+                        read_only=job.spec.read_only,
+                        dispatch=DispatchState.NOT_SENT.value,
+                        details={
+                            "deadline_seconds": runtime.dispatch_deadline_ms / 1000,
+                            "attempts": attempts,
+                            "last_cause": refused.error.code,
+                        },
+                    ),
+                )
             if await runtime.writer.requeue(job.tenant, job.action_id, durable=job.durable) is None:
                 return None
             live.notify()
@@ -139,6 +170,7 @@ async def _run_until_admitted(runtime: ActionRuntime, live: LiveAction, on_chunk
                 live.retry_waiting = False
             job.dispatch = DispatchProgress()
             mark_sent = True
+
 
 async def _deadline_ms(runtime: ActionRuntime, tenant: str, action_id: str) -> int:
     """When retries of an action's start stop, epoch ms: the dispatch
@@ -152,6 +184,7 @@ async def _deadline_ms(runtime: ActionRuntime, tenant: str, action_id: str) -> i
             since = approval.decided_at
     return since + runtime.dispatch_deadline_ms
 
+
 async def status_before_admission(runtime: ActionRuntime, job: Job) -> ActionResult | None:
     """The ``status`` of a run the sidecar does not know because it has not
     admitted it: never sent (pending approval, denied, expired, cancelled
@@ -163,6 +196,12 @@ async def status_before_admission(runtime: ActionRuntime, job: Job) -> ActionRes
     target = await runtime.store.get_action(job.tenant, run_action_id)
     if target is None or target.dispatch == DispatchState.ACKNOWLEDGED:
         return None
-    view = {"action_id": run_action_id, "crew_id": target.crew_id, "operation": target.operation,
-            "status": target.status, "event_count": 0, "output": None}
+    view = {
+        "action_id": run_action_id,
+        "crew_id": target.crew_id,
+        "operation": target.operation,
+        "status": target.status,
+        "event_count": 0,
+        "output": None,
+    }
     return ActionResult(action_id=job.action_id, status="completed", output=view)

@@ -152,10 +152,15 @@ CORRECTION_EVENTS: dict[str, ActionEvent] = {
     "cancelled": ActionEvent.CORRECT_CANCEL,
 }
 #: Connector error codes of a stored failure that the sidecar's job may still contradict.
-PROVISIONAL_CODES = frozenset({
-    "connector.crewai.remote_temporary", "connector.crewai.cancelled_unconfirmed", "connector.crewai.transport",
-    "connector.crewai.invalid_stream", "connector.crewai.response_too_large",
-})
+PROVISIONAL_CODES = frozenset(
+    {
+        "connector.crewai.remote_temporary",
+        "connector.crewai.cancelled_unconfirmed",
+        "connector.crewai.transport",
+        "connector.crewai.invalid_stream",
+        "connector.crewai.response_too_large",
+    }
+)
 #: ``remote_status`` of a blocking start whose wait ended before the job did (409, 502, 504: the job was read).
 _STILL_RUNNING_STATUSES = frozenset({409, 502, 504})
 #: Compact-JSON fragments one of which a provisional result's text holds (the store's prefilter of
@@ -163,8 +168,9 @@ _STILL_RUNNING_STATUSES = frozenset({409, 502, 504})
 PROVISIONAL_MARKERS = ('"uncertain_outcome":true', *(f'"remote_status":{s}' for s in sorted(_STILL_RUNNING_STATUSES)))
 
 
-def result_is_final(status: ActionState, *, startable: bool, error_code: str | None,
-                    details: dict[str, object] | None) -> bool:
+def result_is_final(
+    status: ActionState, *, startable: bool, error_code: str | None, details: dict[str, object] | None
+) -> bool:
     """Whether a stored result is final: the host will not change it
     (ARCHITECTURE.md §9 "Final results"). Pure.
 
@@ -186,8 +192,9 @@ def result_is_final(status: ActionState, *, startable: bool, error_code: str | N
         return True
     if facts.get("uncertain_outcome") is True:
         return False
-    return not (error_code == "connector.crewai.remote_temporary"
-                and facts.get("remote_status") in _STILL_RUNNING_STATUSES)
+    return not (
+        error_code == "connector.crewai.remote_temporary" and facts.get("remote_status") in _STILL_RUNNING_STATUSES
+    )
 
 
 def allowed(source: str | ActionState, target: str | ActionState) -> bool:
@@ -209,9 +216,11 @@ def is_terminal(status: str) -> bool:
 
 def policy_hash(tenant: str, action_id: str, capability_id: str, hashed_input: str) -> str:
     """The hash an approval binds: tenant, action id, capability and input hash (README "The approval flow")."""
-    return sha256_hex(canonical_json(
-        {"tenant": tenant, "action_id": action_id, "capability_id": capability_id, "input_hash": hashed_input}
-    ))
+    return sha256_hex(
+        canonical_json(
+            {"tenant": tenant, "action_id": action_id, "capability_id": capability_id, "input_hash": hashed_input}
+        )
+    )
 
 
 class ApprovalFacts(Protocol):
@@ -244,10 +253,12 @@ def approval_admits(approval: ApprovalFacts, record: ActionFacts) -> bool:
     """Whether ``approval`` lets ``record`` run: approved, bound to this exact
     action (tenant, action id, capability, input hash: the policy hash), and
     decided before it expired (README "The approval flow"). Pure."""
-    return (approval.status == ApprovalStatus.APPROVED
-            and approval.policy_hash == policy_hash(record.tenant, record.action_id, record.capability_id,
-                                                    record.input_hash)
-            and not (approval.decided_at is not None and approval.decided_at >= approval.expires_at))
+    return (
+        approval.status == ApprovalStatus.APPROVED
+        and approval.policy_hash
+        == policy_hash(record.tenant, record.action_id, record.capability_id, record.input_hash)
+        and not (approval.decided_at is not None and approval.decided_at >= approval.expires_at)
+    )
 
 
 # --- runtime cancellation (README "Cancellation") -------------------------------
@@ -280,19 +291,36 @@ class CancelOutcome:
 CANCEL_OUTCOMES: dict[CancelCase, CancelOutcome] = {
     CancelCase.ENDED: CancelOutcome(None, description="the stored result, unchanged"),
     CancelCase.NOT_CANCELLABLE: CancelOutcome(None, description="409 action.not_cancellable"),
-    CancelCase.WITHDRAW: CancelOutcome("cancelled", {"remote_stop_confirmed": False, "provider_effect": "none"},
-                                       "cancelled; its approval withdrawn in the same commit"),
+    CancelCase.WITHDRAW: CancelOutcome(
+        "cancelled",
+        {"remote_stop_confirmed": False, "provider_effect": "none"},
+        "cancelled; its approval withdrawn in the same commit",
+    ),
     CancelCase.DETACH_READ: CancelOutcome(
-        "cancelled", {"remote_stop_confirmed": False, "provider_effect": "read_only", "completion_unobserved": True},
-        "cancelled; the read may still complete at the sidecar (no effect)"),
+        "cancelled",
+        {"remote_stop_confirmed": False, "provider_effect": "read_only", "completion_unobserved": True},
+        "cancelled; the read may still complete at the sidecar (no effect)",
+    ),
     CancelCase.DETACH_STREAM: CancelOutcome(
-        "cancelled", {"stream_detached": True, "remote_stop_confirmed": False, "provider_effect": "read_only",
-                      "completion_unobserved": True},
-        "cancelled; the followed job is untouched"),
-    CancelCase.DEQUEUE: CancelOutcome("cancelled", {"remote_stop_confirmed": False, "provider_effect": "none"},
-                                      "cancelled while waiting to retry its start; the sidecar never admitted it"),
-    CancelCase.STOP_REMOTE: CancelOutcome("cancelled", {"remote_stop_confirmed": True},
-                                          "the sidecar's cancel; confirmed: cancelled, else cancelled_unconfirmed"),
+        "cancelled",
+        {
+            "stream_detached": True,
+            "remote_stop_confirmed": False,
+            "provider_effect": "read_only",
+            "completion_unobserved": True,
+        },
+        "cancelled; the followed job is untouched",
+    ),
+    CancelCase.DEQUEUE: CancelOutcome(
+        "cancelled",
+        {"remote_stop_confirmed": False, "provider_effect": "none"},
+        "cancelled while waiting to retry its start; the sidecar never admitted it",
+    ),
+    CancelCase.STOP_REMOTE: CancelOutcome(
+        "cancelled",
+        {"remote_stop_confirmed": True},
+        "the sidecar's cancel; confirmed: cancelled, else cancelled_unconfirmed",
+    ),
 }
 #: Operations that can never be cancelled once admitted.
 NOT_CANCELLABLE_OPERATIONS = frozenset({"memory_reset", "cancel"})

@@ -108,9 +108,15 @@ class StreamNormalizer:
         Raises: ConnectorInvalidStream when the terminal event was already received."""
         if self.terminal is not None:
             raise self._invalid("stream resumed after its terminal event")
-        other = StreamNormalizer(self.action_id, self.spec, start_sequence=self.expected,
-                                 first_chunk_sequence=self.next_chunk, max_response_bytes=self.max_response_bytes,
-                                 max_events=self.max_events, max_frame_bytes=self._max_frame_bytes)
+        other = StreamNormalizer(
+            self.action_id,
+            self.spec,
+            start_sequence=self.expected,
+            first_chunk_sequence=self.next_chunk,
+            max_response_bytes=self.max_response_bytes,
+            max_events=self.max_events,
+            max_frame_bytes=self._max_frame_bytes,
+        )
         other.received_bytes, other.events = self.received_bytes, self.events
         return other
 

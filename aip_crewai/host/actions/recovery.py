@@ -137,9 +137,12 @@ def is_final(record: ActionRecord, result: ActionResult | None) -> bool:
     if not is_terminal(record.status) or result is None:
         return is_terminal(record.status)
     error = result.error
-    return result_is_final(record.status, startable=ops.get(record.operation).startable,
-                           error_code=error.code if error is not None else None,
-                           details=error.details if error is not None else None)
+    return result_is_final(
+        record.status,
+        startable=ops.get(record.operation).startable,
+        error_code=error.code if error is not None else None,
+        details=error.details if error is not None else None,
+    )
 
 
 async def correct(runtime: ActionRuntime, record: ActionRecord) -> ActionRecord | None:
@@ -159,8 +162,9 @@ async def correct(runtime: ActionRuntime, record: ActionRecord) -> ActionRecord 
     except AipError as exc:
         if exc.details.get("remote_status") != 404:
             return None
-        error = msgspec.structs.replace(result.error, details={**(result.error.details or {}),
-                                                                "reconciled": "job_unknown"})
+        error = msgspec.structs.replace(
+            result.error, details={**(result.error.details or {}), "reconciled": "job_unknown"}
+        )
         return await runtime.writer.correct(record, msgspec.structs.replace(result, error=error), dispatch=None)
     if terminal is None:
         return None
@@ -205,8 +209,12 @@ async def reconcile(runtime: ActionRuntime, record: ActionRecord) -> None:
         return
     if terminal is None:
         return  # still running at the sidecar; a later read settles it
-    await runtime.writer.finish(record.tenant, record.action_id, result_from_terminal(record.action_id, spec, terminal),
-                          DispatchState.ACKNOWLEDGED.value)
+    await runtime.writer.finish(
+        record.tenant,
+        record.action_id,
+        result_from_terminal(record.action_id, spec, terminal),
+        DispatchState.ACKNOWLEDGED.value,
+    )
 
 
 async def _may_still_run(runtime: ActionRuntime, record: ActionRecord) -> bool:
@@ -249,10 +257,21 @@ async def _start_if_may_run(runtime: ActionRuntime, record: ActionRecord) -> Non
 
 
 async def _fail_never_admitted(runtime: ActionRuntime, record: ActionRecord) -> None:
-    await runtime.writer.finish(record.tenant, record.action_id, failed_result(
-        record.action_id, ConnectorCancelledUnconfirmed(
-            "the host restarted before the sidecar admitted the action", operation=record.operation,
-            remote_status=404, uncertain_outcome=False, dispatch="not_sent")), DispatchState.NOT_SENT.value)
+    await runtime.writer.finish(
+        record.tenant,
+        record.action_id,
+        failed_result(
+            record.action_id,
+            ConnectorCancelledUnconfirmed(
+                "the host restarted before the sidecar admitted the action",
+                operation=record.operation,
+                remote_status=404,
+                uncertain_outcome=False,
+                dispatch="not_sent",
+            ),
+        ),
+        DispatchState.NOT_SENT.value,
+    )
 
 
 def _resume(runtime: ActionRuntime, record: ActionRecord) -> None:
@@ -263,8 +282,9 @@ def _resume(runtime: ActionRuntime, record: ActionRecord) -> None:
         return
     live = LiveAction(job=runtime.job(record, stream=True))
     runtime.live.add(live)
-    live.task = asyncio.get_running_loop().create_task(_follow_sidecar(runtime, live),
-                                                       name=f"resume:{record.action_id}")
+    live.task = asyncio.get_running_loop().create_task(
+        _follow_sidecar(runtime, live), name=f"resume:{record.action_id}"
+    )
 
 
 async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
@@ -282,8 +302,9 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
         log.info("action_resumed", from_chunk=job.first_chunk_sequence)
         result = await runtime.dispatcher.resume(job, sink.add)
         await sink.drain()
-        live.final = await runtime.writer.finish(tenant, action_id, result, DispatchState.ACKNOWLEDGED.value, operation=job.spec.name,
-                                           durable=job.durable)
+        live.final = await runtime.writer.finish(
+            tenant, action_id, result, DispatchState.ACKNOWLEDGED.value, operation=job.spec.name, durable=job.durable
+        )
     except asyncio.CancelledError:
         sink.discard()
         raise

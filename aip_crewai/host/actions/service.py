@@ -74,10 +74,13 @@ def pending_result(record: ActionRecord) -> ActionResult:
     pending = PendingApproval(
         approval_id=approval_id,
         policy_hash=policy_hash(record.tenant, record.action_id, record.capability_id, record.input_hash),
-        expires_at=expires_at, approval_url=f"/aip/v1/approvals/{approval_id}")
+        expires_at=expires_at,
+        approval_url=f"/aip/v1/approvals/{approval_id}",
+    )
     text = f"{record.capability_id} needs an approval ({approval_id}) by an approver of the tenant before {expires_at}"
-    return ActionResult(action_id=record.action_id, status="pending_approval", output=pending,
-                        message=[TextPart(text=text)])
+    return ActionResult(
+        action_id=record.action_id, status="pending_approval", output=pending, message=[TextPart(text=text)]
+    )
 
 
 def _approval_hash(record: ActionRecord) -> str:
@@ -171,8 +174,9 @@ class ActionService:
             raise CapabilityNotFound(details={"capability_id": capability_id})
         return found[0], ops.get(found[1])
 
-    async def submit(self, caller: Principal, action: Action, envelope_key: str | None, *, stream: bool,
-                     blocking: bool = False) -> ActionRecord:
+    async def submit(
+        self, caller: Principal, action: Action, envelope_key: str | None, *, stream: bool, blocking: bool = False
+    ) -> ActionRecord:
         """Admit an action through both fences; start its dispatch when it may run.
 
         ``blocking``: the caller waits for the result (a ``sync`` call without
@@ -205,8 +209,17 @@ class ActionService:
             # action row; a request refused here reserves nothing (README "Security": idempotency).
             # A running action is dispatched right after this write: it is created `sent` (one write, not two).
             created, record_ = await self.writer.create(
-                event, tenant, action.id, action.capability_id, crew_id, spec.name,
-                canonical_json(action.input).decode(), hashed, caller.id, key, approval_id=approval_id,
+                event,
+                tenant,
+                action.id,
+                action.capability_id,
+                crew_id,
+                spec.name,
+                canonical_json(action.input).decode(),
+                hashed,
+                caller.id,
+                key,
+                approval_id=approval_id,
                 timeout_ms=action.timeout_ms,
                 dispatch=DispatchState.SENT if event is ActionEvent.ADMIT else DispatchState.NOT_SENT,
                 target=(run_action_id, ops.STARTABLE_OPERATIONS) if run_action_id is not None else None,
@@ -237,8 +250,9 @@ class ActionService:
         self._fence("idempotency", decision)
         return await self.refresh(record)
 
-    async def _read_inline(self, caller: Principal, action: Action, crew_id: str, spec: OperationSpec,
-                           hashed: str) -> ActionRecord:
+    async def _read_inline(
+        self, caller: Principal, action: Action, crew_id: str, spec: OperationSpec, hashed: str
+    ) -> ActionRecord:
         """Answer a key-less read (``status``, or an ``events`` page) in the request: ask the
         sidecar, then record the action once, finished, in ONE write (admit and its result
         together, not durable), instead of a running row, a dispatch task and a second write
@@ -256,8 +270,16 @@ class ActionService:
         Source: ARCHITECTURE.md §9 (a key-less read answered inline; the final-view cache).
         """
         run_action_id = str(action.input["run_action_id"])
-        job = Job(tenant=caller.tenant, action_id=action.id, crew_id=crew_id, spec=spec, input=dict(action.input),
-                  idempotency_key=action.id, timeout_ms=action.timeout_ms, durable=False)
+        job = Job(
+            tenant=caller.tenant,
+            action_id=action.id,
+            crew_id=crew_id,
+            spec=spec,
+            input=dict(action.input),
+            idempotency_key=action.id,
+            timeout_ms=action.timeout_ms,
+            durable=False,
+        )
         structlog.contextvars.bind_contextvars(action_id=action.id, crew_id=crew_id)
         cache_key = (caller.tenant, crew_id, run_action_id)
         cached = self.status_views.get(cache_key) if spec.name == "status" and self.status_views.enabled else None
@@ -273,17 +295,30 @@ class ActionService:
                 result = await self.dispatcher.run(job, _no_chunks)
                 if spec.name == "status" and result.error is None and is_final_view(result.output):
                     fresh_view = _view_encoder.encode(result.output)
-                if spec.name == "status" and result.error is not None \
-                        and (result.error.details or {}).get("remote_status") == 404:
+                if (
+                    spec.name == "status"
+                    and result.error is not None
+                    and (result.error.details or {}).get("remote_status") == 404
+                ):
                     result = await dispatch_task.status_before_admission(self, job) or result
             except Exception:  # a host bug answers a typed failure, recorded like any other result
                 log.exception("dispatch_crashed")
                 result = failed_result(action.id, AipError("the host failed while dispatching the action"))
         try:
             created, record = await self.writer.create_answered(
-                caller.tenant, action.id, action.capability_id, crew_id, spec.name,
-                canonical_json(action.input).decode(), hashed, caller.id, result, job.dispatch.state,
-                timeout_ms=action.timeout_ms, target=(run_action_id, ops.STARTABLE_OPERATIONS))
+                caller.tenant,
+                action.id,
+                action.capability_id,
+                crew_id,
+                spec.name,
+                canonical_json(action.input).decode(),
+                hashed,
+                caller.id,
+                result,
+                job.dispatch.state,
+                timeout_ms=action.timeout_ms,
+                target=(run_action_id, ops.STARTABLE_OPERATIONS),
+            )
         except MissingTarget:
             raise ActionNotFound(details={"run_action_id": run_action_id}) from None
         if fresh_view is not None:  # the target check passed: the caller's own run
@@ -328,10 +363,15 @@ class ActionService:
     def job(self, record: ActionRecord, *, stream: bool) -> Job:
         """The dispatch job of a stored action (``stream``: use the SSE route)."""
         return Job(
-            tenant=record.tenant, action_id=record.action_id, crew_id=record.crew_id,
-            spec=ops.get(record.operation), input=msgspec.json.decode(record.input_json),
-            idempotency_key=record.idempotency_key or record.action_id, timeout_ms=record.timeout_ms,
-            stream=stream or ops.get(record.operation).name != "events", first_chunk_sequence=record.chunk_count,
+            tenant=record.tenant,
+            action_id=record.action_id,
+            crew_id=record.crew_id,
+            spec=ops.get(record.operation),
+            input=msgspec.json.decode(record.input_json),
+            idempotency_key=record.idempotency_key or record.action_id,
+            timeout_ms=record.timeout_ms,
+            stream=stream or ops.get(record.operation).name != "events",
+            first_chunk_sequence=record.chunk_count,
             durable=durable_action(ops.get(record.operation), record.idempotency_key),
         )
 
@@ -342,8 +382,9 @@ class ActionService:
             return live
         live = LiveAction(job=self.job(record, stream=stream))
         self.live.add(live)
-        dispatch = dispatch_task.run(self, live, mark_sent=record.dispatch == DispatchState.NOT_SENT,
-                                     recheck=not rechecked)
+        dispatch = dispatch_task.run(
+            self, live, mark_sent=record.dispatch == DispatchState.NOT_SENT, recheck=not rechecked
+        )
         live.task = asyncio.get_running_loop().create_task(dispatch, name=f"dispatch:{record.action_id}")
         return live
 
@@ -359,8 +400,9 @@ class ActionService:
             approval = await self.store.get_approval(record.tenant, record.approval_id)
             if approval is None and record.created_at < self.started_ms:
                 # A previous process died between writing the action and its approval.
-                approval = await self.writer.restore_approval(record, _approval_hash(record),
-                                                              record.created_at + APPROVAL_TTL_MS)
+                approval = await self.writer.restore_approval(
+                    record, _approval_hash(record), record.created_at + APPROVAL_TTL_MS
+                )
             if approval is not None and approval.effective_status(self.now_ms()) is ApprovalStatus.EXPIRED:
                 await self.expire_due()  # this one's and every other due approval's action
                 await self.writer.expire(record.tenant, record.action_id)
@@ -471,8 +513,13 @@ class ActionService:
             return
         if approval.status is ApprovalStatus.DENIED:
             self._fence("approval", "denied")
-            await self.writer.finish(record.tenant, record.action_id, failed_result(record.action_id, ApprovalDenied()),
-                                     DispatchState.NOT_SENT.value, event=ActionEvent.DENY)
+            await self.writer.finish(
+                record.tenant,
+                record.action_id,
+                failed_result(record.action_id, ApprovalDenied()),
+                DispatchState.NOT_SENT.value,
+                event=ActionEvent.DENY,
+            )
             return
         if not approval_admits(approval, record):
             self._fence("approval", "rejected_at_dispatch")
@@ -503,11 +550,17 @@ class ActionService:
 
     async def _fail_revoked(self, record: ActionRecord, error: CapabilityRevoked) -> None:
         self._fence("approval", "revoked")
-        await self.writer.finish(record.tenant, record.action_id, failed_result(record.action_id, error),
-                                 DispatchState.NOT_SENT.value, event=ActionEvent.FAIL)
+        await self.writer.finish(
+            record.tenant,
+            record.action_id,
+            failed_result(record.action_id, error),
+            DispatchState.NOT_SENT.value,
+            event=ActionEvent.FAIL,
+        )
 
-    async def decide(self, approver: Principal, approval_id: str, decision: str, reason: str, now: int,
-                     *, proof: str | None = None) -> ApprovalRecord | None:
+    async def decide(
+        self, approver: Principal, approval_id: str, decision: str, reason: str, now: int, *, proof: str | None = None
+    ) -> ApprovalRecord | None:
         """Record an approver's decision and apply it: an admitted approval
         starts its action in the same store commit (then the dispatch);
         a denial or a rejected approval fails the action (:meth:`on_decision`).
@@ -541,5 +594,3 @@ class ActionService:
     async def cancel(self, caller: Principal, action_id: str) -> ActionResult:
         """Runtime cancellation by the action's own tenant (ARCHITECTURE.md §8 table; :func:`.cancellation.cancel`)."""
         return await cancellation.cancel(self, caller, action_id)
-
-

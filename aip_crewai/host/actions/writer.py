@@ -65,25 +65,65 @@ class ActionWriter:
         self.store = store
         self.metrics = metrics
 
-    async def create(self, event: ActionEvent, tenant: str, action_id: str, capability_id: str, crew_id: str,
-                     operation: str, input_json: str, input_hash: str, principal_id: str, key: str | None, *,
-                     approval_id: str | None = None, timeout_ms: int | None = None,
-                     dispatch: DispatchState = DispatchState.NOT_SENT,
-                     target: tuple[str, Sequence[str]] | None = None, key_expires_at: int | None = None,
-                     durable: bool = True) -> tuple[bool, ActionRecord]:
+    async def create(
+        self,
+        event: ActionEvent,
+        tenant: str,
+        action_id: str,
+        capability_id: str,
+        crew_id: str,
+        operation: str,
+        input_json: str,
+        input_hash: str,
+        principal_id: str,
+        key: str | None,
+        *,
+        approval_id: str | None = None,
+        timeout_ms: int | None = None,
+        dispatch: DispatchState = DispatchState.NOT_SENT,
+        target: tuple[str, Sequence[str]] | None = None,
+        key_expires_at: int | None = None,
+        durable: bool = True,
+    ) -> tuple[bool, ActionRecord]:
         """``request_approval`` or ``admit``: insert the action and reserve its
         idempotency key in one transaction (see :meth:`Store.create_action`)."""
         if TRANSITIONS[event].sources:
             raise ValueError(f"{event.value} does not create an action")
         return await self.store.create_action(
-            tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id, key,
-            TRANSITIONS[event].target.value, approval_id=approval_id, timeout_ms=timeout_ms, dispatch=dispatch.value,
-            target=target, key_expires_at=key_expires_at, durable=durable)
+            tenant,
+            action_id,
+            capability_id,
+            crew_id,
+            operation,
+            input_json,
+            input_hash,
+            principal_id,
+            key,
+            TRANSITIONS[event].target.value,
+            approval_id=approval_id,
+            timeout_ms=timeout_ms,
+            dispatch=dispatch.value,
+            target=target,
+            key_expires_at=key_expires_at,
+            durable=durable,
+        )
 
-    async def create_answered(self, tenant: str, action_id: str, capability_id: str, crew_id: str, operation: str,
-                              input_json: str, input_hash: str, principal_id: str, result: ActionResult, dispatch: str,
-                              *, timeout_ms: int | None = None,
-                              target: tuple[str, Sequence[str]] | None = None) -> tuple[bool, ActionRecord]:
+    async def create_answered(
+        self,
+        tenant: str,
+        action_id: str,
+        capability_id: str,
+        crew_id: str,
+        operation: str,
+        input_json: str,
+        input_hash: str,
+        principal_id: str,
+        result: ActionResult,
+        dispatch: str,
+        *,
+        timeout_ms: int | None = None,
+        target: tuple[str, Sequence[str]] | None = None,
+    ) -> tuple[bool, ActionRecord]:
         """``admit`` and the result's own event (``complete`` or ``fail``) in ONE write: a key-less
         read the host answered inline is recorded once, already finished (not durable: see
         ``actions.durable_action``). Same returns and raises as :meth:`Store.create_action`."""
@@ -92,9 +132,22 @@ class ActionWriter:
         if admitted not in TRANSITIONS[event].sources or TRANSITIONS[event].target.value != result.status:
             raise ValueError(f"{event.value} cannot follow admit with a {result.status} result")
         created, record = await self.store.create_action(
-            tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id, None,
-            admitted.value, timeout_ms=timeout_ms, dispatch=dispatch, target=target, durable=False,
-            result=(result.status, _encode.encode(result).decode()))
+            tenant,
+            action_id,
+            capability_id,
+            crew_id,
+            operation,
+            input_json,
+            input_hash,
+            principal_id,
+            None,
+            admitted.value,
+            timeout_ms=timeout_ms,
+            dispatch=dispatch,
+            target=target,
+            durable=False,
+            result=(result.status, _encode.encode(result).decode()),
+        )
         log.info("action_finished", status=result.status, changed=created)
         if created:
             self._count(operation, result)
@@ -110,12 +163,20 @@ class ActionWriter:
 
     async def open_approval(self, record: ActionRecord, approval_hash: str, expires_at: int) -> ApprovalRecord:
         """The pending approval of a ``pending_approval`` action (its row already names the id)."""
-        return await self.store.create_approval(record.tenant, record.approval_id or "", record.action_id,
-                                                record.capability_id, approval_hash, record.principal_id,
-                                                record.input_json, expires_at)
+        return await self.store.create_approval(
+            record.tenant,
+            record.approval_id or "",
+            record.action_id,
+            record.capability_id,
+            approval_hash,
+            record.principal_id,
+            record.input_json,
+            expires_at,
+        )
 
-    async def restore_approval(self, record: ActionRecord, approval_hash: str,
-                               expires_at: int) -> ApprovalRecord | None:
+    async def restore_approval(
+        self, record: ActionRecord, approval_hash: str, expires_at: int
+    ) -> ApprovalRecord | None:
         """Write the approval a pending action points at, exactly as admission
         would have; a concurrent writer's row wins (then it is read back)."""
         try:
@@ -125,9 +186,14 @@ class ActionWriter:
 
     async def mark_sent(self, tenant: str, action_id: str, *, durable: bool = True) -> ActionRecord | None:
         """``mark_sent``: the request may have reached the sidecar."""
-        return await self.store.update_action(tenant, action_id, from_statuses=_sources(ActionEvent.MARK_SENT),
-                                              status=TRANSITIONS[ActionEvent.MARK_SENT].target.value,
-                                              dispatch=DispatchState.SENT.value, durable=durable)
+        return await self.store.update_action(
+            tenant,
+            action_id,
+            from_statuses=_sources(ActionEvent.MARK_SENT),
+            status=TRANSITIONS[ActionEvent.MARK_SENT].target.value,
+            dispatch=DispatchState.SENT.value,
+            durable=durable,
+        )
 
     async def requeue(self, tenant: str, action_id: str, *, durable: bool = True) -> ActionRecord | None:
         """``requeue``: the sidecar provably did not admit the start (no
@@ -135,13 +201,19 @@ class ActionWriter:
         for its retry with dispatch ``not_sent`` again (tenants see
         ``queued``; ARCHITECTURE.md §9). Returns the record, or None when it
         is no longer running (a cancel won)."""
-        return await self.store.update_action(tenant, action_id, from_statuses=_sources(ActionEvent.REQUEUE),
-                                              status=TRANSITIONS[ActionEvent.REQUEUE].target.value,
-                                              dispatch=DispatchState.NOT_SENT.value, durable=durable,
-                                              settle_dispatch=True)
+        return await self.store.update_action(
+            tenant,
+            action_id,
+            from_statuses=_sources(ActionEvent.REQUEUE),
+            status=TRANSITIONS[ActionEvent.REQUEUE].target.value,
+            dispatch=DispatchState.NOT_SENT.value,
+            durable=durable,
+            settle_dispatch=True,
+        )
 
-    async def correct(self, record: ActionRecord, result: ActionResult,
-                      dispatch: DispatchState | None = DispatchState.ACKNOWLEDGED) -> ActionRecord | None:
+    async def correct(
+        self, record: ActionRecord, result: ActionResult, dispatch: DispatchState | None = DispatchState.ACKNOWLEDGED
+    ) -> ActionRecord | None:
         """``correct_*``: replace ``record``'s provisional stored result
         (:func:`~.lifecycle.result_is_final` is false for it) with ``result``,
         what the sidecar's journal says (ARCHITECTURE.md §9 "Final results").
@@ -152,32 +224,53 @@ class ActionWriter:
             raise ValueError("only a stored result can be corrected")
         event = CORRECTION_EVENTS[result.status]
         changed = await self.store.update_action(
-            record.tenant, record.action_id, from_statuses=_sources(event),
-            status=TRANSITIONS[event].target.value, dispatch=dispatch.value if dispatch is not None else None,
-            result_json=_encode.encode(result).decode(), replacing=record.result_json)
-        log.info("action_result_corrected", action_id=record.action_id, status=result.status,
-                 changed=changed is not None)
+            record.tenant,
+            record.action_id,
+            from_statuses=_sources(event),
+            status=TRANSITIONS[event].target.value,
+            dispatch=dispatch.value if dispatch is not None else None,
+            result_json=_encode.encode(result).decode(),
+            replacing=record.result_json,
+        )
+        log.info(
+            "action_result_corrected", action_id=record.action_id, status=result.status, changed=changed is not None
+        )
         return changed
 
     async def approve(self, record: ActionRecord) -> ActionRecord | None:
         """``approve``: a pending action starts, recorded ``sent`` (its dispatch follows at once)."""
-        return await self.store.update_action(record.tenant, record.action_id,
-                                              from_statuses=_sources(ActionEvent.APPROVE),
-                                              status=TRANSITIONS[ActionEvent.APPROVE].target.value,
-                                              dispatch=DispatchState.SENT.value)
+        return await self.store.update_action(
+            record.tenant,
+            record.action_id,
+            from_statuses=_sources(ActionEvent.APPROVE),
+            status=TRANSITIONS[ActionEvent.APPROVE].target.value,
+            dispatch=DispatchState.SENT.value,
+        )
 
-    async def decide(self, approver: Principal, approval_id: str, decision: str, reason: str,
-                     now: int, *, proof: str | None = None) -> tuple[ApprovalRecord | None, ActionRecord | None]:
+    async def decide(
+        self, approver: Principal, approval_id: str, decision: str, reason: str, now: int, *, proof: str | None = None
+    ) -> tuple[ApprovalRecord | None, ActionRecord | None]:
         """Record an approver's one decision (with the JSON ``proof`` of a signed
         one) and, when it admits the action (:func:`~.lifecycle.approval_admits`),
         apply ``approve`` in the same commit. Returns ``(decided approval or
         None, started action or None)``."""
-        return await self.store.decide_and_start(approver.tenant, approval_id, decision, reason, approver.id, now,
-                                                 start_if=approval_admits, proof=proof)
+        return await self.store.decide_and_start(
+            approver.tenant, approval_id, decision, reason, approver.id, now, start_if=approval_admits, proof=proof
+        )
 
-    async def finish(self, tenant: str, action_id: str, result: ActionResult, dispatch: str | None, *,
-                     event: ActionEvent | None = None, operation: str | None = None, durable: bool = True,
-                     only_from: ActionState | None = None, settle_dispatch: bool = False) -> ActionRecord | None:
+    async def finish(
+        self,
+        tenant: str,
+        action_id: str,
+        result: ActionResult,
+        dispatch: str | None,
+        *,
+        event: ActionEvent | None = None,
+        operation: str | None = None,
+        durable: bool = True,
+        only_from: ActionState | None = None,
+        settle_dispatch: bool = False,
+    ) -> ActionRecord | None:
         """Store a final result: ``event`` (default: complete / fail / cancel
         by the result's status) from its table sources, or only from
         ``only_from``. ``settle_dispatch``: the dispatch's own final word.
@@ -188,11 +281,21 @@ class ActionWriter:
         target = TRANSITIONS[event].target
         if target.value != result.status:
             raise ValueError(f"{event.value} stores {target.value}, not a {result.status} result")
-        sources = [s.value for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
-                   if s in TRANSITIONS[event].sources and only_from in (None, s)]
+        sources = [
+            s.value
+            for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
+            if s in TRANSITIONS[event].sources and only_from in (None, s)
+        ]
         changed = await self.store.update_action(
-            tenant, action_id, from_statuses=sources, status=target.value, dispatch=dispatch,
-            result_json=_encode.encode(result).decode(), durable=durable, settle_dispatch=settle_dispatch)
+            tenant,
+            action_id,
+            from_statuses=sources,
+            status=target.value,
+            dispatch=dispatch,
+            result_json=_encode.encode(result).decode(),
+            durable=durable,
+            settle_dispatch=settle_dispatch,
+        )
         log.info("action_finished", status=result.status, changed=changed is not None)
         if changed:
             self._count(operation or changed.operation, result)
@@ -220,8 +323,13 @@ class ActionWriter:
 
     async def expire(self, tenant: str, action_id: str) -> ActionRecord | None:
         """``expire`` one pending action whose approval ran out."""
-        return await self.finish(tenant, action_id, failed_result(action_id, ApprovalExpired()),
-                                 DispatchState.NOT_SENT.value, event=ActionEvent.EXPIRE)
+        return await self.finish(
+            tenant,
+            action_id,
+            failed_result(action_id, ApprovalExpired()),
+            DispatchState.NOT_SENT.value,
+            event=ActionEvent.EXPIRE,
+        )
 
 
 class ActionRuntime(Protocol):

@@ -97,8 +97,9 @@ class Principal:
 class MessageIdClaims(Protocol):
     """What the authenticator needs from the store."""
 
-    async def claim_message_id(self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None,
-                               key_id: str | None = None) -> bool: ...
+    async def claim_message_id(
+        self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None, key_id: str | None = None
+    ) -> bool: ...
 
 
 #: What a principal of an action's tenant may read of it (README "Security": who reads what).
@@ -144,8 +145,13 @@ class Authenticator:
         clock: seconds since the epoch (injectable for tests).
     """
 
-    def __init__(self, principals: Iterable[PrincipalConfig], claims: MessageIdClaims | None,
-                 *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        principals: Iterable[PrincipalConfig],
+        claims: MessageIdClaims | None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._principals = {p.id: p for p in principals}
         self._hashes = [(p, p.token_sha256) for p in self._principals.values() if p.token_sha256 is not None]
         self.claims = claims
@@ -183,7 +189,9 @@ class Authenticator:
         if signature is None:
             raise Unauthenticated("the signature must be 64 bytes in unpadded base64url")
         if exceeds_depth(envelope_obj, MAX_ENVELOPE_DEPTH):  # an input error, checked before recursing into it
-            raise InvalidInput("$.body.action.input", f"nested deeper than {MAX_INPUT_DEPTH} levels of objects and arrays")
+            raise InvalidInput(
+                "$.body.action.input", f"nested deeper than {MAX_INPUT_DEPTH} levels of objects and arrays"
+            )
         problem = number_problem(envelope_obj)
         if problem is not None:  # 1.0 signs as 1 but would run as 1.0; 2**53 cannot be signed at all
             raise NonCanonicalNumber(*problem)
@@ -221,8 +229,9 @@ class Authenticator:
         if self.claims is None:
             raise Unauthenticated("signed envelopes need the store")
         message_id, expires = principal.message_claim
-        if not await self.claims.claim_message_id(principal.tenant, message_id, expires,
-                                                  now=int(self._clock() * 1000), key_id=principal.id):
+        if not await self.claims.claim_message_id(
+            principal.tenant, message_id, expires, now=int(self._clock() * 1000), key_id=principal.id
+        ):
             raise Unauthenticated("message_id was already used")
 
     def _public_key(self, key_id: str) -> Any:
@@ -239,8 +248,9 @@ class Authenticator:
         """
         now_s = self._clock()
         try:
-            verified = httpsig.verify_request(request.method, request.url, request.headers, request.body,
-                                              public_key=self._public_key, now_s=now_s)
+            verified = httpsig.verify_request(
+                request.method, request.url, request.headers, request.body, public_key=self._public_key, now_s=now_s
+            )
         except httpsig.SignatureRejected as exc:
             raise Unauthenticated(f"signed request: {exc.reason}") from None
         config = self._principals[verified.key_id]  # the key resolved, so the principal exists
@@ -248,13 +258,18 @@ class Authenticator:
             raise Unauthenticated("signed requests need the store")
         now_ms = int(now_s * 1000)
         expires = max(verified.created * 1000, now_ms) + MESSAGE_ID_RETENTION_MS
-        if not await self.claims.claim_message_id(config.tenant, f"{NONCE_CLAIM_PREFIX}{verified.nonce}", expires,
-                                                  now=now_ms, key_id=config.id):
+        if not await self.claims.claim_message_id(
+            config.tenant, f"{NONCE_CLAIM_PREFIX}{verified.nonce}", expires, now=now_ms, key_id=config.id
+        ):
             raise Unauthenticated("signed request: the nonce was already used")
         return dataclasses.replace(self._principal(config, "http_signature"), request_signature=verified)
 
-    async def authenticate(self, authorization: str | None, envelope_obj: dict[str, Any] | None,
-                           signed_request: SignedRequest | None = None) -> Principal:
+    async def authenticate(
+        self,
+        authorization: str | None,
+        envelope_obj: dict[str, Any] | None,
+        signed_request: SignedRequest | None = None,
+    ) -> Principal:
         """Authenticate from the ``Authorization`` header value, the RFC 9421
         signature of the request, and/or the envelope's signature; every
         credential present must verify and name the same principal.
@@ -273,8 +288,11 @@ class Authenticator:
             by_request = await self.authenticate_signed_request(signed_request)
             if principal is not None and by_request.id != principal.id:
                 raise Unauthenticated("the request is signed by another principal than the bearer token's")
-            principal = by_request if principal is None else dataclasses.replace(
-                principal, request_signature=by_request.request_signature)
+            principal = (
+                by_request
+                if principal is None
+                else dataclasses.replace(principal, request_signature=by_request.request_signature)
+            )
         if signed is not None:
             signer = await self.authenticate_envelope(signed)
             if principal is None:
@@ -285,5 +303,3 @@ class Authenticator:
         if principal is None:
             raise Unauthenticated()
         return principal
-
-

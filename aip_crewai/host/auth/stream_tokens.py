@@ -55,7 +55,7 @@ MAX_PAYLOAD_CHARS = 4096
 #: Bound on a presented token, characters: ``ast1.`` + payload + ``.`` + 43 MAC characters.
 MAX_TOKEN_CHARS = len(PREFIX) + 1 + MAX_PAYLOAD_CHARS + 1 + 43
 log = structlog.get_logger(__name__)
-_TOKEN_RE = re.compile(r"^ast1\.([A-Za-z0-9_-]{1,%d})\.([A-Za-z0-9_-]{43})\Z" % MAX_PAYLOAD_CHARS)
+_TOKEN_RE = re.compile(rf"^ast1\.([A-Za-z0-9_-]{{1,{MAX_PAYLOAD_CHARS}}})\.([A-Za-z0-9_-]{{43}})\Z")
 
 
 def new_key() -> bytes:
@@ -78,8 +78,14 @@ def _unb64(text: str) -> bytes:
 
 def mint(key: bytes, principal_id: str, tenant: str, scope: str, expires_ms: int) -> str:
     """A token for ``principal_id`` of ``tenant`` on stream ``scope`` until ``expires_ms``. Pure."""
-    payload = _b64(json.dumps({"p": principal_id, "t": tenant, "s": scope, "e": expires_ms},
-                              separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8"))
+    payload = _b64(
+        json.dumps(
+            {"p": principal_id, "t": tenant, "s": scope, "e": expires_ms},
+            separators=(",", ":"),
+            sort_keys=True,
+            ensure_ascii=False,
+        ).encode("utf-8")
+    )
     mac = hmac.new(key, f"{PREFIX}.{payload}".encode("ascii"), hashlib.sha256).digest()
     return f"{PREFIX}.{payload}.{_b64(mac)}"
 
@@ -114,8 +120,11 @@ def check(key: bytes, token: str, *, scope: str, now_ms: int) -> TokenClaims:
         claims: Any = json.loads(_unb64(match.group(1)))
     except (binascii.Error, ValueError):
         raise Unauthenticated("the stream token is malformed") from None
-    if not isinstance(claims, dict) or not all(isinstance(claims.get(k), str) for k in ("p", "t", "s")) \
-            or not isinstance(claims.get("e"), int):
+    if (
+        not isinstance(claims, dict)
+        or not all(isinstance(claims.get(k), str) for k in ("p", "t", "s"))
+        or not isinstance(claims.get("e"), int)
+    ):
         raise Unauthenticated("the stream token is malformed")
     if now_ms >= claims["e"]:
         raise Unauthenticated("the stream token has expired; mint a new one")
@@ -130,5 +139,3 @@ class StreamToken(msgspec.Struct, frozen=True):
     stream_token: str
     expires_at: str
     stream_url: str
-
-

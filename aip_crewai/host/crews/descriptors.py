@@ -61,7 +61,9 @@ class AdmissionError(AipError):
     http_status = 500
     default_message = "invalid crew descriptor"
 
-    def __init__(self, reason: str, *, index: int | None = None, crew_id: str | None = None, field: str | None = None) -> None:
+    def __init__(
+        self, reason: str, *, index: int | None = None, crew_id: str | None = None, field: str | None = None
+    ) -> None:
         self.index = index
         self.crew_id = crew_id
         self.field = field
@@ -98,8 +100,7 @@ def check_crew_id(crew_id: str) -> str | None:
     if not 1 <= len(crew_id) <= MAX_ID_CHARS:
         return f"must be 1..{MAX_ID_CHARS} characters"
     if has_control_characters(crew_id) or not _ID_RE.match(crew_id):
-        return ("may hold only A-Z a-z 0-9 . _ - and ':' between non-empty segments, "
-                "starting with a letter or digit")
+        return "may hold only A-Z a-z 0-9 . _ - and ':' between non-empty segments, starting with a letter or digit"
     last = crew_id.rpartition(":")[2]
     if ":" in crew_id and last in OPERATIONS:
         return f"must not end with ':{last}' (it would read as an operation suffix of another crew id)"
@@ -120,8 +121,12 @@ def admit(index: int, raw: Any) -> CrewDescriptor:
         field = where.rstrip("`").lstrip("$.") if sep else None
         unknown = re.match(r"Object contains unknown field `(.+)`\Z", rule if sep else str(exc))
         if unknown:
-            raise AdmissionError("unknown field (descriptor fields: id, name, description, allowed_operations)",
-                                 index=index, crew_id=crew_id, field=unknown.group(1)) from exc
+            raise AdmissionError(
+                "unknown field (descriptor fields: id, name, description, allowed_operations)",
+                index=index,
+                crew_id=crew_id,
+                field=unknown.group(1),
+            ) from exc
         raise AdmissionError(rule if sep else str(exc), index=index, crew_id=crew_id, field=field or None) from exc
 
     def fail(field: str, reason: str) -> AdmissionError:
@@ -176,8 +181,9 @@ def load_descriptors(data: bytes) -> tuple[CrewDescriptor, ...]:
     for index, raw in enumerate(items):
         crew = admit(index, raw)
         if crew.id in first_index:
-            raise AdmissionError(f"duplicate id (first used by [{first_index[crew.id]}])", index=index, crew_id=crew.id,
-                                 field="id")
+            raise AdmissionError(
+                f"duplicate id (first used by [{first_index[crew.id]}])", index=index, crew_id=crew.id, field="id"
+            )
         first_index[crew.id] = index
         crews.append(crew)
     return tuple(crews)

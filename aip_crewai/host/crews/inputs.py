@@ -124,8 +124,9 @@ def project_input_schema(schema: Mapping[str, Any], operation: str, facts: CrewI
     where = KICKOFF_INPUTS.get(operation)
     if facts is None or where is None or not facts.placeholders:
         return projected
-    properties = {name: {"description": f"fills the placeholder {{{name}}} of the crew's texts"}
-                  for name in facts.placeholders}
+    properties = {
+        name: {"description": f"fills the placeholder {{{name}}} of the crew's texts"} for name in facts.placeholders
+    }
 
     def describe(obj: dict[str, Any]) -> dict[str, Any]:
         obj["properties"] = properties

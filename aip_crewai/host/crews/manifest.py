@@ -103,10 +103,18 @@ _EVENTS_PAGE = {
         "cursor": {"type": "integer", "minimum": 0},
         "next_cursor": {"type": "integer", "minimum": 0},
         "status": _JOB_STATUS,
-        "events": {"type": "array", "items": {
-            "type": "object", "required": ["event", "sequence", "data"],
-            "properties": {"event": {"type": "string", "enum": ["started", "chunk", "completed", "failed", "cancelled"]},
-                           "sequence": {"type": "integer", "minimum": 0}, "data": {"type": "object"}}}},
+        "events": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["event", "sequence", "data"],
+                "properties": {
+                    "event": {"type": "string", "enum": ["started", "chunk", "completed", "failed", "cancelled"]},
+                    "sequence": {"type": "integer", "minimum": 0},
+                    "data": {"type": "object"},
+                },
+            },
+        },
     },
 }
 _COMPLETED = {"type": "string", "const": "completed"}
@@ -123,25 +131,45 @@ OUTPUT_SCHEMAS: dict[str, dict[str, Any]] = {
     "status": _JOB_VIEW,
     "events": _EVENTS_PAGE,
     "cancel": _JOB_VIEW,
-    "batch_run": _object(["results", "count"], {"results": {"type": "array", "items": _CREW_OUTPUT},
-                                                "count": {"type": "integer", "minimum": 0}},
-                         "One CrewOutput per input, in input order."),
+    "batch_run": _object(
+        ["results", "count"],
+        {"results": {"type": "array", "items": _CREW_OUTPUT}, "count": {"type": "integer", "minimum": 0}},
+        "One CrewOutput per input, in input order.",
+    ),
     "replay": _CREW_OUTPUT,
-    "train": _object(["status", "artifact_name", "n_iterations"],
-                     {"status": _COMPLETED, "artifact_name": {"type": "string"}, "n_iterations": _ITERATIONS},
-                     "The training artifact was written."),
-    "test": _object(["status", "n_iterations", "eval_llm"],
-                    {"status": _COMPLETED, "n_iterations": _ITERATIONS, "eval_llm": {"type": "string"},
-                     "scores": {"type": "object", "description": "Evaluation scores when CrewAI reports them."}},
-                    "The evaluation finished."),
-    "knowledge_query": _object(["results"], {"results": {"type": "array", "items": {},
-                                                         "description": "Bounded JSON results; empty when none."}},
-                               "Crew knowledge search results."),
-    "memory_reset": _object(["status", "command_type"],
-                            {"status": _COMPLETED, "command_type": {"type": "string"},
-                             "reset_targets": {"type": "array", "items": {"type": "string"},
-                                               "description": "The domains actually reset (a reset can be partial)."}},
-                            "The memory domain was reset."),
+    "train": _object(
+        ["status", "artifact_name", "n_iterations"],
+        {"status": _COMPLETED, "artifact_name": {"type": "string"}, "n_iterations": _ITERATIONS},
+        "The training artifact was written.",
+    ),
+    "test": _object(
+        ["status", "n_iterations", "eval_llm"],
+        {
+            "status": _COMPLETED,
+            "n_iterations": _ITERATIONS,
+            "eval_llm": {"type": "string"},
+            "scores": {"type": "object", "description": "Evaluation scores when CrewAI reports them."},
+        },
+        "The evaluation finished.",
+    ),
+    "knowledge_query": _object(
+        ["results"],
+        {"results": {"type": "array", "items": {}, "description": "Bounded JSON results; empty when none."}},
+        "Crew knowledge search results.",
+    ),
+    "memory_reset": _object(
+        ["status", "command_type"],
+        {
+            "status": _COMPLETED,
+            "command_type": {"type": "string"},
+            "reset_targets": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The domains actually reset (a reset can be partial).",
+            },
+        },
+        "The memory domain was reset.",
+    ),
 }
 
 
@@ -158,7 +186,7 @@ def to_wire(value: Any) -> Any:
         tag_field = value.__struct_config__.tag_field
         if tag_field is not None:
             out[tag_field] = value.__struct_config__.tag
-        for name, wire in zip(value.__struct_fields__, value.__struct_encode_fields__):
+        for name, wire in zip(value.__struct_fields__, value.__struct_encode_fields__, strict=False):
             item = getattr(value, name)
             if item is not None:
                 out[wire] = to_wire(item)
@@ -188,14 +216,22 @@ def execution_contract(spec: OperationSpec, cancellable: frozenset[str] | None =
     (``cancellable``; None: not known yet).
     """
     return ExecutionContract(
-        supports_sync=True, supports_async=True, supports_streaming=spec.stream, supports_cancel=spec.cancel and (cancellable is None or spec.name in cancellable),
-        supports_retry=spec.retry, expected_completion="streaming" if spec.stream else "sync",
+        supports_sync=True,
+        supports_async=True,
+        supports_streaming=spec.stream,
+        supports_cancel=spec.cancel and (cancellable is None or spec.name in cancellable),
+        supports_retry=spec.retry,
+        expected_completion="streaming" if spec.stream else "sync",
         retry_safety="safe" if spec.read_only else "safe_with_idempotency_key",
     )
 
 
-def capability_for(crew: CrewDescriptor, spec: OperationSpec, inputs: CrewInputs | None = None,
-                   cancellable: frozenset[str] | None = None) -> Capability:
+def capability_for(
+    crew: CrewDescriptor,
+    spec: OperationSpec,
+    inputs: CrewInputs | None = None,
+    cancellable: frozenset[str] | None = None,
+) -> Capability:
     """The capability of one (crew, operation), with the whole contract (README "Capabilities");
     ``inputs`` (the sidecar's report for the crew) names the kickoff inputs in the input schema."""
     contract = CapabilityContract(
@@ -214,17 +250,24 @@ def capability_for(crew: CrewDescriptor, spec: OperationSpec, inputs: CrewInputs
         input_schema=project_input_schema(input_schema(spec), spec.name, inputs),
         output_schema=output_schema(spec),
         requires_human_approval=spec.approval,
-        bindings=[Binding(profile=NATIVE_PROFILE, method="POST", path="/aip/v1/messages",
-                          message_type="aip.core.v1.action"),
-                  Binding(profile=CONNECTOR_PROFILE, protocol="http", method=spec.method, path=spec.path,
-                          stream_path=spec.stream_path)],
+        bindings=[
+            Binding(profile=NATIVE_PROFILE, method="POST", path="/aip/v1/messages", message_type="aip.core.v1.action"),
+            Binding(
+                profile=CONNECTOR_PROFILE,
+                protocol="http",
+                method=spec.method,
+                path=spec.path,
+                stream_path=spec.stream_path,
+            ),
+        ],
         contract=contract,
         description=crew.description,
     )
 
 
-def crew_capabilities(crew: CrewDescriptor, inputs: CrewInputs | None = None,
-                      cancellable: frozenset[str] | None = None) -> tuple[Capability, ...]:
+def crew_capabilities(
+    crew: CrewDescriptor, inputs: CrewInputs | None = None, cancellable: frozenset[str] | None = None
+) -> tuple[Capability, ...]:
     """One capability per allowed operation of ``crew``, in catalogue order."""
     allowed = set(crew.allowed_operations)
     return tuple(capability_for(crew, spec, inputs, cancellable) for spec in CATALOGUE if spec.name in allowed)
@@ -234,16 +277,24 @@ def crew_capabilities(crew: CrewDescriptor, inputs: CrewInputs | None = None,
 HOST_AGENT = Principal(id="aip-crewai-host", kind="service", display_name="aip-crewai: AIP gateway to CrewAI crews")
 #: Published bounds (README "Limits"), in the manifest's free-form ``limits``.
 LIMITS: dict[str, Any] = {
-    "max_input_bytes": MAX_INPUT_BYTES, "default_timeout_ms": DEFAULT_TIMEOUT_MS, "max_timeout_ms": MAX_TIMEOUT_MS,
-    "idempotency_key_max_bytes": MAX_IDEMPOTENCY_KEY_BYTES, "idempotency_ttl_ms": 86_400_000,
+    "max_input_bytes": MAX_INPUT_BYTES,
+    "default_timeout_ms": DEFAULT_TIMEOUT_MS,
+    "max_timeout_ms": MAX_TIMEOUT_MS,
+    "idempotency_key_max_bytes": MAX_IDEMPOTENCY_KEY_BYTES,
+    "idempotency_ttl_ms": 86_400_000,
     "approval_ttl_ms": 900_000,
 }
 
 
 def manifest_for(capabilities: list[Capability]) -> Manifest:
     """A tenant's Manifest: the host as ``agent``, the profiles, the capabilities it may call, the limits."""
-    return Manifest(manifest_version=MANIFEST_VERSION, agent=HOST_AGENT, profiles=list(PROFILES),
-                    capabilities=capabilities, limits=LIMITS)
+    return Manifest(
+        manifest_version=MANIFEST_VERSION,
+        agent=HOST_AGENT,
+        profiles=list(PROFILES),
+        capabilities=capabilities,
+        limits=LIMITS,
+    )
 
 
 @dataclass(frozen=True)
@@ -284,16 +335,19 @@ class CapabilityIndex:
         self._build()
 
     def _build(self) -> None:
-        by_crew = {crew_id: crew_capabilities(crew, self.crew_inputs.get(crew_id), self.cancellable.get(crew_id))
-                   for crew_id, crew in self.crews.items()}
+        by_crew = {
+            crew_id: crew_capabilities(crew, self.crew_inputs.get(crew_id), self.cancellable.get(crew_id))
+            for crew_id, crew in self.crews.items()
+        }
         visible_by_tenant: dict[str, dict[str, tuple[str, ...]]] = {}
         manifests: dict[str, bytes] = {}
         for tenant, crew_ids in self.tenants.items():
             wanted = set(crew_ids)
             visible = {cid: crew.allowed_operations for cid, crew in self.crews.items() if cid in wanted}
             visible_by_tenant[tenant] = visible
-            manifests[tenant] = msgspec.json.encode(to_wire(
-                manifest_for([cap for cid in visible for cap in by_crew[cid]])))
+            manifests[tenant] = msgspec.json.encode(
+                to_wire(manifest_for([cap for cid in visible for cap in by_crew[cid]]))
+            )
         # swapped whole: a reader sees the old or the new index, never a mix
         self.by_crew, self._visible, self._manifests = by_crew, visible_by_tenant, manifests
         self._by_id = {cap.id: cap for caps in by_crew.values() for cap in caps}

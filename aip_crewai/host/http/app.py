@@ -116,12 +116,23 @@ def error_envelope(exc: AipError, *, correlation_id: str | None = None, now_ms: 
     """The ``aip.core.v1.error`` envelope of ``exc`` (message and details as the class built them)."""
     error = ErrorBody(error=protocol_error(exc))
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    return Envelope(aip_version=AIP_VERSION, message_type="aip.core.v1.error", message_id=f"msg_{uuid.uuid4().hex}",
-                    sent_at=ms_to_rfc3339(now_ms), body=Body(error=error), correlation_id=correlation_id)
+    return Envelope(
+        aip_version=AIP_VERSION,
+        message_type="aip.core.v1.error",
+        message_id=f"msg_{uuid.uuid4().hex}",
+        sent_at=ms_to_rfc3339(now_ms),
+        body=Body(error=error),
+        correlation_id=correlation_id,
+    )
 
 
-def error_response(exc: AipError, *, correlation_id: str | None = None, status: int | None = None,
-                   headers: dict[str, str] | None = None) -> Response:
+def error_response(
+    exc: AipError,
+    *,
+    correlation_id: str | None = None,
+    status: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
     """An HTTP response carrying :func:`error_envelope` (``status`` defaults to ``exc.status``)."""
     merged = dict(headers or {})
     if isinstance(exc, Unauthenticated):
@@ -218,8 +229,14 @@ def _extensions(names: Sequence[str]) -> list[Any]:
 # --- CORS ----------------------------------------------------------------------
 
 #: Request headers a browser may send cross-origin (the AIP routes' own, and an RFC 9421 signature's).
-CORS_ALLOW_HEADERS = ("Authorization", "Content-Type", "Last-Event-ID", "Signature", "Signature-Input",
-                      "Content-Digest")
+CORS_ALLOW_HEADERS = (
+    "Authorization",
+    "Content-Type",
+    "Last-Event-ID",
+    "Signature",
+    "Signature-Input",
+    "Content-Digest",
+)
 #: Response headers a cross-origin script may read.
 CORS_EXPOSE_HEADERS = ("X-Request-ID",)
 #: How long a browser may cache a preflight answer, seconds.
@@ -235,16 +252,29 @@ def _cors(settings: Settings) -> list[Middleware]:
     """
     if not settings.cors_origins:
         return []
-    return [Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
-                       allow_headers=list(CORS_ALLOW_HEADERS), expose_headers=list(CORS_EXPOSE_HEADERS),
-                       allow_credentials=False, max_age=CORS_MAX_AGE_S)]
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=list(CORS_ALLOW_HEADERS),
+            expose_headers=list(CORS_EXPOSE_HEADERS),
+            allow_credentials=False,
+            max_age=CORS_MAX_AGE_S,
+        )
+    ]
 
 
 # --- the app -------------------------------------------------------------------
 
 
-def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTransport | None = None,
-               clock: Callable[[], float] = time.time, extensions: Sequence[str] = ()) -> Starlette:
+def create_app(
+    settings: Settings,
+    *,
+    sidecar_transport: httpx.AsyncBaseTransport | None = None,
+    clock: Callable[[], float] = time.time,
+    extensions: Sequence[str] = (),
+) -> Starlette:
     """Build the host app.
 
     Args:
@@ -268,18 +298,30 @@ def create_app(settings: Settings, *, sidecar_transport: httpx.AsyncBaseTranspor
             routes.extend(module.routes())
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestLog, probe_paths=PROBE_PATHS, echo_request_id=True, observe=metrics.observe_request,
-                               on_error=_internal_error), *_cors(settings),
-                    Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: error_response(Overloaded(MAX_IN_FLIGHT))),
-                    Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
-                    Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S,
-                               timed_out=BodyTimeout),
-                    Middleware(BoundedBody, limit_for=body_limit, too_large=MessageTooLarge), Middleware(ClientGone)],
+        middleware=[
+            Middleware(CloseOnUnreadBody),
+            Middleware(
+                RequestLog,
+                probe_paths=PROBE_PATHS,
+                echo_request_id=True,
+                observe=metrics.observe_request,
+                on_error=_internal_error,
+            ),
+            *_cors(settings),
+            Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: error_response(Overloaded(MAX_IN_FLIGHT))),
+            Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
+            Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S, timed_out=BodyTimeout),
+            Middleware(BoundedBody, limit_for=body_limit, too_large=MessageTooLarge),
+            Middleware(ClientGone),
+        ],
         exception_handlers={AipError: _aip_error_handler, HTTPException: _http_error_handler},
         lifespan=app_lifespan(sidecar_transport, modules),
     )
     app.state.setup = HostSetup(
-        settings=settings, clock=clock, metrics=metrics, crews={crew.id: crew for crew in settings.crews},
+        settings=settings,
+        clock=clock,
+        metrics=metrics,
+        crews={crew.id: crew for crew in settings.crews},
         principals={p.id: p for p in settings.principals},
         capabilities=CapabilityIndex(settings.crews, settings.tenants),
         authenticator=Authenticator(settings.principals, None, clock=clock),

@@ -57,8 +57,13 @@ KEEPALIVE_S = 15.0
 #: Events read per store query.
 PAGE_EVENTS = 500
 #: SSE event name per stored approval status.
-EVENT_NAMES = {"pending": "pending", "approved": "decided", "denied": "decided", "expired": "expired",
-               "withdrawn": "withdrawn"}
+EVENT_NAMES = {
+    "pending": "pending",
+    "approved": "decided",
+    "denied": "decided",
+    "expired": "expired",
+    "withdrawn": "withdrawn",
+}
 _encode = msgspec.json.Encoder()
 
 
@@ -75,8 +80,9 @@ def parse_position(text: str) -> int:
     return int(digits)
 
 
-def approval_event(approval: ApprovalRecord, status: str, seq: int | None, now_ms: int,
-                   crews: Mapping[str, Any]) -> tuple[str, Event]:
+def approval_event(
+    approval: ApprovalRecord, status: str, seq: int | None, now_ms: int, crews: Mapping[str, Any]
+) -> tuple[str, Event]:
     """The SSE event name and AIP ``Event`` of one logged change (``status``
     is the status the change set; ``seq`` None for a snapshot entry). Pure."""
     name = EVENT_NAMES.get(status, "pending")
@@ -88,15 +94,21 @@ def approval_event(approval: ApprovalRecord, status: str, seq: int | None, now_m
         at, actor = now_ms, principal_view(approval.requested_by)
     else:
         at, actor = approval.created_at, principal_view(approval.requested_by)
-    event = Event(id=position(seq) if seq is not None else f"{approval.approval_id}:pending",
-                  kind=f"approval.{name}", occurred_at=ms_to_rfc3339(at), action_id=approval.action_id,
-                  correlation_id=approval.approval_id, actor=actor,
-                  data=render(approval, now_ms, crews, with_payload=False))
+    event = Event(
+        id=position(seq) if seq is not None else f"{approval.approval_id}:pending",
+        kind=f"approval.{name}",
+        occurred_at=ms_to_rfc3339(at),
+        action_id=approval.action_id,
+        correlation_id=approval.approval_id,
+        actor=actor,
+        data=render(approval, now_ms, crews, with_payload=False),
+    )
     return name, event
 
 
-async def follow_approvals(service: ActionService, tenant: str, crews: Mapping[str, Any],
-                           after: int | None) -> AsyncIterator[bytes]:
+async def follow_approvals(
+    service: ActionService, tenant: str, crews: Mapping[str, Any], after: int | None
+) -> AsyncIterator[bytes]:
     """The frames of a tenant's approval stream (module table), forever.
 
     Args:
@@ -120,8 +132,9 @@ async def follow_approvals(service: ActionService, tenant: str, crews: Mapping[s
             if page.done:
                 break
             cursor = page.next_cursor
-        frames.append(encode_event(_encode.encode({"position": position(after)}).decode(), event="ready",
-                                   id=position(after)))
+        frames.append(
+            encode_event(_encode.encode({"position": position(after)}).decode(), event="ready", id=position(after))
+        )
         yield b"".join(frames)
     while True:
         seen = signal.version  # before reading: a change after the read wakes the wait below
@@ -157,8 +170,9 @@ async def get_approval_events(request: Request) -> Response:
     if after is not None and after > await service.store.last_approval_event(principal.tenant):
         raise InvalidCursor("Last-Event-ID is past the latest approval event of this tenant")
     frames = follow_approvals(service, principal.tenant, state.crews, after)
-    return StreamingResponse(until_stopping(state.stopping, frames), media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+    return StreamingResponse(
+        until_stopping(state.stopping, frames), media_type="text/event-stream", headers=SSE_HEADERS
+    )
 
 
 def routes() -> list[Route]:

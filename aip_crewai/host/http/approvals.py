@@ -78,7 +78,11 @@ from .state import host_state
 #: The host itself, as the principal that expires approvals.
 HOST_PRINCIPAL = Principal(id="system:aip-crewai-host", kind="system", display_name="aip-crewai host")
 _KIND_PREFIXES: tuple[tuple[str, PrincipalKind], ...] = (
-    ("human:", "human"), ("agent:", "agent"), ("svc:", "service"), ("service:", "service"), ("system:", "system"),
+    ("human:", "human"),
+    ("agent:", "agent"),
+    ("svc:", "service"),
+    ("service:", "service"),
+    ("system:", "system"),
 )
 _decision_decoder = msgspec.json.Decoder(DecisionRequest)
 #: Evidence kind of a signed decision's proof.
@@ -115,11 +119,12 @@ def _subject(capability_id: str, crews: Mapping[str, Any]) -> tuple[Principal, s
     if found is None:  # the crew was removed from the configuration since
         return Principal(id=f"crewai:{capability_id}", kind="agent"), None
     crew = crews[found[0]]
-    return (Principal(id=f"crewai:{crew.id}", kind="agent", display_name=crew.name),
-            ops.get(found[1]).risk.value)
+    return (Principal(id=f"crewai:{crew.id}", kind="agent", display_name=crew.name), ops.get(found[1]).risk.value)
 
 
-def render(approval: ApprovalRecord, now_ms: int, crews: Mapping[str, Any], *, with_payload: bool) -> ApprovalRecordView:
+def render(
+    approval: ApprovalRecord, now_ms: int, crews: Mapping[str, Any], *, with_payload: bool
+) -> ApprovalRecordView:
     """The ApprovalRecordView of a stored approval (see the module table). Pure.
 
     Args:
@@ -135,36 +140,67 @@ def render(approval: ApprovalRecord, now_ms: int, crews: Mapping[str, Any], *, w
     subject, risk = _subject(approval.capability_id, crews)
     url = f"/aip/v1/approvals/{approval.approval_id}"
     request = ApprovalRequest(
-        id=approval.approval_id, action_id=approval.action_id, capability_id=approval.capability_id,
-        requester=principal_view(approval.requested_by), subject=subject, approver_selector=ApproverSelector(),
+        id=approval.approval_id,
+        action_id=approval.action_id,
+        capability_id=approval.capability_id,
+        requester=principal_view(approval.requested_by),
+        subject=subject,
+        approver_selector=ApproverSelector(),
         reason=f"{approval.capability_id} changes crew state; the tenant's policy requires an approver's decision",
-        evidence=[EvidenceArtifact(id=f"{approval.approval_id}:input", kind="input_snapshot", redacted=True,
-                                   uri=url, hash=f"sha256:{hashed}"),
-                  EvidenceArtifact(id=f"{approval.approval_id}:policy", kind="policy_decision", redacted=False,
-                                   hash=f"sha256:{approval.policy_hash}")],
-        expires_at=ms_to_rfc3339(approval.expires_at), policy_hash=approval.policy_hash,
+        evidence=[
+            EvidenceArtifact(
+                id=f"{approval.approval_id}:input",
+                kind="input_snapshot",
+                redacted=True,
+                uri=url,
+                hash=f"sha256:{hashed}",
+            ),
+            EvidenceArtifact(
+                id=f"{approval.approval_id}:policy",
+                kind="policy_decision",
+                redacted=False,
+                hash=f"sha256:{approval.policy_hash}",
+            ),
+        ],
+        expires_at=ms_to_rfc3339(approval.expires_at),
+        policy_hash=approval.policy_hash,
         risk=risk,  # type: ignore[arg-type]
     )
     decision = None
     updated = approval.created_at
     if status in ("approved", "denied") and approval.decided_by and approval.decided_at is not None:
-        decision = ApprovalDecision(approval_id=approval.approval_id, decision=status,  # type: ignore[arg-type]
-                                    approver=principal_view(approval.decided_by),
-                                    decided_at=ms_to_rfc3339(approval.decided_at),
-                                    reason=approval.decision_reason, policy_hash=approval.policy_hash,
-                                    evidence=proof_evidence(approval))
+        decision = ApprovalDecision(
+            approval_id=approval.approval_id,
+            decision=status,  # type: ignore[arg-type]
+            approver=principal_view(approval.decided_by),
+            decided_at=ms_to_rfc3339(approval.decided_at),
+            reason=approval.decision_reason,
+            policy_hash=approval.policy_hash,
+            evidence=proof_evidence(approval),
+        )
         updated = approval.decided_at
     elif status == "expired":
-        decision = ApprovalDecision(approval_id=approval.approval_id, decision="expired", approver=HOST_PRINCIPAL,
-                                    decided_at=ms_to_rfc3339(approval.expires_at), policy_hash=approval.policy_hash)
+        decision = ApprovalDecision(
+            approval_id=approval.approval_id,
+            decision="expired",
+            approver=HOST_PRINCIPAL,
+            decided_at=ms_to_rfc3339(approval.expires_at),
+            policy_hash=approval.policy_hash,
+        )
         updated = approval.expires_at
     payload = None
     if with_payload:
-        payload = ApprovalEvidencePayload(action_id=approval.action_id, capability_id=approval.capability_id,
-                                          input_hash=hashed, input=snapshot)
-    return ApprovalRecordView(request=request, status=status,  # type: ignore[arg-type]
-                              created_at=ms_to_rfc3339(approval.created_at), updated_at=ms_to_rfc3339(updated),
-                              decision=decision, evidence_payload=payload)
+        payload = ApprovalEvidencePayload(
+            action_id=approval.action_id, capability_id=approval.capability_id, input_hash=hashed, input=snapshot
+        )
+    return ApprovalRecordView(
+        request=request,
+        status=status,  # type: ignore[arg-type]
+        created_at=ms_to_rfc3339(approval.created_at),
+        updated_at=ms_to_rfc3339(updated),
+        decision=decision,
+        evidence_payload=payload,
+    )
 
 
 def proof_evidence(approval: ApprovalRecord) -> list[EvidenceArtifact] | None:
@@ -175,8 +211,15 @@ def proof_evidence(approval: ApprovalRecord) -> list[EvidenceArtifact] | None:
         return None
     proof = msgspec.json.decode(approval.decision_proof, type=DecisionProof)
     digest = hashlib.sha256(proof.signature_base.encode("ascii")).hexdigest()
-    return [EvidenceArtifact(id=f"{approval.approval_id}:signature", kind=PROOF_KIND, redacted=False,
-                             uri=f"/aip/v1/approvals/{approval.approval_id}/proof", hash=f"sha256:{digest}")]
+    return [
+        EvidenceArtifact(
+            id=f"{approval.approval_id}:signature",
+            kind=PROOF_KIND,
+            redacted=False,
+            uri=f"/aip/v1/approvals/{approval.approval_id}/proof",
+            hash=f"sha256:{digest}",
+        )
+    ]
 
 
 async def list_approvals(request: Request) -> Response:
@@ -193,11 +236,16 @@ async def list_approvals(request: Request) -> Response:
         raise InvalidEnvelope("limit must be an integer 1..200")
     await service.expire_due()  # expiring an approval fails its action, in every path
     now = service.now_ms()
-    page = await service.store.list_approvals(principal.tenant, status=status,
-                                              cursor=request.query_params.get("cursor"), limit=int(limit_text))
+    page = await service.store.list_approvals(
+        principal.tenant, status=status, cursor=request.query_params.get("cursor"), limit=int(limit_text)
+    )
     crews = host_state(request).crews
-    return aip_json(ApprovalList(approvals=[render(a, now, crews, with_payload=False) for a in page.items],
-                                 cursor=None if page.done else page.next_cursor))
+    return aip_json(
+        ApprovalList(
+            approvals=[render(a, now, crews, with_payload=False) for a in page.items],
+            cursor=None if page.done else page.next_cursor,
+        )
+    )
 
 
 async def _approval(request: Request, principal: Caller) -> ApprovalRecord:
@@ -215,8 +263,14 @@ async def get_approval(request: Request) -> Response:
     can_read_approvals(principal)
     approval = await _approval(request, principal)
     # The exact input is for approvers; an operator reads the approval's metadata only.
-    return aip_json(render(approval, (state := host_state(request)).actions.now_ms(), state.crews,
-                           with_payload=principal.has_role("approver")))
+    return aip_json(
+        render(
+            approval,
+            (state := host_state(request)).actions.now_ms(),
+            state.crews,
+            with_payload=principal.has_role("approver"),
+        )
+    )
 
 
 async def _decision_bytes(request: Request) -> bytes:
@@ -281,15 +335,23 @@ async def post_decision(request: Request) -> Response:
         proof = msgspec.json.encode(DecisionProof(**signature.proof(), body=raw.decode("utf-8"))).decode()
     service: ActionService = host_state(request).actions
     now = service.now_ms()
-    decided = await service.decide(principal, approval.approval_id, decision.decision, decision.reason, now,
-                                   proof=proof)
+    decided = await service.decide(
+        principal, approval.approval_id, decision.decision, decision.reason, now, proof=proof
+    )
     if decided is None:
         raise await _why_undecided(service, principal, approval.approval_id)
-    return aip_json(ApprovalDecision(approval_id=decided.approval_id, decision=decision.decision,
-                                     approver=principal_view(principal.id), decided_at=ms_to_rfc3339(now),
-                                     reason=decision.reason, policy_hash=decided.policy_hash,
-                                     decision_id=f"{decided.approval_id}:decision",
-                                     evidence=proof_evidence(decided)))
+    return aip_json(
+        ApprovalDecision(
+            approval_id=decided.approval_id,
+            decision=decision.decision,
+            approver=principal_view(principal.id),
+            decided_at=ms_to_rfc3339(now),
+            reason=decision.reason,
+            policy_hash=decided.policy_hash,
+            decision_id=f"{decided.approval_id}:decision",
+            evidence=proof_evidence(decided),
+        )
+    )
 
 
 async def get_proof(request: Request) -> Response:

@@ -27,8 +27,9 @@ from .state import host_setup, host_state
 log = structlog.get_logger(__name__)
 
 
-async def authenticate(request: Request, raw_body: bytes | None = None,
-                       envelope_obj: dict[str, Any] | None = None) -> Principal:
+async def authenticate(
+    request: Request, raw_body: bytes | None = None, envelope_obj: dict[str, Any] | None = None
+) -> Principal:
     """Authenticate an HTTP request with the app's :class:`Authenticator`.
 
     Args:
@@ -51,8 +52,9 @@ async def authenticate(request: Request, raw_body: bytes | None = None,
     setup = host_setup(request)
     authenticator = setup.authenticator
     try:
-        principal = await authenticator.authenticate(request.headers.get("authorization"), envelope_obj,
-                                                     signed_request(request, raw_body))
+        principal = await authenticator.authenticate(
+            request.headers.get("authorization"), envelope_obj, signed_request(request, raw_body)
+        )
     except Unauthenticated as exc:
         setup.metrics.auth_failures.inc()
         log.info("authentication_failed", reason=exc.message)
@@ -98,10 +100,10 @@ def _minted(request: Request, principal: Principal, scope: str, url: str) -> Res
     state = host_state(request)
     expires = int(state.clock() * 1000) + state.settings.stream_token_ttl_s * 1000
     token = mint(state.stream_token_key, principal.id, principal.tenant, scope, expires)
-    body = StreamToken(stream_token=token, expires_at=ms_to_rfc3339(expires),
-                       stream_url=f"{url}?{QUERY_PARAMETER}={token}")
-    return Response(msgspec.json.encode(body), media_type="application/json",
-                    headers={"Cache-Control": "no-store"})
+    body = StreamToken(
+        stream_token=token, expires_at=ms_to_rfc3339(expires), stream_url=f"{url}?{QUERY_PARAMETER}={token}"
+    )
+    return Response(msgspec.json.encode(body), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
 async def post_action_stream_token(request: Request) -> Response:
@@ -110,8 +112,7 @@ async def post_action_stream_token(request: Request) -> Response:
     an action the caller may not read in full, 403 for an operator)."""
     principal = await authenticate(request)
     record = await host_state(request).actions.get(principal, request.path_params["action_id"])
-    return _minted(request, principal, action_scope(record.action_id),
-                   f"/aip/v1/actions/{record.action_id}/events")
+    return _minted(request, principal, action_scope(record.action_id), f"/aip/v1/actions/{record.action_id}/events")
 
 
 async def post_approvals_stream_token(request: Request) -> Response:

@@ -26,11 +26,14 @@ from ...contracts.errors import RouteNotFound
 from .state import host_state
 
 #: file name -> media type of the files the console serves (nothing else is served).
-FILES = {"index.html": "text/html; charset=utf-8", "console.js": "text/javascript; charset=utf-8",
-         "console.css": "text/css; charset=utf-8"}
+FILES = {
+    "index.html": "text/html; charset=utf-8",
+    "console.js": "text/javascript; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
+}
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-                               "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",

@@ -51,8 +51,15 @@ async def _purge_loop(store: Store) -> None:
 
 def _sidecars(settings: Settings) -> tuple[SidecarSettings, ...]:
     """The configured sidecars (settings built by hand in tests may name only the first one's fields)."""
-    return settings.sidecars or (SidecarSettings("sidecar", settings.sidecar_url, settings.sidecar_token,
-                                                 settings.sidecar_proxy, settings.sidecar_keepalive_s),)
+    return settings.sidecars or (
+        SidecarSettings(
+            "sidecar",
+            settings.sidecar_url,
+            settings.sidecar_token,
+            settings.sidecar_proxy,
+            settings.sidecar_keepalive_s,
+        ),
+    )
 
 
 def _sidecar_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
@@ -81,7 +88,10 @@ def _readiness(setup: HostSetup, clients: Mapping[str, httpx.AsyncClient]) -> Re
     def inputs_of(name: str) -> Callable[[dict[str, Any]], None]:
         def update(found: dict[str, Any]) -> None:
             reported[name] = found
-            capabilities.set_crew_inputs({crew: schema for inputs in reported.values() for crew, schema in inputs.items()})
+            capabilities.set_crew_inputs(
+                {crew: schema for inputs in reported.values() for crew, schema in inputs.items()}
+            )
+
         return update
 
     def cancellable_of(crew_ids: list[str]) -> Callable[[frozenset[str]], None]:
@@ -90,10 +100,20 @@ def _readiness(setup: HostSetup, clients: Mapping[str, httpx.AsyncClient]) -> Re
     members = []
     for sidecar in _sidecars(settings):
         crews = [crew for crew in settings.crews if sidecar.serves(crew.id)]
-        members.append((sidecar.name, Readiness(
-            clients[sidecar.name], crews, setup.metrics, clock=setup.clock, name=sidecar.name,
-            on_crew_inputs=inputs_of(sidecar.name),
-            on_cancellable=cancellable_of([crew.id for crew in crews]))))
+        members.append(
+            (
+                sidecar.name,
+                Readiness(
+                    clients[sidecar.name],
+                    crews,
+                    setup.metrics,
+                    clock=setup.clock,
+                    name=sidecar.name,
+                    on_crew_inputs=inputs_of(sidecar.name),
+                    on_cancellable=cancellable_of([crew.id for crew in crews]),
+                ),
+            )
+        )
     return ReadinessGroup(members)
 
 
@@ -101,6 +121,7 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
     """The lifespan of :func:`~.app.create_app`'s app; ``modules``: the extensions whose ``lifespan(app)``
     is entered once :class:`HostState` is set. A store that cannot be opened raises StoreError (kept for
     ``host.main``: :func:`~.state.record_startup_error`)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         setup = host_setup(app)
@@ -108,9 +129,13 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
         # Dispatch leases where hosts share the store (PostgreSQL); a SQLite store has one host (its lock file).
         shared = not isinstance(settings.store_path, Path)
         try:
-            store = await Store.open(settings.store_path, clock=setup.clock,
-                                     owner=settings.host_id if shared else None,
-                                     lease_ms=int(settings.lease_s * 1000), pool_size=settings.store_pool_size)
+            store = await Store.open(
+                settings.store_path,
+                clock=setup.clock,
+                owner=settings.host_id if shared else None,
+                lease_ms=int(settings.lease_s * 1000),
+                pool_size=settings.store_pool_size,
+            )
         except StoreError as exc:  # the process reports it in one line and exits 2 (host/main.py)
             record_startup_error(app, exc)
             raise
@@ -121,15 +146,26 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
             readiness = _readiness(setup, clients)
             async with contextlib.AsyncExitStack() as stack:
                 actions = await stack.enter_async_context(serve_actions(setup, store, clients, readiness))
-                app.state.host = HostState.started(setup, store=store, http=next(iter(clients.values())),
-                                                   sidecar_http=clients, readiness=readiness, actions=actions)
+                app.state.host = HostState.started(
+                    setup,
+                    store=store,
+                    http=next(iter(clients.values())),
+                    sidecar_http=clients,
+                    readiness=readiness,
+                    actions=actions,
+                )
                 for module in modules:
                     if hasattr(module, "lifespan"):
                         await stack.enter_async_context(module.lifespan(app))
                 tasks.append(asyncio.create_task(readiness.run(settings.readiness_interval_s)))
                 tasks.append(asyncio.create_task(_purge_loop(store)))
-                log.info("host_started", bind=settings.bind, crews=len(settings.crews),
-                         tenants=len(settings.tenants), principals=len(settings.principals))
+                log.info(
+                    "host_started",
+                    bind=settings.bind,
+                    crews=len(settings.crews),
+                    tenants=len(settings.tenants),
+                    principals=len(settings.principals),
+                )
                 notify_systemd(settings.notify_socket)
                 try:
                     yield
@@ -153,8 +189,9 @@ DRAIN_S = 20.0
 
 
 @contextlib.asynccontextmanager
-async def serve_actions(setup: HostSetup, store: Store, clients: Mapping[str, httpx.AsyncClient],
-                        readiness: ReadinessGroup) -> AsyncIterator[ActionService]:
+async def serve_actions(
+    setup: HostSetup, store: Store, clients: Mapping[str, httpx.AsyncClient], readiness: ReadinessGroup
+) -> AsyncIterator[ActionService]:
     """The :class:`ActionService` over the store and sidecar clients the lifespan opened, with its
     background work: the approval-expiry sweep, reconciliation after a restart, lease renewal, and the
     listener of a shared store's changes. On exit, in-flight dispatches may finish for up to
@@ -166,29 +203,53 @@ async def serve_actions(setup: HostSetup, store: Store, clients: Mapping[str, ht
             member = next((m for n, m in readiness.members if n == name), None)
             published = getattr(member if member is not None else readiness, "keepalive_s", None)
             return published if published is not None else configured
+
         return keepalive_s
 
     sidecars = settings.sidecars or ()
-    by_name = {sidecar.name: SidecarClient(clients[sidecar.name],
-                                           max_response_bytes=settings.max_response_bytes,
-                                           keepalive_s=keepalive_of(sidecar.name, sidecar.keepalive_s))
-               for sidecar in sidecars}
-    client = next(iter(by_name.values())) if by_name else SidecarClient(
-        next(iter(clients.values())), max_response_bytes=settings.max_response_bytes,
-        keepalive_s=keepalive_of("sidecar", settings.sidecar_keepalive_s))
-    by_crew = {crew.id: by_name[sidecar.name] for sidecar in sidecars if sidecar.crews is not None
-               for crew in settings.crews if crew.id in sidecar.crews}
+    by_name = {
+        sidecar.name: SidecarClient(
+            clients[sidecar.name],
+            max_response_bytes=settings.max_response_bytes,
+            keepalive_s=keepalive_of(sidecar.name, sidecar.keepalive_s),
+        )
+        for sidecar in sidecars
+    }
+    client = (
+        next(iter(by_name.values()))
+        if by_name
+        else SidecarClient(
+            next(iter(clients.values())),
+            max_response_bytes=settings.max_response_bytes,
+            keepalive_s=keepalive_of("sidecar", settings.sidecar_keepalive_s),
+        )
+    )
+    by_crew = {
+        crew.id: by_name[sidecar.name]
+        for sidecar in sidecars
+        if sidecar.crews is not None
+        for crew in settings.crews
+        if crew.id in sidecar.crews
+    }
     allowed = {
         tenant: {crew: frozenset(operations) for crew, operations in setup.capabilities.visible_crews(tenant).items()}
         for tenant in settings.tenants
     }
-    service = ActionService(store, Dispatcher(client, max_response_bytes=settings.max_response_bytes,
-                                              clients=by_crew),
-                            allowed, metrics=setup.metrics, authenticator=setup.authenticator,
-                            principals=setup.principals, dispatch_deadline_s=settings.dispatch_deadline_s,
-                            status_cache_entries=settings.status_cache_entries)
-    tasks = [asyncio.create_task(recovery.sweep_expired(service)), asyncio.create_task(recovery.reconcile_all(service)),
-             asyncio.create_task(recovery.renew_leases(service))]
+    service = ActionService(
+        store,
+        Dispatcher(client, max_response_bytes=settings.max_response_bytes, clients=by_crew),
+        allowed,
+        metrics=setup.metrics,
+        authenticator=setup.authenticator,
+        principals=setup.principals,
+        dispatch_deadline_s=settings.dispatch_deadline_s,
+        status_cache_entries=settings.status_cache_entries,
+    )
+    tasks = [
+        asyncio.create_task(recovery.sweep_expired(service)),
+        asyncio.create_task(recovery.reconcile_all(service)),
+        asyncio.create_task(recovery.renew_leases(service)),
+    ]
     store_url = store.url
     stop_listening = listen(store_url, service.remote, asyncio.get_running_loop()) if store_url else None
     try:

@@ -94,58 +94,107 @@ _LAST_EVENT_ID = ("Last-Event-ID", "resume after this stream position")
 #: (method, path) -> its documentation. Paths as Starlette writes them.
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/health"): Operation("Liveness", {"200": Answer("alive", {JSON: Alive})}, public=True),
-    ("GET", "/ready"): Operation("Readiness (the sidecar agrees)", {
-        "200": Answer("ready", {JSON: Readiness}), "503": Answer("unready", {JSON: Readiness})}, public=True),
-    ("GET", "/metrics"): Operation("Prometheus metrics (operator role)", {
-        "200": Answer("Prometheus text", {"text/plain": str})}),
+    ("GET", "/ready"): Operation(
+        "Readiness (the sidecar agrees)",
+        {"200": Answer("ready", {JSON: Readiness}), "503": Answer("unready", {JSON: Readiness})},
+        public=True,
+    ),
+    ("GET", "/metrics"): Operation(
+        "Prometheus metrics (operator role)", {"200": Answer("Prometheus text", {"text/plain": str})}
+    ),
     ("GET", "/openapi.json"): Operation("This document", {"200": Answer("OpenAPI 3.1", {JSON: dict})}, public=True),
-    ("GET", "/console"): Operation("The approval console: a redirect to /console/", {
-        "308": Answer("to /console/"), "404": Answer("the console is disabled", _ENVELOPE)}, public=True),
-    ("GET", "/console/"): Operation("The approval console's page", {
-        "200": Answer("index.html", {"text/html": str}), "404": Answer("the console is disabled", _ENVELOPE)},
-        public=True),
-    ("GET", "/console/{name:str}"): Operation("One of the console's files (index.html, console.js, console.css)", {
-        "200": Answer("the file", {"text/html": str, "text/javascript": str, "text/css": str}),
-        "404": Answer("no such file, or the console is disabled", _ENVELOPE)}, public=True),
-    ("GET", "/aip/v1/manifest"): Operation("The caller's tenant manifest", {"200": Answer("Manifest", {
-        CONTENT_TYPE: Manifest})}),
-    ("GET", "/aip/v1/capabilities"): Operation("The caller's tenant manifest (alias)", {"200": Answer("Manifest", {
-        CONTENT_TYPE: Manifest})}),
+    ("GET", "/console"): Operation(
+        "The approval console: a redirect to /console/",
+        {"308": Answer("to /console/"), "404": Answer("the console is disabled", _ENVELOPE)},
+        public=True,
+    ),
+    ("GET", "/console/"): Operation(
+        "The approval console's page",
+        {"200": Answer("index.html", {"text/html": str}), "404": Answer("the console is disabled", _ENVELOPE)},
+        public=True,
+    ),
+    ("GET", "/console/{name:str}"): Operation(
+        "One of the console's files (index.html, console.js, console.css)",
+        {
+            "200": Answer("the file", {"text/html": str, "text/javascript": str, "text/css": str}),
+            "404": Answer("no such file, or the console is disabled", _ENVELOPE),
+        },
+        public=True,
+    ),
+    ("GET", "/aip/v1/manifest"): Operation(
+        "The caller's tenant manifest", {"200": Answer("Manifest", {CONTENT_TYPE: Manifest})}
+    ),
+    ("GET", "/aip/v1/capabilities"): Operation(
+        "The caller's tenant manifest (alias)", {"200": Answer("Manifest", {CONTENT_TYPE: Manifest})}
+    ),
     ("POST", "/aip/v1/messages"): Operation(
-        "Submit an aip.core.v1.action or aip.core.v1.cancel envelope", {
+        "Submit an aip.core.v1.action or aip.core.v1.cancel envelope",
+        {
             "200": Answer("action_result envelope, or the SSE stream", {**_ENVELOPE, SSE: str}),
-            "202": Answer("ack, or a pending_approval action_result", _ENVELOPE)},
-        body=Envelope, body_content_type=CONTENT_TYPE),
-    ("GET", "/aip/v1/actions/{action_id:str}"): Operation("ActionStatus", {"200": Answer("ActionStatus", {
-        CONTENT_TYPE: ActionStatus})}),
-    ("GET", "/aip/v1/actions/{action_id:str}/result"): Operation("The stored result", {
-        "200": Answer("action_result envelope", _ENVELOPE), "202": Answer("ack or pending result", _ENVELOPE)}),
+            "202": Answer("ack, or a pending_approval action_result", _ENVELOPE),
+        },
+        body=Envelope,
+        body_content_type=CONTENT_TYPE,
+    ),
+    ("GET", "/aip/v1/actions/{action_id:str}"): Operation(
+        "ActionStatus", {"200": Answer("ActionStatus", {CONTENT_TYPE: ActionStatus})}
+    ),
+    ("GET", "/aip/v1/actions/{action_id:str}/result"): Operation(
+        "The stored result",
+        {"200": Answer("action_result envelope", _ENVELOPE), "202": Answer("ack or pending result", _ENVELOPE)},
+    ),
     ("GET", "/aip/v1/actions/{action_id:str}/events"): Operation(
-        "The action's history: SSE with Accept: text/event-stream, else one ActionEvents page", {
+        "The action's history: SSE with Accept: text/event-stream, else one ActionEvents page",
+        {
             "200": Answer("ActionEvents page or SSE stream", {CONTENT_TYPE: ActionEvents, SSE: str}),
-            "204": Answer("the stream already ended at Last-Event-ID")},
-        query=(("cursor", "position to resume after (sse_<n> or n)"),), headers=(_LAST_EVENT_ID,), stream_token=True),
-    ("GET", "/aip/v1/actions/{action_id:str}/chunks"): Operation("Stored chunks from a sequence", {
-        "200": Answer("ActionEvents", {CONTENT_TYPE: ActionEvents})}, query=(("cursor", "first chunk sequence"),)),
-    ("POST", "/aip/v1/actions/{action_id:str}/cancel"): Operation("Cancel the action", {
-        "200": Answer("action_result envelope", _ENVELOPE)}),
+            "204": Answer("the stream already ended at Last-Event-ID"),
+        },
+        query=(("cursor", "position to resume after (sse_<n> or n)"),),
+        headers=(_LAST_EVENT_ID,),
+        stream_token=True,
+    ),
+    ("GET", "/aip/v1/actions/{action_id:str}/chunks"): Operation(
+        "Stored chunks from a sequence",
+        {"200": Answer("ActionEvents", {CONTENT_TYPE: ActionEvents})},
+        query=(("cursor", "first chunk sequence"),),
+    ),
+    ("POST", "/aip/v1/actions/{action_id:str}/cancel"): Operation(
+        "Cancel the action", {"200": Answer("action_result envelope", _ENVELOPE)}
+    ),
     ("POST", "/aip/v1/actions/{action_id:str}/stream-token"): Operation(
-        "Mint a stream token for this action's events (EventSource)", {"200": Answer("token", {JSON: StreamToken})}),
+        "Mint a stream token for this action's events (EventSource)", {"200": Answer("token", {JSON: StreamToken})}
+    ),
     ("POST", "/aip/v1/approvals/stream-token"): Operation(
-        "Mint a stream token for the approval stream (EventSource)", {"200": Answer("token", {JSON: StreamToken})}),
-    ("GET", "/aip/v1/approvals/events"): Operation("The tenant's approval events (SSE)", {
-        "200": Answer("SSE stream", {SSE: str})}, query=(("cursor", "position to resume after (apv_<n>)"),),
-        headers=(_LAST_EVENT_ID,), stream_token=True),
-    ("GET", "/aip/v1/approvals"): Operation("One page of the tenant's approvals", {
-        "200": Answer("ApprovalList", {CONTENT_TYPE: ApprovalList})},
-        query=(("status", "pending | approved | denied | expired | withdrawn"), ("cursor", "next page"),
-               ("limit", "1..200"))),
-    ("GET", "/aip/v1/approvals/{approval_id:str}"): Operation("One approval (approvers: with its input)", {
-        "200": Answer("ApprovalRecordView", {CONTENT_TYPE: ApprovalRecordView})}),
-    ("GET", "/aip/v1/approvals/{approval_id:str}/proof"): Operation("The proof of a signed decision", {
-        "200": Answer("DecisionProof", {JSON: DecisionProof})}),
-    ("POST", "/aip/v1/approvals/{approval_id:str}/decision"): Operation("Decide an approval", {
-        "200": Answer("ApprovalDecision", {CONTENT_TYPE: ApprovalDecision})}, body=DecisionRequest),
+        "Mint a stream token for the approval stream (EventSource)", {"200": Answer("token", {JSON: StreamToken})}
+    ),
+    ("GET", "/aip/v1/approvals/events"): Operation(
+        "The tenant's approval events (SSE)",
+        {"200": Answer("SSE stream", {SSE: str})},
+        query=(("cursor", "position to resume after (apv_<n>)"),),
+        headers=(_LAST_EVENT_ID,),
+        stream_token=True,
+    ),
+    ("GET", "/aip/v1/approvals"): Operation(
+        "One page of the tenant's approvals",
+        {"200": Answer("ApprovalList", {CONTENT_TYPE: ApprovalList})},
+        query=(
+            ("status", "pending | approved | denied | expired | withdrawn"),
+            ("cursor", "next page"),
+            ("limit", "1..200"),
+        ),
+    ),
+    ("GET", "/aip/v1/approvals/{approval_id:str}"): Operation(
+        "One approval (approvers: with its input)",
+        {"200": Answer("ApprovalRecordView", {CONTENT_TYPE: ApprovalRecordView})},
+    ),
+    ("GET", "/aip/v1/approvals/{approval_id:str}/proof"): Operation(
+        "The proof of a signed decision", {"200": Answer("DecisionProof", {JSON: DecisionProof})}
+    ),
+    ("POST", "/aip/v1/approvals/{approval_id:str}/decision"): Operation(
+        "Decide an approval",
+        {"200": Answer("ApprovalDecision", {CONTENT_TYPE: ApprovalDecision})},
+        body=DecisionRequest,
+    ),
 }
 
 _PARAM_RE = re.compile(r"\{([a-z_]+)(?::[a-z]+)?\}")
@@ -162,8 +211,9 @@ def _types() -> list[Any]:
         if operation.body is not None:
             found.append(operation.body)
         for answer in operation.answers.values():
-            found += [kind for kind in answer.content.values() if isinstance(kind, type)
-                      and issubclass(kind, msgspec.Struct)]
+            found += [
+                kind for kind in answer.content.values() if isinstance(kind, type) and issubclass(kind, msgspec.Struct)
+            ]
     found.append(Envelope)
     return list(dict.fromkeys(found))
 
@@ -180,9 +230,11 @@ def document(*, title: str = "aip-crewai host", version: str = "0.1.0") -> dict[
     """The OpenAPI 3.1 document (a JSON-able dict). Pure, and the same on every call."""
     types = _types()
     refs_list, components = msgspec.json.schema_components(types, ref_template=_REF)
-    refs = dict(zip(types, refs_list))
-    error = {"description": "an aip.core.v1.error envelope (README \"AIP 1.0 conformance\")",
-             "content": {CONTENT_TYPE: {"schema": refs[Envelope]}}}
+    refs = dict(zip(types, refs_list, strict=False))
+    error = {
+        "description": 'an aip.core.v1.error envelope (README "AIP 1.0 conformance")',
+        "content": {CONTENT_TYPE: {"schema": refs[Envelope]}},
+    }
     paths: dict[str, dict[str, Any]] = {}
     for (method, path), operation in OPERATIONS.items():
         responses: dict[str, Any] = {}
@@ -194,19 +246,30 @@ def document(*, title: str = "aip-crewai host", version: str = "0.1.0") -> dict[
         if not operation.public:
             responses.setdefault("4XX", error)
         responses.setdefault("503", error)
-        parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
-                      for name in _PARAM_RE.findall(path)]
-        parameters += [{"name": name, "in": "query", "required": False, "description": text,
-                        "schema": {"type": "string"}} for name, text in operation.query]
-        parameters += [{"name": name, "in": "header", "required": False, "description": text,
-                        "schema": {"type": "string"}} for name, text in operation.headers]
-        item: dict[str, Any] = {"summary": operation.summary, "operationId": _operation_id(method, path),
-                                "responses": responses}
+        parameters = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+            for name in _PARAM_RE.findall(path)
+        ]
+        parameters += [
+            {"name": name, "in": "query", "required": False, "description": text, "schema": {"type": "string"}}
+            for name, text in operation.query
+        ]
+        parameters += [
+            {"name": name, "in": "header", "required": False, "description": text, "schema": {"type": "string"}}
+            for name, text in operation.headers
+        ]
+        item: dict[str, Any] = {
+            "summary": operation.summary,
+            "operationId": _operation_id(method, path),
+            "responses": responses,
+        }
         if parameters:
             item["parameters"] = parameters
         if operation.body is not None:
-            item["requestBody"] = {"required": True, "content": {operation.body_content_type: {
-                "schema": refs[operation.body]}}}
+            item["requestBody"] = {
+                "required": True,
+                "content": {operation.body_content_type: {"schema": refs[operation.body]}},
+            }
         if operation.public:
             item["security"] = []
         elif operation.stream_token:
@@ -214,16 +277,35 @@ def document(*, title: str = "aip-crewai host", version: str = "0.1.0") -> dict[
         paths.setdefault(openapi_path(path), {})[method.lower()] = item
     return {
         "openapi": OPENAPI_VERSION,
-        "info": {"title": title, "version": version,
-                 "description": "AIP 1.0 host of aip-crewai. Generated from the code's msgspec types."},
+        "info": {
+            "title": title,
+            "version": version,
+            "description": "AIP 1.0 host of aip-crewai. Generated from the code's msgspec types.",
+        },
         "paths": paths,
-        "components": {"schemas": components, "securitySchemes": {
-            "bearer": {"type": "http", "scheme": "bearer", "description": "a principal's token (host.toml token_sha256)"},
-            "httpSignature": {"type": "apiKey", "in": "header", "name": "Signature",
-                              "description": "RFC 9421 HTTP Message Signature with Signature-Input (Ed25519; "
-                                             "README \"Signed requests\")"},
-            "streamToken": {"type": "apiKey", "in": "query", "name": QUERY_PARAMETER,
-                            "description": "a stream token (README \"Stream tokens\")"}}},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "a principal's token (host.toml token_sha256)",
+                },
+                "httpSignature": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "Signature",
+                    "description": "RFC 9421 HTTP Message Signature with Signature-Input (Ed25519; "
+                    'README "Signed requests")',
+                },
+                "streamToken": {
+                    "type": "apiKey",
+                    "in": "query",
+                    "name": QUERY_PARAMETER,
+                    "description": 'a stream token (README "Stream tokens")',
+                },
+            },
+        },
         "security": [{"bearer": []}, {"httpSignature": []}],
     }
 
@@ -245,8 +327,13 @@ def _operation_id(method: str, path: str) -> str:
 def undocumented(routes: list[BaseRoute]) -> set[tuple[str, str]]:
     """The ``(method, path)`` pairs served by ``routes`` that :data:`OPERATIONS` lacks,
     plus those it documents that no route serves (HEAD is implied by GET)."""
-    served = {(method, route.path) for route in routes if isinstance(route, Route)
-              for method in (route.methods or ()) if method != "HEAD"}
+    served = {
+        (method, route.path)
+        for route in routes
+        if isinstance(route, Route)
+        for method in (route.methods or ())
+        if method != "HEAD"
+    }
     return served ^ set(OPERATIONS)
 
 

@@ -56,17 +56,26 @@ _encode = msgspec.json.Encoder()
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 #: ``capability.unavailable`` when the crew's sidecar is unready (not when its registry lacks the crew).
-UNREADY_SIDECAR = ("the sidecar serving this capability's crew is not ready (it is stopped, starting or failing "
-                   "its health check); nothing was started and no approval was requested; retry later")
+UNREADY_SIDECAR = (
+    "the sidecar serving this capability's crew is not ready (it is stopped, starting or failing "
+    "its health check); nothing was started and no approval was requested; retry later"
+)
 
 
-def envelope(message_type: str, body: Body, *, correlation_id: str | None = None,
-             sent_at: str | None = None) -> Envelope:
+def envelope(
+    message_type: str, body: Body, *, correlation_id: str | None = None, sent_at: str | None = None
+) -> Envelope:
     """A host-originated envelope with a fresh message id (``sent_at``: now, unless given)."""
     if sent_at is None:
         sent_at = ms_to_rfc3339(int(time.time() * 1000))
-    return Envelope(aip_version=AIP_VERSION, message_type=message_type, message_id="msg_" + secrets.token_hex(12),
-                    sent_at=sent_at, body=body, correlation_id=correlation_id)
+    return Envelope(
+        aip_version=AIP_VERSION,
+        message_type=message_type,
+        message_id="msg_" + secrets.token_hex(12),
+        sent_at=sent_at,
+        body=body,
+        correlation_id=correlation_id,
+    )
 
 
 def aip_json(value: Any, status: int = 200) -> Response:
@@ -98,8 +107,11 @@ def _wants_sse(request: Request) -> bool:
 
 def ack_envelope(record: ActionRecord, *, streaming: bool) -> Envelope:
     """The ``aip.core.v1.ack`` envelope of an accepted action (status per :func:`.lifecycle.ack_status`)."""
-    ack = Ack(action_id=record.action_id, status=ack_status(record.status, record.dispatch, streaming=streaming),
-              reason=ack_reason(record.status))
+    ack = Ack(
+        action_id=record.action_id,
+        status=ack_status(record.status, record.dispatch, streaming=streaming),
+        reason=ack_reason(record.status),
+    )
     return envelope("aip.core.v1.ack", Body(ack=ack), correlation_id=record.action_id)
 
 
@@ -132,7 +144,7 @@ async def post_message(request: Request) -> Response:
     if env.body.cancel is not None:
         target = env.body.cancel.target.action
         if target is None:
-            raise InvalidEnvelope("this host cancels actions only: cancel.target must be {\"action\": id}")
+            raise InvalidEnvelope('this host cancels actions only: cancel.target must be {"action": id}')
         return aip_json(result_envelope(await service.cancel(principal, target)))
     action = env.body.action
     if action is None:
@@ -147,8 +159,9 @@ async def post_message(request: Request) -> Response:
             raise CrewUnavailable(UNREADY_SIDECAR, details={"capability_id": action.capability_id})
         raise CrewUnavailable(details={"capability_id": action.capability_id})
     check_crew_inputs(resolved.spec.name, action.input, index.crew_inputs.get(resolved.crew.id))
-    record = await service.submit(principal, action, env.idempotency_key, stream=stream,
-                                  blocking=action.mode != "async")
+    record = await service.submit(
+        principal, action, env.idempotency_key, stream=stream, blocking=action.mode != "async"
+    )
     if stream and _wants_sse(request):
         return _sse_response(request, service, record, after=-1)
     if action.mode == "async":
@@ -199,13 +212,18 @@ class ChunkFrames:
     """
 
     def __init__(self, action_id: str, sent_at: str) -> None:
-        head = (b'{"aip_version":' + _encode.encode(AIP_VERSION)
-                + b',"message_type":"aip.core.v1.stream_chunk","message_id":"msg_')
+        head = (
+            b'{"aip_version":'
+            + _encode.encode(AIP_VERSION)
+            + b',"message_type":"aip.core.v1.stream_chunk","message_id":"msg_'
+        )
         middle = b'","sent_at":' + _encode.encode(sent_at) + b',"body":{"stream_chunk":'
         tail = b'},"correlation_id":' + _encode.encode(action_id) + b"}"
         # id, event, then data = head + message id + middle + the stored chunk + tail
-        self._template = page_template(head.replace(b"%", b"%%") + b"%s" + middle.replace(b"%", b"%%") + b"%s"
-                                       + tail.replace(b"%", b"%%"), id_prefix=b"sse_")
+        self._template = page_template(
+            head.replace(b"%", b"%%") + b"%s" + middle.replace(b"%", b"%%") + b"%s" + tail.replace(b"%", b"%%"),
+            id_prefix=b"sse_",
+        )
         self._parts = (head, middle, tail)
 
     def frame(self, chunk: ChunkRecord, message_id: bytes | None = None) -> bytes:
@@ -218,9 +236,11 @@ class ChunkFrames:
         One draw of random bytes gives the page's message ids; a page whose bytes hold any CR, or more
         than a frame's four LFs per chunk, is built again frame by frame (a stored row with a line end)."""
         ids = secrets.token_hex(12 * len(chunks)).encode()
-        values = [(1 + chunk.sequence, _kind(chunk.chunk_json), ids[24 * i: 24 * i + 24], chunk.chunk_json.encode())
-                  for i, chunk in enumerate(chunks)]
-        return encode_page(self._template, values, lambda i: self._frame(chunks[i], ids[24 * i: 24 * i + 24]))
+        values = [
+            (1 + chunk.sequence, _kind(chunk.chunk_json), ids[24 * i : 24 * i + 24], chunk.chunk_json.encode())
+            for i, chunk in enumerate(chunks)
+        ]
+        return encode_page(self._template, values, lambda i: self._frame(chunks[i], ids[24 * i : 24 * i + 24]))
 
     def _frame(self, chunk: ChunkRecord, message_id: bytes) -> bytes:
         name = _kind(chunk.chunk_json)
@@ -334,8 +354,11 @@ def _last_event_n(request: Request) -> int:
     return int(text)
 
 
-async def _principal_action(request: Request, *, stream: bool = False,
-                            ) -> tuple[Principal, ActionService, ActionRecord]:
+async def _principal_action(
+    request: Request,
+    *,
+    stream: bool = False,
+) -> tuple[Principal, ActionService, ActionRecord]:
     """The caller, the service and the action it may read in full; ``stream``: the
     ``/events`` route, which also takes a stream token for this action (:mod:`.authenticate`)."""
     if stream:
@@ -351,8 +374,12 @@ def metadata_of(result: ActionResult) -> ActionResult:
     """A result as an operator may read it: status and error code/category, no output, parts or details."""
     error = None
     if result.error is not None:
-        error = ProtocolError(code=result.error.code, message=result.error.code, category=result.error.category,
-                              retryable=result.error.retryable)
+        error = ProtocolError(
+            code=result.error.code,
+            message=result.error.code,
+            category=result.error.category,
+            retryable=result.error.retryable,
+        )
     return ActionResult(action_id=result.action_id, status=result.status, error=error)
 
 
@@ -360,8 +387,13 @@ def action_links(action_id: str, approval_id: str | None) -> dict[str, str]:
     """The typed links of an ActionStatus (relative URLs; each id one percent-encoded path segment: an
     action id may hold ``?``, ``#`` or ``%``)."""
     base = f"/aip/v1/actions/{quote(action_id, safe='')}"
-    links = {"self": base, "result": f"{base}/result", "events": f"{base}/events", "chunks": f"{base}/chunks",
-             "cancel": f"{base}/cancel"}
+    links = {
+        "self": base,
+        "result": f"{base}/result",
+        "events": f"{base}/events",
+        "chunks": f"{base}/chunks",
+        "cancel": f"{base}/cancel",
+    }
     if approval_id:
         links["approval"] = f"/aip/v1/approvals/{quote(approval_id, safe='')}"
     return links
@@ -377,11 +409,17 @@ async def get_action(request: Request) -> Response:
     if result is not None and level != FULL:
         result = metadata_of(result)
     status = ActionStatus(
-        action_id=record.action_id, capability_id=record.capability_id, correlation_id=record.action_id,
-        state=lifecycle_state(record.status, record.dispatch), updated_at=ms_to_rfc3339(record.updated_at),
-        result_status=result.status if result is not None else None, approval_id=record.approval_id,
-        completed_at=ms_to_rfc3339(record.updated_at) if result is not None else None, result=result,
-        links=action_links(record.action_id, record.approval_id))
+        action_id=record.action_id,
+        capability_id=record.capability_id,
+        correlation_id=record.action_id,
+        state=lifecycle_state(record.status, record.dispatch),
+        updated_at=ms_to_rfc3339(record.updated_at),
+        result_status=result.status if result is not None else None,
+        approval_id=record.approval_id,
+        completed_at=ms_to_rfc3339(record.updated_at) if result is not None else None,
+        result=result,
+        links=action_links(record.action_id, record.approval_id),
+    )
     return aip_json(status)
 
 
@@ -418,14 +456,31 @@ async def get_events(request: Request) -> Response:
     events: list[Event] = []
     if after < 0:
         ack = ack_envelope(record, streaming=False).body.ack
-        events.append(Event(id="sse_0", kind="aip.core.v1.ack", occurred_at=ms_to_rfc3339(record.created_at),
-                            action_id=action_id, correlation_id=action_id, data=ack))
+        events.append(
+            Event(
+                id="sse_0",
+                kind="aip.core.v1.ack",
+                occurred_at=ms_to_rfc3339(record.created_at),
+                action_id=action_id,
+                correlation_id=action_id,
+                data=ack,
+            )
+        )
     rows = await service.store.list_chunks(record.tenant, action_id, max(after - 1, -1), PAGE_CHUNKS)
     chunks = [_chunk_decoder.decode(row.chunk_json) for row in rows]
     # Chunks carry no time of their own: they are stamped with the action's last update.
     updated = ms_to_rfc3339(record.updated_at)
-    events += [Event(id=f"sse_{1 + c.sequence}", kind="aip.core.v1.stream_chunk", occurred_at=updated,
-                     action_id=action_id, correlation_id=action_id, data=c) for c in chunks]
+    events += [
+        Event(
+            id=f"sse_{1 + c.sequence}",
+            kind="aip.core.v1.stream_chunk",
+            occurred_at=updated,
+            action_id=action_id,
+            correlation_id=action_id,
+            data=c,
+        )
+        for c in chunks
+    ]
     last = chunks[-1].sequence if chunks else max(after - 1, -1)
     terminal = is_terminal(record.status)
     done = False
@@ -433,16 +488,30 @@ async def get_events(request: Request) -> Response:
         result = await service.result(record)
         n = 1 + record.chunk_count if result is None else final_position(record, result)
         if result is not None and result.error is not None and n - 1 > after:
-            events.append(Event(id=f"sse_{n - 1}", kind="aip.core.v1.error", occurred_at=updated,
-                                action_id=action_id, correlation_id=action_id,
-                                data=ErrorBody(error=result.error)))
+            events.append(
+                Event(
+                    id=f"sse_{n - 1}",
+                    kind="aip.core.v1.error",
+                    occurred_at=updated,
+                    action_id=action_id,
+                    correlation_id=action_id,
+                    data=ErrorBody(error=result.error),
+                )
+            )
         if result is not None and n > after:
-            events.append(Event(id=f"sse_{n}", kind="aip.core.v1.action_result", occurred_at=updated,
-                                action_id=action_id, correlation_id=action_id, data=result))
+            events.append(
+                Event(
+                    id=f"sse_{n}",
+                    kind="aip.core.v1.action_result",
+                    occurred_at=updated,
+                    action_id=action_id,
+                    correlation_id=action_id,
+                    data=result,
+                )
+            )
         done = True
     cursor = None if done else (events[-1].id if events else (f"sse_{after}" if after >= 0 else None))
-    return aip_json(ActionEvents(action_id=action_id, events=events, chunks=chunks, cursor=cursor,
-                                 terminal=terminal))
+    return aip_json(ActionEvents(action_id=action_id, events=events, chunks=chunks, cursor=cursor, terminal=terminal))
 
 
 async def get_chunks(request: Request) -> Response:
@@ -458,9 +527,15 @@ async def get_chunks(request: Request) -> Response:
     next_cursor = rows[-1].sequence + 1 if rows else cursor
     terminal = is_terminal(record.status)
     done = terminal and next_cursor >= record.chunk_count
-    return aip_json(ActionEvents(action_id=record.action_id, events=[],
-                                 chunks=[_chunk_decoder.decode(row.chunk_json) for row in rows],
-                                 cursor=None if done else str(next_cursor), terminal=terminal))
+    return aip_json(
+        ActionEvents(
+            action_id=record.action_id,
+            events=[],
+            chunks=[_chunk_decoder.decode(row.chunk_json) for row in rows],
+            cursor=None if done else str(next_cursor),
+            terminal=terminal,
+        )
+    )
 
 
 async def post_cancel(request: Request) -> Response:

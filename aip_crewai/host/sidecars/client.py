@@ -87,8 +87,14 @@ def sidecar_job_id(tenant: str, action_id: str) -> str:
     hold no ``:``, so the prefix is unambiguous; a plain id never looks hashed).
     """
     plain = f"{tenant}:{action_id}"
-    if (len(plain) <= 256 and action_id.isascii() and action_id.isprintable() and " " not in action_id
-            and not _PATH_UNSAFE.intersection(action_id) and not action_id.startswith("sha256:")):
+    if (
+        len(plain) <= 256
+        and action_id.isascii()
+        and action_id.isprintable()
+        and " " not in action_id
+        and not _PATH_UNSAFE.intersection(action_id)
+        and not action_id.startswith("sha256:")
+    ):
         return plain
     return f"{tenant}:sha256:" + hashlib.sha256(action_id.encode("utf-8")).hexdigest()
 
@@ -142,9 +148,12 @@ def _refused_before_admission(error: ConnectorError) -> None:
 
 def _silent(spec: OperationSpec, dispatch: DispatchProgress, silence_s: float | None) -> ConnectorStreamSilent:
     return ConnectorStreamSilent(
-        f"the sidecar sent nothing for {silence_s} s", operation=spec.name,
-        uncertain_outcome=spec.mutation and dispatch.state != DispatchState.NOT_SENT, read_only=spec.read_only,
-        dispatch=dispatch.state, details={"silence_seconds": silence_s},
+        f"the sidecar sent nothing for {silence_s} s",
+        operation=spec.name,
+        uncertain_outcome=spec.mutation and dispatch.state != DispatchState.NOT_SENT,
+        read_only=spec.read_only,
+        dispatch=dispatch.state,
+        details={"silence_seconds": silence_s},
     )
 
 
@@ -198,15 +207,24 @@ class SidecarClient:
             callable: its ``/health`` may say; see :func:`silence_bound_s`).
     """
 
-    def __init__(self, http: httpx.AsyncClient, *, max_response_bytes: int,
-                 keepalive_s: Callable[[], float] = lambda: 15.0) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, *, max_response_bytes: int, keepalive_s: Callable[[], float] = lambda: 15.0
+    ) -> None:
         self.http = http
         self.max_response_bytes = max_response_bytes
         self.keepalive_s = keepalive_s
 
     async def _send(
-        self, method: str, path: str, spec: OperationSpec, dispatch: DispatchProgress, *, headers: dict[str, str],
-        json: Any, params: dict[str, Any] | None, read_timeout_s: float | None = None,
+        self,
+        method: str,
+        path: str,
+        spec: OperationSpec,
+        dispatch: DispatchProgress,
+        *,
+        headers: dict[str, str],
+        json: Any,
+        params: dict[str, Any] | None,
+        read_timeout_s: float | None = None,
         silent_is_distinct: bool = False,
     ) -> httpx.Response:
         """Send one request (streamed response), moving ``dispatch`` honestly:
@@ -214,17 +232,20 @@ class SidecarClient:
         ``acknowledged`` when the sidecar answered."""
         try:
             dispatch.state = DispatchState.SENT
-            timeout = httpx.USE_CLIENT_DEFAULT if read_timeout_s is None else \
-                httpx.Timeout(read_timeout_s, connect=self.http.timeout.connect)
-            request = self.http.build_request(method, path, headers=headers, json=json, params=params,
-                                              timeout=timeout)
+            timeout = (
+                httpx.USE_CLIENT_DEFAULT
+                if read_timeout_s is None
+                else httpx.Timeout(read_timeout_s, connect=self.http.timeout.connect)
+            )
+            request = self.http.build_request(method, path, headers=headers, json=json, params=params, timeout=timeout)
             response = await self.http.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached the sidecar
             dispatch.state = DispatchState.NOT_SENT
             raise _transport_error(spec, dispatch, exc) from exc
         except httpx.ReadTimeout as exc:
-            raise _silent(spec, dispatch, read_timeout_s) if silent_is_distinct else \
-                _transport_error(spec, dispatch, exc) from exc
+            raise (
+                _silent(spec, dispatch, read_timeout_s) if silent_is_distinct else _transport_error(spec, dispatch, exc)
+            ) from exc
         except httpx.HTTPError as exc:
             raise _transport_error(spec, dispatch, exc) from exc
         dispatch.state = DispatchState.ACKNOWLEDGED
@@ -243,8 +264,16 @@ class SidecarClient:
         ok: tuple[int, ...] = (200,),
         read_timeout_s: float | None = None,
     ) -> tuple[int, Any]:
-        response = await self._send(method, path, spec, dispatch, headers=headers, json=json, params=params,
-                                    read_timeout_s=JSON_READ_TIMEOUT_S if read_timeout_s is None else read_timeout_s)
+        response = await self._send(
+            method,
+            path,
+            spec,
+            dispatch,
+            headers=headers,
+            json=json,
+            params=params,
+            read_timeout_s=JSON_READ_TIMEOUT_S if read_timeout_s is None else read_timeout_s,
+        )
         try:
             body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
         except httpx.HTTPError as exc:
@@ -290,8 +319,7 @@ class SidecarClient:
         try:
             # The sidecar answers 504 once timeout_ms passed; a silent peer past that is a transport failure.
             wait_s = (timeout_ms or DEFAULT_TIMEOUT_MS) / 1000 + JSON_READ_TIMEOUT_S
-            return await self._json("POST", "/jobs", spec, dispatch, headers=headers, json=body,
-                                    read_timeout_s=wait_s)
+            return await self._json("POST", "/jobs", spec, dispatch, headers=headers, json=body, read_timeout_s=wait_s)
         except ConnectorError as exc:
             if exc.remote_status in (409, 502, 504):
                 return exc.remote_status, exc.details.get("remote_detail")
@@ -323,8 +351,17 @@ class SidecarClient:
         """
         all_headers = {"Accept": "text/event-stream", "X-AIP-Action-ID": action_id, **(headers or {})}
         silence_s = silence_bound_s(self.keepalive_s())
-        response = await self._send(method, path, spec, dispatch, headers=all_headers, json=json, params=params,
-                                    read_timeout_s=silence_s, silent_is_distinct=True)
+        response = await self._send(
+            method,
+            path,
+            spec,
+            dispatch,
+            headers=all_headers,
+            json=json,
+            params=params,
+            read_timeout_s=silence_s,
+            silent_is_distinct=True,
+        )
         try:
             if response.status_code != 200:
                 body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
@@ -363,12 +400,22 @@ class SidecarClient:
             body["timeout_ms"] = timeout_ms
         try:
             return await self.stream(
-                spec, dispatch, normalizer, on_chunks, method="POST", path="/jobs/stream", action_id=job_id,
-                headers={"Idempotency-Key": sidecar_idempotency_key(idempotency_key)}, json=body,
+                spec,
+                dispatch,
+                normalizer,
+                on_chunks,
+                method="POST",
+                path="/jobs/stream",
+                action_id=job_id,
+                headers={"Idempotency-Key": sidecar_idempotency_key(idempotency_key)},
+                json=body,
             )
         except ConnectorError as exc:
-            if exc.remote_status in _REFUSED_BEFORE_ADMISSION and dispatch.state == "acknowledged" \
-                    and normalizer.events == 0:
+            if (
+                exc.remote_status in _REFUSED_BEFORE_ADMISSION
+                and dispatch.state == "acknowledged"
+                and normalizer.events == 0
+            ):
                 _refused_before_admission(exc)
             raise
 
@@ -376,19 +423,26 @@ class SidecarClient:
         """``GET /jobs/{job_id}`` → the job view."""
         return (await self._json("GET", f"/jobs/{job_id}", spec, dispatch, headers={"X-AIP-Action-ID": job_id}))[1]
 
-    async def get_events(
-        self, spec: OperationSpec, dispatch: DispatchProgress, *, job_id: str, cursor: int
-    ) -> Any:
+    async def get_events(self, spec: OperationSpec, dispatch: DispatchProgress, *, job_id: str, cursor: int) -> Any:
         """``GET /jobs/{job_id}/events?cursor=N`` as JSON → the events page."""
         return (
             await self._json(
-                "GET", f"/jobs/{job_id}/events", spec, dispatch, headers={"X-AIP-Action-ID": job_id},
+                "GET",
+                f"/jobs/{job_id}/events",
+                spec,
+                dispatch,
+                headers={"X-AIP-Action-ID": job_id},
                 params={"cursor": cursor},
             )
         )[1]
 
     async def cancel(
-        self, spec: OperationSpec, dispatch: DispatchProgress, *, job_id: str, crew_id: str,
+        self,
+        spec: OperationSpec,
+        dispatch: DispatchProgress,
+        *,
+        job_id: str,
+        crew_id: str,
         reason: str | None,
     ) -> Any:
         """``POST /jobs/{job_id}/cancel`` → the job view after cancellation."""
@@ -397,6 +451,11 @@ class SidecarClient:
             body["reason"] = reason
         return (
             await self._json(
-                "POST", f"/jobs/{job_id}/cancel", spec, dispatch, headers={"X-AIP-Action-ID": job_id}, json=body,
+                "POST",
+                f"/jobs/{job_id}/cancel",
+                spec,
+                dispatch,
+                headers={"X-AIP-Action-ID": job_id},
+                json=body,
             )
         )[1]

@@ -152,10 +152,17 @@ class Readiness:
         name: the sidecar's configured name (the ``sidecar_ready`` gauge's label).
     """
 
-    def __init__(self, http: httpx.AsyncClient, crews: Iterable[CrewDescriptor], metrics: Metrics,
-                 *, clock: Callable[[], float] = time.time, name: str = "sidecar",
-                 on_crew_inputs: Callable[[dict[str, CrewInputs]], None] | None = None,
-                 on_cancellable: Callable[[frozenset[str]], None] | None = None) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        crews: Iterable[CrewDescriptor],
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.time,
+        name: str = "sidecar",
+        on_crew_inputs: Callable[[dict[str, CrewInputs]], None] | None = None,
+        on_cancellable: Callable[[frozenset[str]], None] | None = None,
+    ) -> None:
         self.http = http
         self.name = name
         #: Whether the whole host is ready (the ``ready`` gauge): this sidecar alone, unless a
@@ -202,9 +209,12 @@ class Readiness:
         unserved = unserved_crews(decoded, self.crews)
         if unserved != self.unserved_crews:
             if unserved:
-                log.warning("crews_not_served", crews=sorted(unserved),
-                            hint="the crews file lists them, the sidecar's registry does not; calls to them "
-                                 "are refused with capability.unavailable")
+                log.warning(
+                    "crews_not_served",
+                    crews=sorted(unserved),
+                    hint="the crews file lists them, the sidecar's registry does not; calls to them "
+                    "are refused with capability.unavailable",
+                )
             self.unserved_crews = unserved
         self.keepalive_s = published_keepalive_s(decoded)
         cancellable = published_cancellable(decoded)
@@ -302,8 +312,9 @@ class ReadinessGroup:
         if ready:
             return ReadinessState(True, "ready", max(checked) if checked else None)
         name, first = unready[0]
-        return ReadinessState(False, f"no sidecar is ready (sidecar {name}: {first.state.reason})",
-                              max(checked) if checked else None)
+        return ReadinessState(
+            False, f"no sidecar is ready (sidecar {name}: {first.state.reason})", max(checked) if checked else None
+        )
 
     @property
     def unserved_crews(self) -> frozenset[str]:

@@ -35,10 +35,12 @@ _S = ActionState
 #: The one decision: only from ``pending``, before ``expires_at``, never by the requester.
 # A decision needs the approval pending and unexpired, a decider other than the requester, AND its action
 # still waiting for it (a cancel that won leaves nothing to decide): all in one WHERE.
-_DECIDE = ("UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ?, decision_proof = ? "
-           "WHERE tenant = ? AND approval_id = ? AND status = 'pending' AND expires_at > ? AND requested_by != ? "
-           "AND EXISTS (SELECT 1 FROM actions WHERE actions.tenant = approvals.tenant "
-           "AND actions.action_id = approvals.action_id AND actions.status = 'pending_approval')")
+_DECIDE = (
+    "UPDATE approvals SET status = ?, decision_reason = ?, decided_by = ?, decided_at = ?, decision_proof = ? "
+    "WHERE tenant = ? AND approval_id = ? AND status = 'pending' AND expires_at > ? AND requested_by != ? "
+    "AND EXISTS (SELECT 1 FROM actions WHERE actions.tenant = approvals.tenant "
+    "AND actions.action_id = approvals.action_id AND actions.status = 'pending_approval')"
+)
 
 
 class ApprovalMethods:
@@ -60,9 +62,12 @@ class ApprovalMethods:
     def _log_approval_now(self, tenant: str, approval_id: str, status: str) -> None:
         """Append ``(approval_id, status)`` to ``tenant``'s approval event log at the next position
         (inside the caller's transaction, which excludes every other writer)."""
-        self._db.change("INSERT INTO approval_events (tenant, seq, approval_id, status) SELECT CAST(? AS TEXT), "
-                        "COALESCE(MAX(seq), 0) + 1, CAST(? AS TEXT), CAST(? AS TEXT) FROM approval_events "
-                        "WHERE tenant = ?", (tenant, approval_id, status, tenant))
+        self._db.change(
+            "INSERT INTO approval_events (tenant, seq, approval_id, status) SELECT CAST(? AS TEXT), "
+            "COALESCE(MAX(seq), 0) + 1, CAST(? AS TEXT), CAST(? AS TEXT) FROM approval_events "
+            "WHERE tenant = ?",
+            (tenant, approval_id, status, tenant),
+        )
 
     async def _approvals_write(self, fn: Callable[..., _T], *args: Any) -> _T:
         """:meth:`_run` a write that may change approvals, then wake the approval stream (also on failure)."""
@@ -73,9 +78,19 @@ class ApprovalMethods:
 
     # --- approvals (ARCHITECTURE.md §7) ---
 
-    async def create_approval(self, tenant: str, approval_id: str, action_id: str, capability_id: str,
-                              policy_hash: str, requested_by: str, input_snapshot_json: str, expires_at: int,
-                              *, now: int | None = None) -> ApprovalRecord:
+    async def create_approval(
+        self,
+        tenant: str,
+        approval_id: str,
+        action_id: str,
+        capability_id: str,
+        policy_hash: str,
+        requested_by: str,
+        input_snapshot_json: str,
+        expires_at: int,
+        *,
+        now: int | None = None,
+    ) -> ApprovalRecord:
         """Insert a pending approval for an existing action (whose row already
         names ``approval_id``: see ``ActionService.submit``).
 
@@ -88,8 +103,23 @@ class ApprovalMethods:
             rows = self._fetch_now(
                 f"INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
                 f"RETURNING {APPROVAL_COLUMNS}",
-                (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json,
-                 "pending", None, None, None, now, expires_at, None))
+                (
+                    tenant,
+                    approval_id,
+                    action_id,
+                    capability_id,
+                    policy_hash,
+                    requested_by,
+                    input_snapshot_json,
+                    "pending",
+                    None,
+                    None,
+                    None,
+                    now,
+                    expires_at,
+                    None,
+                ),
+            )
             self._log_approval_now(tenant, approval_id, "pending")
             return rows
 
@@ -103,12 +133,14 @@ class ApprovalMethods:
         return await self._approvals_write(create)
 
     async def get_approval(self, tenant: str, approval_id: str) -> ApprovalRecord | None:
-        rows = await self._fetch(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND approval_id = ?",
-                                 (tenant, approval_id))
+        rows = await self._fetch(
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND approval_id = ?", (tenant, approval_id)
+        )
         return ApprovalRecord(*rows[0]) if rows else None
 
-    async def list_approvals(self, tenant: str, status: str | None = None, cursor: str | None = None,
-                             limit: int = 100) -> ApprovalPage:
+    async def list_approvals(
+        self, tenant: str, status: str | None = None, cursor: str | None = None, limit: int = 100
+    ) -> ApprovalPage:
         """One page of a tenant's approvals, oldest first (stored status; pass
         ``status="pending"`` for the queue).
 
@@ -132,16 +164,26 @@ class ApprovalMethods:
             params += [created_at, approval_id]
         rows = await self._fetch(
             f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE {' AND '.join(clauses)} "
-            "ORDER BY created_at, approval_id LIMIT ?", (*params, limit + 1))
+            "ORDER BY created_at, approval_id LIMIT ?",
+            (*params, limit + 1),
+        )
         items = [ApprovalRecord(*row) for row in rows[:limit]]
         done = len(rows) <= limit
         next_cursor = None if done else encode_cursor(items[-1].created_at, items[-1].approval_id)
         return ApprovalPage(items, next_cursor, done)
 
-    async def decide_and_start(self, tenant: str, approval_id: str, decision: str, reason: str, decided_by: str,
-                               now: int, *, start_if: Callable[[ApprovalRecord, ActionRecord], bool],
-                               proof: str | None = None,
-                               ) -> tuple[ApprovalRecord | None, ActionRecord | None]:
+    async def decide_and_start(
+        self,
+        tenant: str,
+        approval_id: str,
+        decision: str,
+        reason: str,
+        decided_by: str,
+        now: int,
+        *,
+        start_if: Callable[[ApprovalRecord, ActionRecord], bool],
+        proof: str | None = None,
+    ) -> tuple[ApprovalRecord | None, ActionRecord | None]:
         """Record the one decision exactly as :meth:`decide_approval` does and,
         in the SAME transaction (one commit), move its action from
         ``pending_approval`` to ``running`` with dispatch ``sent`` when the
@@ -161,24 +203,39 @@ class ApprovalMethods:
             raise ValueError(f"decision must be one of {APPROVAL_DECISIONS}")
 
         def decide() -> tuple[ApprovalRecord | None, ActionRecord | None]:
-            rows = self._fetch_now(f"{_DECIDE} RETURNING {APPROVAL_COLUMNS}",
-                                   (decision, reason, decided_by, now, proof, tenant, approval_id, now, decided_by))
+            rows = self._fetch_now(
+                f"{_DECIDE} RETURNING {APPROVAL_COLUMNS}",
+                (decision, reason, decided_by, now, proof, tenant, approval_id, now, decided_by),
+            )
             if not rows:
                 return None, None
             approval = ApprovalRecord(*rows[0])
             self._log_approval_now(tenant, approval_id, approval.status)
             found = self._fetch_now(GET_ACTION, (tenant, approval.action_id))
             action = ActionRecord(*found[0]) if found else None
-            if approval.status != "approved" or action is None or action.status != _S.PENDING_APPROVAL.value \
-                    or not start_if(approval, action):
+            if (
+                approval.status != "approved"
+                or action is None
+                or action.status != _S.PENDING_APPROVAL.value
+                or not start_if(approval, action)
+            ):
                 return approval, None
-            started = self._update_now(action_update(
-                tenant, action.action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.RUNNING.value,
-                dispatch="sent", now=now))
+            started = self._update_now(
+                action_update(
+                    tenant,
+                    action.action_id,
+                    from_statuses=[_S.PENDING_APPROVAL.value],
+                    status=_S.RUNNING.value,
+                    dispatch="sent",
+                    now=now,
+                )
+            )
             if started is not None and self.owner is not None:  # the deciding host dispatches: its lease
                 leased = self._fetch_now(
                     f"UPDATE actions SET lease_owner = ?, lease_expires_at = ? WHERE tenant = ? AND action_id = ? "
-                    f"RETURNING {ACTION_COLUMNS}", (*self._lease_for(_S.RUNNING.value, now), tenant, action.action_id))
+                    f"RETURNING {ACTION_COLUMNS}",
+                    (*self._lease_for(_S.RUNNING.value, now), tenant, action.action_id),
+                )
                 started = ActionRecord(*leased[0]) if leased else started
             return approval, started
 
@@ -195,13 +252,22 @@ class ApprovalMethods:
         now = self.now_ms()
 
         def cancel() -> ActionRecord | None:
-            record = self._update_now(action_update(
-                tenant, action_id, from_statuses=[_S.PENDING_APPROVAL.value], status=_S.CANCELLED.value,
-                result_json=result_json, now=now))
+            record = self._update_now(
+                action_update(
+                    tenant,
+                    action_id,
+                    from_statuses=[_S.PENDING_APPROVAL.value],
+                    status=_S.CANCELLED.value,
+                    result_json=result_json,
+                    now=now,
+                )
+            )
             if record is not None:
-                for (withdrawn,) in self._fetch_now("UPDATE approvals SET status = 'withdrawn' WHERE tenant = ? "
-                                                    "AND action_id = ? AND status = 'pending' RETURNING approval_id",
-                                                    (tenant, action_id)):
+                for (withdrawn,) in self._fetch_now(
+                    "UPDATE approvals SET status = 'withdrawn' WHERE tenant = ? "
+                    "AND action_id = ? AND status = 'pending' RETURNING approval_id",
+                    (tenant, action_id),
+                ):
                     self._log_approval_now(tenant, withdrawn, "withdrawn")
             return record
 
@@ -210,10 +276,16 @@ class ApprovalMethods:
     async def expire_approvals(self, now: int) -> list[ApprovalRecord]:
         """Mark every pending approval with ``expires_at <= now`` expired (all
         tenants); returns the records it changed (so their actions can fail)."""
+
         def expire() -> list[ApprovalRecord]:
-            expired = [ApprovalRecord(*row) for row in self._fetch_now(
-                "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
-                f"RETURNING {APPROVAL_COLUMNS}", (now,))]
+            expired = [
+                ApprovalRecord(*row)
+                for row in self._fetch_now(
+                    "UPDATE approvals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? "
+                    f"RETURNING {APPROVAL_COLUMNS}",
+                    (now,),
+                )
+            ]
             for approval in sorted(expired, key=lambda a: (a.tenant, a.expires_at, a.approval_id)):
                 self._log_approval_now(approval.tenant, approval.approval_id, "expired")
             return expired
@@ -224,8 +296,10 @@ class ApprovalMethods:
 
     async def list_approval_events(self, tenant: str, after_seq: int, limit: int) -> list[ApprovalEvent]:
         """A tenant's approval events with ``seq > after_seq``, oldest first, at most ``limit``."""
-        rows = await self._fetch("SELECT seq, approval_id, status FROM approval_events WHERE tenant = ? AND seq > ? "
-                                 "ORDER BY seq LIMIT ?", (tenant, after_seq, limit))
+        rows = await self._fetch(
+            "SELECT seq, approval_id, status FROM approval_events WHERE tenant = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (tenant, after_seq, limit),
+        )
         return [ApprovalEvent(*row) for row in rows]
 
     async def last_approval_event(self, tenant: str) -> int:

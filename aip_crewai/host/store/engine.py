@@ -61,5 +61,3 @@ class Db(Protocol):
 
     def close(self) -> None:
         """Close the connection."""
-
-

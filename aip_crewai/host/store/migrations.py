@@ -160,8 +160,13 @@ def migrate(conn: sqlite3.Connection) -> int:
     Raises:
         StoreError: the database is newer than this code.
     """
-    return apply_migrations(conn, MIGRATIONS, too_new=lambda version, known: StoreError(
-        f"the store schema is version {version}; this host knows up to {known}"))
+    return apply_migrations(
+        conn,
+        MIGRATIONS,
+        too_new=lambda version, known: StoreError(
+            f"the store schema is version {version}; this host knows up to {known}"
+        ),
+    )
 
 
 def postgres_migration(sqlite_ddl: str) -> str:
@@ -192,11 +197,15 @@ def migrate_postgres(conn: Any) -> int:
         row = conn.execute("SELECT version FROM aip_schema_version").fetchone()
         version = int(row[0]) if row else 0
         if row is None:
-            others = conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
-                                  "current_schema() AND table_name IN ('actions', 'approvals', 'chunks')").fetchone()
+            others = conn.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = "
+                "current_schema() AND table_name IN ('actions', 'approvals', 'chunks')"
+            ).fetchone()
             if others and int(others[0]):
-                raise StoreError("the PostgreSQL database holds tables named like the host store's but no "
-                                 "aip_schema_version: give the host its own database")
+                raise StoreError(
+                    "the PostgreSQL database holds tables named like the host store's but no "
+                    "aip_schema_version: give the host its own database"
+                )
             conn.execute("INSERT INTO aip_schema_version (version) VALUES (0)")
         if version > len(PG_MIGRATIONS):
             raise StoreError(f"the store schema is version {version}; this host knows up to {len(PG_MIGRATIONS)}")

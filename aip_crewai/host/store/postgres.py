@@ -75,16 +75,24 @@ def open_postgres_pool(url: str, size: int) -> Any:
     # (a restart, an idle timeout) is replaced there instead of failing the store method that got it.
     # reconnect_timeout: a lost connection's replacement backs off (doubling) for at most this long, then
     # the next store method starts a fresh attempt: after a long outage no retry waits minutes.
-    pool = ConnectionPool(url, min_size=size, max_size=size, open=False, timeout=PG_POOL_TIMEOUT_S,
-                          name="aip-crewai-host-store", check=ConnectionPool.check_connection,
-                          reconnect_timeout=PG_POOL_TIMEOUT_S,
-                          kwargs={"autocommit": True, "connect_timeout": 10, "application_name": "aip-crewai-host"})
+    pool = ConnectionPool(
+        url,
+        min_size=size,
+        max_size=size,
+        open=False,
+        timeout=PG_POOL_TIMEOUT_S,
+        name="aip-crewai-host-store",
+        check=ConnectionPool.check_connection,
+        reconnect_timeout=PG_POOL_TIMEOUT_S,
+        kwargs={"autocommit": True, "connect_timeout": 10, "application_name": "aip-crewai-host"},
+    )
     try:
         pool.open(wait=True, timeout=PG_POOL_TIMEOUT_S)
     except PoolTimeout as exc:
         pool.close()
-        raise StoreError(f"the PostgreSQL store's {size} pooled connections were not ready within "
-                         f"{PG_POOL_TIMEOUT_S:g} s") from exc
+        raise StoreError(
+            f"the PostgreSQL store's {size} pooled connections were not ready within {PG_POOL_TIMEOUT_S:g} s"
+        ) from exc
     except BaseException:
         pool.close()
         raise
@@ -113,16 +121,19 @@ class PostgresHostLock:
         self.url, self.host_id = url, host_id
         conn = self._take()
         if conn is None:
-            raise StoreLocked(f"another running host uses host_id {host_id!r} on this PostgreSQL store; "
-                              "give each host its own [host] host_id")
+            raise StoreLocked(
+                f"another running host uses host_id {host_id!r} on this PostgreSQL store; "
+                "give each host its own [host] host_id"
+            )
         self.conn: Any = conn
 
     def _take(self) -> Any | None:
         """A new connection holding the lock, or None when another process holds it (UnusableStore: no server)."""
         conn = _pg_connect(self.url, "aip-crewai-host-lock", UnusableStore)
         try:
-            row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))",
-                               (PG_HOST_ID_LOCK_CLASS, self.host_id)).fetchone()
+            row = conn.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (PG_HOST_ID_LOCK_CLASS, self.host_id)
+            ).fetchone()
         except BaseException:
             conn.close()
             raise

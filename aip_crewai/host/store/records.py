@@ -23,7 +23,9 @@ DISPATCH_RANK = {state.value: rank for rank, state in enumerate(DispatchState)}
 APPROVAL_DECISIONS = ("approved", "denied")
 _RFC3339_RE = re.compile(
     r"^(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<fraction>\d{1,9}))?"
-    r"(?P<offset>[Zz]|[+-]\d{2}:\d{2})\Z", re.ASCII)
+    r"(?P<offset>[Zz]|[+-]\d{2}:\d{2})\Z",
+    re.ASCII,
+)
 
 
 # --- timestamps ----------------------------------------------------------------

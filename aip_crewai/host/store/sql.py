@@ -26,10 +26,20 @@ GET_ACTION = f"SELECT {ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_
 DISPATCH_RANK_SQL = "CASE dispatch WHEN 'not_sent' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END"
 
 
-def action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str, now: int,
-                   dispatch: str | None = None, result_json: str | None = None, error_json: str | None = None,
-                   approval_id: str | None = None, settle_dispatch: bool = False,
-                   replacing: str | None = None) -> tuple[str, tuple[Any, ...]]:
+def action_update(
+    tenant: str,
+    action_id: str,
+    *,
+    from_statuses: Iterable[str],
+    status: str,
+    now: int,
+    dispatch: str | None = None,
+    result_json: str | None = None,
+    error_json: str | None = None,
+    approval_id: str | None = None,
+    settle_dispatch: bool = False,
+    replacing: str | None = None,
+) -> tuple[str, tuple[Any, ...]]:
     """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.update_action`).
     ``settle_dispatch``: write ``dispatch`` as given even when it is behind the stored one.
     ``replacing``: change the row only while its ``result_json`` is exactly this (a correction of a stored result).
@@ -45,13 +55,26 @@ def action_update(tenant: str, action_id: str, *, from_statuses: Iterable[str], 
     if dispatch is not None and dispatch not in DISPATCH_RANK:
         raise ValueError(f"unknown dispatch {dispatch!r}")
     marks = ", ".join("?" * len(sources))
-    sql = ("UPDATE actions SET status = ?, updated_at = ?, "
-           f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {DISPATCH_RANK_SQL} THEN CAST(? AS TEXT) "
-           "ELSE dispatch END, "
-           "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
-           f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
-           f"{'AND result_json = ? ' if replacing is not None else ''}RETURNING {ACTION_COLUMNS}")
+    sql = (
+        "UPDATE actions SET status = ?, updated_at = ?, "
+        f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {DISPATCH_RANK_SQL} THEN CAST(? AS TEXT) "
+        "ELSE dispatch END, "
+        "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
+        f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
+        f"{'AND result_json = ? ' if replacing is not None else ''}RETURNING {ACTION_COLUMNS}"
+    )
     rank = len(DISPATCH_RANK) if settle_dispatch else DISPATCH_RANK.get(dispatch or "", -1)
-    return sql, (target.value, now, dispatch, rank, dispatch, result_json,
-                 error_json, approval_id, tenant, action_id, *[s.value for s in sources],
-                 *([replacing] if replacing is not None else []))
+    return sql, (
+        target.value,
+        now,
+        dispatch,
+        rank,
+        dispatch,
+        result_json,
+        error_json,
+        approval_id,
+        tenant,
+        action_id,
+        *[s.value for s in sources],
+        *([replacing] if replacing is not None else []),
+    )

@@ -51,7 +51,8 @@ def check_location(path: Path) -> None:
             file, or has any permission bit beyond 0600.
     """
     problem = directory_problem(path.parent, "store directory") or next(
-        (p for p in map(lambda c: private_file_problem(c, "store file"), database_files(path)) if p), None)
+        (p for p in map(lambda c: private_file_problem(c, "store file"), database_files(path)) if p), None
+    )
     if problem is not None:
         raise InsecureStorePath(problem)
 
@@ -85,12 +86,18 @@ def check_store_file(path: Path) -> None:
             text = " ".join(" ".join(problems).replace("*** in database main ***", "").split())[:200]
             raise UnusableStore(f"store file {path} is corrupt (SQLite integrity check: {text}); {advice}")
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        tables = {r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'").fetchall()}
+        tables = {
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            ).fetchall()
+        }
         if (version == 0 and tables) or (version > 0 and "actions" not in tables):
             shown = ", ".join(sorted(tables)[:5]) or "none"
-            raise UnusableStore(f"store file {path} is not an aip-crewai host store (schema version {version}, "
-                                f"tables: {shown}); {advice}")
+            raise UnusableStore(
+                f"store file {path} is not an aip-crewai host store (schema version {version}, "
+                f"tables: {shown}); {advice}"
+            )
     finally:
         conn.close()
 
@@ -160,6 +167,11 @@ def lock_store(path: Path) -> int:
         StoreLocked: another host process holds the lock.
         InsecureStorePath: the lock file is a symlink, not a regular file, or not private.
     """
-    return acquire_lock(path, insecure=InsecureStorePath, held=lambda lock_path: StoreLocked(
-        f"the store {path} is already owned by another running host (lock {lock_path} is held); "
-        "stop it first, or give this host its own store"))
+    return acquire_lock(
+        path,
+        insecure=InsecureStorePath,
+        held=lambda lock_path: StoreLocked(
+            f"the store {path} is already owned by another running host (lock {lock_path} is held); "
+            "stop it first, or give this host its own store"
+        ),
+    )

@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import structlog
 
@@ -91,9 +91,29 @@ from .sql import ACTION_COLUMNS, DISPATCH_RANK_SQL, GET_ACTION, IDEMPOTENCY_COLU
 from .sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
 
 __all__ = [
-    "MIGRATIONS", "ActionState", "DISPATCH_RANK", "Store", "StoreError", "InsecureStorePath",
-    "InvalidCursor", "MissingTarget", "ActionRecord", "IdempotencyRecord", "ApprovalRecord", "ApprovalPage", "ApprovalEvent",
-    "ChunkRecord", "StoreUnavailable", "check_location", "check_store_file", "migrate", "UnusableStore", "StoreLocked", "lock_store", "ms_to_rfc3339", "rfc3339_to_ms",
+    "MIGRATIONS",
+    "ActionState",
+    "DISPATCH_RANK",
+    "Store",
+    "StoreError",
+    "InsecureStorePath",
+    "InvalidCursor",
+    "MissingTarget",
+    "ActionRecord",
+    "IdempotencyRecord",
+    "ApprovalRecord",
+    "ApprovalPage",
+    "ApprovalEvent",
+    "ChunkRecord",
+    "StoreUnavailable",
+    "check_location",
+    "check_store_file",
+    "migrate",
+    "UnusableStore",
+    "StoreLocked",
+    "lock_store",
+    "ms_to_rfc3339",
+    "rfc3339_to_ms",
 ]
 
 
@@ -115,9 +135,16 @@ class Store(ApprovalMethods):
     The approval methods (and the approval event log) are in :mod:`.approvals`.
     """
 
-    def __init__(self, db: Db, worker: ThreadPoolExecutor, *,
-                 clock: Callable[[], float] = time.time, owner: str | None = None,
-                 lease_ms: int = DEFAULT_LEASE_MS, url: str | None = None) -> None:
+    def __init__(
+        self,
+        db: Db,
+        worker: ThreadPoolExecutor,
+        *,
+        clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        url: str | None = None,
+    ) -> None:
         self._db = db
         self._worker = worker
         self._clock = clock
@@ -134,8 +161,15 @@ class Store(ApprovalMethods):
         self.unavailable = False
 
     @classmethod
-    async def open(cls, location: Path | str, *, clock: Callable[[], float] = time.time, owner: str | None = None,
-                   lease_ms: int = DEFAULT_LEASE_MS, pool_size: int = DEFAULT_POOL_SIZE) -> Store:
+    async def open(
+        cls,
+        location: Path | str,
+        *,
+        clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        pool_size: int = DEFAULT_POOL_SIZE,
+    ) -> Store:
         """Open the store: a SQLite file (check the location, create it 0600 if missing, connect) or a
         ``postgresql://`` URL (a pool of ``pool_size`` connections, one per worker thread); then apply
         the migrations the database lacks.
@@ -147,17 +181,23 @@ class Store(ApprovalMethods):
         """
         if is_postgres_url(location):
             url = str(location)
-            worker, db = await start_worker(lambda: PostgresDb(open_postgres_pool(url, pool_size)),
-                                            name="aip-host-store", threads=pool_size,
-                                            abandon=lambda opened: opened.close() if opened is not None else None)
+            worker, db = await start_worker(
+                lambda: PostgresDb(open_postgres_pool(url, pool_size)),
+                name="aip-host-store",
+                threads=pool_size,
+                abandon=lambda opened: opened.close() if opened is not None else None,
+            )
             return cls(db, worker, clock=clock, owner=owner, lease_ms=lease_ms, url=url)
         path = Path(location)
         check_location(path)
         create_private_file(path)
         check_location(path)
         # Cancel-safe: a connection opened after the caller gave up is closed on the worker.
-        worker, sqlite = await start_worker(lambda: SqliteDb(connect_sqlite(str(path))), name="aip-host-store",
-                                            abandon=lambda opened: opened.close() if opened is not None else None)
+        worker, sqlite = await start_worker(
+            lambda: SqliteDb(connect_sqlite(str(path))),
+            name="aip-host-store",
+            abandon=lambda opened: opened.close() if opened is not None else None,
+        )
         return cls(sqlite, worker, clock=clock, owner=owner, lease_ms=lease_ms)
 
     @property
@@ -193,7 +233,7 @@ class Store(ApprovalMethods):
             self.unavailable = True
             raise StoreUnavailable() from exc
         self.unavailable = False
-        return value
+        return cast(_T, value)
 
     def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._db.fetch(sql, params)
@@ -217,8 +257,9 @@ class Store(ApprovalMethods):
 
     # --- message ids (signed envelopes, ARCHITECTURE.md §7) ---
 
-    async def claim_message_id(self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None,
-                               key_id: str | None = None) -> bool:
+    async def claim_message_id(
+        self, tenant: str, message_id: str, expires_at: int, *, now: int | None = None, key_id: str | None = None
+    ) -> bool:
         """Claim ``message_id`` until ``expires_at`` (ms), for ``key_id`` (the
         signing principal) within ``tenant``; without ``key_id``, for the tenant.
 
@@ -233,13 +274,16 @@ class Store(ApprovalMethods):
         """
         now = self.now_ms() if now is None else now
         stored = message_id if key_id is None else f"{key_id}\x1f{message_id}"
-        return await self._change(
-            "INSERT INTO message_ids (tenant, message_id, expires_at) SELECT ?, ?, ? "
-            "WHERE NOT EXISTS (SELECT 1 FROM message_ids WHERE tenant = ? AND message_id = ? AND expires_at > ?) "
-            "ON CONFLICT (tenant, message_id) DO UPDATE SET expires_at = excluded.expires_at "
-            "WHERE message_ids.expires_at <= ?",
-            (tenant, stored, expires_at, tenant, message_id, now, now),
-        ) == 1
+        return (
+            await self._change(
+                "INSERT INTO message_ids (tenant, message_id, expires_at) SELECT ?, ?, ? "
+                "WHERE NOT EXISTS (SELECT 1 FROM message_ids WHERE tenant = ? AND message_id = ? AND expires_at > ?) "
+                "ON CONFLICT (tenant, message_id) DO UPDATE SET expires_at = excluded.expires_at "
+                "WHERE message_ids.expires_at <= ?",
+                (tenant, stored, expires_at, tenant, message_id, now, now),
+            )
+            == 1
+        )
 
     async def purge_message_ids(self, now: int | None = None) -> int:
         """Delete expired message-id claims (all tenants); returns how many."""
@@ -248,12 +292,28 @@ class Store(ApprovalMethods):
 
     # --- actions and the idempotency key's reservation (ARCHITECTURE.md §7) ---
 
-    async def create_action(self, tenant: str, action_id: str, capability_id: str, crew_id: str, operation: str,
-                            input_json: str, input_hash: str, principal_id: str, idempotency_key: str | None,
-                            status: str, *, approval_id: str | None = None, timeout_ms: int | None = None,
-                            dispatch: str = "not_sent", target: tuple[str, Sequence[str]] | None = None,
-                            key_expires_at: int | None = None, now: int | None = None,
-                            durable: bool = True, result: tuple[str, str] | None = None) -> tuple[bool, ActionRecord]:
+    async def create_action(
+        self,
+        tenant: str,
+        action_id: str,
+        capability_id: str,
+        crew_id: str,
+        operation: str,
+        input_json: str,
+        input_hash: str,
+        principal_id: str,
+        idempotency_key: str | None,
+        status: str,
+        *,
+        approval_id: str | None = None,
+        timeout_ms: int | None = None,
+        dispatch: str = "not_sent",
+        target: tuple[str, Sequence[str]] | None = None,
+        key_expires_at: int | None = None,
+        now: int | None = None,
+        durable: bool = True,
+        result: tuple[str, str] | None = None,
+    ) -> tuple[bool, ActionRecord]:
         """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
 
         With ``idempotency_key`` and ``key_expires_at`` (ms) the key's
@@ -307,7 +367,9 @@ class Store(ApprovalMethods):
             rows = self._fetch_now(
                 f"SELECT {ACTION_COLUMNS} FROM actions WHERE (tenant, action_id) = "
                 "(SELECT tenant, action_id FROM idempotency WHERE tenant = ? AND key = ? AND expires_at > ? "
-                "AND action_id != ?)", (tenant, idempotency_key, now, action_id))
+                "AND action_id != ?)",
+                (tenant, idempotency_key, now, action_id),
+            )
             # A live reservation whose action row is missing (left by a crash of an older
             # version between two commits) holds nothing: the upsert below takes it over.
             return ActionRecord(*rows[0]) if rows else None
@@ -329,9 +391,27 @@ class Store(ApprovalMethods):
             rows = self._fetch_now(
                 f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 20)}) "
                 f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {ACTION_COLUMNS}",
-                (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id,
-                 idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0, now, now,
-                 *self._lease_for(status, now)),
+                (
+                    tenant,
+                    action_id,
+                    capability_id,
+                    crew_id,
+                    operation,
+                    input_json,
+                    input_hash,
+                    principal_id,
+                    idempotency_key,
+                    status,
+                    dispatch,
+                    result_json,
+                    None,
+                    approval_id,
+                    timeout_ms,
+                    0,
+                    now,
+                    now,
+                    *self._lease_for(status, now),
+                ),
             )
             if rows:
                 if reserve:
@@ -340,7 +420,8 @@ class Store(ApprovalMethods):
                         "ON CONFLICT (tenant, key) DO UPDATE SET capability_id = excluded.capability_id, "
                         "action_id = excluded.action_id, input_hash = excluded.input_hash, "
                         "created_at = excluded.created_at, expires_at = excluded.expires_at",
-                        (tenant, idempotency_key, capability_id, action_id, input_hash, now, key_expires_at))
+                        (tenant, idempotency_key, capability_id, action_id, input_hash, now, key_expires_at),
+                    )
                 return True, ActionRecord(*rows[0])
             rows = self._fetch_now(GET_ACTION, (tenant, action_id))
             if not rows:
@@ -375,30 +456,51 @@ class Store(ApprovalMethods):
         if self.owner is None:
             return True
         now = self.now_ms() if now is None else now
-        changed = await self._run(self._write_now, True, lambda: self._change_now(
-            "UPDATE actions SET lease_owner = ?, lease_expires_at = ? WHERE tenant = ? AND action_id = ? "
-            "AND status = 'running' AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
-            (self.owner, now + self.lease_ms, tenant, action_id, self.owner, now)))
-        return changed > 0
+        changed = await self._run(
+            self._write_now,
+            True,
+            lambda: self._change_now(
+                "UPDATE actions SET lease_owner = ?, lease_expires_at = ? WHERE tenant = ? AND action_id = ? "
+                "AND status = 'running' AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
+                (self.owner, now + self.lease_ms, tenant, action_id, self.owner, now),
+            ),
+        )
+        return int(changed) > 0
 
     async def renew_leases(self, *, now: int | None = None) -> int:
         """Extend every lease this host holds on a running action by :attr:`lease_ms`; returns how many."""
         if self.owner is None:
             return 0
         now = self.now_ms() if now is None else now
-        return await self._run(self._write_now, True, lambda: self._change_now(
-            "UPDATE actions SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'running'",
-            (now + self.lease_ms, self.owner)))
+        return await self._run(
+            self._write_now,
+            True,
+            lambda: self._change_now(
+                "UPDATE actions SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'running'",
+                (now + self.lease_ms, self.owner),
+            ),
+        )
 
     async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
         rows = await self._fetch(GET_ACTION, (tenant, action_id))
         return ActionRecord(*rows[0]) if rows else None
 
-    async def update_action(self, tenant: str, action_id: str, *, from_statuses: Iterable[str], status: str,
-                            dispatch: str | None = None, result_json: str | None = None,
-                            error_json: str | None = None, approval_id: str | None = None,
-                            now: int | None = None, durable: bool = True,
-                            settle_dispatch: bool = False, replacing: str | None = None) -> ActionRecord | None:
+    async def update_action(
+        self,
+        tenant: str,
+        action_id: str,
+        *,
+        from_statuses: Iterable[str],
+        status: str,
+        dispatch: str | None = None,
+        result_json: str | None = None,
+        error_json: str | None = None,
+        approval_id: str | None = None,
+        now: int | None = None,
+        durable: bool = True,
+        settle_dispatch: bool = False,
+        replacing: str | None = None,
+    ) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
         (``durable``: see the module docstring).
@@ -416,10 +518,19 @@ class Store(ApprovalMethods):
         Raises:
             ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
         """
-        update = action_update(tenant, action_id, from_statuses=from_statuses, status=status, dispatch=dispatch,
-                                result_json=result_json, error_json=error_json, approval_id=approval_id,
-                                now=self.now_ms() if now is None else now, settle_dispatch=settle_dispatch,
-                                replacing=replacing)
+        update = action_update(
+            tenant,
+            action_id,
+            from_statuses=from_statuses,
+            status=status,
+            dispatch=dispatch,
+            result_json=result_json,
+            error_json=error_json,
+            approval_id=approval_id,
+            now=self.now_ms() if now is None else now,
+            settle_dispatch=settle_dispatch,
+            replacing=replacing,
+        )
         return await self._run(self._write_now, durable, lambda: self._update_now(update))
 
     def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None:
@@ -438,12 +549,15 @@ class Store(ApprovalMethods):
 
     async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
         """Actions still ``running`` (reconciliation after a restart), oldest first."""
-        where, params = ("status = 'running'", ()) if tenant is None else ("status = 'running' AND tenant = ?", (tenant,))
+        where, params = (
+            ("status = 'running'", ()) if tenant is None else ("status = 'running' AND tenant = ?", (tenant,))
+        )
         rows = await self._fetch(f"SELECT {ACTION_COLUMNS} FROM actions WHERE {where} ORDER BY created_at", params)
         return [ActionRecord(*row) for row in rows]
 
-    async def list_failed_with(self, codes: Iterable[str], markers: Iterable[str],
-                               limit: int = 100) -> list[ActionRecord]:
+    async def list_failed_with(
+        self, codes: Iterable[str], markers: Iterable[str], limit: int = 100
+    ) -> list[ActionRecord]:
         """``failed`` actions whose stored result's error ``code`` is one of
         ``codes`` and whose result text holds one of ``markers`` (compact JSON
         fragments such as ``"uncertain_outcome":true``), not yet marked
@@ -457,20 +571,29 @@ class Store(ApprovalMethods):
         rows = await self._fetch(
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE status = 'failed' AND ({any_code}) AND ({any_marker}) "
             "AND result_json NOT LIKE '%\"reconciled\":%' ORDER BY updated_at LIMIT ?",
-            (*[f'%"code":"{code}"%' for code in codes], *[f"%{marker}%" for marker in markers], limit))
+            (*[f'%"code":"{code}"%' for code in codes], *[f"%{marker}%" for marker in markers], limit),
+        )
         return [ActionRecord(*row) for row in rows]
 
     async def list_awaiting_approval(self) -> list[ActionRecord]:
         """Actions still ``pending_approval`` (all tenants; the restart check of
         approvals a previous process decided or never wrote), oldest first."""
-        rows = await self._fetch(f"SELECT {ACTION_COLUMNS} FROM actions WHERE status = 'pending_approval' "
-                                 "ORDER BY created_at")
+        rows = await self._fetch(
+            f"SELECT {ACTION_COLUMNS} FROM actions WHERE status = 'pending_approval' ORDER BY created_at"
+        )
         return [ActionRecord(*row) for row in rows]
 
     # --- chunks ---
 
-    async def append_chunks(self, tenant: str, action_id: str, chunks: Sequence[tuple[int, str]], *,
-                            dispatch: str | None = None, durable: bool = True) -> int:
+    async def append_chunks(
+        self,
+        tenant: str,
+        action_id: str,
+        chunks: Sequence[tuple[int, str]],
+        *,
+        dispatch: str | None = None,
+        durable: bool = True,
+    ) -> int:
         """Append ``(sequence, chunk_json)`` pairs in one transaction; sequences
         already stored are skipped, and nothing is appended once the action is
         terminal (a batch of a cancelled dispatch that reaches the store after the
@@ -499,12 +622,15 @@ class Store(ApprovalMethods):
                 return 0  # the result is written: a late batch (a discarded dispatch's) never follows it
             inserted = self._db.change_many(
                 "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (tenant, action_id, sequence) DO NOTHING", rows)
+                "ON CONFLICT (tenant, action_id, sequence) DO NOTHING",
+                rows,
+            )
             self._db.change(
                 "UPDATE actions SET chunk_count = chunk_count + ?, "
                 f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {DISPATCH_RANK_SQL} "
                 "THEN CAST(? AS TEXT) ELSE dispatch END WHERE tenant = ? AND action_id = ?",
-                (inserted, dispatch, rank, dispatch, tenant, action_id))
+                (inserted, dispatch, rank, dispatch, tenant, action_id),
+            )
             self._notify_now(tenant, action_id)
             return inserted
 
@@ -516,10 +642,13 @@ class Store(ApprovalMethods):
 
         return await self._run(self._write_now, durable, append)
 
-    async def list_chunks(self, tenant: str, action_id: str, after_sequence: int = -1,
-                          limit: int = 1000) -> list[ChunkRecord]:
+    async def list_chunks(
+        self, tenant: str, action_id: str, after_sequence: int = -1, limit: int = 1000
+    ) -> list[ChunkRecord]:
         """Chunks with ``sequence > after_sequence``, ascending, at most ``limit``."""
         rows = await self._fetch(
             "SELECT sequence, chunk_json FROM chunks WHERE tenant = ? AND action_id = ? AND sequence > ? "
-            "ORDER BY sequence LIMIT ?", (tenant, action_id, after_sequence, limit))
+            "ORDER BY sequence LIMIT ?",
+            (tenant, action_id, after_sequence, limit),
+        )
         return [ChunkRecord(*row) for row in rows]

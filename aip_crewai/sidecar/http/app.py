@@ -132,8 +132,7 @@ def create_app(
         try:
             if workers is not None:
                 await workers.start()
-            runtime = Runtime(settings, owned, crew_ids, run, crew_problems=facts.problems,
-                              crew_inputs=facts.inputs)
+            runtime = Runtime(settings, owned, crew_ids, run, crew_problems=facts.problems, crew_inputs=facts.inputs)
         except BaseException:
             if workers is not None:
                 await workers.close()
@@ -167,13 +166,15 @@ def create_app(
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(CloseOnUnreadBody), Middleware(RequestLog, probe_paths=PROBE_PATHS),
-                    Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: _refusal(Overloaded(MAX_IN_FLIGHT))),
-                    Middleware(RefuseAmbiguousFraming, reject=lambda: _refusal(AmbiguousFraming())),
-                    Middleware(BearerAuth, token=settings.token),
-                    Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S,
-                               timed_out=BodyTimeout),
-                    Middleware(ClientGone)],
+        middleware=[
+            Middleware(CloseOnUnreadBody),
+            Middleware(RequestLog, probe_paths=PROBE_PATHS),
+            Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: _refusal(Overloaded(MAX_IN_FLIGHT))),
+            Middleware(RefuseAmbiguousFraming, reject=lambda: _refusal(AmbiguousFraming())),
+            Middleware(BearerAuth, token=settings.token),
+            Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S, timed_out=BodyTimeout),
+            Middleware(ClientGone),
+        ],
         exception_handlers={AipError: aip_error, HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
@@ -182,8 +183,12 @@ def create_app(
 async def recover(journal: Journal) -> None:
     """Run the crash fence and log what it did (ARCHITECTURE.md §5)."""
     for action_id, previous in await journal.recover():
-        log.warning("job_failed_by_restart", action_id=action_id, previous_status=previous.value,
-                    uncertain_outcome=previous is JobStatus.RUNNING)
+        log.warning(
+            "job_failed_by_restart",
+            action_id=action_id,
+            previous_status=previous.value,
+            uncertain_outcome=previous is JobStatus.RUNNING,
+        )
 
 
 def registry_executor(spec: str, *, preflight: bool = False) -> tuple[frozenset[str], Executor, CrewFacts]:
@@ -232,7 +237,8 @@ def executor_for(registry: Mapping[str, Any], execute: Any) -> Executor:
 
 
 def _runtime(request: Request) -> Runtime:
-    return request.app.state.runtime
+    runtime: Runtime = request.app.state.runtime
+    return runtime
 
 
 async def health(request: Request) -> Response:
@@ -254,12 +260,15 @@ async def post_job(request: Request, body: bytes | None = None) -> Response:
         return Response(record.output or b"null", media_type="application/json")
     if record.status is JobStatus.FAILED:
         error = msgspec.json.decode(record.error) if record.error else {}
-        raise JobFailedError(str(error.get("message") or "the job failed"),
-                             details={**error, "action_id": record.action_id})
+        raise JobFailedError(
+            str(error.get("message") or "the job failed"), details={**error, "action_id": record.action_id}
+        )
     if record.status is JobStatus.CANCELLED:
         raise JobCancelledError(details={"status": "cancelled", "action_id": record.action_id})
-    raise JournalWriteFailed("the job's terminal result could not be recorded",
-                             details={"status": record.status.value, "action_id": record.action_id})
+    raise JournalWriteFailed(
+        "the job's terminal result could not be recorded",
+        details={"status": record.status.value, "action_id": record.action_id},
+    )
 
 
 async def post_job_stream(request: Request, body: bytes | None = None) -> Response:
@@ -304,13 +313,15 @@ async def get_events(request: Request) -> Response:
     if "text/event-stream" in request.headers.get("accept", ""):
         return await _sse(runtime, action_id, cursor)
     status, events, _count = await runtime.reads.page(action_id, cursor)
-    return JSONResponse({
-        "action_id": action_id,
-        "cursor": cursor,
-        "next_cursor": cursor + len(events),
-        "status": status.value,
-        "events": [msgspec.Raw(row.to_json()) for row in events],
-    })
+    return JSONResponse(
+        {
+            "action_id": action_id,
+            "cursor": cursor,
+            "next_cursor": cursor + len(events),
+            "status": status.value,
+            "events": [msgspec.Raw(row.to_json()) for row in events],
+        }
+    )
 
 
 async def cancel_job(request: Request) -> Response:
@@ -339,8 +350,10 @@ async def delete_job(request: Request) -> Response:
 
 
 def _admission_headers(request: Request) -> dict[str, str | None]:
-    return {"idempotency_key": request.headers.get("idempotency-key"),
-            "header_action_id": request.headers.get("x-aip-action-id")}
+    return {
+        "idempotency_key": request.headers.get("idempotency-key"),
+        "header_action_id": request.headers.get("x-aip-action-id"),
+    }
 
 
 async def _body(request: Request, limit: int) -> bytes:

@@ -42,15 +42,17 @@ class BearerAuth:
         presented = bearer_token(scope.get("headers") or [])
         digest = hashlib.sha256(presented or b"").digest()
         if presented is None or not hmac.compare_digest(digest, self._digest):
-            await send({
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(_UNAUTHORIZED_BODY)).encode()),
-                    (b"www-authenticate", b"Bearer"),
-                ],
-            })
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(_UNAUTHORIZED_BODY)).encode()),
+                        (b"www-authenticate", b"Bearer"),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": _UNAUTHORIZED_BODY})
             return
         await self.app(scope, receive, send)

@@ -56,8 +56,11 @@ class Metrics:
     def render(self, gauges: Mapping[str, int]) -> str:
         """Prometheus text exposition of every counter and the given gauges."""
         lines: list[str] = []
-        names = sorted({name for name, _ in self._counters} | set(gauges) | {
-            n for n, (kind, _) in _HELP.items() if kind == "counter"})
+        names = sorted(
+            {name for name, _ in self._counters}
+            | set(gauges)
+            | {n for n, (kind, _) in _HELP.items() if kind == "counter"}
+        )
         for name in names:
             kind, text = _HELP.get(name, ("untyped", name))
             lines += [f"# HELP {PREFIX}{name} {text}", f"# TYPE {PREFIX}{name} {kind}"]

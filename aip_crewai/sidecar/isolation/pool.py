@@ -52,7 +52,6 @@ from typing import Any
 import msgspec
 import structlog
 
-from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Boot,
@@ -75,11 +74,16 @@ from aip_crewai.sidecar.isolation.wire import (
     frame_bound,
     payload_length,
 )
+from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
 
 log = structlog.get_logger(__name__)
 
 #: Modules the fork server imports before it forks any worker (the last one warms CrewAI up).
-PRELOAD = ["aip_crewai.sidecar.isolation.pool", "aip_crewai.sidecar.isolation.worker", "aip_crewai.sidecar.operations.startup.preload"]
+PRELOAD = [
+    "aip_crewai.sidecar.isolation.pool",
+    "aip_crewai.sidecar.isolation.worker",
+    "aip_crewai.sidecar.operations.startup.preload",
+]
 #: How long a worker may take to boot (s); the first ones wait for the fork server's CrewAI import.
 BOOT_TIMEOUT_SECONDS = 300.0
 #: Delay before starting a worker again after one failed to boot (s), doubling up to the maximum.
@@ -124,9 +128,11 @@ class ForkServerThreaded(WorkerStartFailed):
 
     def __init__(self, threads: list[str]) -> None:
         names = ", ".join(threads[:8]) + (f" and {len(threads) - 8} more" if len(threads) > 8 else "")
-        super().__init__(f"the job worker fork server runs {len(threads)} thread(s) besides its main one ({names}); "
-                         "workers forked from it could inherit a lock held forever. Something it imports starts "
-                         "them: set OPENBLAS_NUM_THREADS=1 for numpy's, or use --isolation inprocess")
+        super().__init__(
+            f"the job worker fork server runs {len(threads)} thread(s) besides its main one ({names}); "
+            "workers forked from it could inherit a lock held forever. Something it imports starts "
+            "them: set OPENBLAS_NUM_THREADS=1 for numpy's, or use --isolation inprocess"
+        )
         self.threads = threads
 
 
@@ -148,8 +154,12 @@ def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT
     Source: ARCHITECTURE.md §5 (isolation).
     """
     ours, theirs = socket.socketpair()
-    process = context.Process(target=_describe_entry, args=(theirs, encode_boot(boot)),  # type: ignore[attr-defined]
-                              name="aip-crewai-registry-check", daemon=False)
+    process = context.Process(  # type: ignore[attr-defined]
+        target=_describe_entry,
+        args=(theirs, encode_boot(boot)),
+        name="aip-crewai-registry-check",
+        daemon=False,
+    )
     try:
         process.start()
     finally:
@@ -170,8 +180,9 @@ def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT
     if isinstance(answer, Refused):
         raise ForkServerThreaded(answer.threads)
     if not isinstance(answer, Described):
-        raise WorkerStartFailed(f"the registry check process ended without an answer "
-                                f"({describe_exit(process.exitcode)})")
+        raise WorkerStartFailed(
+            f"the registry check process ended without an answer ({describe_exit(process.exitcode)})"
+        )
     return answer
 
 
@@ -190,8 +201,11 @@ class WorkerDied(SafeJobError):
     """The job's worker process died before it reported the job's end."""
 
     def __init__(self, exitcode: int | None) -> None:
-        super().__init__(f"the worker process running the job died ({describe_exit(exitcode)})",
-                         error_type="WorkerDied", uncertain=True)
+        super().__init__(
+            f"the worker process running the job died ({describe_exit(exitcode)})",
+            error_type="WorkerDied",
+            uncertain=True,
+        )
         self.exitcode = exitcode
 
 
@@ -272,8 +286,17 @@ class WorkerPool:
     #: The runtime cancels this executor's task for every operation (hard cancel).
     stops_by_task = True
 
-    def __init__(self, boot: Boot, size: int, *, cancel_grace_seconds: float, max_events: int, max_event_bytes: int,
-                 context: BaseContext | None = None, target: Callable[[socket.socket, bytes], None] | None = None) -> None:
+    def __init__(
+        self,
+        boot: Boot,
+        size: int,
+        *,
+        cancel_grace_seconds: float,
+        max_events: int,
+        max_event_bytes: int,
+        context: BaseContext | None = None,
+        target: Callable[[socket.socket, bytes], None] | None = None,
+    ) -> None:
         self.boot = boot
         self.size = size
         self.cancel_grace_seconds = cancel_grace_seconds
@@ -330,8 +353,9 @@ class WorkerPool:
             worker.kill()
         self._kill_all_now()  # also workers still booting
         await asyncio.gather(*(w.reap() for w in workers), return_exceptions=True)
-        await asyncio.gather(*(asyncio.to_thread(p.join, REAP_SECONDS) for p in self._processes),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(asyncio.to_thread(p.join, REAP_SECONDS) for p in self._processes), return_exceptions=True
+        )
         self._alive.clear()
         self._processes.clear()
 
@@ -369,8 +393,12 @@ class WorkerPool:
             raise RuntimeError("the pool is not started")
         ours, theirs = socket.socketpair()
         try:
-            process = context.Process(target=self._target, args=(theirs, self._boot_data),  # type: ignore[attr-defined]
-                                      name="aip-crewai-job-worker", daemon=False)
+            process = context.Process(  # type: ignore[attr-defined]
+                target=self._target,
+                args=(theirs, self._boot_data),
+                name="aip-crewai-job-worker",
+                daemon=False,
+            )
             started = asyncio.ensure_future(asyncio.to_thread(process.start))
             # Tracked once started, even when this task is cancelled meanwhile (a close kills it).
             started.add_done_callback(lambda future: self._track(process, future))
@@ -445,9 +473,17 @@ class WorkerPool:
         """
         worker = await self._take()
         try:
-            start = Start(ctx.action_id, crew_id, operation, ctx.tenant, input, str(ctx.state_dir),
-                          str(ctx.training_dir) if ctx.training_dir is not None else None, self.max_events,
-                          self.max_event_bytes)
+            start = Start(
+                ctx.action_id,
+                crew_id,
+                operation,
+                ctx.tenant,
+                input,
+                str(ctx.state_dir),
+                str(ctx.training_dir) if ctx.training_dir is not None else None,
+                self.max_events,
+                self.max_event_bytes,
+            )
             if not await worker.send(start):
                 raise WorkerDied(await worker.reap())
             return await _Job(self, worker, ctx).follow()
@@ -490,8 +526,11 @@ class _Job:
             self.worker.kill()
             await self.worker.reap()
             log.error("worker_protocol_error", action_id=self.ctx.action_id, pid=self.worker.pid, error=str(exc))
-            raise SafeJobError("the worker process sent a frame the sidecar refuses; it was stopped",
-                               error_type="WorkerProtocolError", uncertain=True) from None
+            raise SafeJobError(
+                "the worker process sent a frame the sidecar refuses; it was stopped",
+                error_type="WorkerProtocolError",
+                uncertain=True,
+            ) from None
         if message is None:
             raise await self._died()
         return message
@@ -524,10 +563,15 @@ class _Job:
                 ctx.stop_observed = True
                 raise JobCancelled(f"job {ctx.action_id} was cancelled")
             ctx.stop_observed = ctx.stop_observed or message.stop_observed
-            raise SafeJobError(message.message or GENERIC_FAILURE, error_type=message.error_type,
-                               before_any_effect=message.before_any_effect, uncertain=message.uncertain)
-        raise SafeJobError("the worker process sent an unexpected message", error_type="WorkerProtocolError",
-                           uncertain=True)
+            raise SafeJobError(
+                message.message or GENERIC_FAILURE,
+                error_type=message.error_type,
+                before_any_effect=message.before_any_effect,
+                uncertain=message.uncertain,
+            )
+        raise SafeJobError(
+            "the worker process sent an unexpected message", error_type="WorkerProtocolError", uncertain=True
+        )
 
     async def _answer(self, message: FindTaskRun) -> None:
         run = None
@@ -572,8 +616,14 @@ class _Job:
             self.pool.killed_total += 1
             await self.worker.reap()
         ctx.stop_observed = True
-        log.info("job_worker_stopped", action_id=ctx.action_id, pid=self.worker.pid, how=how, killed=how == "killed",
-                 stop_ms=round((time.monotonic() - asked) * 1000, 1))
+        log.info(
+            "job_worker_stopped",
+            action_id=ctx.action_id,
+            pid=self.worker.pid,
+            how=how,
+            killed=how == "killed",
+            stop_ms=round((time.monotonic() - asked) * 1000, 1),
+        )
         raise asyncio.CancelledError
 
 
@@ -589,4 +639,3 @@ def _describe_entry(sock: socket.socket, boot_data: bytes) -> None:
     from aip_crewai.sidecar.isolation.worker import describe
 
     describe(sock, boot_data)
-

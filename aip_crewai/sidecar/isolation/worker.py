@@ -57,8 +57,6 @@ import msgspec
 import structlog
 
 from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
-from aip_crewai.sidecar.jobs.context import TASK_CANCELLED_OPERATIONS, JobCancelled, JobContext, SafeJobError
-from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Boot,
@@ -81,6 +79,8 @@ from aip_crewai.sidecar.isolation.wire import (
     frame_bound,
     payload_length,
 )
+from aip_crewai.sidecar.jobs.context import TASK_CANCELLED_OPERATIONS, JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
 
 log = structlog.get_logger(__name__)
 
@@ -150,8 +150,12 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
         _exit(BOOT_FAILED_STATUS)
     try:
         channel.send(Ready(os.getpid()))
-        log.debug("worker_ready", pid=os.getpid(), boot_ms=round((time.monotonic() - started) * 1000, 1),
-                  crewai_preloaded=preloaded)
+        log.debug(
+            "worker_ready",
+            pid=os.getpid(),
+            boot_ms=round((time.monotonic() - started) * 1000, 1),
+            crewai_preloaded=preloaded,
+        )
         start = channel.recv()
     except (OSError, FrameError):
         _exit(PROTOCOL_STATUS)
@@ -203,8 +207,11 @@ def describe(sock: socket.socket, boot_data: bytes) -> None:
             from aip_crewai.sidecar.operations.startup.preflight import preflight
 
             found = preflight(registry)
-            answer = Described(list(registry), {k: list(v) for k, v in found.problems.items()},
-                               {k: dict(v) for k, v in found.inputs.items()})
+            answer = Described(
+                list(registry),
+                {k: list(v) for k, v in found.problems.items()},
+                {k: dict(v) for k, v in found.inputs.items()},
+            )
     _send_and_exit(channel, answer, 0)
 
 
@@ -260,28 +267,41 @@ def run_job(registry: dict[str, Any], start: Start, channel: Channel) -> Done | 
     from aip_crewai.sidecar.operations import execute
 
     if start.crew_id not in registry:  # the sidecar admitted it from the same registry: never expected
-        return Failed("CrewNotFound", f"crew {start.crew_id!r} is not in this worker's registry",
-                      before_any_effect=True)
+        return Failed(
+            "CrewNotFound", f"crew {start.crew_id!r} is not in this worker's registry", before_any_effect=True
+        )
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     chunks = _ChunkSender(channel, max(0, start.max_events - 2), start.max_event_bytes)
     calls = _TaskRunCalls(channel, loop)
     ctx = JobContext(
-        action_id=start.action_id, crew_id=start.crew_id, operation=start.operation, tenant=start.tenant,
-        emit_chunk=chunks, cancel_flag=threading.Event(), state_dir=Path(start.state_dir),
-        training_dir=Path(start.training_dir) if start.training_dir else None, find_task_run=calls.find,
+        action_id=start.action_id,
+        crew_id=start.crew_id,
+        operation=start.operation,
+        tenant=start.tenant,
+        emit_chunk=chunks,
+        cancel_flag=threading.Event(),
+        state_dir=Path(start.state_dir),
+        training_dir=Path(start.training_dir) if start.training_dir else None,
+        find_task_run=calls.find,
     )
     task = loop.create_task(execute(registry[start.crew_id], start.operation, dict(start.input), ctx))
-    reader = threading.Thread(target=_read, args=(channel, loop, task, ctx, calls), name="aip-crewai-worker-reader",
-                              daemon=True)
+    reader = threading.Thread(
+        target=_read, args=(channel, loop, task, ctx, calls), name="aip-crewai-worker-reader", daemon=True
+    )
     reader.start()
     try:
         result = loop.run_until_complete(task)
     except (asyncio.CancelledError, JobCancelled):
         return Failed("JobCancelled", cancelled=True, stop_observed=True, dropped=chunks.dropped)
     except SafeJobError as exc:
-        return Failed(exc.error_type, str(exc.message)[:MAX_MESSAGE_CHARS], exc.before_any_effect,
-                      dropped=chunks.dropped, uncertain=exc.uncertain)
+        return Failed(
+            exc.error_type,
+            str(exc.message)[:MAX_MESSAGE_CHARS],
+            exc.before_any_effect,
+            dropped=chunks.dropped,
+            uncertain=exc.uncertain,
+        )
     except BaseException as exc:  # noqa: BLE001 - only the class is published
         return Failed(type(exc).__name__, stop_observed=ctx.stop_observed, dropped=chunks.dropped)
     try:
@@ -290,13 +310,17 @@ def run_job(registry: dict[str, Any], start: Start, channel: Channel) -> Done | 
         log.error("job_output_not_json", action_id=start.action_id, error_type=type(err).__name__)
         return Failed("InvalidOutput", "the operation output is not JSON", dropped=chunks.dropped)
     if len(output) > MAX_OUTPUT_BYTES:
-        return Failed("OutputTooLarge", f"the operation output is {len(output)} bytes; at most "
-                      f"{MAX_OUTPUT_BYTES} bytes", dropped=chunks.dropped)
+        return Failed(
+            "OutputTooLarge",
+            f"the operation output is {len(output)} bytes; at most {MAX_OUTPUT_BYTES} bytes",
+            dropped=chunks.dropped,
+        )
     return Done(output, list(ctx.run_state.items()), chunks.dropped)
 
 
-def _read(channel: Channel, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], ctx: JobContext,
-          calls: _TaskRunCalls) -> None:
+def _read(
+    channel: Channel, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], ctx: JobContext, calls: _TaskRunCalls
+) -> None:
     """Reader thread: Cancel sets the flag (and cancels run/batch_run's task); TaskRun answers a call.
     End of file or a bad frame: the sidecar is gone, exit at once."""
     while True:

@@ -114,8 +114,10 @@ def check_request(
     operation = payload.get("operation", "run")
     if not isinstance(operation, str) or operation not in OPERATIONS:  # as the reference: 422, not 403
         shown = operation[:64] if isinstance(operation, str) else type(operation).__name__
-        raise InvalidJobRequest(f"unknown operation {shown!r}; operations: {', '.join(OPERATIONS)}",
-                                details={"field": "$.operation", "rule": "one of the ten operations"})
+        raise InvalidJobRequest(
+            f"unknown operation {shown!r}; operations: {', '.join(OPERATIONS)}",
+            details={"field": "$.operation", "rule": "one of the ten operations"},
+        )
     if operation not in allowed_operations:
         raise OperationNotEnabled(f"operation {operation!r} is not enabled on this sidecar")
     key = check_idempotency_key(idempotency_key)
@@ -123,8 +125,9 @@ def check_request(
         request = msgspec.convert(payload, JobRequest, strict=True)
     except msgspec.ValidationError as exc:
         error = invalid_input(exc)
-        raise InvalidJobRequest(f"invalid job request at {error.field}: {error.rule}",
-                                details={"field": error.field, "rule": error.rule}) from None
+        raise InvalidJobRequest(
+            f"invalid job request at {error.field}: {error.rule}", details={"field": error.field, "rule": error.rule}
+        ) from None
     if header_action_id is not None and header_action_id != request.action_id:
         raise BadRequest("the X-AIP-Action-ID header does not match the body's action_id")
     spec = OPERATIONS[operation]

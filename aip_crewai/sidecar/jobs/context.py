@@ -91,8 +91,14 @@ class SafeJobError(Exception):
     None) sets ``uncertain_outcome`` outright (a worker process that died:
     True). Source: ARCHITECTURE.md §4 (events), §5 (isolation)."""
 
-    def __init__(self, message: str, error_type: str = "SafeJobError", *, before_any_effect: bool = False,
-                 uncertain: bool | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        error_type: str = "SafeJobError",
+        *,
+        before_any_effect: bool = False,
+        uncertain: bool | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.error_type = error_type

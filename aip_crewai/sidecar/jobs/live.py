@@ -132,8 +132,12 @@ def chunk_row(sequence: int, data: Any, max_event_bytes: int) -> EventRow | None
     if budget < len(b'""'):  # a small bound (from 1024 bytes) cannot hold long labels: drop them first
         shaped.pop("task_id", None)
         shaped.pop("agent_role", None)
-        budget = max_event_bytes - len(event_row(sequence, "chunk", {**shaped, "content": ""}).to_json()) \
-            - _TRUNCATED_MARK + len(b'""')
+        budget = (
+            max_event_bytes
+            - len(event_row(sequence, "chunk", {**shaped, "content": ""}).to_json())
+            - _TRUNCATED_MARK
+            + len(b'""')
+        )
     shaped["content"] = _fit(content, budget)
     shaped["truncated"] = True
     return event_row(sequence, "chunk", shaped)

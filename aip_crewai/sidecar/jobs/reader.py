@@ -60,8 +60,11 @@ class JobReader:
         record, live = await self.record(action_id)
         status, count = (live.status, live.next_sequence) if live is not None else (record.status, record.event_count)
         view: dict[str, Any] = {
-            "action_id": record.action_id, "crew_id": record.crew_id, "operation": record.operation,
-            "status": status.value, "event_count": count,
+            "action_id": record.action_id,
+            "crew_id": record.crew_id,
+            "operation": record.operation,
+            "status": status.value,
+            "event_count": count,
             "output": msgspec.Raw(record.output) if status is JobStatus.COMPLETED and record.output else None,
         }
         if status is JobStatus.FAILED and record.error:
@@ -76,8 +79,9 @@ class JobReader:
             view["dropped_events"] = dropped
         return view
 
-    async def page(self, action_id: str, cursor: int, *, limit: int = 1000,
-                   max_bytes: int = PAGE_MAX_BYTES) -> tuple[JobStatus, list[EventRow], int]:
+    async def page(
+        self, action_id: str, cursor: int, *, limit: int = 1000, max_bytes: int = PAGE_MAX_BYTES
+    ) -> tuple[JobStatus, list[EventRow], int]:
         """Events from ``cursor``: ``(status, events, event_count)``.
 
         Committed events come from the journal, newer ones from memory.
@@ -85,10 +89,11 @@ class JobReader:
         """
         live = self._live.get(action_id)
         if live is None:  # not running here: the journal's summary and the page in one hop
-            summary, events = await self.journal.summary_and_events(action_id, cursor, limit=limit,
-                                                                    max_bytes=max_bytes)
+            summary, events = await self.journal.summary_and_events(action_id, cursor, limit=limit, max_bytes=max_bytes)
             if summary is None or summary[2]:
-                raise JobNotFound(f"job {action_id!r} not found" if summary is None else f"job {action_id!r} was archived")
+                raise JobNotFound(
+                    f"job {action_id!r} not found" if summary is None else f"job {action_id!r} was archived"
+                )
             if not 0 <= cursor <= summary[1]:
                 raise CursorOutOfRange(f"cursor {cursor} is outside the journal (0..{summary[1]})")
             return summary[0], events, summary[1]
@@ -97,11 +102,12 @@ class JobReader:
             raise CursorOutOfRange(f"cursor {cursor} is outside the journal (0..{count})")
         events = []
         if cursor < committed and limit > 0:
-            events = await self.journal.read_events(action_id, cursor, limit=min(limit, committed - cursor),
-                                                    max_bytes=max_bytes)
+            events = await self.journal.read_events(
+                action_id, cursor, limit=min(limit, committed - cursor), max_bytes=max_bytes
+            )
         if cursor + len(events) >= committed and len(events) < limit:
             start = cursor + len(events) - committed
-            events.extend(pending[start: start + limit - len(events)])
+            events.extend(pending[start : start + limit - len(events)])
         return status, events, count
 
     async def follow(self, action_id: str, cursor: int) -> AsyncIterator[EventRow | None]:
@@ -141,8 +147,14 @@ class JobReader:
         first = await self.page(action_id, cursor, limit=FOLLOW_PAGE_EVENTS)
         return self._pages(action_id, cursor, live, changed, first)
 
-    async def _pages(self, action_id: str, cursor: int, live: LiveJob | None, changed: asyncio.Event | None,
-                     read: tuple[JobStatus, list[EventRow], int]) -> AsyncIterator[list[EventRow] | None]:
+    async def _pages(
+        self,
+        action_id: str,
+        cursor: int,
+        live: LiveJob | None,
+        changed: asyncio.Event | None,
+        read: tuple[JobStatus, list[EventRow], int],
+    ) -> AsyncIterator[list[EventRow] | None]:
         """The loop of :meth:`follow_pages`; ``live``/``changed`` were taken before ``read``, the first page
         (a wake-up between the two is never missed)."""
         while True:

@@ -51,8 +51,9 @@ class ReplayInputs:
             True when written; False when the file could not be written
             (logged with the error class only; a replay then needs ``inputs``).
         """
-        data = json.dumps({str(-1 if k is None else k): v for k, v in inputs.items()},
-                          separators=(",", ":"), sort_keys=True).encode("utf-8")
+        data = json.dumps(
+            {str(-1 if k is None else k): v for k, v in inputs.items()}, separators=(",", ":"), sort_keys=True
+        ).encode("utf-8")
         target = self.path(action_id)
         temporary = target.with_suffix(".tmp")
         try:
@@ -65,8 +66,9 @@ class ReplayInputs:
                 os.close(fd)
             os.replace(temporary, target)
         except (OSError, TypeError, ValueError) as exc:
-            log.error("replay_inputs_not_kept", action_id=action_id, error_type=type(exc).__name__,
-                      size_bytes=len(data))
+            log.error(
+                "replay_inputs_not_kept", action_id=action_id, error_type=type(exc).__name__, size_bytes=len(data)
+            )
             return False
         return True
 

@@ -61,16 +61,7 @@ import structlog
 
 from aip_crewai.contracts.operations import get as operation_spec
 from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
-from aip_crewai.sidecar.jobs.admission import Admission, check_request
-from aip_crewai.sidecar.journal.backlog import PendingTerminal, TerminalBacklog
 from aip_crewai.sidecar.config import Settings
-from aip_crewai.sidecar.jobs.context import (
-    GENERIC_FAILURE,
-    TASK_CANCELLED_OPERATIONS,
-    JobCancelled,
-    JobContext,
-    SafeJobError,
-)
 from aip_crewai.sidecar.errors import (
     CrewBusy,
     JobNotCancellable,
@@ -82,6 +73,16 @@ from aip_crewai.sidecar.errors import (
     ShuttingDown,
     TaskRunNotFound,
 )
+from aip_crewai.sidecar.http.metrics import Metrics
+from aip_crewai.sidecar.jobs.admission import Admission, check_request
+from aip_crewai.sidecar.jobs.context import (
+    GENERIC_FAILURE,
+    TASK_CANCELLED_OPERATIONS,
+    JobCancelled,
+    JobContext,
+    SafeJobError,
+)
+from aip_crewai.sidecar.jobs.live import LiveJob, chunk_row, event_row
 from aip_crewai.sidecar.jobs.model import (
     ArchiveOutcome,
     EventRow,
@@ -92,11 +93,10 @@ from aip_crewai.sidecar.jobs.model import (
     TaskRunRef,
     task_refs,
 )
-from aip_crewai.sidecar.journal.store import Journal
-from aip_crewai.sidecar.jobs.live import LiveJob, chunk_row, event_row
-from aip_crewai.sidecar.http.metrics import Metrics
 from aip_crewai.sidecar.jobs.reader import JobReader
 from aip_crewai.sidecar.jobs.replay_inputs import ReplayInputs
+from aip_crewai.sidecar.journal.backlog import PendingTerminal, TerminalBacklog
+from aip_crewai.sidecar.journal.store import Journal
 from aip_crewai.sidecar.tenancy import tenant_of
 
 log = structlog.get_logger(__name__)
@@ -120,9 +120,16 @@ class Runtime:
         executor: runs one operation (injectable for tests).
     """
 
-    def __init__(self, settings: Settings, journal: Journal, crews: Collection[str], executor: Executor,
-                 *, crew_problems: Mapping[str, list[str]] | None = None,
-                 crew_inputs: Mapping[str, dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        journal: Journal,
+        crews: Collection[str],
+        executor: Executor,
+        *,
+        crew_problems: Mapping[str, list[str]] | None = None,
+        crew_inputs: Mapping[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.settings = settings
         self.crew_problems = {crew: list(codes) for crew, codes in (crew_problems or {}).items()}
         self.crew_inputs = {crew: dict(facts) for crew, facts in (crew_inputs or {}).items()}
@@ -163,8 +170,13 @@ class Runtime:
         if not self.journal.still_at_path():
             log.error("journal_replaced", journal=str(self.journal.path))
             raise JournalReplaced()
-        adm = check_request(body, idempotency_key=idempotency_key, header_action_id=header_action_id,
-                            allowed_operations=self.settings.allowed_operations, crews=self.crews)
+        adm = check_request(
+            body,
+            idempotency_key=idempotency_key,
+            header_action_id=header_action_id,
+            allowed_operations=self.settings.allowed_operations,
+            crews=self.crews,
+        )
         existing = await self.journal.get(adm.action_id)
         if existing is not None:
             self._repeat(existing, adm)
@@ -172,8 +184,9 @@ class Runtime:
         if adm.operation == "replay":
             task_id = adm.input["task_id"]
             if await self.journal.find_task_run(adm.crew_id, task_id, tenant_of(adm.action_id)) is None:
-                raise TaskRunNotFound(f"task_id {task_id!r} belongs to no retained completed run of crew "
-                                      f"{adm.crew_id!r} for this tenant")
+                raise TaskRunNotFound(
+                    f"task_id {task_id!r} belongs to no retained completed run of crew {adm.crew_id!r} for this tenant"
+                )
         self._check_crew_free(adm)
         self._admitting[adm.action_id] = adm  # seen by concurrent admissions from here on (no await before)
         try:
@@ -196,17 +209,26 @@ class Runtime:
             CrewBusy: 409 ``sidecar.crew_busy``.
         """
         tenant = tenant_of(adm.action_id)
-        others = [(live.operation, live.action_id) for live in self._live.values()
-                  if not live.closed and live.crew_id == adm.crew_id and live.tenant == tenant]
-        others += [(other.operation, other.action_id) for other in self._admitting.values()
-                   if other.crew_id == adm.crew_id and tenant_of(other.action_id) == tenant]
+        others = [
+            (live.operation, live.action_id)
+            for live in self._live.values()
+            if not live.closed and live.crew_id == adm.crew_id and live.tenant == tenant
+        ]
+        others += [
+            (other.operation, other.action_id)
+            for other in self._admitting.values()
+            if other.crew_id == adm.crew_id and tenant_of(other.action_id) == tenant
+        ]
         others = [(op, aid) for op, aid in others if aid != adm.action_id]
         if adm.operation == "memory_reset" and others:
-            raise CrewBusy(f"crew {adm.crew_id!r} has {len(others)} job(s) queued or running for this tenant; "
-                           "memory_reset is refused until they are finished")
+            raise CrewBusy(
+                f"crew {adm.crew_id!r} has {len(others)} job(s) queued or running for this tenant; "
+                "memory_reset is refused until they are finished"
+            )
         if any(op == "memory_reset" for op, _aid in others):
-            raise CrewBusy(f"a memory_reset of crew {adm.crew_id!r} is running for this tenant; retry when it "
-                           "is finished")
+            raise CrewBusy(
+                f"a memory_reset of crew {adm.crew_id!r} is running for this tenant; retry when it is finished"
+            )
 
     def _repeat(self, record: JobRecord, adm: Admission) -> None:
         if record.request_hash != adm.request_hash:
@@ -215,16 +237,20 @@ class Runtime:
             raise RequestConflict(f"action id {adm.action_id!r} belongs to an archived job")
 
     async def _admit_new(self, adm: Admission) -> None:
-        job = NewJob(adm.action_id, adm.crew_id, adm.operation, adm.request_hash, adm.idempotency_key,
-                     adm.requested_timeout_ms)
+        job = NewJob(
+            adm.action_id, adm.crew_id, adm.operation, adm.request_hash, adm.idempotency_key, adm.requested_timeout_ms
+        )
         if len(self.backlog) and not await self.backlog.flush():
             # Earlier outcomes could not be recorded: start nothing whose outcome could not be either.
             self.metrics.inc("journal_write_failures_total")
-            raise JournalWriteFailed("the job journal cannot record results right now; no new job is admitted "
-                                     "until it records the pending ones")
+            raise JournalWriteFailed(
+                "the job journal cannot record results right now; no new job is admitted "
+                "until it records the pending ones"
+            )
         try:
-            record, created = await self.journal.admit(job, max_retained_runs=self.settings.max_retained_runs,
-                                                       max_bytes=self.settings.max_journal_bytes)
+            record, created = await self.journal.admit(
+                job, max_retained_runs=self.settings.max_retained_runs, max_bytes=self.settings.max_journal_bytes
+            )
         except JournalWriteFailed:
             self.metrics.inc("journal_write_failures_total")
             self._admission_write_failed_at = time.monotonic()
@@ -239,8 +265,15 @@ class Runtime:
         self._tasks[adm.action_id] = task
         task.add_done_callback(partial(self._forget_task, adm.action_id))
         self.metrics.inc("jobs_admitted_total", operation=adm.operation)
-        log.info("job_admitted", action_id=adm.action_id, crew_id=adm.crew_id, operation=adm.operation,
-                 input_bytes=adm.input_bytes, timeout_ms=adm.timeout_ms, request_hash=adm.request_hash[:16])
+        log.info(
+            "job_admitted",
+            action_id=adm.action_id,
+            crew_id=adm.crew_id,
+            operation=adm.operation,
+            input_bytes=adm.input_bytes,
+            timeout_ms=adm.timeout_ms,
+            request_hash=adm.request_hash[:16],
+        )
 
     # ------------------------------------------------------------ execution
 
@@ -251,8 +284,9 @@ class Runtime:
                     return
                 started = event_row(0, "started", {"status": "running", "operation": live.operation})
                 try:
-                    ok = await self.journal.transition(live.action_id, JobStatus.RUNNING, first_sequence=0,
-                                                       events=[started])
+                    ok = await self.journal.transition(
+                        live.action_id, JobStatus.RUNNING, first_sequence=0, events=[started]
+                    )
                 except JournalWriteFailed:
                     ok = None
                 if ok:
@@ -269,26 +303,37 @@ class Runtime:
 
     async def _execute(self, live: LiveJob, input: dict[str, Any]) -> None:
         ctx = JobContext(
-            action_id=live.action_id, crew_id=live.crew_id, operation=live.operation, tenant=live.tenant,
-            emit_chunk=partial(self._emit_chunk, live), cancel_flag=live.cancel_flag,
+            action_id=live.action_id,
+            crew_id=live.crew_id,
+            operation=live.operation,
+            tenant=live.tenant,
+            emit_chunk=partial(self._emit_chunk, live),
+            cancel_flag=live.cancel_flag,
             state_dir=self._state_dir,
-            training_dir=self.settings.training_dir, find_task_run=partial(self._find_task_run, live.crew_id, live.tenant),
+            training_dir=self.settings.training_dir,
+            find_task_run=partial(self._find_task_run, live.crew_id, live.tenant),
             note_dropped=partial(self._note_dropped, live),
         )
         live.ctx = ctx
         started_at = time.monotonic()
         log.info("job_started", action_id=live.action_id, operation=live.operation)
-        live.exec_task = asyncio.create_task(self._executor(live.crew_id, live.operation, input, ctx),
-                                             name=f"exec:{live.action_id}")
+        live.exec_task = asyncio.create_task(
+            self._executor(live.crew_id, live.operation, input, ctx), name=f"exec:{live.action_id}"
+        )
         self._background.add(live.exec_task)
         live.exec_task.add_done_callback(self._background.discard)
         done, _ = await asyncio.wait({live.exec_task}, timeout=live.timeout_ms / 1000)
         if not done and live.close():
             log.warning("job_timed_out", action_id=live.action_id, timeout_ms=live.timeout_ms)
             self._signal_stop(live)
-            await asyncio.shield(self._fail(live, "ExecutionTimeout",
-                                            f"the job exceeded its execution bound of {live.timeout_ms} ms",
-                                            live.spec.mutation))
+            await asyncio.shield(
+                self._fail(
+                    live,
+                    "ExecutionTimeout",
+                    f"the job exceeded its execution bound of {live.timeout_ms} ms",
+                    live.spec.mutation,
+                )
+            )
         await asyncio.wait({live.exec_task})  # hold the slot until the worker really returns
         duration_ms = int((time.monotonic() - started_at) * 1000)
         if live.close():
@@ -299,8 +344,12 @@ class Runtime:
                 await self.journal.set_provider_stop_observed(live.action_id, observed)
             except JournalWriteFailed:
                 log.error("job_stop_not_recorded", action_id=live.action_id)
-            log.info("job_worker_returned", action_id=live.action_id, provider_stop_observed=observed,
-                     duration_ms=duration_ms)
+            log.info(
+                "job_worker_returned",
+                action_id=live.action_id,
+                provider_stop_observed=observed,
+                duration_ms=duration_ms,
+            )
 
     async def _record_outcome(self, live: LiveJob, task: asyncio.Task[Any], duration_ms: int) -> None:
         """Turn the executor's result into the terminal event (the job is closed)."""
@@ -328,9 +377,12 @@ class Runtime:
             await self._fail(live, "InvalidOutput", "the operation output is not JSON", spec.mutation)
             return
         if len(output) > MAX_OUTPUT_BYTES:
-            await self._fail(live, "OutputTooLarge",
-                             f"the operation output is {len(output)} bytes; at most {MAX_OUTPUT_BYTES} bytes",
-                             spec.mutation)
+            await self._fail(
+                live,
+                "OutputTooLarge",
+                f"the operation output is {len(output)} bytes; at most {MAX_OUTPUT_BYTES} bytes",
+                spec.mutation,
+            )
             return
         data = output
         if len(EventRow(live.next_sequence, "completed", output).to_json()) > self.settings.max_event_bytes:
@@ -340,18 +392,32 @@ class Runtime:
         inputs = _run_inputs(live.ctx, refs)
         if inputs:  # before the terminal commit: once the run can be replayed, its inputs are there
             await asyncio.to_thread(self.replay_inputs.write, live.action_id, inputs)
-        log.info("job_completed", action_id=live.action_id, output_bytes=len(output), duration_ms=duration_ms,
-                 events=live.next_sequence + 1, dropped_events=live.dropped)
-        await self._finish(live, JobStatus.COMPLETED, None, raw=data, output=output, task_runs=refs,
-                           run_states=states)
+        log.info(
+            "job_completed",
+            action_id=live.action_id,
+            output_bytes=len(output),
+            duration_ms=duration_ms,
+            events=live.next_sequence + 1,
+            dropped_events=live.dropped,
+        )
+        await self._finish(live, JobStatus.COMPLETED, None, raw=data, output=output, task_runs=refs, run_states=states)
 
     async def _fail(self, live: LiveJob, error_type: str, message: str, uncertain: bool) -> None:
         data = {"status": "failed", "error_type": error_type, "message": message, "uncertain_outcome": uncertain}
         await self._finish(live, JobStatus.FAILED, data, error=msgspec.json.encode(data))
 
-    async def _finish(self, live: LiveJob, status: JobStatus, data: dict[str, Any] | None, *,
-                      raw: bytes | None = None, output: bytes | None = None, error: bytes | None = None,
-                      task_runs: list[TaskRunRef] | None = None, run_states: list[RunState] | None = None) -> None:
+    async def _finish(
+        self,
+        live: LiveJob,
+        status: JobStatus,
+        data: dict[str, Any] | None,
+        *,
+        raw: bytes | None = None,
+        output: bytes | None = None,
+        error: bytes | None = None,
+        task_runs: list[TaskRunRef] | None = None,
+        run_states: list[RunState] | None = None,
+    ) -> None:
         """Commit pending chunks and the terminal event in one transaction.
 
         The caller has claimed ``live.close()``. On a journal failure the job
@@ -366,8 +432,14 @@ class Runtime:
             events = [*live.pending, terminal]
             try:
                 ok: bool | None = await self.journal.transition(
-                    live.action_id, status, first_sequence=live.committed, events=events,
-                    output=output, error=error, dropped_events=live.dropped, task_runs=task_runs or (),
+                    live.action_id,
+                    status,
+                    first_sequence=live.committed,
+                    events=events,
+                    output=output,
+                    error=error,
+                    dropped_events=live.dropped,
+                    task_runs=task_runs or (),
                     run_states=run_states or (),
                 )
             except JournalWriteFailed:
@@ -381,12 +453,24 @@ class Runtime:
                     self.metrics.inc("chunks_dropped_total", live.dropped)
             else:
                 live.lost = True
-                log.error("job_terminal_not_recorded", action_id=live.action_id, status=status.value,
-                          retrying=ok is None)
+                log.error(
+                    "job_terminal_not_recorded", action_id=live.action_id, status=status.value, retrying=ok is None
+                )
                 if ok is None:
-                    self.backlog.add(PendingTerminal(live.action_id, live.operation, status, live.committed, events,
-                                                     output, error, live.dropped, list(task_runs or ()),
-                                                     list(run_states or ())))
+                    self.backlog.add(
+                        PendingTerminal(
+                            live.action_id,
+                            live.operation,
+                            status,
+                            live.committed,
+                            events,
+                            output,
+                            error,
+                            live.dropped,
+                            list(task_runs or ()),
+                            list(run_states or ()),
+                        )
+                    )
         live.finished.set()
         live.notify()
         self._live.pop(live.action_id, None)
@@ -429,8 +513,10 @@ class Runtime:
         live.next_sequence += 1
         self.metrics.inc("chunks_total")
         live.notify()
-        if len(live.pending) >= self.settings.stream_checkpoint_events + live.checkpoint_backoff \
-                and not live.flush_scheduled:
+        if (
+            len(live.pending) >= self.settings.stream_checkpoint_events + live.checkpoint_backoff
+            and not live.flush_scheduled
+        ):
             live.flush_scheduled = True
             task = asyncio.create_task(self._checkpoint(live))
             self._background.add(task)
@@ -535,11 +621,13 @@ class Runtime:
 
     def render_metrics(self) -> str:
         """``GET /metrics`` body (Prometheus text, see :mod:`metrics`)."""
-        return self.metrics.render({
-            "active_runs": sum(1 for live in self._live.values() if not live.closed),
-            "retained_runs": self.journal.retained_runs,
-            "max_retained_runs": self.settings.max_retained_runs,
-        })
+        return self.metrics.render(
+            {
+                "active_runs": sum(1 for live in self._live.values() if not live.closed),
+                "retained_runs": self.journal.retained_runs,
+                "max_retained_runs": self.settings.max_retained_runs,
+            }
+        )
 
     async def shutdown(self, grace_seconds: float) -> None:
         """Stop admitting (503), let jobs finish within ``grace_seconds``, then
@@ -577,9 +665,11 @@ def _run_states(ctx: JobContext | None, refs: list[TaskRunRef]) -> list[RunState
     if ctx is None or not refs:
         return []
     indexes = {ref.result_index for ref in refs}
-    return [RunState(index, msgspec.json.encode({"fingerprint": state["fingerprint"]}))
-            for index, state in ctx.run_state.items()
-            if index in indexes and isinstance(state, dict) and "fingerprint" in state]
+    return [
+        RunState(index, msgspec.json.encode({"fingerprint": state["fingerprint"]}))
+        for index, state in ctx.run_state.items()
+        if index in indexes and isinstance(state, dict) and "fingerprint" in state
+    ]
 
 
 def _run_inputs(ctx: JobContext | None, refs: list[TaskRunRef]) -> dict[int | None, dict[str, Any]]:
@@ -587,5 +677,8 @@ def _run_inputs(ctx: JobContext | None, refs: list[TaskRunRef]) -> dict[int | No
     if ctx is None or not refs:
         return {}
     indexes = {ref.result_index for ref in refs}
-    return {index: state["inputs"] for index, state in ctx.run_state.items()
-            if index in indexes and isinstance(state, dict) and isinstance(state.get("inputs"), dict)}
+    return {
+        index: state["inputs"]
+        for index, state in ctx.run_state.items()
+        if index in indexes and isinstance(state, dict) and isinstance(state.get("inputs"), dict)
+    }

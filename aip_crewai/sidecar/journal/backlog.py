@@ -78,9 +78,15 @@ class TerminalBacklog:
             for action_id, item in list(self._pending.items()):
                 try:
                     applied = await self.journal.transition(
-                        item.action_id, item.status, first_sequence=item.first_sequence, events=item.events,
-                        output=item.output, error=item.error, dropped_events=item.dropped_events,
-                        task_runs=item.task_runs, run_states=item.run_states,
+                        item.action_id,
+                        item.status,
+                        first_sequence=item.first_sequence,
+                        events=item.events,
+                        output=item.output,
+                        error=item.error,
+                        dropped_events=item.dropped_events,
+                        task_runs=item.task_runs,
+                        run_states=item.run_states,
                     )
                 except JournalWriteFailed:
                     return False

@@ -33,12 +33,14 @@ def end_unfinished(conn: sqlite3.Connection, found: Sequence[Sequence[Any]], now
     recovered: list[tuple[str, JobStatus]] = []
     for action_id, status, count in found:
         running = status == JobStatus.RUNNING.value
-        data = msgspec.json.encode({
-            "status": "failed",
-            "error_type": "SidecarRestarted",
-            "message": RESTARTED_RUNNING if running else RESTARTED_QUEUED,
-            "uncertain_outcome": running,
-        })
+        data = msgspec.json.encode(
+            {
+                "status": "failed",
+                "error_type": "SidecarRestarted",
+                "message": RESTARTED_RUNNING if running else RESTARTED_QUEUED,
+                "uncertain_outcome": running,
+            }
+        )
         cur = conn.execute(
             "UPDATE jobs SET status = 'failed', error = ?, event_count = event_count + 1, updated_at = ? "
             "WHERE action_id = ? AND status = ? AND event_count = ?",

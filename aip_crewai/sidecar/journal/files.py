@@ -40,7 +40,9 @@ _Opened = tuple[sqlite3.Connection, int, int]
 # ------------------------------------------------------------------ opening
 
 
-async def start_journal_worker(path: Path, lock_fd: int | None, *, readonly: bool) -> tuple[ThreadPoolExecutor, _Opened]:
+async def start_journal_worker(
+    path: Path, lock_fd: int | None, *, readonly: bool
+) -> tuple[ThreadPoolExecutor, _Opened]:
     """Start a journal's worker thread and :func:`_connect` on it (the thread that will own the connection).
 
     Nothing leaks on failure, cancellation included (:func:`aip_crewai.plumbing.storage.start_worker`):
@@ -110,13 +112,17 @@ def check_main_file(path: Path) -> None:
     if head == SQLITE_HEADER:
         return
     if head.lstrip()[:1] == b"[" and not leftovers:
-        raise JournalForeign(f"{path} looks like a reference sidecar's JSON journal, not a SQLite journal; "
-                             f"migrate it with `aip-crewai journal import {path}` and point --journal "
-                             "(AIP_CREWAI_STATE_FILE) at the new file it prints")
+        raise JournalForeign(
+            f"{path} looks like a reference sidecar's JSON journal, not a SQLite journal; "
+            f"migrate it with `aip-crewai journal import {path}` and point --journal "
+            "(AIP_CREWAI_STATE_FILE) at the new file it prints"
+        )
     if head or leftovers:
         beside = f", yet {leftovers[0].name} of a journal is beside it" if leftovers else ""
-        raise JournalForeign(f"{path} is not a SQLite database{beside}: it is not this sidecar's journal "
-                             "(was it replaced?); restore the journal, or move these files away")
+        raise JournalForeign(
+            f"{path} is not a SQLite database{beside}: it is not this sidecar's journal "
+            "(was it replaced?); restore the journal, or move these files away"
+        )
 
 
 #: The ``-wal`` file is truncated to this size after each checkpoint that resets it
@@ -189,8 +195,10 @@ def _check_integrity(conn: sqlite3.Connection, path: Path) -> None:
 
 def _corrupt(path: Path, problem: str) -> JournalCorrupt:
     text = " ".join(problem.replace("*** in database main ***", "").split())[:200]
-    return JournalCorrupt(f"the journal {path} is corrupt (SQLite integrity check: {text}); "
-                          "restore it from a backup, or move it aside to start with an empty journal")
+    return JournalCorrupt(
+        f"the journal {path} is corrupt (SQLite integrity check: {text}); "
+        "restore it from a backup, or move it aside to start with an empty journal"
+    )
 
 
 def _check_identity(conn: sqlite3.Connection, path: Path) -> None:
@@ -203,8 +211,10 @@ def _check_identity(conn: sqlite3.Connection, path: Path) -> None:
     """
     app_id = fetch_scalar(conn, "PRAGMA application_id") or 0
     version = fetch_scalar(conn, "PRAGMA user_version") or 0
-    tables = {row[0] for row in fetch_rows(
-        conn, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+    tables = {
+        row[0]
+        for row in fetch_rows(conn, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+    }
     problem = None
     if app_id not in (0, APPLICATION_ID):
         problem = f"its SQLite application_id is {app_id}, not {APPLICATION_ID}"
@@ -221,9 +231,14 @@ def _check_identity(conn: sqlite3.Connection, path: Path) -> None:
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     """Apply the missing migrations in order, each in its own transaction (:func:`aip_crewai.plumbing.storage.apply_migrations`)."""
-    apply_migrations(conn, MIGRATIONS[:SCHEMA_VERSION], too_new=lambda version, known: JournalSchemaError(
-        f"the journal {path} has schema version {version}; this sidecar supports at most {known}"),
-        applied=lambda number: log.info("journal_migrated", schema_version=number))
+    apply_migrations(
+        conn,
+        MIGRATIONS[:SCHEMA_VERSION],
+        too_new=lambda version, known: JournalSchemaError(
+            f"the journal {path} has schema version {version}; this sidecar supports at most {known}"
+        ),
+        applied=lambda number: log.info("journal_migrated", schema_version=number),
+    )
 
 
 def file_identity(path: Path) -> tuple[int, int] | None:

@@ -107,8 +107,7 @@ def _check_not_in_use(path: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise ReferenceJournalError(f"{path} is in use: a reference sidecar holds {lock_path}; stop it first") \
-            from None
+        raise ReferenceJournalError(f"{path} is in use: a reference sidecar holds {lock_path}; stop it first") from None
     finally:
         os.close(fd)  # closing drops the shared lock taken for the check
 
@@ -120,6 +119,7 @@ def convert(run: _Run, *, created_at: int) -> ImportedJob:
         ReferenceJournalError: an unknown status, operation or event name, sequences not 0..n-1, a terminal
             event before the end or disagreeing with the status, ids out of bounds.
     """
+
     def bad(problem: str) -> ReferenceJournalError:
         return ReferenceJournalError(f"run {run.action_id[:MAX_ID_CHARS]!r}: {problem}")
 
@@ -144,9 +144,20 @@ def convert(run: _Run, *, created_at: int) -> ImportedJob:
         if last in TERMINAL_EVENTS:
             raise bad(f"status running, yet its last event is {last}")
         status = "failed"
-        rows.append(EventRow(len(rows), "failed", _json({
-            "status": "failed", "error_type": "SidecarRestarted", "message": RESTARTED_RUNNING,
-            "uncertain_outcome": True})))
+        rows.append(
+            EventRow(
+                len(rows),
+                "failed",
+                _json(
+                    {
+                        "status": "failed",
+                        "error_type": "SidecarRestarted",
+                        "message": RESTARTED_RUNNING,
+                        "uncertain_outcome": True,
+                    }
+                ),
+            )
+        )
     elif last is None or last not in TERMINAL_EVENTS:
         rows.append(EventRow(len(rows), status, _json(_missing_terminal(status, run.output))))
     elif last != status:
@@ -155,8 +166,13 @@ def convert(run: _Run, *, created_at: int) -> ImportedJob:
     if status == "completed":
         output = _json(run.output) if run.output is not None else rows[-1].data
     return ImportedJob(
-        action_id=run.action_id, crew_id=run.crew_id, operation=run.operation, request_hash=run.input_hash,
-        status=JobStatus(status), events=tuple(rows), output=output,
+        action_id=run.action_id,
+        crew_id=run.crew_id,
+        operation=run.operation,
+        request_hash=run.input_hash,
+        status=JobStatus(status),
+        events=tuple(rows),
+        output=output,
         error=rows[-1].data if status == "failed" else None,
         task_runs=tuple(task_refs(run.operation, msgspec.json.decode(output) if output else None)),
         created_at=created_at,
@@ -167,8 +183,12 @@ def _missing_terminal(status: str, output: dict[str, Any] | None) -> dict[str, A
     if status == "completed":
         return output if output is not None else {"status": "completed"}
     if status == "failed":
-        return {"status": "failed", "error_type": "ImportedWithoutTerminalEvent",
-                "message": "the reference journal recorded the failure without its event", "uncertain_outcome": True}
+        return {
+            "status": "failed",
+            "error_type": "ImportedWithoutTerminalEvent",
+            "message": "the reference journal recorded the failure without its event",
+            "uncertain_outcome": True,
+        }
     return {"status": "cancelled"}
 
 
@@ -198,8 +218,7 @@ async def import_file(source: Path, target: Path) -> dict[str, Any]:
         imported, present, conflicts = await journal.import_jobs(jobs)
     finally:
         await journal.close()
-    return {"journal": str(target), "imported": len(imported), "already_present": len(present),
-            "conflicts": conflicts}
+    return {"journal": str(target), "imported": len(imported), "already_present": len(present), "conflicts": conflicts}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -218,11 +237,13 @@ def main(args: argparse.Namespace) -> int:
     except AipError as exc:
         print(f"aip-crewai: {target}: {exc.message}", file=sys.stderr)
         return 1
-    print(json.dumps(report, separators=(",", ":")) if args.json else
-          f"{report['imported']} imported, {report['already_present']} already present, "
-          f"{len(report['conflicts'])} conflicting into {report['journal']}; start the sidecar with "
-          f"--journal {report['journal']}")
+    print(
+        json.dumps(report, separators=(",", ":"))
+        if args.json
+        else f"{report['imported']} imported, {report['already_present']} already present, "
+        f"{len(report['conflicts'])} conflicting into {report['journal']}; start the sidecar with "
+        f"--journal {report['journal']}"
+    )
     for action_id in report["conflicts"]:
-        print(f"aip-crewai: conflict: {action_id} is in {target} with another request; left as it is",
-              file=sys.stderr)
+        print(f"aip-crewai: conflict: {action_id} is in {target} with another request; left as it is", file=sys.stderr)
     return 1 if report["conflicts"] else 0

@@ -45,5 +45,10 @@ def acquire_lock(journal: Path) -> int:
         JournalLocked: another process holds it.
         JournalInsecure: the lock file is a symlink, not a regular file, or not private.
     """
-    return storage_lock(journal, insecure=JournalInsecure, held=lambda lock_path: JournalLocked(
-        f"the journal {journal} is already owned by another active sidecar (lock {lock_path} is held)"))
+    return storage_lock(
+        journal,
+        insecure=JournalInsecure,
+        held=lambda lock_path: JournalLocked(
+            f"the journal {journal} is already owned by another active sidecar (lock {lock_path} is held)"
+        ),
+    )

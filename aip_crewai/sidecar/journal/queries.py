@@ -16,8 +16,18 @@ import msgspec
 from aip_crewai.sidecar.jobs.model import EventRow, JobRecord, JobStatus
 from aip_crewai.sidecar.journal.files import fetch_rows
 
-__all__ = ["JOB_COLUMNS", "GET_JOB", "INSERT_EVENTS", "JOBS_ENDING", "TASK_RUN_HIT", "job_record", "read_summary", "read_events", "read_summary_and_events",
-           "task_run_hit"]
+__all__ = [
+    "JOB_COLUMNS",
+    "GET_JOB",
+    "INSERT_EVENTS",
+    "JOBS_ENDING",
+    "TASK_RUN_HIT",
+    "job_record",
+    "read_summary",
+    "read_events",
+    "read_summary_and_events",
+    "task_run_hit",
+]
 
 JOB_COLUMNS = (
     "action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, status, event_count, output, "
@@ -26,8 +36,10 @@ JOB_COLUMNS = (
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE action_id = ?"
 INSERT_EVENTS = "INSERT INTO events VALUES (?, ?, ?, ?)"
 #: Job ids ending in ``:<action id>``, of any tenant (a full scan, for the operator's CLI).
-JOBS_ENDING = ("SELECT action_id FROM jobs WHERE length(action_id) > ? AND "
-               "substr(action_id, length(action_id) - ? + 1) = ? ORDER BY action_id LIMIT ?")
+JOBS_ENDING = (
+    "SELECT action_id FROM jobs WHERE length(action_id) > ? AND "
+    "substr(action_id, length(action_id) - ? + 1) = ? ORDER BY action_id LIMIT ?"
+)
 #: The latest retained completed run of (tenant, crew) holding a task id, with its run state: rows for
 #: :func:`task_run_hit`; parameters (task id, tenant, crew id).
 TASK_RUN_HIT = (
@@ -41,10 +53,21 @@ TASK_RUN_HIT = (
 def job_record(row: Sequence[Any]) -> JobRecord:
     """A :class:`JobRecord` from a row of :data:`JOB_COLUMNS` (times in epoch ms)."""
     return JobRecord(
-        action_id=row[0], crew_id=row[1], operation=row[2], request_hash=row[3], idempotency_key=row[4],
-        timeout_ms=row[5], status=JobStatus(row[6]), event_count=row[7], output=row[8], error=row[9],
-        dropped_events=row[10], provider_stop_observed=None if row[11] is None else bool(row[11]),
-        archived=bool(row[12]), created_at=row[13], updated_at=row[14],
+        action_id=row[0],
+        crew_id=row[1],
+        operation=row[2],
+        request_hash=row[3],
+        idempotency_key=row[4],
+        timeout_ms=row[5],
+        status=JobStatus(row[6]),
+        event_count=row[7],
+        output=row[8],
+        error=row[9],
+        dropped_events=row[10],
+        provider_stop_observed=None if row[11] is None else bool(row[11]),
+        archived=bool(row[12]),
+        created_at=row[13],
+        updated_at=row[14],
     )
 
 
@@ -54,12 +77,16 @@ def read_summary(conn: sqlite3.Connection, action_id: str) -> tuple[JobStatus, i
     return (JobStatus(rows[0][0]), rows[0][1], bool(rows[0][2])) if rows else None
 
 
-def read_events(conn: sqlite3.Connection, action_id: str, cursor: int, limit: int,
-            max_bytes: int | None) -> list[EventRow]:
+def read_events(
+    conn: sqlite3.Connection, action_id: str, cursor: int, limit: int, max_bytes: int | None
+) -> list[EventRow]:
     """At most ``limit`` committed events from ``sequence >= cursor``, in order, stopping before their data
     would exceed ``max_bytes`` (None: no byte bound; the first event is always returned)."""
-    rows = fetch_rows(conn, "SELECT sequence, event, data FROM events WHERE action_id = ? AND sequence >= ? "
-                       "ORDER BY sequence LIMIT ?", (action_id, cursor, limit))
+    rows = fetch_rows(
+        conn,
+        "SELECT sequence, event, data FROM events WHERE action_id = ? AND sequence >= ? ORDER BY sequence LIMIT ?",
+        (action_id, cursor, limit),
+    )
     if max_bytes is not None:
         total = 0
         for index, (_sequence, _event, data) in enumerate(rows):
@@ -70,8 +97,9 @@ def read_events(conn: sqlite3.Connection, action_id: str, cursor: int, limit: in
     return [EventRow(*row) for row in rows]
 
 
-def read_summary_and_events(conn: sqlite3.Connection, action_id: str, cursor: int, limit: int,
-                        max_bytes: int | None) -> tuple[tuple[JobStatus, int, bool] | None, list[EventRow]]:
+def read_summary_and_events(
+    conn: sqlite3.Connection, action_id: str, cursor: int, limit: int, max_bytes: int | None
+) -> tuple[tuple[JobStatus, int, bool] | None, list[EventRow]]:
     """:func:`read_summary`, then :func:`read_events` of at most ``min(limit, event_count - cursor)`` events
     when ``0 <= cursor < event_count`` and the job is not archived; ``(summary, [])`` otherwise."""
     summary = read_summary(conn, action_id)

@@ -89,6 +89,7 @@ __all__ = ["Journal", "SCHEMA_VERSION"]
 
 log = structlog.get_logger(__name__)
 
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -106,8 +107,15 @@ _T = TypeVar("_T")
 class Journal:
     """Async access to one journal file. Create with :meth:`open`; one per process."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, worker: ThreadPoolExecutor, lock_fd: int | None,
-                 page_size: int, retained: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        conn: sqlite3.Connection,
+        worker: ThreadPoolExecutor,
+        lock_fd: int | None,
+        page_size: int,
+        retained: int,
+    ) -> None:
         self.path = path
         self._conn = conn
         self._worker = worker
@@ -195,8 +203,9 @@ class Journal:
 
     async def list_jobs(self, limit: int = 50) -> list[JobRecord]:
         """The newest ``limit`` jobs (archived tombstones included), newest first."""
-        rows = await self._fetch(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY created_at DESC, action_id LIMIT ?",
-                                 (limit,))
+        rows = await self._fetch(
+            f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY created_at DESC, action_id LIMIT ?", (limit,)
+        )
         return [job_record(row) for row in rows]
 
     async def close(self) -> None:
@@ -303,6 +312,7 @@ class Journal:
 
         Source: ARCHITECTURE.md §5 (Crash fence).
         """
+
         def recover_now() -> list[tuple[str, JobStatus]]:
             found = fetch_rows(self._conn, UNFINISHED_JOBS)
             return self._write_now(end_unfinished, self._conn, found, _now_ms()) if found else []
@@ -357,8 +367,9 @@ class Journal:
         hit = await self.find_task_run_hit(crew_id, task_id, tenant)
         return None if hit is None else hit[0]
 
-    async def find_task_run_hit(self, crew_id: str, task_id: str,
-                                tenant: str = "") -> tuple[bytes, str, int | None] | None:
+    async def find_task_run_hit(
+        self, crew_id: str, task_id: str, tenant: str = ""
+    ) -> tuple[bytes, str, int | None] | None:
         """Output (JSON bytes of one serialized CrewOutput) of the latest retained
         completed job of ``(tenant, crew_id)`` whose ``tasks_output`` holds ``task_id``.
 
@@ -389,12 +400,21 @@ class Journal:
 
         Source: ARCHITECTURE.md §4 (admission), §5 (durability).
         """
+
         def insert(now: int) -> JobRecord:
             self._conn.execute(
                 "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, status, "
                 "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
-                (job.action_id, job.crew_id, job.operation, job.request_hash, job.idempotency_key, job.timeout_ms,
-                 now, now),
+                (
+                    job.action_id,
+                    job.crew_id,
+                    job.operation,
+                    job.request_hash,
+                    job.idempotency_key,
+                    job.timeout_ms,
+                    now,
+                    now,
+                ),
             )
             return job_record(fetch_rows(self._conn, GET_JOB, (job.action_id,))[0])
 
@@ -479,8 +499,17 @@ class Journal:
                 f"UPDATE jobs SET status = ?, event_count = event_count + ?, output = COALESCE(?, output), "
                 f"error = COALESCE(?, error), dropped_events = COALESCE(?, dropped_events), updated_at = ? "
                 f"WHERE action_id = ? AND event_count = ? AND archived = 0 AND status IN ({marks})",
-                (target.value, len(rows), output, error, dropped_events, _now_ms(), action_id,
-                 first_sequence, *sources),
+                (
+                    target.value,
+                    len(rows),
+                    output,
+                    error,
+                    dropped_events,
+                    _now_ms(),
+                    action_id,
+                    first_sequence,
+                    *sources,
+                ),
             )
             if rows:
                 self._conn.executemany(INSERT_EVENTS, rows)
@@ -494,17 +523,21 @@ class Journal:
                 )
             if states:
                 self._conn.executemany(
-                    "INSERT OR REPLACE INTO run_state (action_id, result_index, state) VALUES (?,?,?)", states)
+                    "INSERT OR REPLACE INTO run_state (action_id, result_index, state) VALUES (?,?,?)", states
+                )
 
         return await self._run(self._guarded_now, apply)
 
     async def set_provider_stop_observed(self, action_id: str, observed: bool) -> bool:
         """Record, once, whether a stopped job's worker really stopped (cancel/timeout)."""
-        return await self._run(self._guarded_now, lambda: self._update_one(
-            "UPDATE jobs SET provider_stop_observed = ?, updated_at = ? "
-            "WHERE action_id = ? AND provider_stop_observed IS NULL AND status IN ('cancelled', 'failed')",
-            (int(observed), _now_ms(), action_id),
-        ))
+        return await self._run(
+            self._guarded_now,
+            lambda: self._update_one(
+                "UPDATE jobs SET provider_stop_observed = ?, updated_at = ? "
+                "WHERE action_id = ? AND provider_stop_observed IS NULL AND status IN ('cancelled', 'failed')",
+                (int(observed), _now_ms(), action_id),
+            ),
+        )
 
     async def import_jobs(self, jobs: Sequence[ImportedJob]) -> tuple[list[str], list[str], list[str]]:
         """Insert finished jobs migrated from a reference journal, with their events, in ONE transaction.
@@ -522,6 +555,7 @@ class Journal:
 
         Source: README "Migrating from the reference sidecar"; ARCHITECTURE.md §5 (journal).
         """
+
         def insert_all() -> tuple[list[str], list[str], list[str]]:
             imported: list[str] = []
             present: list[str] = []
@@ -534,16 +568,29 @@ class Journal:
                 self._conn.execute(
                     "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, "
                     "status, event_count, output, error, created_at, updated_at) VALUES (?, ?, ?, ?, '', NULL, ?, ?, ?, ?, ?, ?)",
-                    (job.action_id, job.crew_id, job.operation, job.request_hash, job.status.value, len(job.events),
-                     job.output, job.error, job.created_at, job.created_at),
+                    (
+                        job.action_id,
+                        job.crew_id,
+                        job.operation,
+                        job.request_hash,
+                        job.status.value,
+                        len(job.events),
+                        job.output,
+                        job.error,
+                        job.created_at,
+                        job.created_at,
+                    ),
                 )
-                self._conn.executemany(INSERT_EVENTS, [(job.action_id, e.sequence, e.event, e.data)
-                                                        for e in job.events])
+                self._conn.executemany(
+                    INSERT_EVENTS, [(job.action_id, e.sequence, e.event, e.data) for e in job.events]
+                )
                 self._conn.executemany(
                     "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index, tenant) "
                     "VALUES (?,?,?,?,?)",
-                    [(r.task_id, job.action_id, job.crew_id, r.result_index, tenant_of(job.action_id))
-                     for r in job.task_runs],
+                    [
+                        (r.task_id, job.action_id, job.crew_id, r.result_index, tenant_of(job.action_id))
+                        for r in job.task_runs
+                    ],
                 )
                 imported.append(job.action_id)
             return imported, present, conflicting
@@ -561,6 +608,7 @@ class Journal:
 
         Source: ARCHITECTURE.md §4 (``DELETE /jobs/{action_id}``).
         """
+
         def tombstone() -> ArchiveOutcome:
             rows = fetch_rows(self._conn, "SELECT status, archived FROM jobs WHERE action_id = ?", (action_id,))
             if not rows:
@@ -589,5 +637,3 @@ class Journal:
 
 
 # ------------------------------------------------------------------ reads (run on the worker)
-
-

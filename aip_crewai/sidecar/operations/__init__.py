@@ -34,9 +34,7 @@ from aip_crewai.sidecar.registry import CrewSource
 _OPERATION = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-async def execute(
-    source: CrewSource, operation: str, input: dict[str, Any], ctx: JobContext
-) -> dict[str, Any]:
+async def execute(source: CrewSource, operation: str, input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Run one operation of one job and return its output.
 
     Args:
@@ -59,12 +57,11 @@ async def execute(
             class with a fixed message.
     """
     module = _operation_module(operation)
-    from aip_crewai.sidecar.operations._common import job_scope, no_human_input
-    from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
-
     # The whole operation runs in the job's (tenant, crew) namespace: CrewAI may build
     # Memory/Knowledge again after construction (pydantic re-validates a crew on assignment).
     from aip_crewai.sidecar.operations import _swallowed
+    from aip_crewai.sidecar.operations._common import job_scope, no_human_input
+    from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 
     with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant), no_human_input():
         try:

@@ -34,17 +34,15 @@ from crewai.hooks.llm_hooks import (
     get_before_llm_call_hooks,
     register_before_llm_call_hook,
 )
-from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 from crewai.hooks.tool_hooks import get_before_tool_call_hooks, register_before_tool_call_hook
+from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 
 from aip_crewai.sidecar.jobs.context import JobCancelled, JobContext, SafeJobError
 from aip_crewai.sidecar.operations import _swallowed
 
 log = structlog.get_logger(__name__)
 
-_current_job: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar(
-    "aip_crewai_current_job", default=None
-)
+_current_job: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("aip_crewai_current_job", default=None)
 
 DEFAULT_MAX_DEPTH = 8
 DEFAULT_MAX_ITEMS = 200
@@ -236,8 +234,10 @@ class NoHumanInput(SyncHumanInputProvider):
         raise SafeJobError(HUMAN_INPUT_MESSAGE, error_type="HumanInputUnsupported")
 
 
-HUMAN_INPUT_MESSAGE = ("a task of this crew asks for human input (human_input=True); the sidecar has no human "
-                       "to ask and never reads standard input")
+HUMAN_INPUT_MESSAGE = (
+    "a task of this crew asks for human input (human_input=True); the sidecar has no human "
+    "to ask and never reads standard input"
+)
 
 
 @contextmanager
@@ -258,16 +258,22 @@ def refuse_human_input(crew: Any) -> None:
 
     Source: README ("Tenant-scoped crew state": human input).
     """
-    positions = [i for i, task in enumerate(getattr(crew, "tasks", None) or [], start=1)
-                 if getattr(task, "human_input", False)]
+    positions = [
+        i for i, task in enumerate(getattr(crew, "tasks", None) or [], start=1) if getattr(task, "human_input", False)
+    ]
     if positions:
-        raise SafeJobError(f"{HUMAN_INPUT_MESSAGE} (task {', '.join(map(str, positions))})",
-                           error_type="HumanInputUnsupported", before_any_effect=True)
+        raise SafeJobError(
+            f"{HUMAN_INPUT_MESSAGE} (task {', '.join(map(str, positions))})",
+            error_type="HumanInputUnsupported",
+            before_any_effect=True,
+        )
 
 
 #: Published when knowledge cannot be used (never the embedder's text: it can hold secrets).
-KNOWLEDGE_UNAVAILABLE = ("the crew's knowledge cannot be used (its embedder or storage failed to initialise or "
-                         "to search); the error text is withheld")
+KNOWLEDGE_UNAVAILABLE = (
+    "the crew's knowledge cannot be used (its embedder or storage failed to initialise or "
+    "to search); the error text is withheld"
+)
 
 
 def unavailable_knowledge(crew: Any) -> list[str]:
@@ -304,8 +310,13 @@ def unavailable_knowledge(crew: Any) -> list[str]:
 KNOWLEDGE_PROBE = "knowledge probe"
 
 
-def strict_search(storage: KnowledgeStorage, query: list[str], limit: int, threshold: float,
-                  metadata_filter: dict[str, Any] | None = None) -> list[Any]:
+def strict_search(
+    storage: KnowledgeStorage,
+    query: list[str],
+    limit: int,
+    threshold: float,
+    metadata_filter: dict[str, Any] | None = None,
+) -> list[Any]:
     """``KnowledgeStorage.search`` of CrewAI 1.15.5 without its catch-all ``except`` (same arguments).
 
     Raises:
@@ -317,7 +328,8 @@ def strict_search(storage: KnowledgeStorage, query: list[str], limit: int, thres
     name = f"knowledge_{storage.collection_name}" if storage.collection_name else "knowledge"
     text = " ".join(query) if len(query) > 1 else query[0]
     results: list[Any] = storage._get_client().search(
-        collection_name=name, query=text, limit=limit, metadata_filter=metadata_filter, score_threshold=threshold)
+        collection_name=name, query=text, limit=limit, metadata_filter=metadata_filter, score_threshold=threshold
+    )
     return results
 
 
@@ -332,8 +344,9 @@ def refuse_unavailable_knowledge(crew: Any) -> None:
 
 
 #: Published when memory cannot be used (never the embedder's text).
-MEMORY_UNAVAILABLE = ("the crew's memory cannot be used (its embedder failed to initialise or to embed); the "
-                      "error text is withheld")
+MEMORY_UNAVAILABLE = (
+    "the crew's memory cannot be used (its embedder failed to initialise or to embed); the error text is withheld"
+)
 #: The text of the memory probe (one embedding by the memory's embedder).
 MEMORY_PROBE = "memory probe"
 
@@ -392,11 +405,17 @@ def unconfigured_llms(crew: Any) -> list[str]:
     Source: README ("Tenant-scoped crew state": start-up preflight).
     """
     found = []
-    slots = [(f"agent {getattr(a, 'role', '?')!r}", getattr(a, "llm", None)) for a in getattr(crew, "agents", None) or []]
+    slots = [
+        (f"agent {getattr(a, 'role', '?')!r}", getattr(a, "llm", None)) for a in getattr(crew, "agents", None) or []
+    ]
     slots.append(("manager", getattr(crew, "manager_llm", None)))  # function_calling_llm: deprecated, not read
     for where, llm in slots:
         module = type(llm).__module__
-        if llm is None or not module.startswith(_CREWAI_LLM_MODULES) or "api_key" not in getattr(type(llm), "model_fields", {}):
+        if (
+            llm is None
+            or not module.startswith(_CREWAI_LLM_MODULES)
+            or "api_key" not in getattr(type(llm), "model_fields", {})
+        ):
             continue
         if not getattr(llm, "api_key", None):
             found.append(f"{where}: {getattr(llm, 'provider', None) or '?'}/{getattr(llm, 'model', '?')}")
@@ -411,9 +430,12 @@ def refuse_unconfigured_llms(crew: Any) -> None:
     """
     missing = unconfigured_llms(crew)
     if missing:
-        raise SafeJobError(f"no API key is configured for {'; '.join(missing)} (set the provider's key variable "
-                           "in the sidecar's environment, e.g. OPENAI_API_KEY)", error_type="LlmUnconfigured",
-                           before_any_effect=True)
+        raise SafeJobError(
+            f"no API key is configured for {'; '.join(missing)} (set the provider's key variable "
+            "in the sidecar's environment, e.g. OPENAI_API_KEY)",
+            error_type="LlmUnconfigured",
+            before_any_effect=True,
+        )
 
 
 # ------------------------------------------------------------------- fingerprint
@@ -440,13 +462,18 @@ def crew_fingerprint(crew: Any) -> list[dict[str, str | None]]:
     for task in list(getattr(crew, "tasks", None) or []):
         agent = getattr(task, "agent", None)
         role = getattr(agent, "_original_role", None) or getattr(agent, "role", None)
-        out.append({
-            "name": _text(getattr(task, "name", None)),
-            "description": _text(getattr(task, "_original_description", None) or getattr(task, "description", None)),
-            "expected_output": _text(getattr(task, "_original_expected_output", None)
-                                     or getattr(task, "expected_output", None)),
-            "agent_role": _text(role),
-        })
+        out.append(
+            {
+                "name": _text(getattr(task, "name", None)),
+                "description": _text(
+                    getattr(task, "_original_description", None) or getattr(task, "description", None)
+                ),
+                "expected_output": _text(
+                    getattr(task, "_original_expected_output", None) or getattr(task, "expected_output", None)
+                ),
+                "agent_role": _text(role),
+            }
+        )
     return out
 
 
@@ -506,8 +533,7 @@ def serialize_crew_output(output: Any, crew: Any = None) -> dict[str, Any]:
         "raw": str(getattr(output, "raw", "") or ""),
         "token_usage": to_bounded_json(getattr(output, "token_usage", None)) or {},
         "tasks_output": [
-            _serialize_task_output(item, task_id)
-            for item, task_id in zip(tasks_output, task_ids, strict=True)
+            _serialize_task_output(item, task_id) for item, task_id in zip(tasks_output, task_ids, strict=True)
         ],
         "json_dict": to_bounded_json(getattr(output, "json_dict", None)),
         "pydantic": to_bounded_json(getattr(output, "pydantic", None)),
@@ -579,10 +605,7 @@ def _bound(value: Any, depth: int, max_items: int) -> Any:
         if depth <= 0:
             return "…"
         if isinstance(value, Mapping):
-            return {
-                str(k): _bound(v, depth - 1, max_items)
-                for k, v in _take(value.items(), max_items)
-            }
+            return {str(k): _bound(v, depth - 1, max_items) for k, v in _take(value.items(), max_items)}
         return [_bound(v, depth - 1, max_items) for v in _take(value, max_items)]
     return str(value)
 
@@ -592,4 +615,3 @@ def _take(items: Any, limit: int) -> Iterator[Any]:
         if index >= limit:
             return
         yield item
-

@@ -49,8 +49,10 @@ DEGRADING_EVENTS: dict[type, str] = {
     MemorySaveFailedEvent: "MemoryFailed",
 }
 DEGRADED_MESSAGES = {
-    "KnowledgeSearchFailed": ("the crew's knowledge could not be searched during the run (CrewAI would have run "
-                              "without it); the error text is withheld"),
+    "KnowledgeSearchFailed": (
+        "the crew's knowledge could not be searched during the run (CrewAI would have run "
+        "without it); the error text is withheld"
+    ),
     "MemoryFailed": "the crew's memory failed during the run (CrewAI would have run without it); the error text is withheld",
 }
 #: At most this many tool errors are kept per job.
@@ -69,8 +71,12 @@ def note(ctx: JobContext, event: Any) -> None:
         errors = ctx.extra.setdefault(_TOOL_ERRORS, [])
         if len(errors) < MAX_TOOL_ERRORS:
             error = event.error
-            errors.append({"tool": str(event.tool_name)[:256],
-                           "error_type": type(error).__name__ if isinstance(error, BaseException) else "error"})
+            errors.append(
+                {
+                    "tool": str(event.tool_name)[:256],
+                    "error_type": type(error).__name__ if isinstance(error, BaseException) else "error",
+                }
+            )
 
 
 def degraded_error(ctx: JobContext) -> SafeJobError | None:
@@ -114,20 +120,30 @@ def provider_error(exc: BaseException, ctx: JobContext) -> SafeJobError | None:
     chain = _chain(exc)
     status = next((e for e in chain if isinstance(e, openai.APIStatusError)), None)
     if status is not None:
-        return SafeJobError(f"the model provider answered HTTP {status.status_code}{tool_error_summary(ctx)}",
-                            error_type="ProviderError", uncertain=_uncertain(ctx))
+        return SafeJobError(
+            f"the model provider answered HTTP {status.status_code}{tool_error_summary(ctx)}",
+            error_type="ProviderError",
+            uncertain=_uncertain(ctx),
+        )
     timeout = next((e for e in chain if isinstance(e, openai.APITimeoutError | httpx.TimeoutException)), None)
     if timeout is not None:
-        return SafeJobError(f"the model provider did not answer in time ({type(timeout).__name__})"
-                            f"{tool_error_summary(ctx)}", error_type="ProviderUnreachable", uncertain=_uncertain(ctx))
+        return SafeJobError(
+            f"the model provider did not answer in time ({type(timeout).__name__}){tool_error_summary(ctx)}",
+            error_type="ProviderUnreachable",
+            uncertain=_uncertain(ctx),
+        )
     # the most specific first: the SDK's or httpx's error, then CrewAI's ConnectionError around it
     connection: BaseException | None = next(
-        (e for e in chain if isinstance(e, openai.APIConnectionError | httpx.TransportError)), None)
+        (e for e in chain if isinstance(e, openai.APIConnectionError | httpx.TransportError)), None
+    )
     connection = connection or next((e for e in chain if isinstance(e, ConnectionError)), None)
     if connection is not None:
-        return SafeJobError(f"the model provider could not be reached (connection failed: "
-                            f"{type(connection).__name__}){tool_error_summary(ctx)}",
-                            error_type="ProviderUnreachable", uncertain=_uncertain(ctx))
+        return SafeJobError(
+            f"the model provider could not be reached (connection failed: "
+            f"{type(connection).__name__}){tool_error_summary(ctx)}",
+            error_type="ProviderUnreachable",
+            uncertain=_uncertain(ctx),
+        )
     return None
 
 
@@ -148,6 +164,9 @@ def failure(exc: Exception, ctx: JobContext) -> SafeJobError | None:
         return None  # already typed, or a cancelled job: its stop is the outcome, not what failed meanwhile
     found = degraded_error(ctx) or provider_error(exc, ctx)
     if found is None and tool_errors(ctx):
-        found = SafeJobError(f"the crew failed after a tool error{tool_error_summary(ctx)}",
-                             error_type=type(exc).__name__, uncertain=_uncertain(ctx))
+        found = SafeJobError(
+            f"the crew failed after a tool error{tool_error_summary(ctx)}",
+            error_type=type(exc).__name__,
+            uncertain=_uncertain(ctx),
+        )
     return found

@@ -60,9 +60,7 @@ from aip_crewai.sidecar.operations._common import (
 from aip_crewai.sidecar.registry import CrewSource
 from aip_crewai.sidecar.tenancy import DEFAULT_TENANT, namespace_key, private_collection_name
 
-_namespace: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "aip_crewai_knowledge_namespace", default=None
-)
+_namespace: contextvars.ContextVar[str | None] = contextvars.ContextVar("aip_crewai_knowledge_namespace", default=None)
 _previous_factory: Any = None
 _previous_memory_factory: Any = None
 #: Directory under CrewAI's storage dir holding one directory per (tenant, crew) namespace.
@@ -97,12 +95,22 @@ class JobKnowledgeStorage(KnowledgeStorage):
     (``_swallowed``).
     """
 
-    def search(self, query: list[str], limit: int = 5, metadata_filter: dict[str, Any] | None = None,
-               score_threshold: float = 0.6) -> list[Any]:
+    def search(
+        self,
+        query: list[str],
+        limit: int = 5,
+        metadata_filter: dict[str, Any] | None = None,
+        score_threshold: float = 0.6,
+    ) -> list[Any]:
         return strict_search(self, query, limit, score_threshold, metadata_filter)
 
-    async def asearch(self, query: list[str], limit: int = 5, metadata_filter: dict[str, Any] | None = None,
-                      score_threshold: float = 0.6) -> list[Any]:
+    async def asearch(
+        self,
+        query: list[str],
+        limit: int = 5,
+        metadata_filter: dict[str, Any] | None = None,
+        score_threshold: float = 0.6,
+    ) -> list[Any]:
         from crewai.rag.chromadb.utils import _is_async_client
 
         client = getattr(self._get_client(), "client", None)
@@ -112,8 +120,12 @@ class JobKnowledgeStorage(KnowledgeStorage):
             if not text:
                 raise ValueError("Query cannot be empty")
             results: list[Any] = await self._get_client().asearch(
-                collection_name=name, query=text, limit=limit, metadata_filter=metadata_filter,
-                score_threshold=score_threshold)
+                collection_name=name,
+                query=text,
+                limit=limit,
+                metadata_filter=metadata_filter,
+                score_threshold=score_threshold,
+            )
             return results
         return await asyncio.to_thread(self.search, query, limit, metadata_filter, score_threshold)
 
@@ -232,7 +244,8 @@ def _query(source: CrewSource, query: list[str], limit: int, threshold: float) -
     if storage is None and getattr(crew, "knowledge_sources", None):
         raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable", before_any_effect=True)
     if not isinstance(storage, KnowledgeStorage):
-        return crew.query_knowledge(query, results_limit=limit, score_threshold=threshold)
+        found: list[Any] | None = crew.query_knowledge(query, results_limit=limit, score_threshold=threshold)
+        return found
     try:
         return strict_search(storage, query, limit, threshold)
     except Exception as exc:

@@ -62,9 +62,9 @@ from aip_crewai.sidecar.operations._common import (
     serialize_crew_output,
 )
 from aip_crewai.sidecar.operations._maintenance import run_in_worker
+from aip_crewai.sidecar.operations._task_outputs import RetainedRunStore
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
 from aip_crewai.sidecar.registry import CrewSource
-from aip_crewai.sidecar.operations._task_outputs import RetainedRunStore
 
 
 def seed_records(run: dict[str, Any], inputs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -91,9 +91,7 @@ def seed_records(run: dict[str, Any], inputs: dict[str, Any]) -> list[dict[str, 
                     "summary": item.get("summary"),
                     "raw": str(item.get("raw") or ""),
                     "pydantic": None,
-                    "json_dict": item.get("json_dict")
-                    if isinstance(item.get("json_dict"), dict)
-                    else None,
+                    "json_dict": item.get("json_dict") if isinstance(item.get("json_dict"), dict) else None,
                     "output_format": item.get("output_format") or "raw",
                     "agent": str(item.get("agent") or ""),
                     "messages": [],
@@ -135,9 +133,7 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
     run = await ctx.find_task_run(task_id)
     tasks_output = (run or {}).get("tasks_output") or []
     if not run or not any(str(t.get("task_id")) == task_id for t in tasks_output):
-        raise InputRejected(
-            f"task_id {task_id!r} is not a task of a retained run of this crew"
-        )
+        raise InputRejected(f"task_id {task_id!r} is not a task of a retained run of this crew")
     with job_scope(ctx), knowledge_namespace(ctx.crew_id, ctx.tenant):
         crew, output = await run_in_worker(ctx, _replay, source, task_id, input, run, ctx)
     return serialize_crew_output(output, crew)
@@ -152,8 +148,7 @@ def _replay_inputs(input: dict[str, Any], run: dict[str, Any], crew: Any) -> dic
     missing = sorted(crew.fetch_inputs() - set(inputs))
     if missing:
         raise InputRejected(
-            f"replay of this crew needs 'inputs' with {missing} "
-            "(the retained run was made without them)"
+            f"replay of this crew needs 'inputs' with {missing} (the retained run was made without them)"
         )
     return inputs
 
@@ -167,14 +162,16 @@ def _replay(
     fingerprint = crew_fingerprint(crew)
     change = fingerprint_change(run.get("fingerprint"), fingerprint)
     if change is not None:
-        raise SafeJobError(f"the crew's definition changed since the run of task_id {task_id!r}: {change}; "
-                           "replay it from a run made with the current definition",
-                           error_type="CrewDefinitionChanged", before_any_effect=True)
+        raise SafeJobError(
+            f"the crew's definition changed since the run of task_id {task_id!r}: {change}; "
+            "replay it from a run made with the current definition",
+            error_type="CrewDefinitionChanged",
+            before_any_effect=True,
+        )
     tasks_output = run.get("tasks_output") or []
     if len(tasks_output) != len(crew.tasks):
         raise InputRejected(
-            f"the retained run of task_id {task_id!r} has {len(tasks_output)} tasks, "
-            f"this crew has {len(crew.tasks)}"
+            f"the retained run of task_id {task_id!r} has {len(tasks_output)} tasks, this crew has {len(crew.tasks)}"
         )
     inputs = _replay_inputs(input, run, crew)
     ctx.run_state[None] = {"inputs": dict(inputs), "fingerprint": fingerprint}

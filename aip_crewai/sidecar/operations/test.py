@@ -113,9 +113,7 @@ class _JobEvaluator(CrewEvaluator):
 
 
 @contextmanager
-def _collect_scores(
-    test_crew: Any, evaluator: CrewEvaluator, scores: list[dict[str, Any]]
-) -> Iterator[None]:
+def _collect_scores(test_crew: Any, evaluator: CrewEvaluator, scores: list[dict[str, Any]]) -> Iterator[None]:
     """Append this job's ``CrewTestResultEvent`` data to ``scores`` while open."""
 
     def sink(event_source: Any, event: Any) -> None:
@@ -188,11 +186,7 @@ def _test(
         crewai_event_bus.emit(crew, event)
 
     try:
-        emit(
-            CrewTestStartedEvent(
-                crew_name=crew.name, n_iterations=n_iterations, eval_llm=llm, inputs=inputs
-            )
-        )
+        emit(CrewTestStartedEvent(crew_name=crew.name, n_iterations=n_iterations, eval_llm=llm, inputs=inputs))
         test_crew = crew.copy()
         evaluator = _JobEvaluator(test_crew, llm)
         with _collect_scores(test_crew, evaluator, scores):

@@ -68,9 +68,7 @@ from aip_crewai.sidecar.tenancy import crew_dir_name, tenant_dir_name
 FEEDBACK_OPTION = "training_feedback"
 _WORK_PREFIX = ".aip-train-"
 
-_private_dir: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "aip_crewai_training_work_dir", default=None
-)
+_private_dir: contextvars.ContextVar[str | None] = contextvars.ContextVar("aip_crewai_training_work_dir", default=None)
 
 
 def training_feedback(source: CrewSource) -> str:

@@ -124,8 +124,10 @@ def crew_inputs(crew: Any) -> dict[str, Any]:
     """``{"placeholders": [name, ...], "defaults": bool}`` of a crew (see :class:`Preflight`)."""
     fetch = getattr(crew, "fetch_inputs", None)
     names = sorted(n for n in (fetch() if callable(fetch) else ()) if 0 < len(n) <= MAX_INPUT_NAME_CHARS)
-    return {"placeholders": names[:MAX_REPORTED_INPUTS],
-            "defaults": bool(getattr(crew, "before_kickoff_callbacks", None))}
+    return {
+        "placeholders": names[:MAX_REPORTED_INPUTS],
+        "defaults": bool(getattr(crew, "before_kickoff_callbacks", None)),
+    }
 
 
 def _forget(crew_id: str, crew: Any) -> None:

@@ -64,10 +64,21 @@ def warm_up(*, in_worker: bool = False) -> bool:
     from crewai.crews.utils import enable_agent_streaming
 
     _task_outputs.install()
-    agent = Agent(role="warm-up", goal="warm up", backstory="warm-up", llm=_WarmUpLLM(model="aip-crewai-warm-up"),
-                  allow_delegation=False, verbose=False, max_iter=1)
-    crew = Crew(agents=[agent], tasks=[Task(description="Say ok.", expected_output="ok", agent=agent)],
-                verbose=False, tracing=False)
+    agent = Agent(
+        role="warm-up",
+        goal="warm up",
+        backstory="warm-up",
+        llm=_WarmUpLLM(model="aip-crewai-warm-up"),
+        allow_delegation=False,
+        verbose=False,
+        max_iter=1,
+    )
+    crew = Crew(
+        agents=[agent],
+        tasks=[Task(description="Say ok.", expected_output="ok", agent=agent)],
+        verbose=False,
+        tracing=False,
+    )
     crew.stream = False
     enable_agent_streaming(crew.agents)
     asyncio.run(crew.akickoff(inputs={}))
@@ -144,8 +155,9 @@ def _llm_class() -> Any:
                 self._emit_call_started_event(messages=messages, from_task=task, from_agent=agent)
                 self._emit_stream_chunk_event(chunk=answer, from_task=task, from_agent=agent)
                 self._track_token_usage_internal({"prompt_tokens": 1, "completion_tokens": 1})
-                self._emit_call_completed_event(response=answer, call_type=_LLM_CALL, from_task=task,
-                                                from_agent=agent, messages=messages)
+                self._emit_call_completed_event(
+                    response=answer, call_type=_LLM_CALL, from_task=task, from_agent=agent, messages=messages
+                )
             return answer
 
         def supports_function_calling(self) -> bool:
