@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast test-realcrews test-inprocess test-matrix test-postgresql check bench contracts chaos clean
+.PHONY: run test lint test-fast coverage test-realcrews test-inprocess test-matrix test-postgresql check bench contracts chaos clean
 
 # Test processes of pytest-xdist (`pytest -n`): the suite is mostly waiting on real processes, so more
 # workers than the 2 cores of the CI machine pay off. Tests sharing a module's sidecar stay on one worker
@@ -24,14 +24,26 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m aip_crewai.examples.demo
 
+# The gates (ruff lint and format check, mypy), then the whole suite.
 test: $(STAMP)
-	@$(call timed,test,$(PY) -m mypy && $(PY) -m pytest -q $(XDIST))
+	@$(call timed,test,$(MAKE) --no-print-directory lint check && $(PY) -m pytest -q $(XDIST))
+
+# ruff: lint (with import order) and the format check over the package, tests, bench and examples.
+lint: $(STAMP)
+	$(PY) -m ruff check aip_crewai tests bench examples
+	$(PY) -m ruff format --check aip_crewai tests bench examples
 
 # The fast tier: every test that starts no process (marker `processes`: tests/conftest.py sets it on the
 # integration and browser suites and on the tests using a process fixture; any other test that forks or
 # starts a program fails here, naming the marker). One pytest process: CrewAI is imported once.
 test-fast: $(STAMP)
 	@$(call timed,test-fast,AIP_CREWAI_TEST_TIER=fast $(PY) -m pytest -q -m "not processes")
+
+# The fast tier under coverage: a line and branch report of the package (the processes the other tiers start
+# are not measured), failing below COVERAGE_FLOOR percent. CI runs it.
+COVERAGE_FLOOR ?= 80
+coverage: $(STAMP)
+	@$(call timed,coverage,AIP_CREWAI_TEST_TIER=fast $(PY) -m pytest -q -m "not processes" --cov=aip_crewai --cov-branch --cov-report=term:skip-covered --cov-fail-under=$(COVERAGE_FLOOR))
 
 # The real-crew compatibility suite alone (make test runs it too): the example deployment examples/realcrews
 # through a real sidecar and host against a fake OpenAI-compatible provider on loopback.

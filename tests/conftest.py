@@ -97,13 +97,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     scheduled on its own."""
     for item in items:
         fixture_info = getattr(item, "_fixtureinfo", None)
-        for name, definitions in fixture_info.name2fixturedefs.items() if fixture_info else ():
-            shared = [d for d in definitions if d.scope != "function" and str(d.baseid).startswith("tests")]
-            if name not in SHARED_EVERYWHERE and shared:
-                # a session fixture groups every module using it; a module or class fixture its module
-                group = f"{shared[-1].baseid}::{name}" if shared[-1].scope == "session" else item.nodeid.split("::")[0]
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+        shared = [
+            d
+            for name, definitions in (fixture_info.name2fixturedefs.items() if fixture_info else ())
+            if name not in SHARED_EVERYWHERE
+            for d in definitions
+            if d.scope != "function" and str(d.baseid).startswith("tests")
+        ]
+        sessions = sorted(str(d.baseid) for d in shared if d.scope == "session")
+        if sessions:  # every test using the session fixtures of a folder runs where they were made
+            item.add_marker(pytest.mark.xdist_group(f"{sessions[0]}::session"))
+        elif shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         fixtures = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)
         on_postgresql = callspec is not None and "postgresql" in callspec.params.values()  # a store parameter
