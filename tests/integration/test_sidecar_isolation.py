@@ -164,7 +164,9 @@ async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_sid
 async def test_health_stays_fast_while_four_jobs_block(
     sidecar_factory: SidecarFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Four jobs blocked in a synchronous call leave ``/health`` answering within 250 ms (p100 of 40)."""
+    """Four jobs blocked in a synchronous call (8 s) leave ``/health`` answering: each of 40 probes within a
+    quarter of the block, a bound that a loop blocked by a job could not meet and a slow, loaded machine does
+    not miss (the speed itself is measured by ``bench/isolation.py``)."""
     markers = tmp_path / "markers"
     monkeypatch.setenv("AIP_CREWAI_TEST_MARKER_DIR", str(markers))
     sidecar = start(sidecar_factory, markers, block_seconds=8)
@@ -178,7 +180,7 @@ async def test_health_stays_fast_while_four_jobs_block(
             health = await client.get("/health")
             worst = max(worst, time.monotonic() - before)
             assert health.status_code == 200 and health.json()["active_runs"] == 4
-        assert worst < 0.25, f"/health took {worst * 1000:.0f} ms while jobs blocked"
+        assert worst < 2.0, f"/health took {worst * 1000:.0f} ms while jobs blocked"
         for job in jobs:
             await client.post(f"/jobs/{job}/cancel", json={"crew_id": "blocking_tool", "action_id": job})
         await asyncio.gather(*running)
@@ -218,8 +220,9 @@ async def test_the_memory_save_stall_no_longer_blocks_the_sidecar(
     sidecar_factory: SidecarFactory, tmp_path: Path
 ) -> None:
     """A crew whose akickoff waits synchronously on memory saves (crewAI PR#6497) no longer stalls
-    ``/health``: every probe while it runs answers within 250 ms."""
-    sidecar = start(sidecar_factory, tmp_path / "markers", drain_seconds=1.5)
+    ``/health``: every probe while it runs answers within half the stall (3 s), which a loop blocked by the
+    stall could not do (the speed itself is measured by ``bench/isolation.py``)."""
+    sidecar = start(sidecar_factory, tmp_path / "markers", drain_seconds=3.0)
     async with sidecar.client() as client:
         job = asyncio.create_task(submit(client, "t1:memory", "memory_stall"))
         await wait_for(lambda: sidecar.log_events("job_started"), "the job to start")
@@ -231,7 +234,7 @@ async def test_the_memory_save_stall_no_longer_blocks_the_sidecar(
             probes += 1
             await asyncio.sleep(0.02)
         assert (await job).status_code == 200
-        assert probes > 10 and worst < 0.25, f"/health took {worst * 1000:.0f} ms during memory saves"
+        assert probes > 10 and worst < 1.5, f"/health took {worst * 1000:.0f} ms during memory saves"
 
 
 async def test_a_job_never_sees_the_process_state_another_job_left(
