@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint test-fast coverage test-realcrews test-inprocess test-matrix test-postgresql check bench contracts chaos clean
+.PHONY: run test lint test-fast coverage test-realcrews test-inprocess test-matrix test-postgresql check check-tests bench contracts chaos clean
 
 # Test processes of pytest-xdist (`pytest -n`): the suite is mostly waiting on real processes, so more
 # workers than the 2 cores of the CI machine pay off. Tests sharing a module's sidecar stay on one worker
@@ -81,9 +81,27 @@ test-matrix:
 test-postgresql: $(STAMP)
 	@$(call timed,test-postgresql,AIP_CREWAI_TEST_STORE=postgresql $(PY) -m pytest -q $(XDIST) -m host_processes tests/integration tests/reliability)
 
-# The type check alone (make test runs it first).
+# The type checks alone: the package (strict, pyproject.toml; make test runs it first), then the tests and the
+# benchmarks (check-tests).
 check: $(STAMP)
 	$(PY) -m mypy
+	@$(MAKE) --no-print-directory check-tests
+
+# mypy over the tests and the benchmarks (tests/mypy.ini: ordinary checking). Each test folder on its own (its
+# helper modules are imported by bare name and every folder has a conftest.py), then the top-level test modules,
+# then bench as a package (bench/__main__.py beside bench/__init__.py). MYPYPATH: tests (pgserver, storebackend),
+# every folder whose helper modules are imported (by its own tests or another folder's), and the example
+# deployment's modules that tests/realcrews imports. Stops at the first folder with errors.
+TESTS_MYPYPATH := tests:tests/conformance:tests/host:tests/integration:tests/realcrews:tests/reliability:tests/sidecar:examples/realcrews
+TESTS_MYPY = MYPYPATH=$(TESTS_MYPYPATH) $(PY) -m mypy --config-file tests/mypy.ini
+check-tests: $(STAMP)
+	@for d in tests/*/; do \
+	  [ "$$d" = tests/__pycache__/ ] && continue; \
+	  echo "check-tests: $${d%/}"; \
+	  $(TESTS_MYPY) $${d%/} || exit 1; \
+	done
+	@echo "check-tests: tests/*.py" && $(TESTS_MYPY) tests/*.py
+	@echo "check-tests: bench" && $(TESTS_MYPY) -p bench
 
 contracts: $(STAMP)
 	$(PY) -m aip_crewai.cli contracts --write

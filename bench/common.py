@@ -586,7 +586,7 @@ class Governed:
         result = response.json()["body"].get("action_result")
         if result is None:
             raise BenchError(f"no action_result in {response.text[:300]}")
-        return result  # type: ignore[no-any-return]
+        return result
 
     async def decide(self, approval_id: str) -> None:
         response = await self.approver.post(

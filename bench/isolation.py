@@ -71,9 +71,9 @@ async def _run(client: httpx.AsyncClient, crew: str) -> float:
 
 
 async def _health_samples(
-    client: httpx.AsyncClient, *, count: int | None = None, while_running: asyncio.Task[Any] | None = None
+    client: httpx.AsyncClient, *, count: int | None = None, while_running: asyncio.Future[Any] | None = None
 ) -> list[float]:
-    samples = []
+    samples: list[float] = []
     while (count is not None and len(samples) < count) or (while_running is not None and not while_running.done()):
         started = time.perf_counter()
         response = await client.get("/health")

@@ -118,8 +118,8 @@ async def run() -> Section:
                                 samples.append(f"{name}: {type(outcome).__name__}: {str(outcome)[:900]}")
                         else:
                             latencies[name].append(outcome)
-                    for process, peak in sampler.peak.items():
-                        peaks[name][process] = max(peaks[name].get(process, 0), peak)
+                    for process_name, peak in sampler.peak.items():
+                        peaks[name][process_name] = max(peaks[name].get(process_name, 0), peak)
                     await asyncio.sleep(0.5)
             after = {p.name: p.rss_kib() for p in processes}
         finally:

@@ -54,6 +54,7 @@ def _in_process_kickoff(state_dir: Path) -> Any:
 
     prepare_crewai_environment(state_dir)
     import_crewai()
+    from crewai.crews.crew_output import CrewOutput
     from crewai.crews.utils import enable_agent_streaming
 
     from bench.crews import fast
@@ -65,6 +66,8 @@ def _in_process_kickoff(state_dir: Path) -> Any:
         enable_agent_streaming(crew.agents)
         output = await crew.akickoff(inputs=dict(INPUT))
         elapsed = time.perf_counter() - started
+        if not isinstance(output, CrewOutput):  # stream is off
+            raise BenchError(f"a streaming output from a crew without stream: {output!r}")
         if "overhead" not in str(output.raw):
             raise BenchError(f"unexpected in-process output {output.raw!r}")
         return elapsed

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 #: What the sidecar always serves besides --allowed-operations (ARCHITECTURE.md §3).

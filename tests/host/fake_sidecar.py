@@ -51,7 +51,7 @@ class FakeSidecar:
         if job is None:
             self.executions += 1
             job = FakeJob(body["action_id"], body["crew_id"], body.get("operation", "run"), body.get("input"))
-            output = {"raw": f"done:{json.dumps(job.input, sort_keys=True)}", "tasks_output": []}
+            output: dict[str, Any] = {"raw": f"done:{json.dumps(job.input, sort_keys=True)}", "tasks_output": []}
             if job.operation == "knowledge_query":
                 output = {"results": [{"content": "policy"}]}
             job.events = [
@@ -94,10 +94,10 @@ class FakeSidecar:
         if path == "/health":
             return httpx.Response(200, json=self.health)
         if path in ("/jobs", "/jobs/stream") and request.method == "POST":
-            job = self._admit(json.loads(request.content))
+            admitted = self._admit(json.loads(request.content))
             if path == "/jobs":
-                return httpx.Response(200, json=job.events[-1]["data"])
-            return self._sse(job.events)
+                return httpx.Response(200, json=admitted.events[-1]["data"])
+            return self._sse(admitted.events)
         parts = path.split("/")
         job = self.jobs.get(parts[2]) if len(parts) > 2 else None
         if job is None:

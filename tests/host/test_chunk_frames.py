@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aip_crewai.contracts.aip import AIP_VERSION, Body, Envelope, JsonPart, StreamChunk, TextPart
+from aip_crewai.contracts.aip import AIP_VERSION, Body, Envelope, JsonPart, StreamChunk, StreamChunkKind, TextPart
 from aip_crewai.host.http import routes as routes_actions
 from aip_crewai.host.http.routes import ChunkFrames
 from aip_crewai.host.store.store import ChunkRecord
@@ -64,9 +64,10 @@ def test_a_stored_row_with_a_line_end_still_makes_one_well_formed_frame() -> Non
 
 def test_a_page_is_its_frames_in_order_and_fresh_message_ids_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(routes_actions.secrets, "token_hex", lambda n: ("a" * 24 + "b" * 24)[: 2 * n])
+    kinds: list[StreamChunkKind] = ["data", "done"]
     rows = [
         ChunkRecord(i, msgspec.json.encode(StreamChunk(action_id="act_1", sequence=i, kind=k)).decode())
-        for i, k in enumerate(["data", "done"])
+        for i, k in enumerate(kinds)
     ]
     events = SSEDecoder().feed(ChunkFrames("act_1", "2026-12-01T06:00:00.000Z").page(rows))
     assert [(e.id, e.event) for e in events] == [("sse_1", "chunk"), ("sse_2", "done")]

@@ -25,7 +25,7 @@ async def test_the_lifespan_sets_one_frozen_state_and_clears_it(make_app):
         assert state.settings is setup.settings and state.metrics is setup.metrics
         assert state.authenticator.claims is state.store
         with pytest.raises(dataclasses.FrozenInstanceError):
-            state.store = None  # type: ignore[misc]
+            state.store = None
         assert (await http.get("/aip/v1/manifest", headers=bearer("acme-invoker"))).status_code == 200
     with pytest.raises(RuntimeError):
         host_state(app)

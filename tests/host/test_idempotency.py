@@ -21,8 +21,8 @@ RECORD = ActionRecord(
     fence_hash("cap:crewai:support", {}),
     "p",
     "k1",
-    "running",
-    "sent",
+    "running",  # type: ignore[arg-type]  # a row's strings, as the store passes them (__post_init__: enums)
+    "sent",  # type: ignore[arg-type]
     None,
     None,
     None,

@@ -6,9 +6,11 @@ import asyncio
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from aip_crewai.host.store.records import ActionRecord, ApprovalRecord
 from aip_crewai.host.store.store import (
     MIGRATIONS,
     InsecureStorePath,
@@ -125,7 +127,7 @@ async def test_postgresql_applies_every_migration_once_and_refuses_a_newer_or_fo
         await (await Store.open(postgres_url)).close()
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         assert conn.execute("SELECT version FROM aip_schema_version").fetchall() == [(len(PG_MIGRATIONS),)]
-        columns = dict(
+        columns: dict[str, str] = dict(
             conn.execute(
                 "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'actions'"
             ).fetchall()
@@ -181,7 +183,7 @@ def test_rfc3339_round_trip():
     assert rfc3339_to_ms("2026-09-21T16:13:20.5+02:00") == T0 + 500
     for bad in ["2026-09-21", "2026-09-21T14:13:20", "yesterday", "2026-09-21T14:13:20.Z", None]:
         with pytest.raises(ValueError):
-            rfc3339_to_ms(bad)  # type: ignore[arg-type]
+            rfc3339_to_ms(bad)
 
 
 # --- message ids ------------------------------------------------------------------
@@ -202,12 +204,33 @@ async def test_expired_message_claims_can_be_reclaimed_and_purged(store: Store):
 # --- idempotency ------------------------------------------------------------------
 
 
-async def idempotency_row(store: Store, tenant: str, key: str) -> tuple | None:
+async def idempotency_row(store: Store, tenant: str, key: str) -> tuple[Any, ...] | None:
     """The stored reservation ``(action_id, input_hash, expires_at)`` of a key, read directly (no store API needs it)."""
     rows = await store._fetch(
         "SELECT action_id, input_hash, expires_at FROM idempotency WHERE tenant = ? AND key = ?", (tenant, key)
     )
     return rows[0] if rows else None
+
+
+async def reservation(store: Store, tenant: str, key: str) -> tuple[Any, ...]:
+    """The stored reservation of a key that the test has made."""
+    row = await idempotency_row(store, tenant, key)
+    assert row is not None
+    return row
+
+
+async def stored_action(store: Store, tenant: str, action_id: str) -> ActionRecord:
+    """The stored action the test has made."""
+    record = await store.get_action(tenant, action_id)
+    assert record is not None
+    return record
+
+
+async def stored_approval(store: Store, tenant: str, approval_id: str) -> ApprovalRecord:
+    """The stored approval the test has made."""
+    record = await store.get_approval(tenant, approval_id)
+    assert record is not None
+    return record
 
 
 async def test_fifty_concurrent_admissions_under_one_key_create_exactly_one_action(store: Store):
@@ -238,14 +261,14 @@ async def test_a_live_key_returns_its_action_and_an_expired_one_is_taken_over(st
     created, holder = await make_action(store, action_id="act_2", key="k", key_expires_at=T0 + DAY)
     assert not created and holder.action_id == "act_1"
     later, record = await make_action(store, action_id="act_3", key="k", key_expires_at=T0 + 2 * DAY, now=T0 + DAY)
-    assert later and record.action_id == "act_3" and (await idempotency_row(store, "acme", "k"))[0] == "act_3"
+    assert later and record.action_id == "act_3" and (await reservation(store, "acme", "k"))[0] == "act_3"
     assert (await make_action(store, tenant="globex", action_id="act_9", key="k", key_expires_at=T0 + DAY))[0]
 
 
 async def test_a_refused_action_reserves_no_key_and_a_created_one_reserves_it_in_the_same_transaction(store: Store):
     """Issue 16 item 1: the reservation exists only beside the action row it points at."""
     await make_action(store, action_id="act_1", key="key-1", key_expires_at=T0 + DAY)
-    assert (await idempotency_row(store, "acme", "key-1"))[0] == "act_1"
+    assert (await reservation(store, "acme", "key-1"))[0] == "act_1"
     # act_1 again under another key: the existing row comes back, key-2 stays free
     created, existing = await make_action(store, action_id="act_1", key="key-2", key_expires_at=T0 + DAY)
     assert not created and existing.idempotency_key == "key-1"
@@ -281,7 +304,7 @@ async def test_a_reservation_without_its_action_row_is_taken_over(store: Store):
     )  # what the old two-commit admission left after a crash
     created, record = await make_action(store, action_id="act_2", key="key-w", key_expires_at=T0 + DAY)
     assert created and record.action_id == "act_2"
-    assert (await idempotency_row(store, "acme", "key-w"))[0] == "act_2"
+    assert (await reservation(store, "acme", "key-w"))[0] == "act_2"
 
 
 # --- actions ----------------------------------------------------------------------
@@ -410,7 +433,7 @@ async def test_update_action_returns_the_updated_record(store: Store):
         dispatch="acknowledged",
         result_json='{"ok":true}',
     )
-    assert record == await store.get_action("acme", "act_1")
+    assert record is not None and record == await store.get_action("acme", "act_1")
     assert (record.status, record.dispatch, record.result_json) == ("completed", "acknowledged", '{"ok":true}')
     assert await store.update_action("acme", "act_1", from_statuses=["running"], status="failed") is None
 
@@ -426,7 +449,7 @@ async def test_transitions_are_enforced_in_the_where_clause(store: Store):
     )
     # A stale writer (still believing it is running) changes nothing.
     assert not await store.update_action("acme", "act_1", from_statuses=["running"], status="failed", error_json="{}")
-    record = await store.get_action("acme", "act_1")
+    record = await stored_action(store, "acme", "act_1")
     assert (record.status, record.result_json, record.error_json, record.approval_id) == (
         "completed",
         '{"ok":true}',
@@ -448,7 +471,7 @@ async def test_dispatch_only_moves_forward(store: Store):
         ("not_sent", "acknowledged"),
     ]:
         await store.update_action("acme", "act_1", from_statuses=["running"], status="running", dispatch=dispatch)
-        assert (await store.get_action("acme", "act_1")).dispatch == expected
+        assert (await stored_action(store, "acme", "act_1")).dispatch == expected
 
 
 async def test_other_tenants_cannot_update(store: Store):
@@ -473,7 +496,7 @@ async def test_chunks_append_list_and_count(store: Store):
     assert await store.append_chunks("acme", "act_1", [(2, "dup"), (3, '{"s":3}')]) == 1
     assert [c.sequence for c in await store.list_chunks("acme", "act_1")] == [0, 1, 2, 3]
     assert [c.chunk_json for c in await store.list_chunks("acme", "act_1", after_sequence=1, limit=1)] == ['{"s":2}']
-    assert (await store.get_action("acme", "act_1")).chunk_count == 4
+    assert (await stored_action(store, "acme", "act_1")).chunk_count == 4
     assert await store.list_chunks("globex", "act_1") == []
     with pytest.raises(StoreError):
         await store.append_chunks("globex", "act_1", [(0, "{}")])
@@ -486,16 +509,16 @@ async def test_no_chunk_is_appended_once_the_action_is_terminal(store: Store):
     await store.update_action("acme", "act_1", from_statuses=["running"], status="cancelled", result_json="{}")
     assert await store.append_chunks("acme", "act_1", [(1, "{}"), (2, "{}")]) == 0
     assert [c.sequence for c in await store.list_chunks("acme", "act_1")] == [0]
-    assert (await store.get_action("acme", "act_1")).chunk_count == 1
+    assert (await stored_action(store, "acme", "act_1")).chunk_count == 1
 
 
 async def test_chunk_append_moves_dispatch_forward_in_the_same_transaction(store: Store):
     await make_action(store)
     await store.append_chunks("acme", "act_1", [(0, "{}")], dispatch="acknowledged", durable=False)
-    record = await store.get_action("acme", "act_1")
+    record = await stored_action(store, "acme", "act_1")
     assert (record.dispatch, record.chunk_count) == ("acknowledged", 1)
     await store.append_chunks("acme", "act_1", [(1, "{}")], dispatch="sent")
-    assert (await store.get_action("acme", "act_1")).dispatch == "acknowledged"
+    assert (await stored_action(store, "acme", "act_1")).dispatch == "acknowledged"
     with pytest.raises(ValueError):
         await store.append_chunks("acme", "act_1", [(2, "{}")], dispatch="lost")
 
@@ -508,7 +531,7 @@ async def test_non_durable_writes_are_visible_and_the_connection_stays_full(sqli
     assert await store.update_action(
         "acme", "read_1", from_statuses=["running"], status="completed", result_json="{}", durable=False
     )
-    assert (await store.get_action("acme", "read_1")).status == "completed"
+    assert (await stored_action(store, "acme", "read_1")).status == "completed"
     assert (await store._fetch("PRAGMA synchronous"))[0][0] == 2  # FULL
     with sqlite3.connect(db_path) as other:  # committed: another connection sees it
         assert other.execute("SELECT status FROM actions WHERE action_id = 'read_1'").fetchone() == ("completed",)
@@ -579,7 +602,7 @@ async def test_decision_exactly_once(store: Store):
     assert not await decide(store, "globex", "apr_1", "approved", "x", "human:g", T0 + 1)
     assert await decide(store, "acme", "apr_1", "denied", "no", "human:acme", T0 + 1)
     assert not await decide(store, "acme", "apr_1", "approved", "late", "human:other", T0 + 2)
-    decided = await store.get_approval("acme", "apr_1")
+    decided = await stored_approval(store, "acme", "apr_1")
     assert (decided.status, decided.decision_reason, decided.decided_by, decided.decided_at) == (
         "denied",
         "no",
@@ -622,6 +645,7 @@ async def test_decide_and_start_moves_the_action_in_the_same_commit(store: Store
         "acme", "apr_1", "approved", "ok", "human:acme", T0 + 1, start_if=admits
     )
     assert seen == [("approved", "pending_approval")]
+    assert decided is not None and started is not None
     assert decided == await store.get_approval("acme", "apr_1") and decided.decided_by == "human:acme"
     assert started == await store.get_action("acme", "act_1")
     assert (started.status, started.dispatch, started.updated_at) == ("running", "sent", T0 + 1)
@@ -637,13 +661,13 @@ async def test_decide_and_start_leaves_the_action_when_denied_or_not_admitted(st
     decided, started = await store.decide_and_start(
         "acme", "apr_1", "denied", "no", "human:acme", T0 + 1, start_if=lambda a, r: True
     )
-    assert decided.status == "denied" and started is None
+    assert decided is not None and decided.status == "denied" and started is None
     decided, started = await store.decide_and_start(
         "acme", "apr_2", "approved", "ok", "human:acme", T0 + 1, start_if=lambda a, r: False
     )
-    assert decided.status == "approved" and started is None
+    assert decided is not None and decided.status == "approved" and started is None
     for action_id in ("act_1", "act_2"):
-        assert (await store.get_action("acme", action_id)).status == "pending_approval"
+        assert (await stored_action(store, "acme", action_id)).status == "pending_approval"
     with pytest.raises(ValueError):
         await store.decide_and_start("acme", "apr_1", "maybe", "", "human:acme", T0, start_if=lambda a, r: True)
 
@@ -656,12 +680,12 @@ async def test_decide_and_start_rolls_back_the_decision_when_the_check_fails(sto
 
     with pytest.raises(RuntimeError):
         await store.decide_and_start("acme", "apr_1", "approved", "ok", "human:acme", T0 + 1, start_if=broken)
-    assert (await store.get_approval("acme", "apr_1")).status == "pending"  # one transaction: nothing kept
+    assert (await stored_approval(store, "acme", "apr_1")).status == "pending"  # one transaction: nothing kept
 
 
 async def test_expired_approvals_cannot_be_decided_and_are_swept(store: Store):
     await approval(store, expires_at=T0 + 10)
-    assert (await store.get_approval("acme", "apr_1")).effective_status(T0 + 10) == "expired"
+    assert (await stored_approval(store, "acme", "apr_1")).effective_status(T0 + 10) == "expired"
     assert not await decide(store, "acme", "apr_1", "approved", "late", "human:acme", T0 + 10)
     expired = await store.expire_approvals(T0 + 10)
     assert [(a.tenant, a.approval_id, a.status) for a in expired] == [("acme", "apr_1", "expired")]
@@ -728,6 +752,7 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
     listed = await store.list_failed_with(sorted(PROVISIONAL_CODES), PROVISIONAL_MARKERS)
     assert [r.action_id for r in listed] == ["provisional"]
     record = listed[0]
+    assert record.result_json is not None
     stale = dataclasses.replace(record, result_json=record.result_json.replace("true", "false"))
     done = failed_result("provisional", ConnectorCancelledUnconfirmed(operation="run", uncertain_outcome=False))
     assert await writer.correct(stale, done) is None  # not the stored result: a concurrent writer won
@@ -758,7 +783,7 @@ async def test_a_lease_belongs_to_one_host_until_it_expires_and_is_then_taken_ov
         clock["now"] = T0 + 3500  # expired: b takes it, a no longer renews it
         assert await b.take_lease("acme", "act_1") and not await a.take_lease("acme", "act_1")
         assert await a.renew_leases() == 0
-        assert (await a.get_action("acme", "act_1")).lease_owner == "host-b"
+        assert (await stored_action(a, "acme", "act_1")).lease_owner == "host-b"
         # pending and finished actions have no lease to take
         await make_action(a, action_id="act_2", status="pending_approval", key="key-2")
         assert not await b.take_lease("acme", "act_2")

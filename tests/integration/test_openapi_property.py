@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis needs Python 3.11+ (pyproject.toml)")
 from host_process import TOKENS, start_host  # noqa: E402
-from schemathesis.checks import (  # type: ignore[attr-defined]  # noqa: E402
+from schemathesis.checks import (  # noqa: E402
     content_type_conformance,
     not_a_server_error,
     response_schema_conformance,

@@ -245,7 +245,7 @@ async def test_a_job_never_sees_the_process_state_another_job_left(
     two processes (each booted from a fork server that had imported CrewAI: no job pays the import)."""
     markers = tmp_path / "markers"
     sidecar = start(sidecar_factory, markers, extra=["--log-level", "debug"])
-    clean = {
+    clean: dict[str, Any] = {
         "env": None,
         "cwd": str(sidecar.state_dir),
         "stdout": "PrintedErrorLog",

@@ -10,18 +10,29 @@ Imported by the sidecar (``PYTHONPATH`` from ``realkit.sidecar_env``), never by 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import threaded_registry
 from crewai import LLM, Crew, Task
 from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 from realcrews import _agent, embedder
 
+if TYPE_CHECKING:
+    from crewai.rag.embeddings.types import EmbedderConfig
+
 #: Nothing listens on the discard port of loopback.
 DEAD_URL = "http://127.0.0.1:9/v1"
 
 
-def broken_knowledge_crew() -> Crew:
+def dead_embedder() -> EmbedderConfig:
+    """The example's embedder config (an OpenAI provider spec), pointed at ``DEAD_URL``."""
     spec = embedder()
     spec["config"]["api_base"] = DEAD_URL
+    return cast("EmbedderConfig", spec)
+
+
+def broken_knowledge_crew() -> Crew:
+    spec = dead_embedder()
     clerk = _agent("Clerk")
     task = Task(description="BROKEN-KNOWLEDGE-RUN {question}", expected_output="An answer.", agent=clerk)
     return Crew(
@@ -33,8 +44,7 @@ def broken_knowledge_crew() -> Crew:
 
 
 def broken_memory_crew() -> Crew:
-    spec = embedder()
-    spec["config"]["api_base"] = DEAD_URL
+    spec = dead_embedder()
     clerk = _agent("Clerk")
     task = Task(description="BROKEN-MEMORY-RUN {question}", expected_output="An answer.", agent=clerk)
     return Crew(name="broken-memory", agents=[clerk], tasks=[task], memory=True, embedder=spec, chat_llm=clerk.llm)

@@ -56,8 +56,9 @@ class Runner:
         self._count += 1
         return self.workdir / f"{self._count:03d}-{name}"
 
-    def trial(self, category: str, name: str, fn: Callable[[], Any]) -> Any:
-        """One trial: passed unless it raises."""
+    def trial(self, category: str, name: str, fn: Callable[..., Any]) -> Any:
+        """One trial: passed unless it raises. ``fn`` is called without arguments (``...``: mypy cannot match
+        ``lambda a=a: ...`` to ``Callable[[], Any]``)."""
         started = time.monotonic()
         try:
             value = fn()

@@ -294,7 +294,7 @@ def cancel_race(sidecar: Sidecar, host: Host, delay_s: float) -> dict[str, Any]:
         assert answer.status_code == 200, answer.text
         final = wait_action(app, action_id)
     view = until(
-        lambda: (v := sidecar_view(sidecar, job_id)).get("status") in TERMINAL and v,
+        lambda: v if (v := sidecar_view(sidecar, job_id)).get("status") in TERMINAL else None,
         timeout=30,
         what="the sidecar job to be terminal",
     )

@@ -68,8 +68,13 @@ class Deadline(AssertionError):
     """A polled condition did not hold in time."""
 
 
-def until(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str = "condition") -> T:
-    """Poll ``predicate()`` until it returns a truthy value (returned); raise :class:`Deadline` after ``timeout`` s."""
+def until(
+    predicate: Callable[..., T | None], timeout: float = 30.0, interval: float = 0.02, what: str = "condition"
+) -> T:
+    """Poll ``predicate()`` until it returns a truthy value (returned); raise :class:`Deadline` after ``timeout`` s.
+
+    ``predicate`` is called without arguments (``...``: mypy cannot match ``lambda a=a: ...`` to ``Callable[[], T]``);
+    what it returns falsy (``None`` while not yet met) is never returned."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -371,7 +376,7 @@ def sidecar_events(sidecar: Sidecar, job_id: str) -> list[dict[str, Any]]:
 
 def sidecar_view(sidecar: Sidecar, job_id: str) -> dict[str, Any]:
     with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
-        return http.get(f"/jobs/{quote_id(job_id)}").json()  # type: ignore[no-any-return]
+        return http.get(f"/jobs/{quote_id(job_id)}").json()
 
 
 def quote_id(job_id: str) -> str:
@@ -424,7 +429,7 @@ def approve(host: Host, response: httpx.Response, decision: str = "approved") ->
 
 
 def action_status(http: httpx.Client, action_id: str) -> dict[str, Any]:
-    return http.get(f"/aip/v1/actions/{action_id}").json()  # type: ignore[no-any-return]
+    return http.get(f"/aip/v1/actions/{action_id}").json()
 
 
 def wait_action(
@@ -588,7 +593,7 @@ class AppThread:
             response = await self.client.request(method, url, **kwargs)
             return response.status_code, response.headers, response.content
 
-        return self.run(call(), timeout)  # type: ignore[no-any-return]
+        return self.run(call(), timeout)
 
     def close(self) -> None:
         if self._stop is not None:

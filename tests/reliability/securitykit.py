@@ -346,7 +346,7 @@ def secrets_absent(procs: Processes, sidecar: Sidecar, host: Host) -> list[Resul
     _check(
         results,
         "host store free of secrets and tokens",
-        stored and not any(n in stored for n in secrets),
+        bool(stored) and not any(n in stored for n in secrets),
         [n[:12] for n in secrets if n in stored] or "nothing stored",
     )
     hosts = {p.parent for p in sidecar.state_dir.rglob("host.toml")}

@@ -308,7 +308,7 @@ def journal_refusals(workdir: Path) -> list[Result]:
             damaged[offset + 100 : offset + 400] = os.urandom(300)
         return bytes(damaged)
 
-    cases: dict[str, tuple[Callable[[Path], None], str]] = {
+    cases: dict[str, tuple[Callable[[Path], object], str]] = {
         "a corrupt journal": (lambda p: p.write_bytes(corrupt(valid_journal(p))), "is corrupt"),
         "a truncated journal": (lambda p: p.write_bytes(valid_journal(p)[:12288]), "corrupt"),
         "a non-SQLite file": (

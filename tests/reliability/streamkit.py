@@ -180,7 +180,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 },
             )
         response = self.fake.handle(request)
-        return response  # type: ignore[no-any-return]
+        return response
 
 
 async def _play(pieces: Pieces) -> AsyncIterator[bytes]:

@@ -36,7 +36,7 @@ def error_code(response: httpx.Response) -> str | None:
 
 
 def action_result(response: httpx.Response) -> dict[str, Any]:
-    return response.json()["body"]["action_result"]  # type: ignore[no-any-return]
+    return response.json()["body"]["action_result"]
 
 
 # --- 1. idempotency reservations only for admitted requests -------------------------------------
@@ -288,6 +288,7 @@ def _abort_upload(base_url: str, path: str, headers: dict[str, str]) -> None:
     from urllib.parse import urlsplit
 
     parts = urlsplit(base_url)
+    assert parts.port is not None  # the suite's base URLs name their port
     head = [
         f"POST {path} HTTP/1.1",
         f"Host: {parts.hostname}",
@@ -380,6 +381,7 @@ def _raw_exchange(base_url: str, data: bytes) -> tuple[bytes, bool]:
     from urllib.parse import urlsplit
 
     parts = urlsplit(base_url)
+    assert parts.port is not None  # the suite's base URLs name their port
     received = b""
     with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
         sock.sendall(data)
@@ -432,6 +434,7 @@ def _timed_exchange(base_url: str, data: bytes, wait_s: float = 30.0) -> tuple[b
     from urllib.parse import urlsplit
 
     parts = urlsplit(base_url)
+    assert parts.port is not None  # the suite's base URLs name their port
     started = time.monotonic()
     received = b""
     with socket.create_connection((parts.hostname, parts.port), timeout=wait_s) as sock:

@@ -54,7 +54,7 @@ def sidecar_app(tmp_path_factory):
         create_app(make_settings(root, max_retained_runs=100_000), crews=FAKE_CREWS, executor=FakeExecutor()),
         base_url="http://sidecar",
     )
-    app.token = FAKE_TOKEN  # type: ignore[attr-defined]
+    app.token = FAKE_TOKEN
     try:
         yield app
     finally:

@@ -103,7 +103,7 @@ async def test_every_public_method_makes_exactly_one_worker_hop(tmp_path, name):
             hops += 1
             return submit(fn, *args)
 
-        j._worker.submit = counting  # type: ignore[method-assign]
+        j._worker.submit = counting
         try:
             await CALLS[name](j)
         except JournalFull:

@@ -118,12 +118,14 @@ async def _check_imported(target: Path) -> None:
     journal = await Journal.open_readonly(target)
     try:
         done = await journal.get("acme:a-done")
-        assert done is not None and done.status.value == "completed" and json.loads(done.output) == OUTPUT
+        assert done is not None and done.status.value == "completed"
+        assert done.output is not None and json.loads(done.output) == OUTPUT
         events = await journal.read_events("acme:a-done", 0)
         assert [(e.sequence, e.event) for e in events] == [(0, "started"), (1, "chunk"), (2, "completed")]
         assert json.loads(events[1].data) == {"content": "hel", "channel": "llm"}
         failed = await journal.get("acme:a-failed")
-        assert failed is not None and failed.status.value == "failed" and json.loads(failed.error)["message"] == "m"
+        assert failed is not None and failed.status.value == "failed"
+        assert failed.error is not None and json.loads(failed.error)["message"] == "m"
         cancelled = await journal.get("acme:a-cancelled")
         assert cancelled is not None and cancelled.status.value == "cancelled" and cancelled.event_count == 2
         running = await journal.get("acme:a-running")

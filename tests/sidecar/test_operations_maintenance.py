@@ -21,13 +21,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
 from aip_crewai.sidecar import operations
 from aip_crewai.sidecar.jobs.context import InputRejected, JobCancelled, JobContext, SafeJobError
 from aip_crewai.sidecar.registry import CrewSource, load_registry
+
+if TYPE_CHECKING:
+    from crewai.utilities.evaluators.crew_evaluator_handler import CrewEvaluator
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -235,7 +238,7 @@ async def test_replay_survives_kickoff_outputs_reset_and_concurrent_jobs(jobs: J
     out = await jobs.call("echo", "memory_reset", {"command_type": "kickoff_outputs"})
     assert out["reset_targets"] == ["kickoff_outputs"]
     assert not shared_replay_table()  # CrewAI's own replay would now find nothing
-    ra, rb, _ = await asyncio.gather(
+    ra, rb, _gamma = await asyncio.gather(  # not `_`: mypy then cannot infer ra and rb
         jobs.replay("echo", task_id(a, 1), "alpha2"),
         jobs.replay("echo", task_id(b, 1), "beta2"),
         jobs.run("echo", "gamma"),  # a kickoff rewriting the shared table meanwhile
@@ -376,11 +379,13 @@ def test_score_sink_ignores_events_of_other_sources() -> None:
     class Evaluator:
         iteration = 1
 
-    mine, other, scores = object(), object(), []
+    mine, other = object(), object()
+    scores: list[dict[str, Any]] = []
     event = CrewTestResultEvent(quality=5.0, execution_duration=0.1, model="m", crew_name="c")
 
     def emit_both() -> None:
-        with _collect_scores(mine, Evaluator(), scores):
+        # Evaluator stands in for a CrewEvaluator: only its iteration is read
+        with _collect_scores(mine, cast("CrewEvaluator", Evaluator()), scores):
             publish_stream_event(other, event)
             publish_stream_event(mine, event)
 
@@ -518,7 +523,7 @@ def synthetic_run(task_ids: list[str], topic: str) -> dict[str, Any]:
     return {"raw": "done", "token_usage": {}, "tasks_output": entries, "json_dict": None, "pydantic": None}
 
 
-CANCEL_CASES = {
+CANCEL_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "replay": ("slow", {"task_id": "slow-task-0", "inputs": {"topic": "tides"}}),
     "train": ("trainable_slow", {"n_iterations": 3, "artifact_name": "cancelled.pkl"}),
     "test": ("trainable_slow", {"n_iterations": 3, "eval_llm": "eval-model"}),

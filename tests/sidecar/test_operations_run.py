@@ -263,11 +263,14 @@ async def test_offline_llm_checks_the_cancel_flag_before_calling(crewai_state_di
 
 
 async def test_crew_streaming_output_yields_offline_chunks(crewai_state_dir) -> None:
+    from crewai.types.streaming import CrewStreamingOutput
+
     from aip_crewai.examples.testing import echo
 
     crew = echo()
     crew.stream = True
     streaming = await crew.akickoff(inputs={"topic": "rails"})
+    assert isinstance(streaming, CrewStreamingOutput)
     chunks = [chunk async for chunk in streaming]
     assert len(chunks) == 6 and "rails" in "".join(c.content for c in chunks)
     assert streaming.result.raw == "offline-echo: Restate the summary of rails."
@@ -331,12 +334,12 @@ async def test_support_triage_demo_runs_offline_without_network(crewai_state_dir
     attempts: list[Any] = []
     real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
 
-    def connect(self, address):  # type: ignore[no-untyped-def]
+    def connect(self, address):
         if self.family in (socket.AF_INET, socket.AF_INET6):
             attempts.append(address)
         return real_connect(self, address)
 
-    def getaddrinfo(host, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def getaddrinfo(host, *args, **kwargs):
         if host not in ("localhost", "127.0.0.1", "::1", None):
             attempts.append(host)
         return real_getaddrinfo(host, *args, **kwargs)

@@ -212,7 +212,7 @@ def test_settings_are_immutable(base):
     settings = load_settings(base, {})
     assert isinstance(settings, Settings)
     with pytest.raises(AttributeError):
-        settings.port = 1  # type: ignore[misc]
+        settings.port = 1
 
 
 # --------------------------------------------- the reference sidecar's environment

@@ -18,6 +18,7 @@ from aip_crewai.sidecar.isolation.wire import (
     Done,
     Failed,
     FrameError,
+    FromWorker,
     Start,
     TaskRun,
     decode_boot,
@@ -89,7 +90,7 @@ def test_a_worker_sends_at_most_its_chunk_limit_and_counts_the_rest(limit):
         assert (sender.sent, sender.dropped) == (limit, 1)
         theirs.close()
         received = _read_all(ours)
-        assert [m.data["content"] for m in received] == [f"c{i}" for i in range(limit)]  # type: ignore[union-attr]
+        assert [m.data["content"] for m in received] == [f"c{i}" for i in range(limit)]
 
 
 def test_a_worker_cuts_chunk_content_and_labels_the_sidecar_would_cut_anyway():
@@ -104,7 +105,7 @@ def test_a_worker_cuts_chunk_content_and_labels_the_sidecar_would_cut_anyway():
     assert message.data == {"content": "x" * 1025, "channel": "tools", "task_id": "t" * MAX_LABEL_CHARS}
 
 
-def _read_all(ours: socket.socket) -> list[object]:
+def _read_all(ours: socket.socket) -> list[FromWorker]:
     """Every message until end of file (worker → sidecar direction)."""
     reader = Channel(ours, frame_bound(1024))
     out = []
@@ -145,4 +146,4 @@ def test_chunks_sent_from_many_threads_arrive_whole():
         theirs.shutdown(socket.SHUT_WR)
         drain.join(30)
     assert len(received) == 400 and all(isinstance(m, Chunk) for m in received)
-    assert msgspec.json.encode(sorted(m.data["content"] for m in received))  # type: ignore[attr-defined]
+    assert msgspec.json.encode(sorted(m.data["content"] for m in received))

@@ -343,10 +343,10 @@ def test_encode_comment() -> None:
 # --- properties --------------------------------------------------------------
 
 SEPARATORS = "\r\n\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e\ufeff\x00: "
-any_char = st.characters(blacklist_categories=("Cs",))
+any_char = st.characters(blacklist_categories=["Cs"])
 data_text = st.text(st.one_of(any_char, st.sampled_from(SEPARATORS)))
-event_name = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), min_size=1)
-event_id = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n\x00"))
+event_name = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\r\n"), min_size=1)
+event_id = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\r\n\x00"))
 frames = st.lists(st.tuples(data_text, st.none() | event_name, st.none() | event_id, st.none() | data_text), max_size=8)
 PROP = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
