@@ -546,6 +546,7 @@ def _dispatch(argv: list[str]) -> int:
     import httpx
 
     from .plumbing.keys import SecretFileError
+    from .sse import SSEFrameTooLarge
 
     try:
         return int(args.func(args))
@@ -555,6 +556,9 @@ def _dispatch(argv: list[str]) -> int:
     except httpx.TransportError as exc:
         print(f"aip-crewai: cannot reach {getattr(args, 'url', 'the host')}: {type(exc).__name__}", file=sys.stderr)
         return Exit.UNREACHABLE
+    except SSEFrameTooLarge as exc:  # a host never sends one (client.MAX_FRAME_BYTES): not an aip-crewai host
+        print(f"aip-crewai: the host's stream broke its bounds ({exc})", file=sys.stderr)
+        return Exit.FAILED
     except BrokenPipeError:
         raise
     except OSError as exc:

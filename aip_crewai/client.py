@@ -27,8 +27,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .contracts.aip import CONTENT_TYPE
 from .contracts.hashing import jcs
+from .contracts.sidecar import MAX_OUTPUT_BYTES
 from .plumbing import httpsig
 from .sse import SSEDecoder
+
+#: Largest SSE frame the client reads, bytes: the host's largest is a ``result`` envelope carrying an
+#: operation output of up to ``MAX_OUTPUT_BYTES`` (4 MiB) plus the envelope, so twice that leaves room.
+MAX_FRAME_BYTES = 2 * MAX_OUTPUT_BYTES
 
 
 class AipClientError(Exception):
@@ -210,7 +215,7 @@ class AipClient:
         if response.status_code >= 400:
             response.read()
             self._check(response)
-        decoder = SSEDecoder()
+        decoder = SSEDecoder(max_frame_bytes=MAX_FRAME_BYTES)
         for piece in response.iter_bytes():
             for event in decoder.feed(piece):
                 value = json.loads(event.data)

@@ -20,8 +20,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MAX_CREW_ID_CHARS = 256
@@ -130,7 +132,9 @@ def load_registry(spec: str) -> dict[str, CrewSource]:
         ``{crew_id: CrewSource}`` in the mapping's order.
 
     Raises:
-        RegistryError: malformed spec; module not importable; attribute
+        RegistryError: malformed spec; module not importable, or its import
+            (or the registry callable) raised (the message names the exception
+            type and the file and line, not its text); attribute
             missing; attribute neither a mapping nor a callable returning one;
             empty mapping; a key that is not a non-empty string (at most 256
             characters, no control characters); a value that is neither a
@@ -145,6 +149,8 @@ def load_registry(spec: str) -> dict[str, CrewSource]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise RegistryError(f"registry {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+    except Exception as exc:  # the module's own code failed: its type and place, never its text
+        raise RegistryError(f"registry {spec!r}: importing module {module_name!r} raised {_raised(exc)}") from exc
     target: Any = module
     for part in attribute.split("."):
         try:
@@ -157,11 +163,27 @@ def load_registry(spec: str) -> dict[str, CrewSource]:
     return {key: _source(spec, key, value) for key, value in _checked_items(spec, entries)}
 
 
+def _raised(exc: Exception) -> str:
+    """``RuntimeError at crews.py:12`` (a syntax error: its own file and line): what failed and where, without
+    the exception's text, which can hold secrets."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{type(exc).__name__} at {Path(exc.filename).name}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    return (
+        f"{type(exc).__name__} at {Path(frames[-1].filename).name}:{frames[-1].lineno}"
+        if frames
+        else type(exc).__name__
+    )
+
+
 def _as_mapping(spec: str, target: Any) -> Mapping[Any, Any]:
     if isinstance(target, Mapping):
         return target
     if callable(target):
-        result = target()
+        try:
+            result = target()
+        except Exception as exc:  # the registry's callable failed: its type and place, never its text
+            raise RegistryError(f"registry {spec!r}: calling the registry callable raised {_raised(exc)}") from exc
         if isinstance(result, Mapping):
             return result
         raise RegistryError(

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sidecar_process import launch, wait_ready
+from sidecar_process import ROOT, launch, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -96,3 +96,25 @@ def test_a_fork_server_left_with_a_second_thread_is_refused_in_one_line_naming_i
     lines = [line for line in text.splitlines() if not line.startswith("{")]
     assert len(lines) == 1 and "fork server runs 1 thread(s)" in lines[0] and "native-thread-1" in lines[0], lines
     assert "sidecar_listening" not in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("isolation", ["process", "inprocess"])
+def test_a_registry_module_that_raises_at_import_is_one_line_and_exit_2_without_a_traceback(tmp_path, isolation):
+    """Found after the CrewAI import (the module must run to fail), still one line naming the exception type and
+    the module's file and line, never its text or a traceback, in either isolation mode."""
+    (tmp_path / "boom_registry.py").write_text('TOKEN = "sk-live-0"\nraise RuntimeError(TOKEN)\n')
+    process = launch(
+        tmp_path,
+        args=["--registry", "boom_registry:CREWS", "--isolation", isolation],
+        env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
+    )
+    try:
+        status = process.wait(timeout=110)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = (tmp_path / "stderr.log").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("{")]
+    assert status == 2, text
+    assert len(lines) == 1 and "RuntimeError at boom_registry.py:2" in lines[0], lines
+    assert "Traceback" not in text and "sk-live-0" not in text

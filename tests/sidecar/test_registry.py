@@ -71,6 +71,25 @@ def test_missing_module_names_the_module() -> None:
         load_registry("no_such_module_xyz:CREWS")
 
 
+@pytest.mark.parametrize(
+    ("source", "raised"),
+    [
+        ('SECRET = "sk-live-123"\nraise RuntimeError(SECRET)\n', "RuntimeError at"),
+        ("def broken(:\n", "SyntaxError at"),
+        ('def CREWS():\n    raise KeyError("sk-live-123")\n', "KeyError at"),
+    ],
+    ids=["raises", "syntax-error", "callable-raises"],
+)
+def test_a_registry_whose_own_code_fails_is_refused_naming_the_type_and_place_never_the_text(
+    module_factory, source, raised
+) -> None:
+    name = module_factory(source)
+    with pytest.raises(RegistryError) as caught:
+        load_registry(f"{name}:CREWS")
+    assert raised in str(caught.value) and ".py:" in str(caught.value)
+    assert "sk-live-123" not in str(caught.value)
+
+
 def test_missing_attribute_names_the_attribute(module_factory) -> None:
     name = module_factory("OTHER = {}\n")
     with pytest.raises(RegistryError, match="has no attribute 'CREWS'"):
