@@ -27,7 +27,7 @@ What is set, and why (measured against crewai 1.15.5 sources):
 - ``OPENBLAS_NUM_THREADS=1`` (unless set): ``import crewai`` imports numpy,
   whose OpenBLAS starts a native worker thread per core at import; the worker
   fork server must fork from a process with one thread
-  (``workers.start_forkserver``), and a crew gateway has no use for parallel
+  (``fork_server.start_forkserver``), and a crew gateway has no use for parallel
   BLAS. An operator who sets it above 1 gets a sidecar that refuses to start
   its workers (``worker_fork_server_threaded``).
 - ``REDIS_URL`` is removed: ``crewai_core.lock_store`` would otherwise take its

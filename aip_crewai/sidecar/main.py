@@ -181,7 +181,7 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] 
 
     With ``--isolation process`` this process never imports CrewAI: the worker fork server does (once,
     for every worker), and the registry and the start-up preflight are checked in one process forked from
-    it (``workers.describe_registry``), whose answer gives the crew ids and their facts; the executor is a
+    it (``fork_server.describe_registry``), whose answer gives the crew ids and their facts; the executor is a
     :class:`~aip_crewai.sidecar.isolation.pool.WorkerPool` whose workers the app's lifespan boots before serving.
     With ``--isolation inprocess`` this process imports CrewAI and the registry itself.
     """
@@ -225,13 +225,13 @@ def _load_here(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] |
 def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
     """The fork server, the registry check forked from it, and the worker pool (``--isolation process``)."""
     from aip_crewai.sidecar.http.app import CrewFacts
-    from aip_crewai.sidecar.isolation.pool import (
+    from aip_crewai.sidecar.isolation.fork_server import (
         ForkServerThreaded,
-        WorkerPool,
         WorkerStartFailed,
         describe_registry,
         start_forkserver,
     )
+    from aip_crewai.sidecar.isolation.pool import WorkerPool
     from aip_crewai.sidecar.isolation.wire import Boot
 
     context = start_forkserver()
@@ -276,7 +276,8 @@ async def _serve(
 
     from aip_crewai.plumbing.serving import hypercorn_config, hypercorn_logger
     from aip_crewai.sidecar.http.app import create_app
-    from aip_crewai.sidecar.isolation.pool import ForkServerThreaded, WorkerPool
+    from aip_crewai.sidecar.isolation.fork_server import ForkServerThreaded
+    from aip_crewai.sidecar.isolation.pool import WorkerPool
 
     workers = executor if isinstance(executor, WorkerPool) else None
     try:

@@ -11,8 +11,9 @@ import pytest
 from sidecar_fakes import FakeExecutor, job, make_settings, poll
 
 from aip_crewai.sidecar.errors import JobNotCancellable, JobWaitTimeout, ShuttingDown
+from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE
 from aip_crewai.sidecar.jobs.model import JobStatus
-from aip_crewai.sidecar.jobs.runtime import GENERIC_FAILURE, Runtime
+from aip_crewai.sidecar.jobs.runtime import Runtime
 from aip_crewai.sidecar.journal.store import Journal
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,7 +9,7 @@ import threading
 import msgspec
 import pytest
 
-from aip_crewai.sidecar.isolation.pool import describe_exit
+from aip_crewai.sidecar.isolation.fork_server import describe_exit
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Boot,

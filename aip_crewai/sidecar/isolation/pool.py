@@ -5,11 +5,11 @@ the bounds and the event fan-out; :class:`WorkerPool` is the runtime's
 executor (the same ``async executor(crew_id, operation, input, ctx)`` as the
 in-process one) and runs each job in a fresh worker (:mod:`worker`):
 
-- **Fork server.** :func:`start_forkserver` starts multiprocessing's fork
-  server right after CrewAI's environment is set (in parallel with the
-  sidecar's own CrewAI import); it imports CrewAI and the operations once
-  (``operations/startup/preload.py``), never the crew registry (which may start
-  threads: each worker imports it after the fork; :func:`start_forkserver`).
+- **Fork server.** :func:`~aip_crewai.sidecar.isolation.fork_server.start_forkserver`
+  starts multiprocessing's fork server right after CrewAI's environment is set
+  (in parallel with the sidecar's own CrewAI import); it imports CrewAI and the
+  operations once (``operations/startup/preload.py``), never the crew registry
+  (which may start threads: each worker imports it after the fork).
   Workers fork from it, not from the sidecar,
   whose event loop and threads make a plain ``fork`` unsafe. A worker is
   ready in about 10 ms and shares the fork server's pages.
@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import multiprocessing
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -52,12 +50,19 @@ from typing import Any
 import msgspec
 import structlog
 
+from aip_crewai.sidecar.isolation.fork_server import (
+    BOOT_TIMEOUT_SECONDS,
+    REAP_SECONDS,
+    ForkServerThreaded,
+    WorkerStartFailed,
+    describe_exit,
+    start_forkserver,
+)
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Boot,
     Cancel,
     Chunk,
-    Described,
     Done,
     Failed,
     FindTaskRun,
@@ -78,123 +83,8 @@ from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobCo
 
 log = structlog.get_logger(__name__)
 
-#: Modules the fork server imports before it forks any worker (the last one warms CrewAI up).
-PRELOAD = [
-    "aip_crewai.sidecar.isolation.pool",
-    "aip_crewai.sidecar.isolation.worker",
-    "aip_crewai.sidecar.operations.startup.preload",
-]
-#: How long a worker may take to boot (s); the first ones wait for the fork server's CrewAI import.
-BOOT_TIMEOUT_SECONDS = 300.0
 #: Delay before starting a worker again after one failed to boot (s), doubling up to the maximum.
 RESPAWN_DELAY_SECONDS, MAX_RESPAWN_DELAY_SECONDS = 0.5, 10.0
-#: How long a killed worker's exit is awaited (s).
-REAP_SECONDS = 10.0
-
-
-def start_forkserver() -> BaseContext:
-    """Start the worker fork server now (it imports CrewAI in the background) and return its context.
-
-    Call after ``crewai_env.prepare_crewai_environment`` and
-    ``capture_crewai_prints``: the fork server inherits the environment and
-    file descriptors 1 and 2 of this moment.
-
-    The crew registry is *not* preloaded: a registry module may start threads
-    at import (an SDK's metrics flusher, an exporter), and a process forked
-    while another thread holds a lock inherits the lock held forever (a job that
-    needs it hangs until its timeout). The fork server imports only CrewAI and our own
-    modules and records any thread left besides its main one
-    (``operations/startup/preload.FORK_SERVER_THREADS``); each worker imports the
-    registry after the fork (its threads start in the worker, where they are
-    safe) and refuses to boot if the fork server was not single-threaded.
-
-    Source: ARCHITECTURE.md §5 (isolation).
-    """
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()
-    return context
-
-
-class WorkerStartFailed(RuntimeError):
-    """The pool could not start its workers (the sidecar stops: exit 1)."""
-
-
-class ForkServerThreaded(WorkerStartFailed):
-    """The fork server had threads besides its main one: no worker may be forked from it (the sidecar
-    refuses to start: one line, exit 2)."""
-
-    def __init__(self, threads: list[str]) -> None:
-        names = ", ".join(threads[:8]) + (f" and {len(threads) - 8} more" if len(threads) > 8 else "")
-        super().__init__(
-            f"the job worker fork server runs {len(threads)} thread(s) besides its main one ({names}); "
-            "workers forked from it could inherit a lock held forever. Something it imports starts "
-            "them: set OPENBLAS_NUM_THREADS=1 for numpy's, or use --isolation inprocess"
-        )
-        self.threads = threads
-
-
-def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT_TIMEOUT_SECONDS) -> Described:
-    """The start-up registry check, in a process forked from the fork server (``worker.describe``).
-
-    Blocks until its answer (the fork server's CrewAI import included), at most ``timeout`` seconds; the
-    process is then reaped (killed if it lingers). With process isolation this replaces the sidecar's own
-    ``import crewai`` and registry load: the crew ids and the preflight's facts come from here.
-
-    Returns:
-        the :class:`~aip_crewai.sidecar.isolation.wire.Described` answer (``refused`` / ``import_failed`` set when refused).
-
-    Raises:
-        ForkServerThreaded: the fork server had threads besides its main one (the check refused to run).
-        WorkerStartFailed: no answer (the process died, timed out or sent a bad frame); the message names
-            its exit status.
-
-    Source: ARCHITECTURE.md §5 (isolation).
-    """
-    ours, theirs = socket.socketpair()
-    process = context.Process(  # type: ignore[attr-defined]
-        target=_describe_entry,
-        args=(theirs, encode_boot(boot)),
-        name="aip-crewai-registry-check",
-        daemon=False,
-    )
-    try:
-        process.start()
-    finally:
-        theirs.close()
-    answer: FromWorker | None = None
-    try:
-        ours.settimeout(timeout)
-        header = _read_exactly(ours, HEADER.size)
-        answer = decode_from_worker(_read_exactly(ours, payload_length(header, frame_bound(262_144))))
-    except (OSError, EOFError, FrameError):
-        answer = None
-    finally:
-        ours.close()
-        process.join(REAP_SECONDS)
-        if process.exitcode is None:
-            process.kill()
-            process.join(REAP_SECONDS)
-    if isinstance(answer, Refused):
-        raise ForkServerThreaded(answer.threads)
-    if not isinstance(answer, Described):
-        raise WorkerStartFailed(
-            f"the registry check process ended without an answer ({describe_exit(process.exitcode)})"
-        )
-    return answer
-
-
-def _read_exactly(sock: socket.socket, size: int) -> bytes:
-    """``size`` bytes from a blocking socket. Raises EOFError at end of file, OSError (timeouts too)."""
-    data = bytearray()
-    while len(data) < size:
-        piece = sock.recv(size - len(data))
-        if not piece:
-            raise EOFError
-        data += piece
-    return bytes(data)
 
 
 class WorkerDied(SafeJobError):
@@ -207,18 +97,6 @@ class WorkerDied(SafeJobError):
             uncertain=True,
         )
         self.exitcode = exitcode
-
-
-def describe_exit(exitcode: int | None) -> str:
-    """``signal SIGKILL``, ``exit status 3`` or ``exit status unknown`` for a process exit code."""
-    if exitcode is None:
-        return "exit status unknown"
-    if exitcode < 0:
-        try:
-            return f"signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"signal {-exitcode}"
-    return f"exit status {exitcode}"
 
 
 class _Worker:
@@ -632,10 +510,3 @@ def _worker_entry(sock: socket.socket, boot_data: bytes) -> None:
     from aip_crewai.sidecar.isolation.worker import serve
 
     serve(sock, boot_data)
-
-
-def _describe_entry(sock: socket.socket, boot_data: bytes) -> None:
-    """Process target of :func:`describe_registry` (imported by reference in the fork server's child)."""
-    from aip_crewai.sidecar.isolation.worker import describe
-
-    describe(sock, boot_data)

@@ -99,7 +99,7 @@ class Ready(msgspec.Struct, frozen=True, tag="ready"):
 
 class Refused(msgspec.Struct, frozen=True, tag="refused"):
     """The worker will run no job: the fork server it was forked from had ``threads`` besides its main one
-    (a lock one of them held stays held in the worker; ``workers.start_forkserver``)."""
+    (a lock one of them held stays held in the worker; ``fork_server.start_forkserver``)."""
 
     threads: list[str]
 

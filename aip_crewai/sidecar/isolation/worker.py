@@ -249,7 +249,9 @@ def _boot(boot: Boot) -> dict[str, Any]:
 
     _prepare(boot)
     import_crewai()
-    registry = dict(load_registry(boot.registry))  # after the fork: its threads start here (workers.start_forkserver)
+    registry = dict(
+        load_registry(boot.registry)
+    )  # after the fork: its threads start here (fork_server.start_forkserver)
     from aip_crewai.sidecar.operations.startup import preload as _preload
 
     try:  # the copy-on-write cost of a first kickoff, paid while idle (operations/startup/preload.py)

@@ -18,9 +18,9 @@ Lifecycle of one job (ARCHITECTURE.md §4, §5):
    ``{"status":"completed","output_omitted":true,"output_bytes":N}`` and the
    output stays on ``GET /jobs/{id}``), ``failed`` (class name, a fixed
    message unless :class:`SafeJobError`, ``uncertain_outcome`` = the
-   catalogue's ``mutation``) or ``cancelled``. If the journal cannot take it
-   (a full disk), the outcome is kept and retried (:mod:`backlog`); until it is
-   recorded ``/health`` says ``degraded`` and new jobs get 507.
+   catalogue's ``mutation``) or ``cancelled`` (:mod:`terminal`). If the journal
+   cannot take it (a full disk), the outcome is kept and retried (:mod:`backlog`);
+   until it is recorded ``/health`` says ``degraded`` and new jobs get 507.
 
 Execution bound: ``timeout_ms`` (default 600000, max 3600000) bounds the job's
 execution, counted from ``started``; past it the job is stopped like a cancel
@@ -60,7 +60,6 @@ import msgspec
 import structlog
 
 from aip_crewai.contracts.operations import get as operation_spec
-from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.errors import (
     CrewBusy,
@@ -75,27 +74,12 @@ from aip_crewai.sidecar.errors import (
 )
 from aip_crewai.sidecar.http.metrics import Metrics
 from aip_crewai.sidecar.jobs.admission import Admission, check_request
-from aip_crewai.sidecar.jobs.context import (
-    GENERIC_FAILURE,
-    TASK_CANCELLED_OPERATIONS,
-    JobCancelled,
-    JobContext,
-    SafeJobError,
-)
+from aip_crewai.sidecar.jobs.context import TASK_CANCELLED_OPERATIONS, JobCancelled, JobContext
 from aip_crewai.sidecar.jobs.live import LiveJob, chunk_row, event_row
-from aip_crewai.sidecar.jobs.model import (
-    ArchiveOutcome,
-    EventRow,
-    JobRecord,
-    JobStatus,
-    NewJob,
-    RunState,
-    TaskRunRef,
-    task_refs,
-)
+from aip_crewai.sidecar.jobs.model import ArchiveOutcome, JobRecord, JobStatus, NewJob
 from aip_crewai.sidecar.jobs.reader import JobReader
 from aip_crewai.sidecar.jobs.replay_inputs import ReplayInputs
-from aip_crewai.sidecar.journal.backlog import PendingTerminal, TerminalBacklog
+from aip_crewai.sidecar.jobs.terminal import TerminalRecorder
 from aip_crewai.sidecar.journal.store import Journal
 from aip_crewai.sidecar.tenancy import tenant_of
 
@@ -106,8 +90,6 @@ Executor = Callable[[str, str, dict[str, Any], JobContext], Coroutine[Any, Any, 
 
 #: How long a failed admission write keeps ``/health`` ``degraded`` (s), unless an admission succeeds first.
 RECENT_WRITE_FAILURE_SECONDS = 30.0
-#: Bound on a SafeJobError message, characters.
-MAX_SAFE_MESSAGE_CHARS = 2048
 
 
 class Runtime:
@@ -150,8 +132,9 @@ class Runtime:
         self._state_dir = settings.state_dir or (settings.journal.parent if settings.journal else Path.cwd())
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self.backlog = TerminalBacklog(journal, self._recorded_late)
         self.replay_inputs = ReplayInputs(self._state_dir)
+        self.terminals = TerminalRecorder(settings, journal, self.metrics, self._live, self.replay_inputs)
+        self.backlog = self.terminals.backlog
 
     # ------------------------------------------------------------ admission
 
@@ -294,7 +277,9 @@ class Runtime:
             if ok is None:
                 log.error("job_start_not_recorded", action_id=live.action_id)
                 if live.close():  # CrewAI never started: the outcome is certain
-                    await self._fail(live, "JournalWriteFailed", "the sidecar could not record the job's start", False)
+                    await self.terminals.fail(
+                        live, "JournalWriteFailed", "the sidecar could not record the job's start", False
+                    )
                 return
             if not ok or live.closed:
                 return
@@ -327,7 +312,7 @@ class Runtime:
             log.warning("job_timed_out", action_id=live.action_id, timeout_ms=live.timeout_ms)
             self._signal_stop(live)
             await asyncio.shield(
-                self._fail(
+                self.terminals.fail(
                     live,
                     "ExecutionTimeout",
                     f"the job exceeded its execution bound of {live.timeout_ms} ms",
@@ -337,7 +322,7 @@ class Runtime:
         await asyncio.wait({live.exec_task})  # hold the slot until the worker really returns
         duration_ms = int((time.monotonic() - started_at) * 1000)
         if live.close():
-            await asyncio.shield(self._record_outcome(live, live.exec_task, duration_ms))
+            await asyncio.shield(self.terminals.record_outcome(live, live.exec_task, duration_ms))
         else:
             observed = _stop_observed(live.exec_task, ctx)
             try:
@@ -350,133 +335,6 @@ class Runtime:
                 provider_stop_observed=observed,
                 duration_ms=duration_ms,
             )
-
-    async def _record_outcome(self, live: LiveJob, task: asyncio.Task[Any], duration_ms: int) -> None:
-        """Turn the executor's result into the terminal event (the job is closed)."""
-        spec = live.spec
-        exc = None if task.cancelled() else task.exception()
-        if task.cancelled():
-            await self._finish(live, JobStatus.CANCELLED, {"status": "cancelled"})
-            return
-        if exc is not None:
-            if isinstance(exc, SafeJobError):
-                error_type, message = exc.error_type, str(exc.message)[:MAX_SAFE_MESSAGE_CHARS]
-            else:
-                error_type, message = type(exc).__name__, GENERIC_FAILURE
-            log.warning("job_failed", action_id=live.action_id, error_type=error_type, duration_ms=duration_ms)
-            effect_free = isinstance(exc, SafeJobError) and exc.before_any_effect
-            uncertain = spec.mutation and not effect_free
-            if isinstance(exc, SafeJobError) and exc.uncertain is not None:
-                uncertain = exc.uncertain
-            await self._fail(live, error_type, message, uncertain)
-            return
-        try:
-            output = msgspec.json.encode(task.result())
-        except (TypeError, ValueError) as err:
-            log.error("job_output_not_json", action_id=live.action_id, error_type=type(err).__name__)
-            await self._fail(live, "InvalidOutput", "the operation output is not JSON", spec.mutation)
-            return
-        if len(output) > MAX_OUTPUT_BYTES:
-            await self._fail(
-                live,
-                "OutputTooLarge",
-                f"the operation output is {len(output)} bytes; at most {MAX_OUTPUT_BYTES} bytes",
-                spec.mutation,
-            )
-            return
-        data = output
-        if len(EventRow(live.next_sequence, "completed", output).to_json()) > self.settings.max_event_bytes:
-            data = msgspec.json.encode({"status": "completed", "output_omitted": True, "output_bytes": len(output)})
-        refs = task_refs(live.operation, task.result())
-        states = _run_states(live.ctx, refs)
-        inputs = _run_inputs(live.ctx, refs)
-        if inputs:  # before the terminal commit: once the run can be replayed, its inputs are there
-            await asyncio.to_thread(self.replay_inputs.write, live.action_id, inputs)
-        log.info(
-            "job_completed",
-            action_id=live.action_id,
-            output_bytes=len(output),
-            duration_ms=duration_ms,
-            events=live.next_sequence + 1,
-            dropped_events=live.dropped,
-        )
-        await self._finish(live, JobStatus.COMPLETED, None, raw=data, output=output, task_runs=refs, run_states=states)
-
-    async def _fail(self, live: LiveJob, error_type: str, message: str, uncertain: bool) -> None:
-        data = {"status": "failed", "error_type": error_type, "message": message, "uncertain_outcome": uncertain}
-        await self._finish(live, JobStatus.FAILED, data, error=msgspec.json.encode(data))
-
-    async def _finish(
-        self,
-        live: LiveJob,
-        status: JobStatus,
-        data: dict[str, Any] | None,
-        *,
-        raw: bytes | None = None,
-        output: bytes | None = None,
-        error: bytes | None = None,
-        task_runs: list[TaskRunRef] | None = None,
-        run_states: list[RunState] | None = None,
-    ) -> None:
-        """Commit pending chunks and the terminal event in one transaction.
-
-        The caller has claimed ``live.close()``. On a journal failure the job
-        is marked lost (followers stop without a terminal event) and the
-        outcome goes to :attr:`backlog`, which retries it while new
-        admissions get 507; if the process stops first, the next start fails
-        the job as uncertain.
-        """
-        async with live.flush_lock:
-            sequence = live.next_sequence
-            terminal = EventRow(sequence, status.value, raw if raw is not None else msgspec.json.encode(data))
-            events = [*live.pending, terminal]
-            try:
-                ok: bool | None = await self.journal.transition(
-                    live.action_id,
-                    status,
-                    first_sequence=live.committed,
-                    events=events,
-                    output=output,
-                    error=error,
-                    dropped_events=live.dropped,
-                    task_runs=task_runs or (),
-                    run_states=run_states or (),
-                )
-            except JournalWriteFailed:
-                ok = None
-                self.metrics.inc("journal_write_failures_total")
-            if ok:
-                live.pending.clear()
-                live.status, live.committed, live.next_sequence = status, sequence + 1, sequence + 1
-                self.metrics.inc("jobs_finished_total", operation=live.operation, status=status.value)
-                if live.dropped:
-                    self.metrics.inc("chunks_dropped_total", live.dropped)
-            else:
-                live.lost = True
-                log.error(
-                    "job_terminal_not_recorded", action_id=live.action_id, status=status.value, retrying=ok is None
-                )
-                if ok is None:
-                    self.backlog.add(
-                        PendingTerminal(
-                            live.action_id,
-                            live.operation,
-                            status,
-                            live.committed,
-                            events,
-                            output,
-                            error,
-                            live.dropped,
-                            list(task_runs or ()),
-                            list(run_states or ()),
-                        )
-                    )
-        live.finished.set()
-        live.notify()
-        self._live.pop(live.action_id, None)
-
-    def _recorded_late(self, item: PendingTerminal) -> None:
-        self.metrics.inc("jobs_finished_total", operation=item.operation, status=item.status.value)
 
     def _signal_stop(self, live: LiveJob, *, force: bool = False) -> None:
         """Set the cooperative flag; cancel the asyncio task where that stops CrewAI."""
@@ -570,7 +428,7 @@ class Runtime:
             queued = live.exec_task is None
             self._signal_stop(live)
             log.info("job_cancel_requested", action_id=action_id, operation=live.operation)
-            await asyncio.shield(self._finish(live, JobStatus.CANCELLED, {"status": "cancelled"}))
+            await asyncio.shield(self.terminals.finish(live, JobStatus.CANCELLED, {"status": "cancelled"}))
             if queued:  # CrewAI never started: the stop is certain
                 await self.journal.set_provider_stop_observed(action_id, True)
         elif live is not None:
@@ -641,7 +499,9 @@ class Runtime:
         for live in list(self._live.values()):
             if live.close():
                 self._signal_stop(live, force=True)
-                await self._finish(live, JobStatus.CANCELLED, {"status": "cancelled", "reason": "sidecar_shutdown"})
+                await self.terminals.finish(
+                    live, JobStatus.CANCELLED, {"status": "cancelled", "reason": "sidecar_shutdown"}
+                )
                 log.warning("job_cancelled_at_shutdown", action_id=live.action_id)
         tasks = [t for t in [*self._tasks.values(), *self._background] if not t.done()]
         for task in tasks:
@@ -658,27 +518,3 @@ def _stop_observed(task: asyncio.Task[Any], ctx: JobContext) -> bool:
     if task.cancelled() or ctx.stop_observed:
         return True
     return isinstance(task.exception(), JobCancelled)
-
-
-def _run_states(ctx: JobContext | None, refs: list[TaskRunRef]) -> list[RunState]:
-    """The crew fingerprints the operation left in ``ctx.run_state``, for the results that have task refs."""
-    if ctx is None or not refs:
-        return []
-    indexes = {ref.result_index for ref in refs}
-    return [
-        RunState(index, msgspec.json.encode({"fingerprint": state["fingerprint"]}))
-        for index, state in ctx.run_state.items()
-        if index in indexes and isinstance(state, dict) and "fingerprint" in state
-    ]
-
-
-def _run_inputs(ctx: JobContext | None, refs: list[TaskRunRef]) -> dict[int | None, dict[str, Any]]:
-    """The inputs the operation left in ``ctx.run_state``, for the results that have task refs."""
-    if ctx is None or not refs:
-        return {}
-    indexes = {ref.result_index for ref in refs}
-    return {
-        index: state["inputs"]
-        for index, state in ctx.run_state.items()
-        if index in indexes and isinstance(state, dict) and isinstance(state.get("inputs"), dict)
-    }

@@ -51,12 +51,8 @@ from crewai.memory.storage import factory as memory_factory
 from crewai_core.paths import db_storage_path
 
 from aip_crewai.sidecar.jobs.context import JobContext, SafeJobError
-from aip_crewai.sidecar.operations._common import (
-    KNOWLEDGE_UNAVAILABLE,
-    job_scope,
-    strict_search,
-    to_bounded_json,
-)
+from aip_crewai.sidecar.operations._common import job_scope, to_bounded_json
+from aip_crewai.sidecar.operations.startup.crew_checks import KNOWLEDGE_UNAVAILABLE, strict_search
 from aip_crewai.sidecar.registry import CrewSource
 from aip_crewai.sidecar.tenancy import DEFAULT_TENANT, namespace_key, private_collection_name
 
@@ -90,7 +86,7 @@ class JobKnowledgeStorage(KnowledgeStorage):
     "no results": the run went on without its knowledge. Here ``asearch``
     runs the synchronous search in a worker thread when the client is
     synchronous (``asyncio.to_thread`` carries the job's contextvars), and both
-    searches raise instead of returning ``[]`` (``_common.strict_search``):
+    searches raise instead of returning ``[]`` (``crew_checks.strict_search``):
     CrewAI then emits ``KnowledgeSearchQueryFailedEvent``, which fails the job
     (``_swallowed``).
     """
@@ -234,7 +230,7 @@ def _query(source: CrewSource, query: list[str], limit: int, threshold: float) -
     exception text included) and ``KnowledgeStorage.search`` logs the
     exception and returns ``[]``. So a crew that declares ``knowledge_sources``
     but has no ``knowledge`` is unavailable, and the search runs without
-    CrewAI's catch-all (``_common.strict_search``).
+    CrewAI's catch-all (``crew_checks.strict_search``).
 
     Raises:
         SafeJobError: ``KnowledgeUnavailable``, with a fixed message.

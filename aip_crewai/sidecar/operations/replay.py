@@ -58,12 +58,12 @@ from aip_crewai.sidecar.operations._common import (
     crew_fingerprint,
     fingerprint_change,
     job_scope,
-    refuse_unusable_crew,
     serialize_crew_output,
 )
 from aip_crewai.sidecar.operations._maintenance import run_in_worker
 from aip_crewai.sidecar.operations._task_outputs import RetainedRunStore
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
+from aip_crewai.sidecar.operations.startup.crew_checks import refuse_unusable_crew
 from aip_crewai.sidecar.registry import CrewSource
 
 

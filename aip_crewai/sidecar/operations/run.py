@@ -37,8 +37,9 @@ from crewai import CrewOutput
 from crewai.crews.utils import enable_agent_streaming
 
 from aip_crewai.sidecar.jobs.context import JobContext
-from aip_crewai.sidecar.operations._common import crew_fingerprint, refuse_unusable_crew, serialize_crew_output
+from aip_crewai.sidecar.operations._common import crew_fingerprint, serialize_crew_output
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
+from aip_crewai.sidecar.operations.startup.crew_checks import refuse_unusable_crew
 from aip_crewai.sidecar.registry import CrewSource
 
 

@@ -50,9 +50,10 @@ from crewai.utilities.evaluators.crew_evaluator_handler import CrewEvaluator
 from crewai.utilities.llm_utils import create_llm
 
 from aip_crewai.sidecar.jobs.context import JobContext
-from aip_crewai.sidecar.operations._common import check_cancelled, job_scope, refuse_unusable_crew
+from aip_crewai.sidecar.operations._common import check_cancelled, job_scope
 from aip_crewai.sidecar.operations._maintenance import crew_option, run_in_worker
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
+from aip_crewai.sidecar.operations.startup.crew_checks import refuse_unusable_crew
 from aip_crewai.sidecar.registry import CrewSource
 
 log = structlog.get_logger(__name__)

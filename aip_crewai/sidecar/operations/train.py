@@ -53,14 +53,10 @@ from crewai.utilities.constants import TRAINING_DATA_FILE
 from crewai.utilities.training_handler import CrewTrainingHandler
 
 from aip_crewai.sidecar.jobs.context import JobContext, SafeJobError
-from aip_crewai.sidecar.operations._common import (
-    check_cancelled,
-    job_scope,
-    refuse_unavailable_knowledge,
-    refuse_unconfigured_llms,
-)
+from aip_crewai.sidecar.operations._common import check_cancelled, job_scope
 from aip_crewai.sidecar.operations._maintenance import crew_option, run_in_worker
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace
+from aip_crewai.sidecar.operations.startup.crew_checks import refuse_unavailable_knowledge, refuse_unconfigured_llms
 from aip_crewai.sidecar.registry import CrewSource
 from aip_crewai.sidecar.tenancy import crew_dir_name, tenant_dir_name
 

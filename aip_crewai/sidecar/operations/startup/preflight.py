@@ -7,19 +7,19 @@ collection are removed afterwards: the check leaves no crew state. The
 problems found are published per crew in ``GET /health`` (``crew_problems``),
 beside each crew's inputs (``crew_inputs``, see :class:`Preflight`), and logged once (``crew_unusable``, crew id and codes only). A crew with a
 problem stays registered: its jobs fail with the same typed error at their
-start (``_common.refuse_unusable_crew``), before any model call.
+start (``crew_checks.refuse_unusable_crew``), before any model call.
 
 Codes:
 
 - ``llm_unconfigured``: an agent (or the manager) uses a CrewAI model
-  without an API key (``_common.unconfigured_llms``); jobs fail
+  without an API key (``crew_checks.unconfigured_llms``); jobs fail
   ``LlmUnconfigured`` with ``uncertain_outcome: false`` before any model call.
 - ``knowledge_unavailable``: the crew declares ``knowledge_sources`` but
   CrewAI could not build its knowledge (a broken embedder, no provider key
   for the default one); CrewAI itself would only print the error and run
   without retrieval.
 - ``memory_unavailable``: the crew has CrewAI memory whose embedder cannot
-  embed (``_common.unavailable_memory``); CrewAI would only emit the failure
+  embed (``crew_checks.unavailable_memory``); CrewAI would only emit the failure
   and run without recall; jobs fail ``MemoryUnavailable``.
 - ``human_input``: a task has ``human_input=True`` (the sidecar never reads
   standard input).
@@ -40,8 +40,12 @@ from typing import Any
 import structlog
 from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 
-from aip_crewai.sidecar.operations._common import unavailable_knowledge, unavailable_memory, unconfigured_llms
 from aip_crewai.sidecar.operations.knowledge_query import knowledge_namespace, namespace_storage_dir
+from aip_crewai.sidecar.operations.startup.crew_checks import (
+    unavailable_knowledge,
+    unavailable_memory,
+    unconfigured_llms,
+)
 from aip_crewai.sidecar.registry import CrewSource
 from aip_crewai.sidecar.tenancy import namespace_key
 

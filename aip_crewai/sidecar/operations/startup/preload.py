@@ -1,4 +1,4 @@
-"""Imported once by the worker fork server (``workers.start_forkserver``), before it forks any worker.
+"""Imported once by the worker fork server (``fork_server.start_forkserver``), before it forks any worker.
 
 Loads CrewAI and every operation module, so a job worker forked from the
 fork server starts with them in memory (pages shared with the fork server)
