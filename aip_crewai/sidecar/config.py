@@ -22,6 +22,9 @@ directory that does not exist yet (created 0700, with missing parents), and ``--
 operator should hear about but that do not stop start-up are returned in
 :attr:`Settings.warnings` (logged by the entry point; never a secret).
 
+The table of flags, their variables, parsers and defaults, and the argument parser, are in
+:mod:`.options`; this module validates their combination.
+
 Source: ARCHITECTURE.md §11 (operator interface), §4 (token file), §5 (limits).
 """
 
@@ -30,29 +33,23 @@ from __future__ import annotations
 import argparse
 import os
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aip_crewai.contracts.operations import INSPECTION_OPERATIONS, STARTABLE_OPERATIONS
+from aip_crewai.contracts.operations import INSPECTION_OPERATIONS
 from aip_crewai.plumbing.loopback import is_loopback
 
 from ..plumbing.keys import MAX_SECRET_FILE_BYTES, SecretFileError, read_token
+from .options import OPTIONS, VALVE_ENV, build_parser, int_in, option_name
 
-#: Bounds of ``--max-event-bytes``, bytes (the reference sidecar's range).
-MIN_EVENT_BYTES, MAX_EVENT_BYTES = 1024, 4_194_304
 #: The host's SSE frame bound, bytes (ARCHITECTURE.md §7): larger events are refused by the host.
 HOST_FRAME_BYTES = 1_048_576
 #: The reference's ``AIP_CREWAI_MAX_STATE_BYTES`` range, bytes; it sets ``--max-journal-bytes``.
 STATE_BYTES_ENV = "AIP_CREWAI_MAX_STATE_BYTES"
 #: The reference's inline token (a token file is safer: it is not in the process environment).
 INLINE_TOKEN_ENV = "AIP_CREWAI_BEARER_TOKEN"
-#: Environment switches of the two safety valves, by flag.
-VALVE_ENV = {
-    "allow_unauthenticated": "AIP_CREWAI_ALLOW_UNAUTHENTICATED",
-    "allow_ephemeral": "AIP_CREWAI_ALLOW_EPHEMERAL",
-}
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 
 
@@ -129,256 +126,6 @@ class Settings:
         return sorted(set(self.allowed_operations) | INSPECTION_OPERATIONS)
 
 
-# ----------------------------------------------------------------- parsing
-
-
-def _int_in(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        text = text.strip()
-        if not text.isdigit():  # ASCII digits only: no sign, no "1_000", no "0x"
-            raise ValueError(f"must be an integer {low}..{high}")
-        value = int(text)
-        if not low <= value <= high:
-            raise ValueError(f"must be an integer {low}..{high}")
-        return value
-
-    return parse
-
-
-def _float_in(low: float, high: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise ValueError(f"must be a number {low}..{high}") from None
-        if not low <= value <= high:  # also rejects NaN
-            raise ValueError(f"must be a number {low}..{high}")
-        return value
-
-    return parse
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-def _text(text: str) -> str:
-    value = text.strip()
-    if not value:
-        raise ValueError("must not be empty")
-    return value
-
-
-def _path(text: str) -> Path:
-    return Path(_text(text)).expanduser()
-
-
-def _operations(text: str) -> tuple[str, ...]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = sorted({n for n in names if n not in STARTABLE_OPERATIONS and n not in INSPECTION_OPERATIONS})
-    if unknown:
-        raise ValueError(f"unknown operation(s) {', '.join(unknown)}; startable: {', '.join(STARTABLE_OPERATIONS)}")
-    # status/events/cancel are always served; accept them (peer env files list them) and drop them.
-    startable = tuple(n for n in STARTABLE_OPERATIONS if n in names)
-    if not startable:
-        raise ValueError(f"must name at least one startable operation ({', '.join(STARTABLE_OPERATIONS)})")
-    return startable
-
-
-@dataclass(frozen=True)
-class _Option:
-    dest: str
-    flag: str
-    env: str | None
-    parse: Callable[[str], Any]
-    default: Any
-    help: str
-
-
-#: Every valued setting: flag, environment variable, parser, default (ARCHITECTURE.md §11).
-OPTIONS: tuple[_Option, ...] = (
-    _Option("registry", "--registry", "AIP_CREWAI_REGISTRY", _text, None, "crew registry, module:attribute (required)"),
-    _Option("host", "--host", "AIP_CREWAI_HOST", _text, "127.0.0.1", "listen address"),
-    _Option("port", "--port", "AIP_CREWAI_PORT", _int_in(0, 65535), 8090, "listen port (0: any free port)"),
-    _Option(
-        "journal",
-        "--journal",
-        "AIP_CREWAI_STATE_FILE",
-        _path,
-        None,
-        "SQLite job journal (required unless --allow-ephemeral on loopback; a missing directory is created 0700)",
-    ),
-    _Option(
-        "state_dir",
-        "--state-dir",
-        "AIP_CREWAI_STATE_DIR",
-        _path,
-        None,
-        "state directory; CrewAI storage goes under it (default: the journal's directory)",
-    ),
-    _Option(
-        "token_file",
-        "--token-file",
-        "AIP_CREWAI_BEARER_TOKEN_FILE",
-        _path,
-        None,
-        "bearer token file: regular file, mode 0600, 1..16384 bytes "
-        "(required unless --allow-unauthenticated on loopback)",
-    ),
-    _Option(
-        "allowed_operations",
-        "--allowed-operations",
-        "AIP_CREWAI_ALLOWED_OPERATIONS",
-        _operations,
-        ("run",),
-        "comma list of startable operations (run, batch_run, replay, train, test, knowledge_query, "
-        "memory_reset); status, events and cancel are always served",
-    ),
-    _Option(
-        "max_concurrency",
-        "--max-concurrency",
-        "AIP_CREWAI_MAX_CONCURRENCY",
-        _int_in(1, 1024),
-        4,
-        "jobs executing at once",
-    ),
-    _Option(
-        "max_retained_runs",
-        "--max-retained-runs",
-        "AIP_CREWAI_MAX_RETAINED_RUNS",
-        _int_in(1, 10_000_000),
-        2000,
-        "non-archived jobs kept; admission answers 507 at the limit",
-    ),
-    _Option(
-        "max_events_per_run",
-        "--max-events-per-run",
-        "AIP_CREWAI_MAX_EVENTS_PER_RUN",
-        _int_in(2, 100_000),
-        1000,
-        "events per job, the terminal one included",
-    ),
-    _Option(
-        "max_event_bytes",
-        "--max-event-bytes",
-        "AIP_CREWAI_MAX_EVENT_BYTES",
-        _int_in(MIN_EVENT_BYTES, MAX_EVENT_BYTES),
-        262_144,
-        "encoded size bound of one event, bytes, 1024..4194304 (above 1 MiB, the aip-crewai host's SSE frame "
-        "bound, a warning at start: the host refuses larger events)",
-    ),
-    _Option(
-        "stream_checkpoint_events",
-        "--stream-checkpoint-events",
-        "AIP_CREWAI_STREAM_CHECKPOINT_EVENTS",
-        _int_in(1, 100_000),
-        128,
-        "chunk events committed per journal write",
-    ),
-    _Option(
-        "training_dir",
-        "--training-dir",
-        "AIP_CREWAI_TRAINING_DIR",
-        _path,
-        None,
-        "directory for train artifacts (required when train is allowed)",
-    ),
-    _Option(
-        "max_journal_bytes",
-        "--max-journal-bytes",
-        "AIP_CREWAI_MAX_JOURNAL_BYTES",
-        _int_in(1_048_576, 1 << 50),
-        1_073_741_824,
-        "journal size bound, bytes; admission answers 507 past it "
-        "(the reference's AIP_CREWAI_MAX_STATE_BYTES, 1048576..4294967296, sets it too)",
-    ),
-    _Option(
-        "sse_keepalive_seconds",
-        "--sse-keepalive-seconds",
-        "AIP_CREWAI_SSE_KEEPALIVE_SECONDS",
-        _float_in(0.01, 3600.0),
-        15.0,
-        "interval of SSE keep-alive comments, seconds",
-    ),
-    _Option(
-        "shutdown_grace_seconds",
-        "--shutdown-grace-seconds",
-        "AIP_CREWAI_SHUTDOWN_GRACE_SECONDS",
-        _float_in(0.0, 3600.0),
-        20.0,
-        "at SIGTERM/SIGINT, how long running jobs may finish before cancellation",
-    ),
-    _Option(
-        "isolation",
-        "--isolation",
-        "AIP_CREWAI_ISOLATION",
-        _choice("process", "inprocess"),
-        "process",
-        "where jobs run: process (each job in a worker process of its own: hard cancel, crash containment) or "
-        "inprocess (in the sidecar process, for debugging)",
-    ),
-    _Option(
-        "cancel_grace_seconds",
-        "--cancel-grace-seconds",
-        "AIP_CREWAI_CANCEL_GRACE_SECONDS",
-        _float_in(0.0, 60.0),
-        1.0,
-        "with --isolation process: how long a cancelled job may take to stop "
-        "before its worker process is killed, seconds",
-    ),
-    _Option(
-        "log_level",
-        "--log-level",
-        "AIP_CREWAI_LOG_LEVEL",
-        _choice("debug", "info", "warning", "error"),
-        "info",
-        "log level (logs go to stderr)",
-    ),
-    _Option(
-        "log_format",
-        "--log-format",
-        "AIP_CREWAI_LOG_FORMAT",
-        _choice("auto", "json", "console"),
-        "auto",
-        "log format; auto: JSON unless stderr is a terminal",
-    ),
-)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``aip-crewai sidecar`` argument parser (``--help`` lists every setting)."""
-    parser = argparse.ArgumentParser(
-        prog="aip-crewai sidecar",
-        description="Run the CrewAI sidecar: crew registry, SQLite job journal, sidecar HTTP contract. "
-        "Every setting also reads its environment variable; a flag wins over the environment.",
-    )
-    for opt in OPTIONS:
-        default = ",".join(opt.default) if isinstance(opt.default, tuple) else opt.default
-        env = f" [env {opt.env}]" if opt.env else ""
-        shown = f" (default: {default})" if default is not None else ""
-        parser.add_argument(
-            opt.flag, dest=opt.dest, metavar=opt.dest.upper(), default=None, help=f"{opt.help}{env}{shown}"
-        )
-    parser.add_argument(
-        "--allow-unauthenticated",
-        action="store_true",
-        help=f"serve without a bearer token; loopback --host only [env {VALVE_ENV['allow_unauthenticated']}=1|true]",
-    )
-    parser.add_argument(
-        "--allow-ephemeral",
-        action="store_true",
-        help="use a temporary journal when --journal is unset; loopback --host only "
-        f"(health then reports durable_journal=false) [env {VALVE_ENV['allow_ephemeral']}=1|true]",
-    )
-    return parser
-
-
 def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     """Parse flags and environment into validated :class:`Settings`.
 
@@ -406,11 +153,11 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         try:
             values[opt.dest] = opt.parse(source)
         except ValueError as exc:
-            raise ConfigError(_name(opt), f"{exc} (got {source!r})") from None
+            raise ConfigError(option_name(opt), f"{exc} (got {source!r})") from None
     by_dest = {opt.dest: opt for opt in OPTIONS}
     warnings: list[tuple[str, str]] = []
     if values["registry"] is None:
-        raise ConfigError(_name(by_dest["registry"]), "is required (module:attribute)")
+        raise ConfigError(option_name(by_dest["registry"]), "is required (module:attribute)")
     values["max_journal_bytes"] = _journal_bytes(args, environ, values["max_journal_bytes"])
     if values["max_event_bytes"] > HOST_FRAME_BYTES:
         warnings.append(
@@ -430,16 +177,16 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
 
     journal: Path | None = values["journal"]
     if journal is None and not allow_ephemeral:
-        raise ConfigError(_name(by_dest["journal"]), "is required (or --allow-ephemeral on a loopback --host)")
+        raise ConfigError(option_name(by_dest["journal"]), "is required (or --allow-ephemeral on a loopback --host)")
     if journal is not None:
         journal = journal.absolute()
         # A missing directory is created 0700 with its missing parents, as the reference sidecar does (a
         # drop-in switch needs no change); the journal's own checks then refuse a directory others can write.
-        if _make_private_dirs(_name(by_dest["journal"]), journal.parent):
+        if _make_private_dirs(option_name(by_dest["journal"]), journal.parent):
             warnings.append(("journal_dir_created", f"created the journal directory {journal.parent} (mode 0700)"))
     state_dir: Path | None = values["state_dir"]
     if state_dir is not None:
-        state_dir = _check_private_dir(_name(by_dest["state_dir"]), state_dir.absolute())
+        state_dir = _check_private_dir(option_name(by_dest["state_dir"]), state_dir.absolute())
     elif journal is not None:
         state_dir = journal.parent
 
@@ -448,36 +195,36 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     inline = environ.get(INLINE_TOKEN_ENV) or None
     if token_file is not None and inline is not None:
         raise ConfigError(
-            INLINE_TOKEN_ENV, f"and {_name(by_dest['token_file'])} are mutually exclusive; keep the token file"
+            INLINE_TOKEN_ENV, f"and {option_name(by_dest['token_file'])} are mutually exclusive; keep the token file"
         )
     if token_file is not None:
-        token = read_token_file(token_file, setting=_name(by_dest["token_file"]))
+        token = read_token_file(token_file, setting=option_name(by_dest["token_file"]))
     elif inline is not None:
         token = inline_token(inline)
         warnings.append(
             (
                 "bearer_token_inline",
                 f"the bearer token comes from {INLINE_TOKEN_ENV}; a 0600 token file "
-                f"({_name(by_dest['token_file'])}) is safer: the environment is readable by more "
+                f"({option_name(by_dest['token_file'])}) is safer: the environment is readable by more "
                 "processes and tools than the file",
             )
         )
     elif not allow_unauth:
         raise ConfigError(
-            _name(by_dest["token_file"]),
+            option_name(by_dest["token_file"]),
             f"is required (or {INLINE_TOKEN_ENV}, or --allow-unauthenticated on a loopback --host)",
         )
 
     training_dir: Path | None = values["training_dir"]
     if training_dir is not None:
-        setting = _name(by_dest["training_dir"])
+        setting = option_name(by_dest["training_dir"])
         training_dir = training_dir.absolute()
         _check_training_dir_apart(setting, training_dir, journal, state_dir)
         if _make_private_dirs(setting, training_dir):
             warnings.append(("training_dir_created", f"created the training directory {training_dir} (mode 0700)"))
         training_dir = _check_private_dir(setting, training_dir)
     elif "train" in values["allowed_operations"]:
-        raise ConfigError(_name(by_dest["training_dir"]), "is required when train is an allowed operation")
+        raise ConfigError(option_name(by_dest["training_dir"]), "is required when train is an allowed operation")
 
     return Settings(
         registry=values["registry"],
@@ -536,7 +283,7 @@ def _journal_bytes(args: argparse.Namespace, environ: Mapping[str, str], current
     if raw is None:
         return current
     try:
-        state_bytes = _int_in(1_048_576, 4_294_967_296)(raw)
+        state_bytes = int_in(1_048_576, 4_294_967_296)(raw)
     except ValueError as exc:
         raise ConfigError(f"{STATE_BYTES_ENV} (sets --max-journal-bytes)", f"{exc} (got {raw!r})") from None
     explicit = args.max_journal_bytes is not None or bool(environ.get("AIP_CREWAI_MAX_JOURNAL_BYTES"))
@@ -603,10 +350,6 @@ def _check_training_dir_apart(setting: str, training_dir: Path, journal: Path | 
         target = path.resolve()
         if target == training or training in target.parents:
             raise ConfigError(setting, f"must not be, or contain, {label} ({path}); use a directory of its own")
-
-
-def _name(opt: _Option) -> str:
-    return f"{opt.flag} ({opt.env})" if opt.env else opt.flag
 
 
 def read_token_file(path: Path, *, setting: str = "--token-file") -> str:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from aip_crewai.contracts.operations import CATALOGUE, capability_id
-from aip_crewai.sidecar.config import OPTIONS
+from aip_crewai.sidecar.options import OPTIONS
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

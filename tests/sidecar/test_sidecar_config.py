@@ -7,8 +7,9 @@ import stat
 
 import pytest
 
-from aip_crewai.sidecar.config import OPTIONS, ConfigError, Settings, build_parser, load_settings, read_token_file
+from aip_crewai.sidecar.config import ConfigError, Settings, load_settings, read_token_file
 from aip_crewai.sidecar.main import main
+from aip_crewai.sidecar.options import OPTIONS, build_parser
 
 DESIGN_TABLE = {
     "--registry": ("AIP_CREWAI_REGISTRY", None),

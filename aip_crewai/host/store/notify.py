@@ -26,6 +26,7 @@ from collections.abc import Callable
 import structlog
 
 from ...plumbing.wakeup import ChangeSignal
+from .engine import Db
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +39,13 @@ RECONNECT_S = 1.0
 def payload(tenant: str, action_id: str) -> str:
     """The notification payload of one action: ``<tenant> <action_id>`` (tenant names hold no space)."""
     return f"{tenant} {action_id}"
+
+
+def send(db: Db, tenant: str, action_id: str) -> None:
+    """On a shared (PostgreSQL) store: tell the other hosts' followers that this action changed
+    (``NOTIFY``, delivered at the commit of the write ``db`` runs now; on the store's worker). Nothing on SQLite."""
+    if db.engine == "postgresql":
+        db.fetch("SELECT pg_notify(?, ?)", (CHANNEL, payload(tenant, action_id)))
 
 
 class RemoteChanges:

@@ -43,7 +43,9 @@ The package's parts: the row types and errors (:mod:`.records`, re-exported
 here), the schema (:mod:`.migrations`), the SQL text shared by the store's
 modules (:mod:`.sql`), one module per engine behind :class:`.engine.Db`
 (:mod:`.sqlite`: opening the file, its pre-flight :func:`check_store_file`;
-:mod:`.postgres`), and the approval methods (:mod:`.approvals`, the store's
+:mod:`.postgres`), an action's creation with its idempotency reservation
+(:mod:`.creation`), the chunk log (:mod:`.chunks`), the cross-host ``NOTIFY``
+(:mod:`.notify`), and the approval methods (:mod:`.approvals`, the store's
 base class). No other host module runs SQL.
 
 Source: ARCHITECTURE.md §7 (fences, "every store key starts with the tenant"),
@@ -62,12 +64,13 @@ import structlog
 
 from ...plumbing.storage import create_private_file, hop, start_worker
 from ...plumbing.wakeup import ChangeSignal
-from ..actions.lifecycle import ActionState, allowed, is_terminal
+from ..actions.lifecycle import ActionState
+from . import notify
 from .approvals import ApprovalMethods
+from .chunks import LIST_CHUNKS, append_now
+from .creation import create_now, start_state
 from .engine import Db
 from .migrations import MIGRATIONS, migrate
-from .notify import CHANNEL as NOTIFY_CHANNEL
-from .notify import payload as notify_payload
 from .postgres import PostgresDb, is_postgres_url, open_postgres_pool
 from .records import (
     DISPATCH_RANK,
@@ -87,7 +90,7 @@ from .records import (
     ms_to_rfc3339,
     rfc3339_to_ms,
 )
-from .sql import ACTION_COLUMNS, DISPATCH_RANK_SQL, GET_ACTION, IDEMPOTENCY_COLUMNS, action_update
+from .sql import ACTION_COLUMNS, GET_ACTION, action_update
 from .sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
 
 __all__ = [
@@ -349,89 +352,16 @@ class Store(ApprovalMethods):
         Raises:
             MissingTarget: ``target`` names no such action (nothing was written).
         """
-        if status not in (_S.PENDING_APPROVAL.value, _S.RUNNING.value):
-            raise ValueError(f"an action starts pending_approval or running, not {status!r}")
-        if dispatch not in DISPATCH_RANK:
-            raise ValueError(f"unknown dispatch {dispatch!r}")
-        result_json = None
-        if result is not None:
-            if not allowed(_S(status), _S(result[0])) or not is_terminal(result[0]):
-                raise ValueError(f"an action created {status} cannot be stored {result[0]}")
-            status, result_json = result
+        status, result_json = start_state(status, dispatch, result)
         now = self.now_ms() if now is None else now
-
-        reserve = idempotency_key is not None and key_expires_at is not None
-
-        def holder() -> ActionRecord | None:
-            """The other action a live reservation of the key points at (None: free, expired, or ours)."""
-            rows = self._fetch_now(
-                f"SELECT {ACTION_COLUMNS} FROM actions WHERE (tenant, action_id) = "
-                "(SELECT tenant, action_id FROM idempotency WHERE tenant = ? AND key = ? AND expires_at > ? "
-                "AND action_id != ?)",
-                (tenant, idempotency_key, now, action_id),
-            )
-            # A live reservation whose action row is missing (left by a crash of an older
-            # version between two commits) holds nothing: the upsert below takes it over.
-            return ActionRecord(*rows[0]) if rows else None
-
-        def create() -> tuple[bool, ActionRecord]:
-            if reserve:
-                other = holder()
-                if other is not None:
-                    return False, other
-            if target is not None:
-                run_action_id, operations = target
-                found = self._fetch_now(
-                    "SELECT 1 FROM actions WHERE tenant = ? AND action_id = ? AND crew_id = ? AND principal_id = ? "
-                    f"AND operation IN ({', '.join('?' * len(operations))})",
-                    (tenant, run_action_id, crew_id, principal_id, *operations),
-                )
-                if not found:
-                    raise MissingTarget(run_action_id)
-            rows = self._fetch_now(
-                f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 20)}) "
-                f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {ACTION_COLUMNS}",
-                (
-                    tenant,
-                    action_id,
-                    capability_id,
-                    crew_id,
-                    operation,
-                    input_json,
-                    input_hash,
-                    principal_id,
-                    idempotency_key,
-                    status,
-                    dispatch,
-                    result_json,
-                    None,
-                    approval_id,
-                    timeout_ms,
-                    0,
-                    now,
-                    now,
-                    *self._lease_for(status, now),
-                ),
-            )
-            if rows:
-                if reserve:
-                    self._change_now(
-                        f"INSERT INTO idempotency ({IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
-                        "ON CONFLICT (tenant, key) DO UPDATE SET capability_id = excluded.capability_id, "
-                        "action_id = excluded.action_id, input_hash = excluded.input_hash, "
-                        "created_at = excluded.created_at, expires_at = excluded.expires_at",
-                        (tenant, idempotency_key, capability_id, action_id, input_hash, now, key_expires_at),
-                    )
-                return True, ActionRecord(*rows[0])
-            rows = self._fetch_now(GET_ACTION, (tenant, action_id))
-            if not rows:
-                raise StoreError("action vanished after creation")
-            return False, ActionRecord(*rows[0])
-
-        def transaction() -> tuple[bool, ActionRecord]:
-            return self._transaction_now(create)
-
-        return await self._run(self._write_now, durable, transaction if reserve else create)
+        # The row in ACTION_COLUMNS order: who and what, then its state (no error, no chunk yet) and times.
+        request = (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id)
+        state = (idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0)
+        row = (*request, *state, now, now, *self._lease_for(status, now))
+        reserve = None if idempotency_key is None or key_expires_at is None else (idempotency_key, key_expires_at)
+        return await self._run(
+            self._write_now, durable, lambda: create_now(self._db, row, reservation=reserve, target=target)
+        )
 
     # --- dispatch leases (ARCHITECTURE.md §10) ---
 
@@ -538,14 +468,8 @@ class Store(ApprovalMethods):
         if not rows:
             return None
         record = ActionRecord(*rows[0])
-        self._notify_now(record.tenant, record.action_id)
+        notify.send(self._db, record.tenant, record.action_id)  # a shared store's followers: at the commit
         return record
-
-    def _notify_now(self, tenant: str, action_id: str) -> None:
-        """On a shared (PostgreSQL) store: tell the other hosts' followers that this action changed
-        (``NOTIFY``, delivered at this write's commit: :mod:`.notify`). Nothing on SQLite."""
-        if self._db.engine == "postgresql":
-            self._fetch_now("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, notify_payload(tenant, action_id)))
 
     async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
         """Actions still ``running`` (reconciliation after a restart), oldest first."""
@@ -613,42 +537,14 @@ class Store(ApprovalMethods):
             return 0
         if dispatch is not None and dispatch not in DISPATCH_RANK:
             raise ValueError(f"unknown dispatch {dispatch!r}")
-        rows = [(tenant, action_id, seq, text) for seq, text in chunks]
-        rank = DISPATCH_RANK.get(dispatch or "", -1)
-
-        def insert() -> int:
-            state = self._db.fetch("SELECT status FROM actions WHERE tenant = ? AND action_id = ?", (tenant, action_id))
-            if state and is_terminal(state[0][0]):
-                return 0  # the result is written: a late batch (a discarded dispatch's) never follows it
-            inserted = self._db.change_many(
-                "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (tenant, action_id, sequence) DO NOTHING",
-                rows,
-            )
-            self._db.change(
-                "UPDATE actions SET chunk_count = chunk_count + ?, "
-                f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {DISPATCH_RANK_SQL} "
-                "THEN CAST(? AS TEXT) ELSE dispatch END WHERE tenant = ? AND action_id = ?",
-                (inserted, dispatch, rank, dispatch, tenant, action_id),
-            )
-            self._notify_now(tenant, action_id)
-            return inserted
-
-        def append() -> int:
-            try:
-                return self._transaction_now(insert)
-            except self._db.integrity_error as exc:
-                raise StoreError(f"cannot append chunks to unknown action {action_id!r}") from exc
-
-        return await self._run(self._write_now, durable, append)
+        batch = tuple(chunks)
+        return await self._run(
+            self._write_now, durable, lambda: append_now(self._db, tenant, action_id, batch, dispatch)
+        )
 
     async def list_chunks(
         self, tenant: str, action_id: str, after_sequence: int = -1, limit: int = 1000
     ) -> list[ChunkRecord]:
         """Chunks with ``sequence > after_sequence``, ascending, at most ``limit``."""
-        rows = await self._fetch(
-            "SELECT sequence, chunk_json FROM chunks WHERE tenant = ? AND action_id = ? AND sequence > ? "
-            "ORDER BY sequence LIMIT ?",
-            (tenant, action_id, after_sequence, limit),
-        )
+        rows = await self._fetch(LIST_CHUNKS, (tenant, action_id, after_sequence, limit))
         return [ChunkRecord(*row) for row in rows]

@@ -20,6 +20,7 @@ __all__ = [
     "JOB_COLUMNS",
     "GET_JOB",
     "INSERT_EVENTS",
+    "INSERT_TASK_RUNS",
     "JOBS_ENDING",
     "TASK_RUN_HIT",
     "job_record",
@@ -35,6 +36,10 @@ JOB_COLUMNS = (
 )
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE action_id = ?"
 INSERT_EVENTS = "INSERT INTO events VALUES (?, ?, ?, ?)"
+#: A completed run's task index rows: ``(task_id, action_id, crew_id, result_index, tenant)``.
+INSERT_TASK_RUNS = (
+    "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index, tenant) VALUES (?,?,?,?,?)"
+)
 #: Job ids ending in ``:<action id>``, of any tenant (a full scan, for the operator's CLI).
 JOBS_ENDING = (
     "SELECT action_id FROM jobs WHERE length(action_id) > ? AND "

@@ -1,4 +1,5 @@
-"""The SQLite job journal: the sidecar's durable state, and (with :mod:`.files` and :mod:`.queries`) its only SQL.
+"""The SQLite job journal: the sidecar's durable state, and (with :mod:`.files`, :mod:`.queries`,
+:mod:`.crash_fence` and :mod:`.retention`) its only SQL.
 
 One file, owned by one process: an exclusive ``flock`` on ``<journal>.lock``
 refuses a second sidecar. WAL mode with ``synchronous=FULL``: every commit is
@@ -29,7 +30,8 @@ Rows (JSON columns are compact UTF-8 JSON bytes):
   (``result_index`` for batch items), for ``replay`` admission.
 
 Opening the file (worker start-up, identity and integrity checks,
-migrations) lives in :mod:`.files`; the schema in :mod:`.schema`.
+migrations) lives in :mod:`.files`; the schema in :mod:`.schema`; retention (the admission bounds,
+archiving, imported jobs) in :mod:`.retention`.
 
 Source: ARCHITECTURE.md §5 (journal, durability, crash fence), ARCHITECTURE.md §10 (storage).
 """
@@ -47,7 +49,7 @@ from typing import Any, TypeVar
 import structlog
 
 from aip_crewai.plumbing.storage import hop
-from aip_crewai.sidecar.errors import JournalError, JournalFull, JournalWriteFailed
+from aip_crewai.sidecar.errors import JournalError, JournalWriteFailed
 from aip_crewai.sidecar.jobs.model import (
     ArchiveOutcome,
     EventRow,
@@ -74,6 +76,7 @@ from aip_crewai.sidecar.journal.files import (
 from aip_crewai.sidecar.journal.queries import (
     GET_JOB,
     INSERT_EVENTS,
+    INSERT_TASK_RUNS,
     JOB_COLUMNS,
     JOBS_ENDING,
     TASK_RUN_HIT,
@@ -83,6 +86,7 @@ from aip_crewai.sidecar.journal.queries import (
     read_summary_and_events,
     task_run_hit,
 )
+from aip_crewai.sidecar.journal.retention import check_room, insert_imported, tombstone
 from aip_crewai.sidecar.tenancy import tenant_of
 
 __all__ = ["Journal", "SCHEMA_VERSION"]
@@ -423,10 +427,7 @@ class Journal:
             existing = fetch_rows(self._conn, GET_JOB, (job.action_id,))
             if existing:
                 return job_record(existing[0]), False
-            if self._retained >= max_retained_runs:
-                raise JournalFull(f"retained runs are at the limit ({max_retained_runs}); archive terminal jobs")
-            if self._used_bytes_now() >= max_bytes:
-                raise JournalFull(f"the journal reached its size bound ({max_bytes} bytes); archive terminal jobs")
+            check_room(self._retained, max_retained_runs, self._used_bytes_now, max_bytes)
             record = self._write_now(insert, _now_ms())
             self._retained += 1
             return record, True
@@ -517,9 +518,7 @@ class Journal:
                 crew = fetch_scalar(self._conn, "SELECT crew_id FROM jobs WHERE action_id = ?", (action_id,))
                 tenant = tenant_of(action_id)
                 self._conn.executemany(
-                    "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index, tenant) "
-                    "VALUES (?,?,?,?,?)",
-                    [(r.task_id, action_id, crew, r.result_index, tenant) for r in refs],
+                    INSERT_TASK_RUNS, [(r.task_id, action_id, crew, r.result_index, tenant) for r in refs]
                 )
             if states:
                 self._conn.executemany(
@@ -556,47 +555,8 @@ class Journal:
         Source: README "Migrating from the reference sidecar"; ARCHITECTURE.md §5 (journal).
         """
 
-        def insert_all() -> tuple[list[str], list[str], list[str]]:
-            imported: list[str] = []
-            present: list[str] = []
-            conflicting: list[str] = []
-            for job in jobs:
-                found = fetch_rows(self._conn, "SELECT request_hash FROM jobs WHERE action_id = ?", (job.action_id,))
-                if found:
-                    (present if found[0][0] == job.request_hash else conflicting).append(job.action_id)
-                    continue
-                self._conn.execute(
-                    "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, "
-                    "status, event_count, output, error, created_at, updated_at) VALUES (?, ?, ?, ?, '', NULL, ?, ?, ?, ?, ?, ?)",
-                    (
-                        job.action_id,
-                        job.crew_id,
-                        job.operation,
-                        job.request_hash,
-                        job.status.value,
-                        len(job.events),
-                        job.output,
-                        job.error,
-                        job.created_at,
-                        job.created_at,
-                    ),
-                )
-                self._conn.executemany(
-                    INSERT_EVENTS, [(job.action_id, e.sequence, e.event, e.data) for e in job.events]
-                )
-                self._conn.executemany(
-                    "INSERT OR IGNORE INTO task_runs (task_id, action_id, crew_id, result_index, tenant) "
-                    "VALUES (?,?,?,?,?)",
-                    [
-                        (r.task_id, job.action_id, job.crew_id, r.result_index, tenant_of(job.action_id))
-                        for r in job.task_runs
-                    ],
-                )
-                imported.append(job.action_id)
-            return imported, present, conflicting
-
         def import_now() -> tuple[list[str], list[str], list[str]]:
-            outcome = self._write_now(insert_all)
+            outcome = self._write_now(insert_imported, self._conn, jobs)
             self._retained += len(outcome[0])
             return outcome
 
@@ -609,26 +569,8 @@ class Journal:
         Source: ARCHITECTURE.md §4 (``DELETE /jobs/{action_id}``).
         """
 
-        def tombstone() -> ArchiveOutcome:
-            rows = fetch_rows(self._conn, "SELECT status, archived FROM jobs WHERE action_id = ?", (action_id,))
-            if not rows:
-                return ArchiveOutcome.NOT_FOUND
-            status, archived = rows[0]
-            if archived:
-                return ArchiveOutcome.ALREADY_ARCHIVED
-            if not JobStatus(status).terminal:
-                return ArchiveOutcome.NOT_TERMINAL
-            self._conn.execute(
-                "UPDATE jobs SET archived = 1, output = NULL, updated_at = ? WHERE action_id = ? AND archived = 0",
-                (_now_ms(), action_id),
-            )
-            self._conn.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
-            self._conn.execute("DELETE FROM task_runs WHERE action_id = ?", (action_id,))
-            self._conn.execute("DELETE FROM run_state WHERE action_id = ?", (action_id,))
-            return ArchiveOutcome.ARCHIVED
-
         def archive_now() -> ArchiveOutcome:
-            outcome = self._write_now(tombstone)
+            outcome = self._write_now(tombstone, self._conn, action_id, _now_ms())
             if outcome is ArchiveOutcome.ARCHIVED:
                 self._retained -= 1
             return outcome
