@@ -69,6 +69,24 @@ def _structlog_defaults() -> Iterator[None]:
     structlog.reset_defaults()
 
 
+# --- CrewAI in the test process: prepared before anything can import it ------------------------------------
+
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from aip_crewai.sidecar.crewai_env import prepare_crewai_environment  # noqa: E402
+
+#: CrewAI fixes its storage paths when it is imported, so whichever test of this process imports it first (a
+#: sidecar test, an example crew, a doctor run in-process) finds the environment a sidecar gives it: storage
+#: under a private state directory, telemetry off. Without this, a test that imported CrewAI early on one
+#: pytest-xdist worker left every in-process sidecar test after it on that worker failing.
+CREWAI_STATE_DIR = Path(tempfile.mkdtemp(prefix="aip-crewai-tests-"))
+prepare_crewai_environment(CREWAI_STATE_DIR)
+atexit.register(shutil.rmtree, CREWAI_STATE_DIR, ignore_errors=True)
+
+
 # --- Test tiers: `make test-fast` starts no process ---------------------------------------------------------
 
 import _posixsubprocess  # noqa: E402
