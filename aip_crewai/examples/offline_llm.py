@@ -403,10 +403,10 @@ class OfflineEmbedder(CustomEmbeddingFunction):
     def __init__(self, **_config: Any) -> None:
         super().__init__()
 
-    def __call__(self, input: Sequence[str]) -> list[np.ndarray]:  # noqa: A002
+    def __call__(self, input: Sequence[str]) -> list[np.ndarray[Any, Any]]:  # noqa: A002
         return [embed_text(text, self.OFFSET) for text in _texts(input)]
 
-    def embed_query(self, input: Sequence[str]) -> list[np.ndarray]:  # noqa: A002
+    def embed_query(self, input: Sequence[str]) -> list[np.ndarray[Any, Any]]:  # noqa: A002
         return [embed_text(text, -self.OFFSET) for text in _texts(input)]
 
     @staticmethod
@@ -422,7 +422,7 @@ def _texts(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
-def embed_text(text: str, offset: float) -> np.ndarray:
+def embed_text(text: str, offset: float) -> np.ndarray[Any, Any]:
     """Embed one text: 256 normalized word buckets plus the ``offset`` dimension."""
     buckets = OfflineEmbedder.BUCKETS
     vector = np.zeros(buckets + 1, dtype=np.float32)
