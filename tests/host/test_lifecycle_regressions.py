@@ -14,6 +14,7 @@ import pytest
 from fake_sidecar import FakeSidecar
 from hostkit import SIDECAR_TOKEN, bearer, running
 
+from aip_crewai.contracts.aip import ActionResult
 from aip_crewai.host.http.state import host_state
 
 CT = {"Content-Type": "application/aip+json"}
@@ -392,3 +393,57 @@ async def test_a_blocking_start_stored_still_running_is_corrected_once_the_job_e
         job["status"] = "completed"
         view = (await http.get("/aip/v1/actions/kq_1", headers=bearer("acme-invoker"))).json()
         assert view["state"] == "completed" and view["result"]["output"] == {"results": ["late"]}, view
+
+
+async def test_a_read_racing_the_reconcilers_correction_answers_the_corrected_result(make_app):
+    """Regression: a read holding the provisional row lost the correction race to the reconciler (its own
+    correction changed nothing) and answered the stale `failed` row although `completed` was stored."""
+    job = {"status": "running"}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/jobs" and request.method == "POST":
+            return httpx.Response(504, json={"detail": "the job did not end within timeout_ms"})
+        if request.url.path == "/jobs/acme:kq_2":
+            return httpx.Response(
+                200,
+                json={
+                    "action_id": "acme:kq_2",
+                    "crew_id": "beta",
+                    "operation": "knowledge_query",
+                    "status": job["status"],
+                    "event_count": 2,
+                    "output": None,
+                },
+            )
+        if request.url.path == "/jobs/acme:kq_2/events":
+            return httpx.Response(
+                200, json={"events": [{"event": "completed", "sequence": 1, "data": {"results": ["late"]}}]}
+            )
+        return FakeSidecar(SIDECAR_TOKEN).handle(request)
+
+    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    envelope = {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.action",
+        "message_id": "msg_kq_2",
+        "sent_at": "2026-09-21T14:13:20.000Z",
+        "body": {
+            "action": {
+                "id": "kq_2",
+                "capability_id": "cap:crewai:beta:knowledge_query",
+                "input": {"query": ["lighthouse"]},
+                "idempotency_key": "k-kq_2",
+            }
+        },
+    }
+    async with running(app) as http:
+        await http.post("/aip/v1/messages", content=json.dumps(envelope), headers={**CT, **bearer("acme-invoker")})
+        service = host_state(app).actions
+        stale = await service.store.get_action("acme", "kq_2")
+        assert stale is not None and stale.status == "failed"
+        job["status"] = "completed"
+        fresh = await service.store.get_action("acme", "kq_2")
+        assert fresh is not None
+        assert await service.writer.correct(fresh, ActionResult(action_id="kq_2", status="completed")) is not None
+        answered = await service.refresh(stale)  # the reader's own correction now changes nothing
+        assert answered.status == "completed"

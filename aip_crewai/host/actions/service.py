@@ -423,6 +423,9 @@ class ActionService:
                 corrected = await asyncio.wait_for(recovery.correct(self, record), recovery.CORRECT_BOUND_S)
                 if corrected is not None:
                     return corrected
+            # Nothing changed here, but a concurrent correction (the reconciler's, another host's) may have
+            # replaced the result this read started from: answer what is stored now, never the stale row.
+            return await self.record(record.tenant, record.action_id)
         return record
 
     async def expire_due(self) -> None:
