@@ -53,8 +53,10 @@ class BreakingSidecar(FakeSidecar):
         head = frames[: self.break_after]
         if self.fault == "repeat":
             again = events[self.break_after - 1]
-            body = b"".join(head) + encode_event(json.dumps(again), event=again["event"]) + b"".join(
-                frames[self.break_after :]
+            body = (
+                b"".join(head)
+                + encode_event(json.dumps(again), event=again["event"])
+                + b"".join(frames[self.break_after :])
             )
             return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
         if self.fault == "early_end":
