@@ -26,6 +26,10 @@ Start-up order (nothing is served before the last step):
    is logged (with the real port, also for ``--port 0``) and systemd gets
    ``READY=1`` when ``NOTIFY_SOCKET`` is set.
 
+Drain on SIGUSR1: new jobs get 503 ``sidecar.draining`` (before admission: a host
+places them elsewhere or retries them), admitted jobs run to their end, then the
+shutdown below runs with nothing left to cancel and the process exits 0.
+
 Shutdown on SIGTERM/SIGINT: new admissions get 503, running jobs may finish
 within ``--shutdown-grace-seconds``, the rest are cancelled with a terminal
 event; then hypercorn stops accepting and closes connections, and the
@@ -54,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -306,10 +310,11 @@ async def _serve(
     )
     # timeouts, header bound, no h2c (README "Security")
     config = hypercorn_config([f"fd://{fd}"], errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
-    stop = asyncio.Event()
+    stop, drain = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, drain.set)
 
     async def shutdown_trigger() -> None:
         # hypercorn starts this once its servers accept connections
@@ -322,7 +327,7 @@ async def _serve(
             authenticated=settings.token is not None,
         )
         sd_notify(settings.notify_socket, "READY=1")
-        await stop.wait()
+        await _until_stopped_or_drained(stop, drain, getattr(app.state, "runtime", None))
         log.info("sidecar_stopping", grace_seconds=settings.shutdown_grace_seconds)
         sd_notify(settings.notify_socket, "STOPPING=1")
         if workers is not None:
@@ -334,6 +339,28 @@ async def _serve(
     await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     log.info("sidecar_stopped")
     return 0
+
+
+async def _until_stopped_or_drained(stop: asyncio.Event, drain: asyncio.Event, runtime: Any) -> None:
+    """Return on SIGTERM/SIGINT (``stop``), or once a drain asked by SIGUSR1 (``drain``) has let every
+    admitted job end (``Runtime.drain``; a SIGTERM meanwhile ends the wait at once). README "Draining a
+    sidecar"."""
+    stopped = asyncio.ensure_future(stop.wait())
+    drain_asked = asyncio.ensure_future(drain.wait())
+    try:
+        await asyncio.wait({stopped, drain_asked}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set() or runtime is None:
+            return
+        log.info("sidecar_draining", active_runs=runtime.health()["active_runs"])
+        drained = asyncio.ensure_future(runtime.drain())
+        await asyncio.wait({stopped, drained}, return_when=asyncio.FIRST_COMPLETED)
+        if drained.done():
+            log.info("sidecar_drained")
+        else:
+            drained.cancel()
+    finally:
+        for waiter in (stopped, drain_asked):
+            waiter.cancel()
 
 
 def _bind(host: str, port: int) -> socket.socket:

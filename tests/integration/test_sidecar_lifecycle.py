@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -252,3 +254,47 @@ async def test_a_sidecar_serves_the_jobs_imported_from_a_reference_journal(sidec
     assert done["status"] == "completed" and done["output"] == output and done["event_count"] == 2
     assert failed["status"] == "failed" and events["events"][-1]["data"]["uncertain_outcome"] is True
     assert again.status_code == 409 and sidecar.calls() == []
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (the fork server and its workers), from /proc."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            continue
+        found += [int(c) for c in children]
+        todo += [int(c) for c in children]
+    return found
+
+
+async def test_sigusr1_drains_admitted_jobs_to_their_end_refuses_new_ones_then_exits_0(sidecar_factory):
+    """A rolling upgrade loses no run: after SIGUSR1 (sent to every process of the sidecar, as `systemctl
+    kill` does) the running job completes, a repeat of it is still answered, a new job gets 503
+    `sidecar.draining` before admission, /health says `draining`, and the process exits 0 once idle."""
+    sidecar = sidecar_factory.start()
+    async with sidecar.client() as client:
+        headers = {"Idempotency-Key": "k"}
+        running = asyncio.create_task(client.post("/jobs", json=body("drain-1", "slow"), headers=headers))
+        await until(lambda: sidecar.calls())
+        for pid in [sidecar.process.pid, *_descendants(sidecar.process.pid)]:
+            os.kill(pid, signal.SIGUSR1)
+
+        deadline = time.monotonic() + 30
+        while (await client.get("/health")).json()["status"] != "draining":
+            assert time.monotonic() < deadline, "the sidecar never said it drains"
+            await asyncio.sleep(0.02)
+        refused = await client.post("/jobs", json=body("drain-2"), headers=headers)
+        repeat = await client.get("/jobs/drain-1")
+        answer = await running
+    assert refused.status_code == 503 and "draining" in refused.json()["detail"]
+    assert repeat.status_code == 200
+    assert answer.status_code == 200, answer.text
+    assert sidecar.process.wait(timeout=60) == 0
+    assert sidecar.log_events("sidecar_draining") and sidecar.log_events("sidecar_drained")
+    restarted = sidecar_factory.restart(sidecar)
+    async with restarted.client() as client:
+        assert (await client.get("/jobs/drain-1")).json()["status"] == "completed"
+        assert (await client.get("/jobs/drain-2")).status_code == 404  # refused before admission: nothing ran

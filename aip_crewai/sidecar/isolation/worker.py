@@ -234,6 +234,7 @@ def _prepare(boot: Boot) -> None:
     """Signals, logging, stdout and CrewAI's environment, as the sidecar has them."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a drain is the sidecar's (systemctl kill may reach us too)
     from aip_crewai.plumbing.log import configure_logging
     from aip_crewai.sidecar.crewai_env import capture_crewai_prints, prepare_crewai_environment
 

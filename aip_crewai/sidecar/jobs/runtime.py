@@ -63,6 +63,7 @@ from aip_crewai.contracts.operations import get as operation_spec
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.errors import (
     CrewBusy,
+    Draining,
     JobNotCancellable,
     JobNotFound,
     JobStillRunning,
@@ -127,6 +128,7 @@ class Runtime:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._draining = False
         self._admission_write_failed_at: float | None = None  # monotonic s of the last failed admission write
         self.metrics = Metrics()
         self._state_dir = settings.state_dir or (settings.journal.parent if settings.journal else Path.cwd())
@@ -146,7 +148,8 @@ class Runtime:
         CrewBusy (409: memory_reset beside another job of its tenant and crew, see
         :meth:`_check_crew_free`),
         RequestConflict (409), TaskRunNotFound (422), JournalFull /
-        JournalWriteFailed (507), ShuttingDown (503).
+        JournalWriteFailed (507), ShuttingDown (503), Draining (503, a new job while
+        :meth:`drain` runs).
         """
         if self._closing:
             raise ShuttingDown()
@@ -164,6 +167,8 @@ class Runtime:
         if existing is not None:
             self._repeat(existing, adm)
             return adm
+        if self._draining:
+            raise Draining()
         if adm.operation == "replay":
             task_id = adm.input["task_id"]
             if await self.journal.find_task_run(adm.crew_id, task_id, tenant_of(adm.action_id)) is None:
@@ -455,7 +460,13 @@ class Runtime:
         """``GET /health`` body (ARCHITECTURE.md §4)."""
         s = self.settings
         return {
-            "status": "stopping" if self._closing else "degraded" if self._degraded() else "ready",
+            "status": "stopping"
+            if self._closing
+            else "draining"
+            if self._draining
+            else "degraded"
+            if self._degraded()
+            else "ready",
             "crews": sorted(self.crews),
             "active_runs": sum(1 for live in self._live.values() if not live.closed),
             "retained_runs": self.journal.retained_runs,
@@ -486,6 +497,15 @@ class Runtime:
                 "max_retained_runs": self.settings.max_retained_runs,
             }
         )
+
+    async def drain(self) -> None:
+        """Stop admitting new jobs (503 ``sidecar.draining`` before admission: a host places the job on
+        another sidecar of its crew, or retries it) while repeats of admitted ones are still answered, and
+        return once every admitted job has ended, however long that takes (a rolling upgrade loses no run;
+        a SIGTERM meanwhile still stops with its grace). README "Draining a sidecar"."""
+        self._draining = True
+        while pending := [t for t in self._tasks.values() if not t.done()]:
+            await asyncio.wait(pending)
 
     async def shutdown(self, grace_seconds: float) -> None:
         """Stop admitting (503), let jobs finish within ``grace_seconds``, then
