@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
+from . import ledger_cli
 from .exit_codes import Exit, of_envelope, of_error
 from .plumbing.log import configure_logging
 
@@ -318,14 +319,21 @@ def _approvals(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
+    from .host.ledger.receipts import key_id, parse_public_key
     from .plumbing.keys import generate_ed25519, generate_token
+
+    def receipt_key_id(public: str) -> str:
+        return key_id(parse_public_key(public))
 
     path = Path(args.out)
     try:
         if args.kind == "token":
             print(json.dumps({"file": str(path), "token_sha256": generate_token(path)}))
-        else:
+        elif args.kind == "ed25519":
             print(json.dumps({"file": str(path), "ed25519_public_key": generate_ed25519(path)}))
+        else:  # an Ed25519 key for [host] receipt_key_file: its public key and key id (README "Observing actions")
+            public = generate_ed25519(path)
+            print(json.dumps({"file": str(path), "receipt_public_key": public, "key_id": receipt_key_id(public)}))
     except FileExistsError:
         raise UsageError(f"{path} exists; refusing to overwrite a secret") from None
     return 0
@@ -467,9 +475,12 @@ def build_parser() -> argparse.ArgumentParser:
     q = ksub.add_parser(
         "generate", help="a bearer token (prints its SHA-256) or an Ed25519 key (prints the public key)"
     )
-    q.add_argument("kind", choices=["token", "ed25519"], help="token (bearer) or ed25519 (signing key)")
+    q.add_argument(
+        "kind", choices=["token", "ed25519", "receipt"], help="token (bearer), ed25519 or receipt (signing keys)"
+    )
     q.add_argument("--out", required=True, help="file to create (refuses to overwrite)")
     p.set_defaults(func=_keys)
+    ledger_cli.add_parsers(sub, _add_client_flags, _client)
 
     p = sub.add_parser(
         "doctor",

@@ -126,6 +126,23 @@ class ProofNotFound(AipError):
     default_message = "this approval has no signed decision"
 
 
+class ReceiptNotFound(AipError):
+    """No receipt of the caller's tenant has this id (README "Observing actions")."""
+
+    code = "receipt.not_found"
+    category = Category.PERMANENT
+    http_status = 404
+    default_message = "receipt not found"
+
+
+class InvalidRange(AipError):
+    """``GET /aip/v1/usage``: ``from``/``to`` not RFC 3339, or ``from`` not before ``to``."""
+
+    code = "request.invalid_range"
+    category = Category.PERMANENT
+    default_message = "from and to must be RFC 3339 timestamps with from before to"
+
+
 class ApprovalAlreadyDecided(AipError):
     code = "approval.already_decided"
     category = Category.PERMANENT

@@ -82,6 +82,8 @@ from ..plumbing.files import FileTooLarge, NotRegularFile, read_regular
 from ..plumbing.keys import SecretFileError, read_token
 from ..plumbing.loopback import is_loopback
 from .crews.descriptors import AdmissionError, CrewDescriptor, load_descriptors
+from .ledger.receipts import load_keys
+from .ledger.usage import SettingError, parse_pricing
 from .settings import (
     DEFAULT_DISPATCH_DEADLINE_S,
     DEFAULT_LEASE_S,
@@ -153,6 +155,8 @@ class _HostTable(_Table, frozen=True):
     lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_S
     store_pool_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_STORE_POOL_SIZE)] = DEFAULT_STORE_POOL_SIZE
     status_cache_entries: Annotated[int, msgspec.Meta(ge=0, le=MAX_STATUS_CACHE_ENTRIES)] = DEFAULT_STATUS_CACHE_ENTRIES
+    receipt_key_file: str | None = None
+    receipt_previous_public_keys: Annotated[list[str], msgspec.Meta(max_length=16)] = []
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -192,6 +196,7 @@ class _Root(_Table, frozen=True):
     sidecars: Annotated[list[Any], msgspec.Meta(max_length=MAX_SIDECARS)] | None = None
     tenants: dict[str, Any] = {}
     principals: list[Any] = []
+    pricing: Any = None
 
 
 # --- loading -----------------------------------------------------------------
@@ -457,6 +462,16 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
             if principal.token_sha256 is not None and other.token_sha256 == principal.token_sha256:
                 raise HostConfigError(f"principals[{index}].token_sha256", f"already used by principal {other.id!r}")
         principals.append(principal)
+    try:
+        key_file = (
+            None if host.receipt_key_file is None else _resolve(base, host.receipt_key_file, "host.receipt_key_file")
+        )
+        receipt_keys, pricing = (
+            load_keys(key_file, host.receipt_previous_public_keys),
+            parse_pricing(root.pricing, crew_ids),
+        )
+    except SettingError as exc:
+        raise HostConfigError(exc.key, exc.reason) from None
     env = os.environ if environ is None else environ
     return Settings(
         config_path=config_path.resolve(),
@@ -483,6 +498,8 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         store_pool_size=host.store_pool_size,
         sidecars=sidecars,
         status_cache_entries=host.status_cache_entries,
+        receipt_keys=receipt_keys,
+        pricing=pricing,
     )
 
 

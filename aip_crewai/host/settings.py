@@ -14,6 +14,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .crews.descriptors import CrewDescriptor
+from .ledger.receipts import ReceiptKeys
+from .ledger.usage import Pricing
 from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
 
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
@@ -115,6 +117,9 @@ class Settings:
             a key-less ``:status`` of a completed, failed or confirmed-cancelled run is answered from
             it without the sidecar hop, and still recorded as an action (ARCHITECTURE.md §9;
             :mod:`.view_cache`). Not shared between hosts: final views never change.
+        receipt_keys: the key signing result receipts and the previous public keys still published
+            (``[host] receipt_key_file``, ``receipt_previous_public_keys``); None: no receipts.
+        pricing: ``[pricing]``: prices per model and each crew's model; None: no cost (README "Observing actions").
     """
 
     config_path: Path
@@ -140,4 +145,6 @@ class Settings:
     lease_s: float = DEFAULT_LEASE_S
     store_pool_size: int = DEFAULT_STORE_POOL_SIZE
     sidecars: tuple[SidecarSettings, ...] = ()
+    receipt_keys: ReceiptKeys | None = field(default=None, repr=False)
+    pricing: Pricing | None = None
     status_cache_entries: int = DEFAULT_STATUS_CACHE_ENTRIES

@@ -69,6 +69,7 @@ from ...plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_I
 from ..auth import stream_tokens as stream_tokens_codec
 from ..auth.principals import Authenticator, require_role
 from ..crews.manifest import CapabilityIndex, to_wire
+from ..ledger.routes import routes as ledger_routes
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import Metrics
 from ..settings import Settings
@@ -217,6 +218,7 @@ def foundation_routes() -> list[BaseRoute]:
         Route("/metrics", metrics_endpoint, methods=["GET"], name="metrics"),
         Route("/aip/v1/manifest", manifest_endpoint, methods=["GET"], name="manifest"),
         Route("/aip/v1/capabilities", manifest_endpoint, methods=["GET"], name="capabilities"),
+        *ledger_routes(),
     ]
 
 

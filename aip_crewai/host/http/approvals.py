@@ -69,6 +69,7 @@ from ..actions.lifecycle import ApprovalStatus
 from ..actions.service import ActionService
 from ..auth.principals import Principal as Caller
 from ..auth.principals import can_read_approvals
+from ..ledger.routes import include_receipts, receipt_chain
 from ..store.store import ApprovalRecord, ms_to_rfc3339
 from .authenticate import authenticate
 from .limits import MAX_DECISION_BYTES
@@ -258,19 +259,18 @@ async def _approval(request: Request, principal: Caller) -> ApprovalRecord:
 
 async def get_approval(request: Request) -> Response:
     """``GET /aip/v1/approvals/{id}``: the ApprovalRecordView; approvers also get its evidence payload
-    (the exact input), operators do not."""
+    (the exact input), operators do not. ``?include_receipts=true``: with the receipt chain of its
+    action (README "Observing actions")."""
     principal = await authenticate(request)
     can_read_approvals(principal)
     approval = await _approval(request, principal)
     # The exact input is for approvers; an operator reads the approval's metadata only.
-    return aip_json(
-        render(
-            approval,
-            (state := host_state(request)).actions.now_ms(),
-            state.crews,
-            with_payload=principal.has_role("approver"),
-        )
-    )
+    state = host_state(request)
+    view = render(approval, state.actions.now_ms(), state.crews, with_payload=principal.has_role("approver"))
+    if include_receipts(request):
+        chain = await receipt_chain(state.store, approval.tenant, approval.action_id, approval.approval_id)
+        view = msgspec.structs.replace(view, receipt_chain=chain)
+    return aip_json(view)
 
 
 async def _decision_bytes(request: Request) -> bytes:

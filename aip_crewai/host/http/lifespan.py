@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 from ..actions import recovery
 from ..actions.dispatch import Dispatcher
 from ..actions.service import ActionService
+from ..ledger.sealer import Sealer
 from ..settings import Settings, SidecarSettings
 from ..sidecars.client import SidecarClient
 from ..sidecars.readiness import Readiness, ReadinessGroup, notify_systemd
@@ -249,6 +250,8 @@ async def serve_actions(
         dispatch_deadline_s=settings.dispatch_deadline_s,
         status_cache_entries=settings.status_cache_entries,
     )
+    # Usage (priced by [pricing]) and signed receipts of every stored result (README "Observing actions").
+    service.writer.sealer = Sealer(pricing=settings.pricing, keys=settings.receipt_keys, metrics=setup.metrics)
     tasks = [
         asyncio.create_task(recovery.sweep_expired(service)),
         asyncio.create_task(recovery.reconcile_all(service)),

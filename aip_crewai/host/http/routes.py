@@ -41,6 +41,7 @@ from ..actions.service import ActionService
 from ..auth.principals import FULL, Principal, require_role
 from ..auth.stream_tokens import action_scope
 from ..crews.inputs import check_crew_inputs
+from ..ledger.routes import include_receipts, receipt_chain
 from ..store.store import ActionRecord, ChunkRecord, InvalidCursor, ms_to_rfc3339
 from .authenticate import authenticate, authenticate_stream
 from .state import host_state
@@ -400,8 +401,9 @@ def action_links(action_id: str, approval_id: str | None) -> dict[str, str]:
 
 
 async def get_action(request: Request) -> Response:
-    """``GET /aip/v1/actions/{id}``: the ActionStatus (state, result status, links; the result once final).
-    An operator gets the metadata only: the result carries its status and error code, no output or details."""
+    """``GET /aip/v1/actions/{id}``: the ActionStatus (state, result status, links; the result once final;
+    ``?include_receipts=true``: its receipt chain). An operator gets the metadata only: the result
+    carries its status and error code, no output or details."""
     principal = await authenticate(request)
     service = _service(request)
     record, level = await service.read(principal, request.path_params["action_id"])
@@ -419,6 +421,9 @@ async def get_action(request: Request) -> Response:
         completed_at=ms_to_rfc3339(record.updated_at) if result is not None else None,
         result=result,
         links=action_links(record.action_id, record.approval_id),
+        receipt_chain=await receipt_chain(service.store, record.tenant, record.action_id, record.action_id)
+        if include_receipts(request)
+        else None,
     )
     return aip_json(status)
 

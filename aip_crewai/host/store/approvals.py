@@ -24,6 +24,7 @@ from .records import (
     ApprovalEvent,
     ApprovalPage,
     ApprovalRecord,
+    Seal,
     StoreError,
     decode_cursor,
     encode_cursor,
@@ -56,7 +57,7 @@ class ApprovalMethods:
         async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
         def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
         def _transaction_now(self, fn: Callable[[], _T]) -> _T: ...
-        def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None: ...
+        def _update_now(self, update: tuple[str, tuple[Any, ...]], seal: Seal | None = None) -> ActionRecord | None: ...
         def _lease_for(self, status: str, now: int) -> tuple[str | None, int | None]: ...
 
     def _log_approval_now(self, tenant: str, approval_id: str, status: str) -> None:
@@ -241,13 +242,16 @@ class ApprovalMethods:
 
         return await self._approvals_write(self._transaction_now, decide)
 
-    async def cancel_pending(self, tenant: str, action_id: str, result_json: str) -> ActionRecord | None:
+    async def cancel_pending(
+        self, tenant: str, action_id: str, result_json: str, *, seal: Seal | None = None
+    ) -> ActionRecord | None:
         """In ONE transaction: move a ``pending_approval`` action to
         ``cancelled`` with ``result_json``, and withdraw its pending approval
         (status ``withdrawn``: no decision can be recorded any more).
 
         Returns the cancelled record, or None when the action was no longer
         pending (an approval started it first: that row stands, nothing changed).
+        ``seal``: what the result leaves, in the same transaction (:func:`.ledger.seal_now`).
         """
         now = self.now_ms()
 
@@ -260,7 +264,8 @@ class ApprovalMethods:
                     status=_S.CANCELLED.value,
                     result_json=result_json,
                     now=now,
-                )
+                ),
+                seal,
             )
             if record is not None:
                 for (withdrawn,) in self._fetch_now(

@@ -18,7 +18,8 @@ from typing import Any
 
 from ..actions.lifecycle import ActionState, allowed, is_terminal
 from .engine import Db
-from .records import DISPATCH_RANK, ActionRecord, MissingTarget, StoreError
+from .ledger import seal_now
+from .records import DISPATCH_RANK, ActionRecord, MissingTarget, Seal, StoreError
 from .sql import ACTION_COLUMNS, GET_ACTION, IDEMPOTENCY_COLUMNS
 
 __all__ = ["start_state", "create_now"]
@@ -61,6 +62,7 @@ def create_now(
     *,
     reservation: tuple[str, int] | None,
     target: tuple[str, Sequence[str]] | None,
+    seal: Seal | None = None,
 ) -> tuple[bool, ActionRecord]:
     """Insert the action ``row`` (its values in :data:`.sql.ACTION_COLUMNS` order) unless its
     ``(tenant, action_id)`` exists (on the worker, in the caller's write).
@@ -71,6 +73,7 @@ def create_now(
             all in one transaction. None: no reservation.
         target: ``(run_action_id, operations)``: insert only when that action of the same tenant, crew
             and principal, of one of ``operations``, exists.
+        seal: what a row created with its result leaves, in the same transaction (:func:`.ledger.seal_now`).
 
     Returns:
         ``(created, record)``: see :meth:`~aip_crewai.host.store.store.Store.create_action`.
@@ -113,10 +116,11 @@ def create_now(
             if reservation is not None:
                 key, expires_at = reservation
                 db.change(_RESERVE, (tenant, key, capability_id, action_id, input_hash, now, expires_at))
-            return True, ActionRecord(*rows[0])
+            record = ActionRecord(*rows[0])
+            return True, record if seal is None else seal_now(db, record, seal)
         rows = db.fetch(GET_ACTION, (tenant, action_id))
         if not rows:
             raise StoreError("action vanished after creation")
         return False, ActionRecord(*rows[0])
 
-    return db.transaction(create) if reservation is not None else create()
+    return db.transaction(create) if reservation is not None or seal is not None else create()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -139,6 +140,41 @@ class ApprovalEvent:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", ApprovalStatus(self.status))
+
+
+@dataclass(frozen=True)
+class SealedRows:
+    """What a result leaves besides itself, written in its own transaction (:mod:`.ledger`):
+    ``result_json`` (the result with its ``usage`` and ``receipt`` reference), the usage row (values in
+    ``action_usage`` column order: tenant, action_id, crew_id, operation, finished_at, prompt, completion,
+    total, cached, requests, latency_ms, cost_picos, currency) or None, and the receipt row (tenant,
+    receipt_id, action_id, approval_id, hash, document, created_at) or None."""
+
+    result_json: str
+    usage: tuple[object, ...] | None = None
+    receipt: tuple[object, ...] | None = None
+
+
+#: Called by the store inside a result's write with the action as just written and the decision proof
+#: of its approval (JSON text, or None); returns what to write with it, or None (README "Observing actions").
+Seal = Callable[[ActionRecord, str | None], SealedRows | None]
+
+
+@dataclass(frozen=True)
+class UsageTotal:
+    """One crew's usage in a period (``GET /aip/v1/usage``): sums over its actions' usage rows.
+    ``cost_picos`` sums the priced actions in ``currency`` (None: none priced)."""
+
+    crew_id: str
+    currency: str | None
+    actions: int
+    prompt: int
+    completion: int
+    total: int
+    cached: int
+    requests: int
+    latency_ms: int
+    cost_picos: int | None
 
 
 class ChunkRecord(msgspec.Struct, frozen=True):

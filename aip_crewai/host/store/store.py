@@ -44,7 +44,7 @@ here), the schema (:mod:`.migrations`), the SQL text shared by the store's
 modules (:mod:`.sql`), one module per engine behind :class:`.engine.Db`
 (:mod:`.sqlite`: opening the file, its pre-flight :func:`check_store_file`;
 :mod:`.postgres`), an action's creation with its idempotency reservation
-(:mod:`.creation`), the chunk log (:mod:`.chunks`), the cross-host ``NOTIFY``
+(:mod:`.creation`), the chunk log with usage and receipts (:mod:`.ledger`), the cross-host ``NOTIFY``
 (:mod:`.notify`), and the approval methods (:mod:`.approvals`, the store's
 base class). No other host module runs SQL.
 
@@ -67,9 +67,9 @@ from ...plumbing.wakeup import ChangeSignal
 from ..actions.lifecycle import ActionState
 from . import notify
 from .approvals import ApprovalMethods
-from .chunks import LIST_CHUNKS, append_now
 from .creation import create_now, start_state
 from .engine import Db
+from .ledger import GET_RECEIPT, LIST_CHUNKS, RECEIPTS_OF_ACTION, append_now, seal_now, usage_totals
 from .migrations import MIGRATIONS, migrate
 from .postgres import PostgresDb, is_postgres_url, open_postgres_pool
 from .records import (
@@ -83,10 +83,13 @@ from .records import (
     InsecureStorePath,
     InvalidCursor,
     MissingTarget,
+    Seal,
+    SealedRows,
     StoreError,
     StoreLocked,
     StoreUnavailable,
     UnusableStore,
+    UsageTotal,
     ms_to_rfc3339,
     rfc3339_to_ms,
 )
@@ -108,6 +111,9 @@ __all__ = [
     "ApprovalPage",
     "ApprovalEvent",
     "ChunkRecord",
+    "Seal",
+    "SealedRows",
+    "UsageTotal",
     "StoreUnavailable",
     "check_location",
     "check_store_file",
@@ -316,6 +322,7 @@ class Store(ApprovalMethods):
         now: int | None = None,
         durable: bool = True,
         result: tuple[str, str] | None = None,
+        seal: Seal | None = None,
     ) -> tuple[bool, ActionRecord]:
         """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
 
@@ -341,6 +348,7 @@ class Store(ApprovalMethods):
                 key-less read answered inline); the row is inserted in its
                 final state: a terminal status the lifecycle allows after
                 ``status`` (``running``). ValueError otherwise.
+            seal: with ``result``: what the result leaves, written with a created row (:func:`.ledger.seal_now`).
 
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
@@ -360,7 +368,7 @@ class Store(ApprovalMethods):
         row = (*request, *state, now, now, *self._lease_for(status, now))
         reserve = None if idempotency_key is None or key_expires_at is None else (idempotency_key, key_expires_at)
         return await self._run(
-            self._write_now, durable, lambda: create_now(self._db, row, reservation=reserve, target=target)
+            self._write_now, durable, lambda: create_now(self._db, row, reservation=reserve, target=target, seal=seal)
         )
 
     # --- dispatch leases (ARCHITECTURE.md §10) ---
@@ -430,6 +438,7 @@ class Store(ApprovalMethods):
         durable: bool = True,
         settle_dispatch: bool = False,
         replacing: str | None = None,
+        seal: Seal | None = None,
     ) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
@@ -441,6 +450,7 @@ class Store(ApprovalMethods):
         "may have reached the sidecar"). None-valued fields keep their stored value.
         ``replacing``: only while the stored ``result_json`` is exactly this
         (a correction of a provisional result: a concurrent correction wins).
+        ``seal``: what the result leaves, written in the same transaction (:func:`.ledger.seal_now`).
 
         Returns:
             The updated record when the row changed, else None.
@@ -461,15 +471,36 @@ class Store(ApprovalMethods):
             settle_dispatch=settle_dispatch,
             replacing=replacing,
         )
-        return await self._run(self._write_now, durable, lambda: self._update_now(update))
+        if seal is None:
+            return await self._run(self._write_now, durable, lambda: self._update_now(update))
+        return await self._run(
+            self._write_now, durable, lambda: self._transaction_now(lambda: self._update_now(update, seal))
+        )
 
-    def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None:
+    def _update_now(self, update: tuple[str, tuple[Any, ...]], seal: Seal | None = None) -> ActionRecord | None:
         rows = self._fetch_now(*update)
         if not rows:
             return None
         record = ActionRecord(*rows[0])
+        if seal is not None:
+            record = seal_now(self._db, record, seal)
         notify.send(self._db, record.tenant, record.action_id)  # a shared store's followers: at the commit
         return record
+
+    # --- usage and receipts (README "Observing actions") ---
+
+    async def get_receipt(self, tenant: str, receipt_id: str) -> str | None:
+        """The receipt document ``receipt_id`` of ``tenant`` (canonical JSON text), or None."""
+        rows = await self._fetch(GET_RECEIPT, (tenant, receipt_id))
+        return str(rows[0][0]) if rows else None
+
+    async def receipts_of_action(self, tenant: str, action_id: str) -> list[str]:
+        """The receipt documents of one action, oldest first (at most one: its final result's)."""
+        return [str(row[0]) for row in await self._fetch(RECEIPTS_OF_ACTION, (tenant, action_id))]
+
+    async def usage_totals(self, tenant: str, from_ms: int, to_ms: int) -> list[UsageTotal]:
+        """``tenant``'s usage per crew and currency of results finished in ``[from_ms, to_ms)`` (ms)."""
+        return await self._run(usage_totals, self._db, tenant, from_ms, to_ms)
 
     async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
         """Actions still ``running`` (reconciliation after a restart), oldest first."""
