@@ -13,10 +13,12 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -212,5 +214,29 @@ def test_workers_drop_to_the_worker_user(worker_user: str) -> None:
             assert "raw" in run(sidecar, "acme:user-echo", "echo", {"topic": "tides"})
             assert (workdir / "token").stat().st_uid == 0 and sidecar.journal.stat().st_uid == 0
         finally:
+            for started in factory.started:  # a drained stop, then no worker left to make files in workdir
+                started.kill(signal.SIGTERM)
             factory.close()
+            wait_for_no_process_of(pwd.getpwnam(worker_user).pw_uid)
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def wait_for_no_process_of(uid: int, timeout: float = 60.0) -> None:
+    """Poll (deadline ``timeout`` s) until no process runs as ``uid`` (the test's own worker user)."""
+
+    def running() -> bool:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:  # the Uid line: a worker that dropped is not dumpable, so root owns its /proc entry
+                    status = (entry / "status").read_text()
+                except OSError:
+                    continue
+                if any(line.split()[1:2] == [str(uid)] for line in status.splitlines() if line.startswith("Uid:")):
+                    return True
+        return False
+
+    deadline = time.monotonic() + timeout
+    while running():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes of uid {uid} still run after {timeout} s")
+        time.sleep(0.1)
