@@ -252,6 +252,15 @@ OPTIONS: tuple[Option, ...] = (
         "before its worker process is killed, seconds",
     ),
     Option(
+        "worker_user",
+        "--worker-user",
+        "AIP_CREWAI_WORKER_USER",
+        text_value,
+        None,
+        "with --isolation process and a sidecar started as root: the unprivileged user (name or uid) every "
+        "job worker runs as (README Security: worker sandbox)",
+    ),
+    Option(
         "log_level",
         "--log-level",
         "AIP_CREWAI_LOG_LEVEL",

@@ -54,7 +54,7 @@ def test_memory_of_one_tenant_is_neither_recalled_nor_reset_by_another(sidecar):
     ]
     # beta's reset left acme's memories alone
     assert MEMORY in ok(post(sidecar, "acme:m3", "memory_a", "run", {"topic": "tides"}))["raw"]
-    namespaces = sidecar.state_dir / "crewai" / "namespaces"
+    namespaces = sidecar.state_dir / "namespaces"  # beside CrewAI's storage (the worker sandbox grants one)
     assert len([p for p in namespaces.iterdir() if (p / "memory").is_dir()]) == 2
 
 

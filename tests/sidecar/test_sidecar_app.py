@@ -31,7 +31,11 @@ async def test_health_reports_crews_limits_and_operations(tmp_path):
     async with running_app(tmp_path, allowed_operations=("run", "replay")) as (client, _app, _fake):
         resp = await client.get("/health")
     assert resp.status_code == 200
-    assert resp.json() == {
+    body = resp.json()
+    sandbox = body.pop("worker_sandbox")  # no SandboxPlan given to this app: nothing confines its workers
+    assert (sandbox["mode"], sandbox["worker_user"], sandbox["landlock_abi"]) == ("none", None, 0)
+    assert "landlock" in sandbox["missing"]
+    assert body == {
         "status": "ready",
         "crews": sorted(FAKE_CREWS),
         "active_runs": 0,

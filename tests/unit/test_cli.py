@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -353,7 +354,7 @@ def test_a_stream_cut_by_a_lost_connection_says_how_to_resume_and_exits_7(capsys
 
 
 @pytest.mark.processes
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_doctor_runs_the_start_up_preflight_by_hand():
     """Issue 20 item 6: the same checks as the sidecar's start-up, exit 1 on a problem, 2 on a bad registry."""
     run = subprocess.run(
@@ -375,6 +376,19 @@ def test_doctor_runs_the_start_up_preflight_by_hand():
     assert report["crew_problems"] == {"asks_human": ["human_input"], "broken_knowledge": ["knowledge_unavailable"]}
     assert report["crew_inputs"]["trainable"] == {"placeholders": ["topic"], "defaults": True}
     assert b"sk-test-SECRET" not in run.stdout + run.stderr  # CrewAI's printed embedder error is swallowed
+    sandbox = report["worker_sandbox"]  # what a sidecar started here would have (README "Security")
+    assert sandbox["mode"] in {"user+landlock", "user", "landlock", "none"} and isinstance(sandbox["missing"], list)
+    assert ("worker_user" in sandbox["missing"]) == (os.geteuid() == 0)  # no AIP_CREWAI_WORKER_USER here
+    inprocess = subprocess.run(
+        [sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", "aip_crewai.examples.testing:CREWS"],
+        capture_output=True,
+        timeout=100,
+        check=False,
+        env={**os.environ, "AIP_CREWAI_ISOLATION": "inprocess"},
+    )
+    assert b"worker sandbox: inprocess; missing: --isolation inprocess runs crews in the sidecar process" in (
+        inprocess.stdout
+    ), inprocess.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", "nope:X"],
         capture_output=True,

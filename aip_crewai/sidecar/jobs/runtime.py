@@ -49,6 +49,7 @@ Source: ARCHITECTURE.md §4, §5 (limits).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Coroutine, Mapping
@@ -74,6 +75,7 @@ from aip_crewai.sidecar.errors import (
     TaskRunNotFound,
 )
 from aip_crewai.sidecar.http.metrics import Metrics
+from aip_crewai.sidecar.isolation.sandbox import report as sandbox_report
 from aip_crewai.sidecar.jobs.admission import Admission, check_request
 from aip_crewai.sidecar.jobs.context import TASK_CANCELLED_OPERATIONS, JobCancelled, JobContext
 from aip_crewai.sidecar.jobs.live import LiveJob, chunk_row, event_row
@@ -479,6 +481,9 @@ class Runtime:
             "crew_inputs": self.crew_inputs,
             "sse_keepalive_seconds": s.sse_keepalive_seconds,
             "cancellable_operations": sorted(op for op in s.operations if operation_spec(op).cancel),
+            "worker_sandbox": msgspec.to_builtins(
+                sandbox_report(isolation=s.isolation, sandbox=s.worker_sandbox, euid=os.geteuid())
+            ),
         }
 
     def _degraded(self) -> bool:
