@@ -16,6 +16,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     lease_seconds = 30                 # a dispatch lease lasts this long unless renewed, 1 .. 3600 s
     store_pool_size = 4                # a PostgreSQL store's pooled connections (= store threads), 1 .. 64
     status_cache_entries = 1024        # final job views kept for key-less :status reads, 0 .. 1000000; 0 disables
+    unauthenticated_body_budget_bytes = 67108864  # bodies read before authentication, in total, 2 MiB .. 1 TiB
 
     [sidecar]                          # one sidecar serving every crew; or several, each with its crews:
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -83,12 +84,14 @@ from ..plumbing.keys import SecretFileError, read_token
 from ..plumbing.loopback import is_loopback
 from .crews.descriptors import AdmissionError, CrewDescriptor, load_descriptors
 from .settings import (
+    DEFAULT_BODY_BUDGET_BYTES,
     DEFAULT_DISPATCH_DEADLINE_S,
     DEFAULT_LEASE_S,
     DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_SIDECAR_KEEPALIVE_S,
     DEFAULT_STORE_POOL_SIZE,
     DEFAULT_STREAM_TOKEN_TTL_S,
+    MIN_BODY_BUDGET_BYTES,
     PrincipalConfig,
     Settings,
     SidecarSettings,
@@ -153,6 +156,9 @@ class _HostTable(_Table, frozen=True):
     lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_S
     store_pool_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_STORE_POOL_SIZE)] = DEFAULT_STORE_POOL_SIZE
     status_cache_entries: Annotated[int, msgspec.Meta(ge=0, le=MAX_STATUS_CACHE_ENTRIES)] = DEFAULT_STATUS_CACHE_ENTRIES
+    unauthenticated_body_budget_bytes: Annotated[int, msgspec.Meta(ge=MIN_BODY_BUDGET_BYTES, le=1 << 40)] = (
+        DEFAULT_BODY_BUDGET_BYTES
+    )
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -483,6 +489,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         store_pool_size=host.store_pool_size,
         sidecars=sidecars,
         status_cache_entries=host.status_cache_entries,
+        body_budget_bytes=host.unauthenticated_body_budget_bytes,
     )
 
 

@@ -37,6 +37,11 @@ DEFAULT_DISPATCH_DEADLINE_S = 600.0
 DEFAULT_STREAM_TOKEN_TTL_S = 300
 
 
+#: Default ``[host] unauthenticated_body_budget_bytes``: bodies read before authentication, in total, bytes;
+#: and its floor, one whole message body (``http/routes.MAX_MESSAGE_BYTES``; README "Security").
+DEFAULT_BODY_BUDGET_BYTES, MIN_BODY_BUDGET_BYTES = 64 * 1024 * 1024, 2 * 1024 * 1024
+
+
 #: The sidecar's SSE keep-alive interval assumed when its ``/health`` has no ``sse_keepalive_seconds``, seconds.
 DEFAULT_SIDECAR_KEEPALIVE_S = 15.0
 
@@ -115,6 +120,8 @@ class Settings:
             a key-less ``:status`` of a completed, failed or confirmed-cancelled run is answered from
             it without the sidecar hop, and still recorded as an action (ARCHITECTURE.md §9;
             :mod:`.view_cache`). Not shared between hosts: final views never change.
+        body_budget_bytes: the bytes of request bodies read before authentication (signed envelopes
+            and signed requests), in total; past it such a body is 503 (README "Security").
     """
 
     config_path: Path
@@ -141,3 +148,4 @@ class Settings:
     store_pool_size: int = DEFAULT_STORE_POOL_SIZE
     sidecars: tuple[SidecarSettings, ...] = ()
     status_cache_entries: int = DEFAULT_STATUS_CACHE_ENTRIES
+    body_budget_bytes: int = DEFAULT_BODY_BUDGET_BYTES

@@ -76,3 +76,44 @@ async def test_in_flight_limit_refuses_one_more_request_with_503_and_close():
     release.set()
     await first
     assert sent[-2]["status"] == 200 and guarded.in_flight == 0
+
+
+class Exhausted(Exception):
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+
+
+def test_a_body_budget_takes_up_to_its_limit_exactly_and_gives_back_what_each_request_held():
+    """README "Security" (bodies before authentication): the limit fits, limit + 1 does not; a refused
+    take holds nothing; release gives back exactly a request's own share, once."""
+    from aip_crewai.plumbing.asgi import BodyBudget
+
+    budget = BodyBudget(100, Exhausted)
+    first, second, third = _scope(), _scope(), _scope()
+    budget.take(first, 60)
+    budget.take(second, 40)
+    assert budget.used_bytes == 100
+    with pytest.raises(Exhausted) as refused:
+        budget.take(third, 1)
+    assert refused.value.limit_bytes == 100 and budget.used_bytes == 100
+    budget.release(third)
+    assert budget.used_bytes == 100
+    budget.release(first)
+    budget.release(first)
+    assert budget.used_bytes == 40
+    budget.take(third, 60)
+    assert budget.used_bytes == 100
+
+
+async def test_release_body_budget_gives_back_a_request_s_share_however_it_ends():
+    from aip_crewai.plumbing.asgi import BodyBudget, ReleaseBodyBudget
+
+    budget = BodyBudget(100, Exhausted)
+
+    async def failing(scope, receive, send):
+        budget.take(scope, 70)
+        raise RuntimeError("the handler failed")
+
+    with pytest.raises(RuntimeError):
+        await ReleaseBodyBudget(failing, budget)(_scope(), None, None)
+    assert budget.used_bytes == 0

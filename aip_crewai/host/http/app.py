@@ -48,6 +48,7 @@ from ...contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ErrorBod
 from ...contracts.errors import (
     AipError,
     AmbiguousFraming,
+    BodyBudgetExhausted,
     BodyTimeout,
     Category,
     MessageTooLarge,
@@ -57,12 +58,14 @@ from ...contracts.errors import (
 )
 from ...plumbing.asgi import (
     SCOPE_LOG_KEY,
+    BodyBudget,
     BodyDeadline,
     BoundedBody,
     ClientGone,
     CloseOnUnreadBody,
     InFlightLimit,
     RefuseAmbiguousFraming,
+    ReleaseBodyBudget,
     RequestLog,
 )
 from ...plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
@@ -201,7 +204,9 @@ async def metrics_endpoint(request: Request) -> Response:
     """``GET /metrics``: Prometheus text; needs a principal with the ``operator`` role."""
     principal = await authenticate(request)
     require_role(principal, "operator")
-    return Response(host_state(request).metrics.render(), media_type=METRICS_CONTENT_TYPE)
+    state = host_state(request)
+    state.metrics.unauthenticated_body_bytes.set(state.body_budget.used_bytes)
+    return Response(state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
 
 async def manifest_endpoint(request: Request) -> Response:
@@ -289,6 +294,7 @@ def create_app(
     """
     modules = [*CORE_MODULES, *_extensions(extensions)]
     metrics = Metrics()
+    body_budget = BodyBudget(settings.body_budget_bytes, BodyBudgetExhausted)
     routes = foundation_routes()
     if settings.openapi:
         routes.extend(openapi.routes())
@@ -312,6 +318,7 @@ def create_app(
             Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
             Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S, timed_out=BodyTimeout),
             Middleware(BoundedBody, limit_for=body_limit, too_large=MessageTooLarge),
+            Middleware(ReleaseBodyBudget, budget=body_budget),
             Middleware(ClientGone),
         ],
         exception_handlers={AipError: _aip_error_handler, HTTPException: _http_error_handler},
@@ -327,5 +334,6 @@ def create_app(
         authenticator=Authenticator(settings.principals, None, clock=clock),
         stopping=asyncio.Event(),  # set at SIGTERM by host.main (see .stopping)
         stream_token_key=stream_tokens_codec.new_key(),  # per process: tokens end with it (README "Stream tokens")
+        body_budget=body_budget,
     )
     return app

@@ -477,13 +477,14 @@ class Runtime:
         recent = failed_at is not None and time.monotonic() - failed_at < RECENT_WRITE_FAILURE_SECONDS
         return bool(len(self.backlog)) or not self.journal.still_at_path() or recent
 
-    def render_metrics(self) -> str:
-        """``GET /metrics`` body (Prometheus text, see :mod:`metrics`)."""
+    def render_metrics(self, gauges: Mapping[str, int] | None = None) -> str:
+        """``GET /metrics`` body (Prometheus text, see :mod:`metrics`), with the HTTP layer's ``gauges``."""
         return self.metrics.render(
             {
                 "active_runs": sum(1 for live in self._live.values() if not live.closed),
                 "retained_runs": self.journal.retained_runs,
                 "max_retained_runs": self.settings.max_retained_runs,
+                **(gauges or {}),
             }
         )
 
