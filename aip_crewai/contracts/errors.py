@@ -236,6 +236,22 @@ class Overloaded(AipError):
         return True
 
 
+class RequestHeadTooLarge(AipError):
+    """The request line plus headers exceed their bound: 431, connection closed. Details add
+    ``limit_bytes``. Source: README "Security" (timeouts and request heads)."""
+
+    code = "request.head_too_large"
+    category = Category.PERMANENT
+    http_status = 431
+    default_message = "the request line and headers exceed their bound"
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        super().__init__(
+            f"the request line and headers exceed {limit_bytes} bytes", details={"limit_bytes": limit_bytes}
+        )
+
+
 class BodyBudgetExhausted(AipError):
     """The process's budget of request bodies read before authentication is in use: 503, retry later.
     Details add ``budget_bytes``. Source: README "Security" (bodies before authentication)."""

@@ -54,7 +54,13 @@ or ends; a body that does not fit is refused with the app's 503 (with
 from the headers first) never touch the budget, so authenticated traffic keeps
 its own share.
 
-Source: RFC 9112 §9.6 (``close`` connection option), §6.3 (message body
+:class:`BoundedHead`: a request line plus headers longer than the bound is
+answered by the app's 431 with ``Connection: close`` before any handler runs.
+Hypercorn's h11 bounds only a head still incomplete (one arriving in pieces);
+a whole head read at once (up to 64 KiB per socket read) is measured here, as
+:func:`head_size` counts it.
+
+Source: RFC 6585 §5 (431), RFC 9112 §9.6 (``close`` connection option), §6.3 (message body
 length), README "Security" (request bodies,
 aborted uploads, framing).
 """
@@ -351,6 +357,42 @@ class BodyDeadline:
             return message
 
         await self.app(scope, timed_receive, send)
+
+
+def head_size(scope: Scope) -> int:
+    """The request head's size, bytes, as the server parsed it: the request line ``METHOD SP target SP
+    HTTP/x.y CRLF`` (target: raw path, and ``?query`` when there is one), each header as ``name: value CRLF``,
+    and the final CRLF: a client writing its head that way (one space after each colon, no padding) sends
+    exactly this many bytes."""
+    query = scope.get("query_string") or b""
+    target = len(scope.get("raw_path") or scope.get("path", "").encode("utf-8")) + (len(query) + 1 if query else 0)
+    line = len(scope.get("method", "")) + 1 + target + 1 + len("HTTP/") + len(scope.get("http_version", "1.1")) + 2
+    return line + sum(len(name) + 2 + len(value) + 2 for name, value in scope.get("headers") or ()) + 2
+
+
+class BoundedHead:
+    """Pure ASGI middleware: a request head over ``limit_bytes`` (:func:`head_size`) is refused.
+
+    Args:
+        app: the wrapped application.
+        limit_bytes: the largest head served, bytes.
+        reject: ``() -> ASGI app`` answering the refusal (431 in the app's own error shape);
+            ``Connection: close`` is added to it.
+
+    Source: README "Security" (timeouts and request heads).
+    """
+
+    def __init__(self, app: ASGIApp, limit_bytes: int, reject: Callable[[], ASGIApp]) -> None:
+        self.app = app
+        self.limit_bytes = limit_bytes
+        self.reject = reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or head_size(scope) <= self.limit_bytes:
+            await self.app(scope, receive, send)
+            return
+        log.info("request_refused", reason="request_head_too_large", limit_bytes=self.limit_bytes)
+        await self.reject()(scope, receive, _closing(send))
 
 
 class InFlightLimit:

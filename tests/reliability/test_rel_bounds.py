@@ -94,3 +94,62 @@ def test_rel_slow_unauthenticated_bodies_are_bounded_in_total_while_bearer_traff
     with _slow_message(host.base_url, 100_000, 100_000) as again:
         received, _ = _answer(again)
     assert received.startswith(b"HTTP/1.1 401"), received[:300]  # read whole, then refused as unauthenticated
+
+
+# --- 2. request heads: 16 KiB, whole or in pieces, on both processes --------------------------------
+
+
+def _head(size: int, authorization: str = "", target: str = "/health") -> bytes:
+    """A ``GET`` head of exactly ``size`` bytes (one padding header), written as the server counts it."""
+    start = f"GET {target} HTTP/1.1\r\nHost: x\r\n{authorization}X-Pad: "
+    end = "\r\n\r\n"
+    pad = size - len(start) - len(end)
+    assert pad >= 0
+    return (start + "p" * pad + end).encode()
+
+
+def _exchange(base_url: str, data: bytes, pieces: int) -> tuple[bytes, bool]:
+    """Send ``data`` (in ``pieces`` separate writes, paced so the server reads them apart) and read the answer."""
+    import time
+
+    with _connect(base_url) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        step = -(-len(data) // pieces)
+        for start in range(0, len(data), step):
+            try:
+                sock.sendall(data[start : start + step])
+            except (BrokenPipeError, ConnectionResetError):
+                break  # the server answered and closed before the rest: read what it sent
+            if pieces > 1:
+                time.sleep(0.05)  # pacing the writes, not waiting for a result
+        return _answer(sock)
+
+
+@pytest.mark.timeout(180)
+def test_rel_request_heads_are_bounded_at_16_kib_whole_or_in_pieces_on_both_processes(stack):
+    """Regression (second review, item 2): both processes answered 200 to 17, 40 and 60 KiB of headers and to a
+    60 KiB request target; h11's bound caught only a head still incomplete. A head of 16,384 bytes is served,
+    16,385 bytes is 431 with `Connection: close` and the connection closed, sent whole or in pieces; so is a
+    60 KiB request target, and 40 KiB of headers arriving in pieces."""
+    _, sidecar, host = stack
+    for base_url, authorization in (
+        (host.base_url, ""),
+        (sidecar.base_url, f"Authorization: Bearer {sidecar.token}\r\n"),
+    ):
+        for pieces in (1, 3):
+            received, _ = _exchange(base_url, _head(16_384, authorization), pieces)
+            assert received.startswith(b"HTTP/1.1 200"), (base_url, pieces, received[:300])
+            received, closed = _exchange(base_url, _head(16_385, authorization), pieces)
+            head = received.split(b"\r\n\r\n", 1)[0].lower()
+            assert head.startswith(b"http/1.1 431") and b"connection: close" in head and closed, (
+                base_url,
+                received[:300],
+            )
+            assert b"16384" in received  # the typed body names the bound
+        target = "/health?" + "q" * 60 * 1024
+        received, closed = _exchange(base_url, _head(62 * 1024, authorization, target), 1)
+        assert received.startswith(b"HTTP/1.1 431") and closed, (base_url, received[:300])
+        received, closed = _exchange(base_url, _head(40 * 1024, authorization), 8)
+        assert received.startswith(b"HTTP/1.1 431") and closed, (base_url, received[:300])
+    with host.client("acme-app") as app:
+        assert app.get("/aip/v1/manifest").status_code == 200

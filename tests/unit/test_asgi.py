@@ -117,3 +117,38 @@ async def test_release_body_budget_gives_back_a_request_s_share_however_it_ends(
     with pytest.raises(RuntimeError):
         await ReleaseBodyBudget(failing, budget)(_scope(), None, None)
     assert budget.used_bytes == 0
+
+
+def test_head_size_counts_a_head_as_written_on_the_wire():
+    from aip_crewai.plumbing.asgi import head_size
+
+    wire = b"POST /a/b?x=1 HTTP/1.1\r\nhost: h\r\nauthorization: Bearer t\r\n\r\n"
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "http_version": "1.1",
+        "raw_path": b"/a/b",
+        "query_string": b"x=1",
+        "headers": [(b"host", b"h"), (b"authorization", b"Bearer t")],
+    }
+    assert head_size(scope) == len(wire)
+    assert head_size({**scope, "query_string": b""}) == len(wire) - len(b"?x=1")
+
+
+@pytest.mark.parametrize("extra, refused", [(0, False), (1, True)])
+async def test_bounded_head_serves_its_limit_and_refuses_one_byte_more_with_connection_close(extra, refused):
+    from aip_crewai.plumbing.asgi import BoundedHead, head_size
+
+    scope = {**_scope(), "raw_path": b"/", "http_version": "1.1", "headers": [(b"x-pad", b"p" * 100)]}
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def app(scope, receive, send):
+        await PlainTextResponse("served")(scope, receive, send)
+
+    guarded = BoundedHead(app, head_size(scope) - extra, lambda: PlainTextResponse("too large", status_code=431))
+    await guarded(scope, None, send)
+    assert sent[0]["status"] == (431 if refused else 200)
+    assert ((b"connection", b"close") in sent[0]["headers"]) == refused

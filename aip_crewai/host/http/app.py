@@ -53,6 +53,7 @@ from ...contracts.errors import (
     Category,
     MessageTooLarge,
     Overloaded,
+    RequestHeadTooLarge,
     RouteNotFound,
     Unauthenticated,
 )
@@ -61,6 +62,7 @@ from ...plumbing.asgi import (
     BodyBudget,
     BodyDeadline,
     BoundedBody,
+    BoundedHead,
     ClientGone,
     CloseOnUnreadBody,
     InFlightLimit,
@@ -68,7 +70,13 @@ from ...plumbing.asgi import (
     ReleaseBodyBudget,
     RequestLog,
 )
-from ...plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
+from ...plumbing.serving import (
+    BODY_IDLE_TIMEOUT_S,
+    BODY_TOTAL_TIMEOUT_S,
+    MAX_HEADER_BYTES,
+    MAX_IN_FLIGHT,
+    PROBE_PATHS,
+)
 from ..auth import stream_tokens as stream_tokens_codec
 from ..auth.principals import Authenticator, require_role
 from ..crews.manifest import CapabilityIndex, to_wire
@@ -312,6 +320,11 @@ def create_app(
                 echo_request_id=True,
                 observe=metrics.observe_request,
                 on_error=_internal_error,
+            ),
+            Middleware(
+                BoundedHead,
+                limit_bytes=MAX_HEADER_BYTES,
+                reject=lambda: error_response(RequestHeadTooLarge(MAX_HEADER_BYTES)),
             ),
             *_cors(settings),
             Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: error_response(Overloaded(MAX_IN_FLIGHT))),

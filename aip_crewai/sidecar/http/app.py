@@ -40,11 +40,19 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyBudgetExhausted, BodyTimeout, Overloaded
+from aip_crewai.contracts.errors import (
+    AipError,
+    AmbiguousFraming,
+    BodyBudgetExhausted,
+    BodyTimeout,
+    Overloaded,
+    RequestHeadTooLarge,
+)
 from aip_crewai.contracts.sidecar import CancelRequest
 from aip_crewai.plumbing.asgi import (
     BodyBudget,
     BodyDeadline,
+    BoundedHead,
     ClientGone,
     CloseOnUnreadBody,
     InFlightLimit,
@@ -53,7 +61,13 @@ from aip_crewai.plumbing.asgi import (
     RequestLog,
     read_bounded,
 )
-from aip_crewai.plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
+from aip_crewai.plumbing.serving import (
+    BODY_IDLE_TIMEOUT_S,
+    BODY_TOTAL_TIMEOUT_S,
+    MAX_HEADER_BYTES,
+    MAX_IN_FLIGHT,
+    PROBE_PATHS,
+)
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.errors import (
     ArchiveConfirmationRequired,
@@ -173,6 +187,11 @@ def create_app(
         middleware=[
             Middleware(CloseOnUnreadBody),
             Middleware(RequestLog, probe_paths=PROBE_PATHS),
+            Middleware(
+                BoundedHead,
+                limit_bytes=MAX_HEADER_BYTES,
+                reject=lambda: _refusal(RequestHeadTooLarge(MAX_HEADER_BYTES)),
+            ),
             Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: _refusal(Overloaded(MAX_IN_FLIGHT))),
             Middleware(RefuseAmbiguousFraming, reject=lambda: _refusal(AmbiguousFraming())),
             Middleware(BearerAuth, token=settings.token),
