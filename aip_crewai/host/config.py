@@ -17,6 +17,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     store_pool_size = 4                # a PostgreSQL store's pooled connections (= store threads), 1 .. 64
     status_cache_entries = 1024        # final job views kept for key-less :status reads, 0 .. 1000000; 0 disables
     unauthenticated_body_budget_bytes = 67108864  # bodies read before authentication, in total, 2 MiB .. 1 TiB
+    public_authorities = ["aip.example.com"]  # Host values signed requests may name; default: the bind address
 
     [sidecar]                          # one sidecar serving every crew; or several, each with its crews:
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -115,6 +116,10 @@ MAX_CONFIG_FILE_BYTES = 4 * 1024 * 1024
 #: tenant "a" with action "b:c" and tenant "a:b" with action "c" share one sidecar job).
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 _HEX64_RE = re.compile(r"^[0-9a-fA-F]{64}\Z")
+#: One ``[host] public_authorities`` entry: ``host`` or ``host:port`` as a client sends ``Host``.
+_Authority = Annotated[
+    str, msgspec.Meta(max_length=261, pattern=r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(?::[0-9]{1,5})?$")
+]
 _BIND_RE = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>[0-9]{1,5})\Z")
 
 
@@ -159,6 +164,7 @@ class _HostTable(_Table, frozen=True):
     unauthenticated_body_budget_bytes: Annotated[int, msgspec.Meta(ge=MIN_BODY_BUDGET_BYTES, le=1 << 40)] = (
         DEFAULT_BODY_BUDGET_BYTES
     )
+    public_authorities: Annotated[list[_Authority], msgspec.Meta(min_length=1, max_length=64)] | None = None
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -490,6 +496,9 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         sidecars=sidecars,
         status_cache_entries=host.status_cache_entries,
         body_budget_bytes=host.unauthenticated_body_budget_bytes,
+        public_authorities=None
+        if host.public_authorities is None
+        else tuple(dict.fromkeys(a.lower() for a in host.public_authorities)),
     )
 
 

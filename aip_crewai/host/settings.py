@@ -120,6 +120,8 @@ class Settings:
             a key-less ``:status`` of a completed, failed or confirmed-cancelled run is answered from
             it without the sidecar hop, and still recorded as an action (ARCHITECTURE.md §9;
             :mod:`.view_cache`). Not shared between hosts: final views never change.
+        public_authorities: the ``Host`` values (``@authority``) a signed request may name, lower-case;
+            None: the forms of the bind address (README "Signed requests").
         body_budget_bytes: the bytes of request bodies read before authentication (signed envelopes
             and signed requests), in total; past it such a body is 503 (README "Security").
     """
@@ -149,3 +151,4 @@ class Settings:
     sidecars: tuple[SidecarSettings, ...] = ()
     status_cache_entries: int = DEFAULT_STATUS_CACHE_ENTRIES
     body_budget_bytes: int = DEFAULT_BODY_BUDGET_BYTES
+    public_authorities: tuple[str, ...] | None = None

@@ -153,3 +153,43 @@ def test_rel_request_heads_are_bounded_at_16_kib_whole_or_in_pieces_on_both_proc
         assert received.startswith(b"HTTP/1.1 431") and closed, (base_url, received[:300])
     with host.client("acme-app") as app:
         assert app.get("/aip/v1/manifest").status_code == 200
+
+
+# --- 3. a signed request's @authority is this deployment's ------------------------------------------
+
+
+def _signed_get(base_url: str, authority: str, path: str = "/aip/v1/manifest") -> httpx.Response:
+    """``GET path`` signed (RFC 9421, as the CLI signs) for ``http://<authority>``, sent to ``base_url`` with
+    that ``Host``: a request captured at the deployment named ``authority`` and replayed here."""
+    import time
+
+    from relkit import SIGNER, signer_key
+
+    from aip_crewai.plumbing import httpsig
+
+    headers = httpsig.sign_request(
+        "GET", f"http://{authority}{path}", b"", signer_key(), SIGNER, created=int(time.time())
+    )
+    return httpx.get(f"{base_url}{path}", headers={**headers, "Host": authority}, timeout=30)
+
+
+@pytest.mark.timeout(180)
+def test_rel_signed_requests_name_this_deployment_s_authority(procs):
+    """Regression (second review, item 3): a request signed for `aip.other-deployment.example` and sent with
+    that `Host` was accepted (a capture at another deployment sharing the key replays here within 300 s).
+    By default a loopback host serves signatures naming its own address (127.0.0.1, localhost or [::1] with its
+    port) and refuses any other with 401 naming the rule; `[host] public_authorities` lists them exactly."""
+    sidecar = procs.sidecar()
+    host = procs.host(sidecar.base_url)
+    refused = _signed_get(host.base_url, "aip.other-deployment.example")
+    assert refused.status_code == 401, refused.text
+    message = refused.json()["body"]["error"]["error"]["message"]
+    assert "@authority 'aip.other-deployment.example'" in message and "public_authorities" in message
+    for authority in (f"127.0.0.1:{host.port}", f"localhost:{host.port}"):
+        assert _signed_get(host.base_url, authority).status_code == 200, authority
+    assert _signed_get(host.base_url, f"127.0.0.1:{host.port + 1}").status_code == 401  # another port
+    proxied = procs.host(sidecar.base_url, name="proxied", host_options={"public_authorities": ["AIP.example.com"]})
+    assert _signed_get(proxied.base_url, "aip.example.com").status_code == 200
+    assert _signed_get(proxied.base_url, f"127.0.0.1:{proxied.port}").status_code == 401
+    with proxied.client("acme-app") as app:  # bearer tokens are not tied to an authority
+        assert app.get("/aip/v1/manifest", headers={"Host": "anything.example"}).status_code == 200

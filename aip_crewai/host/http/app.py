@@ -70,6 +70,7 @@ from ...plumbing.asgi import (
     ReleaseBodyBudget,
     RequestLog,
 )
+from ...plumbing.loopback import is_loopback
 from ...plumbing.serving import (
     BODY_IDLE_TIMEOUT_S,
     BODY_TOTAL_TIMEOUT_S,
@@ -79,6 +80,7 @@ from ...plumbing.serving import (
 )
 from ..auth import stream_tokens as stream_tokens_codec
 from ..auth.principals import Authenticator, require_role
+from ..auth.signatures import PublicAuthorities
 from ..crews.manifest import CapabilityIndex, to_wire
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import Metrics
@@ -301,6 +303,14 @@ def create_app(
     Source: ARCHITECTURE.md §6.
     """
     modules = [*CORE_MODULES, *_extensions(extensions)]
+    bind_host = settings.bind.rsplit(":", 1)[0].strip("[]")
+    if settings.public_authorities is None and not is_loopback(bind_host):
+        if any(p.ed25519_public_key is not None for p in settings.principals):
+            log.warning(
+                "public_authorities_default",
+                message="signed requests must name the bind address as their Host; "
+                "behind a proxy or a DNS name set [host] public_authorities",
+            )
     metrics = Metrics()
     body_budget = BodyBudget(settings.body_budget_bytes, BodyBudgetExhausted)
     routes = foundation_routes()
@@ -344,7 +354,12 @@ def create_app(
         crews={crew.id: crew for crew in settings.crews},
         principals={p.id: p for p in settings.principals},
         capabilities=CapabilityIndex(settings.crews, settings.tenants),
-        authenticator=Authenticator(settings.principals, None, clock=clock),
+        authenticator=Authenticator(
+            settings.principals,
+            None,
+            clock=clock,
+            authorities=PublicAuthorities(settings.public_authorities, bind_host),
+        ),
         stopping=asyncio.Event(),  # set at SIGTERM by host.main (see .stopping)
         stream_token_key=stream_tokens_codec.new_key(),  # per process: tokens end with it (README "Stream tokens")
         body_budget=body_budget,
