@@ -259,15 +259,18 @@ def _store(base: Path, raw: str) -> Path | str:
 
 #: A libpq key/value connection string (``host=... dbname=...``), refused as a store path.
 _CONNINFO_RE = re.compile(r"^\s*[A-Za-z_]+\s*=")
-_PASSWORD_ADVICE = "keep the password out of the URL: use ~/.pgpass or PGPASSFILE (0600)"
+_PASSWORD_ADVICE = (
+    "keep secrets out of the URL: the password in ~/.pgpass or PGPASSFILE (0600); a client key unencrypted "
+    "in a 0600 sslkey file, without sslpassword"
+)
 
 
 def _postgres_url_problem(raw: str) -> str | None:
     """Why a ``postgresql://`` store URL is refused, or None. The URL is read as libpq reads it (percent-
     decoded names and values, via psycopg's parser when installed), so a password hides nowhere: not as
-    ``user:password@``, not in ``?password=`` however encoded, not in a user name holding a ``:`` (a
-    mis-encoded ``user:password``, which the server would echo back in its error)."""
-    if re.match(r"^postgres(ql)?://[^/@]*:[^/@]*@", raw) or re.search(r"[?&]password=", raw):
+    ``user:password@``, not in ``?password=`` or the client key's ``?sslpassword=`` however encoded, not in a
+    user name holding a ``:`` (a mis-encoded ``user:password``, which the server would echo back in its error)."""
+    if re.match(r"^postgres(ql)?://[^/@]*:[^/@]*@", raw) or re.search(r"[?&](?:ssl)?password=", raw, re.IGNORECASE):
         return _PASSWORD_ADVICE
     try:
         import psycopg
@@ -278,7 +281,7 @@ def _postgres_url_problem(raw: str) -> str | None:
         params = conninfo_to_dict(raw)
     except psycopg.Error:
         return "is not a valid PostgreSQL URL (libpq URI syntax: postgresql://user@host:port/dbname?param=value)"
-    if "password" in params or ":" in str(params.get("user") or ""):
+    if "password" in params or "sslpassword" in params or ":" in str(params.get("user") or ""):
         return _PASSWORD_ADVICE
     return None
 

@@ -168,3 +168,15 @@ def test_reference_sidecar_chunks_map_by_chunk_type_and_tool_call(data, kind):
     from aip_crewai.host.actions.normalize import chunk_kind
 
     assert chunk_kind(JobEvent(event="chunk", sequence=1, data=data)) == kind
+
+
+@pytest.mark.parametrize("depth", [1_500, 100_000])
+def test_a_frame_nested_past_the_decoders_bound_is_an_invalid_stream_not_an_internal_error(depth):
+    """Regression (second review): a sidecar frame nested 1,500 deep failed the action with
+    ``internal.error``; it is the stream error code, as any other undecodable frame."""
+    deep = b'{"event":"chunk","sequence":1,"data":{"x":' + b"[" * depth + b"]" * depth + b"}}"
+    body = frame("started", 0, {"status": "running"}) + b"event: chunk\nid: 1\ndata: " + deep + b"\n\n"
+    n = StreamNormalizer("act_1", RUN, max_frame_bytes=4 * depth + 1024)
+    with pytest.raises(ConnectorInvalidStream) as info:
+        n.feed(body)
+    assert info.value.code == "connector.crewai.invalid_stream" and "nests too deeply" in info.value.message

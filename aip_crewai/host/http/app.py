@@ -36,6 +36,7 @@ import httpx
 import msgspec
 import structlog
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -258,18 +259,30 @@ CORS_EXPOSE_HEADERS = ("X-Request-ID",)
 CORS_MAX_AGE_S = 600
 
 
+class _CORS(CORSMiddleware):
+    """Starlette's CORS middleware, except that a refused preflight (400: another or a ``null`` origin, a
+    method or header not allowed) carries no CORS header at all (README "Browsers")."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 200:
+            for name in [k for k in response.headers if k.lower().startswith("access-control-")]:
+                del response.headers[name]
+        return response
+
+
 def _cors(settings: Settings) -> list[Middleware]:
     """Starlette's CORS middleware for ``[host] cors_origins``, or nothing when there are none.
 
     Exact origins only (no wildcard, no credentials: principals send a bearer
     token or a signature, never cookies). A preflight from another origin
-    gets 400 and no ``Access-Control-Allow-*`` headers. Source: README "Browsers".
+    gets 400 and no CORS header at all (:class:`_CORS`). Source: README "Browsers".
     """
     if not settings.cors_origins:
         return []
     return [
         Middleware(
-            CORSMiddleware,
+            _CORS,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=list(CORS_ALLOW_HEADERS),
