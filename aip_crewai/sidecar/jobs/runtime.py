@@ -214,6 +214,11 @@ class Runtime:
             )
 
     def _repeat(self, record: JobRecord, adm: Admission) -> None:
+        if record.imported:  # its output was never produced here: never answered to a governed action
+            raise RequestConflict(
+                f"action id {adm.action_id!r} names a job imported from a reference journal; "
+                "it is never admitted or answered again (use a new action id)"
+            )
         if record.request_hash != adm.request_hash:
             raise RequestConflict(f"action id {adm.action_id!r} was already admitted with a different request")
         if record.archived:
