@@ -509,6 +509,20 @@ def build_parser() -> argparse.ArgumentParser:
         "SQLite journal; importing twice changes nothing",
     )
     q.add_argument("source", help="the reference sidecar's JSON journal (its AIP_CREWAI_STATE_FILE, e.g. runs.json)")
+    from .sidecar.options import MAX_EVENT_BYTES, MIN_EVENT_BYTES, int_in
+
+    q.add_argument(
+        "--max-events-per-run",
+        type=int_in(2, 100_000),
+        default=1000,
+        help="refuse a run with more events, its terminal one included: the sidecar's --max-events-per-run (default 1000)",
+    )
+    q.add_argument(
+        "--max-event-bytes",
+        type=int_in(MIN_EVENT_BYTES, MAX_EVENT_BYTES),
+        default=262_144,
+        help="refuse a run with a larger event, bytes: the sidecar's --max-event-bytes (default 262144)",
+    )
     q.add_argument(
         "--journal",
         dest="target",

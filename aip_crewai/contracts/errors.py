@@ -253,6 +253,39 @@ class Overloaded(AipError):
         return True
 
 
+class RequestHeadTooLarge(AipError):
+    """The request line plus headers exceed their bound: 431, connection closed. Details add
+    ``limit_bytes``. Source: README "Security" (timeouts and request heads)."""
+
+    code = "request.head_too_large"
+    category = Category.PERMANENT
+    http_status = 431
+    default_message = "the request line and headers exceed their bound"
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        super().__init__(
+            f"the request line and headers exceed {limit_bytes} bytes", details={"limit_bytes": limit_bytes}
+        )
+
+
+class BodyBudgetExhausted(AipError):
+    """The process's budget of request bodies read before authentication is in use: 503, retry later.
+    Details add ``budget_bytes``. Source: README "Security" (bodies before authentication)."""
+
+    code = "server.body_budget_exhausted"
+    category = Category.TEMPORARY
+    default_message = "too many unauthenticated request bodies are being read; retry later"
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        super().__init__(details={"budget_bytes": limit_bytes}, retry_after_ms=1000)
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
 class NonCanonicalNumber(AipError):
     """A signed envelope holds a number whose RFC 8785 form decodes to another
     value or type (``1.0``, ``1e0``, ``-0.0``), or an integer of magnitude

@@ -14,6 +14,7 @@ Metrics (all prefixed ``aip_host_``):
 | ``requests_total`` | counter | route (path template), method, status (class) |
 | ``request_duration_seconds`` | summary (sum, count) | route, method |
 | ``ready`` | gauge | (1 while the host is ready: a sidecar agrees, ARCHITECTURE.md §7) |
+| ``unauthenticated_body_bytes`` | gauge | (bytes of request bodies held before authentication: the budget's use, README "Security") |
 | ``sidecar_ready`` | gauge | sidecar (its configured name; 1 while that sidecar agrees) |
 | ``readiness_checks_total`` | counter | result (ready, unready) |
 | ``auth_failures_total`` | counter | |
@@ -56,6 +57,9 @@ class Metrics:
         )
         self.request_duration = Summary(
             p + "request_duration_seconds", "HTTP request handling time, seconds.", ("route", "method")
+        )
+        self.unauthenticated_body_bytes = Gauge(
+            p + "unauthenticated_body_bytes", "Bytes of request bodies held before authentication (the budget's use)."
         )
         self.ready = Gauge(p + "ready", "1 while the host is ready (a sidecar's health agrees), else 0.")
         self.sidecar_ready = Gauge(
@@ -101,6 +105,7 @@ class Metrics:
             self.requests,
             self.request_duration,
             self.ready,
+            self.unauthenticated_body_bytes,
             self.sidecar_ready,
             self.readiness_checks,
             self.auth_failures,

@@ -39,6 +39,11 @@ DEFAULT_DISPATCH_DEADLINE_S = 600.0
 DEFAULT_STREAM_TOKEN_TTL_S = 300
 
 
+#: Default ``[host] unauthenticated_body_budget_bytes``: bodies read before authentication, in total, bytes;
+#: and its floor, one whole message body (``http/routes.MAX_MESSAGE_BYTES``; README "Security").
+DEFAULT_BODY_BUDGET_BYTES, MIN_BODY_BUDGET_BYTES = 64 * 1024 * 1024, 2 * 1024 * 1024
+
+
 #: The sidecar's SSE keep-alive interval assumed when its ``/health`` has no ``sse_keepalive_seconds``, seconds.
 DEFAULT_SIDECAR_KEEPALIVE_S = 15.0
 
@@ -120,6 +125,10 @@ class Settings:
         receipt_keys: the key signing result receipts and the previous public keys still published
             (``[host] receipt_key_file``, ``receipt_previous_public_keys``); None: no receipts.
         pricing: ``[pricing]``: prices per model and each crew's model; None: no cost (README "Observing actions").
+        public_authorities: the ``Host`` values (``@authority``) a signed request may name, lower-case;
+            None: the forms of the bind address (README "Signed requests").
+        body_budget_bytes: the bytes of request bodies read before authentication (signed envelopes
+            and signed requests), in total; past it such a body is 503 (README "Security").
     """
 
     config_path: Path
@@ -148,3 +157,5 @@ class Settings:
     receipt_keys: ReceiptKeys | None = field(default=None, repr=False)
     pricing: Pricing | None = None
     status_cache_entries: int = DEFAULT_STATUS_CACHE_ENTRIES
+    body_budget_bytes: int = DEFAULT_BODY_BUDGET_BYTES
+    public_authorities: tuple[str, ...] | None = None

@@ -83,6 +83,7 @@ class Settings:
         stream_checkpoint_events: chunk events committed per journal write.
         training_dir: where ``train`` writes artifacts (required with train).
         max_journal_bytes: bound on used journal pages plus the -wal file, bytes; admission 507 past it.
+        body_budget_bytes: without a token, request bodies being read at once, in total, bytes (503 past it).
         sse_keepalive_seconds: interval of ``: keep-alive`` comments.
         shutdown_grace_seconds: how long in-flight jobs may finish at shutdown.
         isolation: ``process`` (each job in a worker process of its own, :mod:`.isolation.pool`)
@@ -114,6 +115,7 @@ class Settings:
     stream_checkpoint_events: int = 128
     training_dir: Path | None = None
     max_journal_bytes: int = 1_073_741_824
+    body_budget_bytes: int = 64 * 1024 * 1024
     sse_keepalive_seconds: float = 15.0
     shutdown_grace_seconds: float = 20.0
     isolation: str = "process"
@@ -252,6 +254,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         stream_checkpoint_events=values["stream_checkpoint_events"],
         training_dir=training_dir,
         max_journal_bytes=values["max_journal_bytes"],
+        body_budget_bytes=values["body_budget_bytes"],
         sse_keepalive_seconds=values["sse_keepalive_seconds"],
         shutdown_grace_seconds=values["shutdown_grace_seconds"],
         isolation=values["isolation"],

@@ -203,3 +203,16 @@ def test_a_deferred_failure_is_raised_by_close_and_stays():
     for call in (n.close, lambda: n.feed(b"")):
         with pytest.raises(ConnectorInvalidStream, match="sequence 2 where 3 was expected"):
             call()
+
+
+@pytest.mark.parametrize("depth", [1_500, 100_000])
+def test_a_frame_nested_past_the_decoders_bound_is_an_invalid_stream_not_an_internal_error(depth):
+    """Regression (second review): a sidecar frame nested 1,500 deep failed the action with
+    ``internal.error``; it is the stream error code, as any other undecodable frame."""
+    deep = b'{"event":"chunk","sequence":1,"data":{"x":' + b"[" * depth + b"]" * depth + b"}}"
+    body = frame("started", 0, {"status": "running"}) + b"event: chunk\nid: 1\ndata: " + deep + b"\n\n"
+    n = StreamNormalizer("act_1", RUN, max_frame_bytes=4 * depth + 1024)
+    assert [c.sequence for c in n.feed(body)] == [0]  # the valid event before it is delivered first
+    with pytest.raises(ConnectorInvalidStream) as info:
+        n.close()
+    assert info.value.code == "connector.crewai.invalid_stream" and "nests too deeply" in info.value.message

@@ -202,18 +202,25 @@ async def test_the_reference_sidecar_environment_starts_the_sidecar(sidecar_fact
 
 async def test_a_sidecar_serves_the_jobs_imported_from_a_reference_journal(sidecar_factory):
     """Issue 20 item 10: ``aip-crewai journal import`` then start on the new journal; the imported jobs answer
-    as they ended (a running one as failed, uncertain) and an imported action id never runs again."""
+    as they ended (a running one as failed, uncertain), marked ``imported``, and an imported action id never
+    runs again nor answers an admission, even one whose request hash the file precomputed (409)."""
     import json
+
+    from aip_crewai.contracts.hashing import request_hash
 
     workdir = sidecar_factory.workdir / "imported"
     workdir.mkdir(mode=0o700)
     output = {"raw": "old answer", "token_usage": {}, "tasks_output": []}
+    # The hash the sidecar computes for the resubmission below: a file naming it must still never answer it.
+    same = request_hash(
+        crew_id="echo", action_id="ref-done", operation="run", input={}, timeout_ms=None, idempotency_key="k"
+    )
     runs = [
         {
             "action_id": "ref-done",
             "crew_id": "echo",
             "operation": "run",
-            "input_hash": "h1",
+            "input_hash": same,
             "status": "completed",
             "events": [
                 {"event": "started", "sequence": 0, "data": {}},
@@ -254,6 +261,8 @@ async def test_a_sidecar_serves_the_jobs_imported_from_a_reference_journal(sidec
     assert done["status"] == "completed" and done["output"] == output and done["event_count"] == 2
     assert failed["status"] == "failed" and events["events"][-1]["data"]["uncertain_outcome"] is True
     assert again.status_code == 409 and sidecar.calls() == []
+    assert "imported from a reference journal" in again.json()["detail"]
+    assert done["imported"] is True and failed["imported"] is True
 
 
 def _descendants(pid: int) -> list[int]:

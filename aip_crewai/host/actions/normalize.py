@@ -175,8 +175,8 @@ class StreamNormalizer:
             raise self._invalid(f"more than {self.max_events} events")
         try:
             event = _event_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise self._invalid("event data is not a sidecar job event") from exc
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # RecursionError: too deep
+            raise self._invalid("event data is not a sidecar job event (or nests too deeply)") from exc
         if sse_event not in ("message", event.event):
             raise self._invalid("SSE event name differs from the job event")
         if event.sequence != self.expected:

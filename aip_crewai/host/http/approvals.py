@@ -273,10 +273,12 @@ async def get_approval(request: Request) -> Response:
     return aip_json(view)
 
 
-async def _decision_bytes(request: Request) -> bytes:
+async def _decision_bytes(request: Request, *, authenticated: bool) -> bytes:
     """The decision body, at most :data:`~.limits.MAX_DECISION_BYTES` (the route's one bound, also applied
-    by the body middleware: 413 ``message.too_large``)."""
-    return await read_bounded(request, MAX_DECISION_BYTES, MessageTooLarge)
+    by the body middleware: 413 ``message.too_large``); one read before authentication counts against the
+    process's budget of such bodies (README "Security")."""
+    budget = None if authenticated else host_state(request).body_budget
+    return await read_bounded(request, MAX_DECISION_BYTES, MessageTooLarge, budget=budget)
 
 
 def _decode_decision(raw: bytes) -> DecisionRequest:
@@ -306,11 +308,11 @@ async def post_decision(request: Request) -> Response:
     404 another tenant's; 409 decided, expired or withdrawn (its action was
     cancelled, also when the cancel won a race with this decision), or another policy hash."""
     if httpsig.is_signed(request.headers.keys()):  # the signature covers the body: read it first
-        raw = await _decision_bytes(request)
+        raw = await _decision_bytes(request, authenticated=False)
         principal = await authenticate(request, raw)
     else:
         principal = await authenticate(request)
-        raw = await _decision_bytes(request)
+        raw = await _decision_bytes(request, authenticated=True)
     decision = _decode_decision(raw)
     approval = await _approval(request, principal)
     if not principal.has_role("approver"):

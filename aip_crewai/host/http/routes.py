@@ -95,7 +95,9 @@ async def _read_body(request: Request) -> bytes:
     signed request is checked once, with its body (its ``content-digest``)."""
     if "authorization" in request.headers and not httpsig.is_signed(request.headers.keys()):
         await authenticate(request)
-    return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge)
+        return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge)
+    budget = host_state(request).body_budget  # read before authentication: within the process's budget
+    return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge, budget=budget)
 
 
 def _service(request: Request) -> ActionService:

@@ -187,7 +187,7 @@ async def _read_bounded(response: httpx.Response, limit: int, spec: OperationSpe
 def _field(body: bytes, name: str) -> Any:
     try:
         value = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested deeper than msgspec allows
         return None
     return value.get(name) if isinstance(value, dict) else None
 
@@ -288,7 +288,7 @@ class SidecarClient:
             raise error
         try:
             return response.status_code, msgspec.json.decode(body)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested deeper than msgspec allows
             raise ConnectorRemoteRejected(
                 "the sidecar answered with invalid JSON",
                 operation=spec.name,

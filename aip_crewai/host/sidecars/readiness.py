@@ -203,8 +203,8 @@ class Readiness:
             return f"sidecar /health answered HTTP {response.status_code}"
         try:
             decoded = msgspec.json.decode(body)
-        except msgspec.DecodeError:
-            return "sidecar health is not valid JSON"
+        except (msgspec.DecodeError, RecursionError):  # RecursionError: nested deeper than msgspec allows
+            return "sidecar health is not valid JSON (or nests too deeply)"
         self._observe_crew_inputs(decoded)
         unserved = unserved_crews(decoded, self.crews)
         if unserved != self.unserved_crews:

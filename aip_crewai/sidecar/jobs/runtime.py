@@ -221,6 +221,11 @@ class Runtime:
             )
 
     def _repeat(self, record: JobRecord, adm: Admission) -> None:
+        if record.imported:  # its output was never produced here: never answered to a governed action
+            raise RequestConflict(
+                f"action id {adm.action_id!r} names a job imported from a reference journal; "
+                "it is never admitted or answered again (use a new action id)"
+            )
         if record.request_hash != adm.request_hash:
             raise RequestConflict(f"action id {adm.action_id!r} was already admitted with a different request")
         if record.archived:
@@ -493,13 +498,14 @@ class Runtime:
         recent = failed_at is not None and time.monotonic() - failed_at < RECENT_WRITE_FAILURE_SECONDS
         return bool(len(self.backlog)) or not self.journal.still_at_path() or recent
 
-    def render_metrics(self) -> str:
-        """``GET /metrics`` body (Prometheus text, see :mod:`metrics`)."""
+    def render_metrics(self, gauges: Mapping[str, int] | None = None) -> str:
+        """``GET /metrics`` body (Prometheus text, see :mod:`metrics`), with the HTTP layer's ``gauges``."""
         return self.metrics.render(
             {
                 "active_runs": sum(1 for live in self._live.values() if not live.closed),
                 "retained_runs": self.journal.retained_runs,
                 "max_retained_runs": self.settings.max_retained_runs,
+                **(gauges or {}),
             }
         )
 
