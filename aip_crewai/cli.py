@@ -78,10 +78,18 @@ def _client(args: argparse.Namespace, *, timeout_s: float | None = 660.0) -> Aip
 
 
 def _print(value: object, as_json: bool) -> None:
+    """Print a JSON value: one compact line with ``--json`` (non-ASCII escaped), else indented for a person
+    with every code point one would misread as its ``\\u`` escape, after a warning line naming them
+    (:mod:`aip_crewai.contracts.display`)."""
     if as_json:
         print(json.dumps(value, separators=(",", ":")))
-    else:
-        print(json.dumps(value, indent=2, ensure_ascii=False))
+        return
+    from .contracts import display
+
+    warning = display.banner(display.findings(value))
+    if warning is not None:
+        print(warning)
+    print(display.dumps(value))
 
 
 def _chunk_text(envelope: dict[str, Any]) -> str | None:

@@ -127,6 +127,30 @@ APPROVAL_FRAMES = (
 ).encode()
 
 
+SPOOF_INPUT = {"note": "refund 10 EUR to account \u202e9876-5432\u202c then close", "user": "ad\u200bmin"}
+SPOOF_VIEW = {
+    "request": {
+        "id": "apr_spoof",
+        "action_id": "act_spoof",
+        "capability_id": "cap:crewai:echo",
+        "requester": {"id": "svc:app", "kind": "service"},
+        "expires_at": "2026-09-21T14:28:20.000Z",
+        "policy_hash": "ab12",
+        "risk": "medium",
+        "evidence": [],
+    },
+    "status": "pending",
+    "created_at": "2026-09-21T14:13:20.000Z",
+    "updated_at": "2026-09-21T14:13:20.000Z",
+    "evidence_payload": {
+        "action_id": "act_spoof",
+        "capability_id": "cap:crewai:echo",
+        "input_hash": "cd34",
+        "input": SPOOF_INPUT,
+    },
+}
+
+
 class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
@@ -141,6 +165,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path == "/aip/v1/manifest":
             self._send(200, json.dumps(BIG_MANIFEST).encode())
+        elif self.path == "/aip/v1/approvals/apr_spoof":
+            self._send(200, json.dumps(SPOOF_VIEW).encode())
         elif self.path == "/aip/v1/approvals/events":
             self._send(200, APPROVAL_FRAMES, "text/event-stream")
         elif self.path.endswith("/result"):
@@ -416,3 +442,17 @@ def test_client_commands_send_log_lines_to_stderr_never_stdout(capsys) -> None:
     structlog.get_logger("aip_crewai.test").info("an_info_line")
     out, err = capsys.readouterr()
     assert out == "" and "a_warning_during_a_command" in err and "an_info_line" not in err
+
+
+def test_approvals_show_writes_misread_code_points_as_escapes_under_a_warning(host_url, token, capsys):
+    """Issue 31 item 1: the approver reads ``\\u202e`` and ``\\u200b``, never the raw controls."""
+    argv = ["approvals", "show", "apr_spoof", "--url", host_url, "--token-file", token]
+    assert cli.main(argv) == Exit.OK
+    out = capsys.readouterr().out
+    assert "\u202e" not in out and "\u200b" not in out and "\u202c" not in out
+    assert "account \\u202e9876-5432\\u202c then close" in out and "ad\\u200bmin" in out
+    warning = next(line for line in out.splitlines() if line.startswith("warning:"))
+    assert "3 character(s)" in warning and "$.evidence_payload.input.note[25] U+202E bidi_control" in warning
+    assert cli.main([*argv, "--json"]) == Exit.OK
+    raw = capsys.readouterr().out
+    assert json.loads(raw)["evidence_payload"]["input"] == SPOOF_INPUT and "warning" not in raw
