@@ -158,6 +158,14 @@ def _show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) ->
             code = of_envelope(envelope) if event in _OUTCOME_EVENTS else None
             if code is not None:
                 outcome[event] = code
+            if event == "ack" and code == Exit.PENDING_APPROVAL:
+                # The host keeps a pending action's stream open until the decision: stop here (exit 5).
+                print(
+                    f"aip-crewai: {action_id} waits for an approver's decision; then: "
+                    f"aip-crewai actions follow {action_id} --last-event-id {last_id or 'sse_0'}",
+                    file=sys.stderr,
+                )
+                return Exit.PENDING_APPROVAL
     except httpx.TransportError as exc:
         if action_id is None:
             raise  # nothing arrived: "cannot reach" (exit 7), as for any other request
