@@ -102,7 +102,7 @@ PENDING_WINDOW_S = 15
 def test_eventsource_on_a_pending_action_holds_one_connection_and_gets_the_final_result(
     sidecar_factory, tmp_path, browser, page_origin
 ) -> None:
-    """Issue 31 item 3: the pending state is the ack (``sse_0``, reason ``pending_approval``); the stream stays
+    """the pending state is the ack (``sse_0``, reason ``pending_approval``); the stream stays
     open through 15 s of pending (fewer than 3 connections), then carries the run to its result."""
     from playwright.sync_api import expect
 

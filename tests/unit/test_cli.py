@@ -399,7 +399,11 @@ def test_doctor_runs_the_start_up_preflight_by_hand():
     assert run.returncode == 1, run.stderr
     report = json.loads(run.stdout)
     assert report["crew_problems"] == {"asks_human": ["human_input"], "broken_knowledge": ["knowledge_unavailable"]}
-    assert report["crew_inputs"]["trainable"] == {"placeholders": ["topic"], "defaults": True}
+    assert report["crew_inputs"]["trainable"] == {
+        "placeholders": ["topic"],
+        "defaults": True,
+        "memory_domains": ["kickoff_outputs"],
+    }
     assert b"sk-test-SECRET" not in run.stdout + run.stderr  # CrewAI's printed embedder error is swallowed
     bad = subprocess.run(
         [sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", "nope:X"],
@@ -445,7 +449,7 @@ def test_client_commands_send_log_lines_to_stderr_never_stdout(capsys) -> None:
 
 
 def test_approvals_show_writes_misread_code_points_as_escapes_under_a_warning(host_url, token, capsys):
-    """Issue 31 item 1: the approver reads ``\\u202e`` and ``\\u200b``, never the raw controls."""
+    """the approver reads ``\\u202e`` and ``\\u200b``, never the raw controls."""
     argv = ["approvals", "show", "apr_spoof", "--url", host_url, "--token-file", token]
     assert cli.main(argv) == Exit.OK
     out = capsys.readouterr().out

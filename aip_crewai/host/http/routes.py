@@ -58,11 +58,6 @@ WAIT_MARGIN_S = 30.0
 _encode = msgspec.json.Encoder()
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-#: ``capability.unavailable`` when the crew's sidecar is unready (not when its registry lacks the crew).
-UNREADY_SIDECAR = (
-    "the sidecar serving this capability's crew is not ready (it is stopped, starting or failing "
-    "its health check); nothing was started and no approval was requested; retry later"
-)
 
 
 def envelope(
@@ -155,11 +150,10 @@ async def post_message(request: Request) -> Response:
     stream = _wants_sse(request) or action.streaming
     index = host_state(request).capabilities
     resolved = index.resolve(principal.tenant, action.capability_id)
-    readiness = host_state(request).readiness
-    if resolved.crew.id in readiness.unserved_crews:
-        member = readiness.member_for(resolved.crew.id) if hasattr(readiness, "member_for") else readiness
-        if member is not None and not member.ready:
-            raise CrewUnavailable(UNREADY_SIDECAR, details={"capability_id": action.capability_id})
+    # A crew its sidecar's registry lacks cannot run: refused before any approval. A crew whose sidecar is
+    # unready (stopped, starting) is accepted: its start is retried until the dispatch deadline (README
+    # "Failure behaviour").
+    if resolved.crew.id in host_state(request).readiness.unserved_crews:
         raise CrewUnavailable(details={"capability_id": action.capability_id})
     check_crew_inputs(resolved.spec.name, action.input, index.crew_inputs.get(resolved.crew.id))
     record = await service.submit(

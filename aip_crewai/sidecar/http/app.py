@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Overloaded
+from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Category, Overloaded
 from aip_crewai.contracts.sidecar import CancelRequest
 from aip_crewai.plumbing.asgi import (
     BodyDeadline,
@@ -448,6 +448,8 @@ async def aip_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, AipError):  # registered for AipError only
         raise exc
     body = {**exc.details, "detail": exc.message}
+    if exc.category is Category.TEMPORARY:  # a refusal that says "try later" names itself (sidecar.crew_busy)
+        body["code"] = exc.code
     return JSONResponse(body, status_code=exc.status)
 
 
