@@ -457,6 +457,25 @@ class ConnectorCancelledUnconfirmed(ConnectorError):
     default_message = "cancellation was requested but the sidecar did not confirm it"
 
 
+class ConnectorCrewBusy(ConnectorError):
+    """The sidecar refused the job before admitting it because a job of the same tenant and crew is
+    active (409 ``sidecar.crew_busy``: a ``memory_reset`` beside a run, or a job beside a running
+    ``memory_reset``). Nothing ran (``uncertain_outcome: false``): retryable, once that
+    job is finished, as a new action (a new idempotency key: this one keeps this result).
+    README "Tenant-scoped crew state"."""
+
+    code = "connector.crewai.crew_busy"
+    category = Category.TEMPORARY
+    default_message = (
+        "the sidecar refused the job because another job of this crew is queued or running for the tenant "
+        "(409 sidecar.crew_busy); nothing ran; retry when it is finished, with a new idempotency key"
+    )
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
 class ConnectorDispatchDeadline(ConnectorError):
     """A start the sidecar provably never admitted (no connection, 503 before
     admission, 507) was retried with backoff until the host's
@@ -467,7 +486,15 @@ class ConnectorDispatchDeadline(ConnectorError):
 
     code = "connector.crewai.dispatch_deadline"
     category = Category.TEMPORARY
-    default_message = "the sidecar did not admit the action before the dispatch deadline"
+    default_message = (
+        "the sidecar did not admit the action before the dispatch deadline (it was unreachable, draining or "
+        "full); nothing ran; retry later, with a new idempotency key"
+    )
+
+    @property
+    def retryable(self) -> bool:
+        """Nothing ran: submitting again is safe (ARCHITECTURE.md §9)."""
+        return True
 
 
 class ConnectorExecutionFailed(ConnectorError):

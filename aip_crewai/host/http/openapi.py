@@ -42,7 +42,7 @@ from ...contracts.aip import (
     Manifest,
 )
 from ..auth.stream_tokens import QUERY_PARAMETER, StreamToken
-from .approvals import DecisionProof
+from .approvals import DecisionProof, DisplayFindings
 
 OPENAPI_VERSION = "3.1.0"
 _REF = "#/components/schemas/{name}"
@@ -200,6 +200,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "The tenant's usage per crew (operator role)",
         {"200": Answer("usage report", {JSON: dict})},
         query=(("from", "RFC 3339, inclusive (default: the start)"), ("to", "RFC 3339, exclusive (default: now)")),
+    ),
+    ("GET", "/aip/v1/approvals/{approval_id:str}/display"): Operation(
+        "The code points of an approval's input a person would misread",
+        {"200": Answer("DisplayFindings", {JSON: DisplayFindings})},
     ),
     ("GET", "/aip/v1/approvals/{approval_id:str}/proof"): Operation(
         "The proof of a signed decision", {"200": Answer("DecisionProof", {JSON: DecisionProof})}

@@ -45,6 +45,7 @@ from aip_crewai.contracts.errors import (
     AmbiguousFraming,
     BodyBudgetExhausted,
     BodyTimeout,
+    Category,
     Overloaded,
     RequestHeadTooLarge,
 )
@@ -487,6 +488,8 @@ async def aip_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, AipError):  # registered for AipError only
         raise exc
     body = {**exc.details, "detail": exc.message}
+    if exc.category is Category.TEMPORARY:  # a refusal that says "try later" names itself (sidecar.crew_busy)
+        body["code"] = exc.code
     return JSONResponse(body, status_code=exc.status, headers=_retry_after(exc))
 
 
