@@ -59,7 +59,7 @@ def store_location(base: Path, raw: str) -> Path | str:
 #: A libpq key/value connection string (``host=... dbname=...``), refused as a store path.
 _CONNINFO_RE = re.compile(r"^\s*[A-Za-z_]+\s*=")
 _PASSWORD_ADVICE = (
-    "keep secrets out of the URL: the password in ~/.pgpass or PGPASSFILE (0600); a client key unencrypted "
+    "keep credentials out of the URL: the password in ~/.pgpass or PGPASSFILE (0600); a client key unencrypted "
     "in a 0600 sslkey file, without sslpassword"
 )
 

@@ -157,3 +157,12 @@ def test_worker_user_is_resolved_from_its_variable(base) -> None:
         return
     settings = load_settings(base, {"AIP_CREWAI_WORKER_USER": "nobody"})
     assert settings.worker_user is not None and settings.worker_user[0] == "nobody" and settings.worker_user[1] > 0
+
+
+def test_the_spines_are_the_directories_on_the_way_to_protected_paths_and_none_below_them():
+    from aip_crewai.sidecar.isolation.sandbox import spines
+
+    protected = ["/srv/state/journal.db", "/srv/state/token", "/srv/state/secrets", "/proc/7"]
+    assert spines(protected) == {"/", "/srv", "/srv/state", "/proc"}
+    assert spines(["/srv/state", "/srv/state/journal.db"]) == {"/", "/srv"}  # nothing under a protected path
+    assert spines([]) == set()

@@ -285,7 +285,7 @@ class Dispatcher:
                 raise cause from None  # the journal cannot be read again (refused, gone): the first failure stands
             cause = cause or failure
             log.warning(
-                "sidecar_stream_resumed",
+                "sidecar_stream_silent" if isinstance(failure, ConnectorStreamSilent) else "sidecar_stream_resumed",
                 job_id=job_id,
                 code=failure.code,
                 next_sequence=normalizer.expected,

@@ -132,16 +132,18 @@ class Ruleset:
             int(_syscall().syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0))
         )
 
-    def allow(self, fd: int, is_dir: bool) -> None:
-        """Grant every handled right beneath the open ``fd`` (an ``O_PATH`` descriptor): on a directory,
-        the whole hierarchy under it; on a file, the file rights only.
+    def allow(self, fd: int, is_dir: bool, rights: int | None = None) -> None:
+        """Grant every handled right (or only ``rights`` of them) beneath the open ``fd`` (an ``O_PATH``
+        descriptor): on a directory, the whole hierarchy under it; on a file, the file rights only.
 
         Raises:
             OSError: the kernel refused the rule.
         """
         if self.fd is None:
             raise ValueError("the ruleset was closed")
-        access = self.handled if is_dir else self.handled & FILE_RIGHTS
+        access = self.handled if rights is None else self.handled & rights
+        if not is_dir:
+            access &= FILE_RIGHTS
         attr = _PathBeneathAttr(access, fd)
         _check(int(_syscall().syscall(_SYS_ADD_RULE, self.fd, _RULE_PATH_BENEATH, ctypes.byref(attr), 0)))
 

@@ -15,7 +15,8 @@ Two protections, each used when this machine offers it (README "Security", worke
   with the job's own namespace directory and its tenant's training directory granted again. A
   rule grants a hierarchy, so "everything except P" is built as the complement of P: every entry
   of each directory on the way from ``/`` to P that is neither P nor on the way to it
-  (:func:`complement`). An entry created later in such a directory is not granted.
+  (:func:`complement`). An entry created later in such a directory is not granted. The directories
+  on the way (:func:`spines`) may be listed (names only), so a module beside the journal imports.
 
 Without either (not root and no Landlock), the sidecar logs one warning and reports what is missing
 in ``/health`` (``worker_sandbox``) and ``aip-crewai doctor``; ``--isolation inprocess`` cannot
@@ -202,6 +203,14 @@ def _within(path: str, directory: str) -> bool:
 Children = Callable[[str], Iterable[tuple[str, str]]]
 
 
+def spines(protected: Iterable[str]) -> set[str]:
+    """The directories on the way from ``/`` to each ``protected`` path (absolute, normalized), none of
+    them protected or under a protected path. Pure."""
+    denied = set(protected)
+    spine = {a for p in denied for a in ancestors(p)} - denied
+    return {s for s in spine if not any(_within(s, p) for p in denied)}
+
+
 def complement(protected: Iterable[str], children: Children) -> list[tuple[str, bool]]:
     """The grants that open everything except ``protected`` (absolute, normalized paths).
 
@@ -211,9 +220,7 @@ def complement(protected: Iterable[str], children: Children) -> list[tuple[str, 
     granted; a spine directory itself is not granted (no new entry can be made in it).
     """
     denied = set(protected)
-    spine = {a for p in denied for a in ancestors(p)} - denied
-    if any(any(_within(s, p) for p in denied) for s in spine):
-        spine = {s for s in spine if not any(_within(s, p) for p in denied)}
+    spine = spines(denied)
     grants = []
     for directory in sorted(spine):
         for name, kind in children(directory):
@@ -313,8 +320,8 @@ class Confinement:
         but the per-tenant directories, whose own two :meth:`enter_job` grants) waits for the job.
 
         The rules are built first, with the sidecar's rights: the worker user may not list the
-        directories on the way to the protected paths (the state directory is search-only for it), and
-        layer 1, once enforced, forbids listing them too.
+        directories on the way to the protected paths (the state directory is search-only for it); layer
+        1 lets a process that may list them do so (names only, :func:`spines`), never open what is protected.
         """
         sandbox = self.sandbox
         if sandbox is None:
@@ -327,6 +334,9 @@ class Confinement:
                 layer, job_layer = landlock.Ruleset(sandbox.landlock_abi), landlock.Ruleset(sandbox.landlock_abi)
                 fork_server = f"/proc/{os.getppid()}"  # the worker's parent: the fork server
                 _allow_all(layer, complement([*sandbox.protected, fork_server], list_children))
+                # Listing the spine directories shows names, never contents: a registry module or a data
+                # file beside the journal (the state directory, often the working directory) stays importable.
+                _allow_all(layer, [(d, True) for d in spines([*sandbox.protected, fork_server])], landlock.READ_DIR)
                 _allow_all(layer, [(path, True) for path in sandbox.regranted])
                 per_tenant = [sandbox.namespaces_dir, *_training(sandbox)]
                 _allow_all(job_layer, complement(per_tenant, list_children))
@@ -390,8 +400,8 @@ def _training(sandbox: SandboxPlan) -> list[str]:
     return [sandbox.training_dir] if sandbox.training_dir else []
 
 
-def _allow_all(layer: landlock.Ruleset, grants: Iterable[tuple[str, bool]]) -> None:
-    """Grant each ``(path, is_dir)``; a path gone meanwhile is skipped."""
+def _allow_all(layer: landlock.Ruleset, grants: Iterable[tuple[str, bool]], rights: int | None = None) -> None:
+    """Grant each ``(path, is_dir)`` every right (or only ``rights``); a path gone meanwhile is skipped."""
     for path, is_dir in grants:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -400,7 +410,7 @@ def _allow_all(layer: landlock.Ruleset, grants: Iterable[tuple[str, bool]]) -> N
         try:
             if stat.S_ISLNK(os.fstat(fd).st_mode):  # replaced by a link meanwhile: never granted
                 continue
-            layer.allow(fd, is_dir and stat.S_ISDIR(os.fstat(fd).st_mode))
+            layer.allow(fd, is_dir and stat.S_ISDIR(os.fstat(fd).st_mode), rights)
         finally:
             os.close(fd)
 
