@@ -13,7 +13,7 @@ TESTS = Path(__file__).resolve().parents[1]
 SUITES = sorted(
     [*TESTS.glob("integration/test_*.py"), *TESTS.glob("reliability/test_*.py"), *TESTS.glob("realcrews/test_*.py")]
 )
-#: How the suites start a host: ``host_process.start_host``/``write_config``, ``relkit.Processes.host``/
+#: How the suites start a host: ``kits.host.start_host``/``write_config``, ``relkit.Processes.host``/
 #: ``launch_host``, the reliability ``stack`` fixture (sidecar and host processes) and the real-crew suite's
 #: ``deployment`` fixture / ``start_deployment`` (``tests/realcrews/realkit.py``).
 HOST_STARTERS = re.compile(

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from sidecar_process import SidecarFactory  # noqa: E402
+from kits.sidecar import SidecarFactory  # noqa: E402
 
 CHROMIUM = os.environ.get("AIP_CREWAI_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from host_process import start_host
+from kits.host import start_host
 
 from aip_crewai.client import new_id
 from aip_crewai.plumbing.keys import generate_ed25519
@@ -36,7 +36,7 @@ def stack(sidecar_factory, tmp_path) -> Any:
 
 
 def sign_in_with_token(page: Any, host: Any) -> None:
-    from host_process import TOKENS
+    from kits.host import TOKENS
 
     page.goto(f"{host.base_url}/console/")
     page.fill("#token", TOKENS["acme-approver"])

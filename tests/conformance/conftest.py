@@ -7,20 +7,14 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
-
 from aipschemas import SCHEMAS_DIR, Schemas, Violation, check_envelope  # noqa: E402
-from fake_sidecar import FakeSidecar  # noqa: E402
-from hostkit import SIDECAR_TOKEN, clock, host_files, make_app, running, settings, sidecar  # noqa: E402,F401
+from kits.fake_sidecar import FakeSidecar  # noqa: E402
+from kits.hostapp import SIDECAR_TOKEN, clock, host_files, make_app, running, settings, sidecar  # noqa: E402,F401
 
 from aip_crewai.sse import SSEDecoder  # noqa: E402
 
@@ -127,5 +121,5 @@ async def aip(make_app: Any, fake: FakeSidecar, schemas: Schemas) -> AsyncIterat
         transport = ValidatingTransport(httpx.ASGITransport(app=app), schemas)
         async with httpx.AsyncClient(transport=transport, base_url="http://host.test") as client:
             client.validating = transport  # type: ignore[attr-defined]
-            client.app = app  # type: ignore[attr-defined]  # for endless streams (tests/host/ssekit.py)
+            client.app = app  # type: ignore[attr-defined]  # for endless streams (tests/kits/asgi_stream.py)
             yield client

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from aipschemas import check_envelope
-from hostkit import NOW, bearer
+from kits.hostapp import NOW, bearer
 
 from aip_crewai.contracts.aip import VOCABULARIES
 from aip_crewai.host.store.store import ms_to_rfc3339
@@ -409,8 +409,8 @@ async def test_official_approval_decision_body_is_accepted(aip, schemas):
 async def test_signed_decisions_and_approval_events_conform(aip, schemas):
     """A signed decision (its ``evidence``) and every frame of the approval stream (an AIP
     ``Event`` whose ``data`` is an ApprovalRecordView) are schema-valid."""
-    from hostkit import private_key
-    from ssekit import open_stream
+    from kits.asgi_stream import open_stream
+    from kits.hostapp import private_key
 
     from aip_crewai.client import RequestSigner
 

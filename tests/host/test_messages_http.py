@@ -3,8 +3,8 @@
 import json
 
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, action_env, bearer, envelope, running
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, envelope, running
 
 from aip_crewai.sse import SSEDecoder
 

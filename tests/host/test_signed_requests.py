@@ -9,8 +9,8 @@ import json
 
 import httpx
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import NOW, SIDECAR_TOKEN, bearer, private_key, running, submit_action
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import NOW, SIDECAR_TOKEN, bearer, private_key, running, submit_action
 
 from aip_crewai.client import RequestSigner
 from aip_crewai.host.http.state import host_state

@@ -14,7 +14,8 @@ import time
 
 import httpx
 import pytest
-from host_process import TOKENS, start_host
+from kits.host import TOKENS, start_host
+from kits.poll import until
 
 from aip_crewai.client import new_id
 from aip_crewai.host.http.stopping import SHUTDOWN_COMMENT
@@ -49,10 +50,7 @@ def approved_slow_run(host) -> str:
 
 
 def log_has(host, text: str, deadline_s: float = 30.0) -> None:
-    end = time.monotonic() + deadline_s
-    while text not in host.log.read_text():
-        assert time.monotonic() < end, f"{text!r} never logged"
-        time.sleep(0.02)
+    until(lambda: text in host.log.read_text(), timeout=deadline_s, what=f"{text!r} logged")
 
 
 def test_sigterm_ends_open_streams_and_the_host_exits_in_its_grace(stack):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import time
 
 import httpx
 import pytest
-from host_process import start_host
+from kits.host import start_host
+from kits.poll import until
 
 from aip_crewai.client import AipClientError, new_id
 
@@ -32,14 +32,11 @@ def approve_pending(host, result):
 
 
 def wait_status(client, action_id, statuses, deadline_s=60):
-    end = time.monotonic() + deadline_s
-    while True:
+    def settled():
         status = client.action(action_id)
-        if status["state"] in statuses:
-            return status
-        if time.monotonic() > end:
-            raise AssertionError(f"action {action_id} stuck in {status}")
-        time.sleep(0.05)
+        return status if status["state"] in statuses else None
+
+    return until(settled, timeout=deadline_s, interval=0.05, what=f"action {action_id} in {statuses}")
 
 
 def test_approval_round_trip_stream_and_replay_by_key(stack):
@@ -120,9 +117,7 @@ def test_cancel_of_a_streaming_run(stack):
         result = app.call("cap:crewai:slow", {"topic": "patience"}, action_id=action_id, idempotency_key=key)
         approve_pending(host, result["body"]["action_result"])
         wait_status(app, action_id, {"running"})
-        end = time.monotonic() + 30
-        while len(app.chunks(action_id)["chunks"]) < 2 and time.monotonic() < end:
-            time.sleep(0.05)
+        until(lambda: len(app.chunks(action_id)["chunks"]) >= 2, interval=0.05, what="two chunks streamed")
         cancelled = app.cancel(action_id)["body"]["action_result"]
         assert cancelled["status"] == "cancelled"
         assert cancelled["output"]["remote_stop_confirmed"] is True
@@ -161,7 +156,7 @@ def test_host_on_a_taken_port_fails_cleanly(tmp_path):
     import subprocess
     import sys
 
-    from host_process import write_config
+    from kits.host import write_config
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -181,7 +176,7 @@ def test_cli_call_and_approvals(stack, tmp_path):
     import subprocess
     import sys
 
-    from host_process import TOKENS
+    from kits.host import TOKENS
 
     host, _ = stack
 

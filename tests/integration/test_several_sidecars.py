@@ -4,11 +4,10 @@ working, and the host stays ready while one sidecar is."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
-from host_process import start_host
+from kits.host import start_host
+from kits.poll import until
 
 from aip_crewai.client import AipClientError, new_id
 
@@ -50,16 +49,17 @@ def test_each_crew_runs_on_its_own_sidecar_and_a_stopped_one_takes_only_its_crew
 
         second.kill()
         with host.client("acme-app") as app:
-            deadline = time.monotonic() + 30
-            while True:  # the next readiness poll (200 ms) marks chatty unavailable
+
+            def chatty_unavailable() -> AipClientError | None:  # the next readiness poll (200 ms) marks it
                 try:
                     app.call("cap:crewai:chatty", {"topic": "x"}, action_id=new_id("act"), idempotency_key=new_id("k"))
                 except AipClientError as exc:
                     if exc.code == "capability.unavailable":
-                        assert exc.status == 503 and "is not ready" in str(exc)  # not "its registry lacks it"
-                        break
-                assert time.monotonic() < deadline, "chatty never became unavailable"
-                time.sleep(0.1)
+                        return exc
+                return None
+
+            refusal = until(chatty_unavailable, interval=0.1, what="chatty unavailable")
+            assert refusal.status == 503 and "is not ready" in str(refusal)  # not "its registry lacks it"
         assert httpx.get(f"{host.base_url}/ready").status_code == 200  # one sidecar is ready
         assert run_echo(host, "echo", "reefs")["status"] == "completed"
     finally:

@@ -10,7 +10,8 @@ import time
 
 import httpx
 import pytest
-from sidecar_process import TOKEN, child_env, launch, sidecar_command, until, wait_ready
+from kits.poll import until_async
+from kits.sidecar import TOKEN, child_env, launch, sidecar_command, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.sidecar_jobs]
 
@@ -23,7 +24,7 @@ async def test_kill_9_during_a_run_then_restart_fails_it_as_uncertain_without_re
     first = sidecar_factory.start()
     async with first.client() as client:
         task = asyncio.create_task(client.post("/jobs", json=body("crash-1", "slow"), headers={"Idempotency-Key": "k"}))
-        await until(lambda: first.calls())  # CrewAI is executing (in the sidecar or its worker)
+        await until_async(lambda: first.calls())  # CrewAI is executing (in the sidecar or its worker)
         assert first.kill(signal.SIGKILL) == -signal.SIGKILL
         with pytest.raises(httpx.TransportError):  # the sidecar died mid-request
             await task
@@ -64,7 +65,7 @@ async def test_sigterm_cancels_jobs_past_the_grace_with_a_terminal_event(sidecar
     first = sidecar_factory.start(args=["--shutdown-grace-seconds", "0.2"])
     async with first.client() as client:
         task = asyncio.create_task(client.post("/jobs", json=body("term-1", "slow"), headers={"Idempotency-Key": "k"}))
-        await until(lambda: first.calls())
+        await until_async(lambda: first.calls())
         assert first.kill(signal.SIGTERM) == 0
         answer = await task
     assert answer.status_code == 409 and answer.json()["status"] == "cancelled"

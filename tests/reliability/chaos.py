@@ -31,8 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import chaoslib  # noqa: E402
 import fuzzkit  # noqa: E402
 import securitykit  # noqa: E402
@@ -145,10 +143,10 @@ def race(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
 
 
 def hostile(r: Runner) -> None:
-    from fake_sidecar import FakeSidecar
-    from hostkit import SIDECAR_TOKEN, bearer
-    from sidecar_fakes import FAKE_CREWS, FakeExecutor, make_settings
-    from sidecar_fakes import TOKEN as FAKE_TOKEN
+    from kits.fake_sidecar import FakeSidecar
+    from kits.hostapp import SIDECAR_TOKEN, bearer
+    from kits.sidecar_fakes import FAKE_CREWS, FakeExecutor, make_settings
+    from kits.sidecar_fakes import TOKEN as FAKE_TOKEN
 
     from aip_crewai.sidecar.http.app import create_app
 

@@ -10,14 +10,9 @@ Every test here has a pytest-timeout; scenarios poll with deadlines.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from relkit import Processes  # noqa: E402
 
 

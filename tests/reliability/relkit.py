@@ -1,7 +1,7 @@
 """Helpers for the reliability suite and ``make chaos`` (no pytest needed).
 
 Real processes on loopback, reusing the integration helpers
-(``tests/integration/sidecar_process.py``, ``host_process.py``) with three
+(``tests/kits/sidecar.py``, ``tests/kits/host.py``) with three
 additions:
 
 - :class:`Processes` starts sidecars and hosts in one private directory and
@@ -11,7 +11,7 @@ additions:
   failures without root or mounts).
 - The host configuration has tenant ``acme`` (crews echo, slow, failing,
   chatty, knowledge_a) and ``beta`` (echo, for its own jobs, and
-  knowledge_b); bearer principals as in ``host_process.TOKENS`` plus an
+  knowledge_b); bearer principals as in ``kits.host.TOKENS`` plus an
   Ed25519 invoker ``acme-signer`` (:data:`SIGNER`) for signed envelopes.
 - :class:`AppThread` runs an app in-process on its own loop so synchronous
   code (hypothesis, the chaos runner) can call it with a deadline.
@@ -31,7 +31,6 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,15 +39,13 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import httpx
+from kits.poll import Deadline, until
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-for _extra in (ROOT / "tests" / "integration", ROOT / "tests" / "host", ROOT / "tests" / "sidecar"):
-    if str(_extra) not in sys.path:
-        sys.path.insert(0, str(_extra))
 
-from host_process import TOKENS, free_port, write_config  # noqa: E402
-from sidecar_process import REGISTRY, TOKEN, Sidecar, child_env, sidecar_command, wait_ready  # noqa: E402
+from kits.host import TOKENS, free_port, write_config  # noqa: E402
+from kits.sidecar import REGISTRY, TOKEN, Sidecar, child_env, sidecar_command, wait_ready  # noqa: E402
 
 from aip_crewai.sse import SSEDecoder  # noqa: E402
 
@@ -62,27 +59,6 @@ ALLOWED = "run,batch_run,replay,test,knowledge_query,memory_reset"
 TERMINAL = ("completed", "failed", "cancelled")
 
 T = TypeVar("T")
-
-
-class Deadline(AssertionError):
-    """A polled condition did not hold in time."""
-
-
-def until(
-    predicate: Callable[..., T | None], timeout: float = 30.0, interval: float = 0.02, what: str = "condition"
-) -> T:
-    """Poll ``predicate()`` until it returns a truthy value (returned); raise :class:`Deadline` after ``timeout`` s.
-
-    ``predicate`` is called without arguments (``...``: mypy cannot match ``lambda a=a: ...`` to ``Callable[[], T]``);
-    what it returns falsy (``None`` while not yet met) is never returned."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Deadline(f"{what} not met within {timeout} s")
-        time.sleep(interval)
 
 
 # --------------------------------------------------------------- processes
@@ -144,7 +120,7 @@ def write_host_config(
     store: str | None = None,
 ) -> Path:
     """host.toml for the reliability crews (ACME_CREWS, OPERATIONS, TENANTS) plus
-    the Ed25519 :data:`SIGNER`; see ``host_process.write_config`` (``store``: by default the suite's
+    the Ed25519 :data:`SIGNER`; see ``kits.host.write_config`` (``store``: by default the suite's
     backend, ``storebackend.host_store``)."""
     import base64
 
@@ -489,9 +465,9 @@ class Tally:
 
 
 def host_files(root: Path, *, max_response_bytes: int | None = None, sidecar_url: str | None = None) -> Path:
-    """Write the ``tests/host/hostkit.py`` configuration under ``root`` (crews alpha, beta, gamma;
+    """Write the ``tests/kits/hostapp.py`` configuration under ``root`` (crews alpha, beta, gamma;
     tenants acme, globex, closed); returns the host.toml path."""
-    import hostkit
+    from kits import hostapp as hostkit
 
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     (root / "state").mkdir(mode=0o700, exist_ok=True)
@@ -517,11 +493,11 @@ def inproc_app(
     max_response_bytes: int | None = None,
     sidecar_url: str | None = None,
 ) -> Any:
-    """The host app in-process (hostkit configuration) over a fake sidecar transport
+    """The host app in-process (``kits.hostapp`` configuration) over a fake sidecar transport
     (``transport=None``: real HTTP to ``sidecar_url``)."""
     import dataclasses
 
-    import hostkit
+    from kits import hostapp as hostkit
 
     from aip_crewai.host.config import load_settings
     from aip_crewai.host.http.app import create_app

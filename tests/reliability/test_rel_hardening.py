@@ -306,7 +306,7 @@ def _abort_upload(base_url: str, path: str, headers: dict[str, str]) -> None:
 def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(procs):
     """Regression (item 11): each aborted anonymous upload became a 500 and an error-level traceback of
     ~2.5 KB. A client going away is logged at debug level: no traceback, no error line, no 500."""
-    from relkit import until
+    from kits.poll import until
 
     sidecar = procs.sidecar()
     host = procs.host(sidecar.base_url)
@@ -340,8 +340,9 @@ def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(procs):
 def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
     """Regression (item 10): an anonymous /ready listed every configured crew id, of every tenant, while
     unready. It now gives the kind of disagreement only; the ids go to the operator's log."""
-    from host_process import write_config
-    from relkit import TOKEN, free_port, until
+    from kits.host import write_config
+    from kits.poll import until
+    from relkit import TOKEN, free_port
 
     hidden = "zz-hidden-crew-of-beta"
     sidecar = procs.sidecar()

@@ -23,8 +23,9 @@ import httpx
 import pytest
 import storebackend
 from chaoslib import uid
-from host_process import free_port
-from relkit import TERMINAL, Host, Processes, action_status, approve, post_action, sidecar_events, until, wait_action
+from kits.host import free_port
+from kits.poll import until
+from relkit import TERMINAL, Host, Processes, action_status, approve, post_action, sidecar_events, wait_action
 
 from aip_crewai.host.actions.lifecycle import result_is_final
 

@@ -41,8 +41,8 @@ class SlowAdmission:
     reached it or ``delay_s`` passed (a start request still in flight)."""
 
     def __init__(self, delay_s: float = 0.3) -> None:
-        from fake_sidecar import FakeSidecar
-        from hostkit import SIDECAR_TOKEN
+        from kits.fake_sidecar import FakeSidecar
+        from kits.hostapp import SIDECAR_TOKEN
 
         self.fake = FakeSidecar(SIDECAR_TOKEN)
         self.delay_s = delay_s
@@ -67,7 +67,7 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
     """Regression: a cancel that reached the sidecar before the in-flight start was admitted got 404, the
     host recorded `cancelled_unconfirmed` (failed) and dropped its stream, and the sidecar then admitted
     and completed the job: host failed, sidecar completed. Now the cancel waits for the start's answer."""
-    from hostkit import bearer, running
+    from kits.hostapp import bearer, running
     from relkit import inproc_app
 
     sidecar = SlowAdmission()
@@ -106,7 +106,7 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
 async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome(tmp_path):
     """Regression: when the sidecar answered a cancel with an already completed job and no stream delivered
     the result, the host recorded `cancelled`; it now records the job's own terminal result."""
-    from fake_sidecar import FakeSidecar
+    from kits.fake_sidecar import FakeSidecar
 
     from aip_crewai.contracts import operations as ops
     from aip_crewai.host.actions import cancellation

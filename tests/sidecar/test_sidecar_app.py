@@ -8,7 +8,8 @@ import sqlite3
 
 import msgspec
 import pytest
-from sidecar_fakes import FAKE_CREWS, SECRET, TOKEN, job, poll, running_app
+from kits.poll import until_async
+from kits.sidecar_fakes import FAKE_CREWS, SECRET, TOKEN, job, running_app
 
 from aip_crewai.sse import SSEDecoder
 
@@ -141,13 +142,13 @@ async def test_blocking_wait_past_timeout_is_504_and_the_job_keeps_running(tmp_p
     async with running_app(tmp_path, max_concurrency=1) as (client, _app, fake):
         # occupy the only slot, so the next job stays queued past its wait bound
         blocker = asyncio.create_task(client.post("/jobs", json=job("busy", "slow"), headers=KEY))
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         resp = await client.post("/jobs", json=job("t1", timeout_ms=50), headers={"Idempotency-Key": "k2"})
         assert resp.status_code == 504
         assert resp.json()["status"] == "queued"
         fake.release.set()
         assert (await blocker).status_code == 200
-        await poll(lambda: _status(client, "t1", "completed"))
+        await until_async(lambda: _status(client, "t1", "completed"), interval=0.005)
 
 
 async def _status(client, action_id, expected):
@@ -335,11 +336,11 @@ async def test_cancel_route_checks_ids_and_is_idempotent_on_terminal_jobs(tmp_pa
 async def test_cancelling_a_running_job_ends_it_cancelled_and_blocking_waiters_get_409(tmp_path):
     async with running_app(tmp_path) as (client, _app, fake):
         waiter = asyncio.create_task(client.post("/jobs", json=job("c", "slow"), headers=KEY))
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         resp = await client.post("/jobs/c/cancel", json={"crew_id": "slow", "action_id": "c"})
         blocked = await waiter
         events = (await client.get("/jobs/c/events")).json()["events"]
-        view = await poll(lambda: _view_with_stop(client, "c"))
+        view = await until_async(lambda: _view_with_stop(client, "c"), interval=0.005)
     assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
     assert blocked.status_code == 409 and blocked.json()["status"] == "cancelled"
     assert events[-1]["event"] == "cancelled" and events[-1]["data"] == {"status": "cancelled"}
@@ -356,7 +357,7 @@ async def test_non_cancellable_operation_is_409_while_running(tmp_path):
         task = asyncio.create_task(
             client.post("/jobs", json=job("m", "slow", "memory_reset", {"command_type": "all"}), headers=KEY)
         )
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         resp = await client.post("/jobs/m/cancel", json={"crew_id": "slow", "action_id": "m"})
         fake.release.set()
         assert (await task).status_code == 200
@@ -366,7 +367,7 @@ async def test_non_cancellable_operation_is_409_while_running(tmp_path):
 async def test_archive_needs_confirmation_refuses_running_jobs_and_hides_the_record(tmp_path):
     async with running_app(tmp_path) as (client, _app, fake):
         task = asyncio.create_task(client.post("/jobs", json=job("d", "slow"), headers=KEY))
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         no_header = await client.delete("/jobs/d")
         wrong = await client.delete("/jobs/d", headers={"X-AIP-Archive-Confirmation": "x"})
         running = await client.delete("/jobs/d", headers={"X-AIP-Archive-Confirmation": "d"})

@@ -1,5 +1,5 @@
-"""Helpers and fixtures for the host foundation tests (registered by conftest.py): a complete configuration on disk, a fake sidecar,
-a fake clock, signed envelopes, and the app running in-process.
+"""The host in-process, for the host tests (tests/host/conftest.py registers its fixtures), the conformance suite
+and the reliability suite: a complete configuration on disk, a fake sidecar, a fake clock, signed envelopes, and the app running in-process.
 
 Layout written by ``host_files``: crews ``alpha`` (legacy policy: 4 ops),
 ``beta`` (all 10 ops), ``gamma`` (run only); tenants ``acme`` → alpha, beta;
@@ -283,12 +283,11 @@ async def open_action_service(
 ) -> tuple[Any, Any, httpx.AsyncClient, Clock]:
     """An ActionService over a SQLite store in ``tmp_path`` and a FakeSidecar; returns
     ``(service, sidecar, http, clock)`` (close ``http`` and ``service.store`` after)."""
-    from fake_sidecar import FakeSidecar
-
     from aip_crewai.host.actions.dispatch import Dispatcher
     from aip_crewai.host.actions.service import ActionService
     from aip_crewai.host.sidecars.client import SidecarClient
     from aip_crewai.host.store.store import Store
+    from kits.fake_sidecar import FakeSidecar
 
     tmp_path.chmod(0o700)
     clock = Clock()

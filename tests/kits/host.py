@@ -23,13 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-
-if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/: storebackend, pgserver (make chaos too)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import storebackend  # noqa: E402
 
 from aip_crewai.client import AipClient  # noqa: E402
+from kits.poll import Deadline, until
 
 TOKENS = {
     "acme-app": "tok-acme-app-1",
@@ -195,16 +192,18 @@ def start_host(
     )
     handle.close()
     host = Host(process, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 60
-    while wait_ready:
+
+    def ready() -> bool:
         if process.poll() is not None:
             raise AssertionError(f"host exited {process.returncode}:\n{log.read_text()}")
         try:
-            if httpx.get(f"{host.base_url}/ready", timeout=5).status_code == 200:
-                break
+            return httpx.get(f"{host.base_url}/ready", timeout=5).status_code == 200
         except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"host never became ready:\n{log.read_text()}")
-        time.sleep(0.1)
+            return False
+
+    if wait_ready:
+        try:
+            until(ready, timeout=60, interval=0.1, what="host /ready")
+        except Deadline as exc:
+            raise Deadline(f"{exc}:\n{log.read_text()}") from None
     return host

@@ -16,7 +16,6 @@ test directories have one).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from kits.poll import Deadline, until
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "integration-token-5f1c"
@@ -89,22 +90,6 @@ class Sidecar:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         return self.process.wait(timeout=60)
-
-
-async def until(predicate: Any, timeout: float = 30.0, interval: float = 0.02, what: str = "condition") -> Any:
-    """Poll ``predicate()`` until truthy and return its value (a condition with a deadline, never a bare sleep).
-
-    Raises:
-        AssertionError: ``what`` not met within ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met before the deadline ({timeout} s)")
-        await asyncio.sleep(interval)
 
 
 def sidecar_command(*args: str) -> list[str]:
@@ -180,28 +165,37 @@ def launch(
 
 
 def wait_ready(process: subprocess.Popen[bytes], stderr_path: Path) -> str:
-    """Wait for ``sidecar_listening`` then a 200 from ``/health``; return the base URL."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    port = None
-    while port is None:
+    """Wait for ``sidecar_listening`` then a 200 from ``/health``; return the base URL.
+
+    Raises:
+        AssertionError: the process exited first (its stderr in the message).
+        kits.poll.Deadline: not ready within :data:`START_TIMEOUT_S` (its stderr in the message).
+    """
+
+    def listening() -> int | None:
         if process.poll() is not None:
             raise AssertionError(f"sidecar exited with {process.returncode}:\n{stderr_path.read_text()}")
-        for line in stderr_path.read_text(errors="replace").splitlines():
-            if '"sidecar_listening"' in line:
-                port = json.loads(line)["port"]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"sidecar did not listen in time:\n{stderr_path.read_text()}")
-        time.sleep(0.05)
-    base_url = f"http://127.0.0.1:{port}"
-    while True:
+        ports = [
+            json.loads(line)["port"]
+            for line in stderr_path.read_text(errors="replace").splitlines()
+            if '"sidecar_listening"' in line
+        ]
+        return ports[-1] if ports else None
+
+    def healthy() -> bool:
         try:
-            if httpx.get(f"{base_url}/health", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200:
-                return base_url
+            return httpx.get(f"{base_url}/health", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
         except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError("sidecar /health never answered 200")
-        time.sleep(0.05)
+            return False
+
+    started = time.monotonic()
+    try:
+        port = until(listening, timeout=START_TIMEOUT_S, interval=0.05, what="sidecar listening")
+        base_url = f"http://127.0.0.1:{port}"
+        until(healthy, timeout=START_TIMEOUT_S - (time.monotonic() - started), interval=0.05, what="sidecar /health")
+    except Deadline as exc:
+        raise Deadline(f"{exc}:\n{stderr_path.read_text(errors='replace')}") from None
+    return base_url
 
 
 class SidecarFactory:
