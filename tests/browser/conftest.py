@@ -18,10 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kits.sidecar import SidecarFactory
 
 REPO = Path(__file__).resolve().parents[2]
-
-from kits.sidecar import SidecarFactory  # noqa: E402
 
 CHROMIUM = os.environ.get("AIP_CREWAI_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-from aipschemas import SCHEMAS_DIR, Schemas, Violation, check_envelope  # noqa: E402
-from kits.fake_sidecar import FakeSidecar  # noqa: E402
-from kits.hostapp import SIDECAR_TOKEN, clock, host_files, make_app, running, settings, sidecar  # noqa: E402,F401
+from aipschemas import SCHEMAS_DIR, Schemas, Violation, check_envelope
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, clock, host_files, make_app, running, settings, sidecar  # noqa: F401
 
-from aip_crewai.sse import SSEDecoder  # noqa: E402
+from aip_crewai.sse import SSEDecoder
 
 if SCHEMAS_DIR is None:
     pytest.skip(

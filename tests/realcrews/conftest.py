@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fake_provider import FakeProvider  # noqa: E402
-from realkit import Deployment, start_deployment  # noqa: E402
+from fake_provider import FakeProvider
+from realkit import Deployment, start_deployment
 
 
 @pytest.fixture(scope="session")

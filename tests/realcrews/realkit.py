@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fake_provider import FakeProvider
+from kits.host import Host, start_host
+from kits.sidecar import TOKEN, Sidecar, launch, wait_ready
+
+from aip_crewai.client import AipClient, new_id
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 EXAMPLE = ROOT / "examples" / "realcrews"
-
-from fake_provider import FakeProvider  # noqa: E402
-from kits.host import Host, start_host  # noqa: E402
-from kits.sidecar import TOKEN, Sidecar, launch, wait_ready  # noqa: E402
-
-from aip_crewai.client import AipClient, new_id  # noqa: E402
 
 #: The API key the crews send (the suite checks it never appears in a published message).
 API_KEY = "sk-fake-realcrews-SECRET-1234"

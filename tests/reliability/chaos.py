@@ -31,12 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import chaoslib  # noqa: E402
-import fuzzkit  # noqa: E402
-import securitykit  # noqa: E402
-import storagekit  # noqa: E402
-import streamkit  # noqa: E402
-from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, Tally, inproc_app  # noqa: E402
+import chaoslib
+import fuzzkit
+import securitykit
+import storagekit
+import streamkit
+from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, Tally, inproc_app
 
 CATEGORIES = ("crash", "race", "hostile", "security", "storage", "hardening", "outage", "api")
 

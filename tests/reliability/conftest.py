@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from relkit import Processes  # noqa: E402
+from relkit import Processes
 
 
 @pytest.fixture

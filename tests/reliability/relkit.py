@@ -27,10 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -39,15 +37,14 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import httpx
+from kits.host import Host, free_port, launch_host, write_config
 from kits.poll import Deadline, until
+from kits.sidecar import TOKEN, Sidecar, launch, wait_ready
+
+from aip_crewai.sse import SSEDecoder
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-
-from kits.host import TOKENS, free_port, write_config  # noqa: E402
-from kits.sidecar import REGISTRY, TOKEN, Sidecar, child_env, sidecar_command, wait_ready  # noqa: E402
-
-from aip_crewai.sse import SSEDecoder  # noqa: E402
 
 #: aip_crewai.examples.offline_llm.FAKE_SECRET (not imported: that imports CrewAI into this process).
 FAKE_SECRET = "sk-test-SECRET-7f3a9c"
@@ -55,41 +52,12 @@ FAKE_SECRET = "sk-test-SECRET-7f3a9c"
 MARKER = "zqx-INPUT-MARKER-5e1d"
 ACME_CREWS = ["echo", "slow", "failing", "chatty", "knowledge_a"]
 OPERATIONS = ["run", "status", "events", "cancel", "knowledge_query"]
-ALLOWED = "run,batch_run,replay,test,knowledge_query,memory_reset"
 TERMINAL = ("completed", "failed", "cancelled")
 
 T = TypeVar("T")
 
 
 # --------------------------------------------------------------- processes
-
-
-@dataclass
-class Host:
-    """One host process (stdout and stderr captured in ``workdir``)."""
-
-    process: subprocess.Popen[bytes]
-    base_url: str
-    port: int
-    workdir: Path
-    stderr_path: Path
-    stdout_path: Path
-
-    def client(self, principal: str, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.base_url,
-            headers={"Authorization": f"Bearer {TOKENS[principal]}"},
-            timeout=httpx.Timeout(60.0, connect=10.0),
-            **kwargs,
-        )
-
-    def output(self) -> bytes:
-        return b"".join(p.read_bytes() for p in (self.stderr_path, self.stdout_path) if p.exists())
-
-    def kill(self, sig: int = signal.SIGKILL) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        return self.process.wait(timeout=60)
 
 
 #: Tenants of the real host: acme sees five crews, beta sees echo (its own jobs) and knowledge_b.
@@ -179,50 +147,22 @@ class Processes:
         env: dict[str, str] | None = None,
         fsize_limit: int | None = None,
         token_file: Path | None = None,
-    ) -> tuple[subprocess.Popen[bytes], Path, Path, list[str]]:
-        """Start a sidecar without waiting; returns (process, stderr path, stdout path, argv)."""
+    ) -> tuple[subprocess.Popen[bytes], Path, Path]:
+        """Start a sidecar (:func:`kits.sidecar.launch`, JSON logs, stdout captured) without waiting; returns
+        (process, stderr path, stdout path)."""
         tag = self._tag()
-        if token_file is None:
-            token_file = self.workdir / "token"
-            if not token_file.exists():
-                token_file.write_text(TOKEN + "\n")
-                token_file.chmod(0o600)
-        argv = [
-            *sidecar_command("--registry", REGISTRY),
-            "--journal",
-            str(journal or self.workdir / "journal.db"),
-            "--token-file",
-            str(token_file),
-            "--port",
-            "0",
-            "--allowed-operations",
-            ALLOWED,
-            "--sse-keepalive-seconds",
-            "0.2",
-            "--shutdown-grace-seconds",
-            "2",
-            "--log-format",
-            "json",
-            *(args or []),
-        ]
         stderr_path, stdout_path = self.workdir / f"sidecar{tag}.err", self.workdir / f"sidecar{tag}.out"
-
-        def limits() -> None:
-            if fsize_limit is not None:
-                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
-                resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
-
-        with open(stderr_path, "wb") as err, open(stdout_path, "wb") as out:
-            process = subprocess.Popen(
-                argv,
-                cwd=self.workdir,
-                env=child_env(self.call_log, env),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                preexec_fn=limits if fsize_limit is not None else None,
-            )
-        return process, stderr_path, stdout_path, argv
+        process = launch(
+            self.workdir,
+            journal=journal,
+            args=["--log-format", "json", *(args or [])],
+            env=env,
+            stdout=stdout_path,
+            stderr=stderr_path,
+            token_file=token_file,
+            fsize_limit=fsize_limit,
+        )
+        return process, stderr_path, stdout_path
 
     def sidecar(
         self,
@@ -234,11 +174,12 @@ class Processes:
     ) -> Sidecar:
         """Start a sidecar and wait until ``/health`` answers."""
         journal = journal or self.workdir / "journal.db"
-        process, stderr_path, stdout_path, _ = self.launch_sidecar(
+        process, stderr_path, stdout_path = self.launch_sidecar(
             journal=journal, args=args, env=env, fsize_limit=fsize_limit
         )
-        sidecar = Sidecar(process, "", TOKEN, journal, self.workdir, self.call_log, stderr_path, list(args or []))
-        sidecar.stdout_path = stdout_path  # type: ignore[attr-defined]
+        sidecar = Sidecar(
+            process, "", TOKEN, journal, self.workdir, self.call_log, stderr_path, list(args or []), stdout_path
+        )
         self.sidecars.append(sidecar)
         sidecar.base_url = wait_ready(process, stderr_path)
         return sidecar
@@ -250,17 +191,11 @@ class Processes:
     def launch_host(
         self, workdir: Path, argv_config: Path, env: dict[str, str] | None = None
     ) -> tuple[subprocess.Popen[bytes], Path, Path]:
+        """Start a host (:func:`kits.host.launch_host`, JSON logs, stdout captured) without waiting; returns
+        (process, stderr path, stdout path)."""
         tag = self._tag()
         stderr_path, stdout_path = workdir / f"host{tag}.err", workdir / f"host{tag}.out"
-        env = {**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, **(env or {})}
-        with open(stderr_path, "wb") as err, open(stdout_path, "wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(argv_config), "--log-format", "json"],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=env,
-            )
+        process = launch_host(argv_config, stderr_path, stdout=stdout_path, env=env, json_logs=True)
         return process, stderr_path, stdout_path
 
     def host(
@@ -288,7 +223,7 @@ class Processes:
             host_options=host_options,
         )
         process, stderr_path, stdout_path = self.launch_host(workdir, config, env)
-        host = Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stdout_path)
+        host = Host(process, f"http://127.0.0.1:{port}", stderr_path, workdir, stdout_path)
         self.hosts.append(host)
 
         def is_ready() -> bool:
@@ -398,7 +333,7 @@ def post_action(
 def approve(host: Host, response: httpx.Response, decision: str = "approved") -> httpx.Response:
     """Decide the approval of a ``pending_approval`` answer as ``acme-approver``."""
     approval_id = response.json()["body"]["action_result"]["output"]["approval_id"]
-    with host.client("acme-approver") as approver:
+    with host.http("acme-approver") as approver:
         return approver.post(
             f"/aip/v1/approvals/{approval_id}/decision", json={"decision": decision, "reason": "reliability test"}
         )

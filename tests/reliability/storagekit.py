@@ -291,7 +291,7 @@ def journal_size_bound(procs: Processes, max_runs: int = 40) -> list[Result]:
 
 def journal_refusals(workdir: Path) -> list[Result]:
     """Start-up with unusable journals (before the CrewAI import, so each refusal takes well under a second)."""
-    from relkit import ALLOWED, REGISTRY, TOKEN, child_env, sidecar_command
+    from kits.sidecar import ALLOWED, REGISTRY, TOKEN, child_env, sidecar_command
 
     results: list[Result] = []
     workdir.mkdir(parents=True, exist_ok=True)

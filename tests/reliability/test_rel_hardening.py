@@ -48,7 +48,7 @@ def test_rel_a_refused_request_leaves_its_idempotency_key_free(stack):
     request with that key and input got the OTHER action's result, with no approval and no execution."""
     _, _, host = stack
     taken, fresh, key = uid("h1-taken"), uid("h1-fresh"), uid("h1-key")
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         first = post_action(app, "cap:crewai:echo", {"topic": "first"}, taken, uid("h1-other"))
         assert first.status_code == 202 and action_result(first)["status"] == "pending_approval"
         refused = post_action(app, "cap:crewai:echo", {"topic": "second"}, taken, key)
@@ -113,7 +113,7 @@ def test_rel_the_host_never_sends_the_sidecar_token_to_an_environment_proxy(proc
         env.update(NO_PROXY="", no_proxy="")
         sidecar = procs.sidecar()
         host = procs.host(sidecar.base_url, env=env)  # waits for /ready: the sidecar was reached directly
-        with host.client("acme-app") as app:
+        with host.http("acme-app") as app:
             action_id = uid("h2")
             answer = post_action(app, "cap:crewai:echo:status", {"run_action_id": action_id}, uid("h2s"))
             assert answer.status_code in (200, 202, 404)
@@ -163,7 +163,7 @@ def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
     from aip_crewai.host.http.limits import MAX_DECISION_BYTES, MAX_MESSAGE_BYTES
 
     _, _, host = stack
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "bounded"}, uid("h5"), uid("h5k"))
         approval_id = action_result(pending)["output"]["approval_id"]
 
@@ -172,14 +172,14 @@ def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
             yield b" " * 65536
 
     decision = f"/aip/v1/approvals/{approval_id}/decision"
-    with host.client("acme-approver") as approver:
+    with host.http("acme-approver") as approver:
         big = b'{"decision": "approved", "reason": "' + b"x" * (MAX_DECISION_BYTES + 10) + b'"}'
         refused = approver.post(decision, content=big, headers={"Content-Type": "application/json"})
         assert refused.status_code == 413 and error_code(refused) == "message.too_large"
         streamed = approver.post(decision, content=chunks(4 * MAX_DECISION_BYTES))
         assert streamed.status_code == 413 and error_code(streamed) == "message.too_large"
         assert approver.get(f"/aip/v1/approvals/{approval_id}").json()["status"] == "pending"
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         for body in (b"{" + b" " * MAX_MESSAGE_BYTES + b"}", chunks(MAX_MESSAGE_BYTES + 1)):
             answer = app.post("/aip/v1/messages", content=body, headers={"Content-Type": "application/aip+json"})
             assert answer.status_code == 413 and error_code(answer) == "message.too_large"
@@ -205,7 +205,7 @@ def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(stack):
         return value
 
     _, _, host = stack
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         for levels in (MAX_INPUT_DEPTH + 1, 300, 960):
             action_id = uid("h14")
             env = envelope("cap:crewai:echo", {"topic": "deep"}, action_id, action_id)
@@ -231,7 +231,9 @@ def test_rel_fifo_token_key_and_config_files_refuse_start_up_instead_of_hanging(
     import subprocess
     import sys
 
-    from relkit import ALLOWED, REGISTRY, child_env, free_port, sidecar_command, write_host_config
+    from kits.host import free_port
+    from kits.sidecar import ALLOWED, REGISTRY, child_env, sidecar_command
+    from relkit import write_host_config
 
     def refused(argv: list[str], needle: str, env: dict[str, str] | None = None) -> None:
         try:
@@ -353,9 +355,9 @@ def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
         workdir, sidecar.base_url, TOKEN, port, crews=crews, tenants={"acme": ["echo"], "beta": [hidden]}
     )
     process, stderr_path, _ = procs.launch_host(workdir, config)
-    from relkit import Host
+    from kits.host import Host
 
-    procs.hosts.append(Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stderr_path))
+    procs.hosts.append(Host(process, f"http://127.0.0.1:{port}", stderr_path, workdir))
 
     def unready() -> httpx.Response | None:
         try:
@@ -421,7 +423,7 @@ def test_rel_content_length_with_transfer_encoding_is_400_and_closes_on_both_pro
         assert head.startswith(b"http/1.1 400"), (base_url, path, received[:300])
         assert b"connection: close" in head and closed, (base_url, path, received[:300])
         assert received.count(b"HTTP/1.1 ") == 1, (base_url, path, received[:600])
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         assert app.get("/aip/v1/manifest").status_code == 200
 
 
@@ -558,7 +560,7 @@ def test_rel_signed_numbers_run_exactly_as_signed_or_are_a_typed_400(stack):
         action_id = uid("h6-ok")
         answer = http.post("/aip/v1/messages", json=_signed(action_id, {"topic": "numbers", "n": 1}))
         assert answer.status_code == 202 and action_result(answer)["status"] == "pending_approval"
-    with host.client("acme-approver") as approver:
+    with host.http("acme-approver") as approver:
         shown = approver.get(f"/aip/v1/approvals/{action_result(answer)['output']['approval_id']}").json()
         snapshot = shown["evidence_payload"]["input"]
         assert snapshot["n"] == 1 and isinstance(snapshot["n"], int)
@@ -603,7 +605,7 @@ def test_rel_an_approval_after_the_crew_left_the_tenant_fails_the_action_and_run
     sidecar = procs.sidecar()
     host = procs.host(sidecar.base_url, name="h13")
     action_id = uid("h13")
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "revoked"}, action_id, action_id)
         assert pending.status_code == 202, pending.text
     host.kill(signal.SIGTERM)
@@ -611,7 +613,7 @@ def test_rel_an_approval_after_the_crew_left_the_tenant_fails_the_action_and_run
     host = procs.host(sidecar.base_url, name="h13", port=host.port, tenants=tenants)
     answer = approve(host, pending)
     assert answer.status_code == 403 and error_code(answer) == "policy.capability_revoked", answer.text
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         result = app.get(f"/aip/v1/actions/{action_id}/result").json()["body"]["action_result"]
     assert result["status"] == "failed" and result["error"]["code"] == "policy.capability_revoked"
     assert calls_by_action(procs.call_log)[f"acme:{action_id}"] == 0
@@ -629,7 +631,7 @@ def test_rel_operators_read_metadata_and_approvers_read_what_they_decided(stack)
 
     _, _, host = stack
     action_id = uid("h9")
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "h9-private"}, action_id, action_id)
         assert approve(host, pending).status_code == 200
         wait_action(app, action_id)
@@ -643,5 +645,5 @@ def test_rel_operators_read_metadata_and_approvers_read_what_they_decided(stack)
         for suffix in ("/result", "/events", "/chunks"):
             answer = operator.get(f"/aip/v1/actions/{action_id}{suffix}")
             assert answer.status_code == 403 and error_code(answer) == "policy.forbidden", suffix
-    with host.client("acme-approver") as approver:  # it decided this one
+    with host.http("acme-approver") as approver:  # it decided this one
         assert approver.get(f"/aip/v1/actions/{action_id}/result").status_code == 200
