@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from kits import aip
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import SIDECAR_TOKEN, bearer, running
 from kits.poll import until_async
@@ -23,20 +24,11 @@ CT = {"Content-Type": "application/aip+json"}
 
 
 def run_envelope(action_id: str) -> dict:
-    return {
-        "aip_version": "1.0",
-        "message_type": "aip.core.v1.action",
-        "message_id": f"msg_{action_id}",
-        "sent_at": "2026-09-21T14:13:20.000Z",
-        "body": {
-            "action": {
-                "id": action_id,
-                "capability_id": "cap:crewai:beta",
-                "input": {"topic": action_id},
-                "idempotency_key": f"k-{action_id}",
-            }
-        },
-    }
+    return aip.envelope(
+        aip.action(action_id, "cap:crewai:beta", {"topic": action_id}, f"k-{action_id}"),
+        message_id=f"msg_{action_id}",
+        sent_at="2026-09-21T14:13:20.000Z",
+    )
 
 
 async def submit_pending(http: httpx.AsyncClient, action_id: str) -> str:

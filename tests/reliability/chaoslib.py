@@ -24,6 +24,7 @@ import uuid
 from typing import Any
 
 import httpx
+from kits.aip import sse_events
 from relkit import (
     TERMINAL,
     Host,
@@ -36,7 +37,6 @@ from relkit import (
     post_action,
     sidecar_events,
     sidecar_view,
-    sse_events,
     until,
     wait_action,
 )

@@ -26,22 +26,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import httpx
+from kits.aip import action, envelope, sse_events
 from kits.host import Host, free_port, launch_host, write_config
 from kits.poll import Deadline, until
 from kits.sidecar import TOKEN, Sidecar, launch, wait_ready
-
-from aip_crewai.sse import SSEDecoder
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -296,36 +294,12 @@ def quote_id(job_id: str) -> str:
     return quote(job_id, safe=":")
 
 
-def sse_events(response: httpx.Response) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
-    """``(event, id, parsed data)`` of a streamed SSE response, as they arrive."""
-    decoder = SSEDecoder()
-    for piece in response.iter_bytes():
-        for frame in decoder.feed(piece):
-            yield frame.event, frame.id, json.loads(frame.data)
-
-
-def envelope(capability_id: str, input: dict[str, Any], action_id: str, key: str | None) -> dict[str, Any]:
-    """An unsigned ``aip.core.v1.action`` envelope."""
-    from aip_crewai.client import now_rfc3339
-
-    action: dict[str, Any] = {"id": action_id, "capability_id": capability_id, "input": input}
-    if key is not None:
-        action["idempotency_key"] = key
-    return {
-        "aip_version": "1.0",
-        "message_type": "aip.core.v1.action",
-        "message_id": f"msg_{os.urandom(8).hex()}",
-        "sent_at": now_rfc3339(),
-        "body": {"action": action},
-    }
-
-
 def post_action(
     http: httpx.Client, capability_id: str, input: dict[str, Any], action_id: str, key: str | None = None
 ) -> httpx.Response:
     return http.post(
         "/aip/v1/messages",
-        json=envelope(capability_id, input, action_id, key),
+        json=envelope(action(action_id, capability_id, input, key)),
         headers={"Content-Type": "application/aip+json"},
     )
 

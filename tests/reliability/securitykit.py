@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import storebackend
 from chaoslib import uid
+from kits.aip import action, envelope
 from kits.host import TOKENS
 from relkit import (
     FAKE_SECRET,
@@ -42,7 +43,6 @@ from relkit import (
     Processes,
     Sidecar,
     approve,
-    envelope,
     free_port,
     post_action,
     scan,
@@ -119,7 +119,7 @@ def host_credentials(host: Host) -> list[Result]:
                 kwargs: dict[str, Any] = {"headers": headers}
                 if path == "/aip/v1/messages":
                     attempted.append(uid("sec-rejected"))
-                    kwargs["json"] = envelope("cap:crewai:echo", {"topic": "x"}, attempted[-1], attempted[-1])
+                    kwargs["json"] = envelope(action(attempted[-1], "cap:crewai:echo", {"topic": "x"}, attempted[-1]))
                 elif path.endswith("/decision"):
                     kwargs["json"] = {"decision": "approved", "reason": "forged"}
                 answer = http.request(method, path, **kwargs)
@@ -135,7 +135,7 @@ def host_credentials(host: Host) -> list[Result]:
                     f"{answer.status_code} {answer.text[:200]}",
                 )
         # signed envelopes (the messages route): only a fresh, intact, first-time signature is accepted
-        base = envelope("cap:crewai:echo", {"topic": "signed"}, uid("sig"), None)
+        base = envelope(action(uid("sig"), "cap:crewai:echo", {"topic": "signed"}, None))
         base["body"]["action"]["idempotency_key"] = base["body"]["action"]["id"]
         valid = _sign(base)
         first = http.post("/aip/v1/messages", json=valid)

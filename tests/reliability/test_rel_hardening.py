@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 from chaoslib import uid
-from relkit import envelope, post_action
+from kits.aip import action, envelope
+from relkit import post_action
 
 pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
@@ -208,7 +209,7 @@ def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(stack):
     with host.http("acme-app") as app:
         for levels in (MAX_INPUT_DEPTH + 1, 300, 960):
             action_id = uid("h14")
-            env = envelope("cap:crewai:echo", {"topic": "deep"}, action_id, action_id)
+            env = envelope(action(action_id, "cap:crewai:echo", {"topic": "deep"}, action_id))
             raw = json.dumps(env).replace(
                 '{"topic": "deep"}', '{"n": ' * (levels - 1) + '{"topic": "deep"}' + "}" * (levels - 1)
             )  # the stdlib encoder recurses
@@ -528,7 +529,7 @@ def _signed(
 
     from aip_crewai.client import sign_envelope
 
-    env = envelope("cap:crewai:echo", input, action_id, action_id)
+    env = envelope(action(action_id, "cap:crewai:echo", input, action_id))
     if message_id is not None:
         env["message_id"] = message_id
     return sign_envelope(env, signer_key(seed) if seed else signer_key(), key_id or SIGNER)

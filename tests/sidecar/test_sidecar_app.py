@@ -8,22 +8,20 @@ import sqlite3
 
 import msgspec
 import pytest
+from kits.aip import sse_events
 from kits.poll import until_async
 from kits.sidecar_fakes import FAKE_CREWS, SECRET, TOKEN, job, running_app
-
-from aip_crewai.sse import SSEDecoder
 
 pytestmark = pytest.mark.timeout(30)
 
 KEY = {"Idempotency-Key": "key-1"}
 
 
-def sse_events(body: bytes) -> list[dict]:
-    decoder = SSEDecoder()
+def job_events(body: bytes) -> list[dict]:
+    """The job events of a sidecar SSE body (each frame's name and id are its event's name and sequence)."""
     out = []
-    for ev in decoder.feed(body):
-        data = json.loads(ev.data)
-        assert ev.event == data["event"] and ev.id == str(data["sequence"])
+    for event, sse_id, data in sse_events(body):
+        assert event == data["event"] and sse_id == str(data["sequence"])
         out.append(data)
     return out
 
@@ -164,7 +162,7 @@ async def test_exact_repeat_returns_the_record_without_a_second_execution(tmp_pa
         other_key = await client.post("/jobs", json=job("r1"), headers={"Idempotency-Key": "key-2"})
         other_timeout = await client.post("/jobs", json=job("r1", timeout_ms=1000), headers=KEY)
     assert first.status_code == again.status_code == 200 and first.json() == again.json()
-    assert [e["event"] for e in sse_events(stream.content)][-1] == "completed"
+    assert [e["event"] for e in job_events(stream.content)][-1] == "completed"
     assert changed.status_code == other_key.status_code == other_timeout.status_code == 409
     assert len(fake.calls) == 1
 
@@ -294,7 +292,7 @@ async def test_stream_route_sends_all_events_as_sse_frames(tmp_path):
         resp = await client.post("/jobs/stream", json=job("s", input={"chunks": 2}), headers=KEY)
     assert resp.headers["content-type"].startswith("text/event-stream")
     assert resp.headers["cache-control"] == "no-cache" and resp.headers["x-accel-buffering"] == "no"
-    events = sse_events(resp.content)
+    events = job_events(resp.content)
     assert [e["event"] for e in events] == ["started", "chunk", "chunk", "completed"]
     assert b"id: 0\nevent: started\ndata: {" in resp.content
 
@@ -312,8 +310,8 @@ async def test_events_resume_with_cursor_and_last_event_id_and_416_outside(tmp_p
         negative = await client.get("/jobs/e/events", params={"cursor": -1})
         garbage = await client.get("/jobs/e/events", params={"cursor": "x"})
         unknown = await client.get("/jobs/zzz/events")
-    assert [e["sequence"] for e in sse_events(by_cursor.content)] == [2, 3, 4]
-    assert [e["sequence"] for e in sse_events(by_id.content)] == [4]
+    assert [e["sequence"] for e in job_events(by_cursor.content)] == [2, 3, 4]
+    assert [e["sequence"] for e in job_events(by_id.content)] == [4]
     assert [e["event"] for e in json_page["events"]] == ["completed"] and json_page["next_cursor"] == 5
     assert at_end["events"] == [] and at_end["next_cursor"] == 5
     assert past.status_code == past_sse.status_code == negative.status_code == 416
@@ -461,7 +459,7 @@ async def test_the_reference_legacy_run_routes_answer_as_the_job_routes(tmp_path
         other_stream = await client.post("/runs/stream", json=job("l5", operation="batch_run"), headers=KEY)
     assert blocking.status_code == 200 and blocking.json()["tasks_output"][0]["task_id"] == "task-l1-0"
     assert legacy_view == view and view["status"] == "completed"
-    assert [e["event"] for e in sse_events(streamed.content)][-1] == "completed"
+    assert [e["event"] for e in job_events(streamed.content)][-1] == "completed"
     assert defaulted.status_code == 200
     assert cancel.status_code == 200 and cancel.json()["status"] == "completed" and mismatch.status_code == 400
     for refused in (other, other_stream):
