@@ -5,7 +5,7 @@ Without the browser, or without Playwright, every test here skips with one line 
 ``AIP_CREWAI_CHROMIUM`` overrides the browser path. Screenshots go to ``.artifacts/browser/`` (or
 ``$AIP_CREWAI_TEST_ARTIFACTS/browser``).
 
-Fixtures: ``stack`` (a real sidecar and host on loopback: the integration helpers' tenants and principals,
+Fixtures: ``host_with_key_approver`` (test_console_browser.py: a real sidecar and host on loopback: the integration helpers' tenants and principals,
 plus ``acme-key-approver``, an approver with only an Ed25519 key), ``browser`` (one headless Chromium per
 module) and ``artifacts`` (the screenshot directory).
 """

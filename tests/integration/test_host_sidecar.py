@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.hos
 
 
 @pytest.fixture
-def stack(sidecar_factory, tmp_path):
+def host_and_sidecar(sidecar_factory, tmp_path):
     sidecar = sidecar_factory.start()
     host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token)
     try:
@@ -39,8 +39,8 @@ def wait_status(client, action_id, statuses, deadline_s=60):
     return until(settled, timeout=deadline_s, interval=0.05, what=f"action {action_id} in {statuses}")
 
 
-def test_approval_round_trip_stream_and_replay_by_key(stack):
-    host, sidecar = stack
+def test_approval_round_trip_stream_and_replay_by_key(host_and_sidecar):
+    host, sidecar = host_and_sidecar
     with host.client("acme-app") as app:
         action_id, key = new_id("act"), new_id("key")
         pending = app.call("cap:crewai:echo", {"topic": "lighthouses"}, action_id=action_id, idempotency_key=key)
@@ -75,8 +75,8 @@ def test_approval_round_trip_stream_and_replay_by_key(stack):
         assert resumed == [(name, env["_sse_id"]) for name, env in events[3:]]
 
 
-def test_fifty_concurrent_identical_requests_make_one_sidecar_job(stack):
-    host, sidecar = stack
+def test_fifty_concurrent_identical_requests_make_one_sidecar_job(host_and_sidecar):
+    host, sidecar = host_and_sidecar
     action_id, key = new_id("act"), new_id("key")
 
     def call(_):
@@ -98,8 +98,8 @@ def test_fifty_concurrent_identical_requests_make_one_sidecar_job(stack):
     assert health["retained_runs"] == 1
 
 
-def test_denial_never_reaches_the_sidecar(stack):
-    host, sidecar = stack
+def test_denial_never_reaches_the_sidecar(host_and_sidecar):
+    host, sidecar = host_and_sidecar
     with host.client("acme-app") as app, host.client("acme-approver") as approver:
         action_id, key = new_id("act"), new_id("key")
         result = app.call("cap:crewai:echo", {"topic": "x"}, action_id=action_id, idempotency_key=key)
@@ -110,8 +110,8 @@ def test_denial_never_reaches_the_sidecar(stack):
     assert health["retained_runs"] == 0 and sidecar.calls() == []
 
 
-def test_cancel_of_a_streaming_run(stack):
-    host, sidecar = stack
+def test_cancel_of_a_streaming_run(host_and_sidecar):
+    host, sidecar = host_and_sidecar
     with host.client("acme-app") as app:
         action_id, key = new_id("act"), new_id("key")
         result = app.call("cap:crewai:slow", {"topic": "patience"}, action_id=action_id, idempotency_key=key)
@@ -128,8 +128,8 @@ def test_cancel_of_a_streaming_run(stack):
     assert len(sidecar.calls()) <= calls + 1
 
 
-def test_tenants_cannot_see_each_other(stack):
-    host, _ = stack
+def test_tenants_cannot_see_each_other(host_and_sidecar):
+    host, _ = host_and_sidecar
     with host.client("acme-app") as app, host.client("beta-app") as beta, host.client("beta-approver") as beta_approver:
         action_id, key = new_id("act"), new_id("key")
         pending = app.call("cap:crewai:echo", {"topic": "secret"}, action_id=action_id, idempotency_key=key)
@@ -172,13 +172,13 @@ def test_host_on_a_taken_port_fails_cleanly(tmp_path):
     assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_cli_call_and_approvals(stack, tmp_path):
+def test_cli_call_and_approvals(host_and_sidecar, tmp_path):
     import subprocess
     import sys
 
     from kits.host import TOKENS
 
-    host, _ = stack
+    host, _ = host_and_sidecar
 
     def cli(principal, *args):
         token = tmp_path / f"{principal}.token"

@@ -159,7 +159,7 @@ CREWS = [
 
 
 @pytest.fixture
-def stack(sidecar, tmp_path):
+def memory_host(sidecar, tmp_path):
     host = start_host(
         tmp_path / "host",
         sidecar.base_url,
@@ -191,8 +191,8 @@ def invoke(host, tenant, capability, input):
         return app.result(action_id)["body"]["action_result"]
 
 
-def test_two_tenants_through_the_host_share_no_memory_and_no_replay(stack):
-    host = stack
+def test_two_tenants_through_the_host_share_no_memory_and_no_replay(memory_host):
+    host = memory_host
     first = invoke(host, "acme", "cap:crewai:memory_a", {"topic": "tides"})
     assert first["status"] == "completed", first
     assert MEMORY in invoke(host, "acme", "cap:crewai:memory_a", {"topic": "tides"})["output"]["raw"]

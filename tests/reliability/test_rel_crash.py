@@ -38,9 +38,9 @@ def test_rel_sidecar_kill9_during_concurrent_runs_fails_each_once_and_reruns_non
 
 
 @pytest.mark.timeout(120)
-def test_rel_host_kill9_mid_stream_resumes_every_chunk_once_and_never_redispatches(stack):
+def test_rel_host_kill9_mid_stream_resumes_every_chunk_once_and_never_redispatches(shared_pair):
     """kill -9 of the host after 4 SSE events; restart on the same store and port; resume with Last-Event-ID."""
-    procs, sidecar, _ = stack
+    procs, sidecar, _ = shared_pair
     seen = chaoslib.host_kill9(procs, sidecar, after_events=4)
     assert seen["history"] == 4 + seen["resumed"]
 

@@ -44,10 +44,10 @@ def action_result(response: httpx.Response) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-def test_rel_a_refused_request_leaves_its_idempotency_key_free(stack):
+def test_rel_a_refused_request_leaves_its_idempotency_key_free(shared_pair):
     """Regression (item 1): a request refused with 409 (its action id taken) reserved its key, and a later
     request with that key and input got the OTHER action's result, with no approval and no execution."""
-    _, _, host = stack
+    _, _, host = shared_pair
     taken, fresh, key = uid("h1-taken"), uid("h1-fresh"), uid("h1-key")
     with host.http("acme-app") as app:
         first = post_action(app, "cap:crewai:echo", {"topic": "first"}, taken, uid("h1-other"))
@@ -127,13 +127,13 @@ def test_rel_the_host_never_sends_the_sidecar_token_to_an_environment_proxy(proc
 
 
 @pytest.mark.timeout(60)
-def test_rel_made_up_methods_and_paths_never_become_metric_labels(stack):
+def test_rel_made_up_methods_and_paths_never_become_metric_labels(shared_pair):
     """Regression (item 4): each anonymous request with a made-up method added a label value that was never
     freed (300 requests: +13.6 MB, /metrics 45 MB). Methods outside the known set count as `other`, paths as
     their route template or `unmatched`, statuses as their class."""
     from relkit import OPERATOR_TOKEN
 
-    _, _, host = stack
+    _, _, host = shared_pair
     operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
         before = http.get("/metrics", headers=operator)
@@ -158,12 +158,12 @@ def test_rel_made_up_methods_and_paths_never_become_metric_labels(stack):
 
 
 @pytest.mark.timeout(60)
-def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
+def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(shared_pair):
     """Regression (item 5): the decision route read an unbounded body (96 MiB: +181 MB). Each route now has a
     bound (messages 2 MiB, decisions 32 KiB, others 16 KiB); a declared or chunked body past it is 413."""
     from aip_crewai.host.http.limits import MAX_DECISION_BYTES, MAX_MESSAGE_BYTES
 
-    _, _, host = stack
+    _, _, host = shared_pair
     with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "bounded"}, uid("h5"), uid("h5k"))
         approval_id = action_result(pending)["output"]["approval_id"]
@@ -193,7 +193,7 @@ def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
 
 
 @pytest.mark.timeout(60)
-def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(stack):
+def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(shared_pair):
     """Regression (item 14): the host accepted inputs nested ~960 levels that the sidecar could not hash; the
     action then failed as "uncertain" although nothing was admitted. The host now refuses them at submission
     (400 action.invalid_input, nothing stored); the bound itself is accepted and runs."""
@@ -205,7 +205,7 @@ def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(stack):
             value = {"topic": "deep", "n": value}
         return value
 
-    _, _, host = stack
+    _, _, host = shared_pair
     with host.http("acme-app") as app:
         for levels in (MAX_INPUT_DEPTH + 1, 300, 960):
             action_id = uid("h14")
@@ -402,11 +402,11 @@ def _raw_exchange(base_url: str, data: bytes) -> tuple[bytes, bool]:
 
 
 @pytest.mark.timeout(120)
-def test_rel_content_length_with_transfer_encoding_is_400_and_closes_on_both_processes(stack):
+def test_rel_content_length_with_transfer_encoding_is_400_and_closes_on_both_processes(shared_pair):
     """Regression (item 7): a request with both Content-Length and Transfer-Encoding was processed and the
     connection kept open (request smuggling behind a proxy that frames by Content-Length). Both processes
     answer 400 with `Connection: close` and close; the request pipelined after it is never answered."""
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     cases = [
         (host.base_url, "/aip/v1/messages", "Authorization: Bearer tok-acme-app-1\r\n"),
         (host.base_url, "/health", ""),
@@ -455,10 +455,10 @@ def _timed_exchange(base_url: str, data: bytes, wait_s: float = 30.0) -> tuple[b
 
 
 @pytest.mark.timeout(120)
-def test_rel_a_bad_bearer_is_refused_before_its_body_is_read(stack):
+def test_rel_a_bad_bearer_is_refused_before_its_body_is_read(shared_pair):
     """Regression (item 3): POST /aip/v1/messages read up to 2 MiB before authenticating. A request whose
     Authorization header is wrong is 401 at once, with the announced body never sent, and closed."""
-    _, _, host = stack
+    _, _, host = shared_pair
     for authorization in ("Bearer nope", "Basic abc"):
         head = (
             f"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}\r\n"
@@ -470,13 +470,13 @@ def test_rel_a_bad_bearer_is_refused_before_its_body_is_read(stack):
 
 
 @pytest.mark.timeout(120)
-def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(stack):
+def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(shared_pair):
     """Regression (item 3): 20 stalled anonymous connections held 42 MB indefinitely. A request head must
     arrive within 5 s (the connection is closed), and a body may not pause for more than 10 s (408, closed),
     on the host and the sidecar alike."""
     from aip_crewai.plumbing.serving import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
 
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     partial_head = b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Le"
     stalled_body = (
         b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/aip+json\r\n"
@@ -496,10 +496,10 @@ def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(stack):
 
 
 @pytest.mark.timeout(60)
-def test_rel_cleartext_http2_is_not_served(stack):
+def test_rel_cleartext_http2_is_not_served(shared_pair):
     """Item 3: one cleartext HTTP/2 connection with 50 streams added 50 MB. h2c is off on both processes:
     an `Upgrade: h2c` request is answered as HTTP/1.1 and the prior-knowledge preface is no HTTP/2."""
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     upgrade = (
         b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
         b"HTTP2-Settings: AAMAAABkAAQAAP__\r\nConnection: close\r\n\r\n"
@@ -536,11 +536,11 @@ def _signed(
 
 
 @pytest.mark.timeout(60)
-def test_rel_signed_numbers_run_exactly_as_signed_or_are_a_typed_400(stack):
+def test_rel_signed_numbers_run_exactly_as_signed_or_are_a_typed_400(shared_pair):
     """Regression (item 6): an envelope signed over 1 was accepted as 1.0, 1e0 or -0.0 and the crew ran with
     "1.0"; integers of 2^53 or more were a 401. Non-canonical numbers and unsignable integers are now a 400
     (message.non_canonical_number) naming the field; nothing is stored, and the canonical message still runs."""
-    _, _, host = stack
+    _, _, host = shared_pair
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
         for variant in ("1.0", "1e0", "1E+0", "10e-1"):
             action_id = uid("h6")
@@ -568,12 +568,12 @@ def test_rel_signed_numbers_run_exactly_as_signed_or_are_a_typed_400(stack):
 
 
 @pytest.mark.timeout(60)
-def test_rel_a_signer_without_the_role_cannot_burn_another_signers_message_ids(stack):
+def test_rel_a_signer_without_the_role_cannot_burn_another_signers_message_ids(shared_pair):
     """Regression (item 8): signed message ids were claimed per tenant and before the role check, so an
     approver-only signer could burn an invoker signer's ids. They are claimed per key, after authorization."""
     from relkit import APPROVER_SIGNER, APPROVER_SIGNER_SEED
 
-    _, _, host = stack
+    _, _, host = shared_pair
     message_id = f"msg_{uid('h8')}"
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
         burned = http.post(
@@ -624,13 +624,13 @@ def test_rel_an_approval_after_the_crew_left_the_tenant_fails_the_action_and_run
 
 
 @pytest.mark.timeout(120)
-def test_rel_operators_read_metadata_and_approvers_read_what_they_decided(stack):
+def test_rel_operators_read_metadata_and_approvers_read_what_they_decided(shared_pair):
     """Regression (item 9): any principal of a tenant read every action's input and output. Now an
     operator reads metadata only, an approver the actions it decided, an invoker its own actions
     (every cell: tests/host/test_read_permissions.py)."""
     from relkit import OPERATOR, OPERATOR_TOKEN, approve, wait_action
 
-    _, _, host = stack
+    _, _, host = shared_pair
     action_id = uid("h9")
     with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "h9-private"}, action_id, action_id)

@@ -13,22 +13,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
 
 @pytest.mark.timeout(90)
-def test_rel_concurrent_identical_requests_execute_once(stack):
+def test_rel_concurrent_identical_requests_execute_once(shared_pair):
     """20 identical requests at once, 20 repeats after approval, 20 action ids under one key: one execution."""
-    chaoslib.duplicate_requests(*stack, n=20)
+    chaoslib.duplicate_requests(*shared_pair, n=20)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("attempt", range(3))
-def test_rel_concurrent_approve_and_deny_give_exactly_one_decision(stack, attempt):
+def test_rel_concurrent_approve_and_deny_give_exactly_one_decision(shared_pair, attempt):
     """10 concurrent approve/deny decisions of one approval: one 200, nine 409, the action follows the winner."""
-    chaoslib.decision_race(stack[2], n=10)
+    chaoslib.decision_race(shared_pair[2], n=10)
 
 
 @pytest.mark.timeout(120)
-def test_rel_cancel_racing_completion_ends_in_one_state_on_both_processes(stack):
+def test_rel_cancel_racing_completion_ends_in_one_state_on_both_processes(shared_pair):
     """Cancels at offsets spanning a fast run's admission, execution and completion: host status == sidecar status."""
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     outcomes = {chaoslib.cancel_race(sidecar, host, delay_s=delay / 100)["status"] for delay in range(0, 16)}
     assert outcomes <= {"completed", "cancelled"}
 
