@@ -1,28 +1,26 @@
 """Conformance suite fixtures: the host in-process over the scripted fake
 sidecar, behind an httpx transport that validates EVERY response body (JSON,
 and each SSE ``data:`` payload) against the official AIP 1.0 schemas before
-the test sees it. Skips the directory with one line when the schemas are absent."""
+the test sees it. Skips the directory with one line when the schemas are absent, and fails it instead
+when ``AIP_CREWAI_REQUIRE_SCHEMAS=1`` (CI)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from aipschemas import SCHEMAS_DIR, Schemas, Violation, check_envelope
+from aipschemas import SCHEMAS_DIR, Schemas, Violation, check_envelope, require
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import SIDECAR_TOKEN, clock, host_files, make_app, running, settings, sidecar  # noqa: F401
 
 from aip_crewai.sse import SSEDecoder
 
-if SCHEMAS_DIR is None:
-    pytest.skip(
-        "AIP 1.0 schemas not found (../shared/aip-schemas or $AIP_SCHEMAS_DIR): conformance suite skipped",
-        allow_module_level=True,
-    )
+require(SCHEMAS_DIR, os.environ)  # absent: skip the directory, or fail it under AIP_CREWAI_REQUIRE_SCHEMAS=1
 
 #: (method, path pattern) -> schema of a 2xx JSON body. Error statuses are always error envelopes.
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
