@@ -1,7 +1,7 @@
 """``make chaos``: run the reliability scenarios many times and print tried/passed per category.
 
-Usage: ``python tests/reliability/chaos.py`` (``AIP_CREWAI_CHAOS_SCALE=N`` multiplies the trial counts,
-default 1; ``AIP_CREWAI_CHAOS_SEED`` fixes the random offsets). Exit status 1 when any trial failed;
+Usage: ``make chaos``, i.e. ``PYTHONPATH=tests python tests/reliability/chaos.py`` (``tests`` for the kits
+package; ``AIP_CREWAI_CHAOS_SCALE=N`` multiplies the trial counts, default 1; ``AIP_CREWAI_CHAOS_SEED`` fixes the random offsets). Exit status 1 when any trial failed;
 the failures are listed under the table, and the work directory is kept for inspection.
 
 Categories: crash (kill -9 of either process), race (duplicates, decisions, cancel vs completion),
