@@ -96,7 +96,9 @@ import subprocess  # noqa: E402
 #: of them fails if it starts a process (fork, exec or spawn), so the tier stays in-process by construction.
 FAST_TIER = os.environ.get("AIP_CREWAI_TEST_TIER") == "fast"
 #: Fixtures that start a process: a test using one is marked ``processes``.
-PROCESS_FIXTURES = frozenset({"postgres_server", "postgres_url", "sidecar_factory", "shared_sidecar", "procs", "stack"})
+PROCESS_FIXTURES = frozenset(
+    {"postgres_server", "postgres_url", "sidecar_factory", "shared_sidecar", "procs", "shared_pair"}
+)
 
 
 #: Wider-scoped fixtures every worker may hold a copy of (they do not make a test depend on its module's others).
@@ -111,7 +113,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     For ``pytest -n N --dist loadgroup`` (``make test``): a test using a module- or class-scoped fixture of
     ours (a shared sidecar) joins its module's ``xdist_group``, and one using a session-scoped one (a host
-    stack) that fixture's group, so those tests run on one worker and share one copy; every other test is
+    sidecar and host pair) that fixture's group, so those tests run on one worker and share one copy; every other test is
     scheduled on its own."""
     for item in items:
         fixture_info = getattr(item, "_fixtureinfo", None)

@@ -1,7 +1,7 @@
 """Which store the host processes of the integration and reliability suites use.
 
 ``AIP_CREWAI_TEST_STORE=postgresql`` (default ``sqlite``) gives every host those suites start
-(``host_process.write_config`` and ``relkit`` without an explicit ``store``) ``[host] store =
+(``kits.host.write_config`` and ``relkit`` without an explicit ``store``) ``[host] store =
 "postgresql://..."``: a fresh database per host identity (its working directory) on the session's
 throwaway cluster (:mod:`pgserver`), and a stable ``[host] host_id``, so a restart of the same host (same
 working directory) finds its state and its own dispatch leases. Without PostgreSQL installed, a test

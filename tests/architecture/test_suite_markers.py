@@ -13,12 +13,12 @@ TESTS = Path(__file__).resolve().parents[1]
 SUITES = sorted(
     [*TESTS.glob("integration/test_*.py"), *TESTS.glob("reliability/test_*.py"), *TESTS.glob("realcrews/test_*.py")]
 )
-#: How the suites start a host: ``host_process.start_host``/``write_config``, ``relkit.Processes.host``/
-#: ``launch_host``, the reliability ``stack`` fixture (sidecar and host processes) and the real-crew suite's
+#: How the suites start a host: ``kits.host.start_host``/``write_config``, ``relkit.Processes.host``/
+#: ``launch_host``, the reliability ``shared_pair`` fixture (sidecar and host processes) and the real-crew suite's
 #: ``deployment`` fixture / ``start_deployment`` (``tests/realcrews/realkit.py``).
 HOST_STARTERS = re.compile(
     r"\bstart_host\(|\bwrite_config\(|\bprocs\.(?:launch_)?host\(|\bstart_deployment\("
-    r"|def test_\w+\([^)]*\b(?:stack|deployment)\b"
+    r"|def test_\w+\([^)]*\b(?:shared_pair|deployment)\b"
 )
 
 

@@ -5,7 +5,7 @@ Without the browser, or without Playwright, every test here skips with one line 
 ``AIP_CREWAI_CHROMIUM`` overrides the browser path. Screenshots go to ``.artifacts/browser/`` (or
 ``$AIP_CREWAI_TEST_ARTIFACTS/browser``).
 
-Fixtures: ``stack`` (a real sidecar and host on loopback: the integration helpers' tenants and principals,
+Fixtures: ``host_with_key_approver`` (test_console_browser.py: a real sidecar and host on loopback: the integration helpers' tenants and principals,
 plus ``acme-key-approver``, an approver with only an Ed25519 key), ``browser`` (one headless Chromium per
 module) and ``artifacts`` (the screenshot directory).
 """
@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kits.sidecar import SidecarFactory
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "integration"))
-
-from sidecar_process import SidecarFactory  # noqa: E402
 
 CHROMIUM = os.environ.get("AIP_CREWAI_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 

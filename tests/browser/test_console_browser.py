@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from host_process import start_host
+from kits.host import start_host
 
 from aip_crewai.client import new_id
 from aip_crewai.plumbing.keys import generate_ed25519
@@ -19,7 +19,7 @@ KEY_APPROVER = "acme-key-approver"
 
 
 @pytest.fixture
-def stack(sidecar_factory, tmp_path) -> Any:
+def host_with_key_approver(sidecar_factory, tmp_path) -> Any:
     sidecar = sidecar_factory.start()
     key_file = tmp_path / "approver.pem"
     public = generate_ed25519(key_file)
@@ -36,7 +36,7 @@ def stack(sidecar_factory, tmp_path) -> Any:
 
 
 def sign_in_with_token(page: Any, host: Any) -> None:
-    from host_process import TOKENS
+    from kits.host import TOKENS
 
     page.goto(f"{host.base_url}/console/")
     page.fill("#token", TOKENS["acme-approver"])
@@ -75,16 +75,18 @@ def approve_live(page: Any, host: Any, artifacts: Path, name: str) -> None:
     page.screenshot(path=str(artifacts / f"{name}-completed.png"), full_page=True)
 
 
-def test_an_approver_with_a_token_approves_a_live_pending_action(stack, browser, artifacts) -> None:
-    host, _ = stack
+def test_an_approver_with_a_token_approves_a_live_pending_action(host_with_key_approver, browser, artifacts) -> None:
+    host, _ = host_with_key_approver
     page = browser.new_page(viewport={"width": 1280, "height": 860})
     sign_in_with_token(page, host)
     approve_live(page, host, artifacts, "console-token")
     page.close()
 
 
-def test_an_approver_with_only_an_ed25519_key_approves_in_the_browser(stack, browser, artifacts) -> None:
-    host, key_file = stack
+def test_an_approver_with_only_an_ed25519_key_approves_in_the_browser(
+    host_with_key_approver, browser, artifacts
+) -> None:
+    host, key_file = host_with_key_approver
     page = browser.new_page(viewport={"width": 1280, "height": 860})
     sign_in_with_key(page, host, key_file)
     approve_live(page, host, artifacts, "console-key")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from host_process import TOKENS, start_host
+from kits.host import TOKENS, start_host
 from playwright.sync_api import expect
 
 from aip_crewai.client import new_id

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from host_process import TOKENS, free_port, start_host
+from kits.host import TOKENS, free_port, start_host
 
 from aip_crewai.client import new_id
 

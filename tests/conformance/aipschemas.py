@@ -3,16 +3,19 @@ that names the route, schema, JSON path and message of the first violation.
 
 The schemas live outside the repository (``../shared/aip-schemas`` from the
 project root, or ``$AIP_SCHEMAS_DIR``); :data:`SCHEMAS_DIR` is None when they
-are absent, and the conformance suite then skips with one line.
+are absent, and the conformance suite then skips with one line, or fails when
+``AIP_CREWAI_REQUIRE_SCHEMAS=1`` (CI sets it: :func:`require`; README "AIP 1.0 conformance").
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
@@ -28,6 +31,25 @@ def _find() -> Path | None:
 
 
 SCHEMAS_DIR = _find()
+
+#: Set to ``1`` (``.ci/run`` does): absent schemas fail the conformance suite instead of skipping it.
+REQUIRE_ENV = "AIP_CREWAI_REQUIRE_SCHEMAS"
+MISSING = "AIP 1.0 schemas not found (../shared/aip-schemas or $AIP_SCHEMAS_DIR)"
+
+
+def require(directory: Path | None, environ: Mapping[str, str]) -> None:
+    """Return when the schemas are in ``directory``; without them, skip the conformance suite (one line), or
+    fail it when ``environ`` sets :data:`REQUIRE_ENV` to ``1``.
+
+    Raises:
+        pytest.fail.Exception: absent and required.
+        pytest.skip.Exception: absent and not required (module level: the whole directory is skipped).
+    """
+    if directory is not None:
+        return
+    if environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{MISSING} and {REQUIRE_ENV}=1: the conformance suite cannot run", pytrace=False)
+    pytest.skip(f"{MISSING}: conformance suite skipped", allow_module_level=True)
 
 
 class Violation(AssertionError):

@@ -1,34 +1,26 @@
 """Conformance suite fixtures: the host in-process over the scripted fake
 sidecar, behind an httpx transport that validates EVERY response body (JSON,
 and each SSE ``data:`` payload) against the official AIP 1.0 schemas before
-the test sees it. Skips the directory with one line when the schemas are absent."""
+the test sees it. Skips the directory with one line when the schemas are absent, and fails it instead
+when ``AIP_CREWAI_REQUIRE_SCHEMAS=1`` (CI)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from aipschemas import SCHEMAS_DIR, Schemas, Violation, check_envelope, require
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, clock, host_files, make_app, running, settings, sidecar  # noqa: F401
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host"))
+from aip_crewai.sse import SSEDecoder
 
-from aipschemas import SCHEMAS_DIR, Schemas, Violation, check_envelope  # noqa: E402
-from fake_sidecar import FakeSidecar  # noqa: E402
-from hostkit import SIDECAR_TOKEN, clock, host_files, make_app, running, settings, sidecar  # noqa: E402,F401
-
-from aip_crewai.sse import SSEDecoder  # noqa: E402
-
-if SCHEMAS_DIR is None:
-    pytest.skip(
-        "AIP 1.0 schemas not found (../shared/aip-schemas or $AIP_SCHEMAS_DIR): conformance suite skipped",
-        allow_module_level=True,
-    )
+require(SCHEMAS_DIR, os.environ)  # absent: skip the directory, or fail it under AIP_CREWAI_REQUIRE_SCHEMAS=1
 
 #: (method, path pattern) -> schema of a 2xx JSON body. Error statuses are always error envelopes.
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
@@ -127,5 +119,5 @@ async def aip(make_app: Any, fake: FakeSidecar, schemas: Schemas) -> AsyncIterat
         transport = ValidatingTransport(httpx.ASGITransport(app=app), schemas)
         async with httpx.AsyncClient(transport=transport, base_url="http://host.test") as client:
             client.validating = transport  # type: ignore[attr-defined]
-            client.app = app  # type: ignore[attr-defined]  # for endless streams (tests/host/ssekit.py)
+            client.app = app  # type: ignore[attr-defined]  # for endless streams (tests/kits/asgi_stream.py)
             yield client

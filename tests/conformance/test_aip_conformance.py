@@ -11,33 +11,31 @@ from typing import Any
 
 import pytest
 from aipschemas import check_envelope
-from hostkit import NOW, bearer
+from kits import aip as messages
+from kits.hostapp import NOW, bearer
 
 from aip_crewai.contracts.aip import VOCABULARIES
 from aip_crewai.host.store.store import ms_to_rfc3339
-from aip_crewai.sse import SSEDecoder, encode_event
+from aip_crewai.sse import encode_event
 
 CT = {"Content-Type": "application/aip+json"}
 SSE = {"Accept": "text/event-stream"}
 _n = iter(range(1_000_000))
 
 
-def envelope(body: dict[str, Any], message_type: str = "aip.core.v1.action", **extra: Any) -> dict[str, Any]:
-    return {
-        "aip_version": "1.0",
-        "message_type": message_type,
-        "message_id": f"msg_conf_{next(_n)}",
-        "sent_at": ms_to_rfc3339(int(NOW * 1000)),
-        "body": body,
+def envelope(body: dict[str, Any], message_type: str = messages.ACTION, **extra: Any) -> dict[str, Any]:
+    """:func:`kits.aip.envelope` sent at the host's fake clock's time, with a numbered message id."""
+    return messages.envelope(
+        body,
+        message_type=message_type,
+        message_id=f"msg_conf_{next(_n)}",
+        sent_at=ms_to_rfc3339(int(NOW * 1000)),
         **extra,
-    }
+    )
 
 
 def action(action_id: str, cap: str, inp: Any, key: str | None = None, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": action_id, "capability_id": cap, "input": inp, **extra}
-    if key is not None:
-        body["idempotency_key"] = key
-    return envelope({"action": body})
+    return envelope(messages.action(action_id, cap, inp, key, **extra))
 
 
 async def post(aip, env, principal="acme-invoker", *, schemas=None, headers=None):
@@ -49,8 +47,7 @@ async def post(aip, env, principal="acme-invoker", *, schemas=None, headers=None
 
 
 def frames(response) -> list[tuple[str, str | None, dict[str, Any]]]:
-    decoder = SSEDecoder()
-    return [(f.event, f.id, json.loads(f.data)) for f in [*decoder.feed(response.content), *decoder.close()]]
+    return list(messages.sse_events(response.content))
 
 
 def body_of(document: dict[str, Any]) -> Any:
@@ -415,8 +412,8 @@ async def test_official_approval_decision_body_is_accepted(aip, schemas):
 async def test_signed_decisions_and_approval_events_conform(aip, schemas):
     """A signed decision (its ``evidence``) and every frame of the approval stream (an AIP
     ``Event`` whose ``data`` is an ApprovalRecordView) are schema-valid."""
-    from hostkit import private_key
-    from ssekit import open_stream
+    from kits.asgi_stream import open_stream
+    from kits.hostapp import private_key
 
     from aip_crewai.client import RequestSigner
 

@@ -1,4 +1,4 @@
-"""Host test fixtures. The helpers live in ``hostkit.py`` (import them with
-``from hostkit import ...``; test modules here are rootdir-relative, no package)."""
+"""Host test fixtures. The helpers live in ``tests/kits/hostapp.py`` (import them with
+``from kits.hostapp import ...``)."""
 
-from hostkit import client, clock, host_files, make_app, settings, sidecar  # noqa: F401  (fixtures)
+from kits.hostapp import client, clock, host_files, make_app, settings, sidecar  # noqa: F401  (fixtures)

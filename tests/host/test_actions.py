@@ -4,7 +4,8 @@ import asyncio
 import dataclasses
 
 import pytest
-from hostkit import open_action_service
+from kits.hostapp import open_action_service
+from kits.poll import until_async
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action
@@ -554,10 +555,9 @@ async def test_a_store_outage_during_a_dispatch_leaves_the_action_running_until_
 
     monkeypatch.setattr(service.writer, "finish", outage)
     assert await service.decide(APPROVER, record.approval_id, "approved", "ok", service.now_ms()) is not None
-    deadline = asyncio.get_running_loop().time() + 10
-    while not failed or service.live.get("acme", "o1") is not None:  # the dispatch met the outage and ended
-        assert asyncio.get_running_loop().time() < deadline, "the dispatch never ended"
-        await asyncio.sleep(0.01)
+    await until_async(  # the dispatch met the outage and ended
+        lambda: failed and service.live.get("acme", "o1") is None, interval=0.01, what="the dispatch ended"
+    )
     assert (await service.store.get_action("acme", "o1")).status == "running"
     done = await service.wait(await service.get(INVOKER, "o1"), 10)
     assert done.status == "completed" and sidecar.executions == 1

@@ -15,7 +15,8 @@ import httpx
 import msgspec
 import pytest
 import structlog
-from hostkit import bearer, running
+from kits.hostapp import bearer, running
+from kits.poll import until
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -232,9 +233,8 @@ def test_the_host_process_serves_and_stops_cleanly_on_sigterm(host_files):
     """`aip-crewai host --config` binds, answers /health, and exits 0 on SIGTERM."""
     import signal
     import subprocess
-    import time
 
-    from hostkit import base_document
+    from kits.hostapp import base_document
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -249,15 +249,16 @@ def test_the_host_process_serves_and_stops_cleanly_on_sigterm(host_files):
         cwd=Path(__file__).resolve().parents[2],
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def listening() -> httpx.Response | None:
             try:
-                response = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
             except httpx.TransportError:
-                if time.monotonic() > deadline or proc.poll() is not None:
+                if proc.poll() is not None:
                     raise
-                time.sleep(0.05)  # polling the process until it listens (deadline above)
+                return None
+
+        response = until(listening, interval=0.05, what="the host listening")
         assert response.json() == {"status": "alive"}
         assert httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 503  # no sidecar
         proc.send_signal(signal.SIGTERM)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, running, submit_action
-from ssekit import open_stream
+from kits.asgi_stream import open_stream
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, bearer, running, submit_action
 
 from aip_crewai.host.http import approval_stream
 from aip_crewai.host.http.state import host_setup, host_state

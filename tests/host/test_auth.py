@@ -6,7 +6,7 @@ import copy
 
 import msgspec
 import pytest
-from hostkit import NOW, TOKENS, bearer, envelope, running, sign
+from kits.hostapp import NOW, TOKENS, bearer, envelope, running, sign
 
 from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import Forbidden, Unauthenticated

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from hostkit import bearer, envelope, running
+from kits.hostapp import bearer, envelope, running
 
 from aip_crewai.host.http.state import host_state
 from aip_crewai.host.settings import MIN_BODY_BUDGET_BYTES
@@ -83,7 +83,7 @@ async def test_a_declared_length_is_taken_whole_and_given_back_once_the_signer_i
 
 
 async def test_the_budget_is_read_from_host_toml(host_files):
-    from hostkit import base_document
+    from kits.hostapp import base_document
 
     from aip_crewai.host.config import HostConfigError, load_settings
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, running
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, bearer, running
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import NotCancellable

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import structlog
-from hostkit import SIDECAR_TOKEN, HostFiles, base_document, os_mode
+from kits.hostapp import SIDECAR_TOKEN, HostFiles, base_document, os_mode
 
 from aip_crewai.host.config import HostConfigError, check_sidecar_proxy, check_sidecar_url, load_settings
 from aip_crewai.host.main import main

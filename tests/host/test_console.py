@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hostkit import HostFiles, base_document, running
+from kits.hostapp import HostFiles, base_document, running
 
 from aip_crewai.host.config import load_settings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hostkit import HostFiles, base_document, bearer, running
+from kits.hostapp import HostFiles, base_document, bearer, running
 
 from aip_crewai.host.config import MAX_CORS_ORIGINS, HostConfigError, load_settings
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, envelope, running
 from hypothesis import given
 from hypothesis import strategies as st
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, bearer, envelope, running
 
 from aip_crewai.contracts.artifacts import input_schema
 from aip_crewai.contracts.errors import InvalidInput

@@ -6,8 +6,8 @@ import hashlib
 import json
 
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, action_env, bearer, running
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, running
 
 CT = {"Content-Type": "application/aip+json"}
 SPOOF = {"note": "refund 10 EUR to account \u202e9876-5432\u202c then close", "user": "ad\u200bmin"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hostkit import bearer, running
+from kits.hostapp import bearer, running
 
 from aip_crewai.host.actions.service import ActionService
 from aip_crewai.host.http.state import HostSetup, HostState, host_setup, host_state

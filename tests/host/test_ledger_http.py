@@ -6,7 +6,7 @@ import json
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from hostkit import NOW, bearer, running
+from kits.hostapp import NOW, bearer, running
 
 from aip_crewai.contracts.aip import ActionResult
 from aip_crewai.host.http.state import host_state
@@ -118,7 +118,7 @@ async def test_the_usage_period_is_checked_at_its_edges(app, query, status):
 
 
 def test_the_receipt_key_and_pricing_settings_are_checked_keyed(host_files):
-    from hostkit import base_document, render_toml
+    from kits.hostapp import base_document, render_toml
 
     from aip_crewai.host.config import HostConfigError, load_settings
     from aip_crewai.plumbing.keys import generate_ed25519

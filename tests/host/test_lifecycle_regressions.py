@@ -8,11 +8,14 @@ import asyncio
 import dataclasses
 import json
 import threading
+from typing import Any
 
 import httpx
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, running
+from kits import aip
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, bearer, running
+from kits.poll import until_async
 
 from aip_crewai.contracts.aip import ActionResult
 from aip_crewai.host.http.state import host_state
@@ -21,20 +24,11 @@ CT = {"Content-Type": "application/aip+json"}
 
 
 def run_envelope(action_id: str) -> dict:
-    return {
-        "aip_version": "1.0",
-        "message_type": "aip.core.v1.action",
-        "message_id": f"msg_{action_id}",
-        "sent_at": "2026-09-21T14:13:20.000Z",
-        "body": {
-            "action": {
-                "id": action_id,
-                "capability_id": "cap:crewai:beta",
-                "input": {"topic": action_id},
-                "idempotency_key": f"k-{action_id}",
-            }
-        },
-    }
+    return aip.envelope(
+        aip.action(action_id, "cap:crewai:beta", {"topic": action_id}, f"k-{action_id}"),
+        message_id=f"msg_{action_id}",
+        sent_at="2026-09-21T14:13:20.000Z",
+    )
 
 
 async def submit_pending(http: httpx.AsyncClient, action_id: str) -> str:
@@ -131,14 +125,13 @@ async def test_a_refused_start_is_queued_and_retried_under_the_same_job_and_key(
         approval_id = await submit_pending(http, "refused_1")
         assert (await decide(http, approval_id)).status_code == 200
         service = host_state(app).actions
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while True:  # the tenant's view while the start waits for its retry
+
+        async def queued() -> bool:  # the tenant's view while the start waits for its retry
             view = (await http.get("/aip/v1/actions/refused_1", headers=bearer("acme-invoker"))).json()
-            if view["state"] == "queued":
-                break
-            assert view["state"] in ("running", "queued") and loop.time() < deadline, view
-            await asyncio.sleep(0.01)
+            assert view["state"] in ("running", "queued"), view
+            return bool(view["state"] == "queued")
+
+        await until_async(queued, interval=0.01, what="the action queued")
         queued_seen.set()
         record = await service.wait(await service.store.get_action("acme", "refused_1"), 15)
         assert record.status == "completed", record.result_json
@@ -322,11 +315,12 @@ async def test_cancelling_an_action_queued_for_a_retry_stops_it_before_anything_
         approval_id = await submit_pending(http, "dequeue_1")
         assert (await decide(http, approval_id)).status_code == 200
         service = host_state(app).actions
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while not ((live := service.live.get("acme", "dequeue_1")) is not None and live.retry_waiting):
-            assert loop.time() < deadline, "never queued for a retry"
-            await asyncio.sleep(0.005)
+
+        def retry_waiting() -> Any:
+            live = service.live.get("acme", "dequeue_1")
+            return live if live is not None and live.retry_waiting else None
+
+        live = await until_async(retry_waiting, interval=0.005, what="queued for a retry")
         task = live.task
         answer = await http.post("/aip/v1/actions/dequeue_1/cancel", headers=bearer("acme-invoker"))
         assert answer.status_code == 200, answer.text

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from hostkit import bearer
+from kits.hostapp import bearer
 
 from aip_crewai.contracts.aip import Manifest
 from aip_crewai.contracts.artifacts import input_schema

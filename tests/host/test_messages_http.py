@@ -3,10 +3,9 @@
 import json
 
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, action_env, bearer, envelope, running
-
-from aip_crewai.sse import SSEDecoder
+from kits import aip
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, envelope, running
 
 CT = {"Content-Type": "application/aip+json"}
 
@@ -24,13 +23,6 @@ async def http(make_app, fake):
 
 async def post(http, principal, env, **headers):
     return await http.post("/aip/v1/messages", content=json.dumps(env), headers={**CT, **bearer(principal), **headers})
-
-
-def sse_events(body: bytes):
-    decoder = SSEDecoder()
-    events = decoder.feed(body)
-    decoder.close()
-    return [(e.event, e.id, json.loads(e.data)) for e in events]
 
 
 async def test_approval_round_trip_over_http(http, fake):
@@ -90,7 +82,7 @@ async def test_approval_round_trip_over_http(http, fake):
     history = await http.get(
         "/aip/v1/actions/act_run/events", headers={**bearer("acme-invoker"), "Accept": "text/event-stream"}
     )
-    events = sse_events(history.content)
+    events = list(aip.sse_events(history.content))
     assert [(name, ident) for name, ident, _ in events] == [
         ("ack", "sse_0"),
         ("chunk", "sse_1"),
@@ -102,7 +94,7 @@ async def test_approval_round_trip_over_http(http, fake):
         "/aip/v1/actions/act_run/events",
         headers={**bearer("acme-invoker"), "Accept": "text/event-stream", "Last-Event-ID": "sse_2"},
     )
-    assert [ident for _, ident, _ in sse_events(resumed.content)] == ["sse_3", "sse_4"]
+    assert [ident for _, ident, _ in aip.sse_events(resumed.content)] == ["sse_3", "sse_4"]
     # an EventSource reconnecting after the result frame is told to stop: 204, as the SSE spec allows
     for last in ("sse_4", "sse_9"):
         ended = await http.get(
@@ -129,7 +121,7 @@ async def test_streaming_read_only_call(http, fake):
     env = action_env("msg_q", "act_q", "cap:crewai:beta:knowledge_query", {"query": ["refund"]}, key="q1")
     response = await post(http, "acme-invoker", env, Accept="text/event-stream")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
-    events = sse_events(response.content)
+    events = list(aip.sse_events(response.content))
     assert [name for name, _, _ in events] == ["ack", "result"]
     assert events[-1][2]["body"]["action_result"]["output"] == {"results": [{"content": "policy"}]}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
-from hostkit import running
+from kits.hostapp import running
 
 from aip_crewai.contracts.aip import ApprovalDecision, Envelope
 from aip_crewai.host.http import openapi

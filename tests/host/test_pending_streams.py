@@ -6,9 +6,9 @@ the same connection; a re-POST of the envelope with ``Last-Event-ID`` resumes as
 import json
 
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, action_env, bearer, running
-from ssekit import open_stream
+from kits.asgi_stream import open_stream
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, running
 
 from aip_crewai.host.http import routes
 

@@ -8,8 +8,8 @@ import hashlib
 import json
 
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, base_document, bearer, running
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, base_document, bearer, running
 
 from aip_crewai.host.config import load_settings
 from aip_crewai.host.http.state import host_state

@@ -7,7 +7,8 @@ import dataclasses
 
 import httpx
 import pytest
-from hostkit import running
+from kits.hostapp import running
+from kits.poll import until_async
 
 from aip_crewai.host.crews.descriptors import load_descriptors
 from aip_crewai.host.http.state import host_setup, host_state
@@ -66,10 +67,10 @@ async def test_ready_flips_with_the_sidecar_on_demand(make_app, sidecar):
 async def test_background_poll_notices_a_regression(make_app, settings, sidecar):
     app = make_app(dataclasses.replace(settings, readiness_interval_s=0.01))
     async with running(app) as client:
-        await poll(lambda: host_state(app).readiness.ready)
+        await until_async(lambda: host_state(app).readiness.ready, interval=0.005)
         assert (await client.get("/ready")).status_code == 200
         sidecar.health["crews"] = ["alpha"]
-        await poll(lambda: not host_state(app).readiness.ready)
+        await until_async(lambda: not host_state(app).readiness.ready, interval=0.005)
         response = await client.get("/ready")
         assert response.status_code == 503 and response.json() == {
             "status": "unready",
@@ -106,27 +107,17 @@ async def test_readiness_metrics(make_app):
     app = make_app()
     async with running(app) as client:
         await client.get("/ready")
-        await poll(lambda: host_setup(app).metrics.ready.value() == 1)
+        await until_async(lambda: host_setup(app).metrics.ready.value() == 1, interval=0.005)
         assert host_setup(app).metrics.readiness_checks.value(result="ready") >= 1
 
 
 async def test_concurrent_refreshes_share_one_request(make_app, sidecar):
     app = make_app()
     async with running(app):
-        await poll(lambda: host_state(app).readiness.state.checked_at is not None)
+        await until_async(lambda: host_state(app).readiness.state.checked_at is not None, interval=0.005)
         before = len(sidecar.requests)
         await asyncio.gather(*[host_state(app).readiness.refresh() for _ in range(10)])
         assert len(sidecar.requests) - before == 1
-
-
-async def poll(condition, timeout_s: float = 5.0) -> None:
-    """Wait until ``condition()`` holds (a deadline, not a fixed sleep)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.005)
 
 
 async def test_each_sidecar_has_its_own_ready_gauge_and_the_host_gauge_is_the_groups():
@@ -176,7 +167,7 @@ async def test_the_host_is_unready_while_its_store_is_unavailable(make_app):
     """A store method that found the database unreachable makes /ready 503 until one succeeds again."""
     app = make_app()
     async with running(app) as client:
-        await poll(lambda: host_state(app).readiness.ready)
+        await until_async(lambda: host_state(app).readiness.ready, interval=0.005)
         host_state(app).store.unavailable = True
         answer = await client.get("/ready")
         assert answer.status_code == 503 and answer.json() == {

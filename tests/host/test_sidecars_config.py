@@ -4,7 +4,7 @@ one ``[sidecar]`` stays valid and serves every crew."""
 from __future__ import annotations
 
 import pytest
-from hostkit import CREWS, HostFiles, base_document
+from kits.hostapp import CREWS, HostFiles, base_document
 
 from aip_crewai.host.config import HostConfigError, load_settings
 

@@ -9,8 +9,8 @@ import json
 
 import httpx
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import NOW, SIDECAR_TOKEN, bearer, private_key, running, submit_action
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import NOW, SIDECAR_TOKEN, bearer, private_key, running, submit_action
 
 from aip_crewai.client import RequestSigner
 from aip_crewai.host.http.state import host_state
@@ -284,7 +284,7 @@ async def test_a_signature_naming_an_unlisted_authority_is_401_naming_the_rule(m
 
 
 def test_public_authorities_are_checked_in_host_toml(host_files):
-    from hostkit import base_document
+    from kits.hostapp import base_document
 
     from aip_crewai.host.config import HostConfigError, load_settings
 

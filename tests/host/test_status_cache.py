@@ -8,8 +8,8 @@ Every read is still an action in the store, with its target check.
 import json
 
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, action_env, bearer, open_action_service, running
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, open_action_service, running
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action

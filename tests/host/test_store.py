@@ -90,16 +90,7 @@ async def make_action(store: Store, tenant: str = "acme", action_id: str = "act_
 # --- migrations and files ---------------------------------------------------------
 
 
-async def test_fresh_database_equals_migrations_applied_in_order(db_path: Path, tmp_path: Path):
-    opened = await Store.open(db_path)
-    await opened.close()
-    manual = tmp_path / "state" / "manual.db"
-    with sqlite3.connect(manual) as conn:
-        for number, script in enumerate(MIGRATIONS, start=1):
-            conn.executescript(script)
-            conn.execute(f"PRAGMA user_version = {number}")
-    assert schema(db_path) == schema(manual)
-    assert schema(db_path)[-1] == ("user_version", len(MIGRATIONS))
+# A fresh store's schema against an independent snapshot: test_store_schema_snapshot.py.
 
 
 async def test_reopening_applies_nothing_twice(db_path: Path):

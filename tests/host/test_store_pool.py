@@ -8,11 +8,10 @@ Against a real throwaway PostgreSQL server (tests/pgserver.py); skipped with one
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
 import psycopg
 import pytest
+from kits.poll import until_async
 
 from aip_crewai.host.store.postgres import WRITER_LOCK
 from aip_crewai.host.store.store import Store
@@ -32,14 +31,6 @@ def _backends(url: str) -> int:
     return int(row[0]) if row else 0
 
 
-async def _until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def test_the_pool_holds_its_size_in_connections_and_closes_them(postgres_url: str):
     store = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=3)
     try:
@@ -47,7 +38,7 @@ async def test_the_pool_holds_its_size_in_connections_and_closes_them(postgres_u
         assert await store.claim_message_id("acme", "m-1", T0 + 60_000)
     finally:
         await store.close()
-    await _until(lambda: _backends(postgres_url) == 0, "the pool's connections to close")
+    await until_async(lambda: _backends(postgres_url) == 0, what="the pool's connections to close")
 
 
 async def test_a_read_is_not_queued_behind_a_write_waiting_for_the_writer_lock(postgres_url: str):
@@ -68,7 +59,7 @@ async def test_a_read_is_not_queued_behind_a_write_waiting_for_the_writer_lock(p
                 ).fetchone()
             return bool(row and row[0])
 
-        await _until(waiting_for_the_lock, "the store's write to wait for the writer lock")
+        await until_async(waiting_for_the_lock, what="the store's write to wait for the writer lock")
         assert await asyncio.wait_for(store.get_action("acme", "act-none"), timeout=5) is None
         assert not write.done()
         other_host.execute("COMMIT")
@@ -132,13 +123,15 @@ async def test_an_outage_is_a_typed_retryable_error_and_the_store_recovers(postg
             assert raised.value.status == 503 and raised.value.retryable and raised.value.code == "store.unavailable"
             assert store.unavailable  # /ready says unready meanwhile
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
-        deadline = time.monotonic() + 45
-        while True:  # the pool reconnects in the background, backing off
+
+        async def recovered() -> bool:  # the pool reconnects in the background, backing off
             try:
                 assert await store.claim_message_id("acme", "after-the-outage", T0 + 60_000)
-                assert not store.unavailable
-                break
             except StoreUnavailable:
-                assert time.monotonic() < deadline, "the store never recovered"
+                return False
+            assert not store.unavailable
+            return True
+
+        await until_async(recovered, timeout=60, interval=0, what="the store recovered")
     finally:
         await store.close()

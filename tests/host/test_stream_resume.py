@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import open_action_service
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import open_action_service
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action

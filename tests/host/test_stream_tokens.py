@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, running, submit_action
 from hypothesis import given
 from hypothesis import strategies as st
-from ssekit import open_stream
+from kits.asgi_stream import open_stream
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, bearer, running, submit_action
 from structlog.testing import capture_logs
 
 from aip_crewai.contracts.errors import Unauthenticated

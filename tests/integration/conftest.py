@@ -1,4 +1,4 @@
-"""Integration fixtures: real sidecar processes on loopback (see :mod:`sidecar_process`).
+"""Integration fixtures: real sidecar processes on loopback (see :mod:`kits.sidecar`).
 
 - ``sidecar_factory`` (function scope): ``start(args=..., env=...)`` a sidecar
   on an ephemeral port with a tmp journal and token; ``restart(old)`` a new
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sidecar_process import Sidecar, SidecarFactory
+from kits.sidecar import Sidecar, SidecarFactory
 
 
 def _private_dir(factory: pytest.TempPathFactory, name: str) -> Path:

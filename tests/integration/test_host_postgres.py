@@ -8,10 +8,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
-from host_process import free_port, start_host, write_config
+from kits.host import free_port, start_host, write_config
+from kits.poll import until
 
 from aip_crewai.client import new_id
 from aip_crewai.host.store.postgres import PG_HOST_ID_LOCK_CLASS, PostgresHostLock
@@ -105,13 +105,17 @@ def _drop_host_locks(url: str) -> None:
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE application_name = 'aip-crewai-host-lock' AND datname = current_database()"
         )
-        deadline = time.monotonic() + 10
-        while conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'aip-crewai-host-lock' "
-            "AND datname = current_database()"
-        ).fetchone()[0]:
-            assert time.monotonic() < deadline, "the terminated sessions never ended"
-            time.sleep(0.01)
+        until(
+            lambda: (
+                not conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'aip-crewai-host-lock' "
+                    "AND datname = current_database()"
+                ).fetchone()[0]
+            ),
+            timeout=30,
+            interval=0.01,
+            what="the terminated sessions ended",
+        )
 
 
 def test_a_dropped_host_id_lock_is_taken_again_or_reported_taken(postgres_url):
@@ -158,12 +162,14 @@ def test_a_host_whose_id_another_process_took_stops(sidecar_factory, tmp_path, p
         )
         queued.start()
         with psycopg.connect(postgres_url, autocommit=True) as admin:
-            deadline = time.monotonic() + 10
-            while not admin.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            ).fetchone()[0]:
-                assert time.monotonic() < deadline, "the usurper never queued"
-                time.sleep(0.01)
+            until(
+                lambda: admin.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                ).fetchone()[0],
+                timeout=30,
+                interval=0.01,
+                what="the usurper queued",
+            )
         _drop_host_locks(postgres_url)
         queued.join(timeout=10)
         assert host.process.wait(timeout=30) == 1

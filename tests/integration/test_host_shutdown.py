@@ -14,7 +14,8 @@ import time
 
 import httpx
 import pytest
-from host_process import TOKENS, start_host
+from kits.host import TOKENS, start_host
+from kits.poll import until
 
 from aip_crewai.client import new_id
 from aip_crewai.host.http.stopping import SHUTDOWN_COMMENT
@@ -26,7 +27,7 @@ STOP_BOUND_S = 5.0 + 20.0
 
 
 @pytest.fixture
-def stack(sidecar_factory, tmp_path):
+def host_sidecar_workdir(sidecar_factory, tmp_path):
     sidecar = sidecar_factory.start()
     host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token)
     try:
@@ -49,14 +50,11 @@ def approved_slow_run(host) -> str:
 
 
 def log_has(host, text: str, deadline_s: float = 30.0) -> None:
-    end = time.monotonic() + deadline_s
-    while text not in host.log.read_text():
-        assert time.monotonic() < end, f"{text!r} never logged"
-        time.sleep(0.02)
+    until(lambda: text in host.log.read_text(), timeout=deadline_s, what=f"{text!r} logged")
 
 
-def test_sigterm_ends_open_streams_and_the_host_exits_in_its_grace(stack):
-    host, sidecar, workdir = stack
+def test_sigterm_ends_open_streams_and_the_host_exits_in_its_grace(host_sidecar_workdir):
+    host, sidecar, workdir = host_sidecar_workdir
     action_id = approved_slow_run(host)
     headers = {"Authorization": f"Bearer {TOKENS['acme-app']}", "Accept": "text/event-stream"}
     received = bytearray()
@@ -97,8 +95,8 @@ def test_sigterm_ends_open_streams_and_the_host_exits_in_its_grace(stack):
         again.stop()
 
 
-def test_a_second_sigint_exits_at_once_without_draining(stack):
-    host, _sidecar, _workdir = stack
+def test_a_second_sigint_exits_at_once_without_draining(host_sidecar_workdir):
+    host, _sidecar, _workdir = host_sidecar_workdir
     approved_slow_run(host)
     host.process.send_signal(signal.SIGINT)
     log_has(host, "host_stopping")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import time
 
 import httpx
 import pytest
-from host_process import start_host
+from kits.host import start_host
+from kits.poll import until
 
 from aip_crewai.client import AipClientError, new_id
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.hos
 
 
 @pytest.fixture
-def stack(sidecar_factory, tmp_path):
+def host_and_sidecar(sidecar_factory, tmp_path):
     sidecar = sidecar_factory.start()
     host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token)
     try:
@@ -32,18 +32,15 @@ def approve_pending(host, result):
 
 
 def wait_status(client, action_id, statuses, deadline_s=60):
-    end = time.monotonic() + deadline_s
-    while True:
+    def settled():
         status = client.action(action_id)
-        if status["state"] in statuses:
-            return status
-        if time.monotonic() > end:
-            raise AssertionError(f"action {action_id} stuck in {status}")
-        time.sleep(0.05)
+        return status if status["state"] in statuses else None
+
+    return until(settled, timeout=deadline_s, interval=0.05, what=f"action {action_id} in {statuses}")
 
 
-def test_approval_round_trip_stream_and_replay_by_key(stack):
-    host, sidecar = stack
+def test_approval_round_trip_stream_and_replay_by_key(host_and_sidecar):
+    host, sidecar = host_and_sidecar
     with host.client("acme-app") as app:
         action_id, key = new_id("act"), new_id("key")
         pending = app.call("cap:crewai:echo", {"topic": "lighthouses"}, action_id=action_id, idempotency_key=key)
@@ -78,8 +75,8 @@ def test_approval_round_trip_stream_and_replay_by_key(stack):
         assert resumed == [(name, env["_sse_id"]) for name, env in events[3:]]
 
 
-def test_fifty_concurrent_identical_requests_make_one_sidecar_job(stack):
-    host, sidecar = stack
+def test_fifty_concurrent_identical_requests_make_one_sidecar_job(host_and_sidecar):
+    host, sidecar = host_and_sidecar
     action_id, key = new_id("act"), new_id("key")
 
     def call(_):
@@ -101,8 +98,8 @@ def test_fifty_concurrent_identical_requests_make_one_sidecar_job(stack):
     assert health["retained_runs"] == 1
 
 
-def test_denial_never_reaches_the_sidecar(stack):
-    host, sidecar = stack
+def test_denial_never_reaches_the_sidecar(host_and_sidecar):
+    host, sidecar = host_and_sidecar
     with host.client("acme-app") as app, host.client("acme-approver") as approver:
         action_id, key = new_id("act"), new_id("key")
         result = app.call("cap:crewai:echo", {"topic": "x"}, action_id=action_id, idempotency_key=key)
@@ -113,16 +110,14 @@ def test_denial_never_reaches_the_sidecar(stack):
     assert health["retained_runs"] == 0 and sidecar.calls() == []
 
 
-def test_cancel_of_a_streaming_run(stack):
-    host, sidecar = stack
+def test_cancel_of_a_streaming_run(host_and_sidecar):
+    host, sidecar = host_and_sidecar
     with host.client("acme-app") as app:
         action_id, key = new_id("act"), new_id("key")
         result = app.call("cap:crewai:slow", {"topic": "patience"}, action_id=action_id, idempotency_key=key)
         approve_pending(host, result["body"]["action_result"])
         wait_status(app, action_id, {"running"})
-        end = time.monotonic() + 30
-        while len(app.chunks(action_id)["chunks"]) < 2 and time.monotonic() < end:
-            time.sleep(0.05)
+        until(lambda: len(app.chunks(action_id)["chunks"]) >= 2, interval=0.05, what="two chunks streamed")
         cancelled = app.cancel(action_id)["body"]["action_result"]
         assert cancelled["status"] == "cancelled"
         assert cancelled["output"]["remote_stop_confirmed"] is True
@@ -133,8 +128,8 @@ def test_cancel_of_a_streaming_run(stack):
     assert len(sidecar.calls()) <= calls + 1
 
 
-def test_tenants_cannot_see_each_other(stack):
-    host, _ = stack
+def test_tenants_cannot_see_each_other(host_and_sidecar):
+    host, _ = host_and_sidecar
     with host.client("acme-app") as app, host.client("beta-app") as beta, host.client("beta-approver") as beta_approver:
         action_id, key = new_id("act"), new_id("key")
         pending = app.call("cap:crewai:echo", {"topic": "secret"}, action_id=action_id, idempotency_key=key)
@@ -161,7 +156,7 @@ def test_host_on_a_taken_port_fails_cleanly(tmp_path):
     import subprocess
     import sys
 
-    from host_process import write_config
+    from kits.host import write_config
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -177,13 +172,13 @@ def test_host_on_a_taken_port_fails_cleanly(tmp_path):
     assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_cli_call_and_approvals(stack, tmp_path):
+def test_cli_call_and_approvals(host_and_sidecar, tmp_path):
     import subprocess
     import sys
 
-    from host_process import TOKENS
+    from kits.host import TOKENS
 
-    host, _ = stack
+    host, _ = host_and_sidecar
 
     def cli(principal, *args):
         token = tmp_path / f"{principal}.token"

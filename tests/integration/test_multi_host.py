@@ -15,12 +15,12 @@ import concurrent.futures
 import json
 import signal
 import threading
-import time
 
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from host_process import start_host
+from kits.host import start_host
+from kits.poll import until
 
 from aip_crewai.client import CONTENT_TYPE, AipClient, AipClientError, new_id, sign_envelope
 
@@ -119,10 +119,8 @@ def test_kill_9_of_the_dispatching_host_hands_its_action_to_the_other(hosts):
     with a.client("acme-app") as app, a.client("acme-approver") as approver:
         pending = app.call("cap:crewai:slow", {"topic": "storms"}, action_id=action_id, idempotency_key=key)
         approver.decide(pending["body"]["action_result"]["output"]["approval_id"], "approved", "kill test")
-    deadline = time.monotonic() + 60
-    while executions(sidecar, action_id) == 0:  # a is dispatching: the sidecar runs the crew
-        assert time.monotonic() < deadline, "the run never started"
-        time.sleep(0.05)
+    # a is dispatching: the sidecar runs the crew
+    until(lambda: executions(sidecar, action_id) > 0, interval=0.05, what="the run started")
     a.process.send_signal(signal.SIGKILL)
     a.process.wait(timeout=30)
     with b.client("acme-app") as app:
@@ -144,10 +142,8 @@ def test_concurrent_cancels_on_both_hosts_stop_the_run_once(hosts):
     with a.client("acme-app") as app, b.client("acme-approver") as approver:
         pending = app.call("cap:crewai:slow", {"topic": "squalls"}, action_id=action_id, idempotency_key=new_id("k"))
         approver.decide(pending["body"]["action_result"]["output"]["approval_id"], "approved", "cancel test")
-        deadline = time.monotonic() + 60
-        while len(app.chunks(action_id)["chunks"]) < 2:  # streaming on sidecar two
-            assert time.monotonic() < deadline, "the run never streamed"
-            time.sleep(0.05)
+        # streaming on sidecar two
+        until(lambda: len(app.chunks(action_id)["chunks"]) >= 2, interval=0.05, what="the run streamed")
     barrier = threading.Barrier(4)
 
     def cancel(host) -> dict:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis needs Python 3.11+ (pyproject.toml)")
-from host_process import TOKENS, start_host  # noqa: E402
+from kits.host import TOKENS, start_host  # noqa: E402
 from schemathesis.checks import (  # noqa: E402
     content_type_conformance,
     not_a_server_error,
@@ -47,7 +47,7 @@ OPERATIONS = sorted(
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    from sidecar_process import SidecarFactory
+    from kits.sidecar import SidecarFactory
 
     root = tmp_path_factory.mktemp("openapi")
     root.chmod(0o700)

@@ -9,6 +9,7 @@ import uuid
 
 import httpx
 import pytest
+from kits.poll import until_async
 
 from aip_crewai.sse import SSEDecoder
 
@@ -43,12 +44,11 @@ async def read_sse(response: httpx.Response, until_terminal: bool = True, on_eve
 
 
 async def wait_calls(sidecar, at_least: int, timeout: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout
-    while len(sidecar.calls()) < at_least:
-        if time.monotonic() > deadline:
-            raise AssertionError("the crew made no model call in time")
-        await asyncio.sleep(0.02)
-    return len(sidecar.calls())
+    return await until_async(
+        lambda: len(sidecar.calls()) if len(sidecar.calls()) >= at_least else None,
+        timeout=timeout,
+        what=f"{at_least} model calls",
+    )
 
 
 async def test_admit_stream_until_the_terminal_event(shared_sidecar):
@@ -187,11 +187,12 @@ async def test_cancelling_a_running_run_ends_it_cancelled_within_a_second(shared
             return [line for line in shared_sidecar.calls(since=since) if line.split()[3].endswith(aid)]
 
         calls_after_cancel = len(job_calls())
-        view = (await client.get(f"/jobs/{aid}")).json()
-        deadline = time.monotonic() + 5  # the stop is recorded once the worker (thread or process) has returned
-        while view.get("provider_stop_observed") is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+
+        async def stop_recorded() -> dict | None:  # once the worker (thread or process) has returned
             view = (await client.get(f"/jobs/{aid}")).json()
+            return view if view.get("provider_stop_observed") is not None else None
+
+        view = await until_async(stop_recorded, timeout=30, interval=0.01, what="the stop recorded")
         confirmed_at = time.time()  # the worker has returned: nothing of this job can call the model after it
         repeat = await client.post(f"/jobs/{aid}/cancel", json={"crew_id": "slow", "action_id": aid})
         blocking = await client.post("/jobs", json=body(aid, "slow"), headers={"Idempotency-Key": aid})

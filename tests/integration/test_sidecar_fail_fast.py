@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sidecar_process import ROOT, launch, wait_ready
+from kits.sidecar import ROOT, launch, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -20,7 +20,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from sidecar_process import Sidecar, SidecarFactory, until
+from kits.poll import until_async
+from kits.sidecar import Sidecar, SidecarFactory
 
 pytestmark = [
     pytest.mark.integration,
@@ -79,7 +80,7 @@ async def submit(
 
 
 async def wait_for(predicate: Any, what: str, deadline_s: float = 60.0) -> Any:
-    return await until(predicate, timeout=deadline_s, what=what)
+    return await until_async(predicate, timeout=deadline_s, what=what)
 
 
 def started_pid(markers: Path, job: str) -> int | None:
@@ -139,11 +140,12 @@ async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_sid
             assert time.monotonic() - asked < 1.5
             answer = await blocked
             assert answer.status_code == 409
-            record = await view(client, job)
-            deadline = time.monotonic() + 10
-            while record.get("provider_stop_observed") is not True and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+
+            async def stop_observed(job: str = job) -> dict[str, Any] | None:
                 record = await view(client, job)
+                return record if record.get("provider_stop_observed") is True else None
+
+            record = await until_async(stop_observed, timeout=10, what="the provider's stop observed")
             assert record["status"] == "cancelled"
             assert record["provider_stop_observed"] is True and record["uncertain_outcome"] is False
             after = marker(job, "after")
@@ -286,7 +288,7 @@ async def test_the_sidecar_process_never_imports_crewai_and_still_checks_the_reg
     ready = sidecar.log_events("crewai_ready")
     assert ready and ready[0]["isolation"] == "process" and ready[0]["crews"] == len(health["crews"])
 
-    from sidecar_process import launch
+    from kits.sidecar import launch
 
     workdir = tmp_path / "refused"
     workdir.mkdir(mode=0o700)

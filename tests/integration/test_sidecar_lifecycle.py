@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sidecar_process import TOKEN, child_env, launch, sidecar_command, until, wait_ready
+from kits.poll import until_async
+from kits.sidecar import TOKEN, child_env, launch, sidecar_command, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.sidecar_jobs]
 
@@ -25,7 +26,7 @@ async def test_kill_9_during_a_run_then_restart_fails_it_as_uncertain_without_re
     first = sidecar_factory.start()
     async with first.client() as client:
         task = asyncio.create_task(client.post("/jobs", json=body("crash-1", "slow"), headers={"Idempotency-Key": "k"}))
-        await until(lambda: first.calls())  # CrewAI is executing (in the sidecar or its worker)
+        await until_async(lambda: first.calls())  # CrewAI is executing (in the sidecar or its worker)
         assert first.kill(signal.SIGKILL) == -signal.SIGKILL
         with pytest.raises(httpx.TransportError):  # the sidecar died mid-request
             await task
@@ -66,7 +67,7 @@ async def test_sigterm_cancels_jobs_past_the_grace_with_a_terminal_event(sidecar
     first = sidecar_factory.start(args=["--shutdown-grace-seconds", "0.2"])
     async with first.client() as client:
         task = asyncio.create_task(client.post("/jobs", json=body("term-1", "slow"), headers={"Idempotency-Key": "k"}))
-        await until(lambda: first.calls())
+        await until_async(lambda: first.calls())
         assert first.kill(signal.SIGTERM) == 0
         answer = await task
     assert answer.status_code == 409 and answer.json()["status"] == "cancelled"
@@ -287,14 +288,14 @@ async def test_sigusr1_drains_admitted_jobs_to_their_end_refuses_new_ones_then_e
     async with sidecar.client() as client:
         headers = {"Idempotency-Key": "k"}
         running = asyncio.create_task(client.post("/jobs", json=body("drain-1", "slow"), headers=headers))
-        await until(lambda: sidecar.calls())
+        await until_async(lambda: sidecar.calls())
         for pid in [sidecar.process.pid, *_descendants(sidecar.process.pid)]:
             os.kill(pid, signal.SIGUSR1)
 
-        deadline = time.monotonic() + 30
-        while (await client.get("/health")).json()["status"] != "draining":
-            assert time.monotonic() < deadline, "the sidecar never said it drains"
-            await asyncio.sleep(0.02)
+        async def draining() -> bool:
+            return bool((await client.get("/health")).json()["status"] == "draining")
+
+        await until_async(draining, what="the sidecar says it drains")
         refused = await client.post("/jobs", json=body("drain-2"), headers=headers)
         repeat = await client.get("/jobs/drain-1")
         answer = await running

@@ -6,7 +6,7 @@ import stat
 
 import httpx
 import pytest
-from sidecar_process import post_job, start_with_training_dir
+from kits.sidecar import post_job, start_with_training_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.sidecar_jobs]
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from host_process import start_host
+from kits.host import start_host
+from kits.poll import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.host_processes]
 
@@ -59,11 +59,10 @@ def test_the_readme_approver_approves_with_only_its_key(keyed):
     decision = json.loads(decided.stdout)
     assert decision["approver"]["id"] == APPROVER and decision["evidence"][0]["kind"] == "http_message_signature"
     action_id = pending["body"]["action_result"]["action_id"]
-    end = time.monotonic() + 60
     with host.client("acme-app") as app:
-        while app.action(action_id)["state"] != "completed":
-            assert time.monotonic() < end, "the approved action never completed"
-            time.sleep(0.05)
+        until(
+            lambda: app.action(action_id)["state"] == "completed", interval=0.05, what="the approved action completed"
+        )
     result = run_cli("actions", "result", action_id, *signed)  # the approver decided it: it may read it
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["body"]["action_result"]["status"] == "completed"

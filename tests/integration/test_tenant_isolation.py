@@ -13,12 +13,12 @@ import hashlib
 import signal
 import stat
 import subprocess
-import time
 
 import httpx
 import pytest
-from host_process import start_host
-from sidecar_process import launch, post_job, start_with_training_dir
+from kits.host import start_host
+from kits.poll import until
+from kits.sidecar import launch, post_job, start_with_training_dir
 
 from aip_crewai.client import new_id
 from aip_crewai.sidecar.tenancy import namespace_key, private_collection_name
@@ -159,7 +159,7 @@ CREWS = [
 
 
 @pytest.fixture
-def stack(sidecar, tmp_path):
+def memory_host(sidecar, tmp_path):
     host = start_host(
         tmp_path / "host",
         sidecar.base_url,
@@ -182,18 +182,17 @@ def invoke(host, tenant, capability, input):
         assert result["status"] == "pending_approval", result
         with host.client(f"{tenant}-approver") as approver:
             approver.decide(result["output"]["approval_id"], "approved", "tenant isolation test")
-        deadline = time.monotonic() + 240
-        while True:
-            status = app.action(action_id)
-            if status["state"] in ("completed", "failed", "cancelled"):
-                break
-            assert time.monotonic() < deadline, status
-            time.sleep(0.1)  # polling a condition with a deadline
+        until(
+            lambda: app.action(action_id)["state"] in ("completed", "failed", "cancelled"),
+            timeout=240,
+            interval=0.1,
+            what=f"action {action_id} final",
+        )
         return app.result(action_id)["body"]["action_result"]
 
 
-def test_two_tenants_through_the_host_share_no_memory_and_no_replay(stack):
-    host = stack
+def test_two_tenants_through_the_host_share_no_memory_and_no_replay(memory_host):
+    host = memory_host
     first = invoke(host, "acme", "cap:crewai:memory_a", {"topic": "tides"})
     assert first["status"] == "completed", first
     assert MEMORY in invoke(host, "acme", "cap:crewai:memory_a", {"topic": "tides"})["output"]["raw"]
@@ -228,10 +227,7 @@ def job_status(sidecar, job_id):
 
 
 def wait_for(condition, deadline_s=60.0):
-    end = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < end, "condition not reached before the deadline"
-        time.sleep(0.05)
+    until(condition, timeout=deadline_s, interval=0.05)
 
 
 def test_memory_reset_is_refused_while_a_job_of_the_same_tenant_and_crew_runs(sidecar):
@@ -372,7 +368,7 @@ def test_knowledge_that_cannot_initialise_is_a_typed_error_without_its_text(tmp_
     """Item 7: /health names the crew at start-up; knowledge_query and run fail KnowledgeUnavailable (not 200
     {"results": []} or a run without retrieval); CrewAI's printed "Failed to init knowledge: <secret>" reaches
     the log by its label only, and nothing reaches fd 1."""
-    from sidecar_process import TOKEN, Sidecar, wait_ready
+    from kits.sidecar import TOKEN, Sidecar, wait_ready
 
     fake_secret = (
         "sk-test-SECRET-7f3a9c"  # aip_crewai.examples.offline_llm.FAKE_SECRET: importing it would import CrewAI here

@@ -18,7 +18,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +25,8 @@ from typing import Any
 
 import httpx
 import pytest
-from sidecar_process import (
+from kits.poll import until
+from kits.sidecar import (
     TOKEN,
     Sidecar,
     SidecarFactory,
@@ -235,8 +235,4 @@ def wait_for_no_process_of(uid: int, timeout: float = 60.0) -> None:
                     return True
         return False
 
-    deadline = time.monotonic() + timeout
-    while running():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"processes of uid {uid} still run after {timeout} s")
-        time.sleep(0.1)
+    until(lambda: not running(), timeout=timeout, interval=0.1, what=f"no process of uid {uid}")

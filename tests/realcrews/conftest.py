@@ -6,16 +6,11 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fake_provider import FakeProvider  # noqa: E402
-from realkit import Deployment, start_deployment  # noqa: E402
+from fake_provider import FakeProvider
+from realkit import Deployment, start_deployment
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ default :data:`SUITE_REGISTRY`: the example crews behind a module that
 starts a thread at import, and two that cannot work) with ``REALCREWS_BASE_URL`` at a
 :class:`~fake_provider.FakeProvider`, and a real host in front of it whose
 crews come from the example's ``crews.json``. Tenants: ``acme`` sees every
-example crew, ``beta`` only ``memory`` (principals of ``host_process.TOKENS``).
+example crew, ``beta`` only ``memory`` (principals of ``kits.host.TOKENS``).
 
 Every HTTP client of the sidecar's processes is pointed at a recording proxy
 (``HTTP(S)_PROXY``, loopback excluded by ``NO_PROXY``): anything that tries to
@@ -21,24 +21,20 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fake_provider import FakeProvider
+from kits.host import Host, start_host
+from kits.sidecar import TOKEN, Sidecar, launch, wait_ready
+
+from aip_crewai.client import AipClient, new_id
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 EXAMPLE = ROOT / "examples" / "realcrews"
-for _extra in (ROOT / "tests" / "integration",):
-    if str(_extra) not in sys.path:
-        sys.path.insert(0, str(_extra))
-
-from fake_provider import FakeProvider  # noqa: E402
-from host_process import Host, start_host  # noqa: E402
-from sidecar_process import TOKEN, Sidecar, launch, wait_ready  # noqa: E402
-
-from aip_crewai.client import AipClient, new_id  # noqa: E402
 
 #: The API key the crews send (the suite checks it never appears in a published message).
 API_KEY = "sk-fake-realcrews-SECRET-1234"

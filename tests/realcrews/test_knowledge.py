@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from fake_provider import message_text, text
+from kits.sidecar import child_env
 from realkit import (
     AGENT_FACT_TEXT,
     CREW_PROBLEMS,
@@ -19,7 +20,6 @@ from realkit import (
     sidecar_env,
     start_deployment,
 )
-from sidecar_process import child_env
 
 pytestmark = [
     pytest.mark.realcrews,

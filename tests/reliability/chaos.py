@@ -1,7 +1,7 @@
 """``make chaos``: run the reliability scenarios many times and print tried/passed per category.
 
-Usage: ``python tests/reliability/chaos.py`` (``AIP_CREWAI_CHAOS_SCALE=N`` multiplies the trial counts,
-default 1; ``AIP_CREWAI_CHAOS_SEED`` fixes the random offsets). Exit status 1 when any trial failed;
+Usage: ``make chaos``, i.e. ``PYTHONPATH=tests python tests/reliability/chaos.py`` (``tests`` for the kits
+package; ``AIP_CREWAI_CHAOS_SCALE=N`` multiplies the trial counts, default 1; ``AIP_CREWAI_CHAOS_SEED`` fixes the random offsets). Exit status 1 when any trial failed;
 the failures are listed under the table, and the work directory is kept for inspection.
 
 Categories: crash (kill -9 of either process), race (duplicates, decisions, cancel vs completion),
@@ -31,14 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import chaoslib  # noqa: E402
-import fuzzkit  # noqa: E402
-import securitykit  # noqa: E402
-import storagekit  # noqa: E402
-import streamkit  # noqa: E402
-from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, Tally, inproc_app  # noqa: E402
+import chaoslib
+import fuzzkit
+import securitykit
+import storagekit
+import streamkit
+from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, Tally, inproc_app
 
 CATEGORIES = ("crash", "race", "hostile", "security", "storage", "hardening", "outage", "api")
 
@@ -113,7 +111,7 @@ class Runner:
         self.seconds[category] = self.seconds.get(category, 0.0) + time.monotonic() - started
 
 
-def crash(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
+def crash(r: Runner, shared_pair: tuple[Processes, Any, Any]) -> None:
     for n in range(r.scale):
         procs = Processes(r.dir("sidecar-kill9"))
         try:
@@ -129,12 +127,12 @@ def crash(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
         r.trial(
             "crash",
             f"host kill -9 after {after} events",
-            lambda a=after: chaoslib.host_kill9(stack[0], stack[1], after_events=a),
+            lambda a=after: chaoslib.host_kill9(shared_pair[0], shared_pair[1], after_events=a),
         )
 
 
-def race(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
-    procs, sidecar, host = stack
+def race(r: Runner, shared_pair: tuple[Processes, Any, Any]) -> None:
+    procs, sidecar, host = shared_pair
     for n in range(2 * r.scale):
         r.trial("race", f"duplicates #{n}", lambda: chaoslib.duplicate_requests(procs, sidecar, host, n=20))
     for n in range(5 * r.scale):
@@ -145,10 +143,10 @@ def race(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
 
 
 def hostile(r: Runner) -> None:
-    from fake_sidecar import FakeSidecar
-    from hostkit import SIDECAR_TOKEN, bearer
-    from sidecar_fakes import FAKE_CREWS, FakeExecutor, make_settings
-    from sidecar_fakes import TOKEN as FAKE_TOKEN
+    from kits.fake_sidecar import FakeSidecar
+    from kits.hostapp import SIDECAR_TOKEN, bearer
+    from kits.sidecar_fakes import FAKE_CREWS, FakeExecutor, make_settings
+    from kits.sidecar_fakes import TOKEN as FAKE_TOKEN
 
     from aip_crewai.sidecar.http.app import create_app
 
@@ -217,8 +215,8 @@ def hostile(r: Runner) -> None:
         fake.close()
 
 
-def security(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
-    procs, sidecar, host = stack
+def security(r: Runner, shared_pair: tuple[Processes, Any, Any]) -> None:
+    procs, sidecar, host = shared_pair
     for _n in range(r.scale):
         r.checks("security", "host credentials", lambda: securitykit.host_credentials(host))
         r.checks("security", "sidecar credentials", lambda: securitykit.sidecar_credentials(sidecar))
@@ -252,19 +250,19 @@ def storage(r: Runner) -> None:
     r.checks("storage", "unusable journals", lambda: storagekit.journal_refusals(r.dir("journals")))
 
 
-def hardening(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
+def hardening(r: Runner, shared_pair: tuple[Processes, Any, Any]) -> None:
     """Every ``test_rel_*`` scenario of ``test_rel_hardening.py``, ``scale`` times each."""
     import test_rel_hardening
 
-    scenarios(r, stack, "hardening", test_rel_hardening)
+    scenarios(r, shared_pair, "hardening", test_rel_hardening)
 
 
-def outage(r: Runner, stack: tuple[Processes, Any, Any]) -> None:
+def outage(r: Runner, shared_pair: tuple[Processes, Any, Any]) -> None:
     """Every ``test_rel_*`` scenario of ``test_rel_outage.py``, ``scale`` times each: the sidecar down,
     draining, frozen and killed around approvals (each asserts zero approvals lost and every action final)."""
     import test_rel_outage
 
-    scenarios(r, stack, "outage", test_rel_outage)
+    scenarios(r, shared_pair, "outage", test_rel_outage)
 
 
 def api(r: Runner) -> None:
@@ -305,9 +303,9 @@ def api(r: Runner) -> None:
     r.seconds["api"] = r.seconds.get("api", 0.0) + time.monotonic() - started
 
 
-def scenarios(r: Runner, stack: tuple[Processes, Any, Any], category: str, module: Any) -> None:
+def scenarios(r: Runner, shared_pair: tuple[Processes, Any, Any], category: str, module: Any) -> None:
     """Every ``test_rel_*`` function of ``module``, ``scale`` times each, counted under ``category``: on the
-    shared stack (a ``stack`` parameter), on processes of its own (``procs``) or in a fresh directory
+    shared pair (a ``shared_pair`` parameter), on processes of its own (``procs``) or in a fresh directory
     (``tmp_path``)."""
     import inspect
 
@@ -317,8 +315,8 @@ def scenarios(r: Runner, stack: tuple[Processes, Any, Any], category: str, modul
         parameter = next(iter(inspect.signature(fn).parameters))
         for n in range(r.scale):
             label = f"{name[len('test_rel_') :]} #{n}"
-            if parameter == "stack":
-                r.trial(category, label, lambda fn=fn: fn(stack))
+            if parameter == "shared_pair":
+                r.trial(category, label, lambda fn=fn: fn(shared_pair))
             elif parameter == "procs":
                 procs = Processes(r.dir(name[9:40]))
                 try:
@@ -352,19 +350,19 @@ def main() -> int:
     workdir.chmod(0o700)
     runner = Runner(workdir, scale, random.Random(seed))
     print(f"chaos: scale {scale}, seed {seed}, work directory {workdir}", flush=True)
-    stack_procs = Processes(runner.dir("stack"))
+    stack_procs = Processes(runner.dir("shared-pair"))
     try:
         sidecar = stack_procs.sidecar()
         host = stack_procs.host(sidecar.base_url)
-        stack = (stack_procs, sidecar, host)
+        shared_pair = (stack_procs, sidecar, host)
         for category, run in (
-            ("crash", lambda: crash(runner, stack)),
-            ("race", lambda: race(runner, stack)),
+            ("crash", lambda: crash(runner, shared_pair)),
+            ("race", lambda: race(runner, shared_pair)),
             ("hostile", lambda: hostile(runner)),
-            ("security", lambda: security(runner, stack)),
+            ("security", lambda: security(runner, shared_pair)),
             ("storage", lambda: storage(runner)),
-            ("hardening", lambda: hardening(runner, stack)),
-            ("outage", lambda: outage(runner, stack)),
+            ("hardening", lambda: hardening(runner, shared_pair)),
+            ("outage", lambda: outage(runner, shared_pair)),
             ("api", lambda: api(runner)),
         ):
             print(f"chaos: {category} ...", flush=True)

@@ -24,6 +24,7 @@ import uuid
 from typing import Any
 
 import httpx
+from kits.aip import sse_events
 from relkit import (
     TERMINAL,
     Host,
@@ -36,7 +37,6 @@ from relkit import (
     post_action,
     sidecar_events,
     sidecar_view,
-    sse_events,
     until,
     wait_action,
 )
@@ -158,7 +158,7 @@ def host_kill9(procs: Processes, sidecar: Sidecar, after_events: int) -> dict[st
     action_id = uid("hk")
     job_id = f"acme:{action_id}"
     seen: list[str] = []
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:slow", {"topic": "tides"}, action_id, action_id)
         assert pending.status_code == 202, pending.text
         assert approve(host, pending).status_code == 200
@@ -175,7 +175,7 @@ def host_kill9(procs: Processes, sidecar: Sidecar, after_events: int) -> dict[st
     assert len(seen) == after_events and host.process.returncode == -signal.SIGKILL, seen
     restarted = procs.host(sidecar.base_url, name=name, port=host.port)
     resumed: list[tuple[str, str]] = []
-    with restarted.client("acme-app") as app:
+    with restarted.http("acme-app") as app:
         with app.stream(
             "GET",
             f"/aip/v1/actions/{action_id}/events",
@@ -216,7 +216,7 @@ def duplicate_requests(procs: Processes, sidecar: Sidecar, host: Host, n: int = 
     job_id = f"acme:{action_id}"
 
     def call(_: int) -> tuple[int, dict[str, Any]]:
-        with host.client("acme-app") as app:
+        with host.http("acme-app") as app:
             response = post_action(app, "cap:crewai:echo", {"topic": "duplicates"}, action_id, key)
             return response.status_code, response.json()
 
@@ -225,7 +225,7 @@ def duplicate_requests(procs: Processes, sidecar: Sidecar, host: Host, n: int = 
     approvals = {body["body"]["action_result"]["output"]["approval_id"] for _, body in first}
     assert len(approvals) == 1, f"{len(approvals)} approvals for one action"
     assert approve(host, httpx.Response(202, json=first[0][1])).status_code == 200
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         wait_action(app, action_id)
     repeats = _pool_map(call, list(range(n)))
     outputs = {str(body["body"]["action_result"].get("output")) for _, body in repeats}
@@ -237,11 +237,11 @@ def duplicate_requests(procs: Processes, sidecar: Sidecar, host: Host, n: int = 
     others = [uid("dupk") for _ in range(n)]
 
     def keyed(other: str) -> int:
-        with host.client("acme-app") as app:
+        with host.http("acme-app") as app:
             return post_action(app, "cap:crewai:echo", {"topic": "one key"}, other, shared).status_code
 
     assert set(_pool_map(keyed, others)) == {202}
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         existing = [other for other in others if app.get(f"/aip/v1/actions/{other}").status_code == 200]
     assert len(existing) == 1, f"one idempotency key created {len(existing)} actions"
     return {"requests": 3 * n}
@@ -251,14 +251,14 @@ def decision_race(host: Host, n: int = 10) -> dict[str, Any]:
     """N concurrent approve/deny decisions of one approval: exactly one 200, the
     rest 409, and the action follows the winning decision."""
     action_id = uid("dec")
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "decide"}, action_id, action_id)
     approval_id = pending.json()["body"]["action_result"]["output"]["approval_id"]
     decisions = ["approved" if i % 2 else "denied" for i in range(n)]
     random.shuffle(decisions)
 
     def decide(decision: str) -> tuple[str, int]:
-        with host.client("acme-approver") as approver:
+        with host.http("acme-approver") as approver:
             answer = approver.post(
                 f"/aip/v1/approvals/{approval_id}/decision", json={"decision": decision, "reason": "race"}
             )
@@ -267,7 +267,7 @@ def decision_race(host: Host, n: int = 10) -> dict[str, Any]:
     answers = _pool_map(decide, decisions)
     winners = [decision for decision, status in answers if status == 200]
     assert len(winners) == 1 and all(status in (200, 409) for _, status in answers), answers
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         final = wait_action(app, action_id)
         result = app.get(f"/aip/v1/actions/{action_id}/result").json()["body"]["action_result"]
     if winners[0] == "approved":
@@ -285,7 +285,7 @@ def cancel_race(sidecar: Sidecar, host: Host, delay_s: float) -> dict[str, Any]:
     """
     action_id = uid("cxl")
     job_id = f"acme:{action_id}"
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "race"}, action_id, action_id)
         approve(host, pending)
         if delay_s > 0:

@@ -2,7 +2,7 @@
 
 - ``procs`` (function scope): a :class:`relkit.Processes` in a private
   directory; survivors are killed at teardown.
-- ``stack`` (session scope): one real sidecar and one real host on loopback
+- ``shared_pair`` (session scope): one real sidecar and one real host on loopback
   shared by the race, security and crash tests (each uses unique action ids).
 
 Every test here has a pytest-timeout; scenarios poll with deadlines.
@@ -10,15 +10,10 @@ Every test here has a pytest-timeout; scenarios poll with deadlines.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from relkit import Processes  # noqa: E402
+from relkit import Processes
 
 
 @pytest.fixture
@@ -31,9 +26,9 @@ def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Processes, object, object]]:
+def shared_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Processes, object, object]]:
     """``(processes, sidecar, host)``: one running pair for the whole session."""
-    processes = Processes(tmp_path_factory.mktemp("rel-stack"))
+    processes = Processes(tmp_path_factory.mktemp("rel-shared-pair"))
     try:
         sidecar = processes.sidecar()
         host = processes.host(sidecar.base_url)

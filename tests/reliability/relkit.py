@@ -1,7 +1,7 @@
 """Helpers for the reliability suite and ``make chaos`` (no pytest needed).
 
 Real processes on loopback, reusing the integration helpers
-(``tests/integration/sidecar_process.py``, ``host_process.py``) with three
+(``tests/kits/sidecar.py``, ``tests/kits/host.py``) with three
 additions:
 
 - :class:`Processes` starts sidecars and hosts in one private directory and
@@ -11,7 +11,7 @@ additions:
   failures without root or mounts).
 - The host configuration has tenant ``acme`` (crews echo, slow, failing,
   chatty, knowledge_a) and ``beta`` (echo, for its own jobs, and
-  knowledge_b); bearer principals as in ``host_process.TOKENS`` plus an
+  knowledge_b); bearer principals as in ``kits.host.TOKENS`` plus an
   Ed25519 invoker ``acme-signer`` (:data:`SIGNER`) for signed envelopes.
 - :class:`AppThread` runs an app in-process on its own loop so synchronous
   code (hypothesis, the chaos runner) can call it with a deadline.
@@ -26,31 +26,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import resource
 import signal
 import subprocess
-import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import httpx
+from kits.aip import action, envelope, sse_events
+from kits.host import Host, free_port, launch_host, write_config
+from kits.poll import Deadline, until
+from kits.sidecar import TOKEN, Sidecar, launch, wait_ready
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-for _extra in (ROOT / "tests" / "integration", ROOT / "tests" / "host", ROOT / "tests" / "sidecar"):
-    if str(_extra) not in sys.path:
-        sys.path.insert(0, str(_extra))
-
-from host_process import TOKENS, free_port, write_config  # noqa: E402
-from sidecar_process import REGISTRY, TOKEN, Sidecar, child_env, sidecar_command, wait_ready  # noqa: E402
-
-from aip_crewai.sse import SSEDecoder  # noqa: E402
 
 #: aip_crewai.examples.offline_llm.FAKE_SECRET (not imported: that imports CrewAI into this process).
 FAKE_SECRET = "sk-test-SECRET-7f3a9c"
@@ -58,62 +50,12 @@ FAKE_SECRET = "sk-test-SECRET-7f3a9c"
 MARKER = "zqx-INPUT-MARKER-5e1d"
 ACME_CREWS = ["echo", "slow", "failing", "chatty", "knowledge_a"]
 OPERATIONS = ["run", "status", "events", "cancel", "knowledge_query"]
-ALLOWED = "run,batch_run,replay,test,knowledge_query,memory_reset"
 TERMINAL = ("completed", "failed", "cancelled")
 
 T = TypeVar("T")
 
 
-class Deadline(AssertionError):
-    """A polled condition did not hold in time."""
-
-
-def until(
-    predicate: Callable[..., T | None], timeout: float = 30.0, interval: float = 0.02, what: str = "condition"
-) -> T:
-    """Poll ``predicate()`` until it returns a truthy value (returned); raise :class:`Deadline` after ``timeout`` s.
-
-    ``predicate`` is called without arguments (``...``: mypy cannot match ``lambda a=a: ...`` to ``Callable[[], T]``);
-    what it returns falsy (``None`` while not yet met) is never returned."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Deadline(f"{what} not met within {timeout} s")
-        time.sleep(interval)
-
-
 # --------------------------------------------------------------- processes
-
-
-@dataclass
-class Host:
-    """One host process (stdout and stderr captured in ``workdir``)."""
-
-    process: subprocess.Popen[bytes]
-    base_url: str
-    port: int
-    workdir: Path
-    stderr_path: Path
-    stdout_path: Path
-
-    def client(self, principal: str, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.base_url,
-            headers={"Authorization": f"Bearer {TOKENS[principal]}"},
-            timeout=httpx.Timeout(60.0, connect=10.0),
-            **kwargs,
-        )
-
-    def output(self) -> bytes:
-        return b"".join(p.read_bytes() for p in (self.stderr_path, self.stdout_path) if p.exists())
-
-    def kill(self, sig: int = signal.SIGKILL) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        return self.process.wait(timeout=60)
 
 
 #: Tenants of the real host: acme sees five crews, beta sees echo (its own jobs) and knowledge_b.
@@ -144,7 +86,7 @@ def write_host_config(
     store: str | None = None,
 ) -> Path:
     """host.toml for the reliability crews (ACME_CREWS, OPERATIONS, TENANTS) plus
-    the Ed25519 :data:`SIGNER`; see ``host_process.write_config`` (``store``: by default the suite's
+    the Ed25519 :data:`SIGNER`; see ``kits.host.write_config`` (``store``: by default the suite's
     backend, ``storebackend.host_store``)."""
     import base64
 
@@ -203,50 +145,22 @@ class Processes:
         env: dict[str, str] | None = None,
         fsize_limit: int | None = None,
         token_file: Path | None = None,
-    ) -> tuple[subprocess.Popen[bytes], Path, Path, list[str]]:
-        """Start a sidecar without waiting; returns (process, stderr path, stdout path, argv)."""
+    ) -> tuple[subprocess.Popen[bytes], Path, Path]:
+        """Start a sidecar (:func:`kits.sidecar.launch`, JSON logs, stdout captured) without waiting; returns
+        (process, stderr path, stdout path)."""
         tag = self._tag()
-        if token_file is None:
-            token_file = self.workdir / "token"
-            if not token_file.exists():
-                token_file.write_text(TOKEN + "\n")
-                token_file.chmod(0o600)
-        argv = [
-            *sidecar_command("--registry", REGISTRY),
-            "--journal",
-            str(journal or self.workdir / "journal.db"),
-            "--token-file",
-            str(token_file),
-            "--port",
-            "0",
-            "--allowed-operations",
-            ALLOWED,
-            "--sse-keepalive-seconds",
-            "0.2",
-            "--shutdown-grace-seconds",
-            "2",
-            "--log-format",
-            "json",
-            *(args or []),
-        ]
         stderr_path, stdout_path = self.workdir / f"sidecar{tag}.err", self.workdir / f"sidecar{tag}.out"
-
-        def limits() -> None:
-            if fsize_limit is not None:
-                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
-                resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
-
-        with open(stderr_path, "wb") as err, open(stdout_path, "wb") as out:
-            process = subprocess.Popen(
-                argv,
-                cwd=self.workdir,
-                env=child_env(self.call_log, env),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                preexec_fn=limits if fsize_limit is not None else None,
-            )
-        return process, stderr_path, stdout_path, argv
+        process = launch(
+            self.workdir,
+            journal=journal,
+            args=["--log-format", "json", *(args or [])],
+            env=env,
+            stdout=stdout_path,
+            stderr=stderr_path,
+            token_file=token_file,
+            fsize_limit=fsize_limit,
+        )
+        return process, stderr_path, stdout_path
 
     def sidecar(
         self,
@@ -258,11 +172,12 @@ class Processes:
     ) -> Sidecar:
         """Start a sidecar and wait until ``/health`` answers."""
         journal = journal or self.workdir / "journal.db"
-        process, stderr_path, stdout_path, _ = self.launch_sidecar(
+        process, stderr_path, stdout_path = self.launch_sidecar(
             journal=journal, args=args, env=env, fsize_limit=fsize_limit
         )
-        sidecar = Sidecar(process, "", TOKEN, journal, self.workdir, self.call_log, stderr_path, list(args or []))
-        sidecar.stdout_path = stdout_path  # type: ignore[attr-defined]
+        sidecar = Sidecar(
+            process, "", TOKEN, journal, self.workdir, self.call_log, stderr_path, list(args or []), stdout_path
+        )
         self.sidecars.append(sidecar)
         sidecar.base_url = wait_ready(process, stderr_path)
         return sidecar
@@ -274,17 +189,11 @@ class Processes:
     def launch_host(
         self, workdir: Path, argv_config: Path, env: dict[str, str] | None = None
     ) -> tuple[subprocess.Popen[bytes], Path, Path]:
+        """Start a host (:func:`kits.host.launch_host`, JSON logs, stdout captured) without waiting; returns
+        (process, stderr path, stdout path)."""
         tag = self._tag()
         stderr_path, stdout_path = workdir / f"host{tag}.err", workdir / f"host{tag}.out"
-        env = {**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, **(env or {})}
-        with open(stderr_path, "wb") as err, open(stdout_path, "wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(argv_config), "--log-format", "json"],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=env,
-            )
+        process = launch_host(argv_config, stderr_path, stdout=stdout_path, env=env, json_logs=True)
         return process, stderr_path, stdout_path
 
     def host(
@@ -312,7 +221,7 @@ class Processes:
             host_options=host_options,
         )
         process, stderr_path, stdout_path = self.launch_host(workdir, config, env)
-        host = Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stdout_path)
+        host = Host(process, f"http://127.0.0.1:{port}", stderr_path, workdir, stdout_path)
         self.hosts.append(host)
 
         def is_ready() -> bool:
@@ -385,36 +294,12 @@ def quote_id(job_id: str) -> str:
     return quote(job_id, safe=":")
 
 
-def sse_events(response: httpx.Response) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
-    """``(event, id, parsed data)`` of a streamed SSE response, as they arrive."""
-    decoder = SSEDecoder()
-    for piece in response.iter_bytes():
-        for frame in decoder.feed(piece):
-            yield frame.event, frame.id, json.loads(frame.data)
-
-
-def envelope(capability_id: str, input: dict[str, Any], action_id: str, key: str | None) -> dict[str, Any]:
-    """An unsigned ``aip.core.v1.action`` envelope."""
-    from aip_crewai.client import now_rfc3339
-
-    action: dict[str, Any] = {"id": action_id, "capability_id": capability_id, "input": input}
-    if key is not None:
-        action["idempotency_key"] = key
-    return {
-        "aip_version": "1.0",
-        "message_type": "aip.core.v1.action",
-        "message_id": f"msg_{os.urandom(8).hex()}",
-        "sent_at": now_rfc3339(),
-        "body": {"action": action},
-    }
-
-
 def post_action(
     http: httpx.Client, capability_id: str, input: dict[str, Any], action_id: str, key: str | None = None
 ) -> httpx.Response:
     return http.post(
         "/aip/v1/messages",
-        json=envelope(capability_id, input, action_id, key),
+        json=envelope(action(action_id, capability_id, input, key)),
         headers={"Content-Type": "application/aip+json"},
     )
 
@@ -422,7 +307,7 @@ def post_action(
 def approve(host: Host, response: httpx.Response, decision: str = "approved") -> httpx.Response:
     """Decide the approval of a ``pending_approval`` answer as ``acme-approver``."""
     approval_id = response.json()["body"]["action_result"]["output"]["approval_id"]
-    with host.client("acme-approver") as approver:
+    with host.http("acme-approver") as approver:
         return approver.post(
             f"/aip/v1/approvals/{approval_id}/decision", json={"decision": decision, "reason": "reliability test"}
         )
@@ -489,9 +374,9 @@ class Tally:
 
 
 def host_files(root: Path, *, max_response_bytes: int | None = None, sidecar_url: str | None = None) -> Path:
-    """Write the ``tests/host/hostkit.py`` configuration under ``root`` (crews alpha, beta, gamma;
+    """Write the ``tests/kits/hostapp.py`` configuration under ``root`` (crews alpha, beta, gamma;
     tenants acme, globex, closed); returns the host.toml path."""
-    import hostkit
+    from kits import hostapp as hostkit
 
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     (root / "state").mkdir(mode=0o700, exist_ok=True)
@@ -517,11 +402,11 @@ def inproc_app(
     max_response_bytes: int | None = None,
     sidecar_url: str | None = None,
 ) -> Any:
-    """The host app in-process (hostkit configuration) over a fake sidecar transport
+    """The host app in-process (``kits.hostapp`` configuration) over a fake sidecar transport
     (``transport=None``: real HTTP to ``sidecar_url``)."""
     import dataclasses
 
-    import hostkit
+    from kits import hostapp as hostkit
 
     from aip_crewai.host.config import load_settings
     from aip_crewai.host.http.app import create_app

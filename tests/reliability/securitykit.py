@@ -32,17 +32,17 @@ from typing import Any
 import httpx
 import storebackend
 from chaoslib import uid
+from kits.aip import action, envelope
+from kits.host import TOKENS
 from relkit import (
     FAKE_SECRET,
     MARKER,
     SIGNER,
     TOKEN,
-    TOKENS,
     Host,
     Processes,
     Sidecar,
     approve,
-    envelope,
     free_port,
     post_action,
     scan,
@@ -89,7 +89,7 @@ def _rfc3339(delta_s: float) -> str:
 def host_credentials(host: Host) -> list[Result]:
     results: list[Result] = []
     token = TOKENS["acme-app"]
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         target = uid("sec")
         pending = post_action(app, "cap:crewai:echo", {"topic": "creds"}, target, target)
         approval_id = pending.json()["body"]["action_result"]["output"]["approval_id"]
@@ -119,7 +119,7 @@ def host_credentials(host: Host) -> list[Result]:
                 kwargs: dict[str, Any] = {"headers": headers}
                 if path == "/aip/v1/messages":
                     attempted.append(uid("sec-rejected"))
-                    kwargs["json"] = envelope("cap:crewai:echo", {"topic": "x"}, attempted[-1], attempted[-1])
+                    kwargs["json"] = envelope(action(attempted[-1], "cap:crewai:echo", {"topic": "x"}, attempted[-1]))
                 elif path.endswith("/decision"):
                     kwargs["json"] = {"decision": "approved", "reason": "forged"}
                 answer = http.request(method, path, **kwargs)
@@ -135,7 +135,7 @@ def host_credentials(host: Host) -> list[Result]:
                     f"{answer.status_code} {answer.text[:200]}",
                 )
         # signed envelopes (the messages route): only a fresh, intact, first-time signature is accepted
-        base = envelope("cap:crewai:echo", {"topic": "signed"}, uid("sig"), None)
+        base = envelope(action(uid("sig"), "cap:crewai:echo", {"topic": "signed"}, None))
         base["body"]["action"]["idempotency_key"] = base["body"]["action"]["id"]
         valid = _sign(base)
         first = http.post("/aip/v1/messages", json=valid)
@@ -166,7 +166,7 @@ def host_credentials(host: Host) -> list[Result]:
             answer = http.post("/aip/v1/messages", json=env)
             ok = answer.status_code == 401 and answer.json()["body"]["error"]["error"]["code"] == "auth.unauthenticated"
             _check(results, f"host signed envelope {case}", ok, f"{answer.status_code} {answer.text[:200]}")
-    with host.client("acme-app") as app, host.client("acme-approver") as approver:
+    with host.http("acme-app") as app, host.http("acme-approver") as approver:
         _check(
             results,
             "host rejected messages created nothing",
@@ -226,13 +226,13 @@ def sidecar_credentials(sidecar: Sidecar) -> list[Result]:
 def cross_tenant(sidecar: Sidecar, host: Host) -> list[Result]:
     results: list[Result] = []
     shared = uid("shared")  # both tenants use this action id for their own runs
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "acme private"}, uid("acme-pending"), uid("k"))
         acme_pending = pending.json()["body"]["action_result"]
         done = post_action(app, "cap:crewai:echo", {"topic": "acme volcano"}, shared, uid("k"))
         approve(host, done)
         wait_action(app, shared)
-    with host.client("beta-app") as beta, host.client("beta-approver") as beta_approver:
+    with host.http("beta-app") as beta, host.http("beta-approver") as beta_approver:
         hidden = acme_pending["action_id"]
         for suffix in ("", "/result", "/events", "/chunks"):
             answer = beta.get(f"/aip/v1/actions/{hidden}{suffix}")
@@ -274,7 +274,7 @@ def cross_tenant(sidecar: Sidecar, host: Host) -> list[Result]:
         view = post_action(beta, "cap:crewai:echo:status", {"run_action_id": shared}, uid("b"), None)
         output = json.dumps(view.json()["body"]["action_result"].get("output"))
         _check(results, "same action id, own job", "lagoon" in output and "volcano" not in output, output[:200])
-    with host.client("acme-approver") as approver:
+    with host.http("acme-approver") as approver:
         still = approver.get(f"/aip/v1/approvals/{acme_pending['output']['approval_id']}").json()
         _check(results, "another tenant's decision changed nothing", still["status"] == "pending", still)
     with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
@@ -293,7 +293,7 @@ def secrets_absent(procs: Processes, sidecar: Sidecar, host: Host) -> list[Resul
     through both processes, then scan every output, error body and database file."""
     results: list[Result] = []
     bodies: list[bytes] = []
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         failing = uid("secret")
         pending = post_action(app, "cap:crewai:failing", {"topic": "t", "note": MARKER}, failing, failing)
         bodies.append(pending.content)
@@ -390,7 +390,7 @@ def _refused(results: list[Result], name: str, done: subprocess.CompletedProcess
 
 def startup_refusals(workdir: Path) -> list[Result]:
     """Unsafe token/journal/store files and a plain-http remote sidecar URL refuse start-up (exit 2)."""
-    from relkit import ALLOWED, REGISTRY, child_env, sidecar_command
+    from kits.sidecar import ALLOWED, REGISTRY, child_env, sidecar_command
 
     results: list[Result] = []
     workdir.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ Functions return ``[(check, ok, detail)]`` like :mod:`securitykit`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
@@ -40,6 +41,7 @@ from typing import Any
 
 import httpx
 from chaoslib import uid
+from kits.poll import Deadline, until_async
 from relkit import TERMINAL, Processes, calls_by_action, sidecar_events
 
 Result = tuple[str, bool, str]
@@ -92,7 +94,7 @@ def terminal_write(sql: str, params: Any) -> bool:
 @asynccontextmanager
 async def sidecar_app(root: Path) -> AsyncIterator[tuple[httpx.AsyncClient, FailingConnection, Any, Any]]:
     """``(client, failing connection, fake executor, app)``: the sidecar in-process on a journal in ``root``."""
-    from sidecar_fakes import FAKE_CREWS, TOKEN, FakeExecutor, make_settings
+    from kits.sidecar_fakes import FAKE_CREWS, TOKEN, FakeExecutor, make_settings
 
     from aip_crewai.sidecar.http.app import create_app
     from aip_crewai.sidecar.journal.store import Journal
@@ -159,11 +161,12 @@ async def terminal_write_failure(root: Path) -> list[Result]:
         view = (await client.get(f"/jobs/{lost}")).json()
         _check(results, "the lost job is not terminal yet", view["status"] == "running", view)
         failing.fail = None  # the disk takes writes again: the backlog retries with backoff
-        deadline = asyncio.get_running_loop().time() + 10
-        while (await client.get(f"/jobs/{lost}")).json()["status"] == "running":
-            if asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(0.05)
+
+        async def recorded() -> bool:
+            return bool((await client.get(f"/jobs/{lost}")).json()["status"] != "running")
+
+        with contextlib.suppress(Deadline):  # what is recorded by then is checked below
+            await until_async(recorded, timeout=10, interval=0.05, what="the lost job's outcome recorded")
         view = (await client.get(f"/jobs/{lost}")).json()
         events = (await client.get(f"/jobs/{lost}/events")).json()["events"]
         terminals = [e for e in events if e["event"] in TERMINAL]
@@ -288,7 +291,7 @@ def journal_size_bound(procs: Processes, max_runs: int = 40) -> list[Result]:
 
 def journal_refusals(workdir: Path) -> list[Result]:
     """Start-up with unusable journals (before the CrewAI import, so each refusal takes well under a second)."""
-    from relkit import ALLOWED, REGISTRY, TOKEN, child_env, sidecar_command
+    from kits.sidecar import ALLOWED, REGISTRY, TOKEN, child_env, sidecar_command
 
     results: list[Result] = []
     workdir.mkdir(parents=True, exist_ok=True)

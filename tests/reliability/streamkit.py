@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from kits.poll import until
 
 from aip_crewai.sse import encode_event
 
@@ -151,7 +152,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
     """``POST /jobs/stream`` streams the case named by the input topic; the rest is ``fake``'s."""
 
     def __init__(self, fake: Any) -> None:
-        import hostkit
+        from kits import hostapp as hostkit
 
         self.fake = fake
         self.cancels: list[str] = []
@@ -328,7 +329,6 @@ class Principals:
 def run_case(request: Request, who: Principals, name: str, action_id: str, timeout: float = 60.0) -> dict[str, Any]:
     """Run the stream case ``name`` as a governed run through a host; return
     ``{"status", "code", "text", "details"}`` of the stored result."""
-    import time
 
     from aip_crewai.client import now_rfc3339
 
@@ -356,14 +356,12 @@ def run_case(request: Request, who: Principals, name: str, action_id: str, timeo
         json={"decision": "approved", "reason": "stream corpus"},
     )
     assert status == 200, content[:300]
-    deadline = time.monotonic() + timeout
-    while True:
-        status, _, content = request("GET", f"/aip/v1/actions/{action_id}", headers=who.invoker)
-        if json.loads(content)["state"] not in ("queued", "running", "pending_approval"):
-            break
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{name}: the action did not settle within {timeout} s")
-        time.sleep(0.02)
+
+    def settled() -> bool:
+        _, _, content = request("GET", f"/aip/v1/actions/{action_id}", headers=who.invoker)
+        return json.loads(content)["state"] not in ("queued", "running", "pending_approval")
+
+    until(settled, timeout=timeout, what=f"{name}: the action settled")
     _, _, content = request("GET", f"/aip/v1/actions/{action_id}/result", headers=who.invoker)
     result = json.loads(content)["body"]["action_result"]
     texts, cursor = [], 0

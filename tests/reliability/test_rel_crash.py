@@ -11,8 +11,9 @@ import chaoslib
 import httpx
 import pytest
 import storebackend
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, running
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, bearer, running
+from kits.poll import until_async
 from relkit import inproc_app
 
 from aip_crewai.contracts.hashing import canonical_json
@@ -37,9 +38,9 @@ def test_rel_sidecar_kill9_during_concurrent_runs_fails_each_once_and_reruns_non
 
 
 @pytest.mark.timeout(120)
-def test_rel_host_kill9_mid_stream_resumes_every_chunk_once_and_never_redispatches(stack):
+def test_rel_host_kill9_mid_stream_resumes_every_chunk_once_and_never_redispatches(shared_pair):
     """kill -9 of the host after 4 SSE events; restart on the same store and port; resume with Last-Event-ID."""
-    procs, sidecar, _ = stack
+    procs, sidecar, _ = shared_pair
     seen = chaoslib.host_kill9(procs, sidecar, after_events=4)
     assert seen["history"] == 4 + seen["resumed"]
 
@@ -87,11 +88,7 @@ async def test_rel_restarted_host_backfills_chunks_from_the_sidecar_journal(tmp_
     await _seed_running(tmp_path / "etc", "act_r", stored)
     executions = fake.executions
     async with running(app) as http:
-        for _ in range(200):
-            status = (await http.get("/aip/v1/actions/act_r", headers=bearer("acme-invoker"))).json()
-            if status["state"] not in ("queued", "running"):
-                break
-            await asyncio.sleep(0.01)
+        status = await _settled(http, "act_r")
         events = await http.get("/aip/v1/actions/act_r/events", headers=bearer("acme-invoker"))
     assert status["state"] == "completed"
     page = events.json()  # the ack, started, chunk, completed (3 chunks), the result
@@ -109,11 +106,7 @@ async def test_rel_restarted_host_fails_an_action_the_sidecar_never_admitted(tmp
     app = inproc_app(tmp_path / "etc", fake.transport())
     await _seed_running(tmp_path / "etc", "act_lost", 0)
     async with running(app) as http:
-        for _ in range(200):
-            status = (await http.get("/aip/v1/actions/act_lost", headers=bearer("acme-invoker"))).json()
-            if status["state"] not in ("queued", "running"):
-                break
-            await asyncio.sleep(0.01)
+        status = await _settled(http, "act_lost")
         result = (await http.get("/aip/v1/actions/act_lost/result", headers=bearer("acme-invoker"))).json()
     error = result["body"]["action_result"]["error"]
     assert status["state"] == "failed" and error["code"] == "connector.crewai.cancelled_unconfirmed"
@@ -198,16 +191,12 @@ async def test_rel_a_restarted_host_retries_actions_while_the_sidecar_was_unreac
     app = inproc_app(tmp_path / "etc", httpx.MockTransport(maybe_down), clock=time.time)
     await _seed_approved_unsent(tmp_path / "etc", "act_later", age_s=1.0)
     async with running(app):
-        for _ in range(300):  # the restart pass and at least two periodic passes try while the sidecar is down
-            if len(refused) >= 3:
-                break
-            await asyncio.sleep(0.01)
-        assert len(refused) >= 3 and fake.executions == 0
+        # the restart pass and at least two periodic passes try while the sidecar is down
+        await until_async(lambda: len(refused) >= 3, timeout=20, interval=0.01, what="three refused dispatches")
+        assert fake.executions == 0
         reachable.set()
-        for _ in range(200):  # no client reads the action: the periodic pass must dispatch it
-            if fake.executions:
-                break
-            await asyncio.sleep(0.01)
+        # no client reads the action: the periodic pass must dispatch it
+        await until_async(lambda: fake.executions, timeout=20, interval=0.01, what="the periodic dispatch")
     assert fake.executions == 1 and fake.jobs["acme:act_later"].status == "completed"
 
 
@@ -271,12 +260,13 @@ async def _seed_pending(root: Path, action_id: str, *, decision: str | None, wit
 
 
 async def _settled(http, action_id: str) -> dict:
-    for _ in range(300):
+    """The action's status once it left pending_approval, queued and running (within the tests' 30 s)."""
+
+    async def settled() -> dict | None:
         status = (await http.get(f"/aip/v1/actions/{action_id}", headers=bearer("acme-invoker"))).json()
-        if status["state"] not in ("pending_approval", "queued", "running"):
-            return status
-        await asyncio.sleep(0.01)
-    return status
+        return status if status["state"] not in ("pending_approval", "queued", "running") else None
+
+    return await until_async(settled, timeout=20, interval=0.01, what=f"action {action_id} settled")
 
 
 @pytest.mark.timeout(30)
@@ -303,11 +293,11 @@ async def test_rel_an_approval_lost_in_a_host_crash_is_restored_and_decidable(tm
     app = inproc_app(tmp_path / "etc", fake.transport(), clock=time.time)
     approval_id = await _seed_pending(tmp_path / "etc", "act_orphan", decision=None, with_approval=False)
     async with running(app) as http:
-        for _ in range(300):
-            listing = (await http.get("/aip/v1/approvals", headers=bearer("acme-both"))).json()["approvals"]
-            if listing:
-                break
-            await asyncio.sleep(0.01)
+
+        async def restored() -> list:
+            return (await http.get("/aip/v1/approvals", headers=bearer("acme-both"))).json()["approvals"]
+
+        listing = await until_async(restored, timeout=20, interval=0.01, what="the approval restored")
         assert [a["request"]["id"] for a in listing] == [approval_id]
         shown = (await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))).json()
         assert shown["evidence_payload"]["input"] == {"topic": "approval"}

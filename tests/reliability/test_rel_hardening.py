@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 from chaoslib import uid
-from relkit import envelope, post_action
+from kits.aip import action, envelope
+from relkit import post_action
 
 pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
@@ -43,12 +44,12 @@ def action_result(response: httpx.Response) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-def test_rel_a_refused_request_leaves_its_idempotency_key_free(stack):
+def test_rel_a_refused_request_leaves_its_idempotency_key_free(shared_pair):
     """Regression (item 1): a request refused with 409 (its action id taken) reserved its key, and a later
     request with that key and input got the OTHER action's result, with no approval and no execution."""
-    _, _, host = stack
+    _, _, host = shared_pair
     taken, fresh, key = uid("h1-taken"), uid("h1-fresh"), uid("h1-key")
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         first = post_action(app, "cap:crewai:echo", {"topic": "first"}, taken, uid("h1-other"))
         assert first.status_code == 202 and action_result(first)["status"] == "pending_approval"
         refused = post_action(app, "cap:crewai:echo", {"topic": "second"}, taken, key)
@@ -113,7 +114,7 @@ def test_rel_the_host_never_sends_the_sidecar_token_to_an_environment_proxy(proc
         env.update(NO_PROXY="", no_proxy="")
         sidecar = procs.sidecar()
         host = procs.host(sidecar.base_url, env=env)  # waits for /ready: the sidecar was reached directly
-        with host.client("acme-app") as app:
+        with host.http("acme-app") as app:
             action_id = uid("h2")
             answer = post_action(app, "cap:crewai:echo:status", {"run_action_id": action_id}, uid("h2s"))
             assert answer.status_code in (200, 202, 404)
@@ -126,13 +127,13 @@ def test_rel_the_host_never_sends_the_sidecar_token_to_an_environment_proxy(proc
 
 
 @pytest.mark.timeout(60)
-def test_rel_made_up_methods_and_paths_never_become_metric_labels(stack):
+def test_rel_made_up_methods_and_paths_never_become_metric_labels(shared_pair):
     """Regression (item 4): each anonymous request with a made-up method added a label value that was never
     freed (300 requests: +13.6 MB, /metrics 45 MB). Methods outside the known set count as `other`, paths as
     their route template or `unmatched`, statuses as their class."""
     from relkit import OPERATOR_TOKEN
 
-    _, _, host = stack
+    _, _, host = shared_pair
     operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
         before = http.get("/metrics", headers=operator)
@@ -157,13 +158,13 @@ def test_rel_made_up_methods_and_paths_never_become_metric_labels(stack):
 
 
 @pytest.mark.timeout(60)
-def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
+def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(shared_pair):
     """Regression (item 5): the decision route read an unbounded body (96 MiB: +181 MB). Each route now has a
     bound (messages 2 MiB, decisions 32 KiB, others 16 KiB); a declared or chunked body past it is 413."""
     from aip_crewai.host.http.limits import MAX_DECISION_BYTES, MAX_MESSAGE_BYTES
 
-    _, _, host = stack
-    with host.client("acme-app") as app:
+    _, _, host = shared_pair
+    with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "bounded"}, uid("h5"), uid("h5k"))
         approval_id = action_result(pending)["output"]["approval_id"]
 
@@ -172,14 +173,14 @@ def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
             yield b" " * 65536
 
     decision = f"/aip/v1/approvals/{approval_id}/decision"
-    with host.client("acme-approver") as approver:
+    with host.http("acme-approver") as approver:
         big = b'{"decision": "approved", "reason": "' + b"x" * (MAX_DECISION_BYTES + 10) + b'"}'
         refused = approver.post(decision, content=big, headers={"Content-Type": "application/json"})
         assert refused.status_code == 413 and error_code(refused) == "message.too_large"
         streamed = approver.post(decision, content=chunks(4 * MAX_DECISION_BYTES))
         assert streamed.status_code == 413 and error_code(streamed) == "message.too_large"
         assert approver.get(f"/aip/v1/approvals/{approval_id}").json()["status"] == "pending"
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         for body in (b"{" + b" " * MAX_MESSAGE_BYTES + b"}", chunks(MAX_MESSAGE_BYTES + 1)):
             answer = app.post("/aip/v1/messages", content=body, headers={"Content-Type": "application/aip+json"})
             assert answer.status_code == 413 and error_code(answer) == "message.too_large"
@@ -192,7 +193,7 @@ def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(stack):
 
 
 @pytest.mark.timeout(60)
-def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(stack):
+def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(shared_pair):
     """Regression (item 14): the host accepted inputs nested ~960 levels that the sidecar could not hash; the
     action then failed as "uncertain" although nothing was admitted. The host now refuses them at submission
     (400 action.invalid_input, nothing stored); the bound itself is accepted and runs."""
@@ -204,11 +205,11 @@ def test_rel_inputs_nested_past_the_shared_bound_are_a_400_at_submission(stack):
             value = {"topic": "deep", "n": value}
         return value
 
-    _, _, host = stack
-    with host.client("acme-app") as app:
+    _, _, host = shared_pair
+    with host.http("acme-app") as app:
         for levels in (MAX_INPUT_DEPTH + 1, 300, 960):
             action_id = uid("h14")
-            env = envelope("cap:crewai:echo", {"topic": "deep"}, action_id, action_id)
+            env = envelope(action(action_id, "cap:crewai:echo", {"topic": "deep"}, action_id))
             raw = json.dumps(env).replace(
                 '{"topic": "deep"}', '{"n": ' * (levels - 1) + '{"topic": "deep"}' + "}" * (levels - 1)
             )  # the stdlib encoder recurses
@@ -231,7 +232,9 @@ def test_rel_fifo_token_key_and_config_files_refuse_start_up_instead_of_hanging(
     import subprocess
     import sys
 
-    from relkit import ALLOWED, REGISTRY, child_env, free_port, sidecar_command, write_host_config
+    from kits.host import free_port
+    from kits.sidecar import ALLOWED, REGISTRY, child_env, sidecar_command
+    from relkit import write_host_config
 
     def refused(argv: list[str], needle: str, env: dict[str, str] | None = None) -> None:
         try:
@@ -306,7 +309,7 @@ def _abort_upload(base_url: str, path: str, headers: dict[str, str]) -> None:
 def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(procs):
     """Regression (item 11): each aborted anonymous upload became a 500 and an error-level traceback of
     ~2.5 KB. A client going away is logged at debug level: no traceback, no error line, no 500."""
-    from relkit import until
+    from kits.poll import until
 
     sidecar = procs.sidecar()
     host = procs.host(sidecar.base_url)
@@ -340,8 +343,9 @@ def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(procs):
 def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
     """Regression (item 10): an anonymous /ready listed every configured crew id, of every tenant, while
     unready. It now gives the kind of disagreement only; the ids go to the operator's log."""
-    from host_process import write_config
-    from relkit import TOKEN, free_port, until
+    from kits.host import write_config
+    from kits.poll import until
+    from relkit import TOKEN, free_port
 
     hidden = "zz-hidden-crew-of-beta"
     sidecar = procs.sidecar()
@@ -352,9 +356,9 @@ def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
         workdir, sidecar.base_url, TOKEN, port, crews=crews, tenants={"acme": ["echo"], "beta": [hidden]}
     )
     process, stderr_path, _ = procs.launch_host(workdir, config)
-    from relkit import Host
+    from kits.host import Host
 
-    procs.hosts.append(Host(process, f"http://127.0.0.1:{port}", port, workdir, stderr_path, stderr_path))
+    procs.hosts.append(Host(process, f"http://127.0.0.1:{port}", stderr_path, workdir))
 
     def unready() -> httpx.Response | None:
         try:
@@ -398,11 +402,11 @@ def _raw_exchange(base_url: str, data: bytes) -> tuple[bytes, bool]:
 
 
 @pytest.mark.timeout(120)
-def test_rel_content_length_with_transfer_encoding_is_400_and_closes_on_both_processes(stack):
+def test_rel_content_length_with_transfer_encoding_is_400_and_closes_on_both_processes(shared_pair):
     """Regression (item 7): a request with both Content-Length and Transfer-Encoding was processed and the
     connection kept open (request smuggling behind a proxy that frames by Content-Length). Both processes
     answer 400 with `Connection: close` and close; the request pipelined after it is never answered."""
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     cases = [
         (host.base_url, "/aip/v1/messages", "Authorization: Bearer tok-acme-app-1\r\n"),
         (host.base_url, "/health", ""),
@@ -420,7 +424,7 @@ def test_rel_content_length_with_transfer_encoding_is_400_and_closes_on_both_pro
         assert head.startswith(b"http/1.1 400"), (base_url, path, received[:300])
         assert b"connection: close" in head and closed, (base_url, path, received[:300])
         assert received.count(b"HTTP/1.1 ") == 1, (base_url, path, received[:600])
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         assert app.get("/aip/v1/manifest").status_code == 200
 
 
@@ -451,10 +455,10 @@ def _timed_exchange(base_url: str, data: bytes, wait_s: float = 30.0) -> tuple[b
 
 
 @pytest.mark.timeout(120)
-def test_rel_a_bad_bearer_is_refused_before_its_body_is_read(stack):
+def test_rel_a_bad_bearer_is_refused_before_its_body_is_read(shared_pair):
     """Regression (item 3): POST /aip/v1/messages read up to 2 MiB before authenticating. A request whose
     Authorization header is wrong is 401 at once, with the announced body never sent, and closed."""
-    _, _, host = stack
+    _, _, host = shared_pair
     for authorization in ("Bearer nope", "Basic abc"):
         head = (
             f"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}\r\n"
@@ -466,13 +470,13 @@ def test_rel_a_bad_bearer_is_refused_before_its_body_is_read(stack):
 
 
 @pytest.mark.timeout(120)
-def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(stack):
+def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(shared_pair):
     """Regression (item 3): 20 stalled anonymous connections held 42 MB indefinitely. A request head must
     arrive within 5 s (the connection is closed), and a body may not pause for more than 10 s (408, closed),
     on the host and the sidecar alike."""
     from aip_crewai.plumbing.serving import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
 
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     partial_head = b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Le"
     stalled_body = (
         b"POST /aip/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/aip+json\r\n"
@@ -492,10 +496,10 @@ def test_rel_stalled_heads_and_bodies_are_timed_out_on_both_processes(stack):
 
 
 @pytest.mark.timeout(60)
-def test_rel_cleartext_http2_is_not_served(stack):
+def test_rel_cleartext_http2_is_not_served(shared_pair):
     """Item 3: one cleartext HTTP/2 connection with 50 streams added 50 MB. h2c is off on both processes:
     an `Upgrade: h2c` request is answered as HTTP/1.1 and the prior-knowledge preface is no HTTP/2."""
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     upgrade = (
         b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
         b"HTTP2-Settings: AAMAAABkAAQAAP__\r\nConnection: close\r\n\r\n"
@@ -525,18 +529,18 @@ def _signed(
 
     from aip_crewai.client import sign_envelope
 
-    env = envelope("cap:crewai:echo", input, action_id, action_id)
+    env = envelope(action(action_id, "cap:crewai:echo", input, action_id))
     if message_id is not None:
         env["message_id"] = message_id
     return sign_envelope(env, signer_key(seed) if seed else signer_key(), key_id or SIGNER)
 
 
 @pytest.mark.timeout(60)
-def test_rel_signed_numbers_run_exactly_as_signed_or_are_a_typed_400(stack):
+def test_rel_signed_numbers_run_exactly_as_signed_or_are_a_typed_400(shared_pair):
     """Regression (item 6): an envelope signed over 1 was accepted as 1.0, 1e0 or -0.0 and the crew ran with
     "1.0"; integers of 2^53 or more were a 401. Non-canonical numbers and unsignable integers are now a 400
     (message.non_canonical_number) naming the field; nothing is stored, and the canonical message still runs."""
-    _, _, host = stack
+    _, _, host = shared_pair
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
         for variant in ("1.0", "1e0", "1E+0", "10e-1"):
             action_id = uid("h6")
@@ -557,19 +561,19 @@ def test_rel_signed_numbers_run_exactly_as_signed_or_are_a_typed_400(stack):
         action_id = uid("h6-ok")
         answer = http.post("/aip/v1/messages", json=_signed(action_id, {"topic": "numbers", "n": 1}))
         assert answer.status_code == 202 and action_result(answer)["status"] == "pending_approval"
-    with host.client("acme-approver") as approver:
+    with host.http("acme-approver") as approver:
         shown = approver.get(f"/aip/v1/approvals/{action_result(answer)['output']['approval_id']}").json()
         snapshot = shown["evidence_payload"]["input"]
         assert snapshot["n"] == 1 and isinstance(snapshot["n"], int)
 
 
 @pytest.mark.timeout(60)
-def test_rel_a_signer_without_the_role_cannot_burn_another_signers_message_ids(stack):
+def test_rel_a_signer_without_the_role_cannot_burn_another_signers_message_ids(shared_pair):
     """Regression (item 8): signed message ids were claimed per tenant and before the role check, so an
     approver-only signer could burn an invoker signer's ids. They are claimed per key, after authorization."""
     from relkit import APPROVER_SIGNER, APPROVER_SIGNER_SEED
 
-    _, _, host = stack
+    _, _, host = shared_pair
     message_id = f"msg_{uid('h8')}"
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
         burned = http.post(
@@ -602,7 +606,7 @@ def test_rel_an_approval_after_the_crew_left_the_tenant_fails_the_action_and_run
     sidecar = procs.sidecar()
     host = procs.host(sidecar.base_url, name="h13")
     action_id = uid("h13")
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "revoked"}, action_id, action_id)
         assert pending.status_code == 202, pending.text
     host.kill(signal.SIGTERM)
@@ -610,7 +614,7 @@ def test_rel_an_approval_after_the_crew_left_the_tenant_fails_the_action_and_run
     host = procs.host(sidecar.base_url, name="h13", port=host.port, tenants=tenants)
     answer = approve(host, pending)
     assert answer.status_code == 403 and error_code(answer) == "policy.capability_revoked", answer.text
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         result = app.get(f"/aip/v1/actions/{action_id}/result").json()["body"]["action_result"]
     assert result["status"] == "failed" and result["error"]["code"] == "policy.capability_revoked"
     assert calls_by_action(procs.call_log)[f"acme:{action_id}"] == 0
@@ -620,15 +624,15 @@ def test_rel_an_approval_after_the_crew_left_the_tenant_fails_the_action_and_run
 
 
 @pytest.mark.timeout(120)
-def test_rel_operators_read_metadata_and_approvers_read_what_they_decided(stack):
+def test_rel_operators_read_metadata_and_approvers_read_what_they_decided(shared_pair):
     """Regression (item 9): any principal of a tenant read every action's input and output. Now an
     operator reads metadata only, an approver the actions it decided, an invoker its own actions
     (every cell: tests/host/test_read_permissions.py)."""
     from relkit import OPERATOR, OPERATOR_TOKEN, approve, wait_action
 
-    _, _, host = stack
+    _, _, host = shared_pair
     action_id = uid("h9")
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "h9-private"}, action_id, action_id)
         assert approve(host, pending).status_code == 200
         wait_action(app, action_id)
@@ -642,5 +646,5 @@ def test_rel_operators_read_metadata_and_approvers_read_what_they_decided(stack)
         for suffix in ("/result", "/events", "/chunks"):
             answer = operator.get(f"/aip/v1/actions/{action_id}{suffix}")
             assert answer.status_code == 403 and error_code(answer) == "policy.forbidden", suffix
-    with host.client("acme-approver") as approver:  # it decided this one
+    with host.http("acme-approver") as approver:  # it decided this one
         assert approver.get(f"/aip/v1/actions/{action_id}/result").status_code == 200

@@ -12,9 +12,9 @@ import fuzzkit
 import httpx
 import pytest
 import streamkit
-from fake_sidecar import FakeSidecar
-from hostkit import SIDECAR_TOKEN, bearer, envelope, sign
 from hypothesis import HealthCheck, given, settings
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, bearer, envelope, sign
 from relkit import ACME_CREWS, OPERATIONS, TOKEN, AppThread, Processes, inproc_app
 
 pytestmark = [pytest.mark.host_processes]
@@ -43,8 +43,8 @@ def host_app(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sidecar_app(tmp_path_factory):
     """The sidecar in-process with the fake executor of tests/sidecar (crews finish at once)."""
-    from sidecar_fakes import FAKE_CREWS, FakeExecutor, make_settings
-    from sidecar_fakes import TOKEN as FAKE_TOKEN
+    from kits.sidecar_fakes import FAKE_CREWS, FakeExecutor, make_settings
+    from kits.sidecar_fakes import TOKEN as FAKE_TOKEN
 
     from aip_crewai.sidecar.http.app import create_app
 

@@ -23,8 +23,9 @@ import httpx
 import pytest
 import storebackend
 from chaoslib import uid
-from host_process import free_port
-from relkit import TERMINAL, Host, Processes, action_status, approve, post_action, sidecar_events, until, wait_action
+from kits.host import Host, free_port
+from kits.poll import until
+from relkit import TERMINAL, Processes, action_status, approve, post_action, sidecar_events, wait_action
 
 from aip_crewai.host.actions.lifecycle import result_is_final
 
@@ -107,7 +108,7 @@ def test_rel_outage_approved_while_the_sidecar_is_down_runs_once_when_it_is_back
     complete once the sidecar starts, each started exactly once under its one job id."""
     port = free_port()
     host = _served(procs.host(f"http://127.0.0.1:{port}", ready=False))
-    with host.client("acme-app") as http:
+    with host.http("acme-app") as http:
         run_id = _approved_run(host, http, "echo", "down")
         query_id = uid("down-kq")
         answer = post_action(
@@ -136,12 +137,12 @@ def test_rel_outage_a_queued_approval_survives_a_host_restart(procs):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     host = _served(procs.host(url, ready=False))
-    with host.client("acme-app") as http:
+    with host.http("acme-app") as http:
         action_id = _approved_run(host, http, "echo", "restart")
         until(lambda: action_status(http, action_id).get("state") == "queued", timeout=30, what="queued")
     host.kill(signal.SIGKILL)
     host = _served(procs.host(url, port=host.port, ready=False))
-    with host.client("acme-app") as http:
+    with host.http("acme-app") as http:
         until(lambda: b"dispatch_not_admitted" in host.output(), timeout=60, what="the restarted host retrying")
         assert action_status(http, action_id)["state"] == "queued"
         sidecar = _fixed_port_sidecar(procs, port)
@@ -157,7 +158,7 @@ def test_rel_outage_past_the_dispatch_deadline_fails_with_a_certain_outcome(proc
     started afterwards never runs it."""
     port = free_port()
     host = _served(procs.host(f"http://127.0.0.1:{port}", ready=False, host_options={"dispatch_deadline_seconds": 1}))
-    with host.client("acme-app") as http:
+    with host.http("acme-app") as http:
         action_id = _approved_run(host, http, "echo", "deadline")
         view = wait_action(http, action_id, timeout=60)
         error = view["result"]["error"]
@@ -179,7 +180,7 @@ def test_rel_outage_a_run_approved_while_the_sidecar_drains_is_queued_not_burned
     port = free_port()
     sidecar = _fixed_port_sidecar(procs, port, "--shutdown-grace-seconds", "3")
     host = procs.host(sidecar.base_url)
-    with host.client("acme-app") as http:
+    with host.http("acme-app") as http:
         slow_id = _approved_run(host, http, "slow", "drain-slow")
         until(lambda: action_status(http, slow_id).get("state") == "running", timeout=30, what="slow run running")
         pending_id = uid("drain")
@@ -213,7 +214,7 @@ def test_rel_outage_a_frozen_sidecar_is_detected_and_followed_again_not_cancelle
     again: the run completes with every sidecar event stored once."""
     sidecar = procs.sidecar()
     host = procs.host(sidecar.base_url)
-    with host.client("acme-app") as http:
+    with host.http("acme-app") as http:
         action_id = _approved_run(host, http, "slow", "frozen")
         until(lambda: _events_so_far(sidecar, action_id) >= 3, timeout=60, what="events flowing")
         sidecar.process.send_signal(signal.SIGSTOP)
@@ -260,7 +261,7 @@ def test_rel_outage_sidecar_killed_mid_run_provisional_results_are_corrected_by_
     port = free_port()
     sidecar = _fixed_port_sidecar(procs, port, "--max-concurrency", "1")
     host = procs.host(sidecar.base_url)
-    with host.client("acme-app") as http:
+    with host.http("acme-app") as http:
         running_id = _approved_run(host, http, "slow", "k9-run")
         until(lambda: _events_so_far(sidecar, running_id) >= 2, timeout=60, what="first run going")
         queued_id = _approved_run(host, http, "slow", "k9-queued")

@@ -13,22 +13,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
 
 @pytest.mark.timeout(90)
-def test_rel_concurrent_identical_requests_execute_once(stack):
+def test_rel_concurrent_identical_requests_execute_once(shared_pair):
     """20 identical requests at once, 20 repeats after approval, 20 action ids under one key: one execution."""
-    chaoslib.duplicate_requests(*stack, n=20)
+    chaoslib.duplicate_requests(*shared_pair, n=20)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("attempt", range(3))
-def test_rel_concurrent_approve_and_deny_give_exactly_one_decision(stack, attempt):
+def test_rel_concurrent_approve_and_deny_give_exactly_one_decision(shared_pair, attempt):
     """10 concurrent approve/deny decisions of one approval: one 200, nine 409, the action follows the winner."""
-    chaoslib.decision_race(stack[2], n=10)
+    chaoslib.decision_race(shared_pair[2], n=10)
 
 
 @pytest.mark.timeout(120)
-def test_rel_cancel_racing_completion_ends_in_one_state_on_both_processes(stack):
+def test_rel_cancel_racing_completion_ends_in_one_state_on_both_processes(shared_pair):
     """Cancels at offsets spanning a fast run's admission, execution and completion: host status == sidecar status."""
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     outcomes = {chaoslib.cancel_race(sidecar, host, delay_s=delay / 100)["status"] for delay in range(0, 16)}
     assert outcomes <= {"completed", "cancelled"}
 
@@ -41,8 +41,8 @@ class SlowAdmission:
     reached it or ``delay_s`` passed (a start request still in flight)."""
 
     def __init__(self, delay_s: float = 0.3) -> None:
-        from fake_sidecar import FakeSidecar
-        from hostkit import SIDECAR_TOKEN
+        from kits.fake_sidecar import FakeSidecar
+        from kits.hostapp import SIDECAR_TOKEN
 
         self.fake = FakeSidecar(SIDECAR_TOKEN)
         self.delay_s = delay_s
@@ -67,7 +67,7 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
     """Regression: a cancel that reached the sidecar before the in-flight start was admitted got 404, the
     host recorded `cancelled_unconfirmed` (failed) and dropped its stream, and the sidecar then admitted
     and completed the job: host failed, sidecar completed. Now the cancel waits for the start's answer."""
-    from hostkit import bearer, running
+    from kits.hostapp import bearer, running
     from relkit import inproc_app
 
     sidecar = SlowAdmission()
@@ -106,7 +106,7 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
 async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome(tmp_path):
     """Regression: when the sidecar answered a cancel with an already completed job and no stream delivered
     the result, the host recorded `cancelled`; it now records the job's own terminal result."""
-    from fake_sidecar import FakeSidecar
+    from kits.fake_sidecar import FakeSidecar
 
     from aip_crewai.contracts import operations as ops
     from aip_crewai.host.actions import cancellation

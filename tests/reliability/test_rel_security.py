@@ -17,32 +17,32 @@ def _failures(results):
 
 
 @pytest.mark.timeout(120)
-def test_rel_host_routes_refuse_missing_wrong_tampered_expired_and_replayed_credentials(stack):
+def test_rel_host_routes_refuse_missing_wrong_tampered_expired_and_replayed_credentials(shared_pair):
     """12 routes x 11 bearer variants, and 10 forged signed envelopes: all 401, with no effect."""
-    results = securitykit.host_credentials(stack[2])
+    results = securitykit.host_credentials(shared_pair[2])
     assert len(results) > 140 and _failures(results) == []
 
 
 @pytest.mark.timeout(120)
-def test_rel_sidecar_routes_refuse_missing_wrong_and_tampered_tokens(stack):
+def test_rel_sidecar_routes_refuse_missing_wrong_and_tampered_tokens(shared_pair):
     """10 sidecar routes x 12 token variants (tokens in the query string too): all 401, nothing admitted."""
-    results = securitykit.sidecar_credentials(stack[1])
+    results = securitykit.sidecar_credentials(shared_pair[1])
     assert len(results) > 100 and _failures(results) == []
 
 
 @pytest.mark.timeout(120)
-def test_rel_tenants_never_see_or_touch_each_other(stack):
+def test_rel_tenants_never_see_or_touch_each_other(shared_pair):
     """Another tenant's actions, approvals, crews and runs are 404; one action id in two tenants is two jobs."""
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     assert _failures(securitykit.cross_tenant(sidecar, host)) == []
 
 
 @pytest.mark.timeout(120)
-def test_rel_secrets_tokens_and_inputs_stay_out_of_logs_bodies_and_the_journal(stack):
+def test_rel_secrets_tokens_and_inputs_stay_out_of_logs_bodies_and_the_journal(shared_pair):
     """The provider secret the failing crew raises, every token, and an input marker are absent from both
     processes' stdout and stderr, every error body, the journal and CrewAI's storage; the host store holds
     no secret or token (it keeps inputs by design: the approver's input snapshot)."""
-    assert _failures(securitykit.secrets_absent(*stack)) == []
+    assert _failures(securitykit.secrets_absent(*shared_pair)) == []
 
 
 @pytest.mark.timeout(180)
@@ -84,14 +84,14 @@ def test_rel_sidecar_job_ids_never_collide_across_tenants():
 
 
 @pytest.mark.timeout(60)
-def test_rel_an_early_401_closes_the_connection_instead_of_poisoning_keep_alive(stack):
+def test_rel_an_early_401_closes_the_connection_instead_of_poisoning_keep_alive(shared_pair):
     """Regression: a 401 answered before the request body was read left the body on a keep-alive
     connection the server then dropped without `Connection: close`; the client's next request on it
     failed with "server disconnected" (for the host's sidecar client: a transport error, an uncertain
     dispatch). Both processes now close such connections explicitly."""
     import httpx
 
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     targets = [
         (sidecar.base_url, "/jobs", {"Idempotency-Key": "k"}, sidecar.headers, "/health"),
         (

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from kits.poll import until_async
 
 from aip_crewai.sidecar.errors import JournalForeign, JournalFull
 from aip_crewai.sidecar.jobs.model import EventRow, JobStatus, NewJob, TaskRunRef
@@ -33,14 +34,6 @@ def ev(sequence: int, event: str = "chunk") -> EventRow:
 
 def workers() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith(WORKER)}
-
-
-async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    """Poll ``condition`` with a deadline (worker threads exit asynchronously)."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached before the deadline"
-        await asyncio.sleep(0.01)
 
 
 def lock_is_free(path) -> bool:
@@ -214,7 +207,7 @@ async def test_a_refused_open_leaks_neither_the_worker_nor_the_lock(tmp_path):
     with pytest.raises(JournalForeign):
         await Journal.open(path)
     assert lock_is_free(path)
-    await until(lambda: workers() == before)
+    await until_async(lambda: workers() == before, interval=0.01, what="the worker threads gone")
 
 
 async def test_a_cancelled_open_closes_its_connection_then_releases_the_lock(tmp_path, monkeypatch):
@@ -236,5 +229,7 @@ async def test_a_cancelled_open_closes_its_connection_then_releases_the_lock(tmp
         await task
     assert not lock_is_free(path)  # the worker still holds a connection: the lock stays held
     gate.set()
-    await until(lambda: workers() == before and lock_is_free(path))
+    await until_async(
+        lambda: workers() == before and lock_is_free(path), interval=0.01, what="the worker threads gone, the lock free"
+    )
     await (await Journal.open(path)).close()

@@ -18,12 +18,12 @@ import os
 import pickle
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+from kits.poll import until_async
 
 from aip_crewai.sidecar import operations
 from aip_crewai.sidecar.jobs.context import InputRejected, JobCancelled, JobContext, SafeJobError
@@ -157,14 +157,6 @@ class ModelCalls:
         from crewai.events.stream_context import reset_stream_sinks
 
         reset_stream_sinks(self.token)
-
-
-async def poll(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        await asyncio.sleep(0.02)
 
 
 def shared_replay_table() -> list[dict[str, Any]] | None:
@@ -541,7 +533,7 @@ async def test_cancel_flag_stops_the_worker_at_its_next_model_call(
     calls = ModelCalls()  # installed in this context: the job's task and thread inherit it
     try:
         task = asyncio.create_task(jobs.call(crew_id, operation, payload, ctx=ctx))
-        await poll(lambda: len(chunks) >= 1)  # the first model call is streaming
+        await until_async(lambda: len(chunks) >= 1)  # the first model call is streaming
         ctx.cancel_flag.set()
         calls_at_cancel = calls.count
         with pytest.raises(JobCancelled):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kits.poll import until_async
 from pydantic import BaseModel
 
 from aip_crewai.sidecar import operations
@@ -28,14 +29,6 @@ def registry(crewai_state_dir: Path) -> dict[str, CrewSource]:
 
 def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-async def _poll(condition, timeout: float = 10.0, interval: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        await asyncio.sleep(interval)
 
 
 def _source(factory) -> CrewSource:
@@ -144,13 +137,13 @@ async def test_cancelling_a_slow_run_stops_model_calls(registry, make_ctx, tmp_p
     monkeypatch.setenv("AIP_CREWAI_TEST_CALL_LOG", str(log))
     ctx, rec = make_ctx()
     task = asyncio.create_task(operations.execute(registry["slow"], "run", {"topic": "owls"}, ctx))
-    await _poll(lambda: len(rec) >= 2)
+    await until_async(lambda: len(rec) >= 2, what="two chunks")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert ctx.cancel_flag.is_set()
     # the model call in flight (in CrewAI's worker thread) stops at its next chunk
-    await _poll(lambda: ctx.stop_observed, timeout=5)
+    await until_async(lambda: ctx.stop_observed, timeout=30, what="the stop observed")
     calls, chunks = _lines(log), len(rec)
     assert calls == 1
     # observe a window of 4 chunk intervals (300 ms each): nothing more happens

@@ -8,21 +8,20 @@ import sqlite3
 
 import msgspec
 import pytest
-from sidecar_fakes import FAKE_CREWS, SECRET, TOKEN, job, poll, running_app
-
-from aip_crewai.sse import SSEDecoder
+from kits.aip import sse_events
+from kits.poll import until_async
+from kits.sidecar_fakes import FAKE_CREWS, SECRET, TOKEN, job, running_app
 
 pytestmark = pytest.mark.timeout(30)
 
 KEY = {"Idempotency-Key": "key-1"}
 
 
-def sse_events(body: bytes) -> list[dict]:
-    decoder = SSEDecoder()
+def job_events(body: bytes) -> list[dict]:
+    """The job events of a sidecar SSE body (each frame's name and id are its event's name and sequence)."""
     out = []
-    for ev in decoder.feed(body):
-        data = json.loads(ev.data)
-        assert ev.event == data["event"] and ev.id == str(data["sequence"])
+    for event, sse_id, data in sse_events(body):
+        assert event == data["event"] and sse_id == str(data["sequence"])
         out.append(data)
     return out
 
@@ -145,13 +144,13 @@ async def test_blocking_wait_past_timeout_is_504_and_the_job_keeps_running(tmp_p
     async with running_app(tmp_path, max_concurrency=1) as (client, _app, fake):
         # occupy the only slot, so the next job stays queued past its wait bound
         blocker = asyncio.create_task(client.post("/jobs", json=job("busy", "slow"), headers=KEY))
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         resp = await client.post("/jobs", json=job("t1", timeout_ms=50), headers={"Idempotency-Key": "k2"})
         assert resp.status_code == 504
         assert resp.json()["status"] == "queued"
         fake.release.set()
         assert (await blocker).status_code == 200
-        await poll(lambda: _status(client, "t1", "completed"))
+        await until_async(lambda: _status(client, "t1", "completed"), interval=0.005)
 
 
 async def _status(client, action_id, expected):
@@ -167,7 +166,7 @@ async def test_exact_repeat_returns_the_record_without_a_second_execution(tmp_pa
         other_key = await client.post("/jobs", json=job("r1"), headers={"Idempotency-Key": "key-2"})
         other_timeout = await client.post("/jobs", json=job("r1", timeout_ms=1000), headers=KEY)
     assert first.status_code == again.status_code == 200 and first.json() == again.json()
-    assert [e["event"] for e in sse_events(stream.content)][-1] == "completed"
+    assert [e["event"] for e in job_events(stream.content)][-1] == "completed"
     assert changed.status_code == other_key.status_code == other_timeout.status_code == 409
     assert len(fake.calls) == 1
 
@@ -297,7 +296,7 @@ async def test_stream_route_sends_all_events_as_sse_frames(tmp_path):
         resp = await client.post("/jobs/stream", json=job("s", input={"chunks": 2}), headers=KEY)
     assert resp.headers["content-type"].startswith("text/event-stream")
     assert resp.headers["cache-control"] == "no-cache" and resp.headers["x-accel-buffering"] == "no"
-    events = sse_events(resp.content)
+    events = job_events(resp.content)
     assert [e["event"] for e in events] == ["started", "chunk", "chunk", "completed"]
     assert b"id: 0\nevent: started\ndata: {" in resp.content
 
@@ -315,8 +314,8 @@ async def test_events_resume_with_cursor_and_last_event_id_and_416_outside(tmp_p
         negative = await client.get("/jobs/e/events", params={"cursor": -1})
         garbage = await client.get("/jobs/e/events", params={"cursor": "x"})
         unknown = await client.get("/jobs/zzz/events")
-    assert [e["sequence"] for e in sse_events(by_cursor.content)] == [2, 3, 4]
-    assert [e["sequence"] for e in sse_events(by_id.content)] == [4]
+    assert [e["sequence"] for e in job_events(by_cursor.content)] == [2, 3, 4]
+    assert [e["sequence"] for e in job_events(by_id.content)] == [4]
     assert [e["event"] for e in json_page["events"]] == ["completed"] and json_page["next_cursor"] == 5
     assert at_end["events"] == [] and at_end["next_cursor"] == 5
     assert past.status_code == past_sse.status_code == negative.status_code == 416
@@ -339,11 +338,11 @@ async def test_cancel_route_checks_ids_and_is_idempotent_on_terminal_jobs(tmp_pa
 async def test_cancelling_a_running_job_ends_it_cancelled_and_blocking_waiters_get_409(tmp_path):
     async with running_app(tmp_path) as (client, _app, fake):
         waiter = asyncio.create_task(client.post("/jobs", json=job("c", "slow"), headers=KEY))
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         resp = await client.post("/jobs/c/cancel", json={"crew_id": "slow", "action_id": "c"})
         blocked = await waiter
         events = (await client.get("/jobs/c/events")).json()["events"]
-        view = await poll(lambda: _view_with_stop(client, "c"))
+        view = await until_async(lambda: _view_with_stop(client, "c"), interval=0.005)
     assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
     assert blocked.status_code == 409 and blocked.json()["status"] == "cancelled"
     assert events[-1]["event"] == "cancelled" and events[-1]["data"] == {"status": "cancelled"}
@@ -360,7 +359,7 @@ async def test_non_cancellable_operation_is_409_while_running(tmp_path):
         task = asyncio.create_task(
             client.post("/jobs", json=job("m", "slow", "memory_reset", {"command_type": "all"}), headers=KEY)
         )
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         resp = await client.post("/jobs/m/cancel", json={"crew_id": "slow", "action_id": "m"})
         fake.release.set()
         assert (await task).status_code == 200
@@ -370,7 +369,7 @@ async def test_non_cancellable_operation_is_409_while_running(tmp_path):
 async def test_archive_needs_confirmation_refuses_running_jobs_and_hides_the_record(tmp_path):
     async with running_app(tmp_path) as (client, _app, fake):
         task = asyncio.create_task(client.post("/jobs", json=job("d", "slow"), headers=KEY))
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         no_header = await client.delete("/jobs/d")
         wrong = await client.delete("/jobs/d", headers={"X-AIP-Archive-Confirmation": "x"})
         running = await client.delete("/jobs/d", headers={"X-AIP-Archive-Confirmation": "d"})
@@ -464,7 +463,7 @@ async def test_the_reference_legacy_run_routes_answer_as_the_job_routes(tmp_path
         other_stream = await client.post("/runs/stream", json=job("l5", operation="batch_run"), headers=KEY)
     assert blocking.status_code == 200 and blocking.json()["tasks_output"][0]["task_id"] == "task-l1-0"
     assert legacy_view == view and view["status"] == "completed"
-    assert [e["event"] for e in sse_events(streamed.content)][-1] == "completed"
+    assert [e["event"] for e in job_events(streamed.content)][-1] == "completed"
     assert defaulted.status_code == 200
     assert cancel.status_code == 200 and cancel.json()["status"] == "completed" and mismatch.status_code == 400
     for refused in (other, other_stream):
@@ -491,7 +490,7 @@ async def test_without_a_token_bodies_being_read_share_one_budget_and_one_more_i
     ):
         budget = app.state.body_budget
         held = [asyncio.create_task(client.post("/jobs", content=slow(1024 * 1024), headers=KEY)) for _ in range(7)]
-        await poll(lambda: budget.used_bytes == budget_bytes - 1024 * 1024)
+        await until_async(lambda: budget.used_bytes == budget_bytes - 1024 * 1024, interval=0.005)
         refused = await client.post("/jobs", content=slow(1024 * 1024 + 1), headers=KEY)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert refused.json()["budget_bytes"] == budget_bytes and "retry later" in refused.json()["detail"]

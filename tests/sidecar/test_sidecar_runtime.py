@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 
 import msgspec
 import pytest
-from sidecar_fakes import FakeExecutor, job, make_settings, poll
+from kits.poll import until_async
+from kits.sidecar_fakes import FakeExecutor, job, make_settings
 
 from aip_crewai.sidecar.errors import JobNotCancellable, JobWaitTimeout, ShuttingDown
 from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE
@@ -69,8 +70,8 @@ async def test_chunks_commit_in_groups_of_stream_checkpoint_events(tmp_path, che
     With groups of 4 nothing is committed before the terminal event."""
     async with runtime(tmp_path, stream_checkpoint_events=checkpoint) as (rt, fake):
         await admit(rt, "w", "worker")
-        await poll(lambda: _count(rt, "w", 4))  # started + 3 chunks visible
-        await poll(lambda: _committed_in(rt, "w", committed))
+        await until_async(lambda: _count(rt, "w", 4), interval=0.005)  # started + 3 chunks visible
+        await until_async(lambda: _committed_in(rt, "w", committed), interval=0.005)
         await asyncio.sleep(0.05)  # settle: nothing more may be committed before the terminal event
         assert len(await rt.journal.read_events("w", 0)) in committed
         fake.release_thread.set()
@@ -149,7 +150,7 @@ async def test_execution_bound_fails_the_job_and_stops_it(tmp_path):
         with pytest.raises(JobWaitTimeout):
             await rt.reads.wait("t", 1)
         record = await rt.reads.wait("t", 5000)
-        stop = await poll(lambda: _stop_observed(rt, "t"))
+        stop = await until_async(lambda: _stop_observed(rt, "t"), interval=0.005)
     error = json.loads(record.error)
     assert error["error_type"] == "ExecutionTimeout" and error["uncertain_outcome"] is True
     assert stop is True
@@ -164,12 +165,12 @@ async def _stop_observed(rt, action_id):
 async def test_cancelling_a_run_cancels_its_task_at_once(tmp_path):
     async with runtime(tmp_path) as (rt, fake):
         await admit(rt, "r", "slow")
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         loop = asyncio.get_running_loop()
         start = loop.time()
         view = await rt.cancel("r", "slow")
         elapsed = loop.time() - start
-        await poll(lambda: _stop_observed(rt, "r"))
+        await until_async(lambda: _stop_observed(rt, "r"), interval=0.005)
         events = await events_of(rt, "r")
     assert view["status"] == "cancelled" and elapsed < 1.0
     assert [e["event"] for e in events] == ["started", "chunk", "cancelled"]
@@ -178,11 +179,11 @@ async def test_cancelling_a_run_cancels_its_task_at_once(tmp_path):
 async def test_cancelling_a_worker_thread_op_records_cancelled_then_the_observed_stop(tmp_path):
     async with runtime(tmp_path) as (rt, fake):
         await admit(rt, "p", "worker", "test", {"n_iterations": 1, "eval_llm": "m"})
-        await poll(lambda: _count(rt, "p", 2))
+        await until_async(lambda: _count(rt, "p", 2), interval=0.005)
         view = await rt.cancel("p", "worker")
         assert view["status"] == "cancelled"
         assert "provider_stop_observed" in view
-        observed = await poll(lambda: _stop_observed(rt, "p"))
+        observed = await until_async(lambda: _stop_observed(rt, "p"), interval=0.005)
         final = await rt.reads.view("p")
     assert observed is True and final["provider_stop_observed"] is True
     assert rt.health()["active_runs"] == 0
@@ -191,10 +192,10 @@ async def test_cancelling_a_worker_thread_op_records_cancelled_then_the_observed
 async def test_a_worker_that_ignores_the_flag_is_recorded_as_not_stopped(tmp_path):
     async with runtime(tmp_path) as (rt, fake):
         await admit(rt, "p", "slow", "train", {"n_iterations": 1, "artifact_name": "a"})
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         await rt.cancel("p", "slow")  # train: task not cancelled, the fake never checks the flag
         fake.release.set()
-        await poll(lambda: _stop_known(rt, "p"))
+        await until_async(lambda: _stop_known(rt, "p"), interval=0.005)
         record = await rt.journal.get("p")
     assert record.status is JobStatus.CANCELLED and record.provider_stop_observed is False
 
@@ -207,7 +208,7 @@ async def test_cancelling_a_queued_job_never_runs_it(tmp_path):
     async with runtime(tmp_path, max_concurrency=1) as (rt, fake):
         await admit(rt, "busy", "slow")
         await admit(rt, "q", "echo")
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         view = await rt.cancel("q", "echo")
         fake.release.set()
         await rt.reads.wait("busy", 5000)
@@ -222,7 +223,7 @@ async def test_cancelling_a_queued_job_never_runs_it(tmp_path):
 async def test_not_cancellable_operations_refuse_cancel_while_running(tmp_path):
     async with runtime(tmp_path) as (rt, fake):
         await admit(rt, "k", "slow", "knowledge_query", {"query": ["q"]})
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         with pytest.raises(JobNotCancellable):
             await rt.cancel("k", "slow")
         fake.release.set()
@@ -234,7 +235,7 @@ async def test_concurrency_is_bounded_by_the_semaphore(tmp_path):
     async with runtime(tmp_path, max_concurrency=2) as (rt, fake):
         for aid in ("s1", "s2", "s3"):
             await admit(rt, aid, "slow")
-        await poll(lambda: len(fake.calls) == 2)
+        await until_async(lambda: len(fake.calls) == 2, interval=0.005)
         assert (await rt.reads.view("s3"))["status"] == "queued"
         assert rt.health()["active_runs"] == 3
         fake.release.set()
@@ -257,7 +258,7 @@ async def test_concurrent_jobs_never_see_each_others_events(tmp_path):
 async def test_shutdown_refuses_admissions_and_cancels_jobs_past_the_grace(tmp_path):
     async with runtime(tmp_path) as (rt, fake):
         await admit(rt, "s", "slow")
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         await rt.shutdown(0.05)
         with pytest.raises(ShuttingDown):
             await admit(rt, "n", "echo")
@@ -273,7 +274,7 @@ async def test_shutdown_refuses_admissions_and_cancels_jobs_past_the_grace(tmp_p
 async def test_shutdown_lets_jobs_finish_within_the_grace(tmp_path):
     async with runtime(tmp_path) as (rt, fake):
         await admit(rt, "s", "slow")
-        await poll(lambda: fake.started.is_set())
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
         asyncio.get_running_loop().call_later(0.05, fake.release.set)
         await rt.shutdown(5)
         record = await rt.journal.get("s")

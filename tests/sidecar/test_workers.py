@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import worker_fakes
+from kits.poll import until_async
 
 from aip_crewai.sidecar.isolation.pool import WorkerDied, WorkerPool
 from aip_crewai.sidecar.isolation.wire import Boot
@@ -84,10 +85,12 @@ async def cancel_after_first_chunk(pool: WorkerPool, ctx: JobContext, chunks: li
     await pool.start()
     try:
         job = asyncio.create_task(pool("crew", "replay", {}, ctx))
-        deadline = time.monotonic() + 30
-        while not chunks:  # a condition with a deadline: the worker's first chunk
-            assert not job.done() and time.monotonic() < deadline, "the worker never sent its first chunk"
-            await asyncio.sleep(0.01)
+
+        def first_chunk() -> bool:
+            assert not job.done(), "the job ended before its first chunk"
+            return bool(chunks)
+
+        await until_async(first_chunk, interval=0.01, what="the worker's first chunk")
         (pid,) = pool.pids()
         asked = time.monotonic()
         job.cancel()

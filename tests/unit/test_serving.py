@@ -6,6 +6,7 @@ import asyncio
 import socket
 
 import pytest
+from kits.poll import until_async
 
 from aip_crewai.plumbing.serving import hypercorn_config
 
@@ -35,11 +36,9 @@ async def test_connections_beyond_the_bound_are_closed_unread():
         for _ in range(2):  # two idle connections hold the bound
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             held.append((reader, writer))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while getattr(config, "aip_open_connections", 0) < 2:
-            assert loop.time() < deadline, "the server never counted the two connections"
-            await asyncio.sleep(0.01)
+        await until_async(
+            lambda: getattr(config, "aip_open_connections", 0) >= 2, interval=0.01, what="two connections counted"
+        )
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         try:  # closed without an answer (a reset, when the request was still unread)

@@ -1,5 +1,5 @@
-"""Helpers and fixtures for the host foundation tests (registered by conftest.py): a complete configuration on disk, a fake sidecar,
-a fake clock, signed envelopes, and the app running in-process.
+"""The host in-process, for the host tests (tests/host/conftest.py registers its fixtures), the conformance suite
+and the reliability suite: a complete configuration on disk, a fake sidecar, a fake clock, signed envelopes, and the app running in-process.
 
 Layout written by ``host_files``: crews ``alpha`` (legacy policy: 4 ops),
 ``beta`` (all 10 ops), ``gamma`` (run only); tenants ``acme`` → alpha, beta;
@@ -40,6 +40,7 @@ from aip_crewai.host.config import load_settings
 from aip_crewai.host.http.app import create_app
 from aip_crewai.host.settings import Settings
 from aip_crewai.host.store.store import ms_to_rfc3339
+from kits import aip
 
 SIDECAR_TOKEN = "sidecar-secret-token"
 NOW = 1_790_000_000.0  # 2026-09-21T…Z, epoch seconds
@@ -245,27 +246,24 @@ def bearer(principal_id: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKENS[principal_id]}"}
 
 
-def envelope(message_id: str = "msg_1", *, sent_at_s: float = NOW, **extra: Any) -> dict[str, Any]:
-    """An ``aip.core.v1.action`` envelope (unsigned) as a dict."""
-    return {
-        "aip_version": "1.0",
-        "message_type": "aip.core.v1.action",
-        "message_id": message_id,
-        "sent_at": ms_to_rfc3339(int(sent_at_s * 1000)),
-        "body": {"action": {"id": "act_1", "capability_id": "cap:crewai:alpha", "input": {"topic": "x"}}},
+def envelope(
+    message_id: str = "msg_1", *, sent_at_s: float = NOW, body: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
+    """:func:`kits.aip.envelope` of ``body``, by default the action ``act_1`` (``cap:crewai:alpha``, input
+    ``{"topic": "x"}``), sent at ``sent_at_s`` (epoch seconds; by default the fake clock's :data:`NOW`)."""
+    return aip.envelope(
+        aip.action("act_1", "cap:crewai:alpha", {"topic": "x"}) if body is None else body,
+        message_id=message_id,
+        sent_at=ms_to_rfc3339(int(sent_at_s * 1000)),
         **extra,
-    }
+    )
 
 
 def action_env(
     message_id: str, action_id: str, cap: str, inp: dict[str, Any], key: str | None = None
 ) -> dict[str, Any]:
     """:func:`envelope` carrying the action ``action_id`` for ``cap`` with input ``inp`` (and ``key``)."""
-    env = envelope(message_id)
-    env["body"]["action"] = {"id": action_id, "capability_id": cap, "input": inp}
-    if key:
-        env["body"]["action"]["idempotency_key"] = key
-    return env
+    return envelope(message_id, body=aip.action(action_id, cap, inp, key or None))
 
 
 class Clock:
@@ -283,12 +281,11 @@ async def open_action_service(
 ) -> tuple[Any, Any, httpx.AsyncClient, Clock]:
     """An ActionService over a SQLite store in ``tmp_path`` and a FakeSidecar; returns
     ``(service, sidecar, http, clock)`` (close ``http`` and ``service.store`` after)."""
-    from fake_sidecar import FakeSidecar
-
     from aip_crewai.host.actions.dispatch import Dispatcher
     from aip_crewai.host.actions.service import ActionService
     from aip_crewai.host.sidecars.client import SidecarClient
     from aip_crewai.host.store.store import Store
+    from kits.fake_sidecar import FakeSidecar
 
     tmp_path.chmod(0o700)
     clock = Clock()
@@ -332,20 +329,10 @@ async def submit_action(
 ) -> dict[str, Any]:
     """POST an ``aip.core.v1.action`` (key ``k-<action id>``) as ``principal``'s bearer; returns the
     result's ``output`` (for a mutation: ``approval_id``, ``policy_hash``, ...)."""
-    env = {
-        "aip_version": "1.0",
-        "message_type": "aip.core.v1.action",
-        "message_id": f"msg_{action_id}",
-        "sent_at": ms_to_rfc3339(int(NOW * 1000)),
-        "body": {
-            "action": {
-                "id": action_id,
-                "capability_id": capability,
-                "input": {"topic": "t"} if input is None else input,
-                "idempotency_key": f"k-{action_id}",
-            }
-        },
-    }
+    env = envelope(
+        f"msg_{action_id}",
+        body=aip.action(action_id, capability, {"topic": "t"} if input is None else input, f"k-{action_id}"),
+    )
     answer = await http.post(
         "/aip/v1/messages",
         content=json.dumps(env),

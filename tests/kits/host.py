@@ -1,7 +1,8 @@
-"""A real host process on loopback, wired to a sidecar (helpers for integration tests).
+"""The host launcher: a real host process on loopback, wired to a sidecar (the integration, browser,
+real-crew and reliability suites).
 
 ``start_host(workdir, sidecar_url, sidecar_token)`` writes a host.toml with two
-tenants and four principals, starts ``python -m aip_crewai.cli host``, waits
+tenants and four principals, starts ``python -m aip_crewai.cli host`` (:func:`launch_host`), waits
 for ``/ready`` and returns a :class:`Host`. Tokens are in :data:`TOKENS`.
 
 Tenants: ``acme`` sees the crews of :data:`ACME_CREWS`; ``beta`` sees
@@ -21,15 +22,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
-
-if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/: storebackend, pgserver (make chaos too)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import storebackend  # noqa: E402
 
 from aip_crewai.client import AipClient  # noqa: E402
+from kits.poll import Deadline, until
 
 TOKENS = {
     "acme-app": "tok-acme-app-1",
@@ -50,17 +49,78 @@ def free_port() -> int:
 
 @dataclass
 class Host:
+    """One host process: its stderr in ``log``, its stdout in ``stdout_path`` when captured, its
+    configuration directory ``workdir``."""
+
     process: subprocess.Popen[bytes]
     base_url: str
     log: Path
+    workdir: Path
+    stdout_path: Path | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.base_url.rsplit(":", 1)[1])
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.log
 
     def client(self, principal: str, **kwargs: object) -> AipClient:
+        """An AIP client (aip_crewai.client) with ``principal``'s bearer token."""
         return AipClient(self.base_url, token=TOKENS[principal], **kwargs)  # type: ignore[arg-type]
 
+    def http(self, principal: str, **kwargs: Any) -> httpx.Client:
+        """A plain HTTP client with ``principal``'s bearer token (timeout 60 s)."""
+        return httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {TOKENS[principal]}"},
+            timeout=httpx.Timeout(60.0, connect=10.0),
+            **kwargs,
+        )
+
+    def output(self) -> bytes:
+        """Everything the process wrote (stderr, then stdout when captured)."""
+        return b"".join(p.read_bytes() for p in (self.log, self.stdout_path) if p is not None and p.exists())
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Send ``sig`` (default SIGTERM) and wait for the exit status."""
         if self.process.poll() is None:
             self.process.send_signal(sig)
         return self.process.wait(timeout=60)
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` (default SIGKILL) and wait for the exit status."""
+        return self.stop(sig)
+
+
+def launch_host(
+    config: Path,
+    stderr: Path,
+    *,
+    stdout: Path | None = None,
+    env: dict[str, str] | None = None,
+    json_logs: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Start ``aip-crewai host --config <config>`` (without waiting): stderr to ``stderr``, stdout to ``stdout``
+    (else nowhere), the test process's environment without ``NOTIFY_SOCKET`` plus ``env``; ``json_logs``
+    adds ``--log-format json``."""
+    environ = {**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, **(env or {})}
+    argv = [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)]
+    err = stderr.open("wb")
+    out = stdout.open("wb") if stdout is not None else None
+    try:
+        return subprocess.Popen(
+            [*argv, *(["--log-format", "json"] if json_logs else [])],
+            stdin=subprocess.DEVNULL,
+            stdout=out if out is not None else subprocess.DEVNULL,
+            stderr=err,
+            env=environ,
+        )
+    finally:
+        err.close()
+        if out is not None:
+            out.close()
 
 
 def write_config(
@@ -184,27 +244,20 @@ def start_host(
         sidecars=sidecars,
     )
     log = workdir / f"host-{port}-{time.monotonic_ns()}.log"
-    handle = log.open("wb")
-    env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=handle,
-        env=env,
-    )
-    handle.close()
-    host = Host(process, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 60
-    while wait_ready:
+    process = launch_host(config, log)
+    host = Host(process, f"http://127.0.0.1:{port}", log, workdir)
+
+    def ready() -> bool:
         if process.poll() is not None:
             raise AssertionError(f"host exited {process.returncode}:\n{log.read_text()}")
         try:
-            if httpx.get(f"{host.base_url}/ready", timeout=5).status_code == 200:
-                break
+            return httpx.get(f"{host.base_url}/ready", timeout=5).status_code == 200
         except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"host never became ready:\n{log.read_text()}")
-        time.sleep(0.1)
+            return False
+
+    if wait_ready:
+        try:
+            until(ready, timeout=60, interval=0.1, what="host /ready")
+        except Deadline as exc:
+            raise Deadline(f"{exc}:\n{log.read_text()}") from None
     return host

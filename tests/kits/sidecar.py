@@ -1,6 +1,7 @@
-"""Real sidecar processes on loopback for integration tests (helpers of ``conftest.py``).
+"""The sidecar launcher: real sidecar processes on loopback (the integration, browser, real-crew and
+reliability suites; the fixtures are in tests/integration/conftest.py).
 
-``start_sidecar(...)`` runs ``python -m aip_crewai.cli sidecar`` with the
+:func:`launch` runs ``python -m aip_crewai.cli sidecar`` with the
 offline test crews (``aip_crewai.examples.testing:CREWS``) on an ephemeral port
 (``--port 0``: the sidecar binds first and logs ``sidecar_listening`` with the
 real port on stderr, so there is no free-port race), a 0600 token file and a
@@ -9,16 +10,14 @@ returns a :class:`Sidecar`. Model calls are appended to ``call_log`` (one
 line ``<time> <pid> <model>`` per call), so tests count executions across
 processes and restarts. Processes still alive at teardown are killed.
 
-The fixtures live in ``conftest.py``; this module has a unique name so test
-modules can import its helpers (``import conftest`` is ambiguous when several
-test directories have one).
+:class:`SidecarFactory` starts them in one private directory and waits for each (``wait_ready``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from kits.poll import Deadline, until
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "integration-token-5f1c"
@@ -48,6 +49,8 @@ class Sidecar:
     call_log: Path
     stderr_path: Path
     args: list[str] = field(default_factory=list)
+    #: Where the process's stdout went, when it was captured (:func:`launch` ``stdout``).
+    stdout_path: Path | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -91,22 +94,6 @@ class Sidecar:
         return self.process.wait(timeout=60)
 
 
-async def until(predicate: Any, timeout: float = 30.0, interval: float = 0.02, what: str = "condition") -> Any:
-    """Poll ``predicate()`` until truthy and return its value (a condition with a deadline, never a bare sleep).
-
-    Raises:
-        AssertionError: ``what`` not met within ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met before the deadline ({timeout} s)")
-        await asyncio.sleep(interval)
-
-
 def sidecar_command(*args: str) -> list[str]:
     """``python -m aip_crewai.cli sidecar <args>`` with this interpreter."""
     return [sys.executable, "-m", "aip_crewai.cli", "sidecar", *args]
@@ -141,13 +128,21 @@ def launch(
     env: dict[str, str] | None = None,
     tag: str = "",
     stdout: Path | None = None,
+    stderr: Path | None = None,
+    token_file: Path | None = None,
+    fsize_limit: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a sidecar process (without waiting); stderr goes to ``workdir/stderr<tag>.log``,
-    stdout to ``stdout`` when given (else nowhere)."""
-    token_file = workdir / "token"
-    if not token_file.exists():
-        token_file.write_text(TOKEN + "\n")
-        token_file.chmod(0o600)
+    """Start a sidecar process (without waiting) on the offline test crews, journal ``journal`` (default
+    ``workdir/journal.db``), token file ``token_file`` (default ``workdir/token``, written 0600 with
+    :data:`TOKEN` if absent); ``args`` are appended to the command line, ``env`` to the environment
+    (:func:`child_env`). stderr goes to ``stderr`` (default ``workdir/stderr<tag>.log``), stdout to ``stdout``
+    when given (else nowhere). ``fsize_limit`` (bytes) sets ``RLIMIT_FSIZE`` in the child: writes past it fail
+    with EFBIG (real write failures without root or mounts)."""
+    if token_file is None:
+        token_file = workdir / "token"
+        if not token_file.exists():
+            token_file.write_text(TOKEN + "\n")
+            token_file.chmod(0o600)
     cmd = [
         *sidecar_command("--registry", REGISTRY),
         "--journal",
@@ -164,7 +159,13 @@ def launch(
         "2",
         *(args or []),
     ]
-    stderr = open(workdir / f"stderr{tag}.log", "wb")  # noqa: SIM115 - the child owns it
+
+    def limits() -> None:
+        if fsize_limit is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+
+    err = open(stderr or workdir / f"stderr{tag}.log", "wb")  # noqa: SIM115 - the child owns it
     out = open(stdout, "wb") if stdout is not None else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen(
@@ -173,37 +174,47 @@ def launch(
             env=child_env(workdir / "calls.log", env),
             stdin=subprocess.DEVNULL,
             stdout=out,
-            stderr=stderr,
+            stderr=err,
+            preexec_fn=limits if fsize_limit is not None else None,
         )
     finally:
-        stderr.close()
+        err.close()
         if stdout is not None:
             out.close()  # type: ignore[union-attr]
 
 
 def wait_ready(process: subprocess.Popen[bytes], stderr_path: Path) -> str:
-    """Wait for ``sidecar_listening`` then a 200 from ``/health``; return the base URL."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    port = None
-    while port is None:
+    """Wait for ``sidecar_listening`` then a 200 from ``/health``; return the base URL.
+
+    Raises:
+        AssertionError: the process exited first (its stderr in the message).
+        kits.poll.Deadline: not ready within :data:`START_TIMEOUT_S` (its stderr in the message).
+    """
+
+    def listening() -> int | None:
         if process.poll() is not None:
             raise AssertionError(f"sidecar exited with {process.returncode}:\n{stderr_path.read_text()}")
-        for line in stderr_path.read_text(errors="replace").splitlines():
-            if '"sidecar_listening"' in line:
-                port = json.loads(line)["port"]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"sidecar did not listen in time:\n{stderr_path.read_text()}")
-        time.sleep(0.05)
-    base_url = f"http://127.0.0.1:{port}"
-    while True:
+        ports = [
+            json.loads(line)["port"]
+            for line in stderr_path.read_text(errors="replace").splitlines()
+            if '"sidecar_listening"' in line
+        ]
+        return ports[-1] if ports else None
+
+    def healthy() -> bool:
         try:
-            if httpx.get(f"{base_url}/health", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200:
-                return base_url
+            return httpx.get(f"{base_url}/health", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
         except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError("sidecar /health never answered 200")
-        time.sleep(0.05)
+            return False
+
+    started = time.monotonic()
+    try:
+        port = until(listening, timeout=START_TIMEOUT_S, interval=0.05, what="sidecar listening")
+        base_url = f"http://127.0.0.1:{port}"
+        until(healthy, timeout=START_TIMEOUT_S - (time.monotonic() - started), interval=0.05, what="sidecar /health")
+    except Deadline as exc:
+        raise Deadline(f"{exc}:\n{stderr_path.read_text(errors='replace')}") from None
+    return base_url
 
 
 class SidecarFactory:

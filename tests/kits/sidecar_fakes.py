@@ -139,18 +139,3 @@ def job(
     }
     body.update(extra)
     return body
-
-
-async def poll(predicate: Any, timeout: float = 5.0, interval: float = 0.005) -> Any:
-    """Await until ``predicate()`` (sync or async) is truthy; return it. Fails after ``timeout`` s."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(interval)
