@@ -58,12 +58,17 @@ class Boot(msgspec.Struct, frozen=True):
         state_dir: the sidecar state directory (CrewAI storage under it).
         log_json: JSON log lines (else the console renderer).
         log_level: ``debug``/``info``/``warning``/``error``.
+        trace_protocol, trace_content: the operator's tracing settings, read before CrewAI's environment
+            forced ``OTEL_SDK_DISABLED`` (``aip_crewai/tracing.py``); None: no tracing.
     """
 
     registry: str
     state_dir: str
     log_json: bool
     log_level: str
+    #: the sidecar's tracing (README "Observing actions"): the OTLP protocol (None: off), content capture
+    trace_protocol: str | None = None
+    trace_content: bool = False
 
 
 class Start(msgspec.Struct, frozen=True, tag="start"):
@@ -78,6 +83,8 @@ class Start(msgspec.Struct, frozen=True, tag="start"):
     training_dir: str | None
     max_events: int
     max_event_bytes: int
+    #: the W3C ``traceparent`` of the job's span: the worker's CrewAI spans continue it (None: not traced)
+    traceparent: str | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
