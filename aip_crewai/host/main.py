@@ -27,8 +27,10 @@ from pathlib import Path
 
 import structlog
 
+from .. import tracing
 from ..plumbing.log import configure_logging
 from ..plumbing.storage import release_lock
+from . import tracing as host_tracing
 from .config import HostConfigError, load_settings
 from .settings import Settings
 from .store.postgres import PostgresHostLock
@@ -214,13 +216,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     route_library_logs("psycopg")
     try:
         settings = load(args.config)
+        traced = tracing.trace_settings()
         release, host_lock = own_store(settings)
     except (HostConfigError, InsecureStorePath, UnusableStore, StoreLocked) as exc:
         print(f"aip-crewai host: configuration error: {exc.message}", file=sys.stderr)
         return 2
+    except tracing.TracingConfigError as exc:
+        print(f"aip-crewai host: configuration error: {exc}", file=sys.stderr)
+        return 2
     try:
+        host_tracing.activate(None if traced is None else tracing.install(traced, "aip-crewai-host"))
         return _run(settings, host_lock)
+    except tracing.TracingConfigError as exc:
+        print(f"aip-crewai host: configuration error: {exc}", file=sys.stderr)
+        return 2
     finally:
+        installed = host_tracing.deactivate()
+        if installed is not None:
+            installed.shutdown()
         release()
 
 

@@ -62,7 +62,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from aip_crewai import tracing
 from aip_crewai.plumbing.log import configure_logging
+from aip_crewai.sidecar import tracing as sidecar_tracing
 from aip_crewai.sidecar.config import ConfigError, Settings, load_settings, scrub_environment
 from aip_crewai.sidecar.isolation.landlock import set_not_dumpable
 
@@ -84,7 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         settings = load_settings(argv, os.environ)
+        # Read before CrewAI's environment forces OTEL_SDK_DISABLED (README "Observing actions").
+        sidecar_tracing.configure(tracing.trace_settings(os.environ))
     except ConfigError as exc:
+        return _refuse(str(exc))
+    except tracing.TracingConfigError as exc:
         return _refuse(str(exc))
     inline_token = scrub_environment(os.environ)  # before any process starts: none inherits the token
     configure_logging(
@@ -215,7 +221,15 @@ def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal
         loop.run_until_complete(journal.close())
         return loaded
     crews, executor, facts = loaded
-    return loop.run_until_complete(_serve(settings, crews, executor, journal, facts, sock))
+    try:
+        sidecar_tracing.install()  # this process's job spans; after the fork server and the registry check
+    except tracing.TracingConfigError as exc:
+        loop.run_until_complete(journal.close())
+        return _refuse(str(exc))
+    try:
+        return loop.run_until_complete(_serve(settings, crews, executor, journal, facts, sock))
+    finally:
+        sidecar_tracing.shutdown()
 
 
 def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
@@ -284,7 +298,16 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
             return _refuse(f"--worker-user (AIP_CREWAI_WORKER_USER): {exc}")
     context = start_forkserver()
     json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
-    boot = Boot(settings.registry, str(settings.state_dir), json_logs, settings.log_level, settings.worker_sandbox)
+    traced = sidecar_tracing.settings()
+    boot = Boot(
+        settings.registry,
+        str(settings.state_dir),
+        json_logs,
+        settings.log_level,
+        settings.worker_sandbox,
+        traced.protocol if traced is not None else None,
+        traced.capture_content if traced is not None else False,
+    )
     try:
         described = describe_registry(context, boot)
     except ForkServerThreaded as exc:

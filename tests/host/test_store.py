@@ -872,3 +872,14 @@ async def test_every_approval_change_is_logged_per_tenant_in_order_on_both_engin
     assert [e.seq for e in await store.list_approval_events("acme", 4, 1)] == [5]
     assert not await decide(store, "acme", "apr_a", "denied", "again", "human:y", T0 + 2)  # nothing logged
     assert await store.last_approval_event("acme") == 6
+
+
+async def test_an_action_keeps_the_trace_context_it_was_created_in(store: Store):
+    """Migration 6: ``actions.trace_parent``, read back with the record (README "Observing actions")."""
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    _, record = await make_action(store, trace_parent=traceparent)
+    assert record.trace_parent == traceparent
+    again = await store.get_action("acme", "act_1")
+    assert again is not None and again.trace_parent == traceparent
+    _, other = await make_action(store, action_id="act_2")
+    assert other.trace_parent is None

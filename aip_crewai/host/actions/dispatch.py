@@ -30,6 +30,7 @@ from ...contracts.errors import (
 from ...contracts.operations import OperationSpec
 from ...contracts.sidecar import JobEvent
 from ..sidecars.client import DispatchProgress, SidecarClient, not_admitted, sidecar_job_id
+from ..tracing import TraceRef
 from .lifecycle import DispatchState
 from .normalize import StreamNormalizer, failed_result, result_from_terminal
 
@@ -90,6 +91,8 @@ class Job:
     first_chunk_sequence: int = 0
     durable: bool = True
     dispatch: DispatchProgress = field(default_factory=DispatchProgress)
+    #: the stored action's trace context, continued by the dispatch (:mod:`..tracing`)
+    trace: TraceRef | None = None
 
     @property
     def job_id(self) -> str:

@@ -17,6 +17,7 @@ from ...contracts.aip import ActionResult
 from ...contracts.errors import AipError, ConnectorDispatchDeadline
 from ..sidecars.client import DispatchProgress
 from ..store.records import StoreUnavailable
+from ..tracing import dispatching, record_outcome
 from .chunk_sink import ChunkSink
 from .dispatch import DispatchDeferred, Job, OnChunks, StartNotAdmitted
 from .lifecycle import DispatchState
@@ -45,7 +46,15 @@ async def run(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool = Tru
     """The background dispatch task of a running action (:meth:`ActionService.start`): take its lease,
     re-check a governed action's approval, run the job until the sidecar admits it, store its chunks and
     its result. Never raises but CancelledError: a failure is recorded as the action's result, a store
-    outage leaves it to the reconciler (ARCHITECTURE.md §9, §10)."""
+    outage leaves it to the reconciler (ARCHITECTURE.md §9, §10). Traced as ``aip.action.dispatch``
+    (README "Observing actions"), continuing the action's stored trace context."""
+    with dispatching(live.job.trace, runtime.now_ms()) as span:
+        await _dispatch(runtime, live, mark_sent=mark_sent, recheck=recheck)
+        if live.final is not None:
+            record_outcome(span, live.final)
+
+
+async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool, recheck: bool) -> None:
     job = live.job
     tenant, action_id = job.tenant, job.action_id
     structlog.contextvars.clear_contextvars()  # this task's own context: drop the request that started it

@@ -41,6 +41,7 @@ from ..settings import DEFAULT_DISPATCH_DEADLINE_S
 from ..sidecars.view_cache import DEFAULT_ENTRIES, ViewCache, is_final_view
 from ..store.notify import RemoteChanges
 from ..store.store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms_to_rfc3339
+from ..tracing import TraceRef, fence_decided
 from . import cancellation, dispatch_task, recovery
 from .dispatch import Dispatcher, Job
 from .idempotency import IDEMPOTENCY_TTL_MS, checked_key, fence_hash, repeat_decision
@@ -161,8 +162,7 @@ class ActionService:
         self.status_views = ViewCache(status_cache_entries)
 
     def _fence(self, fence: str, decision: str) -> None:
-        if self.metrics is not None:
-            self.metrics.fence_decisions.inc(fence=fence, decision=decision)
+        fence_decided(self.metrics, fence, decision)  # counted, and an event of the current span
 
     # --- admission -------------------------------------------------------------
 
@@ -373,6 +373,7 @@ class ActionService:
             stream=stream or ops.get(record.operation).name != "events",
             first_chunk_sequence=record.chunk_count,
             durable=durable_action(ops.get(record.operation), record.idempotency_key),
+            trace=TraceRef.of(record),
         )
 
     def start(self, record: ActionRecord, *, stream: bool = False, rechecked: bool = False) -> LiveAction:

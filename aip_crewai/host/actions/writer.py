@@ -25,6 +25,7 @@ import structlog
 
 from ...contracts.aip import ActionResult
 from ...contracts.errors import ApprovalExpired, CapabilityRevoked
+from ...tracing import current_traceparent
 from ..auth.principals import Principal
 from ..ledger.sealer import Sealer
 from ..store.store import ActionRecord, ApprovalRecord, Store, StoreError
@@ -90,7 +91,8 @@ class ActionWriter:
         durable: bool = True,
     ) -> tuple[bool, ActionRecord]:
         """``request_approval`` or ``admit``: insert the action and reserve its
-        idempotency key in one transaction (see :meth:`Store.create_action`)."""
+        idempotency key in one transaction (see :meth:`Store.create_action`), with the W3C
+        ``traceparent`` current here, which its dispatch continues (:mod:`..tracing`)."""
         if TRANSITIONS[event].sources:
             raise ValueError(f"{event.value} does not create an action")
         return await self.store.create_action(
@@ -110,6 +112,7 @@ class ActionWriter:
             target=target,
             key_expires_at=key_expires_at,
             durable=durable,
+            trace_parent=current_traceparent(),
         )
 
     async def create_answered(

@@ -22,6 +22,7 @@ from ...contracts.aip import (
     AIP_VERSION,
     CONTENT_TYPE,
     Ack,
+    Action,
     ActionEvents,
     ActionResult,
     ActionStatus,
@@ -36,6 +37,7 @@ from ...contracts.errors import CrewUnavailable, InvalidEnvelope, MessageTooLarg
 from ...plumbing import httpsig
 from ...plumbing.asgi import read_bounded
 from ...sse import encode_comment, encode_event, encode_page, page_template
+from .. import tracing as host_tracing
 from ..actions.lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
 from ..actions.service import ActionService
 from ..auth.principals import FULL, Principal, require_role
@@ -150,6 +152,19 @@ async def post_message(request: Request) -> Response:
     action = env.body.action
     if action is None:
         raise InvalidEnvelope("this route accepts aip.core.v1.action and aip.core.v1.cancel envelopes")
+    # The span of the submission, child of the request's W3C traceparent (README "Observing actions").
+    with host_tracing.submission(request.headers.get("traceparent")) as span:
+        host_tracing.describe(span, principal.tenant, action.id, action.capability_id)
+        record, response = await _submit(request, service, principal, env, action)
+        host_tracing.record_outcome(span, record)
+        return response
+
+
+async def _submit(
+    request: Request, service: ActionService, principal: Principal, env: Envelope, action: Action
+) -> tuple[ActionRecord, Response]:
+    """Admit ``action`` (the capability served, its crew inputs, :meth:`ActionService.submit`) and answer it
+    in its mode; returns the record answered and the response."""
     stream = _wants_sse(request) or action.streaming
     index = host_state(request).capabilities
     resolved = index.resolve(principal.tenant, action.capability_id)
@@ -163,14 +178,14 @@ async def post_message(request: Request) -> Response:
         principal, action, env.idempotency_key, stream=stream, blocking=action.mode != "async"
     )
     if stream and _wants_sse(request):
-        return await _stream_answer(request, service, record, _last_event_n(request))
+        return record, await _stream_answer(request, service, record, _last_event_n(request))
     if action.mode == "async":
         if is_terminal(record.status) or record.status == ActionState.PENDING_APPROVAL:
-            return await _result_response(service, record)
-        return aip_json(ack_envelope(record, streaming=False), 202)
+            return record, await _result_response(service, record)
+        return record, aip_json(ack_envelope(record, streaming=False), 202)
     timeout_s = (record.timeout_ms or 600_000) / 1000 + WAIT_MARGIN_S
     record = await unless_stopping(host_state(request).stopping, service.wait(record, timeout_s), record)
-    return await _result_response(service, record)
+    return record, await _result_response(service, record)
 
 
 async def _result_response(service: ActionService, record: ActionRecord) -> Response:

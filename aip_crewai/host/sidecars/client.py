@@ -38,6 +38,7 @@ from ...contracts.operations import OperationSpec
 from ...contracts.sidecar import DEFAULT_TIMEOUT_MS, JobEvent
 from ..actions.lifecycle import DispatchState
 from ..actions.normalize import StreamNormalizer
+from ..tracing import outgoing_headers
 
 #: Longest silence accepted while reading a JSON (non-stream) answer, seconds: a frozen sidecar
 #: must not hang a status read or a cancel forever (a blocking start adds its ``timeout_ms``).
@@ -247,6 +248,10 @@ class SidecarClient:
                 if read_timeout_s is None
                 else httpx.Timeout(read_timeout_s, connect=self.http.timeout.connect)
             )
+            headers = {
+                **headers,
+                **outgoing_headers(),
+            }  # the current span's W3C traceparent (README "Observing actions")
             request = self.http.build_request(method, path, headers=headers, json=json, params=params, timeout=timeout)
             response = await self.http.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached the sidecar

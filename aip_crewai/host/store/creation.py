@@ -26,7 +26,7 @@ __all__ = ["start_state", "create_now"]
 
 _S = ActionState
 _INSERT = (
-    f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 20)}) "
+    f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * len(ACTION_COLUMNS.split(',')))}) "
     f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {ACTION_COLUMNS}"
 )
 _RESERVE = (

@@ -183,8 +183,15 @@ CREATE INDEX receipts_by_action ON receipts (tenant, action_id);
 """
 
 
+# Migration 6: the W3C trace context an action was created in (``traceparent``, or NULL), which its
+# dispatch continues, on whichever host dispatches it (README "Observing actions": traces).
+_MIGRATION_6 = """
+ALTER TABLE actions ADD COLUMN trace_parent TEXT;
+"""
+
+
 #: Forward-only migrations; migration N (1-based) brings ``user_version`` to N.
-MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5)
+MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6)
 
 
 def migrate(conn: sqlite3.Connection) -> int:

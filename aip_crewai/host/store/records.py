@@ -81,6 +81,8 @@ class ActionRecord:
     #: the host that dispatches or reconciles the running action, and until when (ms): ARCHITECTURE.md §10
     lease_owner: str | None = None
     lease_expires_at: int | None = None
+    #: the W3C ``traceparent`` current at its creation, continued by its dispatch (README "Observing actions")
+    trace_parent: str | None = None
 
     def __post_init__(self) -> None:  # rows hold the values: the record holds the lifecycle's enums
         object.__setattr__(self, "status", ActionState(self.status))

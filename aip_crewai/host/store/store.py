@@ -323,6 +323,7 @@ class Store(ApprovalMethods):
         durable: bool = True,
         result: tuple[str, str] | None = None,
         seal: Seal | None = None,
+        trace_parent: str | None = None,
     ) -> tuple[bool, ActionRecord]:
         """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
 
@@ -349,6 +350,7 @@ class Store(ApprovalMethods):
                 final state: a terminal status the lifecycle allows after
                 ``status`` (``running``). ValueError otherwise.
             seal: with ``result``: what the result leaves, written with a created row (:func:`.ledger.seal_now`).
+            trace_parent: the W3C ``traceparent`` its dispatch continues (README "Observing actions").
 
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
@@ -365,7 +367,7 @@ class Store(ApprovalMethods):
         # The row in ACTION_COLUMNS order: who and what, then its state (no error, no chunk yet) and times.
         request = (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id)
         state = (idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0)
-        row = (*request, *state, now, now, *self._lease_for(status, now))
+        row = (*request, *state, now, now, *self._lease_for(status, now), trace_parent)
         reserve = None if idempotency_key is None or key_expires_at is None else (idempotency_key, key_expires_at)
         return await self._run(
             self._write_now, durable, lambda: create_now(self._db, row, reservation=reserve, target=target, seal=seal)

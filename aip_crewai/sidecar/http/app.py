@@ -86,6 +86,7 @@ from aip_crewai.sidecar.jobs.model import EventRow, JobStatus
 from aip_crewai.sidecar.jobs.runtime import Executor, Runtime
 from aip_crewai.sidecar.journal.store import Journal
 from aip_crewai.sse import encode_comment, encode_event, encode_page, page_template
+from aip_crewai.tracing import attached, context_of
 
 log = structlog.get_logger(__name__)
 
@@ -289,7 +290,8 @@ async def metrics(request: Request) -> Response:
 async def post_job(request: Request, body: bytes | None = None) -> Response:
     runtime = _runtime(request)
     body = await _body(request, MAX_BODY_BYTES) if body is None else body
-    adm = await runtime.admit(body, **_admission_headers(request))
+    with attached(context_of(request.headers.get("traceparent"))):  # the job's span continues the caller's trace
+        adm = await runtime.admit(body, **_admission_headers(request))
     record = await runtime.reads.wait(adm.action_id, adm.timeout_ms)
     if record.status is JobStatus.COMPLETED:
         return Response(record.output or b"null", media_type="application/json")
@@ -309,7 +311,8 @@ async def post_job(request: Request, body: bytes | None = None) -> Response:
 async def post_job_stream(request: Request, body: bytes | None = None) -> Response:
     runtime = _runtime(request)
     body = await _body(request, MAX_BODY_BYTES) if body is None else body
-    adm = await runtime.admit(body, **_admission_headers(request))
+    with attached(context_of(request.headers.get("traceparent"))):  # the job's span continues the caller's trace
+        adm = await runtime.admit(body, **_admission_headers(request))
     cursor = _last_event_cursor(request, default=0)
     return await _sse(runtime, adm.action_id, cursor)
 

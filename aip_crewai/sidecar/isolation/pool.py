@@ -361,6 +361,7 @@ class WorkerPool:
                 str(ctx.training_dir) if ctx.training_dir is not None else None,
                 self.max_events,
                 self.max_event_bytes,
+                ctx.traceparent,
             )
             if not await worker.send(start):
                 raise WorkerDied(await worker.reap())

@@ -60,6 +60,8 @@ class Boot(msgspec.Struct, frozen=True):
         log_json: JSON log lines (else the console renderer).
         log_level: ``debug``/``info``/``warning``/``error``.
         sandbox: what the worker does to itself after its fork (``isolation/sandbox.py``); None: nothing.
+        trace_protocol, trace_content: the operator's tracing settings, read before CrewAI's environment
+            forced ``OTEL_SDK_DISABLED`` (``aip_crewai/tracing.py``); None: no tracing.
     """
 
     registry: str
@@ -67,6 +69,9 @@ class Boot(msgspec.Struct, frozen=True):
     log_json: bool
     log_level: str
     sandbox: SandboxPlan | None = None
+    #: the sidecar's tracing (README "Observing actions"): the OTLP protocol (None: off), content capture
+    trace_protocol: str | None = None
+    trace_content: bool = False
 
 
 class Start(msgspec.Struct, frozen=True, tag="start"):
@@ -81,6 +86,8 @@ class Start(msgspec.Struct, frozen=True, tag="start"):
     training_dir: str | None
     max_events: int
     max_event_bytes: int
+    #: the W3C ``traceparent`` of the job's span: the worker's CrewAI spans continue it (None: not traced)
+    traceparent: str | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):

@@ -91,6 +91,8 @@ BOOT_FAILED_STATUS = 3
 PROTOCOL_STATUS = 4
 #: Bound on a SafeJobError message sent back, characters (the runtime cuts again).
 MAX_MESSAGE_CHARS = 2048
+#: Set once the job's outcome is being sent: the worker then exits from its main thread, after its spans.
+_REPORTED = threading.Event()
 
 
 class Channel:
@@ -166,12 +168,30 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
     if not isinstance(start, Start):
         _exit(PROTOCOL_STATUS)
     channel.bound = frame_bound(start.max_event_bytes)
+    if boot.trace_protocol is not None:  # after the fork, at the job: the exporter's thread starts here
+        from aip_crewai import tracing
+        from aip_crewai.sidecar import tracing as sidecar_tracing
+
+        sidecar_tracing.configure(tracing.TraceSettings(boot.trace_protocol, boot.trace_content))
+        sidecar_tracing.install()
     outcome = run_job(registry, start, channel, confinement)
+    _REPORTED.set()  # from here the sidecar's end of file (it reaps us) no longer ends the process at once
     try:
         channel.send(outcome)
     except OSError:
-        pass
+        _exit(0)
+    _flush_spans()
     _exit(0)
+
+
+def _flush_spans() -> None:
+    """Export the job's spans before the worker leaves (bounded: ``tracing.WORKER_FLUSH_MS``)."""
+    from aip_crewai.sidecar import tracing as sidecar_tracing
+
+    try:
+        sidecar_tracing.shutdown(sidecar_tracing.WORKER_FLUSH_MS)
+    except Exception as exc:  # noqa: BLE001 - spans are lost, the job is not
+        log.warning("worker_span_flush_failed", error_type=type(exc).__name__)
 
 
 def describe(sock: socket.socket, boot_data: bytes) -> None:
@@ -288,6 +308,7 @@ def run_job(
 
     Source: ARCHITECTURE.md §4 (outputs, failed events), §5 (isolation).
     """
+    from aip_crewai.sidecar import tracing as sidecar_tracing
     from aip_crewai.sidecar.operations import execute
 
     if start.crew_id not in registry:  # the sidecar admitted it from the same registry: never expected
@@ -312,6 +333,10 @@ def run_job(
         state_dir=Path(start.state_dir),
         training_dir=Path(start.training_dir) if start.training_dir else None,
         find_task_run=calls.find,
+        traceparent=start.traceparent,
+        spans=sidecar_tracing.crew_spans(
+            start.traceparent, sidecar_tracing.job_attributes(start.action_id, start.crew_id, start.operation)
+        ),
     )
     task = loop.create_task(execute(registry[start.crew_id], start.operation, dict(start.input), ctx))
     reader = threading.Thread(
@@ -319,7 +344,7 @@ def run_job(
     )
     reader.start()
     try:
-        result = loop.run_until_complete(task)
+        result = _until_done(loop, task, ctx)
     except (asyncio.CancelledError, JobCancelled):
         return Failed("JobCancelled", cancelled=True, stop_observed=True, dropped=chunks.dropped)
     except SafeJobError as exc:
@@ -364,17 +389,29 @@ def _enter_job(confinement: Confinement, start: Start) -> Failed | None:
     return None
 
 
+def _until_done(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], ctx: JobContext) -> Any:
+    """The job's result; its CrewAI spans still open are ended on every path (a cancelled job)."""
+    try:
+        return loop.run_until_complete(task)
+    finally:
+        if ctx.spans is not None:
+            ctx.spans.close()
+
+
 def _read(
     channel: Channel, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], ctx: JobContext, calls: _TaskRunCalls
 ) -> None:
     """Reader thread: Cancel sets the flag (and cancels run/batch_run's task); TaskRun answers a call.
-    End of file or a bad frame: the sidecar is gone, exit at once."""
+    End of file or a bad frame: the sidecar is gone, exit at once (once the job's end is reported, the
+    main thread exits after flushing the job's spans instead)."""
     while True:
         try:
             message = channel.recv()
         except FrameError:
             message = None
         if message is None:
+            if _REPORTED.is_set():
+                return
             _exit(0)
         if isinstance(message, Cancel):
             ctx.cancel_flag.set()

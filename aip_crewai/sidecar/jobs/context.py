@@ -55,6 +55,9 @@ class JobContext:
         note_dropped: ``note_dropped(n)`` counts ``n`` chunks a worker process
             dropped itself at the per-job event bound (process isolation,
             ARCHITECTURE.md §5 "Isolation"); None in-process.
+        traceparent: the W3C ``traceparent`` of the job's span (a worker's spans continue it), or None.
+        spans: the job's :class:`~aip_crewai.sidecar.tracing.CrewSpans` (CrewAI's events as spans), or
+            None when tracing is off (README "Observing actions").
     """
 
     action_id: str
@@ -70,6 +73,8 @@ class JobContext:
     run_state: dict[int | None, dict[str, Any]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     note_dropped: Callable[[int], None] | None = None
+    traceparent: str | None = None
+    spans: Any = None
 
 
 #: Published instead of any exception text that is not a SafeJobError.

@@ -85,6 +85,8 @@ from aip_crewai.sidecar.jobs.replay_inputs import ReplayInputs
 from aip_crewai.sidecar.jobs.terminal import TerminalRecorder
 from aip_crewai.sidecar.journal.store import Journal
 from aip_crewai.sidecar.tenancy import tenant_of
+from aip_crewai.sidecar.tracing import crew_spans, end_job, job_attributes, job_span
+from aip_crewai.tracing import current_traceparent
 
 log = structlog.get_logger(__name__)
 
@@ -299,6 +301,16 @@ class Runtime:
             await self._execute(live, input)
 
     async def _execute(self, live: LiveJob, input: dict[str, Any]) -> None:
+        """Run the job under its ``aip.sidecar.job`` span (README "Observing actions")."""
+        with job_span(live.action_id, live.crew_id, live.operation) as span:
+            try:
+                await self._execute_traced(live, input)
+            finally:
+                if live.ctx is not None and live.ctx.spans is not None:
+                    live.ctx.spans.close()
+                end_job(span, live.status.value)
+
+    async def _execute_traced(self, live: LiveJob, input: dict[str, Any]) -> None:
         ctx = JobContext(
             action_id=live.action_id,
             crew_id=live.crew_id,
@@ -310,6 +322,8 @@ class Runtime:
             training_dir=self.settings.training_dir,
             find_task_run=partial(self._find_task_run, live.crew_id, live.tenant),
             note_dropped=partial(self._note_dropped, live),
+            traceparent=current_traceparent(),
+            spans=crew_spans(current_traceparent(), job_attributes(live.action_id, live.crew_id, live.operation)),
         )
         live.ctx = ctx
         started_at = time.monotonic()

@@ -29,6 +29,7 @@ from aip_crewai.sidecar.jobs.model import EventRow, JobStatus, RunState, TaskRun
 from aip_crewai.sidecar.jobs.replay_inputs import ReplayInputs
 from aip_crewai.sidecar.journal.backlog import PendingTerminal, TerminalBacklog
 from aip_crewai.sidecar.journal.store import Journal
+from aip_crewai.sidecar.tracing import job_failed
 
 log = structlog.get_logger(__name__)
 
@@ -127,6 +128,7 @@ class TerminalRecorder:
     async def fail(self, live: LiveJob, error_type: str, message: str, uncertain: bool) -> None:
         """Commit a ``failed`` terminal event ``{"status", "error_type", "message", "uncertain_outcome"}``."""
         data = {"status": "failed", "error_type": error_type, "message": message, "uncertain_outcome": uncertain}
+        job_failed(error_type)  # on the job's span, when this runs under it
         await self.finish(live, JobStatus.FAILED, data, error=msgspec.json.encode(data))
 
     async def finish(

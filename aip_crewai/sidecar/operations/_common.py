@@ -100,14 +100,20 @@ def _make_sink(ctx: JobContext) -> Any:
     CrewAI calls it for *every* event emitted in the job's context; only
     stream chunks are forwarded (never failure events: their text may hold
     provider secrets), and none once the job's cancel flag is set (a worker
-    thread may still finish its chunk after the job ended). Every other event
+    thread may still finish its chunk after the job ended). Every event goes to
+    the job's span mapper first when it is traced (``ctx.spans``, a
+    :class:`~aip_crewai.sidecar.tracing.CrewSpans`). Every other event
     goes to ``_swallowed.note``, which records the failures CrewAI carries on
     from (a knowledge search, memory, a tool). It never raises (an exception
     would break the emitter).
     """
 
+    spans = ctx.spans  # the job's CrewAI spans (README "Observing actions"), or None
+
     def sink(_source: Any, event: Any) -> None:
         try:
+            if spans is not None:
+                spans.on_event(event)
             if not isinstance(event, LLMStreamChunkEvent):
                 _swallowed.note(ctx, event)  # a failure CrewAI emits and carries on from
                 return
