@@ -90,7 +90,7 @@ def own_store(settings: Settings) -> tuple[Callable[[], None], PostgresHostLock 
         fd = lock_store(settings.store_path)
         return (lambda: release_lock(fd)), None
     assert settings.host_id is not None
-    lock = PostgresHostLock(settings.store_path, settings.host_id)
+    lock = PostgresHostLock(settings.store_path, settings.host_id, settings.store_timeouts)
     return lock.close, lock
 
 

@@ -186,9 +186,11 @@ async def health(request: Request) -> Response:
 async def ready(request: Request) -> Response:
     """``GET /ready``: 200 ``{"status":"ready"}`` or 503 ``{"status":"unready","reason"}``
     (re-checks the sidecar on demand while unready; ARCHITECTURE.md §7). Unready too while the
-    store's last method found the database unreachable (``Store.unavailable``)."""
+    store cannot take a write (:meth:`~aip_crewai.host.store.store.Store.writable`: unreachable, stuck
+    behind a held lock, read-only), answered within the store's call bound; ready again by itself once
+    it can (README "Faults and their bounds")."""
     host = host_state(request)
-    if host.store.unavailable:
+    if not await host.store.writable():
         return JSONResponse({"status": "unready", "reason": "the host store is unavailable"}, status_code=503)
     readiness = host.readiness
     state = readiness.state if readiness.ready else await readiness.refresh()

@@ -54,6 +54,7 @@ ARCHITECTURE.md §10 (storage).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -71,7 +72,7 @@ from .chunks import LIST_CHUNKS, append_now
 from .creation import create_now, start_state
 from .engine import Db
 from .migrations import MIGRATIONS, migrate
-from .postgres import PostgresDb, is_postgres_url, open_postgres_pool
+from .postgres import CallGuard, PostgresDb, StoreTimeouts, is_postgres_url, open_postgres_pool
 from .records import (
     DISPATCH_RANK,
     ActionRecord,
@@ -126,6 +127,8 @@ _S = ActionState
 DEFAULT_LEASE_MS = 30_000
 #: Connections (and worker threads) of a PostgreSQL store's pool (``[host] store_pool_size``).
 DEFAULT_POOL_SIZE = 4
+#: How long one answer of :meth:`Store.writable` (``/ready``'s store check) is reused, seconds.
+PROBE_FRESH_S = 0.5
 # --- the store -----------------------------------------------------------------
 
 
@@ -159,9 +162,10 @@ class Store(ApprovalMethods):
         #: How long a lease lasts unless renewed, ms.
         self.lease_ms = lease_ms
         self._url = url
-        #: The last store method failed with StoreUnavailable (no method succeeded since): ``/ready`` says
-        #: unready. The host's periodic work (lease renewal, reconciliation) keeps it current.
+        #: The last store method failed with StoreUnavailable (no method succeeded since).
         self.unavailable = False
+        self._probe: asyncio.Future[bool] | None = None
+        self._probe_at = 0.0
 
     @classmethod
     async def open(
@@ -172,10 +176,12 @@ class Store(ApprovalMethods):
         owner: str | None = None,
         lease_ms: int = DEFAULT_LEASE_MS,
         pool_size: int = DEFAULT_POOL_SIZE,
+        timeouts: StoreTimeouts | None = None,
     ) -> Store:
         """Open the store: a SQLite file (check the location, create it 0600 if missing, connect) or a
-        ``postgresql://`` URL (a pool of ``pool_size`` connections, one per worker thread); then apply
-        the migrations the database lacks.
+        ``postgresql://`` URL (a pool of ``pool_size`` connections, one per worker thread, each session
+        bounded by ``timeouts``: :class:`~.postgres.StoreTimeouts`); then apply the migrations the
+        database lacks.
 
         Raises:
             InsecureStorePath: see :func:`check_location` (SQLite).
@@ -183,9 +189,9 @@ class Store(ApprovalMethods):
                 PostgreSQL server cannot be reached or holds another application's tables.
         """
         if is_postgres_url(location):
-            url = str(location)
+            url, bounds, guard = str(location), timeouts or StoreTimeouts(), CallGuard()
             worker, db = await start_worker(
-                lambda: PostgresDb(open_postgres_pool(url, pool_size)),
+                lambda: PostgresDb(open_postgres_pool(url, pool_size, bounds, guard), bounds, guard),
                 name="aip-host-store",
                 threads=pool_size,
                 abandon=lambda opened: opened.close() if opened is not None else None,
@@ -225,11 +231,25 @@ class Store(ApprovalMethods):
         """Run ``fn(*args)`` on a store worker thread with a connection for all its statements
         (:meth:`Db.run`: SQLite's one connection, or one of PostgreSQL's pooled ones).
 
+        A call past the engine's call bound (:attr:`Db.call_timeout_s`: the server does not answer at
+        all) is given up: its caller gets StoreUnavailable at the bound, and the stuck connections are
+        interrupted (:meth:`Db.interrupt_stuck`) so their threads and pool slots come back.
+
         Raises:
-            StoreUnavailable: the database cannot be reached now (:attr:`Db.unavailable_errors`).
+            StoreUnavailable: the database cannot serve the call now (:attr:`Db.unavailable_errors`: down,
+                past a timeout, read-only), or the call exceeded the bound. README "Faults and their bounds".
         """
+        bound = self._db.call_timeout_s
         try:
-            value = await hop(self._worker, self._db.run, fn, *args)
+            if bound is None:
+                value = await hop(self._worker, self._db.run, fn, *args)
+            else:
+                value = await asyncio.wait_for(hop(self._worker, self._db.run, fn, *args), bound)
+        except asyncio.TimeoutError:
+            interrupted = self._db.interrupt_stuck()
+            log.warning("store_call_timed_out", bound_ms=int((bound or 0) * 1000), interrupted=interrupted)
+            self.unavailable = True
+            raise StoreUnavailable(f"the host store did not answer within {int((bound or 0) * 1000)} ms") from None
         except self._db.unavailable_errors as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.warning("store_unavailable", error=type(exc).__name__, detail=first[:200])
@@ -237,6 +257,27 @@ class Store(ApprovalMethods):
             raise StoreUnavailable() from exc
         self.unavailable = False
         return cast(_T, value)
+
+    async def probe(self) -> bool:
+        """Whether the store can take a write now: on PostgreSQL a writer transaction (the writer lock
+        within the lock timeout) on a database that is not read-only, within the call bound; on SQLite
+        a read. False (logged) when it cannot. Never raises StoreUnavailable."""
+        try:
+            await self._run(self._db.probe)
+        except StoreUnavailable:
+            return False
+        return True
+
+    async def writable(self) -> bool:
+        """:meth:`probe`, shared by concurrent callers and reused for :data:`PROBE_FRESH_S` (``/ready``
+        asks often): answers within the call bound, and turns back to True by itself once the store
+        recovers. README "Faults and their bounds"."""
+        loop = asyncio.get_running_loop()
+        probe = self._probe
+        if probe is None or (probe.done() and loop.time() - self._probe_at > PROBE_FRESH_S):
+            self._probe_at = loop.time()
+            probe = self._probe = asyncio.ensure_future(self.probe())
+        return await asyncio.shield(probe)
 
     def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._db.fetch(sql, params)
