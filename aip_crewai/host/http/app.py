@@ -62,6 +62,7 @@ from ...plumbing.asgi import (
     ClientGone,
     CloseOnUnreadBody,
     InFlightLimit,
+    InternalErrors,
     RefuseAmbiguousFraming,
     RequestLog,
 )
@@ -310,6 +311,7 @@ def create_app(
                 on_error=_internal_error,
             ),
             *_cors(settings),
+            Middleware(InternalErrors, render=_internal_error),  # inside CORS: a 500 carries its headers too
             Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: error_response(Overloaded(MAX_IN_FLIGHT))),
             Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
             Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S, timed_out=BodyTimeout),
