@@ -18,14 +18,17 @@ from typing import Any
 
 from ..actions.lifecycle import ActionState, allowed, is_terminal
 from .engine import Db
+from .postgres import DB_NOW
 from .records import DISPATCH_RANK, ActionRecord, MissingTarget, StoreError
 from .sql import ACTION_COLUMNS, GET_ACTION, IDEMPOTENCY_COLUMNS
 
 __all__ = ["start_state", "create_now"]
 
 _S = ActionState
+#: The row's values in ACTION_COLUMNS order; the lease's expiry is given as its length (ms, or NULL) and
+#: computed with the database's clock (:data:`.postgres.DB_NOW`).
 _INSERT = (
-    f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 20)}) "
+    f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 19)}, {DB_NOW} + CAST(? AS BIGINT), ?) "
     f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {ACTION_COLUMNS}"
 )
 _RESERVE = (

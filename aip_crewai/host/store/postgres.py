@@ -301,12 +301,17 @@ WRITER_LOCK = 0x41495043  # "AIPC"
 
 
 _PLACEHOLDER = re.compile(r"%|\?")
+#: The database's clock in the store's SQL, epoch ms (``DB_NOW``): on PostgreSQL the server's ``now()``
+#: (the transaction's start), never a host's; SQLite (one host) registers it as the store's clock.
+DB_NOW = "db_now_ms()"
+PG_NOW = "CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT)"
 
 
 def postgres_sql(sql: str) -> str:
-    """``?`` placeholders → ``%s`` and a literal ``%`` → ``%%`` (psycopg's format). Our SQL never
-    holds a ``?`` inside a string literal (a test checks every statement the store runs)."""
-    return _PLACEHOLDER.sub(lambda match: "%s" if match.group() == "?" else "%%", sql)
+    """``?`` placeholders → ``%s``, a literal ``%`` → ``%%`` (psycopg's format), and :data:`DB_NOW` →
+    the server's clock. Our SQL never holds a ``?`` inside a string literal (a test checks every
+    statement the store runs)."""
+    return _PLACEHOLDER.sub(lambda match: "%s" if match.group() == "?" else "%%", sql).replace(DB_NOW, PG_NOW)
 
 
 class PostgresDb:

@@ -80,6 +80,8 @@ class ActionRecord:
     #: the host that dispatches or reconciles the running action, and until when (ms): ARCHITECTURE.md §10
     lease_owner: str | None = None
     lease_expires_at: int | None = None
+    #: the lease's fencing token: raised each time another host takes the lease (ARCHITECTURE.md §10)
+    lease_epoch: int = 0
 
     def __post_init__(self) -> None:  # rows hold the values: the record holds the lifecycle's enums
         object.__setattr__(self, "status", ActionState(self.status))
@@ -177,6 +179,25 @@ class StoreUnavailable(StoreError):
     category = Category.TEMPORARY
     http_status = 503
     default_message = "the host store is unavailable; retry shortly"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, retry_after_ms=1000)
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
+class LeaseLost(StoreError):
+    """This host wrote on behalf of an action whose dispatch lease another host has taken since (its
+    fencing token is no longer current): nothing was written. The host stops dispatching and following
+    that action (the new holder does); a tenant request that met it may be retried at once (the retry
+    writes as any host that does not hold the lease). Source: ARCHITECTURE.md §10 (dispatch leases)."""
+
+    code = "store.lease_lost"
+    category = Category.TEMPORARY
+    http_status = 503
+    default_message = "another host took over this action; retry"
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message, retry_after_ms=1000)

@@ -41,10 +41,10 @@ symlink); its directory must not be group- or world-writable.
 
 The package's parts: the row types and errors (:mod:`.records`, re-exported
 here), the schema (:mod:`.migrations`), the SQL text shared by the store's
-modules (:mod:`.sql`), one module per engine behind :class:`.engine.Db`
+modules and the chunk log (:mod:`.sql`), one module per engine behind :class:`.engine.Db`
 (:mod:`.sqlite`: opening the file, its pre-flight :func:`check_store_file`;
 :mod:`.postgres`), an action's creation with its idempotency reservation
-(:mod:`.creation`), the chunk log (:mod:`.chunks`), the cross-host ``NOTIFY``
+(:mod:`.creation`), dispatch leases and their fencing tokens (:mod:`.leases`), the cross-host ``NOTIFY``
 (:mod:`.notify`), and the approval methods (:mod:`.approvals`, the store's
 base class). No other host module runs SQL.
 
@@ -68,9 +68,9 @@ from ...plumbing.wakeup import ChangeSignal
 from ..actions.lifecycle import ActionState
 from . import notify
 from .approvals import ApprovalMethods
-from .chunks import LIST_CHUNKS, append_now
 from .creation import create_now, start_state
 from .engine import Db
+from .leases import LeaseMethods
 from .migrations import MIGRATIONS, migrate
 from .postgres import CallGuard, PostgresDb, StoreTimeouts, is_postgres_url, open_postgres_pool
 from .records import (
@@ -83,6 +83,7 @@ from .records import (
     IdempotencyRecord,
     InsecureStorePath,
     InvalidCursor,
+    LeaseLost,
     MissingTarget,
     StoreError,
     StoreLocked,
@@ -91,7 +92,7 @@ from .records import (
     ms_to_rfc3339,
     rfc3339_to_ms,
 )
-from .sql import ACTION_COLUMNS, GET_ACTION, action_update
+from .sql import ACTION_COLUMNS, GET_ACTION, LIST_CHUNKS, action_update, append_now
 from .sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
 
 __all__ = [
@@ -110,6 +111,7 @@ __all__ = [
     "ApprovalEvent",
     "ChunkRecord",
     "StoreUnavailable",
+    "LeaseLost",
     "check_location",
     "check_store_file",
     "migrate",
@@ -135,7 +137,7 @@ PROBE_FRESH_S = 0.5
 _T = TypeVar("_T")
 
 
-class Store(ApprovalMethods):
+class Store(ApprovalMethods, LeaseMethods):
     """Named async methods over the host database. Open with :meth:`open`.
 
     The approval methods (and the approval event log) are in :mod:`.approvals`.
@@ -166,6 +168,7 @@ class Store(ApprovalMethods):
         self.unavailable = False
         self._probe: asyncio.Future[bool] | None = None
         self._probe_at = 0.0
+        self._init_leases()
 
     @classmethod
     async def open(
@@ -207,6 +210,8 @@ class Store(ApprovalMethods):
             name="aip-host-store",
             abandon=lambda opened: opened.close() if opened is not None else None,
         )
+        # The database's clock (DB_NOW) of a SQLite store, which one host owns: the store's own clock.
+        await hop(worker, sqlite.conn.create_function, "db_now_ms", 0, lambda: int(clock() * 1000))
         return cls(sqlite, worker, clock=clock, owner=owner, lease_ms=lease_ms)
 
     @property
@@ -398,59 +403,14 @@ class Store(ApprovalMethods):
         # The row in ACTION_COLUMNS order: who and what, then its state (no error, no chunk yet) and times.
         request = (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id)
         state = (idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0)
-        row = (*request, *state, now, now, *self._lease_for(status, now))
+        row = (*request, *state, now, now, *self._lease_for(status))
         reserve = None if idempotency_key is None or key_expires_at is None else (idempotency_key, key_expires_at)
-        return await self._run(
+        created, record = await self._run(
             self._write_now, durable, lambda: create_now(self._db, row, reservation=reserve, target=target)
         )
-
-    # --- dispatch leases (ARCHITECTURE.md §10) ---
-
-    def _lease_for(self, status: str, now: int) -> tuple[str | None, int | None]:
-        """``(lease_owner, lease_expires_at)`` of a row entering ``status``: this host's lease when running."""
-        if self.owner is None or status != _S.RUNNING.value:
-            return None, None
-        return self.owner, now + self.lease_ms
-
-    def lease_is_foreign(self, record: ActionRecord, *, now: int | None = None) -> bool:
-        """Whether ``record`` (as read) shows another host's live lease: :meth:`take_lease` would fail, so a
-        reader following that host's action skips the write (pure; the write stays the authority)."""
-        if self.owner is None or record.lease_owner in (None, self.owner) or record.lease_expires_at is None:
-            return False
-        return record.lease_expires_at > (self.now_ms() if now is None else now)
-
-    async def take_lease(self, tenant: str, action_id: str, *, now: int | None = None) -> bool:
-        """Take (or keep) the dispatch lease of a running action for this host: True when this host now
-        holds it; False when another host's lease is live (it dispatches or reconciles the action) or the
-        action no longer runs. Without an owner (no lease mode): True. One statement, so two hosts
-        racing for an expired lease cannot both win."""
-        if self.owner is None:
-            return True
-        now = self.now_ms() if now is None else now
-        changed = await self._run(
-            self._write_now,
-            True,
-            lambda: self._change_now(
-                "UPDATE actions SET lease_owner = ?, lease_expires_at = ? WHERE tenant = ? AND action_id = ? "
-                "AND status = 'running' AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
-                (self.owner, now + self.lease_ms, tenant, action_id, self.owner, now),
-            ),
-        )
-        return int(changed) > 0
-
-    async def renew_leases(self, *, now: int | None = None) -> int:
-        """Extend every lease this host holds on a running action by :attr:`lease_ms`; returns how many."""
-        if self.owner is None:
-            return 0
-        now = self.now_ms() if now is None else now
-        return await self._run(
-            self._write_now,
-            True,
-            lambda: self._change_now(
-                "UPDATE actions SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'running'",
-                (now + self.lease_ms, self.owner),
-            ),
-        )
+        if created:
+            self._hold(record)
+        return created, record
 
     async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
         rows = await self._fetch(GET_ACTION, (tenant, action_id))
@@ -502,11 +462,22 @@ class Store(ApprovalMethods):
             settle_dispatch=settle_dispatch,
             replacing=replacing,
         )
-        return await self._run(self._write_now, durable, lambda: self._update_now(update))
+        fence, fence_params = self._fenced(tenant, action_id)
+        if fence:  # this host holds the lease: the write applies only while its token is current
+            update = (update[0].replace(" RETURNING ", f"{fence} RETURNING ", 1), (*update[1], *fence_params))
+        record: ActionRecord | None = await self._run(
+            self._write_now, durable, lambda: self._update_now(update, fenced=bool(fence))
+        )
+        if record is not None and record.status != _S.RUNNING:
+            self._tokens.pop((tenant, action_id), None)  # no lease once it has ended
+        return record
 
-    def _update_now(self, update: tuple[str, tuple[Any, ...]]) -> ActionRecord | None:
+    def _update_now(self, update: tuple[str, tuple[Any, ...]], *, fenced: bool = False) -> ActionRecord | None:
         rows = self._fetch_now(*update)
         if not rows:
+            if fenced:
+                tenant, action_id = update[1][8], update[1][9]
+                self._check_fence_now(tenant, action_id)
             return None
         record = ActionRecord(*rows[0])
         notify.send(self._db, record.tenant, record.action_id)  # a shared store's followers: at the commit
@@ -570,8 +541,12 @@ class Store(ApprovalMethods):
                 same transaction (never backward; None keeps it).
             durable: see the module docstring.
 
+        When this host holds the action's dispatch lease, the batch (chunks, count, dispatch) is written
+        only while its fencing token is current.
+
         Raises:
             StoreError: the action does not exist (foreign key).
+            LeaseLost: another host took this host's lease on the action; nothing was written.
             ValueError: an unknown dispatch.
         """
         if not chunks:
@@ -579,9 +554,16 @@ class Store(ApprovalMethods):
         if dispatch is not None and dispatch not in DISPATCH_RANK:
             raise ValueError(f"unknown dispatch {dispatch!r}")
         batch = tuple(chunks)
-        return await self._run(
-            self._write_now, durable, lambda: append_now(self._db, tenant, action_id, batch, dispatch)
-        )
+        fence = self._fenced(tenant, action_id)
+
+        def append() -> int:
+            inserted = append_now(self._db, tenant, action_id, batch, dispatch, fence)
+            if inserted < 0:  # the fence refused the batch
+                self._check_fence_now(tenant, action_id)
+                return 0
+            return inserted
+
+        return await self._run(self._write_now, durable, append)
 
     async def list_chunks(
         self, tenant: str, action_id: str, after_sequence: int = -1, limit: int = 1000
