@@ -65,7 +65,7 @@ import structlog
 
 from ...plumbing.storage import create_private_file, hop, start_worker
 from ...plumbing.wakeup import ChangeSignal
-from ..actions.lifecycle import ActionState
+from ..actions.lifecycle import ActionState, is_terminal
 from . import notify
 from .approvals import ApprovalMethods
 from .creation import create_now, start_state
@@ -468,7 +468,7 @@ class Store(ApprovalMethods, LeaseMethods):
         record: ActionRecord | None = await self._run(
             self._write_now, durable, lambda: self._update_now(update, fenced=bool(fence))
         )
-        if record is not None and record.status != _S.RUNNING:
+        if record is not None and is_terminal(record.status):
             self._tokens.pop((tenant, action_id), None)  # no lease once it has ended
         return record
 
