@@ -13,11 +13,12 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
+from . import ledger_cli
 from .exit_codes import Exit, of_envelope, of_error
 from .plumbing.log import configure_logging
 
@@ -78,16 +79,25 @@ def _client(args: argparse.Namespace, *, timeout_s: float | None = 660.0) -> Aip
 
 
 def _print(value: object, as_json: bool) -> None:
+    """Print a JSON value: one compact line with ``--json`` (non-ASCII escaped), else indented for a person
+    with every code point one would misread as its ``\\u`` escape, after a warning line naming them
+    (:mod:`aip_crewai.contracts.display`)."""
     if as_json:
         print(json.dumps(value, separators=(",", ":")))
-    else:
-        print(json.dumps(value, indent=2, ensure_ascii=False))
+        return
+    from . import render
+
+    for line in render.json_block(value, indent=""):
+        print(line)
 
 
-def _chunk_text(envelope: dict[str, Any]) -> str | None:
-    chunk = (envelope.get("body") or {}).get("stream_chunk") or {}
-    part = chunk.get("part") or {}
-    return part.get("text") if isinstance(part, dict) else None
+def _show(value: Any, as_json: bool, lines: Callable[[Any], Iterable[str]]) -> None:
+    """``--json``: the whole value on one line; else the human ``lines`` of it (:mod:`aip_crewai.render`)."""
+    if as_json:
+        _print(value, True)
+        return
+    for line in lines(value):
+        print(line)
 
 
 def _with_progress(work: Callable[[], T], quiet: bool) -> T:
@@ -132,24 +142,42 @@ def _show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) ->
     """
     import httpx
 
+    from . import render
+    from .contracts import display
+
     outcome: dict[str, Exit] = {}
-    action_id, last_id, ended = None, None, False
+    action_id, last_id, ended, item = None, None, False, None
     cut: httpx.TransportError | None = None
     try:
         for event, envelope in events:
             ended = ended or event == "result"
-            action_id = envelope.get("correlation_id") or action_id
+            body = envelope.get("body") or {}
+            named = (body.get("ack") or body.get("action_result") or body.get("stream_chunk") or {}).get("action_id")
+            action_id = envelope.get("correlation_id") or named or action_id
             last_id = envelope.get("_sse_id") or last_id
             if as_json:
                 print(json.dumps({"event": event, "envelope": envelope}, separators=(",", ":")), flush=True)
-            elif event in ("chunk", "done") and _chunk_text(envelope):
-                print(_chunk_text(envelope), end="", flush=True)
+            elif event in ("chunk", "done") and render.chunk_text(envelope):
+                labelled = render.batch_item(envelope)
+                if labelled is not None and labelled != item:  # batch_run: each item's chunks under its label
+                    item = labelled
+                    print(f"\n[item {labelled}]", flush=True)
+                print(display.escape(render.chunk_text(envelope) or ""), end="", flush=True)
             elif event in _OUTCOME_EVENTS:
                 print(f"\n[{event}]", flush=True)
-                _print(envelope.get("body"), False)
+                for line in render.envelope_lines(envelope):
+                    print(line)
             code = of_envelope(envelope) if event in _OUTCOME_EVENTS else None
             if code is not None:
                 outcome[event] = code
+            if event == "ack" and code == Exit.PENDING_APPROVAL:
+                # The host keeps a pending action's stream open until the decision: stop here (exit 5).
+                print(
+                    f"aip-crewai: {action_id} waits for an approver's decision; then: "
+                    f"aip-crewai actions follow {action_id} --last-event-id {last_id or 'sse_0'}",
+                    file=sys.stderr,
+                )
+                return Exit.PENDING_APPROVAL
     except httpx.TransportError as exc:
         if action_id is None:
             raise  # nothing arrived: "cannot reach" (exit 7), as for any other request
@@ -181,6 +209,7 @@ def _refused(exc: Any, as_json: bool) -> Exit:
 
 
 def _call(args: argparse.Namespace) -> int:
+    from . import render
     from .client import AipClientError
 
     try:
@@ -195,23 +224,27 @@ def _call(args: argparse.Namespace) -> int:
             if args.stream:
                 return _show_stream(client.stream(args.capability_id, value, **kwargs), args.json)
             answer = _with_progress(lambda: client.call(args.capability_id, value, **kwargs), args.json)
-            _print(answer, args.json)
+            _show(answer, args.json, render.envelope_lines)
             return _outcome(answer)
     except AipClientError as exc:
         return _refused(exc, args.json)
 
 
 def _actions(args: argparse.Namespace) -> int:
+    from . import render
     from .client import AipClientError
 
     try:
         with _client(args) as client:
             if args.actions_command == "show":
-                _print(client.action(args.action_id), args.json)
+                _show(client.action(args.action_id), args.json, render.status_lines)
                 return Exit.OK
-            if args.actions_command == "result":
-                answer = client.result(args.action_id)
-                _print(answer, args.json)
+            if args.actions_command in ("result", "cancel"):
+                if args.actions_command == "result":
+                    answer = client.result(args.action_id)
+                else:  # the runtime cancel route: no approval (README "AIP 1.0 conformance")
+                    answer = client.cancel(args.action_id)
+                _show(answer, args.json, render.envelope_lines)
                 return _outcome(answer)
             return _show_stream(client.follow(args.action_id, last_event_id=args.last_event_id), args.json)
     except AipClientError as exc:
@@ -226,55 +259,18 @@ def _manifest(args: argparse.Namespace) -> int:
             manifest = client.manifest()
     except AipClientError as exc:
         return _refused(exc, args.json)
-    if args.json:
-        _print(manifest, True)
-        return Exit.OK
-    for line in _manifest_lines(manifest):
-        print(line)
+    from . import render
+
+    _show(manifest, args.json, render.manifest_lines)
     return Exit.OK
-
-
-def _manifest_lines(manifest: dict[str, Any]) -> Iterator[str]:
-    """One block per capability: id, kind, whether it needs approval, its input's required and optional fields."""
-    for cap in manifest.get("capabilities") or []:
-        if not isinstance(cap, dict):
-            continue
-        schema = cap.get("input_schema") or {}
-        root = schema
-        ref = schema.get("$ref") if isinstance(schema, dict) else None
-        if isinstance(ref, str):
-            root = (schema.get("$defs") or {}).get(ref.rsplit("/", 1)[-1], schema)
-        props = sorted((root.get("properties") or {}) if isinstance(root, dict) else {})
-        required = set(root.get("required") or []) if isinstance(root, dict) else set()
-        fields = ", ".join(f"{name}{'' if name in required else '?'}" for name in props) or "(any object)"
-        yield f"{cap.get('id')}  [{cap.get('kind', '')}] {cap.get('description') or cap.get('name') or ''}".rstrip()
-        yield f"    input: {fields}"
-
-
-def _approval_line(event: str, data: dict[str, Any]) -> str:
-    """One line of ``approvals watch`` for an approval event (its ``data`` is an AIP Event)."""
-    view = data.get("data") or {}
-    request = view.get("request") or {}
-    approval_id = request.get("id", "?")
-    if event == "pending":
-        requester = (request.get("requester") or {}).get("id", "?")
-        return (
-            f"pending    {approval_id}  {request.get('capability_id', '?')}  action {request.get('action_id', '?')}"
-            f"  by {requester}  expires {request.get('expires_at', '?')}  policy {request.get('policy_hash', '?')}"
-        )
-    if event == "decided":
-        decision = view.get("decision") or {}
-        return (
-            f"decided    {approval_id}  {decision.get('decision', view.get('status', '?'))} by "
-            f"{(decision.get('approver') or {}).get('id', '?')}"
-        )
-    return f"{event:<10} {approval_id}"
 
 
 def _watch(client: AipClient, args: argparse.Namespace) -> int:
     """``approvals watch``: print the queue, then each approval event as it
     arrives, until Ctrl-C (exit 0), ``--count`` pending approvals (exit 0), or
     the host ends the stream (exit 1, with the command that resumes it)."""
+    from . import render
+
     pending, last_id = 0, args.last_event_id
     try:
         for event, data in client.approval_events(last_event_id=args.last_event_id):
@@ -283,7 +279,7 @@ def _watch(client: AipClient, args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps({"event": event, "id": sse_id, "data": data}, separators=(",", ":")), flush=True)
             elif event != "ready":
-                print(_approval_line(event, data), flush=True)
+                print(render.approval_event_line(event, data), flush=True)
             if event == "pending":
                 pending += 1
                 if args.count is not None and pending >= args.count:
@@ -300,6 +296,7 @@ def _watch(client: AipClient, args: argparse.Namespace) -> int:
 
 
 def _approvals(args: argparse.Namespace) -> int:
+    from . import render
     from .client import AipClientError
 
     try:
@@ -307,25 +304,32 @@ def _approvals(args: argparse.Namespace) -> int:
             if args.approvals_command == "watch":
                 return _watch(client, args)
             if args.approvals_command == "list":
-                _print(client.approvals(status=args.status, cursor=args.cursor), args.json)
+                _show(client.approvals(status=args.status, cursor=args.cursor), args.json, render.approvals_table)
             elif args.approvals_command == "show":
-                _print(client.approval(args.approval_id), args.json)
+                _show(client.approval(args.approval_id), args.json, render.approval_lines)
             else:
-                _print(client.decide(args.approval_id, args.decision, args.reason), args.json)
+                _show(client.decide(args.approval_id, args.decision, args.reason), args.json, render.decision_lines)
         return 0
     except AipClientError as exc:
         return _refused(exc, args.json)
 
 
 def _keys(args: argparse.Namespace) -> int:
+    from .host.ledger.receipts import key_id, parse_public_key
     from .plumbing.keys import generate_ed25519, generate_token
+
+    def receipt_key_id(public: str) -> str:
+        return key_id(parse_public_key(public))
 
     path = Path(args.out)
     try:
         if args.kind == "token":
             print(json.dumps({"file": str(path), "token_sha256": generate_token(path)}))
-        else:
+        elif args.kind == "ed25519":
             print(json.dumps({"file": str(path), "ed25519_public_key": generate_ed25519(path)}))
+        else:  # an Ed25519 key for [host] receipt_key_file: its public key and key id (README "Observing actions")
+            public = generate_ed25519(path)
+            print(json.dumps({"file": str(path), "receipt_public_key": public, "key_id": receipt_key_id(public)}))
     except FileExistsError:
         raise UsageError(f"{path} exists; refusing to overwrite a secret") from None
     return 0
@@ -370,7 +374,9 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("AIP_CREWAI_KEY_ID"),
         help="principal id of the signing key, as host.toml names it (env AIP_CREWAI_KEY_ID)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output (one JSON value per line)")
+    p.add_argument(
+        "--json", action="store_true", help="machine-readable output: the whole AIP value, one JSON value per line"
+    )
 
 
 def _version() -> str:
@@ -417,12 +423,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_flags(p)
     p.set_defaults(func=_call)
 
-    p = sub.add_parser("actions", help="an action you submitted: its status, its result, or its stream")
+    p = sub.add_parser("actions", help="an action you submitted: its status, its result, its stream, or cancel it")
     asub = p.add_subparsers(dest="actions_command", required=True)
     for name, text in (
         ("show", "the ActionStatus (state, result status, links)"),
         ("result", "the stored action_result (an ack while running); exit code as for call"),
         ("follow", "the action's stream from the start, or after --last-event-id; exit code as for call"),
+        ("cancel", "stop your action now (the runtime cancel route, no approval); exit code as for call"),
     ):
         q = asub.add_parser(name, help=text, epilog=EXIT_CODES_HELP)
         q.add_argument("action_id", help="the action id given to (or printed by) call")
@@ -467,9 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
     q = ksub.add_parser(
         "generate", help="a bearer token (prints its SHA-256) or an Ed25519 key (prints the public key)"
     )
-    q.add_argument("kind", choices=["token", "ed25519"], help="token (bearer) or ed25519 (signing key)")
+    q.add_argument(
+        "kind", choices=["token", "ed25519", "receipt"], help="token (bearer), ed25519 or receipt (signing keys)"
+    )
     q.add_argument("--out", required=True, help="file to create (refuses to overwrite)")
     p.set_defaults(func=_keys)
+    ledger_cli.add_parsers(sub, _add_client_flags, _client)
 
     p = sub.add_parser(
         "doctor",
@@ -498,6 +508,20 @@ def build_parser() -> argparse.ArgumentParser:
         "SQLite journal; importing twice changes nothing",
     )
     q.add_argument("source", help="the reference sidecar's JSON journal (its AIP_CREWAI_STATE_FILE, e.g. runs.json)")
+    from .sidecar.options import MAX_EVENT_BYTES, MIN_EVENT_BYTES, int_in
+
+    q.add_argument(
+        "--max-events-per-run",
+        type=int_in(2, 100_000),
+        default=1000,
+        help="refuse a run with more events, its terminal one included: the sidecar's --max-events-per-run (default 1000)",
+    )
+    q.add_argument(
+        "--max-event-bytes",
+        type=int_in(MIN_EVENT_BYTES, MAX_EVENT_BYTES),
+        default=262_144,
+        help="refuse a run with a larger event, bytes: the sidecar's --max-event-bytes (default 262144)",
+    )
     q.add_argument(
         "--journal",
         dest="target",

@@ -242,6 +242,12 @@ class AipClient:
         params = {k: v for k, v in {"status": status, "cursor": cursor}.items() if v}
         return self._check(self.http.get("/aip/v1/approvals", params=params))
 
+    def usage(self, *, from_: str | None = None, to: str | None = None) -> dict[str, Any]:
+        """``GET /aip/v1/usage``: the tenant's usage per crew (operator role)."""
+        return self._check(
+            self.http.get("/aip/v1/usage", params={k: v for k, v in {"from": from_, "to": to}.items() if v})
+        )
+
     def approval(self, approval_id: str) -> dict[str, Any]:
         return self._check(self.http.get(f"/aip/v1/approvals/{_segment(approval_id)}"))
 

@@ -205,11 +205,40 @@ class Cancel(_In, frozen=True):
     reason: Annotated[str, msgspec.Meta(max_length=2048)] | None = None
 
 
+class ReceiptRef(_Out, frozen=True):
+    """``ActionResult.receipt``: ``{id, hash}`` of the signed receipt (``GET /aip/v1/receipts/{id}``)."""
+
+    id: str
+    hash: str
+
+
+class Receipt(_Out, frozen=True):
+    """One entry of a receipt chain (schema ``Receipt``): ``data`` is the signed receipt document."""
+
+    id: str
+    receipt_type: str
+    actor: Principal
+    occurred_at: Timestamp
+    data: Any = None
+    hash: str | None = None
+    previous_hash: str | None = None
+
+
+class ReceiptChain(_Out, frozen=True):
+    """``receipt_chain`` of an action or approval view (schema ``ReceiptChain``), oldest first."""
+
+    chain_id: str
+    receipts: list[Receipt]
+    root_hash: str | None = None
+
+
 class ActionResult(_Out, frozen=True):
     """``body.action_result``: the final (or pending-approval) result.
 
     A ``pending_approval`` result carries the approval reference in
-    ``output`` (:class:`PendingApproval`) and a text message part.
+    ``output`` (:class:`PendingApproval`) and a text message part. ``usage``
+    (``{tokens, latency_ms, cost}``) and ``receipt`` are added when the result
+    is stored (README "Observing actions").
     """
 
     action_id: str
@@ -217,6 +246,8 @@ class ActionResult(_Out, frozen=True):
     output: Any = None
     message: list[MessagePart] = msgspec.field(default_factory=list)
     error: ProtocolError | None = None
+    usage: dict[str, Any] | None = None
+    receipt: ReceiptRef | None = None
 
 
 class PendingApproval(_Out, frozen=True):
@@ -260,6 +291,7 @@ class ActionStatus(_Out, frozen=True):
     started_at: Timestamp | None = None
     completed_at: Timestamp | None = None
     result: ActionResult | None = None
+    receipt_chain: ReceiptChain | None = None
     links: dict[str, str] = msgspec.field(default_factory=dict)
 
 
@@ -421,6 +453,7 @@ class ApprovalRecordView(_Out, frozen=True):
     updated_at: Timestamp
     decision: ApprovalDecision | None = None
     evidence_payload: ApprovalEvidencePayload | None = None
+    receipt_chain: ReceiptChain | None = None
 
 
 class ApprovalList(_Out, frozen=True):

@@ -126,6 +126,23 @@ class ProofNotFound(AipError):
     default_message = "this approval has no signed decision"
 
 
+class ReceiptNotFound(AipError):
+    """No receipt of the caller's tenant has this id (README "Observing actions")."""
+
+    code = "receipt.not_found"
+    category = Category.PERMANENT
+    http_status = 404
+    default_message = "receipt not found"
+
+
+class InvalidRange(AipError):
+    """``GET /aip/v1/usage``: ``from``/``to`` not RFC 3339, or ``from`` not before ``to``."""
+
+    code = "request.invalid_range"
+    category = Category.PERMANENT
+    default_message = "from and to must be RFC 3339 timestamps with from before to"
+
+
 class ApprovalAlreadyDecided(AipError):
     code = "approval.already_decided"
     category = Category.PERMANENT
@@ -230,6 +247,39 @@ class Overloaded(AipError):
     def __init__(self, limit: int) -> None:
         self.limit = limit
         super().__init__(details={"max_in_flight": limit}, retry_after_ms=1000)
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
+class RequestHeadTooLarge(AipError):
+    """The request line plus headers exceed their bound: 431, connection closed. Details add
+    ``limit_bytes``. Source: README "Security" (timeouts and request heads)."""
+
+    code = "request.head_too_large"
+    category = Category.PERMANENT
+    http_status = 431
+    default_message = "the request line and headers exceed their bound"
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        super().__init__(
+            f"the request line and headers exceed {limit_bytes} bytes", details={"limit_bytes": limit_bytes}
+        )
+
+
+class BodyBudgetExhausted(AipError):
+    """The process's budget of request bodies read before authentication is in use: 503, retry later.
+    Details add ``budget_bytes``. Source: README "Security" (bodies before authentication)."""
+
+    code = "server.body_budget_exhausted"
+    category = Category.TEMPORARY
+    default_message = "too many unauthenticated request bodies are being read; retry later"
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        super().__init__(details={"budget_bytes": limit_bytes}, retry_after_ms=1000)
 
     @property
     def retryable(self) -> bool:
@@ -407,6 +457,25 @@ class ConnectorCancelledUnconfirmed(ConnectorError):
     default_message = "cancellation was requested but the sidecar did not confirm it"
 
 
+class ConnectorCrewBusy(ConnectorError):
+    """The sidecar refused the job before admitting it because a job of the same tenant and crew is
+    active (409 ``sidecar.crew_busy``: a ``memory_reset`` beside a run, or a job beside a running
+    ``memory_reset``). Nothing ran (``uncertain_outcome: false``): retryable, once that
+    job is finished, as a new action (a new idempotency key: this one keeps this result).
+    README "Tenant-scoped crew state"."""
+
+    code = "connector.crewai.crew_busy"
+    category = Category.TEMPORARY
+    default_message = (
+        "the sidecar refused the job because another job of this crew is queued or running for the tenant "
+        "(409 sidecar.crew_busy); nothing ran; retry when it is finished, with a new idempotency key"
+    )
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
 class ConnectorDispatchDeadline(ConnectorError):
     """A start the sidecar provably never admitted (no connection, 503 before
     admission, 507) was retried with backoff until the host's
@@ -417,7 +486,15 @@ class ConnectorDispatchDeadline(ConnectorError):
 
     code = "connector.crewai.dispatch_deadline"
     category = Category.TEMPORARY
-    default_message = "the sidecar did not admit the action before the dispatch deadline"
+    default_message = (
+        "the sidecar did not admit the action before the dispatch deadline (it was unreachable, draining or "
+        "full); nothing ran; retry later, with a new idempotency key"
+    )
+
+    @property
+    def retryable(self) -> bool:
+        """Nothing ran: submitting again is safe (ARCHITECTURE.md §9)."""
+        return True
 
 
 class ConnectorExecutionFailed(ConnectorError):

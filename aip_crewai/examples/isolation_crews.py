@@ -12,6 +12,8 @@ so another process (a test) can follow what a tool did and in which process.
 | ``blocking_trainable`` | ``blocking_tool`` with the options ``train`` and ``test`` need (``aip_crewai.examples.maintenance_crews``) | as ``blocking_tool`` |
 | ``exits`` | 1 agent with ``exit_process`` | ``os._exit(7)``: the process running the job ends |
 | ``probe`` | 1 agent with ``probe_process`` | writes ``<job>.probe`` (JSON: what it found of earlier jobs in its process: ``env``, ``cwd``, ``stdout``, ``bus_handlers``, ``seen``), and the rows of CrewAI's shared replay table, then leaves its own traces (environment variable, working directory, ``sys.stdout``, an event-bus handler, a module global) |
+| ``environment`` | ``echo`` with an ``after_kickoff`` callback | its output's ``raw`` is the process environment as JSON (``environ``: ``os.environ``; ``proc_environ``: ``/proc/self/environ``) |
+| ``reach`` | ``echo`` with a ``before_kickoff`` callback | reads the file named by the input ``path`` first (an open refused fails the job ``PermissionError``); the output then says ``opened`` |
 | ``memory_stall`` | ``echo``-like, crew ``memory=`` a :class:`SlowDrainMemory` | — (CrewAI's ``akickoff`` waits for memory saves synchronously on its event loop, crewAI PR#6497; each wait here takes ``AIP_CREWAI_TEST_DRAIN_SECONDS``, default 2) |
 
 Source: ARCHITECTURE.md §5 (isolation); README "Process isolation".
@@ -134,6 +136,46 @@ def _replay_rows() -> int:
             return 0
 
 
+def _environment() -> str:
+    """This process's environment as JSON: ``os.environ`` and the first one (``/proc/self/environ``)."""
+    try:
+        with open(f"/proc/{os.getpid()}/environ", "rb") as fh:
+            initial: list[str] | None = fh.read().decode("utf-8", "replace").split("\0")
+    except PermissionError:  # a worker that dropped to --worker-user is not dumpable: root owns its /proc files
+        initial = None
+    return json.dumps({"environ": dict(os.environ), "proc_environ": initial})
+
+
+def _with_environment(output: Any) -> Any:
+    """``after_kickoff`` callback: the crew's output becomes the process environment."""
+    output.raw = _environment()
+    return output
+
+
+def environment() -> Crew:
+    """``echo`` whose output is its process's environment (what a crew could leak of it)."""
+    crew = echo()
+    crew.after_kickoff_callbacks.append(_with_environment)
+    return crew
+
+
+def _read_requested(inputs: dict[str, Any]) -> dict[str, Any]:
+    """``before_kickoff`` callback: read the file of the input ``path`` (an error fails the job)."""
+    path = inputs.get("path")
+    if path:
+        with open(str(path), "rb") as fh:
+            fh.read(1)
+        inputs = {**inputs, "topic": "opened"}
+    return inputs
+
+
+def reach() -> Crew:
+    """``echo`` that first reads the file its input names (the worker sandbox's probe)."""
+    crew = echo()
+    crew.before_kickoff_callbacks.append(_read_requested)
+    return crew
+
+
 class SlowDrainMemory(Memory):
     """CrewAI memory whose wait for pending saves (``drain_writes``) takes a while."""
 
@@ -194,4 +236,6 @@ CREWS: dict[str, Any] = {
     "exits": exits,
     "probe": probe,
     "memory_stall": memory_stall,
+    "environment": environment,
+    "reach": reach,
 }

@@ -19,6 +19,8 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     store_lock_timeout_ms = 2000       # PostgreSQL store: a lock wait's bound (the writer lock), 100 .. 60000 ms
     store_idle_in_transaction_timeout_ms = 4000  # PostgreSQL store: an abandoned transaction's, 100 .. 60000 ms
     status_cache_entries = 1024        # final job views kept for key-less :status reads, 0 .. 1000000; 0 disables
+    unauthenticated_body_budget_bytes = 67108864  # bodies read before authentication, in total, 2 MiB .. 1 TiB
+    public_authorities = ["aip.example.com"]  # Host values signed requests may name; default: the bind address
 
     [sidecar]                          # one sidecar serving every crew; or several, each with its crews:
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -60,7 +62,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import os
 import re
 import socket
@@ -69,7 +70,6 @@ import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import SplitResult, urlsplit
 
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -79,26 +79,32 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10
     import tomli as tomllib
 
-from ..contracts.errors import AipError, Category
 from ..contracts.inputs import has_control_characters
 from ..plumbing.files import FileTooLarge, NotRegularFile, read_regular
-from ..plumbing.keys import SecretFileError, read_token
-from ..plumbing.loopback import is_loopback
+from .config_values import HostConfigError as HostConfigError
+from .config_values import check_bind, cors_origin, resolve_path, store_location
+from .config_values import check_sidecar_proxy as check_sidecar_proxy
+from .config_values import check_sidecar_url as check_sidecar_url
+from .config_values import read_token_file as read_token_file
 from .crews.descriptors import AdmissionError, CrewDescriptor, load_descriptors
+from .ledger.receipts import load_keys
+from .ledger.usage import SettingError, parse_pricing
 from .settings import (
+    DEFAULT_BODY_BUDGET_BYTES,
     DEFAULT_DISPATCH_DEADLINE_S,
     DEFAULT_LEASE_S,
     DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_SIDECAR_KEEPALIVE_S,
     DEFAULT_STORE_POOL_SIZE,
     DEFAULT_STREAM_TOKEN_TTL_S,
+    MIN_BODY_BUDGET_BYTES,
     PrincipalConfig,
     Settings,
     SidecarSettings,
 )
 from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
 from .sidecars.view_cache import MAX_ENTRIES as MAX_STATUS_CACHE_ENTRIES
-from .store.postgres import (
+from .store.engines.postgres import (
     DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS,
     DEFAULT_LOCK_TIMEOUT_MS,
     DEFAULT_STATEMENT_TIMEOUT_MS,
@@ -121,22 +127,10 @@ MAX_CONFIG_FILE_BYTES = 4 * 1024 * 1024
 #: tenant "a" with action "b:c" and tenant "a:b" with action "c" share one sidecar job).
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 _HEX64_RE = re.compile(r"^[0-9a-fA-F]{64}\Z")
-_BIND_RE = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>[0-9]{1,5})\Z")
-
-
-class HostConfigError(AipError):
-    """The host configuration is unusable (the sidecar's own is :class:`aip_crewai.sidecar.config.ConfigError`). ``key`` names the offending key
-    (``principals[1].token_sha256``), ``reason`` says what is wrong."""
-
-    code = "config.invalid"
-    category = Category.PERMANENT
-    http_status = 500
-    default_message = "invalid host configuration"
-
-    def __init__(self, key: str, reason: str) -> None:
-        self.key = key
-        self.reason = reason
-        super().__init__(f"{key}: {reason}" if key else reason, details={"key": key, "reason": reason})
+#: One ``[host] public_authorities`` entry: ``host`` or ``host:port`` as a client sends ``Host``.
+_Authority = Annotated[
+    str, msgspec.Meta(max_length=261, pattern=r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(?::[0-9]{1,5})?$")
+]
 
 
 # --- the TOML shape ----------------------------------------------------------
@@ -167,6 +161,12 @@ class _HostTable(_Table, frozen=True):
         DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS
     )
     status_cache_entries: Annotated[int, msgspec.Meta(ge=0, le=MAX_STATUS_CACHE_ENTRIES)] = DEFAULT_STATUS_CACHE_ENTRIES
+    receipt_key_file: str | None = None
+    receipt_previous_public_keys: Annotated[list[str], msgspec.Meta(max_length=16)] = []
+    unauthenticated_body_budget_bytes: Annotated[int, msgspec.Meta(ge=MIN_BODY_BUDGET_BYTES, le=1 << 40)] = (
+        DEFAULT_BODY_BUDGET_BYTES
+    )
+    public_authorities: Annotated[list[_Authority], msgspec.Meta(min_length=1, max_length=64)] | None = None
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -206,6 +206,7 @@ class _Root(_Table, frozen=True):
     sidecars: Annotated[list[Any], msgspec.Meta(max_length=MAX_SIDECARS)] | None = None
     tenants: dict[str, Any] = {}
     principals: list[Any] = []
+    pricing: Any = None
 
 
 # --- loading -----------------------------------------------------------------
@@ -236,151 +237,6 @@ def _default_host_id(bind: str) -> str:
     ``<hostname>:pid<pid>`` for an ephemeral port (0)."""
     port = bind.rsplit(":", 1)[-1]
     return f"{socket.gethostname()}:{port if port != '0' else f'pid{os.getpid()}'}"[:128]
-
-
-def _store(base: Path, raw: str) -> Path | str:
-    """``[host] store``: a SQLite file (relative to the config's directory), or a ``postgresql://`` URL
-    kept as given (libpq URL syntax; the password belongs in ``~/.pgpass`` or ``PGPASSFILE``, not here)."""
-    if raw.startswith(("postgresql://", "postgres://")):
-        if has_control_characters(raw) or len(raw) > 4096:
-            raise HostConfigError(
-                "host.store", "a PostgreSQL URL must be at most 4096 characters without control characters"
-            )
-        problem = _postgres_url_problem(raw)
-        if problem is not None:
-            raise HostConfigError("host.store", problem)
-        return raw
-    if _CONNINFO_RE.match(raw):
-        raise HostConfigError(
-            "host.store",
-            "a PostgreSQL store is a postgresql:// URL (key=value connection strings "
-            "are not accepted); anything else is a SQLite file path",
-        )
-    return _resolve(base, raw, "host.store")
-
-
-#: A libpq key/value connection string (``host=... dbname=...``), refused as a store path.
-_CONNINFO_RE = re.compile(r"^\s*[A-Za-z_]+\s*=")
-_PASSWORD_ADVICE = "keep the password out of the URL: use ~/.pgpass or PGPASSFILE (0600)"
-
-
-def _postgres_url_problem(raw: str) -> str | None:
-    """Why a ``postgresql://`` store URL is refused, or None. The URL is read as libpq reads it (percent-
-    decoded names and values, via psycopg's parser when installed), so a password hides nowhere: not as
-    ``user:password@``, not in ``?password=`` however encoded, not in a user name holding a ``:`` (a
-    mis-encoded ``user:password``, which the server would echo back in its error)."""
-    if re.match(r"^postgres(ql)?://[^/@]*:[^/@]*@", raw) or re.search(r"[?&]password=", raw):
-        return _PASSWORD_ADVICE
-    try:
-        import psycopg
-        from psycopg.conninfo import conninfo_to_dict
-    except ImportError:  # the store cannot be opened without psycopg anyway (a clear error at start-up)
-        return None
-    try:
-        params = conninfo_to_dict(raw)
-    except psycopg.Error:
-        return "is not a valid PostgreSQL URL (libpq URI syntax: postgresql://user@host:port/dbname?param=value)"
-    if "password" in params or ":" in str(params.get("user") or ""):
-        return _PASSWORD_ADVICE
-    return None
-
-
-def _resolve(base: Path, raw: str, key: str) -> Path:
-    if not raw or has_control_characters(raw):
-        raise HostConfigError(key, "must be a non-empty path without control characters")
-    path = Path(raw).expanduser()
-    return path if path.is_absolute() else (base / path)
-
-
-def _check_bind(bind: str) -> None:
-    match = _BIND_RE.match(bind)
-    if match is None or int(match["port"]) > 65535:
-        raise HostConfigError("host.bind", "must be <address>:<port> (IPv6 in brackets), port 0..65535")
-    if match["v6"] is not None:
-        try:
-            ipaddress.IPv6Address(match["v6"])
-        except ValueError:
-            raise HostConfigError("host.bind", f"{match['v6']!r} is not an IPv6 address") from None
-
-
-def _http_url(key: str, value: str) -> SplitResult:
-    """``value`` split as an http(s) URL with a host and a valid port; HostConfigError naming ``key`` otherwise."""
-    if has_control_characters(value) or " " in value:
-        raise HostConfigError(key, "must not contain spaces or control characters")
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 -- raises ValueError for a port that is not 0..65535
-    except ValueError as exc:
-        raise HostConfigError(key, f"not a valid URL ({exc})") from exc
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise HostConfigError(key, "must be an http:// or https:// URL with a host")
-    return parts
-
-
-def check_sidecar_url(url: str) -> str:
-    """Return ``url`` without a trailing ``/`` when it is an acceptable sidecar URL.
-
-    Accepts ``https://<host>[:port][/prefix]`` and ``http://`` only to
-    127.0.0.0/8, ``::1`` or ``localhost``. No credentials, query or fragment.
-
-    Raises:
-        HostConfigError: keyed ``sidecar.url``.
-
-    Source: ARCHITECTURE.md §7 (sidecar client: https or loopback http).
-    """
-    key = "sidecar.url"
-    parts = _http_url(key, url)
-    if parts.username is not None or parts.password is not None:
-        raise HostConfigError(key, "must not carry credentials; use sidecar.token_file")
-    if parts.query or parts.fragment:
-        raise HostConfigError(key, "must not have a query or fragment")
-    if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
-        raise HostConfigError(
-            key, "plain http is only allowed to a loopback address (127.0.0.0/8, ::1, localhost); use https"
-        )
-    return url.rstrip("/")
-
-
-def check_sidecar_proxy(proxy: str | None, sidecar_url: str) -> str | None:
-    """Validate ``sidecar.proxy``: an http(s) URL with a host and no credentials,
-    query or fragment, allowed only when ``sidecar.url`` is https (through a
-    proxy, plain http would hand the sidecar bearer token to the proxy in
-    cleartext, which the loopback-only rule for http exists to prevent).
-
-    Raises:
-        HostConfigError: keyed ``sidecar.proxy``.
-
-    Source: README "Security" (the sidecar client and proxies).
-    """
-    if proxy is None:
-        return None
-    key = "sidecar.proxy"
-    parts = _http_url(key, proxy)
-    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
-        raise HostConfigError(key, "must not carry credentials, a query or a fragment")
-    if not sidecar_url.startswith("https://"):
-        raise HostConfigError(
-            key, "is only allowed with an https:// sidecar.url (the proxy would see the bearer token)"
-        )
-    return proxy
-
-
-def read_token_file(path: Path, key: str = "sidecar.token_file") -> str:
-    """Read a bearer token from a protected file.
-
-    The file must be a regular file (not a symlink) without group or other
-    permission bits (0600 or 0400), holding 1..16384 bytes; surrounding
-    whitespace is stripped and the token must be visible ASCII.
-
-    Raises:
-        HostConfigError: keyed ``key``, naming the rule.
-
-    Source: ARCHITECTURE.md §4 (token file rules), §7.
-    """
-    try:
-        return read_token(path)
-    except SecretFileError as exc:
-        raise HostConfigError(key, str(exc)) from None
 
 
 def _read_crews(path: Path) -> tuple[CrewDescriptor, ...]:
@@ -440,8 +296,8 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
     root: _Root = _convert(dict(data), _Root, "")
     host: _HostTable = _convert(root.host, _HostTable, "host")
     crews_table: _CrewsTable = _convert(root.crews, _CrewsTable, "crews")
-    _check_bind(host.bind)
-    crews_file = _resolve(base, crews_table.file, "crews.file")
+    check_bind(host.bind)
+    crews_file = resolve_path(base, crews_table.file, "crews.file")
     crews = _read_crews(crews_file)
     crew_ids = {crew.id for crew in crews}
     sidecars = _sidecars(root, base, [crew.id for crew in crews], crews_file)
@@ -471,11 +327,23 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
             if principal.token_sha256 is not None and other.token_sha256 == principal.token_sha256:
                 raise HostConfigError(f"principals[{index}].token_sha256", f"already used by principal {other.id!r}")
         principals.append(principal)
+    try:
+        key_file = (
+            None
+            if host.receipt_key_file is None
+            else resolve_path(base, host.receipt_key_file, "host.receipt_key_file")
+        )
+        receipt_keys, pricing = (
+            load_keys(key_file, host.receipt_previous_public_keys),
+            parse_pricing(root.pricing, crew_ids),
+        )
+    except SettingError as exc:
+        raise HostConfigError(exc.key, exc.reason) from None
     env = os.environ if environ is None else environ
     return Settings(
         config_path=config_path.resolve(),
         bind=host.bind,
-        store_path=_store(base, host.store),
+        store_path=store_location(base, host.store),
         max_response_bytes=host.max_response_bytes,
         sidecar_url=first.url,
         sidecar_token=first.token,
@@ -486,7 +354,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         readiness_interval_s=host.readiness_interval_ms / 1000,
         notify_socket=env.get("NOTIFY_SOCKET") or None,
         sidecar_proxy=first.proxy,
-        cors_origins=tuple(_cors_origin(index, origin) for index, origin in enumerate(host.cors_origins)),
+        cors_origins=tuple(cors_origin(index, origin) for index, origin in enumerate(host.cors_origins)),
         dispatch_deadline_s=float(host.dispatch_deadline_seconds),
         sidecar_keepalive_s=first.keepalive_s,
         stream_token_ttl_s=host.stream_token_ttl_seconds,
@@ -500,6 +368,12 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         ),
         sidecars=sidecars,
         status_cache_entries=host.status_cache_entries,
+        receipt_keys=receipt_keys,
+        pricing=pricing,
+        body_budget_bytes=host.unauthenticated_body_budget_bytes,
+        public_authorities=None
+        if host.public_authorities is None
+        else tuple(dict.fromkeys(a.lower() for a in host.public_authorities)),
     )
 
 
@@ -512,7 +386,7 @@ def _sidecar(base: Path, table: _SidecarTable, key: str, name: str, crews: froze
         if key == "sidecar":
             raise
         raise HostConfigError(exc.key.replace("sidecar", key, 1), exc.reason) from None
-    token = read_token_file(_resolve(base, table.token_file, f"{key}.token_file"))
+    token = read_token_file(resolve_path(base, table.token_file, f"{key}.token_file"))
     return SidecarSettings(name, url, token, proxy, float(table.keepalive_seconds), crews)
 
 
@@ -552,23 +426,6 @@ def _sidecars(root: _Root, base: Path, crew_ids: list[str], crews_file: Path) ->
             f"no sidecar serves the admitted crews {', '.join(unserved)}: list each in exactly one [[sidecars]] entry",
         )
     return tuple(result)
-
-
-_ORIGIN = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?$")
-
-
-def _cors_origin(index: int, origin: str) -> str:
-    """One ``[host] cors_origins`` entry: an exact ``http(s)://host[:port]`` origin (no path, no wildcard).
-
-    Raises:
-        HostConfigError: ``host.cors_origins[index]`` otherwise.
-    """
-    if not _ORIGIN.match(origin):
-        raise HostConfigError(
-            f"host.cors_origins[{index}]",
-            f"{origin!r} is not an origin: use scheme://host[:port] with http or https, without a path or a wildcard",
-        )
-    return origin.lower()
 
 
 def load_settings(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Settings:

@@ -1,9 +1,11 @@
 """Host metrics in the Prometheus text exposition format (hand-written, no dependency).
 
 One :class:`Metrics` per app (``HostState.metrics``), so tests never share
-counters. Labels never carry tenants, principals, crew ids, action ids or
-inputs: the exposition is readable by an operator of any tenant and must not
-leak another tenant's activity beyond aggregates.
+counters. Labels never carry principals, action ids or inputs. Tenant names and
+crew ids appear only on the usage counters (``tokens_total``, ``cost_total``):
+both are closed sets fixed by ``host.toml`` and the crews file, so the
+exposition stays bounded; the usage counters show each tenant's usage to
+whoever may read ``/metrics`` (README "Security", metrics labels).
 
 Metrics (all prefixed ``aip_host_``):
 
@@ -12,12 +14,15 @@ Metrics (all prefixed ``aip_host_``):
 | ``requests_total`` | counter | route (path template), method, status (class) |
 | ``request_duration_seconds`` | summary (sum, count) | route, method |
 | ``ready`` | gauge | (1 while the host is ready: a sidecar agrees, ARCHITECTURE.md §7) |
+| ``unauthenticated_body_bytes`` | gauge | (bytes of request bodies held before authentication: the budget's use, README "Security") |
 | ``sidecar_ready`` | gauge | sidecar (its configured name; 1 while that sidecar agrees) |
 | ``readiness_checks_total`` | counter | result (ready, unready) |
 | ``auth_failures_total`` | counter | |
 | ``fence_decisions_total`` | counter | fence, decision (incremented by the fences) |
 | ``stream_errors_total`` | counter | code |
 | ``actions_total`` | counter | operation, status |
+| ``tokens_total`` | counter | tenant, crew, kind (prompt, completion, total, cached, requests): tokens of crew operations' final results |
+| ``cost_total`` | counter | tenant, crew, currency: their cost in currency units (priced crews only, README "Observing actions") |
 | ``status_cache_total`` | counter | result (hit, miss): key-less ``:status`` reads answered from the host's cache of final job views, or asking the sidecar (not counted while the cache is disabled) |
 
 Every label value comes from a closed set, never from request bytes (an
@@ -53,6 +58,9 @@ class Metrics:
         self.request_duration = Summary(
             p + "request_duration_seconds", "HTTP request handling time, seconds.", ("route", "method")
         )
+        self.unauthenticated_body_bytes = Gauge(
+            p + "unauthenticated_body_bytes", "Bytes of request bodies held before authentication (the budget's use)."
+        )
         self.ready = Gauge(p + "ready", "1 while the host is ready (a sidecar's health agrees), else 0.")
         self.sidecar_ready = Gauge(
             p + "sidecar_ready", "1 while this sidecar's health agrees with the configuration, else 0.", ("sidecar",)
@@ -64,6 +72,14 @@ class Metrics:
         )
         self.stream_errors = Counter(p + "stream_errors_total", "Sidecar stream failures by error code.", ("code",))
         self.actions = Counter(p + "actions_total", "Actions reaching a status, by operation.", ("operation", "status"))
+        self.tokens = Counter(
+            p + "tokens_total",
+            "Model tokens (and requests) of crew operations' final results, by tenant, crew and kind.",
+            ("tenant", "crew", "kind"),
+        )
+        self.cost = Counter(
+            p + "cost_total", "Cost of crew operations' final results, currency units.", ("tenant", "crew", "currency")
+        )
         self.status_cache = Counter(
             p + "status_cache_total",
             "Key-less status reads by result of the final-view cache (hit, miss).",
@@ -89,12 +105,15 @@ class Metrics:
             self.requests,
             self.request_duration,
             self.ready,
+            self.unauthenticated_body_bytes,
             self.sidecar_ready,
             self.readiness_checks,
             self.auth_failures,
             self.fence_decisions,
             self.stream_errors,
             self.actions,
+            self.tokens,
+            self.cost,
             self.status_cache,
         ]
 

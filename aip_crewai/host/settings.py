@@ -14,8 +14,10 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .crews.descriptors import CrewDescriptor
+from .ledger.receipts import ReceiptKeys
+from .ledger.usage import Pricing
 from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
-from .store.postgres import StoreTimeouts
+from .store.engines.postgres import StoreTimeouts
 
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -36,6 +38,11 @@ DEFAULT_DISPATCH_DEADLINE_S = 600.0
 
 #: Lifetime of a stream token, seconds (README "Stream tokens"), and its bounds.
 DEFAULT_STREAM_TOKEN_TTL_S = 300
+
+
+#: Default ``[host] unauthenticated_body_budget_bytes``: bodies read before authentication, in total, bytes;
+#: and its floor, one whole message body (``http/routes.MAX_MESSAGE_BYTES``; README "Security").
+DEFAULT_BODY_BUDGET_BYTES, MIN_BODY_BUDGET_BYTES = 64 * 1024 * 1024, 2 * 1024 * 1024
 
 
 #: The sidecar's SSE keep-alive interval assumed when its ``/health`` has no ``sse_keepalive_seconds``, seconds.
@@ -118,6 +125,13 @@ class Settings:
             a key-less ``:status`` of a completed, failed or confirmed-cancelled run is answered from
             it without the sidecar hop, and still recorded as an action (ARCHITECTURE.md §9;
             :mod:`.view_cache`). Not shared between hosts: final views never change.
+        receipt_keys: the key signing result receipts and the previous public keys still published
+            (``[host] receipt_key_file``, ``receipt_previous_public_keys``); None: no receipts.
+        pricing: ``[pricing]``: prices per model and each crew's model; None: no cost (README "Observing actions").
+        public_authorities: the ``Host`` values (``@authority``) a signed request may name, lower-case;
+            None: the forms of the bind address (README "Signed requests").
+        body_budget_bytes: the bytes of request bodies read before authentication (signed envelopes
+            and signed requests), in total; past it such a body is 503 (README "Security").
     """
 
     config_path: Path
@@ -144,4 +158,8 @@ class Settings:
     store_pool_size: int = DEFAULT_STORE_POOL_SIZE
     store_timeouts: StoreTimeouts = StoreTimeouts()
     sidecars: tuple[SidecarSettings, ...] = ()
+    receipt_keys: ReceiptKeys | None = field(default=None, repr=False)
+    pricing: Pricing | None = None
     status_cache_entries: int = DEFAULT_STATUS_CACHE_ENTRIES
+    body_budget_bytes: int = DEFAULT_BODY_BUDGET_BYTES
+    public_authorities: tuple[str, ...] | None = None

@@ -42,7 +42,25 @@ responses (SSE) are never cut. Complements the server's header/idle timeout.
 streams included); one more is answered by the app's 503 with
 ``Connection: close`` before any handler runs.
 
-Source: RFC 9112 §9.6 (``close`` connection option), §6.3 (message body
+:class:`BodyBudget` with :class:`ReleaseBodyBudget`: the bytes of all request
+bodies one process reads BEFORE their request is authenticated (a signed
+envelope, an RFC 9421 signed request, any body of a sidecar serving without a
+token) are bounded in total, since each connection's own bounds (its body
+bound, 60 s, the connection bound) do not bound their sum. A body takes its
+declared ``Content-Length`` from the budget at its first read (a chunked body:
+each piece as it arrives) and gives it back once its request is authenticated
+or ends; a body that does not fit is refused with the app's 503 (with
+``Retry-After``). Bodies read after authentication (a bearer token checked
+from the headers first) never touch the budget, so authenticated traffic keeps
+its own share.
+
+:class:`BoundedHead`: a request line plus headers longer than the bound is
+answered by the app's 431 with ``Connection: close`` before any handler runs.
+Hypercorn's h11 bounds only a head still incomplete (one arriving in pieces);
+a whole head read at once (up to 64 KiB per socket read) is measured here, as
+:func:`head_size` counts it.
+
+Source: RFC 6585 §5 (431), RFC 9112 §9.6 (``close`` connection option), §6.3 (message body
 length), README "Security" (request bodies,
 aborted uploads, framing).
 """
@@ -119,23 +137,88 @@ def declared_length(scope: Scope) -> int | None:
     return None
 
 
-async def read_bounded(request: Request, limit: int, too_large: Callable[[int], Exception]) -> bytes:
+#: Scope key: bytes this request's body holds of the process's :class:`BodyBudget`.
+BUDGET_HELD_KEY = "aip.body_budget_held"
+
+
+class BodyBudget:
+    """The total byte budget of request bodies one process reads before authentication (see the module
+    docstring). One instance per app; every method runs on the event loop (no lock needed).
+
+    Args:
+        limit_bytes: the budget, bytes.
+        exhausted: ``limit_bytes -> exception`` raised by :meth:`take` when a body does not fit (503).
+
+    Source: README "Security" (bodies before authentication).
+    """
+
+    def __init__(self, limit_bytes: int, exhausted: Callable[[int], Exception]) -> None:
+        self.limit_bytes = limit_bytes
+        self.exhausted = exhausted
+        self.used_bytes = 0
+
+    def take(self, scope: Scope, size: int) -> None:
+        """Hold ``size`` more bytes for the request of ``scope``.
+
+        Raises:
+            ``exhausted(limit_bytes)``: they do not fit; nothing is taken.
+        """
+        if self.used_bytes + size > self.limit_bytes:
+            log.info("request_refused", reason="body_budget_exhausted", limit_bytes=self.limit_bytes)
+            raise self.exhausted(self.limit_bytes)
+        self.used_bytes += size
+        scope[BUDGET_HELD_KEY] = scope.get(BUDGET_HELD_KEY, 0) + size
+
+    def release(self, scope: Scope) -> None:
+        """Give back everything the request of ``scope`` holds (idempotent)."""
+        self.used_bytes -= scope.pop(BUDGET_HELD_KEY, 0)
+
+
+class ReleaseBodyBudget:
+    """Pure ASGI middleware: whatever a request still holds of ``budget`` is given back when it ends
+    (however it ends: answered, refused, failed, or its client gone)."""
+
+    def __init__(self, app: ASGIApp, budget: BodyBudget) -> None:
+        self.app = app
+        self.budget = budget
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.budget.release(scope)
+
+
+async def read_bounded(
+    request: Request, limit: int, too_large: Callable[[int], Exception], *, budget: BodyBudget | None = None
+) -> bytes:
     """The request body, at most ``limit`` bytes, never buffered beyond it: the one bounded body reader of
     both processes' routes.
 
+    Args:
+        budget: the process's budget of bodies read before authentication, for a request not yet
+            authenticated: the declared length is taken before the first read (a chunked body's pieces
+            as they arrive); the caller releases it (:meth:`BodyBudget.release`) once the request is
+            authenticated, else :class:`ReleaseBodyBudget` does at its end. None: an authenticated request.
+
     Raises:
         ``too_large(limit)``: the declared ``Content-Length`` or the bytes received exceed ``limit``.
+        ``budget.exhausted(budget.limit_bytes)``: the body does not fit in the budget.
 
-    Source: README "Security" (request bodies).
+    Source: README "Security" (request bodies; bodies before authentication).
     """
     declared = declared_length(request.scope)
     if declared is not None and declared > limit:
         raise too_large(limit)
+    if budget is not None and declared is not None:
+        budget.take(request.scope, declared)
     data = bytearray()
     async for piece in request.stream():
         data += piece
         if len(data) > limit:
             raise too_large(limit)
+        if budget is not None and declared is None:
+            budget.take(request.scope, len(piece))
     return bytes(data)
 
 
@@ -274,6 +357,42 @@ class BodyDeadline:
             return message
 
         await self.app(scope, timed_receive, send)
+
+
+def head_size(scope: Scope) -> int:
+    """The request head's size, bytes, as the server parsed it: the request line ``METHOD SP target SP
+    HTTP/x.y CRLF`` (target: raw path, and ``?query`` when there is one), each header as ``name: value CRLF``,
+    and the final CRLF: a client writing its head that way (one space after each colon, no padding) sends
+    exactly this many bytes."""
+    query = scope.get("query_string") or b""
+    target = len(scope.get("raw_path") or scope.get("path", "").encode("utf-8")) + (len(query) + 1 if query else 0)
+    line = len(scope.get("method", "")) + 1 + target + 1 + len("HTTP/") + len(scope.get("http_version", "1.1")) + 2
+    return line + sum(len(name) + 2 + len(value) + 2 for name, value in scope.get("headers") or ()) + 2
+
+
+class BoundedHead:
+    """Pure ASGI middleware: a request head over ``limit_bytes`` (:func:`head_size`) is refused.
+
+    Args:
+        app: the wrapped application.
+        limit_bytes: the largest head served, bytes.
+        reject: ``() -> ASGI app`` answering the refusal (431 in the app's own error shape);
+            ``Connection: close`` is added to it.
+
+    Source: README "Security" (timeouts and request heads).
+    """
+
+    def __init__(self, app: ASGIApp, limit_bytes: int, reject: Callable[[], ASGIApp]) -> None:
+        self.app = app
+        self.limit_bytes = limit_bytes
+        self.reject = reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or head_size(scope) <= self.limit_bytes:
+            await self.app(scope, receive, send)
+            return
+        log.info("request_refused", reason="request_head_too_large", limit_bytes=self.limit_bytes)
+        await self.reject()(scope, receive, _closing(send))
 
 
 class InFlightLimit:

@@ -58,12 +58,17 @@ def open_regular(path: Path | str, *, follow_symlinks: bool = True) -> int:
     return fd
 
 
+#: Largest single read, bytes: a file is read in pieces, so memory follows its size, never the bound.
+READ_PIECE_BYTES = 1024 * 1024
+
+
 def read_fd(fd: int, max_bytes: int) -> bytes:
-    """Read at most ``max_bytes + 1`` bytes from ``fd`` (so a caller can tell "over the bound")."""
+    """Read at most ``max_bytes + 1`` bytes from ``fd`` (so a caller can tell "over the bound"), in pieces of
+    at most :data:`READ_PIECE_BYTES` (a 1 KiB file under a 4 GiB bound never asks for 4 GiB at once)."""
     chunks: list[bytes] = []
     size = 0
     while size <= max_bytes:
-        piece = os.read(fd, max_bytes + 1 - size)
+        piece = os.read(fd, min(READ_PIECE_BYTES, max_bytes + 1 - size))
         if not piece:
             break
         chunks.append(piece)

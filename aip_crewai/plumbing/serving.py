@@ -3,7 +3,7 @@
 | bound | value | enforced by |
 |---|---|---|
 | request head (and an idle keep-alive connection) | :data:`HEADER_TIMEOUT_S` | hypercorn ``keep_alive_timeout``: the timer runs from the connection's start, or the end of the previous response, until a whole request head has arrived |
-| request head size | :data:`MAX_HEADER_BYTES` | hypercorn ``h11_max_incomplete_size`` |
+| request head size | :data:`MAX_HEADER_BYTES` | a head still incomplete past it: hypercorn ``h11_max_incomplete_size`` (431); a whole head (as :func:`~aip_crewai.plumbing.asgi.head_size` counts it): :class:`~aip_crewai.plumbing.asgi.BoundedHead` (431) |
 | pause between two body chunks | :data:`BODY_IDLE_TIMEOUT_S` | :class:`~aip_crewai.plumbing.asgi.BodyDeadline` (408) |
 | whole request body | :data:`BODY_TOTAL_TIMEOUT_S` | :class:`~aip_crewai.plumbing.asgi.BodyDeadline` (408) |
 | requests in flight (SSE streams included) | :data:`MAX_IN_FLIGHT` | :class:`~aip_crewai.plumbing.asgi.InFlightLimit` (503) |

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from aip_crewai.contracts.operations import INSPECTION_OPERATIONS
 from aip_crewai.plumbing.loopback import is_loopback
 
 from ..plumbing.keys import MAX_SECRET_FILE_BYTES, SecretFileError, read_token
+from .isolation.sandbox import SandboxPlan
 from .options import OPTIONS, VALVE_ENV, build_parser, int_in, option_name
 
 #: The host's SSE frame bound, bytes (ARCHITECTURE.md §7): larger events are refused by the host.
@@ -81,12 +83,15 @@ class Settings:
         stream_checkpoint_events: chunk events committed per journal write.
         training_dir: where ``train`` writes artifacts (required with train).
         max_journal_bytes: bound on used journal pages plus the -wal file, bytes; admission 507 past it.
+        body_budget_bytes: without a token, request bodies being read at once, in total, bytes (503 past it).
         sse_keepalive_seconds: interval of ``: keep-alive`` comments.
         shutdown_grace_seconds: how long in-flight jobs may finish at shutdown.
         isolation: ``process`` (each job in a worker process of its own, :mod:`.isolation.pool`)
             or ``inprocess`` (jobs run in the sidecar process: debugging).
         cancel_grace_seconds: with ``process``, how long a cancelled job may take to
             stop cooperatively before its worker is killed.
+        worker_user: ``(name, uid, gid, home)`` of ``--worker-user``: job workers drop to it (root only).
+        worker_sandbox: the workers' sandbox, set at start-up by the entry point (``isolation/sandbox.py``).
         ephemeral: the journal is a temporary file made at start-up because
             none was configured (health then says ``durable_journal: false``).
         notify_socket: systemd ``NOTIFY_SOCKET`` (from the environment only).
@@ -110,10 +115,13 @@ class Settings:
     stream_checkpoint_events: int = 128
     training_dir: Path | None = None
     max_journal_bytes: int = 1_073_741_824
+    body_budget_bytes: int = 64 * 1024 * 1024
     sse_keepalive_seconds: float = 15.0
     shutdown_grace_seconds: float = 20.0
     isolation: str = "process"
     cancel_grace_seconds: float = 1.0
+    worker_user: tuple[str, int, int, str] | None = None
+    worker_sandbox: SandboxPlan | None = None
     log_level: str = "info"
     log_format: str = "auto"
     notify_socket: str | None = None
@@ -226,6 +234,8 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     elif "train" in values["allowed_operations"]:
         raise ConfigError(option_name(by_dest["training_dir"]), "is required when train is an allowed operation")
 
+    worker_user = _worker_user(option_name(by_dest["worker_user"]), values["worker_user"], values["isolation"])
+
     return Settings(
         registry=values["registry"],
         host=values["host"],
@@ -244,15 +254,55 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         stream_checkpoint_events=values["stream_checkpoint_events"],
         training_dir=training_dir,
         max_journal_bytes=values["max_journal_bytes"],
+        body_budget_bytes=values["body_budget_bytes"],
         sse_keepalive_seconds=values["sse_keepalive_seconds"],
         shutdown_grace_seconds=values["shutdown_grace_seconds"],
         isolation=values["isolation"],
         cancel_grace_seconds=values["cancel_grace_seconds"],
+        worker_user=worker_user,
         log_level=values["log_level"],
         log_format=values["log_format"],
         notify_socket=environ.get("NOTIFY_SOCKET") or None,
         warnings=tuple(warnings),
     )
+
+
+def _worker_user(setting: str, name: str | None, isolation: str) -> tuple[str, int, int, str] | None:
+    """``--worker-user``: an existing user other than root, for a sidecar started as root with process isolation.
+
+    Returns:
+        ``(name, uid, gid, home)``, or None when not set.
+
+    Raises:
+        ConfigError: unknown user, root, ``--isolation inprocess``, or a sidecar not running as root
+            (only root can switch users).
+
+    Source: README "Security" (worker sandbox).
+    """
+    if name is None:
+        return None
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except (KeyError, OverflowError):
+        raise ConfigError(setting, f"no such user {name!r}") from None
+    if entry.pw_uid == 0:
+        raise ConfigError(setting, "must be an unprivileged user, not root")
+    if isolation != "process":
+        raise ConfigError(setting, "needs --isolation process (jobs run in worker processes)")
+    if os.geteuid() != 0:
+        raise ConfigError(setting, "needs a sidecar started as root (only root can switch to another user)")
+    return entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir
+
+
+def scrub_environment(environ: MutableMapping[str, str]) -> bool:
+    """Remove the inline bearer token (``AIP_CREWAI_BEARER_TOKEN``) from ``environ`` (the process's:
+    ``os.environ`` also unsets it), so no fork server, worker or subprocess inherits it. True when it was set.
+
+    Call once the settings are loaded, before anything starts a process.
+
+    Source: README "Security" (worker sandbox), "Migrating from the reference sidecar".
+    """
+    return environ.pop(INLINE_TOKEN_ENV, None) is not None
 
 
 def _switch(environ: Mapping[str, str], name: str) -> bool:

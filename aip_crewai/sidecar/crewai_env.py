@@ -16,7 +16,8 @@ What is set, and why (measured against crewai 1.15.5 sources):
   PyPI whether a newer CrewAI exists.
 - ``ANONYMIZED_TELEMETRY=False``: Chroma's own telemetry switch (CrewAI already
   passes ``anonymized_telemetry=False``; this covers other Chroma clients).
-- ``CREWAI_STORAGE_DIR=<state_dir>/crewai`` (absolute, mode 0700): CrewAI
+- ``CREWAI_STORAGE_DIR=<state_dir>/crewai`` (absolute, mode 0700; the tenant
+  namespaces are beside it, :func:`namespaces_dir`): CrewAI
   feeds it to ``appdirs.user_data_dir(appname)``; an absolute appname makes
   ``os.path.join`` drop the XDG base, so replay outputs, Chroma knowledge files
   and ``.crewai_user.json`` land there.
@@ -88,6 +89,13 @@ def crewai_storage_dir(state_dir: Path) -> Path:
     return (Path(state_dir).expanduser().resolve()) / "crewai"
 
 
+def namespaces_dir(state_dir: Path) -> Path:
+    """The directory of the per-(tenant, crew) namespace directories: ``<state_dir>/namespaces``
+    (``operations/knowledge_query.namespace_storage_dir``). Until this version it was
+    ``<state_dir>/crewai/namespaces``; :func:`prepare_crewai_environment` moves it once."""
+    return Path(state_dir).expanduser().resolve() / "namespaces"
+
+
 def prepare_crewai_environment(state_dir: Path) -> None:
     """Set CrewAI's environment before it is imported.
 
@@ -115,6 +123,9 @@ def prepare_crewai_environment(state_dir: Path) -> None:
         )
     storage.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(storage, 0o700)
+    earlier, namespaces = storage / "namespaces", namespaces_dir(state_dir)
+    if earlier.is_dir() and not namespaces.exists():  # tenant memories of an earlier version move along
+        os.rename(earlier, namespaces)
     for name, value in _ENV_DEFAULTS.items():
         os.environ[name] = value
     os.environ["CREWAI_STORAGE_DIR"] = str(storage)

@@ -8,7 +8,8 @@ the problems the sidecar would publish in ``/health`` (``crew_problems``:
 swallowed (they can quote provider errors).
 
 Exit codes (README "Exit codes"): 0 no problem, 1 at least one crew has a
-problem, 2 the registry cannot be loaded.
+problem, 2 the registry cannot be loaded. It also says which worker sandbox a sidecar started
+here would have (README "Security": worker sandbox), and what is missing.
 
 Source: README ("Tenant-scoped crew state": start-up preflight).
 """
@@ -56,8 +57,13 @@ def main(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"aip-crewai: {error}", file=sys.stderr)
         return Exit.USAGE
+    sandbox = _worker_sandbox()
     if args.json:
-        print(json.dumps({"crew_problems": found.problems, "crew_inputs": found.inputs}, indent=2))
+        print(
+            json.dumps(
+                {"crew_problems": found.problems, "crew_inputs": found.inputs, "worker_sandbox": sandbox}, indent=2
+            )
+        )
     else:
         for crew_id in sorted(registry):
             problems = found.problems.get(crew_id, [])
@@ -65,4 +71,28 @@ def main(args: argparse.Namespace) -> int:
             names = ", ".join(inputs.get("placeholders", [])) or "(none)"
             defaults = " (the crew fills defaults)" if inputs.get("defaults") else ""
             print(f"{crew_id}: {'problems: ' + ', '.join(problems) if problems else 'ok'}; inputs: {names}{defaults}")
+        missing = f"; missing: {sandbox['message']}" if sandbox["missing"] else ""
+        print(f"worker sandbox: {sandbox['mode']}{missing}")
     return Exit.FAILED if found.problems else Exit.OK
+
+
+def _worker_sandbox() -> dict[str, object]:
+    """The worker sandbox a sidecar started here with this environment would have (``/health``
+    ``worker_sandbox`` plus a ``message`` naming what is missing): ``AIP_CREWAI_ISOLATION`` and
+    ``AIP_CREWAI_WORKER_USER``, this user, this kernel's Landlock.
+
+    Source: README "Security" (worker sandbox).
+    """
+    import msgspec
+
+    from aip_crewai.sidecar.isolation import sandbox
+
+    isolation = (os.environ.get("AIP_CREWAI_ISOLATION") or "process").strip().lower()
+    user = os.environ.get("AIP_CREWAI_WORKER_USER") or None
+    abi = sandbox.landlock_abi()
+    found = sandbox.report(
+        isolation=isolation,
+        sandbox=sandbox.SandboxPlan(abi, None, None, user, None, [], "/", None),
+        euid=os.geteuid(),
+    )
+    return {**msgspec.to_builtins(found), "message": sandbox.describe_missing(found)}

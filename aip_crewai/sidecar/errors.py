@@ -105,6 +105,15 @@ class ShuttingDown(SidecarError):
     default_message = "the sidecar is shutting down and admits no new jobs"
 
 
+class Draining(SidecarError):
+    code = "sidecar.draining"
+    category = Category.TEMPORARY
+    http_status = 503
+    default_message = (
+        "the sidecar is draining (SIGUSR1): it finishes its jobs and admits no new ones; send the job elsewhere"
+    )
+
+
 class OperationNotEnabled(SidecarError):
     code = "sidecar.operation_not_enabled"
     category = Category.POLICY

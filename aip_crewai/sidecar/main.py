@@ -26,6 +26,10 @@ Start-up order (nothing is served before the last step):
    is logged (with the real port, also for ``--port 0``) and systemd gets
    ``READY=1`` when ``NOTIFY_SOCKET`` is set.
 
+Drain on SIGUSR1: new jobs get 503 ``sidecar.draining`` (before admission: a host
+places them elsewhere or retries them), admitted jobs run to their end, then the
+shutdown below runs with nothing left to cancel and the process exits 0.
+
 Shutdown on SIGTERM/SIGINT: new admissions get 503, running jobs may finish
 within ``--shutdown-grace-seconds``, the rest are cancelled with a terminal
 event; then hypercorn stops accepting and closes connections, and the
@@ -54,15 +58,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from aip_crewai.plumbing.log import configure_logging
-from aip_crewai.sidecar.config import ConfigError, Settings, load_settings
+from aip_crewai.sidecar.config import ConfigError, Settings, load_settings, scrub_environment
+from aip_crewai.sidecar.isolation.landlock import set_not_dumpable
 
 if TYPE_CHECKING:
     from aip_crewai.sidecar.http.app import CrewFacts
+    from aip_crewai.sidecar.isolation.sandbox import SandboxPlan
     from aip_crewai.sidecar.journal.store import Journal
 
 log = structlog.get_logger(__name__)
@@ -80,11 +86,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(argv, os.environ)
     except ConfigError as exc:
         return _refuse(str(exc))
+    inline_token = scrub_environment(os.environ)  # before any process starts: none inherits the token
     configure_logging(
         json=None if settings.log_format == "auto" else settings.log_format == "json", level=settings.log_level
     )
     for event, message in settings.warnings:  # e.g. an inline token (never the token itself)
         log.warning(event, message=message)
+    if inline_token:  # /proc/<pid>/environ keeps the process's first environment: root's alone from now on
+        try:
+            set_not_dumpable()
+        except OSError as exc:
+            log.warning("sidecar_dumpable", error_type=type(exc).__name__)
     temporary: str | None = None
     if settings.journal is None:
         temporary = tempfile.mkdtemp(prefix="aip-crewai-sidecar-")
@@ -96,10 +108,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         log.warning("journal_ephemeral", journal=str(settings.journal))
     try:
+        settings = replace(settings, worker_sandbox=_sandbox_plan(settings))
+    except ValueError as exc:
+        return _refuse(f"worker sandbox: {exc}")
+    try:
         return _run(settings)
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _sandbox_plan(settings: Settings) -> SandboxPlan | None:
+    """The job workers' sandbox (``isolation/sandbox.py``), None with ``--isolation inprocess``; the
+    start-up warning names what is missing. Raises ValueError: a protected path where workers may write."""
+    from aip_crewai.sidecar.isolation import sandbox
+
+    plan = None
+    if settings.isolation == "process":
+        plan = sandbox.plan(
+            state_dir=str(settings.state_dir),
+            journal=str(settings.journal) if settings.journal else None,
+            token_file=str(settings.token_file) if settings.token_file else None,
+            training_dir=str(settings.training_dir) if settings.training_dir else None,
+            user=settings.worker_user,
+            landlock_abi=sandbox.landlock_abi(),
+            sidecar_pid=os.getpid(),
+        )
+    found = sandbox.report(isolation=settings.isolation, sandbox=plan, euid=os.geteuid())
+    if found.missing:
+        log.warning(
+            "worker_sandbox_missing", mode=found.mode, missing=found.missing, message=sandbox.describe_missing(found)
+        )
+    else:
+        log.info("worker_sandbox", mode=found.mode, landlock_abi=found.landlock_abi, worker_user=found.worker_user)
+    return plan
 
 
 def _run(settings: Settings) -> int:
@@ -232,11 +274,17 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
         start_forkserver,
     )
     from aip_crewai.sidecar.isolation.pool import WorkerPool
+    from aip_crewai.sidecar.isolation.sandbox import hand_over
     from aip_crewai.sidecar.isolation.wire import Boot
 
+    if settings.worker_sandbox is not None:
+        try:  # CrewAI's storage, the namespaces and the training directory become the worker user's
+            hand_over(settings.worker_sandbox)
+        except OSError as exc:
+            return _refuse(f"--worker-user (AIP_CREWAI_WORKER_USER): {exc}")
     context = start_forkserver()
     json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
-    boot = Boot(settings.registry, str(settings.state_dir), json_logs, settings.log_level)
+    boot = Boot(settings.registry, str(settings.state_dir), json_logs, settings.log_level, settings.worker_sandbox)
     try:
         described = describe_registry(context, boot)
     except ForkServerThreaded as exc:
@@ -306,10 +354,11 @@ async def _serve(
     )
     # timeouts, header bound, no h2c (README "Security")
     config = hypercorn_config([f"fd://{fd}"], errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
-    stop = asyncio.Event()
+    stop, drain = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, drain.set)
 
     async def shutdown_trigger() -> None:
         # hypercorn starts this once its servers accept connections
@@ -322,7 +371,7 @@ async def _serve(
             authenticated=settings.token is not None,
         )
         sd_notify(settings.notify_socket, "READY=1")
-        await stop.wait()
+        await _until_stopped_or_drained(stop, drain, getattr(app.state, "runtime", None))
         log.info("sidecar_stopping", grace_seconds=settings.shutdown_grace_seconds)
         sd_notify(settings.notify_socket, "STOPPING=1")
         if workers is not None:
@@ -334,6 +383,28 @@ async def _serve(
     await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     log.info("sidecar_stopped")
     return 0
+
+
+async def _until_stopped_or_drained(stop: asyncio.Event, drain: asyncio.Event, runtime: Any) -> None:
+    """Return on SIGTERM/SIGINT (``stop``), or once a drain asked by SIGUSR1 (``drain``) has let every
+    admitted job end (``Runtime.drain``; a SIGTERM meanwhile ends the wait at once). README "Draining a
+    sidecar"."""
+    stopped = asyncio.ensure_future(stop.wait())
+    drain_asked = asyncio.ensure_future(drain.wait())
+    try:
+        await asyncio.wait({stopped, drain_asked}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set() or runtime is None:
+            return
+        log.info("sidecar_draining", active_runs=runtime.health()["active_runs"])
+        drained = asyncio.ensure_future(runtime.drain())
+        await asyncio.wait({stopped, drained}, return_when=asyncio.FIRST_COMPLETED)
+        if drained.done():
+            log.info("sidecar_drained")
+        else:
+            drained.cancel()
+    finally:
+        for waiter in (stopped, drain_asked):
+            waiter.cancel()
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -22,6 +22,9 @@ from aip_crewai.contracts.operations import INSPECTION_OPERATIONS, STARTABLE_OPE
 
 #: Bounds of ``--max-event-bytes``, bytes (the reference sidecar's range).
 MIN_EVENT_BYTES, MAX_EVENT_BYTES = 1024, 4_194_304
+#: Floor and default of ``--unauthenticated-body-budget-bytes``, bytes: one whole job body
+#: (``jobs/admission.MAX_BODY_BYTES``), and 64 MiB (README "Security").
+MIN_BODY_BUDGET_BYTES, DEFAULT_BODY_BUDGET_BYTES = 8 * 1024 * 1024, 64 * 1024 * 1024
 #: Environment switches of the two safety valves, by flag.
 VALVE_ENV = {
     "allow_unauthenticated": "AIP_CREWAI_ALLOW_UNAUTHENTICATED",
@@ -218,6 +221,15 @@ OPTIONS: tuple[Option, ...] = (
         "(the reference's AIP_CREWAI_MAX_STATE_BYTES, 1048576..4294967296, sets it too)",
     ),
     Option(
+        "body_budget_bytes",
+        "--unauthenticated-body-budget-bytes",
+        "AIP_CREWAI_UNAUTHENTICATED_BODY_BUDGET_BYTES",
+        int_in(MIN_BODY_BUDGET_BYTES, 1 << 40),
+        DEFAULT_BODY_BUDGET_BYTES,
+        "without a bearer token (--allow-unauthenticated): request bodies being read at once, in total, bytes; "
+        "past it a body is 503 with Retry-After",
+    ),
+    Option(
         "sse_keepalive_seconds",
         "--sse-keepalive-seconds",
         "AIP_CREWAI_SSE_KEEPALIVE_SECONDS",
@@ -250,6 +262,15 @@ OPTIONS: tuple[Option, ...] = (
         1.0,
         "with --isolation process: how long a cancelled job may take to stop "
         "before its worker process is killed, seconds",
+    ),
+    Option(
+        "worker_user",
+        "--worker-user",
+        "AIP_CREWAI_WORKER_USER",
+        text_value,
+        None,
+        "with --isolation process and a sidecar started as root: the unprivileged user (name or uid) every "
+        "job worker runs as (README Security: worker sandbox)",
     ),
     Option(
         "log_level",

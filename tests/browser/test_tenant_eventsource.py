@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(
 
 PAGE = """<!doctype html>
 <meta charset="utf-8"><title>tenant stream</title>
-<pre id="chunks"></pre><p id="status">waiting</p><p id="state"></p><p id="errors"></p>
+<pre id="chunks"></pre><p id="status">waiting</p><p id="ack"></p><p id="state"></p><p id="errors"></p>
 <script>
 const params = new URLSearchParams(location.search);
 const host = params.get("host"), action = params.get("action");
@@ -35,6 +35,10 @@ async function main() {
     const chunk = JSON.parse(event.data).body.stream_chunk;
     if (chunk && chunk.part && chunk.part.text) document.getElementById("chunks").textContent += chunk.part.text;
   };
+  source.addEventListener("ack", (event) => {
+    const ack = JSON.parse(event.data).body.ack;
+    document.getElementById("ack").textContent = `${event.lastEventId} ${ack.status} ${ack.reason || ""}`.trim();
+  });
   source.addEventListener("chunk", text);
   source.addEventListener("done", text);
   source.addEventListener("result", (event) => {
@@ -86,5 +90,44 @@ def test_a_tenant_page_on_another_origin_follows_a_stream_with_eventsource(
         page.close()
         assert TOKENS["acme-app"] not in host.log.read_text()
         assert "stream_token=" not in host.log.read_text()
+    finally:
+        host.stop()
+
+
+#: How long the page watches a pending action's stream, seconds: a window in which nothing may happen (no
+#: reconnect), not a wait for a result.
+PENDING_WINDOW_S = 15
+
+
+def test_eventsource_on_a_pending_action_holds_one_connection_and_gets_the_final_result(
+    sidecar_factory, tmp_path, browser, page_origin
+) -> None:
+    """the pending state is the ack (``sse_0``, reason ``pending_approval``); the stream stays
+    open through 15 s of pending (fewer than 3 connections), then carries the run to its result."""
+    from playwright.sync_api import expect
+
+    sidecar = sidecar_factory.start()
+    host = start_host(tmp_path / "host", sidecar.base_url, sidecar.token, host_options={"cors_origins": [page_origin]})
+    try:
+        topic = f"tundra-{new_id('t')}"
+        action_id = new_id("act")
+        with host.client("acme-app") as app:
+            pending = app.call("cap:crewai:echo", {"topic": topic}, action_id=action_id, idempotency_key=new_id("k"))
+        page = browser.new_page()
+        streams: list[str] = []
+        page.on(
+            "request", lambda request: streams.append(request.url) if "/events?stream_token=" in request.url else None
+        )
+        page.goto(f"{page_origin}/tenant.html?host={host.base_url}&action={action_id}&token={TOKENS['acme-app']}")
+        expect(page.locator("#ack")).to_have_text("sse_0 accepted pending_approval", timeout=30_000)
+        page.wait_for_timeout(PENDING_WINDOW_S * 1000)
+        assert len(streams) < 3, streams
+        expect(page.locator("#status")).to_have_text("waiting")
+        with host.client("acme-approver") as approver:
+            approver.decide(pending["body"]["action_result"]["output"]["approval_id"], "approved", "browser")
+        expect(page.locator("#status")).to_have_text("completed", timeout=60_000)
+        expect(page.locator("#chunks")).to_contain_text(topic)
+        assert len(streams) < 3, streams
+        page.close()
     finally:
         host.stop()

@@ -48,7 +48,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 #: tokens", "Signed requests"): their errors are still checked as AIP error envelopes.
 NOT_AIP = [
     re.compile(r"^/aip/v1/(actions/[^/]+|approvals)/stream-token$"),
-    re.compile(r"^/aip/v1/approvals/[^/]+/proof$"),
+    re.compile(r"^/aip/v1/approvals/[^/]+/(proof|display)$"),
 ]
 
 

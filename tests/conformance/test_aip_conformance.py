@@ -154,16 +154,22 @@ async def test_streams_and_modes_conform(aip, schemas):
     assert asynchronous.status_code in (200, 202)
     assert body_of(asynchronous.json())["action_id"] == "conf_async"
 
-    pending = await post(
-        aip, action("conf_pending_stream", "cap:crewai:beta", {"topic": "s"}, key="k-ps"), schemas=schemas, headers=SSE
-    )
-    assert [f[0] for f in frames(pending)] == ["ack", "result"]
-    assert body_of(frames(pending)[0][2])["status"] == "accepted"
+    # A stream of a pending action stays open until the decision (tests/host/test_pending_streams.py); here the
+    # action is submitted, read while pending, approved, and its stream re-POSTed once it can end.
+    pending_approval_id = await pending_run(aip, schemas, "conf_pending_stream", {"topic": "s"})
 
     status = await post(
         aip, action("conf_status", "cap:crewai:beta:status", {"run_action_id": "conf_pending_stream"}), schemas=schemas
     )
     assert status.status_code == 200 and body_of(status.json())["output"]["status"] == "pending_approval"
+    assert (await decide(aip, pending_approval_id)).status_code == 200
+    resumed = await post(
+        aip,
+        action("conf_pending_stream", "cap:crewai:beta", {"topic": "s"}, key="k-conf_pending_stream"),
+        schemas=schemas,
+        headers={**SSE, "Last-Event-ID": "sse_0"},
+    )
+    assert [f[0] for f in frames(resumed)][-1] == "result" and "ack" not in [f[0] for f in frames(resumed)]
 
 
 async def test_cancel_denied_and_failed_conform(aip, fake, schemas):

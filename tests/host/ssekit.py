@@ -15,15 +15,15 @@ FRAME_DEADLINE_S = 10.0
 
 
 class Stream:
-    """One GET request to the app, its response streamed; ``close()`` disconnects."""
+    """One request to the app (GET, or ``method`` with ``body``), its response streamed; ``close()`` disconnects."""
 
-    def __init__(self, app: Any, target: str, headers: dict[str, str]) -> None:
+    def __init__(self, app: Any, target: str, headers: dict[str, str], method: str = "GET", body: bytes = b"") -> None:
         parts = urlsplit(target)
         self.scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
             "http_version": "1.1",
-            "method": "GET",
+            "method": method,
             "scheme": "http",
             "path": parts.path,
             "raw_path": parts.path.encode(),
@@ -34,6 +34,7 @@ class Stream:
             "headers": [(b"host", b"host.test"), *((k.lower().encode(), v.encode()) for k, v in headers.items())],
         }
         self.app = app
+        self.request_body = body
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.gone = asyncio.Event()
         self.decoder = SSEDecoder()
@@ -48,7 +49,7 @@ class Stream:
     async def _receive(self) -> dict[str, Any]:
         if not self._sent_request:
             self._sent_request = True
-            return {"type": "http.request", "body": b"", "more_body": False}
+            return {"type": "http.request", "body": self.request_body, "more_body": False}
         await self.gone.wait()
         return {"type": "http.disconnect"}
 
@@ -98,5 +99,7 @@ class Stream:
             await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def open_stream(app: Any, target: str, headers: dict[str, str] | None = None) -> Stream:
-    return await Stream(app, target, {"Accept": "text/event-stream", **(headers or {})}).open()
+async def open_stream(
+    app: Any, target: str, headers: dict[str, str] | None = None, *, method: str = "GET", body: bytes = b""
+) -> Stream:
+    return await Stream(app, target, {"Accept": "text/event-stream", **(headers or {})}, method, body).open()

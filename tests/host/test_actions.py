@@ -437,6 +437,20 @@ async def test_invalid_stream_fails_with_cancel_attempt(env):
     assert any(r.url.path.endswith("/cancel") for r in sidecar.requests)
 
 
+async def test_a_sidecar_frame_nested_1500_deep_fails_the_action_with_the_stream_error_code(env):
+    """Regression (second review): the action failed with ``internal.error``; a frame nested past the
+    decoder's bound is an invalid stream like any other undecodable frame."""
+    service, sidecar, _ = env
+    deep = "[" * 1500 + "]" * 1500
+    sidecar.stream_override = (
+        b'event: started\ndata: {"event":"started","sequence":0,"data":{}}\n\n'
+        + f'event: chunk\ndata: {{"event":"chunk","sequence":1,"data":{{"x":{deep}}}}}\n\n'.encode()
+    )
+    done = await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    result = await service.result(done)
+    assert result.status == "failed" and result.error.code == "connector.crewai.invalid_stream"
+
+
 async def test_invalid_stream_with_failed_cancel_is_cancelled_unconfirmed(env):
     service, sidecar, _ = env
     sidecar.stream_override = b'event: started\ndata: {"event":"started","sequence":1,"data":{}}\n\n'

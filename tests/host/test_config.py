@@ -224,6 +224,9 @@ def test_a_postgresql_store_is_a_url_kept_as_given_and_never_holds_a_password(ho
         ("postgresql://db/" + "a" * 4100, "4096"),
         ("postgresql://aip@db/aip?pass%77ord=hunter2", "PGPASSFILE"),  # an encoded parameter name
         ("postgresql://aip%3Ahunter2@db/aip", "PGPASSFILE"),  # a mis-encoded user:password
+        ("postgresql://aip@db/aip?sslmode=require&sslpassword=hunter2", "sslpassword"),  # the client key's passphrase
+        ("postgresql://aip@db/aip?SSLPASSWORD=hunter2", "sslpassword"),
+        ("postgresql://aip@db/aip?ssl%70assword=hunter2", "sslpassword"),  # an encoded parameter name
         ("postgresql://aip@db/aip?bogus=hunter2", "not a valid PostgreSQL URL"),
         ("host=db dbname=aip password=hunter2", "postgresql:// URL"),
     ):

@@ -57,9 +57,28 @@ async def test_a_preflight_from_an_allowed_origin_is_answered_and_a_refused_one_
     assert {"authorization", "content-type", "last-event-id"} <= allowed_headers
     assert "access-control-allow-credentials" not in allowed.headers
     assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+    assert not [name for name in refused.headers if name.lower().startswith("access-control-")], refused.headers
     assert read.headers["access-control-allow-origin"] == ALLOWED
     assert "x-request-id" in read.headers["access-control-expose-headers"].lower()
     assert "access-control-allow-origin" not in foreign_read.headers
+
+
+@pytest.mark.parametrize("origin", [REFUSED, "null"])
+@pytest.mark.parametrize("method", ["POST", "PUT"])
+async def test_a_refused_preflight_carries_no_cors_header_at_all(make_app, settings, origin, method) -> None:
+    """Regression (second review): a preflight from a disallowed or ``null`` origin got 400 with
+    ``Access-Control-Allow-Methods``/``-Headers``; the README says "without CORS headers"."""
+    app = make_app(dataclasses.replace(settings, cors_origins=(ALLOWED,)))
+    async with running(app) as http:
+        refused = await http.options(
+            "/aip/v1/messages", headers={"Origin": origin, **PREFLIGHT, "Access-Control-Request-Method": method}
+        )
+        wrong_method = await http.options(
+            "/aip/v1/messages", headers={"Origin": ALLOWED, **PREFLIGHT, "Access-Control-Request-Method": "PUT"}
+        )
+    for answer in (refused, wrong_method):
+        assert answer.status_code == 400
+        assert not [name for name in answer.headers if name.lower().startswith("access-control-")], answer.headers
 
 
 async def test_without_origins_there_are_no_cors_headers(client) -> None:

@@ -160,3 +160,55 @@ async def test_a_crew_the_sidecar_does_not_serve_is_refused_before_any_approval(
     assert refused.json()["body"]["error"]["error"]["code"] == "capability.unavailable"
     assert approvals.json()["approvals"] == []
     assert accepted.status_code == 202  # a served crew still gets its approval request
+
+
+def test_memory_domains_are_parsed_and_a_missing_domain_is_refused_naming_it() -> None:
+    """a memory_reset of a domain the crew lacks is a typed 400 at $.command_type."""
+    parsed = parse_crew_inputs(
+        {
+            "a": {"placeholders": [], "defaults": True, "memory_domains": ["knowledge", "memory", "bogus"]},
+            "b": {"placeholders": [], "defaults": True, "memory_domains": "memory"},
+            "c": {"placeholders": [], "defaults": True},
+        }
+    )
+    assert parsed["a"].memory_domains == ("memory", "knowledge")  # known targets only, in their order
+    assert parsed["b"].memory_domains is None and parsed["c"].memory_domains is None  # nothing is checked
+    facts = CrewInputs((), True, ("kickoff_outputs", "knowledge"))
+    with pytest.raises(InvalidInput) as refused:
+        check_crew_inputs("memory_reset", {"command_type": "memory"}, facts)
+    assert refused.value.field == "$.command_type"
+    assert "no memory to reset" in refused.value.rule and "kickoff_outputs, knowledge; or all" in refused.value.rule
+    for fine in ("knowledge", "kickoff_outputs", "all", "nonsense"):  # nonsense: the input type check names it
+        check_crew_inputs("memory_reset", {"command_type": fine}, facts)
+    check_crew_inputs("memory_reset", {"command_type": "memory"}, parsed["c"])  # not reported: not checked
+    empty = CrewInputs((), True, ())
+    with pytest.raises(InvalidInput, match="its memory domains: none"):
+        check_crew_inputs("memory_reset", {"command_type": "knowledge"}, empty)
+
+
+async def test_a_memory_reset_of_a_missing_domain_is_refused_at_submission_before_any_approval(make_app) -> None:
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    fake.health["crew_inputs"] = {"beta": {"placeholders": [], "defaults": True, "memory_domains": ["knowledge"]}}
+    app = make_app(sidecar_transport=fake.transport())
+    headers = {"Content-Type": "application/aip+json", **bearer("acme-invoker")}
+    async with running(app) as http:
+        await host_state(app).readiness.refresh()
+
+        async def submit(n: int, target: str):
+            env = envelope(f"msg_mr{n}")
+            env["body"]["action"] = {
+                "id": f"act_mr{n}",
+                "capability_id": "cap:crewai:beta:memory_reset",
+                "input": {"command_type": target},
+                "idempotency_key": f"k-mr{n}",
+            }
+            return await http.post("/aip/v1/messages", content=json.dumps(env), headers=headers)
+
+        refused = await submit(1, "memory")
+        approvals = await http.get("/aip/v1/approvals", headers=bearer("acme-both"))
+        accepted = await submit(2, "knowledge")
+    error = refused.json()["body"]["error"]["error"]
+    assert refused.status_code == 400 and error["code"] == "action.invalid_input"
+    assert error["details"]["field"] == "$.command_type" and "its memory domains: knowledge" in error["message"]
+    assert approvals.json()["approvals"] == [] and fake.executions == 0
+    assert accepted.status_code == 202

@@ -133,6 +133,45 @@ async def test_a_paused_lease_holder_writes_nothing_after_losing_its_lease(postg
         await taker.close()
 
 
+async def test_a_stale_holders_result_leaves_no_usage_or_receipt(postgres_url: str) -> None:
+    """The writer's seal (usage row, receipt) is written in the result's transaction, under the same fence:
+    a result refused for a stale token leaves neither (the seal is not even called); the holder's does."""
+    from aip_crewai.host.store.store import ActionRecord, SealedRows
+
+    calls: list[str] = []
+
+    def seal(record: ActionRecord, proof: str | None) -> SealedRows:
+        calls.append(record.lease_owner or "")
+        usage = ("acme", record.action_id, "alpha", "run", 1, 1, 2, 3, 0, 1, 5, None, None)
+        receipt = ("acme", f"rcpt_{record.lease_owner}", record.action_id, None, "h", "{}", 1)
+        return SealedRows('{"sealed":true}', usage, receipt)
+
+    paused = await Store.open(postgres_url, owner="host-a", lease_ms=30_000)
+    taker = await Store.open(postgres_url, owner="host-b", lease_ms=30_000)
+    try:
+        await _running(paused, "act_1")
+        _expire(postgres_url, "act_1")
+        assert await taker.take_lease("acme", "act_1")
+        with pytest.raises(LeaseLost):
+            await paused.update_action(
+                "acme", "act_1", from_statuses=["running"], status="completed", result_json="{}", seal=seal
+            )
+        assert calls == []
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM action_usage").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM receipts").fetchone() == (0,)
+        done = await taker.update_action(
+            "acme", "act_1", from_statuses=["running"], status="completed", result_json="{}", seal=seal
+        )
+        assert done is not None and done.result_json == '{"sealed":true}' and calls == ["host-b"]
+        assert await taker.receipts_of_action("acme", "act_1") == ["{}"]
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            assert conn.execute("SELECT receipt_id FROM receipts").fetchall() == [("rcpt_host-b",)]
+    finally:
+        await paused.close()
+        await taker.close()
+
+
 async def test_a_host_that_never_held_the_lease_writes_as_before(postgres_url: str) -> None:
     """A cancel or a correction on a host without the lease is guarded by the action's state, not a token."""
     holder = await Store.open(postgres_url, owner="host-a", lease_ms=30_000)

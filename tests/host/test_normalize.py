@@ -168,3 +168,51 @@ def test_reference_sidecar_chunks_map_by_chunk_type_and_tool_call(data, kind):
     from aip_crewai.host.actions.normalize import chunk_kind
 
     assert chunk_kind(JobEvent(event="chunk", sequence=1, data=data)) == kind
+
+
+def _repeating_stream(bad_at: int) -> bytes:
+    """Started, then data chunks 1..6, then completed at 7, with event ``bad_at`` sent with a repeated sequence."""
+    events = [frame("started", 0, {"status": "running", "operation": "run"})]
+    events += [frame("chunk", s, {"content": f"c{s}", "channel": "llm"}) for s in range(1, 7)]
+    events.append(frame("completed", 7, {"raw": "done"}))
+    events[bad_at] = frame("chunk", bad_at - 1, {"content": "again", "channel": "llm"})
+    return b"".join(events)
+
+
+@given(st.integers(min_value=1, max_value=6), st.integers(min_value=1, max_value=2048))
+def test_an_invalid_event_keeps_every_chunk_before_it_and_fails_on_the_next_call(bad_at, size):
+    """Every valid event before an invalid one becomes a chunk, however the body is split (an invalid event
+    met after valid ones of the same piece fails the next call), and `expected` names the invalid one."""
+    body = _repeating_stream(bad_at)
+    n = StreamNormalizer("act_1", RUN)
+    delivered = []
+    with pytest.raises(ConnectorInvalidStream):
+        for i in range(0, len(body), size):
+            delivered.extend(n.feed(body[i : i + size]))
+        n.close()
+    assert [c.sequence for c in delivered] == list(range(bad_at))
+    assert n.expected == bad_at
+    resumed = n.resumed()
+    assert resumed.expected == bad_at and resumed.next_chunk == bad_at
+
+
+def test_a_deferred_failure_is_raised_by_close_and_stays():
+    n = StreamNormalizer("act_1", RUN)
+    chunks = n.feed(_repeating_stream(3))
+    assert [c.sequence for c in chunks] == [0, 1, 2]
+    for call in (n.close, lambda: n.feed(b"")):
+        with pytest.raises(ConnectorInvalidStream, match="sequence 2 where 3 was expected"):
+            call()
+
+
+@pytest.mark.parametrize("depth", [1_500, 100_000])
+def test_a_frame_nested_past_the_decoders_bound_is_an_invalid_stream_not_an_internal_error(depth):
+    """Regression (second review): a sidecar frame nested 1,500 deep failed the action with
+    ``internal.error``; it is the stream error code, as any other undecodable frame."""
+    deep = b'{"event":"chunk","sequence":1,"data":{"x":' + b"[" * depth + b"]" * depth + b"}}"
+    body = frame("started", 0, {"status": "running"}) + b"event: chunk\nid: 1\ndata: " + deep + b"\n\n"
+    n = StreamNormalizer("act_1", RUN, max_frame_bytes=4 * depth + 1024)
+    assert [c.sequence for c in n.feed(body)] == [0]  # the valid event before it is delivered first
+    with pytest.raises(ConnectorInvalidStream) as info:
+        n.close()
+    assert info.value.code == "connector.crewai.invalid_stream" and "nests too deeply" in info.value.message

@@ -196,3 +196,14 @@ async def test_the_host_is_unready_while_its_store_is_unavailable(make_app, monk
         writable["now"] = True
         await poll(lambda: store._probe is not None and store._probe.done())
         assert (await client.get("/ready")).status_code == 200
+
+
+async def test_health_probes_do_not_share_the_connection_pool_of_the_jobs(make_app):
+    """Under load every pooled connection of the jobs' client may hold a run's stream: a probe waiting
+    behind them would call a healthy sidecar unreachable (a load balancer would drop the host), so the
+    probes use a client (and so a connection pool) of their own."""
+    app = make_app()
+    async with running(app):
+        state = host_state(app)
+        probe_clients = {id(member.http) for _, member in state.readiness.members}
+        assert probe_clients.isdisjoint({id(client) for client in state.sidecar_http.values()})

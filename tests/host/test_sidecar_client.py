@@ -264,3 +264,37 @@ def test_retry_delays_double_to_a_cap():
     assert retry_delay_s(50) == 30.0
     with pytest.raises(ValueError):
         retry_delay_s(0)
+
+
+async def test_a_crew_busy_refusal_is_typed_retryable_and_certain_for_blocking_and_stream_starts():
+    """409 sidecar.crew_busy says "try later", never a permanent configuration error."""
+    from aip_crewai.contracts.errors import ConnectorCrewBusy
+
+    busy = {"code": "sidecar.crew_busy", "detail": "crew 'c' has 1 job(s) queued or running for this tenant"}
+    c = client(lambda request: httpx.Response(409, json=busy))
+    spec = ops.get("memory_reset")
+    with pytest.raises(ConnectorCrewBusy) as raised:
+        await c.start_job(
+            spec, DispatchProgress(), job_id="acme:r", crew_id="c", input={}, idempotency_key="k", timeout_ms=None
+        )
+    error = raised.value
+    assert error.retryable and error.category.value == "temporary" and error.remote_status == 409
+    assert error.details["uncertain_outcome"] is False and not not_admitted(error)  # the tenant retries, not the host
+    assert "queued or running" in error.details["remote_detail"]
+    with pytest.raises(ConnectorCrewBusy):
+        await c.start_stream(
+            RUN,
+            DispatchProgress(),
+            StreamNormalizer("a", RUN),
+            lambda chunks: None,
+            job_id="acme:r2",
+            crew_id="c",
+            input={},
+            idempotency_key="k",
+            timeout_ms=None,
+        )
+    plain = client(lambda request: httpx.Response(409, json={"detail": "cancelled"}))  # no code: as before
+    status, _ = await plain.start_job(
+        spec, DispatchProgress(), job_id="acme:r3", crew_id="c", input={}, idempotency_key="k", timeout_ms=None
+    )
+    assert status == 409

@@ -242,3 +242,61 @@ async def test_the_consoles_target_uri_signatures_are_accepted(world):
     assert decided.status_code == 200, decided.text
     proof = (await http.get(f"/aip/v1/approvals/{approval_id}/proof", auth=signer("acme-approver"))).json()
     assert f'"@target-uri": http://host.test/aip/v1/approvals/{approval_id}/decision' in proof["signature_base"]
+
+
+@pytest.mark.parametrize(
+    "authority, server, bind, listed, allowed",
+    [
+        ("127.0.0.1:8081", ("127.0.0.1", 8081), "127.0.0.1", None, True),
+        ("LOCALHOST:8081", ("127.0.0.1", 8081), "127.0.0.1", None, True),
+        ("[::1]:8081", ("127.0.0.1", 8081), "127.0.0.1", None, True),
+        ("127.0.0.1:8082", ("127.0.0.1", 8081), "127.0.0.1", None, False),
+        ("aip.other-deployment.example", ("127.0.0.1", 8081), "127.0.0.1", None, False),
+        ("10.0.0.11:8081", ("10.0.0.11", 8081), "0.0.0.0", None, True),
+        ("localhost:8081", ("10.0.0.11", 8081), "0.0.0.0", None, False),
+        ("aip.example.com", ("10.0.0.11", 8081), "0.0.0.0", None, False),
+        ("host.test", ("host.test", 80), "127.0.0.1", None, True),
+        ("aip.example.com", ("10.0.0.11", 8081), "0.0.0.0", ("aip.example.com",), True),
+        ("AIP.example.com", ("10.0.0.11", 8081), "0.0.0.0", ("aip.example.com",), True),
+        ("aip.example.com:443", ("10.0.0.11", 8081), "0.0.0.0", ("aip.example.com",), False),
+        ("10.0.0.11:8081", ("10.0.0.11", 8081), "0.0.0.0", ("aip.example.com",), False),
+        ("127.0.0.1:8081", None, "127.0.0.1", None, False),
+    ],
+)
+def test_the_authority_rule_lists_or_defaults_to_the_bind_address_forms(authority, server, bind, listed, allowed):
+    """README "Signed requests": ``[host] public_authorities`` exactly (any case); by default the address the
+    connection arrived at and the bind address with that port, plus the loopback names for a loopback host."""
+    from aip_crewai.host.auth.signatures import PublicAuthorities
+
+    assert PublicAuthorities(listed, bind).allows(authority, server) is allowed
+
+
+async def test_a_signature_naming_an_unlisted_authority_is_401_naming_the_rule(make_app, settings):
+    import dataclasses
+
+    app = make_app(dataclasses.replace(settings, public_authorities=("aip.example.com",)))
+    async with running(app) as http:
+        refused = await http.get("/aip/v1/approvals", auth=signer("acme-approver"))
+        assert refused.status_code == 401
+        message = refused.json()["body"]["error"]["error"]["message"]
+        assert message.startswith("signed request: @authority 'host.test' is not an authority of this host")
+        assert (await http.get("/aip/v1/approvals", headers=bearer("acme-both"))).status_code == 200
+
+
+def test_public_authorities_are_checked_in_host_toml(host_files):
+    from hostkit import base_document
+
+    from aip_crewai.host.config import HostConfigError, load_settings
+
+    doc = base_document()
+    assert load_settings(host_files.write(doc)).public_authorities is None
+    doc["host"]["public_authorities"] = ["AIP.example.com", "10.0.0.11:8081", "[::1]:8081"]
+    assert load_settings(host_files.write(doc)).public_authorities == (
+        "aip.example.com",
+        "10.0.0.11:8081",
+        "[::1]:8081",
+    )
+    for bad in (["https://aip.example.com"], ["aip.example.com/path"], [], ["*.example.com"]):
+        doc["host"]["public_authorities"] = bad
+        with pytest.raises(HostConfigError, match="public_authorities"):
+            load_settings(host_files.write(doc))

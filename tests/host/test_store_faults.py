@@ -26,8 +26,8 @@ from hostkit import action_env, bearer, running
 from aip_crewai.host.http.state import host_state
 from aip_crewai.host.settings import Settings
 from aip_crewai.host.store import store as store_module
+from aip_crewai.host.store.engines.postgres import WRITER_LOCK, StoreTimeouts
 from aip_crewai.host.store.notify import RemoteChanges, listen
-from aip_crewai.host.store.postgres import WRITER_LOCK, StoreTimeouts
 from aip_crewai.host.store.store import Store, StoreUnavailable
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from aip_crewai.host.store.postgres import WRITER_LOCK
+from aip_crewai.host.store.engines.postgres import WRITER_LOCK
 from aip_crewai.host.store.store import Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -117,7 +117,7 @@ async def test_an_outage_is_a_typed_retryable_error_and_the_store_recovers(postg
     """The database refuses every connection (as while it is down): a store method fails with
     StoreUnavailable (503, retryable) once no pooled connection comes within the call bound, never a
     driver error; once the database is back, store methods succeed again."""
-    from aip_crewai.host.store.postgres import StoreTimeouts
+    from aip_crewai.host.store.engines.postgres import StoreTimeouts
     from aip_crewai.host.store.store import StoreUnavailable
 
     database = postgres_url.rsplit("/", 1)[1].split("?")[0]

@@ -126,6 +126,8 @@ def child_env(call_log: Path, extra: dict[str, str] | None = None) -> dict[str, 
         if (not k.startswith("AIP_CREWAI_") or k in PASSED_ENV) and k != "NOTIFY_SOCKET"
     }
     env["AIP_CREWAI_TEST_CALL_LOG"] = str(call_log)
+    # made now: a sandboxed worker may not create a file beside the sidecar's token and journal (README "Security")
+    call_log.touch(exist_ok=True)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})
     return env

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -200,18 +202,25 @@ async def test_the_reference_sidecar_environment_starts_the_sidecar(sidecar_fact
 
 async def test_a_sidecar_serves_the_jobs_imported_from_a_reference_journal(sidecar_factory):
     """Issue 20 item 10: ``aip-crewai journal import`` then start on the new journal; the imported jobs answer
-    as they ended (a running one as failed, uncertain) and an imported action id never runs again."""
+    as they ended (a running one as failed, uncertain), marked ``imported``, and an imported action id never
+    runs again nor answers an admission, even one whose request hash the file precomputed (409)."""
     import json
+
+    from aip_crewai.contracts.hashing import request_hash
 
     workdir = sidecar_factory.workdir / "imported"
     workdir.mkdir(mode=0o700)
     output = {"raw": "old answer", "token_usage": {}, "tasks_output": []}
+    # The hash the sidecar computes for the resubmission below: a file naming it must still never answer it.
+    same = request_hash(
+        crew_id="echo", action_id="ref-done", operation="run", input={}, timeout_ms=None, idempotency_key="k"
+    )
     runs = [
         {
             "action_id": "ref-done",
             "crew_id": "echo",
             "operation": "run",
-            "input_hash": "h1",
+            "input_hash": same,
             "status": "completed",
             "events": [
                 {"event": "started", "sequence": 0, "data": {}},
@@ -252,3 +261,49 @@ async def test_a_sidecar_serves_the_jobs_imported_from_a_reference_journal(sidec
     assert done["status"] == "completed" and done["output"] == output and done["event_count"] == 2
     assert failed["status"] == "failed" and events["events"][-1]["data"]["uncertain_outcome"] is True
     assert again.status_code == 409 and sidecar.calls() == []
+    assert "imported from a reference journal" in again.json()["detail"]
+    assert done["imported"] is True and failed["imported"] is True
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (the fork server and its workers), from /proc."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            continue
+        found += [int(c) for c in children]
+        todo += [int(c) for c in children]
+    return found
+
+
+async def test_sigusr1_drains_admitted_jobs_to_their_end_refuses_new_ones_then_exits_0(sidecar_factory):
+    """A rolling upgrade loses no run: after SIGUSR1 (sent to every process of the sidecar, as `systemctl
+    kill` does) the running job completes, a repeat of it is still answered, a new job gets 503
+    `sidecar.draining` before admission, /health says `draining`, and the process exits 0 once idle."""
+    sidecar = sidecar_factory.start()
+    async with sidecar.client() as client:
+        headers = {"Idempotency-Key": "k"}
+        running = asyncio.create_task(client.post("/jobs", json=body("drain-1", "slow"), headers=headers))
+        await until(lambda: sidecar.calls())
+        for pid in [sidecar.process.pid, *_descendants(sidecar.process.pid)]:
+            os.kill(pid, signal.SIGUSR1)
+
+        deadline = time.monotonic() + 30
+        while (await client.get("/health")).json()["status"] != "draining":
+            assert time.monotonic() < deadline, "the sidecar never said it drains"
+            await asyncio.sleep(0.02)
+        refused = await client.post("/jobs", json=body("drain-2"), headers=headers)
+        repeat = await client.get("/jobs/drain-1")
+        answer = await running
+    assert refused.status_code == 503 and "draining" in refused.json()["detail"]
+    assert repeat.status_code == 200
+    assert answer.status_code == 200, answer.text
+    assert sidecar.process.wait(timeout=60) == 0
+    assert sidecar.log_events("sidecar_draining") and sidecar.log_events("sidecar_drained")
+    restarted = sidecar_factory.restart(sidecar)
+    async with restarted.client() as client:
+        assert (await client.get("/jobs/drain-1")).json()["status"] == "completed"
+        assert (await client.get("/jobs/drain-2")).status_code == 404  # refused before admission: nothing ran

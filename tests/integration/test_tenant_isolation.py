@@ -54,7 +54,7 @@ def test_memory_of_one_tenant_is_neither_recalled_nor_reset_by_another(sidecar):
     ]
     # beta's reset left acme's memories alone
     assert MEMORY in ok(post(sidecar, "acme:m3", "memory_a", "run", {"topic": "tides"}))["raw"]
-    namespaces = sidecar.state_dir / "crewai" / "namespaces"
+    namespaces = sidecar.state_dir / "namespaces"  # beside CrewAI's storage (the worker sandbox grants one)
     assert len([p for p in namespaces.iterdir() if (p / "memory").is_dir()]) == 2
 
 
@@ -249,7 +249,7 @@ def test_memory_reset_is_refused_while_a_job_of_the_same_tenant_and_crew_runs(si
         )
         busy = post(sidecar, "acme:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"})
         assert busy.status_code == 409, busy.text
-        assert "memory_reset is refused" in busy.json()["detail"]
+        assert "memory_reset is refused" in busy.json()["detail"] and busy.json()["code"] == "sidecar.crew_busy"
         assert httpx.get(f"{sidecar.base_url}/jobs/acme:reset-1", headers=sidecar.headers).status_code == 404
         # another tenant's reset of the same crew is not held up by acme's run
         assert (

@@ -589,11 +589,62 @@ class AppThread:
             raise Deadline(f"no answer within {timeout} s (a hang)") from None
 
     def request(self, method: str, url: str, *, timeout: float = 15.0, **kwargs: Any) -> tuple[int, Any, bytes]:
+        """One request, its whole answer; an SSE answer that reaches a pending action's ack (which the host
+        keeps open until the decision, README "AIP 1.0 conformance") is read up to there, then disconnected."""
+
         async def call() -> tuple[int, Any, bytes]:
+            if "text/event-stream" in dict(kwargs.get("headers") or {}).get("Accept", ""):
+                return await self._sse(self.client.build_request(method, url, **kwargs))
             response = await self.client.request(method, url, **kwargs)
             return response.status_code, response.headers, response.content
 
         return self.run(call(), timeout)
+
+    async def _sse(self, request: httpx.Request) -> tuple[int, Any, bytes]:
+        """Drive the app at the ASGI level (ASGITransport would wait for an endless body)."""
+        import asyncio
+
+        body = request.read()
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": request.method,
+            "scheme": "http",
+            "path": request.url.path,
+            "raw_path": request.url.raw_path.split(b"?")[0],
+            "query_string": request.url.query,
+            "root_path": "",
+            "client": ("127.0.0.1", 50000),
+            "server": ("host.test", 80),
+            "headers": list(request.headers.raw),
+        }
+        gone, messages = asyncio.Event(), asyncio.Queue()  # type: ignore[var-annotated]
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        task = asyncio.create_task(self.app(scope, receive, messages.put))
+        status, headers, content = 0, httpx.Headers(), b""
+        try:
+            while True:
+                message = await messages.get()
+                if message["type"] == "http.response.start":
+                    status, headers = message["status"], httpx.Headers(message.get("headers") or [])
+                    continue
+                content += message.get("body", b"")
+                if not message.get("more_body") or (b'"pending_approval"' in content and content.endswith(b"\n\n")):
+                    return status, headers, content
+        finally:
+            gone.set()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     def close(self) -> None:
         if self._stop is not None:

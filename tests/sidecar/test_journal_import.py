@@ -204,3 +204,94 @@ async def test_the_sidecar_points_at_the_import_and_leaves_no_lock_beside_a_refe
         await Journal.open(source)
     assert not Path(f"{source}.lock").exists()
     assert json.loads(source.read_text()) == REFERENCE_RUNS
+
+
+# --- a hostile file: the sidecar's own bounds, per run (README "Migrating from the reference sidecar") ---
+
+
+def _run_with(action_id: str = "acme:big", *, events: int = 2, data: Any = None, output: Any = None) -> dict[str, Any]:
+    """A completed run of ``events`` events (started, chunks, completed), chunk data ``data``."""
+    chunks = [("chunk", data if data is not None else {"content": "x"}) for _ in range(events - 2)]
+    final = output if output is not None else {"raw": "r"}
+    return {
+        "action_id": action_id,
+        "crew_id": "echo",
+        "operation": "run",
+        "input_hash": "h",
+        "status": "completed",
+        "events": _events(("started", {}), *chunks, ("completed", final)),
+        "output": final,
+    }
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+def _refused(workdir: Path, capsys, runs: Any, *flags: str) -> str:
+    """Import ``runs`` (plus one good run first): exit 2, one line on stderr, nothing written; returns it."""
+    source = workdir / "runs.json"
+    source.write_text(runs if isinstance(runs, str) else json.dumps([REFERENCE_RUNS[0], *runs]))
+    target = workdir / "journal.db"
+    assert cli.main(["journal", "import", str(source), "--journal", str(target), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert not target.exists()
+    return err
+
+
+def _imports(workdir: Path, capsys, runs: list[dict[str, Any]], *flags: str) -> None:
+    source = workdir / "runs.json"
+    source.write_text(json.dumps(runs))
+    target = workdir / f"journal-{len(list(workdir.iterdir()))}.db"
+    assert cli.main(["journal", "import", str(source), "--journal", str(target), *flags]) == 0, capsys.readouterr()
+
+
+def test_events_per_run_are_bounded_like_the_sidecar_s_at_the_edge(workdir, capsys):
+    _imports(workdir, capsys, [_run_with(events=1000)])
+    err = _refused(workdir, capsys, [_run_with("acme:\x1b[31mred", events=1001)])
+    assert "run 'acme:\\x1b[31mred'" in err and "1000" in err and "--max-events-per-run" in err
+    _imports(workdir, capsys, [_run_with(events=1001)], "--max-events-per-run", "1001")
+    err = _refused(workdir, capsys, [_run_with(events=5001)], "--max-events-per-run", "5000")
+    assert "5000" in err
+
+
+def test_event_bytes_and_the_output_are_bounded_like_the_sidecar_s(workdir, capsys):
+    overhead = len(b'{"event":"chunk","sequence":1,"data":{"content":""}}')
+    _imports(workdir, capsys, [_run_with(events=3, data={"content": "x" * (262_144 - overhead)})])
+    err = _refused(workdir, capsys, [_run_with(events=3, data={"content": "x" * (262_145 - overhead)})])
+    assert "event 1 is 262145 bytes; at most 262144 (--max-event-bytes)" in err
+    big = {"raw": "x" * (4 * 1024 * 1024)}
+    err = _refused(workdir, capsys, [_run_with(output=big)], "--max-event-bytes", "4194304")
+    assert "run 'acme:big'" in err and "4194304" in err
+
+
+def test_json_nesting_is_bounded_like_every_json_the_sidecar_reads(workdir, capsys):
+    """The input depth bound (64 levels) on event data and output; a file nested past the decoder's
+    bound is one line, exit 2, never a RecursionError traceback."""
+    _imports(workdir, capsys, [_run_with(events=3, data=_nested(64))])
+    err = _refused(workdir, capsys, [_run_with(events=3, data=_nested(65))])
+    assert "event 1 nests deeper than 64 levels" in err
+    err = _refused(workdir, capsys, [dict(_run_with(), output={"raw": "r", "deep": _nested(64)})])
+    assert "output nests deeper than 64 levels" in err
+    deep = '{"a":' * 100_000 + "{}" + "}" * 100_000
+    run = json.dumps(_run_with(events=3)).replace('{"content": "x"}', deep)
+    err = _refused(workdir, capsys, f"[{run}]")
+    assert "nests JSON deeper than the decoder allows" in err
+
+
+def test_imported_jobs_are_marked_in_the_journal_and_conflicting_ids_are_printed_escaped(workdir, capsys):
+    target = workdir / "journal.db"
+    runs = [_run_with("acme:\x1b]0;owned\x07")]
+    _write_reference(workdir, runs)
+    assert cli.main(["journal", "import", str(workdir / "runs.json"), "--journal", str(target)]) == 0
+    with sqlite3.connect(f"file:{target}?mode=ro", uri=True) as conn:
+        assert conn.execute("SELECT action_id, imported FROM jobs").fetchall() == [("acme:\x1b]0;owned\x07", 1)]
+    capsys.readouterr()
+    _write_reference(workdir, [dict(runs[0], input_hash="other")])
+    assert cli.main(["journal", "import", str(workdir / "runs.json"), "--journal", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "'acme:\\x1b]0;owned\\x07'" in err

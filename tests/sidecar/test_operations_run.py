@@ -125,6 +125,12 @@ async def test_batch_run_uses_a_fresh_crew_per_item(registry, make_ctx) -> None:
     assert len(set(task_ids)) == 6  # six tasks of three distinct crews
     assert len(rec) == 18
     assert {c["task_id"] for c in rec.chunks} == set(task_ids)
+    # each chunk names its batch item, in input order (the CLI labels the stream with it)
+    items = [c["batch_item"] for c in rec.chunks]
+    assert items == sorted(items) and set(items) == {0, 1, 2}
+    for index, result in enumerate(out["results"]):
+        ids = {t["task_id"] for t in result["tasks_output"]}
+        assert {c["task_id"] for c in rec.chunks if c["batch_item"] == index} == ids
 
 
 async def test_batch_run_rejects_a_bad_inputs_list(registry, make_ctx) -> None:

@@ -110,8 +110,10 @@ def test_preflight_reports_each_buildable_crews_placeholders_and_whether_it_fill
     registry = load_registry("aip_crewai.examples.testing:CREWS")
     found = preflight(registry)
     assert set(found.inputs) == set(registry)  # every test crew builds
-    assert found.inputs["echo"] == {"placeholders": ["topic"], "defaults": True}
+    assert found.inputs["echo"] == {"placeholders": ["topic"], "defaults": True, "memory_domains": ["kickoff_outputs"]}
     assert all(facts["placeholders"] == sorted(facts["placeholders"]) for facts in found.inputs.values())
+    # the memory_reset targets each crew has (a crew without memory has no "memory")
+    assert found.inputs["knowledge_a"]["memory_domains"] == ["kickoff_outputs", "knowledge"]
 
 
 async def test_a_real_model_without_its_key_is_named_at_start_up_and_fails_jobs_certainly(
@@ -139,3 +141,21 @@ async def test_a_real_model_without_its_key_is_named_at_start_up_and_fails_jobs_
     assert "openai/gpt-4o-mini" in raised.value.message and len(recorder) == 0
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
     assert preflight(registry).problems == {}  # with a key: nothing to report (no call is made)
+
+
+def test_memory_domains_name_only_the_reset_targets_a_crew_has() -> None:
+    from types import SimpleNamespace
+
+    from aip_crewai.sidecar.operations.startup.preflight import memory_domains
+
+    bare = SimpleNamespace(agents=[SimpleNamespace()], _memory=None, _task_output_handler=None, knowledge=None)
+    assert memory_domains(bare) == []
+    full = SimpleNamespace(
+        agents=[SimpleNamespace(knowledge=None, knowledge_sources=["s"])],
+        _memory=object(),
+        _task_output_handler=object(),
+        knowledge=None,
+    )
+    assert memory_domains(full) == ["memory", "kickoff_outputs", "knowledge", "agent_knowledge"]
+    crew_only = SimpleNamespace(agents=[], _memory=None, _task_output_handler=object(), knowledge_sources=["s"])
+    assert memory_domains(crew_only) == ["kickoff_outputs", "knowledge"]

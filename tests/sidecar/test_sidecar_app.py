@@ -31,7 +31,11 @@ async def test_health_reports_crews_limits_and_operations(tmp_path):
     async with running_app(tmp_path, allowed_operations=("run", "replay")) as (client, _app, _fake):
         resp = await client.get("/health")
     assert resp.status_code == 200
-    assert resp.json() == {
+    body = resp.json()
+    sandbox = body.pop("worker_sandbox")  # no SandboxPlan given to this app: nothing confines its workers
+    assert (sandbox["mode"], sandbox["worker_user"], sandbox["landlock_abi"]) == ("none", None, 0)
+    assert "landlock" in sandbox["missing"]
+    assert body == {
         "status": "ready",
         "crews": sorted(FAKE_CREWS),
         "active_runs": 0,
@@ -466,3 +470,40 @@ async def test_the_reference_legacy_run_routes_answer_as_the_job_routes(tmp_path
     for refused in (other, other_stream):
         assert refused.status_code == 400 and refused.json() == {"detail": "legacy run route only accepts run"}
     assert len(fake.calls) == calls == 3
+
+
+async def test_without_a_token_bodies_being_read_share_one_budget_and_one_more_is_503(tmp_path):
+    """README "Security" (bodies before authentication): a sidecar serving without a token reads every body
+    unauthenticated; their total is bounded (``--unauthenticated-body-budget-bytes``), past it 503 with
+    ``Retry-After``; each body gives its share back once read."""
+    budget_bytes = 8 * 1024 * 1024
+    gate = asyncio.Event()
+
+    async def slow(first: int):
+        yield b" " * first
+        await gate.wait()
+        yield msgspec.json.encode(job("slow"))
+
+    async with running_app(tmp_path, token=None, allow_unauthenticated=True, body_budget_bytes=budget_bytes) as (
+        client,
+        app,
+        _fake,
+    ):
+        budget = app.state.body_budget
+        held = [asyncio.create_task(client.post("/jobs", content=slow(1024 * 1024), headers=KEY)) for _ in range(7)]
+        await poll(lambda: budget.used_bytes == budget_bytes - 1024 * 1024)
+        refused = await client.post("/jobs", content=slow(1024 * 1024 + 1), headers=KEY)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["budget_bytes"] == budget_bytes and "retry later" in refused.json()["detail"]
+        metrics = await client.get("/metrics")
+        assert f"aip_crewai_sidecar_unauthenticated_body_bytes {budget_bytes - 1024 * 1024}" in metrics.text
+        gate.set()
+        answers = await asyncio.gather(*held)
+        assert all(a.status_code == 200 for a in answers) and budget.used_bytes == 0
+
+
+async def test_with_a_token_bodies_are_read_after_authentication_and_never_counted(tmp_path):
+    async with running_app(tmp_path) as (client, app, _fake):
+        assert app.state.body_budget is None
+        assert (await client.post("/jobs", json=job("counted"), headers=KEY)).status_code == 200
+        assert "unauthenticated_body_bytes" not in (await client.get("/metrics")).text

@@ -324,3 +324,17 @@ def test_cancel_grace_seconds_is_bounded(base, value, ok):
     else:
         with pytest.raises(ConfigError, match=r"AIP_CREWAI_CANCEL_GRACE_SECONDS.*0\.0\.\.60\.0"):
             load_settings(base, {"AIP_CREWAI_CANCEL_GRACE_SECONDS": value})
+
+
+@pytest.mark.parametrize("value, ok", [("8388608", True), ("8388607", False), ("1099511627776", True)])
+def test_the_unauthenticated_body_budget_is_at_least_one_job_body(base, value, ok):
+    """README "Security" (bodies before authentication): default 64 MiB; never below one whole job body."""
+    from aip_crewai.sidecar.jobs.admission import MAX_BODY_BYTES
+
+    assert load_settings(base, {}).body_budget_bytes == 64 * 1024 * 1024
+    assert int("8388608") == MAX_BODY_BYTES
+    if ok:
+        assert load_settings([*base, "--unauthenticated-body-budget-bytes", value], {}).body_budget_bytes == int(value)
+    else:
+        with pytest.raises(ConfigError, match="AIP_CREWAI_UNAUTHENTICATED_BODY_BUDGET_BYTES"):
+            load_settings(base, {"AIP_CREWAI_UNAUTHENTICATED_BODY_BUDGET_BYTES": value})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -39,6 +40,21 @@ def _error(code: str) -> dict[str, Any]:
         "message_type": "aip.core.v1.error",
         "body": {"error": {"error": {"code": code, "message": "refused", "category": "x", "retryable": False}}},
     }
+
+
+#: (batch item, text) of the chunks ``cap:batch`` streams.
+BATCH_CHUNKS = [(0, "first "), (0, "item"), (1, "second item")]
+
+
+def _chunk(sequence: int, item: int, text: str) -> dict[str, Any]:
+    chunk = {
+        "action_id": "act_1",
+        "sequence": sequence,
+        "kind": "data",
+        "data": {"content": text, "batch_item": item},
+        "part": {"type": "text", "text": text},
+    }
+    return {"aip_version": "1.0", "message_type": "aip.core.v1.stream_chunk", "body": {"stream_chunk": chunk}}
 
 
 ACK = {
@@ -77,10 +93,17 @@ OUTCOMES: dict[str, tuple[int, dict[str, Any], list[tuple[str, dict[str, Any]]]]
     "cap:pending": (202, _result("pending_approval"), [("ack", PENDING_ACK), ("result", _result("pending_approval"))]),
     "cap:running": (202, ACK, [("ack", ACK)]),
     "cap:unknown": (404, _error("capability.not_found"), []),
+    "cap:batch": (
+        200,
+        _result("completed"),
+        [("ack", ACK), *[("chunk", _chunk(n, item, text)) for n, (item, text) in enumerate(BATCH_CHUNKS)]]
+        + [("result", _result("completed"))],
+    ),
     "cap:forbidden": (403, _error("policy.forbidden"), []),
 }
 EXPECTED = {
     "cap:done": Exit.OK,
+    "cap:batch": Exit.OK,
     "cap:failed": Exit.FAILED,
     "cap:cancelled": Exit.CANCELLED,
     "cap:denied": Exit.DENIED,
@@ -127,6 +150,30 @@ APPROVAL_FRAMES = (
 ).encode()
 
 
+SPOOF_INPUT = {"note": "refund 10 EUR to account \u202e9876-5432\u202c then close", "user": "ad\u200bmin"}
+SPOOF_VIEW = {
+    "request": {
+        "id": "apr_spoof",
+        "action_id": "act_spoof",
+        "capability_id": "cap:crewai:echo",
+        "requester": {"id": "svc:app", "kind": "service"},
+        "expires_at": "2026-09-21T14:28:20.000Z",
+        "policy_hash": "ab12",
+        "risk": "medium",
+        "evidence": [],
+    },
+    "status": "pending",
+    "created_at": "2026-09-21T14:13:20.000Z",
+    "updated_at": "2026-09-21T14:13:20.000Z",
+    "evidence_payload": {
+        "action_id": "act_spoof",
+        "capability_id": "cap:crewai:echo",
+        "input_hash": "cd34",
+        "input": SPOOF_INPUT,
+    },
+}
+
+
 class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
@@ -141,6 +188,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path == "/aip/v1/manifest":
             self._send(200, json.dumps(BIG_MANIFEST).encode())
+        elif self.path.startswith("/aip/v1/approvals?"):
+            self._send(200, json.dumps({"approvals": [SPOOF_VIEW], "cursor": "c2"}).encode())
+        elif self.path == "/aip/v1/approvals/apr_spoof":
+            self._send(200, json.dumps(SPOOF_VIEW).encode())
         elif self.path == "/aip/v1/approvals/events":
             self._send(200, APPROVAL_FRAMES, "text/event-stream")
         elif self.path.endswith("/result"):
@@ -151,6 +202,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps({"action_id": "act_1", "state": "running"}).encode())
 
     def do_POST(self) -> None:  # noqa: N802
+        if self.path.endswith("/cancel"):  # the runtime cancel route
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._send(200, json.dumps(_result("cancelled")).encode())
+            return
         envelope = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         status, answer, frames = OUTCOMES[envelope["body"]["action"]["capability_id"]]
         if "text/event-stream" in self.headers.get("Accept", "") and frames:
@@ -353,7 +408,7 @@ def test_a_stream_cut_by_a_lost_connection_says_how_to_resume_and_exits_7(capsys
 
 
 @pytest.mark.processes
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_doctor_runs_the_start_up_preflight_by_hand():
     """Issue 20 item 6: the same checks as the sidecar's start-up, exit 1 on a problem, 2 on a bad registry."""
     run = subprocess.run(
@@ -373,8 +428,25 @@ def test_doctor_runs_the_start_up_preflight_by_hand():
     assert run.returncode == 1, run.stderr
     report = json.loads(run.stdout)
     assert report["crew_problems"] == {"asks_human": ["human_input"], "broken_knowledge": ["knowledge_unavailable"]}
-    assert report["crew_inputs"]["trainable"] == {"placeholders": ["topic"], "defaults": True}
+    assert report["crew_inputs"]["trainable"] == {
+        "placeholders": ["topic"],
+        "defaults": True,
+        "memory_domains": ["kickoff_outputs"],
+    }
     assert b"sk-test-SECRET" not in run.stdout + run.stderr  # CrewAI's printed embedder error is swallowed
+    sandbox = report["worker_sandbox"]  # what a sidecar started here would have (README "Security")
+    assert sandbox["mode"] in {"user+landlock", "user", "landlock", "none"} and isinstance(sandbox["missing"], list)
+    assert ("worker_user" in sandbox["missing"]) == (os.geteuid() == 0)  # no AIP_CREWAI_WORKER_USER here
+    inprocess = subprocess.run(
+        [sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", "aip_crewai.examples.testing:CREWS"],
+        capture_output=True,
+        timeout=100,
+        check=False,
+        env={**os.environ, "AIP_CREWAI_ISOLATION": "inprocess"},
+    )
+    assert b"worker sandbox: inprocess; missing: --isolation inprocess runs crews in the sidecar process" in (
+        inprocess.stdout
+    ), inprocess.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "aip_crewai.cli", "doctor", "--registry", "nope:X"],
         capture_output=True,
@@ -416,3 +488,95 @@ def test_client_commands_send_log_lines_to_stderr_never_stdout(capsys) -> None:
     structlog.get_logger("aip_crewai.test").info("an_info_line")
     out, err = capsys.readouterr()
     assert out == "" and "a_warning_during_a_command" in err and "an_info_line" not in err
+
+
+def test_approvals_show_writes_misread_code_points_as_escapes_under_a_warning(host_url, token, capsys):
+    """the approver reads ``\\u202e`` and ``\\u200b``, never the raw controls."""
+    argv = ["approvals", "show", "apr_spoof", "--url", host_url, "--token-file", token]
+    assert cli.main(argv) == Exit.OK
+    out = capsys.readouterr().out
+    assert "\u202e" not in out and "\u200b" not in out and "\u202c" not in out
+    assert "account \\u202e9876-5432\\u202c then close" in out and "ad\\u200bmin" in out
+    warning = next(line for line in out.splitlines() if line.startswith("warning:"))
+    assert "3 character(s)" in warning and "$.note[25] U+202E bidi_control" in warning
+    assert cli.main([*argv, "--json"]) == Exit.OK
+    raw = capsys.readouterr().out
+    assert json.loads(raw)["evidence_payload"]["input"] == SPOOF_INPUT and "warning" not in raw
+
+
+def _run(host_url: str, token: str, *argv: str) -> int:
+    return cli.main([*argv, "--url", host_url, "--token-file", token])
+
+
+def test_a_pending_call_prints_lines_and_the_next_command_and_json_keeps_the_envelope(host_url, token, capsys):
+    assert _call(host_url, token, "cap:pending") == Exit.PENDING_APPROVAL
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("pending_approval  action act_1") and "{" not in out
+    assert _call(host_url, token, "cap:pending", "--json") == Exit.PENDING_APPROVAL
+    assert json.loads(capsys.readouterr().out) == OUTCOMES["cap:pending"][1]
+
+
+def test_a_pending_call_with_approval_details_names_the_approval_and_the_commands(host_url, token, capsys):
+    from aip_crewai import render
+
+    lines = render.envelope_lines(
+        {
+            "body": {
+                "action_result": {
+                    "action_id": "act_9",
+                    "status": "pending_approval",
+                    "output": {"approval_id": "apr_9", "expires_at": "2026-09-21T14:28:20.000Z"},
+                }
+            }
+        }
+    )
+    assert lines[0] == "pending approval  action act_9  approval apr_9  expires 2026-09-21T14:28:20.000Z"
+    assert "aip-crewai approvals show apr_9" in lines[1] and "aip-crewai actions result act_9" in lines[1]
+
+
+def test_a_failed_call_prints_its_error_code_and_message(host_url, token, capsys):
+    assert _call(host_url, token, "cap:failed") == Exit.FAILED
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["failed  action act_1", "error: connector.crewai.execution_failed: m"]
+
+
+def test_batch_items_are_labelled_in_a_stream(host_url, token, capsys):
+    assert _call(host_url, token, "cap:batch", "--stream") == Exit.OK
+    out = capsys.readouterr().out
+    assert "[item 0]\nfirst item\n[item 1]\nsecond item" in out
+    assert out.rstrip().endswith("completed  action act_1")
+
+
+def test_approvals_list_is_a_table_and_show_names_the_decide_command(host_url, token, capsys):
+    assert _run(host_url, token, "approvals", "list") == Exit.OK
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["APPROVAL", "STATUS", "ACTION", "CAPABILITY", "REQUESTER", "RISK", "EXPIRES/DECIDED"]
+    assert out[1].split()[:6] == ["apr_spoof", "pending", "act_spoof", "cap:crewai:echo", "svc:app", "medium"]
+    assert out[-1] == "more: aip-crewai approvals list --cursor c2"
+    assert _run(host_url, token, "approvals", "show", "apr_spoof") == Exit.OK
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == "approval    apr_spoof  (pending)"
+    assert shown[-1] == "next: aip-crewai approvals decide apr_spoof approved|denied --reason TEXT"
+
+
+def test_actions_show_prints_fields_and_the_next_command(host_url, token, capsys):
+    assert _run(host_url, token, "actions", "show", "act_1") == Exit.OK
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "action      act_1" and "state       running" in out
+    assert out[-1] == "next: aip-crewai actions follow act_1"
+    assert _run(host_url, token, "actions", "show", "act_1", "--json") == Exit.OK
+    assert json.loads(capsys.readouterr().out) == {"action_id": "act_1", "state": "running"}
+
+
+def test_actions_cancel_uses_the_runtime_cancel_route_and_exits_as_cancelled(host_url, token, capsys):
+    assert _run(host_url, token, "actions", "cancel", "act_1") == Exit.CANCELLED
+    assert capsys.readouterr().out.splitlines()[0] == "cancelled  action act_1"
+    assert _run(host_url, token, "actions", "cancel", "act_1", "--json") == Exit.CANCELLED
+    assert json.loads(capsys.readouterr().out) == _result("cancelled")
+
+
+def test_a_stream_stops_at_a_pending_ack_with_exit_5_and_the_follow_command(host_url, token, capsys):
+    assert _call(host_url, token, "cap:pending", "--stream") == Exit.PENDING_APPROVAL
+    captured = capsys.readouterr()
+    assert "pending approval  action act_1" in captured.out
+    assert "aip-crewai actions follow act_1 --last-event-id sse_0" in captured.err

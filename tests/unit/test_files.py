@@ -22,3 +22,27 @@ def test_a_fifo_a_directory_and_an_oversized_file_are_refused_without_blocking(t
     (tmp_path / "link").symlink_to(tmp_path / "big")
     with pytest.raises(OSError):
         read_regular(tmp_path / "link", 200, follow_symlinks=False)
+
+
+def test_a_small_file_under_a_huge_bound_is_read_in_bounded_pieces(tmp_path, monkeypatch):
+    """Regression (second review): ``journal import`` asked ``os.read`` for 4 GiB + 1 at once (a
+    ``MemoryError`` under a memory limit) to read a 1 KB file; each read asks for at most 1 MiB."""
+    import os
+
+    from aip_crewai.plumbing import files
+
+    path = tmp_path / "runs.json"
+    path.write_bytes(b"x" * (3 * files.READ_PIECE_BYTES + 5))
+    asked: list[int] = []
+    real_read = os.read
+
+    def recording_read(fd: int, size: int) -> bytes:
+        asked.append(size)
+        return real_read(fd, size)
+
+    monkeypatch.setattr(files.os, "read", recording_read)
+    assert len(files.read_regular(path, 4 * 1024**3)) == 3 * files.READ_PIECE_BYTES + 5
+    assert asked and max(asked) == files.READ_PIECE_BYTES
+    with pytest.raises(files.FileTooLarge):
+        files.read_regular(path, 3 * files.READ_PIECE_BYTES + 4)
+    assert len(files.read_regular(path, 3 * files.READ_PIECE_BYTES + 5)) == 3 * files.READ_PIECE_BYTES + 5

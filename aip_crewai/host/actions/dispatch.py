@@ -9,6 +9,7 @@ Source: ARCHITECTURE.md §4 (routes), §8 (normalization, cancellation, errors).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +36,15 @@ from .normalize import StreamNormalizer, failed_result, result_from_terminal
 log = structlog.get_logger(__name__)
 
 OnChunks = Callable[[list[StreamChunk]], Awaitable[None]]
-#: Failures after which the job may be running at the sidecar: cancel it (ARCHITECTURE.md §8).
+#: Failures after which the job may be running at the sidecar and is not followed any more: cancel it
+#: (ARCHITECTURE.md §8). A broken read is resumed from the journal first (:meth:`Dispatcher._follow`).
 _STREAM_FAILURES = (ConnectorInvalidStream, ConnectorResponseTooLarge, ConnectorTransport)
+#: Times an invalid stream of one job is read again from the sidecar's journal before the action fails.
+MAX_INVALID_REREADS = 3
+#: Delays between reads of a job view that cannot connect, seconds (the last one repeats).
+RESUME_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
+#: How long a broken stream's job view is retried before the action is left to the reconciler, seconds.
+READ_RETRY_BUDGET_S = 10.0
 
 
 class StartNotAdmitted(Exception):
@@ -237,52 +245,99 @@ class Dispatcher:
         self, job: Job, job_id: str, normalizer: StreamNormalizer, on_chunks: OnChunks, first: Awaitable[JobEvent]
     ) -> JobEvent:
         """Await ``first`` (a stream of job ``job_id`` fed to ``normalizer``)
-        to its terminal event; when the stream goes silent
-        (:class:`~aip_crewai.contracts.errors.ConnectorStreamSilent`), read
-        the job view (``GET /jobs/{id}``) and follow the job's events again
-        from the first one not received, for as long as it is silent and the
-        view answers (ARCHITECTURE.md §8: silence is never a cancel).
+        to its terminal event. The sidecar's journal holds every event, so a
+        read that breaks is resumed, never a reason to cancel (ARCHITECTURE.md
+        §8): when the stream goes silent (:class:`ConnectorStreamSilent`), its
+        connection fails (:class:`ConnectorTransport`, once the request may
+        have reached the sidecar) or it turns invalid (:class:`ConnectorInvalidStream`:
+        a gap, a repeat, no terminal event; at most :data:`MAX_INVALID_REREADS`
+        times), read the job view (``GET /jobs/{id}``, retried with backoff for
+        :data:`READ_RETRY_BUDGET_S` while it cannot connect) and follow the
+        job's events again from the first one not delivered. Every chunk
+        before the break was delivered (:meth:`StreamNormalizer.feed`), so the
+        action's chunks stay whole and in order.
 
         Raises:
-            DispatchDeferred: the view cannot be read (frozen or gone sidecar).
-            StartNotAdmitted: a silent start whose job the sidecar does not know (404).
-            ConnectorError: any other failure of a stream.
+            DispatchDeferred: the view cannot be read (frozen or gone sidecar):
+                the reconciler follows the job later.
+            StartNotAdmitted: a broken start whose job the sidecar does not know (404).
+            ConnectorError: any other failure of a stream (a start refused, a
+                response over its bound, a stream invalid once more than allowed).
         """
-        try:
-            return await first
-        except ConnectorStreamSilent as exc:
-            silent = exc
+        stream, invalid, cause = first, 0, None
         while True:
-            log.warning(
-                "sidecar_stream_silent",
-                job_id=job_id,
-                next_sequence=normalizer.expected,
-                silence_s=silent.details.get("silence_seconds"),
-            )
             try:
-                await self.client_for(job).get_job(job.spec, DispatchProgress(), job_id=job_id)
-            except ConnectorError as exc:
-                if exc.remote_status == 404 and job_id == job.job_id and job.spec.startable:
-                    exc.details.update(admitted=False, uncertain_outcome=False)  # the start never became a job
-                    raise StartNotAdmitted(exc) from exc
-                if exc.remote_status is None:  # no answer: leave the action running for the reconciler
-                    raise DispatchDeferred(exc) from exc
-                raise
+                return await stream
+            except ConnectorStreamSilent as exc:
+                failure: ConnectorError = exc
+            except ConnectorTransport as exc:
+                if cause is None and job_id == job.job_id and job.dispatch.state == DispatchState.NOT_SENT:
+                    raise  # the start never left: run() retries it (StartNotAdmitted)
+                failure = exc
+            except ConnectorInvalidStream as exc:
+                invalid += 1
+                if normalizer.terminal is not None or invalid > MAX_INVALID_REREADS:
+                    raise  # events after the terminal one (a broken peer), or a journal invalid on every read
+                failure = exc
+            except ConnectorError:
+                if cause is None:
+                    raise
+                raise cause from None  # the journal cannot be read again (refused, gone): the first failure stands
+            cause = cause or failure
+            log.warning(
+                "sidecar_stream_resumed",
+                job_id=job_id,
+                code=failure.code,
+                next_sequence=normalizer.expected,
+                silence_s=failure.details.get("silence_seconds"),
+            )
+            await self._view_before_resume(job, job_id, cause)
             job.dispatch.state = DispatchState.ACKNOWLEDGED  # the sidecar knows the job
             normalizer = normalizer.resumed()
+            stream = self.client_for(job).stream(
+                job.spec,
+                DispatchProgress(),
+                normalizer,
+                on_chunks,
+                method="GET",
+                path=f"/jobs/{job_id}/events",
+                action_id=job_id,
+                params={"cursor": normalizer.expected},
+            )
+
+    async def _view_before_resume(self, job: Job, job_id: str, cause: ConnectorError) -> None:
+        """Read job ``job_id``'s view before following its events again; a
+        view that cannot connect is retried with backoff (:data:`RESUME_BACKOFF_S`)
+        for at most :data:`READ_RETRY_BUDGET_S` seconds.
+
+        Raises:
+            StartNotAdmitted: the sidecar does not know ``job``'s own start,
+                which it never answered (404).
+            ConnectorError: ``cause`` (the stream's first failure) for a job
+                the sidecar answered for and now does not know (404); the
+                view's own error for any other answer.
+            DispatchDeferred: no answer within the budget."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + READ_RETRY_BUDGET_S
+        attempt = 0
+        while True:
             try:
-                return await self.client_for(job).stream(
-                    job.spec,
-                    DispatchProgress(),
-                    normalizer,
-                    on_chunks,
-                    method="GET",
-                    path=f"/jobs/{job_id}/events",
-                    action_id=job_id,
-                    params={"cursor": normalizer.expected},
-                )
-            except ConnectorStreamSilent as exc:
-                silent = exc
+                await self.client_for(job).get_job(job.spec, DispatchProgress(), job_id=job_id)
+                return
+            except ConnectorError as exc:
+                if exc.remote_status == 404:
+                    own_start = job_id == job.job_id and job.spec.startable
+                    if own_start and job.dispatch.state != DispatchState.ACKNOWLEDGED:
+                        exc.details.update(admitted=False, uncertain_outcome=False)  # the start never became a job
+                        raise StartNotAdmitted(exc) from exc
+                    raise cause from exc
+                if exc.remote_status is not None:
+                    raise
+                delay_s = RESUME_BACKOFF_S[min(attempt, len(RESUME_BACKOFF_S) - 1)]
+                if loop.time() + delay_s > give_up_at:  # no answer: leave the action running for the reconciler
+                    raise DispatchDeferred(exc) from exc
+                await asyncio.sleep(delay_s)
+                attempt += 1
 
     def _completed(self, job: Job, output: Any) -> ActionResult:
         return ActionResult(action_id=job.action_id, status="completed", output=output)

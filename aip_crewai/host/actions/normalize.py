@@ -100,6 +100,9 @@ class StreamNormalizer:
         self.terminal: JobEvent | None = None
         self._max_frame_bytes = max_frame_bytes
         self._decoder = SSEDecoder(max_frame_bytes=max_frame_bytes)
+        #: An invalid event met after valid ones of the same piece: raised by the next feed or close, once
+        #: the caller has stored the chunks before it (a resumed read starts after them).
+        self._failure: ConnectorInvalidStream | None = None
 
     def resumed(self) -> StreamNormalizer:
         """A normalizer for the same job's events read again from the first
@@ -132,7 +135,12 @@ class StreamNormalizer:
         )
 
     def feed(self, data: bytes) -> list[StreamChunk]:
-        """Consume body bytes; return the chunks they complete."""
+        """Consume body bytes; return the chunks they complete. When an invalid
+        event follows valid ones in ``data``, the chunks before it are returned
+        and the error is raised by the next call (``feed`` or ``close``), so no
+        valid chunk is lost and :attr:`expected` names the first event not delivered."""
+        if self._failure is not None:
+            raise self._failure
         self.received_bytes += len(data)
         if self.received_bytes > self.max_response_bytes:
             raise ConnectorResponseTooLarge(
@@ -148,7 +156,16 @@ class StreamNormalizer:
             frames = self._decoder.feed(data)
         except SSEFrameTooLarge as exc:
             raise self._invalid(f"frame over {exc.limit_bytes} bytes") from exc
-        return [self._accept(frame.event, frame.data) for frame in frames]
+        chunks: list[StreamChunk] = []
+        for frame in frames:
+            try:
+                chunks.append(self._accept(frame.event, frame.data))
+            except ConnectorInvalidStream as exc:
+                if not chunks:
+                    raise
+                self._failure = exc
+                break
+        return chunks
 
     def _accept(self, sse_event: str, data: str) -> StreamChunk:
         if self.terminal is not None:
@@ -158,8 +175,8 @@ class StreamNormalizer:
             raise self._invalid(f"more than {self.max_events} events")
         try:
             event = _event_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise self._invalid("event data is not a sidecar job event") from exc
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # RecursionError: too deep
+            raise self._invalid("event data is not a sidecar job event (or nests too deeply)") from exc
         if sse_event not in ("message", event.event):
             raise self._invalid("SSE event name differs from the job event")
         if event.sequence != self.expected:
@@ -173,6 +190,8 @@ class StreamNormalizer:
 
     def close(self) -> JobEvent:
         """End of body: return the terminal event, or raise ConnectorInvalidStream."""
+        if self._failure is not None:
+            raise self._failure
         try:
             self._decoder.close()
         except SSEFrameTooLarge as exc:

@@ -26,6 +26,7 @@ import structlog
 from ...contracts.aip import ActionResult
 from ...contracts.errors import ApprovalExpired, CapabilityRevoked
 from ..auth.principals import Principal
+from ..ledger.sealer import Sealer
 from ..store.store import ActionRecord, ApprovalRecord, Store, StoreError
 from .dispatch import Dispatcher, Job
 from .lifecycle import (
@@ -59,11 +60,14 @@ class ActionWriter:
         store: the host store.
         metrics: the host :class:`~aip_crewai.host.metrics.Metrics` (optional):
             every stored result is counted by operation and status.
+        sealer: adds ``usage`` and, once final, a signed receipt to every stored result, in its own
+            write (README "Observing actions"); default: usage without prices, no receipts.
     """
 
-    def __init__(self, store: Store, *, metrics: Any = None) -> None:
+    def __init__(self, store: Store, *, metrics: Any = None, sealer: Sealer | None = None) -> None:
         self.store = store
         self.metrics = metrics
+        self.sealer = sealer if sealer is not None else Sealer(metrics=metrics)
 
     async def create(
         self,
@@ -131,6 +135,7 @@ class ActionWriter:
         admitted = TRANSITIONS[ActionEvent.ADMIT].target
         if admitted not in TRANSITIONS[event].sources or TRANSITIONS[event].target.value != result.status:
             raise ValueError(f"{event.value} cannot follow admit with a {result.status} result")
+        seal = self.sealer.seal(result)
         created, record = await self.store.create_action(
             tenant,
             action_id,
@@ -147,10 +152,12 @@ class ActionWriter:
             target=target,
             durable=False,
             result=(result.status, _encode.encode(result).decode()),
+            seal=seal,
         )
         log.info("action_finished", status=result.status, changed=created)
         if created:
             self._count(operation, result)
+            self.sealer.count(seal)
         return created, record
 
     def _count(self, operation: str, result: ActionResult) -> None:
@@ -223,6 +230,7 @@ class ActionWriter:
         if record.result_json is None:
             raise ValueError("only a stored result can be corrected")
         event = CORRECTION_EVENTS[result.status]
+        seal = self.sealer.seal(result)
         changed = await self.store.update_action(
             record.tenant,
             record.action_id,
@@ -231,7 +239,10 @@ class ActionWriter:
             dispatch=dispatch.value if dispatch is not None else None,
             result_json=_encode.encode(result).decode(),
             replacing=record.result_json,
+            seal=seal,
         )
+        if changed is not None:
+            self.sealer.count(seal)
         log.info(
             "action_result_corrected", action_id=record.action_id, status=result.status, changed=changed is not None
         )
@@ -286,6 +297,7 @@ class ActionWriter:
             for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
             if s in TRANSITIONS[event].sources and only_from in (None, s)
         ]
+        seal = self.sealer.seal(result)
         changed = await self.store.update_action(
             tenant,
             action_id,
@@ -295,17 +307,20 @@ class ActionWriter:
             result_json=_encode.encode(result).decode(),
             durable=durable,
             settle_dispatch=settle_dispatch,
+            seal=seal,
         )
         log.info("action_finished", status=result.status, changed=changed is not None)
         if changed:
             self._count(operation or changed.operation, result)
+            self.sealer.count(seal)
         return changed
 
     async def withdraw(self, tenant: str, action_id: str, result: ActionResult) -> ActionRecord | None:
         """``withdraw``: a pending action is cancelled and its approval withdrawn in one commit."""
         if result.status != TRANSITIONS[ActionEvent.WITHDRAW].target.value:
             raise ValueError("a withdrawn action is cancelled")
-        changed = await self.store.cancel_pending(tenant, action_id, _encode.encode(result).decode())
+        seal = self.sealer.seal(result)
+        changed = await self.store.cancel_pending(tenant, action_id, _encode.encode(result).decode(), seal=seal)
         if changed and self.metrics is not None:
             self.metrics.actions.inc(operation=changed.operation, status=result.status)
         return changed

@@ -62,7 +62,7 @@ from ...plumbing import httpsig
 from ...plumbing.bearer import parse_bearer
 from ..settings import PrincipalConfig
 from ..store.records import rfc3339_to_ms
-from .signatures import NONCE_CLAIM_PREFIX, SignedRequest, envelope_signature, signed_bytes
+from .signatures import NONCE_CLAIM_PREFIX, PublicAuthorities, SignedRequest, envelope_signature, signed_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -143,6 +143,7 @@ class Authenticator:
         principals: from :class:`~aip_crewai.host.settings.Settings`.
         claims: the store (``claim_message_id``), used for signed envelopes.
         clock: seconds since the epoch (injectable for tests).
+        authorities: the ``@authority`` a signed request may name (default: the bind address's forms).
     """
 
     def __init__(
@@ -151,8 +152,10 @@ class Authenticator:
         claims: MessageIdClaims | None,
         *,
         clock: Callable[[], float] = time.time,
+        authorities: PublicAuthorities | None = None,
     ) -> None:
         self._principals = {p.id: p for p in principals}
+        self._authorities = authorities or PublicAuthorities()
         self._hashes = [(p, p.token_sha256) for p in self._principals.values() if p.token_sha256 is not None]
         self.claims = claims
         self._clock = clock
@@ -243,9 +246,16 @@ class Authenticator:
         and claim its nonce for its key.
 
         Raises:
-            Unauthenticated: the signature breaks the profile, does not verify,
-                names an unknown key, or its nonce was used before (a replay).
+            Unauthenticated: its ``@authority`` is not one of this host's (``[host] public_authorities``),
+                the signature breaks the profile, does not verify, names an unknown key, or its nonce
+                was used before (a replay).
         """
+        if not self._authorities.allows(request.authority, request.server):
+            shown = request.authority[:256].encode("unicode_escape").decode("ascii")
+            raise Unauthenticated(
+                f"signed request: @authority {shown!r} is not an authority of this host "
+                "([host] public_authorities; default: the address it listens on)"
+            )
         now_s = self._clock()
         try:
             verified = httpsig.verify_request(

@@ -17,8 +17,16 @@ from starlette.requests import Request
 
 from ...contracts.hashing import jcs
 from ...plumbing import httpsig
+from ...plumbing.loopback import is_loopback
 
-__all__ = ["NONCE_CLAIM_PREFIX", "SignedRequest", "envelope_signature", "signed_bytes", "signed_request"]
+__all__ = [
+    "NONCE_CLAIM_PREFIX",
+    "PublicAuthorities",
+    "SignedRequest",
+    "envelope_signature",
+    "signed_bytes",
+    "signed_request",
+]
 
 
 _SIGNATURE_RE = re.compile(r"^[A-Za-z0-9_-]{86}\Z")
@@ -52,6 +60,40 @@ class SignedRequest:
     url: str
     headers: list[tuple[str, str]]
     body: bytes
+    #: The ``Host`` header as received (the signature's ``@authority``, also inside ``@target-uri``).
+    authority: str = ""
+    #: The local address and port the connection arrived at (ASGI ``server``), or None.
+    server: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class PublicAuthorities:
+    """The authorities a signed request may name (``[host] public_authorities``), a pure rule.
+
+    ``listed``: the configured authorities (``host`` or ``host:port``, lower-case), exactly; None: the
+    default, the forms of the address the host listens on: the connection's local address and the bind
+    address, each with the port the connection arrived at (``[v6]:port`` in brackets), and for a loopback
+    one also ``localhost``, ``127.0.0.1`` and ``[::1]``; a port of 80 may be left out, as clients do.
+
+    Source: README "Signed requests" (the authority rule, and a reverse proxy in front).
+    """
+
+    listed: tuple[str, ...] | None = None
+    bind_host: str = ""
+
+    def allows(self, authority: str, server: tuple[str, int] | None) -> bool:
+        """Whether a signed request naming ``authority`` (its ``Host``) may be served on ``server``."""
+        authority = authority.lower()
+        if self.listed is not None:
+            return authority in self.listed
+        if server is None:
+            return False
+        host, port = server
+        names = {str(host).lower(), self.bind_host.lower()}
+        if any(is_loopback(name) for name in names if name):
+            names |= {"localhost", "127.0.0.1", "::1"}
+        forms = {f"[{name}]" if ":" in name else name for name in names if name}
+        return authority in {f"{form}:{port}" for form in forms} or (port == 80 and authority in forms)
 
 
 #: Prefix of an HTTP signature's nonce in the claim store (beside envelope message ids).
@@ -75,4 +117,7 @@ def signed_request(request: Request, body: bytes | None) -> SignedRequest | None
     if query:
         url += "?" + query.decode("latin-1")
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])]
-    return SignedRequest(request.method, url, headers, body or b"")
+    server = scope.get("server")  # (host, port); a port None is the scheme's default
+    default_port = 443 if scope.get("scheme") == "https" else 80
+    local = (str(server[0]), default_port if server[1] is None else int(server[1])) if server else None
+    return SignedRequest(request.method, url, headers, body or b"", authority=host, server=local)

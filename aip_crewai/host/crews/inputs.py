@@ -10,7 +10,11 @@ input). The host then
   the crew fills defaults (still at most 512 properties);
 - refuses a submission that lacks a required one with 400
   ``action.invalid_input`` naming it (``$.topic``, ``$.inputs[2].topic``,
-  ``$.inputs.topic``), before an approval is requested.
+  ``$.inputs.topic``), before an approval is requested;
+- refuses a ``memory_reset`` of a domain the crew does not have
+  (``memory_domains``, e.g. ``memory`` of a crew without CrewAI memory) with
+  400 ``action.invalid_input`` at ``$.command_type`` naming the crew's domains,
+  before an approval is requested (``all`` resets what there is).
 
 A peer sidecar without the field (or a crew missing from it) keeps the open
 schema and no check. Malformed entries are ignored, never trusted.
@@ -36,12 +40,18 @@ MAX_PLACEHOLDERS = 512
 MAX_PLACEHOLDER_CHARS = 256
 
 
+#: The ``memory_reset`` targets a sidecar may report (``memory_reset`` input ``command_type`` but ``all``).
+MEMORY_DOMAINS = ("memory", "kickoff_outputs", "knowledge", "agent_knowledge")
+
+
 @dataclass(frozen=True)
 class CrewInputs:
-    """One crew's reported inputs: sorted placeholder names, and whether the crew fills defaults."""
+    """One crew's reported inputs: sorted placeholder names, whether the crew fills defaults, and its
+    ``memory_reset`` targets (None: not reported, nothing is checked)."""
 
     placeholders: tuple[str, ...]
     defaults: bool
+    memory_domains: tuple[str, ...] | None = None
 
     @property
     def required(self) -> tuple[str, ...]:
@@ -53,8 +63,8 @@ def parse_crew_inputs(value: Any) -> dict[str, CrewInputs]:
     """``crew_inputs`` of a sidecar ``/health`` body → crew id → :class:`CrewInputs`.
 
     Args:
-        value: ``{crew_id: {"placeholders": [str], "defaults": bool}}`` or
-            anything else (then ``{}``).
+        value: ``{crew_id: {"placeholders": [str], "defaults": bool,
+            "memory_domains"?: [str]}}`` or anything else (then ``{}``).
 
     Returns:
         The well-formed entries only; names that are not non-empty strings
@@ -72,7 +82,13 @@ def parse_crew_inputs(value: Any) -> dict[str, CrewInputs]:
         if not isinstance(names, list) or not isinstance(defaults, bool):
             continue
         kept = sorted({n for n in names if isinstance(n, str) and 0 < len(n) <= MAX_PLACEHOLDER_CHARS})
-        parsed[crew_id] = CrewInputs(tuple(kept[:MAX_PLACEHOLDERS]), defaults)
+        domains = facts.get("memory_domains")
+        known = (
+            tuple(d for d in MEMORY_DOMAINS if d in domains)
+            if isinstance(domains, list) and all(isinstance(d, str) for d in domains)
+            else None
+        )
+        parsed[crew_id] = CrewInputs(tuple(kept[:MAX_PLACEHOLDERS]), defaults, known)
     return parsed
 
 
@@ -86,8 +102,19 @@ def check_crew_inputs(operation: str, input: Any, facts: CrewInputs | None) -> N
 
     Raises:
         InvalidInput: ``$.<name>`` (run), ``$.inputs[<i>].<name>`` (batch_run)
-            or ``$.inputs.<name>`` (train, test): the first missing name.
+            or ``$.inputs.<name>`` (train, test): the first missing name;
+            ``$.command_type`` (memory_reset): a domain the crew does not have.
     """
+    if operation == "memory_reset" and facts is not None and facts.memory_domains is not None:
+        target = input.get("command_type") if isinstance(input, dict) else None
+        if isinstance(target, str) and target in MEMORY_DOMAINS and target not in facts.memory_domains:
+            have = ", ".join(facts.memory_domains) or "none"
+            raise InvalidInput(
+                "$.command_type",
+                f"this crew has no {target} to reset (its memory domains: {have}; or all); nothing was "
+                "started and no approval was requested",
+            )
+        return
     where = KICKOFF_INPUTS.get(operation)
     if facts is None or where is None or not facts.required or not isinstance(input, dict):
         return

@@ -36,6 +36,7 @@ import httpx
 import msgspec
 import structlog
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -48,28 +49,42 @@ from ...contracts.aip import AIP_VERSION, CONTENT_TYPE, Body, Envelope, ErrorBod
 from ...contracts.errors import (
     AipError,
     AmbiguousFraming,
+    BodyBudgetExhausted,
     BodyTimeout,
     Category,
     MessageTooLarge,
     Overloaded,
+    RequestHeadTooLarge,
     RouteNotFound,
     Unauthenticated,
 )
 from ...plumbing.asgi import (
     SCOPE_LOG_KEY,
+    BodyBudget,
     BodyDeadline,
     BoundedBody,
+    BoundedHead,
     ClientGone,
     CloseOnUnreadBody,
     InFlightLimit,
     InternalErrors,
     RefuseAmbiguousFraming,
+    ReleaseBodyBudget,
     RequestLog,
 )
-from ...plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
+from ...plumbing.loopback import is_loopback
+from ...plumbing.serving import (
+    BODY_IDLE_TIMEOUT_S,
+    BODY_TOTAL_TIMEOUT_S,
+    MAX_HEADER_BYTES,
+    MAX_IN_FLIGHT,
+    PROBE_PATHS,
+)
 from ..auth import stream_tokens as stream_tokens_codec
 from ..auth.principals import Authenticator, require_role
+from ..auth.signatures import PublicAuthorities
 from ..crews.manifest import CapabilityIndex, to_wire
+from ..ledger.routes import routes as ledger_routes
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import Metrics
 from ..settings import Settings
@@ -204,7 +219,9 @@ async def metrics_endpoint(request: Request) -> Response:
     """``GET /metrics``: Prometheus text; needs a principal with the ``operator`` role."""
     principal = await authenticate(request)
     require_role(principal, "operator")
-    return Response(host_state(request).metrics.render(), media_type=METRICS_CONTENT_TYPE)
+    state = host_state(request)
+    state.metrics.unauthenticated_body_bytes.set(state.body_budget.used_bytes)
+    return Response(state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
 
 async def manifest_endpoint(request: Request) -> Response:
@@ -220,6 +237,7 @@ def foundation_routes() -> list[BaseRoute]:
         Route("/metrics", metrics_endpoint, methods=["GET"], name="metrics"),
         Route("/aip/v1/manifest", manifest_endpoint, methods=["GET"], name="manifest"),
         Route("/aip/v1/capabilities", manifest_endpoint, methods=["GET"], name="capabilities"),
+        *ledger_routes(),
     ]
 
 
@@ -246,18 +264,30 @@ CORS_EXPOSE_HEADERS = ("X-Request-ID",)
 CORS_MAX_AGE_S = 600
 
 
+class _CORS(CORSMiddleware):
+    """Starlette's CORS middleware, except that a refused preflight (400: another or a ``null`` origin, a
+    method or header not allowed) carries no CORS header at all (README "Browsers")."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 200:
+            for name in [k for k in response.headers if k.lower().startswith("access-control-")]:
+                del response.headers[name]
+        return response
+
+
 def _cors(settings: Settings) -> list[Middleware]:
     """Starlette's CORS middleware for ``[host] cors_origins``, or nothing when there are none.
 
     Exact origins only (no wildcard, no credentials: principals send a bearer
     token or a signature, never cookies). A preflight from another origin
-    gets 400 and no ``Access-Control-Allow-*`` headers. Source: README "Browsers".
+    gets 400 and no CORS header at all (:class:`_CORS`). Source: README "Browsers".
     """
     if not settings.cors_origins:
         return []
     return [
         Middleware(
-            CORSMiddleware,
+            _CORS,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=list(CORS_ALLOW_HEADERS),
@@ -291,7 +321,16 @@ def create_app(
     Source: ARCHITECTURE.md §6.
     """
     modules = [*CORE_MODULES, *_extensions(extensions)]
+    bind_host = settings.bind.rsplit(":", 1)[0].strip("[]")
+    if settings.public_authorities is None and not is_loopback(bind_host):
+        if any(p.ed25519_public_key is not None for p in settings.principals):
+            log.warning(
+                "public_authorities_default",
+                message="signed requests must name the bind address as their Host; "
+                "behind a proxy or a DNS name set [host] public_authorities",
+            )
     metrics = Metrics()
+    body_budget = BodyBudget(settings.body_budget_bytes, BodyBudgetExhausted)
     routes = foundation_routes()
     if settings.openapi:
         routes.extend(openapi.routes())
@@ -310,12 +349,18 @@ def create_app(
                 observe=metrics.observe_request,
                 on_error=_internal_error,
             ),
+            Middleware(
+                BoundedHead,
+                limit_bytes=MAX_HEADER_BYTES,
+                reject=lambda: error_response(RequestHeadTooLarge(MAX_HEADER_BYTES)),
+            ),
             *_cors(settings),
             Middleware(InternalErrors, render=_internal_error),  # inside CORS: a 500 carries its headers too
             Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: error_response(Overloaded(MAX_IN_FLIGHT))),
             Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
             Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S, timed_out=BodyTimeout),
             Middleware(BoundedBody, limit_for=body_limit, too_large=MessageTooLarge),
+            Middleware(ReleaseBodyBudget, budget=body_budget),
             Middleware(ClientGone),
         ],
         exception_handlers={AipError: _aip_error_handler, HTTPException: _http_error_handler},
@@ -328,8 +373,14 @@ def create_app(
         crews={crew.id: crew for crew in settings.crews},
         principals={p.id: p for p in settings.principals},
         capabilities=CapabilityIndex(settings.crews, settings.tenants),
-        authenticator=Authenticator(settings.principals, None, clock=clock),
+        authenticator=Authenticator(
+            settings.principals,
+            None,
+            clock=clock,
+            authorities=PublicAuthorities(settings.public_authorities, bind_host),
+        ),
         stopping=asyncio.Event(),  # set at SIGTERM by host.main (see .stopping)
         stream_token_key=stream_tokens_codec.new_key(),  # per process: tokens end with it (README "Stream tokens")
+        body_budget=body_budget,
     )
     return app

@@ -18,6 +18,7 @@ How a stored approval reads in AIP terms (:func:`render`):
 | ``status`` | ``pending`` / ``approved`` / ``denied`` / ``expired`` / ``withdrawn`` (the action was cancelled first) |
 | ``decision`` | the approver's decision; for an expired approval, ``expired`` by the host (``kind: system``) |
 | ``evidence_payload`` | the exact input, only on ``GET /aip/v1/approvals/{id}`` |
+| ``request.evidence`` (more) | ``display_findings`` on ``GET /aip/v1/approvals/{id}`` when the input holds code points a person would misread (:mod:`aip_crewai.contracts.display`); its ``uri`` serves the list |
 
 Principal kinds come from the principal id's prefix (``human:``, ``agent:``,
 ``svc:``/``service:``, ``system:``); any other id is a ``service``.
@@ -37,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ...contracts import display
 from ...contracts import operations as ops
 from ...contracts.aip import (
     ApprovalDecision,
@@ -69,6 +71,7 @@ from ..actions.lifecycle import ApprovalStatus
 from ..actions.service import ActionService
 from ..auth.principals import Principal as Caller
 from ..auth.principals import can_read_approvals
+from ..ledger.routes import include_receipts, receipt_chain
 from ..store.store import ApprovalRecord, ms_to_rfc3339
 from .authenticate import authenticate
 from .limits import MAX_DECISION_BYTES
@@ -87,6 +90,46 @@ _KIND_PREFIXES: tuple[tuple[str, PrincipalKind], ...] = (
 _decision_decoder = msgspec.json.Decoder(DecisionRequest)
 #: Evidence kind of a signed decision's proof.
 PROOF_KIND = "http_message_signature"
+#: Evidence kind of the display findings of an approval's input (README "The approval flow").
+DISPLAY_KIND = "display_findings"
+
+
+class DisplayFindings(msgspec.Struct, frozen=True):
+    """``GET /aip/v1/approvals/{id}/display``: the code points of the approval's input a person would
+    misread (bidi controls, invisible, control and space characters, look-alikes, mixed-script words),
+    each with its JSON path, offset (code points), ``U+XXXX`` and kind (:class:`~aip_crewai.contracts.display.Finding`);
+    ``truncated`` when more than :data:`~aip_crewai.contracts.display.MAX_FINDINGS` were found.
+    ``input_hash`` is the approval's input snapshot hash, so a client knows which input they describe."""
+
+    approval_id: str
+    input_hash: str
+    findings: list[display.Finding]
+    truncated: bool = False
+
+
+def display_findings(approval: ApprovalRecord) -> DisplayFindings:
+    """The :class:`DisplayFindings` of an approval's input snapshot. Pure."""
+    snapshot = msgspec.json.decode(approval.input_snapshot_json)
+    found = display.findings(snapshot, limit=display.MAX_FINDINGS + 1)
+    return DisplayFindings(
+        approval_id=approval.approval_id,
+        input_hash=fence_hash(approval.capability_id, snapshot),
+        findings=found[: display.MAX_FINDINGS],
+        truncated=len(found) > display.MAX_FINDINGS,
+    )
+
+
+def display_evidence(approval: ApprovalRecord, found: DisplayFindings) -> EvidenceArtifact:
+    """The evidence artifact announcing an input's display findings: ``uri`` serves them, ``hash`` is the
+    SHA-256 of that answer's JSON. Pure."""
+    digest = hashlib.sha256(msgspec.json.encode(found)).hexdigest()
+    return EvidenceArtifact(
+        id=f"{approval.approval_id}:display",
+        kind=DISPLAY_KIND,
+        redacted=False,
+        uri=f"/aip/v1/approvals/{approval.approval_id}/display",
+        hash=f"sha256:{digest}",
+    )
 
 
 class DecisionProof(msgspec.Struct, frozen=True):
@@ -123,7 +166,12 @@ def _subject(capability_id: str, crews: Mapping[str, Any]) -> tuple[Principal, s
 
 
 def render(
-    approval: ApprovalRecord, now_ms: int, crews: Mapping[str, Any], *, with_payload: bool
+    approval: ApprovalRecord,
+    now_ms: int,
+    crews: Mapping[str, Any],
+    *,
+    with_payload: bool,
+    found: DisplayFindings | None = None,
 ) -> ApprovalRecordView:
     """The ApprovalRecordView of a stored approval (see the module table). Pure.
 
@@ -133,6 +181,8 @@ def render(
             its expiry reads ``expired``).
         crews: crew id -> admitted descriptor (for the subject and risk).
         with_payload: include the exact input (``evidence_payload``).
+        found: the input's display findings; when it lists any, ``request.evidence``
+            announces them (:func:`display_evidence`).
     """
     status = approval.effective_status(now_ms)
     snapshot = msgspec.json.decode(approval.input_snapshot_json)
@@ -161,6 +211,7 @@ def render(
                 redacted=False,
                 hash=f"sha256:{approval.policy_hash}",
             ),
+            *([display_evidence(approval, found)] if found is not None and found.findings else []),
         ],
         expires_at=ms_to_rfc3339(approval.expires_at),
         policy_hash=approval.policy_hash,
@@ -258,25 +309,43 @@ async def _approval(request: Request, principal: Caller) -> ApprovalRecord:
 
 async def get_approval(request: Request) -> Response:
     """``GET /aip/v1/approvals/{id}``: the ApprovalRecordView; approvers also get its evidence payload
-    (the exact input), operators do not."""
+    (the exact input), operators do not. ``?include_receipts=true``: with the receipt chain of its
+    action (README "Observing actions")."""
     principal = await authenticate(request)
     can_read_approvals(principal)
     approval = await _approval(request, principal)
     # The exact input is for approvers; an operator reads the approval's metadata only.
-    return aip_json(
-        render(
-            approval,
-            (state := host_state(request)).actions.now_ms(),
-            state.crews,
-            with_payload=principal.has_role("approver"),
-        )
+    state = host_state(request)
+    view = render(
+        approval,
+        state.actions.now_ms(),
+        state.crews,
+        with_payload=principal.has_role("approver"),
+        found=display_findings(approval),
     )
+    if include_receipts(request):
+        chain = await receipt_chain(state.store, approval.tenant, approval.action_id, approval.approval_id)
+        view = msgspec.structs.replace(view, receipt_chain=chain)
+    return aip_json(view)
 
 
-async def _decision_bytes(request: Request) -> bytes:
+async def get_display(request: Request) -> Response:
+    """``GET /aip/v1/approvals/{id}/display``: the :class:`DisplayFindings` of its input (approvers of
+    the tenant: the paths and code points tell of the input; 403 for an operator, 404 another tenant's)."""
+    principal = await authenticate(request)
+    can_read_approvals(principal)
+    if not principal.has_role("approver"):
+        raise Forbidden("the display findings describe the input, which only approvers read")
+    found = display_findings(await _approval(request, principal))
+    return Response(msgspec.json.encode(found), media_type="application/json")
+
+
+async def _decision_bytes(request: Request, *, authenticated: bool) -> bytes:
     """The decision body, at most :data:`~.limits.MAX_DECISION_BYTES` (the route's one bound, also applied
-    by the body middleware: 413 ``message.too_large``)."""
-    return await read_bounded(request, MAX_DECISION_BYTES, MessageTooLarge)
+    by the body middleware: 413 ``message.too_large``); one read before authentication counts against the
+    process's budget of such bodies (README "Security")."""
+    budget = None if authenticated else host_state(request).body_budget
+    return await read_bounded(request, MAX_DECISION_BYTES, MessageTooLarge, budget=budget)
 
 
 def _decode_decision(raw: bytes) -> DecisionRequest:
@@ -306,11 +375,11 @@ async def post_decision(request: Request) -> Response:
     404 another tenant's; 409 decided, expired or withdrawn (its action was
     cancelled, also when the cancel won a race with this decision), or another policy hash."""
     if httpsig.is_signed(request.headers.keys()):  # the signature covers the body: read it first
-        raw = await _decision_bytes(request)
+        raw = await _decision_bytes(request, authenticated=False)
         principal = await authenticate(request, raw)
     else:
         principal = await authenticate(request)
-        raw = await _decision_bytes(request)
+        raw = await _decision_bytes(request, authenticated=True)
     decision = _decode_decision(raw)
     approval = await _approval(request, principal)
     if not principal.has_role("approver"):
@@ -372,5 +441,6 @@ def routes() -> list[Route]:
         Route("/aip/v1/approvals", list_approvals, methods=["GET"]),
         Route("/aip/v1/approvals/{approval_id:str}", get_approval, methods=["GET"]),
         Route("/aip/v1/approvals/{approval_id:str}/proof", get_proof, methods=["GET"]),
+        Route("/aip/v1/approvals/{approval_id:str}/display", get_display, methods=["GET"]),
         Route("/aip/v1/approvals/{approval_id:str}/decision", post_decision, methods=["POST"]),
     ]

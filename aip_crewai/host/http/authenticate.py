@@ -63,7 +63,10 @@ async def authenticate(
 
 
 def bind_principal(request: Request, principal: Principal) -> Principal:
-    """Name ``principal`` and its tenant in the log context and the request's summary line; returns it."""
+    """Name ``principal`` and its tenant in the log context and the request's summary line; returns it.
+    The request is authenticated: its body no longer counts against the budget of bodies read before
+    authentication (README "Security")."""
+    host_setup(request).body_budget.release(request.scope)
     structlog.contextvars.bind_contextvars(tenant=principal.tenant, principal=principal.id)
     info = request.scope.get(SCOPE_LOG_KEY)
     if isinstance(info, dict):

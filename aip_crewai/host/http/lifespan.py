@@ -1,6 +1,7 @@
 """The host app's lifespan: what opens before the first request and closes after the last.
 
-In order: the store; ONE ``httpx.AsyncClient`` per sidecar; readiness over the crews each serves; the
+In order: the store; ONE ``httpx.AsyncClient`` per sidecar for its jobs and one for its health probes;
+readiness over the crews each serves; the
 action service over them (:func:`serve_actions`: the approval-expiry sweep, restart reconciliation,
 lease renewal, the store's change listener); then :class:`~.state.HostState` is set and the
 extensions' lifespans are entered; the readiness poller and the message-id purge start and systemd
@@ -24,6 +25,7 @@ from starlette.applications import Starlette
 from ..actions import recovery
 from ..actions.dispatch import Dispatcher
 from ..actions.service import ActionService
+from ..ledger.sealer import Sealer
 from ..settings import Settings, SidecarSettings
 from ..sidecars.client import SidecarClient
 from ..sidecars.readiness import Readiness, ReadinessGroup, notify_systemd
@@ -141,10 +143,13 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
             record_startup_error(app, exc)
             raise
         clients = {sidecar.name: _sidecar_http(sidecar, transport) for sidecar in _sidecars(settings)}
+        # Health probes get connections of their own: under load every pooled connection of ``clients`` may
+        # hold a run's stream, and a probe waiting behind them would call a healthy sidecar unreachable.
+        probes = {sidecar.name: _sidecar_http(sidecar, transport) for sidecar in _sidecars(settings)}
         tasks: list[asyncio.Task[None]] = []
         try:
             setup.authenticator.claims = store
-            readiness = _readiness(setup, clients)
+            readiness = _readiness(setup, probes)
             async with contextlib.AsyncExitStack() as stack:
                 actions = await stack.enter_async_context(serve_actions(setup, store, clients, readiness))
                 app.state.host = HostState.started(
@@ -177,7 +182,7 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
         finally:
             app.state.host = None
             setup.authenticator.claims = None
-            for client in clients.values():
+            for client in [*clients.values(), *probes.values()]:
                 await client.aclose()
             await store.close()
             log.info("host_stopped")
@@ -246,6 +251,8 @@ async def serve_actions(
         dispatch_deadline_s=settings.dispatch_deadline_s,
         status_cache_entries=settings.status_cache_entries,
     )
+    # Usage (priced by [pricing]) and signed receipts of every stored result (README "Observing actions").
+    service.writer.sealer = Sealer(pricing=settings.pricing, keys=settings.receipt_keys, metrics=setup.metrics)
     tasks = [
         asyncio.create_task(recovery.sweep_expired(service)),
         asyncio.create_task(recovery.reconcile_all(service)),

@@ -42,7 +42,7 @@ from ...contracts.aip import (
     Manifest,
 )
 from ..auth.stream_tokens import QUERY_PARAMETER, StreamToken
-from .approvals import DecisionProof
+from .approvals import DecisionProof, DisplayFindings
 
 OPENAPI_VERSION = "3.1.0"
 _REF = "#/components/schemas/{name}"
@@ -137,7 +137,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         body_content_type=CONTENT_TYPE,
     ),
     ("GET", "/aip/v1/actions/{action_id:str}"): Operation(
-        "ActionStatus", {"200": Answer("ActionStatus", {CONTENT_TYPE: ActionStatus})}
+        "ActionStatus",
+        {"200": Answer("ActionStatus", {CONTENT_TYPE: ActionStatus})},
+        query=(("include_receipts", "true: with the receipt chain"),),
     ),
     ("GET", "/aip/v1/actions/{action_id:str}/result"): Operation(
         "The stored result",
@@ -186,6 +188,22 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/aip/v1/approvals/{approval_id:str}"): Operation(
         "One approval (approvers: with its input)",
         {"200": Answer("ApprovalRecordView", {CONTENT_TYPE: ApprovalRecordView})},
+        query=(("include_receipts", "true: with the receipt chain of its action"),),
+    ),
+    ("GET", "/aip/v1/receipts/{receipt_id:str}"): Operation(
+        "A signed result receipt, byte for byte as signed (RFC 8785 JSON)", {"200": Answer("receipt", {JSON: dict})}
+    ),
+    ("GET", "/.well-known/aip-receipt-keys"): Operation(
+        "The receipt public keys (current and previous)", {"200": Answer("keys", {JSON: dict})}, public=True
+    ),
+    ("GET", "/aip/v1/usage"): Operation(
+        "The tenant's usage per crew (operator role)",
+        {"200": Answer("usage report", {JSON: dict})},
+        query=(("from", "RFC 3339, inclusive (default: the start)"), ("to", "RFC 3339, exclusive (default: now)")),
+    ),
+    ("GET", "/aip/v1/approvals/{approval_id:str}/display"): Operation(
+        "The code points of an approval's input a person would misread",
+        {"200": Answer("DisplayFindings", {JSON: DisplayFindings})},
     ),
     ("GET", "/aip/v1/approvals/{approval_id:str}/proof"): Operation(
         "The proof of a signed decision", {"200": Answer("DecisionProof", {JSON: DecisionProof})}

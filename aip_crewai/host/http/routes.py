@@ -41,6 +41,7 @@ from ..actions.service import ActionService
 from ..auth.principals import FULL, Principal, require_role
 from ..auth.stream_tokens import action_scope
 from ..crews.inputs import check_crew_inputs
+from ..ledger.routes import include_receipts, receipt_chain
 from ..store.store import ActionRecord, ChunkRecord, InvalidCursor, ms_to_rfc3339
 from .authenticate import authenticate, authenticate_stream
 from .state import host_state
@@ -50,16 +51,14 @@ from .stopping import unless_stopping, until_stopping
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 #: Keep-alive comment interval on tenant SSE streams, seconds (ARCHITECTURE.md §4).
 KEEPALIVE_S = 15.0
+#: Longest a stream of a pending action waits before reading its state again, seconds: the store's approval
+#: signal wakes it at once on this host; a decision made through another host is seen within this.
+PENDING_POLL_S = 2.0
 #: Longest a blocking JSON call waits for the result, seconds, beyond the action timeout.
 WAIT_MARGIN_S = 30.0
 _encode = msgspec.json.Encoder()
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-#: ``capability.unavailable`` when the crew's sidecar is unready (not when its registry lacks the crew).
-UNREADY_SIDECAR = (
-    "the sidecar serving this capability's crew is not ready (it is stopped, starting or failing "
-    "its health check); nothing was started and no approval was requested; retry later"
-)
 
 
 def envelope(
@@ -94,7 +93,9 @@ async def _read_body(request: Request) -> bytes:
     signed request is checked once, with its body (its ``content-digest``)."""
     if "authorization" in request.headers and not httpsig.is_signed(request.headers.keys()):
         await authenticate(request)
-    return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge)
+        return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge)
+    budget = host_state(request).body_budget  # read before authentication: within the process's budget
+    return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge, budget=budget)
 
 
 def _service(request: Request) -> ActionService:
@@ -152,18 +153,17 @@ async def post_message(request: Request) -> Response:
     stream = _wants_sse(request) or action.streaming
     index = host_state(request).capabilities
     resolved = index.resolve(principal.tenant, action.capability_id)
-    readiness = host_state(request).readiness
-    if resolved.crew.id in readiness.unserved_crews:
-        member = readiness.member_for(resolved.crew.id) if hasattr(readiness, "member_for") else readiness
-        if member is not None and not member.ready:
-            raise CrewUnavailable(UNREADY_SIDECAR, details={"capability_id": action.capability_id})
+    # A crew its sidecar's registry lacks cannot run: refused before any approval. A crew whose sidecar is
+    # unready (stopped, starting) is accepted: its start is retried until the dispatch deadline (README
+    # "Failure behaviour").
+    if resolved.crew.id in host_state(request).readiness.unserved_crews:
         raise CrewUnavailable(details={"capability_id": action.capability_id})
     check_crew_inputs(resolved.spec.name, action.input, index.crew_inputs.get(resolved.crew.id))
     record = await service.submit(
         principal, action, env.idempotency_key, stream=stream, blocking=action.mode != "async"
     )
     if stream and _wants_sse(request):
-        return _sse_response(request, service, record, after=-1)
+        return await _stream_answer(request, service, record, _last_event_n(request))
     if action.mode == "async":
         if is_terminal(record.status) or record.status == ActionState.PENDING_APPROVAL:
             return await _result_response(service, record)
@@ -178,6 +178,17 @@ async def _result_response(service: ActionService, record: ActionRecord) -> Resp
     if result is None:  # still running past the wait: tell the caller where to look
         return aip_json(ack_envelope(record, streaming=False), 202)
     return aip_json(result_envelope(result), 202 if result.status == "pending_approval" else 200)
+
+
+async def _stream_answer(request: Request, service: ActionService, record: ActionRecord, after: int) -> Response:
+    """The SSE answer of an action's stream after position ``after`` (-1: from the start), for the GET
+    route and a re-POST of the envelope alike: ``204 No Content`` when ``after`` is at or past the
+    ``result`` frame of an ended action (``EventSource`` then stops reconnecting)."""
+    if after >= 0 and is_terminal(record.status):
+        result = await service.result(record)
+        if result is not None and after >= final_position(record, result):
+            return Response(status_code=204)  # all delivered: EventSource stops reconnecting
+    return _sse_response(request, service, record, after)
 
 
 def _sse_response(request: Request, service: ActionService, record: ActionRecord, after: int) -> StreamingResponse:
@@ -286,14 +297,22 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
     results) and ``result``. Every position is derived from the store, so
     ``Last-Event-ID: sse_<n>`` resumes exactly after n. The ack's status is
     ``streaming`` for a running action, ``accepted`` while it waits for its
-    approval and ``cached`` when it already ended. Source: README "Streams".
+    approval and ``cached`` when it already ended. An action waiting for its
+    approval is that non-final ack (``sse_0``, reason ``pending_approval``):
+    the stream stays open with keep-alive comments every
+    :data:`KEEPALIVE_S` (the store's approval signal, or a poll every
+    :data:`PENDING_POLL_S`, tells it the decision) and goes on with the
+    chunks and the result, or the denial's error and result. Source: README "Streams".
     """
     tenant, action_id = record.tenant, record.action_id
     # Frames wait in ``out`` until the stream would block (or ends), or a live action's page is read: one
     # socket write carries the ack, the chunks and the result of an ended action, not one write each.
     out: list[bytes] = [_frame(0, "ack", ack_envelope(record, streaming=True))] if after < 0 else []
     last_seq = max(after - 1, -1)
+    wrote_at = time.monotonic()
     while True:
+        decided = service.store.approvals_changed  # before reading: a decision after the read wakes us
+        decided_seen = decided.version
         watched = service.live.get(tenant, action_id)
         seen = watched.version if watched is not None else None  # before reading: a later change wakes us
         remote = service.remote.signal(tenant, action_id)  # another host's commits (shared store)
@@ -307,17 +326,23 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
                 yield b"".join(out)
                 out = []
         record = await service.refresh(await service.store.get_action(tenant, action_id) or record)
+        if record.status == ActionState.PENDING_APPROVAL:
+            if out:
+                yield b"".join(out)
+                out, wrote_at = [], time.monotonic()
+            if not await decided.wait(PENDING_POLL_S, seen=decided_seen) and (
+                time.monotonic() - wrote_at >= KEEPALIVE_S
+            ):
+                yield encode_comment("keep-alive")
+                wrote_at = time.monotonic()
+            continue
         if record.status != ActionState.RUNNING and record.chunk_count <= last_seq + 1:
             result = await service.result(record)
             if result is not None:
                 n = final_position(record, result)
                 if result.error is not None and n - 1 > after:
                     out.append(_frame(n - 1, ERROR_EVENT, _error_envelope(action_id, result.error)))
-                if result.status == "pending_approval":
-                    # Not a position of the action's history: no id, so a client
-                    # resuming later continues after the ack, at the first chunk.
-                    out.append(_frame(None, "result", result_envelope(result)))
-                elif n > after:
+                if n > after:
                     out.append(_frame(n, "result", result_envelope(result)))
             if out:
                 yield b"".join(out)
@@ -400,8 +425,9 @@ def action_links(action_id: str, approval_id: str | None) -> dict[str, str]:
 
 
 async def get_action(request: Request) -> Response:
-    """``GET /aip/v1/actions/{id}``: the ActionStatus (state, result status, links; the result once final).
-    An operator gets the metadata only: the result carries its status and error code, no output or details."""
+    """``GET /aip/v1/actions/{id}``: the ActionStatus (state, result status, links; the result once final;
+    ``?include_receipts=true``: its receipt chain). An operator gets the metadata only: the result
+    carries its status and error code, no output or details."""
     principal = await authenticate(request)
     service = _service(request)
     record, level = await service.read(principal, request.path_params["action_id"])
@@ -419,6 +445,9 @@ async def get_action(request: Request) -> Response:
         completed_at=ms_to_rfc3339(record.updated_at) if result is not None else None,
         result=result,
         links=action_links(record.action_id, record.approval_id),
+        receipt_chain=await receipt_chain(service.store, record.tenant, record.action_id, record.action_id)
+        if include_receipts(request)
+        else None,
     )
     return aip_json(status)
 
@@ -447,11 +476,7 @@ async def get_events(request: Request) -> Response:
     _, service, record = await _principal_action(request, stream=True)
     after = _last_event_n(request)
     if _wants_sse(request):
-        if after >= 0 and is_terminal(record.status):
-            result = await service.result(record)
-            if result is not None and after >= final_position(record, result):
-                return Response(status_code=204)  # all delivered: EventSource stops reconnecting
-        return _sse_response(request, service, record, after)
+        return await _stream_answer(request, service, record, after)
     action_id = record.action_id
     events: list[Event] = []
     if after < 0:

@@ -17,6 +17,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
+from ...plumbing.asgi import BodyBudget
 from ..actions.service import ActionService
 from ..auth.principals import Authenticator
 from ..crews.descriptors import CrewDescriptor
@@ -47,6 +48,8 @@ class HostSetup:
     stopping: asyncio.Event
     #: The HMAC key of stream tokens, one per process (README "Stream tokens").
     stream_token_key: bytes
+    #: The budget of request bodies read before authentication (README "Security").
+    body_budget: BodyBudget
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from ...contracts.aip import StreamChunk
 from ...contracts.errors import (
     ConnectorAuthentication,
     ConnectorConfigurationOrInput,
+    ConnectorCrewBusy,
     ConnectorError,
     ConnectorRemoteRejected,
     ConnectorRemoteTemporary,
@@ -115,13 +116,18 @@ class DispatchProgress:
     state: DispatchState = DispatchState.NOT_SENT
 
 
-def error_for_status(
-    status: int, spec: OperationSpec, *, detail: str | None, dispatch: str = "acknowledged"
-) -> ConnectorError:
-    """Map a sidecar HTTP status to a connector error (ARCHITECTURE.md §8).
+#: The sidecar's code of a refusal that says "try later": another job of the crew is active (409).
+CREW_BUSY = "sidecar.crew_busy"
 
-    401/403 → authentication; 404/413/422/428 → configuration_or_input;
-    429 and ≥ 500 → remote_temporary; other 4xx → remote_rejected.
+
+def error_for_status(
+    status: int, spec: OperationSpec, *, detail: str | None, dispatch: str = "acknowledged", code: str | None = None
+) -> ConnectorError:
+    """Map a sidecar HTTP status (and the ``code`` of its body, when it names one) to a connector error
+    (ARCHITECTURE.md §8).
+
+    409 ``sidecar.crew_busy`` → crew_busy (retryable: nothing ran); 401/403 → authentication;
+    404/413/422/428 → configuration_or_input; 429 and ≥ 500 → remote_temporary; other 4xx → remote_rejected.
     """
     kwargs: dict[str, Any] = dict(
         operation=spec.name,
@@ -131,6 +137,10 @@ def error_for_status(
         dispatch=dispatch,
         details={"remote_detail": detail[:_MAX_DETAIL_CHARS]} if detail else None,
     )
+    if status == 409 and code == CREW_BUSY:
+        kwargs.update(uncertain_outcome=False)
+        # Not ``admitted: false`` (:func:`not_admitted`): the host does not retry it on its own; the tenant does.
+        return ConnectorCrewBusy(**kwargs)
     if status in (401, 403):
         return ConnectorAuthentication(**kwargs)
     if status in (404, 413, 422, 428):
@@ -187,7 +197,7 @@ async def _read_bounded(response: httpx.Response, limit: int, spec: OperationSpe
 def _field(body: bytes, name: str) -> Any:
     try:
         value = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested deeper than msgspec allows
         return None
     return value.get(name) if isinstance(value, dict) else None
 
@@ -281,14 +291,17 @@ class SidecarClient:
         finally:
             await response.aclose()
         if response.status_code not in ok:
-            error = error_for_status(response.status_code, spec, detail=_detail(body))
+            code = _field(body, "code")
+            error = error_for_status(
+                response.status_code, spec, detail=_detail(body), code=code if isinstance(code, str) else None
+            )
             job_status = _field(body, "status")
             if isinstance(job_status, str):
                 error.details["remote_job_status"] = job_status[:64]
             raise error
         try:
             return response.status_code, msgspec.json.decode(body)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested deeper than msgspec allows
             raise ConnectorRemoteRejected(
                 "the sidecar answered with invalid JSON",
                 operation=spec.name,
@@ -321,7 +334,7 @@ class SidecarClient:
             wait_s = (timeout_ms or DEFAULT_TIMEOUT_MS) / 1000 + JSON_READ_TIMEOUT_S
             return await self._json("POST", "/jobs", spec, dispatch, headers=headers, json=body, read_timeout_s=wait_s)
         except ConnectorError as exc:
-            if exc.remote_status in (409, 502, 504):
+            if exc.remote_status in (409, 502, 504) and not isinstance(exc, ConnectorCrewBusy):
                 return exc.remote_status, exc.details.get("remote_detail")
             # A blocking start's 507 after admission names the job's status (the outcome was not recorded).
             if exc.remote_status in _REFUSED_BEFORE_ADMISSION and "remote_job_status" not in exc.details:
@@ -365,7 +378,10 @@ class SidecarClient:
         try:
             if response.status_code != 200:
                 body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
-                raise error_for_status(response.status_code, spec, detail=_detail(body))
+                code = _field(body, "code")
+                raise error_for_status(
+                    response.status_code, spec, detail=_detail(body), code=code if isinstance(code, str) else None
+                )
             async for piece in response.aiter_bytes():
                 chunks = normalizer.feed(piece)
                 if chunks:

@@ -203,8 +203,8 @@ class Readiness:
             return f"sidecar /health answered HTTP {response.status_code}"
         try:
             decoded = msgspec.json.decode(body)
-        except msgspec.DecodeError:
-            return "sidecar health is not valid JSON"
+        except (msgspec.DecodeError, RecursionError):  # RecursionError: nested deeper than msgspec allows
+            return "sidecar health is not valid JSON (or nests too deeply)"
         self._observe_crew_inputs(decoded)
         unserved = unserved_crews(decoded, self.crews)
         if unserved != self.unserved_crews:
@@ -282,9 +282,10 @@ class ReadinessGroup:
     """The readiness of several sidecars, each serving its own crews (``[[sidecars]]``, ARCHITECTURE.md §10), with the
     interface of one :class:`Readiness` for ``/ready``, submissions and dispatch.
 
-    The host is ready while at least one sidecar is (a load balancer keeps sending it work); a crew
-    whose sidecar's last check said unready is unavailable on its own (``unserved_crews``: submissions
-    to it get ``capability.unavailable`` before any approval), as is a crew its sidecar does not list.
+    The host is ready while at least one sidecar is (a load balancer keeps sending it work). A crew its
+    sidecar does not list is unavailable (``unserved_crews``: submissions to it get
+    ``capability.unavailable`` before any approval); a crew whose sidecar is unready is answered as with
+    one sidecar: accepted, its start retried until the dispatch deadline (README "Failure behaviour").
     ``members``: ``(name, readiness)`` pairs, each :class:`Readiness` built over its sidecar's crews.
     """
 
@@ -321,8 +322,6 @@ class ReadinessGroup:
         crews: set[str] = set()
         for _, member in self.members:
             crews |= member.unserved_crews
-            if not member.ready and member.state.checked_at is not None and len(self.members) > 1:
-                crews |= {crew.id for crew in member.crews}
         return frozenset(crews)
 
     def member_for(self, crew_id: str) -> Readiness | None:

@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...plumbing.wakeup import ChangeSignal
 from ..actions.lifecycle import ActionState
-from .engine import Db
-from .postgres import DB_NOW
+from .engines.engine import Db
+from .engines.postgres import DB_NOW
 from .records import (
     APPROVAL_DECISIONS,
     ActionRecord,
     ApprovalEvent,
     ApprovalPage,
     ApprovalRecord,
+    Seal,
     StoreError,
     decode_cursor,
     encode_cursor,
@@ -57,7 +58,9 @@ class ApprovalMethods:
         async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
         def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
         def _transaction_now(self, fn: Callable[[], _T]) -> _T: ...
-        def _update_now(self, update: tuple[str, tuple[Any, ...]], *, fenced: bool = False) -> ActionRecord | None: ...
+        def _update_now(
+            self, update: tuple[str, tuple[Any, ...]], seal: Seal | None = None, *, fenced: bool = False
+        ) -> ActionRecord | None: ...
         def _lease_for(self, status: str) -> tuple[str | None, int | None, int]: ...
         def _hold(self, record: ActionRecord) -> None: ...
 
@@ -248,13 +251,16 @@ class ApprovalMethods:
             self._hold(started)
         return approval, started
 
-    async def cancel_pending(self, tenant: str, action_id: str, result_json: str) -> ActionRecord | None:
+    async def cancel_pending(
+        self, tenant: str, action_id: str, result_json: str, *, seal: Seal | None = None
+    ) -> ActionRecord | None:
         """In ONE transaction: move a ``pending_approval`` action to
         ``cancelled`` with ``result_json``, and withdraw its pending approval
         (status ``withdrawn``: no decision can be recorded any more).
 
         Returns the cancelled record, or None when the action was no longer
         pending (an approval started it first: that row stands, nothing changed).
+        ``seal``: what the result leaves, in the same transaction (:func:`.ledger.seal_now`).
         """
         now = self.now_ms()
 
@@ -267,7 +273,8 @@ class ApprovalMethods:
                     status=_S.CANCELLED.value,
                     result_json=result_json,
                     now=now,
-                )
+                ),
+                seal,
             )
             if record is not None:
                 for (withdrawn,) in self._fetch_now(

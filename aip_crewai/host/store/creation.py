@@ -1,5 +1,5 @@
 """An action's creation: its starting state, and its row inserted with its idempotency key's
-reservation in one transaction (functions over :class:`.engine.Db`, run on a store worker thread by
+reservation in one transaction (functions over :class:`.engines.engine.Db`, run on a store worker thread by
 :meth:`~aip_crewai.host.store.store.Store.create_action`, which documents the arguments).
 
 Atomicity: the insert is ``ON CONFLICT (tenant, action_id) DO NOTHING``; with a reservation, the
@@ -17,16 +17,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..actions.lifecycle import ActionState, allowed, is_terminal
-from .engine import Db
-from .postgres import DB_NOW
-from .records import DISPATCH_RANK, ActionRecord, MissingTarget, StoreError
+from .engines.engine import Db
+from .engines.postgres import DB_NOW
+from .ledger import seal_now
+from .records import DISPATCH_RANK, ActionRecord, MissingTarget, Seal, StoreError
 from .sql import ACTION_COLUMNS, GET_ACTION, IDEMPOTENCY_COLUMNS
 
 __all__ = ["start_state", "create_now"]
 
 _S = ActionState
 #: The row's values in ACTION_COLUMNS order; the lease's expiry is given as its length (ms, or NULL) and
-#: computed with the database's clock (:data:`.postgres.DB_NOW`).
+#: computed with the database's clock (:data:`.engines.postgres.DB_NOW`).
 _INSERT = (
     f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 19)}, {DB_NOW} + CAST(? AS BIGINT), ?) "
     f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {ACTION_COLUMNS}"
@@ -64,6 +65,7 @@ def create_now(
     *,
     reservation: tuple[str, int] | None,
     target: tuple[str, Sequence[str]] | None,
+    seal: Seal | None = None,
 ) -> tuple[bool, ActionRecord]:
     """Insert the action ``row`` (its values in :data:`.sql.ACTION_COLUMNS` order) unless its
     ``(tenant, action_id)`` exists (on the worker, in the caller's write).
@@ -74,6 +76,7 @@ def create_now(
             all in one transaction. None: no reservation.
         target: ``(run_action_id, operations)``: insert only when that action of the same tenant, crew
             and principal, of one of ``operations``, exists.
+        seal: what a row created with its result leaves, in the same transaction (:func:`.ledger.seal_now`).
 
     Returns:
         ``(created, record)``: see :meth:`~aip_crewai.host.store.store.Store.create_action`.
@@ -116,10 +119,11 @@ def create_now(
             if reservation is not None:
                 key, expires_at = reservation
                 db.change(_RESERVE, (tenant, key, capability_id, action_id, input_hash, now, expires_at))
-            return True, ActionRecord(*rows[0])
+            record = ActionRecord(*rows[0])
+            return True, record if seal is None else seal_now(db, record, seal)
         rows = db.fetch(GET_ACTION, (tenant, action_id))
         if not rows:
             raise StoreError("action vanished after creation")
         return False, ActionRecord(*rows[0])
 
-    return db.transaction(create) if reservation is not None else create()
+    return db.transaction(create) if reservation is not None or seal is not None else create()

@@ -3,7 +3,7 @@
 :class:`LeaseMethods` is a part of :class:`~aip_crewai.host.store.store.Store` (one of its base classes),
 split out by concept as :mod:`.approvals` is. A running action on a shared store is dispatched or
 reconciled by the one host holding its lease (``lease_owner`` until ``lease_expires_at``, ms). Expiry
-is judged, and a new expiry computed, with the database's clock (:data:`.postgres.DB_NOW`: PostgreSQL's
+is judged, and a new expiry computed, with the database's clock (:data:`.engines.postgres.DB_NOW`: PostgreSQL's
 ``now()``; a SQLite store's own clock, one host), never a host's. Each time another host takes the lease,
 its fencing token ``lease_epoch`` goes up; every write this host makes on behalf of an action it holds
 (chunks and their count, results, dispatch state, corrections: ``Store.append_chunks``,
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 
 from ..actions.lifecycle import ActionState
-from .postgres import DB_NOW
+from .engines.postgres import DB_NOW
 from .records import ActionRecord, LeaseLost
 from .sql import ACTION_COLUMNS
 

@@ -147,15 +147,51 @@ CREATE TABLE approval_events (
 """
 
 
-# Migration 5: the fencing token of a dispatch lease: raised each time another host takes the lease;
-# every write a lease holder makes on behalf of the action is conditional on it (ARCHITECTURE.md §10).
+# Migration 5: what a final result leaves besides itself (README "Observing actions"): the usage of a
+# crew operation (token counts, latency ms, cost in picos = 10^-12 of ``currency``; one row per action,
+# replaced with its result) and the signed receipt of a final result (its canonical JSON document, one
+# per action, never changed). Both are written by the store in the result's own transaction.
 _MIGRATION_5 = """
+CREATE TABLE action_usage (
+    tenant            TEXT NOT NULL,
+    action_id         TEXT NOT NULL,
+    crew_id           TEXT NOT NULL,
+    operation         TEXT NOT NULL,
+    finished_at       INTEGER NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    total_tokens      INTEGER NOT NULL,
+    cached_tokens     INTEGER NOT NULL,
+    requests          INTEGER NOT NULL,
+    latency_ms        INTEGER NOT NULL,
+    cost_picos        INTEGER,
+    currency          TEXT,
+    PRIMARY KEY (tenant, action_id)
+) WITHOUT ROWID;
+CREATE INDEX action_usage_by_time ON action_usage (tenant, finished_at);
+CREATE TABLE receipts (
+    tenant       TEXT NOT NULL,
+    receipt_id   TEXT NOT NULL,
+    action_id    TEXT NOT NULL,
+    approval_id  TEXT,
+    hash         TEXT NOT NULL,
+    document     TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    PRIMARY KEY (tenant, receipt_id)
+) WITHOUT ROWID;
+CREATE INDEX receipts_by_action ON receipts (tenant, action_id);
+"""
+
+
+# Migration 6: the fencing token of a dispatch lease: raised each time another host takes the lease;
+# every write a lease holder makes on behalf of the action is conditional on it (ARCHITECTURE.md §10).
+_MIGRATION_6 = """
 ALTER TABLE actions ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
 """
 
 
 #: Forward-only migrations; migration N (1-based) brings ``user_version`` to N.
-MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5)
+MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6)
 
 
 def migrate(conn: sqlite3.Connection) -> int:

@@ -26,8 +26,8 @@ from collections.abc import Callable
 import structlog
 
 from ...plumbing.wakeup import ChangeSignal
-from .engine import Db
-from .postgres import StoreTimeouts, interrupt_connection
+from .engines.engine import Db
+from .engines.postgres import StoreTimeouts, interrupt_connection
 
 log = structlog.get_logger(__name__)
 

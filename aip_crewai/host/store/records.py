@@ -1,7 +1,7 @@
 """The host store's data model: the row types, the timestamp representation (integers, ms since the
 Unix epoch, UTC; rendered as RFC 3339 only at the edges), the store's errors and the opaque cursor of
 approval pages. No SQL runs here: the schema is :mod:`.migrations`, the shared SQL text :mod:`.sql`,
-the engines :mod:`.sqlite` and :mod:`.postgres`.
+the engines :mod:`.engines.sqlite` and :mod:`.engines.postgres`.
 
 Source: ARCHITECTURE.md §7, ARCHITECTURE.md §10 (storage).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -143,6 +144,41 @@ class ApprovalEvent:
         object.__setattr__(self, "status", ApprovalStatus(self.status))
 
 
+@dataclass(frozen=True)
+class SealedRows:
+    """What a result leaves besides itself, written in its own transaction (:mod:`.ledger`):
+    ``result_json`` (the result with its ``usage`` and ``receipt`` reference), the usage row (values in
+    ``action_usage`` column order: tenant, action_id, crew_id, operation, finished_at, prompt, completion,
+    total, cached, requests, latency_ms, cost_picos, currency) or None, and the receipt row (tenant,
+    receipt_id, action_id, approval_id, hash, document, created_at) or None."""
+
+    result_json: str
+    usage: tuple[object, ...] | None = None
+    receipt: tuple[object, ...] | None = None
+
+
+#: Called by the store inside a result's write with the action as just written and the decision proof
+#: of its approval (JSON text, or None); returns what to write with it, or None (README "Observing actions").
+Seal = Callable[[ActionRecord, str | None], SealedRows | None]
+
+
+@dataclass(frozen=True)
+class UsageTotal:
+    """One crew's usage in a period (``GET /aip/v1/usage``): sums over its actions' usage rows.
+    ``cost_picos`` sums the priced actions in ``currency`` (None: none priced)."""
+
+    crew_id: str
+    currency: str | None
+    actions: int
+    prompt: int
+    completion: int
+    total: int
+    cached: int
+    requests: int
+    latency_ms: int
+    cost_picos: int | None
+
+
 class ChunkRecord(msgspec.Struct, frozen=True):
     """One stored chunk: its sequence and its compact ``StreamChunk`` JSON (a Struct: a replay page
     builds one per chunk, in C)."""
@@ -173,7 +209,7 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached right now: the connection was refused or lost, or no pooled
     connection came free within the pool's timeout (a PostgreSQL store). Temporary: 503, retryable
     (a retried submission with the same idempotency key is answered once). Raised by every store
-    method (``Store._run``) for the engine's :attr:`~.engine.Db.unavailable_errors`."""
+    method (``Store._run``) for the engine's :attr:`~.engines.engine.Db.unavailable_errors`."""
 
     code = "store.unavailable"
     category = Category.TEMPORARY

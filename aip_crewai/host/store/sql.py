@@ -1,25 +1,17 @@
 """SQL text the store's modules share, written once: the column lists of the record types, the one
-read of an action row, the one UPDATE that moves an action between states, and the chunk log.
+read of an action row, and the one UPDATE that moves an action between states.
 
-An action's chunk log (:func:`append_now`, :data:`LIST_CHUNKS`; run on a store worker thread by
-:meth:`~aip_crewai.host.store.store.Store.append_chunks` and ``list_chunks``, which document the arguments):
-a batch is one transaction: sequences already stored are skipped, nothing is appended once the action is
-terminal (no chunk ever follows the result), the action's ``chunk_count`` and its dispatch (forward only)
-move with it, and a shared store's followers are notified at its commit (:func:`.notify.send`).
-
-Source: ARCHITECTURE.md §9 (the store's ``UPDATE ... WHERE status IN (sources)``), §7 (the stream), §10.
+Source: ARCHITECTURE.md §9 (the store's ``UPDATE ... WHERE status IN (sources)``), §10.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import fields
 from typing import Any
 
-from ..actions.lifecycle import ActionState, allowed, is_terminal
-from . import notify
-from .engine import Db
-from .records import DISPATCH_RANK, ActionRecord, ApprovalRecord, IdempotencyRecord, StoreError
+from ..actions.lifecycle import ActionState, allowed
+from .records import DISPATCH_RANK, ActionRecord, ApprovalRecord, IdempotencyRecord
 
 
 def _columns(record_type: type) -> str:
@@ -86,62 +78,3 @@ def action_update(
         *[s.value for s in sources],
         *([replacing] if replacing is not None else []),
     )
-
-
-# --- the chunk log ---------------------------------------------------------------
-
-#: Chunks of ``(tenant, action_id)`` with ``sequence > ?``, ascending, at most ``?``.
-LIST_CHUNKS = (
-    "SELECT sequence, chunk_json FROM chunks WHERE tenant = ? AND action_id = ? AND sequence > ? "
-    "ORDER BY sequence LIMIT ?"
-)
-
-
-def append_now(
-    db: Db,
-    tenant: str,
-    action_id: str,
-    chunks: Sequence[tuple[int, str]],
-    dispatch: str | None,
-    fence: tuple[str, tuple[Any, ...]] = ("", ()),
-) -> int:
-    """Append ``(sequence, chunk_json)`` pairs to the action in one transaction (on the worker, in the
-    caller's write); move its dispatch forward to ``dispatch`` (None keeps it). Returns how many were
-    inserted, or -1 when ``fence`` (an SQL condition on the action's row and its parameters: the writer's
-    lease token, :meth:`Store._fenced`) does not hold: nothing is written then.
-
-    Raises:
-        StoreError: the action does not exist (foreign key).
-    """
-    rows = [(tenant, action_id, seq, text) for seq, text in chunks]
-    rank = DISPATCH_RANK.get(dispatch or "", -1)
-
-    def insert() -> int:
-        condition, params = fence
-        state = db.fetch(
-            f"SELECT status, CASE WHEN 1 = 1{condition} THEN 1 ELSE 0 END FROM actions "
-            "WHERE tenant = ? AND action_id = ?",
-            (*params, tenant, action_id),
-        )
-        if state and is_terminal(state[0][0]):
-            return 0  # the result is written: a late batch (a discarded dispatch's) never follows it
-        if state and not state[0][1]:
-            return -1  # the writer's lease token is not current (checked under the writer lock)
-        inserted = db.change_many(
-            "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (tenant, action_id, sequence) DO NOTHING",
-            rows,
-        )
-        db.change(
-            "UPDATE actions SET chunk_count = chunk_count + ?, "
-            f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {DISPATCH_RANK_SQL} "
-            "THEN CAST(? AS TEXT) ELSE dispatch END WHERE tenant = ? AND action_id = ?",
-            (inserted, dispatch, rank, dispatch, tenant, action_id),
-        )
-        notify.send(db, tenant, action_id)
-        return inserted
-
-    try:
-        return db.transaction(insert)
-    except db.integrity_error as exc:
-        raise StoreError(f"cannot append chunks to unknown action {action_id!r}") from exc

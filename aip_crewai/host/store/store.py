@@ -32,7 +32,7 @@ serialized, so a multi-statement transaction never swallows another
 coroutine's write, and a cancelled caller never leaves a transaction half
 done: the function runs to its end on the worker. A PostgreSQL store runs its
 methods the same way on ``pool_size`` worker threads, each method on one
-connection checked out of a pool for its whole run (:class:`.postgres.PostgresDb`):
+connection checked out of a pool for its whole run (:class:`.engines.postgres.PostgresDb`):
 reads run side by side, writes serialize on the writer lock.
 
 File safety: the database is created 0600 (an existing file, or its
@@ -41,10 +41,11 @@ symlink); its directory must not be group- or world-writable.
 
 The package's parts: the row types and errors (:mod:`.records`, re-exported
 here), the schema (:mod:`.migrations`), the SQL text shared by the store's
-modules and the chunk log (:mod:`.sql`), one module per engine behind :class:`.engine.Db`
-(:mod:`.sqlite`: opening the file, its pre-flight :func:`check_store_file`;
-:mod:`.postgres`), an action's creation with its idempotency reservation
-(:mod:`.creation`), dispatch leases and their fencing tokens (:mod:`.leases`), the cross-host ``NOTIFY``
+modules (:mod:`.sql`), the engines in their own sub-package: one module per engine behind
+:class:`.engines.engine.Db` (:mod:`.engines.sqlite`: opening the file, its pre-flight
+:func:`check_store_file`; :mod:`.engines.postgres`), an action's creation with its idempotency reservation
+(:mod:`.creation`), dispatch leases and their fencing tokens (:mod:`.leases`), an action's
+append-only records: the chunk log, usage and receipts (:mod:`.ledger`), the cross-host ``NOTIFY``
 (:mod:`.notify`), and the approval methods (:mod:`.approvals`, the store's
 base class). No other host module runs SQL.
 
@@ -69,10 +70,12 @@ from ..actions.lifecycle import ActionState, is_terminal
 from . import notify
 from .approvals import ApprovalMethods
 from .creation import create_now, start_state
-from .engine import Db
+from .engines.engine import Db
+from .engines.postgres import CallGuard, PostgresDb, StoreTimeouts, is_postgres_url, open_postgres_pool
+from .engines.sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
 from .leases import LeaseMethods
+from .ledger import LedgerMethods, seal_now
 from .migrations import MIGRATIONS, migrate
-from .postgres import CallGuard, PostgresDb, StoreTimeouts, is_postgres_url, open_postgres_pool
 from .records import (
     DISPATCH_RANK,
     ActionRecord,
@@ -85,15 +88,17 @@ from .records import (
     InvalidCursor,
     LeaseLost,
     MissingTarget,
+    Seal,
+    SealedRows,
     StoreError,
     StoreLocked,
     StoreUnavailable,
     UnusableStore,
+    UsageTotal,
     ms_to_rfc3339,
     rfc3339_to_ms,
 )
-from .sql import ACTION_COLUMNS, GET_ACTION, LIST_CHUNKS, action_update, append_now
-from .sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
+from .sql import ACTION_COLUMNS, GET_ACTION, action_update
 
 __all__ = [
     "MIGRATIONS",
@@ -110,6 +115,9 @@ __all__ = [
     "ApprovalPage",
     "ApprovalEvent",
     "ChunkRecord",
+    "Seal",
+    "SealedRows",
+    "UsageTotal",
     "StoreUnavailable",
     "LeaseLost",
     "check_location",
@@ -137,10 +145,11 @@ PROBE_FRESH_S = 0.5
 _T = TypeVar("_T")
 
 
-class Store(ApprovalMethods, LeaseMethods):
+class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
     """Named async methods over the host database. Open with :meth:`open`.
 
-    The approval methods (and the approval event log) are in :mod:`.approvals`.
+    The approval methods (and the approval event log) are in :mod:`.approvals`, the dispatch leases in
+    :mod:`.leases`, the chunk log, usage and receipts in :mod:`.ledger`.
     """
 
     def __init__(
@@ -183,7 +192,7 @@ class Store(ApprovalMethods, LeaseMethods):
     ) -> Store:
         """Open the store: a SQLite file (check the location, create it 0600 if missing, connect) or a
         ``postgresql://`` URL (a pool of ``pool_size`` connections, one per worker thread, each session
-        bounded by ``timeouts``: :class:`~.postgres.StoreTimeouts`); then apply the migrations the
+        bounded by ``timeouts``: :class:`~.engines.postgres.StoreTimeouts`); then apply the migrations the
         database lacks.
 
         Raises:
@@ -362,6 +371,7 @@ class Store(ApprovalMethods, LeaseMethods):
         now: int | None = None,
         durable: bool = True,
         result: tuple[str, str] | None = None,
+        seal: Seal | None = None,
     ) -> tuple[bool, ActionRecord]:
         """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
 
@@ -387,6 +397,7 @@ class Store(ApprovalMethods, LeaseMethods):
                 key-less read answered inline); the row is inserted in its
                 final state: a terminal status the lifecycle allows after
                 ``status`` (``running``). ValueError otherwise.
+            seal: with ``result``: what the result leaves, written with a created row (:func:`.ledger.seal_now`).
 
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
@@ -406,7 +417,7 @@ class Store(ApprovalMethods, LeaseMethods):
         row = (*request, *state, now, now, *self._lease_for(status))
         reserve = None if idempotency_key is None or key_expires_at is None else (idempotency_key, key_expires_at)
         created, record = await self._run(
-            self._write_now, durable, lambda: create_now(self._db, row, reservation=reserve, target=target)
+            self._write_now, durable, lambda: create_now(self._db, row, reservation=reserve, target=target, seal=seal)
         )
         if created:
             self._hold(record)
@@ -431,6 +442,7 @@ class Store(ApprovalMethods, LeaseMethods):
         durable: bool = True,
         settle_dispatch: bool = False,
         replacing: str | None = None,
+        seal: Seal | None = None,
     ) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
@@ -442,12 +454,17 @@ class Store(ApprovalMethods, LeaseMethods):
         "may have reached the sidecar"). None-valued fields keep their stored value.
         ``replacing``: only while the stored ``result_json`` is exactly this
         (a correction of a provisional result: a concurrent correction wins).
+        ``seal``: what the result leaves, written in the same transaction (:func:`.ledger.seal_now`).
+        When this host holds the action's dispatch lease, the write (with what the result leaves) applies
+        only while its fencing token is current (:mod:`.leases`).
 
         Returns:
             The updated record when the row changed, else None.
 
         Raises:
             ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
+            LeaseLost: this host held the action's lease and another host took it: nothing was written
+                (the result, its usage and receipt included).
         """
         update = action_update(
             tenant,
@@ -465,14 +482,23 @@ class Store(ApprovalMethods, LeaseMethods):
         fence, fence_params = self._fenced(tenant, action_id)
         if fence:  # this host holds the lease: the write applies only while its token is current
             update = (update[0].replace(" RETURNING ", f"{fence} RETURNING ", 1), (*update[1], *fence_params))
-        record: ActionRecord | None = await self._run(
-            self._write_now, durable, lambda: self._update_now(update, fenced=bool(fence))
-        )
+        fenced = bool(fence)
+        record: ActionRecord | None
+        if seal is None:
+            record = await self._run(self._write_now, durable, lambda: self._update_now(update, fenced=fenced))
+        else:  # the result and what it leaves in one transaction, under the same fence
+            record = await self._run(
+                self._write_now,
+                durable,
+                lambda: self._transaction_now(lambda: self._update_now(update, seal, fenced=fenced)),
+            )
         if record is not None and is_terminal(record.status):
             self._tokens.pop((tenant, action_id), None)  # no lease once it has ended
         return record
 
-    def _update_now(self, update: tuple[str, tuple[Any, ...]], *, fenced: bool = False) -> ActionRecord | None:
+    def _update_now(
+        self, update: tuple[str, tuple[Any, ...]], seal: Seal | None = None, *, fenced: bool = False
+    ) -> ActionRecord | None:
         rows = self._fetch_now(*update)
         if not rows:
             if fenced:
@@ -480,6 +506,8 @@ class Store(ApprovalMethods, LeaseMethods):
                 self._check_fence_now(tenant, action_id)
             return None
         record = ActionRecord(*rows[0])
+        if seal is not None:
+            record = seal_now(self._db, record, seal)
         notify.send(self._db, record.tenant, record.action_id)  # a shared store's followers: at the commit
         return record
 
@@ -518,56 +546,3 @@ class Store(ApprovalMethods, LeaseMethods):
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE status = 'pending_approval' ORDER BY created_at"
         )
         return [ActionRecord(*row) for row in rows]
-
-    # --- chunks ---
-
-    async def append_chunks(
-        self,
-        tenant: str,
-        action_id: str,
-        chunks: Sequence[tuple[int, str]],
-        *,
-        dispatch: str | None = None,
-        durable: bool = True,
-    ) -> int:
-        """Append ``(sequence, chunk_json)`` pairs in one transaction; sequences
-        already stored are skipped, and nothing is appended once the action is
-        terminal (a batch of a cancelled dispatch that reaches the store after the
-        canceller's result write, on another pooled connection or another host,
-        is dropped: no chunk ever follows the result). Returns how many were inserted.
-
-        Args:
-            dispatch: also move the action's dispatch forward to this, in the
-                same transaction (never backward; None keeps it).
-            durable: see the module docstring.
-
-        When this host holds the action's dispatch lease, the batch (chunks, count, dispatch) is written
-        only while its fencing token is current.
-
-        Raises:
-            StoreError: the action does not exist (foreign key).
-            LeaseLost: another host took this host's lease on the action; nothing was written.
-            ValueError: an unknown dispatch.
-        """
-        if not chunks:
-            return 0
-        if dispatch is not None and dispatch not in DISPATCH_RANK:
-            raise ValueError(f"unknown dispatch {dispatch!r}")
-        batch = tuple(chunks)
-        fence = self._fenced(tenant, action_id)
-
-        def append() -> int:
-            inserted = append_now(self._db, tenant, action_id, batch, dispatch, fence)
-            if inserted < 0:  # the fence refused the batch
-                self._check_fence_now(tenant, action_id)
-                return 0
-            return inserted
-
-        return await self._run(self._write_now, durable, append)
-
-    async def list_chunks(
-        self, tenant: str, action_id: str, after_sequence: int = -1, limit: int = 1000
-    ) -> list[ChunkRecord]:
-        """Chunks with ``sequence > after_sequence``, ascending, at most ``limit``."""
-        rows = await self._fetch(LIST_CHUNKS, (tenant, action_id, after_sequence, limit))
-        return [ChunkRecord(*row) for row in rows]

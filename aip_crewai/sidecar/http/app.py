@@ -40,18 +40,35 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from aip_crewai.contracts.errors import AipError, AmbiguousFraming, BodyTimeout, Overloaded
+from aip_crewai.contracts.errors import (
+    AipError,
+    AmbiguousFraming,
+    BodyBudgetExhausted,
+    BodyTimeout,
+    Category,
+    Overloaded,
+    RequestHeadTooLarge,
+)
 from aip_crewai.contracts.sidecar import CancelRequest
 from aip_crewai.plumbing.asgi import (
+    BodyBudget,
     BodyDeadline,
+    BoundedHead,
     ClientGone,
     CloseOnUnreadBody,
     InFlightLimit,
     RefuseAmbiguousFraming,
+    ReleaseBodyBudget,
     RequestLog,
     read_bounded,
 )
-from aip_crewai.plumbing.serving import BODY_IDLE_TIMEOUT_S, BODY_TOTAL_TIMEOUT_S, MAX_IN_FLIGHT, PROBE_PATHS
+from aip_crewai.plumbing.serving import (
+    BODY_IDLE_TIMEOUT_S,
+    BODY_TOTAL_TIMEOUT_S,
+    MAX_HEADER_BYTES,
+    MAX_IN_FLIGHT,
+    PROBE_PATHS,
+)
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.errors import (
     ArchiveConfirmationRequired,
@@ -164,20 +181,30 @@ def create_app(
         Route("/runs/{action_id}", get_job, methods=["GET"]),
         Route("/runs/{action_id}/cancel", cancel_job, methods=["POST"]),
     ]
-    return Starlette(
+    # Without a token every body is read unauthenticated: all of them share one budget (README "Security").
+    budget = BodyBudget(settings.body_budget_bytes, BodyBudgetExhausted)
+    app = Starlette(
         routes=routes,
         middleware=[
             Middleware(CloseOnUnreadBody),
             Middleware(RequestLog, probe_paths=PROBE_PATHS),
+            Middleware(
+                BoundedHead,
+                limit_bytes=MAX_HEADER_BYTES,
+                reject=lambda: _refusal(RequestHeadTooLarge(MAX_HEADER_BYTES)),
+            ),
             Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: _refusal(Overloaded(MAX_IN_FLIGHT))),
             Middleware(RefuseAmbiguousFraming, reject=lambda: _refusal(AmbiguousFraming())),
             Middleware(BearerAuth, token=settings.token),
             Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S, timed_out=BodyTimeout),
+            Middleware(ReleaseBodyBudget, budget=budget),
             Middleware(ClientGone),
         ],
         exception_handlers={AipError: aip_error, HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
+    app.state.body_budget = budget if settings.token is None else None
+    return app
 
 
 async def recover(journal: Journal) -> None:
@@ -241,6 +268,12 @@ def _runtime(request: Request) -> Runtime:
     return runtime
 
 
+def _body_budget(request: Request) -> BodyBudget | None:
+    """The budget of bodies read unauthenticated: set only when the sidecar serves without a token."""
+    budget: BodyBudget | None = request.app.state.body_budget
+    return budget
+
+
 async def health(request: Request) -> Response:
     return JSONResponse(_runtime(request).health())
 
@@ -248,7 +281,9 @@ async def health(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     from aip_crewai.sidecar.http.metrics import CONTENT_TYPE
 
-    return Response(_runtime(request).render_metrics(), headers={"Content-Type": CONTENT_TYPE})
+    budget = _body_budget(request)
+    gauges = {"unauthenticated_body_bytes": budget.used_bytes} if budget is not None else None
+    return Response(_runtime(request).render_metrics(gauges), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def post_job(request: Request, body: bytes | None = None) -> Response:
@@ -357,8 +392,13 @@ def _admission_headers(request: Request) -> dict[str, str | None]:
 
 
 async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes (never buffered beyond it)."""
-    return await read_bounded(request, limit, _too_large)
+    """The request body, refused with 413 past ``limit`` bytes (never buffered beyond it); without a token,
+    within the budget of bodies being read (503 past it), given back once the body is read."""
+    budget = _body_budget(request)
+    body = await read_bounded(request, limit, _too_large, budget=budget)
+    if budget is not None:
+        budget.release(request.scope)
+    return body
 
 
 def _too_large(limit: int) -> RequestTooLarge:
@@ -448,7 +488,9 @@ async def aip_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, AipError):  # registered for AipError only
         raise exc
     body = {**exc.details, "detail": exc.message}
-    return JSONResponse(body, status_code=exc.status)
+    if exc.category is Category.TEMPORARY:  # a refusal that says "try later" names itself (sidecar.crew_busy)
+        body["code"] = exc.code
+    return JSONResponse(body, status_code=exc.status, headers=_retry_after(exc))
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -459,8 +501,12 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 def _refusal(exc: AipError) -> Response:
     """The sidecar's error response for a refusal made by middleware (before routing)."""
-    headers = {"Retry-After": str(max(1, exc.retry_after_ms // 1000))} if exc.retry_after_ms else None
-    return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
+    return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=_retry_after(exc))
+
+
+def _retry_after(exc: AipError) -> dict[str, str] | None:
+    """``Retry-After`` (whole seconds, at least 1) of a retryable refusal, else None."""
+    return {"Retry-After": str(max(1, exc.retry_after_ms // 1000))} if exc.retry_after_ms else None
 
 
 async def server_error(request: Request, exc: Exception) -> Response:

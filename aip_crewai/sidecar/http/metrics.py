@@ -37,6 +37,7 @@ _HELP = {
     "active_runs": ("gauge", "Jobs admitted and not yet terminal."),
     "retained_runs": ("gauge", "Non-archived jobs in the journal."),
     "max_retained_runs": ("gauge", "Retained-run limit."),
+    "unauthenticated_body_bytes": ("gauge", "Bytes of request bodies being read without a token (budget use)."),
 }
 
 

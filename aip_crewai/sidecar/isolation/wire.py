@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 
 from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
+from aip_crewai.sidecar.isolation.sandbox import SandboxPlan
 
 #: Frame header: payload length, bytes, unsigned big-endian.
 HEADER = struct.Struct("!I")
@@ -58,12 +59,14 @@ class Boot(msgspec.Struct, frozen=True):
         state_dir: the sidecar state directory (CrewAI storage under it).
         log_json: JSON log lines (else the console renderer).
         log_level: ``debug``/``info``/``warning``/``error``.
+        sandbox: what the worker does to itself after its fork (``isolation/sandbox.py``); None: nothing.
     """
 
     registry: str
     state_dir: str
     log_json: bool
     log_level: str
+    sandbox: SandboxPlan | None = None
 
 
 class Start(msgspec.Struct, frozen=True, tag="start"):

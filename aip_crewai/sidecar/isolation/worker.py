@@ -57,6 +57,7 @@ import msgspec
 import structlog
 
 from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
+from aip_crewai.sidecar.isolation.sandbox import Confinement
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Boot,
@@ -143,6 +144,7 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
     threads = _fork_server_threads()
     if threads:  # forked from a multi-threaded process: a lock another thread held stays held here
         _send_and_exit(channel, Refused(threads), BOOT_FAILED_STATUS)
+    confinement = _confine(boot)
     try:
         registry = _boot(boot)
     except BaseException as exc:  # noqa: BLE001 - report the type only, never the text
@@ -164,7 +166,7 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
     if not isinstance(start, Start):
         _exit(PROTOCOL_STATUS)
     channel.bound = frame_bound(start.max_event_bytes)
-    outcome = run_job(registry, start, channel)
+    outcome = run_job(registry, start, channel, confinement)
     try:
         channel.send(outcome)
     except OSError:
@@ -190,6 +192,7 @@ def describe(sock: socket.socket, boot_data: bytes) -> None:
     threads = _fork_server_threads()
     if threads:  # forked from a multi-threaded process: refuse before importing anything
         _send_and_exit(channel, Refused(threads), BOOT_FAILED_STATUS)
+    _confine(boot)  # the registry's import-time code and the preflight's crews run confined too
     _prepare(boot)
     from aip_crewai.sidecar.crewai_env import import_crewai
     from aip_crewai.sidecar.registry import RegistryError, load_registry
@@ -230,10 +233,23 @@ def _fork_server_threads() -> list[str]:
     return list(getattr(preload, "FORK_SERVER_THREADS", []))
 
 
+def _confine(boot: Boot) -> Confinement:
+    """The worker sandbox's boot step (user drop, Landlock layer 1: ``isolation/sandbox.py``), before
+    anything of the registry is imported; a failure ends the process (its log line says why)."""
+    confinement = Confinement(boot.sandbox)
+    try:
+        confinement.enter_boot()
+    except (OSError, ValueError) as exc:
+        log.error("worker_sandbox_failed", pid=os.getpid(), error_type=type(exc).__name__, error=str(exc))
+        _exit(BOOT_FAILED_STATUS)
+    return confinement
+
+
 def _prepare(boot: Boot) -> None:
     """Signals, logging, stdout and CrewAI's environment, as the sidecar has them."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a drain is the sidecar's (systemctl kill may reach us too)
     from aip_crewai.plumbing.log import configure_logging
     from aip_crewai.sidecar.crewai_env import capture_crewai_prints, prepare_crewai_environment
 
@@ -261,8 +277,14 @@ def _boot(boot: Boot) -> dict[str, Any]:
     return registry
 
 
-def run_job(registry: dict[str, Any], start: Start, channel: Channel) -> Done | Failed:
+def run_job(
+    registry: dict[str, Any], start: Start, channel: Channel, confinement: Confinement | None = None
+) -> Done | Failed:
     """Run ``start``'s job on a fresh event loop; return the message that reports its end.
+
+    The job's sandbox layer (``confinement.enter_job``: only its own namespace and training
+    directories of all tenants') is entered first; a refusal fails the job ``SandboxFailed`` before
+    any effect.
 
     Source: ARCHITECTURE.md §4 (outputs, failed events), §5 (isolation).
     """
@@ -272,6 +294,10 @@ def run_job(registry: dict[str, Any], start: Start, channel: Channel) -> Done | 
         return Failed(
             "CrewNotFound", f"crew {start.crew_id!r} is not in this worker's registry", before_any_effect=True
         )
+    if confinement is not None:
+        failed = _enter_job(confinement, start)
+        if failed is not None:
+            return failed
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     chunks = _ChunkSender(channel, max(0, start.max_events - 2), start.max_event_bytes)
@@ -318,6 +344,24 @@ def run_job(registry: dict[str, Any], start: Start, channel: Channel) -> Done | 
             dropped=chunks.dropped,
         )
     return Done(output, list(ctx.run_state.items()), chunks.dropped)
+
+
+def _enter_job(confinement: Confinement, start: Start) -> Failed | None:
+    """The job's sandbox layer for its tenant and crew; a ``SandboxFailed`` failure when refused."""
+    from aip_crewai.sidecar.operations.knowledge_query import namespace_storage_dir
+    from aip_crewai.sidecar.tenancy import namespace_key, tenant_dir_name
+
+    training = os.path.join(start.training_dir, tenant_dir_name(start.tenant)) if start.training_dir else None
+    try:
+        confinement.enter_job(str(namespace_storage_dir(namespace_key(start.tenant, start.crew_id))), training)
+    except OSError as exc:
+        log.error("worker_sandbox_failed", action_id=start.action_id, error_type=type(exc).__name__)
+        return Failed(
+            "SandboxFailed",
+            f"the job's worker could not confine itself to its tenant's files ({type(exc).__name__})",
+            before_any_effect=True,
+        )
+    return None
 
 
 def _read(

@@ -84,6 +84,8 @@ class JobRecord:
     archived: bool
     created_at: int
     updated_at: int
+    #: Imported from a reference journal (``aip-crewai journal import``): never answered to an admission.
+    imported: bool = False
 
 
 class EventRow(msgspec.Struct, frozen=True):

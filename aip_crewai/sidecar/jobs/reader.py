@@ -56,7 +56,8 @@ class JobReader:
         """``GET /jobs/{id}``: ``{action_id, crew_id, operation, status, event_count,
         output}`` plus ``error`` (failed), ``provider_stop_observed`` (cancelled,
         or known), ``uncertain_outcome`` (cancelled: true until the stop is
-        confirmed), ``dropped_events`` (when > 0)."""
+        confirmed), ``dropped_events`` (when > 0), ``imported: true`` (a job ``journal import`` brought
+        from a reference journal)."""
         record, live = await self.record(action_id)
         status, count = (live.status, live.next_sequence) if live is not None else (record.status, record.event_count)
         view: dict[str, Any] = {
@@ -77,6 +78,8 @@ class JobReader:
         dropped = live.dropped if live is not None else record.dropped_events
         if dropped:
             view["dropped_events"] = dropped
+        if record.imported:
+            view["imported"] = True
         return view
 
     async def page(

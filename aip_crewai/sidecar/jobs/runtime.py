@@ -49,6 +49,7 @@ Source: ARCHITECTURE.md §4, §5 (limits).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Coroutine, Mapping
@@ -63,6 +64,7 @@ from aip_crewai.contracts.operations import get as operation_spec
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.errors import (
     CrewBusy,
+    Draining,
     JobNotCancellable,
     JobNotFound,
     JobStillRunning,
@@ -73,6 +75,7 @@ from aip_crewai.sidecar.errors import (
     TaskRunNotFound,
 )
 from aip_crewai.sidecar.http.metrics import Metrics
+from aip_crewai.sidecar.isolation.sandbox import report as sandbox_report
 from aip_crewai.sidecar.jobs.admission import Admission, check_request
 from aip_crewai.sidecar.jobs.context import TASK_CANCELLED_OPERATIONS, JobCancelled, JobContext
 from aip_crewai.sidecar.jobs.live import LiveJob, chunk_row, event_row
@@ -127,6 +130,7 @@ class Runtime:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._draining = False
         self._admission_write_failed_at: float | None = None  # monotonic s of the last failed admission write
         self.metrics = Metrics()
         self._state_dir = settings.state_dir or (settings.journal.parent if settings.journal else Path.cwd())
@@ -146,7 +150,8 @@ class Runtime:
         CrewBusy (409: memory_reset beside another job of its tenant and crew, see
         :meth:`_check_crew_free`),
         RequestConflict (409), TaskRunNotFound (422), JournalFull /
-        JournalWriteFailed (507), ShuttingDown (503).
+        JournalWriteFailed (507), ShuttingDown (503), Draining (503, a new job while
+        :meth:`drain` runs).
         """
         if self._closing:
             raise ShuttingDown()
@@ -164,6 +169,8 @@ class Runtime:
         if existing is not None:
             self._repeat(existing, adm)
             return adm
+        if self._draining:
+            raise Draining()
         if adm.operation == "replay":
             task_id = adm.input["task_id"]
             if await self.journal.find_task_run(adm.crew_id, task_id, tenant_of(adm.action_id)) is None:
@@ -214,6 +221,11 @@ class Runtime:
             )
 
     def _repeat(self, record: JobRecord, adm: Admission) -> None:
+        if record.imported:  # its output was never produced here: never answered to a governed action
+            raise RequestConflict(
+                f"action id {adm.action_id!r} names a job imported from a reference journal; "
+                "it is never admitted or answered again (use a new action id)"
+            )
         if record.request_hash != adm.request_hash:
             raise RequestConflict(f"action id {adm.action_id!r} was already admitted with a different request")
         if record.archived:
@@ -455,7 +467,13 @@ class Runtime:
         """``GET /health`` body (ARCHITECTURE.md §4)."""
         s = self.settings
         return {
-            "status": "stopping" if self._closing else "degraded" if self._degraded() else "ready",
+            "status": "stopping"
+            if self._closing
+            else "draining"
+            if self._draining
+            else "degraded"
+            if self._degraded()
+            else "ready",
             "crews": sorted(self.crews),
             "active_runs": sum(1 for live in self._live.values() if not live.closed),
             "retained_runs": self.journal.retained_runs,
@@ -468,6 +486,9 @@ class Runtime:
             "crew_inputs": self.crew_inputs,
             "sse_keepalive_seconds": s.sse_keepalive_seconds,
             "cancellable_operations": sorted(op for op in s.operations if operation_spec(op).cancel),
+            "worker_sandbox": msgspec.to_builtins(
+                sandbox_report(isolation=s.isolation, sandbox=s.worker_sandbox, euid=os.geteuid())
+            ),
         }
 
     def _degraded(self) -> bool:
@@ -477,15 +498,25 @@ class Runtime:
         recent = failed_at is not None and time.monotonic() - failed_at < RECENT_WRITE_FAILURE_SECONDS
         return bool(len(self.backlog)) or not self.journal.still_at_path() or recent
 
-    def render_metrics(self) -> str:
-        """``GET /metrics`` body (Prometheus text, see :mod:`metrics`)."""
+    def render_metrics(self, gauges: Mapping[str, int] | None = None) -> str:
+        """``GET /metrics`` body (Prometheus text, see :mod:`metrics`), with the HTTP layer's ``gauges``."""
         return self.metrics.render(
             {
                 "active_runs": sum(1 for live in self._live.values() if not live.closed),
                 "retained_runs": self.journal.retained_runs,
                 "max_retained_runs": self.settings.max_retained_runs,
+                **(gauges or {}),
             }
         )
+
+    async def drain(self) -> None:
+        """Stop admitting new jobs (503 ``sidecar.draining`` before admission: a host places the job on
+        another sidecar of its crew, or retries it) while repeats of admitted ones are still answered, and
+        return once every admitted job has ended, however long that takes (a rolling upgrade loses no run;
+        a SIGTERM meanwhile still stops with its grace). README "Draining a sidecar"."""
+        self._draining = True
+        while pending := [t for t in self._tasks.values() if not t.done()]:
+            await asyncio.wait(pending)
 
     async def shutdown(self, grace_seconds: float) -> None:
         """Stop admitting (503), let jobs finish within ``grace_seconds``, then

@@ -32,7 +32,7 @@ __all__ = [
 
 JOB_COLUMNS = (
     "action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, status, event_count, output, "
-    "error, dropped_events, provider_stop_observed, archived, created_at, updated_at"
+    "error, dropped_events, provider_stop_observed, archived, created_at, updated_at, imported"
 )
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE action_id = ?"
 INSERT_EVENTS = "INSERT INTO events VALUES (?, ?, ?, ?)"
@@ -73,6 +73,7 @@ def job_record(row: Sequence[Any]) -> JobRecord:
         archived=bool(row[12]),
         created_at=row[13],
         updated_at=row[14],
+        imported=bool(row[15]),
     )
 
 

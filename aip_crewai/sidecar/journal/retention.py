@@ -88,7 +88,8 @@ def insert_imported(conn: sqlite3.Connection, jobs: Sequence[ImportedJob]) -> tu
             continue
         conn.execute(
             "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, "
-            "status, event_count, output, error, created_at, updated_at) VALUES (?, ?, ?, ?, '', NULL, ?, ?, ?, ?, ?, ?)",
+            "status, event_count, output, error, created_at, updated_at, imported) "
+            "VALUES (?, ?, ?, ?, '', NULL, ?, ?, ?, ?, ?, ?, 1)",
             (
                 job.action_id,
                 job.crew_id,

@@ -76,4 +76,7 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (action_id, result_index)
     );
     """,
+    # 6: jobs imported from a reference journal are marked (their view says so; an admission naming
+    # one is refused: README "Migrating from the reference sidecar"); rows written before are not
+    "ALTER TABLE jobs ADD COLUMN imported INTEGER NOT NULL DEFAULT 0;",
 )

@@ -115,6 +115,8 @@ def _make_sink(ctx: JobContext) -> Any:
                 return
             data = chunk_data(event)
             if data is not None:
+                if "batch_item" in ctx.extra:  # batch_run: which item the chunk belongs to
+                    data["batch_item"] = ctx.extra["batch_item"]
                 ctx.emit_chunk(data)
         except Exception as exc:  # the sink must never raise into CrewAI
             try:
@@ -133,7 +135,8 @@ def chunk_data(event: Any) -> dict[str, Any] | None:
             ``agent_role``).
 
     Returns:
-        ``{"content", "channel", "task_id"?, "agent_role"?}``; channel ``tools``
+        ``{"content", "channel", "task_id"?, "agent_role"?}`` (the job's sink adds
+        ``batch_item``, the item's index, to a ``batch_run`` chunk); channel ``tools``
         when the chunk is part of a native tool call (content: the arguments
         fragment, or the tool name when the fragment is empty); ``llm`` for an
         agent's answer to its task; :data:`INTERNAL_CHANNEL` for a model call

@@ -8,7 +8,8 @@ used: its per-item ``Crew.copy()`` shallow-copies the LLM objects, so the
 items would share, and double count, token usage). Items run sequentially: a
 failing item stops the batch with its exception and no sibling is left
 running; cancelling the job cancels the item in flight (see ``run``). Chunks of
-all items go to this job, each carrying its own ``task_id``.
+all items go to this job, each carrying its own ``task_id`` and ``batch_item``
+(the item's index in ``inputs``, from 0).
 
 Source: ARCHITECTURE.md §3 (batch_run input), §4 (outputs), §5 (never share one
 Crew object between batch items).
@@ -45,6 +46,7 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
         raise ValueError("batch_run input 'inputs' must be a non-empty array of objects")
     results = []
     for index, item in enumerate(items):
+        ctx.extra["batch_item"] = index  # each chunk names its item (``_common.chunk_data``'s ``batch_item``)
         crew = await new_job_crew(source, ctx)
         ctx.run_state[index] = {"inputs": dict(item), "fingerprint": crew_fingerprint(crew)}
         output = await kickoff(crew, item, ctx)

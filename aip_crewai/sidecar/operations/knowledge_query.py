@@ -25,7 +25,7 @@ metadata, score}``) each passed through ``to_bounded_json``; CrewAI's None
   of the storage dir (``<storage>/memory``; ``crew.py::create_crew_memory``).
   Inside the same namespace every ``Memory`` built with the default
   ``storage="lancedb"`` gets its own LanceDB directory
-  ``<storage>/namespaces/<32 hex of the namespace>/memory`` through CrewAI's
+  ``<state dir>/namespaces/<32 hex of the namespace>/memory`` through CrewAI's
   memory-storage factory (``memory/storage/factory.py``), so two tenants
   routed to one crew never recall, nor reset, each other's memories. A
   ``Memory`` object the registry module built outside any job (a module
@@ -50,6 +50,7 @@ from crewai.knowledge.storage.knowledge_storage import KnowledgeStorage
 from crewai.memory.storage import factory as memory_factory
 from crewai_core.paths import db_storage_path
 
+from aip_crewai.sidecar.crewai_env import namespaces_dir
 from aip_crewai.sidecar.jobs.context import JobContext, SafeJobError
 from aip_crewai.sidecar.operations._common import job_scope, to_bounded_json
 from aip_crewai.sidecar.operations.startup.crew_checks import KNOWLEDGE_UNAVAILABLE, strict_search
@@ -59,18 +60,19 @@ from aip_crewai.sidecar.tenancy import DEFAULT_TENANT, namespace_key, private_co
 _namespace: contextvars.ContextVar[str | None] = contextvars.ContextVar("aip_crewai_knowledge_namespace", default=None)
 _previous_factory: Any = None
 _previous_memory_factory: Any = None
-#: Directory under CrewAI's storage dir holding one directory per (tenant, crew) namespace.
-NAMESPACES_DIR = "namespaces"
 
 
 def namespace_storage_dir(namespace: str) -> Path:
-    """CrewAI-storage directory private to one namespace (created 0700 on use).
+    """Directory private to one namespace (created 0700 on use): its memory, and a job's ``TMPDIR``.
+
+    Beside CrewAI's storage (``<state dir>/crewai``), not in it: a worker is granted the shared storage
+    and only its own namespace directory (``isolation/sandbox.py``).
 
     Returns:
-        ``<CrewAI storage dir>/namespaces/<32 hex of sha256(namespace)>``.
+        ``<state dir>/namespaces/<32 hex of sha256(namespace)>``.
     """
     digest = hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:32]
-    return Path(db_storage_path()) / NAMESPACES_DIR / digest
+    return namespaces_dir(Path(db_storage_path()).parent) / digest
 
 
 class JobKnowledgeStorage(KnowledgeStorage):

@@ -174,10 +174,10 @@ function renderQueue() {
     item.setAttribute("aria-selected", String(state.selected === approval.request.id));
     const cap = document.createElement("div");
     cap.className = "cap";
-    cap.textContent = approval.request.capability_id;
+    setFaithful(cap, approval.request.capability_id);
     const meta = document.createElement("div");
     meta.className = "muted";
-    meta.textContent = `${approval.request.requester.id} · ${timeLeft(approval.request.expires_at)} left`;
+    setFaithful(meta, `${approval.request.requester.id} · ${timeLeft(approval.request.expires_at)} left`);
     item.append(cap, meta);
     item.addEventListener("click", () => select(approval.request.id));
     return item;
@@ -189,6 +189,7 @@ function renderQueue() {
 async function refreshApproval(approvalId) {
   try {
     const view = await api("GET", `${API}/approvals/${encodeURIComponent(approvalId)}`);
+    view.found = await displayFindings(view);
     state.approvals.set(approvalId, view);
   } catch (err) {
     if (err instanceof ApiError && err.status === 404) state.approvals.delete(approvalId);
@@ -234,6 +235,106 @@ function watchApprovals() {
     .catch((err) => { $("live").textContent = "no live events"; showError(err); });
 }
 
+// ---------------------------------------------------------------- faithful display
+// A code point a person would misread (a bidi control, an invisible, control or odd space character, a
+// look-alike letter) is drawn as its \u202e-style marker, highlighted, never as itself. The host lists
+// them per JSON path for an approval's input (GET .../display, aip_crewai/contracts/display.py: look-alike
+// and mixed-script letters come only from that list); `misread` is the same character classes again, a
+// safety net for text the host does not list (ids, chunks, results). README "The approval flow".
+const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/u;
+const BLANK = /[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\uffa0\ufe00-\ufe0f\u{e0100}-\u{e01ef}]/u;
+const OTHER = /[\p{Cf}\p{Cc}\p{Cs}\p{Zs}\p{Zl}\p{Zp}]/u;
+
+function misread(ch) {
+  if (ch === " " || ch === "\t" || ch === "\n" || ch === "\r") return false;
+  return BIDI.test(ch) || BLANK.test(ch) || OTHER.test(ch);
+}
+
+function marker(ch) {
+  let out = "";
+  for (let i = 0; i < ch.length; i++) out += "\\u" + ch.charCodeAt(i).toString(16).padStart(4, "0");
+  return out;  // the JSON escape: a surrogate pair above U+FFFF, as the host and the CLI write it
+}
+
+// Append `text` to `parent`, each flagged code point (offsets in code points, or `misread`) as a <mark>;
+// `json`: write the rest as the inside of a JSON string literal. Returns how many were marked.
+function appendFaithful(parent, text, offsets, json) {
+  let run = "";
+  let marked = 0;
+  let i = 0;
+  for (const ch of String(text)) {
+    if ((offsets && offsets.has(i)) || misread(ch)) {
+      if (run) parent.append(run);
+      run = "";
+      const mark = document.createElement("mark");
+      mark.className = "cp";
+      mark.textContent = marker(ch);
+      mark.title = "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+      parent.append(mark);
+      marked++;
+    } else {
+      run += json ? JSON.stringify(ch).slice(1, -1) : ch;
+    }
+    i++;
+  }
+  if (run) parent.append(run);
+  return marked;
+}
+
+function setFaithful(element, text) {
+  element.replaceChildren();
+  return appendFaithful(element, text, null, false);
+}
+
+// The JSON path of a child, exactly as the host writes it (display.child_path).
+function childPath(path, step) {
+  if (typeof step === "number") return `${path}[${step}]`;
+  return /^[A-Za-z_][A-Za-z0-9_]*$/.test(step) ? `${path}.${step}` : `${path}[${JSON.stringify(step)}]`;
+}
+
+// Render a JSON value into `parent` (JSON.stringify's layout), strings isolated (bidi) and faithful.
+// `found`: Map of "path" / "key:path" to a Set of offsets. Returns how many code points were marked.
+function renderJson(parent, value, found, path = "$", indent = "") {
+  const string = (text, offsets) => {
+    const span = document.createElement("span");
+    span.className = "s";
+    span.append('"');
+    const marked = appendFaithful(span, text, offsets, true);
+    span.append('"');
+    parent.append(span);
+    return marked;
+  };
+  if (typeof value === "string") return string(value, found.get(path));
+  if (value === null || typeof value !== "object") { parent.append(JSON.stringify(value)); return 0; }
+  const entries = Array.isArray(value) ? value.map((v, i) => [i, v]) : Object.entries(value);
+  const [open, close] = Array.isArray(value) ? ["[", "]"] : ["{", "}"];
+  if (!entries.length) { parent.append(open + close); return 0; }
+  let marked = 0;
+  parent.append(open);
+  entries.forEach(([step, child], n) => {
+    const at = childPath(path, step);
+    parent.append(`\n${indent}  `);
+    if (typeof step === "string") { marked += string(step, found.get("key:" + at)); parent.append(": "); }
+    marked += renderJson(parent, child, found, at, indent + "  ");
+    if (n < entries.length - 1) parent.append(",");
+  });
+  parent.append(`\n${indent}${close}`);
+  return marked;
+}
+
+async function displayFindings(view) {
+  const artifact = (view.request.evidence || []).find((e) => e.kind === "display_findings");
+  const found = new Map();
+  if (!artifact || !view.evidence_payload) return found;
+  const answer = await api("GET", artifact.uri);
+  for (const f of answer.findings || []) {
+    const at = (f.key ? "key:" : "") + f.path;
+    if (!found.has(at)) found.set(at, new Set());
+    found.get(at).add(f.index);
+  }
+  return found;
+}
+
 // ---------------------------------------------------------------- detail
 
 async function select(approvalId) {
@@ -252,17 +353,20 @@ function renderDetail() {
   $("detail-empty").hidden = Boolean(view);
   if (!view) return;
   const request = view.request;
-  $("d-capability").textContent = request.capability_id;
-  $("d-action").textContent = request.action_id;
-  $("d-requester").textContent = request.requester.id;
+  let marked = setFaithful($("d-capability"), request.capability_id);
+  marked += setFaithful($("d-action"), request.action_id);
+  marked += setFaithful($("d-requester"), request.requester.id);
   $("d-risk").textContent = request.risk || "—";
   $("d-policy").textContent = request.policy_hash;
   $("d-left").textContent = view.status === "pending" ? timeLeft(request.expires_at) : "—";
   $("d-status").textContent = view.decision
     ? `${view.status} by ${view.decision.approver.id}${view.decision.reason ? ` (${view.decision.reason})` : ""}`
     : view.status;
-  $("d-input").textContent = view.evidence_payload
-    ? JSON.stringify(view.evidence_payload.input, null, 2) : "(not shown to this principal)";
+  $("d-input").replaceChildren();
+  if (view.evidence_payload) marked += renderJson($("d-input"), view.evidence_payload.input, view.found || new Map());
+  else $("d-input").textContent = "(not shown to this principal)";
+  $("d-warning").hidden = marked === 0;
+  $("d-warning-count").textContent = String(marked);
   $("decide-form").hidden = view.status !== "pending";
 }
 
@@ -296,10 +400,11 @@ function watchRun(actionId) {
     try { envelope = JSON.parse(data); } catch (_) { return undefined; }
     const body = envelope.body || {};
     if (body.stream_chunk && body.stream_chunk.part && body.stream_chunk.part.text) {
-      $("run-chunks").textContent += body.stream_chunk.part.text;
+      appendFaithful($("run-chunks"), body.stream_chunk.part.text, null, false);
     } else if (body.action_result) {
       $("run-status").textContent = body.action_result.status;
-      $("run-result").textContent = JSON.stringify(body.action_result.output ?? body.action_result.error, null, 2);
+      $("run-result").replaceChildren();
+      renderJson($("run-result"), body.action_result.output ?? body.action_result.error ?? null, new Map());
       return "stop";
     } else if (body.error) {
       $("run-status").textContent = "failed";

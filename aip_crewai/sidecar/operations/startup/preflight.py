@@ -68,11 +68,13 @@ class Preflight:
     Attributes:
         problems: ``{crew_id: [code, ...]}`` for crews with a problem (codes
             in the order of the module docstring); others are absent.
-        inputs: ``{crew_id: {"placeholders": [name, ...], "defaults": bool}}``
-            for every crew that could be built: the ``{name}`` placeholders of
-            its tasks' and agents' texts (``Crew.fetch_inputs``), sorted, and
-            whether it has ``before_kickoff_callbacks`` (which may fill
-            missing inputs, so the placeholders are then optional).
+        inputs: ``{crew_id: {"placeholders": [name, ...], "defaults": bool,
+            "memory_domains": [target, ...]}}`` for every crew that could be
+            built: the ``{name}`` placeholders of its tasks' and agents' texts
+            (``Crew.fetch_inputs``), sorted, whether it has
+            ``before_kickoff_callbacks`` (which may fill missing inputs, so the
+            placeholders are then optional), and the ``memory_reset`` targets
+            it has (:func:`memory_domains`).
     """
 
     problems: dict[str, list[str]] = field(default_factory=dict)
@@ -125,13 +127,36 @@ def check(source: CrewSource) -> tuple[list[str], dict[str, Any] | None]:
 
 
 def crew_inputs(crew: Any) -> dict[str, Any]:
-    """``{"placeholders": [name, ...], "defaults": bool}`` of a crew (see :class:`Preflight`)."""
+    """``{"placeholders": [name, ...], "defaults": bool, "memory_domains": [target, ...]}`` of a crew
+    (see :class:`Preflight`)."""
     fetch = getattr(crew, "fetch_inputs", None)
     names = sorted(n for n in (fetch() if callable(fetch) else ()) if 0 < len(n) <= MAX_INPUT_NAME_CHARS)
     return {
         "placeholders": names[:MAX_REPORTED_INPUTS],
         "defaults": bool(getattr(crew, "before_kickoff_callbacks", None)),
+        "memory_domains": memory_domains(crew),
     }
+
+
+def memory_domains(crew: Any) -> list[str]:
+    """The ``memory_reset`` targets a job of this crew would find initialized, in
+    ``memory_reset.TARGETS`` order: ``memory`` (CrewAI memory), ``kickoff_outputs`` (the replay table),
+    ``knowledge`` (crew or agent knowledge declared), ``agent_knowledge`` (an agent declares
+    ``knowledge_sources``: a reset builds it first). Declared sources count even where building them failed
+    (``knowledge_unavailable`` says so): the host refuses only what the crew provably lacks."""
+    agent_knowledge = any(
+        getattr(a, "knowledge", None) is not None or getattr(a, "knowledge_sources", None)
+        for a in getattr(crew, "agents", None) or []
+    )
+    found = {
+        "memory": getattr(crew, "_memory", None) is not None,
+        "kickoff_outputs": getattr(crew, "_task_output_handler", None) is not None,
+        "knowledge": getattr(crew, "knowledge", None) is not None
+        or bool(getattr(crew, "knowledge_sources", None))
+        or agent_knowledge,
+        "agent_knowledge": agent_knowledge,
+    }
+    return [target for target in ("memory", "kickoff_outputs", "knowledge", "agent_knowledge") if found[target]]
 
 
 def _forget(crew_id: str, crew: Any) -> None:

@@ -29,7 +29,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import signal
 from typing import Any
+
+# A drain (SIGUSR1) is the sidecar process's; `systemctl kill` without --kill-whom=main reaches the fork
+# server too, whose default action would end it (and so every worker start).
+try:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+except ValueError:  # imported outside a main thread (a worker's own boot): nothing to protect there
+    pass
 
 try:
     import crewai  # noqa: F401  (the import is the point)

@@ -11,15 +11,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...plumbing.storage import (
+from ....plumbing.storage import (
     acquire_lock,
     database_files,
     directory_problem,
     integrity_problems,
     private_file_problem,
 )
-from .migrations import migrate
-from .records import InsecureStorePath, StoreError, StoreLocked, UnusableStore
+from ..migrations import migrate
+from ..records import InsecureStorePath, StoreError, StoreLocked, UnusableStore
 
 _T = TypeVar("_T")
 

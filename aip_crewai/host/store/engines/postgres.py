@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .migrations import migrate_postgres
-from .records import StoreError, StoreLocked, UnusableStore
+from ..migrations import migrate_postgres
+from ..records import StoreError, StoreLocked, UnusableStore
 
 _T = TypeVar("_T")
 

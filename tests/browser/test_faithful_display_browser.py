@@ -1,0 +1,80 @@
+"""Faithful display in real Chromium: an input holding a right-to-left override and a zero-width space is
+rendered by the approval console with each of those code points as a highlighted ``\\u…`` marker under a
+warning, so the rendered text never reads as the spoofed string (README "The approval flow")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from host_process import TOKENS, start_host
+from playwright.sync_api import expect
+
+from aip_crewai.client import new_id
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(180)]
+
+NOTE = "refund 10 EUR to account \u202e9876-5432\u202c then close"
+USER = "ad\u200bmin"
+
+#: Visual order of the first "9" and the first "2" of "9876-5432" inside an element: their rendered left edges
+#: (a bidi override shows the digits reversed, so the "2" is drawn left of the "9").
+VISUAL_ORDER = """(element) => {
+  const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  const rect = (node, offset) => { const r = document.createRange(); r.setStart(node, offset);
+    r.setEnd(node, offset + 1); return r.getBoundingClientRect().left; };
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const at = node.data.indexOf("9876-5432");
+    if (at >= 0) return { nine: rect(node, at), two: rect(node, at + 8) };
+  }
+  return null;
+}"""
+
+
+@pytest.fixture
+def host(sidecar_factory, tmp_path) -> Any:
+    sidecar = sidecar_factory.start()
+    started = start_host(tmp_path / "host", sidecar.base_url, sidecar.token)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def test_the_console_never_renders_a_spoofed_input_as_the_spoof(host, browser, artifacts) -> None:
+    with host.client("acme-app") as app:
+        pending = app.call(
+            "cap:crewai:echo",
+            {"topic": "t", "note": NOTE, "user": USER},
+            action_id=new_id("act"),
+            idempotency_key=new_id("k"),
+        )
+    assert pending["body"]["action_result"]["status"] == "pending_approval"
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page.goto(f"{host.base_url}/console/")
+    page.fill("#token", TOKENS["acme-approver"])
+    page.click("#sign-in-form button[type=submit]")
+    item = page.locator("#queue li", has_text="cap:crewai:echo")
+    expect(item).to_have_count(1, timeout=20_000)
+    item.click()
+    expect(page.locator("#d-warning")).to_be_visible(timeout=20_000)
+    expect(page.locator("#d-warning-count")).to_have_text("3")
+    shown = page.locator("#d-input")
+    expect(shown.locator("mark.cp")).to_have_count(3)
+    text = shown.inner_text()
+    assert "account \\u202e9876-5432\\u202c then close" in text and "ad\\u200bmin" in text
+    assert "\u202e" not in text and "\u202c" not in text and "\u200b" not in text
+    assert "admin" not in text and "2345-6789" not in text
+    order = shown.evaluate(VISUAL_ORDER)
+    assert order is not None and order["nine"] < order["two"], order  # drawn in the order it runs
+
+    # The measurement does tell a spoofed rendering: the same text put in the page as is reads reversed.
+    raw = page.evaluate(
+        """(note) => { const p = document.createElement("p"); p.id = "raw"; p.textContent = note;
+                       document.body.append(p); return p.id; }""",
+        NOTE,
+    )
+    spoofed = page.locator(f"#{raw}").evaluate(VISUAL_ORDER)
+    assert spoofed is not None and spoofed["two"] < spoofed["nine"], spoofed
+    page.screenshot(path=str(artifacts / "console-faithful-display.png"), full_page=True)
+    page.close()

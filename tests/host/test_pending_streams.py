@@ -1,0 +1,115 @@
+"""A stream opened on a pending action: the ack at ``sse_0`` (reason ``pending_approval``)
+is its only frame while it waits, keep-alives fill the wait, and the decision's chunks and result follow on
+the same connection; a re-POST of the envelope with ``Last-Event-ID`` resumes as the GET route does
+(README "AIP 1.0 conformance": streams)."""
+
+import json
+
+import pytest
+from fake_sidecar import FakeSidecar
+from hostkit import SIDECAR_TOKEN, action_env, bearer, running
+from ssekit import open_stream
+
+from aip_crewai.host.http import routes
+
+CT = {"Content-Type": "application/aip+json"}
+
+
+@pytest.fixture
+async def world(make_app, monkeypatch):
+    monkeypatch.setattr(routes, "KEEPALIVE_S", 0.05)
+    monkeypatch.setattr(routes, "PENDING_POLL_S", 0.01)
+    app = make_app(sidecar_transport=FakeSidecar(SIDECAR_TOKEN).transport())
+    async with running(app) as http:
+        yield app, http
+
+
+def body(action_id: str) -> bytes:
+    return json.dumps(
+        action_env(f"msg_{action_id}", action_id, "cap:crewai:beta", {"topic": "a"}, key=f"k_{action_id}")
+    ).encode()
+
+
+async def post_stream(app, action_id: str, **headers: str):
+    return await open_stream(
+        app, "/aip/v1/messages", {**CT, **bearer("acme-invoker"), **headers}, method="POST", body=body(action_id)
+    )
+
+
+async def decide(http, action_id: str, decision: str) -> None:
+    view = (await http.get(f"/aip/v1/actions/{action_id}", headers=bearer("acme-invoker"))).json()
+    answer = await http.post(
+        f"/aip/v1/approvals/{view['approval_id']}/decision",
+        json={"decision": decision, "reason": "checked"},
+        headers=bearer("acme-both"),
+    )
+    assert answer.status_code == 200, answer.text
+
+
+async def rest(stream) -> list[tuple[str, str | None]]:
+    frames: list[tuple[str, str | None]] = []
+    while True:
+        try:
+            event = await stream.next_event()
+        except EOFError:
+            return frames
+        frames.append((event.event, event.id))
+
+
+async def test_a_pending_stream_stays_open_with_keep_alives_then_carries_the_run(world):
+    app, http = world
+    stream = await post_stream(app, "act_wait")
+    try:
+        ack = await stream.next_event()
+        assert (ack.event, ack.id) == ("ack", "sse_0")
+        assert json.loads(ack.data)["body"]["ack"] == {
+            "action_id": "act_wait",
+            "status": "accepted",
+            "reason": "pending_approval",
+        }
+        await stream.next_comment()
+        await stream.next_comment()  # still waiting: keep-alives, no result
+        assert stream.pending == [] and not stream.ended
+        await decide(http, "act_wait", "approved")
+        frames = await rest(stream)
+        assert frames[-1][0] == "result" and frames[-1][1] is not None
+        assert all(name in ("chunk", "done", "result") for name, _ in frames)
+        assert [ident for _, ident in frames] == [f"sse_{n}" for n in range(1, len(frames) + 1)]
+    finally:
+        await stream.close()
+
+
+async def test_a_denied_pending_stream_ends_with_the_error_and_the_result(world):
+    app, http = world
+    stream = await post_stream(app, "act_deny")
+    try:
+        assert (await stream.next_event()).id == "sse_0"
+        await decide(http, "act_deny", "denied")
+        assert await rest(stream) == [("aip_error", "sse_1"), ("result", "sse_2")]
+    finally:
+        await stream.close()
+
+
+async def test_a_re_post_with_last_event_id_resumes_after_it_as_the_get_route_does(world):
+    app, http = world
+    first = await post_stream(app, "act_again")
+    try:
+        assert (await first.next_event()).id == "sse_0"
+    finally:
+        await first.close()
+    await decide(http, "act_again", "approved")
+    resumed = await post_stream(app, "act_again", **{"Last-Event-ID": "sse_0"})
+    try:
+        frames = await rest(resumed)
+    finally:
+        await resumed.close()
+    got = await open_stream(
+        app, "/aip/v1/actions/act_again/events", {**bearer("acme-invoker"), "Last-Event-ID": "sse_0"}
+    )
+    try:
+        assert frames == await rest(got) and frames[0][0] != "ack" and frames[-1][0] == "result"
+    finally:
+        await got.close()
+    done = await post_stream(app, "act_again", **{"Last-Event-ID": frames[-1][1]})
+    assert done.status == 204  # all delivered: EventSource stops reconnecting
+    await done.close()

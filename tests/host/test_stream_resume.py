@@ -1,0 +1,153 @@
+"""A broken read of a sidecar stream is resumed from the sidecar's journal, never a reason to cancel the job
+(ARCHITECTURE.md §8): a connection reset, a repeated sequence or a stream that ends early leaves the tenant
+every chunk, in order, ending with `done`, and the job untouched."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from fake_sidecar import FakeSidecar
+from hostkit import open_action_service
+
+from aip_crewai.contracts import operations as ops
+from aip_crewai.contracts.aip import Action
+from aip_crewai.host.actions import dispatch
+from aip_crewai.host.auth.principals import Principal
+from aip_crewai.sse import encode_event
+
+INVOKER = Principal("svc:acme", "acme", frozenset({"invoker"}))
+APPROVER = Principal("human:acme", "acme", frozenset({"approver"}))
+CHATTY = 20  # data chunks of the job
+
+
+class BreakingSidecar(FakeSidecar):
+    """A chatty job (started, CHATTY llm chunks, completed) whose first stream breaks as ``fault`` says
+    after ``break_after`` events; every later read of its journal is whole."""
+
+    def __init__(self, fault: str, break_after: int = 7) -> None:
+        super().__init__()
+        self.fault, self.break_after = fault, break_after
+        self.streams = 0
+        self.views_refused = 0  # GET /jobs/{id} answers that fail to connect before one succeeds
+
+    def _admit(self, body: dict[str, Any]) -> Any:
+        job = super()._admit(body)
+        if len(job.events) == 3:
+            done = job.events[-1]
+            chunks = [
+                {"event": "chunk", "sequence": s, "data": {"content": f"c{s}", "channel": "llm"}}
+                for s in range(1, CHATTY + 1)
+            ]
+            job.events = [job.events[0], *chunks, {**done, "sequence": CHATTY + 1}]
+        return job
+
+    def _sse(self, events: list[dict[str, Any]]) -> httpx.Response:
+        self.streams += 1
+        frames = [encode_event(json.dumps(e), event=e["event"], id=str(e["sequence"])) for e in events]
+        if self.streams > 1 or self.fault == "none":
+            return httpx.Response(200, content=b"".join(frames), headers={"content-type": "text/event-stream"})
+        head = frames[: self.break_after]
+        if self.fault == "repeat":
+            again = events[self.break_after - 1]
+            body = (
+                b"".join(head)
+                + encode_event(json.dumps(again), event=again["event"])
+                + b"".join(frames[self.break_after :])
+            )
+            return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+        if self.fault == "early_end":
+            return httpx.Response(200, content=b"".join(head), headers={"content-type": "text/event-stream"})
+
+        async def reset() -> AsyncIterator[bytes]:
+            for piece in head:
+                yield piece
+            raise httpx.ReadError("connection reset by peer")
+
+        return httpx.Response(200, content=reset(), headers={"content-type": "text/event-stream"})
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        parts = request.url.path.split("/")
+        if len(parts) == 3 and parts[1] == "jobs" and request.method == "GET" and self.views_refused > 0:
+            self.views_refused -= 1
+            raise httpx.ConnectError("connection refused", request=request)
+        return super().handle(request)
+
+
+@pytest.fixture
+async def service_with(tmp_path):
+    opened: list[tuple[Any, httpx.AsyncClient]] = []
+
+    async def open_with(sidecar: FakeSidecar) -> Any:
+        service, _, http, _ = await open_action_service(tmp_path, {"acme": {"support": frozenset(ops.OPERATION_NAMES)}})
+        http._transport = sidecar.transport()  # the service's client now talks to this sidecar
+        opened.append((service, http))
+        return service
+
+    yield open_with
+    for service, http in opened:
+        await http.aclose()
+        await service.store.close()
+
+
+async def run_to_end(service: Any) -> tuple[Any, Any, list[Any]]:
+    action = Action(id="r1", capability_id="cap:crewai:support", input={"topic": "x"}, idempotency_key="k-r1")
+    pending = await service.submit(INVOKER, action, None, stream=False)
+    decided = await service.decide(APPROVER, pending.approval_id, "approved", "ok", service.now_ms())
+    assert decided is not None
+    record = await service.wait(await service.get(INVOKER, "r1"), 10)
+    return record, await service.result(record), await service.store.list_chunks("acme", "r1")
+
+
+@pytest.mark.parametrize("fault", ["reset", "repeat", "early_end"])
+async def test_a_broken_stream_is_resumed_from_the_journal_with_every_chunk_and_no_cancel(service_with, fault):
+    sidecar = BreakingSidecar(fault)
+    record, result, chunks = await run_to_end(await service_with(sidecar))
+    assert record.status == "completed" and result.status == "completed", result
+    assert [c.sequence for c in chunks] == list(range(CHATTY + 2))
+    decoded = [json.loads(c.chunk_json) for c in chunks]
+    assert decoded[-1]["kind"] == "done"
+    assert [c["part"]["text"] for c in decoded if c["kind"] == "data"] == [f"c{s}" for s in range(1, CHATTY + 1)]
+    assert sidecar.executions == 1 and sidecar.streams == 2
+    assert not any(r.url.path.endswith("/cancel") for r in sidecar.requests)
+    resumed = [r for r in sidecar.requests if r.url.path == "/jobs/acme:r1/events"]
+    assert [r.url.params["cursor"] for r in resumed] == [str(sidecar.break_after)]
+
+
+async def test_a_job_view_that_cannot_connect_is_retried_before_the_stream_resumes(service_with):
+    sidecar = BreakingSidecar("reset")
+    sidecar.views_refused = 2
+    record, result, chunks = await run_to_end(await service_with(sidecar))
+    assert result.status == "completed" and len(chunks) == CHATTY + 2
+    assert not any(r.url.path.endswith("/cancel") for r in sidecar.requests)
+
+
+async def test_a_sidecar_gone_after_the_break_leaves_the_action_running_for_the_reconciler(service_with, monkeypatch):
+    """No answer within the retry budget: the action stays running (the reconciler follows it), never failed."""
+    monkeypatch.setattr(dispatch, "READ_RETRY_BUDGET_S", 0.0)
+    sidecar = BreakingSidecar("reset")
+    sidecar.views_refused = 1
+    service = await service_with(sidecar)
+    action = Action(id="r1", capability_id="cap:crewai:support", input={"topic": "x"}, idempotency_key="k-r1")
+    pending = await service.submit(INVOKER, action, None, stream=False)
+    await service.decide(APPROVER, pending.approval_id, "approved", "ok", service.now_ms())
+    live = service.live.get("acme", "r1")
+    if live is not None and live.task is not None:
+        await live.task
+    record = await service.store.get_action("acme", "r1")
+    assert record.status == "running"
+    assert not any(r.url.path.endswith("/cancel") for r in sidecar.requests)
+    assert len(await service.store.list_chunks("acme", "r1")) == sidecar.break_after
+
+
+async def test_a_stream_invalid_on_every_read_fails_after_the_bounded_rereads_and_cancels(service_with):
+    sidecar = FakeSidecar()
+    sidecar.stream_override = b'event: started\ndata: {"event":"started","sequence":0,"data":{}}\n\n'
+    _, result, _ = await run_to_end(await service_with(sidecar))
+    assert result.status == "failed" and result.error.code == "connector.crewai.invalid_stream"
+    rereads = [r for r in sidecar.requests if r.url.path == "/jobs/acme:r1/events"]
+    assert len(rereads) == dispatch.MAX_INVALID_REREADS
+    assert any(r.url.path.endswith("/cancel") for r in sidecar.requests)
