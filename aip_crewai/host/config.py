@@ -15,6 +15,9 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     host_id = "<hostname>:<port>"      # this host in dispatch leases; unique per host sharing a PostgreSQL store
     lease_seconds = 30                 # a dispatch lease lasts this long unless renewed, 1 .. 3600 s
     store_pool_size = 4                # a PostgreSQL store's pooled connections (= store threads), 1 .. 64
+    store_statement_timeout_ms = 4000  # PostgreSQL store: a statement's bound, 100 .. 60000 ms; a store call's is +1000 ms
+    store_lock_timeout_ms = 2000       # PostgreSQL store: a lock wait's bound (the writer lock), 100 .. 60000 ms
+    store_idle_in_transaction_timeout_ms = 4000  # PostgreSQL store: an abandoned transaction's, 100 .. 60000 ms
     status_cache_entries = 1024        # final job views kept for key-less :status reads, 0 .. 1000000; 0 disables
     unauthenticated_body_budget_bytes = 67108864  # bodies read before authentication, in total, 2 MiB .. 1 TiB
     public_authorities = ["aip.example.com"]  # Host values signed requests may name; default: the bind address
@@ -101,6 +104,12 @@ from .settings import (
 )
 from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
 from .sidecars.view_cache import MAX_ENTRIES as MAX_STATUS_CACHE_ENTRIES
+from .store.engines.postgres import (
+    DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    DEFAULT_LOCK_TIMEOUT_MS,
+    DEFAULT_STATEMENT_TIMEOUT_MS,
+    StoreTimeouts,
+)
 
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
 MAX_STORE_POOL_SIZE = 64
@@ -146,6 +155,11 @@ class _HostTable(_Table, frozen=True):
     host_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
     lease_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_LEASE_S
     store_pool_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_STORE_POOL_SIZE)] = DEFAULT_STORE_POOL_SIZE
+    store_statement_timeout_ms: Annotated[int, msgspec.Meta(ge=100, le=60_000)] = DEFAULT_STATEMENT_TIMEOUT_MS
+    store_lock_timeout_ms: Annotated[int, msgspec.Meta(ge=100, le=60_000)] = DEFAULT_LOCK_TIMEOUT_MS
+    store_idle_in_transaction_timeout_ms: Annotated[int, msgspec.Meta(ge=100, le=60_000)] = (
+        DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS
+    )
     status_cache_entries: Annotated[int, msgspec.Meta(ge=0, le=MAX_STATUS_CACHE_ENTRIES)] = DEFAULT_STATUS_CACHE_ENTRIES
     receipt_key_file: str | None = None
     receipt_previous_public_keys: Annotated[list[str], msgspec.Meta(max_length=16)] = []
@@ -349,6 +363,9 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         host_id=host.host_id or _default_host_id(host.bind),
         lease_s=float(host.lease_seconds),
         store_pool_size=host.store_pool_size,
+        store_timeouts=StoreTimeouts(
+            host.store_statement_timeout_ms, host.store_lock_timeout_ms, host.store_idle_in_transaction_timeout_ms
+        ),
         sidecars=sidecars,
         status_cache_entries=host.status_cache_entries,
         receipt_keys=receipt_keys,

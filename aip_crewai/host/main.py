@@ -33,7 +33,7 @@ from ..plumbing.storage import release_lock
 from . import tracing as host_tracing
 from .config import HostConfigError, load_settings
 from .settings import Settings
-from .store.postgres import PostgresHostLock
+from .store.engines.postgres import PostgresHostLock
 from .store.store import (
     InsecureStorePath,
     StoreError,
@@ -86,13 +86,13 @@ def own_store(settings: Settings) -> tuple[Callable[[], None], PostgresHostLock 
     """Own the store for this process; returns ``(release, host_lock)``. A SQLite store: an exclusive
     lock on ``<store>.lock`` (:func:`~aip_crewai.host.store.store.lock_store`; ``host_lock`` None); a PostgreSQL
     store, shared by several hosts: a session advisory lock on this host's id
-    (:class:`~aip_crewai.host.store.postgres.PostgresHostLock`, re-checked by :func:`guard_host_lock`).
+    (:class:`~aip_crewai.host.store.engines.postgres.PostgresHostLock`, re-checked by :func:`guard_host_lock`).
     Either lives as long as the process. Raises StoreLocked, InsecureStorePath or UnusableStore (all exit 2)."""
     if isinstance(settings.store_path, Path):
         fd = lock_store(settings.store_path)
         return (lambda: release_lock(fd)), None
     assert settings.host_id is not None
-    lock = PostgresHostLock(settings.store_path, settings.host_id)
+    lock = PostgresHostLock(settings.store_path, settings.host_id, settings.store_timeouts)
     return lock.close, lock
 
 

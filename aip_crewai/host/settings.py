@@ -17,6 +17,7 @@ from .crews.descriptors import CrewDescriptor
 from .ledger.receipts import ReceiptKeys
 from .ledger.usage import Pricing
 from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
+from .store.engines.postgres import StoreTimeouts
 
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -116,6 +117,8 @@ class Settings:
         lease_s: how long a dispatch lease lasts unless renewed, seconds; a dead host's running actions
             are taken over by another host after it.
         store_pool_size: connections of a PostgreSQL store's pool, one per store worker thread.
+        store_timeouts: the session bounds of a PostgreSQL store and of each store call (README
+            "Faults and their bounds").
         sidecars: every sidecar, each with the crews it serves (``[[sidecars]]``), or the one
             ``[sidecar]`` serving every crew; the ``sidecar_*`` fields are the first one's.
         status_cache_entries: bound of this host's own cache of final job views, entries (0: off);
@@ -153,6 +156,7 @@ class Settings:
     host_id: str = "host"
     lease_s: float = DEFAULT_LEASE_S
     store_pool_size: int = DEFAULT_STORE_POOL_SIZE
+    store_timeouts: StoreTimeouts = StoreTimeouts()
     sidecars: tuple[SidecarSettings, ...] = ()
     receipt_keys: ReceiptKeys | None = field(default=None, repr=False)
     pricing: Pricing | None = None

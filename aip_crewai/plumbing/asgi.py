@@ -430,6 +430,42 @@ def method_label(method: str) -> str:
     return method if method in KNOWN_METHODS else "other"
 
 
+class InternalErrors:
+    """Pure ASGI middleware: an unexpected exception raised before the response started is logged once
+    (``request_failed``, with its traceback) and answered with ``render(info)`` (``info``: the request's
+    log facts, :data:`SCOPE_LOG_KEY`). Placed inside the CORS middleware, so a 500 carries the CORS
+    headers of an allowed origin like every other error (a browser can read it); :class:`RequestLog`
+    still counts and logs it. One that started its response propagates (nothing can be answered).
+
+    Source: README "Browsers" (every error response carries CORS headers).
+    """
+
+    def __init__(self, app: ASGIApp, *, render: Callable[[dict[str, Any]], ASGIApp]) -> None:
+        self.app = app
+        self.render = render
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except Exception:
+            if started:
+                raise
+            log.exception("request_failed")
+            info = scope.get(SCOPE_LOG_KEY)
+            await self.render(info if isinstance(info, dict) else {})(scope, receive, send)
+
+
 class RequestLog:
     """Pure ASGI middleware of both processes: ONE summary line per request.
 

@@ -24,7 +24,7 @@ WRITERS = {
     "aip_crewai.host.store.store",
     "aip_crewai.host.store.approvals",
     "aip_crewai.host.store.records",
-    "aip_crewai.host.store.engine",
+    "aip_crewai.host.store.engines.engine",
 }
 
 

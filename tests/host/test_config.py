@@ -71,6 +71,28 @@ def test_store_pool_size_at_its_bounds_is_read(host_files: HostFiles, size):
     assert load(host_files, mutate("host.store_pool_size", size)).store_pool_size == size
 
 
+@pytest.mark.parametrize("ms", [100, 60_000])
+@pytest.mark.parametrize(
+    "key", ["store_statement_timeout_ms", "store_lock_timeout_ms", "store_idle_in_transaction_timeout_ms"]
+)
+def test_store_timeouts_at_their_bounds_are_read(host_files: HostFiles, key, ms):
+    timeouts = load(host_files, mutate(f"host.{key}", ms)).store_timeouts
+    field = {"store_statement_timeout_ms": "statement_ms", "store_lock_timeout_ms": "lock_ms"}.get(
+        key, "idle_in_transaction_ms"
+    )
+    assert getattr(timeouts, field) == ms
+
+
+def test_store_timeouts_default_well_under_ten_seconds(host_files: HostFiles):
+    timeouts = load(host_files, None).store_timeouts
+    assert (timeouts.statement_ms, timeouts.lock_ms, timeouts.idle_in_transaction_ms, timeouts.call_ms) == (
+        4000,
+        2000,
+        4000,
+        5000,
+    )
+
+
 @pytest.mark.parametrize("entries", [0, 1, 1_000_000])
 def test_status_cache_entries_at_its_bounds_is_read(host_files: HostFiles, entries):
     assert load(host_files, mutate("host.status_cache_entries", entries)).status_cache_entries == entries
@@ -157,6 +179,9 @@ def mutate(path: str, value) -> dict:
         ("host.openapi", "yes", "host.openapi", "bool"),
         ("host.store_pool_size", 0, "host.store_pool_size", ">= 1"),
         ("host.store_pool_size", 65, "host.store_pool_size", "<= 64"),
+        ("host.store_statement_timeout_ms", 99, "host.store_statement_timeout_ms", ">= 100"),
+        ("host.store_lock_timeout_ms", 60_001, "host.store_lock_timeout_ms", "<= 60000"),
+        ("host.store_idle_in_transaction_timeout_ms", 99, "host.store_idle_in_transaction_timeout_ms", ">= 100"),
         ("host.status_cache_entries", -1, "host.status_cache_entries", ">= 0"),
         ("host.status_cache_entries", 1_000_001, "host.status_cache_entries", "<= 1000000"),
         ("host.status_cache_entries", 1.5, "host.status_cache_entries", "int"),

@@ -101,3 +101,57 @@ async def test_a_browser_may_send_an_rfc9421_signature_cross_origin(make_app, se
     assert preflight.status_code == 200
     allowed_headers = {h.strip().lower() for h in preflight.headers["access-control-allow-headers"].split(",")}
     assert {"signature", "signature-input", "content-digest"} <= allowed_headers
+
+
+BOOM_EXTENSION = "tests_host_cors_boom"
+
+
+@pytest.fixture
+def boom_extension():
+    """A route that fails unexpectedly (a 500) and one that finds the store unavailable (a 503)."""
+    import sys
+    import types
+
+    from starlette.requests import Request
+    from starlette.routing import Route
+
+    from aip_crewai.host.store.records import StoreUnavailable
+
+    async def boom(request: Request):
+        raise RuntimeError("unexpected")
+
+    async def store_down(request: Request):
+        raise StoreUnavailable()
+
+    module = types.ModuleType(BOOM_EXTENSION)
+    module.routes = lambda: [Route("/boom", boom), Route("/store-down", store_down)]
+    sys.modules[BOOM_EXTENSION] = module
+    yield module
+    del sys.modules[BOOM_EXTENSION]
+
+
+async def test_every_error_response_carries_cors_headers_for_an_allowed_origin(
+    make_app, settings, boom_extension
+) -> None:
+    """500s included: the error handling runs inside the CORS middleware (a browser can read every error)."""
+    app = make_app(dataclasses.replace(settings, cors_origins=(ALLOWED,)), extensions=[BOOM_EXTENSION])
+    async with running(app) as http:
+        answers = {
+            500: await http.get("/boom", headers={"Origin": ALLOWED}),
+            503: await http.get("/store-down", headers={"Origin": ALLOWED}),
+            404: await http.get("/nowhere", headers={"Origin": ALLOWED}),
+            401: await http.get("/aip/v1/manifest", headers={"Origin": ALLOWED}),
+            400: await http.post(
+                "/aip/v1/messages",
+                content=b"not json",
+                headers={"Origin": ALLOWED, **bearer("acme-invoker"), "Content-Type": "application/aip+json"},
+            ),
+        }
+        foreign = await http.get("/boom", headers={"Origin": REFUSED})
+    for status, answer in answers.items():
+        assert answer.status_code == status, (status, answer.text)
+        assert answer.headers["access-control-allow-origin"] == ALLOWED, status
+        assert answer.headers["content-type"].startswith("application/aip+json"), status
+    assert answers[500].json()["body"]["error"]["error"]["code"] == "host.internal_error"
+    assert answers[503].headers["retry-after"] == "1"
+    assert foreign.status_code == 500 and "access-control-allow-origin" not in foreign.headers

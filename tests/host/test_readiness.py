@@ -163,18 +163,29 @@ async def test_each_sidecar_has_its_own_ready_gauge_and_the_host_gauge_is_the_gr
     assert (metrics.ready.value(), metrics.sidecar_ready.value(sidecar="one")) == (0, 0)
 
 
-async def test_the_host_is_unready_while_its_store_is_unavailable(make_app):
-    """A store method that found the database unreachable makes /ready 503 until one succeeds again."""
+async def test_the_host_is_unready_while_its_store_is_unavailable(make_app, monkeypatch):
+    """/ready asks the store whether it can take a write (Store.writable): 503 while it cannot, 200 again
+    by itself once it can (the PostgreSQL faults themselves: tests/host/test_store_faults.py)."""
+    from aip_crewai.host.store import store as store_module
+
+    monkeypatch.setattr(store_module, "PROBE_FRESH_S", 0.0)
     app = make_app()
     async with running(app) as client:
         await until_async(lambda: host_state(app).readiness.ready, interval=0.005)
-        host_state(app).store.unavailable = True
+        store = host_state(app).store
+        writable = {"now": False}
+
+        async def probe() -> bool:
+            return writable["now"]
+
+        monkeypatch.setattr(store, "probe", probe)
         answer = await client.get("/ready")
         assert answer.status_code == 503 and answer.json() == {
             "status": "unready",
             "reason": "the host store is unavailable",
         }
-        await host_state(app).store.get_action("acme", "act-none")  # a method that succeeds clears it
+        writable["now"] = True
+        await until_async(lambda: store._probe is not None and store._probe.done(), interval=0.005)
         assert (await client.get("/ready")).status_code == 200
 
 

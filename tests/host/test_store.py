@@ -757,28 +757,43 @@ async def test_provisional_results_are_listed_and_final_ones_are_not(store: Stor
 # --- dispatch leases -------------------------------------------------------
 
 
+async def db_now(store: Store) -> int:
+    """The database's clock, ms: PostgreSQL's ``now()``; a SQLite store's own clock."""
+    if store.engine == "sqlite":
+        return store.now_ms()
+    rows = await store._fetch("SELECT CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT)")
+    return int(rows[0][0])
+
+
+async def expire_lease(store: Store, action_id: str) -> None:
+    """The database's clock passes the action's lease expiry (as when its holder stops renewing)."""
+    await store._change("UPDATE actions SET lease_expires_at = 0 WHERE tenant = 'acme' AND action_id = ?", (action_id,))
+
+
 async def test_a_lease_belongs_to_one_host_until_it_expires_and_is_then_taken_over(location: Path | str):
-    clock = {"now": T0}
-    a = await Store.open(location, clock=lambda: clock["now"] / 1000, owner="host-a", lease_ms=2000)
-    b = await Store.open(location, clock=lambda: clock["now"] / 1000, owner="host-b", lease_ms=2000)
+    a = await Store.open(location, clock=lambda: T0 / 1000, owner="host-a", lease_ms=60_000)
+    b = await Store.open(location, clock=lambda: T0 / 1000, owner="host-b", lease_ms=60_000)
     try:
+        before = await db_now(a)
         _, record = await make_action(a, action_id="act_1")
-        assert (record.lease_owner, record.lease_expires_at) == ("host-a", T0 + 2000)
+        assert record.lease_owner == "host-a" and record.lease_epoch == 1
+        assert before + 60_000 <= (record.lease_expires_at or 0) <= await db_now(a) + 60_000  # the database's clock
         assert await a.take_lease("acme", "act_1") and not await b.take_lease("acme", "act_1")
-        assert b.lease_is_foreign(record) and not a.lease_is_foreign(record)
-        assert not b.lease_is_foreign(record, now=T0 + 2000)  # expired as read: worth trying to take
-        clock["now"] = T0 + 1500
+        assert a.lease_token("acme", "act_1") == 1 and b.lease_token("acme", "act_1") is None
+        expiry = record.lease_expires_at or 0
+        assert b.lease_is_foreign(record, now=expiry - 1) and not a.lease_is_foreign(record, now=expiry - 1)
+        assert not b.lease_is_foreign(record, now=expiry)  # expired as read: worth trying to take
         assert await a.renew_leases() == 1 and await b.renew_leases() == 0
-        clock["now"] = T0 + 3000  # renewed until T0 + 3500: still a's
         assert not await b.take_lease("acme", "act_1")
-        clock["now"] = T0 + 3500  # expired: b takes it, a no longer renews it
+        await expire_lease(a, "act_1")  # expired: b takes it (the next token), a no longer renews it
         assert await b.take_lease("acme", "act_1") and not await a.take_lease("acme", "act_1")
+        assert b.lease_token("acme", "act_1") == 2 and a.lease_token("acme", "act_1") is None
         assert await a.renew_leases() == 0
         assert (await stored_action(a, "acme", "act_1")).lease_owner == "host-b"
         # pending and finished actions have no lease to take
         await make_action(a, action_id="act_2", status="pending_approval", key="key-2")
         assert not await b.take_lease("acme", "act_2")
-        unleased = await Store.open(location, clock=lambda: clock["now"] / 1000)
+        unleased = await Store.open(location, clock=lambda: T0 / 1000)
         try:
             assert await unleased.take_lease("acme", "act_1")  # no owner: no lease mode
         finally:
@@ -791,6 +806,7 @@ async def test_a_lease_belongs_to_one_host_until_it_expires_and_is_then_taken_ov
 async def test_the_deciding_host_holds_the_lease_of_the_action_it_starts(location: Path | str):
     store = await Store.open(location, clock=lambda: T0 / 1000, owner="host-a", lease_ms=2000)
     try:
+        before = await db_now(store)
         _, action = await make_action(store, action_id="act_1", status="pending_approval", approval_id="apr_1")
         assert action.lease_owner is None
         await store.create_approval("acme", "apr_1", "act_1", "cap:crewai:alpha", "ph", "svc:acme", "{}", T0 + DAY)
@@ -798,7 +814,9 @@ async def test_the_deciding_host_holds_the_lease_of_the_action_it_starts(locatio
             "acme", "apr_1", "approved", "ok", "human:x", T0, start_if=lambda approval, action: True
         )
         assert approval is not None and started is not None
-        assert (started.status, started.lease_owner, started.lease_expires_at) == ("running", "host-a", T0 + 2000)
+        assert (started.status, started.lease_owner, started.lease_epoch) == ("running", "host-a", 1)
+        assert before + 2000 <= (started.lease_expires_at or 0) <= await db_now(store) + 2000
+        assert store.lease_token("acme", "act_1") == 1
     finally:
         await store.close()
 

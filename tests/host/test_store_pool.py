@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from kits.poll import until_async
 
-from aip_crewai.host.store.postgres import WRITER_LOCK
+from aip_crewai.host.store.engines.postgres import WRITER_LOCK
 from aip_crewai.host.store.store import Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -104,16 +104,15 @@ async def test_a_connection_the_server_dropped_is_replaced_not_handed_out(postgr
         await store.close()
 
 
-async def test_an_outage_is_a_typed_retryable_error_and_the_store_recovers(postgres_url: str, monkeypatch):
+async def test_an_outage_is_a_typed_retryable_error_and_the_store_recovers(postgres_url: str):
     """The database refuses every connection (as while it is down): a store method fails with
-    StoreUnavailable (503, retryable) once no pooled connection comes within the pool timeout, never a
+    StoreUnavailable (503, retryable) once no pooled connection comes within the call bound, never a
     driver error; once the database is back, store methods succeed again."""
-    from aip_crewai.host.store import postgres as store_schema
+    from aip_crewai.host.store.engines.postgres import StoreTimeouts
     from aip_crewai.host.store.store import StoreUnavailable
 
-    monkeypatch.setattr(store_schema, "PG_POOL_TIMEOUT_S", 1.0)
     database = postgres_url.rsplit("/", 1)[1].split("?")[0]
-    store = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=2)
+    store = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=2, timeouts=StoreTimeouts(500, 300, 1000))
     try:
         with psycopg.connect(postgres_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')

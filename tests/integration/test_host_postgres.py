@@ -14,7 +14,7 @@ from kits.host import free_port, start_host, write_config
 from kits.poll import until
 
 from aip_crewai.client import new_id
-from aip_crewai.host.store.postgres import PG_HOST_ID_LOCK_CLASS, PostgresHostLock
+from aip_crewai.host.store.engines.postgres import PG_HOST_ID_LOCK_CLASS, PostgresHostLock
 from aip_crewai.host.store.records import StoreLocked
 
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: psycopg is not installed")

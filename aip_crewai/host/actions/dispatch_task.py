@@ -16,7 +16,7 @@ import structlog
 from ...contracts.aip import ActionResult
 from ...contracts.errors import AipError, ConnectorDispatchDeadline
 from ..sidecars.client import DispatchProgress
-from ..store.records import StoreUnavailable
+from ..store.records import LeaseLost, StoreUnavailable
 from ..tracing import dispatching, record_outcome
 from .chunk_sink import ChunkSink
 from .dispatch import DispatchDeferred, Job, OnChunks, StartNotAdmitted
@@ -103,6 +103,9 @@ async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool
     except asyncio.CancelledError:
         sink.discard()  # a cancelled dispatch stores no further chunks (its canceller records the result)
         raise
+    except LeaseLost:  # another host took the lease while this one was paused: nothing more is written here
+        sink.discard()
+        log.warning("lease_lost", stopped="dispatch")
     except StoreUnavailable:
         # The store cannot be written now (an outage): the action stays running (its lease this host's),
         # and the job goes on at the sidecar. The reconciler (every RECONCILE_S) re-attaches to it once

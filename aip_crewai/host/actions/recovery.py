@@ -24,7 +24,7 @@ import structlog
 from ...contracts import operations as ops
 from ...contracts.aip import ActionResult
 from ...contracts.errors import AipError, ConnectorCancelledUnconfirmed
-from ..store.store import ActionRecord, StoreUnavailable
+from ..store.store import ActionRecord, LeaseLost, StoreUnavailable
 from .chunk_sink import ChunkSink
 from .dispatch import DispatchDeferred, StartNotAdmitted
 from .lifecycle import (
@@ -99,7 +99,9 @@ async def reconcile_all(runtime: ActionRuntime) -> None:
 async def renew_leases(runtime: ActionRuntime) -> None:
     """Every third of the lease: extend this host's dispatch leases (ARCHITECTURE.md §10). A host that stops
     renewing (killed, frozen) loses them when they expire, and another host's reconciler takes its
-    running actions over (:meth:`~.actions.ActionService.refresh`)."""
+    running actions over (:meth:`~.actions.ActionService.refresh`). A lease found taken by another host
+    (this one was paused past it) ends this host's dispatch or follower of that action at once, without
+    a write (the new holder follows the job): log ``lease_lost``."""
     interval_s = max(runtime.store.lease_ms / 3000, 0.05)
     while True:
         await asyncio.sleep(interval_s)
@@ -109,6 +111,11 @@ async def renew_leases(runtime: ActionRuntime) -> None:
             pass
         except Exception:  # housekeeping must not kill the host
             log.exception("lease_renewal_failed")
+        for tenant, action_id in runtime.store.lost_leases():
+            live = runtime.live.get(tenant, action_id)
+            if live is not None and live.task is not None and not live.task.done():
+                log.warning("lease_lost", tenant=tenant, action_id=action_id, stopped="dispatch")
+                live.task.cancel()
 
 
 async def correct_provisional(runtime: ActionRuntime) -> None:
@@ -308,6 +315,9 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
     except asyncio.CancelledError:
         sink.discard()
         raise
+    except LeaseLost:  # another host took the lease while this one was paused: it follows the job now
+        sink.discard()
+        log.warning("lease_lost", stopped="follower")
     except (AipError, StartNotAdmitted, DispatchDeferred) as exc:
         with contextlib.suppress(Exception):
             await sink.drain()

@@ -67,6 +67,7 @@ from ...plumbing.asgi import (
     ClientGone,
     CloseOnUnreadBody,
     InFlightLimit,
+    InternalErrors,
     RefuseAmbiguousFraming,
     ReleaseBodyBudget,
     RequestLog,
@@ -201,9 +202,11 @@ async def health(request: Request) -> Response:
 async def ready(request: Request) -> Response:
     """``GET /ready``: 200 ``{"status":"ready"}`` or 503 ``{"status":"unready","reason"}``
     (re-checks the sidecar on demand while unready; ARCHITECTURE.md §7). Unready too while the
-    store's last method found the database unreachable (``Store.unavailable``)."""
+    store cannot take a write (:meth:`~aip_crewai.host.store.store.Store.writable`: unreachable, stuck
+    behind a held lock, read-only), answered within the store's call bound; ready again by itself once
+    it can (README "Faults and their bounds")."""
     host = host_state(request)
-    if host.store.unavailable:
+    if not await host.store.writable():
         return JSONResponse({"status": "unready", "reason": "the host store is unavailable"}, status_code=503)
     readiness = host.readiness
     state = readiness.state if readiness.ready else await readiness.refresh()
@@ -352,6 +355,7 @@ def create_app(
                 reject=lambda: error_response(RequestHeadTooLarge(MAX_HEADER_BYTES)),
             ),
             *_cors(settings),
+            Middleware(InternalErrors, render=_internal_error),  # inside CORS: a 500 carries its headers too
             Middleware(InFlightLimit, limit=MAX_IN_FLIGHT, reject=lambda: error_response(Overloaded(MAX_IN_FLIGHT))),
             Middleware(RefuseAmbiguousFraming, reject=lambda: error_response(AmbiguousFraming())),
             Middleware(BodyDeadline, idle_s=BODY_IDLE_TIMEOUT_S, total_s=BODY_TOTAL_TIMEOUT_S, timed_out=BodyTimeout),

@@ -137,6 +137,7 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
                 owner=settings.host_id if shared else None,
                 lease_ms=int(settings.lease_s * 1000),
                 pool_size=settings.store_pool_size,
+                timeouts=settings.store_timeouts,
             )
         except StoreError as exc:  # the process reports it in one line and exits 2 (host/main.py)
             record_startup_error(app, exc)
@@ -258,7 +259,9 @@ async def serve_actions(
         asyncio.create_task(recovery.renew_leases(service)),
     ]
     store_url = store.url
-    stop_listening = listen(store_url, service.remote, asyncio.get_running_loop()) if store_url else None
+    stop_listening = (
+        listen(store_url, service.remote, asyncio.get_running_loop(), settings.store_timeouts) if store_url else None
+    )
     try:
         yield service
     finally:

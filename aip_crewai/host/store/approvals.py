@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...plumbing.wakeup import ChangeSignal
 from ..actions.lifecycle import ActionState
-from .engine import Db
+from .engines.engine import Db
+from .engines.postgres import DB_NOW
 from .records import (
     APPROVAL_DECISIONS,
     ActionRecord,
@@ -57,8 +58,11 @@ class ApprovalMethods:
         async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
         def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
         def _transaction_now(self, fn: Callable[[], _T]) -> _T: ...
-        def _update_now(self, update: tuple[str, tuple[Any, ...]], seal: Seal | None = None) -> ActionRecord | None: ...
-        def _lease_for(self, status: str, now: int) -> tuple[str | None, int | None]: ...
+        def _update_now(
+            self, update: tuple[str, tuple[Any, ...]], seal: Seal | None = None, *, fenced: bool = False
+        ) -> ActionRecord | None: ...
+        def _lease_for(self, status: str) -> tuple[str | None, int | None, int]: ...
+        def _hold(self, record: ActionRecord) -> None: ...
 
     def _log_approval_now(self, tenant: str, approval_id: str, status: str) -> None:
         """Append ``(approval_id, status)`` to ``tenant``'s approval event log at the next position
@@ -232,15 +236,20 @@ class ApprovalMethods:
                 )
             )
             if started is not None and self.owner is not None:  # the deciding host dispatches: its lease
-                leased = self._fetch_now(
-                    f"UPDATE actions SET lease_owner = ?, lease_expires_at = ? WHERE tenant = ? AND action_id = ? "
+                owner, lease_ms, _ = self._lease_for(_S.RUNNING.value)
+                leased = self._fetch_now(  # the database's clock; a new holder: the next fencing token
+                    f"UPDATE actions SET lease_owner = ?, lease_expires_at = {DB_NOW} + ?, "
+                    "lease_epoch = lease_epoch + 1 WHERE tenant = ? AND action_id = ? "
                     f"RETURNING {ACTION_COLUMNS}",
-                    (*self._lease_for(_S.RUNNING.value, now), tenant, action.action_id),
+                    (owner, lease_ms, tenant, action.action_id),
                 )
                 started = ActionRecord(*leased[0]) if leased else started
             return approval, started
 
-        return await self._approvals_write(self._transaction_now, decide)
+        approval, started = await self._approvals_write(self._transaction_now, decide)
+        if started is not None:
+            self._hold(started)
+        return approval, started
 
     async def cancel_pending(
         self, tenant: str, action_id: str, result_json: str, *, seal: Seal | None = None

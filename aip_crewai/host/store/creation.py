@@ -1,5 +1,5 @@
 """An action's creation: its starting state, and its row inserted with its idempotency key's
-reservation in one transaction (functions over :class:`.engine.Db`, run on a store worker thread by
+reservation in one transaction (functions over :class:`.engines.engine.Db`, run on a store worker thread by
 :meth:`~aip_crewai.host.store.store.Store.create_action`, which documents the arguments).
 
 Atomicity: the insert is ``ON CONFLICT (tenant, action_id) DO NOTHING``; with a reservation, the
@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..actions.lifecycle import ActionState, allowed, is_terminal
-from .engine import Db
+from .engines.engine import Db
+from .engines.postgres import DB_NOW
 from .ledger import seal_now
 from .records import DISPATCH_RANK, ActionRecord, MissingTarget, Seal, StoreError
 from .sql import ACTION_COLUMNS, GET_ACTION, IDEMPOTENCY_COLUMNS
@@ -25,8 +26,10 @@ from .sql import ACTION_COLUMNS, GET_ACTION, IDEMPOTENCY_COLUMNS
 __all__ = ["start_state", "create_now"]
 
 _S = ActionState
+#: The row's values in ACTION_COLUMNS order; the lease's expiry is given as its length (ms, or NULL) and
+#: computed with the database's clock (:data:`.engines.postgres.DB_NOW`).
 _INSERT = (
-    f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * len(ACTION_COLUMNS.split(',')))}) "
+    f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 19)}, {DB_NOW} + CAST(? AS BIGINT), ?, ?) "
     f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {ACTION_COLUMNS}"
 )
 _RESERVE = (

@@ -190,8 +190,23 @@ ALTER TABLE actions ADD COLUMN trace_parent TEXT;
 """
 
 
+# Migration 7: the fencing token of a dispatch lease: raised each time another host takes the lease;
+# every write a lease holder makes on behalf of the action is conditional on it (ARCHITECTURE.md §10).
+_MIGRATION_7 = """
+ALTER TABLE actions ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
+"""
+
+
 #: Forward-only migrations; migration N (1-based) brings ``user_version`` to N.
-MIGRATIONS: tuple[str, ...] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3, _MIGRATION_4, _MIGRATION_5, _MIGRATION_6)
+MIGRATIONS: tuple[str, ...] = (
+    _MIGRATION_1,
+    _MIGRATION_2,
+    _MIGRATION_3,
+    _MIGRATION_4,
+    _MIGRATION_5,
+    _MIGRATION_6,
+    _MIGRATION_7,
+)
 
 
 def migrate(conn: sqlite3.Connection) -> int:

@@ -26,7 +26,8 @@ from collections.abc import Callable
 import structlog
 
 from ...plumbing.wakeup import ChangeSignal
-from .engine import Db
+from .engines.engine import Db
+from .engines.postgres import StoreTimeouts, interrupt_connection
 
 log = structlog.get_logger(__name__)
 
@@ -34,6 +35,10 @@ log = structlog.get_logger(__name__)
 CHANNEL = "aip_actions"
 #: Seconds between two reconnection attempts of a listener that lost its connection.
 RECONNECT_S = 1.0
+#: The listener's liveness check: a round trip (``SELECT 1``) every :data:`PING_S` seconds; one not
+#: answered within :data:`PING_TIMEOUT_S` ends the connection (a backend that died silently: TCP up,
+#: nothing delivered) and a new one replaces it. Followers poll meanwhile.
+PING_S, PING_TIMEOUT_S = 0.5, 1.0
 
 
 def payload(tenant: str, action_id: str) -> str:
@@ -58,12 +63,18 @@ class RemoteChanges:
         self._listening: asyncio.Event | None = None
 
     def set_pushed(self, value: bool) -> None:
-        """The listener's connection is up (True) or lost (False); event loop only."""
+        """The listener's connection is up (True) or lost (False); event loop only. A change wakes every
+        follower: a lost listener's followers switch to polling now (not at their next keep-alive), and a
+        new one's re-read what was committed while none listened."""
+        changed = value != self.pushed
         self.pushed = value
         if value:
             self.listening().set()
         elif self._listening is not None:
             self._listening.clear()
+        if changed:
+            for found in list(self._signals.values()):
+                found.notify()
 
     def listening(self) -> asyncio.Event:
         """Set while a listener delivers notifications (event loop only)."""
@@ -89,25 +100,42 @@ class RemoteChanges:
             found.notify()
 
 
-def listen(url: str, changes: RemoteChanges, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-    """Start the listener thread (``LISTEN aip_actions`` on its own connection); returns ``stop``.
+def listen(
+    url: str, changes: RemoteChanges, loop: asyncio.AbstractEventLoop, timeouts: StoreTimeouts | None = None
+) -> Callable[[], None]:
+    """Start the listener thread (``LISTEN aip_actions`` on its own connection, with the store's session
+    bounds and keepalives); returns ``stop``.
 
-    A lost connection is reopened every :data:`RECONNECT_S` seconds; while it is down,
-    ``changes.pushed`` is False and followers fall back to polling.
+    The connection is checked by a round trip every :data:`PING_S` seconds; one not answered within
+    :data:`PING_TIMEOUT_S` is interrupted. A lost connection is reopened every :data:`RECONNECT_S`
+    seconds; while it is down, ``changes.pushed`` is False and followers fall back to polling.
+    README "Faults and their bounds".
     """
     import psycopg
 
     stopping = threading.Event()
+    kwargs = (timeouts or StoreTimeouts()).connect_kwargs(url, "aip-crewai-host-listen")
+
+    def ping(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        """One liveness round trip, interrupted past :data:`PING_TIMEOUT_S` (raises OperationalError then)."""
+        watchdog = threading.Timer(PING_TIMEOUT_S, interrupt_connection, (conn,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.execute("SELECT 1")
+        finally:
+            watchdog.cancel()
 
     def run() -> None:
         while not stopping.is_set():
             try:
-                with psycopg.connect(url, autocommit=True, application_name="aip-crewai-host-listen") as conn:
+                with psycopg.connect(url, **kwargs) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     loop.call_soon_threadsafe(changes.set_pushed, True)
                     while not stopping.is_set():
-                        for note in conn.notifies(timeout=0.5):
+                        for note in conn.notifies(timeout=PING_S):
                             loop.call_soon_threadsafe(changes.deliver, note.payload)
+                        ping(conn)
             except Exception as exc:  # the listener must outlive a database restart
                 if stopping.is_set():
                     return

@@ -1,7 +1,7 @@
 """The host store's data model: the row types, the timestamp representation (integers, ms since the
 Unix epoch, UTC; rendered as RFC 3339 only at the edges), the store's errors and the opaque cursor of
 approval pages. No SQL runs here: the schema is :mod:`.migrations`, the shared SQL text :mod:`.sql`,
-the engines :mod:`.sqlite` and :mod:`.postgres`.
+the engines :mod:`.engines.sqlite` and :mod:`.engines.postgres`.
 
 Source: ARCHITECTURE.md §7, ARCHITECTURE.md §10 (storage).
 """
@@ -81,6 +81,8 @@ class ActionRecord:
     #: the host that dispatches or reconciles the running action, and until when (ms): ARCHITECTURE.md §10
     lease_owner: str | None = None
     lease_expires_at: int | None = None
+    #: the lease's fencing token: raised each time another host takes the lease (ARCHITECTURE.md §10)
+    lease_epoch: int = 0
     #: the W3C ``traceparent`` current at its creation, continued by its dispatch (README "Observing actions")
     trace_parent: str | None = None
 
@@ -209,12 +211,31 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached right now: the connection was refused or lost, or no pooled
     connection came free within the pool's timeout (a PostgreSQL store). Temporary: 503, retryable
     (a retried submission with the same idempotency key is answered once). Raised by every store
-    method (``Store._run``) for the engine's :attr:`~.engine.Db.unavailable_errors`."""
+    method (``Store._run``) for the engine's :attr:`~.engines.engine.Db.unavailable_errors`."""
 
     code = "store.unavailable"
     category = Category.TEMPORARY
     http_status = 503
     default_message = "the host store is unavailable; retry shortly"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, retry_after_ms=1000)
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
+class LeaseLost(StoreError):
+    """This host wrote on behalf of an action whose dispatch lease another host has taken since (its
+    fencing token is no longer current): nothing was written. The host stops dispatching and following
+    that action (the new holder does); a tenant request that met it may be retried at once (the retry
+    writes as any host that does not hold the lease). Source: ARCHITECTURE.md §10 (dispatch leases)."""
+
+    code = "store.lease_lost"
+    category = Category.TEMPORARY
+    http_status = 503
+    default_message = "another host took over this action; retry"
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message, retry_after_ms=1000)

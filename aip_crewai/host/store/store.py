@@ -32,7 +32,7 @@ serialized, so a multi-statement transaction never swallows another
 coroutine's write, and a cancelled caller never leaves a transaction half
 done: the function runs to its end on the worker. A PostgreSQL store runs its
 methods the same way on ``pool_size`` worker threads, each method on one
-connection checked out of a pool for its whole run (:class:`.postgres.PostgresDb`):
+connection checked out of a pool for its whole run (:class:`.engines.postgres.PostgresDb`):
 reads run side by side, writes serialize on the writer lock.
 
 File safety: the database is created 0600 (an existing file, or its
@@ -41,10 +41,11 @@ symlink); its directory must not be group- or world-writable.
 
 The package's parts: the row types and errors (:mod:`.records`, re-exported
 here), the schema (:mod:`.migrations`), the SQL text shared by the store's
-modules (:mod:`.sql`), one module per engine behind :class:`.engine.Db`
-(:mod:`.sqlite`: opening the file, its pre-flight :func:`check_store_file`;
-:mod:`.postgres`), an action's creation with its idempotency reservation
-(:mod:`.creation`), the chunk log with usage and receipts (:mod:`.ledger`), the cross-host ``NOTIFY``
+modules (:mod:`.sql`), the engines in their own sub-package: one module per engine behind
+:class:`.engines.engine.Db` (:mod:`.engines.sqlite`: opening the file, its pre-flight
+:func:`check_store_file`; :mod:`.engines.postgres`), an action's creation with its idempotency reservation
+(:mod:`.creation`), dispatch leases and their fencing tokens (:mod:`.leases`), an action's
+append-only records: the chunk log, usage and receipts (:mod:`.ledger`), the cross-host ``NOTIFY``
 (:mod:`.notify`), and the approval methods (:mod:`.approvals`, the store's
 base class). No other host module runs SQL.
 
@@ -54,6 +55,7 @@ ARCHITECTURE.md §10 (storage).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -64,14 +66,16 @@ import structlog
 
 from ...plumbing.storage import create_private_file, hop, start_worker
 from ...plumbing.wakeup import ChangeSignal
-from ..actions.lifecycle import ActionState
+from ..actions.lifecycle import ActionState, is_terminal
 from . import notify
 from .approvals import ApprovalMethods
 from .creation import create_now, start_state
-from .engine import Db
-from .ledger import GET_RECEIPT, LIST_CHUNKS, RECEIPTS_OF_ACTION, append_now, seal_now, usage_totals
+from .engines.engine import Db
+from .engines.postgres import CallGuard, PostgresDb, StoreTimeouts, is_postgres_url, open_postgres_pool
+from .engines.sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
+from .leases import LeaseMethods
+from .ledger import LedgerMethods, seal_now
 from .migrations import MIGRATIONS, migrate
-from .postgres import PostgresDb, is_postgres_url, open_postgres_pool
 from .records import (
     DISPATCH_RANK,
     ActionRecord,
@@ -82,6 +86,7 @@ from .records import (
     IdempotencyRecord,
     InsecureStorePath,
     InvalidCursor,
+    LeaseLost,
     MissingTarget,
     Seal,
     SealedRows,
@@ -94,7 +99,6 @@ from .records import (
     rfc3339_to_ms,
 )
 from .sql import ACTION_COLUMNS, GET_ACTION, action_update
-from .sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
 
 __all__ = [
     "MIGRATIONS",
@@ -115,6 +119,7 @@ __all__ = [
     "SealedRows",
     "UsageTotal",
     "StoreUnavailable",
+    "LeaseLost",
     "check_location",
     "check_store_file",
     "migrate",
@@ -132,16 +137,19 @@ _S = ActionState
 DEFAULT_LEASE_MS = 30_000
 #: Connections (and worker threads) of a PostgreSQL store's pool (``[host] store_pool_size``).
 DEFAULT_POOL_SIZE = 4
+#: How long one answer of :meth:`Store.writable` (``/ready``'s store check) is reused, seconds.
+PROBE_FRESH_S = 0.5
 # --- the store -----------------------------------------------------------------
 
 
 _T = TypeVar("_T")
 
 
-class Store(ApprovalMethods):
+class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
     """Named async methods over the host database. Open with :meth:`open`.
 
-    The approval methods (and the approval event log) are in :mod:`.approvals`.
+    The approval methods (and the approval event log) are in :mod:`.approvals`, the dispatch leases in
+    :mod:`.leases`, the chunk log, usage and receipts in :mod:`.ledger`.
     """
 
     def __init__(
@@ -165,9 +173,11 @@ class Store(ApprovalMethods):
         #: How long a lease lasts unless renewed, ms.
         self.lease_ms = lease_ms
         self._url = url
-        #: The last store method failed with StoreUnavailable (no method succeeded since): ``/ready`` says
-        #: unready. The host's periodic work (lease renewal, reconciliation) keeps it current.
+        #: The last store method failed with StoreUnavailable (no method succeeded since).
         self.unavailable = False
+        self._probe: asyncio.Future[bool] | None = None
+        self._probe_at = 0.0
+        self._init_leases()
 
     @classmethod
     async def open(
@@ -178,10 +188,12 @@ class Store(ApprovalMethods):
         owner: str | None = None,
         lease_ms: int = DEFAULT_LEASE_MS,
         pool_size: int = DEFAULT_POOL_SIZE,
+        timeouts: StoreTimeouts | None = None,
     ) -> Store:
         """Open the store: a SQLite file (check the location, create it 0600 if missing, connect) or a
-        ``postgresql://`` URL (a pool of ``pool_size`` connections, one per worker thread); then apply
-        the migrations the database lacks.
+        ``postgresql://`` URL (a pool of ``pool_size`` connections, one per worker thread, each session
+        bounded by ``timeouts``: :class:`~.engines.postgres.StoreTimeouts`); then apply the migrations the
+        database lacks.
 
         Raises:
             InsecureStorePath: see :func:`check_location` (SQLite).
@@ -189,9 +201,9 @@ class Store(ApprovalMethods):
                 PostgreSQL server cannot be reached or holds another application's tables.
         """
         if is_postgres_url(location):
-            url = str(location)
+            url, bounds, guard = str(location), timeouts or StoreTimeouts(), CallGuard()
             worker, db = await start_worker(
-                lambda: PostgresDb(open_postgres_pool(url, pool_size)),
+                lambda: PostgresDb(open_postgres_pool(url, pool_size, bounds, guard), bounds, guard),
                 name="aip-host-store",
                 threads=pool_size,
                 abandon=lambda opened: opened.close() if opened is not None else None,
@@ -207,6 +219,8 @@ class Store(ApprovalMethods):
             name="aip-host-store",
             abandon=lambda opened: opened.close() if opened is not None else None,
         )
+        # The database's clock (DB_NOW) of a SQLite store, which one host owns: the store's own clock.
+        await hop(worker, sqlite.conn.create_function, "db_now_ms", 0, lambda: int(clock() * 1000))
         return cls(sqlite, worker, clock=clock, owner=owner, lease_ms=lease_ms)
 
     @property
@@ -231,11 +245,25 @@ class Store(ApprovalMethods):
         """Run ``fn(*args)`` on a store worker thread with a connection for all its statements
         (:meth:`Db.run`: SQLite's one connection, or one of PostgreSQL's pooled ones).
 
+        A call past the engine's call bound (:attr:`Db.call_timeout_s`: the server does not answer at
+        all) is given up: its caller gets StoreUnavailable at the bound, and the stuck connections are
+        interrupted (:meth:`Db.interrupt_stuck`) so their threads and pool slots come back.
+
         Raises:
-            StoreUnavailable: the database cannot be reached now (:attr:`Db.unavailable_errors`).
+            StoreUnavailable: the database cannot serve the call now (:attr:`Db.unavailable_errors`: down,
+                past a timeout, read-only), or the call exceeded the bound. README "Faults and their bounds".
         """
+        bound = self._db.call_timeout_s
         try:
-            value = await hop(self._worker, self._db.run, fn, *args)
+            if bound is None:
+                value = await hop(self._worker, self._db.run, fn, *args)
+            else:
+                value = await asyncio.wait_for(hop(self._worker, self._db.run, fn, *args), bound)
+        except asyncio.TimeoutError:
+            interrupted = self._db.interrupt_stuck()
+            log.warning("store_call_timed_out", bound_ms=int((bound or 0) * 1000), interrupted=interrupted)
+            self.unavailable = True
+            raise StoreUnavailable(f"the host store did not answer within {int((bound or 0) * 1000)} ms") from None
         except self._db.unavailable_errors as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.warning("store_unavailable", error=type(exc).__name__, detail=first[:200])
@@ -243,6 +271,27 @@ class Store(ApprovalMethods):
             raise StoreUnavailable() from exc
         self.unavailable = False
         return cast(_T, value)
+
+    async def probe(self) -> bool:
+        """Whether the store can take a write now: on PostgreSQL a writer transaction (the writer lock
+        within the lock timeout) on a database that is not read-only, within the call bound; on SQLite
+        a read. False (logged) when it cannot. Never raises StoreUnavailable."""
+        try:
+            await self._run(self._db.probe)
+        except StoreUnavailable:
+            return False
+        return True
+
+    async def writable(self) -> bool:
+        """:meth:`probe`, shared by concurrent callers and reused for :data:`PROBE_FRESH_S` (``/ready``
+        asks often): answers within the call bound, and turns back to True by itself once the store
+        recovers. README "Faults and their bounds"."""
+        loop = asyncio.get_running_loop()
+        probe = self._probe
+        if probe is None or (probe.done() and loop.time() - self._probe_at > PROBE_FRESH_S):
+            self._probe_at = loop.time()
+            probe = self._probe = asyncio.ensure_future(self.probe())
+        return await asyncio.shield(probe)
 
     def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._db.fetch(sql, params)
@@ -367,59 +416,14 @@ class Store(ApprovalMethods):
         # The row in ACTION_COLUMNS order: who and what, then its state (no error, no chunk yet) and times.
         request = (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id)
         state = (idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0)
-        row = (*request, *state, now, now, *self._lease_for(status, now), trace_parent)
+        row = (*request, *state, now, now, *self._lease_for(status), trace_parent)
         reserve = None if idempotency_key is None or key_expires_at is None else (idempotency_key, key_expires_at)
-        return await self._run(
+        created, record = await self._run(
             self._write_now, durable, lambda: create_now(self._db, row, reservation=reserve, target=target, seal=seal)
         )
-
-    # --- dispatch leases (ARCHITECTURE.md §10) ---
-
-    def _lease_for(self, status: str, now: int) -> tuple[str | None, int | None]:
-        """``(lease_owner, lease_expires_at)`` of a row entering ``status``: this host's lease when running."""
-        if self.owner is None or status != _S.RUNNING.value:
-            return None, None
-        return self.owner, now + self.lease_ms
-
-    def lease_is_foreign(self, record: ActionRecord, *, now: int | None = None) -> bool:
-        """Whether ``record`` (as read) shows another host's live lease: :meth:`take_lease` would fail, so a
-        reader following that host's action skips the write (pure; the write stays the authority)."""
-        if self.owner is None or record.lease_owner in (None, self.owner) or record.lease_expires_at is None:
-            return False
-        return record.lease_expires_at > (self.now_ms() if now is None else now)
-
-    async def take_lease(self, tenant: str, action_id: str, *, now: int | None = None) -> bool:
-        """Take (or keep) the dispatch lease of a running action for this host: True when this host now
-        holds it; False when another host's lease is live (it dispatches or reconciles the action) or the
-        action no longer runs. Without an owner (no lease mode): True. One statement, so two hosts
-        racing for an expired lease cannot both win."""
-        if self.owner is None:
-            return True
-        now = self.now_ms() if now is None else now
-        changed = await self._run(
-            self._write_now,
-            True,
-            lambda: self._change_now(
-                "UPDATE actions SET lease_owner = ?, lease_expires_at = ? WHERE tenant = ? AND action_id = ? "
-                "AND status = 'running' AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
-                (self.owner, now + self.lease_ms, tenant, action_id, self.owner, now),
-            ),
-        )
-        return int(changed) > 0
-
-    async def renew_leases(self, *, now: int | None = None) -> int:
-        """Extend every lease this host holds on a running action by :attr:`lease_ms`; returns how many."""
-        if self.owner is None:
-            return 0
-        now = self.now_ms() if now is None else now
-        return await self._run(
-            self._write_now,
-            True,
-            lambda: self._change_now(
-                "UPDATE actions SET lease_expires_at = ? WHERE lease_owner = ? AND status = 'running'",
-                (now + self.lease_ms, self.owner),
-            ),
-        )
+        if created:
+            self._hold(record)
+        return created, record
 
     async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
         rows = await self._fetch(GET_ACTION, (tenant, action_id))
@@ -453,12 +457,16 @@ class Store(ApprovalMethods):
         ``replacing``: only while the stored ``result_json`` is exactly this
         (a correction of a provisional result: a concurrent correction wins).
         ``seal``: what the result leaves, written in the same transaction (:func:`.ledger.seal_now`).
+        When this host holds the action's dispatch lease, the write (with what the result leaves) applies
+        only while its fencing token is current (:mod:`.leases`).
 
         Returns:
             The updated record when the row changed, else None.
 
         Raises:
             ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
+            LeaseLost: this host held the action's lease and another host took it: nothing was written
+                (the result, its usage and receipt included).
         """
         update = action_update(
             tenant,
@@ -473,36 +481,37 @@ class Store(ApprovalMethods):
             settle_dispatch=settle_dispatch,
             replacing=replacing,
         )
+        fence, fence_params = self._fenced(tenant, action_id)
+        if fence:  # this host holds the lease: the write applies only while its token is current
+            update = (update[0].replace(" RETURNING ", f"{fence} RETURNING ", 1), (*update[1], *fence_params))
+        fenced = bool(fence)
+        record: ActionRecord | None
         if seal is None:
-            return await self._run(self._write_now, durable, lambda: self._update_now(update))
-        return await self._run(
-            self._write_now, durable, lambda: self._transaction_now(lambda: self._update_now(update, seal))
-        )
+            record = await self._run(self._write_now, durable, lambda: self._update_now(update, fenced=fenced))
+        else:  # the result and what it leaves in one transaction, under the same fence
+            record = await self._run(
+                self._write_now,
+                durable,
+                lambda: self._transaction_now(lambda: self._update_now(update, seal, fenced=fenced)),
+            )
+        if record is not None and is_terminal(record.status):
+            self._tokens.pop((tenant, action_id), None)  # no lease once it has ended
+        return record
 
-    def _update_now(self, update: tuple[str, tuple[Any, ...]], seal: Seal | None = None) -> ActionRecord | None:
+    def _update_now(
+        self, update: tuple[str, tuple[Any, ...]], seal: Seal | None = None, *, fenced: bool = False
+    ) -> ActionRecord | None:
         rows = self._fetch_now(*update)
         if not rows:
+            if fenced:
+                tenant, action_id = update[1][8], update[1][9]
+                self._check_fence_now(tenant, action_id)
             return None
         record = ActionRecord(*rows[0])
         if seal is not None:
             record = seal_now(self._db, record, seal)
         notify.send(self._db, record.tenant, record.action_id)  # a shared store's followers: at the commit
         return record
-
-    # --- usage and receipts (README "Observing actions") ---
-
-    async def get_receipt(self, tenant: str, receipt_id: str) -> str | None:
-        """The receipt document ``receipt_id`` of ``tenant`` (canonical JSON text), or None."""
-        rows = await self._fetch(GET_RECEIPT, (tenant, receipt_id))
-        return str(rows[0][0]) if rows else None
-
-    async def receipts_of_action(self, tenant: str, action_id: str) -> list[str]:
-        """The receipt documents of one action, oldest first (at most one: its final result's)."""
-        return [str(row[0]) for row in await self._fetch(RECEIPTS_OF_ACTION, (tenant, action_id))]
-
-    async def usage_totals(self, tenant: str, from_ms: int, to_ms: int) -> list[UsageTotal]:
-        """``tenant``'s usage per crew and currency of results finished in ``[from_ms, to_ms)`` (ms)."""
-        return await self._run(usage_totals, self._db, tenant, from_ms, to_ms)
 
     async def list_in_flight(self, tenant: str | None = None) -> list[ActionRecord]:
         """Actions still ``running`` (reconciliation after a restart), oldest first."""
@@ -539,45 +548,3 @@ class Store(ApprovalMethods):
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE status = 'pending_approval' ORDER BY created_at"
         )
         return [ActionRecord(*row) for row in rows]
-
-    # --- chunks ---
-
-    async def append_chunks(
-        self,
-        tenant: str,
-        action_id: str,
-        chunks: Sequence[tuple[int, str]],
-        *,
-        dispatch: str | None = None,
-        durable: bool = True,
-    ) -> int:
-        """Append ``(sequence, chunk_json)`` pairs in one transaction; sequences
-        already stored are skipped, and nothing is appended once the action is
-        terminal (a batch of a cancelled dispatch that reaches the store after the
-        canceller's result write, on another pooled connection or another host,
-        is dropped: no chunk ever follows the result). Returns how many were inserted.
-
-        Args:
-            dispatch: also move the action's dispatch forward to this, in the
-                same transaction (never backward; None keeps it).
-            durable: see the module docstring.
-
-        Raises:
-            StoreError: the action does not exist (foreign key).
-            ValueError: an unknown dispatch.
-        """
-        if not chunks:
-            return 0
-        if dispatch is not None and dispatch not in DISPATCH_RANK:
-            raise ValueError(f"unknown dispatch {dispatch!r}")
-        batch = tuple(chunks)
-        return await self._run(
-            self._write_now, durable, lambda: append_now(self._db, tenant, action_id, batch, dispatch)
-        )
-
-    async def list_chunks(
-        self, tenant: str, action_id: str, after_sequence: int = -1, limit: int = 1000
-    ) -> list[ChunkRecord]:
-        """Chunks with ``sequence > after_sequence``, ascending, at most ``limit``."""
-        rows = await self._fetch(LIST_CHUNKS, (tenant, action_id, after_sequence, limit))
-        return [ChunkRecord(*row) for row in rows]

@@ -39,6 +39,8 @@ class Db(Protocol):
     engine: str
     #: The engine's errors that mean "cannot reach the database now" (the store raises StoreUnavailable).
     unavailable_errors: tuple[type[BaseException], ...]
+    #: The bound of one store call, seconds (None: none; the store raises StoreUnavailable past it).
+    call_timeout_s: float | None
 
     def run(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run one store method's function ``fn(*args)`` on the calling worker thread, with a connection
@@ -58,6 +60,13 @@ class Db(Protocol):
 
     def transaction(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` as one transaction that excludes every other writer; roll back on any error."""
+
+    def interrupt_stuck(self) -> int:
+        """End the calls running past :attr:`call_timeout_s` (from the event loop); returns how many."""
+
+    def probe(self) -> None:
+        """Check that the database can take a write now (:meth:`Store.probe`); raises one of
+        :attr:`unavailable_errors` when it cannot."""
 
     def close(self) -> None:
         """Close the connection."""

@@ -11,15 +11,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...plumbing.storage import (
+from ....plumbing.storage import (
     acquire_lock,
     database_files,
     directory_problem,
     integrity_problems,
     private_file_problem,
 )
-from .migrations import migrate
-from .records import InsecureStorePath, StoreError, StoreLocked, UnusableStore
+from ..migrations import migrate
+from ..records import InsecureStorePath, StoreError, StoreLocked, UnusableStore
 
 _T = TypeVar("_T")
 
@@ -108,6 +108,7 @@ class SqliteDb:
     integrity_error: type[Exception] = sqlite3.IntegrityError
     engine = "sqlite"
     unavailable_errors: tuple[type[BaseException], ...] = ()  # a local file: its errors are not outages
+    call_timeout_s: float | None = None  # one process on a local file: no store-call bound of its own
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
@@ -152,6 +153,12 @@ class SqliteDb:
                 conn.execute("ROLLBACK")
             raise
         return value
+
+    def interrupt_stuck(self) -> int:
+        return 0
+
+    def probe(self) -> None:
+        self.conn.execute("SELECT 1").fetchall()
 
     def close(self) -> None:
         self.conn.close()
