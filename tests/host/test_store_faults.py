@@ -31,7 +31,7 @@ from aip_crewai.host.store.engines.postgres import WRITER_LOCK, StoreTimeouts
 from aip_crewai.host.store.notify import RemoteChanges, listen
 from aip_crewai.host.store.store import Store, StoreUnavailable
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # a SIGSTOPped cluster on a loaded machine: generous, as every wait here
 
 T0 = 1_790_000_000_000
 #: Small bounds so the faults show quickly: statement 1 s, lock 0.5 s, idle transaction 1 s (call: 2 s).

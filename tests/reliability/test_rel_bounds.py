@@ -86,7 +86,7 @@ def test_rel_slow_unauthenticated_bodies_are_bounded_in_total_while_bearer_traff
         with _slow_message(host.base_url, 2 * MIB - 2_000_000, 10):  # exactly the rest still fits
             until(lambda: _gauge(host.base_url, gauge) == 2 * MIB, timeout=30, what="the last byte of the budget")
         until(lambda: _gauge(host.base_url, gauge) == 2_000_000, timeout=30, what="a closed body given back")
-        with host.client("acme-app") as app:
+        with host.http("acme-app") as app:
             answer = post_action(app, "cap:crewai:echo:status", {"run_action_id": uid("b1")}, uid("b1s"))
             assert answer.status_code in (200, 202, 404), answer.text
         assert len(slow) == 100
@@ -126,12 +126,12 @@ def _exchange(base_url: str, data: bytes, pieces: int) -> tuple[bytes, bool]:
 
 
 @pytest.mark.timeout(180)
-def test_rel_request_heads_are_bounded_at_16_kib_whole_or_in_pieces_on_both_processes(stack):
+def test_rel_request_heads_are_bounded_at_16_kib_whole_or_in_pieces_on_both_processes(shared_pair):
     """Regression (second review, item 2): both processes answered 200 to 17, 40 and 60 KiB of headers and to a
     60 KiB request target; h11's bound caught only a head still incomplete. A head of 16,384 bytes is served,
     16,385 bytes is 431 with `Connection: close` and the connection closed, sent whole or in pieces; so is a
     60 KiB request target, and 40 KiB of headers arriving in pieces."""
-    _, sidecar, host = stack
+    _, sidecar, host = shared_pair
     for base_url, authorization in (
         (host.base_url, ""),
         (sidecar.base_url, f"Authorization: Bearer {sidecar.token}\r\n"),
@@ -151,7 +151,7 @@ def test_rel_request_heads_are_bounded_at_16_kib_whole_or_in_pieces_on_both_proc
         assert received.startswith(b"HTTP/1.1 431") and closed, (base_url, received[:300])
         received, closed = _exchange(base_url, _head(40 * 1024, authorization), 8)
         assert received.startswith(b"HTTP/1.1 431") and closed, (base_url, received[:300])
-    with host.client("acme-app") as app:
+    with host.http("acme-app") as app:
         assert app.get("/aip/v1/manifest").status_code == 200
 
 
@@ -191,5 +191,5 @@ def test_rel_signed_requests_name_this_deployment_s_authority(procs):
     proxied = procs.host(sidecar.base_url, name="proxied", host_options={"public_authorities": ["AIP.example.com"]})
     assert _signed_get(proxied.base_url, "aip.example.com").status_code == 200
     assert _signed_get(proxied.base_url, f"127.0.0.1:{proxied.port}").status_code == 401
-    with proxied.client("acme-app") as app:  # bearer tokens are not tied to an authority
+    with proxied.http("acme-app") as app:  # bearer tokens are not tied to an authority
         assert app.get("/aip/v1/manifest", headers={"Host": "anything.example"}).status_code == 200

@@ -1,6 +1,5 @@
-"""HTTP handlers for actions: ``POST /aip/v1/messages`` and the action
-history routes. Thin: authenticate, decode, call :class:`ActionService`,
-render AIP envelopes (JSON or SSE).
+"""HTTP handlers for actions: ``POST /aip/v1/messages`` and the action history routes. Thin: authenticate,
+decode, call :class:`ActionService`, render AIP envelopes (JSON or SSE).
 
 Source: ARCHITECTURE.md §6 (routes, SSE profile), §7 (fences), §8 (cancellation).
 """
@@ -33,7 +32,8 @@ from ...contracts.aip import (
     ProtocolError,
     StreamChunk,
 )
-from ...contracts.errors import CrewUnavailable, InvalidEnvelope, MessageTooLarge
+from ...contracts.errors import CrewUnavailable, InvalidEnvelope, InvalidInput, MessageTooLarge
+from ...contracts.inputs import MAX_INPUT_DEPTH
 from ...plumbing import httpsig
 from ...plumbing.asgi import read_bounded
 from ...sse import encode_comment, encode_event, encode_page, page_template
@@ -139,7 +139,9 @@ async def post_message(request: Request) -> Response:
         obj = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested deeper than msgspec allows
         await authenticate(request, raw, None)
-        raise InvalidEnvelope("the body is not JSON, or is nested too deeply") from exc
+        if isinstance(exc, RecursionError):  # only an action's input nests without a bound of the envelope's
+            raise InvalidInput("$.body.action.input", f"nested deeper than {MAX_INPUT_DEPTH} levels") from exc
+        raise InvalidEnvelope("the body is not JSON") from exc
     principal = await authenticate(request, raw, obj if isinstance(obj, dict) else None)
     require_role(principal, "invoker")
     env = _decode_envelope(obj)
