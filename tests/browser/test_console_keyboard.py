@@ -6,6 +6,7 @@ whose garbled PEMs get precise errors, honest empty states and jittered reconnec
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -200,8 +201,14 @@ def test_an_approver_opens_and_decides_by_keyboard_alone(host, browser, artifact
         ("just some text", 'no "-----BEGIN PRIVATE KEY-----" line'),
         ("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n", "an OpenSSH key"),
         ("-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEI\n", 'no "-----END PRIVATE KEY-----" line'),
-        ("-----BEGIN PRIVATE KEY-----\nMC4CAQAw*QYDK2Vw\n-----END PRIVATE KEY-----\n", 'not base64: "*" at character 9'),
-        ("-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIE\n-----END PRIVATE KEY-----\n", "garbled: its DER is 15 bytes"),
+        (
+            "-----BEGIN PRIVATE KEY-----\nMC4CAQAw*QYDK2Vw\n-----END PRIVATE KEY-----\n",
+            'not base64: "*" at character 9',
+        ),
+        (
+            "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIE\n-----END PRIVATE KEY-----\n",
+            "garbled: its DER is 15 bytes",
+        ),
     ],
     ids=["not-pem", "openssh", "cut", "not-base64", "truncated"],
 )
@@ -217,4 +224,24 @@ def test_a_garbled_key_file_gets_a_precise_error(host, browser, content, says) -
     expect(error).to_contain_text("The key file cannot be used: ")
     expect(error).to_contain_text(says)
     assert "browser" not in error.inner_text()
+    page.close()
+
+
+def test_a_failed_queue_load_says_why_and_never_claims_an_empty_queue(host, browser) -> None:
+    page = browser.new_page(viewport=DESKTOP)
+    error = {"body": {"error": {"error": {"code": "host.unavailable", "message": "the store is unreachable"}}}}
+    failing = "**/aip/v1/approvals?status=pending&limit=200*"
+    page.route(failing, lambda route: route.fulfill(status=503, json=error))
+    page.goto(f"{host.base_url}/console/")
+    page.fill("#token", TOKENS["acme-approver"])
+    page.click("#sign-in-form button[type=submit]")
+    expect(page.locator("#queue-error")).to_be_visible(timeout=20_000)
+    expect(page.locator("#queue-error")).to_contain_text(
+        "The queue could not be loaded: the store is unreachable (host.unavailable)."
+    )
+    assert "Nothing waits" not in page.locator("#pending-view").inner_text()
+    page.unroute(failing)
+    page.click("#queue-retry")
+    expect(page.locator("#queue-error")).to_be_hidden(timeout=20_000)
+    expect(page.locator("#count")).to_have_text(re.compile(r"^\(\d+\)$"))
     page.close()

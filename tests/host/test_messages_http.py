@@ -174,7 +174,9 @@ async def test_the_approval_list_filters_decided_ones_newest_first(http, clock):
         bad = await http.get(f"/aip/v1/approvals?{query}", headers=bearer("acme-both"))
         assert bad.status_code == 400, query
         error = bad.json()["body"]["error"]["error"]
-        assert error["code"] == "message.invalid_envelope" and ("status must be" in error["message"] or "order must be" in error["message"])
+        assert error["code"] == "message.invalid_envelope" and (
+            "status must be" in error["message"] or "order must be" in error["message"]
+        )
 
 
 async def test_bad_cursors_are_typed(http):

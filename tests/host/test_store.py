@@ -595,7 +595,9 @@ async def test_status_filter_of_several_statuses_newest_first_with_a_cursor(stor
     assert await decide(store, "acme", "apr_3", "approved", "ok", "human:acme", T0 + 10)
     seen, cursor = [], None
     while True:
-        page = await store.list_approvals("acme", status=("approved", "denied"), cursor=cursor, limit=2, newest_first=True)
+        page = await store.list_approvals(
+            "acme", status=("approved", "denied"), cursor=cursor, limit=2, newest_first=True
+        )
         seen += [a.approval_id for a in page.items]
         if page.done:
             break

@@ -20,9 +20,9 @@ from aip_crewai.sse import (
     SSEEvent,
     SSEFrameTooLarge,
     encode_comment,
-    encode_retry,
     encode_event,
     encode_page,
+    encode_retry,
     page_template,
 )
 

@@ -414,7 +414,7 @@ function renderQueue() {
   const pending = pendingViews();
   renderCards($("queue"), pending);
   $("count").textContent = state.pendingLoaded ? `(${pending.length})` : "";
-  $("queue-state").textContent = !state.pendingLoaded ? "Loading the queue…"
+  $("queue-state").textContent = !state.pendingLoaded ? ($("queue-error").hidden ? "Loading the queue…" : "")
     : pending.length ? "" : "Nothing waits for a decision.";
 }
 
@@ -452,7 +452,7 @@ function renderHistory() {
     && (!f.requester || a.request.requester.id === f.requester));
   renderCards($("history"), shown);
   $("history-more").hidden = !state.historyCursor;
-  $("history-state").textContent = !state.historyLoaded ? "Loading the history…"
+  $("history-state").textContent = !state.historyLoaded ? ($("history-error").hidden ? "Loading the history…" : "")
     : !decided.length ? "No approval has been decided yet."
     : !shown.length ? "No decided approval matches the filters." : `${shown.length} of ${decided.length} shown.`;
 }
