@@ -28,6 +28,7 @@ __all__ = [
     "SSEFrameTooLarge",
     "encode_comment",
     "encode_event",
+    "encode_retry",
     "encode_page",
     "page_template",
 ]
@@ -256,6 +257,20 @@ def encode_comment(text: str) -> bytes:
     colon are ignored); ARCHITECTURE.md §4 (``: keep-alive`` every 15 s).
     """
     return "".join(f": {line}\n" if line else ":\n" for line in _LINE_END.split(text)).encode("utf-8")
+
+
+def encode_retry(ms: int) -> bytes:
+    """Encode a ``retry: <ms>`` line and a blank line: it sets the client's reconnection time
+    (milliseconds) and dispatches nothing (its frame has no data).
+
+    Raises:
+        ValueError: ``ms`` not a non-negative int.
+
+    Source: WHATWG HTML "event stream interpretation" (the ``retry`` field); README "Approval events".
+    """
+    if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+        raise ValueError(f"retry must be a non-negative int of milliseconds, got {ms!r}")
+    return f"retry: {ms}\n\n".encode("ascii")
 
 
 def page_template(data: bytes, *, id_prefix: bytes = b"") -> bytes:

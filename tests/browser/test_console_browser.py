@@ -47,7 +47,7 @@ def sign_in_with_key(page: Any, host: Any, key_file: Path) -> None:
     page.goto(f"{host.base_url}/console/")
     page.check("input[name=method][value=key]")
     page.fill("#key-id", KEY_APPROVER)
-    page.fill("#key-pem", key_file.read_text())
+    page.set_input_files("#key-file", str(key_file))
     page.click("#sign-in-form button[type=submit]")
 
 
@@ -60,7 +60,7 @@ def approve_live(page: Any, host: Any, artifacts: Path, name: str) -> None:
     with host.client("acme-app") as app:  # submitted after sign-in: it must arrive through the live stream
         pending = app.call("cap:crewai:echo", {"topic": topic}, action_id=new_id("act"), idempotency_key=new_id("k"))
     assert pending["body"]["action_result"]["status"] == "pending_approval"
-    item = page.locator("#queue li", has_text="cap:crewai:echo")
+    item = page.locator("#queue .card", has_text="cap:crewai:echo")
     expect(item).to_have_count(1, timeout=20_000)
     item.click()
     expect(page.locator("#d-input")).to_contain_text(topic)
@@ -71,7 +71,8 @@ def approve_live(page: Any, host: Any, artifacts: Path, name: str) -> None:
     expect(page.locator("#run-status")).to_have_text("completed", timeout=60_000)
     expect(page.locator("#run-chunks")).to_contain_text(topic)
     expect(page.locator("#run-result")).to_contain_text(topic)
-    expect(page.locator("#queue li")).to_have_count(0)
+    expect(page.locator("#queue .card")).to_have_count(0)
+    expect(page.locator("#queue-state")).to_have_text("Nothing waits for a decision.")
     page.screenshot(path=str(artifacts / f"{name}-completed.png"), full_page=True)
 
 

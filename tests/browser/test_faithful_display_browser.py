@@ -54,8 +54,11 @@ def test_the_console_never_renders_a_spoofed_input_as_the_spoof(host, browser, a
     page.goto(f"{host.base_url}/console/")
     page.fill("#token", TOKENS["acme-approver"])
     page.click("#sign-in-form button[type=submit]")
-    item = page.locator("#queue li", has_text="cap:crewai:echo")
+    item = page.locator("#queue .card", has_text="cap:crewai:echo")
     expect(item).to_have_count(1, timeout=20_000)
+    preview = item.locator(".preview")  # the card's input preview is faithful too
+    expect(preview.locator("mark.cp")).to_have_count(3, timeout=20_000)
+    assert "\\u202e9876-5432\\u202c" in preview.inner_text() and "\u202e" not in preview.inner_text()
     item.click()
     expect(page.locator("#d-warning")).to_be_visible(timeout=20_000)
     expect(page.locator("#d-warning-count")).to_have_text("3")

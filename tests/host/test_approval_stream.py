@@ -74,6 +74,20 @@ async def test_a_fresh_stream_sends_the_queue_then_every_change_live(world, cloc
         await stream.close()
 
 
+async def test_every_connection_opens_with_the_servers_retry(world):
+    app, _, submit = world
+    await submit("run_1")
+    for headers in (bearer("acme-both"), {**bearer("acme-both"), "Last-Event-ID": "apv_1"}):
+        stream = await open_stream(app, "/aip/v1/approvals/events", headers)
+        try:
+            if "Last-Event-ID" in headers:
+                await submit("run_2")
+            await stream.next_event()
+            assert stream.decoder.reconnection_ms == approval_stream.RETRY_MS == 3000
+        finally:
+            await stream.close()
+
+
 async def test_last_event_id_resumes_exactly_after_it(world):
     app, http, submit = world
     ids = [await submit(f"run_{n}") for n in range(3)]

@@ -5,7 +5,7 @@ import json
 import pytest
 from kits import aip
 from kits.fake_sidecar import FakeSidecar
-from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, envelope, running
+from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, envelope, running, submit_action
 
 CT = {"Content-Type": "application/aip+json"}
 
@@ -143,6 +143,40 @@ async def test_invalid_input_names_the_field(http):
 async def test_unauthenticated_message_is_401(http):
     response = await http.post("/aip/v1/messages", content=json.dumps(envelope()), headers=CT)
     assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_the_approval_list_filters_decided_ones_newest_first(http, clock):
+    ids = []
+    for n in range(3):
+        ids.append((await submit_action(http, f"act_l{n}"))["approval_id"])
+        clock.now += 1
+    for approval_id, decision in ((ids[0], "approved"), (ids[2], "denied")):
+        answer = await http.post(
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=bearer("acme-both"),
+            json={"decision": decision, "reason": "r"},
+        )
+        assert answer.status_code == 200
+
+    async def listed(query: str) -> list[str]:
+        answer = await http.get(f"/aip/v1/approvals?{query}", headers=bearer("acme-both"))
+        assert answer.status_code == 200, answer.text
+        return [a["request"]["id"] for a in answer.json()["approvals"]]
+
+    assert await listed("status=decided&order=newest") == [ids[2], ids[0]]
+    assert await listed("status=decided") == [ids[0], ids[2]]
+    assert await listed("status=pending") == [ids[1]]
+    assert await listed("order=newest") == ids[::-1]
+    first = await http.get("/aip/v1/approvals?order=newest&limit=1", headers=bearer("acme-both"))
+    cursor = first.json()["cursor"]
+    assert await listed(f"order=newest&limit=2&cursor={cursor}") == [ids[1], ids[0]]
+    for query in ("status=decide", "status=", "status=PENDING", "order=desc", "order="):
+        bad = await http.get(f"/aip/v1/approvals?{query}", headers=bearer("acme-both"))
+        assert bad.status_code == 400, query
+        error = bad.json()["body"]["error"]["error"]
+        assert error["code"] == "message.invalid_envelope" and (
+            "status must be" in error["message"] or "order must be" in error["message"]
+        )
 
 
 async def test_bad_cursors_are_typed(http):

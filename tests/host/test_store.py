@@ -587,6 +587,26 @@ async def test_status_filter(store: Store):
     assert [a.approval_id for a in (await store.list_approvals("acme", status="pending")).items] == ["apr_2"]
 
 
+async def test_status_filter_of_several_statuses_newest_first_with_a_cursor(store: Store):
+    for i in range(4):
+        await approval(store, f"apr_{i}", action_id=f"act_{i}", now=T0 + i)
+    assert await decide(store, "acme", "apr_0", "approved", "ok", "human:acme", T0 + 10)
+    assert await decide(store, "acme", "apr_2", "denied", "no", "human:acme", T0 + 10)
+    assert await decide(store, "acme", "apr_3", "approved", "ok", "human:acme", T0 + 10)
+    seen, cursor = [], None
+    while True:
+        page = await store.list_approvals(
+            "acme", status=("approved", "denied"), cursor=cursor, limit=2, newest_first=True
+        )
+        seen += [a.approval_id for a in page.items]
+        if page.done:
+            break
+        cursor = page.next_cursor
+    assert seen == ["apr_3", "apr_2", "apr_0"]
+    newest = await store.list_approvals("acme", newest_first=True)
+    assert [a.approval_id for a in newest.items] == ["apr_3", "apr_2", "apr_1", "apr_0"]
+
+
 async def test_decision_exactly_once(store: Store):
     await approval(store)
     assert not await decide(store, "acme", "apr_1", "approved", "self", "svc:acme", T0 + 1)  # requester

@@ -22,6 +22,7 @@ from aip_crewai.sse import (
     encode_comment,
     encode_event,
     encode_page,
+    encode_retry,
     page_template,
 )
 
@@ -329,6 +330,17 @@ def test_event_with_line_end_raises(bad: str) -> None:
 def test_id_with_line_end_or_nul_raises(bad: str) -> None:
     with pytest.raises(ValueError):
         encode_event("x", id=bad)
+
+
+def test_encode_retry_sets_the_reconnection_time_and_dispatches_nothing() -> None:
+    decoder = SSEDecoder()
+    assert encode_retry(3000) == b"retry: 3000\n\n"
+    assert decoder.feed(encode_retry(3000)) == [] and decoder.reconnection_ms == 3000
+    assert decoder.feed(encode_event("x", event="e")) == [SSEEvent("e", "x", None, None)]
+    assert encode_retry(0) == b"retry: 0\n\n"
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError):
+            encode_retry(bad)  # type: ignore[arg-type]
 
 
 def test_encode_comment() -> None:

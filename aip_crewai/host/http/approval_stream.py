@@ -2,6 +2,9 @@
 
 Frames (README "Approval events"):
 
+The stream opens with ``retry: 3000`` (:data:`RETRY_MS`): the reconnection time a client waits (plus
+its own jitter, as the console adds) before it resumes with ``Last-Event-ID``.
+
 | SSE event | id | when | ``data`` |
 |---|---|---|---|
 | ``pending`` | none | a fresh connection: one per approval pending now (the snapshot) | an AIP ``Event`` |
@@ -40,7 +43,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ...contracts.aip import Event
-from ...sse import encode_comment, encode_event
+from ...sse import encode_comment, encode_event, encode_retry
 from ..actions.lifecycle import ApprovalStatus
 from ..actions.service import ActionService
 from ..auth.principals import can_read_approvals
@@ -54,6 +57,8 @@ from .stopping import until_stopping
 
 #: Keep-alive comment interval, seconds (as on action streams).
 KEEPALIVE_S = 15.0
+#: The ``retry`` the stream opens with: the reconnection time, milliseconds (README "Approval events").
+RETRY_MS = 3000
 #: Events read per store query.
 PAGE_EVENTS = 500
 #: SSE event name per stored approval status.
@@ -117,6 +122,7 @@ async def follow_approvals(
     """
     store = service.store
     signal = store.approvals_changed
+    yield encode_retry(RETRY_MS)
     if after is None:
         after = await store.last_approval_event(tenant)
         await service.expire_due()

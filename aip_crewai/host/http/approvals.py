@@ -273,22 +273,49 @@ def proof_evidence(approval: ApprovalRecord) -> list[EvidenceArtifact] | None:
     ]
 
 
+#: ``status=decided``: every status but ``pending`` (the console's history, README "Approval console").
+DECIDED_STATUSES = tuple(s.value for s in ApprovalStatus if s is not ApprovalStatus.PENDING)
+#: ``order`` values of the approval list: ``oldest`` (the default) or ``newest`` first.
+ORDERS = ("oldest", "newest")
+
+
+def status_filter(value: str | None) -> str | tuple[str, ...] | None:
+    """The store's status filter of a ``status`` query value: one stored status, ``decided`` (any of
+    :data:`DECIDED_STATUSES`), or None (no filter). Raises InvalidEnvelope (400) for anything else. Pure."""
+    if value is None:
+        return None
+    if value == "decided":
+        return DECIDED_STATUSES
+    if value not in {s.value for s in ApprovalStatus}:
+        raise InvalidEnvelope(
+            f"status must be pending, decided, approved, denied, expired or withdrawn, not {value[:64]!r}"
+        )
+    return value
+
+
 async def list_approvals(request: Request) -> Response:
-    """``GET /aip/v1/approvals?status=pending&cursor=...&limit=N``: one ApprovalList
-    page (``cursor`` None on the last page)."""
+    """``GET /aip/v1/approvals?status=...&order=oldest|newest&cursor=...&limit=N``: one ApprovalList
+    page (``cursor`` None on the last page). ``status``: see :func:`status_filter`; ``order``: oldest
+    first (default) or newest first; a cursor continues the order it came from. 400 ``message.invalid_envelope``
+    for a bad status, order, limit or cursor (README "The approval flow")."""
     principal = await authenticate(request)
     can_read_approvals(principal)
     service: ActionService = host_state(request).actions
-    status = request.query_params.get("status")
-    if status is not None and status not in {s.value for s in ApprovalStatus}:
-        raise InvalidEnvelope("status must be pending, approved, denied, expired or withdrawn")
+    status = status_filter(request.query_params.get("status"))
+    order = request.query_params.get("order", "oldest")
+    if order not in ORDERS:
+        raise InvalidEnvelope(f"order must be oldest or newest, not {order[:64]!r}")
     limit_text = request.query_params.get("limit", "100")
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= 200:
         raise InvalidEnvelope("limit must be an integer 1..200")
     await service.expire_due()  # expiring an approval fails its action, in every path
     now = service.now_ms()
     page = await service.store.list_approvals(
-        principal.tenant, status=status, cursor=request.query_params.get("cursor"), limit=int(limit_text)
+        principal.tenant,
+        status=status,
+        cursor=request.query_params.get("cursor"),
+        limit=int(limit_text),
+        newest_first=order == "newest",
     )
     crews = host_state(request).crews
     return aip_json(

@@ -180,8 +180,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "One page of the tenant's approvals",
         {"200": Answer("ApprovalList", {CONTENT_TYPE: ApprovalList})},
         query=(
-            ("status", "pending | approved | denied | expired | withdrawn"),
-            ("cursor", "next page"),
+            ("status", "pending | decided (any but pending) | approved | denied | expired | withdrawn"),
+            ("order", "oldest (default) | newest first"),
+            ("cursor", "next page (in the same order)"),
             ("limit", "1..200"),
         ),
     ),

@@ -144,13 +144,19 @@ class ApprovalMethods:
         return ApprovalRecord(*rows[0]) if rows else None
 
     async def list_approvals(
-        self, tenant: str, status: str | None = None, cursor: str | None = None, limit: int = 100
+        self,
+        tenant: str,
+        status: str | tuple[str, ...] | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        *,
+        newest_first: bool = False,
     ) -> ApprovalPage:
-        """One page of a tenant's approvals, oldest first (stored status; pass
-        ``status="pending"`` for the queue).
+        """One page of a tenant's approvals, oldest first (``newest_first``: newest first), by stored
+        status: one (``status="pending"`` for the queue), any of a tuple, or None for all.
 
         Args:
-            cursor: ``next_cursor`` of the previous page (opaque), or None.
+            cursor: ``next_cursor`` of the previous page in the same order (opaque), or None.
             limit: 1..200.
 
         Raises:
@@ -160,16 +166,17 @@ class ApprovalMethods:
             raise ValueError("limit must be 1..200")
         clauses: list[str] = ["tenant = ?"]
         params: list[Any] = [tenant]
-        if status is not None:
-            clauses.append("status = ?")
-            params.append(status)
+        statuses = (status,) if isinstance(status, str) else status
+        if statuses is not None:
+            clauses.append(f"status IN ({', '.join('?' for _ in statuses)})")
+            params += list(statuses)
         if cursor is not None:
             created_at, approval_id = decode_cursor(cursor)
-            clauses.append("(created_at, approval_id) > (?, ?)")
+            clauses.append(f"(created_at, approval_id) {'<' if newest_first else '>'} (?, ?)")
             params += [created_at, approval_id]
+        order = "created_at DESC, approval_id DESC" if newest_first else "created_at, approval_id"
         rows = await self._fetch(
-            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE {' AND '.join(clauses)} "
-            "ORDER BY created_at, approval_id LIMIT ?",
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE {' AND '.join(clauses)} ORDER BY {order} LIMIT ?",
             (*params, limit + 1),
         )
         items = [ApprovalRecord(*row) for row in rows[:limit]]
