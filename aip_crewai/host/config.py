@@ -30,7 +30,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
 
     # [[sidecars]]                     # instead of [sidecar]: the same keys, plus
     # name = "eu-1"                    # optional, for logs (default sidecar-<n>)
-    # crews = ["support-primary"]      # the admitted crews it serves; each crew in exactly one entry
+    # crews = ["support-primary"]      # the admitted crews it serves; each crew in at least one entry
 
     [crews]
     file = "crews.json"                # descriptors, see admission.py
@@ -391,10 +391,11 @@ def _sidecar(base: Path, table: _SidecarTable, key: str, name: str, crews: froze
 
 
 def _sidecars(root: _Root, base: Path, crew_ids: list[str], crews_file: Path) -> tuple[SidecarSettings, ...]:
-    """``[sidecar]`` (every crew) or ``[[sidecars]]`` (each admitted crew served by exactly one).
+    """``[sidecar]`` (every crew) or ``[[sidecars]]`` (each admitted crew served by at least one; a crew on
+    several is placed per job: README "Several sidecars").
 
     Raises:
-        HostConfigError: neither or both given; a crew not admitted, listed twice or served by none.
+        HostConfigError: neither or both given; a crew not admitted, listed twice in one entry, or served by none.
     """
     if (root.sidecar is None) == (root.sidecars is None):
         raise HostConfigError("sidecar", "give either one [sidecar] table or [[sidecars]] entries, not both or neither")
@@ -403,7 +404,7 @@ def _sidecars(root: _Root, base: Path, crew_ids: list[str], crews_file: Path) ->
     entries = root.sidecars or []
     if not entries:
         raise HostConfigError("sidecars", "needs at least one entry")
-    served: dict[str, str] = {}
+    served: set[str] = set()
     result: list[SidecarSettings] = []
     for index, raw in enumerate(entries):
         key = f"sidecars[{index}]"
@@ -415,15 +416,15 @@ def _sidecars(root: _Root, base: Path, crew_ids: list[str], crews_file: Path) ->
             where = f"{key}.crews[{position}]"
             if crew_id not in crew_ids:
                 raise HostConfigError(where, f"{crew_id!r} is not an admitted crew id in {crews_file}")
-            if crew_id in served:
-                raise HostConfigError(where, f"{crew_id!r} is already served by sidecar {served[crew_id]!r}")
-            served[crew_id] = name
+            if crew_id in entry.crews[:position]:
+                raise HostConfigError(where, f"{crew_id!r} is listed twice for sidecar {name!r}")
+            served.add(crew_id)
         result.append(_sidecar(base, entry, key, name, frozenset(entry.crews)))
     unserved = [crew_id for crew_id in crew_ids if crew_id not in served]
     if unserved:
         raise HostConfigError(
             "sidecars",
-            f"no sidecar serves the admitted crews {', '.join(unserved)}: list each in exactly one [[sidecars]] entry",
+            f"no sidecar serves the admitted crews {', '.join(unserved)}: list each in at least one [[sidecars]] entry",
         )
     return tuple(result)
 

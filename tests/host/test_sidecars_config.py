@@ -56,7 +56,20 @@ def test_each_crew_is_served_by_the_sidecar_that_lists_it(host_files: HostFiles)
     assert settings.sidecars[0].serves(first[0]) and not settings.sidecars[0].serves(rest[0])
 
 
-def test_every_admitted_crew_is_served_exactly_once_by_a_valid_sidecar(host_files: HostFiles) -> None:
+def test_a_crew_may_be_served_by_several_sidecars(host_files: HostFiles) -> None:
+    """A hot crew on several sidecars (README "Several sidecars"): both entries list it, in order."""
+    settings = load(
+        host_files,
+        document(
+            entry("http://127.0.0.1:8090", CREW_IDS, name="a"),
+            entry("http://127.0.0.1:8091", CREW_IDS[:1], name="b"),
+        ),
+    )
+    assert [s.name for s in settings.sidecars if s.serves(CREW_IDS[0])] == ["a", "b"]
+    assert [s.name for s in settings.sidecars if s.serves(CREW_IDS[1])] == ["a"]
+
+
+def test_every_admitted_crew_is_served_by_at_least_one_valid_sidecar(host_files: HostFiles) -> None:
     one = "http://127.0.0.1:8090"
     both = base_document()
     both["sidecars"] = [entry(one, CREW_IDS)]
@@ -64,10 +77,8 @@ def test_every_admitted_crew_is_served_exactly_once_by_a_valid_sidecar(host_file
     neither = base_document()
     del neither["sidecar"]
     assert error(host_files, neither).key == "sidecar"
-    assert (
-        error(host_files, document(entry(one, CREW_IDS), entry("http://127.0.0.1:8091", CREW_IDS[:1]))).key
-        == "sidecars[1].crews[0]"
-    )
+    twice = error(host_files, document(entry(one, [*CREW_IDS, CREW_IDS[0]])))  # twice in one entry
+    assert twice.key == f"sidecars[0].crews[{len(CREW_IDS)}]" and "twice" in twice.message
     unserved = error(host_files, document(entry(one, CREW_IDS[:1])))
     assert unserved.key == "sidecars" and CREW_IDS[1] in unserved.message
     assert error(host_files, document(entry(one, ["no-such-crew", *CREW_IDS]))).key == "sidecars[0].crews[0]"

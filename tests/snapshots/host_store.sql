@@ -1,4 +1,4 @@
--- user_version = 7
+-- user_version = 8
 -- application_id = 0
 
 -- index action_usage_by_time (on action_usage)
@@ -59,7 +59,7 @@ CREATE TABLE actions (
     timeout_ms      INTEGER,
     chunk_count     INTEGER NOT NULL DEFAULT 0,
     created_at      INTEGER NOT NULL,
-    updated_at      INTEGER NOT NULL, lease_owner TEXT, lease_expires_at INTEGER, trace_parent TEXT, lease_epoch INTEGER NOT NULL DEFAULT 0,
+    updated_at      INTEGER NOT NULL, lease_owner TEXT, lease_expires_at INTEGER, trace_parent TEXT, lease_epoch INTEGER NOT NULL DEFAULT 0, sidecar TEXT,
     PRIMARY KEY (tenant, action_id)
 ) WITHOUT ROWID;
 

@@ -29,7 +29,8 @@ from ...contracts.errors import (
 )
 from ...contracts.operations import OperationSpec
 from ...contracts.sidecar import JobEvent
-from ..sidecars.client import DispatchProgress, SidecarClient, not_admitted, sidecar_job_id
+from ..sidecars.client import TASK_RUN_NOT_FOUND, DispatchProgress, SidecarClient, not_admitted, sidecar_job_id
+from ..sidecars.placement import Placement
 from ..tracing import TraceRef
 from .lifecycle import DispatchState
 from .normalize import StreamNormalizer, failed_result, result_from_terminal
@@ -37,6 +38,8 @@ from .normalize import StreamNormalizer, failed_result, result_from_terminal
 log = structlog.get_logger(__name__)
 
 OnChunks = Callable[[list[StreamChunk]], Awaitable[None]]
+#: (tenant, action id) -> the name of the sidecar the action's job is placed on (None: not placed).
+Locate = Callable[[str, str], Awaitable[str | None]]
 #: Failures after which the job may be running at the sidecar and is not followed any more: cancel it
 #: (ARCHITECTURE.md §8). A broken read is resumed from the journal first (:meth:`Dispatcher._follow`).
 _STREAM_FAILURES = (ConnectorInvalidStream, ConnectorResponseTooLarge, ConnectorTransport)
@@ -50,12 +53,17 @@ READ_RETRY_BUDGET_S = 10.0
 
 class StartNotAdmitted(Exception):
     """A start the sidecar provably did not admit (:func:`.sidecar_client.not_admitted`):
-    nothing ran; the caller retries it under the same job id and idempotency
-    key until its dispatch deadline (ARCHITECTURE.md §9). ``error``: the refusal."""
+    nothing ran; the caller places it on another ready sidecar of the crew at once, or
+    retries it under the same job id and idempotency key until its dispatch deadline
+    (ARCHITECTURE.md §9, README "Several sidecars"). ``error``: the refusal.
+    ``elsewhere_only``: a ``replay`` whose task run this sidecar does not hold (422
+    ``sidecar.task_run_not_found``): only another sidecar of the crew may hold it; when
+    none is left, the refusal is the result."""
 
-    def __init__(self, error: ConnectorError) -> None:
+    def __init__(self, error: ConnectorError, *, elsewhere_only: bool = False) -> None:
         super().__init__(error.message)
         self.error = error
+        self.elsewhere_only = elsewhere_only
 
 
 class DispatchDeferred(Exception):
@@ -77,7 +85,10 @@ class Job:
     ``target_action_id`` is the run an inspection operation (status, events,
     cancel) points at, already checked to belong to the same tenant and crew.
     ``durable`` says whether the host store fsyncs the action's own writes
-    (see ``actions.durable_action``).
+    (see ``actions.durable_action``). ``sidecar``: the name of the sidecar the
+    job is placed on (None: not placed yet, or a row from before placements:
+    the crew's first sidecar); ``target_sidecar``: the target run's placement
+    (read from the store by the dispatcher when None). README "Several sidecars".
     """
 
     tenant: str
@@ -93,6 +104,8 @@ class Job:
     dispatch: DispatchProgress = field(default_factory=DispatchProgress)
     #: the stored action's trace context, continued by the dispatch (:mod:`..tracing`)
     trace: TraceRef | None = None
+    sidecar: str | None = None
+    target_sidecar: str | None = None
 
     @property
     def job_id(self) -> str:
@@ -104,24 +117,46 @@ class Job:
 
 
 class Dispatcher:
-    """Runs jobs on the sidecar.
+    """Runs jobs on the sidecars.
 
     Args:
-        client: the sidecar client.
+        client: the client of a sidecar not named in ``clients`` (a one-sidecar host).
         max_response_bytes: bound on one streamed response, bytes.
+        clients: sidecar name -> its client (``[[sidecars]]``, ARCHITECTURE.md §10).
+        placement: the crews' sidecars and their load (default: every crew on every named
+            sidecar, or on ``client`` alone).
+        locate: the placement of a stored action (the target run of ``status``, ``events`` and
+            ``cancel``); default: none known (the crew's first sidecar).
     """
 
     def __init__(
-        self, client: SidecarClient, *, max_response_bytes: int, clients: Mapping[str, SidecarClient] | None = None
+        self,
+        client: SidecarClient,
+        *,
+        max_response_bytes: int,
+        clients: Mapping[str, SidecarClient] | None = None,
+        placement: Placement | None = None,
+        locate: Locate | None = None,
     ) -> None:
         self.client = client
         self.max_response_bytes = max_response_bytes
-        #: crew id -> the client of the sidecar serving it (``[[sidecars]]``, ARCHITECTURE.md §10); others use ``client``.
         self.clients = dict(clients or {})
+        self.placement = placement or Placement([(name, None) for name in self.clients] or [("sidecar", None)])
+        self.locate = locate
 
-    def client_for(self, job: Job) -> SidecarClient:
-        """The client of the sidecar that serves ``job``'s crew."""
-        return self.clients.get(job.crew_id, self.client)
+    def client_for(self, job: Job, *, target: bool = False) -> SidecarClient:
+        """The client of the sidecar holding ``job`` (``target``: the run it inspects): its recorded
+        placement, else the crew's first sidecar (:meth:`.Placement.home`)."""
+        name = job.target_sidecar if target else job.sidecar
+        if not name or name not in self.clients:  # not placed, placed before placements (''), or renamed since
+            name = self.placement.home(job.crew_id)
+        return self.clients.get(name, self.client)
+
+    async def _locate_target(self, job: Job) -> SidecarClient:
+        """The client of the sidecar holding the run ``job`` inspects (its placement, read once)."""
+        if job.target_sidecar is None and self.locate is not None:
+            job.target_sidecar = await self.locate(job.tenant, str(job.input["run_action_id"]))
+        return self.client_for(job, target=True)
 
     def _normalizer(self, job: Job, start_sequence: int = 0) -> StreamNormalizer:
         return StreamNormalizer(
@@ -152,6 +187,8 @@ class Dispatcher:
                 and (exc.details.get("admitted") is False or job.dispatch.state == DispatchState.NOT_SENT)
             ):
                 raise StartNotAdmitted(exc) from exc
+            if job.spec.name == "replay" and exc.details.get("remote_code") == TASK_RUN_NOT_FOUND:
+                raise StartNotAdmitted(exc, elsewhere_only=True) from exc  # refused before admission
             if (
                 job.spec.stream
                 and job.spec.cancel
@@ -164,6 +201,8 @@ class Dispatcher:
 
     async def _run(self, job: Job, on_chunks: OnChunks) -> ActionResult:
         spec, client = job.spec, self.client_for(job)
+        if not spec.startable:  # status, events, cancel: to the sidecar holding the run they name
+            client = await self._locate_target(job)
         if spec.name == "status":
             view = await client.get_job(spec, job.dispatch, job_id=job.target_job_id)
             return self._completed(job, _public_view(view, job))
@@ -297,7 +336,7 @@ class Dispatcher:
             await self._view_before_resume(job, job_id, cause)
             job.dispatch.state = DispatchState.ACKNOWLEDGED  # the sidecar knows the job
             normalizer = normalizer.resumed()
-            stream = self.client_for(job).stream(
+            stream = self.client_for(job, target=job_id != job.job_id).stream(
                 job.spec,
                 DispatchProgress(),
                 normalizer,
@@ -325,7 +364,9 @@ class Dispatcher:
         attempt = 0
         while True:
             try:
-                await self.client_for(job).get_job(job.spec, DispatchProgress(), job_id=job_id)
+                await self.client_for(job, target=job_id != job.job_id).get_job(
+                    job.spec, DispatchProgress(), job_id=job_id
+                )
                 return
             except ConnectorError as exc:
                 if exc.remote_status == 404:

@@ -129,46 +129,65 @@ async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool
 async def _run_until_admitted(
     runtime: ActionRuntime, live: LiveAction, on_chunks: OnChunks, *, mark_sent: bool
 ) -> ActionResult | None:
-    """Run the job; a start the sidecar provably did not admit is retried
-    (same job id and idempotency key, so never run twice) after
+    """Run the job; a start the sidecar provably did not admit is placed
+    on another ready sidecar of its crew at once (:func:`_elsewhere`), else
+    retried (same job id and idempotency key, so never run twice) after
     :func:`retry_delay_s`, the action requeued meanwhile (tenants
     see ``queued``), until the dispatch deadline: then a failed result
     ``connector.crewai.dispatch_deadline`` with ``uncertain_outcome:
-    false`` (ARCHITECTURE.md §9). Returns the result to store, or None:
-    the action stopped running meanwhile (a cancel), or its silent stream
-    is left to the reconciler (:class:`~.dispatch.DispatchDeferred`)."""
+    false`` (ARCHITECTURE.md §9). A start not placed yet is placed first
+    (:class:`~..sidecars.placement.Placement`); every placement is recorded
+    with the action before the start is sent (README "Several sidecars").
+    Returns the result to store, or None: the action stopped running
+    meanwhile (a cancel), or its silent stream is left to the reconciler
+    (:class:`~.dispatch.DispatchDeferred`)."""
     job = live.job
-    attempts, deadline_ms = 0, None
+    placement = runtime.dispatcher.placement
+    attempts, waits, deadline_ms = 0, 0, None
+    refused: set[str] = set()  # sidecars that refused this start since the last wait
+    lacking: set[str] = set()  # a replay: sidecars that hold no run of its task id
+    if job.spec.startable and job.sidecar is None:  # not placed yet (an approved action): place it now
+        job.sidecar, mark_sent = placement.place(job.crew_id), True
     while True:
-        if mark_sent and await runtime.writer.mark_sent(job.tenant, job.action_id, durable=job.durable) is None:
+        if (
+            mark_sent
+            and await runtime.writer.mark_sent(job.tenant, job.action_id, durable=job.durable, sidecar=job.sidecar)
+            is None
+        ):
             return None  # no longer running (cancelled while queued): nothing is sent
         try:
             return await runtime.dispatcher.run(job, on_chunks)
         except DispatchDeferred as deferred:
             log.warning("dispatch_deferred", code=deferred.error.code)
             return None
-        except StartNotAdmitted as refused:
+        except StartNotAdmitted as refusal:
             attempts += 1
+            where = job.sidecar or placement.home(job.crew_id)
+            (lacking if refusal.elsewhere_only else refused).add(where)
+            other = _elsewhere(runtime, job, refused, lacking, replay=refusal.elsewhere_only)
+            log.info("dispatch_not_admitted", code=refusal.error.code, attempts=attempts, sidecar=where, to=other)
+            if other is not None:  # another sidecar of the crew takes it now: no wait
+                job.sidecar, job.dispatch, mark_sent = other, DispatchProgress(), True
+                continue
+            if refusal.elsewhere_only and not refused:  # no sidecar of the crew holds the task run: that is the answer
+                return failed_result(job.action_id, refusal.error)
+            job.dispatch.state = DispatchState.NOT_SENT
             if deadline_ms is None:
                 deadline_ms = await _deadline_ms(runtime, job.tenant, job.action_id)
             remaining_ms = deadline_ms - runtime.now_ms()
-            log.info(
-                "dispatch_not_admitted", code=refused.error.code, attempts=attempts, remaining_ms=max(remaining_ms, 0)
-            )
-            job.dispatch.state = DispatchState.NOT_SENT
             if remaining_ms <= 0:
                 return failed_result(
                     job.action_id,
                     ConnectorDispatchDeadline(
                         operation=job.spec.name,
-                        remote_status=refused.error.remote_status,
+                        remote_status=refusal.error.remote_status,
                         uncertain_outcome=False,
                         read_only=job.spec.read_only,
                         dispatch=DispatchState.NOT_SENT.value,
                         details={
                             "deadline_seconds": runtime.dispatch_deadline_ms / 1000,
                             "attempts": attempts,
-                            "last_cause": refused.error.code,
+                            "last_cause": refusal.error.code,
                         },
                     ),
                 )
@@ -176,12 +195,25 @@ async def _run_until_admitted(
                 return None
             live.notify()
             live.retry_waiting = True
+            waits += 1
             try:
-                await asyncio.sleep(min(retry_delay_s(attempts), remaining_ms / 1000))
+                await asyncio.sleep(min(retry_delay_s(waits), remaining_ms / 1000))
             finally:
                 live.retry_waiting = False
+            refused.clear()  # after the wait every sidecar of the crew may take it again
             job.dispatch = DispatchProgress()
+            job.sidecar = placement.place(job.crew_id, exclude=lacking) or job.sidecar
             mark_sent = True
+
+
+def _elsewhere(runtime: ActionRuntime, job: Job, refused: set[str], lacking: set[str], *, replay: bool) -> str | None:
+    """Where a start refused before admission goes at once: another READY sidecar of the crew that has
+    not refused it (:meth:`.Placement.place`), or for a ``replay`` whose task run the sidecar does not
+    hold, the next sidecar of the crew in configuration order that may hold it; None: none (wait)."""
+    placement = runtime.dispatcher.placement
+    if replay:
+        return next((n for n in placement.candidates(job.crew_id) if n not in refused | lacking), None)
+    return placement.place(job.crew_id, exclude=refused | lacking, ready_only=True)
 
 
 async def _deadline_ms(runtime: ActionRuntime, tenant: str, action_id: str) -> int:

@@ -62,5 +62,10 @@ class LiveRegistry:
     def remove(self, tenant: str, action_id: str) -> None:
         self._items.pop((tenant, action_id), None)
 
+    def placed_on(self, sidecar: str) -> int:
+        """How many jobs dispatched or followed here are placed on ``sidecar`` (its in-flight load
+        as :class:`~aip_crewai.host.sidecars.placement.Placement` weighs it)."""
+        return sum(1 for live in self._items.values() if live.job.sidecar == sidecar and live.job.spec.startable)
+
     def tasks(self) -> list[asyncio.Task[None]]:
         return [live.task for live in self._items.values() if live.task is not None]

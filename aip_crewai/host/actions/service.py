@@ -1,10 +1,9 @@
 """The action service: capability resolution, the idempotency and approval
 fences, dispatch in the background, cancellation and restart reconciliation.
 
-HTTP handlers (``http/routes.py``, ``http/approvals.py``) stay thin over this.
-Cancellation lives in :mod:`.cancellation`, restart reconciliation and the
-approval-expiry sweep in :mod:`.recovery` (:class:`ActionService` delegates
-to both), chunk storage in :mod:`.chunk_sink`.
+HTTP handlers (``http/routes.py``, ``http/approvals.py``) stay thin over this. Cancellation lives in
+:mod:`.cancellation`, restart reconciliation and the approval-expiry sweep in :mod:`.recovery`
+(:class:`ActionService` delegates to both), chunk storage in :mod:`.chunk_sink`.
 
 Source: ARCHITECTURE.md §7 (fences), §8 (cancellation outcomes).
 """
@@ -63,18 +62,17 @@ _view_encoder = msgspec.json.Encoder()
 
 
 def pending_result(record: ActionRecord) -> ActionResult:
-    """The ``pending_approval`` result of a governed action waiting for its
-    approval: ``output`` is a :class:`~aip_crewai.contracts.aip.PendingApproval`
-    (approval id, policy hash, expiry, where an approver decides), plus a text
-    part. Derived from the action row alone (the approval row may still be in
-    flight for a concurrent duplicate): same hash, same expiry. Pure.
+    """The ``pending_approval`` result of a governed action waiting for its approval: ``output`` is a
+    :class:`~aip_crewai.contracts.aip.PendingApproval` (approval id, policy hash, expiry, where an approver
+    decides), plus a text part. Derived from the action row alone (the approval row may still be in flight
+    for a concurrent duplicate): same hash, same expiry. Pure.
 
     Source: README "The approval flow"."""
     approval_id = record.approval_id or ""
     expires_at = ms_to_rfc3339(record.created_at + APPROVAL_TTL_MS)
     pending = PendingApproval(
         approval_id=approval_id,
-        policy_hash=policy_hash(record.tenant, record.action_id, record.capability_id, record.input_hash),
+        policy_hash=_approval_hash(record),
         expires_at=expires_at,
         approval_url=f"/aip/v1/approvals/{approval_id}",
     )
@@ -100,11 +98,10 @@ async def _no_chunks(chunks: list[Any]) -> None:
 
 
 def durable_action(spec: OperationSpec, key: str | None) -> bool:
-    """Whether the store fsyncs an action's own writes: always, except for a
-    read-only operation without an idempotency key (a ``status`` read), whose
-    record a power loss may drop at no cost: no side effect, no fence rests on
-    it, and the read is safe to repeat. Crashes of the host process lose
-    nothing either way (see :mod:`aip_crewai.host.store.store`)."""
+    """Whether the store fsyncs an action's own writes: always, except for a read-only operation without an
+    idempotency key (a ``status`` read), whose record a power loss may drop at no cost: no side effect, no
+    fence rests on it, and the read is safe to repeat. Crashes of the host process lose nothing either way
+    (see :mod:`aip_crewai.host.store.store`)."""
     return not (spec.read_only and key is None)
 
 
@@ -145,6 +142,7 @@ class ActionService:
         self.dispatcher = dispatcher
         self.allowed = allowed
         self.live = LiveRegistry()
+        dispatcher.placement.inflight = self.live.placed_on  # new jobs go where this host runs fewest
         #: Changes other hosts commit to a shared store, pushed to followers here (:mod:`.notify`).
         self.remote = RemoteChanges()
         self.metrics = metrics
@@ -204,28 +202,30 @@ class ActionService:
         approval_id = "apr_" + secrets.token_urlsafe(16) if spec.approval else None
         if blocking and not stream and inline_read(spec, key):
             return await self._read_inline(caller, action, crew_id, spec, hashed)
-        try:
-            # One transaction: the target check of status/events/cancel, the key's reservation and the
-            # action row; a request refused here reserves nothing (README "Security": idempotency).
-            # A running action is dispatched right after this write: it is created `sent` (one write, not two).
-            created, record_ = await self.writer.create(
-                event,
-                tenant,
-                action.id,
-                action.capability_id,
-                crew_id,
-                spec.name,
-                canonical_json(action.input).decode(),
-                hashed,
-                caller.id,
-                key,
-                approval_id=approval_id,
-                timeout_ms=action.timeout_ms,
-                dispatch=DispatchState.SENT if event is ActionEvent.ADMIT else DispatchState.NOT_SENT,
-                target=(run_action_id, ops.STARTABLE_OPERATIONS) if run_action_id is not None else None,
-                key_expires_at=self.now_ms() + IDEMPOTENCY_TTL_MS if key is not None else None,
-                durable=durable_action(spec, key),
-            )
+        placing = self.dispatcher.placement.placing(crew_id) if spec.startable and not spec.approval else None
+        try:  # One transaction: the target check of status/events/cancel, the key's reservation and the action
+            # row; a request refused here reserves nothing (README "Security": idempotency). A running action is
+            # dispatched right after this write: it is created `sent` with its placement (README "Several sidecars").
+            with placing or contextlib.nullcontext() as sidecar:
+                created, record_ = await self.writer.create(
+                    event,
+                    tenant,
+                    action.id,
+                    action.capability_id,
+                    crew_id,
+                    spec.name,
+                    canonical_json(action.input).decode(),
+                    hashed,
+                    caller.id,
+                    key,
+                    approval_id=approval_id,
+                    timeout_ms=action.timeout_ms,
+                    dispatch=DispatchState.SENT if event is ActionEvent.ADMIT else DispatchState.NOT_SENT,
+                    target=(run_action_id, ops.STARTABLE_OPERATIONS) if run_action_id is not None else None,
+                    key_expires_at=self.now_ms() + IDEMPOTENCY_TTL_MS if key is not None else None,
+                    durable=durable_action(spec, key),
+                    sidecar=sidecar,
+                )
         except MissingTarget:
             raise ActionNotFound(details={"run_action_id": run_action_id}) from None
         if not created:
@@ -374,6 +374,7 @@ class ActionService:
             first_chunk_sequence=record.chunk_count,
             durable=durable_action(ops.get(record.operation), record.idempotency_key),
             trace=TraceRef.of(record),
+            sidecar=record.sidecar,
         )
 
     def start(self, record: ActionRecord, *, stream: bool = False, rechecked: bool = False) -> LiveAction:
@@ -477,9 +478,8 @@ class ActionService:
         return None
 
     async def wait(self, record: ActionRecord, timeout_s: float) -> ActionRecord:
-        """Wait until the action leaves ``running``, or is queued for a retry
-        of a start the sidecar did not admit (ARCHITECTURE.md §9), or the
-        timeout passes; returns the record as it then is."""
+        """Wait until the action leaves ``running``, or is queued for a retry of a start the sidecar did not
+        admit (ARCHITECTURE.md §9), or the timeout passes; returns the record as it then is."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while record.status == ActionState.RUNNING:

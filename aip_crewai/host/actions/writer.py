@@ -89,10 +89,12 @@ class ActionWriter:
         target: tuple[str, Sequence[str]] | None = None,
         key_expires_at: int | None = None,
         durable: bool = True,
+        sidecar: str | None = None,
     ) -> tuple[bool, ActionRecord]:
         """``request_approval`` or ``admit``: insert the action and reserve its
         idempotency key in one transaction (see :meth:`Store.create_action`), with the W3C
-        ``traceparent`` current here, which its dispatch continues (:mod:`..tracing`)."""
+        ``traceparent`` current here, which its dispatch continues (:mod:`..tracing`), and
+        its placement ``sidecar`` when it is dispatched at once (README "Several sidecars")."""
         if TRANSITIONS[event].sources:
             raise ValueError(f"{event.value} does not create an action")
         return await self.store.create_action(
@@ -113,6 +115,7 @@ class ActionWriter:
             key_expires_at=key_expires_at,
             durable=durable,
             trace_parent=current_traceparent(),
+            sidecar=sidecar,
         )
 
     async def create_answered(
@@ -194,8 +197,11 @@ class ActionWriter:
         except StoreError:
             return await self.store.get_approval(record.tenant, record.approval_id or "")
 
-    async def mark_sent(self, tenant: str, action_id: str, *, durable: bool = True) -> ActionRecord | None:
-        """``mark_sent``: the request may have reached the sidecar."""
+    async def mark_sent(
+        self, tenant: str, action_id: str, *, durable: bool = True, sidecar: str | None = None
+    ) -> ActionRecord | None:
+        """``mark_sent``: the request may have reached the sidecar; ``sidecar``: the one it is placed on,
+        recorded before the start is sent (README "Several sidecars"; None keeps the stored placement)."""
         return await self.store.update_action(
             tenant,
             action_id,
@@ -203,6 +209,7 @@ class ActionWriter:
             status=TRANSITIONS[ActionEvent.MARK_SENT].target.value,
             dispatch=DispatchState.SENT.value,
             durable=durable,
+            sidecar=sidecar,
         )
 
     async def requeue(self, tenant: str, action_id: str, *, durable: bool = True) -> ActionRecord | None:

@@ -28,6 +28,7 @@ from ..actions.service import ActionService
 from ..ledger.sealer import Sealer
 from ..settings import Settings, SidecarSettings
 from ..sidecars.client import SidecarClient
+from ..sidecars.placement import Placement
 from ..sidecars.readiness import Readiness, ReadinessGroup, notify_systemd
 from ..store.notify import listen
 from ..store.store import Store, StoreError
@@ -212,7 +213,7 @@ async def serve_actions(
 
         return keepalive_s
 
-    sidecars = settings.sidecars or ()
+    sidecars = _sidecars(settings)
     by_name = {
         sidecar.name: SidecarClient(
             clients[sidecar.name],
@@ -221,29 +222,27 @@ async def serve_actions(
         )
         for sidecar in sidecars
     }
-    client = (
-        next(iter(by_name.values()))
-        if by_name
-        else SidecarClient(
-            next(iter(clients.values())),
-            max_response_bytes=settings.max_response_bytes,
-            keepalive_s=keepalive_of("sidecar", settings.sidecar_keepalive_s),
-        )
-    )
-    by_crew = {
-        crew.id: by_name[sidecar.name]
-        for sidecar in sidecars
-        if sidecar.crews is not None
-        for crew in settings.crews
-        if crew.id in sidecar.crews
-    }
+    # Each new job goes to a ready sidecar of its crew, least loaded first; follow-ups go where the store
+    # says the job is (README "Several sidecars").
+    placement = Placement([(sidecar.name, sidecar.crews) for sidecar in sidecars], ready=readiness.is_ready)
+
+    async def locate(tenant: str, action_id: str) -> str | None:
+        record = await store.get_action(tenant, action_id)
+        return record.sidecar if record is not None else None
+
     allowed = {
         tenant: {crew: frozenset(operations) for crew, operations in setup.capabilities.visible_crews(tenant).items()}
         for tenant in settings.tenants
     }
     service = ActionService(
         store,
-        Dispatcher(client, max_response_bytes=settings.max_response_bytes, clients=by_crew),
+        Dispatcher(
+            next(iter(by_name.values())),
+            max_response_bytes=settings.max_response_bytes,
+            clients=by_name,
+            placement=placement,
+            locate=locate,
+        ),
         allowed,
         metrics=setup.metrics,
         authenticator=setup.authenticator,

@@ -119,6 +119,9 @@ class DispatchProgress:
 
 #: The sidecar's code of a refusal that says "try later": another job of the crew is active (409).
 CREW_BUSY = "sidecar.crew_busy"
+#: The sidecar's code of a ``replay`` whose task id names no run it holds (422, before admission): with a
+#: crew on several sidecars the run may be on another one (README "Several sidecars").
+TASK_RUN_NOT_FOUND = "sidecar.task_run_not_found"
 
 
 def error_for_status(
@@ -144,6 +147,8 @@ def error_for_status(
         return ConnectorCrewBusy(**kwargs)
     if status in (401, 403):
         return ConnectorAuthentication(**kwargs)
+    if status == 422 and code == TASK_RUN_NOT_FOUND:
+        kwargs.update(uncertain_outcome=False, details={**(kwargs["details"] or {}), "remote_code": code})
     if status in (404, 413, 422, 428):
         return ConnectorConfigurationOrInput(**kwargs)
     if status == 429 or status >= 500:

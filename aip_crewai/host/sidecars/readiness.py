@@ -279,7 +279,7 @@ def notify_systemd(address: str | None, message: bytes = b"READY=1") -> bool:
 
 
 class ReadinessGroup:
-    """The readiness of several sidecars, each serving its own crews (``[[sidecars]]``, ARCHITECTURE.md §10), with the
+    """The readiness of several sidecars, each serving its crews (``[[sidecars]]``, ARCHITECTURE.md §10), with the
     interface of one :class:`Readiness` for ``/ready``, submissions and dispatch.
 
     The host is ready while at least one sidecar is (a load balancer keeps sending it work). A crew its
@@ -319,14 +319,25 @@ class ReadinessGroup:
 
     @property
     def unserved_crews(self) -> frozenset[str]:
+        """The crews NO configured sidecar of theirs lists (a crew on several sidecars stays available while
+        one of them serves it; the placement sends its jobs to the ready ones)."""
         crews: set[str] = set()
         for _, member in self.members:
             crews |= member.unserved_crews
-        return frozenset(crews)
+        return frozenset(
+            crew
+            for crew in crews
+            if all(crew in m.unserved_crews for _, m in self.members if any(c.id == crew for c in m.crews))
+        )
 
     def member_for(self, crew_id: str) -> Readiness | None:
-        """The readiness of the sidecar serving ``crew_id``."""
+        """The readiness of the first sidecar serving ``crew_id``."""
         return next((m for _, m in self.members if any(c.id == crew_id for c in m.crews)), None)
+
+    def is_ready(self, name: str) -> bool:
+        """Whether the sidecar named ``name`` is ready now (its last check; False for an unknown name):
+        only ready sidecars get new jobs (:mod:`.placement`)."""
+        return any(member.ready for member_name, member in self.members if member_name == name)
 
     @property
     def keepalive_s(self) -> float | None:

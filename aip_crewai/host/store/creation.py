@@ -29,7 +29,7 @@ _S = ActionState
 #: The row's values in ACTION_COLUMNS order; the lease's expiry is given as its length (ms, or NULL) and
 #: computed with the database's clock (:data:`.engines.postgres.DB_NOW`).
 _INSERT = (
-    f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 19)}, {DB_NOW} + CAST(? AS BIGINT), ?, ?) "
+    f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES ({', '.join('?' * 19)}, {DB_NOW} + CAST(? AS BIGINT), ?, ?, ?) "
     f"ON CONFLICT (tenant, action_id) DO NOTHING RETURNING {ACTION_COLUMNS}"
 )
 _RESERVE = (

@@ -197,6 +197,16 @@ ALTER TABLE actions ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
 """
 
 
+# Migration 8: an action's placement: the name of the ``[[sidecars]]`` entry its job was (or is about to be)
+# sent to, recorded before the start is sent; every follow-up (status, events, cancel, reconciliation)
+# goes there (README "Several sidecars"). NULL: nothing was sent yet (placed when it is); '' (the rows
+# this migration finds sent): sent before placements existed, to the crew's first configured sidecar.
+_MIGRATION_8 = """
+ALTER TABLE actions ADD COLUMN sidecar TEXT;
+UPDATE actions SET sidecar = '' WHERE dispatch <> 'not_sent';
+"""
+
+
 #: Forward-only migrations; migration N (1-based) brings ``user_version`` to N.
 MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_1,
@@ -206,6 +216,7 @@ MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_5,
     _MIGRATION_6,
     _MIGRATION_7,
+    _MIGRATION_8,
 )
 
 

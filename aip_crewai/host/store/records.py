@@ -85,6 +85,9 @@ class ActionRecord:
     lease_epoch: int = 0
     #: the W3C ``traceparent`` current at its creation, continued by its dispatch (README "Observing actions")
     trace_parent: str | None = None
+    #: the name of the sidecar its job is placed on (README "Several sidecars"); None: not placed (nothing
+    #: sent yet, or an inspection, which follows its target); '': sent before placements (the crew's first)
+    sidecar: str | None = None
 
     def __post_init__(self) -> None:  # rows hold the values: the record holds the lifecycle's enums
         object.__setattr__(self, "status", ActionState(self.status))

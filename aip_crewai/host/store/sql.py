@@ -39,10 +39,13 @@ def action_update(
     approval_id: str | None = None,
     settle_dispatch: bool = False,
     replacing: str | None = None,
+    sidecar: str | None = None,
 ) -> tuple[str, tuple[Any, ...]]:
     """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.update_action`).
     ``settle_dispatch``: write ``dispatch`` as given even when it is behind the stored one.
     ``replacing``: change the row only while its ``result_json`` is exactly this (a correction of a stored result).
+    ``sidecar``: the action's placement (README "Several sidecars"; None keeps the stored one).
+    The parameters end with ``tenant, action_id`` and the source statuses (then ``replacing``).
 
     Raises:
         ValueError: a transition no event of the lifecycle table makes
@@ -60,7 +63,8 @@ def action_update(
         f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {DISPATCH_RANK_SQL} THEN CAST(? AS TEXT) "
         "ELSE dispatch END, "
         "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
-        f"approval_id = COALESCE(?, approval_id) WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
+        "approval_id = COALESCE(?, approval_id), sidecar = COALESCE(?, sidecar) "
+        f"WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
         f"{'AND result_json = ? ' if replacing is not None else ''}RETURNING {ACTION_COLUMNS}"
     )
     rank = len(DISPATCH_RANK) if settle_dispatch else DISPATCH_RANK.get(dispatch or "", -1)
@@ -73,6 +77,7 @@ def action_update(
         result_json,
         error_json,
         approval_id,
+        sidecar,
         tenant,
         action_id,
         *[s.value for s in sources],

@@ -373,6 +373,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
         result: tuple[str, str] | None = None,
         seal: Seal | None = None,
         trace_parent: str | None = None,
+        sidecar: str | None = None,
     ) -> tuple[bool, ActionRecord]:
         """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
 
@@ -400,6 +401,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
                 ``status`` (``running``). ValueError otherwise.
             seal: with ``result``: what the result leaves, written with a created row (:func:`.ledger.seal_now`).
             trace_parent: the W3C ``traceparent`` its dispatch continues (README "Observing actions").
+            sidecar: its placement, recorded before its start is sent (README "Several sidecars").
 
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
@@ -416,7 +418,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
         # The row in ACTION_COLUMNS order: who and what, then its state (no error, no chunk yet) and times.
         request = (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id)
         state = (idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0)
-        row = (*request, *state, now, now, *self._lease_for(status), trace_parent)
+        row = (*request, *state, now, now, *self._lease_for(status), trace_parent, sidecar)
         reserve = None if idempotency_key is None or key_expires_at is None else (idempotency_key, key_expires_at)
         created, record = await self._run(
             self._write_now, durable, lambda: create_now(self._db, row, reservation=reserve, target=target, seal=seal)
@@ -445,6 +447,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
         settle_dispatch: bool = False,
         replacing: str | None = None,
         seal: Seal | None = None,
+        sidecar: str | None = None,
     ) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
@@ -457,6 +460,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
         ``replacing``: only while the stored ``result_json`` is exactly this
         (a correction of a provisional result: a concurrent correction wins).
         ``seal``: what the result leaves, written in the same transaction (:func:`.ledger.seal_now`).
+        ``sidecar``: the action's placement (README "Several sidecars"; None keeps the stored one).
         When this host holds the action's dispatch lease, the write (with what the result leaves) applies
         only while its fencing token is current (:mod:`.leases`).
 
@@ -480,6 +484,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
             now=self.now_ms() if now is None else now,
             settle_dispatch=settle_dispatch,
             replacing=replacing,
+            sidecar=sidecar,
         )
         fence, fence_params = self._fenced(tenant, action_id)
         if fence:  # this host holds the lease: the write applies only while its token is current
@@ -504,7 +509,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
         rows = self._fetch_now(*update)
         if not rows:
             if fenced:
-                tenant, action_id = update[1][8], update[1][9]
+                tenant, action_id = update[1][9], update[1][10]  # see :func:`.sql.action_update`
                 self._check_fence_now(tenant, action_id)
             return None
         record = ActionRecord(*rows[0])
