@@ -21,6 +21,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     status_cache_entries = 1024        # final job views kept for key-less :status reads, 0 .. 1000000; 0 disables
     unauthenticated_body_budget_bytes = 67108864  # bodies read before authentication, in total, 2 MiB .. 1 TiB
     public_authorities = ["aip.example.com"]  # Host values signed requests may name; default: the bind address
+    webhook_allow_cidrs = []           # private networks webhook deliveries may reach anyway (webhooks/config.py)
 
     [sidecar]                          # one sidecar serving every crew; or several, each with its crews:
     url = "http://127.0.0.1:8090"      # https://…, or http:// to a loopback address only
@@ -44,6 +45,8 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     roles = ["invoker"]                # non-empty subset of invoker | approver | operator
     token_sha256 = "<64 hex>"          # and/or
     ed25519_public_key = "<base64 of the raw 32-byte key>"
+
+    [[webhooks]]                       # optional: see host/webhooks/config.py and README "Webhooks"
 
 Relative paths (``store``, ``token_file``, ``file``) resolve against the
 directory of the configuration file, not the working directory, so a config
@@ -110,6 +113,7 @@ from .store.engines.postgres import (
     DEFAULT_STATEMENT_TIMEOUT_MS,
     StoreTimeouts,
 )
+from .webhooks.config import parse_webhooks
 
 MAX_RESPONSE_BYTES_LIMIT = 256 * 1024 * 1024
 MAX_STORE_POOL_SIZE = 64
@@ -167,6 +171,7 @@ class _HostTable(_Table, frozen=True):
         DEFAULT_BODY_BUDGET_BYTES
     )
     public_authorities: Annotated[list[_Authority], msgspec.Meta(min_length=1, max_length=64)] | None = None
+    webhook_allow_cidrs: list[str] = []
 
 
 class _SidecarTable(_Table, frozen=True):
@@ -207,6 +212,7 @@ class _Root(_Table, frozen=True):
     tenants: dict[str, Any] = {}
     principals: list[Any] = []
     pricing: Any = None
+    webhooks: list[Any] = []
 
 
 # --- loading -----------------------------------------------------------------
@@ -340,6 +346,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
     except SettingError as exc:
         raise HostConfigError(exc.key, exc.reason) from None
     env = os.environ if environ is None else environ
+    webhooks = parse_webhooks(root.webhooks, tenants, base, host.webhook_allow_cidrs, _convert)
     return Settings(
         config_path=config_path.resolve(),
         bind=host.bind,
@@ -374,6 +381,7 @@ def build_settings(data: Mapping[str, Any], config_path: Path, *, environ: Mappi
         public_authorities=None
         if host.public_authorities is None
         else tuple(dict.fromkeys(a.lower() for a in host.public_authorities)),
+        webhooks=webhooks,
     )
 
 

@@ -23,6 +23,8 @@ Metrics (all prefixed ``aip_host_``):
 | ``actions_total`` | counter | operation, status |
 | ``tokens_total`` | counter | tenant, crew, kind (prompt, completion, total, cached, requests): tokens of crew operations' final results |
 | ``cost_total`` | counter | tenant, crew, currency: their cost in currency units (priced crews only, README "Observing actions") |
+| ``webhook_attempts_total`` | counter | outcome (delivered, http_error, timeout, connect_error, refused, endpoint_removed; README "Webhooks") |
+| ``webhook_deliveries_total`` | counter | outcome (delivered, expired): deliveries that ended |
 | ``status_cache_total`` | counter | result (hit, miss): key-less ``:status`` reads answered from the host's cache of final job views, or asking the sidecar (not counted while the cache is disabled) |
 
 Every label value comes from a closed set, never from request bytes (an
@@ -84,6 +86,15 @@ class Metrics:
             p + "status_cache_total",
             "Key-less status reads by result of the final-view cache (hit, miss).",
             ("result",),
+        )
+        self.webhook_attempts = Counter(
+            p + "webhook_attempts_total",
+            "Webhook delivery attempts by outcome (delivered, http_error, timeout, connect_error, refused, "
+            "endpoint_removed).",
+            ("outcome",),
+        )
+        self.webhook_deliveries = Counter(
+            p + "webhook_deliveries_total", "Webhook deliveries ended, by outcome (delivered, expired).", ("outcome",)
         )
         self.ready.set(0)
 

@@ -18,6 +18,7 @@ from .ledger.receipts import ReceiptKeys
 from .ledger.usage import Pricing
 from .sidecars.view_cache import DEFAULT_ENTRIES as DEFAULT_STATUS_CACHE_ENTRIES
 from .store.engines.postgres import StoreTimeouts
+from .webhooks.config import WebhookSettings
 
 #: Response bound, bytes (ARCHITECTURE.md §8, §11).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -130,6 +131,7 @@ class Settings:
         pricing: ``[pricing]``: prices per model and each crew's model; None: no cost (README "Observing actions").
         public_authorities: the ``Host`` values (``@authority``) a signed request may name, lower-case;
             None: the forms of the bind address (README "Signed requests").
+        webhooks: the ``[[webhooks]]`` endpoints and ``[host] webhook_allow_cidrs`` (README "Webhooks").
         body_budget_bytes: the bytes of request bodies read before authentication (signed envelopes
             and signed requests), in total; past it such a body is 503 (README "Security").
     """
@@ -163,3 +165,4 @@ class Settings:
     status_cache_entries: int = DEFAULT_STATUS_CACHE_ENTRIES
     body_budget_bytes: int = DEFAULT_BODY_BUDGET_BYTES
     public_authorities: tuple[str, ...] | None = None
+    webhooks: WebhookSettings = WebhookSettings()

@@ -1,4 +1,4 @@
--- user_version = 8
+-- user_version = 9
 -- application_id = 0
 
 -- index action_usage_by_time (on action_usage)
@@ -21,6 +21,15 @@ CREATE INDEX message_ids_expiry ON message_ids (expires_at);
 
 -- index receipts_by_action (on receipts)
 CREATE INDEX receipts_by_action ON receipts (tenant, action_id);
+
+-- index webhook_deliveries_by_created (on webhook_deliveries)
+CREATE INDEX webhook_deliveries_by_created ON webhook_deliveries (tenant, created_at, delivery_id);
+
+-- index webhook_deliveries_due (on webhook_deliveries)
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE status = 'pending';
+
+-- index webhook_deliveries_order (on webhook_deliveries)
+CREATE INDEX webhook_deliveries_order ON webhook_deliveries (tenant, endpoint_id, action_id, seq);
 
 -- table action_usage (on action_usage)
 CREATE TABLE action_usage (
@@ -131,4 +140,39 @@ CREATE TABLE receipts (
     document     TEXT NOT NULL,
     created_at   INTEGER NOT NULL,
     PRIMARY KEY (tenant, receipt_id)
+) WITHOUT ROWID;
+
+-- table webhook_attempts (on webhook_attempts)
+CREATE TABLE webhook_attempts (
+    tenant       TEXT NOT NULL,
+    delivery_id  TEXT NOT NULL,
+    attempt      INTEGER NOT NULL,
+    host_id      TEXT NOT NULL,
+    started_at   INTEGER NOT NULL,
+    duration_ms  INTEGER NOT NULL,
+    outcome      TEXT NOT NULL,
+    status_code  INTEGER,
+    PRIMARY KEY (tenant, delivery_id, attempt),
+    FOREIGN KEY (tenant, delivery_id) REFERENCES webhook_deliveries (tenant, delivery_id)
+) WITHOUT ROWID;
+
+-- table webhook_deliveries (on webhook_deliveries)
+CREATE TABLE webhook_deliveries (
+    tenant           TEXT NOT NULL,
+    delivery_id      TEXT NOT NULL,
+    endpoint_id      TEXT NOT NULL,
+    event_type       TEXT NOT NULL,
+    action_id        TEXT NOT NULL,
+    seq              INTEGER NOT NULL,
+    body             TEXT NOT NULL,
+    status           TEXT NOT NULL CHECK (status IN ('pending', 'delivered', 'expired')),
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    created_at       INTEGER NOT NULL,
+    deadline_at      INTEGER NOT NULL,
+    next_attempt_at  INTEGER NOT NULL,
+    claimed_by       TEXT,
+    claim_expires_at INTEGER,
+    finished_at      INTEGER,
+    last_outcome     TEXT,
+    PRIMARY KEY (tenant, delivery_id)
 ) WITHOUT ROWID;

@@ -32,6 +32,8 @@ from ..sidecars.placement import Placement
 from ..sidecars.readiness import Readiness, ReadinessGroup, notify_systemd
 from ..store.notify import listen
 from ..store.store import Store, StoreError
+from ..webhooks.events import WebhookEvents
+from ..webhooks.sender import WebhookSender, webhook_client
 from .state import HostSetup, HostState, host_setup, record_startup_error
 
 log = structlog.get_logger(__name__)
@@ -143,6 +145,9 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
         except StoreError as exc:  # the process reports it in one line and exits 2 (host/main.py)
             record_startup_error(app, exc)
             raise
+        if settings.webhooks.endpoints:  # each state change's webhook events, in its own transaction
+            store.outbox_events = WebhookEvents(settings.webhooks, setup.crews)
+        hooks_http = webhook_client() if settings.webhooks.endpoints else None
         clients = {sidecar.name: _sidecar_http(sidecar, transport) for sidecar in _sidecars(settings)}
         # Health probes get connections of their own: under load every pooled connection of ``clients`` may
         # hold a run's stream, and a probe waiting behind them would call a healthy sidecar unreachable.
@@ -166,6 +171,11 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
                         await stack.enter_async_context(module.lifespan(app))
                 tasks.append(asyncio.create_task(readiness.run(settings.readiness_interval_s)))
                 tasks.append(asyncio.create_task(_purge_loop(store)))
+                if hooks_http is not None:  # the one webhook sender of this host (README "Webhooks")
+                    sender = WebhookSender(
+                        store, settings.webhooks, hooks_http, host_id=settings.host_id, metrics=setup.metrics
+                    )
+                    tasks.append(asyncio.create_task(sender.run()))
                 log.info(
                     "host_started",
                     bind=settings.bind,
@@ -183,7 +193,7 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
         finally:
             app.state.host = None
             setup.authenticator.claims = None
-            for client in [*clients.values(), *probes.values()]:
+            for client in [*clients.values(), *probes.values(), *([hooks_http] if hooks_http else [])]:
                 await client.aclose()
             await store.close()
             log.info("host_stopped")

@@ -63,6 +63,8 @@ class ApprovalMethods:
         ) -> ActionRecord | None: ...
         def _lease_for(self, status: str) -> tuple[str | None, int | None, int]: ...
         def _hold(self, record: ActionRecord) -> None: ...
+        def _outbox_approval_now(self, tenant: str, approval_id: str) -> None: ...
+        def _with_outbox(self, seal: Seal | None) -> Seal | None: ...
 
     def _log_approval_now(self, tenant: str, approval_id: str, status: str) -> None:
         """Append ``(approval_id, status)`` to ``tenant``'s approval event log at the next position
@@ -73,6 +75,7 @@ class ApprovalMethods:
             "WHERE tenant = ?",
             (tenant, approval_id, status, tenant),
         )
+        self._outbox_approval_now(tenant, approval_id)  # its webhook events, in the same transaction
 
     async def _approvals_write(self, fn: Callable[..., _T], *args: Any) -> _T:
         """:meth:`_run` a write that may change approvals, then wake the approval stream (also on failure)."""
@@ -270,6 +273,7 @@ class ApprovalMethods:
         ``seal``: what the result leaves, in the same transaction (:func:`.ledger.seal_now`).
         """
         now = self.now_ms()
+        seal = self._with_outbox(seal)
 
         def cancel() -> ActionRecord | None:
             record = self._update_now(

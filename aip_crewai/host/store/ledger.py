@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..actions.lifecycle import is_terminal
 from . import notify
 from .engines.engine import Db
+from .outbox import enqueue_now
 from .records import DISPATCH_RANK, ActionRecord, ChunkRecord, Seal, StoreError, UsageTotal
 from .sql import DISPATCH_RANK_SQL
 
@@ -143,6 +144,8 @@ def seal_now(db: Db, record: ActionRecord, seal: Seal) -> ActionRecord:
         db.change(_UPSERT_USAGE, sealed.usage)
     if sealed.receipt is not None:
         db.change(_INSERT_RECEIPT, sealed.receipt)
+    if sealed.outbox:
+        enqueue_now(db, sealed.outbox)
     return dataclasses.replace(record, result_json=sealed.result_json)
 
 

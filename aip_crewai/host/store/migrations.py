@@ -207,6 +207,48 @@ UPDATE actions SET sidecar = '' WHERE dispatch <> 'not_sent';
 """
 
 
+# Migration 9: the webhook outbox (README "Webhooks"). One row per (event, endpoint), written by the store in
+# the state change's own transaction; ``seq`` orders one endpoint's events of one action; a host claims a due
+# row until ``claim_expires_at`` (the database's clock), records one attempt, and releases it. Attempts are
+# kept for the operators' deliveries list.
+_MIGRATION_9 = """
+CREATE TABLE webhook_deliveries (
+    tenant           TEXT NOT NULL,
+    delivery_id      TEXT NOT NULL,
+    endpoint_id      TEXT NOT NULL,
+    event_type       TEXT NOT NULL,
+    action_id        TEXT NOT NULL,
+    seq              INTEGER NOT NULL,
+    body             TEXT NOT NULL,
+    status           TEXT NOT NULL CHECK (status IN ('pending', 'delivered', 'expired')),
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    created_at       INTEGER NOT NULL,
+    deadline_at      INTEGER NOT NULL,
+    next_attempt_at  INTEGER NOT NULL,
+    claimed_by       TEXT,
+    claim_expires_at INTEGER,
+    finished_at      INTEGER,
+    last_outcome     TEXT,
+    PRIMARY KEY (tenant, delivery_id)
+) WITHOUT ROWID;
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE status = 'pending';
+CREATE INDEX webhook_deliveries_order ON webhook_deliveries (tenant, endpoint_id, action_id, seq);
+CREATE INDEX webhook_deliveries_by_created ON webhook_deliveries (tenant, created_at, delivery_id);
+CREATE TABLE webhook_attempts (
+    tenant       TEXT NOT NULL,
+    delivery_id  TEXT NOT NULL,
+    attempt      INTEGER NOT NULL,
+    host_id      TEXT NOT NULL,
+    started_at   INTEGER NOT NULL,
+    duration_ms  INTEGER NOT NULL,
+    outcome      TEXT NOT NULL,
+    status_code  INTEGER,
+    PRIMARY KEY (tenant, delivery_id, attempt),
+    FOREIGN KEY (tenant, delivery_id) REFERENCES webhook_deliveries (tenant, delivery_id)
+) WITHOUT ROWID;
+"""
+
+
 #: Forward-only migrations; migration N (1-based) brings ``user_version`` to N.
 MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_1,
@@ -217,6 +259,7 @@ MIGRATIONS: tuple[str, ...] = (
     _MIGRATION_6,
     _MIGRATION_7,
     _MIGRATION_8,
+    _MIGRATION_9,
 )
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Protocol
 
 import msgspec
 
@@ -160,6 +161,8 @@ class SealedRows:
     result_json: str
     usage: tuple[object, ...] | None = None
     receipt: tuple[object, ...] | None = None
+    #: The webhook events of the result (README "Webhooks"), written to the outbox with it.
+    outbox: tuple[OutboxRow, ...] = ()
 
 
 #: Called by the store inside a result's write with the action as just written and the decision proof
@@ -299,3 +302,78 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
     except (ValueError, msgspec.DecodeError) as exc:
         raise InvalidCursor() from exc
     return created_at, approval_id
+
+
+# --- the webhook outbox (README "Webhooks") ---
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    """One event for one webhook endpoint, written to the outbox in the state change's transaction.
+    ``body``: the JSON text sent (and signed) on every attempt; times are epoch ms."""
+
+    tenant: str
+    delivery_id: str
+    endpoint_id: str
+    event_type: str
+    action_id: str
+    body: str
+    created_at: int
+    deadline_at: int
+
+
+class OutboxEvents(Protocol):
+    """The store's outbox hook (``Store.outbox_events``): called on the store's worker thread inside the
+    transaction that changes an approval's status or stores an action's result, it returns the rows to
+    write with it (none when no endpoint subscribes). Pure: no I/O."""
+
+    def for_approval(self, approval: ApprovalRecord) -> Sequence[OutboxRow]: ...
+
+    def for_result(self, record: ActionRecord) -> Sequence[OutboxRow]: ...
+
+
+@dataclass(frozen=True)
+class ClaimedDelivery:
+    """A due outbox row this host claimed for one attempt (``attempts``: made before this one)."""
+
+    tenant: str
+    delivery_id: str
+    endpoint_id: str
+    event_type: str
+    action_id: str
+    body: str
+    attempts: int
+    created_at: int
+    deadline_at: int
+
+
+@dataclass(frozen=True)
+class DeliveryAttempt:
+    """One attempt of a delivery: ``outcome`` is ``delivered``, ``http_error``, ``timeout``,
+    ``connect_error``, ``refused`` (a destination the rules refuse) or ``endpoint_removed``."""
+
+    attempt: int
+    host_id: str
+    started_at: int
+    duration_ms: int
+    outcome: str
+    status_code: int | None
+
+
+@dataclass(frozen=True)
+class DeliveryRecord:
+    """One outbox row as operators list it, with its latest attempts (oldest first)."""
+
+    tenant: str
+    delivery_id: str
+    endpoint_id: str
+    event_type: str
+    action_id: str
+    status: str
+    attempts: int
+    created_at: int
+    deadline_at: int
+    next_attempt_at: int
+    finished_at: int | None
+    last_outcome: str | None
+    history: tuple[DeliveryAttempt, ...] = ()

@@ -76,6 +76,7 @@ from .engines.sqlite import SqliteDb, check_location, check_store_file, connect_
 from .leases import LeaseMethods
 from .ledger import LedgerMethods, seal_now
 from .migrations import MIGRATIONS, migrate
+from .outbox import OutboxMethods
 from .records import (
     DISPATCH_RANK,
     ActionRecord,
@@ -145,7 +146,7 @@ PROBE_FRESH_S = 0.5
 _T = TypeVar("_T")
 
 
-class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
+class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
     """Named async methods over the host database. Open with :meth:`open`.
 
     The approval methods (and the approval event log) are in :mod:`.approvals`, the dispatch leases in
@@ -414,6 +415,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
             MissingTarget: ``target`` names no such action (nothing was written).
         """
         status, result_json = start_state(status, dispatch, result)
+        seal = self._with_outbox(seal)
         now = self.now_ms() if now is None else now
         # The row in ACTION_COLUMNS order: who and what, then its state (no error, no chunk yet) and times.
         request = (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id)
@@ -490,6 +492,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods):
         if fence:  # this host holds the lease: the write applies only while its token is current
             update = (update[0].replace(" RETURNING ", f"{fence} RETURNING ", 1), (*update[1], *fence_params))
         fenced = bool(fence)
+        seal = self._with_outbox(seal)
         record: ActionRecord | None
         if seal is None:
             record = await self._run(self._write_now, durable, lambda: self._update_now(update, fenced=fenced))
