@@ -57,7 +57,7 @@ async def test_a_refused_cancel_is_not_cancellable_and_other_failures_are_unconf
     with pytest.raises(NotCancellable):
         await dispatcher.cancel_remote(job("c1"))
     sidecar.cancel_status = 500
-    assert await dispatcher.cancel_remote(job("c1")) == (False, None)
+    assert await dispatcher.cancel_remote(job("c1")) == (False, {"remote_status": 500})
     sidecar.cancel_status = 200
     confirmed, view = await dispatcher.cancel_remote(job("c1"))
     assert confirmed and view is not None and view["status"] in ("cancelled", "completed", "failed")

@@ -23,6 +23,11 @@ from .live import LiveAction
 from .normalize import failed_result, result_from_terminal
 from .writer import ActionRuntime
 
+#: Bound of a cancel's wait for the sidecar (a start in flight to be admitted, a followed job to end), seconds.
+STOP_BOUND_S = 10.0
+#: Pause between the reads of that wait, seconds.
+RETRY_S = 0.02
+
 
 def _outcome(case: CancelCase, action_id: str, **extra: Any) -> ActionResult:
     row = CANCEL_OUTCOMES[case]
@@ -63,9 +68,39 @@ async def cancel(runtime: ActionRuntime, caller: Principal, action_id: str) -> A
             live.task.cancel()
         await runtime.writer.finish(tenant, action_id, _outcome(case, action_id), None)
         return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(case, action_id)
+    # Serialized through the store with every dispatch's `mark_sent`, on whichever host: cancelled here
+    # while no start can be on its way (the dispatch then sends nothing), else the start was claimed first
+    # and the sidecar's cancel follows it (README "Cancellation").
+    if await _cancel_unstarted(runtime, tenant, action_id, live):
+        return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(
+            CancelCase.DEQUEUE, action_id
+        )
+    record = await runtime.record(tenant, action_id)
+    if is_terminal(record.status):
+        return (await runtime.result(record)) or ActionResult(action_id=action_id, status=record.status)  # type: ignore[arg-type]
+    live = runtime.live.get(tenant, action_id)
     return await _stop_remote(
         runtime, record.tenant, action_id, live, live.job if live is not None else runtime.job(record, stream=True)
     )
+
+
+async def _cancel_unstarted(runtime: ActionRuntime, tenant: str, action_id: str, live: LiveAction | None) -> bool:
+    """Store the DEQUEUE outcome when no start of the running action can be on its way to a sidecar (not
+    placed yet, or waiting to retry a start the sidecar did not admit): one conditional write that the
+    dispatch's ``mark_sent`` (on any host) also races for, so exactly one of them wins. A dispatch task of
+    this host is stopped. Returns whether the cancel won."""
+    done = await runtime.writer.finish(
+        tenant,
+        action_id,
+        _outcome(CancelCase.DEQUEUE, action_id),
+        DispatchState.NOT_SENT.value,
+        only_from=ActionState.RUNNING,
+        settle_dispatch=True,
+        unstarted=True,
+    )
+    if done is not None and live is not None and live.task is not None:
+        live.task.cancel()
+    return done is not None
 
 
 async def _stop_remote(
@@ -87,12 +122,18 @@ async def _stop_remote(
         return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(
             CancelCase.DEQUEUE, action_id
         )
-    confirmed, view = await runtime.dispatcher.cancel_remote(job)
+    confirmed, view = await _cancel_admitted(runtime, job)
+    if confirmed is None:  # the start was refused meanwhile and the action waits for its retry: cancelled here
+        return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(
+            CancelCase.DEQUEUE, action_id
+        )
     if confirmed and live is not None and live.task is not None:
         # The sidecar records `cancelled`; the stream ends with it. Give it a moment, then detach.
-        done, _ = await asyncio.wait({live.task}, timeout=10)
+        done, _ = await asyncio.wait({live.task}, timeout=STOP_BOUND_S)
         if not done:
             live.task.cancel()
+    elif confirmed:  # another host's dispatch follows the stream: it stores the chunks and the result
+        await _until_recorded(runtime, tenant, action_id)
     record = await runtime.record(tenant, action_id)
     if is_terminal(record.status):
         return (await runtime.result(record)) or _outcome(CancelCase.STOP_REMOTE, action_id)
@@ -114,6 +155,44 @@ async def _stop_remote(
         )
     await runtime.writer.finish(tenant, action_id, result, None)
     return (await runtime.result(await runtime.record(tenant, action_id))) or result
+
+
+async def _cancel_admitted(runtime: ActionRuntime, job: Job) -> tuple[bool | None, dict[str, Any] | None]:
+    """The sidecar's cancel of a job whose start was claimed (sent, or about to be, on any host). A 404
+    while the start may still be in flight (the action runs, dispatch not ``acknowledged``) is retried
+    until the job exists or the action ended, at most :data:`STOP_BOUND_S`: a cancel that overtook the
+    start never leaves the job running unseen. ``(None, None)``: the start was refused meanwhile and the
+    action waits for its retry, and this cancel stored the DEQUEUE outcome (:func:`_cancel_unstarted`).
+    Else what :meth:`.Dispatcher.cancel_remote` returns."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STOP_BOUND_S
+    while True:
+        confirmed, view = await runtime.dispatcher.cancel_remote(job)
+        if confirmed or (view or {}).get("remote_status") != 404 or loop.time() >= deadline:
+            return confirmed, view
+        record = await runtime.record(job.tenant, job.action_id)
+        if record.status != ActionState.RUNNING or record.dispatch == DispatchState.ACKNOWLEDGED:
+            return confirmed, view  # ended, or the sidecar answered the start: its 404 stands
+        if record.dispatch == DispatchState.NOT_SENT and await _cancel_unstarted(
+            runtime, job.tenant, job.action_id, runtime.live.get(job.tenant, job.action_id)
+        ):
+            return None, None
+        if record.sidecar and record.sidecar != job.sidecar:  # placed elsewhere meanwhile: cancel it there
+            job.sidecar = record.sidecar
+        await asyncio.sleep(RETRY_S)
+
+
+async def _until_recorded(runtime: ActionRuntime, tenant: str, action_id: str) -> None:
+    """After a confirmed cancel of a job another host's dispatch follows: wait (at most
+    :data:`STOP_BOUND_S`) until that host stores the job's end with its chunks, while its lease is live;
+    the caller stores the outcome itself otherwise."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STOP_BOUND_S
+    while loop.time() < deadline:
+        record = await runtime.record(tenant, action_id)
+        if is_terminal(record.status) or not runtime.store.lease_is_foreign(record):
+            return
+        await asyncio.sleep(RETRY_S)
 
 
 async def ended_before_cancel(runtime: ActionRuntime, job: Job, view: dict[str, Any] | None) -> ActionResult | None:

@@ -509,7 +509,8 @@ class Dispatcher:
         return error
 
     async def cancel_remote(self, job: Job) -> tuple[bool, dict[str, Any] | None]:
-        """Request a stop of a running job; returns (confirmed, job view).
+        """Request a stop of a running job; returns (confirmed, job view), and when the sidecar did not
+        answer the cancel, (False, ``{"remote_status": status or None}``): 404 is a job it does not know.
 
         Raises:
             NotCancellable: the sidecar answered 409 (a peer sidecar cancels
@@ -530,7 +531,7 @@ class Dispatcher:
                     message="the sidecar cannot cancel this operation; the action keeps running",
                     details={"operation": job.spec.name},
                 ) from exc
-            return False, None
+            return False, {"remote_status": exc.remote_status}
         return view.get("status") in ("cancelled", "completed", "failed"), view
 
 

@@ -147,7 +147,8 @@ async def _run_until_admitted(
     refused: set[str] = set()  # sidecars that refused this start since the last wait
     lacking: set[str] = set()  # a replay: sidecars that hold no run of its task id
     if job.spec.startable and job.sidecar is None:  # not placed yet (an approved action): place it now
-        job.sidecar, mark_sent = placement.place(job.crew_id), True
+        # Always a name: the recorded placement is what a cancel on any host serializes with (README "Cancellation").
+        job.sidecar, mark_sent = placement.place(job.crew_id) or placement.home(job.crew_id), True
     while True:
         if (
             mark_sent

@@ -314,7 +314,7 @@ CANCEL_OUTCOMES: dict[CancelCase, CancelOutcome] = {
     CancelCase.DEQUEUE: CancelOutcome(
         "cancelled",
         {"remote_stop_confirmed": False, "provider_effect": "none"},
-        "cancelled while waiting to retry its start; the sidecar never admitted it",
+        "cancelled before its start was sent, or while waiting to retry a start the sidecar did not admit",
     ),
     CancelCase.STOP_REMOTE: CancelOutcome(
         "cancelled",

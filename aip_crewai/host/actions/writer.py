@@ -291,10 +291,12 @@ class ActionWriter:
         durable: bool = True,
         only_from: ActionState | None = None,
         settle_dispatch: bool = False,
+        unstarted: bool = False,
     ) -> ActionRecord | None:
         """Store a final result: ``event`` (default: complete / fail / cancel
         by the result's status) from its table sources, or only from
-        ``only_from``. ``settle_dispatch``: the dispatch's own final word.
+        ``only_from``. ``settle_dispatch``: the dispatch's own final word. ``unstarted``: only while
+        no start of it can be on its way to a sidecar (:meth:`Store.update_action`).
 
         Returns the stored record, or None when the action was in no source
         state (another writer's result stands)."""
@@ -318,6 +320,7 @@ class ActionWriter:
             durable=durable,
             settle_dispatch=settle_dispatch,
             seal=seal,
+            unstarted=unstarted,
         )
         log.info("action_finished", status=result.status, changed=changed is not None)
         if changed:

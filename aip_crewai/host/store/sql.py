@@ -23,6 +23,8 @@ IDEMPOTENCY_COLUMNS = _columns(IdempotencyRecord)
 APPROVAL_COLUMNS = _columns(ApprovalRecord)
 #: The one read of an action row, by (tenant, action id).
 GET_ACTION = f"SELECT {ACTION_COLUMNS} FROM actions WHERE tenant = ? AND action_id = ?"
+#: The condition of an action no start of which can be on its way to a sidecar (see :func:`action_update`).
+UNSTARTED_SQL = "AND (sidecar IS NULL OR dispatch = 'not_sent') "
 DISPATCH_RANK_SQL = "CASE dispatch WHEN 'not_sent' THEN 0 WHEN 'sent' THEN 1 ELSE 2 END"
 
 
@@ -40,11 +42,14 @@ def action_update(
     settle_dispatch: bool = False,
     replacing: str | None = None,
     sidecar: str | None = None,
+    unstarted: bool = False,
 ) -> tuple[str, tuple[Any, ...]]:
     """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.update_action`).
     ``settle_dispatch``: write ``dispatch`` as given even when it is behind the stored one.
     ``replacing``: change the row only while its ``result_json`` is exactly this (a correction of a stored result).
     ``sidecar``: the action's placement (README "Several sidecars"; None keeps the stored one).
+    ``unstarted``: change the row only while no start of it can be on its way to a sidecar (not placed yet,
+    or dispatch ``not_sent``: every start is sent after a ``mark_sent`` that records both; README "Cancellation").
     The parameters end with ``tenant, action_id`` and the source statuses (then ``replacing``).
 
     Raises:
@@ -65,6 +70,7 @@ def action_update(
         "result_json = COALESCE(?, result_json), error_json = COALESCE(?, error_json), "
         "approval_id = COALESCE(?, approval_id), sidecar = COALESCE(?, sidecar) "
         f"WHERE tenant = ? AND action_id = ? AND status IN ({marks}) "
+        f"{UNSTARTED_SQL if unstarted else ''}"
         f"{'AND result_json = ? ' if replacing is not None else ''}RETURNING {ACTION_COLUMNS}"
     )
     rank = len(DISPATCH_RANK) if settle_dispatch else DISPATCH_RANK.get(dispatch or "", -1)

@@ -450,6 +450,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         replacing: str | None = None,
         seal: Seal | None = None,
         sidecar: str | None = None,
+        unstarted: bool = False,
     ) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
@@ -463,6 +464,8 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         (a correction of a provisional result: a concurrent correction wins).
         ``seal``: what the result leaves, written in the same transaction (:func:`.ledger.seal_now`).
         ``sidecar``: the action's placement (README "Several sidecars"; None keeps the stored one).
+        ``unstarted``: only while no start can be on its way to a sidecar (:func:`.sql.action_update`): a
+        cancel serialized with the ``mark_sent`` of a dispatch on any host (README "Cancellation").
         When this host holds the action's dispatch lease, the write (with what the result leaves) applies
         only while its fencing token is current (:mod:`.leases`).
 
@@ -487,6 +490,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
             settle_dispatch=settle_dispatch,
             replacing=replacing,
             sidecar=sidecar,
+            unstarted=unstarted,
         )
         fence, fence_params = self._fenced(tenant, action_id)
         if fence:  # this host holds the lease: the write applies only while its token is current
