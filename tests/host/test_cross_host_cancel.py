@@ -1,0 +1,209 @@
+"""A cancel on one host racing an approval on another, both on one PostgreSQL store, is honoured in every
+interleaving (README "Cancellation"): either the action is cancelled before any start is
+sent (the dispatch then sends nothing), or the start is sent and the cancel reaches the job once the sidecar
+admitted it (a 404 while the start is in flight is retried) and stops it. Each interleaving is forced with
+asyncio events, not timing: 4 interleavings x 11 rounds. Per round: one outcome, `cancelled` as the tenant
+was told and as stored, nothing executed or the job cancelled at the sidecar, every chunk of the job stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from aip_crewai.contracts import operations as ops
+from aip_crewai.contracts.aip import Action
+from aip_crewai.host.actions.dispatch import Dispatcher
+from aip_crewai.host.actions.service import ActionService
+from aip_crewai.host.auth.principals import Principal
+from aip_crewai.host.sidecars.client import SidecarClient
+from aip_crewai.host.store.store import Store
+from aip_crewai.sse import encode_event
+
+pytestmark = pytest.mark.timeout(240)
+
+INVOKER = Principal("svc:acme", "acme", frozenset({"invoker"}))
+APPROVER = Principal("human:acme", "acme", frozenset({"approver"}))
+TENANTS = {"acme": {"support": frozenset(ops.OPERATION_NAMES)}}
+MODES = ("cancel_first", "before_mark_sent", "start_in_flight", "after_admission")
+ROUNDS = 11
+
+
+class GatedSidecar:
+    """A sidecar whose jobs run until cancelled: ``POST /jobs/stream`` waits for ``admit_gate`` (a start in
+    flight), admits, streams ``started`` and two chunks, then ``cancelled`` once a cancel reached the job."""
+
+    def __init__(self) -> None:
+        self.admit_gate: asyncio.Event | None = None
+        self.in_flight = asyncio.Event()  # a start reached the gate
+        self.admitted: dict[str, asyncio.Event] = {}
+        self.stops: dict[str, asyncio.Event] = {}
+        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.cancels: list[tuple[str, int]] = []
+        self.executions: list[str] = []
+
+    def _view(self, job_id: str) -> dict[str, Any]:
+        status = "cancelled" if self.stops[job_id].is_set() else "running"
+        return {
+            "action_id": job_id,
+            "crew_id": "support",
+            "operation": "run",
+            "status": status,
+            "event_count": len(self.events[job_id]),
+            "output": None,
+        }
+
+    async def _stream(self, job_id: str):
+        events = self.events[job_id]
+        for event in events:
+            yield encode_event(json.dumps(event), event=event["event"], id=str(event["sequence"]))
+        await self.stops[job_id].wait()
+        last = {"event": "cancelled", "sequence": len(events), "data": {"status": "cancelled"}}
+        events.append(last)
+        yield encode_event(json.dumps(last), event="cancelled", id=str(last["sequence"]))
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/jobs/stream":
+            body = json.loads(request.content)
+            job_id = body["action_id"]
+            if self.admit_gate is not None:
+                self.in_flight.set()
+                await self.admit_gate.wait()
+            if job_id not in self.events:
+                self.executions.append(job_id)
+                self.stops[job_id] = asyncio.Event()
+                self.events[job_id] = [
+                    {"event": "started", "sequence": 0, "data": {"status": "running", "operation": "run"}},
+                    {"event": "chunk", "sequence": 1, "data": {"content": "a", "channel": "llm"}},
+                    {"event": "chunk", "sequence": 2, "data": {"content": "b", "channel": "llm"}},
+                ]
+            self.admitted.setdefault(job_id, asyncio.Event()).set()
+            return httpx.Response(200, content=self._stream(job_id), headers={"content-type": "text/event-stream"})
+        parts = path.split("/")
+        job_id = parts[2] if len(parts) > 2 else ""
+        if job_id not in self.events:
+            if path.endswith("/cancel"):
+                self.cancels.append((job_id, 404))
+            return httpx.Response(404, json={"detail": "unknown job"})
+        if path.endswith("/cancel"):
+            self.cancels.append((job_id, 200))
+            self.stops[job_id].set()
+        return httpx.Response(200, json=self._view(job_id))
+
+
+async def _host(url: str, owner: str, sidecar: GatedSidecar) -> tuple[ActionService, httpx.AsyncClient]:
+    store = await Store.open(url, owner=owner, lease_ms=30_000)
+    http = httpx.AsyncClient(
+        transport=httpx.MockTransport(sidecar.handle),
+        base_url="http://127.0.0.1:8090",
+        headers={"Authorization": "Bearer sidecar-token"},
+    )
+    client = SidecarClient(http, max_response_bytes=1 << 20)
+    return ActionService(store, Dispatcher(client, max_response_bytes=1 << 20), TENANTS), http
+
+
+async def _until(condition, what: str, bound_s: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    while not await condition():
+        assert loop.time() < deadline, f"not within {bound_s} s: {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _round(a: ActionService, c: ActionService, sidecar: GatedSidecar, mode: str, n: int) -> None:
+    action_id = f"act_{mode}_{n}"
+    job_id = f"acme:{action_id}"
+    act = Action(
+        id=action_id, capability_id="cap:crewai:support", input={"ticket": str(n)}, idempotency_key=f"k-{action_id}"
+    )
+    record = await a.submit(INVOKER, act, None, stream=False)
+    assert record.approval_id is not None
+    sidecar.admit_gate = None
+    held = asyncio.Event()
+    release = asyncio.Event()
+    take_lease = c.store.take_lease
+    if mode == "before_mark_sent":  # host C's dispatch is held after the approval, before its start is claimed
+
+        async def gated(tenant: str, aid: str) -> bool:
+            held.set()
+            await release.wait()
+            return await take_lease(tenant, aid)
+
+        c.store.take_lease = gated  # type: ignore[method-assign,assignment]
+    if mode == "start_in_flight":  # the start reaches the sidecar only after a cancel got its 404
+        sidecar.admit_gate, sidecar.in_flight = asyncio.Event(), asyncio.Event()
+    try:
+        if mode == "cancel_first":
+            told = await a.cancel(INVOKER, action_id)
+            assert await c.decide(APPROVER, record.approval_id, "approved", "ok", c.now_ms()) is None
+        else:
+            assert await c.decide(APPROVER, record.approval_id, "approved", "ok", c.now_ms()) is not None
+            if mode == "before_mark_sent":
+                await held.wait()
+                told = await a.cancel(INVOKER, action_id)
+                release.set()
+            elif mode == "start_in_flight":
+                await sidecar.in_flight.wait()  # host C sent the start; the sidecar has not admitted it
+                cancelling = asyncio.create_task(a.cancel(INVOKER, action_id))
+                await _until(_async(lambda: (job_id, 404) in sidecar.cancels), "a cancel overtook the start")
+                sidecar.admit_gate.set()  # type: ignore[union-attr]
+                told = await cancelling
+            else:
+                admitted = sidecar.admitted.setdefault(job_id, asyncio.Event())
+                await admitted.wait()
+                await _until(_chunks_at_least(c.store, action_id, 1), "a chunk stored")
+                told = await a.cancel(INVOKER, action_id)
+        # Every dispatch of the round has ended (nothing more can be sent or stored).
+        await _until(_async(lambda: c.live.get("acme", action_id) is None), "host C's dispatch ended")
+    finally:
+        c.store.take_lease = take_lease  # type: ignore[method-assign]
+        release.set()
+        if sidecar.admit_gate is not None:
+            sidecar.admit_gate.set()
+    stored = await a.store.get_action("acme", action_id)
+    assert stored is not None
+    assert told.status == stored.status == "cancelled", (mode, n, told, stored.status)  # one outcome, never failed
+    executed = job_id in sidecar.executions
+    if mode in ("cancel_first", "before_mark_sent"):
+        assert not executed, (mode, n)
+    else:  # the start won: the job ran and was stopped at the sidecar, every chunk it streamed stored
+        assert executed and sidecar.stops[job_id].is_set(), (mode, n)
+        chunks = await a.store.list_chunks("acme", action_id)
+        assert [c.sequence for c in chunks] == [e["sequence"] for e in sidecar.events[job_id]], (mode, n)
+    assert sidecar.executions.count(job_id) <= 1
+
+
+def _async(predicate):
+    async def check() -> bool:
+        return bool(predicate())
+
+    return check
+
+
+def _chunks_at_least(store: Store, action_id: str, count: int):
+    async def check() -> bool:
+        return len(await store.list_chunks("acme", action_id)) >= count
+
+    return check
+
+
+async def test_a_cancel_racing_an_approval_on_another_host_is_honoured_in_every_interleaving(
+    postgres_url: str,
+) -> None:
+    sidecar = GatedSidecar()
+    a, http_a = await _host(postgres_url, "host-a", sidecar)
+    c, http_c = await _host(postgres_url, "host-c", sidecar)
+    try:
+        for n in range(ROUNDS):
+            for mode in MODES:
+                await _round(a, c, sidecar, mode, n)
+        assert len(sidecar.executions) == 2 * ROUNDS  # the start won exactly in the two interleavings after it
+    finally:
+        for http, service in ((http_a, a), (http_c, c)):
+            await http.aclose()
+            await service.store.close()
