@@ -44,7 +44,7 @@ def action_update(
     """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.update_action`).
     ``settle_dispatch``: write ``dispatch`` as given even when it is behind the stored one.
     ``replacing``: change the row only while its ``result_json`` is exactly this (a correction of a stored result).
-    ``sidecar``: the action's placement (README "Several sidecars"; None keeps the stored one).
+    ``sidecar``: the action's placement (docs/operating.md "Several sidecars"; None keeps the stored one).
     The parameters end with ``tenant, action_id`` and the source statuses (then ``replacing``).
 
     Raises:
