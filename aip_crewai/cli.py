@@ -128,7 +128,7 @@ def _with_progress(work: Callable[[], T], quiet: bool) -> T:
             print(file=sys.stderr)
 
 
-#: The stream frames that carry an outcome (the error frame is ``aip_error``, docs/reference/http-api.md "Streams").
+#: The stream frames that carry an outcome (the error frame is ``aip_error``, docs/reference/http-api.md "Stream frames").
 _OUTCOME_EVENTS = ("result", "aip_error", "ack")
 
 

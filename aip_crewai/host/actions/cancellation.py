@@ -5,7 +5,7 @@ of :data:`~.lifecycle.CANCEL_OUTCOMES` for the action's state and operation;
 this module carries the row out over the writer, the dispatcher and the live
 registry of an :class:`~.writer.ActionRuntime`.
 
-Source: docs/reference/http-api.md "Cancellation"; docs/ARCHITECTURE.md "Action states".
+Source: docs/reference/http-api.md "Capabilities"; docs/ARCHITECTURE.md "Action states".
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _outcome(case: CancelCase, action_id: str, **extra: Any) -> ActionResult:
 
 
 async def cancel(runtime: ActionRuntime, caller: Principal, action_id: str) -> ActionResult:
-    """Cancel the caller's tenant's action (docs/reference/http-api.md "Cancellation" table).
+    """Cancel the caller's tenant's action (docs/reference/http-api.md "Capabilities" table).
 
     Raises: ActionNotFound (not the tenant's), NotCancellable (memory_reset, cancel: 409).
     """

@@ -261,7 +261,7 @@ def approval_admits(approval: ApprovalFacts, record: ActionFacts) -> bool:
     )
 
 
-# --- runtime cancellation (docs/reference/http-api.md "Cancellation") -------------------------------
+# --- runtime cancellation (docs/reference/http-api.md "Capabilities") -------------------------------
 
 
 class CancelCase(Vocabulary):

@@ -275,7 +275,7 @@ def crew_capabilities(
 
 #: The host as the manifest's ``agent``.
 HOST_AGENT = Principal(id="aip-crewai-host", kind="service", display_name="aip-crewai: AIP gateway to CrewAI crews")
-#: Published bounds (docs/reference/http-api.md "Limits"), in the manifest's free-form ``limits``.
+#: Published bounds (docs/reference/http-api.md "AIP 1.0 conformance"), in the manifest's free-form ``limits``.
 LIMITS: dict[str, Any] = {
     "max_input_bytes": MAX_INPUT_BYTES,
     "default_timeout_ms": DEFAULT_TIMEOUT_MS,

@@ -296,7 +296,7 @@ def _error_envelope(action_id: str, error: ProtocolError) -> Envelope:
 
 
 #: SSE event name of a failed action's error frame: not ``error``, which browsers hand to
-#: ``EventSource.onerror`` (their connection-failure handler). docs/reference/http-api.md "Streams".
+#: ``EventSource.onerror`` (their connection-failure handler). docs/reference/http-api.md "Stream frames".
 ERROR_EVENT = "aip_error"
 
 
@@ -319,7 +319,7 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
     the stream stays open with keep-alive comments every
     :data:`KEEPALIVE_S` (the store's approval signal, or a poll every
     :data:`PENDING_POLL_S`, tells it the decision) and goes on with the
-    chunks and the result, or the denial's error and result. Source: docs/reference/http-api.md "Streams".
+    chunks and the result, or the denial's error and result. Source: docs/reference/http-api.md "Stream frames".
     """
     tenant, action_id = record.tenant, record.action_id
     # Frames wait in ``out`` until the stream would block (or ends), or a live action's page is read: one
