@@ -4,7 +4,7 @@ Subcommands: ``host``, ``sidecar``, ``call``, ``actions``, ``manifest``,
 ``approvals``, ``journal``, ``keys``, ``contracts``. Each subcommand module is
 imported lazily so that ``aip-crewai host`` never imports CrewAI
 (ARCHITECTURE.md §1). Exit codes: :class:`aip_crewai.exit_codes.Exit`
-(README "Exit codes").
+(docs/reference/cli.md "Exit codes").
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _with_progress(work: Callable[[], T], quiet: bool) -> T:
             print(file=sys.stderr)
 
 
-#: The stream frames that carry an outcome (the error frame is ``aip_error``, README "Streams").
+#: The stream frames that carry an outcome (the error frame is ``aip_error``, docs/reference/http-api.md "Stream frames").
 _OUTCOME_EVENTS = ("result", "aip_error", "ack")
 
 
@@ -136,7 +136,7 @@ def _show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) ->
     """Print an AIP stream as it arrives; return the exit code of its outcome.
 
     The last ``result`` decides; without one, the last ``aip_error`` frame,
-    then the ``ack`` (README "Exit codes"). A stream that ends without a
+    then the ``ack`` (docs/reference/cli.md "Exit codes"). A stream that ends without a
     ``result`` (the host shut down, or the connection dropped) says so on
     stderr with the command that resumes it.
     """
@@ -242,7 +242,7 @@ def _actions(args: argparse.Namespace) -> int:
             if args.actions_command in ("result", "cancel"):
                 if args.actions_command == "result":
                     answer = client.result(args.action_id)
-                else:  # the runtime cancel route: no approval (README "AIP 1.0 conformance")
+                else:  # the runtime cancel route: no approval (docs/reference/http-api.md "AIP 1.0 conformance")
                     answer = client.cancel(args.action_id)
                 _show(answer, args.json, render.envelope_lines)
                 return _outcome(answer)
@@ -327,7 +327,7 @@ def _keys(args: argparse.Namespace) -> int:
             print(json.dumps({"file": str(path), "token_sha256": generate_token(path)}))
         elif args.kind == "ed25519":
             print(json.dumps({"file": str(path), "ed25519_public_key": generate_ed25519(path)}))
-        else:  # an Ed25519 key for [host] receipt_key_file: its public key and key id (README "Observing actions")
+        else:  # an Ed25519 key for [host] receipt_key_file: its public key and key id (docs/observing.md "Observing actions")
             public = generate_ed25519(path)
             print(json.dumps({"file": str(path), "receipt_public_key": public, "key_id": receipt_key_id(public)}))
     except FileExistsError:
@@ -391,7 +391,7 @@ def _version() -> str:
 EXIT_CODES_HELP = (
     "exit codes: 0 completed (or success), 1 failed, 2 usage or configuration error, 3 cancelled, "
     "4 denied (approval denied or expired, policy, 401/403), 5 pending approval, 6 accepted and still "
-    'running, 7 host unreachable, 141 output pipe closed (README "Exit codes")'
+    'running, 7 host unreachable, 141 output pipe closed (docs/reference/cli.md "Exit codes")'
 )
 
 
@@ -545,7 +545,7 @@ def _quiet_broken_pipe() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``aip-crewai`` console script; returns the exit code (README "Exit codes")."""
+    """Entry point of the ``aip-crewai`` console script; returns the exit code (docs/reference/cli.md "Exit codes")."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # Long-running processes own their own argument parsing.
     if argv and argv[0] == "sidecar":

@@ -8,7 +8,7 @@ and an action envelope is signed too (RFC 8785 canonical envelope without
 ``security.signature``). Streaming calls yield ``(event, envelope)`` pairs as
 they arrive.
 
-Source: README "AIP 1.0 conformance" (routes, envelopes, shapes).
+Source: docs/reference/http-api.md "AIP 1.0 conformance" (routes, envelopes, shapes).
 """
 
 from __future__ import annotations

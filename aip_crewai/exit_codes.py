@@ -1,13 +1,13 @@
 """The exit codes of every ``aip-crewai`` command, and how a CLI answer maps to one.
 
-One convention for the host, the sidecar and the client commands (README
+One convention for the host, the sidecar and the client commands (docs/reference/cli.md
 "Exit codes"): 0 success, 1 a failure at run time, 2 a usage or
 configuration error (bad arguments, an unusable file, a taken port). The
 client commands that report an action's outcome (``call``, ``actions
 result|follow``) add one code per outcome, so a script can tell them apart
 without parsing the output.
 
-Source: README "Exit codes"; AIP shapes: README "AIP 1.0 conformance".
+Source: docs/reference/cli.md "Exit codes"; AIP shapes: docs/reference/http-api.md "AIP 1.0 conformance".
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 
 class Exit(IntEnum):
-    """Process exit codes (README "Exit codes")."""
+    """Process exit codes (docs/reference/cli.md "Exit codes")."""
 
     OK = 0  #: success; for an action: completed
     FAILED = 1  #: the action failed, or the host refused the request (an AIP error)

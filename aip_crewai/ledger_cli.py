@@ -1,4 +1,4 @@
-"""The ``aip-crewai receipts verify`` and ``aip-crewai usage`` commands (README "Observing actions").
+"""The ``aip-crewai receipts verify`` and ``aip-crewai usage`` commands (docs/observing.md "Observing actions").
 
 ``receipts verify FILE --public-key KEY [--public-key KEY ...]`` checks a receipt document offline (no
 host needed): exactly its canonical form, its hash, its Ed25519 signature by one of the given public keys

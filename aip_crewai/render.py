@@ -2,9 +2,9 @@
 
 Every text a person reads goes through :mod:`aip_crewai.contracts.display`:
 code points one would misread are written as ``\\u`` escapes, under a warning
-line. ``--json`` prints the AIP values themselves instead (README "Command line").
+line. ``--json`` prints the AIP values themselves instead (docs/reference/cli.md "Command line").
 
-Source: README "Command line".
+Source: docs/reference/cli.md "Command line".
 """
 
 from __future__ import annotations

@@ -266,7 +266,7 @@ def encode_retry(ms: int) -> bytes:
     Raises:
         ValueError: ``ms`` not a non-negative int.
 
-    Source: WHATWG HTML "event stream interpretation" (the ``retry`` field); README "Approval events".
+    Source: WHATWG HTML "event stream interpretation" (the ``retry`` field); docs/approvals.md "Approval events".
     """
     if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
         raise ValueError(f"retry must be a non-negative int of milliseconds, got {ms!r}")

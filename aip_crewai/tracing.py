@@ -23,7 +23,7 @@ builds our provider as enabled whatever ``OTEL_SDK_DISABLED`` says then. CrewAI'
 Also the W3C ``traceparent`` codec (:func:`parse_traceparent`, :func:`format_traceparent`) and the
 context helpers both processes propagate with.
 
-Source: README "Observing actions" (Traces).
+Source: docs/observing.md "Observing actions" (Traces).
 """
 
 from __future__ import annotations

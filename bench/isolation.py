@@ -20,7 +20,7 @@
   the resident size of the fork server (one CrewAI import). The worker's
   private memory (USS) is shown too.
 
-Source: ARCHITECTURE.md §5 (isolation); README "Process isolation".
+Source: ARCHITECTURE.md §5 (isolation); docs/security.md "Process isolation".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Shapes and vocabularies follow the official AIP 1.0 JSON Schemas (draft
 2020-12, ``https://getaip.org/schemas/aip/<name>.schema.json``); the
 conformance suite in ``tests/conformance/`` validates every body the host
-sends against them. Field names are the schemas'; the README section "AIP
+sends against them. Field names are the schemas'; the docs/reference/http-api.md section "AIP
 1.0 conformance" lists which message types and routes the host implements.
 
 Outbound objects omit unset optional fields (``omit_defaults``), except the
@@ -238,7 +238,7 @@ class ActionResult(_Out, frozen=True):
     A ``pending_approval`` result carries the approval reference in
     ``output`` (:class:`PendingApproval`) and a text message part. ``usage``
     (``{tokens, latency_ms, cost}``) and ``receipt`` are added when the result
-    is stored (README "Observing actions").
+    is stored (docs/observing.md "Observing actions").
     """
 
     action_id: str
@@ -357,8 +357,8 @@ class Envelope(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_f
 
     ``from``/``to`` may be a Principal object (the schema) or a principal id
     string (accepted for older clients); ``security`` is read by the
-    authenticator from the raw JSON (Ed25519 scheme, README "Signed
-    envelopes"); ``session_id``, ``in_response_to``, ``trace`` and
+    authenticator from the raw JSON (Ed25519 scheme, docs/approvals.md "Signed
+    requests"); ``session_id``, ``in_response_to``, ``trace`` and
     ``extensions`` are accepted and ignored.
     """
 

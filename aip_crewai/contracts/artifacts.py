@@ -4,7 +4,7 @@
 operation) and one JSON Schema per operation input, all generated from the
 catalogue and the input types. A test fails when the committed files drift.
 
-Source: issue "Foundation" item 4; README "Capabilities" ("Use the
+Source: issue "Foundation" item 4; docs/reference/http-api.md "Capabilities" ("Use the
 machine snapshot").
 """
 

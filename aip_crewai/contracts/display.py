@@ -19,7 +19,7 @@ U+FFFF), which is exactly the JSON escape of that code point, so an escaped rend
 text; :func:`dumps` renders a whole value that way. A literal backslash in the
 input stays distinguishable: JSON writes it ``\\\\``.
 
-Source: README "The approval flow" (faithful display).
+Source: docs/approvals.md "The approval flow" (faithful display).
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ class ProofNotFound(AipError):
 
 
 class ReceiptNotFound(AipError):
-    """No receipt of the caller's tenant has this id (README "Observing actions")."""
+    """No receipt of the caller's tenant has this id (docs/observing.md "Observing actions")."""
 
     code = "receipt.not_found"
     category = Category.PERMANENT
@@ -214,7 +214,7 @@ class AmbiguousFraming(AipError):
     """A request carries both ``Content-Length`` and ``Transfer-Encoding``: refused
     with 400 and the connection closed, because a proxy that frames by
     ``Content-Length`` would see another request boundary than the server
-    (request smuggling; RFC 9112 §6.3). Source: README "Security"."""
+    (request smuggling; RFC 9112 §6.3). Source: docs/security.md "Security"."""
 
     code = "request.ambiguous_framing"
     category = Category.PERMANENT
@@ -224,7 +224,7 @@ class AmbiguousFraming(AipError):
 class BodyTimeout(AipError):
     """A request body did not arrive in time (a pause between chunks, or the
     whole body, longer than the bound): 408 and the connection closed.
-    Source: README "Security" (timeouts)."""
+    Source: docs/security.md "Security" (timeouts)."""
 
     code = "request.body_timeout"
     category = Category.PERMANENT
@@ -238,7 +238,7 @@ class BodyTimeout(AipError):
 
 class Overloaded(AipError):
     """Too many requests are in flight on this process: 503, retry later.
-    Source: README "Security" (bounded concurrent requests)."""
+    Source: docs/security.md "Security" (bounded concurrent requests)."""
 
     code = "server.overloaded"
     category = Category.TEMPORARY
@@ -255,7 +255,7 @@ class Overloaded(AipError):
 
 class RequestHeadTooLarge(AipError):
     """The request line plus headers exceed their bound: 431, connection closed. Details add
-    ``limit_bytes``. Source: README "Security" (timeouts and request heads)."""
+    ``limit_bytes``. Source: docs/security.md "Security" (timeouts and request heads)."""
 
     code = "request.head_too_large"
     category = Category.PERMANENT
@@ -271,7 +271,7 @@ class RequestHeadTooLarge(AipError):
 
 class BodyBudgetExhausted(AipError):
     """The process's budget of request bodies read before authentication is in use: 503, retry later.
-    Details add ``budget_bytes``. Source: README "Security" (bodies before authentication)."""
+    Details add ``budget_bytes``. Source: docs/security.md "Security" (bodies before authentication)."""
 
     code = "server.body_budget_exhausted"
     category = Category.TEMPORARY
@@ -290,7 +290,7 @@ class NonCanonicalNumber(AipError):
     """A signed envelope holds a number whose RFC 8785 form decodes to another
     value or type (``1.0``, ``1e0``, ``-0.0``), or an integer of magnitude
     2^53 or more: what runs must be exactly what was signed, so it is refused.
-    ``field`` is the JSON path, ``rule`` the reason. Source: README "Security"."""
+    ``field`` is the JSON path, ``rule`` the reason. Source: docs/security.md "Security"."""
 
     code = "message.non_canonical_number"
     category = Category.PERMANENT
@@ -462,7 +462,7 @@ class ConnectorCrewBusy(ConnectorError):
     active (409 ``sidecar.crew_busy``: a ``memory_reset`` beside a run, or a job beside a running
     ``memory_reset``). Nothing ran (``uncertain_outcome: false``): retryable, once that
     job is finished, as a new action (a new idempotency key: this one keeps this result).
-    README "Tenant-scoped crew state"."""
+    docs/security.md "Tenant-scoped crew state"."""
 
     code = "connector.crewai.crew_busy"
     category = Category.TEMPORARY

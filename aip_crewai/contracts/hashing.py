@@ -90,7 +90,7 @@ def number_problem(value: Any) -> tuple[str, str] | None:
     ``1``/``0``) are not; integers beyond ±(2^53−1) cannot be canonicalized at
     all. Iterative (no recursion limit). Booleans are not numbers.
 
-    Source: RFC 8785 §3.2.2.3; README "Security" (signed envelopes).
+    Source: RFC 8785 §3.2.2.3; docs/security.md "Security" (signed envelopes).
     """
     stack: list[tuple[str, Any]] = [("$", value)]
     while stack:

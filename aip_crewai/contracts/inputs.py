@@ -23,7 +23,7 @@ MAX_INPUT_BYTES = 1_048_576
 MAX_RUN_PROPERTIES = 512
 #: Nesting bound of an input, levels of objects/arrays (the input object itself is level 1). One bound for
 #: both processes: the host refuses deeper inputs at submission, so none reaches a sidecar that cannot
-#: hash it (README "Security").
+#: hash it (docs/security.md "Security").
 MAX_INPUT_DEPTH = 64
 
 # Python's ``$`` also matches before a final "\n" (msgspec matches with
@@ -215,7 +215,7 @@ def convert_input(input_type: Any, value: Any, *, check_size: bool = True) -> An
         InvalidInput: nested deeper than :data:`MAX_INPUT_DEPTH` (``field`` ``$``),
             or any other rule; ``field`` is the JSON path.
 
-    Source: ARCHITECTURE.md §3; README "Security" (nesting depth).
+    Source: ARCHITECTURE.md §3; docs/security.md "Security" (nesting depth).
     """
     if exceeds_depth(value):
         raise InvalidInput("$", f"nested deeper than {MAX_INPUT_DEPTH} levels of objects and arrays")

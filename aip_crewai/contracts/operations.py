@@ -3,7 +3,7 @@
 Every other module (manifest projection, fences, sidecar admission, CLI,
 generated artifacts) reads :data:`CATALOGUE`; none restates it.
 
-Source: ARCHITECTURE.md §3; README "Capabilities" ("Compare all operations",
+Source: ARCHITECTURE.md §3; docs/reference/http-api.md "Capabilities" ("Compare all operations",
 "Interpret methods and fixed sidecar paths").
 """
 
@@ -172,7 +172,7 @@ def resolve_capability(cap_id: str, allowed: Mapping[str, Iterable[str]]) -> tup
 
 
 def aggregate_counts() -> dict[str, Any]:
-    """Counts published with the catalogue (README "Capabilities")."""
+    """Counts published with the catalogue (docs/reference/http-api.md "Capabilities")."""
     return {
         "operations": len(CATALOGUE),
         "risk": {r.value: sum(1 for s in CATALOGUE if s.risk is r) for r in Risk},

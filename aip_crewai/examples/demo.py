@@ -67,7 +67,7 @@ def write_config(run: Path) -> dict[str, int]:
     invoker_sha = generate_token(secrets / "invoker.token")
     approver_key = generate_ed25519(
         secrets / "approver.pem"
-    )  # the approver holds only a key (README "Signed requests")
+    )  # the approver holds only a key (docs/approvals.md "Signed requests")
     crews = [
         {
             "id": CREW,

@@ -16,7 +16,7 @@ so another process (a test) can follow what a tool did and in which process.
 | ``reach`` | ``echo`` with a ``before_kickoff`` callback | reads the file named by the input ``path`` first (an open refused fails the job ``PermissionError``); the output then says ``opened`` |
 | ``memory_stall`` | ``echo``-like, crew ``memory=`` a :class:`SlowDrainMemory` | — (CrewAI's ``akickoff`` waits for memory saves synchronously on its event loop, crewAI PR#6497; each wait here takes ``AIP_CREWAI_TEST_DRAIN_SECONDS``, default 2) |
 
-Source: ARCHITECTURE.md §5 (isolation); README "Process isolation".
+Source: ARCHITECTURE.md §5 (isolation); docs/security.md "Process isolation".
 """
 
 from __future__ import annotations

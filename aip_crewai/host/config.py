@@ -46,7 +46,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     token_sha256 = "<64 hex>"          # and/or
     ed25519_public_key = "<base64 of the raw 32-byte key>"
 
-    [[webhooks]]                       # optional: see host/webhooks/config.py and README "Webhooks"
+    [[webhooks]]                       # optional: see host/webhooks/config.py and docs/webhooks.md "Webhooks"
 
 Relative paths (``store``, ``token_file``, ``file``) resolve against the
 directory of the configuration file, not the working directory, so a config
@@ -400,7 +400,7 @@ def _sidecar(base: Path, table: _SidecarTable, key: str, name: str, crews: froze
 
 def _sidecars(root: _Root, base: Path, crew_ids: list[str], crews_file: Path) -> tuple[SidecarSettings, ...]:
     """``[sidecar]`` (every crew) or ``[[sidecars]]`` (each admitted crew served by at least one; a crew on
-    several is placed per job: README "Several sidecars").
+    several is placed per job: docs/operating.md "Several sidecars").
 
     Raises:
         HostConfigError: neither or both given; a crew not admitted, listed twice in one entry, or served by none.

@@ -2,7 +2,7 @@
 sidecar URL and proxy, token files, CORS origins), raising :class:`HostConfigError` that names the key.
 Pure but for reading a token file. :mod:`.config` holds the TOML shape and builds the settings.
 
-Source: ARCHITECTURE.md §7, §10; README "Configuration reference", "Security".
+Source: ARCHITECTURE.md §7, §10; docs/reference/configuration.md "Configuration reference", "Security".
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def check_sidecar_proxy(proxy: str | None, sidecar_url: str) -> str | None:
     Raises:
         HostConfigError: keyed ``sidecar.proxy``.
 
-    Source: README "Security" (the sidecar client and proxies).
+    Source: docs/security.md "Security" (the sidecar client and proxies).
     """
     if proxy is None:
         return None

@@ -1,6 +1,6 @@
 """``aip-crewai host --config host.toml``: the host process entry point.
 
-Exit codes (README "Exit codes"): 0 after a clean shutdown (SIGTERM/SIGINT),
+Exit codes (docs/reference/cli.md "Exit codes"): 0 after a clean shutdown (SIGTERM/SIGINT),
 2 for a configuration or store-location error or a bind that cannot listen
 (a taken port; one line on stderr naming the key, no traceback), 1 when
 serving fails, 130 on a second SIGINT during shutdown (no drain).
@@ -163,7 +163,7 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
     from .http.state import host_setup, startup_error
 
     config = hypercorn_config(
-        [f"fd://{sock.fileno()}"],  # timeouts, header bound, no h2c (README "Security")
+        [f"fd://{sock.fileno()}"],  # timeouts, header bound, no h2c (docs/security.md "Security")
         errorlog=hypercorn_logger(),
         graceful_timeout=CONNECTION_GRACE_S,
     )

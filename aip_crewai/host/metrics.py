@@ -5,7 +5,7 @@ counters. Labels never carry principals, action ids or inputs. Tenant names and
 crew ids appear only on the usage counters (``tokens_total``, ``cost_total``):
 both are closed sets fixed by ``host.toml`` and the crews file, so the
 exposition stays bounded; the usage counters show each tenant's usage to
-whoever may read ``/metrics`` (README "Security", metrics labels).
+whoever may read ``/metrics`` (docs/security.md "Security", metrics labels).
 
 Metrics (all prefixed ``aip_host_``):
 
@@ -14,7 +14,7 @@ Metrics (all prefixed ``aip_host_``):
 | ``requests_total`` | counter | route (path template), method, status (class) |
 | ``request_duration_seconds`` | summary (sum, count) | route, method |
 | ``ready`` | gauge | (1 while the host is ready: a sidecar agrees, ARCHITECTURE.md §7) |
-| ``unauthenticated_body_bytes`` | gauge | (bytes of request bodies held before authentication: the budget's use, README "Security") |
+| ``unauthenticated_body_bytes`` | gauge | (bytes of request bodies held before authentication: the budget's use, docs/security.md "Security") |
 | ``sidecar_ready`` | gauge | sidecar (its configured name; 1 while that sidecar agrees) |
 | ``readiness_checks_total`` | counter | result (ready, unready) |
 | ``auth_failures_total`` | counter | |
@@ -22,8 +22,8 @@ Metrics (all prefixed ``aip_host_``):
 | ``stream_errors_total`` | counter | code |
 | ``actions_total`` | counter | operation, status |
 | ``tokens_total`` | counter | tenant, crew, kind (prompt, completion, total, cached, requests): tokens of crew operations' final results |
-| ``cost_total`` | counter | tenant, crew, currency: their cost in currency units (priced crews only, README "Observing actions") |
-| ``webhook_attempts_total`` | counter | outcome (delivered, http_error, timeout, connect_error, refused, endpoint_removed; README "Webhooks") |
+| ``cost_total`` | counter | tenant, crew, currency: their cost in currency units (priced crews only, docs/observing.md "Observing actions") |
+| ``webhook_attempts_total`` | counter | outcome (delivered, http_error, timeout, connect_error, refused, endpoint_removed; docs/webhooks.md "Webhooks") |
 | ``webhook_deliveries_total`` | counter | outcome (delivered, expired): deliveries that ended |
 | ``status_cache_total`` | counter | result (hit, miss): key-less ``:status`` reads answered from the host's cache of final job views, or asking the sidecar (not counted while the cache is disabled) |
 
@@ -33,7 +33,7 @@ route is a path template of the app or ``unmatched``, the method one of
 :data:`~aip_crewai.plumbing.asgi.KNOWN_METHODS` or ``other``, the status its class (``2xx`` … ``5xx``).
 :meth:`Metrics.observe_request` applies these rules.
 
-Source: ARCHITECTURE.md §6 (``/metrics``: Prometheus text); README "Security" (metrics labels).
+Source: ARCHITECTURE.md §6 (``/metrics``: Prometheus text); docs/security.md "Security" (metrics labels).
 """
 
 from __future__ import annotations

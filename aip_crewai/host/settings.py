@@ -2,7 +2,7 @@
 principals and sidecars, and the defaults of every optional key. Built from ``host.toml`` by
 :func:`aip_crewai.host.config.load_settings` (which holds the TOML shape and the bounds).
 
-Source: ARCHITECTURE.md §11; README "Configuration reference".
+Source: ARCHITECTURE.md §11; docs/reference/configuration.md "Configuration reference".
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ DEFAULT_STORE_POOL_SIZE = 4
 DEFAULT_DISPATCH_DEADLINE_S = 600.0
 
 
-#: Lifetime of a stream token, seconds (README "Stream tokens"), and its bounds.
+#: Lifetime of a stream token, seconds (docs/reference/http-api.md "Stream tokens"), and its bounds.
 DEFAULT_STREAM_TOKEN_TTL_S = 300
 
 
 #: Default ``[host] unauthenticated_body_budget_bytes``: bodies read before authentication, in total, bytes;
-#: and its floor, one whole message body (``http/routes.MAX_MESSAGE_BYTES``; README "Security").
+#: and its floor, one whole message body (``http/routes.MAX_MESSAGE_BYTES``; docs/security.md "Security").
 DEFAULT_BODY_BUDGET_BYTES, MIN_BODY_BUDGET_BYTES = 64 * 1024 * 1024, 2 * 1024 * 1024
 
 
@@ -96,29 +96,29 @@ class Settings:
         sidecar_token: the bearer token for the sidecar (never logged).
         sidecar_proxy: the proxy the sidecar client uses, or None: then the
             client ignores ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` and
-            ``.netrc`` (README "Security").
+            ``.netrc`` (docs/security.md "Security").
         crews: admitted descriptors in file order.
         tenants: tenant name -> admitted crew ids it may see (file order).
         principals: configured principals in file order.
         readiness_interval_s: sidecar ``/health`` poll period, seconds.
         notify_socket: systemd ``NOTIFY_SOCKET`` address, or None.
         cors_origins: browser origins (``scheme://host[:port]``) allowed by
-            CORS; empty: no CORS headers at all (README "Browsers").
+            CORS; empty: no CORS headers at all (docs/reference/configuration.md "Browsers").
         dispatch_deadline_s: how long a start the sidecar provably did not
             admit is retried with backoff before the action fails with
             ``connector.crewai.dispatch_deadline``, seconds (ARCHITECTURE.md §9).
         sidecar_keepalive_s: the sidecar's SSE keep-alive interval, seconds,
             when its ``/health`` does not publish ``sse_keepalive_seconds``
             (a silent stream is detected after a few missed keep-alives).
-        stream_token_ttl_s: lifetime of a minted stream token, seconds (README "Stream tokens").
-        openapi: serve ``/openapi.json`` (README "OpenAPI").
-        console: serve the approval console at ``/console/`` (README "Approval console").
+        stream_token_ttl_s: lifetime of a minted stream token, seconds (docs/reference/http-api.md "Stream tokens").
+        openapi: serve ``/openapi.json`` (docs/reference/http-api.md "OpenAPI").
+        console: serve the approval console at ``/console/`` (docs/approvals.md "Approval console").
         host_id: this host in dispatch leases (default ``<hostname>:<bind port>``); hosts sharing a
             PostgreSQL store need distinct ids (one process per id: ARCHITECTURE.md §10).
         lease_s: how long a dispatch lease lasts unless renewed, seconds; a dead host's running actions
             are taken over by another host after it.
         store_pool_size: connections of a PostgreSQL store's pool, one per store worker thread.
-        store_timeouts: the session bounds of a PostgreSQL store and of each store call (README
+        store_timeouts: the session bounds of a PostgreSQL store and of each store call (docs/operating.md
             "Faults and their bounds").
         sidecars: every sidecar, each with the crews it serves (``[[sidecars]]``), or the one
             ``[sidecar]`` serving every crew; the ``sidecar_*`` fields are the first one's.
@@ -128,12 +128,12 @@ class Settings:
             :mod:`.view_cache`). Not shared between hosts: final views never change.
         receipt_keys: the key signing result receipts and the previous public keys still published
             (``[host] receipt_key_file``, ``receipt_previous_public_keys``); None: no receipts.
-        pricing: ``[pricing]``: prices per model and each crew's model; None: no cost (README "Observing actions").
+        pricing: ``[pricing]``: prices per model and each crew's model; None: no cost (docs/observing.md "Observing actions").
         public_authorities: the ``Host`` values (``@authority``) a signed request may name, lower-case;
-            None: the forms of the bind address (README "Signed requests").
-        webhooks: the ``[[webhooks]]`` endpoints and ``[host] webhook_allow_cidrs`` (README "Webhooks").
+            None: the forms of the bind address (docs/approvals.md "Signed requests").
+        webhooks: the ``[[webhooks]]`` endpoints and ``[host] webhook_allow_cidrs`` (docs/webhooks.md "Webhooks").
         body_budget_bytes: the bytes of request bodies read before authentication (signed envelopes
-            and signed requests), in total; past it such a body is 503 (README "Security").
+            and signed requests), in total; past it such a body is 503 (docs/security.md "Security").
     """
 
     config_path: Path

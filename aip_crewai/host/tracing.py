@@ -1,4 +1,4 @@
-"""The host's spans of an action: its submission, the approval wait, its dispatch (README "Observing actions").
+"""The host's spans of an action: its submission, the approval wait, its dispatch (docs/observing.md "Observing actions").
 
 - ``aip.action.submit`` (kind server): ``POST /aip/v1/messages`` with an action, child of the request's W3C
   ``traceparent`` when it has a valid one; one ``aip.fence`` event per fence decision (idempotency,
@@ -16,7 +16,7 @@ incoming ``traceparent`` is still stored and passed on to the sidecar unchanged:
 Attributes: ``aip.tenant``, ``aip.action_id``, ``aip.capability_id``, ``aip.operation``, ``aip.crew_id``,
 ``aip.status``, ``aip.error_code``: never inputs or outputs.
 
-Source: README "Observing actions" (Traces); ARCHITECTURE.md §9 (dispatch).
+Source: docs/observing.md "Observing actions" (Traces); ARCHITECTURE.md §9 (dispatch).
 """
 
 from __future__ import annotations

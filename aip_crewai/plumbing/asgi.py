@@ -61,7 +61,7 @@ a whole head read at once (up to 64 KiB per socket read) is measured here, as
 :func:`head_size` counts it.
 
 Source: RFC 6585 §5 (431), RFC 9112 §9.6 (``close`` connection option), §6.3 (message body
-length), README "Security" (request bodies,
+length), docs/security.md "Security" (request bodies,
 aborted uploads, framing).
 """
 
@@ -149,7 +149,7 @@ class BodyBudget:
         limit_bytes: the budget, bytes.
         exhausted: ``limit_bytes -> exception`` raised by :meth:`take` when a body does not fit (503).
 
-    Source: README "Security" (bodies before authentication).
+    Source: docs/security.md "Security" (bodies before authentication).
     """
 
     def __init__(self, limit_bytes: int, exhausted: Callable[[int], Exception]) -> None:
@@ -205,7 +205,7 @@ async def read_bounded(
         ``too_large(limit)``: the declared ``Content-Length`` or the bytes received exceed ``limit``.
         ``budget.exhausted(budget.limit_bytes)``: the body does not fit in the budget.
 
-    Source: README "Security" (request bodies; bodies before authentication).
+    Source: docs/security.md "Security" (request bodies; bodies before authentication).
     """
     declared = declared_length(request.scope)
     if declared is not None and declared > limit:
@@ -379,7 +379,7 @@ class BoundedHead:
         reject: ``() -> ASGI app`` answering the refusal (431 in the app's own error shape);
             ``Connection: close`` is added to it.
 
-    Source: README "Security" (timeouts and request heads).
+    Source: docs/security.md "Security" (timeouts and request heads).
     """
 
     def __init__(self, app: ASGIApp, limit_bytes: int, reject: Callable[[], ASGIApp]) -> None:
@@ -437,7 +437,7 @@ class InternalErrors:
     headers of an allowed origin like every other error (a browser can read it); :class:`RequestLog`
     still counts and logs it. One that started its response propagates (nothing can be answered).
 
-    Source: README "Browsers" (every error response carries CORS headers).
+    Source: docs/reference/configuration.md "Browsers" (every error response carries CORS headers).
     """
 
     def __init__(self, app: ASGIApp, *, render: Callable[[dict[str, Any]], ASGIApp]) -> None:
@@ -484,7 +484,7 @@ class RequestLog:
             (the traceback is logged once, ``request_failed``), from the request's log facts; None: the
             exception propagates to the app's own handler.
 
-    Source: README "Logs" (the summary line of both processes).
+    Source: docs/operating.md "Logs" (the summary line of both processes).
     """
 
     def __init__(

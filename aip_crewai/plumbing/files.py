@@ -5,7 +5,7 @@ A path that names a FIFO, a device or a socket must not hang start-up in
 with ``O_NONBLOCK`` and refused unless ``fstat`` says regular file, before any
 byte is read. Reads are bounded.
 
-Source: README "Security" (configuration, token and key files).
+Source: docs/security.md "Security" (configuration, token and key files).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 from principals that hold only a key (approvers, readers). Pure: no clock, no
 store, no logging; the caller passes the time and claims the nonce.
 
-The profile (README "Signed requests"):
+The profile (docs/approvals.md "Signed requests"):
 
 - one signature (any label), algorithm ``ed25519`` (the ``alg`` parameter
   must be present and say so), ``keyid`` = the principal id;

@@ -39,7 +39,7 @@ def read_private(path: Path, *, what: str = "secret file") -> bytes:
     Raises:
         SecretFileError: naming the file and the broken rule, never the content.
 
-    Source: ARCHITECTURE.md §4 (token file rules); developers' guide (secrets); README
+    Source: ARCHITECTURE.md §4 (token file rules); developers' guide (secrets); docs/security.md
     "Security" (opened without blocking: a FIFO is refused).
     """
     try:

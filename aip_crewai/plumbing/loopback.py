@@ -5,7 +5,7 @@ IPv4-mapped IPv6 forms such as ``::ffff:127.0.0.1`` are not loopback here,
 whatever the Python version says (3.13 calls them loopback, earlier versions
 do not): the rule must not change with the interpreter.
 
-Source: docs/ARCHITECTURE.md §4, §7; README "Configuration reference".
+Source: docs/ARCHITECTURE.md §4, §7; docs/reference/configuration.md "Configuration reference".
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ bare preface as the malformed HTTP/1.1 request it is. Hypercorn's own
 ``read_timeout`` is left unset: it would also close a connection whose client
 is quietly receiving a long SSE stream.
 
-Source: README "Security" (timeouts, connections, h2c).
+Source: docs/security.md "Security" (timeouts, connections, h2c).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ seconds``, ``--shutdown-grace-seconds``, ``--max-journal-bytes``,
 ``AIP_CREWAI_ALLOW_UNAUTHENTICATED`` / ``AIP_CREWAI_ALLOW_EPHEMERAL`` =
 ``1|true|yes|on``, or ``0|false|no|off``) work on loopback binds only.
 
-The reference sidecar's environment is accepted as it is (README "Migrating
+The reference sidecar's environment is accepted as it is (docs/operating.md "Migrating
 from the reference sidecar"): an inline ``AIP_CREWAI_BEARER_TOKEN`` (a warning
 says a token file is safer), ``AIP_CREWAI_MAX_STATE_BYTES`` (the journal size
 bound, as ``--max-journal-bytes``), a training directory or a journal
@@ -277,7 +277,7 @@ def _worker_user(setting: str, name: str | None, isolation: str) -> tuple[str, i
         ConfigError: unknown user, root, ``--isolation inprocess``, or a sidecar not running as root
             (only root can switch users).
 
-    Source: README "Security" (worker sandbox).
+    Source: docs/security.md "Security" (worker sandbox).
     """
     if name is None:
         return None
@@ -300,7 +300,7 @@ def scrub_environment(environ: MutableMapping[str, str]) -> bool:
 
     Call once the settings are loaded, before anything starts a process.
 
-    Source: README "Security" (worker sandbox), "Migrating from the reference sidecar".
+    Source: docs/security.md "Security" (worker sandbox), "Migrating from the reference sidecar".
     """
     return environ.pop(INLINE_TOKEN_ENV, None) is not None
 
@@ -353,7 +353,7 @@ def inline_token(text: str) -> str:
     Raises:
         ConfigError: naming the variable, never the token.
 
-    Source: README "Migrating from the reference sidecar"; ARCHITECTURE.md §4 (bearer token).
+    Source: docs/operating.md "Migrating from the reference sidecar"; ARCHITECTURE.md §4 (bearer token).
     """
     token = text.strip()
     if not 1 <= len(token.encode("utf-8", "surrogateescape")) <= MAX_SECRET_FILE_BYTES:
@@ -391,7 +391,7 @@ def _check_training_dir_apart(setting: str, training_dir: Path, journal: Path | 
         ConfigError: the training directory equals the state directory or the
             journal's directory, or is an ancestor of either.
 
-    Source: README ("Tenant-scoped crew state"); ARCHITECTURE.md §11 (``--training-dir``).
+    Source: docs/security.md ("Tenant-scoped crew state"); ARCHITECTURE.md §11 (``--training-dir``).
     """
     training = training_dir.resolve()
     for label, path in (("the journal", journal), ("the state directory", state_dir)):

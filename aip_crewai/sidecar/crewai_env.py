@@ -215,7 +215,7 @@ class PrintedErrorLog(io.TextIOBase):
     Other lines (panels, progress) are dropped. Thread-safe; a line longer
     than :data:`MAX_PRINTED_LINE_CHARS` is cut there.
 
-    Source: README ("Tenant-scoped crew state": knowledge; "Security": no
+    Source: docs/security.md ("Tenant-scoped crew state": knowledge; "Security": no
     secrets in logs).
     """
 

@@ -7,11 +7,11 @@ the problems the sidecar would publish in ``/health`` (``crew_problems``:
 ``build_failed``) and its inputs (``crew_inputs``). CrewAI's own prints are
 swallowed (they can quote provider errors).
 
-Exit codes (README "Exit codes"): 0 no problem, 1 at least one crew has a
+Exit codes (docs/reference/cli.md "Exit codes"): 0 no problem, 1 at least one crew has a
 problem, 2 the registry cannot be loaded. It also says which worker sandbox a sidecar started
-here would have (README "Security": worker sandbox), and what is missing.
+here would have (docs/security.md "Security": worker sandbox), and what is missing.
 
-Source: README ("Tenant-scoped crew state": start-up preflight).
+Source: docs/security.md ("Tenant-scoped crew state": start-up preflight).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _worker_sandbox() -> dict[str, object]:
     ``worker_sandbox`` plus a ``message`` naming what is missing): ``AIP_CREWAI_ISOLATION`` and
     ``AIP_CREWAI_WORKER_USER``, this user, this kernel's Landlock.
 
-    Source: README "Security" (worker sandbox).
+    Source: docs/security.md "Security" (worker sandbox).
     """
     import msgspec
 

@@ -169,7 +169,7 @@ class RequestConflict(SidecarError):
 class CrewBusy(SidecarError):
     """``memory_reset`` of a (tenant, crew) while another job of it is queued or
     running, or any job of a (tenant, crew) while its ``memory_reset`` runs:
-    refused, never queued (README "Tenant-scoped crew state")."""
+    refused, never queued (docs/security.md "Tenant-scoped crew state")."""
 
     code = "sidecar.crew_busy"
     category = Category.TEMPORARY

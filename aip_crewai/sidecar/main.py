@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         settings = load_settings(argv, os.environ)
-        # Read before CrewAI's environment forces OTEL_SDK_DISABLED (README "Observing actions").
+        # Read before CrewAI's environment forces OTEL_SDK_DISABLED (docs/observing.md "Observing actions").
         sidecar_tracing.configure(tracing.trace_settings(os.environ))
     except ConfigError as exc:
         return _refuse(str(exc))
@@ -375,7 +375,7 @@ async def _serve(
         crew_facts=crew_facts,
         workers=workers,
     )
-    # timeouts, header bound, no h2c (README "Security")
+    # timeouts, header bound, no h2c (docs/security.md "Security")
     config = hypercorn_config([f"fd://{fd}"], errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
     stop, drain = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -410,7 +410,7 @@ async def _serve(
 
 async def _until_stopped_or_drained(stop: asyncio.Event, drain: asyncio.Event, runtime: Any) -> None:
     """Return on SIGTERM/SIGINT (``stop``), or once a drain asked by SIGUSR1 (``drain``) has let every
-    admitted job end (``Runtime.drain``; a SIGTERM meanwhile ends the wait at once). README "Draining a
+    admitted job end (``Runtime.drain``; a SIGTERM meanwhile ends the wait at once). docs/operating.md "Draining a
     sidecar"."""
     stopped = asyncio.ensure_future(stop.wait())
     drain_asked = asyncio.ensure_future(drain.wait())
@@ -470,7 +470,7 @@ def extending_start_timeout(address: str | None) -> Iterator[None]:
     and then every :data:`EXTEND_EVERY_SECONDS`, for at most :data:`MAX_EXTENDED_START_SECONDS`.
     Without ``NOTIFY_SOCKET`` it does nothing.
 
-    Source: README ("Operating under systemd"); sd_notify(3) ``EXTEND_TIMEOUT_USEC``.
+    Source: docs/operating.md ("Operating under systemd"); sd_notify(3) ``EXTEND_TIMEOUT_USEC``.
     """
     if not address:
         yield

@@ -23,7 +23,7 @@ from aip_crewai.contracts.operations import INSPECTION_OPERATIONS, STARTABLE_OPE
 #: Bounds of ``--max-event-bytes``, bytes (the reference sidecar's range).
 MIN_EVENT_BYTES, MAX_EVENT_BYTES = 1024, 4_194_304
 #: Floor and default of ``--unauthenticated-body-budget-bytes``, bytes: one whole job body
-#: (``jobs/admission.MAX_BODY_BYTES``), and 64 MiB (README "Security").
+#: (``jobs/admission.MAX_BODY_BYTES``), and 64 MiB (docs/security.md "Security").
 MIN_BODY_BUDGET_BYTES, DEFAULT_BODY_BUDGET_BYTES = 8 * 1024 * 1024, 64 * 1024 * 1024
 #: Environment switches of the two safety valves, by flag.
 VALVE_ENV = {
@@ -270,7 +270,7 @@ OPTIONS: tuple[Option, ...] = (
         text_value,
         None,
         "with --isolation process and a sidecar started as root: the unprivileged user (name or uid) every "
-        "job worker runs as (README Security: worker sandbox)",
+        "job worker runs as (docs/security.md, worker sandbox)",
     ),
     Option(
         "log_level",

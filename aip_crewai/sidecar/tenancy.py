@@ -1,7 +1,7 @@
 """Tenants at the sidecar: which tenant a job belongs to, and its private names (pure, no I/O).
 
 The sidecar contract carries no tenant field: a job's tenant is read from its
-job id. The host sends ``<tenant>:<action id>`` (README, "How it fits
+job id. The host sends ``<tenant>:<action id>`` (README.md, "How it fits
 together"; host tenant names match :data:`TENANT_PATTERN`, which has no
 ``:``). A job id without such a prefix (a peer host that knows no tenants)
 belongs to the *default tenant* ``""``, so peer hosts keep working and share
@@ -9,9 +9,9 @@ one namespace among themselves, as before.
 
 Everything CrewAI keeps for a crew is then kept per ``(tenant, crew id)``:
 memory storage, knowledge collections, the replay index and training
-artifacts (README, "Tenant-scoped crew state").
+artifacts (docs/security.md, "Tenant-scoped crew state").
 
-Source: README ("How it fits together": sidecar job ids; "Tenant-scoped crew state").
+Source: README.md ("How it fits together": sidecar job ids; "Tenant-scoped crew state").
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Attributes: ``aip.tenant``, ``aip.action_id``, ``aip.job_id``, ``aip.crew_id``, 
 ``gen_ai.tool.name``. Task names and agent roles (CrewAI interpolates inputs into them), prompts,
 answers, tool arguments and outputs only with content capture (``AIP_CREWAI_OTEL_CAPTURE_CONTENT=true``).
 
-Source: README "Observing actions" (Traces); ARCHITECTURE.md §5 (per-job capture, isolation).
+Source: docs/observing.md "Observing actions" (Traces); ARCHITECTURE.md §5 (per-job capture, isolation).
 """
 
 from __future__ import annotations

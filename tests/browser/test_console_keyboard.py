@@ -2,7 +2,7 @@
 desktop width and at 375 px (no horizontal scroll), checked by axe-core (0 serious or critical violations),
 with distinguishable queue cards, a decided history that survives a reload and filters, a key file picker
 whose garbled PEMs get precise errors, honest empty states and jittered reconnects after the server's
-``retry:`` (README "Approval console")."""
+``retry:`` (docs/approvals.md "Approval console")."""
 
 from __future__ import annotations
 

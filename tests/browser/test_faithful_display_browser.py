@@ -1,6 +1,6 @@
 """Faithful display in real Chromium: an input holding a right-to-left override and a zero-width space is
 rendered by the approval console with each of those code points as a highlighted ``\\u…`` marker under a
-warning, so the rendered text never reads as the spoofed string (README "The approval flow")."""
+warning, so the rendered text never reads as the spoofed string (docs/approvals.md "The approval flow")."""
 
 from __future__ import annotations
 

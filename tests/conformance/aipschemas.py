@@ -4,7 +4,7 @@ that names the route, schema, JSON path and message of the first violation.
 The schemas live outside the repository (``../shared/aip-schemas`` from the
 project root, or ``$AIP_SCHEMAS_DIR``); :data:`SCHEMAS_DIR` is None when they
 are absent, and the conformance suite then skips with one line, or fails when
-``AIP_CREWAI_REQUIRE_SCHEMAS=1`` (CI sets it: :func:`require`; README "AIP 1.0 conformance").
+``AIP_CREWAI_REQUIRE_SCHEMAS=1`` (CI sets it: :func:`require`; docs/reference/http-api.md "AIP 1.0 conformance").
 """
 
 from __future__ import annotations

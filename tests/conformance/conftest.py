@@ -36,7 +36,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 ]
 
 
-#: Routes under /aip/ whose 2xx answers are this host's own JSON, not AIP objects (README "Stream
+#: Routes under /aip/ whose 2xx answers are this host's own JSON, not AIP objects (docs/reference/http-api.md "Stream
 #: tokens", "Signed requests"): their errors are still checked as AIP error envelopes.
 NOT_AIP = [
     re.compile(r"^/aip/v1/(actions/[^/]+|approvals)/stream-token$"),

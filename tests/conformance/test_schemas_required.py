@@ -1,4 +1,4 @@
-"""The conformance suite's rule for absent schemas (README "AIP 1.0 conformance"): it skips with one line,
+"""The conformance suite's rule for absent schemas (docs/reference/http-api.md "AIP 1.0 conformance"): it skips with one line,
 unless ``AIP_CREWAI_REQUIRE_SCHEMAS=1`` (CI), where it fails."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The host's budget of request bodies read before authentication (README "Security": bodies before
+"""The host's budget of request bodies read before authentication (docs/security.md "Security": bodies before
 authentication): many slow unauthenticated bodies fill it, one more is 503 with ``Retry-After`` and a typed
 body, a bearer-authenticated body still goes through, and everything is given back when they end."""
 

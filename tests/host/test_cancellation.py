@@ -1,5 +1,5 @@
 """The cancellation rows carried out by ``actions/cancellation.py`` directly, in-process over a real SQLite
-store and the scripted fake sidecar (README "Cancellation"): an ended action keeps its result, memory_reset
+store and the scripted fake sidecar (docs/reference/http-api.md "Capabilities"): an ended action keeps its result, memory_reset
 is never cancelled, a pending action is withdrawn without anything sent, a running run is stopped at the
 sidecar, and another tenant's action is not found."""
 

@@ -67,7 +67,7 @@ async def test_a_preflight_from_an_allowed_origin_is_answered_and_a_refused_one_
 @pytest.mark.parametrize("method", ["POST", "PUT"])
 async def test_a_refused_preflight_carries_no_cors_header_at_all(make_app, settings, origin, method) -> None:
     """Regression (second review): a preflight from a disallowed or ``null`` origin got 400 with
-    ``Access-Control-Allow-Methods``/``-Headers``; the README says "without CORS headers"."""
+    ``Access-Control-Allow-Methods``/``-Headers``; docs/reference/configuration.md says "without CORS headers"."""
     app = make_app(dataclasses.replace(settings, cors_origins=(ALLOWED,)))
     async with running(app) as http:
         refused = await http.options(

@@ -1,5 +1,5 @@
 """A cancel on one host racing an approval on another, both on one PostgreSQL store, is honoured in every
-interleaving (README "Cancellation"): either the action is cancelled before any start is
+interleaving (ARCHITECTURE.md §8): either the action is cancelled before any start is
 sent (the dispatch then sends nothing), or the start is sent and the cancel reaches the job once the sidecar
 admitted it (a 404 while the start is in flight is retried) and stops it. Each interleaving is forced with
 asyncio events, not timing: 4 interleavings x 11 rounds. Per round: one outcome, `cancelled` as the tenant

@@ -1,6 +1,6 @@
 """An approval's input holding code points a person would misread: the approval view announces them
 (evidence ``display_findings``) and ``GET /aip/v1/approvals/{id}/display`` lists them, for approvers only
-(README "The approval flow": faithful display)."""
+(docs/approvals.md "The approval flow": faithful display)."""
 
 import hashlib
 import json

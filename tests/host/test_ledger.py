@@ -1,7 +1,7 @@
 """What a stored result leaves, on both store engines: usage in the result and a usage row, a signed
 receipt for a final result only (a provisional one gets its receipt when corrected), the receipt bound to
 the action, its key, its approval and decision proof; usage totals; the usage counters
-(host/ledger/sealer.py, host/store/ledger.py, README "Observing actions")."""
+(host/ledger/sealer.py, host/store/ledger.py, docs/observing.md "Observing actions")."""
 
 import hashlib
 import json

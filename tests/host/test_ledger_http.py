@@ -1,5 +1,5 @@
 """The receipt, key and usage routes and the receipt chains of the views, in-process
-(host/ledger/routes.py, README "Observing actions")."""
+(host/ledger/routes.py, docs/observing.md "Observing actions")."""
 
 import dataclasses
 import json

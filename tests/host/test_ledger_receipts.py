@@ -1,5 +1,5 @@
 """Signed result receipts: canonical document, signature, offline verification, rotation, key file
-(host/ledger/receipts.py, README "Observing actions")."""
+(host/ledger/receipts.py, docs/observing.md "Observing actions")."""
 
 import base64
 import json

@@ -1,4 +1,4 @@
-"""CrewAI's token_usage → AIP usage, prices and costs (host/ledger/usage.py, README "Observing actions")."""
+"""CrewAI's token_usage → AIP usage, prices and costs (host/ledger/usage.py, docs/observing.md "Observing actions")."""
 
 from decimal import Decimal
 

@@ -14,7 +14,7 @@ from aip_crewai.contracts.operations import get
 from aip_crewai.host.crews.descriptors import CrewDescriptor, load_descriptors
 from aip_crewai.host.crews.manifest import CapabilityIndex, crew_capabilities, to_wire
 
-# README "Capabilities" "Compare all operations" (restated here on purpose: the test checks the code).
+# docs/reference/http-api.md "Capabilities" "Compare all operations" (restated here on purpose: the test checks the code).
 SEED = {
     # op: (kind, risk, mutation, approval, key, stream, cancel, retry)
     "run": ("agent", "medium", True, True, "required", True, True, False),
@@ -28,7 +28,7 @@ SEED = {
     "knowledge_query": ("tool", "low", False, False, "required", False, False, True),
     "memory_reset": ("tool", "high", True, True, "required", False, False, False),
 }
-ROUTES = {  # README "Capabilities" "Interpret methods and fixed sidecar paths"
+ROUTES = {  # docs/reference/http-api.md "Capabilities" "Interpret methods and fixed sidecar paths"
     "run": ("POST", "/jobs", "/jobs/stream"),
     "status": ("GET", "/jobs/{run_action_id}", None),
     "events": ("GET", "/jobs/{run_action_id}/events", "/jobs/{run_action_id}/events"),

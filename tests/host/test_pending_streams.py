@@ -1,7 +1,7 @@
 """A stream opened on a pending action: the ack at ``sse_0`` (reason ``pending_approval``)
 is its only frame while it waits, keep-alives fill the wait, and the decision's chunks and result follow on
 the same connection; a re-POST of the envelope with ``Last-Event-ID`` resumes as the GET route does
-(README "AIP 1.0 conformance": streams)."""
+(docs/reference/http-api.md "AIP 1.0 conformance": streams)."""
 
 import json
 

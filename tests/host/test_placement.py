@@ -1,4 +1,4 @@
-"""Placement of new jobs over the sidecars serving a crew (README "Several sidecars"): the pure choice
+"""Placement of new jobs over the sidecars serving a crew (docs/operating.md "Several sidecars"): the pure choice
 (:func:`pick`), then in-process with two scripted sidecars: placement by load and readiness, the placement
 recorded before the start is sent, follow-ups routed by placement, a refused start re-placed at once, and a
 replay tried on the next sidecar while its task run is not found."""

@@ -1,5 +1,5 @@
-"""Least privilege inside a tenant (security review item 9): every cell of the README's
-"who reads what" table, in-process over the fake sidecar."""
+"""Least privilege inside a tenant (security review item 9): every cell of docs/security.md's
+"Who reads what" table, in-process over the fake sidecar."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ async def status_capability(http, principal: str):
     return await http.post("/aip/v1/messages", content=json.dumps(env), headers={**CT, **token_of(principal)})
 
 
-#: principal -> expected status per resource (README "Security": who reads what).
+#: principal -> expected status per resource (docs/security.md "Security": who reads what).
 TABLE = {
     "acme-invoker": {
         "action": 200,

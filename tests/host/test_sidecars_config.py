@@ -57,7 +57,7 @@ def test_each_crew_is_served_by_the_sidecar_that_lists_it(host_files: HostFiles)
 
 
 def test_a_crew_may_be_served_by_several_sidecars(host_files: HostFiles) -> None:
-    """A hot crew on several sidecars (README "Several sidecars"): both entries list it, in order."""
+    """A hot crew on several sidecars (docs/operating.md "Several sidecars"): both entries list it, in order."""
     settings = load(
         host_files,
         document(

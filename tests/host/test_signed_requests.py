@@ -264,7 +264,7 @@ async def test_the_consoles_target_uri_signatures_are_accepted(world):
     ],
 )
 def test_the_authority_rule_lists_or_defaults_to_the_bind_address_forms(authority, server, bind, listed, allowed):
-    """README "Signed requests": ``[host] public_authorities`` exactly (any case); by default the address the
+    """docs/approvals.md "Signed requests": ``[host] public_authorities`` exactly (any case); by default the address the
     connection arrived at and the bind address with that port, plus the loopback names for a loopback host."""
     from aip_crewai.host.auth.signatures import PublicAuthorities
 

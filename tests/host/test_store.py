@@ -913,7 +913,7 @@ async def test_every_approval_change_is_logged_per_tenant_in_order_on_both_engin
 
 
 async def test_an_action_keeps_the_trace_context_it_was_created_in(store: Store):
-    """Migration 6: ``actions.trace_parent``, read back with the record (README "Observing actions")."""
+    """Migration 6: ``actions.trace_parent``, read back with the record (docs/observing.md "Observing actions")."""
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     _, record = await make_action(store, trace_parent=traceparent)
     assert record.trace_parent == traceparent

@@ -3,7 +3,7 @@ store call and request is answered within the store's bound (typed 503 ``store.u
 ``Retry-After`` when the store cannot serve it), ``/ready`` tells the truth within the same bound and
 recovers by itself, and the LISTEN connection that died silently is noticed and replaced.
 
-README "Faults and their bounds". Skipped with one line without PostgreSQL.
+docs/operating.md "Faults and their bounds". Skipped with one line without PostgreSQL.
 """
 
 from __future__ import annotations

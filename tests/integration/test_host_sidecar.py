@@ -168,7 +168,7 @@ def test_host_on_a_taken_port_fails_cleanly(tmp_path):
             text=True,
             timeout=60,
         )
-    assert result.returncode == 2  # a configuration error, as a bad host.toml (README "Exit codes")
+    assert result.returncode == 2  # a configuration error, as a bad host.toml (docs/reference/cli.md "Exit codes")
     assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -214,7 +214,7 @@ def test_cli_call_and_approvals(host_and_sidecar, tmp_path):
     assert answer.returncode == 0, answer.stderr
     assert json.loads(answer.stdout)["body"]["action_result"]["status"] == "completed"
     pending = cli("acme-app", "call", "cap:crewai:echo", "--input", '{"topic": "cli"}', "--idempotency-key", "cli-2")
-    assert pending.returncode == 5, pending.stderr  # pending approval (README "Exit codes")
+    assert pending.returncode == 5, pending.stderr  # pending approval (docs/reference/cli.md "Exit codes")
     approval_id = json.loads(pending.stdout)["body"]["action_result"]["output"]["approval_id"]
     listed = cli("acme-approver", "approvals", "list")
     assert [a["request"]["id"] for a in json.loads(listed.stdout)["approvals"]] == [approval_id]

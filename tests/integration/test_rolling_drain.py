@@ -1,5 +1,5 @@
 """A hot crew on two real sidecars under load, one drained (SIGUSR1) mid-load: a rolling upgrade loses no
-run (README "Several sidecars"). Every governed run completes, each on exactly one sidecar (its journal
+run (docs/operating.md "Several sidecars"). Every governed run completes, each on exactly one sidecar (its journal
 holds it, the other's does not), new jobs are placed on both, and the drained sidecar exits 0."""
 
 from __future__ import annotations

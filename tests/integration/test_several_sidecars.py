@@ -61,7 +61,9 @@ def test_each_crew_runs_on_its_own_sidecar_and_a_stopped_one_takes_only_its_crew
             waiting = app.call(
                 "cap:crewai:chatty", {"topic": "x"}, action_id=new_id("act"), idempotency_key=new_id("k")
             )
-        assert waiting["body"]["action_result"]["status"] == "pending_approval"  # accepted, README "Failure behaviour"
+        assert (
+            waiting["body"]["action_result"]["status"] == "pending_approval"
+        )  # accepted, docs/operating.md "Failure behaviour"
         assert httpx.get(f"{host.base_url}/ready").status_code == 200  # one sidecar is ready
         assert run_echo(host, "echo", "reefs")["status"] == "completed"
     finally:

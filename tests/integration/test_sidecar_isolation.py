@@ -1,4 +1,4 @@
-"""Process isolation through the real sidecar (``--isolation process``; README "Process isolation").
+"""Process isolation through the real sidecar (``--isolation process``; docs/security.md "Process isolation").
 
 Each test starts its sidecar with ``--isolation process`` explicitly (a flag
 wins over ``AIP_CREWAI_ISOLATION``), so these run whichever mode the suite

@@ -149,7 +149,7 @@ async def test_an_insecure_journal_file_refuses_start_up(sidecar_factory):
 
 
 async def test_the_reference_sidecar_environment_starts_the_sidecar(sidecar_factory):
-    """Issue 20 item 9: the reference's environment, unchanged, starts our sidecar (README "Migrating from the
+    """Issue 20 item 9: the reference's environment, unchanged, starts our sidecar (docs/operating.md "Migrating from the
     reference sidecar"); the inline token is warned about and never logged; an unknown operation is 422."""
     workdir = sidecar_factory.workdir / "reference-env"
     workdir.mkdir(mode=0o700)

@@ -1,4 +1,4 @@
-"""The README's approver, configured with only an Ed25519 public key, approves with the
+"""docs/approvals.md's approver, configured with only an Ed25519 public key, approves with the
 CLI against the real host process."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from kits.poll import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.host_processes]
 
-APPROVER = "human:acme-approver"  # README and host/host.example.toml
+APPROVER = "human:acme-approver"  # docs/approvals.md and host/host.example.toml
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -25,7 +25,7 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 @pytest.fixture
 def keyed(sidecar_factory, tmp_path: Path):
-    """A host whose approver holds only the public key the README's command printed."""
+    """A host whose approver holds only the public key docs/approvals.md's command printed."""
     key = tmp_path / "approver.pem"
     generated = run_cli("keys", "generate", "ed25519", "--out", str(key))
     assert generated.returncode == 0, generated.stderr
@@ -75,7 +75,7 @@ def test_a_signing_key_without_a_key_id_is_a_usage_error(keyed):
     unsigned = run_cli(
         "approvals", "list", "--url", host.base_url, "--signing-key", str(key), "--key-id", "human:someone-else"
     )
-    assert unsigned.returncode == 4  # the host refused the credential (401): README "Exit codes"
+    assert unsigned.returncode == 4  # the host refused the credential (401): docs/reference/cli.md "Exit codes"
 
 
 def test_approvals_watch_prints_a_new_pending_approval_live(keyed):

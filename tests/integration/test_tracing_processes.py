@@ -1,4 +1,4 @@
-"""OpenTelemetry traces through the real host and sidecar processes (README "Observing actions": Traces).
+"""OpenTelemetry traces through the real host and sidecar processes (docs/observing.md "Observing actions": Traces).
 
 A real OTLP/HTTP receiver on loopback (:class:`OtlpReceiver`: decodes each protobuf
 ``ExportTraceServiceRequest``) takes the spans of both processes and of the sidecar's job worker; a

@@ -1,4 +1,4 @@
-"""The worker sandbox through the real sidecar (README "Security": worker sandbox; ``isolation/sandbox.py``).
+"""The worker sandbox through the real sidecar (docs/security.md "Security": worker sandbox; ``isolation/sandbox.py``).
 
 A crew's code cannot read the sidecar's secrets: the inline token never reaches a worker's environment;
 a worker cannot open the token file, the journal and its companions, the sidecar's ``/proc`` entry, nor

@@ -1,6 +1,6 @@
 """AIP messages for the tests: the one ``envelope`` builder and the one ``sse_events`` reader.
 
-``envelope(action(...))`` is an unsigned ``aip.core.v1.action`` envelope (README "AIP 1.0 conformance");
+``envelope(action(...))`` is an unsigned ``aip.core.v1.action`` envelope (docs/reference/http-api.md "AIP 1.0 conformance");
 ``sse_events(response or bytes)`` decodes a ``text/event-stream`` body with the package's own decoder
 (:mod:`aip_crewai.sse`) into ``(event, id, parsed data)`` as the frames arrive.
 """

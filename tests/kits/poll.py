@@ -4,7 +4,7 @@
 ``await until_async(condition)`` does the same on the event loop (``condition`` may be a coroutine function).
 Past the deadline both raise :class:`Deadline` (an ``AssertionError``) naming ``what`` was awaited.
 The default deadline is generous (60 s): it only bounds a failure, a passing test never waits for it,
-so a slow, shared machine cannot turn a test red (README "Tests").
+so a slow, shared machine cannot turn a test red (docs/operating.md "Tests").
 """
 
 from __future__ import annotations

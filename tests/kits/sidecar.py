@@ -100,7 +100,7 @@ def sidecar_command(*args: str) -> list[str]:
 
 
 #: Kept from the test process's environment: the suite runs its sidecars in either isolation mode
-#: (``AIP_CREWAI_ISOLATION=inprocess make test``; README "Process isolation").
+#: (``AIP_CREWAI_ISOLATION=inprocess make test``; docs/security.md "Process isolation").
 PASSED_ENV = ("AIP_CREWAI_ISOLATION",)
 
 
@@ -113,7 +113,7 @@ def child_env(call_log: Path, extra: dict[str, str] | None = None) -> dict[str, 
         if (not k.startswith("AIP_CREWAI_") or k in PASSED_ENV) and k != "NOTIFY_SOCKET"
     }
     env["AIP_CREWAI_TEST_CALL_LOG"] = str(call_log)
-    # made now: a sandboxed worker may not create a file beside the sidecar's token and journal (README "Security")
+    # made now: a sandboxed worker may not create a file beside the sidecar's token and journal (docs/security.md "Security")
     call_log.touch(exist_ok=True)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})

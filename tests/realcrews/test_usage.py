@@ -1,5 +1,5 @@
 """Token usage of a real crew equals what the (fake, OpenAI-compatible) provider reported for each
-completion it answered (README "Observing actions")."""
+completion it answered (docs/observing.md "Observing actions")."""
 
 from __future__ import annotations
 

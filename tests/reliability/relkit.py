@@ -475,7 +475,7 @@ class AppThread:
 
     def request(self, method: str, url: str, *, timeout: float = 15.0, **kwargs: Any) -> tuple[int, Any, bytes]:
         """One request, its whole answer; an SSE answer that reaches a pending action's ack (which the host
-        keeps open until the decision, README "AIP 1.0 conformance") is read up to there, then disconnected."""
+        keeps open until the decision, docs/reference/http-api.md "AIP 1.0 conformance") is read up to there, then disconnected."""
 
         async def call() -> tuple[int, Any, bytes]:
             if "text/event-stream" in dict(kwargs.get("headers") or {}).get("Accept", ""):

@@ -350,7 +350,7 @@ def secrets_absent(procs: Processes, sidecar: Sidecar, host: Host) -> list[Resul
         [n[:12] for n in secrets if n in stored] or "nothing stored",
     )
     hosts = {p.parent for p in sidecar.state_dir.rglob("host.toml")}
-    # Crew inputs are kept on purpose in one place only: the replay-inputs files (README, "Tenant-scoped
+    # Crew inputs are kept on purpose in one place only: the replay-inputs files (docs/security.md, "Tenant-scoped
     # crew state"), each 0600 in a 0700 directory; they never hold secrets and nothing else holds inputs.
     kept = sidecar.state_dir / "replay-inputs"
     kept_files = [p for p in kept.rglob("*") if p.is_file()] if kept.is_dir() else []

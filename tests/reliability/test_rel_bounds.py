@@ -1,6 +1,6 @@
 """Bounds found by the second independent security review, replayed against the real host and sidecar on
 loopback: the budget of bodies read before authentication, the 16 KiB request head, the signed request's
-``@authority``. The README's "Security" section lists each bound tested here.
+``@authority``. The docs/security.md's "Security" section lists each bound tested here.
 
 Raw sockets where the bytes on the wire matter; polling with deadlines, never sleeping for a result.
 """

@@ -1,5 +1,5 @@
 """Security hardening: each finding of the independent review, replayed against the real
-host and sidecar on loopback. The README's "Security" section lists each bound tested here.
+host and sidecar on loopback. The docs/security.md's "Security" section lists each bound tested here.
 
 Error bodies are read through :func:`error_code` only, so a change of the error envelope's layout
 adapts in one place; the tests assert statuses, error codes and stored state.

@@ -1,5 +1,5 @@
 """``aip-crewai journal import``: a reference sidecar's JSON journal into a SQLite journal (
-README "Migrating from the reference sidecar")."""
+docs/operating.md "Migrating from the reference sidecar")."""
 
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ async def test_the_sidecar_points_at_the_import_and_leaves_no_lock_beside_a_refe
     assert json.loads(source.read_text()) == REFERENCE_RUNS
 
 
-# --- a hostile file: the sidecar's own bounds, per run (README "Migrating from the reference sidecar") ---
+# --- a hostile file: the sidecar's own bounds, per run (docs/operating.md "Migrating from the reference sidecar") ---
 
 
 def _run_with(action_id: str = "acme:big", *, events: int = 2, data: Any = None, output: Any = None) -> dict[str, Any]:

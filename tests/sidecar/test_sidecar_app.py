@@ -472,7 +472,7 @@ async def test_the_reference_legacy_run_routes_answer_as_the_job_routes(tmp_path
 
 
 async def test_without_a_token_bodies_being_read_share_one_budget_and_one_more_is_503(tmp_path):
-    """README "Security" (bodies before authentication): a sidecar serving without a token reads every body
+    """docs/security.md "Security" (bodies before authentication): a sidecar serving without a token reads every body
     unauthenticated; their total is bounded (``--unauthenticated-body-budget-bytes``), past it 503 with
     ``Retry-After``; each body gives its share back once read."""
     budget_bytes = 8 * 1024 * 1024

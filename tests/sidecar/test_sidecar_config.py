@@ -307,7 +307,7 @@ def test_safety_valves_read_their_environment_on_loopback_only(tmp_path, name, f
 @pytest.mark.parametrize("source", ["flag", "env"])
 @pytest.mark.parametrize("value", ["process", "inprocess", "INPROCESS"])
 def test_isolation_reads_its_flag_and_variable(base, source, value):
-    """``--isolation`` / ``AIP_CREWAI_ISOLATION``: process (default) or inprocess (README "Process isolation")."""
+    """``--isolation`` / ``AIP_CREWAI_ISOLATION``: process (default) or inprocess (docs/security.md "Process isolation")."""
     assert load_settings(base, {}).isolation == "process"
     args, env = (base + ["--isolation", value], {}) if source == "flag" else (base, {"AIP_CREWAI_ISOLATION": value})
     assert load_settings(args, env).isolation == value.lower()
@@ -328,7 +328,7 @@ def test_cancel_grace_seconds_is_bounded(base, value, ok):
 
 @pytest.mark.parametrize("value, ok", [("8388608", True), ("8388607", False), ("1099511627776", True)])
 def test_the_unauthenticated_body_budget_is_at_least_one_job_body(base, value, ok):
-    """README "Security" (bodies before authentication): default 64 MiB; never below one whole job body."""
+    """docs/security.md "Security" (bodies before authentication): default 64 MiB; never below one whole job body."""
     from aip_crewai.sidecar.jobs.admission import MAX_BODY_BYTES
 
     assert load_settings(base, {}).body_budget_bytes == 64 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""aip_crewai/plumbing/asgi.py: the shared pure-ASGI guards (README "Security")."""
+"""aip_crewai/plumbing/asgi.py: the shared pure-ASGI guards (docs/security.md "Security")."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ class Exhausted(Exception):
 
 
 def test_a_body_budget_takes_up_to_its_limit_exactly_and_gives_back_what_each_request_held():
-    """README "Security" (bodies before authentication): the limit fits, limit + 1 does not; a refused
+    """docs/security.md "Security" (bodies before authentication): the limit fits, limit + 1 does not; a refused
     take holds nothing; release gives back exactly a request's own share, once."""
     from aip_crewai.plumbing.asgi import BodyBudget
 

@@ -1,5 +1,5 @@
 """``aip-crewai`` client commands: exit codes per outcome, with and without --stream/--json,
-usage errors, --version, help text, ``| head`` (README "Exit codes").
+usage errors, --version, help text, ``| head`` (docs/reference/cli.md "Exit codes").
 
 The host is a canned AIP server on loopback (one answer per capability id), so
 every outcome is produced on demand; the real host and sidecar answer the same
@@ -348,7 +348,7 @@ def test_every_argument_has_help_text():
 
 @pytest.mark.processes
 def test_a_closed_pipe_ends_quietly(host_url, token):
-    """``aip-crewai manifest | head -1``: no "Broken pipe" message, exit 141 (README "Exit codes")."""
+    """``aip-crewai manifest | head -1``: no "Broken pipe" message, exit 141 (docs/reference/cli.md "Exit codes")."""
     process = subprocess.Popen(
         [sys.executable, "-m", "aip_crewai.cli", "manifest", "--url", host_url, "--token-file", token],
         stdout=subprocess.PIPE,
@@ -434,7 +434,7 @@ def test_doctor_runs_the_start_up_preflight_by_hand():
         "memory_domains": ["kickoff_outputs"],
     }
     assert b"sk-test-SECRET" not in run.stdout + run.stderr  # CrewAI's printed embedder error is swallowed
-    sandbox = report["worker_sandbox"]  # what a sidecar started here would have (README "Security")
+    sandbox = report["worker_sandbox"]  # what a sidecar started here would have (docs/security.md "Security")
     assert sandbox["mode"] in {"user+landlock", "user", "landlock", "none"} and isinstance(sandbox["missing"], list)
     assert ("worker_user" in sandbox["missing"]) == (os.geteuid() == 0)  # no AIP_CREWAI_WORKER_USER here
     inprocess = subprocess.run(

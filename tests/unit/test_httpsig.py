@@ -289,7 +289,7 @@ def test_reasons_never_carry_key_material():
 
 
 def test_the_readme_test_vector():
-    """README "Signed requests" prints these exact headers and base (for other implementations)."""
+    """docs/approvals.md "Signed requests" prints these exact headers and base (for other implementations)."""
     key = Ed25519PrivateKey.from_private_bytes(bytes(32))
     body = b'{"decision":"approved","reason":"checked","policy_hash":"9c1185a5c5e9fc54612808977ee8f548b2258d31"}'
     url = "https://aip.example.com/aip/v1/approvals/apr_7f3a/decision"
@@ -305,8 +305,8 @@ def test_the_readme_test_vector():
     verified = verify_request(
         "POST", url, list(headers.items()), body, public_key=lambda _: key.public_key(), now_s=1790000000
     )
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert verified.signature_base in readme
+    approvals = (Path(__file__).resolve().parents[2] / "docs" / "approvals.md").read_text()
+    assert verified.signature_base in approvals
 
 
 _HEADER_TEXT = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=300)

@@ -1,4 +1,4 @@
-"""aip_crewai/plumbing/serving.py: the hypercorn configuration of both processes (README "Security")."""
+"""aip_crewai/plumbing/serving.py: the hypercorn configuration of both processes (docs/security.md "Security")."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ of :data:`~.lifecycle.CANCEL_OUTCOMES` for the action's state and operation;
 this module carries the row out over the writer, the dispatcher and the live
 registry of an :class:`~.writer.ActionRuntime`.
 
-Source: README "Cancellation"; docs/ARCHITECTURE.md "Action states".
+Source: docs/reference/http-api.md "Capabilities"; docs/ARCHITECTURE.md "Action states".
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _outcome(case: CancelCase, action_id: str, **extra: Any) -> ActionResult:
 
 
 async def cancel(runtime: ActionRuntime, caller: Principal, action_id: str) -> ActionResult:
-    """Cancel the caller's tenant's action (README "Cancellation" table).
+    """Cancel the caller's tenant's action (docs/reference/http-api.md "Capabilities" table).
 
     Raises: ActionNotFound (not the tenant's), NotCancellable (memory_reset, cancel: 409).
     """
@@ -70,7 +70,7 @@ async def cancel(runtime: ActionRuntime, caller: Principal, action_id: str) -> A
         return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(case, action_id)
     # Serialized through the store with every dispatch's `mark_sent`, on whichever host: cancelled here
     # while no start can be on its way (the dispatch then sends nothing), else the start was claimed first
-    # and the sidecar's cancel follows it (README "Cancellation").
+    # and the sidecar's cancel follows it (ARCHITECTURE.md §8).
     if await _cancel_unstarted(runtime, tenant, action_id, live):
         return (await runtime.result(await runtime.record(tenant, action_id))) or _outcome(
             CancelCase.DEQUEUE, action_id

@@ -55,7 +55,7 @@ class StartNotAdmitted(Exception):
     """A start the sidecar provably did not admit (:func:`.sidecar_client.not_admitted`):
     nothing ran; the caller places it on another ready sidecar of the crew at once, or
     retries it under the same job id and idempotency key until its dispatch deadline
-    (ARCHITECTURE.md §9, README "Several sidecars"). ``error``: the refusal.
+    (ARCHITECTURE.md §9, docs/operating.md "Several sidecars"). ``error``: the refusal.
     ``elsewhere_only``: a ``replay`` whose task run this sidecar does not hold (422
     ``sidecar.task_run_not_found``): only another sidecar of the crew may hold it; when
     none is left, the refusal is the result."""
@@ -88,7 +88,7 @@ class Job:
     (see ``actions.durable_action``). ``sidecar``: the name of the sidecar the
     job is placed on (None: not placed yet, or a row from before placements:
     the crew's first sidecar); ``target_sidecar``: the target run's placement
-    (read from the store by the dispatcher when None). README "Several sidecars".
+    (read from the store by the dispatcher when None). docs/operating.md "Several sidecars".
     """
 
     tenant: str

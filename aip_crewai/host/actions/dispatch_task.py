@@ -47,7 +47,7 @@ async def run(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool = Tru
     re-check a governed action's approval, run the job until the sidecar admits it, store its chunks and
     its result. Never raises but CancelledError: a failure is recorded as the action's result, a store
     outage leaves it to the reconciler (ARCHITECTURE.md §9, §10). Traced as ``aip.action.dispatch``
-    (README "Observing actions"), continuing the action's stored trace context."""
+    (docs/observing.md "Observing actions"), continuing the action's stored trace context."""
     with dispatching(live.job.trace, runtime.now_ms()) as span:
         await _dispatch(runtime, live, mark_sent=mark_sent, recheck=recheck)
         if live.final is not None:
@@ -137,7 +137,7 @@ async def _run_until_admitted(
     ``connector.crewai.dispatch_deadline`` with ``uncertain_outcome:
     false`` (ARCHITECTURE.md §9). A start not placed yet is placed first
     (:class:`~..sidecars.placement.Placement`); every placement is recorded
-    with the action before the start is sent (README "Several sidecars").
+    with the action before the start is sent (docs/operating.md "Several sidecars").
     Returns the result to store, or None: the action stopped running
     meanwhile (a cancel), or its silent stream is left to the reconciler
     (:class:`~.dispatch.DispatchDeferred`)."""
@@ -147,7 +147,7 @@ async def _run_until_admitted(
     refused: set[str] = set()  # sidecars that refused this start since the last wait
     lacking: set[str] = set()  # a replay: sidecars that hold no run of its task id
     if job.spec.startable and job.sidecar is None:  # not placed yet (an approved action): place it now
-        # Always a name: the recorded placement is what a cancel on any host serializes with (README "Cancellation").
+        # Always a name: the recorded placement is what a cancel on any host serializes with (ARCHITECTURE.md §8).
         job.sidecar, mark_sent = placement.place(job.crew_id) or placement.home(job.crew_id), True
     while True:
         if (

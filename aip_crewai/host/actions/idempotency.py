@@ -6,7 +6,7 @@ nothing; a crash never leaves a key without its action). That call answers the E
 the action id is taken or a live reservation of the key points at another action;
 :func:`repeat_decision` says what the submission then gets.
 
-Rules (ARCHITECTURE.md §7 "idempotency"; README "Security"): scope (tenant, key); a key is 1..512
+Rules (ARCHITECTURE.md §7 "idempotency"; docs/security.md "Security"): scope (tenant, key); a key is 1..512
 UTF-8 bytes without control characters; the same key and input mean the same action, another input
 is a 409; a reservation lasts :data:`IDEMPOTENCY_TTL_MS`.
 """

@@ -32,7 +32,7 @@ A running action also records how far its request got to the sidecar
 forward, except the dispatch's own final word (a refused connection is
 ``not_sent``).
 
-Source: README "AIP 1.0 conformance", "The approval flow"; docs/ARCHITECTURE.md.
+Source: docs/reference/http-api.md "AIP 1.0 conformance", "The approval flow"; docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def is_terminal(status: str) -> bool:
 
 
 def policy_hash(tenant: str, action_id: str, capability_id: str, hashed_input: str) -> str:
-    """The hash an approval binds: tenant, action id, capability and input hash (README "The approval flow")."""
+    """The hash an approval binds: tenant, action id, capability and input hash (docs/approvals.md "The approval flow")."""
     return sha256_hex(
         canonical_json(
             {"tenant": tenant, "action_id": action_id, "capability_id": capability_id, "input_hash": hashed_input}
@@ -252,7 +252,7 @@ class ActionFacts(Protocol):
 def approval_admits(approval: ApprovalFacts, record: ActionFacts) -> bool:
     """Whether ``approval`` lets ``record`` run: approved, bound to this exact
     action (tenant, action id, capability, input hash: the policy hash), and
-    decided before it expired (README "The approval flow"). Pure."""
+    decided before it expired (docs/approvals.md "The approval flow"). Pure."""
     return (
         approval.status == ApprovalStatus.APPROVED
         and approval.policy_hash
@@ -261,7 +261,7 @@ def approval_admits(approval: ApprovalFacts, record: ActionFacts) -> bool:
     )
 
 
-# --- runtime cancellation (README "Cancellation") -------------------------------
+# --- runtime cancellation (docs/reference/http-api.md "Capabilities") -------------------------------
 
 
 class CancelCase(Vocabulary):

@@ -10,7 +10,7 @@ Functions take an :class:`~aip_crewai.host.actions.writer.ActionRuntime` (the ac
 service) first and change state only through its writer;
 ``ActionService.reconcile`` and the actions lifespan call them.
 
-Source: README "The approval flow", "Failure behaviour"; docs/ARCHITECTURE.md "Action states".
+Source: docs/approvals.md "The approval flow", "Failure behaviour"; docs/ARCHITECTURE.md "Action states".
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def pending_result(record: ActionRecord) -> ActionResult:
     decides), plus a text part. Derived from the action row alone (the approval row may still be in flight
     for a concurrent duplicate): same hash, same expiry. Pure.
 
-    Source: README "The approval flow"."""
+    Source: docs/approvals.md "The approval flow"."""
     approval_id = record.approval_id or ""
     expires_at = ms_to_rfc3339(record.created_at + APPROVAL_TTL_MS)
     pending = PendingApproval(
@@ -204,8 +204,8 @@ class ActionService:
             return await self._read_inline(caller, action, crew_id, spec, hashed)
         placing = self.dispatcher.placement.placing(crew_id) if spec.startable and not spec.approval else None
         try:  # One transaction: the target check of status/events/cancel, the key's reservation and the action
-            # row; a request refused here reserves nothing (README "Security": idempotency). A running action is
-            # dispatched right after this write: it is created `sent` with its placement (README "Several sidecars").
+            # row; a request refused here reserves nothing (docs/security.md "Security": idempotency). A running action is
+            # dispatched right after this write: it is created `sent` with its placement (docs/operating.md "Several sidecars").
             with placing or contextlib.nullcontext() as sidecar:
                 created, record_ = await self.writer.create(
                     event,
@@ -335,7 +335,7 @@ class ActionService:
     async def _claim(self, caller: Principal) -> None:
         """Claim a signed envelope's message id for its key, now that the caller's role
         (checked by the handler) and capability (:meth:`resolve`) authorize it
-        (README "Security": signed message ids).
+        (docs/security.md "Security": signed message ids).
 
         Raises: Unauthenticated (a replayed id, or no authenticator to claim with).
         """
@@ -542,7 +542,7 @@ class ActionService:
         longer resolves to the same crew and operation for its tenant (routing
         or the crew's operations changed), or its requester is no longer an
         invoker of the tenant. Checked at decision time and again at dispatch
-        (README "Security": revocation). Pure over the configuration."""
+        (docs/security.md "Security": revocation). Pure over the configuration."""
         found = ops.resolve_capability(record.capability_id, self.allowed.get(record.tenant, {}))
         if found != (record.crew_id, record.operation):
             return CapabilityRevoked(details={"capability_id": record.capability_id, "reason": "capability"})

@@ -62,7 +62,7 @@ class ActionWriter:
         metrics: the host :class:`~aip_crewai.host.metrics.Metrics` (optional):
             every stored result is counted by operation and status.
         sealer: adds ``usage`` and, once final, a signed receipt to every stored result, in its own
-            write (README "Observing actions"); default: usage without prices, no receipts.
+            write (docs/observing.md "Observing actions"); default: usage without prices, no receipts.
     """
 
     def __init__(self, store: Store, *, metrics: Any = None, sealer: Sealer | None = None) -> None:
@@ -94,7 +94,7 @@ class ActionWriter:
         """``request_approval`` or ``admit``: insert the action and reserve its
         idempotency key in one transaction (see :meth:`Store.create_action`), with the W3C
         ``traceparent`` current here, which its dispatch continues (:mod:`..tracing`), and
-        its placement ``sidecar`` when it is dispatched at once (README "Several sidecars")."""
+        its placement ``sidecar`` when it is dispatched at once (docs/operating.md "Several sidecars")."""
         if TRANSITIONS[event].sources:
             raise ValueError(f"{event.value} does not create an action")
         return await self.store.create_action(
@@ -201,7 +201,7 @@ class ActionWriter:
         self, tenant: str, action_id: str, *, durable: bool = True, sidecar: str | None = None
     ) -> ActionRecord | None:
         """``mark_sent``: the request may have reached the sidecar; ``sidecar``: the one it is placed on,
-        recorded before the start is sent (README "Several sidecars"; None keeps the stored placement)."""
+        recorded before the start is sent (docs/operating.md "Several sidecars"; None keeps the stored placement)."""
         return await self.store.update_action(
             tenant,
             action_id,

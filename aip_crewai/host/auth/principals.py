@@ -28,7 +28,7 @@ Two ways in (ARCHITECTURE.md §7):
   once: a verified signature is its key's own, so claiming it cannot burn
   anyone else's nonces. Any route accepts it, so a principal configured with
   only an ``ed25519_public_key`` lists, shows and decides approvals and reads
-  the actions its role allows (README "Signed requests").
+  the actions its role allows (docs/approvals.md "Signed requests").
 
 When a request has several, the bearer token decides and every signature
 present must also verify and name the same principal. Anything else is
@@ -102,7 +102,7 @@ class MessageIdClaims(Protocol):
     ) -> bool: ...
 
 
-#: What a principal of an action's tenant may read of it (README "Security": who reads what).
+#: What a principal of an action's tenant may read of it (docs/security.md "Security": who reads what).
 FULL, METADATA = "full", "metadata"
 
 
@@ -125,7 +125,7 @@ def action_access(principal: Principal, *, submitted: bool, decided: bool) -> st
 
 def can_read_approvals(principal: Principal) -> None:
     """Raise ``Forbidden`` (403) unless ``principal`` is an approver or an operator
-    (who read a tenant's approvals: README "Who reads what")."""
+    (who read a tenant's approvals: docs/security.md "Who reads what")."""
     if not (principal.has_role("approver") or principal.has_role("operator")):
         raise Forbidden("reading approvals needs the approver or operator role")
 

@@ -2,7 +2,7 @@
 :class:`~.principals.Authenticator`): the bytes an Ed25519-signed envelope's signature covers, the
 signature's own shape, and an HTTP request as its RFC 9421 signature covers it.
 
-Source: ARCHITECTURE.md §7 (authentication); README "Signed requests".
+Source: ARCHITECTURE.md §7 (authentication); docs/approvals.md "Signed requests".
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class PublicAuthorities:
     address, each with the port the connection arrived at (``[v6]:port`` in brackets), and for a loopback
     one also ``localhost``, ``127.0.0.1`` and ``[::1]``; a port of 80 may be left out, as clients do.
 
-    Source: README "Signed requests" (the authority rule, and a reverse proxy in front).
+    Source: docs/approvals.md "Signed requests" (the authority rule, and a reverse proxy in front).
     """
 
     listed: tuple[str, ...] | None = None

@@ -1,5 +1,5 @@
 """Stream tokens: how a browser's ``EventSource`` (which cannot send headers)
-authenticates an SSE stream. README "Stream tokens".
+authenticates an SSE stream. docs/reference/http-api.md "Stream tokens".
 
 An authenticated request mints a short-lived token bound to ONE principal,
 its tenant and ONE stream (a scope): ``action:<action id>`` for
@@ -23,7 +23,7 @@ Never logged: the request log line carries the route template, never the
 query string (:class:`~aip_crewai.plumbing.asgi.RequestLog`), and
 hypercorn's access log is off (:mod:`aip_crewai.plumbing.serving`).
 
-Source: README "Stream tokens"; RFC 2104 (HMAC).
+Source: docs/reference/http-api.md "Stream tokens"; RFC 2104 (HMAC).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ Rules (each failure names the descriptor by index and id):
   legacy default and publish operations nobody meant to allow (fail closed).
 
 Source: ARCHITECTURE.md §3 (capability-id resolution), §7 (descriptors);
-README "Capabilities" ("Understand discovery projection").
+docs/reference/http-api.md "Capabilities" ("Understand discovery projection").
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ input). The host then
 A peer sidecar without the field (or a crew missing from it) keeps the open
 schema and no check. Malformed entries are ignored, never trusted.
 
-Source: README "Capabilities" (crew inputs); ARCHITECTURE.md §4 (``/health``).
+Source: docs/reference/http-api.md "Capabilities" (crew inputs); ARCHITECTURE.md §4 (``/health``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ exist for that tenant; :meth:`CapabilityIndex.resolve` answers
 ``capability.not_found`` exactly as for an unknown id.
 
 Source: ARCHITECTURE.md §3, §4 ("Outputs"), §6 (projection), §7 (bindings, routing);
-README "Capabilities".
+docs/reference/http-api.md "Capabilities".
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def capability_for(
     inputs: CrewInputs | None = None,
     cancellable: frozenset[str] | None = None,
 ) -> Capability:
-    """The capability of one (crew, operation), with the whole contract (README "Capabilities");
+    """The capability of one (crew, operation), with the whole contract (docs/reference/http-api.md "Capabilities");
     ``inputs`` (the sidecar's report for the crew) names the kickoff inputs in the input schema."""
     contract = CapabilityContract(
         side_effects=list(spec.side_effects),
@@ -275,7 +275,7 @@ def crew_capabilities(
 
 #: The host as the manifest's ``agent``.
 HOST_AGENT = Principal(id="aip-crewai-host", kind="service", display_name="aip-crewai: AIP gateway to CrewAI crews")
-#: Published bounds (README "Limits"), in the manifest's free-form ``limits``.
+#: Published bounds (docs/reference/http-api.md "AIP 1.0 conformance"), in the manifest's free-form ``limits``.
 LIMITS: dict[str, Any] = {
     "max_input_bytes": MAX_INPUT_BYTES,
     "default_timeout_ms": DEFAULT_TIMEOUT_MS,

@@ -204,7 +204,7 @@ async def ready(request: Request) -> Response:
     (re-checks the sidecar on demand while unready; ARCHITECTURE.md §7). Unready too while the
     store cannot take a write (:meth:`~aip_crewai.host.store.store.Store.writable`: unreachable, stuck
     behind a held lock, read-only), answered within the store's call bound; ready again by itself once
-    it can (README "Faults and their bounds")."""
+    it can (docs/operating.md "Faults and their bounds")."""
     host = host_state(request)
     if not await host.store.writable():
         return JSONResponse({"status": "unready", "reason": "the host store is unavailable"}, status_code=503)
@@ -266,7 +266,7 @@ CORS_MAX_AGE_S = 600
 
 class _CORS(CORSMiddleware):
     """Starlette's CORS middleware, except that a refused preflight (400: another or a ``null`` origin, a
-    method or header not allowed) carries no CORS header at all (README "Browsers")."""
+    method or header not allowed) carries no CORS header at all (docs/reference/configuration.md "Browsers")."""
 
     def preflight_response(self, request_headers: Headers) -> Response:
         response = super().preflight_response(request_headers)
@@ -281,7 +281,7 @@ def _cors(settings: Settings) -> list[Middleware]:
 
     Exact origins only (no wildcard, no credentials: principals send a bearer
     token or a signature, never cookies). A preflight from another origin
-    gets 400 and no CORS header at all (:class:`_CORS`). Source: README "Browsers".
+    gets 400 and no CORS header at all (:class:`_CORS`). Source: docs/reference/configuration.md "Browsers".
     """
     if not settings.cors_origins:
         return []
@@ -380,7 +380,7 @@ def create_app(
             authorities=PublicAuthorities(settings.public_authorities, bind_host),
         ),
         stopping=asyncio.Event(),  # set at SIGTERM by host.main (see .stopping)
-        stream_token_key=stream_tokens_codec.new_key(),  # per process: tokens end with it (README "Stream tokens")
+        stream_token_key=stream_tokens_codec.new_key(),  # per process: tokens end with it (docs/reference/http-api.md "Stream tokens")
         body_budget=body_budget,
     )
     return app

@@ -1,6 +1,6 @@
 """``GET /aip/v1/approvals/events``: the approver's tenant's approval events, live (SSE).
 
-Frames (README "Approval events"):
+Frames (docs/approvals.md "Approval events"):
 
 The stream opens with ``retry: 3000`` (:data:`RETRY_MS`): the reconnection time a client waits (plus
 its own jitter, as the console adds) before it resumes with ``Last-Event-ID``.
@@ -29,7 +29,7 @@ Who: approvers and operators of the tenant (403 otherwise), by bearer
 token, signed request, or a stream token of scope ``approvals``
 (:mod:`.authenticate`).
 
-Source: README "Approval events"; ARCHITECTURE.md §10 (live followers, the approval event log).
+Source: docs/approvals.md "Approval events"; ARCHITECTURE.md §10 (live followers, the approval event log).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from .stopping import until_stopping
 
 #: Keep-alive comment interval, seconds (as on action streams).
 KEEPALIVE_S = 15.0
-#: The ``retry`` the stream opens with: the reconnection time, milliseconds (README "Approval events").
+#: The ``retry`` the stream opens with: the reconnection time, milliseconds (docs/approvals.md "Approval events").
 RETRY_MS = 3000
 #: Events read per store query.
 PAGE_EVENTS = 500

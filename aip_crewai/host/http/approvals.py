@@ -24,7 +24,7 @@ Principal kinds come from the principal id's prefix (``human:``, ``agent:``,
 ``svc:``/``service:``, ``system:``); any other id is a ``service``.
 
 Source: AIP 1.0 schemas approval_list, approval_record_view,
-approval_request, approval_decision; README "The approval flow".
+approval_request, approval_decision; docs/approvals.md "The approval flow".
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ _KIND_PREFIXES: tuple[tuple[str, PrincipalKind], ...] = (
 _decision_decoder = msgspec.json.Decoder(DecisionRequest)
 #: Evidence kind of a signed decision's proof.
 PROOF_KIND = "http_message_signature"
-#: Evidence kind of the display findings of an approval's input (README "The approval flow").
+#: Evidence kind of the display findings of an approval's input (docs/approvals.md "The approval flow").
 DISPLAY_KIND = "display_findings"
 
 
@@ -273,7 +273,7 @@ def proof_evidence(approval: ApprovalRecord) -> list[EvidenceArtifact] | None:
     ]
 
 
-#: ``status=decided``: every status but ``pending`` (the console's history, README "Approval console").
+#: ``status=decided``: every status but ``pending`` (the console's history, docs/approvals.md "Approval console").
 DECIDED_STATUSES = tuple(s.value for s in ApprovalStatus if s is not ApprovalStatus.PENDING)
 #: ``order`` values of the approval list: ``oldest`` (the default) or ``newest`` first.
 ORDERS = ("oldest", "newest")
@@ -297,7 +297,7 @@ async def list_approvals(request: Request) -> Response:
     """``GET /aip/v1/approvals?status=...&order=oldest|newest&cursor=...&limit=N``: one ApprovalList
     page (``cursor`` None on the last page). ``status``: see :func:`status_filter`; ``order``: oldest
     first (default) or newest first; a cursor continues the order it came from. 400 ``message.invalid_envelope``
-    for a bad status, order, limit or cursor (README "The approval flow")."""
+    for a bad status, order, limit or cursor (docs/approvals.md "The approval flow")."""
     principal = await authenticate(request)
     can_read_approvals(principal)
     service: ActionService = host_state(request).actions
@@ -337,7 +337,7 @@ async def _approval(request: Request, principal: Caller) -> ApprovalRecord:
 async def get_approval(request: Request) -> Response:
     """``GET /aip/v1/approvals/{id}``: the ApprovalRecordView; approvers also get its evidence payload
     (the exact input), operators do not. ``?include_receipts=true``: with the receipt chain of its
-    action (README "Observing actions")."""
+    action (docs/observing.md "Observing actions")."""
     principal = await authenticate(request)
     can_read_approvals(principal)
     approval = await _approval(request, principal)
@@ -370,7 +370,7 @@ async def get_display(request: Request) -> Response:
 async def _decision_bytes(request: Request, *, authenticated: bool) -> bytes:
     """The decision body, at most :data:`~.limits.MAX_DECISION_BYTES` (the route's one bound, also applied
     by the body middleware: 413 ``message.too_large``); one read before authentication counts against the
-    process's budget of such bodies (README "Security")."""
+    process's budget of such bodies (docs/security.md "Security")."""
     budget = None if authenticated else host_state(request).body_budget
     return await read_bounded(request, MAX_DECISION_BYTES, MessageTooLarge, budget=budget)
 

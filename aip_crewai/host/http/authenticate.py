@@ -3,7 +3,7 @@ signed request) checked by the app's :class:`~aip_crewai.host.auth.principals.Au
 stream request's ``?stream_token=`` (the codec is :mod:`aip_crewai.host.auth.stream_tokens`); the
 principal bound to the log context. Also the two routes that mint stream tokens.
 
-Source: ARCHITECTURE.md §7 (authentication); README "Stream tokens".
+Source: ARCHITECTURE.md §7 (authentication); docs/reference/http-api.md "Stream tokens".
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ async def authenticate(
 def bind_principal(request: Request, principal: Principal) -> Principal:
     """Name ``principal`` and its tenant in the log context and the request's summary line; returns it.
     The request is authenticated: its body no longer counts against the budget of bodies read before
-    authentication (README "Security")."""
+    authentication (docs/security.md "Security")."""
     host_setup(request).body_budget.release(request.scope)
     structlog.contextvars.bind_contextvars(tenant=principal.tenant, principal=principal.id)
     info = request.scope.get(SCOPE_LOG_KEY)

@@ -4,13 +4,13 @@ Three fixed files (``console_static/``: ``index.html``, ``console.js``,
 ``console.css``), read once from the package, no build step. ``[host]
 console = false`` turns the routes into 404s. The page works over the
 host's own AIP routes with the signed-in principal's credential; it decides
-and enforces nothing (README "Approval console").
+and enforces nothing (docs/approvals.md "Approval console").
 
 Headers: a Content-Security-Policy allowing only this origin (no inline
 script or style, no framing), ``X-Content-Type-Options: nosniff``,
 ``Referrer-Policy: no-referrer`` and ``Cache-Control: no-cache``.
 
-Source: README "Approval console"; ARCHITECTURE.md §6.
+Source: docs/approvals.md "Approval console"; ARCHITECTURE.md §6.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ lease renewal, the store's change listener); then :class:`~.state.HostState` is 
 extensions' lifespans are entered; the readiness poller and the message-id purge start and systemd
 hears ``READY=1``. Shutdown runs the other way: in-flight dispatches get :data:`DRAIN_S` seconds.
 
-Source: ARCHITECTURE.md §6, §10; README "Configuration reference".
+Source: ARCHITECTURE.md §6, §10; docs/reference/configuration.md "Configuration reference".
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _sidecar_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient
         follow_redirects=False,
         timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
         # The environment's HTTP(S)_PROXY would receive the bearer token: only an explicit
-        # sidecar.proxy is used (README "Security").
+        # sidecar.proxy is used (docs/security.md "Security").
         trust_env=False,
         proxy=sidecar.proxy,
     )
@@ -171,7 +171,7 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
                         await stack.enter_async_context(module.lifespan(app))
                 tasks.append(asyncio.create_task(readiness.run(settings.readiness_interval_s)))
                 tasks.append(asyncio.create_task(_purge_loop(store)))
-                if hooks_http is not None:  # the one webhook sender of this host (README "Webhooks")
+                if hooks_http is not None:  # the one webhook sender of this host (docs/webhooks.md "Webhooks")
                     sender = WebhookSender(
                         store, settings.webhooks, hooks_http, host_id=settings.host_id, metrics=setup.metrics
                     )
@@ -233,7 +233,7 @@ async def serve_actions(
         for sidecar in sidecars
     }
     # Each new job goes to a ready sidecar of its crew, least loaded first; follow-ups go where the store
-    # says the job is (README "Several sidecars").
+    # says the job is (docs/operating.md "Several sidecars").
     placement = Placement([(sidecar.name, sidecar.crews) for sidecar in sidecars], ready=readiness.is_ready)
 
     async def locate(tenant: str, action_id: str) -> str | None:
@@ -260,7 +260,7 @@ async def serve_actions(
         dispatch_deadline_s=settings.dispatch_deadline_s,
         status_cache_entries=settings.status_cache_entries,
     )
-    # Usage (priced by [pricing]) and signed receipts of every stored result (README "Observing actions").
+    # Usage (priced by [pricing]) and signed receipts of every stored result (docs/observing.md "Observing actions").
     service.writer.sealer = Sealer(pricing=settings.pricing, keys=settings.receipt_keys, metrics=setup.metrics)
     tasks = [
         asyncio.create_task(recovery.sweep_expired(service)),

@@ -9,7 +9,7 @@
 A body over its bound is refused with 413 ``message.too_large`` before more
 than the bound is read.
 
-Source: README "Security" (request bodies); ARCHITECTURE.md §6 (routes).
+Source: docs/security.md "Security" (request bodies); ARCHITECTURE.md §6 (routes).
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ answers: ``4XX`` and ``503``, the ``aip.core.v1.error`` envelope.
 
 No ``/docs`` renderer is shipped: a well-kept one (Swagger UI, Redoc) would
 be a vendored JavaScript bundle inside the package; point any OpenAPI viewer
-at ``/openapi.json`` instead (README "OpenAPI"). ``aip-crewai contracts --write``
+at ``/openapi.json`` instead (docs/reference/http-api.md "OpenAPI"). ``aip-crewai contracts --write``
 also commits it as ``contracts/openapi.host.json`` (a test fails on drift).
 
 Source: OpenAPI 3.1.0 (its Schema Object is JSON Schema 2020-12, which
-msgspec generates); README "OpenAPI".
+msgspec generates); docs/reference/http-api.md "OpenAPI".
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def document(*, title: str = "aip-crewai host", version: str = "0.1.0") -> dict[
     refs_list, components = msgspec.json.schema_components(types, ref_template=_REF)
     refs = dict(zip(types, refs_list, strict=False))
     error = {
-        "description": 'an aip.core.v1.error envelope (README "AIP 1.0 conformance")',
+        "description": 'an aip.core.v1.error envelope (docs/reference/http-api.md "AIP 1.0 conformance")',
         "content": {CONTENT_TYPE: {"schema": refs[Envelope]}},
     }
     paths: dict[str, dict[str, Any]] = {}
@@ -315,13 +315,13 @@ def document(*, title: str = "aip-crewai host", version: str = "0.1.0") -> dict[
                     "in": "header",
                     "name": "Signature",
                     "description": "RFC 9421 HTTP Message Signature with Signature-Input (Ed25519; "
-                    'README "Signed requests")',
+                    'docs/approvals.md "Signed requests")',
                 },
                 "streamToken": {
                     "type": "apiKey",
                     "in": "query",
                     "name": QUERY_PARAMETER,
-                    "description": 'a stream token (README "Stream tokens")',
+                    "description": 'a stream token (docs/reference/http-api.md "Stream tokens")',
                 },
             },
         },

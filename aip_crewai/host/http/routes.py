@@ -91,7 +91,7 @@ async def _read_body(request: Request) -> bytes:
     """The message body (at most MAX_MESSAGE_BYTES). A bearer credential is
     checked from the header BEFORE the body is read (401 without reading it);
     only a request without one (a signed envelope) needs its body first
-    (README "Security": authenticate from headers first). An RFC 9421
+    (docs/security.md "Security": authenticate from headers first). An RFC 9421
     signed request is checked once, with its body (its ``content-digest``)."""
     if "authorization" in request.headers and not httpsig.is_signed(request.headers.keys()):
         await authenticate(request)
@@ -154,7 +154,7 @@ async def post_message(request: Request) -> Response:
     action = env.body.action
     if action is None:
         raise InvalidEnvelope("this route accepts aip.core.v1.action and aip.core.v1.cancel envelopes")
-    # The span of the submission, child of the request's W3C traceparent (README "Observing actions").
+    # The span of the submission, child of the request's W3C traceparent (docs/observing.md "Observing actions").
     with host_tracing.submission(request.headers.get("traceparent")) as span:
         host_tracing.describe(span, principal.tenant, action.id, action.capability_id)
         record, response = await _submit(request, service, principal, env, action)
@@ -171,7 +171,7 @@ async def _submit(
     index = host_state(request).capabilities
     resolved = index.resolve(principal.tenant, action.capability_id)
     # A crew its sidecar's registry lacks cannot run: refused before any approval. A crew whose sidecar is
-    # unready (stopped, starting) is accepted: its start is retried until the dispatch deadline (README
+    # unready (stopped, starting) is accepted: its start is retried until the dispatch deadline (docs/operating.md
     # "Failure behaviour").
     if resolved.crew.id in host_state(request).readiness.unserved_crews:
         raise CrewUnavailable(details={"capability_id": action.capability_id})
@@ -236,7 +236,7 @@ class ChunkFrames:
     ``message_id``, ``sent_at``, ``body``, ``correlation_id``). A test checks the
     frame equals ``encode_event`` of the encoded :class:`Envelope`, message id
     aside. Compact JSON has no line ends; a stored row that does hold one goes
-    through ``encode_event``. Source: README "AIP 1.0 conformance" (streams); ARCHITECTURE.md §4 (frame layout).
+    through ``encode_event``. Source: docs/reference/http-api.md "AIP 1.0 conformance" (streams); ARCHITECTURE.md §4 (frame layout).
     """
 
     def __init__(self, action_id: str, sent_at: str) -> None:
@@ -296,7 +296,7 @@ def _error_envelope(action_id: str, error: ProtocolError) -> Envelope:
 
 
 #: SSE event name of a failed action's error frame: not ``error``, which browsers hand to
-#: ``EventSource.onerror`` (their connection-failure handler). README "Streams".
+#: ``EventSource.onerror`` (their connection-failure handler). docs/reference/http-api.md "Stream frames".
 ERROR_EVENT = "aip_error"
 
 
@@ -319,7 +319,7 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
     the stream stays open with keep-alive comments every
     :data:`KEEPALIVE_S` (the store's approval signal, or a poll every
     :data:`PENDING_POLL_S`, tells it the decision) and goes on with the
-    chunks and the result, or the denial's error and result. Source: README "Streams".
+    chunks and the result, or the denial's error and result. Source: docs/reference/http-api.md "Stream frames".
     """
     tenant, action_id = record.tenant, record.action_id
     # Frames wait in ``out`` until the stream would block (or ends), or a live action's page is read: one
@@ -381,7 +381,7 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
 
 
 #: Most stored chunks a follower reads and writes at once. Memory stays bounded by the action's whole
-#: stream, which ``[host] max_response_bytes`` bounds (README "Configuration reference").
+#: stream, which ``[host] max_response_bytes`` bounds (docs/reference/configuration.md "Configuration reference").
 FOLLOW_PAGE_CHUNKS = 2048
 
 

@@ -46,9 +46,9 @@ class HostSetup:
     authenticator: Authenticator
     #: Set at SIGTERM/SIGINT by ``host.main``: open streams end, blocking waits answer (:mod:`.stopping`).
     stopping: asyncio.Event
-    #: The HMAC key of stream tokens, one per process (README "Stream tokens").
+    #: The HMAC key of stream tokens, one per process (docs/reference/http-api.md "Stream tokens").
     stream_token_key: bytes
-    #: The budget of request bodies read before authentication (README "Security").
+    #: The budget of request bodies read before authentication (docs/security.md "Security").
     body_budget: BodyBudget
 
 

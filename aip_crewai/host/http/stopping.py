@@ -12,7 +12,7 @@ SIGINT) ``host.main`` sets ``HostSetup.stopping``; then
 - a blocking call answers at once with what it would answer at its own
   timeout: the action's ``ack`` (202), to be polled or followed later.
 
-Source: README ("Operating under systemd"); ARCHITECTURE.md §8.
+Source: docs/operating.md ("Operating under systemd"); ARCHITECTURE.md §8.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ refused (a value changed breaks the hash, a byte outside the values breaks the c
 A key id is ``rk_`` + the first 16 hex digits of the SHA-256 of the raw 32-byte public key, so
 old public keys (``[host] receipt_previous_public_keys``) keep old receipts verifiable after a rotation.
 
-Source: README "Observing actions" (receipts); AIP 1.0 ``ActionResult.receipt``.
+Source: docs/observing.md "Observing actions" (receipts); AIP 1.0 ``ActionResult.receipt``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 chain of an action or approval view (:func:`receipt_chain`). Thin handlers: the store reads, :mod:`.usage`
 renders.
 
-Source: README "Observing actions".
+Source: docs/observing.md "Observing actions".
 """
 
 from __future__ import annotations

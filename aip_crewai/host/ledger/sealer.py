@@ -13,7 +13,7 @@ JSON with ``usage`` and ``receipt`` added, the usage row, and the receipt:
 - a receipt for a final result only (:func:`~aip_crewai.host.actions.lifecycle.result_is_final`), when a
   receipt key is configured (:mod:`.receipts`); a provisional result gets one when its correction is final.
 
-Source: README "Observing actions"; ARCHITECTURE.md §9 "Final results".
+Source: docs/observing.md "Observing actions"; ARCHITECTURE.md §9 "Final results".
 """
 
 from __future__ import annotations

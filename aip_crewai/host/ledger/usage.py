@@ -12,7 +12,7 @@ crew's output does not name its model). Costs are exact integers of :data:`PICO`
 currency unit) and rendered as decimal strings. Cached prompt tokens are a part of ``prompt_tokens``
 (OpenAI's ``cached_tokens``) billed at ``cached_prompt`` (default: the ``prompt`` price).
 
-Source: README "Observing actions" (usage and cost); AIP 1.0 ``ActionResult.usage``.
+Source: docs/observing.md "Observing actions" (usage and cost); AIP 1.0 ``ActionResult.usage``.
 """
 
 from __future__ import annotations

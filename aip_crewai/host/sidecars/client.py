@@ -120,7 +120,7 @@ class DispatchProgress:
 #: The sidecar's code of a refusal that says "try later": another job of the crew is active (409).
 CREW_BUSY = "sidecar.crew_busy"
 #: The sidecar's code of a ``replay`` whose task id names no run it holds (422, before admission): with a
-#: crew on several sidecars the run may be on another one (README "Several sidecars").
+#: crew on several sidecars the run may be on another one (docs/operating.md "Several sidecars").
 TASK_RUN_NOT_FOUND = "sidecar.task_run_not_found"
 
 
@@ -256,7 +256,7 @@ class SidecarClient:
             headers = {
                 **headers,
                 **outgoing_headers(),
-            }  # the current span's W3C traceparent (README "Observing actions")
+            }  # the current span's W3C traceparent (docs/observing.md "Observing actions")
             request = self.http.build_request(method, path, headers=headers, json=json, params=params, timeout=timeout)
             response = await self.http.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached the sidecar

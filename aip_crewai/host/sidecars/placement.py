@@ -10,9 +10,9 @@ reconciliation, correction) goes to the sidecar that holds it: the dispatcher as
 
 When no sidecar of the crew is ready (none checked yet, all down), the job is placed as if all were
 ready: its start is tried and, refused, retried with backoff until the dispatch deadline, exactly as with
-one sidecar (README "Failure behaviour").
+one sidecar (docs/operating.md "Failure behaviour").
 
-Source: README "Several sidecars"; docs/ARCHITECTURE.md §10 ("Several sidecars").
+Source: docs/operating.md "Several sidecars"; docs/ARCHITECTURE.md §10 ("Several sidecars").
 """
 
 from __future__ import annotations

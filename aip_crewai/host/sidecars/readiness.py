@@ -12,7 +12,7 @@ the next poll). Concurrent refreshes share one request.
 
 Also here: :func:`notify_systemd`, the one-datagram ``sd_notify``.
 
-Source: ARCHITECTURE.md §7 (readiness), §6 (``/ready``), README "Capabilities"
+Source: ARCHITECTURE.md §7 (readiness), §6 (``/ready``), docs/reference/http-api.md "Capabilities"
 ("Understand discovery projection").
 """
 
@@ -123,7 +123,7 @@ _DETAILED = ("sidecar lacks configured crews", "sidecar lacks allowed operations
 
 def public_reason(reason: str) -> str:
     """What an anonymous ``/ready`` caller may read of ``reason``: no crew ids,
-    operations or other tenant data (README "Security": anonymous health)."""
+    operations or other tenant data (docs/security.md "Security": anonymous health)."""
     for prefix in _DETAILED:
         if reason.startswith(prefix):
             return prefix
@@ -285,7 +285,7 @@ class ReadinessGroup:
     The host is ready while at least one sidecar is (a load balancer keeps sending it work). A crew its
     sidecar does not list is unavailable (``unserved_crews``: submissions to it get
     ``capability.unavailable`` before any approval); a crew whose sidecar is unready is answered as with
-    one sidecar: accepted, its start retried until the dispatch deadline (README "Failure behaviour").
+    one sidecar: accepted, its start retried until the dispatch deadline (docs/operating.md "Failure behaviour").
     ``members``: ``(name, readiness)`` pairs, each :class:`Readiness` built over its sidecar's crews.
     """
 

@@ -7,7 +7,7 @@ out by concept: it uses the store's worker-thread primitives (``_run``, ``_fetch
 rules (tenant first, one decision per statement or transaction). Every write here wakes the approval
 event stream (``approvals_changed``), also when it fails.
 
-Source: ARCHITECTURE.md §7 (approvals, "every store key starts with the tenant"); README "Approval events".
+Source: ARCHITECTURE.md §7 (approvals, "every store key starts with the tenant"); docs/approvals.md "Approval events".
 """
 
 from __future__ import annotations
@@ -317,7 +317,7 @@ class ApprovalMethods:
 
         return await self._approvals_write(self._transaction_now, expire)
 
-    # --- the approval event log (migration 4; README "Approval events") ---
+    # --- the approval event log (migration 4; docs/approvals.md "Approval events") ---
 
     async def list_approval_events(self, tenant: str, after_seq: int, limit: int) -> list[ApprovalEvent]:
         """A tenant's approval events with ``seq > after_seq``, oldest first, at most ``limit``."""

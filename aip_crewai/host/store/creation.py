@@ -8,7 +8,7 @@ every other writer, and the reservation is written only when the row is created,
 reserves nothing and a crash cannot leave a key without its action.
 
 Source: ARCHITECTURE.md §7 (the idempotency fence, "every store key starts with the tenant");
-README "Security" (idempotency).
+docs/security.md "Security" (idempotency).
 """
 
 from __future__ import annotations

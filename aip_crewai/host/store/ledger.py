@@ -10,7 +10,7 @@ move with it, and a shared store's followers are notified at its commit (:func:`
 written on behalf of an action whose dispatch lease this host holds is conditional on its fencing token
 (:mod:`.leases`): a stale holder's batch is refused whole.
 
-Source: ARCHITECTURE.md §7 (the stream), §10 (live followers); README "Observing actions".
+Source: ARCHITECTURE.md §7 (the stream), §10 (live followers); docs/observing.md "Observing actions".
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ ALTER TABLE actions ADD COLUMN lease_expires_at INTEGER;
 
 
 # Migration 4: the proof of a signed decision (JSON: the RFC 9421 signature
-# base, signature and the decision body, README "Signed requests"), and the approval
+# base, signature and the decision body, docs/approvals.md "Signed requests"), and the approval
 # event log of ``GET /aip/v1/approvals/events``: one row per approval created or changed
 # in status, written by the store in the same transaction as the change
 # (:meth:`Store._log_approval_now`). ``seq`` counts per tenant from 1 (a tenant's positions
@@ -147,7 +147,7 @@ CREATE TABLE approval_events (
 """
 
 
-# Migration 5: what a final result leaves besides itself (README "Observing actions"): the usage of a
+# Migration 5: what a final result leaves besides itself (docs/observing.md "Observing actions"): the usage of a
 # crew operation (token counts, latency ms, cost in picos = 10^-12 of ``currency``; one row per action,
 # replaced with its result) and the signed receipt of a final result (its canonical JSON document, one
 # per action, never changed). Both are written by the store in the result's own transaction.
@@ -184,7 +184,7 @@ CREATE INDEX receipts_by_action ON receipts (tenant, action_id);
 
 
 # Migration 6: the W3C trace context an action was created in (``traceparent``, or NULL), which its
-# dispatch continues, on whichever host dispatches it (README "Observing actions": traces).
+# dispatch continues, on whichever host dispatches it (docs/observing.md "Observing actions": traces).
 _MIGRATION_6 = """
 ALTER TABLE actions ADD COLUMN trace_parent TEXT;
 """
@@ -199,7 +199,7 @@ ALTER TABLE actions ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
 
 # Migration 8: an action's placement: the name of the ``[[sidecars]]`` entry its job was (or is about to be)
 # sent to, recorded before the start is sent; every follow-up (status, events, cancel, reconciliation)
-# goes there (README "Several sidecars"). NULL: nothing was sent yet (placed when it is); '' (the rows
+# goes there (docs/operating.md "Several sidecars"). NULL: nothing was sent yet (placed when it is); '' (the rows
 # this migration finds sent): sent before placements existed, to the crew's first configured sidecar.
 _MIGRATION_8 = """
 ALTER TABLE actions ADD COLUMN sidecar TEXT;
@@ -207,7 +207,7 @@ UPDATE actions SET sidecar = '' WHERE dispatch <> 'not_sent';
 """
 
 
-# Migration 9: the webhook outbox (README "Webhooks"). One row per (event, endpoint), written by the store in
+# Migration 9: the webhook outbox (docs/webhooks.md "Webhooks"). One row per (event, endpoint), written by the store in
 # the state change's own transaction; ``seq`` orders one endpoint's events of one action; a host claims a due
 # row until ``claim_expires_at`` (the database's clock), records one attempt, and releases it. Attempts are
 # kept for the operators' deliveries list.

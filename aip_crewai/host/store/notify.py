@@ -109,7 +109,7 @@ def listen(
     The connection is checked by a round trip every :data:`PING_S` seconds; one not answered within
     :data:`PING_TIMEOUT_S` is interrupted. A lost connection is reopened every :data:`RECONNECT_S`
     seconds; while it is down, ``changes.pushed`` is False and followers fall back to polling.
-    README "Faults and their bounds".
+    docs/operating.md "Faults and their bounds".
     """
     import psycopg
 

@@ -84,9 +84,9 @@ class ActionRecord:
     lease_expires_at: int | None = None
     #: the lease's fencing token: raised each time another host takes the lease (ARCHITECTURE.md §10)
     lease_epoch: int = 0
-    #: the W3C ``traceparent`` current at its creation, continued by its dispatch (README "Observing actions")
+    #: the W3C ``traceparent`` current at its creation, continued by its dispatch (docs/observing.md "Observing actions")
     trace_parent: str | None = None
-    #: the name of the sidecar its job is placed on (README "Several sidecars"); None: not placed (nothing
+    #: the name of the sidecar its job is placed on (docs/operating.md "Several sidecars"); None: not placed (nothing
     #: sent yet, or an inspection, which follows its target); '': sent before placements (the crew's first)
     sidecar: str | None = None
 
@@ -161,12 +161,12 @@ class SealedRows:
     result_json: str
     usage: tuple[object, ...] | None = None
     receipt: tuple[object, ...] | None = None
-    #: The webhook events of the result (README "Webhooks"), written to the outbox with it.
+    #: The webhook events of the result (docs/webhooks.md "Webhooks"), written to the outbox with it.
     outbox: tuple[OutboxRow, ...] = ()
 
 
 #: Called by the store inside a result's write with the action as just written and the decision proof
-#: of its approval (JSON text, or None); returns what to write with it, or None (README "Observing actions").
+#: of its approval (JSON text, or None); returns what to write with it, or None (docs/observing.md "Observing actions").
 Seal = Callable[[ActionRecord, str | None], SealedRows | None]
 
 
@@ -304,7 +304,7 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
     return created_at, approval_id
 
 
-# --- the webhook outbox (README "Webhooks") ---
+# --- the webhook outbox (docs/webhooks.md "Webhooks") ---
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,9 @@ def action_update(
     """The one UPDATE (SQL, parameters) moving an action between states (see :meth:`Store.update_action`).
     ``settle_dispatch``: write ``dispatch`` as given even when it is behind the stored one.
     ``replacing``: change the row only while its ``result_json`` is exactly this (a correction of a stored result).
-    ``sidecar``: the action's placement (README "Several sidecars"; None keeps the stored one).
+    ``sidecar``: the action's placement (docs/operating.md "Several sidecars"; None keeps the stored one).
     ``unstarted``: change the row only while no start of it can be on its way to a sidecar (not placed yet,
-    or dispatch ``not_sent``: every start is sent after a ``mark_sent`` that records both; README "Cancellation").
+    or dispatch ``not_sent``: every start is sent after a ``mark_sent`` that records both; ARCHITECTURE.md §8).
     The parameters end with ``tenant, action_id`` and the source statuses (then ``replacing``).
 
     Raises:

@@ -252,7 +252,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
 
         Raises:
             StoreUnavailable: the database cannot serve the call now (:attr:`Db.unavailable_errors`: down,
-                past a timeout, read-only), or the call exceeded the bound. README "Faults and their bounds".
+                past a timeout, read-only), or the call exceeded the bound. docs/operating.md "Faults and their bounds".
         """
         bound = self._db.call_timeout_s
         try:
@@ -286,7 +286,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
     async def writable(self) -> bool:
         """:meth:`probe`, shared by concurrent callers and reused for :data:`PROBE_FRESH_S` (``/ready``
         asks often): answers within the call bound, and turns back to True by itself once the store
-        recovers. README "Faults and their bounds"."""
+        recovers. docs/operating.md "Faults and their bounds"."""
         loop = asyncio.get_running_loop()
         probe = self._probe
         if probe is None or (probe.done() and loop.time() - self._probe_at > PROBE_FRESH_S):
@@ -329,7 +329,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
 
         Returns True the first time, False for a replay (an expired claim may be re-claimed).
 
-        Source: README "Security" (signed message ids).
+        Source: docs/security.md "Security" (signed message ids).
         """
         now = self.now_ms() if now is None else now
         stored = message_id if key_id is None else f"{key_id}\x1f{message_id}"
@@ -382,7 +382,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         reservation is written in the SAME transaction as the action row, and
         only when the row is created: a refused request (its action id taken,
         its target missing) reserves nothing, and a crash cannot leave a key
-        without its action (README "Security": idempotency).
+        without its action (docs/security.md "Security": idempotency).
 
         Args:
             dispatch: the initial dispatch state; ``sent`` for an action whose
@@ -401,8 +401,8 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
                 final state: a terminal status the lifecycle allows after
                 ``status`` (``running``). ValueError otherwise.
             seal: with ``result``: what the result leaves, written with a created row (:func:`.ledger.seal_now`).
-            trace_parent: the W3C ``traceparent`` its dispatch continues (README "Observing actions").
-            sidecar: its placement, recorded before its start is sent (README "Several sidecars").
+            trace_parent: the W3C ``traceparent`` its dispatch continues (docs/observing.md "Observing actions").
+            sidecar: its placement, recorded before its start is sent (docs/operating.md "Several sidecars").
 
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
@@ -463,9 +463,9 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         ``replacing``: only while the stored ``result_json`` is exactly this
         (a correction of a provisional result: a concurrent correction wins).
         ``seal``: what the result leaves, written in the same transaction (:func:`.ledger.seal_now`).
-        ``sidecar``: the action's placement (README "Several sidecars"; None keeps the stored one).
+        ``sidecar``: the action's placement (docs/operating.md "Several sidecars"; None keeps the stored one).
         ``unstarted``: only while no start can be on its way to a sidecar (:func:`.sql.action_update`): a
-        cancel serialized with the ``mark_sent`` of a dispatch on any host (README "Cancellation").
+        cancel serialized with the ``mark_sent`` of a dispatch on any host (ARCHITECTURE.md §8).
         When this host holds the action's dispatch lease, the write (with what the result leaves) applies
         only while its fencing token is current (:mod:`.leases`).
 

@@ -176,13 +176,13 @@ def create_app(
         Route("/jobs/{action_id}", delete_job, methods=["DELETE"]),
         Route("/jobs/{action_id}/events", get_events, methods=["GET"]),
         Route("/jobs/{action_id}/cancel", cancel_job, methods=["POST"]),
-        # The reference sidecar's legacy names for run jobs (README "Migrating from the reference sidecar").
+        # The reference sidecar's legacy names for run jobs (docs/operating.md "Migrating from the reference sidecar").
         Route("/runs", post_run, methods=["POST"]),
         Route("/runs/stream", post_run_stream, methods=["POST"]),
         Route("/runs/{action_id}", get_job, methods=["GET"]),
         Route("/runs/{action_id}/cancel", cancel_job, methods=["POST"]),
     ]
-    # Without a token every body is read unauthenticated: all of them share one budget (README "Security").
+    # Without a token every body is read unauthenticated: all of them share one budget (docs/security.md "Security").
     budget = BodyBudget(settings.body_budget_bytes, BodyBudgetExhausted)
     app = Starlette(
         routes=routes,

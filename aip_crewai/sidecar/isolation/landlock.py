@@ -13,7 +13,7 @@ Why our own binding: PyPI's Landlock packages (``landlock`` 1.0.0.dev5, ``landlo
 
 Every function raises ``OSError`` (errno set) on failure; :func:`abi_version` never raises.
 
-Source: README "Security" (worker sandbox); ARCHITECTURE.md §5 (isolation);
+Source: docs/security.md "Security" (worker sandbox); ARCHITECTURE.md §5 (isolation);
 Documentation/userspace-api/landlock.rst of the Linux kernel.
 """
 

@@ -34,7 +34,7 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
   signal or exit status, ``uncertain_outcome: true``; a broken frame kills
   it and fails the job ``WorkerProtocolError``. A replacement is started.
 
-Source: ARCHITECTURE.md §5 (isolation); README "Process isolation".
+Source: ARCHITECTURE.md §5 (isolation); docs/security.md "Process isolation".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The worker sandbox: what a job's worker may not open, and how each worker confines itself.
 
-Two protections, each used when this machine offers it (README "Security", worker sandbox):
+Two protections, each used when this machine offers it (docs/security.md "Security", worker sandbox):
 
 - **User drop** (the sidecar runs as root and ``--worker-user`` names an unprivileged user): each
   worker (and the start-up registry check) becomes that user right after its fork, before the
@@ -22,7 +22,7 @@ Without either (not root and no Landlock), the sidecar logs one warning and repo
 in ``/health`` (``worker_sandbox``) and ``aip-crewai doctor``; ``--isolation inprocess`` cannot
 sandbox at all (crews run in the sidecar process).
 
-Source: README "Security" (worker sandbox); ARCHITECTURE.md §5 (isolation).
+Source: docs/security.md "Security" (worker sandbox); ARCHITECTURE.md §5 (isolation).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class Boot(msgspec.Struct, frozen=True):
     log_json: bool
     log_level: str
     sandbox: SandboxPlan | None = None
-    #: the sidecar's tracing (README "Observing actions"): the OTLP protocol (None: off), content capture
+    #: the sidecar's tracing (docs/observing.md "Observing actions"): the OTLP protocol (None: off), content capture
     trace_protocol: str | None = None
     trace_content: bool = False
 

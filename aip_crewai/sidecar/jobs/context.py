@@ -57,7 +57,7 @@ class JobContext:
             ARCHITECTURE.md §5 "Isolation"); None in-process.
         traceparent: the W3C ``traceparent`` of the job's span (a worker's spans continue it), or None.
         spans: the job's :class:`~aip_crewai.sidecar.tracing.CrewSpans` (CrewAI's events as spans), or
-            None when tracing is off (README "Observing actions").
+            None when tracing is off (docs/observing.md "Observing actions").
     """
 
     action_id: str

@@ -142,7 +142,7 @@ class ImportedJob:
     data) are compact JSON bytes; ``task_runs`` index a completed run for replay.
     ``created_at`` in epoch milliseconds.
 
-    Source: README "Migrating from the reference sidecar".
+    Source: docs/operating.md "Migrating from the reference sidecar".
     """
 
     action_id: str

@@ -10,7 +10,7 @@ rename), ``{"<result index or -1>": {inputs}}``. The file lives as long as
 the job is retained and is removed when the job is archived. Nothing here
 logs the inputs (sizes only).
 
-Source: README ("Tenant-scoped crew state": replay).
+Source: docs/security.md ("Tenant-scoped crew state": replay).
 """
 
 from __future__ import annotations

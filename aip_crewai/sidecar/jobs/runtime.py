@@ -301,7 +301,7 @@ class Runtime:
             await self._execute(live, input)
 
     async def _execute(self, live: LiveJob, input: dict[str, Any]) -> None:
-        """Run the job under its ``aip.sidecar.job`` span (README "Observing actions")."""
+        """Run the job under its ``aip.sidecar.job`` span (docs/observing.md "Observing actions")."""
         with job_span(live.action_id, live.crew_id, live.operation) as span:
             try:
                 await self._execute_traced(live, input)
@@ -527,7 +527,7 @@ class Runtime:
         """Stop admitting new jobs (503 ``sidecar.draining`` before admission: a host places the job on
         another sidecar of its crew, or retries it) while repeats of admitted ones are still answered, and
         return once every admitted job has ended, however long that takes (a rolling upgrade loses no run;
-        a SIGTERM meanwhile still stops with its grace). README "Draining a sidecar"."""
+        a SIGTERM meanwhile still stops with its grace). docs/operating.md "Draining a sidecar"."""
         self._draining = True
         while pending := [t for t in self._tasks.values() if not t.done()]:
             await asyncio.wait(pending)

@@ -101,7 +101,7 @@ def check_main_file(path: Path) -> None:
             SQLite header while a ``-wal`` or ``-shm`` file exists, or is
             non-empty and does not start with the SQLite header.
 
-    Source: README ("Tenant-scoped crew state": journal identity).
+    Source: docs/security.md ("Tenant-scoped crew state": journal identity).
     """
     try:
         with open(path, "rb") as fh:

@@ -22,12 +22,12 @@ one line naming the run and the bound (exit 2), before anything is written.
 Imported jobs are marked ``imported`` (journal column, job view). An
 admission naming an imported job's action id is 409, whatever its request
 hash: its output was never produced here, so a governed action is never
-answered from it (README "Migrating from the reference sidecar"). Importing
+answered from it (docs/operating.md "Migrating from the reference sidecar"). Importing
 twice changes nothing (jobs already present are left alone). The JSON file
 is only read: no lock file is created beside it, and a reference sidecar
 still holding ``<file>.lock`` is refused.
 
-Source: README "Migrating from the reference sidecar"; ARCHITECTURE.md §4, §5.
+Source: docs/operating.md "Migrating from the reference sidecar"; ARCHITECTURE.md §4, §5.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ worker thread by :class:`~.store.Journal`, inside its ``BEGIN IMMEDIATE`` transa
 
 The caller keeps its retained-run count: +1 per admitted or imported job, -1 per archived one.
 
-Source: ARCHITECTURE.md §4 (admission, ``DELETE /jobs/{action_id}``), §5 (journal, limits); README
+Source: ARCHITECTURE.md §4 (admission, ``DELETE /jobs/{action_id}``), §5 (journal, limits); docs/operating.md
 "Migrating from the reference sidecar".
 """
 

@@ -57,7 +57,7 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 3: mark the file as an aip-crewai journal (SQLite header field, see APPLICATION_ID)
     f"PRAGMA application_id = {APPLICATION_ID};",
-    # 4: the replay index is per tenant (README "Tenant-scoped crew state"); rows written before
+    # 4: the replay index is per tenant (docs/security.md "Tenant-scoped crew state"); rows written before
     # this migration get the tenant their job id names (see tenancy.tenant_of; an id whose
     # prefix is no tenant name gets a tenant no job carries, so it is never matched again)
     """
@@ -77,6 +77,6 @@ MIGRATIONS: tuple[str, ...] = (
     );
     """,
     # 6: jobs imported from a reference journal are marked (their view says so; an admission naming
-    # one is refused: README "Migrating from the reference sidecar"); rows written before are not
+    # one is refused: docs/operating.md "Migrating from the reference sidecar"); rows written before are not
     "ALTER TABLE jobs ADD COLUMN imported INTEGER NOT NULL DEFAULT 0;",
 )

@@ -201,7 +201,7 @@ class Journal:
         Returns:
             False when the path is missing or is another file. One ``stat``.
 
-        Source: README ("Tenant-scoped crew state": journal identity).
+        Source: docs/security.md ("Tenant-scoped crew state": journal identity).
         """
         return self._identity is not None and file_identity(self.path) == self._identity
 
@@ -336,7 +336,7 @@ class Journal:
         Returns:
             At most ``limit`` ids, sorted.
 
-        Source: README "Command line" (``journal inspect`` without the tenant prefix).
+        Source: docs/reference/cli.md "Command line" (``journal inspect`` without the tenant prefix).
         """
         suffix = f":{action_id}"
         rows = await self._fetch(JOBS_ENDING, (len(suffix), len(suffix), suffix, limit))
@@ -552,7 +552,7 @@ class Journal:
         Raises:
             JournalWriteFailed: SQLite failed (rolled back: nothing imported).
 
-        Source: README "Migrating from the reference sidecar"; ARCHITECTURE.md §5 (journal).
+        Source: docs/operating.md "Migrating from the reference sidecar"; ARCHITECTURE.md §5 (journal).
         """
 
         def import_now() -> tuple[list[str], list[str], list[str]]:

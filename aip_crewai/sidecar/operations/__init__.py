@@ -11,7 +11,7 @@ The call runs inside :func:`_common.job_scope`, so every operation gets the
 per-job chunk sink and the cooperative cancel check without doing anything,
 and inside ``knowledge_query.knowledge_namespace(crew_id, tenant)``, so every
 Memory and Knowledge CrewAI builds for the job is private to its
-``(tenant, crew)`` (README "Tenant-scoped crew state"), and with a
+``(tenant, crew)`` (docs/security.md "Tenant-scoped crew state"), and with a
 human-input provider that never reads stdin (``train`` sets its own).
 
 What CrewAI swallows during the job (a knowledge search or memory failure it

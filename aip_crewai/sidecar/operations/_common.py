@@ -108,7 +108,7 @@ def _make_sink(ctx: JobContext) -> Any:
     would break the emitter).
     """
 
-    spans = ctx.spans  # the job's CrewAI spans (README "Observing actions"), or None
+    spans = ctx.spans  # the job's CrewAI spans (docs/observing.md "Observing actions"), or None
 
     def sink(_source: Any, event: Any) -> None:
         try:
@@ -276,7 +276,7 @@ def crew_fingerprint(crew: Any) -> list[dict[str, str | None]]:
         ``[{"name", "description", "expected_output", "agent_role"}]`` (str or
         None each), one entry per task.
 
-    Source: README ("Tenant-scoped crew state": replay).
+    Source: docs/security.md ("Tenant-scoped crew state": replay).
     """
     out = []
     for task in list(getattr(crew, "tasks", None) or []):

@@ -23,7 +23,7 @@ status and connection errors, CrewAI's ``ConnectionError`` wrapping them,
 httpx's) into a :class:`SafeJobError` whose message names the HTTP status or
 the connection failure, never the provider's text (it can quote keys).
 
-Source: README ("Real crews": what a run never hides); ARCHITECTURE.md §5 (CrewAI knowledge).
+Source: docs/tutorial.md ("Real crews": what a run never hides); ARCHITECTURE.md §5 (CrewAI knowledge).
 """
 
 from __future__ import annotations

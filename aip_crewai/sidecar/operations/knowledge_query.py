@@ -32,7 +32,7 @@ metadata, score}``) each passed through ``to_bounded_json``; CrewAI's None
   global) cannot be namespaced: build memory inside the crew factory.
 
 Source: ARCHITECTURE.md §3 (knowledge_query input), §4 (outputs), §5 (CrewAI
-knowledge); README ("Tenant-scoped crew state").
+knowledge); docs/security.md ("Tenant-scoped crew state").
 """
 
 from __future__ import annotations

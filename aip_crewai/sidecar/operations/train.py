@@ -214,7 +214,7 @@ def artifact_dir(training_dir: Path, tenant: str, crew_id: str) -> Path:
         ``<training_dir>/<tenant>/<crew>``; two tenants' ``artifact_name``
         never name the same file.
 
-    Source: README ("Tenant-scoped crew state").
+    Source: docs/security.md ("Tenant-scoped crew state").
     """
     path = training_dir / tenant_dir_name(tenant) / crew_dir_name(crew_id)
     for directory in (path.parent, path):

@@ -5,7 +5,7 @@
 // every request with HTTP Message Signatures (RFC 9421). Live data: SSE read with fetch(), so the
 // credential travels in headers and never in a URL; reconnects wait the server's `retry:` with jitter.
 // Keyboard: every card is a button (Tab, Enter); Escape closes the detail and returns to its card.
-// README "Approval console".
+// docs/approvals.md "Approval console".
 "use strict";
 
 const API = "/aip/v1";
@@ -243,7 +243,7 @@ async function follow(path, onEvent, signal, onState) {
 // look-alike letter) is drawn as its \u202e-style marker, highlighted, never as itself. The host lists
 // them per JSON path for an approval's input (GET .../display, aip_crewai/contracts/display.py: look-alike
 // and mixed-script letters come only from that list); `misread` is the same character classes again, a
-// safety net for text the host does not list (ids, chunks, results). README "The approval flow".
+// safety net for text the host does not list (ids, chunks, results). docs/approvals.md "The approval flow".
 const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/u;
 const BLANK = /[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\uffa0\ufe00-\ufe0f\u{e0100}-\u{e01ef}]/u;
 const OTHER = /[\p{Cf}\p{Cc}\p{Cs}\p{Zs}\p{Zl}\p{Zp}]/u;
@@ -553,7 +553,7 @@ function showView(name) {
   if (name === "decided" && !state.historyLoaded) loadHistory(false).catch(showError);
 }
 
-// An approval event's data is an AIP Event whose `data` is the ApprovalRecordView (README "Approval events");
+// An approval event's data is an AIP Event whose `data` is the ApprovalRecordView (docs/approvals.md "Approval events");
 // `ready` (the snapshot's end) carries no approval: the queue is reloaded then.
 function approvalIdOf(data) {
   try {

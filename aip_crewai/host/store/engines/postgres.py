@@ -29,7 +29,7 @@ def is_postgres_url(location: str | Path) -> bool:
 
 
 #: Default ``[host] store_statement_timeout_ms``, ``store_lock_timeout_ms`` and
-#: ``store_idle_in_transaction_timeout_ms`` (README "Faults and their bounds").
+#: ``store_idle_in_transaction_timeout_ms`` (docs/operating.md "Faults and their bounds").
 DEFAULT_STATEMENT_TIMEOUT_MS, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS = 4_000, 2_000, 4_000
 #: What a store call may take beyond the statement timeout before the host gives up on it, ms (the
 #: round trip of the server's own cancellation, the commit).
@@ -50,7 +50,7 @@ class StoreTimeouts:
     included); the host enforces it itself, so a server that does not answer at all (stopped, or its
     network gone) still cannot hold a request longer.
 
-    Source: README "Faults and their bounds"; ARCHITECTURE.md §10.
+    Source: docs/operating.md "Faults and their bounds"; ARCHITECTURE.md §10.
     """
 
     statement_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS

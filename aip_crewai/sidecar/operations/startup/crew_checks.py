@@ -14,7 +14,7 @@ start (:func:`refuse_unusable_crew`, or the ones its operation needs), failing w
 
 No error text of an embedder or provider is ever published (it can hold secrets): the codes say it all.
 
-Source: README ("Tenant-scoped crew state": start-up preflight, knowledge, human input).
+Source: docs/security.md ("Tenant-scoped crew state": start-up preflight, knowledge, human input).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def refuse_human_input(crew: Any) -> None:
     Raises:
         SafeJobError: ``HumanInputUnsupported``, naming the 1-based task positions.
 
-    Source: README ("Tenant-scoped crew state": human input).
+    Source: docs/security.md ("Tenant-scoped crew state": human input).
     """
     positions = [
         i for i, task in enumerate(getattr(crew, "tasks", None) or [], start=1) if getattr(task, "human_input", False)
@@ -74,7 +74,7 @@ def unavailable_knowledge(crew: Any) -> list[str]:
         ``["crew"]`` when ``knowledge_sources`` is set and the crew has no
         knowledge storage or the probe raises, else ``[]``.
 
-    Source: README ("Tenant-scoped crew state": knowledge).
+    Source: docs/security.md ("Tenant-scoped crew state": knowledge).
     """
     if not getattr(crew, "knowledge_sources", None):
         return []
@@ -185,7 +185,7 @@ def unconfigured_llms(crew: Any) -> list[str]:
         ``["<where>: <provider>/<model>"]`` (``agent '<role>'``, ``manager``),
         in crew order; ``[]`` when every model has a key.
 
-    Source: README ("Tenant-scoped crew state": start-up preflight).
+    Source: docs/security.md ("Tenant-scoped crew state": start-up preflight).
     """
     found = []
     slots = [

@@ -26,7 +26,7 @@ Codes:
 - ``build_failed``: the factory raised, or returned no crew (the error text
   is withheld: it can hold secrets).
 
-Source: README ("Tenant-scoped crew state": knowledge, human input);
+Source: docs/security.md ("Tenant-scoped crew state": knowledge, human input);
 ARCHITECTURE.md §4 (``/health``).
 """
 
