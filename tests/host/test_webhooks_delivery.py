@@ -1,4 +1,4 @@
-"""Webhook deliveries over a real SQLite store and a real HTTP receiver on loopback (README "Webhooks"):
+"""Webhook deliveries over a real SQLite store and a real HTTP receiver on loopback (docs/webhooks.md):
 events written with their state change, signed per Standard Webhooks (verified with the package), retried
 under one webhook-id, refused destinations never connected to, a slow receiver delaying nothing else."""
 

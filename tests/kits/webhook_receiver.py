@@ -1,5 +1,5 @@
 """A webhook receiver on loopback (an asyncio HTTP/1.1 server, in-process or in a process of its own) and a
-transport that fails the test on any connection beyond loopback (README "Webhooks" tests).
+transport that fails the test on any connection beyond loopback (docs/webhooks.md tests).
 
 ``Receiver``: answers each POST with the next status of ``statuses`` (then 200), optionally after waiting
 for ``release`` (a slow receiver); records ``(headers, body)`` of every request.

@@ -1,4 +1,4 @@
-"""The webhook outbox (README "Webhooks"): events written in the transaction of the state change they
+"""The webhook outbox (docs/webhooks.md): events written in the transaction of the state change they
 report, claimed by one host at a time, attempted, and released or finished. Functions over
 :class:`.engines.engine.Db` and the :class:`OutboxMethods` of :class:`~aip_crewai.host.store.store.Store`
 (one of its base classes), as :mod:`.ledger` is written.
@@ -15,7 +15,7 @@ passes ``claim_expires_at``; a row is due when its ``next_attempt_at`` has come,
 no earlier event of the same (tenant, endpoint, action) is still pending: events of one action go out in
 order. A host that dies holding claims loses them when they expire; another host takes the rows then.
 
-Source: ARCHITECTURE.md §10 (storage, leases on the database's clock); README "Webhooks".
+Source: ARCHITECTURE.md §10 (storage, leases on the database's clock); docs/webhooks.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one background sender of a host (README "Webhooks"): claims due outbox rows, makes one attempt each,
+"""The one background sender of a host (docs/webhooks.md): claims due outbox rows, makes one attempt each,
 and records it.
 
 Loop: claim up to the free slots of :data:`CONCURRENCY` due deliveries (:meth:`Store.claim_deliveries`: one
@@ -14,7 +14,7 @@ timeout, a connection error, a refused destination) is retried on :mod:`.schedul
 deadline, then ``expired``. The secret, the URL (its query may carry a token) and response bodies are never
 logged; logs carry the delivery id, endpoint id, outcome and status.
 
-Source: README "Webhooks"; ARCHITECTURE.md §10 (one sender per host; claims on the database's clock).
+Source: docs/webhooks.md; ARCHITECTURE.md §10 (one sender per host; claims on the database's clock).
 """
 
 from __future__ import annotations
