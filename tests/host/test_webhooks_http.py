@@ -5,10 +5,14 @@ every bad value (each bound at its edge)."""
 from __future__ import annotations
 
 import base64
+import dataclasses
+import time
 from typing import Any
 
 import pytest
 from kits.hostapp import bearer, running
+from kits.poll import until_async
+from kits.webhook_receiver import Receiver
 from standardwebhooks.webhooks import Webhook
 
 from aip_crewai.contracts.aip import ActionResult
@@ -139,3 +143,38 @@ async def test_the_limit_bounds_are_accepted_at_their_edges(make_app):
         for limit in ("1", "200"):
             answer = await http.get(ROUTE, params={"limit": limit}, headers=bearer("acme-operator"))
             assert answer.status_code == 200 and answer.json() == {"deliveries": [], "cursor": None, "done": True}
+
+
+async def test_the_lifespan_starts_the_sender_when_webhooks_are_configured(make_app, settings):
+    """With ``[[webhooks]]`` the app's lifespan hooks the outbox to the store and runs one sender: a result
+    stored through the app reaches the receiver, signed. Without (the same store file), no event is written."""
+    receiver = await Receiver().start()
+    try:
+        hooked = dataclasses.replace(
+            settings, webhooks=WebhookSettings((_endpoint("acme", receiver.url, frozenset({"action.completed"})),))
+        )
+        app = make_app(hooked, clock=time.time)  # the store's clock and the database's agree (deadlines)
+        async with running(app):
+            writer = host_state(app).actions.writer
+            result = ActionResult(action_id="a-1", status="completed")
+            await writer.create_answered(
+                "acme", "a-1", "cap:crewai:beta", "beta", "run", "{}", "ab" * 32, "inv", result, "acknowledged"
+            )
+            await until_async(lambda: len(receiver.received) == 1, what="the delivery from the app's sender")
+            headers, body = receiver.received[0]
+            assert Webhook(SECRET).verify(body, headers)["data"]["action_id"] == "a-1"
+            (delivery,) = await until_async(
+                lambda: host_state(app).store.list_deliveries("acme", status="delivered"), what="delivered"
+            )
+            assert delivery.delivery_id == headers["webhook-id"]
+        plain = make_app(clock=time.time)
+        async with running(plain):
+            assert host_state(plain).store.outbox_events is None
+            writer = host_state(plain).actions.writer
+            result = ActionResult(action_id="a-2", status="completed")
+            await writer.create_answered(
+                "acme", "a-2", "cap:crewai:beta", "beta", "run", "{}", "ab" * 32, "inv", result, "acknowledged"
+            )
+            assert await host_state(plain).store.list_deliveries("acme", action_id="a-2") == []
+    finally:
+        await receiver.stop()
