@@ -399,3 +399,36 @@ async def test_two_hosts_on_one_postgresql_store_deliver_each_event_once(postgre
         for opened in stores:
             await opened.close()
         await receiver.stop()
+
+
+class _IdleStore:
+    """A store with nothing due: the sender's loop only waits."""
+
+    def __init__(self) -> None:
+        self.claims = 0
+
+    async def claim_deliveries(self, host_id: str, claim_ms: int, limit: int) -> list[Any]:
+        self.claims += 1
+        return []
+
+
+async def test_a_sender_cancelled_as_a_wake_up_completes_stops():
+    """The race behind a test hanging until pytest-timeout (and a host's shutdown waiting forever): a
+    delivery ends (waking the loop) just as the sender is cancelled. Python 3.11's ``asyncio.wait_for``
+    swallowed that cancellation; the sender's wait must not."""
+    import asyncio
+
+    idle = _IdleStore()
+    sender = WebhookSender(idle, WebhookSettings(()), webhook_client(LoopbackOnly()), host_id="h1", poll_s=60)
+    try:
+        for _ in range(3):
+            task = asyncio.create_task(sender.run())
+            await asyncio.sleep(0)  # the loop claims (nothing) and waits for a wake-up
+            assert idle.claims > 0
+            sender.wake()
+            await asyncio.sleep(0)  # the wake-up's waiter completes; the loop has not resumed yet
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=30)
+            assert done == {task} and task.cancelled()
+    finally:
+        await sender.client.aclose()
