@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from . import ledger_cli
+from . import ledger_cli, webhooks_cli
 from .exit_codes import Exit, of_envelope, of_error
 from .plumbing.log import configure_logging
 
@@ -480,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", required=True, help="file to create (refuses to overwrite)")
     p.set_defaults(func=_keys)
     ledger_cli.add_parsers(sub, _add_client_flags, _client)
+    webhooks_cli.add_parsers(sub, _add_client_flags, _client)
 
     p = sub.add_parser(
         "doctor",

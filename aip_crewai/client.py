@@ -248,6 +248,12 @@ class AipClient:
             self.http.get("/aip/v1/usage", params={k: v for k, v in {"from": from_, "to": to}.items() if v})
         )
 
+    def webhook_deliveries(self, **query: str | int | None) -> dict[str, Any]:
+        """``GET /aip/v1/webhooks/deliveries``: one page of the tenant's webhook deliveries (operator role);
+        ``query``: ``endpoint``, ``event_type``, ``status``, ``action_id``, ``cursor``, ``limit`` (None: unset)."""
+        params = {k: str(v) for k, v in query.items() if v is not None}
+        return self._check(self.http.get("/aip/v1/webhooks/deliveries", params=params))
+
     def approval(self, approval_id: str) -> dict[str, Any]:
         return self._check(self.http.get(f"/aip/v1/approvals/{_segment(approval_id)}"))
 

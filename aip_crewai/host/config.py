@@ -46,7 +46,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     token_sha256 = "<64 hex>"          # and/or
     ed25519_public_key = "<base64 of the raw 32-byte key>"
 
-    [[webhooks]]                       # optional: see host/webhooks/config.py and docs/webhooks.md "Webhooks"
+    [[webhooks]]                       # optional: see host/webhooks/config.py and docs/webhooks.md
 
 Relative paths (``store``, ``token_file``, ``file``) resolve against the
 directory of the configuration file, not the working directory, so a config

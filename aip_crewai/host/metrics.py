@@ -23,7 +23,7 @@ Metrics (all prefixed ``aip_host_``):
 | ``actions_total`` | counter | operation, status |
 | ``tokens_total`` | counter | tenant, crew, kind (prompt, completion, total, cached, requests): tokens of crew operations' final results |
 | ``cost_total`` | counter | tenant, crew, currency: their cost in currency units (priced crews only, docs/observing.md "Observing actions") |
-| ``webhook_attempts_total`` | counter | outcome (delivered, http_error, timeout, connect_error, refused, endpoint_removed; docs/webhooks.md "Webhooks") |
+| ``webhook_attempts_total`` | counter | outcome (delivered, http_error, timeout, connect_error, refused, endpoint_removed; docs/webhooks.md) |
 | ``webhook_deliveries_total`` | counter | outcome (delivered, expired): deliveries that ended |
 | ``status_cache_total`` | counter | result (hit, miss): key-less ``:status`` reads answered from the host's cache of final job views, or asking the sidecar (not counted while the cache is disabled) |
 

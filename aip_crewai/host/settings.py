@@ -131,7 +131,7 @@ class Settings:
         pricing: ``[pricing]``: prices per model and each crew's model; None: no cost (docs/observing.md "Observing actions").
         public_authorities: the ``Host`` values (``@authority``) a signed request may name, lower-case;
             None: the forms of the bind address (docs/approvals.md "Signed requests").
-        webhooks: the ``[[webhooks]]`` endpoints and ``[host] webhook_allow_cidrs`` (docs/webhooks.md "Webhooks").
+        webhooks: the ``[[webhooks]]`` endpoints and ``[host] webhook_allow_cidrs`` (docs/webhooks.md).
         body_budget_bytes: the bytes of request bodies read before authentication (signed envelopes
             and signed requests), in total; past it such a body is 503 (docs/security.md "Security").
     """

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 CONFIGURATION = ROOT / "docs" / "reference" / "configuration.md"
 #: Pages another branch is writing at the same time: a link to one is checked once it exists.
-WRITTEN_ELSEWHERE = {ROOT / "docs" / "webhooks.md"}
+WRITTEN_ELSEWHERE: set[Path] = set()
 
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)

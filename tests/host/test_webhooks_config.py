@@ -1,4 +1,4 @@
-"""``[[webhooks]]`` and ``[host] webhook_allow_cidrs`` in host.toml (docs/webhooks.md "Webhooks"): shapes, every
+"""``[[webhooks]]`` and ``[host] webhook_allow_cidrs`` in host.toml (docs/webhooks.md): shapes, every
 bound at its edge, keyed errors, and the secret never in an error."""
 
 from __future__ import annotations

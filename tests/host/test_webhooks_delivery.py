@@ -1,4 +1,4 @@
-"""Webhook deliveries over a real SQLite store and a real HTTP receiver on loopback (docs/webhooks.md "Webhooks"):
+"""Webhook deliveries over a real SQLite store and a real HTTP receiver on loopback (docs/webhooks.md):
 events written with their state change, signed per Standard Webhooks (verified with the package), retried
 under one webhook-id, refused destinations never connected to, a slow receiver delaying nothing else."""
 
@@ -56,10 +56,18 @@ class Metrics:
         self.webhook_attempts, self.webhook_deliveries = Counted(), Counted()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """A SQLite file, or a fresh database on the suite's PostgreSQL cluster (skipped with one line without it)."""
+    if request.param == "sqlite":
+        tmp_path.chmod(0o700)
+        return tmp_path / "host.db"
+    return str(request.getfixturevalue("postgres_url"))
+
+
 @pytest.fixture
-async def store(tmp_path: Path) -> Any:
-    tmp_path.chmod(0o700)
-    opened = await Store.open(tmp_path / "host.db")  # the real clock: retries come due
+async def store(location: Path | str) -> Any:
+    opened = await Store.open(location)  # the real clock: retries come due
     try:
         yield opened
     finally:
@@ -351,3 +359,76 @@ async def test_an_expired_claim_is_taken_by_another_host_and_a_past_deadline_exp
     )  # the next attempt would be past the 1 s deadline
     (delivery,) = await store.list_deliveries("acme")
     assert delivery.status == "expired" and delivery.attempts == 1
+
+
+async def test_two_hosts_on_one_postgresql_store_deliver_each_event_once(postgres_url: str):
+    """Two stores on one PostgreSQL database, each with its own sender (host ids h1, h2), deliver every
+    event: each webhook-id is answered 2xx exactly once, also for the events whose first attempts failed
+    (their retries may be claimed by either host)."""
+    import asyncio
+
+    events, failing = 24, 6
+    receiver = await Receiver(statuses=[500] * failing).start()
+    settings = WebhookSettings((endpoint(receiver.url, events=frozenset({"action.completed"})),))
+    stores = [await Store.open(postgres_url), await Store.open(postgres_url)]
+    senders, clients = [], []
+    for host_id, opened in zip(("h1", "h2"), stores, strict=True):
+        opened.outbox_events = WebhookEvents(settings, {})
+        client = webhook_client(LoopbackOnly())
+        clients.append(client)
+        senders.append(WebhookSender(opened, settings, client, host_id=host_id, poll_s=0.02, metrics=Metrics()))
+    tasks = [asyncio.create_task(s.run()) for s in senders]
+    try:
+        writers = [ActionWriter(s) for s in stores]
+        for n in range(events):  # written through both hosts
+            await run_action(writers[n % 2], f"a-{n}", ActionResult(action_id=f"a-{n}", status="completed"))
+        await until_async(lambda: _all_delivered(stores[0], "acme", events), what="every event delivered")
+        answered_2xx = [headers["webhook-id"] for headers, _ in receiver.received[failing:]]
+        assert len(answered_2xx) == len(set(answered_2xx)) == events  # once each
+        assert len({headers["webhook-id"] for headers, _ in receiver.received}) == events
+        verified(receiver.received)
+        listed = await stores[1].list_deliveries("acme", limit=events + 1)
+        assert sum(d.attempts for d in listed) == events + failing
+        assert {a.host_id for d in listed for a in d.history} <= {"h1", "h2"}
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for client in clients:
+            await client.aclose()
+        for opened in stores:
+            await opened.close()
+        await receiver.stop()
+
+
+class _IdleStore:
+    """A store with nothing due: the sender's loop only waits."""
+
+    def __init__(self) -> None:
+        self.claims = 0
+
+    async def claim_deliveries(self, host_id: str, claim_ms: int, limit: int) -> list[Any]:
+        self.claims += 1
+        return []
+
+
+async def test_a_sender_cancelled_as_a_wake_up_completes_stops():
+    """The race behind a test hanging until pytest-timeout (and a host's shutdown waiting forever): a
+    delivery ends (waking the loop) just as the sender is cancelled. Python 3.11's ``asyncio.wait_for``
+    swallowed that cancellation; the sender's wait must not."""
+    import asyncio
+
+    idle = _IdleStore()
+    sender = WebhookSender(idle, WebhookSettings(()), webhook_client(LoopbackOnly()), host_id="h1", poll_s=60)
+    try:
+        for _ in range(3):
+            task = asyncio.create_task(sender.run())
+            await asyncio.sleep(0)  # the loop claims (nothing) and waits for a wake-up
+            assert idle.claims > 0
+            sender.wake()
+            await asyncio.sleep(0)  # the wake-up's waiter completes; the loop has not resumed yet
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=30)
+            assert done == {task} and task.cancelled()
+    finally:
+        await sender.client.aclose()

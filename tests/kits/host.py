@@ -136,6 +136,7 @@ def write_config(
     host_options: dict[str, object] | None = None,
     store: str | None = None,
     sidecars: list[dict[str, object]] | None = None,
+    extra_toml: str = "",
 ) -> Path:
     """host.toml (+ crews.json, sidecar.token 0600) in ``workdir``; returns the config path.
 
@@ -146,7 +147,8 @@ def write_config(
     ``[host] store`` value (a SQLite file, or a ``postgresql://`` URL); by default the suite's backend
     (:func:`storebackend.host_store`: ``host.db``, or under ``AIP_CREWAI_TEST_STORE=postgresql`` this
     workdir's own database and a stable ``host_id``); ``sidecars``: ``[[sidecars]]``
-    entries (``url``, ``crews``, ...; the token file is shared) instead of ``[sidecar]``.
+    entries (``url``, ``crews``, ...; the token file is shared) instead of ``[sidecar]``; ``extra_toml``: more
+    tables appended as given (``[[webhooks]]`` entries).
     """
     if store is None:
         store, host_id = storebackend.host_store(workdir)
@@ -208,7 +210,7 @@ def write_config(
         lines += [f'{key} = "{entry[key]}"' for key in ("token_sha256", "ed25519_public_key") if key in entry]
         lines.append("")
     config = workdir / "host.toml"
-    config.write_text("\n".join(lines))
+    config.write_text("\n".join(lines) + ("\n" + extra_toml if extra_toml else ""))
     return config
 
 
@@ -225,11 +227,12 @@ def start_host(
     host_options: dict[str, object] | None = None,
     store: str | None = None,
     sidecars: list[dict[str, object]] | None = None,
+    extra_toml: str = "",
 ) -> Host:
     """Start a host; with ``wait_ready`` block until ``/ready`` answers 200.
 
-    ``crews``, ``tenants``, ``extra_principals``, ``host_options``, ``store`` and ``sidecars`` go to
-    :func:`write_config`."""
+    ``crews``, ``tenants``, ``extra_principals``, ``host_options``, ``store``, ``sidecars`` and ``extra_toml`` go
+    to :func:`write_config`."""
     port = port or free_port()
     config = write_config(
         workdir,
@@ -242,6 +245,7 @@ def start_host(
         host_options=host_options,
         store=store,
         sidecars=sidecars,
+        extra_toml=extra_toml,
     )
     log = workdir / f"host-{port}-{time.monotonic_ns()}.log"
     process = launch_host(config, log)

@@ -1,5 +1,5 @@
 """A webhook receiver on loopback (an asyncio HTTP/1.1 server, in-process or in a process of its own) and a
-transport that fails the test on any connection beyond loopback (docs/webhooks.md "Webhooks" tests).
+transport that fails the test on any connection beyond loopback (docs/webhooks.md tests).
 
 ``Receiver``: answers each POST with the next status of ``statuses`` (then 200), optionally after waiting
 for ``release`` (a slow receiver); records ``(headers, body)`` of every request.
@@ -22,6 +22,7 @@ class Receiver:
     received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
     port: int = 0
     _server: asyncio.base_events.Server | None = None
+    _handlers: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def start(self) -> Receiver:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
@@ -29,15 +30,25 @@ class Receiver:
         return self
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        """Stop listening, end every open connection (a handler held by ``release`` or waiting for the next
+        request of a kept-alive connection), then wait for the server: never a wait on a client (Python
+        3.12.1+'s ``wait_closed`` waits for every connection to close)."""
+        if self._server is None:
+            return
+        self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._server.wait_closed()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/hook"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -56,7 +67,10 @@ class Receiver:
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except asyncio.CancelledError:
+            pass  # only stop() cancels a handler; ending quietly spares asyncio's callback a cancelled task
         finally:
+            self._handlers.discard(task)
             writer.close()
 
 

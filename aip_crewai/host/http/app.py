@@ -89,6 +89,7 @@ from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import Metrics
 from ..settings import Settings
 from ..store.records import ms_to_rfc3339
+from ..webhooks.routes import routes as webhook_routes
 from . import approval_stream, approvals, console, openapi
 from . import authenticate as authentication
 from . import routes as routes_actions
@@ -238,6 +239,7 @@ def foundation_routes() -> list[BaseRoute]:
         Route("/aip/v1/manifest", manifest_endpoint, methods=["GET"], name="manifest"),
         Route("/aip/v1/capabilities", manifest_endpoint, methods=["GET"], name="capabilities"),
         *ledger_routes(),
+        *webhook_routes(),
     ]
 
 

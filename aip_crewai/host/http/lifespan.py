@@ -171,7 +171,7 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
                         await stack.enter_async_context(module.lifespan(app))
                 tasks.append(asyncio.create_task(readiness.run(settings.readiness_interval_s)))
                 tasks.append(asyncio.create_task(_purge_loop(store)))
-                if hooks_http is not None:  # the one webhook sender of this host (docs/webhooks.md "Webhooks")
+                if hooks_http is not None:  # the one webhook sender of this host (docs/webhooks.md)
                     sender = WebhookSender(
                         store, settings.webhooks, hooks_http, host_id=settings.host_id, metrics=setup.metrics
                     )

@@ -42,6 +42,7 @@ from ...contracts.aip import (
     Manifest,
 )
 from ..auth.stream_tokens import QUERY_PARAMETER, StreamToken
+from ..webhooks.routes import DeliveryList
 from .approvals import DecisionProof, DisplayFindings
 
 OPENAPI_VERSION = "3.1.0"
@@ -201,6 +202,21 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "The tenant's usage per crew (operator role)",
         {"200": Answer("usage report", {JSON: dict})},
         query=(("from", "RFC 3339, inclusive (default: the start)"), ("to", "RFC 3339, exclusive (default: now)")),
+    ),
+    ("GET", "/aip/v1/webhooks/deliveries"): Operation(
+        "The tenant's webhook deliveries and their attempts, newest first (operator role)",
+        {"200": Answer("DeliveryList", {JSON: DeliveryList})},
+        query=(
+            ("endpoint", "an endpoint id (whe_ and 24 hex digits)"),
+            (
+                "event_type",
+                "approval.requested | approval.decided | action.completed | action.failed | action.cancelled",
+            ),
+            ("status", "pending | delivered | expired"),
+            ("action_id", "the action the events are about"),
+            ("cursor", "next page"),
+            ("limit", "1..200 (default 50)"),
+        ),
     ),
     ("GET", "/aip/v1/approvals/{approval_id:str}/display"): Operation(
         "The code points of an approval's input a person would misread",

@@ -207,7 +207,7 @@ UPDATE actions SET sidecar = '' WHERE dispatch <> 'not_sent';
 """
 
 
-# Migration 9: the webhook outbox (docs/webhooks.md "Webhooks"). One row per (event, endpoint), written by the store in
+# Migration 9: the webhook outbox (docs/webhooks.md). One row per (event, endpoint), written by the store in
 # the state change's own transaction; ``seq`` orders one endpoint's events of one action; a host claims a due
 # row until ``claim_expires_at`` (the database's clock), records one attempt, and releases it. Attempts are
 # kept for the operators' deliveries list.

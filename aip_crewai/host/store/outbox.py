@@ -1,4 +1,4 @@
-"""The webhook outbox (docs/webhooks.md "Webhooks"): events written in the transaction of the state change they
+"""The webhook outbox (docs/webhooks.md): events written in the transaction of the state change they
 report, claimed by one host at a time, attempted, and released or finished. Functions over
 :class:`.engines.engine.Db` and the :class:`OutboxMethods` of :class:`~aip_crewai.host.store.store.Store`
 (one of its base classes), as :mod:`.ledger` is written.
@@ -15,7 +15,7 @@ passes ``claim_expires_at``; a row is due when its ``next_attempt_at`` has come,
 no earlier event of the same (tenant, endpoint, action) is still pending: events of one action go out in
 order. A host that dies holding claims loses them when they expire; another host takes the rows then.
 
-Source: ARCHITECTURE.md §10 (storage, leases on the database's clock); docs/webhooks.md "Webhooks".
+Source: ARCHITECTURE.md §10 (storage, leases on the database's clock); docs/webhooks.md.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from .records import (
     ClaimedDelivery,
     DeliveryAttempt,
     DeliveryRecord,
-    InvalidCursor,
     OutboxEvents,
     OutboxRow,
     Seal,
     SealedRows,
+    decode_cursor,
+    encode_cursor,
 )
 from .sql import APPROVAL_COLUMNS
 
@@ -112,16 +113,9 @@ def enqueue_now(db: Db, rows: Sequence[OutboxRow]) -> None:
         )
 
 
-def parse_cursor(cursor: str) -> tuple[int, str]:
-    """A deliveries page cursor ``<created_at>.<delivery_id>`` → its parts.
-
-    Raises:
-        InvalidCursor: anything else.
-    """
-    created, sep, delivery_id = cursor.partition(".")
-    if not sep or not created.isdigit() or not delivery_id or len(cursor) > 200:
-        raise InvalidCursor()
-    return int(created), delivery_id
+def delivery_cursor(record: DeliveryRecord) -> str:
+    """The opaque cursor after ``record`` in :meth:`OutboxMethods.list_deliveries`' order (newest first)."""
+    return encode_cursor(record.created_at, record.delivery_id)
 
 
 class OutboxMethods:
@@ -236,25 +230,34 @@ class OutboxMethods:
         status: str | None = None,
         event_type: str | None = None,
         action_id: str | None = None,
+        endpoint_id: str | None = None,
         limit: int = 50,
         before: str | None = None,
     ) -> list[DeliveryRecord]:
-        """``tenant``'s deliveries, newest first, at most ``limit``, filtered by ``status``, ``event_type`` and
-        ``action_id``; ``before``: a cursor (:func:`parse_cursor`), only older ones. Each with its latest
-        :data:`LISTED_ATTEMPTS` attempts, oldest first.
+        """``tenant``'s deliveries, newest first, at most ``limit``, filtered by ``status``, ``event_type``,
+        ``action_id`` and ``endpoint_id``; ``before``: the :func:`delivery_cursor` of the last one of the
+        previous page (opaque), only older ones. Each with its latest :data:`LISTED_ATTEMPTS` attempts,
+        oldest first.
 
         Raises:
             InvalidCursor: ``before`` is not a cursor.
         """
-        where, params = ["tenant = ?"], [tenant]
-        for column, value in (("status", status), ("event_type", event_type), ("action_id", action_id)):
+        where: list[str] = ["tenant = ?"]
+        params: list[Any] = [tenant]
+        filters = (
+            ("status", status),
+            ("event_type", event_type),
+            ("action_id", action_id),
+            ("endpoint_id", endpoint_id),
+        )
+        for column, value in filters:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
         if before is not None:
-            created, delivery_id = parse_cursor(before)
+            created, delivery_id = decode_cursor(before)
             where.append("(created_at < ? OR (created_at = ? AND delivery_id < ?))")
-            params.extend([created, created, delivery_id])  # type: ignore[list-item]
+            params.extend([created, created, delivery_id])
 
         def read() -> list[DeliveryRecord]:
             records = []

@@ -161,7 +161,7 @@ class SealedRows:
     result_json: str
     usage: tuple[object, ...] | None = None
     receipt: tuple[object, ...] | None = None
-    #: The webhook events of the result (docs/webhooks.md "Webhooks"), written to the outbox with it.
+    #: The webhook events of the result (docs/webhooks.md), written to the outbox with it.
     outbox: tuple[OutboxRow, ...] = ()
 
 
@@ -304,7 +304,7 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
     return created_at, approval_id
 
 
-# --- the webhook outbox (docs/webhooks.md "Webhooks") ---
+# --- the webhook outbox (docs/webhooks.md) ---
 
 
 @dataclass(frozen=True)

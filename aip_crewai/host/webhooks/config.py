@@ -1,6 +1,6 @@
 """``[[webhooks]]`` entries and ``[host] webhook_allow_cidrs`` of ``host.toml`` → :class:`WebhookSettings`.
 
-TOML shape (docs/webhooks.md "Webhooks"; unknown keys are errors)::
+TOML shape (docs/webhooks.md; unknown keys are errors)::
 
     [host]
     webhook_allow_cidrs = ["10.20.0.0/16"]   # private destinations allowed anyway, at most 64 networks
@@ -19,7 +19,7 @@ TOML shape (docs/webhooks.md "Webhooks"; unknown keys are errors)::
 Errors are :class:`~aip_crewai.host.config_values.HostConfigError` keyed ``webhooks[i].<key>``; the secret's
 bytes never appear in one.
 
-Source: docs/webhooks.md "Webhooks", "Configuration reference"; ARCHITECTURE.md §11.
+Source: docs/webhooks.md; docs/reference/configuration.md "Configuration reference"; ARCHITECTURE.md §11.
 """
 
 from __future__ import annotations

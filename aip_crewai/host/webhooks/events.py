@@ -1,4 +1,4 @@
-"""Which webhook events a state change makes, and their bodies (pure; docs/webhooks.md "Webhooks").
+"""Which webhook events a state change makes, and their bodies (pure; docs/webhooks.md).
 
 :class:`WebhookEvents` is the store's outbox hook (:class:`~aip_crewai.host.store.records.OutboxEvents`): the
 store asks it, inside the transaction of the change, for the rows to write with it:
@@ -19,7 +19,7 @@ Body (the Standard Webhooks shape): ``{"type", "timestamp" (RFC 3339, when the c
 when the event is written: every attempt sends the same bytes under the same ``webhook-id`` (the row's
 ``delivery_id``, ``msg_`` + 32 hex digits).
 
-Source: docs/webhooks.md "Webhooks"; ARCHITECTURE.md §9, §10.
+Source: docs/webhooks.md; ARCHITECTURE.md §9, §10.
 """
 
 from __future__ import annotations

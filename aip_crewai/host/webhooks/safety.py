@@ -1,4 +1,4 @@
-"""Where a delivery may go (docs/webhooks.md "Webhooks", "Security"): the URL's name is resolved at each attempt and
+"""Where a delivery may go (docs/webhooks.md "Safety"; docs/security.md "Security"): the URL's name is resolved at each attempt and
 every address checked; the attempt connects to the checked address (never re-resolving), so a name that
 changes between check and connect cannot redirect it.
 
@@ -7,7 +7,7 @@ NAT 100.64.0.0/10), link-local (169.254.0.0/16, fe80::/10), multicast, reserved,
 metadata addresses (169.254.169.254, fd00:ec2::254, 100.100.100.200). Loopback is always allowed (the
 configuration already limits plain http to it). IPv4-mapped IPv6 addresses are judged as the IPv4 address.
 
-Source: docs/webhooks.md "Webhooks" (safe by default).
+Source: docs/webhooks.md (safe by default).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The retry schedule of a delivery (pure; docs/webhooks.md "Webhooks").
+"""The retry schedule of a delivery (pure; docs/webhooks.md).
 
 After failed attempt ``n`` (1-based) the next one is due ``min(retry_max, retry_initial * 2^(n-1))``
 seconds later, times a jitter factor drawn uniformly from [0.8, 1.2) (so hosts and endpoints that failed
 together do not retry together), and never past ``retry_max * 1.2``. A delivery whose next attempt would
 fall at or after its deadline is recorded ``expired`` instead (the store decides, on its clock).
 
-Source: docs/webhooks.md "Webhooks" (retry schedule).
+Source: docs/webhooks.md (retry schedule).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one background sender of a host (docs/webhooks.md "Webhooks"): claims due outbox rows, makes one attempt each,
+"""The one background sender of a host (docs/webhooks.md): claims due outbox rows, makes one attempt each,
 and records it.
 
 Loop: claim up to the free slots of :data:`CONCURRENCY` due deliveries (:meth:`Store.claim_deliveries`: one
@@ -14,7 +14,7 @@ timeout, a connection error, a refused destination) is retried on :mod:`.schedul
 deadline, then ``expired``. The secret, the URL (its query may carry a token) and response bodies are never
 logged; logs carry the delivery id, endpoint id, outcome and status.
 
-Source: docs/webhooks.md "Webhooks"; ARCHITECTURE.md §10 (one sender per host; claims on the database's clock).
+Source: docs/webhooks.md; ARCHITECTURE.md §10 (one sender per host; claims on the database's clock).
 """
 
 from __future__ import annotations
@@ -97,15 +97,21 @@ class WebhookSender:
         self._wake.set()
 
     async def run(self) -> None:
-        """Deliver until cancelled (then the in-flight attempts are cancelled; their claims expire)."""
+        """Deliver until cancelled (then the in-flight attempts are cancelled; their claims expire).
+
+        The wait between steps is a timer setting the wake event, not ``asyncio.wait_for``: before Python
+        3.12, ``wait_for`` swallows a cancellation that arrives as the awaited event completes (a delivery
+        ending wakes the loop), and the sender, hence the host's shutdown, would never stop."""
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 await self.step()
                 self._wake.clear()
+                timer = loop.call_later(self.poll_s, self._wake.set)
                 try:
-                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
-                except asyncio.TimeoutError:
-                    pass
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
         finally:
             for task in list(self._tasks):
                 task.cancel()

@@ -4,7 +4,7 @@ Headers: ``webhook-id`` (the delivery's id, the same on every attempt), ``webhoo
 attempt's time, integer seconds since the epoch: receivers refuse ones more than 5 minutes away, so each
 attempt is signed anew), ``webhook-signature`` (``v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">``).
 
-Source: docs/webhooks.md "Webhooks" (signature verification); the Standard Webhooks specification.
+Source: docs/webhooks.md (signature verification); the Standard Webhooks specification.
 """
 
 from __future__ import annotations
