@@ -5,6 +5,7 @@ state and its wait. The rule: register interest first (take
 :meth:`ChangeSignal.changed`, or remember :attr:`ChangeSignal.version`),
 then read, then wait on what it took. A change after that point has already
 set the event (or bumped the version), so the wait returns at once.
+:func:`cancel_all` ends such followers and other background tasks at shutdown.
 
 Source: docs/ARCHITECTURE.md §10 (live followers).
 """
@@ -12,6 +13,8 @@ Source: docs/ARCHITECTURE.md §10 (live followers).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
+from typing import Any
 
 
 class ChangeSignal:
@@ -44,3 +47,22 @@ class ChangeSignal:
         except asyncio.TimeoutError:
             return False
         return True
+
+
+#: Between two rounds of cancellation of tasks that have not ended, seconds.
+CANCEL_ROUND_S = 0.5
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and return once every one has ended, cancelling again each :data:`CANCEL_ROUND_S`
+    those still running: on Python before 3.12 ``asyncio.wait_for`` can swallow a cancellation that
+    arrives as its awaitable completes, and a loop around such a wait would run on and hold a shutdown
+    forever. Exceptions of the tasks are retrieved (not raised)."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_ROUND_S)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()

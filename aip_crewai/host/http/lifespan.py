@@ -22,6 +22,7 @@ import httpx
 import structlog
 from starlette.applications import Starlette
 
+from ...plumbing.wakeup import cancel_all
 from ..actions import recovery
 from ..actions.dispatch import Dispatcher
 from ..actions.service import ActionService
@@ -187,9 +188,7 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
                 try:
                     yield
                 finally:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
+                    await cancel_all(tasks)
         finally:
             app.state.host = None
             setup.authenticator.claims = None
@@ -281,7 +280,5 @@ async def serve_actions(
         live = service.live.tasks()
         if live:
             log.info("draining_dispatches", count=len(live))
-            _, pending = await asyncio.wait(live, timeout=DRAIN_S)
-            for task in pending:
-                task.cancel()
-        await asyncio.gather(*tasks, *live, return_exceptions=True)
+            await asyncio.wait(live, timeout=DRAIN_S)
+        await cancel_all([*tasks, *live])
