@@ -313,8 +313,8 @@ class Dispatcher:
             except ConnectorStreamSilent as exc:
                 failure: ConnectorError = exc
             except ConnectorTransport as exc:
-                if cause is None and job_id == job.job_id and job.dispatch.state == DispatchState.NOT_SENT:
-                    raise  # the start never left: run() retries it (StartNotAdmitted)
+                if cause is None and job.dispatch.state == DispatchState.NOT_SENT:
+                    raise  # the request never left: run() retries a start (StartNotAdmitted), a read fails retryable
                 failure = exc
             except ConnectorInvalidStream as exc:
                 invalid += 1
