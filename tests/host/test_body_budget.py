@@ -8,20 +8,13 @@ import asyncio
 import dataclasses
 
 from kits.hostapp import bearer, envelope, running
+from kits.poll import until_async
 
 from aip_crewai.host.http.state import host_state
 from aip_crewai.host.settings import MIN_BODY_BUDGET_BYTES
 
 PIECE = 20 * 1024
 SLOW_BODIES = 100
-
-
-async def _until(condition, what: str, timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def test_slow_unauthenticated_bodies_are_bounded_in_total_and_authenticated_ones_keep_their_share(
@@ -43,7 +36,7 @@ async def test_slow_unauthenticated_bodies_are_bounded_in_total_and_authenticate
             asyncio.create_task(http.post(post, content=slow_body(PIECE), headers={"Content-Type": "application/json"}))
             for _ in range(SLOW_BODIES)
         ]
-        await _until(lambda: budget.used_bytes == SLOW_BODIES * PIECE, "the slow bodies to hold the budget")
+        await until_async(lambda: budget.used_bytes == SLOW_BODIES * PIECE, what="the slow bodies to hold the budget")
         refused = await http.post(post, content=slow_body(64 * 1024), headers={"Content-Type": "application/json"})
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         error = refused.json()["body"]["error"]["error"]

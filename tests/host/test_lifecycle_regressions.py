@@ -333,21 +333,20 @@ async def test_cancelling_an_action_queued_for_a_retry_stops_it_before_anything_
         assert record.status == "cancelled" and record.dispatch == "not_sent" and len(starts) >= 1
 
 
-async def test_a_blocking_start_stored_still_running_is_corrected_once_the_job_ends(make_app):
-    """Issue 17 item 3: a blocking `knowledge_query` whose wait ended before its job (the sidecar answered
-    504 and the job view still said `running`, as a reference-style sidecar does after `timeout_ms`) is
-    stored `remote_temporary`; it is not final, and the next read after the job ended gives its result."""
-    job = {"status": "running"}
+def late_job_sidecar(action_id: str, job: dict[str, str]) -> httpx.MockTransport:
+    """A sidecar whose blocking ``knowledge_query`` start of ``action_id`` answers 504 (its wait ended before
+    the job), whose job view says ``job["status"]`` and whose journal ends with a completed event."""
+    job_id = f"acme:{action_id}"
 
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/jobs" and request.method == "POST":
             return httpx.Response(504, json={"detail": "the job did not end within timeout_ms"})
-        if request.url.path == "/jobs/acme:kq_1":
+        if request.url.path == f"/jobs/{job_id}":
             done = job["status"] == "completed"
             return httpx.Response(
                 200,
                 json={
-                    "action_id": "acme:kq_1",
+                    "action_id": job_id,
                     "crew_id": "beta",
                     "operation": "knowledge_query",
                     "status": job["status"],
@@ -355,30 +354,43 @@ async def test_a_blocking_start_stored_still_running_is_corrected_once_the_job_e
                     "output": None,
                 },
             )
-        if request.url.path == "/jobs/acme:kq_1/events":
+        if request.url.path == f"/jobs/{job_id}/events":
             return httpx.Response(
                 200, json={"events": [{"event": "completed", "sequence": 1, "data": {"results": ["late"]}}]}
             )
         return FakeSidecar(SIDECAR_TOKEN).handle(request)
 
-    app = make_app(sidecar_transport=httpx.MockTransport(handle))
-    envelope = {
+    return httpx.MockTransport(handle)
+
+
+def knowledge_query_envelope(action_id: str) -> dict:
+    return {
         "aip_version": "1.0",
         "message_type": "aip.core.v1.action",
-        "message_id": "msg_kq_1",
+        "message_id": f"msg_{action_id}",
         "sent_at": "2026-09-21T14:13:20.000Z",
         "body": {
             "action": {
-                "id": "kq_1",
+                "id": action_id,
                 "capability_id": "cap:crewai:beta:knowledge_query",
                 "input": {"query": ["lighthouse"]},
-                "idempotency_key": "k-kq_1",
+                "idempotency_key": f"k-{action_id}",
             }
         },
     }
+
+
+async def test_a_blocking_start_stored_still_running_is_corrected_once_the_job_ends(make_app):
+    """A blocking `knowledge_query` whose wait ended before its job (the sidecar answered 504 and the job
+    view still said `running`, as a reference-style sidecar does after `timeout_ms`) is stored
+    `remote_temporary`; it is not final, and the next read after the job ended gives its result."""
+    job = {"status": "running"}
+    app = make_app(sidecar_transport=late_job_sidecar("kq_1", job))
     async with running(app) as http:
         first = await http.post(
-            "/aip/v1/messages", content=json.dumps(envelope), headers={**CT, **bearer("acme-invoker")}
+            "/aip/v1/messages",
+            content=json.dumps(knowledge_query_envelope("kq_1")),
+            headers={**CT, **bearer("acme-invoker")},
         )
         error = first.json()["body"]["action_result"]["error"]
         assert error["code"] == "connector.crewai.remote_temporary" and error["details"]["remote_status"] == 504
@@ -393,45 +405,13 @@ async def test_a_read_racing_the_reconcilers_correction_answers_the_corrected_re
     """Regression: a read holding the provisional row lost the correction race to the reconciler (its own
     correction changed nothing) and answered the stale `failed` row although `completed` was stored."""
     job = {"status": "running"}
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/jobs" and request.method == "POST":
-            return httpx.Response(504, json={"detail": "the job did not end within timeout_ms"})
-        if request.url.path == "/jobs/acme:kq_2":
-            return httpx.Response(
-                200,
-                json={
-                    "action_id": "acme:kq_2",
-                    "crew_id": "beta",
-                    "operation": "knowledge_query",
-                    "status": job["status"],
-                    "event_count": 2,
-                    "output": None,
-                },
-            )
-        if request.url.path == "/jobs/acme:kq_2/events":
-            return httpx.Response(
-                200, json={"events": [{"event": "completed", "sequence": 1, "data": {"results": ["late"]}}]}
-            )
-        return FakeSidecar(SIDECAR_TOKEN).handle(request)
-
-    app = make_app(sidecar_transport=httpx.MockTransport(handle))
-    envelope = {
-        "aip_version": "1.0",
-        "message_type": "aip.core.v1.action",
-        "message_id": "msg_kq_2",
-        "sent_at": "2026-09-21T14:13:20.000Z",
-        "body": {
-            "action": {
-                "id": "kq_2",
-                "capability_id": "cap:crewai:beta:knowledge_query",
-                "input": {"query": ["lighthouse"]},
-                "idempotency_key": "k-kq_2",
-            }
-        },
-    }
+    app = make_app(sidecar_transport=late_job_sidecar("kq_2", job))
     async with running(app) as http:
-        await http.post("/aip/v1/messages", content=json.dumps(envelope), headers={**CT, **bearer("acme-invoker")})
+        await http.post(
+            "/aip/v1/messages",
+            content=json.dumps(knowledge_query_envelope("kq_2")),
+            headers={**CT, **bearer("acme-invoker")},
+        )
         service = host_state(app).actions
         stale = await service.store.get_action("acme", "kq_2")
         assert stale is not None and stale.status == "failed"

@@ -4,35 +4,20 @@ holds it, the other's does not), new jobs are placed on both, and the drained si
 
 from __future__ import annotations
 
-import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 from kits.host import start_host
 from kits.poll import until
+from kits.sidecar import signal_tree
 
 from aip_crewai.client import new_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420), pytest.mark.host_processes]
 
 RUNS = 20
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (the fork server and its workers), from /proc."""
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except OSError:
-            continue
-        found += [int(c) for c in children]
-        todo += [int(c) for c in children]
-    return found
 
 
 def governed_run(host, action_id: str) -> dict:
@@ -77,8 +62,7 @@ def test_draining_one_of_two_sidecars_of_a_crew_under_load_loses_no_run(sidecar_
                 interval=0.2,
                 what="jobs running on both sidecars",
             )
-            for pid in [first.process.pid, *_descendants(first.process.pid)]:
-                os.kill(pid, signal.SIGUSR1)
+            signal_tree(first.process.pid, signal.SIGUSR1)
             late = [pool.submit(governed_run, host, action_id) for action_id in ids[RUNS // 2 :]]
             results = [future.result(timeout=360) for future in [*early, *late]]
         assert [r["status"] for r in results] == ["completed"] * RUNS, [r.get("error") for r in results]

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from kits.poll import until_async
-from kits.sidecar import TOKEN, child_env, launch, sidecar_command, wait_ready
+from kits.sidecar import TOKEN, child_env, launch, sidecar_command, signal_tree, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.sidecar_jobs]
 
@@ -266,20 +264,6 @@ async def test_a_sidecar_serves_the_jobs_imported_from_a_reference_journal(sidec
     assert done["imported"] is True and failed["imported"] is True
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (the fork server and its workers), from /proc."""
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except OSError:
-            continue
-        found += [int(c) for c in children]
-        todo += [int(c) for c in children]
-    return found
-
-
 async def test_sigusr1_drains_admitted_jobs_to_their_end_refuses_new_ones_then_exits_0(sidecar_factory):
     """A rolling upgrade loses no run: after SIGUSR1 (sent to every process of the sidecar, as `systemctl
     kill` does) the running job completes, a repeat of it is still answered, a new job gets 503
@@ -289,8 +273,7 @@ async def test_sigusr1_drains_admitted_jobs_to_their_end_refuses_new_ones_then_e
         headers = {"Idempotency-Key": "k"}
         running = asyncio.create_task(client.post("/jobs", json=body("drain-1", "slow"), headers=headers))
         await until_async(lambda: sidecar.calls())
-        for pid in [sidecar.process.pid, *_descendants(sidecar.process.pid)]:
-            os.kill(pid, signal.SIGUSR1)
+        signal_tree(sidecar.process.pid, signal.SIGUSR1)
 
         async def draining() -> bool:
             return bool((await client.get("/health")).json()["status"] == "draining")

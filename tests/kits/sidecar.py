@@ -15,6 +15,7 @@ processes and restarts. Processes still alive at teardown are killed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -271,3 +272,20 @@ def post_job(sidecar: Sidecar, action_id: str, crew: str, operation: str, input:
         timeout=240,
         headers={**sidecar.headers, "Idempotency-Key": f"key-{action_id}"},
     )
+
+
+def signal_tree(pid: int, signum: int) -> None:
+    """Send ``signum`` to process ``pid`` and every process below it (the fork server and its workers), as
+    ``systemctl kill`` does to a unit; the tree is read from /proc."""
+    found, todo = [pid], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            children = [int(c) for c in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
+        except OSError:
+            continue
+        found += children
+        todo += children
+    for each in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signum)
