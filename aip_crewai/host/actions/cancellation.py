@@ -14,13 +14,14 @@ import asyncio
 from typing import Any
 
 from ...contracts import operations as ops
-from ...contracts.aip import ActionResult
+from ...contracts.aip import ActionResult, StreamChunk
 from ...contracts.errors import AipError, ConnectorCancelledUnconfirmed, NotCancellable
 from ..auth.principals import Principal
 from .dispatch import Job
 from .lifecycle import CANCEL_OUTCOMES, ActionState, CancelCase, DispatchState, cancel_case, is_terminal
 from .live import LiveAction
-from .normalize import failed_result, result_from_terminal
+from .normalize import failed_result
+from .recovery import from_journal
 from .writer import ActionRuntime
 
 #: Bound of a cancel's wait for the sidecar (a start in flight to be admitted, a followed job to end), seconds.
@@ -138,8 +139,9 @@ async def _stop_remote(
     if is_terminal(record.status):
         return (await runtime.result(record)) or _outcome(CancelCase.STOP_REMOTE, action_id)
     ended = await ended_before_cancel(runtime, job, view) if confirmed else None
+    chunks: list[StreamChunk] = []
     if ended is not None:  # the job finished before the cancel reached it: its real outcome, not `cancelled`
-        result = ended
+        result, chunks = ended  # with its whole stream from the journal: the chunks no dispatch stored
     elif confirmed:
         result = _outcome(
             CancelCase.STOP_REMOTE,
@@ -153,7 +155,7 @@ async def _stop_remote(
             action_id,
             ConnectorCancelledUnconfirmed(operation=job.spec.name, uncertain_outcome=True, dispatch=record.dispatch),
         )
-    await runtime.writer.finish(tenant, action_id, result, None)
+    await runtime.writer.finish(tenant, action_id, result, None, chunks=chunks)
     return (await runtime.result(await runtime.record(tenant, action_id))) or result
 
 
@@ -195,16 +197,34 @@ async def _until_recorded(runtime: ActionRuntime, tenant: str, action_id: str) -
         await asyncio.sleep(RETRY_S)
 
 
-async def ended_before_cancel(runtime: ActionRuntime, job: Job, view: dict[str, Any] | None) -> ActionResult | None:
+async def ended_before_cancel(
+    runtime: ActionRuntime, job: Job, view: dict[str, Any] | None
+) -> tuple[ActionResult, list[StreamChunk]] | None:
     """The sidecar's own terminal result when the cancel found the job already
-    completed or failed (None otherwise, or when it cannot be read)."""
+    completed or failed, with the job's whole stream read back from its journal
+    (:func:`.recovery.from_journal`: the result is settled from the journal, so it
+    carries every chunk); None otherwise, or when it cannot be read. A job that
+    ended but whose stream cannot be read back now is stored provisional
+    (``cancelled_unconfirmed``, ``uncertain_outcome: true``): the reconciler
+    corrects it with its whole stream, never a ``completed`` missing chunks."""
     if (view or {}).get("status") not in ("completed", "failed"):
         return None
     try:
         terminal = await runtime.dispatcher.terminal_event(job)
     except AipError:
         return None
-    return None if terminal is None else result_from_terminal(job.action_id, job.spec, terminal)
+    if terminal is None:
+        return None
+    settled = await from_journal(runtime, job, terminal)
+    if settled is None:
+        unread = ConnectorCancelledUnconfirmed(
+            operation=job.spec.name,
+            uncertain_outcome=True,
+            dispatch=DispatchState.ACKNOWLEDGED.value,
+            details={"job_status": terminal.event},
+        )
+        return failed_result(job.action_id, unread), []
+    return settled
 
 
 async def _until_answered(live: LiveAction, bound_s: float = 10.0) -> None:

@@ -33,7 +33,7 @@ from ..sidecars.client import TASK_RUN_NOT_FOUND, DispatchProgress, SidecarClien
 from ..sidecars.placement import Placement
 from ..tracing import TraceRef
 from .lifecycle import DispatchState
-from .normalize import StreamNormalizer, failed_result, result_from_terminal
+from .normalize import MAX_STREAM_EVENTS, StreamNormalizer, failed_result, result_from_terminal
 
 log = structlog.get_logger(__name__)
 
@@ -127,6 +127,8 @@ class Dispatcher:
             sidecar, or on ``client`` alone).
         locate: the placement of a stored action (the target run of ``status``, ``events`` and
             ``cancel``); default: none known (the crew's first sidecar).
+        max_events: bound on the events of one job's stream (ARCHITECTURE.md §7 "stream"), live or
+            read back from the journal.
     """
 
     def __init__(
@@ -137,9 +139,11 @@ class Dispatcher:
         clients: Mapping[str, SidecarClient] | None = None,
         placement: Placement | None = None,
         locate: Locate | None = None,
+        max_events: int = MAX_STREAM_EVENTS,
     ) -> None:
         self.client = client
         self.max_response_bytes = max_response_bytes
+        self.max_events = max_events
         self.clients = dict(clients or {})
         self.placement = placement or Placement([(name, None) for name in self.clients] or [("sidecar", None)])
         self.locate = locate
@@ -165,6 +169,7 @@ class Dispatcher:
             start_sequence=start_sequence,
             first_chunk_sequence=job.first_chunk_sequence,
             max_response_bytes=self.max_response_bytes,
+            max_events=self.max_events,
         )
 
     async def run(self, job: Job, on_chunks: OnChunks) -> ActionResult:
@@ -427,7 +432,8 @@ class Dispatcher:
         again so a stored terminal event is seen (the store skips sequences it
         has), live to the terminal event. AIP chunk sequences equal sidecar
         sequences for streamed starts, so ``job.first_chunk_sequence`` (the
-        stored chunk count) is the cursor.
+        stored chunk count) is the cursor. With ``first_chunk_sequence`` 0, the job's whole
+        stream is read back (a result settled from the journal backfills it: ``recovery.from_journal``).
 
         A 416 (the sidecar lost events it had streamed but not journaled
         before a crash of its own) falls back to the job's terminal event.
@@ -445,6 +451,7 @@ class Dispatcher:
             start_sequence=cursor,
             first_chunk_sequence=cursor,
             max_response_bytes=self.max_response_bytes,
+            max_events=self.max_events,
         )
         try:
             terminal = await self._follow(

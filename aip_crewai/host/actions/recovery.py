@@ -17,16 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 import msgspec
 import structlog
 
 from ...contracts import operations as ops
-from ...contracts.aip import ActionResult
-from ...contracts.errors import AipError, ConnectorCancelledUnconfirmed
+from ...contracts.aip import ActionResult, StreamChunk
+from ...contracts.errors import (
+    AipError,
+    ConnectorCancelledUnconfirmed,
+    ConnectorInvalidStream,
+    ConnectorResponseTooLarge,
+)
+from ...contracts.sidecar import JobEvent
+from ..sidecars.client import DispatchProgress
 from ..store.store import ActionRecord, LeaseLost, StoreUnavailable
 from .chunk_sink import ChunkSink
-from .dispatch import DispatchDeferred, StartNotAdmitted
+from .dispatch import DispatchDeferred, Job, StartNotAdmitted
 from .lifecycle import (
     CANCEL_OUTCOMES,
     PROVISIONAL_CODES,
@@ -49,8 +57,15 @@ EXPIRY_SWEEP_S = 5.0
 #: How often running actions no task here follows are reconciled with the sidecar, seconds.
 RECONCILE_S = 5.0
 #: Bound of one correction of a provisional result (its sidecar reads), seconds: a frozen sidecar
-#: must hold neither a tenant's read nor the reconciler's pass.
+#: must hold neither a tenant's read nor the reconciler's pass. A tenant's read waits at most this for the
+#: whole correction; the reconciler waits this for the job's view, then :data:`BACKFILL_BOUND_S`.
 CORRECT_BOUND_S = 3.0
+#: Bound of reading an ended job's whole journal back (the stream a correction backfills), once the sidecar
+#: answered for the job, seconds: a long stream (up to the response bound) takes longer than one view.
+BACKFILL_BOUND_S = 30.0
+#: ``reconciled`` of a correction whose journal the host's normalizer refuses (over a bound, invalid on every
+#: read): the live stream's own typed error, final (ARCHITECTURE.md §9 "Final results").
+JOURNAL_REFUSED = "journal_refused"
 
 
 async def sweep_expired(runtime: ActionRuntime) -> None:
@@ -131,7 +146,7 @@ async def correct_provisional(runtime: ActionRuntime) -> None:
         return
     for record in candidates:
         try:
-            await asyncio.wait_for(correct(runtime, record), CORRECT_BOUND_S)
+            await correct(runtime, record)  # bounded inside: the view, then the journal read back
         except asyncio.TimeoutError:  # the sidecar does not answer (frozen): the next pass tries again
             log.warning("correction_deferred", action_id=record.action_id)
             return
@@ -155,17 +170,23 @@ def is_final(record: ActionRecord, result: ActionResult | None) -> bool:
 async def correct(runtime: ActionRuntime, record: ActionRecord) -> ActionRecord | None:
     """Correct one stored result that is not final from the sidecar's job
     (ARCHITECTURE.md §9 "Final results"): the job's terminal event replaces
-    it (``correct_*``); a job the sidecar does not know (404: never admitted,
+    it (``correct_*``), with the job's whole stream read back from the journal
+    (:func:`from_journal`): the chunks the host did not store are backfilled in
+    the same fenced write, so a corrected action carries every chunk, in order,
+    ending with ``done``; a job the sidecar does not know (404: never admitted,
     or archived) leaves the result as it is, marked ``reconciled:
     "job_unknown"`` (final: there is nothing more to learn); a job still
     running, or a sidecar that cannot be read, changes nothing now.
-    Returns the corrected record, or None when nothing changed."""
+    Returns the corrected record, or None when nothing changed.
+
+    Raises:
+        asyncio.TimeoutError: the job's view did not answer within :data:`CORRECT_BOUND_S`."""
     result = await runtime.result(record)
     if is_final(record, result) or result is None or result.error is None:
         return None
     job = runtime.job(record, stream=False)
     try:
-        terminal = await runtime.dispatcher.terminal_event(job)
+        terminal = await asyncio.wait_for(runtime.dispatcher.terminal_event(job), CORRECT_BOUND_S)
     except AipError as exc:
         if exc.details.get("remote_status") != 404:
             return None
@@ -175,7 +196,48 @@ async def correct(runtime: ActionRuntime, record: ActionRecord) -> ActionRecord 
         return await runtime.writer.correct(record, msgspec.structs.replace(result, error=error), dispatch=None)
     if terminal is None:
         return None
-    return await runtime.writer.correct(record, result_from_terminal(record.action_id, job.spec, terminal))
+    settled = await from_journal(runtime, job, terminal)
+    if settled is None:
+        return None
+    return await runtime.writer.correct(record, settled[0], chunks=settled[1])
+
+
+async def from_journal(
+    runtime: ActionRuntime, job: Job, terminal: JobEvent
+) -> tuple[ActionResult, list[StreamChunk]] | None:
+    """What an ended job's journal says, for a result settled from it rather than from the host's own
+    stream (a correction, :func:`correct`; a cancel that found the job ended, :mod:`.cancellation`):
+    ``(result, chunks)``, the result of its terminal event (``terminal``, already read) and, for a streamed
+    operation, its WHOLE stream read back from the first event (``GET /jobs/{id}/events`` as SSE, cursor
+    0) through the host's own normalizer (:meth:`.Dispatcher.resume`: the same sequence, frame, event-count
+    and response bounds as a live stream, the same bounded rereads of a broken read), chunk sequences
+    equal to the journal's. The writer stores the chunks the action lacks with the result, in one fenced
+    write (:meth:`~.writer.ActionWriter.correct`, :meth:`~.writer.ActionWriter.finish`).
+
+    A journal the normalizer refuses (over a bound, or invalid on every read) ends as a live stream
+    would: ``failed`` with its typed error (``connector.crewai.response_too_large`` or
+    ``invalid_stream``), marked ``reconciled``: :data:`JOURNAL_REFUSED` and ``job_status`` (final), with
+    the valid chunks before the refusal. None: the journal cannot be read whole now (unreachable,
+    silent, gone, past :data:`BACKFILL_BOUND_S`); the next pass tries again. ARCHITECTURE.md §9 "Final results"."""
+    if not job.spec.stream:  # a blocking operation: the host stores no stream of it
+        return result_from_terminal(job.action_id, job.spec, terminal), []
+    chunks: list[StreamChunk] = []
+
+    async def collect(batch: list[StreamChunk]) -> None:
+        chunks.extend(batch)
+
+    # From the first event; the sidecar answered for the job, so its start was admitted.
+    reader = dataclasses.replace(job, first_chunk_sequence=0, dispatch=DispatchProgress(DispatchState.ACKNOWLEDGED))
+    try:
+        result = await asyncio.wait_for(runtime.dispatcher.resume(reader, collect), BACKFILL_BOUND_S)
+    except (ConnectorInvalidStream, ConnectorResponseTooLarge) as exc:
+        exc.details.update(reconciled=JOURNAL_REFUSED, job_status=terminal.event)
+        log.warning("journal_refused", action_id=job.action_id, code=exc.code, chunks=len(chunks))
+        result = failed_result(job.action_id, exc)
+    except (AipError, DispatchDeferred, StartNotAdmitted, asyncio.TimeoutError) as exc:
+        log.warning("journal_read_deferred", action_id=job.action_id, error=type(exc).__name__)
+        return None
+    return result, chunks
 
 
 async def _settle(runtime: ActionRuntime, record: ActionRecord, *, reread: bool = False) -> None:

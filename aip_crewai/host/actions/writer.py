@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
-from ...contracts.aip import ActionResult
+from ...contracts.aip import ActionResult, StreamChunk
 from ...contracts.errors import ApprovalExpired, CapabilityRevoked
 from ...tracing import current_traceparent
 from ..auth.principals import Principal
@@ -45,6 +45,11 @@ from .normalize import failed_result
 log = structlog.get_logger(__name__)
 
 _encode = msgspec.json.Encoder()
+
+
+def _rows(chunks: Sequence[StreamChunk]) -> list[tuple[int, str]]:
+    """``(sequence, chunk_json)`` pairs of ``chunks``, as the store keeps them (:class:`.chunk_sink.ChunkSink`)."""
+    return [(c.sequence, _encode.encode(c).decode()) for c in chunks]
 
 
 def _sources(event: ActionEvent, only_from: ActionState | None = None) -> list[str]:
@@ -229,13 +234,20 @@ class ActionWriter:
         )
 
     async def correct(
-        self, record: ActionRecord, result: ActionResult, dispatch: DispatchState | None = DispatchState.ACKNOWLEDGED
+        self,
+        record: ActionRecord,
+        result: ActionResult,
+        dispatch: DispatchState | None = DispatchState.ACKNOWLEDGED,
+        *,
+        chunks: Sequence[StreamChunk] = (),
     ) -> ActionRecord | None:
         """``correct_*``: replace ``record``'s provisional stored result
         (:func:`~.lifecycle.result_is_final` is false for it) with ``result``,
         what the sidecar's journal says (ARCHITECTURE.md §9 "Final results").
         Only while the stored result is still the one read (a concurrent
         correction wins). ``dispatch``: moved forward to this (None: kept).
+        ``chunks``: the job's whole stream as re-normalized from the journal; the ones the store lacks
+        are backfilled in the same fenced write as the result (:meth:`Store.update_action` ``chunks=``).
         Returns the corrected record, or None."""
         if record.result_json is None:
             raise ValueError("only a stored result can be corrected")
@@ -250,11 +262,16 @@ class ActionWriter:
             result_json=_encode.encode(result).decode(),
             replacing=record.result_json,
             seal=seal,
+            chunks=_rows(chunks),
         )
         if changed is not None:
             self.sealer.count(seal)
         log.info(
-            "action_result_corrected", action_id=record.action_id, status=result.status, changed=changed is not None
+            "action_result_corrected",
+            action_id=record.action_id,
+            status=result.status,
+            changed=changed is not None,
+            backfilled=changed.chunk_count - record.chunk_count if changed is not None else 0,
         )
         return changed
 
@@ -292,11 +309,14 @@ class ActionWriter:
         only_from: ActionState | None = None,
         settle_dispatch: bool = False,
         unstarted: bool = False,
+        chunks: Sequence[StreamChunk] = (),
     ) -> ActionRecord | None:
         """Store a final result: ``event`` (default: complete / fail / cancel
         by the result's status) from its table sources, or only from
         ``only_from``. ``settle_dispatch``: the dispatch's own final word. ``unstarted``: only while
-        no start of it can be on its way to a sidecar (:meth:`Store.update_action`).
+        no start of it can be on its way to a sidecar (:meth:`Store.update_action`). ``chunks``: a result
+        settled from the sidecar's journal carries its whole stream: the chunks the store lacks are
+        appended in the same fenced write (as :meth:`correct`).
 
         Returns the stored record, or None when the action was in no source
         state (another writer's result stands)."""
@@ -321,6 +341,7 @@ class ActionWriter:
             settle_dispatch=settle_dispatch,
             seal=seal,
             unstarted=unstarted,
+            chunks=_rows(chunks),
         )
         log.info("action_finished", status=result.status, changed=changed is not None)
         if changed:

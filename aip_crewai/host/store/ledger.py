@@ -5,7 +5,8 @@ in the result's own transaction; the usage totals and receipts read back). Funct
 :class:`~aip_crewai.host.store.store.Store`, one of its base classes), which document the arguments.
 
 A batch is one transaction: sequences already stored are skipped, nothing is appended once the action is
-terminal (no chunk ever follows the result), the action's ``chunk_count`` and its dispatch (forward only)
+terminal (no chunk ever follows the result; only a correction's own write backfills the chunks of the stream
+its result ends, :func:`backfill_now`), the action's ``chunk_count`` and its dispatch (forward only)
 move with it, and a shared store's followers are notified at its commit (:func:`.notify.send`). A batch
 written on behalf of an action whose dispatch lease this host holds is conditional on its fencing token
 (:mod:`.leases`): a stale holder's batch is refused whole.
@@ -32,6 +33,7 @@ __all__ = [
     "RECEIPTS_OF_ACTION",
     "LedgerMethods",
     "append_now",
+    "backfill_now",
     "seal_now",
     "usage_totals",
 ]
@@ -71,6 +73,29 @@ LIST_CHUNKS = (
 )
 
 
+_INSERT_CHUNK = (
+    "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (tenant, action_id, sequence) DO NOTHING"
+)
+
+
+def backfill_now(db: Db, record: ActionRecord, chunks: Sequence[tuple[int, str]]) -> ActionRecord:
+    """Inside a correction's write (on the worker, in the transaction that just replaced ``record``'s result
+    under the writer's fence, :meth:`Store.update_action` ``chunks=``): insert the ``(sequence, chunk_json)``
+    pairs the action lacks, keyed by sequence (one already stored is never duplicated nor changed), and
+    count them in ``chunk_count``. The one write that adds chunks to an ended action: its stream, backfilled
+    from the sidecar's journal (ARCHITECTURE.md §9 "Final results"). Returns ``record`` with its new count."""
+    if not chunks:
+        return record
+    inserted = db.change_many(_INSERT_CHUNK, [(record.tenant, record.action_id, seq, text) for seq, text in chunks])
+    if inserted:
+        db.change(
+            "UPDATE actions SET chunk_count = chunk_count + ? WHERE tenant = ? AND action_id = ?",
+            (inserted, record.tenant, record.action_id),
+        )
+    return dataclasses.replace(record, chunk_count=record.chunk_count + inserted)
+
+
 def append_now(
     db: Db,
     tenant: str,
@@ -101,11 +126,7 @@ def append_now(
             return 0  # the result is written: a late batch (a discarded dispatch's) never follows it
         if state and not state[0][1]:
             return -1  # the writer's lease token is not current (checked under the writer lock)
-        inserted = db.change_many(
-            "INSERT INTO chunks (tenant, action_id, sequence, chunk_json) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (tenant, action_id, sequence) DO NOTHING",
-            rows,
-        )
+        inserted = db.change_many(_INSERT_CHUNK, rows)
         db.change(
             "UPDATE actions SET chunk_count = chunk_count + ?, "
             f"dispatch = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND ? > {DISPATCH_RANK_SQL} "

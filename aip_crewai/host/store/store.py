@@ -74,7 +74,7 @@ from .engines.engine import Db
 from .engines.postgres import CallGuard, PostgresDb, StoreTimeouts, is_postgres_url, open_postgres_pool
 from .engines.sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
 from .leases import LeaseMethods
-from .ledger import LedgerMethods, seal_now
+from .ledger import LedgerMethods, backfill_now, seal_now
 from .migrations import MIGRATIONS, migrate
 from .outbox import OutboxMethods
 from .records import (
@@ -451,6 +451,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         seal: Seal | None = None,
         sidecar: str | None = None,
         unstarted: bool = False,
+        chunks: Sequence[tuple[int, str]] = (),
     ) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
@@ -466,8 +467,12 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         ``sidecar``: the action's placement (docs/operating.md "Several sidecars"; None keeps the stored one).
         ``unstarted``: only while no start can be on its way to a sidecar (:func:`.sql.action_update`): a
         cancel serialized with the ``mark_sent`` of a dispatch on any host (ARCHITECTURE.md §8).
-        When this host holds the action's dispatch lease, the write (with what the result leaves) applies
-        only while its fencing token is current (:mod:`.leases`).
+        ``chunks``: ``(sequence, chunk_json)`` pairs of the stream the stored result ends, read back from the
+        sidecar's journal (a result corrected or settled from it): those the action lacks are appended in
+        the SAME transaction, only when the row changed, keyed by sequence (never a duplicate), even though
+        the action is now ended (:func:`.ledger.backfill_now`; ARCHITECTURE.md §9 "Final results").
+        When this host holds the action's dispatch lease, the write (with what the result leaves and the
+        chunks) applies only while its fencing token is current (:mod:`.leases`).
 
         Returns:
             The updated record when the row changed, else None.
@@ -497,21 +502,27 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
             update = (update[0].replace(" RETURNING ", f"{fence} RETURNING ", 1), (*update[1], *fence_params))
         fenced = bool(fence)
         seal = self._with_outbox(seal)
+        backfill = tuple(chunks)
         record: ActionRecord | None
-        if seal is None:
+        if seal is None and not backfill:
             record = await self._run(self._write_now, durable, lambda: self._update_now(update, fenced=fenced))
-        else:  # the result and what it leaves in one transaction, under the same fence
+        else:  # the result, its chunks and what it leaves in one transaction, under the same fence
             record = await self._run(
                 self._write_now,
                 durable,
-                lambda: self._transaction_now(lambda: self._update_now(update, seal, fenced=fenced)),
+                lambda: self._transaction_now(lambda: self._update_now(update, seal, fenced=fenced, chunks=backfill)),
             )
         if record is not None and is_terminal(record.status):
             self._tokens.pop((tenant, action_id), None)  # no lease once it has ended
         return record
 
     def _update_now(
-        self, update: tuple[str, tuple[Any, ...]], seal: Seal | None = None, *, fenced: bool = False
+        self,
+        update: tuple[str, tuple[Any, ...]],
+        seal: Seal | None = None,
+        *,
+        fenced: bool = False,
+        chunks: Sequence[tuple[int, str]] = (),
     ) -> ActionRecord | None:
         rows = self._fetch_now(*update)
         if not rows:
@@ -519,7 +530,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
                 tenant, action_id = update[1][9], update[1][10]  # see :func:`.sql.action_update`
                 self._check_fence_now(tenant, action_id)
             return None
-        record = ActionRecord(*rows[0])
+        record = backfill_now(self._db, ActionRecord(*rows[0]), chunks)
         if seal is not None:
             record = seal_now(self._db, record, seal)
         notify.send(self._db, record.tenant, record.action_id)  # a shared store's followers: at the commit
