@@ -19,6 +19,7 @@ from kits.poll import until_async
 
 from aip_crewai.contracts.aip import ActionResult
 from aip_crewai.host.http.state import host_state
+from aip_crewai.sse import encode_event
 
 CT = {"Content-Type": "application/aip+json"}
 
@@ -277,7 +278,11 @@ async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journa
                 },
             )
         if request.url.path == "/jobs/acme:prov_1/events":
-            return httpx.Response(200, json={"events": [{"event": "failed", "sequence": 0, "data": journal_says}]})
+            event = {"event": "failed", "sequence": 0, "data": journal_says}
+            if "text/event-stream" in request.headers.get("accept", ""):  # the journal read back whole
+                frame = encode_event(json.dumps(event), event="failed", id="0")
+                return httpx.Response(200, content=frame, headers={"content-type": "text/event-stream"})
+            return httpx.Response(200, json={"events": [event]})
         return fake.handle(request)
 
     app = make_app(sidecar_transport=httpx.MockTransport(handle))
