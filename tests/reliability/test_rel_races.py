@@ -105,7 +105,8 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
 @pytest.mark.timeout(30)
 async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome(tmp_path):
     """Regression: when the sidecar answered a cancel with an already completed job and no stream delivered
-    the result, the host recorded `cancelled`; it now records the job's own terminal result."""
+    the result, the host recorded `cancelled`; it now records the job's own terminal result, with the job's
+    whole stream from the journal (issue 29: a result settled from the journal carries every chunk)."""
     from kits.fake_sidecar import FakeSidecar
 
     from aip_crewai.contracts import operations as ops
@@ -131,12 +132,11 @@ async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome
         job = Job(
             tenant="acme", action_id="act_f", crew_id="support", spec=ops.get("run"), input={}, idempotency_key="k"
         )
-        result = await cancellation.ended_before_cancel(service, job, {"status": "completed"})
-        assert (
-            result is not None
-            and result.status == "completed"
-            and result.output == fake.jobs["acme:act_f"].events[-1]["data"]
-        )
+        ended = await cancellation.ended_before_cancel(service, job, {"status": "completed"})
+        assert ended is not None
+        result, chunks = ended  # with the job's whole stream, read back from its journal
+        assert result.status == "completed" and result.output == fake.jobs["acme:act_f"].events[-1]["data"]
+        assert [c.sequence for c in chunks] == [0, 1, 2] and chunks[-1].kind == "done"
         assert await cancellation.ended_before_cancel(service, job, {"status": "cancelled"}) is None
     finally:
         await store.close()
