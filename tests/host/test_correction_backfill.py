@@ -262,6 +262,43 @@ async def test_a_cancel_that_finds_the_job_completed_stores_it_with_every_chunk(
     assert [c["sequence"] for c in chunks] == list(range(EVENTS)) and chunks[-1]["kind"] == "done"
 
 
+async def test_a_cancel_that_finds_the_job_ended_but_cannot_read_its_stream_stores_it_provisional(
+    service_with, monkeypatch
+):
+    """Never ``completed`` without its chunks: ``cancelled_unconfirmed`` (uncertain), which the reconciler
+    corrects with the whole stream once the journal can be read."""
+
+    class Unreachable(JournalSidecar):
+        def handle(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/jobs/acme:e2" and self.streams > 0 and self.faults:
+                raise httpx.ConnectError("connection refused", request=request)
+            return super().handle(request)
+
+    monkeypatch.setattr(dispatch, "READ_RETRY_BUDGET_S", 0.0)
+    sidecar = Unreachable(["reset", "never popped: the view refuses while this is here"])
+    service = await service_with(sidecar)
+    sidecar._admit({"crew_id": "support", "action_id": "acme:e2", "operation": "run", "input": {}})
+    job = service.job(
+        (
+            await service.writer.create(
+                ActionEvent.ADMIT, "acme", "e2", "cap:crewai:support", "support", "run", "{}", "h", "svc:acme", None
+            )
+        )[1],
+        stream=True,
+    )
+    ended = await cancellation.ended_before_cancel(service, job, {"status": "completed"})
+    assert ended is not None
+    result, chunks = ended
+    assert result.status == "failed" and chunks == []
+    assert result.error.code == "connector.crewai.cancelled_unconfirmed"
+    assert result.error.details["uncertain_outcome"] is True and result.error.details["job_status"] == "completed"
+    stored = await service.writer.finish("acme", "e2", result, None)
+    assert not is_final(stored, await service.result(stored))
+    sidecar.faults.clear()  # the sidecar answers again: the correction brings the whole stream
+    corrected = await correct(service, stored)
+    assert corrected is not None and corrected.status == "completed" and corrected.chunk_count == EVENTS
+
+
 # --- bounds: a journal over the stream's bounds ends in the live stream's typed error ----------------------
 
 
