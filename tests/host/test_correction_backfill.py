@@ -1,5 +1,5 @@
-"""A result corrected from the sidecar's journal carries the job's whole stream (issues 29 and 30,
-ARCHITECTURE.md §9 "Final results"): after a stream that repeated a sequence, ended early or was reset more
+"""A result corrected from the sidecar's journal carries the job's whole stream (ARCHITECTURE.md §9
+"Final results"): after a stream that repeated a sequence, ended early or was reset more
 often than the dispatch rereads it, the action first fails provisionally with the chunks before the break;
 its correction reads the journal back from the first event through the host's normalizer and backfills the
 chunks the host did not store, so it ends ``completed`` with every chunk, in order, ending with ``done``. The

@@ -106,7 +106,7 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
 async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome(tmp_path):
     """Regression: when the sidecar answered a cancel with an already completed job and no stream delivered
     the result, the host recorded `cancelled`; it now records the job's own terminal result, with the job's
-    whole stream from the journal (issue 29: a result settled from the journal carries every chunk)."""
+    whole stream from the journal (a result settled from the journal carries every chunk)."""
     from kits.fake_sidecar import FakeSidecar
 
     from aip_crewai.contracts import operations as ops
