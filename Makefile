@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m aip_crewai.examples.demo
+	$(PY) -m aip_crewai.examples.demo $(if $(filter 1 yes true,$(WEBHOOKS)),--webhooks)
 
 # The gates (ruff lint and format check, mypy), then the whole suite.
 test: $(STAMP)
