@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m aip_crewai.examples.demo
+	$(PY) -m aip_crewai.examples.demo $(if $(filter 1 yes true,$(WEBHOOKS)),--webhooks)
 
 # The gates (ruff lint and format check, mypy), then the whole suite.
 test: $(STAMP)
@@ -93,7 +93,7 @@ check: $(STAMP)
 # bench/__init__.py). MYPYPATH: tests (kits, pgserver, storebackend), every folder whose own helper modules its tests
 # import, and the example deployment's modules that tests/realcrews imports. A folder without modules (tests/snapshots:
 # committed schemas) is passed over. Stops at the first folder with errors.
-TESTS_MYPYPATH := tests:tests/conformance:tests/realcrews:tests/reliability:tests/sidecar:examples/realcrews
+TESTS_MYPYPATH := tests:tests/browser:tests/conformance:tests/realcrews:tests/reliability:tests/sidecar:examples/realcrews
 TESTS_MYPY = MYPYPATH=$(TESTS_MYPYPATH) $(PY) -m mypy --config-file tests/mypy.ini
 check-tests: $(STAMP)
 	@for d in tests/*/; do \

@@ -8,12 +8,19 @@ streams the chunks as they arrive, prints the result, the ``:status`` and
 ``:events`` views, runs a ``:knowledge_query``, and shuts both processes
 down. Process logs go to ``.run/*.log``. No network beyond loopback.
 
-Run it with ``make run`` (or ``python -m aip_crewai.examples.demo [--run-dir DIR]``).
+With ``--webhooks`` (``make run WEBHOOKS=1``) it also starts the example receiver
+(:mod:`aip_crewai.examples.webhook_receiver`) on loopback, writes a 0600 ``whsec_`` secret
+(``.run/secrets/webhook.whsec``), gives the tenant a ``[[webhooks]]`` entry with all five events and a
+short retry schedule (:data:`WEBHOOK_TOML`), and shows each verified delivery where the flow makes it
+(docs/webhooks.md "The demo").
+
+Run it with ``make run`` (or ``python -m aip_crewai.examples.demo [--run-dir DIR] [--webhooks]``).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -22,12 +29,13 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from aip_crewai.client import AipClient, new_id
-from aip_crewai.plumbing.keys import generate_ed25519, generate_token, load_ed25519
+from aip_crewai.plumbing.keys import generate_ed25519, generate_token, load_ed25519, write_private
 
 CREW = "support-triage"
 APPROVER = "human:acme-approver"
@@ -54,12 +62,42 @@ def say_json(label: str, value: dict[str, Any]) -> None:
         say(textwrap.fill(f"{name} = {json.dumps(item)}", WIDTH, initial_indent="     ", subsequent_indent="       "))
 
 
+def say_wrapped(text: str) -> None:
+    """``text`` indented and wrapped at :data:`WIDTH` columns."""
+    say(textwrap.fill(text, WIDTH, initial_indent="   ", subsequent_indent="     ", break_on_hyphens=False))
+
+
 def step(number: int, text: str) -> None:
     say(f"\n== {number}. {text}")
 
 
-def write_config(run: Path) -> dict[str, int]:
-    """Credentials and configuration for both processes; returns paths and ports."""
+#: The demo tenant's ``[[webhooks]]`` entry (``--webhooks``): every event, retried after 0.5 s up to 5 s, for
+#: 5 minutes. ``{url}``: the receiver's.
+WEBHOOK_TOML = """
+[[webhooks]]
+tenant = "acme"
+url = "{url}"
+secret_file = "../secrets/webhook.whsec"
+events = ["approval.requested", "approval.decided", "action.completed", "action.failed", "action.cancelled"]
+timeout_seconds = 5
+deadline_seconds = 300
+retry_initial_seconds = 0.5
+retry_max_seconds = 5
+"""
+
+
+def write_webhook_secret(run: Path) -> Path:
+    """A new Standard Webhooks secret (``whsec_`` + base64 of 32 random bytes) in ``run/secrets/webhook.whsec``,
+    mode 0600; returns its path."""
+    (run / "secrets").mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = run / "secrets" / "webhook.whsec"
+    write_private(path, b"whsec_" + base64.b64encode(os.urandom(32)) + b"\n")
+    return path
+
+
+def write_config(run: Path, webhook_url: str | None = None) -> dict[str, int]:
+    """Credentials and configuration for both processes; returns paths and ports. ``webhook_url``: add the
+    demo tenant's :data:`WEBHOOK_TOML` entry (its secret: :func:`write_webhook_secret`)."""
     for sub in ("sidecar", "host", "secrets"):
         (run / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     secrets = run / "secrets"
@@ -106,6 +144,7 @@ def write_config(run: Path) -> dict[str, int]:
         roles = ["approver"]
         ed25519_public_key = "{approver_key}"
         """)
+        + (WEBHOOK_TOML.format(url=webhook_url) if webhook_url else "")
     )
     return {"sidecar_port": sidecar_port, "host_port": host_port}
 
@@ -128,7 +167,75 @@ WIDTH = 96
 START_ATTEMPTS = 3
 
 
-def start_both(run: Path) -> tuple[dict[str, int], subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+class ReceiverProcess:
+    """The example receiver in a process of its own (``--webhooks``): its stdout lines (one per verified
+    event) are collected by a thread; :meth:`wait_for` takes them in order, so the demo shows each where the
+    flow makes it. Its stderr goes to ``run/receiver.log``."""
+
+    def __init__(self, run: Path, secret: Path) -> None:
+        self._log = (run / "receiver.log").open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "aip_crewai.examples.webhook_receiver", "--secret-file", str(secret), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            text=True,
+        )
+        self._lines: list[str] = []
+        self._shown = 0
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+        first = self.wait_for("listening on ", 30)
+        if first is None:
+            self.close()
+            raise RuntimeError(f"the webhook receiver did not start (see {run}/receiver.log)")
+        self.url = first.removeprefix("listening on ")
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._changed:
+                self._lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for(self, prefix: str, timeout_s: float) -> str | None:
+        """The first line not yet taken that starts with ``prefix`` (lines before it are taken too), waiting
+        at most ``timeout_s`` seconds; None when none came."""
+        end = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                for index in range(self._shown, len(self._lines)):
+                    if self._lines[index].startswith(prefix):
+                        self._shown = index + 1
+                        return self._lines[index]
+                left = end - time.monotonic()
+                if left <= 0 or self.process.poll() is not None:
+                    return None
+                self._changed.wait(left)
+
+    def show(self, event_type: str, timeout_s: float = 30) -> None:
+        """Print the receiver's line for the next ``event_type`` delivery (or that none came in time)."""
+        line = self.wait_for(event_type, timeout_s)
+        say_wrapped(
+            f"webhook receiver: {line}" if line else f"webhook receiver: no {event_type} within {timeout_s:.0f} s"
+        )
+
+    def close(self) -> None:
+        """Stop the receiver; print what it received that was not shown."""
+        stop(self.process, "webhook receiver")
+        with self._changed:
+            rest, self._shown = self._lines[self._shown :], len(self._lines)
+        for line in rest:
+            say_wrapped(f"webhook receiver: {line}")
+        self._log.close()
+
+
+def start_both(
+    run: Path, webhook_url: str | None = None
+) -> tuple[dict[str, int], subprocess.Popen[bytes], subprocess.Popen[bytes]]:
     """Write the configuration, start the sidecar and the host, wait for the host's ``/ready``.
 
     Returns ``(ports, sidecar, host)``. A process that exits while waiting (for
@@ -137,7 +244,7 @@ def start_both(run: Path) -> tuple[dict[str, int], subprocess.Popen[bytes], subp
     every attempt failed and ``TimeoutError`` after 120 s without ``/ready``.
     """
     for attempt in range(1, START_ATTEMPTS + 1):
-        ports = write_config(run)
+        ports = write_config(run, webhook_url)
         step(
             1, f"starting the sidecar (127.0.0.1:{ports['sidecar_port']}) and the host (127.0.0.1:{ports['host_port']})"
         )
@@ -249,7 +356,7 @@ def excerpt(text: str, limit: int = 240) -> str:
     return text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-def stop(process: subprocess.Popen[bytes], name: str) -> None:
+def stop(process: subprocess.Popen[bytes] | subprocess.Popen[str], name: str) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
@@ -269,12 +376,24 @@ def text_of(envelope: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", default=".run", help="scratch directory (recreated; default %(default)s)")
+    parser.add_argument(
+        "--webhooks", action="store_true", help="also deliver the tenant's webhooks to a local example receiver"
+    )
     args = parser.parse_args(argv)
     run = Path(args.run_dir).resolve()
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(mode=0o700, parents=True)
     say("aip-crewai demo: a governed CrewAI run through the AIP host (offline crew, no network)")
-    ports, sidecar, host = start_both(run)
+    receiver = None
+    if args.webhooks:
+        receiver = ReceiverProcess(run, write_webhook_secret(run))
+        say(f"   webhooks: the example receiver listens on {receiver.url}; secret {run}/secrets/webhook.whsec")
+    try:
+        ports, sidecar, host = start_both(run, receiver.url if receiver else None)
+    except BaseException:
+        if receiver is not None:
+            receiver.close()
+        raise
     base = f"http://127.0.0.1:{ports['host_port']}"
     tenant = AipClient(base, token=(run / "secrets" / "invoker.token").read_text().strip())
     approver = AipClient(base, signing_key=load_ed25519(run / "secrets" / "approver.pem"), key_id=APPROVER)
@@ -294,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
             f"expires {result['output']['expires_at']};"
         )
         say("      nothing was sent to the sidecar")
+        if receiver is not None:
+            receiver.show("approval.requested")
 
         step(4, "the approver (only an Ed25519 key: its requests are signed) reviews and approves")
         queue = approver.approvals()
@@ -304,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         decision = approver.decide(request["id"], "approved", "duplicate charge confirmed in billing")
         say(f"   -> {decision['decision']} by {decision['approver']['id']}")
         say(f"   signed decision; its proof: {decision['evidence'][0]['uri']}")
+        if receiver is not None:
+            receiver.show("approval.decided")
 
         step(5, "the tenant streams the run as it happens")
         final, count, printer = None, 0, ChunkPrinter()
@@ -325,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
             f"   calling again with the same action id and key returns the stored result: "
             f"{again['body']['action_result']['status']}"
         )
+        if receiver is not None:
+            receiver.show("action.completed")
 
         step(7, f"cap:crewai:{CREW}:status and :events")
         status = tenant.call(f"cap:crewai:{CREW}:status", {"run_action_id": action_id})
@@ -355,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         step(9, "shutting down")
         stop(host, "host")
         stop(sidecar, "sidecar")
+        if receiver is not None:
+            receiver.close()
     say("\nDone: one approval, one execution, every chunk journaled and replayable.")
     return 0
 

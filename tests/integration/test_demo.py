@@ -1,5 +1,7 @@
-"""`make run`'s flow runs non-interactively and exits 0 (issue: the main job end to end)."""
+"""`make run`'s flow runs non-interactively and exits 0 (issue: the main job end to end); with ``--webhooks``
+(``make run WEBHOOKS=1``) the example receiver verifies each event of the flow (docs/webhooks.md "The demo")."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,19 +11,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(240)
-def test_demo_flow(tmp_path):
+def _demo(run: Path, *options: str) -> str:
+    """Run the demo in ``run`` with ``options``; asserts it exits 0 and returns its stdout."""
     result = subprocess.run(
-        [sys.executable, "-m", "aip_crewai.examples.demo", "--run-dir", str(tmp_path / "run")],
+        [sys.executable, "-m", "aip_crewai.examples.demo", "--run-dir", str(run), *options],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=220,
         stdin=subprocess.DEVNULL,
     )
-    out = result.stdout
-    assert result.returncode == 0, out + result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_demo_flow(tmp_path):
+    out = _demo(tmp_path / "run")
     for expected in [
         "-> pending_approval",
         "nothing was sent to the sidecar",
@@ -41,3 +48,22 @@ def test_demo_flow(tmp_path):
         assert header in out.splitlines(), header
     match = out[out.index("match: Refund policy") :].split("\n\n")[0]
     assert match.rstrip().endswith("."), match
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_demo_flow_with_webhooks_shows_verified_deliveries(tmp_path):
+    run = tmp_path / "run"
+    out = _demo(run, "--webhooks")
+    assert "Traceback" not in out
+    # each event where the flow makes it, verified by the receiver process with standardwebhooks
+    flat = " ".join(out.split())  # the receiver's lines are wrapped
+    requested = re.search(r"webhook receiver: approval\.requested approval=(apr_\S+) action=(act_\S+) verified", flat)
+    assert requested, out
+    assert flat.index("-> pending_approval") < requested.start() < flat.index("== 4.")
+    approval, action = requested[1], requested[2]
+    assert f"webhook receiver: approval.decided approval={approval} action={action} status=approved verified" in flat
+    assert f"webhook receiver: action.completed action={action} status=completed verified" in flat
+    assert "rejected" not in out and "webhook receiver stopped (exit status 0)" in out
+    assert (run / "secrets" / "webhook.whsec").stat().st_mode & 0o777 == 0o600
+    assert max(len(line) for line in out.splitlines() if str(tmp_path) not in line) <= 100, out

@@ -42,6 +42,7 @@ from ...contracts.aip import (
     Manifest,
 )
 from ..auth.stream_tokens import QUERY_PARAMETER, StreamToken
+from ..webhooks.notifications import ApprovalNotifications
 from ..webhooks.routes import DeliveryList
 from .approvals import DecisionProof, DisplayFindings
 
@@ -217,6 +218,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             ("cursor", "next page"),
             ("limit", "1..200 (default 50)"),
         ),
+    ),
+    ("GET", "/aip/v1/approvals/{approval_id:str}/notifications"): Operation(
+        "The delivery state of an approval's approval.requested webhooks (approvers and operators; no URL)",
+        {"200": Answer("ApprovalNotifications", {JSON: ApprovalNotifications})},
     ),
     ("GET", "/aip/v1/approvals/{approval_id:str}/display"): Operation(
         "The code points of an approval's input a person would misread",

@@ -29,6 +29,7 @@ from ..http.state import host_state
 from ..store.outbox import DELIVERED, EXPIRED, PENDING, delivery_cursor
 from ..store.records import DeliveryRecord, ms_to_rfc3339
 from .config import EVENT_TYPES
+from .notifications import get_notifications
 
 #: A page's size bounds.
 DEFAULT_LIMIT, MAX_LIMIT = 50, 200
@@ -157,5 +158,9 @@ async def list_deliveries(request: Request) -> Response:
 
 
 def routes() -> list[Route]:
-    """The webhook routes, mounted by the host app."""
-    return [Route("/aip/v1/webhooks/deliveries", list_deliveries, methods=["GET"])]
+    """The webhook routes, mounted by the host app: the operators' listing, and the approval notification
+    state the approval console reads (:mod:`.notifications`)."""
+    return [
+        Route("/aip/v1/webhooks/deliveries", list_deliveries, methods=["GET"]),
+        Route("/aip/v1/approvals/{approval_id:str}/notifications", get_notifications, methods=["GET"]),
+    ]

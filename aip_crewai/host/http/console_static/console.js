@@ -5,6 +5,9 @@
 // every request with HTTP Message Signatures (RFC 9421). Live data: SSE read with fetch(), so the
 // credential travels in headers and never in a URL; reconnects wait the server's `retry:` with jitter.
 // Keyboard: every card is a button (Tab, Enter); Escape closes the detail and returns to its card.
+// Each card and the detail show whether the approval's webhook notification went out (docs/webhooks.md
+// "Notification state"): read once per approval, again on its approval events, and every NOTIFY_POLL_MS while
+// a shown one is queued or retrying.
 // docs/approvals.md "Approval console".
 "use strict";
 
@@ -15,8 +18,11 @@ const MAX_RETRY_MS = 30000;
 //: Decided approvals read per page (the host's bound), and how many approvals' inputs load at once.
 const PAGE = 200;
 const PREVIEW_CHARS = 140;
+//: How often a shown notification that is queued or retrying is read again (ms).
+const NOTIFY_POLL_MS = 3000;
 const state = {
-  auth: null, approvals: new Map(), selected: null, view: "pending", runAbort: null, liveAbort: null,
+  auth: null, approvals: new Map(), notifications: new Map(), notifying: new Set(), selected: null, view: "pending",
+  runAbort: null, liveAbort: null,
   retryMs: DEFAULT_RETRY_MS, pendingLoaded: false, historyCursor: undefined, historyLoaded: false,
 };
 const $ = (id) => document.getElementById(id);
@@ -386,7 +392,8 @@ function card(view) {
     const by = view.decision ? ` by ${view.decision.approver.id}` : "";
     second.append(span("", `${view.status}${by} · ${when(view.updated_at)}`));
   }
-  button.append(span("cap", request.capability_id), first, second, preview(view));
+  button.append(span("cap", request.capability_id), first, second, span("line notify", notificationText(request.id), false),
+    preview(view));
   if (view.found && view.found.size) button.append(span("flag", "⚠ input holds characters that read differently", false));
   button.addEventListener("click", () => select(request.id, button));
   const item = document.createElement("li");
@@ -394,11 +401,79 @@ function card(view) {
   return item;
 }
 
+// ---------------------------------------------------------------- webhook notifications
+
+// One notification (GET .../notifications) in words: its state, with when or how often.
+function notificationPart(n) {
+  if (n.state === "delivered") return `delivered ${when(n.delivered_at)}`;
+  if (n.state === "retrying") {
+    return `retrying (${n.attempts} attempt${n.attempts === 1 ? "" : "s"} failed${n.last_outcome ? `: ${n.last_outcome}` : ""}; ` +
+      `next try ${when(n.next_attempt_at)})`;
+  }
+  if (n.state === "expired") return `expired ${when(n.expired_at)} (not delivered)`;
+  return "queued";
+}
+
+// The notification state of an approval in words ("" prefix in the detail, whose row is labelled).
+function notificationText(approvalId, prefix = "notification: ") {
+  const answer = state.notifications.get(approvalId);
+  if (!answer) return `${prefix}…`;
+  if (answer.error) return `${prefix}unknown (${answer.error})`;
+  if (answer.state === "none") return `${prefix}none configured`;
+  return prefix + answer.notifications.map(notificationPart).join(" · ");
+}
+
+function showNotification(approvalId) {
+  const text = notificationText(approvalId);
+  for (const line of document.querySelectorAll(`.card[data-approval-id="${CSS.escape(approvalId)}"] .notify`)) {
+    line.textContent = text;
+  }
+  if (state.selected === approvalId) $("d-notify").textContent = notificationText(approvalId, "");
+}
+
+async function refreshNotification(approvalId) {
+  if (state.notifying.has(approvalId)) return;
+  state.notifying.add(approvalId);
+  try {
+    state.notifications.set(approvalId, await api("GET", `${API}/approvals/${encodeURIComponent(approvalId)}/notifications`));
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) throw err;
+    state.notifications.set(approvalId, { error: describe(err) });
+  } finally {
+    state.notifying.delete(approvalId);
+  }
+  showNotification(approvalId);
+}
+
+// Read the notifications of `ids` (four at a time): those not read yet, or (`unsettled`) queued or retrying.
+async function loadNotifications(ids, unsettled) {
+  const todo = ids.filter((id) => {
+    const known = state.notifications.get(id);
+    return !known || (unsettled && (known.error || known.state === "queued" || known.state === "retrying"));
+  });
+  const worker = async () => { for (let id = todo.shift(); id; id = todo.shift()) await refreshNotification(id); };
+  await Promise.all([worker(), worker(), worker(), worker()]);
+}
+
+// The approvals whose cards the current view shows, and the open one.
+function shownIds() {
+  const list = state.view === "pending" ? $("queue") : $("history");
+  const ids = [...list.querySelectorAll(".card")].map((card) => card.dataset.approvalId);
+  if (state.selected && !ids.includes(state.selected)) ids.push(state.selected);
+  return ids;
+}
+
+function pollNotifications() {
+  if (!state.auth || $("workspace").hidden) return;
+  loadNotifications(shownIds(), true).catch(showError);
+}
+
 // Replace a list's cards, keeping the keyboard focus on the same approval's card.
 function renderCards(list, views) {
   const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest(".card");
   const focusedId = focused && list.contains(focused) ? focused.dataset.approvalId : null;
   list.replaceChildren(...views.map(card));
+  if (state.auth && !list.closest("[hidden]")) loadNotifications(views.map((v) => v.request.id), false).catch(showError);
   if (focusedId) {
     const again = list.querySelector(`.card[data-approval-id="${CSS.escape(focusedId)}"]`);
     if (again) again.focus(); else if (list.querySelector(".card")) list.querySelector(".card").focus();
@@ -568,6 +643,7 @@ function watchApprovals() {
   const live = (on) => { $("live").textContent = on ? "live" : "reconnecting"; $("live").className = on ? "badge" : "badge off"; };
   follow(`${API}/approvals/events`, (name, data) => {
     const id = approvalIdOf(data);
+    if (id) refreshNotification(id).catch(showError);
     if (id && name !== "pending") refreshApproval(id).catch(showError);
     else if (id && state.pendingLoaded && !state.approvals.has(id)) refreshApproval(id).catch(showError);
     else if (name === "ready") loadPending().catch(showError);
@@ -620,6 +696,7 @@ function renderDetail() {
   $("d-risk").textContent = request.risk || "—";
   $("d-policy").textContent = request.policy_hash;
   $("d-left").textContent = view.status === "pending" ? timeLeft(request.expires_at) : "—";
+  $("d-notify").textContent = notificationText(request.id, "");
   $("d-status").replaceChildren();
   if (view.decision) {
     appendFaithful($("d-status"), `${view.status} by ${view.decision.approver.id} at ${when(view.decision.decided_at)}` +
@@ -702,7 +779,7 @@ async function signIn(auth) {
 function signOut(message) {
   if (state.liveAbort) state.liveAbort.abort();
   if (state.runAbort) state.runAbort.abort();
-  Object.assign(state, { auth: null, approvals: new Map(), selected: null, pendingLoaded: false,
+  Object.assign(state, { auth: null, approvals: new Map(), notifications: new Map(), selected: null, pendingLoaded: false,
     historyLoaded: false, historyCursor: undefined });
   sessionStorage.removeItem("aip-crewai-token");
   keyStore("readwrite", (store) => store.delete("signing")).catch(() => undefined);
@@ -794,5 +871,6 @@ document.addEventListener("DOMContentLoaded", () => {
     closeDetail();
   });
   setInterval(tick, 1000);
+  setInterval(pollNotifications, NOTIFY_POLL_MS);
   restore().catch((err) => signOut(err.message));
 });
