@@ -101,6 +101,8 @@ def write_config(run: Path, webhook_url: str | None = None) -> dict[str, int]:
     for sub in ("sidecar", "host", "secrets"):
         (run / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     secrets = run / "secrets"
+    for name in ("sidecar.token", "invoker.token", "approver.pem"):  # a retry with new ports: new credentials
+        (secrets / name).unlink(missing_ok=True)
     generate_token(secrets / "sidecar.token")
     invoker_sha = generate_token(secrets / "invoker.token")
     approver_key = generate_ed25519(

@@ -164,3 +164,14 @@ def test_without_webhooks_the_demo_configuration_has_none(tmp_path: Path) -> Non
     assert "[[webhooks]]" not in (run / "host" / "host.toml").read_text()
     assert load_settings(run / "host" / "host.toml", environ={}).webhooks.endpoints == ()
     assert not (run / "secrets" / "webhook.whsec").exists()
+
+
+def test_a_start_retried_with_new_ports_writes_new_credentials(tmp_path: Path) -> None:
+    """start_both retries with new ports by writing the configuration again: its credentials are replaced,
+    not refused as existing files."""
+    demo.write_config(tmp_path)
+    token = (tmp_path / "secrets" / "sidecar.token").read_bytes()
+    second = demo.write_config(tmp_path)
+    assert (tmp_path / "secrets" / "sidecar.token").read_bytes() != token
+    assert (tmp_path / "secrets" / "approver.pem").stat().st_mode & 0o077 == 0
+    assert load_settings(tmp_path / "host" / "host.toml").bind.endswith(str(second["host_port"]))
