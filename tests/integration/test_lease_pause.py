@@ -36,7 +36,7 @@ from kits.poll import until
 from aip_crewai.client import new_id
 
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: psycopg is not installed")
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.host_processes]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.host_processes]
 
 LEASE_S = 1
 #: The store's bounds in these hosts: statement 1 s, lock 0.5 s, idle transaction 1 s; a call's bound is 2 s.
