@@ -235,3 +235,48 @@ async def test_a_renewal_that_finds_a_lease_lost_stops_that_actions_dispatch_at_
     assert tasks["act_lost"].cancelled() and not tasks["act_kept"].done()
     assert any(e["event"] == "lease_lost" and e["action_id"] == "act_lost" for e in logs)
     tasks["act_kept"].cancel()
+
+
+async def test_a_dispatchs_chunk_batch_after_its_token_was_forgotten_is_still_refused(postgres_url: str) -> None:
+    """Regression (found by tests/integration/test_lease_pause.py's reasoning, pinned here): a renewal that
+    finds the lease taken forgets the token before it cancels the dispatch, and the dispatch's chunk
+    writer is a task of its own; a batch it wrote next went out without a fence (this host no longer held a
+    token, so it wrote as a host that never held the lease). The sink keeps the token it dispatched under:
+    that batch is refused (LeaseLost) and writes nothing."""
+    import types
+
+    from aip_crewai.contracts.aip import StreamChunk
+    from aip_crewai.host.actions.chunk_sink import ChunkSink
+
+    paused = await Store.open(postgres_url, owner="host-a", lease_ms=30_000)
+    taker = await Store.open(postgres_url, owner="host-b", lease_ms=30_000)
+    try:
+        await _running(paused, "act_1")
+        assert await paused.take_lease("acme", "act_1")
+        live = types.SimpleNamespace(
+            job=types.SimpleNamespace(
+                tenant="acme", action_id="act_1", dispatch=types.SimpleNamespace(state="acknowledged")
+            ),
+            notify=lambda: None,
+        )
+        sink = ChunkSink(paused, live)  # type: ignore[arg-type]
+        sink.hold(paused.lease_token("acme", "act_1"))
+        await sink.add([StreamChunk(action_id="act_1", sequence=0, kind="progress")])
+        await sink.drain()
+
+        _expire(postgres_url, "act_1")  # host-a paused past its lease; host-b takes the action over
+        assert await taker.take_lease("acme", "act_1")
+        assert await paused.renew_leases() == 0  # host-a resumes: its renewal forgets the token ...
+        assert paused.lease_token("acme", "act_1") is None and paused.lost_leases() == {("acme", "act_1")}
+        # ... and the dispatch's writer stores its next batch before the cancel reaches it: refused.
+        await sink.add([StreamChunk(action_id="act_1", sequence=1, kind="progress")])
+        with pytest.raises(LeaseLost):
+            await sink.drain()
+        with pytest.raises(LeaseLost):  # the store refuses an explicit stale token as well
+            await paused.append_chunks("acme", "act_1", [(1, "{}")], lease_token=1)
+        stored = await taker.get_action("acme", "act_1")
+        assert stored is not None and stored.chunk_count == 1
+        assert [c.sequence for c in await taker.list_chunks("acme", "act_1")] == [0]
+    finally:
+        await paused.close()
+        await taker.close()

@@ -30,6 +30,11 @@ class ChunkSink:
 
     Chunk writes are not fsynced: like the sidecar's chunk checkpoints they
     become durable with the action's result commit (see :mod:`.store`).
+
+    A dispatch that took the action's lease hands the sink its fencing token (:meth:`hold`): every batch
+    is fenced by that token for the sink's whole life, so a batch the writer task stores after this host
+    forgot the token (a renewal that found the lease taken forgets it before it cancels the dispatch) is
+    refused (``LeaseLost``) instead of written as by a host that never held the lease (ARCHITECTURE.md §10).
     """
 
     MAX_QUEUED = 4096
@@ -39,6 +44,12 @@ class ChunkSink:
         self.live = live
         self._queued: list[StreamChunk] = []
         self._writer: asyncio.Task[None] | None = None
+        self._lease_token: int | None = None
+
+    def hold(self, lease_token: int | None) -> None:
+        """Fence every later batch by ``lease_token`` (the dispatch's, from ``Store.lease_token`` right after
+        ``Store.take_lease``; None: no lease, as on a store without a host id)."""
+        self._lease_token = lease_token
 
     async def add(self, chunks: list[StreamChunk]) -> None:
         """Queue ``chunks`` (in stream order); raises a previous write's error."""
@@ -73,5 +84,6 @@ class ChunkSink:
                 [(c.sequence, _encode.encode(c).decode()) for c in batch],
                 dispatch=job.dispatch.state,
                 durable=False,
+                lease_token=self._lease_token,
             )
             self.live.notify()

@@ -67,6 +67,7 @@ async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool
         ):  # another host holds its dispatch lease (ARCHITECTURE.md §10)
             log.info("action_leased_elsewhere")
             return
+        sink.hold(runtime.store.lease_token(tenant, action_id))  # its chunks are fenced by this token
         if job.spec.approval and recheck:  # governed: re-check what its approval relied on, before sending
             record = await runtime.store.get_action(tenant, action_id)
             revoked = runtime.revocation(record) if record is not None else None

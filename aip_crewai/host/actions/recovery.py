@@ -368,6 +368,7 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
         if not await runtime.store.take_lease(tenant, action_id):
             log.info("action_leased_elsewhere")  # another host holds its dispatch lease and follows it
             return
+        sink.hold(runtime.store.lease_token(tenant, action_id))  # its chunks are fenced by this token
         log.info("action_resumed", from_chunk=job.first_chunk_sequence)
         result = await runtime.dispatcher.resume(job, sink.add)
         await sink.drain()

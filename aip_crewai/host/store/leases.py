@@ -66,26 +66,30 @@ class LeaseMethods:
         held = self._tokens.get((tenant, action_id))
         return held[0] if held is not None else None
 
-    def _fenced(self, tenant: str, action_id: str) -> tuple[str, tuple[Any, ...]]:
+    def _fenced(self, tenant: str, action_id: str, token: int | None = None) -> tuple[str, tuple[Any, ...]]:
         """The SQL condition (and its parameters) that makes a write on behalf of the action apply only
-        while this host's fencing token is current: empty when this host holds no lease on it (a host
-        that never leased the action writes as before: the status conditions guard it)."""
-        token = self.lease_token(tenant, action_id)
+        while this host's fencing token is current: ``token`` when the writer kept the one it works under
+        (a dispatch's chunk writer: its token stays its fence after this host forgot it), else the token
+        this host holds; empty when there is neither (a host that never leased the action writes as
+        before: the status conditions guard it)."""
+        token = self.lease_token(tenant, action_id) if token is None else token
         if token is None:
             return "", ()
         return " AND lease_owner = ? AND lease_epoch = ?", (self.owner, token)
 
-    def _check_fence_now(self, tenant: str, action_id: str) -> None:
+    def _check_fence_now(self, tenant: str, action_id: str, token: int | None = None) -> None:
         """After a fenced write changed nothing (on the worker, in its transaction): raise LeaseLost when
-        the reason is the token (another host holds the lease now), forgetting the token."""
-        token = self.lease_token(tenant, action_id)
+        the reason is the token (``token``, else the one this host holds: another host holds the lease
+        now), forgetting this host's token."""
+        token = self.lease_token(tenant, action_id) if token is None else token
         if token is None:
             return
         rows = self._fetch_now(
             "SELECT lease_owner, lease_epoch FROM actions WHERE tenant = ? AND action_id = ?", (tenant, action_id)
         )
         if rows and (rows[0][0], rows[0][1]) != (self.owner, token):
-            self._tokens.pop((tenant, action_id), None)
+            if self.lease_token(tenant, action_id) == token:  # not a newer lease this host took since
+                self._tokens.pop((tenant, action_id), None)
             log.warning(
                 "lease_lost", tenant=tenant, action_id=action_id, epoch=token, holder=rows[0][0], current=rows[0][1]
             )

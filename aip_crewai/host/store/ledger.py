@@ -191,8 +191,8 @@ class LedgerMethods:
         async def _run(self, fn: Callable[..., _T], *args: Any) -> _T: ...
         async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
         def _write_now(self, durable: bool, fn: Callable[[], _T]) -> _T: ...
-        def _fenced(self, tenant: str, action_id: str) -> tuple[str, tuple[Any, ...]]: ...
-        def _check_fence_now(self, tenant: str, action_id: str) -> None: ...
+        def _fenced(self, tenant: str, action_id: str, token: int | None = None) -> tuple[str, tuple[Any, ...]]: ...
+        def _check_fence_now(self, tenant: str, action_id: str, token: int | None = None) -> None: ...
 
     async def append_chunks(
         self,
@@ -202,6 +202,7 @@ class LedgerMethods:
         *,
         dispatch: str | None = None,
         durable: bool = True,
+        lease_token: int | None = None,
     ) -> int:
         """Append ``(sequence, chunk_json)`` pairs in one transaction; sequences
         already stored are skipped, and nothing is appended once the action is
@@ -213,9 +214,12 @@ class LedgerMethods:
             dispatch: also move the action's dispatch forward to this, in the
                 same transaction (never backward; None keeps it).
             durable: see the module docstring.
+            lease_token: the fencing token the writer works under (a dispatch's, kept by its
+                :class:`~aip_crewai.host.actions.chunk_sink.ChunkSink`): the batch is fenced by it even
+                after this host forgot it (a renewal that found the lease taken). None: this host's token.
 
-        When this host holds the action's dispatch lease, the batch (chunks, count, dispatch) is written
-        only while its fencing token is current.
+        When this host holds the action's dispatch lease (or ``lease_token`` is given), the batch (chunks,
+        count, dispatch) is written only while that fencing token is current.
 
         Raises:
             StoreError: the action does not exist (foreign key).
@@ -227,12 +231,12 @@ class LedgerMethods:
         if dispatch is not None and dispatch not in DISPATCH_RANK:
             raise ValueError(f"unknown dispatch {dispatch!r}")
         batch = tuple(chunks)
-        fence = self._fenced(tenant, action_id)
+        fence = self._fenced(tenant, action_id, lease_token)
 
         def append() -> int:
             inserted = append_now(self._db, tenant, action_id, batch, dispatch, fence)
             if inserted < 0:  # the fence refused the batch
-                self._check_fence_now(tenant, action_id)
+                self._check_fence_now(tenant, action_id, lease_token)
                 return 0
             return inserted
 
