@@ -154,10 +154,30 @@ def test_output_schemas_follow_design_outputs():
     assert all(c["output_schema"]["$schema"].endswith("2020-12/schema") for c in caps.values())
 
 
-def test_description_comes_from_the_descriptor():
-    crew = CrewDescriptor("c", "C", "does things", ("run",))
-    assert crew_capabilities(crew)[0].description == "does things"
-    assert "description" not in to_wire(crew_capabilities(FULL)[0])
+def test_each_capability_says_what_its_operation_does_and_the_crew_description_comes_once():
+    crew = CrewDescriptor("c", "C", "does things", ("run", "status", "events"))
+    run, status, events = crew_capabilities(crew)
+    assert run.description == "Run crew 'c' once with the given inputs (its CrewAI kickoff inputs). does things"
+    assert status.description == get("status").describe("c")
+    assert events.description == get("events").describe("c")
+    described = [cap.description for cap in crew_capabilities(FULL)]
+    assert described == [get(name).describe("support-primary") for name in SEED]  # no crew description: none added
+
+
+def test_without_run_the_crew_description_goes_on_its_first_capability():
+    crew = CrewDescriptor("c", "C", "does things", ("status", "knowledge_query"))
+    first, second = crew_capabilities(crew)
+    assert first.description == get("status").describe("c") + " does things"
+    assert second.description == get("knowledge_query").describe("c")
+
+
+def test_no_schema_text_in_the_manifest_holds_doc_markup():
+    index = CapabilityIndex([FULL], {"t": ["support-primary"]})
+    encoded = index.manifest_bytes("t").decode()
+    assert "``" not in encoded and ":class:" not in encoded and "`" not in encoded
+    manifest = msgspec.json.decode(encoded)
+    status = next(cap for cap in manifest["capabilities"] if cap["id"].endswith(":status"))
+    assert status["input_schema"]["description"] == "status: read one job's status."
 
 
 # --- tenant scoping -------------------------------------------------------------
