@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aip_crewai.contracts.artifacts import capabilities_document, input_schema, plain_schema, plain_text
+from aip_crewai.contracts.errors import MANIFEST_POINTER, CapabilityNotFound
 from aip_crewai.contracts.operations import CATALOGUE, get
 
 # Restated here on purpose: the test checks the table's wording, one sentence per operation.
@@ -102,3 +103,32 @@ def test_no_input_schema_text_holds_markup(spec) -> None:
     """The input types' docstrings say ``status`` and so on; their schemas say status."""
     assert "`" not in json.dumps(input_schema(spec))
     assert input_schema(spec).get("description", "").startswith(spec.name) or spec.name == "run"
+
+
+# --- capability.not_found names the id and the fix --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("asked", "message"),
+    [
+        ("cap:crewai:nope", 'capability "cap:crewai:nope" not found; ' + MANIFEST_POINTER),
+        ("cap:crewai:echo:run",
+         'capability "cap:crewai:echo:run" not found; a crew\'s run is "cap:crewai:echo" (no :run suffix); '
+         + MANIFEST_POINTER),
+        ("echo", 'capability "echo" not found; capability ids start with cap:crewai:; ' + MANIFEST_POINTER),
+        ("cap:crewai:a\u202eb", 'capability "cap:crewai:a\\u202eb" not found; ' + MANIFEST_POINTER),
+    ],
+)
+def test_capability_not_found_names_the_id_and_the_manifest(asked: str, message: str) -> None:
+    error = CapabilityNotFound(asked)
+    assert (error.code, error.status, error.message) == ("capability.not_found", 404, message)
+    assert error.details == {"capability_id": asked}
+
+
+@pytest.mark.parametrize("length", [200, 201, 1024, 1025])
+def test_capability_not_found_bounds_the_id_it_repeats(length: int) -> None:
+    asked = "cap:crewai:" + "x" * (length - len("cap:crewai:"))
+    error = CapabilityNotFound(asked)
+    shown = error.message.split('"')[1]
+    assert shown == (asked if length <= 200 else asked[:200] + "…")
+    assert error.details["capability_id"] == asked[:1024]

@@ -390,6 +390,6 @@ class CapabilityIndex:
         """
         found = resolve_capability(cap_id, self._visible.get(tenant, {}))
         if found is None:
-            raise CapabilityNotFound(details={"capability_id": cap_id[:1024]})
+            raise CapabilityNotFound(cap_id)
         crew_id, operation = found
         return ResolvedCapability(self.crews[crew_id], get(operation), self._by_id[capability_id(crew_id, operation)])
