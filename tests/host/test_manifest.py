@@ -230,7 +230,9 @@ def test_default_deny_another_tenants_crew_is_not_found_like_an_unknown_one():
         errors.append((info.value.code, info.value.status))
         # the same words whether the crew exists for another tenant or not: the id asked for and the manifest
         assert info.value.message.startswith(f'capability "{cap}" not found;')
-        assert info.value.message.endswith("`aip-crewai manifest` (GET /aip/v1/manifest) lists the ids this tenant may call")
+        assert info.value.message.endswith(
+            "`aip-crewai manifest` (GET /aip/v1/manifest) lists the ids this tenant may call"
+        )
         assert info.value.details == {"capability_id": cap}
     assert set(errors) == {("capability.not_found", 404)}
 
