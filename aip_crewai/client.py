@@ -38,20 +38,58 @@ MAX_FRAME_BYTES = 2 * MAX_OUTPUT_BYTES
 
 class AipClientError(Exception):
     """The host answered with an AIP error (``status``, ``code``, ``body``): the
-    body is an ``aip.core.v1.error`` envelope, ``{"body": {"error": {"error": ProtocolError}}}``."""
+    body is an ``aip.core.v1.error`` envelope, ``{"body": {"error": {"error": ProtocolError}}}``.
 
-    def __init__(self, status: int, body: Any) -> None:
+    Any other body (``code`` ``unknown``) means ``url`` is probably not the host: the message says
+    so in one line and names the flag that fixes it (:func:`foreign_answer`).
+    """
+
+    def __init__(self, status: int, body: Any, *, url: str | None = None) -> None:
         self.status = status
         self.body = body
         inner = body.get("body") if isinstance(body, dict) else None
         error = (inner.get("error") or {}).get("error") if isinstance(inner, dict) else None
         if isinstance(error, dict):
             self.code = str(error.get("code"))
-            message = str(error.get("message"))
+            super().__init__(f"{status} {self.code}: {error.get('message')}")
         else:
             self.code = "unknown"
-            message = str(body)[:200]
-        super().__init__(f"{status} {self.code}: {message}")
+            super().__init__(foreign_answer(status, body, url))
+
+
+#: What fixes a client pointed at something other than the host (docs/reference/cli.md).
+HOST_URL_FIX = "give the host's URL (its `bind` in host.toml) with --url or AIP_CREWAI_HOST_URL"
+
+
+def foreign_answer(status: int, body: Any, url: str | None) -> str:
+    """One readable line for an answer that is not an AIP envelope (pure).
+
+    Args:
+        status: the HTTP status.
+        body: the decoded JSON body, or the text when it was not JSON.
+        url: the base URL asked (``http://127.0.0.1:8090``), None when unknown.
+
+    Returns:
+        ``401 from URL: this looks like the aip-crewai sidecar ...`` for the sidecar's error body
+        (``{"detail": "..."}``, ARCHITECTURE.md §4), else ``... is not an AIP answer ...``; both end
+        with :data:`HOST_URL_FIX`. The body is shown as JSON, at most 120 characters, on one line.
+    """
+    where = f"{status} from {url}" if url else str(status)
+    if isinstance(body, dict) and set(body) == {"detail"} and isinstance(body["detail"], str):
+        said = json.dumps(body)[:120]
+        return f"{where}: this looks like the aip-crewai sidecar (it answered {said}), not the host; {HOST_URL_FIX}"
+    shown = json.dumps(body)
+    shown = shown if len(shown) <= 120 else shown[:119] + "…"
+    return f"{where}: not an AIP answer ({shown}), so this is probably not the aip-crewai host; {HOST_URL_FIX}"
+
+
+def _base_url(response: httpx.Response) -> str | None:
+    """``scheme://host:port`` of the request ``response`` answers (None without one)."""
+    try:
+        url = response.request.url
+    except RuntimeError:
+        return None
+    return f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}"
 
 
 def _segment(value: str) -> str:
@@ -156,7 +194,7 @@ class AipClient:
         except ValueError:
             body = response.text
         if response.status_code >= 400 or not isinstance(body, dict):
-            raise AipClientError(response.status_code, body)
+            raise AipClientError(response.status_code, body, url=_base_url(response))
         return body
 
     def envelope(

@@ -11,6 +11,7 @@ machine snapshot").
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,10 @@ def input_schema(spec: OperationSpec) -> dict[str, Any]:
 
     The root is always the input object itself (``"type": "object"`` at the
     top, see :func:`inline_root`): clients that turn capabilities into LLM
-    tools reject a top-level ``$ref``.
+    tools reject a top-level ``$ref``. Its descriptions are plain text
+    (:func:`plain_schema`: the types' docstrings hold doc markup).
     """
-    schema = inline_root(msgspec.json.schema(spec.input_type))
+    schema = plain_schema(inline_root(msgspec.json.schema(spec.input_type)))
     schema.setdefault("$schema", "https://json-schema.org/draft/2020-12/schema")
     schema.setdefault("title", f"{spec.name} input")
     return schema
@@ -59,11 +61,66 @@ def inline_root(schema: dict[str, Any]) -> dict[str, Any]:
     return root
 
 
+#: A Sphinx role with its text: ``:class:`x```, ``:py:func:`~a.b``, ``:ref:`title <target>```.
+_ROLE = re.compile(r":(?:[A-Za-z][\w+.-]*:)+`([^`]*)`")
+#: Keywords whose value maps names to subschemas (a property named ``description`` is no description).
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+#: Keywords whose value is data, never a schema: left exactly as they are.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "required", "dependentRequired", "pattern"})
+
+
+def _role_text(match: re.Match[str]) -> str:
+    content = match.group(1)
+    titled = re.fullmatch(r"(.*\S)\s*<[^<>]*>", content, flags=re.DOTALL)
+    if titled:  # :ref:`the title <target>` reads as its title
+        return titled.group(1)
+    if content.startswith("~"):  # :class:`~a.b.C` reads as C
+        return content[1:].rsplit(".", 1)[-1]
+    return content.lstrip("!")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without doc markup, as a person reads it: Sphinx roles (``:class:`x``` → ``x``,
+    ``:func:`~a.b``` → ``b``, ``:ref:`t <target>``` → ``t``), then every backtick is dropped
+    (````x```` and ```x``` → ``x``). The result holds no backtick, so cleaning twice changes
+    nothing; text without a backtick is returned as it is.
+
+    Source: docs/reference/http-api.md "Capabilities" (schema text in the manifest is plain text).
+    """
+    if "`" not in text:
+        return text
+    return _ROLE.sub(_role_text, text).replace("`", "")
+
+
+def plain_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the JSON Schema ``schema`` whose ``description`` and ``title`` keywords are
+    :func:`plain_text`; property names and data keywords (``const``, ``enum``, ``default``,
+    ``examples``, ``pattern``...) are left as they are."""
+    return {key: _plain_keyword(key, value) for key, value in schema.items()}
+
+
+def _plain_keyword(key: str, value: Any) -> Any:
+    if key in ("description", "title") and isinstance(value, str):
+        return plain_text(value)
+    if key in _SCHEMA_MAPS and isinstance(value, dict):
+        return {name: _plain_subschema(sub) for name, sub in value.items()}
+    if key in _DATA_KEYWORDS:
+        return value
+    return _plain_subschema(value)
+
+
+def _plain_subschema(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_plain_subschema(item) for item in value]
+    return plain_schema(value) if isinstance(value, dict) else value
+
+
 def _record(spec: OperationSpec) -> dict[str, Any]:
     return {
         "operation": spec.name,
         "capability_template": operations.capability_id("<crew_id>", spec.name),
         "display_name": spec.display_name,
+        "description_template": spec.describe("<crew_id>"),
         "family": spec.family,
         "method": spec.method,
         "route": spec.path,

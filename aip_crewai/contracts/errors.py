@@ -14,6 +14,8 @@ from __future__ import annotations
 import enum
 from typing import Any, ClassVar
 
+from .display import json_string
+
 
 class Category(str, enum.Enum):
     """AIP error categories (ARCHITECTURE.md §6)."""
@@ -97,10 +99,38 @@ class Forbidden(AipError):
 
 
 class CapabilityNotFound(AipError):
+    """No capability ``capability_id`` for this tenant (unknown, not allowed, or a crew the tenant
+    may not see: indistinguishable, ARCHITECTURE.md §7). The message names the id asked for (at
+    most 200 characters, invisible code points escaped) and where the right ids are listed;
+    ``details.capability_id`` holds at most 1024 characters of it."""
+
     code = "capability.not_found"
     category = Category.PERMANENT
     http_status = 404
     default_message = "capability not found"
+
+    def __init__(self, capability_id: str | None = None) -> None:
+        if capability_id is None:
+            super().__init__()
+            return
+        super().__init__(capability_not_found_message(capability_id),
+                         details={"capability_id": capability_id[:1024]})
+
+
+#: Where a tenant finds the capability ids it may call (docs/reference/cli.md, docs/reference/http-api.md).
+MANIFEST_POINTER = "`aip-crewai manifest` (GET /aip/v1/manifest) lists the ids this tenant may call"
+
+
+def capability_not_found_message(capability_id: str) -> str:
+    """The message of :class:`CapabilityNotFound`: the id asked for, a hint for the two usual
+    slips (a ``:run`` suffix, a missing ``cap:crewai:`` prefix), and :data:`MANIFEST_POINTER`. Pure."""
+    shown = json_string(capability_id[:200] + ("…" if len(capability_id) > 200 else ""))
+    hint = ""
+    if not capability_id.startswith("cap:crewai:"):
+        hint = "; capability ids start with cap:crewai:"
+    elif capability_id.endswith(":run"):
+        hint = f"; a crew's run is {json_string(capability_id[:-4][:200])} (no :run suffix)"
+    return f"capability {shown} not found{hint}; {MANIFEST_POINTER}"
 
 
 class ActionNotFound(AipError):

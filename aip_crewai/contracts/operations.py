@@ -65,11 +65,20 @@ class OperationSpec:
     stream_path: str | None
     input_type: Any
     input_summary: str
+    #: What the operation does for one crew, one plain-text sentence with ``{crew}`` for the crew id
+    #: (the manifest's per-capability ``description``, :meth:`describe`).
+    does: str
 
     @property
     def suffix(self) -> str | None:
         """Capability-id suffix; None for ``run`` (never append ``:run``)."""
         return None if self.name == "run" else self.name
+
+    def describe(self, crew_id: str) -> str:
+        """What this operation does for crew ``crew_id``: one plain-text sentence (no markup), e.g.
+        ``Run crew 'echo' once with the given inputs.`` (the manifest's capability ``description``,
+        docs/reference/http-api.md "Capabilities")."""
+        return self.does.replace("{crew}", crew_id)
 
     @property
     def side_effects(self) -> tuple[str, ...]:
@@ -98,26 +107,36 @@ _L, _M, _H = Risk.LOW, Risk.MEDIUM, Risk.HIGH
 CATALOGUE: tuple[OperationSpec, ...] = (
     #            name, display, family, kind, risk, mutation, approval, key, stream, cancel, retry, method, path, stream path, input
     OperationSpec("run", "Run", _RUN_FAMILY, _A, _M, True, True, _REQ, True, True, False, "POST", "/jobs", "/jobs/stream",
-                  inputs.RunInput, "object of at most 512 properties, passed as CrewAI inputs"),
+                  inputs.RunInput, "object of at most 512 properties, passed as CrewAI inputs",
+                  does="Run crew '{crew}' once with the given inputs (its CrewAI kickoff inputs)."),
     OperationSpec("status", "Status", _RUN_FAMILY, _T, _L, False, False, _OPT, False, False, True, "GET", _JOB, None,
-                  inputs.StatusInput, "run_action_id"),
+                  inputs.StatusInput, "run_action_id",
+                  does="Read the status of a job of crew '{crew}', named by its run_action_id."),
     OperationSpec("events", "Events", _RUN_FAMILY, _T, _L, False, False, _OPT, True, False, True, "GET", _JOB + "/events",
-                  _JOB + "/events", inputs.EventsInput, "run_action_id, cursor 0..100000"),
+                  _JOB + "/events", inputs.EventsInput, "run_action_id, cursor 0..100000",
+                  does="Read the recorded events of a job of crew '{crew}', from a cursor."),
     OperationSpec("cancel", "Cancel", _RUN_FAMILY, _T, _M, True, True, _REQ, False, False, False, "POST", _JOB + "/cancel",
-                  None, inputs.CancelInput, "run_action_id, reason up to 2048 characters"),
+                  None, inputs.CancelInput, "run_action_id, reason up to 2048 characters",
+                  does="Cancel a queued or running job of crew '{crew}', named by its run_action_id."),
     OperationSpec("batch_run", "Batch run", _RUN_FAMILY, _A, _M, True, True, _REQ, True, True, False, "POST", "/jobs",
-                  "/jobs/stream", inputs.BatchRunInput, "inputs: 1..100 objects"),
+                  "/jobs/stream", inputs.BatchRunInput, "inputs: 1..100 objects",
+                  does="Run crew '{crew}' once per input object (1..100), results in input order."),
     OperationSpec("replay", "Replay", _RUN_FAMILY, _A, _M, True, True, _REQ, True, True, False, "POST", "/jobs",
-                  "/jobs/stream", inputs.ReplayInput, "task_id 1..256 bytes, inputs"),
+                  "/jobs/stream", inputs.ReplayInput, "task_id 1..256 bytes, inputs",
+                  does="Re-run crew '{crew}' from one task of a retained run."),
     OperationSpec("train", "Train", _TRAIN_FAMILY, _W, _H, True, True, _REQ, True, True, False, "POST", "/jobs",
-                  "/jobs/stream", inputs.TrainInput, "n_iterations 1..100, artifact_name, inputs"),
+                  "/jobs/stream", inputs.TrainInput, "n_iterations 1..100, artifact_name, inputs",
+                  does="Train crew '{crew}' for n_iterations and write a training artifact."),
     OperationSpec("test", "Test", _TRAIN_FAMILY, _W, _M, True, True, _REQ, True, True, False, "POST", "/jobs",
-                  "/jobs/stream", inputs.TestInput, "n_iterations 1..100, eval_llm, inputs"),
+                  "/jobs/stream", inputs.TestInput, "n_iterations 1..100, eval_llm, inputs",
+                  does="Evaluate crew '{crew}' for n_iterations with an evaluator model (eval_llm)."),
     OperationSpec("knowledge_query", "Knowledge query", _KNOWLEDGE_FAMILY, _T, _L, False, False, _REQ, False, False, True,
                   "POST", "/jobs", None, inputs.KnowledgeQueryInput,
-                  "query: 1..100 strings of at most 4096 bytes, results_limit 1..100, score_threshold 0..1"),
+                  "query: 1..100 strings of at most 4096 bytes, results_limit 1..100, score_threshold 0..1",
+                  does="Search the knowledge sources of crew '{crew}'."),
     OperationSpec("memory_reset", "Memory reset", _KNOWLEDGE_FAMILY, _T, _H, True, True, _REQ, False, False, False, "POST",
-                  "/jobs", None, inputs.MemoryResetInput, "command_type"),
+                  "/jobs", None, inputs.MemoryResetInput, "command_type",
+                  does="Reset one memory domain of crew '{crew}', or all of them."),
 )
 
 OPERATIONS: Mapping[str, OperationSpec] = {spec.name: spec for spec in CATALOGUE}

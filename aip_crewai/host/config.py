@@ -85,7 +85,7 @@ else:  # Python 3.10
 from ..contracts.inputs import has_control_characters
 from ..plumbing.files import FileTooLarge, NotRegularFile, read_regular
 from .config_values import HostConfigError as HostConfigError
-from .config_values import check_bind, cors_origin, resolve_path, store_location
+from .config_values import check_bind, cors_origin, enum_reason, resolve_path, store_location
 from .config_values import check_sidecar_proxy as check_sidecar_proxy
 from .config_values import check_sidecar_url as check_sidecar_url
 from .config_values import read_token_file as read_token_file
@@ -235,7 +235,7 @@ def _convert(value: Any, type_: Any, prefix: str) -> Any:
             raise HostConfigError(
                 f"{key}.{name}" if key else name, "unknown key" if unknown else "required key is missing"
             ) from exc
-        raise HostConfigError(key or "(root)", rule) from exc
+        raise HostConfigError(key or "(root)", enum_reason(rule, type_, path)) from exc
 
 
 def _default_host_id(bind: str) -> str:

@@ -7,10 +7,14 @@ Source: ARCHITECTURE.md §7, §10; docs/reference/configuration.md "Configuratio
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import SplitResult, urlsplit
+
+import msgspec.inspect as mi
 
 from ..contracts.errors import AipError, Category
 from ..contracts.inputs import has_control_characters
@@ -32,7 +36,78 @@ class HostConfigError(AipError):
     def __init__(self, key: str, reason: str) -> None:
         self.key = key
         self.reason = reason
-        super().__init__(f"{key}: {reason}" if key else reason, details={"key": key, "reason": reason})
+        super().__init__(f"{key}{table_hint(key)}: {reason}" if key else reason, details={"key": key, "reason": reason})
+
+
+#: The arrays of tables of ``host.toml``: ``principals[0]`` is the first ``[[principals]]`` table.
+ARRAYS_OF_TABLES = ("principals", "sidecars", "webhooks")
+_ORDINALS = ("first", "second", "third")
+
+
+def table_hint(key: str) -> str:
+    """Where ``key`` is in ``host.toml`` when it starts in an array of tables (pure):
+    ``principals[0].roles[0]`` → `` (in the first [[principals]] table)``, ``principals[7]`` →
+    `` (in [[principals]] table number 8)``; any other key: ``""``."""
+    found = re.match(r"(\w+)\[(\d+)\]", key)
+    if found is None or found.group(1) not in ARRAYS_OF_TABLES:
+        return ""
+    index, name = int(found.group(2)), found.group(1)
+    where = (
+        f"the {_ORDINALS[index]} [[{name}]] table" if index < len(_ORDINALS) else f"[[{name}]] table number {index + 1}"
+    )
+    return f" (in {where})"
+
+
+_PATH_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+
+
+def allowed_values(type_: Any, path: str) -> tuple[Any, ...] | None:
+    """The values a ``Literal`` or ``Enum`` at ``path`` of ``type_`` allows (pure), for an error
+    that names them.
+
+    Args:
+        type_: a msgspec-convertible type (a Struct of the TOML shape).
+        path: msgspec's JSON path under it without the ``$``: ``.roles[0]``.
+
+    Returns:
+        The allowed values (as msgspec lists them), or None when the path leads to no literal or enum.
+    """
+    steps = [(m.group(1), m.group(2)) for m in _PATH_STEP.finditer(path)]
+    return _values_at(mi.type_info(type_), steps)
+
+
+def _values_at(info: Any, steps: list[tuple[str | None, str | None]]) -> tuple[Any, ...] | None:
+    if isinstance(info, mi.Metadata):
+        return _values_at(info.type, steps)
+    if isinstance(info, mi.UnionType):
+        found = [_values_at(member, steps) for member in info.types]
+        values = [value for group in found if group for value in group]
+        return tuple(values) or None
+    if not steps:
+        if isinstance(info, mi.LiteralType):
+            return tuple(info.values)
+        if isinstance(info, mi.EnumType) and issubclass(info.cls, enum.Enum):
+            return tuple(member.value for member in info.cls)
+        return None
+    (name, index), rest = steps[0], steps[1:]
+    if name is not None and isinstance(info, mi.StructType):
+        field = next((f for f in info.fields if f.encode_name == name), None)
+        return None if field is None else _values_at(field.type, rest)
+    if name is not None and isinstance(info, mi.DictType):
+        return _values_at(info.value_type, rest)
+    if index is not None and isinstance(info, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
+        return _values_at(info.item_type, rest)
+    return None
+
+
+def enum_reason(rule: str, type_: Any, path: str) -> str:
+    """msgspec's ``Invalid enum value 'x'`` with the allowed values named (``'x' is not one of
+    'invoker', 'approver', 'operator'``); any other rule, or no values found, unchanged. Pure."""
+    found = re.fullmatch(r"Invalid enum value (.+)", rule, flags=re.DOTALL)
+    values = allowed_values(type_, path) if found else None
+    if found is None or not values:
+        return rule
+    return f"{found.group(1)} is not one of {', '.join(repr(value) for value in values)}"
 
 
 def store_location(base: Path, raw: str) -> Path | str:

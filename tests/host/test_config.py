@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import copy
+import enum
 import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Literal
 
+import msgspec
 import pytest
 import structlog
 from kits.hostapp import SIDECAR_TOKEN, HostFiles, base_document, os_mode
 
 from aip_crewai.host.config import HostConfigError, check_sidecar_proxy, check_sidecar_url, load_settings
+from aip_crewai.host.config_values import allowed_values, table_hint
 from aip_crewai.host.main import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,7 +198,64 @@ def test_errors_name_the_offending_key(host_files: HostFiles, path, value, key, 
     err = error_of(host_files, mutate(path, value))
     assert err.key == key, err.message
     assert words in err.message
-    assert err.message.startswith(key + ":")
+    assert err.message.startswith(key + table_hint(key) + ":")
+
+
+def test_an_enum_error_names_the_valid_values_and_the_table(host_files: HostFiles, capsys):
+    err = error_of(host_files, mutate("principals.0.roles", ["invokers"]))
+    assert err.key == "principals[0].roles[0]"
+    assert err.message == (
+        "principals[0].roles[0] (in the first [[principals]] table): 'invokers' is not one of "
+        "'approver', 'invoker', 'operator'"
+    )
+    host_files.write(mutate("principals.1.roles", ["invoker", "admin"]))
+    assert main(["--config", str(host_files.config)]) == 2
+    assert capsys.readouterr().err == (
+        "aip-crewai host: configuration error: principals[1].roles[1] (in the second [[principals]] table): "
+        "'admin' is not one of 'approver', 'invoker', 'operator'\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("principals[0]", " (in the first [[principals]] table)"),
+        ("principals[2].roles[0]", " (in the third [[principals]] table)"),
+        ("sidecars[3].url", " (in [[sidecars]] table number 4)"),
+        ("webhooks[0].events[1]", " (in the first [[webhooks]] table)"),
+        ("tenants.acme.crews[1]", ""),
+        ("host.bind", ""),
+    ],
+)
+def test_a_key_in_an_array_of_tables_says_which_table(key: str, hint: str):
+    assert table_hint(key) == hint
+
+
+class _Colour(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class _Shape(msgspec.Struct):
+    roles: list[Literal["a", "b"]]
+    colour: _Colour | None = None
+    by_name: dict[str, Literal["x"]] = {}
+    plain: str = ""
+
+
+@pytest.mark.parametrize(
+    ("path", "values"),
+    [
+        (".roles[0]", ("a", "b")),
+        (".colour", ("red", "blue")),
+        (".by_name.k", ("x",)),
+        (".plain", None),
+        (".nope", None),
+        (".roles", None),
+    ],
+)
+def test_allowed_values_walk_the_toml_shape(path: str, values):
+    assert allowed_values(_Shape, path) == values
 
 
 @pytest.mark.parametrize("section", ["host", "sidecar", "crews"])

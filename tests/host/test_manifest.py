@@ -154,10 +154,30 @@ def test_output_schemas_follow_design_outputs():
     assert all(c["output_schema"]["$schema"].endswith("2020-12/schema") for c in caps.values())
 
 
-def test_description_comes_from_the_descriptor():
-    crew = CrewDescriptor("c", "C", "does things", ("run",))
-    assert crew_capabilities(crew)[0].description == "does things"
-    assert "description" not in to_wire(crew_capabilities(FULL)[0])
+def test_each_capability_says_what_its_operation_does_and_the_crew_description_comes_once():
+    crew = CrewDescriptor("c", "C", "does things", ("run", "status", "events"))
+    run, status, events = crew_capabilities(crew)
+    assert run.description == "Run crew 'c' once with the given inputs (its CrewAI kickoff inputs). does things"
+    assert status.description == get("status").describe("c")
+    assert events.description == get("events").describe("c")
+    described = [cap.description for cap in crew_capabilities(FULL)]
+    assert described == [get(name).describe("support-primary") for name in SEED]  # no crew description: none added
+
+
+def test_without_run_the_crew_description_goes_on_its_first_capability():
+    crew = CrewDescriptor("c", "C", "does things", ("status", "knowledge_query"))
+    first, second = crew_capabilities(crew)
+    assert first.description == get("status").describe("c") + " does things"
+    assert second.description == get("knowledge_query").describe("c")
+
+
+def test_no_schema_text_in_the_manifest_holds_doc_markup():
+    index = CapabilityIndex([FULL], {"t": ["support-primary"]})
+    encoded = index.manifest_bytes("t").decode()
+    assert "``" not in encoded and ":class:" not in encoded and "`" not in encoded
+    manifest = msgspec.json.decode(encoded)
+    status = next(cap for cap in manifest["capabilities"] if cap["id"].endswith(":status"))
+    assert status["input_schema"]["description"] == "status: read one job's status."
 
 
 # --- tenant scoping -------------------------------------------------------------
@@ -207,8 +227,14 @@ def test_default_deny_another_tenants_crew_is_not_found_like_an_unknown_one():
     ]:
         with pytest.raises(CapabilityNotFound) as info:
             idx.resolve(tenant, cap)
-        errors.append((info.value.code, info.value.status, info.value.message))
-    assert set(errors) == {("capability.not_found", 404, "capability not found")}
+        errors.append((info.value.code, info.value.status))
+        # the same words whether the crew exists for another tenant or not: the id asked for and the manifest
+        assert info.value.message.startswith(f'capability "{cap}" not found;')
+        assert info.value.message.endswith(
+            "`aip-crewai manifest` (GET /aip/v1/manifest) lists the ids this tenant may call"
+        )
+        assert info.value.details == {"capability_id": cap}
+    assert set(errors) == {("capability.not_found", 404)}
 
 
 # --- routes -----------------------------------------------------------------------

@@ -169,7 +169,7 @@ class ActionService:
         for crews the tenant may not see: ARCHITECTURE.md §7)."""
         found = ops.resolve_capability(capability_id, self.allowed.get(tenant, {}))
         if found is None:
-            raise CapabilityNotFound(details={"capability_id": capability_id})
+            raise CapabilityNotFound(capability_id)
         return found[0], ops.get(found[1])
 
     async def submit(

@@ -40,7 +40,7 @@ from ...contracts.aip import (
     Manifest,
     Principal,
 )
-from ...contracts.artifacts import input_schema
+from ...contracts.artifacts import input_schema, plain_schema
 from ...contracts.errors import CapabilityNotFound
 from ...contracts.inputs import MAX_INPUT_BYTES
 from ...contracts.operations import CATALOGUE, OperationSpec, capability_id, get, resolve_capability
@@ -199,8 +199,8 @@ def to_wire(value: Any) -> Any:
 
 
 def output_schema(spec: OperationSpec) -> dict[str, Any]:
-    """JSON Schema (draft 2020-12) of an operation's output."""
-    return {"$schema": _SCHEMA, "title": f"{spec.name} output", **OUTPUT_SCHEMAS[spec.name]}
+    """JSON Schema (draft 2020-12) of an operation's output (descriptions in plain text)."""
+    return plain_schema({"$schema": _SCHEMA, "title": f"{spec.name} output", **OUTPUT_SCHEMAS[spec.name]})
 
 
 def execution_contract(spec: OperationSpec, cancellable: frozenset[str] | None = None) -> ExecutionContract:
@@ -226,14 +226,26 @@ def execution_contract(spec: OperationSpec, cancellable: frozenset[str] | None =
     )
 
 
+def capability_description(crew: CrewDescriptor, spec: OperationSpec, *, with_crew: bool) -> str:
+    """A capability's ``description``: what ``spec`` does for ``crew`` (the operation table's
+    sentence, :meth:`~aip_crewai.contracts.operations.OperationSpec.describe`), followed by the
+    crew's own description when ``with_crew`` (the crew's first capability only: it is said once
+    per crew, docs/reference/http-api.md "Capabilities")."""
+    sentence = spec.describe(crew.id)
+    return f"{sentence} {crew.description}" if with_crew and crew.description else sentence
+
+
 def capability_for(
     crew: CrewDescriptor,
     spec: OperationSpec,
     inputs: CrewInputs | None = None,
     cancellable: frozenset[str] | None = None,
+    *,
+    with_crew: bool = True,
 ) -> Capability:
     """The capability of one (crew, operation), with the whole contract (docs/reference/http-api.md "Capabilities");
-    ``inputs`` (the sidecar's report for the crew) names the kickoff inputs in the input schema."""
+    ``inputs`` (the sidecar's report for the crew) names the kickoff inputs in the input schema;
+    ``with_crew``: its description ends with the crew's (:func:`capability_description`)."""
     contract = CapabilityContract(
         side_effects=list(spec.side_effects),
         idempotency=IdempotencyContract(requirement=spec.key.value),
@@ -247,7 +259,7 @@ def capability_for(
         name=f"CrewAI {crew.name}: {spec.display_name}",
         kind=spec.kind.value,
         risk=spec.risk.value,
-        input_schema=project_input_schema(input_schema(spec), spec.name, inputs),
+        input_schema=plain_schema(project_input_schema(input_schema(spec), spec.name, inputs)),
         output_schema=output_schema(spec),
         requires_human_approval=spec.approval,
         bindings=[
@@ -261,16 +273,19 @@ def capability_for(
             ),
         ],
         contract=contract,
-        description=crew.description,
+        description=capability_description(crew, spec, with_crew=with_crew),
     )
 
 
 def crew_capabilities(
     crew: CrewDescriptor, inputs: CrewInputs | None = None, cancellable: frozenset[str] | None = None
 ) -> tuple[Capability, ...]:
-    """One capability per allowed operation of ``crew``, in catalogue order."""
-    allowed = set(crew.allowed_operations)
-    return tuple(capability_for(crew, spec, inputs, cancellable) for spec in CATALOGUE if spec.name in allowed)
+    """One capability per allowed operation of ``crew``, in catalogue order; the first (``run``
+    when allowed) carries the crew's description after its own sentence."""
+    allowed = [spec for spec in CATALOGUE if spec.name in set(crew.allowed_operations)]
+    return tuple(
+        capability_for(crew, spec, inputs, cancellable, with_crew=index == 0) for index, spec in enumerate(allowed)
+    )
 
 
 #: The host as the manifest's ``agent``.
@@ -375,6 +390,6 @@ class CapabilityIndex:
         """
         found = resolve_capability(cap_id, self._visible.get(tenant, {}))
         if found is None:
-            raise CapabilityNotFound(details={"capability_id": cap_id[:1024]})
+            raise CapabilityNotFound(cap_id)
         crew_id, operation = found
         return ResolvedCapability(self.crews[crew_id], get(operation), self._by_id[capability_id(crew_id, operation)])

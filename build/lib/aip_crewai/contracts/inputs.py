@@ -1,0 +1,234 @@
+"""Per-operation input types and their validation.
+
+Each bound of ARCHITECTURE.md §3 is written once as an ``Annotated`` alias and
+reused. Byte lengths are UTF-8 bytes; booleans are never numbers (msgspec is
+strict); unknown fields are rejected everywhere except the free-form ``run``
+input; the whole encoded input is at most :data:`MAX_INPUT_BYTES`.
+
+Source: ARCHITECTURE.md §3 (per-operation input).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from .errors import InputTooLarge, InvalidInput
+
+#: Whole encoded input bound, bytes (ARCHITECTURE.md §3).
+MAX_INPUT_BYTES = 1_048_576
+#: Properties of a run input object (ARCHITECTURE.md §3).
+MAX_RUN_PROPERTIES = 512
+#: Nesting bound of an input, levels of objects/arrays (the input object itself is level 1). One bound for
+#: both processes: the host refuses deeper inputs at submission, so none reaches a sidecar that cannot
+#: hash it (docs/security.md "Security").
+MAX_INPUT_DEPTH = 64
+
+# Python's ``$`` also matches before a final "\n" (msgspec matches with
+# ``re``), so every pattern ends with END, which means end-of-text in both
+# Python and ECMAScript (JSON Schema) regexes.
+END = r"(?!\n)$"
+# Unicode "Cc" control characters: C0, DEL and C1.
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*" + END
+# Action ids travel in URL paths and in the X-AIP-Action-ID header: visible
+# ASCII only, no "/" (a non-ASCII id cannot be sent as an HTTP header).
+ACTION_ID_PATTERN = r"^[\x21-\x2e\x30-\x7e]+" + END
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+RunActionId = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=256,
+        pattern=ACTION_ID_PATTERN,
+        description="Action id of the target run: 1..256 visible ASCII characters, no '/'.",
+    ),
+]
+Reason = Annotated[str, msgspec.Meta(max_length=2048, description="Free text, at most 2048 characters.")]
+Inputs = Annotated[
+    dict[str, Any],
+    msgspec.Meta(max_length=MAX_RUN_PROPERTIES, description="CrewAI kickoff inputs: an object of at most 512 properties."),
+]
+TaskId = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=256,
+        pattern=NO_CONTROL,
+        description="CrewAI task id from a retained run's tasks_output: 1..256 UTF-8 bytes, no control characters.",
+    ),
+]
+Iterations = Annotated[int, msgspec.Meta(ge=1, le=100, description="Iterations, integer 1..100.")]
+ArtifactName = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}" + END, description="Training artifact file name."),
+]
+EvalLlm = Annotated[str, msgspec.Meta(min_length=1, max_length=256, description="Evaluator model name, 1..256 characters.")]
+QueryItem = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=4096,
+        pattern=NO_CONTROL,
+        description="A non-empty query string of at most 4096 UTF-8 bytes, no control characters.",
+    ),
+]
+Cursor = Annotated[int, msgspec.Meta(ge=0, le=100_000, description="Event sequence to start from, 0..100000.")]
+ResultsLimit = Annotated[int, msgspec.Meta(ge=1, le=100, description="Maximum results, integer 1..100.")]
+ScoreThreshold = Annotated[float, msgspec.Meta(ge=0, le=1, description="Minimum score, number 0..1.")]
+
+#: UTF-8 byte bounds that msgspec (which counts characters) cannot express.
+_BYTE_BOUNDS = {"task_id": 256, "query": 4096}
+
+
+def _check_bytes(field: str, value: str, limit: int) -> None:
+    if len(value.encode("utf-8")) > limit:
+        raise InvalidInput(f"$.{field}", f"at most {limit} UTF-8 bytes")
+
+
+class _Input(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Base of the closed input objects."""
+
+
+class StatusInput(_Input, frozen=True):
+    """``status``: read one job's status."""
+
+    run_action_id: RunActionId
+
+
+class EventsInput(_Input, frozen=True):
+    """``events``: read one job's events from ``cursor``."""
+
+    run_action_id: RunActionId
+    cursor: Cursor | None = None
+
+
+class CancelInput(_Input, frozen=True):
+    """``cancel``: request cancellation of another run."""
+
+    run_action_id: RunActionId
+    reason: Reason | None = None
+
+
+class BatchRunInput(_Input, frozen=True):
+    """``batch_run``: 1..100 input objects, one fresh crew each."""
+
+    inputs: Annotated[list[Inputs], msgspec.Meta(min_length=1, max_length=100)]
+
+
+class ReplayInput(_Input, frozen=True):
+    """``replay``: re-run from one task of a retained run."""
+
+    task_id: TaskId
+    inputs: Inputs | None = None
+
+    def __post_init__(self) -> None:
+        _check_bytes("task_id", self.task_id, _BYTE_BOUNDS["task_id"])
+
+
+class TrainInput(_Input, frozen=True):
+    """``train``: write ``<training dir>/<artifact_name>``."""
+
+    n_iterations: Iterations
+    artifact_name: ArtifactName
+    inputs: Inputs | None = None
+
+
+class TestInput(_Input, frozen=True):
+    """``test``: evaluate the crew with ``eval_llm``."""
+
+    __test__ = False  # not a pytest class
+
+    n_iterations: Iterations
+    eval_llm: EvalLlm
+    inputs: Inputs | None = None
+
+
+class KnowledgeQueryInput(_Input, frozen=True):
+    """``knowledge_query``: query the crew-level knowledge."""
+
+    query: Annotated[list[QueryItem], msgspec.Meta(min_length=1, max_length=100)]
+    results_limit: ResultsLimit = 3
+    score_threshold: ScoreThreshold = 0.35
+
+    def __post_init__(self) -> None:
+        for index, item in enumerate(self.query):
+            if len(item.encode("utf-8")) > _BYTE_BOUNDS["query"]:
+                raise InvalidInput(f"$.query[{index}]", f"at most {_BYTE_BOUNDS['query']} UTF-8 bytes")
+
+
+class MemoryResetInput(_Input, frozen=True):
+    """``memory_reset``: reset one memory domain, or ``all``."""
+
+    command_type: Literal["memory", "knowledge", "agent_knowledge", "kickoff_outputs", "all"]
+
+
+#: The run input is the free-form CrewAI inputs object itself.
+RunInput = Inputs
+
+
+def encoded_size(value: Any) -> int:
+    """Bytes of ``value`` encoded as compact JSON."""
+    return len(msgspec.json.encode(value))
+
+
+def invalid_input(exc: msgspec.ValidationError) -> InvalidInput:
+    """Translate a msgspec validation error (``"<rule> - at `$.path`"``) into
+    :class:`InvalidInput` keeping the JSON path."""
+    text = str(exc)
+    rule, sep, where = text.rpartition(" - at `")
+    return InvalidInput(where.rstrip("`"), rule) if sep else InvalidInput("$", text)
+
+
+def exceeds_depth(value: Any, limit: int = MAX_INPUT_DEPTH) -> bool:
+    """Whether decoded JSON ``value`` nests objects/arrays deeper than ``limit``
+    levels (a scalar is level 0, ``{}`` level 1). Iterative: no recursion limit
+    is reached however deep the value is."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if level > limit:
+            return True
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def convert_input(input_type: Any, value: Any, *, check_size: bool = True) -> Any:
+    """Validate ``value`` (decoded JSON) against ``input_type``.
+
+    Args:
+        input_type: one of the types above (the catalogue's ``input_type``).
+        value: the decoded JSON input.
+        check_size: check the 1 MiB bound first (the sidecar checks it later,
+            ARCHITECTURE.md §4 orders 422 and 404 before 413).
+
+    Returns:
+        The typed input (a Struct, or a dict for ``run``).
+
+    Raises:
+        InputTooLarge: the encoded input exceeds 1 MiB.
+        InvalidInput: nested deeper than :data:`MAX_INPUT_DEPTH` (``field`` ``$``),
+            or any other rule; ``field`` is the JSON path.
+
+    Source: ARCHITECTURE.md §3; docs/security.md "Security" (nesting depth).
+    """
+    if exceeds_depth(value):
+        raise InvalidInput("$", f"nested deeper than {MAX_INPUT_DEPTH} levels of objects and arrays")
+    if check_size:
+        size = encoded_size(value)
+        if size > MAX_INPUT_BYTES:
+            raise InputTooLarge(size, MAX_INPUT_BYTES)
+    try:
+        return msgspec.convert(value, input_type, strict=True)
+    except msgspec.ValidationError as exc:
+        raise invalid_input(exc) from exc
+
+
+def has_control_characters(text: str) -> bool:
+    """True when ``text`` holds a Unicode ``Cc`` control character."""
+    return _CONTROL_RE.search(text) is not None

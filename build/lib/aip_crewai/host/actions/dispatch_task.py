@@ -1,0 +1,252 @@
+"""The background dispatch task of a running action: its lease, the re-check of a governed action's
+approval, the start retried while the sidecar provably did not admit it (until the dispatch deadline),
+its chunks and its one final write. Functions over an :class:`~.writer.ActionRuntime`, as
+:mod:`.cancellation` and :mod:`.recovery` are.
+
+Source: ARCHITECTURE.md §9 ("Dispatch retries", "Action states"), §10 (dispatch leases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from ...contracts.aip import ActionResult
+from ...contracts.errors import AipError, ConnectorDispatchDeadline
+from ..sidecars.client import DispatchProgress
+from ..store.records import LeaseLost, StoreUnavailable
+from ..tracing import dispatching, record_outcome
+from .chunk_sink import ChunkSink
+from .dispatch import DispatchDeferred, Job, OnChunks, StartNotAdmitted
+from .lifecycle import DispatchState
+from .live import LiveAction
+from .normalize import failed_result
+from .writer import ActionRuntime
+
+__all__ = ["run", "status_before_admission", "retry_delay_s", "RETRY_FIRST_S", "RETRY_MAX_S"]
+
+log = structlog.get_logger(__name__)
+
+#: Backoff between retries of a start the sidecar did not admit: first wait and cap, seconds (ARCHITECTURE.md §9).
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 30.0
+
+
+def retry_delay_s(attempt: int) -> float:
+    """The wait before retry ``attempt`` (1, 2, ...) of a start the sidecar
+    did not admit, seconds: :data:`RETRY_FIRST_S` doubled per attempt, at
+    most :data:`RETRY_MAX_S`. Raises ValueError for ``attempt`` < 1. Pure."""
+    if attempt < 1:
+        raise ValueError("attempts count from 1")
+    return float(min(RETRY_FIRST_S * 2 ** min(attempt - 1, 16), RETRY_MAX_S))
+
+
+async def run(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool = True, recheck: bool = True) -> None:
+    """The background dispatch task of a running action (:meth:`ActionService.start`): take its lease,
+    re-check a governed action's approval, run the job until the sidecar admits it, store its chunks and
+    its result. Never raises but CancelledError: a failure is recorded as the action's result, a store
+    outage leaves it to the reconciler (ARCHITECTURE.md §9, §10). Traced as ``aip.action.dispatch``
+    (docs/observing.md "Observing actions"), continuing the action's stored trace context."""
+    with dispatching(live.job.trace, runtime.now_ms()) as span:
+        await _dispatch(runtime, live, mark_sent=mark_sent, recheck=recheck)
+        if live.final is not None:
+            record_outcome(span, live.final)
+
+
+async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool, recheck: bool) -> None:
+    job = live.job
+    tenant, action_id = job.tenant, job.action_id
+    structlog.contextvars.clear_contextvars()  # this task's own context: drop the request that started it
+    structlog.contextvars.bind_contextvars(action_id=action_id, tenant=tenant, crew_id=job.crew_id)
+
+    sink = ChunkSink(runtime.store, live)
+    try:
+        if not await runtime.store.take_lease(
+            tenant, action_id
+        ):  # another host holds its dispatch lease (ARCHITECTURE.md §10)
+            log.info("action_leased_elsewhere")
+            return
+        if job.spec.approval and recheck:  # governed: re-check what its approval relied on, before sending
+            record = await runtime.store.get_action(tenant, action_id)
+            revoked = runtime.revocation(record) if record is not None else None
+            if record is not None and revoked is not None:
+                await runtime.writer.finish(
+                    tenant,
+                    action_id,
+                    failed_result(action_id, revoked),
+                    DispatchState.NOT_SENT.value,
+                    settle_dispatch=True,
+                )
+                return
+        result = await _run_until_admitted(runtime, live, sink.add, mark_sent=mark_sent)
+        if result is None:  # no longer running (a cancel won while it waited), or deferred to the reconciler
+            await sink.drain()
+            return
+        await sink.drain()
+        if (
+            job.spec.name == "status"
+            and result.error is not None
+            and (result.error.details or {}).get("remote_status") == 404
+        ):
+            result = await status_before_admission(runtime, job) or result
+        # The dispatch's own final word on how far its request got (`not_sent` after a refused connection).
+        live.final = await runtime.writer.finish(
+            tenant,
+            action_id,
+            result,
+            job.dispatch.state,
+            operation=job.spec.name,
+            durable=job.durable,
+            settle_dispatch=True,
+        )
+    except asyncio.CancelledError:
+        sink.discard()  # a cancelled dispatch stores no further chunks (its canceller records the result)
+        raise
+    except LeaseLost:  # another host took the lease while this one was paused: nothing more is written here
+        sink.discard()
+        log.warning("lease_lost", stopped="dispatch")
+    except StoreUnavailable:
+        # The store cannot be written now (an outage): the action stays running (its lease this host's),
+        # and the job goes on at the sidecar. The reconciler (every RECONCILE_S) re-attaches to it once
+        # the store answers again, replaying the chunks not yet stored, and records its real outcome;
+        # writing a failure here would give a tenant "failed" for a run that completes.
+        sink.discard()
+        log.warning("dispatch_deferred", reason="store unavailable")
+    except Exception:  # never lose an action: record a failure instead
+        log.exception("dispatch_crashed")
+        with contextlib.suppress(Exception):  # keep what was received, unless storing is what failed
+            await sink.drain()
+        error = AipError("the host failed while dispatching the action")
+        await runtime.writer.finish(
+            tenant, action_id, failed_result(action_id, error), job.dispatch.state, operation=job.spec.name
+        )
+    finally:
+        runtime.live.remove(tenant, action_id)
+        live.notify()
+
+
+async def _run_until_admitted(
+    runtime: ActionRuntime, live: LiveAction, on_chunks: OnChunks, *, mark_sent: bool
+) -> ActionResult | None:
+    """Run the job; a start the sidecar provably did not admit is placed
+    on another ready sidecar of its crew at once (:func:`_elsewhere`), else
+    retried (same job id and idempotency key, so never run twice) after
+    :func:`retry_delay_s`, the action requeued meanwhile (tenants
+    see ``queued``), until the dispatch deadline: then a failed result
+    ``connector.crewai.dispatch_deadline`` with ``uncertain_outcome:
+    false`` (ARCHITECTURE.md §9). A start not placed yet is placed first
+    (:class:`~..sidecars.placement.Placement`); every placement is recorded
+    with the action before the start is sent (docs/operating.md "Several sidecars").
+    Returns the result to store, or None: the action stopped running
+    meanwhile (a cancel), or its silent stream is left to the reconciler
+    (:class:`~.dispatch.DispatchDeferred`)."""
+    job = live.job
+    placement = runtime.dispatcher.placement
+    attempts, waits, deadline_ms = 0, 0, None
+    refused: set[str] = set()  # sidecars that refused this start since the last wait
+    lacking: set[str] = set()  # a replay: sidecars that hold no run of its task id
+    if job.spec.startable and job.sidecar is None:  # not placed yet (an approved action): place it now
+        # Always a name: the recorded placement is what a cancel on any host serializes with (ARCHITECTURE.md §8).
+        job.sidecar, mark_sent = placement.place(job.crew_id) or placement.home(job.crew_id), True
+    while True:
+        if (
+            mark_sent
+            and await runtime.writer.mark_sent(job.tenant, job.action_id, durable=job.durable, sidecar=job.sidecar)
+            is None
+        ):
+            return None  # no longer running (cancelled while queued): nothing is sent
+        try:
+            return await runtime.dispatcher.run(job, on_chunks)
+        except DispatchDeferred as deferred:
+            log.warning("dispatch_deferred", code=deferred.error.code)
+            return None
+        except StartNotAdmitted as refusal:
+            attempts += 1
+            where = job.sidecar or placement.home(job.crew_id)
+            (lacking if refusal.elsewhere_only else refused).add(where)
+            other = _elsewhere(runtime, job, refused, lacking, replay=refusal.elsewhere_only)
+            log.info("dispatch_not_admitted", code=refusal.error.code, attempts=attempts, sidecar=where, to=other)
+            if other is not None:  # another sidecar of the crew takes it now: no wait
+                job.sidecar, job.dispatch, mark_sent = other, DispatchProgress(), True
+                continue
+            if refusal.elsewhere_only and not refused:  # no sidecar of the crew holds the task run: that is the answer
+                return failed_result(job.action_id, refusal.error)
+            job.dispatch.state = DispatchState.NOT_SENT
+            if deadline_ms is None:
+                deadline_ms = await _deadline_ms(runtime, job.tenant, job.action_id)
+            remaining_ms = deadline_ms - runtime.now_ms()
+            if remaining_ms <= 0:
+                return failed_result(
+                    job.action_id,
+                    ConnectorDispatchDeadline(
+                        operation=job.spec.name,
+                        remote_status=refusal.error.remote_status,
+                        uncertain_outcome=False,
+                        read_only=job.spec.read_only,
+                        dispatch=DispatchState.NOT_SENT.value,
+                        details={
+                            "deadline_seconds": runtime.dispatch_deadline_ms / 1000,
+                            "attempts": attempts,
+                            "last_cause": refusal.error.code,
+                        },
+                    ),
+                )
+            if await runtime.writer.requeue(job.tenant, job.action_id, durable=job.durable) is None:
+                return None
+            live.notify()
+            live.retry_waiting = True
+            waits += 1
+            try:
+                await asyncio.sleep(min(retry_delay_s(waits), remaining_ms / 1000))
+            finally:
+                live.retry_waiting = False
+            refused.clear()  # after the wait every sidecar of the crew may take it again
+            job.dispatch = DispatchProgress()
+            job.sidecar = placement.place(job.crew_id, exclude=lacking) or job.sidecar
+            mark_sent = True
+
+
+def _elsewhere(runtime: ActionRuntime, job: Job, refused: set[str], lacking: set[str], *, replay: bool) -> str | None:
+    """Where a start refused before admission goes at once: another READY sidecar of the crew that has
+    not refused it (:meth:`.Placement.place`), or for a ``replay`` whose task run the sidecar does not
+    hold, the next sidecar of the crew in configuration order that may hold it; None: none (wait)."""
+    placement = runtime.dispatcher.placement
+    if replay:
+        return next((n for n in placement.candidates(job.crew_id) if n not in refused | lacking), None)
+    return placement.place(job.crew_id, exclude=refused | lacking, ready_only=True)
+
+
+async def _deadline_ms(runtime: ActionRuntime, tenant: str, action_id: str) -> int:
+    """When retries of an action's start stop, epoch ms: the dispatch
+    deadline after the action could first run (its approval's decision,
+    else its admission), both stored, so a restart keeps the deadline."""
+    record = await runtime.record(tenant, action_id)
+    since = record.created_at
+    if record.approval_id:
+        approval = await runtime.store.get_approval(tenant, record.approval_id)
+        if approval is not None and approval.decided_at is not None:
+            since = approval.decided_at
+    return since + runtime.dispatch_deadline_ms
+
+
+async def status_before_admission(runtime: ActionRuntime, job: Job) -> ActionResult | None:
+    """The ``status`` of a run the sidecar does not know because it has not
+    admitted it: never sent (pending approval, denied, expired, cancelled
+    before dispatch) or its start still on the way (just approved): the
+    host's own view of that run, in the shape of the sidecar's job view,
+    instead of a 404 from the sidecar. None when the sidecar answered the
+    run's start (``acknowledged``): then its 404 stands."""
+    run_action_id = str(job.input["run_action_id"])
+    target = await runtime.store.get_action(job.tenant, run_action_id)
+    if target is None or target.dispatch == DispatchState.ACKNOWLEDGED:
+        return None
+    view = {
+        "action_id": run_action_id,
+        "crew_id": target.crew_id,
+        "operation": target.operation,
+        "status": target.status,
+        "event_count": 0,
+        "output": None,
+    }
+    return ActionResult(action_id=job.action_id, status="completed", output=view)

@@ -1,0 +1,382 @@
+"""The one writer of action and approval state, and the runtime interface the
+lifecycle functions work over.
+
+:class:`ActionWriter` is the only code that changes an action's state or an
+approval's status (a test checks no other module calls the store's state
+writes). Every method names the :class:`~aip_crewai.host.actions.lifecycle.ActionEvent`
+it applies, checks it against the lifecycle table, and leaves the source-state
+check to the storage ``WHERE`` clause, so a stale writer changes nothing.
+
+:class:`ActionRuntime` is what :mod:`.cancellation` and :mod:`.recovery`
+need from the action service (the writer, the dispatcher, the live registry
+and a few reads); they import this Protocol, never the service, so no
+module imports back into :mod:`.actions`.
+
+Source: docs/ARCHITECTURE.md "Action states", "Storage".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+import structlog
+
+from ...contracts.aip import ActionResult
+from ...contracts.errors import ApprovalExpired, CapabilityRevoked
+from ...tracing import current_traceparent
+from ..auth.principals import Principal
+from ..ledger.sealer import Sealer
+from ..store.store import ActionRecord, ApprovalRecord, Store, StoreError
+from .dispatch import Dispatcher, Job
+from .lifecycle import (
+    CORRECTION_EVENTS,
+    RESULT_EVENTS,
+    TRANSITIONS,
+    ActionEvent,
+    ActionState,
+    DispatchState,
+    approval_admits,
+)
+from .live import LiveAction, LiveRegistry
+from .normalize import failed_result
+
+log = structlog.get_logger(__name__)
+
+_encode = msgspec.json.Encoder()
+
+
+def _sources(event: ActionEvent, only_from: ActionState | None = None) -> list[str]:
+    sources = [s.value for s in TRANSITIONS[event].sources if only_from in (None, s)]
+    if not sources:
+        raise ValueError(f"{event.value} cannot start from {only_from}")
+    return sources
+
+
+class ActionWriter:
+    """Applies lifecycle events to the host store.
+
+    Args:
+        store: the host store.
+        metrics: the host :class:`~aip_crewai.host.metrics.Metrics` (optional):
+            every stored result is counted by operation and status.
+        sealer: adds ``usage`` and, once final, a signed receipt to every stored result, in its own
+            write (docs/observing.md "Observing actions"); default: usage without prices, no receipts.
+    """
+
+    def __init__(self, store: Store, *, metrics: Any = None, sealer: Sealer | None = None) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.sealer = sealer if sealer is not None else Sealer(metrics=metrics)
+
+    async def create(
+        self,
+        event: ActionEvent,
+        tenant: str,
+        action_id: str,
+        capability_id: str,
+        crew_id: str,
+        operation: str,
+        input_json: str,
+        input_hash: str,
+        principal_id: str,
+        key: str | None,
+        *,
+        approval_id: str | None = None,
+        timeout_ms: int | None = None,
+        dispatch: DispatchState = DispatchState.NOT_SENT,
+        target: tuple[str, Sequence[str]] | None = None,
+        key_expires_at: int | None = None,
+        durable: bool = True,
+        sidecar: str | None = None,
+    ) -> tuple[bool, ActionRecord]:
+        """``request_approval`` or ``admit``: insert the action and reserve its
+        idempotency key in one transaction (see :meth:`Store.create_action`), with the W3C
+        ``traceparent`` current here, which its dispatch continues (:mod:`..tracing`), and
+        its placement ``sidecar`` when it is dispatched at once (docs/operating.md "Several sidecars")."""
+        if TRANSITIONS[event].sources:
+            raise ValueError(f"{event.value} does not create an action")
+        return await self.store.create_action(
+            tenant,
+            action_id,
+            capability_id,
+            crew_id,
+            operation,
+            input_json,
+            input_hash,
+            principal_id,
+            key,
+            TRANSITIONS[event].target.value,
+            approval_id=approval_id,
+            timeout_ms=timeout_ms,
+            dispatch=dispatch.value,
+            target=target,
+            key_expires_at=key_expires_at,
+            durable=durable,
+            trace_parent=current_traceparent(),
+            sidecar=sidecar,
+        )
+
+    async def create_answered(
+        self,
+        tenant: str,
+        action_id: str,
+        capability_id: str,
+        crew_id: str,
+        operation: str,
+        input_json: str,
+        input_hash: str,
+        principal_id: str,
+        result: ActionResult,
+        dispatch: str,
+        *,
+        timeout_ms: int | None = None,
+        target: tuple[str, Sequence[str]] | None = None,
+    ) -> tuple[bool, ActionRecord]:
+        """``admit`` and the result's own event (``complete`` or ``fail``) in ONE write: a key-less
+        read the host answered inline is recorded once, already finished (not durable: see
+        ``actions.durable_action``). Same returns and raises as :meth:`Store.create_action`."""
+        event = RESULT_EVENTS[result.status]
+        admitted = TRANSITIONS[ActionEvent.ADMIT].target
+        if admitted not in TRANSITIONS[event].sources or TRANSITIONS[event].target.value != result.status:
+            raise ValueError(f"{event.value} cannot follow admit with a {result.status} result")
+        seal = self.sealer.seal(result)
+        created, record = await self.store.create_action(
+            tenant,
+            action_id,
+            capability_id,
+            crew_id,
+            operation,
+            input_json,
+            input_hash,
+            principal_id,
+            None,
+            admitted.value,
+            timeout_ms=timeout_ms,
+            dispatch=dispatch,
+            target=target,
+            durable=False,
+            result=(result.status, _encode.encode(result).decode()),
+            seal=seal,
+        )
+        log.info("action_finished", status=result.status, changed=created)
+        if created:
+            self._count(operation, result)
+            self.sealer.count(seal)
+        return created, record
+
+    def _count(self, operation: str, result: ActionResult) -> None:
+        """Count a stored result by operation and status (and a connector error by code)."""
+        if self.metrics is None:
+            return
+        self.metrics.actions.inc(operation=operation, status=result.status)
+        if result.error is not None and result.error.code.startswith("connector."):
+            self.metrics.stream_errors.inc(code=result.error.code)
+
+    async def open_approval(self, record: ActionRecord, approval_hash: str, expires_at: int) -> ApprovalRecord:
+        """The pending approval of a ``pending_approval`` action (its row already names the id)."""
+        return await self.store.create_approval(
+            record.tenant,
+            record.approval_id or "",
+            record.action_id,
+            record.capability_id,
+            approval_hash,
+            record.principal_id,
+            record.input_json,
+            expires_at,
+        )
+
+    async def restore_approval(
+        self, record: ActionRecord, approval_hash: str, expires_at: int
+    ) -> ApprovalRecord | None:
+        """Write the approval a pending action points at, exactly as admission
+        would have; a concurrent writer's row wins (then it is read back)."""
+        try:
+            return await self.open_approval(record, approval_hash, expires_at)
+        except StoreError:
+            return await self.store.get_approval(record.tenant, record.approval_id or "")
+
+    async def mark_sent(
+        self, tenant: str, action_id: str, *, durable: bool = True, sidecar: str | None = None
+    ) -> ActionRecord | None:
+        """``mark_sent``: the request may have reached the sidecar; ``sidecar``: the one it is placed on,
+        recorded before the start is sent (docs/operating.md "Several sidecars"; None keeps the stored placement)."""
+        return await self.store.update_action(
+            tenant,
+            action_id,
+            from_statuses=_sources(ActionEvent.MARK_SENT),
+            status=TRANSITIONS[ActionEvent.MARK_SENT].target.value,
+            dispatch=DispatchState.SENT.value,
+            durable=durable,
+            sidecar=sidecar,
+        )
+
+    async def requeue(self, tenant: str, action_id: str, *, durable: bool = True) -> ActionRecord | None:
+        """``requeue``: the sidecar provably did not admit the start (no
+        connection, 503 before admission, 507), so the running action waits
+        for its retry with dispatch ``not_sent`` again (tenants see
+        ``queued``; ARCHITECTURE.md §9). Returns the record, or None when it
+        is no longer running (a cancel won)."""
+        return await self.store.update_action(
+            tenant,
+            action_id,
+            from_statuses=_sources(ActionEvent.REQUEUE),
+            status=TRANSITIONS[ActionEvent.REQUEUE].target.value,
+            dispatch=DispatchState.NOT_SENT.value,
+            durable=durable,
+            settle_dispatch=True,
+        )
+
+    async def correct(
+        self, record: ActionRecord, result: ActionResult, dispatch: DispatchState | None = DispatchState.ACKNOWLEDGED
+    ) -> ActionRecord | None:
+        """``correct_*``: replace ``record``'s provisional stored result
+        (:func:`~.lifecycle.result_is_final` is false for it) with ``result``,
+        what the sidecar's journal says (ARCHITECTURE.md §9 "Final results").
+        Only while the stored result is still the one read (a concurrent
+        correction wins). ``dispatch``: moved forward to this (None: kept).
+        Returns the corrected record, or None."""
+        if record.result_json is None:
+            raise ValueError("only a stored result can be corrected")
+        event = CORRECTION_EVENTS[result.status]
+        seal = self.sealer.seal(result)
+        changed = await self.store.update_action(
+            record.tenant,
+            record.action_id,
+            from_statuses=_sources(event),
+            status=TRANSITIONS[event].target.value,
+            dispatch=dispatch.value if dispatch is not None else None,
+            result_json=_encode.encode(result).decode(),
+            replacing=record.result_json,
+            seal=seal,
+        )
+        if changed is not None:
+            self.sealer.count(seal)
+        log.info(
+            "action_result_corrected", action_id=record.action_id, status=result.status, changed=changed is not None
+        )
+        return changed
+
+    async def approve(self, record: ActionRecord) -> ActionRecord | None:
+        """``approve``: a pending action starts, recorded ``sent`` (its dispatch follows at once)."""
+        return await self.store.update_action(
+            record.tenant,
+            record.action_id,
+            from_statuses=_sources(ActionEvent.APPROVE),
+            status=TRANSITIONS[ActionEvent.APPROVE].target.value,
+            dispatch=DispatchState.SENT.value,
+        )
+
+    async def decide(
+        self, approver: Principal, approval_id: str, decision: str, reason: str, now: int, *, proof: str | None = None
+    ) -> tuple[ApprovalRecord | None, ActionRecord | None]:
+        """Record an approver's one decision (with the JSON ``proof`` of a signed
+        one) and, when it admits the action (:func:`~.lifecycle.approval_admits`),
+        apply ``approve`` in the same commit. Returns ``(decided approval or
+        None, started action or None)``."""
+        return await self.store.decide_and_start(
+            approver.tenant, approval_id, decision, reason, approver.id, now, start_if=approval_admits, proof=proof
+        )
+
+    async def finish(
+        self,
+        tenant: str,
+        action_id: str,
+        result: ActionResult,
+        dispatch: str | None,
+        *,
+        event: ActionEvent | None = None,
+        operation: str | None = None,
+        durable: bool = True,
+        only_from: ActionState | None = None,
+        settle_dispatch: bool = False,
+        unstarted: bool = False,
+    ) -> ActionRecord | None:
+        """Store a final result: ``event`` (default: complete / fail / cancel
+        by the result's status) from its table sources, or only from
+        ``only_from``. ``settle_dispatch``: the dispatch's own final word. ``unstarted``: only while
+        no start of it can be on its way to a sidecar (:meth:`Store.update_action`).
+
+        Returns the stored record, or None when the action was in no source
+        state (another writer's result stands)."""
+        event = event or RESULT_EVENTS[result.status]
+        target = TRANSITIONS[event].target
+        if target.value != result.status:
+            raise ValueError(f"{event.value} stores {target.value}, not a {result.status} result")
+        sources = [
+            s.value
+            for s in (ActionState.RUNNING, ActionState.PENDING_APPROVAL)
+            if s in TRANSITIONS[event].sources and only_from in (None, s)
+        ]
+        seal = self.sealer.seal(result)
+        changed = await self.store.update_action(
+            tenant,
+            action_id,
+            from_statuses=sources,
+            status=target.value,
+            dispatch=dispatch,
+            result_json=_encode.encode(result).decode(),
+            durable=durable,
+            settle_dispatch=settle_dispatch,
+            seal=seal,
+            unstarted=unstarted,
+        )
+        log.info("action_finished", status=result.status, changed=changed is not None)
+        if changed:
+            self._count(operation or changed.operation, result)
+            self.sealer.count(seal)
+        return changed
+
+    async def withdraw(self, tenant: str, action_id: str, result: ActionResult) -> ActionRecord | None:
+        """``withdraw``: a pending action is cancelled and its approval withdrawn in one commit."""
+        if result.status != TRANSITIONS[ActionEvent.WITHDRAW].target.value:
+            raise ValueError("a withdrawn action is cancelled")
+        seal = self.sealer.seal(result)
+        changed = await self.store.cancel_pending(tenant, action_id, _encode.encode(result).decode(), seal=seal)
+        if changed and self.metrics is not None:
+            self.metrics.actions.inc(operation=changed.operation, status=result.status)
+        return changed
+
+    async def expire_due(self, now: int) -> list[ActionRecord]:
+        """``expire``: every pending approval past its TTL is expired and its
+        pending action fails with ``policy.approval_expired`` (all tenants).
+        Returns the actions it failed."""
+        failed = []
+        for approval in await self.store.expire_approvals(now):
+            record = await self.expire(approval.tenant, approval.action_id)
+            if record is not None:
+                failed.append(record)
+        return failed
+
+    async def expire(self, tenant: str, action_id: str) -> ActionRecord | None:
+        """``expire`` one pending action whose approval ran out."""
+        return await self.finish(
+            tenant,
+            action_id,
+            failed_result(action_id, ApprovalExpired()),
+            DispatchState.NOT_SENT.value,
+            event=ActionEvent.EXPIRE,
+        )
+
+
+class ActionRuntime(Protocol):
+    """What the lifecycle functions (:mod:`.cancellation`, :mod:`.recovery`, :mod:`.dispatch_task`)
+    use of the action service: the writer, the dispatcher, the live registry,
+    and reads."""
+
+    store: Store
+    writer: ActionWriter
+    dispatcher: Dispatcher
+    live: LiveRegistry
+    now_ms: Callable[[], int]
+    #: How long a start the sidecar provably did not admit is retried, ms (ARCHITECTURE.md §9).
+    dispatch_deadline_ms: int
+
+    async def get(self, caller: Principal, action_id: str) -> ActionRecord: ...
+    async def record(self, tenant: str, action_id: str) -> ActionRecord: ...
+    async def result(self, record: ActionRecord) -> ActionResult | None: ...
+    async def refresh(self, record: ActionRecord) -> ActionRecord: ...
+    def job(self, record: ActionRecord, *, stream: bool) -> Job: ...
+    def start(self, record: ActionRecord, *, stream: bool = False) -> LiveAction: ...
+    def revocation(self, record: ActionRecord) -> CapabilityRevoked | None: ...

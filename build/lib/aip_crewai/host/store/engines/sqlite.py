@@ -1,0 +1,184 @@
+"""The SQLite engine of the host store (the embedded default): opening the file on its worker thread,
+the file-location rules, the pre-flight check of an existing file, and the one-host lock.
+
+Source: ARCHITECTURE.md §10 (storage).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ....plumbing.storage import (
+    acquire_lock,
+    database_files,
+    directory_problem,
+    integrity_problems,
+    private_file_problem,
+)
+from ..migrations import migrate
+from ..records import InsecureStorePath, StoreError, StoreLocked, UnusableStore
+
+_T = TypeVar("_T")
+
+
+def connect_sqlite(path: str) -> sqlite3.Connection:
+    """Open the connection (on the worker thread that will own it): WAL,
+    ``synchronous=FULL``, foreign keys, a busy timeout, then migrations."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        mode = (conn.execute("PRAGMA journal_mode=WAL").fetchone() or ("",))[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"SQLite refused WAL mode for {path} (got {mode!r})")
+        for pragma in ("synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
+            conn.execute(f"PRAGMA {pragma}")
+        migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def check_location(path: Path) -> None:
+    """Refuse an unsafe store location (no I/O beyond ``stat``; the shared
+    checks of :mod:`aip_crewai.plumbing.storage`).
+
+    Raises:
+        InsecureStorePath: the directory is missing or group/world-writable;
+            the file (or its ``-wal``/``-shm``) is a symlink, not a regular
+            file, or has any permission bit beyond 0600.
+    """
+    problem = directory_problem(path.parent, "store directory") or next(
+        (p for p in map(lambda c: private_file_problem(c, "store file"), database_files(path)) if p), None
+    )
+    if problem is not None:
+        raise InsecureStorePath(problem)
+
+
+def check_store_file(path: Path) -> None:
+    """Refuse, before serving, a store file that cannot be this host's store
+    (read-only: nothing is written, so an operator's file is never touched).
+
+    An absent or empty file is fine (a new store). Otherwise the file must
+    be SQLite, pass ``quick_check``, and either be empty at schema version 0
+    or hold the ``actions`` table: migrating another application's database
+    would add our tables to its data.
+
+    Raises:
+        UnusableStore: with a message naming the file and what to do.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    advice = "point host.store at a new path, or restore the store from a backup"
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise UnusableStore(f"store file {path} cannot be opened ({exc}); {advice}") from exc
+    try:
+        try:
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise UnusableStore(f"store file {path} is not a SQLite database ({exc}); {advice}") from exc
+        problems = integrity_problems(conn, 3)
+        if problems:
+            text = " ".join(" ".join(problems).replace("*** in database main ***", "").split())[:200]
+            raise UnusableStore(f"store file {path} is corrupt (SQLite integrity check: {text}); {advice}")
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        tables = {
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            ).fetchall()
+        }
+        if (version == 0 and tables) or (version > 0 and "actions" not in tables):
+            shown = ", ".join(sorted(tables)[:5]) or "none"
+            raise UnusableStore(
+                f"store file {path} is not an aip-crewai host store (schema version {version}, "
+                f"tables: {shown}); {advice}"
+            )
+    finally:
+        conn.close()
+
+
+class SqliteDb:
+    """The embedded engine: one ``sqlite3`` connection (WAL, autocommit) owned by the worker thread."""
+
+    integrity_error: type[Exception] = sqlite3.IntegrityError
+    engine = "sqlite"
+    unavailable_errors: tuple[type[BaseException], ...] = ()  # a local file: its errors are not outages
+    call_timeout_s: float | None = None  # one process on a local file: no store-call bound of its own
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return fn(*args)  # one connection, one worker thread
+
+    def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def change(self, sql: str, params: Sequence[Any] = ()) -> int:
+        cur = self.conn.execute(sql, params)
+        try:
+            return int(cur.rowcount)
+        finally:
+            cur.close()
+
+    def change_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        cur = self.conn.executemany(sql, rows)
+        try:
+            return int(cur.rowcount)
+        finally:
+            cur.close()
+
+    def write(self, durable: bool, fn: Callable[[], _T]) -> _T:
+        if durable:
+            return fn()
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            return fn()
+        finally:
+            self.conn.execute("PRAGMA synchronous=FULL")
+
+    def transaction(self, fn: Callable[[], _T]) -> _T:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            value = fn()
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return value
+
+    def interrupt_stuck(self) -> int:
+        return 0
+
+    def probe(self) -> None:
+        self.conn.execute("SELECT 1").fetchall()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def lock_store(path: Path) -> int:
+    """Own the store for this process: an exclusive lock on ``<store>.lock``,
+    held until the process exits (or :func:`aip_crewai.plumbing.storage.release_lock`).
+    A second host on the same store is refused before it serves, as a second
+    sidecar is on its journal (a shared-database mode does not exist yet).
+
+    Raises:
+        StoreLocked: another host process holds the lock.
+        InsecureStorePath: the lock file is a symlink, not a regular file, or not private.
+    """
+    return acquire_lock(
+        path,
+        insecure=InsecureStorePath,
+        held=lambda lock_path: StoreLocked(
+            f"the store {path} is already owned by another running host (lock {lock_path} is held); "
+            "stop it first, or give this host its own store"
+        ),
+    )

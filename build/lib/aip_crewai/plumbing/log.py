@@ -1,0 +1,57 @@
+"""Logging setup shared by both processes (structlog).
+
+``configure_logging(json=..., level=...)`` is called once, from an entry
+point. Logs go to **stderr** (CrewAI prints to stdout). Event names are fixed
+snake_case phrases; data goes in key-values with units. Never log secrets,
+tokens, crew inputs or outputs: log sizes and hashes.
+
+Source: ARCHITECTURE.md §2 (logging).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is at each write (a test's capture, a replaced stream), not the one
+    configured first: a logger cached before the stream changed never writes to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def configure_logging(*, json: bool | None = None, level: str = "info", cache: bool = True) -> None:
+    """Configure structlog once.
+
+    Args:
+        json: JSON lines (production) when True, the console renderer when
+            False; None picks JSON unless stderr is a terminal.
+        level: minimum level name (debug, info, warning, error).
+        cache: cache each logger on first use (the long-running processes); a
+            client command configures without, so a caller that configures
+            logging again (an embedding program, a test) is obeyed.
+    """
+    if json is None:
+        json = not sys.stderr.isatty()
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
+        cache_logger_on_first_use=cache,
+    )

@@ -1,0 +1,220 @@
+"""Human output of the ``aip-crewai`` client commands (pure: values in, lines out).
+
+Every text a person reads goes through :mod:`aip_crewai.contracts.display`:
+code points one would misread are written as ``\\u`` escapes, under a warning
+line. ``--json`` prints the AIP values themselves instead (docs/reference/cli.md "Command line").
+
+Source: docs/reference/cli.md "Command line".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .contracts import display
+
+#: Longest value a table cell shows, characters (the rest is cut with ``…``).
+CELL_CHARS = 40
+
+
+def text(value: Any) -> str:
+    """One value as a person reads it: a string escaped (:func:`display.escape`), anything else as compact JSON."""
+    if isinstance(value, str):
+        return display.escape(value)
+    return display.dumps(value, indent=None)
+
+
+def json_block(value: Any, indent: str = "  ") -> list[str]:
+    """A JSON value as indented lines, findings escaped, after a warning line when there are any."""
+    warning = display.banner(display.findings(value))
+    lines = [warning] if warning else []
+    return lines + [indent + line for line in display.dumps(value).splitlines()]
+
+
+def table(rows: list[list[str]], header: list[str]) -> list[str]:
+    """Left-aligned columns, two spaces apart; cells already escaped, cut at :data:`CELL_CHARS`."""
+    cut = [[c if len(c) <= CELL_CHARS else c[: CELL_CHARS - 1] + "…" for c in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cut) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cut]
+
+
+def _error_text(error: dict[str, Any]) -> str:
+    retry = ", retryable" if error.get("retryable") else ""
+    return f"{text(error.get('code', '?'))}{retry}: {text(error.get('message', ''))}"
+
+
+def envelope_lines(envelope: dict[str, Any]) -> list[str]:
+    """An ``action_result``, ``ack`` or ``error`` envelope as lines, with the next command where there is one."""
+    body = envelope.get("body") or {}
+    result, ack, error = body.get("action_result"), body.get("ack"), (body.get("error") or {}).get("error")
+    action_id = text((result or ack or {}).get("action_id") or envelope.get("correlation_id") or "?")
+    if isinstance(result, dict):
+        status = result.get("status")
+        output = result.get("output")
+        if status == "pending_approval" and isinstance(output, dict):
+            return [
+                f"pending approval  action {action_id}  approval {text(output.get('approval_id', '?'))}"
+                f"  expires {text(output.get('expires_at', '?'))}",
+                f"next: an approver decides (aip-crewai approvals show {text(output.get('approval_id', '?'))}); "
+                f"then: aip-crewai actions result {action_id}  (or: aip-crewai actions follow {action_id})",
+            ]
+        lines = [f"{text(status)}  action {action_id}"]
+        if isinstance(result.get("error"), dict):
+            lines.append(f"error: {_error_text(result['error'])}")
+            details = result["error"].get("details")
+            if details:
+                lines.append(f"details: {text(details)}")
+        if output is not None:
+            lines.append("output:")
+            lines += json_block(output)
+        return lines
+    if isinstance(ack, dict):
+        if ack.get("reason") == "pending_approval":
+            return [
+                f"pending approval  action {action_id}",
+                f"next: an approver decides; then: aip-crewai actions follow {action_id}",
+            ]
+        return [
+            f"{text(ack.get('status', '?'))}  action {action_id}  (still running)",
+            f"next: aip-crewai actions follow {action_id}  (or: aip-crewai actions result {action_id})",
+        ]
+    if isinstance(error, dict):
+        return [f"refused: {_error_text(error)}"]
+    return json_block(envelope)
+
+
+def status_lines(status: dict[str, Any]) -> list[str]:
+    """An ``ActionStatus`` as ``field: value`` lines, its result (when final) below."""
+    lines = [
+        f"action      {text(status.get('action_id', '?'))}",
+        f"capability  {text(status.get('capability_id', '?'))}",
+        f"state       {text(status.get('state', '?'))}",
+        f"updated     {text(status.get('updated_at', '?'))}",
+    ]
+    if status.get("approval_id"):
+        lines.append(f"approval    {text(status['approval_id'])}")
+    result = status.get("result")
+    if isinstance(result, dict):
+        lines += envelope_lines({"body": {"action_result": result}})[1:]
+    elif status.get("state") == "pending_approval":
+        lines.append(f"next: an approver decides; then: aip-crewai actions follow {text(status.get('action_id'))}")
+    elif status.get("state") in ("queued", "running"):
+        lines.append(f"next: aip-crewai actions follow {text(status.get('action_id'))}")
+    return lines
+
+
+def approvals_table(listing: dict[str, Any]) -> list[str]:
+    """An ``ApprovalList`` page as a table (one row per approval), the next page's command below."""
+    rows = []
+    for view in listing.get("approvals") or []:
+        request = view.get("request") or {}
+        decision = view.get("decision") or {}
+        rows.append(
+            [
+                text(request.get("id", "?")),
+                text(view.get("status", "?")),
+                text(request.get("action_id", "?")),
+                text(request.get("capability_id", "?")),
+                text((request.get("requester") or {}).get("id", "?")),
+                text(request.get("risk") or "-"),
+                text(request.get("expires_at", "?") if not decision else decision.get("decided_at", "?")),
+            ]
+        )
+    if not rows:
+        return ["no approvals"]
+    lines = table(rows, ["APPROVAL", "STATUS", "ACTION", "CAPABILITY", "REQUESTER", "RISK", "EXPIRES/DECIDED"])
+    if listing.get("cursor"):
+        lines.append(f"more: aip-crewai approvals list --cursor {text(listing['cursor'])}")
+    return lines
+
+
+def approval_lines(view: dict[str, Any]) -> list[str]:
+    """An ``ApprovalRecordView``: its request and decision, then its exact input (escaped, with a warning)."""
+    request = view.get("request") or {}
+    lines = [
+        f"approval    {text(request.get('id', '?'))}  ({text(view.get('status', '?'))})",
+        f"action      {text(request.get('action_id', '?'))}",
+        f"capability  {text(request.get('capability_id', '?'))}  risk {text(request.get('risk') or '-')}",
+        f"requester   {text((request.get('requester') or {}).get('id', '?'))}",
+        f"expires     {text(request.get('expires_at', '?'))}",
+        f"policy      {text(request.get('policy_hash', '?'))}",
+    ]
+    decision = view.get("decision")
+    if isinstance(decision, dict):
+        reason = f": {text(decision['reason'])}" if decision.get("reason") else ""
+        lines.append(
+            f"decision    {text(decision.get('decision', '?'))} by "
+            f"{text((decision.get('approver') or {}).get('id', '?'))} at {text(decision.get('decided_at', '?'))}{reason}"
+        )
+    payload = view.get("evidence_payload")
+    if isinstance(payload, dict):
+        lines.append("input:")
+        lines += json_block(payload.get("input"))
+    else:
+        lines.append("input: (not shown to this principal)")
+    if view.get("status") == "pending":
+        lines.append(f"next: aip-crewai approvals decide {text(request.get('id', '?'))} approved|denied --reason TEXT")
+    return lines
+
+
+def decision_lines(decision: dict[str, Any]) -> list[str]:
+    """An ``ApprovalDecision`` in one line."""
+    return [
+        f"{text(decision.get('decision', '?'))}  approval {text(decision.get('approval_id', '?'))} by "
+        f"{text((decision.get('approver') or {}).get('id', '?'))} at {text(decision.get('decided_at', '?'))}"
+    ]
+
+
+def chunk_text(envelope: dict[str, Any]) -> str | None:
+    """The text part of a ``stream_chunk`` envelope, or None."""
+    chunk = (envelope.get("body") or {}).get("stream_chunk") or {}
+    part = chunk.get("part") or {}
+    return part.get("text") if isinstance(part, dict) else None
+
+
+def batch_item(envelope: dict[str, Any]) -> int | None:
+    """The ``batch_run`` item a chunk belongs to (its data's ``batch_item``), or None."""
+    data = ((envelope.get("body") or {}).get("stream_chunk") or {}).get("data")
+    item = data.get("batch_item") if isinstance(data, dict) else None
+    return item if isinstance(item, int) and not isinstance(item, bool) else None
+
+
+def manifest_lines(manifest: dict[str, Any]) -> Iterator[str]:
+    """One block per capability: id, kind, whether it needs approval, its input's required and optional fields."""
+    for cap in manifest.get("capabilities") or []:
+        if not isinstance(cap, dict):
+            continue
+        schema = cap.get("input_schema") or {}
+        root = schema
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        if isinstance(ref, str):
+            root = (schema.get("$defs") or {}).get(ref.rsplit("/", 1)[-1], schema)
+        props = sorted((root.get("properties") or {}) if isinstance(root, dict) else {})
+        required = set(root.get("required") or []) if isinstance(root, dict) else set()
+        fields = ", ".join(f"{text(name)}{'' if name in required else '?'}" for name in props) or "(any object)"
+        approval = "  needs approval" if cap.get("requires_human_approval") else ""
+        summary = text(cap.get("description") or cap.get("name") or "")
+        yield f"{text(cap.get('id'))}  [{text(cap.get('kind', ''))}]{approval} {summary}".rstrip()
+        yield f"    input: {fields}"
+
+
+def approval_event_line(event: str, data: dict[str, Any]) -> str:
+    """One line of ``approvals watch`` for an approval event (its ``data`` is an AIP Event)."""
+    view = data.get("data") or {}
+    request = view.get("request") or {}
+    approval_id = text(request.get("id", "?"))
+    if event == "pending":
+        requester = text((request.get("requester") or {}).get("id", "?"))
+        return (
+            f"pending    {approval_id}  {text(request.get('capability_id', '?'))}  action "
+            f"{text(request.get('action_id', '?'))}  by {requester}  expires {text(request.get('expires_at', '?'))}"
+            f"  policy {text(request.get('policy_hash', '?'))}"
+        )
+    if event == "decided":
+        decision = view.get("decision") or {}
+        return (
+            f"decided    {approval_id}  {text(decision.get('decision', view.get('status', '?')))} by "
+            f"{text((decision.get('approver') or {}).get('id', '?'))}"
+        )
+    return f"{text(event):<10} {approval_id}"

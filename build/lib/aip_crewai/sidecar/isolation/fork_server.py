@@ -1,0 +1,169 @@
+"""The worker fork server, and what is forked from it at start-up (``--isolation process``).
+
+- :func:`start_forkserver` starts multiprocessing's fork server (it preloads :data:`PRELOAD`: CrewAI and
+  the operations, never the crew registry); every worker of :class:`~aip_crewai.sidecar.isolation.pool.WorkerPool`
+  and the registry check fork from it.
+- :func:`describe_registry` is the start-up registry check: one process forked from the fork server loads
+  the registry and runs the preflight (``worker.describe``) and answers with a
+  :class:`~aip_crewai.sidecar.isolation.wire.Described` frame.
+- The start-up failures: :class:`WorkerStartFailed` (no worker or no check answer: exit 1) and
+  :class:`ForkServerThreaded` (the fork server had threads: refused, exit 2); :func:`describe_exit`
+  names a process's exit status in their messages (and in the pool's).
+
+Source: ARCHITECTURE.md §5 (isolation).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import socket
+from multiprocessing.context import BaseContext
+
+from aip_crewai.sidecar.isolation.wire import (
+    HEADER,
+    Boot,
+    Described,
+    FrameError,
+    FromWorker,
+    Refused,
+    decode_from_worker,
+    encode_boot,
+    frame_bound,
+    payload_length,
+)
+
+#: Modules the fork server imports before it forks any worker (the last one warms CrewAI up).
+PRELOAD = [
+    "aip_crewai.sidecar.isolation.pool",
+    "aip_crewai.sidecar.isolation.worker",
+    "aip_crewai.sidecar.operations.startup.preload",
+]
+#: How long a worker may take to boot (s); the first ones wait for the fork server's CrewAI import.
+BOOT_TIMEOUT_SECONDS = 300.0
+#: How long a killed worker's exit is awaited (s).
+REAP_SECONDS = 10.0
+
+
+def start_forkserver() -> BaseContext:
+    """Start the worker fork server now (it imports CrewAI in the background) and return its context.
+
+    Call after ``crewai_env.prepare_crewai_environment`` and
+    ``capture_crewai_prints``: the fork server inherits the environment and
+    file descriptors 1 and 2 of this moment.
+
+    The crew registry is *not* preloaded: a registry module may start threads
+    at import (an SDK's metrics flusher, an exporter), and a process forked
+    while another thread holds a lock inherits the lock held forever (a job that
+    needs it hangs until its timeout). The fork server imports only CrewAI and our own
+    modules and records any thread left besides its main one
+    (``operations/startup/preload.FORK_SERVER_THREADS``); each worker imports the
+    registry after the fork (its threads start in the worker, where they are
+    safe) and refuses to boot if the fork server was not single-threaded.
+
+    Source: ARCHITECTURE.md §5 (isolation).
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+    return context
+
+
+class WorkerStartFailed(RuntimeError):
+    """The pool could not start its workers (the sidecar stops: exit 1)."""
+
+
+class ForkServerThreaded(WorkerStartFailed):
+    """The fork server had threads besides its main one: no worker may be forked from it (the sidecar
+    refuses to start: one line, exit 2)."""
+
+    def __init__(self, threads: list[str]) -> None:
+        names = ", ".join(threads[:8]) + (f" and {len(threads) - 8} more" if len(threads) > 8 else "")
+        super().__init__(
+            f"the job worker fork server runs {len(threads)} thread(s) besides its main one ({names}); "
+            "workers forked from it could inherit a lock held forever. Something it imports starts "
+            "them: set OPENBLAS_NUM_THREADS=1 for numpy's, or use --isolation inprocess"
+        )
+        self.threads = threads
+
+
+def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT_TIMEOUT_SECONDS) -> Described:
+    """The start-up registry check, in a process forked from the fork server (``worker.describe``).
+
+    Blocks until its answer (the fork server's CrewAI import included), at most ``timeout`` seconds; the
+    process is then reaped (killed if it lingers). With process isolation this replaces the sidecar's own
+    ``import crewai`` and registry load: the crew ids and the preflight's facts come from here.
+
+    Returns:
+        the :class:`~aip_crewai.sidecar.isolation.wire.Described` answer (``refused`` / ``import_failed`` set when refused).
+
+    Raises:
+        ForkServerThreaded: the fork server had threads besides its main one (the check refused to run).
+        WorkerStartFailed: no answer (the process died, timed out or sent a bad frame); the message names
+            its exit status.
+
+    Source: ARCHITECTURE.md §5 (isolation).
+    """
+    ours, theirs = socket.socketpair()
+    process = context.Process(  # type: ignore[attr-defined]
+        target=_describe_entry,
+        args=(theirs, encode_boot(boot)),
+        name="aip-crewai-registry-check",
+        daemon=False,
+    )
+    try:
+        process.start()
+    finally:
+        theirs.close()
+    answer: FromWorker | None = None
+    try:
+        ours.settimeout(timeout)
+        header = _read_exactly(ours, HEADER.size)
+        answer = decode_from_worker(_read_exactly(ours, payload_length(header, frame_bound(262_144))))
+    except (OSError, EOFError, FrameError):
+        answer = None
+    finally:
+        ours.close()
+        process.join(REAP_SECONDS)
+        if process.exitcode is None:
+            process.kill()
+            process.join(REAP_SECONDS)
+    if isinstance(answer, Refused):
+        raise ForkServerThreaded(answer.threads)
+    if not isinstance(answer, Described):
+        raise WorkerStartFailed(
+            f"the registry check process ended without an answer ({describe_exit(process.exitcode)})"
+        )
+    return answer
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    """``size`` bytes from a blocking socket. Raises EOFError at end of file, OSError (timeouts too)."""
+    data = bytearray()
+    while len(data) < size:
+        piece = sock.recv(size - len(data))
+        if not piece:
+            raise EOFError
+        data += piece
+    return bytes(data)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """``signal SIGKILL``, ``exit status 3`` or ``exit status unknown`` for a process exit code."""
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        try:
+            return f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+def _describe_entry(sock: socket.socket, boot_data: bytes) -> None:
+    """Process target of :func:`describe_registry` (imported by reference in the fork server's child)."""
+    from aip_crewai.sidecar.isolation.worker import describe
+
+    describe(sock, boot_data)

@@ -1,0 +1,513 @@
+"""Process isolation: every job runs in a worker process of its own (``--isolation process``).
+
+The sidecar process keeps HTTP, the journal (its only writer), admission,
+the bounds and the event fan-out; :class:`WorkerPool` is the runtime's
+executor (the same ``async executor(crew_id, operation, input, ctx)`` as the
+in-process one) and runs each job in a fresh worker (:mod:`worker`):
+
+- **Fork server.** :func:`~aip_crewai.sidecar.isolation.fork_server.start_forkserver`
+  starts multiprocessing's fork server right after CrewAI's environment is set
+  (in parallel with the sidecar's own CrewAI import); it imports CrewAI and the
+  operations once (``operations/startup/preload.py``), never the crew registry
+  (which may start threads: each worker imports it after the fork).
+  Workers fork from it, not from the sidecar,
+  whose event loop and threads make a plain ``fork`` unsafe. A worker is
+  ready in about 10 ms and shares the fork server's pages.
+- **Pool.** ``--max-concurrency`` workers exist at any time, booted ahead of
+  need (idle ones wait for their job). A worker runs one job and exits; its
+  replacement is started at once, so no job inherits another's environment,
+  working directory, stdout, event-bus handlers or CrewAI replay storage.
+- **Events.** Chunks come back as frames (:mod:`~aip_crewai.sidecar.isolation.wire`) and go to
+  ``ctx.emit_chunk``: the runtime shapes, bounds, journals and fans them out
+  as in-process. ``ctx.find_task_run`` (replay) is answered over the same
+  socket; ``ctx.run_state`` and the output come back with the end.
+- **Hard cancel** (:attr:`stops_by_task`: the runtime cancels the executor's
+  task for every operation). The worker is told to stop (its cancel flag;
+  ``run``/``batch_run``'s task); a worker that has not ended within
+  ``--cancel-grace-seconds`` is killed (SIGKILL). The stop counts as
+  confirmed (``provider_stop_observed``) when the worker stopped on the
+  cancel or died before answering: no model call or tool runs in it after
+  the flag is set, and a killed one runs nothing at all. A worker that
+  finished its work anyway leaves the job ``uncertain_outcome: true``.
+- **Crash containment.** A worker that dies on its own (a signal, an exit)
+  fails only its job: ``error_type`` ``WorkerDied``, a message naming the
+  signal or exit status, ``uncertain_outcome: true``; a broken frame kills
+  it and fails the job ``WorkerProtocolError``. A replacement is started.
+
+Source: ARCHITECTURE.md §5 (isolation); docs/security.md "Process isolation".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import socket
+import time
+from collections.abc import Callable
+from multiprocessing.context import BaseContext
+from typing import Any
+
+import msgspec
+import structlog
+
+from aip_crewai.sidecar.isolation.fork_server import (
+    BOOT_TIMEOUT_SECONDS,
+    REAP_SECONDS,
+    ForkServerThreaded,
+    WorkerStartFailed,
+    describe_exit,
+    start_forkserver,
+)
+from aip_crewai.sidecar.isolation.wire import (
+    HEADER,
+    Boot,
+    Cancel,
+    Chunk,
+    Done,
+    Failed,
+    FindTaskRun,
+    FrameError,
+    FromWorker,
+    Ready,
+    Refused,
+    Start,
+    TaskRun,
+    ToWorker,
+    decode_from_worker,
+    encode,
+    encode_boot,
+    frame_bound,
+    payload_length,
+)
+from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
+
+log = structlog.get_logger(__name__)
+
+#: Delay before starting a worker again after one failed to boot (s), doubling up to the maximum.
+RESPAWN_DELAY_SECONDS, MAX_RESPAWN_DELAY_SECONDS = 0.5, 10.0
+
+
+class WorkerDied(SafeJobError):
+    """The job's worker process died before it reported the job's end."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        super().__init__(
+            f"the worker process running the job died ({describe_exit(exitcode)})",
+            error_type="WorkerDied",
+            uncertain=True,
+        )
+        self.exitcode = exitcode
+
+
+class _Worker:
+    """The sidecar's end of one worker process."""
+
+    def __init__(self, process: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bound: int) -> None:
+        self.process = process
+        self.pid: int = process.pid
+        self.reader = reader
+        self.writer = writer
+        self.bound = bound
+        self.killed_at: float | None = None
+
+    async def recv(self) -> FromWorker | None:
+        """The next message; None at end of file (the worker exited). Raises FrameError."""
+        try:
+            header = await self.reader.readexactly(HEADER.size)
+            payload = await self.reader.readexactly(payload_length(header, self.bound))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        return decode_from_worker(payload)
+
+    async def send(self, message: ToWorker) -> bool:
+        """Send one frame; False when the worker is gone."""
+        try:
+            self.writer.write(encode(message))
+            await self.writer.drain()
+        except (ConnectionError, OSError):
+            return False
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL (idempotent; a gone process is fine)."""
+        if self.killed_at is None:
+            self.killed_at = time.monotonic()
+        try:
+            self.process.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    async def reap(self) -> int | None:
+        """Close the socket, wait for the exit (killing it if it lingers) and return its exit code."""
+        self.writer.close()
+        await asyncio.to_thread(self.process.join, REAP_SECONDS)
+        if self.process.exitcode is None:
+            self.kill()
+            await asyncio.to_thread(self.process.join, REAP_SECONDS)
+        code: int | None = self.process.exitcode
+        return code
+
+
+class WorkerPool:
+    """The process-isolated executor (see the module docstring).
+
+    Args:
+        boot: what each worker loads (registry, state dir, logging).
+        size: workers alive at once (``--max-concurrency``).
+        cancel_grace_seconds: how long a cancelled job may take to stop before its worker is killed.
+        max_events: ``--max-events-per-run``; max_event_bytes: ``--max-event-bytes``.
+        context: the multiprocessing context (default: :func:`start_forkserver`'s).
+        target: the worker process's function ``(socket, boot bytes)`` (default: :func:`worker.serve`;
+            tests pass fakes).
+    """
+
+    #: The runtime cancels this executor's task for every operation (hard cancel).
+    stops_by_task = True
+
+    def __init__(
+        self,
+        boot: Boot,
+        size: int,
+        *,
+        cancel_grace_seconds: float,
+        max_events: int,
+        max_event_bytes: int,
+        context: BaseContext | None = None,
+        target: Callable[[socket.socket, bytes], None] | None = None,
+    ) -> None:
+        self.boot = boot
+        self.size = size
+        self.cancel_grace_seconds = cancel_grace_seconds
+        self.max_events = max_events
+        self.max_event_bytes = max_event_bytes
+        self.bound = frame_bound(max_event_bytes)
+        self._context = context
+        self._target = target or _worker_entry
+        self._boot_data = encode_boot(boot)
+        self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
+        self._alive: set[_Worker] = set()
+        self._processes: set[Any] = set()  # every worker process started and not yet known to be reaped
+        self._spawning: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._started = False
+        self._failures = 0
+        self.started_total = 0
+        self.killed_total = 0
+        self.died_total = 0
+
+    # ------------------------------------------------------------------ life
+
+    async def start(self) -> None:
+        """Boot ``size`` workers; return when all are ready.
+
+        Raises:
+            WorkerStartFailed: a worker could not boot (its log line says why).
+        """
+        if self._started:
+            return
+        if self._context is None:
+            self._context = start_forkserver()
+        # Before multiprocessing's own exit hook, which joins every child: never wait on a worker at exit.
+        atexit.register(self._kill_all_now)
+        results = await asyncio.gather(*(self._start_one() for _ in range(self.size)), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await self.close()
+            threaded = next((r for r in failed if isinstance(r, ForkServerThreaded)), None)
+            if threaded is not None:
+                raise threaded
+            raise WorkerStartFailed(f"{len(failed)} of {self.size} job workers could not start ({failed[0]})")
+        self._started = True
+        log.info("workers_ready", workers=self.size)
+
+    async def close(self) -> None:
+        """Stop starting workers and kill every worker (idle or busy); wait for their exits."""
+        self._closing = True
+        atexit.unregister(self._kill_all_now)
+        for task in list(self._spawning):
+            task.cancel()
+        workers = list(self._alive)
+        for worker in workers:
+            worker.kill()
+        self._kill_all_now()  # also workers still booting
+        await asyncio.gather(*(w.reap() for w in workers), return_exceptions=True)
+        await asyncio.gather(
+            *(asyncio.to_thread(p.join, REAP_SECONDS) for p in self._processes), return_exceptions=True
+        )
+        self._alive.clear()
+        self._processes.clear()
+
+    def _track(self, process: Any, started: asyncio.Future[None]) -> None:
+        if started.cancelled() or started.exception() is not None:
+            return
+        self._processes.add(process)
+        if self._closing:
+            process.kill()
+
+    def _kill_all_now(self) -> None:
+        """SIGKILL every worker process started (at interpreter exit: none may hold it)."""
+        for process in list(self._processes):
+            try:
+                if process.exitcode is None:
+                    process.kill()
+            except (OSError, ValueError):
+                pass
+
+    def stop_replacing(self) -> None:
+        """At a stop: start no more workers (jobs still running keep theirs; queued ones wait to be cancelled)."""
+        self._closing = True
+
+    def idle(self) -> int:
+        """Workers booted and waiting for a job."""
+        return self._idle.qsize()
+
+    def pids(self) -> list[int]:
+        """Process ids of the workers alive now (idle and busy)."""
+        return sorted(w.pid for w in self._alive)
+
+    async def _start_one(self) -> None:
+        context = self._context
+        if context is None:
+            raise RuntimeError("the pool is not started")
+        ours, theirs = socket.socketpair()
+        try:
+            process = context.Process(  # type: ignore[attr-defined]
+                target=self._target,
+                args=(theirs, self._boot_data),
+                name="aip-crewai-job-worker",
+                daemon=False,
+            )
+            started = asyncio.ensure_future(asyncio.to_thread(process.start))
+            # Tracked once started, even when this task is cancelled meanwhile (a close kills it).
+            started.add_done_callback(lambda future: self._track(process, future))
+            await asyncio.shield(started)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        worker = _Worker(process, reader, writer, self.bound)
+        self._alive.add(worker)
+        try:
+            ready = await asyncio.wait_for(worker.recv(), BOOT_TIMEOUT_SECONDS)
+        except (asyncio.TimeoutError, FrameError):
+            ready = None
+            worker.kill()
+        if not isinstance(ready, Ready):
+            code = await worker.reap()
+            self._alive.discard(worker)
+            if isinstance(ready, Refused):
+                raise ForkServerThreaded(ready.threads)
+            raise WorkerStartFailed(f"a job worker did not boot ({describe_exit(code)})")
+        self.started_total += 1
+        self._idle.put_nowait(worker)
+
+    def _replace(self) -> None:
+        """Start a worker in the background (after a failure, with a growing delay)."""
+        self._processes = {p for p in self._processes if p.exitcode is None}  # forget the reaped ones
+        if self._closing:
+            return
+        task = asyncio.get_running_loop().create_task(self._replace_later())
+        self._spawning.add(task)
+        task.add_done_callback(self._spawning.discard)
+
+    async def _replace_later(self) -> None:
+        if self._failures:
+            await asyncio.sleep(min(MAX_RESPAWN_DELAY_SECONDS, RESPAWN_DELAY_SECONDS * 2 ** (self._failures - 1)))
+        if self._closing:
+            return
+        try:
+            await self._start_one()
+        except (WorkerStartFailed, OSError) as exc:
+            self._failures += 1
+            log.error("worker_start_failed", error=str(exc), failures=self._failures)
+            self._replace()
+            return
+        self._failures = 0
+
+    async def _take(self) -> _Worker:
+        while True:
+            worker = await self._idle.get()
+            if worker.process.is_alive():
+                return worker
+            self._alive.discard(worker)  # died while idle: start another
+            log.warning("worker_died_idle", pid=worker.pid, exit=describe_exit(await worker.reap()))
+            self._replace()
+
+    # ------------------------------------------------------------- executor
+
+    async def __call__(self, crew_id: str, operation: str, input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        """Run one job in a worker (``runtime.Executor``).
+
+        Returns:
+            The operation output (ARCHITECTURE.md §4 Outputs).
+
+        Raises:
+            asyncio.CancelledError: the job was stopped (cooperatively or by a kill) after its task was cancelled.
+            JobCancelled: the worker stopped on a cancel.
+            WorkerDied: the worker died first (``uncertain_outcome: true``).
+            SafeJobError: the worker reported a failure (its type; a message only when publishable).
+        """
+        worker = await self._take()
+        try:
+            start = Start(
+                ctx.action_id,
+                crew_id,
+                operation,
+                ctx.tenant,
+                input,
+                str(ctx.state_dir),
+                str(ctx.training_dir) if ctx.training_dir is not None else None,
+                self.max_events,
+                self.max_event_bytes,
+                ctx.traceparent,
+            )
+            if not await worker.send(start):
+                raise WorkerDied(await worker.reap())
+            return await _Job(self, worker, ctx).follow()
+        finally:
+            # The worker exits by itself after its end (else it was killed): reap it in the background.
+            self._alive.discard(worker)
+            task = asyncio.get_running_loop().create_task(worker.reap())
+            self._spawning.add(task)
+            task.add_done_callback(self._spawning.discard)
+            self._replace()
+
+
+class _Job:
+    """Follow one job's frames until its end; stop it on a cancel (grace, then kill)."""
+
+    def __init__(self, pool: WorkerPool, worker: _Worker, ctx: JobContext) -> None:
+        self.pool = pool
+        self.worker = worker
+        self.ctx = ctx
+        self.calls: set[asyncio.Task[None]] = set()
+
+    async def follow(self) -> dict[str, Any]:
+        try:
+            while True:
+                try:
+                    message = await self._next()
+                except asyncio.CancelledError:
+                    return await self._stop()
+                result = self._handle(message)
+                if result is not None:
+                    return result
+        finally:
+            for call in self.calls:
+                call.cancel()
+
+    async def _next(self) -> FromWorker:
+        try:
+            message = await self.worker.recv()
+        except FrameError as exc:
+            self.worker.kill()
+            await self.worker.reap()
+            log.error("worker_protocol_error", action_id=self.ctx.action_id, pid=self.worker.pid, error=str(exc))
+            raise SafeJobError(
+                "the worker process sent a frame the sidecar refuses; it was stopped",
+                error_type="WorkerProtocolError",
+                uncertain=True,
+            ) from None
+        if message is None:
+            raise await self._died()
+        return message
+
+    async def _died(self) -> WorkerDied:
+        code = await self.worker.reap()
+        self.pool.died_total += 1
+        log.error("worker_died", action_id=self.ctx.action_id, pid=self.worker.pid, exit=describe_exit(code))
+        return WorkerDied(code)
+
+    def _handle(self, message: FromWorker) -> dict[str, Any] | None:
+        """Apply one frame; the output once the job completed; raises its failure."""
+        ctx = self.ctx
+        if isinstance(message, Chunk):
+            ctx.emit_chunk(message.data)
+            return None
+        if isinstance(message, FindTaskRun):
+            call = asyncio.get_running_loop().create_task(self._answer(message))
+            self.calls.add(call)
+            call.add_done_callback(self.calls.discard)
+            return None
+        if isinstance(message, Done | Failed) and message.dropped and ctx.note_dropped is not None:
+            ctx.note_dropped(message.dropped)
+        if isinstance(message, Done):
+            ctx.run_state.update({index: state for index, state in message.run_state})
+            output: dict[str, Any] = msgspec.json.decode(message.output)
+            return output
+        if isinstance(message, Failed):
+            if message.cancelled:
+                ctx.stop_observed = True
+                raise JobCancelled(f"job {ctx.action_id} was cancelled")
+            ctx.stop_observed = ctx.stop_observed or message.stop_observed
+            raise SafeJobError(
+                message.message or GENERIC_FAILURE,
+                error_type=message.error_type,
+                before_any_effect=message.before_any_effect,
+                uncertain=message.uncertain,
+            )
+        raise SafeJobError(
+            "the worker process sent an unexpected message", error_type="WorkerProtocolError", uncertain=True
+        )
+
+    async def _answer(self, message: FindTaskRun) -> None:
+        run = None
+        if self.ctx.find_task_run is not None:
+            try:
+                run = await self.ctx.find_task_run(message.task_id)
+            except Exception as exc:  # noqa: BLE001 - the replay then finds no run: a typed refusal
+                log.error("task_run_lookup_failed", action_id=self.ctx.action_id, error_type=type(exc).__name__)
+        await self.worker.send(TaskRun(message.request, run))
+
+    async def _stop(self) -> dict[str, Any]:
+        """The job's task was cancelled: ask the worker to stop, kill it after the grace.
+
+        Returns the output when the worker completed anyway (the stop is then not observed).
+        Raises CancelledError once the worker stopped or died (stop observed), or the job's failure.
+        """
+        ctx = self.ctx
+        asked = time.monotonic()
+        await self.worker.send(Cancel())
+        deadline = asked + self.pool.cancel_grace_seconds
+        how = "died"
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise asyncio.TimeoutError
+                message = await asyncio.wait_for(self.worker.recv(), remaining)
+                if message is None:  # died before answering: nothing ran after the flag
+                    await self.worker.reap()
+                    break
+                if isinstance(message, Failed) and message.cancelled:
+                    how = "stopped"  # the job ended on its cancel flag; the worker exits right after:
+                    await self.worker.reap()  # confirmed once it is gone (a thread it left dies with it)
+                    break
+                result = self._handle(message)
+                if result is not None:
+                    log.warning("job_finished_despite_cancel", action_id=ctx.action_id, pid=self.worker.pid)
+                    return result
+        except (asyncio.TimeoutError, FrameError, asyncio.CancelledError):
+            how = "killed"
+            self.worker.kill()
+            self.pool.killed_total += 1
+            await self.worker.reap()
+        ctx.stop_observed = True
+        log.info(
+            "job_worker_stopped",
+            action_id=ctx.action_id,
+            pid=self.worker.pid,
+            how=how,
+            killed=how == "killed",
+            stop_ms=round((time.monotonic() - asked) * 1000, 1),
+        )
+        raise asyncio.CancelledError
+
+
+def _worker_entry(sock: socket.socket, boot_data: bytes) -> None:
+    """Process target (imported by reference in the fork server's child)."""
+    from aip_crewai.sidecar.isolation.worker import serve
+
+    serve(sock, boot_data)

@@ -1,0 +1,195 @@
+"""The read side of the job runtime: job views, event pages and live followers.
+
+Committed events come from the journal, newer ones from the job's
+:class:`LiveJob` in memory (see :mod:`live` for why a snapshot of both never
+misses or repeats an event). A follower wakes on every change of its job and
+yields a keep-alive tick after ``keepalive_seconds`` without news.
+
+Source: ARCHITECTURE.md §4 (``GET /jobs/{id}``, ``/events`` as JSON and SSE, 416).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from aip_crewai.sidecar.errors import CursorOutOfRange, JobNotFound, JobWaitTimeout
+from aip_crewai.sidecar.jobs.live import LiveJob
+from aip_crewai.sidecar.jobs.model import EventRow, JobRecord, JobStatus
+from aip_crewai.sidecar.journal.store import Journal
+
+#: Bound on one JSON events page, bytes of event data (at least one event is returned).
+PAGE_MAX_BYTES = 8 * 1024 * 1024
+
+
+#: Events per page a follower reads and sends at once (one journal read, one socket write).
+FOLLOW_PAGE_EVENTS = 4096
+
+
+class JobReader:
+    """Reads jobs for the HTTP routes.
+
+    Args:
+        journal: the open journal.
+        live: the runtime's live jobs by action id (shared, read-only here).
+        keepalive_seconds: idle interval before a follower yields a keep-alive tick.
+    """
+
+    def __init__(self, journal: Journal, live: dict[str, LiveJob], keepalive_seconds: float) -> None:
+        self.journal = journal
+        self._live = live
+        self._keepalive = keepalive_seconds
+
+    async def record(self, action_id: str) -> tuple[JobRecord, LiveJob | None]:
+        """The job's record and its live state (None once terminal). Raises JobNotFound."""
+        record = await self.journal.get(action_id)
+        if record is None:
+            raise JobNotFound(f"job {action_id!r} not found")
+        if record.archived:
+            raise JobNotFound(f"job {action_id!r} was archived")
+        return record, self._live.get(action_id)
+
+    async def view(self, action_id: str) -> dict[str, Any]:
+        """``GET /jobs/{id}``: ``{action_id, crew_id, operation, status, event_count,
+        output}`` plus ``error`` (failed), ``provider_stop_observed`` (cancelled,
+        or known), ``uncertain_outcome`` (cancelled: true until the stop is
+        confirmed), ``dropped_events`` (when > 0), ``imported: true`` (a job ``journal import`` brought
+        from a reference journal)."""
+        record, live = await self.record(action_id)
+        status, count = (live.status, live.next_sequence) if live is not None else (record.status, record.event_count)
+        view: dict[str, Any] = {
+            "action_id": record.action_id,
+            "crew_id": record.crew_id,
+            "operation": record.operation,
+            "status": status.value,
+            "event_count": count,
+            "output": msgspec.Raw(record.output) if status is JobStatus.COMPLETED and record.output else None,
+        }
+        if status is JobStatus.FAILED and record.error:
+            view["error"] = msgspec.Raw(record.error)
+        if status is JobStatus.CANCELLED or record.provider_stop_observed is not None:
+            view["provider_stop_observed"] = record.provider_stop_observed
+        if status is JobStatus.CANCELLED:
+            # Confirmed only once the worker returned on the stop (no model call or tool can follow).
+            view["uncertain_outcome"] = record.provider_stop_observed is not True
+        dropped = live.dropped if live is not None else record.dropped_events
+        if dropped:
+            view["dropped_events"] = dropped
+        if record.imported:
+            view["imported"] = True
+        return view
+
+    async def page(
+        self, action_id: str, cursor: int, *, limit: int = 1000, max_bytes: int = PAGE_MAX_BYTES
+    ) -> tuple[JobStatus, list[EventRow], int]:
+        """Events from ``cursor``: ``(status, events, event_count)``.
+
+        Committed events come from the journal, newer ones from memory.
+        Raises JobNotFound, CursorOutOfRange (416: cursor < 0 or > event_count).
+        """
+        live = self._live.get(action_id)
+        if live is None:  # not running here: the journal's summary and the page in one hop
+            summary, events = await self.journal.summary_and_events(action_id, cursor, limit=limit, max_bytes=max_bytes)
+            if summary is None or summary[2]:
+                raise JobNotFound(
+                    f"job {action_id!r} not found" if summary is None else f"job {action_id!r} was archived"
+                )
+            if not 0 <= cursor <= summary[1]:
+                raise CursorOutOfRange(f"cursor {cursor} is outside the journal (0..{summary[1]})")
+            return summary[0], events, summary[1]
+        status, committed, pending, count = live.snapshot()
+        if not 0 <= cursor <= count:
+            raise CursorOutOfRange(f"cursor {cursor} is outside the journal (0..{count})")
+        events = []
+        if cursor < committed and limit > 0:
+            events = await self.journal.read_events(
+                action_id, cursor, limit=min(limit, committed - cursor), max_bytes=max_bytes
+            )
+        if cursor + len(events) >= committed and len(events) < limit:
+            start = cursor + len(events) - committed
+            events.extend(pending[start : start + limit - len(events)])
+        return status, events, count
+
+    async def follow(self, action_id: str, cursor: int) -> AsyncIterator[EventRow | None]:
+        """Yield events from ``cursor`` live until the terminal one; None every
+        ``sse_keepalive_seconds`` without news (a keep-alive tick).
+
+        One event at a time over :meth:`follow_pages`.
+
+        Raises JobNotFound / CursorOutOfRange before the first yield.
+        """
+        async for page in self.follow_pages(action_id, cursor):
+            if page is None:
+                yield None
+                continue
+            for row in page:
+                yield row
+
+    async def follow_pages(self, action_id: str, cursor: int) -> AsyncIterator[list[EventRow] | None]:
+        """Yield the events from ``cursor`` live, a page (up to :data:`FOLLOW_PAGE_EVENTS`
+        events, never empty) at a time, until the page that ends with the terminal event;
+        None every ``sse_keepalive_seconds`` without news (a keep-alive tick).
+
+        Pages are consecutive: no event is skipped or repeated, whether it was
+        committed or still pending when read.
+
+        Raises JobNotFound / CursorOutOfRange before the first yield.
+        """
+        async for page in await self.open_pages(action_id, cursor):
+            yield page
+
+    async def open_pages(self, action_id: str, cursor: int) -> AsyncIterator[list[EventRow] | None]:
+        """:meth:`follow_pages` with its first read done before this returns: JobNotFound and
+        CursorOutOfRange are raised here, so an SSE route answers 404/416 before its stream starts
+        and the first page costs no second read."""
+        live = self._live.get(action_id)
+        changed = live.changed() if live is not None else None
+        first = await self.page(action_id, cursor, limit=FOLLOW_PAGE_EVENTS)
+        return self._pages(action_id, cursor, live, changed, first)
+
+    async def _pages(
+        self,
+        action_id: str,
+        cursor: int,
+        live: LiveJob | None,
+        changed: asyncio.Event | None,
+        read: tuple[JobStatus, list[EventRow], int],
+    ) -> AsyncIterator[list[EventRow] | None]:
+        """The loop of :meth:`follow_pages`; ``live``/``changed`` were taken before ``read``, the first page
+        (a wake-up between the two is never missed)."""
+        while True:
+            status, events, _count = read
+            for index, row in enumerate(events):
+                if row.terminal:
+                    yield events[: index + 1]
+                    return
+            if events:
+                yield events
+                cursor += len(events)
+            elif status.terminal or live is None or live.lost:
+                return  # terminal (all read), or lost: the stream ends without a terminal event
+            elif not live.finished.is_set():
+                try:
+                    await asyncio.wait_for(changed.wait(), self._keepalive)  # type: ignore[union-attr]
+                except asyncio.TimeoutError:
+                    yield None
+            live = self._live.get(action_id)
+            changed = live.changed() if live is not None else None
+            try:
+                read = await self.page(action_id, cursor, limit=FOLLOW_PAGE_EVENTS)
+            except JobNotFound:
+                return  # archived while followed: the stream ends
+
+    async def wait(self, action_id: str, timeout_ms: int) -> JobRecord:
+        """Wait until the job is terminal; raise JobWaitTimeout (504) after ``timeout_ms``."""
+        live = self._live.get(action_id)
+        if live is not None:
+            try:
+                await asyncio.wait_for(live.finished.wait(), timeout_ms / 1000)
+            except asyncio.TimeoutError:
+                raise JobWaitTimeout(details={"action_id": action_id, "status": live.status.value}) from None
+        record, _ = await self.record(action_id)
+        return record

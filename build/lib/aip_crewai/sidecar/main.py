@@ -1,0 +1,534 @@
+"""``aip-crewai sidecar``: the process entry point (imperative shell).
+
+Start-up order (nothing is served before the last step):
+
+1. settings from flags and environment (:mod:`config`, token file type, mode
+   and size included); an invalid setting prints one line on stderr and exits
+   2 (no traceback);
+2. logging to stderr (JSON unless stderr is a terminal);
+3. a temporary journal directory when ``--allow-ephemeral`` and no journal;
+4. the registry's module is located on the Python path without importing
+   anything (``registry.locate_registry``) and the port is bound (not yet
+   listening: connections are refused until ready); either failure is one
+   line and exit 2 within a second or two, before the CrewAI import;
+5. the journal: lock, permissions, integrity and schema checks, migrations,
+   then the crash fence (exit 2 on refusal, e.g. "already owned by another
+   active sidecar", a corrupt file or another application's database);
+   ``journal_checked`` is logged;
+6. CrewAI's environment (telemetry off, storage under the state dir), then
+   ``crewai_importing``, ``import crewai`` (seconds to tens of seconds) and the
+   crew registry with its preflight (exit 2 on a registry that fails to
+   import or holds no crews); ``crewai_ready`` says the crews are built.
+   With ``--isolation process`` (the default) both happen in the worker
+   fork server and a registry check process forked from it, never in this
+   process (one CrewAI import per sidecar, not two);
+7. the socket listens, then hypercorn; once it accepts, ``sidecar_listening``
+   is logged (with the real port, also for ``--port 0``) and systemd gets
+   ``READY=1`` when ``NOTIFY_SOCKET`` is set.
+
+Drain on SIGUSR1: new jobs get 503 ``sidecar.draining`` (before admission: a host
+places them elsewhere or retries them), admitted jobs run to their end, then the
+shutdown below runs with nothing left to cancel and the process exits 0.
+
+Shutdown on SIGTERM/SIGINT: new admissions get 503, running jobs may finish
+within ``--shutdown-grace-seconds``, the rest are cancelled with a terminal
+event; then hypercorn stops accepting and closes connections, and the
+lifespan kills the job worker processes left (``--isolation process``) and
+closes the journal. With ``--isolation inprocess``, worker threads that
+ignore cancellation cannot be stopped: if any is still busy, the process
+exits without waiting for it (the journal is already closed). Nothing is
+printed to stdout.
+
+Source: ARCHITECTURE.md §5, §11; ARCHITECTURE.md §2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from aip_crewai import tracing
+from aip_crewai.plumbing.log import configure_logging
+from aip_crewai.sidecar import tracing as sidecar_tracing
+from aip_crewai.sidecar.config import ConfigError, Settings, load_settings, scrub_environment
+from aip_crewai.sidecar.isolation.landlock import set_not_dumpable
+
+if TYPE_CHECKING:
+    from aip_crewai.sidecar.http.app import CrewFacts
+    from aip_crewai.sidecar.isolation.sandbox import SandboxPlan
+    from aip_crewai.sidecar.journal.store import Journal
+
+log = structlog.get_logger(__name__)
+
+PROG = "aip-crewai sidecar"
+WORKER_PREFIX = "aip-crewai-worker"
+#: Seconds hypercorn waits for open connections once jobs are terminal.
+CONNECTION_GRACE_SECONDS = 5.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the sidecar until SIGTERM/SIGINT. Returns the exit status (0, 1 or 2)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = load_settings(argv, os.environ)
+        # Read before CrewAI's environment forces OTEL_SDK_DISABLED (docs/observing.md "Observing actions").
+        sidecar_tracing.configure(tracing.trace_settings(os.environ))
+    except ConfigError as exc:
+        return _refuse(str(exc))
+    except tracing.TracingConfigError as exc:
+        return _refuse(str(exc))
+    inline_token = scrub_environment(os.environ)  # before any process starts: none inherits the token
+    configure_logging(
+        json=None if settings.log_format == "auto" else settings.log_format == "json", level=settings.log_level
+    )
+    for event, message in settings.warnings:  # e.g. an inline token (never the token itself)
+        log.warning(event, message=message)
+    if inline_token:  # /proc/<pid>/environ keeps the process's first environment: root's alone from now on
+        try:
+            set_not_dumpable()
+        except OSError as exc:
+            log.warning("sidecar_dumpable", error_type=type(exc).__name__)
+    temporary: str | None = None
+    if settings.journal is None:
+        temporary = tempfile.mkdtemp(prefix="aip-crewai-sidecar-")
+        settings = replace(
+            settings,
+            journal=Path(temporary) / "journal.db",
+            state_dir=settings.state_dir or Path(temporary),
+            ephemeral=True,
+        )
+        log.warning("journal_ephemeral", journal=str(settings.journal))
+    try:
+        settings = replace(settings, worker_sandbox=_sandbox_plan(settings))
+    except ValueError as exc:
+        return _refuse(f"worker sandbox: {exc}")
+    try:
+        return _run(settings)
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _sandbox_plan(settings: Settings) -> SandboxPlan | None:
+    """The job workers' sandbox (``isolation/sandbox.py``), None with ``--isolation inprocess``; the
+    start-up warning names what is missing. Raises ValueError: a protected path where workers may write."""
+    from aip_crewai.sidecar.isolation import sandbox
+
+    plan = None
+    if settings.isolation == "process":
+        plan = sandbox.plan(
+            state_dir=str(settings.state_dir),
+            journal=str(settings.journal) if settings.journal else None,
+            token_file=str(settings.token_file) if settings.token_file else None,
+            training_dir=str(settings.training_dir) if settings.training_dir else None,
+            user=settings.worker_user,
+            landlock_abi=sandbox.landlock_abi(),
+            sidecar_pid=os.getpid(),
+        )
+    found = sandbox.report(isolation=settings.isolation, sandbox=plan, euid=os.geteuid())
+    if found.missing:
+        log.warning(
+            "worker_sandbox_missing", mode=found.mode, missing=found.missing, message=sandbox.describe_missing(found)
+        )
+    else:
+        log.info("worker_sandbox", mode=found.mode, landlock_abi=found.landlock_abi, worker_user=found.worker_user)
+    return plan
+
+
+def _run(settings: Settings) -> int:
+    from aip_crewai.sidecar.registry import RegistryError, locate_registry
+
+    try:  # the checks that need no CrewAI come first: each refusal is one line within a second or two
+        locate_registry(settings.registry)
+    except RegistryError as exc:
+        return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {exc}")
+    try:
+        sock = _bind(settings.host, settings.port)  # bound now (nobody else takes the port), listening once ready
+    except OSError as exc:
+        return _refuse(f"--host/--port: cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    pool = ThreadPoolExecutor(max_workers=max(8, 4 * settings.max_concurrency), thread_name_prefix=WORKER_PREFIX)
+    loop.set_default_executor(pool)
+    try:
+        with extending_start_timeout(settings.notify_socket):
+            journal = loop.run_until_complete(_open_journal(settings))
+        if journal is not None:
+            log.info("journal_checked", journal=str(settings.journal))
+        status = 2 if journal is None else _load_and_serve(loop, settings, journal, sock)
+    finally:
+        sock.close()  # a no-op once hypercorn owns its descriptor
+        stuck = _close_loop(loop, pool)
+    if stuck:
+        log.warning("worker_threads_abandoned", threads=stuck)
+        sys.stderr.flush()
+        os._exit(status)  # busy worker threads would block interpreter exit forever
+    return status
+
+
+async def _open_journal(settings: Settings) -> Journal | None:
+    """Open, check and recover the journal; None (refusal printed) when it cannot be used."""
+    from aip_crewai.sidecar.errors import JournalError
+    from aip_crewai.sidecar.http.app import recover
+    from aip_crewai.sidecar.journal.store import Journal
+
+    if settings.journal is None:  # main() sets an ephemeral one; config requires it otherwise
+        raise RuntimeError("settings.journal is not set")
+    try:
+        journal = await Journal.open(settings.journal)
+    except JournalError as exc:
+        _refuse(f"--journal (AIP_CREWAI_STATE_FILE): {exc.message}")
+        return None
+    try:
+        await recover(journal)
+    except JournalError as exc:  # e.g. a page the integrity check could not see fails the crash fence's write
+        await journal.close()
+        _refuse(
+            f"--journal (AIP_CREWAI_STATE_FILE): the crash fence could not be recorded in {settings.journal} "
+            f"({exc.message}); check the disk, or restore the journal from a backup"
+        )
+        return None
+    except BaseException:
+        await journal.close()
+        raise
+    return journal
+
+
+def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal: Journal, sock: socket.socket) -> int:
+    """Import CrewAI and the registry, then serve; the journal is closed on every path."""
+    try:
+        with extending_start_timeout(settings.notify_socket):
+            loaded = _load_crews(settings)
+    except BaseException:
+        loop.run_until_complete(journal.close())
+        raise
+    if isinstance(loaded, int):  # refused
+        loop.run_until_complete(journal.close())
+        return loaded
+    crews, executor, facts = loaded
+    try:
+        sidecar_tracing.install()  # this process's job spans; after the fork server and the registry check
+    except tracing.TracingConfigError as exc:
+        loop.run_until_complete(journal.close())
+        return _refuse(str(exc))
+    try:
+        return loop.run_until_complete(_serve(settings, crews, executor, journal, facts, sock))
+    finally:
+        sidecar_tracing.shutdown()
+
+
+def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
+    """CrewAI's environment, ``import crewai`` and the registry; an exit status when refused.
+
+    With ``--isolation process`` this process never imports CrewAI: the worker fork server does (once,
+    for every worker), and the registry and the start-up preflight are checked in one process forked from
+    it (``fork_server.describe_registry``), whose answer gives the crew ids and their facts; the executor is a
+    :class:`~aip_crewai.sidecar.isolation.pool.WorkerPool` whose workers the app's lifespan boots before serving.
+    With ``--isolation inprocess`` this process imports CrewAI and the registry itself.
+    """
+    from aip_crewai.sidecar.crewai_env import capture_crewai_prints, prepare_crewai_environment
+
+    started = time.monotonic()
+    capture_crewai_prints()
+    prepare_crewai_environment(settings.state_dir)  # type: ignore[arg-type]
+    log.info("crewai_importing", isolation=settings.isolation)
+    loaded = _load_in_workers(settings) if settings.isolation == "process" else _load_here(settings)
+    if isinstance(loaded, int):
+        return loaded
+    crews, _, facts = loaded
+    log.info(
+        "crewai_ready",
+        crews=len(crews),
+        unusable_crews=len(facts.problems),
+        import_ms=int((time.monotonic() - started) * 1000),
+        isolation=settings.isolation,
+    )
+    return loaded
+
+
+def _load_here(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
+    """``import crewai`` and the registry in this process (``--isolation inprocess``)."""
+    from aip_crewai.sidecar.crewai_env import import_crewai
+
+    try:
+        import_crewai()
+    except Exception as exc:  # a broken install: say which, never a traceback of provider text
+        return _import_failed(type(exc).__name__)
+    from aip_crewai.sidecar.http.app import registry_executor
+    from aip_crewai.sidecar.registry import RegistryError
+
+    try:
+        return registry_executor(settings.registry, preflight=True)
+    except (RegistryError, ImportError) as exc:
+        return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {exc}")
+
+
+def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] | int:
+    """The fork server, the registry check forked from it, and the worker pool (``--isolation process``)."""
+    from aip_crewai.sidecar.http.app import CrewFacts
+    from aip_crewai.sidecar.isolation.fork_server import (
+        ForkServerThreaded,
+        WorkerStartFailed,
+        describe_registry,
+        start_forkserver,
+    )
+    from aip_crewai.sidecar.isolation.pool import WorkerPool
+    from aip_crewai.sidecar.isolation.sandbox import hand_over
+    from aip_crewai.sidecar.isolation.wire import Boot
+
+    if settings.worker_sandbox is not None:
+        try:  # CrewAI's storage, the namespaces and the training directory become the worker user's
+            hand_over(settings.worker_sandbox)
+        except OSError as exc:
+            return _refuse(f"--worker-user (AIP_CREWAI_WORKER_USER): {exc}")
+    context = start_forkserver()
+    json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
+    traced = sidecar_tracing.settings()
+    boot = Boot(
+        settings.registry,
+        str(settings.state_dir),
+        json_logs,
+        settings.log_level,
+        settings.worker_sandbox,
+        traced.protocol if traced is not None else None,
+        traced.capture_content if traced is not None else False,
+    )
+    try:
+        described = describe_registry(context, boot)
+    except ForkServerThreaded as exc:
+        return _refuse(f"--isolation process: {exc}")
+    except WorkerStartFailed as exc:
+        log.error("registry_check_failed", error=str(exc))
+        return _refuse(f"cannot check the crew registry: {exc}", status=1)
+    if described.import_failed is not None:
+        return _import_failed(described.import_failed)
+    if described.refused is not None:
+        return _refuse(f"--registry (AIP_CREWAI_REGISTRY): {described.refused}")
+    executor = WorkerPool(
+        boot,
+        settings.max_concurrency,
+        cancel_grace_seconds=settings.cancel_grace_seconds,
+        max_events=settings.max_events_per_run,
+        max_event_bytes=settings.max_event_bytes,
+        context=context,
+    )
+    return frozenset(described.crews), executor, CrewFacts(described.problems, described.inputs)
+
+
+def _import_failed(error_type: str) -> int:
+    log.error("crewai_import_failed", error_type=error_type)
+    return _refuse(f"cannot import CrewAI ({error_type})", status=1)
+
+
+async def _serve(
+    settings: Settings,
+    crews: frozenset[str],
+    executor: object,
+    journal: Journal,
+    crew_facts: CrewFacts,
+    sock: socket.socket,
+) -> int:
+    from hypercorn.asyncio import serve
+
+    from aip_crewai.plumbing.serving import hypercorn_config, hypercorn_logger
+    from aip_crewai.sidecar.http.app import create_app
+    from aip_crewai.sidecar.isolation.fork_server import ForkServerThreaded
+    from aip_crewai.sidecar.isolation.pool import WorkerPool
+
+    workers = executor if isinstance(executor, WorkerPool) else None
+    try:
+        if workers is not None:  # before listening: a refusal is one line (the lifespan's start is then a no-op)
+            await workers.start()
+        fd, port = _listen(sock)
+    except (OSError, ForkServerThreaded) as exc:
+        if workers is not None:
+            await workers.close()
+        await journal.close()
+        if isinstance(exc, ForkServerThreaded):
+            return _refuse(f"--isolation process: {exc}")
+        return _refuse(f"--host/--port: cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
+    except BaseException:
+        if workers is not None:
+            await workers.close()
+        await journal.close()
+        raise
+    app = create_app(
+        settings,
+        crews=crews,
+        executor=executor,  # type: ignore[arg-type]
+        journal=journal,
+        crew_facts=crew_facts,
+        workers=workers,
+    )
+    # timeouts, header bound, no h2c (docs/security.md "Security")
+    config = hypercorn_config([f"fd://{fd}"], errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
+    stop, drain = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, drain.set)
+
+    async def shutdown_trigger() -> None:
+        # hypercorn starts this once its servers accept connections
+        log.info(
+            "sidecar_listening",
+            host=settings.host,
+            port=port,
+            journal=str(settings.journal),
+            durable_journal=not settings.ephemeral,
+            authenticated=settings.token is not None,
+        )
+        sd_notify(settings.notify_socket, "READY=1")
+        await _until_stopped_or_drained(stop, drain, getattr(app.state, "runtime", None))
+        log.info("sidecar_stopping", grace_seconds=settings.shutdown_grace_seconds)
+        sd_notify(settings.notify_socket, "STOPPING=1")
+        if workers is not None:
+            workers.stop_replacing()  # the fork server may already have had a SIGTERM of its own
+        runtime = getattr(app.state, "runtime", None)
+        if runtime is not None:
+            await runtime.shutdown(settings.shutdown_grace_seconds)
+
+    await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    log.info("sidecar_stopped")
+    return 0
+
+
+async def _until_stopped_or_drained(stop: asyncio.Event, drain: asyncio.Event, runtime: Any) -> None:
+    """Return on SIGTERM/SIGINT (``stop``), or once a drain asked by SIGUSR1 (``drain``) has let every
+    admitted job end (``Runtime.drain``; a SIGTERM meanwhile ends the wait at once). docs/operating.md "Draining a
+    sidecar"."""
+    stopped = asyncio.ensure_future(stop.wait())
+    drain_asked = asyncio.ensure_future(drain.wait())
+    try:
+        await asyncio.wait({stopped, drain_asked}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set() or runtime is None:
+            return
+        log.info("sidecar_draining", active_runs=runtime.health()["active_runs"])
+        drained = asyncio.ensure_future(runtime.drain())
+        await asyncio.wait({stopped, drained}, return_when=asyncio.FIRST_COMPLETED)
+        if drained.done():
+            log.info("sidecar_drained")
+        else:
+            drained.cancel()
+    finally:
+        for waiter in (stopped, drain_asked):
+            waiter.cancel()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and not yet listening (connections are refused until :func:`_listen`).
+
+    Raises:
+        OSError: the address cannot be resolved or bound (in use, not local, no permission).
+    """
+    family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _listen(sock: socket.socket) -> tuple[int, int]:
+    """Start listening on the bound ``sock``; return ``(detached fd, actual port)``."""
+    sock.listen(1024)
+    port: int = sock.getsockname()[1]
+    return sock.detach(), port
+
+
+#: While starting, the sidecar asks systemd for this much more time (s) ...
+EXTEND_BY_SECONDS = 30.0
+#: ... every this many seconds (s) ...
+EXTEND_EVERY_SECONDS = 5.0
+#: ... for at most this long in all (s): a start stuck for longer is left to ``TimeoutStartSec``.
+MAX_EXTENDED_START_SECONDS = 900.0
+
+
+@contextmanager
+def extending_start_timeout(address: str | None) -> Iterator[None]:
+    """Keep systemd's start timeout ahead of a slow start (journal check, recovery, CrewAI import).
+
+    While the block runs, a thread sends ``EXTEND_TIMEOUT_USEC=<EXTEND_BY_SECONDS in µs>`` at once
+    and then every :data:`EXTEND_EVERY_SECONDS`, for at most :data:`MAX_EXTENDED_START_SECONDS`.
+    Without ``NOTIFY_SOCKET`` it does nothing.
+
+    Source: docs/operating.md ("Operating under systemd"); sd_notify(3) ``EXTEND_TIMEOUT_USEC``.
+    """
+    if not address:
+        yield
+        return
+    stop = threading.Event()
+    message = f"EXTEND_TIMEOUT_USEC={int(EXTEND_BY_SECONDS * 1_000_000)}"
+
+    def beat() -> None:
+        deadline = time.monotonic() + MAX_EXTENDED_START_SECONDS
+        while time.monotonic() < deadline:
+            sd_notify(address, message)
+            if stop.wait(EXTEND_EVERY_SECONDS):
+                return
+
+    thread = threading.Thread(target=beat, name="aip-crewai-start-extender", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def sd_notify(address: str | None, message: str) -> None:
+    """Send one systemd notification datagram (``READY=1``) when ``NOTIFY_SOCKET`` is set.
+
+    Abstract sockets (``@name``) are supported. Failures are logged, never raised.
+    """
+    if not address:
+        return
+    target = "\0" + address[1:] if address.startswith("@") else address
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(target)
+            sock.sendall(message.encode("ascii"))
+    except OSError as exc:
+        log.warning("sd_notify_failed", error_type=type(exc).__name__)
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor) -> list[str]:
+    """Close the loop without waiting on busy worker threads; return their names."""
+    try:
+        tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.wait(tasks, timeout=2.0))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        loop.close()
+    deadline = time.monotonic() + 1.0
+    workers = [t for t in threading.enumerate() if t.name.startswith(WORKER_PREFIX)]
+    for thread in workers:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in workers if t.is_alive()]
+
+
+def _refuse(message: str, *, status: int = 2) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
