@@ -9,7 +9,7 @@ import threading
 import msgspec
 import pytest
 
-from aip_crewai.sidecar.isolation.fork_server import describe_exit
+from aip_crewai.sidecar.isolation.fork_server import WorkerStartFailed, describe_exit, describe_registry
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Boot,
@@ -147,3 +147,21 @@ def test_chunks_sent_from_many_threads_arrive_whole():
         drain.join(30)
     assert len(received) == 400 and all(isinstance(m, Chunk) for m in received)
     assert msgspec.json.encode(sorted(m.data["content"] for m in received))
+
+
+class _UnreachableForkServer:
+    """A multiprocessing context whose fork server refuses the connection (as for a user that may not reach it)."""
+
+    class Process:
+        def __init__(self, **_kwargs: object) -> None:
+            pass
+
+        def start(self) -> None:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+
+def test_a_fork_server_that_cannot_be_reached_is_a_start_failure_not_a_traceback():
+    """The sidecar turns WorkerStartFailed into one line and exit 1 (docs/reference/cli.md "Exit codes")."""
+    boot = Boot("x:y", "/tmp", True, "info", None, None, False)
+    with pytest.raises(WorkerStartFailed, match=r"did not start the registry check process \(.*Connection refused"):
+        describe_registry(_UnreachableForkServer(), boot)  # type: ignore[arg-type]

@@ -101,8 +101,8 @@ def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT
 
     Raises:
         ForkServerThreaded: the fork server had threads besides its main one (the check refused to run).
-        WorkerStartFailed: no answer (the process died, timed out or sent a bad frame); the message names
-            its exit status.
+        WorkerStartFailed: the fork server did not start the process (its ``OSError`` named), or no answer
+            (the process died, timed out or sent a bad frame; the message names its exit status).
 
     Source: ARCHITECTURE.md §5 (isolation).
     """
@@ -115,6 +115,9 @@ def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT
     )
     try:
         process.start()
+    except OSError as exc:  # the fork server cannot be reached (it died, or this user may not connect to it)
+        ours.close()
+        raise WorkerStartFailed(f"the fork server did not start the registry check process ({exc})") from None
     finally:
         theirs.close()
     answer: FromWorker | None = None
