@@ -47,8 +47,10 @@ _Text = Annotated[str, msgspec.Meta(max_length=1024)]
 # --- state vocabularies, exactly as the schemas define them -------------------
 
 #: ActionLifecycleState (action_status.schema.json).
+# fmt: off
 ActionLifecycleState = Literal["unknown", "accepted", "queued", "running", "streaming", "pending_approval",
                                "cancelling", "cancelled", "completed", "failed", "expired", "dead_lettered"]
+# fmt: on
 #: AckStatus (ack.schema.json).
 AckStatus = Literal["accepted", "rejected", "queued", "streaming", "cached"]
 #: ActionResultStatus (action_result.schema.json).
@@ -372,7 +374,8 @@ class Envelope(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_f
     session_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
     in_response_to: Annotated[str, msgspec.Meta(max_length=256)] | None = None
     from_: InboundPrincipal | Annotated[str, msgspec.Meta(max_length=256)] | None = msgspec.field(
-        default=None, name="from")
+        default=None, name="from"
+    )
     to: InboundPrincipal | Annotated[str, msgspec.Meta(max_length=256)] | None = None
     trace: Any = None
     security: Any = None
@@ -582,5 +585,12 @@ class Manifest(_Out, frozen=True):
 def protocol_error(exc: AipError, *, source: str = "aip-crewai") -> ProtocolError:
     """The ProtocolError object of one of our errors (code, message, category,
     retryable, retry hint and details exactly as the error class built them)."""
-    return ProtocolError(code=exc.code, message=exc.message, category=exc.category, retryable=exc.retryable,
-                         retry_after_ms=exc.retry_after_ms, details=exc.details or None, source=source)
+    return ProtocolError(
+        code=exc.code,
+        message=exc.message,
+        category=exc.category,
+        retryable=exc.retryable,
+        retry_after_ms=exc.retry_after_ms,
+        details=exc.details or None,
+        source=source,
+    )

@@ -49,9 +49,9 @@ def inline_root(schema: dict[str, Any]) -> dict[str, Any]:
     ref = schema.get("$ref")
     defs = dict(schema.get("$defs") or {})
     prefix = "#/$defs/"
-    if not isinstance(ref, str) or not ref.startswith(prefix) or ref[len(prefix):] not in defs:
+    if not isinstance(ref, str) or not ref.startswith(prefix) or ref[len(prefix) :] not in defs:
         return dict(schema)
-    name = ref[len(prefix):]
+    name = ref[len(prefix) :]
     root = {key: value for key, value in schema.items() if key not in ("$ref", "$defs")}
     root.update(defs[name])
     if f'"{ref}"' not in json.dumps(defs):

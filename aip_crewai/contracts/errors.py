@@ -113,18 +113,23 @@ class CapabilityNotFound(AipError):
         if capability_id is None:
             super().__init__()
             return
-        super().__init__(capability_not_found_message(capability_id),
-                         details={"capability_id": capability_id[:1024]})
+        super().__init__(capability_not_found_message(capability_id), details={"capability_id": capability_id[:1024]})
 
 
 #: Where a tenant finds the capability ids it may call (docs/reference/cli.md, docs/reference/http-api.md).
 MANIFEST_POINTER = "`aip-crewai manifest` (GET /aip/v1/manifest) lists the ids this tenant may call"
 
 
+def shown_id(value: str) -> str:
+    """An id a caller sent, as a message shows it: a JSON string of at most 200 characters (``…`` past
+    them), invisible and control code points escaped (contracts/display.py). Pure."""
+    return json_string(value[:200] + ("…" if len(value) > 200 else ""))
+
+
 def capability_not_found_message(capability_id: str) -> str:
     """The message of :class:`CapabilityNotFound`: the id asked for, a hint for the two usual
     slips (a ``:run`` suffix, a missing ``cap:crewai:`` prefix), and :data:`MANIFEST_POINTER`. Pure."""
-    shown = json_string(capability_id[:200] + ("…" if len(capability_id) > 200 else ""))
+    shown = shown_id(capability_id)
     hint = ""
     if not capability_id.startswith("cap:crewai:"):
         hint = "; capability ids start with cap:crewai:"
@@ -134,17 +139,50 @@ def capability_not_found_message(capability_id: str) -> str:
 
 
 class ActionNotFound(AipError):
+    """No action ``action_id`` this caller may read (unknown, another tenant's, or not the caller's:
+    indistinguishable, ARCHITECTURE.md §7); with ``run_action_id`` the run an inspection names. The
+    message names the id (:func:`shown_id`) and what to check; ``details`` carries it (1024 characters)."""
+
     code = "action.not_found"
     category = Category.PERMANENT
     http_status = 404
     default_message = "action not found"
 
+    def __init__(self, action_id: str | None = None, *, run_action_id: str | None = None) -> None:
+        if run_action_id is not None:
+            super().__init__(
+                f"run_action_id {shown_id(run_action_id)} names no run of this crew this caller may read; "
+                "give the id of a run action (its envelope id)",
+                details={"run_action_id": run_action_id[:1024]},
+            )
+        elif action_id is not None:
+            super().__init__(
+                f"action {shown_id(action_id)} not found for this credential's tenant; "
+                "check the id (the envelope's id) and the credential",
+                details={"action_id": action_id[:1024]},
+            )
+        else:
+            super().__init__()
+
 
 class ApprovalNotFound(AipError):
+    """No approval ``approval_id`` in this caller's tenant (unknown or another tenant's). The message
+    names the id (:func:`shown_id`) and where the pending ones are listed."""
+
     code = "approval.not_found"
     category = Category.PERMANENT
     http_status = 404
     default_message = "approval not found"
+
+    def __init__(self, approval_id: str | None = None) -> None:
+        if approval_id is None:
+            super().__init__()
+            return
+        super().__init__(
+            f"approval {shown_id(approval_id)} not found for this credential's tenant; "
+            "`aip-crewai approvals list` (GET /aip/v1/approvals) lists the pending ones",
+            details={"approval_id": approval_id[:1024]},
+        )
 
 
 class ProofNotFound(AipError):
@@ -198,7 +236,9 @@ class ApprovalPolicyMismatch(AipError):
     code = "approval.policy_mismatch"
     category = Category.PERMANENT
     http_status = 409
-    default_message = "the decision names a policy_hash other than the approval's (the approver evaluated something else)"
+    default_message = (
+        "the decision names a policy_hash other than the approval's (the approver evaluated something else)"
+    )
 
 
 class InvalidInput(AipError):
@@ -369,16 +409,19 @@ class RouteNotFound(AipError):
 class CapabilityRevoked(AipError):
     code = "policy.capability_revoked"
     category = Category.POLICY
-    default_message = ("the action's capability or its requester's role was revoked since it was requested; "
-                       "it will not run")
+    default_message = (
+        "the action's capability or its requester's role was revoked since it was requested; it will not run"
+    )
 
 
 class CrewUnavailable(AipError):
     code = "capability.unavailable"
     category = Category.TEMPORARY
     http_status = 503
-    default_message = ("the sidecar does not serve this capability's crew (the host's crews file lists it, the "
-                       "sidecar's registry does not); nothing was started and no approval was requested")
+    default_message = (
+        "the sidecar does not serve this capability's crew (the host's crews file lists it, the "
+        "sidecar's registry does not); nothing was started and no approval was requested"
+    )
 
 
 class ApprovalDenied(AipError):

@@ -49,7 +49,9 @@ RunActionId = Annotated[
 Reason = Annotated[str, msgspec.Meta(max_length=2048, description="Free text, at most 2048 characters.")]
 Inputs = Annotated[
     dict[str, Any],
-    msgspec.Meta(max_length=MAX_RUN_PROPERTIES, description="CrewAI kickoff inputs: an object of at most 512 properties."),
+    msgspec.Meta(
+        max_length=MAX_RUN_PROPERTIES, description="CrewAI kickoff inputs: an object of at most 512 properties."
+    ),
 ]
 TaskId = Annotated[
     str,
@@ -65,7 +67,9 @@ ArtifactName = Annotated[
     str,
     msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}" + END, description="Training artifact file name."),
 ]
-EvalLlm = Annotated[str, msgspec.Meta(min_length=1, max_length=256, description="Evaluator model name, 1..256 characters.")]
+EvalLlm = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=256, description="Evaluator model name, 1..256 characters.")
+]
 QueryItem = Annotated[
     str,
     msgspec.Meta(

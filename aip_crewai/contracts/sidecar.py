@@ -21,7 +21,9 @@ MAX_OUTPUT_BYTES = 4 * 1024 * 1024
 #: Idempotency-Key header bound, bytes (ARCHITECTURE.md §4, §7).
 MAX_IDEMPOTENCY_KEY_BYTES = 512
 
-TimeoutMs = Annotated[int, msgspec.Meta(ge=1, le=MAX_TIMEOUT_MS, description="Execution timeout, milliseconds, 1..3600000.")]
+TimeoutMs = Annotated[
+    int, msgspec.Meta(ge=1, le=MAX_TIMEOUT_MS, description="Execution timeout, milliseconds, 1..3600000.")
+]
 CrewId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=NO_CONTROL)]
 
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]

@@ -5,8 +5,12 @@ import pytest
 
 from aip_crewai.contracts import aip
 
-BASE = {"aip_version": "1.0", "message_type": "aip.core.v1.action", "message_id": "msg_1",
-        "sent_at": "2026-11-29T00:00:00Z"}
+BASE = {
+    "aip_version": "1.0",
+    "message_type": "aip.core.v1.action",
+    "message_id": "msg_1",
+    "sent_at": "2026-11-29T00:00:00Z",
+}
 
 
 def decode(value):
@@ -14,14 +18,21 @@ def decode(value):
 
 
 def test_action_envelope_round_trip():
-    env = decode({**BASE, "body": {"action": {"id": "act_1", "capability_id": "cap:crewai:c", "input": {"a": 1}}},
-                  "from": "svc"})
+    env = decode(
+        {**BASE, "body": {"action": {"id": "act_1", "capability_id": "cap:crewai:c", "input": {"a": 1}}}, "from": "svc"}
+    )
     assert env.body.action.input == {"a": 1} and env.from_ == "svc"
     assert msgspec.json.decode(msgspec.json.encode(env))["from"] == "svc"
 
 
-@pytest.mark.parametrize("body", [{}, {"action": None},
-                                  {"action": {"id": "a", "capability_id": "c"}, "error": {"code": "x", "message": "m", "category": "auth"}}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"action": None},
+        {"action": {"id": "a", "capability_id": "c"}, "error": {"code": "x", "message": "m", "category": "auth"}},
+    ],
+)
 def test_body_must_hold_exactly_one_key(body):
     with pytest.raises(msgspec.ValidationError):
         decode({**BASE, "body": body})
@@ -29,8 +40,9 @@ def test_body_must_hold_exactly_one_key(body):
 
 def test_message_type_must_match_body():
     with pytest.raises(msgspec.ValidationError):
-        decode({**BASE, "message_type": "aip.core.v1.action_result",
-                "body": {"action": {"id": "a", "capability_id": "c"}}})
+        decode(
+            {**BASE, "message_type": "aip.core.v1.action_result", "body": {"action": {"id": "a", "capability_id": "c"}}}
+        )
 
 
 def test_unknown_envelope_fields_rejected():
@@ -39,9 +51,13 @@ def test_unknown_envelope_fields_rejected():
 
 
 def test_message_parts_are_tagged_by_type():
-    result = aip.ActionResult(action_id="a", status="completed", message=[aip.TextPart(text="hi"), aip.JsonPart(data=[1])])
-    assert msgspec.json.decode(msgspec.json.encode(result))["message"] == [{"type": "text", "text": "hi"},
-                                                                          {"type": "json", "data": [1]}]
+    result = aip.ActionResult(
+        action_id="a", status="completed", message=[aip.TextPart(text="hi"), aip.JsonPart(data=[1])]
+    )
+    assert msgspec.json.decode(msgspec.json.encode(result))["message"] == [
+        {"type": "text", "text": "hi"},
+        {"type": "json", "data": [1]},
+    ]
 
 
 @pytest.mark.parametrize("action_id", ["résumé-2", "a b", "a/b", ""])

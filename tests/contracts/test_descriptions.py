@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aip_crewai.contracts.artifacts import capabilities_document, input_schema, plain_schema, plain_text
-from aip_crewai.contracts.errors import MANIFEST_POINTER, CapabilityNotFound
+from aip_crewai.contracts.errors import MANIFEST_POINTER, ActionNotFound, ApprovalNotFound, CapabilityNotFound
 from aip_crewai.contracts.operations import CATALOGUE, get
 
 # Restated here on purpose: the test checks the table's wording, one sentence per operation.
@@ -112,9 +112,11 @@ def test_no_input_schema_text_holds_markup(spec) -> None:
     ("asked", "message"),
     [
         ("cap:crewai:nope", 'capability "cap:crewai:nope" not found; ' + MANIFEST_POINTER),
-        ("cap:crewai:echo:run",
-         'capability "cap:crewai:echo:run" not found; a crew\'s run is "cap:crewai:echo" (no :run suffix); '
-         + MANIFEST_POINTER),
+        (
+            "cap:crewai:echo:run",
+            'capability "cap:crewai:echo:run" not found; a crew\'s run is "cap:crewai:echo" (no :run suffix); '
+            + MANIFEST_POINTER,
+        ),
         ("echo", 'capability "echo" not found; capability ids start with cap:crewai:; ' + MANIFEST_POINTER),
         ("cap:crewai:a\u202eb", 'capability "cap:crewai:a\\u202eb" not found; ' + MANIFEST_POINTER),
     ],
@@ -132,3 +134,27 @@ def test_capability_not_found_bounds_the_id_it_repeats(length: int) -> None:
     shown = error.message.split('"')[1]
     assert shown == (asked if length <= 200 else asked[:200] + "…")
     assert error.details["capability_id"] == asked[:1024]
+
+
+@pytest.mark.parametrize("length", [200, 201, 1024, 1025])
+def test_action_and_approval_not_found_name_the_id_bounded(length: int) -> None:
+    asked = "a" * (length - 1) + "\u200b"
+    for error, key in (
+        (ActionNotFound(asked), "action_id"),
+        (ActionNotFound(run_action_id=asked), "run_action_id"),
+        (ApprovalNotFound(asked), "approval_id"),
+    ):
+        shown = error.message.split('"')[1]
+        assert shown == ("a" * 199 + "\\u200b" if length <= 200 else "a" * 200 + "…"), error.message
+        assert error.details == {key: asked[:1024]} and error.status == 404
+
+
+def test_not_found_messages_say_what_to_check() -> None:
+    assert ActionNotFound("act_1").message == (
+        "action \"act_1\" not found for this credential's tenant; check the id (the envelope's id) and the credential"
+    )
+    assert "names no run of this crew" in ActionNotFound(run_action_id="act_1").message
+    assert ApprovalNotFound("apv_1").message.endswith(
+        "`aip-crewai approvals list` (GET /aip/v1/approvals) lists the pending ones"
+    )
+    assert ActionNotFound().message == "action not found" and ApprovalNotFound().details == {}

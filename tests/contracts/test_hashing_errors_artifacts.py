@@ -8,9 +8,15 @@ import pytest
 
 from aip_crewai.contracts import artifacts
 from aip_crewai.contracts.artifacts import inline_root, input_schema
-from aip_crewai.contracts.operations import CATALOGUE
-from aip_crewai.contracts.errors import AipError, Category, ConnectorTransport, ConnectorExecutionFailed, all_error_classes
+from aip_crewai.contracts.errors import (
+    AipError,
+    Category,
+    ConnectorExecutionFailed,
+    ConnectorTransport,
+    all_error_classes,
+)
 from aip_crewai.contracts.hashing import canonical_json, jcs, request_hash
+from aip_crewai.contracts.operations import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,16 +41,30 @@ def test_every_error_class_has_a_unique_code_and_status():
     codes = [c.code for c in classes]
     assert len(codes) == len(set(codes))
     for cls in classes:
-        status = cls.http_status if cls.http_status is not None else {
-            Category.AUTH: 401, Category.POLICY: 403, Category.TEMPORARY: 503, Category.TRANSPORT: 503,
-            Category.CONNECTOR: 502, Category.ECONOMIC: 402, Category.PERMANENT: 400}[cls.category]
+        status = (
+            cls.http_status
+            if cls.http_status is not None
+            else {
+                Category.AUTH: 401,
+                Category.POLICY: 403,
+                Category.TEMPORARY: 503,
+                Category.TRANSPORT: 503,
+                Category.CONNECTOR: 502,
+                Category.ECONOMIC: 402,
+                Category.PERMANENT: 400,
+            }[cls.category]
+        )
         assert 400 <= status < 600
 
 
 def test_connector_errors_carry_details_and_retry_only_read_only_transport():
     err = ConnectorTransport(operation="status", read_only=True, dispatch="not_sent")
-    assert err.details == {"operation": "status", "remote_status": None, "uncertain_outcome": False,
-                           "dispatch": "not_sent"}
+    assert err.details == {
+        "operation": "status",
+        "remote_status": None,
+        "uncertain_outcome": False,
+        "dispatch": "not_sent",
+    }
     assert err.retryable and err.status == 503
     assert not ConnectorTransport(operation="run", read_only=False).retryable
     assert not ConnectorExecutionFailed(operation="status", read_only=True).retryable

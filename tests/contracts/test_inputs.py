@@ -146,9 +146,13 @@ def test_memory_reset_command_types():
     bad("memory_reset", {})
 
 
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-                    max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+        max_leaves=20,
+    )
+)
 def test_validation_never_raises_anything_but_invalid_input(value):
     for spec in ops.CATALOGUE:
         try:

@@ -17,10 +17,22 @@ def test_aggregate_counts_match_the_seed():
 
 
 def test_published_order_and_rows():
-    rows = {(s.name, s.kind.value, s.risk.value, s.mutation, s.approval, s.key.value, s.stream, s.cancel, s.retry)
-            for s in ops.CATALOGUE}
-    assert ops.OPERATION_NAMES == ("run", "status", "events", "cancel", "batch_run", "replay", "train", "test",
-                                   "knowledge_query", "memory_reset")
+    rows = {
+        (s.name, s.kind.value, s.risk.value, s.mutation, s.approval, s.key.value, s.stream, s.cancel, s.retry)
+        for s in ops.CATALOGUE
+    }
+    assert ops.OPERATION_NAMES == (
+        "run",
+        "status",
+        "events",
+        "cancel",
+        "batch_run",
+        "replay",
+        "train",
+        "test",
+        "knowledge_query",
+        "memory_reset",
+    )
     assert ("run", "agent", "medium", True, True, "required", True, True, False) in rows
     assert ("status", "tool", "low", False, False, "optional", False, False, True) in rows
     assert ("events", "tool", "low", False, False, "optional", True, False, True) in rows

@@ -227,7 +227,7 @@ class ActionService:
                     sidecar=sidecar,
                 )
         except MissingTarget:
-            raise ActionNotFound(details={"run_action_id": run_action_id}) from None
+            raise ActionNotFound(run_action_id=run_action_id) from None
         if not created:
             return await self._existing(record_, action.id, hashed, key)
         self._fence("idempotency", "admitted")
@@ -320,7 +320,7 @@ class ActionService:
                 target=(run_action_id, ops.STARTABLE_OPERATIONS),
             )
         except MissingTarget:
-            raise ActionNotFound(details={"run_action_id": run_action_id}) from None
+            raise ActionNotFound(run_action_id=run_action_id) from None
         if fresh_view is not None:  # the target check passed: the caller's own run
             self.status_views.put(cache_key, fresh_view)
         if not created:
@@ -355,7 +355,7 @@ class ActionService:
         """The stored action as it is (no refresh). Raises ActionNotFound."""
         record = await self.store.get_action(tenant, action_id)
         if record is None:
-            raise ActionNotFound()
+            raise ActionNotFound(action_id)
         return record
 
     # --- dispatch --------------------------------------------------------------
@@ -453,7 +453,7 @@ class ActionService:
         record = await self.record(caller.tenant, action_id)
         level = await self.access(caller, record)
         if level is None:
-            raise ActionNotFound()
+            raise ActionNotFound(action_id)
         return await self.refresh(record), level
 
     async def get(self, caller: Principal, action_id: str) -> ActionRecord:

@@ -330,7 +330,7 @@ async def _approval(request: Request, principal: Caller) -> ApprovalRecord:
     service: ActionService = host_state(request).actions
     approval = await service.store.get_approval(principal.tenant, request.path_params["approval_id"])
     if approval is None:
-        raise ApprovalNotFound()
+        raise ApprovalNotFound(request.path_params["approval_id"])
     return approval
 
 

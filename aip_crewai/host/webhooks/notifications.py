@@ -117,7 +117,7 @@ async def get_notifications(request: Request) -> Response:
     state = host_state(request)
     approval = await state.store.get_approval(principal.tenant, request.path_params["approval_id"])
     if approval is None:
-        raise ApprovalNotFound()
+        raise ApprovalNotFound(request.path_params["approval_id"])
     records = await state.store.list_deliveries(
         approval.tenant, event_type=EVENT_TYPE, action_id=approval.action_id, limit=MAX_WEBHOOKS
     )
