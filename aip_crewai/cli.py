@@ -434,7 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
         q = asub.add_parser(name, help=text, epilog=EXIT_CODES_HELP)
         q.add_argument("action_id", help="the action id given to (or printed by) call")
         if name == "follow":
-            q.add_argument("--last-event-id", help="resume after this stream position (sse_<n>)")
+            q.add_argument(
+                "--last-event-id", help="resume after this stream position (the id sent: sse_<n> or sse_<n>.<k>)"
+            )
         _add_client_flags(q)
     p.set_defaults(func=_actions)
 

@@ -153,7 +153,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             "200": Answer("ActionEvents page or SSE stream", {CONTENT_TYPE: ActionEvents, SSE: str}),
             "204": Answer("the stream already ended at Last-Event-ID"),
         },
-        query=(("cursor", "position to resume after (sse_<n> or n)"),),
+        query=(("cursor", "position to resume after (sse_<n>, sse_<n>.<k>, or the same without sse_)"),),
         headers=(_LAST_EVENT_ID,),
         stream_token=True,
     ),

@@ -37,14 +37,17 @@ from ...contracts.inputs import MAX_INPUT_DEPTH
 from ...plumbing import httpsig
 from ...plumbing.asgi import read_bounded
 from ...sse import encode_comment, encode_event, encode_page, page_template
+from .. import stream_positions
 from .. import tracing as host_tracing
 from ..actions.lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
+from ..actions.recovery import is_final
 from ..actions.service import ActionService
 from ..auth.principals import FULL, Principal, require_role
 from ..auth.stream_tokens import action_scope
 from ..crews.inputs import check_crew_inputs
 from ..ledger.routes import include_receipts, receipt_chain
 from ..store.store import ActionRecord, ChunkRecord, InvalidCursor, ms_to_rfc3339
+from ..stream_positions import Position
 from .authenticate import authenticate, authenticate_stream
 from .state import host_state
 from .stopping import unless_stopping, until_stopping
@@ -180,7 +183,7 @@ async def _submit(
         principal, action, env.idempotency_key, stream=stream, blocking=action.mode != "async"
     )
     if stream and _wants_sse(request):
-        return record, await _stream_answer(request, service, record, _last_event_n(request))
+        return record, await _stream_answer(request, service, record, _resume_at(request))
     if action.mode == "async":
         if is_terminal(record.status) or record.status == ActionState.PENDING_APPROVAL:
             return record, await _result_response(service, record)
@@ -197,24 +200,29 @@ async def _result_response(service: ActionService, record: ActionRecord) -> Resp
     return aip_json(result_envelope(result), 202 if result.status == "pending_approval" else 200)
 
 
-async def _stream_answer(request: Request, service: ActionService, record: ActionRecord, after: int) -> Response:
-    """The SSE answer of an action's stream after position ``after`` (-1: from the start), for the GET
-    route and a re-POST of the envelope alike: ``204 No Content`` when ``after`` is at or past the
-    ``result`` frame of an ended action (``EventSource`` then stops reconnecting)."""
-    if after >= 0 and is_terminal(record.status):
+async def _stream_answer(
+    request: Request, service: ActionService, record: ActionRecord, after: Position | None
+) -> Response:
+    """The SSE answer of an action's stream after position ``after`` (None: from the start), for the GET
+    route and a re-POST of the envelope alike: ``204 No Content`` when the tenant holds the whole stream
+    of an ended action (:func:`.stream_positions.delivered`; ``EventSource`` then stops reconnecting)."""
+    if after is not None and is_terminal(record.status):
         result = await service.result(record)
-        if result is not None and after >= final_position(record, result):
+        error, final = result is not None and result.error is not None, is_final(record, result)
+        if result is not None and stream_positions.delivered(after, record.chunk_count, error=error, final=final):
             return Response(status_code=204)  # all delivered: EventSource stops reconnecting
     return _sse_response(request, service, record, after)
 
 
-def _sse_response(request: Request, service: ActionService, record: ActionRecord, after: int) -> StreamingResponse:
+def _sse_response(
+    request: Request, service: ActionService, record: ActionRecord, after: Position | None
+) -> StreamingResponse:
     frames = until_stopping(host_state(request).stopping, follow(service, record, after))
     return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _frame(n: int | None, name: str, env: Envelope) -> bytes:
-    return encode_event(_encode.encode(env).decode(), event=name, id=None if n is None else f"sse_{n}")
+def _frame(ident: str, name: str, env: Envelope) -> bytes:
+    return encode_event(_encode.encode(env).decode(), event=name, id=ident)
 
 
 class _ChunkKind(msgspec.Struct):
@@ -300,19 +308,27 @@ def _error_envelope(action_id: str, error: ProtocolError) -> Envelope:
 ERROR_EVENT = "aip_error"
 
 
-def final_position(record: ActionRecord, result: Any) -> int:
-    """Stream position (``sse_<n>``) of the ``result`` frame of an ended action: after the ack,
-    its ``chunk_count`` chunks and the error frame when ``result.error`` is set."""
-    return 1 + record.chunk_count + (1 if result.error is not None else 0)
+def _ending(
+    record: ActionRecord, result: ActionResult, after: Position | None
+) -> list[tuple[str, ProtocolError | None]]:
+    """The frames ending an ended action's stream that a tenant resuming after ``after`` lacks, in order:
+    each its SSE id and the error of an ``aip_error`` frame (None: the ``result`` frame); positions and
+    the resume rule in :mod:`.stream_positions` (a provisional result's frames take sub-positions)."""
+    error, final = result.error is not None, is_final(record, result)
+    frames = stream_positions.ending(record.chunk_count, error=error, final=final)
+    held = stream_positions.ending_held(after, record.chunk_count, error=error, final=final)
+    return [(p.id, result.error if i == 0 else None) for i, p in enumerate(frames)][held:]
 
 
-async def follow(service: ActionService, record: ActionRecord, after: int) -> AsyncIterator[bytes]:
-    """The AIP SSE stream of one action (profile ``aip.sse.stream.v1``).
+async def follow(service: ActionService, record: ActionRecord, after: Position | None) -> AsyncIterator[bytes]:
+    """The AIP SSE stream of one action (profile ``aip.sse.stream.v1``) after position ``after`` (None:
+    from the ack).
 
-    Positions: ``sse_0`` ack; ``sse_<1+s>`` the stored chunk of sequence s
+    Positions (:mod:`.stream_positions`): ``sse_0`` ack; ``sse_<1+s>`` the stored chunk of sequence s
     (event ``done`` for a done chunk, else ``chunk``); then ``aip_error`` (failed
-    results) and ``result``. Every position is derived from the store, so
-    ``Last-Event-ID: sse_<n>`` resumes exactly after n. The ack's status is
+    results) and ``result``, at sub-positions ``sse_<C>.1``, ``sse_<C>.2`` for a provisional result. Every
+    position is derived from the store, so ``Last-Event-ID`` resumes exactly after it, and after a
+    provisional result since corrected at the first chunk the tenant lacks. The ack's status is
     ``streaming`` for a running action, ``accepted`` while it waits for its
     approval and ``cached`` when it already ended. An action waiting for its
     approval is that non-final ack (``sse_0``, reason ``pending_approval``):
@@ -324,8 +340,8 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
     tenant, action_id = record.tenant, record.action_id
     # Frames wait in ``out`` until the stream would block (or ends), or a live action's page is read: one
     # socket write carries the ack, the chunks and the result of an ended action, not one write each.
-    out: list[bytes] = [_frame(0, "ack", ack_envelope(record, streaming=True))] if after < 0 else []
-    last_seq = max(after - 1, -1)
+    out: list[bytes] = [_frame("sse_0", "ack", ack_envelope(record, streaming=True))] if after is None else []
+    last_seq = stream_positions.sequence_held(after)
     wrote_at = time.monotonic()
     while True:
         decided = service.store.approvals_changed  # before reading: a decision after the read wakes us
@@ -355,12 +371,11 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
             continue
         if record.status != ActionState.RUNNING and record.chunk_count <= last_seq + 1:
             result = await service.result(record)
-            if result is not None:
-                n = final_position(record, result)
-                if result.error is not None and n - 1 > after:
-                    out.append(_frame(n - 1, ERROR_EVENT, _error_envelope(action_id, result.error)))
-                if n > after:
-                    out.append(_frame(n, "result", result_envelope(result)))
+            for ident, error in [] if result is None else _ending(record, result, after):
+                if error is not None:
+                    out.append(_frame(ident, ERROR_EVENT, _error_envelope(action_id, error)))
+                elif result is not None:
+                    out.append(_frame(ident, "result", result_envelope(result)))
             if out:
                 yield b"".join(out)
             return
@@ -385,15 +400,11 @@ async def follow(service: ActionService, record: ActionRecord, after: int) -> As
 FOLLOW_PAGE_CHUNKS = 2048
 
 
-def _last_event_n(request: Request) -> int:
-    """Position after which to resume: ``Last-Event-ID: sse_<n>`` or ``?cursor=n``."""
+def _resume_at(request: Request) -> Position | None:
+    """Position after which to resume: ``Last-Event-ID`` or ``?cursor=`` (:func:`.stream_positions.parse`,
+    400 ``request.invalid_cursor`` otherwise); None: neither, the stream from its start."""
     value = request.headers.get("last-event-id") or request.query_params.get("cursor")
-    if not value:
-        return -1
-    text = value[4:] if value.startswith("sse_") else value
-    if not text.isdigit() or len(text) > 9:
-        raise InvalidCursor("Last-Event-ID must be sse_<n> (or cursor a non-negative integer)")
-    return int(text)
+    return stream_positions.parse(value) if value else None
 
 
 async def _principal_action(
@@ -491,12 +502,12 @@ async def get_events(request: Request) -> Response:
     ended action was delivered.
     """
     _, service, record = await _principal_action(request, stream=True)
-    after = _last_event_n(request)
+    after = _resume_at(request)
     if _wants_sse(request):
         return await _stream_answer(request, service, record, after)
     action_id = record.action_id
     events: list[Event] = []
-    if after < 0:
+    if after is None:
         ack = ack_envelope(record, streaming=False).body.ack
         events.append(
             Event(
@@ -508,7 +519,7 @@ async def get_events(request: Request) -> Response:
                 data=ack,
             )
         )
-    rows = await service.store.list_chunks(record.tenant, action_id, max(after - 1, -1), PAGE_CHUNKS)
+    rows = await service.store.list_chunks(record.tenant, action_id, stream_positions.sequence_held(after), PAGE_CHUNKS)
     chunks = [_chunk_decoder.decode(row.chunk_json) for row in rows]
     # Chunks carry no time of their own: they are stamped with the action's last update.
     updated = ms_to_rfc3339(record.updated_at)
@@ -523,36 +534,24 @@ async def get_events(request: Request) -> Response:
         )
         for c in chunks
     ]
-    last = chunks[-1].sequence if chunks else max(after - 1, -1)
+    last = chunks[-1].sequence if chunks else stream_positions.sequence_held(after)
     terminal = is_terminal(record.status)
     done = False
     if terminal and last + 1 >= record.chunk_count:
         result = await service.result(record)
-        n = 1 + record.chunk_count if result is None else final_position(record, result)
-        if result is not None and result.error is not None and n - 1 > after:
+        for ident, error in [] if result is None else _ending(record, result, after):
             events.append(
                 Event(
-                    id=f"sse_{n - 1}",
-                    kind="aip.core.v1.error",
+                    id=ident,
+                    kind="aip.core.v1.error" if error is not None else "aip.core.v1.action_result",
                     occurred_at=updated,
                     action_id=action_id,
                     correlation_id=action_id,
-                    data=ErrorBody(error=result.error),
-                )
-            )
-        if result is not None and n > after:
-            events.append(
-                Event(
-                    id=f"sse_{n}",
-                    kind="aip.core.v1.action_result",
-                    occurred_at=updated,
-                    action_id=action_id,
-                    correlation_id=action_id,
-                    data=result,
+                    data=ErrorBody(error=error) if error is not None else result,
                 )
             )
         done = True
-    cursor = None if done else (events[-1].id if events else (f"sse_{after}" if after >= 0 else None))
+    cursor = None if done else (events[-1].id if events else (after.id if after is not None else None))
     return aip_json(ActionEvents(action_id=action_id, events=events, chunks=chunks, cursor=cursor, terminal=terminal))
 
 
