@@ -164,4 +164,4 @@ def test_a_fork_server_that_cannot_be_reached_is_a_start_failure_not_a_traceback
     """The sidecar turns WorkerStartFailed into one line and exit 1 (docs/reference/cli.md "Exit codes")."""
     boot = Boot("x:y", "/tmp", True, "info", None, None, False)
     with pytest.raises(WorkerStartFailed, match=r"did not start the registry check process \(.*Connection refused"):
-        describe_registry(_UnreachableForkServer(), boot)  # type: ignore[arg-type]
+        describe_registry(_UnreachableForkServer(), boot)
