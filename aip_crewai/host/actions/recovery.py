@@ -417,7 +417,8 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
             unreachable = await runtime.store.get_action(tenant, action_id)
         else:  # the sidecar cannot be read now: the action stays running, the next read retries
             log.warning("action_resume_deferred", code=error.code)
-    except Exception:
+    except Exception:  # nothing more is written here (the next reconciliation replays its chunks)
+        sink.discard()
         log.exception("action_resume_failed")
     finally:
         runtime.live.remove(tenant, action_id)
