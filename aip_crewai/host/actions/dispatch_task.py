@@ -9,7 +9,6 @@ Source: ARCHITECTURE.md §9 ("Dispatch retries", "Action states"), §10 (dispatc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import structlog
 
@@ -25,7 +24,7 @@ from .live import LiveAction
 from .normalize import failed_result
 from .writer import ActionRuntime
 
-__all__ = ["run", "status_before_admission", "retry_delay_s", "RETRY_FIRST_S", "RETRY_MAX_S"]
+__all__ = ["run", "saw_lease_lost", "status_before_admission", "retry_delay_s", "RETRY_FIRST_S", "RETRY_MAX_S"]
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +45,10 @@ async def run(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool = Tru
     """The background dispatch task of a running action (:meth:`ActionService.start`): take its lease,
     re-check a governed action's approval, run the job until the sidecar admits it, store its chunks and
     its result. Never raises but CancelledError: a failure is recorded as the action's result, a store
-    outage leaves it to the reconciler (ARCHITECTURE.md §9, §10). Traced as ``aip.action.dispatch``
+    outage leaves it to the reconciler (ARCHITECTURE.md §9, §10). Every write it makes (chunks, dispatch
+    state, requeues, its result with usage and receipt) carries the fencing token it took with the lease
+    (:attr:`~.live.LiveAction.lease_token`), and once any of them met ``LeaseLost`` it writes nothing
+    more: another host dispatches the action (ARCHITECTURE.md §10, dispatch leases). Traced as ``aip.action.dispatch``
     (docs/observing.md "Observing actions"), continuing the action's stored trace context."""
     with dispatching(live.job.trace, runtime.now_ms()) as span:
         await _dispatch(runtime, live, mark_sent=mark_sent, recheck=recheck)
@@ -67,7 +69,9 @@ async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool
         ):  # another host holds its dispatch lease (ARCHITECTURE.md §10)
             log.info("action_leased_elsewhere")
             return
-        sink.hold(runtime.store.lease_token(tenant, action_id))  # its chunks are fenced by this token
+        # The token this dispatch works under: every write below carries it, its chunks' too.
+        live.lease_token = runtime.store.lease_token(tenant, action_id)
+        sink.hold(live.lease_token)
         if job.spec.approval and recheck:  # governed: re-check what its approval relied on, before sending
             record = await runtime.store.get_action(tenant, action_id)
             revoked = runtime.revocation(record) if record is not None else None
@@ -78,6 +82,7 @@ async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool
                     failed_result(action_id, revoked),
                     DispatchState.NOT_SENT.value,
                     settle_dispatch=True,
+                    lease_token=live.lease_token,
                 )
                 return
         result = await _run_until_admitted(runtime, live, sink.add, mark_sent=mark_sent)
@@ -100,6 +105,7 @@ async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool
             operation=job.spec.name,
             durable=job.durable,
             settle_dispatch=True,
+            lease_token=live.lease_token,
         )
     except asyncio.CancelledError:
         sink.discard()  # a cancelled dispatch stores no further chunks (its canceller records the result)
@@ -114,17 +120,57 @@ async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool
         # writing a failure here would give a tenant "failed" for a run that completes.
         sink.discard()
         log.warning("dispatch_deferred", reason="store unavailable")
-    except Exception:  # never lose an action: record a failure instead
+    except Exception as exc:  # never lose an action: record a failure instead
         log.exception("dispatch_crashed")
-        with contextlib.suppress(Exception):  # keep what was received, unless storing is what failed
-            await sink.drain()
-        error = AipError("the host failed while dispatching the action")
-        await runtime.writer.finish(
-            tenant, action_id, failed_result(action_id, error), job.dispatch.state, operation=job.spec.name
-        )
+        await _record_crash(runtime, live, sink, exc)
     finally:
         runtime.live.remove(tenant, action_id)
         live.notify()
+
+
+def saw_lease_lost(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is :class:`~..store.records.LeaseLost` or was raised while handling one, or because
+    of one (its ``__cause__`` / ``__context__`` chain). Pure."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, LeaseLost):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+async def _record_crash(runtime: ActionRuntime, live: LiveAction, sink: ChunkSink, exc: Exception) -> None:
+    """A dispatch that failed unexpectedly (``exc``): store the chunks received, then a failed result, both
+    under the dispatch's token. A dispatch that has seen ``LeaseLost`` anywhere (behind ``exc``, in its
+    chunk writer, in this drain, in the result write) writes nothing more: another host holds the lease
+    and dispatches the action; a store outage leaves the action to the reconciler (ARCHITECTURE.md §10)."""
+    job = live.job
+    if saw_lease_lost(exc):
+        sink.discard()
+        log.warning("lease_lost", stopped="dispatch")
+        return
+    try:
+        await sink.drain()  # keep what was received ...
+    except Exception as failed:  # ... unless storing is what failed (then the result is still recorded)
+        if saw_lease_lost(failed):  # the chunk writer was refused: this host no longer holds the lease
+            sink.discard()
+            log.warning("lease_lost", stopped="dispatch")
+            return
+    error = AipError("the host failed while dispatching the action")
+    try:
+        await runtime.writer.finish(
+            job.tenant,
+            job.action_id,
+            failed_result(job.action_id, error),
+            job.dispatch.state,
+            operation=job.spec.name,
+            lease_token=live.lease_token,
+        )
+    except LeaseLost:
+        log.warning("lease_lost", stopped="dispatch")
+    except StoreUnavailable:  # the reconciler settles it once the store answers (as in _dispatch)
+        log.warning("dispatch_deferred", reason="store unavailable")
 
 
 async def _run_until_admitted(
@@ -153,7 +199,9 @@ async def _run_until_admitted(
     while True:
         if (
             mark_sent
-            and await runtime.writer.mark_sent(job.tenant, job.action_id, durable=job.durable, sidecar=job.sidecar)
+            and await runtime.writer.mark_sent(
+                job.tenant, job.action_id, durable=job.durable, sidecar=job.sidecar, lease_token=live.lease_token
+            )
             is None
         ):
             return None  # no longer running (cancelled while queued): nothing is sent
@@ -193,7 +241,12 @@ async def _run_until_admitted(
                         },
                     ),
                 )
-            if await runtime.writer.requeue(job.tenant, job.action_id, durable=job.durable) is None:
+            if (
+                await runtime.writer.requeue(
+                    job.tenant, job.action_id, durable=job.durable, lease_token=live.lease_token
+                )
+                is None
+            ):
                 return None
             live.notify()
             live.retry_waiting = True

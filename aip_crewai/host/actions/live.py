@@ -33,6 +33,9 @@ class LiveAction:
     #: True only while the dispatch sleeps before retrying a start the sidecar did not admit:
     #: cancelling the task then stops it before anything is sent (ARCHITECTURE.md §8 ``dequeue``).
     retry_waiting: bool = False
+    #: The fencing token the dispatch (or restart follower) took with the action's lease (None: no lease,
+    #: a store without host id); every write it makes carries it (ARCHITECTURE.md §10, dispatch leases).
+    lease_token: int | None = None
 
     @property
     def version(self) -> int:

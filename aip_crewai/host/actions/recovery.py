@@ -16,7 +16,6 @@ Source: docs/approvals.md "The approval flow", "Failure behaviour"; docs/ARCHITE
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 
 import msgspec
@@ -255,15 +254,25 @@ async def _settle(runtime: ActionRuntime, record: ActionRecord, *, reread: bool 
         log.exception("reconcile_failed", action_id=record.action_id)
 
 
-async def reconcile(runtime: ActionRuntime, record: ActionRecord) -> None:
-    """Settle a running action left by a previous host process."""
+async def reconcile(runtime: ActionRuntime, record: ActionRecord, *, lease_token: int | None = None) -> None:
+    """Settle a running action left by a previous host process. ``lease_token``: the fencing token the
+    caller took with the action's lease (``ActionService.refresh``): every result this writes carries it,
+    and one refused for it (``LeaseLost``: another host took the lease) ends the reconciliation without a
+    write, logged ``lease_lost`` (ARCHITECTURE.md §10, dispatch leases)."""
+    try:
+        await _reconcile(runtime, record, lease_token)
+    except LeaseLost:
+        log.warning("lease_lost", action_id=record.action_id, stopped="reconcile")
+
+
+async def _reconcile(runtime: ActionRuntime, record: ActionRecord, lease_token: int | None) -> None:
     job = runtime.job(record, stream=False)
     spec = job.spec
     if not spec.startable:
         # Inspection reads are not journaled by the sidecar: their outcome is unknown, re-reading is safe.
         row = CANCEL_OUTCOMES[CancelCase.DETACH_READ]  # what a cancel of the read would store
         result = ActionResult(action_id=record.action_id, status="cancelled", output=dict(row.output or {}))
-        await runtime.writer.finish(record.tenant, record.action_id, result, None)
+        await runtime.writer.finish(record.tenant, record.action_id, result, None, lease_token=lease_token)
         return
     if spec.stream:
         _resume(runtime, record)  # follow the sidecar job live: its chunks since the restart, then its result
@@ -272,7 +281,7 @@ async def reconcile(runtime: ActionRuntime, record: ActionRecord) -> None:
         terminal = await runtime.dispatcher.terminal_event(job)
     except AipError as exc:
         if exc.details.get("remote_status") == 404:  # the sidecar never admitted it
-            await _admit_or_fail(runtime, record)
+            await _admit_or_fail(runtime, record, lease_token)
         elif exc.details.get("dispatch") == DispatchState.NOT_SENT:  # unreachable: its dispatch retries, deadline
             await _start_if_may_run(runtime, record)
         return
@@ -283,6 +292,7 @@ async def reconcile(runtime: ActionRuntime, record: ActionRecord) -> None:
         record.action_id,
         result_from_terminal(record.action_id, spec, terminal),
         DispatchState.ACKNOWLEDGED.value,
+        lease_token=lease_token,
     )
 
 
@@ -301,17 +311,18 @@ async def _may_still_run(runtime: ActionRuntime, record: ActionRecord) -> bool:
     return approval is not None and approval_admits(approval, record)
 
 
-async def _admit_or_fail(runtime: ActionRuntime, record: ActionRecord) -> None:
+async def _admit_or_fail(runtime: ActionRuntime, record: ActionRecord, lease_token: int | None) -> None:
     """A running action whose job the sidecar does not know: dispatch it now
     if it may still run (:func:`_may_still_run`), else fail it as never
     dispatched. Dispatching is safe: the sidecar admits a job id once
     (``Idempotency-Key`` and request hash), so a start request of the dead
-    process that is admitted after all is joined, never run twice."""
+    process that is admitted after all is joined, never run twice. ``lease_token``: the caller's (the
+    failure is written under it; a dispatch started here takes the lease itself)."""
     if await _may_still_run(runtime, record):
         log.info("action_dispatched_after_restart")
         runtime.start(record, stream=True)
     else:
-        await _fail_never_admitted(runtime, record)
+        await _fail_never_admitted(runtime, record, lease_token)
 
 
 async def _start_if_may_run(runtime: ActionRuntime, record: ActionRecord) -> None:
@@ -325,7 +336,7 @@ async def _start_if_may_run(runtime: ActionRuntime, record: ActionRecord) -> Non
         runtime.start(record, stream=True)
 
 
-async def _fail_never_admitted(runtime: ActionRuntime, record: ActionRecord) -> None:
+async def _fail_never_admitted(runtime: ActionRuntime, record: ActionRecord, lease_token: int | None) -> None:
     await runtime.writer.finish(
         record.tenant,
         record.action_id,
@@ -340,6 +351,7 @@ async def _fail_never_admitted(runtime: ActionRuntime, record: ActionRecord) -> 
             ),
         ),
         DispatchState.NOT_SENT.value,
+        lease_token=lease_token,
     )
 
 
@@ -368,12 +380,20 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
         if not await runtime.store.take_lease(tenant, action_id):
             log.info("action_leased_elsewhere")  # another host holds its dispatch lease and follows it
             return
-        sink.hold(runtime.store.lease_token(tenant, action_id))  # its chunks are fenced by this token
+        # The token this follower works under: every write below carries it, its chunks' too.
+        live.lease_token = runtime.store.lease_token(tenant, action_id)
+        sink.hold(live.lease_token)
         log.info("action_resumed", from_chunk=job.first_chunk_sequence)
         result = await runtime.dispatcher.resume(job, sink.add)
         await sink.drain()
         live.final = await runtime.writer.finish(
-            tenant, action_id, result, DispatchState.ACKNOWLEDGED.value, operation=job.spec.name, durable=job.durable
+            tenant,
+            action_id,
+            result,
+            DispatchState.ACKNOWLEDGED.value,
+            operation=job.spec.name,
+            durable=job.durable,
+            lease_token=live.lease_token,
         )
     except asyncio.CancelledError:
         sink.discard()
@@ -382,8 +402,14 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
         sink.discard()
         log.warning("lease_lost", stopped="follower")
     except (AipError, StartNotAdmitted, DispatchDeferred) as exc:
-        with contextlib.suppress(Exception):
+        try:
             await sink.drain()
+        except LeaseLost:  # its chunk writer was refused: it writes nothing more (the new holder follows)
+            sink.discard()
+            log.warning("lease_lost", stopped="follower")
+            return
+        except Exception:  # storing the chunks is what failed: the next reconciliation replays them
+            pass
         error = exc if isinstance(exc, AipError) else exc.error
         if error.details.get("remote_status") == 404:  # the sidecar never admitted it
             never_admitted = await runtime.store.get_action(tenant, action_id)
@@ -391,12 +417,16 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
             unreachable = await runtime.store.get_action(tenant, action_id)
         else:  # the sidecar cannot be read now: the action stays running, the next read retries
             log.warning("action_resume_deferred", code=error.code)
-    except Exception:
+    except Exception:  # nothing more is written here (the next reconciliation replays its chunks)
+        sink.discard()
         log.exception("action_resume_failed")
     finally:
         runtime.live.remove(tenant, action_id)
         live.notify()
     if never_admitted is not None and never_admitted.status == ActionState.RUNNING:
-        await _admit_or_fail(runtime, never_admitted)  # after this follower left the live registry
+        try:  # after this follower left the live registry; a failure under the follower's token
+            await _admit_or_fail(runtime, never_admitted, live.lease_token)
+        except LeaseLost:
+            log.warning("lease_lost", stopped="follower")
     elif unreachable is not None and unreachable.status == ActionState.RUNNING:
         await _start_if_may_run(runtime, unreachable)

@@ -417,7 +417,7 @@ class ActionService:
             # (ARCHITECTURE.md §10, dispatch leases); an expired lease (a dead host's) is taken over here.
             if self.store.lease_is_foreign(record) or not await self.store.take_lease(record.tenant, record.action_id):
                 return record
-            await self.reconcile(record)
+            await self.reconcile(record, lease_token=self.store.lease_token(record.tenant, record.action_id))
             return await self.record(record.tenant, record.action_id)
         if record.status == ActionState.FAILED and not recovery.is_final(record, await self.result(record)):
             # A provisional result: re-read from the sidecar, within a bound (a frozen sidecar must not hold reads).
@@ -434,9 +434,9 @@ class ActionService:
         """Expire every due approval and fail its pending action (all paths that expire approvals come here)."""
         await self.writer.expire_due(self.now_ms())
 
-    async def reconcile(self, record: ActionRecord) -> None:
-        """Settle a running action left by a previous host process (:func:`.recovery.reconcile`)."""
-        await recovery.reconcile(self, record)
+    async def reconcile(self, record: ActionRecord, *, lease_token: int | None = None) -> None:
+        """Settle a running action left by a previous host process, under ``lease_token`` (:func:`.recovery.reconcile`)."""
+        await recovery.reconcile(self, record, lease_token=lease_token)
 
     async def access(self, caller: Principal, record: ActionRecord) -> str | None:
         """What ``caller`` may read of ``record`` (:func:`~.auth.action_access`): ``full``, ``metadata`` or None."""

@@ -6,6 +6,10 @@ approval's status (a test checks no other module calls the store's state
 writes). Every method names the :class:`~aip_crewai.host.actions.lifecycle.ActionEvent`
 it applies, checks it against the lifecycle table, and leaves the source-state
 check to the storage ``WHERE`` clause, so a stale writer changes nothing.
+The writes of a dispatch (:meth:`~ActionWriter.mark_sent`, :meth:`~ActionWriter.requeue`,
+:meth:`~ActionWriter.finish`, :meth:`~ActionWriter.correct`) take the fencing token it dispatches under
+(``lease_token``): the store refuses them (``LeaseLost``, nothing written, the result's usage and receipt
+included) once that token is not current (ARCHITECTURE.md §10, dispatch leases).
 
 :class:`ActionRuntime` is what :mod:`.cancellation` and :mod:`.recovery`
 need from the action service (the writer, the dispatcher, the live registry
@@ -203,10 +207,18 @@ class ActionWriter:
             return await self.store.get_approval(record.tenant, record.approval_id or "")
 
     async def mark_sent(
-        self, tenant: str, action_id: str, *, durable: bool = True, sidecar: str | None = None
+        self,
+        tenant: str,
+        action_id: str,
+        *,
+        durable: bool = True,
+        sidecar: str | None = None,
+        lease_token: int | None = None,
     ) -> ActionRecord | None:
         """``mark_sent``: the request may have reached the sidecar; ``sidecar``: the one it is placed on,
-        recorded before the start is sent (docs/operating.md "Several sidecars"; None keeps the stored placement)."""
+        recorded before the start is sent (docs/operating.md "Several sidecars"; None keeps the stored placement).
+        ``lease_token``: the dispatch's fencing token (:meth:`Store.update_action`). Raises LeaseLost: that
+        token is not current (nothing written, nothing may be sent)."""
         return await self.store.update_action(
             tenant,
             action_id,
@@ -215,14 +227,18 @@ class ActionWriter:
             dispatch=DispatchState.SENT.value,
             durable=durable,
             sidecar=sidecar,
+            lease_token=lease_token,
         )
 
-    async def requeue(self, tenant: str, action_id: str, *, durable: bool = True) -> ActionRecord | None:
+    async def requeue(
+        self, tenant: str, action_id: str, *, durable: bool = True, lease_token: int | None = None
+    ) -> ActionRecord | None:
         """``requeue``: the sidecar provably did not admit the start (no
         connection, 503 before admission, 507), so the running action waits
         for its retry with dispatch ``not_sent`` again (tenants see
         ``queued``; ARCHITECTURE.md §9). Returns the record, or None when it
-        is no longer running (a cancel won)."""
+        is no longer running (a cancel won). ``lease_token``: the dispatch's fencing token
+        (:meth:`Store.update_action`); raises LeaseLost when it is not current (nothing written)."""
         return await self.store.update_action(
             tenant,
             action_id,
@@ -231,6 +247,7 @@ class ActionWriter:
             dispatch=DispatchState.NOT_SENT.value,
             durable=durable,
             settle_dispatch=True,
+            lease_token=lease_token,
         )
 
     async def correct(
@@ -240,6 +257,7 @@ class ActionWriter:
         dispatch: DispatchState | None = DispatchState.ACKNOWLEDGED,
         *,
         chunks: Sequence[StreamChunk] = (),
+        lease_token: int | None = None,
     ) -> ActionRecord | None:
         """``correct_*``: replace ``record``'s provisional stored result
         (:func:`~.lifecycle.result_is_final` is false for it) with ``result``,
@@ -248,7 +266,9 @@ class ActionWriter:
         correction wins). ``dispatch``: moved forward to this (None: kept).
         ``chunks``: the job's whole stream as re-normalized from the journal; the ones the store lacks
         are backfilled in the same fenced write as the result (:meth:`Store.update_action` ``chunks=``).
-        Returns the corrected record, or None."""
+        ``lease_token``: the fencing token of a writer that corrects under the action's lease (None: a
+        correction of an ended action, whose lease ended with it: the ``replacing`` condition guards it).
+        Returns the corrected record, or None. Raises LeaseLost: ``lease_token`` is not current."""
         if record.result_json is None:
             raise ValueError("only a stored result can be corrected")
         event = CORRECTION_EVENTS[result.status]
@@ -263,6 +283,7 @@ class ActionWriter:
             replacing=record.result_json,
             seal=seal,
             chunks=_rows(chunks),
+            lease_token=lease_token,
         )
         if changed is not None:
             self.sealer.count(seal)
@@ -310,16 +331,23 @@ class ActionWriter:
         settle_dispatch: bool = False,
         unstarted: bool = False,
         chunks: Sequence[StreamChunk] = (),
+        lease_token: int | None = None,
     ) -> ActionRecord | None:
         """Store a final result: ``event`` (default: complete / fail / cancel
         by the result's status) from its table sources, or only from
         ``only_from``. ``settle_dispatch``: the dispatch's own final word. ``unstarted``: only while
         no start of it can be on its way to a sidecar (:meth:`Store.update_action`). ``chunks``: a result
         settled from the sidecar's journal carries its whole stream: the chunks the store lacks are
-        appended in the same fenced write (as :meth:`correct`).
+        appended in the same fenced write (as :meth:`correct`). ``lease_token``: the fencing token of
+        the dispatch (or restart follower, or reconciliation under the lease) storing it: the result, its
+        usage row and receipt are written only while it is current (:meth:`Store.update_action`); None:
+        a writer that does not dispatch the action (a tenant's cancel, an approval's expiry).
 
         Returns the stored record, or None when the action was in no source
-        state (another writer's result stands)."""
+        state (another writer's result stands).
+
+        Raises:
+            LeaseLost: ``lease_token`` (else this host's own token) is not current: nothing was written."""
         event = event or RESULT_EVENTS[result.status]
         target = TRANSITIONS[event].target
         if target.value != result.status:
@@ -342,6 +370,7 @@ class ActionWriter:
             seal=seal,
             unstarted=unstarted,
             chunks=_rows(chunks),
+            lease_token=lease_token,
         )
         log.info("action_finished", status=result.status, changed=changed is not None)
         if changed:

@@ -5,10 +5,14 @@ split out by concept as :mod:`.approvals` is. A running action on a shared store
 reconciled by the one host holding its lease (``lease_owner`` until ``lease_expires_at``, ms). Expiry
 is judged, and a new expiry computed, with the database's clock (:data:`.engines.postgres.DB_NOW`: PostgreSQL's
 ``now()``; a SQLite store's own clock, one host), never a host's. Each time another host takes the lease,
-its fencing token ``lease_epoch`` goes up; every write this host makes on behalf of an action it holds
-(chunks and their count, results, dispatch state, corrections: ``Store.append_chunks``,
-``Store.update_action``) is conditional on its token being current, in the same statement or
-transaction; a write refused for the token raises :class:`~.records.LeaseLost` and forgets it.
+its fencing token ``lease_epoch`` goes up. Every write of a dispatch (and of a restart follower, and of
+a reconciliation under the lease) carries the token it took with the lease (``lease_token=``: chunks and
+their count, results with their usage and receipt, dispatch state, requeues, corrections:
+``Store.append_chunks``, ``Store.update_action``) and is conditional on that token being current, in the
+same statement or transaction, even after this host forgot it; a write without one is fenced by the
+token this host holds on the action, if any, else guarded by the status conditions alone (a host that
+never held the lease: a cancel, a read's correction). A write refused for the token raises
+:class:`~.records.LeaseLost`, writes nothing, and forgets the token.
 
 Source: ARCHITECTURE.md §10 (dispatch leases).
 """
@@ -71,9 +75,9 @@ class LeaseMethods:
         while this host's fencing token is current: ``token`` when the writer kept the one it works under
         (a dispatch's chunk writer: its token stays its fence after this host forgot it), else the token
         this host holds; empty when there is neither (a host that never leased the action writes as
-        before: the status conditions guard it)."""
+        before: the status conditions guard it), or without leases (no host id: no owner)."""
         token = self.lease_token(tenant, action_id) if token is None else token
-        if token is None:
+        if token is None or self.owner is None:
             return "", ()
         return " AND lease_owner = ? AND lease_epoch = ?", (self.owner, token)
 
@@ -82,7 +86,7 @@ class LeaseMethods:
         the reason is the token (``token``, else the one this host holds: another host holds the lease
         now), forgetting this host's token."""
         token = self.lease_token(tenant, action_id) if token is None else token
-        if token is None:
+        if token is None or self.owner is None:
             return
         rows = self._fetch_now(
             "SELECT lease_owner, lease_epoch FROM actions WHERE tenant = ? AND action_id = ?", (tenant, action_id)

@@ -452,6 +452,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         sidecar: str | None = None,
         unstarted: bool = False,
         chunks: Sequence[tuple[int, str]] = (),
+        lease_token: int | None = None,
     ) -> ActionRecord | None:
         """Move an action from one of ``from_statuses`` to ``status``; the SQL
         ``WHERE`` enforces the source state, so a stale writer changes nothing
@@ -471,16 +472,19 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         sidecar's journal (a result corrected or settled from it): those the action lacks are appended in
         the SAME transaction, only when the row changed, keyed by sequence (never a duplicate), even though
         the action is now ended (:func:`.ledger.backfill_now`; ARCHITECTURE.md §9 "Final results").
-        When this host holds the action's dispatch lease, the write (with what the result leaves and the
-        chunks) applies only while its fencing token is current (:mod:`.leases`).
+        ``lease_token``: the fencing token the writer works under (a dispatch's or a restart follower's,
+        taken with its lease: ``Store.lease_token`` right after ``Store.take_lease``): the write (with what
+        the result leaves and the chunks) applies only while that token is current, even after this host
+        forgot it. None: the token this host holds on the action, if any; a host holding none writes as
+        before (the status conditions guard it). ARCHITECTURE.md §10 (dispatch leases), :mod:`.leases`.
 
         Returns:
             The updated record when the row changed, else None.
 
         Raises:
             ValueError: a transition outside :data:`TRANSITIONS`, or an unknown dispatch.
-            LeaseLost: this host held the action's lease and another host took it: nothing was written
-                (the result, its usage and receipt included).
+            LeaseLost: the writer's token (``lease_token``, else this host's) is no longer current (another
+                host took the lease): nothing was written (the result, its usage and receipt included).
         """
         update = action_update(
             tenant,
@@ -497,10 +501,11 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
             sidecar=sidecar,
             unstarted=unstarted,
         )
-        fence, fence_params = self._fenced(tenant, action_id)
-        if fence:  # this host holds the lease: the write applies only while its token is current
+        token = self.lease_token(tenant, action_id) if lease_token is None else lease_token
+        fence, fence_params = self._fenced(tenant, action_id, token)
+        if fence:  # a lease token: the write applies only while it is current
             update = (update[0].replace(" RETURNING ", f"{fence} RETURNING ", 1), (*update[1], *fence_params))
-        fenced = bool(fence)
+        fenced = token if fence else None
         seal = self._with_outbox(seal)
         backfill = tuple(chunks)
         record: ActionRecord | None
@@ -521,14 +526,15 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         update: tuple[str, tuple[Any, ...]],
         seal: Seal | None = None,
         *,
-        fenced: bool = False,
+        fenced: int | None = None,
         chunks: Sequence[tuple[int, str]] = (),
     ) -> ActionRecord | None:
+        """Apply ``update`` (on the worker); ``fenced``: the lease token it is conditional on (None: none)."""
         rows = self._fetch_now(*update)
         if not rows:
-            if fenced:
+            if fenced is not None:
                 tenant, action_id = update[1][9], update[1][10]  # see :func:`.sql.action_update`
-                self._check_fence_now(tenant, action_id)
+                self._check_fence_now(tenant, action_id, fenced)
             return None
         record = backfill_now(self._db, ActionRecord(*rows[0]), chunks)
         if seal is not None:
