@@ -310,7 +310,7 @@ async def test_sidecar_connections_are_all_kept_alive_and_reused_only_well_befor
 
     client = _sidecar_http(SidecarSettings("sidecar", "http://127.0.0.1:8090", "token"), None)
     try:
-        pool = client._transport._pool  # type: ignore[attr-defined]
+        pool = client._transport._pool
         assert pool._max_connections == SIDECAR_CONNECTIONS
         assert pool._max_keepalive_connections == SIDECAR_CONNECTIONS
         assert 0 < pool._keepalive_expiry <= HEADER_TIMEOUT_S / 2
