@@ -555,7 +555,11 @@ def envelope(capability_id: str, input: dict[str, Any], *, action_id: str, key: 
 def async_client(base_url: str, token: str | None = None, *, connections: int = 16) -> httpx.AsyncClient:
     """An httpx client for the benchmarks. Idle connections expire after 1 s, well
     before hypercorn's 5 s keep-alive timeout: with httpx's default (also 5 s)
-    a request can race the server closing the connection and fail with ReadError."""
+    a request can race the server closing the connection and fail with ReadError.
+    The 1 s is counted from when this process handled the end of the previous
+    response, the server's 5 s from when it sent it: a client whose event loop
+    lags by seconds (hundreds of runs at once on 2 loaded cores) can still send
+    on a connection the server is closing (see :data:`STALE_CONNECTION`)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=1.0)
     return httpx.AsyncClient(
@@ -567,12 +571,32 @@ class BenchError(RuntimeError):
     """A benchmark request did not answer as the flow requires."""
 
 
+#: What httpx raises for a request sent on a kept-alive connection the server closed as idle meanwhile
+#: (hypercorn's ``keep_alive_timeout``, 5 s): the server's FIN had not reached this process when it wrote, so
+#: the read finds EOF (RemoteProtocolError "Server disconnected without sending a response") or the server
+#: kernel's reset (ReadError), or the write fails. The request never reached the application (the host logs
+#: no ``request_finished`` for it), and every request :class:`Governed` resends is safe to send twice (an
+#: envelope with its idempotency key; a decision, checked when the first one did land). Resent once, and
+#: counted (:attr:`Governed.resent`) so a report shows how often it happened.
+STALE_CONNECTION = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
 class Governed:
     """The tenant (``bench-app``) and approver (``bench-approver``) of one host."""
 
     def __init__(self, host: Process, *, connections: int = 16) -> None:
         self.app = async_client(host.base_url, TOKENS["bench-app"], connections=connections)
         self.approver = async_client(host.base_url, TOKENS["bench-approver"], connections=connections)
+        #: Requests resent once after a :data:`STALE_CONNECTION` failure (what each failure was, by name).
+        self.resent: list[str] = []
+
+    async def _send(self, client: httpx.AsyncClient, url: str, **kwargs: Any) -> tuple[httpx.Response, bool]:
+        """POST ``url``; resent once on a :data:`STALE_CONNECTION` failure. Returns (the response, resent)."""
+        try:
+            return await client.post(url, **kwargs), False
+        except STALE_CONNECTION as error:
+            self.resent.append(type(error).__name__)
+        return await client.post(url, **kwargs), True
 
     async def aclose(self) -> None:
         await self.app.aclose()
@@ -580,7 +604,9 @@ class Governed:
 
     async def post(self, body: bytes) -> dict[str, Any]:
         """POST an envelope, JSON reply; the ``action_result`` body."""
-        response = await self.app.post("/aip/v1/messages", content=body, headers={"Content-Type": AIP_CONTENT_TYPE})
+        response, _ = await self._send(
+            self.app, "/aip/v1/messages", content=body, headers={"Content-Type": AIP_CONTENT_TYPE}
+        )
         if response.status_code not in (200, 202):
             raise BenchError(f"POST /aip/v1/messages answered {response.status_code}: {response.text[:300]}")
         result = response.json()["body"].get("action_result")
@@ -589,9 +615,15 @@ class Governed:
         return result
 
     async def decide(self, approval_id: str) -> None:
-        response = await self.approver.post(
-            f"/aip/v1/approvals/{approval_id}/decision", json={"decision": "approved", "reason": "benchmark"}
+        response, resent = await self._send(
+            self.approver,
+            f"/aip/v1/approvals/{approval_id}/decision",
+            json={"decision": "approved", "reason": "benchmark"},
         )
+        if resent and response.status_code == 409:  # the first one may have landed after all: it must say so
+            view = await self.approver.get(f"/aip/v1/approvals/{approval_id}")
+            if view.status_code == 200 and view.json().get("status") == "approved":
+                return
         if response.status_code != 200:
             raise BenchError(f"decision answered {response.status_code}: {response.text[:300]}")
 

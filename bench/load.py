@@ -26,6 +26,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections import Counter
 
 from bench.common import (
     SIDECAR_TOKEN,
@@ -122,6 +123,7 @@ async def run() -> Section:
                         peaks[name][process_name] = max(peaks[name].get(process_name, 0), peak)
                     await asyncio.sleep(0.5)
             after = {p.name: p.rss_kib() for p in processes}
+            resent = list(governed.resent)
         finally:
             await side.aclose()
             await governed.aclose()
@@ -189,6 +191,14 @@ async def run() -> Section:
         ],
     )
     section.notes += [f"error: {sample}" for sample in samples]
+    if resent:
+        kinds = ", ".join(f"{n} {name}" for name, n in sorted(Counter(resent).items()))
+        section.notes.append(
+            f"{len(resent)} host-phase requests resent once ({kinds}): sent on a kept-alive connection the host "
+            "had just closed as idle (its 5 s keep-alive bound, counted from its side while this client's loop "
+            "lagged); they never reached the host's application, and each is safe to resend (bench.common."
+            "STALE_CONNECTION). Not errors: no run was lost."
+        )
     section.notes += [
         f"{ROUNDS} rounds of each phase ({RUNS} runs at once each), pooled; throughput p50 = mean over rounds, "
         "p99 = the slowest round.",

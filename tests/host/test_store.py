@@ -493,6 +493,26 @@ async def test_chunks_append_list_and_count(store: Store):
         await store.append_chunks("globex", "act_1", [(0, "{}")])
 
 
+async def test_a_follow_page_is_the_chunks_then_the_action_in_one_store_call(store: Store, monkeypatch):
+    """A stream follower's read (``follow_page``): the chunks after a sequence, bounded by its limit, and
+    the action row as it is after them (None for an action the tenant lacks), in ONE hop to the worker."""
+    await make_action(store)
+    await store.append_chunks("acme", "act_1", [(0, '{"s":0}'), (1, '{"s":1}'), (2, '{"s":2}')])
+    hops: list[object] = []
+    run = store._run
+
+    async def counted(fn, *args):
+        hops.append(fn)
+        return await run(fn, *args)
+
+    monkeypatch.setattr(store, "_run", counted)
+    chunks, action = await store.follow_page("acme", "act_1", 0, 1)
+    assert [c.chunk_json for c in chunks] == ['{"s":1}']
+    assert action is not None and action.action_id == "act_1" and action.chunk_count == 3
+    assert len(hops) == 1
+    assert await store.follow_page("globex", "act_1", -1, 10) == ([], None)
+
+
 async def test_no_chunk_is_appended_once_the_action_is_terminal(store: Store):
     """A late batch of a cancelled dispatch (on another pooled connection or host) never follows the result."""
     await make_action(store)

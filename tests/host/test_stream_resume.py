@@ -33,6 +33,7 @@ class BreakingSidecar(FakeSidecar):
         self.fault, self.break_after = fault, break_after
         self.streams = 0
         self.views_refused = 0  # GET /jobs/{id} answers that fail to connect before one succeeds
+        self.views_busy: list[int] = []  # statuses GET /jobs/{id} answers (one each) before it answers the view
 
     def _admit(self, body: dict[str, Any]) -> Any:
         job = super()._admit(body)
@@ -74,6 +75,8 @@ class BreakingSidecar(FakeSidecar):
         if len(parts) == 3 and parts[1] == "jobs" and request.method == "GET" and self.views_refused > 0:
             self.views_refused -= 1
             raise httpx.ConnectError("connection refused", request=request)
+        if len(parts) == 3 and parts[1] == "jobs" and request.method == "GET" and self.views_busy:
+            return httpx.Response(self.views_busy.pop(0), json={"detail": "overloaded, try later"})
         return super().handle(request)
 
 
@@ -122,6 +125,44 @@ async def test_a_job_view_that_cannot_connect_is_retried_before_the_stream_resum
     sidecar.views_refused = 2
     record, result, chunks = await run_to_end(await service_with(sidecar))
     assert result.status == "completed" and len(chunks) == CHATTY + 2
+    assert not any(r.url.path.endswith("/cancel") for r in sidecar.requests)
+
+
+async def test_a_job_view_answered_try_later_is_retried_and_the_run_completes_without_a_cancel(service_with):
+    """An overloaded sidecar answering the view 503 or 429 after a broken stream says nothing about the job:
+    the view is read again after the backoff and the stream resumes, never a cancel (once it was cancelled,
+    and under load the cancel too went unanswered: ``cancelled_unconfirmed``)."""
+    sidecar = BreakingSidecar("reset")
+    sidecar.views_busy = [503, 429]
+    record, result, chunks = await run_to_end(await service_with(sidecar))
+    assert result.status == "completed" and len(chunks) == CHATTY + 2
+    assert not sidecar.views_busy
+    assert not any(r.url.path.endswith("/cancel") for r in sidecar.requests)
+
+
+async def test_a_job_view_refused_for_good_still_fails_the_run(service_with):
+    """A view refused with a status that is no "try later" (403) still ends the run with that refusal."""
+    sidecar = BreakingSidecar("reset")
+    sidecar.views_busy = [403]
+    record, result, _ = await run_to_end(await service_with(sidecar))
+    assert result.status == "failed"
+    assert result.error.details.get("remote_status") == 403
+
+
+async def test_a_sidecar_busy_past_the_budget_leaves_the_action_running_for_the_reconciler(service_with, monkeypatch):
+    """A sidecar answering "try later" for the whole retry budget: the action stays running, never cancelled."""
+    monkeypatch.setattr(dispatch, "READ_RETRY_BUDGET_S", 0.0)
+    sidecar = BreakingSidecar("reset")
+    sidecar.views_busy = [503]
+    service = await service_with(sidecar)
+    action = Action(id="r1", capability_id="cap:crewai:support", input={"topic": "x"}, idempotency_key="k-r1")
+    pending = await service.submit(INVOKER, action, None, stream=False)
+    await service.decide(APPROVER, pending.approval_id, "approved", "ok", service.now_ms())
+    live = service.live.get("acme", "r1")
+    if live is not None and live.task is not None:
+        await live.task
+    record = await service.store.get_action("acme", "r1")
+    assert record.status == "running"
     assert not any(r.url.path.endswith("/cancel") for r in sidecar.requests)
 
 

@@ -354,8 +354,10 @@ class Dispatcher:
 
     async def _view_before_resume(self, job: Job, job_id: str, cause: ConnectorError) -> None:
         """Read job ``job_id``'s view before following its events again; a
-        view that cannot connect is retried with backoff (:data:`RESUME_BACKOFF_S`)
-        for at most :data:`READ_RETRY_BUDGET_S` seconds.
+        view that cannot connect, or that the sidecar answers "try later" (429,
+        5xx: :class:`ConnectorRemoteTemporary`, e.g. 503 when overloaded), is
+        retried with backoff (:data:`RESUME_BACKOFF_S`) for at most
+        :data:`READ_RETRY_BUDGET_S` seconds.
 
         Raises:
             StartNotAdmitted: the sidecar does not know ``job``'s own start,
@@ -363,7 +365,7 @@ class Dispatcher:
             ConnectorError: ``cause`` (the stream's first failure) for a job
                 the sidecar answered for and now does not know (404); the
                 view's own error for any other answer.
-            DispatchDeferred: no answer within the budget."""
+            DispatchDeferred: no usable answer within the budget."""
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + READ_RETRY_BUDGET_S
         attempt = 0
@@ -380,8 +382,10 @@ class Dispatcher:
                         exc.details.update(admitted=False, uncertain_outcome=False)  # the start never became a job
                         raise StartNotAdmitted(exc) from exc
                     raise cause from exc
-                if exc.remote_status is not None:
+                if exc.remote_status is not None and not isinstance(exc, ConnectorRemoteTemporary):
                     raise
+                # No connection, or a "try later" (429, 5xx: a sidecar overloaded or restarting) says nothing
+                # about the job, whose journal holds every event: wait and read it again, never a cancel.
                 delay_s = RESUME_BACKOFF_S[min(attempt, len(RESUME_BACKOFF_S) - 1)]
                 if loop.time() + delay_s > give_up_at:  # no answer: leave the action running for the reconciler
                     raise DispatchDeferred(exc) from exc

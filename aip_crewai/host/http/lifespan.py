@@ -22,6 +22,7 @@ import httpx
 import structlog
 from starlette.applications import Starlette
 
+from ...plumbing.serving import HEADER_TIMEOUT_S
 from ...plumbing.wakeup import cancel_all
 from ..actions import recovery
 from ..actions.dispatch import Dispatcher
@@ -42,6 +43,15 @@ log = structlog.get_logger(__name__)
 
 #: Sidecar connect timeout, seconds (ARCHITECTURE.md §7); reads are unbounded (streams).
 SIDECAR_CONNECT_TIMEOUT_S = 10.0
+#: Connections of one sidecar client (httpx's default), every one of them kept alive between requests: with
+#: httpx's default of 20 kept, a host running more than 20 streams closed each further connection at the end
+#: of its stream and opened a new one for the next job (a connect and a close on both processes per run).
+SIDECAR_CONNECTIONS = 100
+#: How long an idle sidecar connection is reused, seconds: well under the idle bound our sidecar (hypercorn
+#: ``keep_alive_timeout``, :data:`~aip_crewai.plumbing.serving.HEADER_TIMEOUT_S`, 5 s) and the reference's
+#: server keep, so the host does not send a start on a connection the sidecar is closing (under load that race
+#: cost a broken stream, a job view and a retried start: no run lost, but work for nothing).
+SIDECAR_KEEPALIVE_EXPIRY_S = HEADER_TIMEOUT_S / 2.5
 #: How often expired message-id claims are purged, seconds.
 PURGE_INTERVAL_S = 60.0
 
@@ -77,6 +87,11 @@ def _sidecar_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient
         transport=transport.get(sidecar.name) if isinstance(transport, dict) else transport,
         follow_redirects=False,
         timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
+        limits=httpx.Limits(
+            max_connections=SIDECAR_CONNECTIONS,
+            max_keepalive_connections=SIDECAR_CONNECTIONS,
+            keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
+        ),
         # The environment's HTTP(S)_PROXY would receive the bearer token: only an explicit
         # sidecar.proxy is used (docs/security.md "Security").
         trust_env=False,

@@ -350,7 +350,7 @@ async def follow(service: ActionService, record: ActionRecord, after: Position |
         seen = watched.version if watched is not None else None  # before reading: a later change wakes us
         remote = service.remote.signal(tenant, action_id)  # another host's commits (shared store)
         remote_seen = remote.version
-        chunks = await service.store.list_chunks(tenant, action_id, last_seq, FOLLOW_PAGE_CHUNKS)
+        chunks, stored = await service.store.follow_page(tenant, action_id, last_seq, FOLLOW_PAGE_CHUNKS)
         if chunks:
             sent_at = ms_to_rfc3339(int(time.time() * 1000))
             last_seq = chunks[-1].sequence
@@ -358,7 +358,7 @@ async def follow(service: ActionService, record: ActionRecord, after: Position |
             if record.status == ActionState.RUNNING:  # live: the page goes now, not after the next store read
                 yield b"".join(out)
                 out = []
-        record = await service.refresh(await service.store.get_action(tenant, action_id) or record)
+        record = await service.refresh(stored or record)
         if record.status == ActionState.PENDING_APPROVAL:
             if out:
                 yield b"".join(out)

@@ -25,7 +25,7 @@ from . import notify
 from .engines.engine import Db
 from .outbox import enqueue_now
 from .records import DISPATCH_RANK, ActionRecord, ChunkRecord, Seal, StoreError, UsageTotal
-from .sql import DISPATCH_RANK_SQL
+from .sql import DISPATCH_RANK_SQL, GET_ACTION
 
 __all__ = [
     "GET_RECEIPT",
@@ -248,6 +248,21 @@ class LedgerMethods:
         """Chunks with ``sequence > after_sequence``, ascending, at most ``limit``."""
         rows = await self._fetch(LIST_CHUNKS, (tenant, action_id, after_sequence, limit))
         return [ChunkRecord(*row) for row in rows]
+
+    async def follow_page(
+        self, tenant: str, action_id: str, after_sequence: int, limit: int
+    ) -> tuple[list[ChunkRecord], ActionRecord | None]:
+        """One read of a stream follower: the chunks of :meth:`list_chunks`, THEN the action row (None: no
+        such action), in one hop to the store's worker instead of two. The order is the follower's rule: a
+        row read after the chunks tells whether chunks remain (``chunk_count``) or the stream has ended
+        (ARCHITECTURE.md §10, live followers)."""
+
+        def read(db: Db) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+            chunks = db.fetch(LIST_CHUNKS, (tenant, action_id, after_sequence, limit))
+            return chunks, db.fetch(GET_ACTION, (tenant, action_id))
+
+        chunk_rows, action_rows = await self._run(read, self._db)
+        return [ChunkRecord(*row) for row in chunk_rows], ActionRecord(*action_rows[0]) if action_rows else None
 
     async def get_receipt(self, tenant: str, receipt_id: str) -> str | None:
         """The receipt document ``receipt_id`` of ``tenant`` (canonical JSON text), or None."""
