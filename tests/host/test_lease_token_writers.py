@@ -326,3 +326,49 @@ def test_saw_lease_lost_follows_the_cause_and_the_context() -> None:
     looped.__context__ = RuntimeError("b")
     looped.__context__.__context__ = looped  # a cycle ends the walk
     assert not dispatch_task.saw_lease_lost(looped)
+
+
+# --- a restart follower that cannot read its sidecar is not re-followed in a tight loop -----------------------
+
+
+def test_a_follower_pause_doubles_to_its_cap_and_ends_with_a_result() -> None:
+    registry = LiveRegistry()
+    pauses = [registry.follow_failed("acme", "act_1", 100.0) for _ in range(6)]
+    assert pauses == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    assert not registry.may_follow("acme", "act_1", 104.9) and registry.may_follow("acme", "act_1", 105.0)
+    assert registry.may_follow("acme", "act_2", 100.0)  # another action is not paused
+    registry.follow_ended("acme", "act_1")
+    assert registry.may_follow("acme", "act_1", 100.0)
+
+
+async def test_a_follower_whose_sidecar_cannot_be_read_is_not_followed_again_before_its_pause(
+    hosts: Hosts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sidecar is down: each follower ends at once (``action_resume_deferred``). A tenant waiting on the
+    action re-reads it in a loop (ActionService.wait → refresh → reconcile → _resume); before, each read
+    started a new follower at once (hundreds a second, the host at full CPU)."""
+    monkeypatch.setattr("aip_crewai.host.actions.live.FOLLOW_BACKOFF_S", 0.05)
+    await _running(hosts.a, "act_1", dispatch="acknowledged")
+    followed = 0
+
+    async def script(job: Job, on_chunks: Any) -> ActionResult:
+        nonlocal followed
+        followed += 1
+        raise ConnectorCancelledUnconfirmed("the sidecar cannot be reached", operation="run")
+
+    runtime = Runtime(hosts.a, FakeDispatcher(script))
+    record = await hosts.a.get_action("acme", "act_1")
+    assert record is not None
+    task = await _start(runtime, "follower")
+    await asyncio.wait_for(task, 30)
+    for _ in range(200):  # a tenant's wait loop re-reading at once
+        recovery._resume(runtime, record)  # type: ignore[arg-type]
+    assert followed == 1 and runtime.live.get("acme", "act_1") is None
+    await until_async(
+        lambda: runtime.live.may_follow("acme", "act_1", asyncio.get_running_loop().time()), what="pause passed"
+    )
+    recovery._resume(runtime, record)  # type: ignore[arg-type]
+    live = runtime.live.get("acme", "act_1")
+    assert live is not None and live.task is not None
+    await asyncio.wait_for(live.task, 30)
+    assert followed == 2

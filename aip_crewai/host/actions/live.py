@@ -50,11 +50,42 @@ class LiveAction:
         return await self.signal.wait(timeout_s, seen=seen)
 
 
+#: The first pause before a restart follower that ended without a result may follow the same action again,
+#: seconds; it doubles per attempt up to :data:`FOLLOW_BACKOFF_MAX_S`.
+FOLLOW_BACKOFF_S = 0.5
+#: The longest such pause, seconds (the reconciler's period, ARCHITECTURE.md §9).
+FOLLOW_BACKOFF_MAX_S = 5.0
+#: Pauses kept before those long past are forgotten (an action ended by another writer keeps its entry).
+MAX_PAUSED = 1024
+
+
 class LiveRegistry:
-    """(tenant, action_id) → LiveAction for dispatches running here."""
+    """(tenant, action_id) → LiveAction for dispatches running here, and when an action whose restart
+    follower ended without a result (its sidecar unreachable) may be followed again."""
 
     def __init__(self) -> None:
         self._items: dict[tuple[str, str], LiveAction] = {}
+        self._paused: dict[tuple[str, str], tuple[float, float]] = {}  # → (not before, loop time; last pause, s)
+
+    def may_follow(self, tenant: str, action_id: str, now: float) -> bool:
+        """Whether a restart follower may start now (``now``: the event loop's clock, seconds)."""
+        paused = self._paused.get((tenant, action_id))
+        return paused is None or now >= paused[0]
+
+    def follow_failed(self, tenant: str, action_id: str, now: float) -> float:
+        """A restart follower ended without a result: the next may start only after a pause (0.5 s, doubling
+        to 5 s), so a tenant waiting on the action and the reconciler never re-follow it in a tight loop
+        while its sidecar cannot be reached. Returns the pause, seconds."""
+        if len(self._paused) >= MAX_PAUSED:  # actions ended by another writer: forget pauses long past
+            self._paused = {k: v for k, v in self._paused.items() if v[0] > now - FOLLOW_BACKOFF_MAX_S}
+        last = self._paused.get((tenant, action_id), (0.0, 0.0))[1]
+        pause = min(FOLLOW_BACKOFF_MAX_S, last * 2 if last else FOLLOW_BACKOFF_S)
+        self._paused[(tenant, action_id)] = (now + pause, pause)
+        return pause
+
+    def follow_ended(self, tenant: str, action_id: str) -> None:
+        """A restart follower stored the action's result: no pause is kept for it."""
+        self._paused.pop((tenant, action_id), None)
 
     def get(self, tenant: str, action_id: str) -> LiveAction | None:
         return self._items.get((tenant, action_id))

@@ -356,11 +356,16 @@ async def _fail_never_admitted(runtime: ActionRuntime, record: ActionRecord, lea
 
 
 def _resume(runtime: ActionRuntime, record: ActionRecord) -> None:
-    """Re-attach (once per process) to the sidecar job of a running streamed
-    action no task here dispatches, i.e. one a previous host process left
-    running. Read-only (:meth:`Dispatcher.resume`): never re-dispatched."""
+    """Re-attach to the sidecar job of a running streamed action no task
+    here dispatches, i.e. one a previous host process left running; after a
+    follower that ended without a result, only once its pause has passed
+    (:meth:`LiveRegistry.follow_failed`). Read-only
+    (:meth:`Dispatcher.resume`): never re-dispatched."""
+    now = asyncio.get_running_loop().time()
     if runtime.live.get(record.tenant, record.action_id) is not None:
         return
+    if not runtime.live.may_follow(record.tenant, record.action_id, now):
+        return  # its last follower ended without a result moments ago (LiveRegistry.follow_failed)
     live = LiveAction(job=runtime.job(record, stream=True))
     runtime.live.add(live)
     live.task = asyncio.get_running_loop().create_task(
@@ -422,6 +427,10 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
         log.exception("action_resume_failed")
     finally:
         runtime.live.remove(tenant, action_id)
+        if live.final is None:
+            runtime.live.follow_failed(tenant, action_id, asyncio.get_running_loop().time())
+        else:
+            runtime.live.follow_ended(tenant, action_id)
         live.notify()
     if never_admitted is not None and never_admitted.status == ActionState.RUNNING:
         try:  # after this follower left the live registry; a failure under the follower's token
