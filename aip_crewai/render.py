@@ -75,6 +75,8 @@ def envelope_lines(envelope: dict[str, Any]) -> list[str]:
                 f"pending approval  action {action_id}",
                 f"next: an approver decides; then: aip-crewai actions follow {action_id}",
             ]
+        if ack.get("status") == "cached":  # the action had ended: its stored result follows (or is answered)
+            return [f"cached  action {action_id}  (already ended: {text(ack.get('reason', '?'))})"]
         return [
             f"{text(ack.get('status', '?'))}  action {action_id}  (still running)",
             f"next: aip-crewai actions follow {action_id}  (or: aip-crewai actions result {action_id})",

@@ -580,3 +580,13 @@ def test_a_stream_stops_at_a_pending_ack_with_exit_5_and_the_follow_command(host
     captured = capsys.readouterr()
     assert "pending approval  action act_1" in captured.out
     assert "aip-crewai actions follow act_1 --last-event-id sse_0" in captured.err
+
+
+def test_the_ack_of_an_ended_action_says_so_without_a_next_command():
+    """A follow of a finished action starts with a ``cached`` ack: not "still running" and no follow hint."""
+    from aip_crewai import render
+
+    lines = render.envelope_lines({"body": {"ack": {"action_id": "act_9", "status": "cached", "reason": "completed"}}})
+    assert lines == ["cached  action act_9  (already ended: completed)"]
+    running = render.envelope_lines({"body": {"ack": {"action_id": "act_9", "status": "accepted"}}})
+    assert "(still running)" in running[0] and "actions follow act_9" in running[1]
