@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pgserver
+import pytest
 
 _T = TypeVar("_T")
 
@@ -52,6 +53,13 @@ def backend() -> str:
 def postgresql() -> bool:
     """Whether the suites' hosts run on PostgreSQL (``AIP_CREWAI_TEST_STORE=postgresql``)."""
     return backend() == "postgresql"
+
+
+#: For a process test whose hosts are on PostgreSQL whatever the switch says: it runs once, in the PostgreSQL
+#: pass (``make test-postgresql``), not also in ``make test`` (which stays within its time).
+only_in_postgresql_pass = pytest.mark.skipif(
+    not postgresql(), reason="runs in make test-postgresql (AIP_CREWAI_TEST_STORE=postgresql)"
+)
 
 
 _cluster: pgserver.PostgresServer | None = None

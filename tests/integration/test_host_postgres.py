@@ -10,6 +10,7 @@ import sys
 import threading
 
 import pytest
+import storebackend
 from kits.host import free_port, start_host, write_config
 from kits.poll import until
 
@@ -19,7 +20,12 @@ from aip_crewai.host.store.records import StoreLocked
 
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: psycopg is not installed")
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.host_processes]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(240),
+    pytest.mark.host_processes,
+    storebackend.only_in_postgresql_pass,  # its hosts are on PostgreSQL whatever the switch says
+]
 
 
 def governed_run(host, topic: str) -> dict:

@@ -31,13 +31,19 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+import storebackend
 from kits.host import Host, start_host
 from kits.poll import until
 
 from aip_crewai.client import new_id
 
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: psycopg is not installed")
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.host_processes]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(300),
+    pytest.mark.host_processes,
+    storebackend.only_in_postgresql_pass,  # its hosts are on PostgreSQL whatever the switch says
+]
 
 LEASE_S = 1
 #: The store's bounds in these hosts: statement 1 s, lock 0.5 s, idle transaction 1 s; a call's bound is 2 s.

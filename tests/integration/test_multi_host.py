@@ -18,6 +18,7 @@ import threading
 
 import httpx
 import pytest
+import storebackend
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kits.host import start_host
 from kits.poll import until
@@ -25,7 +26,12 @@ from kits.poll import until
 from aip_crewai.client import CONTENT_TYPE, AipClient, AipClientError, new_id, sign_envelope
 
 pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: psycopg is not installed")
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.host_processes]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(300),
+    pytest.mark.host_processes,
+    storebackend.only_in_postgresql_pass,  # its hosts are on PostgreSQL whatever the switch says
+]
 
 LEASE_S = 2
 
