@@ -22,7 +22,7 @@ from kits.poll import until_async
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action
-from aip_crewai.host.actions.dispatch import Dispatcher, Job
+from aip_crewai.host.actions.dispatch import Dispatcher
 from aip_crewai.host.actions.service import ActionService
 from aip_crewai.host.auth.principals import Principal
 from aip_crewai.host.sidecars.client import SidecarClient
@@ -274,24 +274,3 @@ async def test_a_replay_no_sidecar_holds_fails_with_the_sidecars_answer(env: Env
     assert done.status == "failed" and result is not None and result.error is not None
     assert (result.error.details or {}).get("remote_code") == "sidecar.task_run_not_found"
     assert [s.starts for s in env.sidecars.values()] == [1, 1]
-
-
-async def test_with_one_sidecar_a_follow_up_never_asks_the_store_where_its_run_is() -> None:
-    """A status (like events and cancel) reads its run's placement only when there is a choice."""
-    asked: list[str] = []
-
-    async def locate(tenant: str, action_id: str) -> str | None:
-        asked.append(action_id)
-        return "a"
-
-    async def no_chunks(chunks: list[Any]) -> None:
-        del chunks
-
-    fake = FakeSidecar()
-    async with httpx.AsyncClient(transport=fake.transport(), base_url="http://127.0.0.1:8090") as http:
-        client = SidecarClient(http, max_response_bytes=1 << 20)
-        for clients, expected in (({"a": client}, []), ({"a": client, "b": client}, ["r1"])):
-            dispatcher = Dispatcher(client, max_response_bytes=1 << 20, clients=clients, locate=locate)
-            status = Job("acme", "st", "support", ops.get("status"), {"run_action_id": "r1"}, "st", durable=False)
-            await dispatcher.run(status, no_chunks)
-            assert asked == expected

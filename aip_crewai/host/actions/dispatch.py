@@ -157,9 +157,8 @@ class Dispatcher:
         return self.clients.get(name, self.client)
 
     async def _locate_target(self, job: Job) -> SidecarClient:
-        """The client of the sidecar holding the run ``job`` inspects (its placement, read once; with one
-        sidecar configured it can be nowhere else, so the store is not asked)."""
-        if job.target_sidecar is None and self.locate is not None and len(self.clients) > 1:
+        """The client of the sidecar holding the run ``job`` inspects (its placement, read once)."""
+        if job.target_sidecar is None and self.locate is not None:
             job.target_sidecar = await self.locate(job.tenant, str(job.input["run_action_id"]))
         return self.client_for(job, target=True)
 
