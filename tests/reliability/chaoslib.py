@@ -281,7 +281,9 @@ def cancel_race(sidecar: Sidecar, host: Host, delay_s: float) -> dict[str, Any]:
     """Approve a fast run, cancel it ``delay_s`` later (racing its completion).
 
     Invariant: both processes end in the same terminal state (the host action's
-    status equals the sidecar job's status), whichever side won.
+    status equals the sidecar job's status), whichever side won; an action
+    dequeued before its start was sent (``provider_effect: none``) has no job
+    at the sidecar.
     """
     action_id = uid("cxl")
     job_id = f"acme:{action_id}"
@@ -293,6 +295,11 @@ def cancel_race(sidecar: Sidecar, host: Host, delay_s: float) -> dict[str, Any]:
         answer = app.post(f"/aip/v1/actions/{action_id}/cancel")
         assert answer.status_code == 200, answer.text
         final = wait_action(app, action_id)
+        output = app.get(f"/aip/v1/actions/{action_id}/result").json()["body"]["action_result"].get("output") or {}
+    if final["state"] == "cancelled" and output.get("provider_effect") == "none":
+        # Dequeued before its start was sent (lifecycle CANCEL_OUTCOMES, DEQUEUE): the sidecar never admits it.
+        assert "status" not in sidecar_view(sidecar, job_id), "a dequeued action reached the sidecar"
+        return {"status": "cancelled"}
     view = until(
         lambda: v if (v := sidecar_view(sidecar, job_id)).get("status") in TERMINAL else None,
         timeout=30,
