@@ -423,6 +423,10 @@ async def test_a_read_racing_the_reconcilers_correction_answers_the_corrected_re
         job["status"] = "completed"
         fresh = await service.store.get_action("acme", "kq_2")
         assert fresh is not None
-        assert await service.writer.correct(fresh, ActionResult(action_id="kq_2", status="completed")) is not None
+        # The reconciler's correction (this call, unless a background correction stored it first: either way the
+        # row is `completed` before the stale reader refreshes).
+        await service.writer.correct(fresh, ActionResult(action_id="kq_2", status="completed"))
+        stored = await service.store.get_action("acme", "kq_2")
+        assert stored is not None and stored.status == "completed"
         answered = await service.refresh(stale)  # the reader's own correction now changes nothing
         assert answered.status == "completed"
