@@ -26,12 +26,14 @@ async def test_cancel_all_ends_a_task_that_swallowed_its_first_cancellation():
     from aip_crewai.plumbing.wakeup import cancel_all
 
     swallowed = 0
+    started = asyncio.Event()
 
     async def stubborn() -> None:
         nonlocal swallowed
         while True:
             try:
-                await asyncio.sleep(3600)
+                started.set()
+                await asyncio.Event().wait()  # blocked until cancelled
             except asyncio.CancelledError:
                 swallowed += 1
                 if swallowed > 1:
@@ -41,7 +43,7 @@ async def test_cancel_all_ends_a_task_that_swallowed_its_first_cancellation():
         raise RuntimeError("ended badly")
 
     tasks = [asyncio.create_task(stubborn()), asyncio.create_task(failing())]
-    await asyncio.sleep(0)
+    await started.wait()
     await cancel_all(tasks)
     assert tasks[0].cancelled() and swallowed == 2
     assert isinstance(tasks[1].exception(), RuntimeError)
