@@ -12,9 +12,12 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 SKIP_REASON = "PostgreSQL tests skipped: no initdb/pg_ctl found (apt-get install postgresql)"
@@ -83,3 +86,24 @@ class PostgresServer:
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def cluster_pids(server: PostgresServer) -> list[int]:
+    """The postmaster of ``server`` and every process it started."""
+    postmaster = int((server.data / "postmaster.pid").read_text().splitlines()[0])
+    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+    return [postmaster, *(int(pid) for pid in children)]
+
+
+@contextmanager
+def stopped(server: PostgresServer) -> Iterator[None]:
+    """The whole cluster SIGSTOPped (TCP stays up, nothing answers), SIGCONTed afterwards."""
+    pids = cluster_pids(server)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:  # the postmaster, resumed first, may reap a backend that exited while stopped
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)

@@ -13,12 +13,12 @@ import dataclasses
 import functools
 import os
 import signal
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 import httpx
+import pgserver
 import psycopg
 import pytest
 from kits.hostapp import action_env, bearer, running
@@ -66,26 +66,6 @@ def _writer_lock_held(url: str) -> Iterator[None]:
             yield
         finally:
             other.execute("ROLLBACK")
-
-
-def _cluster_pids(server) -> list[int]:
-    """The postmaster and every process it started."""
-    postmaster = int((server.data / "postmaster.pid").read_text().splitlines()[0])
-    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
-    return [postmaster, *(int(pid) for pid in children)]
-
-
-@contextmanager
-def _stopped(server) -> Iterator[None]:
-    """The whole database server SIGSTOPped (TCP stays up, nothing answers), SIGCONTed afterwards."""
-    pids = _cluster_pids(server)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
 
 
 @contextmanager
@@ -149,7 +129,7 @@ async def test_a_stopped_server_answers_every_call_within_the_bound_and_the_stor
     store = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=2, timeouts=TIMEOUTS)
     try:
         await _create(store, "act_before")
-        with _stopped(postgres_server):
+        with pgserver.stopped(postgres_server):
             calls = [lambda: store.get_action("acme", "act_before"), lambda: _create(store, "act_x")] * 3
             for call in calls:  # more calls than pooled connections: the stuck ones are freed
                 took, outcome = await _timed(call)
@@ -307,7 +287,7 @@ async def test_over_http_a_stopped_server_answers_within_the_bound_and_ready_tel
     monkeypatch.setattr(store_module, "PROBE_FRESH_S", 0.0)
     async with _host(make_app, settings, postgres_url) as client:
         await _until(lambda: _ready(client), "the host to be ready")
-        with _stopped(postgres_server):
+        with pgserver.stopped(postgres_server):
             for n in range(3):
                 took, answer = await _timed(functools.partial(_submit, client, 10 + n))
                 assert isinstance(answer, httpx.Response) and _typed_503(answer), answer

@@ -17,19 +17,15 @@ docs/operating.md "Faults and their bounds". Skipped with one line without Postg
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+import pgserver
 import pytest
 import storebackend
 from kits.host import Host, start_host
@@ -119,7 +115,7 @@ class Cluster:
     hosts: dict[str, Host]
     sidecar: object
     url: str
-    server: object
+    server: pgserver.PostgresServer
 
     def writes(self, action_id: str) -> list[Write]:
         with psycopg.connect(self.url, autocommit=True) as conn:
@@ -273,27 +269,6 @@ def test_a_lease_holder_paused_past_its_lease_and_resumed_writes_nothing(cluster
 # --- two faults at once: the pause and a database outage during the takeover ----------------------------
 
 
-def _cluster_pids(server) -> list[int]:
-    """The postmaster and every process it started."""
-    postmaster = int((Path(server.data) / "postmaster.pid").read_text().splitlines()[0])
-    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
-    return [postmaster, *(int(pid) for pid in children)]
-
-
-@contextmanager
-def _database_stopped(server) -> Iterator[None]:
-    """The whole PostgreSQL cluster SIGSTOPped (TCP stays up, nothing answers), SIGCONTed afterwards."""
-    pids = _cluster_pids(server)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:  # the postmaster, resumed first, may reap a backend that exited while stopped
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-
 def _ready_status(host: Host) -> int:
     try:
         return httpx.get(f"{host.base_url}/ready", timeout=CALL_BOUND_S + SLACK_S).status_code
@@ -310,7 +285,7 @@ def test_a_paused_holder_and_a_database_outage_during_the_takeover(cluster: Clus
         stopped_at = time.monotonic()
         host.process.send_signal(signal.SIGSTOP)
         try:
-            with _database_stopped(cluster.server):
+            with pgserver.stopped(cluster.server):
                 down_at = time.monotonic()
                 for other in others:  # 503 within the call bound while the store does not answer
                     until(lambda o=other: _ready_status(o) == 503, timeout=CALL_BOUND_S + SLACK_S, what="/ready 503")
