@@ -192,3 +192,51 @@ async def test_a_stream_invalid_on_every_read_fails_after_the_bounded_rereads_an
     rereads = [r for r in sidecar.requests if r.url.path == "/jobs/acme:r1/events"]
     assert len(rereads) == dispatch.MAX_INVALID_REREADS
     assert any(r.url.path.endswith("/cancel") for r in sidecar.requests)
+
+
+class CrashedSidecar(BreakingSidecar):
+    """The sidecar is killed after streaming ``sent`` events (started and chunks it had not committed yet), and
+    restarts with a journal of the first ``kept`` of them plus its crash fence's ``failed`` (uncertain) event
+    at the next sequence: a sequence the host may already hold for a lost chunk."""
+
+    def __init__(self, sent: int, kept: int) -> None:
+        super().__init__("reset", break_after=sent)
+        self.kept = kept
+
+    def _sse(self, events: list[dict[str, Any]]) -> httpx.Response:
+        response = super()._sse(events)
+        if self.streams == 1:  # the crash: the journal loses what was not committed, and the fence ends the job
+            job = next(iter(self.jobs.values()))
+            fence = {"status": "failed", "error_type": "SidecarRestarted", "uncertain_outcome": True}
+            job.events = [*job.events[: self.kept], {"event": "failed", "sequence": self.kept, "data": fence}]
+        return response
+
+
+@pytest.mark.parametrize(("sent", "kept"), [(3, 1), (3, 2), (2, 1), (3, 3)])
+async def test_a_sidecar_that_lost_streamed_events_in_a_crash_settles_on_its_journals_failure(service_with, sent, kept):
+    """Killed mid-run, a sidecar loses the chunks it streamed but had not committed; restarted, its journal ends
+    with the crash fence's ``failed`` at a sequence the host may already hold. The run ends ``failed`` with
+    ``uncertain_outcome: true`` (not an invalid stream, not left running), the chunks sent stay, no cancel."""
+    sidecar = CrashedSidecar(sent, kept)
+    record, result, chunks = await run_to_end(await service_with(sidecar))
+    assert record.status == "failed" and result.status == "failed", result
+    assert result.error.details.get("uncertain_outcome") is True, result.error
+    sequences = [c.sequence for c in chunks]
+    assert sequences[:sent] == list(range(sent)), sequences
+    assert not any(r.url.path.endswith("/cancel") for r in sidecar.requests)
+
+
+@pytest.mark.parametrize(
+    ("view", "expected", "lost"),
+    [
+        ({"status": "failed", "event_count": 2}, 2, True),  # the reader wants sequence 2; the journal ends at 1
+        ({"status": "failed", "event_count": 2}, 3, True),
+        ({"status": "failed", "event_count": 3}, 2, False),  # sequence 2 is in the journal: read on
+        ({"status": "running", "event_count": 2}, 5, False),  # a running job's tail may still come
+        ({"status": "completed", "event_count": 0}, 1, False),
+        ({"status": "cancelled"}, 1, False),
+        ("not a view", 1, False),
+    ],
+)
+def test_journal_lost_tail(view, expected, lost):
+    assert dispatch.journal_lost_tail(view, expected) is lost

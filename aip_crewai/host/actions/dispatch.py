@@ -302,7 +302,10 @@ class Dispatcher:
         :data:`READ_RETRY_BUDGET_S` while it cannot connect) and follow the
         job's events again from the first one not delivered. Every chunk
         before the break was delivered (:meth:`StreamNormalizer.feed`), so the
-        action's chunks stay whole and in order.
+        action's chunks stay whole and in order. A view whose journal ended before the first event not
+        delivered (:func:`journal_lost_tail`: a sidecar killed lost streamed events it had not committed,
+        and journaled its restart failure at a sequence already delivered) settles on the job's
+        terminal event (:meth:`terminal_event`) instead: reading on would find a gap, or nothing.
 
         Raises:
             DispatchDeferred: the view cannot be read (frozen or gone sidecar):
@@ -338,8 +341,13 @@ class Dispatcher:
                 next_sequence=normalizer.expected,
                 silence_s=failure.details.get("silence_seconds"),
             )
-            await self._view_before_resume(job, job_id, cause)
+            view = await self._view_before_resume(job, job_id, cause)
             job.dispatch.state = DispatchState.ACKNOWLEDGED  # the sidecar knows the job
+            if job_id == job.job_id and journal_lost_tail(view, normalizer.expected):
+                terminal = await self.terminal_event(job)
+                if terminal is not None:  # the journal's last word, at a sequence the tenant already has
+                    log.warning("sidecar_journal_lost_events", job_id=job_id, next_sequence=normalizer.expected)
+                    return terminal
             normalizer = normalizer.resumed()
             stream = self.client_for(job, target=job_id != job.job_id).stream(
                 job.spec,
@@ -352,7 +360,7 @@ class Dispatcher:
                 params={"cursor": normalizer.expected},
             )
 
-    async def _view_before_resume(self, job: Job, job_id: str, cause: ConnectorError) -> None:
+    async def _view_before_resume(self, job: Job, job_id: str, cause: ConnectorError) -> Any:
         """Read job ``job_id``'s view before following its events again; a
         view that cannot connect, or that the sidecar answers "try later" (429,
         5xx: :class:`ConnectorRemoteTemporary`, e.g. 503 when overloaded), is
@@ -365,16 +373,17 @@ class Dispatcher:
             ConnectorError: ``cause`` (the stream's first failure) for a job
                 the sidecar answered for and now does not know (404); the
                 view's own error for any other answer.
-            DispatchDeferred: no usable answer within the budget."""
+            DispatchDeferred: no usable answer within the budget.
+
+        Returns the job view (a JSON object)."""
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + READ_RETRY_BUDGET_S
         attempt = 0
         while True:
             try:
-                await self.client_for(job, target=job_id != job.job_id).get_job(
+                return await self.client_for(job, target=job_id != job.job_id).get_job(
                     job.spec, DispatchProgress(), job_id=job_id
                 )
-                return
             except ConnectorError as exc:
                 if exc.remote_status == 404:
                     own_start = job_id == job.job_id and job.spec.startable
@@ -544,6 +553,19 @@ class Dispatcher:
                 ) from exc
             return False, {"remote_status": exc.remote_status}
         return view.get("status") in ("cancelled", "completed", "failed"), view
+
+
+def journal_lost_tail(view: Any, expected: int) -> bool:
+    """Whether a sidecar job view (``GET /jobs/{id}``: ``status``, ``event_count``) shows a journal that lost
+    events a reader was sent: the job ended, and its journal holds no event at or after ``expected`` (the
+    first sequence the reader has not had), although the reader never saw the terminal event. The sidecar
+    streams chunks before it commits them (at most ``stream_checkpoint_events`` at a time); killed, it
+    loses them and journals the restart failure (``uncertain_outcome: true``) at the next committed
+    sequence (ARCHITECTURE.md §5, restart). Pure."""
+    if not isinstance(view, dict) or view.get("status") not in ("completed", "failed", "cancelled"):
+        return False
+    count = view.get("event_count")
+    return isinstance(count, int) and 0 < count <= expected
 
 
 def _public_view(value: Any, job: Job) -> Any:
