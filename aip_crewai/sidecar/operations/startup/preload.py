@@ -61,8 +61,7 @@ else:
 
 
 def warm_up(*, in_worker: bool = False) -> bool:
-    """One throwaway kickoff; in the fork server (not ``in_worker``) then the lazily built models and the
-    event bus back to no threads. True when it ran (and, in the fork server, one thread is left).
+    """One throwaway kickoff; in the fork server (not ``in_worker``) then the event bus back to no threads. True when it ran (and, in the fork server, one thread is left).
 
     A worker runs it too while it is idle (``worker._boot``): its first kickoff would otherwise copy
     the thousands of pages (about 20 MiB) it shares with the fork server that a kickoff writes to,
@@ -92,29 +91,7 @@ def warm_up(*, in_worker: bool = False) -> bool:
     asyncio.run(crew.akickoff(inputs={}))
     if in_worker:
         return True
-    _complete_models()
     return _quiesce_event_bus()
-
-
-def _complete_models() -> None:
-    """Build now every pydantic model whose schema waits for its first use (forward references)."""
-    from pydantic import BaseModel
-
-    seen: set[type[BaseModel]] = set()
-    todo: list[type[BaseModel]] = [BaseModel]
-    while todo:
-        cls = todo.pop()
-        sub: type[BaseModel]
-        for sub in cls.__subclasses__():
-            if sub not in seen:
-                seen.add(sub)
-                todo.append(sub)
-    for model in seen:
-        if not getattr(model, "__pydantic_complete__", True):
-            try:
-                model.model_rebuild()
-            except Exception:  # noqa: BLE001, S112 - left for its first use, as before
-                continue
 
 
 def _quiesce_event_bus() -> bool:
