@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal, get_args
 import msgspec
 
 from .errors import AipError, Category
-from .inputs import ACTION_ID_PATTERN, NO_CONTROL
+from .inputs import ACTION_ID_PATTERN, NO_CONTROL, RFC3339_PATTERN
 
 AIP_VERSION: Literal["1.0"] = "1.0"
 MANIFEST_VERSION = "aip-manifest/v1"
@@ -41,7 +41,9 @@ CONTENT_TYPE = "application/aip+json"
 MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=NO_CONTROL)]
 ActionId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=ACTION_ID_PATTERN)]
 IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=512, pattern=NO_CONTROL)]
-Timestamp = Annotated[str, msgspec.Meta(min_length=1, max_length=64, description="RFC 3339 timestamp")]
+Timestamp = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=64, pattern=RFC3339_PATTERN, description="RFC 3339 timestamp")
+]
 _Text = Annotated[str, msgspec.Meta(max_length=1024)]
 
 # --- state vocabularies, exactly as the schemas define them -------------------

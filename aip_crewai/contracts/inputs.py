@@ -36,6 +36,30 @@ NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*" + END
 # ASCII only, no "/" (a non-ASCII id cannot be sent as an HTTP header).
 ACTION_ID_PATTERN = r"^[\x21-\x2e\x30-\x7e]+" + END
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: An RFC 3339 date-time (AIP's ``format: date-time``): date, ``T`` (or ``t``, or a space), time, an optional
+#: fraction, then ``Z`` or a ``+hh:mm`` offset. ``host/store/records.rfc3339_to_ms`` parses exactly these.
+RFC3339_PATTERN = (
+    r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ](?P<time>[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.(?P<fraction>[0-9]{1,9}))?"
+    r"(?P<offset>[Zz]|[+-][0-9]{2}:[0-9]{2})" + END
+)
+#: What each pattern of the contracts asks for, in words: a refused value is described by these, never by the
+#: regular expression (:func:`plain_rule`).
+PATTERN_MEANINGS = {
+    ACTION_ID_PATTERN: "visible ASCII characters without '/' (letters, digits and punctuation; no space)",
+    NO_CONTROL: "text without control characters",
+    RFC3339_PATTERN: "an RFC 3339 timestamp such as 2026-12-02T08:30:00Z",
+}
+
+
+def plain_rule(text: str) -> str:
+    """A msgspec validation message with every regular expression of :data:`PATTERN_MEANINGS` replaced by its
+    meaning (``Expected `str` matching regex '^[...]' - at `$.id` `` → ``Expected visible ASCII characters
+    without '/' ... - at `$.id` ``). Pure."""
+    for pattern, meaning in PATTERN_MEANINGS.items():
+        for shown in (pattern, pattern.replace("\\", "\\\\")):  # msgspec doubles a pattern's backslashes
+            text = text.replace(f"Expected `str` matching regex '{shown}'", f"Expected {meaning}")
+    return text
+
 
 RunActionId = Annotated[
     str,
@@ -181,7 +205,7 @@ def encoded_size(value: Any) -> int:
 def invalid_input(exc: msgspec.ValidationError) -> InvalidInput:
     """Translate a msgspec validation error (``"<rule> - at `$.path`"``) into
     :class:`InvalidInput` keeping the JSON path."""
-    text = str(exc)
+    text = plain_rule(str(exc))
     rule, sep, where = text.rpartition(" - at `")
     return InvalidInput(where.rstrip("`"), rule) if sep else InvalidInput("$", text)
 

@@ -1,10 +1,14 @@
 """Every input bound of ARCHITECTURE.md §3, at its limit and one past it."""
 
+import re
+from typing import Annotated
+
 import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aip_crewai.contracts import inputs
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import InputTooLarge, InvalidInput
 from aip_crewai.contracts.inputs import MAX_INPUT_BYTES, RunInput, convert_input
@@ -189,3 +193,32 @@ def test_one_nesting_bound_for_every_input_checked_without_recursion():
     with pytest.raises(InvalidInput) as caught:
         convert_input(RunInput, {"x": deep})
     assert caught.value.field == "$" and str(MAX_INPUT_DEPTH) in caught.value.rule
+
+
+@pytest.mark.parametrize(
+    ("pattern", "refused"),
+    [
+        (inputs.ACTION_ID_PATTERN, "a/b"),
+        (inputs.ACTION_ID_PATTERN, "a b"),
+        (inputs.NO_CONTROL, "a\x01b"),
+        (inputs.RFC3339_PATTERN, "2026-12-02T08:30:00"),
+        (inputs.RFC3339_PATTERN, "２０２６-12-02T08:30:00Z"),  # digits of another script
+    ],
+)
+def test_plain_rule_names_each_pattern_in_words(pattern, refused):
+    value_type = Annotated[str, msgspec.Meta(pattern=pattern)]
+    with pytest.raises(msgspec.ValidationError) as raised:
+        msgspec.convert({"field": refused}, dict[str, value_type])
+    text = inputs.plain_rule(str(raised.value))
+    assert text == f"Expected {inputs.PATTERN_MEANINGS[pattern]} - at `$[...]`", text
+
+
+def test_plain_rule_leaves_other_messages_alone():
+    assert inputs.plain_rule("Expected `int`, got `str` - at `$.n`") == "Expected `int`, got `str` - at `$.n`"
+
+
+@pytest.mark.parametrize(
+    "accepted", ["2026-12-02T08:30:00Z", "2026-12-02t08:30:00.123456789z", "2026-12-02 08:30:00-05:30"]
+)
+def test_the_rfc_3339_pattern_takes_t_or_space_any_fraction_and_either_offset(accepted):
+    assert re.match(inputs.RFC3339_PATTERN, accepted)

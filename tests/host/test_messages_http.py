@@ -140,6 +140,44 @@ async def test_invalid_input_names_the_field(http):
     assert response.json()["body"]["error"]["error"]["details"]["field"] == "$.query"
 
 
+@pytest.mark.parametrize("sent_at", ["yesterday", "2026-12-02", "2026-12-02T08:30:00", "1796200200"])
+async def test_a_sent_at_that_is_no_rfc_3339_timestamp_is_400_in_words(http, sent_at):
+    """``sent_at`` is an RFC 3339 date-time (AIP envelope schema) whoever signs the message: a bearer
+    principal's too. The message names the rule in words, never as a regular expression."""
+    env = {**action_env("msg_t", "act_t", "cap:crewai:beta", {"topic": "x"}, key="t1"), "sent_at": sent_at}
+    response = await post(http, "acme-invoker", env)
+    assert response.status_code == 400, response.text
+    message = response.json()["body"]["error"]["error"]["message"]
+    assert "an RFC 3339 timestamp such as" in message and "$.sent_at" in message, message
+    assert "regex" not in message
+
+
+@pytest.mark.parametrize(
+    "sent_at", ["2026-12-02T08:30:00Z", "2026-12-02T08:30:00.123456+01:00", "2026-12-02t08:30:00z"]
+)
+async def test_an_rfc_3339_sent_at_in_any_of_its_forms_is_accepted(http, sent_at):
+    env = {
+        **action_env(
+            "msg_u" + str(len(sent_at)),
+            "act_u",
+            "cap:crewai:beta:knowledge_query",
+            {"query": ["x"]},
+            key="u" + str(len(sent_at)),
+        ),
+        "sent_at": sent_at,
+    }
+    response = await post(http, "acme-invoker", env)
+    assert response.status_code in (200, 202), response.text
+
+
+async def test_an_action_id_with_a_slash_is_refused_in_words_not_as_a_regex(http):
+    env = action_env("msg_s", "../../etc", "cap:crewai:beta", {"topic": "x"}, key="s1")
+    response = await post(http, "acme-invoker", env)
+    assert response.status_code == 400, response.text
+    message = response.json()["body"]["error"]["error"]["message"]
+    assert "visible ASCII characters without '/'" in message and "regex" not in message, message
+
+
 async def test_unauthenticated_message_is_401(http):
     response = await http.post("/aip/v1/messages", content=json.dumps(envelope()), headers=CT)
     assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"

@@ -64,6 +64,7 @@ from ...contracts.errors import (
     MessageTooLarge,
     ProofNotFound,
 )
+from ...contracts.inputs import plain_rule
 from ...plumbing import httpsig
 from ...plumbing.asgi import read_bounded
 from ..actions.idempotency import fence_hash
@@ -379,7 +380,7 @@ def _decode_decision(raw: bytes) -> DecisionRequest:
     try:
         return _decision_decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidEnvelope(f"invalid decision: {exc}") from exc
+        raise InvalidEnvelope(f"invalid decision: {plain_rule(str(exc))}") from exc
 
 
 async def _why_undecided(service: ActionService, principal: Caller, approval_id: str) -> AipError:

@@ -33,7 +33,7 @@ from ...contracts.aip import (
     StreamChunk,
 )
 from ...contracts.errors import CrewUnavailable, InvalidEnvelope, InvalidInput, MessageTooLarge
-from ...contracts.inputs import MAX_INPUT_DEPTH
+from ...contracts.inputs import MAX_INPUT_DEPTH, plain_rule
 from ...plumbing import httpsig
 from ...plumbing.asgi import read_bounded
 from ...sse import encode_comment, encode_event, encode_page, page_template
@@ -125,7 +125,7 @@ def _decode_envelope(obj: Any) -> Envelope:
     try:
         return msgspec.convert(obj, Envelope, strict=True)
     except msgspec.ValidationError as exc:
-        raise InvalidEnvelope(f"invalid envelope: {exc}") from exc
+        raise InvalidEnvelope(f"invalid envelope: {plain_rule(str(exc))}") from exc
 
 
 async def post_message(request: Request) -> Response:

@@ -18,16 +18,13 @@ from typing import Protocol
 import msgspec
 
 from ...contracts.errors import AipError, Category
+from ...contracts.inputs import RFC3339_PATTERN
 from ..actions.lifecycle import ActionState, ApprovalStatus, DispatchState
 
 #: Dispatch states in order (only forward, see :meth:`Store.update_action`).
 DISPATCH_RANK = {state.value: rank for rank, state in enumerate(DispatchState)}
 APPROVAL_DECISIONS = ("approved", "denied")
-_RFC3339_RE = re.compile(
-    r"^(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<fraction>\d{1,9}))?"
-    r"(?P<offset>[Zz]|[+-]\d{2}:\d{2})\Z",
-    re.ASCII,
-)
+_RFC3339_RE = re.compile(RFC3339_PATTERN)
 
 
 # --- timestamps ----------------------------------------------------------------
