@@ -310,6 +310,9 @@ def test_unreachable_host_is_its_own_code(token, capsys):
         (["approvals", "list", "--signing-key", "/nonexistent/key.pem"], "--signing-key needs --key-id"),
         (["approvals", "decide", "apr_1", "approved", "--reason", "r", "--signing-key", "k.pem"], "--key-id"),
         (["actions", "show", "act_1", "--signing-key", "k.pem"], "--key-id"),
+        (["actions", "show", "../../etc"], "'../../etc' is not an action id: 1 to 256 visible ASCII characters"),
+        (["actions", "follow", "a" * 257], "is not an action id"),
+        (["call", "cap:x", "--input", "{}", "--action-id", "a b"], "'a b' is not an action id"),
     ],
 )
 def test_usage_and_configuration_errors_exit_2_with_a_hint(argv, says, capsys, monkeypatch):
