@@ -9,6 +9,7 @@ Source: docs/reference/cli.md "Command line".
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -182,6 +183,24 @@ def batch_item(envelope: dict[str, Any]) -> int | None:
     return item if isinstance(item, int) and not isinstance(item, bool) else None
 
 
+def field_type(schema: Any, depth: int = 0) -> str:
+    """A JSON Schema's type in a few characters, for one manifest line: ``string``, ``integer``, ``string[]``
+    (an array of strings), ``string|null``, ``"memory"|"knowledge"`` (an enum), ``any`` when it says none. Pure."""
+    if not isinstance(schema, dict) or depth > 3:
+        return "any"
+    if isinstance(schema.get("enum"), list):
+        return "|".join(json.dumps(value) for value in schema["enum"][:8]) or "any"
+    choices = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(choices, list) and choices:
+        return "|".join(field_type(choice, depth + 1) for choice in choices[:8])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return "|".join(str(k) for k in kind[:8]) or "any"
+    if kind == "array":
+        return field_type(schema.get("items"), depth + 1) + "[]"
+    return text(kind) if isinstance(kind, str) else "any"
+
+
 def manifest_lines(manifest: dict[str, Any]) -> Iterator[str]:
     """One block per capability: id, kind, whether it needs approval, its input's required and optional fields."""
     for cap in manifest.get("capabilities") or []:
@@ -194,7 +213,11 @@ def manifest_lines(manifest: dict[str, Any]) -> Iterator[str]:
             root = (schema.get("$defs") or {}).get(ref.rsplit("/", 1)[-1], schema)
         props = sorted((root.get("properties") or {}) if isinstance(root, dict) else {})
         required = set(root.get("required") or []) if isinstance(root, dict) else set()
-        fields = ", ".join(f"{text(name)}{'' if name in required else '?'}" for name in props) or "(any object)"
+        shapes = (root.get("properties") or {}) if isinstance(root, dict) else {}
+        fields = (
+            ", ".join(f"{text(name)}{'' if name in required else '?'}: {field_type(shapes[name])}" for name in props)
+            or "(any object)"
+        )
         approval = "  needs approval" if cap.get("requires_human_approval") else ""
         summary = text(cap.get("description") or cap.get("name") or "")
         yield f"{text(cap.get('id'))}  [{text(cap.get('kind', ''))}]{approval} {summary}".rstrip()

@@ -285,7 +285,7 @@ def test_actions_result_and_follow_use_the_call_exit_codes(host_url, token, caps
 def test_manifest_lists_capabilities_and_their_input_fields(host_url, token, capsys):
     assert cli.main(["manifest", "--url", host_url, "--token-file", token]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("cap:crewai:crew0  [agent]") and out[1] == "    input: topic?"
+    assert out[0].startswith("cap:crewai:crew0  [agent]") and out[1] == "    input: topic?: any"
 
 
 def test_unreachable_host_is_its_own_code(token, capsys):
@@ -593,3 +593,23 @@ def test_the_ack_of_an_ended_action_says_so_without_a_next_command():
     assert lines == ["cached  action act_9  (already ended: completed)"]
     running = render.envelope_lines({"body": {"ack": {"action_id": "act_9", "status": "accepted"}}})
     assert "(still running)" in running[0] and "actions follow act_9" in running[1]
+
+
+@pytest.mark.parametrize(
+    ("schema", "shown"),
+    [
+        ({"type": "string"}, "string"),
+        ({"type": "array", "items": {"type": "string"}}, "string[]"),  # knowledge_query's query: not one string
+        ({"anyOf": [{"type": "object"}, {"type": "null"}]}, "object|null"),
+        ({"enum": ["memory", "all"]}, '"memory"|"all"'),
+        ({"type": ["integer", "null"]}, "integer|null"),
+        ({}, "any"),
+        ("not a schema", "any"),
+    ],
+)
+def test_manifest_lines_show_each_fields_type(schema, shown):
+    from aip_crewai import render
+
+    assert render.field_type(schema) == shown
+    manifest = {"capabilities": [{"id": "cap:x", "kind": "agent", "input_schema": {"properties": {"f": schema}}}]}
+    assert list(render.manifest_lines(manifest))[1] == f"    input: f?: {shown}"
