@@ -16,9 +16,8 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
 
-from . import ledger_cli, webhooks_cli
+from . import cli_args, ledger_cli, webhooks_cli
 from .exit_codes import Exit, of_envelope, of_error
 from .plumbing.log import configure_logging
 
@@ -48,41 +47,6 @@ def _contracts(args: argparse.Namespace) -> int:
 
 class UsageError(Exception):
     """A usage or configuration problem of the command line (exit 2, one line on stderr)."""
-
-
-def action_id(text: str) -> str:
-    """Check an action id argument (the AIP ``Action.id`` this host accepts: 1 to 256 visible ASCII characters,
-    no ``/``; ARCHITECTURE.md §3), so a bad one is refused here, in words, not answered by the host as a
-    route it does not have (``actions show ../x`` would reach another path).
-
-    Raises:
-        argparse.ArgumentTypeError: naming the rule (argparse exits 2).
-    """
-    import re
-
-    from .contracts.inputs import ACTION_ID_PATTERN, PATTERN_MEANINGS
-
-    if len(text) > 256 or not re.match(ACTION_ID_PATTERN, text):
-        shown = text if len(text) <= 64 else text[:64] + "…"
-        raise argparse.ArgumentTypeError(
-            f"{shown!r} is not an action id: 1 to 256 {PATTERN_MEANINGS[ACTION_ID_PATTERN]}"
-        )
-    return text
-
-
-def host_url(text: str) -> str:
-    """Check a ``--url``: an absolute ``http://`` or ``https://`` URL with a host.
-
-    Raises:
-        argparse.ArgumentTypeError: naming the expected form (argparse exits 2).
-    """
-    parts = urlsplit(text.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an http(s) URL; give the host's base URL with its scheme, "
-            "e.g. http://127.0.0.1:8081 or https://aip.example.com"
-        )
-    return text.strip()
 
 
 def _client(args: argparse.Namespace, *, timeout_s: float | None = 660.0) -> AipClient:
@@ -374,7 +338,7 @@ def _journal(args: argparse.Namespace) -> int:
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
-        type=host_url,
+        type=cli_args.host_url,
         default=os.environ.get("AIP_CREWAI_HOST_URL", "http://127.0.0.1:8081"),
         help="host base URL with its scheme, http(s)://HOST:PORT (env AIP_CREWAI_HOST_URL; default %(default)s)",
     )
@@ -437,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
         "capability_id", help="capability id from the manifest, e.g. cap:crewai:CREW or cap:crewai:CREW:OPERATION"
     )
     p.add_argument("--input", required=True, help="the action input, a JSON object")
-    p.add_argument("--action-id", type=action_id, help="action id (default: a new random id)")
+    p.add_argument("--action-id", type=cli_args.action_id, help="action id (default: a new random id)")
     p.add_argument("--idempotency-key", help="idempotency key (required by mutations and knowledge_query)")
     p.add_argument("--stream", action="store_true", help="stream chunks as they arrive (SSE)")
     _add_client_flags(p)
@@ -452,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("cancel", "stop your action now (the runtime cancel route, no approval); exit code as for call"),
     ):
         q = asub.add_parser(name, help=text, epilog=EXIT_CODES_HELP)
-        q.add_argument("action_id", type=action_id, help="the action id given to (or printed by) call")
+        q.add_argument("action_id", type=cli_args.action_id, help="the action id given to (or printed by) call")
         if name == "follow":
             q.add_argument(
                 "--last-event-id", help="resume after this stream position (the id sent: sse_<n> or sse_<n>.<k>)"

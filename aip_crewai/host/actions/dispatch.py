@@ -40,6 +40,9 @@ log = structlog.get_logger(__name__)
 OnChunks = Callable[[list[StreamChunk]], Awaitable[None]]
 #: (tenant, action id) -> the name of the sidecar the action's job is placed on (None: not placed).
 Locate = Callable[[str, str], Awaitable[str | None]]
+#: ``await_start(tenant, action_id)``: returns once that run's start was answered by its sidecar, it left
+#: ``running``, or a bound passed (:func:`.dispatch_task.await_target_start`).
+AwaitStart = Callable[[str, str], Awaitable[None]]
 #: Failures after which the job may be running at the sidecar and is not followed any more: cancel it
 #: (ARCHITECTURE.md §8). A broken read is resumed from the journal first (:meth:`Dispatcher._follow`).
 _STREAM_FAILURES = (ConnectorInvalidStream, ConnectorResponseTooLarge, ConnectorTransport)
@@ -127,6 +130,9 @@ class Dispatcher:
             sidecar, or on ``client`` alone).
         locate: the placement of a stored action (the target run of ``status``, ``events`` and
             ``cancel``); default: none known (the crew's first sidecar).
+        await_start: waits for a target run's start to be answered before its ``events`` are asked
+            for (an ``:events`` sent right after the run's approval must not reach the sidecar before
+            the run's own start); default: no wait.
         max_events: bound on the events of one job's stream (ARCHITECTURE.md §7 "stream"), live or
             read back from the journal.
     """
@@ -140,6 +146,7 @@ class Dispatcher:
         placement: Placement | None = None,
         locate: Locate | None = None,
         max_events: int = MAX_STREAM_EVENTS,
+        await_start: AwaitStart | None = None,
     ) -> None:
         self.client = client
         self.max_response_bytes = max_response_bytes
@@ -147,6 +154,7 @@ class Dispatcher:
         self.clients = dict(clients or {})
         self.placement = placement or Placement([(name, None) for name in self.clients] or [("sidecar", None)])
         self.locate = locate
+        self.await_start = await_start
 
     def client_for(self, job: Job, *, target: bool = False) -> SidecarClient:
         """The client of the sidecar holding ``job`` (``target``: the run it inspects): its recorded
@@ -221,6 +229,8 @@ class Dispatcher:
             )
             return self._completed(job, _public_view(view, job))
         if spec.name == "events":
+            if self.await_start is not None:
+                await self.await_start(job.tenant, str(job.input["run_action_id"]))
             cursor = int(job.input.get("cursor") or 0)
             if not job.stream:
                 page = await client.get_events(

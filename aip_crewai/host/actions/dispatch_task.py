@@ -9,6 +9,7 @@ Source: ARCHITECTURE.md §9 ("Dispatch retries", "Action states"), §10 (dispatc
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -19,12 +20,24 @@ from ..store.records import LeaseLost, StoreUnavailable
 from ..tracing import dispatching, record_outcome
 from .chunk_sink import ChunkSink
 from .dispatch import DispatchDeferred, Job, OnChunks, StartNotAdmitted
-from .lifecycle import DispatchState
+from .lifecycle import ActionState, DispatchState
 from .live import LiveAction
 from .normalize import failed_result
 from .writer import ActionRuntime
 
-__all__ = ["run", "saw_lease_lost", "status_before_admission", "retry_delay_s", "RETRY_FIRST_S", "RETRY_MAX_S"]
+if TYPE_CHECKING:
+    from ..store.store import Store
+
+__all__ = [
+    "run",
+    "saw_lease_lost",
+    "status_before_admission",
+    "await_target_start",
+    "TARGET_START_WAIT_S",
+    "retry_delay_s",
+    "RETRY_FIRST_S",
+    "RETRY_MAX_S",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -304,3 +317,35 @@ async def status_before_admission(runtime: ActionRuntime, job: Job) -> ActionRes
         "output": None,
     }
     return ActionResult(action_id=job.action_id, status="completed", output=view)
+
+
+#: The longest an ``events`` read waits for its target run's start to be answered by the sidecar, seconds.
+TARGET_START_WAIT_S = 5.0
+#: The first pause between two reads of the target's record, seconds; doubling up to :data:`_TARGET_POLL_MAX_S`.
+_TARGET_POLL_FIRST_S = 0.01
+_TARGET_POLL_MAX_S = 0.25
+
+
+async def await_target_start(store: Store, tenant: str, run_action_id: str) -> None:
+    """Return once run ``run_action_id``'s start was answered by its sidecar (dispatch ``acknowledged``), the
+    run is not ``running`` (pending, ended, unknown), or :data:`TARGET_START_WAIT_S` passed. The run may be
+    dispatched by another host, so the store is read (every 10 ms, doubling to 250 ms), not a local signal.
+
+    Why: an ``events`` read sent right after the run's approval would otherwise reach the sidecar before the
+    run's own start and get a 404 for a run that exists (ARCHITECTURE.md §9, inspections of a run). A run
+    left queued (its sidecar down) costs the read the bound, then the sidecar's answer stands as before.
+
+    Raises:
+        StoreUnavailable: the store cannot be read (the read fails as any store outage does)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + TARGET_START_WAIT_S
+    pause = _TARGET_POLL_FIRST_S
+    while True:
+        target = await store.get_action(tenant, run_action_id)
+        if target is None or target.status != ActionState.RUNNING or target.dispatch == DispatchState.ACKNOWLEDGED:
+            return
+        if loop.time() + pause > give_up:
+            log.info("target_start_not_answered", run_action_id=run_action_id, waited_s=TARGET_START_WAIT_S)
+            return
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _TARGET_POLL_MAX_S)

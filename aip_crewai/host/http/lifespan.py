@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from starlette.applications import Starlette
 
 from ...plumbing.serving import HEADER_TIMEOUT_S
 from ...plumbing.wakeup import cancel_all
-from ..actions import recovery
+from ..actions import dispatch_task, recovery
 from ..actions.dispatch import Dispatcher
 from ..actions.service import ActionService
 from ..ledger.sealer import Sealer
@@ -266,6 +267,7 @@ async def serve_actions(
             clients=by_name,
             placement=placement,
             locate=locate,
+            await_start=functools.partial(dispatch_task.await_target_start, store),
         ),
         allowed,
         metrics=setup.metrics,

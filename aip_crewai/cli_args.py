@@ -1,0 +1,42 @@
+"""Argument types of the ``aip-crewai`` command line (argparse ``type=``): each checks one argument before
+anything is sent and raises :class:`argparse.ArgumentTypeError` naming the expected form (argparse prints it
+and exits 2, docs/reference/cli.md "Exit codes")."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from urllib.parse import urlsplit
+
+from .contracts.inputs import ACTION_ID_PATTERN, PATTERN_MEANINGS
+
+
+def action_id(text: str) -> str:
+    """Check an action id argument (the AIP ``Action.id`` this host accepts: 1 to 256 visible ASCII characters,
+    no ``/``; ARCHITECTURE.md §3), so a bad one is refused here, in words, not answered by the host as a
+    route it does not have (``actions show ../x`` would reach another path).
+
+    Raises:
+        argparse.ArgumentTypeError: naming the rule (argparse exits 2).
+    """
+    if len(text) > 256 or not re.match(ACTION_ID_PATTERN, text):
+        shown = text if len(text) <= 64 else text[:64] + "…"
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is not an action id: 1 to 256 {PATTERN_MEANINGS[ACTION_ID_PATTERN]}"
+        )
+    return text
+
+
+def host_url(text: str) -> str:
+    """Check a ``--url``: an absolute ``http://`` or ``https://`` URL with a host.
+
+    Raises:
+        argparse.ArgumentTypeError: naming the expected form (argparse exits 2).
+    """
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an http(s) URL; give the host's base URL with its scheme, "
+            "e.g. http://127.0.0.1:8081 or https://aip.example.com"
+        )
+    return text.strip()

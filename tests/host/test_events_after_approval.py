@@ -1,0 +1,114 @@
+"""An ``:events`` read sent right after its run's approval waits for the run's start to be answered by the
+sidecar, instead of reaching the sidecar first and getting a 404 for a run that exists
+(``dispatch_task.await_target_start``; ARCHITECTURE.md §9)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+from kits import aip
+from kits.fake_sidecar import FakeSidecar
+from kits.hostapp import SIDECAR_TOKEN, bearer, envelope, running, submit_action
+
+from aip_crewai.host.actions import dispatch_task
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class HeldStartSidecar(FakeSidecar):
+    """A sidecar whose start of a run is held until :attr:`release` is set; it records the order in which it
+    saw the run's start admitted and any request for the run's events."""
+
+    def __init__(self) -> None:
+        super().__init__(SIDECAR_TOKEN)
+        self.release = asyncio.Event()
+        self.start_held = asyncio.Event()
+        self.events_asked = asyncio.Event()
+        self.order: list[str] = []
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle_async)
+
+    async def handle_async(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path in ("/jobs", "/jobs/stream") and request.method == "POST":
+            self.start_held.set()
+            await self.release.wait()
+            self.order.append("start admitted")
+        elif request.url.path.endswith("/events"):
+            self.order.append("events asked" + (" (unknown job)" if not self.jobs else ""))
+            self.events_asked.set()
+        return self.handle(request)
+
+
+async def test_an_events_read_right_after_the_approval_waits_for_the_runs_start(make_app, monkeypatch):
+    sidecar = HeldStartSidecar()
+    app = make_app(sidecar_transport=sidecar.transport())
+    async with running(app) as http:
+        approval_id = (await submit_action(http, "act_run"))["approval_id"]
+        decided = await http.post(
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=bearer("acme-both"),
+            json={"decision": "approved", "reason": "ok"},
+        )
+        assert decided.status_code == 200
+        await asyncio.wait_for(sidecar.start_held.wait(), 10)  # the run's start is on its way, not answered
+
+        store = app.state.host.store
+        polled, reads = asyncio.Event(), []
+        get_action = store.get_action
+
+        async def counting_get_action(tenant: str, action_id: str) -> Any:
+            if action_id == "act_run":
+                reads.append(action_id)
+                if len(reads) >= 3:  # the placement, then the wait's reads
+                    polled.set()
+            return await get_action(tenant, action_id)
+
+        monkeypatch.setattr(store, "get_action", counting_get_action)
+        body = aip.action("act_ev", "cap:crewai:beta:events", {"run_action_id": "act_run"})
+        read = asyncio.create_task(
+            http.post(
+                "/aip/v1/messages",
+                content=json.dumps(envelope("msg_ev", body=body)),
+                headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
+            )
+        )
+        # Either the read keeps reading the run's record (it waits), or it has asked the sidecar (it did not).
+        waits, asked = asyncio.create_task(polled.wait()), asyncio.create_task(sidecar.events_asked.wait())
+        await asyncio.wait({waits, asked}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        waits.cancel()
+        asked.cancel()
+        sidecar.release.set()
+        answer = await asyncio.wait_for(read, 30)
+    assert sidecar.order[0] == "start admitted", sidecar.order
+    assert "events asked (unknown job)" not in sidecar.order
+    result = answer.json()["body"]["action_result"]
+    assert result["status"] == "completed", result
+
+
+async def test_the_wait_ends_at_its_bound_for_a_run_whose_start_is_never_answered(make_app, monkeypatch):
+    """A run left unanswered (its sidecar holds the start): the read waits the bound, then asks the sidecar."""
+    monkeypatch.setattr(dispatch_task, "TARGET_START_WAIT_S", 0.2)
+    sidecar = HeldStartSidecar()
+    app = make_app(sidecar_transport=sidecar.transport())
+    async with running(app) as http:
+        approval_id = (await submit_action(http, "act_run"))["approval_id"]
+        await http.post(
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=bearer("acme-both"),
+            json={"decision": "approved", "reason": "ok"},
+        )
+        await asyncio.wait_for(sidecar.start_held.wait(), 10)
+        body = aip.action("act_ev", "cap:crewai:beta:events", {"run_action_id": "act_run"})
+        answer = await http.post(
+            "/aip/v1/messages",
+            content=json.dumps(envelope("msg_ev", body=body)),
+            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
+        )
+        sidecar.release.set()
+    assert sidecar.order[0] == "events asked (unknown job)", sidecar.order
+    assert answer.json()["body"]["action_result"]["status"] == "failed"
