@@ -9,5 +9,6 @@
 - :mod:`kits.fake_sidecar`: a scripted in-memory sidecar for in-process hosts.
 - :mod:`kits.asgi_stream`: an in-process SSE client for endless streams.
 - :mod:`kits.sidecar_fakes`: the sidecar app in-process over fake crews.
+- :mod:`kits.otlp_receiver`: a real OTLP/HTTP trace receiver on loopback and the variables pointing at it.
 - :mod:`kits.sqlite_schema`: a SQLite database's schema as text (the snapshots in tests/snapshots).
 """

@@ -228,11 +228,12 @@ def start_host(
     store: str | None = None,
     sidecars: list[dict[str, object]] | None = None,
     extra_toml: str = "",
+    env: dict[str, str] | None = None,
 ) -> Host:
     """Start a host; with ``wait_ready`` block until ``/ready`` answers 200.
 
     ``crews``, ``tenants``, ``extra_principals``, ``host_options``, ``store``, ``sidecars`` and ``extra_toml`` go
-    to :func:`write_config`."""
+    to :func:`write_config`; ``env`` is added to the test process's environment (:func:`launch_host`)."""
     port = port or free_port()
     config = write_config(
         workdir,
@@ -248,7 +249,7 @@ def start_host(
         extra_toml=extra_toml,
     )
     log = workdir / f"host-{port}-{time.monotonic_ns()}.log"
-    process = launch_host(config, log)
+    process = launch_host(config, log, env=env)
     host = Host(process, f"http://127.0.0.1:{port}", log, workdir)
 
     def ready() -> bool:

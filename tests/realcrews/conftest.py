@@ -1,7 +1,9 @@
 """Fixtures of the real-crew suite (helpers in ``realkit.py``, the provider in ``fake_provider.py``).
 
 - ``provider`` (session): one fake OpenAI-compatible provider; tests script it by markers unique to them.
-- ``deployment`` (session): the example deployment (sidecar with the default process isolation + host).
+- ``otlp`` (session): a real OTLP/HTTP trace receiver on loopback (``kits.otlp_receiver``).
+- ``deployment`` (session): the example deployment (sidecar with the default process isolation + host), both
+  exporting their traces to ``otlp``, the host signing receipts.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from fake_provider import FakeProvider
+from kits.otlp_receiver import OtlpReceiver
 from realkit import Deployment, start_deployment
 
 
@@ -23,10 +26,21 @@ def provider() -> Iterator[FakeProvider]:
 
 
 @pytest.fixture(scope="session")
-def deployment(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def otlp() -> Iterator[OtlpReceiver]:
+    receiver = OtlpReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
+@pytest.fixture(scope="session")
+def deployment(
+    provider: FakeProvider, otlp: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     workdir = tmp_path_factory.mktemp("realcrews")
     workdir.chmod(0o700)
-    started = start_deployment(workdir, provider)  # AIP_CREWAI_ISOLATION decides (default: process)
+    started = start_deployment(workdir, provider, otlp=otlp)  # AIP_CREWAI_ISOLATION decides (default: process)
     try:
         yield started
     finally:

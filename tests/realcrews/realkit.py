@@ -7,6 +7,12 @@ starts a thread at import, and two that cannot work) with ``REALCREWS_BASE_URL``
 crews come from the example's ``crews.json``. Tenants: ``acme`` sees every
 example crew, ``beta`` only ``memory`` (principals of ``kits.host.TOKENS``).
 
+Observing (docs/observing.md "Observing actions"): the host signs receipts with a 0600 key
+(``receipt.key`` in the workdir; :attr:`Deployment.receipt_public_key`), ``acme-operator``
+(:data:`OPERATOR_TOKEN`) reads ``/metrics`` and ``GET /aip/v1/usage``, the ``tools`` crew is priced
+(:data:`PRICES`), and with ``otlp`` given both
+processes export their traces to that receiver (the standard ``OTEL_*`` variables).
+
 Every HTTP client of the sidecar's processes is pointed at a recording proxy
 (``HTTP(S)_PROXY``, loopback excluded by ``NO_PROXY``): anything that tries to
 leave loopback through a proxy-aware client (CrewAI's telemetry and tracing
@@ -19,6 +25,7 @@ event stream.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import threading
@@ -26,11 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from fake_provider import FakeProvider
 from kits.host import Host, start_host
+from kits.otlp_receiver import OtlpReceiver, otel_env
 from kits.sidecar import TOKEN, Sidecar, launch, wait_ready
 
 from aip_crewai.client import AipClient, new_id
+from aip_crewai.plumbing.keys import generate_ed25519
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -48,6 +58,24 @@ BROKEN_CREWS = {
 }
 #: ``/health`` ``crew_problems`` of :data:`SUITE_REGISTRY`.
 CREW_PROBLEMS = {crew: [code] for crew, (code, _error) in BROKEN_CREWS.items()}
+#: The bearer token of ``acme-operator`` (operator role of tenant ``acme``: ``/metrics``, ``GET /aip/v1/usage``).
+OPERATOR_TOKEN = "tok-acme-operator-realcrews"
+#: The price of the ``fake-chat`` model per million tokens (``[pricing]``), which the ``tools`` crew runs.
+PRICES = {"prompt": "2.5", "completion": "10"}
+PRICING = f"""[pricing]
+currency = "USD"
+[pricing.models."fake-chat"]
+prompt = "{PRICES["prompt"]}"
+completion = "{PRICES["completion"]}"
+[pricing.crews]
+tools = "fake-chat"
+"""
+OPERATOR = {
+    "id": "acme-operator",
+    "tenant": "acme",
+    "role": "operator",
+    "token_sha256": hashlib.sha256(OPERATOR_TOKEN.encode()).hexdigest(),
+}
 
 
 class EscapeRecorder:
@@ -82,6 +110,16 @@ class Deployment:
     escapes: EscapeRecorder
     workdir: Path
     crews: list[str] = field(default_factory=list)
+    #: The host's receipt public key (base64, as ``aip-crewai keys generate receipt`` prints it).
+    receipt_public_key: str = ""
+    #: Where both processes export their spans, when tracing is on.
+    otlp: OtlpReceiver | None = None
+
+    def operator(self) -> httpx.Client:
+        """A plain HTTP client of the host as ``acme-operator`` (timeout 60 s)."""
+        return httpx.Client(
+            base_url=self.host.base_url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=60.0
+        )
 
     def close(self) -> None:
         self.host.stop()
@@ -114,14 +152,22 @@ def sidecar_env(provider: FakeProvider, escapes: EscapeRecorder) -> dict[str, st
 
 
 def start_deployment(
-    workdir: Path, provider: FakeProvider, *, isolation: str | None = None, registry: str = SUITE_REGISTRY
+    workdir: Path,
+    provider: FakeProvider,
+    *,
+    isolation: str | None = None,
+    registry: str = SUITE_REGISTRY,
+    otlp: OtlpReceiver | None = None,
 ) -> Deployment:
-    """A sidecar on the example registry and a host in front of it (see the module docstring)."""
+    """A sidecar on the example registry and a host in front of it (see the module docstring); with ``otlp``
+    both export their spans to it."""
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     escapes = EscapeRecorder()
     args = ["--registry", registry, "--allowed-operations", "run,knowledge_query", "--max-concurrency", "3"]
     args += ["--isolation", isolation] if isolation else []
-    process = launch(workdir, args=args, env=sidecar_env(provider, escapes))
+    # the suite's conftest set OTEL_SDK_DISABLED=true in this process (for CrewAI); the children are told otherwise
+    tracing = {**otel_env(otlp.endpoint), "OTEL_SDK_DISABLED": "false"} if otlp is not None else {}
+    process = launch(workdir, args=args, env={**sidecar_env(provider, escapes), **tracing})
     stderr = workdir / "stderr.log"
     sidecar = Sidecar(process, "", TOKEN, workdir / "journal.db", workdir, workdir / "calls.log", stderr, args)
     try:
@@ -130,15 +176,26 @@ def start_deployment(
             {"id": crew, "name": crew, "allowed_operations": ["run", "status", "events"]} for crew in BROKEN_CREWS
         ]
         ids = [crew["id"] for crew in crews]
+        (workdir / "host").mkdir(mode=0o700, exist_ok=True)
+        receipt_key = workdir / "host" / "receipt.key"
+        public_key = generate_ed25519(receipt_key)  # 0600
         host = start_host(
-            workdir / "host", sidecar.base_url, TOKEN, crews=crews, tenants={"acme": ids, "beta": ["memory"]}
+            workdir / "host",
+            sidecar.base_url,
+            TOKEN,
+            crews=crews,
+            tenants={"acme": ids, "beta": ["memory"]},
+            extra_principals=[OPERATOR],
+            host_options={"receipt_key_file": str(receipt_key)},
+            extra_toml=PRICING,
+            env=tracing,
         )
     except BaseException:
         if process.poll() is None:
             process.kill()
         escapes.close()
         raise
-    return Deployment(provider, sidecar, host, escapes, workdir, ids)
+    return Deployment(provider, sidecar, host, escapes, workdir, ids, public_key, otlp)
 
 
 @dataclass
