@@ -72,14 +72,15 @@ test-matrix:
 	  .venv-$$v/bin/python -m pytest -q tests/integration/test_demo.py || exit 1; \
 	done
 
-# The host-level suites (marker host_processes: every integration and reliability test that starts a host)
+# The host-level suites (marker host_processes: every integration and reliability test that starts a host, and
+# the real-crew tests of usage, receipts and traces, whose ledger is the host store's)
 # again with every host on PostgreSQL (AIP_CREWAI_TEST_STORE=postgresql: a fresh database per host,
 # tests/storebackend.py; tests about the SQLite file itself skip). The PostgreSQL-specific tests run in
 # make test already. A throwaway cluster from Debian's `postgresql` package in a temporary directory,
 # started as the `postgres` user on a loopback port (tests/pgserver.py); without it the tests skip with one
 # line. CI runs it.
 test-postgresql: $(STAMP)
-	@$(call timed,test-postgresql,AIP_CREWAI_TEST_STORE=postgresql $(PY) -m pytest -q $(XDIST) -m host_processes tests/integration tests/reliability)
+	@$(call timed,test-postgresql,AIP_CREWAI_TEST_STORE=postgresql $(PY) -m pytest -q $(XDIST) -m host_processes tests/integration tests/reliability tests/realcrews/test_observing.py tests/realcrews/test_usage.py)
 
 # The type checks alone: the package (strict, pyproject.toml; make test runs it first), then the tests and the
 # benchmarks (check-tests).
