@@ -232,7 +232,7 @@ def test_rel_stream_corpus_over_real_http_to_a_real_host(http_host, name):
 @pytest.mark.processes
 @pytest.mark.timeout(60)
 def test_rel_a_frame_nested_past_the_decoders_bound_is_an_invalid_stream_from_a_real_host(http_host):
-    """Regression (second review, issue 32 item 7): a sidecar frame nested 1,500 deep failed the action with
+    """Regression (second review): a sidecar frame nested 1,500 deep failed the action with
     ``internal.error``. Over real HTTP, a stream whose one chunk event nests 100,000 arrays deep ends the
     action failed with ``connector.crewai.invalid_stream`` (and a confirmed cancel); the host stays healthy:
     its process runs, ``/health`` and ``/ready`` answer 200, the next valid run completes, and its log holds
@@ -254,7 +254,7 @@ def test_rel_a_frame_nested_past_the_decoders_bound_is_an_invalid_stream_from_a_
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("origin", ["https://evil.example", "null"])
 def test_rel_a_refused_cors_preflight_from_a_real_host_carries_no_cors_header(http_host, origin):
-    """Regression (second review, issue 32 item 6): a preflight from a disallowed or ``null`` origin got 400
+    """Regression (second review, item 6): a preflight from a disallowed or ``null`` origin got 400
     with ``Access-Control-Allow-Methods``/``-Headers``. From the real host: 400 and no ``Access-Control-*``
     header at all, as for a method the allowed origin may not use; the allowed origin's preflight is answered."""
     host, _ = http_host

@@ -63,7 +63,7 @@ def test_rel_unsafe_files_and_urls_refuse_start_up_with_a_clear_message(tmp_path
     ],
 )
 def test_rel_a_client_key_passphrase_in_the_store_url_refuses_start_up_without_echoing_it(tmp_path, store):
-    """Regression (second review, issue 32 item 7): `?sslpassword=` in a PostgreSQL store URL was accepted. The
+    """Regression (second review): `?sslpassword=` in a PostgreSQL store URL was accepted. The
     host process exits 2 (a configuration error) before connecting anywhere, with one line naming the key and
     the parameter and never the passphrase, on stderr only, and no traceback."""
     import subprocess
