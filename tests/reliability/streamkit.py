@@ -78,6 +78,14 @@ def too_many(events: int) -> Pieces:
     return [(b"".join(frames[i : i + 1000]), 0.0) for i in range(0, len(frames), 1000)]
 
 
+def nested_past_the_decoders_bound(depth: int = 100_000) -> bytes:
+    """started, a chunk event whose data nests ``depth`` arrays deep (past msgspec's bound on every supported
+    Python, well under the host's 1 MiB frame bound), then a completed event: only the deep frame is wrong."""
+    deep = b'{"event":"chunk","sequence":1,"data":{"x":' + b"[" * depth + b"]" * depth + b"}}"
+    started = frame("started", 0, {"status": "running", "operation": "run"})
+    return started + b"event: chunk\nid: 1\ndata: " + deep + b"\n\n" + frame("completed", 2, {"raw": ""})
+
+
 def crlf(data: bytes) -> bytes:
     return data.replace(b"\n", b"\r\n")
 
@@ -114,6 +122,7 @@ CASES: dict[str, Case] = {
     "oversize_frame": Case(oversize(8 * 1024 * 1024), INVALID),
     "trickle_one_byte_per_10ms": Case(trickle(good()), "completed", "Hello"),
     "empty_body": Case([], INVALID),
+    "frame_nested_past_the_decoders_bound": Case(whole(nested_past_the_decoders_bound()), INVALID),
 }
 #: Cases cheap enough for the in-process host (the trickle runs over real HTTP only).
 INPROC = [name for name in CASES if not name.startswith("trickle")]

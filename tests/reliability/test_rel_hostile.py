@@ -172,13 +172,18 @@ def test_rel_response_over_the_host_bound_is_response_too_large(tmp_path):
     streamkit.check_case("response_too_large", outcome, streamkit.stream_case("response_too_large"))
 
 
+#: The browser origin the real host below allows (``[host] cors_origins``).
+CORS_ORIGIN = "https://console.example"
+
+
 @pytest.fixture(scope="module")
 def http_host(tmp_path_factory):
-    """A real host process in front of a real HTTP fake sidecar serving the corpus."""
+    """A real host process (allowing the browser origin :data:`CORS_ORIGIN`) in front of a real HTTP fake
+    sidecar serving the corpus."""
     fake = streamkit.FakeSidecarServer(TOKEN, [*ACME_CREWS, "knowledge_b"], OPERATIONS)
     procs = Processes(tmp_path_factory.mktemp("hostile-http"))
     try:
-        host = procs.host(fake.base_url)
+        host = procs.host(fake.base_url, host_options={"cors_origins": [CORS_ORIGIN]})
         yield host, fake
     finally:
         procs.close()
@@ -192,24 +197,79 @@ def _vm_hwm_kib(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", streamkit.OVER_HTTP)
-def test_rel_stream_corpus_over_real_http_to_a_real_host(http_host, name):
-    """Split reads, a BOM, U+2028, a trickle of one byte per 10 ms, a 64 MiB frame: the documented outcome
-    from a real host process, whose peak memory stays bounded."""
-    host, _ = http_host
-    who = streamkit.Principals(
-        {"Authorization": "Bearer tok-acme-app-1"}, {"Authorization": "Bearer tok-acme-approver-1"}, "cap:crewai:echo"
-    )
-    before = _vm_hwm_kib(host.process.pid)
+#: Who calls and approves on the real host (kits.host's bearer principals), and its run capability.
+HTTP_WHO = streamkit.Principals(
+    {"Authorization": "Bearer tok-acme-app-1"}, {"Authorization": "Bearer tok-acme-approver-1"}, "cap:crewai:echo"
+)
+
+
+def _run_over_http(host, name: str, action_id: str) -> dict[str, object]:
+    """streamkit.run_case through the real host's HTTP API."""
     with httpx.Client(base_url=host.base_url, timeout=30) as http:
 
         def request(method, url, **kwargs):
             response = http.request(method, url, **kwargs)
             return response.status_code, response.headers, response.content
 
-        outcome = streamkit.run_case(request, who, name, f"act_http_{name}")
+        return streamkit.run_case(request, HTTP_WHO, name, action_id)
+
+
+@pytest.mark.processes  # http_host starts a host process (module scope: the fast tier's guard cannot see it)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", streamkit.OVER_HTTP)
+def test_rel_stream_corpus_over_real_http_to_a_real_host(http_host, name):
+    """Split reads, a BOM, U+2028, a trickle of one byte per 10 ms, a 64 MiB frame: the documented outcome
+    from a real host process, whose peak memory stays bounded."""
+    host, _ = http_host
+    before = _vm_hwm_kib(host.process.pid)
+    outcome = _run_over_http(host, name, f"act_http_{name}")
     streamkit.check_case(name, outcome, streamkit.stream_case(name, big=True))
     if name == "oversize_frame":  # 64 MiB offered: the host's peak RSS grows by far less
         grown = _vm_hwm_kib(host.process.pid) - before
         assert grown < 24 * 1024, f"host peak memory grew by {grown} KiB"
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(60)
+def test_rel_a_frame_nested_past_the_decoders_bound_is_an_invalid_stream_from_a_real_host(http_host):
+    """Regression (second review): a sidecar frame nested 1,500 deep failed the action with
+    ``internal.error``. Over real HTTP, a stream whose one chunk event nests 100,000 arrays deep ends the
+    action failed with ``connector.crewai.invalid_stream`` (and a confirmed cancel); the host stays healthy:
+    its process runs, ``/health`` and ``/ready`` answer 200, the next valid run completes, and its log holds
+    no traceback."""
+    host, _ = http_host
+    name = "frame_nested_past_the_decoders_bound"
+    outcome = _run_over_http(host, name, "act_http_deep_frame")
+    streamkit.check_case(name, outcome, streamkit.stream_case(name))
+    assert host.process.poll() is None
+    for path in ("/health", "/ready"):
+        assert httpx.get(f"{host.base_url}{path}", timeout=30).status_code == 200, path
+    after = _run_over_http(host, "bom_at_start", "act_http_after_deep_frame")
+    streamkit.check_case("bom_at_start", after, streamkit.stream_case("bom_at_start"))
+    log = host.stderr_path.read_text(errors="replace")
+    assert "Traceback" not in log and "RecursionError" not in log, log[-2000:]
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("origin", ["https://evil.example", "null"])
+def test_rel_a_refused_cors_preflight_from_a_real_host_carries_no_cors_header(http_host, origin):
+    """Regression (second review, item 6): a preflight from a disallowed or ``null`` origin got 400
+    with ``Access-Control-Allow-Methods``/``-Headers``. From the real host: 400 and no ``Access-Control-*``
+    header at all, as for a method the allowed origin may not use; the allowed origin's preflight is answered."""
+    host, _ = http_host
+    preflight = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+        allowed = http.options("/aip/v1/messages", headers={"Origin": CORS_ORIGIN, **preflight})
+        refused = http.options("/aip/v1/messages", headers={"Origin": origin, **preflight})
+        wrong_method = http.options(
+            "/aip/v1/messages",
+            headers={"Origin": CORS_ORIGIN, **preflight, "Access-Control-Request-Method": "PUT"},
+        )
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == CORS_ORIGIN
+    for answer in (refused, wrong_method):
+        assert answer.status_code == 400, answer.text
+        assert not [h for h in answer.headers if h.lower().startswith("access-control-")], answer.headers

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import securitykit
 
+from aip_crewai.exit_codes import Exit
 from aip_crewai.host.config import HostConfigError, check_sidecar_url
 from aip_crewai.host.sidecars.client import sidecar_job_id
 
@@ -51,6 +52,39 @@ def test_rel_unsafe_files_and_urls_refuse_start_up_with_a_clear_message(tmp_path
     plain http to a non-loopback sidecar: exit 2, one clear line, no traceback."""
     results = securitykit.startup_refusals(tmp_path / "refusals")
     assert len(results) >= 18 and _failures(results) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "store",
+    [
+        "postgresql://aip@127.0.0.1:5/aip?sslmode=require&sslpassword=hunter2-zq9",
+        "postgresql://aip@127.0.0.1:5/aip?ssl%70assword=hunter2-zq9",  # a percent-encoded name
+    ],
+)
+def test_rel_a_client_key_passphrase_in_the_store_url_refuses_start_up_without_echoing_it(tmp_path, store):
+    """Regression (second review): `?sslpassword=` in a PostgreSQL store URL was accepted. The
+    host process exits 2 (a configuration error) before connecting anywhere, with one line naming the key and
+    the parameter and never the passphrase, on stderr only, and no traceback."""
+    import subprocess
+    import sys
+
+    from kits.host import free_port
+    from relkit import write_host_config
+
+    config = write_host_config(tmp_path / "host", "http://127.0.0.1:9", free_port(), store=store)
+    done = subprocess.run(
+        [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config)],
+        capture_output=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == Exit.USAGE and done.stdout == b"", (done.returncode, err)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "host.store" in err and "keep credentials out of the URL" in err and "sslpassword" in err, err
+    assert "hunter2" not in err
 
 
 @pytest.mark.parametrize(
