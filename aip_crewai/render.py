@@ -195,7 +195,7 @@ def field_type(schema: Any, depth: int = 0) -> str:
         return "|".join(field_type(choice, depth + 1) for choice in choices[:8])
     kind = schema.get("type")
     if isinstance(kind, list):
-        return "|".join(str(k) for k in kind[:8]) or "any"
+        return "|".join(text(str(k)) for k in kind[:8]) or "any"
     if kind == "array":
         return field_type(schema.get("items"), depth + 1) + "[]"
     return text(kind) if isinstance(kind, str) else "any"

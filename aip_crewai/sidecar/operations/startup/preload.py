@@ -61,7 +61,8 @@ else:
 
 
 def warm_up(*, in_worker: bool = False) -> bool:
-    """One throwaway kickoff; in the fork server (not ``in_worker``) then the event bus back to no threads. True when it ran (and, in the fork server, one thread is left).
+    """One throwaway kickoff; in the fork server (not ``in_worker``) then the event bus back to no threads.
+    True when it ran (and, in the fork server, one thread is left).
 
     A worker runs it too while it is idle (``worker._boot``): its first kickoff would otherwise copy
     the thousands of pages (about 20 MiB) it shares with the fork server that a kickoff writes to,
