@@ -91,7 +91,8 @@ async def test_an_events_read_right_after_the_approval_waits_for_the_runs_start(
 
 
 async def test_the_wait_ends_at_its_bound_for_a_run_whose_start_is_never_answered(make_app, monkeypatch):
-    """A run left unanswered (its sidecar holds the start): the read waits the bound, then asks the sidecar."""
+    """A run left unanswered (its sidecar holds the start): the read waits the bound, then asks the sidecar;
+    its 404 for a run it has not admitted is answered the host's own view (an empty page)."""
     monkeypatch.setattr(dispatch_task, "TARGET_START_WAIT_S", 0.2)
     sidecar = HeldStartSidecar()
     app = make_app(sidecar_transport=sidecar.transport())
@@ -111,4 +112,31 @@ async def test_the_wait_ends_at_its_bound_for_a_run_whose_start_is_never_answere
         )
         sidecar.release.set()
     assert sidecar.order[0] == "events asked (unknown job)", sidecar.order
-    assert answer.json()["body"]["action_result"]["status"] == "failed"
+    result = answer.json()["body"]["action_result"]  # the sidecar's 404: the host's own view, an empty page
+    assert result["status"] == "completed" and result["output"]["events"] == [], result
+    assert result["output"]["status"] == "running"
+
+
+async def test_an_events_page_of_a_run_waiting_for_its_approval_is_an_empty_page_not_a_failure(make_app):
+    """The sidecar does not know a run that waits for its approval (404): the host answers its own view of it,
+    an empty page at the asked cursor with the run's state, as a ``status`` read answers the run's state."""
+    sidecar = FakeSidecar(SIDECAR_TOKEN)
+    async with running(make_app(sidecar_transport=sidecar.transport())) as http:
+        await submit_action(http, "act_run")
+        body = aip.action("act_ev", "cap:crewai:beta:events", {"run_action_id": "act_run", "cursor": 2})
+        answer = await http.post(
+            "/aip/v1/messages",
+            content=json.dumps(envelope("msg_ev", body=body)),
+            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
+        )
+    assert answer.status_code == 200, answer.text
+    result = answer.json()["body"]["action_result"]
+    assert result["status"] == "completed", result
+    assert result["output"] == {
+        "action_id": "act_run",
+        "cursor": 2,
+        "next_cursor": 2,
+        "status": "pending_approval",
+        "events": [],
+    }
+    assert sidecar.executions == 0

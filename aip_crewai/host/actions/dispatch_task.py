@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "run",
     "saw_lease_lost",
-    "status_before_admission",
+    "answer_before_admission",
     "await_target_start",
     "TARGET_START_WAIT_S",
     "retry_delay_s",
@@ -103,12 +103,7 @@ async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool
             await sink.drain()
             return
         await sink.drain()
-        if (
-            job.spec.name == "status"
-            and result.error is not None
-            and (result.error.details or {}).get("remote_status") == 404
-        ):
-            result = await status_before_admission(runtime, job) or result
+        result = await answer_before_admission(runtime, job, result)
         # The dispatch's own final word on how far its request got (`not_sent` after a refused connection).
         live.final = await runtime.writer.finish(
             tenant,
@@ -297,25 +292,41 @@ async def _deadline_ms(runtime: ActionRuntime, tenant: str, action_id: str) -> i
     return since + runtime.dispatch_deadline_ms
 
 
-async def status_before_admission(runtime: ActionRuntime, job: Job) -> ActionResult | None:
-    """The ``status`` of a run the sidecar does not know because it has not
-    admitted it: never sent (pending approval, denied, expired, cancelled
-    before dispatch) or its start still on the way (just approved): the
-    host's own view of that run, in the shape of the sidecar's job view,
-    instead of a 404 from the sidecar. None when the sidecar answered the
-    run's start (``acknowledged``): then its 404 stands."""
+async def answer_before_admission(runtime: ActionRuntime, job: Job, result: ActionResult) -> ActionResult:
+    """``result`` of a ``status`` or an ``events`` page, unless the sidecar answered it 404 for a run it does
+    not know because it has not admitted it: never sent (pending approval, denied, expired, cancelled before
+    dispatch) or its start still on the way (just approved). Then the host's own view of that run, in the
+    shape of the sidecar's answer, instead of a failure blaming the configuration: for ``status`` the job
+    view (the run's state, 0 events), for an ``events`` page an empty page at the asked cursor. The 404
+    stands for a run whose start the sidecar answered (``acknowledged``), and for a streamed ``events``
+    (ARCHITECTURE.md §9, inspections of a run)."""
+    error = result.error
+    if error is None or (error.details or {}).get("remote_status") != 404:
+        return result
+    if job.spec.name != "status" and (job.spec.name != "events" or job.stream):
+        return result
     run_action_id = str(job.input["run_action_id"])
     target = await runtime.store.get_action(job.tenant, run_action_id)
     if target is None or target.dispatch == DispatchState.ACKNOWLEDGED:
-        return None
-    view = {
-        "action_id": run_action_id,
-        "crew_id": target.crew_id,
-        "operation": target.operation,
-        "status": target.status,
-        "event_count": 0,
-        "output": None,
-    }
+        return result
+    if job.spec.name == "status":
+        view: dict[str, object] = {
+            "action_id": run_action_id,
+            "crew_id": target.crew_id,
+            "operation": target.operation,
+            "status": target.status,
+            "event_count": 0,
+            "output": None,
+        }
+    else:
+        cursor = int(job.input.get("cursor") or 0)
+        view = {
+            "action_id": run_action_id,
+            "cursor": cursor,
+            "next_cursor": cursor,
+            "status": target.status,
+            "events": [],
+        }
     return ActionResult(action_id=job.action_id, status="completed", output=view)
 
 

@@ -295,12 +295,7 @@ class ActionService:
                 result = await self.dispatcher.run(job, _no_chunks)
                 if spec.name == "status" and result.error is None and is_final_view(result.output):
                     fresh_view = _view_encoder.encode(result.output)
-                if (
-                    spec.name == "status"
-                    and result.error is not None
-                    and (result.error.details or {}).get("remote_status") == 404
-                ):
-                    result = await dispatch_task.status_before_admission(self, job) or result
+                result = await dispatch_task.answer_before_admission(self, job, result)
             except Exception:  # a host bug answers a typed failure, recorded like any other result
                 log.exception("dispatch_crashed")
                 result = failed_result(action.id, AipError("the host failed while dispatching the action"))
