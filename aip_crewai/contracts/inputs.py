@@ -37,10 +37,12 @@ NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*" + END
 ACTION_ID_PATTERN = r"^[\x21-\x2e\x30-\x7e]+" + END
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: An RFC 3339 date-time (AIP's ``format: date-time``): date, ``T`` (or ``t``, or a space), time, an optional
-#: fraction, then ``Z`` or a ``+hh:mm`` offset. ``host/store/records.rfc3339_to_ms`` parses exactly these.
+#: fraction of 1 to 9 digits, then ``Z`` or a ``+hh:mm`` offset; each field within its range (a day past its
+#: month's end, e.g. February 30, is left to ``host/store/records.rfc3339_to_ms``, which refuses it).
 RFC3339_PATTERN = (
-    r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ](?P<time>[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.(?P<fraction>[0-9]{1,9}))?"
-    r"(?P<offset>[Zz]|[+-][0-9]{2}:[0-9]{2})" + END
+    r"^(?P<date>[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01]))[Tt ]"
+    r"(?P<time>(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60))(?:\.(?P<fraction>[0-9]{1,9}))?"
+    r"(?P<offset>[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])" + END
 )
 #: What each pattern of the contracts asks for, in words: a refused value is described by these, never by the
 #: regular expression (:func:`plain_rule`).

@@ -140,7 +140,10 @@ async def test_invalid_input_names_the_field(http):
     assert response.json()["body"]["error"]["error"]["details"]["field"] == "$.query"
 
 
-@pytest.mark.parametrize("sent_at", ["yesterday", "2026-12-02", "2026-12-02T08:30:00", "1796200200"])
+@pytest.mark.parametrize(
+    "sent_at",
+    ["yesterday", "2026-12-02", "2026-12-02T08:30:00", "1796200200", "2026-13-45T99:99:99Z", "2026-12-02T24:00:00Z"],
+)
 async def test_a_sent_at_that_is_no_rfc_3339_timestamp_is_400_in_words(http, sent_at):
     """``sent_at`` is an RFC 3339 date-time (AIP envelope schema) whoever signs the message: a bearer
     principal's too. The message names the rule in words, never as a regular expression."""
