@@ -64,7 +64,7 @@ async def test_an_events_read_right_after_the_approval_waits_for_the_runs_start(
         async def counting_get_action(tenant: str, action_id: str) -> Any:
             if action_id == "act_run":
                 reads.append(action_id)
-                if len(reads) >= 3:  # the placement, then the wait's reads
+                if len(reads) >= 3:  # the wait reads the run again and again
                     polled.set()
             return await get_action(tenant, action_id)
 

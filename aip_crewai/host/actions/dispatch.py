@@ -41,8 +41,8 @@ OnChunks = Callable[[list[StreamChunk]], Awaitable[None]]
 #: (tenant, action id) -> the name of the sidecar the action's job is placed on (None: not placed).
 Locate = Callable[[str, str], Awaitable[str | None]]
 #: ``await_start(tenant, action_id)``: returns once that run's start was answered by its sidecar, it left
-#: ``running``, or a bound passed (:func:`.dispatch_task.await_target_start`).
-AwaitStart = Callable[[str, str], Awaitable[None]]
+#: ``running``, or a bound passed, with the run's placement as then stored (:func:`.dispatch_task.await_target_start`).
+AwaitStart = Callable[[str, str], Awaitable[str | None]]
 #: Failures after which the job may be running at the sidecar and is not followed any more: cancel it
 #: (ARCHITECTURE.md §8). A broken read is resumed from the journal first (:meth:`Dispatcher._follow`).
 _STREAM_FAILURES = (ConnectorInvalidStream, ConnectorResponseTooLarge, ConnectorTransport)
@@ -132,7 +132,8 @@ class Dispatcher:
             ``cancel``); default: none known (the crew's first sidecar).
         await_start: waits for a target run's start to be answered before its ``events`` are asked
             for (an ``:events`` sent right after the run's approval must not reach the sidecar before
-            the run's own start); default: no wait.
+            the run's own start), returning the run's placement (read once: it replaces ``locate``'s read,
+            and a run placed when its start was sent is found on its sidecar); default: no wait.
         max_events: bound on the events of one job's stream (ARCHITECTURE.md §7 "stream"), live or
             read back from the journal.
     """
@@ -215,6 +216,8 @@ class Dispatcher:
     async def _run(self, job: Job, on_chunks: OnChunks) -> ActionResult:
         spec, client = job.spec, self.client_for(job)
         if not spec.startable:  # status, events, cancel: to the sidecar holding the run they name
+            if spec.name == "events" and self.await_start is not None:  # its placement, once its start is answered
+                job.target_sidecar = await self.await_start(job.tenant, str(job.input["run_action_id"]))
             client = await self._locate_target(job)
         if spec.name == "status":
             view = await client.get_job(spec, job.dispatch, job_id=job.target_job_id)
@@ -229,8 +232,6 @@ class Dispatcher:
             )
             return self._completed(job, _public_view(view, job))
         if spec.name == "events":
-            if self.await_start is not None:
-                await self.await_start(job.tenant, str(job.input["run_action_id"]))
             cursor = int(job.input.get("cursor") or 0)
             if not job.stream:
                 page = await client.get_events(

@@ -337,10 +337,12 @@ _TARGET_POLL_FIRST_S = 0.01
 _TARGET_POLL_MAX_S = 0.25
 
 
-async def await_target_start(store: Store, tenant: str, run_action_id: str) -> None:
+async def await_target_start(store: Store, tenant: str, run_action_id: str) -> str | None:
     """Return once run ``run_action_id``'s start was answered by its sidecar (dispatch ``acknowledged``), the
-    run is not ``running`` (pending, ended, unknown), or :data:`TARGET_START_WAIT_S` passed. The run may be
-    dispatched by another host, so the store is read (every 10 ms, doubling to 250 ms), not a local signal.
+    run is not ``running`` (pending, ended, unknown), or :data:`TARGET_START_WAIT_S` passed: the run's
+    placement as last read (its sidecar's name; None: not placed, or no such run). The run may be
+    dispatched by another host, so the store is read (every 10 ms, doubling to 250 ms), not a local signal;
+    a run whose start was answered costs one read, the one its placement needs anyway.
 
     Why: an ``events`` read sent right after the run's approval would otherwise reach the sidecar before the
     run's own start and get a 404 for a run that exists (ARCHITECTURE.md §9, inspections of a run). A run
@@ -354,9 +356,9 @@ async def await_target_start(store: Store, tenant: str, run_action_id: str) -> N
     while True:
         target = await store.get_action(tenant, run_action_id)
         if target is None or target.status != ActionState.RUNNING or target.dispatch == DispatchState.ACKNOWLEDGED:
-            return
+            return target.sidecar if target is not None else None
         if loop.time() + pause > give_up:
             log.info("target_start_not_answered", run_action_id=run_action_id, waited_s=TARGET_START_WAIT_S)
-            return
+            return target.sidecar
         await asyncio.sleep(pause)
         pause = min(pause * 2, _TARGET_POLL_MAX_S)
