@@ -5,6 +5,8 @@ file carries it without starting one."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,29 @@ def test_the_markers_select_files() -> None:
     jobs = [p.name for p in SUITES if "pytest.mark.sidecar_jobs" in p.read_text()]
     assert "test_multi_host.py" in marked and "test_rel_outage.py" in marked
     assert "test_sidecar_contract.py" not in marked and "test_sidecar_contract.py" in jobs
+
+
+@pytest.mark.processes
+def test_the_installed_pytest_xdist_groups_tests_by_their_xdist_group(tmp_path: Path) -> None:
+    """``make test`` keeps each module's shared sidecar on one worker with ``--dist loadgroup``
+    (tests/conftest.py). Some pytest releases silently break that grouping (pytest 9.2 with pytest-xdist 3.8:
+    the group's node id suffix is ignored, pytest-xdist issue 1386), and then every module-scoped sidecar
+    starts once per worker and the suite takes about twice as long without a failure: this run shows it."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.xdist_group('shared')\n@pytest.mark.parametrize('i', range(3))\n"
+        "def test_grouped(i):\n    pass\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = re.findall(r"\[(gw\d)\].*PASSED (\S+)", result.stdout)
+    assert len(ran) == 3 and all(nodeid.endswith("@shared") for _, nodeid in ran), (
+        f"pytest {pytest.__version__}: tests of one xdist_group were not grouped:\n{result.stdout}"
+    )
+    assert len({worker for worker, _ in ran}) == 1, result.stdout
