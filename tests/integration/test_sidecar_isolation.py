@@ -1,10 +1,11 @@
 """Process isolation through the real sidecar (``--isolation process``; docs/security.md "Process isolation").
 
-Each test starts its sidecar with ``--isolation process`` explicitly (a flag
-wins over ``AIP_CREWAI_ISOLATION``), so these run whichever mode the suite
-runs in. The crews are ``aip_crewai.examples.isolation_crews``; their tools leave
-marker files (``<job>.started`` holds the pid of the process running the
-tool) in a directory of the test.
+One sidecar serves the module (:func:`isolated`): it is started with ``--isolation process`` explicitly (a flag
+wins over ``AIP_CREWAI_ISOLATION``), so these run whichever mode the suite runs in, and with the union of what
+the tests need (the operations, a training directory, debug logs); every test has job ids of its own and reads
+the log events, markers and workers of its own jobs. The crews are ``aip_crewai.examples.isolation_crews``;
+their tools leave marker files (``<job>.started`` holds the pid of the process running the tool) in the
+module's marker directory. Only the refused start-up launches a process of its own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -34,42 +37,63 @@ pytestmark = [
 ]
 
 REGISTRY = "aip_crewai.examples.isolation_crews:CREWS"
+#: Seconds a ``block_then_write`` tool blocks: long enough for a cancel to find every job still blocked on a
+#: loaded machine, and for 40 ``/health`` probes while four jobs block; the sigkill test's bystander waits it out.
+BLOCK_SECONDS = 15.0
+#: Seconds each memory drain of ``memory_stall`` takes.
+DRAIN_SECONDS = 3.0
 
 
-def marker(job: str, suffix: str) -> Path | None:
-    """``aip_crewai.examples.isolation_crews.marker`` (not imported: that would import CrewAI into the test process)."""
-    directory = os.environ.get("AIP_CREWAI_TEST_MARKER_DIR")
-    return Path(directory) / f"{quote(job, safe='')}.{suffix}" if directory else None
+@dataclass
+class Isolated:
+    """The module's sidecar, its marker directory and its training directory."""
+
+    sidecar: Sidecar
+    markers: Path
+    training: Path
 
 
-def start(
-    factory: SidecarFactory,
-    markers: Path,
-    *,
-    block_seconds: float = 60.0,
-    drain_seconds: float = 2.0,
-    operations: str = "run,batch_run,test",
-    extra: list[str] | None = None,
-) -> Sidecar:
-    markers.mkdir(exist_ok=True)
-    return factory.start(
-        args=[
-            "--registry",
-            REGISTRY,
-            "--allowed-operations",
-            operations,
-            "--isolation",
-            "process",
-            "--cancel-grace-seconds",
-            "0.5",
-            *(extra or []),
-        ],
-        env={
-            "AIP_CREWAI_TEST_MARKER_DIR": str(markers),
-            "AIP_CREWAI_TEST_BLOCK_SECONDS": str(block_seconds),
-            "AIP_CREWAI_TEST_DRAIN_SECONDS": str(drain_seconds),
-        },
-    )
+@pytest.fixture(scope="module")
+def isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Isolated]:
+    """One ``--isolation process`` sidecar for every test of the module: the operations and the training
+    directory of the cancel test, debug logs (``worker_ready``) for the process-state test."""
+    workdir = tmp_path_factory.mktemp("isolation-sidecar")
+    workdir.chmod(0o700)
+    markers, training = workdir / "markers", workdir / "training"
+    markers.mkdir()
+    training.mkdir(mode=0o700)
+    factory = SidecarFactory(workdir)
+    try:
+        sidecar = factory.start(
+            args=[
+                "--registry",
+                REGISTRY,
+                "--allowed-operations",
+                "run,batch_run,replay,train,test",
+                "--isolation",
+                "process",
+                "--cancel-grace-seconds",
+                "0.5",
+                "--training-dir",
+                str(training),
+                "--log-level",
+                "debug",
+            ],
+            env={
+                "AIP_CREWAI_TEST_MARKER_DIR": str(markers),
+                "AIP_CREWAI_TEST_BLOCK_SECONDS": str(BLOCK_SECONDS),
+                "AIP_CREWAI_TEST_DRAIN_SECONDS": str(DRAIN_SECONDS),
+            },
+        )
+        yield Isolated(sidecar, markers, training)
+    finally:
+        factory.close()
+
+
+def marker(markers: Path, job: str, suffix: str) -> Path:
+    """``aip_crewai.examples.isolation_crews.marker`` in the marker directory ``markers`` (not imported: that
+    would import CrewAI into the test process)."""
+    return markers / f"{quote(job, safe='')}.{suffix}"
 
 
 async def submit(
@@ -84,8 +108,7 @@ async def wait_for(predicate: Any, what: str, deadline_s: float = 60.0) -> Any:
 
 
 def started_pid(markers: Path, job: str) -> int | None:
-    path = marker(job, "started")
-    assert path is not None and path.parent == markers
+    path = marker(markers, job, "started")
     return int(path.read_text()) if path.exists() and path.read_text() else None
 
 
@@ -104,24 +127,19 @@ async def view(client: httpx.AsyncClient, job: str) -> dict[str, Any]:
     return data
 
 
-async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_side_effect(
-    sidecar_factory: SidecarFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_side_effect(isolated: Isolated) -> None:
     """run, batch_run, replay, train and test: a cancel while the tool blocks stops the worker (killed after
     the grace where the flag cannot stop it); the tool's file is never written, the stop is confirmed, and the
     request-to-dead-worker time is under 1.5 s."""
-    markers = tmp_path / "markers"
-    monkeypatch.setenv("AIP_CREWAI_TEST_MARKER_DIR", str(markers))  # ``marker()`` in this process
-    training = tmp_path / "training"
-    training.mkdir(mode=0o700)
-    sidecar = start(
-        sidecar_factory, markers, operations="run,batch_run,replay,train,test", extra=["--training-dir", str(training)]
-    )
+    sidecar, markers, training = isolated.sidecar, isolated.markers, isolated.training
+    jobs = {"t1:to-replay"}
     async with sidecar.client() as client:
         (markers / "no-block").touch()  # a run that completes, to replay from
-        done = await submit(client, "t1:to-replay", "blocking_trainable")
+        try:
+            done = await submit(client, "t1:to-replay", "blocking_trainable")
+        finally:
+            (markers / "no-block").unlink()
         assert done.status_code == 200
-        (markers / "no-block").unlink()
         task_id = done.json()["tasks_output"][0]["task_id"]
         for operation, input in (
             ("run", {}),
@@ -131,6 +149,7 @@ async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_sid
             ("test", {"n_iterations": 1, "eval_llm": "offline-blocking"}),
         ):
             job = f"t1:cancel-{operation}"
+            jobs.add(job)
             blocked = asyncio.create_task(submit(client, job, "blocking_trainable", operation, input))
             pid = await wait_for(lambda job=job: started_pid(markers, job), f"{operation}'s tool to start")
             asked = time.monotonic()
@@ -148,9 +167,9 @@ async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_sid
             record = await until_async(stop_observed, timeout=10, what="the provider's stop observed")
             assert record["status"] == "cancelled"
             assert record["provider_stop_observed"] is True and record["uncertain_outcome"] is False
-            after = marker(job, "after")
-            assert after is not None and not after.exists()  # and never will: its process is gone
-    stops = {e["action_id"]: e["how"] for e in sidecar.log_events("job_worker_stopped")}
+            assert not marker(markers, job, "after").exists()  # and never will: its process is gone
+    # this test's jobs only (the sidecar serves the module): the completed run stopped no worker
+    stops = {e["action_id"]: e["how"] for e in sidecar.log_events("job_worker_stopped") if e["action_id"] in jobs}
     # run/batch_run end on their cancelled task (the worker then exits, its tool thread with it);
     # replay/train/test run CrewAI in a thread whose blocked tool ignores the flag: killed after the grace.
     assert stops == {
@@ -163,15 +182,12 @@ async def test_cancel_of_a_job_blocked_in_a_tool_kills_its_worker_before_the_sid
     assert not list(training.rglob("a.pkl"))
 
 
-async def test_health_stays_fast_while_four_jobs_block(
-    sidecar_factory: SidecarFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Four jobs blocked in a synchronous call (8 s) leave ``/health`` answering: each of 40 probes within a
-    quarter of the block, a bound that a loop blocked by a job could not meet and a slow, loaded machine does
-    not miss (the speed itself is measured by ``bench/isolation.py``)."""
-    markers = tmp_path / "markers"
-    monkeypatch.setenv("AIP_CREWAI_TEST_MARKER_DIR", str(markers))
-    sidecar = start(sidecar_factory, markers, block_seconds=8)
+async def test_health_stays_fast_while_four_jobs_block(isolated: Isolated) -> None:
+    """Four jobs blocked in a synchronous call (:data:`BLOCK_SECONDS`) leave ``/health`` answering: each of
+    40 probes within 2 s, a bound that a loop blocked by a job could not meet and a slow, loaded machine does
+    not miss (the speed itself is measured by ``bench/isolation.py``). The four are the sidecar's only runs:
+    every other test of the module waits for its jobs to end."""
+    sidecar, markers = isolated.sidecar, isolated.markers
     async with sidecar.client() as client:
         jobs = [f"t1:block-{i}" for i in range(4)]
         running = [asyncio.create_task(submit(client, job, "blocking_tool")) for job in jobs]
@@ -188,14 +204,10 @@ async def test_health_stays_fast_while_four_jobs_block(
         await asyncio.gather(*running)
 
 
-async def test_a_sigkilled_worker_fails_only_its_own_job(
-    sidecar_factory: SidecarFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_sigkilled_worker_fails_only_its_own_job(isolated: Isolated) -> None:
     """SIGKILL to one job's worker: that job fails ``WorkerDied`` (signal SIGKILL, uncertain), the job
     beside it completes, and later jobs run in replacement workers; ``os._exit`` in a tool likewise."""
-    markers = tmp_path / "markers"
-    monkeypatch.setenv("AIP_CREWAI_TEST_MARKER_DIR", str(markers))
-    sidecar = start(sidecar_factory, markers, block_seconds=3)
+    sidecar, markers = isolated.sidecar, isolated.markers
     async with sidecar.client() as client:
         victim = asyncio.create_task(submit(client, "t1:victim", "blocking_tool"))
         bystander = asyncio.create_task(submit(client, "t1:bystander", "blocking_tool"))
@@ -218,16 +230,18 @@ async def test_a_sigkilled_worker_fails_only_its_own_job(
     assert sidecar.process.poll() is None
 
 
-async def test_the_memory_save_stall_no_longer_blocks_the_sidecar(
-    sidecar_factory: SidecarFactory, tmp_path: Path
-) -> None:
+async def test_the_memory_save_stall_no_longer_blocks_the_sidecar(isolated: Isolated) -> None:
     """A crew whose akickoff waits synchronously on memory saves (crewAI PR#6497) no longer stalls
     ``/health``: every probe while it runs answers within half the stall (3 s), which a loop blocked by the
     stall could not do (the speed itself is measured by ``bench/isolation.py``)."""
-    sidecar = start(sidecar_factory, tmp_path / "markers", drain_seconds=3.0)
+    sidecar = isolated.sidecar
+
+    def started() -> bool:
+        return any(e["action_id"] == "t1:memory" for e in sidecar.log_events("job_started"))
+
     async with sidecar.client() as client:
         job = asyncio.create_task(submit(client, "t1:memory", "memory_stall"))
-        await wait_for(lambda: sidecar.log_events("job_started"), "the job to start")
+        await wait_for(started, "the job to start")
         worst, probes = 0.0, 0
         while not job.done():
             before = time.monotonic()
@@ -239,14 +253,12 @@ async def test_the_memory_save_stall_no_longer_blocks_the_sidecar(
         assert probes > 10 and worst < 1.5, f"/health took {worst * 1000:.0f} ms during memory saves"
 
 
-async def test_a_job_never_sees_the_process_state_another_job_left(
-    sidecar_factory: SidecarFactory, tmp_path: Path
-) -> None:
+async def test_a_job_never_sees_the_process_state_another_job_left(isolated: Isolated) -> None:
     """Environment, working directory, stdout, event-bus handlers and module state a job changes are
-    gone for the next job, CrewAI's shared replay table is never written, and two concurrent jobs run in
-    two processes (each booted from a fork server that had imported CrewAI: no job pays the import)."""
-    markers = tmp_path / "markers"
-    sidecar = start(sidecar_factory, markers, extra=["--log-level", "debug"])
+    gone for the next job, CrewAI's shared replay table is never written (by these jobs or any job the
+    module's sidecar ran before), and two concurrent jobs run in two processes (each booted from a fork
+    server that had imported CrewAI: no job pays the import)."""
+    sidecar, markers = isolated.sidecar, isolated.markers
     clean: dict[str, Any] = {
         "env": None,
         "cwd": str(sidecar.state_dir),
@@ -259,27 +271,31 @@ async def test_a_job_never_sees_the_process_state_another_job_left(
         reports = []
         for job in ("t1:probe-1", "t1:probe-2"):
             assert (await submit(client, job, "probe")).status_code == 200
-            reports.append(json.loads((markers / f"{quote(job, safe='')}.probe").read_text()))
+            reports.append(json.loads(marker(markers, job, "probe").read_text()))
         both = await asyncio.gather(submit(client, "t1:probe-3", "probe"), submit(client, "t1:probe-4", "probe"))
         assert [r.status_code for r in both] == [200, 200]
         for job in ("t1:probe-3", "t1:probe-4"):
-            reports.append(json.loads((markers / f"{quote(job, safe='')}.probe").read_text()))
+            reports.append(json.loads(marker(markers, job, "probe").read_text()))
     for report in reports:
         assert {k: report[k] for k in clean} == clean
-    assert len({r["pid"] for r in reports}) == 4
-    assert sidecar.process.pid not in {r["pid"] for r in reports}
+    pids = {r["pid"] for r in reports}
+    assert len(pids) == 4
+    assert sidecar.process.pid not in pids
     booted = sidecar.log_events("worker_ready")
-    assert len(booted) >= 4 and all(e["crewai_preloaded"] and e["boot_ms"] < 3000 for e in booted)
+    assert all(e["crewai_preloaded"] for e in booted)
+    # the four workers that ran the probes (booted for them or ahead of them) did not pay the import
+    probed = [e for e in booted if e["pid"] in pids]
+    assert len(probed) == 4 and all(e["boot_ms"] < 3000 for e in probed), probed
 
 
 async def test_the_sidecar_process_never_imports_crewai_and_still_checks_the_registry(
-    sidecar_factory: SidecarFactory, tmp_path: Path
+    isolated: Isolated, tmp_path: Path
 ) -> None:
     """With process isolation CrewAI is imported once per sidecar, in the worker fork server: the sidecar
     process itself maps none of CrewAI's compiled dependencies (pydantic's core), yet it knows the crews and
     the preflight's facts (from the registry check forked from the fork server), and a registry attribute
     that does not exist is still refused at start with exit 2 and one line naming ``--registry``."""
-    sidecar = start(sidecar_factory, tmp_path / "markers")
+    sidecar = isolated.sidecar
     maps = Path(f"/proc/{sidecar.process.pid}/maps").read_text()
     assert "pydantic_core" not in maps and "crewai" not in maps
     async with sidecar.client() as client:
