@@ -5,6 +5,12 @@ them) and, for memory and replay, through the real host with tenants acme
 and beta both routed to the same crews. Crews: ``aip_crewai.examples.maintenance_crews``
 (``memory_a`` remembers every run; its offline agent calls the memory tool
 first and quotes it: "No relevant memories found." or "Found memories").
+
+One sidecar serves the module (``sidecar``): each test has tenants of its own
+(:func:`tenants`; the host test alone uses ``acme`` and ``beta``, the host's
+tenants), so no test sees another's memory, knowledge, replay runs or training
+artifacts, and counts model calls, namespaces and files per tenant. A test that
+restarts on its journal, replaces it, or refuses a start has a sidecar of its own.
 """
 
 from __future__ import annotations
@@ -13,15 +19,16 @@ import hashlib
 import signal
 import stat
 import subprocess
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from kits.host import start_host
 from kits.poll import until
-from kits.sidecar import launch, post_job, start_with_training_dir
+from kits.sidecar import Sidecar, SidecarFactory, launch, post_job, start_with_training_dir
 
 from aip_crewai.client import new_id
-from aip_crewai.sidecar.tenancy import namespace_key, private_collection_name
+from aip_crewai.sidecar.tenancy import namespace_digest, namespace_key, private_collection_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420), pytest.mark.host_processes, pytest.mark.sidecar_jobs]
 
@@ -31,12 +38,42 @@ NO_MEMORY = "No relevant memories found."
 MEMORY = "Found memories"
 
 
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
+    """The module's sidecar (maintenance crews, every operation of :data:`OPS`, a training directory)."""
+    workdir = tmp_path_factory.mktemp("tenant-sidecar")
+    workdir.chmod(0o700)
+    factory = SidecarFactory(workdir)
+    try:
+        yield start_with_training_dir(factory, tmp_path_factory.mktemp("tenant-training"), REGISTRY, OPS)
+    finally:
+        factory.close()
+
+
 @pytest.fixture
-def sidecar(sidecar_factory, tmp_path):
+def private_sidecar(sidecar_factory, tmp_path):
+    """A sidecar of the test's own, for a test that replaces its journal or restarts on it."""
     return start_with_training_dir(sidecar_factory, tmp_path, REGISTRY, OPS)
 
 
 post = post_job
+
+
+def tenants(test: str) -> tuple[str, str]:
+    """The two tenants of one test on the module's sidecar: ``acme-<test>`` and ``beta-<test>``."""
+    return f"acme-{test}", f"beta-{test}"
+
+
+def calls_of(sidecar, tenant: str) -> list[str]:
+    """The model calls logged for jobs of ``tenant`` (the call log's last column is the job id; ``-`` for a
+    call made outside a job, with ``tenant="-"``)."""
+    return [line for line in sidecar.calls() if line.split()[-1] == tenant or line.split()[-1].startswith(f"{tenant}:")]
+
+
+def memory_namespaces(sidecar) -> set[str]:
+    """The namespace directories (``namespace_digest(tenant, crew)``) that hold a memory."""
+    namespaces = sidecar.state_dir / "namespaces"  # beside CrewAI's storage (the worker sandbox grants one)
+    return {p.name for p in namespaces.iterdir() if (p / "memory").is_dir()} if namespaces.is_dir() else set()
 
 
 def ok(response):
@@ -45,30 +82,37 @@ def ok(response):
 
 
 def test_memory_of_one_tenant_is_neither_recalled_nor_reset_by_another(sidecar):
-    assert NO_MEMORY in ok(post(sidecar, "acme:m1", "memory_a", "run", {"topic": "tides"}))["raw"]
-    assert MEMORY in ok(post(sidecar, "acme:m2", "memory_a", "run", {"topic": "tides"}))["raw"]
+    acme, beta = tenants("memory")
+    before = memory_namespaces(sidecar)
+    assert NO_MEMORY in ok(post(sidecar, f"{acme}:m1", "memory_a", "run", {"topic": "tides"}))["raw"]
+    assert MEMORY in ok(post(sidecar, f"{acme}:m2", "memory_a", "run", {"topic": "tides"}))["raw"]
     # beta, same crew: nothing of acme's is recalled
-    assert NO_MEMORY in ok(post(sidecar, "beta:m1", "memory_a", "run", {"topic": "tides"}))["raw"]
-    assert ok(post(sidecar, "beta:r1", "memory_a", "memory_reset", {"command_type": "memory"}))["reset_targets"] == [
-        "memory"
-    ]
+    assert NO_MEMORY in ok(post(sidecar, f"{beta}:m1", "memory_a", "run", {"topic": "tides"}))["raw"]
+    reset = ok(post(sidecar, f"{beta}:r1", "memory_a", "memory_reset", {"command_type": "memory"}))
+    assert reset["reset_targets"] == ["memory"]
     # beta's reset left acme's memories alone
-    assert MEMORY in ok(post(sidecar, "acme:m3", "memory_a", "run", {"topic": "tides"}))["raw"]
-    namespaces = sidecar.state_dir / "namespaces"  # beside CrewAI's storage (the worker sandbox grants one)
-    assert len([p for p in namespaces.iterdir() if (p / "memory").is_dir()]) == 2
+    assert MEMORY in ok(post(sidecar, f"{acme}:m3", "memory_a", "run", {"topic": "tides"}))["raw"]
+    # two memories, one per tenant: this test's jobs made exactly these
+    assert memory_namespaces(sidecar) - before == {
+        namespace_digest(acme, "memory_a"),
+        namespace_digest(beta, "memory_a"),
+    }
 
 
 def test_replay_never_reaches_another_tenants_run(sidecar):
-    run = ok(post(sidecar, "acme:run-1", "trainable", "run", {"topic": "acme-secret-topic"}))
+    acme, beta = tenants("replay")
+    run = ok(post(sidecar, f"{acme}:run-1", "trainable", "run", {"topic": "acme-secret-topic"}))
     task_id = run["tasks_output"][-1]["task_id"]
-    foreign = post(sidecar, "beta:replay-1", "trainable", "replay", {"task_id": task_id, "inputs": {"topic": "beta"}})
+    foreign = post(
+        sidecar, f"{beta}:replay-1", "trainable", "replay", {"task_id": task_id, "inputs": {"topic": "beta"}}
+    )
     assert foreign.status_code == 422, foreign.text
     assert "acme-secret-topic" not in foreign.text
-    assert sidecar.calls() and not any("beta" in line for line in sidecar.calls())  # no model call for beta
+    assert calls_of(sidecar, acme) and not calls_of(sidecar, beta)  # no model call for beta
     own = ok(
         post(
             sidecar,
-            "acme:replay-1",
+            f"{acme}:replay-1",
             "trainable",
             "replay",
             {"task_id": task_id, "inputs": {"topic": "acme-secret-topic"}},
@@ -83,19 +127,18 @@ def test_replay_never_reaches_another_tenants_run(sidecar):
 
 
 def test_a_knowledge_reset_of_one_tenant_leaves_the_other_tenants_knowledge(sidecar):
+    acme, beta = tenants("knowledge")
     query = {"query": ["glacier"]}
-    acme = ok(post(sidecar, "acme:kq-1", "shared_knowledge_x", "knowledge_query", query))["results"]
-    assert acme and "glacier" in acme[0]["content"].lower()
-    assert ok(post(sidecar, "beta:kr-1", "shared_knowledge_x", "memory_reset", {"command_type": "knowledge"}))[
+    found = ok(post(sidecar, f"{acme}:kq-1", "shared_knowledge_x", "knowledge_query", query))["results"]
+    assert found and "glacier" in found[0]["content"].lower()
+    assert ok(post(sidecar, f"{beta}:kr-1", "shared_knowledge_x", "memory_reset", {"command_type": "knowledge"}))[
         "reset_targets"
     ] == ["knowledge"]
     # each tenant had a collection of its own; beta's reset deleted beta's only
     collections = knowledge_collections(sidecar)
-    assert "knowledge_" + private_collection_name(namespace_key("acme", "shared_knowledge_x"), "crew") in collections
-    assert (
-        "knowledge_" + private_collection_name(namespace_key("beta", "shared_knowledge_x"), "crew") not in collections
-    )
-    assert ok(post(sidecar, "acme:kq-2", "shared_knowledge_x", "knowledge_query", query))["results"] == acme
+    assert "knowledge_" + private_collection_name(namespace_key(acme, "shared_knowledge_x"), "crew") in collections
+    assert "knowledge_" + private_collection_name(namespace_key(beta, "shared_knowledge_x"), "crew") not in collections
+    assert ok(post(sidecar, f"{acme}:kq-2", "shared_knowledge_x", "knowledge_query", query))["results"] == found
 
 
 def knowledge_collections(sidecar) -> set[str]:
@@ -107,14 +150,22 @@ def knowledge_collections(sidecar) -> set[str]:
         return {name for (name,) in conn.execute("SELECT name FROM collections")}
 
 
+def training_files(sidecar) -> set[str]:
+    """The files under the sidecar's training directory, relative to it."""
+    return {str(p.relative_to(sidecar.training_dir)) for p in sidecar.training_dir.rglob("*") if p.is_file()}
+
+
 def test_training_artifacts_of_two_tenants_never_overwrite_each_other(sidecar):
-    for tenant in ("acme", "beta"):
+    acme, beta = tenants("training")
+    before = training_files(sidecar)
+    for tenant in (acme, beta):
         out = ok(
             post(sidecar, f"{tenant}:train-1", "trainable", "train", {"n_iterations": 1, "artifact_name": "journal.db"})
         )
         assert out["artifact_name"] == "journal.db"
-    files = sorted(str(p.relative_to(sidecar.training_dir)) for p in sidecar.training_dir.rglob("*") if p.is_file())
-    assert files == ["acme/trainable/journal.db", "beta/trainable/journal.db"]
+    # this test's two jobs wrote exactly these (and changed no file that was there)
+    assert training_files(sidecar) == before | {f"{acme}/trainable/journal.db", f"{beta}/trainable/journal.db"}
+    assert not any(name.startswith((f"{acme}/", f"{beta}/")) for name in before)
     assert ok(httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers))["status"] == "ready"
 
 
@@ -208,7 +259,8 @@ def test_two_tenants_through_the_host_share_no_memory_and_no_replay(memory_host)
     assert own["status"] == "completed" and "acme-only" in own["output"]["raw"]
 
 
-def test_a_journal_replaced_while_running_is_refused_now_and_at_restart(sidecar_factory, sidecar):
+def test_a_journal_replaced_while_running_is_refused_now_and_at_restart(sidecar_factory, private_sidecar):
+    sidecar = private_sidecar
     ok(post(sidecar, "acme:before", "trainable", "run", {"topic": "x"}))
     foreign = sidecar.journal.parent / "foreign.db"
     foreign.write_bytes(b"\x80\x04not a journal")  # e.g. a pickle written where the journal was
@@ -234,29 +286,31 @@ def test_memory_reset_is_refused_while_a_job_of_the_same_tenant_and_crew_runs(si
     """Item 6: 409 sidecar.crew_busy, not a reset that the running job's memories would undo."""
     import threading
 
-    blocking = threading.Thread(target=post, args=(sidecar, "acme:slow-1", "trainable_slow", "run", {"topic": "t"}))
+    acme, beta = tenants("busy")
+    slow = f"{acme}:slow-1"
+    blocking = threading.Thread(target=post, args=(sidecar, slow, "trainable_slow", "run", {"topic": "t"}))
     blocking.start()
     try:
         wait_for(
             lambda: (
-                httpx.get(f"{sidecar.base_url}/jobs/acme:slow-1", headers=sidecar.headers).status_code == 200
-                and job_status(sidecar, "acme:slow-1") == "running"
+                httpx.get(f"{sidecar.base_url}/jobs/{slow}", headers=sidecar.headers).status_code == 200
+                and job_status(sidecar, slow) == "running"
             )
         )
-        busy = post(sidecar, "acme:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"})
+        busy = post(sidecar, f"{acme}:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"})
         assert busy.status_code == 409, busy.text
         assert "memory_reset is refused" in busy.json()["detail"] and busy.json()["code"] == "sidecar.crew_busy"
-        assert httpx.get(f"{sidecar.base_url}/jobs/acme:reset-1", headers=sidecar.headers).status_code == 404
+        assert httpx.get(f"{sidecar.base_url}/jobs/{acme}:reset-1", headers=sidecar.headers).status_code == 404
         # another tenant's reset of the same crew is not held up by acme's run
         assert (
-            ok(post(sidecar, "beta:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"}))["status"]
+            ok(post(sidecar, f"{beta}:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"}))["status"]
             == "completed"
         )
     finally:
         blocking.join(timeout=120)
-    assert job_status(sidecar, "acme:slow-1") == "completed"
+    assert job_status(sidecar, slow) == "completed"
     assert (
-        ok(post(sidecar, "acme:reset-2", "trainable_slow", "memory_reset", {"command_type": "all"}))["status"]
+        ok(post(sidecar, f"{acme}:reset-2", "trainable_slow", "memory_reset", {"command_type": "all"}))["status"]
         == "completed"
     )
 
@@ -276,34 +330,41 @@ def journal_rows(sidecar, sql, params=()):
 
 def test_replay_of_an_older_run_needs_no_inputs_and_explicit_inputs_still_win(sidecar):
     """Item 4: the inputs of every retained run are kept with it (a 0600 file), removed on archive, never logged."""
-    older = ok(post(sidecar, "acme:old", "trainable", "run", {"topic": "otters-7f2"}))
-    ok(post(sidecar, "acme:new", "trainable", "run", {"topic": "badgers"}))
+    acme, _ = tenants("inputs")
+    old = f"{acme}:old"
+    older = ok(post(sidecar, old, "trainable", "run", {"topic": "otters-7f2"}))
+    ok(post(sidecar, f"{acme}:new", "trainable", "run", {"topic": "badgers"}))
     task_id = older["tasks_output"][1]["task_id"]
-    replayed = ok(post(sidecar, "acme:rp-1", "trainable", "replay", {"task_id": task_id}))
+    replayed = ok(post(sidecar, f"{acme}:rp-1", "trainable", "replay", {"task_id": task_id}))
     assert [t["raw"].split(": ", 1)[1] for t in replayed["tasks_output"]] == [
         "Summarize the topic otters-7f2.",
         "Restate the summary of otters-7f2.",
     ]
-    override = ok(post(sidecar, "acme:rp-2", "trainable", "replay", {"task_id": task_id, "inputs": {"topic": "voles"}}))
+    override = ok(
+        post(sidecar, f"{acme}:rp-2", "trainable", "replay", {"task_id": task_id, "inputs": {"topic": "voles"}})
+    )
     assert override["tasks_output"][1]["raw"].endswith("Restate the summary of voles.")
     # a replay's own output is replayable without inputs too (its inputs were kept)
-    again = ok(post(sidecar, "acme:rp-3", "trainable", "replay", {"task_id": override["tasks_output"][1]["task_id"]}))
+    again = ok(
+        post(sidecar, f"{acme}:rp-3", "trainable", "replay", {"task_id": override["tasks_output"][1]["task_id"]})
+    )
     assert again["tasks_output"][1]["raw"].endswith("Restate the summary of voles.")
-    kept = sidecar.state_dir / "replay-inputs" / (hashlib.sha256(b"acme:old").hexdigest() + ".json")
+    kept = sidecar.state_dir / "replay-inputs" / (hashlib.sha256(old.encode()).hexdigest() + ".json")
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
     assert b"otters-7f2" in kept.read_bytes()
-    assert journal_rows(sidecar, "SELECT COUNT(*) FROM run_state WHERE action_id = ?", ("acme:old",)) == [(1,)]
+    assert journal_rows(sidecar, "SELECT COUNT(*) FROM run_state WHERE action_id = ?", (old,)) == [(1,)]
     archived = httpx.delete(
-        f"{sidecar.base_url}/jobs/acme:old", headers={**sidecar.headers, "X-AIP-Archive-Confirmation": "acme:old"}
+        f"{sidecar.base_url}/jobs/{old}", headers={**sidecar.headers, "X-AIP-Archive-Confirmation": old}
     )
     assert archived.status_code == 200, archived.text
     assert not kept.exists()
-    assert journal_rows(sidecar, "SELECT COUNT(*) FROM run_state WHERE action_id = ?", ("acme:old",)) == [(0,)]
+    assert journal_rows(sidecar, "SELECT COUNT(*) FROM run_state WHERE action_id = ?", (old,)) == [(0,)]
     assert "otters-7f2" not in sidecar.stderr()
 
 
-def test_replay_after_the_crew_definition_changed_is_refused_naming_the_change(sidecar_factory, sidecar):
+def test_replay_after_the_crew_definition_changed_is_refused_naming_the_change(sidecar_factory, private_sidecar):
     """Item 5: same task count, other order: a typed failure before any model call, not a wrong replay."""
+    sidecar = private_sidecar
     run = ok(post(sidecar, "acme:v1", "variant", "run", {"topic": "moss"}))
     task_id = run["tasks_output"][1]["task_id"]
     sidecar.kill()
@@ -322,31 +383,33 @@ def test_replay_after_the_crew_definition_changed_is_refused_naming_the_change(s
 
 def test_a_crew_asking_for_human_input_fails_typed_without_model_calls_or_stdin(sidecar):
     """Item 8: refused at the start of the job (before any model call); stdin is never read."""
-    calls = len(sidecar.calls())
-    failed = post(sidecar, "acme:human-run", "asks_human", "run", {"topic": "x"})
+    acme, _ = tenants("human")
+    outside_jobs = len(calls_of(sidecar, "-"))
+    failed = post(sidecar, f"{acme}:human-run", "asks_human", "run", {"topic": "x"})
     assert failed.status_code == 502, failed.text
     assert failed.json()["error_type"] == "HumanInputUnsupported"
     assert "task 2" in failed.json()["detail"]
-    assert len(sidecar.calls()) == calls
+    assert calls_of(sidecar, acme) == []  # the tenant's only job made no model call
+    assert len(calls_of(sidecar, "-")) == outside_jobs  # nor did anything outside a job meanwhile
 
 
 def test_a_replay_cancelled_during_a_blocked_model_call_runs_no_tool_and_says_so(sidecar):
     """Item 9: the in-flight call still answers with a tool call; the tool never runs, then the stop is confirmed."""
     import threading
 
-    run = ok(post(sidecar, "acme:bt-run", "blocked_tool_user", "run", {"topic": "three little words"}))
-    assert any("tool:tally acme:bt-run" in line for line in sidecar.calls())  # the crew does use its tool
+    acme, _ = tenants("blocked")
+    job = f"{acme}:bt-replay"
+    run = ok(post(sidecar, f"{acme}:bt-run", "blocked_tool_user", "run", {"topic": "three little words"}))
+    assert any(f"tool:tally {acme}:bt-run" in line for line in sidecar.calls())  # the crew does use its tool
     task_id = run["tasks_output"][0]["task_id"]
-    replay = threading.Thread(
-        target=post, args=(sidecar, "acme:bt-replay", "blocked_tool_user", "replay", {"task_id": task_id})
-    )
+    replay = threading.Thread(target=post, args=(sidecar, job, "blocked_tool_user", "replay", {"task_id": task_id}))
     replay.start()
     try:
-        wait_for(lambda: any("offline-blocked-tools acme:bt-replay" in line for line in sidecar.calls()))
+        wait_for(lambda: any(f"offline-blocked-tools {job}" in line for line in sidecar.calls()))
         cancelled = httpx.post(
-            f"{sidecar.base_url}/jobs/acme:bt-replay/cancel",
+            f"{sidecar.base_url}/jobs/{job}/cancel",
             headers=sidecar.headers,
-            json={"crew_id": "blocked_tool_user", "action_id": "acme:bt-replay"},
+            json={"crew_id": "blocked_tool_user", "action_id": job},
         )
         assert cancelled.status_code == 200, cancelled.text
         assert cancelled.json()["status"] == "cancelled"
@@ -354,12 +417,12 @@ def test_a_replay_cancelled_during_a_blocked_model_call_runs_no_tool_and_says_so
         replay.join(timeout=120)
 
     def view():
-        return httpx.get(f"{sidecar.base_url}/jobs/acme:bt-replay", headers=sidecar.headers).json()
+        return httpx.get(f"{sidecar.base_url}/jobs/{job}", headers=sidecar.headers).json()
 
     wait_for(lambda: view()["provider_stop_observed"] is not None)  # the worker returned
     final = view()
     assert final["provider_stop_observed"] is True and final["uncertain_outcome"] is False
-    replay_lines = [line for line in sidecar.calls() if line.endswith(" acme:bt-replay")]
+    replay_lines = [line for line in sidecar.calls() if line.endswith(f" {job}")]
     assert not any("tool:tally" in line for line in replay_lines), replay_lines
     assert len(replay_lines) == 1  # the blocked call only: no model call after the cancel
 
