@@ -5,6 +5,9 @@ a worker cannot open the token file, the journal and its companions, the sidecar
 another tenant's training artifacts or namespace; when the sidecar runs as root with ``--worker-user``,
 workers run as that user. Ordinary crews still run. The crews are ``aip_crewai.examples.isolation_crews``
 (``environment`` answers its process environment, ``reach`` reads the file its input names first).
+
+The token-file and Landlock tests share one sidecar (``sandboxed``: a token file, a training directory, another
+tenant's files seeded before it started); the inline token and ``--worker-user`` need sidecars of their own.
 """
 
 from __future__ import annotations
@@ -97,13 +100,6 @@ def test_an_inline_token_reaches_no_worker_environment(tmp_path: Path) -> None:
         sidecar.kill()
 
 
-def test_a_token_files_contents_reach_no_worker_environment(sidecar_factory: SidecarFactory) -> None:
-    sidecar = sidecar_factory.start(args=["--registry", REGISTRY, "--isolation", "process"])
-    body = run(sidecar, "acme:env-2", "environment", {"topic": "env"})
-    assert "raw" in body and "AIP_CREWAI_TEST_CALL_LOG" in body["raw"], body
-    assert TOKEN not in json.dumps(body)
-
-
 def seed_other_tenant(state_dir: Path, training: Path) -> dict[str, Path]:
     """Files of tenant ``beta`` (a training artifact, a namespace's memory) and of ``acme`` itself."""
     files = {
@@ -117,15 +113,36 @@ def seed_other_tenant(state_dir: Path, training: Path) -> dict[str, Path]:
     return files
 
 
+@pytest.fixture(scope="module")
+def sandboxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sidecar, dict[str, Path]]]:
+    """A sidecar on the isolation crews with its token in a file and ``--training-dir``, started after
+    :func:`seed_other_tenant` wrote its files (returned beside it)."""
+    workdir = tmp_path_factory.mktemp("sandboxed")
+    workdir.chmod(0o700)
+    training = tmp_path_factory.mktemp("sandboxed-training") / "training"
+    factory = SidecarFactory(workdir)
+    seeded = seed_other_tenant(workdir, training)
+    try:
+        yield (
+            factory.start(args=["--registry", REGISTRY, "--isolation", "process", "--training-dir", str(training)]),
+            seeded,
+        )
+    finally:
+        factory.close()
+
+
+def test_a_token_files_contents_reach_no_worker_environment(sandboxed: tuple[Sidecar, dict[str, Path]]) -> None:
+    sidecar, _ = sandboxed
+    body = run(sidecar, "acme:env-2", "environment", {"topic": "env"})
+    assert "raw" in body and "AIP_CREWAI_TEST_CALL_LOG" in body["raw"], body
+    assert TOKEN not in json.dumps(body)
+
+
 @pytest.mark.skipif(abi_version() < 1, reason="this kernel offers no Landlock")
 def test_a_landlocked_worker_cannot_open_the_sidecars_files_nor_another_tenants(
-    sidecar_factory: SidecarFactory, tmp_path: Path
+    sandboxed: tuple[Sidecar, dict[str, Path]],
 ) -> None:
-    training = tmp_path / "training"
-    seeded = seed_other_tenant(sidecar_factory.workdir, training)
-    sidecar = sidecar_factory.start(
-        args=["--registry", REGISTRY, "--isolation", "process", "--training-dir", str(training)]
-    )
+    sidecar, seeded = sandboxed
     facts = health(sidecar)["worker_sandbox"]
     assert facts["landlock_abi"] >= 1 and "landlock" in facts["mode"], facts
     denied = {
