@@ -43,9 +43,10 @@ def test_the_markers_select_files() -> None:
 @pytest.mark.processes
 def test_the_installed_pytest_xdist_groups_tests_by_their_xdist_group(tmp_path: Path) -> None:
     """``make test`` keeps each module's shared sidecar on one worker with ``--dist loadgroup``
-    (tests/conftest.py). Some pytest releases silently break that grouping (pytest 9.2 with pytest-xdist 3.8:
-    the group's node id suffix is ignored, github.com/pytest-dev/pytest-xdist/issues/1386), and then every module-scoped sidecar
-    starts once per worker and the suite takes about twice as long without a failure: this run shows it."""
+    (tests/conftest.py). Some pytest releases silently break that grouping (pytest 9.2 with pytest-xdist
+    3.8 ignores the group's node id suffix: github.com/pytest-dev/pytest-xdist/issues/1386), and then every
+    module-scoped sidecar starts once per worker and the suite takes about twice as long without a failure:
+    this run shows it."""
     (tmp_path / "test_grouped.py").write_text(
         "import pytest\n\n"
         "@pytest.mark.xdist_group('shared')\n@pytest.mark.parametrize('i', range(3))\n"
