@@ -35,3 +35,20 @@ def shared_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc
         yield processes, sidecar, host
     finally:
         processes.close()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test on the session's pair is timed from its call on (``func_only``): the pair's start-up (its sidecar
+    imports CrewAI: 45 s and more on a loaded 2-core machine) falls on whichever test asks for it first, and a
+    60 s bound of that test's own work ran out in it. The start-up keeps its own deadlines (kits.sidecar
+    START_TIMEOUT_S, the host's /ready)."""
+    for item in items:
+        if "shared_pair" not in getattr(item, "fixturenames", ()):
+            continue
+        marker = item.get_closest_marker("timeout")
+        timeout = (marker.args[0] if marker.args else marker.kwargs.get("timeout")) if marker else None
+        if timeout is None:
+            timeout = float(config.getini("timeout") or 0) or None
+        if timeout is not None:
+            item.add_marker(pytest.mark.timeout(timeout, func_only=True), append=False)

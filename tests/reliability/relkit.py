@@ -255,6 +255,31 @@ class Processes:
                 host.kill(signal.SIGKILL)
 
 
+def served(host: Host, timeout: float = 60.0) -> Host:
+    """Wait until the host answers ``/health`` (it is not ``/ready`` while its sidecar is down or unknown)."""
+
+    def up() -> bool:
+        if host.process.poll() is not None:
+            raise AssertionError(f"host exited {host.process.returncode}: {host.output()[-2000:]!r}")
+        try:
+            return httpx.get(f"{host.base_url}/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    until(up, timeout=timeout, interval=0.05, what="host /health")
+    return host
+
+
+class LogsSince:
+    """What processes append to their log files from now on (a shared process's output of one test)."""
+
+    def __init__(self, *paths: Path | None) -> None:
+        self.marks = {p: p.stat().st_size if p.exists() else 0 for p in paths if p is not None}
+
+    def read(self) -> bytes:
+        return b"".join(p.read_bytes()[mark:] for p, mark in self.marks.items() if p.exists())
+
+
 # ------------------------------------------------------------------- reads
 
 

@@ -380,19 +380,20 @@ def test_rel_a_frozen_sidecar_cannot_hang_status_reads_or_cancels(tmp_path, monk
 def test_rel_a_second_host_on_the_same_store_is_refused(procs):
     """Regression (resilience review, item 6): a second host on the same store started and reported
     ready, with nothing to keep the two apart. It now exits 2 before serving, as a second sidecar on a
-    journal does; once the first host is gone, a new one starts on the store."""
+    journal does; once the first host is gone, a new one starts on the store. The store is the host's
+    alone: no sidecar runs (each host serves, unready, on a port where none listens)."""
     import signal
 
-    from relkit import free_port, write_host_config
+    from relkit import free_port, served, write_host_config
 
-    sidecar = procs.sidecar()
-    first = procs.host(sidecar.base_url, name="h-one")
-    config = write_host_config(first.workdir, sidecar.base_url, free_port())  # same store, another port
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    first = served(procs.host(nowhere, name="h-one", ready=False))
+    config = write_host_config(first.workdir, nowhere, free_port())  # same store, another port
     process, stderr_path, _ = procs.launch_host(first.workdir, config)
     assert process.wait(timeout=60) == 2
     # SQLite: the store's lock file; PostgreSQL: the session advisory lock on the host's id in its database.
     held = "another running host uses host_id" if storebackend.postgresql() else "already owned by another running host"
     assert held in stderr_path.read_text()
     first.kill(signal.SIGTERM)
-    again = procs.host(sidecar.base_url, name="h-one")
+    again = served(procs.host(nowhere, name="h-one", ready=False))
     assert again.process.poll() is None

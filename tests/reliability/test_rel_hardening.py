@@ -8,6 +8,7 @@ adapts in one place; the tests assert statuses, error codes and stored state.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -100,11 +101,12 @@ class _Recorder:
 
 
 @pytest.mark.timeout(120)
-def test_rel_the_host_never_sends_the_sidecar_token_to_an_environment_proxy(procs):
+def test_rel_the_host_never_sends_the_sidecar_token_to_an_environment_proxy(shared_pair):
     """Regression (item 2): with HTTP_PROXY set, the proxy received `Authorization: Bearer <sidecar token>`.
     The host's sidecar client ignores HTTP(S)_PROXY/ALL_PROXY (only an explicit sidecar.proxy is used)."""
     from relkit import TOKEN
 
+    procs, sidecar, _ = shared_pair
     proxy = _Recorder()
     try:
         url = f"http://127.0.0.1:{proxy.port}"
@@ -112,12 +114,12 @@ def test_rel_the_host_never_sends_the_sidecar_token_to_an_environment_proxy(proc
             name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
         }
         env.update(NO_PROXY="", no_proxy="")
-        sidecar = procs.sidecar()
-        host = procs.host(sidecar.base_url, env=env)  # waits for /ready: the sidecar was reached directly
+        host = procs.host(sidecar.base_url, name=uid("h2-host"), env=env)  # waits for /ready: reached directly
         with host.http("acme-app") as app:
             action_id = uid("h2")
             answer = post_action(app, "cap:crewai:echo:status", {"run_action_id": action_id}, uid("h2s"))
             assert answer.status_code in (200, 202, 404)
+        host.kill(signal.SIGTERM)
         assert proxy.connections == 0 and TOKEN.encode() not in proxy.received
     finally:
         proxy.close()
@@ -306,31 +308,28 @@ def _abort_upload(base_url: str, path: str, headers: dict[str, str]) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(procs):
+def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(shared_pair):
     """Regression (item 11): each aborted anonymous upload became a 500 and an error-level traceback of
     ~2.5 KB. A client going away is logged at debug level: no traceback, no error line, no 500."""
     from kits.poll import until
+    from relkit import LogsSince
 
-    sidecar = procs.sidecar()
-    host = procs.host(sidecar.base_url)
+    _, sidecar, host = shared_pair
+    host_logs, sidecar_log = LogsSince(host.log, host.stdout_path), LogsSince(sidecar.stderr_path)  # from now on
     for _ in range(5):
         _abort_upload(host.base_url, "/aip/v1/messages", {})
         _abort_upload(host.base_url, "/aip/v1/messages", {"Authorization": "Bearer tok-acme-app-1"})
         _abort_upload(sidecar.base_url, "/jobs", {**sidecar.headers, "Idempotency-Key": "k"})
 
     def logged() -> bool:
-        host_lines = [
-            line for line in host.output().splitlines() if b"request_finished" in line and b"/aip/v1/messages" in line
-        ]
+        host_lines = [x for x in host_logs.read().splitlines() if b"request_finished" in x and b"/aip/v1/messages" in x]
         side_lines = [
-            line
-            for line in sidecar.stderr_path.read_bytes().splitlines()
-            if b"request_finished" in line and b'"/jobs"' in line
+            line for line in sidecar_log.read().splitlines() if b"request_finished" in line and b'"/jobs"' in line
         ]
         return len(host_lines) >= 10 and len(side_lines) >= 5
 
     until(logged, timeout=30, what="the aborted requests' summary lines")
-    output = host.output() + sidecar.stderr_path.read_bytes()
+    output = host_logs.read() + sidecar_log.read()
     for needle in (b"Traceback", b"request_failed", b"unhandled_error", b'"level": "error"', b'"status": 500'):
         assert needle not in output, needle
     assert httpx.get(f"{host.base_url}/ready", timeout=10).status_code == 200
@@ -340,7 +339,7 @@ def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(procs):
 
 
 @pytest.mark.timeout(120)
-def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
+def test_rel_anonymous_ready_names_no_crew_while_unready(shared_pair):
     """Regression (item 10): an anonymous /ready listed every configured crew id, of every tenant, while
     unready. It now gives the kind of disagreement only; the ids go to the operator's log."""
     from kits.host import write_config
@@ -348,9 +347,9 @@ def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
     from relkit import TOKEN, free_port
 
     hidden = "zz-hidden-crew-of-beta"
-    sidecar = procs.sidecar()
+    procs, sidecar, _ = shared_pair  # a host of its own, with a crew the sidecar lacks
     port = free_port()
-    workdir = procs.workdir / "host-unready"
+    workdir = procs.workdir / uid("host-unready")
     crews = [{"id": "echo", "name": "Echo"}, {"id": hidden, "name": "Hidden"}]
     config = write_config(
         workdir, sidecar.base_url, TOKEN, port, crews=crews, tenants={"acme": ["echo"], "beta": [hidden]}
@@ -358,7 +357,7 @@ def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
     process, stderr_path, _ = procs.launch_host(workdir, config)
     from kits.host import Host
 
-    procs.hosts.append(Host(process, f"http://127.0.0.1:{port}", stderr_path, workdir))
+    procs.hosts.append(host := Host(process, f"http://127.0.0.1:{port}", stderr_path, workdir))
 
     def unready() -> httpx.Response | None:
         try:
@@ -373,6 +372,7 @@ def test_rel_anonymous_ready_names_no_crew_while_unready(procs):
     health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
     assert health.status_code == 200 and hidden not in health.text
     assert hidden.encode() in stderr_path.read_bytes()  # the operator still learns which crew
+    host.kill(signal.SIGTERM)
 
 
 # --- 7. Content-Length with Transfer-Encoding -------------------------------------------------------
@@ -595,29 +595,29 @@ def test_rel_a_signer_without_the_role_cannot_burn_another_signers_message_ids(s
 
 
 @pytest.mark.timeout(120)
-def test_rel_an_approval_after_the_crew_left_the_tenant_fails_the_action_and_runs_nothing(procs):
+def test_rel_an_approval_after_the_crew_left_the_tenant_fails_the_action_and_runs_nothing(shared_pair):
     """Regression (item 13): an approval decided after the crew was removed from the tenant still ran
     the action once. Now the decision is refused (403 ``policy.capability_revoked``), the action fails
-    with that policy error, and the sidecar never sees it."""
-    import signal
-
+    with that policy error, and the sidecar never sees it. (A host of its own, restarted with other tenants.)"""
     from relkit import ACME_CREWS, TENANTS, approve, calls_by_action
 
-    sidecar = procs.sidecar()
-    host = procs.host(sidecar.base_url, name="h13")
+    procs, sidecar, _ = shared_pair
+    name = uid("h13-host")
+    host = procs.host(sidecar.base_url, name=name)
     action_id = uid("h13")
     with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "revoked"}, action_id, action_id)
         assert pending.status_code == 202, pending.text
     host.kill(signal.SIGTERM)
     tenants = {**TENANTS, "acme": [crew for crew in ACME_CREWS if crew != "echo"]}
-    host = procs.host(sidecar.base_url, name="h13", port=host.port, tenants=tenants)
+    host = procs.host(sidecar.base_url, name=name, port=host.port, tenants=tenants)
     answer = approve(host, pending)
     assert answer.status_code == 403 and error_code(answer) == "policy.capability_revoked", answer.text
     with host.http("acme-app") as app:
         result = app.get(f"/aip/v1/actions/{action_id}/result").json()["body"]["action_result"]
     assert result["status"] == "failed" and result["error"]["code"] == "policy.capability_revoked"
     assert calls_by_action(procs.call_log)[f"acme:{action_id}"] == 0
+    host.kill(signal.SIGTERM)
 
 
 # --- 9. least privilege inside a tenant -----------------------------------------------------------------
