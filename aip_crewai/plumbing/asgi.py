@@ -74,6 +74,7 @@ import uuid
 from collections.abc import Callable, Collection
 from typing import Any
 
+import anyio
 import structlog
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -348,8 +349,9 @@ class BodyDeadline:
             deadline = now + self.total_s if deadline is None else deadline
             wait = min(self.idle_s, deadline - now)
             try:
-                message = await asyncio.wait_for(receive(), timeout=max(wait, 0.0))
-            except asyncio.TimeoutError:
+                with anyio.fail_after(max(wait, 0.0)):
+                    message = await receive()
+            except TimeoutError:
                 limit = self.idle_s if wait >= self.idle_s else self.total_s
                 raise self.timed_out(limit) from None
             if message["type"] != "http.request" or not message.get("more_body", False):

@@ -7,6 +7,10 @@ then read, then wait on what it took. A change after that point has already
 set the event (or bumped the version), so the wait returns at once.
 :func:`cancel_all` ends such followers and other background tasks at shutdown.
 
+Every bounded wait in the package is ``anyio.fail_after`` or ``anyio.move_on_after`` around the await,
+never ``asyncio.wait_for``: before Python 3.12 that returns the result of an awaitable completing as its
+caller is cancelled and drops the cancellation, so a loop around it never stops (tests/architecture).
+
 Source: docs/ARCHITECTURE.md §10 (live followers).
 """
 
@@ -15,6 +19,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from typing import Any
+
+import anyio
 
 
 class ChangeSignal:
@@ -42,11 +48,10 @@ class ChangeSignal:
         """
         if seen is not None and self.version != seen:
             return True
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        with anyio.move_on_after(timeout_s):
+            await self._event.wait()
+            return True
+        return False
 
 
 #: Between two rounds of cancellation of tasks that have not ended, seconds.

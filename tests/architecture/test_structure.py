@@ -118,3 +118,21 @@ def test_no_private_method_of_another_object_is_called_in_the_host():
             ):
                 offenders.append(f"{name}:{node.lineno} {node.value.id}.{node.attr}")
     assert offenders == []
+
+
+def test_no_bounded_wait_uses_asyncio_wait_for():
+    """A bounded wait is ``anyio.fail_after`` or ``anyio.move_on_after`` around the await, never
+    ``asyncio.wait_for`` (nor ``asyncio.timeout``, absent on Python 3.10): before Python 3.12 ``wait_for``
+    returns the result of an awaitable that completes as its caller is cancelled, dropping the
+    cancellation, and a loop around it (the webhook sender polling the store) never stops
+    (plumbing/wakeup.py)."""
+    offenders = [
+        f"{name}:{node.lineno}"
+        for name, tree in modules().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr in ("wait_for", "timeout")
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "asyncio"
+    ]
+    assert offenders == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import anyio
 import msgspec
 import structlog
 
@@ -146,7 +147,7 @@ async def correct_provisional(runtime: ActionRuntime) -> None:
     for record in candidates:
         try:
             await correct(runtime, record)  # bounded inside: the view, then the journal read back
-        except asyncio.TimeoutError:  # the sidecar does not answer (frozen): the next pass tries again
+        except TimeoutError:  # the sidecar does not answer (frozen): the next pass tries again
             log.warning("correction_deferred", action_id=record.action_id)
             return
         except Exception:
@@ -179,13 +180,14 @@ async def correct(runtime: ActionRuntime, record: ActionRecord) -> ActionRecord 
     Returns the corrected record, or None when nothing changed.
 
     Raises:
-        asyncio.TimeoutError: the job's view did not answer within :data:`CORRECT_BOUND_S`."""
+        TimeoutError: the job's view did not answer within :data:`CORRECT_BOUND_S`."""
     result = await runtime.result(record)
     if is_final(record, result) or result is None or result.error is None:
         return None
     job = runtime.job(record, stream=False)
     try:
-        terminal = await asyncio.wait_for(runtime.dispatcher.terminal_event(job), CORRECT_BOUND_S)
+        with anyio.fail_after(CORRECT_BOUND_S):
+            terminal = await runtime.dispatcher.terminal_event(job)
     except AipError as exc:
         if exc.details.get("remote_status") != 404:
             return None
@@ -228,12 +230,13 @@ async def from_journal(
     # From the first event; the sidecar answered for the job, so its start was admitted.
     reader = dataclasses.replace(job, first_chunk_sequence=0, dispatch=DispatchProgress(DispatchState.ACKNOWLEDGED))
     try:
-        result = await asyncio.wait_for(runtime.dispatcher.resume(reader, collect), BACKFILL_BOUND_S)
+        with anyio.fail_after(BACKFILL_BOUND_S):
+            result = await runtime.dispatcher.resume(reader, collect)
     except (ConnectorInvalidStream, ConnectorResponseTooLarge) as exc:
         exc.details.update(reconciled=JOURNAL_REFUSED, job_status=terminal.event)
         log.warning("journal_refused", action_id=job.action_id, code=exc.code, chunks=len(chunks))
         result = failed_result(job.action_id, exc)
-    except (AipError, DispatchDeferred, StartNotAdmitted, asyncio.TimeoutError) as exc:
+    except (AipError, DispatchDeferred, StartNotAdmitted, TimeoutError) as exc:
         log.warning("journal_read_deferred", action_id=job.action_id, error=type(exc).__name__)
         return None
     return result, chunks

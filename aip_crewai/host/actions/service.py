@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import anyio
 import msgspec
 import structlog
 
@@ -416,8 +417,9 @@ class ActionService:
             return await self.record(record.tenant, record.action_id)
         if record.status == ActionState.FAILED and not recovery.is_final(record, await self.result(record)):
             # A provisional result: re-read from the sidecar, within a bound (a frozen sidecar must not hold reads).
-            with contextlib.suppress(asyncio.TimeoutError):
-                corrected = await asyncio.wait_for(recovery.correct(self, record), recovery.CORRECT_BOUND_S)
+            with contextlib.suppress(TimeoutError):
+                with anyio.fail_after(recovery.CORRECT_BOUND_S):
+                    corrected = await recovery.correct(self, record)
                 if corrected is not None:
                     return corrected
             # Nothing changed here, but a concurrent correction (the reconciler's, another host's) may have

@@ -62,6 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import anyio
 import structlog
 
 from ...plumbing.storage import create_private_file, hop, start_worker
@@ -256,11 +257,9 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         """
         bound = self._db.call_timeout_s
         try:
-            if bound is None:
+            with anyio.fail_after(bound):  # never asyncio.wait_for: see plumbing/wakeup.py
                 value = await hop(self._worker, self._db.run, fn, *args)
-            else:
-                value = await asyncio.wait_for(hop(self._worker, self._db.run, fn, *args), bound)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             interrupted = self._db.interrupt_stuck()
             log.warning("store_call_timed_out", bound_ms=int((bound or 0) * 1000), interrupted=interrupted)
             self.unavailable = True

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 import structlog
 
@@ -184,8 +185,9 @@ class WebhookSender:
         """POST ``claimed``'s body to ``endpoint`` once. Returns ``(outcome, status code or None)``:
         ``delivered`` (2xx), ``http_error``, ``timeout``, ``connect_error`` or ``refused``."""
         try:
-            return await asyncio.wait_for(self._post(endpoint, claimed), endpoint.timeout_s)
-        except asyncio.TimeoutError:
+            with anyio.fail_after(endpoint.timeout_s):
+                return await self._post(endpoint, claimed)
+        except TimeoutError:
             return "timeout", None
 
     async def _post(self, endpoint: Endpoint, claimed: ClaimedDelivery) -> tuple[str, int | None]:

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
 
+import anyio
 import msgspec
 import structlog
 
@@ -290,8 +291,9 @@ class WorkerPool:
         worker = _Worker(process, reader, writer, self.bound)
         self._alive.add(worker)
         try:
-            ready = await asyncio.wait_for(worker.recv(), BOOT_TIMEOUT_SECONDS)
-        except (asyncio.TimeoutError, FrameError):
+            with anyio.fail_after(BOOT_TIMEOUT_SECONDS):
+                ready = await worker.recv()
+        except (TimeoutError, FrameError):
             ready = None
             worker.kill()
         if not isinstance(ready, Ready):
@@ -476,8 +478,9 @@ class _Job:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise asyncio.TimeoutError
-                message = await asyncio.wait_for(self.worker.recv(), remaining)
+                    raise TimeoutError
+                with anyio.fail_after(remaining):
+                    message = await self.worker.recv()
                 if message is None:  # died before answering: nothing ran after the flag
                     await self.worker.reap()
                     break
@@ -489,7 +492,7 @@ class _Job:
                 if result is not None:
                     log.warning("job_finished_despite_cancel", action_id=ctx.action_id, pid=self.worker.pid)
                     return result
-        except (asyncio.TimeoutError, FrameError, asyncio.CancelledError):
+        except (TimeoutError, FrameError, asyncio.CancelledError):
             how = "killed"
             self.worker.kill()
             self.pool.killed_total += 1

@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import msgspec
 
 from aip_crewai.sidecar.errors import CursorOutOfRange, JobNotFound, JobWaitTimeout
@@ -172,9 +173,9 @@ class JobReader:
             elif status.terminal or live is None or live.lost:
                 return  # terminal (all read), or lost: the stream ends without a terminal event
             elif not live.finished.is_set():
-                try:
-                    await asyncio.wait_for(changed.wait(), self._keepalive)  # type: ignore[union-attr]
-                except asyncio.TimeoutError:
+                with anyio.move_on_after(self._keepalive) as idle:
+                    await changed.wait()  # type: ignore[union-attr]
+                if idle.cancelled_caught:
                     yield None
             live = self._live.get(action_id)
             changed = live.changed() if live is not None else None
@@ -188,8 +189,9 @@ class JobReader:
         live = self._live.get(action_id)
         if live is not None:
             try:
-                await asyncio.wait_for(live.finished.wait(), timeout_ms / 1000)
-            except asyncio.TimeoutError:
+                with anyio.fail_after(timeout_ms / 1000):
+                    await live.finished.wait()
+            except TimeoutError:
                 raise JobWaitTimeout(details={"action_id": action_id, "status": live.status.value}) from None
         record, _ = await self.record(action_id)
         return record
