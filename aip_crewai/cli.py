@@ -157,8 +157,8 @@ def _show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) ->
             if event == "ack" and code == Exit.PENDING_APPROVAL:
                 # The host keeps a pending action's stream open until the decision: stop here (exit 5).
                 print(
-                    f"aip-crewai: {action_id} waits for an approver's decision; then: "
-                    f"aip-crewai actions follow {action_id} --last-event-id {last_id or 'sse_0'}",
+                    f"aip-crewai: {render.text(action_id)} waits for an approver's decision; then: "
+                    f"{render.command('actions', 'follow', action_id, '--last-event-id', last_id or 'sse_0')}",
                     file=sys.stderr,
                 )
                 return Exit.PENDING_APPROVAL
@@ -172,8 +172,11 @@ def _show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) ->
             if cut is not None
             else "the stream ended before the result (the host may be shutting down)"
         )
-        resume = f" --last-event-id {last_id}" if last_id else ""
-        print(f"\naip-crewai: {why}; resume with: aip-crewai actions follow {action_id}{resume}", file=sys.stderr)
+        resume = ("--last-event-id", last_id) if last_id else ()
+        print(
+            f"\naip-crewai: {why}; resume with: {render.command('actions', 'follow', action_id, *resume)}",
+            file=sys.stderr,
+        )
     if cut is not None and not ended:
         return Exit.UNREACHABLE
     return outcome.get("result", outcome.get("aip_error", outcome.get("ack", Exit.FAILED)))
@@ -270,10 +273,10 @@ def _watch(client: AipClient, args: argparse.Namespace) -> int:
                     return Exit.OK
     except KeyboardInterrupt:
         return Exit.OK
-    resume = f" --last-event-id {last_id}" if last_id else ""
+    resume = ("--last-event-id", last_id) if last_id else ()
     print(
         f"aip-crewai: the approval stream ended (the host may be shutting down); resume with: "
-        f"aip-crewai approvals watch{resume}",
+        f"{render.command('approvals', 'watch', *resume)}",
         file=sys.stderr,
     )
     return Exit.FAILED

@@ -10,6 +10,7 @@ Source: docs/reference/cli.md "Command line".
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,14 @@ def text(value: Any) -> str:
     if isinstance(value, str):
         return display.escape(value)
     return display.dumps(value, indent=None)
+
+
+def command(*words: Any) -> str:
+    """A suggested ``aip-crewai`` command line, to paste into a POSIX shell: each word shown as :func:`text`
+    shows it, then quoted for the shell (``shlex.quote``) unless it holds only letters, digits and ``@%+=:,./-``.
+    A valid action id may hold ``;``, ``$`` or a quote (docs/reference/cli.md "Command line"): pasted, it stays
+    one word of this command, never a second command."""
+    return shlex.join(["aip-crewai", *(text(word) for word in words)])
 
 
 def json_block(value: Any, indent: str = "  ") -> list[str]:
@@ -49,7 +58,8 @@ def envelope_lines(envelope: dict[str, Any]) -> list[str]:
     """An ``action_result``, ``ack`` or ``error`` envelope as lines, with the next command where there is one."""
     body = envelope.get("body") or {}
     result, ack, error = body.get("action_result"), body.get("ack"), (body.get("error") or {}).get("error")
-    action_id = text((result or ack or {}).get("action_id") or envelope.get("correlation_id") or "?")
+    raw_id = (result or ack or {}).get("action_id") or envelope.get("correlation_id") or "?"
+    action_id = text(raw_id)
     if isinstance(result, dict):
         status = result.get("status")
         output = result.get("output")
@@ -57,8 +67,8 @@ def envelope_lines(envelope: dict[str, Any]) -> list[str]:
             return [
                 f"pending approval  action {action_id}  approval {text(output.get('approval_id', '?'))}"
                 f"  expires {text(output.get('expires_at', '?'))}",
-                f"next: an approver decides (aip-crewai approvals show {text(output.get('approval_id', '?'))}); "
-                f"then: aip-crewai actions result {action_id}  (or: aip-crewai actions follow {action_id})",
+                f"next: an approver decides ({command('approvals', 'show', output.get('approval_id', '?'))}); "
+                f"then: {command('actions', 'result', raw_id)}  (or: {command('actions', 'follow', raw_id)})",
             ]
         lines = [f"{text(status)}  action {action_id}"]
         if isinstance(result.get("error"), dict):
@@ -74,13 +84,13 @@ def envelope_lines(envelope: dict[str, Any]) -> list[str]:
         if ack.get("reason") == "pending_approval":
             return [
                 f"pending approval  action {action_id}",
-                f"next: an approver decides; then: aip-crewai actions follow {action_id}",
+                f"next: an approver decides; then: {command('actions', 'follow', raw_id)}",
             ]
         if ack.get("status") == "cached":  # the action had ended: its stored result follows (or is answered)
             return [f"cached  action {action_id}  (already ended: {text(ack.get('reason', '?'))})"]
         return [
             f"{text(ack.get('status', '?'))}  action {action_id}  (still running)",
-            f"next: aip-crewai actions follow {action_id}  (or: aip-crewai actions result {action_id})",
+            f"next: {command('actions', 'follow', raw_id)}  (or: {command('actions', 'result', raw_id)})",
         ]
     if isinstance(error, dict):
         return [f"refused: {_error_text(error)}"]
@@ -101,9 +111,9 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     if isinstance(result, dict):
         lines += envelope_lines({"body": {"action_result": result}})[1:]
     elif status.get("state") == "pending_approval":
-        lines.append(f"next: an approver decides; then: aip-crewai actions follow {text(status.get('action_id'))}")
+        lines.append(f"next: an approver decides; then: {command('actions', 'follow', status.get('action_id'))}")
     elif status.get("state") in ("queued", "running"):
-        lines.append(f"next: aip-crewai actions follow {text(status.get('action_id'))}")
+        lines.append(f"next: {command('actions', 'follow', status.get('action_id'))}")
     return lines
 
 
@@ -128,7 +138,7 @@ def approvals_table(listing: dict[str, Any]) -> list[str]:
         return ["no approvals"]
     lines = table(rows, ["APPROVAL", "STATUS", "ACTION", "CAPABILITY", "REQUESTER", "RISK", "EXPIRES/DECIDED"])
     if listing.get("cursor"):
-        lines.append(f"more: aip-crewai approvals list --cursor {text(listing['cursor'])}")
+        lines.append(f"more: {command('approvals', 'list', '--cursor', listing['cursor'])}")
     return lines
 
 
@@ -157,7 +167,7 @@ def approval_lines(view: dict[str, Any]) -> list[str]:
     else:
         lines.append("input: (not shown to this principal)")
     if view.get("status") == "pending":
-        lines.append(f"next: aip-crewai approvals decide {text(request.get('id', '?'))} approved|denied --reason TEXT")
+        lines.append(f"next: {command('approvals', 'decide', request.get('id', '?'))} approved|denied --reason TEXT")
     return lines
 
 

@@ -613,3 +613,19 @@ def test_manifest_lines_show_each_fields_type(schema, shown):
     assert render.field_type(schema) == shown
     manifest = {"capabilities": [{"id": "cap:x", "kind": "agent", "input_schema": {"properties": {"f": schema}}}]}
     assert list(render.manifest_lines(manifest))[1] == f"    input: f?: {shown}"
+
+
+@pytest.mark.parametrize("action_id", ["act_1", "a;touch pwned", "$(id)", "it's", "a`b`|c&d"])
+def test_a_suggested_command_pastes_as_one_command_whatever_the_action_id(action_id: str):
+    """Every visible ASCII character but '/' is allowed in an action id: the suggested next command quotes it,
+    so pasted into a shell it is the one intended command with the id as one word."""
+    import shlex
+
+    from aip_crewai import render
+
+    ack = {"body": {"ack": {"action_id": action_id, "status": "accepted"}}}
+    status = {"action_id": action_id, "state": "running"}
+    for line in (render.envelope_lines(ack)[-1], render.status_lines(status)[-1]):
+        suggested = line.removeprefix("next: ").split("  (or: ")[0]
+        assert shlex.split(suggested) == ["aip-crewai", "actions", "follow", action_id]
+    assert render.command("actions", "follow", "act_1") == "aip-crewai actions follow act_1"  # plain ids stay plain
