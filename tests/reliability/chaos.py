@@ -13,8 +13,9 @@ framing, h2c, FIFOs, aborted uploads, anonymous readiness, signed numbers and me
 down, draining, frozen and killed around approvals, ``test_rel_outage.py``: zero approvals lost, zero actions
 left non-final after reconciliation), api (the OpenAPI property test,
 ``tests/integration/test_openapi_property.py``, with random draws and 200 × scale requests per
-operation: one trial per operation). One real sidecar and host serve the race,
-security and host-crash trials; the other scenarios start their own processes.
+operation: one trial per operation). One real sidecar and host serve the race, security and host-crash
+trials and every hardening or outage scenario that takes ``shared_pair``; a scenario that takes ``procs``, and the
+sidecar-crash and storage trials, start processes of their own.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
 
 @pytest.fixture(scope="session")
 def shared_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Processes, object, object]]:
-    """``(processes, sidecar, host)``: one running pair for the whole session."""
+    """``(processes, sidecar, host)``: one running pair for the whole session (each test on it isolates itself
+    by its own tenants, action ids and counts); ``make chaos`` builds its own pair and passes it the same way."""
     processes = Processes(tmp_path_factory.mktemp("rel-shared-pair"))
     try:
         sidecar = processes.sidecar()
