@@ -10,14 +10,15 @@
 - **host, cache off**: the same on a second host (same sidecar, its own store
   and its own completed run) started with ``status_cache_entries = 0``: every
   call also asks the sidecar's ``GET /jobs/{id}``, as a running job's status
-  always does. Informational (no target): it keeps the hop's cost visible.
+  always does. Target: ≤ 2.5× bare (the key-less status of a running job).
 - **sidecar**: the same ``GET /jobs/bench:<run id>`` straight to the sidecar
   with its bearer.
 - **bare**: a Starlette-on-Hypercorn handler in its own process
   (:mod:`bench.bare`) answering the very bytes the sidecar answered.
 
 Each sample is one request on a kept-alive connection from one httpx client,
-measured from sending to the whole body read. Target: host ≤ 2.5× bare (p50).
+measured from sending to the whole body read. Targets (p50): host ≤ 2.5× bare, cache-off host ≤ 2.5× bare,
+sidecar ≤ 1.3× bare (its view costs at most 30 % over a handler answering the same bytes).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ ROUNDS = 600
 WARMUP = 40
 BUDGET_S = 45.0
 MAX_RATIO = 2.5
+#: The sidecar's own ``GET /jobs/{id}`` against the bare hop.
+MAX_SIDECAR_RATIO = 1.3
 
 
 async def run() -> Section:
@@ -112,8 +115,8 @@ async def run() -> Section:
     host_s, uncached_s, side_s, bare_s = (Stats.of(samples[k]) for k in ("host", "host_uncached", "sidecar", "bare"))
     section.rows += [
         latency_row("status: host path vs bare hop", host_s, bare_s, max_ratio=MAX_RATIO),
-        latency_row("status (cache off): host path vs bare hop", uncached_s, bare_s, max_ratio=None),
-        latency_row("status: sidecar direct vs bare hop", side_s, bare_s, max_ratio=None),
+        latency_row("status (cache off): host path vs bare hop", uncached_s, bare_s, max_ratio=MAX_RATIO),
+        latency_row("status: sidecar direct vs bare hop", side_s, bare_s, max_ratio=MAX_SIDECAR_RATIO),
         latency_row("status: host path vs sidecar direct", host_s, side_s, max_ratio=None),
     ]
     section.notes += [
