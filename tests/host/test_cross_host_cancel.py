@@ -1,8 +1,9 @@
 """A cancel on one host racing an approval on another, both on one PostgreSQL store, is honoured in every
 interleaving (ARCHITECTURE.md §8): either the action is cancelled before any start is
 sent (the dispatch then sends nothing), or the start is sent and the cancel reaches the job once the sidecar
-admitted it (a 404 while the start is in flight is retried) and stops it. Each interleaving is forced with
-asyncio events, not timing: 4 interleavings x 11 rounds. Per round: one outcome, `cancelled` as the tenant
+admitted it (a 404 while the start is in flight is retried, also when the start is answered while that 404
+is on its way back) and stops it. Each interleaving is forced with asyncio events, not timing: 5 interleavings x
+11 rounds. Per round: one outcome, `cancelled` as the tenant
 was told and as stored, nothing executed or the job cancelled at the sidecar, every chunk of the job stored.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.timeout(600)
 INVOKER = Principal("svc:acme", "acme", frozenset({"invoker"}))
 APPROVER = Principal("human:acme", "acme", frozenset({"approver"}))
 TENANTS = {"acme": {"support": frozenset(ops.OPERATION_NAMES)}}
-MODES = ("cancel_first", "before_mark_sent", "start_in_flight", "after_admission")
+MODES = ("cancel_first", "before_mark_sent", "start_in_flight", "answered_after_404", "after_admission")
 ROUNDS = 11
 
 
@@ -46,6 +48,8 @@ class GatedSidecar:
         self.events: dict[str, list[dict[str, Any]]] = {}
         self.cancels: list[tuple[str, int]] = []
         self.executions: list[str] = []
+        #: Awaited before a cancel's 404 is answered (None: answered at once).
+        self.on_cancel_404: Callable[[], Awaitable[None]] | None = None
 
     def _view(self, job_id: str) -> dict[str, Any]:
         status = "cancelled" if self.stops[job_id].is_set() else "running"
@@ -90,6 +94,8 @@ class GatedSidecar:
         if job_id not in self.events:
             if path.endswith("/cancel"):
                 self.cancels.append((job_id, 404))
+                if self.on_cancel_404 is not None:
+                    await self.on_cancel_404()
             return httpx.Response(404, json={"detail": "unknown job"})
         if path.endswith("/cancel"):
             self.cancels.append((job_id, 200))
@@ -133,8 +139,16 @@ async def _round(a: ActionService, c: ActionService, sidecar: GatedSidecar, mode
             return await take_lease(tenant, aid)
 
         c.store.take_lease = gated  # type: ignore[method-assign,assignment]
-    if mode == "start_in_flight":  # the start reaches the sidecar only after a cancel got its 404
+    if mode in ("start_in_flight", "answered_after_404"):  # the start reaches the sidecar only after a cancel's 404
         sidecar.admit_gate, sidecar.in_flight = asyncio.Event(), asyncio.Event()
+    if mode == "answered_after_404":  # ... and host C stores the start's answer before that 404 reaches host A
+
+        async def answered() -> None:
+            sidecar.on_cancel_404 = None
+            sidecar.admit_gate.set()  # type: ignore[union-attr]
+            await _until(_dispatch_is(c.store, action_id, "acknowledged"), "host C's start answered")
+
+        sidecar.on_cancel_404 = answered
     try:
         if mode == "cancel_first":
             told = await a.cancel(INVOKER, action_id)
@@ -151,6 +165,9 @@ async def _round(a: ActionService, c: ActionService, sidecar: GatedSidecar, mode
                 await _until(_async(lambda: (job_id, 404) in sidecar.cancels), "a cancel overtook the start")
                 sidecar.admit_gate.set()  # type: ignore[union-attr]
                 told = await cancelling
+            elif mode == "answered_after_404":
+                await sidecar.in_flight.wait()  # host C sent the start; the sidecar has not admitted it
+                told = await a.cancel(INVOKER, action_id)
             else:
                 admitted = sidecar.admitted.setdefault(job_id, asyncio.Event())
                 await admitted.wait()
@@ -160,6 +177,7 @@ async def _round(a: ActionService, c: ActionService, sidecar: GatedSidecar, mode
         await _until(_async(lambda: c.live.get("acme", action_id) is None), "host C's dispatch ended")
     finally:
         c.store.take_lease = take_lease  # type: ignore[method-assign]
+        sidecar.on_cancel_404 = None
         release.set()
         if sidecar.admit_gate is not None:
             sidecar.admit_gate.set()
@@ -183,6 +201,14 @@ def _async(predicate):
     return check
 
 
+def _dispatch_is(store: Store, action_id: str, dispatch: str):
+    async def check() -> bool:
+        record = await store.get_action("acme", action_id)
+        return record is not None and record.dispatch == dispatch
+
+    return check
+
+
 def _chunks_at_least(store: Store, action_id: str, count: int):
     async def check() -> bool:
         return len(await store.list_chunks("acme", action_id)) >= count
@@ -200,7 +226,7 @@ async def test_a_cancel_racing_an_approval_on_another_host_is_honoured_in_every_
         for n in range(ROUNDS):
             for mode in MODES:
                 await _round(a, c, sidecar, mode, n)
-        assert len(sidecar.executions) == 2 * ROUNDS  # the start won exactly in the two interleavings after it
+        assert len(sidecar.executions) == 3 * ROUNDS  # the start won exactly in the three interleavings after it
     finally:
         for http, service in ((http_a, a), (http_c, c)):
             await http.aclose()

@@ -161,26 +161,32 @@ async def _stop_remote(
 
 async def _cancel_admitted(runtime: ActionRuntime, job: Job) -> tuple[bool | None, dict[str, Any] | None]:
     """The sidecar's cancel of a job whose start was claimed (sent, or about to be, on any host). A 404
-    while the start may still be in flight (the action runs, dispatch not ``acknowledged``) is retried
-    until the job exists or the action ended, at most :data:`STOP_BOUND_S`: a cancel that overtook the
-    start never leaves the job running unseen. ``(None, None)``: the start was refused meanwhile and the
+    while the start may still be in flight (the action runs, dispatch not ``acknowledged`` as read BEFORE that
+    cancel was sent) is retried until the job exists or the action ended, at most :data:`STOP_BOUND_S`: a
+    cancel that overtook the start never leaves the job running unseen, even when the start is answered
+    between the 404 and the read after it. ``(None, None)``: the start was refused meanwhile and the
     action waits for its retry, and this cancel stored the DEQUEUE outcome (:func:`_cancel_unstarted`).
     Else what :meth:`.Dispatcher.cancel_remote` returns."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STOP_BOUND_S
+    before = await runtime.record(job.tenant, job.action_id)  # the action as it was when the cancel left
     while True:
         confirmed, view = await runtime.dispatcher.cancel_remote(job)
         if confirmed or (view or {}).get("remote_status") != 404 or loop.time() >= deadline:
             return confirmed, view
-        record = await runtime.record(job.tenant, job.action_id)
-        if record.status != ActionState.RUNNING or record.dispatch == DispatchState.ACKNOWLEDGED:
-            return confirmed, view  # ended, or the sidecar answered the start: its 404 stands
+        if before.status != ActionState.RUNNING or before.dispatch == DispatchState.ACKNOWLEDGED:
+            return confirmed, view  # the sidecar had answered the start before this cancel: its 404 stands
+        record = before = await runtime.record(job.tenant, job.action_id)
+        if record.status != ActionState.RUNNING:
+            return confirmed, view  # ended meanwhile
+        if record.sidecar and record.sidecar != job.sidecar:  # placed elsewhere meanwhile: cancel it there
+            job.sidecar = record.sidecar
+        if record.dispatch == DispatchState.ACKNOWLEDGED:
+            continue  # the start was answered after this cancel left (its 404 came first): cancel again now
         if record.dispatch == DispatchState.NOT_SENT and await _cancel_unstarted(
             runtime, job.tenant, job.action_id, runtime.live.get(job.tenant, job.action_id)
         ):
             return None, None
-        if record.sidecar and record.sidecar != job.sidecar:  # placed elsewhere meanwhile: cancel it there
-            job.sidecar = record.sidecar
         await asyncio.sleep(RETRY_S)
 
 
