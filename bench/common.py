@@ -549,6 +549,10 @@ class Stack:
         _wait_http(f"{process.base_url}/ready", {}, process)
         return process
 
+    def start_module(self, name: str, module: str, *args: str) -> Process:
+        """``python -m module args`` in the working directory, stdin and stdout closed, stderr kept (no wait)."""
+        return self._spawn(name, [sys.executable, "-m", module, *args])
+
     def start_bare(self, body: bytes, *, name: str = "bare") -> Process:
         """The bare Starlette-on-Hypercorn server of :mod:`bench.bare` answering ``body``."""
         body_file = self.workdir / f"{name}.json"
