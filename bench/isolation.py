@@ -43,9 +43,9 @@ from bench.common import (
     Stats,
     added_row,
     async_client,
-    cmdline,
     interleave,
     process_tree,
+    sidecar_workers,
     smaps_rollup,
 )
 
@@ -105,12 +105,11 @@ async def _idle_tree(stack: Stack, concurrency: int) -> tuple[int, int, int]:
             for _ in range(3):  # every worker has booted; one job per worker ran and was replaced
                 await _run(client, "fast")
         await asyncio.sleep(1.0)  # replacements boot
-        pids = process_tree(sidecar.pid)
-        server = [p for p in pids if "forkserver" in cmdline(p)]
-        workers = [p for p in pids if p != sidecar.pid and p not in server]
-        pss = sum(smaps_rollup(p).get("Pss", 0) for p in pids)
+        server, workers = sidecar_workers(sidecar.pid)
+        pss = sum(smaps_rollup(p).get("Pss", 0) for p in process_tree(sidecar.pid))
         uss = [smaps_rollup(p).get("Private_Clean", 0) + smaps_rollup(p).get("Private_Dirty", 0) for p in workers]
-        return pss, (smaps_rollup(server[0]).get("Rss", 0) if server else 0), (sum(uss) // len(uss) if uss else 0)
+        rss = smaps_rollup(server).get("Rss", 0) if server is not None else 0
+        return pss, rss, (sum(uss) // len(uss) if uss else 0)
     finally:
         sidecar.stop()
 
