@@ -12,6 +12,7 @@ subset. One module per benchmark:
 | :mod:`bench.streaming` | 1,000 chunks through the host's normalizer; the SSE decoder | the sidecar's SSE read directly; a bare frame split |
 | :mod:`bench.journal` | durable admissions; chunk appends with 10,000 retained jobs | a bare SQLite insert (FULL, WAL); appends with 10 retained jobs |
 | :mod:`bench.load` | 200 concurrent governed runs through the host | the same 200 runs straight to the sidecar |
+| :mod:`bench.footprint` | CPU per ``fast`` job of the sidecar's whole process tree; the idle tree's PSS | the same crew's ``akickoff`` in one process; one process with CrewAI and the registry imported |
 
 Source: ARCHITECTURE.md §10 (performance and limits to design for).
 """

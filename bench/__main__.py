@@ -29,6 +29,7 @@ BENCHMARKS = (
     "journal_switch",
     "load",
     "isolation",
+    "footprint",
     "scale_out",
 )
 

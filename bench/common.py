@@ -269,13 +269,86 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` from ``/proc/<pid>/stat``, seconds; 0.0 when gone."""
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``[0]`` is the state, ``[1]`` the parent
+    pid, ``[11:15]`` utime, stime, cutime, cstime in clock ticks); raises OSError when gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int, *, reaped: bool = False) -> float:
+    """User + system CPU time of ``pid`` from ``/proc/<pid>/stat``, seconds; 0.0 when gone.
+
+    ``reaped``: also the CPU time of its children that exited and were waited for (``cutime`` +
+    ``cstime``: theirs and, recursively, their own reaped children's)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        fields = _stat_fields(pid)
+        ticks = int(fields[11]) + int(fields[12])
+        if reaped:
+            ticks += int(fields[13]) + int(fields[14])
+        return ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def _children() -> dict[int, list[int]]:
+    """Every process's children, by parent pid (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(_stat_fields(int(stat.parent.name))[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return children
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and its descendants, alive or zombie (from /proc), ``root`` first."""
+    children = _children()
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie not yet waited for, or gone)."""
+    try:
+        return _stat_fields(pid)[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def sidecar_workers(sidecar: int) -> tuple[int | None, list[int]]:
+    """(the worker fork server, the job workers alive: its children not yet exited) of a sidecar with
+    ``--isolation process``; ``(None, [])`` without a fork server. Workers are forked from the fork server and
+    inherit its command line, so they are told apart by parentage."""
+    children = _children()
+    server = next((pid for pid in children.get(sidecar, []) if "forkserver" in cmdline(pid)), None)
+    if server is None:
+        return None, []
+    return server, sorted(pid for pid in children.get(server, []) if not is_zombie(pid))
+
+
+def smaps_rollup(pid: int) -> dict[str, int]:
+    """``/proc/<pid>/smaps_rollup`` in KiB (Rss, Pss, Private_Clean, Private_Dirty, ...); empty when gone."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+            key, value = line.split(":", 1)
+            out[key] = int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, arguments joined by spaces; empty when gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -475,6 +548,10 @@ class Stack:
         process.base_url = f"http://127.0.0.1:{process.wait_for_port(_HYPERCORN_PORT)}"
         _wait_http(f"{process.base_url}/ready", {}, process)
         return process
+
+    def start_module(self, name: str, module: str, *args: str) -> Process:
+        """``python -m module args`` in the working directory, stdin and stdout closed, stderr kept (no wait)."""
+        return self._spawn(name, [sys.executable, "-m", module, *args])
 
     def start_bare(self, body: bytes, *, name: str = "bare") -> Process:
         """The bare Starlette-on-Hypercorn server of :mod:`bench.bare` answering ``body``."""

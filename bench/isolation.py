@@ -44,6 +44,9 @@ from bench.common import (
     added_row,
     async_client,
     interleave,
+    process_tree,
+    sidecar_workers,
+    smaps_rollup,
 )
 
 ROUNDS = 150
@@ -92,42 +95,6 @@ async def _wait_markers(directory: Path, count: int, deadline_s: float = 60.0) -
         await asyncio.sleep(0.01)
 
 
-def _tree(root: int) -> list[int]:
-    """``root`` and its descendants (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
-def _smaps(pid: int) -> dict[str, int]:
-    """``/proc/<pid>/smaps_rollup`` in KiB (Rss, Pss, Private_Clean, Private_Dirty, ...)."""
-    out = {}
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
-            key, value = line.split(":", 1)
-            out[key] = int(value.split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 async def _idle_tree(stack: Stack, concurrency: int) -> tuple[int, int, int]:
     """(tree PSS KiB, fork server RSS KiB, mean worker USS KiB) of an idle process-mode sidecar."""
     sidecar = stack.start_sidecar(
@@ -138,12 +105,11 @@ async def _idle_tree(stack: Stack, concurrency: int) -> tuple[int, int, int]:
             for _ in range(3):  # every worker has booted; one job per worker ran and was replaced
                 await _run(client, "fast")
         await asyncio.sleep(1.0)  # replacements boot
-        pids = _tree(sidecar.pid)
-        server = [p for p in pids if "forkserver" in _cmdline(p)]
-        workers = [p for p in pids if p != sidecar.pid and p not in server]
-        pss = sum(_smaps(p).get("Pss", 0) for p in pids)
-        uss = [_smaps(p).get("Private_Clean", 0) + _smaps(p).get("Private_Dirty", 0) for p in workers]
-        return pss, (_smaps(server[0]).get("Rss", 0) if server else 0), (sum(uss) // len(uss) if uss else 0)
+        server, workers = sidecar_workers(sidecar.pid)
+        pss = sum(smaps_rollup(p).get("Pss", 0) for p in process_tree(sidecar.pid))
+        uss = [smaps_rollup(p).get("Private_Clean", 0) + smaps_rollup(p).get("Private_Dirty", 0) for p in workers]
+        rss = smaps_rollup(server).get("Rss", 0) if server is not None else 0
+        return pss, rss, (sum(uss) // len(uss) if uss else 0)
     finally:
         sidecar.stop()
 

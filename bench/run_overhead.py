@@ -47,9 +47,10 @@ MAX_ADDED_S = 0.010
 INPUT = {"topic": "overhead"}
 
 
-def _in_process_kickoff(state_dir: Path) -> Any:
-    """Prepare CrewAI's environment as the sidecar does, then return an async
-    ``() -> seconds`` running the bench crew in this process."""
+def in_process_kickoff(state_dir: Path) -> Any:
+    """Prepare CrewAI's environment as the sidecar does (storage under ``state_dir``), import CrewAI and the
+    bench registry, then return an async ``() -> seconds`` (wall time) running the ``fast`` crew in this
+    process. Also the in-process baseline of :mod:`bench.footprint`."""
     from aip_crewai.sidecar.crewai_env import import_crewai, prepare_crewai_environment
 
     prepare_crewai_environment(state_dir)
@@ -80,7 +81,7 @@ async def run() -> Section:
     with Stack("run") as stack:
         sidecar = stack.start_sidecar()
         host = stack.start_host(sidecar, ["fast"])
-        in_process = _in_process_kickoff(stack.workdir / "in-process")
+        in_process = in_process_kickoff(stack.workdir / "in-process")
         governed = Governed(host)
         side = async_client(sidecar.base_url, SIDECAR_TOKEN)
         try:

@@ -1,0 +1,279 @@
+"""Footprint: the CPU one job costs the sidecar's whole process tree, and the memory an idle sidecar holds,
+each against one plain process that runs the same crew in-process.
+
+- **CPU per ``fast`` job**: blocking ``POST /jobs`` runs of the ``fast`` crew on a sidecar with
+  ``--isolation process``. Per batch of :data:`JOBS` runs: (tree CPU after − tree CPU before) / JOBS, where
+  tree CPU is the user + system time (``/proc/<pid>/stat``) of the sidecar and every descendant (the worker
+  fork server, its job workers, multiprocessing's resource tracker) plus the CPU of the children each of them
+  reaped (``cutime`` + ``cstime``: a finished worker's time lands in the fork server's). Both readings are
+  taken once the sidecar is idle again: every worker of the pool alive and the tree's CPU still for
+  :data:`QUIET_S`, so the boot of the replacement worker (fork, registry import, warm-up kickoff) is charged
+  to the job that used its predecessor. Baseline: a separate process (``python -m bench.footprint
+  reference``) that runs the same batches of the same crew with ``akickoff`` in-process
+  (:func:`bench.run_overhead.in_process_kickoff`), read the same way (a process of its own: this one never
+  imports CrewAI, so it shares no pages with either side). One batch per side per round, the order switched
+  every round; p50 and p99 are over the batches. Target: ≤ 1.3× at p50.
+- **memory**: the proportional set size (PSS, ``/proc/<pid>/smaps_rollup``: shared pages split between the
+  processes mapping them) summed over the idle sidecar tree after the runs, vs the PSS of one process that
+  has imported CrewAI and the bench registry (``bench.crews``, the registry the bench sidecar loads) and
+  waits, read before the sidecar starts (the tree is read after that process stopped), so neither shares
+  pages with the other. Target: ≤ 1.5×. The worker pool's size is ``--max-concurrency`` (idle workers kept
+  booted ahead of need): each idle worker's private memory (USS) is what one more or one fewer costs.
+
+Source: the performance targets' row "CPU and memory per job"; ARCHITECTURE.md §5 (isolation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import itertools
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from bench.common import (
+    REGISTRY,
+    SIDECAR_TOKEN,
+    BenchError,
+    Process,
+    Row,
+    Section,
+    Stack,
+    Stats,
+    async_client,
+    cpu_seconds,
+    latency_row,
+    process_tree,
+    sidecar_workers,
+    smaps_rollup,
+)
+from bench.run_overhead import INPUT, in_process_kickoff
+
+#: Runs per batch, measured batches per side, and unmeasured warm-up batches before them.
+JOBS = 10
+BATCHES = 4
+WARMUP_BATCHES = 1
+#: ``--max-concurrency`` of the measured sidecar: its default, the workers booted ahead of need.
+POOL = 4
+MAX_CPU_RATIO = 1.3
+MAX_PSS_RATIO = 1.5
+#: A process tree is idle once its CPU did not grow for QUIET_S, polled every POLL_S, within SETTLE_S (s).
+QUIET_S = 0.5
+POLL_S = 0.05
+SETTLE_S = 30.0
+START_S = 120.0
+#: The reference process's stderr lines: ready (CrewAI and the registry imported), and each batch done.
+READY = "footprint_reference_ready"
+BATCH_DONE = "footprint_reference_batch"
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time of ``root``'s process tree, seconds: user + system time of ``root`` and of every descendant,
+    plus that of the children each of them reaped (a finished job worker's, in the fork server's)."""
+    return sum(cpu_seconds(pid, reaped=True) for pid in process_tree(root))
+
+
+def tree_pss_kib(root: int) -> int:
+    """PSS of ``root`` and every descendant, summed, KiB."""
+    return sum(smaps_rollup(pid).get("Pss", 0) for pid in process_tree(root))
+
+
+async def settle(root: int, *, ready: Callable[[], bool] = lambda: True) -> float:
+    """Wait until ``root``'s tree is idle: its CPU did not grow for :data:`QUIET_S` and ``ready()`` holds.
+
+    Returns:
+        the tree's CPU time then, seconds (:func:`tree_cpu_seconds`).
+
+    Raises:
+        BenchError: not idle within :data:`SETTLE_S`.
+    """
+    end = time.monotonic() + SETTLE_S
+    last, since = tree_cpu_seconds(root), time.monotonic()
+    while True:
+        await asyncio.sleep(POLL_S)
+        now = tree_cpu_seconds(root)
+        if abs(now - last) > 1e-6:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= QUIET_S and ready():
+            return now
+        if time.monotonic() > end:
+            raise BenchError(f"process {root}'s tree was still busy after {SETTLE_S:g} s")
+
+
+def _pool_full(sidecar: int, size: int) -> Callable[[], bool]:
+    return lambda: len(sidecar_workers(sidecar)[1]) == size
+
+
+def _by_role(sidecar: int) -> dict[str, float]:
+    """CPU seconds of the sidecar's tree by role: the sidecar, the fork server itself, the job workers (the
+    finished ones it reaped and the live ones), the other processes (multiprocessing's resource tracker)."""
+    server, workers = sidecar_workers(sidecar)
+    own = cpu_seconds(sidecar, reaped=True)
+    server_own = cpu_seconds(server) if server is not None else 0.0
+    reaped = cpu_seconds(server, reaped=True) - server_own if server is not None else 0.0
+    live = sum(cpu_seconds(pid, reaped=True) for pid in workers)
+    known = {sidecar, server, *workers}
+    other = sum(cpu_seconds(pid, reaped=True) for pid in process_tree(sidecar) if pid not in known)
+    return {"sidecar": own, "fork server": server_own, "job workers": reaped + live, "other": other}
+
+
+async def _job(client: httpx.AsyncClient) -> float:
+    """One blocking ``POST /jobs`` of the ``fast`` crew; seconds until its answer."""
+    job_id = f"footprint:{uuid.uuid4().hex}"
+    body = {"crew_id": "fast", "action_id": job_id, "operation": "run", "input": INPUT}
+    started = time.perf_counter()
+    response = await client.post("/jobs", json=body, headers={"Idempotency-Key": job_id})
+    elapsed = time.perf_counter() - started
+    if response.status_code != 200 or INPUT["topic"] not in response.json().get("raw", ""):
+        raise BenchError(f"POST /jobs answered {response.status_code}: {response.text[:200]}")
+    return elapsed
+
+
+async def _wait_line(process: Process, line: str) -> None:
+    """Wait until ``process`` wrote ``line`` to its stderr (at most :data:`START_S`)."""
+    end = time.monotonic() + START_S
+    while line not in process.stderr_path.read_text(errors="replace").splitlines():
+        if process.popen.poll() is not None:
+            raise BenchError(f"{process.name} exited with {process.popen.returncode}:\n{process.stderr_tail()}")
+        if time.monotonic() > end:
+            raise BenchError(f"{process.name} did not write {line!r} in time:\n{process.stderr_tail()}")
+        await asyncio.sleep(0.01)
+
+
+def _uss_kib(pid: int) -> int:
+    """Memory only ``pid`` maps (unique set size: private clean + dirty), KiB."""
+    rollup = smaps_rollup(pid)
+    return rollup.get("Private_Clean", 0) + rollup.get("Private_Dirty", 0)
+
+
+def _mib(kib: float) -> str:
+    return f"{kib / 1024:.0f} MiB"
+
+
+async def run() -> Section:
+    section = Section("footprint", "6b. Footprint: CPU and memory per job, sidecar process tree vs in-process CrewAI")
+    samples: dict[str, list[float]] = {"ours": [], "baseline": []}
+    roles: dict[str, float] = {}
+    with Stack("footprint") as stack:
+        reference = stack.start_module("reference", "bench.footprint", "reference", str(stack.workdir / "reference"))
+        await _wait_line(reference, READY)
+        await settle(reference.pid)
+        reference_pss = smaps_rollup(reference.pid).get("Pss", 0)
+        if not reference_pss:
+            raise BenchError("no PSS for the reference process (/proc/<pid>/smaps_rollup unreadable)")
+        sidecar = stack.start_sidecar("--isolation", "process", "--max-concurrency", str(POOL))
+        pool_full = _pool_full(sidecar.pid, POOL)
+        batches = itertools.count(1)
+
+        async with async_client(sidecar.base_url, SIDECAR_TOKEN) as client:
+
+            async def ours() -> float:
+                before, role_before = await settle(sidecar.pid, ready=pool_full), _by_role(sidecar.pid)
+                for _ in range(JOBS):
+                    await _job(client)
+                after, role_after = await settle(sidecar.pid, ready=pool_full), _by_role(sidecar.pid)
+                for role, seconds in role_after.items():
+                    roles[role] = roles.get(role, 0.0) + seconds - role_before[role]
+                return (after - before) / JOBS
+
+            async def baseline() -> float:
+                before = await settle(reference.pid)
+                reference.popen.send_signal(signal.SIGUSR1)
+                await _wait_line(reference, f"{BATCH_DONE} {next(batches)}")
+                return (await settle(reference.pid) - before) / JOBS
+
+            sides = {"ours": ours, "baseline": baseline}
+            for batch in range(WARMUP_BATCHES + BATCHES):
+                if batch == WARMUP_BATCHES:
+                    roles.clear()
+                for name in sorted(sides, reverse=batch % 2 == 1):
+                    per_job = await sides[name]()
+                    if batch >= WARMUP_BATCHES:
+                        samples[name].append(per_job)
+        reference.stop()
+        await settle(sidecar.pid, ready=pool_full)
+        tree_pss = tree_pss_kib(sidecar.pid)
+        server, workers = sidecar_workers(sidecar.pid)
+        server_pss = smaps_rollup(server).get("Pss", 0) if server is not None else 0
+        worker_pss = [smaps_rollup(pid).get("Pss", 0) for pid in workers]
+        worker_uss = [_uss_kib(pid) for pid in workers]
+        boot_s = [cpu_seconds(pid) for pid in workers]  # an idle worker has spent only its boot
+        sidecar_pss = smaps_rollup(sidecar.pid).get("Pss", 0)
+
+    ours_s, base_s = Stats.of(samples["ours"]), Stats.of(samples["baseline"])
+    section.rows.append(
+        latency_row(
+            "CPU per `fast` job: sidecar process tree vs in-process akickoff", ours_s, base_s, max_ratio=MAX_CPU_RATIO
+        )
+    )
+    ratio = tree_pss / reference_pss
+    section.rows.append(
+        Row(
+            "memory: sidecar tree PSS after runs, idle, vs one process with CrewAI and the registry imported",
+            f"{_mib(tree_pss)} (--max-concurrency {POOL})",
+            _mib(reference_pss),
+            f"{ratio:.2f}×",
+            "—",
+            f"≤ {MAX_PSS_RATIO:g}×",
+            ratio <= MAX_PSS_RATIO,
+        )
+    )
+    jobs = BATCHES * JOBS
+    where = ", ".join(f"{role} {seconds / jobs * 1000:.0f} ms" for role, seconds in roles.items())
+    boot = sum(boot_s) / len(boot_s) if boot_s else 0.0
+    in_worker = roles.get("job workers", 0.0) / jobs - boot
+    uss = sum(worker_uss) / len(worker_uss) if worker_uss else 0.0
+    one = tree_pss - (POOL - 1) * uss
+    section.notes += [
+        f"CPU: {BATCHES} batches of {JOBS} runs per side after {WARMUP_BATCHES} warm-up batch, alternating which "
+        "side goes first; p50 and p99 are over the batches' per-job CPU. Readings from /proc in clock ticks "
+        f"(10 ms), each taken once the tree's CPU was still for {QUIET_S:g} s (the sidecar: also all {POOL} workers "
+        "alive), so the replacement worker's boot is charged to the job. Runs one at a time.",
+        f"Where a job's CPU goes (per job, mean of the measured batches): {where}. Of the workers' share, "
+        f"{boot * 1000:.0f} ms is the replacement's boot (fork, registry import, warm-up kickoff: what an idle "
+        f"worker has spent), off the job's path, and {in_worker * 1000:.0f} ms the job in its worker, exit included "
+        f"(in-process: {base_s.p50 * 1000:.0f} ms).",
+        f"Memory at --max-concurrency {POOL} (the default): sidecar {_mib(sidecar_pss)}, fork server "
+        f"{_mib(server_pss)}, {len(worker_pss)} idle workers {_mib(sum(worker_pss))} "
+        f"(each {_mib(min(worker_pss, default=0))}–{_mib(max(worker_pss, default=0))}), total {_mib(tree_pss)}.",
+        f"Worker-pool setting: `--max-concurrency` (env AIP_CREWAI_MAX_CONCURRENCY, default {POOL}) is both the "
+        "jobs run at once and the workers kept booted ahead of need; this tree was measured at "
+        f"{POOL}: {_mib(tree_pss)}. Each idle worker holds {_mib(uss)} of its own (USS; the rest of its PSS is "
+        f"pages shared with the fork server), so at 1 the tree would hold about {_mib(one)} "
+        f"({one / reference_pss:.2f}× the reference; estimated, section 6 measures 4 vs 1 workers), and a job "
+        f"arriving while the one worker is busy or booting waits for it: its boot is {boot * 1000:.0f} ms of CPU.",
+        "PSS splits a shared page between the processes mapping it: the reference is read before the sidecar "
+        "starts and the tree after the reference stopped; other processes mapping the same libraries (the bench "
+        "process itself once `run_overhead` imported CrewAI in it, in a full run) lower both sides.",
+    ]
+    return section
+
+
+async def _reference(state_dir: Path) -> None:
+    """The baseline process: import CrewAI and the bench registry as the sidecar's workers do, say
+    :data:`READY`, then run one batch of :data:`JOBS` in-process ``fast`` kickoffs per SIGUSR1, saying
+    :data:`BATCH_DONE` and the batch number after each; SIGTERM ends it."""
+    kickoff = in_process_kickoff(state_dir)
+    module, _, attribute = REGISTRY.partition(":")
+    getattr(importlib.import_module(module), attribute)
+    go = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, go.set)
+    print(READY, file=sys.stderr, flush=True)
+    for batch in itertools.count(1):
+        await go.wait()
+        go.clear()
+        for _ in range(JOBS):
+            await kickoff()
+        print(f"{BATCH_DONE} {batch}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "reference":
+        sys.exit("usage: python -m bench.footprint reference STATE_DIR (the footprint benchmark starts it)")
+    asyncio.run(_reference(Path(sys.argv[2])))
