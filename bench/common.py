@@ -351,6 +351,56 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+#: A process tree is idle once its CPU did not grow for QUIET_S, polled every POLL_S, within SETTLE_S (s).
+QUIET_S = 0.5
+POLL_S = 0.05
+SETTLE_S = 30.0
+
+
+def uss_kib(pid: int) -> int:
+    """Memory only ``pid`` maps (unique set size: private clean + dirty), KiB; 0 when gone."""
+    rollup = smaps_rollup(pid)
+    return rollup.get("Private_Clean", 0) + rollup.get("Private_Dirty", 0)
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time of ``root``'s process tree, seconds: user + system time of ``root`` and of every descendant,
+    plus that of the children each of them reaped (a finished job worker's, in the fork server's)."""
+    return sum(cpu_seconds(pid, reaped=True) for pid in process_tree(root))
+
+
+def tree_pss_kib(root: int) -> int:
+    """PSS of ``root`` and every descendant, summed, KiB."""
+    return sum(smaps_rollup(pid).get("Pss", 0) for pid in process_tree(root))
+
+
+async def settle(root: int, *, ready: Callable[[], bool] = lambda: True) -> float:
+    """Wait until ``root``'s tree is idle: its CPU did not grow for :data:`QUIET_S` and ``ready()`` holds.
+
+    Returns:
+        the tree's CPU time then, seconds (:func:`tree_cpu_seconds`).
+
+    Raises:
+        BenchError: not idle within :data:`SETTLE_S`.
+    """
+    end = time.monotonic() + SETTLE_S
+    last, since = tree_cpu_seconds(root), time.monotonic()
+    while True:
+        await asyncio.sleep(POLL_S)
+        now = tree_cpu_seconds(root)
+        if abs(now - last) > 1e-6:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= QUIET_S and ready():
+            return now
+        if time.monotonic() > end:
+            raise BenchError(f"process {root}'s tree was still busy after {SETTLE_S:g} s")
+
+
+def pool_full(sidecar: int, size: int) -> Callable[[], bool]:
+    """``() -> bool``: whether ``size`` job workers of ``sidecar`` are alive (its pool is booted)."""
+    return lambda: len(sidecar_workers(sidecar)[1]) == size
+
+
 @dataclass
 class Process:
     """One child process on loopback."""

@@ -32,12 +32,12 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 from bench.common import (
+    QUIET_S,
     REGISTRY,
     SIDECAR_TOKEN,
     BenchError,
@@ -49,9 +49,13 @@ from bench.common import (
     async_client,
     cpu_seconds,
     latency_row,
+    pool_full,
     process_tree,
+    settle,
     sidecar_workers,
     smaps_rollup,
+    tree_pss_kib,
+    uss_kib,
 )
 from bench.run_overhead import INPUT, in_process_kickoff
 
@@ -63,51 +67,10 @@ WARMUP_BATCHES = 1
 POOL = 4
 MAX_CPU_RATIO = 1.3
 MAX_PSS_RATIO = 1.5
-#: A process tree is idle once its CPU did not grow for QUIET_S, polled every POLL_S, within SETTLE_S (s).
-QUIET_S = 0.5
-POLL_S = 0.05
-SETTLE_S = 30.0
 START_S = 120.0
 #: The reference process's stderr lines: ready (CrewAI and the registry imported), and each batch done.
 READY = "footprint_reference_ready"
 BATCH_DONE = "footprint_reference_batch"
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """CPU time of ``root``'s process tree, seconds: user + system time of ``root`` and of every descendant,
-    plus that of the children each of them reaped (a finished job worker's, in the fork server's)."""
-    return sum(cpu_seconds(pid, reaped=True) for pid in process_tree(root))
-
-
-def tree_pss_kib(root: int) -> int:
-    """PSS of ``root`` and every descendant, summed, KiB."""
-    return sum(smaps_rollup(pid).get("Pss", 0) for pid in process_tree(root))
-
-
-async def settle(root: int, *, ready: Callable[[], bool] = lambda: True) -> float:
-    """Wait until ``root``'s tree is idle: its CPU did not grow for :data:`QUIET_S` and ``ready()`` holds.
-
-    Returns:
-        the tree's CPU time then, seconds (:func:`tree_cpu_seconds`).
-
-    Raises:
-        BenchError: not idle within :data:`SETTLE_S`.
-    """
-    end = time.monotonic() + SETTLE_S
-    last, since = tree_cpu_seconds(root), time.monotonic()
-    while True:
-        await asyncio.sleep(POLL_S)
-        now = tree_cpu_seconds(root)
-        if abs(now - last) > 1e-6:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= QUIET_S and ready():
-            return now
-        if time.monotonic() > end:
-            raise BenchError(f"process {root}'s tree was still busy after {SETTLE_S:g} s")
-
-
-def _pool_full(sidecar: int, size: int) -> Callable[[], bool]:
-    return lambda: len(sidecar_workers(sidecar)[1]) == size
 
 
 def _by_role(sidecar: int) -> dict[str, float]:
@@ -146,12 +109,6 @@ async def _wait_line(process: Process, line: str) -> None:
         await asyncio.sleep(0.01)
 
 
-def _uss_kib(pid: int) -> int:
-    """Memory only ``pid`` maps (unique set size: private clean + dirty), KiB."""
-    rollup = smaps_rollup(pid)
-    return rollup.get("Private_Clean", 0) + rollup.get("Private_Dirty", 0)
-
-
 def _mib(kib: float) -> str:
     return f"{kib / 1024:.0f} MiB"
 
@@ -168,16 +125,16 @@ async def run() -> Section:
         if not reference_pss:
             raise BenchError("no PSS for the reference process (/proc/<pid>/smaps_rollup unreadable)")
         sidecar = stack.start_sidecar("--isolation", "process", "--max-concurrency", str(POOL))
-        pool_full = _pool_full(sidecar.pid, POOL)
+        booted = pool_full(sidecar.pid, POOL)
         batches = itertools.count(1)
 
         async with async_client(sidecar.base_url, SIDECAR_TOKEN) as client:
 
             async def ours() -> float:
-                before, role_before = await settle(sidecar.pid, ready=pool_full), _by_role(sidecar.pid)
+                before, role_before = await settle(sidecar.pid, ready=booted), _by_role(sidecar.pid)
                 for _ in range(JOBS):
                     await _job(client)
-                after, role_after = await settle(sidecar.pid, ready=pool_full), _by_role(sidecar.pid)
+                after, role_after = await settle(sidecar.pid, ready=booted), _by_role(sidecar.pid)
                 for role, seconds in role_after.items():
                     roles[role] = roles.get(role, 0.0) + seconds - role_before[role]
                 return (after - before) / JOBS
@@ -197,12 +154,12 @@ async def run() -> Section:
                     if batch >= WARMUP_BATCHES:
                         samples[name].append(per_job)
         reference.stop()
-        await settle(sidecar.pid, ready=pool_full)
+        await settle(sidecar.pid, ready=booted)
         tree_pss = tree_pss_kib(sidecar.pid)
         server, workers = sidecar_workers(sidecar.pid)
         server_pss = smaps_rollup(server).get("Pss", 0) if server is not None else 0
         worker_pss = [smaps_rollup(pid).get("Pss", 0) for pid in workers]
-        worker_uss = [_uss_kib(pid) for pid in workers]
+        worker_uss = [uss_kib(pid) for pid in workers]
         boot_s = [cpu_seconds(pid) for pid in workers]  # an idle worker has spent only its boot
         sidecar_pss = smaps_rollup(sidecar.pid).get("Pss", 0)
 

@@ -44,9 +44,12 @@ from bench.common import (
     added_row,
     async_client,
     interleave,
-    process_tree,
+    pool_full,
+    settle,
     sidecar_workers,
     smaps_rollup,
+    tree_pss_kib,
+    uss_kib,
 )
 
 ROUNDS = 150
@@ -104,10 +107,10 @@ async def _idle_tree(stack: Stack, concurrency: int) -> tuple[int, int, int]:
         async with async_client(sidecar.base_url, SIDECAR_TOKEN) as client:
             for _ in range(3):  # every worker has booted; one job per worker ran and was replaced
                 await _run(client, "fast")
-        await asyncio.sleep(1.0)  # replacements boot
+        await settle(sidecar.pid, ready=pool_full(sidecar.pid, concurrency))  # the replacements booted
         server, workers = sidecar_workers(sidecar.pid)
-        pss = sum(smaps_rollup(p).get("Pss", 0) for p in process_tree(sidecar.pid))
-        uss = [smaps_rollup(p).get("Private_Clean", 0) + smaps_rollup(p).get("Private_Dirty", 0) for p in workers]
+        pss = tree_pss_kib(sidecar.pid)
+        uss = [uss_kib(p) for p in workers]
         rss = smaps_rollup(server).get("Rss", 0) if server is not None else 0
         return pss, rss, (sum(uss) // len(uss) if uss else 0)
     finally:
