@@ -44,13 +44,28 @@ BLOCK_SECONDS = 15.0
 DRAIN_SECONDS = 3.0
 
 
+#: The module's sidecar runs from this script, as the ``aip-crewai`` console script runs it (a script as
+#: ``__main__``); each run of the script's body appends ``<__name__> <pid> <1 if aip_crewai.cli was imported
+#: already>`` to the file named in its environment. multiprocessing runs a child's main module again before its
+#: target (Python < 3.13 even when the fork server preloaded ``__main__``: CPython gh-126631).
+MAIN_SCRIPT = """\
+import os, sys
+with open(os.environ["AIP_CREWAI_TEST_MAIN_RUNS"], "a") as runs:
+    runs.write(f"{__name__} {os.getpid()} {int('aip_crewai.cli' in sys.modules)}\\n")
+from aip_crewai.cli import main
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
 @dataclass
 class Isolated:
-    """The module's sidecar, its marker directory and its training directory."""
+    """The module's sidecar, its marker directory, its training directory, and the runs of its main script."""
 
     sidecar: Sidecar
     markers: Path
     training: Path
+    main_runs: Path
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +77,8 @@ def isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Isolated]:
     markers, training = workdir / "markers", workdir / "training"
     markers.mkdir()
     training.mkdir(mode=0o700)
+    main, main_runs = workdir / "sidecar_main.py", workdir / "main-runs"
+    main.write_text(MAIN_SCRIPT)
     factory = SidecarFactory(workdir)
     try:
         sidecar = factory.start(
@@ -83,9 +100,11 @@ def isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Isolated]:
                 "AIP_CREWAI_TEST_MARKER_DIR": str(markers),
                 "AIP_CREWAI_TEST_BLOCK_SECONDS": str(BLOCK_SECONDS),
                 "AIP_CREWAI_TEST_DRAIN_SECONDS": str(DRAIN_SECONDS),
+                "AIP_CREWAI_TEST_MAIN_RUNS": str(main_runs),
             },
+            main=main,
         )
-        yield Isolated(sidecar, markers, training)
+        yield Isolated(sidecar, markers, training, main_runs)
     finally:
         factory.close()
 
@@ -316,3 +335,33 @@ async def test_the_sidecar_process_never_imports_crewai_and_still_checks_the_reg
     assert process.wait(timeout=120) == 2
     lines = [line for line in (workdir / "stderr-refused.log").read_text().splitlines() if "--registry" in line]
     assert len(lines) == 1 and "NO_SUCH_CREWS" in lines[0] and "Traceback" not in lines[0]
+
+
+async def test_a_worker_finds_the_sidecar_command_line_imported_by_its_fork_server(isolated: Isolated) -> None:
+    """A job's worker (and the start-up registry check) re-runs the sidecar's main script before its target,
+    but finds the command line it imports already imported by the fork server: a worker used to import it
+    itself, about 10 ms of CPU per job."""
+    async with isolated.sidecar.client() as client:
+        for job in ("t1:main-1", "t1:main-2"):
+            assert (await submit(client, job, "probe")).status_code == 200
+    runs = [line.split() for line in isolated.main_runs.read_text().splitlines()]
+    sidecar = isolated.sidecar.process.pid
+    assert ["__main__", str(sidecar), "0"] in runs
+    servers = [pid for pid in children(sidecar) if "forkserver" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(servers) == 1
+    forked = [(int(pid), loaded) for name, pid, loaded in runs if name == "__mp_main__" and int(pid) != servers[0]]
+    assert all(loaded == "1" for _, loaded in forked), runs
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (``/proc/*/stat``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found

@@ -98,9 +98,11 @@ class Sidecar:
         return self.process.wait(timeout=60)
 
 
-def sidecar_command(*args: str) -> list[str]:
-    """``python -m aip_crewai.cli sidecar <args>`` with this interpreter."""
-    return [sys.executable, "-m", "aip_crewai.cli", "sidecar", *args]
+def sidecar_command(*args: str, main: Path | None = None) -> list[str]:
+    """``python -m aip_crewai.cli sidecar <args>`` with this interpreter (``python <main> sidecar <args>``
+    when a ``main`` script is given, as the ``aip-crewai`` console script runs it)."""
+    entry = [str(main)] if main is not None else ["-m", "aip_crewai.cli"]
+    return [sys.executable, *entry, "sidecar", *args]
 
 
 #: Kept from the test process's environment: the suite runs its sidecars in either isolation mode
@@ -135,20 +137,22 @@ def launch(
     stderr: Path | None = None,
     token_file: Path | None = None,
     fsize_limit: int | None = None,
+    main: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a sidecar process (without waiting) on the offline test crews, journal ``journal`` (default
     ``workdir/journal.db``), token file ``token_file`` (default ``workdir/token``, written 0600 with
     :data:`TOKEN` if absent); ``args`` are appended to the command line, ``env`` to the environment
     (:func:`child_env`). stderr goes to ``stderr`` (default ``workdir/stderr<tag>.log``), stdout to ``stdout``
     when given (else nowhere). ``fsize_limit`` (bytes) sets ``RLIMIT_FSIZE`` in the child: writes past it fail
-    with EFBIG (real write failures without root or mounts)."""
+    with EFBIG (real write failures without root or mounts). ``main``: a script to run instead of
+    ``-m aip_crewai.cli`` (:func:`sidecar_command`)."""
     if token_file is None:
         token_file = workdir / "token"
         if not token_file.exists():
             token_file.write_text(TOKEN + "\n")
             token_file.chmod(0o600)
     cmd = [
-        *sidecar_command("--registry", REGISTRY),
+        *sidecar_command("--registry", REGISTRY, main=main),
         "--journal",
         str(journal or workdir / "journal.db"),
         "--token-file",
@@ -230,12 +234,17 @@ class SidecarFactory:
         self._count = 0
 
     def start(
-        self, *, args: list[str] | None = None, env: dict[str, str] | None = None, journal: Path | None = None
+        self,
+        *,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        journal: Path | None = None,
+        main: Path | None = None,
     ) -> Sidecar:
         self._count += 1
         tag = str(self._count)
         journal = journal or self.workdir / "journal.db"
-        process = launch(self.workdir, journal=journal, args=args, env=env, tag=tag)
+        process = launch(self.workdir, journal=journal, args=args, env=env, tag=tag, main=main)
         stderr_path = self.workdir / f"stderr{tag}.log"
         sidecar = Sidecar(
             process, "", TOKEN, journal, self.workdir, self.workdir / "calls.log", stderr_path, list(args or [])

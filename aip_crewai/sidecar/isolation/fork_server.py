@@ -33,11 +33,16 @@ from aip_crewai.sidecar.isolation.wire import (
     payload_length,
 )
 
-#: Modules the fork server imports before it forks any worker (the last one warms CrewAI up).
+#: Modules the fork server imports before it forks any worker (``preload`` warms CrewAI up, then freezes what is loaded). multiprocessing
+#: runs the sidecar's main module again in every child before its target: ``aip_crewai.cli`` here means that
+#: run imports nothing (it used to import the command line, about 10 ms of CPU per worker); ``__main__`` lets a
+#: Python with CPython gh-126631 fixed (3.13 and later) skip the run altogether when the main is a script.
 PRELOAD = [
     "aip_crewai.sidecar.isolation.pool",
     "aip_crewai.sidecar.isolation.worker",
+    "aip_crewai.cli",
     "aip_crewai.sidecar.operations.startup.preload",
+    "__main__",
 ]
 #: How long a worker may take to boot (s); the first ones wait for the fork server's CrewAI import.
 BOOT_TIMEOUT_SECONDS = 300.0

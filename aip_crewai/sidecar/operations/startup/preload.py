@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
+import warnings
 from typing import Any
 
 # A drain (SIGUSR1) is the sidecar process's; `systemctl kill` without --kill-whom=main reaches the fork
@@ -38,6 +39,11 @@ try:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 except ValueError:  # imported outside a main thread (a worker's own boot): nothing to protect there
     pass
+
+# multiprocessing runs the sidecar's main module again in each worker before its target. Started as
+# `python -m aip_crewai.cli`, that is runpy re-running a module the fork server imported already
+# (fork_server.PRELOAD), which runpy warns about on stderr: expected here, and one such line per job.
+warnings.filterwarnings("ignore", message=r"'aip_crewai\.cli' found in sys\.modules", category=RuntimeWarning)
 
 try:
     import crewai  # noqa: F401  (the import is the point)
