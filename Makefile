@@ -11,6 +11,11 @@ STAMP  := $(VENV)/.installed
 # (tests/conftest.py: --dist loadgroup).
 TEST_WORKERS ?= 4
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
+# `bytecode <python>`: byte-compile our sources for that interpreter. pip compiles what it installs, but not an
+# editable install's own files; where PYTHONDONTWRITEBYTECODE is set (as on the CI machine) every process would
+# otherwise compile the package from source again, and every sidecar job's worker its crew registry
+# (docs/operating.md, "Installing under systemd"). Up-to-date files are skipped.
+bytecode = $(1) -m compileall -q -j 0 aip_crewai bench tests examples >/dev/null
 # `timed <name> <command...>`: run it and print its wall time.
 timed = started=$$(date +%s); status=0; $(2) || status=$$?; echo "make $(1): $$(( $$(date +%s) - started )) s (exit $$status)"; exit $$status
 
@@ -22,10 +27,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
+	@$(call bytecode,$(PY))
 	$(PY) -m aip_crewai.examples.demo $(if $(filter 1 yes true,$(WEBHOOKS)),--webhooks)
 
 # The gates (ruff lint and format check, mypy), then the whole suite.
 test: $(STAMP)
+	@$(call bytecode,$(PY))
 	@$(call timed,test,$(MAKE) --no-print-directory lint check && $(PY) -m pytest -q $(XDIST))
 
 # ruff: lint (with import order) and the format check over the package, tests, bench and examples.
@@ -37,22 +44,26 @@ lint: $(STAMP)
 # integration and browser suites and on the tests using a process fixture; any other test that forks or
 # starts a program fails here, naming the marker). One pytest process: CrewAI is imported once.
 test-fast: $(STAMP)
+	@$(call bytecode,$(PY))
 	@$(call timed,test-fast,AIP_CREWAI_TEST_TIER=fast $(PY) -m pytest -q -m "not processes")
 
 # The fast tier under coverage: a line and branch report of the package (the processes the other tiers start
 # are not measured), failing below COVERAGE_FLOOR percent. CI runs it.
 COVERAGE_FLOOR ?= 80
 coverage: $(STAMP)
+	@$(call bytecode,$(PY))
 	@$(call timed,coverage,AIP_CREWAI_TEST_TIER=fast $(PY) -m pytest -q -m "not processes" --cov=aip_crewai --cov-branch --cov-report=term:skip-covered --cov-fail-under=$(COVERAGE_FLOOR))
 
 # The real-crew compatibility suite alone (make test runs it too): the example deployment examples/realcrews
 # through a real sidecar and host against a fake OpenAI-compatible provider on loopback.
 test-realcrews: $(STAMP)
+	@$(call bytecode,$(PY))
 	$(PY) -m pytest -q -m realcrews tests/realcrews
 
 # The integration tests that run crew jobs (marker sidecar_jobs) again with jobs in the sidecar process
 # (--isolation inprocess; the suite's default is process isolation). CI runs it, after make test.
 test-inprocess: $(STAMP)
+	@$(call bytecode,$(PY))
 	@$(call timed,test-inprocess,AIP_CREWAI_ISOLATION=inprocess $(PY) -m pytest -q $(XDIST) -m sidecar_jobs tests/integration tests/realcrews)
 
 # The lowest and the highest supported Python (pyenv's interpreters), each in its own .venv-<version>: the
@@ -67,6 +78,7 @@ test-matrix:
 	  if [ ! -x "$$py" ]; then echo "test-matrix: no Python $$v under pyenv; skipped"; continue; fi; \
 	  echo "test-matrix: Python $$v ($$py)"; \
 	  $(MAKE) --no-print-directory .venv-$$v/.installed PYTHON=$$py VENV=.venv-$$v || exit 1; \
+	  $(call bytecode,.venv-$$v/bin/python) || exit 1; \
 	  .venv-$$v/bin/python -m mypy || exit 1; \
 	  AIP_CREWAI_TEST_TIER=fast .venv-$$v/bin/python -m pytest -q $(MATRIX_TESTS) || exit 1; \
 	  .venv-$$v/bin/python -m pytest -q tests/integration/test_demo.py || exit 1; \
@@ -80,6 +92,7 @@ test-matrix:
 # started as the `postgres` user on a loopback port (tests/pgserver.py); without it the tests skip with one
 # line. CI runs it.
 test-postgresql: $(STAMP)
+	@$(call bytecode,$(PY))
 	@$(call timed,test-postgresql,AIP_CREWAI_TEST_STORE=postgresql $(PY) -m pytest -q $(XDIST) -m host_processes tests/integration tests/reliability tests/realcrews/test_observing.py tests/realcrews/test_usage.py)
 
 # The type checks alone: the package (strict, pyproject.toml; make test runs it first), then the tests and the
@@ -110,11 +123,14 @@ contracts: $(STAMP)
 	$(PY) -m aip_crewai.cli contracts --write
 
 bench: $(STAMP)
+	@$(call bytecode,$(PY))
 	$(PY) -m bench
 
 # Fault injection at scale: AIP_CREWAI_CHAOS_SCALE=N multiplies the trials (prints tried/passed per category).
 chaos: $(STAMP)
+	@$(call bytecode,$(PY))
 	PYTHONPATH=tests $(PY) tests/reliability/chaos.py
 
 clean:
 	rm -rf $(VENV) .venv-* .run
+	find aip_crewai bench tests examples -name __pycache__ -type d -prune -exec rm -rf {} +
