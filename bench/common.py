@@ -258,17 +258,6 @@ def machine_line() -> str:
 # --- processes ---------------------------------------------------------------------
 
 
-def rss_kib(pid: int) -> int:
-    """Resident set size of ``pid`` from ``/proc/<pid>/status`` (VmRSS), KiB; 0 when gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def _stat_fields(pid: int) -> list[str]:
     """The fields of ``/proc/<pid>/stat`` after the command name (``[0]`` is the state, ``[1]`` the parent
     pid, ``[11:15]`` utime, stime, cutime, cstime in clock ticks); raises OSError when gone."""
@@ -414,12 +403,6 @@ class Process:
     def pid(self) -> int:
         return self.popen.pid
 
-    def rss_kib(self) -> int:
-        return rss_kib(self.pid)
-
-    def cpu_seconds(self) -> float:
-        return cpu_seconds(self.pid)
-
     def stderr_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
@@ -448,6 +431,16 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait(timeout=STOP_TIMEOUT_S)
+
+
+#: How the bench starts ``aip-crewai``: the console script beside this interpreter, as a systemd unit runs it
+#: (docs/operating.md), or ``python -m aip_crewai.cli`` when it is not installed. The two differ in what a
+#: sidecar's worker runs before its target (multiprocessing runs the main module again in each child).
+COMMAND = (
+    [str(Path(sys.executable).with_name("aip-crewai"))]
+    if Path(sys.executable).with_name("aip-crewai").exists()
+    else [sys.executable, "-m", "aip_crewai.cli"]
+)
 
 
 def child_env() -> dict[str, str]:
@@ -514,9 +507,7 @@ class Stack:
         state = self.workdir / f"{name}-state"
         state.mkdir(mode=0o700, exist_ok=True)
         cmd = [
-            sys.executable,
-            "-m",
-            "aip_crewai.cli",
+            *COMMAND,
             "sidecar",
             "--registry",
             REGISTRY,
@@ -592,9 +583,7 @@ class Stack:
                 "",
             ]
         (home / "host.toml").write_text("\n".join(lines))
-        process = self._spawn(
-            name, [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(home / "host.toml")]
-        )
+        process = self._spawn(name, [*COMMAND, "host", "--config", str(home / "host.toml")])
         process.base_url = f"http://127.0.0.1:{process.wait_for_port(_HYPERCORN_PORT)}"
         _wait_http(f"{process.base_url}/ready", {}, process)
         return process
@@ -628,22 +617,27 @@ def _wait_http(url: str, headers: dict[str, str], process: Process) -> None:
         time.sleep(0.05)
 
 
-class RssSampler:
-    """Samples the RSS of some processes every ``interval_s`` in the background; keeps the peak."""
+class TreeSampler:
+    """Samples the PSS of some processes' trees (:func:`tree_pss_kib`: a sidecar with its fork server and job
+    workers) every ``interval_s`` in the background; keeps the peak. Each sample reads ``smaps_rollup`` of every
+    process of the trees (64 workers: about 10 ms of CPU), so the interval stays coarse."""
 
-    def __init__(self, processes: Sequence[Process], interval_s: float = 0.02) -> None:
+    def __init__(self, processes: Sequence[Process], interval_s: float = 0.5) -> None:
         self.processes = list(processes)
         self.interval_s = interval_s
         self.peak: dict[str, int] = {p.name: 0 for p in self.processes}
         self._task: asyncio.Task[None] | None = None
 
+    def _sample(self) -> None:
+        for process in self.processes:
+            self.peak[process.name] = max(self.peak[process.name], tree_pss_kib(process.pid))
+
     async def _run(self) -> None:
         while True:
-            for process in self.processes:
-                self.peak[process.name] = max(self.peak[process.name], process.rss_kib())
+            self._sample()
             await asyncio.sleep(self.interval_s)
 
-    async def __aenter__(self) -> RssSampler:
+    async def __aenter__(self) -> TreeSampler:
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -651,8 +645,7 @@ class RssSampler:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for process in self.processes:  # one last sample
-            self.peak[process.name] = max(self.peak[process.name], process.rss_kib())
+        self._sample()  # one last sample
 
 
 # --- talking to the host ----------------------------------------------------------
