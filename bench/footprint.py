@@ -48,6 +48,7 @@ from bench.common import (
     Stats,
     async_client,
     cpu_seconds,
+    interleave,
     latency_row,
     pool_full,
     process_tree,
@@ -65,6 +66,11 @@ BATCHES = 4
 WARMUP_BATCHES = 1
 #: ``--max-concurrency`` of the measured sidecar: its default, the workers booted ahead of need.
 POOL = 4
+#: ``--idle-workers`` of the lean sidecar (the memory row at fewer idle workers), and the rounds of the
+#: latency row comparing a job that boots its worker with one that finds it idle.
+LEAN_IDLE = 1
+ON_DEMAND_ROUNDS = 15
+ON_DEMAND_WARMUP = 1
 MAX_CPU_RATIO = 1.3
 MAX_PSS_RATIO = 1.5
 START_S = 120.0
@@ -162,6 +168,8 @@ async def run() -> Section:
         worker_uss = [uss_kib(pid) for pid in workers]
         boot_s = [cpu_seconds(pid) for pid in workers]  # an idle worker has spent only its boot
         sidecar_pss = smaps_rollup(sidecar.pid).get("Pss", 0)
+        sidecar.stop()
+        lean_pss, on_demand = await _fewer_idle_workers(stack)
 
     ours_s, base_s = Stats.of(samples["ours"]), Stats.of(samples["baseline"])
     section.rows.append(
@@ -179,6 +187,28 @@ async def run() -> Section:
             "—",
             f"≤ {MAX_PSS_RATIO:g}×",
             ratio <= MAX_PSS_RATIO,
+        )
+    )
+    lean_ratio = lean_pss / reference_pss
+    section.rows.append(
+        Row(
+            f"memory at --idle-workers {LEAN_IDLE} (of --max-concurrency {POOL}): sidecar tree PSS after runs, idle, "
+            "vs one process with CrewAI and the registry imported",
+            _mib(lean_pss),
+            _mib(reference_pss),
+            f"{lean_ratio:.2f}×",
+            "—",
+            f"≤ {MAX_PSS_RATIO:g}×",
+            lean_ratio <= MAX_PSS_RATIO,
+        )
+    )
+    section.rows.append(
+        latency_row(
+            "run `fast` (POST /jobs): a job that waits for its worker's boot (--idle-workers 0) vs one that finds "
+            "it idle (--idle-workers 1)",
+            Stats.of(on_demand["boots"]),
+            Stats.of(on_demand["idle"]),
+            max_ratio=None,
         )
     )
     jobs = BATCHES * JOBS
@@ -199,17 +229,50 @@ async def run() -> Section:
         f"Memory at --max-concurrency {POOL} (the default): sidecar {_mib(sidecar_pss)}, fork server "
         f"{_mib(server_pss)}, {len(worker_pss)} idle workers {_mib(sum(worker_pss))} "
         f"(each {_mib(min(worker_pss, default=0))}–{_mib(max(worker_pss, default=0))}), total {_mib(tree_pss)}.",
-        f"Worker-pool setting: `--max-concurrency` (env AIP_CREWAI_MAX_CONCURRENCY, default {POOL}) is both the "
-        "jobs run at once and the workers kept booted ahead of need; this tree was measured at "
-        f"{POOL}: {_mib(tree_pss)}. Each idle worker holds {_mib(uss)} of its own (USS; the rest of its PSS is "
-        f"pages shared with the fork server), so at 1 the tree would hold about {_mib(one)} "
-        f"({one / reference_pss:.2f}× the reference; estimated, section 6 measures 4 vs 1 workers), and a job "
-        f"arriving while the one worker is busy or booting waits for it: its boot is {boot * 1000:.0f} ms of CPU.",
+        f"Worker-pool setting: `--idle-workers` (env AIP_CREWAI_IDLE_WORKERS, default `--max-concurrency`, "
+        f"{POOL} here) is the workers kept booted ahead of need, the memory traded for start latency; the first "
+        f"memory row was measured at the default: {_mib(tree_pss)}. Each idle worker holds {_mib(uss)} of its own "
+        f"(USS; the rest of its PSS is pages shared with the fork server), so one fewer saves about that much "
+        f"(at {LEAN_IDLE}, about {_mib(one)} was expected; measured {_mib(lean_pss)}, on a sidecar of its own after the "
+        f"first stopped). A job that finds no worker idle waits for one to boot ({boot * 1000:.0f} ms of CPU here): "
+        f"the last row, {ON_DEMAND_ROUNDS} interleaved rounds of one job on each of two sidecars (idle workers 0 and "
+        f"{LEAN_IDLE}) after {ON_DEMAND_WARMUP} warm-up round.",
         "PSS splits a shared page between the processes mapping it: the reference is read before the sidecar "
         "starts and the tree after the reference stopped; other processes mapping the same libraries (the bench "
         "process itself once `run_overhead` imported CrewAI in it, in a full run) lower both sides.",
     ]
     return section
+
+
+async def _fewer_idle_workers(stack: Stack) -> tuple[int, dict[str, list[float]]]:
+    """The trade ``--idle-workers`` makes: (the idle tree PSS of a sidecar keeping :data:`LEAN_IDLE` workers
+    after a few runs, KiB; ``fast`` run latencies, seconds, on a sidecar keeping none (``"boots"``) and on that
+    one (``"idle"``), interleaved)."""
+    args = ["--isolation", "process", "--max-concurrency", str(POOL)]
+    lean = stack.start_sidecar(*args, "--idle-workers", str(LEAN_IDLE), name="lean")
+    async with async_client(lean.base_url, SIDECAR_TOKEN) as client:
+        for _ in range(3):
+            await _job(client)
+    await settle(lean.pid, ready=pool_full(lean.pid, LEAN_IDLE))
+    pss = tree_pss_kib(lean.pid)
+    none = stack.start_sidecar(*args, "--idle-workers", "0", name="no-idle")
+    async with (
+        async_client(lean.base_url, SIDECAR_TOKEN) as idle_client,
+        async_client(none.base_url, SIDECAR_TOKEN) as boot_client,
+    ):
+
+        async def idle() -> float:
+            await settle(lean.pid, ready=pool_full(lean.pid, LEAN_IDLE))  # its spare booted: found idle
+            return await _job(idle_client)
+
+        async def boots() -> float:
+            await settle(none.pid, ready=pool_full(none.pid, 0))  # none kept: the job boots its own
+            return await _job(boot_client)
+
+        samples = await interleave(
+            {"idle": idle, "boots": boots}, rounds=ON_DEMAND_ROUNDS, warmup=ON_DEMAND_WARMUP, budget_s=60.0
+        )
+    return pss, samples
 
 
 async def _reference(state_dir: Path) -> None:

@@ -9,7 +9,7 @@ it on stderr and exits with status 2.
 
 Additions of ours (same rules, ``AIP_CREWAI_`` prefix): ``--sse-keepalive-
 seconds``, ``--shutdown-grace-seconds``, ``--max-journal-bytes``,
-``--isolation``, ``--cancel-grace-seconds``, ``--log-level``, ``--log-format``. The two safety valves
+``--isolation``, ``--cancel-grace-seconds``, ``--idle-workers``, ``--log-level``, ``--log-format``. The two safety valves
 ``--allow-unauthenticated`` and ``--allow-ephemeral`` (also
 ``AIP_CREWAI_ALLOW_UNAUTHENTICATED`` / ``AIP_CREWAI_ALLOW_EPHEMERAL`` =
 ``1|true|yes|on``, or ``0|false|no|off``) work on loopback binds only.
@@ -88,6 +88,8 @@ class Settings:
         shutdown_grace_seconds: how long in-flight jobs may finish at shutdown.
         isolation: ``process`` (each job in a worker process of its own, :mod:`.isolation.pool`)
             or ``inprocess`` (jobs run in the sidecar process: debugging).
+        idle_workers: with ``process``, job workers kept booted ahead of need (at most
+            ``max_concurrency``; None: ``max_concurrency``).
         cancel_grace_seconds: with ``process``, how long a cancelled job may take to
             stop cooperatively before its worker is killed.
         worker_user: ``(name, uid, gid, home)`` of ``--worker-user``: job workers drop to it (root only).
@@ -120,6 +122,7 @@ class Settings:
     shutdown_grace_seconds: float = 20.0
     isolation: str = "process"
     cancel_grace_seconds: float = 1.0
+    idle_workers: int | None = None
     worker_user: tuple[str, int, int, str] | None = None
     worker_sandbox: SandboxPlan | None = None
     log_level: str = "info"
@@ -235,6 +238,12 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         raise ConfigError(option_name(by_dest["training_dir"]), "is required when train is an allowed operation")
 
     worker_user = _worker_user(option_name(by_dest["worker_user"]), values["worker_user"], values["isolation"])
+    idle_workers: int = values["max_concurrency"] if values["idle_workers"] is None else values["idle_workers"]
+    if idle_workers > values["max_concurrency"]:
+        raise ConfigError(
+            option_name(by_dest["idle_workers"]),
+            f"must be at most --max-concurrency ({values['max_concurrency']}), not {idle_workers}",
+        )
 
     return Settings(
         registry=values["registry"],
@@ -259,6 +268,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         shutdown_grace_seconds=values["shutdown_grace_seconds"],
         isolation=values["isolation"],
         cancel_grace_seconds=values["cancel_grace_seconds"],
+        idle_workers=idle_workers,
         worker_user=worker_user,
         log_level=values["log_level"],
         log_format=values["log_format"],

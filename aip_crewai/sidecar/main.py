@@ -330,6 +330,7 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
         max_events=settings.max_events_per_run,
         max_event_bytes=settings.max_event_bytes,
         context=context,
+        idle=settings.idle_workers,
     )
     return frozenset(described.crews), executor, CrewFacts(described.problems, described.inputs)
 

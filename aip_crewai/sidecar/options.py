@@ -264,6 +264,16 @@ OPTIONS: tuple[Option, ...] = (
         "before its worker process is killed, seconds",
     ),
     Option(
+        "idle_workers",
+        "--idle-workers",
+        "AIP_CREWAI_IDLE_WORKERS",
+        int_in(0, 1024),
+        None,
+        "with --isolation process: job workers kept booted ahead of need, 0..--max-concurrency (default: "
+        "--max-concurrency); each holds about 23 MiB of its own, and a job that finds none idle waits for one "
+        "to boot (a fork, the registry import and a warm-up kickoff)",
+    ),
+    Option(
         "worker_user",
         "--worker-user",
         "AIP_CREWAI_WORKER_USER",

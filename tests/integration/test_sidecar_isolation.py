@@ -42,6 +42,9 @@ REGISTRY = "aip_crewai.examples.isolation_crews:CREWS"
 BLOCK_SECONDS = 15.0
 #: Seconds each memory drain of ``memory_stall`` takes.
 DRAIN_SECONDS = 3.0
+#: ``--idle-workers`` of the module's sidecar, one under its ``--max-concurrency`` (4): the four jobs at once of
+#: the /health test boot one worker on demand.
+IDLE_WORKERS = 3
 
 
 #: The module's sidecar runs from this script, as the ``aip-crewai`` console script runs it (a script as
@@ -71,7 +74,8 @@ class Isolated:
 @pytest.fixture(scope="module")
 def isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Isolated]:
     """One ``--isolation process`` sidecar for every test of the module: the operations and the training
-    directory of the cancel test, debug logs (``worker_ready``) for the process-state test."""
+    directory of the cancel test, debug logs (``worker_ready``) for the process-state test, one idle worker
+    fewer than its concurrency."""
     workdir = tmp_path_factory.mktemp("isolation-sidecar")
     workdir.chmod(0o700)
     markers, training = workdir / "markers", workdir / "training"
@@ -95,6 +99,8 @@ def isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Isolated]:
                 str(training),
                 "--log-level",
                 "debug",
+                "--idle-workers",
+                str(IDLE_WORKERS),
             ],
             env={
                 "AIP_CREWAI_TEST_MARKER_DIR": str(markers),
@@ -365,3 +371,17 @@ def children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry.name))
     return found
+
+
+async def test_the_sidecar_boots_its_idle_workers_and_a_job_beyond_them_boots_its_own(isolated: Isolated) -> None:
+    """``--idle-workers 3`` of ``--max-concurrency 4``: three workers boot at start; four jobs sent at once all
+    complete, each in a worker of its own (at least one booted for it)."""
+    sidecar = isolated.sidecar
+    (ready,) = sidecar.log_events("workers_ready")
+    assert (ready["workers"], ready["max_workers"]) == (IDLE_WORKERS, 4)
+    jobs = [f"t1:idle-{n}" for n in range(4)]
+    async with sidecar.client() as client:
+        answers = await asyncio.gather(*(submit(client, job, "probe") for job in jobs))
+    assert [a.status_code for a in answers] == [200] * 4
+    pids = {json.loads(marker(isolated.markers, job, "probe").read_text())["pid"] for job in jobs}
+    assert len(pids) == 4

@@ -326,6 +326,25 @@ def test_cancel_grace_seconds_is_bounded(base, value, ok):
             load_settings(base, {"AIP_CREWAI_CANCEL_GRACE_SECONDS": value})
 
 
+@pytest.mark.parametrize(
+    "idle, concurrency, expected",
+    [(None, "4", 4), (None, "9", 9), ("0", "4", 0), ("4", "4", 4), ("5", "4", None), ("1025", "1024", None)],
+)
+def test_idle_workers_default_to_the_concurrency_and_never_exceed_it(base, idle, concurrency, expected):
+    """``--idle-workers`` / ``AIP_CREWAI_IDLE_WORKERS``: 0..``--max-concurrency``, default ``--max-concurrency``;
+    one more stops start-up naming the setting."""
+    args = [*base, "--max-concurrency", concurrency, *(["--idle-workers", idle] if idle is not None else [])]
+    if expected is None:
+        with pytest.raises(ConfigError, match="--idle-workers"):
+            load_settings(args, {})
+    else:
+        assert load_settings(args, {}).idle_workers == expected
+    if idle is not None and expected is not None:
+        assert load_settings(
+            [*base, "--max-concurrency", concurrency], {"AIP_CREWAI_IDLE_WORKERS": idle}
+        ).idle_workers == (expected)
+
+
 @pytest.mark.parametrize("value, ok", [("8388608", True), ("8388607", False), ("1099511627776", True)])
 def test_the_unauthenticated_body_budget_is_at_least_one_job_body(base, value, ok):
     """docs/security.md "Security" (bodies before authentication): default 64 MiB; never below one whole job body."""

@@ -1,6 +1,7 @@
 """The worker pool (``isolation/pool.py`` ``WorkerPool``; ARCHITECTURE.md §5 "Isolation") with fake workers (no CrewAI).
 
-Each test starts a pool of one spawned fake worker (``worker_fakes``) and runs one job through it.
+Each test starts a pool of spawned fake workers (``worker_fakes``: one, unless it is about the pool's size) and runs
+jobs through it.
 """
 
 from __future__ import annotations
@@ -25,15 +26,16 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 GRACE = 0.3
 
 
-def make_pool(target: Any, *, grace: float = GRACE) -> WorkerPool:
+def make_pool(target: Any, *, grace: float = GRACE, size: int = 1, idle: int | None = None) -> WorkerPool:
     return WorkerPool(
         Boot("unused:CREWS", "/nonexistent", True, "info"),
-        1,
+        size,
         cancel_grace_seconds=grace,
         max_events=10,
         max_event_bytes=1024,
         context=multiprocessing.get_context("spawn"),
         target=target,
+        idle=idle,
     )
 
 
@@ -153,3 +155,55 @@ async def test_a_failure_without_a_message_is_published_with_the_generic_one():
         None,
     )
     assert not isinstance(raised.value, JobCancelled)
+
+
+def held_lookup(release: asyncio.Event, asked: list[str]) -> Any:
+    """A ``find_task_run`` for ``worker_fakes.asks_for_a_run`` that holds its job until ``release`` is set."""
+
+    async def find(task_id: str) -> dict[str, Any] | None:
+        asked.append(task_id)
+        await release.wait()
+        return {"tasks_output": []}
+
+    return find
+
+
+async def test_fewer_idle_workers_than_jobs_at_once_boot_on_demand_and_settle_back_to_the_idle_count():
+    """``--idle-workers 1`` of ``--max-concurrency 3``: one worker waits at start; three jobs at once all run,
+    each in a worker of its own (two booted on demand); once they end, one idle worker is kept again."""
+    pool = make_pool(worker_fakes.asks_for_a_run, size=3, idle=1)
+    release, asked = asyncio.Event(), []
+    await pool.start()
+    try:
+        assert (len(pool.pids()), pool.idle()) == (1, 1)
+        jobs = [
+            asyncio.create_task(
+                pool("crew", "replay", {"task_id": f"task-{n}"}, make_ctx(held_lookup(release, asked))[0])
+            )
+            for n in range(3)
+        ]
+        await until_async(lambda: len(asked) == 3, what="three jobs running at once")
+        assert len(pool.pids()) == 3 and pool.idle() == 0
+        release.set()
+        assert await asyncio.gather(*jobs) == [{"found": True}] * 3
+        await until_async(lambda: (len(pool.pids()), pool.idle()) == (1, 1), what="one idle worker again")
+    finally:
+        await pool.close()
+
+
+async def test_no_idle_worker_boots_one_per_job_and_keeps_none():
+    """``--idle-workers 0``: one worker boots at start (a registry that cannot load stops the start); after its
+    job none is kept, and the next job boots its own."""
+    pool = make_pool(worker_fakes.asks_for_a_run, size=2, idle=0)
+    release, asked = asyncio.Event(), []
+    release.set()
+    await pool.start()
+    try:
+        assert len(pool.pids()) == 1
+        for n in range(2):
+            job = pool("crew", "replay", {"task_id": f"task-{n}"}, make_ctx(held_lookup(release, asked))[0])
+            assert await job == {"found": True}
+            await until_async(lambda: pool.pids() == [], what="no worker kept after the job")
+        assert pool.started_total == 2
+    finally:
+        await pool.close()

@@ -13,10 +13,14 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
   Workers fork from it, not from the sidecar,
   whose event loop and threads make a plain ``fork`` unsafe. A worker is
   ready in about 10 ms and shares the fork server's pages.
-- **Pool.** ``--max-concurrency`` workers exist at any time, booted ahead of
-  need (idle ones wait for their job). A worker runs one job and exits; its
-  replacement is started at once, so no job inherits another's environment,
-  working directory, stdout, event-bus handlers or CrewAI replay storage.
+- **Pool.** At most ``--max-concurrency`` workers exist at any time;
+  ``--idle-workers`` of them (default: all) are booted ahead of need and wait
+  for their job, and a job that finds none idle waits for one to boot. A worker
+  runs one job and exits; its replacement is started at once, so no job
+  inherits another's environment, working directory, stdout, event-bus
+  handlers or CrewAI replay storage. The idle workers trade memory (each holds
+  about 23 MiB of its own) for start latency (a boot is a fork, the registry
+  import and a warm-up kickoff: about 60 ms of CPU for a small registry).
 - **Events.** Chunks come back as frames (:mod:`~aip_crewai.sidecar.isolation.wire`) and go to
   ``ctx.emit_chunk``: the runtime shapes, bounds, journals and fans them out
   as in-process. ``ctx.find_task_run`` (replay) is answered over the same
@@ -154,7 +158,9 @@ class WorkerPool:
 
     Args:
         boot: what each worker loads (registry, state dir, logging).
-        size: workers alive at once (``--max-concurrency``).
+        size: workers alive at once, at most (``--max-concurrency``).
+        idle: workers kept booted ahead of need (``--idle-workers``; default and at most ``size``): with
+            fewer, a job that finds none idle waits for one to boot.
         cancel_grace_seconds: how long a cancelled job may take to stop before its worker is killed.
         max_events: ``--max-events-per-run``; max_event_bytes: ``--max-event-bytes``.
         context: the multiprocessing context (default: :func:`start_forkserver`'s).
@@ -175,9 +181,11 @@ class WorkerPool:
         max_event_bytes: int,
         context: BaseContext | None = None,
         target: Callable[[socket.socket, bytes], None] | None = None,
+        idle: int | None = None,
     ) -> None:
         self.boot = boot
         self.size = size
+        self.spare = size if idle is None else min(idle, size)
         self.cancel_grace_seconds = cancel_grace_seconds
         self.max_events = max_events
         self.max_event_bytes = max_event_bytes
@@ -189,6 +197,9 @@ class WorkerPool:
         self._alive: set[_Worker] = set()
         self._processes: set[Any] = set()  # every worker process started and not yet known to be reaped
         self._spawning: set[asyncio.Task[Any]] = set()
+        self._booting = 0  # workers being started in the background (_top_up)
+        self._busy = 0  # workers running a job
+        self._waiting = 0  # jobs waiting for an idle worker
         self._closing = False
         self._started = False
         self._failures = 0
@@ -199,7 +210,7 @@ class WorkerPool:
     # ------------------------------------------------------------------ life
 
     async def start(self) -> None:
-        """Boot ``size`` workers; return when all are ready.
+        """Boot the idle workers (``idle``, at least one); return when all are ready.
 
         Raises:
             WorkerStartFailed: a worker could not boot (its log line says why).
@@ -210,16 +221,18 @@ class WorkerPool:
             self._context = start_forkserver()
         # Before multiprocessing's own exit hook, which joins every child: never wait on a worker at exit.
         atexit.register(self._kill_all_now)
-        results = await asyncio.gather(*(self._start_one() for _ in range(self.size)), return_exceptions=True)
+        # At least one even with --idle-workers 0: a worker that cannot boot stops the start, not a first job.
+        count = max(1, self.spare)
+        results = await asyncio.gather(*(self._start_one() for _ in range(count)), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             await self.close()
             threaded = next((r for r in failed if isinstance(r, ForkServerThreaded)), None)
             if threaded is not None:
                 raise threaded
-            raise WorkerStartFailed(f"{len(failed)} of {self.size} job workers could not start ({failed[0]})")
+            raise WorkerStartFailed(f"{len(failed)} of {count} job workers could not start ({failed[0]})")
         self._started = True
-        log.info("workers_ready", workers=self.size)
+        log.info("workers_ready", workers=count, max_workers=self.size)
 
     async def close(self) -> None:
         """Stop starting workers and kill every worker (idle or busy); wait for their exits."""
@@ -305,37 +318,52 @@ class WorkerPool:
         self.started_total += 1
         self._idle.put_nowait(worker)
 
-    def _replace(self) -> None:
-        """Start a worker in the background (after a failure, with a growing delay)."""
+    def _top_up(self) -> None:
+        """Start workers in the background until the idle and booting ones cover the jobs waiting plus
+        ``idle`` spares, within ``size`` minus the busy ones (after a failure, with a growing delay)."""
         self._processes = {p for p in self._processes if p.exitcode is None}  # forget the reaped ones
         if self._closing:
             return
-        task = asyncio.get_running_loop().create_task(self._replace_later())
-        self._spawning.add(task)
-        task.add_done_callback(self._spawning.discard)
+        wanted = min(self.size - self._busy, self.spare + self._waiting)
+        for _ in range(wanted - self._idle.qsize() - self._booting):
+            self._booting += 1
+            task = asyncio.get_running_loop().create_task(self._boot_one())
+            self._spawning.add(task)
+            task.add_done_callback(self._spawning.discard)
 
-    async def _replace_later(self) -> None:
-        if self._failures:
-            await asyncio.sleep(min(MAX_RESPAWN_DELAY_SECONDS, RESPAWN_DELAY_SECONDS * 2 ** (self._failures - 1)))
-        if self._closing:
-            return
+    async def _boot_one(self) -> None:
+        failed = False
         try:
-            await self._start_one()
-        except (WorkerStartFailed, OSError) as exc:
-            self._failures += 1
-            log.error("worker_start_failed", error=str(exc), failures=self._failures)
-            self._replace()
-            return
-        self._failures = 0
+            if self._failures:
+                await asyncio.sleep(min(MAX_RESPAWN_DELAY_SECONDS, RESPAWN_DELAY_SECONDS * 2 ** (self._failures - 1)))
+            if self._closing:
+                return
+            try:
+                await self._start_one()
+            except (WorkerStartFailed, OSError) as exc:
+                failed = True
+                self._failures += 1
+                log.error("worker_start_failed", error=str(exc), failures=self._failures)
+                return
+            self._failures = 0
+        finally:
+            self._booting -= 1
+            if failed:
+                self._top_up()
 
     async def _take(self) -> _Worker:
-        while True:
-            worker = await self._idle.get()
-            if worker.process.is_alive():
-                return worker
-            self._alive.discard(worker)  # died while idle: start another
-            log.warning("worker_died_idle", pid=worker.pid, exit=describe_exit(await worker.reap()))
-            self._replace()
+        """An idle worker, booting one when none is (``_top_up`` counts this job as waiting)."""
+        self._waiting += 1
+        try:
+            while True:
+                self._top_up()
+                worker = await self._idle.get()
+                if worker.process.is_alive():
+                    return worker
+                self._alive.discard(worker)  # died while idle: start another
+                log.warning("worker_died_idle", pid=worker.pid, exit=describe_exit(await worker.reap()))
+        finally:
+            self._waiting -= 1
 
     # ------------------------------------------------------------- executor
 
@@ -352,6 +380,8 @@ class WorkerPool:
             SafeJobError: the worker reported a failure (its type; a message only when publishable).
         """
         worker = await self._take()
+        self._busy += 1
+        self._top_up()  # a spare for the next job, booted while this one runs
         try:
             start = Start(
                 ctx.action_id,
@@ -374,7 +404,8 @@ class WorkerPool:
             task = asyncio.get_running_loop().create_task(worker.reap())
             self._spawning.add(task)
             task.add_done_callback(self._spawning.discard)
-            self._replace()
+            self._busy -= 1
+            self._top_up()
 
 
 class _Job:
