@@ -260,6 +260,7 @@ async def _fewer_idle_workers(stack: Stack) -> tuple[int, dict[str, list[float]]
         async_client(lean.base_url, SIDECAR_TOKEN) as idle_client,
         async_client(none.base_url, SIDECAR_TOKEN) as boot_client,
     ):
+        await _job(boot_client)  # the one worker it boots at start: used up, none replaces it
 
         async def idle() -> float:
             await settle(lean.pid, ready=pool_full(lean.pid, LEAN_IDLE))  # its spare booted: found idle
