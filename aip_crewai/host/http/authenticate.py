@@ -28,7 +28,11 @@ log = structlog.get_logger(__name__)
 
 
 async def authenticate(
-    request: Request, raw_body: bytes | None = None, envelope_obj: dict[str, Any] | None = None
+    request: Request,
+    raw_body: bytes | None = None,
+    envelope_obj: dict[str, Any] | None = None,
+    *,
+    checked: Principal | None = None,
 ) -> Principal:
     """Authenticate an HTTP request with the app's :class:`Authenticator`.
 
@@ -40,6 +44,9 @@ async def authenticate(
             reads no body (checked as empty).
         envelope_obj: the envelope as decoded JSON (a dict), when the request
             carries one; needed for Ed25519 signatures.
+        checked: the principal this call already returned for the same request from its headers alone
+            (a bearer token, no RFC 9421 signature), before its body was read: returned as it is unless
+            ``envelope_obj`` carries a signature (``security``), which is then verified with everything else.
 
     Returns:
         The principal; its tenant and id are bound to the log context.
@@ -49,6 +56,8 @@ async def authenticate(
 
     Source: ARCHITECTURE.md §7.
     """
+    if checked is not None and (envelope_obj is None or "security" not in envelope_obj):
+        return checked  # the same headers, nothing signed in the body: the same principal, already bound
     setup = host_setup(request)
     authenticator = setup.authenticator
     try:

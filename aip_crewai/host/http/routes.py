@@ -90,17 +90,16 @@ def result_envelope(result: ActionResult) -> Envelope:
     return envelope("aip.core.v1.action_result", Body(action_result=result), correlation_id=result.action_id)
 
 
-async def _read_body(request: Request) -> bytes:
-    """The message body (at most MAX_MESSAGE_BYTES). A bearer credential is
-    checked from the header BEFORE the body is read (401 without reading it);
-    only a request without one (a signed envelope) needs its body first
-    (docs/security.md "Security": authenticate from headers first). An RFC 9421
+async def _read_body(request: Request) -> tuple[bytes, Principal | None]:
+    """The message body (at most MAX_MESSAGE_BYTES) and the principal of a bearer credential, checked from the
+    header BEFORE the body is read (401 without reading it); only a request without one (a signed envelope) needs
+    its body first, and gets None (docs/security.md "Security": authenticate from headers first). An RFC 9421
     signed request is checked once, with its body (its ``content-digest``)."""
     if "authorization" in request.headers and not httpsig.is_signed(request.headers.keys()):
-        await authenticate(request)
-        return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge)
+        principal = await authenticate(request)
+        return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge), principal
     budget = host_state(request).body_budget  # read before authentication: within the process's budget
-    return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge, budget=budget)
+    return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge, budget=budget), None
 
 
 def _service(request: Request) -> ActionService:
@@ -137,7 +136,7 @@ async def post_message(request: Request) -> Response:
     A cancel envelope cancels the named action (same rules as ``POST
     /aip/v1/actions/{id}/cancel``) and answers its result.
     """
-    raw = await _read_body(request)
+    raw, bearer = await _read_body(request)
     try:
         obj = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested deeper than msgspec allows
@@ -145,7 +144,7 @@ async def post_message(request: Request) -> Response:
         if isinstance(exc, RecursionError):  # only an action's input nests without a bound of the envelope's
             raise InvalidInput("$.body.action.input", f"nested deeper than {MAX_INPUT_DEPTH} levels") from exc
         raise InvalidEnvelope("the body is not JSON") from exc
-    principal = await authenticate(request, raw, obj if isinstance(obj, dict) else None)
+    principal = await authenticate(request, raw, obj if isinstance(obj, dict) else None, checked=bearer)
     require_role(principal, "invoker")
     env = _decode_envelope(obj)
     service = _service(request)
@@ -188,8 +187,9 @@ async def _submit(
         if is_terminal(record.status) or record.status == ActionState.PENDING_APPROVAL:
             return record, await _result_response(service, record)
         return record, aip_json(ack_envelope(record, streaming=False), 202)
-    timeout_s = (record.timeout_ms or 600_000) / 1000 + WAIT_MARGIN_S
-    record = await unless_stopping(host_state(request).stopping, service.wait(record, timeout_s), record)
+    if record.status == ActionState.RUNNING:  # else ended, or pending its approval: nothing to wait for
+        timeout_s = (record.timeout_ms or 600_000) / 1000 + WAIT_MARGIN_S
+        record = await unless_stopping(host_state(request).stopping, service.wait(record, timeout_s), record)
     return record, await _result_response(service, record)
 
 
