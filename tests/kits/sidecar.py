@@ -15,13 +15,16 @@ processes and restarts. Processes still alive at teardown are killed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,14 +113,31 @@ def sidecar_command(*args: str, main: Path | None = None) -> list[str]:
 PASSED_ENV = ("AIP_CREWAI_ISOLATION",)
 
 
+_PRIVATE_TMP: list[Path] = []
+
+
+def private_tmp() -> Path:
+    """A short private ``TMPDIR`` for the sidecars this test process starts, removed when it exits. A sidecar's
+    fork server keeps its socket in a ``pymp-*`` directory there and CrewAI its lock files; a sidecar killed with
+    SIGKILL (as many tests and every teardown do) leaves them behind, which filled the machine's ``/tmp`` by
+    hundreds a run, and a worker's sandbox lists that directory at each boot. Short: the socket's path must
+    fit in 108 bytes."""
+    if not _PRIVATE_TMP:
+        path = Path(tempfile.mkdtemp(prefix="aipt-"))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        _PRIVATE_TMP.append(path)
+    return _PRIVATE_TMP[0]
+
+
 def child_env(call_log: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The test process environment without ``AIP_CREWAI_*`` (but :data:`PASSED_ENV`) or ``NOTIFY_SOCKET``,
-    plus the call log."""
+    plus the call log and a private ``TMPDIR`` (:func:`private_tmp`)."""
     env = {
         k: v
         for k, v in os.environ.items()
         if (not k.startswith("AIP_CREWAI_") or k in PASSED_ENV) and k != "NOTIFY_SOCKET"
     }
+    env["TMPDIR"] = str(private_tmp())
     env["AIP_CREWAI_TEST_CALL_LOG"] = str(call_log)
     # made now: a sandboxed worker may not create a file beside the sidecar's token and journal (docs/security.md "Security")
     call_log.touch(exist_ok=True)
