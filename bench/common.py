@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -488,7 +489,8 @@ class Stack:
             popen = subprocess.Popen(
                 cmd,
                 cwd=self.workdir,
-                env={**child_env(), **(env or {})},
+                # TMPDIR: the fork server's socket and CrewAI's lock files stay in the stack's directory
+                env={**child_env(), "TMPDIR": str(self.workdir), **(env or {})},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -619,33 +621,35 @@ def _wait_http(url: str, headers: dict[str, str], process: Process) -> None:
 
 class TreeSampler:
     """Samples the PSS of some processes' trees (:func:`tree_pss_kib`: a sidecar with its fork server and job
-    workers) every ``interval_s`` in the background; keeps the peak. Each sample reads ``smaps_rollup`` of every
-    process of the trees (64 workers: about 10 ms of CPU), so the interval stays coarse."""
+    workers) every ``interval_s`` in a thread of its own; keeps the peak. A sample reads ``smaps_rollup`` of every
+    process of the trees, each a walk of its page tables (64 workers: about 100 ms of CPU): in the event loop it
+    stalled the bench's own clients, so it runs beside them, and seldom."""
 
-    def __init__(self, processes: Sequence[Process], interval_s: float = 0.5) -> None:
+    def __init__(self, processes: Sequence[Process], interval_s: float = 2.0) -> None:
         self.processes = list(processes)
         self.interval_s = interval_s
         self.peak: dict[str, int] = {p.name: 0 for p in self.processes}
-        self._task: asyncio.Task[None] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def _sample(self) -> None:
         for process in self.processes:
             self.peak[process.name] = max(self.peak[process.name], tree_pss_kib(process.pid))
 
-    async def _run(self) -> None:
-        while True:
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
             self._sample()
-            await asyncio.sleep(self.interval_s)
 
     async def __aenter__(self) -> TreeSampler:
-        self._task = asyncio.create_task(self._run())
+        self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
+        self._thread.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        self._sample()  # one last sample
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._sample)  # one last sample
 
 
 # --- talking to the host ----------------------------------------------------------

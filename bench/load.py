@@ -13,7 +13,7 @@ runs / wall time of the phase. Every run must complete (zero errors).
 Memory of each process tree (PSS summed over the process and its descendants,
 ``/proc/<pid>/smaps_rollup``: the sidecar with its worker fork server and job
 workers, where CrewAI lives; the host has none) is read at idle and sampled
-every 0.5 s during each phase (peak kept); CPU time per run of each tree
+every 2 s during each phase, in a thread (peak kept); CPU time per run of each tree
 (``/proc/<pid>/stat``, the finished workers' included) is reported per phase.
 Targets: zero errors (no run lost to load); host throughput ≥ 0.9× and p50
 latency ≤ 1.3× the sidecar's (the host adds under 10 %); host peak memory ≤ 0.5×
