@@ -10,6 +10,8 @@ import json
 import pytest
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, open_action_service, running
+from kits.hostapp import completed_run as completed_run_over_http
+from kits.hostapp import post_message as post
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action
@@ -224,12 +226,6 @@ async def test_with_the_cache_off_every_read_asks_the_sidecar(env_off):
 
 # --- over HTTP, in-process ---------------------------------------------------------------------------------
 
-CT = {"Content-Type": "application/aip+json"}
-
-
-async def post(http, principal, env):
-    return await http.post("/aip/v1/messages", content=json.dumps(env), headers={**CT, **bearer(principal)})
-
 
 @pytest.mark.parametrize("entries", [None, 0])
 async def test_status_over_http_answers_the_same_bytes_cached_or_not(make_app, settings, entries):
@@ -239,16 +235,7 @@ async def test_status_over_http_answers_the_same_bytes_cached_or_not(make_app, s
     app_settings = settings if entries is None else dataclasses.replace(settings, status_cache_entries=entries)
     app = make_app(app_settings, sidecar_transport=fake.transport())
     async with running(app) as http:
-        run = action_env("msg_run", "act_run", "cap:crewai:beta", {"topic": "t"}, key="run-1")
-        approval_id = (await post(http, "acme-invoker", run)).json()["body"]["action_result"]["output"]["approval_id"]
-        decided = await http.post(
-            f"/aip/v1/approvals/{approval_id}/decision",
-            headers=bearer("acme-both"),
-            json={"decision": "approved", "reason": "ok"},
-        )
-        assert decided.status_code == 200
-        run["message_id"] = "msg_run_2"
-        assert (await post(http, "acme-invoker", run)).json()["body"]["action_result"]["status"] == "completed"
+        await completed_run_over_http(http)
         before = view_reads(fake, "act_run")
         answers = []
         for n in range(3):

@@ -4,17 +4,15 @@ target check, one sidecar request, the bearer checked once; what is answered and
 """
 
 import dataclasses
-import json
 
 import pytest
 from kits.fake_sidecar import FakeSidecar
-from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, envelope, running, sign
+from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, completed_run, envelope, running, sign
+from kits.hostapp import post_message as post
 
 from aip_crewai.host.http.state import host_setup, host_state
 
 pytestmark = pytest.mark.timeout(60)
-
-CT = {"Content-Type": "application/aip+json"}
 
 
 @pytest.fixture
@@ -27,24 +25,6 @@ async def app_http(make_app, settings, fake):
     app = make_app(dataclasses.replace(settings, status_cache_entries=0), sidecar_transport=fake.transport())
     async with running(app) as http:
         yield app, http
-
-
-async def post(http, principal, env):
-    return await http.post("/aip/v1/messages", content=json.dumps(env), headers={**CT, **bearer(principal)})
-
-
-async def completed_run(http):
-    """``act_run`` of acme-invoker on crew beta, approved and completed at the scripted sidecar."""
-    run = action_env("msg_run", "act_run", "cap:crewai:beta", {"topic": "t"}, key="run-1")
-    approval_id = (await post(http, "acme-invoker", run)).json()["body"]["action_result"]["output"]["approval_id"]
-    decided = await http.post(
-        f"/aip/v1/approvals/{approval_id}/decision",
-        headers=bearer("acme-both"),
-        json={"decision": "approved", "reason": "ok"},
-    )
-    assert decided.status_code == 200, decided.text
-    run["message_id"] = "msg_run_2"
-    assert (await post(http, "acme-invoker", run)).json()["body"]["action_result"]["status"] == "completed"
 
 
 def status_env(n, run_action_id="act_run"):

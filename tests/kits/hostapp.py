@@ -340,3 +340,28 @@ async def submit_action(
     )
     assert answer.status_code == 202, answer.text
     return answer.json()["body"]["action_result"]["output"]
+
+
+async def post_message(http: httpx.AsyncClient, principal: str, env: dict[str, Any]) -> httpx.Response:
+    """POST the envelope ``env`` to ``/aip/v1/messages`` with ``principal``'s bearer."""
+    return await http.post(
+        "/aip/v1/messages",
+        content=json.dumps(env),
+        headers={"Content-Type": "application/aip+json", **bearer(principal)},
+    )
+
+
+async def completed_run(http: httpx.AsyncClient) -> None:
+    """``act_run`` of acme-invoker on crew beta (key ``run-1``), approved by acme-both and completed at the
+    scripted sidecar (a blocking re-call)."""
+    run = action_env("msg_run", "act_run", "cap:crewai:beta", {"topic": "t"}, key="run-1")
+    answer = await post_message(http, "acme-invoker", run)
+    approval_id = answer.json()["body"]["action_result"]["output"]["approval_id"]
+    decided = await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        headers=bearer("acme-both"),
+        json={"decision": "approved", "reason": "ok"},
+    )
+    assert decided.status_code == 200, decided.text
+    run["message_id"] = "msg_run_2"
+    assert (await post_message(http, "acme-invoker", run)).json()["body"]["action_result"]["status"] == "completed"
