@@ -101,6 +101,7 @@ def probe_process(text: str) -> str:
     job = _job_id()
     found = {
         "pid": os.getpid(),
+        "nice": os.nice(0),  # the niceness of the thread running the tool
         "env": os.environ.get(PROBE_ENV),
         "cwd": os.getcwd(),
         "stdout": type(sys.stdout).__name__,

@@ -311,6 +311,7 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
         settings.worker_sandbox,
         traced.protocol if traced is not None else None,
         traced.capture_content if traced is not None else False,
+        nice=settings.worker_nice,
     )
     try:
         described = describe_registry(context, boot)

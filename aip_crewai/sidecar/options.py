@@ -274,6 +274,16 @@ OPTIONS: tuple[Option, ...] = (
         "to boot (a fork, the registry import and a warm-up kickoff)",
     ),
     Option(
+        "worker_nice",
+        "--worker-nice",
+        "AIP_CREWAI_WORKER_NICE",
+        int_in(0, 19),
+        10,
+        "with --isolation process: added to the sidecar's own niceness in every job worker, 0..19; under CPU "
+        "contention the sidecar's event loop (admissions, event streams, /health) and a host on the same "
+        "machine run ahead of the jobs (0: the jobs compete at the sidecar's own priority)",
+    ),
+    Option(
         "worker_user",
         "--worker-user",
         "AIP_CREWAI_WORKER_USER",

@@ -385,3 +385,14 @@ async def test_the_sidecar_boots_its_idle_workers_and_a_job_beyond_them_boots_it
     assert [a.status_code for a in answers] == [200] * 4
     pids = {json.loads(marker(isolated.markers, job, "probe").read_text())["pid"] for job in jobs}
     assert len(pids) == 4
+
+
+async def test_a_job_runs_at_the_worker_nice_above_its_sidecar(isolated: Isolated) -> None:
+    """``--worker-nice`` (default 10): a job's code runs 10 steps nicer than its sidecar, whose own priority is
+    untouched, so under CPU contention the sidecar's loop (and a host beside it) runs first."""
+    sidecar = isolated.sidecar.process.pid
+    async with isolated.sidecar.client() as client:
+        assert (await submit(client, "t1:nice", "probe")).status_code == 200
+    probed = json.loads(marker(isolated.markers, "t1:nice", "probe").read_text())
+    assert os.getpriority(os.PRIO_PROCESS, sidecar) == os.getpriority(os.PRIO_PROCESS, 0)
+    assert probed["nice"] == min(19, os.getpriority(os.PRIO_PROCESS, sidecar) + 10)

@@ -345,6 +345,21 @@ def test_idle_workers_default_to_the_concurrency_and_never_exceed_it(base, idle,
         ).idle_workers == (expected)
 
 
+@pytest.mark.parametrize("value, ok", [("0", True), ("19", True), ("20", False), ("-1", False), ("1.5", False)])
+def test_worker_nice_is_a_niceness_increment(base, value, ok):
+    """``--worker-nice`` / ``AIP_CREWAI_WORKER_NICE``: 0..19 (what ``nice`` accepts), default 10; outside stops
+    start-up naming the setting and its range."""
+    assert load_settings(base, {}).worker_nice == 10
+    if ok:
+        assert load_settings([*base, "--worker-nice", value], {}).worker_nice == int(value)
+        assert load_settings(base, {"AIP_CREWAI_WORKER_NICE": value}).worker_nice == int(value)
+    else:
+        with pytest.raises(ConfigError, match=r"--worker-nice.*0\.\.19"):
+            load_settings([*base, "--worker-nice", value], {})
+        with pytest.raises(ConfigError, match=r"AIP_CREWAI_WORKER_NICE.*0\.\.19"):
+            load_settings(base, {"AIP_CREWAI_WORKER_NICE": value})
+
+
 @pytest.mark.parametrize("value, ok", [("8388608", True), ("8388607", False), ("1099511627776", True)])
 def test_the_unauthenticated_body_budget_is_at_least_one_job_body(base, value, ok):
     """docs/security.md "Security" (bodies before authentication): default 64 MiB; never below one whole job body."""

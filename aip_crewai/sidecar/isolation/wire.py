@@ -62,6 +62,7 @@ class Boot(msgspec.Struct, frozen=True):
         sandbox: what the worker does to itself after its fork (``isolation/sandbox.py``); None: nothing.
         trace_protocol, trace_content: the operator's tracing settings, read before CrewAI's environment
             forced ``OTEL_SDK_DISABLED`` (``aip_crewai/tracing.py``); None: no tracing.
+        nice: added to the niceness the worker inherits, first thing at its boot (``--worker-nice``).
     """
 
     registry: str
@@ -72,6 +73,7 @@ class Boot(msgspec.Struct, frozen=True):
     #: the sidecar's tracing (docs/observing.md "Observing actions"): the OTLP protocol (None: off), content capture
     trace_protocol: str | None = None
     trace_content: bool = False
+    nice: int = 0
 
 
 class Start(msgspec.Struct, frozen=True, tag="start"):

@@ -142,6 +142,8 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
     started = time.monotonic()
     preloaded = "crewai" in sys.modules
     boot = decode_boot(boot_data)
+    if boot.nice:  # before the boot's own work (the registry import, the warm-up kickoff): jobs yield the CPU
+        os.nice(boot.nice)
     channel = Channel(sock, frame_bound(262_144))
     threads = _fork_server_threads()
     if threads:  # forked from a multi-threaded process: a lock another thread held stays held here
