@@ -13,6 +13,7 @@ import pytest
 from kits import aip
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import SIDECAR_TOKEN, bearer, envelope, running, submit_action
+from kits.poll import until_async
 
 from aip_crewai.host.actions import dispatch_task
 
@@ -140,3 +141,60 @@ async def test_an_events_page_of_a_run_waiting_for_its_approval_is_an_empty_page
         "events": [],
     }
     assert sidecar.executions == 0
+
+
+class StartAnsweredDuringStatusSidecar(HeldStartSidecar):
+    """The race of a ``status`` sent while its run's start is on the way: the sidecar answers the status 404
+    (it has not admitted the run), and the start is answered before that 404 reaches the host."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.acknowledged: Any = None  # awaited after the 404 is decided, before it is sent
+        self.status_answers: list[int] = []
+
+    async def handle_async(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path.count("/") == 2:  # GET /jobs/{id}: a status
+            answer = self.handle(request)
+            self.status_answers.append(answer.status_code)
+            if answer.status_code == 404 and not self.release.is_set():
+                self.release.set()
+                await self.acknowledged()
+            return answer
+        return await super().handle_async(request)
+
+
+async def test_a_status_answered_404_while_its_start_was_answered_is_asked_again(make_app):
+    """The sidecar's 404 to a ``status`` says only that the run was not admitted when it looked. If the host
+    then finds the run's start answered (``acknowledged``), the 404 may predate the admission: the host asks
+    once more, where the store places the run, and answers that (it used to fail the read ``not_found`` for a
+    run that exists)."""
+    sidecar = StartAnsweredDuringStatusSidecar()
+    app = make_app(sidecar_transport=sidecar.transport())
+
+    async def acknowledged() -> None:
+        async def answered() -> bool:
+            record = await app.state.host.store.get_action("acme", "act_run")
+            return record is not None and record.dispatch == "acknowledged"
+
+        await until_async(answered, what="the run's start answered")
+
+    sidecar.acknowledged = acknowledged
+    async with running(app) as http:
+        approval_id = (await submit_action(http, "act_run"))["approval_id"]
+        decided = await http.post(
+            f"/aip/v1/approvals/{approval_id}/decision",
+            headers=bearer("acme-both"),
+            json={"decision": "approved", "reason": "ok"},
+        )
+        assert decided.status_code == 200
+        await asyncio.wait_for(sidecar.start_held.wait(), 10)
+        body = aip.action("act_st", "cap:crewai:beta:status", {"run_action_id": "act_run"})
+        answer = await http.post(
+            "/aip/v1/messages",
+            content=json.dumps(envelope("msg_st", body=body)),
+            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
+        )
+    assert sidecar.status_answers == [404, 200]
+    result = answer.json()["body"]["action_result"]
+    assert result["status"] == "completed", result
+    assert result["output"]["action_id"] == "act_run" and result["output"]["event_count"] == 3, result

@@ -166,8 +166,10 @@ class Dispatcher:
         return self.clients.get(name, self.client)
 
     async def _locate_target(self, job: Job) -> SidecarClient:
-        """The client of the sidecar holding the run ``job`` inspects (its placement, read once)."""
-        if job.target_sidecar is None and self.locate is not None:
+        """The client of the sidecar holding the run ``job`` inspects (its placement, read once; not read
+        when the host has one sidecar, which holds every run: a ``status`` costs no store read before its
+        hop, and a 404 from a run admitted meanwhile is asked again, :func:`.dispatch_task.answer_before_admission`)."""
+        if job.target_sidecar is None and self.locate is not None and len(self.clients) > 1:
             job.target_sidecar = await self.locate(job.tenant, str(job.input["run_action_id"]))
         return self.client_for(job, target=True)
 

@@ -9,7 +9,7 @@ Source: ARCHITECTURE.md §9 ("Dispatch retries", "Action states"), §10 (dispatc
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -32,6 +32,7 @@ __all__ = [
     "run",
     "saw_lease_lost",
     "answer_before_admission",
+    "no_chunks",
     "await_target_start",
     "TARGET_START_WAIT_S",
     "retry_delay_s",
@@ -297,18 +298,21 @@ async def answer_before_admission(runtime: ActionRuntime, job: Job, result: Acti
     not know because it has not admitted it: never sent (pending approval, denied, expired, cancelled before
     dispatch) or its start still on the way (just approved). Then the host's own view of that run, in the
     shape of the sidecar's answer, instead of a failure blaming the configuration: for ``status`` the job
-    view (the run's state, 0 events), for an ``events`` page an empty page at the asked cursor. The 404
-    stands for a run whose start the sidecar answered (``acknowledged``), and for a streamed ``events``
+    view (the run's state, 0 events), for an ``events`` page an empty page at the asked cursor. A run whose
+    start the sidecar answered (``acknowledged``) when the host reads it after the 404 is asked once more,
+    on the sidecar the store places it on: the 404 may predate that answer (the start was admitted while the
+    read was on its way), and the second answer stands, a 404 included. A streamed ``events`` keeps its 404
     (ARCHITECTURE.md §9, inspections of a run)."""
-    error = result.error
-    if error is None or (error.details or {}).get("remote_status") != 404:
-        return result
-    if job.spec.name != "status" and (job.spec.name != "events" or job.stream):
+    if not _unknown_to_sidecar(result) or (job.spec.name != "status" and (job.spec.name != "events" or job.stream)):
         return result
     run_action_id = str(job.input["run_action_id"])
     target = await runtime.store.get_action(job.tenant, run_action_id)
-    if target is None or target.dispatch == DispatchState.ACKNOWLEDGED:
+    if target is None:
         return result
+    if target.dispatch == DispatchState.ACKNOWLEDGED:
+        job.target_sidecar = target.sidecar
+        log.info("read_asked_again", run_action_id=run_action_id, reason="run admitted since the 404")
+        return await runtime.dispatcher.run(job, no_chunks)
     if job.spec.name == "status":
         view: dict[str, object] = {
             "action_id": run_action_id,
@@ -328,6 +332,15 @@ async def answer_before_admission(runtime: ActionRuntime, job: Job, result: Acti
             "events": [],
         }
     return ActionResult(action_id=job.action_id, status="completed", output=view)
+
+
+def _unknown_to_sidecar(result: ActionResult) -> bool:
+    """``result`` is the sidecar's 404 for a job it does not know."""
+    return result.error is not None and (result.error.details or {}).get("remote_status") == 404
+
+
+async def no_chunks(chunks: list[Any]) -> None:
+    """The chunk sink of a read that streams none (``status``, an ``events`` page)."""
 
 
 #: The longest an ``events`` read waits for its target run's start to be answered by the sidecar, seconds.

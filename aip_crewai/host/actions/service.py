@@ -94,10 +94,6 @@ def inline_read(spec: OperationSpec, key: str | None) -> bool:
     return key is None and spec.read_only and not spec.approval and spec.name in ops.INSPECTION_OPERATIONS
 
 
-async def _no_chunks(chunks: list[Any]) -> None:
-    """The chunk sink of an inline read: a status or events page has none."""
-
-
 def durable_action(spec: OperationSpec, key: str | None) -> bool:
     """Whether the store fsyncs an action's own writes: always, except for a read-only operation without an
     idempotency key (a ``status`` read), whose record a power loss may drop at no cost: no side effect, no
@@ -293,7 +289,7 @@ class ActionService:
             if spec.name == "status" and self.status_views.enabled:
                 self._count_status_cache("miss")
             try:
-                result = await self.dispatcher.run(job, _no_chunks)
+                result = await self.dispatcher.run(job, dispatch_task.no_chunks)
                 if spec.name == "status" and result.error is None and is_final_view(result.output):
                     fresh_view = _view_encoder.encode(result.output)
                 result = await dispatch_task.answer_before_admission(self, job, result)
