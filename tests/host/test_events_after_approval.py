@@ -45,18 +45,24 @@ class HeldStartSidecar(FakeSidecar):
         return self.handle(request)
 
 
+async def approve_with_start_held(http: httpx.AsyncClient, sidecar: HeldStartSidecar) -> None:
+    """Submit run ``act_run``, approve it, and return once its start is on its way to ``sidecar`` (held there,
+    not answered)."""
+    approval_id = (await submit_action(http, "act_run"))["approval_id"]
+    decided = await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        headers=bearer("acme-both"),
+        json={"decision": "approved", "reason": "ok"},
+    )
+    assert decided.status_code == 200
+    await asyncio.wait_for(sidecar.start_held.wait(), 10)
+
+
 async def test_an_events_read_right_after_the_approval_waits_for_the_runs_start(make_app, monkeypatch):
     sidecar = HeldStartSidecar()
     app = make_app(sidecar_transport=sidecar.transport())
     async with running(app) as http:
-        approval_id = (await submit_action(http, "act_run"))["approval_id"]
-        decided = await http.post(
-            f"/aip/v1/approvals/{approval_id}/decision",
-            headers=bearer("acme-both"),
-            json={"decision": "approved", "reason": "ok"},
-        )
-        assert decided.status_code == 200
-        await asyncio.wait_for(sidecar.start_held.wait(), 10)  # the run's start is on its way, not answered
+        await approve_with_start_held(http, sidecar)
 
         store = app.state.host.store
         polled, reads = asyncio.Event(), []
@@ -98,13 +104,7 @@ async def test_the_wait_ends_at_its_bound_for_a_run_whose_start_is_never_answere
     sidecar = HeldStartSidecar()
     app = make_app(sidecar_transport=sidecar.transport())
     async with running(app) as http:
-        approval_id = (await submit_action(http, "act_run"))["approval_id"]
-        await http.post(
-            f"/aip/v1/approvals/{approval_id}/decision",
-            headers=bearer("acme-both"),
-            json={"decision": "approved", "reason": "ok"},
-        )
-        await asyncio.wait_for(sidecar.start_held.wait(), 10)
+        await approve_with_start_held(http, sidecar)
         body = aip.action("act_ev", "cap:crewai:beta:events", {"run_action_id": "act_run"})
         answer = await http.post(
             "/aip/v1/messages",
@@ -180,14 +180,7 @@ async def test_a_status_answered_404_while_its_start_was_answered_is_asked_again
 
     sidecar.acknowledged = acknowledged
     async with running(app) as http:
-        approval_id = (await submit_action(http, "act_run"))["approval_id"]
-        decided = await http.post(
-            f"/aip/v1/approvals/{approval_id}/decision",
-            headers=bearer("acme-both"),
-            json={"decision": "approved", "reason": "ok"},
-        )
-        assert decided.status_code == 200
-        await asyncio.wait_for(sidecar.start_held.wait(), 10)
+        await approve_with_start_held(http, sidecar)
         body = aip.action("act_st", "cap:crewai:beta:status", {"run_action_id": "act_run"})
         answer = await http.post(
             "/aip/v1/messages",
