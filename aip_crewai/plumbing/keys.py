@@ -11,11 +11,15 @@ import os
 import secrets
 import stat
 from pathlib import Path
-
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from typing import TYPE_CHECKING
 
 from .files import NotRegularFile, open_regular, read_fd
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+# cryptography is imported by the two functions that use keys, not here: a sidecar reads only its token
+# through this module, and the library costs about 8 MiB of resident memory in a process that needs none of it.
 
 MAX_SECRET_FILE_BYTES = 16384
 
@@ -93,6 +97,9 @@ def generate_token(path: Path) -> str:
 def generate_ed25519(path: Path) -> str:
     """Write a new Ed25519 private key (PKCS#8 PEM) to ``path`` (0600); return
     the base64 raw 32-byte public key for the host config."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     write_private(path, pem)
@@ -102,6 +109,9 @@ def generate_ed25519(path: Path) -> str:
 
 def load_ed25519(path: Path) -> Ed25519PrivateKey:
     """Load a private key written by :func:`generate_ed25519` (0600 enforced)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = serialization.load_pem_private_key(read_private(path, what="signing key") + b"\n", password=None)
     if not isinstance(key, Ed25519PrivateKey):
         raise SecretFileError(f"signing key {path}: not an Ed25519 key")

@@ -317,12 +317,13 @@ async def test_the_sidecar_process_never_imports_crewai_and_still_checks_the_reg
     isolated: Isolated, tmp_path: Path
 ) -> None:
     """With process isolation CrewAI is imported once per sidecar, in the worker fork server: the sidecar
-    process itself maps none of CrewAI's compiled dependencies (pydantic's core), yet it knows the crews and
+    process itself maps none of CrewAI's compiled dependencies (pydantic's core), nor cryptography's (a sidecar
+    reads only its token file: about 8 MiB of resident memory it never uses), yet it knows the crews and
     the preflight's facts (from the registry check forked from the fork server), and a registry attribute
     that does not exist is still refused at start with exit 2 and one line naming ``--registry``."""
     sidecar = isolated.sidecar
     maps = Path(f"/proc/{sidecar.process.pid}/maps").read_text()
-    assert "pydantic_core" not in maps and "crewai" not in maps
+    assert "pydantic_core" not in maps and "crewai" not in maps and "/cryptography/" not in maps
     async with sidecar.client() as client:
         health = (await client.get("/health")).json()
     assert "blocking_tool" in health["crews"] and "crew_problems" in health
