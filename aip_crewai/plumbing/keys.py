@@ -108,11 +108,23 @@ def generate_ed25519(path: Path) -> str:
 
 
 def load_ed25519(path: Path) -> Ed25519PrivateKey:
-    """Load a private key written by :func:`generate_ed25519` (0600 enforced)."""
+    """Load a private key written by :func:`generate_ed25519` (0600 enforced).
+
+    Raises:
+        SecretFileError: the file breaks a rule of :func:`read_private`, is not an unencrypted PEM private
+            key, or holds another kind of key (the message names the file, never its content).
+    """
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    key = serialization.load_pem_private_key(read_private(path, what="signing key") + b"\n", password=None)
+    pem = read_private(path, what="signing key") + b"\n"
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except TypeError:  # cryptography's answer to an encrypted key loaded without a password
+        raise SecretFileError(f"signing key {path}: encrypted; give an unencrypted PEM key (0600)") from None
+    except (ValueError, UnsupportedAlgorithm):
+        raise SecretFileError(f"signing key {path}: not a PEM private key") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise SecretFileError(f"signing key {path}: not an Ed25519 key")
     return key

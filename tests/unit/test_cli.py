@@ -328,6 +328,37 @@ def test_usage_and_configuration_errors_exit_2_with_a_hint(argv, says, capsys, m
     assert says in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"garbage\n", "not a PEM private key"),
+        (b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n", "not a PEM private key"),
+        (None, "encrypted; give an unencrypted PEM key"),  # an Ed25519 key encrypted with a password
+    ],
+)
+def test_a_signing_key_that_is_no_usable_key_is_one_line_and_exit_2(content, says, tmp_path, capsys, monkeypatch):
+    """A garbled or encrypted ``--signing-key`` file: one line naming the file and what is wrong, exit 2,
+    never a traceback (the file's content is never shown)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    if content is None:
+        content = Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    key = tmp_path / "signing.pem"
+    key.write_bytes(content)
+    key.chmod(0o600)
+    monkeypatch.delenv("AIP_CREWAI_TOKEN_FILE", raising=False)
+    code = cli.main(["approvals", "list", "--signing-key", str(key), "--key-id", "human:approver"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert says in err and str(key) in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_version_prints_the_package_version(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--version"])
