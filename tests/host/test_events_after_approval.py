@@ -5,14 +5,13 @@ sidecar, instead of reaching the sidecar first and getting a 404 for a run that 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import httpx
 import pytest
 from kits import aip
 from kits.fake_sidecar import FakeSidecar
-from kits.hostapp import SIDECAR_TOKEN, bearer, envelope, running, submit_action
+from kits.hostapp import SIDECAR_TOKEN, bearer, envelope, post_message, running, submit_action
 from kits.poll import until_async
 
 from aip_crewai.host.actions import dispatch_task
@@ -77,13 +76,7 @@ async def test_an_events_read_right_after_the_approval_waits_for_the_runs_start(
 
         monkeypatch.setattr(store, "get_action", counting_get_action)
         body = aip.action("act_ev", "cap:crewai:beta:events", {"run_action_id": "act_run"})
-        read = asyncio.create_task(
-            http.post(
-                "/aip/v1/messages",
-                content=json.dumps(envelope("msg_ev", body=body)),
-                headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
-            )
-        )
+        read = asyncio.create_task(post_message(http, "acme-invoker", envelope("msg_ev", body=body)))
         # Either the read keeps reading the run's record (it waits), or it has asked the sidecar (it did not).
         waits, asked = asyncio.create_task(polled.wait()), asyncio.create_task(sidecar.events_asked.wait())
         await asyncio.wait({waits, asked}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
@@ -106,11 +99,7 @@ async def test_the_wait_ends_at_its_bound_for_a_run_whose_start_is_never_answere
     async with running(app) as http:
         await approve_with_start_held(http, sidecar)
         body = aip.action("act_ev", "cap:crewai:beta:events", {"run_action_id": "act_run"})
-        answer = await http.post(
-            "/aip/v1/messages",
-            content=json.dumps(envelope("msg_ev", body=body)),
-            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
-        )
+        answer = await post_message(http, "acme-invoker", envelope("msg_ev", body=body))
         sidecar.release.set()
     assert sidecar.order[0] == "events asked (unknown job)", sidecar.order
     result = answer.json()["body"]["action_result"]  # the sidecar's 404: the host's own view, an empty page
@@ -125,11 +114,7 @@ async def test_an_events_page_of_a_run_waiting_for_its_approval_is_an_empty_page
     async with running(make_app(sidecar_transport=sidecar.transport())) as http:
         await submit_action(http, "act_run")
         body = aip.action("act_ev", "cap:crewai:beta:events", {"run_action_id": "act_run", "cursor": 2})
-        answer = await http.post(
-            "/aip/v1/messages",
-            content=json.dumps(envelope("msg_ev", body=body)),
-            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
-        )
+        answer = await post_message(http, "acme-invoker", envelope("msg_ev", body=body))
     assert answer.status_code == 200, answer.text
     result = answer.json()["body"]["action_result"]
     assert result["status"] == "completed", result
@@ -182,11 +167,7 @@ async def test_a_status_answered_404_while_its_start_was_answered_is_asked_again
     async with running(app) as http:
         await approve_with_start_held(http, sidecar)
         body = aip.action("act_st", "cap:crewai:beta:status", {"run_action_id": "act_run"})
-        answer = await http.post(
-            "/aip/v1/messages",
-            content=json.dumps(envelope("msg_st", body=body)),
-            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
-        )
+        answer = await post_message(http, "acme-invoker", envelope("msg_st", body=body))
     assert sidecar.status_answers == [404, 200]
     result = answer.json()["body"]["action_result"]
     assert result["status"] == "completed", result
