@@ -165,3 +165,34 @@ def test_a_fork_server_that_cannot_be_reached_is_a_start_failure_not_a_traceback
     boot = Boot("x:y", "/tmp", True, "info", None, None, False)
     with pytest.raises(WorkerStartFailed, match=r"did not start the registry check process \(.*Connection refused"):
         describe_registry(_UnreachableForkServer(), boot)
+
+
+class _Exited(Exception):
+    """Stands for the worker's ``os._exit`` in a test process."""
+
+
+def test_a_jobs_stop_flag_ends_the_worker_once_the_sidecar_is_gone(monkeypatch):
+    """A worker's cancel flag also looks at its socket: while the sidecar holds its end (a frame pending or
+    not) it reads as set or not; at the sidecar's end of file the worker exits at the check, before the
+    effect the check guards (its reader thread may not have run yet); after the job's end was reported, an
+    end of file is expected and changes nothing."""
+    from aip_crewai.sidecar.isolation import worker
+
+    def exit_now(status):
+        raise _Exited(status)
+
+    monkeypatch.setattr(worker, "_exit", exit_now)
+    monkeypatch.setattr(worker, "_REPORTED", threading.Event())
+    ours, theirs = socket.socketpair()
+    flag = worker._StopFlag(ours)
+    assert flag.is_set() is False
+    theirs.sendall(encode(Cancel()))  # a frame waiting for the reader: the sidecar is there
+    assert flag.is_set() is False
+    flag.set()
+    assert flag.is_set() is True
+    theirs.close()
+    with pytest.raises(_Exited):
+        flag.is_set()
+    worker._REPORTED.set()
+    assert flag.is_set() is True
+    ours.close()

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import select
 import signal
 import socket
 import sys
@@ -130,6 +131,41 @@ class Channel:
                 return None
             data += piece
         return bytes(data)
+
+
+class _StopFlag(threading.Event):
+    """A worker's job cancel flag (``ctx.cancel_flag``) that also notices a sidecar gone, and then ends the
+    worker at once.
+
+    The reader thread ends the worker at the sidecar's end of file, but only once it runs: a worker at
+    ``--worker-nice`` on a busy machine may wait for a CPU, and its job thread, woken first, would make its
+    next model call for a sidecar already killed. Every point that checks the flag before an effect (each
+    model call, each chunk: ``operations/_common.py``) therefore looks at the socket too (a non-blocking
+    poll for the hang-up: the kernel marks it at the kill, whichever thread runs first). Until the job's end
+    is reported: after it, the sidecar closing the socket is expected.
+
+    Source: ARCHITECTURE.md §5 (isolation: a crash of the sidecar runs nothing more).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+
+    def is_set(self) -> bool:
+        if not _REPORTED.is_set() and _sidecar_gone(self._sock):
+            _exit(0)
+        return super().is_set()
+
+
+def _sidecar_gone(sock: socket.socket) -> bool:
+    """The sidecar's end of ``sock`` is closed (hung up, even with a frame still unread, or the socket is
+    broken); never blocks."""
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    try:
+        return bool(poller.poll(0))
+    except OSError:
+        return True
 
 
 def serve(sock: socket.socket, boot_data: bytes) -> None:
@@ -331,7 +367,7 @@ def run_job(
         operation=start.operation,
         tenant=start.tenant,
         emit_chunk=chunks,
-        cancel_flag=threading.Event(),
+        cancel_flag=_StopFlag(channel.sock),
         state_dir=Path(start.state_dir),
         training_dir=Path(start.training_dir) if start.training_dir else None,
         find_task_run=calls.find,
