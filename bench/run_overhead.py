@@ -44,6 +44,8 @@ ROUNDS = 150
 WARMUP = 5
 BUDGET_S = 40.0
 MAX_ADDED_S = 0.010
+#: ``--worker-jobs`` of the second host's sidecar (the row with warm workers).
+WARM_JOBS = 100
 INPUT = {"topic": "overhead"}
 
 
@@ -81,13 +83,21 @@ async def run() -> Section:
     with Stack("run") as stack:
         sidecar = stack.start_sidecar()
         host = stack.start_host(sidecar, ["fast"])
+        warm_sidecar = stack.start_sidecar("--worker-jobs", str(WARM_JOBS), name="warm-sidecar")
+        warm_host = stack.start_host(warm_sidecar, ["fast"], name="warm-host")
         in_process = in_process_kickoff(stack.workdir / "in-process")
-        governed = Governed(host)
+        governed, warm_governed = Governed(host), Governed(warm_host)
         side = async_client(sidecar.base_url, SIDECAR_TOKEN)
         try:
 
             async def via_host() -> float:
                 result, elapsed = await governed.governed_run("fast", INPUT)
+                if "overhead" not in result["output"]["raw"]:
+                    raise BenchError("unexpected output through the host")
+                return elapsed
+
+            async def via_warm_host() -> float:
+                result, elapsed = await warm_governed.governed_run("fast", INPUT)
                 if "overhead" not in result["output"]["raw"]:
                     raise BenchError("unexpected output through the host")
                 return elapsed
@@ -105,7 +115,7 @@ async def run() -> Section:
                 return elapsed
 
             samples = await interleave(
-                {"in_process": in_process, "sidecar": via_sidecar, "host": via_host},
+                {"in_process": in_process, "sidecar": via_sidecar, "host": via_host, "warm_host": via_warm_host},
                 rounds=ROUNDS,
                 warmup=WARMUP,
                 budget_s=BUDGET_S,
@@ -113,10 +123,17 @@ async def run() -> Section:
         finally:
             await side.aclose()
             await governed.aclose()
-    host_s, side_s, base_s = (Stats.of(samples[k]) for k in ("host", "sidecar", "in_process"))
+            await warm_governed.aclose()
+    host_s, side_s, base_s, warm_s = (Stats.of(samples[k]) for k in ("host", "sidecar", "in_process", "warm_host"))
     section.rows += [
         added_row(
             "run `fast`: host (decision → result) vs in-process akickoff", host_s, base_s, max_added_s=MAX_ADDED_S
+        ),
+        added_row(
+            f"run `fast` at --worker-jobs {WARM_JOBS} (warm workers): host (decision → result) vs in-process akickoff",
+            warm_s,
+            base_s,
+            max_added_s=MAX_ADDED_S,
         ),
         latency_row("run `fast`: sidecar POST /jobs vs in-process akickoff", side_s, base_s, max_ratio=None),
         latency_row("run `fast`: host (decision → result) vs sidecar POST /jobs", host_s, side_s, max_ratio=None),

@@ -12,6 +12,7 @@ so another process (a test) can follow what a tool did and in which process.
 | ``blocking_trainable`` | ``blocking_tool`` with the options ``train`` and ``test`` need (``aip_crewai.examples.maintenance_crews``) | as ``blocking_tool`` |
 | ``exits`` | 1 agent with ``exit_process`` | ``os._exit(7)``: the process running the job ends |
 | ``probe`` | 1 agent with ``probe_process`` | writes ``<job>.probe`` (JSON: what it found of earlier jobs in its process: ``env``, ``cwd``, ``stdout``, ``bus_handlers``, ``seen``), and the rows of CrewAI's shared replay table, then leaves its own traces (environment variable, working directory, ``sys.stdout``, an event-bus handler, a module global) |
+| ``probe_other`` | ``probe`` under another id | as ``probe`` (another crew for warm-worker tests) |
 | ``environment`` | ``echo`` with an ``after_kickoff`` callback | its output's ``raw`` is the process environment as JSON (``environ``: ``os.environ``; ``proc_environ``: ``/proc/self/environ``) |
 | ``reach`` | ``echo`` with a ``before_kickoff`` callback | reads the file named by the input ``path`` first (an open refused fails the job ``PermissionError``); the output then says ``opened`` |
 | ``memory_stall`` | ``echo``-like, crew ``memory=`` a :class:`SlowDrainMemory` | — (CrewAI's ``akickoff`` waits for memory saves synchronously on its event loop, crewAI PR#6497; each wait here takes ``AIP_CREWAI_TEST_DRAIN_SECONDS``, default 2) |
@@ -236,6 +237,7 @@ CREWS: dict[str, Any] = {
     "blocking_trainable": with_options(blocking_tool, training_feedback=TRAINING_FEEDBACK, eval_llm=offline_eval_llm),
     "exits": exits,
     "probe": probe,
+    "probe_other": probe,
     "memory_stall": memory_stall,
     "environment": environment,
     "reach": reach,

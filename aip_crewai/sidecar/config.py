@@ -92,6 +92,8 @@ class Settings:
             ``max_concurrency``; None: ``max_concurrency``).
         worker_nice: with ``process``, what every job worker adds to the sidecar's niceness (0..19): jobs
             yield the CPU to the sidecar's event loop under contention (ARCHITECTURE.md §5).
+        worker_jobs: with ``process``, jobs one worker runs at most, all of one tenant's one crew (1: a fresh
+            process per job; ARCHITECTURE.md §5 "warm workers").
         cancel_grace_seconds: with ``process``, how long a cancelled job may take to
             stop cooperatively before its worker is killed.
         worker_user: ``(name, uid, gid, home)`` of ``--worker-user``: job workers drop to it (root only).
@@ -126,6 +128,7 @@ class Settings:
     cancel_grace_seconds: float = 1.0
     idle_workers: int | None = None
     worker_nice: int = 10
+    worker_jobs: int = 1
     worker_user: tuple[str, int, int, str] | None = None
     worker_sandbox: SandboxPlan | None = None
     log_level: str = "info"
@@ -273,6 +276,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         cancel_grace_seconds=values["cancel_grace_seconds"],
         idle_workers=idle_workers,
         worker_nice=values["worker_nice"],
+        worker_jobs=values["worker_jobs"],
         worker_user=worker_user,
         log_level=values["log_level"],
         log_format=values["log_format"],

@@ -312,6 +312,7 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
         traced.protocol if traced is not None else None,
         traced.capture_content if traced is not None else False,
         nice=settings.worker_nice,
+        jobs=settings.worker_jobs,
     )
     try:
         described = describe_registry(context, boot)

@@ -284,6 +284,16 @@ OPTIONS: tuple[Option, ...] = (
         "machine run ahead of the jobs (0: the jobs compete at the sidecar's own priority)",
     ),
     Option(
+        "worker_jobs",
+        "--worker-jobs",
+        "AIP_CREWAI_WORKER_JOBS",
+        int_in(1, 100_000),
+        1,
+        "with --isolation process: jobs one worker process runs, one after the other, all of one tenant's one "
+        "crew (1: a fresh process per job; above 1, a job that ended on its own leaves its worker warm for "
+        "that tenant's next job of that crew, which then skips the worker's boot)",
+    ),
+    Option(
         "worker_user",
         "--worker-user",
         "AIP_CREWAI_WORKER_USER",

@@ -7,7 +7,7 @@
   ``crewai.llm``, ``crewai.tool``, each a child of the scope CrewAI emitted it in (the job span at the
   top). The events come through the per-job stream sink (``operations/_common.py``), so two jobs never
   mix. A worker builds its tracer provider after its fork, when its job starts (the fork server stays
-  single-threaded), and flushes it before it exits (:data:`WORKER_FLUSH_MS`).
+  single-threaded), and flushes it before it exits and between two jobs (:data:`WORKER_FLUSH_MS`).
 
 Attributes: ``aip.tenant``, ``aip.action_id``, ``aip.job_id``, ``aip.crew_id``, ``aip.operation``,
 ``aip.status`` and ``aip.error_code`` (a job's error type); on CrewAI spans ``crewai.task_id``,
@@ -43,6 +43,7 @@ __all__ = [
     "job_attributes",
     "job_failed",
     "job_span",
+    "flush",
     "settings",
     "shutdown",
 ]
@@ -109,6 +110,13 @@ def shutdown(timeout_ms: int | None = None) -> None:
         installed.flush(timeout_ms)
         return  # a worker leaves with os._exit: the exporter thread dies with it
     installed.shutdown()
+
+
+def flush(timeout_ms: int) -> None:
+    """Export the spans ended so far (within ``timeout_ms``), keeping this process's provider (a worker
+    between two jobs)."""
+    if _active is not None:
+        _active.flush(timeout_ms)
 
 
 def job_attributes(job_id: str, crew_id: str, operation: str) -> dict[str, str]:

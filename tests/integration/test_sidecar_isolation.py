@@ -24,19 +24,16 @@ from urllib.parse import quote
 import httpx
 import pytest
 from kits.poll import until_async
-from kits.sidecar import Sidecar, SidecarFactory
+from kits.sidecar import ISOLATION_REGISTRY, Sidecar, SidecarFactory, process_isolation_only
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(180),
     # these pin --isolation process themselves: the default pass of the suite has run them already
-    pytest.mark.skipif(
-        os.environ.get("AIP_CREWAI_ISOLATION") == "inprocess",
-        reason="process isolation tests run in the default (process) pass",
-    ),
+    process_isolation_only("process isolation tests run in the default (process) pass"),
 ]
 
-REGISTRY = "aip_crewai.examples.isolation_crews:CREWS"
+REGISTRY = ISOLATION_REGISTRY
 #: Seconds a ``block_then_write`` tool blocks: long enough for a cancel to find every job still blocked on a
 #: loaded machine, and for 40 ``/health`` probes while four jobs block; the sigkill test's bystander waits it out.
 BLOCK_SECONDS = 15.0

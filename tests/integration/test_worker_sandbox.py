@@ -30,11 +30,13 @@ import httpx
 import pytest
 from kits.poll import until
 from kits.sidecar import (
+    ISOLATION_REGISTRY,
     TOKEN,
     Sidecar,
     SidecarFactory,
     child_env,
     post_job,
+    process_isolation_only,
     sidecar_command,
     wait_ready,
 )
@@ -46,13 +48,10 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.sidecar_jobs,
     pytest.mark.timeout(240),
-    pytest.mark.skipif(
-        os.environ.get("AIP_CREWAI_ISOLATION") == "inprocess",
-        reason="the worker sandbox needs process isolation (tested in the default pass)",
-    ),
+    process_isolation_only("the worker sandbox needs process isolation (tested in the default pass)"),
 ]
 
-REGISTRY = "aip_crewai.examples.isolation_crews:CREWS"
+REGISTRY = ISOLATION_REGISTRY
 TEST_USER = "aipcrewai-sbx"
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from kits.poll import Deadline, until
 
@@ -38,6 +39,16 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "integration-token-5f1c"
 REGISTRY = "aip_crewai.examples.testing:CREWS"
 ALLOWED = "run,batch_run,replay,test,knowledge_query,memory_reset"
+#: Registry of the offline crews for process isolation tests (``aip_crewai.examples.isolation_crews``).
+ISOLATION_REGISTRY = "aip_crewai.examples.isolation_crews:CREWS"
+
+
+def process_isolation_only(why: str) -> pytest.MarkDecorator:
+    """Skip in the suite's in-process pass (``AIP_CREWAI_ISOLATION=inprocess``): the test pins
+    ``--isolation process`` itself and ran in the default pass already; ``why`` says what needs it."""
+    return pytest.mark.skipif(os.environ.get("AIP_CREWAI_ISOLATION") == "inprocess", reason=why)
+
+
 #: Longest wait for a sidecar's /health, seconds: generous, since it follows the sidecar's own readiness. On a
 #: shared machine at a load near 17 the real-crew sidecar took 52 s to import CrewAI and 40 s more for its
 #: crews' start-up checks (each builds its crew and probes its embedder); the tests' own timeouts still bound it.

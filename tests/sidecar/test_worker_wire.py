@@ -8,7 +8,9 @@ import threading
 
 import msgspec
 import pytest
+from kits.poll import until
 
+from aip_crewai.sidecar.isolation.channel import Channel, ChunkSender
 from aip_crewai.sidecar.isolation.fork_server import WorkerStartFailed, describe_exit, describe_registry
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
@@ -29,7 +31,6 @@ from aip_crewai.sidecar.isolation.wire import (
     frame_bound,
     payload_length,
 )
-from aip_crewai.sidecar.isolation.worker import Channel, _ChunkSender
 from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
 
 
@@ -84,7 +85,7 @@ def test_a_worker_sends_at_most_its_chunk_limit_and_counts_the_rest(limit):
     """The per-job bound holds in the worker too: ``limit`` chunks cross the pipe, one more is only counted."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        sender = _ChunkSender(Channel(theirs, frame_bound(1024)), limit, 1024)
+        sender = ChunkSender(Channel(theirs, frame_bound(1024)), limit, 1024)
         for i in range(limit + 1):
             sender({"content": f"c{i}", "channel": "llm"})
         assert (sender.sent, sender.dropped) == (limit, 1)
@@ -96,7 +97,7 @@ def test_a_worker_sends_at_most_its_chunk_limit_and_counts_the_rest(limit):
 def test_a_worker_cuts_chunk_content_and_labels_the_sidecar_would_cut_anyway():
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        sender = _ChunkSender(Channel(theirs, frame_bound(1024)), 10, 1024)
+        sender = ChunkSender(Channel(theirs, frame_bound(1024)), 10, 1024)
         sender({"content": "x" * 5000, "channel": "tools", "task_id": "t" * 999, "agent_role": None, "other": "y"})
         sender("not a mapping")  # dropped, as the sidecar would
         theirs.close()
@@ -131,7 +132,7 @@ def test_a_worker_exit_is_named_by_its_signal_or_status(code, text):
 def test_chunks_sent_from_many_threads_arrive_whole():
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        sender = _ChunkSender(Channel(theirs, frame_bound(1024)), 1000, 1024)
+        sender = ChunkSender(Channel(theirs, frame_bound(1024)), 1000, 1024)
         threads = [
             threading.Thread(target=lambda n=n: [sender({"content": f"{n}-{i}" * 50}) for i in range(50)])
             for n in range(8)
@@ -176,15 +177,14 @@ def test_a_jobs_stop_flag_ends_the_worker_once_the_sidecar_is_gone(monkeypatch):
     not) it reads as set or not; at the sidecar's end of file the worker exits at the check, before the
     effect the check guards (its reader thread may not have run yet); after the job's end was reported, an
     end of file is expected and changes nothing."""
-    from aip_crewai.sidecar.isolation import worker
+    from aip_crewai.sidecar.isolation import channel
 
     def exit_now(status):
         raise _Exited(status)
 
-    monkeypatch.setattr(worker, "_exit", exit_now)
-    monkeypatch.setattr(worker, "_REPORTED", threading.Event())
+    monkeypatch.setattr(channel, "exit_now", exit_now)
     ours, theirs = socket.socketpair()
-    flag = worker._StopFlag(ours)
+    flag = channel.StopFlag(ours)
     assert flag.is_set() is False
     theirs.sendall(encode(Cancel()))  # a frame waiting for the reader: the sidecar is there
     assert flag.is_set() is False
@@ -193,6 +193,61 @@ def test_a_jobs_stop_flag_ends_the_worker_once_the_sidecar_is_gone(monkeypatch):
     theirs.close()
     with pytest.raises(_Exited):
         flag.is_set()
-    worker._REPORTED.set()
+    flag.reported.set()
     assert flag.is_set() is True
     ours.close()
+
+
+def start_frame(action_id: str, operation: str = "run") -> bytes:
+    return encode(Start(action_id, "crew", operation, "t", {}, "/s", None, 10, 1024))
+
+
+def test_a_workers_reader_gives_each_job_its_cancel_and_lets_it_wait_for_the_next(monkeypatch):
+    """The worker's reader thread (``channel.Inbox``) builds each job at its ``Start``: a ``Cancel`` right
+    behind it reaches that job even before the job's task exists (and cancels run's task once it does); once
+    the job's end is reported, the next ``Start`` is the next job, and the sidecar's end of file then ends
+    the wait (None), not the process; a ``Start`` while a job runs unreported is a protocol error (exit)."""
+    import asyncio
+
+    from aip_crewai.sidecar.isolation import channel
+
+    exits: list[int] = []
+    monkeypatch.setattr(channel, "exit_now", exits.append)
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        inbox = channel.Inbox(channel.Channel(ours, frame_bound(1024)), loop)
+        theirs.sendall(start_frame("t:one") + encode(Cancel()))
+        first = inbox.next_job()
+        assert first is not None and first.start.action_id == "t:one"
+        until(lambda: first.cancelled, what="the cancel reached the first job")
+        task = loop.create_task(asyncio.sleep(60))
+        first.begin(task)
+        assert task.cancelled() or task.cancelling()
+        first.flag.reported.set()
+        theirs.sendall(start_frame("t:two"))
+        second = inbox.next_job()
+        assert second is not None and second.start.action_id == "t:two" and not second.cancelled
+        second.flag.reported.set()
+        theirs.close()
+        assert inbox.next_job() is None and exits == []
+    finally:
+        ours.close()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+
+    exits.clear()
+    ours, theirs = socket.socketpair()
+    try:
+        inbox = channel.Inbox(channel.Channel(ours, frame_bound(1024)), loop)
+        theirs.sendall(start_frame("t:running") + start_frame("t:sent-too-soon"))
+        until(lambda: exits == [channel.PROTOCOL_STATUS], what="a Start during a job ends the worker")
+        for _ in range(2):  # the stand-in exit returned: let the reader thread end here, not after the test
+            job = inbox.next_job()
+            assert job is not None
+            job.flag.reported.set()
+        theirs.close()
+        assert inbox.next_job() is None and exits == [channel.PROTOCOL_STATUS]
+    finally:
+        theirs.close()
+        ours.close()

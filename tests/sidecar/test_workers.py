@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import worker_fakes
 from kits.poll import until_async
 
-from aip_crewai.sidecar.isolation.pool import WorkerDied, WorkerPool
+from aip_crewai.sidecar.isolation.handle import WorkerDied
+from aip_crewai.sidecar.isolation.pool import WorkerPool
 from aip_crewai.sidecar.isolation.wire import Boot
 from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
 
@@ -205,5 +207,69 @@ async def test_no_idle_worker_boots_one_per_job_and_keeps_none():
             assert await job == {"found": True}
             await until_async(lambda: pool.pids() == [], what="no worker kept after the job")
         assert pool.started_total == 2
+    finally:
+        await pool.close()
+
+
+def warm_pool(target: Any, *, size: int = 2, idle: int = 1) -> WorkerPool:
+    """A pool of ``target`` workers that may run 3 jobs each (``--worker-jobs 3``)."""
+    pool = make_pool(target, size=size, idle=idle)
+    pool.boot = msgspec.structs.replace(pool.boot, jobs=3)
+    return pool
+
+
+async def job_pid(pool: WorkerPool, tenant: str, crew: str = "crew") -> int:
+    ctx, _chunks, _dropped = make_ctx()
+    ctx.tenant = tenant
+    output = await pool(crew, "run", {}, ctx)
+    return int(output["pid"])
+
+
+async def test_a_warm_worker_runs_only_its_owners_next_jobs():
+    """A worker that reported ``last: false`` runs the same tenant's next job of the same crew; another
+    tenant's job, or another crew's, goes to another worker."""
+    pool = warm_pool(worker_fakes.serves_jobs, size=4, idle=1)
+    await pool.start()
+    try:
+        first = await job_pid(pool, "t1")
+        assert pool.warm() == 1
+        assert await job_pid(pool, "t1") == first
+        other_tenant = await job_pid(pool, "t2")
+        other_crew = await job_pid(pool, "t1", crew="other")
+        assert len({first, other_tenant, other_crew}) == 3
+        assert await job_pid(pool, "t1") == first and pool.reused_total == 2
+    finally:
+        await pool.close()
+
+
+async def test_a_job_with_every_slot_held_by_warm_workers_retires_the_oldest():
+    """Two slots, both held by warm workers of t1 and t2: t3's job retires t1's (killed, it runs nothing)
+    and runs in a fresh worker; t2's warm worker still serves t2."""
+    pool = warm_pool(worker_fakes.serves_jobs, size=2, idle=0)
+    await pool.start()
+    try:
+        t1, t2 = await asyncio.gather(job_pid(pool, "t1"), job_pid(pool, "t2"))
+        assert pool.warm() == 2
+        t3 = await job_pid(pool, "t3")
+        assert t3 not in {t1, t2} and pool.retired_total == 1
+        assert await job_pid(pool, "t2") == t2
+    finally:
+        await pool.close()
+
+
+async def test_a_worker_told_to_stop_is_never_kept_warm_whatever_it_reports():
+    """A worker told to stop that finished its job anyway and reports ``last: false`` is not handed the
+    owner's next job."""
+    pool = warm_pool(worker_fakes.stays_after_cancel, size=1, idle=1)
+    ctx, chunks, _dropped = make_ctx()
+    await pool.start()
+    try:
+        job = asyncio.create_task(pool("crew", "run", {"wait": True}, ctx))
+        await until_async(lambda: bool(chunks), interval=0.01, what="the worker's first chunk")
+        (cancelled_pid,) = pool.pids()
+        job.cancel()
+        assert await job == {"pid": cancelled_pid}
+        assert pool.warm() == 0
+        assert await job_pid(pool, "t") != cancelled_pid
     finally:
         await pool.close()

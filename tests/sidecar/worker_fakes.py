@@ -10,6 +10,7 @@ import signal
 import socket
 import time
 
+from aip_crewai.sidecar.isolation.channel import Channel
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
     Cancel,
@@ -22,7 +23,6 @@ from aip_crewai.sidecar.isolation.wire import (
     TaskRun,
     frame_bound,
 )
-from aip_crewai.sidecar.isolation.worker import Channel
 
 
 def _start(sock: socket.socket) -> tuple[Channel, Start]:
@@ -87,3 +87,26 @@ def fails(sock: socket.socket, _boot: bytes) -> None:
     """Reports a failure with a class name only (no publishable message)."""
     _channel, _start_message = _start(sock)
     _channel.send(Failed("RuntimeError"))
+
+
+def serves_jobs(sock: socket.socket, _boot: bytes) -> None:
+    """A warm worker: answers each job with its pid and ``last: false`` until end of file."""
+    channel = Channel(sock, frame_bound(1024))
+    channel.send(Ready(os.getpid()))
+    while isinstance(channel.recv(), Start):
+        channel.send(Done(b'{"pid": %d}' % os.getpid(), [], last=False))
+
+
+def stays_after_cancel(sock: socket.socket, _boot: bytes) -> None:
+    """A job with the input ``wait`` answers a Cancel with its output (it finished anyway) and says the
+    worker could run another job (``last: false``); other jobs report the worker's pid (``last: false``)."""
+    channel = Channel(sock, frame_bound(1024))
+    channel.send(Ready(os.getpid()))
+    while isinstance(start := channel.recv(), Start):
+        if start.input.get("wait"):
+            channel.send(Chunk({"content": "running", "channel": "llm"}))
+            while not isinstance(channel.recv(), Cancel):
+                pass
+            channel.send(Done(b'{"pid": %d}' % os.getpid(), [], last=False))
+        else:
+            channel.send(Done(b'{"pid": %d}' % os.getpid(), [], last=False))

@@ -15,12 +15,22 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
   ready in about 10 ms and shares the fork server's pages.
 - **Pool.** At most ``--max-concurrency`` workers exist at any time;
   ``--idle-workers`` of them (default: all) are booted ahead of need and wait
-  for their job, and a job that finds none idle waits for one to boot. A worker
-  runs one job and exits; its replacement is started at once, so no job
-  inherits another's environment, working directory, stdout, event-bus
-  handlers or CrewAI replay storage. The idle workers trade memory (each holds
-  about 23 MiB of its own) for start latency (a boot is a fork, the registry
-  import and a warm-up kickoff: about 60 ms of CPU for a small registry).
+  for their job, and a job that finds none idle waits for one to boot. By
+  default (``--worker-jobs 1``) a worker runs one job and exits; its
+  replacement is started at once, so no job inherits another's environment,
+  working directory, stdout, module state, event-bus handlers or CrewAI replay
+  storage. The idle workers trade memory (each holds about 23 MiB of its own)
+  for start latency (a boot is a fork, the registry import and a warm-up
+  kickoff: about 60 ms of CPU for a small registry).
+- **Warm workers** (``--worker-jobs`` N above 1). A worker whose job ended on
+  its own (``last: false``: no cancel, no kill, no crash) is kept *warm* for
+  its *owner*: the job's tenant, crew and training directory (what its job
+  sandbox layer was built from). The owner's next job takes it before any
+  fresh worker and skips the boot and the fork's copy-on-write; it runs up to N
+  jobs, then exits and is replaced. Warm workers hold slots of
+  ``--max-concurrency`` but are not idle spares; when a job waits with every
+  slot held, the oldest warm worker is retired (killed; it runs nothing) to
+  make room. Another tenant's job never runs in a warm worker.
 - **Events.** Chunks come back as frames (:mod:`~aip_crewai.sidecar.isolation.wire`) and go to
   ``ctx.emit_chunk``: the runtime shapes, bounds, journals and fans them out
   as in-process. ``ctx.find_task_run`` (replay) is answered over the same
@@ -63,8 +73,8 @@ from aip_crewai.sidecar.isolation.fork_server import (
     describe_exit,
     start_forkserver,
 )
+from aip_crewai.sidecar.isolation.handle import WorkerDied, WorkerHandle
 from aip_crewai.sidecar.isolation.wire import (
-    HEADER,
     Boot,
     Cancel,
     Chunk,
@@ -77,80 +87,18 @@ from aip_crewai.sidecar.isolation.wire import (
     Refused,
     Start,
     TaskRun,
-    ToWorker,
-    decode_from_worker,
-    encode,
     encode_boot,
     frame_bound,
-    payload_length,
 )
 from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
 
 log = structlog.get_logger(__name__)
 
+#: Whose jobs a warm worker may run: (tenant, crew id, training directory or None), its job sandbox layer's inputs.
+Owner = tuple[str, str, str | None]
+
 #: Delay before starting a worker again after one failed to boot (s), doubling up to the maximum.
 RESPAWN_DELAY_SECONDS, MAX_RESPAWN_DELAY_SECONDS = 0.5, 10.0
-
-
-class WorkerDied(SafeJobError):
-    """The job's worker process died before it reported the job's end."""
-
-    def __init__(self, exitcode: int | None) -> None:
-        super().__init__(
-            f"the worker process running the job died ({describe_exit(exitcode)})",
-            error_type="WorkerDied",
-            uncertain=True,
-        )
-        self.exitcode = exitcode
-
-
-class _Worker:
-    """The sidecar's end of one worker process."""
-
-    def __init__(self, process: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bound: int) -> None:
-        self.process = process
-        self.pid: int = process.pid
-        self.reader = reader
-        self.writer = writer
-        self.bound = bound
-        self.killed_at: float | None = None
-
-    async def recv(self) -> FromWorker | None:
-        """The next message; None at end of file (the worker exited). Raises FrameError."""
-        try:
-            header = await self.reader.readexactly(HEADER.size)
-            payload = await self.reader.readexactly(payload_length(header, self.bound))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return None
-        return decode_from_worker(payload)
-
-    async def send(self, message: ToWorker) -> bool:
-        """Send one frame; False when the worker is gone."""
-        try:
-            self.writer.write(encode(message))
-            await self.writer.drain()
-        except (ConnectionError, OSError):
-            return False
-        return True
-
-    def kill(self) -> None:
-        """SIGKILL (idempotent; a gone process is fine)."""
-        if self.killed_at is None:
-            self.killed_at = time.monotonic()
-        try:
-            self.process.kill()
-        except (OSError, ValueError, AttributeError):
-            pass
-
-    async def reap(self) -> int | None:
-        """Close the socket, wait for the exit (killing it if it lingers) and return its exit code."""
-        self.writer.close()
-        await asyncio.to_thread(self.process.join, REAP_SECONDS)
-        if self.process.exitcode is None:
-            self.kill()
-            await asyncio.to_thread(self.process.join, REAP_SECONDS)
-        code: int | None = self.process.exitcode
-        return code
 
 
 class WorkerPool:
@@ -166,6 +114,8 @@ class WorkerPool:
         context: the multiprocessing context (default: :func:`start_forkserver`'s).
         target: the worker process's function ``(socket, boot bytes)`` (default: :func:`worker.serve`;
             tests pass fakes).
+
+    ``boot.jobs`` (``--worker-jobs``) above 1 keeps warm workers (see the module docstring).
     """
 
     #: The runtime cancels this executor's task for every operation (hard cancel).
@@ -193,8 +143,9 @@ class WorkerPool:
         self._context = context
         self._target = target or _worker_entry
         self._boot_data = encode_boot(boot)
-        self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
-        self._alive: set[_Worker] = set()
+        self._idle: asyncio.Queue[WorkerHandle] = asyncio.Queue()
+        self._warm: dict[WorkerHandle, Owner] = {}  # warm workers and their owners, oldest first
+        self._alive: set[WorkerHandle] = set()
         self._processes: set[Any] = set()  # every worker process started and not yet known to be reaped
         self._spawning: set[asyncio.Task[Any]] = set()
         self._booting = 0  # workers being started in the background (_top_up)
@@ -206,6 +157,8 @@ class WorkerPool:
         self.started_total = 0
         self.killed_total = 0
         self.died_total = 0
+        self.reused_total = 0  # jobs that ran in a warm worker
+        self.retired_total = 0  # warm workers killed to make room
 
     # ------------------------------------------------------------------ life
 
@@ -249,6 +202,7 @@ class WorkerPool:
             *(asyncio.to_thread(p.join, REAP_SECONDS) for p in self._processes), return_exceptions=True
         )
         self._alive.clear()
+        self._warm.clear()
         self._processes.clear()
 
     def _track(self, process: Any, started: asyncio.Future[None]) -> None:
@@ -272,8 +226,12 @@ class WorkerPool:
         self._closing = True
 
     def idle(self) -> int:
-        """Workers booted and waiting for a job."""
+        """Fresh workers booted and waiting for a job (warm ones not counted: :meth:`warm`)."""
         return self._idle.qsize()
+
+    def warm(self) -> int:
+        """Warm workers waiting for their owner's next job."""
+        return len(self._warm)
 
     def pids(self) -> list[int]:
         """Process ids of the workers alive now (idle and busy)."""
@@ -301,7 +259,7 @@ class WorkerPool:
         finally:
             theirs.close()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
-        worker = _Worker(process, reader, writer, self.bound)
+        worker = WorkerHandle(process, reader, writer, self.bound)
         self._alive.add(worker)
         try:
             with anyio.fail_after(BOOT_TIMEOUT_SECONDS):
@@ -324,8 +282,14 @@ class WorkerPool:
         self._processes = {p for p in self._processes if p.exitcode is None}  # forget the reaped ones
         if self._closing:
             return
-        wanted = min(self.size - self._busy, self.spare + self._waiting)
-        for _ in range(wanted - self._idle.qsize() - self._booting):
+        ready = self._idle.qsize() + self._booting
+        unserved = self._waiting - ready
+        free = self.size - self._busy - len(self._warm) - ready
+        while self._warm and unserved > max(free, 0):  # every slot held: the oldest warm worker makes room
+            self._retire(next(iter(self._warm)))
+            free += 1
+        wanted = min(self.size - self._busy - len(self._warm), self.spare + self._waiting)
+        for _ in range(wanted - ready):
             self._booting += 1
             task = asyncio.get_running_loop().create_task(self._boot_one())
             self._spawning.add(task)
@@ -351,8 +315,38 @@ class WorkerPool:
             if failed:
                 self._top_up()
 
-    async def _take(self) -> _Worker:
-        """An idle worker, booting one when none is (``_top_up`` counts this job as waiting)."""
+    def _retire(self, worker: WorkerHandle) -> None:
+        """Kill a warm worker (it runs nothing) and reap it in the background."""
+        del self._warm[worker]
+        self.retired_total += 1
+        log.info("warm_worker_retired", pid=worker.pid)
+        worker.kill()
+        self._forget(worker)
+
+    def _forget(self, worker: WorkerHandle) -> None:
+        """The worker holds no slot any more: reap it in the background (it exits by itself or was killed)."""
+        self._alive.discard(worker)
+        task = asyncio.get_running_loop().create_task(worker.reap())
+        self._spawning.add(task)
+        task.add_done_callback(self._spawning.discard)
+
+    def _take_warm(self, owner: Owner) -> WorkerHandle | None:
+        """The newest warm worker of ``owner`` still alive, or None."""
+        for worker in reversed([w for w, o in self._warm.items() if o == owner]):
+            del self._warm[worker]
+            if worker.process.is_alive():
+                self.reused_total += 1
+                return worker
+            log.warning("worker_died_idle", pid=worker.pid, warm=True)
+            self._forget(worker)
+        return None
+
+    async def _take(self, owner: Owner) -> WorkerHandle:
+        """A warm worker of ``owner``, else an idle one, booting one when none is (``_top_up`` counts this job
+        as waiting)."""
+        worker = self._take_warm(owner)
+        if worker is not None:
+            return worker
         self._waiting += 1
         try:
             while True:
@@ -379,9 +373,11 @@ class WorkerPool:
             WorkerDied: the worker died first (``uncertain_outcome: true``).
             SafeJobError: the worker reported a failure (its type; a message only when publishable).
         """
-        worker = await self._take()
+        owner = (ctx.tenant, crew_id, str(ctx.training_dir) if ctx.training_dir is not None else None)
+        worker = await self._take(owner)
         self._busy += 1
         self._top_up()  # a spare for the next job, booted while this one runs
+        job: _Job | None = None
         try:
             start = Start(
                 ctx.action_id,
@@ -397,25 +393,28 @@ class WorkerPool:
             )
             if not await worker.send(start):
                 raise WorkerDied(await worker.reap())
-            return await _Job(self, worker, ctx).follow()
+            job = _Job(self, worker, ctx)
+            return await job.follow()
         finally:
-            # The worker exits by itself after its end (else it was killed): reap it in the background.
-            self._alive.discard(worker)
-            task = asyncio.get_running_loop().create_task(worker.reap())
-            self._spawning.add(task)
-            task.add_done_callback(self._spawning.discard)
             self._busy -= 1
+            if job is not None and job.reusable and not self._closing:
+                self._warm[worker] = owner
+            else:  # the worker exits by itself after its last job (else it was killed)
+                self._forget(worker)
             self._top_up()
 
 
 class _Job:
     """Follow one job's frames until its end; stop it on a cancel (grace, then kill)."""
 
-    def __init__(self, pool: WorkerPool, worker: _Worker, ctx: JobContext) -> None:
+    def __init__(self, pool: WorkerPool, worker: WorkerHandle, ctx: JobContext) -> None:
         self.pool = pool
         self.worker = worker
         self.ctx = ctx
         self.calls: set[asyncio.Task[None]] = set()
+        #: The worker reported the job's end with ``last: false`` and was never told to stop: it may be kept warm.
+        self.reusable = False
+        self.stopping = False
 
     async def follow(self) -> dict[str, Any]:
         try:
@@ -464,8 +463,11 @@ class _Job:
             self.calls.add(call)
             call.add_done_callback(self.calls.discard)
             return None
-        if isinstance(message, Done | Failed) and message.dropped and ctx.note_dropped is not None:
-            ctx.note_dropped(message.dropped)
+        if isinstance(message, Done | Failed):
+            cancelled = isinstance(message, Failed) and message.cancelled
+            self.reusable = not (message.last or cancelled or self.stopping)
+            if message.dropped and ctx.note_dropped is not None:
+                ctx.note_dropped(message.dropped)
         if isinstance(message, Done):
             ctx.run_state.update({index: state for index, state in message.run_state})
             output: dict[str, Any] = msgspec.json.decode(message.output)
@@ -502,6 +504,7 @@ class _Job:
         """
         ctx = self.ctx
         asked = time.monotonic()
+        self.stopping = True
         await self.worker.send(Cancel())
         deadline = asked + self.pool.cancel_grace_seconds
         how = "died"

@@ -1,6 +1,7 @@
 """The pipe protocol between the sidecar and its job worker processes (pure data, no I/O).
 
-One job per worker process (ARCHITECTURE.md §5 "Isolation"). Frames travel
+One job per worker process, or up to ``--worker-jobs`` jobs of one tenant's
+one crew, one after the other (ARCHITECTURE.md §5 "Isolation"). Frames travel
 over one ``socketpair`` per worker: a 4-byte big-endian length, then a
 msgspec MessagePack message of the tagged union below. Every frame is
 bounded (:func:`frame_bound`); a peer that sends a larger or undecodable
@@ -9,12 +10,12 @@ frame is treated as broken (the sidecar kills that worker and fails its job).
 | direction | message | when |
 |---|---|---|
 | worker → sidecar | :class:`Ready` | booted: CrewAI and the registry are loaded |
-| sidecar → worker | :class:`Start` | the one job this worker runs |
+| sidecar → worker | :class:`Start` | the job this worker runs now |
 | worker → sidecar | :class:`Chunk` | one ``ctx.emit_chunk`` payload (at most ``max_events - 1`` per job) |
 | worker → sidecar | :class:`FindTaskRun` | ``ctx.find_task_run(task_id)`` (replay) |
 | sidecar → worker | :class:`TaskRun` | its answer |
 | sidecar → worker | :class:`Cancel` | the job was cancelled (cooperative stop; a kill follows after the grace) |
-| worker → sidecar | :class:`Done` / :class:`Failed` | the job's end; the worker exits after it |
+| worker → sidecar | :class:`Done` / :class:`Failed` | the job's end; the worker exits after it unless ``last`` is false (it then waits for its next ``Start``) |
 | registry check → sidecar | :class:`Described` | the one answer of the start-up registry check process (no job) |
 
 Source: ARCHITECTURE.md §5 (isolation, per-job bounds).
@@ -63,6 +64,8 @@ class Boot(msgspec.Struct, frozen=True):
         trace_protocol, trace_content: the operator's tracing settings, read before CrewAI's environment
             forced ``OTEL_SDK_DISABLED`` (``aip_crewai/tracing.py``); None: no tracing.
         nice: added to the niceness the worker inherits, first thing at its boot (``--worker-nice``).
+        jobs: jobs the worker runs at most, one after the other, all of its first job's tenant and crew
+            (``--worker-jobs``; 1: a fresh process per job).
     """
 
     registry: str
@@ -74,6 +77,7 @@ class Boot(msgspec.Struct, frozen=True):
     trace_protocol: str | None = None
     trace_content: bool = False
     nice: int = 0
+    jobs: int = 1
 
 
 class Start(msgspec.Struct, frozen=True, tag="start"):
@@ -136,11 +140,13 @@ class Done(msgspec.Struct, frozen=True, tag="done"):
         output: the operation output as compact JSON (at most ``MAX_OUTPUT_BYTES``).
         run_state: ``ctx.run_state`` as ``[[index or None, state], ...]``.
         dropped: chunks dropped at the per-job event bound.
+        last: the worker exits after this frame; False: it waits for its next job (``Boot.jobs``).
     """
 
     output: bytes
     run_state: list[tuple[int | None, dict[str, Any]]]
     dropped: int = 0
+    last: bool = True
 
 
 class Failed(msgspec.Struct, frozen=True, tag="failed"):
@@ -154,6 +160,7 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
         stop_observed: ``ctx.stop_observed``.
         dropped: chunks dropped at the per-job event bound.
         uncertain: ``SafeJobError.uncertain`` (None: the runtime derives ``uncertain_outcome``).
+        last: the worker exits after this frame; False: it waits for its next job (``Boot.jobs``).
     """
 
     error_type: str
@@ -163,6 +170,7 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
     stop_observed: bool = False
     dropped: int = 0
     uncertain: bool | None = None
+    last: bool = True
 
 
 class Described(msgspec.Struct, frozen=True, tag="described"):

@@ -1,4 +1,5 @@
-"""One job worker process: boots, runs exactly one job, reports it, exits.
+"""One job worker process: boots, runs its job (or up to ``--worker-jobs`` of one tenant's one crew, one
+after the other), reports each, exits.
 
 Started by :class:`aip_crewai.sidecar.isolation.pool.WorkerPool` from the worker
 fork server, which imported CrewAI and the operations beforehand
@@ -14,15 +15,20 @@ CrewAI import. :func:`serve` is the process target:
    :class:`~aip_crewai.sidecar.isolation.wire.Ready`;
 2. wait for :class:`~aip_crewai.sidecar.isolation.wire.Start` (end of file: the sidecar is gone,
    exit at once);
-3. run ``operations.execute`` on a fresh event loop of its own, with a
+3. run ``operations.execute`` on the worker's event loop, with a
    :class:`JobContext` whose chunk sink writes :class:`~aip_crewai.sidecar.isolation.wire.Chunk`
    frames (at most ``max_events - 2`` per job: the ``started`` and terminal
    events need their slots; the rest are counted), whose ``find_task_run``
-   asks the sidecar, and whose cancel flag a reader thread sets on
+   asks the sidecar, and whose cancel flag the reader thread (:class:`~aip_crewai.sidecar.isolation.channel.Inbox`) sets on
    :class:`~aip_crewai.sidecar.isolation.wire.Cancel` (cancelling the task of ``run`` and
    ``batch_run`` too, as the in-process runtime does);
 4. send :class:`~aip_crewai.sidecar.isolation.wire.Done` or :class:`~aip_crewai.sidecar.isolation.wire.Failed` and
-   exit with ``os._exit`` (CrewAI's threads never hold the process).
+   exit with ``os._exit`` (CrewAI's threads never hold the process); with ``Boot.jobs`` above 1, a job
+   that ended on its own (no cancel, no ``BaseException`` beyond ``Exception``) is reported with
+   ``last: false`` instead: the worker restores its environment variables, working directory and
+   ``sys.stdout``/``sys.stderr`` and goes back to 2 for the next job, which the sidecar sends only for
+   the same tenant and crew (the job sandbox layer, ``confinement.enter_job``, is its first job's for
+   good).
 
 The same module holds the start-up registry check (:func:`describe`): one
 process forked like a worker, before any, that loads the registry and runs
@@ -33,9 +39,14 @@ import per sidecar, in the fork server, instead of two).
 A worker whose sidecar goes away (end of file on its socket) exits at once:
 nothing it would do next could be recorded.
 
-Everything a job changes in its process (environment, working directory,
-``sys.stdout``, CrewAI's event bus handlers and replay storage) dies with
-it: the next job runs in a new process.
+With ``Boot.jobs`` 1 (the default), everything a job changes in its process
+(environment, working directory, ``sys.stdout``, module state, CrewAI's event
+bus handlers and replay storage, threads it started) dies with it: the next
+job runs in a new process. Above 1, what a job leaves besides the environment,
+working directory and standard streams (module state, threads, event-bus
+handlers its crew registered) reaches the next job of the same tenant and crew
+in that worker, as every job's does with ``--isolation inprocess``, never
+another tenant's (docs/security.md).
 
 Source: ARCHITECTURE.md §5 (isolation).
 """
@@ -45,11 +56,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import select
 import signal
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -58,118 +67,39 @@ import msgspec
 import structlog
 
 from aip_crewai.contracts.sidecar import MAX_OUTPUT_BYTES
+from aip_crewai.sidecar.isolation.channel import (
+    PROTOCOL_STATUS,
+    Channel,
+    ChunkSender,
+    Inbox,
+    JobState,
+    exit_now,
+)
 from aip_crewai.sidecar.isolation.sandbox import Confinement
 from aip_crewai.sidecar.isolation.wire import (
-    HEADER,
     Boot,
-    Cancel,
-    Chunk,
     Described,
     Done,
     Failed,
-    FindTaskRun,
-    FrameError,
     FromWorker,
     Ready,
     Refused,
     Start,
-    TaskRun,
-    ToWorker,
     decode_boot,
-    decode_to_worker,
-    encode,
     frame_bound,
-    payload_length,
 )
-from aip_crewai.sidecar.jobs.context import TASK_CANCELLED_OPERATIONS, JobCancelled, JobContext, SafeJobError
-from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
+from aip_crewai.sidecar.jobs.context import JobCancelled, JobContext, SafeJobError
 
 log = structlog.get_logger(__name__)
 
 #: Exit status of a worker that could not boot (its log line says why).
 BOOT_FAILED_STATUS = 3
-#: Exit status of a worker whose sidecar sent something other than a job.
-PROTOCOL_STATUS = 4
 #: Bound on a SafeJobError message sent back, characters (the runtime cuts again).
 MAX_MESSAGE_CHARS = 2048
-#: Set once the job's outcome is being sent: the worker then exits from its main thread, after its spans.
-_REPORTED = threading.Event()
-
-
-class Channel:
-    """The worker's end of its socket: whole frames, one writer at a time (any thread)."""
-
-    def __init__(self, sock: socket.socket, bound: int) -> None:
-        self.sock = sock
-        self.bound = bound
-        self._lock = threading.Lock()
-
-    def send(self, message: FromWorker) -> None:
-        """Send one frame. Raises OSError when the sidecar is gone."""
-        frame = encode(message)
-        with self._lock:
-            self.sock.sendall(frame)
-
-    def recv(self) -> ToWorker | None:
-        """The next message; None at end of file. Raises FrameError on a bad frame."""
-        header = self._exact(HEADER.size)
-        if header is None:
-            return None
-        payload = self._exact(payload_length(header, self.bound))
-        if payload is None:
-            return None
-        return decode_to_worker(payload)
-
-    def _exact(self, size: int) -> bytes | None:
-        data = bytearray()
-        while len(data) < size:
-            try:
-                piece = self.sock.recv(min(size - len(data), 1 << 20))
-            except OSError:
-                return None
-            if not piece:
-                return None
-            data += piece
-        return bytes(data)
-
-
-class _StopFlag(threading.Event):
-    """A worker's job cancel flag (``ctx.cancel_flag``) that also notices a sidecar gone, and then ends the
-    worker at once.
-
-    The reader thread ends the worker at the sidecar's end of file, but only once it runs: a worker at
-    ``--worker-nice`` on a busy machine may wait for a CPU, and its job thread, woken first, would make its
-    next model call for a sidecar already killed. Every point that checks the flag before an effect (each
-    model call, each chunk: ``operations/_common.py``) therefore looks at the socket too (a non-blocking
-    poll for the hang-up: the kernel marks it at the kill, whichever thread runs first). Until the job's end
-    is reported: after it, the sidecar closing the socket is expected.
-
-    Source: ARCHITECTURE.md §5 (isolation: a crash of the sidecar runs nothing more).
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__()
-        self._sock = sock
-
-    def is_set(self) -> bool:
-        if not _REPORTED.is_set() and _sidecar_gone(self._sock):
-            _exit(0)
-        return super().is_set()
-
-
-def _sidecar_gone(sock: socket.socket) -> bool:
-    """The sidecar's end of ``sock`` is closed (hung up, even with a frame still unread, or the socket is
-    broken); never blocks."""
-    poller = select.poll()
-    poller.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
-    try:
-        return bool(poller.poll(0))
-    except OSError:
-        return True
 
 
 def serve(sock: socket.socket, boot_data: bytes) -> None:
-    """Process target: boot, run one job, report it, exit (never returns).
+    """Process target: boot, run its jobs (``Boot.jobs``, at most), report each, exit (never returns).
 
     Args:
         sock: the worker's end of its socketpair with the sidecar.
@@ -189,45 +119,100 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
         registry = _boot(boot)
     except BaseException as exc:  # noqa: BLE001 - report the type only, never the text
         log.error("worker_boot_failed", pid=os.getpid(), error_type=type(exc).__name__)
-        _exit(BOOT_FAILED_STATUS)
+        exit_now(BOOT_FAILED_STATUS)
+    loop = asyncio.new_event_loop()  # the worker's one loop: every job of it runs here
+    asyncio.set_event_loop(loop)
     try:
         channel.send(Ready(os.getpid()))
-        log.debug(
-            "worker_ready",
-            pid=os.getpid(),
-            boot_ms=round((time.monotonic() - started) * 1000, 1),
-            crewai_preloaded=preloaded,
-        )
-        start = channel.recv()
-    except (OSError, FrameError):
-        _exit(PROTOCOL_STATUS)
-    if start is None:  # the sidecar closed the pool
-        _exit(0)
-    if not isinstance(start, Start):
-        _exit(PROTOCOL_STATUS)
-    channel.bound = frame_bound(start.max_event_bytes)
-    if boot.trace_protocol is not None:  # after the fork, at the job: the exporter's thread starts here
-        from aip_crewai import tracing
-        from aip_crewai.sidecar import tracing as sidecar_tracing
-
-        sidecar_tracing.configure(tracing.TraceSettings(boot.trace_protocol, boot.trace_content))
-        sidecar_tracing.install()
-    outcome = run_job(registry, start, channel, confinement)
-    _REPORTED.set()  # from here the sidecar's end of file (it reaps us) no longer ends the process at once
-    try:
-        channel.send(outcome)
     except OSError:
-        _exit(0)
-    _flush_spans()
-    _exit(0)
+        exit_now(PROTOCOL_STATUS)
+    log.debug(
+        "worker_ready",
+        pid=os.getpid(),
+        boot_ms=round((time.monotonic() - started) * 1000, 1),
+        crewai_preloaded=preloaded,
+    )
+    inbox = Inbox(channel, loop)
+    owner: tuple[str, str, str | None] | None = None
+    for count in itertools.count(1):
+        job = inbox.next_job()
+        if job is None:  # the sidecar closed the pool (or retired this worker)
+            break
+        start = job.start
+        if owner is None:
+            owner = _owner(start)
+            channel.bound = frame_bound(start.max_event_bytes)
+            _trace(boot)
+        elif _owner(start) != owner:  # the pool sends a worker only its first job's tenant and crew
+            log.error("worker_sent_another_owner", pid=os.getpid(), action_id=start.action_id)
+            exit_now(PROTOCOL_STATUS)
+        kept = _ProcessState() if count < boot.jobs else None
+        outcome = run_job(registry, job, channel, confinement, reusable=kept is not None)
+        if job.cancelled:  # a cancel reached the job: this worker runs nothing more
+            outcome = msgspec.structs.replace(outcome, last=True)
+        if not outcome.last and kept is not None:
+            kept.restore()
+        job.flag.reported.set()  # from here the sidecar's end of file (it reaps us) is expected
+        try:
+            channel.send(outcome)
+        except OSError:
+            exit_now(0)
+        if outcome.last:
+            break
+        _flush_spans(leaving=False)
+    if owner is not None:
+        _flush_spans(leaving=True)
+    exit_now(0)
 
 
-def _flush_spans() -> None:
-    """Export the job's spans before the worker leaves (bounded: ``tracing.WORKER_FLUSH_MS``)."""
+def _owner(start: Start) -> tuple[str, str, str | None]:
+    """What the jobs of one worker share: the tenant, the crew and the training directory (its job sandbox
+    layer's inputs)."""
+    return start.tenant, start.crew_id, start.training_dir
+
+
+def _trace(boot: Boot) -> None:
+    """The worker's tracer provider, at its first job (after the fork: the exporter's thread starts here)."""
+    if boot.trace_protocol is None:
+        return
+    from aip_crewai import tracing
+    from aip_crewai.sidecar import tracing as sidecar_tracing
+
+    sidecar_tracing.configure(tracing.TraceSettings(boot.trace_protocol, boot.trace_content))
+    sidecar_tracing.install()
+
+
+class _ProcessState:
+    """What a worker puts back between two jobs: the environment variables, the working directory and
+    ``sys.stdout``/``sys.stderr`` as they were before the first one ran (ARCHITECTURE.md §5)."""
+
+    def __init__(self) -> None:
+        self.environ = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.streams = (sys.stdout, sys.stderr)
+
+    def restore(self) -> None:
+        if os.environ != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        try:
+            if os.getcwd() != self.cwd:
+                os.chdir(self.cwd)
+        except OSError:
+            os.chdir(self.cwd)
+        sys.stdout, sys.stderr = self.streams
+
+
+def _flush_spans(*, leaving: bool) -> None:
+    """Export the jobs' spans (bounded: ``tracing.WORKER_FLUSH_MS``): before the worker leaves, and between
+    two jobs (a retired warm worker is killed without a word)."""
     from aip_crewai.sidecar import tracing as sidecar_tracing
 
     try:
-        sidecar_tracing.shutdown(sidecar_tracing.WORKER_FLUSH_MS)
+        if leaving:
+            sidecar_tracing.shutdown(sidecar_tracing.WORKER_FLUSH_MS)
+        else:
+            sidecar_tracing.flush(sidecar_tracing.WORKER_FLUSH_MS)
     except Exception as exc:  # noqa: BLE001 - spans are lost, the job is not
         log.warning("worker_span_flush_failed", error_type=type(exc).__name__)
 
@@ -281,7 +266,7 @@ def _send_and_exit(channel: Channel, message: FromWorker, status: int) -> NoRetu
         channel.send(message)
     except OSError:
         pass
-    _exit(status)
+    exit_now(status)
 
 
 def _fork_server_threads() -> list[str]:
@@ -299,7 +284,7 @@ def _confine(boot: Boot) -> Confinement:
         confinement.enter_boot()
     except (OSError, ValueError) as exc:
         log.error("worker_sandbox_failed", pid=os.getpid(), error_type=type(exc).__name__, error=str(exc))
-        _exit(BOOT_FAILED_STATUS)
+        exit_now(BOOT_FAILED_STATUS)
     return confinement
 
 
@@ -336,19 +321,31 @@ def _boot(boot: Boot) -> dict[str, Any]:
 
 
 def run_job(
-    registry: dict[str, Any], start: Start, channel: Channel, confinement: Confinement | None = None
+    registry: dict[str, Any],
+    job: JobState,
+    channel: Channel,
+    confinement: Confinement | None = None,
+    *,
+    reusable: bool = False,
 ) -> Done | Failed:
-    """Run ``start``'s job on a fresh event loop; return the message that reports its end.
+    """Run ``job`` on the worker's event loop; return the message that reports its end.
 
     The job's sandbox layer (``confinement.enter_job``: only its own namespace and training
-    directories of all tenants') is entered first; a refusal fails the job ``SandboxFailed`` before
-    any effect.
+    directories of all tenants') is entered first (once per worker: a later job of the same tenant and crew
+    finds it in place); a refusal fails the job ``SandboxFailed`` before any effect.
+
+    Args:
+        reusable: the worker may run another job after this one: the message says ``last: false`` unless the
+            job ended on a cancel or a ``BaseException`` beyond ``Exception`` (the process is then not trusted
+            with another job).
 
     Source: ARCHITECTURE.md §4 (outputs, failed events), §5 (isolation).
     """
     from aip_crewai.sidecar import tracing as sidecar_tracing
     from aip_crewai.sidecar.operations import execute
 
+    start = job.start
+    last = not reusable
     if start.crew_id not in registry:  # the sidecar admitted it from the same registry: never expected
         return Failed(
             "CrewNotFound", f"crew {start.crew_id!r} is not in this worker's registry", before_any_effect=True
@@ -357,30 +354,25 @@ def run_job(
         failed = _enter_job(confinement, start)
         if failed is not None:
             return failed
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    chunks = _ChunkSender(channel, max(0, start.max_events - 2), start.max_event_bytes)
-    calls = _TaskRunCalls(channel, loop)
+    chunks = ChunkSender(channel, max(0, start.max_events - 2), start.max_event_bytes)
     ctx = JobContext(
         action_id=start.action_id,
         crew_id=start.crew_id,
         operation=start.operation,
         tenant=start.tenant,
         emit_chunk=chunks,
-        cancel_flag=_StopFlag(channel.sock),
+        cancel_flag=job.flag,
         state_dir=Path(start.state_dir),
         training_dir=Path(start.training_dir) if start.training_dir else None,
-        find_task_run=calls.find,
+        find_task_run=job.calls.find,
         traceparent=start.traceparent,
         spans=sidecar_tracing.crew_spans(
             start.traceparent, sidecar_tracing.job_attributes(start.action_id, start.crew_id, start.operation)
         ),
     )
+    loop = job.loop
     task = loop.create_task(execute(registry[start.crew_id], start.operation, dict(start.input), ctx))
-    reader = threading.Thread(
-        target=_read, args=(channel, loop, task, ctx, calls), name="aip-crewai-worker-reader", daemon=True
-    )
-    reader.start()
+    job.begin(task)
     try:
         result = _until_done(loop, task, ctx)
     except (asyncio.CancelledError, JobCancelled):
@@ -392,21 +384,28 @@ def run_job(
             exc.before_any_effect,
             dropped=chunks.dropped,
             uncertain=exc.uncertain,
+            last=last,
         )
     except BaseException as exc:  # noqa: BLE001 - only the class is published
-        return Failed(type(exc).__name__, stop_observed=ctx.stop_observed, dropped=chunks.dropped)
+        return Failed(
+            type(exc).__name__,
+            stop_observed=ctx.stop_observed,
+            dropped=chunks.dropped,
+            last=last or not isinstance(exc, Exception),
+        )
     try:
         output = msgspec.json.encode(result)
     except (TypeError, ValueError) as err:
         log.error("job_output_not_json", action_id=start.action_id, error_type=type(err).__name__)
-        return Failed("InvalidOutput", "the operation output is not JSON", dropped=chunks.dropped)
+        return Failed("InvalidOutput", "the operation output is not JSON", dropped=chunks.dropped, last=last)
     if len(output) > MAX_OUTPUT_BYTES:
         return Failed(
             "OutputTooLarge",
             f"the operation output is {len(output)} bytes; at most {MAX_OUTPUT_BYTES} bytes",
             dropped=chunks.dropped,
+            last=last,
         )
-    return Done(output, list(ctx.run_state.items()), chunks.dropped)
+    return Done(output, list(ctx.run_state.items()), chunks.dropped, last=last)
 
 
 def _enter_job(confinement: Confinement, start: Start) -> Failed | None:
@@ -434,93 +433,3 @@ def _until_done(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], ctx: J
     finally:
         if ctx.spans is not None:
             ctx.spans.close()
-
-
-def _read(
-    channel: Channel, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], ctx: JobContext, calls: _TaskRunCalls
-) -> None:
-    """Reader thread: Cancel sets the flag (and cancels run/batch_run's task); TaskRun answers a call.
-    End of file or a bad frame: the sidecar is gone, exit at once (once the job's end is reported, the
-    main thread exits after flushing the job's spans instead)."""
-    while True:
-        try:
-            message = channel.recv()
-        except FrameError:
-            message = None
-        if message is None:
-            if _REPORTED.is_set():
-                return
-            _exit(0)
-        if isinstance(message, Cancel):
-            ctx.cancel_flag.set()
-            if ctx.operation in TASK_CANCELLED_OPERATIONS:
-                loop.call_soon_threadsafe(task.cancel)
-        elif isinstance(message, TaskRun):
-            loop.call_soon_threadsafe(calls.resolve, message.request, message.run)
-
-
-class _ChunkSender:
-    """``ctx.emit_chunk`` of a worker: shape, bound, send; never raises into CrewAI."""
-
-    def __init__(self, channel: Channel, limit: int, max_event_bytes: int) -> None:
-        self.channel = channel
-        self.limit = limit
-        self.max_content = max_event_bytes + 1  # longer content would be cut by the sidecar anyway
-        self.sent = 0
-        self.dropped = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, data: dict[str, Any]) -> None:
-        if not isinstance(data, dict):
-            return
-        with self._lock:
-            if self.sent >= self.limit:
-                self.dropped += 1
-                return
-            self.sent += 1
-        content = data.get("content")
-        shaped: dict[str, Any] = {"content": ("" if content is None else str(content))[: self.max_content]}
-        for key in ("channel", "task_id", "agent_role"):
-            value = data.get(key)
-            if value is not None:
-                shaped[key] = str(value)[:MAX_LABEL_CHARS]
-        try:
-            self.channel.send(Chunk(shaped))
-        except OSError:
-            _exit(0)  # the sidecar is gone
-
-
-class _TaskRunCalls:
-    """``ctx.find_task_run`` of a worker: one request per call, answered by the reader thread."""
-
-    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
-        self.channel = channel
-        self.loop = loop
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[dict[str, Any] | None]] = {}
-
-    async def find(self, task_id: str) -> dict[str, Any] | None:
-        request = next(self._ids)
-        future: asyncio.Future[dict[str, Any] | None] = self.loop.create_future()
-        self._waiting[request] = future
-        try:
-            self.channel.send(FindTaskRun(request, task_id))
-            return await future
-        finally:
-            self._waiting.pop(request, None)
-
-    def resolve(self, request: int, run: dict[str, Any] | None) -> None:
-        future = self._waiting.get(request)
-        if future is not None and not future.done():
-            future.set_result(run)
-
-
-def _exit(status: int) -> NoReturn:
-    """Leave now: flush what was logged, skip interpreter shutdown (CrewAI's threads would hold it)."""
-    for stream in (sys.stderr, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:  # noqa: BLE001, S110 - nothing left to report to
-            pass
-    os._exit(status)

@@ -1,0 +1,261 @@
+"""The job worker's end of its socket (``isolation/worker.py`` runs the jobs; this module carries them).
+
+- :class:`Channel`: whole frames, one writer at a time.
+- :class:`Inbox`: the reader thread, for the worker's whole life: each ``Start`` becomes a
+  :class:`JobState` (built there, so a ``Cancel`` right behind it always finds it), ``Cancel`` sets the
+  job's :class:`StopFlag`, ``TaskRun`` answers a :class:`TaskRunCalls` call; the sidecar's end of file ends
+  the worker at once while a job runs unreported.
+- :class:`StopFlag`: the job's cancel flag, which also notices the sidecar gone.
+- :class:`ChunkSender`: ``ctx.emit_chunk``, shaped and bounded.
+
+Source: ARCHITECTURE.md §5 (isolation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import queue
+import select
+import socket
+import sys
+import threading
+from typing import Any, NoReturn
+
+from aip_crewai.sidecar.isolation.wire import (
+    HEADER,
+    Cancel,
+    Chunk,
+    FindTaskRun,
+    FrameError,
+    FromWorker,
+    Start,
+    TaskRun,
+    ToWorker,
+    decode_to_worker,
+    encode,
+    payload_length,
+)
+from aip_crewai.sidecar.jobs.context import TASK_CANCELLED_OPERATIONS
+from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
+
+#: Exit status of a worker whose sidecar sent something other than a job.
+PROTOCOL_STATUS = 4
+
+
+class Channel:
+    """The worker's end of its socket: whole frames, one writer at a time (any thread)."""
+
+    def __init__(self, sock: socket.socket, bound: int) -> None:
+        self.sock = sock
+        self.bound = bound
+        self._lock = threading.Lock()
+
+    def send(self, message: FromWorker) -> None:
+        """Send one frame. Raises OSError when the sidecar is gone."""
+        frame = encode(message)
+        with self._lock:
+            self.sock.sendall(frame)
+
+    def recv(self) -> ToWorker | None:
+        """The next message; None at end of file. Raises FrameError on a bad frame."""
+        header = self._exact(HEADER.size)
+        if header is None:
+            return None
+        payload = self._exact(payload_length(header, self.bound))
+        if payload is None:
+            return None
+        return decode_to_worker(payload)
+
+    def _exact(self, size: int) -> bytes | None:
+        data = bytearray()
+        while len(data) < size:
+            try:
+                piece = self.sock.recv(min(size - len(data), 1 << 20))
+            except OSError:
+                return None
+            if not piece:
+                return None
+            data += piece
+        return bytes(data)
+
+
+class StopFlag(threading.Event):
+    """A worker's job cancel flag (``ctx.cancel_flag``) that also notices a sidecar gone, and then ends the
+    worker at once.
+
+    The reader thread ends the worker at the sidecar's end of file, but only once it runs: a worker at
+    ``--worker-nice`` on a busy machine may wait for a CPU, and its job thread, woken first, would make its
+    next model call for a sidecar already killed. Every point that checks the flag before an effect (each
+    model call, each chunk: ``operations/_common.py``) therefore looks at the socket too (a non-blocking
+    poll for the hang-up: the kernel marks it at the kill, whichever thread runs first). Until the job's end
+    is reported (:attr:`reported`): after it, the sidecar closing the socket is expected.
+
+    Source: ARCHITECTURE.md §5 (isolation: a crash of the sidecar runs nothing more).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+        #: Set once the job's end is being sent: an end of file then lets the worker leave after its spans.
+        self.reported = threading.Event()
+
+    def is_set(self) -> bool:
+        if not self.reported.is_set() and sidecar_gone(self._sock):
+            exit_now(0)
+        return super().is_set()
+
+
+def sidecar_gone(sock: socket.socket) -> bool:
+    """The sidecar's end of ``sock`` is closed (hung up, even with a frame still unread, or the socket is
+    broken); never blocks."""
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    try:
+        return bool(poller.poll(0))
+    except OSError:
+        return True
+
+
+class JobState:
+    """The job a worker runs (or ran last): its :class:`Start`, its cancel flag, its replay calls and, once
+    started, its task. Built by the reader thread at the ``Start`` frame, so a ``Cancel`` right behind it
+    always finds it."""
+
+    def __init__(self, start: Start, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
+        self.start = start
+        self.loop = loop
+        self.flag = StopFlag(channel.sock)
+        self.calls = TaskRunCalls(channel, loop)
+        self.cancelled = False
+        self._task: asyncio.Task[Any] | None = None
+        self._lock = threading.Lock()
+
+    def begin(self, task: asyncio.Task[Any]) -> None:
+        """Main thread: the job's task exists (cancelled at once for run/batch_run if a cancel came first)."""
+        with self._lock:
+            self._task = task
+            if self.cancelled and self.start.operation in TASK_CANCELLED_OPERATIONS:
+                task.cancel()
+
+    def cancel(self) -> None:
+        """Reader thread, at ``Cancel``: set the flag (and cancel run/batch_run's task)."""
+        with self._lock:
+            self.cancelled = True
+            self.flag.set()
+            if self._task is not None and self.start.operation in TASK_CANCELLED_OPERATIONS:
+                self.loop.call_soon_threadsafe(self._task.cancel)
+
+
+class Inbox:
+    """The worker's reader thread, for its whole life.
+
+    ``Start`` becomes the :class:`JobState` :meth:`next_job` hands to the main thread; ``Cancel`` sets the
+    current job's flag (and cancels run/batch_run's task); ``TaskRun`` answers its call. End of file or a
+    bad frame: the sidecar is gone; while a job runs unreported the worker exits at once, else
+    :meth:`next_job` answers None (the main thread leaves after flushing the spans). A ``Start`` while a job
+    runs is a protocol error (exit)."""
+
+    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
+        self.channel = channel
+        self.loop = loop
+        self._jobs: queue.SimpleQueue[JobState | None] = queue.SimpleQueue()
+        self._job: JobState | None = None
+        threading.Thread(target=self._read, name="aip-crewai-worker-reader", daemon=True).start()
+
+    def next_job(self) -> JobState | None:
+        """Block until the sidecar's next job; None once the sidecar hung up."""
+        return self._jobs.get()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self.channel.recv()
+            except FrameError:
+                message = None
+            job = self._job
+            running = job is not None and not job.flag.reported.is_set()
+            if message is None:
+                if running:
+                    exit_now(0)
+                self._jobs.put(None)
+                return
+            if isinstance(message, Start):
+                if running:
+                    exit_now(PROTOCOL_STATUS)
+                self._job = JobState(message, self.channel, self.loop)
+                self._jobs.put(self._job)
+            elif job is None:  # nothing to cancel or answer yet
+                continue
+            elif isinstance(message, Cancel):
+                job.cancel()
+            elif isinstance(message, TaskRun):
+                self.loop.call_soon_threadsafe(job.calls.resolve, message.request, message.run)
+
+
+class ChunkSender:
+    """``ctx.emit_chunk`` of a worker: shape, bound, send; never raises into CrewAI."""
+
+    def __init__(self, channel: Channel, limit: int, max_event_bytes: int) -> None:
+        self.channel = channel
+        self.limit = limit
+        self.max_content = max_event_bytes + 1  # longer content would be cut by the sidecar anyway
+        self.sent = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, data: dict[str, Any]) -> None:
+        if not isinstance(data, dict):
+            return
+        with self._lock:
+            if self.sent >= self.limit:
+                self.dropped += 1
+                return
+            self.sent += 1
+        content = data.get("content")
+        shaped: dict[str, Any] = {"content": ("" if content is None else str(content))[: self.max_content]}
+        for key in ("channel", "task_id", "agent_role"):
+            value = data.get(key)
+            if value is not None:
+                shaped[key] = str(value)[:MAX_LABEL_CHARS]
+        try:
+            self.channel.send(Chunk(shaped))
+        except OSError:
+            exit_now(0)  # the sidecar is gone
+
+
+class TaskRunCalls:
+    """``ctx.find_task_run`` of a worker: one request per call, answered by the reader thread."""
+
+    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
+        self.channel = channel
+        self.loop = loop
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[dict[str, Any] | None]] = {}
+
+    async def find(self, task_id: str) -> dict[str, Any] | None:
+        request = next(self._ids)
+        future: asyncio.Future[dict[str, Any] | None] = self.loop.create_future()
+        self._waiting[request] = future
+        try:
+            self.channel.send(FindTaskRun(request, task_id))
+            return await future
+        finally:
+            self._waiting.pop(request, None)
+
+    def resolve(self, request: int, run: dict[str, Any] | None) -> None:
+        future = self._waiting.get(request)
+        if future is not None and not future.done():
+            future.set_result(run)
+
+
+def exit_now(status: int) -> NoReturn:
+    """Leave now: flush what was logged, skip interpreter shutdown (CrewAI's threads would hold it)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # noqa: BLE001, S110 - nothing left to report to
+            pass
+    os._exit(status)

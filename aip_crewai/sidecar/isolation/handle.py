@@ -1,0 +1,83 @@
+"""The sidecar's end of one job worker process (``isolation/pool.py`` keeps them; ARCHITECTURE.md §5).
+
+- :class:`WorkerHandle`: the process, its socket's stream pair, frames in and out, kill and reap.
+- :class:`WorkerDied`: the typed failure of a job whose worker died before it reported the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aip_crewai.sidecar.isolation.fork_server import REAP_SECONDS, describe_exit
+from aip_crewai.sidecar.isolation.wire import (
+    HEADER,
+    FromWorker,
+    ToWorker,
+    decode_from_worker,
+    encode,
+    payload_length,
+)
+from aip_crewai.sidecar.jobs.context import SafeJobError
+
+
+class WorkerDied(SafeJobError):
+    """The job's worker process died before it reported the job's end."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        super().__init__(
+            f"the worker process running the job died ({describe_exit(exitcode)})",
+            error_type="WorkerDied",
+            uncertain=True,
+        )
+        self.exitcode = exitcode
+
+
+class WorkerHandle:
+    """The sidecar's end of one worker process."""
+
+    def __init__(self, process: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bound: int) -> None:
+        self.process = process
+        self.pid: int = process.pid
+        self.reader = reader
+        self.writer = writer
+        self.bound = bound
+        self.killed_at: float | None = None
+
+    async def recv(self) -> FromWorker | None:
+        """The next message; None at end of file (the worker exited). Raises FrameError."""
+        try:
+            header = await self.reader.readexactly(HEADER.size)
+            payload = await self.reader.readexactly(payload_length(header, self.bound))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        return decode_from_worker(payload)
+
+    async def send(self, message: ToWorker) -> bool:
+        """Send one frame; False when the worker is gone."""
+        try:
+            self.writer.write(encode(message))
+            await self.writer.drain()
+        except (ConnectionError, OSError):
+            return False
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL (idempotent; a gone process is fine)."""
+        if self.killed_at is None:
+            self.killed_at = time.monotonic()
+        try:
+            self.process.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    async def reap(self) -> int | None:
+        """Close the socket, wait for the exit (killing it if it lingers) and return its exit code."""
+        self.writer.close()
+        await asyncio.to_thread(self.process.join, REAP_SECONDS)
+        if self.process.exitcode is None:
+            self.kill()
+            await asyncio.to_thread(self.process.join, REAP_SECONDS)
+        code: int | None = self.process.exitcode
+        return code

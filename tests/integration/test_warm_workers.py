@@ -1,0 +1,127 @@
+"""Warm workers (``--worker-jobs`` N above 1; ARCHITECTURE.md §5 "Warm workers"): a real sidecar, the
+offline isolation crews, jobs over HTTP.
+
+A worker whose job ended on its own runs its owner's next job (the same tenant, crew and training
+directory), at most N in all, with the environment, working directory and standard streams put back;
+another tenant's or crew's job never runs in it, and a cancelled job's worker runs nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from kits.poll import until_async
+from kits.sidecar import ISOLATION_REGISTRY, Sidecar, SidecarFactory, process_isolation_only
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(180),
+    process_isolation_only("process isolation tests run in the default (process) pass"),
+]
+
+REGISTRY = ISOLATION_REGISTRY
+#: ``--worker-jobs`` of the module's sidecar.
+JOBS = 3
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sidecar, Path]]:
+    """One sidecar with ``--worker-jobs 3``, ``--max-concurrency 2``, ``--idle-workers 1``."""
+    workdir = tmp_path_factory.mktemp("warm-sidecar")
+    workdir.chmod(0o700)
+    markers = workdir / "markers"
+    markers.mkdir()
+    factory = SidecarFactory(workdir)
+    try:
+        sidecar = factory.start(
+            args=[
+                "--registry",
+                REGISTRY,
+                "--isolation",
+                "process",
+                "--worker-jobs",
+                str(JOBS),
+                "--max-concurrency",
+                "2",
+                "--idle-workers",
+                "1",
+                "--cancel-grace-seconds",
+                "5",
+            ],
+            env={"AIP_CREWAI_TEST_MARKER_DIR": str(markers), "AIP_CREWAI_TEST_BLOCK_SECONDS": "60"},
+        )
+        yield sidecar, markers
+    finally:
+        factory.close()
+
+
+async def probe(client: httpx.AsyncClient, markers: Path, job: str, crew: str = "probe") -> dict[str, Any]:
+    """Run ``job`` (``tenant:name``) on ``crew`` and return what its probe tool found in its process."""
+    body = {"crew_id": crew, "action_id": job, "operation": "run", "input": {}}
+    answer = await client.post("/jobs", json=body, headers={"Idempotency-Key": f"key-{job}"}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = json.loads((markers / f"{quote(job, safe='')}.probe").read_text())
+    return found
+
+
+async def test_an_owners_jobs_share_a_warm_worker_up_to_worker_jobs_with_its_process_state_put_back(warm):
+    """Three jobs of tenant t1 on ``probe`` run in one worker: the second and third find the environment
+    variable, working directory and ``sys.stdout`` the first changed put back, and see (the documented
+    trade) the module state the earlier ones left; the fourth runs in a new worker (N = 3 reached)."""
+    sidecar, markers = warm
+    async with sidecar.client() as client:
+        reports = [await probe(client, markers, f"t1:same-{n}") for n in range(JOBS + 1)]
+    pids = [r["pid"] for r in reports]
+    assert pids[0] == pids[1] == pids[2] != pids[3]
+    for report in reports:
+        assert (report["env"], report["cwd"], report["stdout"]) == (None, str(sidecar.state_dir), "PrintedErrorLog")
+    jobs_seen = [[s for s in r["seen"] if not s.startswith("event-after:")] for r in reports]
+    assert jobs_seen == [[], ["t1:same-0"], ["t1:same-0", "t1:same-1"], []]
+
+
+async def test_another_tenants_or_crews_job_never_runs_in_a_warm_worker(warm):
+    """t2's job after t1's, and t1's job on another crew, each run in a worker that never ran anything of
+    t1's ``probe``; with two slots both held, a job of a third owner retires the oldest warm worker."""
+    sidecar, markers = warm
+    async with sidecar.client() as client:
+        first = await probe(client, markers, "t1:owner-a")
+        other_tenant = await probe(client, markers, "t2:owner-b")
+        other_crew = await probe(client, markers, "t1:owner-c", crew="probe_other")
+        again = await probe(client, markers, "t2:owner-d")
+    assert other_tenant["pid"] != first["pid"] and other_tenant["seen"] == []
+    assert other_crew["pid"] not in {first["pid"], other_tenant["pid"]} and other_crew["seen"] == []
+    assert all("t1:" not in seen for seen in again["seen"])  # t2's warm worker (unless retired) or a fresh one
+    retired = sidecar.log_events("warm_worker_retired")
+    assert retired, "two slots, three owners: a warm worker made room"
+
+
+async def test_a_cancelled_jobs_worker_runs_nothing_more(warm):
+    """A job cancelled while its tool blocks: its worker is not kept warm; the owner's next job runs in
+    another process."""
+    sidecar, markers = warm
+    job = "t3:blocked"
+    async with sidecar.client() as client:
+        body = {"crew_id": "blocking_tool", "action_id": job, "operation": "run", "input": {"topic": "a b"}}
+        run = asyncio.ensure_future(
+            client.post("/jobs", json=body, headers={"Idempotency-Key": "key-blocked"}, timeout=120)
+        )
+        started = markers / f"{quote(job, safe='')}.started"
+        await until_async(lambda: started.exists() and started.read_text(), timeout=60, what="the tool started")
+        cancel = await client.post(f"/jobs/{job}/cancel", json={"crew_id": "blocking_tool", "action_id": job})
+        assert cancel.status_code == 200
+        await run
+        (markers / "no-block").touch()
+        try:
+            body = {**body, "action_id": "t3:after"}
+            after = await client.post("/jobs", json=body, headers={"Idempotency-Key": "key-after"}, timeout=120)
+        finally:
+            (markers / "no-block").unlink()
+    assert after.status_code == 200, after.text
+    assert (markers / f"{quote('t3:after', safe='')}.started").read_text() != started.read_text()
