@@ -11,7 +11,7 @@ so another process (a test) can follow what a tool did and in which process.
 | ``blocking_tool`` | 1 agent with ``block_then_write`` | writes ``<job>.started`` (its pid), blocks ``AIP_CREWAI_TEST_BLOCK_SECONDS`` (default 5) in ``time.sleep`` (a synchronous call a cooperative cancel cannot stop; not while the marker directory holds a file ``no-block``), then writes ``<job>.after`` (the side effect a hard cancel must prevent) |
 | ``blocking_trainable`` | ``blocking_tool`` with the options ``train`` and ``test`` need (``aip_crewai.examples.maintenance_crews``) | as ``blocking_tool`` |
 | ``exits`` | 1 agent with ``exit_process`` | ``os._exit(7)``: the process running the job ends |
-| ``probe`` | 1 agent with ``probe_process`` | writes ``<job>.probe`` (JSON: what it found of earlier jobs in its process: ``env``, ``cwd``, ``stdout``, ``bus_handlers``, ``seen``), and the rows of CrewAI's shared replay table, then leaves its own traces (environment variable, working directory, ``sys.stdout``, an event-bus handler, a module global) |
+| ``probe`` | 1 agent with ``probe_process`` | writes ``<job>.probe`` (JSON: what it found of earlier jobs in its process: ``env``, ``cwd``, ``stdout``, ``bus_handlers``, ``seen``), and the rows of CrewAI's shared replay table, then leaves its own traces (environment variable, ``os.environ`` rebound to a plain dict, working directory, ``sys.stdout`` and ``sys.stdin``, an event-bus handler, a module global) |
 | ``probe_other`` | ``probe`` under another id | as ``probe`` (another crew for warm-worker tests) |
 | ``environment`` | ``echo`` with an ``after_kickoff`` callback | its output's ``raw`` is the process environment as JSON (``environ``: ``os.environ``; ``proc_environ``: ``/proc/self/environ``) |
 | ``reach`` | ``echo`` with a ``before_kickoff`` callback | reads the file named by the input ``path`` first (an open refused fails the job ``PermissionError``); the output then says ``opened`` |
@@ -106,6 +106,8 @@ def probe_process(text: str) -> str:
         "env": os.environ.get(PROBE_ENV),
         "cwd": os.getcwd(),
         "stdout": type(sys.stdout).__name__,
+        "stdin": type(sys.stdin).__name__,
+        "environ": type(os.environ).__name__,
         "bus_handlers": len(_HANDLERS),
         "seen": list(_SEEN),
         # rows in CrewAI's shared replay table: jobs keep task outputs in a store of their own, never there
@@ -113,8 +115,10 @@ def probe_process(text: str) -> str:
     }
     _write(marker(job, "probe"), json.dumps(found))
     os.environ[PROBE_ENV] = job
+    os.environ = dict(os.environ)  # type: ignore[assignment]  # noqa: B003 - a job that rebinds the mapping itself
     os.chdir(tempfile.gettempdir())
     sys.stdout = io.StringIO()
+    sys.stdin = io.StringIO()
     print(f"probe {job}")
 
     def handler(_source: Any, _event: Any) -> None:

@@ -73,7 +73,8 @@ async def probe(client: httpx.AsyncClient, markers: Path, job: str, crew: str = 
 
 async def test_an_owners_jobs_share_a_warm_worker_up_to_worker_jobs_with_its_process_state_put_back(warm):
     """Three jobs of tenant t1 on ``probe`` run in one worker: the second and third find the environment
-    variable, working directory and ``sys.stdout`` the first changed put back, and see (the documented
+    variable, ``os.environ`` (rebound), working directory, ``sys.stdout`` and ``sys.stdin`` the first changed
+    put back, and see (the documented
     trade) the module state the earlier ones left; the fourth runs in a new worker (N = 3 reached)."""
     sidecar, markers = warm
     async with sidecar.client() as client:
@@ -82,6 +83,7 @@ async def test_an_owners_jobs_share_a_warm_worker_up_to_worker_jobs_with_its_pro
     assert pids[0] == pids[1] == pids[2] != pids[3]
     for report in reports:
         assert (report["env"], report["cwd"], report["stdout"]) == (None, str(sidecar.state_dir), "PrintedErrorLog")
+        assert (report["environ"], report["stdin"]) == ("_Environ", reports[0]["stdin"]) != ("dict", "StringIO")
     jobs_seen = [[s for s in r["seen"] if not s.startswith("event-after:")] for r in reports]
     assert jobs_seen == [[], ["t1:same-0"], ["t1:same-0", "t1:same-1"], []]
 

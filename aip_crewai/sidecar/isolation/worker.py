@@ -25,8 +25,8 @@ CrewAI import. :func:`serve` is the process target:
 4. send :class:`~aip_crewai.sidecar.isolation.wire.Done` or :class:`~aip_crewai.sidecar.isolation.wire.Failed` and
    exit with ``os._exit`` (CrewAI's threads never hold the process); with ``Boot.jobs`` above 1, a job
    that ended on its own (no cancel, no ``BaseException`` beyond ``Exception``) is reported with
-   ``last: false`` instead: the worker restores its environment variables, working directory and
-   ``sys.stdout``/``sys.stderr`` and goes back to 2 for the next job, which the sidecar sends only for
+   ``last: false`` instead: the worker restores ``os.environ``, its working directory and the standard
+   streams (:class:`_ProcessState`) and goes back to 2 for the next job, which the sidecar sends only for
    the same tenant and crew (the job sandbox layer, ``confinement.enter_job``, is its first job's for
    good).
 
@@ -183,15 +183,20 @@ def _trace(boot: Boot) -> None:
 
 
 class _ProcessState:
-    """What a worker puts back between two jobs: the environment variables, the working directory and
-    ``sys.stdout``/``sys.stderr`` as they were before the first one ran (ARCHITECTURE.md §5)."""
+    """What a worker puts back after a job when it runs another: ``os.environ`` (the mapping itself, should a
+    job rebind it, and its variables), the working directory and ``sys.stdin``/``sys.stdout``/``sys.stderr``,
+    as they were before the job ran. A variable set with ``os.putenv`` alone bypasses ``os.environ`` and stays
+    (ARCHITECTURE.md §5 "warm workers")."""
 
     def __init__(self) -> None:
+        self.mapping = os.environ
         self.environ = dict(os.environ)
         self.cwd = os.getcwd()
-        self.streams = (sys.stdout, sys.stderr)
+        self.streams = (sys.stdin, sys.stdout, sys.stderr)
 
     def restore(self) -> None:
+        if os.environ is not self.mapping:
+            os.environ = self.mapping  # noqa: B003 - putting back the mapping a job rebound
         if os.environ != self.environ:
             os.environ.clear()
             os.environ.update(self.environ)
@@ -200,7 +205,7 @@ class _ProcessState:
                 os.chdir(self.cwd)
         except OSError:
             os.chdir(self.cwd)
-        sys.stdout, sys.stderr = self.streams
+        sys.stdin, sys.stdout, sys.stderr = self.streams
 
 
 def _flush_spans(*, leaving: bool) -> None:
