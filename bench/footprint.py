@@ -12,7 +12,8 @@ each against one plain process that runs the same crew in-process.
   reference``) that runs the same batches of the same crew with ``akickoff`` in-process
   (:func:`bench.run_overhead.in_process_kickoff`), read the same way (a process of its own: this one never
   imports CrewAI, so it shares no pages with either side). One batch per side per round, the order switched
-  every round; p50 and p99 are over the batches. Target: ≤ 1.3× at p50.
+  every round; p50 and p99 are over the batches. Target: ≤ 1.3× at p50. A third side, a sidecar with warm
+  workers (``--worker-jobs`` :data:`WARM_JOBS`), runs the same batches in the same rounds.
 - **memory**: the proportional set size (PSS, ``/proc/<pid>/smaps_rollup``: shared pages split between the
   processes mapping them) summed over the idle sidecar tree after the runs, vs the PSS of one process that
   has imported CrewAI and the bench registry (``bench.crews``, the registry the bench sidecar loads) and

@@ -15,7 +15,8 @@ Memory of each process tree (PSS summed over the process and its descendants,
 workers, where CrewAI lives; the host has none) is read at idle and sampled
 every 2 s during each phase, in a thread (peak kept); CPU time per run of each tree
 (``/proc/<pid>/stat``, the finished workers' included) is reported per phase.
-Targets: zero errors (no run lost to load); host throughput ≥ 0.9× and p50
+The whole measure runs twice: on the default sidecar, then on a second stack whose sidecar keeps warm
+workers (``--worker-jobs`` :data:`WARM_JOBS`). Targets: zero errors (no run lost to load); host throughput ≥ 0.9× and p50
 latency ≤ 1.3× the sidecar's (the host adds under 10 %); host peak memory ≤ 0.5×
 the sidecar's.
 
@@ -31,6 +32,7 @@ import json
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass, field
 
 from bench.common import (
     SIDECAR_TOKEN,
@@ -59,22 +61,44 @@ MAX_MEMORY_RATIO = 0.5
 #: What the host may cost under load: throughput and p50 latency against the same jobs posted directly.
 MIN_THROUGHPUT_RATIO = 0.9
 MAX_LATENCY_RATIO = 1.3
+#: ``--worker-jobs`` of the second stack (the rows with warm workers).
+WARM_JOBS = 100
 
 
 def _mib(kib: int) -> str:
     return f"{kib / 1024:.0f} MiB"
 
 
+@dataclass
+class _Phases:
+    """What both phases of one stack measured (see the module docstring)."""
+
+    latencies: dict[str, list[float]] = field(default_factory=lambda: {"host": [], "sidecar": []})
+    walls: dict[str, list[float]] = field(default_factory=lambda: {"host": [], "sidecar": []})
+    errors: dict[str, int] = field(default_factory=lambda: {"host": 0, "sidecar": 0})
+    samples: list[str] = field(default_factory=list)
+    peaks: dict[str, dict[str, int]] = field(default_factory=lambda: {"host": {}, "sidecar": {}})
+    cpu: dict[str, dict[str, float]] = field(
+        default_factory=lambda: {"host": {"host": 0.0, "sidecar": 0.0}, "sidecar": {"host": 0.0, "sidecar": 0.0}}
+    )
+    idle: dict[str, int] = field(default_factory=dict)
+    after: dict[str, int] = field(default_factory=dict)
+    resent: list[str] = field(default_factory=list)
+
+
 async def run() -> Section:
     section = Section("load", f"5. Load: {RUNS} concurrent runs, sidecar max concurrency {MAX_CONCURRENCY}")
-    latencies: dict[str, list[float]] = {"host": [], "sidecar": []}
-    walls: dict[str, list[float]] = {"host": [], "sidecar": []}
-    errors = {"host": 0, "sidecar": 0}
-    samples: list[str] = []
-    peaks: dict[str, dict[str, int]] = {"host": {}, "sidecar": {}}
-    cpu: dict[str, dict[str, float]] = {"host": {"host": 0.0, "sidecar": 0.0}, "sidecar": {"host": 0.0, "sidecar": 0.0}}
+    measured = await _measure(())
+    warm = await _measure(("--worker-jobs", str(WARM_JOBS)))
+    _report(section, measured, warm)
+    return section
+
+
+async def _measure(sidecar_args: tuple[str, ...]) -> _Phases:
+    m = _Phases()
+    latencies, walls, errors, samples, peaks, cpu = m.latencies, m.walls, m.errors, m.samples, m.peaks, m.cpu
     with Stack("load") as stack:
-        sidecar = stack.start_sidecar("--max-concurrency", str(MAX_CONCURRENCY))
+        sidecar = stack.start_sidecar("--max-concurrency", str(MAX_CONCURRENCY), *sidecar_args)
         host = stack.start_host(sidecar, ["fast"])
         processes: list[Process] = [host, sidecar]
         governed = Governed(host, connections=2 * RUNS)
@@ -88,7 +112,7 @@ async def run() -> Section:
                     headers={"Idempotency-Key": new_id("key")},
                 )
             await asyncio.sleep(0.5)
-            idle = {p.name: tree_pss_kib(p.pid) for p in processes}
+            m.idle = {p.name: tree_pss_kib(p.pid) for p in processes}
 
             async def host_run() -> float:
                 started = time.perf_counter()
@@ -131,14 +155,21 @@ async def run() -> Section:
                     for process_name, peak in sampler.peak.items():
                         peaks[name][process_name] = max(peaks[name].get(process_name, 0), peak)
                     await asyncio.sleep(0.5)
-            after = {p.name: tree_pss_kib(p.pid) for p in processes}
-            resent = list(governed.resent)
+            m.after = {p.name: tree_pss_kib(p.pid) for p in processes}
+            m.resent = list(governed.resent)
         finally:
             await side.aclose()
             await governed.aclose()
     if not latencies["host"] or not latencies["sidecar"]:
         raise BenchError(f"no run completed: errors {errors}")
-    total = {name: RUNS * ROUNDS for name in phases}
+    return m
+
+
+def _report(section: Section, m: _Phases, warm: _Phases) -> None:
+    latencies, walls, errors, samples, peaks, cpu = m.latencies, m.walls, m.errors, m.samples, m.peaks, m.cpu
+    idle, after, resent = m.idle, m.after, m.resent
+    total = {name: RUNS * ROUNDS for name in ("host", "sidecar")}
+    warm_throughput = {name: Stats(len(w), sum(w) / total[name], max(w) / RUNS) for name, w in warm.walls.items()}
     throughput = {name: Stats(len(w), sum(w) / total[name], max(w) / RUNS) for name, w in walls.items()}
     host_peak = max(peaks["host"]["host"], peaks["sidecar"]["host"])
     sidecar_peak = max(peaks["host"]["sidecar"], peaks["sidecar"]["sidecar"])
@@ -165,6 +196,29 @@ async def run() -> Section:
             "—",
             "0 errors",
             errors["host"] == 0 and errors["sidecar"] == 0,
+        ),
+        rate_row(
+            f"at --worker-jobs {WARM_JOBS} (warm workers): throughput, {RUNS} governed runs via host vs POST /jobs",
+            "runs",
+            warm_throughput["host"],
+            warm_throughput["sidecar"],
+            units=1,
+            min_ratio=MIN_THROUGHPUT_RATIO,
+        ),
+        latency_row(
+            f"at --worker-jobs {WARM_JOBS} (warm workers): latency per run, host vs sidecar POST /jobs",
+            Stats.of(warm.latencies["host"]),
+            Stats.of(warm.latencies["sidecar"]),
+            max_ratio=MAX_LATENCY_RATIO,
+        ),
+        Row(
+            f"at --worker-jobs {WARM_JOBS} (warm workers): errors",
+            f"{warm.errors['host']} of {total['host']}",
+            f"{warm.errors['sidecar']} of {total['sidecar']}",
+            "—",
+            "—",
+            "0 errors",
+            warm.errors["host"] == 0 and warm.errors["sidecar"] == 0,
         ),
         Row(
             "peak memory under load (process tree PSS): host vs sidecar",
@@ -199,7 +253,7 @@ async def run() -> Section:
             for p in ("host", "sidecar")
         ],
     )
-    section.notes += [f"error: {sample}" for sample in samples]
+    section.notes += [f"error: {sample}" for sample in [*samples, *warm.samples]]
     if resent:
         kinds = ", ".join(f"{n} {name}" for name, n in sorted(Counter(resent).items()))
         section.notes.append(
@@ -214,5 +268,10 @@ async def run() -> Section:
         "Host phase per run: submit (→ pending_approval), approve (approver, HTTP), blocking re-call (same id and "
         "key) → completed. The sidecar phase skips governance entirely: the ratio is what approval, idempotency, "
         "two extra round trips and the host store cost under load.",
+        f"The warm-worker rows: the same two phases on a second stack whose sidecar runs with --worker-jobs "
+        f"{WARM_JOBS} (a worker runs up to {WARM_JOBS} jobs of one tenant's crew; docs/operating.md \"Warm "
+        f'workers"), measured after the first stack stopped. CPU per run there: host '
+        f"{warm.cpu['host']['host'] / total['host'] * 1000:.1f} ms, sidecar tree "
+        f"{warm.cpu['host']['sidecar'] / total['host'] * 1000:.1f} ms (host phase); sidecar tree "
+        f"{warm.cpu['sidecar']['sidecar'] / total['sidecar'] * 1000:.1f} ms (sidecar phase).",
     ]
-    return section

@@ -16,6 +16,9 @@
   sidecar builds per job) then ``await crew.akickoff(inputs)`` with agent
   streaming on, as the sidecar runs it.
 
+- **host, warm workers**: the host sample again, through a second host whose sidecar runs with
+  ``--worker-jobs`` :data:`WARM_JOBS` (its worker runs job after job of the tenant's crew).
+
 Target: host adds at most 10 ms at p50 to the in-process run.
 """
 
