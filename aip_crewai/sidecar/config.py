@@ -64,6 +64,11 @@ class ConfigError(ValueError):
         super().__init__(f"{setting}: {problem}")
 
 
+#: Settings of the job worker processes only: with ``--isolation inprocess`` a given one is ignored (a start-up
+#: warning names it).
+PROCESS_ONLY = ("cancel_grace_seconds", "idle_workers", "worker_nice", "worker_jobs")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Validated sidecar settings (immutable; passed explicitly, never global).
@@ -161,12 +166,14 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     """
     args = build_parser().parse_args(list(argv))
     values: dict[str, Any] = {}
+    given: set[str] = set()
     for opt in OPTIONS:
         raw = getattr(args, opt.dest)
         source = raw if raw is not None else (environ.get(opt.env) or None if opt.env else None)
         if source is None:
             values[opt.dest] = opt.default
             continue
+        given.add(opt.dest)
         try:
             values[opt.dest] = opt.parse(source)
         except ValueError as exc:
@@ -243,6 +250,15 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     elif "train" in values["allowed_operations"]:
         raise ConfigError(option_name(by_dest["training_dir"]), "is required when train is an allowed operation")
 
+    ignored = [option_name(by_dest[dest]) for dest in PROCESS_ONLY if dest in given]
+    if values["isolation"] == "inprocess" and ignored:
+        warnings.append(
+            (
+                "process_options_ignored",
+                f"{', '.join(ignored)} apply to job worker processes (--isolation process); "
+                "--isolation inprocess runs every job in the sidecar process and ignores them",
+            )
+        )
     worker_user = _worker_user(option_name(by_dest["worker_user"]), values["worker_user"], values["isolation"])
     idle_workers: int = values["max_concurrency"] if values["idle_workers"] is None else values["idle_workers"]
     if idle_workers > values["max_concurrency"]:

@@ -389,3 +389,28 @@ def test_worker_jobs_counts_the_jobs_one_worker_may_run(base, value, ok):
             load_settings([*base, "--worker-jobs", value], {})
         with pytest.raises(ConfigError, match=r"AIP_CREWAI_WORKER_JOBS.*1\.\.100000"):
             load_settings(base, {"AIP_CREWAI_WORKER_JOBS": value})
+
+
+@pytest.mark.parametrize(
+    "extra, environ, named",
+    [
+        (["--worker-jobs", "5"], {}, ["--worker-jobs"]),
+        ([], {"AIP_CREWAI_WORKER_NICE": "3", "AIP_CREWAI_IDLE_WORKERS": "1"}, ["--idle-workers", "--worker-nice"]),
+        (["--cancel-grace-seconds", "2"], {}, ["--cancel-grace-seconds"]),
+    ],
+)
+def test_process_only_settings_given_with_inprocess_isolation_are_named_in_a_warning(base, extra, environ, named):
+    """``--isolation inprocess`` runs every job in the sidecar process: a worker setting given anyway (flag or
+    environment) is ignored, and the start-up warning ``process_options_ignored`` names each one; with process
+    isolation, or with none given, there is no such warning."""
+    settings = load_settings([*base, "--isolation", "inprocess", *extra], environ)
+    (message,) = [text for event, text in settings.warnings if event == "process_options_ignored"]
+    assert [
+        name
+        for name in ("--cancel-grace-seconds", "--idle-workers", "--worker-nice", "--worker-jobs")
+        if name in message
+    ] == named
+    assert not any(e == "process_options_ignored" for e, _ in load_settings([*base, *extra], environ).warnings)
+    assert not any(
+        e == "process_options_ignored" for e, _ in load_settings([*base, "--isolation", "inprocess"], {}).warnings
+    )

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import worker_fakes
 from kits.poll import until_async
@@ -28,9 +27,11 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 GRACE = 0.3
 
 
-def make_pool(target: Any, *, grace: float = GRACE, size: int = 1, idle: int | None = None) -> WorkerPool:
+def make_pool(
+    target: Any, *, grace: float = GRACE, size: int = 1, idle: int | None = None, registry: str = "unused:CREWS"
+) -> WorkerPool:
     return WorkerPool(
-        Boot("unused:CREWS", "/nonexistent", True, "info"),
+        Boot(registry, "/nonexistent", True, "info"),
         size,
         cancel_grace_seconds=grace,
         max_events=10,
@@ -212,10 +213,8 @@ async def test_no_idle_worker_boots_one_per_job_and_keeps_none():
 
 
 def warm_pool(target: Any, *, size: int = 2, idle: int = 1) -> WorkerPool:
-    """A pool of ``target`` workers that may run 3 jobs each (``--worker-jobs 3``)."""
-    pool = make_pool(target, size=size, idle=idle)
-    pool.boot = msgspec.structs.replace(pool.boot, jobs=3)
-    return pool
+    """A pool of ``target`` workers, which say for themselves whether they run another job (``last``)."""
+    return make_pool(target, size=size, idle=idle)
 
 
 async def job_pid(pool: WorkerPool, tenant: str, crew: str = "crew") -> int:
@@ -273,3 +272,19 @@ async def test_a_worker_told_to_stop_is_never_kept_warm_whatever_it_reports():
         assert await job_pid(pool, "t") != cancelled_pid
     finally:
         await pool.close()
+
+
+async def test_a_worker_that_dies_before_it_takes_its_job_hands_the_job_to_another(tmp_path):
+    """A worker killed as it got its job (no frame yet: nothing of the job ran) is replaced once: the job
+    completes in another worker; a second such death fails the job before any effect, not uncertain."""
+    pool = make_pool(worker_fakes.dies_before_start_once, registry=str(tmp_path / "died-once"))
+    ctx, _chunks, _dropped = make_ctx()
+    assert await run_job(pool, ctx) == {"raw": "second worker"}
+    assert pool.died_total == 1
+
+    pool = make_pool(worker_fakes.always_dies_before_start)
+    ctx, _chunks, _dropped = make_ctx()
+    with pytest.raises(WorkerDied) as raised:
+        await run_job(pool, ctx)
+    assert (raised.value.before_any_effect, raised.value.uncertain, pool.died_total) == (True, False, 2)
+    assert "before it started it" in raised.value.message

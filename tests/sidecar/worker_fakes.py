@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 from aip_crewai.sidecar.isolation.channel import Channel
 from aip_crewai.sidecar.isolation.wire import (
@@ -21,6 +22,7 @@ from aip_crewai.sidecar.isolation.wire import (
     Ready,
     Start,
     TaskRun,
+    decode_boot,
     frame_bound,
 )
 
@@ -110,3 +112,20 @@ def stays_after_cancel(sock: socket.socket, _boot: bytes) -> None:
             channel.send(Done(b'{"pid": %d}' % os.getpid(), [], last=False))
         else:
             channel.send(Done(b'{"pid": %d}' % os.getpid(), [], last=False))
+
+
+def dies_before_start_once(sock: socket.socket, boot: bytes) -> None:
+    """Dies (SIGKILL) as it gets its job, before any frame, the first time (a marker file at the path named by
+    ``Boot.registry``); a later worker completes the job."""
+    marker = Path(decode_boot(boot).registry)
+    _channel, _start_message = _start(sock)
+    if not marker.exists():
+        marker.write_text("died")
+        os.kill(os.getpid(), signal.SIGKILL)
+    _channel.send(Done(b'{"raw": "second worker"}', []))
+
+
+def always_dies_before_start(sock: socket.socket, _boot: bytes) -> None:
+    """Dies (SIGKILL) as it gets its job, before any frame."""
+    _start(sock)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -23,15 +23,24 @@ from aip_crewai.sidecar.jobs.context import SafeJobError
 
 
 class WorkerDied(SafeJobError):
-    """The job's worker process died before it reported the job's end."""
+    """The job's worker process died before it reported the job's end: ``uncertain_outcome: true``; or,
+    with ``before_start``, before it took the job (no ``Started`` frame: nothing of the job ran, the
+    failure is before any effect)."""
 
-    def __init__(self, exitcode: int | None) -> None:
+    def __init__(self, exitcode: int | None, *, before_start: bool = False) -> None:
+        what = (
+            "the worker process given the job died before it started it"
+            if before_start
+            else ("the worker process running the job died")
+        )
         super().__init__(
-            f"the worker process running the job died ({describe_exit(exitcode)})",
+            f"{what} ({describe_exit(exitcode)})",
             error_type="WorkerDied",
-            uncertain=True,
+            before_any_effect=before_start,
+            uncertain=not before_start,
         )
         self.exitcode = exitcode
+        self.before_start = before_start
 
 
 class WorkerHandle:

@@ -47,6 +47,9 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
   fails only its job: ``error_type`` ``WorkerDied``, a message naming the
   signal or exit status, ``uncertain_outcome: true``; a broken frame kills
   it and fails the job ``WorkerProtocolError``. A replacement is started.
+  A worker that dies before any frame of its job (``Started`` comes first)
+  ran nothing of it: the job goes to one other worker (a second such death
+  fails it before any effect, ``uncertain_outcome: false``).
 
 Source: ARCHITECTURE.md §5 (isolation); docs/security.md "Process isolation".
 """
@@ -86,6 +89,7 @@ from aip_crewai.sidecar.isolation.wire import (
     Ready,
     Refused,
     Start,
+    Started,
     TaskRun,
     encode_boot,
     frame_bound,
@@ -370,29 +374,42 @@ class WorkerPool:
         Raises:
             asyncio.CancelledError: the job was stopped (cooperatively or by a kill) after its task was cancelled.
             JobCancelled: the worker stopped on a cancel.
-            WorkerDied: the worker died first (``uncertain_outcome: true``).
+            WorkerDied: the worker died first (``uncertain_outcome: true``); a worker that died before it took
+                the job (no frame yet) is replaced once by another, and a second such death fails the job
+                before any effect.
             SafeJobError: the worker reported a failure (its type; a message only when publishable).
         """
         owner = (ctx.tenant, crew_id, str(ctx.training_dir) if ctx.training_dir is not None else None)
+        start = Start(
+            ctx.action_id,
+            crew_id,
+            operation,
+            ctx.tenant,
+            input,
+            str(ctx.state_dir),
+            str(ctx.training_dir) if ctx.training_dir is not None else None,
+            self.max_events,
+            self.max_event_bytes,
+            ctx.traceparent,
+        )
+        try:
+            return await self._run_in_one(owner, start, ctx)
+        except WorkerDied as exc:
+            if not exc.before_start or self._closing:
+                raise
+            # it died idle or as it got the job (killed, OOM): nothing ran, so one other worker may run it
+            log.warning("job_given_to_another_worker", action_id=ctx.action_id, exit=describe_exit(exc.exitcode))
+            return await self._run_in_one(owner, start, ctx)
+
+    async def _run_in_one(self, owner: Owner, start: Start, ctx: JobContext) -> dict[str, Any]:
+        """Run ``start`` in one worker (warm for ``owner``, else idle, else booted)."""
         worker = await self._take(owner)
         self._busy += 1
         self._top_up()  # a spare for the next job, booted while this one runs
         job: _Job | None = None
         try:
-            start = Start(
-                ctx.action_id,
-                crew_id,
-                operation,
-                ctx.tenant,
-                input,
-                str(ctx.state_dir),
-                str(ctx.training_dir) if ctx.training_dir is not None else None,
-                self.max_events,
-                self.max_event_bytes,
-                ctx.traceparent,
-            )
             if not await worker.send(start):
-                raise WorkerDied(await worker.reap())
+                raise WorkerDied(await worker.reap(), before_start=True)
             job = _Job(self, worker, ctx)
             return await job.follow()
         finally:
@@ -415,6 +432,8 @@ class _Job:
         #: The worker reported the job's end with ``last: false`` and was never told to stop: it may be kept warm.
         self.reusable = False
         self.stopping = False
+        #: A frame of the job came (``Started`` first, from a real worker): a death now may have had effects.
+        self.started = False
 
     async def follow(self) -> dict[str, Any]:
         try:
@@ -449,12 +468,21 @@ class _Job:
     async def _died(self) -> WorkerDied:
         code = await self.worker.reap()
         self.pool.died_total += 1
-        log.error("worker_died", action_id=self.ctx.action_id, pid=self.worker.pid, exit=describe_exit(code))
-        return WorkerDied(code)
+        log.error(
+            "worker_died",
+            action_id=self.ctx.action_id,
+            pid=self.worker.pid,
+            exit=describe_exit(code),
+            before_start=not self.started,
+        )
+        return WorkerDied(code, before_start=not self.started)
 
     def _handle(self, message: FromWorker) -> dict[str, Any] | None:
         """Apply one frame; the output once the job completed; raises its failure."""
         ctx = self.ctx
+        self.started = True  # any frame of the job: it took it
+        if isinstance(message, Started):
+            return None
         if isinstance(message, Chunk):
             ctx.emit_chunk(message.data)
             return None

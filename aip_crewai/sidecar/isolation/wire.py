@@ -11,6 +11,7 @@ frame is treated as broken (the sidecar kills that worker and fails its job).
 |---|---|---|
 | worker → sidecar | :class:`Ready` | booted: CrewAI and the registry are loaded |
 | sidecar → worker | :class:`Start` | the job this worker runs now |
+| worker → sidecar | :class:`Started` | it took the job: sent before anything of the job runs |
 | worker → sidecar | :class:`Chunk` | one ``ctx.emit_chunk`` payload (at most ``max_events - 1`` per job) |
 | worker → sidecar | :class:`FindTaskRun` | ``ctx.find_task_run(task_id)`` (replay) |
 | sidecar → worker | :class:`TaskRun` | its answer |
@@ -94,6 +95,11 @@ class Start(msgspec.Struct, frozen=True, tag="start"):
     max_event_bytes: int
     #: the W3C ``traceparent`` of the job's span: the worker's CrewAI spans continue it (None: not traced)
     traceparent: str | None = None
+
+
+class Started(msgspec.Struct, frozen=True, tag="started"):
+    """The worker took its :class:`Start`; nothing of the job ran before this frame. A worker that dies
+    before sending it did nothing of the job (the sidecar may give the job to another worker)."""
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
@@ -193,7 +199,7 @@ class Described(msgspec.Struct, frozen=True, tag="described"):
 
 
 ToWorker = Start | Cancel | TaskRun
-FromWorker = Ready | Refused | Chunk | FindTaskRun | Done | Failed | Described
+FromWorker = Ready | Refused | Started | Chunk | FindTaskRun | Done | Failed | Described
 
 _ENCODER = msgspec.msgpack.Encoder()
 _TO_WORKER = msgspec.msgpack.Decoder(ToWorker)

@@ -85,6 +85,7 @@ from aip_crewai.sidecar.isolation.wire import (
     Ready,
     Refused,
     Start,
+    Started,
     decode_boot,
     frame_bound,
 )
@@ -146,6 +147,10 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
         elif _owner(start) != owner:  # the pool sends a worker only its first job's tenant and crew
             log.error("worker_sent_another_owner", pid=os.getpid(), action_id=start.action_id)
             exit_now(PROTOCOL_STATUS)
+        try:
+            channel.send(Started())  # before anything of the job: a death before it did nothing of the job
+        except OSError:
+            exit_now(0)
         kept = _ProcessState() if count < boot.jobs else None
         outcome = run_job(registry, job, channel, confinement, reusable=kept is not None)
         if job.cancelled:  # a cancel reached the job: this worker runs nothing more
