@@ -202,7 +202,7 @@ def start_frame(action_id: str, operation: str = "run") -> bytes:
     return encode(Start(action_id, "crew", operation, "t", {}, "/s", None, 10, 1024))
 
 
-def test_a_workers_reader_gives_each_job_its_cancel_and_lets_it_wait_for_the_next(monkeypatch):
+def test_a_workers_reader_gives_each_job_its_cancel_and_lets_it_wait_for_the_next():
     """The worker's reader thread (``channel.Inbox``) builds each job at its ``Start``: a ``Cancel`` right
     behind it reaches that job even before the job's task exists (and cancels run's task once it does); once
     the job's end is reported, the next ``Start`` is the next job, and the sidecar's end of file then ends
@@ -211,12 +211,11 @@ def test_a_workers_reader_gives_each_job_its_cancel_and_lets_it_wait_for_the_nex
 
     from aip_crewai.sidecar.isolation import channel
 
-    exits: list[int] = []
-    monkeypatch.setattr(channel, "exit_now", exits.append)
+    exits: list[int] = []  # the reader thread's exits (a stand-in that outlives the test, as the thread may)
     loop = asyncio.new_event_loop()
     ours, theirs = socket.socketpair()
     try:
-        inbox = channel.Inbox(channel.Channel(ours, frame_bound(1024)), loop)
+        inbox = channel.Inbox(channel.Channel(ours, frame_bound(1024)), loop, exits.append)
         theirs.sendall(start_frame("t:one") + encode(Cancel()))
         first = inbox.next_job()
         assert first is not None and first.start.action_id == "t:one"
@@ -240,7 +239,7 @@ def test_a_workers_reader_gives_each_job_its_cancel_and_lets_it_wait_for_the_nex
     exits.clear()
     ours, theirs = socket.socketpair()
     try:
-        inbox = channel.Inbox(channel.Channel(ours, frame_bound(1024)), loop)
+        inbox = channel.Inbox(channel.Channel(ours, frame_bound(1024)), loop, exits.append)
         theirs.sendall(start_frame("t:running") + start_frame("t:sent-too-soon"))
         until(lambda: exits == [channel.PROTOCOL_STATUS], what="a Start during a job ends the worker")
         for _ in range(2):  # the stand-in exit returned: let the reader thread end here, not after the test

@@ -21,6 +21,7 @@ import select
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from aip_crewai.sidecar.isolation.wire import (
@@ -157,9 +158,12 @@ class Inbox:
     :meth:`next_job` answers None (the main thread leaves after flushing the spans). A ``Start`` while a job
     runs is a protocol error (exit)."""
 
-    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, channel: Channel, loop: asyncio.AbstractEventLoop, leave: Callable[[int], None] | None = None
+    ) -> None:
         self.channel = channel
         self.loop = loop
+        self._leave = leave or exit_now  # tests pass a stand-in: this thread may outlive them
         self._jobs: queue.SimpleQueue[JobState | None] = queue.SimpleQueue()
         self._job: JobState | None = None
         threading.Thread(target=self._read, name="aip-crewai-worker-reader", daemon=True).start()
@@ -178,12 +182,12 @@ class Inbox:
             running = job is not None and not job.flag.reported.is_set()
             if message is None:
                 if running:
-                    exit_now(0)
+                    self._leave(0)
                 self._jobs.put(None)
                 return
             if isinstance(message, Start):
                 if running:
-                    exit_now(PROTOCOL_STATUS)
+                    self._leave(PROTOCOL_STATUS)
                 self._job = JobState(message, self.channel, self.loop)
                 self._jobs.put(self._job)
             elif job is None:  # nothing to cancel or answer yet
