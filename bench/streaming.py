@@ -68,7 +68,7 @@ from bench.common import (
     rate_row,
 )
 
-LIVE_ROUNDS = 9
+LIVE_ROUNDS = 31
 REPLAY_ROUNDS = 15
 #: Requests of the sidecar-alone replay row (and of its bare baseline), after one warm-up each.
 RAW_REPLAY_ROUNDS = 40

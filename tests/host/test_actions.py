@@ -469,7 +469,7 @@ async def test_omitted_output_is_read_from_the_job_view(env):
     assert "output_omitted" not in result.output
 
 
-async def _sink(service):
+async def _sink(service, **kwargs):
     from aip_crewai.host.actions.chunk_sink import ChunkSink
     from aip_crewai.host.actions.dispatch import Job
     from aip_crewai.host.actions.live import LiveAction
@@ -478,7 +478,7 @@ async def _sink(service):
         "acme", "s1", "cap:crewai:support", "support", "run", "{}", "h", "p", "k", "running"
     )
     job = Job(tenant="acme", action_id="s1", crew_id="support", spec=ops.get("run"), input={}, idempotency_key="k")
-    return ChunkSink(service.store, LiveAction(job=job))
+    return ChunkSink(service.store, LiveAction(job=job), **kwargs)
 
 
 def _chunk(sequence):
@@ -506,6 +506,62 @@ async def test_chunks_arriving_one_per_read_are_stored_in_order_with_group_commi
     assert [c.sequence for c in stored] == list(range(300))
     assert sum(calls) == 300 and len(calls) < 300
     assert (await service.store.get_action("acme", "s1")).chunk_count == 300
+
+
+def _count_batches(service):
+    """Record the size of each chunk batch the store is asked to append; the event is set after each."""
+    batches, stored = [], asyncio.Event()
+    append = service.store.append_chunks
+
+    async def counting(*args, **kwargs):
+        batches.append(len(args[2]))
+        try:
+            return await append(*args, **kwargs)
+        finally:
+            stored.set()
+
+    service.store.append_chunks = counting
+    return batches, stored
+
+
+async def _yield_to_the_writer():
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_chunks_arriving_within_the_commit_window_wait_for_one_batch(env):
+    """A chunk after a quiet spell is written at once; those arriving sooner after that commit than the
+    window wait and go in one batch, however often the writer could have run (one store hop per window)."""
+    service, _, _ = env
+    sink = await _sink(service, commit_window_s=60.0)
+    batches, stored = _count_batches(service)
+    await sink.add([_chunk(0)])
+    await asyncio.wait_for(stored.wait(), 10)
+    for sequence in range(1, 10):
+        await sink.add([_chunk(sequence)])
+        await _yield_to_the_writer()
+    assert batches == [1]
+    await asyncio.wait_for(sink.drain(), 10)  # the stream ended: no wait for the window
+    assert batches == [1, 9]
+    assert [c.sequence for c in await service.store.list_chunks("acme", "s1", -1, 100)] == list(range(10))
+
+
+async def test_a_full_queue_is_written_without_waiting_for_the_window(env):
+    from aip_crewai.host.actions.chunk_sink import ChunkSink
+
+    service, _, _ = env
+    sink = await _sink(service, commit_window_s=60.0)
+    batches, stored = _count_batches(service)
+    await sink.add([_chunk(0)])
+    await asyncio.wait_for(stored.wait(), 10)
+    full = [_chunk(s) for s in range(1, ChunkSink.MAX_QUEUED + 1)]
+    await asyncio.wait_for(sink.add(full), 10)  # held back until written, not for the window
+    assert batches == [1, ChunkSink.MAX_QUEUED]
+    await sink.add([_chunk(ChunkSink.MAX_QUEUED + 1)])  # the window applies again after that batch
+    await _yield_to_the_writer()
+    assert len(batches) == 2
+    await asyncio.wait_for(sink.drain(), 10)
+    assert batches == [1, ChunkSink.MAX_QUEUED, 1]
 
 
 async def test_a_discarded_sink_stores_nothing_more(env):
