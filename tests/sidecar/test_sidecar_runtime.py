@@ -317,3 +317,26 @@ def test_a_chunk_fits_the_smallest_event_bound_even_with_long_labels():
     assert data["truncated"] is True and data["content"].startswith("ccc") and "task_id" not in data
     short = chunk_row(8, {"content": "c" * 5000, "channel": "llm", "task_id": "t1"}, 1024)
     assert short is not None and len(short.to_json()) <= 1024 and json.loads(short.data)["task_id"] == "t1"
+
+
+async def test_a_live_follower_sends_what_arrives_within_its_window_in_one_page(tmp_path, monkeypatch):
+    """Chunks a worker emits one by one, sooner after the follower's last read than the window, go out in
+    one page (one socket write), not one page each; the job's end cuts the window short."""
+    from aip_crewai.sidecar.jobs import reader
+
+    monkeypatch.setattr(reader, "FOLLOW_PAGE_WINDOW_S", 60.0)
+    async with runtime(tmp_path) as (rt, fake):
+        await admit(rt, "w", "worker")
+        pages: list = []
+
+        async def consume() -> None:
+            async for page in rt.reads.follow_pages("w", 0):
+                if page is not None:
+                    pages.append(page)
+
+        consumer = asyncio.create_task(consume())
+        await until_async(lambda: rt._live["w"].snapshot()[3] >= 4, interval=0.005)  # started + 3 chunks
+        fake.release_thread.set()
+        await asyncio.wait_for(consumer, 10)  # the end cut the 60 s window short
+    assert len(pages) <= 2
+    assert [row.event for page in pages for row in page] == ["started", "chunk", "chunk", "chunk", "completed"]

@@ -28,6 +28,10 @@ PAGE_MAX_BYTES = 8 * 1024 * 1024
 
 #: Events per page a follower reads and sends at once (one journal read, one socket write).
 FOLLOW_PAGE_EVENTS = 4096
+#: Shortest time between two page reads of a live follower, seconds: events arriving sooner after a read
+#: wait for the rest of it and go out in one page (one socket write, one read by the host), instead of
+#: one page per event; the job's end cuts the wait short (ARCHITECTURE.md §10 "Live followers").
+FOLLOW_PAGE_WINDOW_S = 0.005
 
 
 class JobReader:
@@ -43,6 +47,7 @@ class JobReader:
         self.journal = journal
         self._live = live
         self._keepalive = keepalive_seconds
+        self._window = FOLLOW_PAGE_WINDOW_S
 
     async def record(self, action_id: str) -> tuple[JobRecord, LiveJob | None]:
         """The job's record and its live state (None once terminal). Raises JobNotFound."""
@@ -148,8 +153,9 @@ class JobReader:
         and the first page costs no second read."""
         live = self._live.get(action_id)
         changed = live.changed() if live is not None else None
+        read_at = anyio.current_time()
         first = await self.page(action_id, cursor, limit=FOLLOW_PAGE_EVENTS)
-        return self._pages(action_id, cursor, live, changed, first)
+        return self._pages(action_id, cursor, live, changed, first, read_at)
 
     async def _pages(
         self,
@@ -158,9 +164,11 @@ class JobReader:
         live: LiveJob | None,
         changed: asyncio.Event | None,
         read: tuple[JobStatus, list[EventRow], int],
+        read_at: float,
     ) -> AsyncIterator[list[EventRow] | None]:
         """The loop of :meth:`follow_pages`; ``live``/``changed`` were taken before ``read``, the first page
-        (a wake-up between the two is never missed)."""
+        (a wake-up between the two is never missed), read at ``read_at`` (``anyio.current_time()``). Two
+        page reads are at least :data:`FOLLOW_PAGE_WINDOW_S` apart while the job runs."""
         while True:
             status, events, _count = read
             for index, row in enumerate(events):
@@ -177,8 +185,12 @@ class JobReader:
                     await changed.wait()  # type: ignore[union-attr]
                 if idle.cancelled_caught:
                     yield None
+                elif (rest := read_at + self._window - anyio.current_time()) > 0:  # news: let what follows join it
+                    with anyio.move_on_after(rest):
+                        await live.finished.wait()
             live = self._live.get(action_id)
             changed = live.changed() if live is not None else None
+            read_at = anyio.current_time()
             try:
                 read = await self.page(action_id, cursor, limit=FOLLOW_PAGE_EVENTS)
             except JobNotFound:
