@@ -52,6 +52,8 @@ def configure_logging(*, json: bool | None = None, level: str = "info", cache: b
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
+        # One write per record, its newline included: a job's worker shares the sidecar's stderr, and a record
+        # written in two pieces (print's text, then its newline) could be split by another process's record.
+        logger_factory=structlog.WriteLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=cache,
     )

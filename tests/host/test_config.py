@@ -476,3 +476,35 @@ def test_the_postgresql_pools_log_lines_are_one_structured_line_each(capsys):
     record = json.loads(lines[0])
     assert record["event"] == "library_log" and record["library"] == "psycopg.pool"
     assert record["message"] == "error connecting in 'pool': connection refused"
+
+
+def test_each_log_record_is_one_write_with_its_newline(monkeypatch):
+    """A job's worker shares the sidecar's stderr: a record written in two pieces (its text, then its newline)
+    could be split by another process's record, as a suite run once saw (two records on one line)."""
+    import json
+    import sys
+
+    import structlog
+
+    from aip_crewai.plumbing.log import configure_logging
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+        def isatty(self) -> bool:
+            return False
+
+    recorder = Recorder()
+    monkeypatch.setattr(sys, "stderr", recorder)
+    configure_logging(json=True, level="info", cache=False)
+    structlog.get_logger("t").info("one_write", size_bytes=3)
+    assert len(recorder.writes) == 1, recorder.writes
+    assert recorder.writes[0].endswith("\n") and json.loads(recorder.writes[0])["event"] == "one_write"

@@ -5,7 +5,7 @@ import json
 import pytest
 from kits import aip
 from kits.fake_sidecar import FakeSidecar
-from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, envelope, running, submit_action
+from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, count_store_calls, envelope, running, submit_action
 
 CT = {"Content-Type": "application/aip+json"}
 
@@ -19,6 +19,13 @@ def fake():
 async def http(make_app, fake):
     async with running(make_app(sidecar_transport=fake.transport())) as client:
         yield client
+
+
+@pytest.fixture
+async def app_http(make_app, fake):
+    app = make_app(sidecar_transport=fake.transport())
+    async with running(app) as client:
+        yield app, client
 
 
 async def post(http, principal, env, **headers):
@@ -246,3 +253,22 @@ async def test_cancel_needs_the_invoker_role(http):
     assert denied.status_code == 403
     done = await http.post("/aip/v1/actions/act_c/cancel", headers=bearer("acme-invoker"))
     assert done.json()["body"]["action_result"]["status"] == "cancelled"
+
+
+async def test_a_decision_reads_its_approval_and_action_in_one_hop_before_its_transaction(app_http, monkeypatch):
+    """The route's checks and the revocation check share one read of the approval and its action."""
+    from aip_crewai.host.http.state import host_state
+
+    app, http = app_http
+    env = action_env("msg_d", "act_d", "cap:crewai:beta", {"topic": "refunds"}, key="run-d")
+    approval_id = (await post(http, "acme-invoker", env)).json()["body"]["action_result"]["output"]["approval_id"]
+    calls = count_store_calls(host_state(app).store, monkeypatch)
+    decided = await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        headers=bearer("acme-both"),
+        json={"decision": "approved", "reason": "ok"},
+    )
+    assert decided.status_code == 200, decided.text
+    before = calls[: calls.index("_transaction_now")]  # the decision's one transaction
+    # One read of both, plus at most one read by the host's reconciler if it woke meanwhile.
+    assert before.count("read") == 1 and before.count("_fetch_now") <= 1, calls

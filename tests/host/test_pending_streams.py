@@ -113,3 +113,42 @@ async def test_a_re_post_with_last_event_id_resumes_after_it_as_the_get_route_do
     done = await post_stream(app, "act_again", **{"Last-Event-ID": frames[-1][1]})
     assert done.status == 204  # all delivered: EventSource stops reconnecting
     await done.close()
+
+
+async def test_a_stream_of_a_running_action_whose_sidecar_is_down_keeps_sending_keep_alives(make_app, monkeypatch):
+    """No dispatch of the action runs here and its sidecar cannot be reached: the follower polls the store,
+    and a proxy between it and the tenant still sees a keep-alive every ``KEEPALIVE_S`` (found by a break-it
+    session: the stream was silent for the whole outage)."""
+    import httpx
+
+    from aip_crewai.host.http.state import host_state
+
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    monkeypatch.setattr(routes, "KEEPALIVE_S", 0.05)
+    app = make_app(sidecar_transport=httpx.MockTransport(down))
+    async with running(app):
+        store = host_state(app).store
+        await store.create_action(
+            "acme",
+            "act_down",
+            "cap:crewai:beta",
+            "beta",
+            "run",
+            "{}",
+            "h",
+            "acme-invoker",
+            "k",
+            "running",
+            dispatch="sent",
+        )
+        stream = await open_stream(app, "/aip/v1/actions/act_down/events", {**bearer("acme-invoker")})
+        try:
+            ack = await stream.next_event()
+            assert (ack.event, ack.id) == ("ack", "sse_0")
+            for _ in range(3):
+                await stream.next_comment()
+            assert not stream.ended
+        finally:
+            await stream.close()

@@ -7,7 +7,16 @@ import dataclasses
 
 import pytest
 from kits.fake_sidecar import FakeSidecar
-from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, completed_run, envelope, running, sign
+from kits.hostapp import (
+    SIDECAR_TOKEN,
+    action_env,
+    bearer,
+    completed_run,
+    count_store_calls,
+    envelope,
+    running,
+    sign,
+)
 from kits.hostapp import post_message as post
 
 from aip_crewai.host.http.state import host_setup, host_state
@@ -29,19 +38,6 @@ async def app_http(make_app, settings, fake):
 
 def status_env(n, run_action_id="act_run"):
     return action_env(f"msg_s{n}", f"act_s{n}", "cap:crewai:beta:status", {"run_action_id": run_action_id})
-
-
-def count_store_calls(store, monkeypatch):
-    """The names of the store's worker functions run from now on (each one thread hop)."""
-    calls = []
-    run = store._run
-
-    async def counted(fn, *args):
-        calls.append(getattr(fn, "__name__", repr(fn)))
-        return await run(fn, *args)
-
-    monkeypatch.setattr(store, "_run", counted)
-    return calls
 
 
 def view_reads(fake, run_action_id="act_run"):

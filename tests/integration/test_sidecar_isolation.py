@@ -305,9 +305,10 @@ async def test_a_job_never_sees_the_process_state_another_job_left(isolated: Iso
     assert sidecar.process.pid not in pids
     booted = sidecar.log_events("worker_ready")
     assert all(e["crewai_preloaded"] for e in booted)
-    # the four workers that ran the probes (booted for them or ahead of them) did not pay the import
+    # the four workers that ran the probes (booted for them or ahead of them) did not pay the import: each
+    # found CrewAI already imported (a boot's time is no proof: a loaded machine took 3.4 s for one once)
     probed = [e for e in booted if e["pid"] in pids]
-    assert len(probed) == 4 and all(e["boot_ms"] < 3000 for e in probed), probed
+    assert len(probed) == 4 and all(e["crewai_preloaded"] for e in probed), probed
 
 
 async def test_the_sidecar_process_never_imports_crewai_and_still_checks_the_registry(

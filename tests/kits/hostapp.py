@@ -342,6 +342,19 @@ async def submit_action(
     return answer.json()["body"]["action_result"]["output"]
 
 
+def count_store_calls(store: Any, monkeypatch: Any) -> list[str]:
+    """The names of the store's worker functions run from now on (each one thread hop)."""
+    calls: list[str] = []
+    run = store._run
+
+    async def counted(fn: Any, *args: Any) -> Any:
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return await run(fn, *args)
+
+    monkeypatch.setattr(store, "_run", counted)
+    return calls
+
+
 async def post_message(http: httpx.AsyncClient, principal: str, env: dict[str, Any]) -> httpx.Response:
     """POST the envelope ``env`` to ``/aip/v1/messages`` with ``principal``'s bearer."""
     return await http.post(

@@ -556,21 +556,28 @@ class ActionService:
         )
 
     async def decide(
-        self, approver: Principal, approval_id: str, decision: str, reason: str, now: int, *, proof: str | None = None
+        self,
+        approver: Principal,
+        approval_id: str,
+        decision: str,
+        reason: str,
+        now: int,
+        *,
+        proof: str | None = None,
+        action: ActionRecord | None = None,
     ) -> ApprovalRecord | None:
-        """Record an approver's decision and apply it: an admitted approval
-        starts its action in the same store commit (then the dispatch);
-        a denial or a rejected approval fails the action (:meth:`on_decision`).
+        """Record an approver's decision and apply it: an admitted approval starts its action in the same
+        store commit (then the dispatch); a denial or a rejected approval fails the action (:meth:`on_decision`).
 
-        Returns the decided approval, or None when this call did not decide
-        it (already decided, expired, or the approver is the requester).
-        ``proof``: the JSON proof of a signed decision, stored with it.
+        Returns the decided approval, or None when this call did not decide it (already decided, expired, or
+        the approver is the requester). ``proof``: the JSON proof of a signed decision, stored with it.
+        ``action``: the approval's action as the caller just read it (``Store.get_approval_and_action``),
+        its revocation checked on it without reading it again; None: read here.
 
         Raises: CapabilityRevoked (403) for an approval of an action that may
         no longer run (:meth:`revocation`); the action fails with it first.
         """
-        pending = await self.store.get_approval(approver.tenant, approval_id)
-        record = await self.store.get_action(approver.tenant, pending.action_id) if pending else None
+        record = action or (await self.store.get_approval_and_action(approver.tenant, approval_id))[1]
         if decision == ApprovalStatus.APPROVED and record is not None and record.status == ActionState.PENDING_APPROVAL:
             revoked = self.revocation(record)
             if revoked is not None:

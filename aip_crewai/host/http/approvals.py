@@ -409,7 +409,10 @@ async def post_decision(request: Request) -> Response:
         principal = await authenticate(request)
         raw = await _decision_bytes(request, authenticated=True)
     decision = _decode_decision(raw)
-    approval = await _approval(request, principal)
+    service: ActionService = host_state(request).actions
+    approval, action = await service.store.get_approval_and_action(principal.tenant, request.path_params["approval_id"])
+    if approval is None:
+        raise ApprovalNotFound(request.path_params["approval_id"])
     if not principal.has_role("approver"):
         raise Forbidden("deciding needs the approver role")
     if decision.approver is not None and decision.approver.id != principal.id:
@@ -430,10 +433,9 @@ async def post_decision(request: Request) -> Response:
     proof = None
     if signature is not None:
         proof = msgspec.json.encode(DecisionProof(**signature.proof(), body=raw.decode("utf-8"))).decode()
-    service: ActionService = host_state(request).actions
     now = service.now_ms()
     decided = await service.decide(
-        principal, approval.approval_id, decision.decision, decision.reason, now, proof=proof
+        principal, approval.approval_id, decision.decision, decision.reason, now, proof=proof, action=action
     )
     if decided is None:
         raise await _why_undecided(service, principal, approval.approval_id)

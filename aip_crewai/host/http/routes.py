@@ -324,18 +324,16 @@ async def follow(service: ActionService, record: ActionRecord, after: Position |
     """The AIP SSE stream of one action (profile ``aip.sse.stream.v1``) after position ``after`` (None:
     from the ack).
 
-    Positions (:mod:`.stream_positions`): ``sse_0`` ack; ``sse_<1+s>`` the stored chunk of sequence s
-    (event ``done`` for a done chunk, else ``chunk``); then ``aip_error`` (failed
-    results) and ``result``, at sub-positions ``sse_<C>.1``, ``sse_<C>.2`` for a provisional result. Every
-    position is derived from the store, so ``Last-Event-ID`` resumes exactly after it, and after a
-    provisional result since corrected at the first chunk the tenant lacks. The ack's status is
-    ``streaming`` for a running action, ``accepted`` while it waits for its
-    approval and ``cached`` when it already ended. An action waiting for its
-    approval is that non-final ack (``sse_0``, reason ``pending_approval``):
-    the stream stays open with keep-alive comments every
-    :data:`KEEPALIVE_S` (the store's approval signal, or a poll every
-    :data:`PENDING_POLL_S`, tells it the decision) and goes on with the
-    chunks and the result, or the denial's error and result. Source: docs/reference/http-api.md "Stream frames".
+    Positions (:mod:`.stream_positions`): ``sse_0`` ack; ``sse_<1+s>`` the stored chunk of sequence s (event
+    ``done`` for a done chunk, else ``chunk``); then ``aip_error`` (failed results) and ``result``, at
+    sub-positions ``sse_<C>.1``, ``sse_<C>.2`` for a provisional result. Every position is derived from the
+    store, so ``Last-Event-ID`` resumes exactly after it, and after a provisional result since corrected at
+    the first chunk the tenant lacks. The ack's status is ``streaming`` for a running action, ``accepted``
+    while it waits for its approval and ``cached`` when it already ended. An action waiting for its approval
+    is that non-final ack (``sse_0``, reason ``pending_approval``): the stream stays open (the store's
+    approval signal, or a poll every :data:`PENDING_POLL_S`, tells it the decision) and goes on with the
+    chunks and the result, or the denial's error and result. Any stream silent for :data:`KEEPALIVE_S`
+    writes a keep-alive comment. Source: docs/reference/http-api.md "Stream frames".
     """
     tenant, action_id = record.tenant, record.action_id
     # Frames wait in ``out`` until the stream would block (or ends), or a live action's page is read: one
@@ -357,7 +355,7 @@ async def follow(service: ActionService, record: ActionRecord, after: Position |
             out.append(ChunkFrames(action_id, sent_at).page(chunks))
             if record.status == ActionState.RUNNING:  # live: the page goes now, not after the next store read
                 yield b"".join(out)
-                out = []
+                out, wrote_at = [], time.monotonic()
         record = await service.refresh(stored or record)
         if record.status == ActionState.PENDING_APPROVAL:
             if out:
@@ -381,18 +379,21 @@ async def follow(service: ActionService, record: ActionRecord, after: Position |
             return
         if out:
             yield b"".join(out)
-            out = []
+            out, wrote_at = [], time.monotonic()
         if record.status == ActionState.RUNNING and record.chunk_count > last_seq + 1:
             continue
         live = service.live.get(tenant, action_id)
-        if live is None:
-            if service.remote.pushed and not await remote.wait(KEEPALIVE_S, seen=remote_seen):
-                yield encode_comment("keep-alive")  # another host's action: its commits are pushed here
-            record = await service.wait(record, 1.0) if not service.remote.pushed else record
-        elif live is not watched:
+        if live is not None and live is not watched:
             continue  # its dispatch registered after this round's read: read again
-        elif not await live.wait(KEEPALIVE_S, seen=seen):
+        if live is not None:
+            await live.wait(KEEPALIVE_S, seen=seen)
+        elif service.remote.pushed:  # another host's action: its commits are pushed here
+            await remote.wait(KEEPALIVE_S, seen=remote_seen)
+        else:  # polled: no dispatch of it here, e.g. while its sidecar cannot be reached
+            record = await service.wait(record, 1.0)
+        if time.monotonic() - wrote_at >= KEEPALIVE_S:  # that long without a write, whatever kept it waiting
             yield encode_comment("keep-alive")
+            wrote_at = time.monotonic()
 
 
 #: Most stored chunks a follower reads and writes at once. Memory stays bounded by the action's whole

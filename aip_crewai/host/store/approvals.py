@@ -146,6 +146,24 @@ class ApprovalMethods:
         )
         return ApprovalRecord(*rows[0]) if rows else None
 
+    async def get_approval_and_action(
+        self, tenant: str, approval_id: str
+    ) -> tuple[ApprovalRecord | None, ActionRecord | None]:
+        """The approval ``approval_id`` of ``tenant`` and its action, in one hop to the store's worker instead
+        of two (a decision reads both before its transaction); ``(None, None)`` when there is no such approval."""
+
+        def read() -> tuple[ApprovalRecord | None, ActionRecord | None]:
+            rows = self._fetch_now(
+                f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant = ? AND approval_id = ?", (tenant, approval_id)
+            )
+            if not rows:
+                return None, None
+            approval = ApprovalRecord(*rows[0])
+            actions = self._fetch_now(GET_ACTION, (tenant, approval.action_id))
+            return approval, ActionRecord(*actions[0]) if actions else None
+
+        return await self._run(read)
+
     async def list_approvals(
         self,
         tenant: str,
