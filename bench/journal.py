@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import TypedDict
 
 import aiosqlite
 
@@ -44,7 +45,16 @@ MIN_RATIO = 0.8
 CHUNK = (
     b'{"content":"lighthouse ","channel":"llm","task_id":"3f9a6c1e-0b7d-4c55-9a51-6c2d1f0e8b27","agent_role":"Chatty"}'
 )
-LIMITS = {"max_retained_runs": 1_000_000, "max_bytes": 8 * 1024**3}
+
+
+class Limits(TypedDict):
+    """The retention bounds :meth:`Journal.admit` takes."""
+
+    max_retained_runs: int
+    max_bytes: int
+
+
+LIMITS: Limits = {"max_retained_runs": 1_000_000, "max_bytes": 8 * 1024**3}
 
 _BARE_TABLE = """CREATE TABLE jobs (action_id TEXT PRIMARY KEY, crew_id TEXT NOT NULL, operation TEXT NOT NULL,
  request_hash TEXT NOT NULL, idempotency_key TEXT NOT NULL, timeout_ms INTEGER, status TEXT NOT NULL,

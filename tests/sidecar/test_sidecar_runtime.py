@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from contextlib import asynccontextmanager
 
 import msgspec
@@ -14,6 +15,7 @@ from kits.sidecar_fakes import FakeExecutor, job, make_settings
 from aip_crewai.sidecar.errors import JobNotCancellable, JobWaitTimeout, ShuttingDown
 from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE
 from aip_crewai.sidecar.jobs.model import JobStatus
+from aip_crewai.sidecar.jobs.replay_inputs import ReplayInputs
 from aip_crewai.sidecar.jobs.runtime import Runtime
 from aip_crewai.sidecar.journal.store import Journal
 
@@ -340,3 +342,73 @@ async def test_a_live_follower_sends_what_arrives_within_its_window_in_one_page(
         await asyncio.wait_for(consumer, 10)  # the end cut the 60 s window short
     assert len(pages) <= 2
     assert [row.event for page in pages for row in page] == ["started", "chunk", "chunk", "chunk", "completed"]
+
+
+async def test_a_runs_inputs_are_in_place_before_its_terminal_commit_and_flushed_beside_it(tmp_path, monkeypatch):
+    """The replay inputs' file is renamed into place before the terminal commit, fsynced while it commits,
+    and the job's followers hear of its end only once both are done (jobs/replay_inputs.py)."""
+    flushing, flushed = threading.Event(), threading.Event()
+    at_flush: dict = {}
+
+    def sync(self: ReplayInputs, action_id: str) -> bool:
+        at_flush["file"] = json.loads(self.path(action_id).read_bytes())
+        flushing.set()
+        flushed.wait(30)
+        return True
+
+    monkeypatch.setattr(ReplayInputs, "sync", sync)
+    settings = make_settings(tmp_path)
+    journal = await Journal.open(settings.journal)
+    fake = FakeExecutor()
+
+    async def executor(crew_id, operation, input, ctx):
+        ctx.run_state[None] = {"inputs": dict(input), "fingerprint": "f"}
+        return await fake(crew_id, operation, input, ctx)
+
+    rt = Runtime(settings, journal, CREWS, executor)
+    try:
+        await admit(rt, "r", "echo", input={"topic": "kept"})
+        await until_async(flushing.is_set, interval=0.005)
+        assert at_flush["file"] == {"-1": {"topic": "kept"}}  # in place when the flush began
+        # The commit does not wait for the flush ...
+        await until_async(lambda: _status_is(rt, "r", JobStatus.COMPLETED), interval=0.005)
+        _record, live = await rt.reads.record("r")
+        assert live is not None and not live.finished.is_set()  # ... but the job's followers do
+        flushed.set()
+        assert (await rt.reads.wait("r", 5000)).status is JobStatus.COMPLETED
+        assert rt.replay_inputs.read("r", None) == {"topic": "kept"}
+    finally:
+        flushed.set()
+        await rt.shutdown(0)
+        await journal.close()
+
+
+async def _status_is(rt, action_id, status):
+    return (await rt.journal.get(action_id)).status is status
+
+
+async def test_a_job_with_a_free_slot_is_admitted_running_in_its_admission_commit(tmp_path, monkeypatch):
+    """A free concurrency slot: the job's row is inserted ``running`` with its ``started`` event, no second
+    commit; no slot: ``queued``, then ``running`` once a slot frees (ARCHITECTURE.md §5)."""
+    starts: list[str] = []
+    transition = Journal.transition
+
+    async def counting(self, action_id, target, **kwargs):
+        if target is JobStatus.RUNNING:
+            starts.append(action_id)
+        return await transition(self, action_id, target, **kwargs)
+
+    monkeypatch.setattr(Journal, "transition", counting)
+    async with runtime(tmp_path, max_concurrency=1) as (rt, fake):
+        await admit(rt, "first", "slow")
+        await admit(rt, "second", "slow")
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
+        assert (await rt.journal.get("second")).status is JobStatus.QUEUED
+        fake.release.set()
+        for action_id in ("first", "second"):
+            assert (await rt.reads.wait(action_id, 5000)).status is JobStatus.COMPLETED
+        await admit(rt, "third", "echo")  # both slots were given back: it runs
+        assert (await rt.reads.wait("third", 5000)).status is JobStatus.COMPLETED
+        firsts = [(await events_of(rt, a))[0] for a in ("first", "second", "third")]
+    assert starts == ["second"]
+    assert all(e["event"] == "started" and e["sequence"] == 0 for e in firsts)

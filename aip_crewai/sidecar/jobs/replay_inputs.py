@@ -5,10 +5,18 @@ run needs the caller to send ``inputs`` again. Crew inputs are kept out of
 the journal (it holds hashes, outputs and events, never inputs), so each
 completed run, batch_run or replay job that had inputs gets one file
 ``<state dir>/replay-inputs/<64 hex of SHA-256 of the job id>.json``: mode
-0600 in a 0700 directory, written atomically (temporary file, fsync,
-rename), ``{"<result index or -1>": {inputs}}``. The file lives as long as
-the job is retained and is removed when the job is archived. Nothing here
-logs the inputs (sizes only).
+0600 in a 0700 directory, ``{"<result index or -1>": {inputs}}``. The file
+lives as long as the job is retained and is removed when the job is
+archived. Nothing here logs the inputs (sizes only).
+
+Written in two steps around the job's terminal commit
+(:meth:`~.terminal.TerminalRecorder.record_outcome`): :meth:`ReplayInputs.place`
+(temporary file, rename) before the commit, so a replay that finds the
+committed run finds its inputs; :meth:`ReplayInputs.sync` (fsync) beside
+the commit, both finished before the job's followers are told it ended. A
+crash between the two can leave the file empty or missing: :meth:`read`
+then answers None and that replay needs ``inputs`` (docs/security.md
+"Tenant-scoped crew state").
 
 Source: docs/security.md ("Tenant-scoped crew state": replay).
 """
@@ -44,11 +52,12 @@ class ReplayInputs:
         """The file of one job (its name never shows the job id)."""
         return self.directory / (hashlib.sha256(action_id.encode("utf-8")).hexdigest() + ".json")
 
-    def write(self, action_id: str, inputs: dict[int | None, dict[str, Any]]) -> bool:
-        """Keep a job's inputs, by result index (None: the job's own output; a batch item's index).
+    def place(self, action_id: str, inputs: dict[int | None, dict[str, Any]]) -> bool:
+        """Keep a job's inputs, by result index (None: the job's own output; a batch item's index): the
+        file written under a temporary name and renamed into place, not yet fsynced (:meth:`sync`).
 
         Returns:
-            True when written; False when the file could not be written
+            True when in place; False when the file could not be written
             (logged with the error class only; a replay then needs ``inputs``).
         """
         data = json.dumps(
@@ -61,7 +70,6 @@ class ReplayInputs:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, data)
-                os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(temporary, target)
@@ -69,6 +77,19 @@ class ReplayInputs:
             log.error(
                 "replay_inputs_not_kept", action_id=action_id, error_type=type(exc).__name__, size_bytes=len(data)
             )
+            return False
+        return True
+
+    def sync(self, action_id: str) -> bool:
+        """Flush a placed file to disk (fsync). Returns False when it could not be (logged, error class only)."""
+        try:
+            fd = os.open(self.path(action_id), os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.error("replay_inputs_not_synced", action_id=action_id, error_type=type(exc).__name__)
             return False
         return True
 

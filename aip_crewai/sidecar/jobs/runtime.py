@@ -79,7 +79,7 @@ from aip_crewai.sidecar.isolation.sandbox import report as sandbox_report
 from aip_crewai.sidecar.jobs.admission import Admission, check_request
 from aip_crewai.sidecar.jobs.context import TASK_CANCELLED_OPERATIONS, JobCancelled, JobContext
 from aip_crewai.sidecar.jobs.live import LiveJob, chunk_row, event_row
-from aip_crewai.sidecar.jobs.model import ArchiveOutcome, JobRecord, JobStatus, NewJob
+from aip_crewai.sidecar.jobs.model import ArchiveOutcome, EventRow, JobRecord, JobStatus, NewJob
 from aip_crewai.sidecar.jobs.reader import JobReader
 from aip_crewai.sidecar.jobs.replay_inputs import ReplayInputs
 from aip_crewai.sidecar.jobs.terminal import TerminalRecorder
@@ -244,23 +244,38 @@ class Runtime:
                 "the job journal cannot record results right now; no new job is admitted "
                 "until it records the pending ones"
             )
+        # A free concurrency slot: the job is taken into it now and admitted `running` with its `started`
+        # event, one commit instead of two (ARCHITECTURE.md §5); else it is admitted `queued` and waits.
+        slot, created = not self._semaphore.locked(), False
+        if slot:
+            await self._semaphore.acquire()  # free: returns without waiting
         try:
             record, created = await self.journal.admit(
-                job, max_retained_runs=self.settings.max_retained_runs, max_bytes=self.settings.max_journal_bytes
+                job,
+                max_retained_runs=self.settings.max_retained_runs,
+                max_bytes=self.settings.max_journal_bytes,
+                started=_started(adm.operation) if slot else None,
             )
         except JournalWriteFailed:
             self.metrics.inc("journal_write_failures_total")
             self._admission_write_failed_at = time.monotonic()
             raise
+        finally:
+            if slot and not created:
+                self._semaphore.release()
         self._admission_write_failed_at = None
         if not created:
             self._repeat(record, adm)
             return
         live = LiveJob(adm.action_id, adm.crew_id, adm.spec, adm.timeout_ms)
+        if slot:
+            live.status, live.committed, live.next_sequence = JobStatus.RUNNING, 1, 1
         self._live[adm.action_id] = live
-        task = asyncio.create_task(self._run(live, adm.input), name=f"job:{adm.action_id}")
+        task = asyncio.create_task(self._run(live, adm.input, started=slot), name=f"job:{adm.action_id}")
         self._tasks[adm.action_id] = task
         task.add_done_callback(partial(self._forget_task, adm.action_id))
+        if slot:  # the task's end frees the slot, even a task cancelled before its first step
+            task.add_done_callback(lambda _task: self._semaphore.release())
         self.metrics.inc("jobs_admitted_total", operation=adm.operation)
         log.info(
             "job_admitted",
@@ -274,15 +289,21 @@ class Runtime:
 
     # ------------------------------------------------------------ execution
 
-    async def _run(self, live: LiveJob, input: dict[str, Any]) -> None:
+    async def _run(self, live: LiveJob, input: dict[str, Any], *, started: bool = False) -> None:
+        """Run an admitted job: ``started``, its slot and start were taken at admission; else wait for a
+        slot and commit its start (`queued` → `running`)."""
+        if started:
+            if not live.closed:  # a cancel can come between the admission and this step
+                live.notify()
+                await self._execute(live, input)
+            return
         async with self._semaphore:
             async with live.flush_lock:  # serialized with a concurrent cancel's terminal commit
                 if live.closed:
                     return
-                started = event_row(0, "started", {"status": "running", "operation": live.operation})
                 try:
                     ok = await self.journal.transition(
-                        live.action_id, JobStatus.RUNNING, first_sequence=0, events=[started]
+                        live.action_id, JobStatus.RUNNING, first_sequence=0, events=[_started(live.operation)]
                     )
                 except JournalWriteFailed:
                     ok = None
@@ -563,3 +584,8 @@ def _stop_observed(task: asyncio.Task[Any], ctx: JobContext) -> bool:
     if task.cancelled() or ctx.stop_observed:
         return True
     return isinstance(task.exception(), JobCancelled)
+
+
+def _started(operation: str) -> EventRow:
+    """A job's event 0 (ARCHITECTURE.md §4, events)."""
+    return event_row(0, "started", {"status": "running", "operation": operation})

@@ -14,6 +14,8 @@ Source: ARCHITECTURE.md §4 (events, outputs), §5 (durability).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -113,8 +115,9 @@ class TerminalRecorder:
         refs = task_refs(live.operation, task.result())
         states = _run_states(live.ctx, refs)
         inputs = _run_inputs(live.ctx, refs)
-        if inputs:  # before the terminal commit: once the run can be replayed, its inputs are there
-            await asyncio.to_thread(self.replay_inputs.write, live.action_id, inputs)
+        # In place before the terminal commit (once the run can be replayed, its inputs are there), fsynced
+        # beside it: one disk flush's wait instead of two (replay_inputs.py).
+        placed = bool(inputs) and await asyncio.to_thread(self.replay_inputs.place, live.action_id, inputs)
         log.info(
             "job_completed",
             action_id=live.action_id,
@@ -123,7 +126,16 @@ class TerminalRecorder:
             events=live.next_sequence + 1,
             dropped_events=live.dropped,
         )
-        await self.finish(live, JobStatus.COMPLETED, None, raw=data, output=output, task_runs=refs, run_states=states)
+        await self.finish(
+            live,
+            JobStatus.COMPLETED,
+            None,
+            raw=data,
+            output=output,
+            task_runs=refs,
+            run_states=states,
+            beside=partial(self.replay_inputs.sync, live.action_id) if placed else None,
+        )
 
     async def fail(self, live: LiveJob, error_type: str, message: str, uncertain: bool) -> None:
         """Commit a ``failed`` terminal event ``{"status", "error_type", "message", "uncertain_outcome"}``."""
@@ -142,8 +154,12 @@ class TerminalRecorder:
         error: bytes | None = None,
         task_runs: list[TaskRunRef] | None = None,
         run_states: list[RunState] | None = None,
+        beside: Callable[[], object] | None = None,
     ) -> None:
         """Commit pending chunks and the terminal event in one transaction.
+
+        ``beside``: blocking work run in a thread while the transaction commits (the replay inputs'
+        fsync); both are finished before the job's followers are told it ended.
 
         The caller has claimed ``live.close()``. On a journal failure the job
         is marked lost (followers stop without a terminal event) and the
@@ -155,6 +171,7 @@ class TerminalRecorder:
             sequence = live.next_sequence
             terminal = EventRow(sequence, status.value, raw if raw is not None else msgspec.json.encode(data))
             events = [*live.pending, terminal]
+            alongside = asyncio.ensure_future(asyncio.to_thread(beside)) if beside is not None else None
             try:
                 ok: bool | None = await self.journal.transition(
                     live.action_id,
@@ -170,6 +187,9 @@ class TerminalRecorder:
             except JournalWriteFailed:
                 ok = None
                 self.metrics.inc("journal_write_failures_total")
+            finally:
+                if alongside is not None:
+                    await asyncio.shield(alongside)  # never raises: ReplayInputs.sync logs its own failure
             if ok:
                 live.pending.clear()
                 live.status, live.committed, live.next_sequence = status, sequence + 1, sequence + 1

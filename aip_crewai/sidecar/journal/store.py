@@ -391,8 +391,12 @@ class Journal:
 
     # -------------------------------------------------------------- writes
 
-    async def admit(self, job: NewJob, *, max_retained_runs: int, max_bytes: int) -> tuple[JobRecord, bool]:
-        """Insert a ``queued`` job row, or return the existing row of its action id.
+    async def admit(
+        self, job: NewJob, *, max_retained_runs: int, max_bytes: int, started: EventRow | None = None
+    ) -> tuple[JobRecord, bool]:
+        """Insert a ``queued`` job row, or return the existing row of its action id. With ``started`` (the
+        job's event 0, when a concurrency slot is free for it) the row is inserted ``running`` with that
+        event, in the same transaction: the start of :meth:`transition` without a second commit.
 
         Returns:
             ``(record, created)``; ``created`` is False when the action id
@@ -408,7 +412,7 @@ class Journal:
         def insert(now: int) -> JobRecord:
             self._conn.execute(
                 "INSERT INTO jobs (action_id, crew_id, operation, request_hash, idempotency_key, timeout_ms, status, "
-                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
+                "event_count, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job.action_id,
                     job.crew_id,
@@ -416,10 +420,14 @@ class Journal:
                     job.request_hash,
                     job.idempotency_key,
                     job.timeout_ms,
+                    "queued" if started is None else "running",
+                    0 if started is None else 1,
                     now,
                     now,
                 ),
             )
+            if started is not None:
+                self._conn.execute(INSERT_EVENTS, (job.action_id, started.sequence, started.event, started.data))
             return job_record(fetch_rows(self._conn, GET_JOB, (job.action_id,))[0])
 
         def admit_now() -> tuple[JobRecord, bool]:
