@@ -81,13 +81,22 @@ class Stats:
 Timed = Callable[[], Awaitable[float]]
 
 
-async def interleave(paths: dict[str, Timed], *, rounds: int, warmup: int, budget_s: float) -> dict[str, list[float]]:
+async def interleave(
+    paths: dict[str, Timed],
+    *,
+    rounds: int,
+    warmup: int,
+    budget_s: float,
+    before: Callable[[], Awaitable[object]] | None = None,
+) -> dict[str, list[float]]:
     """Run every path once per round, rotating the order each round, so drift
     (caches, CPU frequency, journal growth) hits all paths alike.
 
     Each path returns its own measured duration (seconds), so preparation
-    (building an envelope) stays outside the timing. Stops after ``rounds``
-    or when ``budget_s`` has passed (at least 20 rounds once warm).
+    (building an envelope) stays outside the timing. ``before``, when given, is
+    awaited before each measured sample, untimed (:func:`settle`: the previous
+    sample's background work, such as a replacement worker's boot, done). Stops
+    after ``rounds`` or when ``budget_s`` has passed (at least 20 rounds once warm).
     """
     names = list(paths)
     for _ in range(warmup):
@@ -98,6 +107,8 @@ async def interleave(paths: dict[str, Timed], *, rounds: int, warmup: int, budge
     for i in range(rounds):
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
+            if before is not None:
+                await before()
             samples[name].append(await paths[name]())
         if i >= 20 and time.monotonic() > end:
             break
@@ -345,6 +356,9 @@ def cmdline(pid: int) -> str:
 QUIET_S = 0.5
 POLL_S = 0.05
 SETTLE_S = 30.0
+#: Between two latency samples (:func:`interleave`'s ``before``), the sidecars' trees are still this long (s):
+#: the previous sample's replacement worker has booted (about 100 ms of CPU; on 2 cores it would slow the next).
+SAMPLE_QUIET_S = 0.1
 
 
 def uss_kib(pid: int) -> int:
@@ -364,8 +378,8 @@ def tree_pss_kib(root: int) -> int:
     return sum(smaps_rollup(pid).get("Pss", 0) for pid in process_tree(root))
 
 
-async def settle(root: int, *, ready: Callable[[], bool] = lambda: True) -> float:
-    """Wait until ``root``'s tree is idle: its CPU did not grow for :data:`QUIET_S` and ``ready()`` holds.
+async def settle(root: int, *, ready: Callable[[], bool] = lambda: True, quiet_s: float = QUIET_S) -> float:
+    """Wait until ``root``'s tree is idle: its CPU did not grow for ``quiet_s`` (:data:`QUIET_S`) and ``ready()`` holds.
 
     Returns:
         the tree's CPU time then, seconds (:func:`tree_cpu_seconds`).
@@ -380,7 +394,7 @@ async def settle(root: int, *, ready: Callable[[], bool] = lambda: True) -> floa
         now = tree_cpu_seconds(root)
         if abs(now - last) > 1e-6:
             last, since = now, time.monotonic()
-        elif time.monotonic() - since >= QUIET_S and ready():
+        elif time.monotonic() - since >= quiet_s and ready():
             return now
         if time.monotonic() > end:
             raise BenchError(f"process {root}'s tree was still busy after {SETTLE_S:g} s")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    SAMPLE_QUIET_S,
     SIDECAR_TOKEN,
     BenchError,
     Governed,
@@ -41,11 +42,12 @@ from bench.common import (
     interleave,
     latency_row,
     new_id,
+    settle,
 )
 
 ROUNDS = 150
 WARMUP = 5
-BUDGET_S = 40.0
+BUDGET_S = 60.0
 MAX_ADDED_S = 0.010
 #: ``--worker-jobs`` of the second host's sidecar (the row with warm workers).
 WARM_JOBS = 100
@@ -117,11 +119,16 @@ async def run() -> Section:
                     raise BenchError(f"sidecar POST /jobs answered {response.status_code}: {response.text[:200]}")
                 return elapsed
 
+            async def quiet() -> None:
+                for pid in (sidecar.pid, warm_sidecar.pid):
+                    await settle(pid, quiet_s=SAMPLE_QUIET_S)
+
             samples = await interleave(
                 {"in_process": in_process, "sidecar": via_sidecar, "host": via_host, "warm_host": via_warm_host},
                 rounds=ROUNDS,
                 warmup=WARMUP,
                 budget_s=BUDGET_S,
+                before=quiet,
             )
         finally:
             await side.aclose()
@@ -142,7 +149,9 @@ async def run() -> Section:
         latency_row("run `fast`: host (decision → result) vs sidecar POST /jobs", host_s, side_s, max_ratio=None),
     ]
     section.notes += [
-        f"{host_s.n} interleaved rounds after {WARMUP} warm-up rounds, one run at a time.",
+        f"{host_s.n} interleaved rounds after {WARMUP} warm-up rounds, one run at a time; each sample starts once "
+        f"both sidecars' process trees were still for {SAMPLE_QUIET_S * 1000:.0f} ms (the previous sample's "
+        "replacement worker booted: on 2 cores its boot would otherwise slow whichever sample came next).",
         "Host sample: from sending the approval decision to holding the completed result (blocking re-call "
         "with the same action id and key). Submission (→ pending_approval) is not timed.",
         "In-process sample: a fresh crew from the same factory, then `akickoff` with agent streaming on "
