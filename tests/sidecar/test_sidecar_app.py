@@ -301,6 +301,21 @@ async def test_stream_route_sends_all_events_as_sse_frames(tmp_path):
     assert b"id: 0\nevent: started\ndata: {" in resp.content
 
 
+async def test_a_stream_start_refused_for_its_last_event_id_admits_nothing(tmp_path):
+    """Found by a break-it session: a bad ``Last-Event-ID`` (400), or one past the events of a job that does
+    not exist yet (416), was checked after the admission: the caller got the refusal and the job ran."""
+    async with running_app(tmp_path) as (client, _app, fake):
+        bad = await client.post("/jobs/stream", json=job("b"), headers={**KEY, "Last-Event-ID": "zz"})
+        past = await client.post("/jobs/stream", json=job("p"), headers={**KEY, "Last-Event-ID": "5"})
+        views = [(await client.get(f"/jobs/{action_id}")).status_code for action_id in ("b", "p")]
+        resumed = await client.post("/jobs/stream", json=job("r"), headers=KEY)  # an existing job resumes
+        again = await client.post("/jobs/stream", json=job("r"), headers={**KEY, "Last-Event-ID": "1"})
+    assert bad.status_code == 400 and "Last-Event-ID" in bad.json()["detail"]
+    assert past.status_code == 416 and "outside the journal" in past.json()["detail"]
+    assert views == [404, 404] and [call[2] for call in fake.calls] == [{}]  # only "r" ran
+    assert resumed.status_code == 200 and [e["sequence"] for e in job_events(again.content)] == [2, 3]
+
+
 async def test_events_resume_with_cursor_and_last_event_id_and_416_outside(tmp_path):
     sse = {"Accept": "text/event-stream"}
     async with running_app(tmp_path) as (client, _app, _fake):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from contextlib import asynccontextmanager
 
@@ -412,3 +413,37 @@ async def test_a_job_with_a_free_slot_is_admitted_running_in_its_admission_commi
         firsts = [(await events_of(rt, a))[0] for a in ("first", "second", "third")]
     assert starts == ["second"]
     assert all(e["event"] == "started" and e["sequence"] == 0 for e in firsts)
+
+
+async def test_a_queued_job_never_starts_once_shutdown_began_and_is_cancelled_as_never_run(tmp_path):
+    """Found by a break-it session: a queued job took the slot a finished job freed during the shutdown's
+    grace, committed ``started`` and waited for a worker the stopping pool never booted (the shutdown then
+    lasted its whole grace and the job read ``uncertain_outcome: true``)."""
+    async with runtime(tmp_path, max_concurrency=1) as (rt, fake):
+        await admit(rt, "busy", "slow")
+        await admit(rt, "q", "echo")
+        await until_async(lambda: fake.started.is_set(), interval=0.005)
+        stopping = asyncio.create_task(rt.shutdown(30))
+        await until_async(lambda: rt.health()["status"] == "stopping", interval=0.005)
+        fake.release.set()
+        await asyncio.wait_for(stopping, 10)  # once the running job ended, not after the 30 s grace
+        record, events, view = await rt.journal.get("q"), await events_of(rt, "q"), await rt.reads.view("q")
+    assert [call[0] for call in fake.calls] == ["slow"]
+    assert record.status is JobStatus.CANCELLED and view["uncertain_outcome"] is False
+    assert events == [
+        {"event": "cancelled", "sequence": 0, "data": {"status": "cancelled", "reason": "sidecar_shutdown"}}
+    ]
+
+
+def test_the_replay_inputs_flush_covers_the_file_and_the_directory_holding_its_rename(tmp_path, monkeypatch):
+    inputs, flushed, fsync = ReplayInputs(tmp_path), [], os.fsync
+    assert inputs.place("a", {None: {"topic": "kept"}})
+
+    def recording(fd: int) -> None:
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    assert inputs.sync("a") is True
+    assert flushed == [str(inputs.path("a")), str(inputs.directory)]
+    assert inputs.sync("never-placed") is False  # logged, never raised: the run still completes

@@ -29,7 +29,7 @@ import re
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 import structlog
@@ -311,9 +311,9 @@ async def post_job(request: Request, body: bytes | None = None) -> Response:
 async def post_job_stream(request: Request, body: bytes | None = None) -> Response:
     runtime = _runtime(request)
     body = await _body(request, MAX_BODY_BYTES) if body is None else body
+    cursor = _last_event_cursor(request, default=0)  # a bad header is refused before anything is admitted
     with attached(context_of(request.headers.get("traceparent"))):  # the job's span continues the caller's trace
-        adm = await runtime.admit(body, **_admission_headers(request))
-    cursor = _last_event_cursor(request, default=0)
+        adm = await runtime.admit(body, **_admission_headers(request), resume_cursor=cursor)
     return await _sse(runtime, adm.action_id, cursor)
 
 
@@ -387,7 +387,12 @@ async def delete_job(request: Request) -> Response:
 # ----------------------------------------------------------------- helpers
 
 
-def _admission_headers(request: Request) -> dict[str, str | None]:
+class _AdmissionHeaders(TypedDict):
+    idempotency_key: str | None
+    header_action_id: str | None
+
+
+def _admission_headers(request: Request) -> _AdmissionHeaders:
     return {
         "idempotency_key": request.headers.get("idempotency-key"),
         "header_action_id": request.headers.get("x-aip-action-id"),

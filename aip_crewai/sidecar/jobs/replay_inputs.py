@@ -12,8 +12,8 @@ archived. Nothing here logs the inputs (sizes only).
 Written in two steps around the job's terminal commit
 (:meth:`~.terminal.TerminalRecorder.record_outcome`): :meth:`ReplayInputs.place`
 (temporary file, rename) before the commit, so a replay that finds the
-committed run finds its inputs; :meth:`ReplayInputs.sync` (fsync) beside
-the commit, both finished before the job's followers are told it ended. A
+committed run finds its inputs; :meth:`ReplayInputs.sync` (fsync of the
+file and of its directory) beside the commit, both finished before the job's followers are told it ended. A
 crash between the two can leave the file empty or missing: :meth:`read`
 then answers None and that replay needs ``inputs`` (docs/security.md
 "Tenant-scoped crew state").
@@ -81,13 +81,15 @@ class ReplayInputs:
         return True
 
     def sync(self, action_id: str) -> bool:
-        """Flush a placed file to disk (fsync). Returns False when it could not be (logged, error class only)."""
+        """Flush a placed file to disk, then its directory (which holds the rename), each with fsync.
+        Returns False when it could not be (logged, error class only)."""
         try:
-            fd = os.open(self.path(action_id), os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            for path, flags in ((self.path(action_id), os.O_NOFOLLOW), (self.directory, os.O_DIRECTORY)):
+                fd = os.open(path, os.O_RDONLY | flags)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         except OSError as exc:
             log.error("replay_inputs_not_synced", action_id=action_id, error_type=type(exc).__name__)
             return False

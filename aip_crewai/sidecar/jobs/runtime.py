@@ -64,6 +64,7 @@ from aip_crewai.contracts.operations import get as operation_spec
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.errors import (
     CrewBusy,
+    CursorOutOfRange,
     Draining,
     JobNotCancellable,
     JobNotFound,
@@ -144,14 +145,17 @@ class Runtime:
 
     # ------------------------------------------------------------ admission
 
-    async def admit(self, body: bytes, *, idempotency_key: str | None, header_action_id: str | None) -> Admission:
-        """Admit a job (or find its existing record); return the checked request.
+    async def admit(
+        self, body: bytes, *, idempotency_key: str | None, header_action_id: str | None, resume_cursor: int = 0
+    ) -> Admission:
+        """Admit a job (or find its existing record); return the checked request. ``resume_cursor`` > 0: a
+        stream resumed past event 0 (``Last-Event-ID``), refused (416) with nothing admitted for a new job.
 
         Raises every admission error of ARCHITECTURE.md §4 (see :mod:`admission`),
         JournalReplaced (503: the journal's path names another file now),
         CrewBusy (409: memory_reset beside another job of its tenant and crew, see
         :meth:`_check_crew_free`),
-        RequestConflict (409), TaskRunNotFound (422), JournalFull /
+        RequestConflict (409), TaskRunNotFound (422), CursorOutOfRange (416), JournalFull /
         JournalWriteFailed (507), ShuttingDown (503), Draining (503, a new job while
         :meth:`drain` runs).
         """
@@ -171,6 +175,8 @@ class Runtime:
         if existing is not None:
             self._repeat(existing, adm)
             return adm
+        if resume_cursor > 0:
+            raise CursorOutOfRange(f"cursor {resume_cursor} is outside the journal: job {adm.action_id!r} is new")
         if self._draining:
             raise Draining()
         if adm.operation == "replay":
@@ -299,7 +305,7 @@ class Runtime:
             return
         async with self._semaphore:
             async with live.flush_lock:  # serialized with a concurrent cancel's terminal commit
-                if live.closed:
+                if live.closed or self._closing:  # shutting down: a queued job never starts (shutdown cancels it)
                     return
                 try:
                     ok = await self.journal.transition(
@@ -568,6 +574,8 @@ class Runtime:
                 await self.terminals.finish(
                     live, JobStatus.CANCELLED, {"status": "cancelled", "reason": "sidecar_shutdown"}
                 )
+                if live.exec_task is None:  # CrewAI never started: the stop is certain (as cancel())
+                    await self.journal.set_provider_stop_observed(live.action_id, True)
                 log.warning("job_cancelled_at_shutdown", action_id=live.action_id)
         tasks = [t for t in [*self._tasks.values(), *self._background] if not t.done()]
         for task in tasks:
