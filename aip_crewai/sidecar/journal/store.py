@@ -63,6 +63,7 @@ from aip_crewai.sidecar.jobs.model import (
 )
 from aip_crewai.sidecar.journal import lock
 from aip_crewai.sidecar.journal.crash_fence import UNFINISHED_JOBS, end_unfinished
+from aip_crewai.sidecar.journal.ended import MAX_ENTRIES, EndedJobs
 from aip_crewai.sidecar.journal.files import (
     SCHEMA_VERSION,
     check_main_file,
@@ -128,6 +129,7 @@ class Journal:
         self._retained = retained  # changed on the worker only
         self._closed = False
         self._identity = file_identity(path)
+        self._ended = EndedJobs(max_entries=0 if lock_fd is None else MAX_ENTRIES)  # read-only: others write
 
     # ------------------------------------------------------------ lifecycle
 
@@ -282,8 +284,10 @@ class Journal:
             raise
         return result
 
-    def _guarded_now(self, fn: Callable[[], None]) -> bool:
-        """:meth:`_write_now` of a guarded update: False (rolled back) when ``fn`` raises :class:`_Stale`."""
+    def _guarded_now(self, action_id: str, fn: Callable[[], None]) -> bool:
+        """:meth:`_write_now` of a guarded update of job ``action_id`` (its row kept in memory dropped first):
+        False (rolled back) when ``fn`` raises :class:`_Stale`."""
+        self._ended.forget(action_id)
         try:
             self._write_now(fn)
         except _Stale:
@@ -326,9 +330,13 @@ class Journal:
     # -------------------------------------------------------------- reads
 
     async def get(self, action_id: str) -> JobRecord | None:
-        """The job row of ``action_id`` (archived tombstones included), or None."""
-        rows = await self._fetch(GET_JOB, (action_id,))
-        return job_record(rows[0]) if rows else None
+        """The job row of ``action_id`` (archived tombstones included), or None; an ended job's row read
+        before comes from memory, without the worker hop (:mod:`.ended`)."""
+        return self._ended.get(action_id) or await self._run(self._get_now, action_id)
+
+    def _get_now(self, action_id: str) -> JobRecord | None:
+        rows = fetch_rows(self._conn, GET_JOB, (action_id,))
+        return self._ended.remember(job_record(rows[0])) if rows else None
 
     async def job_ids_ending(self, action_id: str, limit: int = 10) -> list[str]:
         """Job ids ``<tenant>:<action_id>`` of any tenant (a full scan: for the operator's CLI, not a route).
@@ -464,7 +472,7 @@ class Journal:
             )
             self._conn.executemany(INSERT_EVENTS, rows)
 
-        return await self._run(self._guarded_now, append)
+        return await self._run(self._guarded_now, action_id, append)
 
     async def transition(
         self,
@@ -533,12 +541,13 @@ class Journal:
                     "INSERT OR REPLACE INTO run_state (action_id, result_index, state) VALUES (?,?,?)", states
                 )
 
-        return await self._run(self._guarded_now, apply)
+        return await self._run(self._guarded_now, action_id, apply)
 
     async def set_provider_stop_observed(self, action_id: str, observed: bool) -> bool:
         """Record, once, whether a stopped job's worker really stopped (cancel/timeout)."""
         return await self._run(
             self._guarded_now,
+            action_id,
             lambda: self._update_one(
                 "UPDATE jobs SET provider_stop_observed = ?, updated_at = ? "
                 "WHERE action_id = ? AND provider_stop_observed IS NULL AND status IN ('cancelled', 'failed')",
@@ -578,6 +587,7 @@ class Journal:
         """
 
         def archive_now() -> ArchiveOutcome:
+            self._ended.forget(action_id)
             outcome = self._write_now(tombstone, self._conn, action_id, _now_ms())
             if outcome is ArchiveOutcome.ARCHIVED:
                 self._retained -= 1
