@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
@@ -98,3 +98,17 @@ async def until_async(
             return value
         clock.check()
         await asyncio.sleep(interval)
+
+
+def at_once(coro: Coroutine[Any, Any, T]) -> T:
+    """The result of ``coro`` if it finishes without suspending even once (no thread hop, no I/O wait).
+
+    Raises:
+        AssertionError: ``coro`` suspended (it is closed, never resumed).
+    """
+    try:
+        coro.send(None)
+    except StopIteration as finished:
+        return finished.value
+    coro.close()
+    raise AssertionError("the call suspended: it waited for a thread or I/O")

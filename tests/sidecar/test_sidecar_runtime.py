@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 import msgspec
 import pytest
-from kits.poll import until_async
+from kits.poll import at_once, until_async
 from kits.sidecar_fakes import FakeExecutor, job, make_settings
 
 from aip_crewai.sidecar.errors import JobNotCancellable, JobWaitTimeout, ShuttingDown
@@ -244,6 +244,30 @@ async def test_concurrency_is_bounded_by_the_semaphore(tmp_path):
         fake.release.set()
         for aid in ("s1", "s2", "s3"):
             assert (await rt.reads.wait(aid, 5000)).status is JobStatus.COMPLETED
+
+
+async def test_a_queued_or_running_jobs_view_needs_no_journal_read_and_its_end_reads_the_journal(tmp_path):
+    """``GET /jobs/{id}`` of a job queued or running here is answered from memory (it answers while a commit
+    hangs) with what its journal row says; once ended, the row's output comes from the journal."""
+    async with runtime(tmp_path, max_concurrency=1) as (rt, fake):
+        await admit(rt, "r", "slow")
+        await admit(rt, "q", "slow")
+        await until_async(lambda: _count(rt, "r", 2), interval=0.005)  # started, then its chunk
+        gate = threading.Event()
+        rt.journal._worker.submit(gate.wait, 30)  # the journal's worker is stuck from here
+        try:
+            running, queued = at_once(rt.reads.view("r")), at_once(rt.reads.view("q"))
+        finally:
+            gate.set()
+        base = {"crew_id": "slow", "operation": "run", "output": None}
+        assert running == {"action_id": "r", "status": "running", "event_count": 2, **base}
+        assert queued == {"action_id": "q", "status": "queued", "event_count": 0, **base}
+        assert (await rt.journal.get("q")).status is JobStatus.QUEUED  # what the journal holds
+        fake.release.set()
+        for aid in ("r", "q"):
+            await rt.reads.wait(aid, 5000)
+        ended = await rt.reads.view("r")
+    assert ended["status"] == "completed" and ended["event_count"] == 3 and ended["output"] is not None
 
 
 async def test_concurrent_jobs_never_see_each_others_events(tmp_path):

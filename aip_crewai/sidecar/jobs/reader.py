@@ -63,17 +63,19 @@ class JobReader:
         output}`` plus ``error`` (failed), ``provider_stop_observed`` (cancelled,
         or known), ``uncertain_outcome`` (cancelled: true until the stop is
         confirmed), ``dropped_events`` (when > 0), ``imported: true`` (a job ``journal import`` brought
-        from a reference journal)."""
+        from a reference journal).
+
+        A job queued or running here is answered from memory alone: until its terminal event its row holds
+        no output, error or stop (the journal's guards), and it was not imported; an ended job's row comes
+        from the journal (kept in memory once read, :mod:`..journal.ended`). Raises JobNotFound."""
+        live = self._live.get(action_id)
+        if live is not None and not live.status.terminal:
+            view = _view(action_id, live.crew_id, live.operation, live.status, live.next_sequence)
+            return _with_dropped(view, live.dropped)
         record, live = await self.record(action_id)
         status, count = (live.status, live.next_sequence) if live is not None else (record.status, record.event_count)
-        view: dict[str, Any] = {
-            "action_id": record.action_id,
-            "crew_id": record.crew_id,
-            "operation": record.operation,
-            "status": status.value,
-            "event_count": count,
-            "output": msgspec.Raw(record.output) if status is JobStatus.COMPLETED and record.output else None,
-        }
+        output = record.output if status is JobStatus.COMPLETED else None
+        view = _view(record.action_id, record.crew_id, record.operation, status, count, output)
         if status is JobStatus.FAILED and record.error:
             view["error"] = msgspec.Raw(record.error)
         if status is JobStatus.CANCELLED or record.provider_stop_observed is not None:
@@ -81,9 +83,7 @@ class JobReader:
         if status is JobStatus.CANCELLED:
             # Confirmed only once the worker returned on the stop (no model call or tool can follow).
             view["uncertain_outcome"] = record.provider_stop_observed is not True
-        dropped = live.dropped if live is not None else record.dropped_events
-        if dropped:
-            view["dropped_events"] = dropped
+        _with_dropped(view, live.dropped if live is not None else record.dropped_events)
         if record.imported:
             view["imported"] = True
         return view
@@ -207,3 +207,24 @@ class JobReader:
                 raise JobWaitTimeout(details={"action_id": action_id, "status": live.status.value}) from None
         record, _ = await self.record(action_id)
         return record
+
+
+def _view(
+    action_id: str, crew_id: str, operation: str, status: JobStatus, event_count: int, output: bytes | None = None
+) -> dict[str, Any]:
+    """The fields every job view has, in the contract's order (``output``: completed output JSON bytes)."""
+    return {
+        "action_id": action_id,
+        "crew_id": crew_id,
+        "operation": operation,
+        "status": status.value,
+        "event_count": event_count,
+        "output": msgspec.Raw(output) if output else None,
+    }
+
+
+def _with_dropped(view: dict[str, Any], dropped: int) -> dict[str, Any]:
+    """``view`` with ``dropped_events`` when > 0 (events a full bound dropped)."""
+    if dropped:
+        view["dropped_events"] = dropped
+    return view
