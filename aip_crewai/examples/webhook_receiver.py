@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
 import signal
 import sys
 import threading
@@ -41,6 +42,8 @@ MAX_BODY_BYTES = 1 << 20
 #: How many delivered ``webhook-id`` values are remembered to print each event once.
 REMEMBERED_IDS = 10_000
 PATH = "/hook"
+#: One entry of a ``webhook-signature`` header: ``v<n>,<base64>`` (``v<n>a`` for an asymmetric one).
+_SIGNATURE_ENTRY = re.compile(r"v[0-9]+a?,[A-Za-z0-9+/]+={0,2}")
 
 
 def read_secret(path: Path) -> str:
@@ -53,6 +56,14 @@ def read_secret(path: Path) -> str:
     if not secret.startswith("whsec_"):
         raise SecretFileError(f"{path}: not a Standard Webhooks secret (whsec_...)")
     return secret
+
+
+def malformed_signature(value: str | None) -> bool:
+    """Whether a ``webhook-signature`` header holds no entry of the Standard Webhooks form (space-separated
+    ``v1,<base64>`` entries), pure. A missing header is not malformed: verification refuses it. Checked
+    here, not left to ``standardwebhooks``, whose releases tell such a header apart differently (1.1 raises
+    ``ValueError``, 1.3 finds no matching signature), so the ``rejected`` line names the same cause."""
+    return value is not None and not any(_SIGNATURE_ENTRY.fullmatch(entry) for entry in value.split(" "))
 
 
 def describe(event: Mapping[str, Any]) -> str:
@@ -119,12 +130,15 @@ def handler(hook: Webhook, receipts: Receipts) -> type[BaseHTTPRequestHandler]:
                 return self._answer(413)
             body = self.rfile.read(int(length))
             headers = {name.lower(): value for name, value in self.headers.items()}
+            if malformed_signature(headers.get("webhook-signature")):
+                receipts.rejected("a malformed signature header")
+                return self._answer(400)
             try:
                 event = hook.verify(body, headers)  # the raw bytes, before any parsing
             except WebhookVerificationError as exc:
                 receipts.rejected(f"not verified ({exc})")
                 return self._answer(400)
-            except ValueError:  # a malformed signature header, or a verified body that is not JSON
+            except ValueError:  # a verified body that is not JSON (or a header this package cannot read)
                 receipts.rejected("a malformed signature header or body")
                 return self._answer(400)
             receipts.verified(headers["webhook-id"], event if isinstance(event, dict) else {})

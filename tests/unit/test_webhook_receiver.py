@@ -89,6 +89,24 @@ def test_a_delivery_that_does_not_verify_is_refused_400(served, mangle, reason) 
     assert line.startswith("rejected: ") and reason in line and SECRET not in line
 
 
+@pytest.mark.parametrize(
+    ("value", "malformed"),
+    [
+        (None, False),  # missing: verification refuses it
+        ("v1," + base64.b64encode(b"x" * 32).decode(), False),
+        ("v1a,abc= v1,abcd", False),
+        ("garbage v1," + base64.b64encode(b"s").decode(), False),  # one well-formed entry is enough
+        ("garbage", True),
+        ("", True),
+        ("v1,", True),
+        ("v1,not-base64!", True),
+        ("x1,abcd", True),
+    ],
+)
+def test_a_signature_header_without_a_well_formed_entry_is_malformed(value, malformed) -> None:
+    assert webhook_receiver.malformed_signature(value) is malformed
+
+
 def test_a_stale_timestamp_is_refused(served) -> None:
     url, out = served
     body = json.dumps(APPROVAL).encode()
