@@ -75,7 +75,8 @@ async def test_chunks_commit_in_groups_of_stream_checkpoint_events(tmp_path, che
         await admit(rt, "w", "worker")
         await until_async(lambda: _count(rt, "w", 4), interval=0.005)  # started + 3 chunks visible
         await until_async(lambda: _committed_in(rt, "w", committed), interval=0.005)
-        await asyncio.sleep(0.05)  # settle: nothing more may be committed before the terminal event
+        live = rt._live["w"]  # no checkpoint scheduled or running: nothing more is committed before the end
+        await until_async(lambda: not live.flush_scheduled and not live.flush_lock.locked(), interval=0.005)
         assert len(await rt.journal.read_events("w", 0)) in committed
         fake.release_thread.set()
         await rt.reads.wait("w", 5000)
