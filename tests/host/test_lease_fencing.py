@@ -247,6 +247,7 @@ async def test_a_dispatchs_chunk_batch_after_its_token_was_forgotten_is_still_re
 
     from aip_crewai.contracts.aip import StreamChunk
     from aip_crewai.host.actions.chunk_sink import ChunkSink
+    from aip_crewai.host.actions.live import CommittedTail
 
     paused = await Store.open(postgres_url, owner="host-a", lease_ms=30_000)
     taker = await Store.open(postgres_url, owner="host-b", lease_ms=30_000)
@@ -258,6 +259,7 @@ async def test_a_dispatchs_chunk_batch_after_its_token_was_forgotten_is_still_re
                 tenant="acme", action_id="act_1", dispatch=types.SimpleNamespace(state="acknowledged")
             ),
             notify=lambda: None,
+            committed=CommittedTail(),
         )
         sink = ChunkSink(paused, live)  # type: ignore[arg-type]
         sink.hold(paused.lease_token("acme", "act_1"))

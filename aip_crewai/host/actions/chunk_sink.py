@@ -12,6 +12,7 @@ import anyio
 import msgspec
 
 from ...contracts.aip import StreamChunk
+from ..store.records import ChunkRecord
 from ..store.store import Store
 from .live import LiveAction
 
@@ -37,6 +38,10 @@ class ChunkSink:
 
     Chunk writes are not fsynced: like the sidecar's chunk checkpoints they
     become durable with the action's result commit (see :mod:`.store`).
+
+    A batch the store inserted in full is also kept in the live action's
+    :class:`~.live.CommittedTail` before the followers are woken, so a live follower on this host
+    takes it without reading it back; any other outcome empties the tail.
 
     A dispatch that took the action's lease hands the sink its fencing token (:meth:`hold`): every batch
     is fenced by that token for the sink's whole life, so a batch the writer task stores after this host
@@ -102,13 +107,18 @@ class ChunkSink:
             batch, self._queued = self._queued, []
             if not self._draining:
                 self._flush.clear()  # a full queue's flush covers this batch only
-            await self.store.append_chunks(
+            rows = [ChunkRecord(c.sequence, _encode.encode(c).decode()) for c in batch]
+            inserted = await self.store.append_chunks(
                 job.tenant,
                 job.action_id,
-                [(c.sequence, _encode.encode(c).decode()) for c in batch],
+                [(row.sequence, row.chunk_json) for row in rows],
                 dispatch=job.dispatch.state,
                 durable=False,
                 lease_token=self._lease_token,
             )
+            if inserted == len(rows):  # every row is the stored one: live followers here take them from memory
+                self.live.committed.keep(rows)
+            else:
+                self.live.committed.forget()
             self._committed_at = loop.time()
             self.live.notify()

@@ -5,16 +5,83 @@ A :class:`LiveAction` holds the dispatch task and a change signal; followers
 store and wait on the signal between reads, so the store stays the single
 source of truth and a follower never misses or repeats a chunk: it takes
 :attr:`LiveAction.version` before reading and waits only for a change after it.
+The chunks the dispatch itself just committed are also kept in its
+:class:`CommittedTail`, rows exactly as stored, so a live follower on this host
+takes them without a store read (ARCHITECTURE.md §10, live followers).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...plumbing.wakeup import ChangeSignal
-from ..store.store import ActionRecord
+from ..store.records import ChunkRecord
+from ..store.store import ActionRecord, Store
 from .dispatch import Job
+from .lifecycle import ActionState
+
+
+class CommittedTail:
+    """The last chunks one dispatch committed to the store, in sequence order, with no gap: what a live
+    follower of the action on this host takes without a store read (``follow`` in ``host/http/routes.py``).
+
+    Only a batch the store inserted in full is kept (:meth:`keep`), so every kept chunk is the stored row,
+    text for text; a batch that was not (a sequence already stored, a refused write) empties the tail
+    (:meth:`forget`). A batch that does not continue the kept ones (a gap, a repeat) replaces them. The
+    oldest chunks go first past :attr:`MAX_CHUNKS` chunks or :attr:`MAX_CHARS` characters of chunk text (the stored JSON),
+    so a follower that fell behind reads the store, as every follower did before.
+
+    Source: ARCHITECTURE.md §10 (live followers).
+    """
+
+    #: Most chunks kept (a follower reads within one commit window of each batch: a few batches suffice).
+    MAX_CHUNKS = 1024
+    #: Most characters of chunk text kept (the stored JSON).
+    MAX_CHARS = 1 << 20
+
+    def __init__(self, *, max_chunks: int = MAX_CHUNKS, max_chars: int = MAX_CHARS) -> None:
+        self.max_chunks = max_chunks
+        self.max_chars = max_chars
+        self._chunks: list[ChunkRecord] = []
+        self._chars = 0
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def keep(self, batch: Sequence[ChunkRecord]) -> None:
+        """Keep ``batch``, chunks the store has just committed, every one inserted by this write, in
+        stream order. A batch whose sequences are not consecutive keeps nothing."""
+        if not batch:
+            return
+        if any(later.sequence != earlier.sequence + 1 for earlier, later in zip(batch, batch[1:], strict=False)):
+            self.forget()
+            return
+        if self._chunks and batch[0].sequence != self._chunks[-1].sequence + 1:
+            self.forget()
+        self._chunks.extend(batch)
+        self._chars += sum(len(chunk.chunk_json) for chunk in batch)
+        drop = 0
+        while drop < len(self._chunks) and (len(self._chunks) - drop > self.max_chunks or self._chars > self.max_chars):
+            self._chars -= len(self._chunks[drop].chunk_json)
+            drop += 1
+        del self._chunks[:drop]
+
+    def forget(self) -> None:
+        """Keep nothing: the store may hold rows this tail does not (followers read the store)."""
+        self._chunks.clear()
+        self._chars = 0
+
+    def after(self, sequence: int, limit: int) -> list[ChunkRecord]:
+        """The kept chunks after ``sequence``, at most ``limit``, in order; ``[]`` unless the chunk of
+        ``sequence + 1`` is kept (the follower then reads the store)."""
+        if not self._chunks:
+            return []
+        start = sequence + 1 - self._chunks[0].sequence
+        if start < 0 or start >= len(self._chunks):
+            return []
+        return self._chunks[start : start + max(0, limit)]
 
 
 @dataclass
@@ -36,6 +103,8 @@ class LiveAction:
     #: The fencing token the dispatch (or restart follower) took with the action's lease (None: no lease,
     #: a store without host id); every write it makes carries it (ARCHITECTURE.md §10, dispatch leases).
     lease_token: int | None = None
+    #: The chunks the dispatch's :class:`~.chunk_sink.ChunkSink` last committed (see :class:`CommittedTail`).
+    committed: CommittedTail = field(default_factory=CommittedTail)
 
     @property
     def version(self) -> int:
@@ -103,3 +172,18 @@ class LiveRegistry:
 
     def tasks(self) -> list[asyncio.Task[None]]:
         return [live.task for live in self._items.values() if live.task is not None]
+
+
+async def follow_page(
+    store: Store, watched: LiveAction | None, record: ActionRecord, after_sequence: int, limit: int
+) -> tuple[list[ChunkRecord], ActionRecord | None]:
+    """One read of a live follower of ``record``'s action: :meth:`Store.follow_page` (the chunks after
+    ``after_sequence``, at most ``limit``, then the action row), except that while the action is running and
+    ``watched``, its dispatch here, has just committed the chunk after ``after_sequence``, the chunks come from
+    its :class:`CommittedTail` and the row is ``record`` itself, unchanged (the same object: nothing was read).
+    Source: ARCHITECTURE.md §10 (live followers)."""
+    if watched is not None and record.status == ActionState.RUNNING:
+        kept = watched.committed.after(after_sequence, limit)
+        if kept:
+            return kept, record
+    return await store.follow_page(record.tenant, record.action_id, after_sequence, limit)

@@ -40,6 +40,7 @@ from ...sse import encode_comment, encode_event, encode_page, page_template
 from .. import stream_positions
 from .. import tracing as host_tracing
 from ..actions.lifecycle import ActionState, ack_reason, ack_status, is_terminal, lifecycle_state
+from ..actions.live import follow_page
 from ..actions.recovery import is_final
 from ..actions.service import ActionService
 from ..auth.principals import FULL, Principal, require_role
@@ -321,8 +322,7 @@ def _ending(
 
 
 async def follow(service: ActionService, record: ActionRecord, after: Position | None) -> AsyncIterator[bytes]:
-    """The AIP SSE stream of one action (profile ``aip.sse.stream.v1``) after position ``after`` (None:
-    from the ack).
+    """The AIP SSE stream of one action (profile ``aip.sse.stream.v1``) after ``after`` (None: from the ack).
 
     Positions (:mod:`.stream_positions`): ``sse_0`` ack; ``sse_<1+s>`` the stored chunk of sequence s (event
     ``done`` for a done chunk, else ``chunk``); then ``aip_error`` (failed results) and ``result``, at
@@ -348,7 +348,7 @@ async def follow(service: ActionService, record: ActionRecord, after: Position |
         seen = watched.version if watched is not None else None  # before reading: a later change wakes us
         remote = service.remote.signal(tenant, action_id)  # another host's commits (shared store)
         remote_seen = remote.version
-        chunks, stored = await service.store.follow_page(tenant, action_id, last_seq, FOLLOW_PAGE_CHUNKS)
+        chunks, stored = await follow_page(service.store, watched, record, last_seq, FOLLOW_PAGE_CHUNKS)
         if chunks:
             sent_at = ms_to_rfc3339(int(time.time() * 1000))
             last_seq = chunks[-1].sequence
@@ -356,7 +356,7 @@ async def follow(service: ActionService, record: ActionRecord, after: Position |
             if record.status == ActionState.RUNNING:  # live: the page goes now, not after the next store read
                 yield b"".join(out)
                 out, wrote_at = [], time.monotonic()
-        record = await service.refresh(stored or record)
+        record = record if stored is record else await service.refresh(stored or record)  # `is`: from the tail
         if record.status == ActionState.PENDING_APPROVAL:
             if out:
                 yield b"".join(out)
