@@ -30,8 +30,8 @@ class CommittedTail:
     Only a batch the store inserted in full is kept (:meth:`keep`), so every kept chunk is the stored row,
     text for text; a batch that was not (a sequence already stored, a refused write) empties the tail
     (:meth:`forget`). A batch that does not continue the kept ones (a gap, a repeat) replaces them. The
-    oldest chunks go first past :attr:`MAX_CHUNKS` chunks or :attr:`MAX_CHARS` characters of chunk text (the stored JSON),
-    so a follower that fell behind reads the store, as every follower did before.
+    oldest chunks go first past :attr:`MAX_CHUNKS` chunks or :attr:`MAX_CHARS` characters of chunk text
+    (the stored JSON), so a follower that fell behind reads the store, as every follower did before.
 
     Source: ARCHITECTURE.md §10 (live followers).
     """
