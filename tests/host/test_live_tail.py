@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kits.hostapp import open_action_service
+from kits.poll import until_async
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import StreamChunk
@@ -196,8 +197,16 @@ async def test_a_live_tenant_stream_gets_each_committed_batch_in_order_without_r
     first = await asyncio.wait_for(anext(frames), 10)  # the ack and the first batch, from the tail
     assert b"id: sse_0\n" in first and b"id: sse_1\n" in first and b"id: sse_2\n" in first
     assert reads == []
+    waits = []
+    wait = live.wait
+
+    async def counted_wait(*args, **kwargs):
+        waits.append(args)
+        return await wait(*args, **kwargs)
+
+    monkeypatch.setattr(live, "wait", counted_wait)
     second = asyncio.ensure_future(anext(frames))
-    await asyncio.sleep(0)
+    await until_async(lambda: waits, what="the follower waiting for the dispatch's next commit")
     await sink.add([chunk(2), chunk(3), chunk(4)])
     await sink.drain()
     page = await asyncio.wait_for(second, 10)
@@ -206,5 +215,5 @@ async def test_a_live_tenant_stream_gets_each_committed_batch_in_order_without_r
         b"id: sse_4",
         b"id: sse_5",
     ]
-    assert len(reads) <= 1  # at most the one read that found nothing newer before the batch came
+    assert reads == []  # woken by the commit, the follower took the batch from the tail
     await frames.aclose()
