@@ -8,6 +8,7 @@ Against a real throwaway PostgreSQL server (tests/pgserver.py); skipped with one
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import psycopg
 import pytest
@@ -123,9 +124,11 @@ async def test_an_outage_is_a_typed_retryable_error_and_the_store_recovers(postg
             assert store.unavailable  # /ready says unready meanwhile
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
 
+        attempts = itertools.count()
+
         async def recovered() -> bool:  # the pool reconnects in the background, backing off
-            try:
-                assert await store.claim_message_id("acme", "after-the-outage", T0 + 60_000)
+            try:  # a fresh id each time: an attempt that timed out may still have committed its claim
+                assert await store.claim_message_id("acme", f"after-the-outage-{next(attempts)}", T0 + 60_000)
             except StoreUnavailable:
                 return False
             assert not store.unavailable
