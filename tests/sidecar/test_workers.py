@@ -17,6 +17,7 @@ import pytest
 import worker_fakes
 from kits.poll import until_async
 
+from aip_crewai.sidecar.isolation import pool as pool_module
 from aip_crewai.sidecar.isolation.handle import WorkerDied
 from aip_crewai.sidecar.isolation.pool import WorkerPool
 from aip_crewai.sidecar.isolation.wire import Boot
@@ -28,7 +29,13 @@ GRACE = 0.3
 
 
 def make_pool(
-    target: Any, *, grace: float = GRACE, size: int = 1, idle: int | None = None, registry: str = "unused:CREWS"
+    target: Any,
+    *,
+    grace: float = GRACE,
+    size: int = 1,
+    idle: int | None = None,
+    registry: str = "unused:CREWS",
+    context: Any = None,
 ) -> WorkerPool:
     return WorkerPool(
         Boot(registry, "/nonexistent", True, "info"),
@@ -36,7 +43,7 @@ def make_pool(
         cancel_grace_seconds=grace,
         max_events=10,
         max_event_bytes=1024,
-        context=multiprocessing.get_context("spawn"),
+        context=context or multiprocessing.get_context("spawn"),
         target=target,
         idle=idle,
     )
@@ -208,6 +215,40 @@ async def test_no_idle_worker_boots_one_per_job_and_keeps_none():
             assert await job == {"found": True}
             await until_async(lambda: pool.pids() == [], what="no worker kept after the job")
         assert pool.started_total == 2
+    finally:
+        await pool.close()
+
+
+class CountingContext:
+    """The spawn context, counting the worker processes created (a boot creates its process first thing)."""
+
+    def __init__(self) -> None:
+        self.inner = multiprocessing.get_context("spawn")
+        self.processes = 0
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - multiprocessing's name
+        self.processes += 1
+        return self.inner.Process(*args, **kwargs)
+
+
+async def test_a_spent_workers_replacement_waits_for_the_delay_and_a_waiting_job_boots_its_own(monkeypatch):
+    """``--worker-jobs 1``: a worker that ran its job exits, and its replacement boots only
+    ``REPLACE_DELAY_S`` later (here: after the test), not while the job's end goes out; a job that comes
+    meanwhile and finds no idle worker boots one at once (it would wait the hour otherwise)."""
+    monkeypatch.setattr(pool_module, "REPLACE_DELAY_S", 3600.0)
+    context = CountingContext()
+    pool = make_pool(worker_fakes.asks_for_a_run, size=1, idle=1, context=context)
+    release, asked = asyncio.Event(), []
+    release.set()
+    await pool.start()
+    try:
+        assert await pool("crew", "replay", {"task_id": "task-0"}, make_ctx(held_lookup(release, asked))[0])
+        for _ in range(3):  # a boot started at the job's end would create its process within these turns
+            await asyncio.sleep(0)
+        assert (context.processes, pool.pids(), pool.idle()) == (1, [], 0)
+        job = pool("crew", "replay", {"task_id": "task-1"}, make_ctx(held_lookup(release, asked))[0])
+        assert await job == {"found": True}
+        assert context.processes == 2
     finally:
         await pool.close()
 

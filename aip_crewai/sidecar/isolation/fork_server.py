@@ -33,13 +33,15 @@ from aip_crewai.sidecar.isolation.wire import (
     payload_length,
 )
 
-#: Modules the fork server imports before it forks any worker (``preload`` warms CrewAI up, then freezes what is loaded). multiprocessing
+#: Modules the fork server imports before it forks any worker (``preload`` warms CrewAI up, then freezes what is loaded;
+#: ``sidecar.tracing``, which every job's ``run_job`` imports, would cost each fresh worker's first job about 2 ms). multiprocessing
 #: runs the sidecar's main module again in every child before its target: ``aip_crewai.cli`` here means that
 #: run imports nothing (it used to import the command line, about 10 ms of CPU per worker); ``__main__`` lets a
 #: Python with CPython gh-126631 fixed (3.13 and later) skip the run altogether when the main is a script.
 PRELOAD = [
     "aip_crewai.sidecar.isolation.pool",
     "aip_crewai.sidecar.isolation.worker",
+    "aip_crewai.sidecar.tracing",
     "aip_crewai.cli",
     "aip_crewai.sidecar.operations.startup.preload",
     "__main__",

@@ -17,7 +17,8 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
   ``--idle-workers`` of them (default: all) are booted ahead of need and wait
   for their job, and a job that finds none idle waits for one to boot. By
   default (``--worker-jobs 1``) a worker runs one job and exits; its
-  replacement is started at once, so no job inherits another's environment,
+  replacement boots :data:`REPLACE_DELAY_S` after that job ended (at once for
+  a job waiting for a worker), so no job inherits another's environment,
   working directory, stdout, module state, event-bus handlers or CrewAI replay
   storage. The idle workers trade memory (each holds about 23 MiB of its own)
   for start latency (a boot is a fork, the registry import and a warm-up
@@ -103,6 +104,10 @@ Owner = tuple[str, str, str | None]
 
 #: Delay before starting a worker again after one failed to boot (s), doubling up to the maximum.
 RESPAWN_DELAY_SECONDS, MAX_RESPAWN_DELAY_SECONDS = 0.5, 10.0
+#: How long after a job ended its spent worker's replacement boots (s): the fork and the boot then do not compete
+#: for the CPU with the job's terminal commit and answer (2 cores: a `fast` job's POST /jobs about 4 ms faster at
+#: p50, bench/results/HISTORY.md). A job that waits for a worker meanwhile boots one at once.
+REPLACE_DELAY_S = 0.05
 
 
 class WorkerPool:
@@ -152,6 +157,7 @@ class WorkerPool:
         self._alive: set[WorkerHandle] = set()
         self._processes: set[Any] = set()  # every worker process started and not yet known to be reaped
         self._spawning: set[asyncio.Task[Any]] = set()
+        self._replacing: asyncio.TimerHandle | None = None  # the pending _replace_later
         self._booting = 0  # workers being started in the background (_top_up)
         self._busy = 0  # workers running a job
         self._waiting = 0  # jobs waiting for an idle worker
@@ -195,6 +201,8 @@ class WorkerPool:
         """Stop starting workers and kill every worker (idle or busy); wait for their exits."""
         self._closing = True
         atexit.unregister(self._kill_all_now)
+        if self._replacing is not None:
+            self._replacing.cancel()
         for task in list(self._spawning):
             task.cancel()
         workers = list(self._alive)
@@ -414,11 +422,25 @@ class WorkerPool:
             return await job.follow()
         finally:
             self._busy -= 1
-            if job is not None and job.reusable and not self._closing:
+            kept = job is not None and job.reusable and not self._closing
+            if kept:
                 self._warm[worker] = owner
             else:  # the worker exits by itself after its last job (else it was killed)
                 self._forget(worker)
-            self._top_up()
+            if kept or self._waiting:
+                self._top_up()
+            else:
+                self._replace_later()
+
+    def _replace_later(self) -> None:
+        """Boot the spent worker's replacement in :data:`REPLACE_DELAY_S` (one timer covers every slot freed
+        meanwhile: :meth:`_top_up` counts them all); a job that waits for a worker meanwhile boots one at once."""
+        if self._replacing is None or self._replacing.cancelled():
+            self._replacing = asyncio.get_running_loop().call_later(REPLACE_DELAY_S, self._replace_now)
+
+    def _replace_now(self) -> None:
+        self._replacing = None
+        self._top_up()
 
 
 class _Job:
