@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kits.hostapp import open_action_service
+from kits.hostapp import calls_of, open_action_service
 from kits.poll import until_async
 
 from aip_crewai.contracts import operations as ops
@@ -148,15 +148,7 @@ async def live_sink(service):
 
 
 def count_reads(service, monkeypatch):
-    reads = []
-    read = service.store.follow_page
-
-    async def counted(*args):
-        reads.append(args)
-        return await read(*args)
-
-    monkeypatch.setattr(service.store, "follow_page", counted)
-    return reads
+    return calls_of(service.store, "follow_page", monkeypatch)
 
 
 async def test_a_batch_inserted_in_full_is_kept_and_one_holding_a_stored_sequence_empties_the_tail(env):
@@ -197,14 +189,7 @@ async def test_a_live_tenant_stream_gets_each_committed_batch_in_order_without_r
     first = await asyncio.wait_for(anext(frames), 10)  # the ack and the first batch, from the tail
     assert b"id: sse_0\n" in first and b"id: sse_1\n" in first and b"id: sse_2\n" in first
     assert reads == []
-    waits = []
-    wait = live.wait
-
-    async def counted_wait(*args, **kwargs):
-        waits.append(args)
-        return await wait(*args, **kwargs)
-
-    monkeypatch.setattr(live, "wait", counted_wait)
+    waits = calls_of(live, "wait", monkeypatch)
     second = asyncio.ensure_future(anext(frames))
     await until_async(lambda: waits, what="the follower waiting for the dispatch's next commit")
     await sink.add([chunk(2), chunk(3), chunk(4)])

@@ -11,6 +11,7 @@ from kits.hostapp import (
     SIDECAR_TOKEN,
     action_env,
     bearer,
+    calls_of,
     completed_run,
     count_store_calls,
     envelope,
@@ -86,15 +87,7 @@ async def test_a_missing_or_foreign_target_answers_not_found_and_records_nothing
 async def test_a_bearer_is_checked_once_per_message(app_http, monkeypatch):
     app, http = app_http
     await completed_run(http)
-    authenticator = host_setup(app).authenticator
-    seen = []
-    original = authenticator.authenticate
-
-    async def counted(*args, **kwargs):
-        seen.append(args)
-        return await original(*args, **kwargs)
-
-    monkeypatch.setattr(authenticator, "authenticate", counted)
+    seen = calls_of(host_setup(app).authenticator, "authenticate", monkeypatch)
     assert (await post(http, "acme-invoker", status_env(5))).status_code == 200
     assert len(seen) == 1
 

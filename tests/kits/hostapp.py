@@ -342,6 +342,19 @@ async def submit_action(
     return answer.json()["body"]["action_result"]["output"]
 
 
+def calls_of(obj: Any, name: str, monkeypatch: Any) -> list[tuple[Any, ...]]:
+    """The positional arguments of every call of ``obj``'s async method ``name`` from now on (it still runs)."""
+    calls: list[tuple[Any, ...]] = []
+    method = getattr(obj, name)
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return await method(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, recorded)
+    return calls
+
+
 def count_store_calls(store: Any, monkeypatch: Any) -> list[str]:
     """The names of the store's worker functions run from now on (each one thread hop)."""
     calls: list[str] = []

@@ -243,8 +243,11 @@ async def test_a_spent_workers_replacement_waits_for_the_delay_and_a_waiting_job
     await pool.start()
     try:
         assert await pool("crew", "replay", {"task_id": "task-0"}, make_ctx(held_lookup(release, asked))[0])
-        for _ in range(3):  # a boot started at the job's end would create its process within these turns
-            await asyncio.sleep(0)
+        # Every callback scheduled so far runs before this one: a boot task started at the job's end has
+        # created its process by then (its first step does).
+        turned = asyncio.Event()
+        asyncio.get_running_loop().call_soon(turned.set)
+        await turned.wait()
         assert (context.processes, pool.pids(), pool.idle()) == (1, [], 0)
         job = pool("crew", "replay", {"task_id": "task-1"}, make_ctx(held_lookup(release, asked))[0])
         assert await job == {"found": True}
