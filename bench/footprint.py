@@ -21,25 +21,40 @@ each against one plain process that runs the same crew in-process.
   pages with the other. Target: ≤ 1.5×. The worker pool's size is ``--max-concurrency`` (idle workers kept
   booted ahead of need): each idle worker's private memory (USS) is what one more or one fewer costs.
 
-Source: the performance targets' row "CPU and memory per job"; ARCHITECTURE.md §5 (isolation).
+- **a real crew's job and ``--preload-modules``**: every bench sidecar runs the default ``--preload-modules``
+  (the OpenAI client, which the bench crews do not use). Two more sidecars serve
+  the example deployment's ``plain`` crew (``examples/realcrews``: one agent on an OpenAI-compatible model,
+  CrewAI's native provider) against the real-crew suite's fake provider on loopback, one at the default
+  ``--preload-modules`` and one at ``none``, one idle worker each: CPU per job (tree, read as above, per job)
+  and ``POST /jobs`` latency, interleaved. And the idle tree PSS of a bench sidecar at ``none``, against the
+  ``--idle-workers`` :data:`LEAN_IDLE` one at the default: what the preloaded modules cost a registry that
+  does not use them.
+
+Source: the performance targets' row "CPU and memory per job"; ARCHITECTURE.md §5 (isolation);
+docs/operating.md "Preloaded modules".
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import itertools
+import os
 import signal
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 
+from aip_crewai.sidecar.options import DEFAULT_PRELOAD_MODULES
 from bench.common import (
     QUIET_S,
     REGISTRY,
+    ROOT,
     SIDECAR_TOKEN,
     BenchError,
     Process,
@@ -56,6 +71,7 @@ from bench.common import (
     settle,
     sidecar_workers,
     smaps_rollup,
+    tree_cpu_seconds,
     tree_pss_kib,
     uss_kib,
 )
@@ -74,6 +90,10 @@ ON_DEMAND_ROUNDS = 15
 ON_DEMAND_WARMUP = 1
 #: ``--worker-jobs`` of the warm sidecar (the CPU row with warm workers): a worker's boot over 100 jobs.
 WARM_JOBS = 100
+#: The real crew of the preload rows (``examples/realcrews``), its rounds (one job per sidecar each) and warm-up.
+REAL_CREW = "plain"
+REAL_ROUNDS = 9
+REAL_WARMUP = 1
 MAX_CPU_RATIO = 1.3
 MAX_PSS_RATIO = 1.5
 START_S = 120.0
@@ -185,7 +205,8 @@ async def run() -> Section:
         boot_s = [cpu_seconds(pid) for pid in workers]  # an idle worker has spent only its boot
         sidecar_pss = smaps_rollup(sidecar.pid).get("Pss", 0)
         sidecar.stop()
-        lean_pss, on_demand = await _fewer_idle_workers(stack)
+        lean_pss, unpreloaded_pss, on_demand = await _fewer_idle_workers(stack)
+        real = await _real_crew(stack)
 
     ours_s, base_s = Stats.of(samples["ours"]), Stats.of(samples["baseline"])
     section.rows.append(
@@ -236,6 +257,23 @@ async def run() -> Section:
             max_ratio=None,
         )
     )
+    section.rows.append(
+        latency_row(
+            f"CPU per job of a real crew on an OpenAI-compatible model (`{REAL_CREW}`, provider on loopback): "
+            "sidecar tree at the default --preload-modules vs none",
+            Stats.of(real["default"]["cpu"]),
+            Stats.of(real["none"]["cpu"]),
+            max_ratio=None,
+        )
+    )
+    section.rows.append(
+        latency_row(
+            f"run `{REAL_CREW}`, the same real crew (POST /jobs): the default --preload-modules vs none",
+            Stats.of(real["default"]["latency"]),
+            Stats.of(real["none"]["latency"]),
+            max_ratio=None,
+        )
+    )
     jobs = BATCHES * JOBS
     where = ", ".join(f"{role} {seconds / jobs * 1000:.0f} ms" for role, seconds in roles.items())
     boot = sum(boot_s) / len(boot_s) if boot_s else 0.0
@@ -262,6 +300,14 @@ async def run() -> Section:
         f"first stopped). A job that finds no worker idle waits for one to boot ({boot * 1000:.0f} ms of CPU here): "
         f"the last row, {ON_DEMAND_ROUNDS} interleaved rounds of one job on each of two sidecars (idle workers 0 and "
         f"{LEAN_IDLE}) after {ON_DEMAND_WARMUP} warm-up round.",
+        f"Preloaded modules: every bench sidecar runs the default `--preload-modules` "
+        f"(`{','.join(DEFAULT_PRELOAD_MODULES)}`: the OpenAI client and ChromaDB's telemetry client, imported once "
+        f"by the fork server), which the bench crews do not use: at `none` the idle sidecar at --idle-workers "
+        f"{LEAN_IDLE} held {_mib(unpreloaded_pss)}, against {_mib(lean_pss)} at the default (the second memory row). "
+        f"The real-crew rows: the example deployment's `{REAL_CREW}` crew "
+        f"(examples/realcrews, CrewAI's native OpenAI provider) against the real-crew suite's fake provider on "
+        f"loopback, two sidecars with one idle worker each, {len(real['none']['cpu'])} interleaved rounds after "
+        f"{REAL_WARMUP}; each job's CPU is read like the rows above (the replacement worker's boot included).",
         "PSS splits a shared page between the processes mapping it: the reference is read before the sidecar "
         "starts and the tree after the reference stopped; other processes mapping the same libraries (the bench "
         "process itself once `run_overhead` imported CrewAI in it, in a full run) lower both sides.",
@@ -269,10 +315,10 @@ async def run() -> Section:
     return section
 
 
-async def _fewer_idle_workers(stack: Stack) -> tuple[int, dict[str, list[float]]]:
+async def _fewer_idle_workers(stack: Stack) -> tuple[int, int, dict[str, list[float]]]:
     """The trade ``--idle-workers`` makes: (the idle tree PSS of a sidecar keeping :data:`LEAN_IDLE` workers
-    after a few runs, KiB; ``fast`` run latencies, seconds, on a sidecar keeping none (``"boots"``) and on that
-    one (``"idle"``), interleaved)."""
+    after a few runs, KiB; the same at ``--preload-modules none``, KiB; ``fast`` run latencies, seconds,
+    on a sidecar keeping none (``"boots"``) and on the first one (``"idle"``), interleaved)."""
     args = ["--isolation", "process", "--max-concurrency", str(POOL)]
     lean = stack.start_sidecar(*args, "--idle-workers", str(LEAN_IDLE), name="lean")
     async with async_client(lean.base_url, SIDECAR_TOKEN) as client:
@@ -280,6 +326,9 @@ async def _fewer_idle_workers(stack: Stack) -> tuple[int, dict[str, list[float]]
             await _job(client)
     await settle(lean.pid, ready=pool_full(lean.pid, LEAN_IDLE))
     pss = tree_pss_kib(lean.pid)
+    unpreloaded_pss = await _idle_pss(
+        stack.start_sidecar(*args, "--idle-workers", str(LEAN_IDLE), "--preload-modules", "none", name="lean-none")
+    )
     none = stack.start_sidecar(*args, "--idle-workers", "0", name="no-idle")
     async with (
         async_client(lean.base_url, SIDECAR_TOKEN) as idle_client,
@@ -298,7 +347,89 @@ async def _fewer_idle_workers(stack: Stack) -> tuple[int, dict[str, list[float]]
         samples = await interleave(
             {"idle": idle, "boots": boots}, rounds=ON_DEMAND_ROUNDS, warmup=ON_DEMAND_WARMUP, budget_s=60.0
         )
-    return pss, samples
+    return pss, unpreloaded_pss, samples
+
+
+async def _idle_pss(sidecar: Process) -> int:
+    """A few ``fast`` runs on ``sidecar`` (``--idle-workers`` :data:`LEAN_IDLE`), then its idle tree PSS, KiB;
+    the sidecar is stopped."""
+    async with async_client(sidecar.base_url, SIDECAR_TOKEN) as client:
+        for _ in range(3):
+            await _job(client)
+    await settle(sidecar.pid, ready=pool_full(sidecar.pid, LEAN_IDLE))
+    pss = tree_pss_kib(sidecar.pid)
+    sidecar.stop()
+    return pss
+
+
+async def _real_crew(stack: Stack) -> dict[str, dict[str, list[float]]]:
+    """The preload rows: ``{"default" | "none": {"cpu": [s per job], "latency": [s]}}`` of :data:`REAL_CREW` jobs
+    on two sidecars of the example deployment's registry (one idle worker each) against the real-crew suite's
+    fake OpenAI-compatible provider on loopback, at the default ``--preload-modules`` and at ``none``."""
+    sys.path.insert(0, str(ROOT / "tests" / "realcrews"))
+    from fake_provider import FakeProvider  # the suite's provider: stdlib only, in this process
+
+    provider = FakeProvider().start()
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "examples" / "realcrews"), str(ROOT)]),
+        "REALCREWS_BASE_URL": provider.base_url,
+        "REALCREWS_API_KEY": "sk-bench-fake",
+    }
+    settings = {"default": ",".join(DEFAULT_PRELOAD_MODULES), "none": "none"}
+    sidecars = {
+        name: stack.start_sidecar(
+            "--registry",
+            "realcrews:CREWS",
+            "--idle-workers",
+            "1",
+            "--preload-modules",
+            modules,
+            name=f"real-{name}",
+            env=env,
+        )
+        for name, modules in settings.items()
+    }
+    found: dict[str, dict[str, list[float]]] = {name: {"cpu": [], "latency": []} for name in sidecars}
+    try:
+        async with contextlib.AsyncExitStack() as exits:
+            clients = {
+                name: await exits.enter_async_context(async_client(sidecar.base_url, SIDECAR_TOKEN))
+                for name, sidecar in sidecars.items()
+            }
+
+            def one(name: str) -> Callable[[], Awaitable[float]]:
+                sidecar, ready = sidecars[name], pool_full(sidecars[name].pid, 1)
+
+                async def job() -> float:
+                    for other in sidecars.values():
+                        await settle(other.pid, ready=pool_full(other.pid, 1))
+                    before = tree_cpu_seconds(sidecar.pid)
+                    job_id = f"footprint-real:{uuid.uuid4().hex}"
+                    body = {"crew_id": REAL_CREW, "action_id": job_id, "operation": "run", "input": {"prompt": "hi"}}
+                    started = time.perf_counter()
+                    response = await clients[name].post("/jobs", json=body, headers={"Idempotency-Key": job_id})
+                    elapsed = time.perf_counter() - started
+                    if response.status_code != 200 or not response.json().get("raw"):
+                        raise BenchError(
+                            f"{REAL_CREW}: POST /jobs answered {response.status_code}: {response.text[:200]}"
+                        )
+                    found[name]["cpu"].append(await settle(sidecar.pid, ready=ready) - before)
+                    found[name]["latency"].append(elapsed)
+                    return elapsed
+
+                return job
+
+            await interleave(
+                {name: one(name) for name in sidecars}, rounds=REAL_ROUNDS, warmup=REAL_WARMUP, budget_s=120.0
+            )
+    finally:
+        for sidecar in sidecars.values():
+            sidecar.stop()
+        provider.stop()
+    for values in found.values():  # the warm-up rounds' samples
+        for key in values:
+            del values[key][:REAL_WARMUP]
+    return found
 
 
 async def _reference(state_dir: Path) -> None:

@@ -44,7 +44,7 @@ from aip_crewai.plumbing.loopback import is_loopback
 
 from ..plumbing.keys import MAX_SECRET_FILE_BYTES, SecretFileError, read_token
 from .isolation.sandbox import SandboxPlan
-from .options import OPTIONS, VALVE_ENV, build_parser, int_in, option_name
+from .options import DEFAULT_PRELOAD_MODULES, OPTIONS, VALVE_ENV, build_parser, int_in, option_name
 
 #: The host's SSE frame bound, bytes (ARCHITECTURE.md §7): larger events are refused by the host.
 HOST_FRAME_BYTES = 1_048_576
@@ -66,7 +66,7 @@ class ConfigError(ValueError):
 
 #: Settings of the job worker processes only: with ``--isolation inprocess`` a given one is ignored (a start-up
 #: warning names it).
-PROCESS_ONLY = ("cancel_grace_seconds", "idle_workers", "worker_nice", "worker_jobs")
+PROCESS_ONLY = ("cancel_grace_seconds", "idle_workers", "worker_nice", "worker_jobs", "preload_modules")
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,8 @@ class Settings:
             yield the CPU to the sidecar's event loop under contention (ARCHITECTURE.md §5).
         worker_jobs: with ``process``, jobs one worker runs at most, all of one tenant's one crew (1: a fresh
             process per job; ARCHITECTURE.md §5 "warm workers").
+        preload_modules: with ``process``, modules the worker fork server imports besides CrewAI and the
+            operations (``fork_server.start_forkserver``; ARCHITECTURE.md §5).
         cancel_grace_seconds: with ``process``, how long a cancelled job may take to
             stop cooperatively before its worker is killed.
         worker_user: ``(name, uid, gid, home)`` of ``--worker-user``: job workers drop to it (root only).
@@ -134,6 +136,7 @@ class Settings:
     idle_workers: int | None = None
     worker_nice: int = 10
     worker_jobs: int = 1
+    preload_modules: tuple[str, ...] = DEFAULT_PRELOAD_MODULES
     worker_user: tuple[str, int, int, str] | None = None
     worker_sandbox: SandboxPlan | None = None
     log_level: str = "info"
@@ -293,6 +296,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         idle_workers=idle_workers,
         worker_nice=values["worker_nice"],
         worker_jobs=values["worker_jobs"],
+        preload_modules=values["preload_modules"],
         worker_user=worker_user,
         log_level=values["log_level"],
         log_format=values["log_format"],

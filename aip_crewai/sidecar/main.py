@@ -297,7 +297,7 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
         except OSError as exc:
             return _refuse(f"--worker-user (AIP_CREWAI_WORKER_USER): {exc}")
     try:
-        context = start_forkserver()
+        context = start_forkserver(settings.preload_modules)
     except OSError as exc:  # one line and exit 1, never a traceback (docs/reference/cli.md "Exit codes")
         log.error("fork_server_failed", error=str(exc))
         return _refuse(f"--isolation process: the worker fork server did not start ({exc})", status=1)

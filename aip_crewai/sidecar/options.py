@@ -13,6 +13,7 @@ Source: ARCHITECTURE.md §11 (operator interface), §5 (limits).
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,13 @@ MIN_EVENT_BYTES, MAX_EVENT_BYTES = 1024, 4_194_304
 #: Floor and default of ``--unauthenticated-body-budget-bytes``, bytes: one whole job body
 #: (``jobs/admission.MAX_BODY_BYTES``), and 64 MiB (docs/security.md "Security").
 MIN_BODY_BUDGET_BYTES, DEFAULT_BODY_BUDGET_BYTES = 8 * 1024 * 1024, 64 * 1024 * 1024
+#: Bound on ``--preload-modules``: names, and characters per name.
+MAX_PRELOAD_MODULES, MAX_MODULE_NAME_CHARS = 64, 200
+#: What the fork server preloads besides CrewAI by default (``--preload-modules``): what CrewAI imports lazily on a
+#: job's first use of its default provider (the OpenAI client's resources and transport) and of knowledge
+#: (ChromaDB's telemetry client), installed with CrewAI and measured to start no thread (docs/operating.md).
+DEFAULT_PRELOAD_MODULES = ("httpcore", "openai.resources", "posthog")
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 #: Environment switches of the two safety valves, by flag.
 VALVE_ENV = {
     "allow_unauthenticated": "AIP_CREWAI_ALLOW_UNAUTHENTICATED",
@@ -107,6 +115,27 @@ def parse_operations(text: str) -> tuple[str, ...]:
     if not startable:
         raise ValueError(f"must name at least one startable operation ({', '.join(STARTABLE_OPERATIONS)})")
     return startable
+
+
+def parse_modules(text: str) -> tuple[str, ...]:
+    """A comma-separated list of dotted module names, in order, repeats dropped; ``none`` (or nothing) is the
+    empty list. At most :data:`MAX_PRELOAD_MODULES` names of at most :data:`MAX_MODULE_NAME_CHARS` characters.
+
+    Raises:
+        ValueError: a name that is not a dotted Python identifier, ``none`` beside a name, or a bound exceeded.
+    """
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if "none" in names:
+        if len(names) > 1:
+            raise ValueError("none stands alone (it means no module beyond CrewAI and the operations)")
+        return ()
+    bad = [n for n in names if len(n) > MAX_MODULE_NAME_CHARS or not _MODULE_NAME.fullmatch(n)]
+    if bad:
+        raise ValueError(f"not a module name: {bad[0][:MAX_MODULE_NAME_CHARS]!r} (dotted Python identifiers)")
+    unique = tuple(dict.fromkeys(names))
+    if len(unique) > MAX_PRELOAD_MODULES:
+        raise ValueError(f"at most {MAX_PRELOAD_MODULES} modules, not {len(unique)}")
+    return unique
 
 
 @dataclass(frozen=True)
@@ -292,6 +321,17 @@ OPTIONS: tuple[Option, ...] = (
         "with --isolation process: jobs one worker process runs, one after the other, all of one tenant's one "
         "crew (1: a fresh process per job; above 1, a job that ended on its own leaves its worker warm for "
         "that tenant's next job of that crew, which then skips the worker's boot)",
+    ),
+    Option(
+        "preload_modules",
+        "--preload-modules",
+        "AIP_CREWAI_PRELOAD_MODULES",
+        parse_modules,
+        DEFAULT_PRELOAD_MODULES,
+        "with --isolation process: comma list of modules the worker fork server imports once, with the "
+        "sidecar's rights, before it forks any worker, so that no job imports them on its time (none: only "
+        "CrewAI and the operations); for what your crews' model providers import lazily. A module that starts "
+        "a thread makes every worker refuse to boot; one that fails to import is skipped",
     ),
     Option(
         "worker_user",

@@ -85,17 +85,8 @@ def test_a_good_start_logs_its_progress_in_order(tmp_path):
 def test_a_fork_server_left_with_a_second_thread_is_refused_in_one_line_naming_it(tmp_path):
     """numpy's OpenBLAS starts a native thread per core at import unless OPENBLAS_NUM_THREADS=1 (the sidecar's
     default); forced to 2, the fork server has a second thread and no worker may be forked from it."""
-    process = launch(tmp_path, args=["--isolation", "process"], env={"OPENBLAS_NUM_THREADS": "2"})
-    try:
-        status = process.wait(timeout=240)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    text = (tmp_path / "stderr.log").read_text()
-    assert status == 2, text
-    lines = [line for line in text.splitlines() if not line.startswith("{")]
-    assert len(lines) == 1 and "fork server runs 1 thread(s)" in lines[0] and "native-thread-1" in lines[0], lines
-    assert "sidecar_listening" not in text and "Traceback" not in text
+    line = _threaded_refusal(tmp_path, args=["--isolation", "process"], env={"OPENBLAS_NUM_THREADS": "2"})
+    assert "fork server runs 1 thread(s)" in line and "native-thread-1" in line, line
 
 
 @pytest.mark.parametrize("isolation", ["process", "inprocess"])
@@ -118,3 +109,36 @@ def test_a_registry_module_that_raises_at_import_is_one_line_and_exit_2_without_
     assert status == 2, text
     assert len(lines) == 1 and "RuntimeError at boom_registry.py:2" in lines[0], lines
     assert "Traceback" not in text and "sk-live-0" not in text
+
+
+def test_a_preloaded_module_that_starts_a_thread_is_refused_in_one_line_naming_the_thread(tmp_path):
+    """``--preload-modules`` imports a module into the fork server with the sidecar's rights before any fork; one
+    that starts a thread at import leaves the fork server threaded: start-up is refused (exit 2) in one line
+    naming the thread and the option, before any worker is forked."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "threaded_sdk.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(3600,), name='sdk-flusher', daemon=True).start()\n"
+    )
+    path = f"{modules}{os.pathsep}{ROOT}"
+    args = ["--isolation", "process", "--preload-modules", "threaded_sdk"]
+    line = _threaded_refusal(tmp_path, args=args, env={"PYTHONPATH": path})
+    assert "sdk-flusher" in line and "--preload-modules" in line, line
+
+
+def _threaded_refusal(tmp_path: Path, *, args: list[str], env: dict[str, str]) -> str:
+    """Start a sidecar whose fork server ends up threaded; its one refusal line, once it exited 2 without
+    listening and without a traceback."""
+    process = launch(tmp_path, args=args, env=env)
+    try:
+        status = process.wait(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = (tmp_path / "stderr.log").read_text()
+    assert status == 2, text
+    lines = [line for line in text.splitlines() if not line.startswith("{")]
+    assert len(lines) == 1, lines
+    assert "sidecar_listening" not in text and "Traceback" not in text
+    return lines[0]

@@ -26,6 +26,8 @@ import pytest
 from kits.poll import until_async
 from kits.sidecar import ISOLATION_REGISTRY, Sidecar, SidecarFactory, process_isolation_only
 
+from aip_crewai.sidecar.options import DEFAULT_PRELOAD_MODULES
+
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(180),
@@ -42,16 +44,19 @@ DRAIN_SECONDS = 3.0
 #: ``--idle-workers`` of the module's sidecar, one under its ``--max-concurrency`` (4): the four jobs at once of
 #: the /health test boot one worker on demand.
 IDLE_WORKERS = 3
+#: What the fork server imports besides CrewAI and our operations, so that no worker imports it on a job's time.
+PRELOADED = [*DEFAULT_PRELOAD_MODULES, "aip_crewai.examples.offline_llm"]
 
 
 #: The module's sidecar runs from this script, as the ``aip-crewai`` console script runs it (a script as
 #: ``__main__``); each run of the script's body appends ``<__name__> <pid> <1 if aip_crewai.cli was imported
-#: already>`` to the file named in its environment. multiprocessing runs a child's main module again before its
+#: already> <1 if every module of PRELOADED was>`` to the file named in its environment. multiprocessing runs a child's main module again before its
 #: target (Python < 3.13 even when the fork server preloaded ``__main__``: CPython gh-126631).
 MAIN_SCRIPT = """\
 import os, sys
 with open(os.environ["AIP_CREWAI_TEST_MAIN_RUNS"], "a") as runs:
-    runs.write(f"{__name__} {os.getpid()} {int('aip_crewai.cli' in sys.modules)}\\n")
+    preloaded = all(name in sys.modules for name in os.environ["AIP_CREWAI_TEST_PRELOADED"].split(","))
+    runs.write(f"{__name__} {os.getpid()} {int('aip_crewai.cli' in sys.modules)} {int(preloaded)}\\n")
 from aip_crewai.cli import main
 if __name__ == "__main__":
     sys.exit(main())
@@ -104,6 +109,7 @@ def isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Isolated]:
                 "AIP_CREWAI_TEST_BLOCK_SECONDS": str(BLOCK_SECONDS),
                 "AIP_CREWAI_TEST_DRAIN_SECONDS": str(DRAIN_SECONDS),
                 "AIP_CREWAI_TEST_MAIN_RUNS": str(main_runs),
+                "AIP_CREWAI_TEST_PRELOADED": ",".join(PRELOADED),
             },
             main=main,
         )
@@ -342,20 +348,24 @@ async def test_the_sidecar_process_never_imports_crewai_and_still_checks_the_reg
     assert len(lines) == 1 and "NO_SUCH_CREWS" in lines[0] and "Traceback" not in lines[0]
 
 
-async def test_a_worker_finds_the_sidecar_command_line_imported_by_its_fork_server(isolated: Isolated) -> None:
+async def test_a_worker_finds_the_command_line_and_the_provider_clients_imported_by_its_fork_server(
+    isolated: Isolated,
+) -> None:
     """A job's worker (and the start-up registry check) re-runs the sidecar's main script before its target,
     but finds the command line it imports already imported by the fork server: a worker used to import it
-    itself, about 10 ms of CPU per job."""
+    itself, about 10 ms of CPU per job. So are the OpenAI client's resources and transport and the offline
+    model (``fork_server.PRELOAD``), which a fresh worker used to import on each job's time (about 390 ms of
+    CPU for a crew on an OpenAI-compatible model) or boot; the sidecar process itself imports none of them."""
     async with isolated.sidecar.client() as client:
         for job in ("t1:main-1", "t1:main-2"):
             assert (await submit(client, job, "probe")).status_code == 200
     runs = [line.split() for line in isolated.main_runs.read_text().splitlines()]
     sidecar = isolated.sidecar.process.pid
-    assert ["__main__", str(sidecar), "0"] in runs
+    assert ["__main__", str(sidecar), "0", "0"] in runs
     servers = [pid for pid in children(sidecar) if "forkserver" in Path(f"/proc/{pid}/cmdline").read_text()]
     assert len(servers) == 1
-    forked = [(int(pid), loaded) for name, pid, loaded in runs if name == "__mp_main__" and int(pid) != servers[0]]
-    assert all(loaded == "1" for _, loaded in forked), runs
+    forked = [run[2:] for run in runs if run[0] == "__mp_main__" and int(run[1]) != servers[0]]
+    assert len(forked) >= 3 and all(loaded == ["1", "1"] for loaded in forked), runs
 
 
 def children(pid: int) -> list[int]:

@@ -9,7 +9,13 @@ import pytest
 
 from aip_crewai.sidecar.config import ConfigError, Settings, load_settings, read_token_file
 from aip_crewai.sidecar.main import main
-from aip_crewai.sidecar.options import OPTIONS, build_parser
+from aip_crewai.sidecar.options import (
+    DEFAULT_PRELOAD_MODULES,
+    MAX_MODULE_NAME_CHARS,
+    MAX_PRELOAD_MODULES,
+    OPTIONS,
+    build_parser,
+)
 
 DESIGN_TABLE = {
     "--registry": ("AIP_CREWAI_REGISTRY", None),
@@ -397,6 +403,7 @@ def test_worker_jobs_counts_the_jobs_one_worker_may_run(base, value, ok):
         (["--worker-jobs", "5"], {}, ["--worker-jobs"]),
         ([], {"AIP_CREWAI_WORKER_NICE": "3", "AIP_CREWAI_IDLE_WORKERS": "1"}, ["--idle-workers", "--worker-nice"]),
         (["--cancel-grace-seconds", "2"], {}, ["--cancel-grace-seconds"]),
+        ([], {"AIP_CREWAI_PRELOAD_MODULES": "none"}, ["--preload-modules"]),
     ],
 )
 def test_process_only_settings_given_with_inprocess_isolation_are_named_in_a_warning(base, extra, environ, named):
@@ -407,10 +414,50 @@ def test_process_only_settings_given_with_inprocess_isolation_are_named_in_a_war
     (message,) = [text for event, text in settings.warnings if event == "process_options_ignored"]
     assert [
         name
-        for name in ("--cancel-grace-seconds", "--idle-workers", "--worker-nice", "--worker-jobs")
+        for name in ("--cancel-grace-seconds", "--idle-workers", "--worker-nice", "--worker-jobs", "--preload-modules")
         if name in message
     ] == named
     assert not any(e == "process_options_ignored" for e, _ in load_settings([*base, *extra], environ).warnings)
     assert not any(
         e == "process_options_ignored" for e, _ in load_settings([*base, "--isolation", "inprocess"], {}).warnings
     )
+
+
+def _names(count: int, chars: int = 8) -> str:
+    return ",".join(f"m{i:0{chars - 1}d}" for i in range(count))
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("openai.resources", ("openai.resources",)),
+        (" a.b , c,, a.b ,_d9.e_ ", ("a.b", "c", "_d9.e_")),
+        ("none", ()),
+        (" none ", ()),
+        (",", ()),
+        (_names(MAX_PRELOAD_MODULES), tuple(_names(MAX_PRELOAD_MODULES).split(","))),
+        ("m" * MAX_MODULE_NAME_CHARS, ("m" * MAX_MODULE_NAME_CHARS,)),
+        (_names(MAX_PRELOAD_MODULES + 1), None),
+        ("m" * (MAX_MODULE_NAME_CHARS + 1), None),
+        ("openai/resources", None),
+        ("9lives", None),
+        ("a..b", None),
+        ("a.b.", None),
+        ("none,httpcore", None),
+    ],
+)
+def test_preload_modules_take_dotted_names_within_their_bounds(base, value, expected):
+    """``--preload-modules`` / ``AIP_CREWAI_PRELOAD_MODULES``: a comma list of dotted module names (order kept,
+    repeats dropped), at most 64 of at most 200 characters; ``none`` preloads nothing beyond CrewAI and the
+    operations; default: the OpenAI client stack and ChromaDB's telemetry client. Anything else stops start-up
+    naming the setting."""
+    assert load_settings(base, {}).preload_modules == DEFAULT_PRELOAD_MODULES == Settings("r:C").preload_modules
+    if expected is not None:
+        assert load_settings([*base, "--preload-modules", value], {}).preload_modules == expected
+        if value.strip(" ,"):  # an empty variable is an unset one: the default
+            assert load_settings(base, {"AIP_CREWAI_PRELOAD_MODULES": value}).preload_modules == expected
+    else:
+        with pytest.raises(ConfigError, match="--preload-modules"):
+            load_settings([*base, "--preload-modules", value], {})
+        with pytest.raises(ConfigError, match="AIP_CREWAI_PRELOAD_MODULES"):
+            load_settings(base, {"AIP_CREWAI_PRELOAD_MODULES": value})

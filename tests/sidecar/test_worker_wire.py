@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from kits.poll import until
 
+from aip_crewai.sidecar.isolation import fork_server
 from aip_crewai.sidecar.isolation.channel import Channel, ChunkSender
 from aip_crewai.sidecar.isolation.fork_server import WorkerStartFailed, describe_exit, describe_registry
 from aip_crewai.sidecar.isolation.wire import (
@@ -251,3 +252,27 @@ def test_a_workers_reader_gives_each_job_its_cancel_and_lets_it_wait_for_the_nex
     finally:
         theirs.close()
         ours.close()
+
+
+class _PreloadRecorder:
+    """Stands in for multiprocessing's fork server context: records the preload list it is given."""
+
+    preload: list[str] | None = None
+
+    def set_forkserver_preload(self, names: list[str]) -> None:
+        self.preload = list(names)
+
+
+@pytest.mark.parametrize("modules", [(), ("httpcore",), ("a.b", "c")])
+def test_the_fork_server_imports_the_preloaded_modules_before_the_warm_up_freezes_what_is_loaded(monkeypatch, modules):
+    """``--preload-modules`` come after our own modules and before the offline model and the ``preload``
+    module (its ``gc.freeze()`` then covers them); with none, the list is ours alone, in its order."""
+    recorder = _PreloadRecorder()
+    monkeypatch.setattr(fork_server.multiprocessing, "get_context", lambda method: recorder)
+    monkeypatch.setattr("multiprocessing.forkserver.ensure_running", lambda: None)
+    assert fork_server.start_forkserver(modules) is recorder
+    assert recorder.preload is not None
+    assert [name for name in recorder.preload if name not in modules] == fork_server.PRELOAD
+    at = recorder.preload.index("aip_crewai.examples.offline_llm")
+    assert recorder.preload[at - len(modules) : at] == list(modules)
+    assert recorder.preload.index("aip_crewai.sidecar.operations.startup.preload") > at

@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import socket
+from collections.abc import Sequence
 from multiprocessing.context import BaseContext
 
 from aip_crewai.sidecar.isolation.wire import (
@@ -32,17 +33,21 @@ from aip_crewai.sidecar.isolation.wire import (
     frame_bound,
     payload_length,
 )
+from aip_crewai.sidecar.options import DEFAULT_PRELOAD_MODULES
 
-#: Modules the fork server imports before it forks any worker (``preload`` warms CrewAI up, then freezes what is loaded;
-#: ``sidecar.tracing``, which every job's ``run_job`` imports, would cost each fresh worker's first job about 2 ms). multiprocessing
-#: runs the sidecar's main module again in every child before its target: ``aip_crewai.cli`` here means that
-#: run imports nothing (it used to import the command line, about 10 ms of CPU per worker); ``__main__`` lets a
-#: Python with CPython gh-126631 fixed (3.13 and later) skip the run altogether when the main is a script.
+#: Modules the fork server imports before it forks any worker (``preload`` warms CrewAI up, then freezes what is loaded,
+#: so everything before it in the list too; ``sidecar.tracing``, which every job's ``run_job`` imports, would cost each
+#: fresh worker's first job about 2 ms; ``examples.offline_llm``, the demo and offline crews' model, about 20 ms of
+#: each worker's boot). multiprocessing runs the sidecar's main module again in every child before its target:
+#: ``aip_crewai.cli`` here means that run imports nothing (it used to import the command line, about 10 ms of CPU per
+#: worker); ``__main__`` lets a Python with CPython gh-126631 fixed (3.13 and later) skip the run altogether when the
+#: main is a script. :func:`start_forkserver` puts ``--preload-modules`` before ``examples.offline_llm``.
 PRELOAD = [
     "aip_crewai.sidecar.isolation.pool",
     "aip_crewai.sidecar.isolation.worker",
     "aip_crewai.sidecar.tracing",
     "aip_crewai.cli",
+    "aip_crewai.examples.offline_llm",
     "aip_crewai.sidecar.operations.startup.preload",
     "__main__",
 ]
@@ -52,8 +57,15 @@ BOOT_TIMEOUT_SECONDS = 300.0
 REAP_SECONDS = 10.0
 
 
-def start_forkserver() -> BaseContext:
+def start_forkserver(modules: Sequence[str] = DEFAULT_PRELOAD_MODULES) -> BaseContext:
     """Start the worker fork server now (it imports CrewAI in the background) and return its context.
+
+    ``modules`` (``--preload-modules``) are imported first, with the sidecar's rights: by default what CrewAI
+    imports lazily on a job's first use of its default provider and of knowledge, about 390 ms of CPU and
+    16 MiB of its own memory that a fresh worker would otherwise spend on each job of a crew on an
+    OpenAI-compatible model (docs/operating.md "Preloaded modules"). One that fails to import is skipped
+    (multiprocessing's rule: the job then imports it); one that starts a thread makes every worker refuse to
+    boot, as below.
 
     Call after ``crewai_env.prepare_crewai_environment`` and
     ``capture_crewai_prints``: the fork server inherits the environment and
@@ -71,7 +83,8 @@ def start_forkserver() -> BaseContext:
     Source: ARCHITECTURE.md §5 (isolation).
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    offline = PRELOAD.index("aip_crewai.examples.offline_llm")
+    context.set_forkserver_preload([*PRELOAD[:offline], *modules, *PRELOAD[offline:]])
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
@@ -91,7 +104,8 @@ class ForkServerThreaded(WorkerStartFailed):
         super().__init__(
             f"the job worker fork server runs {len(threads)} thread(s) besides its main one ({names}); "
             "workers forked from it could inherit a lock held forever. Something it imports starts "
-            "them: set OPENBLAS_NUM_THREADS=1 for numpy's, or use --isolation inprocess"
+            "them: set OPENBLAS_NUM_THREADS=1 for numpy's, leave a module that starts one out of --preload-modules, "
+            "or use --isolation inprocess"
         )
         self.threads = threads
 
