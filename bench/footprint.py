@@ -21,13 +21,14 @@ each against one plain process that runs the same crew in-process.
   pages with the other. Target: ≤ 1.5×. The worker pool's size is ``--max-concurrency`` (idle workers kept
   booted ahead of need): each idle worker's private memory (USS) is what one more or one fewer costs.
 
-- **a real crew's job and ``--preload-modules``**: every bench sidecar runs the default ``--preload-modules``
-  (the OpenAI client, which the bench crews do not use). Two more sidecars serve
+- **a real crew's job and ``--preload-modules``**: the memory rows' sidecars run ``--preload-modules none``
+  (:data:`NO_PRELOAD`: the bench crews use no OpenAI-compatible model), the others the default. Two more
+  sidecars serve
   the example deployment's ``plain`` crew (``examples/realcrews``: one agent on an OpenAI-compatible model,
   CrewAI's native provider) against the real-crew suite's fake provider on loopback, one at the default
   ``--preload-modules`` and one at ``none``, one idle worker each: CPU per job (tree, read as above, per job)
-  and ``POST /jobs`` latency, interleaved. And the idle tree PSS of a bench sidecar at ``none``, against the
-  ``--idle-workers`` :data:`LEAN_IDLE` one at the default: what the preloaded modules cost a registry that
+  and ``POST /jobs`` latency, interleaved. And the idle tree PSS of the ``--idle-workers`` :data:`LEAN_IDLE`
+  sidecar at the default, read with no other sidecar up: what the preloaded modules cost a registry that
   does not use them.
 
 Source: the performance targets' row "CPU and memory per job"; ARCHITECTURE.md §5 (isolation);
@@ -90,6 +91,9 @@ ON_DEMAND_ROUNDS = 15
 ON_DEMAND_WARMUP = 1
 #: ``--worker-jobs`` of the warm sidecar (the CPU row with warm workers): a worker's boot over 100 jobs.
 WARM_JOBS = 100
+#: The memory rows' ``--preload-modules``: the bench crews use no OpenAI-compatible model (docs/operating.md
+#: "Preloaded modules"); the other rows run the default.
+NO_PRELOAD = ("--preload-modules", "none")
 #: The real crew of the preload rows (``examples/realcrews``), its rounds (one job per sidecar each) and warm-up.
 REAL_CREW = "plain"
 REAL_ROUNDS = 9
@@ -153,7 +157,7 @@ async def run() -> Section:
         reference_pss = smaps_rollup(reference.pid).get("Pss", 0)
         if not reference_pss:
             raise BenchError("no PSS for the reference process (/proc/<pid>/smaps_rollup unreadable)")
-        sidecar = stack.start_sidecar("--isolation", "process", "--max-concurrency", str(POOL))
+        sidecar = stack.start_sidecar("--isolation", "process", "--max-concurrency", str(POOL), *NO_PRELOAD)
         warm = stack.start_sidecar(
             "--isolation", "process", "--max-concurrency", str(POOL), "--worker-jobs", str(WARM_JOBS), name="warm"
         )
@@ -205,7 +209,7 @@ async def run() -> Section:
         boot_s = [cpu_seconds(pid) for pid in workers]  # an idle worker has spent only its boot
         sidecar_pss = smaps_rollup(sidecar.pid).get("Pss", 0)
         sidecar.stop()
-        lean_pss, unpreloaded_pss, on_demand = await _fewer_idle_workers(stack)
+        lean_pss, preloaded_pss, on_demand = await _fewer_idle_workers(stack)
         real = await _real_crew(stack)
 
     ours_s, base_s = Stats.of(samples["ours"]), Stats.of(samples["baseline"])
@@ -226,7 +230,8 @@ async def run() -> Section:
     ratio = tree_pss / reference_pss
     section.rows.append(
         Row(
-            "memory: sidecar tree PSS after runs, idle, vs one process with CrewAI and the registry imported",
+            f"memory ({' '.join(NO_PRELOAD)}): sidecar tree PSS after runs, idle, vs one process with CrewAI and "
+            "the registry imported",
             f"{_mib(tree_pss)} (--max-concurrency {POOL})",
             _mib(reference_pss),
             f"{ratio:.2f}×",
@@ -238,8 +243,8 @@ async def run() -> Section:
     lean_ratio = lean_pss / reference_pss
     section.rows.append(
         Row(
-            f"memory at --idle-workers {LEAN_IDLE} (of --max-concurrency {POOL}): sidecar tree PSS after runs, idle, "
-            "vs one process with CrewAI and the registry imported",
+            f"memory at --idle-workers {LEAN_IDLE} (of --max-concurrency {POOL}; {' '.join(NO_PRELOAD)}): sidecar "
+            "tree PSS after runs, idle, vs one process with CrewAI and the registry imported",
             _mib(lean_pss),
             _mib(reference_pss),
             f"{lean_ratio:.2f}×",
@@ -300,10 +305,11 @@ async def run() -> Section:
         f"first stopped). A job that finds no worker idle waits for one to boot ({boot * 1000:.0f} ms of CPU here): "
         f"the last row, {ON_DEMAND_ROUNDS} interleaved rounds of one job on each of two sidecars (idle workers 0 and "
         f"{LEAN_IDLE}) after {ON_DEMAND_WARMUP} warm-up round.",
-        f"Preloaded modules: every bench sidecar runs the default `--preload-modules` "
-        f"(`{','.join(DEFAULT_PRELOAD_MODULES)}`: the OpenAI client and ChromaDB's telemetry client, imported once "
-        f"by the fork server), which the bench crews do not use: at `none` the idle sidecar at --idle-workers "
-        f"{LEAN_IDLE} held {_mib(unpreloaded_pss)}, against {_mib(lean_pss)} at the default (the second memory row). "
+        f"Preloaded modules: the memory rows' sidecars run `{' '.join(NO_PRELOAD)}`, the setting docs/operating.md "
+        f"gives a registry like the bench's, with no OpenAI-compatible model (the other sections run the default). "
+        f"At the default (`{','.join(DEFAULT_PRELOAD_MODULES)}`: the OpenAI client and ChromaDB's telemetry client, "
+        f"imported once by the fork server) the idle sidecar at --idle-workers {LEAN_IDLE} held "
+        f"{_mib(preloaded_pss)}, against {_mib(lean_pss)} at `none` (each measured alone, the same way). "
         f"The real-crew rows: the example deployment's `{REAL_CREW}` crew "
         f"(examples/realcrews, CrewAI's native OpenAI provider) against the real-crew suite's fake provider on "
         f"loopback, two sidecars with one idle worker each, {len(real['none']['cpu'])} interleaved rounds after "
@@ -317,19 +323,16 @@ async def run() -> Section:
 
 async def _fewer_idle_workers(stack: Stack) -> tuple[int, int, dict[str, list[float]]]:
     """The trade ``--idle-workers`` makes: (the idle tree PSS of a sidecar keeping :data:`LEAN_IDLE` workers
-    after a few runs, KiB; the same at ``--preload-modules none``, KiB; ``fast`` run latencies, seconds,
-    on a sidecar keeping none (``"boots"``) and on the first one (``"idle"``), interleaved)."""
-    args = ["--isolation", "process", "--max-concurrency", str(POOL)]
-    lean = stack.start_sidecar(*args, "--idle-workers", str(LEAN_IDLE), name="lean")
-    async with async_client(lean.base_url, SIDECAR_TOKEN) as client:
-        for _ in range(3):
-            await _job(client)
-    await settle(lean.pid, ready=pool_full(lean.pid, LEAN_IDLE))
-    pss = tree_pss_kib(lean.pid)
-    unpreloaded_pss = await _idle_pss(
-        stack.start_sidecar(*args, "--idle-workers", str(LEAN_IDLE), "--preload-modules", "none", name="lean-none")
-    )
-    none = stack.start_sidecar(*args, "--idle-workers", "0", name="no-idle")
+    after a few runs, :data:`NO_PRELOAD`, KiB; the same at the default ``--preload-modules``, KiB, read first,
+    with no other sidecar up; ``fast`` run latencies, seconds, on a sidecar keeping none (``"boots"``) and on
+    the first one (``"idle"``), interleaved)."""
+    args = ["--isolation", "process", "--max-concurrency", str(POOL), "--idle-workers"]
+    preloaded = stack.start_sidecar(*args, str(LEAN_IDLE), name="lean-preloaded")
+    preloaded_pss = await _idle_pss(preloaded)
+    preloaded.stop()
+    lean = stack.start_sidecar(*args, str(LEAN_IDLE), *NO_PRELOAD, name="lean")
+    pss = await _idle_pss(lean)
+    none = stack.start_sidecar(*args, "0", name="no-idle")
     async with (
         async_client(lean.base_url, SIDECAR_TOKEN) as idle_client,
         async_client(none.base_url, SIDECAR_TOKEN) as boot_client,
@@ -347,19 +350,16 @@ async def _fewer_idle_workers(stack: Stack) -> tuple[int, int, dict[str, list[fl
         samples = await interleave(
             {"idle": idle, "boots": boots}, rounds=ON_DEMAND_ROUNDS, warmup=ON_DEMAND_WARMUP, budget_s=60.0
         )
-    return pss, unpreloaded_pss, samples
+    return pss, preloaded_pss, samples
 
 
 async def _idle_pss(sidecar: Process) -> int:
-    """A few ``fast`` runs on ``sidecar`` (``--idle-workers`` :data:`LEAN_IDLE`), then its idle tree PSS, KiB;
-    the sidecar is stopped."""
+    """A few ``fast`` runs on ``sidecar`` (``--idle-workers`` :data:`LEAN_IDLE`), then its idle tree PSS, KiB."""
     async with async_client(sidecar.base_url, SIDECAR_TOKEN) as client:
         for _ in range(3):
             await _job(client)
     await settle(sidecar.pid, ready=pool_full(sidecar.pid, LEAN_IDLE))
-    pss = tree_pss_kib(sidecar.pid)
-    sidecar.stop()
-    return pss
+    return tree_pss_kib(sidecar.pid)
 
 
 async def _real_crew(stack: Stack) -> dict[str, dict[str, list[float]]]:
