@@ -173,6 +173,10 @@ def _run(settings: Settings) -> int:
         status = 2 if journal is None else _load_and_serve(loop, settings, journal, sock)
     finally:
         sock.close()  # a no-op once hypercorn owns its descriptor
+        if settings.isolation == "process":  # its workers are gone by now (closed, or never started)
+            from aip_crewai.sidecar.isolation.fork_server import stop_forkserver
+
+            stop_forkserver()
         stuck = _close_loop(loop, pool)
     if stuck:
         log.warning("worker_threads_abandoned", threads=stuck)
@@ -321,6 +325,8 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
     except WorkerStartFailed as exc:
         log.error("registry_check_failed", error=str(exc))
         return _refuse(f"cannot check the crew registry: {exc}", status=1)
+    for module, error_type in described.preload_skipped:
+        log.warning("preload_module_skipped", module=module, error_type=error_type, setting="--preload-modules")
     if described.import_failed is not None:
         return _import_failed(described.import_failed)
     if described.refused is not None:

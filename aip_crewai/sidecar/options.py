@@ -13,7 +13,6 @@ Source: ARCHITECTURE.md §11 (operator interface), §5 (limits).
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,9 @@ MAX_PRELOAD_MODULES, MAX_MODULE_NAME_CHARS = 64, 200
 #: job's first use of its default provider (the OpenAI client's resources and transport) and of knowledge
 #: (ChromaDB's telemetry client), installed with CrewAI and measured to start no thread (docs/operating.md).
 DEFAULT_PRELOAD_MODULES = ("httpcore", "openai.resources", "posthog")
-_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+#: The environment variable that carries ``--preload-modules`` to the fork server (a comma list; internal: set by
+#: ``fork_server.start_forkserver``, read by ``operations/startup/preload.py``).
+PRELOAD_ENV = "_AIP_CREWAI_FORK_SERVER_PRELOAD"
 #: Environment switches of the two safety valves, by flag.
 VALVE_ENV = {
     "allow_unauthenticated": "AIP_CREWAI_ALLOW_UNAUTHENTICATED",
@@ -118,20 +119,26 @@ def parse_operations(text: str) -> tuple[str, ...]:
 
 
 def parse_modules(text: str) -> tuple[str, ...]:
-    """A comma-separated list of dotted module names, in order, repeats dropped; ``none`` (or nothing) is the
-    empty list. At most :data:`MAX_PRELOAD_MODULES` names of at most :data:`MAX_MODULE_NAME_CHARS` characters.
+    """A comma-separated list of dotted module names (Python identifiers joined by dots), in order, repeats
+    dropped; ``none`` (any case) alone is the empty list. At most :data:`MAX_PRELOAD_MODULES` names of at most
+    :data:`MAX_MODULE_NAME_CHARS` characters.
 
     Raises:
-        ValueError: a name that is not a dotted Python identifier, ``none`` beside a name, or a bound exceeded.
+        ValueError: no name at all, a name that is not a dotted identifier or is too long, ``none`` beside a
+            name, or too many names.
     """
     names = [part.strip() for part in text.split(",") if part.strip()]
-    if "none" in names:
+    if not names:
+        raise ValueError("must not be empty (none: no module beyond CrewAI and the operations)")
+    if any(name.lower() == "none" for name in names):
         if len(names) > 1:
             raise ValueError("none stands alone (it means no module beyond CrewAI and the operations)")
         return ()
-    bad = [n for n in names if len(n) > MAX_MODULE_NAME_CHARS or not _MODULE_NAME.fullmatch(n)]
-    if bad:
-        raise ValueError(f"not a module name: {bad[0][:MAX_MODULE_NAME_CHARS]!r} (dotted Python identifiers)")
+    for name in names:
+        if len(name) > MAX_MODULE_NAME_CHARS:
+            raise ValueError(f"a module name longer than {MAX_MODULE_NAME_CHARS} characters: {name[:40]!r}...")
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"not a module name: {name!r} (Python identifiers joined by dots)")
     unique = tuple(dict.fromkeys(names))
     if len(unique) > MAX_PRELOAD_MODULES:
         raise ValueError(f"at most {MAX_PRELOAD_MODULES} modules, not {len(unique)}")
@@ -331,7 +338,7 @@ OPTIONS: tuple[Option, ...] = (
         "with --isolation process: comma list of modules the worker fork server imports once, with the "
         "sidecar's rights, before it forks any worker, so that no job imports them on its time (none: only "
         "CrewAI and the operations); for what your crews' model providers import lazily. A module that starts "
-        "a thread makes every worker refuse to boot; one that fails to import is skipped",
+        "a thread stops start-up; one whose import raises is skipped with a warning (preload_module_skipped)",
     ),
     Option(
         "worker_user",

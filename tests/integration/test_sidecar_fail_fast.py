@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kits.poll import until
 from kits.sidecar import ROOT, launch, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -111,20 +112,85 @@ def test_a_registry_module_that_raises_at_import_is_one_line_and_exit_2_without_
     assert "Traceback" not in text and "sk-live-0" not in text
 
 
-def test_a_preloaded_module_that_starts_a_thread_is_refused_in_one_line_naming_the_thread(tmp_path):
+#: Modules of the ``--preload-modules`` tests: each records the pid of the process importing it (the fork server),
+#: then misbehaves.
+PRELOADED_MODULES = {
+    "raises_sdk": "raise RuntimeError('broken at import')\n",
+    "exits_sdk": "raise SystemExit('exit at import')\n",
+    "dies_sdk": "import os\nos._exit(7)\n",
+    "threaded_sdk": "import threading, time\n"
+    "threading.Thread(target=time.sleep, args=(3600,), name='sdk-flusher', daemon=False).start()\n",
+}
+
+
+def _preloading(tmp_path: Path, modules: str) -> tuple[list[str], dict[str, str]]:
+    """Sidecar arguments preloading ``modules`` of :data:`PRELOADED_MODULES` (written under ``tmp_path``), and
+    the environment that finds them."""
+    directory = tmp_path / "modules"
+    directory.mkdir(exist_ok=True)
+    for name, body in PRELOADED_MODULES.items():
+        marker = tmp_path / f"{name}.pid"
+        (directory / f"{name}.py").write_text(f"import os\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n{body}")
+    args = ["--isolation", "process", "--preload-modules", modules]
+    return args, {"PYTHONPATH": f"{directory}{os.pathsep}{ROOT}"}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not yet reaped
+
+
+def test_a_preloaded_module_that_starts_a_thread_is_refused_in_one_line_and_its_fork_server_killed(tmp_path):
     """``--preload-modules`` imports a module into the fork server with the sidecar's rights before any fork; one
     that starts a thread at import leaves the fork server threaded: start-up is refused (exit 2) in one line
-    naming the thread and the option, before any worker is forked."""
-    modules = tmp_path / "modules"
-    modules.mkdir()
-    (modules / "threaded_sdk.py").write_text(
-        "import threading, time\n"
-        "threading.Thread(target=time.sleep, args=(3600,), name='sdk-flusher', daemon=True).start()\n"
-    )
-    path = f"{modules}{os.pathsep}{ROOT}"
-    args = ["--isolation", "process", "--preload-modules", "threaded_sdk"]
-    line = _threaded_refusal(tmp_path, args=args, env={"PYTHONPATH": path})
+    naming the thread and the option, before any worker is forked. The thread (not a daemon) would keep the
+    fork server alive after the sidecar's exit: the sidecar kills it."""
+    args, env = _preloading(tmp_path, "threaded_sdk")
+    line = _threaded_refusal(tmp_path, args=args, env=env)
     assert "sdk-flusher" in line and "--preload-modules" in line, line
+    fork_server = int((tmp_path / "threaded_sdk.pid").read_text())
+    until(lambda: _gone(fork_server), timeout=30, what="the fork server killed")
+
+
+def test_preloaded_modules_that_raise_at_import_are_skipped_and_named_in_a_warning(tmp_path):
+    """A ``--preload-modules`` module whose import raises (an exception, ``SystemExit`` too) is skipped: the
+    fork server lives on, the sidecar serves and logs ``preload_module_skipped`` with the module and the
+    exception class (never its message); a module that is not installed is skipped the same way."""
+    args, env = _preloading(tmp_path, "raises_sdk,no_such_sdk_module,exits_sdk,httpcore")
+    process = launch(tmp_path, args=args, env=env)
+    try:
+        wait_ready(process, tmp_path / "stderr.log")
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    text = (tmp_path / "stderr.log").read_text()
+    skipped = [json.loads(line) for line in text.splitlines() if '"preload_module_skipped"' in line]
+    assert [(e["module"], e["error_type"]) for e in skipped] == [
+        ("raises_sdk", "RuntimeError"),
+        ("no_such_sdk_module", "ModuleNotFoundError"),
+        ("exits_sdk", "SystemExit"),
+    ], skipped
+    assert "broken at import" not in text and "Traceback" not in text
+
+
+def test_a_preloaded_module_that_ends_the_fork_server_is_refused_in_one_line(tmp_path):
+    """A module that ends the process at import (``os._exit``: nothing to catch) takes the fork server with it:
+    start-up stops (exit 1) with one line that points at ``--preload-modules``, never a traceback."""
+    args, env = _preloading(tmp_path, "dies_sdk")
+    process = launch(tmp_path, args=args, env=env)
+    try:
+        status = process.wait(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = (tmp_path / "stderr.log").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("{")]
+    assert status == 1, text
+    assert len(lines) == 1 and "--preload-modules" in lines[0], lines
+    assert "sidecar_listening" not in text and "Traceback" not in text
 
 
 def _threaded_refusal(tmp_path: Path, *, args: list[str], env: dict[str, str]) -> str:

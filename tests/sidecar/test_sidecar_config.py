@@ -432,32 +432,36 @@ def _names(count: int, chars: int = 8) -> str:
     [
         ("openai.resources", ("openai.resources",)),
         (" a.b , c,, a.b ,_d9.e_ ", ("a.b", "c", "_d9.e_")),
+        ("modülé.sub", ("modülé.sub",)),
         ("none", ()),
-        (" none ", ()),
-        (",", ()),
+        (" NONE ", ()),
         (_names(MAX_PRELOAD_MODULES), tuple(_names(MAX_PRELOAD_MODULES).split(","))),
         ("m" * MAX_MODULE_NAME_CHARS, ("m" * MAX_MODULE_NAME_CHARS,)),
-        (_names(MAX_PRELOAD_MODULES + 1), None),
-        ("m" * (MAX_MODULE_NAME_CHARS + 1), None),
-        ("openai/resources", None),
-        ("9lives", None),
-        ("a..b", None),
-        ("a.b.", None),
-        ("none,httpcore", None),
+        (_names(MAX_PRELOAD_MODULES + 1), "at most 64 modules, not 65"),
+        ("m" * (MAX_MODULE_NAME_CHARS + 1), "longer than 200 characters"),
+        (",", "must not be empty"),
+        ("   ", "must not be empty"),
+        ("openai/resources", "not a module name"),
+        ("9lives", "not a module name"),
+        ("a..b", "not a module name"),
+        ("a.b.", "not a module name"),
+        (".foo", "not a module name"),
+        ("none,httpcore", "none stands alone"),
     ],
 )
 def test_preload_modules_take_dotted_names_within_their_bounds(base, value, expected):
     """``--preload-modules`` / ``AIP_CREWAI_PRELOAD_MODULES``: a comma list of dotted module names (order kept,
-    repeats dropped), at most 64 of at most 200 characters; ``none`` preloads nothing beyond CrewAI and the
-    operations; default: the OpenAI client stack and ChromaDB's telemetry client. Anything else stops start-up
-    naming the setting."""
+    repeats dropped), at most 64 of at most 200 characters; ``none`` (any case) preloads nothing beyond CrewAI
+    and the operations; default: the OpenAI client stack and ChromaDB's telemetry client. Anything else, an
+    empty flag or a blank variable included, stops start-up naming the setting and the problem (an unset or
+    empty variable is the default)."""
     assert load_settings(base, {}).preload_modules == DEFAULT_PRELOAD_MODULES == Settings("r:C").preload_modules
-    if expected is not None:
+    assert load_settings(base, {"AIP_CREWAI_PRELOAD_MODULES": ""}).preload_modules == DEFAULT_PRELOAD_MODULES
+    if isinstance(expected, tuple):
         assert load_settings([*base, "--preload-modules", value], {}).preload_modules == expected
-        if value.strip(" ,"):  # an empty variable is an unset one: the default
-            assert load_settings(base, {"AIP_CREWAI_PRELOAD_MODULES": value}).preload_modules == expected
+        assert load_settings(base, {"AIP_CREWAI_PRELOAD_MODULES": value}).preload_modules == expected
     else:
-        with pytest.raises(ConfigError, match="--preload-modules"):
+        with pytest.raises(ConfigError, match=f"--preload-modules.*{expected}"):
             load_settings([*base, "--preload-modules", value], {})
-        with pytest.raises(ConfigError, match="AIP_CREWAI_PRELOAD_MODULES"):
+        with pytest.raises(ConfigError, match=f"AIP_CREWAI_PRELOAD_MODULES.*{expected}"):
             load_settings(base, {"AIP_CREWAI_PRELOAD_MODULES": value})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import threading
@@ -33,6 +34,7 @@ from aip_crewai.sidecar.isolation.wire import (
     payload_length,
 )
 from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
+from aip_crewai.sidecar.options import PRELOAD_ENV
 
 
 def test_every_message_round_trips_in_its_direction():
@@ -264,15 +266,14 @@ class _PreloadRecorder:
 
 
 @pytest.mark.parametrize("modules", [(), ("httpcore",), ("a.b", "c")])
-def test_the_fork_server_imports_the_preloaded_modules_before_the_warm_up_freezes_what_is_loaded(monkeypatch, modules):
-    """``--preload-modules`` come after our own modules and before the offline model and the ``preload``
-    module (its ``gc.freeze()`` then covers them); with none, the list is ours alone, in its order."""
+def test_the_fork_server_is_told_the_preloaded_modules_in_its_environment(monkeypatch, modules):
+    """``--preload-modules`` reach the fork server in its environment (``options.PRELOAD_ENV``, read by the
+    ``preload`` module, which imports them before CrewAI and skips one that raises); its own preload list is
+    ours alone, in its order."""
     recorder = _PreloadRecorder()
+    monkeypatch.delenv(PRELOAD_ENV, raising=False)  # restored after the test
     monkeypatch.setattr(fork_server.multiprocessing, "get_context", lambda method: recorder)
     monkeypatch.setattr("multiprocessing.forkserver.ensure_running", lambda: None)
     assert fork_server.start_forkserver(modules) is recorder
-    assert recorder.preload is not None
-    assert [name for name in recorder.preload if name not in modules] == fork_server.PRELOAD
-    at = recorder.preload.index("aip_crewai.examples.offline_llm")
-    assert recorder.preload[at - len(modules) : at] == list(modules)
-    assert recorder.preload.index("aip_crewai.sidecar.operations.startup.preload") > at
+    assert recorder.preload == fork_server.PRELOAD
+    assert os.environ[PRELOAD_ENV] == ",".join(modules)

@@ -16,10 +16,12 @@ Source: ARCHITECTURE.md §5 (isolation).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import socket
 from collections.abc import Sequence
 from multiprocessing.context import BaseContext
+from typing import Any
 
 from aip_crewai.sidecar.isolation.wire import (
     HEADER,
@@ -33,7 +35,7 @@ from aip_crewai.sidecar.isolation.wire import (
     frame_bound,
     payload_length,
 )
-from aip_crewai.sidecar.options import DEFAULT_PRELOAD_MODULES
+from aip_crewai.sidecar.options import DEFAULT_PRELOAD_MODULES, PRELOAD_ENV
 
 #: Modules the fork server imports before it forks any worker (``preload`` warms CrewAI up, then freezes what is loaded,
 #: so everything before it in the list too; ``sidecar.tracing``, which every job's ``run_job`` imports, would cost each
@@ -41,7 +43,7 @@ from aip_crewai.sidecar.options import DEFAULT_PRELOAD_MODULES
 #: each worker's boot). multiprocessing runs the sidecar's main module again in every child before its target:
 #: ``aip_crewai.cli`` here means that run imports nothing (it used to import the command line, about 10 ms of CPU per
 #: worker); ``__main__`` lets a Python with CPython gh-126631 fixed (3.13 and later) skip the run altogether when the
-#: main is a script. :func:`start_forkserver` puts ``--preload-modules`` before ``examples.offline_llm``.
+#: main is a script. ``--preload-modules`` are imported by ``preload`` itself, first (:func:`start_forkserver`).
 PRELOAD = [
     "aip_crewai.sidecar.isolation.pool",
     "aip_crewai.sidecar.isolation.worker",
@@ -60,12 +62,12 @@ REAP_SECONDS = 10.0
 def start_forkserver(modules: Sequence[str] = DEFAULT_PRELOAD_MODULES) -> BaseContext:
     """Start the worker fork server now (it imports CrewAI in the background) and return its context.
 
-    ``modules`` (``--preload-modules``) are imported first, with the sidecar's rights: by default what CrewAI
-    imports lazily on a job's first use of its default provider and of knowledge, about 390 ms of CPU and
-    16 MiB of its own memory that a fresh worker would otherwise spend on each job of a crew on an
-    OpenAI-compatible model (docs/operating.md "Preloaded modules"). One that fails to import is skipped
-    (multiprocessing's rule: the job then imports it); one that starts a thread makes every worker refuse to
-    boot, as below.
+    ``modules`` (``--preload-modules``, passed in ``options.PRELOAD_ENV``) are imported by the ``preload`` module
+    before CrewAI, with the sidecar's rights: by default what CrewAI imports lazily on a job's first use of its
+    default provider and of knowledge, about 390 ms of CPU (and up to 16 MiB of its own memory) that a fresh
+    worker would otherwise spend on each job of a crew on an OpenAI-compatible model (docs/operating.md
+    "Preloaded modules"). One whose import raises is skipped (``Described.preload_skipped`` names it); one
+    that starts a thread makes every worker refuse to boot, as below.
 
     Call after ``crewai_env.prepare_crewai_environment`` and
     ``capture_crewai_prints``: the fork server inherits the environment and
@@ -83,8 +85,8 @@ def start_forkserver(modules: Sequence[str] = DEFAULT_PRELOAD_MODULES) -> BaseCo
     Source: ARCHITECTURE.md §5 (isolation).
     """
     context = multiprocessing.get_context("forkserver")
-    offline = PRELOAD.index("aip_crewai.examples.offline_llm")
-    context.set_forkserver_preload([*PRELOAD[:offline], *modules, *PRELOAD[offline:]])
+    os.environ[PRELOAD_ENV] = ",".join(modules)  # the fork server inherits this process's environment
+    context.set_forkserver_preload(PRELOAD)
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
@@ -108,6 +110,24 @@ class ForkServerThreaded(WorkerStartFailed):
             "or use --isolation inprocess"
         )
         self.threads = threads
+
+
+def stop_forkserver() -> None:
+    """Kill the worker fork server started by :func:`start_forkserver`, if any, and reap it; call once no
+    worker is left. It would end by itself when this process exits, unless a thread it was left with (a
+    preloaded module's, see :class:`ForkServerThreaded`) or an import still under way keeps it alive.
+    It holds no state of its own: SIGKILL loses nothing."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver  # multiprocessing's one fork server (its pid and _stop: 3.7 to 3.13)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server._stop()  # closes its descriptors and reaps it
 
 
 def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT_TIMEOUT_SECONDS) -> Described:
@@ -139,6 +159,11 @@ def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT
     except OSError as exc:  # the fork server cannot be reached (it died, or this user may not connect to it)
         ours.close()
         raise WorkerStartFailed(f"the fork server did not start the registry check process ({exc})") from None
+    except EOFError:  # it ended before answering: during its own start-up, a module it imports ended it
+        ours.close()
+        raise WorkerStartFailed(
+            "the worker fork server ended during its start-up (did a module of --preload-modules end the process?)"
+        ) from None
     finally:
         theirs.close()
     answer: FromWorker | None = None

@@ -189,6 +189,8 @@ class Described(msgspec.Struct, frozen=True, tag="described"):
         inputs: the preflight's ``{crew id: {"placeholders": [name], "defaults": bool}}``.
         refused: why ``--registry`` cannot be loaded (a ``RegistryError`` or ``ImportError`` message), else None.
         import_failed: the exception class of a failed ``import crewai``, else None.
+        preload_skipped: ``[module, exception class]`` of each ``--preload-modules`` module the fork server
+            could not import (``operations/startup/preload.PRELOAD_SKIPPED``).
     """
 
     crews: list[str] = []
@@ -196,6 +198,7 @@ class Described(msgspec.Struct, frozen=True, tag="described"):
     inputs: dict[str, dict[str, Any]] = {}
     refused: str | None = None
     import_failed: str | None = None
+    preload_skipped: list[list[str]] = []
 
 
 ToWorker = Start | Cancel | TaskRun

@@ -268,7 +268,9 @@ def describe(sock: socket.socket, boot_data: bytes) -> None:
                 {k: list(v) for k, v in found.problems.items()},
                 {k: dict(v) for k, v in found.inputs.items()},
             )
-    _send_and_exit(channel, answer, 0)
+    preload = sys.modules.get("aip_crewai.sidecar.operations.startup.preload")
+    skipped = [list(pair) for pair in getattr(preload, "PRELOAD_SKIPPED", [])]
+    _send_and_exit(channel, msgspec.structs.replace(answer, preload_skipped=skipped), 0)
 
 
 def _send_and_exit(channel: Channel, message: FromWorker, status: int) -> NoReturn:

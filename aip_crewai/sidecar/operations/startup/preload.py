@@ -1,7 +1,11 @@
 """Imported once by the worker fork server (``fork_server.start_forkserver``), before it forks any worker.
 
-Loads CrewAI and every operation module, so a job worker forked from the
-fork server starts with them in memory (pages shared with the fork server)
+First the modules ``--preload-modules`` names (``options.PRELOAD_ENV``, set by
+``fork_server.start_forkserver``; :func:`_import_extras`): a module whose import
+raises anything, ``SystemExit`` included, is skipped and named in
+:data:`PRELOAD_SKIPPED` (the start-up registry check reports it, the sidecar
+logs ``preload_module_skipped``). Then CrewAI and every operation module, so a
+job worker forked from the fork server starts with them in memory (pages shared with the fork server)
 and never pays the CrewAI import. The fork server inherits the sidecar's
 CrewAI environment (``crewai_env.prepare_crewai_environment`` ran first).
 
@@ -44,6 +48,27 @@ except ValueError:  # imported outside a main thread (a worker's own boot): noth
 # `python -m aip_crewai.cli`, that is runpy re-running a module the fork server imported already
 # (fork_server.PRELOAD), which runpy warns about on stderr: expected here, and one such line per job.
 warnings.filterwarnings("ignore", message=r"'aip_crewai\.cli' found in sys\.modules", category=RuntimeWarning)
+
+#: ``(module, exception class)`` of each ``--preload-modules`` module whose import failed (and was skipped).
+PRELOAD_SKIPPED: list[tuple[str, str]] = []
+
+
+def _import_extras() -> None:
+    """Import each module of ``options.PRELOAD_ENV``, in order; one that raises (``SystemExit`` and
+    ``KeyboardInterrupt`` too: the fork server must live on) is recorded in :data:`PRELOAD_SKIPPED`."""
+    import importlib
+    import os
+
+    from aip_crewai.sidecar.options import PRELOAD_ENV
+
+    for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - a job that needs it imports it again and fails there
+            PRELOAD_SKIPPED.append((name, type(exc).__name__))
+
+
+_import_extras()
 
 try:
     import crewai  # noqa: F401  (the import is the point)
