@@ -86,8 +86,9 @@ def test_a_good_start_logs_its_progress_in_order(tmp_path):
 def test_a_fork_server_left_with_a_second_thread_is_refused_in_one_line_naming_it(tmp_path):
     """numpy's OpenBLAS starts a native thread per core at import unless OPENBLAS_NUM_THREADS=1 (the sidecar's
     default); forced to 2, the fork server has a second thread and no worker may be forked from it."""
-    line = _threaded_refusal(tmp_path, args=["--isolation", "process"], env={"OPENBLAS_NUM_THREADS": "2"})
+    text, line = _one_line_exit(tmp_path, args=["--isolation", "process"], env={"OPENBLAS_NUM_THREADS": "2"})
     assert "fork server runs 1 thread(s)" in line and "native-thread-1" in line, line
+    assert "sidecar_listening" not in text
 
 
 @pytest.mark.parametrize("isolation", ["process", "inprocess"])
@@ -95,21 +96,10 @@ def test_a_registry_module_that_raises_at_import_is_one_line_and_exit_2_without_
     """Found after the CrewAI import (the module must run to fail), still one line naming the exception type and
     the module's file and line, never its text or a traceback, in either isolation mode."""
     (tmp_path / "boom_registry.py").write_text('TOKEN = "sk-live-0"\nraise RuntimeError(TOKEN)\n')
-    process = launch(
-        tmp_path,
-        args=["--registry", "boom_registry:CREWS", "--isolation", isolation],
-        env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
-    )
-    try:
-        status = process.wait(timeout=110)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    text = (tmp_path / "stderr.log").read_text()
-    lines = [line for line in text.splitlines() if not line.startswith("{")]
-    assert status == 2, text
-    assert len(lines) == 1 and "RuntimeError at boom_registry.py:2" in lines[0], lines
-    assert "Traceback" not in text and "sk-live-0" not in text
+    args = ["--registry", "boom_registry:CREWS", "--isolation", isolation]
+    text, line = _one_line_exit(tmp_path, args=args, env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}, timeout=110)
+    assert "RuntimeError at boom_registry.py:2" in line, line
+    assert "sk-live-0" not in text
 
 
 #: Modules of the ``--preload-modules`` tests: each records the pid of the process importing it (the fork server),
@@ -149,8 +139,9 @@ def test_a_preloaded_module_that_starts_a_thread_is_refused_in_one_line_and_its_
     naming the thread and the option, before any worker is forked. The thread (not a daemon) would keep the
     fork server alive after the sidecar's exit: the sidecar kills it."""
     args, env = _preloading(tmp_path, "threaded_sdk")
-    line = _threaded_refusal(tmp_path, args=args, env=env)
+    text, line = _one_line_exit(tmp_path, args=args, env=env)
     assert "sdk-flusher" in line and "--preload-modules" in line, line
+    assert "sidecar_listening" not in text
     fork_server = int((tmp_path / "threaded_sdk.pid").read_text())
     until(lambda: _gone(fork_server), timeout=30, what="the fork server killed")
 
@@ -180,31 +171,25 @@ def test_a_preloaded_module_that_ends_the_fork_server_is_refused_in_one_line(tmp
     """A module that ends the process at import (``os._exit``: nothing to catch) takes the fork server with it:
     start-up stops (exit 1) with one line that points at ``--preload-modules``, never a traceback."""
     args, env = _preloading(tmp_path, "dies_sdk")
+    text, line = _one_line_exit(tmp_path, args=args, env=env, status=1)
+    assert "--preload-modules" in line, line
+    assert "sidecar_listening" not in text
+
+
+def _one_line_exit(
+    tmp_path: Path, *, args: list[str], env: dict[str, str], status: int = 2, timeout: float = 240.0
+) -> tuple[str, str]:
+    """Start a sidecar that must refuse to start; once it exited with ``status``: (its stderr, its one line
+    that is not a JSON log line), asserting there is exactly one such line and no traceback."""
     process = launch(tmp_path, args=args, env=env)
     try:
-        status = process.wait(timeout=240)
+        exited = process.wait(timeout=timeout)
     finally:
         if process.poll() is None:
             process.kill()
     text = (tmp_path / "stderr.log").read_text()
-    lines = [line for line in text.splitlines() if not line.startswith("{")]
-    assert status == 1, text
-    assert len(lines) == 1 and "--preload-modules" in lines[0], lines
-    assert "sidecar_listening" not in text and "Traceback" not in text
-
-
-def _threaded_refusal(tmp_path: Path, *, args: list[str], env: dict[str, str]) -> str:
-    """Start a sidecar whose fork server ends up threaded; its one refusal line, once it exited 2 without
-    listening and without a traceback."""
-    process = launch(tmp_path, args=args, env=env)
-    try:
-        status = process.wait(timeout=240)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    text = (tmp_path / "stderr.log").read_text()
-    assert status == 2, text
+    assert exited == status, text
     lines = [line for line in text.splitlines() if not line.startswith("{")]
     assert len(lines) == 1, lines
-    assert "sidecar_listening" not in text and "Traceback" not in text
-    return lines[0]
+    assert "Traceback" not in text
+    return text, lines[0]
