@@ -127,7 +127,10 @@ def stop_forkserver() -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    server._stop()  # closes its descriptors and reaps it
+    try:
+        server._stop()  # closes its descriptors, reaps it, removes its socket file
+    except OSError:  # reaped or its socket removed already (a cleaned temporary directory): nothing left to do
+        pass
 
 
 def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT_TIMEOUT_SECONDS) -> Described:
