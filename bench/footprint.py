@@ -389,7 +389,7 @@ async def _real_crew(stack: Stack) -> dict[str, dict[str, list[float]]]:
         )
         for name, modules in settings.items()
     }
-    found: dict[str, dict[str, list[float]]] = {name: {"cpu": [], "latency": []} for name in sidecars}
+    cpu: dict[str, list[float]] = {name: [] for name in sidecars}
     try:
         async with contextlib.AsyncExitStack() as exits:
             clients = {
@@ -413,23 +413,19 @@ async def _real_crew(stack: Stack) -> dict[str, dict[str, list[float]]]:
                         raise BenchError(
                             f"{REAL_CREW}: POST /jobs answered {response.status_code}: {response.text[:200]}"
                         )
-                    found[name]["cpu"].append(await settle(sidecar.pid, ready=ready) - before)
-                    found[name]["latency"].append(elapsed)
+                    cpu[name].append(await settle(sidecar.pid, ready=ready) - before)
                     return elapsed
 
                 return job
 
-            await interleave(
+            latency = await interleave(
                 {name: one(name) for name in sidecars}, rounds=REAL_ROUNDS, warmup=REAL_WARMUP, budget_s=120.0
             )
     finally:
         for sidecar in sidecars.values():
             sidecar.stop()
         provider.stop()
-    for values in found.values():  # the warm-up rounds' samples
-        for key in values:
-            del values[key][:REAL_WARMUP]
-    return found
+    return {name: {"cpu": cpu[name][REAL_WARMUP:], "latency": latency[name]} for name in sidecars}
 
 
 async def _reference(state_dir: Path) -> None:

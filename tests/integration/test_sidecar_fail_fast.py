@@ -108,8 +108,8 @@ PRELOADED_MODULES = {
     "raises_sdk": "raise RuntimeError('broken at import')\n",
     "exits_sdk": "raise SystemExit('exit at import')\n",
     "dies_sdk": "import os\nos._exit(7)\n",
-    "threaded_sdk": "import threading, time\n"
-    "threading.Thread(target=time.sleep, args=(3600,), name='sdk-flusher', daemon=False).start()\n",
+    "threaded_sdk": "import threading\n"  # a thread that never ends, as an SDK's flusher
+    "threading.Thread(target=threading.Event().wait, name='sdk-flusher', daemon=False).start()\n",
 }
 
 
