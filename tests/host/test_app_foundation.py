@@ -25,6 +25,7 @@ from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import ConnectorRemoteTemporary, IdempotencyConflict
 from aip_crewai.host.http.authenticate import authenticate
 from aip_crewai.host.http.state import host_state
+from aip_crewai.host.sidecars.client import SidecarHttp
 
 EXT = "tests_host_fake_extension"
 
@@ -167,17 +168,23 @@ async def test_request_ids_are_bound_echoed_and_do_not_leak(app):
     assert "request_id" not in structlog.contextvars.get_contextvars()
 
 
-async def test_lifespan_owns_the_store_and_one_sidecar_client(app, extension, settings):
+async def test_lifespan_owns_the_store_and_one_sidecar_client(app, extension, settings, monkeypatch):
+    closed: list[object] = []
+
+    async def aclose(self: SidecarHttp) -> None:
+        closed.append(self)
+
+    monkeypatch.setattr(SidecarHttp, "aclose", aclose)
     async with running(app):
-        http: httpx.AsyncClient = host_state(app).http
-        assert str(http.base_url) == "http://127.0.0.1:8090"
-        assert http.follow_redirects is False
-        assert (http.timeout.connect, http.timeout.read) == (10.0, None)
-        assert http.headers["authorization"] == "Bearer sidecar-secret-token"
+        http = host_state(app).http
+        request = http.request("GET", "/jobs/x", headers={})
+        assert str(request.url) == "http://127.0.0.1:8090/jobs/x"
+        assert request.extensions["timeout"]["connect"] == 10.0 and request.extensions["timeout"]["read"] is None
+        assert request.headers["authorization"] == "Bearer sidecar-secret-token"
         assert host_state(app).store is not None and settings.store_path.exists()
         assert host_state(app).authenticator.claims is host_state(app).store
         assert extension.events == [("enter", True, True)]
-    assert http.is_closed and extension.events[-1] == ("exit",)
+    assert closed == [http] and extension.events[-1] == ("exit",)
 
 
 async def test_metrics_need_the_operator_role(client):

@@ -12,7 +12,7 @@ from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import NotCancellable
 from aip_crewai.host.actions.dispatch import Dispatcher, Job
 from aip_crewai.host.http.state import host_state
-from aip_crewai.host.sidecars.client import SidecarClient
+from aip_crewai.host.sidecars.client import SidecarClient, SidecarHttp
 from aip_crewai.host.sidecars.readiness import DEFAULT_CANCELLABLE, published_cancellable
 
 
@@ -57,7 +57,8 @@ async def test_a_cancel_the_sidecar_refuses_is_not_cancellable_and_other_failure
         base_url="http://127.0.0.1:8090",
         headers={"Authorization": f"Bearer {SIDECAR_TOKEN}"},
     ) as http:
-        dispatcher = Dispatcher(SidecarClient(http, max_response_bytes=1 << 20), max_response_bytes=1 << 20)
+        jobs = SidecarHttp.of("http://127.0.0.1:8090", token=SIDECAR_TOKEN, transport=fake.transport())
+        dispatcher = Dispatcher(SidecarClient(jobs, max_response_bytes=1 << 20), max_response_bytes=1 << 20)
         await http.post(
             "/jobs",
             json={"crew_id": "beta", "action_id": "acme:act_t", "operation": "train", "input": {}},

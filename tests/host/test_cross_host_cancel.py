@@ -23,7 +23,7 @@ from aip_crewai.contracts.aip import Action
 from aip_crewai.host.actions.dispatch import Dispatcher
 from aip_crewai.host.actions.service import ActionService
 from aip_crewai.host.auth.principals import Principal
-from aip_crewai.host.sidecars.client import SidecarClient
+from aip_crewai.host.sidecars.client import SidecarClient, SidecarHttp
 from aip_crewai.host.store.store import Store
 from aip_crewai.sse import encode_event
 
@@ -103,13 +103,9 @@ class GatedSidecar:
         return httpx.Response(200, json=self._view(job_id))
 
 
-async def _host(url: str, owner: str, sidecar: GatedSidecar) -> tuple[ActionService, httpx.AsyncClient]:
+async def _host(url: str, owner: str, sidecar: GatedSidecar) -> tuple[ActionService, SidecarHttp]:
     store = await Store.open(url, owner=owner, lease_ms=30_000)
-    http = httpx.AsyncClient(
-        transport=httpx.MockTransport(sidecar.handle),
-        base_url="http://127.0.0.1:8090",
-        headers={"Authorization": "Bearer sidecar-token"},
-    )
+    http = SidecarHttp.of("http://127.0.0.1:8090", token="sidecar-token", transport=httpx.MockTransport(sidecar.handle))
     client = SidecarClient(http, max_response_bytes=1 << 20)
     return ActionService(store, Dispatcher(client, max_response_bytes=1 << 20), TENANTS), http
 

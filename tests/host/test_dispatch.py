@@ -5,7 +5,6 @@ is NotCancellable and the job keeps running; any other failed cancel is unconfir
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from kits.fake_sidecar import FakeSidecar
 
@@ -13,17 +12,13 @@ from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import NotCancellable
 from aip_crewai.host.actions.dispatch import Dispatcher, Job
 from aip_crewai.host.actions.lifecycle import DispatchState
-from aip_crewai.host.sidecars.client import SidecarClient
+from aip_crewai.host.sidecars.client import SidecarClient, SidecarHttp
 
 
 @pytest.fixture
 async def wired():
     sidecar = FakeSidecar()
-    http = httpx.AsyncClient(
-        transport=sidecar.transport(),
-        base_url="http://127.0.0.1:8090",
-        headers={"Authorization": f"Bearer {sidecar.token}"},
-    )
+    http = SidecarHttp.of("http://127.0.0.1:8090", token=sidecar.token, transport=sidecar.transport())
     yield Dispatcher(SidecarClient(http, max_response_bytes=1 << 20), max_response_bytes=1 << 20), sidecar
     await http.aclose()
 

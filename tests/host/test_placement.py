@@ -25,7 +25,7 @@ from aip_crewai.contracts.aip import Action
 from aip_crewai.host.actions.dispatch import Dispatcher
 from aip_crewai.host.actions.service import ActionService
 from aip_crewai.host.auth.principals import Principal
-from aip_crewai.host.sidecars.client import SidecarClient
+from aip_crewai.host.sidecars.client import SidecarClient, SidecarHttp
 from aip_crewai.host.sidecars.placement import Placement, pick
 from aip_crewai.host.store.store import Store
 
@@ -130,10 +130,8 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     sidecars = {name: Scripted() for name in NAMES}
     ready = set(NAMES)
     https = {
-        name: httpx.AsyncClient(
-            transport=httpx.MockTransport(scripted.handle),
-            base_url=f"http://127.0.0.1:{8090 + index}",
-            headers={"Authorization": "Bearer sidecar-token"},
+        name: SidecarHttp.of(
+            f"http://127.0.0.1:{8090 + index}", token="sidecar-token", transport=httpx.MockTransport(scripted.handle)
         )
         for index, (name, scripted) in enumerate(sidecars.items())
     }

@@ -20,6 +20,7 @@ from aip_crewai.host.actions.normalize import StreamNormalizer
 from aip_crewai.host.sidecars.client import (
     DispatchProgress,
     SidecarClient,
+    SidecarHttp,
     not_admitted,
     sidecar_job_id,
     silence_bound_s,
@@ -31,8 +32,9 @@ RUN, STATUS = ops.get("run"), ops.get("status")
 
 
 def client(handler):
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://127.0.0.1:1")
-    return SidecarClient(http, max_response_bytes=1 << 20)
+    return SidecarClient(
+        SidecarHttp.of("http://127.0.0.1:1", transport=httpx.MockTransport(handler)), max_response_bytes=1 << 20
+    )
 
 
 def test_job_ids_are_tenant_scoped_and_bounded():
@@ -310,9 +312,62 @@ async def test_sidecar_connections_are_all_kept_alive_and_reused_only_well_befor
 
     client = _sidecar_http(SidecarSettings("sidecar", "http://127.0.0.1:8090", "token"), None)
     try:
-        pool = client._transport._pool
+        pool = client.transport._pool
         assert pool._max_connections == SIDECAR_CONNECTIONS
         assert pool._max_keepalive_connections == SIDECAR_CONNECTIONS
         assert 0 < pool._keepalive_expiry <= HEADER_TIMEOUT_S / 2
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("base", ["http://127.0.0.1:8090", "http://127.0.0.1:8090/", "https://gw.example/sidecar/a"])
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/jobs/acme:act_1", None),
+        ("/jobs/acme:a\"b<c>{d}|e^`f'g[h]", None),  # visible ASCII a job id may hold, percent-encoded as httpx does
+        ("/jobs/acme:sha256:" + "0" * 64 + "/events", {"cursor": 17}),
+        ("/jobs/stream", None),
+    ],
+)
+def test_requests_go_to_the_url_and_carry_the_headers_httpx_client_would_have_sent(base, path, params):
+    """The host hands requests to the transport itself (:class:`SidecarHttp`): the URL (base path prefix,
+    percent-encoding, query) and the bearer are those ``httpx.AsyncClient(base_url=...)`` built, and the
+    read bound covers read, write and the pool wait, the connect bound its own."""
+    jobs = SidecarHttp.of(base, token="t0k", connect_timeout_s=10.0, transport=httpx.MockTransport(lambda r: None))
+    client = httpx.AsyncClient(base_url=base, headers={"Authorization": "Bearer t0k"})
+    expected = client.build_request("GET", path, params=params)
+    request = jobs.request("GET", path, headers={"X-AIP-Action-ID": "acme:act_1"}, params=params, read_timeout_s=30.0)
+    assert request.url == expected.url and request.url.raw_path == expected.url.raw_path
+    assert request.headers["authorization"] == "Bearer t0k" and request.headers["x-aip-action-id"] == "acme:act_1"
+    assert request.extensions["timeout"] == {"connect": 10.0, "read": 30.0, "write": 30.0, "pool": 30.0}
+    unbounded = jobs.request("GET", path, headers={}, params=params)
+    assert unbounded.extensions["timeout"] == {"connect": 10.0, "read": None, "write": None, "pool": None}
+
+
+async def test_a_json_body_is_sent_as_httpx_encodes_it():
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"status": "completed"})
+
+    status, body = await client(handler).start_job(
+        RUN,
+        DispatchProgress(),
+        job_id="acme:act_1",
+        crew_id="c",
+        input={"q": "é"},
+        idempotency_key="k",
+        timeout_ms=None,
+    )
+    assert (status, body) == (200, {"status": "completed"})
+    sent = seen[0]
+    assert sent.headers["content-type"] == "application/json" and sent.headers["idempotency-key"] == "k"
+    assert json.loads(sent.content) == {
+        "crew_id": "c",
+        "action_id": "acme:act_1",
+        "operation": "run",
+        "input": {"q": "é"},
+    }
+    assert sent.headers["content-length"] == str(len(sent.content))

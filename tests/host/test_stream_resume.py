@@ -82,11 +82,11 @@ class BreakingSidecar(FakeSidecar):
 
 @pytest.fixture
 async def service_with(tmp_path):
-    opened: list[tuple[Any, httpx.AsyncClient]] = []
+    opened: list[tuple[Any, Any]] = []
 
     async def open_with(sidecar: FakeSidecar) -> Any:
-        service, _, http, _ = await open_action_service(tmp_path, {"acme": {"support": frozenset(ops.OPERATION_NAMES)}})
-        http._transport = sidecar.transport()  # the service's client now talks to this sidecar
+        tenants = {"acme": {"support": frozenset(ops.OPERATION_NAMES)}}
+        service, _, http, _ = await open_action_service(tmp_path, tenants, sidecar=sidecar)
         opened.append((service, http))
         return service
 

@@ -277,25 +277,21 @@ class Clock:
 
 
 async def open_action_service(
-    tmp_path: Path, tenants: dict[str, Any], **kwargs: Any
-) -> tuple[Any, Any, httpx.AsyncClient, Clock]:
-    """An ActionService over a SQLite store in ``tmp_path`` and a FakeSidecar; returns
-    ``(service, sidecar, http, clock)`` (close ``http`` and ``service.store`` after)."""
+    tmp_path: Path, tenants: dict[str, Any], *, sidecar: Any = None, **kwargs: Any
+) -> tuple[Any, Any, Any, Clock]:
+    """An ActionService over a SQLite store in ``tmp_path`` and ``sidecar`` (a new FakeSidecar by
+    default); returns ``(service, sidecar, http, clock)`` (close ``http`` and ``service.store`` after)."""
     from aip_crewai.host.actions.dispatch import Dispatcher
     from aip_crewai.host.actions.service import ActionService
-    from aip_crewai.host.sidecars.client import SidecarClient
+    from aip_crewai.host.sidecars.client import SidecarClient, SidecarHttp
     from aip_crewai.host.store.store import Store
     from kits.fake_sidecar import FakeSidecar
 
     tmp_path.chmod(0o700)
     clock = Clock()
     store = await Store.open(tmp_path / "host.db", clock=lambda: clock.ms / 1000)
-    sidecar = FakeSidecar()
-    http = httpx.AsyncClient(
-        transport=sidecar.transport(),
-        base_url="http://127.0.0.1:8090",
-        headers={"Authorization": "Bearer sidecar-token"},
-    )
+    sidecar = FakeSidecar() if sidecar is None else sidecar
+    http = SidecarHttp.of("http://127.0.0.1:8090", token="sidecar-token", transport=sidecar.transport())
     service = ActionService(
         store,
         Dispatcher(SidecarClient(http, max_response_bytes=1 << 20), max_response_bytes=1 << 20),

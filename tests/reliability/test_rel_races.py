@@ -113,15 +113,13 @@ async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome
     from aip_crewai.host.actions import cancellation
     from aip_crewai.host.actions.dispatch import Dispatcher, Job
     from aip_crewai.host.actions.service import ActionService
-    from aip_crewai.host.sidecars.client import SidecarClient
+    from aip_crewai.host.sidecars.client import SidecarClient, SidecarHttp
     from aip_crewai.host.store.store import Store
 
     tmp_path.chmod(0o700)
     fake = FakeSidecar()
     fake._admit({"crew_id": "support", "action_id": "acme:act_f", "operation": "run", "input": {}})
-    http = httpx.AsyncClient(
-        transport=fake.transport(), base_url="http://127.0.0.1:8090", headers={"Authorization": "Bearer sidecar-token"}
-    )
+    http = SidecarHttp.of("http://127.0.0.1:8090", token="sidecar-token", transport=fake.transport())
     store = await Store.open(tmp_path / "host.db")
     try:
         service = ActionService(

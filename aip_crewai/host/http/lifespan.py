@@ -1,6 +1,7 @@
 """The host app's lifespan: what opens before the first request and closes after the last.
 
-In order: the store; ONE ``httpx.AsyncClient`` per sidecar for its jobs and one for its health probes;
+In order: the store; ONE connection pool per sidecar for its jobs (:class:`~..sidecars.client.SidecarHttp`)
+and one ``httpx.AsyncClient`` for its health probes;
 readiness over the crews each serves; the
 action service over them (:func:`serve_actions`: the approval-expiry sweep, restart reconciliation,
 lease renewal, the store's change listener); then :class:`~.state.HostState` is set and the
@@ -30,7 +31,7 @@ from ..actions.dispatch import Dispatcher
 from ..actions.service import ActionService
 from ..ledger.sealer import Sealer
 from ..settings import Settings, SidecarSettings
-from ..sidecars.client import SidecarClient
+from ..sidecars.client import SidecarClient, SidecarHttp
 from ..sidecars.placement import Placement
 from ..sidecars.readiness import Readiness, ReadinessGroup, notify_systemd
 from ..store.notify import listen
@@ -79,24 +80,45 @@ def _sidecars(settings: Settings) -> tuple[SidecarSettings, ...]:
     )
 
 
-def _sidecar_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
-    """The lifespan-owned client of one sidecar; ``transport``: one for every sidecar, or name -> transport
-    (tests), or None (real HTTP)."""
+def _pool(sidecar: SidecarSettings) -> dict[str, Any]:
+    """The connection pool of one sidecar's client: every connection kept alive, reused well before the
+    sidecar's idle bound; the explicit ``sidecar.proxy`` only (the environment's HTTP(S)_PROXY would
+    receive the bearer token: docs/security.md "Security")."""
+    limits = httpx.Limits(
+        max_connections=SIDECAR_CONNECTIONS,
+        max_keepalive_connections=SIDECAR_CONNECTIONS,
+        keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
+    )
+    return {"limits": limits, "proxy": sidecar.proxy}
+
+
+def _transport(sidecar: SidecarSettings, transport: Any) -> Any:
+    """``transport``: one for every sidecar, or name -> transport (tests), or None (real HTTP)."""
+    return transport.get(sidecar.name) if isinstance(transport, dict) else transport
+
+
+def _sidecar_http(sidecar: SidecarSettings, transport: Any) -> SidecarHttp:
+    """The lifespan-owned connection of one sidecar's jobs (:class:`SidecarHttp`)."""
+    return SidecarHttp.of(
+        sidecar.url,
+        token=sidecar.token,
+        transport=_transport(sidecar, transport),
+        connect_timeout_s=SIDECAR_CONNECT_TIMEOUT_S,
+        **_pool(sidecar),
+    )
+
+
+def _probe_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
+    """The lifespan-owned client of one sidecar's health probes: the same settings as
+    :func:`_sidecar_http`, a pool of its own."""
     return httpx.AsyncClient(
         base_url=sidecar.url,
         headers={"Authorization": f"Bearer {sidecar.token}"},
-        transport=transport.get(sidecar.name) if isinstance(transport, dict) else transport,
+        transport=_transport(sidecar, transport),
         follow_redirects=False,
         timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
-        limits=httpx.Limits(
-            max_connections=SIDECAR_CONNECTIONS,
-            max_keepalive_connections=SIDECAR_CONNECTIONS,
-            keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
-        ),
-        # The environment's HTTP(S)_PROXY would receive the bearer token: only an explicit
-        # sidecar.proxy is used (docs/security.md "Security").
         trust_env=False,
-        proxy=sidecar.proxy,
+        **_pool(sidecar),
     )
 
 
@@ -168,7 +190,7 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
         clients = {sidecar.name: _sidecar_http(sidecar, transport) for sidecar in _sidecars(settings)}
         # Health probes get connections of their own: under load every pooled connection of ``clients`` may
         # hold a run's stream, and a probe waiting behind them would call a healthy sidecar unreachable.
-        probes = {sidecar.name: _sidecar_http(sidecar, transport) for sidecar in _sidecars(settings)}
+        probes = {sidecar.name: _probe_http(sidecar, transport) for sidecar in _sidecars(settings)}
         tasks: list[asyncio.Task[None]] = []
         try:
             setup.authenticator.claims = store
@@ -208,7 +230,9 @@ def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any])
         finally:
             app.state.host = None
             setup.authenticator.claims = None
-            for client in [*clients.values(), *probes.values(), *([hooks_http] if hooks_http else [])]:
+            for jobs in clients.values():
+                await jobs.aclose()
+            for client in [*probes.values(), *([hooks_http] if hooks_http else [])]:
                 await client.aclose()
             await store.close()
             log.info("host_stopped")
@@ -222,7 +246,7 @@ DRAIN_S = 20.0
 
 @contextlib.asynccontextmanager
 async def serve_actions(
-    setup: HostSetup, store: Store, clients: Mapping[str, httpx.AsyncClient], readiness: ReadinessGroup
+    setup: HostSetup, store: Store, clients: Mapping[str, SidecarHttp], readiness: ReadinessGroup
 ) -> AsyncIterator[ActionService]:
     """The :class:`ActionService` over the store and sidecar clients the lifespan opened, with its
     background work: the approval-expiry sweep, reconciliation after a restart, lease renewal, and the

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
@@ -24,6 +23,7 @@ from ..crews.descriptors import CrewDescriptor
 from ..crews.manifest import CapabilityIndex
 from ..metrics import Metrics
 from ..settings import PrincipalConfig, Settings
+from ..sidecars.client import SidecarHttp
 from ..sidecars.readiness import ReadinessGroup
 from ..store.store import Store
 
@@ -57,10 +57,10 @@ class HostState(HostSetup):
     """:class:`HostSetup` plus what the lifespan opened; the handlers' one view of the app."""
 
     store: Store
-    #: The first sidecar's client (the only one of a single-sidecar host).
-    http: httpx.AsyncClient
-    #: sidecar name -> its client (``[[sidecars]]``).
-    sidecar_http: Mapping[str, httpx.AsyncClient]
+    #: The first sidecar's connection (the only one of a single-sidecar host).
+    http: SidecarHttp
+    #: sidecar name -> its connection (``[[sidecars]]``).
+    sidecar_http: Mapping[str, SidecarHttp]
     readiness: ReadinessGroup
     actions: ActionService
 

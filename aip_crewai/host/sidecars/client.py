@@ -213,18 +213,89 @@ def _detail(body: bytes) -> str | None:
     return detail if isinstance(detail, str) else None
 
 
+@dataclass(frozen=True)
+class SidecarHttp:
+    """How the host reaches one sidecar: its base URL, the bearer every request carries, and the
+    httpx transport (the connection pool) the requests go to.
+
+    Requests are built here and handed to the transport itself (httpx's transport API,
+    ``handle_async_request``) instead of an ``httpx.AsyncClient``: the client's layers (URL
+    merging, auth and redirect flows, cookies, default headers) cost the host's hop about
+    0.2 ms of CPU per request, a third of a status read's own work (bench/results/HISTORY.md,
+    session 23). Nothing the host relied on lives there: it follows no redirect, sends no
+    cookie, and its only default header is the bearer. The transport maps transport failures
+    to ``httpx`` exceptions as the client did.
+
+    Fields: ``base_url`` ends with ``/``; ``headers``: the bearer (and nothing else);
+    ``connect_timeout_s``: the connect bound of every request, seconds (reads are bounded per
+    request). Source: ARCHITECTURE.md §7 (sidecar client).
+    """
+
+    base_url: httpx.URL
+    headers: tuple[tuple[str, str], ...]
+    transport: httpx.AsyncBaseTransport
+    connect_timeout_s: float
+
+    @classmethod
+    def of(
+        cls,
+        url: str,
+        *,
+        token: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        connect_timeout_s: float = 10.0,
+        **pool: Any,
+    ) -> SidecarHttp:
+        """The sidecar at ``url`` (its path, if any, prefixes every route) with bearer ``token``;
+        ``transport`` (tests) or a new ``httpx.AsyncHTTPTransport(trust_env=False, **pool)``
+        (``limits``, ``proxy``: the environment's proxies and CA variables are not read)."""
+        base = httpx.URL(url)
+        if not base.raw_path.endswith(b"/"):
+            base = base.copy_with(raw_path=base.raw_path + b"/")
+        headers = (("Authorization", f"Bearer {token}"),) if token is not None else ()
+        return cls(base, headers, transport or httpx.AsyncHTTPTransport(trust_env=False, **pool), connect_timeout_s)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: dict[str, str],
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        read_timeout_s: float | None = None,
+    ) -> httpx.Request:
+        """A request for ``path`` (relative to :attr:`base_url`, percent-encoded as httpx does) with
+        the bearer, ``headers`` and an optional JSON body; ``read_timeout_s`` bounds reading, writing
+        and waiting for a pooled connection (None: unbounded, e.g. a stream's own silence bound)."""
+        relative = httpx.URL(path, params=params)
+        url = self.base_url.copy_with(raw_path=self.base_url.raw_path + relative.raw_path.lstrip(b"/"))
+        timeout = httpx.Timeout(read_timeout_s, connect=self.connect_timeout_s)
+        return httpx.Request(
+            method,
+            url,
+            headers=[*self.headers, *headers.items()],
+            json=json,
+            extensions={"timeout": timeout.as_dict()},
+        )
+
+    async def aclose(self) -> None:
+        """Close the transport's pooled connections."""
+        await self.transport.aclose()
+
+
 class SidecarClient:
     """Typed calls to the sidecar routes of ARCHITECTURE.md §4.
 
     Args:
-        http: the lifespan-owned client (base URL and bearer set).
+        http: the lifespan-owned :class:`SidecarHttp` (base URL and bearer set).
         max_response_bytes: bound on one streamed response, bytes.
         keepalive_s: the sidecar's SSE keep-alive interval now, seconds (a
             callable: its ``/health`` may say; see :func:`silence_bound_s`).
     """
 
     def __init__(
-        self, http: httpx.AsyncClient, *, max_response_bytes: int, keepalive_s: Callable[[], float] = lambda: 15.0
+        self, http: SidecarHttp, *, max_response_bytes: int, keepalive_s: Callable[[], float] = lambda: 15.0
     ) -> None:
         self.http = http
         self.max_response_bytes = max_response_bytes
@@ -248,17 +319,14 @@ class SidecarClient:
         ``acknowledged`` when the sidecar answered."""
         try:
             dispatch.state = DispatchState.SENT
-            timeout = (
-                httpx.USE_CLIENT_DEFAULT
-                if read_timeout_s is None
-                else httpx.Timeout(read_timeout_s, connect=self.http.timeout.connect)
-            )
             headers = {
                 **headers,
                 **outgoing_headers(),
             }  # the current span's W3C traceparent (docs/observing.md "Observing actions")
-            request = self.http.build_request(method, path, headers=headers, json=json, params=params, timeout=timeout)
-            response = await self.http.send(request, stream=True)
+            request = self.http.request(
+                method, path, headers=headers, json=json, params=params, read_timeout_s=read_timeout_s
+            )
+            response = await self.http.transport.handle_async_request(request)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached the sidecar
             dispatch.state = DispatchState.NOT_SENT
             raise _transport_error(spec, dispatch, exc) from exc
