@@ -150,7 +150,7 @@ class ActionWriter:
         admitted = TRANSITIONS[ActionEvent.ADMIT].target
         if admitted not in TRANSITIONS[event].sources or TRANSITIONS[event].target.value != result.status:
             raise ValueError(f"{event.value} cannot follow admit with a {result.status} result")
-        seal = self.sealer.seal(result)
+        result, seal = self.sealer.seal_answered(result, operation=operation, crew_id=crew_id)
         created, record = await self.store.create_action(
             tenant,
             action_id,
