@@ -1,9 +1,9 @@
 """The host's HTTP client of the sidecar: one boundary where httpx errors and
 sidecar statuses become connector errors.
 
-The ``httpx.AsyncClient`` is owned by the host lifespan (bearer token from a
-0600 file, base URL https or loopback http, no redirects, connect timeout
-10 s); this module only uses it. Every request sends ``Idempotency-Key`` (for
+The connection of each sidecar (:class:`SidecarHttp`: its httpx transport, bearer
+token from a 0600 file, base URL https or loopback http, no redirects, connect
+timeout 10 s) is owned by the host lifespan; this module only uses it. Every request sends ``Idempotency-Key`` (for
 job starts) and ``X-AIP-Action-ID`` (= the sidecar job id of the body, as the
 reference host does; the AIP action id is tenant-scoped, see :func:`sidecar_job_id`). ``DispatchProgress`` records honestly how far a
 request got: ``not_sent`` (no connection), ``sent`` (bytes may have reached
