@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import cli_args, ledger_cli, webhooks_cli
+from . import cli_args, ledger_cli, package_version, webhooks_cli
 from .exit_codes import Exit, of_envelope, of_error
 from .plumbing.log import configure_logging
 
@@ -366,15 +366,6 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("aip-crewai")
-    except PackageNotFoundError:  # a source tree without an install
-        return "unknown"
-
-
 EXIT_CODES_HELP = (
     "exit codes: 0 completed (or success), 1 failed, 2 usage or configuration error, 3 cancelled, "
     "4 denied (approval denied or expired, policy, 401/403), 5 pending approval, 6 accepted and still "
@@ -387,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aip-crewai", description="Governed AIP gateway for CrewAI crews.", epilog=EXIT_CODES_HELP
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("host", help="run the AIP host (aip-crewai host --config host.toml; see --help)")

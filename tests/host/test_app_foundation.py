@@ -25,7 +25,7 @@ from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import ConnectorRemoteTemporary, IdempotencyConflict
 from aip_crewai.host.http.authenticate import authenticate
 from aip_crewai.host.http.state import host_state
-from aip_crewai.host.sidecars.client import SidecarHttp
+from aip_crewai.host.sidecars.client import USER_AGENT, SidecarHttp
 
 EXT = "tests_host_fake_extension"
 
@@ -181,6 +181,9 @@ async def test_lifespan_owns_the_store_and_one_sidecar_client(app, extension, se
         assert str(request.url) == "http://127.0.0.1:8090/jobs/x"
         assert request.extensions["timeout"]["connect"] == 10.0 and request.extensions["timeout"]["read"] is None
         assert request.headers["authorization"] == "Bearer sidecar-secret-token"
+        assert request.headers["user-agent"] == USER_AGENT
+        (_, probe), *_ = host_state(app).readiness.members
+        assert probe.http.headers["user-agent"] == USER_AGENT
         assert host_state(app).store is not None and settings.store_path.exists()
         assert host_state(app).authenticator.claims is host_state(app).store
         assert extension.events == [("enter", True, True)]

@@ -5,6 +5,7 @@ import json
 import httpx
 import pytest
 
+from aip_crewai import package_version
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import (
     ConnectorAuthentication,
@@ -18,6 +19,7 @@ from aip_crewai.contracts.errors import (
 from aip_crewai.host.actions.dispatch_task import retry_delay_s
 from aip_crewai.host.actions.normalize import StreamNormalizer
 from aip_crewai.host.sidecars.client import (
+    USER_AGENT,
     DispatchProgress,
     SidecarClient,
     SidecarHttp,
@@ -328,6 +330,7 @@ async def test_sidecar_connections_are_all_kept_alive_and_reused_only_well_befor
         ("/jobs/acme:a\"b<c>{d}|e^`f'g[h]", None),  # visible ASCII a job id may hold, percent-encoded as httpx does
         ("/jobs/acme:sha256:" + "0" * 64 + "/events", {"cursor": 17}),
         ("/jobs/stream", None),
+        ("/jobs/a?b", None),  # a query in the path is kept (no caller sends one: job ids holding "?" are hashed)
     ],
 )
 def test_requests_go_to_the_url_and_carry_the_headers_httpx_client_would_have_sent(base, path, params):
@@ -340,6 +343,7 @@ def test_requests_go_to_the_url_and_carry_the_headers_httpx_client_would_have_se
     request = jobs.request("GET", path, headers={"X-AIP-Action-ID": "acme:act_1"}, params=params, read_timeout_s=30.0)
     assert request.url == expected.url and request.url.raw_path == expected.url.raw_path
     assert request.headers["authorization"] == "Bearer t0k" and request.headers["x-aip-action-id"] == "acme:act_1"
+    assert request.headers["user-agent"] == USER_AGENT == f"aip-crewai-host/{package_version()}"
     assert request.extensions["timeout"] == {"connect": 10.0, "read": 30.0, "write": 30.0, "pool": 30.0}
     unbounded = jobs.request("GET", path, headers={}, params=params)
     assert unbounded.extensions["timeout"] == {"connect": 10.0, "read": None, "write": None, "pool": None}

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from ... import package_version
 from ...contracts.aip import StreamChunk
 from ...contracts.errors import (
     ConnectorAuthentication,
@@ -213,6 +214,11 @@ def _detail(body: bytes) -> str | None:
     return detail if isinstance(detail, str) else None
 
 
+#: The ``User-Agent`` of every request the host sends a sidecar (its job requests and health probes): a
+#: sidecar's access log, or a proxy in front of an https sidecar, can tell the host's requests apart.
+USER_AGENT = f"aip-crewai-host/{package_version()}"
+
+
 @dataclass(frozen=True)
 class SidecarHttp:
     """How the host reaches one sidecar: its base URL, the bearer every request carries, and the
@@ -221,12 +227,13 @@ class SidecarHttp:
     Requests are built here and handed to the transport itself (httpx's transport API,
     ``handle_async_request``) instead of an ``httpx.AsyncClient``: the client's layers (URL
     merging, auth and redirect flows, cookies, default headers) cost the host's hop about
-    0.2 ms of CPU per request, a third of a status read's own work (bench/results/HISTORY.md,
-    session 23). Nothing the host relied on lives there: it follows no redirect, sends no
-    cookie, and its only default header is the bearer. The transport maps transport failures
+    0.2 ms of CPU per request (bench/results/HISTORY.md, session 23). Nothing the host relied
+    on lives there: it follows no redirect and sends no cookie. Its requests no longer carry
+    httpx's ``Accept: */*``, ``Accept-Encoding`` and ``Connection: keep-alive`` (HTTP/1.1 keeps
+    the connection anyway; an answer compressed regardless is still decoded). The transport maps transport failures
     to ``httpx`` exceptions as the client did.
 
-    Fields: ``base_url`` ends with ``/``; ``headers``: the bearer (and nothing else);
+    Fields: ``base_url`` ends with ``/``; ``headers``: :data:`USER_AGENT` and the bearer (nothing else);
     ``connect_timeout_s``: the connect bound of every request, seconds (reads are bounded per
     request). Source: ARCHITECTURE.md §7 (sidecar client).
     """
@@ -252,7 +259,7 @@ class SidecarHttp:
         base = httpx.URL(url)
         if not base.raw_path.endswith(b"/"):
             base = base.copy_with(raw_path=base.raw_path + b"/")
-        headers = (("Authorization", f"Bearer {token}"),) if token is not None else ()
+        headers = (("User-Agent", USER_AGENT), *((("Authorization", f"Bearer {token}"),) if token is not None else ()))
         return cls(base, headers, transport or httpx.AsyncHTTPTransport(trust_env=False, **pool), connect_timeout_s)
 
     def request(
@@ -268,12 +275,13 @@ class SidecarHttp:
         """A request for ``path`` (relative to :attr:`base_url`, percent-encoded as httpx does) with
         the bearer, ``headers`` and an optional JSON body; ``read_timeout_s`` bounds reading, writing
         and waiting for a pooled connection (None: unbounded, e.g. a stream's own silence bound)."""
-        relative = httpx.URL(path, params=params)
+        relative = httpx.URL(path)
         url = self.base_url.copy_with(raw_path=self.base_url.raw_path + relative.raw_path.lstrip(b"/"))
         timeout = httpx.Timeout(read_timeout_s, connect=self.connect_timeout_s)
         return httpx.Request(
             method,
             url,
+            params=params,
             headers=[*self.headers, *headers.items()],
             json=json,
             extensions={"timeout": timeout.as_dict()},
