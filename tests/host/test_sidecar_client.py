@@ -345,6 +345,7 @@ def test_requests_go_to_the_url_and_carry_the_headers_httpx_client_would_have_se
     assert request.headers["authorization"] == "Bearer t0k" and request.headers["x-aip-action-id"] == "acme:act_1"
     assert request.headers["user-agent"] == USER_AGENT == f"aip-crewai-host/{package_version()}"
     assert request.extensions["timeout"] == {"connect": 10.0, "read": 30.0, "write": 30.0, "pool": 30.0}
+    assert "t0k" not in repr(jobs)  # the bearer stays out of reprs (and so of logs and tracebacks)
     unbounded = jobs.request("GET", path, headers={}, params=params)
     assert unbounded.extensions["timeout"] == {"connect": 10.0, "read": None, "write": None, "pool": None}
 

@@ -31,7 +31,7 @@ from ..actions.dispatch import Dispatcher
 from ..actions.service import ActionService
 from ..ledger.sealer import Sealer
 from ..settings import Settings, SidecarSettings
-from ..sidecars.client import USER_AGENT, SidecarClient, SidecarHttp
+from ..sidecars.client import SidecarClient, SidecarHttp, sidecar_headers
 from ..sidecars.placement import Placement
 from ..sidecars.readiness import Readiness, ReadinessGroup, notify_systemd
 from ..store.notify import listen
@@ -113,7 +113,7 @@ def _probe_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
     :func:`_sidecar_http`, a pool of its own."""
     return httpx.AsyncClient(
         base_url=sidecar.url,
-        headers={"Authorization": f"Bearer {sidecar.token}", "User-Agent": USER_AGENT},
+        headers=sidecar_headers(sidecar.token),
         transport=_transport(sidecar, transport),
         follow_redirects=False,
         timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -219,6 +219,12 @@ def _detail(body: bytes) -> str | None:
 USER_AGENT = f"aip-crewai-host/{package_version()}"
 
 
+def sidecar_headers(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The headers of every request to a sidecar (jobs and health probes): :data:`USER_AGENT` and, with a
+    ``token``, its bearer."""
+    return (("User-Agent", USER_AGENT), *((("Authorization", f"Bearer {token}"),) if token is not None else ()))
+
+
 @dataclass(frozen=True)
 class SidecarHttp:
     """How the host reaches one sidecar: its base URL, the bearer every request carries, and the
@@ -233,13 +239,13 @@ class SidecarHttp:
     the connection anyway; an answer compressed regardless is still decoded). The transport maps transport failures
     to ``httpx`` exceptions as the client did.
 
-    Fields: ``base_url`` ends with ``/``; ``headers``: :data:`USER_AGENT` and the bearer (nothing else);
+    Fields: ``base_url`` ends with ``/``; ``headers``: :func:`sidecar_headers` (nothing else);
     ``connect_timeout_s``: the connect bound of every request, seconds (reads are bounded per
     request). Source: ARCHITECTURE.md §7 (sidecar client).
     """
 
     base_url: httpx.URL
-    headers: tuple[tuple[str, str], ...]
+    headers: tuple[tuple[str, str], ...] = field(repr=False)  # the bearer: never in a repr, a log or an error
     transport: httpx.AsyncBaseTransport
     connect_timeout_s: float
 
@@ -259,8 +265,12 @@ class SidecarHttp:
         base = httpx.URL(url)
         if not base.raw_path.endswith(b"/"):
             base = base.copy_with(raw_path=base.raw_path + b"/")
-        headers = (("User-Agent", USER_AGENT), *((("Authorization", f"Bearer {token}"),) if token is not None else ()))
-        return cls(base, headers, transport or httpx.AsyncHTTPTransport(trust_env=False, **pool), connect_timeout_s)
+        return cls(
+            base,
+            sidecar_headers(token),
+            transport or httpx.AsyncHTTPTransport(trust_env=False, **pool),
+            connect_timeout_s,
+        )
 
     def request(
         self,
