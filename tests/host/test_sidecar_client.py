@@ -304,19 +304,20 @@ async def test_a_crew_busy_refusal_is_typed_retryable_and_certain_for_blocking_a
     assert status == 409
 
 
-async def test_sidecar_connections_are_all_kept_alive_and_reused_only_well_before_the_sidecar_closes_them():
-    """The host's client of a sidecar keeps every connection it may open (not httpx's 20: a host running more
-    streams closed and reopened one per job) and stops reusing an idle one well before the sidecar's own idle
-    bound (``keep_alive_timeout`` = HEADER_TIMEOUT_S), so a start is not sent on a connection being closed."""
-    from aip_crewai.host.http.lifespan import SIDECAR_CONNECTIONS, _sidecar_http
+async def test_sidecar_connections_kept_alive_are_few_and_reused_only_well_before_the_sidecar_closes_them():
+    """The host's client of a sidecar keeps at most 16 idle connections (httpcore's upkeep of 100 kept ones cost
+    a loaded host more CPU than opening a connection per run) and stops reusing an idle one well before the
+    sidecar's own idle bound (``keep_alive_timeout`` = HEADER_TIMEOUT_S), so a start is not sent on a
+    connection being closed."""
+    from aip_crewai.host.http.lifespan import SIDECAR_CONNECTIONS, SIDECAR_KEEPALIVE_CONNECTIONS, _sidecar_http
     from aip_crewai.host.settings import SidecarSettings
     from aip_crewai.plumbing.serving import HEADER_TIMEOUT_S
 
     client = _sidecar_http(SidecarSettings("sidecar", "http://127.0.0.1:8090", "token"), None)
     try:
         pool = client.transport._pool
-        assert pool._max_connections == SIDECAR_CONNECTIONS
-        assert pool._max_keepalive_connections == SIDECAR_CONNECTIONS
+        assert pool._max_connections == SIDECAR_CONNECTIONS == 100
+        assert pool._max_keepalive_connections == SIDECAR_KEEPALIVE_CONNECTIONS == 16
         assert 0 < pool._keepalive_expiry <= HEADER_TIMEOUT_S / 2
     finally:
         await client.aclose()

@@ -45,10 +45,15 @@ log = structlog.get_logger(__name__)
 
 #: Sidecar connect timeout, seconds (ARCHITECTURE.md §7); reads are unbounded (streams).
 SIDECAR_CONNECT_TIMEOUT_S = 10.0
-#: Connections of one sidecar client (httpx's default), every one of them kept alive between requests: with
-#: httpx's default of 20 kept, a host running more than 20 streams closed each further connection at the end
-#: of its stream and opened a new one for the next job (a connect and a close on both processes per run).
+#: Connections of one sidecar client at once (httpx's default): one per run stream, status read or cancel.
 SIDECAR_CONNECTIONS = 100
+#: Idle connections the client keeps for reuse. httpcore's pool checks every idle connection (a socket poll and
+#: a ``getpeername`` through anyio, plus a count of all connections) each time a request starts or ends, so 100
+#: kept connections cost a loaded host more than opening new ones: at 200 concurrent runs, 3 of its 15 ms of CPU
+#: per run went to that upkeep, and opening one connection per run instead cost less (12.3 ms per run in all;
+#: bench/results/HISTORY.md, session 24). httpcore 1.0 closes an idle connection whenever the pool holds more
+#: than this many connections in all, so up to 16 concurrent requests reuse theirs and more open one each.
+SIDECAR_KEEPALIVE_CONNECTIONS = 16
 #: How long an idle sidecar connection is reused, seconds: well under the idle bound our sidecar (hypercorn
 #: ``keep_alive_timeout``, :data:`~aip_crewai.plumbing.serving.HEADER_TIMEOUT_S`, 5 s) and the reference's
 #: server keep, so the host does not send a start on a connection the sidecar is closing (under load that race
@@ -81,12 +86,12 @@ def _sidecars(settings: Settings) -> tuple[SidecarSettings, ...]:
 
 
 def _pool(sidecar: SidecarSettings) -> dict[str, Any]:
-    """The connection pool of one sidecar's client: every connection kept alive, reused well before the
-    sidecar's idle bound; the explicit ``sidecar.proxy`` only (the environment's HTTP(S)_PROXY would
-    receive the bearer token: docs/security.md "Security")."""
+    """The connection pool of one sidecar's client: up to :data:`SIDECAR_KEEPALIVE_CONNECTIONS` kept alive,
+    reused well before the sidecar's idle bound; the explicit ``sidecar.proxy`` only (the environment's
+    HTTP(S)_PROXY would receive the bearer token: docs/security.md "Security")."""
     limits = httpx.Limits(
         max_connections=SIDECAR_CONNECTIONS,
-        max_keepalive_connections=SIDECAR_CONNECTIONS,
+        max_keepalive_connections=SIDECAR_KEEPALIVE_CONNECTIONS,
         keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
     )
     return {"limits": limits, "proxy": sidecar.proxy}
