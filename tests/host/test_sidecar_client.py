@@ -1,7 +1,10 @@
 """The sidecar client maps statuses and transport failures to connector errors and records dispatch honestly."""
 
+import asyncio
 import json
+import re
 
+import anyio
 import httpx
 import pytest
 
@@ -304,23 +307,98 @@ async def test_a_crew_busy_refusal_is_typed_retryable_and_certain_for_blocking_a
     assert status == 409
 
 
-async def test_sidecar_connections_kept_alive_are_few_and_reused_only_well_before_the_sidecar_closes_them():
-    """The host's client of a sidecar keeps at most 16 idle connections (httpcore's upkeep of 100 kept ones cost
-    a loaded host more CPU than opening a connection per run) and stops reusing an idle one well before the
-    sidecar's own idle bound (``keep_alive_timeout`` = HEADER_TIMEOUT_S), so a start is not sent on a
-    connection being closed."""
-    from aip_crewai.host.http.lifespan import SIDECAR_CONNECTIONS, SIDECAR_KEEPALIVE_CONNECTIONS, _sidecar_http
+async def test_sidecar_pools_keep_few_connections_and_reuse_them_only_well_before_the_sidecar_closes_them():
+    """Short requests have a pool of 16 connections, all kept alive; run streams one of 100, 16 kept (httpcore's
+    upkeep of 100 kept ones cost a loaded host more CPU than opening a connection per run). An idle connection is
+    not reused past well before the sidecar's own idle bound (``keep_alive_timeout`` = HEADER_TIMEOUT_S), so a
+    start is not sent on a connection being closed."""
+    from aip_crewai.host.http.lifespan import _sidecar_http
     from aip_crewai.host.settings import SidecarSettings
     from aip_crewai.plumbing.serving import HEADER_TIMEOUT_S
 
     client = _sidecar_http(SidecarSettings("sidecar", "http://127.0.0.1:8090", "token"), None)
     try:
-        pool = client.transport._pool
-        assert pool._max_connections == SIDECAR_CONNECTIONS == 100
-        assert pool._max_keepalive_connections == SIDECAR_KEEPALIVE_CONNECTIONS == 16
-        assert 0 < pool._keepalive_expiry <= HEADER_TIMEOUT_S / 2
+        requests, streams = client.transport._pool, client.stream_transport._pool
+        assert requests is not streams
+        assert (requests._max_connections, requests._max_keepalive_connections) == (16, 16)
+        assert (streams._max_connections, streams._max_keepalive_connections) == (100, 16)
+        for pool in (requests, streams):
+            assert 0 < pool._keepalive_expiry <= HEADER_TIMEOUT_S / 2
     finally:
         await client.aclose()
+
+
+async def test_status_reads_and_cancels_do_not_wait_behind_streams_holding_every_stream_connection():
+    """A host running as many runs as its stream connections (each stream open until its run ends) still reads
+    a job's status and cancels at once: short requests have their own pool (ARCHITECTURE.md §8)."""
+    from aip_crewai.host.http.lifespan import SIDECAR_CONNECTIONS, _sidecar_http
+    from aip_crewai.host.settings import SidecarSettings
+
+    opened, release = asyncio.Semaphore(0), asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+                length = re.search(r"(?im)^content-length:\s*(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                if head.startswith("POST /jobs/stream "):  # a run stream: headers, then nothing until released
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                    )
+                    await writer.drain()
+                    opened.release()
+                    await release.wait()
+                    return
+                body = json.dumps({"job_id": "acme:x", "status": "running"}).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    http = _sidecar_http(SidecarSettings("sidecar", url, "token"), None)
+    c = SidecarClient(http, max_response_bytes=1 << 20)
+
+    async def run(n: int) -> None:
+        await c.start_stream(
+            RUN,
+            DispatchProgress(),
+            StreamNormalizer(f"r{n}", RUN),
+            _ignore,
+            job_id=f"acme:r{n}",
+            crew_id="c",
+            input={},
+            idempotency_key=f"k{n}",
+            timeout_ms=None,
+        )
+
+    streams = [asyncio.create_task(run(n)) for n in range(SIDECAR_CONNECTIONS)]
+    try:
+        with anyio.fail_after(20):
+            for _ in range(SIDECAR_CONNECTIONS):
+                await opened.acquire()
+        with anyio.fail_after(5):  # before: waited for a stream's connection, up to JSON_READ_TIMEOUT_S (30 s)
+            assert (await c.get_job(STATUS, DispatchProgress(), job_id="acme:x"))["status"] == "running"
+            await c.cancel(ops.get("cancel"), DispatchProgress(), job_id="acme:x", crew_id="c", reason=None)
+    finally:
+        release.set()
+        for task in streams:
+            task.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
+        await http.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def _ignore(chunks) -> None:
+    return None
 
 
 @pytest.mark.parametrize("base", ["http://127.0.0.1:8090", "http://127.0.0.1:8090/", "https://gw.example/sidecar/a"])

@@ -45,15 +45,18 @@ log = structlog.get_logger(__name__)
 
 #: Sidecar connect timeout, seconds (ARCHITECTURE.md §7); reads are unbounded (streams).
 SIDECAR_CONNECT_TIMEOUT_S = 10.0
-#: Connections of one sidecar client at once (httpx's default): one per run stream, status read or cancel.
+#: Run streams of one sidecar at once (httpx's default pool size): a run beyond them waits for a connection.
 SIDECAR_CONNECTIONS = 100
-#: Idle connections the client keeps for reuse. httpcore's pool checks every idle connection (a socket poll and
-#: a ``getpeername`` through anyio, plus a count of all connections) each time a request starts or ends, so 100
+#: Idle stream connections kept for reuse. httpcore's pool checks every idle connection (a socket poll and a
+#: ``getpeername`` through anyio, plus a count of all connections) each time a request starts or ends, so 100
 #: kept connections cost a loaded host more than opening new ones: at 200 concurrent runs, 3 of its 15 ms of CPU
 #: per run went to that upkeep, and opening one connection per run instead cost less (12.3 ms per run in all;
 #: bench/results/HISTORY.md, session 24). httpcore 1.0 closes an idle connection whenever the pool holds more
-#: than this many connections in all, so up to 16 concurrent requests reuse theirs and more open one each.
+#: than this many connections in all, so up to 16 concurrent streams reuse theirs and more open one each.
 SIDECAR_KEEPALIVE_CONNECTIONS = 16
+#: Connections of one sidecar's short requests (status reads, events pages, cancels), all kept alive: a pool of
+#: their own, so they never wait behind run streams holding every stream connection.
+SIDECAR_REQUEST_CONNECTIONS = 16
 #: How long an idle sidecar connection is reused, seconds: well under the idle bound our sidecar (hypercorn
 #: ``keep_alive_timeout``, :data:`~aip_crewai.plumbing.serving.HEADER_TIMEOUT_S`, 5 s) and the reference's
 #: server keep, so the host does not send a start on a connection the sidecar is closing (under load that race
@@ -86,15 +89,22 @@ def _sidecars(settings: Settings) -> tuple[SidecarSettings, ...]:
 
 
 def _pool(sidecar: SidecarSettings) -> dict[str, Any]:
-    """The connection pool of one sidecar's client: up to :data:`SIDECAR_KEEPALIVE_CONNECTIONS` kept alive,
-    reused well before the sidecar's idle bound; the explicit ``sidecar.proxy`` only (the environment's
-    HTTP(S)_PROXY would receive the bearer token: docs/security.md "Security")."""
-    limits = httpx.Limits(
+    """The connection pools of one sidecar's client (:class:`SidecarHttp`): short requests with
+    :data:`SIDECAR_REQUEST_CONNECTIONS` all kept alive, run streams with :data:`SIDECAR_CONNECTIONS` of which
+    :data:`SIDECAR_KEEPALIVE_CONNECTIONS` kept; an idle connection is reused well before the sidecar's idle
+    bound; the explicit ``sidecar.proxy`` only (the environment's HTTP(S)_PROXY would receive the bearer token:
+    docs/security.md "Security")."""
+    requests = httpx.Limits(
+        max_connections=SIDECAR_REQUEST_CONNECTIONS,
+        max_keepalive_connections=SIDECAR_REQUEST_CONNECTIONS,
+        keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
+    )
+    streams = httpx.Limits(
         max_connections=SIDECAR_CONNECTIONS,
         max_keepalive_connections=SIDECAR_KEEPALIVE_CONNECTIONS,
         keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
     )
-    return {"limits": limits, "proxy": sidecar.proxy}
+    return {"limits": requests, "stream_limits": streams, "proxy": sidecar.proxy}
 
 
 def _transport(sidecar: SidecarSettings, transport: Any) -> Any:
@@ -123,7 +133,8 @@ def _probe_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
         follow_redirects=False,
         timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
         trust_env=False,
-        **_pool(sidecar),
+        limits=_pool(sidecar)["limits"],
+        proxy=sidecar.proxy,
     )
 
 

@@ -225,6 +225,10 @@ def sidecar_headers(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("User-Agent", USER_AGENT), *((("Authorization", f"Bearer {token}"),) if token is not None else ()))
 
 
+#: httpx's own pool limits (100 connections, 20 kept idle): :meth:`SidecarHttp.of`'s default.
+HTTPX_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+
+
 @dataclass(frozen=True)
 class SidecarHttp:
     """How the host reaches one sidecar: its base URL, the bearer every request carries, and the
@@ -239,6 +243,10 @@ class SidecarHttp:
     the connection anyway; an answer compressed regardless is still decoded). The transport maps transport failures
     to ``httpx`` exceptions as the client did.
 
+    Two connection pools: ``transport`` for short requests (status, events pages, cancels) and
+    ``stream_transport`` for run streams, so a status read or a cancel never waits for a connection
+    behind streams holding every one of theirs (a host running more runs than its stream connections).
+
     Fields: ``base_url`` ends with ``/``; ``headers``: :func:`sidecar_headers` (nothing else);
     ``connect_timeout_s``: the connect bound of every request, seconds (reads are bounded per
     request). Source: ARCHITECTURE.md §7 (sidecar client).
@@ -248,6 +256,7 @@ class SidecarHttp:
     headers: tuple[tuple[str, str], ...] = field(repr=False)  # the bearer: never in a repr, a log or an error
     transport: httpx.AsyncBaseTransport
     connect_timeout_s: float
+    stream_transport: httpx.AsyncBaseTransport
 
     @classmethod
     def of(
@@ -257,20 +266,25 @@ class SidecarHttp:
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         connect_timeout_s: float = 10.0,
-        **pool: Any,
+        limits: httpx.Limits = HTTPX_LIMITS,
+        stream_limits: httpx.Limits = HTTPX_LIMITS,
+        proxy: str | None = None,
     ) -> SidecarHttp:
         """The sidecar at ``url`` (its path, if any, prefixes every route) with bearer ``token``;
-        ``transport`` (tests) or a new ``httpx.AsyncHTTPTransport(trust_env=False, **pool)``
-        (``limits``, ``proxy``: the environment's proxies and CA variables are not read)."""
+        ``transport`` (tests: every request) or two new ``httpx.AsyncHTTPTransport(trust_env=False)``
+        pools, ``limits`` for short requests and ``stream_limits`` for run streams, both through the
+        explicit ``proxy`` (the environment's proxies and CA variables are not read)."""
         base = httpx.URL(url)
         if not base.raw_path.endswith(b"/"):
             base = base.copy_with(raw_path=base.raw_path + b"/")
-        return cls(
-            base,
-            sidecar_headers(token),
-            transport or httpx.AsyncHTTPTransport(trust_env=False, **pool),
-            connect_timeout_s,
-        )
+        requests: httpx.AsyncBaseTransport
+        streams: httpx.AsyncBaseTransport
+        if transport is None:
+            requests = httpx.AsyncHTTPTransport(trust_env=False, limits=limits, proxy=proxy)
+            streams = httpx.AsyncHTTPTransport(trust_env=False, limits=stream_limits, proxy=proxy)
+        else:
+            requests = streams = transport
+        return cls(base, sidecar_headers(token), requests, connect_timeout_s, streams)
 
     def request(
         self,
@@ -298,8 +312,10 @@ class SidecarHttp:
         )
 
     async def aclose(self) -> None:
-        """Close the transport's pooled connections."""
+        """Close both pools' connections."""
         await self.transport.aclose()
+        if self.stream_transport is not self.transport:
+            await self.stream_transport.aclose()
 
 
 class SidecarClient:
@@ -330,9 +346,10 @@ class SidecarClient:
         json: Any,
         params: dict[str, Any] | None,
         read_timeout_s: float | None = None,
-        silent_is_distinct: bool = False,
+        stream: bool = False,
     ) -> httpx.Response:
-        """Send one request (streamed response), moving ``dispatch`` honestly:
+        """Send one request (streamed response; ``stream``: a run stream, sent through
+        :attr:`SidecarHttp.stream_transport`, its read timeout a silence), moving ``dispatch`` honestly:
         ``sent`` once we try, back to ``not_sent`` when no connection was made,
         ``acknowledged`` when the sidecar answered."""
         try:
@@ -344,13 +361,14 @@ class SidecarClient:
             request = self.http.request(
                 method, path, headers=headers, json=json, params=params, read_timeout_s=read_timeout_s
             )
-            response = await self.http.transport.handle_async_request(request)
+            transport = self.http.stream_transport if stream else self.http.transport
+            response = await transport.handle_async_request(request)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached the sidecar
             dispatch.state = DispatchState.NOT_SENT
             raise _transport_error(spec, dispatch, exc) from exc
         except httpx.ReadTimeout as exc:
             raise (
-                _silent(spec, dispatch, read_timeout_s) if silent_is_distinct else _transport_error(spec, dispatch, exc)
+                _silent(spec, dispatch, read_timeout_s) if stream else _transport_error(spec, dispatch, exc)
             ) from exc
         except httpx.HTTPError as exc:
             raise _transport_error(spec, dispatch, exc) from exc
@@ -469,7 +487,7 @@ class SidecarClient:
             json=json,
             params=params,
             read_timeout_s=silence_s,
-            silent_is_distinct=True,
+            stream=True,
         )
         try:
             if response.status_code != 200:
