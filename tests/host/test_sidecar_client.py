@@ -3,6 +3,7 @@
 import asyncio
 import json
 import re
+from typing import Any
 
 import anyio
 import httpx
@@ -73,15 +74,26 @@ async def test_status_mapping(status, error):
     assert info.value.retryable is (error is ConnectorRemoteTemporary)
 
 
-async def test_connect_error_is_not_sent_and_retryable_only_for_reads():
+@pytest.mark.parametrize("failure", [httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout])
+async def test_a_request_that_got_no_connection_is_not_sent_and_retryable_only_for_reads(failure):
+    """Refused, not connected in time, or no pooled connection free in time (a host running more jobs than its
+    job connections): nothing reached the sidecar, so even a start is safely sent again."""
+
     def refuse(request):
-        raise httpx.ConnectError("refused", request=request)
+        raise failure("no connection", request=request)
 
     dispatch = DispatchProgress()
     with pytest.raises(ConnectorTransport) as info:
         await client(refuse).get_job(STATUS, dispatch, job_id="t:a")
     assert dispatch.state == "not_sent" and info.value.details["dispatch"] == "not_sent"
     assert info.value.retryable
+    start = DispatchProgress()
+    with pytest.raises(ConnectorTransport) as info:
+        await client(refuse).start_job(
+            RUN, start, job_id="t:a", crew_id="c", input={}, idempotency_key="k", timeout_ms=None
+        )
+    assert start.state == "not_sent" and info.value.details["uncertain_outcome"] is False
+    assert not_admitted(info.value)
 
 
 async def test_read_error_after_send_is_sent_and_uncertain_for_mutations():
@@ -308,7 +320,7 @@ async def test_a_crew_busy_refusal_is_typed_retryable_and_certain_for_blocking_a
 
 
 async def test_sidecar_pools_keep_few_connections_and_reuse_them_only_well_before_the_sidecar_closes_them():
-    """Short requests have a pool of 16 connections, all kept alive; run streams one of 100, 16 kept (httpcore's
+    """Short requests have a pool of 16 connections, all kept alive; requests that run a job one of 100, 16 kept (httpcore's
     upkeep of 100 kept ones cost a loaded host more CPU than opening a connection per run). An idle connection is
     not reused past well before the sidecar's own idle bound (``keep_alive_timeout`` = HEADER_TIMEOUT_S), so a
     start is not sent on a connection being closed."""
@@ -318,7 +330,7 @@ async def test_sidecar_pools_keep_few_connections_and_reuse_them_only_well_befor
 
     client = _sidecar_http(SidecarSettings("sidecar", "http://127.0.0.1:8090", "token"), None)
     try:
-        requests, streams = client.transport._pool, client.stream_transport._pool
+        requests, streams = client.transport._pool, client.job_transport._pool
         assert requests is not streams
         assert (requests._max_connections, requests._max_keepalive_connections) == (16, 16)
         assert (streams._max_connections, streams._max_keepalive_connections) == (100, 16)
@@ -328,9 +340,11 @@ async def test_sidecar_pools_keep_few_connections_and_reuse_them_only_well_befor
         await client.aclose()
 
 
-async def test_status_reads_and_cancels_do_not_wait_behind_streams_holding_every_stream_connection():
-    """A host running as many runs as its stream connections (each stream open until its run ends) still reads
-    a job's status and cancels at once: short requests have their own pool (ARCHITECTURE.md §8)."""
+@pytest.mark.parametrize("job", ["stream", "blocking start"])
+async def test_status_reads_and_cancels_do_not_wait_behind_jobs_holding_every_job_connection(job):
+    """A host running as many jobs as its job connections (a run's stream, or a blocking start such as a
+    ``knowledge_query``, each open until its job ends) still reads a job's status and cancels at once: short
+    requests have their own pool (ARCHITECTURE.md §8)."""
     from aip_crewai.host.http.lifespan import SIDECAR_CONNECTIONS, _sidecar_http
     from aip_crewai.host.settings import SidecarSettings
 
@@ -342,11 +356,12 @@ async def test_status_reads_and_cancels_do_not_wait_behind_streams_holding_every
                 head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
                 length = re.search(r"(?im)^content-length:\s*(\d+)", head)
                 await reader.readexactly(int(length.group(1)) if length else 0)
-                if head.startswith("POST /jobs/stream "):  # a run stream: headers, then nothing until released
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                    )
-                    await writer.drain()
+                if head.startswith(("POST /jobs/stream ", "POST /jobs ")):  # a job: open until released
+                    if head.startswith("POST /jobs/stream "):
+                        writer.write(
+                            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                        )
+                        await writer.drain()
                     opened.release()
                     await release.wait()
                     return
@@ -367,31 +382,31 @@ async def test_status_reads_and_cancels_do_not_wait_behind_streams_holding_every
     c = SidecarClient(http, max_response_bytes=1 << 20)
 
     async def run(n: int) -> None:
-        await c.start_stream(
-            RUN,
-            DispatchProgress(),
-            StreamNormalizer(f"r{n}", RUN),
-            _ignore,
-            job_id=f"acme:r{n}",
-            crew_id="c",
-            input={},
-            idempotency_key=f"k{n}",
-            timeout_ms=None,
-        )
+        start: dict[str, Any] = {
+            "job_id": f"acme:r{n}",
+            "crew_id": "c",
+            "input": {},
+            "idempotency_key": f"k{n}",
+            "timeout_ms": None,
+        }
+        if job == "stream":
+            await c.start_stream(RUN, DispatchProgress(), StreamNormalizer(f"r{n}", RUN), _ignore, **start)
+        else:
+            await c.start_job(ops.get("knowledge_query"), DispatchProgress(), **start)
 
-    streams = [asyncio.create_task(run(n)) for n in range(SIDECAR_CONNECTIONS)]
+    jobs = [asyncio.create_task(run(n)) for n in range(SIDECAR_CONNECTIONS)]
     try:
         with anyio.fail_after(20):
             for _ in range(SIDECAR_CONNECTIONS):
                 await opened.acquire()
-        with anyio.fail_after(5):  # before: waited for a stream's connection, up to JSON_READ_TIMEOUT_S (30 s)
+        with anyio.fail_after(5):  # before: waited for a job's connection, up to JSON_READ_TIMEOUT_S (30 s)
             assert (await c.get_job(STATUS, DispatchProgress(), job_id="acme:x"))["status"] == "running"
             await c.cancel(ops.get("cancel"), DispatchProgress(), job_id="acme:x", crew_id="c", reason=None)
     finally:
         release.set()
-        for task in streams:
+        for task in jobs:
             task.cancel()
-        await asyncio.gather(*streams, return_exceptions=True)
+        await asyncio.gather(*jobs, return_exceptions=True)
         await http.aclose()
         server.close()
         await server.wait_closed()

@@ -45,17 +45,18 @@ log = structlog.get_logger(__name__)
 
 #: Sidecar connect timeout, seconds (ARCHITECTURE.md §7); reads are unbounded (streams).
 SIDECAR_CONNECT_TIMEOUT_S = 10.0
-#: Run streams of one sidecar at once (httpx's default pool size): a run beyond them waits for a connection.
+#: Requests of one sidecar that run a job (a run's stream, a blocking start), at once (httpx's default pool
+#: size): a job beyond them waits for a connection.
 SIDECAR_CONNECTIONS = 100
-#: Idle stream connections kept for reuse. httpcore's pool checks every idle connection (a socket poll and a
+#: Idle job connections kept for reuse. httpcore's pool checks every idle connection (a socket poll and a
 #: ``getpeername`` through anyio, plus a count of all connections) each time a request starts or ends, so 100
 #: kept connections cost a loaded host more than opening new ones: at 200 concurrent runs, 3 of its 15 ms of CPU
 #: per run went to that upkeep, and opening one connection per run instead cost less (12.3 ms per run in all;
 #: bench/results/HISTORY.md, session 24). httpcore 1.0 closes an idle connection whenever the pool holds more
-#: than this many connections in all, so up to 16 concurrent streams reuse theirs and more open one each.
+#: than this many connections in all, so up to 16 concurrent jobs reuse theirs and more open one each.
 SIDECAR_KEEPALIVE_CONNECTIONS = 16
 #: Connections of one sidecar's short requests (status reads, events pages, cancels), all kept alive: a pool of
-#: their own, so they never wait behind run streams holding every stream connection.
+#: their own, so they never wait behind jobs holding every job connection.
 SIDECAR_REQUEST_CONNECTIONS = 16
 #: How long an idle sidecar connection is reused, seconds: well under the idle bound our sidecar (hypercorn
 #: ``keep_alive_timeout``, :data:`~aip_crewai.plumbing.serving.HEADER_TIMEOUT_S`, 5 s) and the reference's
@@ -90,7 +91,7 @@ def _sidecars(settings: Settings) -> tuple[SidecarSettings, ...]:
 
 def _pool(sidecar: SidecarSettings) -> dict[str, Any]:
     """The connection pools of one sidecar's client (:class:`SidecarHttp`): short requests with
-    :data:`SIDECAR_REQUEST_CONNECTIONS` all kept alive, run streams with :data:`SIDECAR_CONNECTIONS` of which
+    :data:`SIDECAR_REQUEST_CONNECTIONS` all kept alive, jobs' requests with :data:`SIDECAR_CONNECTIONS` of which
     :data:`SIDECAR_KEEPALIVE_CONNECTIONS` kept; an idle connection is reused well before the sidecar's idle
     bound; the explicit ``sidecar.proxy`` only (the environment's HTTP(S)_PROXY would receive the bearer token:
     docs/security.md "Security")."""
@@ -99,12 +100,12 @@ def _pool(sidecar: SidecarSettings) -> dict[str, Any]:
         max_keepalive_connections=SIDECAR_REQUEST_CONNECTIONS,
         keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
     )
-    streams = httpx.Limits(
+    jobs = httpx.Limits(
         max_connections=SIDECAR_CONNECTIONS,
         max_keepalive_connections=SIDECAR_KEEPALIVE_CONNECTIONS,
         keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
     )
-    return {"limits": requests, "stream_limits": streams, "proxy": sidecar.proxy}
+    return {"limits": requests, "job_limits": jobs, "proxy": sidecar.proxy}
 
 
 def _transport(sidecar: SidecarSettings, transport: Any) -> Any:

@@ -243,9 +243,10 @@ class SidecarHttp:
     the connection anyway; an answer compressed regardless is still decoded). The transport maps transport failures
     to ``httpx`` exceptions as the client did.
 
-    Two connection pools: ``transport`` for short requests (status, events pages, cancels) and
-    ``stream_transport`` for run streams, so a status read or a cancel never waits for a connection
-    behind streams holding every one of theirs (a host running more runs than its stream connections).
+    Two connection pools: ``job_transport`` for the requests that run a job (a run's stream, a blocking
+    start: open as long as the job) and ``transport`` for short ones (status reads, events pages,
+    cancels), so a status read or a cancel never waits for a connection behind jobs holding every one of
+    theirs (a host running more jobs than its job connections).
 
     Fields: ``base_url`` ends with ``/``; ``headers``: :func:`sidecar_headers` (nothing else);
     ``connect_timeout_s``: the connect bound of every request, seconds (reads are bounded per
@@ -256,7 +257,7 @@ class SidecarHttp:
     headers: tuple[tuple[str, str], ...] = field(repr=False)  # the bearer: never in a repr, a log or an error
     transport: httpx.AsyncBaseTransport
     connect_timeout_s: float
-    stream_transport: httpx.AsyncBaseTransport
+    job_transport: httpx.AsyncBaseTransport
 
     @classmethod
     def of(
@@ -267,24 +268,24 @@ class SidecarHttp:
         transport: httpx.AsyncBaseTransport | None = None,
         connect_timeout_s: float = 10.0,
         limits: httpx.Limits = HTTPX_LIMITS,
-        stream_limits: httpx.Limits = HTTPX_LIMITS,
+        job_limits: httpx.Limits = HTTPX_LIMITS,
         proxy: str | None = None,
     ) -> SidecarHttp:
         """The sidecar at ``url`` (its path, if any, prefixes every route) with bearer ``token``;
         ``transport`` (tests: every request) or two new ``httpx.AsyncHTTPTransport(trust_env=False)``
-        pools, ``limits`` for short requests and ``stream_limits`` for run streams, both through the
+        pools, ``limits`` for short requests and ``job_limits`` for those that run a job, both through the
         explicit ``proxy`` (the environment's proxies and CA variables are not read)."""
         base = httpx.URL(url)
         if not base.raw_path.endswith(b"/"):
             base = base.copy_with(raw_path=base.raw_path + b"/")
-        requests: httpx.AsyncBaseTransport
-        streams: httpx.AsyncBaseTransport
+        short: httpx.AsyncBaseTransport
+        jobs: httpx.AsyncBaseTransport
         if transport is None:
-            requests = httpx.AsyncHTTPTransport(trust_env=False, limits=limits, proxy=proxy)
-            streams = httpx.AsyncHTTPTransport(trust_env=False, limits=stream_limits, proxy=proxy)
+            short = httpx.AsyncHTTPTransport(trust_env=False, limits=limits, proxy=proxy)
+            jobs = httpx.AsyncHTTPTransport(trust_env=False, limits=job_limits, proxy=proxy)
         else:
-            requests = streams = transport
-        return cls(base, sidecar_headers(token), requests, connect_timeout_s, streams)
+            short = jobs = transport
+        return cls(base, sidecar_headers(token), short, connect_timeout_s, jobs)
 
     def request(
         self,
@@ -314,8 +315,8 @@ class SidecarHttp:
     async def aclose(self) -> None:
         """Close both pools' connections."""
         await self.transport.aclose()
-        if self.stream_transport is not self.transport:
-            await self.stream_transport.aclose()
+        if self.job_transport is not self.transport:
+            await self.job_transport.aclose()
 
 
 class SidecarClient:
@@ -346,10 +347,12 @@ class SidecarClient:
         json: Any,
         params: dict[str, Any] | None,
         read_timeout_s: float | None = None,
-        stream: bool = False,
+        runs_job: bool = False,
+        silent_is_distinct: bool = False,
     ) -> httpx.Response:
-        """Send one request (streamed response; ``stream``: a run stream, sent through
-        :attr:`SidecarHttp.stream_transport`, its read timeout a silence), moving ``dispatch`` honestly:
+        """Send one request (streamed response; ``runs_job``: it runs a job, through
+        :attr:`SidecarHttp.job_transport`; ``silent_is_distinct``: its read timeout is a stream's silence),
+        moving ``dispatch`` honestly:
         ``sent`` once we try, back to ``not_sent`` when no connection was made,
         ``acknowledged`` when the sidecar answered."""
         try:
@@ -361,14 +364,14 @@ class SidecarClient:
             request = self.http.request(
                 method, path, headers=headers, json=json, params=params, read_timeout_s=read_timeout_s
             )
-            transport = self.http.stream_transport if stream else self.http.transport
+            transport = self.http.job_transport if runs_job else self.http.transport
             response = await transport.handle_async_request(request)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached the sidecar
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing reached the sidecar
             dispatch.state = DispatchState.NOT_SENT
             raise _transport_error(spec, dispatch, exc) from exc
         except httpx.ReadTimeout as exc:
             raise (
-                _silent(spec, dispatch, read_timeout_s) if stream else _transport_error(spec, dispatch, exc)
+                _silent(spec, dispatch, read_timeout_s) if silent_is_distinct else _transport_error(spec, dispatch, exc)
             ) from exc
         except httpx.HTTPError as exc:
             raise _transport_error(spec, dispatch, exc) from exc
@@ -387,6 +390,7 @@ class SidecarClient:
         params: dict[str, Any] | None = None,
         ok: tuple[int, ...] = (200,),
         read_timeout_s: float | None = None,
+        runs_job: bool = False,
     ) -> tuple[int, Any]:
         response = await self._send(
             method,
@@ -397,6 +401,7 @@ class SidecarClient:
             json=json,
             params=params,
             read_timeout_s=JSON_READ_TIMEOUT_S if read_timeout_s is None else read_timeout_s,
+            runs_job=runs_job,
         )
         try:
             body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
@@ -446,7 +451,9 @@ class SidecarClient:
         try:
             # The sidecar answers 504 once timeout_ms passed; a silent peer past that is a transport failure.
             wait_s = (timeout_ms or DEFAULT_TIMEOUT_MS) / 1000 + JSON_READ_TIMEOUT_S
-            return await self._json("POST", "/jobs", spec, dispatch, headers=headers, json=body, read_timeout_s=wait_s)
+            return await self._json(
+                "POST", "/jobs", spec, dispatch, headers=headers, json=body, read_timeout_s=wait_s, runs_job=True
+            )
         except ConnectorError as exc:
             if exc.remote_status in (409, 502, 504) and not isinstance(exc, ConnectorCrewBusy):
                 return exc.remote_status, exc.details.get("remote_detail")
@@ -487,7 +494,8 @@ class SidecarClient:
             json=json,
             params=params,
             read_timeout_s=silence_s,
-            stream=True,
+            runs_job=True,
+            silent_is_distinct=True,
         )
         try:
             if response.status_code != 200:
