@@ -338,6 +338,8 @@ async def test_sidecar_pools_keep_few_connections_and_reuse_them_only_well_befor
             assert 0 < pool._keepalive_expiry <= HEADER_TIMEOUT_S / 2
     finally:
         await client.aclose()
+    with pytest.raises(ValueError, match="limits"):  # real pools are never built on httpx's defaults by accident
+        SidecarHttp.of("http://127.0.0.1:8090", token="token")
 
 
 @pytest.mark.parametrize("job", ["stream", "blocking start"])

@@ -89,23 +89,18 @@ def _sidecars(settings: Settings) -> tuple[SidecarSettings, ...]:
     )
 
 
-def _pool(sidecar: SidecarSettings) -> dict[str, Any]:
-    """The connection pools of one sidecar's client (:class:`SidecarHttp`): short requests with
-    :data:`SIDECAR_REQUEST_CONNECTIONS` all kept alive, jobs' requests with :data:`SIDECAR_CONNECTIONS` of which
-    :data:`SIDECAR_KEEPALIVE_CONNECTIONS` kept; an idle connection is reused well before the sidecar's idle
-    bound; the explicit ``sidecar.proxy`` only (the environment's HTTP(S)_PROXY would receive the bearer token:
-    docs/security.md "Security")."""
-    requests = httpx.Limits(
-        max_connections=SIDECAR_REQUEST_CONNECTIONS,
-        max_keepalive_connections=SIDECAR_REQUEST_CONNECTIONS,
-        keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
-    )
-    jobs = httpx.Limits(
-        max_connections=SIDECAR_CONNECTIONS,
-        max_keepalive_connections=SIDECAR_KEEPALIVE_CONNECTIONS,
-        keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
-    )
-    return {"limits": requests, "job_limits": jobs, "proxy": sidecar.proxy}
+#: The pool of one sidecar's short requests (and of its health probes): all kept alive.
+REQUEST_LIMITS = httpx.Limits(
+    max_connections=SIDECAR_REQUEST_CONNECTIONS,
+    max_keepalive_connections=SIDECAR_REQUEST_CONNECTIONS,
+    keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
+)
+#: The pool of one sidecar's requests that run a job: :data:`SIDECAR_KEEPALIVE_CONNECTIONS` of them kept.
+JOB_LIMITS = httpx.Limits(
+    max_connections=SIDECAR_CONNECTIONS,
+    max_keepalive_connections=SIDECAR_KEEPALIVE_CONNECTIONS,
+    keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
+)
 
 
 def _transport(sidecar: SidecarSettings, transport: Any) -> Any:
@@ -120,7 +115,9 @@ def _sidecar_http(sidecar: SidecarSettings, transport: Any) -> SidecarHttp:
         token=sidecar.token,
         transport=_transport(sidecar, transport),
         connect_timeout_s=SIDECAR_CONNECT_TIMEOUT_S,
-        **_pool(sidecar),
+        limits=REQUEST_LIMITS,
+        job_limits=JOB_LIMITS,
+        proxy=sidecar.proxy,  # the explicit one only: HTTP(S)_PROXY would get the bearer (docs/security.md)
     )
 
 
@@ -134,7 +131,7 @@ def _probe_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
         follow_redirects=False,
         timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
         trust_env=False,
-        limits=_pool(sidecar)["limits"],
+        limits=REQUEST_LIMITS,
         proxy=sidecar.proxy,
     )
 

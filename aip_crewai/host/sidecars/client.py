@@ -225,10 +225,6 @@ def sidecar_headers(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("User-Agent", USER_AGENT), *((("Authorization", f"Bearer {token}"),) if token is not None else ()))
 
 
-#: httpx's own pool limits (100 connections, 20 kept idle): :meth:`SidecarHttp.of`'s default.
-HTTPX_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
-
-
 @dataclass(frozen=True)
 class SidecarHttp:
     """How the host reaches one sidecar: its base URL, the bearer every request carries, and the
@@ -267,20 +263,24 @@ class SidecarHttp:
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         connect_timeout_s: float = 10.0,
-        limits: httpx.Limits = HTTPX_LIMITS,
-        job_limits: httpx.Limits = HTTPX_LIMITS,
+        limits: httpx.Limits | None = None,
+        job_limits: httpx.Limits | None = None,
         proxy: str | None = None,
     ) -> SidecarHttp:
         """The sidecar at ``url`` (its path, if any, prefixes every route) with bearer ``token``;
         ``transport`` (tests: every request) or two new ``httpx.AsyncHTTPTransport(trust_env=False)``
         pools, ``limits`` for short requests and ``job_limits`` for those that run a job, both through the
-        explicit ``proxy`` (the environment's proxies and CA variables are not read)."""
+        explicit ``proxy`` (the environment's proxies and CA variables are not read).
+
+        Raises: ValueError (no ``transport`` and a pool's limits missing)."""
         base = httpx.URL(url)
         if not base.raw_path.endswith(b"/"):
             base = base.copy_with(raw_path=base.raw_path + b"/")
         short: httpx.AsyncBaseTransport
         jobs: httpx.AsyncBaseTransport
         if transport is None:
+            if limits is None or job_limits is None:
+                raise ValueError("a sidecar's pools need their limits (limits, job_limits)")
             short = httpx.AsyncHTTPTransport(trust_env=False, limits=limits, proxy=proxy)
             jobs = httpx.AsyncHTTPTransport(trust_env=False, limits=job_limits, proxy=proxy)
         else:
