@@ -60,13 +60,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import socket
-import time
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
 
 import anyio
-import msgspec
 import structlog
 
 from aip_crewai.sidecar.isolation.fork_server import (
@@ -78,24 +76,17 @@ from aip_crewai.sidecar.isolation.fork_server import (
     start_forkserver,
 )
 from aip_crewai.sidecar.isolation.handle import WorkerDied, WorkerHandle
+from aip_crewai.sidecar.isolation.job import JobFollower
 from aip_crewai.sidecar.isolation.wire import (
     Boot,
-    Cancel,
-    Chunk,
-    Done,
-    Failed,
-    FindTaskRun,
     FrameError,
-    FromWorker,
     Ready,
     Refused,
     Start,
-    Started,
-    TaskRun,
     encode_boot,
     frame_bound,
 )
-from aip_crewai.sidecar.jobs.context import GENERIC_FAILURE, JobCancelled, JobContext, SafeJobError
+from aip_crewai.sidecar.jobs.context import JobContext
 
 log = structlog.get_logger(__name__)
 
@@ -414,11 +405,11 @@ class WorkerPool:
         worker = await self._take(owner)
         self._busy += 1
         self._top_up()  # a spare for the next job, booted while this one runs
-        job: _Job | None = None
+        job: JobFollower | None = None
         try:
             if not await worker.send(start):
                 raise WorkerDied(await worker.reap(), before_start=True)
-            job = _Job(self, worker, ctx)
+            job = JobFollower(self, worker, ctx)
             return await job.follow()
         finally:
             self._busy -= 1
@@ -441,156 +432,6 @@ class WorkerPool:
     def _replace_now(self) -> None:
         self._replacing = None
         self._top_up()
-
-
-class _Job:
-    """Follow one job's frames until its end; stop it on a cancel (grace, then kill)."""
-
-    def __init__(self, pool: WorkerPool, worker: WorkerHandle, ctx: JobContext) -> None:
-        self.pool = pool
-        self.worker = worker
-        self.ctx = ctx
-        self.calls: set[asyncio.Task[None]] = set()
-        #: The worker reported the job's end with ``last: false`` and was never told to stop: it may be kept warm.
-        self.reusable = False
-        self.stopping = False
-        #: A frame of the job came (``Started`` first, from a real worker): a death now may have had effects.
-        self.started = False
-
-    async def follow(self) -> dict[str, Any]:
-        try:
-            while True:
-                try:
-                    message = await self._next()
-                except asyncio.CancelledError:
-                    return await self._stop()
-                result = self._handle(message)
-                if result is not None:
-                    return result
-        finally:
-            for call in self.calls:
-                call.cancel()
-
-    async def _next(self) -> FromWorker:
-        try:
-            message = await self.worker.recv()
-        except FrameError as exc:
-            self.worker.kill()
-            await self.worker.reap()
-            log.error("worker_protocol_error", action_id=self.ctx.action_id, pid=self.worker.pid, error=str(exc))
-            raise SafeJobError(
-                "the worker process sent a frame the sidecar refuses; it was stopped",
-                error_type="WorkerProtocolError",
-                uncertain=True,
-            ) from None
-        if message is None:
-            raise await self._died()
-        return message
-
-    async def _died(self) -> WorkerDied:
-        code = await self.worker.reap()
-        self.pool.died_total += 1
-        log.error(
-            "worker_died",
-            action_id=self.ctx.action_id,
-            pid=self.worker.pid,
-            exit=describe_exit(code),
-            before_start=not self.started,
-        )
-        return WorkerDied(code, before_start=not self.started)
-
-    def _handle(self, message: FromWorker) -> dict[str, Any] | None:
-        """Apply one frame; the output once the job completed; raises its failure."""
-        ctx = self.ctx
-        self.started = True  # any frame of the job: it took it
-        if isinstance(message, Started):
-            return None
-        if isinstance(message, Chunk):
-            ctx.emit_chunk(message.data)
-            return None
-        if isinstance(message, FindTaskRun):
-            call = asyncio.get_running_loop().create_task(self._answer(message))
-            self.calls.add(call)
-            call.add_done_callback(self.calls.discard)
-            return None
-        if isinstance(message, Done | Failed):
-            cancelled = isinstance(message, Failed) and message.cancelled
-            self.reusable = not (message.last or cancelled or self.stopping)
-            if message.dropped and ctx.note_dropped is not None:
-                ctx.note_dropped(message.dropped)
-        if isinstance(message, Done):
-            ctx.run_state.update({index: state for index, state in message.run_state})
-            output: dict[str, Any] = msgspec.json.decode(message.output)
-            return output
-        if isinstance(message, Failed):
-            if message.cancelled:
-                ctx.stop_observed = True
-                raise JobCancelled(f"job {ctx.action_id} was cancelled")
-            ctx.stop_observed = ctx.stop_observed or message.stop_observed
-            raise SafeJobError(
-                message.message or GENERIC_FAILURE,
-                error_type=message.error_type,
-                before_any_effect=message.before_any_effect,
-                uncertain=message.uncertain,
-            )
-        raise SafeJobError(
-            "the worker process sent an unexpected message", error_type="WorkerProtocolError", uncertain=True
-        )
-
-    async def _answer(self, message: FindTaskRun) -> None:
-        run = None
-        if self.ctx.find_task_run is not None:
-            try:
-                run = await self.ctx.find_task_run(message.task_id)
-            except Exception as exc:  # noqa: BLE001 - the replay then finds no run: a typed refusal
-                log.error("task_run_lookup_failed", action_id=self.ctx.action_id, error_type=type(exc).__name__)
-        await self.worker.send(TaskRun(message.request, run))
-
-    async def _stop(self) -> dict[str, Any]:
-        """The job's task was cancelled: ask the worker to stop, kill it after the grace.
-
-        Returns the output when the worker completed anyway (the stop is then not observed).
-        Raises CancelledError once the worker stopped or died (stop observed), or the job's failure.
-        """
-        ctx = self.ctx
-        asked = time.monotonic()
-        self.stopping = True
-        await self.worker.send(Cancel())
-        deadline = asked + self.pool.cancel_grace_seconds
-        how = "died"
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
-                with anyio.fail_after(remaining):
-                    message = await self.worker.recv()
-                if message is None:  # died before answering: nothing ran after the flag
-                    await self.worker.reap()
-                    break
-                if isinstance(message, Failed) and message.cancelled:
-                    how = "stopped"  # the job ended on its cancel flag; the worker exits right after:
-                    await self.worker.reap()  # confirmed once it is gone (a thread it left dies with it)
-                    break
-                result = self._handle(message)
-                if result is not None:
-                    log.warning("job_finished_despite_cancel", action_id=ctx.action_id, pid=self.worker.pid)
-                    return result
-        except (TimeoutError, FrameError, asyncio.CancelledError):
-            how = "killed"
-            self.worker.kill()
-            self.pool.killed_total += 1
-            await self.worker.reap()
-        ctx.stop_observed = True
-        log.info(
-            "job_worker_stopped",
-            action_id=ctx.action_id,
-            pid=self.worker.pid,
-            how=how,
-            killed=how == "killed",
-            stop_ms=round((time.monotonic() - asked) * 1000, 1),
-        )
-        raise asyncio.CancelledError
 
 
 def _worker_entry(sock: socket.socket, boot_data: bytes) -> None:
