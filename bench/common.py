@@ -378,16 +378,18 @@ def tree_pss_kib(root: int) -> int:
     return sum(smaps_rollup(pid).get("Pss", 0) for pid in process_tree(root))
 
 
-async def settle(root: int, *, ready: Callable[[], bool] = lambda: True, quiet_s: float = QUIET_S) -> float:
+async def settle(
+    root: int, *, ready: Callable[[], bool] = lambda: True, quiet_s: float = QUIET_S, deadline_s: float = SETTLE_S
+) -> float:
     """Wait until ``root``'s tree is idle: its CPU did not grow for ``quiet_s`` (:data:`QUIET_S`) and ``ready()`` holds.
 
     Returns:
         the tree's CPU time then, seconds (:func:`tree_cpu_seconds`).
 
     Raises:
-        BenchError: not idle within :data:`SETTLE_S`.
+        BenchError: not idle within ``deadline_s`` (:data:`SETTLE_S`).
     """
-    end = time.monotonic() + SETTLE_S
+    end = time.monotonic() + deadline_s
     last, since = tree_cpu_seconds(root), time.monotonic()
     while True:
         await asyncio.sleep(POLL_S)
@@ -397,7 +399,7 @@ async def settle(root: int, *, ready: Callable[[], bool] = lambda: True, quiet_s
         elif time.monotonic() - since >= quiet_s and ready():
             return now
         if time.monotonic() > end:
-            raise BenchError(f"process {root}'s tree was still busy after {SETTLE_S:g} s")
+            raise BenchError(f"process {root}'s tree was still busy (or not ready) after {deadline_s:g} s")
 
 
 def pool_full(sidecar: int, size: int) -> Callable[[], bool]:

@@ -66,7 +66,14 @@ class ConfigError(ValueError):
 
 #: Settings of the job worker processes only: with ``--isolation inprocess`` a given one is ignored (a start-up
 #: warning names it).
-PROCESS_ONLY = ("cancel_grace_seconds", "idle_workers", "worker_nice", "worker_jobs", "preload_modules")
+PROCESS_ONLY = (
+    "cancel_grace_seconds",
+    "idle_workers",
+    "idle_shrink_seconds",
+    "worker_nice",
+    "worker_jobs",
+    "preload_modules",
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,8 @@ class Settings:
             or ``inprocess`` (jobs run in the sidecar process: debugging).
         idle_workers: with ``process``, job workers kept booted ahead of need (at most
             ``max_concurrency``; None: ``max_concurrency``).
+        idle_shrink_seconds: with ``process``, seconds without a job start after which at most one idle worker
+            is kept and warm workers are retired (0: never; ARCHITECTURE.md §5).
         worker_nice: with ``process``, what every job worker adds to the sidecar's niceness (0..19): jobs
             yield the CPU to the sidecar's event loop under contention (ARCHITECTURE.md §5).
         worker_jobs: with ``process``, jobs one worker runs at most, all of one tenant's one crew (1: a fresh
@@ -134,6 +143,7 @@ class Settings:
     isolation: str = "process"
     cancel_grace_seconds: float = 1.0
     idle_workers: int | None = None
+    idle_shrink_seconds: float = 30.0
     worker_nice: int = 10
     worker_jobs: int = 1
     preload_modules: tuple[str, ...] = DEFAULT_PRELOAD_MODULES
@@ -294,6 +304,7 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         isolation=values["isolation"],
         cancel_grace_seconds=values["cancel_grace_seconds"],
         idle_workers=idle_workers,
+        idle_shrink_seconds=values["idle_shrink_seconds"],
         worker_nice=values["worker_nice"],
         worker_jobs=values["worker_jobs"],
         preload_modules=values["preload_modules"],

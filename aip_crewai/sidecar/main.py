@@ -339,6 +339,7 @@ def _load_in_workers(settings: Settings) -> tuple[frozenset[str], object, CrewFa
         max_event_bytes=settings.max_event_bytes,
         context=context,
         idle=settings.idle_workers,
+        shrink_after_s=settings.idle_shrink_seconds,
     )
     return frozenset(described.crews), executor, CrewFacts(described.problems, described.inputs)
 

@@ -310,6 +310,16 @@ OPTIONS: tuple[Option, ...] = (
         "to boot (a fork, the registry import and a warm-up kickoff)",
     ),
     Option(
+        "idle_shrink_seconds",
+        "--idle-shrink-seconds",
+        "AIP_CREWAI_IDLE_SHRINK_SECONDS",
+        float_in(0.0, 86400.0),
+        30.0,
+        "with --isolation process: after this many seconds without a job start, idle workers beyond one exit "
+        "and warm workers are retired, so an idle sidecar holds one worker; the next job's start boots the "
+        "others back (0: keep --idle-workers booted always)",
+    ),
+    Option(
         "worker_nice",
         "--worker-nice",
         "AIP_CREWAI_WORKER_NICE",

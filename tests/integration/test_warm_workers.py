@@ -3,7 +3,8 @@ offline isolation crews, jobs over HTTP.
 
 A worker whose job ended on its own runs its owner's next job (the same tenant, crew and training
 directory), at most N in all, with the environment, working directory and standard streams put back;
-another tenant's or crew's job never runs in it, and a cancelled job's worker runs nothing more.
+another tenant's or crew's job never runs in it, and a cancelled job's worker runs nothing more. Once no job
+started for ``--idle-shrink-seconds``, warm workers are retired with the idle ones beyond the first.
 """
 
 from __future__ import annotations
@@ -40,26 +41,24 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sidecar, Pa
     markers.mkdir()
     factory = SidecarFactory(workdir)
     try:
-        sidecar = factory.start(
-            args=[
-                "--registry",
-                REGISTRY,
-                "--isolation",
-                "process",
-                "--worker-jobs",
-                str(JOBS),
-                "--max-concurrency",
-                "2",
-                "--idle-workers",
-                "1",
-                "--cancel-grace-seconds",
-                "5",
-            ],
-            env={"AIP_CREWAI_TEST_MARKER_DIR": str(markers), "AIP_CREWAI_TEST_BLOCK_SECONDS": "60"},
+        sidecar = start_warm(
+            factory,
+            markers,
+            ["--max-concurrency", "2", "--idle-workers", "1", "--cancel-grace-seconds", "5"],
+            AIP_CREWAI_TEST_BLOCK_SECONDS="60",
         )
         yield sidecar, markers
     finally:
         factory.close()
+
+
+def start_warm(factory: SidecarFactory, markers: Path, args: list[str], **env: str) -> Sidecar:
+    """A process-isolation sidecar on the isolation crews with ``--worker-jobs`` :data:`JOBS` and ``args``, its
+    probe markers in ``markers``."""
+    return factory.start(
+        args=["--registry", REGISTRY, "--isolation", "process", "--worker-jobs", str(JOBS), *args],
+        env={"AIP_CREWAI_TEST_MARKER_DIR": str(markers), **env},
+    )
 
 
 async def probe(client: httpx.AsyncClient, markers: Path, job: str, crew: str = "probe") -> dict[str, Any]:
@@ -127,3 +126,39 @@ async def test_a_cancelled_jobs_worker_runs_nothing_more(warm):
             (markers / "no-block").unlink()
     assert after.status_code == 200, after.text
     assert (markers / f"{quote('t3:after', safe='')}.started").read_text() != started.read_text()
+
+
+def job_workers(sidecar: Sidecar) -> list[int]:
+    """The live job workers of ``sidecar``: the children of its worker fork server (``/proc``)."""
+
+    def children(pid: int) -> list[int]:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+    (server,) = [
+        pid for pid in children(sidecar.process.pid) if "forkserver" in Path(f"/proc/{pid}/cmdline").read_text()
+    ]
+    return children(server)
+
+
+async def test_a_quiet_sidecar_keeps_one_idle_worker_and_retires_its_warm_ones(tmp_path: Path):
+    """``--idle-shrink-seconds``: once no job started for that long, a sidecar keeping two idle workers and a warm
+    one is down to one idle worker (the log says how many ended); the warm worker's owner then gets a fresh
+    worker, and the job completes."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    factory = SidecarFactory(tmp_path)
+    try:
+        sidecar = start_warm(
+            factory, markers, ["--max-concurrency", "3", "--idle-workers", "2", "--idle-shrink-seconds", "0.5"]
+        )
+        async with sidecar.client() as client:
+            first = await probe(client, markers, "t1:before-quiet")
+            await until_async(
+                lambda: (workers := job_workers(sidecar)) and len(workers) == 1 and first["pid"] not in workers,
+                what="one fresh job worker left",
+            )
+            assert sidecar.log_events("idle_workers_shrunk")
+            after = await probe(client, markers, "t1:after-quiet")
+        assert after["pid"] != first["pid"] and after["seen"] == []
+    finally:
+        factory.close()

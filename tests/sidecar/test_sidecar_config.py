@@ -351,6 +351,21 @@ def test_idle_workers_default_to_the_concurrency_and_never_exceed_it(base, idle,
         ).idle_workers == (expected)
 
 
+@pytest.mark.parametrize("value, ok", [("0", True), ("0.5", True), ("86400", True), ("86400.5", False), ("-1", False)])
+def test_idle_shrink_seconds_default_to_30_and_0_keeps_the_idle_workers(base, value, ok):
+    """``--idle-shrink-seconds`` / ``AIP_CREWAI_IDLE_SHRINK_SECONDS``: 0..86400 seconds, default 30 (0: never
+    shrink); outside stops start-up naming the setting and its range."""
+    assert load_settings(base, {}).idle_shrink_seconds == 30.0
+    if ok:
+        assert load_settings([*base, "--idle-shrink-seconds", value], {}).idle_shrink_seconds == float(value)
+        assert load_settings(base, {"AIP_CREWAI_IDLE_SHRINK_SECONDS": value}).idle_shrink_seconds == float(value)
+    else:
+        with pytest.raises(ConfigError, match=r"--idle-shrink-seconds.*0\.0\.\.86400\.0"):
+            load_settings([*base, "--idle-shrink-seconds", value], {})
+        with pytest.raises(ConfigError, match=r"AIP_CREWAI_IDLE_SHRINK_SECONDS.*0\.0\.\.86400\.0"):
+            load_settings(base, {"AIP_CREWAI_IDLE_SHRINK_SECONDS": value})
+
+
 @pytest.mark.parametrize("value, ok", [("0", True), ("19", True), ("20", False), ("-1", False), ("1.5", False)])
 def test_worker_nice_is_a_niceness_increment(base, value, ok):
     """``--worker-nice`` / ``AIP_CREWAI_WORKER_NICE``: 0..19 (what ``nice`` accepts), default 10; outside stops
@@ -404,6 +419,7 @@ def test_worker_jobs_counts_the_jobs_one_worker_may_run(base, value, ok):
         ([], {"AIP_CREWAI_WORKER_NICE": "3", "AIP_CREWAI_IDLE_WORKERS": "1"}, ["--idle-workers", "--worker-nice"]),
         (["--cancel-grace-seconds", "2"], {}, ["--cancel-grace-seconds"]),
         ([], {"AIP_CREWAI_PRELOAD_MODULES": "none"}, ["--preload-modules"]),
+        (["--idle-shrink-seconds", "0"], {}, ["--idle-shrink-seconds"]),
     ],
 )
 def test_process_only_settings_given_with_inprocess_isolation_are_named_in_a_warning(base, extra, environ, named):
@@ -414,7 +430,14 @@ def test_process_only_settings_given_with_inprocess_isolation_are_named_in_a_war
     (message,) = [text for event, text in settings.warnings if event == "process_options_ignored"]
     assert [
         name
-        for name in ("--cancel-grace-seconds", "--idle-workers", "--worker-nice", "--worker-jobs", "--preload-modules")
+        for name in (
+            "--cancel-grace-seconds",
+            "--idle-workers",
+            "--idle-shrink-seconds",
+            "--worker-nice",
+            "--worker-jobs",
+            "--preload-modules",
+        )
         if name in message
     ] == named
     assert not any(e == "process_options_ignored" for e, _ in load_settings([*base, *extra], environ).warnings)

@@ -36,6 +36,7 @@ def make_pool(
     idle: int | None = None,
     registry: str = "unused:CREWS",
     context: Any = None,
+    shrink_after_s: float = 0.0,
 ) -> WorkerPool:
     return WorkerPool(
         Boot(registry, "/nonexistent", True, "info"),
@@ -46,6 +47,7 @@ def make_pool(
         context=context or multiprocessing.get_context("spawn"),
         target=target,
         idle=idle,
+        shrink_after_s=shrink_after_s,
     )
 
 
@@ -256,9 +258,46 @@ async def test_a_spent_workers_replacement_waits_for_the_delay_and_a_waiting_job
         await pool.close()
 
 
-def warm_pool(target: Any, *, size: int = 2, idle: int = 1) -> WorkerPool:
+async def test_a_quiet_pool_keeps_one_idle_worker_and_the_next_job_boots_the_others_back():
+    """``--idle-shrink-seconds``: a pool of three idle workers that gets no job keeps one of them once the quiet
+    time passed (the other two exit); the next job runs in the one kept, and its start boots three spares at
+    once, beside it (six worker processes created in all)."""
+    context = CountingContext()
+    pool = make_pool(worker_fakes.asks_for_a_run, size=4, idle=3, context=context, shrink_after_s=0.2)
+    release, asked = asyncio.Event(), []
+    await pool.start()
+    try:
+        assert (pool.idle(), context.processes) == (3, 3)
+        await until_async(lambda: (len(pool.pids()), pool.idle()) == (1, 1), what="one idle worker kept")
+        assert pool.shrunk_total == 2
+        (kept,) = pool.pids()
+        job = asyncio.create_task(pool("crew", "replay", {"task_id": "t"}, make_ctx(held_lookup(release, asked))[0]))
+        await until_async(lambda: asked == ["t"], what="the job running in the worker kept")
+        assert kept in pool.pids() and context.processes == 6
+        release.set()
+        assert await job == {"found": True}
+    finally:
+        await pool.close()
+
+
+async def test_a_quiet_pool_retires_its_warm_workers_and_keeps_one_fresh_one():
+    """A warm worker is not kept past the quiet time either: it is retired (killed: it runs nothing), one fresh
+    idle worker stays, and the owner's next job runs in a fresh process."""
+    pool = warm_pool(worker_fakes.serves_jobs, size=2, idle=1, shrink_after_s=0.2)
+    await pool.start()
+    try:
+        first = await job_pid(pool, "t1")
+        assert pool.warm() == 1
+        await until_async(lambda: (pool.warm(), pool.idle(), len(pool.pids())) == (0, 1, 1), what="warm retired")
+        assert first not in pool.pids() and pool.shrunk_total == 1
+        assert await job_pid(pool, "t1") != first
+    finally:
+        await pool.close()
+
+
+def warm_pool(target: Any, *, size: int = 2, idle: int = 1, shrink_after_s: float = 0.0) -> WorkerPool:
     """A pool of ``target`` workers, which say for themselves whether they run another job (``last``)."""
-    return make_pool(target, size=size, idle=idle)
+    return make_pool(target, size=size, idle=idle, shrink_after_s=shrink_after_s)
 
 
 async def job_pid(pool: WorkerPool, tenant: str, crew: str = "crew") -> int:

@@ -23,6 +23,12 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
   storage. The idle workers trade memory (each holds about 23 MiB of its own)
   for start latency (a boot is a fork, the registry import and a warm-up
   kickoff: about 60 ms of CPU for a small registry).
+- **Shrink when quiet** (``--idle-shrink-seconds`` S, default 30; 0: never).
+  Once S seconds passed without a job start, the idle workers beyond one exit
+  and warm workers are retired: an idle sidecar holds one worker, not
+  ``--idle-workers``. The next job's start boots the spares back at once (it
+  finds the one kept; the jobs right behind it in a burst wait for a boot).
+  A deployment with a job at least every S seconds never shrinks.
 - **Warm workers** (``--worker-jobs`` N above 1). A worker whose job ended on
   its own (``last: false``: no cancel, no kill, no crash) is kept *warm* for
   its *owner*: the job's tenant, crew and training directory (what its job
@@ -60,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import socket
+import time
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -99,6 +106,8 @@ RESPAWN_DELAY_SECONDS, MAX_RESPAWN_DELAY_SECONDS = 0.5, 10.0
 #: for the CPU with the job's terminal commit and answer (2 cores: a `fast` job's POST /jobs about 4 ms faster at
 #: p50, bench/results/HISTORY.md). A job that waits for a worker meanwhile boots one at once.
 REPLACE_DELAY_S = 0.05
+#: After a shrink that found workers still booting, when to look again (s): a boot ends within its timeout.
+SHRINK_RECHECK_S = 1.0
 
 
 class WorkerPool:
@@ -109,6 +118,8 @@ class WorkerPool:
         size: workers alive at once, at most (``--max-concurrency``).
         idle: workers kept booted ahead of need (``--idle-workers``; default and at most ``size``): with
             fewer, a job that finds none idle waits for one to boot.
+        shrink_after_s: ``--idle-shrink-seconds``: seconds without a job start after which at most one idle
+            worker is kept and warm workers are retired (0: never; see the module docstring).
         cancel_grace_seconds: how long a cancelled job may take to stop before its worker is killed.
         max_events: ``--max-events-per-run``; max_event_bytes: ``--max-event-bytes``.
         context: the multiprocessing context (default: :func:`start_forkserver`'s).
@@ -132,10 +143,12 @@ class WorkerPool:
         context: BaseContext | None = None,
         target: Callable[[socket.socket, bytes], None] | None = None,
         idle: int | None = None,
+        shrink_after_s: float = 0.0,
     ) -> None:
         self.boot = boot
         self.size = size
         self.spare = size if idle is None else min(idle, size)
+        self.shrink_after_s = shrink_after_s
         self.cancel_grace_seconds = cancel_grace_seconds
         self.max_events = max_events
         self.max_event_bytes = max_event_bytes
@@ -149,6 +162,8 @@ class WorkerPool:
         self._processes: set[Any] = set()  # every worker process started and not yet known to be reaped
         self._spawning: set[asyncio.Task[Any]] = set()
         self._replacing: asyncio.TimerHandle | None = None  # the pending _replace_later
+        self._shrinking: asyncio.TimerHandle | None = None  # the pending _shrink_if_quiet
+        self._last_start = time.monotonic()  # of the last job (or of the pool's start), monotonic s
         self._booting = 0  # workers being started in the background (_top_up)
         self._busy = 0  # workers running a job
         self._waiting = 0  # jobs waiting for an idle worker
@@ -160,6 +175,7 @@ class WorkerPool:
         self.died_total = 0
         self.reused_total = 0  # jobs that ran in a warm worker
         self.retired_total = 0  # warm workers killed to make room
+        self.shrunk_total = 0  # idle and warm workers ended by a shrink
 
     # ------------------------------------------------------------------ life
 
@@ -186,14 +202,16 @@ class WorkerPool:
                 raise threaded
             raise WorkerStartFailed(f"{len(failed)} of {count} job workers could not start ({failed[0]})")
         self._started = True
+        self._note_start()  # a sidecar that never gets a job shrinks too
         log.info("workers_ready", workers=count, max_workers=self.size)
 
     async def close(self) -> None:
         """Stop starting workers and kill every worker (idle or busy); wait for their exits."""
         self._closing = True
         atexit.unregister(self._kill_all_now)
-        if self._replacing is not None:
-            self._replacing.cancel()
+        for timer in (self._replacing, self._shrinking):
+            if timer is not None:
+                timer.cancel()
         for task in list(self._spawning):
             task.cancel()
         workers = list(self._alive)
@@ -291,7 +309,7 @@ class WorkerPool:
         while self._warm and unserved > max(free, 0):  # every slot held: the oldest warm worker makes room
             self._retire(next(iter(self._warm)))
             free += 1
-        wanted = min(self.size - self._busy - len(self._warm), self.spare + self._waiting)
+        wanted = min(self.size - self._busy - len(self._warm), self._spares() + self._waiting)
         for _ in range(wanted - ready):
             self._booting += 1
             task = asyncio.get_running_loop().create_task(self._boot_one())
@@ -325,6 +343,47 @@ class WorkerPool:
         log.info("warm_worker_retired", pid=worker.pid)
         worker.kill()
         self._forget(worker)
+
+    def _spares(self) -> int:
+        """Idle workers wanted now: ``idle``, or at most one once :attr:`shrink_after_s` passed without a job start."""
+        quiet = self.shrink_after_s > 0 and time.monotonic() - self._last_start >= self.shrink_after_s
+        return min(self.spare, 1) if quiet else self.spare
+
+    def _note_start(self) -> None:
+        """A job starts (or the pool did): the quiet time counts from now; one timer watches it."""
+        self._last_start = time.monotonic()
+        if self.shrink_after_s > 0 and self._shrinking is None and not self._closing:
+            self._shrinking = asyncio.get_running_loop().call_later(self.shrink_after_s, self._shrink_if_quiet)
+
+    def _shrink_if_quiet(self) -> None:
+        """Once :attr:`shrink_after_s` passed since the last job start: end the idle workers beyond
+        :meth:`_spares` (the oldest first) and every warm one (each is killed: it runs nothing), then watch again
+        while a boot under way may still add one."""
+        self._shrinking = None
+        if self._closing:
+            return
+        loop = asyncio.get_running_loop()
+        left = self._last_start + self.shrink_after_s - time.monotonic()
+        if left > 0:
+            self._shrinking = loop.call_later(left, self._shrink_if_quiet)
+            return
+        ended = 0
+        while self._idle.qsize() > self._spares():
+            worker = self._idle.get_nowait()
+            worker.kill()
+            self._forget(worker)
+            ended += 1
+        for worker in list(self._warm):
+            del self._warm[worker]
+            worker.kill()
+            self._forget(worker)
+            ended += 1
+        self._top_up()  # the one kept: booted when none was idle (a warm worker's owner gone quiet)
+        if ended:
+            self.shrunk_total += ended
+            log.info("idle_workers_shrunk", ended=ended, idle=self._idle.qsize(), quiet_s=self.shrink_after_s)
+        if self._booting:
+            self._shrinking = loop.call_later(SHRINK_RECHECK_S, self._shrink_if_quiet)
 
     def _forget(self, worker: WorkerHandle) -> None:
         """The worker holds no slot any more: reap it in the background (it exits by itself or was killed)."""
@@ -402,6 +461,7 @@ class WorkerPool:
 
     async def _run_in_one(self, owner: Owner, start: Start, ctx: JobContext) -> dict[str, Any]:
         """Run ``start`` in one worker (warm for ``owner``, else idle, else booted)."""
+        self._note_start()  # before _take: after a quiet time, the spares boot back with this job's own
         worker = await self._take(owner)
         self._busy += 1
         self._top_up()  # a spare for the next job, booted while this one runs
