@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog.testing
 from kits import aip
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import SIDECAR_TOKEN, bearer, envelope, post_message, running, submit_action
@@ -109,13 +110,16 @@ async def test_the_wait_ends_at_its_bound_for_a_run_whose_start_is_never_answere
 
 async def test_an_events_page_of_a_run_waiting_for_its_approval_is_an_empty_page_not_a_failure(make_app):
     """The sidecar does not know a run that waits for its approval (404): the host answers its own view of it,
-    an empty page at the asked cursor with the run's state, as a ``status`` read answers the run's state."""
+    an empty page at the asked cursor with the run's state, as a ``status`` read answers the run's state, and logs
+    no warning."""
     sidecar = FakeSidecar(SIDECAR_TOKEN)
     async with running(make_app(sidecar_transport=sidecar.transport())) as http:
         await submit_action(http, "act_run")
         body = aip.action("act_ev", "cap:crewai:beta:events", {"run_action_id": "act_run", "cursor": 2})
-        answer = await post_message(http, "acme-invoker", envelope("msg_ev", body=body))
+        with structlog.testing.capture_logs() as logs:
+            answer = await post_message(http, "acme-invoker", envelope("msg_ev", body=body))
     assert answer.status_code == 200, answer.text
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []  # an expected 404, not a failure
     result = answer.json()["body"]["action_result"]
     assert result["status"] == "completed", result
     assert result["output"] == {

@@ -8,6 +8,7 @@ Every read is still an action in the store, with its target check.
 import json
 
 import pytest
+import structlog.testing
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, open_action_service, running
 from kits.hostapp import completed_run as completed_run_over_http
@@ -190,17 +191,28 @@ async def test_another_tenant_or_principal_is_not_answered_from_the_cache(env):
 
 
 async def test_the_hosts_own_view_of_an_unsent_run_and_errors_are_not_cached(env):
+    """A run pending its approval is answered from the host's view (the sidecar's 404 is expected: an info line,
+    no warning); a run the sidecar admitted and then lost fails the read, with a ``dispatch_failed`` warning an
+    operator should chase. Neither is cached."""
     service, sidecar = env
     await service.submit(INVOKER, run_action("p1", "k-p1"), None, stream=False)  # pending its approval
-    for status_id in ("s1", "s2"):
-        _, result = await read_status(service, status_id, "p1")
-        assert result.output["status"] == "pending_approval"
+    with structlog.testing.capture_logs() as logs:
+        for status_id in ("s1", "s2"):
+            _, result = await read_status(service, status_id, "p1")
+            assert result.output["status"] == "pending_approval"
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+    assert [e["event"] for e in logs if e["event"] == "read_unknown_to_sidecar"] == ["read_unknown_to_sidecar"] * 2
     assert view_reads(sidecar, "p1") == 2 and len(service.status_views) == 0
     await completed_run(service)
     del sidecar.jobs["acme:a1"]  # the sidecar lost it: a 404, a failed read, never cached
-    for status_id in ("s3", "s4"):
-        _, result = await read_status(service, status_id)
-        assert result.status == "failed" and result.error.details["remote_status"] == 404
+    with structlog.testing.capture_logs() as logs:
+        for status_id in ("s3", "s4"):
+            _, result = await read_status(service, status_id)
+            assert result.status == "failed" and result.error.details["remote_status"] == 404
+    warned = [e for e in logs if e["log_level"] == "warning"]
+    assert [(e["event"], e["code"]) for e in warned] == [
+        ("dispatch_failed", "connector.crewai.configuration_or_input")
+    ] * 2
     assert len(service.status_views) == 0
 
 

@@ -119,6 +119,12 @@ class Job:
         return sidecar_job_id(self.tenant, str(self.input["run_action_id"]))
 
 
+def host_may_answer(job: Job) -> bool:
+    """Whether the host answers ``job`` itself when the sidecar does not know its run (a 404): a ``status`` or an
+    ``events`` page, not a streamed ``events`` (:func:`.dispatch_task.answer_before_admission`; ARCHITECTURE.md §9)."""
+    return job.spec.name == "status" or (job.spec.name == "events" and not job.stream)
+
+
 class Dispatcher:
     """Runs jobs on the sidecars.
 
@@ -212,7 +218,12 @@ class Dispatcher:
                 and job.dispatch.state != DispatchState.NOT_SENT
             ):
                 exc = await self._cancel_after_failure(job, exc)
-            log.warning("dispatch_failed", code=exc.code, operation=job.spec.name, dispatch=job.dispatch.state)
+            if host_may_answer(job) and exc.details.get("remote_status") == 404:
+                # Most often a run not admitted yet (pending approval, its start on the way): the host's own view
+                # answers it (dispatch_task.answer_before_admission, which warns when the 404 stands).
+                log.info("read_unknown_to_sidecar", code=exc.code, operation=job.spec.name)
+            else:
+                log.warning("dispatch_failed", code=exc.code, operation=job.spec.name, dispatch=job.dispatch.state)
             return failed_result(job.action_id, exc)
 
     async def _run(self, job: Job, on_chunks: OnChunks) -> ActionResult:

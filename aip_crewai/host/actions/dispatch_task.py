@@ -19,7 +19,7 @@ from ..sidecars.client import DispatchProgress
 from ..store.records import LeaseLost, StoreUnavailable
 from ..tracing import dispatching, record_outcome
 from .chunk_sink import ChunkSink
-from .dispatch import DispatchDeferred, Job, OnChunks, StartNotAdmitted
+from .dispatch import DispatchDeferred, Job, OnChunks, StartNotAdmitted, host_may_answer
 from .lifecycle import ActionState, DispatchState
 from .live import LiveAction
 from .normalize import failed_result
@@ -303,16 +303,19 @@ async def answer_before_admission(runtime: ActionRuntime, job: Job, result: Acti
     on the sidecar the store places it on: the 404 may predate that answer (the start was admitted while the
     read was on its way), and the second answer stands, a 404 included. A streamed ``events`` keeps its 404
     (ARCHITECTURE.md §9, inspections of a run)."""
-    if not _unknown_to_sidecar(result) or (job.spec.name != "status" and (job.spec.name != "events" or job.stream)):
+    if not _unknown_to_sidecar(result) or not host_may_answer(job):
         return result
     run_action_id = str(job.input["run_action_id"])
     target = await runtime.store.get_action(job.tenant, run_action_id)
     if target is None:
-        return result
+        return result  # not the caller's run: the action's write answers ActionNotFound
     if target.dispatch == DispatchState.ACKNOWLEDGED:
         job.target_sidecar = target.sidecar
         log.info("read_asked_again", run_action_id=run_action_id, reason="run admitted since the 404")
-        return await runtime.dispatcher.run(job, no_chunks)
+        result = await runtime.dispatcher.run(job, no_chunks)
+        if _unknown_to_sidecar(result) and result.error is not None:  # a run its sidecar admitted, unknown there
+            log.warning("dispatch_failed", code=result.error.code, operation=job.spec.name, dispatch=job.dispatch.state)
+        return result
     if job.spec.name == "status":
         view: dict[str, object] = {
             "action_id": run_action_id,
