@@ -322,7 +322,7 @@ async def run() -> Section:
         f"last batches): {_mib(quiet_pss)}.",
         f"Worker-pool setting: `--idle-workers` (env AIP_CREWAI_IDLE_WORKERS, default `--max-concurrency`, "
         f"{POOL} here) is the workers kept booted ahead of need, the memory traded for start latency, while jobs "
-        f"come; `--idle-shrink-seconds` (default {SHRINK_S:g}) without a job start leaves one (the next job's "
+        f"come; `--idle-shrink-seconds` (default {SHRINK_S:g}) without a job starting or ending leaves one (the next job's "
         f"start boots the others back). Each idle worker holds {_mib(uss)} of its own "
         f"(USS; the rest of its PSS is pages shared with the fork server), so one fewer saves about that much "
         f"(at {LEAN_IDLE}, about {_mib(one)} was expected; measured {_mib(lean_pss)}, on a sidecar of its own after the "

@@ -102,7 +102,7 @@ class Settings:
             or ``inprocess`` (jobs run in the sidecar process: debugging).
         idle_workers: with ``process``, job workers kept booted ahead of need (at most
             ``max_concurrency``; None: ``max_concurrency``).
-        idle_shrink_seconds: with ``process``, seconds without a job start after which at most one idle worker
+        idle_shrink_seconds: with ``process``, seconds without a job starting or ending after which at most one idle worker
             is kept and warm workers are retired (0: never; ARCHITECTURE.md §5).
         worker_nice: with ``process``, what every job worker adds to the sidecar's niceness (0..19): jobs
             yield the CPU to the sidecar's event loop under contention (ARCHITECTURE.md §5).

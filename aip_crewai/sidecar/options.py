@@ -315,9 +315,9 @@ OPTIONS: tuple[Option, ...] = (
         "AIP_CREWAI_IDLE_SHRINK_SECONDS",
         float_in(0.0, 86400.0),
         30.0,
-        "with --isolation process: after this many seconds without a job start, idle workers beyond one exit "
-        "and warm workers are retired, so an idle sidecar holds one worker; the next job's start boots the "
-        "others back (0: keep --idle-workers booted always)",
+        "with --isolation process: after this many seconds without a job starting or ending, idle workers beyond "
+        "one (none with --idle-workers 0) exit and warm workers are retired, so an idle sidecar holds one worker; "
+        "the next job's start boots the others back (0: keep --idle-workers booted always)",
     ),
     Option(
         "worker_nice",

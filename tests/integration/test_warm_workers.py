@@ -141,7 +141,7 @@ def job_workers(sidecar: Sidecar) -> list[int]:
 
 
 async def test_a_quiet_sidecar_keeps_one_idle_worker_and_retires_its_warm_ones(tmp_path: Path):
-    """``--idle-shrink-seconds``: once no job started for that long, a sidecar keeping two idle workers and a warm
+    """``--idle-shrink-seconds``: once no job started or ended for that long, a sidecar keeping two idle workers and a warm
     one is down to one idle worker (the log says how many ended); the warm worker's owner then gets a fresh
     worker, and the job completes."""
     markers = tmp_path / "markers"

@@ -295,6 +295,26 @@ async def test_a_quiet_pool_retires_its_warm_workers_and_keeps_one_fresh_one():
         await pool.close()
 
 
+async def test_a_worker_left_warm_by_a_job_that_outlived_a_shrink_is_retired_once_quiet_again():
+    """A job still running when the pool shrank (its spare beyond one ended) leaves its worker warm at its end;
+    that worker does not stay for good: once no job started or ended for the quiet time, it is retired too."""
+    pool = warm_pool(worker_fakes.serves_jobs, size=3, idle=2, shrink_after_s=0.2)
+    release, asked = asyncio.Event(), []
+    ctx, _chunks, _dropped = make_ctx(held_lookup(release, asked))
+    await pool.start()
+    try:
+        job = asyncio.create_task(pool("crew", "run", {"hold": True}, ctx))
+        await until_async(lambda: pool.shrunk_total == 1 and pool.idle() == 1, what="a shrink while the job runs")
+        assert asked == ["held"] and not job.done()
+        release.set()
+        pid = (await job)["pid"]
+        assert pid in pool.pids()
+        await until_async(lambda: pool.warm() == 0 and pid not in pool.pids(), what="the warm worker retired")
+        assert pool.shrunk_total >= 2  # the warm one, and the spare its job's end booted back
+    finally:
+        await pool.close()
+
+
 def warm_pool(target: Any, *, size: int = 2, idle: int = 1, shrink_after_s: float = 0.0) -> WorkerPool:
     """A pool of ``target`` workers, which say for themselves whether they run another job (``last``)."""
     return make_pool(target, size=size, idle=idle, shrink_after_s=shrink_after_s)

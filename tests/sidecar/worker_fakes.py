@@ -92,10 +92,14 @@ def fails(sock: socket.socket, _boot: bytes) -> None:
 
 
 def serves_jobs(sock: socket.socket, _boot: bytes) -> None:
-    """A warm worker: answers each job with its pid and ``last: false`` until end of file."""
+    """A warm worker: answers each job with its pid and ``last: false`` until end of file; a job with the input
+    ``hold`` first asks for a task run (``FindTaskRun``) and ends once it is answered."""
     channel = Channel(sock, frame_bound(1024))
     channel.send(Ready(os.getpid()))
-    while isinstance(channel.recv(), Start):
+    while isinstance(start := channel.recv(), Start):
+        if start.input.get("hold"):
+            channel.send(FindTaskRun(1, "held"))
+            assert isinstance(channel.recv(), TaskRun)
         channel.send(Done(b'{"pid": %d}' % os.getpid(), [], last=False))
 
 

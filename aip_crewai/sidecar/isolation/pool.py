@@ -24,11 +24,12 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
   for start latency (a boot is a fork, the registry import and a warm-up
   kickoff: about 60 ms of CPU for a small registry).
 - **Shrink when quiet** (``--idle-shrink-seconds`` S, default 30; 0: never).
-  Once S seconds passed without a job start, the idle workers beyond one exit
-  and warm workers are retired: an idle sidecar holds one worker, not
-  ``--idle-workers``. The next job's start boots the spares back at once (it
-  finds the one kept; the jobs right behind it in a burst wait for a boot).
-  A deployment with a job at least every S seconds never shrinks.
+  Once S seconds passed without a job starting or ending, the idle workers
+  beyond one (none with ``--idle-workers 0``) exit and warm workers are
+  retired: an idle sidecar holds one worker, not ``--idle-workers``. The next
+  job's start boots the spares back at once (it finds the one kept; the jobs
+  right behind it in a burst wait for a boot). A deployment with a job at
+  least every S seconds never shrinks.
 - **Warm workers** (``--worker-jobs`` N above 1). A worker whose job ended on
   its own (``last: false``: no cancel, no kill, no crash) is kept *warm* for
   its *owner*: the job's tenant, crew and training directory (what its job
@@ -118,8 +119,8 @@ class WorkerPool:
         size: workers alive at once, at most (``--max-concurrency``).
         idle: workers kept booted ahead of need (``--idle-workers``; default and at most ``size``): with
             fewer, a job that finds none idle waits for one to boot.
-        shrink_after_s: ``--idle-shrink-seconds``: seconds without a job start after which at most one idle
-            worker is kept and warm workers are retired (0: never; see the module docstring).
+        shrink_after_s: ``--idle-shrink-seconds``: seconds without a job starting or ending after which at most
+            one idle worker is kept and warm workers are retired (0: never; see the module docstring).
         cancel_grace_seconds: how long a cancelled job may take to stop before its worker is killed.
         max_events: ``--max-events-per-run``; max_event_bytes: ``--max-event-bytes``.
         context: the multiprocessing context (default: :func:`start_forkserver`'s).
@@ -163,7 +164,7 @@ class WorkerPool:
         self._spawning: set[asyncio.Task[Any]] = set()
         self._replacing: asyncio.TimerHandle | None = None  # the pending _replace_later
         self._shrinking: asyncio.TimerHandle | None = None  # the pending _shrink_if_quiet
-        self._last_start = time.monotonic()  # of the last job (or of the pool's start), monotonic s
+        self._last_activity = time.monotonic()  # a job's start or end (or the pool's start), monotonic s
         self._booting = 0  # workers being started in the background (_top_up)
         self._busy = 0  # workers running a job
         self._waiting = 0  # jobs waiting for an idle worker
@@ -202,7 +203,7 @@ class WorkerPool:
                 raise threaded
             raise WorkerStartFailed(f"{len(failed)} of {count} job workers could not start ({failed[0]})")
         self._started = True
-        self._note_start()  # a sidecar that never gets a job shrinks too
+        self._note_activity()  # a sidecar that never gets a job shrinks too
         log.info("workers_ready", workers=count, max_workers=self.size)
 
     async def close(self) -> None:
@@ -345,25 +346,27 @@ class WorkerPool:
         self._forget(worker)
 
     def _spares(self) -> int:
-        """Idle workers wanted now: ``idle``, or at most one once :attr:`shrink_after_s` passed without a job start."""
-        quiet = self.shrink_after_s > 0 and time.monotonic() - self._last_start >= self.shrink_after_s
+        """Idle workers wanted now: ``idle``, or at most one once :attr:`shrink_after_s` passed without a job
+        starting or ending."""
+        quiet = self.shrink_after_s > 0 and time.monotonic() - self._last_activity >= self.shrink_after_s
         return min(self.spare, 1) if quiet else self.spare
 
-    def _note_start(self) -> None:
-        """A job starts (or the pool did): the quiet time counts from now; one timer watches it."""
-        self._last_start = time.monotonic()
+    def _note_activity(self) -> None:
+        """A job starts or ends (or the pool started): the quiet time counts from now; one timer watches it (a
+        worker left warm by a job that outlived a shrink is retired once the pool is quiet again)."""
+        self._last_activity = time.monotonic()
         if self.shrink_after_s > 0 and self._shrinking is None and not self._closing:
             self._shrinking = asyncio.get_running_loop().call_later(self.shrink_after_s, self._shrink_if_quiet)
 
     def _shrink_if_quiet(self) -> None:
-        """Once :attr:`shrink_after_s` passed since the last job start: end the idle workers beyond
+        """Once :attr:`shrink_after_s` passed since a job last started or ended: end the idle workers beyond
         :meth:`_spares` (the oldest first) and every warm one (each is killed: it runs nothing), then watch again
         while a boot under way may still add one."""
         self._shrinking = None
         if self._closing:
             return
         loop = asyncio.get_running_loop()
-        left = self._last_start + self.shrink_after_s - time.monotonic()
+        left = self._last_activity + self.shrink_after_s - time.monotonic()
         if left > 0:
             self._shrinking = loop.call_later(left, self._shrink_if_quiet)
             return
@@ -381,7 +384,13 @@ class WorkerPool:
         self._top_up()  # the one kept: booted when none was idle (a warm worker's owner gone quiet)
         if ended:
             self.shrunk_total += ended
-            log.info("idle_workers_shrunk", ended=ended, idle=self._idle.qsize(), quiet_s=self.shrink_after_s)
+            log.info(
+                "idle_workers_shrunk",
+                ended=ended,
+                idle=self._idle.qsize(),
+                booting=self._booting,
+                quiet_s=self.shrink_after_s,
+            )
         if self._booting:
             self._shrinking = loop.call_later(SHRINK_RECHECK_S, self._shrink_if_quiet)
 
@@ -461,7 +470,7 @@ class WorkerPool:
 
     async def _run_in_one(self, owner: Owner, start: Start, ctx: JobContext) -> dict[str, Any]:
         """Run ``start`` in one worker (warm for ``owner``, else idle, else booted)."""
-        self._note_start()  # before _take: after a quiet time, the spares boot back with this job's own
+        self._note_activity()  # before _take: after a quiet time, the spares boot back with this job's own
         worker = await self._take(owner)
         self._busy += 1
         self._top_up()  # a spare for the next job, booted while this one runs
@@ -473,6 +482,7 @@ class WorkerPool:
             return await job.follow()
         finally:
             self._busy -= 1
+            self._note_activity()  # a job that outlived a shrink: its warm worker is retired once quiet again
             kept = job is not None and job.reusable and not self._closing
             if kept:
                 self._warm[worker] = owner
