@@ -5,7 +5,7 @@ Without the browser, or without Playwright, every test here skips with one line 
 ``AIP_CREWAI_CHROMIUM`` overrides the browser path. Screenshots go to ``.artifacts/browser/`` (or
 ``$AIP_CREWAI_TEST_ARTIFACTS/browser``).
 
-Fixtures: ``host_with_key_approver`` (test_console_browser.py: a real sidecar and host on loopback: the integration helpers' tenants and principals,
+Fixtures: ``host`` (one sidecar and host per module), ``host_with_key_approver`` (test_console_browser.py: a real sidecar and host on loopback: the integration helpers' tenants and principals,
 plus ``acme-key-approver``, an approver with only an Ed25519 key), ``browser`` (one headless Chromium per
 module) and ``artifacts`` (the screenshot directory).
 """
@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kits.host import Host, start_host
 from kits.sidecar import SidecarFactory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +62,24 @@ def artifacts() -> Path:
     path = base / "browser"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """One sidecar and one host for the module (the integration helpers' tenants and principals)."""
+    base = tmp_path_factory.mktemp("console")
+    base.chmod(0o700)
+    (base / "sidecar").mkdir(mode=0o700)
+    factory = SidecarFactory(base / "sidecar")
+    try:
+        sidecar = factory.start()
+        started = start_host(base / "host", sidecar.base_url, sidecar.token)
+        try:
+            yield started
+        finally:
+            started.stop()
+    finally:
+        factory.close()
 
 
 @pytest.fixture

@@ -7,16 +7,12 @@ whose garbled PEMs get precise errors, honest empty states and jittered reconnec
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kits.host import TOKENS, start_host
-from kits.sidecar import SidecarFactory
+from kits.host import TOKENS, submit_for_approval
 from playwright.sync_api import expect
-
-from aip_crewai.client import new_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -27,29 +23,8 @@ PHONE = {"width": 375, "height": 740}
 MAX_TABS = 60
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    base = tmp_path_factory.mktemp("console")
-    base.chmod(0o700)
-    (base / "sidecar").mkdir(mode=0o700)
-    factory = SidecarFactory(base / "sidecar")
-    try:
-        sidecar = factory.start()
-        started = start_host(base / "host", sidecar.base_url, sidecar.token)
-        try:
-            yield started
-        finally:
-            started.stop()
-    finally:
-        factory.close()
-
-
 def submit(host: Any, **input: Any) -> str:
-    action_id = new_id("act")
-    with host.client("acme-app") as app:
-        answer = app.call("cap:crewai:echo", {"topic": "t", **input}, action_id=action_id, idempotency_key=new_id("k"))
-    assert answer["body"]["action_result"]["status"] == "pending_approval"
-    return action_id
+    return submit_for_approval(host, {"topic": "t", **input})
 
 
 def focused(page: Any) -> dict[str, Any]:

@@ -4,10 +4,8 @@ warning, so the rendered text never reads as the spoofed string (docs/approvals.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from kits.host import TOKENS, start_host
+from kits.host import TOKENS
 from playwright.sync_api import expect
 
 from aip_crewai.client import new_id
@@ -29,16 +27,6 @@ VISUAL_ORDER = """(element) => {
   }
   return null;
 }"""
-
-
-@pytest.fixture
-def host(sidecar_factory, tmp_path) -> Any:
-    sidecar = sidecar_factory.start()
-    started = start_host(tmp_path / "host", sidecar.base_url, sidecar.token)
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 def test_the_console_never_renders_a_spoofed_input_as_the_spoof(host, browser, artifacts) -> None:

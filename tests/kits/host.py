@@ -266,3 +266,16 @@ def start_host(
         except Deadline as exc:
             raise Deadline(f"{exc}:\n{log.read_text()}") from None
     return host
+
+
+def submit_for_approval(host: Host, input: dict[str, Any], capability: str = "cap:crewai:echo") -> str:
+    """Call ``capability`` as ``acme-app`` with ``input`` and a new action id and key; assert it waits for approval.
+
+    Returns the action id."""
+    from aip_crewai.client import new_id
+
+    action_id = new_id("act")
+    with host.client("acme-app") as app:
+        answer = app.call(capability, input, action_id=action_id, idempotency_key=new_id("k"))
+    assert answer["body"]["action_result"]["status"] == "pending_approval", answer
+    return action_id

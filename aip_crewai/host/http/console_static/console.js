@@ -167,7 +167,7 @@ function describe(err) {
   return err && err.message ? err.message : String(err);
 }
 
-async function api(method, path, payload) {
+async function api(method, path, payload, exact = false) {
   const url = new URL(path, location.origin).href;
   const body = payload === undefined ? undefined : JSON.stringify(payload);
   const headers = { Accept: "application/aip+json, application/json", ...(await authHeaders(method, url, body)) };
@@ -180,7 +180,33 @@ async function api(method, path, payload) {
     const error = data && data.body && data.body.error && data.body.error.error;
     throw new ApiError(response.status, error);
   }
-  return data;
+  return exact && data ? { data, exact: parseExact(text) } : data;
+}
+
+// ---------------------------------------------------------------- exact numbers
+// JSON.parse reads every number as a double: 12345678901234567891 becomes 12345678901234567000, 1.0 becomes
+// 1 and -0.0 becomes 0, while the crew runs the host's exact value. An input is therefore parsed keeping each
+// number's source text (JSON.rawJSON, JSON.parse's reviver `context.source`: Chrome 114, Firefox 135,
+// Safari 18.4), which renderJson and JSON.stringify write back verbatim. A browser without it gets
+// `exactNumbers: false` and the console says that its numbers may read differently. docs/approvals.md.
+const EXACT_NUMBERS = typeof JSON.rawJSON === "function" && typeof JSON.isRawJSON === "function"
+  && JSON.parse("1.0", (key, value, context) => (context && context.source === "1.0" ? JSON.rawJSON("1.0") : value))
+    .rawJSON === "1.0";
+
+function parseExact(text) {
+  if (!EXACT_NUMBERS) return null;
+  return JSON.parse(text, (key, value, context) => (typeof value === "number" ? JSON.rawJSON(context.source) : value));
+}
+
+function isExactNumber(value) {
+  return EXACT_NUMBERS && JSON.isRawJSON(value);
+}
+
+// Whether a value holds a number (a browser without exact numbers may show it otherwise than it runs).
+function holdsNumber(value) {
+  if (typeof value === "number" || isExactNumber(value)) return true;
+  if (value === null || typeof value !== "object") return false;
+  return Object.values(value).some(holdsNumber);
 }
 
 // How long to wait before reconnect `attempt` (0 first): the server's `retry` (ms) doubled per failed
@@ -314,6 +340,7 @@ function renderJson(parent, value, found, path = "$", indent = "") {
     return marked;
   };
   if (typeof value === "string") return string(value, found.get(path));
+  if (isExactNumber(value)) { parent.append(value.rawJSON); return 0; }
   if (value === null || typeof value !== "object") { parent.append(JSON.stringify(value)); return 0; }
   const entries = Array.isArray(value) ? value.map((v, i) => [i, v]) : Object.entries(value);
   const [open, close] = Array.isArray(value) ? ["[", "]"] : ["{", "}"];
@@ -341,6 +368,7 @@ async function displayFindings(view) {
     if (!found.has(at)) found.set(at, new Set());
     found.get(at).add(f.index);
   }
+  found.truncated = answer.truncated === true;  // the host listed only its first MAX_FINDINGS: others are unmarked
   return found;
 }
 
@@ -365,13 +393,22 @@ function span(className, text, faithful = true) {
   return element;
 }
 
-// The first PREVIEW_CHARS code points of the input's compact JSON, each misread code point as its marker.
+// A compact JSON text split into its string literals (the last one perhaps cut short) and what lies between.
+const JSON_PIECES = /"(?:[^"\\]|\\.)*"?|[^"]+/gsu;
+
+// The first PREVIEW_CHARS code points of the input's compact JSON, each misread code point as its marker and
+// each string isolated (bidi), as in the detail: a right-to-left letter never reorders the keys and numbers after it.
 function preview(view) {
   const element = span("preview", "", false);
   if (!view.evidence_payload) { element.textContent = view.previewError || "input loading…"; return element; }
-  const text = JSON.stringify(view.evidence_payload.input);
-  const points = [...text];
-  appendFaithful(element, points.slice(0, PREVIEW_CHARS).join("") + (points.length > PREVIEW_CHARS ? "…" : ""), null, false);
+  const points = [...JSON.stringify(view.evidence_payload.input)];
+  for (const piece of points.slice(0, PREVIEW_CHARS).join("").match(JSON_PIECES) || []) {
+    if (!piece.startsWith('"')) { appendFaithful(element, piece, null, false); continue; }
+    const literal = span("s", "", false);
+    appendFaithful(literal, piece, null, false);
+    element.append(literal);
+  }
+  if (points.length > PREVIEW_CHARS) element.append("…");
   return element;
 }
 
@@ -540,7 +577,13 @@ function renderLists() {
 // The approval with its input (and display findings): for the detail and the card's preview.
 async function refreshApproval(approvalId) {
   try {
-    const view = await api("GET", `${API}/approvals/${encodeURIComponent(approvalId)}`);
+    const answer = await api("GET", `${API}/approvals/${encodeURIComponent(approvalId)}`, undefined, true);
+    const view = answer.data;
+    if (view.evidence_payload) {  // the input as it runs: numbers exact where the browser can (parseExact)
+      const exact = answer.exact && answer.exact.evidence_payload;
+      view.evidence_payload.input = exact ? exact.input : view.evidence_payload.input;
+      view.exactNumbers = Boolean(exact);
+    }
     view.found = await displayFindings(view);
     state.approvals.set(approvalId, view);
   } catch (err) {
@@ -571,6 +614,7 @@ function keepInput(view) {
   if (known && known.evidence_payload && !view.evidence_payload) {
     view.evidence_payload = known.evidence_payload;
     view.found = known.found;
+    view.exactNumbers = known.exactNumbers;
   }
   return view;
 }
@@ -687,7 +731,7 @@ function renderDetail() {
   const view = state.approvals.get(state.selected);
   $("detail").hidden = !view;
   $("detail-empty").hidden = Boolean(view);
-  if (!view) return;
+  if (!view) { $("d-input").replaceChildren(); $("reason").value = ""; return; }  // nothing of it stays in the page
   const request = view.request;
   let marked = setFaithful($("d-capability"), request.capability_id);
   marked += setFaithful($("d-action"), request.action_id);
@@ -703,11 +747,21 @@ function renderDetail() {
       `${view.decision.reason ? ` (${view.decision.reason})` : ""}`, null, false);
   } else $("d-status").textContent = view.status;
   $("d-input").replaceChildren();
-  if (view.evidence_payload) marked += renderJson($("d-input"), view.evidence_payload.input, view.found || new Map());
+  const found = view.found || new Map();
+  if (view.evidence_payload) marked += renderJson($("d-input"), view.evidence_payload.input, found);
   else $("d-input").textContent = view.previewError || "loading…";
   $("d-warning").hidden = marked === 0;
-  $("d-warning-count").textContent = String(marked);
+  $("d-warning-count").textContent = `${found.truncated ? "at least " : ""}${marked}`;
+  $("d-truncated").hidden = !found.truncated;
+  $("d-numbers").hidden = !view.evidence_payload || view.exactNumbers || !holdsNumber(view.evidence_payload.input);
   $("decide-form").hidden = view.status !== "pending";
+  $("approve").disabled = !inputShown(view);
+  $("approve-hint").hidden = inputShown(view);
+}
+
+// Approving needs the input on screen: what the approver reads is what runs (docs/approvals.md).
+function inputShown(view) {
+  return Boolean(view && view.evidence_payload);
 }
 
 async function decide(decision) {
@@ -715,19 +769,29 @@ async function decide(decision) {
   const reason = $("reason").value.trim();
   $("decide-error").textContent = "";
   if (!reason) { $("decide-error").textContent = "A decision needs a reason."; $("reason").focus(); return; }
+  if (decision === "approved" && !inputShown(view)) {
+    $("decide-error").textContent = "The input is not shown yet: approve once you have read it.";
+    return;
+  }
   for (const button of [$("approve"), $("deny")]) button.disabled = true;
   try {
     await api("POST", `${API}/approvals/${encodeURIComponent(view.request.id)}/decision`,
       { decision, reason, policy_hash: view.request.policy_hash });
-    await refreshApproval(view.request.id);
-    $("decided-note").textContent = `${decision === "approved" ? "Approved" : "Denied"} ${view.request.action_id}.`;
-    $("d-capability").focus();
-    if (decision === "approved") watchRun(view.request.action_id);
   } catch (err) {
     $("decide-error").textContent = describe(err);
-  } finally {
-    for (const button of [$("approve"), $("deny")]) button.disabled = false;
+    $("deny").disabled = false;
+    $("approve").disabled = !inputShown(state.approvals.get(state.selected));
+    return;
   }
+  const done = `${decision === "approved" ? "Approved" : "Denied"} ${view.request.action_id}.`;
+  $("decided-note").textContent = done;
+  await refreshApproval(view.request.id).catch((err) => {  // the decision stands; only the view is stale
+    $("decided-note").textContent = `${done} The approval could not be read again: ${describe(err)}.`;
+  });
+  $("deny").disabled = false;
+  $("approve").disabled = !inputShown(state.approvals.get(state.selected));
+  $("d-capability").focus();
+  if (decision === "approved") watchRun(view.request.action_id);
 }
 
 function watchRun(actionId) {
@@ -790,8 +854,7 @@ function signOut(message) {
   $("live").textContent = "offline";
   $("live").className = "badge off";
   $("sign-in-error").textContent = message || "";
-  $("queue").replaceChildren();
-  $("history").replaceChildren();
+  renderLists();  // the counts and cards of the signed-out principal go too
   renderDetail();
 }
 

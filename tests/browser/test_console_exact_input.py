@@ -1,0 +1,177 @@
+"""What the approver reads is what runs, in real Chromium (docs/approvals.md "The approval flow"):
+
+- numbers are shown as the host holds them (and the crew runs them): an integer beyond 2^53, ``1.0`` and
+  ``-0.0`` keep their digits, in the detail and in the card's preview; a browser that cannot read them exactly
+  says so;
+- Approve stays disabled until the input is on screen (loading, or unreadable), and a decision whose answer
+  came back is not shown as failed because the view could not be read again;
+- an input with more findings than the host lists says that the rest are not marked;
+- a right-to-left string in the card's preview does not reorder the keys and numbers after it;
+- before sign-in no workspace control is shown, and after sign-out nothing of the last input stays in the page.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from kits.host import TOKENS, submit_for_approval
+from playwright.sync_api import Page, Route, expect
+
+from aip_crewai.contracts.display import MAX_FINDINGS
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(180)]
+
+#: Numbers JSON.parse reads otherwise than Python runs them: 12345678901234567000, 9007199254740992, 1, 0.
+NUMBERS = {"id": 12345678901234567891, "edge": 9007199254740993, "ratio": 1.0, "zero": -0.0}
+#: One approval's own GET (not its /display, not the list): the console's read of the input.
+APPROVAL = re.compile(r"/aip/v1/approvals/apr_[^/?]+$")
+
+#: The left edges of the first "900" and of the first ":10" in the preview of the card naming an action (null
+#: until it is laid out: the console replaces its cards as approval events arrive).
+PREVIEW_ORDER = """(actionId) => {
+  const card = [...document.querySelectorAll("#queue .card")].find((c) => c.textContent.includes(actionId));
+  const element = card && card.querySelector(".preview");
+  if (!element || !element.textContent.includes("900")) return null;
+  const edge = (text) => {
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const at = node.data.indexOf(text);
+      if (at < 0) continue;
+      const r = document.createRange(); r.setStart(node, at); r.setEnd(node, at + 1);
+      return r.getBoundingClientRect().left;
+    }
+    return null;
+  };
+  const order = { nine: edge("900"), ten: edge(":10") };
+  return order.nine && order.ten ? order : null;
+}"""
+
+
+def _status(host: Any, action_id: str) -> str:
+    """The approval status of ``action_id`` as the host holds it."""
+    with host.client("acme-approver") as approver:
+        for listed in ("pending", "decided"):
+            for view in approver.approvals(listed)["approvals"]:
+                if view["request"]["action_id"] == action_id:
+                    return str(view["status"])
+    raise AssertionError(f"no approval for {action_id}")
+
+
+def _unreadable(route: Route) -> None:
+    route.fulfill(status=503, content_type="application/json", body="{}")
+
+
+def _signed_in(browser: Any, host: Any, init_script: str | None = None, unreadable: bool = False) -> Page:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    if init_script:
+        page.add_init_script(init_script)
+    if unreadable:  # before sign-in: the console reads the queue's inputs as soon as it is signed in
+        page.route(APPROVAL, _unreadable)
+    page.goto(f"{host.base_url}/console/")
+    page.fill("#token", TOKENS["acme-approver"])
+    page.click("#sign-in-form button[type=submit]")
+    return page
+
+
+def _card(page: Page, action_id: str) -> Any:
+    card = page.locator("#queue .card", has_text=action_id)
+    expect(card).to_have_count(1, timeout=20_000)
+    return card
+
+
+def test_numbers_are_shown_as_they_run_in_the_detail_and_the_preview(host, browser) -> None:
+    action_id = submit_for_approval(host, {"topic": "t", **NUMBERS})
+    page = _signed_in(browser, host)
+    card = _card(page, action_id)
+    preview = card.locator(".preview")
+    expect(preview).to_contain_text('"id":12345678901234567891', timeout=20_000)
+    assert '"edge":9007199254740993' in preview.inner_text() and '"ratio":1.0' in preview.inner_text()
+    card.click()
+    shown = page.locator("#d-input")
+    expect(shown).to_contain_text('"id": 12345678901234567891', timeout=20_000)
+    text = shown.inner_text()
+    for written in ('"edge": 9007199254740993', '"ratio": 1.0', '"zero": -0.0'):
+        assert written in text, text
+    assert "12345678901234567000" not in text and "9007199254740992" not in text
+    expect(page.locator("#d-numbers")).to_be_hidden()
+    page.close()
+
+
+def test_a_browser_without_exact_numbers_says_so(host, browser) -> None:
+    action_id = submit_for_approval(host, {"topic": "t", **NUMBERS})
+    page = _signed_in(browser, host, init_script="delete JSON.rawJSON;")  # a browser from before 2025
+    _card(page, action_id).click()
+    expect(page.locator("#d-input")).to_contain_text('"topic": "t"', timeout=20_000)
+    expect(page.locator("#d-numbers")).to_be_visible()
+    page.close()
+
+
+def test_approve_waits_for_the_input_and_a_failed_reread_does_not_undo_the_decision(host, browser) -> None:
+    action_id = submit_for_approval(host, {"topic": "t"})
+    page = _signed_in(browser, host, unreadable=True)
+    card = _card(page, action_id)
+    expect(card.locator(".preview")).to_contain_text("input unreadable", timeout=20_000)
+    card.click()
+    expect(page.locator("#d-input")).to_contain_text("input unreadable")
+    page.fill("#reason", "looks fine")
+    expect(page.locator("#approve")).to_be_disabled()
+    expect(page.locator("#approve-hint")).to_be_visible()
+    expect(page.locator("#deny")).to_be_enabled()
+    page.evaluate("document.getElementById('decide-form').requestSubmit()")  # a submit without a button: approve
+    expect(page.locator("#decide-error")).to_contain_text("not shown yet")
+    assert _status(host, action_id) == "pending"
+
+    page.unroute(APPROVAL)
+    page.keyboard.press("Escape")
+    _card(page, action_id).click()
+    expect(page.locator("#d-input")).to_contain_text('"topic": "t"', timeout=20_000)
+    expect(page.locator("#approve")).to_be_enabled()
+    expect(page.locator("#approve-hint")).to_be_hidden()
+    page.route(APPROVAL, _unreadable)  # the decision goes through; the view's re-read after it fails
+    page.fill("#reason", "looks fine")
+    page.click("#approve")
+    expect(page.locator("#decided-note")).to_contain_text("Approved", timeout=20_000)
+    expect(page.locator("#decided-note")).to_contain_text("could not be read again")
+    expect(page.locator("#decide-error")).to_have_text("")
+    assert _status(host, action_id) == "approved"
+    page.close()
+
+
+def test_more_findings_than_listed_say_the_rest_are_not_marked(host, browser) -> None:
+    padding = "\uff41" * MAX_FINDINGS  # fullwidth "a": one compatibility finding each
+    action_id = submit_for_approval(host, {"topic": "t", "a_padding": padding, "payee": "p\u0430ypal"})
+    page = _signed_in(browser, host)
+    _card(page, action_id).click()
+    expect(page.locator("#d-truncated")).to_be_visible(timeout=20_000)
+    expect(page.locator("#d-warning-count")).to_have_text(f"at least {MAX_FINDINGS}")
+    page.close()
+
+
+def test_a_right_to_left_string_does_not_reorder_the_preview(host, browser) -> None:
+    # Keys sort as {"1":"\u05d0","2":900,"3":10,"topic":"t"}: nothing strong left-to-right between the letter and 10.
+    action_id = submit_for_approval(host, {"1": "\u05d0", "2": 900, "3": 10, "topic": "t"})
+    page = _signed_in(browser, host)
+    _card(page, action_id)
+    order = page.wait_for_function(PREVIEW_ORDER, arg=action_id, timeout=20_000).json_value()
+    assert order["nine"] < order["ten"], order  # before: drawn as {"1":"10:"3",900:"2","\u05d0",...
+    page.close()
+
+
+def test_no_workspace_before_sign_in_and_no_input_after_sign_out(host, browser) -> None:
+    action_id = submit_for_approval(host, {"topic": "t", "note": "kept only while signed in"})
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{host.base_url}/console/")
+    expect(page.locator("#sign-in-form")).to_be_visible()
+    expect(page.locator("#workspace")).to_be_hidden()
+    expect(page.locator("#view-decided")).to_be_hidden()
+    page.fill("#token", TOKENS["acme-approver"])
+    page.click("#sign-in-form button[type=submit]")
+    _card(page, action_id).click()
+    expect(page.locator("#d-input")).to_contain_text("kept only while signed in", timeout=20_000)
+    page.click("#sign-out")
+    expect(page.locator("#workspace")).to_be_hidden()
+    assert "kept only while signed in" not in page.content()
+    assert page.locator("#count").text_content() == ""
+    page.close()
