@@ -59,6 +59,8 @@ CONFUSABLE_SCRIPTS = frozenset(["LATIN", "GREEK", "CYRILLIC", "ARMENIAN", "CHERO
 _JSON_VISIBLE = frozenset([0x09, 0x0A, 0x0D])
 #: Most findings reported per value; past it :func:`findings` stops (the view says it was cut).
 MAX_FINDINGS = 1000
+#: The kinds that show nothing a person could read (:func:`says_something`).
+_UNSEEN = frozenset(["bidi_control", "invisible", "control", "space"])
 #: A word: a run of letters, marks and digits (``\\w`` without ``_``).
 _WORD = re.compile(r"[^\W_]+")
 
@@ -105,6 +107,16 @@ def classify(char: str) -> FindingKind | None:
         if folded != char and folded.isascii() and folded.isprintable():
             return "compatibility"
     return None
+
+
+def says_something(text: str) -> bool:
+    """Whether ``text`` holds a code point a person can see: one that is not white space (``str.isspace``) and not
+    a ``bidi_control``, ``invisible``, ``control`` or ``space`` code point (:func:`classify`). Pure.
+
+    ``"  "``, ``"\\n"``, ``"\\u200b"`` and ``"\\u00a0"`` say nothing; a decision's reason must say something
+    (docs/approvals.md "The approval flow").
+    """
+    return any(not char.isspace() and classify(char) not in _UNSEEN for char in text)
 
 
 def script_of(char: str) -> str | None:

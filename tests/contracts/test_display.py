@@ -206,3 +206,19 @@ def test_every_code_point_is_classified_without_error() -> None:
     assert counts["bidi_control"] == len(display.BIDI_CONTROLS)
     for cp in [*range(0x41, 0x5B), *range(0x430, 0x450), *range(0x3B1, 0x3CA), *range(0x4E00, 0x4E10)]:
         assert display.classify(chr(cp)) is None
+
+
+@pytest.mark.parametrize("text", ["", " ", "  ", "\n", "\t\r\n", "\u200b", "\u00a0", "\u202e\u202c", "\u3000\ufeff"])
+def test_blank_and_invisible_text_says_nothing(text: str) -> None:
+    assert not display.says_something(text)
+
+
+@pytest.mark.parametrize("text", ["ok", " ok ", "\u200bok", "\u05d0", "1", "\uff41", "."])
+def test_text_with_a_visible_code_point_says_something(text: str) -> None:
+    assert display.says_something(text)
+
+
+@given(st.text(), st.text(alphabet=" \n\t\u00a0\u200b\u202e\u2066\u3000\ufeff"))
+def test_blank_and_invisible_padding_never_changes_whether_text_says_something(text: str, padding: str) -> None:
+    assert display.says_something(padding + text + padding) is display.says_something(text)
+    assert not display.says_something(padding)

@@ -272,3 +272,17 @@ async def test_a_decision_reads_its_approval_and_action_in_one_hop_before_its_tr
     before = calls[: calls.index("_transaction_now")]  # the decision's one transaction
     # One read of both, plus at most one read by the host's reconciler if it woke meanwhile.
     assert before.count("read") == 1 and before.count("_fetch_now") <= 1, calls
+
+
+async def test_a_reason_without_a_visible_character_is_refused_and_decides_nothing(http):
+    approval_id = (await submit_action(http, "act_blank"))["approval_id"]
+    url = f"/aip/v1/approvals/{approval_id}/decision"
+    for reason in ("", "  ", "\n", "\u200b", "\u00a0", "\u202e\u202c"):
+        refused = await http.post(url, headers=bearer("acme-both"), json={"decision": "approved", "reason": reason})
+        assert refused.status_code == 400, (reason, refused.text)
+        error = refused.json()["body"]["error"]["error"]
+        assert error["code"] == "message.invalid_envelope" and "visible character" in error["message"], error
+    still = await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))
+    assert still.json()["status"] == "pending"
+    decided = await http.post(url, headers=bearer("acme-both"), json={"decision": "denied", "reason": " \u200bno "})
+    assert decided.status_code == 200, decided.text

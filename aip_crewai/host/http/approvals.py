@@ -423,8 +423,12 @@ async def post_decision(request: Request) -> Response:
         raise InvalidEnvelope("approval_id in the body differs from the path")
     if decision.decision not in ("approved", "denied"):
         raise InvalidEnvelope("a decision is approved or denied (expiry and revocation are the host's)")
-    if not decision.reason:
-        raise InvalidEnvelope("a decision needs a reason (the capability's evidence requirement)")
+    if not decision.reason or not display.says_something(
+        decision.reason
+    ):  # "  ", "\u200b": no reason an auditor can read
+        raise InvalidEnvelope(
+            "a decision needs a reason with a visible character (the capability's evidence requirement)"
+        )
     signature = principal.request_signature
     if signature is not None and decision.policy_hash is None:
         raise InvalidEnvelope("a signed decision names the policy_hash it decides (so its signature proves it)")
