@@ -175,3 +175,37 @@ def test_no_workspace_before_sign_in_and_no_input_after_sign_out(host, browser) 
     assert "kept only while signed in" not in page.content()
     assert page.locator("#count").text_content() == ""
     page.close()
+
+
+def test_an_approval_withdrawn_while_typing_says_so_and_keeps_the_focus_on_it(host, browser) -> None:
+    action_id = submit_for_approval(host, {"topic": "t"})
+    page = _signed_in(browser, host)
+    _card(page, action_id).click()
+    expect(page.get_by_role("article", name=re.compile(action_id))).to_be_visible(timeout=20_000)
+    page.focus("#reason")
+    page.keyboard.type("reading it")
+    with host.client("acme-app") as app:
+        app.cancel(action_id)
+    expect(page.locator("#decided-note")).to_contain_text("withdrawn", timeout=20_000)
+    expect(page.locator("#decide-form")).to_be_hidden()
+    expect(page.locator("#d-capability")).to_be_focused()
+    page.close()
+
+
+def test_a_focused_card_decided_elsewhere_moves_the_focus_to_its_list_and_says_why(host, browser) -> None:
+    first = submit_for_approval(host, {"topic": "first"})
+    second = submit_for_approval(host, {"topic": "second"})
+    page = _signed_in(browser, host)
+    card = _card(page, first)
+    _card(page, second)
+    expect(card.locator(".card")).to_have_count(0)  # the card is the button itself
+    card.focus()
+    expect(card).not_to_have_accessible_name(re.compile(r"\d+ s left"))  # no countdown read out every second
+    with host.client("acme-approver") as approver:
+        listed = approver.approvals("pending")["approvals"]
+        approval = next(v for v in listed if v["request"]["action_id"] == first)
+        approver.decide(approval["request"]["id"], "denied", "not now")
+    expect(page.locator("#queue .card", has_text=first)).to_have_count(0, timeout=20_000)
+    expect(page.locator("#pending-title")).to_be_focused()
+    expect(page.locator("#announce")).to_contain_text("left this list")
+    page.close()

@@ -22,7 +22,7 @@ const PREVIEW_CHARS = 140;
 const NOTIFY_POLL_MS = 3000;
 const state = {
   auth: null, approvals: new Map(), notifications: new Map(), notifying: new Set(), selected: null, view: "pending",
-  runAbort: null, liveAbort: null,
+  runAbort: null, liveAbort: null, shown: null, decidedHere: null,
   retryMs: DEFAULT_RETRY_MS, pendingLoaded: false, historyCursor: undefined, historyLoaded: false,
 };
 const $ = (id) => document.getElementById(id);
@@ -424,7 +424,11 @@ function card(view) {
   first.append(span("", `action ${request.action_id}`), risk);
   const second = span("line", "", false);
   second.append(span("", `by ${request.requester.id}`));
-  if (view.status === "pending") second.append(span("left", `${timeLeft(request.expires_at)} left`, false));
+  if (view.status === "pending") {  // not in the card's accessible name: it would change every second
+    const left = span("left", `${timeLeft(request.expires_at)} left`, false);
+    left.setAttribute("aria-hidden", "true");
+    second.append(left);
+  }
   else {
     const by = view.decision ? ` by ${view.decision.approver.id}` : "";
     second.append(span("", `${view.status}${by} · ${when(view.updated_at)}`));
@@ -511,10 +515,19 @@ function renderCards(list, views) {
   const focusedId = focused && list.contains(focused) ? focused.dataset.approvalId : null;
   list.replaceChildren(...views.map(card));
   if (state.auth && !list.closest("[hidden]")) loadNotifications(views.map((v) => v.request.id), false).catch(showError);
-  if (focusedId) {
+  if (focusedId) {  // never move the focus silently to another approval: Enter would then open that one
     const again = list.querySelector(`.card[data-approval-id="${CSS.escape(focusedId)}"]`);
-    if (again) again.focus(); else if (list.querySelector(".card")) list.querySelector(".card").focus();
+    if (again) again.focus();
+    else {
+      $(list.getAttribute("aria-labelledby")).focus();
+      announce("The approval you were on left this list (decided, withdrawn or expired).");
+    }
   }
+}
+
+// Say `text` in the polite live region (a screen reader reads it; the page shows it under the lists).
+function announce(text) {
+  $("announce").textContent = text;
 }
 
 function pendingViews() {
@@ -754,9 +767,24 @@ function renderDetail() {
   $("d-warning-count").textContent = `${found.truncated ? "at least " : ""}${marked}`;
   $("d-truncated").hidden = !found.truncated;
   $("d-numbers").hidden = !view.evidence_payload || view.exactNumbers || !holdsNumber(view.evidence_payload.input);
+  const formHadFocus = $("decide-form").contains(document.activeElement);
   $("decide-form").hidden = view.status !== "pending";
+  if (state.shown && state.shown.id === request.id && state.shown.status === "pending" && view.status !== "pending"
+      && state.decidedHere !== request.id) {
+    $("decided-note").textContent = endedElsewhere(view);
+    if (formHadFocus) $("d-capability").focus();  // the form it was in is hidden: the focus stays on this approval
+  }
+  state.shown = { id: request.id, status: view.status };
   $("approve").disabled = !inputShown(view);
   $("approve-hint").hidden = inputShown(view);
+}
+
+// Why the open approval can no longer be decided, when that happened while it was open.
+function endedElsewhere(view) {
+  if (view.status === "withdrawn") return "This approval was withdrawn: the tenant cancelled the action.";
+  if (view.status === "expired") return "This approval expired before a decision.";
+  const by = view.decision ? ` by ${view.decision.approver.id}` : "";
+  return `This approval was ${view.status}${by} meanwhile.`;
 }
 
 // Approving needs the input on screen: what the approver reads is what runs (docs/approvals.md).
@@ -783,6 +811,7 @@ async function decide(decision) {
     $("approve").disabled = !inputShown(state.approvals.get(state.selected));
     return;
   }
+  state.decidedHere = view.request.id;  // renderDetail announces only decisions made elsewhere
   const done = `${decision === "approved" ? "Approved" : "Denied"} ${view.request.action_id}.`;
   $("decided-note").textContent = done;
   await refreshApproval(view.request.id).catch((err) => {  // the decision stands; only the view is stale
@@ -844,7 +873,8 @@ function signOut(message) {
   if (state.liveAbort) state.liveAbort.abort();
   if (state.runAbort) state.runAbort.abort();
   Object.assign(state, { auth: null, approvals: new Map(), notifications: new Map(), selected: null, pendingLoaded: false,
-    historyLoaded: false, historyCursor: undefined });
+    historyLoaded: false, historyCursor: undefined, shown: null, decidedHere: null });
+  announce("");
   sessionStorage.removeItem("aip-crewai-token");
   keyStore("readwrite", (store) => store.delete("signing")).catch(() => undefined);
   $("workspace").hidden = true;
