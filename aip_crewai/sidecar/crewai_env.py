@@ -263,8 +263,31 @@ def printed_error_label(line: str) -> str:
     return label if _PLAIN_LABEL.match(label) else "withheld"
 
 
+class LibraryLog(logging.Handler):
+    """The root logger's one handler in the sidecar and its workers: a library's stdlib record (warning and
+    worse) becomes one ``library_log`` event with its logger's name and only the label of its first line
+    (:func:`printed_error_label`), never its text.
+
+    CrewAI's OpenAI provider logs ``OpenAI API call failed: <the provider's error>`` on the root logger, and a
+    provider or gateway may quote the API key, the prompt or the input there; without a handler Python's
+    ``logging.error`` would print it raw on stderr (``ERROR:root:...``, not a JSON line). Thread-safe.
+
+    Source: docs/security.md ("Security": no secrets in logs); docs/operating.md (one JSON object per line).
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            first = str(record.getMessage()).split("\n", 1)[0]
+        except Exception:  # a malformed record must not break logging
+            first = ""
+        structlog.get_logger("aip_crewai.sidecar").log(
+            record.levelno, "library_log", library=record.name, label=printed_error_label(first)
+        )
+
+
 def capture_crewai_prints() -> None:
-    """Point fd 1 at ``/dev/null`` and ``sys.stdout`` at a :class:`PrintedErrorLog`.
+    """Point fd 1 at ``/dev/null`` and ``sys.stdout`` at a :class:`PrintedErrorLog`, and give the root logger
+    one :class:`LibraryLog` (warnings and worse) in place of any handler.
 
     Call before CrewAI is imported, in the sidecar process only (not in
     tests that share pytest's stdout). CrewAI prints panels and warnings,
@@ -285,3 +308,6 @@ def capture_crewai_prints() -> None:
     finally:
         os.close(devnull)
     sys.stdout = PrintedErrorLog()
+    root = logging.getLogger()
+    root.handlers = [LibraryLog()]
+    root.setLevel(logging.WARNING)

@@ -82,7 +82,7 @@ class _Rule:
 class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     rules: list[_Rule] = field(default_factory=list)
-    failures: list[tuple[str, Marker, int]] = field(default_factory=list)  # (path, marker, status)
+    failures: list[tuple[str, Marker, int, str]] = field(default_factory=list)  # (path, marker, status, message)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -162,10 +162,19 @@ class FakeProvider:
         with self._state.lock:
             self._state.rules.insert(0, _Rule(marker, list(answers)))
 
-    def fail_next(self, marker: Marker, status: int, *, times: int = 1, path: str = "/v1/chat/completions") -> None:
-        """Answer the next ``times`` requests to ``path`` containing ``marker`` with HTTP ``status``."""
+    def fail_next(
+        self,
+        marker: Marker,
+        status: int,
+        *,
+        times: int = 1,
+        path: str = "/v1/chat/completions",
+        message: str = "scripted failure",
+    ) -> None:
+        """Answer the next ``times`` requests to ``path`` containing ``marker`` with HTTP ``status`` and an OpenAI
+        error body whose message is ``message`` (some gateways quote the request's API key there)."""
         with self._state.lock:
-            self._state.failures.extend([(path, marker, status)] * times)
+            self._state.failures.extend([(path, marker, status, message)] * times)
 
     def requests(self, marker: str | None = None, path: str = "/v1/chat/completions") -> list[dict[str, Any]]:
         """Recorded request bodies to ``path`` (with ``_path``, ``_status``), those containing ``marker``."""
@@ -199,7 +208,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             if failure is not None:
                 return self._json(
                     failure[2],
-                    {"error": {"message": "scripted failure", "type": "server_error"}},
+                    {"error": {"message": failure[3], "type": "server_error"}},
                     {"retry-after-ms": "10", "retry-after": "0"},
                 )
             if self.path == "/v1/embeddings":

@@ -1,5 +1,6 @@
 """The model provider misbehaving: a 429 once is retried and the run completes; an unreachable
-provider fails the run typed and certain, its message naming the connection, with no secret or traceback."""
+provider fails the run typed and certain, its message naming the connection, with no secret or traceback; a
+provider whose error quotes the API key fails the run typed, and the key reaches no log line."""
 
 from __future__ import annotations
 
@@ -40,3 +41,18 @@ def test_an_unreachable_provider_fails_typed_and_certain_naming_the_connection(d
     assert error["details"].get("uncertain_outcome") is False, error
     published = json.dumps([env for _, env in outcome.events])
     assert API_KEY not in published and "Traceback" not in published
+
+
+def test_a_provider_error_quoting_the_api_key_leaves_it_out_of_every_log(deployment, provider):
+    quoted = f"Incorrect API key provided: {API_KEY}. You can find your API key in your account."
+    provider.fail_next(("PLAIN-RUN", "key-1"), 401, times=5, message=quoted)
+    outcome = run_action(deployment, "plain", {"prompt": "key-1 hello"})
+    assert outcome.result["status"] == "failed", outcome.result
+    assert API_KEY not in json.dumps([env for _, env in outcome.events])
+    lines = deployment.sidecar.stderr_path.read_text().splitlines()
+    assert not [line for line in lines if API_KEY in line]
+    logged = [json.loads(line) for line in lines if line.startswith("{") and "library_log" in line]
+    assert {"library": "root", "label": "OpenAI API call failed"} in [
+        {k: e.get(k) for k in ("library", "label")} for e in logged
+    ], logged
+    assert not [line for line in lines if line.startswith("ERROR:")]  # Python's plain-text fallback format

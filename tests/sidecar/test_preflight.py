@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from aip_crewai.sidecar import operations
-from aip_crewai.sidecar.crewai_env import MAX_PRINTED_LINE_CHARS, PrintedErrorLog, printed_error_label
+from aip_crewai.sidecar.crewai_env import MAX_PRINTED_LINE_CHARS, LibraryLog, PrintedErrorLog, printed_error_label
 from aip_crewai.sidecar.jobs.context import SafeJobError
 from aip_crewai.sidecar.registry import CrewSource, load_registry
 
@@ -72,6 +73,26 @@ def test_printed_error_lines_are_logged_by_label_only() -> None:
         ("crewai_printed_error", "Failed to init knowledge"),
         ("crewai_printed_error", "withheld"),
         ("crewai_printed_error", "RuntimeError"),
+    ]
+    assert SECRET not in repr(logs)
+
+
+def test_library_log_records_are_logged_by_label_only() -> None:
+    logger = logging.getLogger("aip_crewai_tests.library")
+    logger.handlers, logger.propagate = [LibraryLog()], False
+    try:
+        with capture_logs() as logs:
+            logger.error(
+                "OpenAI API call failed: Error code: 401 - {'message': 'Incorrect API key provided: %s'}", SECRET
+            )
+            logger.warning("Retrying: %s\nsecond line", SECRET)
+            logger.error("%s leaked first", SECRET)
+    finally:
+        logger.handlers = []
+    assert [(e["event"], e["library"], e["label"], e["log_level"]) for e in logs] == [
+        ("library_log", "aip_crewai_tests.library", "OpenAI API call failed", "error"),
+        ("library_log", "aip_crewai_tests.library", "Retrying", "warning"),
+        ("library_log", "aip_crewai_tests.library", "withheld", "error"),
     ]
     assert SECRET not in repr(logs)
 
