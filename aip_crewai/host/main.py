@@ -178,9 +178,9 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
                 sys.stderr.flush()
                 os._exit(EXIT_INTERRUPTED)
             return
-        log.info("host_stopping", signal=signal.Signals(signum).name)
         host_setup(app).stopping.set()  # open streams end, blocking calls answer (http.stopping)
-        stop.set()
+        stop.set()  # before the log line: the stop never depends on the log sink
+        log.info("host_stopping", signal=signal.Signals(signum).name)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)

@@ -18,13 +18,23 @@ import structlog
 
 class _CurrentStderr:
     """Whatever ``sys.stderr`` is at each write (a test's capture, a replaced stream), not the one
-    configured first: a logger cached before the stream changed never writes to a closed file."""
+    configured first: a logger cached before the stream changed never writes to a closed file.
+
+    A line that cannot be written (``OSError``: the log pipe's reader went away, ``EPIPE``; a full or failed
+    disk) is dropped: a dead log sink must not stop the process from answering requests or from stopping on
+    SIGTERM (a host behind ``| head`` once ignored every signal). ``ValueError`` (a closed file) too."""
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        try:
+            return sys.stderr.write(text)
+        except (OSError, ValueError):
+            return len(text)
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def configure_logging(*, json: bool | None = None, level: str = "info", cache: bool = True) -> None:

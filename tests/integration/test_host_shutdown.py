@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
 import pytest
-from kits.host import TOKENS, start_host
+from kits.host import TOKENS, free_port, start_host, write_config
 from kits.poll import until
 
 from aip_crewai.client import new_id
@@ -104,3 +106,36 @@ def test_a_second_sigint_exits_at_once_without_draining(host_sidecar_workdir):
     host.process.send_signal(signal.SIGINT)
     assert host.process.wait(timeout=10) == 130
     assert time.monotonic() - started < 5
+
+
+def test_a_host_whose_log_pipe_lost_its_reader_still_answers_and_stops_on_sigterm(sidecar_factory, tmp_path):
+    """``aip-crewai host ... 2>&1 | head``: once ``head`` exits, every log write fails with EPIPE. The host keeps
+    answering and stops on SIGTERM (before, the stop's own log line raised and the host ignored every signal)."""
+    sidecar = sidecar_factory.start()
+    port = free_port()
+    config = write_config(tmp_path / "host", sidecar.base_url, sidecar.token, port)
+    argv = [sys.executable, "-m", "aip_crewai.cli", "host", "--config", str(config), "--log-format", "json"]
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()  # the host writes to the pipe, then its reader goes away
+        assert first.startswith(b"{"), first
+        process.stderr.close()
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{base_url}/ready", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        until(ready, timeout=60, what="the host ready")
+        for _ in range(3):  # requests log lines: each write now fails
+            answer = httpx.get(f"{base_url}/aip/v1/manifest", headers={"Authorization": f"Bearer {TOKENS['acme-app']}"})
+            assert answer.status_code == 200, answer.text
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=STOP_BOUND_S) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
