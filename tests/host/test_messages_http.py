@@ -286,3 +286,20 @@ async def test_a_reason_without_a_visible_character_is_refused_and_decides_nothi
     assert still.json()["status"] == "pending"
     decided = await http.post(url, headers=bearer("acme-both"), json={"decision": "denied", "reason": " \u200bno "})
     assert decided.status_code == 200, decided.text
+
+
+async def test_the_same_decision_again_is_answered_as_recorded_and_any_other_is_409(http, clock):
+    """A retry after a 503 whose commit went through, or after a lost answer, gets the decision as made."""
+    approval_id = (await submit_action(http, "act_again"))["approval_id"]
+    url = f"/aip/v1/approvals/{approval_id}/decision"
+    body = {"decision": "approved", "reason": "checked"}
+    first = await http.post(url, headers=bearer("acme-both"), json=body)
+    assert first.status_code == 200, first.text
+    clock.now += 5
+    again = await http.post(url, headers=bearer("acme-both"), json=body)
+    assert again.status_code == 200, again.text
+    assert again.json() == first.json()  # decided_at included: the decision as it was recorded
+    for other in ({"decision": "approved", "reason": "checked twice"}, {"decision": "denied", "reason": "checked"}):
+        refused = await http.post(url, headers=bearer("acme-both"), json=other)
+        assert refused.status_code == 409, (other, refused.text)
+        assert refused.json()["body"]["error"]["error"]["code"] == "approval.already_decided"

@@ -383,11 +383,22 @@ def _decode_decision(raw: bytes) -> DecisionRequest:
         raise InvalidEnvelope(f"invalid decision: {plain_rule(str(exc))}") from exc
 
 
-async def _why_undecided(service: ActionService, principal: Caller, approval_id: str) -> AipError:
-    """The error for a decision the store did not record: expired, withdrawn
-    (its action was cancelled), or already decided."""
+async def _why_undecided(
+    service: ActionService, principal: Caller, approval_id: str, decision: str, reason: str
+) -> AipError | ApprovalRecord:
+    """For a decision the store did not record now: the approval itself when it already holds this same
+    decision (this principal, ``decision`` and ``reason``: a retry after a lost answer or a 503 whose commit
+    went through, answered as made); else the error: expired, withdrawn (its action was cancelled), or
+    already decided."""
     details = {"approval_id": approval_id}
     current = await service.store.get_approval(principal.tenant, approval_id)
+    if (
+        current is not None
+        and current.decided_by == principal.id
+        and current.status.value == decision
+        and current.decision_reason == reason
+    ):
+        return current
     if current is not None and current.effective_status(service.now_ms()) is ApprovalStatus.EXPIRED:
         return ApprovalExpiredUndecidable(details=details)
     if current is not None and current.status in ("pending", "withdrawn"):
@@ -401,7 +412,9 @@ async def post_decision(request: Request) -> Response:
     400 an invalid body (no reason, a kind other than approved/denied);
     403 a non-approver, the requester, or a body naming another approver;
     404 another tenant's; 409 decided, expired or withdrawn (its action was
-    cancelled, also when the cancel won a race with this decision), or another policy hash."""
+    cancelled, also when the cancel won a race with this decision), or another policy hash. The same
+    decision again (same approver, decision and reason) is 200 with the decision as recorded: the retry a
+    503 or a lost answer asks for."""
     if httpsig.is_signed(request.headers.keys()):  # the signature covers the body: read it first
         raw = await _decision_bytes(request, authenticated=False)
         principal = await authenticate(request, raw)
@@ -442,7 +455,10 @@ async def post_decision(request: Request) -> Response:
         principal, approval.approval_id, decision.decision, decision.reason, now, proof=proof, action=action
     )
     if decided is None:
-        raise await _why_undecided(service, principal, approval.approval_id)
+        undecided = await _why_undecided(service, principal, approval.approval_id, decision.decision, decision.reason)
+        if isinstance(undecided, AipError):
+            raise undecided
+        decided, now = undecided, undecided.decided_at or now  # the same decision again: as it was recorded
     return aip_json(
         ApprovalDecision(
             approval_id=decided.approval_id,
