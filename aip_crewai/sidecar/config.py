@@ -44,7 +44,15 @@ from aip_crewai.plumbing.loopback import is_loopback
 
 from ..plumbing.keys import MAX_SECRET_FILE_BYTES, SecretFileError, read_token
 from .isolation.sandbox import SandboxPlan
-from .options import DEFAULT_PRELOAD_MODULES, OPTIONS, VALVE_ENV, build_parser, int_in, option_name
+from .options import (
+    DEFAULT_IDLE_WORKERS_CAP,
+    DEFAULT_PRELOAD_MODULES,
+    OPTIONS,
+    VALVE_ENV,
+    build_parser,
+    int_in,
+    option_name,
+)
 
 #: The host's SSE frame bound, bytes (ARCHITECTURE.md §7): larger events are refused by the host.
 HOST_FRAME_BYTES = 1_048_576
@@ -101,7 +109,7 @@ class Settings:
         isolation: ``process`` (each job in a worker process of its own, :mod:`.isolation.pool`)
             or ``inprocess`` (jobs run in the sidecar process: debugging).
         idle_workers: with ``process``, job workers kept booted ahead of need (at most
-            ``max_concurrency``; None: ``max_concurrency``).
+            ``max_concurrency``; None: ``max_concurrency``, at most :data:`~.options.DEFAULT_IDLE_WORKERS_CAP`).
         idle_shrink_seconds: with ``process``, seconds without a job starting or ending after which at most one idle worker
             is kept and warm workers are retired (0: never; ARCHITECTURE.md §5).
         worker_nice: with ``process``, what every job worker adds to the sidecar's niceness (0..19): jobs
@@ -273,7 +281,11 @@ def load_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
             )
         )
     worker_user = _worker_user(option_name(by_dest["worker_user"]), values["worker_user"], values["isolation"])
-    idle_workers: int = values["max_concurrency"] if values["idle_workers"] is None else values["idle_workers"]
+    idle_workers: int = (
+        min(values["max_concurrency"], DEFAULT_IDLE_WORKERS_CAP)
+        if values["idle_workers"] is None
+        else values["idle_workers"]
+    )
     if idle_workers > values["max_concurrency"]:
         raise ConfigError(
             option_name(by_dest["idle_workers"]),

@@ -22,6 +22,9 @@ from aip_crewai.contracts.operations import INSPECTION_OPERATIONS, STARTABLE_OPE
 
 #: Bounds of ``--max-event-bytes``, bytes (the reference sidecar's range).
 MIN_EVENT_BYTES, MAX_EVENT_BYTES = 1024, 4_194_304
+#: Idle workers booted when ``--idle-workers`` is unset: ``--max-concurrency``, at most this many (about 23 MiB
+#: each: 1,024 of them took 12 GB and kept the sidecar from listening for over 40 s).
+DEFAULT_IDLE_WORKERS_CAP = 16
 #: Floor and default of ``--unauthenticated-body-budget-bytes``, bytes: one whole job body
 #: (``jobs/admission.MAX_BODY_BYTES``), and 64 MiB (docs/security.md "Security").
 MIN_BODY_BUDGET_BYTES, DEFAULT_BODY_BUDGET_BYTES = 8 * 1024 * 1024, 64 * 1024 * 1024
@@ -306,8 +309,8 @@ OPTIONS: tuple[Option, ...] = (
         int_in(0, 1024),
         None,
         "with --isolation process: job workers kept booted ahead of need, 0..--max-concurrency (default: "
-        "--max-concurrency); each holds about 23 MiB of its own, and a job that finds none idle waits for one "
-        "to boot (a fork, the registry import and a warm-up kickoff)",
+        f"--max-concurrency, at most {DEFAULT_IDLE_WORKERS_CAP}); each holds about 23 MiB of its own, and a job "
+        "that finds none idle waits for one to boot (a fork, the registry import and a warm-up kickoff)",
     ),
     Option(
         "idle_shrink_seconds",

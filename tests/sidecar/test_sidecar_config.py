@@ -334,11 +334,23 @@ def test_cancel_grace_seconds_is_bounded(base, value, ok):
 
 @pytest.mark.parametrize(
     "idle, concurrency, expected",
-    [(None, "4", 4), (None, "9", 9), ("0", "4", 0), ("4", "4", 4), ("5", "4", None), ("1025", "1024", None)],
+    [
+        (None, "4", 4),
+        (None, "9", 9),
+        (None, "16", 16),
+        (None, "17", 16),
+        (None, "1024", 16),
+        ("0", "4", 0),
+        ("4", "4", 4),
+        ("5", "4", None),
+        ("1024", "1024", 1024),
+        ("1025", "1024", None),
+    ],
 )
 def test_idle_workers_default_to_the_concurrency_and_never_exceed_it(base, idle, concurrency, expected):
-    """``--idle-workers`` / ``AIP_CREWAI_IDLE_WORKERS``: 0..``--max-concurrency``, default ``--max-concurrency``;
-    one more stops start-up naming the setting."""
+    """``--idle-workers`` / ``AIP_CREWAI_IDLE_WORKERS``: 0..``--max-concurrency``, default ``--max-concurrency`` but
+    at most 16 (a sidecar at ``--max-concurrency 1024`` booted 1,024 workers); one more stops start-up naming the
+    setting."""
     args = [*base, "--max-concurrency", concurrency, *(["--idle-workers", idle] if idle is not None else [])]
     if expected is None:
         with pytest.raises(ConfigError, match="--idle-workers"):
