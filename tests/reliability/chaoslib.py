@@ -254,13 +254,15 @@ def decision_race(host: Host, n: int = 10) -> dict[str, Any]:
     with host.http("acme-app") as app:
         pending = post_action(app, "cap:crewai:echo", {"topic": "decide"}, action_id, action_id)
     approval_id = pending.json()["body"]["action_result"]["output"]["approval_id"]
-    decisions = ["approved" if i % 2 else "denied" for i in range(n)]
+    # Each with a reason of its own: the same decision again (same reason) is answered 200 as recorded.
+    decisions = [("approved" if i % 2 else "denied", f"race {i}") for i in range(n)]
     random.shuffle(decisions)
 
-    def decide(decision: str) -> tuple[str, int]:
+    def decide(decision_and_reason: tuple[str, str]) -> tuple[str, int]:
+        decision, reason = decision_and_reason
         with host.http("acme-approver") as approver:
             answer = approver.post(
-                f"/aip/v1/approvals/{approval_id}/decision", json={"decision": decision, "reason": "race"}
+                f"/aip/v1/approvals/{approval_id}/decision", json={"decision": decision, "reason": reason}
             )
             return decision, answer.status_code
 
