@@ -436,9 +436,7 @@ async def post_decision(request: Request) -> Response:
         raise InvalidEnvelope("approval_id in the body differs from the path")
     if decision.decision not in ("approved", "denied"):
         raise InvalidEnvelope("a decision is approved or denied (expiry and revocation are the host's)")
-    if not decision.reason or not display.says_something(
-        decision.reason
-    ):  # "  ", "\u200b": no reason an auditor can read
+    if not decision.reason or not display.says_something(decision.reason):  # "  " or "\u200b" alone: none
         raise InvalidEnvelope(
             "a decision needs a reason with a visible character (the capability's evidence requirement)"
         )
