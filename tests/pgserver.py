@@ -99,11 +99,12 @@ def cluster_pids(server: PostgresServer) -> list[int]:
 def stopped(server: PostgresServer) -> Iterator[None]:
     """The whole cluster SIGSTOPped (TCP stays up, nothing answers), SIGCONTed afterwards."""
     pids = cluster_pids(server)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
     try:
+        for pid in pids:  # a backend listed a moment ago may have exited since; the rest is still stopped
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
         yield
-    finally:
+    finally:  # also after a failed SIGSTOP: a cluster left stopped would fail every later test on this server
         for pid in pids:  # the postmaster, resumed first, may reap a backend that exited while stopped
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
