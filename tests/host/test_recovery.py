@@ -5,16 +5,24 @@ final), and a final result is never touched."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import msgspec
 import pytest
 from kits.hostapp import open_action_service
+from kits.poll import until_async
+from structlog.testing import capture_logs
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import ActionResult
 from aip_crewai.contracts.errors import ConnectorCancelledUnconfirmed
+from aip_crewai.host.actions import recovery
 from aip_crewai.host.actions.lifecycle import ActionEvent, DispatchState
 from aip_crewai.host.actions.normalize import failed_result
 from aip_crewai.host.actions.recovery import correct, is_final
+from aip_crewai.host.http import lifespan
+from aip_crewai.host.store.records import StoreUnavailable
 
 ALL = frozenset(ops.OPERATION_NAMES)
 
@@ -76,3 +84,29 @@ async def test_a_final_result_is_never_corrected(env):
     record = await stored(service, "n1", ActionResult(action_id="n1", status="cancelled", output={}))
     assert await correct(service, record) is None
     assert (await service.store.get_action("acme", "n1")).status == "cancelled"
+
+
+async def test_a_reconciliation_or_purge_the_store_cannot_serve_now_logs_no_traceback(env, monkeypatch):
+    # A store fault (a row locked from outside, the database gone) is logged by the store; the housekeeping
+    # loops used to add a traceback on every pass, as if it were a bug.
+    service, _ = env
+    record = await stored(service, "r1", uncertain("r1"))
+
+    calls: list[object] = []
+
+    async def unavailable(*args: object) -> None:
+        calls.append(args)
+        raise StoreUnavailable()
+
+    monkeypatch.setattr(service, "refresh", unavailable)
+    monkeypatch.setattr(service.store, "purge_message_ids", unavailable)
+    monkeypatch.setattr(lifespan, "PURGE_INTERVAL_S", 0.0)
+    with capture_logs() as logs:
+        await recovery._settle(service, record)
+        purge = asyncio.create_task(lifespan._purge_loop(service.store))
+        await until_async(lambda: len(calls) >= 3, timeout=10, what="two failed purges")
+        purge.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await purge
+    assert [(entry["event"], entry.get("code")) for entry in logs] == [("reconcile_deferred", "store.unavailable")]
+    assert not any("exc_info" in entry for entry in logs)

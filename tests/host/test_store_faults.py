@@ -15,7 +15,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 
 import httpx
 import pgserver
@@ -57,15 +57,20 @@ async def _until(condition: Callable[[], object], what: str, timeout: float = 30
 
 
 @contextmanager
-def _writer_lock_held(url: str) -> Iterator[None]:
-    """An outside session in a transaction holding the store's writer lock (a host frozen mid-write)."""
+def _outside_transaction(url: str, statement: str, params: tuple[object, ...]) -> Iterator[None]:
+    """An outside session in a transaction that ran ``statement`` (and holds the locks it took)."""
     with psycopg.connect(url, autocommit=True) as other:
         other.execute("BEGIN")
-        other.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+        other.execute(statement, params)
         try:
             yield
         finally:
             other.execute("ROLLBACK")
+
+
+def _writer_lock_held(url: str) -> AbstractContextManager[None]:
+    """An outside session in a transaction holding the store's writer lock (a host frozen mid-write)."""
+    return _outside_transaction(url, "SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
 
 
 @contextmanager
@@ -100,9 +105,9 @@ async def _timed(call: Callable[[], object]) -> tuple[float, object]:
 # --- the store itself -------------------------------------------------------------------------------
 
 
-async def _create(store: Store, action_id: str) -> object:
+async def _create(store: Store, action_id: str, tenant: str = "acme") -> object:
     return await store.create_action(
-        "acme", action_id, "cap:crewai:alpha", "alpha", "run", "{}", "h", "p", None, "pending_approval"
+        tenant, action_id, "cap:crewai:alpha", "alpha", "run", "{}", "h", "p", None, "pending_approval"
     )
 
 
@@ -119,6 +124,66 @@ async def test_a_held_writer_lock_fails_writes_typed_within_the_bound_and_reads_
             assert not await store.probe()
         assert await store.probe()
         await _create(store, "act_after")
+    finally:
+        await store.close()
+
+
+def _row_locked(url: str, action_id: str) -> AbstractContextManager[None]:
+    """An outside session in a transaction holding one action's row lock (an operator's open
+    ``SELECT ... FOR UPDATE`` in psql, say): it holds no lock of the store's."""
+    return _outside_transaction(url, "SELECT 1 FROM actions WHERE action_id = %s FOR UPDATE", (action_id,))
+
+
+async def test_a_row_locked_from_outside_fails_only_its_own_writes_and_the_others_go_on(postgres_url: str) -> None:
+    # The default lock timeout (2 s): a writer stuck on the row used to hold the writer lock that long, so
+    # the other writers, queued behind two of them, waited past their own lock timeout and failed: one
+    # tenant's locked row made every tenant's writes 503.
+    timeouts = dataclasses.replace(TIMEOUTS, lock_ms=2000, statement_ms=4000)
+    store = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=4, timeouts=timeouts)
+    try:
+        await _create(store, "act_locked")
+        stuck: list[object] = []
+        with _row_locked(postgres_url, "act_locked"):
+
+            async def hammer() -> None:  # e.g. retried decisions of that one action
+                while len(stuck) < 6:
+                    _, outcome = await _timed(
+                        lambda: store.update_action(
+                            "acme", "act_locked", from_statuses=("pending_approval",), status="cancelled"
+                        )
+                    )
+                    stuck.append(outcome)
+
+            hammers = [asyncio.create_task(hammer()) for _ in range(2)]
+            others = [await _timed(functools.partial(_create, store, f"act_other_{n}", "globex")) for n in range(6)]
+            await asyncio.gather(*hammers)
+            took, read = await _timed(lambda: store.get_action("acme", "act_locked"))
+        assert all(isinstance(o, StoreUnavailable) and o.status == 503 for o in stuck), stuck
+        assert [type(outcome).__name__ for _, outcome in others] == ["tuple"] * 6, others
+        assert getattr(read, "status", None) == "pending_approval" and took < BOUND_S + SLACK_S
+        assert await store.update_action("acme", "act_locked", from_statuses=("pending_approval",), status="cancelled")
+    finally:
+        await store.close()
+
+
+async def test_a_row_locked_from_outside_does_not_stop_the_renewal_of_the_hosts_other_leases(postgres_url: str) -> None:
+    # One statement renews every lease of the host: it used to fail whole on the one locked row, every
+    # third of the lease, until all the host's running actions expired and other hosts took them over.
+    store = await Store.open(postgres_url, clock=lambda: T0 / 1000, owner="host-a", lease_ms=60_000, timeouts=TIMEOUTS)
+    try:
+        for n in range(3):
+            await store.create_action(
+                "acme", f"act_run_{n}", "cap:crewai:alpha", "alpha", "run", "{}", "h", "p", None, "running"
+            )
+        assert await store.renew_leases() == 3
+        with _row_locked(postgres_url, "act_run_1"):
+            before = {n: (await store.get_action("acme", f"act_run_{n}")).lease_expires_at for n in range(3)}  # type: ignore[union-attr]
+            assert await store.renew_leases() == 2
+            after = {n: (await store.get_action("acme", f"act_run_{n}")).lease_expires_at for n in range(3)}  # type: ignore[union-attr]
+        assert after[1] == before[1] and after[0] > before[0] and after[2] > before[2]  # type: ignore[operator]
+        assert store.lost_leases() == set()  # the locked one is still this host's, until its lease expires
+        assert store.lease_token("acme", "act_run_1") is not None
+        assert await store.renew_leases() == 3
     finally:
         await store.close()
 

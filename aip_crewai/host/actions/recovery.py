@@ -253,6 +253,8 @@ async def _settle(runtime: ActionRuntime, record: ActionRecord, *, reread: bool 
                 return
             record = fresh
         await runtime.refresh(record)
+    except StoreUnavailable:  # the store logged why (no traceback: a fault, not a bug); the next pass retries
+        log.warning("reconcile_deferred", action_id=record.action_id, code="store.unavailable")
     except Exception:
         log.exception("reconcile_failed", action_id=record.action_id)
 

@@ -35,7 +35,7 @@ from ..sidecars.client import SidecarClient, SidecarHttp, sidecar_headers
 from ..sidecars.placement import Placement
 from ..sidecars.readiness import Readiness, ReadinessGroup, notify_systemd
 from ..store.notify import listen
-from ..store.store import Store, StoreError
+from ..store.store import Store, StoreError, StoreUnavailable
 from ..webhooks.events import WebhookEvents
 from ..webhooks.sender import WebhookSender, webhook_client
 from .state import HostSetup, HostState, host_setup, record_startup_error
@@ -72,6 +72,8 @@ async def _purge_loop(store: Store) -> None:
         await asyncio.sleep(PURGE_INTERVAL_S)
         try:
             await store.purge_message_ids()
+        except StoreUnavailable:  # logged by the store (no traceback: a fault, not a bug); purged next time
+            pass
         except Exception:  # keep purging later; never kill the host for housekeeping
             log.exception("message_id_purge_failed")
 

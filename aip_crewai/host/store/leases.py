@@ -41,6 +41,9 @@ class LeaseMethods:
         owner: str | None
         lease_ms: int
 
+        @property
+        def engine(self) -> str: ...
+
         def now_ms(self) -> int: ...
         async def _run(self, fn: Callable[..., _T], *args: Any) -> _T: ...
         def _fetch_now(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
@@ -137,25 +140,34 @@ class LeaseMethods:
     async def renew_leases(self) -> int:
         """Extend every lease this host holds on a running action by :attr:`lease_ms` (the database's
         clock); returns how many. Forgets the tokens of actions no longer leased here (finished, or taken
-        by another host: :meth:`lost_leases` says which of those this host still follows)."""
+        by another host: :meth:`lost_leases` says which of those this host still follows).
+
+        On PostgreSQL a row locked by a session outside the store (an operator's open transaction) is
+        skipped, not waited for: its lease stays this host's until it expires, and the host's other leases
+        are renewed (docs/operating.md "Faults and their bounds")."""
         if self.owner is None:
             return 0
         before = self._tokens_taken
-        rows = await self._run(
-            self._write_now,
-            True,
-            lambda: self._fetch_now(
-                f"UPDATE actions SET lease_expires_at = {DB_NOW} + ? WHERE lease_owner = ? AND status = 'running' "
-                "RETURNING tenant, action_id, lease_epoch",
-                (self.lease_ms, self.owner),
-            ),
-        )
+        mine = "lease_owner = ? AND status = 'running'"
+        skip_locked = " FOR UPDATE SKIP LOCKED" if self.engine == "postgresql" else ""
+
+        def renew() -> tuple[int, list[tuple[Any, ...]]]:
+            renewed = self._fetch_now(
+                f"UPDATE actions SET lease_expires_at = {DB_NOW} + ? WHERE {mine} AND (tenant, action_id) IN "
+                f"(SELECT tenant, action_id FROM actions WHERE {mine}{skip_locked}) RETURNING action_id",
+                (self.lease_ms, self.owner, self.owner),
+            )
+            return len(renewed), self._fetch_now(
+                f"SELECT tenant, action_id, lease_epoch FROM actions WHERE {mine}", (self.owner,)
+            )
+
+        count, rows = await self._run(self._write_now, True, renew)
         held = {(tenant, action_id): epoch for tenant, action_id, epoch in rows}
         for key, (epoch, taken) in list(self._tokens.items()):
             if taken <= before and held.get(key) != epoch:
                 self._tokens.pop(key, None)
                 self._lost.add(key)
-        return len(rows)
+        return int(count)
 
     def lost_leases(self) -> set[tuple[str, str]]:
         """The ``(tenant, action_id)`` whose tokens the last renewals dropped (cleared by this call): the

@@ -298,6 +298,13 @@ class PostgresHostLock:
 
 #: The advisory lock every PostgreSQL write transaction of the host store takes (an arbitrary constant).
 WRITER_LOCK = 0x41495043  # "AIPC"
+#: How long a writer holding :data:`WRITER_LOCK` waits for any other lock (a row or a table), ms, at most
+#: (the lock timeout when it is shorter). Every write of the store's own sessions takes the writer lock
+#: first, so such a wait is always on a session outside the store's writers (an operator's open
+#: transaction in psql, a ``VACUUM FULL``): the writer gives up soon, failing only the write that needs
+#: that lock, instead of holding the writer lock for the whole lock timeout while every other writer, of
+#: every tenant and host, queues behind it past its own (docs/operating.md "Faults and their bounds").
+OUTSIDE_LOCK_WAIT_MS = 100
 
 
 _PLACEHOLDER = re.compile(r"%|\?")
@@ -323,7 +330,8 @@ class PostgresDb:
     restarted) is discarded by the pool when it is returned, and a new one is opened in its place.
     Reads of several callers thereby run in parallel; every write runs in a transaction holding
     :data:`WRITER_LOCK` (``pg_advisory_xact_lock``), so the writers of all hosts and threads on the
-    database serialize like SQLite's single writer.
+    database serialize like SQLite's single writer; once it holds it, a writer waits for any other lock
+    at most :data:`OUTSIDE_LOCK_WAIT_MS`.
 
     Source: ARCHITECTURE.md §10 (a PostgreSQL store: one pooled connection per store thread).
     """
@@ -352,6 +360,8 @@ class PostgresDb:
         #: The bound of one call, seconds (the store gives up on a call past it: :meth:`interrupt_stuck`).
         self.call_timeout_s: float | None = self.timeouts.call_ms / 1000
         self.guard = guard or CallGuard()
+        outside_ms = min(self.timeouts.lock_ms, OUTSIDE_LOCK_WAIT_MS)
+        self._writer_sql = f"SELECT pg_advisory_xact_lock({WRITER_LOCK}); SET LOCAL lock_timeout = {outside_ms}"
         self._bound = threading.local()
         self._cache: dict[str, str] = {}
 
@@ -435,7 +445,9 @@ class PostgresDb:
         bound.depth += 1
         try:
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+                # One round trip, in order (the simple query protocol: no parameters): the writer lock
+                # under the session's lock timeout, then the short bound for every lock after it.
+                conn.execute(self._writer_sql)
                 return fn()
         finally:
             bound.depth -= 1
