@@ -1,6 +1,7 @@
 """The sidecar client maps statuses and transport failures to connector errors and records dispatch honestly."""
 
 import asyncio
+import contextlib
 import json
 import re
 from typing import Any
@@ -472,3 +473,38 @@ async def test_a_json_body_is_sent_as_httpx_encodes_it():
         "input": {"q": "é"},
     }
     assert sent.headers["content-length"] == str(len(sent.content))
+
+
+async def test_a_cancel_a_frozen_sidecar_never_answers_fails_within_its_own_bound():
+    """A sidecar that takes the cancel and answers nothing (SIGSTOP, hung): the cancel fails typed (the
+    tenant then gets ``cancelled_unconfirmed``, corrected later) within the cancel's bound, not after
+    the 30 s of other JSON reads."""
+    from aip_crewai.host.http.lifespan import _sidecar_http
+    from aip_crewai.host.settings import SidecarSettings
+    from aip_crewai.host.sidecars.client import CANCEL_READ_TIMEOUT_S, JSON_READ_TIMEOUT_S
+
+    assert CANCEL_READ_TIMEOUT_S * 3 < JSON_READ_TIMEOUT_S
+    taken, release = asyncio.Event(), asyncio.Event()
+
+    async def frozen(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            taken.set()
+            await release.wait()
+        writer.close()
+
+    server = await asyncio.start_server(frozen, "127.0.0.1", 0)
+    http = _sidecar_http(
+        SidecarSettings("sidecar", f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", "t"), None
+    )
+    c = SidecarClient(http, max_response_bytes=1 << 20)
+    try:
+        with anyio.fail_after(CANCEL_READ_TIMEOUT_S + 10):  # slack for a slow machine; before: 30 s
+            with pytest.raises(ConnectorError) as raised:
+                await c.cancel(RUN, DispatchProgress(), job_id="acme:x", crew_id="c", reason=None)
+        assert taken.is_set() and raised.value.uncertain_outcome
+    finally:
+        release.set()
+        await http.aclose()
+        server.close()
+        await server.wait_closed()
