@@ -206,6 +206,16 @@ async def test_http_missing_credentials_is_401(client):
     assert (await client.get("/aip/v1/capabilities")).status_code == 401
 
 
+@pytest.mark.parametrize("second", ["Bearer nope", f"Bearer {TOKENS['acme-invoker']}"])
+async def test_http_two_authorization_headers_are_401_whichever_comes_first(client, second):
+    # Only the first used to count: a valid token first let a request through beside any second credential.
+    good = f"Bearer {TOKENS['acme-invoker']}"
+    for pair in ([good, second], [second, good]):
+        response = await client.get("/aip/v1/capabilities", headers=[("Authorization", v) for v in pair])
+        assert response.status_code == 401, response.text
+        assert response.json()["body"]["error"]["error"]["message"] == "send one Authorization header, not several"
+
+
 async def test_auth_failures_are_counted(make_app):
     app = make_app()
     async with running(app) as http:

@@ -73,7 +73,10 @@ async def test_every_route_requires_the_bearer_token(tmp_path, method, path):
         missing = await client.request(method, path, headers={"Authorization": ""}, json=job("a"))
         wrong = await client.request(method, path, headers={"Authorization": f"Bearer {TOKEN}x"}, json=job("a"))
         basic = await client.request(method, path, headers={"Authorization": f"Basic {TOKEN}"}, json=job("a"))
-    for resp in (missing, wrong, basic):
+        good = ("Authorization", f"Bearer {TOKEN}")
+        twice = await client.request(method, path, headers=[good, good], json=job("a"))
+        either = await client.request(method, path, headers=[good, ("Authorization", "Bearer x")], json=job("a"))
+    for resp in (missing, wrong, basic, twice, either):  # one Authorization header: two were never meant
         assert resp.status_code == 401
         assert resp.headers["www-authenticate"] == "Bearer"
         assert resp.json() == {"detail": "missing or invalid bearer token"}

@@ -62,13 +62,26 @@ async def authenticate(
     authenticator = setup.authenticator
     try:
         principal = await authenticator.authenticate(
-            request.headers.get("authorization"), envelope_obj, signed_request(request, raw_body)
+            _authorization(request), envelope_obj, signed_request(request, raw_body)
         )
     except Unauthenticated as exc:
         setup.metrics.auth_failures.inc()
         log.info("authentication_failed", reason=exc.message)
         raise
     return bind_principal(request, principal)
+
+
+def _authorization(request: Request) -> str | None:
+    """The value of the request's one ``Authorization`` header, or None without one.
+
+    Raises:
+        Unauthenticated: two or more of them (a singleton field, RFC 9110 §11.6.2: which one counts
+            would be a guess, and a proxy in front may have checked the other).
+    """
+    values = request.headers.getlist("authorization")
+    if len(values) > 1:
+        raise Unauthenticated("send one Authorization header, not several")
+    return values[0] if values else None
 
 
 def bind_principal(request: Request, principal: Principal) -> Principal:

@@ -63,9 +63,11 @@ MAX_TOKEN_CHARS = 16384
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]) -> bytes | None:
-    """The token of the first ``Authorization`` header (:func:`aip_crewai.plumbing.bearer.parse_bearer`), or None."""
-    for name, value in headers:
-        if name.lower() == b"authorization":
-            token = parse_bearer(value, max_token_chars=MAX_TOKEN_CHARS)
-            return None if token is None else token.encode("latin-1")
-    return None
+    """The token of the one ``Authorization`` header (:func:`aip_crewai.plumbing.bearer.parse_bearer`), or None:
+    also for two or more such headers (the field is a singleton, RFC 9110 §11.6.2: which one counts would be
+    a guess, and a proxy in front may have checked the other)."""
+    values = [value for name, value in headers if name.lower() == b"authorization"]
+    if len(values) != 1:
+        return None
+    token = parse_bearer(values[0], max_token_chars=MAX_TOKEN_CHARS)
+    return None if token is None else token.encode("latin-1")
