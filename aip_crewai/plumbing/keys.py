@@ -25,7 +25,7 @@ MAX_SECRET_FILE_BYTES = 16384
 
 
 class SecretFileError(ValueError):
-    """A secret file is missing, not a regular file, a symlink, too open or of a bad size."""
+    """A secret file is missing, not a regular file, a symlink, too open, another user's or of a bad size."""
 
 
 def write_private(path: Path, data: bytes) -> None:
@@ -37,8 +37,10 @@ def write_private(path: Path, data: bytes) -> None:
 
 def read_private(path: Path, *, what: str = "secret file") -> bytes:
     """Read a secret file: a regular file opened without following symlinks,
-    no group/other permission bits (0600 or 0400), 1..16384 bytes; one
-    trailing newline (LF or CRLF) is stripped.
+    no group/other permission bits (0600 or 0400), owned by the process's
+    effective user or root (a process running as root used to take a 0600
+    file of any user, who could have put their own secret there), 1..16384
+    bytes; one trailing newline (LF or CRLF) is stripped.
 
     Raises:
         SecretFileError: naming the file and the broken rule, never the content.
@@ -61,6 +63,11 @@ def read_private(path: Path, *, what: str = "secret file") -> bytes:
         mode = stat.S_IMODE(info.st_mode)
         if mode & 0o077:
             raise SecretFileError(f"{what} {path} has mode {mode:04o}; it must be 0600 (no group/other access)")
+        if info.st_uid not in (os.geteuid(), 0):
+            raise SecretFileError(
+                f"{what} {path} belongs to uid {info.st_uid}; it must belong to the user running this process "
+                f"(uid {os.geteuid()}) or to root (its owner could change the secret)"
+            )
         if not 1 <= info.st_size <= MAX_SECRET_FILE_BYTES:
             raise SecretFileError(f"{what} {path} must hold 1..{MAX_SECRET_FILE_BYTES} bytes, has {info.st_size}")
         data = read_fd(fd, MAX_SECRET_FILE_BYTES)

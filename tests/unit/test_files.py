@@ -1,4 +1,5 @@
-"""aip_crewai/plumbing/files.py: regular files only, opened without blocking, read within a bound."""
+"""aip_crewai/plumbing/files.py: regular files only, opened without blocking, read within a bound; and the secret files
+of aip_crewai/plumbing/keys.py built on it."""
 
 from __future__ import annotations
 
@@ -46,3 +47,19 @@ def test_a_small_file_under_a_huge_bound_is_read_in_bounded_pieces(tmp_path, mon
     with pytest.raises(files.FileTooLarge):
         files.read_regular(path, 3 * files.READ_PIECE_BYTES + 4)
     assert len(files.read_regular(path, 3 * files.READ_PIECE_BYTES + 5)) == 3 * files.READ_PIECE_BYTES + 5
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user takes root")
+def test_a_secret_file_of_another_user_is_refused_even_to_root(tmp_path):
+    """aip_crewai/plumbing/keys.py: a 0600 token file owned by another (unprivileged) user is refused; root
+    read it before, and that user could have written their own token there."""
+    from aip_crewai.plumbing.keys import SecretFileError, read_token
+
+    token = tmp_path / "sidecar.token"
+    token.write_text("s3cret-token\n")
+    token.chmod(0o600)
+    assert read_token(token) == "s3cret-token"  # root's own
+    os.chown(token, 65534, -1)
+    with pytest.raises(SecretFileError, match="belongs to uid 65534") as refused:
+        read_token(token)
+    assert "s3cret" not in str(refused.value)
