@@ -44,10 +44,8 @@ from ..tracing import outgoing_headers
 #: Longest silence accepted while reading a JSON (non-stream) answer, seconds: a frozen sidecar
 #: must not hang a status read or a cancel forever (a blocking start adds its ``timeout_ms``).
 JSON_READ_TIMEOUT_S = 30.0
-#: The same bound for a cancel, seconds. The sidecar answers a cancel once it has recorded it (its worker's
-#: grace runs after the answer), so a healthy one answers well within this; a frozen one leaves the tenant
-#: a prompt ``cancelled_unconfirmed`` (uncertain, corrected from the job once the sidecar answers again)
-#: instead of a half-minute wait (docs/operating.md "Frozen sidecar").
+#: The same bound for a cancel, seconds: a sidecar answers one once recorded (before its worker's grace), and
+#: a frozen one gives a prompt, uncertain ``cancelled_unconfirmed`` (docs/operating.md "Frozen sidecar").
 CANCEL_READ_TIMEOUT_S = 5.0
 #: Bound on a JSON (non-stream) sidecar answer, bytes: the 4 MiB output plus envelope room.
 MAX_JSON_RESPONSE_BYTES = 8 * 1024 * 1024
@@ -580,27 +578,16 @@ class SidecarClient:
         )[1]
 
     async def cancel(
-        self,
-        spec: OperationSpec,
-        dispatch: DispatchProgress,
-        *,
-        job_id: str,
-        crew_id: str,
-        reason: str | None,
+        self, spec: OperationSpec, dispatch: DispatchProgress, *, job_id: str, crew_id: str, reason: str | None
     ) -> Any:
         """``POST /jobs/{job_id}/cancel`` → the job view after cancellation; the answer is awaited at most
         :data:`CANCEL_READ_TIMEOUT_S` (else a :class:`ConnectorError`, as for any unanswered request)."""
         body: dict[str, Any] = {"crew_id": crew_id, "action_id": job_id}
         if reason is not None:
             body["reason"] = reason
+        path, headers = f"/jobs/{job_id}/cancel", {"X-AIP-Action-ID": job_id}
         return (
             await self._json(
-                "POST",
-                f"/jobs/{job_id}/cancel",
-                spec,
-                dispatch,
-                headers={"X-AIP-Action-ID": job_id},
-                json=body,
-                read_timeout_s=CANCEL_READ_TIMEOUT_S,
+                "POST", path, spec, dispatch, headers=headers, json=body, read_timeout_s=CANCEL_READ_TIMEOUT_S
             )
         )[1]
