@@ -28,6 +28,7 @@ TOML shape (ARCHITECTURE.md §11; every table rejects unknown keys)::
     token_file = "sidecar.token"       # regular, non-symlink, no group/other permission bits, 1..16384 bytes
     proxy = "http://proxy:3128"        # optional; only with an https url. Without it HTTP(S)_PROXY are ignored
     keepalive_seconds = 15.0           # the sidecar's SSE keep-alive interval when its /health does not say, 0.1 .. 3600
+    ca_file = "sidecar-ca.pem"         # optional; only with an https url: PEM CA certificates trusted instead of the public CAs
 
     # [[sidecars]]                     # instead of [sidecar]: the same keys, plus
     # name = "eu-1"                    # optional, for logs (default sidecar-<n>)
@@ -85,7 +86,7 @@ else:  # Python 3.10
 from ..contracts.inputs import has_control_characters
 from ..plumbing.files import FileTooLarge, NotRegularFile, read_regular
 from .config_values import HostConfigError as HostConfigError
-from .config_values import check_bind, cors_origin, enum_reason, resolve_path, store_location
+from .config_values import check_bind, cors_origin, enum_reason, read_sidecar_ca, resolve_path, store_location
 from .config_values import check_sidecar_proxy as check_sidecar_proxy
 from .config_values import check_sidecar_url as check_sidecar_url
 from .config_values import read_token_file as read_token_file
@@ -179,6 +180,7 @@ class _SidecarTable(_Table, frozen=True):
     token_file: str
     proxy: str | None = None
     keepalive_seconds: Annotated[float, msgspec.Meta(ge=0.1, le=3600)] = DEFAULT_SIDECAR_KEEPALIVE_S
+    ca_file: str | None = None
 
 
 class _SidecarsEntry(_SidecarTable, frozen=True):
@@ -395,7 +397,12 @@ def _sidecar(base: Path, table: _SidecarTable, key: str, name: str, crews: froze
             raise
         raise HostConfigError(exc.key.replace("sidecar", key, 1), exc.reason) from None
     token = read_token_file(resolve_path(base, table.token_file, f"{key}.token_file"))
-    return SidecarSettings(name, url, token, proxy, float(table.keepalive_seconds), crews)
+    ca_pem = (
+        None
+        if table.ca_file is None
+        else read_sidecar_ca(resolve_path(base, table.ca_file, f"{key}.ca_file"), f"{key}.ca_file", url)
+    )
+    return SidecarSettings(name, url, token, proxy, float(table.keepalive_seconds), crews, ca_pem)
 
 
 def _sidecars(root: _Root, base: Path, crew_ids: list[str], crews_file: Path) -> tuple[SidecarSettings, ...]:

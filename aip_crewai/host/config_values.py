@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
+import ssl
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -18,6 +19,7 @@ import msgspec.inspect as mi
 
 from ..contracts.errors import AipError, Category
 from ..contracts.inputs import has_control_characters
+from ..plumbing.files import FileTooLarge, NotRegularFile, read_regular
 from ..plumbing.keys import SecretFileError, read_token
 from ..plumbing.loopback import is_loopback
 
@@ -264,6 +266,41 @@ def read_token_file(path: Path, key: str = "sidecar.token_file") -> str:
         return read_token(path)
     except SecretFileError as exc:
         raise HostConfigError(key, str(exc)) from None
+
+
+#: Largest ``ca_file`` read, bytes (a bundle of a few hundred certificates).
+MAX_CA_FILE_BYTES = 1 << 20
+
+
+def read_sidecar_ca(path: Path, key: str, sidecar_url: str) -> str:
+    """A sidecar's ``ca_file``: the PEM certificates of the CA(s) the host trusts for that sidecar's https
+    certificate instead of the public ones (a private CA), read without blocking (a regular file, at most
+    :data:`MAX_CA_FILE_BYTES`). Returns the PEM text. Certificates are public: no mode rule.
+
+    Raises:
+        HostConfigError: keyed ``key``: an http:// ``sidecar_url`` (nothing to verify), a missing, non-regular
+            or oversized file, or one holding no usable PEM certificate.
+
+    Source: docs/reference/configuration.md (``[sidecar] ca_file``).
+    """
+    if not sidecar_url.startswith("https://"):
+        raise HostConfigError(key, "is only allowed with an https:// url (plain http has no certificate to verify)")
+    try:
+        data = read_regular(path, MAX_CA_FILE_BYTES)  # non-blocking: a FIFO is refused, never waited on
+    except FileNotFoundError:
+        raise HostConfigError(key, f"{path} does not exist") from None
+    except NotRegularFile:
+        raise HostConfigError(key, f"{path} is not a regular file") from None
+    except FileTooLarge:
+        raise HostConfigError(key, f"{path} is over {MAX_CA_FILE_BYTES} bytes") from None
+    except OSError as exc:
+        raise HostConfigError(key, f"cannot read {path}: {exc.strerror}") from None
+    try:
+        pem = data.decode("ascii")
+        ssl.create_default_context(cadata=pem)
+    except (UnicodeDecodeError, ssl.SSLError):
+        raise HostConfigError(key, f"{path} holds no usable PEM certificate (-----BEGIN CERTIFICATE-----)") from None
+    return pem
 
 
 _ORIGIN = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?$")

@@ -7,6 +7,7 @@ Source: ARCHITECTURE.md §11; docs/reference/configuration.md "Configuration ref
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,9 +79,21 @@ class SidecarSettings:
     proxy: str | None = None
     keepalive_s: float = DEFAULT_SIDECAR_KEEPALIVE_S
     crews: frozenset[str] | None = None
+    #: PEM certificates of the CA(s) its https certificate must chain to (``ca_file``), None: the system's.
+    ca_pem: str | None = field(default=None, repr=False)
 
     def serves(self, crew_id: str) -> bool:
         return self.crews is None or crew_id in self.crews
+
+    def verify(self) -> ssl.SSLContext | bool:
+        """What the host's connections to this sidecar check its https certificate against: a context
+        trusting the CAs of :attr:`ca_pem` alone (a private CA), else True (httpx's default, the public CAs).
+
+        Raises:
+            ssl.SSLError: :attr:`ca_pem` holds no usable certificate (checked when the config loads).
+
+        Source: docs/reference/configuration.md (``[sidecar] ca_file``)."""
+        return ssl.create_default_context(cadata=self.ca_pem) if self.ca_pem else True
 
 
 @dataclass(frozen=True)

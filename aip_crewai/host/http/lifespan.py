@@ -120,6 +120,7 @@ def _sidecar_http(sidecar: SidecarSettings, transport: Any) -> SidecarHttp:
         limits=REQUEST_LIMITS,
         job_limits=JOB_LIMITS,
         proxy=sidecar.proxy,  # the explicit one only: HTTP(S)_PROXY would get the bearer (docs/security.md)
+        verify=sidecar.verify(),
     )
 
 
@@ -135,6 +136,7 @@ def _probe_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
         trust_env=False,
         limits=REQUEST_LIMITS,
         proxy=sidecar.proxy,
+        verify=sidecar.verify(),
     )
 
 

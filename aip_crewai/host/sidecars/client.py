@@ -15,6 +15,7 @@ Source: ARCHITECTURE.md §4 (sidecar contract), §7 (sidecar client), §8 (error
 from __future__ import annotations
 
 import hashlib
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -269,11 +270,12 @@ class SidecarHttp:
         limits: httpx.Limits | None = None,
         job_limits: httpx.Limits | None = None,
         proxy: str | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> SidecarHttp:
         """The sidecar at ``url`` (its path, if any, prefixes every route) with bearer ``token``;
         ``transport`` (tests: every request) or two new ``httpx.AsyncHTTPTransport(trust_env=False)``
         pools, ``limits`` for short requests and ``job_limits`` for those that run a job, both through the
-        explicit ``proxy`` (the environment's proxies and CA variables are not read).
+        explicit ``proxy``, https checked against ``verify`` (the environment's proxies and CA variables are not read).
 
         Raises: ValueError (no ``transport`` and a pool's limits missing)."""
         base = httpx.URL(url)
@@ -284,8 +286,8 @@ class SidecarHttp:
         if transport is None:
             if limits is None or job_limits is None:
                 raise ValueError("a sidecar's pools need their limits (limits, job_limits)")
-            short = httpx.AsyncHTTPTransport(trust_env=False, limits=limits, proxy=proxy)
-            jobs = httpx.AsyncHTTPTransport(trust_env=False, limits=job_limits, proxy=proxy)
+            short = httpx.AsyncHTTPTransport(trust_env=False, limits=limits, proxy=proxy, verify=verify)
+            jobs = httpx.AsyncHTTPTransport(trust_env=False, limits=job_limits, proxy=proxy, verify=verify)
         else:
             short = jobs = transport
         return cls(base, sidecar_headers(token), short, connect_timeout_s, jobs)
