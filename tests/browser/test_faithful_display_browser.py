@@ -1,11 +1,14 @@
 """Faithful display in real Chromium: an input holding a right-to-left override and a zero-width space is
 rendered by the approval console with each of those code points as a highlighted ``\\u…`` marker under a
-warning, so the rendered text never reads as the spoofed string (docs/approvals.md "The approval flow")."""
+warning, so the rendered text never reads as the spoofed string (docs/approvals.md "The approval flow"); an input
+of about 1 MiB of zero-width spaces renders in one pass with every one of them written as its marker, consecutive
+ones in one highlighted run and the runs past the console's bound said and written without highlight
+(docs/approvals.md "Approval console")."""
 
 from __future__ import annotations
 
 import pytest
-from kits.host import TOKENS
+from kits.host import TOKENS, submit_for_approval
 from playwright.sync_api import expect
 
 from aip_crewai.client import new_id
@@ -68,4 +71,35 @@ def test_the_console_never_renders_a_spoofed_input_as_the_spoof(host, browser, a
     spoofed = page.locator(f"#{raw}").evaluate(VISUAL_ORDER)
     assert spoofed is not None and spoofed["two"] < spoofed["nine"], spoofed
     page.screenshot(path=str(artifacts / "console-faithful-display.png"), full_page=True)
+    page.close()
+
+
+def test_an_input_of_a_million_invisible_bytes_renders_in_one_pass_with_every_character_marked(host, browser) -> None:
+    blank = 340_000  # zero-width spaces: 3 bytes each in UTF-8, about 1 MiB (the host's bound on an input)
+    past = 100  # "a\u00ad" pairs beyond the highlighted runs the console draws: one run each
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page.goto(f"{host.base_url}/console/")
+    runs = page.evaluate("MAX_MARKS")  # the console's bound on highlighted runs in one input
+    pairs = runs + past
+    action_id = submit_for_approval(host, {"blank": "\u200b" * blank, "soft": "a\u00ad" * pairs, "topic": "t"})
+    page.fill("#token", TOKENS["acme-approver"])
+    page.click("#sign-in-form button[type=submit]")
+    item = page.locator("#queue .card", has_text=action_id)
+    expect(item).to_have_count(1, timeout=20_000)
+    item.click()
+    expect(page.locator("#d-warning-count")).to_have_text(f"at least {blank + pairs}", timeout=20_000)
+    shown = page.locator("#d-input")
+    marks = shown.locator("mark.cp")
+    # One element per run, not per character: the 340,000 zero-width spaces are one highlighted run.
+    assert page.evaluate("document.querySelectorAll('#d-input *').length") <= runs + 6  # + the 6 strings' spans
+    expect(marks).to_have_count(runs)
+    assert marks.first.text_content() == "\\u200b" * blank
+    assert marks.first.get_attribute("title") == f"U+200B \u00d7{blank}"
+    # The runs past the bound are said, and their characters are still written as markers, never as themselves.
+    expect(page.locator("#d-plain")).to_be_visible()
+    expect(page.locator("#d-plain-count")).to_have_text(str(pairs - (runs - 1)))
+    text = shown.text_content()
+    assert text.count("\\u200b") == blank and text.count("a\\u00ad") == pairs, (len(text), text[-200:])
+    assert "\u200b" not in text and "\u00ad" not in text
+    expect(page.locator("#approve")).to_be_enabled()  # the whole input is on screen
     page.close()

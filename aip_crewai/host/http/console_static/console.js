@@ -279,10 +279,15 @@ async function follow(path, onEvent, signal, onState) {
 const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/u;
 const BLANK = /[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\uffa0\ufe00-\ufe0f\u{e0100}-\u{e01ef}]/u;
 const OTHER = /[\p{Cf}\p{Cc}\p{Cs}\p{Zs}\p{Zl}\p{Zp}]/u;
+const MISREAD = new RegExp(`${BIDI.source}|${BLANK.source}|${OTHER.source}`, "u");
+//: At most this many highlighted runs (<mark> elements) in one input or result: past them, each misread code point
+//: is still written as its marker, without highlight, so an input of a million of them renders in one pass
+//: with a bounded number of elements (docs/approvals.md "Approval console").
+const MAX_MARKS = 2000;
 
 function misread(ch) {
   if (ch === " " || ch === "\t" || ch === "\n" || ch === "\r") return false;
-  return BIDI.test(ch) || BLANK.test(ch) || OTHER.test(ch);
+  return MISREAD.test(ch);
 }
 
 function marker(ch) {
@@ -291,28 +296,67 @@ function marker(ch) {
   return out;  // the JSON escape: a surrogate pair above U+FFFF, as the host and the CLI write it
 }
 
-// Append `text` to `parent`, each flagged code point (offsets in code points, or `misread`) as a <mark>;
-// `json`: write the rest as the inside of a JSON string literal. Returns how many were marked.
-function appendFaithful(parent, text, offsets, json) {
-  let run = "";
+// How many highlighted runs a rendering may still add (`marks`), and how many code points it wrote as markers
+// without highlight once they were used up (`plain`).
+function markBudget() {
+  return { marks: MAX_MARKS, plain: 0 };
+}
+
+// The title of a highlighted run: its code points (U+200B), each repeated one's count, at most eight named.
+function runTitle(counts) {
+  const named = [...counts].slice(0, 8).map(([cp, n]) => `U+${cp.toString(16).toUpperCase().padStart(4, "0")}` +
+    (n > 1 ? ` ×${n}` : ""));
+  return named.join(" ") + (counts.size > 8 ? " …" : "");
+}
+
+// Append `text` to `parent`, each flagged code point (offsets in code points, or `misread`) as its marker;
+// `json`: write the rest as the inside of a JSON string literal. Consecutive flagged code points share one
+// highlighted <mark>, and once `budget` has no runs left the markers are written without highlight: the work is
+// one pass over the text and the elements stay bounded. Returns how many code points were flagged.
+function appendFaithful(parent, text, offsets, json, budget = { marks: Infinity, plain: 0 }) {
+  const escape = (raw) => (json && raw ? JSON.stringify(raw).slice(1, -1) : raw);
+  let done = "";    // written text not appended yet (escaped, markers without highlight included)
+  let raw = "";     // unflagged code points after `done`, not escaped yet
+  let run = null;   // the open highlighted run: { markers, counts }
   let marked = 0;
   let i = 0;
+  const closeRun = () => {
+    const mark = document.createElement("mark");
+    mark.className = "cp";
+    mark.textContent = run.markers;
+    mark.title = runTitle(run.counts);
+    parent.append(mark);
+    run = null;
+  };
   for (const ch of String(text)) {
     if ((offsets && offsets.has(i)) || misread(ch)) {
-      if (run) parent.append(run);
-      run = "";
-      const mark = document.createElement("mark");
-      mark.className = "cp";
-      mark.textContent = marker(ch);
-      mark.title = "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
-      parent.append(mark);
       marked++;
+      if (!run && budget.marks > 0) {
+        done += escape(raw);
+        raw = "";
+        if (done) parent.append(done);
+        done = "";
+        budget.marks--;
+        run = { markers: "", counts: new Map() };
+      }
+      if (run) {
+        const cp = ch.codePointAt(0);
+        run.markers += marker(ch);
+        run.counts.set(cp, (run.counts.get(cp) || 0) + 1);
+      } else {
+        done += escape(raw) + marker(ch);
+        raw = "";
+        budget.plain++;
+      }
     } else {
-      run += json ? JSON.stringify(ch).slice(1, -1) : ch;
+      if (run) closeRun();
+      raw += ch;
     }
     i++;
   }
-  if (run) parent.append(run);
+  if (run) closeRun();
+  done += escape(raw);
+  if (done) parent.append(done);
   return marked;
 }
 
@@ -328,13 +372,14 @@ function childPath(path, step) {
 }
 
 // Render a JSON value into `parent` (JSON.stringify's layout), strings isolated (bidi) and faithful.
-// `found`: Map of "path" / "key:path" to a Set of offsets. Returns how many code points were marked.
-function renderJson(parent, value, found, path = "$", indent = "") {
+// `found`: Map of "path" / "key:path" to a Set of offsets; `budget`: the highlighted runs left (markBudget).
+// Returns how many code points were marked.
+function renderJson(parent, value, found, budget = markBudget(), path = "$", indent = "") {
   const string = (text, offsets) => {
     const span = document.createElement("span");
     span.className = "s";
     span.append('"');
-    const marked = appendFaithful(span, text, offsets, true);
+    const marked = appendFaithful(span, text, offsets, true, budget);
     span.append('"');
     parent.append(span);
     return marked;
@@ -351,7 +396,7 @@ function renderJson(parent, value, found, path = "$", indent = "") {
     const at = childPath(path, step);
     parent.append(`\n${indent}  `);
     if (typeof step === "string") { marked += string(step, found.get("key:" + at)); parent.append(": "); }
-    marked += renderJson(parent, child, found, at, indent + "  ");
+    marked += renderJson(parent, child, found, budget, at, indent + "  ");
     if (n < entries.length - 1) parent.append(",");
   });
   parent.append(`\n${indent}${close}`);
@@ -401,15 +446,23 @@ const JSON_PIECES = /"(?:[^"\\]|\\.)*"?|[^"]+/gsu;
 function preview(view) {
   const element = span("preview", "", false);
   if (!view.evidence_payload) { element.textContent = view.previewError || "input loading…"; return element; }
-  const points = [...JSON.stringify(view.evidence_payload.input)];
-  for (const piece of points.slice(0, PREVIEW_CHARS).join("").match(JSON_PIECES) || []) {
+  const text = JSON.stringify(view.evidence_payload.input);
+  const head = firstPoints(text, PREVIEW_CHARS);
+  for (const piece of head.match(JSON_PIECES) || []) {
     if (!piece.startsWith('"')) { appendFaithful(element, piece, null, false); continue; }
     const literal = span("s", "", false);
     appendFaithful(literal, piece, null, false);
     element.append(literal);
   }
-  if (points.length > PREVIEW_CHARS) element.append("…");
+  if (head.length < text.length) element.append("…");
   return element;
+}
+
+// The first `n` code points of `text` (a surrogate pair is one), read no further: a 1 MiB input costs no more.
+function firstPoints(text, n) {
+  let end = 0;
+  for (let k = 0; k < n && end < text.length; k++) end += text.codePointAt(end) > 0xffff ? 2 : 1;
+  return text.slice(0, end);
 }
 
 function card(view) {
@@ -761,11 +814,15 @@ function renderDetail() {
   } else $("d-status").textContent = view.status;
   $("d-input").replaceChildren();
   const found = view.found || new Map();
-  if (view.evidence_payload) marked += renderJson($("d-input"), view.evidence_payload.input, found);
+  const budget = markBudget();
+  if (view.evidence_payload) marked += renderJson($("d-input"), view.evidence_payload.input, found, budget);
   else $("d-input").textContent = view.previewError || "loading…";
   $("d-warning").hidden = marked === 0;
   $("d-warning-count").textContent = `${found.truncated ? "at least " : ""}${marked}`;
   $("d-truncated").hidden = !found.truncated;
+  $("d-plain").hidden = budget.plain === 0;
+  $("d-plain-runs").textContent = MAX_MARKS.toLocaleString("en");
+  $("d-plain-count").textContent = budget.plain.toLocaleString("en");
   $("d-numbers").hidden = !view.evidence_payload || view.exactNumbers || !holdsNumber(view.evidence_payload.input);
   const formHadFocus = $("decide-form").contains(document.activeElement);
   $("decide-form").hidden = view.status !== "pending";
