@@ -1,8 +1,8 @@
 """What the approver reads is what runs, in real Chromium (docs/approvals.md "The approval flow"):
 
 - numbers are shown as the host holds them (and the crew runs them): an integer beyond 2^53, ``1.0`` and
-  ``-0.0`` keep their digits, in the detail and in the card's preview; a browser that cannot read them exactly
-  says so;
+  ``-0.0`` keep their digits, in the detail and in the card's preview, and so do a run's result's numbers as
+  the host sends them (``1.10`` too); a browser that cannot read them exactly says so;
 - Approve stays disabled until the input is on screen (loading, or unreadable), and a decision whose answer
   came back is not shown as failed because the view could not be read again;
 - an input with more findings than the host lists says that the rest are not marked;
@@ -29,6 +29,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(
 NUMBERS = {"id": 12345678901234567891, "edge": 9007199254740993, "ratio": 1.0, "zero": -0.0}
 #: One approval's own GET (not its /display, not the list): the console's read of the input.
 APPROVAL = re.compile(r"/aip/v1/approvals/apr_[^/?]+$")
+#: An action's event stream: the console follows the run it approved there.
+ACTION_EVENTS = re.compile(r"/aip/v1/actions/[^/?]+/events$")
+#: A result's output as the host writes it, with numbers JSON.parse reads otherwise (…567000, 1.1, 1, 0).
+RESULT_OUTPUT = '{"raw":"done","id":12345678901234567891,"price":1.10,"ratio":1.0,"zero":-0.0}'
 
 #: The left edges of the first "900" and of the first ":10" in the preview of the card naming an action (null
 #: until it is laid out: the console replaces its cards as approval events arrive).
@@ -107,6 +111,42 @@ def test_a_browser_without_exact_numbers_says_so(host, browser) -> None:
     _card(page, action_id).click()
     expect(page.locator("#d-input")).to_contain_text('"topic": "t"', timeout=20_000)
     expect(page.locator("#d-numbers")).to_be_visible()
+    page.close()
+
+
+def _result_stream(action_id: str) -> str:
+    """The action's event stream as the host sends it once the run completed: its result event."""
+    envelope = (
+        '{"aip_version":"1.0","message_type":"aip.core.v1.action_result","message_id":"msg_1",'
+        f'"sent_at":"2026-01-01T00:00:00.000Z","body":{{"action_result":{{"action_id":"{action_id}",'
+        f'"status":"completed","output":{RESULT_OUTPUT}}}}},"correlation_id":"{action_id}"}}'
+    )
+    return f"id: sse_1\nevent: result\ndata: {envelope}\n\n"
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "without-source-text"])
+def test_a_results_numbers_are_shown_as_sent(host, browser, exact) -> None:
+    action_id = submit_for_approval(host, {"topic": "t"})
+    page = _signed_in(browser, host, init_script=None if exact else "delete JSON.rawJSON;")
+    page.route(
+        ACTION_EVENTS,
+        lambda route: route.fulfill(status=200, content_type="text/event-stream", body=_result_stream(action_id)),
+    )
+    _card(page, action_id).click()
+    expect(page.locator("#d-input")).to_contain_text('"topic": "t"', timeout=20_000)
+    page.fill("#reason", "numbers as sent")
+    page.click("#approve")
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=20_000)
+    result = page.locator("#run-result")
+    expect(result).to_contain_text('"raw": "done"')
+    text = result.inner_text()
+    if exact:
+        for written in ('"id": 12345678901234567891', '"price": 1.10', '"ratio": 1.0', '"zero": -0.0'):
+            assert written in text, text
+        assert "12345678901234567000" not in text
+        expect(page.locator("#run-numbers")).to_be_hidden()
+    else:
+        expect(page.locator("#run-numbers")).to_be_visible()
     page.close()
 
 

@@ -886,17 +886,29 @@ function watchRun(actionId) {
   $("run").hidden = false;
   $("run-chunks").textContent = "";
   $("run-result").textContent = "";
+  $("run-plain").hidden = true;
+  $("run-numbers").hidden = true;
   $("run-status").textContent = "running";
   follow(`${API}/actions/${encodeURIComponent(actionId)}/events`, (name, data) => {
     let envelope = null;
-    try { envelope = JSON.parse(data); } catch (_) { return undefined; }
-    const body = envelope.body || {};
+    let exact = false;
+    try {  // the result's numbers as sent, as the input's (parseExact); plain JSON.parse where the browser cannot
+      envelope = parseExact(data);
+      exact = envelope !== null;
+      if (!exact) envelope = JSON.parse(data);
+    } catch (_) { return undefined; }
+    const body = (envelope && envelope.body) || {};
     if (body.stream_chunk && body.stream_chunk.part && body.stream_chunk.part.text) {
       appendFaithful($("run-chunks"), body.stream_chunk.part.text, null, false);
     } else if (body.action_result) {
+      const result = body.action_result.output ?? body.action_result.error ?? null;
+      const budget = markBudget();
       $("run-status").textContent = body.action_result.status;
       $("run-result").replaceChildren();
-      renderJson($("run-result"), body.action_result.output ?? body.action_result.error ?? null, new Map());
+      renderJson($("run-result"), result, new Map(), budget);
+      $("run-plain").hidden = budget.plain === 0;
+      $("run-plain-count").textContent = budget.plain.toLocaleString("en");
+      $("run-numbers").hidden = exact || !holdsNumber(result);
       return "stop";
     } else if (body.error) {
       $("run-status").textContent = "failed";
