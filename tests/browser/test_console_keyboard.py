@@ -1,8 +1,9 @@
 """The approval console for people, in real Chromium: driven by the keyboard alone (Tab, Enter, Escape) at
 desktop width and at 375 px (no horizontal scroll), checked by axe-core (0 serious or critical violations),
 with distinguishable queue cards, a decided history that survives a reload and filters, a key file picker
-whose garbled PEMs get precise errors, honest empty states and jittered reconnects after the server's
-``retry:`` (docs/approvals.md "Approval console")."""
+whose garbled PEMs get precise errors, honest empty states, jittered reconnects after the server's
+``retry:``, and approvals that arrive while signed in said once in the live region (docs/approvals.md
+"Approval console")."""
 
 from __future__ import annotations
 
@@ -199,6 +200,31 @@ def test_a_garbled_key_file_gets_a_precise_error(host, browser, content, says) -
     expect(error).to_contain_text("The key file cannot be used: ")
     expect(error).to_contain_text(says)
     assert "browser" not in error.inner_text()
+    page.close()
+
+
+def test_approvals_that_arrive_while_signed_in_are_said_once(host, browser) -> None:
+    page = browser.new_page(viewport=DESKTOP)
+    sign_in_by_keyboard(page, host)
+    expect(page.locator("#count")).to_have_text(re.compile(r"^\(\d+\)$"), timeout=20_000)
+    announce = page.locator("#announce")
+    expect(announce).to_have_text("")  # what waited at sign-in is the list itself, not news
+    first = submit(host, note="arrives while the approver is on the page")
+    expect(announce).to_have_text(re.compile(r"^1 new approval waiting \(\d+ pending\)\.$"), timeout=20_000)
+    expect(page.locator("#queue .card", has_text=first)).to_have_count(1)
+
+    # Without the live stream, approvals arrive with the next reload of the queue (what a reconnect does): together.
+    page.evaluate("state.liveAbort.abort()")
+    page.evaluate("document.getElementById('announce').textContent = ''")
+    others = [submit(host, note="second"), submit(host, note="third")]
+    page.evaluate("loadPending()")
+    expect(announce).to_have_text(re.compile(r"^2 new approvals waiting \(\d+ pending\)\.$"))
+    for action_id in others:
+        expect(page.locator("#queue .card", has_text=action_id)).to_have_count(1)
+    # A reload that brings nothing new says nothing: approvals already listed are not announced again.
+    page.evaluate("document.getElementById('announce').textContent = ''")
+    page.evaluate("loadPending()")
+    assert announce.text_content() == ""
     page.close()
 
 

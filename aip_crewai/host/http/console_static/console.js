@@ -22,7 +22,7 @@ const PREVIEW_CHARS = 140;
 const NOTIFY_POLL_MS = 3000;
 const state = {
   auth: null, approvals: new Map(), notifications: new Map(), notifying: new Set(), selected: null, view: "pending",
-  runAbort: null, liveAbort: null, shown: null, decidedHere: null,
+  runAbort: null, liveAbort: null, shown: null, decidedHere: null, listed: null,
   retryMs: DEFAULT_RETRY_MS, pendingLoaded: false, historyCursor: undefined, historyLoaded: false,
 };
 const $ = (id) => document.getElementById(id);
@@ -578,9 +578,16 @@ function renderCards(list, views) {
   }
 }
 
-// Say `text` in the polite live region (a screen reader reads it; the page shows it under the lists).
+// Say `text` in the polite live region (a screen reader reads it; the page shows it under the lists). What is
+// said in one turn of the page is said together ("The approval you were on left this list. 1 new approval ...").
+let saying = null;
 function announce(text) {
-  $("announce").textContent = text;
+  if (text && saying) saying.push(text);
+  else {
+    saying = text ? [text] : null;
+    if (saying) queueMicrotask(() => { saying = null; });
+  }
+  $("announce").textContent = saying ? saying.join(" ") : "";
 }
 
 function pendingViews() {
@@ -594,6 +601,21 @@ function renderQueue() {
   $("count").textContent = state.pendingLoaded ? `(${pending.length})` : "";
   $("queue-state").textContent = !state.pendingLoaded ? ($("queue-error").hidden ? "Loading the queue…" : "")
     : pending.length ? "" : "Nothing waits for a decision.";
+  announceArrivals(pending);
+}
+
+// Approvals that join the pending queue after its first load (a live event, or the reload after a reconnect) are
+// said once in the live region, "1 new approval waiting": a render that brings none, or only ones already
+// listed, says nothing. `state.listed` is every approval id the queue has listed since sign-in.
+function announceArrivals(pending) {
+  if (!state.pendingLoaded) return;
+  const first = state.listed === null;
+  if (first) state.listed = new Set();
+  const fresh = pending.filter((view) => !state.listed.has(view.request.id));
+  for (const view of fresh) state.listed.add(view.request.id);
+  if (first || !fresh.length) return;
+  const n = fresh.length;
+  announce(`${n} new approval${n === 1 ? "" : "s"} waiting (${pending.length} pending).`);
 }
 
 function filtersOf() {
@@ -942,7 +964,7 @@ function signOut(message) {
   if (state.liveAbort) state.liveAbort.abort();
   if (state.runAbort) state.runAbort.abort();
   Object.assign(state, { auth: null, approvals: new Map(), notifications: new Map(), selected: null, pendingLoaded: false,
-    historyLoaded: false, historyCursor: undefined, shown: null, decidedHere: null });
+    historyLoaded: false, historyCursor: undefined, shown: null, decidedHere: null, listed: null });
   announce("");
   sessionStorage.removeItem("aip-crewai-token");
   keyStore("readwrite", (store) => store.delete("signing")).catch(() => undefined);
