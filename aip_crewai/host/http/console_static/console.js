@@ -671,7 +671,7 @@ async function refreshApproval(approvalId) {
       const exact = answer.exact && answer.exact.evidence_payload;
       view.evidence_payload.input = exact ? exact.input : view.evidence_payload.input;
       view.exactNumbers = Boolean(exact);
-    }
+    } else view.previewError = "no input: the host sends the input to approvers only";  // never "loading…" for good
     view.found = await displayFindings(view);
     state.approvals.set(approvalId, view);
   } catch (err) {
@@ -946,9 +946,30 @@ function showError(err) {
   if (err instanceof ApiError && err.status === 401) signOut("Signed out: the host refused the credential.");
 }
 
+//: The display findings of an approval id that no approval has: the sign-in's approver check (signIn).
+const APPROVER_CHECK = `${API}/approvals/apr_console-approver-check/display`;
+
+// A credential the host accepts for a principal that may not decide approvals (an operator, an invoker).
+class NotAnApprover extends Error {
+  constructor(err) {
+    super(`This principal may not decide approvals: the host answered ${err.status}${err.code ? ` ${err.code}` : ""} ` +
+      `("${err.message}"). The console is for approvers: sign in with an approver's token or key.`);
+  }
+}
+
+// The host checks the credential and the role. Listing approvals needs the approver or operator role; an operator
+// reads no input and decides nothing, so the display findings of an approval that does not exist tell them apart:
+// 404 approval.not_found for an approver, 403 policy.forbidden for anyone else (the host checks the role before it
+// looks the approval up, tests/host/test_display_findings.py).
 async function signIn(auth) {
   state.auth = auth;
-  await api("GET", `${API}/approvals?status=pending&limit=1`);  // the host checks the credential and the role
+  try {
+    await api("GET", `${API}/approvals?status=pending&limit=1`);
+    await api("GET", APPROVER_CHECK).catch((err) => { if (!(err instanceof ApiError && err.status === 404)) throw err; });
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 403) throw new NotAnApprover(err);
+    throw err;
+  }
   $("who").textContent = auth.kind === "token" ? "signed in with a token" : `signed in as ${auth.keyId} (Ed25519)`;
   $("sign-in").hidden = true;
   $("workspace").hidden = false;
@@ -1007,7 +1028,15 @@ async function onSignIn(event) {
   } catch (err) {
     state.auth = null;
     $("sign-in-error").textContent = describe(err);
+    refocusSignIn();
   }
+}
+
+// After a refused sign-in: the focus on the credential's first field (described by the error), to try another.
+function refocusSignIn() {
+  const field = $(new FormData($("sign-in-form")).get("method") === "key" ? "key-id" : "token");
+  field.focus();
+  if (field.select) field.select();
 }
 
 async function restore() {
@@ -1056,5 +1085,5 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   setInterval(tick, 1000);
   setInterval(pollNotifications, NOTIFY_POLL_MS);
-  restore().catch((err) => signOut(err.message));
+  restore().catch((err) => { signOut(describe(err)); refocusSignIn(); });
 });
