@@ -103,3 +103,45 @@ def test_an_input_of_a_million_invisible_bytes_renders_in_one_pass_with_every_ch
     assert "\u200b" not in text and "\u00ad" not in text
     expect(page.locator("#approve")).to_be_enabled()  # the whole input is on screen
     page.close()
+
+
+#: Where each needle's first code point is drawn: (line top, left edge), so that reading order compares as tuples.
+LEFT_EDGES = """(element, needles) => {
+  const range = document.createRange();
+  const out = {};
+  const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (const needle of needles) {
+      const at = node.data.indexOf(needle);
+      if (at < 0 || needle in out) continue;
+      range.setStart(node, at); range.setEnd(node, at + 1);
+      const rect = range.getBoundingClientRect();
+      out[needle] = [Math.round(rect.top), rect.left];
+    }
+  }
+  return out;
+}"""
+
+
+def test_a_right_to_left_word_never_moves_the_digits_after_it(host, browser) -> None:
+    """Within one string, a right-to-left letter used to carry the digit groups after it into its run: "שלום 3456
+    7890" was drawn "7890 3456 םולש", the groups swapped. Now everything but the right-to-left words shows left
+    to right in stored order; the words themselves still read right to left (their first letter drawn rightmost)."""
+    account = "pay \u05e9\u05dc\u05d5\u05dd 3456 7890 \u0663\u0664 \u0665\u0666 done"
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    action_id = submit_for_approval(host, {"account": account, "topic": "t"})
+    page.goto(f"{host.base_url}/console/")
+    page.fill("#token", TOKENS["acme-approver"])
+    page.click("#sign-in-form button[type=submit]")
+    item = page.locator("#queue .card", has_text=action_id)
+    expect(item).to_have_count(1, timeout=20_000)
+    item.click()
+    shown = page.locator("#d-input")
+    expect(shown).to_contain_text("3456 7890", timeout=20_000)
+    for where in (shown, item.locator(".preview")):
+        at = where.evaluate(
+            LEFT_EDGES, ["pay", "\u05e9", "\u05dd", "3456", "7890", "\u0663\u0664", "\u0665\u0666", "done"]
+        )
+        assert at["pay"] < at["\u05dd"] < at["\u05e9"] < at["3456"] < at["7890"], at  # the word reads RTL
+        assert at["7890"] < at["\u0663\u0664"] < at["\u0665\u0666"] < at["done"], at  # Arabic-Indic digits too
+    page.close()

@@ -299,7 +299,34 @@ function marker(ch) {
 // How many highlighted runs a rendering may still add (`marks`), and how many code points it wrote as markers
 // without highlight once they were used up (`plain`).
 function markBudget() {
-  return { marks: MAX_MARKS, plain: 0 };
+  return { marks: MAX_MARKS, plain: 0, isolates: MAX_MARKS };
+}
+
+// A right-to-left letter or mark (the right-to-left blocks of Unicode: Hebrew, Arabic, Syriac, Thaana, N'Ko, ...),
+// never a digit (Arabic-Indic ones included), punctuation or format character; a run of them joined by spaces and
+// plain punctuation (no digit, bracket, quote or backslash).
+const RTL_LETTER = String.raw`(?:(?=[\p{L}\p{M}])[\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufefe\u{10800}-\u{10fff}\u{1e800}-\u{1efff}])`;
+const RTL_RUN = new RegExp(
+  String.raw`${RTL_LETTER}(?:[ ,.;:!?'\-\u060c\u061b\u061f\u06d4\u05be\u05c0\u05c3\u05f3\u05f4]*${RTL_LETTER})*`, "gu");
+
+// Append plain `text` to `parent`, each run of right-to-left letters in a right-to-left isolate of its own (<bdi>):
+// the words read right to left as they must, but no digit, key or letter outside moves. A JSON string (.s, CSS)
+// shows everything else left to right in the order it is stored, so a right-to-left letter can never swap the
+// digit groups after it ("שלום 3456 7890" shows "3456 7890", not "7890 3456"). At most `budget.isolates` runs
+// get one; past them a run shows letter by letter left to right (still in stored order).
+function appendText(parent, text, budget) {
+  let at = 0;
+  for (const match of text.matchAll(RTL_RUN)) {
+    if (!(budget.isolates > 0)) break;
+    budget.isolates--;
+    if (match.index > at) parent.append(text.slice(at, match.index));
+    const run = document.createElement("bdi");
+    run.dir = "rtl";
+    run.textContent = match[0];
+    parent.append(run);
+    at = match.index + match[0].length;
+  }
+  if (at < text.length) parent.append(at ? text.slice(at) : text);
 }
 
 // The title of a highlighted run: its code points (U+200B), each repeated one's count, at most eight named.
@@ -313,7 +340,7 @@ function runTitle(counts) {
 // `json`: write the rest as the inside of a JSON string literal. Consecutive flagged code points share one
 // highlighted <mark>, and once `budget` has no runs left the markers are written without highlight: the work is
 // one pass over the text and the elements stay bounded. Returns how many code points were flagged.
-function appendFaithful(parent, text, offsets, json, budget = { marks: Infinity, plain: 0 }) {
+function appendFaithful(parent, text, offsets, json, budget = { marks: Infinity, plain: 0, isolates: Infinity }) {
   const escape = (raw) => (json && raw ? JSON.stringify(raw).slice(1, -1) : raw);
   let done = "";    // written text not appended yet (escaped, markers without highlight included)
   let raw = "";     // unflagged code points after `done`, not escaped yet
@@ -334,7 +361,7 @@ function appendFaithful(parent, text, offsets, json, budget = { marks: Infinity,
       if (!run && budget.marks > 0) {
         done += escape(raw);
         raw = "";
-        if (done) parent.append(done);
+        if (done) appendText(parent, done, budget);
         done = "";
         budget.marks--;
         run = { markers: "", counts: new Map() };
@@ -356,7 +383,7 @@ function appendFaithful(parent, text, offsets, json, budget = { marks: Infinity,
   }
   if (run) closeRun();
   done += escape(raw);
-  if (done) parent.append(done);
+  if (done) appendText(parent, done, budget);
   return marked;
 }
 
