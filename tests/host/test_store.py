@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from aip_crewai.host.store.records import ActionRecord, ApprovalRecord
+from aip_crewai.host.store.records import ActionRecord, ApprovalRecord, LeaseLost
 from aip_crewai.host.store.store import (
     MIGRATIONS,
     InsecureStorePath,
@@ -841,6 +841,25 @@ async def test_a_lease_belongs_to_one_host_until_it_expires_and_is_then_taken_ov
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_second_process_under_the_same_host_id_takes_the_lease_with_a_new_token(location: Path | str):
+    # A replacement started under the id of a frozen host (its id lock lost to a database restart) used to
+    # keep the token: the frozen one, resumed, went on writing chunks and the result beside it for seconds.
+    first = await Store.open(location, clock=lambda: T0 / 1000, owner="host-a", lease_ms=60_000)
+    second = await Store.open(location, clock=lambda: T0 / 1000, owner="host-a", lease_ms=60_000)
+    try:
+        await make_action(first, action_id="act_1")
+        assert first.lease_token("acme", "act_1") == 1 and await first.take_lease("acme", "act_1")
+        assert first.lease_token("acme", "act_1") == 1  # the holder keeps its token
+        assert await second.take_lease("acme", "act_1") and second.lease_token("acme", "act_1") == 2
+        with pytest.raises(LeaseLost):
+            await first.update_action("acme", "act_1", from_statuses=("running",), status="cancelled")
+        assert (await stored_action(second, "acme", "act_1")).status == "running"
+        assert await second.take_lease("acme", "act_1") and second.lease_token("acme", "act_1") == 2
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_the_deciding_host_holds_the_lease_of_the_action_it_starts(location: Path | str):

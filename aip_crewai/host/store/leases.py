@@ -116,19 +116,25 @@ class LeaseMethods:
         action no longer runs. Without an owner (no lease mode): True. One statement, so two hosts
         racing for an expired lease cannot both win. Expiry is judged, and the new one computed, with the
         database's clock (a host whose clock is off cannot take a live lease). Taking the lease from
-        another host (or from none) raises its fencing token (``lease_epoch``); this host's later writes
+        another host (or from none, or from another process under this host's id: only the process holding
+        the current token keeps it) raises its fencing token (``lease_epoch``); this host's later writes
         on behalf of the action are conditional on it (ARCHITECTURE.md §10)."""
         if self.owner is None:
             return True
+        # The token stays only for the process that holds it: another process under the same host id (a
+        # replacement started while this one was frozen, its id lock lost to a database restart) takes the
+        # lease with a new token, so the old process's writes are refused at once (docs/operating.md).
+        held = self.lease_token(tenant, action_id)
+        held = -1 if held is None else held
         rows = await self._run(
             self._write_now,
             True,
             lambda: self._fetch_now(
                 f"UPDATE actions SET lease_expires_at = {DB_NOW} + ?, lease_epoch = CASE WHEN lease_owner = ? "
-                "THEN lease_epoch ELSE lease_epoch + 1 END, lease_owner = ? WHERE tenant = ? AND action_id = ? "
-                f"AND status = 'running' AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= {DB_NOW}) "
-                f"RETURNING {ACTION_COLUMNS}",
-                (self.lease_ms, self.owner, self.owner, tenant, action_id, self.owner),
+                "AND lease_epoch = ? THEN lease_epoch ELSE lease_epoch + 1 END, lease_owner = ? WHERE tenant = ? "
+                f"AND action_id = ? AND status = 'running' AND (lease_owner IS NULL OR lease_owner = ? OR "
+                f"lease_expires_at <= {DB_NOW}) RETURNING {ACTION_COLUMNS}",
+                (self.lease_ms, self.owner, held, self.owner, tenant, action_id, self.owner),
             ),
         )
         if not rows:
