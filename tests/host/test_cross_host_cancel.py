@@ -50,6 +50,8 @@ class GatedSidecar:
         self.executions: list[str] = []
         #: Awaited before a cancel's 404 is answered (None: answered at once).
         self.on_cancel_404: Callable[[], Awaitable[None]] | None = None
+        #: Whether a live stream journals the `cancelled` end as it sends it (else the cancel journals it).
+        self.follows_stop = True
 
     def _view(self, job_id: str) -> dict[str, Any]:
         status = "cancelled" if self.stops[job_id].is_set() else "running"
@@ -64,12 +66,14 @@ class GatedSidecar:
 
     async def _stream(self, job_id: str):
         events = self.events[job_id]
-        for event in events:
+        sent = len(events)
+        for event in events[:sent]:
             yield encode_event(json.dumps(event), event=event["event"], id=str(event["sequence"]))
         await self.stops[job_id].wait()
-        last = {"event": "cancelled", "sequence": len(events), "data": {"status": "cancelled"}}
-        events.append(last)
-        yield encode_event(json.dumps(last), event="cancelled", id=str(last["sequence"]))
+        if self.follows_stop:
+            events.append({"event": "cancelled", "sequence": len(events), "data": {"status": "cancelled"}})
+        for event in events[sent:]:
+            yield encode_event(json.dumps(event), event=event["event"], id=str(event["sequence"]))
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -100,6 +104,16 @@ class GatedSidecar:
         if path.endswith("/cancel"):
             self.cancels.append((job_id, 200))
             self.stops[job_id].set()
+            if not self.follows_stop:  # nobody reads the stream: the sidecar journals the end itself
+                self.events[job_id].append(
+                    {"event": "cancelled", "sequence": len(self.events[job_id]), "data": {"status": "cancelled"}}
+                )
+        if path.endswith("/events"):  # the journal read back (the terminal event's page, or the whole stream)
+            events = self.events[job_id][int(request.url.params.get("cursor", "0")) :]
+            if "text/event-stream" in request.headers.get("accept", ""):
+                frames = [encode_event(json.dumps(e), event=e["event"], id=str(e["sequence"])) for e in events]
+                return httpx.Response(200, content=b"".join(frames), headers={"content-type": "text/event-stream"})
+            return httpx.Response(200, json={"action_id": job_id, "events": events})
         return httpx.Response(200, json=self._view(job_id))
 
 
@@ -227,3 +241,53 @@ async def test_a_cancel_racing_an_approval_on_another_host_is_honoured_in_every_
         for http, service in ((http_a, a), (http_c, c)):
             await http.aclose()
             await service.store.close()
+
+
+async def test_a_cancel_while_the_lease_holder_is_frozen_stores_the_whole_stream_ending_with_done(
+    postgres_url: str,
+) -> None:
+    """Host C dispatches and stores the first chunk, then freezes (its chunk writes hang; its lease expires,
+    unrenewed); the tenant cancels on host A. Host A stores the `cancelled` end, and with it every chunk of the
+    job's journal that C never stored, the `done` chunk included: a `cancelled` result is final, so the stream
+    used to stay short for good. C, resumed, writes nothing more."""
+    sidecar = GatedSidecar()
+    sidecar.follows_stop = False  # the stream of the frozen host is not read any more
+    a, http_a = await _host(postgres_url, "host-a", sidecar)
+    c, http_c = await _host(postgres_url, "host-c", sidecar)
+    c.store.lease_ms = 300  # expires soon: nothing renews it here (a frozen host renews nothing)
+    frozen, thaw = asyncio.Event(), asyncio.Event()
+    append = c.store.append_chunks
+
+    async def freezing(tenant: str, action_id: str, chunks: Any, **kwargs: Any) -> Any:
+        stored = await append(tenant, action_id, chunks[:1], **kwargs)  # the first chunk; then nothing
+        frozen.set()
+        await thaw.wait()
+        return stored + await append(tenant, action_id, chunks[1:], **kwargs)
+
+    c.store.append_chunks = freezing  # type: ignore[method-assign]
+    try:
+        act = Action(id="act_frozen", capability_id="cap:crewai:support", input={"t": "x"}, idempotency_key="k-fz")
+        record = await a.submit(INVOKER, act, None, stream=False)
+        assert await c.decide(APPROVER, record.approval_id or "", "approved", "ok", c.now_ms()) is not None
+        await asyncio.wait_for(frozen.wait(), 60)
+        await _until(_lease_expired(a.store, "act_frozen"), "host C's lease to expire")
+        told = await a.cancel(INVOKER, "act_frozen")
+        thaw.set()
+        await _until(_async(lambda: c.live.get("acme", "act_frozen") is None), "host C's dispatch ended")
+        chunks = await a.store.list_chunks("acme", "act_frozen")
+        assert told.status == "cancelled" and (await a.store.get_action("acme", "act_frozen")).status == "cancelled"  # type: ignore[union-attr]
+        assert [x.sequence for x in chunks] == [e["sequence"] for e in sidecar.events["acme:act_frozen"]]
+        assert json.loads(chunks[-1].chunk_json)["kind"] == "done", chunks[-1]
+    finally:
+        thaw.set()
+        for http, service in ((http_a, a), (http_c, c)):
+            await http.aclose()
+            await service.store.close()
+
+
+def _lease_expired(store: Store, action_id: str):
+    async def check() -> bool:
+        record = await store.get_action("acme", action_id)
+        return record is not None and not store.lease_is_foreign(record)
+
+    return check

@@ -148,6 +148,7 @@ async def _stop_remote(
             action_id,
             provider_stop_observed=bool((view or {}).get("provider_stop_observed", False)),
         )
+        chunks = await _stream_from_journal(runtime, job)
     else:
         if live is not None and live.task is not None:
             live.task.cancel()
@@ -231,6 +232,21 @@ async def ended_before_cancel(
         )
         return failed_result(job.action_id, unread), []
     return settled
+
+
+async def _stream_from_journal(runtime: ActionRuntime, job: Job) -> list[StreamChunk]:
+    """The cancelled job's whole stream read back from its journal (:func:`.recovery.from_journal`), for the
+    chunks no dispatch stored: a lease holder frozen while this host cancels (its lease expired, so this host
+    stores the end) or a live dispatch that did not end within :data:`STOP_BOUND_S` stopped short of the
+    ``done`` chunk, and a ``cancelled`` result is final: nothing would fill the gap later. The writer stores
+    only the chunks the action lacks. ``[]`` when the journal cannot be read now (the outcome is stored anyway).
+    ARCHITECTURE.md §8 (a confirmed cancel records the end with every chunk)."""
+    try:
+        terminal = await runtime.dispatcher.terminal_event(job)
+    except AipError:
+        return []
+    settled = None if terminal is None else await from_journal(runtime, job, terminal)
+    return settled[1] if settled is not None else []
 
 
 async def _until_answered(live: LiveAction, bound_s: float = 10.0) -> None:
