@@ -9,9 +9,11 @@ import pytest
 from kits.asgi_stream import open_stream
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import SIDECAR_TOKEN, bearer, running, submit_action
+from structlog.testing import capture_logs
 
-from aip_crewai.host.http import approval_stream
+from aip_crewai.host.http import approval_stream, stopping
 from aip_crewai.host.http.state import host_setup, host_state
+from aip_crewai.host.store.records import StoreUnavailable
 
 
 @pytest.fixture
@@ -167,3 +169,43 @@ async def test_shutdown_ends_the_stream_with_the_resume_comment(world):
 def test_positions_round_trip():
     assert approval_stream.parse_position(approval_stream.position(42)) == 42
     assert approval_stream.parse_position("7") == 7
+
+
+async def test_the_stream_rides_out_a_store_that_cannot_serve_it(world, monkeypatch):
+    """A store fault while the stream is open (PostgreSQL stopped) used to end it with an error and a traceback:
+    it now stays open with keep-alives, and the changes made meanwhile follow once the store answers; a fresh
+    connection whose queue cannot be read yet waits the same way."""
+    app, _, submit = world
+    monkeypatch.setattr(approval_stream, "KEEPALIVE_S", 0.01)
+    monkeypatch.setattr(stopping, "STORE_RETRY_S", 0.01)
+    store = host_state(app).store
+    await submit("run_1")
+    failed: list[object] = []
+
+    async def unavailable(*args: object, **kwargs: object) -> object:
+        failed.append(args)
+        raise StoreUnavailable()
+
+    with pytest.MonkeyPatch.context() as fault:
+        fault.setattr(store, "last_approval_event", unavailable)
+        stream = await open_stream(app, "/aip/v1/approvals/events", bearer("acme-both"))
+        try:
+            await stream.next_comment()
+            assert failed and stream.pending == []
+        finally:
+            fault.undo()
+        try:
+            assert [(e.event, e.id) for e in (await stream.next_event(), await stream.next_event())] == [
+                ("pending", None),
+                ("ready", "apv_1"),
+            ]
+            with capture_logs() as logs, pytest.MonkeyPatch.context() as again:
+                again.setattr(store, "list_approval_events", unavailable)
+                await stream.next_comment()
+                await stream.next_comment()
+                second = await submit("run_2")  # made while the stream cannot read it
+            assert not [entry for entry in logs if entry["log_level"] in ("error", "critical")], logs
+            created = await stream.next_event()
+            assert (created.event, created.id, data(created)["data"]["request"]["id"]) == ("pending", "apv_2", second)
+        finally:
+            await stream.close()

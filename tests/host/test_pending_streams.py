@@ -9,8 +9,11 @@ import pytest
 from kits.asgi_stream import open_stream
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import SIDECAR_TOKEN, action_env, bearer, running
+from structlog.testing import capture_logs
 
-from aip_crewai.host.http import routes
+from aip_crewai.host.http import routes, stopping
+from aip_crewai.host.http.state import host_state
+from aip_crewai.host.store.records import StoreUnavailable
 
 CT = {"Content-Type": "application/aip+json"}
 
@@ -75,6 +78,35 @@ async def test_a_pending_stream_stays_open_with_keep_alives_then_carries_the_run
         assert frames[-1][0] == "result" and frames[-1][1] is not None
         assert all(name in ("chunk", "done", "result") for name, _ in frames)
         assert [ident for _, ident in frames] == [f"sse_{n}" for n in range(1, len(frames) + 1)]
+    finally:
+        await stream.close()
+
+
+async def test_a_stream_rides_out_a_store_that_cannot_serve_it_then_carries_the_run(world, monkeypatch):
+    # A store fault (PostgreSQL stopped) during an open stream used to end it with an error and a traceback
+    # on every host but the dispatching one (which reads its own committed chunks): the stream now stays open
+    # with keep-alives and goes on once the store answers.
+    app, http = world
+    monkeypatch.setattr(stopping, "STORE_RETRY_S", 0.01)
+    store = host_state(app).store
+    failed: list[object] = []
+
+    async def unavailable(*args: object, **kwargs: object) -> object:
+        failed.append(args)
+        raise StoreUnavailable("the host store did not answer within 5000 ms")
+
+    stream = await post_stream(app, "act_fault")
+    try:
+        assert (await stream.next_event()).id == "sse_0"
+        with capture_logs() as logs, pytest.MonkeyPatch.context() as fault:
+            fault.setattr(store, "follow_page", unavailable)
+            await stream.next_comment()
+            await stream.next_comment()  # keep-alives while every read fails
+            assert len(failed) >= 2 and stream.pending == [] and not stream.ended
+        assert not [entry for entry in logs if entry["log_level"] in ("error", "critical")], logs
+        await decide(http, "act_fault", "approved")
+        frames = await rest(stream)
+        assert frames[-1][0] == "result" and frames[0] == ("chunk", "sse_1")
     finally:
         await stream.close()
 

@@ -166,6 +166,20 @@ async def test_a_row_locked_from_outside_fails_only_its_own_writes_and_the_other
         await store.close()
 
 
+async def test_a_table_locked_from_outside_makes_the_store_unready_until_released(postgres_url: str) -> None:
+    # Every read and write of an action waits for an ACCESS EXCLUSIVE lock (VACUUM FULL, LOCK TABLE); the
+    # probe took no table lock and said ready throughout.
+    store = await Store.open(postgres_url, clock=lambda: T0 / 1000, pool_size=2, timeouts=TIMEOUTS)
+    try:
+        await _create(store, "act_before")
+        with _outside_transaction(postgres_url, "LOCK TABLE actions IN ACCESS EXCLUSIVE MODE", ()):
+            took, ready = await _timed(store.probe)
+            assert ready is False and took < BOUND_S + SLACK_S
+        assert await store.probe()
+    finally:
+        await store.close()
+
+
 async def test_a_row_locked_from_outside_does_not_stop_the_renewal_of_the_hosts_other_leases(postgres_url: str) -> None:
     # One statement renews every lease of the host: it used to fail whole on the one locked row, every
     # third of the lease, until all the host's running actions expired and other hosts took them over.

@@ -22,7 +22,8 @@ with ``GET /aip/v1/approvals/{id}``). Positions come from the store's
 approval event log (per tenant, from 1; written by triggers in the same
 transaction as each change), so ``Last-Event-ID: apv_<n>`` (or
 ``?cursor=apv_<n>``) resumes exactly after n, across host restarts. A
-keep-alive comment goes out every :data:`KEEPALIVE_S` seconds of silence;
+keep-alive comment goes out every :data:`KEEPALIVE_S` seconds of silence (also while the store
+cannot be read: the stream stays open and reads again, :func:`.stopping.after_store_fault`);
 at shutdown the stream ends with the resume comment (:mod:`.stopping`).
 
 Who: approvers and operators of the tenant (403 otherwise), by bearer
@@ -34,6 +35,7 @@ Source: docs/approvals.md "Approval events"; ARCHITECTURE.md §10 (live follower
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -48,12 +50,12 @@ from ..actions.lifecycle import ApprovalStatus
 from ..actions.service import ActionService
 from ..auth.principals import can_read_approvals
 from ..auth.stream_tokens import APPROVALS_SCOPE
-from ..store.store import ApprovalRecord, InvalidCursor, ms_to_rfc3339
+from ..store.store import ApprovalRecord, InvalidCursor, StoreUnavailable, ms_to_rfc3339
 from .approvals import HOST_PRINCIPAL, principal_view, render
 from .authenticate import authenticate_stream
 from .routes import SSE_HEADERS
 from .state import host_state
-from .stopping import until_stopping
+from .stopping import after_store_fault, until_stopping
 
 #: Keep-alive comment interval, seconds (as on action streams).
 KEEPALIVE_S = 15.0
@@ -123,43 +125,61 @@ async def follow_approvals(
     store = service.store
     signal = store.approvals_changed
     yield encode_retry(RETRY_MS)
-    if after is None:
-        after = await store.last_approval_event(tenant)
-        await service.expire_due()
-        now = service.now_ms()
-        frames = []
-        cursor = None
-        while True:
-            page = await store.list_approvals(tenant, status="pending", cursor=cursor, limit=200)
-            for approval in page.items:
-                if approval.effective_status(now) is ApprovalStatus.PENDING:
-                    name, event = approval_event(approval, "pending", None, now, crews)
-                    frames.append(encode_event(_encode.encode(event).decode(), event=name))
-            if page.done:
-                break
-            cursor = page.next_cursor
-        frames.append(
-            encode_event(_encode.encode({"position": position(after)}).decode(), event="ready", id=position(after))
-        )
-        yield b"".join(frames)
+    wrote_at = time.monotonic()
     while True:
-        seen = signal.version  # before reading: a change after the read wakes the wait below
-        events = await store.list_approval_events(tenant, after, PAGE_EVENTS)
-        if events:
-            now = service.now_ms()
-            frames = []
-            for logged in events:
-                found = await store.get_approval(tenant, logged.approval_id)
-                if found is not None:
-                    name, event = approval_event(found, logged.status, logged.seq, now, crews)
-                    frames.append(encode_event(_encode.encode(event).decode(), event=name, id=position(logged.seq)))
-                after = logged.seq
-            if frames:
-                yield b"".join(frames)
-            if len(events) == PAGE_EVENTS:
-                continue
-        if not await signal.wait(KEEPALIVE_S, seen=seen):
-            yield encode_comment("keep-alive")
+        comment: bytes | None = None
+        try:
+            if after is None:
+                after, snapshot = await _snapshot(service, tenant, crews)
+                yield snapshot
+                wrote_at = time.monotonic()
+            seen = signal.version  # before reading: a change after the read wakes the wait below
+            events = await store.list_approval_events(tenant, after, PAGE_EVENTS)
+            if events:
+                now = service.now_ms()
+                frames = []
+                for logged in events:
+                    found = await store.get_approval(tenant, logged.approval_id)
+                    if found is not None:
+                        name, event = approval_event(found, logged.status, logged.seq, now, crews)
+                        frames.append(encode_event(_encode.encode(event).decode(), event=name, id=position(logged.seq)))
+                    after = logged.seq
+                if frames:
+                    yield b"".join(frames)
+                    wrote_at = time.monotonic()
+                if len(events) == PAGE_EVENTS:
+                    continue
+            if not await signal.wait(KEEPALIVE_S, seen=seen):
+                comment = encode_comment("keep-alive")
+        except StoreUnavailable:  # logged by the store: the stream stays open and reads again (stopping.py)
+            comment = await after_store_fault(wrote_at, KEEPALIVE_S)
+        if comment is not None:
+            yield comment
+            wrote_at = time.monotonic()
+
+
+async def _snapshot(service: ActionService, tenant: str, crews: Mapping[str, Any]) -> tuple[int, bytes]:
+    """A fresh connection's start: the position of the tenant's latest approval event and the frames of
+    its pending approvals (as of now), then ``ready`` at that position."""
+    store = service.store
+    after = await store.last_approval_event(tenant)
+    await service.expire_due()
+    now = service.now_ms()
+    frames = []
+    cursor = None
+    while True:
+        page = await store.list_approvals(tenant, status="pending", cursor=cursor, limit=200)
+        for approval in page.items:
+            if approval.effective_status(now) is ApprovalStatus.PENDING:
+                name, event = approval_event(approval, "pending", None, now, crews)
+                frames.append(encode_event(_encode.encode(event).decode(), event=name))
+        if page.done:
+            break
+        cursor = page.next_cursor
+    frames.append(
+        encode_event(_encode.encode({"position": position(after)}).decode(), event="ready", id=position(after))
+    )
+    return after, b"".join(frames)
 
 
 async def get_approval_events(request: Request) -> Response:

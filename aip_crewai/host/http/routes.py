@@ -47,18 +47,17 @@ from ..auth.principals import FULL, Principal, require_role
 from ..auth.stream_tokens import action_scope
 from ..crews.inputs import check_crew_inputs
 from ..ledger.routes import include_receipts, receipt_chain
-from ..store.store import ActionRecord, ChunkRecord, InvalidCursor, ms_to_rfc3339
+from ..store.store import ActionRecord, ChunkRecord, InvalidCursor, StoreUnavailable, ms_to_rfc3339
 from ..stream_positions import Position
 from .authenticate import authenticate, authenticate_stream
 from .state import host_state
-from .stopping import unless_stopping, until_stopping
+from .stopping import after_store_fault, unless_stopping, until_stopping
 
 #: Bound on a message body, bytes: the 1 MiB input plus envelope room.
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 #: Keep-alive comment interval on tenant SSE streams, seconds (ARCHITECTURE.md §4).
 KEEPALIVE_S = 15.0
-#: Longest a stream of a pending action waits before reading its state again, seconds: the store's approval
-#: signal wakes it at once on this host; a decision made through another host is seen within this.
+#: Longest a stream of a pending action waits before reading its state again (a decision through another host), s.
 PENDING_POLL_S = 2.0
 #: Longest a blocking JSON call waits for the result, seconds, beyond the action timeout.
 WAIT_MARGIN_S = 30.0
@@ -326,14 +325,11 @@ async def follow(service: ActionService, record: ActionRecord, after: Position |
 
     Positions (:mod:`.stream_positions`): ``sse_0`` ack; ``sse_<1+s>`` the stored chunk of sequence s (event
     ``done`` for a done chunk, else ``chunk``); then ``aip_error`` (failed results) and ``result``, at
-    sub-positions ``sse_<C>.1``, ``sse_<C>.2`` for a provisional result. Every position is derived from the
-    store, so ``Last-Event-ID`` resumes exactly after it, and after a provisional result since corrected at
-    the first chunk the tenant lacks. The ack's status is ``streaming`` for a running action, ``accepted``
-    while it waits for its approval and ``cached`` when it already ended. An action waiting for its approval
-    is that non-final ack (``sse_0``, reason ``pending_approval``): the stream stays open (the store's
-    approval signal, or a poll every :data:`PENDING_POLL_S`, tells it the decision) and goes on with the
-    chunks and the result, or the denial's error and result. Any stream silent for :data:`KEEPALIVE_S`
-    writes a keep-alive comment. Source: docs/reference/http-api.md "Stream frames".
+    sub-positions ``sse_<C>.1``, ``sse_<C>.2`` for a provisional result; all derived from the store, so
+    ``Last-Event-ID`` resumes exactly after it (after a corrected provisional result: at the first chunk the
+    tenant lacks). The ack: ``streaming``, ``accepted`` (waiting for its approval: the stream stays open, the
+    approval signal or a poll every :data:`PENDING_POLL_S` tells the decision) or ``cached`` (ended). A keep-alive
+    comment after :data:`KEEPALIVE_S` of silence, also while the store cannot be read. docs/reference/http-api.md.
     """
     tenant, action_id = record.tenant, record.action_id
     # Frames wait in ``out`` until the stream would block (or ends), or a live action's page is read: one
@@ -342,57 +338,61 @@ async def follow(service: ActionService, record: ActionRecord, after: Position |
     last_seq = stream_positions.sequence_held(after)
     wrote_at = time.monotonic()
     while True:
-        decided = service.store.approvals_changed  # before reading: a decision after the read wakes us
-        decided_seen = decided.version
-        watched = service.live.get(tenant, action_id)
-        seen = watched.version if watched is not None else None  # before reading: a later change wakes us
-        remote = service.remote.signal(tenant, action_id)  # another host's commits (shared store)
-        remote_seen = remote.version
-        chunks, stored = await follow_page(service.store, watched, record, last_seq, FOLLOW_PAGE_CHUNKS)
-        if chunks:
-            sent_at = ms_to_rfc3339(int(time.time() * 1000))
-            last_seq = chunks[-1].sequence
-            out.append(ChunkFrames(action_id, sent_at).page(chunks))
-            if record.status == ActionState.RUNNING:  # live: the page goes now, not after the next store read
-                yield b"".join(out)
-                out, wrote_at = [], time.monotonic()
-        record = record if stored is record else await service.refresh(stored or record)  # `is`: from the tail
-        if record.status == ActionState.PENDING_APPROVAL:
+        try:
+            decided = service.store.approvals_changed  # before reading: a decision after the read wakes us
+            decided_seen = decided.version
+            watched = service.live.get(tenant, action_id)
+            seen = watched.version if watched is not None else None  # before reading: a later change wakes us
+            remote = service.remote.signal(tenant, action_id)  # another host's commits (shared store)
+            remote_seen = remote.version
+            chunks, stored = await follow_page(service.store, watched, record, last_seq, FOLLOW_PAGE_CHUNKS)
+            if chunks:
+                sent_at = ms_to_rfc3339(int(time.time() * 1000))
+                last_seq = chunks[-1].sequence
+                out.append(ChunkFrames(action_id, sent_at).page(chunks))
+                if record.status == ActionState.RUNNING:  # live: the page goes now, not after the next store read
+                    yield b"".join(out)
+                    out, wrote_at = [], time.monotonic()
+            record = record if stored is record else await service.refresh(stored or record)  # `is`: from the tail
+            if record.status == ActionState.PENDING_APPROVAL:
+                if out:
+                    yield b"".join(out)
+                    out, wrote_at = [], time.monotonic()
+                if not await decided.wait(PENDING_POLL_S, seen=decided_seen) and (
+                    time.monotonic() - wrote_at >= KEEPALIVE_S
+                ):
+                    yield encode_comment("keep-alive")
+                    wrote_at = time.monotonic()
+                continue
+            if record.status != ActionState.RUNNING and record.chunk_count <= last_seq + 1:
+                result = await service.result(record)
+                for ident, error in [] if result is None else _ending(record, result, after):
+                    if error is not None:
+                        out.append(_frame(ident, ERROR_EVENT, _error_envelope(action_id, error)))
+                    elif result is not None:
+                        out.append(_frame(ident, "result", result_envelope(result)))
+                if out:
+                    yield b"".join(out)
+                return
             if out:
                 yield b"".join(out)
                 out, wrote_at = [], time.monotonic()
-            if not await decided.wait(PENDING_POLL_S, seen=decided_seen) and (
-                time.monotonic() - wrote_at >= KEEPALIVE_S
-            ):
-                yield encode_comment("keep-alive")
-                wrote_at = time.monotonic()
-            continue
-        if record.status != ActionState.RUNNING and record.chunk_count <= last_seq + 1:
-            result = await service.result(record)
-            for ident, error in [] if result is None else _ending(record, result, after):
-                if error is not None:
-                    out.append(_frame(ident, ERROR_EVENT, _error_envelope(action_id, error)))
-                elif result is not None:
-                    out.append(_frame(ident, "result", result_envelope(result)))
-            if out:
-                yield b"".join(out)
-            return
-        if out:
-            yield b"".join(out)
-            out, wrote_at = [], time.monotonic()
-        if record.status == ActionState.RUNNING and record.chunk_count > last_seq + 1:
-            continue
-        live = service.live.get(tenant, action_id)
-        if live is not None and live is not watched:
-            continue  # its dispatch registered after this round's read: read again
-        if live is not None:
-            await live.wait(KEEPALIVE_S, seen=seen)
-        elif service.remote.pushed:  # another host's action: its commits are pushed here
-            await remote.wait(KEEPALIVE_S, seen=remote_seen)
-        else:  # polled: no dispatch of it here, e.g. while its sidecar cannot be reached
-            record = await service.wait(record, 1.0)
-        if time.monotonic() - wrote_at >= KEEPALIVE_S:  # that long without a write, whatever kept it waiting
-            yield encode_comment("keep-alive")
+            if record.status == ActionState.RUNNING and record.chunk_count > last_seq + 1:
+                continue
+            live = service.live.get(tenant, action_id)
+            if live is not None and live is not watched:
+                continue  # its dispatch registered after this round's read: read again
+            if live is not None:
+                await live.wait(KEEPALIVE_S, seen=seen)
+            elif service.remote.pushed:  # another host's action: its commits are pushed here
+                await remote.wait(KEEPALIVE_S, seen=remote_seen)
+            else:  # polled: no dispatch of it here, e.g. while its sidecar cannot be reached
+                record = await service.wait(record, 1.0)
+            comment = encode_comment("keep-alive") if time.monotonic() - wrote_at >= KEEPALIVE_S else None
+        except StoreUnavailable:  # logged by the store: the stream stays open and reads again (stopping.py)
+            comment = await after_store_fault(wrote_at, KEEPALIVE_S)
+        if comment is not None:  # that long without a write, whatever kept it waiting
+            yield comment
             wrote_at = time.monotonic()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -28,6 +29,19 @@ T = TypeVar("T")
 
 #: Sent as the last bytes of a stream the host ended because it is shutting down.
 SHUTDOWN_COMMENT = encode_comment("host shutting down; resume with Last-Event-ID")
+#: Pause of a stream between reads of a store that cannot serve it now, seconds.
+STORE_RETRY_S = 1.0
+
+
+async def after_store_fault(silent_since: float, keepalive_s: float) -> bytes | None:
+    """What a tenant's open stream does after a read of the store failed (``StoreUnavailable``: stopped,
+    unreachable, past its bounds; the store logged it): pause :data:`STORE_RETRY_S`, then read again; the
+    stream stays open, so the tenant sees the frames once the store answers, and no error ends a stream
+    whose head was sent. Returns a keep-alive comment when the stream has written nothing since
+    ``silent_since`` (``time.monotonic()``) for ``keepalive_s``, else None. docs/operating.md "Faults and
+    their bounds"."""
+    await asyncio.sleep(STORE_RETRY_S)
+    return encode_comment("keep-alive") if time.monotonic() - silent_since >= keepalive_s else None
 
 
 async def until_stopping(stopping: asyncio.Event, frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -399,13 +399,18 @@ class PostgresDb:
 
     def probe(self) -> None:
         """Whether the store can take a write now: a writer transaction (the writer lock within the lock
-        timeout) on a database that is not read-only. Raises one of :attr:`unavailable_errors`."""
+        timeout) on a database that is not read-only, whose ``actions`` table no outside session holds
+        locked. Raises one of :attr:`unavailable_errors`."""
         import psycopg
 
         def check() -> None:
             row = self.conn.execute("SELECT current_setting('transaction_read_only')").fetchone()
             if row and row[0] == "on":
                 raise psycopg.errors.ReadOnlySqlTransaction("the database is read-only (a standby?)")
+            # A table lock held outside (VACUUM FULL, LOCK TABLE) blocks every action's read and write: this
+            # read waits for it at most OUTSIDE_LOCK_WAIT_MS, then the store is unready (a row lock does not
+            # block it: one action's lock leaves the others served).
+            self.conn.execute("SELECT 1 FROM actions LIMIT 1")
 
         self.transaction(check)
 
