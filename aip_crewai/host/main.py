@@ -28,6 +28,7 @@ from pathlib import Path
 import structlog
 
 from .. import tracing
+from ..exit_codes import Exit
 from ..plumbing.log import configure_logging
 from ..plumbing.storage import release_lock
 from . import tracing as host_tracing
@@ -49,7 +50,7 @@ log = structlog.get_logger(__name__)
 #: Seconds hypercorn gives open connections at shutdown (streams end at once; this bounds the rest).
 CONNECTION_GRACE_S = 5.0
 #: Exit status of a second SIGINT during shutdown (128 + SIGINT, as a shell reports it).
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = Exit.INTERRUPTED
 
 
 def build_parser() -> argparse.ArgumentParser:

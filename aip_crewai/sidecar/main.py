@@ -37,7 +37,11 @@ lifespan kills the job worker processes left (``--isolation process``) and
 closes the journal. With ``--isolation inprocess``, worker threads that
 ignore cancellation cannot be stopped: if any is still busy, the process
 exits without waiting for it (the journal is already closed). Nothing is
-printed to stdout.
+printed to stdout. A second SIGINT (Ctrl-C) during that shutdown stops at
+once, as the host's does: the job workers and the fork server are killed, one
+line ``sidecar_exit_now`` is logged and the process exits 130
+(``Exit.INTERRUPTED``); the crash fence ends the jobs it left at the next
+start. A second SIGTERM changes nothing.
 
 Source: ARCHITECTURE.md §5, §11; ARCHITECTURE.md §2.
 """
@@ -58,11 +62,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import structlog
 
 from aip_crewai import tracing
+from aip_crewai.exit_codes import Exit
 from aip_crewai.plumbing.log import configure_logging
 from aip_crewai.sidecar import tracing as sidecar_tracing
 from aip_crewai.sidecar.config import ConfigError, Settings, load_settings, scrub_environment
@@ -70,6 +75,7 @@ from aip_crewai.sidecar.isolation.landlock import set_not_dumpable
 
 if TYPE_CHECKING:
     from aip_crewai.sidecar.http.app import CrewFacts
+    from aip_crewai.sidecar.isolation.pool import WorkerPool
     from aip_crewai.sidecar.isolation.sandbox import SandboxPlan
     from aip_crewai.sidecar.journal.store import Journal
 
@@ -393,8 +399,14 @@ async def _serve(
     config = hypercorn_config([f"fd://{fd}"], errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
     stop, drain = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set() and signum == signal.SIGINT:  # a second Ctrl-C: no grace, no cancel
+            _exit_now(settings, workers, signum)
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal, signum)
     loop.add_signal_handler(signal.SIGUSR1, drain.set)
 
     async def shutdown_trigger() -> None:
@@ -420,6 +432,28 @@ async def _serve(
     await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     log.info("sidecar_stopped")
     return 0
+
+
+def _exit_now(settings: Settings, workers: WorkerPool | None, signum: int) -> NoReturn:
+    """A second Ctrl-C during the shutdown: kill the job workers and the fork server, log one line, exit
+    :attr:`Exit.INTERRUPTED` (130) without waiting for the jobs or closing the journal (its commits are
+    durable; the crash fence ends the jobs left running at the next start, ARCHITECTURE.md §5)."""
+    if workers is not None:  # first: the stop never depends on the log sink
+        workers.kill_all_now()
+    if settings.isolation == "process":
+        from aip_crewai.sidecar.isolation.fork_server import stop_forkserver
+
+        stop_forkserver()
+    log.warning(
+        "sidecar_exit_now",
+        signal=signal.Signals(signum).name,
+        message="a second Ctrl-C: stopped without waiting for the running jobs (the next start's crash fence "
+        "ends them)",
+    )
+    if settings.ephemeral and settings.journal is not None:  # main()'s temporary directory
+        shutil.rmtree(settings.journal.parent, ignore_errors=True)
+    sys.stderr.flush()
+    os._exit(Exit.INTERRUPTED)
 
 
 async def _until_stopped_or_drained(stop: asyncio.Event, drain: asyncio.Event, runtime: Any) -> None:

@@ -10,8 +10,17 @@ import time
 
 import httpx
 import pytest
-from kits.poll import until_async
-from kits.sidecar import TOKEN, child_env, launch, sidecar_command, signal_tree, wait_ready
+from kits.poll import until, until_async
+from kits.sidecar import (
+    TOKEN,
+    alive,
+    child_env,
+    descendants,
+    launch,
+    sidecar_command,
+    signal_tree,
+    wait_ready,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.sidecar_jobs]
 
@@ -75,6 +84,30 @@ async def test_sigterm_cancels_jobs_past_the_grace_with_a_terminal_event(sidecar
         events = (await client.get("/jobs/term-1/events")).json()["events"]
     assert events[-1]["data"] == {"status": "cancelled", "reason": "sidecar_shutdown"}
     assert second.log_events("job_failed_by_restart") == []
+
+
+async def test_a_second_sigint_during_the_shutdown_exits_130_at_once_and_ends_the_workers(sidecar_factory):
+    """Ctrl-C, then Ctrl-C again while a job runs in its grace: the sidecar stops at once as the host does
+    (exit 130, one line ``sidecar_exit_now``), its workers and fork server killed; before, the second one
+    was ignored and the job ran on to its end (exit 0)."""
+    sidecar = sidecar_factory.start(args=["--shutdown-grace-seconds", "120"])
+    async with sidecar.client() as client:
+        task = asyncio.create_task(client.post("/jobs", json=body("int-1", "slow"), headers={"Idempotency-Key": "k"}))
+        await until_async(lambda: sidecar.calls())
+        below = descendants(sidecar.process.pid)  # process isolation: the fork server and the job's worker
+        sidecar.process.send_signal(signal.SIGINT)
+        await until_async(lambda: sidecar.log_events("sidecar_stopping"), what="the first Ctrl-C's stop")
+        calls = len(sidecar.calls())
+        sidecar.process.send_signal(signal.SIGINT)
+        status = await asyncio.to_thread(sidecar.process.wait, 10)
+        with pytest.raises(httpx.TransportError):  # never answered: the job did not run to its end
+            await task
+    assert status == 130
+    (line,) = sidecar.log_events("sidecar_exit_now")
+    assert line["signal"] == "SIGINT" and "Traceback" not in sidecar.stderr()
+    assert not sidecar.log_events("sidecar_stopped")
+    until(lambda: not any(alive(pid) for pid in below), timeout=10, what="the workers and the fork server gone")
+    assert len(sidecar.calls()) <= calls + 1  # the job stopped with the process (a chunk may have been under way)
 
 
 async def test_retained_run_limit_is_507_until_a_job_is_archived(sidecar_factory):

@@ -317,18 +317,32 @@ def post_job(sidecar: Sidecar, action_id: str, crew: str, operation: str, input:
     )
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (a sidecar's fork server and its workers), read from /proc."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        children = []
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children += [int(c) for c in (task / "children").read_text().split()]
+        found += children
+        todo += children
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an orphan's reaper may be slow)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def signal_tree(pid: int, signum: int) -> None:
     """Send ``signum`` to process ``pid`` and every process below it (the fork server and its workers), as
     ``systemctl kill`` does to a unit; the tree is read from /proc."""
-    found, todo = [pid], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            children = [int(c) for c in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
-        except OSError:
-            continue
-        found += children
-        todo += children
-    for each in found:
+    for each in [pid, *descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(each, signum)

@@ -191,7 +191,7 @@ class WorkerPool:
         if self._context is None:
             self._context = start_forkserver()
         # Before multiprocessing's own exit hook, which joins every child: never wait on a worker at exit.
-        atexit.register(self._kill_all_now)
+        atexit.register(self.kill_all_now)
         # At least one even with --idle-workers 0: a worker that cannot boot stops the start, not a first job.
         count = max(1, self.spare)
         results = await asyncio.gather(*(self._start_one() for _ in range(count)), return_exceptions=True)
@@ -209,7 +209,7 @@ class WorkerPool:
     async def close(self) -> None:
         """Stop starting workers and kill every worker (idle or busy); wait for their exits."""
         self._closing = True
-        atexit.unregister(self._kill_all_now)
+        atexit.unregister(self.kill_all_now)
         for timer in (self._replacing, self._shrinking):
             if timer is not None:
                 timer.cancel()
@@ -218,7 +218,7 @@ class WorkerPool:
         workers = list(self._alive)
         for worker in workers:
             worker.kill()
-        self._kill_all_now()  # also workers still booting
+        self.kill_all_now()  # also workers still booting
         await asyncio.gather(*(w.reap() for w in workers), return_exceptions=True)
         await asyncio.gather(
             *(asyncio.to_thread(p.join, REAP_SECONDS) for p in self._processes), return_exceptions=True
@@ -234,8 +234,8 @@ class WorkerPool:
         if self._closing:
             process.kill()
 
-    def _kill_all_now(self) -> None:
-        """SIGKILL every worker process started (at interpreter exit: none may hold it)."""
+    def kill_all_now(self) -> None:
+        """SIGKILL every worker process started (at interpreter exit: none may hold it; at a second Ctrl-C)."""
         for process in list(self._processes):
             try:
                 if process.exitcode is None:
