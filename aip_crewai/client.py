@@ -20,13 +20,13 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .contracts.aip import CONTENT_TYPE
 from .contracts.hashing import jcs
+from .contracts.inputs import path_segment
 from .contracts.sidecar import MAX_OUTPUT_BYTES
 from .plumbing import httpsig
 from .sse import SSEDecoder
@@ -93,8 +93,8 @@ def _base_url(response: httpx.Response) -> str | None:
 
 
 def _segment(value: str) -> str:
-    """An id as one URL path segment, percent-encoded (action ids may hold ``?``, ``#`` or ``%``)."""
-    return quote(value, safe="")
+    """An id as one URL path segment, percent-encoded (action ids may hold ``?``, ``#``, ``%``, or be ``..``)."""
+    return path_segment(value)
 
 
 def new_id(prefix: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 import msgspec
 
@@ -44,6 +45,15 @@ RFC3339_PATTERN = (
     r"(?P<time>(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60))(?:\.(?P<fraction>[0-9]{1,9}))?"
     r"(?P<offset>[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])" + END
 )
+
+
+def path_segment(value: str) -> str:
+    """An id as one percent-encoded URL path segment (pure): ``?``, ``#``, ``%`` and ``/`` escaped, and an id
+    of dots alone (``.``, ``..``: a valid action id) as ``%2E``s, which HTTP clients would otherwise resolve
+    as a dot segment into another route (``/aip/v1/actions/../result`` is sent as ``/aip/v1/result``)."""
+    return quote(value, safe="") if value.strip(".") else "%2E" * len(value)
+
+
 #: What each pattern of the contracts asks for, in words: a refused value is described by these, never by the
 #: regular expression (:func:`plain_rule`).
 PATTERN_MEANINGS = {

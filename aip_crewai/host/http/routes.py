@@ -10,7 +10,6 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import quote
 
 import msgspec
 from starlette.requests import Request
@@ -33,7 +32,7 @@ from ...contracts.aip import (
     StreamChunk,
 )
 from ...contracts.errors import CrewUnavailable, InvalidEnvelope, InvalidInput, MessageTooLarge
-from ...contracts.inputs import MAX_INPUT_DEPTH, plain_rule
+from ...contracts.inputs import MAX_INPUT_DEPTH, path_segment, plain_rule
 from ...plumbing import httpsig
 from ...plumbing.asgi import read_bounded
 from ...sse import encode_comment, encode_event, encode_page, page_template
@@ -439,8 +438,8 @@ def metadata_of(result: ActionResult) -> ActionResult:
 
 def action_links(action_id: str, approval_id: str | None) -> dict[str, str]:
     """The typed links of an ActionStatus (relative URLs; each id one percent-encoded path segment: an
-    action id may hold ``?``, ``#`` or ``%``)."""
-    base = f"/aip/v1/actions/{quote(action_id, safe='')}"
+    action id may hold ``?``, ``#`` or ``%``, or be ``..``)."""
+    base = f"/aip/v1/actions/{path_segment(action_id)}"
     links = {
         "self": base,
         "result": f"{base}/result",
@@ -449,7 +448,7 @@ def action_links(action_id: str, approval_id: str | None) -> dict[str, str]:
         "cancel": f"{base}/cancel",
     }
     if approval_id:
-        links["approval"] = f"/aip/v1/approvals/{quote(approval_id, safe='')}"
+        links["approval"] = f"/aip/v1/approvals/{path_segment(approval_id)}"
     return links
 
 
