@@ -413,7 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("action_id", type=cli_args.action_id, help="the action id given to (or printed by) call")
         if name == "follow":
             q.add_argument(
-                "--last-event-id", help="resume after this stream position (the id sent: sse_<n> or sse_<n>.<k>)"
+                "--last-event-id",
+                type=cli_args.not_blank,
+                help="resume after this stream position (the id sent: sse_<n> or sse_<n>.<k>)",
             )
         _add_client_flags(q)
     p.set_defaults(func=_actions)
@@ -426,10 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     asub = p.add_subparsers(dest="approvals_command", required=True)
     q = asub.add_parser("list", help="one page of the tenant's approvals")
     q.add_argument("--status", default="pending", help="pending|approved|denied|expired (default %(default)s)")
-    q.add_argument("--cursor", help="the next_cursor of the previous page")
+    q.add_argument("--cursor", type=cli_args.not_blank, help="the next_cursor of the previous page")
     _add_client_flags(q)
     q = asub.add_parser("show", help="one approval with its input snapshot")
-    q.add_argument("approval_id", help="approval id (from approvals list, or the pending call's output)")
+    q.add_argument(
+        "approval_id", type=cli_args.approval_id, help="approval id (from approvals list, or the pending call's output)"
+    )
     _add_client_flags(q)
     q = asub.add_parser(
         "watch",
@@ -438,12 +442,14 @@ def build_parser() -> argparse.ArgumentParser:
         "stream (the resume command is printed), 2 usage, 4 credential refused, 7 host unreachable",
     )
     q.add_argument(
-        "--last-event-id", help="resume after this position (apv_<n>) instead of starting with the pending queue"
+        "--last-event-id",
+        type=cli_args.not_blank,
+        help="resume after this position (apv_<n>) instead of starting with the pending queue",
     )
     q.add_argument("--count", type=int, help="exit 0 once this many pending approvals were printed")
     _add_client_flags(q)
     q = asub.add_parser("decide", help="approve or deny (as the authenticated approver)")
-    q.add_argument("approval_id", help="approval id (from approvals list)")
+    q.add_argument("approval_id", type=cli_args.approval_id, help="approval id (from approvals list)")
     q.add_argument("decision", choices=["approved", "denied"], help="approved or denied")
     q.add_argument("--reason", required=True, help="why (recorded with the decision)")
     _add_client_flags(q)
@@ -480,7 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
     q = jsub.add_parser("inspect", help="one job with its events")
     q.add_argument("journal", help="the sidecar's SQLite journal file (--journal)")
     q.add_argument(
-        "action_id", help="the sidecar job id, <tenant>:<action id>, or the action id alone when one tenant has it"
+        "action_id",
+        type=cli_args.not_blank,
+        help="the sidecar job id, <tenant>:<action id>, or the action id alone when one tenant has it",
     )
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q = jsub.add_parser(

@@ -27,6 +27,35 @@ def action_id(text: str) -> str:
     return text
 
 
+def approval_id(text: str) -> str:
+    """Check an approval id argument (``approvals show|decide``) as :func:`action_id` checks an action id: the
+    host's ids (``apr_…``) always fit, and an empty one is refused here, in words, instead of sending a request
+    for another route (``GET /aip/v1/approvals/`` is answered with a redirect to the approval list).
+
+    Raises:
+        argparse.ArgumentTypeError: naming the rule (argparse exits 2).
+    """
+    if len(text) > 256 or not re.match(ACTION_ID_PATTERN, text):
+        shown = text if len(text) <= 64 else text[:64] + "…"
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is not an approval id: the apr_… id of approvals list, 1 to 256 "
+            f"{PATTERN_MEANINGS[ACTION_ID_PATTERN]}"
+        )
+    return text
+
+
+def not_blank(text: str) -> str:
+    """Check a value that must say something (a stream position, a cursor, a job id): an empty or blank one
+    would silently mean "from the start", so it is refused.
+
+    Raises:
+        argparse.ArgumentTypeError: naming the rule (argparse exits 2).
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty; give a value or leave the option out")
+    return text
+
+
 def host_url(text: str) -> str:
     """Check a ``--url``: an absolute ``http://`` or ``https://`` URL with a host.
 

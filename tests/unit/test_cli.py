@@ -328,6 +328,47 @@ def test_usage_and_configuration_errors_exit_2_with_a_hint(argv, says, capsys, m
     assert says in err and "Traceback" not in err
 
 
+def _silent_port() -> int:
+    """A loopback port nothing listens on: a request sent there is exit 7, not 2."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["approvals", "show", ""], "'' is not an approval id: the apr_"),
+        (["approvals", "show", "  "], "'  ' is not an approval id"),
+        (["approvals", "decide", "", "approved", "--reason", "r"], "'' is not an approval id"),
+        (["approvals", "decide", "apr/1", "denied", "--reason", "r"], "'apr/1' is not an approval id"),
+        (["actions", "result", ""], "'' is not an action id"),
+        (["actions", "cancel", " "], "' ' is not an action id"),
+        (["call", "cap:x", "--input", "{}", "--action-id", ""], "'' is not an action id"),
+        (["actions", "follow", "act_1", "--last-event-id", ""], "'' is empty"),
+        (["approvals", "watch", "--last-event-id", " "], "' ' is empty"),
+        (["approvals", "list", "--cursor", ""], "'' is empty"),
+    ],
+)
+def test_an_empty_or_blank_id_is_a_usage_error_before_any_request(argv, says, token, capsys):
+    """``approvals show ""`` asked for ``/aip/v1/approvals/`` and reported the host's 307 redirect; an empty
+    ``--last-event-id`` or ``--cursor`` silently meant "from the start". Each is refused before anything is
+    sent (the URL below answers nothing: a request would be exit 7)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, "--url", f"http://127.0.0.1:{_silent_port()}", "--token-file", token])
+    err = capsys.readouterr().err
+    assert exc.value.code == Exit.USAGE, err
+    assert says in err and "cannot reach" not in err and "Traceback" not in err
+
+
+def test_journal_inspect_refuses_an_empty_job_id_as_usage(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["journal", "inspect", str(tmp_path / "journal.db"), ""])
+    assert exc.value.code == Exit.USAGE and "'' is empty" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "content, says",
     [
