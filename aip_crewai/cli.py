@@ -465,8 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--out", required=True, help="file to create (refuses to overwrite)")
     p.set_defaults(func=_keys)
-    ledger_cli.add_parsers(sub, _add_client_flags, _client)
-    webhooks_cli.add_parsers(sub, _add_client_flags, _client)
+    ledger_cli.add_parsers(sub, _add_client_flags, _client, _refused)
+    webhooks_cli.add_parsers(sub, _add_client_flags, _client, _refused)
 
     p = sub.add_parser(
         "doctor",

@@ -4,7 +4,8 @@
 host needed): exactly its canonical form, its hash, its Ed25519 signature by one of the given public keys
 (base64, as ``aip-crewai keys generate receipt`` prints them and ``/.well-known/aip-receipt-keys``
 publishes them). Exit 0 with the claims printed, 1 with the reason on stderr when refused, 2 for a file
-that cannot be read or a key that is not one. ``usage`` asks the host for the caller's tenant's usage.
+that cannot be read or a key that is not one. ``usage`` asks the host for the caller's tenant's usage (a
+refusal: the exit code of every client command, 4 for a 401 or 403).
 """
 
 from __future__ import annotations
@@ -44,15 +45,18 @@ def _verify(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def _usage(args: argparse.Namespace, client_of: Callable[[argparse.Namespace], Any]) -> int:
+def _usage(
+    args: argparse.Namespace,
+    client_of: Callable[[argparse.Namespace], Any],
+    refused: Callable[[Any, bool], Exit],
+) -> int:
     from .client import AipClientError
 
     try:
         with client_of(args) as client:
             report = client.usage(from_=args.from_, to=args.to)
     except AipClientError as exc:
-        print(f"aip-crewai: {exc}", file=sys.stderr)
-        return Exit.FAILED
+        return refused(exc, args.json)
     print(json.dumps(report, indent=None if args.json else 2))
     return Exit.OK
 
@@ -61,8 +65,10 @@ def add_parsers(
     sub: Any,
     add_client_flags: Callable[[argparse.ArgumentParser], None],
     client_of: Callable[[argparse.Namespace], Any],
+    refused: Callable[[Any, bool], Exit],
 ) -> None:
-    """Add ``receipts`` and ``usage`` to the ``aip-crewai`` command's subparsers."""
+    """Add ``receipts`` and ``usage`` to the ``aip-crewai`` command's subparsers; ``refused`` reports a host's
+    refusal and gives its exit code, as for every other client command (docs/reference/cli.md "Exit codes")."""
     p = sub.add_parser("receipts", help="signed result receipts")
     rsub = p.add_subparsers(dest="receipts_command", required=True)
     q = rsub.add_parser("verify", help="verify a receipt offline (exit 0: valid; 1: refused, with the reason)")
@@ -79,4 +85,4 @@ def add_parsers(
     add_client_flags(p)
     p.add_argument("--from", dest="from_", help="RFC 3339, inclusive (default: the start)")
     p.add_argument("--to", help="RFC 3339, exclusive (default: now)")
-    p.set_defaults(func=lambda args: _usage(args, client_of))
+    p.set_defaults(func=lambda args: _usage(args, client_of, refused))

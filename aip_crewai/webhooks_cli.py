@@ -4,8 +4,8 @@
 [--cursor C] [--json]`` asks the host for one page of the caller's tenant's webhook deliveries, newest first
 (operator role): one line each (created, status, event type, action, attempts, last outcome, delivery id),
 then the command that lists the next page when there is one; ``--json``: the page as the host answered it,
-on one line. Values are checked by the host (a bad one: its 400, exit 1). Exit 0, or 1 with the host's
-error on stderr.
+on one line. Values are checked by the host (a bad one: its 400, exit 1). Exit 0, or with the host's error
+on stderr the exit code of every client command (1; 4 for a 401 or 403).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +33,11 @@ def delivery_lines(page: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _deliveries(args: argparse.Namespace, client_of: Callable[[argparse.Namespace], Any]) -> int:
+def _deliveries(
+    args: argparse.Namespace,
+    client_of: Callable[[argparse.Namespace], Any],
+    refused: Callable[[Any, bool], Exit],
+) -> int:
     from .client import AipClientError
 
     try:
@@ -48,8 +51,7 @@ def _deliveries(args: argparse.Namespace, client_of: Callable[[argparse.Namespac
                 limit=args.limit,
             )
     except AipClientError as exc:
-        print(f"aip-crewai: {exc}", file=sys.stderr)
-        return Exit.FAILED
+        return refused(exc, args.json)
     print(json.dumps(page) if args.json else "\n".join(delivery_lines(page)))
     return Exit.OK
 
@@ -58,8 +60,10 @@ def add_parsers(
     sub: Any,
     add_client_flags: Callable[[argparse.ArgumentParser], None],
     client_of: Callable[[argparse.Namespace], Any],
+    refused: Callable[[Any, bool], Exit],
 ) -> None:
-    """Add ``webhooks`` to the ``aip-crewai`` command's subparsers."""
+    """Add ``webhooks`` to the ``aip-crewai`` command's subparsers; ``refused`` reports a host's refusal and
+    gives its exit code, as for every other client command (docs/reference/cli.md "Exit codes")."""
     p = sub.add_parser("webhooks", help="webhook deliveries of your tenant (operator role)")
     wsub = p.add_subparsers(dest="webhooks_command", required=True)
     q = wsub.add_parser("deliveries", help="one page of deliveries and their attempts, newest first")
@@ -70,4 +74,4 @@ def add_parsers(
     q.add_argument("--action-id", help="only the events of this action")
     q.add_argument("--limit", type=int, help="1..200 (default 50)")
     q.add_argument("--cursor", help="the next page (as a previous page printed it)")
-    q.set_defaults(func=lambda args: _deliveries(args, client_of))
+    q.set_defaults(func=lambda args: _deliveries(args, client_of, refused))

@@ -173,6 +173,10 @@ SPOOF_VIEW = {
     },
 }
 
+USAGE = {"tenant": "acme", "crews": [], "totals": {"actions": 0}}
+#: HTTP status → the host's error code of a refused ``GET /aip/v1/usage``.
+USAGE_REFUSALS = {400: "request.invalid_range", 401: "auth.unauthenticated", 403: "policy.forbidden"}
+
 
 class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
@@ -192,6 +196,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps({"approvals": [SPOOF_VIEW], "cursor": "c2"}).encode())
         elif self.path == "/aip/v1/approvals/apr_spoof":
             self._send(200, json.dumps(SPOOF_VIEW).encode())
+        elif self.path.startswith("/aip/v1/usage"):
+            status = int(self.path.rpartition("from=")[2] or 200)  # the test names the status it wants
+            answer = USAGE if status == 200 else _error(USAGE_REFUSALS[status])
+            self._send(status, json.dumps(answer).encode())
         elif self.path == "/aip/v1/approvals/events":
             self._send(200, APPROVAL_FRAMES, "text/event-stream")
         elif self.path.endswith("/result"):
@@ -361,6 +369,20 @@ def test_an_empty_or_blank_id_is_a_usage_error_before_any_request(argv, says, to
     err = capsys.readouterr().err
     assert exc.value.code == Exit.USAGE, err
     assert says in err and "cannot reach" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "status, expected", [(200, Exit.OK), (400, Exit.FAILED), (401, Exit.DENIED), (403, Exit.DENIED)]
+)
+def test_usage_exits_as_every_client_command_on_a_refusal(status, expected, host_url, token, capsys):
+    """``usage`` exited 1 on a 403 where the other commands exit 4: the one mapping now (exit_codes.of_error)."""
+    code = cli.main(["usage", "--from", str(status), "--url", host_url, "--token-file", token, "--json"])
+    out, err = capsys.readouterr()
+    assert code == expected, err
+    if status == 200:
+        assert json.loads(out) == USAGE and err == ""
+    else:  # as for the other commands: the refusal on stderr, its envelope on stdout with --json
+        assert f"{status} {USAGE_REFUSALS[status]}" in err and json.loads(out) == _error(USAGE_REFUSALS[status])
 
 
 def test_journal_inspect_refuses_an_empty_job_id_as_usage(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """``aip-crewai webhooks deliveries`` (aip_crewai/webhooks_cli.py) against a canned host on loopback: the
 filters go out as the route's query, a page prints one line per delivery and the next page's command,
-``--json`` prints the page, a refusal exits 1 with the host's error."""
+``--json`` prints the page, a refusal exits as every client command's does (4 for a 403, 1 for a 400) with the
+host's error."""
 
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ REFUSAL = {
     "body": {"error": {"error": {"code": "policy.forbidden", "message": "operators only", "category": "policy"}}},
 }
 
+INVALID = {
+    "aip_version": "1.0",
+    "message_type": "aip.core.v1.error",
+    "body": {"error": {"error": {"code": "message.invalid_envelope", "message": "status", "category": "permanent"}}},
+}
+
 
 class _Handler(BaseHTTPRequestHandler):
     queries: list[dict[str, list[str]]] = []
@@ -49,7 +56,9 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
         type(self).queries.append(query)
-        status, body = (403, REFUSAL) if query.get("status") == ["expired"] else (200, PAGE)
+        status, body = {"expired": (403, REFUSAL), "bogus": (400, INVALID)}.get(
+            query.get("status", [""])[0], (200, PAGE)
+        )
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("content-type", "application/json")
@@ -107,11 +116,15 @@ def test_the_filters_are_the_routes_query_and_a_page_prints_lines_and_the_next_c
     assert lines[1] == "more: add --cursor abc"
 
 
-def test_json_prints_the_page_and_a_refusal_exits_1(host_url, token, capsys):
+def test_json_prints_the_page_and_a_refusal_exits_as_for_every_client_command(host_url, token, capsys):
+    """A 403 was exit 1 here and 4 for the other commands: the one mapping now (exit_codes.of_error)."""
     assert _deliveries(host_url, token, "--json") == Exit.OK
     assert json.loads(capsys.readouterr().out) == PAGE
-    assert _deliveries(host_url, token, "--status", "expired") == Exit.FAILED
-    assert "policy.forbidden" in capsys.readouterr().err
+    assert _deliveries(host_url, token, "--status", "expired") == Exit.DENIED
+    assert "403 policy.forbidden" in capsys.readouterr().err
+    assert _deliveries(host_url, token, "--status", "bogus", "--json") == Exit.FAILED
+    out, err = capsys.readouterr()
+    assert "400 message.invalid_envelope" in err and json.loads(out) == INVALID
 
 
 def test_an_empty_last_page_says_so():
