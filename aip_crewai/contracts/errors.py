@@ -1,12 +1,10 @@
 """The error catalogue: one exception root, stable codes, categories, statuses.
 
-Every error of ours subclasses :class:`AipError`. Each class carries a stable
-``code``, a ``category`` and an HTTP status (derived from the category unless
-the class overrides it); the data lives in attributes and the message is built
-from them. The host renders any ``AipError`` as an AIP ``ProtocolError`` body.
+Every error of ours subclasses :class:`AipError`. Each class carries a stable ``code``, a ``category`` and an
+HTTP status (derived from the category unless the class overrides it); the data lives in attributes and the
+message is built from them. The host renders any ``AipError`` as an AIP ``ProtocolError`` body.
 
-Source: ARCHITECTURE.md §6 (categories and statuses), §7 (host codes), §8
-(connector codes, retryability).
+Source: ARCHITECTURE.md §6 (categories and statuses), §7 (host codes), §8 (connector codes, retryability).
 """
 
 from __future__ import annotations
@@ -278,6 +276,15 @@ class MessageTooLarge(AipError):
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         super().__init__(f"the request body exceeds {limit_bytes} bytes", details={"limit_bytes": limit_bytes})
+
+
+class UnsupportedMediaType(AipError):
+    """A body whose ``Content-Type`` is not the route's JSON (absent, ``text/plain``, ...): 415, the body unread."""
+
+    code = "message.unsupported_media_type"
+    category = Category.PERMANENT
+    http_status = 415
+    default_message = "the request body must be JSON: Content-Type application/json or application/aip+json"
 
 
 class AmbiguousFraming(AipError):

@@ -8,21 +8,18 @@ response; without the header a keep-alive client sends its next request on
 the dying connection and gets "server disconnected without a response", a
 transport error the host would have to count as an uncertain dispatch.
 
-
-
 :class:`BoundedBody`: every request body is bounded by its route BEFORE it is
 read: a declared ``Content-Length`` above the bound fails the first read, and
 a body that grows past it (chunked) fails the read that crosses it, so at
 most the bound is ever handed to the application. The failure is the
 exception the app chose, raised inside the handler's read, so the app's own
-error handler renders it (413).
-
+error handler renders it (413). :class:`MediaTypes`: a body not declared JSON is refused with the app's
+415 by :func:`read_bounded`, before any of it is read.
 
 :class:`ClientGone`: a client that goes away while its body is being read
 (Starlette's ``ClientDisconnect``) is not a server error: one debug line
 (``client_disconnected``), no traceback, no 500; nobody is left to answer.
 The scope gets ``aip.client_gone = True`` so a request log can say so.
-
 
 :class:`RefuseAmbiguousFraming`: a request with both ``Content-Length`` and
 ``Transfer-Encoding`` is answered by the app's chosen 400 with
@@ -30,7 +27,6 @@ The scope gets ``aip.client_gone = True`` so a request log can say so.
 "ought to be handled as an error" and the connection closed; a proxy framing
 by ``Content-Length`` would otherwise disagree with us on where the next
 request starts).
-
 
 :class:`BodyDeadline`: a request body must keep arriving: a pause between two
 body chunks longer than ``idle_s``, or a whole body taking longer than
@@ -72,6 +68,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -190,8 +187,40 @@ class ReleaseBodyBudget:
             self.budget.release(scope)
 
 
+@dataclass(frozen=True)
+class MediaTypes:
+    """The media types a route's body may be declared as (``accepted``: lower-case ``type/subtype``), and the
+    app's refusal of any other (``refused``: ``(message, details=...) -> exception``, a 415 of its own shape)."""
+
+    accepted: frozenset[str]
+    refused: Callable[..., Exception]
+
+    def check(self, request: Request) -> None:
+        """Refuse a ``Content-Type`` (compared without its parameters, any case: ``application/json;
+        charset=utf-8`` is ``application/json``) that is absent or not one of :attr:`accepted`.
+
+        Raises:
+            ``refused(message, details={"content_type", "accepted"})``: the message names both.
+        """
+        raw = request.headers.get("content-type", "")
+        if raw.partition(";")[0].strip().lower() in self.accepted:
+            return
+        names = sorted(self.accepted)
+        shown = raw if len(raw) <= 100 else raw[:100] + "…"
+        got = f"Content-Type {shown!r}" if raw else "no Content-Type"
+        raise self.refused(
+            f"the request body must be JSON, declared as Content-Type {' or '.join(names)}; this one has {got}",
+            details={"content_type": raw[:100], "accepted": names},
+        )
+
+
 async def read_bounded(
-    request: Request, limit: int, too_large: Callable[[int], Exception], *, budget: BodyBudget | None = None
+    request: Request,
+    limit: int,
+    too_large: Callable[[int], Exception],
+    *,
+    budget: BodyBudget | None = None,
+    media: MediaTypes | None = None,
 ) -> bytes:
     """The request body, at most ``limit`` bytes, never buffered beyond it: the one bounded body reader of
     both processes' routes.
@@ -201,13 +230,18 @@ async def read_bounded(
             authenticated: the declared length is taken before the first read (a chunked body's pieces
             as they arrive); the caller releases it (:meth:`BodyBudget.release`) once the request is
             authenticated, else :class:`ReleaseBodyBudget` does at its end. None: an authenticated request.
+        media: the media types the body may be declared as, checked before anything else (nothing of the
+            body is read, no budget taken); None: any.
 
     Raises:
+        ``media.refused(...)``: the ``Content-Type`` is absent or another (:meth:`MediaTypes.check`).
         ``too_large(limit)``: the declared ``Content-Length`` or the bytes received exceed ``limit``.
         ``budget.exhausted(budget.limit_bytes)``: the body does not fit in the budget.
 
     Source: docs/security.md "Security" (request bodies; bodies before authentication).
     """
+    if media is not None:
+        media.check(request)
     declared = declared_length(request.scope)
     if declared is not None and declared > limit:
         raise too_large(limit)

@@ -174,6 +174,12 @@ def action_envelope(draw: st.DrawFn) -> Any:
     return envelope
 
 
+def _declared(usual: str) -> st.SearchStrategy[str]:
+    """A body's ``Content-Type``: mostly ``usual`` (so the body is parsed), sometimes with parameters, another
+    type or empty (a 415 before the body is read)."""
+    return st.sampled_from([usual] * 6 + [f"{usual}; charset=utf-8", "text/plain", ""])
+
+
 _PRINCIPALS = ["tok-acme-invoker", "tok-acme-operator", "tok-acme-both", "tok-globex-invoker", "tok-closed-invoker"]
 
 
@@ -196,6 +202,7 @@ def host_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
             content = draw(st.one_of(st.binary(max_size=64), st.just(b"[" * 5000 + b"]" * 5000)))
         else:
             content = encode(envelope, draw(st.integers(990, 1100)), ascii_only=draw(st.booleans()))
+        headers["Content-Type"] = draw(_declared("application/aip+json"))
         return "POST", "/aip/v1/messages", {"content": content, "headers": headers}
     if route == 5:
         suffix = draw(st.sampled_from(["", "/result", "/events", "/chunks"]))
@@ -221,6 +228,7 @@ def host_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
                 ),
             )
         )
+        headers["Content-Type"] = draw(_declared("application/json"))
         return (
             "POST",
             f"/aip/v1/approvals/{draw(_path_text())}/decision",
@@ -291,6 +299,7 @@ def sidecar_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
         content = encode(body, draw(st.integers(990, 1100)))
         if draw(st.integers(0, 9)) == 0:
             content = draw(st.one_of(st.binary(max_size=64), st.just(b"[" * 5000 + b"]" * 5000)))
+        headers["Content-Type"] = draw(_declared("application/json"))
         return "POST", draw(st.sampled_from(["/jobs", "/jobs/stream"])), {"content": content, "headers": headers}
     path_id = draw(_path_text())
     if route == 3:
@@ -306,6 +315,7 @@ def sidecar_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
                 st.fixed_dictionaries({"crew_id": st.just(crew), "action_id": st.just(job_id), "reason": _odd_text}),
             )
         )
+        headers["Content-Type"] = draw(_declared("application/json"))
         return (
             "POST",
             f"/jobs/{path_id}/cancel",

@@ -179,7 +179,9 @@ def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(shared_
         big = b'{"decision": "approved", "reason": "' + b"x" * (MAX_DECISION_BYTES + 10) + b'"}'
         refused = approver.post(decision, content=big, headers={"Content-Type": "application/json"})
         assert refused.status_code == 413 and error_code(refused) == "message.too_large"
-        streamed = approver.post(decision, content=chunks(4 * MAX_DECISION_BYTES))
+        streamed = approver.post(
+            decision, content=chunks(4 * MAX_DECISION_BYTES), headers={"Content-Type": "application/json"}
+        )
         assert streamed.status_code == 413 and error_code(streamed) == "message.too_large"
         assert approver.get(f"/aip/v1/approvals/{approval_id}").json()["status"] == "pending"
     with host.http("acme-app") as app:

@@ -91,19 +91,28 @@ def test_rel_deeply_nested_bodies_are_400_not_500(host_app, sidecar_app, depth):
     message route and the sidecar's job routes; a signed envelope nested just under it made the RFC 8785
     canonicalization recurse too deep (500). All are now client errors."""
     nested = b"[" * depth + b"]" * depth
-    status, _, content = host_app.request("POST", "/aip/v1/messages", content=nested, headers=bearer("acme-invoker"))
+    aip_json = {"Content-Type": "application/aip+json"}
+    status, _, content = host_app.request(
+        "POST", "/aip/v1/messages", content=nested, headers={**aip_json, **bearer("acme-invoker")}
+    )
     assert status == 400 and json.loads(content)["body"]["error"]["error"]["code"], content[:200]
     env = envelope("msg_deep")
     env["body"]["action"]["input"] = {"x": fuzzkit.DEEP}
     signed = sign(env, "globex-signer")  # the signature over a placeholder: the checks before it must not crash
-    status, _, content = host_app.request("POST", "/aip/v1/messages", content=fuzzkit.encode(signed, depth))
+    status, _, content = host_app.request(
+        "POST", "/aip/v1/messages", content=fuzzkit.encode(signed, depth), headers=aip_json
+    )
     assert status in (400, 401), content[:200]
     for path in ("/jobs", "/jobs/stream", "/jobs/a/cancel"):
         status, _, content = sidecar_app.request(
             "POST",
             path,
             content=nested,
-            headers={"Authorization": f"Bearer {sidecar_app.token}", "Idempotency-Key": "k"},
+            headers={
+                "Authorization": f"Bearer {sidecar_app.token}",
+                "Idempotency-Key": "k",
+                "Content-Type": "application/json",
+            },
         )
         assert status in (400, 413, 422), (path, status, content[:200])
 

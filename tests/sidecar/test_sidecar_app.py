@@ -15,6 +15,8 @@ from kits.sidecar_fakes import FAKE_CREWS, SECRET, TOKEN, job, running_app
 pytestmark = pytest.mark.timeout(30)
 
 KEY = {"Idempotency-Key": "key-1"}
+#: A raw body's declared media type (``json=`` sets it; the sidecar refuses any other with 415).
+JSON = {"Content-Type": "application/json"}
 
 
 def job_events(body: bytes) -> list[dict]:
@@ -203,8 +205,8 @@ async def test_admission_statuses_follow_the_design_order(tmp_path, name, body, 
 async def test_key_length_is_512_bytes_inclusive_and_body_bound_is_413(tmp_path):
     async with running_app(tmp_path) as (client, _app, _fake):
         ok = await client.post("/jobs", json=job("k"), headers={"Idempotency-Key": "k" * 512})
-        huge = await client.post("/jobs", content=b"{" + b" " * (9 * 1024 * 1024) + b"}", headers=KEY)
-        not_json = await client.post("/jobs", content=b"{oops", headers=KEY)
+        huge = await client.post("/jobs", content=b"{" + b" " * (9 * 1024 * 1024) + b"}", headers={**KEY, **JSON})
+        not_json = await client.post("/jobs", content=b"{oops", headers={**KEY, **JSON})
         not_object = await client.post("/jobs", json=[1], headers=KEY)
         mismatch = await client.post("/jobs", json=job("m"), headers={**KEY, "X-AIP-Action-ID": "other"})
     assert ok.status_code == 200
@@ -507,9 +509,12 @@ async def test_without_a_token_bodies_being_read_share_one_budget_and_one_more_i
         _fake,
     ):
         budget = app.state.body_budget
-        held = [asyncio.create_task(client.post("/jobs", content=slow(1024 * 1024), headers=KEY)) for _ in range(7)]
+        held = [
+            asyncio.create_task(client.post("/jobs", content=slow(1024 * 1024), headers={**KEY, **JSON}))
+            for _ in range(7)
+        ]
         await until_async(lambda: budget.used_bytes == budget_bytes - 1024 * 1024, interval=0.005)
-        refused = await client.post("/jobs", content=slow(1024 * 1024 + 1), headers=KEY)
+        refused = await client.post("/jobs", content=slow(1024 * 1024 + 1), headers={**KEY, **JSON})
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert refused.json()["budget_bytes"] == budget_bytes and "retry later" in refused.json()["detail"]
         metrics = await client.get("/metrics")
@@ -524,3 +529,30 @@ async def test_with_a_token_bodies_are_read_after_authentication_and_never_count
         assert app.state.body_budget is None
         assert (await client.post("/jobs", json=job("counted"), headers=KEY)).status_code == 200
         assert "unauthenticated_body_bytes" not in (await client.get("/metrics")).text
+
+
+@pytest.mark.parametrize(
+    "path", ["/jobs", "/jobs/stream", "/runs", "/runs/stream", "/jobs/mt/cancel", "/runs/mt/cancel"]
+)
+async def test_a_body_not_declared_json_is_415_before_it_is_read(tmp_path, path):
+    """Any Content-Type was accepted; every route reading a body now takes ``application/json`` (parameters and
+    case aside) and answers 415 otherwise, nothing admitted; a bad token is still 401 first."""
+    body = msgspec.json.encode(job("mt") if "cancel" not in path else {"crew_id": "echo", "action_id": "mt"})
+    async with running_app(tmp_path) as (client, _app, fake):
+        refused = {
+            kind: await client.post(path, content=body, headers={**KEY, **({"Content-Type": kind} if kind else {})})
+            for kind in ("text/plain", "", "application/aip+json", "application/x-www-form-urlencoded")
+        }
+        unauthenticated = await client.post(
+            path, content=body, headers={**KEY, "Content-Type": "text/plain", "Authorization": "Bearer wrong"}
+        )
+        assert fake.calls == []
+        accepted = await client.post(
+            path, content=body, headers={**KEY, "Content-Type": "Application/JSON; charset=utf-8"}
+        )
+    for kind, answer in refused.items():
+        assert answer.status_code == 415, (kind, answer.text)
+        assert answer.json()["content_type"] == kind and answer.json()["accepted"] == ["application/json"]
+        assert "must be JSON, declared as Content-Type application/json" in answer.json()["detail"]
+    assert unauthenticated.status_code == 401
+    assert accepted.status_code in (200, 404), accepted.text  # 404: a cancel of a job that does not exist

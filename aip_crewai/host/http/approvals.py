@@ -75,7 +75,7 @@ from ..auth.principals import can_read_approvals
 from ..ledger.routes import include_receipts, receipt_chain
 from ..store.store import ApprovalRecord, ms_to_rfc3339
 from .authenticate import authenticate
-from .limits import MAX_DECISION_BYTES
+from .limits import JSON_BODY, MAX_DECISION_BYTES
 from .routes import aip_json
 from .state import host_state
 
@@ -370,10 +370,10 @@ async def get_display(request: Request) -> Response:
 
 async def _decision_bytes(request: Request, *, authenticated: bool) -> bytes:
     """The decision body, at most :data:`~.limits.MAX_DECISION_BYTES` (the route's one bound, also applied
-    by the body middleware: 413 ``message.too_large``); one read before authentication counts against the
-    process's budget of such bodies (docs/security.md "Security")."""
+    by the body middleware: 413 ``message.too_large``) and declared JSON (415 before it is read); one read
+    before authentication counts against the process's budget of such bodies (docs/security.md "Security")."""
     budget = None if authenticated else host_state(request).body_budget
-    return await read_bounded(request, MAX_DECISION_BYTES, MessageTooLarge, budget=budget)
+    return await read_bounded(request, MAX_DECISION_BYTES, MessageTooLarge, budget=budget, media=JSON_BODY)
 
 
 def _decode_decision(raw: bytes) -> DecisionRequest:

@@ -49,11 +49,10 @@ from ..ledger.routes import include_receipts, receipt_chain
 from ..store.store import ActionRecord, ChunkRecord, InvalidCursor, StoreUnavailable, ms_to_rfc3339
 from ..stream_positions import Position
 from .authenticate import authenticate, authenticate_stream
+from .limits import JSON_BODY, MAX_MESSAGE_BYTES
 from .state import host_state
 from .stopping import after_store_fault, unless_stopping, until_stopping
 
-#: Bound on a message body, bytes: the 1 MiB input plus envelope room.
-MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 #: Keep-alive comment interval on tenant SSE streams, seconds (ARCHITECTURE.md §4).
 KEEPALIVE_S = 15.0
 #: Longest a stream of a pending action waits before reading its state again (a decision through another host), s.
@@ -90,15 +89,15 @@ def result_envelope(result: ActionResult) -> Envelope:
 
 
 async def _read_body(request: Request) -> tuple[bytes, Principal | None]:
-    """The message body (at most MAX_MESSAGE_BYTES) and the principal of a bearer credential, checked from the
-    header BEFORE the body is read (401 without reading it); only a request without one (a signed envelope) needs
-    its body first, and gets None (docs/security.md "Security": authenticate from headers first). An RFC 9421
-    signed request is checked once, with its body (its ``content-digest``)."""
+    """The message body (at most MAX_MESSAGE_BYTES, declared JSON: else 415) and the principal of a bearer
+    credential, checked from the header BEFORE the body is read (401 without reading it); only a request without
+    one (a signed envelope) needs its body first, and gets None (docs/security.md "Security": authenticate from
+    headers first). An RFC 9421 signed request is checked once, with its body (its ``content-digest``)."""
     if "authorization" in request.headers and not httpsig.is_signed(request.headers.keys()):
         principal = await authenticate(request)
-        return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge), principal
+        return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge, media=JSON_BODY), principal
     budget = host_state(request).body_budget  # read before authentication: within the process's budget
-    return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge, budget=budget), None
+    return await read_bounded(request, MAX_MESSAGE_BYTES, MessageTooLarge, budget=budget, media=JSON_BODY), None
 
 
 def _service(request: Request) -> ActionService:

@@ -48,6 +48,7 @@ from aip_crewai.contracts.errors import (
     Category,
     Overloaded,
     RequestHeadTooLarge,
+    UnsupportedMediaType,
 )
 from aip_crewai.contracts.sidecar import CancelRequest
 from aip_crewai.plumbing.asgi import (
@@ -57,6 +58,7 @@ from aip_crewai.plumbing.asgi import (
     ClientGone,
     CloseOnUnreadBody,
     InFlightLimit,
+    MediaTypes,
     RefuseAmbiguousFraming,
     ReleaseBodyBudget,
     RequestLog,
@@ -93,6 +95,8 @@ log = structlog.get_logger(__name__)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 #: Bound on a cancel request body, bytes.
 MAX_CANCEL_BODY_BYTES = 65_536
+#: The media type of every request body (the reference host sends it): another, or none, is 415.
+JSON_BODY = MediaTypes(frozenset({"application/json"}), UnsupportedMediaType)
 
 
 class JSONResponse(Response):
@@ -400,10 +404,11 @@ def _admission_headers(request: Request) -> _AdmissionHeaders:
 
 
 async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes (never buffered beyond it); without a token,
-    within the budget of bodies being read (503 past it), given back once the body is read."""
+    """The request body, declared ``application/json`` (else 415, unread), refused with 413 past ``limit`` bytes
+    (never buffered beyond it); without a token, within the budget of bodies being read (503 past it), given back
+    once the body is read."""
     budget = _body_budget(request)
-    body = await read_bounded(request, limit, _too_large, budget=budget)
+    body = await read_bounded(request, limit, _too_large, budget=budget, media=JSON_BODY)
     if budget is not None:
         budget.release(request.scope)
     return body
