@@ -10,12 +10,14 @@ Source: ARCHITECTURE.md §3 (per-operation input).
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 import msgspec
 
+from .display import child_path
 from .errors import InputTooLarge, InvalidInput
 
 #: Whole encoded input bound, bytes (ARCHITECTURE.md §3).
@@ -224,18 +226,88 @@ def invalid_input(exc: msgspec.ValidationError) -> InvalidInput:
 
 def exceeds_depth(value: Any, limit: int = MAX_INPUT_DEPTH) -> bool:
     """Whether decoded JSON ``value`` nests objects/arrays deeper than ``limit``
-    levels (a scalar is level 0, ``{}`` level 1). Iterative: no recursion limit
-    is reached however deep the value is."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    levels (a scalar is level 0, ``{}`` level 1): :func:`too_deep` is not None."""
+    return too_deep(value, limit) is not None
+
+
+#: Longest JSON path a depth refusal names, characters (a path of long keys is cut, ending with ``…``).
+MAX_SHOWN_PATH = 1024
+
+
+def too_deep(value: Any, limit: int = MAX_INPUT_DEPTH) -> str | None:
+    """The JSON path (``$.a[0].b``, ``$["a b"]``: :func:`~.display.child_path`) of the first object or array,
+    in document order, nested deeper than ``limit`` levels (a scalar is level 0, ``{}`` level 1), or None
+    when none is. Iterative: no recursion limit is reached however deep the value is. Pure.
+
+    The path is cut at :data:`MAX_SHOWN_PATH` characters.
+    """
+    stack: list[tuple[Any, int, Any]] = [(value, 1, None)]  # node, its level, its path as (parent's, step)
     while stack:
-        node, level = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
+        node, level, where = stack.pop()
+        if isinstance(node, dict):
+            steps: Any = reversed(node.items())
+        elif isinstance(node, list):
+            steps = zip(range(len(node) - 1, -1, -1), reversed(node), strict=True)
+        else:
             continue
         if level > limit:
-            return True
-        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
-    return False
+            return _shown_path(where)
+        stack.extend((child, level + 1, (where, step)) for step, child in steps if isinstance(child, (dict, list)))
+    return None
+
+
+def too_deep_text(text: bytes, limit: int) -> str | None:
+    """:func:`too_deep` of JSON text nested deeper than a decoder goes (msgspec raises RecursionError past
+    about 1,000 levels): its strings, brackets, commas and keys scanned, nothing else decoded. None when no
+    container is nested deeper than ``limit`` (or a text too broken to tell). Pure."""
+    frames: list[list[Any]] = []  # per open container: [is an object, its current key or index]
+    expect_key = False
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token in (b"{", b"["):
+            if len(frames) >= limit:  # this container's level is len(frames) + 1
+                where: Any = None
+                for frame in frames:
+                    if frame[1] is None:  # an object without a key before its value: not JSON
+                        return None
+                    where = (where, frame[1])
+                return _shown_path(where)
+            frames.append([token == b"{", None if token == b"{" else 0])
+            expect_key = token == b"{"
+        elif token in (b"}", b"]"):
+            if frames:
+                frames.pop()
+            expect_key = False
+        elif token == b",":
+            if frames and frames[-1][0]:
+                expect_key = True
+            elif frames:
+                frames[-1][1] += 1
+        elif token.startswith(b'"') and expect_key and frames:
+            try:
+                frames[-1][1] = str(json.loads(token))
+            except ValueError:
+                frames[-1][1] = token[1:-1].decode("utf-8", "replace")
+            expect_key = False
+    return None
+
+
+#: The tokens :func:`too_deep_text` reads: a whole string (escapes included), a bracket, a comma.
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},]', re.DOTALL)
+
+
+def _shown_path(where: Any) -> str:
+    """The JSON path of a ``(parent's, step)`` chain (None: the root ``$``), cut at :data:`MAX_SHOWN_PATH`."""
+    steps: list[str | int] = []
+    while where is not None:
+        where, step = where
+        steps.append(step)
+    path = "$"
+    for step in reversed(steps):
+        path = child_path(path, step)
+        if len(path) > MAX_SHOWN_PATH:
+            return path[: MAX_SHOWN_PATH - 1] + "…"
+    return path
 
 
 def convert_input(input_type: Any, value: Any, *, check_size: bool = True) -> Any:
@@ -252,13 +324,14 @@ def convert_input(input_type: Any, value: Any, *, check_size: bool = True) -> An
 
     Raises:
         InputTooLarge: the encoded input exceeds 1 MiB.
-        InvalidInput: nested deeper than :data:`MAX_INPUT_DEPTH` (``field`` ``$``),
-            or any other rule; ``field`` is the JSON path.
+        InvalidInput: nested deeper than :data:`MAX_INPUT_DEPTH` (``field``: the path of the first
+            container past it, :func:`too_deep`), or any other rule; ``field`` is the JSON path.
 
     Source: ARCHITECTURE.md §3; docs/security.md "Security" (nesting depth).
     """
-    if exceeds_depth(value):
-        raise InvalidInput("$", f"nested deeper than {MAX_INPUT_DEPTH} levels of objects and arrays")
+    path = too_deep(value)
+    if path is not None:
+        raise InvalidInput(path, f"nested deeper than {MAX_INPUT_DEPTH} levels of objects and arrays")
     if check_size:
         size = encoded_size(value)
         if size > MAX_INPUT_BYTES:

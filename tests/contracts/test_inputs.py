@@ -192,7 +192,59 @@ def test_one_nesting_bound_for_every_input_checked_without_recursion():
     convert_input(RunInput, _nested(MAX_INPUT_DEPTH))
     with pytest.raises(InvalidInput) as caught:
         convert_input(RunInput, {"x": deep})
-    assert caught.value.field == "$" and str(MAX_INPUT_DEPTH) in caught.value.rule
+    assert caught.value.field == "$.x" + "[0]" * (MAX_INPUT_DEPTH - 1) and str(MAX_INPUT_DEPTH) in caught.value.rule
+
+
+def test_the_depth_refusal_names_the_first_container_past_the_bound_at_and_past_the_limit():
+    """The refusal named ``$`` whatever nested too deep; it names the first container (in document order)
+    nested deeper than the bound: none at the limit, the one at limit + 1 past it."""
+    from aip_crewai.contracts.inputs import MAX_INPUT_DEPTH, too_deep
+
+    assert too_deep(_nested(MAX_INPUT_DEPTH)) is None
+    convert_input(RunInput, _nested(MAX_INPUT_DEPTH))
+    deepest = "$" + ".a" * MAX_INPUT_DEPTH  # the 65th level: 64 steps below the input object
+    assert too_deep(_nested(MAX_INPUT_DEPTH + 1)) == deepest
+    with pytest.raises(InvalidInput) as caught:
+        convert_input(RunInput, {"fine": {"x": 1}, "a": _nested(MAX_INPUT_DEPTH)})
+    assert caught.value.field == deepest and caught.value.details["field"] == deepest
+    assert caught.value.message.startswith(f"invalid input at {deepest}: nested deeper than {MAX_INPUT_DEPTH}")
+
+
+@pytest.mark.parametrize(
+    ("value", "limit", "path"),
+    [
+        ({"x": [1, {"y": [[[]]]}], "z": {}}, 3, "$.x[1].y"),
+        ({"x": [1, {"y": [[[]]]}], "z": {}}, 4, "$.x[1].y[0]"),
+        ({"x": [1, {"y": [[[]]]}], "z": {}}, 5, "$.x[1].y[0][0]"),
+        ({"x": [1, {"y": [[[]]]}], "z": {}}, 6, None),
+        ({"first": [[[1]]], "second": [[[[2]]]]}, 3, "$.first[0][0]"),  # the first in document order
+        ({"first": [[[1]]], "second": [[[[2]]]]}, 4, "$.second[0][0][0]"),
+        ([{}, [{"a b": {'é"': [[]]}}]], 4, '$[1][0]["a b"]["é\\""]'),
+        ({}, 0, "$"),
+        (5, 0, None),
+    ],
+)
+def test_the_path_of_the_first_container_too_deep_in_a_value_and_in_its_text(value, limit, path):
+    """``too_deep`` (decoded values) and ``too_deep_text`` (text a decoder cannot nest into) agree."""
+    import json
+
+    from aip_crewai.contracts.inputs import too_deep, too_deep_text
+
+    assert too_deep(value, limit) == path
+    assert too_deep_text(json.dumps(value).encode(), limit) == path
+    assert too_deep_text(json.dumps(value, indent=1, ensure_ascii=False).encode(), limit) == path
+
+
+def test_a_path_of_long_keys_is_cut_and_broken_text_names_nothing():
+    from aip_crewai.contracts.inputs import MAX_SHOWN_PATH, too_deep, too_deep_text
+
+    value: dict = {}
+    for _ in range(10):
+        value = {"k" * 500: value}
+    shown = too_deep(value, 3)
+    assert shown is not None and len(shown) == MAX_SHOWN_PATH and shown.endswith("…")
+    assert too_deep_text(b"[" * 2000, 67) == "$" + "[0]" * 67
+    assert too_deep_text(b"{" * 100, 3) is None  # an object without a key: not JSON enough to name a path
 
 
 @pytest.mark.parametrize(

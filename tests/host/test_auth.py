@@ -270,3 +270,26 @@ async def test_a_signed_envelope_nested_past_the_input_bound_is_a_400(auth):
     with pytest.raises(InvalidInput) as info:
         await auth.authenticate(None, {**obj, "security": sign(envelope(), "acme-approver")["security"]})
     assert info.value.status == 400
+    assert info.value.field == "$.body.action.input" + ".n" * MAX_INPUT_DEPTH  # the input's 65th level
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+async def test_a_signed_envelope_names_the_first_container_past_its_bound_wherever_it_is(auth, extra):
+    """The refusal named ``$.body.action.input`` whatever nested too deep (here ``extensions``, before the input
+    in the text): it names the first container past the envelope's bound, with the envelope's rule, and none
+    at the bound itself."""
+    from aip_crewai.contracts.errors import InvalidInput
+    from aip_crewai.host.auth.principals import MAX_ENVELOPE_DEPTH
+
+    deep: list = []
+    for _ in range(MAX_ENVELOPE_DEPTH - 2 + extra):  # the envelope is level 1, extensions level 2, ...
+        deep = [deep]
+    obj = {"extensions": deep, **envelope("msg_ext")}
+    signed = {**obj, "security": sign(envelope(), "acme-approver")["security"]}
+    if not extra:  # at the bound: past the depth check (the signature, over another envelope, is refused)
+        await rejected(auth, None, signed)
+        return
+    with pytest.raises(InvalidInput) as info:
+        await auth.authenticate(None, signed)
+    assert info.value.field == "$.extensions" + "[0]" * (MAX_ENVELOPE_DEPTH - 1)
+    assert info.value.rule == f"the envelope nests deeper than {MAX_ENVELOPE_DEPTH} levels of objects and arrays"

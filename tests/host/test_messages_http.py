@@ -147,6 +147,50 @@ async def test_invalid_input_names_the_field(http):
     assert response.json()["body"]["error"]["error"]["details"]["field"] == "$.query"
 
 
+def _nested(levels: int, leaf: object) -> object:
+    value = leaf
+    for _ in range(levels):
+        value = {"n": value}
+    return value
+
+
+@pytest.mark.parametrize("levels", [63, 64])
+async def test_an_input_nested_past_its_bound_names_its_first_container_past_it(http, levels):
+    """The refusal named ``$`` whatever nested too deep; at the bound (64 levels) the input is taken, at 65 the
+    path of its 65th level is named."""
+    env = action_env(f"msg_d{levels}", f"act_d{levels}", "cap:crewai:alpha", _nested(levels, {"topic": "x"}), "d1")
+    response = await post(http, "acme-invoker", env)
+    if levels == 63:  # 64 levels, the input object included
+        assert response.status_code == 202, response.text
+        return
+    assert response.status_code == 400
+    error = response.json()["body"]["error"]["error"]
+    assert error["details"] == {"field": "$" + ".n" * 64, "rule": "nested deeper than 64 levels of objects and arrays"}
+
+
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ("input", "$.body.action.input" + ".n" * 64),
+        ("extensions", "$.extensions" + ".n" * 66),
+    ],
+)
+async def test_a_body_deeper_than_the_decoder_goes_names_its_first_container_past_the_bound(http, where, field):
+    """Past about 1,000 levels msgspec cannot decode the body; the refusal named ``$.body.action.input`` even
+    for a deep ``extensions``: the path is now found in the text."""
+    env = action_env("msg_x", "act_x", "cap:crewai:alpha", {"topic": "x"}, "x1")
+    marker = '"MARK"'
+    if where == "input":
+        env["body"]["action"]["input"] = "MARK"
+    else:
+        env["extensions"] = "MARK"
+    deep = '{"n": ' * 1200 + "{}" + "}" * 1200
+    raw = json.dumps(env).replace(marker, deep)
+    response = await http.post("/aip/v1/messages", content=raw, headers={**CT, **bearer("acme-invoker")})
+    assert response.status_code == 400, response.text
+    assert response.json()["body"]["error"]["error"]["details"]["field"] == field
+
+
 @pytest.mark.parametrize(
     "sent_at",
     ["yesterday", "2026-12-02", "2026-12-02T08:30:00", "1796200200", "2026-13-45T99:99:99Z", "2026-12-02T24:00:00Z"],

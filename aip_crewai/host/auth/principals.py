@@ -57,7 +57,7 @@ from cryptography.exceptions import InvalidSignature
 
 from ...contracts.errors import Forbidden, InvalidInput, NonCanonicalNumber, Unauthenticated
 from ...contracts.hashing import number_problem
-from ...contracts.inputs import MAX_INPUT_DEPTH, exceeds_depth
+from ...contracts.inputs import MAX_INPUT_DEPTH, too_deep
 from ...plumbing import httpsig
 from ...plumbing.bearer import parse_bearer
 from ..settings import PrincipalConfig
@@ -73,6 +73,17 @@ MESSAGE_ID_RETENTION_MS = MAX_CLOCK_SKEW_MS + 60_000
 MAX_BEARER_CHARS = 4096
 #: Nesting bound of a signed envelope: the input's bound plus the envelope, body and action levels above it.
 MAX_ENVELOPE_DEPTH = MAX_INPUT_DEPTH + 3
+#: Where an envelope holds the action's input (a JSON path).
+INPUT_PATH = "$.body.action.input"
+
+
+def envelope_too_deep(path: str) -> InvalidInput:
+    """The refusal of an envelope nested past :data:`MAX_ENVELOPE_DEPTH` at ``path`` (its first container past
+    the bound, :func:`~aip_crewai.contracts.inputs.too_deep`): inside the action's input, as the input's own
+    bound names it (:data:`MAX_INPUT_DEPTH` levels from the input); elsewhere, as the envelope's."""
+    if path.startswith((f"{INPUT_PATH}.", f"{INPUT_PATH}[")):
+        return InvalidInput(path, f"nested deeper than {MAX_INPUT_DEPTH} levels of objects and arrays")
+    return InvalidInput(path, f"the envelope nests deeper than {MAX_ENVELOPE_DEPTH} levels of objects and arrays")
 
 
 @dataclass(frozen=True)
@@ -191,10 +202,9 @@ class Authenticator:
         signature = envelope_signature(security.get("signature"))
         if signature is None:
             raise Unauthenticated("the signature must be 64 bytes in unpadded base64url")
-        if exceeds_depth(envelope_obj, MAX_ENVELOPE_DEPTH):  # an input error, checked before recursing into it
-            raise InvalidInput(
-                "$.body.action.input", f"nested deeper than {MAX_INPUT_DEPTH} levels of objects and arrays"
-            )
+        deep = too_deep(envelope_obj, MAX_ENVELOPE_DEPTH)  # checked before anything recurses into it
+        if deep is not None:
+            raise envelope_too_deep(deep)
         problem = number_problem(envelope_obj)
         if problem is not None:  # 1.0 signs as 1 but would run as 1.0; 2**53 cannot be signed at all
             raise NonCanonicalNumber(*problem)

@@ -31,8 +31,8 @@ from ...contracts.aip import (
     ProtocolError,
     StreamChunk,
 )
-from ...contracts.errors import CrewUnavailable, InvalidEnvelope, InvalidInput, MessageTooLarge
-from ...contracts.inputs import MAX_INPUT_DEPTH, path_segment, plain_rule
+from ...contracts.errors import CrewUnavailable, InvalidEnvelope, MessageTooLarge
+from ...contracts.inputs import path_segment, plain_rule, too_deep_text
 from ...plumbing import httpsig
 from ...plumbing.asgi import read_bounded
 from ...sse import encode_comment, encode_event, encode_page, page_template
@@ -42,7 +42,7 @@ from ..actions.lifecycle import ActionState, ack_reason, ack_status, is_terminal
 from ..actions.live import follow_page
 from ..actions.recovery import is_final
 from ..actions.service import ActionService
-from ..auth.principals import FULL, Principal, require_role
+from ..auth.principals import FULL, MAX_ENVELOPE_DEPTH, Principal, envelope_too_deep, require_role
 from ..auth.stream_tokens import action_scope
 from ..crews.inputs import check_crew_inputs
 from ..ledger.routes import include_receipts, receipt_chain
@@ -139,8 +139,8 @@ async def post_message(request: Request) -> Response:
         obj = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested deeper than msgspec allows
         await authenticate(request, raw, None)
-        if isinstance(exc, RecursionError):  # only an action's input nests without a bound of the envelope's
-            raise InvalidInput("$.body.action.input", f"nested deeper than {MAX_INPUT_DEPTH} levels") from exc
+        if isinstance(exc, RecursionError):  # deeper than msgspec decodes: the path is found in the text
+            raise envelope_too_deep(too_deep_text(raw, MAX_ENVELOPE_DEPTH) or "$") from exc
         raise InvalidEnvelope("the body is not JSON") from exc
     principal = await authenticate(request, raw, obj if isinstance(obj, dict) else None, checked=bearer)
     require_role(principal, "invoker")
