@@ -556,3 +556,11 @@ async def test_a_body_not_declared_json_is_415_before_it_is_read(tmp_path, path)
         assert "must be JSON, declared as Content-Type application/json" in answer.json()["detail"]
     assert unauthenticated.status_code == 401
     assert accepted.status_code in (200, 404), accepted.text  # 404: a cancel of a job that does not exist
+
+
+@pytest.mark.parametrize("cursor", ["%C2%B2", "%D9%A3"])  # "²" (a 500 before), "٣" (read as 3 before)
+async def test_a_cursor_in_another_scripts_digits_is_400(tmp_path, cursor):
+    async with running_app(tmp_path) as (client, _app, _fake):
+        await client.post("/jobs", json=job("q1"), headers=KEY)
+        answer = await client.get(f"/jobs/q1/events?cursor={cursor}")
+    assert answer.status_code == 400 and answer.json()["detail"] == "cursor must be an integer"

@@ -82,7 +82,7 @@ def position(seq: int) -> str:
 def parse_position(text: str) -> int:
     """``apv_<n>`` (or ``<n>``) → n. Raises InvalidCursor (400)."""
     digits = text[4:] if text.startswith("apv_") else text
-    if not digits.isdigit() or len(digits) > 12:
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 12:  # str.isdigit alone takes ² and ٣
         raise InvalidCursor("Last-Event-ID (or cursor) must be apv_<n>")
     return int(digits)
 

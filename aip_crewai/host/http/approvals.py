@@ -307,7 +307,7 @@ async def list_approvals(request: Request) -> Response:
     if order not in ORDERS:
         raise InvalidEnvelope(f"order must be oldest or newest, not {order[:64]!r}")
     limit_text = request.query_params.get("limit", "100")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 200:
+    if not (limit_text.isascii() and limit_text.isdigit()) or not 1 <= int(limit_text) <= 200:
         raise InvalidEnvelope("limit must be an integer 1..200")
     await service.expire_due()  # expiring an approval fails its action, in every path
     now = service.now_ms()

@@ -560,7 +560,7 @@ async def get_chunks(request: Request) -> Response:
     sequence as a string, None once an ended action's chunks are all delivered."""
     _, service, record = await _principal_action(request)
     raw = request.query_params.get("cursor", "0")
-    if not raw.isdigit() or len(raw) > 9:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:  # str.isdigit alone takes ² and ٣
         raise InvalidCursor("cursor must be a non-negative integer")
     cursor = int(raw)
     rows = await service.store.list_chunks(record.tenant, record.action_id, cursor - 1, PAGE_CHUNKS)

@@ -124,7 +124,7 @@ def _matching(request: Request, name: str, pattern: re.Pattern[str], max_chars: 
 
 def _limit(request: Request) -> int:
     text = request.query_params.get("limit", str(DEFAULT_LIMIT))
-    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIMIT:  # not ², not ٣
         raise InvalidEnvelope(f"limit must be an integer 1..{MAX_LIMIT}", details={"parameter": "limit"})
     return int(text)
 

@@ -423,7 +423,7 @@ def _int_param(raw: str | None, name: str, default: int) -> int:
         return default
     text = raw.strip()
     digits = text[1:] if text.startswith("-") else text
-    if not digits.isdigit() or len(digits) > 12:
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 12:  # str.isdigit alone takes ² and ٣
         raise BadRequest(f"{name} must be an integer")
     return int(text)
 
