@@ -122,17 +122,23 @@ def parse_operations(text: str) -> tuple[str, ...]:
 
 
 def parse_modules(text: str) -> tuple[str, ...]:
-    """A comma-separated list of dotted module names (Python identifiers joined by dots), in order, repeats
-    dropped; ``none`` (any case) alone is the empty list. At most :data:`MAX_PRELOAD_MODULES` names of at most
-    :data:`MAX_MODULE_NAME_CHARS` characters.
+    """A comma-separated list of dotted module names (Python identifiers joined by dots; blanks around a name
+    are dropped), in order, repeats dropped; ``none`` (any case) alone is the empty list. At most
+    :data:`MAX_PRELOAD_MODULES` names of at most :data:`MAX_MODULE_NAME_CHARS` characters.
 
     Raises:
-        ValueError: no name at all, a name that is not a dotted identifier or is too long, ``none`` beside a
-            name, or too many names.
+        ValueError: no name at all, an empty or blank entry (``os,,sys``, a leading or trailing comma), a name
+            that is not a dotted identifier or is too long, ``none`` beside a name, or too many names.
     """
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
+    if not text.strip():
         raise ValueError("must not be empty (none: no module beyond CrewAI and the operations)")
+    names = [part.strip() for part in text.split(",")]
+    empty = [str(i) for i, name in enumerate(names, 1) if not name]
+    if empty:
+        raise ValueError(
+            f"has an empty or blank entry ({'entries' if len(empty) > 1 else 'entry'} {', '.join(empty)} of "
+            f"{len(names)}); give module names separated by single commas, none before the first or after the last"
+        )
     if any(name.lower() == "none" for name in names):
         if len(names) > 1:
             raise ValueError("none stands alone (it means no module beyond CrewAI and the operations)")

@@ -466,7 +466,11 @@ def _names(count: int, chars: int = 8) -> str:
     "value, expected",
     [
         ("openai.resources", ("openai.resources",)),
-        (" a.b , c,, a.b ,_d9.e_ ", ("a.b", "c", "_d9.e_")),
+        (" a.b , c, a.b ,_d9.e_ ", ("a.b", "c", "_d9.e_")),
+        ("os,,sys", "an empty or blank entry \\(entry 2 of 3\\)"),
+        ("os,sys,", "an empty or blank entry \\(entry 3 of 3\\)"),
+        (",os", "an empty or blank entry \\(entry 1 of 2\\)"),
+        ("os, ,sys,  ", "an empty or blank entry \\(entries 2, 4 of 4\\)"),
         ("modülé.sub", ("modülé.sub",)),
         ("none", ()),
         (" NONE ", ()),
@@ -474,7 +478,7 @@ def _names(count: int, chars: int = 8) -> str:
         ("m" * MAX_MODULE_NAME_CHARS, ("m" * MAX_MODULE_NAME_CHARS,)),
         (_names(MAX_PRELOAD_MODULES + 1), "at most 64 modules, not 65"),
         ("m" * (MAX_MODULE_NAME_CHARS + 1), "longer than 200 characters"),
-        (",", "must not be empty"),
+        (",", "an empty or blank entry \\(entries 1, 2 of 2\\)"),
         ("   ", "must not be empty"),
         ("openai/resources", "not a module name"),
         ("9lives", "not a module name"),
@@ -489,7 +493,8 @@ def test_preload_modules_take_dotted_names_within_their_bounds(base, value, expe
     repeats dropped), at most 64 of at most 200 characters; ``none`` (any case) preloads nothing beyond CrewAI
     and the operations; default: the OpenAI client stack and ChromaDB's telemetry client. Anything else, an
     empty flag or a blank variable included, stops start-up naming the setting and the problem (an unset or
-    empty variable is the default)."""
+    empty variable is the default); so does an empty or blank entry (``os,,sys``, a trailing comma), which
+    was dropped before."""
     assert load_settings(base, {}).preload_modules == DEFAULT_PRELOAD_MODULES == Settings("r:C").preload_modules
     assert load_settings(base, {"AIP_CREWAI_PRELOAD_MODULES": ""}).preload_modules == DEFAULT_PRELOAD_MODULES
     if isinstance(expected, tuple):
@@ -500,3 +505,15 @@ def test_preload_modules_take_dotted_names_within_their_bounds(base, value, expe
             load_settings([*base, "--preload-modules", value], {})
         with pytest.raises(ConfigError, match=f"AIP_CREWAI_PRELOAD_MODULES.*{expected}"):
             load_settings(base, {"AIP_CREWAI_PRELOAD_MODULES": value})
+
+
+@pytest.mark.parametrize("value", ["os,,sys", "os,sys,", "os, ,sys"])
+def test_an_empty_preload_entry_stops_start_up_with_one_line_and_exit_2(base, capsys, monkeypatch, value):
+    """``--preload-modules os,,sys`` was taken as ``os,sys``: an empty entry is refused as every option error is."""
+    monkeypatch.delenv("AIP_CREWAI_PRELOAD_MODULES", raising=False)
+    assert main([*base, "--preload-modules", value]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(
+        "aip-crewai sidecar: error: --preload-modules (AIP_CREWAI_PRELOAD_MODULES): has an empty or blank entry"
+    )
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err and captured.out == ""
