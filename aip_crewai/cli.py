@@ -446,7 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=cli_args.not_blank,
         help="resume after this position (apv_<n>) instead of starting with the pending queue",
     )
-    q.add_argument("--count", type=int, help="exit 0 once this many pending approvals were printed")
+    q.add_argument(
+        "--count", type=cli_args.integer(1, 1_000_000), help="exit 0 once this many pending approvals were printed"
+    )
     _add_client_flags(q)
     q = asub.add_parser("decide", help="approve or deny (as the authenticated approver)")
     q.add_argument("approval_id", type=cli_args.approval_id, help="approval id (from approvals list)")
@@ -481,7 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
     jsub = p.add_subparsers(dest="journal_command", required=True)
     q = jsub.add_parser("list", help="jobs, newest first")
     q.add_argument("journal", help="the sidecar's SQLite journal file (--journal)")
-    q.add_argument("--limit", type=int, default=50, help="at most this many jobs (default %(default)s)")
+    q.add_argument(
+        "--limit", type=cli_args.integer(1, 1_000_000), default=50, help="at most this many jobs (default %(default)s)"
+    )
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q = jsub.add_parser("inspect", help="one job with its events")
     q.add_argument("journal", help="the sidecar's SQLite journal file (--journal)")
@@ -497,17 +501,17 @@ def build_parser() -> argparse.ArgumentParser:
         "SQLite journal; importing twice changes nothing",
     )
     q.add_argument("source", help="the reference sidecar's JSON journal (its AIP_CREWAI_STATE_FILE, e.g. runs.json)")
-    from .sidecar.options import MAX_EVENT_BYTES, MIN_EVENT_BYTES, int_in
+    from .sidecar.options import MAX_EVENT_BYTES, MIN_EVENT_BYTES
 
     q.add_argument(
         "--max-events-per-run",
-        type=int_in(2, 100_000),
+        type=cli_args.integer(2, 100_000),
         default=1000,
         help="refuse a run with more events, its terminal one included: the sidecar's --max-events-per-run (default 1000)",
     )
     q.add_argument(
         "--max-event-bytes",
-        type=int_in(MIN_EVENT_BYTES, MAX_EVENT_BYTES),
+        type=cli_args.integer(MIN_EVENT_BYTES, MAX_EVENT_BYTES),
         default=262_144,
         help="refuse a run with a larger event, bytes: the sidecar's --max-event-bytes (default 262144)",
     )

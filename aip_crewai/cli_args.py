@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from .contracts.inputs import ACTION_ID_PATTERN, PATTERN_MEANINGS
@@ -54,6 +55,26 @@ def not_blank(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is empty; give a value or leave the option out")
     return text
+
+
+def integer(low: int, high: int) -> Callable[[str], int]:
+    """An integer argument ``low..high``, read as the sidecar's numeric options are (``sidecar.options.int_in``:
+    ASCII digits only; argparse's ``type=int`` took ``1_0``, `` 5 ``, ``+5`` and ``-3``).
+
+    Raises (the parser):
+        argparse.ArgumentTypeError: naming the value and the rule (argparse exits 2).
+    """
+    from .sidecar.options import int_in
+
+    parse = int_in(low, high)
+
+    def check(text: str) -> int:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} {exc}") from None
+
+    return check
 
 
 def host_url(text: str) -> str:

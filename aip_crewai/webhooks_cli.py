@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
+from . import cli_args
 from .exit_codes import Exit
 
 
@@ -72,6 +73,6 @@ def add_parsers(
     q.add_argument("--event-type", help="approval.requested, approval.decided, action.completed, ...")
     q.add_argument("--status", help="pending, delivered or expired")
     q.add_argument("--action-id", help="only the events of this action")
-    q.add_argument("--limit", type=int, help="1..200 (default 50)")
+    q.add_argument("--limit", type=cli_args.integer(1, 200), help="1..200 (default 50)")
     q.add_argument("--cursor", help="the next page (as a previous page printed it)")
     q.set_defaults(func=lambda args: _deliveries(args, client_of, refused))

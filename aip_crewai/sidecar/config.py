@@ -343,7 +343,7 @@ def _worker_user(setting: str, name: str | None, isolation: str) -> tuple[str, i
     if name is None:
         return None
     try:
-        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+        entry = pwd.getpwuid(int(name)) if name.isascii() and name.isdigit() else pwd.getpwnam(name)
     except (KeyError, OverflowError):
         raise ConfigError(setting, f"no such user {name!r}") from None
     if entry.pw_uid == 0:

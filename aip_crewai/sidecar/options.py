@@ -13,6 +13,7 @@ Source: ARCHITECTURE.md §11 (operator interface), §5 (limits).
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,17 +45,22 @@ VALVE_ENV = {
 }
 
 
+#: A decimal number as an option takes it: ASCII digits with at most one decimal point (``5``, ``0.25``, ``.5``).
+#: Python's ``int()`` and ``float()`` also take ``1_0``, ``1e3``, ``+5``, `` 5 `` (blanks), ``inf`` and other
+#: scripts' digits (``٥``); none of them is a value an operator means here.
+DECIMAL_RE = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\Z")
+
+
 def int_in(low: int, high: int) -> Callable[[str], int]:
-    """A parser of an integer ``low..high`` (ASCII digits only).
+    """A parser of an integer ``low..high``: ASCII digits and nothing else (no sign, blank, ``_``, exponent).
 
     Raises (the parser):
         ValueError: anything else.
     """
 
     def parse(text: str) -> int:
-        text = text.strip()
-        if not text.isdigit():  # ASCII digits only: no sign, no "1_000", no "0x"
-            raise ValueError(f"must be an integer {low}..{high}")
+        if not (text.isascii() and text.isdigit()):
+            raise ValueError(f"must be an integer {low}..{high} (ASCII digits only)")
         value = int(text)
         if not low <= value <= high:
             raise ValueError(f"must be an integer {low}..{high}")
@@ -64,14 +70,17 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
 
 
 def float_in(low: float, high: float) -> Callable[[str], float]:
-    """A parser of a number ``low..high`` (NaN refused)."""
+    """A parser of a number ``low..high``: :data:`DECIMAL_RE` (ASCII digits, at most one decimal point).
+
+    Raises (the parser):
+        ValueError: anything else.
+    """
 
     def parse(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise ValueError(f"must be a number {low}..{high}") from None
-        if not low <= value <= high:  # also rejects NaN
+        if not DECIMAL_RE.match(text):
+            raise ValueError(f"must be a number {low}..{high} (ASCII digits with at most one decimal point)")
+        value = float(text)
+        if not low <= value <= high:
             raise ValueError(f"must be a number {low}..{high}")
         return value
 

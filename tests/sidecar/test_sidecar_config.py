@@ -517,3 +517,55 @@ def test_an_empty_preload_entry_stops_start_up_with_one_line_and_exit_2(base, ca
         "aip-crewai sidecar: error: --preload-modules (AIP_CREWAI_PRELOAD_MODULES): has an empty or blank entry"
     )
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err and captured.out == ""
+
+
+#: Integer options (ASCII digits only) and decimal options (at most one decimal point too).
+INTEGER_OPTIONS = [("--port", "AIP_CREWAI_PORT"), ("--max-concurrency", "AIP_CREWAI_MAX_CONCURRENCY")]
+DECIMAL_OPTIONS = [("--shutdown-grace-seconds", "AIP_CREWAI_SHUTDOWN_GRACE_SECONDS")]
+
+
+@pytest.mark.parametrize("value", ["1_0", "1e3", " 5 ", "5 ", " 5", "+5", "\u0665", "0x10", "5.0", "", "-1"])
+@pytest.mark.parametrize(("flag", "env"), INTEGER_OPTIONS)
+def test_an_integer_option_is_ascii_digits_and_nothing_else(base, flag, env, value):
+    """Python's ``int()`` takes ``1_0`` (10), blanks and other scripts' digits (``\u0665``, an Arabic-Indic 5):
+    the option refuses them, from the flag and from the variable, naming both."""
+    with pytest.raises(ConfigError) as info:
+        load_settings([*base, flag, value], {})
+    assert str(info.value).startswith(f"{flag} ({env}): must be an integer")
+    if value.strip():  # an empty or blank variable counts as unset
+        with pytest.raises(ConfigError, match=f"^{flag} \\({env}\\): must be an integer"):
+            load_settings(base, {env: value})
+
+
+@pytest.mark.parametrize("value", ["1_0", "1e3", "1E3", " 5 ", "+1", "inf", "nan", "1.2.3", ".", "5..", "\u0665", ""])
+@pytest.mark.parametrize(("flag", "env"), DECIMAL_OPTIONS)
+def test_a_decimal_option_is_ascii_digits_with_at_most_one_point(base, flag, env, value):
+    with pytest.raises(ConfigError) as info:
+        load_settings([*base, flag, value], {})
+    assert str(info.value).startswith(f"{flag} ({env}): must be a number")
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("5", 5.0), ("0.25", 0.25), (".5", 0.5), ("5.", 5.0), ("3600", 3600.0)])
+def test_a_decimal_option_takes_digits_and_one_point_at_the_limits_too(base, value, seconds):
+    assert load_settings([*base, "--shutdown-grace-seconds", value], {}).shutdown_grace_seconds == seconds
+    assert load_settings(base, {"AIP_CREWAI_SHUTDOWN_GRACE_SECONDS": value}).shutdown_grace_seconds == seconds
+    with pytest.raises(ConfigError, match="must be a number 0.0..3600.0"):
+        load_settings([*base, "--shutdown-grace-seconds", "3600.5"], {})
+
+
+def test_the_reference_state_bytes_and_a_numeric_worker_user_are_ascii_digits_too(base):
+    with pytest.raises(ConfigError, match="AIP_CREWAI_MAX_STATE_BYTES.*ASCII digits only"):
+        load_settings(base, {"AIP_CREWAI_MAX_STATE_BYTES": " 2000000 "})
+    assert load_settings(base, {"AIP_CREWAI_MAX_STATE_BYTES": "2000000"}).max_journal_bytes == 2_000_000
+    with pytest.raises(ConfigError, match="no such user"):  # not uid 3: a name of digits of another script
+        load_settings([*base, "--worker-user", "\u0663"], {})
+
+
+def test_main_refuses_a_port_with_blanks_in_one_line_and_exit_2(base, capsys, monkeypatch):
+    monkeypatch.delenv("AIP_CREWAI_PORT", raising=False)
+    assert main([*base, "--port", " 8090 "]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "aip-crewai sidecar: error: --port (AIP_CREWAI_PORT): must be an integer 0..65535 (ASCII digits only) "
+        "(got ' 8090 ')\n"
+    )

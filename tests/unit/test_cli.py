@@ -321,6 +321,12 @@ def test_unreachable_host_is_its_own_code(token, capsys):
         (["actions", "show", "../../etc"], "'../../etc' is not an action id: 1 to 256 visible ASCII characters"),
         (["actions", "follow", "a" * 257], "is not an action id"),
         (["call", "cap:x", "--input", "{}", "--action-id", "a b"], "'a b' is not an action id"),
+        (["approvals", "watch", "--count", "1_0"], "'1_0' must be an integer 1..1000000 (ASCII digits only)"),
+        (["approvals", "watch", "--count", "0"], "'0' must be an integer 1..1000000"),
+        (["journal", "list", "j.db", "--limit", " 5 "], "' 5 ' must be an integer 1..1000000 (ASCII digits only)"),
+        (["webhooks", "deliveries", "--limit", "+5"], "'+5' must be an integer 1..200 (ASCII digits only)"),
+        (["journal", "import", "r.json", "--max-events-per-run", "1e3"], "'1e3' must be an integer 2..100000"),
+        (["journal", "import", "r.json", "--max-event-bytes", "\u0665\u0665\u0665\u0665"], "must be an integer 1024.."),
     ],
 )
 def test_usage_and_configuration_errors_exit_2_with_a_hint(argv, says, capsys, monkeypatch):
