@@ -88,7 +88,8 @@ CONNECTION_GRACE_SECONDS = 5.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the sidecar until SIGTERM/SIGINT. Returns the exit status (0, 1 or 2)."""
+    """Run the sidecar until SIGTERM/SIGINT. Returns the exit status (0, 1 or 2; a second Ctrl-C during the
+    shutdown exits 130 from its signal handler, :func:`_exit_now`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         settings = load_settings(argv, os.environ)
