@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -249,4 +250,29 @@ def test_a_focused_card_decided_elsewhere_moves_the_focus_to_its_list_and_says_w
     expect(page.locator("#queue .card", has_text=first)).to_have_count(0, timeout=20_000)
     expect(page.locator("#pending-title")).to_be_focused()
     expect(page.locator("#announce")).to_contain_text("left this list")
+    page.close()
+
+
+def test_streamed_output_highlights_a_bounded_number_of_runs(host, browser) -> None:
+    """A run's streamed chunks get the input's bound on highlighted runs: a chatty crew's output of thousands of
+    soft hyphens used to become one element each (no bound); past the bound each is still written as its code."""
+    action_id = submit_for_approval(host, {"topic": "t"})
+    page = _signed_in(browser, host, init_script=None)
+    runs = page.evaluate("MAX_MARKS")
+    text = "a\u00ad" * (runs + 50)
+    chunk = (
+        '{"aip_version":"1.0","message_type":"aip.core.v1.stream_chunk","message_id":"msg_c",'
+        '"sent_at":"2026-01-01T00:00:00.000Z","body":{"stream_chunk":{"action_id":"' + action_id + '","sequence":0,'
+        '"kind":"data","part":{"kind":"text","text":' + json.dumps(text) + '}}},"correlation_id":"' + action_id + '"}'
+    )
+    stream = f"id: sse_1\nevent: chunk\ndata: {chunk}\n\n" + _result_stream(action_id).replace("sse_1", "sse_2")
+    page.route(ACTION_EVENTS, lambda route: route.fulfill(status=200, content_type="text/event-stream", body=stream))
+    _card(page, action_id).click()
+    expect(page.locator("#d-input")).to_contain_text('"topic": "t"', timeout=20_000)
+    page.fill("#reason", "bounded output")
+    page.click("#approve")
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=20_000)
+    chunks = page.locator("#run-chunks")
+    assert chunks.text_content().count("a\\u00ad") == runs + 50  # every one written as its code
+    assert page.evaluate("document.querySelectorAll('#run-chunks *').length") <= runs
     page.close()

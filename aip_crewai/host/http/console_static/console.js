@@ -146,11 +146,6 @@ async function authHeaders(method, url, body) {
   return signedHeaders(method, url, body);
 }
 
-async function authHeaders(method, url, body) {
-  if (state.auth.kind === "token") return { Authorization: `Bearer ${state.auth.token}` };
-  return signedHeaders(method, url, body);
-}
-
 // ---------------------------------------------------------------- HTTP
 
 class ApiError extends Error {
@@ -938,6 +933,7 @@ function watchRun(actionId) {
   $("run-plain").hidden = true;
   $("run-numbers").hidden = true;
   $("run-status").textContent = "running";
+  const chunkBudget = markBudget();  // the streamed output's highlighted runs, bounded as an input's
   follow(`${API}/actions/${encodeURIComponent(actionId)}/events`, (name, data) => {
     let envelope = null;
     let exact = false;
@@ -948,7 +944,7 @@ function watchRun(actionId) {
     } catch (_) { return undefined; }
     const body = (envelope && envelope.body) || {};
     if (body.stream_chunk && body.stream_chunk.part && body.stream_chunk.part.text) {
-      appendFaithful($("run-chunks"), body.stream_chunk.part.text, null, false);
+      appendFaithful($("run-chunks"), body.stream_chunk.part.text, null, false, chunkBudget);
     } else if (body.action_result) {
       const result = body.action_result.output ?? body.action_result.error ?? null;
       const budget = markBudget();
