@@ -10,7 +10,7 @@ them. Some code points change what a rendering says without being seen:
 | ``control`` | general category ``Cc`` except TAB, LF and CR, and lone surrogates (``Cs``) (which every JSON view already shows as ``\\t``, ``\\n``, ``\\r``) | may move the cursor or be dropped by a terminal |
 | ``space`` | general category ``Zs`` other than U+0020, and ``Zl``/``Zp`` (U+2028, U+2029) | look like a plain space or a line end |
 | ``compatibility`` | a letter or digit whose NFKC form is other ASCII (fullwidth ``Ａ``, mathematical ``𝐚``, ligatures) | look like the ASCII they stand for |
-| ``mixed_script`` | a letter of a word that mixes Latin, Greek, Cyrillic, Armenian, Cherokee or Coptic letters, the word's minority script | ``pаypal`` with a Cyrillic ``а`` reads ``paypal`` |
+| ``mixed_script`` | a letter of a word that mixes Latin, Greek, Cyrillic, Armenian, Cherokee, Coptic or Lisu letters, the word's minority script | ``pаypal`` with a Cyrillic ``а`` reads ``paypal`` |
 
 :func:`findings` lists them per JSON path of a decoded JSON value (object
 keys included); :func:`escape` writes a string with each of them as a
@@ -54,7 +54,7 @@ BLANK_LOOKING = frozenset(
     ]
 )
 #: Scripts whose letters are mistaken for one another; a word mixing two of them is flagged.
-CONFUSABLE_SCRIPTS = frozenset(["LATIN", "GREEK", "CYRILLIC", "ARMENIAN", "CHEROKEE", "COPTIC"])
+CONFUSABLE_SCRIPTS = frozenset(["LATIN", "GREEK", "CYRILLIC", "ARMENIAN", "CHEROKEE", "COPTIC", "LISU"])
 #: Control characters every JSON rendering already escapes visibly (``\\t``, ``\\n``, ``\\r``).
 _JSON_VISIBLE = frozenset([0x09, 0x0A, 0x0D])
 #: Most findings reported per value; past it :func:`findings` stops (the view says it was cut).

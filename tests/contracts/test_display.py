@@ -85,6 +85,7 @@ def test_tab_newline_and_return_are_not_findings_because_json_escapes_them() -> 
         ("\u0440\u0430\u0443\u0440al", [4, 5]),  # mostly Cyrillic: the Latin minority is flagged
         ("ab\u03bfcd", [2]),  # Greek omicron
         ("\u0430b", [0]),  # a tie keeps Latin
+        ("PAY\ua4d1AL", [3]),  # a Lisu letter (looks like a Latin capital P) in a Latin word
     ],
 )
 def test_a_word_mixing_confusable_scripts_flags_its_minority_letters(word: str, flagged: list[int]) -> None:
