@@ -70,6 +70,28 @@ async def test_admit_stream_until_the_terminal_event(shared_sidecar):
     assert view["output"] == events[-1]["data"] and "tides" in view["output"]["raw"]
 
 
+async def test_batch_run_chunks_name_their_item(shared_sidecar):
+    # The worker's channel and the journal kept only channel, task_id and agent_role: the CLI's `[item N]`
+    # lines (docs/reference/cli.md) never had a `batch_item` to read.
+    aid = uid("batch")
+    inputs = {"inputs": [{"topic": "tides"}, {"topic": "owls"}]}
+    async with shared_sidecar.client() as client:
+        async with client.stream(
+            "POST",
+            "/jobs/stream",
+            json=body(aid, operation="batch_run", input=inputs),
+            headers={"Idempotency-Key": aid},
+        ) as resp:
+            events, _raw = await read_sse(resp)
+        page = (await client.get(f"/jobs/{aid}/events", params={"cursor": 0})).json()
+    assert events[-1]["event"] == "completed", events[-1]
+    for chunks in ([e for e in events if e["event"] == "chunk"], [e for e in page["events"] if e["event"] == "chunk"]):
+        items = [e["data"].get("batch_item") for e in chunks]
+        assert None not in items and sorted(set(items)) == [0, 1] and items == sorted(items), items
+        text = {n: "".join(e["data"]["content"] for e in chunks if e["data"]["batch_item"] == n) for n in (0, 1)}
+        assert "tides" in text[0] and "owls" in text[1], text
+
+
 async def test_exact_repeat_returns_the_record_without_a_second_execution(shared_sidecar):
     aid = uid("repeat")
     headers = {"Idempotency-Key": aid}

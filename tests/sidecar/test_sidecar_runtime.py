@@ -347,6 +347,14 @@ def test_a_chunk_fits_the_smallest_event_bound_even_with_long_labels():
     assert short is not None and len(short.to_json()) <= 1024 and json.loads(short.data)["task_id"] == "t1"
 
 
+@pytest.mark.parametrize(("item", "kept"), [(0, 0), (3, 3), (-1, None), (True, None), ("2", None), (1.0, None)])
+def test_a_batch_run_chunk_keeps_its_item_index_and_only_a_non_negative_integer(item, kept):
+    from aip_crewai.sidecar.jobs.live import chunk_row
+
+    row = chunk_row(1, {"content": "x", "channel": "llm", "task_id": "t", "batch_item": item}, 65536)
+    assert row is not None and json.loads(row.data).get("batch_item") == kept
+
+
 async def test_a_live_follower_sends_what_arrives_within_its_window_in_one_page(tmp_path, monkeypatch):
     """Chunks a worker emits one by one, sooner after the follower's last read than the window, go out in
     one page (one socket write), not one page each; the job's end cuts the window short."""

@@ -39,7 +39,7 @@ from aip_crewai.sidecar.isolation.wire import (
     payload_length,
 )
 from aip_crewai.sidecar.jobs.context import TASK_CANCELLED_OPERATIONS
-from aip_crewai.sidecar.jobs.live import MAX_LABEL_CHARS
+from aip_crewai.sidecar.jobs.live import chunk_labels
 
 #: Exit status of a worker whose sidecar sent something other than a job.
 PROTOCOL_STATUS = 4
@@ -218,11 +218,10 @@ class ChunkSender:
                 return
             self.sent += 1
         content = data.get("content")
-        shaped: dict[str, Any] = {"content": ("" if content is None else str(content))[: self.max_content]}
-        for key in ("channel", "task_id", "agent_role"):
-            value = data.get(key)
-            if value is not None:
-                shaped[key] = str(value)[:MAX_LABEL_CHARS]
+        shaped: dict[str, Any] = {
+            "content": ("" if content is None else str(content))[: self.max_content],
+            **chunk_labels(data),
+        }
         try:
             self.channel.send(Chunk(shaped))
         except OSError:

@@ -102,12 +102,29 @@ def event_row(sequence: int, event: str, data: dict[str, Any]) -> EventRow:
     return EventRow(sequence, event, msgspec.json.encode(data))
 
 
+def chunk_labels(data: dict[str, Any]) -> dict[str, Any]:
+    """What a chunk keeps of an ``emit_chunk`` payload beside its content: ``channel``, ``task_id`` and
+    ``agent_role`` as strings of at most :data:`MAX_LABEL_CHARS`, and ``batch_item`` (``batch_run``: the index
+    of the item the chunk belongs to, which the CLI's ``[item N]`` lines read) as a non-negative integer. Pure.
+
+    Source: ARCHITECTURE.md §4 (the sidecar contract: chunk events)."""
+    labels = {
+        key: str(data[key])[:MAX_LABEL_CHARS]
+        for key in ("channel", "task_id", "agent_role")
+        if data.get(key) is not None
+    }
+    item = data.get("batch_item")
+    if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+        labels["batch_item"] = item
+    return labels
+
+
 def chunk_row(sequence: int, data: Any, max_event_bytes: int) -> EventRow | None:
     """Shape one ``emit_chunk`` payload into a bounded ``chunk`` event.
 
     Args:
         sequence: the event's sequence.
-        data: ``{"content": str, "channel": str, "task_id"?, "agent_role"?}``.
+        data: ``{"content": str, "channel": str, "task_id"?, "agent_role"?, "batch_item"?}`` (:func:`chunk_labels`).
         max_event_bytes: bound on the whole encoded event, bytes.
 
     Returns:
@@ -118,11 +135,8 @@ def chunk_row(sequence: int, data: Any, max_event_bytes: int) -> EventRow | None
     content = data.get("content")
     content = "" if content is None else content if isinstance(content, str) else str(content)
     channel = data.get("channel")
-    shaped: dict[str, Any] = {"content": content, "channel": channel if channel in CHANNELS else "llm"}
-    for label in ("task_id", "agent_role"):
-        value = data.get(label)
-        if value is not None:
-            shaped[label] = str(value)[:MAX_LABEL_CHARS]
+    shaped: dict[str, Any] = {"content": content, **chunk_labels(data)}
+    shaped["channel"] = channel if channel in CHANNELS else "llm"
     row = event_row(sequence, "chunk", shaped)
     size = len(row.to_json())
     if size <= max_event_bytes:
