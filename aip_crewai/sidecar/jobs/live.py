@@ -108,7 +108,7 @@ def chunk_labels(data: dict[str, Any]) -> dict[str, Any]:
     of the item the chunk belongs to, which the CLI's ``[item N]`` lines read) as a non-negative integer. Pure.
 
     Source: ARCHITECTURE.md §4 (the sidecar contract: chunk events)."""
-    labels = {
+    labels: dict[str, Any] = {
         key: str(data[key])[:MAX_LABEL_CHARS]
         for key in ("channel", "task_id", "agent_role")
         if data.get(key) is not None
