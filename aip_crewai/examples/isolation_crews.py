@@ -30,6 +30,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -56,6 +57,8 @@ DRAIN_SECONDS_ENV = "AIP_CREWAI_TEST_DRAIN_SECONDS"
 NO_BLOCK_FILE = "no-block"
 #: Environment variable the probe sets (a later job in the same process would see it).
 PROBE_ENV = "AIP_CREWAI_TEST_PROBE_TRACE"
+#: What the probe writes to ``sys.stderr`` and warns with (a secret a crew might quote): never in a log.
+PROBE_SECRET = "sk-live-PROBE-STDERR-4242"
 
 _SEEN: list[str] = []
 _HANDLERS: list[Any] = []
@@ -106,6 +109,7 @@ def probe_process(text: str) -> str:
         "env": os.environ.get(PROBE_ENV),
         "cwd": os.getcwd(),
         "stdout": type(sys.stdout).__name__,
+        "stderr": type(sys.stderr).__name__,
         "stdin": type(sys.stdin).__name__,
         "environ": type(os.environ).__name__,
         "bus_handlers": len(_HANDLERS),
@@ -120,6 +124,8 @@ def probe_process(text: str) -> str:
     sys.stdout = io.StringIO()
     sys.stdin = io.StringIO()
     print(f"probe {job}")
+    sys.stderr.write(f"probe says api_key={PROBE_SECRET}\n")  # what a crew's own code may write
+    warnings.warn(f"deprecated call with key {PROBE_SECRET}", UserWarning, stacklevel=1)
 
     def handler(_source: Any, _event: Any) -> None:
         _SEEN.append(f"event-after:{job}")

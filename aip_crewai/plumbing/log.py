@@ -12,13 +12,25 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
+
+#: The stream log lines go to whatever ``sys.stderr`` becomes (:func:`pin_log_stream`); None: ``sys.stderr``.
+_PINNED: Any = None
+
+
+def pin_log_stream(stream: Any) -> None:
+    """Send this process's log lines to ``stream`` from now on, whatever ``sys.stderr`` becomes: the sidecar
+    pins its stderr before it hands ``sys.stderr`` to crew code through a filter (docs/security.md)."""
+    global _PINNED
+    _PINNED = stream
 
 
 class _CurrentStderr:
     """Whatever ``sys.stderr`` is at each write (a test's capture, a replaced stream), not the one
-    configured first: a logger cached before the stream changed never writes to a closed file.
+    configured first: a logger cached before the stream changed never writes to a closed file. A stream
+    pinned with :func:`pin_log_stream` is used instead.
 
     A line that cannot be written (``OSError``: the log pipe's reader went away, ``EPIPE``; a full or failed
     disk) is dropped: a dead log sink must not stop the process from answering requests or from stopping on
@@ -26,13 +38,13 @@ class _CurrentStderr:
 
     def write(self, text: str) -> int:
         try:
-            return sys.stderr.write(text)
+            return int((_PINNED or sys.stderr).write(text))
         except (OSError, ValueError):
             return len(text)
 
     def flush(self) -> None:
         try:
-            sys.stderr.flush()
+            (_PINNED or sys.stderr).flush()
         except (OSError, ValueError):
             pass
 

@@ -60,9 +60,13 @@ import os
 import re
 import sys
 import threading
+import warnings
 from pathlib import Path
+from typing import Any
 
 import structlog
+
+from aip_crewai.plumbing.log import pin_log_stream
 
 _ENV_DEFAULTS: dict[str, str] = {
     "CREWAI_DISABLE_TELEMETRY": "true",
@@ -219,11 +223,12 @@ class PrintedErrorLog(io.TextIOBase):
     secrets in logs).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stream: str = "stdout") -> None:
         super().__init__()
         self._lock = threading.Lock()
         self._pending = ""
         self._log = structlog.get_logger("aip_crewai.sidecar")
+        self._fields = {} if stream == "stdout" else {"stream": stream}
 
     def writable(self) -> bool:
         return True
@@ -244,7 +249,7 @@ class PrintedErrorLog(io.TextIOBase):
         plain = _FRAME.sub(" ", _ANSI.sub("", line)).strip()
         if not plain or not _ERROR_WORDS.search(plain):
             return
-        self._log.warning("crewai_printed_error", label=printed_error_label(plain))
+        self._log.warning("crewai_printed_error", label=printed_error_label(plain), **self._fields)
 
 
 def printed_error_label(line: str) -> str:
@@ -285,9 +290,22 @@ class LibraryLog(logging.Handler):
         )
 
 
+def log_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    """``warnings.showwarning`` of the sidecar and its workers: one ``python_warning`` event naming the
+    warning's category and where it was raised (file name and line), never its text (a crew's or a library's
+    warning may quote a key or an input). Signature: :func:`warnings.showwarning`."""
+    structlog.get_logger("aip_crewai.sidecar").warning(
+        "python_warning", category=category.__name__, at=f"{os.path.basename(filename)}:{lineno}"
+    )
+
+
 def capture_crewai_prints() -> None:
-    """Point fd 1 at ``/dev/null`` and ``sys.stdout`` at a :class:`PrintedErrorLog`, and give the root logger
-    one :class:`LibraryLog` (warnings and worse) in place of any handler.
+    """Point fd 1 at ``/dev/null`` and ``sys.stdout`` at a :class:`PrintedErrorLog`, ``sys.stderr`` at another
+    (its events say ``stream: stderr``; the process's log lines keep the real stderr), Python warnings at
+    :func:`log_warning`, and give the root logger one :class:`LibraryLog` (warnings and worse) in place of any
+    handler.
 
     Call before CrewAI is imported, in the sidecar process only (not in
     tests that share pytest's stdout). CrewAI prints panels and warnings,
@@ -308,6 +326,12 @@ def capture_crewai_prints() -> None:
     finally:
         os.close(devnull)
     sys.stdout = PrintedErrorLog()
+    # Crew code's own writes to sys.stderr and its warnings (a tool's sys.stderr.write, warnings.warn, a
+    # library's UserWarning) may quote keys and inputs as well: the same filter, and each warning one labelled
+    # event; the process's own log lines keep the real stderr (native writes to fd 2 still go there raw).
+    pin_log_stream(sys.stderr)
+    sys.stderr = PrintedErrorLog(stream="stderr")
+    warnings.showwarning = log_warning
     root = logging.getLogger()
     root.handlers = [LibraryLog()]
     root.setLevel(logging.WARNING)

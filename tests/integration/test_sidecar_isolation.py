@@ -36,6 +36,8 @@ pytestmark = [
 ]
 
 REGISTRY = ISOLATION_REGISTRY
+#: aip_crewai.examples.isolation_crews.PROBE_SECRET (not imported: that would import CrewAI into the test process).
+PROBE_SECRET = "sk-live-PROBE-STDERR-4242"
 #: Seconds a ``block_then_write`` tool blocks: long enough for a cancel to find every job still blocked on a
 #: loaded machine, and for 40 ``/health`` probes while four jobs block; the sigkill test's bystander waits it out.
 BLOCK_SECONDS = 15.0
@@ -291,6 +293,7 @@ async def test_a_job_never_sees_the_process_state_another_job_left(isolated: Iso
         "env": None,
         "cwd": str(sidecar.state_dir),
         "stdout": "PrintedErrorLog",
+        "stderr": "PrintedErrorLog",
         "bus_handlers": 0,
         "seen": [],
         "replay_rows": 0,
@@ -306,6 +309,10 @@ async def test_a_job_never_sees_the_process_state_another_job_left(isolated: Iso
             reports.append(json.loads(marker(markers, job, "probe").read_text()))
     for report in reports:
         assert {k: report[k] for k in clean} == clean
+    # What the probe wrote to sys.stderr and warned with quotes a key: a labelled event at most, never the text.
+    assert PROBE_SECRET not in sidecar.stderr()
+    warned = sidecar.log_events("python_warning")
+    assert any(e["category"] == "UserWarning" and e["at"].startswith("isolation_crews.py:") for e in warned), warned
     pids = {r["pid"] for r in reports}
     assert len(pids) == 4
     assert sidecar.process.pid not in pids

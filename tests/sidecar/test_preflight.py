@@ -9,7 +9,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from aip_crewai.sidecar import operations
-from aip_crewai.sidecar.crewai_env import MAX_PRINTED_LINE_CHARS, LibraryLog, PrintedErrorLog, printed_error_label
+from aip_crewai.sidecar.crewai_env import (
+    MAX_PRINTED_LINE_CHARS,
+    LibraryLog,
+    PrintedErrorLog,
+    log_warning,
+    printed_error_label,
+)
 from aip_crewai.sidecar.jobs.context import SafeJobError
 from aip_crewai.sidecar.registry import CrewSource, load_registry
 
@@ -73,6 +79,18 @@ def test_printed_error_lines_are_logged_by_label_only() -> None:
         ("crewai_printed_error", "Failed to init knowledge"),
         ("crewai_printed_error", "withheld"),
         ("crewai_printed_error", "RuntimeError"),
+    ]
+    assert SECRET not in repr(logs)
+
+
+def test_stderr_lines_and_warnings_of_crew_code_are_logged_without_their_text() -> None:
+    sink = PrintedErrorLog(stream="stderr")
+    with capture_logs() as logs:
+        sink.write(f"stderr says api_key={SECRET}\nRuntimeError: {SECRET}\n")
+        log_warning(UserWarning(f"deprecated call with key {SECRET}"), UserWarning, "/srv/crews/mine.py", 174)
+    assert [{k: v for k, v in e.items() if k != "log_level"} for e in logs] == [
+        {"event": "crewai_printed_error", "label": "RuntimeError", "stream": "stderr"},
+        {"event": "python_warning", "category": "UserWarning", "at": "mine.py:174"},
     ]
     assert SECRET not in repr(logs)
 
