@@ -76,6 +76,30 @@ class CrewSource:
         _detach_token_usage(crew)
         return crew
 
+    def job_crew(self) -> Any:
+        """:meth:`new_crew` for a job: a factory that raises, or returns no crew, fails the job typed at its
+        start (``CrewBuildFailed``, ``uncertain_outcome: false``: nothing of the job ran), its message naming
+        only the exception's type (a factory's text may quote a key). docs/security.md (``build_failed``).
+
+        Raises:
+            SafeJobError: ``CrewBuildFailed``.
+        """
+        from aip_crewai.sidecar.jobs.context import SafeJobError
+
+        try:
+            return self.new_crew()
+        except Exception as exc:
+            raise SafeJobError(
+                f"crew {self.crew_id!r} could not be built: "
+                + (
+                    str(exc)
+                    if isinstance(exc, RegistryError)
+                    else f"its factory raised {type(exc).__name__} (text withheld)"
+                ),
+                error_type="CrewBuildFailed",
+                before_any_effect=True,
+            ) from None
+
 
 def locate_registry(spec: str) -> str:
     """Check, without importing anything, that ``spec`` is well formed and its module exists on the path.

@@ -52,6 +52,34 @@ def test_preflight_names_each_unusable_crew_and_only_those(registry) -> None:
     "operation,input",
     [
         ("run", {"topic": "glacier"}),
+        ("batch_run", {"inputs": [{"topic": "glacier"}]}),
+        ("knowledge_query", {"query": ["glacier"]}),
+        ("memory_reset", {"command_type": "all"}),
+    ],
+)
+@pytest.mark.parametrize("returns", ["raises", "no crew"])
+async def test_a_factory_that_fails_fails_the_job_typed_and_certain(make_ctx, operation, input, returns) -> None:
+    """A factory that raises (or returns no crew) failed its job with the generic message and
+    ``uncertain_outcome: true``, although nothing of the job ran: now ``CrewBuildFailed``, before any effect,
+    naming only the exception's type (docs/security.md: ``build_failed`` crews fail typed at their start)."""
+
+    def factory() -> object:
+        if returns == "raises":
+            raise RuntimeError(f"factory broke with {SECRET}")
+        return {"not": "a crew"}
+
+    ctx, recorder = make_ctx(operation)
+    with pytest.raises(SafeJobError) as raised:
+        await operations.execute(CrewSource(crew_id="bad", factory=factory), operation, input, ctx)
+    assert raised.value.error_type == "CrewBuildFailed" and raised.value.before_any_effect
+    assert ("RuntimeError" if returns == "raises" else "returned dict") in raised.value.message
+    assert SECRET not in raised.value.message and len(recorder) == 0
+
+
+@pytest.mark.parametrize(
+    "operation,input",
+    [
+        ("run", {"topic": "glacier"}),
         ("knowledge_query", {"query": ["glacier"]}),
     ],
 )

@@ -237,7 +237,7 @@ def _query(source: CrewSource, query: list[str], limit: int, threshold: float) -
     Raises:
         SafeJobError: ``KnowledgeUnavailable``, with a fixed message.
     """
-    crew = source.new_crew()
+    crew = source.job_crew()
     storage = getattr(getattr(crew, "knowledge", None), "storage", None)
     if storage is None and getattr(crew, "knowledge_sources", None):
         raise SafeJobError(KNOWLEDGE_UNAVAILABLE, error_type="KnowledgeUnavailable", before_any_effect=True)

@@ -80,7 +80,7 @@ async def execute(source: CrewSource, input: dict[str, Any], ctx: JobContext) ->
 
 def _reset(source: CrewSource, command_type: str) -> list[str]:
     """Worker thread: build a fresh crew, prepare its targets, reset."""
-    crew = source.new_crew()
+    crew = source.job_crew()
     if command_type in ("knowledge", "agent_knowledge", "all"):
         _build_agent_knowledge(crew)
     initialized = [t for t in TARGETS if _initialized(crew, t)]

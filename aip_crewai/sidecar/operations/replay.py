@@ -157,7 +157,7 @@ def _replay(
     source: CrewSource, task_id: str, input: dict[str, Any], run: dict[str, Any], ctx: JobContext
 ) -> tuple[Any, Any]:
     """Worker thread: build the crew, check its definition, seed its private store, ``crew.replay``."""
-    crew = source.new_crew()
+    crew = source.job_crew()
     refuse_unusable_crew(crew)
     fingerprint = crew_fingerprint(crew)
     change = fingerprint_change(run.get("fingerprint"), fingerprint)

@@ -78,7 +78,7 @@ async def new_job_crew(source: CrewSource, ctx: JobContext) -> Any:
 
     def build() -> Any:
         with knowledge_namespace(ctx.crew_id, ctx.tenant):
-            crew = source.new_crew()
+            crew = source.job_crew()
         refuse_unusable_crew(crew)
         return crew
 

@@ -179,7 +179,7 @@ def _test(
     scores: list[dict[str, Any]],
 ) -> None:
     """Worker thread: ``Crew.test`` of CrewAI 1.15.5 on a fresh crew, minus the table."""
-    crew = source.new_crew()
+    crew = source.job_crew()
     refuse_unusable_crew(crew)
     llm = resolve_eval_llm(source, crew, eval_llm)
 

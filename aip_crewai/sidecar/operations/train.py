@@ -224,7 +224,7 @@ def artifact_dir(training_dir: Path, tenant: str, crew_id: str) -> Path:
 
 def _train(source: CrewSource, n_iterations: int, filename: str, inputs: dict[str, Any]) -> None:
     """Worker thread: ``crew.train`` of a fresh crew, job's provider, private files."""
-    crew = source.new_crew()
+    crew = source.job_crew()
     refuse_unconfigured_llms(crew)
     refuse_unavailable_knowledge(crew)
     check_cancelled()
