@@ -4,7 +4,7 @@ knowledge query rewrite) arrive as progress, never as the answer."""
 from __future__ import annotations
 
 import pytest
-from fake_provider import text
+from fake_provider import text, tool_call
 from realkit import run_action
 
 pytestmark = [
@@ -35,3 +35,15 @@ def test_the_knowledge_query_rewrite_is_progress_not_the_answers_data(deployment
     assert outcome.result["status"] == "completed", outcome.result
     assert outcome.texts("data") == list(pieces)
     assert "".join(outcome.texts("progress")).count("REWRITTEN ks-1 cat name") == 1
+
+
+def test_an_agents_forced_final_answer_after_max_iter_is_data_not_progress(deployment, provider):
+    # After max_iter (4) tool calls CrewAI asks for the final answer in a call without the task: its chunks
+    # carried no task_id and went out as progress, so the run had no data chunk at all.
+    pieces = ("Thought: done.\nFinal Answer: ", "forced ", "(mx-1)")
+    provider.script(("TOOLS-RUN", "mx-1"), tool_call("parallel_count", words="mx-1 aa"))  # a tool call, every time
+    provider.script(("TOOLS-RUN", "mx-1", "MUST give your absolute best final answer"), text("".join(pieces), *pieces))
+    outcome = run_action(deployment, "tools", {"words": "mx-1 aa"})
+    assert outcome.result["status"] == "completed", outcome.result
+    assert outcome.texts("data")[-len(pieces) :] == list(pieces), outcome.texts("data")
+    assert "(mx-1)" not in "".join(outcome.texts("progress"))

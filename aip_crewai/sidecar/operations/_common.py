@@ -33,13 +33,14 @@ from typing import Any
 import structlog
 from crewai.core.providers.human_input import SyncHumanInputProvider, reset_provider, set_provider
 from crewai.events.stream_context import add_stream_sink, reset_stream_sinks
-from crewai.events.types.llm_events import LLMStreamChunkEvent
+from crewai.events.types.llm_events import LLMCallStartedEvent, LLMStreamChunkEvent
 from crewai.hooks.dispatch import HookAborted
 from crewai.hooks.llm_hooks import (
     get_before_llm_call_hooks,
     register_before_llm_call_hook,
 )
 from crewai.hooks.tool_hooks import get_before_tool_call_hooks, register_before_tool_call_hook
+from crewai.utilities.i18n import I18N_DEFAULT
 
 from aip_crewai.sidecar.jobs.context import JobCancelled, JobContext, SafeJobError
 from aip_crewai.sidecar.operations import _swallowed
@@ -109,17 +110,20 @@ def _make_sink(ctx: JobContext) -> Any:
     """
 
     spans = ctx.spans  # the job's CrewAI spans (docs/observing.md "Observing actions"), or None
+    forced: set[str] = set()  # model calls CrewAI makes, outside a task, for an agent's forced final answer
 
     def sink(_source: Any, event: Any) -> None:
         try:
             if spans is not None:
                 spans.on_event(event)
+            if isinstance(event, LLMCallStartedEvent) and not event.task_id and forces_final_answer(event.messages):
+                forced.add(event.call_id)
             if not isinstance(event, LLMStreamChunkEvent):
                 _swallowed.note(ctx, event)  # a failure CrewAI emits and carries on from
                 return
             if ctx.cancel_flag.is_set():
                 return
-            data = chunk_data(event)
+            data = chunk_data(event, answer=event.call_id in forced)
             if data is not None:
                 if "batch_item" in ctx.extra:  # batch_run: which item the chunk belongs to
                     data["batch_item"] = ctx.extra["batch_item"]
@@ -133,12 +137,27 @@ def _make_sink(ctx: JobContext) -> Any:
     return sink
 
 
-def chunk_data(event: Any) -> dict[str, Any] | None:
+#: What CrewAI appends to an agent's conversation once it reached ``max_iter`` (``crewai/utilities/agent_utils.py``
+#: ``handle_max_iterations_exceeded``): the model call after it is the agent's final answer, made without its task.
+_FORCE_FINAL_ANSWER = I18N_DEFAULT.errors("force_final_answer")
+
+
+def forces_final_answer(messages: Any) -> bool:
+    """Whether a model call's ``messages`` (``LLMCallStartedEvent.messages``) end with CrewAI's demand for an
+    agent's final answer after ``max_iter`` iterations (:data:`_FORCE_FINAL_ANSWER`). Pure."""
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    content = last.get("content") if isinstance(last, dict) else None
+    return isinstance(content, str) and _FORCE_FINAL_ANSWER in content
+
+
+def chunk_data(event: Any, *, answer: bool = False) -> dict[str, Any] | None:
     """Convert one ``LLMStreamChunkEvent`` to chunk data, or None when empty.
 
     Args:
         event: the CrewAI event (``chunk``, ``tool_call``, ``task_id``,
             ``agent_role``).
+        answer: the chunk is of an agent's forced final answer (:func:`forces_final_answer`: CrewAI makes that
+            call without the task, so it has no ``task_id``): channel ``llm``, as any answer to a task.
 
     Returns:
         ``{"content", "channel", "task_id"?, "agent_role"?}`` (the job's sink adds
@@ -151,7 +170,7 @@ def chunk_data(event: Any) -> dict[str, Any] | None:
         the host publishes as ``progress``, never as the answer's ``data``.
     """
     content = event.chunk or ""
-    channel = "llm" if event.task_id else INTERNAL_CHANNEL
+    channel = "llm" if event.task_id or answer else INTERNAL_CHANNEL
     if event.tool_call is not None:
         channel = "tools"
         if not content:
