@@ -154,6 +154,13 @@ def _sandbox_plan(settings: Settings) -> SandboxPlan | None:
         )
     else:
         log.info("worker_sandbox", mode=found.mode, landlock_abi=found.landlock_abi, worker_user=found.worker_user)
+    if plan is not None and (shared := sandbox.shared_spines(plan)):
+        log.warning(
+            "worker_sandbox_shared_directory",
+            directories=shared,
+            message="an entry made in these directories after a job's worker booted is out of that job's reach "
+            "(a file made in /tmp, say): keep the state directory and the token file out of them",
+        )
     return plan
 
 

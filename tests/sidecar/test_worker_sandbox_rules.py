@@ -166,3 +166,20 @@ def test_the_spines_are_the_directories_on_the_way_to_protected_paths_and_none_b
     assert spines(protected) == {"/", "/srv", "/srv/state", "/proc"}
     assert spines(["/srv/state", "/srv/state/journal.db"]) == {"/", "/srv"}  # nothing under a protected path
     assert spines([]) == set()
+
+
+def test_a_world_writable_directory_on_the_way_to_a_protected_path_is_named_for_the_start_up_warning(
+    tmp_path: Any,
+) -> None:
+    # A file made in /tmp after a worker booted was out of that worker's reach when the state lay under /tmp:
+    # a job could or could not open it depending on its worker's age. The sidecar now says so at start.
+    found = plan(tmp_path)
+    modes = {d: 0o40755 for d in sandbox.spines(found.protected)}
+    shared = str(tmp_path)
+    modes[os.path.realpath(shared)] = 0o41777  # as /tmp: sticky, everyone may write
+
+    def lookup(path: str) -> Any:
+        return SimpleNamespace(st_mode=modes[path])
+
+    assert sandbox.shared_spines(found, lookup) == [os.path.realpath(shared)]
+    assert sandbox.shared_spines(plan(tmp_path, landlock_abi=0), lookup) == []  # no Landlock: nothing out of reach

@@ -211,6 +211,23 @@ def spines(protected: Iterable[str]) -> set[str]:
     return {s for s in spine if not any(_within(s, p) for p in denied)}
 
 
+def shared_spines(sandbox: SandboxPlan, lookup: Callable[[str], os.stat_result] = os.stat) -> list[str]:
+    """The directories on the way to the protected paths (``/proc`` aside) that every user may write (mode
+    ``o+w``, as ``/tmp``): other processes make entries there, and an entry made after a worker booted is out
+    of that worker's reach (:func:`complement` lists each directory at the boot), so whether a job may open a
+    file made there depends on when its worker booted. Empty without Landlock. docs/security.md."""
+    if sandbox.landlock_abi < 1:
+        return []
+    shared = []
+    for directory in sorted(spines(p for p in sandbox.protected if not p.startswith("/proc/"))):
+        try:
+            if lookup(directory).st_mode & 0o002:
+                shared.append(directory)
+        except OSError:
+            continue
+    return shared
+
+
 def complement(protected: Iterable[str], children: Children) -> list[tuple[str, bool]]:
     """The grants that open everything except ``protected`` (absolute, normalized paths).
 
