@@ -149,7 +149,7 @@ def _show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) ->
                 print(display.escape(render.chunk_text(envelope) or ""), end="", flush=True)
             elif event in _OUTCOME_EVENTS:
                 print(f"\n[{event}]", flush=True)
-                for line in render.envelope_lines(envelope):
+                for line in render.envelope_lines(envelope, in_stream=True):
                     print(line)
             code = of_envelope(envelope) if event in _OUTCOME_EVENTS else None
             if code is not None:

@@ -54,8 +54,10 @@ def _error_text(error: dict[str, Any]) -> str:
     return f"{text(error.get('code', '?'))}{retry}: {text(error.get('message', ''))}"
 
 
-def envelope_lines(envelope: dict[str, Any]) -> list[str]:
-    """An ``action_result``, ``ack`` or ``error`` envelope as lines, with the next command where there is one."""
+def envelope_lines(envelope: dict[str, Any], *, in_stream: bool = False) -> list[str]:
+    """An ``action_result``, ``ack`` or ``error`` envelope as lines, with the next command where there is one.
+    ``in_stream``: an ``error`` envelope is a stream's ``aip_error`` frame, the failure of the action it follows
+    (``error: <code>``, as a failed result says it), not the refusal of a request (``refused: <code>``)."""
     body = envelope.get("body") or {}
     result, ack, error = body.get("action_result"), body.get("ack"), (body.get("error") or {}).get("error")
     raw_id = (result or ack or {}).get("action_id") or envelope.get("correlation_id") or "?"
@@ -84,7 +86,8 @@ def envelope_lines(envelope: dict[str, Any]) -> list[str]:
         if ack.get("reason") == "pending_approval":
             return [
                 f"pending approval  action {action_id}",
-                f"next: an approver decides; then: {command('actions', 'follow', raw_id)}",
+                f"next: an approver decides (its approval: {command('approvals', 'list')}); "
+                f"then: {command('actions', 'follow', raw_id)}",
             ]
         if ack.get("status") == "cached":  # the action had ended: its stored result follows (or is answered)
             return [f"cached  action {action_id}  (already ended: {text(ack.get('reason', '?'))})"]
@@ -93,7 +96,7 @@ def envelope_lines(envelope: dict[str, Any]) -> list[str]:
             f"next: {command('actions', 'follow', raw_id)}  (or: {command('actions', 'result', raw_id)})",
         ]
     if isinstance(error, dict):
-        return [f"refused: {_error_text(error)}"]
+        return [f"{'error' if in_stream else 'refused'}: {_error_text(error)}"]
     return json_block(envelope)
 
 

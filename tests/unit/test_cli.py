@@ -486,6 +486,23 @@ def test_a_stream_that_ends_without_its_result_says_how_to_resume(capsys):
     assert "ended before the result" not in capsys.readouterr().err
 
 
+def test_a_streams_error_frame_reads_as_the_failure_it_is_not_a_refusal(capsys):
+    # `actions follow` of a failed run printed "refused: ..." for the error frame; a failure says "error: ...".
+    from aip_crewai import render
+
+    error = {"code": "connector.crewai.execution_failed", "message": "the crew failed", "retryable": False}
+    events = [
+        ("aip_error", {"correlation_id": "act_f", "_sse_id": "sse_2", "body": {"error": {"error": error}}}),
+        ("result", {"correlation_id": "act_f", "_sse_id": "sse_3", "body": {"action_result": {"status": "failed"}}}),
+    ]
+    cli._show_stream(events, False)
+    out = capsys.readouterr().out
+    assert "error: connector.crewai.execution_failed" in out and "refused:" not in out
+    assert render.envelope_lines({"body": {"error": {"error": error}}})[0].startswith("refused: ")  # a request's
+    pending = render.envelope_lines({"body": {"ack": {"action_id": "act_p", "reason": "pending_approval"}}})
+    assert "aip-crewai approvals list" in pending[1]  # the ack names no approval: where to find it
+
+
 def test_a_stream_cut_by_a_lost_connection_says_how_to_resume_and_exits_7(capsys):
     """A host killed mid-stream: the connection drops (a transport error, not a clean end). The CLI says so,
     prints the resume command with the last SSE id it printed, and exits 7 (unreachable)."""
