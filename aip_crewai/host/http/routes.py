@@ -32,7 +32,7 @@ from ...contracts.aip import (
     StreamChunk,
 )
 from ...contracts.errors import CrewUnavailable, InvalidEnvelope, MessageTooLarge
-from ...contracts.inputs import path_segment, plain_rule, too_deep_text
+from ...contracts.inputs import path_segment, plain_rule, too_deep, too_deep_text
 from ...plumbing import httpsig
 from ...plumbing.asgi import read_bounded
 from ...sse import encode_comment, encode_event, encode_page, page_template
@@ -42,7 +42,7 @@ from ..actions.lifecycle import ActionState, ack_reason, ack_status, is_terminal
 from ..actions.live import follow_page
 from ..actions.recovery import is_final
 from ..actions.service import ActionService
-from ..auth.principals import FULL, MAX_ENVELOPE_DEPTH, Principal, envelope_too_deep, require_role
+from ..auth.principals import FULL, INPUT_PATH, MAX_ENVELOPE_DEPTH, Principal, envelope_too_deep, require_role
 from ..auth.stream_tokens import action_scope
 from ..crews.inputs import check_crew_inputs
 from ..ledger.routes import include_receipts, receipt_chain
@@ -145,6 +145,8 @@ async def post_message(request: Request) -> Response:
     principal = await authenticate(request, raw, obj if isinstance(obj, dict) else None, checked=bearer)
     require_role(principal, "invoker")
     env = _decode_envelope(obj)
+    if (deep := too_deep(obj, MAX_ENVELOPE_DEPTH)) and not deep.startswith((f"{INPUT_PATH}.", f"{INPUT_PATH}[")):
+        raise envelope_too_deep(deep)  # extensions (an input past its bound is refused later, its path from the input)
     service = _service(request)
     if env.body.cancel is not None:
         target = env.body.cancel.target.action
