@@ -27,6 +27,12 @@ def pin_log_stream(stream: Any) -> None:
     _PINNED = stream
 
 
+def log_stream() -> Any:
+    """Where this process's log lines (and its one-line refusals) go: the stream pinned with
+    :func:`pin_log_stream`, else ``sys.stderr``. Flush this one before ``os._exit``."""
+    return _PINNED or sys.stderr
+
+
 class _CurrentStderr:
     """Whatever ``sys.stderr`` is at each write (a test's capture, a replaced stream), not the one
     configured first: a logger cached before the stream changed never writes to a closed file. A stream
@@ -38,13 +44,13 @@ class _CurrentStderr:
 
     def write(self, text: str) -> int:
         try:
-            return int((_PINNED or sys.stderr).write(text))
+            return int(log_stream().write(text))
         except (OSError, ValueError):
             return len(text)
 
     def flush(self) -> None:
         try:
-            (_PINNED or sys.stderr).flush()
+            log_stream().flush()
         except (OSError, ValueError):
             pass
 

@@ -68,7 +68,7 @@ import structlog
 
 from aip_crewai import tracing
 from aip_crewai.exit_codes import Exit
-from aip_crewai.plumbing.log import configure_logging
+from aip_crewai.plumbing.log import configure_logging, log_stream
 from aip_crewai.sidecar import tracing as sidecar_tracing
 from aip_crewai.sidecar.config import ConfigError, Settings, load_settings, scrub_environment
 from aip_crewai.sidecar.isolation.landlock import set_not_dumpable
@@ -194,7 +194,7 @@ def _run(settings: Settings) -> int:
         stuck = _close_loop(loop, pool)
     if stuck:
         log.warning("worker_threads_abandoned", threads=stuck)
-        sys.stderr.flush()
+        log_stream().flush()
         os._exit(status)  # busy worker threads would block interpreter exit forever
     return status
 
@@ -460,7 +460,7 @@ def _exit_now(settings: Settings, workers: WorkerPool | None, signum: int) -> No
     )
     if settings.ephemeral and settings.journal is not None:  # main()'s temporary directory
         shutil.rmtree(settings.journal.parent, ignore_errors=True)
-    sys.stderr.flush()
+    log_stream().flush()
     os._exit(Exit.INTERRUPTED)
 
 
@@ -586,5 +586,5 @@ def _close_loop(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor) -> li
 
 
 def _refuse(message: str, *, status: int = 2) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print(f"{PROG}: error: {message}", file=log_stream())  # the real stderr, not crew code's filter
     return status
