@@ -35,6 +35,7 @@ from typing import Any, TextIO
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from aip_crewai import cli_args
 from aip_crewai.plumbing.keys import SecretFileError, read_private
 
 #: The largest body read, bytes (the host's bodies are far smaller: an event without input or output).
@@ -172,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m aip_crewai.examples.webhook_receiver`: the module docstring; exit 2 for an unusable secret file."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--secret-file", type=Path, required=True, help="the whsec_ secret (mode 0600)")
-    parser.add_argument("--port", type=int, default=8787, help="0: a free port (default %(default)s)")
+    parser.add_argument(
+        "--port", type=cli_args.integer(0, 65535), default=8787, help="0: a free port (default %(default)s)"
+    )
     parser.add_argument("--bind", default="127.0.0.1", help="the address to listen on (default %(default)s)")
     args = parser.parse_args(argv)
     try:

@@ -193,3 +193,11 @@ def test_a_start_retried_with_new_ports_writes_new_credentials(tmp_path: Path) -
     assert (tmp_path / "secrets" / "sidecar.token").read_bytes() != token
     assert (tmp_path / "secrets" / "approver.pem").stat().st_mode & 0o077 == 0
     assert load_settings(tmp_path / "host" / "host.toml").bind.endswith(str(second["host_port"]))
+
+
+@pytest.mark.parametrize("port", ["1_0", " 5", "-1", "65536", "8e3"])
+def test_a_port_that_is_no_plain_number_in_range_is_a_usage_error(port: str, capsys) -> None:
+    # argparse's int took 1_0 (10) and " 5" (5), as the sidecar's options once did.
+    with pytest.raises(SystemExit) as refused:
+        webhook_receiver.main(["--secret-file", "unused.whsec", "--port", port])
+    assert refused.value.code == 2 and "--port" in capsys.readouterr().err
