@@ -12,6 +12,18 @@ from urllib.parse import urlsplit
 from .contracts.inputs import ACTION_ID_PATTERN, PATTERN_MEANINGS
 
 
+def _id_argument(text: str, kind: str, hint: str = "") -> str:
+    """Check an id argument against the action id rule (1 to 256 visible ASCII characters, no ``/``): ``text``
+    itself, or :class:`argparse.ArgumentTypeError` saying ``'<text>' is not an <kind>: <hint>1 to 256 …`` (the
+    text cut at 64 characters)."""
+    if len(text) > 256 or not re.match(ACTION_ID_PATTERN, text):
+        shown = text if len(text) <= 64 else text[:64] + "…"
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is not an {kind}: {hint}1 to 256 {PATTERN_MEANINGS[ACTION_ID_PATTERN]}"
+        )
+    return text
+
+
 def action_id(text: str) -> str:
     """Check an action id argument (the AIP ``Action.id`` this host accepts: 1 to 256 visible ASCII characters,
     no ``/``; ARCHITECTURE.md §3), so a bad one is refused here, in words, not answered by the host as a
@@ -20,12 +32,7 @@ def action_id(text: str) -> str:
     Raises:
         argparse.ArgumentTypeError: naming the rule (argparse exits 2).
     """
-    if len(text) > 256 or not re.match(ACTION_ID_PATTERN, text):
-        shown = text if len(text) <= 64 else text[:64] + "…"
-        raise argparse.ArgumentTypeError(
-            f"{shown!r} is not an action id: 1 to 256 {PATTERN_MEANINGS[ACTION_ID_PATTERN]}"
-        )
-    return text
+    return _id_argument(text, "action id")
 
 
 def approval_id(text: str) -> str:
@@ -36,13 +43,7 @@ def approval_id(text: str) -> str:
     Raises:
         argparse.ArgumentTypeError: naming the rule (argparse exits 2).
     """
-    if len(text) > 256 or not re.match(ACTION_ID_PATTERN, text):
-        shown = text if len(text) <= 64 else text[:64] + "…"
-        raise argparse.ArgumentTypeError(
-            f"{shown!r} is not an approval id: the apr_… id of approvals list, 1 to 256 "
-            f"{PATTERN_MEANINGS[ACTION_ID_PATTERN]}"
-        )
-    return text
+    return _id_argument(text, "approval id", "the apr_… id of approvals list, ")
 
 
 def not_blank(text: str) -> str:
