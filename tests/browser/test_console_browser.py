@@ -4,13 +4,12 @@ principal that may not decide approvals (an operator, an invoker) is told so at 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kits.host import TOKENS, start_host, submit_for_approval
+from kits.host import TOKENS, bearer_principal, start_host, submit_for_approval
 
 from aip_crewai.client import new_id
 from aip_crewai.plumbing.keys import generate_ed25519
@@ -20,12 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(
 KEY_APPROVER = "acme-key-approver"
 #: An operator of acme: it reads the approvals (not their inputs) and decides none.
 OPERATOR_TOKEN = "tok-acme-operator-1"
-OPERATOR = {
-    "id": "acme-operator",
-    "tenant": "acme",
-    "role": "operator",
-    "token_sha256": hashlib.sha256(OPERATOR_TOKEN.encode()).hexdigest(),
-}
+OPERATOR = bearer_principal("acme-operator", OPERATOR_TOKEN, "operator")
 #: The console's sign-in check of the approver role (console.js APPROVER_CHECK).
 APPROVER_CHECK = "**/aip/v1/approvals/apr_console-approver-check/display"
 #: What the console shows for an approval whose input the host did not send (to a principal that is no approver).

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from kits.host import free_port, start_host
+from kits.host import bearer_principal, free_port, start_host
 from kits.poll import until_async
 from kits.webhook_receiver import Receiver
 from standardwebhooks.webhooks import Webhook
@@ -25,12 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.hos
 
 SECRET = "whsec_" + base64.b64encode(b"w" * 32).decode()
 OPERATOR_TOKEN = "tok-acme-operator-1"
-OPERATOR = {
-    "id": "acme-operator",
-    "tenant": "acme",
-    "role": "operator",
-    "token_sha256": hashlib.sha256(OPERATOR_TOKEN.encode()).hexdigest(),
-}
+OPERATOR = bearer_principal("acme-operator", OPERATOR_TOKEN, "operator")
 EVENTS = ["approval.requested", "approval.decided", "action.failed"]
 
 

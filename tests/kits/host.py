@@ -3,7 +3,8 @@ real-crew and reliability suites).
 
 ``start_host(workdir, sidecar_url, sidecar_token)`` writes a host.toml with two
 tenants and four principals, starts ``python -m aip_crewai.cli host`` (:func:`launch_host`), waits
-for ``/ready`` and returns a :class:`Host`. Tokens are in :data:`TOKENS`.
+for ``/ready`` and returns a :class:`Host`. Tokens are in :data:`TOKENS`; a test's own token principal
+(``extra_principals``) is made by :func:`bearer_principal`.
 
 Tenants: ``acme`` sees the crews of :data:`ACME_CREWS`; ``beta`` sees
 ``knowledge_b`` only. Principals: ``acme-app`` (invoker), ``acme-approver``
@@ -39,6 +40,17 @@ TOKENS = {
 ROLES = {"acme-app": "invoker", "acme-approver": "approver", "beta-app": "invoker", "beta-approver": "approver"}
 ACME_CREWS = ["echo", "slow", "chatty", "knowledge_a"]
 ALL_STARTABLE = ["run", "status", "events", "cancel", "knowledge_query"]
+
+
+def bearer_principal(principal_id: str, token: str, role: str, tenant: str = "acme") -> dict[str, str]:
+    """A principal that signs in with a bearer token, as :func:`write_config` takes it (``extra_principals``):
+    the host.toml entry holds the token's SHA-256 (``token_sha256``), the caller keeps ``token``."""
+    return {
+        "id": principal_id,
+        "tenant": tenant,
+        "role": role,
+        "token_sha256": hashlib.sha256(token.encode()).hexdigest(),
+    }
 
 
 def free_port() -> int:
@@ -192,12 +204,7 @@ def write_config(
     for tenant, crew_ids in tenants.items():
         lines += [f"[tenants.{json.dumps(tenant)}]", f"crews = {json.dumps(crew_ids)}", ""]
     principals = [
-        {
-            "id": principal,
-            "tenant": principal.split("-")[0],
-            "role": ROLES[principal],
-            "token_sha256": hashlib.sha256(token.encode()).hexdigest(),
-        }
+        bearer_principal(principal, token, ROLES[principal], tenant=principal.split("-")[0])
         for principal, token in TOKENS.items()
     ]
     for entry in principals + list(extra_principals or []):

@@ -25,7 +25,6 @@ event stream.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 import threading
@@ -35,7 +34,7 @@ from typing import Any
 
 import httpx
 from fake_provider import FakeProvider
-from kits.host import Host, start_host
+from kits.host import Host, bearer_principal, start_host
 from kits.otlp_receiver import OtlpReceiver, otel_env
 from kits.sidecar import TOKEN, Sidecar, launch, wait_ready
 
@@ -70,12 +69,7 @@ completion = "{PRICES["completion"]}"
 [pricing.crews]
 tools = "fake-chat"
 """
-OPERATOR = {
-    "id": "acme-operator",
-    "tenant": "acme",
-    "role": "operator",
-    "token_sha256": hashlib.sha256(OPERATOR_TOKEN.encode()).hexdigest(),
-}
+OPERATOR = bearer_principal("acme-operator", OPERATOR_TOKEN, "operator")
 
 
 class EscapeRecorder:
