@@ -125,19 +125,22 @@ def _result_stream(action_id: str) -> str:
     return f"id: sse_1\nevent: result\ndata: {envelope}\n\n"
 
 
+def _approve_and_watch(page: Page, action_id: str, stream: str, reason: str) -> None:
+    """Open ``action_id`` (submitted with ``{"topic": "t"}``), approve it with ``reason`` once its input is on
+    screen, answer the run's event stream with ``stream`` and wait until the console shows the run completed."""
+    page.route(ACTION_EVENTS, lambda route: route.fulfill(status=200, content_type="text/event-stream", body=stream))
+    _card(page, action_id).click()
+    expect(page.locator("#d-input")).to_contain_text('"topic": "t"', timeout=20_000)
+    page.fill("#reason", reason)
+    page.click("#approve")
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=20_000)
+
+
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "without-source-text"])
 def test_a_results_numbers_are_shown_as_sent(host, browser, exact) -> None:
     action_id = submit_for_approval(host, {"topic": "t"})
     page = _signed_in(browser, host, init_script=None if exact else "delete JSON.rawJSON;")
-    page.route(
-        ACTION_EVENTS,
-        lambda route: route.fulfill(status=200, content_type="text/event-stream", body=_result_stream(action_id)),
-    )
-    _card(page, action_id).click()
-    expect(page.locator("#d-input")).to_contain_text('"topic": "t"', timeout=20_000)
-    page.fill("#reason", "numbers as sent")
-    page.click("#approve")
-    expect(page.locator("#run-status")).to_have_text("completed", timeout=20_000)
+    _approve_and_watch(page, action_id, _result_stream(action_id), "numbers as sent")
     result = page.locator("#run-result")
     expect(result).to_contain_text('"raw": "done"')
     text = result.inner_text()
@@ -266,12 +269,7 @@ def test_streamed_output_highlights_a_bounded_number_of_runs(host, browser) -> N
         '"kind":"data","part":{"kind":"text","text":' + json.dumps(text) + '}}},"correlation_id":"' + action_id + '"}'
     )
     stream = f"id: sse_1\nevent: chunk\ndata: {chunk}\n\n" + _result_stream(action_id).replace("sse_1", "sse_2")
-    page.route(ACTION_EVENTS, lambda route: route.fulfill(status=200, content_type="text/event-stream", body=stream))
-    _card(page, action_id).click()
-    expect(page.locator("#d-input")).to_contain_text('"topic": "t"', timeout=20_000)
-    page.fill("#reason", "bounded output")
-    page.click("#approve")
-    expect(page.locator("#run-status")).to_have_text("completed", timeout=20_000)
+    _approve_and_watch(page, action_id, stream, "bounded output")
     chunks = page.locator("#run-chunks")
     assert (chunks.text_content() or "").count("a\\u00ad") == runs + 50  # every one written as its code
     assert page.evaluate("document.querySelectorAll('#run-chunks *').length") <= runs
