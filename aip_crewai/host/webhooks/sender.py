@@ -51,8 +51,10 @@ CLAIM_MARGIN_MS = 30_000
 
 
 def webhook_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
-    """The sender's HTTP client: no redirects, no proxies from the environment, TLS verified."""
-    return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False)
+    """The sender's HTTP client: no redirects, no proxies from the environment, TLS verified, and no timeout of
+    its own: an attempt is bounded whole by its endpoint's ``timeout_seconds`` (:meth:`WebhookSender.attempt`),
+    which httpx's default of 5 s per phase would otherwise cut short (docs/webhooks.md)."""
+    return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False, timeout=None)
 
 
 class WebhookSender:
