@@ -220,6 +220,25 @@ def test_metric_exposition_escapes_labels():
         metrics.actions.inc(-1, operation="run", status="x")
 
 
+def test_every_documented_host_metric_is_exposed():
+    """Each family of the metrics module's table is in the exposition, with its samples once counted: the
+    webhook counters were defined and incremented but left out of the exposed list (docs/webhooks.md)."""
+    import re
+
+    from aip_crewai.host import metrics as host_metrics
+
+    documented = re.findall(r"^\| ``(\w+)`` \| (\w+)", host_metrics.__doc__ or "", re.MULTILINE)
+    assert len(documented) >= 15
+    exposed = host_metrics.Metrics()
+    exposed.webhook_attempts.inc(outcome="timeout")
+    exposed.webhook_deliveries.inc(outcome="delivered")
+    text = exposed.render()
+    for name, kind in documented:
+        assert f"# TYPE aip_host_{name} {kind}" in text, name
+    assert 'aip_host_webhook_attempts_total{outcome="timeout"} 1' in text
+    assert 'aip_host_webhook_deliveries_total{outcome="delivered"} 1' in text
+
+
 async def test_ready_is_sent_to_notify_socket(make_app, settings):
     with tempfile.TemporaryDirectory(dir="/tmp") as short:  # AF_UNIX paths are short
         address = str(Path(short) / "notify")
