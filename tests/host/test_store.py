@@ -600,6 +600,20 @@ async def test_listing_pages_with_a_cursor_and_a_done_flag(store: Store):
         await store.list_approvals("acme", limit=0)
 
 
+async def test_a_cursor_time_is_a_64_bit_integer_at_most(store: Store):
+    """A crafted cursor past a SQL INTEGER (2**63) was a 500 (OverflowError from the driver): it is an
+    invalid cursor, like a negative time; the largest one pages as any other."""
+    from aip_crewai.host.store.records import encode_cursor
+
+    await approval(store, "apr_1", action_id="act_1")
+    for edge in (0, 2**63 - 1):
+        page = await store.list_approvals("acme", cursor=encode_cursor(edge, "apr_0"))
+        assert page.done and len(page.items) == (1 if edge == 0 else 0)
+    for bad in (2**63, -1, 10**26):
+        with pytest.raises(InvalidCursor):
+            await store.list_approvals("acme", cursor=encode_cursor(bad, "apr_0"))
+
+
 async def test_status_filter(store: Store):
     await approval(store, "apr_1", action_id="act_1")
     await approval(store, "apr_2", action_id="act_2")

@@ -128,6 +128,7 @@ async def test_pages_follow_the_cursor_until_done(make_app):
         ({"limit": "201"}, "message.invalid_envelope"),
         ({"limit": "-1"}, "message.invalid_envelope"),
         ({"cursor": "not-a-cursor"}, "request.invalid_cursor"),
+        ({"cursor": "Wzk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5LCJ4Il0"}, "request.invalid_cursor"),  # [10**26 - 1, "x"]
     ],
 )
 async def test_bad_values_are_a_typed_400(make_app, query, code):

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Annotated, Protocol
 
 import msgspec
 
@@ -292,10 +292,20 @@ def encode_cursor(created_at: int, approval_id: str) -> str:
     return base64.urlsafe_b64encode(msgspec.json.encode([created_at, approval_id])).decode().rstrip("=")
 
 
+#: A page cursor's decoded form: ``[created_at (epoch ms, a 64-bit SQL integer), id]``.
+_CURSOR = msgspec.json.Decoder(tuple[Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)], str])
+
+
 def decode_cursor(cursor: str) -> tuple[int, str]:
+    """The ``(created_at, id)`` of a listing's page cursor (:func:`encode_cursor`).
+
+    Raises:
+        InvalidCursor: (400 ``request.invalid_cursor``) not base64url JSON of that shape, or a time outside
+            0 .. 2**63 - 1 (a SQL INTEGER: a larger one was a 500 from the store).
+    """
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, approval_id = msgspec.json.decode(raw, type=tuple[int, str])
+        created_at, approval_id = _CURSOR.decode(raw)
     except (ValueError, msgspec.DecodeError) as exc:
         raise InvalidCursor() from exc
     return created_at, approval_id
