@@ -107,6 +107,10 @@ async def test_usage_is_for_operators_and_sums_the_tenants_crews(app):
         ("?to=2026-13-01T00:00:00Z", 400),
         (f"?from={ms_to_rfc3339(int(NOW * 1000))}&to={ms_to_rfc3339(int(NOW * 1000))}", 400),  # from == to
         (f"?from={ms_to_rfc3339(int(NOW * 1000) - 1)}&to={ms_to_rfc3339(int(NOW * 1000))}", 200),  # 1 ms
+        ("?to=9999-12-31T23:59:59.999Z", 200),  # the last instant RFC 3339 holds
+        ("?to=9999-12-31T23:59:59-00:01", 400),  # year 10000 in UTC: was a 500
+        ("?from=0001-01-01T00:00:00Z", 200),
+        ("?from=0001-01-01T00:00:00%2B00:01", 400),  # year 0 in UTC: was a 500
     ],
 )
 async def test_the_usage_period_is_checked_at_its_edges(app, query, status):
@@ -115,6 +119,8 @@ async def test_the_usage_period_is_checked_at_its_edges(app, query, status):
     assert answer.status_code == status, answer.text
     if status == 400:
         assert answer.json()["body"]["error"]["error"]["code"] == "request.invalid_range"
+    elif query.startswith("?from=0001"):
+        assert answer.json()["from"] == "0001-01-01T00:00:00.000Z"  # four digits: it echoed 1-01-01T…
 
 
 def test_the_receipt_key_and_pricing_settings_are_checked_keyed(host_files):

@@ -177,6 +177,20 @@ def test_rfc3339_round_trip():
             rfc3339_to_ms(bad)
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["0001-01-01T00:00:00.000Z", "0999-06-01T12:00:00.000Z", "1969-12-31T23:59:59.500Z", "9999-12-31T23:59:59.999Z"],
+)
+def test_rfc3339_round_trips_at_the_year_edges_with_four_digit_years(text: str):
+    assert ms_to_rfc3339(rfc3339_to_ms(text)) == text  # 0999 was rendered 999, 0001 as 1
+
+
+@pytest.mark.parametrize("text", ["9999-12-31T23:59:59-00:01", "0001-01-01T00:00:00+00:01"])
+def test_rfc3339_instants_outside_years_1_to_9999_in_utc_are_refused(text: str):
+    with pytest.raises(ValueError):
+        rfc3339_to_ms(text)
+
+
 # --- message ids ------------------------------------------------------------------
 
 

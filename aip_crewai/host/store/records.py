@@ -30,17 +30,26 @@ _RFC3339_RE = re.compile(RFC3339_PATTERN)
 # --- timestamps ----------------------------------------------------------------
 
 
+#: The instants RFC 3339 (four-digit years) and Python's datetime both hold, epoch ms:
+#: ``0001-01-01T00:00:00.000Z`` .. ``9999-12-31T23:59:59.999Z``.
+MIN_RFC3339_MS = -62_135_596_800_000
+MAX_RFC3339_MS = 253_402_300_799_999
+
+
 def ms_to_rfc3339(ms: int) -> str:
-    """Render epoch milliseconds as RFC 3339 UTC, e.g. ``2026-11-29T10:00:00.123Z``."""
-    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    """Render epoch milliseconds as RFC 3339 UTC, e.g. ``2026-11-29T10:00:00.123Z``; the year always has four
+    digits (``0999-…``). ``ms`` within :data:`MIN_RFC3339_MS` .. :data:`MAX_RFC3339_MS` (else ValueError)."""
+    moment = datetime.fromtimestamp(ms // 1000, tz=timezone.utc)
+    return f"{moment.year:04d}" + moment.strftime("-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def rfc3339_to_ms(text: str) -> int:
     """Parse an RFC 3339 timestamp (``Z`` or ``±hh:mm`` offset) to epoch ms.
 
     Raises:
-        ValueError: not RFC 3339 (no offset, a date alone, out of range).
+        ValueError: not RFC 3339 (no offset, a date alone, out of range), or an instant outside
+            :data:`MIN_RFC3339_MS` .. :data:`MAX_RFC3339_MS` once in UTC (``9999-12-31T23:59:59-01:00`` is in
+            year 10000, which no answer could echo).
     """
     match = _RFC3339_RE.match(text) if isinstance(text, str) else None
     if match is None:
@@ -48,7 +57,10 @@ def rfc3339_to_ms(text: str) -> int:
     offset = "+00:00" if match["offset"] in ("Z", "z") else match["offset"]
     moment = datetime.fromisoformat(f"{match['date']}T{match['time']}{offset}")
     fraction = (match["fraction"] or "") + "000"
-    return int(moment.timestamp()) * 1000 + int(fraction[:3])
+    ms = int(moment.timestamp()) * 1000 + int(fraction[:3])
+    if not MIN_RFC3339_MS <= ms <= MAX_RFC3339_MS:
+        raise ValueError("the instant is outside years 0001 to 9999 in UTC")
+    return ms
 
 
 # --- records -------------------------------------------------------------------
