@@ -2,10 +2,13 @@
 every address checked; the attempt connects to the checked address (never re-resolving), so a name that
 changes between check and connect cannot redirect it.
 
-Refused unless inside ``[host] webhook_allow_cidrs``: private (RFC 1918, unique-local IPv6, carrier-grade
-NAT 100.64.0.0/10), link-local (169.254.0.0/16, fe80::/10), multicast, reserved, unspecified, and the cloud
-metadata addresses (169.254.169.254, fd00:ec2::254, 100.100.100.200). Loopback is always allowed (the
-configuration already limits plain http to it). IPv4-mapped IPv6 addresses are judged as the IPv4 address.
+Refused unless inside ``[host] webhook_allow_cidrs``: private (RFC 1918, unique-local IPv6, site-local IPv6
+fec0::/10, carrier-grade NAT 100.64.0.0/10), link-local (169.254.0.0/16, fe80::/10), multicast, reserved,
+unspecified, and the cloud metadata addresses (169.254.169.254, fd00:ec2::254, 100.100.100.200). Loopback is
+always allowed (the configuration already limits plain http to it). An IPv6 address that embeds an IPv4
+address is judged as that IPv4 address: IPv4-mapped (::ffff:0:0/96), 6to4 (2002::/16, RFC 3056) and Teredo
+(2001::/32, RFC 4380: its client and its server address, each judged, the first refusal wins), so
+``2002:a9fe:a9fe::`` is the metadata address it embeds.
 
 Source: docs/webhooks.md (safe by default).
 """
@@ -22,8 +25,11 @@ from .config import Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 #: ``(host, port) -> addresses``: the system resolver by default; tests inject their own.
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
-METADATA = frozenset(ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200"))
-_SHARED = ipaddress.ip_network("100.64.0.0/10")
+#: The cloud metadata addresses (AWS/GCP/Azure and others, AWS over IPv6, Alibaba), in this order.
+METADATA = tuple(ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200"))
+#: Private beyond Python's ``is_private``: carrier-grade NAT, and IPv6 site-local (deprecated by RFC 3879,
+#: still routed privately where it is used).
+_ALSO_PRIVATE = tuple(ipaddress.ip_network(n) for n in ("100.64.0.0/10", "fec0::/10"))
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
@@ -32,11 +38,33 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+def embedded_ipv4(address: Address) -> tuple[ipaddress.IPv4Address, ...]:
+    """The IPv4 addresses an IPv6 ``address`` stands for, as Python's ``ipaddress`` decodes them: the
+    IPv4-mapped address, the 6to4 address (bits 16..48 of 2002::/16), or Teredo's ``(client, server)``
+    (2001::/32; the client's address is the one stored inverted); ``()`` for any other address. Pure.
+
+    Source: RFC 4291 §2.5.5.2, RFC 3056 §2, RFC 4380 §4."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return ()
+    if address.ipv4_mapped is not None:
+        return (address.ipv4_mapped,)
+    if address.sixtofour is not None:
+        return (address.sixtofour,)
+    if address.teredo is not None:
+        server, client = address.teredo
+        return (client, server)
+    return ()
+
+
 def refusal(address: Address, allow: Sequence[Network]) -> str | None:
     """Why a delivery may not connect to ``address`` (``metadata``, ``link_local``, ``multicast``,
-    ``private``), or None when it may. Pure."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    ``private``), or None when it may. An address that embeds IPv4 addresses (:func:`embedded_ipv4`) is
+    judged as them: the first one refused gives the reason. Pure.
+
+    Source: docs/webhooks.md "Safety"."""
+    embedded = embedded_ipv4(address)
+    if embedded:
+        return next((reason for reason in (refusal(inner, allow) for inner in embedded) if reason), None)
     if address.is_loopback:
         return None
     if any(address.version == net.version and address in net for net in allow):
@@ -47,7 +75,9 @@ def refusal(address: Address, allow: Sequence[Network]) -> str | None:
         return "link_local"
     if address.is_multicast:
         return "multicast"
-    if address.is_private or address.is_reserved or address.is_unspecified or address in _SHARED:
+    if address.is_private or address.is_reserved or address.is_unspecified:
+        return "private"
+    if any(address in net for net in _ALSO_PRIVATE):
         return "private"
     return None
 
