@@ -8,6 +8,7 @@ import datetime
 import ipaddress
 
 import pytest
+import structlog.testing
 from kits.hostapp import HostFiles, base_document
 from standardwebhooks.webhooks import Webhook
 
@@ -173,6 +174,34 @@ def test_allow_cidrs_load_and_bad_ones_are_keyed(host_files: HostFiles):
     )
     doc["host"]["webhook_allow_cidrs"] = ["10.20.0.0/16", "10.0.0.1/8"]
     assert error_of(host_files, doc).key == "host.webhook_allow_cidrs[1]"
+
+
+def test_an_allow_entry_covering_a_metadata_address_is_kept_with_a_start_up_warning_naming_it(
+    host_files: HostFiles, make_app
+):
+    """``0.0.0.0/0`` or ``::/0`` turns the destination filter off (metadata addresses included): accepted, as
+    an operator may mean it, but no longer silently (docs/webhooks.md "Safety")."""
+    doc = doc_with(host_files)
+    doc["host"]["webhook_allow_cidrs"] = ["10.20.0.0/16", "0.0.0.0/0", "fd00::/8", "169.254.0.0/16", "::/0"]
+    settings = load(host_files, doc)
+    assert len(settings.webhooks.allow_cidrs) == 5
+    with structlog.testing.capture_logs() as logs:
+        make_app(settings)
+    warned = [
+        (e["key"], e["entry"], e["address"], e["log_level"])
+        for e in logs
+        if e["event"] == "webhook_allow_cidr_covers_metadata"
+    ]
+    assert warned == [
+        ("host.webhook_allow_cidrs[1]", "0.0.0.0/0", "169.254.169.254", "warning"),
+        ("host.webhook_allow_cidrs[2]", "fd00::/8", "fd00:ec2::254", "warning"),
+        ("host.webhook_allow_cidrs[3]", "169.254.0.0/16", "169.254.169.254", "warning"),
+        ("host.webhook_allow_cidrs[4]", "::/0", "fd00:ec2::254", "warning"),
+    ]
+    doc["host"]["webhook_allow_cidrs"] = ["10.20.0.0/16", "fd00:1::/32"]
+    with structlog.testing.capture_logs() as logs:
+        make_app(load(host_files, doc))
+    assert not [e for e in logs if e["event"] == "webhook_allow_cidr_covers_metadata"]
 
 
 def test_allow_cidrs_at_their_count_bound(host_files: HostFiles):

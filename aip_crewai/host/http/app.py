@@ -90,6 +90,7 @@ from ..metrics import Metrics
 from ..settings import Settings
 from ..store.records import ms_to_rfc3339
 from ..webhooks.routes import routes as webhook_routes
+from ..webhooks.safety import metadata_opened
 from . import approval_stream, approvals, console, openapi
 from . import authenticate as authentication
 from . import routes as routes_actions
@@ -331,6 +332,15 @@ def create_app(
                 message="signed requests must name the bind address as their Host; "
                 "behind a proxy or a DNS name set [host] public_authorities",
             )
+    for index, entry, address in metadata_opened(settings.webhooks.allow_cidrs):
+        log.warning(
+            "webhook_allow_cidr_covers_metadata",
+            key=f"host.webhook_allow_cidrs[{index}]",
+            entry=str(entry),
+            address=str(address),
+            message="webhook deliveries may reach this cloud metadata address: the destination filter is off "
+            "for this network; list only the private networks receivers are in (docs/webhooks.md)",
+        )
     metrics = Metrics()
     body_budget = BodyBudget(settings.body_budget_bytes, BodyBudgetExhausted)
     routes = foundation_routes()

@@ -162,6 +162,8 @@ def read_secret(path: Path, key: str) -> Webhook:
 
 def parse_allow_cidrs(raw: Sequence[str]) -> tuple[Network, ...]:
     """``[host] webhook_allow_cidrs`` → networks (host bits must be zero: ``10.0.0.0/8``, not ``10.0.0.1/8``).
+    Any network is accepted, ``0.0.0.0/0`` too; one that covers a metadata address is warned about when the
+    host starts (:func:`~.safety.metadata_opened`, docs/webhooks.md "Safety").
 
     Raises:
         HostConfigError: keyed ``host.webhook_allow_cidrs[i]``.

@@ -8,7 +8,8 @@ unspecified, and the cloud metadata addresses (169.254.169.254, fd00:ec2::254, 1
 always allowed (the configuration already limits plain http to it). An IPv6 address that embeds an IPv4
 address is judged as that IPv4 address: IPv4-mapped (::ffff:0:0/96), 6to4 (2002::/16, RFC 3056) and Teredo
 (2001::/32, RFC 4380: its client and its server address, each judged, the first refusal wins), so
-``2002:a9fe:a9fe::`` is the metadata address it embeds.
+``2002:a9fe:a9fe::`` is the metadata address it embeds. An allow entry that covers a metadata address
+(``0.0.0.0/0``, ``::/0``) is accepted but warned about at start-up (:func:`metadata_opened`).
 
 Source: docs/webhooks.md (safe by default).
 """
@@ -80,6 +81,21 @@ def refusal(address: Address, allow: Sequence[Network]) -> str | None:
     if any(address in net for net in _ALSO_PRIVATE):
         return "private"
     return None
+
+
+def metadata_opened(allow: Sequence[Network]) -> list[tuple[int, Network, Address]]:
+    """The ``[host] webhook_allow_cidrs`` entries that cover a cloud metadata address (:data:`METADATA`), so
+    that the filter lets deliveries reach it: ``[(index, entry, the first such address)]``, in configuration
+    order. Such an entry (``0.0.0.0/0``, ``::/0``, ``169.254.0.0/16``) is accepted, since an operator may mean
+    it, and the host warns about it at start-up. Pure.
+
+    Source: docs/webhooks.md "Safety"."""
+    opened = []
+    for index, net in enumerate(allow):
+        covered = next((a for a in METADATA if a.version == net.version and a in net), None)
+        if covered is not None:
+            opened.append((index, net, covered))
+    return opened
 
 
 async def checked_address(host: str, port: int, resolver: Resolver, allow: Sequence[Network]) -> tuple[str | None, str]:
