@@ -4,8 +4,9 @@
 host needed): exactly its canonical form, its hash, its Ed25519 signature by one of the given public keys
 (base64, as ``aip-crewai keys generate receipt`` prints them and ``/.well-known/aip-receipt-keys``
 publishes them). Exit 0 with the claims printed, 1 with the reason on stderr when refused, 2 for a file
-that cannot be read or a key that is not one. ``usage`` asks the host for the caller's tenant's usage (a
-refusal: the exit code of every client command, 4 for a 401 or 403).
+that cannot be read or a key that is not one. ``usage [--from T] [--to T]`` asks the host for the caller's
+tenant's usage (an empty or blank ``--from``/``--to`` is a usage error, exit 2, as the host answers
+``from=`` with 400; a refusal: the exit code of every client command, 4 for a 401 or 403).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import cli_args
 from .exit_codes import Exit
 
 
@@ -83,6 +85,6 @@ def add_parsers(
     q.set_defaults(func=_verify)
     p = sub.add_parser("usage", help="your tenant's token usage and cost per crew (operator role)")
     add_client_flags(p)
-    p.add_argument("--from", dest="from_", help="RFC 3339, inclusive (default: the start)")
-    p.add_argument("--to", help="RFC 3339, exclusive (default: now)")
+    p.add_argument("--from", dest="from_", type=cli_args.not_blank, help="RFC 3339, inclusive (default: the start)")
+    p.add_argument("--to", type=cli_args.not_blank, help="RFC 3339, exclusive (default: now)")
     p.set_defaults(func=lambda args: _usage(args, client_of, refused))

@@ -4,8 +4,10 @@
 [--cursor C] [--json]`` asks the host for one page of the caller's tenant's webhook deliveries, newest first
 (operator role): one line each (created, status, event type, action, attempts, last outcome, delivery id),
 then the command that lists the next page when there is one; ``--json``: the page as the host answered it,
-on one line. Values are checked by the host (a bad one: its 400, exit 1). Exit 0, or with the host's error
-on stderr the exit code of every client command (1; 4 for a 401 or 403).
+on one line. ``--action-id``, ``--cursor`` and ``--limit`` are checked before anything is sent, as every
+command checks them (:mod:`.cli_args`: a bad one is a usage error, exit 2); the other filters are checked by
+the host (a bad one: its 400, exit 1). Exit 0, or with the host's error on stderr the exit code of every
+client command (1; 4 for a 401 or 403).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def add_parsers(
     q.add_argument("--endpoint", help="an endpoint id (whe_...)")
     q.add_argument("--event-type", help="approval.requested, approval.decided, action.completed, ...")
     q.add_argument("--status", help="pending, delivered or expired")
-    q.add_argument("--action-id", help="only the events of this action")
+    q.add_argument("--action-id", type=cli_args.action_id, help="only the events of this action")
     q.add_argument("--limit", type=cli_args.integer(1, 200), help="1..200 (default 50)")
-    q.add_argument("--cursor", help="the next page (as a previous page printed it)")
+    q.add_argument("--cursor", type=cli_args.not_blank, help="the next page (as a previous page printed it)")
     q.set_defaults(func=lambda args: _deliveries(args, client_of, refused))

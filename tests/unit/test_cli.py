@@ -364,12 +364,20 @@ def _silent_port() -> int:
         (["actions", "follow", "act_1", "--last-event-id", ""], "'' is empty"),
         (["approvals", "watch", "--last-event-id", " "], "' ' is empty"),
         (["approvals", "list", "--cursor", ""], "'' is empty"),
+        (["webhooks", "deliveries", "--cursor", ""], "argument --cursor: '' is empty"),
+        (["webhooks", "deliveries", "--cursor", "  "], "argument --cursor: '  ' is empty"),
+        (["webhooks", "deliveries", "--action-id", ""], "argument --action-id: '' is not an action id"),
+        (["webhooks", "deliveries", "--action-id", "a/b"], "argument --action-id: 'a/b' is not an action id"),
+        (["usage", "--from", ""], "argument --from: '' is empty"),
+        (["usage", "--to", " "], "argument --to: ' ' is empty"),
     ],
 )
 def test_an_empty_or_blank_id_is_a_usage_error_before_any_request(argv, says, token, capsys):
     """``approvals show ""`` asked for ``/aip/v1/approvals/`` and reported the host's 307 redirect; an empty
     ``--last-event-id`` or ``--cursor`` silently meant "from the start". Each is refused before anything is
-    sent (the URL below answers nothing: a request would be exit 7)."""
+    sent (the URL below answers nothing: a request would be exit 7). ``webhooks deliveries`` sent its
+    ``--cursor`` and ``--action-id`` to the host (a 400, exit 1); ``usage --from ""`` was dropped (the whole
+    range), where the host answers ``from=`` with 400."""
     with pytest.raises(SystemExit) as exc:
         cli.main([*argv, "--url", f"http://127.0.0.1:{_silent_port()}", "--token-file", token])
     err = capsys.readouterr().err
