@@ -465,15 +465,13 @@ async def test_an_attempt_is_bounded_by_its_endpoint_timeout_alone():
         ("2002:6440:1::", (), "private"),  # 100.64.0.1, carrier-grade NAT
         ("2002:a00:1::", ("10.0.0.0/8",), None),  # the embedded address is judged with the allow list too
         ("2002:5db8:d822::1", (), None),  # 6to4 embedding a public 93.184.216.34 stays allowed
-        ("2001:0:4136:e378:8000:63bf:5601:5601", (), "metadata"),  # Teredo, client 169.254.169.254
-        ("2001:0:4136:e378:8000:63bf:f5ff:fffe", (), "private"),  # Teredo, client 10.0.0.1
-        ("2001:0:a00:1:8000:63bf:a247:27dd", (), "private"),  # Teredo, server 10.0.0.1
-        ("2001:0:4136:e378:8000:63bf:a247:27dd", (), None),  # Teredo, both public: allowed (was "private")
+        ("2001:0:4136:e378:8000:63bf:5601:5601", (), "private"),  # Teredo (client 169.254.169.254)
+        ("2001:0:4136:e378:8000:63bf:a247:27dd", (), "private"),  # Teredo, even with both ends public
     ],
 )
 async def test_site_local_and_addresses_embedding_ipv4_are_judged_as_what_they_reach(address, allow, reason):
-    """docs/webhooks.md "Safety": site-local is private; a 6to4 or Teredo address is judged as the IPv4
-    addresses it embeds, at connect time, for a literal URL host and a resolved name alike."""
+    """docs/webhooks.md "Safety": site-local is private; a 6to4 address is judged as the IPv4 address it
+    embeds and Teredo is private, at connect time, for a literal URL host and a resolved name alike."""
     from aip_crewai.host.webhooks.safety import checked_address, refusal
 
     networks = tuple(ipaddress.ip_network(n) for n in allow)

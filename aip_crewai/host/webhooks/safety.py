@@ -6,9 +6,9 @@ Refused unless inside ``[host] webhook_allow_cidrs``: private (RFC 1918, unique-
 fec0::/10, carrier-grade NAT 100.64.0.0/10), link-local (169.254.0.0/16, fe80::/10), multicast, reserved,
 unspecified, and the cloud metadata addresses (169.254.169.254, fd00:ec2::254, 100.100.100.200). Loopback is
 always allowed (the configuration already limits plain http to it). An IPv6 address that embeds an IPv4
-address is judged as that IPv4 address: IPv4-mapped (::ffff:0:0/96), 6to4 (2002::/16, RFC 3056) and Teredo
-(2001::/32, RFC 4380: its client and its server address, each judged, the first refusal wins), so
-``2002:a9fe:a9fe::`` is the metadata address it embeds. An allow entry that covers a metadata address
+address is judged as that IPv4 address: IPv4-mapped (::ffff:0:0/96) and 6to4 (2002::/16, RFC 3056), so
+``2002:a9fe:a9fe::`` is the metadata address it embeds. Teredo (2001::/32, RFC 4380) is refused whatever it
+embeds (Python counts 2001::/23 as private): a tunnel through relays no receiver needs. An allow entry that covers a metadata address
 (``0.0.0.0/0``, ``::/0``) is accepted but warned about at start-up (:func:`metadata_opened`).
 
 Source: docs/webhooks.md (safe by default).
@@ -40,20 +40,17 @@ async def system_resolver(host: str, port: int) -> list[str]:
 
 
 def embedded_ipv4(address: Address) -> tuple[ipaddress.IPv4Address, ...]:
-    """The IPv4 addresses an IPv6 ``address`` stands for, as Python's ``ipaddress`` decodes them: the
-    IPv4-mapped address, the 6to4 address (bits 16..48 of 2002::/16), or Teredo's ``(client, server)``
-    (2001::/32; the client's address is the one stored inverted); ``()`` for any other address. Pure.
+    """The IPv4 address an IPv6 ``address`` stands for, as Python's ``ipaddress`` decodes it: the
+    IPv4-mapped address or the 6to4 address (bits 16..48 of 2002::/16); ``()`` for any other address
+    (Teredo included: :func:`refusal` refuses it as private whatever it embeds). Pure.
 
-    Source: RFC 4291 §2.5.5.2, RFC 3056 §2, RFC 4380 §4."""
+    Source: RFC 4291 §2.5.5.2, RFC 3056 §2."""
     if isinstance(address, ipaddress.IPv4Address):
         return ()
     if address.ipv4_mapped is not None:
         return (address.ipv4_mapped,)
     if address.sixtofour is not None:
         return (address.sixtofour,)
-    if address.teredo is not None:
-        server, client = address.teredo
-        return (client, server)
     return ()
 
 
