@@ -88,6 +88,18 @@ class JournalWriteFailed(JournalError):
     default_message = "the job journal could not record the job"
 
 
+class OutcomeNotRecorded(JournalError):
+    """A job ended but the journal has not taken its terminal event yet (a full disk: the outcome waits in
+    the backlog, retried): its view and events are not answered from a journal that still says ``running``,
+    and the reader tries again later (503, like any "try later")."""
+
+    code = "sidecar.outcome_not_recorded"
+    http_status = 503
+    default_message = (
+        "the job ended but the journal could not record its outcome yet (it is retried); read the job again later"
+    )
+
+
 class JournalFull(JournalError):
     """Admission refused: retained-run limit or journal size bound reached."""
 

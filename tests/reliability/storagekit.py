@@ -10,7 +10,9 @@ connection made to fail on chosen writes, as a full disk does):
   gets 507, the sidecar reports ``degraded`` and refuses new jobs (507,
   nothing executed) instead of running work it cannot record; once the disk
   takes writes again the kept outcome is recorded (one terminal event) and
-  admissions resume.
+  admissions resume;
+- :func:`streamed_terminal_write_failure`: the same for a streamed job: its stream ends without a terminal
+  event and a resume is 503 "try later" until the outcome is recorded.
 
 Real processes:
 
@@ -158,12 +160,18 @@ async def terminal_write_failure(root: Path) -> list[Result]:
         _check(results, "a new job is refused while outcomes are unrecorded", answer.status_code == 507, answer.text)
         _check(results, "the refused job never ran", len(fake.calls) == calls, fake.calls[calls:])
         _check(results, "the refused job was not admitted", (await client.get(f"/jobs/{refused}")).status_code == 404)
-        view = (await client.get(f"/jobs/{lost}")).json()
-        _check(results, "the lost job is not terminal yet", view["status"] == "running", view)
+        view = await client.get(f"/jobs/{lost}")
+        _check(
+            results,
+            "the lost job's view is 'try later', not the journal's stale running row",
+            view.status_code == 503 and view.json()["code"] == "sidecar.outcome_not_recorded",
+            view.text,
+        )
         failing.fail = None  # the disk takes writes again: the backlog retries with backoff
 
         async def recorded() -> bool:
-            return bool((await client.get(f"/jobs/{lost}")).json()["status"] != "running")
+            view = await client.get(f"/jobs/{lost}")
+            return view.status_code == 200 and view.json()["status"] != "running"
 
         with contextlib.suppress(Deadline):  # what is recorded by then is checked below
             await until_async(recorded, timeout=10, interval=0.05, what="the lost job's outcome recorded")
@@ -183,6 +191,49 @@ async def terminal_write_failure(root: Path) -> list[Result]:
         _check(results, "health is ready again", health["status"] == "ready", health)
         answer = await client.post("/jobs", json=_job(uid("again")), headers={"Idempotency-Key": "k"})
         _check(results, "admissions resume", answer.status_code == 200, answer.text)
+    return results
+
+
+async def streamed_terminal_write_failure(root: Path) -> list[Result]:
+    """A streamed job whose chunks went out live and whose terminal commit fails (a full disk): the stream
+    ends without a terminal event instead of failing mid-response (its follower read past the journal's
+    committed events: 416 raised inside the stream), a resume at the streamed cursor is 503 "try later"
+    (it was 416, which made the host cancel a job that had completed), and once the disk takes writes the
+    resume reads every event and the one terminal."""
+    results: list[Result] = []
+    async with sidecar_app(root) as (client, failing, _fake, _):
+        action_id = uid("streamed")
+        failing.fail = terminal_write
+        body = {**_job(action_id), "input": {"chunks": 5}}
+        async with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "k"}) as answer:
+            text = (await answer.aread()).decode()
+        sent = [int(line[3:]) for line in text.splitlines() if line.startswith("id:")]
+        _check(results, "the stream answered 200", answer.status_code == 200, text[:300])
+        _check(results, "the chunks went out live", len(sent) >= 5, text[:500])
+        _check(results, "no terminal event was streamed", "event: completed" not in text, text[-300:])
+        cursor = max(sent, default=0) + 1
+        for accept in ("application/json", "text/event-stream"):
+            page = await client.get(f"/jobs/{action_id}/events", params={"cursor": cursor}, headers={"Accept": accept})
+            _check(
+                results,
+                f"a resume ({accept}) is 503 outcome_not_recorded, not 416",
+                page.status_code == 503 and "sidecar.outcome_not_recorded" in page.text,
+                f"{page.status_code} {page.text[:300]}",
+            )
+        failing.fail = None
+
+        async def resumed() -> bool:
+            return (await client.get(f"/jobs/{action_id}/events", params={"cursor": cursor})).status_code == 200
+
+        with contextlib.suppress(Deadline):
+            await until_async(resumed, timeout=10, interval=0.05, what="the streamed job's outcome recorded")
+        rest = (await client.get(f"/jobs/{action_id}/events", params={"cursor": cursor})).json()["events"]
+        _check(
+            results,
+            "the resume then reads the terminal event",
+            [e["event"] for e in rest] == ["completed"] and rest[0]["sequence"] == cursor,
+            rest,
+        )
     return results
 
 
@@ -209,7 +260,8 @@ def file_size_limit(procs: Processes, limit_bytes: int = 1_500_000, max_runs: in
         # Which write hit the limit decides the state: the last job's admission (refused whole, nothing to
         # keep: health may stay ready) or a later write of it (an outcome the journal could not take is kept
         # and retried: health is degraded). Either way the full journal refuses further admissions.
-        last_admitted = bool(ran) and http.get(f"/jobs/{ran[-1]}").status_code == 200
+        # 503 outcome_not_recorded: admitted, its end kept in memory until the journal takes it.
+        last_admitted = bool(ran) and http.get(f"/jobs/{ran[-1]}").status_code in (200, 503)
         health = http.get("/health").json()
         if last_admitted:
             _check(

@@ -28,6 +28,14 @@ async def test_rel_a_failed_terminal_write_stops_new_work_until_the_outcome_is_r
     assert len(results) == 9 and _failures(results) == []
 
 
+@pytest.mark.timeout(30)
+async def test_rel_a_streamed_job_whose_end_is_not_recorded_ends_its_stream_and_resumes_later(tmp_path):
+    """Regression (an operator's full disk): the live follower raised 416 inside the response once the job's
+    end failed to commit, and the resume's 416 made the host cancel a job that had completed."""
+    results = await storagekit.streamed_terminal_write_failure(tmp_path / "j")
+    assert len(results) == 6 and _failures(results) == []
+
+
 @pytest.mark.timeout(120)
 def test_rel_real_write_failures_under_a_file_size_limit(procs):
     """A real sidecar under RLIMIT_FSIZE (writes fail with EFBIG like a full disk), kill -9, restart."""

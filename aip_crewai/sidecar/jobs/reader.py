@@ -11,13 +11,13 @@ Source: ARCHITECTURE.md §4 (``GET /jobs/{id}``, ``/events`` as JSON and SSE, 41
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Container
 from typing import Any
 
 import anyio
 import msgspec
 
-from aip_crewai.sidecar.errors import CursorOutOfRange, JobNotFound, JobWaitTimeout
+from aip_crewai.sidecar.errors import CursorOutOfRange, JobNotFound, JobWaitTimeout, OutcomeNotRecorded
 from aip_crewai.sidecar.jobs.live import LiveJob
 from aip_crewai.sidecar.jobs.model import EventRow, JobRecord, JobStatus
 from aip_crewai.sidecar.journal.store import Journal
@@ -41,16 +41,32 @@ class JobReader:
         journal: the open journal.
         live: the runtime's live jobs by action id (shared, read-only here).
         keepalive_seconds: idle interval before a follower yields a keep-alive tick.
+        unrecorded: the action ids of jobs that ended but whose terminal event the journal has not taken yet
+            (:class:`~aip_crewai.sidecar.journal.backlog.TerminalBacklog`): their reads answer
+            :class:`OutcomeNotRecorded` (503) instead of the journal's stale ``running`` row.
     """
 
-    def __init__(self, journal: Journal, live: dict[str, LiveJob], keepalive_seconds: float) -> None:
+    def __init__(
+        self, journal: Journal, live: dict[str, LiveJob], keepalive_seconds: float, unrecorded: Container[str] = ()
+    ) -> None:
         self.journal = journal
         self._live = live
+        self._unrecorded = unrecorded
         self._keepalive = keepalive_seconds
         self._window = FOLLOW_PAGE_WINDOW_S
 
-    async def record(self, action_id: str) -> tuple[JobRecord, LiveJob | None]:
-        """The job's record and its live state (None once terminal). Raises JobNotFound."""
+    def _check_recorded(self, action_id: str) -> None:
+        """Raise :class:`OutcomeNotRecorded` for a job whose end waits for the journal (a full disk): its row
+        says ``running`` with only the events committed before, so a reader would see a job stuck with a
+        shorter stream than it was sent (a follower's cursor past the end: 416)."""
+        if action_id in self._unrecorded and action_id not in self._live:
+            raise OutcomeNotRecorded(details={"action_id": action_id})
+
+    async def record(self, action_id: str, *, recorded: bool = True) -> tuple[JobRecord, LiveJob | None]:
+        """The job's record and its live state (None once terminal). Raises JobNotFound, and with ``recorded``
+        OutcomeNotRecorded (503: its end is not in the journal yet; without, the row as it is)."""
+        if recorded:
+            self._check_recorded(action_id)
         record = await self.journal.get(action_id)
         if record is None:
             raise JobNotFound(f"job {action_id!r} not found")
@@ -94,10 +110,12 @@ class JobReader:
         """Events from ``cursor``: ``(status, events, event_count)``.
 
         Committed events come from the journal, newer ones from memory.
-        Raises JobNotFound, CursorOutOfRange (416: cursor < 0 or > event_count).
+        Raises JobNotFound, CursorOutOfRange (416: cursor < 0 or > event_count), OutcomeNotRecorded (503: the
+        job ended and its end is not in the journal yet).
         """
         live = self._live.get(action_id)
         if live is None:  # not running here: the journal's summary and the page in one hop
+            self._check_recorded(action_id)
             summary, events = await self.journal.summary_and_events(action_id, cursor, limit=limit, max_bytes=max_bytes)
             if summary is None or summary[2]:
                 raise JobNotFound(
@@ -193,11 +211,15 @@ class JobReader:
             read_at = anyio.current_time()
             try:
                 read = await self.page(action_id, cursor, limit=FOLLOW_PAGE_EVENTS)
-            except JobNotFound:
-                return  # archived while followed: the stream ends
+            except (JobNotFound, OutcomeNotRecorded):
+                # Archived while followed, or ended with an outcome the journal could not take yet (the
+                # reader resumes later, once it is recorded): the stream ends without a terminal event.
+                return
 
     async def wait(self, action_id: str, timeout_ms: int) -> JobRecord:
-        """Wait until the job is terminal; raise JobWaitTimeout (504) after ``timeout_ms``."""
+        """Wait until the job is terminal; raise JobWaitTimeout (504) after ``timeout_ms``. The record is the
+        journal's row as it is: still ``running`` when the end could not be recorded (the blocking answer is
+        then 507 ``journal_write_failed``, ARCHITECTURE.md §4)."""
         live = self._live.get(action_id)
         if live is not None:
             try:
@@ -205,7 +227,7 @@ class JobReader:
                     await live.finished.wait()
             except TimeoutError:
                 raise JobWaitTimeout(details={"action_id": action_id, "status": live.status.value}) from None
-        record, _ = await self.record(action_id)
+        record, _ = await self.record(action_id, recorded=False)
         return record
 
 

@@ -129,7 +129,6 @@ class Runtime:
         self._semaphore = asyncio.Semaphore(settings.max_concurrency)
         self._live: dict[str, LiveJob] = {}
         self._admitting: dict[str, Admission] = {}  # passed every check, row not yet registered in _live
-        self.reads = JobReader(journal, self._live, settings.sse_keepalive_seconds)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -142,6 +141,7 @@ class Runtime:
         self.replay_inputs = ReplayInputs(self._state_dir)
         self.terminals = TerminalRecorder(settings, journal, self.metrics, self._live, self.replay_inputs)
         self.backlog = self.terminals.backlog
+        self.reads = JobReader(journal, self._live, settings.sse_keepalive_seconds, unrecorded=self.backlog)
 
     # ------------------------------------------------------------ admission
 

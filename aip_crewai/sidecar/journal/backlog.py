@@ -66,6 +66,10 @@ class TerminalBacklog:
     def __len__(self) -> int:
         return len(self._pending)
 
+    def __contains__(self, action_id: object) -> bool:
+        """Whether ``action_id``'s outcome waits here (its job ended, the journal has not taken it)."""
+        return action_id in self._pending
+
     def add(self, item: PendingTerminal) -> None:
         """Keep ``item`` and make sure a retry loop runs."""
         self._pending[item.action_id] = item
