@@ -224,7 +224,8 @@ class StoreError(AipError):
 
 class StoreUnavailable(StoreError):
     """The database cannot be reached right now: the connection was refused or lost, or no pooled
-    connection came free within the pool's timeout (a PostgreSQL store). Temporary: 503, retryable
+    connection came free within the pool's timeout (a PostgreSQL store); the SQLite file is full, failing,
+    read-only or write-locked from outside (``engines.sqlite.UNWRITABLE_CODES``). Temporary: 503, retryable
     (a retried submission with the same idempotency key is answered once). Raised by every store
     method (``Store._run``) for the engine's :attr:`~.engines.engine.Db.unavailable_errors`."""
 

@@ -253,7 +253,8 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
 
         Raises:
             StoreUnavailable: the database cannot serve the call now (:attr:`Db.unavailable_errors`: down,
-                past a timeout, read-only), or the call exceeded the bound. docs/operating.md "Faults and their bounds".
+                past a timeout, read-only; a SQLite file full, failing, read-only or write-locked from
+                outside), or the call exceeded the bound. docs/operating.md "Faults and their bounds".
         """
         bound = self._db.call_timeout_s
         try:
@@ -278,7 +279,9 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
     async def probe(self) -> bool:
         """Whether the store can take a write now: on PostgreSQL a writer transaction (the writer lock
         within the lock timeout) on a database that is not read-only, within the call bound; on SQLite
-        a read. False (logged) when it cannot. Never raises StoreUnavailable."""
+        a read, with no call failed for a full disk, an I/O error, a read-only file or an outside write
+        lock in the last 30 s and no write committed since (:meth:`.engines.sqlite.SqliteDb.probe`).
+        False (logged) when it cannot. Never raises StoreUnavailable."""
         try:
             await self._run(self._db.probe)
         except StoreUnavailable:

@@ -13,6 +13,7 @@ worker thread (one hop per method). That function talks to a :class:`Db`:
 | a write outside a transaction | one statement, autocommit | wrapped in the same locked transaction |
 | ``durable=False`` | ``PRAGMA synchronous=NORMAL`` | ``SET LOCAL synchronous_commit = off`` |
 | integrity errors | ``sqlite3.IntegrityError`` | ``psycopg.errors.IntegrityError`` |
+| outages (``StoreUnavailable``) | a full disk, an I/O error, a read-only file, a write lock held outside (``sqlite.UNWRITABLE_CODES``) | lost or refused connections, timeouts, a read-only database, no pooled connection |
 
 Serializing writers keeps every multi-statement method (the key's holder
 check and the insert, a decision and its action's start) atomic across

@@ -7,6 +7,7 @@ Source: ARCHITECTURE.md §10 (storage).
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +23,41 @@ from ..migrations import migrate
 from ..records import InsecureStorePath, StoreError, StoreLocked, UnusableStore
 
 _T = TypeVar("_T")
+
+#: SQLite's primary result codes that mean "the file cannot take this call now", not a bug in the
+#: store's SQL: the disk is full (``SQLITE_FULL``, also ``PRAGMA max_page_count`` reached), an I/O error
+#: (``SQLITE_IOERR``: a failing disk, a file system gone), the file turned read-only (``SQLITE_READONLY``:
+#: a file system remounted read-only, its modes changed), or an outside process held the write lock past
+#: the busy timeout (``SQLITE_BUSY``). Each answers 503 ``store.unavailable`` (docs/operating.md "Faults
+#: of a SQLite store"); every other SQLite error stays an internal error.
+UNWRITABLE_CODES = {5: "SQLITE_BUSY", 8: "SQLITE_READONLY", 10: "SQLITE_IOERR", 13: "SQLITE_FULL"}
+#: Their messages, for a Python without ``sqlite3.Error.sqlite_errorcode`` (before 3.11).
+_UNWRITABLE_MESSAGES = {
+    "database is locked": "SQLITE_BUSY",
+    "attempt to write a readonly database": "SQLITE_READONLY",
+    "disk I/O error": "SQLITE_IOERR",
+    "database or disk is full": "SQLITE_FULL",
+}
+#: How long a call that failed with one of :data:`UNWRITABLE_CODES` keeps the store unwritable for
+#: ``/ready`` when no write has succeeded since, seconds (as the sidecar's failed admission write keeps
+#: its ``/health`` degraded).
+UNWRITABLE_S = 30.0
+
+
+class StoreFileUnwritable(Exception):
+    """The store file cannot take a call now (one of :data:`UNWRITABLE_CODES`): an outage, not a bug;
+    the store raises ``StoreUnavailable`` for it. Carries the SQLite message and result code name."""
+
+
+def unwritable_name(exc: BaseException) -> str | None:
+    """The result code name (``SQLITE_FULL``...) when ``exc`` is a SQLite error of
+    :data:`UNWRITABLE_CODES`, else None. Pure."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return UNWRITABLE_CODES.get(int(code) & 0xFF)  # an extended code (SQLITE_IOERR_WRITE) keeps its primary
+    return _UNWRITABLE_MESSAGES.get(str(exc))
 
 
 def connect_sqlite(path: str) -> sqlite3.Connection:
@@ -107,14 +143,39 @@ class SqliteDb:
 
     integrity_error: type[Exception] = sqlite3.IntegrityError
     engine = "sqlite"
-    unavailable_errors: tuple[type[BaseException], ...] = ()  # a local file: its errors are not outages
+    #: A full disk, an I/O error, a read-only file, a write lock held outside (:data:`UNWRITABLE_CODES`).
+    unavailable_errors: tuple[type[BaseException], ...] = (StoreFileUnwritable,)
     call_timeout_s: float | None = None  # one process on a local file: no store-call bound of its own
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, unwritable_s: float = UNWRITABLE_S) -> None:
         self.conn = conn
+        #: How long a failure keeps :meth:`probe` failing without a write committed since, seconds.
+        self.unwritable_s = unwritable_s
+        #: The last call that failed with one of UNWRITABLE_CODES: (monotonic s, its message), until a
+        #: later write commits (:meth:`probe` raises meanwhile, for at most ``unwritable_s``).
+        self._unwritable: tuple[float, str] | None = None
 
     def run(self, fn: Callable[..., _T], *args: Any) -> _T:
-        return fn(*args)  # one connection, one worker thread
+        """Run ``fn(*args)`` on the one connection (one worker thread).
+
+        Raises:
+            StoreFileUnwritable: a SQLite error of :data:`UNWRITABLE_CODES` (its message and code name;
+                the store is then unwritable for :meth:`probe` until a write commits). docs/operating.md
+                "Faults of a SQLite store".
+        """
+        changes = self.conn.total_changes
+        try:
+            value = fn(*args)
+        except sqlite3.Error as exc:
+            name = unwritable_name(exc)
+            if name is None:
+                raise
+            message = f"{str(exc) or type(exc).__name__} ({name})"
+            self._unwritable = (time.monotonic(), message)
+            raise StoreFileUnwritable(message) from exc
+        if self._unwritable is not None and self.conn.total_changes != changes and not self.conn.in_transaction:
+            self._unwritable = None  # a write committed: the file takes writes again
+        return value
 
     def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self.conn.execute(sql, params).fetchall()
@@ -158,6 +219,18 @@ class SqliteDb:
         return 0
 
     def probe(self) -> None:
+        """Whether the store can take a write now, known without writing: a read answers, and no call
+        failed with one of :data:`UNWRITABLE_CODES` in the last ``unwritable_s`` without a write
+        committed since (a write that would fail shows only when tried; the dispatch, the reconciler
+        every 5 s and the tenants' writes try, and the first that commits clears it).
+
+        Raises:
+            StoreFileUnwritable: the last such failure, while it holds. docs/operating.md "Faults of a
+                SQLite store".
+        """
+        failed = self._unwritable
+        if failed is not None and time.monotonic() - failed[0] < self.unwritable_s:
+            raise StoreFileUnwritable(failed[1])
         self.conn.execute("SELECT 1").fetchall()
 
     def close(self) -> None:
