@@ -19,6 +19,7 @@ Source: docs/ARCHITECTURE.md §10 (storage).
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import sqlite3
@@ -121,12 +122,22 @@ def database_files(path: Path) -> tuple[Path, Path, Path]:
     return path, Path(f"{path}-wal"), Path(f"{path}-shm")
 
 
-def create_private_file(path: Path) -> None:
-    """Create ``path`` with mode 0600 if absent, never through a symlink (whatever the umask)."""
+def create_private_file(path: Path, unusable: Callable[[str], Exception] | None = None) -> None:
+    """Create ``path`` with mode 0600 if absent, never through a symlink (whatever the umask).
+
+    Raises:
+        ``unusable(problem)``: the file cannot be created (a read-only file system, no
+            permission); the problem names the file and the reason (:func:`os_problem`).
+            Without ``unusable``, the ``OSError`` itself.
+    """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         return
+    except OSError as exc:
+        if unusable is None:
+            raise
+        raise unusable(os_problem(f"cannot create {path}", exc)) from exc
     try:
         os.fchmod(fd, 0o600)
     finally:
@@ -195,7 +206,13 @@ def _statements(script: str) -> list[str]:
 # --- the one-process lock ---------------------------------------------------------------
 
 
-def acquire_lock(path: Path, *, held: Callable[[Path], Exception], insecure: Callable[[str], Exception]) -> int:
+def acquire_lock(
+    path: Path,
+    *,
+    held: Callable[[Path], Exception],
+    insecure: Callable[[str], Exception],
+    unusable: Callable[[str], Exception] | None = None,
+) -> int:
     """Lock ``<path>.lock`` exclusively (non-blocking); return the open descriptor.
 
     One process owns a database: a second sidecar on a journal, or a second
@@ -204,21 +221,43 @@ def acquire_lock(path: Path, *, held: Callable[[Path], Exception], insecure: Cal
     Raises:
         ``held(lock_path)``: another process holds the lock.
         ``insecure(problem)``: the lock file breaks :func:`private_file_problem`.
+        ``unusable(problem)`` (``insecure`` when not given): the lock file cannot be
+            created, opened or locked (a read-only file system, no permission, no
+            locks on the file system); the problem names the file and the reason
+            (see :func:`os_problem`), never a bare ``OSError``.
+
+    Source: docs/reference/cli.md (exit codes: an unusable store or journal is one line, exit 2).
     """
     lock_path = Path(f"{path}.lock")
     problem = private_file_problem(lock_path, "the lock file")
     if problem is not None:
         raise insecure(problem)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    refuse = insecure if unusable is None else unusable
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as exc:
+        raise refuse(os_problem(f"cannot open the lock file {lock_path}", exc)) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise held(lock_path) from None
+    except OSError as exc:
+        os.close(fd)
+        raise refuse(os_problem(f"cannot lock {lock_path}", exc)) from exc
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def os_problem(what: str, exc: OSError) -> str:
+    """``what`` and the reason of ``exc`` in one line (``cannot open … : Read-only file system``),
+    with a hint where the reason has a usual cause (the directory is read-only or not this user's)."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        reason += " (the directory must be on a writable file system and writable by this process's user)"
+    return f"{what}: {reason}"
 
 
 def release_lock(fd: int) -> None:

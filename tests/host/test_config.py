@@ -411,6 +411,25 @@ def test_main_exits_2_for_an_unsafe_store_directory(host_files: HostFiles, capsy
     assert "is group- or world-writable" in capsys.readouterr().err
 
 
+def test_main_exits_2_in_one_line_when_the_store_lock_cannot_be_created(host_files: HostFiles, capsys, monkeypatch):
+    """Regression: a store on a read-only file system (its directory fine) ended in a traceback from
+    ``acquire_lock`` (OSError EROFS on ``<store>.lock``), exit 1; it is one line naming the file, exit 2."""
+    import errno
+
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    assert main(["--config", str(host_files.config)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot open the lock file" in err and ".lock: Read-only file system" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.processes
 def test_cli_exit_code_2_in_a_subprocess(host_files: HostFiles):
     doc = copy.deepcopy(base_document())

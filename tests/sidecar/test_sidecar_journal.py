@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -10,6 +11,7 @@ import msgspec
 import pytest
 
 from aip_crewai.sidecar.errors import (
+    JournalError,
     JournalFull,
     JournalInsecure,
     JournalLocked,
@@ -105,6 +107,38 @@ async def test_a_second_owner_is_refused_until_the_first_closes(tmp_path):
         await Journal.open(path)
     await first.close()
     await (await Journal.open(path)).close()
+
+
+def read_only_for(monkeypatch, refuse) -> None:
+    """Make ``os.open`` fail as on a read-only file system for the paths ``refuse(path, flags)`` picks."""
+    real_open = os.open
+
+    def fake(path, flags, *args, **kwargs):
+        if refuse(str(path), flags):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", fake)
+
+
+async def test_a_lock_file_that_cannot_be_created_is_a_journal_error_naming_it(tmp_path, monkeypatch):
+    """Regression: a journal on a read-only file system raised a bare OSError from ``acquire_lock``
+    (a traceback, exit 1); it is a JournalError naming the lock file and the reason (one line, exit 2)."""
+    read_only_for(monkeypatch, lambda path, flags: path.endswith(".lock"))
+    with pytest.raises(JournalError, match=r"cannot open the lock file .*j\.db\.lock: Read-only file system"):
+        await Journal.open(tmp_path / "j.db")
+
+
+async def test_a_journal_file_that_cannot_be_created_is_a_journal_error_naming_it(tmp_path, monkeypatch):
+    """The lock taken (its file already there), the journal file itself cannot be created: a JournalError
+    naming it, the lock released (a second open meets the same refusal, not "already owned")."""
+    path = tmp_path / "j.db"
+    await (await Journal.open(path)).close()
+    path.unlink()
+    read_only_for(monkeypatch, lambda name, flags: name == str(path) and bool(flags & os.O_EXCL))
+    for _ in range(2):
+        with pytest.raises(JournalError, match=r"cannot create .*j\.db: Read-only file system"):
+            await Journal.open(path)
 
 
 async def test_transitions_follow_the_table_and_stale_writers_change_nothing(tmp_path):
