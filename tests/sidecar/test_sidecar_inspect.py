@@ -54,3 +54,72 @@ def test_not_a_journal_is_a_clear_error(tmp_path):
     assert result.returncode == 1 and "not an aip-crewai journal" in result.stderr
     assert "Traceback" not in result.stderr
     assert cli("list", str(tmp_path / "absent.db")).returncode == 1
+
+
+def in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """``aip-crewai journal ARGS`` in this process: (exit code, stdout, stderr)."""
+    from aip_crewai import cli as cli_main
+
+    capsys.readouterr()  # what came before (the journal's migration log lines)
+    code = cli_main.main(["journal", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_journal(path, jobs: list[tuple[str, str]]) -> None:
+    """A closed journal at ``path`` holding ``jobs`` (action id, crew id), each with a few events."""
+    import asyncio
+
+    from aip_crewai.sidecar.jobs.model import EventRow, JobStatus
+
+    async def fill() -> None:
+        journal = await Journal.open(path)
+        try:
+            for action_id, crew_id in jobs:
+                await journal.admit(
+                    NewJob(action_id, crew_id, "run", "h" * 64, "k", None), max_retained_runs=1000, max_bytes=1 << 30
+                )
+                events = [EventRow(n, "chunk", b'{"content":"' + b"x" * 200 + b'"}') for n in range(1, 4)]
+                await journal.transition(
+                    action_id, JobStatus.RUNNING, first_sequence=0, events=[EventRow(0, "started", b"{}"), *events]
+                )
+        finally:
+            await journal.close()
+
+    asyncio.run(fill())
+
+
+def test_a_corrupt_journal_is_one_line_and_exit_1_for_list_and_inspect(tmp_path, capsys):
+    """Regression: on a damaged journal (200 bytes overwritten at offset 8192) ``inspect`` printed a
+    traceback (``database disk image is malformed``, exit 1) and ``list`` listed rows with exit 0 and no
+    warning; both now refuse it in one line, the sidecar's start-up integrity check, exit 1."""
+    tmp_path.chmod(0o700)
+    path = tmp_path / "journal.db"
+    write_journal(path, [(f"acme:a{n}", "echo") for n in range(60)])
+    assert path.stat().st_size > 8192 + 200
+    with open(path, "r+b") as fh:
+        fh.seek(8192)
+        fh.write(bytes(range(200)))
+    for args in (("list", str(path)), ("inspect", str(path), "acme:a1"), ("list", str(path), "--json")):
+        code, out, err = in_process(capsys, *args)
+        assert (code, out) == (1, ""), (args, code, out, err)
+        assert f"the journal {path} is corrupt (SQLite integrity check:" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_read_that_fails_after_the_check_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    """A page damaged after the open's check (the file changed under the command) fails the read in one
+    line, never a traceback."""
+    import sqlite3
+
+    tmp_path.chmod(0o700)
+    path = tmp_path / "journal.db"
+    write_journal(path, [("acme:a1", "echo")])
+
+    async def malformed(self, *args, **kwargs):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(Journal, "read_events", malformed)
+    code, out, err = in_process(capsys, "inspect", str(path), "acme:a1")
+    assert (code, out) == (1, "")
+    assert err == f"aip-crewai: cannot read the journal {path}: database disk image is malformed\n"

@@ -152,10 +152,19 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
 
 
 def _prepare_readonly(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
-    """Check the schema version only (no writes); see :meth:`Journal.open_readonly`."""
+    """Check the schema version, then SQLite's ``quick_check`` as the sidecar's start-up does
+    (no writes); see :meth:`Journal.open_readonly`.
+
+    Raises:
+        JournalSchemaError: the schema is newer than this code.
+        JournalCorrupt: the integrity check found damage (a damaged file is refused whole, never
+            listed in part: a page it cannot read would hide jobs).
+        sqlite3.DatabaseError: the file is not SQLite (:func:`_connect` names it).
+    """
     version = fetch_scalar(conn, "PRAGMA user_version") or 0
     if version > SCHEMA_VERSION:
         raise JournalSchemaError(f"the journal {path} has schema {version}; this code knows {SCHEMA_VERSION}")
+    _check_integrity(conn, path)
     return 4096, fetch_scalar(conn, _COUNT_RETAINED) or 0
 
 

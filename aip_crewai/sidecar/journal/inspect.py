@@ -1,8 +1,9 @@
 """``aip-crewai journal list|inspect``: read-only views of a journal file.
 
 Opens the journal read-only (no lock, no migration), so it is safe beside a
-running sidecar. Outputs and event data are shown as stored; crew inputs are
-never stored in the journal.
+running sidecar, and refuses a damaged file whole (SQLite's integrity check, as
+the sidecar's start-up runs it). Outputs and event data are shown as stored;
+crew inputs are never stored in the journal.
 
 Source: issue "The main job end to end" item 3 (the CLI).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sqlite3
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -83,9 +85,14 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Entry of ``aip-crewai journal``; exit 1 with a message on any journal error."""
+    """Entry of ``aip-crewai journal list|inspect``: 0, or 1 with one line on stderr when the file is not
+    a readable journal (missing, not SQLite, another application's, a newer schema, damaged) or a read
+    fails (a page damaged after the open's check). Source: docs/reference/cli.md (``journal``)."""
     try:
         return asyncio.run(_run(args))
     except AipError as exc:
         print(f"aip-crewai: {exc.message}", file=sys.stderr)
+        return 1
+    except sqlite3.DatabaseError as exc:
+        print(f"aip-crewai: cannot read the journal {args.journal}: {exc}", file=sys.stderr)
         return 1
