@@ -123,3 +123,27 @@ def test_a_read_that_fails_after_the_check_is_one_line_and_exit_1(tmp_path, caps
     code, out, err = in_process(capsys, "inspect", str(path), "acme:a1")
     assert (code, out) == (1, "")
     assert err == f"aip-crewai: cannot read the journal {path}: database disk image is malformed\n"
+
+
+def test_list_prints_ids_escaped(tmp_path, capsys):
+    """Regression: ``journal list`` printed an imported id's control sequences raw (a crafted file could set
+    the terminal's title); ids are printed escaped as ``inspect`` and ``import`` print them."""
+    tmp_path.chmod(0o700)
+    path = tmp_path / "journal.db"
+    write_journal(path, [("acme:\x1b[31mred", "echo"), ("acme:q9", "ec\x1b]0;pwned\x07ho"), ("beta:\u202eab", "e")])
+    code, out, err = in_process(capsys, "list", str(path))
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "'acme:\\x1b[31mred'" in out and "'ec\\x1b]0;pwned\\x07ho'" in out and "'beta:\\u202eab'" in out
+    assert " acme:q9\n" in out  # a printable id is printed as it is
+    code, out, err = in_process(capsys, "inspect", str(path), "\u202eab")
+    assert code == 0 and "\u202e" not in out
+
+
+def test_several_tenants_of_an_action_id_are_named_escaped(tmp_path, capsys):
+    tmp_path.chmod(0o700)
+    path = tmp_path / "journal.db"
+    write_journal(path, [("acme:\x1b[2Jx", "echo"), ("beta:\x1b[2Jx", "echo")])
+    code, out, err = in_process(capsys, "inspect", str(path), "\x1b[2Jx")
+    assert code == 1 and "\x1b" not in err
+    assert "'acme:\\x1b[2Jx', 'beta:\\x1b[2Jx'" in err

@@ -2,8 +2,10 @@
 
 Opens the journal read-only (no lock, no migration), so it is safe beside a
 running sidecar, and refuses a damaged file whole (SQLite's integrity check, as
-the sidecar's start-up runs it). Outputs and event data are shown as stored;
-crew inputs are never stored in the journal.
+the sidecar's start-up runs it). Outputs and event data are shown as stored (as
+JSON: control characters escaped); crew inputs are never stored in the journal.
+An id is the file's text, never terminal control: the table and every message
+print it escaped (:func:`shown`), as ``journal import`` does.
 
 Source: issue "The main job end to end" item 3 (the CLI).
 """
@@ -19,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ...contracts import display
 from ...contracts.errors import AipError
 from ..jobs.model import JobRecord
 from .store import Journal
@@ -26,6 +29,12 @@ from .store import Journal
 
 def _when(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def shown(text: str) -> str:
+    """``text`` as it is when every character is printable, else as Python writes it escaped
+    (``'acme:\\x1b[31mred'``): a crafted id never sets the terminal's title or colours. Pure."""
+    return text if text.isprintable() else repr(text)
 
 
 def _job(record: JobRecord) -> dict[str, Any]:
@@ -56,7 +65,7 @@ async def _run(args: argparse.Namespace) -> int:
                 for job in jobs:
                     print(
                         f"{job['created_at']:<21}{job['status']:<11}{job['operation']:<17}{job['event_count']:>7}  "
-                        f"{job['crew_id']:<20} {job['action_id']}"
+                        f"{shown(job['crew_id']):<20} {shown(job['action_id'])}"
                     )
             return 0
         record = await journal.get(args.action_id)
@@ -65,7 +74,7 @@ async def _run(args: argparse.Namespace) -> int:
             if len(matches) > 1:
                 print(
                     f"aip-crewai: {args.action_id!r} is an action of several tenants; give one of: "
-                    f"{', '.join(matches)}",
+                    f"{', '.join(map(shown, matches))}",
                     file=sys.stderr,
                 )
                 return 1
@@ -78,7 +87,7 @@ async def _run(args: argparse.Namespace) -> int:
             for e in await journal.read_events(record.action_id, 0, limit=100_000)
         ]
         view = {**_job(record), "output": json.loads(record.output) if record.output else None, "events": events}
-        print(json.dumps(view, separators=(",", ":")) if args.json else json.dumps(view, indent=2, ensure_ascii=False))
+        print(json.dumps(view, separators=(",", ":")) if args.json else display.dumps(view, indent=2))
         return 0
     finally:
         await journal.close()
