@@ -473,9 +473,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "doctor",
         help="check every crew of a registry as the sidecar does at start-up (model keys, "
-        "knowledge, human input) and list its inputs; exit 1 when a crew has a problem",
+        "knowledge, human input) and list its inputs; exit 1 when a crew has a problem "
+        "or the check gives no answer, 2 when the registry cannot be loaded",
     )
     p.add_argument("--registry", help="module:attribute of the crew registry (default: $AIP_CREWAI_REGISTRY)")
+    p.add_argument(
+        "--timeout",
+        type=cli_args.integer(1, 3600),
+        help="seconds the check may take, CrewAI's import included (default 300, the sidecar's bound); exit 1 after",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_doctor)
 

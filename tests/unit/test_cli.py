@@ -584,6 +584,40 @@ def test_doctor_runs_the_start_up_preflight_by_hand():
     assert bad.returncode == 2 and b"cannot import module 'nope'" in bad.stderr
 
 
+@pytest.mark.processes
+@pytest.mark.timeout(300)
+def test_doctor_says_a_registry_that_ends_or_hangs_its_check_in_one_line_exit_1(tmp_path):
+    """Regression: a registry calling ``os._exit(3)`` at import made ``doctor`` exit 3 (the CLI's "cancelled")
+    with no output, and one that hangs made it wait without end. The check runs in a child process within
+    a bound (``--timeout``, default the sidecar's 300 s), and says what the sidecar says, exit 1."""
+    (tmp_path / "exits_at_import.py").write_text("import os\nos._exit(3)\n")
+    (tmp_path / "hangs_at_import.py").write_text("import threading\nthreading.Event().wait()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+
+    def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "aip_crewai.cli", "doctor", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=False,
+        )
+
+    ended = doctor("--registry", "exits_at_import:CREWS")
+    assert (ended.returncode, ended.stdout) == (1, ""), ended.stderr
+    assert ended.stderr == (
+        "aip-crewai: cannot check the crew registry: "
+        "the registry check process ended without an answer (exit status 3)\n"
+    )
+    hung = doctor("--registry", "hangs_at_import:CREWS", "--timeout", "1")
+    assert (hung.returncode, hung.stdout) == (1, ""), hung.stderr
+    assert hung.stderr.startswith(
+        "aip-crewai: cannot check the crew registry: the registry check process did not answer within 1 s (killed"
+    )
+    assert len(hung.stderr.splitlines()) == 1
+
+
 def test_approvals_watch_prints_the_queue_and_changes_and_says_how_to_resume(host_url, token, capsys):
     assert cli.main(["approvals", "watch", "--url", host_url, "--token-file", token]) == Exit.FAILED
     out, err = capsys.readouterr()
