@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import cli_args, ledger_cli, package_version, webhooks_cli
 from .exit_codes import Exit, of_envelope, of_error
 from .plumbing.log import configure_logging
+from .stream_cli import follow as _follow
+from .stream_cli import show_stream as _show_stream
 
 if TYPE_CHECKING:
     from .client import AipClient
@@ -112,76 +114,6 @@ def _with_progress(work: Callable[[], T], quiet: bool) -> T:
             print(file=sys.stderr)
 
 
-#: The stream frames that carry an outcome (the error frame is ``aip_error``, docs/reference/http-api.md "Stream frames").
-_OUTCOME_EVENTS = ("result", "aip_error", "ack")
-
-
-def _show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) -> Exit:
-    """Print an AIP stream as it arrives; return the exit code of its outcome.
-
-    The last ``result`` decides; without one, the last ``aip_error`` frame,
-    then the ``ack`` (docs/reference/cli.md "Exit codes"). A stream that ends without a
-    ``result`` (the host shut down, or the connection dropped) says so on
-    stderr with the command that resumes it.
-    """
-    import httpx
-
-    from . import render
-    from .contracts import display
-
-    outcome: dict[str, Exit] = {}
-    action_id, last_id, ended, item = None, None, False, None
-    cut: httpx.TransportError | None = None
-    try:
-        for event, envelope in events:
-            ended = ended or event == "result"
-            body = envelope.get("body") or {}
-            named = (body.get("ack") or body.get("action_result") or body.get("stream_chunk") or {}).get("action_id")
-            action_id = envelope.get("correlation_id") or named or action_id
-            last_id = envelope.get("_sse_id") or last_id
-            if as_json:
-                print(json.dumps({"event": event, "envelope": envelope}, separators=(",", ":")), flush=True)
-            elif event in ("chunk", "done") and render.chunk_text(envelope):
-                labelled = render.batch_item(envelope)
-                if labelled is not None and labelled != item:  # batch_run: each item's chunks under its label
-                    item = labelled
-                    print(f"\n[item {labelled}]", flush=True)
-                print(display.escape(render.chunk_text(envelope) or ""), end="", flush=True)
-            elif event in _OUTCOME_EVENTS:
-                print(f"\n[{event}]", flush=True)
-                for line in render.envelope_lines(envelope, in_stream=True):
-                    print(line)
-            code = of_envelope(envelope) if event in _OUTCOME_EVENTS else None
-            if code is not None:
-                outcome[event] = code
-            if event == "ack" and code == Exit.PENDING_APPROVAL:
-                # The host keeps a pending action's stream open until the decision: stop here (exit 5).
-                print(
-                    f"aip-crewai: {render.text(action_id)} waits for an approver's decision; then: "
-                    f"{render.command('actions', 'follow', action_id, '--last-event-id', last_id or 'sse_0')}",
-                    file=sys.stderr,
-                )
-                return Exit.PENDING_APPROVAL
-    except httpx.TransportError as exc:
-        if action_id is None:
-            raise  # nothing arrived: "cannot reach" (exit 7), as for any other request
-        cut = exc
-    if not ended and action_id:
-        why = (
-            f"the connection to the host was lost ({type(cut).__name__})"
-            if cut is not None
-            else "the stream ended before the result (the host may be shutting down)"
-        )
-        resume = ("--last-event-id", last_id) if last_id else ()
-        print(
-            f"\naip-crewai: {why}; resume with: {render.command('actions', 'follow', action_id, *resume)}",
-            file=sys.stderr,
-        )
-    if cut is not None and not ended:
-        return Exit.UNREACHABLE
-    return outcome.get("result", outcome.get("aip_error", outcome.get("ack", Exit.FAILED)))
-
-
 def _outcome(envelope: Any) -> Exit:
     code = of_envelope(envelope)
     return Exit.OK if code is None else code
@@ -233,7 +165,7 @@ def _actions(args: argparse.Namespace) -> int:
                     answer = client.cancel(args.action_id)
                 _show(answer, args.json, render.envelope_lines)
                 return _outcome(answer)
-            return _show_stream(client.follow(args.action_id, last_event_id=args.last_event_id), args.json)
+            return _follow(client, args.action_id, args.last_event_id, args.json)
     except AipClientError as exc:
         return _refused(exc, args.json)
 

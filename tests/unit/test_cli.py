@@ -178,6 +178,10 @@ USAGE = {"tenant": "acme", "crews": [], "totals": {"actions": 0}}
 USAGE_REFUSALS = {400: "request.invalid_range", 401: "auth.unauthenticated", 403: "policy.forbidden"}
 
 
+#: A ``Last-Event-ID`` past the end of the fake host's stream: it answers ``204 No Content``.
+END_OF_STREAM = "sse_999999"
+
+
 class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
@@ -204,6 +208,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, APPROVAL_FRAMES, "text/event-stream")
         elif self.path.endswith("/result"):
             self._send(200, json.dumps(OUTCOMES["cap:cancelled"][1]).encode())
+        elif self.path.endswith("/events") and self.headers.get("Last-Event-ID") == END_OF_STREAM:
+            self._send(204, b"")  # the host's answer at or past the result frame of an ended action
         elif self.path.endswith("/events"):
             self._stream(OUTCOMES["cap:denied"][2])
         else:
@@ -288,6 +294,23 @@ def test_actions_result_and_follow_use_the_call_exit_codes(host_url, token, caps
     frames = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [f["event"] for f in frames][-3:] == ["ack", "aip_error", "result"]
     assert cli.main(["actions", "show", "act_1", "--url", host_url, "--token-file", token]) == Exit.OK
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_follow_past_the_end_says_so_and_exits_as_actions_result(host_url, token, capsys, as_json):
+    """Regression: ``actions follow ID --last-event-id sse_N`` at or past the result frame of an ended action
+    (the host's 204) printed nothing and exited 1 ("failed"). It says the stream has nothing after that
+    position, prints the stored result as ``actions result`` does and exits with its outcome (3 here)."""
+    flags = ["--url", host_url, "--token-file", token, *(["--json"] if as_json else [])]
+    assert cli.main(["actions", "result", "act_1", *flags]) == Exit.CANCELLED
+    result = capsys.readouterr().out
+    assert cli.main(["actions", "follow", "act_1", "--last-event-id", END_OF_STREAM, *flags]) == Exit.CANCELLED
+    out, err = capsys.readouterr()
+    assert out == result
+    assert err == (
+        "aip-crewai: the stream of act_1 has nothing after sse_999999: the action has ended; "
+        "its result, as aip-crewai actions result act_1 prints it:\n"
+    )
 
 
 def test_manifest_lists_capabilities_and_their_input_fields(host_url, token, capsys):
