@@ -213,7 +213,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
             return cls(db, worker, clock=clock, owner=owner, lease_ms=lease_ms, url=url)
         path = Path(location)
         check_location(path)
-        create_private_file(path)
+        create_private_file(path, UnusableStore)
         check_location(path)
         # Cancel-safe: a connection opened after the caller gave up is closed on the worker.
         worker, sqlite = await start_worker(

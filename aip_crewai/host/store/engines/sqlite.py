@@ -246,10 +246,13 @@ def lock_store(path: Path) -> int:
     Raises:
         StoreLocked: another host process holds the lock.
         InsecureStorePath: the lock file is a symlink, not a regular file, or not private.
+        UnusableStore: the lock file cannot be created, opened or locked (a read-only file system, no
+            permission), naming the file and the reason.
     """
     return acquire_lock(
         path,
         insecure=InsecureStorePath,
+        unusable=UnusableStore,
         held=lambda lock_path: StoreLocked(
             f"the store {path} is already owned by another running host (lock {lock_path} is held); "
             "stop it first, or give this host its own store"
