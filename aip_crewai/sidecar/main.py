@@ -26,6 +26,13 @@ Start-up order (nothing is served before the last step):
    is logged (with the real port, also for ``--port 0``) and systemd gets
    ``READY=1`` when ``NOTIFY_SOCKET`` is set.
 
+Signals during start-up (steps 2 to 7, :class:`~aip_crewai.sidecar.starting.StartupSignals`): SIGTERM and
+SIGINT stop it (the registry check process, the job workers and the fork server killed and reaped, the journal
+closed), one line ``sidecar_stopped_starting`` is logged and the process exits 0, as after a stop once
+running; SIGHUP does the same with exit 129 (128 + SIGHUP). SIGUSR1 logs ``sidecar_drain_asked_starting``:
+once started, the sidecar stops without listening (``sidecar_drained``, READY=1 then STOPPING=1, exit 0),
+as a drain with nothing admitted ends.
+
 Drain on SIGUSR1: new jobs get 503 ``sidecar.draining`` (before admission: a host
 places them elsewhere or retries them), admitted jobs run to their end, then the
 shutdown below runs with nothing left to cancel and the process exits 0.
@@ -57,9 +64,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -72,6 +78,7 @@ from aip_crewai.plumbing.log import configure_logging, log_stream
 from aip_crewai.sidecar import tracing as sidecar_tracing
 from aip_crewai.sidecar.config import ConfigError, Settings, load_settings, scrub_environment
 from aip_crewai.sidecar.isolation.landlock import set_not_dumpable
+from aip_crewai.sidecar.starting import StartupSignals, StartupStopped, extending_start_timeout, sd_notify
 
 if TYPE_CHECKING:
     from aip_crewai.sidecar.http.app import CrewFacts
@@ -103,6 +110,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(
         json=None if settings.log_format == "auto" else settings.log_format == "json", level=settings.log_level
     )
+    signals = StartupSignals()  # until the event loop's own handlers (_serve): start-up takes seconds to minutes
+    signals.install()
+    try:
+        return _start(settings, inline_token, signals)
+    except StartupStopped as stopped:  # _run's clean-up is done: the fork server and its children are gone
+        log.warning(
+            "sidecar_stopped_starting",
+            signal=signal.Signals(stopped.signum).name,
+            message="stopped during start-up, before serving anything",
+        )
+        return stopped.status
+
+
+def _start(settings: Settings, inline_token: bool, signals: StartupSignals) -> int:
+    """From logging set up to the exit status: the start-up, then serving (:func:`_run`)."""
     for event, message in settings.warnings:  # e.g. an inline token (never the token itself)
         log.warning(event, message=message)
     if inline_token:  # /proc/<pid>/environ keeps the process's first environment: root's alone from now on
@@ -125,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         return _refuse(f"worker sandbox: {exc}")
     try:
-        return _run(settings)
+        return _run(settings, signals)
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -164,7 +186,7 @@ def _sandbox_plan(settings: Settings) -> SandboxPlan | None:
     return plan
 
 
-def _run(settings: Settings) -> int:
+def _run(settings: Settings, signals: StartupSignals) -> int:
     from aip_crewai.sidecar.registry import RegistryError, locate_registry
 
     try:  # the checks that need no CrewAI come first: each refusal is one line within a second or two
@@ -184,14 +206,15 @@ def _run(settings: Settings) -> int:
             journal = loop.run_until_complete(_open_journal(settings))
         if journal is not None:
             log.info("journal_checked", journal=str(settings.journal))
-        status = 2 if journal is None else _load_and_serve(loop, settings, journal, sock)
+        status = 2 if journal is None else _load_and_serve(loop, settings, journal, sock, signals)
     finally:
+        signals.settle()  # a refusal's or a stop's clean-up is never cut by a signal
         sock.close()  # a no-op once hypercorn owns its descriptor
+        stuck = _close_loop(loop, pool)  # a start stopped by a signal: _serve's task closes the workers here
         if settings.isolation == "process":  # its workers are gone by now (closed, or never started)
             from aip_crewai.sidecar.isolation.fork_server import stop_forkserver
 
             stop_forkserver()
-        stuck = _close_loop(loop, pool)
     if stuck:
         log.warning("worker_threads_abandoned", threads=stuck)
         log_stream().flush()
@@ -227,7 +250,9 @@ async def _open_journal(settings: Settings) -> Journal | None:
     return journal
 
 
-def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal: Journal, sock: socket.socket) -> int:
+def _load_and_serve(
+    loop: asyncio.AbstractEventLoop, settings: Settings, journal: Journal, sock: socket.socket, signals: StartupSignals
+) -> int:
     """Import CrewAI and the registry, then serve; the journal is closed on every path."""
     try:
         with extending_start_timeout(settings.notify_socket):
@@ -245,7 +270,7 @@ def _load_and_serve(loop: asyncio.AbstractEventLoop, settings: Settings, journal
         loop.run_until_complete(journal.close())
         return _refuse(str(exc))
     try:
-        return loop.run_until_complete(_serve(settings, crews, executor, journal, facts, sock))
+        return loop.run_until_complete(_serve(settings, crews, executor, journal, facts, sock, signals))
     finally:
         sidecar_tracing.shutdown()
 
@@ -370,6 +395,7 @@ async def _serve(
     journal: Journal,
     crew_facts: CrewFacts,
     sock: socket.socket,
+    signals: StartupSignals,
 ) -> int:
     from hypercorn.asyncio import serve
 
@@ -382,6 +408,8 @@ async def _serve(
     try:
         if workers is not None:  # before listening: a refusal is one line (the lifespan's start is then a no-op)
             await workers.start()
+        if signals.drain_asked:  # SIGUSR1 during start-up: a drain with nothing admitted ends in a stop
+            return await _drained_starting(settings, workers, journal)
         fd, port = _listen(sock)
     except (OSError, ForkServerThreaded) as exc:
         if workers is not None:
@@ -416,6 +444,8 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     loop.add_signal_handler(signal.SIGUSR1, drain.set)
+    if signals.drain_asked:  # it came after the check above, before this handler
+        drain.set()
 
     async def shutdown_trigger() -> None:
         # hypercorn starts this once its servers accept connections
@@ -439,6 +469,19 @@ async def _serve(
 
     await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     log.info("sidecar_stopped")
+    return 0
+
+
+async def _drained_starting(settings: Settings, workers: WorkerPool | None, journal: Journal) -> int:
+    """A drain asked during start-up (SIGUSR1), once started: stop without listening (nothing was admitted), as
+    a drain ends; READY=1 then STOPPING=1 tell systemd the start was clean (docs/operating.md "Draining a
+    sidecar"). Exit status 0."""
+    if workers is not None:
+        await workers.close()
+    await journal.close()
+    sd_notify(settings.notify_socket, "READY=1")
+    sd_notify(settings.notify_socket, "STOPPING=1")
+    log.info("sidecar_drained", message="a drain asked during start-up: stopped without listening (nothing admitted)")
     return 0
 
 
@@ -508,62 +551,6 @@ def _listen(sock: socket.socket) -> tuple[int, int]:
     sock.listen(1024)
     port: int = sock.getsockname()[1]
     return sock.detach(), port
-
-
-#: While starting, the sidecar asks systemd for this much more time (s) ...
-EXTEND_BY_SECONDS = 30.0
-#: ... every this many seconds (s) ...
-EXTEND_EVERY_SECONDS = 5.0
-#: ... for at most this long in all (s): a start stuck for longer is left to ``TimeoutStartSec``.
-MAX_EXTENDED_START_SECONDS = 900.0
-
-
-@contextmanager
-def extending_start_timeout(address: str | None) -> Iterator[None]:
-    """Keep systemd's start timeout ahead of a slow start (journal check, recovery, CrewAI import).
-
-    While the block runs, a thread sends ``EXTEND_TIMEOUT_USEC=<EXTEND_BY_SECONDS in µs>`` at once
-    and then every :data:`EXTEND_EVERY_SECONDS`, for at most :data:`MAX_EXTENDED_START_SECONDS`.
-    Without ``NOTIFY_SOCKET`` it does nothing.
-
-    Source: docs/operating.md ("Operating under systemd"); sd_notify(3) ``EXTEND_TIMEOUT_USEC``.
-    """
-    if not address:
-        yield
-        return
-    stop = threading.Event()
-    message = f"EXTEND_TIMEOUT_USEC={int(EXTEND_BY_SECONDS * 1_000_000)}"
-
-    def beat() -> None:
-        deadline = time.monotonic() + MAX_EXTENDED_START_SECONDS
-        while time.monotonic() < deadline:
-            sd_notify(address, message)
-            if stop.wait(EXTEND_EVERY_SECONDS):
-                return
-
-    thread = threading.Thread(target=beat, name="aip-crewai-start-extender", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def sd_notify(address: str | None, message: str) -> None:
-    """Send one systemd notification datagram (``READY=1``) when ``NOTIFY_SOCKET`` is set.
-
-    Abstract sockets (``@name``) are supported. Failures are logged, never raised.
-    """
-    if not address:
-        return
-    target = "\0" + address[1:] if address.startswith("@") else address
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.connect(target)
-            sock.sendall(message.encode("ascii"))
-    except OSError as exc:
-        log.warning("sd_notify_failed", error_type=type(exc).__name__)
 
 
 def _close_loop(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor) -> list[str]:

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from aip_crewai.sidecar import main as sidecar_main
+from aip_crewai.sidecar import starting as sidecar_main
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -147,6 +147,8 @@ def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT
         ForkServerThreaded: the fork server had threads besides its main one (the check refused to run).
         WorkerStartFailed: the fork server did not start the process (its ``OSError`` named), or no answer
             (the process died, timed out or sent a bad frame; the message names its exit status).
+        BaseException: whatever interrupts the wait (the start-up's signal handler's ``StartupStopped``) goes
+            on once the process is killed and reaped.
 
     Source: ARCHITECTURE.md §5 (isolation).
     """
@@ -176,6 +178,9 @@ def describe_registry(context: BaseContext, boot: Boot, *, timeout: float = BOOT
         answer = decode_from_worker(_read_exactly(ours, payload_length(header, frame_bound(262_144))))
     except (OSError, EOFError, FrameError):
         answer = None
+    except BaseException:  # a stop during start-up (``starting.StartupStopped``): kill it now, no answer awaited
+        process.kill()
+        raise
     finally:
         ours.close()
         process.join(REAP_SECONDS)
