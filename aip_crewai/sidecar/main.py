@@ -288,7 +288,13 @@ def _load_crews(settings: Settings) -> tuple[frozenset[str], object, CrewFacts] 
 
     started = time.monotonic()
     capture_crewai_prints()
-    prepare_crewai_environment(settings.state_dir)  # type: ignore[arg-type]
+    try:
+        prepare_crewai_environment(settings.state_dir)  # type: ignore[arg-type]
+    except OSError as exc:  # a read-only or full file system: one line naming the setting, never a traceback
+        where = exc.filename or settings.state_dir
+        return _refuse(
+            f"--state-dir (AIP_CREWAI_STATE_DIR): cannot prepare CrewAI's storage at {where}: {exc.strerror}"
+        )
     log.info("crewai_importing", isolation=settings.isolation)
     loaded = _load_in_workers(settings) if settings.isolation == "process" else _load_here(settings)
     if isinstance(loaded, int):

@@ -193,3 +193,14 @@ def _one_line_exit(
     assert len(lines) == 1, lines
     assert "Traceback" not in text
     return text, lines[0]
+
+
+def test_a_state_dir_where_crewai_storage_cannot_be_made_is_one_line_naming_it_and_exit_2(tmp_path):
+    """A read-only file system (here: a file where the storage directory goes, the same OSError path without
+    a mount) was a ``crewai_printed_error`` traceback label and exit 1; now the setting, the path and the reason."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "crewai").write_text("")
+    text, line = _one_line_exit(tmp_path, args=["--state-dir", str(state)], env={})
+    assert line.startswith("aip-crewai sidecar: error: --state-dir") and f"{state}/crewai" in line, line
+    assert "crewai_printed_error" not in text
