@@ -5,9 +5,11 @@ lands while the registry check (or, in process, the sidecar's own import) waits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,17 @@ from aip_crewai.examples.testing import CREWS
 """
 
 
-def _start_gated(tmp_path: Path):
+@pytest.fixture
+def survivors() -> Iterator[set[int]]:
+    """Pids killed at teardown if still there (a failing test leaves no sidecar or fork server running)."""
+    pids: set[int] = set()
+    yield pids
+    for pid in filter(alive, pids):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _start_gated(tmp_path: Path, survivors: set[int]):
     """A sidecar whose registry import waits on a FIFO; returns (process, the FIFO's write end) once it waits:
     the import goes on when the write end is closed."""
     modules = tmp_path / "modules"
@@ -39,7 +51,10 @@ def _start_gated(tmp_path: Path):
         env={"PYTHONPATH": f"{modules}{os.pathsep}{ROOT}"},
     )
 
+    survivors.add(process.pid)
+
     def waiting() -> int | None:
+        survivors.update(descendants(process.pid))
         assert process.poll() is None, (tmp_path / "stderr.log").read_text()
         try:  # succeeds once the import opened the FIFO for reading
             return os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
@@ -56,10 +71,10 @@ def _events(tmp_path: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 0), (signal.SIGHUP, 129)])
-def test_a_stop_signal_during_start_up_logs_one_line_and_leaves_no_process_behind(tmp_path, signum, status):
+def test_a_stop_signal_during_start_up_logs_one_line_and_leaves_no_process_behind(tmp_path, survivors, signum, status):
     """Start-up before this change: Python's defaults (143 and no line for SIGTERM, a traceback for SIGINT), and
     the fork server, the resource tracker and the registry check left running with parent pid 1."""
-    process, gate = _start_gated(tmp_path)
+    process, gate = _start_gated(tmp_path, survivors)
     started = descendants(process.pid)  # the fork server, its registry check, multiprocessing's resource tracker
     process.send_signal(signum)
     try:
@@ -72,8 +87,8 @@ def test_a_stop_signal_during_start_up_logs_one_line_and_leaves_no_process_behin
     until(lambda: not any(alive(pid) for pid in started), timeout=30, what=f"{started} gone")
 
 
-def test_sigusr1_during_start_up_stops_once_started_without_listening(tmp_path):
-    process, gate = _start_gated(tmp_path)
+def test_sigusr1_during_start_up_stops_once_started_without_listening(tmp_path, survivors):
+    process, gate = _start_gated(tmp_path, survivors)
     process.send_signal(signal.SIGUSR1)
     until(
         lambda: any(e.get("event") == "sidecar_drain_asked_starting" for e in _events(tmp_path)),
