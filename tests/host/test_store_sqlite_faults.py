@@ -17,7 +17,9 @@ import dataclasses
 import json
 import sqlite3
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -184,7 +186,11 @@ async def test_over_http_a_full_file_gives_typed_503s_and_the_run_ends_once_spac
             assert refused.headers.get("retry-after") == "1"
             assert (await client.get("/ready")).status_code == 503
             filled.set()  # the run completes at the sidecar; its result (holding the big input) is refused
-            await until_async(lambda: _deferred(logs) >= 3, what="the result write deferred, and retried")
+
+            def deferred_thrice() -> bool:
+                return _deferred(logs) >= 3
+
+            await until_async(deferred_thrice, what="the result write deferred, and retried")
             assert (await _status(client, "act_run")) == "running"
             assert (await client.get("/ready")).status_code == 503
             await _free(store)
@@ -198,7 +204,7 @@ async def test_over_http_a_full_file_gives_typed_503s_and_the_run_ends_once_spac
         assert again.status_code == 202, again.text
 
 
-def _deferred(logs: list[dict[str, object]]) -> int:
+def _deferred(logs: Sequence[Mapping[str, Any]]) -> int:
     """How many times a write of the run's result was put off (by its dispatch or a reconciliation)."""
     return sum(e["event"] in ("dispatch_deferred", "action_resume_deferred") for e in logs)
 
