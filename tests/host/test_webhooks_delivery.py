@@ -361,6 +361,35 @@ async def test_an_expired_claim_is_taken_by_another_host_and_a_past_deadline_exp
     assert delivery.status == "expired" and delivery.attempts == 1
 
 
+async def test_a_restarted_host_takes_its_own_claims_back_at_once(store: Store):
+    """A host killed (or stopped) mid-attempt left its claims, which kept its deliveries waiting for the claim
+    to expire (the longest timeout + 30 s) after a restart under the same host id. The new process's sender
+    releases its own id's claims as it starts and delivers at once; another host's claim stays."""
+    import asyncio
+
+    receiver = await Receiver().start()
+    settings = WebhookSettings((endpoint(receiver.url, events=frozenset({"action.completed"})),))
+    sender, client = await sending(store, settings, LoopbackOnly())
+    await run_action(ActionWriter(store), "a-1", ActionResult(action_id="a-1", status="completed"))
+    await run_action(ActionWriter(store), "a-2", ActionResult(action_id="a-2", status="completed"))
+    mine, theirs = await store.claim_deliveries("h1", 600_000, 1), await store.claim_deliveries("h2", 600_000, 1)
+    assert len(mine) == len(theirs) == 1  # the dead process's claim (h1, this host) and a live peer's (h2)
+    task = asyncio.create_task(sender.run())
+    try:
+
+        async def statuses() -> dict[str, str] | None:
+            found = {d.delivery_id: d.status for d in await store.list_deliveries("acme")}
+            return found if found[mine[0].delivery_id] == "delivered" else None
+
+        found = await until_async(statuses, timeout=10, what="the taken-back delivery recorded")
+        assert found[theirs[0].delivery_id] == "pending" and len(receiver.received) == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.aclose()
+        await receiver.stop()
+
+
 async def test_two_hosts_on_one_postgresql_store_deliver_each_event_once(postgres_url: str):
     """Two stores on one PostgreSQL database, each with its own sender (host ids h1, h2), deliver every
     event: each webhook-id is answered 2xx exactly once, also for the events whose first attempts failed
@@ -410,6 +439,9 @@ class _IdleStore:
     async def claim_deliveries(self, host_id: str, claim_ms: int, limit: int) -> list[Any]:
         self.claims += 1
         return []
+
+    async def release_claims(self, host_id: str) -> int:
+        return 0
 
 
 async def test_a_sender_cancelled_as_a_wake_up_completes_stops():

@@ -13,7 +13,10 @@ Claiming: one write transaction (the writer lock) first expires pending rows pas
 claims up to ``limit`` due rows for ``host_id`` until the database's clock (:data:`.engines.postgres.DB_NOW`)
 passes ``claim_expires_at``; a row is due when its ``next_attempt_at`` has come, no live claim holds it, and
 no earlier event of the same (tenant, endpoint, action) is still pending: events of one action go out in
-order. A host that dies holding claims loses them when they expire; another host takes the rows then.
+order. A host that dies holding claims loses them when they expire; another host takes the rows then. A host
+process starting under a ``host_id`` takes that id's claims back at once (:meth:`OutboxMethods.release_claims`):
+the process that held them is gone (a crash, a stop: its attempts were cancelled), or frozen, and then a
+repeated delivery carries the same ``webhook-id``, which receivers deduplicate.
 
 Source: ARCHITECTURE.md §10 (storage, leases on the database's clock); docs/webhooks.md.
 """
@@ -68,6 +71,11 @@ _CLAIM = (
     "AND e.action_id = d.action_id AND e.status = 'pending' AND e.seq < d.seq) "
     "ORDER BY d.next_attempt_at, d.created_at LIMIT ?) "
     "RETURNING tenant, delivery_id, endpoint_id, event_type, action_id, body, attempts, created_at, deadline_at"
+)
+#: A starting host's claims of its own ``host_id`` (a previous process's): due again at once.
+_RELEASE_OWN = (
+    "UPDATE webhook_deliveries SET claimed_by = NULL, claim_expires_at = NULL WHERE status = 'pending' "
+    "AND claimed_by = ?"
 )
 #: One attempt's end: ``status`` is DELIVERED, EXPIRED, or PENDING (retry after ``delay`` ms, unless that is
 #: past the deadline: then EXPIRED). Only while ``host_id`` still holds the claim.
@@ -169,6 +177,14 @@ class OutboxMethods:
             return [ClaimedDelivery(*row) for row in self._db.fetch(_CLAIM, (host_id, claim_ms, limit))]
 
         return await self._run(self._write_now, True, lambda: self._transaction_now(claim))
+
+    async def release_claims(self, host_id: str) -> int:
+        """Release the pending deliveries claimed by ``host_id`` (a previous process of this host's; called once
+        as its webhook sender starts), so they are due at once instead of when the claims expire (the longest
+        ``timeout_seconds`` + 30 s). Returns how many were released (module docstring, "Claiming")."""
+        return await self._run(
+            self._write_now, True, lambda: self._transaction_now(lambda: self._db.change(_RELEASE_OWN, (host_id,)))
+        )
 
     async def finish_attempt(
         self,

@@ -107,6 +107,7 @@ class WebhookSender:
         ending wakes the loop), and the sender, hence the host's shutdown, would never stop."""
         loop = asyncio.get_running_loop()
         try:
+            await self._take_back_claims()
             while True:
                 await self.step()
                 self._wake.clear()
@@ -119,6 +120,17 @@ class WebhookSender:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _take_back_claims(self) -> None:
+        """A previous process of this ``host_id`` (crashed or stopped mid-attempt) left claims: release them so
+        their deliveries go out now, not when the claims expire (``Store.release_claims``); a store outage
+        leaves them to expire as before."""
+        try:
+            released = await self.store.release_claims(self.host_id)
+        except StoreUnavailable:
+            return
+        if released:
+            log.info("webhook_claims_taken_back", deliveries=released)
 
     async def step(self) -> int:
         """Claim what is due (up to the free slots) and start its attempts. Returns how many started."""
