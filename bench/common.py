@@ -164,8 +164,8 @@ def latency_row(metric: str, ours: Stats, baseline: Stats, *, max_ratio: float |
     )
 
 
-def added_row(metric: str, ours: Stats, baseline: Stats, *, max_added_s: float) -> Row:
-    """Difference of durations ours − baseline (p50 and p99), and their ratio."""
+def added_row(metric: str, ours: Stats, baseline: Stats, *, max_added_s: float | None) -> Row:
+    """Difference of durations ours − baseline (p50 and p99), and their ratio (``max_added_s`` None: no target)."""
     added50, added99 = ours.p50 - baseline.p50, ours.p99 - baseline.p99
     return Row(
         metric,
@@ -173,8 +173,8 @@ def added_row(metric: str, ours: Stats, baseline: Stats, *, max_added_s: float) 
         f"{_ms(baseline.p50)} / {_ms(baseline.p99)}",
         f"{ours.p50 / baseline.p50:.2f}× (+{added50 * 1000:.1f} ms)",
         f"{ours.p99 / baseline.p99:.2f}× (+{added99 * 1000:.1f} ms)",
-        f"≤ +{max_added_s * 1000:g} ms at p50",
-        added50 <= max_added_s,
+        "—" if max_added_s is None else f"≤ +{max_added_s * 1000:g} ms at p50",
+        None if max_added_s is None else added50 <= max_added_s,
     )
 
 

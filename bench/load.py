@@ -15,8 +15,8 @@ Memory of each process tree (PSS summed over the process and its descendants,
 workers, where CrewAI lives; the host has none) is read at idle and sampled
 every 2 s during each phase, in a thread (peak kept); CPU time per run of each tree
 (``/proc/<pid>/stat``, the finished workers' included) is reported per phase.
-The whole measure runs twice: on the default sidecar, then on a second stack whose sidecar keeps warm
-workers (``--worker-jobs`` :data:`WARM_JOBS`). Targets: zero errors (no run lost to load); host throughput ≥ 0.9× and p50
+The whole measure runs twice: on the default sidecar (warm workers), then on a second stack whose sidecar
+runs a fresh worker per job (``--worker-jobs`` :data:`FRESH_JOBS`, no targets judged). Targets: zero errors (no run lost to load); host throughput ≥ 0.9× and p50
 latency ≤ 1.3× the sidecar's (the host adds under 10 %); host peak memory ≤ 0.5×
 the sidecar's.
 
@@ -61,8 +61,8 @@ MAX_MEMORY_RATIO = 0.5
 #: What the host may cost under load: throughput and p50 latency against the same jobs posted directly.
 MIN_THROUGHPUT_RATIO = 0.9
 MAX_LATENCY_RATIO = 1.3
-#: ``--worker-jobs`` of the second stack (the rows with warm workers).
-WARM_JOBS = 100
+#: ``--worker-jobs`` of the second stack (the rows with a fresh worker per job).
+FRESH_JOBS = 1
 
 
 def _mib(kib: int) -> str:
@@ -89,8 +89,8 @@ class _Phases:
 async def run() -> Section:
     section = Section("load", f"5. Load: {RUNS} concurrent runs, sidecar max concurrency {MAX_CONCURRENCY}")
     measured = await _measure(())
-    warm = await _measure(("--worker-jobs", str(WARM_JOBS)))
-    _report(section, measured, warm)
+    fresh = await _measure(("--worker-jobs", str(FRESH_JOBS)))
+    _report(section, measured, fresh)
     return section
 
 
@@ -165,11 +165,11 @@ async def _measure(sidecar_args: tuple[str, ...]) -> _Phases:
     return m
 
 
-def _report(section: Section, m: _Phases, warm: _Phases) -> None:
+def _report(section: Section, m: _Phases, fresh: _Phases) -> None:
     latencies, walls, errors, samples, peaks, cpu = m.latencies, m.walls, m.errors, m.samples, m.peaks, m.cpu
     idle, after, resent = m.idle, m.after, m.resent
     total = {name: RUNS * ROUNDS for name in ("host", "sidecar")}
-    warm_throughput = {name: Stats(len(w), sum(w) / total[name], max(w) / RUNS) for name, w in warm.walls.items()}
+    fresh_throughput = {name: Stats(len(w), sum(w) / total[name], max(w) / RUNS) for name, w in fresh.walls.items()}
     throughput = {name: Stats(len(w), sum(w) / total[name], max(w) / RUNS) for name, w in walls.items()}
     host_peak = max(peaks["host"]["host"], peaks["sidecar"]["host"])
     sidecar_peak = max(peaks["host"]["sidecar"], peaks["sidecar"]["sidecar"])
@@ -198,27 +198,27 @@ def _report(section: Section, m: _Phases, warm: _Phases) -> None:
             errors["host"] == 0 and errors["sidecar"] == 0,
         ),
         rate_row(
-            f"at --worker-jobs {WARM_JOBS} (warm workers): throughput, {RUNS} governed runs via host vs POST /jobs",
+            f"at --worker-jobs {FRESH_JOBS} (a fresh worker per job): throughput, {RUNS} governed runs via host vs POST /jobs",
             "runs",
-            warm_throughput["host"],
-            warm_throughput["sidecar"],
+            fresh_throughput["host"],
+            fresh_throughput["sidecar"],
             units=1,
-            min_ratio=MIN_THROUGHPUT_RATIO,
+            min_ratio=None,
         ),
         latency_row(
-            f"at --worker-jobs {WARM_JOBS} (warm workers): latency per run, host vs sidecar POST /jobs",
-            Stats.of(warm.latencies["host"]),
-            Stats.of(warm.latencies["sidecar"]),
-            max_ratio=MAX_LATENCY_RATIO,
+            f"at --worker-jobs {FRESH_JOBS} (a fresh worker per job): latency per run, host vs sidecar POST /jobs",
+            Stats.of(fresh.latencies["host"]),
+            Stats.of(fresh.latencies["sidecar"]),
+            max_ratio=None,
         ),
         Row(
-            f"at --worker-jobs {WARM_JOBS} (warm workers): errors",
-            f"{warm.errors['host']} of {total['host']}",
-            f"{warm.errors['sidecar']} of {total['sidecar']}",
+            f"at --worker-jobs {FRESH_JOBS} (a fresh worker per job): errors",
+            f"{fresh.errors['host']} of {total['host']}",
+            f"{fresh.errors['sidecar']} of {total['sidecar']}",
             "—",
             "—",
             "0 errors",
-            warm.errors["host"] == 0 and warm.errors["sidecar"] == 0,
+            fresh.errors["host"] == 0 and fresh.errors["sidecar"] == 0,
         ),
         Row(
             "peak memory under load (process tree PSS): host vs sidecar",
@@ -253,7 +253,7 @@ def _report(section: Section, m: _Phases, warm: _Phases) -> None:
             for p in ("host", "sidecar")
         ],
     )
-    section.notes += [f"error: {sample}" for sample in [*samples, *warm.samples]]
+    section.notes += [f"error: {sample}" for sample in [*samples, *fresh.samples]]
     if resent:
         kinds = ", ".join(f"{n} {name}" for name, n in sorted(Counter(resent).items()))
         section.notes.append(
@@ -268,10 +268,11 @@ def _report(section: Section, m: _Phases, warm: _Phases) -> None:
         "Host phase per run: submit (→ pending_approval), approve (approver, HTTP), blocking re-call (same id and "
         "key) → completed. The sidecar phase skips governance entirely: the ratio is what approval, idempotency, "
         "two extra round trips and the host store cost under load.",
-        f"The warm-worker rows: the same two phases on a second stack whose sidecar runs with --worker-jobs "
-        f"{WARM_JOBS} (a worker runs up to {WARM_JOBS} jobs of one tenant's crew; docs/operating.md \"Warm "
-        f'workers"), measured after the first stack stopped. CPU per run there: host '
-        f"{warm.cpu['host']['host'] / total['host'] * 1000:.1f} ms, sidecar tree "
-        f"{warm.cpu['host']['sidecar'] / total['host'] * 1000:.1f} ms (host phase); sidecar tree "
-        f"{warm.cpu['sidecar']['sidecar'] / total['sidecar'] * 1000:.1f} ms (sidecar phase).",
+        f"The rows at --worker-jobs {FRESH_JOBS}: the same two phases on a second stack whose sidecar runs "
+        "every job in a fresh worker (the default runs up to 100 jobs of one tenant's crew in one; "
+        'docs/operating.md "Warm workers"), measured after the first stack stopped; their throughput and latency '
+        "are shown, not judged (the targets apply to the default). CPU per run there: host "
+        f"{fresh.cpu['host']['host'] / total['host'] * 1000:.1f} ms, sidecar tree "
+        f"{fresh.cpu['host']['sidecar'] / total['host'] * 1000:.1f} ms (host phase); sidecar tree "
+        f"{fresh.cpu['sidecar']['sidecar'] / total['sidecar'] * 1000:.1f} ms (sidecar phase).",
     ]

@@ -14,7 +14,7 @@ so another process (a test) can follow what a tool did and in which process.
 | ``probe`` | 1 agent with ``probe_process`` | writes ``<job>.probe`` (JSON: what it found of earlier jobs in its process: ``env``, ``cwd``, ``stdout``, ``bus_handlers``, ``seen``), and the rows of CrewAI's shared replay table, then leaves its own traces (environment variable, ``os.environ`` rebound to a plain dict, working directory, ``sys.stdout`` and ``sys.stdin``, an event-bus handler, a module global) |
 | ``probe_other`` | ``probe`` under another id | as ``probe`` (another crew for warm-worker tests) |
 | ``environment`` | ``echo`` with an ``after_kickoff`` callback | its output's ``raw`` is the process environment as JSON (``environ``: ``os.environ``; ``proc_environ``: ``/proc/self/environ``) |
-| ``reach`` | ``echo`` with a ``before_kickoff`` callback | reads the file named by the input ``path`` first (an open refused fails the job ``PermissionError``); the output then says ``opened`` |
+| ``reach`` | ``echo`` with a ``before_kickoff`` callback | writes ``<job>.pid`` (its pid), then reads the file named by the input ``path`` (an open refused fails the job ``PermissionError``); the output then says ``opened`` |
 | ``memory_stall`` | ``echo``-like, crew ``memory=`` a :class:`SlowDrainMemory` | — (CrewAI's ``akickoff`` waits for memory saves synchronously on its event loop, crewAI PR#6497; each wait here takes ``AIP_CREWAI_TEST_DRAIN_SECONDS``, default 2) |
 
 Source: ARCHITECTURE.md §5 (isolation); docs/security.md "Process isolation".
@@ -172,7 +172,9 @@ def environment() -> Crew:
 
 
 def _read_requested(inputs: dict[str, Any]) -> dict[str, Any]:
-    """``before_kickoff`` callback: read the file of the input ``path`` (an error fails the job)."""
+    """``before_kickoff`` callback: write ``<job>.pid`` (its pid), then read the file of the input ``path`` (an
+    error fails the job)."""
+    _write(marker(_job_id(), "pid"), str(os.getpid()))
     path = inputs.get("path")
     if path:
         with open(str(path), "rb") as fh:

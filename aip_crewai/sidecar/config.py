@@ -114,8 +114,8 @@ class Settings:
             is kept and warm workers are retired (0: never; ARCHITECTURE.md §5).
         worker_nice: with ``process``, what every job worker adds to the sidecar's niceness (0..19): jobs
             yield the CPU to the sidecar's event loop under contention (ARCHITECTURE.md §5).
-        worker_jobs: with ``process``, jobs one worker runs at most, all of one tenant's one crew (1: a fresh
-            process per job; ARCHITECTURE.md §5 "warm workers").
+        worker_jobs: with ``process``, jobs one worker runs at most, all of one tenant's one crew (default 100:
+            warm workers; 1: a fresh process per job; ARCHITECTURE.md §5 "warm workers").
         preload_modules: with ``process``, modules the worker fork server imports besides CrewAI and the
             operations (``fork_server.start_forkserver``; ARCHITECTURE.md §5).
         cancel_grace_seconds: with ``process``, how long a cancelled job may take to
@@ -153,7 +153,7 @@ class Settings:
     idle_workers: int | None = None
     idle_shrink_seconds: float = 30.0
     worker_nice: int = 10
-    worker_jobs: int = 1
+    worker_jobs: int = 100
     preload_modules: tuple[str, ...] = DEFAULT_PRELOAD_MODULES
     worker_user: tuple[str, int, int, str] | None = None
     worker_sandbox: SandboxPlan | None = None

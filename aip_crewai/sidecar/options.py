@@ -352,10 +352,10 @@ OPTIONS: tuple[Option, ...] = (
         "--worker-jobs",
         "AIP_CREWAI_WORKER_JOBS",
         int_in(1, 100_000),
-        1,
+        100,
         "with --isolation process: jobs one worker process runs, one after the other, all of one tenant's one "
-        "crew (1: a fresh process per job; above 1, a job that ended on its own leaves its worker warm for "
-        "that tenant's next job of that crew, which then skips the worker's boot)",
+        "crew (above 1, a job that completed leaves its worker warm for that tenant's next job of that crew, "
+        "which then skips the worker's boot; 1: a fresh process per job)",
     ),
     Option(
         "preload_modules",

@@ -283,9 +283,10 @@ async def test_the_memory_save_stall_no_longer_blocks_the_sidecar(isolated: Isol
         assert probes > 10 and worst < 1.5, f"/health took {worst * 1000:.0f} ms during memory saves"
 
 
-async def test_a_job_never_sees_the_process_state_another_job_left(isolated: Isolated) -> None:
-    """Environment, working directory, stdout, event-bus handlers and module state a job changes are
-    gone for the next job, CrewAI's shared replay table is never written (by these jobs or any job the
+async def test_a_job_never_sees_the_process_state_another_tenants_job_left(isolated: Isolated) -> None:
+    """At the default ``--worker-jobs`` (warm workers, one owner each): environment, working directory, stdout,
+    event-bus handlers and module state a job changes are gone for the next tenant's job, CrewAI's shared
+    replay table is never written (by these jobs or any job the
     module's sidecar ran before), and two concurrent jobs run in two processes (each booted from a fork
     server that had imported CrewAI: no job pays the import)."""
     sidecar, markers = isolated.sidecar, isolated.markers
@@ -300,12 +301,12 @@ async def test_a_job_never_sees_the_process_state_another_job_left(isolated: Iso
     }
     async with sidecar.client() as client:
         reports = []
-        for job in ("t1:probe-1", "t1:probe-2"):
+        for job in ("t1:probe-1", "t2:probe-2"):
             assert (await submit(client, job, "probe")).status_code == 200
             reports.append(json.loads(marker(markers, job, "probe").read_text()))
-        both = await asyncio.gather(submit(client, "t1:probe-3", "probe"), submit(client, "t1:probe-4", "probe"))
+        both = await asyncio.gather(submit(client, "t3:probe-3", "probe"), submit(client, "t4:probe-4", "probe"))
         assert [r.status_code for r in both] == [200, 200]
-        for job in ("t1:probe-3", "t1:probe-4"):
+        for job in ("t3:probe-3", "t4:probe-4"):
             reports.append(json.loads(marker(markers, job, "probe").read_text()))
     for report in reports:
         assert {k: report[k] for k in clean} == clean

@@ -128,6 +128,27 @@ async def test_a_cancelled_jobs_worker_runs_nothing_more(warm):
     assert (markers / f"{quote('t3:after', safe='')}.started").read_text() != started.read_text()
 
 
+async def test_a_job_that_failed_in_its_crews_code_leaves_no_warm_worker(warm, tmp_path: Path):
+    """``reach`` fails in its ``before_kickoff`` callback when its input names a missing file: each such job
+    of t4 runs in a worker of its own (the crew broke off half-way; its process is not trusted with another
+    job), while two of t4's jobs that complete share one."""
+    sidecar, markers = warm
+    missing = str(tmp_path / "missing")
+
+    async def pid_of(job: str, input: dict[str, Any]) -> tuple[int, int]:
+        body = {"crew_id": "reach", "action_id": job, "operation": "run", "input": {"topic": "a", **input}}
+        answer = await client.post("/jobs", json=body, headers={"Idempotency-Key": f"key-{job}"}, timeout=120)
+        return answer.status_code, int((markers / f"{quote(job, safe='')}.pid").read_text())
+
+    async with sidecar.client() as client:
+        failed = [await pid_of(f"t4:fails-{n}", {"path": missing}) for n in range(2)]
+        completed = [await pid_of(f"t4:completes-{n}", {}) for n in range(2)]
+    assert [status for status, _ in failed] == [502, 502]
+    assert failed[0][1] != failed[1][1]
+    assert [status for status, _ in completed] == [200, 200]
+    assert completed[0][1] == completed[1][1] not in {failed[0][1], failed[1][1]}
+
+
 def job_workers(sidecar: Sidecar) -> list[int]:
     """The live job workers of ``sidecar``: the children of its worker fork server (``/proc``)."""
 

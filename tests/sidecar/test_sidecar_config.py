@@ -411,9 +411,9 @@ def test_the_unauthenticated_body_budget_is_at_least_one_job_body(base, value, o
     "value, ok", [("1", True), ("100000", True), ("0", False), ("100001", False), ("-1", False), ("2.5", False)]
 )
 def test_worker_jobs_counts_the_jobs_one_worker_may_run(base, value, ok):
-    """``--worker-jobs`` / ``AIP_CREWAI_WORKER_JOBS``: 1..100000, default 1 (a fresh process per job); outside
-    stops start-up naming the setting and its range."""
-    assert load_settings(base, {}).worker_jobs == 1
+    """``--worker-jobs`` / ``AIP_CREWAI_WORKER_JOBS``: 1..100000, default 100 (warm workers; 1 is a fresh process
+    per job); outside stops start-up naming the setting and its range."""
+    assert load_settings(base, {}).worker_jobs == 100
     if ok:
         assert load_settings([*base, "--worker-jobs", value], {}).worker_jobs == int(value)
         assert load_settings(base, {"AIP_CREWAI_WORKER_JOBS": value}).worker_jobs == int(value)

@@ -15,11 +15,12 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
   ready in about 10 ms and shares the fork server's pages.
 - **Pool.** At most ``--max-concurrency`` workers exist at any time;
   ``--idle-workers`` of them (default: all) are booted ahead of need and wait
-  for their job, and a job that finds none idle waits for one to boot. By
-  default (``--worker-jobs 1``) a worker runs one job and exits; its
-  replacement boots :data:`REPLACE_DELAY_S` after that job ended (at once for
-  a job waiting for a worker), so no job inherits another's environment,
-  working directory, stdout, module state, event-bus handlers or CrewAI replay
+  for their job, and a job that finds none idle waits for one to boot. A
+  worker runs up to ``--worker-jobs`` jobs of one owner (below); a spent
+  worker exits and its replacement boots :data:`REPLACE_DELAY_S` after its
+  last job ended (at once for a job waiting for a worker). With
+  ``--worker-jobs 1`` no job inherits another's environment, working
+  directory, stdout, module state, event-bus handlers or CrewAI replay
   storage. The idle workers trade memory (each holds about 23 MiB of its own)
   for start latency (a boot is a fork, the registry import and a warm-up
   kickoff: about 60 ms of CPU for a small registry).
@@ -30,8 +31,9 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
   job's start boots the spares back at once (it finds the one kept; the jobs
   right behind it in a burst wait for a boot). A deployment with a job at
   least every S seconds never shrinks.
-- **Warm workers** (``--worker-jobs`` N above 1). A worker whose job ended on
-  its own (``last: false``: no cancel, no kill, no crash) is kept *warm* for
+- **Warm workers** (``--worker-jobs`` N above 1; default 100). A worker whose
+  job completed (``last: false``: no cancel, no kill, no crash, no failure its
+  crew code may have caused) is kept *warm* for
   its *owner*: the job's tenant, crew and training directory (what its job
   sandbox layer was built from). The owner's next job takes it before any
   fresh worker and skips the boot and the fork's copy-on-write; it runs up to N

@@ -66,7 +66,7 @@ class Boot(msgspec.Struct, frozen=True):
             forced ``OTEL_SDK_DISABLED`` (``aip_crewai/tracing.py``); None: no tracing.
         nice: added to the niceness the worker inherits, first thing at its boot (``--worker-nice``).
         jobs: jobs the worker runs at most, one after the other, all of its first job's tenant and crew
-            (``--worker-jobs``; 1: a fresh process per job).
+            (``--worker-jobs``, default 100; 1: a fresh process per job).
     """
 
     registry: str

@@ -23,8 +23,8 @@ CrewAI import. :func:`serve` is the process target:
    :class:`~aip_crewai.sidecar.isolation.wire.Cancel` (cancelling the task of ``run`` and
    ``batch_run`` too, as the in-process runtime does);
 4. send :class:`~aip_crewai.sidecar.isolation.wire.Done` or :class:`~aip_crewai.sidecar.isolation.wire.Failed` and
-   exit with ``os._exit`` (CrewAI's threads never hold the process); with ``Boot.jobs`` above 1, a job
-   that ended on its own (no cancel, no ``BaseException`` beyond ``Exception``) is reported with
+   exit with ``os._exit`` (CrewAI's threads never hold the process); with ``Boot.jobs`` above 1 (the
+   default 100), a job that completed (no cancel, no failure its crew code may have caused) is reported with
    ``last: false`` instead: the worker restores ``os.environ``, its working directory and the standard
    streams (:class:`_ProcessState`) and goes back to 2 for the next job, which the sidecar sends only for
    the same tenant and crew (the job sandbox layer, ``confinement.enter_job``, is its first job's for
@@ -39,7 +39,7 @@ import per sidecar, in the fork server, instead of two).
 A worker whose sidecar goes away (end of file on its socket) exits at once:
 nothing it would do next could be recorded.
 
-With ``Boot.jobs`` 1 (the default), everything a job changes in its process
+With ``Boot.jobs`` 1, everything a job changes in its process
 (environment, working directory, ``sys.stdout``, module state, CrewAI's event
 bus handlers and replay storage, threads it started) dies with it: the next
 job runs in a new process. Above 1, what a job leaves besides the environment,
@@ -348,8 +348,10 @@ def run_job(
 
     Args:
         reusable: the worker may run another job after this one: the message says ``last: false`` unless the
-            job ended on a cancel or a ``BaseException`` beyond ``Exception`` (the process is then not trusted
-            with another job).
+            job ended on a cancel or failed after its crew code may have run (an exception from the crew, a
+            failure not ``before_any_effect``): a crew that broke off half-way may leave its process in a state
+            no later job should meet, so only a job that completed, or failed before any effect, or whose
+            output alone was refused, leaves its worker warm.
 
     Source: ARCHITECTURE.md §4 (outputs, failed events), §5 (isolation).
     """
@@ -396,15 +398,10 @@ def run_job(
             exc.before_any_effect,
             dropped=chunks.dropped,
             uncertain=exc.uncertain,
-            last=last,
+            last=last or not exc.before_any_effect,
         )
     except BaseException as exc:  # noqa: BLE001 - only the class is published
-        return Failed(
-            type(exc).__name__,
-            stop_observed=ctx.stop_observed,
-            dropped=chunks.dropped,
-            last=last or not isinstance(exc, Exception),
-        )
+        return Failed(type(exc).__name__, stop_observed=ctx.stop_observed, dropped=chunks.dropped, last=True)
     try:
         output = msgspec.json.encode(result)
     except (TypeError, ValueError) as err:
