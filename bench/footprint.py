@@ -22,7 +22,7 @@ each against one plain process that runs the same crew in-process.
   waits, read before the sidecar starts (the tree is read after that process stopped), so neither shares
   pages with the other. Target: ≤ 1.5×, read at the defaults once the sidecar was quiet for
   ``--idle-shrink-seconds`` (30 s: the pool then keeps one idle worker), and also right after the runs, with
-  ``--max-concurrency`` idle workers booted ahead of need: each idle worker's private memory (USS) is what one
+  ``--max-concurrency`` workers alive (the warm one and the spares booted ahead of need): each idle worker's private memory (USS) is what one
   more or one fewer costs.
 
 - **a real crew's job and ``--preload-modules``**: the memory rows' sidecars run ``--preload-modules none``
@@ -95,6 +95,8 @@ ON_DEMAND_ROUNDS = 15
 ON_DEMAND_WARMUP = 1
 #: ``--worker-jobs`` of the third sidecar (the CPU row with a fresh worker per job: each job pays a boot).
 FRESH_JOBS = 1
+#: The rows of what a fresh worker costs (the idle-workers trade, the preloaded modules): every job in a fresh worker.
+FRESH = ("--worker-jobs", str(FRESH_JOBS))
 #: The memory rows' ``--preload-modules``: the bench crews use no OpenAI-compatible model (docs/operating.md
 #: "Preloaded modules"); the other rows run the default.
 NO_PRELOAD = ("--preload-modules", "none")
@@ -253,7 +255,7 @@ async def run() -> Section:
     )
     section.rows.append(
         Row(
-            f"memory ({' '.join(NO_PRELOAD)}): the same sidecar right after its runs ({POOL} idle workers, before "
+            f"memory ({' '.join(NO_PRELOAD)}): the same sidecar right after its runs ({POOL} idle or warm workers, before "
             "the shrink) vs one process with CrewAI and the registry imported",
             _mib(tree_pss),
             _mib(reference_pss),
@@ -266,7 +268,8 @@ async def run() -> Section:
     lean_ratio = lean_pss / reference_pss
     section.rows.append(
         Row(
-            f"memory at --idle-workers {LEAN_IDLE} (of --max-concurrency {POOL}; {' '.join(NO_PRELOAD)}): sidecar "
+            f"memory at --idle-workers {LEAN_IDLE} (of --max-concurrency {POOL}; {' '.join((*NO_PRELOAD, *FRESH))}): "
+            "sidecar "
             "tree PSS after runs, idle, vs one process with CrewAI and the registry imported",
             _mib(lean_pss),
             _mib(reference_pss),
@@ -278,8 +281,8 @@ async def run() -> Section:
     )
     section.rows.append(
         latency_row(
-            "run `fast` (POST /jobs): a job that waits for its worker's boot (--idle-workers 0) vs one that finds "
-            "it idle (--idle-workers 1)",
+            f"run `fast` (POST /jobs, {' '.join(FRESH)}): a job that waits for its worker's boot (--idle-workers 0) "
+            "vs one that finds it idle (--idle-workers 1)",
             Stats.of(on_demand["boots"]),
             Stats.of(on_demand["idle"]),
             max_ratio=None,
@@ -287,8 +290,8 @@ async def run() -> Section:
     )
     section.rows.append(
         latency_row(
-            f"CPU per job of a real crew on an OpenAI-compatible model (`{REAL_CREW}`, provider on loopback): "
-            "sidecar tree at the default --preload-modules vs none",
+            f"CPU per job of a real crew on an OpenAI-compatible model (`{REAL_CREW}`, provider on loopback, "
+            f"{' '.join(FRESH)}): sidecar tree at the default --preload-modules vs none",
             Stats.of(real["default"]["cpu"]),
             Stats.of(real["none"]["cpu"]),
             max_ratio=None,
@@ -296,7 +299,8 @@ async def run() -> Section:
     )
     section.rows.append(
         latency_row(
-            f"run `{REAL_CREW}`, the same real crew (POST /jobs): the default --preload-modules vs none",
+            f"run `{REAL_CREW}`, the same real crew (POST /jobs, {' '.join(FRESH)}): the default --preload-modules "
+            "vs none",
             Stats.of(real["default"]["latency"]),
             Stats.of(real["none"]["latency"]),
             max_ratio=None,
@@ -352,7 +356,8 @@ async def _fewer_idle_workers(stack: Stack) -> tuple[int, int, dict[str, list[fl
     after a few runs, :data:`NO_PRELOAD`, KiB; the same at the default ``--preload-modules``, KiB, read first,
     with no other sidecar up; ``fast`` run latencies, seconds, on a sidecar keeping none (``"boots"``) and on
     the first one (``"idle"``), interleaved)."""
-    args = ["--isolation", "process", "--max-concurrency", str(POOL), "--idle-workers"]
+    # a fresh worker per job: the idle-workers trade alone (a warm worker would serve these jobs without a boot)
+    args = ["--isolation", "process", "--max-concurrency", str(POOL), *FRESH, "--idle-workers"]
     preloaded = stack.start_sidecar(*args, str(LEAN_IDLE), name="lean-preloaded")
     preloaded_pss = await _idle_pss(preloaded)
     preloaded.stop()
@@ -408,6 +413,7 @@ async def _real_crew(stack: Stack) -> dict[str, dict[str, list[float]]]:
             "realcrews:CREWS",
             "--idle-workers",
             "1",
+            *FRESH,
             "--preload-modules",
             modules,
             name=f"real-{name}",
