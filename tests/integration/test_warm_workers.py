@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,11 @@ async def test_an_owners_jobs_share_a_warm_worker_up_to_worker_jobs_with_its_pro
         assert (report["environ"], report["stdin"]) == ("_Environ", reports[0]["stdin"]) != ("dict", "StringIO")
     jobs_seen = [[s for s in r["seen"] if not s.startswith("event-after:")] for r in reports]
     assert jobs_seen == [[], ["t1:same-0"], ["t1:same-0", "t1:same-1"], []]
+    async with sidecar.client() as client:
+        metrics = (await client.get("/metrics")).text
+    reused = re.search(r"^aip_crewai_sidecar_worker_jobs_reused_total (\d+)$", metrics, re.MULTILINE)
+    assert reused is not None and int(reused.group(1)) >= 2, metrics  # the second and third jobs ran warm
+    assert re.search(r"^aip_crewai_sidecar_workers_warm \d+$", metrics, re.MULTILINE), metrics
 
 
 async def test_another_tenants_or_crews_job_never_runs_in_a_warm_worker(warm):

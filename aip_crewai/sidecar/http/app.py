@@ -209,6 +209,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.body_budget = budget if settings.token is None else None
+    app.state.workers = workers
     return app
 
 
@@ -287,8 +288,12 @@ async def metrics(request: Request) -> Response:
     from aip_crewai.sidecar.http.metrics import CONTENT_TYPE
 
     budget = _body_budget(request)
-    gauges = {"unauthenticated_body_bytes": budget.used_bytes} if budget is not None else None
-    return Response(_runtime(request).render_metrics(gauges), headers={"Content-Type": CONTENT_TYPE})
+    workers: WorkerPool | None = request.app.state.workers
+    gauges = {"unauthenticated_body_bytes": budget.used_bytes} if budget is not None else {}
+    return Response(
+        _runtime(request).render_metrics({**gauges, **(workers.gauges() if workers is not None else {})}),
+        headers={"Content-Type": CONTENT_TYPE},
+    )
 
 
 async def post_job(request: Request, body: bytes | None = None) -> Response:

@@ -13,6 +13,8 @@ peer"), behind the same bearer token as every route. Counters live in memory
 | ``aip_crewai_sidecar_journal_write_failures_total`` | counter | |
 | ``aip_crewai_sidecar_active_runs`` | gauge | |
 | ``aip_crewai_sidecar_retained_runs`` / ``..._max_retained_runs`` | gauge | |
+| ``aip_crewai_sidecar_workers_idle`` / ``..._workers_warm`` | gauge | (``--isolation process``) |
+| ``aip_crewai_sidecar_workers_started_total``, ``..._worker_jobs_reused_total``, ``..._warm_workers_retired_total``, ``..._workers_shrunk_total`` | counter | (``--isolation process``) |
 
 Source: ARCHITECTURE.md §1, §6 (``/metrics`` as Prometheus text on the host).
 """
@@ -38,6 +40,12 @@ _HELP = {
     "retained_runs": ("gauge", "Non-archived jobs in the journal."),
     "max_retained_runs": ("gauge", "Retained-run limit."),
     "unauthenticated_body_bytes": ("gauge", "Bytes of request bodies being read without a token (budget use)."),
+    "workers_idle": ("gauge", "Job workers booted and waiting for any job."),
+    "workers_warm": ("gauge", "Warm job workers waiting for their owner's next job (--worker-jobs)."),
+    "workers_started_total": ("counter", "Job workers booted."),
+    "worker_jobs_reused_total": ("counter", "Jobs that ran in a warm worker (no boot)."),
+    "warm_workers_retired_total": ("counter", "Warm workers killed to make room for another owner's job."),
+    "workers_shrunk_total": ("counter", "Idle and warm workers ended once no job started or ended for a while."),
 }
 
 

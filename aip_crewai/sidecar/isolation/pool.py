@@ -257,6 +257,18 @@ class WorkerPool:
         """Warm workers waiting for their owner's next job."""
         return len(self._warm)
 
+    def gauges(self) -> dict[str, int]:
+        """The pool's ``GET /metrics`` values (names as in ``http/metrics._HELP``): idle and warm workers now, and
+        the workers booted, jobs run warm, warm workers retired and workers shrunk since start."""
+        return {
+            "workers_idle": self.idle(),
+            "workers_warm": self.warm(),
+            "workers_started_total": self.started_total,
+            "worker_jobs_reused_total": self.reused_total,
+            "warm_workers_retired_total": self.retired_total,
+            "workers_shrunk_total": self.shrunk_total,
+        }
+
     def pids(self) -> list[int]:
         """Process ids of the workers alive now (idle and busy)."""
         return sorted(w.pid for w in self._alive)
