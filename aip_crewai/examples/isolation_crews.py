@@ -15,6 +15,8 @@ so another process (a test) can follow what a tool did and in which process.
 | ``probe_other`` | ``probe`` under another id | as ``probe`` (another crew for warm-worker tests) |
 | ``environment`` | ``echo`` with an ``after_kickoff`` callback | its output's ``raw`` is the process environment as JSON (``environ``: ``os.environ``; ``proc_environ``: ``/proc/self/environ``) |
 | ``reach`` | ``echo`` with a ``before_kickoff`` callback | writes ``<job>.pid`` (its pid), then reads the file named by the input ``path`` (an open refused fails the job ``PermissionError``); the output then says ``opened`` |
+| ``hog`` | ``echo`` with a ``before_kickoff`` callback | writes ``<job>.pid`` (its pid), then keeps :data:`HOG_BYTES` more bytes in a module global (a crew that grows its process by that much per job) |
+| ``flaky_build`` | ``echo``, from a factory that writes ``<job>.pid`` (its pid) and raises while the marker directory holds a file ``fail-build`` (the job fails ``CrewBuildFailed``) | — |
 | ``memory_stall`` | ``echo``-like, crew ``memory=`` a :class:`SlowDrainMemory` | — (CrewAI's ``akickoff`` waits for memory saves synchronously on its event loop, crewAI PR#6497; each wait here takes ``AIP_CREWAI_TEST_DRAIN_SECONDS``, default 2) |
 
 Source: ARCHITECTURE.md §5 (isolation); docs/security.md "Process isolation".
@@ -60,7 +62,11 @@ PROBE_ENV = "AIP_CREWAI_TEST_PROBE_TRACE"
 #: What the probe writes to ``sys.stderr`` and warns with (a secret a crew might quote): never in a log.
 PROBE_SECRET = "sk-live-PROBE-STDERR-4242"
 
+#: What ``hog`` keeps per job, bytes: more than a warm worker may grow (``worker.WARM_GROWTH_LIMIT_BYTES``, 64 MiB).
+HOG_BYTES = 72 * 1024 * 1024
+
 _SEEN: list[str] = []
+_HOARD: list[bytes] = []
 _HANDLERS: list[Any] = []
 
 
@@ -183,6 +189,33 @@ def _read_requested(inputs: dict[str, Any]) -> dict[str, Any]:
     return inputs
 
 
+def _hoard(inputs: dict[str, Any]) -> dict[str, Any]:
+    """``before_kickoff`` callback: write ``<job>.pid``, then keep :data:`HOG_BYTES` written bytes for good."""
+    _write(marker(_job_id(), "pid"), str(os.getpid()))
+    _HOARD.append(b"\x01" * HOG_BYTES)  # written, so resident (a zeroed buffer may not be)
+    return inputs
+
+
+#: A file of this name in the marker directory makes the ``flaky_build`` factory raise.
+FAIL_BUILD_FILE = "fail-build"
+
+
+def flaky_build() -> Crew:
+    """``echo``, or a factory failure while the marker directory holds :data:`FAIL_BUILD_FILE`."""
+    _write(marker(_job_id(), "pid"), str(os.getpid()))
+    directory = os.environ.get(MARKER_DIR_ENV)
+    if directory and (Path(directory) / FAIL_BUILD_FILE).exists():
+        raise RuntimeError("the factory broke off half-way")
+    return echo()
+
+
+def hog() -> Crew:
+    """``echo`` that grows its process by :data:`HOG_BYTES` per job."""
+    crew = echo()
+    crew.before_kickoff_callbacks.append(_hoard)
+    return crew
+
+
 def reach() -> Crew:
     """``echo`` that first reads the file its input names (the worker sandbox's probe)."""
     crew = echo()
@@ -253,4 +286,6 @@ CREWS: dict[str, Any] = {
     "memory_stall": memory_stall,
     "environment": environment,
     "reach": reach,
+    "hog": hog,
+    "flaky_build": flaky_build,
 }

@@ -93,6 +93,14 @@ async def test_an_owners_jobs_share_a_warm_worker_up_to_worker_jobs_with_its_pro
     assert re.search(r"^aip_crewai_sidecar_workers_warm \d+$", metrics, re.MULTILINE), metrics
 
 
+async def pid_of(client: httpx.AsyncClient, markers: Path, job: str, crew: str, **input: str) -> tuple[int, int]:
+    """Run ``job`` on ``crew`` (one that writes ``<job>.pid``: ``reach``, ``flaky_build``, ``hog``) with the
+    topic ``a`` and ``input``; its answer's status and the pid its crew wrote."""
+    body = {"crew_id": crew, "action_id": job, "operation": "run", "input": {"topic": "a", **input}}
+    answer = await client.post("/jobs", json=body, headers={"Idempotency-Key": f"key-{job}"}, timeout=120)
+    return answer.status_code, int((markers / f"{quote(job, safe='')}.pid").read_text())
+
+
 async def test_another_tenants_or_crews_job_never_runs_in_a_warm_worker(warm):
     """t2's job after t1's, and t1's job on another crew, each run in a worker that never ran anything of
     t1's ``probe``; with two slots both held, a job of a third owner retires the oldest warm worker."""
@@ -141,18 +149,48 @@ async def test_a_job_that_failed_in_its_crews_code_leaves_no_warm_worker(warm, t
     sidecar, markers = warm
     missing = str(tmp_path / "missing")
 
-    async def pid_of(job: str, input: dict[str, Any]) -> tuple[int, int]:
-        body = {"crew_id": "reach", "action_id": job, "operation": "run", "input": {"topic": "a", **input}}
-        answer = await client.post("/jobs", json=body, headers={"Idempotency-Key": f"key-{job}"}, timeout=120)
-        return answer.status_code, int((markers / f"{quote(job, safe='')}.pid").read_text())
-
     async with sidecar.client() as client:
-        failed = [await pid_of(f"t4:fails-{n}", {"path": missing}) for n in range(2)]
-        completed = [await pid_of(f"t4:completes-{n}", {}) for n in range(2)]
+        failed = [await pid_of(client, markers, f"t4:fails-{n}", "reach", path=missing) for n in range(2)]
+        completed = [await pid_of(client, markers, f"t4:completes-{n}", "reach") for n in range(2)]
     assert [status for status, _ in failed] == [502, 502]
     assert failed[0][1] != failed[1][1]
     assert [status for status, _ in completed] == [200, 200]
     assert completed[0][1] == completed[1][1] not in {failed[0][1], failed[1][1]}
+
+
+async def test_a_job_whose_crew_factory_failed_leaves_no_warm_worker(warm):
+    """``flaky_build``'s factory raises while ``fail-build`` exists: the job fails ``CrewBuildFailed`` (before any
+    effect of the run, but after the crew's own factory code ran), and the owner's next job runs in another
+    worker."""
+    sidecar, markers = warm
+
+    async with sidecar.client() as client:
+        built = await pid_of(client, markers, "t6:builds-0", "flaky_build")
+        (markers / "fail-build").touch()
+        try:
+            failed = await pid_of(client, markers, "t6:builds-1", "flaky_build")
+        finally:
+            (markers / "fail-build").unlink()
+        after = await pid_of(client, markers, "t6:builds-2", "flaky_build")
+        view = (await client.get("/jobs/t6:builds-1")).json()
+    assert (built[0], failed[0], after[0]) == (200, 502, 200)
+    assert view["error"]["error_type"] == "CrewBuildFailed", view
+    assert built[1] == failed[1] != after[1]
+
+
+async def test_a_warm_worker_that_grew_past_the_bound_runs_no_more_jobs(warm):
+    """``hog`` keeps 72 MiB more per job: its worker's growth is measured from its first job's end, so the
+    second job still runs warm, but its 72 MiB exceed the 64 MiB bound (``warm_worker_outgrown``) and the third
+    job runs in a fresh worker, before ``--worker-jobs`` (3) was reached."""
+    sidecar, markers = warm
+
+    async with sidecar.client() as client:
+        runs = [await pid_of(client, markers, f"t5:hog-{n}", "hog") for n in range(3)]
+    assert [status for status, _ in runs] == [200, 200, 200]
+    pids = [pid for _, pid in runs]
+    assert pids[0] == pids[1] != pids[2]
+    (outgrown,) = [e for e in sidecar.log_events("warm_worker_outgrown") if e["pid"] == pids[0]]
+    assert outgrown["jobs"] == 2 and outgrown["grown_bytes"] > 64 * 1024 * 1024
 
 
 def job_workers(sidecar: Sidecar) -> list[int]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -276,6 +278,38 @@ async def test_a_quiet_pool_keeps_one_idle_worker_and_the_next_job_boots_the_oth
         assert kept in pool.pids() and context.processes == 6
         release.set()
         assert await job == {"found": True}
+    finally:
+        await pool.close()
+
+
+async def test_warm_workers_leave_room_for_one_spare_so_a_new_owners_job_finds_a_booted_worker():
+    """Three slots, three owners one after the other: when t3's job takes the last spare, the oldest warm
+    worker (t1's) is retired and a spare boots, so t4's job finds it booted; t2's and t3's stay warm."""
+    pool = warm_pool(worker_fakes.serves_jobs, size=3, idle=3)
+    await pool.start()
+    try:
+        t1, t2, t3 = [await job_pid(pool, tenant) for tenant in ("t1", "t2", "t3")]
+        await until_async(lambda: (pool.warm(), pool.idle()) == (2, 1), what="two warm workers and one spare")
+        assert pool.retired_total == 1 and t1 not in pool.pids() and {t2, t3} <= set(pool.pids())
+        spare = next(pid for pid in pool.pids() if pid not in {t2, t3})
+        assert await job_pid(pool, "t4") == spare
+        assert await job_pid(pool, "t3") == t3
+    finally:
+        await pool.close()
+
+
+async def test_a_warm_worker_killed_while_warm_frees_its_slot():
+    """A warm worker killed while it waits for its owner (one slot): the next pool step forgets it (not counted
+    warm, not counted retired), and another owner's job runs in a fresh worker."""
+    pool = warm_pool(worker_fakes.serves_jobs, size=1, idle=1)
+    await pool.start()
+    try:
+        first = await job_pid(pool, "t1")
+        assert pool.warm() == 1
+        os.kill(first, signal.SIGKILL)
+        await until_async(lambda: pool.warm() == 0, what="the killed worker not counted warm")
+        assert await job_pid(pool, "t2") != first
+        assert pool.retired_total == 0
     finally:
         await pool.close()
 

@@ -32,14 +32,16 @@ in-process one) and runs each job in a fresh worker (:mod:`worker`):
   right behind it in a burst wait for a boot). A deployment with a job at
   least every S seconds never shrinks.
 - **Warm workers** (``--worker-jobs`` N above 1; default 100). A worker whose
-  job completed (``last: false``: no cancel, no kill, no crash, no failure its
-  crew code may have caused) is kept *warm* for
+  job completed (``last: false``: no cancel, no kill, no crash, no failure, and
+  not grown past ``worker.WARM_GROWTH_LIMIT_BYTES``) is kept *warm* for
   its *owner*: the job's tenant, crew and training directory (what its job
   sandbox layer was built from). The owner's next job takes it before any
   fresh worker and skips the boot and the fork's copy-on-write; it runs up to N
   jobs, then exits and is replaced. Warm workers hold slots of
   ``--max-concurrency`` but are not idle spares; when a job waits with every
-  slot held, the oldest warm worker is retired (killed; it runs nothing) to
+  slot held, or when no spare is left and more than one worker is warm (with
+  ``--idle-workers`` above 0: the next owner's job then finds a booted worker),
+  the oldest warm worker is retired (killed; it runs nothing) to
   make room. Another tenant's job never runs in a warm worker.
 - **Events.** Chunks come back as frames (:mod:`~aip_crewai.sidecar.isolation.wire`) and go to
   ``ctx.emit_chunk``: the runtime shapes, bounds, journals and fans them out
@@ -254,8 +256,8 @@ class WorkerPool:
         return self._idle.qsize()
 
     def warm(self) -> int:
-        """Warm workers waiting for their owner's next job."""
-        return len(self._warm)
+        """Warm workers waiting for their owner's next job (alive: one killed while warm is not counted)."""
+        return sum(1 for worker in self._warm if worker.process.is_alive())
 
     def gauges(self) -> dict[str, int]:
         """The pool's ``GET /metrics`` values (names as in ``http/metrics._HELP``): idle and warm workers now, and
@@ -318,12 +320,20 @@ class WorkerPool:
         self._processes = {p for p in self._processes if p.exitcode is None}  # forget the reaped ones
         if self._closing:
             return
+        for worker in [w for w in self._warm if not w.process.is_alive()]:  # died while warm: its slot is free
+            del self._warm[worker]
+            log.warning("worker_died_idle", pid=worker.pid, warm=True)
+            self._forget(worker)
         ready = self._idle.qsize() + self._booting
         unserved = self._waiting - ready
         free = self.size - self._busy - len(self._warm) - ready
         while self._warm and unserved > max(free, 0):  # every slot held: the oldest warm worker makes room
             self._retire(next(iter(self._warm)))
             free += 1
+        if unserved <= 0 and ready == 0 and free <= 0 and len(self._warm) > 1 and self._spares() > 0:
+            # Warm workers leave room for one spare: with more owners than slots, the next owner's job then
+            # finds a booted worker instead of waiting for a retire and a boot.
+            self._retire(next(iter(self._warm)))
         wanted = min(self.size - self._busy - len(self._warm), self._spares() + self._waiting)
         for _ in range(wanted - ready):
             self._booting += 1

@@ -24,7 +24,8 @@ CrewAI import. :func:`serve` is the process target:
    ``batch_run`` too, as the in-process runtime does);
 4. send :class:`~aip_crewai.sidecar.isolation.wire.Done` or :class:`~aip_crewai.sidecar.isolation.wire.Failed` and
    exit with ``os._exit`` (CrewAI's threads never hold the process); with ``Boot.jobs`` above 1 (the
-   default 100), a job that completed (no cancel, no failure its crew code may have caused) is reported with
+   default 100), a job that completed (no cancel, no failure, the worker's memory not grown by more than
+   :data:`WARM_GROWTH_LIMIT_BYTES` since its first job) is reported with
    ``last: false`` instead: the worker restores ``os.environ``, its working directory and the standard
    streams (:class:`_ProcessState`) and goes back to 2 for the next job, which the sidecar sends only for
    the same tenant and crew (the job sandbox layer, ``confinement.enter_job``, is its first job's for
@@ -97,6 +98,10 @@ log = structlog.get_logger(__name__)
 BOOT_FAILED_STATUS = 3
 #: Bound on a SafeJobError message sent back, characters (the runtime cuts again).
 MAX_MESSAGE_CHARS = 2048
+#: A warm worker whose resident memory grew by more than this since its first job ended runs no more jobs
+#: (bytes): crews that grow per job (CrewAI builds classes per kickoff; a memory crew's LanceDB adds threads and
+#: buffers, about 2 MiB a job) get a fresh process instead of holding it for ``--worker-jobs`` jobs.
+WARM_GROWTH_LIMIT_BYTES = 64 * 1024 * 1024
 
 
 def serve(sock: socket.socket, boot_data: bytes) -> None:
@@ -135,6 +140,7 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
     )
     inbox = Inbox(channel, loop)
     owner: tuple[str, str, str | None] | None = None
+    baseline = 0  # resident bytes once the first job ended (what the crew's first job loads is not growth)
     for count in itertools.count(1):
         job = inbox.next_job()
         if job is None:  # the sidecar closed the pool (or retired this worker)
@@ -155,6 +161,12 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
         outcome = run_job(registry, job, channel, confinement, reusable=kept is not None)
         if job.cancelled:  # a cancel reached the job: this worker runs nothing more
             outcome = msgspec.structs.replace(outcome, last=True)
+        if not outcome.last:
+            resident = _resident_bytes()
+            baseline = baseline or resident
+            if resident - baseline > WARM_GROWTH_LIMIT_BYTES:
+                log.info("warm_worker_outgrown", pid=os.getpid(), jobs=count, grown_bytes=resident - baseline)
+                outcome = msgspec.structs.replace(outcome, last=True)
         if not outcome.last and kept is not None:
             kept.restore()
         job.flag.reported.set()  # from here the sidecar's end of file (it reaps us) is expected
@@ -168,6 +180,15 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
     if owner is not None:
         _flush_spans(leaving=True)
     exit_now(0)
+
+
+def _resident_bytes() -> int:
+    """This process's resident set size, bytes (``/proc/self/statm``; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _owner(start: Start) -> tuple[str, str, str | None]:
@@ -347,11 +368,10 @@ def run_job(
     finds it in place); a refusal fails the job ``SandboxFailed`` before any effect.
 
     Args:
-        reusable: the worker may run another job after this one: the message says ``last: false`` unless the
-            job ended on a cancel or failed after its crew code may have run (an exception from the crew, a
-            failure not ``before_any_effect``): a crew that broke off half-way may leave its process in a state
-            no later job should meet, so only a job that completed, or failed before any effect, or whose
-            output alone was refused, leaves its worker warm.
+        reusable: the worker may run another job after this one: a job that completed says ``last: false``;
+            every failure says ``last: true`` (``Failed``'s default), a cancel included: the crew's factory, its
+            callbacks or its run may have broken off half-way and left the process in a state no later job
+            should meet (a ``before_any_effect`` failure such as ``CrewBuildFailed`` still ran the factory).
 
     Source: ARCHITECTURE.md §4 (outputs, failed events), §5 (isolation).
     """
@@ -398,7 +418,6 @@ def run_job(
             exc.before_any_effect,
             dropped=chunks.dropped,
             uncertain=exc.uncertain,
-            last=last or not exc.before_any_effect,
         )
     except BaseException as exc:  # noqa: BLE001 - only the class is published
         return Failed(type(exc).__name__, stop_observed=ctx.stop_observed, dropped=chunks.dropped, last=True)
@@ -406,13 +425,12 @@ def run_job(
         output = msgspec.json.encode(result)
     except (TypeError, ValueError) as err:
         log.error("job_output_not_json", action_id=start.action_id, error_type=type(err).__name__)
-        return Failed("InvalidOutput", "the operation output is not JSON", dropped=chunks.dropped, last=last)
+        return Failed("InvalidOutput", "the operation output is not JSON", dropped=chunks.dropped)
     if len(output) > MAX_OUTPUT_BYTES:
         return Failed(
             "OutputTooLarge",
             f"the operation output is {len(output)} bytes; at most {MAX_OUTPUT_BYTES} bytes",
             dropped=chunks.dropped,
-            last=last,
         )
     return Done(output, list(ctx.run_state.items()), chunks.dropped, last=last)
 
