@@ -11,7 +11,7 @@ so another process (a test) can follow what a tool did and in which process.
 | ``blocking_tool`` | 1 agent with ``block_then_write`` | writes ``<job>.started`` (its pid), blocks ``AIP_CREWAI_TEST_BLOCK_SECONDS`` (default 5) in ``time.sleep`` (a synchronous call a cooperative cancel cannot stop; not while the marker directory holds a file ``no-block``), then writes ``<job>.after`` (the side effect a hard cancel must prevent) |
 | ``blocking_trainable`` | ``blocking_tool`` with the options ``train`` and ``test`` need (``aip_crewai.examples.maintenance_crews``) | as ``blocking_tool`` |
 | ``exits`` | 1 agent with ``exit_process`` | ``os._exit(7)``: the process running the job ends |
-| ``probe`` | 1 agent with ``probe_process`` | writes ``<job>.probe`` (JSON: what it found of earlier jobs in its process: ``env``, ``cwd``, ``stdout``, ``bus_handlers``, ``seen``), and the rows of CrewAI's shared replay table, then leaves its own traces (environment variable, ``os.environ`` rebound to a plain dict, working directory, ``sys.stdout`` and ``sys.stdin``, an event-bus handler, a module global) |
+| ``probe`` | 1 agent with ``probe_process`` | writes ``<job>.probe`` (JSON: what it found of earlier jobs in its process: ``env``, ``cwd``, ``stdout``, ``bus_handlers``, ``seen``), and the rows of CrewAI's shared replay table, then leaves its own traces (environment variable, ``os.environ`` rebound to a plain dict, working directory, ``sys.stdout`` and ``sys.stdin``, an event-bus handler, a module global); its ``before_kickoff`` callback writes ``<job>.process`` (umask, SIGINT's disposition, whether the process leads its own group), then sets the umask to 0, SIGINT to Python's default handler and makes the process a group leader |
 | ``probe_other`` | ``probe`` under another id | as ``probe`` (another crew for warm-worker tests) |
 | ``environment`` | ``echo`` with an ``after_kickoff`` callback | its output's ``raw`` is the process environment as JSON (``environ``: ``os.environ``; ``proc_environ``: ``/proc/self/environ``) |
 | ``reach`` | ``echo`` with a ``before_kickoff`` callback | writes ``<job>.pid`` (its pid), then reads the file named by the input ``path`` (an open refused fails the job ``PermissionError``); the output then says ``opened`` |
@@ -28,6 +28,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -249,13 +250,39 @@ def exits() -> Crew:
     )
 
 
+def _handler_name(handler: Any) -> str:
+    """``SIG_IGN``, ``SIG_DFL`` or a handler function's name."""
+    return str(getattr(handler, "name", None) or getattr(handler, "__name__", repr(handler)))
+
+
+def _unsettle(inputs: dict[str, Any]) -> dict[str, Any]:
+    """``before_kickoff`` callback (on the worker's main thread): write ``<job>.process`` (JSON: the file-mode
+    creation mask, SIGINT's disposition, whether the process leads its own group), then change all three."""
+    mask = os.umask(0)
+    _write(
+        marker(_job_id(), "process"),
+        json.dumps(
+            {
+                "umask": oct(mask),
+                "sigint": _handler_name(signal.getsignal(signal.SIGINT)),
+                "own_group": os.getpgrp() == os.getpid(),
+            }
+        ),
+    )
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.setpgid(0, 0)
+    return inputs
+
+
 def probe() -> Crew:
-    """One agent whose tool reports and leaves process traces."""
-    return build_crew(
+    """One agent whose tool reports and leaves process traces (and a callback that changes the process)."""
+    crew = build_crew(
         OfflineLLM(model="offline-probe", chunks_per_answer=2),
         ["Probe the process for {topic}."],
         tools=[probe_process],
     )
+    crew.before_kickoff_callbacks.append(_unsettle)
+    return crew
 
 
 def memory_stall() -> Crew:

@@ -86,6 +86,10 @@ async def test_an_owners_jobs_share_a_warm_worker_up_to_worker_jobs_with_its_pro
         assert (report["environ"], report["stdin"]) == ("_Environ", reports[0]["stdin"]) != ("dict", "StringIO")
     jobs_seen = [[s for s in r["seen"] if not s.startswith("event-after:")] for r in reports]
     assert jobs_seen == [[], ["t1:same-0"], ["t1:same-0", "t1:same-1"], []]
+    # the umask, SIGINT (ignored: a stop is the sidecar's) and the process group each job changed, put back too
+    states = [json.loads((markers / f"{quote(f't1:same-{n}', safe='')}.process").read_text()) for n in range(JOBS)]
+    assert states[0]["sigint"] == "SIG_IGN" and states[0]["own_group"] is False
+    assert states == [states[0]] * JOBS
     async with sidecar.client() as client:
         metrics = (await client.get("/metrics")).text
     reused = re.search(r"^aip_crewai_sidecar_worker_jobs_reused_total (\d+)$", metrics, re.MULTILINE)

@@ -26,8 +26,8 @@ CrewAI import. :func:`serve` is the process target:
    exit with ``os._exit`` (CrewAI's threads never hold the process); with ``Boot.jobs`` above 1 (the
    default 100), a job that completed (no cancel, no failure, the worker's memory not grown by more than
    :data:`WARM_GROWTH_LIMIT_BYTES` since its first job) is reported with
-   ``last: false`` instead: the worker restores ``os.environ``, its working directory and the standard
-   streams (:class:`_ProcessState`) and goes back to 2 for the next job, which the sidecar sends only for
+   ``last: false`` instead: the worker restores ``os.environ``, its working directory, the standard
+   streams, umask, process group and :data:`KEPT_SIGNALS` (:class:`_ProcessState`) and goes back to 2 for the next job, which the sidecar sends only for
    the same tenant and crew (the job sandbox layer, ``confinement.enter_job``, is its first job's for
    good).
 
@@ -43,8 +43,8 @@ nothing it would do next could be recorded.
 With ``Boot.jobs`` 1, everything a job changes in its process
 (environment, working directory, ``sys.stdout``, module state, CrewAI's event
 bus handlers and replay storage, threads it started) dies with it: the next
-job runs in a new process. Above 1, what a job leaves besides the environment,
-working directory and standard streams (module state, threads, event-bus
+job runs in a new process. Above 1, what a job leaves besides what
+:class:`_ProcessState` puts back (module state, threads, event-bus
 handlers its crew registered) reaches the next job of the same tenant and crew
 in that worker, as every job's does with ``--isolation inprocess``, never
 another tenant's (docs/security.md).
@@ -208,10 +208,16 @@ def _trace(boot: Boot) -> None:
     sidecar_tracing.install()
 
 
+#: Signals whose disposition a worker keeps (ignored: a stop and a drain are the sidecar's) and puts back after
+#: each job of a warm worker.
+KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
 class _ProcessState:
     """What a worker puts back after a job when it runs another: ``os.environ`` (the mapping itself, should a
-    job rebind it, and its variables), the working directory and ``sys.stdin``/``sys.stdout``/``sys.stderr``,
-    as they were before the job ran. A variable set with ``os.putenv`` alone bypasses ``os.environ`` and stays
+    job rebind it, and its variables), the working directory, ``sys.stdin``/``sys.stdout``/``sys.stderr``, the
+    file-mode creation mask, the process group and the dispositions of :data:`KEPT_SIGNALS`, as they were
+    before the job ran. A variable set with ``os.putenv`` alone bypasses ``os.environ`` and stays
     (ARCHITECTURE.md §5 "warm workers")."""
 
     def __init__(self) -> None:
@@ -219,6 +225,10 @@ class _ProcessState:
         self.environ = dict(os.environ)
         self.cwd = os.getcwd()
         self.streams = (sys.stdin, sys.stdout, sys.stderr)
+        self.umask = os.umask(0o077)
+        os.umask(self.umask)
+        self.group = os.getpgrp()
+        self.handlers = {sig: signal.getsignal(sig) for sig in KEPT_SIGNALS}
 
     def restore(self) -> None:
         if os.environ is not self.mapping:
@@ -232,6 +242,15 @@ class _ProcessState:
         except OSError:
             os.chdir(self.cwd)
         sys.stdin, sys.stdout, sys.stderr = self.streams
+        os.umask(self.umask)
+        for sig, handler in self.handlers.items():
+            if signal.getsignal(sig) is not handler and handler is not None:
+                signal.signal(sig, handler)
+        if os.getpgrp() != self.group:
+            try:
+                os.setpgid(0, self.group)
+            except OSError:  # the group is gone: a signal to it can no longer reach this worker either
+                log.warning("worker_process_group_not_restored", pid=os.getpid())
 
 
 def _flush_spans(*, leaving: bool) -> None:
@@ -323,9 +342,8 @@ def _confine(boot: Boot) -> Confinement:
 
 def _prepare(boot: Boot) -> None:
     """Signals, logging, stdout and CrewAI's environment, as the sidecar has them."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a drain is the sidecar's (systemctl kill may reach us too)
+    for sig in KEPT_SIGNALS:  # a stop and a drain are the sidecar's (systemctl kill may reach us too)
+        signal.signal(sig, signal.SIG_IGN)
     from aip_crewai.plumbing.log import configure_logging
     from aip_crewai.sidecar.crewai_env import capture_crewai_prints, prepare_crewai_environment
 
