@@ -121,6 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             message="stopped during start-up, before serving anything",
         )
         return stopped.status
+    except ImportError as exc:  # the sidecar's own stack (a crew registry's import is refused where it is loaded)
+        name = exc.name or "a module"
+        return _refuse(
+            f"cannot import {name!r} ({type(exc).__name__}): a module or package {name.split('.')[0]!r} on "
+            "PYTHONPATH or in the working directory may shadow the installed one"
+        )
 
 
 def _start(settings: Settings, inline_token: bool, signals: StartupSignals) -> int:
@@ -403,15 +409,18 @@ async def _serve(
     sock: socket.socket,
     signals: StartupSignals,
 ) -> int:
-    from hypercorn.asyncio import serve
-
-    from aip_crewai.plumbing.serving import hypercorn_config, hypercorn_logger
-    from aip_crewai.sidecar.http.app import create_app
     from aip_crewai.sidecar.isolation.fork_server import ForkServerThreaded
     from aip_crewai.sidecar.isolation.pool import WorkerPool
 
     workers = executor if isinstance(executor, WorkerPool) else None
     try:
+        # The serving stack, in the try: an ImportError (a file on PYTHONPATH shadowing a package it needs)
+        # closes the workers and the journal, then is one line (main)
+        from hypercorn.asyncio import serve
+
+        from aip_crewai.plumbing.serving import hypercorn_config, hypercorn_logger
+        from aip_crewai.sidecar.http.app import create_app
+
         if workers is not None:  # before listening: a refusal is one line (the lifespan's start is then a no-op)
             await workers.start()
         if signals.drain_asked:  # SIGUSR1 during start-up: a drain with nothing admitted ends in a stop

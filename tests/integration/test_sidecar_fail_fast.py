@@ -195,6 +195,19 @@ def _one_line_exit(
     return text, lines[0]
 
 
+def test_a_module_shadowing_the_serving_stack_is_one_line_naming_it_and_exit_2(tmp_path):
+    """An ``h2.py`` on PYTHONPATH hides the HTTP/2 package the server imports once the crews are loaded: that was
+    two ``crewai_printed_error`` labels (``Traceback``, ``ModuleNotFoundError``) and exit 1; now one line naming
+    the module, exit 2."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "h2.py").write_text("")
+    args = ["--registry", "aip_crewai.examples.isolation_crews:CREWS"]
+    text, line = _one_line_exit(tmp_path, args=args, env={"PYTHONPATH": f"{shadow}{os.pathsep}{ROOT}"})
+    assert "cannot import 'h2." in line and "'h2' on PYTHONPATH" in line, line
+    assert "crewai_ready" in text  # it got as far as serving
+
+
 def test_a_state_dir_where_crewai_storage_cannot_be_made_is_one_line_naming_it_and_exit_2(tmp_path):
     """A read-only file system (here: a file where the storage directory goes, the same OSError path without
     a mount) was a ``crewai_printed_error`` traceback label and exit 1; now the setting, the path and the reason."""
