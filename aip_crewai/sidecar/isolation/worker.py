@@ -27,9 +27,9 @@ CrewAI import. :func:`serve` is the process target:
    default 100), a job that completed (no cancel, no failure, the worker's memory not grown by more than
    :data:`WARM_GROWTH_LIMIT_BYTES` since its first job) is reported with
    ``last: false`` instead: the worker restores ``os.environ``, its working directory, the standard
-   streams, umask, process group and :data:`KEPT_SIGNALS` (:class:`_ProcessState`) and goes back to 2 for the next job, which the sidecar sends only for
-   the same tenant and crew (the job sandbox layer, ``confinement.enter_job``, is its first job's for
-   good).
+   streams, umask, process group and :data:`KEPT_SIGNALS` (:class:`_ProcessState`) and goes back to 2 for
+   the next job, which the sidecar sends only for the same tenant and crew (the job sandbox layer,
+   ``confinement.enter_job``, is its first job's for good).
 
 The same module holds the start-up registry check (:func:`describe`): one
 process forked like a worker, before any, that loads the registry and runs
