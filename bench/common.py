@@ -45,6 +45,10 @@ TOKENS = {"bench-app": "tok-bench-app-1", "bench-approver": "tok-bench-approver-
 ROLES = {"bench-app": "invoker", "bench-approver": "approver"}
 REGISTRY = "bench.crews:CREWS"
 HOST_OPERATIONS = ["run", "status", "events", "cancel"]
+#: Sidecar arguments for a fresh worker process per job, measured beside the default (which runs up to 100 jobs of
+#: one tenant's crew in one worker), and how the rows name that setting.
+FRESH_WORKERS = ("--worker-jobs", "1")
+FRESH = " ".join(FRESH_WORKERS)
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 AIP_CONTENT_TYPE = "application/aip+json"

@@ -14,7 +14,7 @@ each against one plain process that runs the same crew in-process.
   imports CrewAI, so it shares no pages with either side). One batch per side per round, the order switched
   every round; p50 and p99 are over the batches. Target: ≤ 1.3× at p50. The sidecar runs the default
   ``--worker-jobs`` (warm workers: a worker runs job after job of the tenant's crew). A third side, a sidecar
-  with a fresh worker per job (``--worker-jobs`` :data:`FRESH_JOBS`), runs the same batches in the same
+  with a fresh worker per job (:data:`bench.common.FRESH_WORKERS`), runs the same batches in the same
   rounds.
 - **memory**: the proportional set size (PSS, ``/proc/<pid>/smaps_rollup``: shared pages split between the
   processes mapping them) summed over the idle sidecar tree after the runs, vs the PSS of one process that
@@ -57,6 +57,8 @@ import httpx
 
 from aip_crewai.sidecar.options import DEFAULT_PRELOAD_MODULES, OPTIONS
 from bench.common import (
+    FRESH,
+    FRESH_WORKERS,
     QUIET_S,
     REGISTRY,
     ROOT,
@@ -94,9 +96,7 @@ LEAN_IDLE = 1
 ON_DEMAND_ROUNDS = 15
 ON_DEMAND_WARMUP = 1
 #: ``--worker-jobs`` of the third sidecar (the CPU row with a fresh worker per job: each job pays a boot).
-FRESH_JOBS = 1
 #: The rows of what a fresh worker costs (the idle-workers trade, the preloaded modules): every job in a fresh worker.
-FRESH = ("--worker-jobs", str(FRESH_JOBS))
 #: The memory rows' ``--preload-modules``: the bench crews use no OpenAI-compatible model (docs/operating.md
 #: "Preloaded modules"); the other rows run the default.
 NO_PRELOAD = ("--preload-modules", "none")
@@ -169,7 +169,7 @@ async def run() -> Section:
             raise BenchError("no PSS for the reference process (/proc/<pid>/smaps_rollup unreadable)")
         sidecar = stack.start_sidecar("--isolation", "process", "--max-concurrency", str(POOL), *NO_PRELOAD)
         fresh = stack.start_sidecar(
-            "--isolation", "process", "--max-concurrency", str(POOL), "--worker-jobs", str(FRESH_JOBS), name="fresh"
+            "--isolation", "process", "--max-concurrency", str(POOL), *FRESH_WORKERS, name="fresh"
         )
         booted, fresh_booted = pool_full(sidecar.pid, POOL), pool_full(fresh.pid, POOL)
         batches = itertools.count(1)
@@ -233,8 +233,7 @@ async def run() -> Section:
     )
     section.rows.append(
         latency_row(
-            f"CPU per `fast` job at --worker-jobs {FRESH_JOBS} (a fresh worker per job): sidecar process tree vs "
-            "in-process akickoff",
+            f"CPU per `fast` job at {FRESH} (a fresh worker per job): sidecar process tree vs in-process akickoff",
             Stats.of(samples["fresh"]),
             base_s,
             max_ratio=None,
@@ -268,7 +267,7 @@ async def run() -> Section:
     lean_ratio = lean_pss / reference_pss
     section.rows.append(
         Row(
-            f"memory at --idle-workers {LEAN_IDLE} (of --max-concurrency {POOL}; {' '.join((*NO_PRELOAD, *FRESH))}): "
+            f"memory at --idle-workers {LEAN_IDLE} (of --max-concurrency {POOL}; {' '.join((*NO_PRELOAD, *FRESH_WORKERS))}): "
             "sidecar "
             "tree PSS after runs, idle, vs one process with CrewAI and the registry imported",
             _mib(lean_pss),
@@ -281,7 +280,7 @@ async def run() -> Section:
     )
     section.rows.append(
         latency_row(
-            f"run `fast` (POST /jobs, {' '.join(FRESH)}): a job that waits for its worker's boot (--idle-workers 0) "
+            f"run `fast` (POST /jobs, {FRESH}): a job that waits for its worker's boot (--idle-workers 0) "
             "vs one that finds it idle (--idle-workers 1)",
             Stats.of(on_demand["boots"]),
             Stats.of(on_demand["idle"]),
@@ -291,7 +290,7 @@ async def run() -> Section:
     section.rows.append(
         latency_row(
             f"CPU per job of a real crew on an OpenAI-compatible model (`{REAL_CREW}`, provider on loopback, "
-            f"{' '.join(FRESH)}): sidecar tree at the default --preload-modules vs none",
+            f"{FRESH}): sidecar tree at the default --preload-modules vs none",
             Stats.of(real["default"]["cpu"]),
             Stats.of(real["none"]["cpu"]),
             max_ratio=None,
@@ -299,8 +298,7 @@ async def run() -> Section:
     )
     section.rows.append(
         latency_row(
-            f"run `{REAL_CREW}`, the same real crew (POST /jobs, {' '.join(FRESH)}): the default --preload-modules "
-            "vs none",
+            f"run `{REAL_CREW}`, the same real crew (POST /jobs, {FRESH}): the default --preload-modules vs none",
             Stats.of(real["default"]["latency"]),
             Stats.of(real["none"]["latency"]),
             max_ratio=None,
@@ -320,7 +318,7 @@ async def run() -> Section:
         f"Where a job's CPU goes at the default (per job, mean of the measured batches): {where}: the workers' "
         f"share is {in_worker * 1000:.0f} ms, the job in its warm worker (in-process: {base_s.p50 * 1000:.0f} ms). "
         f"A fresh worker's boot (fork, registry import, warm-up kickoff: what an idle worker has spent) is "
-        f"{boot * 1000:.0f} ms, off the job's path, and at --worker-jobs {FRESH_JOBS} every job pays one.",
+        f"{boot * 1000:.0f} ms, off the job's path, and at {FRESH} every job pays one.",
         f"Memory at --max-concurrency {POOL} (the default), right after the runs: sidecar {_mib(sidecar_pss)}, "
         f"fork server {_mib(server_pss)}, {len(worker_pss)} idle or warm workers {_mib(sum(worker_pss))} "
         f"(each {_mib(min(worker_pss, default=0))}–{_mib(max(worker_pss, default=0))}), total {_mib(tree_pss)}. "
@@ -357,7 +355,7 @@ async def _fewer_idle_workers(stack: Stack) -> tuple[int, int, dict[str, list[fl
     with no other sidecar up; ``fast`` run latencies, seconds, on a sidecar keeping none (``"boots"``) and on
     the first one (``"idle"``), interleaved)."""
     # a fresh worker per job: the idle-workers trade alone (a warm worker would serve these jobs without a boot)
-    args = ["--isolation", "process", "--max-concurrency", str(POOL), *FRESH, "--idle-workers"]
+    args = ["--isolation", "process", "--max-concurrency", str(POOL), *FRESH_WORKERS, "--idle-workers"]
     preloaded = stack.start_sidecar(*args, str(LEAN_IDLE), name="lean-preloaded")
     preloaded_pss = await _idle_pss(preloaded)
     preloaded.stop()
@@ -413,7 +411,7 @@ async def _real_crew(stack: Stack) -> dict[str, dict[str, list[float]]]:
             "realcrews:CREWS",
             "--idle-workers",
             "1",
-            *FRESH,
+            *FRESH_WORKERS,
             "--preload-modules",
             modules,
             name=f"real-{name}",

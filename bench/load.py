@@ -16,7 +16,7 @@ workers, where CrewAI lives; the host has none) is read at idle and sampled
 every 2 s during each phase, in a thread (peak kept); CPU time per run of each tree
 (``/proc/<pid>/stat``, the finished workers' included) is reported per phase.
 The whole measure runs twice: on the default sidecar (warm workers), then on a second stack whose sidecar
-runs a fresh worker per job (``--worker-jobs`` :data:`FRESH_JOBS`, no targets judged). Targets: zero errors (no run lost to load); host throughput ≥ 0.9× and p50
+runs a fresh worker per job (:data:`bench.common.FRESH_WORKERS`, no targets judged). Targets: zero errors (no run lost to load); host throughput ≥ 0.9× and p50
 latency ≤ 1.3× the sidecar's (the host adds under 10 %); host peak memory ≤ 0.5×
 the sidecar's.
 
@@ -35,6 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from bench.common import (
+    FRESH,
+    FRESH_WORKERS,
     SIDECAR_TOKEN,
     BenchError,
     Governed,
@@ -61,8 +63,6 @@ MAX_MEMORY_RATIO = 0.5
 #: What the host may cost under load: throughput and p50 latency against the same jobs posted directly.
 MIN_THROUGHPUT_RATIO = 0.9
 MAX_LATENCY_RATIO = 1.3
-#: ``--worker-jobs`` of the second stack (the rows with a fresh worker per job).
-FRESH_JOBS = 1
 
 
 def _mib(kib: int) -> str:
@@ -89,7 +89,7 @@ class _Phases:
 async def run() -> Section:
     section = Section("load", f"5. Load: {RUNS} concurrent runs, sidecar max concurrency {MAX_CONCURRENCY}")
     measured = await _measure(())
-    fresh = await _measure(("--worker-jobs", str(FRESH_JOBS)))
+    fresh = await _measure(FRESH_WORKERS)
     _report(section, measured, fresh)
     return section
 
@@ -198,7 +198,7 @@ def _report(section: Section, m: _Phases, fresh: _Phases) -> None:
             errors["host"] == 0 and errors["sidecar"] == 0,
         ),
         rate_row(
-            f"at --worker-jobs {FRESH_JOBS} (a fresh worker per job): throughput, {RUNS} governed runs via host vs POST /jobs",
+            f"at {FRESH} (a fresh worker per job): throughput, {RUNS} governed runs via host vs POST /jobs",
             "runs",
             fresh_throughput["host"],
             fresh_throughput["sidecar"],
@@ -206,13 +206,13 @@ def _report(section: Section, m: _Phases, fresh: _Phases) -> None:
             min_ratio=None,
         ),
         latency_row(
-            f"at --worker-jobs {FRESH_JOBS} (a fresh worker per job): latency per run, host vs sidecar POST /jobs",
+            f"at {FRESH} (a fresh worker per job): latency per run, host vs sidecar POST /jobs",
             Stats.of(fresh.latencies["host"]),
             Stats.of(fresh.latencies["sidecar"]),
             max_ratio=None,
         ),
         Row(
-            f"at --worker-jobs {FRESH_JOBS} (a fresh worker per job): errors",
+            f"at {FRESH} (a fresh worker per job): errors",
             f"{fresh.errors['host']} of {total['host']}",
             f"{fresh.errors['sidecar']} of {total['sidecar']}",
             "—",
@@ -268,7 +268,7 @@ def _report(section: Section, m: _Phases, fresh: _Phases) -> None:
         "Host phase per run: submit (→ pending_approval), approve (approver, HTTP), blocking re-call (same id and "
         "key) → completed. The sidecar phase skips governance entirely: the ratio is what approval, idempotency, "
         "two extra round trips and the host store cost under load.",
-        f"The rows at --worker-jobs {FRESH_JOBS}: the same two phases on a second stack whose sidecar runs "
+        f"The rows at {FRESH}: the same two phases on a second stack whose sidecar runs "
         "every job in a fresh worker (the default runs up to 100 jobs of one tenant's crew in one; "
         'docs/operating.md "Warm workers"), measured after the first stack stopped; their throughput and latency '
         "are shown, not judged (the targets apply to the default). CPU per run there: host "

@@ -17,7 +17,7 @@
   streaming on, as the sidecar runs it.
 
 - **host, a fresh worker per job**: the host sample again, through a second host whose sidecar runs with
-  ``--worker-jobs`` :data:`FRESH_JOBS` (the default sidecar's worker runs job after job of the tenant's crew;
+  :data:`bench.common.FRESH_WORKERS` (the default sidecar's worker runs job after job of the tenant's crew;
   this one boots a new worker for every job).
 
 Target: host adds at most 10 ms at p50 to the in-process run (judged at the default).
@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    FRESH,
+    FRESH_WORKERS,
     SAMPLE_QUIET_S,
     SIDECAR_TOKEN,
     BenchError,
@@ -50,8 +52,6 @@ ROUNDS = 150
 WARMUP = 5
 BUDGET_S = 60.0
 MAX_ADDED_S = 0.010
-#: ``--worker-jobs`` of the second host's sidecar (the row with a fresh worker per job).
-FRESH_JOBS = 1
 INPUT = {"topic": "overhead"}
 
 
@@ -89,7 +89,7 @@ async def run() -> Section:
     with Stack("run") as stack:
         sidecar = stack.start_sidecar()
         host = stack.start_host(sidecar, ["fast"])
-        fresh_sidecar = stack.start_sidecar("--worker-jobs", str(FRESH_JOBS), name="fresh-sidecar")
+        fresh_sidecar = stack.start_sidecar(*FRESH_WORKERS, name="fresh-sidecar")
         fresh_host = stack.start_host(fresh_sidecar, ["fast"], name="fresh-host")
         in_process = in_process_kickoff(stack.workdir / "in-process")
         governed, fresh_governed = Governed(host), Governed(fresh_host)
@@ -141,8 +141,7 @@ async def run() -> Section:
             "run `fast`: host (decision → result) vs in-process akickoff", host_s, base_s, max_added_s=MAX_ADDED_S
         ),
         added_row(
-            f"run `fast` at --worker-jobs {FRESH_JOBS} (a fresh worker per job): host (decision → result) vs "
-            "in-process akickoff",
+            f"run `fast` at {FRESH} (a fresh worker per job): host (decision → result) vs in-process akickoff",
             fresh_s,
             base_s,
             max_added_s=None,

@@ -397,7 +397,6 @@ def run_job(
     from aip_crewai.sidecar.operations import execute
 
     start = job.start
-    last = not reusable
     if start.crew_id not in registry:  # the sidecar admitted it from the same registry: never expected
         return Failed(
             "CrewNotFound", f"crew {start.crew_id!r} is not in this worker's registry", before_any_effect=True
@@ -450,7 +449,7 @@ def run_job(
             f"the operation output is {len(output)} bytes; at most {MAX_OUTPUT_BYTES} bytes",
             dropped=chunks.dropped,
         )
-    return Done(output, list(ctx.run_state.items()), chunks.dropped, last=last)
+    return Done(output, list(ctx.run_state.items()), chunks.dropped, last=not reusable)
 
 
 def _enter_job(confinement: Confinement, start: Start) -> Failed | None:
