@@ -58,11 +58,21 @@ from bench.common import (
 RUNS = 200
 ROUNDS = 2
 MAX_CONCURRENCY = 64
+#: The load's clients per phase, each holding at most ``2 * RUNS / CLIENTS`` connections; run ``i`` uses client
+#: ``i % CLIENTS``. httpcore 1.0.9's pool walks every connection it holds on each request it queues and each
+#: connection it releases (and polls every idle socket): one client of 400 connections cost this process 12 to
+#: 13 ms of CPU per governed run (3 requests) and 3 ms per direct run, on the 2 cores the host and the sidecar
+#: share. 20 clients of 20: 3.2 and 1.4 ms (bench/results/HISTORY.md, session 31).
+CLIENTS = 20
 INPUT = {"topic": "load"}
 MAX_MEMORY_RATIO = 0.5
 #: What the host may cost under load: throughput and p50 latency against the same jobs posted directly.
 MIN_THROUGHPUT_RATIO = 0.9
 MAX_LATENCY_RATIO = 1.3
+
+
+#: The bench process (its clients, and the memory sampler's thread every 2 s) in the CPU table.
+CLIENT = "bench client"
 
 
 def _mib(kib: int) -> str:
@@ -79,7 +89,7 @@ class _Phases:
     samples: list[str] = field(default_factory=list)
     peaks: dict[str, dict[str, int]] = field(default_factory=lambda: {"host": {}, "sidecar": {}})
     cpu: dict[str, dict[str, float]] = field(
-        default_factory=lambda: {"host": {"host": 0.0, "sidecar": 0.0}, "sidecar": {"host": 0.0, "sidecar": 0.0}}
+        default_factory=lambda: {phase: {"host": 0.0, "sidecar": 0.0, CLIENT: 0.0} for phase in ("host", "sidecar")}
     )
     idle: dict[str, int] = field(default_factory=dict)
     after: dict[str, int] = field(default_factory=dict)
@@ -101,12 +111,13 @@ async def _measure(sidecar_args: tuple[str, ...]) -> _Phases:
         sidecar = stack.start_sidecar("--max-concurrency", str(MAX_CONCURRENCY), *sidecar_args)
         host = stack.start_host(sidecar, ["fast"])
         processes: list[Process] = [host, sidecar]
-        governed = Governed(host, connections=2 * RUNS)
-        side = async_client(sidecar.base_url, SIDECAR_TOKEN, connections=2 * RUNS)
+        per_client = 2 * RUNS // CLIENTS
+        governed = [Governed(host, connections=per_client) for _ in range(CLIENTS)]
+        sides = [async_client(sidecar.base_url, SIDECAR_TOKEN, connections=per_client) for _ in range(CLIENTS)]
         try:
             for _ in range(3):  # warm both paths
-                await governed.governed_run("fast", INPUT)
-                await side.post(
+                await governed[0].governed_run("fast", INPUT)
+                await sides[0].post(
                     "/jobs",
                     json={"crew_id": "fast", "action_id": f"warm:{uuid.uuid4().hex}", "input": INPUT},
                     headers={"Idempotency-Key": new_id("key")},
@@ -114,19 +125,20 @@ async def _measure(sidecar_args: tuple[str, ...]) -> _Phases:
             await asyncio.sleep(0.5)
             m.idle = {p.name: tree_pss_kib(p.pid) for p in processes}
 
-            async def host_run() -> float:
+            async def host_run(i: int) -> float:
+                tenant = governed[i % CLIENTS]
                 started = time.perf_counter()
-                body, approval_id = await governed.submit("fast", INPUT)
-                await governed.decide(approval_id)
-                result = await governed.post(body)
+                body, approval_id = await tenant.submit("fast", INPUT)
+                await tenant.decide(approval_id)
+                result = await tenant.post(body)
                 if result["status"] != "completed":
                     raise BenchError(f"run ended {result['status']}: {json.dumps(result.get('error'))[:800]}")
                 return time.perf_counter() - started
 
-            async def sidecar_run() -> float:
+            async def sidecar_run(i: int) -> float:
                 job_id = f"load:{uuid.uuid4().hex}"
                 started = time.perf_counter()
-                response = await side.post(
+                response = await sides[i % CLIENTS].post(
                     "/jobs",
                     json={"crew_id": "fast", "action_id": job_id, "input": INPUT},
                     headers={"Idempotency-Key": new_id("key"), "X-AIP-Action-ID": job_id},
@@ -139,10 +151,12 @@ async def _measure(sidecar_args: tuple[str, ...]) -> _Phases:
             for _ in range(ROUNDS):
                 for name, one in phases.items():
                     cpu_before = {p.name: tree_cpu_seconds(p.pid) for p in processes}
+                    client_before = time.process_time()
                     async with TreeSampler(processes) as sampler:
                         started = time.perf_counter()
-                        outcomes = await asyncio.gather(*[one() for _ in range(RUNS)], return_exceptions=True)
+                        outcomes = await asyncio.gather(*[one(i) for i in range(RUNS)], return_exceptions=True)
                         walls[name].append(time.perf_counter() - started)
+                    cpu[name][CLIENT] += time.process_time() - client_before
                     for process in processes:
                         cpu[name][process.name] += tree_cpu_seconds(process.pid) - cpu_before[process.name]
                     for outcome in outcomes:
@@ -156,10 +170,12 @@ async def _measure(sidecar_args: tuple[str, ...]) -> _Phases:
                         peaks[name][process_name] = max(peaks[name].get(process_name, 0), peak)
                     await asyncio.sleep(0.5)
             m.after = {p.name: tree_pss_kib(p.pid) for p in processes}
-            m.resent = list(governed.resent)
+            m.resent = [kind for tenant in governed for kind in tenant.resent]
         finally:
-            await side.aclose()
-            await governed.aclose()
+            for client in sides:
+                await client.aclose()
+            for tenant in governed:
+                await tenant.aclose()
     if not latencies["host"] or not latencies["sidecar"]:
         raise BenchError(f"no run completed: errors {errors}")
     return m
@@ -251,6 +267,14 @@ def _report(section: Section, m: _Phases, fresh: _Phases) -> None:
                 f"{cpu['sidecar'][p] / total['sidecar'] * 1000:.1f} ms",
             ]
             for p in ("host", "sidecar")
+        ]
+        + [
+            [
+                CLIENT,
+                *["—"] * 4,
+                f"{cpu['host'][CLIENT] / total['host'] * 1000:.1f} ms",
+                f"{cpu['sidecar'][CLIENT] / total['sidecar'] * 1000:.1f} ms",
+            ]
         ],
     )
     section.notes += [f"error: {sample}" for sample in [*samples, *fresh.samples]]
@@ -265,6 +289,9 @@ def _report(section: Section, m: _Phases, fresh: _Phases) -> None:
     section.notes += [
         f"{ROUNDS} rounds of each phase ({RUNS} runs at once each), pooled; throughput p50 = mean over rounds, "
         "p99 = the slowest round.",
+        f"The runs are spread over {CLIENTS} clients of {2 * RUNS // CLIENTS} connections in each phase (an httpx "
+        "client's pool costs CPU per request in proportion to the connections it holds; the bench process shares "
+        f"the 2 cores): the `{CLIENT}` row is this process's CPU per run.",
         "Host phase per run: submit (→ pending_approval), approve (approver, HTTP), blocking re-call (same id and "
         "key) → completed. The sidecar phase skips governance entirely: the ratio is what approval, idempotency, "
         "two extra round trips and the host store cost under load.",
