@@ -573,6 +573,58 @@ async def test_a_discarded_sink_stores_nothing_more(env):
     assert await service.store.list_chunks("acme", "s1") == []
 
 
+async def test_rest_hands_back_the_chunks_waiting_for_the_window_and_stores_none_of_them(env):
+    """The stream ended: the chunks still waiting for the commit window go in the result's own write."""
+    service, _, _ = env
+    sink = await _sink(service, commit_window_s=60.0)
+    batches, stored = _count_batches(service)
+    await sink.add([_chunk(0)])
+    await asyncio.wait_for(stored.wait(), 10)
+    for sequence in range(1, 4):
+        await sink.add([_chunk(sequence)])
+    assert [c.sequence for c in await asyncio.wait_for(sink.rest(), 10)] == [1, 2, 3]
+    await _yield_to_the_writer()
+    assert batches == [1]
+    assert [c.sequence for c in await service.store.list_chunks("acme", "s1", -1, 100)] == [0]
+
+
+async def test_rest_waits_for_the_batch_the_store_is_writing(env):
+    service, _, _ = env
+    sink = await _sink(service, commit_window_s=0.0)
+    entered, gate = asyncio.Event(), asyncio.Event()
+    append = service.store.append_chunks
+
+    async def held(*args, **kwargs):
+        entered.set()
+        await gate.wait()
+        return await append(*args, **kwargs)
+
+    service.store.append_chunks = held
+    await sink.add([_chunk(0)])
+    await asyncio.wait_for(entered.wait(), 10)
+    await sink.add([_chunk(1)])
+    rest = asyncio.ensure_future(sink.rest())
+    await _yield_to_the_writer()
+    assert not rest.done()  # batch 0 is on its way to the store
+    gate.set()
+    assert [c.sequence for c in await asyncio.wait_for(rest, 10)] == [1]
+    assert [c.sequence for c in await service.store.list_chunks("acme", "s1", -1, 100)] == [0]
+
+
+async def test_a_runs_last_chunks_are_stored_in_its_results_write(env, monkeypatch):
+    """One store write fewer per run: the chunks that arrive within the commit window of the stream's end
+    are not a batch of their own; the stored stream is whole and in order all the same."""
+    from aip_crewai.host.actions.chunk_sink import ChunkSink
+
+    service, _, _ = env
+    monkeypatch.setitem(ChunkSink.__init__.__kwdefaults__, "commit_window_s", 60.0)
+    batches, _ = _count_batches(service)
+    done = await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    assert done.status == "completed" and done.chunk_count == 3
+    assert sum(batches) < 3  # what had not been stored when the result came went in its write
+    assert [c.sequence for c in await service.store.list_chunks("acme", "a1")] == [0, 1, 2]
+
+
 def test_only_key_less_read_only_actions_skip_fsync():
     from aip_crewai.host.actions.service import durable_action
 

@@ -34,7 +34,9 @@ class ChunkSink:
     CPU on the 2-core bench machine). A chunk after a quiet spell is written at once;
     :meth:`drain` (the stream ended) and a queue of :attr:`MAX_QUEUED` chunks write
     without waiting. The stream is only held back (awaiting the writer) past
-    :attr:`MAX_QUEUED` chunks.
+    :attr:`MAX_QUEUED` chunks. A dispatch that holds its result takes the chunks not yet
+    handed to the store (:meth:`rest`) and writes them in the result's own transaction
+    (``ActionWriter.finish(chunks=)``): the stream's last batch costs no store hop of its own.
 
     Chunk writes are not fsynced: like the sidecar's chunk checkpoints they
     become durable with the action's result commit (see :mod:`.store`).
@@ -64,6 +66,7 @@ class ChunkSink:
         self._committed_at = float("-inf")  # the event loop's clock at the last batch's commit
         self._flush = asyncio.Event()  # set: the writer stops waiting for the window
         self._draining = False
+        self._closing = False  # set by :meth:`rest`: the writer hands nothing more to the store
 
     def hold(self, lease_token: int | None) -> None:
         """Fence every later batch by ``lease_token`` (the dispatch's, from ``Store.lease_token`` right after
@@ -88,6 +91,17 @@ class ChunkSink:
         if self._writer is not None:
             await asyncio.shield(self._writer)
 
+    async def rest(self) -> list[StreamChunk]:
+        """Stop the writer and return the queued chunks it had not handed to the store (stream order, possibly
+        none), once a batch already handed to it is stored: the caller writes them with the result, in one
+        transaction. The sink takes no more chunks after this. Raises a previous write's error."""
+        self._closing = True
+        self._flush.set()
+        if self._writer is not None:
+            await asyncio.shield(self._writer)
+        rest, self._queued = self._queued, []
+        return rest
+
     def discard(self) -> None:
         """Drop queued chunks and stop the writer (a batch already handed to the store may still land)."""
         self._queued.clear()
@@ -99,11 +113,13 @@ class ChunkSink:
     async def _write(self) -> None:
         job = self.live.job
         loop = asyncio.get_running_loop()
-        while self._queued:
+        while self._queued and not self._closing:
             rest = self._committed_at + self._window_s - loop.time()
             if rest > 0 and not self._flush.is_set():
                 with anyio.move_on_after(rest):
                     await self._flush.wait()
+                if self._closing:  # the result's write takes the queue (:meth:`rest`)
+                    return
             batch, self._queued = self._queued, []
             if not self._draining:
                 self._flush.clear()  # a full queue's flush covers this batch only

@@ -103,7 +103,7 @@ async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool
         if result is None:  # no longer running (a cancel won while it waited), or deferred to the reconciler
             await sink.drain()
             return
-        await sink.drain()
+        tail = await sink.rest()  # the stream's last chunks go in the result's own write
         result = await answer_before_admission(runtime, job, result)
         # The dispatch's own final word on how far its request got (`not_sent` after a refused connection).
         live.final = await runtime.writer.finish(
@@ -114,6 +114,7 @@ async def _dispatch(runtime: ActionRuntime, live: LiveAction, *, mark_sent: bool
             operation=job.spec.name,
             durable=job.durable,
             settle_dispatch=True,
+            chunks=tail,
             lease_token=live.lease_token,
         )
     except asyncio.CancelledError:

@@ -395,7 +395,6 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
         sink.hold(live.lease_token)
         log.info("action_resumed", from_chunk=job.first_chunk_sequence)
         result = await runtime.dispatcher.resume(job, sink.add)
-        await sink.drain()
         live.final = await runtime.writer.finish(
             tenant,
             action_id,
@@ -403,6 +402,7 @@ async def _follow_sidecar(runtime: ActionRuntime, live: LiveAction) -> None:
             DispatchState.ACKNOWLEDGED.value,
             operation=job.spec.name,
             durable=job.durable,
+            chunks=await sink.rest(),  # the stream's last chunks go in the result's own write
             lease_token=live.lease_token,
         )
     except asyncio.CancelledError:
