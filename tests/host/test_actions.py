@@ -75,6 +75,30 @@ async def test_mutation_waits_for_approval_then_runs_once(env):
     assert other.action_id == "a1"
 
 
+async def test_a_governed_actions_row_and_its_pending_approval_are_one_write(env, monkeypatch):
+    """Submitting a governed action writes its row, its key's reservation and its pending approval in ONE
+    store write: one hop, and never a pending action without its approval (here: an approval id that
+    collides, whose insert fails, leaves no action row either)."""
+    from aip_crewai.host.actions import service as service_module
+
+    service, _, _ = env
+    monkeypatch.setattr(service_module.secrets, "token_urlsafe", lambda _n: "same")
+    hops = []
+    run = service.store._run
+
+    async def counting(*args):
+        hops.append(args[0])
+        return await run(*args)
+
+    monkeypatch.setattr(service.store, "_run", counting)
+    first = await service.submit(INVOKER, action("a1"), None, stream=False)
+    assert first.status == "pending_approval" and len(hops) == 1
+    assert (await service.store.get_approval("acme", first.approval_id)).action_id == "a1"
+    with pytest.raises(Exception):  # noqa: B017 - the store's integrity error, whatever its type
+        await service.submit(INVOKER, action("a2", key="k-2"), None, stream=False)
+    assert await service.store.get_action("acme", "a2") is None
+
+
 async def test_changed_input_is_a_conflict(env):
     service, _, _ = env
     await service.submit(INVOKER, action("a1"), None, stream=False)

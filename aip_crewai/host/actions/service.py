@@ -65,8 +65,8 @@ _view_encoder = msgspec.json.Encoder()
 def pending_result(record: ActionRecord) -> ActionResult:
     """The ``pending_approval`` result of a governed action waiting for its approval: ``output`` is a
     :class:`~aip_crewai.contracts.aip.PendingApproval` (approval id, policy hash, expiry, where an approver
-    decides), plus a text part. Derived from the action row alone (the approval row may still be in flight
-    for a concurrent duplicate): same hash, same expiry. Pure.
+    decides), plus a text part. Derived from the action row alone (its approval row, written in the same
+    transaction, holds the same hash and expiry). Pure.
 
     Source: docs/approvals.md "The approval flow"."""
     approval_id = record.approval_id or ""
@@ -200,9 +200,9 @@ class ActionService:
         if blocking and not stream and inline_read(spec, key):
             return await self._read_inline(caller, action, crew_id, spec, hashed)
         placing = self.dispatcher.placement.placing(crew_id) if spec.startable and not spec.approval else None
-        try:  # One transaction: the target check of status/events/cancel, the key's reservation and the action
-            # row; a request refused here reserves nothing (docs/security.md "Security": idempotency). A running action is
-            # dispatched right after this write: it is created `sent` with its placement (docs/operating.md "Several sidecars").
+        try:  # One transaction: the target check of status/events/cancel, the key's reservation, the action row and
+            # its pending approval; a request refused here reserves nothing (docs/security.md "Security": idempotency).
+            # A running action is dispatched right after: created `sent` with its placement (operating.md "Several sidecars").
             with placing or contextlib.nullcontext() as sidecar:
                 created, record_ = await self.writer.create(
                     event,
@@ -222,6 +222,7 @@ class ActionService:
                     key_expires_at=self.now_ms() + IDEMPOTENCY_TTL_MS if key is not None else None,
                     durable=durable_action(spec, key),
                     sidecar=sidecar,
+                    approval_ttl_ms=APPROVAL_TTL_MS if approval_id is not None else None,
                 )
         except MissingTarget:
             raise ActionNotFound(run_action_id=run_action_id) from None
@@ -230,7 +231,6 @@ class ActionService:
         self._fence("idempotency", "admitted")
         if approval_id is not None:
             self._fence("approval", "requested")
-            await self.writer.open_approval(record_, _approval_hash(record_), record_.created_at + APPROVAL_TTL_MS)
             return record_
         self.start(record_, stream=stream)
         return record_

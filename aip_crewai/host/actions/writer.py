@@ -42,6 +42,7 @@ from .lifecycle import (
     ActionState,
     DispatchState,
     approval_admits,
+    policy_hash,
 )
 from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
@@ -99,13 +100,19 @@ class ActionWriter:
         key_expires_at: int | None = None,
         durable: bool = True,
         sidecar: str | None = None,
+        approval_ttl_ms: int | None = None,
     ) -> tuple[bool, ActionRecord]:
         """``request_approval`` or ``admit``: insert the action and reserve its
         idempotency key in one transaction (see :meth:`Store.create_action`), with the W3C
         ``traceparent`` current here, which its dispatch continues (:mod:`..tracing`), and
-        its placement ``sidecar`` when it is dispatched at once (docs/operating.md "Several sidecars")."""
+        its placement ``sidecar`` when it is dispatched at once (docs/operating.md "Several sidecars").
+        ``approval_ttl_ms``: ``request_approval``'s pending approval (``approval_id``, its policy hash) is
+        written in the same transaction, expiring this long after the row's ``created_at``."""
         if TRANSITIONS[event].sources:
             raise ValueError(f"{event.value} does not create an action")
+        now = self.store.now_ms()
+        policy = policy_hash(tenant, action_id, capability_id, input_hash)
+        approval = None if approval_ttl_ms is None else (policy, now + approval_ttl_ms)
         return await self.store.create_action(
             tenant,
             action_id,
@@ -125,6 +132,8 @@ class ActionWriter:
             durable=durable,
             trace_parent=current_traceparent(),
             sidecar=sidecar,
+            approval=approval,
+            now=now,
         )
 
     async def create_answered(

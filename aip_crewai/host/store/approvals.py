@@ -77,6 +77,16 @@ class ApprovalMethods:
         )
         self._outbox_approval_now(tenant, approval_id)  # its webhook events, in the same transaction
 
+    def _insert_approval_now(self, request: tuple[str, ...], now: int, expires_at: int) -> ApprovalRecord:
+        """Insert a pending approval and log it (inside the caller's transaction, on the worker). ``request``:
+        ``(tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json)``."""
+        rows = self._fetch_now(
+            f"INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 14)}) RETURNING {APPROVAL_COLUMNS}",
+            (*request, "pending", None, None, None, now, expires_at, None),
+        )
+        self._log_approval_now(request[0], request[1], "pending")
+        return ApprovalRecord(*rows[0])
+
     async def _approvals_write(self, fn: Callable[..., _T], *args: Any) -> _T:
         """:meth:`_run` a write that may change approvals, then wake the approval stream (also on failure)."""
         try:
@@ -106,37 +116,13 @@ class ApprovalMethods:
             StoreError: the approval id exists, or the action does not.
         """
         now = self.now_ms() if now is None else now
-
-        def insert() -> list[tuple[Any, ...]]:
-            rows = self._fetch_now(
-                f"INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
-                f"RETURNING {APPROVAL_COLUMNS}",
-                (
-                    tenant,
-                    approval_id,
-                    action_id,
-                    capability_id,
-                    policy_hash,
-                    requested_by,
-                    input_snapshot_json,
-                    "pending",
-                    None,
-                    None,
-                    None,
-                    now,
-                    expires_at,
-                    None,
-                ),
-            )
-            self._log_approval_now(tenant, approval_id, "pending")
-            return rows
+        args = (tenant, approval_id, action_id, capability_id, policy_hash, requested_by, input_snapshot_json)
 
         def create() -> ApprovalRecord:
             try:
-                rows = self._transaction_now(insert)
+                return self._transaction_now(lambda: self._insert_approval_now(args, now, expires_at))
             except self._db.integrity_error as exc:
                 raise StoreError(f"approval {approval_id!r} exists or action {action_id!r} does not") from exc
-            return ApprovalRecord(*rows[0])
 
         return await self._approvals_write(create)
 

@@ -13,7 +13,7 @@ docs/security.md "Security" (idempotency).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..actions.lifecycle import ActionState, allowed, is_terminal
@@ -66,6 +66,7 @@ def create_now(
     reservation: tuple[str, int] | None,
     target: tuple[str, Sequence[str]] | None,
     seal: Seal | None = None,
+    then: Callable[[ActionRecord], object] | None = None,
 ) -> tuple[bool, ActionRecord]:
     """Insert the action ``row`` (its values in :data:`.sql.ACTION_COLUMNS` order) unless its
     ``(tenant, action_id)`` exists (on the worker, in the caller's write).
@@ -77,6 +78,7 @@ def create_now(
         target: ``(run_action_id, operations)``: insert only when that action of the same tenant, crew
             and principal, of one of ``operations``, exists.
         seal: what a row created with its result leaves, in the same transaction (:func:`.ledger.seal_now`).
+        then: called with a created record, in the same transaction (a governed action's pending approval).
 
     Returns:
         ``(created, record)``: see :meth:`~aip_crewai.host.store.store.Store.create_action`.
@@ -120,10 +122,12 @@ def create_now(
                 key, expires_at = reservation
                 db.change(_RESERVE, (tenant, key, capability_id, action_id, input_hash, now, expires_at))
             record = ActionRecord(*rows[0])
+            if then is not None:
+                then(record)
             return True, record if seal is None else seal_now(db, record, seal)
         rows = db.fetch(GET_ACTION, (tenant, action_id))
         if not rows:
             raise StoreError("action vanished after creation")
         return False, ActionRecord(*rows[0])
 
-    return db.transaction(create) if reservation is not None or seal is not None else create()
+    return db.transaction(create) if reservation is not None or seal is not None or then is not None else create()

@@ -380,6 +380,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         seal: Seal | None = None,
         trace_parent: str | None = None,
         sidecar: str | None = None,
+        approval: tuple[str, int] | None = None,
     ) -> tuple[bool, ActionRecord]:
         """Insert an action unless ``(tenant, action_id)`` exists (``durable``: see the module docstring).
 
@@ -408,6 +409,8 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
             seal: with ``result``: what the result leaves, written with a created row (:func:`.ledger.seal_now`).
             trace_parent: the W3C ``traceparent`` its dispatch continues (docs/observing.md "Observing actions").
             sidecar: its placement, recorded before its start is sent (docs/operating.md "Several sidecars").
+            approval: ``(policy_hash, expires_at ms)`` of a ``pending_approval`` action: its pending approval
+                (``approval_id``) is inserted with a created row, in the same transaction (ARCHITECTURE.md §7).
 
         Returns:
             ``(created, record)``: the new record, or the EXISTING one
@@ -427,9 +430,18 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         state = (idempotency_key, status, dispatch, result_json, None, approval_id, timeout_ms, 0)
         row = (*request, *state, now, now, *self._lease_for(status), trace_parent, sidecar)
         reserve = None if idempotency_key is None or key_expires_at is None else (idempotency_key, key_expires_at)
-        created, record = await self._run(
-            self._write_now, durable, lambda: create_now(self._db, row, reservation=reserve, target=target, seal=seal)
-        )
+
+        def pending(_record: ActionRecord) -> None:  # inside the row's transaction
+            policy, expires_at = approval or ("", 0)
+            names = (tenant, approval_id or "", action_id, capability_id, policy, principal_id, input_json)
+            self._insert_approval_now(names, now, expires_at)
+
+        def write() -> tuple[bool, ActionRecord]:
+            then = pending if approval is not None else None
+            return create_now(self._db, row, reservation=reserve, target=target, seal=seal, then=then)
+
+        run = self._approvals_write if approval is not None else self._run  # the former wakes approval streams
+        created, record = await run(self._write_now, durable, write)
         if created:
             self._hold(record)
         return created, record
