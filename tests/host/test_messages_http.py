@@ -335,6 +335,24 @@ async def test_a_reason_without_a_visible_character_is_refused_and_decides_nothi
     assert decided.status_code == 200, decided.text
 
 
+async def test_a_decision_naming_a_member_twice_is_refused_and_decides_nothing(http):
+    """``{"decision": "denied", "decision": "approved"}`` reads either way depending on the parser: refused,
+    at any depth, so no decision (nor a signed body kept as its evidence) can mean two things."""
+    approval_id = (await submit_action(http, "act_twice"))["approval_id"]
+    url = f"/aip/v1/approvals/{approval_id}/decision"
+    for body in (
+        b'{"decision":"denied","decision":"approved","reason":"x"}',
+        b'{"decision":"approved","reason":"x","reason":"y"}',
+        b'{"decision":"approved","reason":"x","approver":{"id":"human:acme-both","id":"human:other"}}',
+    ):
+        refused = await http.post(url, headers={**bearer("acme-both"), **CT}, content=body)
+        assert refused.status_code == 400, (body, refused.text)
+        error = refused.json()["body"]["error"]["error"]
+        assert error["code"] == "message.invalid_envelope" and "appears twice" in error["message"], error
+    still = await http.get(f"/aip/v1/approvals/{approval_id}", headers=bearer("acme-both"))
+    assert still.json()["status"] == "pending"
+
+
 async def test_the_same_decision_again_is_answered_as_recorded_and_any_other_is_409(http, clock):
     """A retry after a 503 whose commit went through, or after a lost answer, gets the decision as made."""
     approval_id = (await submit_action(http, "act_again"))["approval_id"]

@@ -116,6 +116,25 @@ async def test_a_signed_decision_for_another_policy_hash_is_409(world):
     assert response.status_code == 409
 
 
+async def test_a_signed_decision_that_names_its_decision_twice_is_refused_and_keeps_no_proof(world):
+    """The signed body is the decision's evidence: one that a first-name parser reads "denied" and a
+    last-name parser "approved" is refused (400), and nothing is decided or kept."""
+    _, http, approval_id, policy_hash = world
+    body = f'{{"decision":"denied","decision":"approved","reason":"checked","policy_hash":"{policy_hash}"}}'
+    response = await http.post(
+        f"/aip/v1/approvals/{approval_id}/decision",
+        auth=signer("acme-approver"),
+        content=body.encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["body"]["error"]["error"]["code"] == "message.invalid_envelope"
+    proof = await http.get(f"/aip/v1/approvals/{approval_id}/proof", auth=signer("acme-approver"))
+    assert proof.status_code == 404
+    shown = await http.get(f"/aip/v1/approvals/{approval_id}", auth=signer("acme-approver"))
+    assert shown.json()["status"] == "pending"
+
+
 async def test_without_a_signature_the_key_only_approver_is_401(world):
     _, http, _, _ = world
     response = await http.get("/aip/v1/approvals")

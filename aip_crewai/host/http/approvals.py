@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -378,10 +379,26 @@ async def _decision_bytes(request: Request, *, authenticated: bool) -> bytes:
 
 
 def _decode_decision(raw: bytes) -> DecisionRequest:
+    """The decision body, refused (400 ``message.invalid_envelope``) unless valid and read one way only: a
+    member named twice in any object (``{"decision": "denied", "decision": "approved"}``) is refused, since
+    parsers disagree on which one counts and a signed body is kept as the decision's evidence (RFC 7493,
+    I-JSON; docs/approvals.md "The approval flow")."""
+    try:
+        json.loads(raw, object_pairs_hook=_one_name_each)
+    except (ValueError, RecursionError):  # not JSON: msgspec's message below says why
+        pass
     try:
         return _decision_decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InvalidEnvelope(f"invalid decision: {plain_rule(str(exc))}") from exc
+
+
+def _one_name_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    names = [name for name, _ in pairs]
+    if len(set(names)) < len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise InvalidEnvelope(f"invalid decision: the member {twice[:64]!r} appears twice in one object")
+    return dict(pairs)
 
 
 async def _why_undecided(
