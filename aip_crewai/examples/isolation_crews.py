@@ -28,6 +28,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import signal
 import sqlite3
 import sys
@@ -257,7 +258,9 @@ def _handler_name(handler: Any) -> str:
 
 def _unsettle(inputs: dict[str, Any]) -> dict[str, Any]:
     """``before_kickoff`` callback (on the worker's main thread): write ``<job>.process`` (JSON: the file-mode
-    creation mask, SIGINT's disposition, whether the process leads its own group), then change all three."""
+    creation mask, SIGINT's and SIGPIPE's dispositions, whether the process leads its own group, the blocked
+    signals, whether an alarm is pending, the recursion limit, the open-files limit, the time zone), then
+    change all of them. A topic holding ``setsid`` also leaves the worker's session (beyond repair)."""
     mask = os.umask(0)
     _write(
         marker(_job_id(), "process"),
@@ -265,12 +268,29 @@ def _unsettle(inputs: dict[str, Any]) -> dict[str, Any]:
             {
                 "umask": oct(mask),
                 "sigint": _handler_name(signal.getsignal(signal.SIGINT)),
+                "sigpipe": _handler_name(signal.getsignal(signal.SIGPIPE)),
                 "own_group": os.getpgrp() == os.getpid(),
+                "blocked": sorted(int(sig) for sig in signal.pthread_sigmask(signal.SIG_BLOCK, ())),
+                "alarm": signal.getitimer(signal.ITIMER_REAL)[0] > 0,
+                "recursion": sys.getrecursionlimit(),
+                "open_files": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                "zone": time.tzname[0],
             }
         ),
     )
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.setpgid(0, 0)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    signal.alarm(3600)
+    sys.setrecursionlimit(777)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 512) - 1, hard))
+    os.environ["TZ"] = "JST-9"
+    time.tzset()
+    if "setsid" in str(inputs.get("topic", "")):
+        os.setsid()
+    else:
+        os.setpgid(0, 0)
     return inputs
 
 

@@ -62,9 +62,12 @@ def start_warm(factory: SidecarFactory, markers: Path, args: list[str], **env: s
     )
 
 
-async def probe(client: httpx.AsyncClient, markers: Path, job: str, crew: str = "probe") -> dict[str, Any]:
-    """Run ``job`` (``tenant:name``) on ``crew`` and return what its probe tool found in its process."""
-    body = {"crew_id": crew, "action_id": job, "operation": "run", "input": {}}
+async def probe(
+    client: httpx.AsyncClient, markers: Path, job: str, crew: str = "probe", **input: str
+) -> dict[str, Any]:
+    """Run ``job`` (``tenant:name``) on ``crew`` with ``input`` and return what its probe tool found in its
+    process."""
+    body = {"crew_id": crew, "action_id": job, "operation": "run", "input": input}
     answer = await client.post("/jobs", json=body, headers={"Idempotency-Key": f"key-{job}"}, timeout=120)
     assert answer.status_code == 200, answer.text
     found: dict[str, Any] = json.loads((markers / f"{quote(job, safe='')}.probe").read_text())
@@ -86,15 +89,29 @@ async def test_an_owners_jobs_share_a_warm_worker_up_to_worker_jobs_with_its_pro
         assert (report["environ"], report["stdin"]) == ("_Environ", reports[0]["stdin"]) != ("dict", "StringIO")
     jobs_seen = [[s for s in r["seen"] if not s.startswith("event-after:")] for r in reports]
     assert jobs_seen == [[], ["t1:same-0"], ["t1:same-0", "t1:same-1"], []]
-    # the umask, SIGINT (ignored: a stop is the sidecar's) and the process group each job changed, put back too
+    # the umask, SIGINT (ignored: a stop is the sidecar's), SIGPIPE, the process group, the blocked signals, a
+    # pending alarm, the recursion and open-files limits and the time zone each job changed, put back too
     states = [json.loads((markers / f"{quote(f't1:same-{n}', safe='')}.process").read_text()) for n in range(JOBS)]
-    assert states[0]["sigint"] == "SIG_IGN" and states[0]["own_group"] is False
+    assert states[0]["sigint"] == states[0]["sigpipe"] == "SIG_IGN" and states[0]["own_group"] is False
+    assert (states[0]["blocked"], states[0]["alarm"], states[0]["recursion"]) == ([], False, 1000)
+    assert states[0]["zone"] != "JST" and states[0]["open_files"] > 511
     assert states == [states[0]] * JOBS
     async with sidecar.client() as client:
         metrics = (await client.get("/metrics")).text
     reused = re.search(r"^aip_crewai_sidecar_worker_jobs_reused_total (\d+)$", metrics, re.MULTILINE)
     assert reused is not None and int(reused.group(1)) >= 2, metrics  # the second and third jobs ran warm
     assert re.search(r"^aip_crewai_sidecar_workers_warm \d+$", metrics, re.MULTILINE), metrics
+
+
+async def test_a_job_that_left_its_workers_session_retires_the_worker(warm):
+    """A job that called ``setsid()`` leaves a process group the worker cannot put back: the job completes,
+    and its worker runs nothing more (the owner's next job runs in another process)."""
+    sidecar, markers = warm
+    async with sidecar.client() as client:
+        left = await probe(client, markers, "t5:session-0", topic="setsid")
+        after = await probe(client, markers, "t5:session-1")
+    assert left["pid"] != after["pid"]
+    assert sidecar.log_events("warm_worker_state_not_restored")
 
 
 async def pid_of(client: httpx.AsyncClient, markers: Path, job: str, crew: str, **input: str) -> tuple[int, int]:

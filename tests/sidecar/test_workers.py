@@ -314,6 +314,34 @@ async def test_a_warm_worker_killed_while_warm_frees_its_slot():
         await pool.close()
 
 
+async def test_a_job_whose_warm_worker_died_as_it_took_it_is_not_counted_as_run_warm():
+    """The owner's warm worker dies as it gets the next job (before any frame): the job runs in another
+    worker, and ``worker_jobs_reused_total`` does not count it."""
+    pool = warm_pool(worker_fakes.serves_one_job_then_dies_taking_the_next, size=2, idle=1)
+    await pool.start()
+    try:
+        first = await job_pid(pool, "t1")
+        assert await job_pid(pool, "t1") != first
+        assert pool.reused_total == 0 and pool.gauges()["worker_jobs_reused_total"] == 0
+    finally:
+        await pool.close()
+
+
+async def test_an_idle_worker_killed_while_idle_is_not_counted_idle():
+    """``workers_idle`` counts live workers: one killed while it waits for a job leaves the gauge at once, and
+    the next job runs in another worker."""
+    pool = warm_pool(worker_fakes.serves_jobs, size=2, idle=1)
+    await pool.start()
+    try:
+        await until_async(lambda: pool.idle() == 1, what="the spare booted")
+        (spare,) = pool.pids()
+        os.kill(spare, signal.SIGKILL)
+        await until_async(lambda: pool.gauges()["workers_idle"] == 0, what="the killed spare not counted idle")
+        assert await job_pid(pool, "t1") != spare
+    finally:
+        await pool.close()
+
+
 async def test_a_quiet_pool_retires_its_warm_workers_and_keeps_one_fresh_one():
     """A warm worker is not kept past the quiet time either: it is retired (killed: it runs nothing), one fresh
     idle worker stays, and the owner's next job runs in a fresh process."""

@@ -133,3 +133,14 @@ def always_dies_before_start(sock: socket.socket, _boot: bytes) -> None:
     """Dies (SIGKILL) as it gets its job, before any frame."""
     _start(sock)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def serves_one_job_then_dies_taking_the_next(sock: socket.socket, _boot: bytes) -> None:
+    """A warm worker that answers its first job with its pid (``last: false``) and dies (SIGKILL) as it gets
+    its second, before any frame (killed between two jobs, as an operator's ``kill -9`` would)."""
+    channel = Channel(sock, frame_bound(1024))
+    channel.send(Ready(os.getpid()))
+    assert isinstance(channel.recv(), Start)
+    channel.send(Done(b'{"pid": %d}' % os.getpid(), [], last=False))
+    assert isinstance(channel.recv(), Start)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -252,8 +252,12 @@ class WorkerPool:
         self._closing = True
 
     def idle(self) -> int:
-        """Fresh workers booted and waiting for a job (warm ones not counted: :meth:`warm`)."""
-        return self._idle.qsize()
+        """Fresh workers booted and waiting for a job, alive (warm ones not counted: :meth:`warm`; one killed
+        while idle is not counted, and is replaced when a job next needs a worker)."""
+        waiting = [self._idle.get_nowait() for _ in range(self._idle.qsize())]  # no getter waits: not empty
+        for worker in waiting:
+            self._idle.put_nowait(worker)
+        return sum(1 for worker in waiting if worker.process.is_alive())
 
     def warm(self) -> int:
         """Warm workers waiting for their owner's next job (alive: one killed while warm is not counted)."""
@@ -430,25 +434,24 @@ class WorkerPool:
         for worker in reversed([w for w, o in self._warm.items() if o == owner]):
             del self._warm[worker]
             if worker.process.is_alive():
-                self.reused_total += 1
                 return worker
             log.warning("worker_died_idle", pid=worker.pid, warm=True)
             self._forget(worker)
         return None
 
-    async def _take(self, owner: Owner) -> WorkerHandle:
-        """A warm worker of ``owner``, else an idle one, booting one when none is (``_top_up`` counts this job
-        as waiting)."""
+    async def _take(self, owner: Owner) -> tuple[WorkerHandle, bool]:
+        """A warm worker of ``owner`` (``(worker, True)``), else an idle one, booting one when none is
+        (``_top_up`` counts this job as waiting)."""
         worker = self._take_warm(owner)
         if worker is not None:
-            return worker
+            return worker, True
         self._waiting += 1
         try:
             while True:
                 self._top_up()
                 worker = await self._idle.get()
                 if worker.process.is_alive():
-                    return worker
+                    return worker, False
                 self._alive.discard(worker)  # died while idle: start another
                 log.warning("worker_died_idle", pid=worker.pid, exit=describe_exit(await worker.reap()))
         finally:
@@ -495,7 +498,7 @@ class WorkerPool:
     async def _run_in_one(self, owner: Owner, start: Start, ctx: JobContext) -> dict[str, Any]:
         """Run ``start`` in one worker (warm for ``owner``, else idle, else booted)."""
         self._note_activity()  # before _take: after a quiet time, the spares boot back with this job's own
-        worker = await self._take(owner)
+        worker, warm = await self._take(owner)
         self._busy += 1
         self._top_up()  # a spare for the next job, booted while this one runs
         job: JobFollower | None = None
@@ -504,7 +507,12 @@ class WorkerPool:
                 raise WorkerDied(await worker.reap(), before_start=True)
             job = JobFollower(self, worker, ctx)
             return await job.follow()
+        except WorkerDied as exc:
+            warm = warm and not exc.before_start  # it died before it took the job: the job ran elsewhere
+            raise
         finally:
+            if warm:
+                self.reused_total += 1
             self._busy -= 1
             self._note_activity()  # a job that outlived a shrink: its warm worker is retired once quiet again
             kept = job is not None and job.reusable and not self._closing

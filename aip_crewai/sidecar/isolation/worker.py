@@ -27,7 +27,8 @@ CrewAI import. :func:`serve` is the process target:
    default 100), a job that completed (no cancel, no failure, the worker's memory not grown by more than
    :data:`WARM_GROWTH_LIMIT_BYTES` since its first job) is reported with
    ``last: false`` instead: the worker restores ``os.environ``, its working directory, the standard
-   streams, umask, process group and :data:`KEPT_SIGNALS` (:class:`_ProcessState`) and goes back to 2 for
+   streams, umask, process group, signals, timers and limits (:class:`_ProcessState`; what it cannot put
+   back retires it) and goes back to 2 for
    the next job, which the sidecar sends only for the same tenant and crew (the job sandbox layer,
    ``confinement.enter_job``, is its first job's for good).
 
@@ -57,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import resource
 import signal
 import socket
 import sys
@@ -167,8 +169,8 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
             if resident - baseline > WARM_GROWTH_LIMIT_BYTES:
                 log.info("warm_worker_outgrown", pid=os.getpid(), jobs=count, grown_bytes=resident - baseline)
                 outcome = msgspec.structs.replace(outcome, last=True)
-        if not outcome.last and kept is not None:
-            kept.restore()
+        if not outcome.last and kept is not None and not kept.restore():
+            outcome = msgspec.structs.replace(outcome, last=True)
         job.flag.reported.set()  # from here the sidecar's end of file (it reaps us) is expected
         try:
             channel.send(outcome)
@@ -213,12 +215,23 @@ def _trace(boot: Boot) -> None:
 KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
+#: Every signal a handler may be set for (SIGKILL and SIGSTOP cannot be caught).
+CATCHABLE_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
+#: The interval timers a job may leave armed (a pending ``signal.alarm`` is ``ITIMER_REAL``'s).
+TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+#: The resource limits a job may lower (a lowered hard limit cannot be raised back: the worker retires).
+LIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
+
+
 class _ProcessState:
     """What a worker puts back after a job when it runs another: ``os.environ`` (the mapping itself, should a
-    job rebind it, and its variables), the working directory, ``sys.stdin``/``sys.stdout``/``sys.stderr``, the
-    file-mode creation mask, the process group and the dispositions of :data:`KEPT_SIGNALS`, as they were
-    before the job ran. A variable set with ``os.putenv`` alone bypasses ``os.environ`` and stays
-    (ARCHITECTURE.md §5 "warm workers")."""
+    job rebind it, and its variables) and the time zone read from it, the working directory,
+    ``sys.stdin``/``sys.stdout``/``sys.stderr``, the file-mode creation mask, the process group, every signal's
+    disposition, the blocked signals, the interval timers (a pending ``signal.alarm``), the scheduling
+    priority, the resource limits and the recursion limit, as they were before the job ran. A variable set
+    with ``os.putenv`` alone bypasses ``os.environ`` and stays. What cannot be put back (a job that left its
+    session with ``setsid``, raised its niceness as an unprivileged user, lowered a hard resource limit)
+    retires the worker: :meth:`restore` answers False (ARCHITECTURE.md §5 "warm workers")."""
 
     def __init__(self) -> None:
         self.mapping = os.environ
@@ -227,15 +240,30 @@ class _ProcessState:
         self.streams = (sys.stdin, sys.stdout, sys.stderr)
         self.umask = os.umask(0o077)
         os.umask(self.umask)
-        self.group = os.getpgrp()
-        self.handlers = {sig: signal.getsignal(sig) for sig in KEPT_SIGNALS}
+        self.group, self.session = os.getpgrp(), os.getsid(0)
+        self.handlers = {sig: signal.getsignal(sig) for sig in CATCHABLE_SIGNALS}
+        self.blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        self.timers = {timer: signal.getitimer(timer) for timer in TIMERS}
+        self.priority = os.getpriority(os.PRIO_PROCESS, 0)
+        self.limits = {limit: resource.getrlimit(limit) for limit in LIMITS}
+        self.recursion = sys.getrecursionlimit()
 
-    def restore(self) -> None:
+    def restore(self) -> bool:
+        """Put the state back; False when some of it cannot be (the worker then runs no other job)."""
+        try:
+            self._restore_python()
+            return self._restore_process() and self._restore_mask()
+        except Exception as exc:  # noqa: BLE001 - whatever the job left, its outcome is still reported
+            log.info("warm_worker_state_not_restored", pid=os.getpid(), error_type=type(exc).__name__)
+            return False
+
+    def _restore_python(self) -> None:
         if os.environ is not self.mapping:
             os.environ = self.mapping  # noqa: B003 - putting back the mapping a job rebound
         if os.environ != self.environ:
             os.environ.clear()
             os.environ.update(self.environ)
+        time.tzset()  # the time zone follows TZ as it is again (a job may have called tzset itself)
         try:
             if os.getcwd() != self.cwd:
                 os.chdir(self.cwd)
@@ -243,14 +271,39 @@ class _ProcessState:
             os.chdir(self.cwd)
         sys.stdin, sys.stdout, sys.stderr = self.streams
         os.umask(self.umask)
+        sys.setrecursionlimit(self.recursion)
+        for timer, (delay, interval) in self.timers.items():
+            signal.setitimer(timer, delay, interval)
         for sig, handler in self.handlers.items():
             if signal.getsignal(sig) is not handler and handler is not None:
                 signal.signal(sig, handler)
-        if os.getpgrp() != self.group:
-            try:
+
+    def _restore_mask(self) -> bool:
+        """Unblock what the job blocked, unless a signal it left pending would then be delivered (the worker
+        retires instead: its outcome is reported before it could die of it)."""
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, ()) - self.blocked
+        if unblocked & signal.sigpending():
+            log.info("warm_worker_state_not_restored", pid=os.getpid(), error_type="PendingSignal")
+            return False
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.blocked)
+        return True
+
+    def _restore_process(self) -> bool:
+        """The session, process group, priority and resource limits: what a job may leave beyond repair."""
+        try:
+            if os.getsid(0) != self.session:
+                raise PermissionError("the job left the worker's session")
+            if os.getpgrp() != self.group:
                 os.setpgid(0, self.group)
-            except OSError:  # the group is gone: a signal to it can no longer reach this worker either
-                log.warning("worker_process_group_not_restored", pid=os.getpid())
+            if os.getpriority(os.PRIO_PROCESS, 0) != self.priority:
+                os.setpriority(os.PRIO_PROCESS, 0, self.priority)
+            for limit, values in self.limits.items():
+                if resource.getrlimit(limit) != values:
+                    resource.setrlimit(limit, values)
+        except (OSError, ValueError) as exc:  # a lowered hard limit, a raised niceness, another session
+            log.info("warm_worker_state_not_restored", pid=os.getpid(), error_type=type(exc).__name__)
+            return False
+        return True
 
 
 def _flush_spans(*, leaving: bool) -> None:
