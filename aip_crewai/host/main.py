@@ -171,6 +171,7 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
     app = create_app(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    hangup: list[bool] = []  # the stopping signal was SIGHUP: exit 129 (128 + SIGHUP), as its default gives
 
     def on_signal(signum: int) -> None:
         if stop.is_set():
@@ -179,11 +180,12 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
                 sys.stderr.flush()
                 os._exit(EXIT_INTERRUPTED)
             return
+        hangup.append(signum == signal.SIGHUP)
         host_setup(app).stopping.set()  # open streams end, blocking calls answer (http.stopping)
         stop.set()  # before the log line: the stop never depends on the log sink
         log.info("host_stopping", signal=signal.Signals(signum).name)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal, the same stop
         loop.add_signal_handler(signum, on_signal, signum)
     taken: list[bool] = []
 
@@ -207,7 +209,9 @@ async def serve(settings: Settings, sock: socket.socket, host_lock: PostgresHost
     finally:
         if guard is not None:
             guard.cancel()
-    return EXIT_HOST_ID_TAKEN if taken else 0
+    if taken:
+        return EXIT_HOST_ID_TAKEN
+    return Exit.HANGUP if hangup[:1] == [True] else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

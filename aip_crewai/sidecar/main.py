@@ -37,7 +37,7 @@ Drain on SIGUSR1: new jobs get 503 ``sidecar.draining`` (before admission: a hos
 places them elsewhere or retries them), admitted jobs run to their end, then the
 shutdown below runs with nothing left to cancel and the process exits 0.
 
-Shutdown on SIGTERM/SIGINT: new admissions get 503, running jobs may finish
+Shutdown on SIGTERM/SIGINT (and SIGHUP, a closed terminal: the same stop, exit 129): new admissions get 503, running jobs may finish
 within ``--shutdown-grace-seconds``, the rest are cancelled with a terminal
 event; then hypercorn stops accepting and closes connections, and the
 lifespan kills the job worker processes left (``--isolation process``) and
@@ -450,13 +450,16 @@ async def _serve(
     config = hypercorn_config([f"fd://{fd}"], errorlog=hypercorn_logger(), graceful_timeout=CONNECTION_GRACE_SECONDS)
     stop, drain = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
+    hangup: list[bool] = []  # the stopping signal was SIGHUP: exit 129 (128 + SIGHUP), as its default gives
 
     def on_signal(signum: int) -> None:
         if stop.is_set() and signum == signal.SIGINT:  # a second Ctrl-C: no grace, no cancel
             _exit_now(settings, workers, signum)
+        if not stop.is_set():
+            hangup.append(signum == signal.SIGHUP)
         stop.set()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal, the same stop
         loop.add_signal_handler(signum, on_signal, signum)
     loop.add_signal_handler(signal.SIGUSR1, drain.set)
     if signals.drain_asked:  # it came after the check above, before this handler
@@ -484,7 +487,7 @@ async def _serve(
 
     await serve(app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     log.info("sidecar_stopped")
-    return 0
+    return Exit.HANGUP if hangup[:1] == [True] else 0
 
 
 async def _drained_starting(settings: Settings, workers: WorkerPool | None, journal: Journal) -> int:

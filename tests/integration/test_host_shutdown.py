@@ -108,6 +108,16 @@ def test_a_second_sigint_exits_at_once_without_draining(host_sidecar_workdir):
     assert time.monotonic() - started < 5
 
 
+def test_sighup_stops_the_host_as_sigterm_does_and_exits_129(host_sidecar_workdir):
+    """A closed terminal's SIGHUP: the same stop as SIGTERM (``host_stopping`` names it), exit 129 (128 +
+    SIGHUP, as the signal's default gives); before, the host died at once without a line."""
+    host, _sidecar, _workdir = host_sidecar_workdir
+    host.process.send_signal(signal.SIGHUP)
+    assert host.process.wait(timeout=30) == 129
+    log_has(host, "SIGHUP")
+    log_has(host, "host_stopping")
+
+
 def test_a_host_whose_log_pipe_lost_its_reader_still_answers_and_stops_on_sigterm(sidecar_factory, tmp_path):
     """``aip-crewai host ... 2>&1 | head``: once ``head`` exits, every log write fails with EPIPE. The host keeps
     answering and stops on SIGTERM (before, the stop's own log line raised and the host ignored every signal)."""

@@ -70,15 +70,18 @@ async def test_a_second_sidecar_on_the_same_journal_refuses_to_start(sidecar_fac
         assert (await client.get("/health")).status_code == 200
 
 
-async def test_sigterm_cancels_jobs_past_the_grace_with_a_terminal_event(sidecar_factory):
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 0), (signal.SIGHUP, 129)])
+async def test_sigterm_cancels_jobs_past_the_grace_with_a_terminal_event(sidecar_factory, signum, status):
+    """SIGTERM, or a closed terminal's SIGHUP once serving (exit 129; before, the start-up handler was still in
+    place for it: the sidecar died at once, logged ``sidecar_stopped_starting`` and the client got an empty 500)."""
     first = sidecar_factory.start(args=["--shutdown-grace-seconds", "0.2"])
     async with first.client() as client:
         task = asyncio.create_task(client.post("/jobs", json=body("term-1", "slow"), headers={"Idempotency-Key": "k"}))
         await until_async(lambda: first.calls())
-        assert first.kill(signal.SIGTERM) == 0
+        assert first.kill(signum) == status
         answer = await task
     assert answer.status_code == 409 and answer.json()["status"] == "cancelled"
-    assert first.log_events("sidecar_stopped")
+    assert first.log_events("sidecar_stopped") and not first.log_events("sidecar_stopped_starting")
     second = sidecar_factory.restart(first)
     async with second.client() as client:
         events = (await client.get("/jobs/term-1/events")).json()["events"]

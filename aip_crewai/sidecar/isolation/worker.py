@@ -212,7 +212,7 @@ def _trace(boot: Boot) -> None:
 
 #: Signals whose disposition a worker keeps (ignored: a stop and a drain are the sidecar's) and puts back after
 #: each job of a warm worker.
-KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 
 #: Every signal a handler may be set for (SIGKILL and SIGSTOP cannot be caught).
