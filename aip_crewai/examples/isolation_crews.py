@@ -31,8 +31,10 @@ import os
 import resource
 import signal
 import sqlite3
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -242,6 +244,22 @@ def blocking_tool() -> Crew:
     )
 
 
+def _spawn_child(inputs: dict[str, Any]) -> dict[str, Any]:
+    """``before_kickoff`` callback: start a child process that outlives a finished worker unless something
+    kills it, and write its pid to ``<job>.child``."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # noqa: S603 - a fixed command
+    _write(marker(_job_id(), "child"), str(child.pid))
+    return inputs
+
+
+def spawner() -> Crew:
+    """``blocking_tool`` whose job first starts a child process (:func:`_spawn_child`): what a hard cancel
+    must take with the worker."""
+    crew = blocking_tool()
+    crew.before_kickoff_callbacks.append(_spawn_child)
+    return crew
+
+
 def exits() -> Crew:
     """One agent whose tool ends the process."""
     return build_crew(
@@ -260,7 +278,8 @@ def _unsettle(inputs: dict[str, Any]) -> dict[str, Any]:
     """``before_kickoff`` callback (on the worker's main thread): write ``<job>.process`` (JSON: the file-mode
     creation mask, SIGINT's and SIGPIPE's dispositions, whether the process leads its own group, the blocked
     signals, whether an alarm is pending, the recursion limit, the open-files limit, the time zone), then
-    change all of them. A topic holding ``setsid`` also leaves the worker's session (beyond repair)."""
+    change all of them. A topic holding ``pending`` also leaves SIGUSR2 pending behind the blocked mask
+    (unblocking it would end the worker: beyond repair)."""
     mask = os.umask(0)
     _write(
         marker(_job_id(), "process"),
@@ -287,10 +306,9 @@ def _unsettle(inputs: dict[str, Any]) -> dict[str, Any]:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 512) - 1, hard))
     os.environ["TZ"] = "JST-9"
     time.tzset()
-    if "setsid" in str(inputs.get("topic", "")):
-        os.setsid()
-    else:
-        os.setpgid(0, 0)
+    os.setpgid(0, 0)
+    if "pending" in str(inputs.get("topic", "")):  # a signal left pending behind the mask: beyond repair
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR2)  # this thread's own: it stays pending here
     return inputs
 
 
@@ -335,4 +353,5 @@ CREWS: dict[str, Any] = {
     "reach": reach,
     "hog": hog,
     "flaky_build": flaky_build,
+    "spawner": spawner,
 }

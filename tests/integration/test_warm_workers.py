@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from kits.poll import until_async
-from kits.sidecar import ISOLATION_REGISTRY, Sidecar, SidecarFactory, process_isolation_only
+from kits.sidecar import ISOLATION_REGISTRY, Sidecar, SidecarFactory, alive, process_isolation_only
 
 pytestmark = [
     pytest.mark.integration,
@@ -92,7 +92,7 @@ async def test_an_owners_jobs_share_a_warm_worker_up_to_worker_jobs_with_its_pro
     # the umask, SIGINT (ignored: a stop is the sidecar's), SIGPIPE, the process group, the blocked signals, a
     # pending alarm, the recursion and open-files limits and the time zone each job changed, put back too
     states = [json.loads((markers / f"{quote(f't1:same-{n}', safe='')}.process").read_text()) for n in range(JOBS)]
-    assert states[0]["sigint"] == states[0]["sigpipe"] == "SIG_IGN" and states[0]["own_group"] is False
+    assert states[0]["sigint"] == states[0]["sigpipe"] == "SIG_IGN" and states[0]["own_group"] is True
     assert (states[0]["blocked"], states[0]["alarm"], states[0]["recursion"]) == ([], False, 1000)
     assert states[0]["zone"] != "JST" and states[0]["open_files"] > 511
     assert states == [states[0]] * JOBS
@@ -103,13 +103,14 @@ async def test_an_owners_jobs_share_a_warm_worker_up_to_worker_jobs_with_its_pro
     assert re.search(r"^aip_crewai_sidecar_workers_warm \d+$", metrics, re.MULTILINE), metrics
 
 
-async def test_a_job_that_left_its_workers_session_retires_the_worker(warm):
-    """A job that called ``setsid()`` leaves a process group the worker cannot put back: the job completes,
-    and its worker runs nothing more (the owner's next job runs in another process)."""
+async def test_a_job_that_left_its_process_beyond_repair_retires_the_worker(warm):
+    """A job that blocked SIGUSR2 and left it pending: unblocking it would end the worker, so the job
+    completes and its worker runs nothing more (the owner's next job runs in another process, and completes:
+    before, the next job ran in it and the worker died of the signal)."""
     sidecar, markers = warm
     async with sidecar.client() as client:
-        left = await probe(client, markers, "t5:session-0", topic="setsid")
-        after = await probe(client, markers, "t5:session-1")
+        left = await probe(client, markers, "t5:pending-0", topic="pending")
+        after = await probe(client, markers, "t5:pending-1")
     assert left["pid"] != after["pid"]
     assert sidecar.log_events("warm_worker_state_not_restored")
 
@@ -136,6 +137,25 @@ async def test_another_tenants_or_crews_job_never_runs_in_a_warm_worker(warm):
     assert all("t1:" not in seen for seen in again["seen"])  # t2's warm worker (unless retired) or a fresh one
     retired = sidecar.log_events("warm_worker_retired")
     assert retired, "two slots, three owners: a warm worker made room"
+
+
+async def test_a_hard_cancel_also_kills_the_processes_its_job_started(warm):
+    """A cancelled job's worker is killed with its process group: a child process the job started (still in
+    the group) dies with it, so its later side effects never happen (docs/security.md "Hard cancel"); before,
+    it was reparented and ran on."""
+    sidecar, markers = warm
+    job = "t6:spawned"
+    async with sidecar.client() as client:
+        body = {"crew_id": "spawner", "action_id": job, "operation": "run", "input": {"topic": "a b"}}
+        run = asyncio.ensure_future(client.post("/jobs", json=body, headers={"Idempotency-Key": "key-sp"}, timeout=120))
+        started, child = (markers / f"{quote(job, safe='')}.{suffix}" for suffix in ("started", "child"))
+        await until_async(lambda: started.exists() and started.read_text(), timeout=60, what="the tool started")
+        pid = int(child.read_text())
+        assert alive(pid)
+        cancel = await client.post(f"/jobs/{job}/cancel", json={"crew_id": "spawner", "action_id": job})
+        assert cancel.status_code == 200
+        await run
+    await until_async(lambda: not alive(pid), timeout=30, what="the job's child process gone with its worker")
 
 
 async def test_a_cancelled_jobs_worker_runs_nothing_more(warm):

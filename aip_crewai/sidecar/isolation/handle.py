@@ -7,6 +7,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 from typing import Any
 
@@ -43,6 +46,18 @@ class WorkerDied(SafeJobError):
         self.before_start = before_start
 
 
+def kill_worker(process: Any) -> None:
+    """SIGKILL a worker process and every process left in its process group: a worker leads its own group
+    (``worker.serve``), so this also ends the processes its jobs started that are still in it, even once the
+    worker itself has exited (docs/security.md "Hard cancel"). The group's id is the worker's pid, which the
+    kernel gives no other process while the group has a member. Raises nothing for a gone process."""
+    with contextlib.suppress(OSError):  # no such group: nothing of it is left (or the worker left it)
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if process.exitcode is None:
+            process.kill()
+
+
 class WorkerHandle:
     """The sidecar's end of one worker process."""
 
@@ -73,18 +88,17 @@ class WorkerHandle:
         return True
 
     def kill(self) -> None:
-        """SIGKILL (idempotent; a gone process is fine)."""
+        """SIGKILL it and its process group (:func:`kill_worker`; idempotent; a gone process is fine)."""
         if self.killed_at is None:
             self.killed_at = time.monotonic()
-        try:
-            self.process.kill()
-        except (OSError, ValueError, AttributeError):
-            pass
+        kill_worker(self.process)
 
     async def reap(self) -> int | None:
         """Close the socket, wait for the exit (killing it if it lingers) and return its exit code."""
         self.writer.close()
         await asyncio.to_thread(self.process.join, REAP_SECONDS)
+        with contextlib.suppress(OSError):  # what its jobs started ends with it
+            os.killpg(self.pid, signal.SIGKILL)
         if self.process.exitcode is None:
             self.kill()
             await asyncio.to_thread(self.process.join, REAP_SECONDS)

@@ -87,7 +87,7 @@ from aip_crewai.sidecar.isolation.fork_server import (
     describe_exit,
     start_forkserver,
 )
-from aip_crewai.sidecar.isolation.handle import WorkerDied, WorkerHandle
+from aip_crewai.sidecar.isolation.handle import WorkerDied, WorkerHandle, kill_worker
 from aip_crewai.sidecar.isolation.job import JobFollower
 from aip_crewai.sidecar.isolation.wire import (
     Boot,
@@ -236,16 +236,12 @@ class WorkerPool:
             return
         self._processes.add(process)
         if self._closing:
-            process.kill()
+            kill_worker(process)
 
     def kill_all_now(self) -> None:
         """SIGKILL every worker process started (at interpreter exit: none may hold it; at a second Ctrl-C)."""
         for process in list(self._processes):
-            try:
-                if process.exitcode is None:
-                    process.kill()
-            except (OSError, ValueError):
-                pass
+            kill_worker(process)
 
     def stop_replacing(self) -> None:
         """At a stop: start no more workers (jobs still running keep theirs; queued ones wait to be cancelled)."""

@@ -56,6 +56,7 @@ Source: ARCHITECTURE.md §5 (isolation).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import resource
@@ -114,6 +115,8 @@ def serve(sock: socket.socket, boot_data: bytes) -> None:
         boot_data: an encoded :class:`~aip_crewai.sidecar.isolation.wire.Boot`.
     """
     started = time.monotonic()
+    with contextlib.suppress(OSError):  # its own process group: a hard kill takes what its jobs start too
+        os.setpgid(0, 0)
     preloaded = "crewai" in sys.modules
     boot = decode_boot(boot_data)
     if boot.nice:  # before the boot's own work (the registry import, the warm-up kickoff): jobs yield the CPU
@@ -229,8 +232,8 @@ class _ProcessState:
     ``sys.stdin``/``sys.stdout``/``sys.stderr``, the file-mode creation mask, the process group, every signal's
     disposition, the blocked signals, the interval timers (a pending ``signal.alarm``), the scheduling
     priority, the resource limits and the recursion limit, as they were before the job ran. A variable set
-    with ``os.putenv`` alone bypasses ``os.environ`` and stays. What cannot be put back (a job that left its
-    session with ``setsid``, raised its niceness as an unprivileged user, lowered a hard resource limit)
+    with ``os.putenv`` alone bypasses ``os.environ`` and stays. What cannot be put back (a job that raised its
+    niceness as an unprivileged user, lowered a hard resource limit, or left a signal pending behind the mask)
     retires the worker: :meth:`restore` answers False (ARCHITECTURE.md §5 "warm workers")."""
 
     def __init__(self) -> None:
