@@ -47,15 +47,15 @@ class WorkerDied(SafeJobError):
 
 
 def kill_worker(process: Any) -> None:
-    """SIGKILL a worker process and every process left in its process group: a worker leads its own group
-    (``worker.serve``), so this also ends the processes its jobs started that are still in it, even once the
-    worker itself has exited (docs/security.md "Hard cancel"). The group's id is the worker's pid, which the
-    kernel gives no other process while the group has a member. Raises nothing for a gone process."""
-    with contextlib.suppress(OSError):  # no such group: nothing of it is left (or the worker left it)
-        os.killpg(process.pid, signal.SIGKILL)
+    """SIGKILL a live worker process and every process in its process group: a worker leads its own group
+    (``worker.serve``), so this also ends the processes its jobs started that are still in it (docs/security.md
+    "Hard cancel"; a worker that already ended: :meth:`WorkerHandle.reap`). Raises nothing for a gone process."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        if process.exitcode is None:
-            process.kill()
+        if process.exitcode is not None:
+            return
+        with contextlib.suppress(OSError):  # no such group: the worker left its own (its kill below still holds)
+            os.killpg(process.pid, signal.SIGKILL)
+        process.kill()
 
 
 class WorkerHandle:
@@ -97,7 +97,9 @@ class WorkerHandle:
         """Close the socket, wait for the exit (killing it if it lingers) and return its exit code."""
         self.writer.close()
         await asyncio.to_thread(self.process.join, REAP_SECONDS)
-        with contextlib.suppress(OSError):  # what its jobs started ends with it
+        # What its jobs started ends with it: the group's id (the worker's pid) is no other process's while the
+        # group has a member, and ESRCH once it has none.
+        with contextlib.suppress(OSError):
             os.killpg(self.pid, signal.SIGKILL)
         if self.process.exitcode is None:
             self.kill()
