@@ -111,8 +111,9 @@ class ActionWriter:
         if TRANSITIONS[event].sources:
             raise ValueError(f"{event.value} does not create an action")
         now = self.store.now_ms()
-        policy = policy_hash(tenant, action_id, capability_id, input_hash)
-        approval = None if approval_ttl_ms is None else (policy, now + approval_ttl_ms)
+        approval = None
+        if approval_ttl_ms is not None:  # only a governed action's creation hashes its approval's policy
+            approval = (policy_hash(tenant, action_id, capability_id, input_hash), now + approval_ttl_ms)
         return await self.store.create_action(
             tenant,
             action_id,
