@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    import httpx
+    import httpx2
 
     from .plumbing.keys import SecretFileError
     from .sse import SSEFrameTooLarge
@@ -508,7 +508,7 @@ def _dispatch(argv: list[str]) -> int:
     except (UsageError, SecretFileError) as exc:
         print(f"aip-crewai: {exc}", file=sys.stderr)
         return Exit.USAGE
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         print(f"aip-crewai: cannot reach {getattr(args, 'url', 'the host')}: {type(exc).__name__}", file=sys.stderr)
         return Exit.UNREACHABLE
     except SSEFrameTooLarge as exc:  # a host never sends one (client.MAX_FRAME_BYTES): not an aip-crewai host

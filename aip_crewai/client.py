@@ -21,7 +21,7 @@ from collections.abc import Callable, Generator, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
-import httpx
+import httpx2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .contracts.aip import CONTENT_TYPE
@@ -83,7 +83,7 @@ def foreign_answer(status: int, body: Any, url: str | None) -> str:
     return f"{where}: not an AIP answer ({shown}), so this is probably not the aip-crewai host; {HOST_URL_FIX}"
 
 
-def _base_url(response: httpx.Response) -> str | None:
+def _base_url(response: httpx2.Response) -> str | None:
     """``scheme://host:port`` of the request ``response`` answers (None without one)."""
     try:
         url = response.request.url
@@ -114,7 +114,7 @@ def sign_envelope(envelope: dict[str, Any], key: Ed25519PrivateKey, key_id: str)
     return {**unsigned, "security": {**unsigned["security"], "signature": text}}
 
 
-class RequestSigner(httpx.Auth):
+class RequestSigner(httpx2.Auth):
     """httpx auth that signs every request (RFC 9421, this package's profile).
 
     Args:
@@ -127,7 +127,7 @@ class RequestSigner(httpx.Auth):
     def __init__(self, key: Ed25519PrivateKey, key_id: str, *, clock: Callable[[], float] = time.time) -> None:
         self.key, self.key_id, self.clock = key, key_id, clock
 
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+    def auth_flow(self, request: httpx2.Request) -> Generator[httpx2.Request, httpx2.Response, None]:
         headers = httpsig.sign_request(
             request.method, str(request.url), request.content, self.key, self.key_id, created=int(self.clock())
         )
@@ -157,18 +157,18 @@ class AipClient:
         signing_key: Ed25519PrivateKey | None = None,
         key_id: str | None = None,
         timeout_s: float | None = 660.0,
-        transport: httpx.BaseTransport | None = None,
+        transport: httpx2.BaseTransport | None = None,
     ) -> None:
         if signing_key is not None and not key_id:
             raise ValueError("a signing key needs its key id (the principal id)")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         auth = RequestSigner(signing_key, key_id) if signing_key is not None and key_id else None
-        self.http = httpx.Client(
+        self.http = httpx2.Client(
             base_url=base_url,
             headers=headers,
             transport=transport,
             auth=auth,
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            timeout=httpx2.Timeout(timeout_s, connect=10.0),
             follow_redirects=False,
         )
         self.signing_key = signing_key
@@ -183,7 +183,7 @@ class AipClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check(self, response: httpx.Response) -> dict[str, Any]:
+    def _check(self, response: httpx2.Response) -> dict[str, Any]:
         """The JSON object of a successful answer.
 
         Raises:
@@ -249,7 +249,7 @@ class AipClient:
         with self.http.stream("GET", f"/aip/v1/actions/{_segment(action_id)}/events", headers=headers) as response:
             yield from self._events(response)
 
-    def _events(self, response: httpx.Response) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _events(self, response: httpx2.Response) -> Iterator[tuple[str, dict[str, Any]]]:
         if response.status_code >= 400:
             response.read()
             self._check(response)
@@ -326,7 +326,7 @@ class AipClient:
         """One ``/ready`` probe: True on 200; False on any other status or a transport error."""
         try:
             return self.http.get("/ready").status_code == 200
-        except httpx.TransportError:
+        except httpx2.TransportError:
             return False
 
     def wait_ready(self, deadline_s: float = 60.0) -> None:

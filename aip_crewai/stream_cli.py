@@ -32,7 +32,7 @@ def follow(client: AipClient, action_id: str, last_event_id: str | None, as_json
 
     Raises:
         AipClientError: the host refused the follow or the result (the caller reports it).
-        httpx.TransportError: the host cannot be reached (the caller's exit 7).
+        httpx2.TransportError: the host cannot be reached (the caller's exit 7).
     """
     events = iter(client.follow(action_id, last_event_id=last_event_id))
     first = next(events, None)
@@ -68,14 +68,14 @@ def show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) -> 
     ``result`` (the host shut down, or the connection dropped) says so on
     stderr with the command that resumes it.
     """
-    import httpx
+    import httpx2
 
     from . import render
     from .contracts import display
 
     outcome: dict[str, Exit] = {}
     action_id, last_id, ended, item = None, None, False, None
-    cut: httpx.TransportError | None = None
+    cut: httpx2.TransportError | None = None
     try:
         for event, envelope in events:
             ended = ended or event == "result"
@@ -106,7 +106,7 @@ def show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) -> 
                     file=sys.stderr,
                 )
                 return Exit.PENDING_APPROVAL
-    except httpx.TransportError as exc:
+    except httpx2.TransportError as exc:
         if action_id is None:
             raise  # nothing arrived: "cannot reach" (exit 7), as for any other request
         cut = exc

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import httpx
+import httpx2
 import structlog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -630,9 +630,9 @@ def _wait_http(url: str, headers: dict[str, str], process: Process) -> None:
         if process.popen.poll() is not None:
             raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{process.stderr_tail()}")
         try:
-            if httpx.get(url, headers=headers, timeout=5).status_code == 200:
+            if httpx2.get(url, headers=headers, timeout=5).status_code == 200:
                 return
-        except httpx.TransportError:
+        except httpx2.TransportError:
             pass
         if time.monotonic() > end:
             raise RuntimeError(f"{process.name}: {url} never answered 200:\n{process.stderr_tail()}")
@@ -696,7 +696,7 @@ def envelope(capability_id: str, input: dict[str, Any], *, action_id: str, key: 
     ).encode()
 
 
-def async_client(base_url: str, token: str | None = None, *, connections: int = 16) -> httpx.AsyncClient:
+def async_client(base_url: str, token: str | None = None, *, connections: int = 16) -> httpx2.AsyncClient:
     """An httpx client for the benchmarks. Idle connections expire after 1 s, well
     before hypercorn's 5 s keep-alive timeout: with httpx's default (also 5 s)
     a request can race the server closing the connection and fail with ReadError.
@@ -705,9 +705,9 @@ def async_client(base_url: str, token: str | None = None, *, connections: int = 
     lags by seconds (hundreds of runs at once on 2 loaded cores) can still send
     on a connection the server is closing (see :data:`STALE_CONNECTION`)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=1.0)
-    return httpx.AsyncClient(
-        base_url=base_url, headers=headers, limits=limits, timeout=httpx.Timeout(300.0, connect=10.0)
+    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=1.0)
+    return httpx2.AsyncClient(
+        base_url=base_url, headers=headers, limits=limits, timeout=httpx2.Timeout(300.0, connect=10.0)
     )
 
 
@@ -722,7 +722,7 @@ class BenchError(RuntimeError):
 #: no ``request_finished`` for it), and every request :class:`Governed` resends is safe to send twice (an
 #: envelope with its idempotency key; a decision, checked when the first one did land). Resent once, and
 #: counted (:attr:`Governed.resent`) so a report shows how often it happened.
-STALE_CONNECTION = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+STALE_CONNECTION = (httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)
 
 
 class Governed:
@@ -734,7 +734,7 @@ class Governed:
         #: Requests resent once after a :data:`STALE_CONNECTION` failure (what each failure was, by name).
         self.resent: list[str] = []
 
-    async def _send(self, client: httpx.AsyncClient, url: str, **kwargs: Any) -> tuple[httpx.Response, bool]:
+    async def _send(self, client: httpx2.AsyncClient, url: str, **kwargs: Any) -> tuple[httpx2.Response, bool]:
         """POST ``url``; resent once on a :data:`STALE_CONNECTION` failure. Returns (the response, resent)."""
         try:
             return await client.post(url, **kwargs), False

@@ -53,7 +53,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import httpx
+import httpx2
 
 from aip_crewai.sidecar.options import DEFAULT_PRELOAD_MODULES, OPTIONS
 from bench.common import (
@@ -129,7 +129,7 @@ def _by_role(sidecar: int) -> dict[str, float]:
     return {"sidecar": own, "fork server": server_own, "job workers": reaped + live, "other": other}
 
 
-async def _job(client: httpx.AsyncClient) -> float:
+async def _job(client: httpx2.AsyncClient) -> float:
     """One blocking ``POST /jobs`` of the ``fast`` crew; seconds until its answer."""
     job_id = f"footprint:{uuid.uuid4().hex}"
     body = {"crew_id": "fast", "action_id": job_id, "operation": "run", "input": INPUT}

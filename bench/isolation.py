@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
+import httpx2
 
 from bench.common import (
     SAMPLE_QUIET_S,
@@ -67,7 +67,7 @@ def _body(crew: str, job_id: str) -> dict[str, Any]:
     return {"crew_id": crew, "action_id": job_id, "operation": "run", "input": {"topic": "isolation"}}
 
 
-async def _run(client: httpx.AsyncClient, crew: str) -> float:
+async def _run(client: httpx2.AsyncClient, crew: str) -> float:
     job_id = f"bench:{uuid.uuid4().hex}"
     started = time.perf_counter()
     response = await client.post("/jobs", json=_body(crew, job_id), headers={"Idempotency-Key": job_id})
@@ -78,7 +78,7 @@ async def _run(client: httpx.AsyncClient, crew: str) -> float:
 
 
 async def _health_samples(
-    client: httpx.AsyncClient, *, count: int | None = None, while_running: asyncio.Future[Any] | None = None
+    client: httpx2.AsyncClient, *, count: int | None = None, while_running: asyncio.Future[Any] | None = None
 ) -> list[float]:
     samples: list[float] = []
     while (count is not None and len(samples) < count) or (while_running is not None and not while_running.done()):
@@ -237,7 +237,7 @@ def _p99_row(metric: str, ours: Stats, baseline: Stats, max_p99_s: float) -> Row
     )
 
 
-async def _cancel(client: httpx.AsyncClient, operation: str, input: dict[str, Any], markers: Path) -> float:
+async def _cancel(client: httpx2.AsyncClient, operation: str, input: dict[str, Any], markers: Path) -> float:
     """Seconds from the cancel request of a ``blocking`` job whose tool blocks to its worker's death."""
     job_id = f"bench:{uuid.uuid4().hex}"
     body = {"crew_id": "blocking", "action_id": job_id, "operation": operation, "input": input}

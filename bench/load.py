@@ -59,10 +59,11 @@ RUNS = 200
 ROUNDS = 2
 MAX_CONCURRENCY = 64
 #: The load's clients per phase, each holding at most ``2 * RUNS / CLIENTS`` connections; run ``i`` uses client
-#: ``i % CLIENTS``. httpcore 1.0.9's pool walks every connection it holds on each request it queues and each
-#: connection it releases (and polls every idle socket): one client of 400 connections cost this process 12 to
-#: 13 ms of CPU per governed run (3 requests) and 3 ms per direct run, on the 2 cores the host and the sidecar
-#: share. 20 clients of 20: 3.2 and 1.4 ms (bench/results/HISTORY.md, session 31).
+#: ``i % CLIENTS``. httpx's httpcore 1.0.9 pool walked every connection it held on each request it queued and
+#: each connection it released (and polled every idle socket): one client of 400 connections cost this process 12
+#: to 13 ms of CPU per governed run (3 requests) and 3 ms per direct run, on the 2 cores the host and the sidecar
+#: share. 20 clients of 20: 3.2 and 1.4 ms (bench/results/HISTORY.md, session 31). httpx2's pool walks less;
+#: the 20 clients stay, so that no client's pool size is part of the measurement.
 CLIENTS = 20
 INPUT = {"topic": "load"}
 MAX_MEMORY_RATIO = 0.5
@@ -289,8 +290,8 @@ def _report(section: Section, m: _Phases, fresh: _Phases) -> None:
     section.notes += [
         f"{ROUNDS} rounds of each phase ({RUNS} runs at once each), pooled; throughput p50 = mean over rounds, "
         "p99 = the slowest round.",
-        f"The runs are spread over {CLIENTS} clients of {2 * RUNS // CLIENTS} connections in each phase (an httpx "
-        "client's pool costs CPU per request in proportion to the connections it holds; the bench process shares "
+        f"The runs are spread over {CLIENTS} clients of {2 * RUNS // CLIENTS} connections in each phase (an HTTP "
+        "client's pool can cost CPU per request in proportion to the connections it holds; the bench process shares "
         f"the 2 cores): the `{CLIENT}` row is this process's CPU per run.",
         "Host phase per run: submit (→ pending_approval), approve (approver, HTTP), blocking re-call (same id and "
         "key) → completed. The sidecar phase skips governance entirely: the ratio is what approval, idempotency, "

@@ -48,7 +48,7 @@ import time
 import uuid
 from typing import Any
 
-import httpx
+import httpx2
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.host.actions.normalize import StreamNormalizer
@@ -84,7 +84,7 @@ MIN_RATIO = 0.9
 MIN_REPLAY_RATIO = 0.8
 
 
-async def _read_raw(client: httpx.AsyncClient, url: str) -> int:
+async def _read_raw(client: httpx2.AsyncClient, url: str) -> int:
     """GET ``url`` as SSE and read the whole body without parsing it; returns its size in bytes."""
     size = 0
     async with client.stream("GET", url, headers={"Accept": "text/event-stream"}) as response:
@@ -96,7 +96,7 @@ async def _read_raw(client: httpx.AsyncClient, url: str) -> int:
 
 
 async def read_sse(
-    client: httpx.AsyncClient, method: str, url: str, **kwargs: Any
+    client: httpx2.AsyncClient, method: str, url: str, **kwargs: Any
 ) -> tuple[list[tuple[str, float]], bytes]:
     """Stream an SSE response; return [(event name, perf_counter at receipt)] and the raw bytes."""
     decoder, events, raw = SSEDecoder(), [], bytearray()

@@ -12,7 +12,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from aipschemas import SCHEMAS_DIR, Schemas, Violation, check_envelope, require
 from kits.fake_sidecar import FakeSidecar
@@ -48,15 +48,15 @@ def schema_for(method: str, path: str) -> str | None:
     return next((name for m, pattern, name in ROUTES if m == method and pattern.match(path)), None)
 
 
-class ValidatingTransport(httpx.AsyncBaseTransport):
+class ValidatingTransport(httpx2.AsyncBaseTransport):
     """Reads each response whole and validates it; a violation fails the request."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport, schemas: Schemas) -> None:
+    def __init__(self, inner: httpx2.AsyncBaseTransport, schemas: Schemas) -> None:
         self.inner = inner
         self.schemas = schemas
         self.routes_seen: set[str] = set()
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self.inner.handle_async_request(request)
         body = await response.aread()
         route = f"{request.method} {request.url.path} -> {response.status_code}"
@@ -66,7 +66,7 @@ class ValidatingTransport(httpx.AsyncBaseTransport):
         own = response.status_code < 400 and any(pattern.match(path) for pattern in NOT_AIP)
         if (path.startswith("/aip/") and not own) or response.status_code >= 400:
             self.validate(route, request.method, path, response.status_code, ctype, body)
-        return httpx.Response(
+        return httpx2.Response(
             response.status_code,
             headers=response.headers,
             content=body,
@@ -112,12 +112,12 @@ def fake() -> FakeSidecar:
 
 
 @pytest.fixture
-async def aip(make_app: Any, fake: FakeSidecar, schemas: Schemas) -> AsyncIterator[httpx.AsyncClient]:
+async def aip(make_app: Any, fake: FakeSidecar, schemas: Schemas) -> AsyncIterator[httpx2.AsyncClient]:
     """An AIP client of the in-process host whose every answer is schema-checked."""
     app = make_app(sidecar_transport=fake.transport())
     async with running(app):
-        transport = ValidatingTransport(httpx.ASGITransport(app=app), schemas)
-        async with httpx.AsyncClient(transport=transport, base_url="http://host.test") as client:
-            client.validating = transport  # type: ignore[attr-defined]
-            client.app = app  # type: ignore[attr-defined]  # for endless streams (tests/kits/asgi_stream.py)
+        transport = ValidatingTransport(httpx2.ASGITransport(app=app), schemas)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://host.test") as client:
+            client.validating = transport
+            client.app = app  # for endless streams (tests/kits/asgi_stream.py)
             yield client

@@ -11,7 +11,7 @@ import tempfile
 import types
 from pathlib import Path
 
-import httpx
+import httpx2
 import msgspec
 import pytest
 import structlog
@@ -90,7 +90,7 @@ def test_core_routes_come_from_direct_imports(make_app):
     } <= paths
 
 
-def error_of(response: httpx.Response) -> dict:
+def error_of(response: httpx2.Response) -> dict:
     assert response.headers["content-type"] == "application/aip+json"
     envelope = msgspec.json.decode(response.content, type=Envelope)  # a valid AIP envelope
     assert envelope.message_type == "aip.core.v1.error" and envelope.message_id.startswith("msg_")
@@ -279,17 +279,17 @@ def test_the_host_process_serves_and_stops_cleanly_on_sigterm(host_files):
     )
     try:
 
-        def listening() -> httpx.Response | None:
+        def listening() -> httpx2.Response | None:
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-            except httpx.TransportError:
+                return httpx2.get(f"http://127.0.0.1:{port}/health", timeout=1)
+            except httpx2.TransportError:
                 if proc.poll() is not None:
                     raise
                 return None
 
         response = until(listening, interval=0.05, what="the host listening")
         assert response.json() == {"status": "alive"}
-        assert httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 503  # no sidecar
+        assert httpx2.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 503  # no sidecar
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         stderr = proc.stderr.read().decode()

@@ -3,7 +3,7 @@ leaves the job running and followed."""
 
 from __future__ import annotations
 
-import httpx
+import httpx2
 import pytest
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import SIDECAR_TOKEN, bearer, running
@@ -52,7 +52,7 @@ async def test_supports_cancel_follows_what_the_sidecar_publishes(make_app) -> N
 async def test_a_cancel_the_sidecar_refuses_is_not_cancellable_and_other_failures_are_unconfirmed(status) -> None:
     fake = FakeSidecar(SIDECAR_TOKEN)
     fake.cancel_status = status
-    async with httpx.AsyncClient(
+    async with httpx2.AsyncClient(
         transport=fake.transport(),
         base_url="http://127.0.0.1:8090",
         headers={"Authorization": f"Bearer {SIDECAR_TOKEN}"},

@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import httpx2
 import msgspec
 import pytest
 from kits.fake_sidecar import FakeSidecar
@@ -61,29 +61,29 @@ class JournalSidecar(FakeSidecar):
             job.events = [job.events[0], *chunks, {**done, "sequence": DATA + 1}]
         return job
 
-    def _sse(self, events: list[dict[str, Any]]) -> httpx.Response:
+    def _sse(self, events: list[dict[str, Any]]) -> httpx2.Response:
         self.streams += 1
         frames = [encode_event(json.dumps(e), event=e["event"], id=str(e["sequence"])) for e in events]
         fault = self.faults.pop(0) if self.faults else "none"
         headers = {"content-type": "text/event-stream"}
         if fault == "none":
-            return httpx.Response(200, content=b"".join(frames), headers=headers)
+            return httpx2.Response(200, content=b"".join(frames), headers=headers)
         first = int(events[0]["sequence"])
         cut = max(BREAK_AT - first, 0)  # a reread from past the break breaks at once: no progress
         head = frames[:cut]
         if fault == "repeat":
             again = self.jobs["acme:r1"].events[first + cut - 1]  # sequence 3, or the one before the cursor
             body = b"".join(head) + encode_event(json.dumps(again), event=again["event"]) + b"".join(frames[cut:])
-            return httpx.Response(200, content=body, headers=headers)
+            return httpx2.Response(200, content=body, headers=headers)
         if fault == "early_end":
-            return httpx.Response(200, content=b"".join(head), headers=headers)
+            return httpx2.Response(200, content=b"".join(head), headers=headers)
 
         async def reset() -> AsyncIterator[bytes]:
             for piece in head:
                 yield piece
-            raise httpx.ReadError("connection reset by peer")
+            raise httpx2.ReadError("connection reset by peer")
 
-        return httpx.Response(200, content=reset(), headers=headers)
+        return httpx2.Response(200, content=reset(), headers=headers)
 
     def journal_bytes(self, job_id: str) -> int:
         """The size of the job's whole journal as one SSE body (what a read from cursor 0 receives)."""
@@ -214,9 +214,9 @@ async def test_a_journal_that_cannot_be_read_now_leaves_the_provisional_result(s
     tries again), never a ``completed`` without its chunks."""
 
     class Unreachable(JournalSidecar):
-        def handle(self, request: httpx.Request) -> httpx.Response:
+        def handle(self, request: httpx2.Request) -> httpx2.Response:
             if request.url.path == "/jobs/acme:x2" and self.streams > 0:  # after the journal read broke
-                raise httpx.ConnectError("connection refused", request=request)
+                raise httpx2.ConnectError("connection refused", request=request)
             return super().handle(request)
 
     monkeypatch.setattr(dispatch, "READ_RETRY_BUDGET_S", 0.0)
@@ -269,9 +269,9 @@ async def test_a_cancel_that_finds_the_job_ended_but_cannot_read_its_stream_stor
     corrects with the whole stream once the journal can be read."""
 
     class Unreachable(JournalSidecar):
-        def handle(self, request: httpx.Request) -> httpx.Response:
+        def handle(self, request: httpx2.Request) -> httpx2.Response:
             if request.url.path == "/jobs/acme:e2" and self.streams > 0 and self.faults:
-                raise httpx.ConnectError("connection refused", request=request)
+                raise httpx2.ConnectError("connection refused", request=request)
             return super().handle(request)
 
     monkeypatch.setattr(dispatch, "READ_RETRY_BUDGET_S", 0.0)

@@ -14,7 +14,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from kits.poll import until_async
 
@@ -75,7 +75,7 @@ class GatedSidecar:
         for event in events[sent:]:
             yield encode_event(json.dumps(event), event=event["event"], id=str(event["sequence"]))
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
+    async def handle(self, request: httpx2.Request) -> httpx2.Response:
         path = request.url.path
         if path == "/jobs/stream":
             body = json.loads(request.content)
@@ -92,7 +92,7 @@ class GatedSidecar:
                     {"event": "chunk", "sequence": 2, "data": {"content": "b", "channel": "llm"}},
                 ]
             self.admitted.setdefault(job_id, asyncio.Event()).set()
-            return httpx.Response(200, content=self._stream(job_id), headers={"content-type": "text/event-stream"})
+            return httpx2.Response(200, content=self._stream(job_id), headers={"content-type": "text/event-stream"})
         parts = path.split("/")
         job_id = parts[2] if len(parts) > 2 else ""
         if job_id not in self.events:
@@ -100,7 +100,7 @@ class GatedSidecar:
                 self.cancels.append((job_id, 404))
                 if self.on_cancel_404 is not None:
                     await self.on_cancel_404()
-            return httpx.Response(404, json={"detail": "unknown job"})
+            return httpx2.Response(404, json={"detail": "unknown job"})
         if path.endswith("/cancel"):
             self.cancels.append((job_id, 200))
             self.stops[job_id].set()
@@ -112,14 +112,16 @@ class GatedSidecar:
             events = self.events[job_id][int(request.url.params.get("cursor", "0")) :]
             if "text/event-stream" in request.headers.get("accept", ""):
                 frames = [encode_event(json.dumps(e), event=e["event"], id=str(e["sequence"])) for e in events]
-                return httpx.Response(200, content=b"".join(frames), headers={"content-type": "text/event-stream"})
-            return httpx.Response(200, json={"action_id": job_id, "events": events})
-        return httpx.Response(200, json=self._view(job_id))
+                return httpx2.Response(200, content=b"".join(frames), headers={"content-type": "text/event-stream"})
+            return httpx2.Response(200, json={"action_id": job_id, "events": events})
+        return httpx2.Response(200, json=self._view(job_id))
 
 
 async def _host(url: str, owner: str, sidecar: GatedSidecar) -> tuple[ActionService, SidecarHttp]:
     store = await Store.open(url, owner=owner, lease_ms=30_000)
-    http = SidecarHttp.of("http://127.0.0.1:8090", token="sidecar-token", transport=httpx.MockTransport(sidecar.handle))
+    http = SidecarHttp.of(
+        "http://127.0.0.1:8090", token="sidecar-token", transport=httpx2.MockTransport(sidecar.handle)
+    )
     client = SidecarClient(http, max_response_bytes=1 << 20)
     return ActionService(store, Dispatcher(client, max_response_bytes=1 << 20), TENANTS), http
 

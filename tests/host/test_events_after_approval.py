@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 import structlog.testing
 from kits import aip
@@ -31,10 +31,10 @@ class HeldStartSidecar(FakeSidecar):
         self.events_asked = asyncio.Event()
         self.order: list[str] = []
 
-    def transport(self) -> httpx.MockTransport:
-        return httpx.MockTransport(self.handle_async)
+    def transport(self) -> httpx2.MockTransport:
+        return httpx2.MockTransport(self.handle_async)
 
-    async def handle_async(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async(self, request: httpx2.Request) -> httpx2.Response:
         if request.url.path in ("/jobs", "/jobs/stream") and request.method == "POST":
             self.start_held.set()
             await self.release.wait()
@@ -45,7 +45,7 @@ class HeldStartSidecar(FakeSidecar):
         return self.handle(request)
 
 
-async def approve_with_start_held(http: httpx.AsyncClient, sidecar: HeldStartSidecar) -> None:
+async def approve_with_start_held(http: httpx2.AsyncClient, sidecar: HeldStartSidecar) -> None:
     """Submit run ``act_run``, approve it, and return once its start is on its way to ``sidecar`` (held there,
     not answered)."""
     approval_id = (await submit_action(http, "act_run"))["approval_id"]
@@ -141,7 +141,7 @@ class StartAnsweredDuringStatusSidecar(HeldStartSidecar):
         self.acknowledged: Any = None  # awaited after the 404 is decided, before it is sent
         self.status_answers: list[int] = []
 
-    async def handle_async(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async(self, request: httpx2.Request) -> httpx2.Response:
         if request.method == "GET" and request.url.path.count("/") == 2:  # GET /jobs/{id}: a status
             answer = self.handle(request)
             self.status_answers.append(answer.status_code)

@@ -3,7 +3,7 @@ put each id in one percent-encoded path segment."""
 
 from __future__ import annotations
 
-import httpx
+import httpx2
 from kits.hostapp import action_env, bearer, post_message
 
 from aip_crewai.client import AipClient
@@ -23,11 +23,11 @@ def test_links_percent_encode_the_ids():
 def test_the_client_sends_each_id_as_one_encoded_segment():
     seen: list[bytes] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         seen.append(request.url.raw_path)
-        return httpx.Response(200, json={})
+        return httpx2.Response(200, json={})
 
-    with AipClient("http://host.invalid", token="t", transport=httpx.MockTransport(answer)) as client:
+    with AipClient("http://host.invalid", token="t", transport=httpx2.MockTransport(answer)) as client:
         client.action(ODD)
         client.result(ODD)
         client.cancel(ODD)
@@ -45,11 +45,11 @@ def test_an_id_of_dots_is_sent_as_escaped_dots_never_as_a_dot_segment():
     ``%2E``s, in the client's requests and in the host's links."""
     seen: list[bytes] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         seen.append(request.url.raw_path)
-        return httpx.Response(200, json={})
+        return httpx2.Response(200, json={})
 
-    with AipClient("http://host.invalid", token="t", transport=httpx.MockTransport(answer)) as client:
+    with AipClient("http://host.invalid", token="t", transport=httpx2.MockTransport(answer)) as client:
         client.action("..")
         client.result(".")
         client.approval("..")

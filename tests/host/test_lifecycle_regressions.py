@@ -10,7 +10,7 @@ import json
 import threading
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from kits import aip
 from kits.fake_sidecar import FakeSidecar
@@ -32,7 +32,7 @@ def run_envelope(action_id: str) -> dict:
     )
 
 
-async def submit_pending(http: httpx.AsyncClient, action_id: str) -> str:
+async def submit_pending(http: httpx2.AsyncClient, action_id: str) -> str:
     response = await http.post(
         "/aip/v1/messages", content=json.dumps(run_envelope(action_id)), headers={**CT, **bearer("acme-invoker")}
     )
@@ -40,7 +40,7 @@ async def submit_pending(http: httpx.AsyncClient, action_id: str) -> str:
     return response.json()["body"]["action_result"]["output"]["approval_id"]
 
 
-async def decide(http: httpx.AsyncClient, approval_id: str, decision: str = "approved") -> httpx.Response:
+async def decide(http: httpx2.AsyncClient, approval_id: str, decision: str = "approved") -> httpx2.Response:
     return await http.post(
         f"/aip/v1/approvals/{approval_id}/decision",
         headers=bearer("acme-both"),
@@ -110,18 +110,18 @@ async def test_a_refused_start_is_queued_and_retried_under_the_same_job_and_key(
     starts: list[tuple[str, str | None]] = []
     queued_seen = asyncio.Event()
 
-    def handle(request: httpx.Request) -> httpx.Response:
+    def handle(request: httpx2.Request) -> httpx2.Response:
         if request.url.path == "/jobs/stream" and request.method == "POST":
             starts.append((json.loads(request.content)["action_id"], request.headers.get("Idempotency-Key")))
             if len(starts) == 1:
-                raise httpx.ConnectError("connection refused", request=request)
+                raise httpx2.ConnectError("connection refused", request=request)
             if len(starts) == 2:
-                return httpx.Response(503, json={"detail": "the sidecar is shutting down and admits no new jobs"})
+                return httpx2.Response(503, json={"detail": "the sidecar is shutting down and admits no new jobs"})
             if not queued_seen.is_set():
-                return httpx.Response(503, json={"detail": "shutting down"})
+                return httpx2.Response(503, json={"detail": "shutting down"})
         return fake.handle(request)
 
-    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    app = make_app(sidecar_transport=httpx2.MockTransport(handle))
     async with running(app) as http:
         approval_id = await submit_pending(http, "refused_1")
         assert (await decide(http, approval_id)).status_code == 200
@@ -143,14 +143,14 @@ async def test_a_start_refused_until_the_dispatch_deadline_fails_with_a_certain_
     """Issue 17 item 1: past `dispatch_deadline_seconds` the action fails with
     `connector.crewai.dispatch_deadline`, `uncertain_outcome: false`, dispatch `not_sent`."""
 
-    def handle(request: httpx.Request) -> httpx.Response:
+    def handle(request: httpx2.Request) -> httpx2.Response:
         if request.url.path.startswith("/jobs") and request.method == "POST":
             clock.now += 0.6  # each refused attempt passes time on the host's clock
-            raise httpx.ConnectError("connection refused", request=request)
+            raise httpx2.ConnectError("connection refused", request=request)
         return FakeSidecar(SIDECAR_TOKEN).handle(request)
 
     app = make_app(
-        dataclasses.replace(settings, dispatch_deadline_s=1.0), sidecar_transport=httpx.MockTransport(handle)
+        dataclasses.replace(settings, dispatch_deadline_s=1.0), sidecar_transport=httpx2.MockTransport(handle)
     )
     async with running(app) as http:
         approval_id = await submit_pending(http, "refused_2")
@@ -264,9 +264,9 @@ async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journa
     fake = FakeSidecar(SIDECAR_TOKEN)
     journal_says = {"error_type": "SidecarRestarted", "uncertain_outcome": False}
 
-    def handle(request: httpx.Request) -> httpx.Response:
+    def handle(request: httpx2.Request) -> httpx2.Response:
         if request.url.path == "/jobs/acme:prov_1":
-            return httpx.Response(
+            return httpx2.Response(
                 200,
                 json={
                     "action_id": "acme:prov_1",
@@ -281,11 +281,11 @@ async def test_a_provisional_result_is_corrected_on_read_from_the_sidecar_journa
             event = {"event": "failed", "sequence": 0, "data": journal_says}
             if "text/event-stream" in request.headers.get("accept", ""):  # the journal read back whole
                 frame = encode_event(json.dumps(event), event="failed", id="0")
-                return httpx.Response(200, content=frame, headers={"content-type": "text/event-stream"})
-            return httpx.Response(200, json={"events": [event]})
+                return httpx2.Response(200, content=frame, headers={"content-type": "text/event-stream"})
+            return httpx2.Response(200, json={"events": [event]})
         return fake.handle(request)
 
-    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    app = make_app(sidecar_transport=httpx2.MockTransport(handle))
     async with running(app) as http:
         approval_id = await submit_pending(http, "prov_1")
         service = host_state(app).actions
@@ -309,13 +309,13 @@ async def test_cancelling_an_action_queued_for_a_retry_stops_it_before_anything_
     `provider_effect: none`, and no further start is sent."""
     starts: list[str] = []
 
-    def handle(request: httpx.Request) -> httpx.Response:
+    def handle(request: httpx2.Request) -> httpx2.Response:
         if request.url.path == "/jobs/stream":
             starts.append(request.method)
-            raise httpx.ConnectError("connection refused", request=request)
+            raise httpx2.ConnectError("connection refused", request=request)
         return FakeSidecar(SIDECAR_TOKEN).handle(request)
 
-    app = make_app(sidecar_transport=httpx.MockTransport(handle))
+    app = make_app(sidecar_transport=httpx2.MockTransport(handle))
     async with running(app) as http:
         approval_id = await submit_pending(http, "dequeue_1")
         assert (await decide(http, approval_id)).status_code == 200
@@ -338,17 +338,17 @@ async def test_cancelling_an_action_queued_for_a_retry_stops_it_before_anything_
         assert record.status == "cancelled" and record.dispatch == "not_sent" and len(starts) >= 1
 
 
-def late_job_sidecar(action_id: str, job: dict[str, str]) -> httpx.MockTransport:
+def late_job_sidecar(action_id: str, job: dict[str, str]) -> httpx2.MockTransport:
     """A sidecar whose blocking ``knowledge_query`` start of ``action_id`` answers 504 (its wait ended before
     the job), whose job view says ``job["status"]`` and whose journal ends with a completed event."""
     job_id = f"acme:{action_id}"
 
-    def handle(request: httpx.Request) -> httpx.Response:
+    def handle(request: httpx2.Request) -> httpx2.Response:
         if request.url.path == "/jobs" and request.method == "POST":
-            return httpx.Response(504, json={"detail": "the job did not end within timeout_ms"})
+            return httpx2.Response(504, json={"detail": "the job did not end within timeout_ms"})
         if request.url.path == f"/jobs/{job_id}":
             done = job["status"] == "completed"
-            return httpx.Response(
+            return httpx2.Response(
                 200,
                 json={
                     "action_id": job_id,
@@ -360,12 +360,12 @@ def late_job_sidecar(action_id: str, job: dict[str, str]) -> httpx.MockTransport
                 },
             )
         if request.url.path == f"/jobs/{job_id}/events":
-            return httpx.Response(
+            return httpx2.Response(
                 200, json={"events": [{"event": "completed", "sequence": 1, "data": {"results": ["late"]}}]}
             )
         return FakeSidecar(SIDECAR_TOKEN).handle(request)
 
-    return httpx.MockTransport(handle)
+    return httpx2.MockTransport(handle)
 
 
 def knowledge_query_envelope(action_id: str) -> dict:

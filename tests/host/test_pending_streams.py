@@ -151,15 +151,15 @@ async def test_a_stream_of_a_running_action_whose_sidecar_is_down_keeps_sending_
     """No dispatch of the action runs here and its sidecar cannot be reached: the follower polls the store,
     and a proxy between it and the tenant still sees a keep-alive every ``KEEPALIVE_S`` (found by a break-it
     session: the stream was silent for the whole outage)."""
-    import httpx
+    import httpx2
 
     from aip_crewai.host.http.state import host_state
 
-    def down(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
+    def down(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ConnectError("connection refused", request=request)
 
     monkeypatch.setattr(routes, "KEEPALIVE_S", 0.05)
-    app = make_app(sidecar_transport=httpx.MockTransport(down))
+    app = make_app(sidecar_transport=httpx2.MockTransport(down))
     async with running(app):
         store = host_state(app).store
         await store.create_action(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -101,7 +101,7 @@ class Scripted:
     starts: int = 0
     seen: Callable[[str], Any] | None = None
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
+    async def handle(self, request: httpx2.Request) -> httpx2.Response:
         if request.method == "POST" and request.url.path in ("/jobs", "/jobs/stream"):
             body = json.loads(request.content)
             self.starts += 1
@@ -109,7 +109,7 @@ class Scripted:
                 self.placements.append(await self.seen(body["action_id"]))
             if self.refuse is not None and self.refuse_operation in (None, body.get("operation")):
                 status, code = self.refuse
-                return httpx.Response(status, json={"code": code, "detail": "refused before admission"})
+                return httpx2.Response(status, json={"code": code, "detail": "refused before admission"})
             if self.gate is not None:
                 await self.gate.wait()
         return self.fake.handle(request)
@@ -131,7 +131,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     ready = set(NAMES)
     https = {
         name: SidecarHttp.of(
-            f"http://127.0.0.1:{8090 + index}", token="sidecar-token", transport=httpx.MockTransport(scripted.handle)
+            f"http://127.0.0.1:{8090 + index}", token="sidecar-token", transport=httpx2.MockTransport(scripted.handle)
         )
         for index, (name, scripted) in enumerate(sidecars.items())
     }

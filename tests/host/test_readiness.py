@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-import httpx
+import httpx2
 import pytest
 from kits.hostapp import running
 from kits.poll import until_async
@@ -84,7 +84,7 @@ async def test_background_poll_notices_a_regression(make_app, settings, sidecar)
     ("setup", "words"),
     [
         (lambda s: setattr(s, "health_status", 401), "HTTP 401"),
-        (lambda s: setattr(s, "health", httpx.ConnectError("refused")), "unreachable (ConnectError)"),
+        (lambda s: setattr(s, "health", httpx2.ConnectError("refused")), "unreachable (ConnectError)"),
         (lambda s: setattr(s, "health", "not an object"), "not a JSON object"),
     ],
 )
@@ -128,13 +128,13 @@ async def test_each_sidecar_has_its_own_ready_gauge_and_the_host_gauge_is_the_gr
 
     up = {"one": True, "two": True}
 
-    def sidecar(name: str, crews: list[str]) -> httpx.AsyncClient:
-        def answer(request: httpx.Request) -> httpx.Response:
+    def sidecar(name: str, crews: list[str]) -> httpx2.AsyncClient:
+        def answer(request: httpx2.Request) -> httpx2.Response:
             if not up[name]:
-                return httpx.Response(503, json={"status": "starting"})
-            return httpx.Response(200, json={**GOOD, "crews": crews})
+                return httpx2.Response(503, json={"status": "starting"})
+            return httpx2.Response(200, json={**GOOD, "crews": crews})
 
-        return httpx.AsyncClient(base_url=f"http://{name}.invalid", transport=httpx.MockTransport(answer))
+        return httpx2.AsyncClient(base_url=f"http://{name}.invalid", transport=httpx2.MockTransport(answer))
 
     metrics = Metrics()
     a, b = ([crew for crew in CREWS if crew.id == crew_id] for crew_id in ("a", "b"))

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import anyio
-import httpx
+import httpx2
 import pytest
 
 from aip_crewai import package_version
@@ -40,7 +40,7 @@ RUN, STATUS = ops.get("run"), ops.get("status")
 
 def client(handler):
     return SidecarClient(
-        SidecarHttp.of("http://127.0.0.1:1", transport=httpx.MockTransport(handler)), max_response_bytes=1 << 20
+        SidecarHttp.of("http://127.0.0.1:1", transport=httpx2.MockTransport(handler)), max_response_bytes=1 << 20
     )
 
 
@@ -65,7 +65,7 @@ def test_job_ids_are_tenant_scoped_and_bounded():
     ],
 )
 async def test_status_mapping(status, error):
-    c = client(lambda request: httpx.Response(status, json={"detail": "nope"}))
+    c = client(lambda request: httpx2.Response(status, json={"detail": "nope"}))
     dispatch = DispatchProgress()
     with pytest.raises(error) as info:
         await c.get_job(STATUS, dispatch, job_id="t:a")
@@ -75,7 +75,7 @@ async def test_status_mapping(status, error):
     assert info.value.retryable is (error is ConnectorRemoteTemporary)
 
 
-@pytest.mark.parametrize("failure", [httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout])
+@pytest.mark.parametrize("failure", [httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout])
 async def test_a_request_that_got_no_connection_is_not_sent_and_retryable_only_for_reads(failure):
     """Refused, not connected in time, or no pooled connection free in time (a host running more jobs than its
     job connections): nothing reached the sidecar, so even a start is safely sent again."""
@@ -99,7 +99,7 @@ async def test_a_request_that_got_no_connection_is_not_sent_and_retryable_only_f
 
 async def test_read_error_after_send_is_sent_and_uncertain_for_mutations():
     def broken(request):
-        raise httpx.ReadError("reset", request=request)
+        raise httpx2.ReadError("reset", request=request)
 
     dispatch = DispatchProgress()
     with pytest.raises(ConnectorTransport) as info:
@@ -117,7 +117,7 @@ async def test_start_job_sends_headers_and_body():
     def handler(request):
         seen["headers"] = request.headers
         seen["body"] = json.loads(request.content)
-        return httpx.Response(200, json={"raw": "ok"})
+        return httpx2.Response(200, json={"raw": "ok"})
 
     status, body = await client(handler).start_job(
         RUN, DispatchProgress(), job_id="t:a", crew_id="c", input={"x": 1}, idempotency_key="key-1", timeout_ms=5000
@@ -147,7 +147,7 @@ async def test_stream_delivers_chunks_then_terminal():
         got.extend(chunks)
 
     c = client(
-        lambda r: httpx.Response(
+        lambda r: httpx2.Response(
             200, content=sse("started", "chunk", "completed"), headers={"content-type": "text/event-stream"}
         )
     )
@@ -169,7 +169,7 @@ async def test_stream_without_terminal_is_invalid():
     async def on_chunks(chunks):
         pass
 
-    c = client(lambda r: httpx.Response(200, content=sse("started")))
+    c = client(lambda r: httpx2.Response(200, content=sse("started")))
     with pytest.raises(ConnectorInvalidStream):
         await c.start_stream(
             RUN,
@@ -203,7 +203,7 @@ KQ = ops.get("knowledge_query")
     ],
 )
 async def test_a_blocking_start_refused_before_admission_is_marked_not_admitted(status, body, admitted):
-    c = client(lambda request: httpx.Response(status, json=body))
+    c = client(lambda request: httpx2.Response(status, json=body))
     with pytest.raises(ConnectorError) as info:
         await c.start_job(
             KQ, DispatchProgress(), job_id="t:a", crew_id="c", input={}, idempotency_key="k", timeout_ms=None
@@ -214,7 +214,7 @@ async def test_a_blocking_start_refused_before_admission_is_marked_not_admitted(
 
 @pytest.mark.parametrize(("status", "admitted"), [(503, False), (507, False), (500, None), (502, None)])
 async def test_a_stream_start_refused_before_admission_is_marked_not_admitted(status, admitted):
-    c = client(lambda request: httpx.Response(status, json={"detail": "no"}))
+    c = client(lambda request: httpx2.Response(status, json={"detail": "no"}))
     with pytest.raises(ConnectorError) as info:
         await c.start_stream(
             RUN,
@@ -234,7 +234,7 @@ async def test_a_stream_start_refused_before_admission_is_marked_not_admitted(st
 
 async def test_a_refused_connection_is_not_admitted():
     def refuse(request):
-        raise httpx.ConnectError("refused", request=request)
+        raise httpx2.ConnectError("refused", request=request)
 
     with pytest.raises(ConnectorTransport) as info:
         await client(refuse).start_stream(
@@ -291,7 +291,7 @@ async def test_a_crew_busy_refusal_is_typed_retryable_and_certain_for_blocking_a
     from aip_crewai.contracts.errors import ConnectorCrewBusy
 
     busy = {"code": "sidecar.crew_busy", "detail": "crew 'c' has 1 job(s) queued or running for this tenant"}
-    c = client(lambda request: httpx.Response(409, json=busy))
+    c = client(lambda request: httpx2.Response(409, json=busy))
     spec = ops.get("memory_reset")
     with pytest.raises(ConnectorCrewBusy) as raised:
         await c.start_job(
@@ -313,7 +313,7 @@ async def test_a_crew_busy_refusal_is_typed_retryable_and_certain_for_blocking_a
             idempotency_key="k",
             timeout_ms=None,
         )
-    plain = client(lambda request: httpx.Response(409, json={"detail": "cancelled"}))  # no code: as before
+    plain = client(lambda request: httpx2.Response(409, json={"detail": "cancelled"}))  # no code: as before
     status, _ = await plain.start_job(
         spec, DispatchProgress(), job_id="acme:r3", crew_id="c", input={}, idempotency_key="k", timeout_ms=None
     )
@@ -432,10 +432,10 @@ async def _ignore(chunks) -> None:
 )
 def test_requests_go_to_the_url_and_carry_the_headers_httpx_client_would_have_sent(base, path, params):
     """The host hands requests to the transport itself (:class:`SidecarHttp`): the URL (base path prefix,
-    percent-encoding, query) and the bearer are those ``httpx.AsyncClient(base_url=...)`` built, and the
+    percent-encoding, query) and the bearer are those ``httpx2.AsyncClient(base_url=...)`` built, and the
     read bound covers read, write and the pool wait, the connect bound its own."""
-    jobs = SidecarHttp.of(base, token="t0k", connect_timeout_s=10.0, transport=httpx.MockTransport(lambda r: None))
-    client = httpx.AsyncClient(base_url=base, headers={"Authorization": "Bearer t0k"})
+    jobs = SidecarHttp.of(base, token="t0k", connect_timeout_s=10.0, transport=httpx2.MockTransport(lambda r: None))
+    client = httpx2.AsyncClient(base_url=base, headers={"Authorization": "Bearer t0k"})
     expected = client.build_request("GET", path, params=params)
     request = jobs.request("GET", path, headers={"X-AIP-Action-ID": "acme:act_1"}, params=params, read_timeout_s=30.0)
     assert request.url == expected.url and request.url.raw_path == expected.url.raw_path
@@ -448,11 +448,11 @@ def test_requests_go_to_the_url_and_carry_the_headers_httpx_client_would_have_se
 
 
 async def test_a_json_body_is_sent_as_httpx_encodes_it():
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         seen.append(request)
-        return httpx.Response(200, json={"status": "completed"})
+        return httpx2.Response(200, json={"status": "completed"})
 
     status, body = await client(handler).start_job(
         RUN,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import json
 
-import httpx
+import httpx2
 import pytest
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import NOW, SIDECAR_TOKEN, bearer, private_key, running, submit_action
@@ -218,10 +218,10 @@ def test_the_client_refuses_a_signing_key_without_a_key_id():
 
     with pytest.raises(ValueError):
         AipClient("http://127.0.0.1:1", signing_key=private_key("acme-approver"))
-    assert isinstance(signer("acme-approver"), httpx.Auth)
+    assert isinstance(signer("acme-approver"), httpx2.Auth)
 
 
-def target_uri_signed(request: httpx.Request, principal: str) -> httpx.Request:
+def target_uri_signed(request: httpx2.Request, principal: str) -> httpx2.Request:
     """Sign as the approval console does: ``@method`` + ``@target-uri`` (+ ``content-digest``),
     label ``sig1``, a nonce in standard base64 (console.js ``signedHeaders``)."""
     import datetime

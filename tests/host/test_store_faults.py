@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 
-import httpx
+import httpx2
 import pgserver
 import psycopg
 import pytest
@@ -314,7 +314,7 @@ async def test_a_listen_connection_that_dies_is_replaced_and_followers_keep_rece
 
 
 @asynccontextmanager
-async def _host(make_app, settings: Settings, url: str) -> AsyncIterator[httpx.AsyncClient]:
+async def _host(make_app, settings: Settings, url: str) -> AsyncIterator[httpx2.AsyncClient]:
     shared = dataclasses.replace(
         settings, store_path=url, host_id="host-faults", store_timeouts=TIMEOUTS, cors_origins=(ORIGIN,)
     )
@@ -325,12 +325,12 @@ async def _host(make_app, settings: Settings, url: str) -> AsyncIterator[httpx.A
 ORIGIN = "https://console.example"
 
 
-async def _submit(client: httpx.AsyncClient, n: int) -> httpx.Response:
+async def _submit(client: httpx2.AsyncClient, n: int) -> httpx2.Response:
     env = action_env(f"msg_f{n}_{time.monotonic_ns()}", f"act_f{n}", "cap:crewai:alpha", {"topic": "x"}, f"key-{n}")
     return await client.post("/aip/v1/messages", json=env, headers={**bearer("acme-invoker"), "Origin": ORIGIN})
 
 
-def _typed_503(answer: httpx.Response) -> bool:
+def _typed_503(answer: httpx2.Response) -> bool:
     return (
         answer.status_code == 503
         and answer.json()["body"]["error"]["error"]["code"] == "store.unavailable"
@@ -348,17 +348,17 @@ async def test_over_http_a_held_writer_lock_gives_typed_503s_and_an_unready_host
         assert (await client.get("/ready")).status_code == 200
         with _writer_lock_held(postgres_url):
             took, answer = await _timed(lambda: _submit(client, 1))
-            assert isinstance(answer, httpx.Response) and _typed_503(answer), answer
+            assert isinstance(answer, httpx2.Response) and _typed_503(answer), answer
             assert took < BOUND_S + SLACK_S
             took, ready = await _timed(lambda: client.get("/ready"))
-            assert isinstance(ready, httpx.Response) and ready.status_code == 503 and took < BOUND_S + SLACK_S
+            assert isinstance(ready, httpx2.Response) and ready.status_code == 503 and took < BOUND_S + SLACK_S
             took, read = await _timed(lambda: client.get("/aip/v1/actions/act_f1", headers=bearer("acme-invoker")))
-            assert isinstance(read, httpx.Response) and read.status_code in (404, 503) and took < BOUND_S + SLACK_S
+            assert isinstance(read, httpx2.Response) and read.status_code in (404, 503) and took < BOUND_S + SLACK_S
         await _until(lambda: _ready(client), "/ready to recover by itself")
         assert (await _submit(client, 2)).status_code != 503
 
 
-async def _ready(client: httpx.AsyncClient) -> bool:
+async def _ready(client: httpx2.AsyncClient) -> bool:
     return (await client.get("/ready")).status_code == 200
 
 
@@ -371,10 +371,10 @@ async def test_over_http_a_stopped_server_answers_within_the_bound_and_ready_tel
         with pgserver.stopped(postgres_server):
             for n in range(3):
                 took, answer = await _timed(functools.partial(_submit, client, 10 + n))
-                assert isinstance(answer, httpx.Response) and _typed_503(answer), answer
+                assert isinstance(answer, httpx2.Response) and _typed_503(answer), answer
                 assert took < BOUND_S + SLACK_S, took
             took, ready = await _timed(lambda: client.get("/ready"))
-            assert isinstance(ready, httpx.Response) and ready.status_code == 503 and took < BOUND_S + SLACK_S
+            assert isinstance(ready, httpx2.Response) and ready.status_code == 503 and took < BOUND_S + SLACK_S
         await _until(lambda: _ready(client), "/ready to recover after SIGCONT", timeout=60)
 
 
@@ -385,7 +385,7 @@ async def test_over_http_a_read_only_database_gives_typed_503s_never_500(
     async with _host(make_app, settings, postgres_url) as client:
         await _until(lambda: _ready(client), "the host to be ready")
         with _read_only(postgres_url):
-            answers: list[httpx.Response] = []
+            answers: list[httpx2.Response] = []
 
             async def refused() -> bool:
                 answers.append(await _submit(client, 20 + len(answers)))

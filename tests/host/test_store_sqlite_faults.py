@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import SIDECAR_TOKEN, HealthSidecar, action_env, bearer, running
@@ -142,7 +142,9 @@ def test_the_outage_codes_are_told_from_the_others() -> None:
 # --- the host over HTTP ------------------------------------------------------------------------------
 
 
-async def _submit(client: httpx.AsyncClient, action_id: str, text: str, cap: str = "cap:crewai:beta") -> httpx.Response:
+async def _submit(
+    client: httpx2.AsyncClient, action_id: str, text: str, cap: str = "cap:crewai:beta"
+) -> httpx2.Response:
     env = action_env(f"msg_{action_id}_{time.monotonic_ns()}", action_id, cap, {"t": text}, f"key-{action_id}")
     return await client.post("/aip/v1/messages", json=env, headers=bearer("acme-invoker"))
 
@@ -156,14 +158,14 @@ async def test_over_http_a_full_file_gives_typed_503s_and_the_run_ends_once_spac
     fake.health = HealthSidecar().health  # a whole /health: the host is ready but for its store
     started, filled = asyncio.Event(), asyncio.Event()
 
-    async def sidecar(request: httpx.Request) -> httpx.Response:
+    async def sidecar(request: httpx2.Request) -> httpx2.Response:
         if request.url.path in ("/jobs", "/jobs/stream") and request.method == "POST":
             started.set()
             await filled.wait()  # the job runs once the disk is full: its result cannot be written
         return fake.handle(request)
 
     app = make_app(
-        dataclasses.replace(settings, readiness_interval_s=0.05), sidecar_transport=httpx.MockTransport(sidecar)
+        dataclasses.replace(settings, readiness_interval_s=0.05), sidecar_transport=httpx2.MockTransport(sidecar)
     )
     async with running(app) as client:
         store = host_state(app).store
@@ -209,10 +211,10 @@ def _deferred(logs: Sequence[Mapping[str, Any]]) -> int:
     return sum(e["event"] in ("dispatch_deferred", "action_resume_deferred") for e in logs)
 
 
-async def _ready(client: httpx.AsyncClient) -> bool:
+async def _ready(client: httpx2.AsyncClient) -> bool:
     return (await client.get("/ready")).status_code == 200
 
 
-async def _status(client: httpx.AsyncClient, action_id: str, wanted: str | None = None) -> str | bool:
+async def _status(client: httpx2.AsyncClient, action_id: str, wanted: str | None = None) -> str | bool:
     state = (await client.get(f"/aip/v1/actions/{action_id}", headers=bearer("acme-invoker"))).json()["state"]
     return state if wanted is None else state == wanted

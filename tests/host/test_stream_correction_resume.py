@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
+import httpx2
 import msgspec
 import pytest
 from kits import aip
@@ -101,7 +101,7 @@ async def http(make_app: Any, sidecar_job: ProgressingSidecar, seeded: None) -> 
 Frame = tuple[str, str, Any]  # (event, id, data)
 
 
-async def stream(http: httpx.AsyncClient, last_event_id: str | None = None) -> tuple[int, list[Frame]]:
+async def stream(http: httpx2.AsyncClient, last_event_id: str | None = None) -> tuple[int, list[Frame]]:
     """``GET /aip/v1/actions/r1/events`` as SSE (after ``last_event_id``): status and frames."""
     headers = {**SSE, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
     response = await http.get("/aip/v1/actions/r1/events", headers=headers)
@@ -117,7 +117,7 @@ def result_of(frames: list[Frame]) -> dict[str, Any]:
     return frames[-1][2]["body"]["action_result"]
 
 
-async def provisional_stream(http: httpx.AsyncClient) -> list[Frame]:
+async def provisional_stream(http: httpx2.AsyncClient) -> list[Frame]:
     status, frames = await stream(http)
     assert status == 200
     return frames

@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from kits.fake_sidecar import FakeSidecar
 from kits.hostapp import open_action_service
@@ -46,11 +46,11 @@ class BreakingSidecar(FakeSidecar):
             job.events = [job.events[0], *chunks, {**done, "sequence": CHATTY + 1}]
         return job
 
-    def _sse(self, events: list[dict[str, Any]]) -> httpx.Response:
+    def _sse(self, events: list[dict[str, Any]]) -> httpx2.Response:
         self.streams += 1
         frames = [encode_event(json.dumps(e), event=e["event"], id=str(e["sequence"])) for e in events]
         if self.streams > 1 or self.fault == "none":
-            return httpx.Response(200, content=b"".join(frames), headers={"content-type": "text/event-stream"})
+            return httpx2.Response(200, content=b"".join(frames), headers={"content-type": "text/event-stream"})
         head = frames[: self.break_after]
         if self.fault == "repeat":
             again = events[self.break_after - 1]
@@ -59,24 +59,24 @@ class BreakingSidecar(FakeSidecar):
                 + encode_event(json.dumps(again), event=again["event"])
                 + b"".join(frames[self.break_after :])
             )
-            return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+            return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
         if self.fault == "early_end":
-            return httpx.Response(200, content=b"".join(head), headers={"content-type": "text/event-stream"})
+            return httpx2.Response(200, content=b"".join(head), headers={"content-type": "text/event-stream"})
 
         async def reset() -> AsyncIterator[bytes]:
             for piece in head:
                 yield piece
-            raise httpx.ReadError("connection reset by peer")
+            raise httpx2.ReadError("connection reset by peer")
 
-        return httpx.Response(200, content=reset(), headers={"content-type": "text/event-stream"})
+        return httpx2.Response(200, content=reset(), headers={"content-type": "text/event-stream"})
 
-    def handle(self, request: httpx.Request) -> httpx.Response:
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
         parts = request.url.path.split("/")
         if len(parts) == 3 and parts[1] == "jobs" and request.method == "GET" and self.views_refused > 0:
             self.views_refused -= 1
-            raise httpx.ConnectError("connection refused", request=request)
+            raise httpx2.ConnectError("connection refused", request=request)
         if len(parts) == 3 and parts[1] == "jobs" and request.method == "GET" and self.views_busy:
-            return httpx.Response(self.views_busy.pop(0), json={"detail": "overloaded, try later"})
+            return httpx2.Response(self.views_busy.pop(0), json={"detail": "overloaded, try later"})
         return super().handle(request)
 
 
@@ -203,7 +203,7 @@ class CrashedSidecar(BreakingSidecar):
         super().__init__("reset", break_after=sent)
         self.kept = kept
 
-    def _sse(self, events: list[dict[str, Any]]) -> httpx.Response:
+    def _sse(self, events: list[dict[str, Any]]) -> httpx2.Response:
         response = super()._sse(events)
         if self.streams == 1:  # the crash: the journal loses what was not committed, and the fence ends the job
             job = next(iter(self.jobs.values()))

@@ -470,15 +470,15 @@ async def test_an_attempt_is_bounded_by_its_endpoint_timeout_alone():
     """``timeout_seconds`` bounds an attempt whole (0.1 .. 60 s, docs/webhooks.md): the client sets no phase
     timeout of its own. It used to carry httpx's default 5 s, so a receiver answering after 7 s timed out on
     every attempt under ``timeout_seconds = 20``."""
-    import httpx
+    import httpx2
 
     seen: list[dict[str, Any]] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         seen.append(request.extensions["timeout"])
-        return httpx.Response(204)
+        return httpx2.Response(204)
 
-    client = webhook_client(httpx.MockTransport(answer))
+    client = webhook_client(httpx2.MockTransport(answer))
     try:
         await client.post("https://receiver.example/hook", content=b"{}")
     finally:

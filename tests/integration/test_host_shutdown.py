@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-import httpx
+import httpx2
 import pytest
 from kits.host import TOKENS, free_port, start_host, write_config
 from kits.poll import until
@@ -63,7 +63,7 @@ def test_sigterm_ends_open_streams_and_the_host_exits_in_its_grace(host_sidecar_
     first_chunk = threading.Event()
 
     def follow() -> None:
-        with httpx.stream(
+        with httpx2.stream(
             "GET", f"{host.base_url}/aip/v1/actions/{action_id}/events", headers=headers, timeout=60
         ) as response:
             for piece in response.iter_raw():
@@ -135,13 +135,15 @@ def test_a_host_whose_log_pipe_lost_its_reader_still_answers_and_stops_on_sigter
 
         def ready() -> bool:
             try:
-                return httpx.get(f"{base_url}/ready", timeout=5).status_code == 200
-            except httpx.TransportError:
+                return httpx2.get(f"{base_url}/ready", timeout=5).status_code == 200
+            except httpx2.TransportError:
                 return False
 
         until(ready, timeout=60, what="the host ready")
         for _ in range(3):  # requests log lines: each write now fails
-            answer = httpx.get(f"{base_url}/aip/v1/manifest", headers={"Authorization": f"Bearer {TOKENS['acme-app']}"})
+            answer = httpx2.get(
+                f"{base_url}/aip/v1/manifest", headers={"Authorization": f"Bearer {TOKENS['acme-app']}"}
+            )
             assert answer.status_code == 200, answer.text
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=STOP_BOUND_S) == 0

@@ -14,7 +14,7 @@ import json
 import sqlite3
 from urllib.parse import unquote
 
-import httpx
+import httpx2
 import pytest
 from kits.host import ACME_CREWS, start_host
 from kits.poll import until
@@ -79,7 +79,7 @@ def journaled_jobs(sidecar, action_id: str) -> list[str]:
 
 
 def retained_runs(sidecar) -> int:
-    return int(httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers).json()["retained_runs"])
+    return int(httpx2.get(f"{sidecar.base_url}/health", headers=sidecar.headers).json()["retained_runs"])
 
 
 def approve_pending(host, result):
@@ -181,7 +181,7 @@ def test_cancel_of_a_streaming_run(host_and_sidecar):
         assert cancelled["status"] == "cancelled"
         assert cancelled["output"]["remote_stop_confirmed"] is True
         calls = len(calls_of(sidecar, f"acme:{action_id}"))
-        view = httpx.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers).json()
+        view = httpx2.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers).json()
         assert view["status"] == "cancelled"
         assert app.action(action_id)["state"] == "cancelled"
     assert len(calls_of(sidecar, f"acme:{action_id}")) <= calls + 1

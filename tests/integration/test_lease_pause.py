@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import quote
 
-import httpx
+import httpx2
 import pgserver
 import pytest
 import storebackend
@@ -271,8 +271,8 @@ def test_a_lease_holder_paused_past_its_lease_and_resumed_writes_nothing(cluster
 
 def _ready_status(host: Host) -> int:
     try:
-        return httpx.get(f"{host.base_url}/ready", timeout=CALL_BOUND_S + SLACK_S).status_code
-    except httpx.TransportError:
+        return httpx2.get(f"{host.base_url}/ready", timeout=CALL_BOUND_S + SLACK_S).status_code
+    except httpx2.TransportError:
         return 0
 
 

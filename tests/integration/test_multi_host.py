@@ -16,7 +16,7 @@ import json
 import signal
 import threading
 
-import httpx
+import httpx2
 import pytest
 import storebackend
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -78,7 +78,7 @@ def executions(sidecar, action_id: str) -> int:
 
 def job_status(sidecar, action_id: str) -> int:
     """The HTTP status of the job's view on one sidecar: 200 where it ran, 404 on the other."""
-    return httpx.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers).status_code
+    return httpx2.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers).status_code
 
 
 def test_duplicates_spread_over_two_hosts_execute_once_and_a_follow_on_either_sees_it(hosts):
@@ -162,7 +162,7 @@ def test_concurrent_cancels_on_both_hosts_stop_the_run_once(hosts):
     calls_at_stop = executions(two, action_id)
     assert {o["status"] for o in outcomes} == {"cancelled"}, outcomes
     assert len({json.dumps(o, sort_keys=True) for o in outcomes}) == 1  # one outcome, whoever recorded it
-    view = httpx.get(f"{two.base_url}/jobs/acme:{action_id}", headers=two.headers).json()
+    view = httpx2.get(f"{two.base_url}/jobs/acme:{action_id}", headers=two.headers).json()
     assert view["status"] == "cancelled"
     for host in (a, b):
         with host.client("acme-app") as app:
@@ -183,8 +183,8 @@ def test_a_signed_message_id_is_accepted_by_one_host_only(hosts):
         body = json.dumps(sign_envelope(envelope, SIGNER_KEY, SIGNER))
         barrier = threading.Barrier(2)
 
-        def send(host) -> httpx.Response:
-            with httpx.Client(base_url=host.base_url, timeout=30) as http:
+        def send(host) -> httpx2.Response:
+            with httpx2.Client(base_url=host.base_url, timeout=30) as http:
                 barrier.wait(timeout=30)
                 return http.post("/aip/v1/messages", content=body, headers={"Content-Type": CONTENT_TYPE})
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -69,7 +69,7 @@ def host(tmp_path_factory):
 
 
 def test_the_served_document_is_the_generated_one(host):
-    served = httpx.get(f"{host.base_url}/openapi.json", timeout=30)
+    served = httpx2.get(f"{host.base_url}/openapi.json", timeout=30)
     assert served.status_code == 200 and served.json() == openapi.document()
     assert served.json()["openapi"] == "3.1.0"
 

@@ -9,7 +9,7 @@ import signal
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
+import httpx2
 import pytest
 from kits.host import start_host
 from kits.poll import until
@@ -33,7 +33,7 @@ def governed_run(host, action_id: str) -> dict:
 
 def journal_status(sidecar, action_id: str) -> str | None:
     """The job's status in ``sidecar``'s journal, or None when it never admitted it."""
-    answer = httpx.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers, timeout=30)
+    answer = httpx2.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers, timeout=30)
     return None if answer.status_code == 404 else str(answer.json()["status"])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
+import httpx2
 import pytest
 from kits.host import start_host
 from kits.poll import until
@@ -44,7 +44,7 @@ def test_each_crew_runs_on_its_own_sidecar_and_a_stopped_one_takes_only_its_crew
         assert echo["status"] == chatty["status"] == "completed"
 
         def job_status(sidecar, action_id: str) -> int:  # each sidecar's journal knows only its own jobs
-            return httpx.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers).status_code
+            return httpx2.get(f"{sidecar.base_url}/jobs/acme:{action_id}", headers=sidecar.headers).status_code
 
         assert (job_status(first, echo["action_id"]), job_status(second, echo["action_id"])) == (200, 404)
         assert (job_status(first, chatty["action_id"]), job_status(second, chatty["action_id"])) == (404, 200)
@@ -64,7 +64,7 @@ def test_each_crew_runs_on_its_own_sidecar_and_a_stopped_one_takes_only_its_crew
         assert (
             waiting["body"]["action_result"]["status"] == "pending_approval"
         )  # accepted, docs/operating.md "Failure behaviour"
-        assert httpx.get(f"{host.base_url}/ready").status_code == 200  # one sidecar is ready
+        assert httpx2.get(f"{host.base_url}/ready").status_code == 200  # one sidecar is ready
         assert run_echo(host, "echo", "reefs")["status"] == "completed"
     finally:
         host.stop()

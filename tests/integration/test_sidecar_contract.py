@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 
-import httpx
+import httpx2
 import pytest
 from kits.poll import until_async
 
@@ -27,7 +27,7 @@ def body(action_id: str, crew: str = "echo", operation: str = "run", input: dict
     return {"crew_id": crew, "action_id": action_id, "operation": operation, "input": input or {}, **extra}
 
 
-async def read_sse(response: httpx.Response, until_terminal: bool = True, on_event=None):
+async def read_sse(response: httpx2.Response, until_terminal: bool = True, on_event=None):
     """Decode a live SSE response; return (events, raw bytes). Events are the parsed ``data`` objects."""
     decoder, events, raw = SSEDecoder(), [], b""
     async for chunk in response.aiter_raw():
@@ -156,7 +156,7 @@ async def test_every_route_needs_the_token(shared_sidecar):
         ("DELETE", "/jobs/x"),
         ("GET", "/other"),
     ]
-    async with httpx.AsyncClient(base_url=shared_sidecar.base_url) as client:
+    async with httpx2.AsyncClient(base_url=shared_sidecar.base_url) as client:
         for method, path in routes:
             for headers in ({}, {"Authorization": "Bearer wrong"}):
                 resp = await client.request(method, path, headers=headers, json=body("x"))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
+import httpx2
 import pytest
 from kits.poll import until_async
 from kits.sidecar import ISOLATION_REGISTRY, Sidecar, SidecarFactory, process_isolation_only
@@ -127,8 +127,8 @@ def marker(markers: Path, job: str, suffix: str) -> Path:
 
 
 async def submit(
-    client: httpx.AsyncClient, action_id: str, crew: str, operation: str = "run", input: Any = None
-) -> httpx.Response:
+    client: httpx2.AsyncClient, action_id: str, crew: str, operation: str = "run", input: Any = None
+) -> httpx2.Response:
     body = {"crew_id": crew, "action_id": action_id, "operation": operation, "input": input or {}}
     return await client.post("/jobs", json=body, headers={"Idempotency-Key": f"key-{action_id}"}, timeout=120)
 
@@ -150,7 +150,7 @@ def alive(pid: int) -> bool:
     return True
 
 
-async def view(client: httpx.AsyncClient, job: str) -> dict[str, Any]:
+async def view(client: httpx2.AsyncClient, job: str) -> dict[str, Any]:
     response = await client.get(f"/jobs/{job}")
     assert response.status_code == 200
     data: dict[str, Any] = response.json()

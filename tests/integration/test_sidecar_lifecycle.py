@@ -8,7 +8,7 @@ import socket
 import subprocess
 import time
 
-import httpx
+import httpx2
 import pytest
 from kits.poll import until, until_async
 from kits.sidecar import (
@@ -35,7 +35,7 @@ async def test_kill_9_during_a_run_then_restart_fails_it_as_uncertain_without_re
         task = asyncio.create_task(client.post("/jobs", json=body("crash-1", "slow"), headers={"Idempotency-Key": "k"}))
         await until_async(lambda: first.calls())  # CrewAI is executing (in the sidecar or its worker)
         assert first.kill(signal.SIGKILL) == -signal.SIGKILL
-        with pytest.raises(httpx.TransportError):  # the sidecar died mid-request
+        with pytest.raises(httpx2.TransportError):  # the sidecar died mid-request
             await task
     restarted_at = time.time()
     second = sidecar_factory.restart(first)
@@ -103,7 +103,7 @@ async def test_a_second_sigint_during_the_shutdown_exits_130_at_once_and_ends_th
         calls = len(sidecar.calls())
         sidecar.process.send_signal(signal.SIGINT)
         status = await asyncio.to_thread(sidecar.process.wait, 10)
-        with pytest.raises(httpx.TransportError):  # never answered: the job did not run to its end
+        with pytest.raises(httpx2.TransportError):  # never answered: the job did not run to its end
             await task
     assert status == 130
     (line,) = sidecar.log_events("sidecar_exit_now")
@@ -164,7 +164,7 @@ async def test_ephemeral_unauthenticated_mode_reports_a_non_durable_journal(side
         )
     try:
         base_url = wait_ready(process, workdir / "eph.log")
-        async with httpx.AsyncClient(base_url=base_url) as client:
+        async with httpx2.AsyncClient(base_url=base_url) as client:
             health = (await client.get("/health")).json()
     finally:
         process.send_signal(signal.SIGTERM)
@@ -216,7 +216,7 @@ async def test_the_reference_sidecar_environment_starts_the_sidecar(sidecar_fact
     try:
         base_url = wait_ready(process, stderr_path)
         headers = {"Authorization": f"Bearer {TOKEN}"}
-        async with httpx.AsyncClient(base_url=base_url, headers=headers) as client:
+        async with httpx2.AsyncClient(base_url=base_url, headers=headers) as client:
             health = (await client.get("/health")).json()
             unknown = await client.post(
                 "/jobs",

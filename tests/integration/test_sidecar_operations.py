@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import stat
 
-import httpx
+import httpx2
 import pytest
 from kits.sidecar import post_job, start_with_training_dir
 
@@ -55,7 +55,7 @@ def test_the_five_operations_over_http(sidecar):
     assert reset.json()["reset_targets"] == ["memory"]
     missing = post(sidecar, "mr-2", "trainable", "memory_reset", {"command_type": "memory"})
     assert missing.status_code == 502
-    view = httpx.get(f"{sidecar.base_url}/jobs/mr-2/events", headers=sidecar.headers).json()
+    view = httpx2.get(f"{sidecar.base_url}/jobs/mr-2/events", headers=sidecar.headers).json()
     failed = view["events"][-1]["data"]
     assert failed["status"] == "failed" and "'memory'" in failed["message"]
     assert failed["uncertain_outcome"] is False  # refused before anything was reset

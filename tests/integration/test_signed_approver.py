@@ -168,7 +168,7 @@ def refused_streams(host: Host) -> int:
 
 
 def test_a_stream_token_follows_an_action_without_a_header_and_is_never_logged(keyed):
-    import httpx
+    import httpx2
 
     host, _, _ = keyed
     with host.client("acme-app") as app:
@@ -177,12 +177,12 @@ def test_a_stream_token_follows_an_action_without_a_header_and_is_never_logged(k
         minted = app.stream_token(action_id)
     token = minted["stream_token"]
     before = refused_streams(host)
-    with httpx.stream(
+    with httpx2.stream(
         "GET", host.base_url + minted["stream_url"], headers={"Accept": "text/event-stream"}, timeout=30
     ) as response:
         text = response.read().decode()
     assert response.status_code == 200 and "event: result" in text
-    refused = httpx.get(f"{host.base_url}/aip/v1/actions/{action_id}/events?stream_token={token[:-2]}xx", timeout=30)
+    refused = httpx2.get(f"{host.base_url}/aip/v1/actions/{action_id}/events?stream_token={token[:-2]}xx", timeout=30)
     assert refused.status_code == 401
     # the module's host runs on: it writes a line per finished request, so once the refused one's is there, the log
     # holds every line of this test's requests

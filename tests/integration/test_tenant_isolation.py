@@ -21,7 +21,7 @@ import stat
 import subprocess
 from collections.abc import Iterator
 
-import httpx
+import httpx2
 import pytest
 from kits.host import start_host
 from kits.poll import until
@@ -166,7 +166,7 @@ def test_training_artifacts_of_two_tenants_never_overwrite_each_other(sidecar):
     # this test's two jobs wrote exactly these (and changed no file that was there)
     assert training_files(sidecar) == before | {f"{acme}/trainable/journal.db", f"{beta}/trainable/journal.db"}
     assert not any(name.startswith((f"{acme}/", f"{beta}/")) for name in before)
-    assert ok(httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers))["status"] == "ready"
+    assert ok(httpx2.get(f"{sidecar.base_url}/health", headers=sidecar.headers))["status"] == "ready"
 
 
 @pytest.mark.parametrize("where", ["journal_dir", "parent_of_journal_dir", "state_dir"])
@@ -268,14 +268,14 @@ def test_a_journal_replaced_while_running_is_refused_now_and_at_restart(sidecar_
     foreign.replace(sidecar.journal)
     refused = post(sidecar, "acme:after", "trainable", "run", {"topic": "x"})
     assert refused.status_code == 503 and "replaced" in refused.json()["detail"]
-    assert ok(httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers))["status"] == "degraded"
+    assert ok(httpx2.get(f"{sidecar.base_url}/health", headers=sidecar.headers))["status"] == "degraded"
     sidecar.kill()
     with pytest.raises(AssertionError, match="exited with 2"):
         sidecar_factory.restart(sidecar)
 
 
 def job_status(sidecar, job_id):
-    return httpx.get(f"{sidecar.base_url}/jobs/{job_id}", headers=sidecar.headers).json()["status"]
+    return httpx2.get(f"{sidecar.base_url}/jobs/{job_id}", headers=sidecar.headers).json()["status"]
 
 
 def wait_for(condition, deadline_s=60.0):
@@ -293,14 +293,14 @@ def test_memory_reset_is_refused_while_a_job_of_the_same_tenant_and_crew_runs(si
     try:
         wait_for(
             lambda: (
-                httpx.get(f"{sidecar.base_url}/jobs/{slow}", headers=sidecar.headers).status_code == 200
+                httpx2.get(f"{sidecar.base_url}/jobs/{slow}", headers=sidecar.headers).status_code == 200
                 and job_status(sidecar, slow) == "running"
             )
         )
         busy = post(sidecar, f"{acme}:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"})
         assert busy.status_code == 409, busy.text
         assert "memory_reset is refused" in busy.json()["detail"] and busy.json()["code"] == "sidecar.crew_busy"
-        assert httpx.get(f"{sidecar.base_url}/jobs/{acme}:reset-1", headers=sidecar.headers).status_code == 404
+        assert httpx2.get(f"{sidecar.base_url}/jobs/{acme}:reset-1", headers=sidecar.headers).status_code == 404
         # another tenant's reset of the same crew is not held up by acme's run
         assert (
             ok(post(sidecar, f"{beta}:reset-1", "trainable_slow", "memory_reset", {"command_type": "all"}))["status"]
@@ -353,7 +353,7 @@ def test_replay_of_an_older_run_needs_no_inputs_and_explicit_inputs_still_win(si
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
     assert b"otters-7f2" in kept.read_bytes()
     assert journal_rows(sidecar, "SELECT COUNT(*) FROM run_state WHERE action_id = ?", (old,)) == [(1,)]
-    archived = httpx.delete(
+    archived = httpx2.delete(
         f"{sidecar.base_url}/jobs/{old}", headers={**sidecar.headers, "X-AIP-Archive-Confirmation": old}
     )
     assert archived.status_code == 200, archived.text
@@ -406,7 +406,7 @@ def test_a_replay_cancelled_during_a_blocked_model_call_runs_no_tool_and_says_so
     replay.start()
     try:
         wait_for(lambda: any(f"offline-blocked-tools {job}" in line for line in sidecar.calls()))
-        cancelled = httpx.post(
+        cancelled = httpx2.post(
             f"{sidecar.base_url}/jobs/{job}/cancel",
             headers=sidecar.headers,
             json={"crew_id": "blocked_tool_user", "action_id": job},
@@ -417,7 +417,7 @@ def test_a_replay_cancelled_during_a_blocked_model_call_runs_no_tool_and_says_so
         replay.join(timeout=120)
 
     def view():
-        return httpx.get(f"{sidecar.base_url}/jobs/{job}", headers=sidecar.headers).json()
+        return httpx2.get(f"{sidecar.base_url}/jobs/{job}", headers=sidecar.headers).json()
 
     wait_for(lambda: view()["provider_stop_observed"] is not None)  # the worker returned
     final = view()
@@ -455,7 +455,7 @@ def test_knowledge_that_cannot_initialise_is_a_typed_error_without_its_text(tmp_
         process, base_url, TOKEN, workdir / "journal.db", workdir, workdir / "calls.log", workdir / "stderr.log"
     )
 
-    health = ok(httpx.get(f"{base_url}/health", headers=sidecar.headers))
+    health = ok(httpx2.get(f"{base_url}/health", headers=sidecar.headers))
     assert health["crew_problems"]["broken_knowledge"] == ["knowledge_unavailable"]
     assert health["crew_problems"]["asks_human"] == ["human_input"]
     assert "trainable" not in health["crew_problems"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
+import httpx2
 import pytest
 from kits.poll import until_async
 from kits.sidecar import ISOLATION_REGISTRY, Sidecar, SidecarFactory, alive, process_isolation_only
@@ -63,7 +63,7 @@ def start_warm(factory: SidecarFactory, markers: Path, args: list[str], **env: s
 
 
 async def probe(
-    client: httpx.AsyncClient, markers: Path, job: str, crew: str = "probe", **input: str
+    client: httpx2.AsyncClient, markers: Path, job: str, crew: str = "probe", **input: str
 ) -> dict[str, Any]:
     """Run ``job`` (``tenant:name``) on ``crew`` with ``input`` and return what its probe tool found in its
     process."""
@@ -115,7 +115,7 @@ async def test_a_job_that_left_its_process_beyond_repair_retires_the_worker(warm
     assert sidecar.log_events("warm_worker_state_not_restored")
 
 
-async def pid_of(client: httpx.AsyncClient, markers: Path, job: str, crew: str, **input: str) -> tuple[int, int]:
+async def pid_of(client: httpx2.AsyncClient, markers: Path, job: str, crew: str, **input: str) -> tuple[int, int]:
     """Run ``job`` on ``crew`` (one that writes ``<job>.pid``: ``reach``, ``flaky_build``, ``hog``) with the
     topic ``a`` and ``input``; its answer's status and the pid its crew wrote."""
     body = {"crew_id": crew, "action_id": job, "operation": "run", "input": {"topic": "a", **input}}

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from kits.host import bearer_principal, free_port, start_host
 from kits.poll import until_async
@@ -45,7 +45,7 @@ def _webhook_toml(url: str, secret_file: Path) -> str:
 
 
 def _deliveries(base_url: str) -> list[dict[str, Any]]:
-    answer = httpx.get(
+    answer = httpx2.get(
         f"{base_url}/aip/v1/webhooks/deliveries",
         headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
         timeout=30,

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from kits.poll import until
 from kits.sidecar import (
@@ -63,7 +63,7 @@ def run(sidecar: Sidecar, action_id: str, crew: str, input: dict[str, Any]) -> d
 
 
 def health(sidecar: Sidecar) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers, timeout=30).json()
+    body: dict[str, Any] = httpx2.get(f"{sidecar.base_url}/health", headers=sidecar.headers, timeout=30).json()
     return body
 
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import httpx
+import httpx2
 
 from aip_crewai.client import now_rfc3339
 from aip_crewai.sse import SSEDecoder
@@ -50,7 +50,7 @@ def envelope(
     }
 
 
-def sse_events(source: bytes | httpx.Response) -> Iterator[tuple[str, str | None, Any]]:
+def sse_events(source: bytes | httpx2.Response) -> Iterator[tuple[str, str | None, Any]]:
     """``(event, id, parsed data)`` of every frame of an SSE body: ``bytes``, or a response (streamed as it
     arrives, so a caller may stop early; a response already read is decoded from its content). A frame left
     unterminated at the end of the body dispatches nothing (WHATWG, :meth:`aip_crewai.sse.SSEDecoder.close`)."""

@@ -1,4 +1,4 @@
-"""A scripted in-memory sidecar for host unit tests (httpx.MockTransport).
+"""A scripted in-memory sidecar for host unit tests (httpx2.MockTransport).
 
 It speaks the ARCHITECTURE.md §4 routes the host uses and counts executions, so a
 test can assert that N requests produced exactly one sidecar job.
@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2
 
 from aip_crewai.sse import encode_event
 
@@ -38,13 +38,13 @@ class FakeSidecar:
         self.health: dict[str, Any] = {"status": "ready"}  # what GET /health answers (tests may add fields)
         self.jobs: dict[str, FakeJob] = {}
         self.executions = 0
-        self.requests: list[httpx.Request] = []
+        self.requests: list[httpx2.Request] = []
         self.stream_override: bytes | None = None
         self.cancel_status = 200
         self.omit_output = False  # completed events say output_omitted; the view has the output
 
-    def transport(self) -> httpx.MockTransport:
-        return httpx.MockTransport(self.handle)
+    def transport(self) -> httpx2.MockTransport:
+        return httpx2.MockTransport(self.handle)
 
     def _admit(self, body: dict[str, Any]) -> FakeJob:
         job = self.jobs.get(body["action_id"])
@@ -62,7 +62,7 @@ class FakeSidecar:
             self.jobs[job.action_id] = job
         return job
 
-    def _sse(self, events: list[dict[str, Any]]) -> httpx.Response:
+    def _sse(self, events: list[dict[str, Any]]) -> httpx2.Response:
         if self.omit_output:
             events = [
                 {**e, "data": {"status": "completed", "output_omitted": True, "output_bytes": 9}}
@@ -71,7 +71,7 @@ class FakeSidecar:
                 for e in events
             ]
         body = b"".join(encode_event(json.dumps(e), event=e["event"], id=str(e["sequence"])) for e in events)
-        return httpx.Response(200, content=self.stream_override or body, headers={"content-type": "text/event-stream"})
+        return httpx2.Response(200, content=self.stream_override or body, headers={"content-type": "text/event-stream"})
 
     def _view(self, job: FakeJob) -> dict[str, Any]:
         terminal = job.events[-1]
@@ -86,29 +86,29 @@ class FakeSidecar:
             **job.view_extra,
         }
 
-    def handle(self, request: httpx.Request) -> httpx.Response:
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
         self.requests.append(request)
         path = request.url.path
         if request.headers.get("authorization") != f"Bearer {self.token}":
-            return httpx.Response(401, json={"detail": "unauthorized"})
+            return httpx2.Response(401, json={"detail": "unauthorized"})
         if path == "/health":
-            return httpx.Response(200, json=self.health)
+            return httpx2.Response(200, json=self.health)
         if path in ("/jobs", "/jobs/stream") and request.method == "POST":
             admitted = self._admit(json.loads(request.content))
             if path == "/jobs":
-                return httpx.Response(200, json=admitted.events[-1]["data"])
+                return httpx2.Response(200, json=admitted.events[-1]["data"])
             return self._sse(admitted.events)
         parts = path.split("/")
         job = self.jobs.get(parts[2]) if len(parts) > 2 else None
         if job is None:
-            return httpx.Response(404, json={"detail": "unknown job"})
+            return httpx2.Response(404, json={"detail": "unknown job"})
         if len(parts) == 3:
-            return httpx.Response(200, json=self._view(job))
+            return httpx2.Response(200, json=self._view(job))
         if parts[3] == "events":
             cursor = int(request.url.params.get("cursor", "0"))
             if "text/event-stream" in request.headers.get("accept", ""):
                 return self._sse(job.events[cursor:])
-            return httpx.Response(
+            return httpx2.Response(
                 200,
                 json={
                     "action_id": job.action_id,
@@ -120,6 +120,6 @@ class FakeSidecar:
             )
         if parts[3] == "cancel":
             if self.cancel_status != 200:
-                return httpx.Response(self.cancel_status, json={"detail": "no"})
-            return httpx.Response(200, json=self._view(job))
-        return httpx.Response(404, json={"detail": "no route"})
+                return httpx2.Response(self.cancel_status, json={"detail": "no"})
+            return httpx2.Response(200, json=self._view(job))
+        return httpx2.Response(404, json={"detail": "no route"})

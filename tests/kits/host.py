@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import storebackend  # noqa: E402
 
 from aip_crewai.client import AipClient  # noqa: E402
@@ -82,12 +82,12 @@ class Host:
         """An AIP client (aip_crewai.client) with ``principal``'s bearer token."""
         return AipClient(self.base_url, token=TOKENS[principal], **kwargs)  # type: ignore[arg-type]
 
-    def http(self, principal: str, **kwargs: Any) -> httpx.Client:
+    def http(self, principal: str, **kwargs: Any) -> httpx2.Client:
         """A plain HTTP client with ``principal``'s bearer token (timeout 60 s)."""
-        return httpx.Client(
+        return httpx2.Client(
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {TOKENS[principal]}"},
-            timeout=httpx.Timeout(60.0, connect=10.0),
+            timeout=httpx2.Timeout(60.0, connect=10.0),
             **kwargs,
         )
 
@@ -263,8 +263,8 @@ def start_host(
         if process.poll() is not None:
             raise AssertionError(f"host exited {process.returncode}:\n{log.read_text()}")
         try:
-            return httpx.get(f"{host.base_url}/ready", timeout=5).status_code == 200
-        except httpx.TransportError:
+            return httpx2.get(f"{host.base_url}/ready", timeout=5).status_code == 200
+        except httpx2.TransportError:
             return False
 
     if wait_ready:

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from starlette.applications import Starlette
@@ -184,7 +184,7 @@ def settings(host_files: HostFiles) -> Settings:
 
 
 class HealthSidecar:
-    """A sidecar that only serves ``/health`` (``httpx.MockTransport``): ``health`` is served as is
+    """A sidecar that only serves ``/health`` (``httpx2.MockTransport``): ``health`` is served as is
     (mutable); ``health_status`` overrides the status; ``requests`` records
     every request seen."""
 
@@ -201,16 +201,16 @@ class HealthSidecar:
             "training_directory": True,
         }
         self.health_status = 200
-        self.requests: list[httpx.Request] = []
-        self.transport = httpx.MockTransport(self.handle)
+        self.requests: list[httpx2.Request] = []
+        self.transport = httpx2.MockTransport(self.handle)
 
-    def handle(self, request: httpx.Request) -> httpx.Response:
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
         self.requests.append(request)
         if request.url.path == "/health":
             if isinstance(self.health, Exception):
                 raise self.health
-            return httpx.Response(self.health_status, json=self.health)
-        return httpx.Response(404, json={"detail": "not found"})
+            return httpx2.Response(self.health_status, json=self.health)
+        return httpx2.Response(404, json={"detail": "not found"})
 
 
 @pytest.fixture
@@ -228,16 +228,16 @@ def make_app(settings: Settings, sidecar: HealthSidecar, clock: FakeClock) -> Ca
 
 
 @contextlib.asynccontextmanager
-async def running(app: Starlette, **client_kwargs: Any) -> AsyncIterator[httpx.AsyncClient]:
+async def running(app: Starlette, **client_kwargs: Any) -> AsyncIterator[httpx2.AsyncClient]:
     """Run the app's lifespan and yield an in-process client (ASGITransport skips the lifespan)."""
-    transport = httpx.ASGITransport(app=app, **client_kwargs)
+    transport = httpx2.ASGITransport(app=app, **client_kwargs)
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=transport, base_url="http://host.test") as client:
+        async with httpx2.AsyncClient(transport=transport, base_url="http://host.test") as client:
             yield client
 
 
 @pytest.fixture
-async def client(make_app: Callable[..., Starlette]) -> AsyncIterator[httpx.AsyncClient]:
+async def client(make_app: Callable[..., Starlette]) -> AsyncIterator[httpx2.AsyncClient]:
     async with running(make_app()) as http:
         yield http
 
@@ -316,7 +316,7 @@ def os_mode(path: Path) -> int:
 
 
 async def submit_action(
-    http: httpx.AsyncClient,
+    http: httpx2.AsyncClient,
     action_id: str,
     *,
     principal: str = "acme-invoker",
@@ -364,7 +364,7 @@ def count_store_calls(store: Any, monkeypatch: Any) -> list[str]:
     return calls
 
 
-async def post_message(http: httpx.AsyncClient, principal: str, env: dict[str, Any]) -> httpx.Response:
+async def post_message(http: httpx2.AsyncClient, principal: str, env: dict[str, Any]) -> httpx2.Response:
     """POST the envelope ``env`` to ``/aip/v1/messages`` with ``principal``'s bearer."""
     return await http.post(
         "/aip/v1/messages",
@@ -373,7 +373,7 @@ async def post_message(http: httpx.AsyncClient, principal: str, env: dict[str, A
     )
 
 
-async def completed_run(http: httpx.AsyncClient) -> None:
+async def completed_run(http: httpx2.AsyncClient) -> None:
     """``act_run`` of acme-invoker on crew beta (key ``run-1``), approved by acme-both and completed at the
     scripted sidecar (a blocking re-call)."""
     run = action_env("msg_run", "act_run", "cap:crewai:beta", {"topic": "t"}, key="run-1")

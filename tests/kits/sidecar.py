@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from kits.poll import Deadline, until
@@ -74,8 +74,8 @@ class Sidecar:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
-    def client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=30.0, **kwargs)
+    def client(self, **kwargs: Any) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=30.0, **kwargs)
 
     def calls(self, pid: int | None = None, since: float | None = None) -> list[str]:
         """Model calls logged so far (all processes, or one pid; those at or after unix time ``since``).
@@ -242,8 +242,8 @@ def wait_ready(process: subprocess.Popen[bytes], stderr_path: Path) -> str:
 
     def healthy() -> bool:
         try:
-            return httpx.get(f"{base_url}/health", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
-        except httpx.TransportError:
+            return httpx2.get(f"{base_url}/health", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        except httpx2.TransportError:
             return False
 
     started = time.monotonic()
@@ -306,10 +306,10 @@ def start_with_training_dir(factory: SidecarFactory, tmp_path: Path, registry: s
     return sidecar
 
 
-def post_job(sidecar: Sidecar, action_id: str, crew: str, operation: str, input: Any) -> httpx.Response:
+def post_job(sidecar: Sidecar, action_id: str, crew: str, operation: str, input: Any) -> httpx2.Response:
     """``POST /jobs`` with the idempotency key ``key-<action_id>`` (timeout 240 s)."""
     body = {"crew_id": crew, "action_id": action_id, "operation": operation, "input": input}
-    return httpx.post(
+    return httpx2.post(
         f"{sidecar.base_url}/jobs",
         json=body,
         timeout=240,

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from aip_crewai.sidecar.config import Settings
 from aip_crewai.sidecar.http.app import create_app
@@ -117,14 +117,14 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
 
 
 @asynccontextmanager
-async def running_app(tmp_path: Path, **overrides: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Any, FakeExecutor]]:
+async def running_app(tmp_path: Path, **overrides: Any) -> AsyncIterator[tuple[httpx2.AsyncClient, Any, FakeExecutor]]:
     """Yield ``(client, app, fake)``: the app's lifespan runs around the block."""
     fake = FakeExecutor()
     app = create_app(make_settings(tmp_path, **overrides), crews=FAKE_CREWS, executor=fake)
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        transport = httpx2.ASGITransport(app=app, raise_app_exceptions=False)
         headers = {"Authorization": f"Bearer {TOKEN}"}
-        async with httpx.AsyncClient(transport=transport, base_url="http://sidecar", headers=headers) as client:
+        async with httpx2.AsyncClient(transport=transport, base_url="http://sidecar", headers=headers) as client:
             yield client, app, fake
 
 

@@ -11,7 +11,7 @@ import asyncio
 import ipaddress
 from dataclasses import dataclass, field
 
-import httpx
+import httpx2
 import pytest
 
 
@@ -74,14 +74,14 @@ class Receiver:
             writer.close()
 
 
-class LoopbackOnly(httpx.AsyncHTTPTransport):
+class LoopbackOnly(httpx2.AsyncHTTPTransport):
     """An HTTP transport that fails the test before connecting anywhere but a loopback address."""
 
     def __init__(self) -> None:
         super().__init__()
         self.hosts: list[str] = []
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         host = request.url.host
         self.hosts.append(host)
         try:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 from fake_provider import FakeProvider
 from kits.host import Host, bearer_principal, start_host
 from kits.otlp_receiver import OtlpReceiver, otel_env
@@ -109,9 +109,9 @@ class Deployment:
     #: Where both processes export their spans, when tracing is on.
     otlp: OtlpReceiver | None = None
 
-    def operator(self) -> httpx.Client:
+    def operator(self) -> httpx2.Client:
         """A plain HTTP client of the host as ``acme-operator`` (timeout 60 s)."""
-        return httpx.Client(
+        return httpx2.Client(
             base_url=self.host.base_url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=60.0
         )
 

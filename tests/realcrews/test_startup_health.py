@@ -7,7 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from fake_provider import text
 from realkit import BROKEN_CREWS, CREW_PROBLEMS, run_action
@@ -60,7 +60,7 @@ def test_telemetry_at_its_defaults_sends_nothing_off_loopback(deployment, provid
 
 def test_crews_whose_knowledge_memory_or_llm_cannot_work_are_in_health_and_fail_typed_and_certain(deployment):
     sidecar = deployment.sidecar
-    health = httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers, timeout=30).json()
+    health = httpx2.get(f"{sidecar.base_url}/health", headers=sidecar.headers, timeout=30).json()
     assert health["crew_problems"] == CREW_PROBLEMS
     for crew, (_code, error_type) in BROKEN_CREWS.items():
         result = run_action(deployment, crew, {"question": "x"}).result

@@ -192,9 +192,9 @@ def hostile(r: Runner) -> None:
             {"Authorization": "Bearer tok-acme-approver-1"},
             "cap:crewai:echo",
         )
-        import httpx
+        import httpx2
 
-        with httpx.Client(base_url=real.base_url, timeout=30) as http:
+        with httpx2.Client(base_url=real.base_url, timeout=30) as http:
 
             def request(method: str, url: str, **kwargs: Any) -> Any:
                 response = http.request(method, url, **kwargs)

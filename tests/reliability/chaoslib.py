@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Any
 
-import httpx
+import httpx2
 from kits.aip import sse_events
 from relkit import (
     TERMINAL,
@@ -77,12 +77,12 @@ def sidecar_kill9(procs: Processes, runs: int = 6, running_at_kill: int = 2) -> 
         body = {"crew_id": "slow", "action_id": action_id, "operation": "run", "input": {"topic": action_id}}
         try:
             with (
-                httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http,
+                httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http,
                 http.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": action_id}) as resp,
             ):
                 got.append(("status", resp.status_code))
                 got += [data["event"] for _, _, data in sse_events(resp)]
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             got.append(("broken", type(exc).__name__))
         streams[action_id] = got
 
@@ -96,7 +96,7 @@ def sidecar_kill9(procs: Processes, runs: int = 6, running_at_kill: int = 2) -> 
     )
 
     def all_admitted() -> bool:
-        with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=10) as http:
+        with httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=10) as http:
             return all(http.get(f"/jobs/{action_id}").status_code == 200 for action_id in ids)
 
     # Every job admitted before the kill (on a loaded machine the last ones can lag the first model calls).
@@ -112,7 +112,7 @@ def sidecar_kill9(procs: Processes, runs: int = 6, running_at_kill: int = 2) -> 
     restarted = procs.restart_sidecar(sidecar)
     running = queued = 0
     journaled: list[str] = []
-    with httpx.Client(base_url=restarted.base_url, headers=restarted.headers, timeout=30) as http:
+    with httpx2.Client(base_url=restarted.base_url, headers=restarted.headers, timeout=30) as http:
         for action_id in ids:
             if http.get(f"/jobs/{action_id}").status_code == 404:  # the kill came before its admission
                 assert not any(isinstance(e, str) for e in streams[action_id]), (
@@ -170,7 +170,7 @@ def host_kill9(procs: Processes, sidecar: Sidecar, after_events: int) -> dict[st
                     seen.append(sse_id or "")
                     if len(seen) == after_events:
                         host.kill(signal.SIGKILL)
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             pass
     assert len(seen) == after_events and host.process.returncode == -signal.SIGKILL, seen
     restarted = procs.host(sidecar.base_url, name=name, port=host.port)
@@ -224,7 +224,7 @@ def duplicate_requests(procs: Processes, sidecar: Sidecar, host: Host, n: int = 
     assert {status for status, _ in first} == {202}, first
     approvals = {body["body"]["action_result"]["output"]["approval_id"] for _, body in first}
     assert len(approvals) == 1, f"{len(approvals)} approvals for one action"
-    assert approve(host, httpx.Response(202, json=first[0][1])).status_code == 200
+    assert approve(host, httpx2.Response(202, json=first[0][1])).status_code == 200
     with host.http("acme-app") as app:
         wait_action(app, action_id)
     repeats = _pool_map(call, list(range(n)))

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
-import httpx
+import httpx2
 from kits.aip import action, envelope, sse_events
 from kits.host import Host, free_port, launch_host, write_config
 from kits.poll import Deadline, until
@@ -228,8 +228,8 @@ class Processes:
             if process.poll() is not None:
                 raise AssertionError(f"host exited {process.returncode}:\n{stderr_path.read_text(errors='replace')}")
             try:
-                return httpx.get(f"{host.base_url}/ready", timeout=5).status_code == 200
-            except httpx.TransportError:
+                return httpx2.get(f"{host.base_url}/ready", timeout=5).status_code == 200
+            except httpx2.TransportError:
                 return False
 
         if ready:
@@ -262,8 +262,8 @@ def served(host: Host, timeout: float = 60.0) -> Host:
         if host.process.poll() is not None:
             raise AssertionError(f"host exited {host.process.returncode}: {host.output()[-2000:]!r}")
         try:
-            return httpx.get(f"{host.base_url}/health", timeout=5).status_code == 200
-        except httpx.TransportError:
+            return httpx2.get(f"{host.base_url}/health", timeout=5).status_code == 200
+        except httpx2.TransportError:
             return False
 
     until(up, timeout=timeout, interval=0.05, what="host /health")
@@ -300,7 +300,7 @@ def calls_by_action(call_log: Path, pid: int | None = None, since: float | None 
 def sidecar_events(sidecar: Sidecar, job_id: str) -> list[dict[str, Any]]:
     """Every journaled event of a sidecar job (JSON pages)."""
     events: list[dict[str, Any]] = []
-    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
+    with httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
         while True:
             page = http.get(f"/jobs/{quote_id(job_id)}/events", params={"cursor": len(events)}).json()
             events += page["events"]
@@ -309,7 +309,7 @@ def sidecar_events(sidecar: Sidecar, job_id: str) -> list[dict[str, Any]]:
 
 
 def sidecar_view(sidecar: Sidecar, job_id: str) -> dict[str, Any]:
-    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
+    with httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
         return http.get(f"/jobs/{quote_id(job_id)}").json()
 
 
@@ -320,8 +320,8 @@ def quote_id(job_id: str) -> str:
 
 
 def post_action(
-    http: httpx.Client, capability_id: str, input: dict[str, Any], action_id: str, key: str | None = None
-) -> httpx.Response:
+    http: httpx2.Client, capability_id: str, input: dict[str, Any], action_id: str, key: str | None = None
+) -> httpx2.Response:
     return http.post(
         "/aip/v1/messages",
         json=envelope(action(action_id, capability_id, input, key)),
@@ -329,7 +329,7 @@ def post_action(
     )
 
 
-def approve(host: Host, response: httpx.Response, decision: str = "approved") -> httpx.Response:
+def approve(host: Host, response: httpx2.Response, decision: str = "approved") -> httpx2.Response:
     """Decide the approval of a ``pending_approval`` answer as ``acme-approver``."""
     approval_id = response.json()["body"]["action_result"]["output"]["approval_id"]
     with host.http("acme-approver") as approver:
@@ -338,12 +338,12 @@ def approve(host: Host, response: httpx.Response, decision: str = "approved") ->
         )
 
 
-def action_status(http: httpx.Client, action_id: str) -> dict[str, Any]:
+def action_status(http: httpx2.Client, action_id: str) -> dict[str, Any]:
     return http.get(f"/aip/v1/actions/{action_id}").json()
 
 
 def wait_action(
-    http: httpx.Client, action_id: str, statuses: tuple[str, ...] = TERMINAL, timeout: float = 60.0
+    http: httpx2.Client, action_id: str, statuses: tuple[str, ...] = TERMINAL, timeout: float = 60.0
 ) -> dict[str, Any]:
     def settled() -> dict[str, Any] | None:
         status = action_status(http, action_id)
@@ -352,7 +352,7 @@ def wait_action(
     return until(settled, timeout=timeout, interval=0.05, what=f"action {action_id} in {statuses}")
 
 
-def chunk_count(http: httpx.Client, action_id: str) -> int:
+def chunk_count(http: httpx2.Client, action_id: str) -> int:
     """How many chunks the host stored for an action (paging ``/chunks``)."""
     count, cursor = 0, "0"
     while True:
@@ -363,7 +363,7 @@ def chunk_count(http: httpx.Client, action_id: str) -> int:
         cursor = page["cursor"]
 
 
-def host_history(http: httpx.Client, action_id: str) -> list[str]:
+def host_history(http: httpx2.Client, action_id: str) -> list[str]:
     """Every SSE id of an action's full stored AIP stream (read from the start)."""
     with http.stream("GET", f"/aip/v1/actions/{action_id}/events", headers={"Accept": "text/event-stream"}) as resp:
         return [sse_id or "" for _, sse_id, _ in sse_events(resp)]
@@ -421,7 +421,7 @@ def host_files(root: Path, *, max_response_bytes: int | None = None, sidecar_url
 
 def inproc_app(
     root: Path,
-    transport: httpx.AsyncBaseTransport | None,
+    transport: httpx2.AsyncBaseTransport | None,
     clock: Callable[[], float] | None = None,
     *,
     max_response_bytes: int | None = None,
@@ -477,8 +477,8 @@ class AppThread:
         self._stop = asyncio.Event()
         try:
             async with self.app.router.lifespan_context(self.app):
-                transport = httpx.ASGITransport(app=self.app)
-                async with httpx.AsyncClient(transport=transport, base_url=base_url) as client:
+                transport = httpx2.ASGITransport(app=self.app)
+                async with httpx2.AsyncClient(transport=transport, base_url=base_url) as client:
                     self.client = client
                     self._ready.set()
                     await self._stop.wait()
@@ -510,7 +510,7 @@ class AppThread:
 
         return self.run(call(), timeout)
 
-    async def _sse(self, request: httpx.Request) -> tuple[int, Any, bytes]:
+    async def _sse(self, request: httpx2.Request) -> tuple[int, Any, bytes]:
         """Drive the app at the ASGI level (ASGITransport would wait for an endless body)."""
         import asyncio
 
@@ -541,12 +541,12 @@ class AppThread:
             return {"type": "http.disconnect"}
 
         task = asyncio.create_task(self.app(scope, receive, messages.put))
-        status, headers, content = 0, httpx.Headers(), b""
+        status, headers, content = 0, httpx2.Headers(), b""
         try:
             while True:
                 message = await messages.get()
                 if message["type"] == "http.response.start":
-                    status, headers = message["status"], httpx.Headers(message.get("headers") or [])
+                    status, headers = message["status"], httpx2.Headers(message.get("headers") or [])
                     continue
                 content += message.get("body", b"")
                 if not message.get("more_body") or (b'"pending_approval"' in content and content.endswith(b"\n\n")):

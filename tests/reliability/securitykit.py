@@ -29,7 +29,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import storebackend
 from chaoslib import uid
 from kits.aip import action, envelope
@@ -112,7 +112,7 @@ def host_credentials(host: Host) -> list[Result]:
         ("GET", f"/aip/v1/approvals/{approval_id}/proof"),
     ]
     attempted: list[str] = []
-    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+    with httpx2.Client(base_url=host.base_url, timeout=30) as http:
         for method, path in routes:
             for case, authorization in _tampered(token):
                 headers = {} if authorization is None else {"Authorization": authorization}
@@ -199,7 +199,7 @@ def sidecar_credentials(sidecar: Sidecar) -> list[Result]:
         ("DELETE", f"/jobs/{job}", {"headers": {"X-AIP-Archive-Confirmation": job}}),
         ("GET", "/nowhere", {}),
     ]
-    with httpx.Client(base_url=sidecar.base_url, timeout=30) as http:
+    with httpx2.Client(base_url=sidecar.base_url, timeout=30) as http:
         for method, path, kwargs in routes:
             for case, authorization in [*_tampered(TOKEN), ("query_token", None)]:
                 headers = dict(kwargs.get("headers", {}))
@@ -277,7 +277,7 @@ def cross_tenant(sidecar: Sidecar, host: Host) -> list[Result]:
     with host.http("acme-approver") as approver:
         still = approver.get(f"/aip/v1/approvals/{acme_pending['output']['approval_id']}").json()
         _check(results, "another tenant's decision changed nothing", still["status"] == "pending", still)
-    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
+    with httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as http:
         acme_job, beta_job = http.get(f"/jobs/acme:{shared}").json(), http.get(f"/jobs/beta:{shared}").json()
         _check(
             results,
@@ -316,7 +316,7 @@ def secrets_absent(procs: Processes, sidecar: Sidecar, host: Host) -> list[Resul
             answer = post_action(app, "cap:crewai:knowledge_a:knowledge_query", inp, uid("bad"), uid("k"))
             _check(results, "invalid input refused", answer.status_code == 400, answer.text[:200])
             bodies.append(answer.content)
-    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http:
+    with httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http:
         direct = uid("direct")
         answer = http.post(
             "/jobs",

@@ -41,7 +41,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 from chaoslib import uid
 from kits.poll import Deadline, until_async
 from relkit import TERMINAL, Processes, calls_by_action, sidecar_events
@@ -94,7 +94,7 @@ def terminal_write(sql: str, params: Any) -> bool:
 
 
 @asynccontextmanager
-async def sidecar_app(root: Path) -> AsyncIterator[tuple[httpx.AsyncClient, FailingConnection, Any, Any]]:
+async def sidecar_app(root: Path) -> AsyncIterator[tuple[httpx2.AsyncClient, FailingConnection, Any, Any]]:
     """``(client, failing connection, fake executor, app)``: the sidecar in-process on a journal in ``root``."""
     from kits.sidecar_fakes import FAKE_CREWS, TOKEN, FakeExecutor, make_settings
 
@@ -109,8 +109,8 @@ async def sidecar_app(root: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Fail
     fake = FakeExecutor()
     app = create_app(replace(settings), crews=FAKE_CREWS, executor=fake, journal=journal)
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(
             transport=transport, base_url="http://sidecar", headers={"Authorization": f"Bearer {TOKEN}"}
         ) as client:
             yield client, failing, fake, app
@@ -243,7 +243,7 @@ def file_size_limit(procs: Processes, limit_bytes: int = 1_500_000, max_runs: in
     sidecar = procs.sidecar(fsize_limit=limit_bytes)
     ran: list[str] = []
     first_failure = None
-    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http:
+    with httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http:
         for _ in range(max_runs):
             action_id = uid("chatty")
             answer = http.post("/jobs", json=_job(action_id, "chatty"), headers={"Idempotency-Key": "k"})
@@ -277,7 +277,7 @@ def file_size_limit(procs: Processes, limit_bytes: int = 1_500_000, max_runs: in
     sidecar.kill(signal.SIGKILL)
     restarted = procs.restart_sidecar(sidecar)
     calls = calls_by_action(procs.call_log)
-    with httpx.Client(base_url=restarted.base_url, headers=restarted.headers, timeout=30) as http:
+    with httpx2.Client(base_url=restarted.base_url, headers=restarted.headers, timeout=30) as http:
         for action_id in refused:
             _check(results, "a refused job was never admitted", http.get(f"/jobs/{action_id}").status_code == 404)
             _check(results, "a refused job never ran", calls[action_id] == 0, calls[action_id])
@@ -321,7 +321,7 @@ def file_size_limit(procs: Processes, limit_bytes: int = 1_500_000, max_runs: in
 def journal_size_bound(procs: Processes, max_runs: int = 40) -> list[Result]:
     results: list[Result] = []
     sidecar = procs.sidecar(args=["--max-journal-bytes", "1048576"])
-    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http:
+    with httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=60) as http:
         answer = None
         for _ in range(max_runs):
             action_id = uid("bound")

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 from kits.poll import until
 
 from aip_crewai.sse import encode_event
@@ -157,7 +157,7 @@ def stream_case(name: str, *, big: bool = False) -> Case:
 # ------------------------------------------------------- in-process fake
 
 
-class StreamingTransport(httpx.AsyncBaseTransport):
+class StreamingTransport(httpx2.AsyncBaseTransport):
     """``POST /jobs/stream`` streams the case named by the input topic; the rest is ``fake``'s."""
 
     def __init__(self, fake: Any) -> None:
@@ -167,19 +167,19 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         self.cancels: list[str] = []
         self.health = hostkit.HealthSidecar().health  # ready for the hostkit crews
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if request.url.path == "/health":
-            return httpx.Response(200, json=self.health)
+            return httpx2.Response(200, json=self.health)
         if request.url.path == "/jobs/stream":
             await request.aread()
             body = json.loads(request.content)
             case = stream_case(str(body["input"].get("topic")))
-            return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_play(case.pieces))
+            return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=_play(case.pieces))
         if request.url.path.endswith("/cancel"):
             self.cancels.append(request.url.path)
             await request.aread()
             job_id = json.loads(request.content)["action_id"]
-            return httpx.Response(
+            return httpx2.Response(
                 200,
                 json={
                     "action_id": job_id,

@@ -11,7 +11,7 @@ import socket
 from contextlib import ExitStack
 from urllib.parse import urlsplit
 
-import httpx
+import httpx2
 import pytest
 from chaoslib import uid
 from relkit import OPERATOR_TOKEN, post_action, until
@@ -42,7 +42,7 @@ def _answer(sock: socket.socket) -> tuple[bytes, bool]:
 
 
 def _gauge(base_url: str, name: str) -> int | None:
-    text = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=10).text
+    text = httpx2.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=10).text
     for line in text.splitlines():
         if line.startswith(f"{name} "):
             return int(float(line.split()[1]))
@@ -222,7 +222,7 @@ def test_rel_request_heads_are_bounded_at_16_kib_whole_or_in_pieces_on_both_proc
 # --- 3. a signed request's @authority is this deployment's ------------------------------------------
 
 
-def _signed_get(base_url: str, authority: str, path: str = "/aip/v1/manifest") -> httpx.Response:
+def _signed_get(base_url: str, authority: str, path: str = "/aip/v1/manifest") -> httpx2.Response:
     """``GET path`` signed (RFC 9421, as the CLI signs) for ``http://<authority>``, sent to ``base_url`` with
     that ``Host``: a request captured at the deployment named ``authority`` and replayed here."""
     import time
@@ -234,7 +234,7 @@ def _signed_get(base_url: str, authority: str, path: str = "/aip/v1/manifest") -
     headers = httpsig.sign_request(
         "GET", f"http://{authority}{path}", b"", signer_key(), SIGNER, created=int(time.time())
     )
-    return httpx.get(f"{base_url}{path}", headers={**headers, "Host": authority}, timeout=30)
+    return httpx2.get(f"{base_url}{path}", headers={**headers, "Host": authority}, timeout=30)
 
 
 @pytest.mark.timeout(180)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import chaoslib
-import httpx
+import httpx2
 import pytest
 import storebackend
 from kits.fake_sidecar import FakeSidecar
@@ -182,13 +182,13 @@ async def test_rel_a_restarted_host_retries_actions_while_the_sidecar_was_unreac
     reachable = asyncio.Event()
     refused: list[str] = []
 
-    def maybe_down(request: httpx.Request) -> httpx.Response:
+    def maybe_down(request: httpx2.Request) -> httpx2.Response:
         if not reachable.is_set() and request.url.path != "/health":
             refused.append(request.url.path)
-            raise httpx.ConnectError("connection refused", request=request)
+            raise httpx2.ConnectError("connection refused", request=request)
         return fake.handle(request)
 
-    app = inproc_app(tmp_path / "etc", httpx.MockTransport(maybe_down), clock=time.time)
+    app = inproc_app(tmp_path / "etc", httpx2.MockTransport(maybe_down), clock=time.time)
     await _seed_approved_unsent(tmp_path / "etc", "act_later", age_s=1.0)
     async with running(app):
         # the restart pass and at least two periodic passes try while the sidecar is down
@@ -204,10 +204,10 @@ async def test_rel_a_restarted_host_retries_actions_while_the_sidecar_was_unreac
 async def test_rel_restarted_host_keeps_a_running_action_while_the_sidecar_is_unreachable(tmp_path):
     """A sidecar that cannot be reached leaves the action running (a later read retries), never failed."""
 
-    def down(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
+    def down(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ConnectError("connection refused", request=request)
 
-    app = inproc_app(tmp_path / "etc", httpx.MockTransport(down))
+    app = inproc_app(tmp_path / "etc", httpx2.MockTransport(down))
     await _seed_running(tmp_path / "etc", "act_wait", 2)
     async with running(app) as http:
         for _ in range(3):

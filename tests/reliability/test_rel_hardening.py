@@ -12,7 +12,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from chaoslib import uid
 from kits.aip import action, envelope
@@ -21,7 +21,7 @@ from relkit import post_action
 pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
 
 
-def error_code(response: httpx.Response) -> str | None:
+def error_code(response: httpx2.Response) -> str | None:
     """The ``ProtocolError.code`` of an AIP error answer, whatever envelope carries it
     (``{"body": {"error": …}}`` or ``{"error": {"error": …}}``); None when there is none."""
     try:
@@ -37,7 +37,7 @@ def error_code(response: httpx.Response) -> str | None:
     return None
 
 
-def action_result(response: httpx.Response) -> dict[str, Any]:
+def action_result(response: httpx2.Response) -> dict[str, Any]:
     return response.json()["body"]["action_result"]
 
 
@@ -137,7 +137,7 @@ def test_rel_made_up_methods_and_paths_never_become_metric_labels(shared_pair):
 
     _, _, host = shared_pair
     operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
-    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+    with httpx2.Client(base_url=host.base_url, timeout=30) as http:
         before = http.get("/metrics", headers=operator)
         assert before.status_code == 200
         made_up = [f"M{uid('x').replace('-', '').upper()}{'Q' * 200}" for _ in range(40)]
@@ -190,7 +190,7 @@ def test_rel_bodies_over_their_route_bound_are_refused_before_being_read(shared_
             assert answer.status_code == 413 and error_code(answer) == "message.too_large"
         cancel = app.post(f"/aip/v1/actions/{uid('h5c')}/cancel", content=chunks(100_000))
         assert cancel.status_code in (404, 413)  # the cancel route reads no body: never more than 16 KiB
-        assert httpx.get(f"{host.base_url}/ready", timeout=10).status_code == 200
+        assert httpx2.get(f"{host.base_url}/ready", timeout=10).status_code == 200
 
 
 # --- 14. one nesting bound, checked at the host ----------------------------------------------------
@@ -334,7 +334,7 @@ def test_rel_aborted_uploads_are_no_500_and_log_no_traceback(shared_pair):
     output = host_logs.read() + sidecar_log.read()
     for needle in (b"Traceback", b"request_failed", b"unhandled_error", b'"level": "error"', b'"status": 500'):
         assert needle not in output, needle
-    assert httpx.get(f"{host.base_url}/ready", timeout=10).status_code == 200
+    assert httpx2.get(f"{host.base_url}/ready", timeout=10).status_code == 200
 
 
 # --- 10. anonymous health answers carry no tenant data -------------------------------------------
@@ -361,17 +361,17 @@ def test_rel_anonymous_ready_names_no_crew_while_unready(shared_pair):
 
     procs.hosts.append(host := Host(process, f"http://127.0.0.1:{port}", stderr_path, workdir))
 
-    def unready() -> httpx.Response | None:
+    def unready() -> httpx2.Response | None:
         try:
-            answer = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=10)
-        except httpx.TransportError:
+            answer = httpx2.get(f"http://127.0.0.1:{port}/ready", timeout=10)
+        except httpx2.TransportError:
             return None
         return answer if answer.status_code == 503 and "crews" in answer.text else None
 
     answer = until(unready, timeout=60, what="an unready host naming the crew disagreement")
     assert answer.json() == {"status": "unready", "reason": "sidecar lacks configured crews"}
     assert hidden not in answer.text
-    health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+    health = httpx2.get(f"http://127.0.0.1:{port}/health", timeout=10)
     assert health.status_code == 200 and hidden not in health.text
     assert hidden.encode() in stderr_path.read_bytes()  # the operator still learns which crew
     host.kill(signal.SIGTERM)
@@ -543,7 +543,7 @@ def test_rel_signed_numbers_run_exactly_as_signed_or_are_a_typed_400(shared_pair
     "1.0"; integers of 2^53 or more were a 401. Non-canonical numbers and unsignable integers are now a 400
     (message.non_canonical_number) naming the field; nothing is stored, and the canonical message still runs."""
     _, _, host = shared_pair
-    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+    with httpx2.Client(base_url=host.base_url, timeout=30) as http:
         for variant in ("1.0", "1e0", "1E+0", "10e-1"):
             action_id = uid("h6")
             raw = json.dumps(_signed(action_id, {"topic": "numbers", "n": 1})).replace('"n": 1}', f'"n": {variant}}}')
@@ -577,7 +577,7 @@ def test_rel_a_signer_without_the_role_cannot_burn_another_signers_message_ids(s
 
     _, _, host = shared_pair
     message_id = f"msg_{uid('h8')}"
-    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+    with httpx2.Client(base_url=host.base_url, timeout=30) as http:
         burned = http.post(
             "/aip/v1/messages",
             json=_signed(
@@ -639,7 +639,7 @@ def test_rel_operators_read_metadata_and_approvers_read_what_they_decided(shared
         assert approve(host, pending).status_code == 200
         wait_action(app, action_id)
         assert "output" in app.get(f"/aip/v1/actions/{action_id}").json()["result"]
-    with httpx.Client(
+    with httpx2.Client(
         base_url=host.base_url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=30
     ) as operator:
         view = operator.get(f"/aip/v1/actions/{action_id}")

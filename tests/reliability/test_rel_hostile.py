@@ -9,7 +9,7 @@ import tracemalloc
 from pathlib import Path
 
 import fuzzkit
-import httpx
+import httpx2
 import pytest
 import streamkit
 from hypothesis import HealthCheck, given, settings
@@ -214,7 +214,7 @@ HTTP_WHO = streamkit.Principals(
 
 def _run_over_http(host, name: str, action_id: str) -> dict[str, object]:
     """streamkit.run_case through the real host's HTTP API."""
-    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+    with httpx2.Client(base_url=host.base_url, timeout=30) as http:
 
         def request(method, url, **kwargs):
             response = http.request(method, url, **kwargs)
@@ -252,7 +252,7 @@ def test_rel_a_frame_nested_past_the_decoders_bound_is_an_invalid_stream_from_a_
     streamkit.check_case(name, outcome, streamkit.stream_case(name))
     assert host.process.poll() is None
     for path in ("/health", "/ready"):
-        assert httpx.get(f"{host.base_url}{path}", timeout=30).status_code == 200, path
+        assert httpx2.get(f"{host.base_url}{path}", timeout=30).status_code == 200, path
     after = _run_over_http(host, "bom_at_start", "act_http_after_deep_frame")
     streamkit.check_case("bom_at_start", after, streamkit.stream_case("bom_at_start"))
     log = host.stderr_path.read_text(errors="replace")
@@ -271,7 +271,7 @@ def test_rel_a_refused_cors_preflight_from_a_real_host_carries_no_cors_header(ht
         "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization, content-type",
     }
-    with httpx.Client(base_url=host.base_url, timeout=30) as http:
+    with httpx2.Client(base_url=host.base_url, timeout=30) as http:
         allowed = http.options("/aip/v1/messages", headers={"Origin": CORS_ORIGIN, **preflight})
         refused = http.options("/aip/v1/messages", headers={"Origin": origin, **preflight})
         wrong_method = http.options(

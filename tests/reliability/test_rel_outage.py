@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 from weakref import WeakKeyDictionary
 
-import httpx
+import httpx2
 import pytest
 import storebackend
 from chaoslib import uid
@@ -136,7 +136,7 @@ class ModuleSidecar:
             self.restart()
 
         def idle() -> bool:
-            with httpx.Client(base_url=self.sidecar.base_url, headers=self.sidecar.headers, timeout=10) as direct:
+            with httpx2.Client(base_url=self.sidecar.base_url, headers=self.sidecar.headers, timeout=10) as direct:
                 return direct.get("/health").json().get("active_runs") == 0
 
         until(idle, timeout=60, interval=0.1, what="the module's sidecar idle")
@@ -180,7 +180,7 @@ def shared_sidecar(procs: Processes) -> ModuleSidecar:
 # ------------------------------------------------------------------ helpers
 
 
-def _approved_run(host: Host, http: httpx.Client, crew: str, prefix: str) -> str:
+def _approved_run(host: Host, http: httpx2.Client, crew: str, prefix: str) -> str:
     """Submit a governed ``run`` of ``crew`` and approve it; returns the action id."""
     action_id = uid(prefix)
     pending = post_action(http, f"cap:crewai:{crew}", {"topic": action_id}, action_id, key=f"key-{action_id}")
@@ -198,7 +198,7 @@ def _final(view: dict[str, Any]) -> bool:
     )
 
 
-def assert_all_final(http: httpx.Client, action_ids: list[str], timeout: float = 90.0) -> dict[str, dict[str, Any]]:
+def assert_all_final(http: httpx2.Client, action_ids: list[str], timeout: float = 90.0) -> dict[str, dict[str, Any]]:
     """Every action reaches a final result (reconciliation included); returns the views."""
     views: dict[str, dict[str, Any]] = {}
     for action_id in action_ids:
@@ -219,7 +219,7 @@ def _started_once(sidecar: Any, action_id: str) -> list[dict[str, Any]]:
 
 def _events_so_far(sidecar: Any, action_id: str) -> int:
     """How many events the sidecar journaled for the action's job (0 while it is not admitted yet)."""
-    with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as direct:
+    with httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as direct:
         answer = direct.get(f"/jobs/acme:{action_id}")
     return int(answer.json().get("event_count") or 0) if answer.status_code == 200 else 0
 
@@ -300,7 +300,7 @@ def test_rel_outage_past_the_dispatch_deadline_fails_with_a_certain_outcome(proc
         assert _final(view)
         relay.open()
         until(lambda: http.get("/ready").status_code == 200, timeout=60, what="the host reaching the sidecar")
-        with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as direct:
+        with httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=30) as direct:
             assert direct.get(f"/jobs/acme:{action_id}").status_code == 404
 
 
@@ -324,10 +324,10 @@ def test_rel_outage_a_run_approved_while_the_sidecar_drains_is_queued_not_burned
         def draining() -> bool:
             try:
                 return (
-                    httpx.get(f"{sidecar.base_url}/health", headers=sidecar.headers, timeout=5).json().get("status")
+                    httpx2.get(f"{sidecar.base_url}/health", headers=sidecar.headers, timeout=5).json().get("status")
                     == "stopping"
                 )
-            except httpx.HTTPError:
+            except httpx2.HTTPError:
                 return sidecar.process.poll() is not None  # already gone: a refused connection instead
 
         until(draining, timeout=30, what="the sidecar draining")
@@ -402,7 +402,7 @@ def test_rel_outage_sidecar_killed_mid_run_provisional_results_are_corrected_by_
         queued_id = _approved_run(host, http, "slow", "k9-queued")
 
         def admitted() -> bool:
-            with httpx.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=10) as direct:
+            with httpx2.Client(base_url=sidecar.base_url, headers=sidecar.headers, timeout=10) as direct:
                 return direct.get(f"/jobs/acme:{queued_id}").status_code == 200
 
         until(admitted, timeout=60, what="second run admitted (queued at the sidecar)")

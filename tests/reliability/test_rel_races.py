@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 
 import chaoslib
-import httpx
+import httpx2
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.host_processes]
@@ -49,7 +49,7 @@ class SlowAdmission:
         self.cancel_seen: asyncio.Event | None = None
         self.cancel_statuses: list[int] = []
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
+    async def handle(self, request: httpx2.Request) -> httpx2.Response:
         if self.cancel_seen is None:
             self.cancel_seen = asyncio.Event()
         if request.url.path == "/jobs/stream":
@@ -71,7 +71,7 @@ async def test_rel_cancel_while_the_start_is_in_flight_waits_for_the_sidecar_ans
     from relkit import inproc_app
 
     sidecar = SlowAdmission()
-    app = inproc_app(tmp_path / "etc", httpx.MockTransport(sidecar.handle))
+    app = inproc_app(tmp_path / "etc", httpx2.MockTransport(sidecar.handle))
     env = {
         "aip_version": "1.0",
         "message_type": "aip.core.v1.action",

@@ -123,7 +123,7 @@ def test_rel_an_early_401_closes_the_connection_instead_of_poisoning_keep_alive(
     connection the server then dropped without `Connection: close`; the client's next request on it
     failed with "server disconnected" (for the host's sidecar client: a transport error, an uncertain
     dispatch). Both processes now close such connections explicitly."""
-    import httpx
+    import httpx2
 
     _, sidecar, host = shared_pair
     targets = [
@@ -137,7 +137,7 @@ def test_rel_an_early_401_closes_the_connection_instead_of_poisoning_keep_alive(
         ),
     ]
     for base_url, path, extra, good, follow_up in targets:
-        with httpx.Client(base_url=base_url, timeout=30) as http:  # one keep-alive connection pool
+        with httpx2.Client(base_url=base_url, timeout=30) as http:  # one keep-alive connection pool
             for _ in range(25):
                 rejected = http.post(
                     path,

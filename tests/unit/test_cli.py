@@ -537,12 +537,12 @@ def test_a_streams_error_frame_reads_as_the_failure_it_is_not_a_refusal(capsys):
 def test_a_stream_cut_by_a_lost_connection_says_how_to_resume_and_exits_7(capsys):
     """A host killed mid-stream: the connection drops (a transport error, not a clean end). The CLI says so,
     prints the resume command with the last SSE id it printed, and exits 7 (unreachable)."""
-    import httpx
+    import httpx2
 
     def cut():
         yield "ack", {"correlation_id": "act_cut", "_sse_id": "sse_0", "body": {"ack": {"status": "streaming"}}}
         yield "chunk", {"correlation_id": "act_cut", "_sse_id": "sse_3", "body": {"stream_chunk": {"kind": "data"}}}
-        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+        raise httpx2.RemoteProtocolError("peer closed connection without sending complete message body")
 
     assert cli._show_stream(cut(), True) == Exit.UNREACHABLE
     out, err = capsys.readouterr()
@@ -551,10 +551,10 @@ def test_a_stream_cut_by_a_lost_connection_says_how_to_resume_and_exits_7(capsys
     assert "aip-crewai actions follow act_cut --last-event-id sse_3" in err
 
     def refused():
-        raise httpx.ConnectError("refused")
+        raise httpx2.ConnectError("refused")
         yield  # a generator that fails before its first event
 
-    with pytest.raises(httpx.ConnectError):
+    with pytest.raises(httpx2.ConnectError):
         cli._show_stream(refused(), False)
 
 

@@ -10,7 +10,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from aip_crewai import cli
@@ -23,11 +23,11 @@ from aip_crewai.sse import SSEFrameTooLarge, encode_event
 def _client_streaming(frame_data: str) -> AipClient:
     body = encode_event(frame_data, event="result", id="sse_1")
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=body, headers={"Content-Type": "text/event-stream"})
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=body, headers={"Content-Type": "text/event-stream"})
 
     client = AipClient("http://host.test", token="t")
-    client.http = httpx.Client(base_url="http://host.test", transport=httpx.MockTransport(answer))
+    client.http = httpx2.Client(base_url="http://host.test", transport=httpx2.MockTransport(answer))
     return client
 
 
@@ -48,11 +48,11 @@ def test_a_frame_past_the_bound_is_refused_typed() -> None:
 
 
 def _client_answering(status: int, content: bytes, content_type: str = "application/json") -> AipClient:
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, content=content, headers={"Content-Type": content_type})
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(status, content=content, headers={"Content-Type": content_type})
 
     client = AipClient("http://127.0.0.1:8090", token="t")
-    client.http = httpx.Client(base_url="http://127.0.0.1:8090", transport=httpx.MockTransport(answer))
+    client.http = httpx2.Client(base_url="http://127.0.0.1:8090", transport=httpx2.MockTransport(answer))
     return client
 
 

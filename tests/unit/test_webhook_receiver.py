@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from standardwebhooks.webhooks import Webhook
 
@@ -57,7 +57,7 @@ def test_a_signed_delivery_is_verified_and_printed_once_per_webhook_id(served) -
     body = json.dumps(APPROVAL).encode()
     headers = _signed(body)
     for _ in range(2):  # a retry of the same delivery: answered, not printed again
-        assert httpx.post(url, content=body, headers=headers, timeout=10).status_code == 204
+        assert httpx2.post(url, content=body, headers=headers, timeout=10).status_code == 204
     assert out.getvalue().splitlines() == [
         f"approval.requested approval=apr_1 action=act_1 verified webhook-id={headers['webhook-id']}"
     ]
@@ -67,7 +67,7 @@ def test_an_action_event_is_printed_with_its_status(served) -> None:
     url, out = served
     body = json.dumps({"type": "action.completed", "timestamp": "t", "data": {"action_id": "a", "status": "completed"}})
     headers = _signed(body.encode(), "msg_" + "b" * 32)
-    assert httpx.post(url, content=body.encode(), headers=headers, timeout=10).status_code == 204
+    assert httpx2.post(url, content=body.encode(), headers=headers, timeout=10).status_code == 204
     assert out.getvalue().startswith("action.completed action=a status=completed verified webhook-id=msg_")
 
 
@@ -83,7 +83,7 @@ def test_an_action_event_is_printed_with_its_status(served) -> None:
 def test_a_delivery_that_does_not_verify_is_refused_400(served, mangle, reason) -> None:
     url, out = served
     body = json.dumps(APPROVAL).encode()
-    answer = httpx.post(url, content=body, headers=mangle(_signed(body)), timeout=10)
+    answer = httpx2.post(url, content=body, headers=mangle(_signed(body)), timeout=10)
     assert answer.status_code == 400
     (line,) = out.getvalue().splitlines()
     assert line.startswith("rejected: ") and reason in line and SECRET not in line
@@ -111,7 +111,7 @@ def test_a_stale_timestamp_is_refused(served) -> None:
     url, out = served
     body = json.dumps(APPROVAL).encode()
     stale = time.time() - 600  # receivers refuse a timestamp more than 5 minutes away
-    assert httpx.post(url, content=body, headers=_signed(body, at_s=stale), timeout=10).status_code == 400
+    assert httpx2.post(url, content=body, headers=_signed(body, at_s=stale), timeout=10).status_code == 400
     assert out.getvalue().startswith("rejected: not verified")
 
 
@@ -122,9 +122,9 @@ def test_the_body_bound_is_enforced_at_its_edge(served) -> None:
         b'"pad": ""', b'"pad": "' + b"p" * (webhook_receiver.MAX_BODY_BYTES - len(envelope)) + b'"'
     )
     assert len(padded) == webhook_receiver.MAX_BODY_BYTES
-    assert httpx.post(url, content=padded, headers=_signed(padded), timeout=30).status_code == 204
+    assert httpx2.post(url, content=padded, headers=_signed(padded), timeout=30).status_code == 204
     over = padded + b" "
-    assert httpx.post(url, content=over, headers=_signed(over, "msg_" + "c" * 32), timeout=30).status_code == 413
+    assert httpx2.post(url, content=over, headers=_signed(over, "msg_" + "c" * 32), timeout=30).status_code == 413
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("approval.requested approval=apr_1") and lines[1].startswith("rejected: a body of")
 
@@ -135,8 +135,8 @@ def test_a_post_without_a_length_or_elsewhere_is_refused(served) -> None:
     def chunks() -> Iterator[bytes]:
         yield b"{}"
 
-    assert httpx.post(url, content=chunks(), timeout=10).status_code == 411  # chunked: no Content-Length
-    assert httpx.post(url.replace("/hook", "/other"), content=b"{}", timeout=10).status_code == 404
+    assert httpx2.post(url, content=chunks(), timeout=10).status_code == 411  # chunked: no Content-Length
+    assert httpx2.post(url.replace("/hook", "/other"), content=b"{}", timeout=10).status_code == 404
     assert out.getvalue() == ""
 
 

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import httpx
+import httpx2
 import msgspec
 import structlog
 from starlette.applications import Starlette
@@ -307,7 +307,7 @@ def _cors(settings: Settings) -> list[Middleware]:
 def create_app(
     settings: Settings,
     *,
-    sidecar_transport: httpx.AsyncBaseTransport | None = None,
+    sidecar_transport: httpx2.AsyncBaseTransport | None = None,
     clock: Callable[[], float] = time.time,
     extensions: Sequence[str] = (),
 ) -> Starlette:
@@ -316,7 +316,7 @@ def create_app(
     Args:
         settings: validated configuration.
         sidecar_transport: transport of the sidecar client (tests pass an
-            ``httpx.MockTransport``); None means real HTTP.
+            ``httpx2.MockTransport``); None means real HTTP.
         clock: epoch seconds, used for signature freshness and store times.
         extensions: names of extra modules to import for routes/lifespans after
             the core ones (see module docstring); a missing one raises ModuleNotFoundError.

@@ -1,7 +1,7 @@
 """The host app's lifespan: what opens before the first request and closes after the last.
 
 In order: the store; ONE connection pool per sidecar for its jobs (:class:`~..sidecars.client.SidecarHttp`)
-and one ``httpx.AsyncClient`` for its health probes;
+and one ``httpx2.AsyncClient`` for its health probes;
 readiness over the crews each serves; the
 action service over them (:func:`serve_actions`: the approval-expiry sweep, restart reconciliation,
 lease renewal, the store's change listener); then :class:`~.state.HostState` is set and the
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import structlog
 from starlette.applications import Starlette
 
@@ -48,12 +48,12 @@ SIDECAR_CONNECT_TIMEOUT_S = 10.0
 #: Requests of one sidecar that run a job (a run's stream, a blocking start), at once (httpx's default pool
 #: size): a job beyond them waits for a connection.
 SIDECAR_CONNECTIONS = 100
-#: Idle job connections kept for reuse. httpcore's pool checks every idle connection (a socket poll and a
-#: ``getpeername`` through anyio, plus a count of all connections) each time a request starts or ends, so 100
-#: kept connections cost a loaded host more than opening new ones: at 200 concurrent runs, 3 of its 15 ms of CPU
-#: per run went to that upkeep, and opening one connection per run instead cost less (12.3 ms per run in all;
-#: bench/results/HISTORY.md, session 24). httpcore 1.0 closes an idle connection whenever the pool holds more
-#: than this many connections in all, so up to 16 concurrent jobs reuse theirs and more open one each.
+#: Idle job connections kept for reuse. httpx's httpcore 1.0 checked every idle connection (a socket poll and a
+#: ``getpeername`` through anyio, plus a count of all connections) each time a request started or ended, so 100
+#: kept connections cost a loaded host more than opening new ones (session 24 of bench/results/HISTORY.md: 3 of
+#: its 15 ms of CPU per run at 200 concurrent runs). httpx2's pool (httpcore2) checks each connection once per
+#: pass without touching its socket and keeps up to this many idle ones whatever the pool holds in all; 16 stay,
+#: as 100 did not lower the host's CPU per loaded run (session 32).
 SIDECAR_KEEPALIVE_CONNECTIONS = 16
 #: Connections of one sidecar's short requests (status reads, events pages, cancels), all kept alive: a pool of
 #: their own, so they never wait behind jobs holding every job connection.
@@ -92,13 +92,13 @@ def _sidecars(settings: Settings) -> tuple[SidecarSettings, ...]:
 
 
 #: The pool of one sidecar's short requests (and of its health probes): all kept alive.
-REQUEST_LIMITS = httpx.Limits(
+REQUEST_LIMITS = httpx2.Limits(
     max_connections=SIDECAR_REQUEST_CONNECTIONS,
     max_keepalive_connections=SIDECAR_REQUEST_CONNECTIONS,
     keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
 )
 #: The pool of one sidecar's requests that run a job: :data:`SIDECAR_KEEPALIVE_CONNECTIONS` of them kept.
-JOB_LIMITS = httpx.Limits(
+JOB_LIMITS = httpx2.Limits(
     max_connections=SIDECAR_CONNECTIONS,
     max_keepalive_connections=SIDECAR_KEEPALIVE_CONNECTIONS,
     keepalive_expiry=SIDECAR_KEEPALIVE_EXPIRY_S,
@@ -124,15 +124,15 @@ def _sidecar_http(sidecar: SidecarSettings, transport: Any) -> SidecarHttp:
     )
 
 
-def _probe_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
+def _probe_http(sidecar: SidecarSettings, transport: Any) -> httpx2.AsyncClient:
     """The lifespan-owned client of one sidecar's health probes: the same settings as
     :func:`_sidecar_http`, a pool of its own."""
-    return httpx.AsyncClient(
+    return httpx2.AsyncClient(
         base_url=sidecar.url,
         headers=sidecar_headers(sidecar.token),
         transport=_transport(sidecar, transport),
         follow_redirects=False,
-        timeout=httpx.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
+        timeout=httpx2.Timeout(None, connect=SIDECAR_CONNECT_TIMEOUT_S),
         trust_env=False,
         limits=REQUEST_LIMITS,
         proxy=sidecar.proxy,
@@ -140,7 +140,7 @@ def _probe_http(sidecar: SidecarSettings, transport: Any) -> httpx.AsyncClient:
     )
 
 
-def _readiness(setup: HostSetup, clients: Mapping[str, httpx.AsyncClient]) -> ReadinessGroup:
+def _readiness(setup: HostSetup, clients: Mapping[str, httpx2.AsyncClient]) -> ReadinessGroup:
     """One :class:`Readiness` per sidecar over the crews it serves, grouped (ARCHITECTURE.md §10,
     "Several sidecars"). Crew inputs reported by each sidecar are merged into the capability index;
     what each can cancel is published for its own crews."""
@@ -179,7 +179,7 @@ def _readiness(setup: HostSetup, clients: Mapping[str, httpx.AsyncClient]) -> Re
     return ReadinessGroup(members)
 
 
-def app_lifespan(transport: httpx.AsyncBaseTransport | None, modules: list[Any]) -> Callable[[Starlette], Any]:
+def app_lifespan(transport: httpx2.AsyncBaseTransport | None, modules: list[Any]) -> Callable[[Starlette], Any]:
     """The lifespan of :func:`~.app.create_app`'s app; ``modules``: the extensions whose ``lifespan(app)``
     is entered once :class:`HostState` is set. A store that cannot be opened raises StoreError (kept for
     ``host.main``: :func:`~.state.record_startup_error`)."""

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2
 import msgspec
 
 from ... import package_version
@@ -188,7 +188,7 @@ def _transport_error(spec: OperationSpec, dispatch: DispatchProgress, exc: Excep
     )
 
 
-async def _read_bounded(response: httpx.Response, limit: int, spec: OperationSpec) -> bytes:
+async def _read_bounded(response: httpx2.Response, limit: int, spec: OperationSpec) -> bytes:
     body = bytearray()
     async for piece in response.aiter_bytes():
         body += piece
@@ -235,7 +235,7 @@ class SidecarHttp:
     httpx transport (the connection pool) the requests go to.
 
     Requests are built here and handed to the transport itself (httpx's transport API,
-    ``handle_async_request``) instead of an ``httpx.AsyncClient``: the client's layers (URL
+    ``handle_async_request``) instead of an ``httpx2.AsyncClient``: the client's layers (URL
     merging, auth and redirect flows, cookies, default headers) cost the host's hop about
     0.2 ms of CPU per request (bench/results/HISTORY.md, session 23). Nothing the host relied
     on lives there: it follows no redirect and sends no cookie. Its requests no longer carry
@@ -253,11 +253,11 @@ class SidecarHttp:
     request). Source: ARCHITECTURE.md §7 (sidecar client).
     """
 
-    base_url: httpx.URL
+    base_url: httpx2.URL
     headers: tuple[tuple[str, str], ...] = field(repr=False)  # the bearer: never in a repr, a log or an error
-    transport: httpx.AsyncBaseTransport
+    transport: httpx2.AsyncBaseTransport
     connect_timeout_s: float
-    job_transport: httpx.AsyncBaseTransport
+    job_transport: httpx2.AsyncBaseTransport
 
     @classmethod
     def of(
@@ -265,29 +265,29 @@ class SidecarHttp:
         url: str,
         *,
         token: str | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
         connect_timeout_s: float = 10.0,
-        limits: httpx.Limits | None = None,
-        job_limits: httpx.Limits | None = None,
+        limits: httpx2.Limits | None = None,
+        job_limits: httpx2.Limits | None = None,
         proxy: str | None = None,
         verify: ssl.SSLContext | bool = True,
     ) -> SidecarHttp:
         """The sidecar at ``url`` (its path, if any, prefixes every route) with bearer ``token``;
-        ``transport`` (tests: every request) or two new ``httpx.AsyncHTTPTransport(trust_env=False)``
+        ``transport`` (tests: every request) or two new ``httpx2.AsyncHTTPTransport(trust_env=False)``
         pools, ``limits`` for short requests and ``job_limits`` for those that run a job, both through the
         explicit ``proxy``, https checked against ``verify`` (the environment's proxies and CA variables are not read).
 
         Raises: ValueError (no ``transport`` and a pool's limits missing)."""
-        base = httpx.URL(url)
+        base = httpx2.URL(url)
         if not base.raw_path.endswith(b"/"):
             base = base.copy_with(raw_path=base.raw_path + b"/")
-        short: httpx.AsyncBaseTransport
-        jobs: httpx.AsyncBaseTransport
+        short: httpx2.AsyncBaseTransport
+        jobs: httpx2.AsyncBaseTransport
         if transport is None:
             if limits is None or job_limits is None:
                 raise ValueError("a sidecar's pools need their limits (limits, job_limits)")
-            short = httpx.AsyncHTTPTransport(trust_env=False, limits=limits, proxy=proxy, verify=verify)
-            jobs = httpx.AsyncHTTPTransport(trust_env=False, limits=job_limits, proxy=proxy, verify=verify)
+            short = httpx2.AsyncHTTPTransport(trust_env=False, limits=limits, proxy=proxy, verify=verify)
+            jobs = httpx2.AsyncHTTPTransport(trust_env=False, limits=job_limits, proxy=proxy, verify=verify)
         else:
             short = jobs = transport
         return cls(base, sidecar_headers(token), short, connect_timeout_s, jobs)
@@ -301,14 +301,14 @@ class SidecarHttp:
         json: Any = None,
         params: dict[str, Any] | None = None,
         read_timeout_s: float | None = None,
-    ) -> httpx.Request:
+    ) -> httpx2.Request:
         """A request for ``path`` (relative to :attr:`base_url`, percent-encoded as httpx does) with
         the bearer, ``headers`` and an optional JSON body; ``read_timeout_s`` bounds reading, writing
         and waiting for a pooled connection (None: unbounded, e.g. a stream's own silence bound)."""
-        relative = httpx.URL(path)
+        relative = httpx2.URL(path)
         url = self.base_url.copy_with(raw_path=self.base_url.raw_path + relative.raw_path.lstrip(b"/"))
-        timeout = httpx.Timeout(read_timeout_s, connect=self.connect_timeout_s)
-        return httpx.Request(
+        timeout = httpx2.Timeout(read_timeout_s, connect=self.connect_timeout_s)
+        return httpx2.Request(
             method,
             url,
             params=params,
@@ -354,7 +354,7 @@ class SidecarClient:
         read_timeout_s: float | None = None,
         runs_job: bool = False,
         silent_is_distinct: bool = False,
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         """Send one request (streamed response; ``runs_job``: it runs a job, through
         :attr:`SidecarHttp.job_transport`; ``silent_is_distinct``: its read timeout is a stream's silence),
         moving ``dispatch`` honestly:
@@ -371,14 +371,14 @@ class SidecarClient:
             )
             transport = self.http.job_transport if runs_job else self.http.transport
             response = await transport.handle_async_request(request)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing reached the sidecar
+        except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:  # nothing reached the sidecar
             dispatch.state = DispatchState.NOT_SENT
             raise _transport_error(spec, dispatch, exc) from exc
-        except httpx.ReadTimeout as exc:
+        except httpx2.ReadTimeout as exc:
             raise (
                 _silent(spec, dispatch, read_timeout_s) if silent_is_distinct else _transport_error(spec, dispatch, exc)
             ) from exc
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise _transport_error(spec, dispatch, exc) from exc
         dispatch.state = DispatchState.ACKNOWLEDGED
         return response
@@ -410,7 +410,7 @@ class SidecarClient:
         )
         try:
             body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise _transport_error(spec, dispatch, exc) from exc
         finally:
             await response.aclose()
@@ -514,9 +514,9 @@ class SidecarClient:
                 if chunks:
                     await on_chunks(chunks)
             return normalizer.close()
-        except httpx.ReadTimeout as exc:
+        except httpx2.ReadTimeout as exc:
             raise _silent(spec, dispatch, silence_s) from exc
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise _transport_error(spec, dispatch, exc) from exc
         finally:
             await response.aclose()

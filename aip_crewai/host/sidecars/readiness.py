@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 import msgspec
 import structlog
 
@@ -154,7 +154,7 @@ class Readiness:
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
+        http: httpx2.AsyncClient,
         crews: Iterable[CrewDescriptor],
         metrics: Metrics,
         *,
@@ -191,13 +191,13 @@ class Readiness:
 
     async def _probe(self) -> str | None:
         try:
-            async with self.http.stream("GET", "/health", timeout=httpx.Timeout(HEALTH_TIMEOUT_S)) as response:
+            async with self.http.stream("GET", "/health", timeout=httpx2.Timeout(HEALTH_TIMEOUT_S)) as response:
                 body = b""
                 async for piece in response.aiter_bytes():
                     body += piece
                     if len(body) > MAX_HEALTH_BYTES:
                         return "sidecar health body is too large"
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             return f"sidecar unreachable ({type(exc).__name__})"
         if response.status_code != 200:
             return f"sidecar /health answered HTTP {response.status_code}"

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
-import httpx
+import httpx2
 import structlog
 
 from ..store.outbox import DELIVERED, EXPIRED, PENDING
@@ -50,11 +50,11 @@ MAX_RESPONSE_BYTES = 4096
 CLAIM_MARGIN_MS = 30_000
 
 
-def webhook_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+def webhook_client(transport: httpx2.AsyncBaseTransport | None = None) -> httpx2.AsyncClient:
     """The sender's HTTP client: no redirects, no proxies from the environment, TLS verified, and no timeout of
     its own: an attempt is bounded whole by its endpoint's ``timeout_seconds`` (:meth:`WebhookSender.attempt`),
     which httpx's default of 5 s per phase would otherwise cut short (docs/webhooks.md)."""
-    return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False, timeout=None)
+    return httpx2.AsyncClient(transport=transport, follow_redirects=False, trust_env=False, timeout=None)
 
 
 class WebhookSender:
@@ -72,7 +72,7 @@ class WebhookSender:
         self,
         store: Store,
         settings: WebhookSettings,
-        client: httpx.AsyncClient,
+        client: httpx2.AsyncClient,
         *,
         host_id: str,
         resolver: Resolver = system_resolver,
@@ -212,7 +212,7 @@ class WebhookSender:
         if address is None:
             log.warning("webhook_destination_refused", endpoint_id=endpoint.endpoint_id, reason=reason)
             return "refused", None
-        url = httpx.URL(endpoint.url).copy_with(host=address)
+        url = httpx2.URL(endpoint.url).copy_with(host=address)
         headers = signed_headers(endpoint.signer, claimed.delivery_id, self.clock(), claimed.body)
         headers["host"] = parts.netloc.rpartition("@")[2]
         extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
@@ -221,9 +221,9 @@ class WebhookSender:
                 "POST", url, content=claimed.body.encode("utf-8"), headers=headers, extensions=extensions
             )
             response = await self.client.send(request, stream=True)
-        except httpx.TimeoutException:
+        except httpx2.TimeoutException:
             return "timeout", None
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             return "connect_error", None
         try:
             read = 0
@@ -231,7 +231,7 @@ class WebhookSender:
                 read += len(chunk)
                 if read >= MAX_RESPONSE_BYTES:
                     break
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             pass  # the status decides; the body is only drained
         finally:
             await response.aclose()
