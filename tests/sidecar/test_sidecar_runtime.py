@@ -378,6 +378,31 @@ async def test_a_live_follower_sends_what_arrives_within_its_window_in_one_page(
     assert [row.event for page in pages for row in page] == ["started", "chunk", "chunk", "chunk", "completed"]
 
 
+async def test_a_live_follower_caught_up_with_a_running_job_waits_out_its_window_before_reading_again(
+    tmp_path, monkeypatch
+):
+    """A follower whose page took every event of a running job reads again only once its window passed since
+    that page's read (or the job ended): an event emitted while the page was being sent joins the next
+    page with what follows, instead of going out alone the moment the follower asks for more."""
+    from aip_crewai.sidecar.jobs import reader
+
+    monkeypatch.setattr(reader, "FOLLOW_PAGE_WINDOW_S", 60.0)
+    async with runtime(tmp_path) as (rt, fake):
+        await admit(rt, "w", "worker")
+        count = lambda: rt._live["w"].snapshot()[3]  # noqa: E731
+        pages = rt.reads.follow_pages("w", 0)
+        first = await pages.__anext__()
+        assert first is not None and first[-1].event != "completed"
+        await until_async(lambda: count() > len(first), interval=0.005)  # an event the first page lacks
+        later = asyncio.create_task(pages.__anext__())
+        await until_async(lambda: count() >= 4, interval=0.005)  # started + 3 chunks
+        fake.release_thread.set()
+        second = await asyncio.wait_for(later, 10)  # the job's end cut the 60 s window short
+        await pages.aclose()
+    assert second is not None
+    assert [row.event for row in first + second] == ["started", "chunk", "chunk", "chunk", "completed"]
+
+
 async def test_a_runs_inputs_are_in_place_before_its_terminal_commit_and_flushed_beside_it(tmp_path, monkeypatch):
     """The replay inputs' file is renamed into place before the terminal commit, fsynced while it commits,
     and the job's followers hear of its end only once both are done (jobs/replay_inputs.py)."""

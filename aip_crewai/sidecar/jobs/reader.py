@@ -188,7 +188,7 @@ class JobReader:
         (a wake-up between the two is never missed), read at ``read_at`` (``anyio.current_time()``). Two
         page reads are at least :data:`FOLLOW_PAGE_WINDOW_S` apart while the job runs."""
         while True:
-            status, events, _count = read
+            status, events, count = read
             for index, row in enumerate(events):
                 if row.terminal:
                     yield events[: index + 1]
@@ -196,6 +196,9 @@ class JobReader:
             if events:
                 yield events
                 cursor += len(events)
+                if cursor >= count and live is not None and not live.finished.is_set():
+                    # caught up with a running job: what it emits next joins the next page
+                    await self._rest_of_window(live, read_at)
             elif status.terminal or live is None or live.lost:
                 return  # terminal (all read), or lost: the stream ends without a terminal event
             elif not live.finished.is_set():
@@ -203,9 +206,8 @@ class JobReader:
                     await changed.wait()  # type: ignore[union-attr]
                 if idle.cancelled_caught:
                     yield None
-                elif (rest := read_at + self._window - anyio.current_time()) > 0:  # news: let what follows join it
-                    with anyio.move_on_after(rest):
-                        await live.finished.wait()
+                else:  # news: let what follows join it
+                    await self._rest_of_window(live, read_at)
             live = self._live.get(action_id)
             changed = live.changed() if live is not None else None
             read_at = anyio.current_time()
@@ -215,6 +217,13 @@ class JobReader:
                 # Archived while followed, or ended with an outcome the journal could not take yet (the
                 # reader resumes later, once it is recorded): the stream ends without a terminal event.
                 return
+
+    async def _rest_of_window(self, live: LiveJob, read_at: float) -> None:
+        """Wait until :data:`FOLLOW_PAGE_WINDOW_S` after the page read at ``read_at`` (``anyio.current_time()``),
+        or the job's end, whichever comes first."""
+        if (rest := read_at + self._window - anyio.current_time()) > 0:
+            with anyio.move_on_after(rest):
+                await live.finished.wait()
 
     async def wait(self, action_id: str, timeout_ms: int) -> JobRecord:
         """Wait until the job is terminal; raise JobWaitTimeout (504) after ``timeout_ms``. The record is the
