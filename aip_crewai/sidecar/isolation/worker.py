@@ -255,7 +255,8 @@ class _ProcessState:
         """Put the state back; False when some of it cannot be (the worker then runs no other job)."""
         try:
             self._restore_python()
-            return self._restore_process() and self._restore_mask()
+            self._restore_process()
+            return self._restore_mask()
         except Exception as exc:  # noqa: BLE001 - whatever the job left, its outcome is still reported
             log.info("warm_worker_state_not_restored", pid=os.getpid(), error_type=type(exc).__name__)
             return False
@@ -291,22 +292,18 @@ class _ProcessState:
         signal.pthread_sigmask(signal.SIG_SETMASK, self.blocked)
         return True
 
-    def _restore_process(self) -> bool:
-        """The session, process group, priority and resource limits: what a job may leave beyond repair."""
-        try:
-            if os.getsid(0) != self.session:
-                raise PermissionError("the job left the worker's session")
-            if os.getpgrp() != self.group:
-                os.setpgid(0, self.group)
-            if os.getpriority(os.PRIO_PROCESS, 0) != self.priority:
-                os.setpriority(os.PRIO_PROCESS, 0, self.priority)
-            for limit, values in self.limits.items():
-                if resource.getrlimit(limit) != values:
-                    resource.setrlimit(limit, values)
-        except (OSError, ValueError) as exc:  # a lowered hard limit, a raised niceness, another session
-            log.info("warm_worker_state_not_restored", pid=os.getpid(), error_type=type(exc).__name__)
-            return False
-        return True
+    def _restore_process(self) -> None:
+        """The session, process group, priority and resource limits: what a job may leave beyond repair
+        (OSError, ValueError: a lowered hard limit, a raised niceness, another session)."""
+        if os.getsid(0) != self.session:
+            raise PermissionError("the job left the worker's session")
+        if os.getpgrp() != self.group:
+            os.setpgid(0, self.group)
+        if os.getpriority(os.PRIO_PROCESS, 0) != self.priority:
+            os.setpriority(os.PRIO_PROCESS, 0, self.priority)
+        for limit, values in self.limits.items():
+            if resource.getrlimit(limit) != values:
+                resource.setrlimit(limit, values)
 
 
 def _flush_spans(*, leaving: bool) -> None:
