@@ -198,3 +198,33 @@ async def test_health_probes_do_not_share_the_connection_pool_of_the_jobs(make_a
         state = host_state(app)
         probe_clients = {id(member.http) for _, member in state.readiness.members}
         assert probe_clients.isdisjoint({id(client) for client in state.sidecar_http.values()})
+
+
+async def test_ready_answers_promptly_while_an_unready_sidecars_health_check_hangs(make_app, sidecar):
+    """A frozen sidecar (SIGSTOP) never answers ``/health``: ``/ready`` of an unready host re-checks it but
+    waits at most READY_WAIT_S, then answers 503 with the last verdict (not after HEALTH_TIMEOUT_S, past a
+    load balancer's probe timeout); the check goes on and its verdict is the next answer's."""
+    from aip_crewai.host.sidecars.readiness import HEALTH_TIMEOUT_S
+
+    thawed = asyncio.Event()
+    frozen = {"now": False}
+
+    async def answer(request: httpx2.Request) -> httpx2.Response:
+        if frozen["now"]:
+            await thawed.wait()
+        return sidecar.handle(request)
+
+    sidecar.health["status"] = "starting"
+    app = make_app(sidecar_transport=httpx2.MockTransport(answer))
+    async with running(app) as client:
+        readiness = host_state(app).readiness
+        await until_async(lambda: readiness.state.checked_at is not None, interval=0.005)
+        frozen["now"] = True
+        response = await asyncio.wait_for(client.get("/ready"), HEALTH_TIMEOUT_S)
+        assert response.status_code == 503
+        assert response.json() == {"status": "unready", "reason": "sidecar status is 'starting', not 'ready'"}
+        assert not thawed.is_set()  # answered while the check still waits for the sidecar
+        sidecar.health["status"] = "ready"
+        thawed.set()
+        await until_async(lambda: readiness.ready, interval=0.005)
+        assert (await client.get("/ready")).json() == {"status": "ready"}

@@ -88,6 +88,7 @@ from ..ledger.routes import routes as ledger_routes
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import Metrics
 from ..settings import Settings
+from ..sidecars.readiness import READY_WAIT_S
 from ..store.records import ms_to_rfc3339
 from ..webhooks.routes import routes as webhook_routes
 from ..webhooks.safety import metadata_opened
@@ -203,7 +204,8 @@ async def health(request: Request) -> Response:
 
 async def ready(request: Request) -> Response:
     """``GET /ready``: 200 ``{"status":"ready"}`` or 503 ``{"status":"unready","reason"}``
-    (re-checks the sidecar on demand while unready; ARCHITECTURE.md §7). Unready too while the
+    (while unready, re-checks the sidecar on demand, waiting at most
+    :data:`~aip_crewai.host.sidecars.readiness.READY_WAIT_S` for it; ARCHITECTURE.md §7). Unready too while the
     store cannot take a write (:meth:`~aip_crewai.host.store.store.Store.writable`: unreachable, stuck
     behind a held lock, read-only), answered within the store's call bound; ready again by itself once
     it can (docs/operating.md "Faults and their bounds")."""
@@ -211,7 +213,7 @@ async def ready(request: Request) -> Response:
     if not await host.store.writable():
         return JSONResponse({"status": "unready", "reason": "the host store is unavailable"}, status_code=503)
     readiness = host.readiness
-    state = readiness.state if readiness.ready else await readiness.refresh()
+    state = readiness.state if readiness.ready else await readiness.refresh(READY_WAIT_S)
     if state.ready:
         return JSONResponse({"status": "ready"})
     return JSONResponse({"status": "unready", "reason": state.reason}, status_code=503)

@@ -37,6 +37,10 @@ log = structlog.get_logger(__name__)
 
 #: Bound of one health request, seconds (the sidecar client itself has no read timeout).
 HEALTH_TIMEOUT_S = 5.0
+#: How long ``/ready`` waits for an on-demand re-check of an unready sidecar, seconds: past it, ``/ready``
+#: answers the last verdict (503) and the check goes on (a frozen sidecar: a prompt 503, not one after
+#: :data:`HEALTH_TIMEOUT_S`; below the 1 s timeout of a Kubernetes probe; ARCHITECTURE.md §7).
+READY_WAIT_S = 0.5
 #: Bound of a health body, bytes.
 MAX_HEALTH_BYTES = 1024 * 1024
 _LIST_PREVIEW = 10
@@ -244,11 +248,17 @@ class Readiness:
         self.metrics.readiness_checks.inc(result="ready" if state.ready else "unready")
         return state
 
-    async def refresh(self) -> ReadinessState:
-        """Check the sidecar now (joining a check already in flight)."""
+    async def refresh(self, wait_s: float | None = None) -> ReadinessState:
+        """Check the sidecar now (joining a check already in flight) and return the new verdict.
+
+        With ``wait_s`` (seconds), wait at most that long: a check still running then goes on in the
+        background, and the verdict returned is the last one (:data:`READY_WAIT_S`, ``/ready``)."""
         if self._inflight is None or self._inflight.done():
             self._inflight = asyncio.ensure_future(self._check())
-        return await asyncio.shield(self._inflight)
+        if wait_s is None:
+            return await asyncio.shield(self._inflight)
+        done, _ = await asyncio.wait({self._inflight}, timeout=wait_s)
+        return self._inflight.result() if done else self.state
 
     async def run(self, interval_s: float) -> None:
         """Refresh every ``interval_s`` seconds until cancelled (never raises otherwise)."""
@@ -344,9 +354,10 @@ class ReadinessGroup:
         """The first sidecar's published keep-alive interval (single-sidecar callers)."""
         return self.members[0][1].keepalive_s
 
-    async def refresh(self) -> ReadinessState:
-        """Check every sidecar now (concurrently); the combined state."""
-        await asyncio.gather(*(member.refresh() for _, member in self.members))
+    async def refresh(self, wait_s: float | None = None) -> ReadinessState:
+        """Check every sidecar now (concurrently; each waited for at most ``wait_s`` seconds, as
+        :meth:`Readiness.refresh`); the combined state."""
+        await asyncio.gather(*(member.refresh(wait_s) for _, member in self.members))
         return self._combined()
 
     async def run(self, interval_s: float) -> None:
