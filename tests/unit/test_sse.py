@@ -189,6 +189,69 @@ def test_frame_of_exactly_the_limit_is_accepted(limit: int) -> None:
     assert decode([frame * 3], limit) == want * 3  # the count restarts after each blank line
 
 
+def canonical_frame_of_size(n: int, sequence: int = 7) -> bytes:
+    """The frame the sidecar writes (``id``, ``event``, one data line: the decoder's regex path), ``n`` bytes."""
+    frame = encode_event(
+        "x" * (n - len(encode_event("", event="chunk", id=str(sequence)))), event="chunk", id=str(sequence)
+    )
+    assert len(frame) == n
+    return frame
+
+
+@pytest.mark.parametrize("limit", [30, 100, 4096])
+def test_a_run_of_sidecar_frames_is_bounded_at_the_limit_and_one_byte_over(limit: int) -> None:
+    """The decoder reads a run of sidecar frames (``id``, ``event``, one data line) without its line loop:
+    the same events, and the same bound, as every other frame."""
+    page = canonical_frame_of_size(limit, 1) + canonical_frame_of_size(limit, 2)
+    data = "x" * (limit - len(encode_event("", event="chunk", id="1")))
+    want = [E(data, "chunk", "1"), E(data, "chunk", "2")]
+    assert decode([page], limit) == want == reference_decode(page)
+    assert decode(bytewise(page), limit) == want
+    over = canonical_frame_of_size(limit, 3) + canonical_frame_of_size(limit + 1, 4)
+    dec = SSEDecoder(limit)
+    with pytest.raises(SSEFrameTooLarge):
+        dec.feed(over)
+    assert decode([over[:limit]], limit) == [E(data, "chunk", "3")]
+
+
+def test_a_run_of_sidecar_frames_keeps_the_state_of_the_stream_around_it() -> None:
+    """A run read by the regex path sits between frames the line loop reads: the last event id carries
+    across both ways, and a frame that is not of the sidecar's shape (a second data line, a retry, a
+    comment, an id with NUL) ends the run where it starts."""
+    stream = (
+        b"retry: 5\ndata: a\n\n"
+        + encode_event("b", event="chunk", id="1")
+        + b": keep-alive\n"
+        + encode_event("c", event="chunk", id="2")
+        + b"event: chunk\ndata: d\n\n"
+        + b"id: 3\nevent: chunk\ndata: e1\ndata: e2\n\n"
+        + b"id: \x00\nevent: chunk\ndata: f\n\n"
+        + encode_event("g", event="", id="4")
+        + b"event: chunk\ndata: h"
+    )
+    want = [
+        SSEEvent("message", "a", None, 5),
+        E("b", "chunk", "1"),
+        E("c", "chunk", "2"),
+        E("d", "chunk", "2"),
+        E("e1\ne2", "chunk", "3"),
+        E("f", "chunk", "3"),
+        E("g", "message", "4"),
+    ]
+    assert reference_decode(stream) == want
+    assert decode([stream]) == want
+    assert decode(bytewise(stream)) == want
+    assert decode([stream[:40], stream[40:97], stream[97:]]) == want
+    assert decode(frame_by_frame(stream)) == want
+
+
+def frame_by_frame(raw: bytes) -> list[bytes]:
+    """``raw`` cut after every blank line (``\\n\\n``): each piece starts where a frame may, as the sidecar's
+    pages arrive (the decoder's regex path is tried at the start of a piece)."""
+    pieces = raw.split(b"\n\n")
+    return [piece + b"\n\n" for piece in pieces[:-1]] + [pieces[-1]]
+
+
 @pytest.mark.parametrize("limit", [9, 100, 4096])
 def test_frame_one_byte_over_the_limit_raises(limit: int) -> None:
     frame = frame_of_size(limit + 1)
@@ -412,6 +475,7 @@ def reference_decode(raw: bytes) -> list[SSEEvent]:
 
 TOKENS = [b"data:", b"data: ", b"id:", b"id: ", b"event:", b"retry:", b"\r", b"\n", b"\r\n", b":", b" ", b"\x00"]
 TOKENS += [BOM, b"\xef", b"\xff", b"\xe2\x80\xa8", b"1", b"x", "５".encode()]
+TOKENS += [b"event: ", b"\n\n", b"id: 1\nevent: e\ndata: x\n\n", b"event: \ndata: \n\n"]  # the decoder's fast frames
 fuzz_bytes = st.lists(st.binary(max_size=6) | st.sampled_from(TOKENS), max_size=40).map(b"".join)
 
 
@@ -422,6 +486,7 @@ def test_arbitrary_bytes_match_the_reference_in_any_chunking(raw: bytes, points:
     assert decode([raw]) == want
     assert decode(split_at(raw, points)) == want
     assert decode(bytewise(raw)) == want
+    assert decode(frame_by_frame(raw)) == want
 
 
 def bounded(chunks: list[bytes], limit: int) -> tuple[list[SSEEvent], bool]:
@@ -442,7 +507,7 @@ def test_bound_is_chunking_invariant_and_only_raises_too_large(raw: bytes, point
     depend on chunking; events before the failure are a prefix of the unbounded result."""
     unbounded = decode([raw])
     whole, whole_raised = bounded([raw], limit)
-    for chunks in (split_at(raw, points), bytewise(raw)):
+    for chunks in (split_at(raw, points), bytewise(raw), frame_by_frame(raw)):
         events, raised = bounded(chunks, limit)
         assert raised == whole_raised
         assert events == (unbounded[: len(events)] if raised else whole)
