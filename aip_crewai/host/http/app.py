@@ -205,7 +205,7 @@ async def health(request: Request) -> Response:
 async def ready(request: Request) -> Response:
     """``GET /ready``: 200 ``{"status":"ready"}`` or 503 ``{"status":"unready","reason"}``
     (while unready, re-checks the sidecar on demand, waiting at most
-    :data:`~aip_crewai.host.sidecars.readiness.READY_WAIT_S` for it; ARCHITECTURE.md §7). Unready too while the
+    :data:`~aip_crewai.host.sidecars.readiness.READY_WAIT_S` for it; ARCHITECTURE.md §8). Unready too while the
     store cannot take a write (:meth:`~aip_crewai.host.store.store.Store.writable`: unreachable, stuck
     behind a held lock, read-only), answered within the store's call bound; ready again by itself once
     it can (docs/operating.md "Faults and their bounds")."""

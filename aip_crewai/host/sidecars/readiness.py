@@ -39,7 +39,7 @@ log = structlog.get_logger(__name__)
 HEALTH_TIMEOUT_S = 5.0
 #: How long ``/ready`` waits for an on-demand re-check of an unready sidecar, seconds: past it, ``/ready``
 #: answers the last verdict (503) and the check goes on (a frozen sidecar: a prompt 503, not one after
-#: :data:`HEALTH_TIMEOUT_S`; below the 1 s timeout of a Kubernetes probe; ARCHITECTURE.md §7).
+#: :data:`HEALTH_TIMEOUT_S`; below the 1 s timeout of a Kubernetes probe; ARCHITECTURE.md §8).
 READY_WAIT_S = 0.5
 #: Bound of a health body, bytes.
 MAX_HEALTH_BYTES = 1024 * 1024
