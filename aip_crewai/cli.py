@@ -494,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(argv)
     except BrokenPipeError:
         return _quiet_broken_pipe()
+    except KeyboardInterrupt:  # Ctrl-C: no traceback; 128 + SIGINT, as a shell reports it
+        print(file=sys.stderr)
+        return Exit.INTERRUPTED
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -28,7 +28,7 @@ class Exit(IntEnum):
     RUNNING = 6  #: the action was accepted and has no result yet (follow it)
     UNREACHABLE = 7  #: the host could not be reached (connection refused, DNS, timeout)
     HANGUP = 129  #: ``host``/``sidecar``: stopped by SIGHUP (a closed terminal), as SIGTERM stops: 128 + SIGHUP
-    INTERRUPTED = 130  #: ``host``/``sidecar``: a second Ctrl-C (SIGINT) during the shutdown: 128 + SIGINT, no drain
+    INTERRUPTED = 130  #: Ctrl-C (SIGINT): a client command stopped (a stream: with its resume command); ``host``/``sidecar``: a second one during the shutdown, no drain; 128 + SIGINT
     BROKEN_PIPE = 141  #: stdout was closed by its reader (``| head``): 128 + SIGPIPE, as a shell reports it
 
 

@@ -66,7 +66,8 @@ def show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) -> 
     The last ``result`` decides; without one, the last ``aip_error`` frame,
     then the ``ack`` (docs/reference/cli.md "Exit codes"). A stream that ends without a
     ``result`` (the host shut down, or the connection dropped) says so on
-    stderr with the command that resumes it.
+    stderr with the command that resumes it, as does a stream the user stops
+    with Ctrl-C (exit 130, 128 + SIGINT, as a shell reports it).
     """
     import httpx2
 
@@ -76,6 +77,7 @@ def show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) -> 
     outcome: dict[str, Exit] = {}
     action_id, last_id, ended, item = None, None, False, None
     cut: httpx2.TransportError | None = None
+    interrupted = False
     try:
         for event, envelope in events:
             ended = ended or event == "result"
@@ -110,9 +112,13 @@ def show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) -> 
         if action_id is None:
             raise  # nothing arrived: "cannot reach" (exit 7), as for any other request
         cut = exc
+    except KeyboardInterrupt:  # Ctrl-C: the action goes on at the host; say where to pick the stream up
+        interrupted = True
     if not ended and action_id:
         why = (
-            f"the connection to the host was lost ({type(cut).__name__})"
+            "interrupted"
+            if interrupted
+            else f"the connection to the host was lost ({type(cut).__name__})"
             if cut is not None
             else "the stream ended before the result (the host may be shutting down)"
         )
@@ -121,6 +127,8 @@ def show_stream(events: Iterable[tuple[str, dict[str, Any]]], as_json: bool) -> 
             f"\naip-crewai: {why}; resume with: {render.command('actions', 'follow', action_id, *resume)}",
             file=sys.stderr,
         )
+    if interrupted:
+        return Exit.INTERRUPTED
     if cut is not None and not ended:
         return Exit.UNREACHABLE
     return outcome.get("result", outcome.get("aip_error", outcome.get("ack", Exit.FAILED)))

@@ -517,6 +517,34 @@ def test_a_stream_that_ends_without_its_result_says_how_to_resume(capsys):
     assert "ended before the result" not in capsys.readouterr().err
 
 
+def test_ctrl_c_during_a_stream_says_how_to_resume_and_exits_130(capsys):
+    """A person stops `actions follow` (or `call --stream`) with Ctrl-C mid-stream: no traceback; stderr names
+    the command that picks the stream up after the last frame printed, and the exit is 130 (128 + SIGINT)."""
+
+    def stopped():
+        yield "ack", {"correlation_id": "act_int", "_sse_id": "sse_0", "body": {"ack": {"status": "streaming"}}}
+        yield "chunk", {"correlation_id": "act_int", "_sse_id": "sse_4", "body": {"stream_chunk": {"kind": "data"}}}
+        raise KeyboardInterrupt
+
+    assert cli._show_stream(stopped(), False) == Exit.INTERRUPTED == 130
+    err = capsys.readouterr().err
+    assert "aip-crewai: interrupted; resume with: aip-crewai actions follow act_int --last-event-id sse_4" in err
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_in_any_client_command_exits_130_without_a_traceback(monkeypatch, capsys):
+    """Ctrl-C while a client command waits (a blocking `call`, a request in flight): exit 130, no traceback."""
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(parser, "parse_args", lambda argv: argparse.Namespace(func=interrupted))
+    assert cli.main(["manifest"]) == Exit.INTERRUPTED
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_a_streams_error_frame_reads_as_the_failure_it_is_not_a_refusal(capsys):
     # `actions follow` of a failed run printed "refused: ..." for the error frame; a failure says "error: ...".
     from aip_crewai import render
