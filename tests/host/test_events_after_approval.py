@@ -16,6 +16,7 @@ from kits.hostapp import SIDECAR_TOKEN, bearer, envelope, post_message, running,
 from kits.poll import until_async
 
 from aip_crewai.host.actions import dispatch_task
+from aip_crewai.host.http.state import host_state
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -113,8 +114,12 @@ async def test_an_events_page_of_a_run_waiting_for_its_approval_is_an_empty_page
     an empty page at the asked cursor with the run's state, as a ``status`` read answers the run's state, and logs
     no warning."""
     sidecar = FakeSidecar(SIDECAR_TOKEN)
-    async with running(make_app(sidecar_transport=sidecar.transport())) as http:
+    app = make_app(sidecar_transport=sidecar.transport())
+    async with running(app) as http:
         await submit_action(http, "act_run")
+        # The lifespan's first readiness check warns about this fake's bare health answer: on a slow machine it
+        # could end inside the window below, so the window opens after it.
+        await until_async(lambda: host_state(app).readiness.state.checked_at is not None, interval=0.005)
         body = aip.action("act_ev", "cap:crewai:beta:events", {"run_action_id": "act_run", "cursor": 2})
         with structlog.testing.capture_logs() as logs:
             answer = await post_message(http, "acme-invoker", envelope("msg_ev", body=body))
