@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 from kits.hostapp import open_action_service
 from kits.poll import until_async
+from structlog.testing import capture_logs
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.aip import Action
@@ -282,7 +283,9 @@ async def test_a_blocking_keyless_read_is_answered_inline_and_recorded_once_fini
     monkeypatch.setattr(service.store, "update_action", counted_update)
     before = len(sidecar.requests)
     record = await service.submit(INVOKER, status_action("s1"), None, stream=False, blocking=True)
-    assert writes == [("create", False, True)] and len(sidecar.requests) == before + 1
+    assert len(sidecar.requests) == before + 1 and await service.record("acme", "s1") == record  # before its write
+    await service.writer.drain_answered(5.0)
+    assert writes == [("create", False, True)]
     assert record.status == "completed" and record.dispatch == "acknowledged"
     assert service.live.get("acme", "s1") is None
     assert record == await service.store.get_action("acme", "s1")
@@ -296,6 +299,7 @@ async def test_a_blocking_keyless_read_is_answered_inline_and_recorded_once_fini
         stream=False,
         blocking=True,
     )
+    await service.writer.drain_answered(5.0)
     assert page.status == "completed" and writes[-1] == ("create", False, True)
     for read, blocking in ((status_action("s2", key="k-read"), True), (status_action("s3"), False)):
         running = await service.submit(INVOKER, read, None, stream=False, blocking=blocking)
@@ -317,6 +321,36 @@ async def test_an_inline_read_repeats_by_action_id_and_refuses_a_foreign_or_miss
         with pytest.raises(ActionNotFound):
             await service.submit(caller, status_action("s9", run_action_id), None, stream=False, blocking=True)
         assert await service.store.get_action(caller.tenant, "s9") is None
+
+
+async def test_an_inline_read_another_host_recorded_first_keeps_the_first_record(env):
+    """Two hosts answering one action id at once (each checked the store before the other wrote): the first
+    write stands, the second changes nothing and says so (ARCHITECTURE.md §9, a key-less read answered inline)."""
+    service, _, _ = env
+    await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    writer = service.writer
+    first = await service.submit(INVOKER, status_action("s1"), None, stream=False, blocking=True)
+    await writer.drain_answered(5.0)
+    later = writer.answered(
+        "acme",
+        "s1",
+        first.capability_id,
+        "support",
+        "status",
+        first.input_json,
+        first.input_hash,
+        INVOKER.id,
+        (await service.result(first)),
+        "acknowledged",
+        now=first.created_at + 5,
+        target=("a1", ("run",)),
+    )
+    with capture_logs() as logs:
+        writer.record_later(later)
+        assert writer.pending_answer("acme", "s1") == later.record
+        await writer.drain_answered(5.0)
+    assert [e["event"] for e in logs if e["event"].startswith("answered_read")] == ["answered_read_raced"]
+    assert await service.store.get_action("acme", "s1") == first and writer.pending_answer("acme", "s1") is None
 
 
 async def test_an_inline_status_of_an_unadmitted_run_is_the_hosts_view(env):

@@ -174,17 +174,19 @@ async def test_an_inline_status_read_carries_the_runs_usage_and_stores_no_usage_
     store, writer, _, _ = env
     view = {"action_id": "act_1", "status": "completed", "output": {"raw": "ok", "token_usage": USAGE}}
     result = ActionResult(action_id="st_1", status="completed", output=msgspec.Raw(json.dumps(view).encode()))
-    created, record = await writer.create_answered(
-        "acme",
-        "st_1",
-        "cap:crewai:triage:status",
-        "triage",
-        "status",
-        "{}",
-        "cd" * 32,
-        "svc:acme",
-        result,
-        "acknowledged",
+    created, record = await writer.write_answered(
+        writer.answered(
+            "acme",
+            "st_1",
+            "cap:crewai:triage:status",
+            "triage",
+            "status",
+            "{}",
+            "cd" * 32,
+            "svc:acme",
+            result,
+            "acknowledged",
+        )
     )
     assert created
     stored = json.loads(record.result_json)

@@ -27,17 +27,19 @@ async def finish_run(app, action_id="act_1", tenant="acme", crew="beta"):
     """Store a completed run of ``crew`` for ``tenant`` (as the dispatch would), returning its stored result."""
     writer = host_state(app).actions.writer
     result = ActionResult(action_id=action_id, status="completed", output={"raw": "ok", "token_usage": USAGE})
-    _, record = await writer.create_answered(
-        tenant,
-        action_id,
-        f"cap:crewai:{crew}",
-        crew,
-        "run",
-        "{}",
-        "ab" * 32,
-        f"{tenant}-invoker",
-        result,
-        "acknowledged",
+    _, record = await writer.write_answered(
+        writer.answered(
+            tenant,
+            action_id,
+            f"cap:crewai:{crew}",
+            crew,
+            "run",
+            "{}",
+            "ab" * 32,
+            f"{tenant}-invoker",
+            result,
+            "acknowledged",
+        )
     )
     return json.loads(record.result_json)
 

@@ -1,8 +1,10 @@
 """The host's own work on a key-less blocking ``:status`` read of a run (ARCHITECTURE.md §9, a key-less read
-answered inline), over HTTP in-process with the final-view cache off: one write recording the read with its
-target check, one sidecar request, the bearer checked once; what is answered and recorded, and every refusal.
+answered inline), over HTTP in-process with the final-view cache off: one read (the target check) beside one
+sidecar request, the answer, then one write recording the read; the bearer checked once; what is answered and
+recorded, and every refusal.
 """
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -19,8 +21,10 @@ from kits.hostapp import (
     sign,
 )
 from kits.hostapp import post_message as post
+from structlog.testing import capture_logs
 
 from aip_crewai.host.http.state import host_setup, host_state
+from aip_crewai.host.store.records import StoreUnavailable
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,12 +59,69 @@ async def test_a_status_read_is_one_write_and_one_sidecar_request(app_http, fake
     result = response.json()["body"]["action_result"]
     assert result["action_id"] == "act_s1" and result["status"] == "completed"
     assert result["output"]["action_id"] == "act_run" and result["output"]["status"] == "completed"
-    assert calls == ["_write_now"], calls  # a one-sidecar host reads no placement before the hop
+    # answered after one read beside the hop (a one-sidecar host reads no placement before it); written after
+    assert calls[0] == "find_read_now" and calls.count("find_read_now") == 1 and "_write_now" not in calls[:1]
     assert view_reads(fake) == before + 1
+    shown = await http.get("/aip/v1/actions/act_s1", headers=bearer("acme-invoker"))  # this host's, written or not
+    assert shown.status_code == 200 and shown.json()["result"] == result
+    await host_state(app).actions.writer.drain_answered(5.0)
+    assert calls == ["find_read_now", "_write_now"], calls
     monkeypatch.undo()
     shown = await http.get("/aip/v1/actions/act_s1", headers=bearer("acme-invoker"))  # the read is recorded
     assert shown.status_code == 200 and shown.json()["state"] == "completed"
     assert shown.json()["result"] == result
+
+
+async def test_a_status_read_is_answered_before_its_record_is_written(app_http, fake, monkeypatch):
+    """The write comes after the answer: a write held up does not hold up the answer, and until it lands this
+    host serves the record as answered (its view, a repeat of its action id) without asking the sidecar again."""
+    app, http = app_http
+    await completed_run(http)
+    store, writer = host_state(app).store, host_state(app).actions.writer
+    create, release = store.create_action, asyncio.Event()
+
+    async def held_create(*args, **kwargs):
+        await release.wait()
+        return await create(*args, **kwargs)
+
+    monkeypatch.setattr(store, "create_action", held_create)
+    response = await asyncio.wait_for(post(http, "acme-invoker", status_env(11)), 10)
+    assert response.status_code == 200, response.text
+    result = response.json()["body"]["action_result"]
+    assert await store.get_action("acme", "act_s11") is None  # not written yet
+    shown = await http.get("/aip/v1/actions/act_s11", headers=bearer("acme-invoker"))
+    assert shown.status_code == 200 and shown.json()["state"] == "completed" and shown.json()["result"] == result
+    reads = view_reads(fake)
+    again = await post(http, "acme-invoker", status_env(11))  # a repeat replays the answer
+    assert again.status_code == 200 and again.json()["body"]["action_result"] == result
+    assert view_reads(fake) == reads
+    answered = writer.pending_answer("acme", "act_s11")
+    release.set()
+    await writer.drain_answered(5.0)
+    assert await store.get_action("acme", "act_s11") == answered is not None
+    assert writer.pending_answer("acme", "act_s11") is None
+    shown_after = await http.get("/aip/v1/actions/act_s11", headers=bearer("acme-invoker"))
+    assert shown_after.json() == shown.json()  # the record as answered is the record as stored
+
+
+async def test_a_record_write_that_fails_after_the_answer_is_logged_and_not_pending(app_http, monkeypatch):
+    app, http = app_http
+    await completed_run(http)
+    store, writer = host_state(app).store, host_state(app).actions.writer
+
+    async def failing_create(*args, **kwargs):
+        raise StoreUnavailable()
+
+    monkeypatch.setattr(store, "create_action", failing_create)
+    with capture_logs() as logs:
+        response = await post(http, "acme-invoker", status_env(12))
+        await writer.drain_answered(5.0)
+    assert response.status_code == 200, response.text
+    unrecorded = [e for e in logs if e["event"] == "answered_read_unrecorded"]
+    assert [e["reason"] for e in unrecorded] == ["store_unavailable"] and unrecorded[0]["log_level"] == "warning"
+    assert writer.pending_answer("acme", "act_s12") is None
+    monkeypatch.undo()
+    assert await store.get_action("acme", "act_s12") is None
 
 
 @pytest.mark.parametrize(
@@ -77,8 +138,9 @@ async def test_a_missing_or_foreign_target_answers_not_found_and_records_nothing
     response = await post(http, principal, env)
     assert response.status_code == 404, response.text
     assert response.json()["body"]["error"]["error"]["code"] == "action.not_found"
-    # the refused write, its target check inside it (a sidecar's 404 first reads what the host knows of the run)
-    assert calls[-1] == "_write_now" and calls.count("_write_now") == 1
+    # the refused read's check (a sidecar's 404 may first read what the host knows of the run); no write
+    await host_state(app).actions.writer.drain_answered(5.0)
+    assert "find_read_now" in calls and "_write_now" not in calls, calls
     monkeypatch.undo()
     action_id = env["body"]["action"]["id"]
     assert await host_state(app).store.get_action("acme", action_id) is None

@@ -46,8 +46,10 @@ async def _with_deliveries(app: Any) -> None:
     for tenant, action_id, status in [*finished, ("globex", "g-1", "completed")]:
         crew = "beta" if tenant == "acme" else "gamma"
         result = ActionResult(action_id=action_id, status=status)  # type: ignore[arg-type]
-        await writer.create_answered(
-            tenant, action_id, f"cap:crewai:{crew}", crew, "run", "{}", "ab" * 32, "inv", result, "acknowledged"
+        await writer.write_answered(
+            writer.answered(
+                tenant, action_id, f"cap:crewai:{crew}", crew, "run", "{}", "ab" * 32, "inv", result, "acknowledged"
+            )
         )
 
 
@@ -158,8 +160,10 @@ async def test_the_lifespan_starts_the_sender_when_webhooks_are_configured(make_
         async with running(app):
             writer = host_state(app).actions.writer
             result = ActionResult(action_id="a-1", status="completed")
-            await writer.create_answered(
-                "acme", "a-1", "cap:crewai:beta", "beta", "run", "{}", "ab" * 32, "inv", result, "acknowledged"
+            await writer.write_answered(
+                writer.answered(
+                    "acme", "a-1", "cap:crewai:beta", "beta", "run", "{}", "ab" * 32, "inv", result, "acknowledged"
+                )
             )
             await until_async(lambda: len(receiver.received) == 1, what="the delivery from the app's sender")
             headers, body = receiver.received[0]
@@ -173,8 +177,10 @@ async def test_the_lifespan_starts_the_sender_when_webhooks_are_configured(make_
             assert host_state(plain).store.outbox_events is None
             writer = host_state(plain).actions.writer
             result = ActionResult(action_id="a-2", status="completed")
-            await writer.create_answered(
-                "acme", "a-2", "cap:crewai:beta", "beta", "run", "{}", "ab" * 32, "inv", result, "acknowledged"
+            await writer.write_answered(
+                writer.answered(
+                    "acme", "a-2", "cap:crewai:beta", "beta", "run", "{}", "ab" * 32, "inv", result, "acknowledged"
+                )
             )
             assert await host_state(plain).store.list_deliveries("acme", action_id="a-2") == []
     finally:

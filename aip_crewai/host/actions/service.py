@@ -97,8 +97,8 @@ def inline_read(spec: OperationSpec, key: str | None) -> bool:
 def durable_action(spec: OperationSpec, key: str | None) -> bool:
     """Whether the store fsyncs an action's own writes: always, except for a read-only operation without an
     idempotency key (a ``status`` read), whose record a power loss may drop at no cost: no side effect, no
-    fence rests on it, and the read is safe to repeat. Crashes of the host process lose nothing either way
-    (see :mod:`aip_crewai.host.store.store`)."""
+    fence rests on it, and the read is safe to repeat; a blocking one is written after its answer, so a host
+    crash in between drops it too (ARCHITECTURE.md §9). Crashes lose no other write (:mod:`..store.store`)."""
     return not (spec.read_only and key is None)
 
 
@@ -250,75 +250,74 @@ class ActionService:
     async def _read_inline(
         self, caller: Principal, action: Action, crew_id: str, spec: OperationSpec, hashed: str
     ) -> ActionRecord:
-        """Answer a key-less read (``status``, or an ``events`` page) in the request: ask the
-        sidecar, then record the action once, finished, in ONE write (admit and its result
-        together, not durable), instead of a running row, a dispatch task and a second write
-        (the cheapest record of a read that changes nothing). The target check (the caller's own run of this crew) is
-        part of that write: a missing target answers ActionNotFound and records nothing, and
-        the sidecar's answer is discarded. A read repeated under a stored action id replays
-        the stored record (the fresh answer is dropped).
+        """Answer a key-less read (``status``, or an ``events`` page) in the request, recorded after its answer.
 
-        A ``status`` of a run whose view this host already read final (:func:`.view_cache.is_final_view`)
-        is answered from :attr:`status_views` without the sidecar hop: the same result bytes
-        (the view as the dispatch presents it, dispatch ``acknowledged``: the sidecar did
-        answer that view), with the same target check and the same one write. A view enters
-        the cache only from the sidecar's own successful answer, after its target check
-        passed (never the host's view of an unsent run, never an error).
+        Side by side: the store's one read (:meth:`Store.find_read`: the target check, the caller's own run
+        of this crew, ActionNotFound if not, the sidecar's answer then discarded; and whether the action id
+        is stored) and the sidecar's answer. A stored or still unwritten (:meth:`ActionWriter.pending_answer`)
+        action id replays that record (the fresh answer dropped). Else the read is answered with the record
+        that ONE write then stores, finished (admit and its result together, not durable), in a task of
+        its own (:meth:`ActionWriter.record_later`). A ``status`` of a run whose view this host already read
+        final (:func:`.view_cache.is_final_view`) is answered from :attr:`status_views` (dispatch
+        ``acknowledged``: the sidecar did answer that view) without the sidecar hop; a view enters the cache
+        only from the sidecar's own successful answer, after its target check passed.
         Source: ARCHITECTURE.md §9 (a key-less read answered inline; the final-view cache).
         """
-        run_action_id = str(action.input["run_action_id"])
-        job = Job(
-            tenant=caller.tenant,
-            action_id=action.id,
-            crew_id=crew_id,
-            spec=spec,
-            input=dict(action.input),
-            idempotency_key=action.id,
-            timeout_ms=action.timeout_ms,
-            durable=False,
-        )
+        tenant, run_action_id = caller.tenant, str(action.input["run_action_id"])
+        job = Job(tenant, action.id, crew_id, spec, dict(action.input), action.id, action.timeout_ms, durable=False)
         structlog.contextvars.bind_contextvars(action_id=action.id, crew_id=crew_id)
-        cache_key = (caller.tenant, crew_id, run_action_id)
+        if (pending := self.writer.pending_answer(tenant, action.id)) is not None:
+            return await self._existing(pending, action.id, hashed, None)
+        target = (run_action_id, ops.STARTABLE_OPERATIONS)
+        found = asyncio.ensure_future(self.store.find_read(tenant, action.id, crew_id, caller.id, target))
+        found.add_done_callback(lambda task: task.cancelled() or task.exception())  # retrieved in any case
+        cache_key = (tenant, crew_id, run_action_id)
         cached = self.status_views.get(cache_key) if spec.name == "status" and self.status_views.enabled else None
         fresh_view: bytes | None = None
-        if cached is not None:
-            self._count_status_cache("hit")
-            result = ActionResult(action_id=action.id, status="completed", output=msgspec.Raw(cached))
-            job.dispatch.state = DispatchState.ACKNOWLEDGED
-        else:
-            if spec.name == "status" and self.status_views.enabled:
-                self._count_status_cache("miss")
-            try:
-                result = await self.dispatcher.run(job, dispatch_task.no_chunks)
-                if spec.name == "status" and result.error is None and is_final_view(result.output):
-                    fresh_view = _view_encoder.encode(result.output)
-                result = await dispatch_task.answer_before_admission(self, job, result)
-            except Exception:  # a host bug answers a typed failure, recorded like any other result
-                log.exception("dispatch_crashed")
-                result = failed_result(action.id, AipError("the host failed while dispatching the action"))
         try:
-            created, record = await self.writer.create_answered(
-                caller.tenant,
-                action.id,
-                action.capability_id,
-                crew_id,
-                spec.name,
-                canonical_json(action.input).decode(),
-                hashed,
-                caller.id,
-                result,
-                job.dispatch.state,
-                timeout_ms=action.timeout_ms,
-                target=(run_action_id, ops.STARTABLE_OPERATIONS),
-            )
+            if cached is not None:
+                self._count_status_cache("hit")
+                result = ActionResult(action_id=action.id, status="completed", output=msgspec.Raw(cached))
+                job.dispatch.state = DispatchState.ACKNOWLEDGED
+            else:
+                if spec.name == "status" and self.status_views.enabled:
+                    self._count_status_cache("miss")
+                try:
+                    result = await self.dispatcher.run(job, dispatch_task.no_chunks)
+                    if spec.name == "status" and result.error is None and is_final_view(result.output):
+                        fresh_view = _view_encoder.encode(result.output)
+                    result = await dispatch_task.answer_before_admission(self, job, result)
+                except Exception:  # a host bug answers a typed failure, recorded like any other result
+                    log.exception("dispatch_crashed")
+                    result = failed_result(action.id, AipError("the host failed while dispatching the action"))
+            stored = await found
         except MissingTarget:
             raise ActionNotFound(run_action_id=run_action_id) from None
+        finally:
+            found.cancel()  # a request gone before the read ended (done: no effect)
+        if (stored := stored or self.writer.pending_answer(tenant, action.id)) is not None:
+            return await self._existing(stored, action.id, hashed, None)
+        input_json = canonical_json(action.input).decode()
+        answered = self.writer.answered(
+            tenant,
+            action.id,
+            action.capability_id,
+            crew_id,
+            spec.name,
+            input_json,
+            hashed,
+            caller.id,
+            result,
+            job.dispatch.state,
+            now=self.now_ms(),
+            timeout_ms=action.timeout_ms,
+            target=target,
+        )
+        self.writer.record_later(answered)
         if fresh_view is not None:  # the target check passed: the caller's own run
             self.status_views.put(cache_key, fresh_view)
-        if not created:
-            return await self._existing(record, action.id, hashed, None)
         self._fence("idempotency", "admitted")
-        return record
+        return answered.record
 
     def _count_status_cache(self, result: str) -> None:
         if self.metrics is not None:
@@ -345,7 +344,8 @@ class ActionService:
 
     async def record(self, tenant: str, action_id: str) -> ActionRecord:
         """The stored action as it is (no refresh). Raises ActionNotFound."""
-        record = await self.store.get_action(tenant, action_id)
+        # a read answered inline is this host's before its write: asked first, its write may end meanwhile
+        record = self.writer.pending_answer(tenant, action_id) or await self.store.get_action(tenant, action_id)
         if record is None:
             raise ActionNotFound(action_id)
         return record

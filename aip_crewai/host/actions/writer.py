@@ -21,7 +21,10 @@ Source: docs/ARCHITECTURE.md "Action states", "Storage".
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
@@ -31,8 +34,16 @@ from ...contracts.aip import ActionResult, StreamChunk
 from ...contracts.errors import ApprovalExpired, CapabilityRevoked
 from ...tracing import current_traceparent
 from ..auth.principals import Principal
-from ..ledger.sealer import Sealer
-from ..store.store import ActionRecord, ApprovalRecord, Store, StoreError
+from ..ledger.sealer import ResultSeal, Sealer
+from ..store.store import (
+    ActionRecord,
+    ApprovalRecord,
+    MissingTarget,
+    SealedRows,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
 from .dispatch import Dispatcher, Job
 from .lifecycle import (
     CORRECTION_EVENTS,
@@ -57,6 +68,19 @@ def _rows(chunks: Sequence[StreamChunk]) -> list[tuple[int, str]]:
     return [(c.sequence, _encode.encode(c).decode()) for c in chunks]
 
 
+@dataclass(frozen=True)
+class Answered:
+    """A key-less read answered inline, before its write (:meth:`ActionWriter.answered`): its ``record``
+    as it will be stored, the ``result`` it holds, the ``seal`` and the ``rows`` it computed (written with the
+    record), and the ``target`` check of the write ``(run_action_id, operations)``."""
+
+    record: ActionRecord
+    result: ActionResult
+    seal: ResultSeal
+    rows: SealedRows | None
+    target: tuple[str, Sequence[str]] | None
+
+
 def _sources(event: ActionEvent, only_from: ActionState | None = None) -> list[str]:
     sources = [s.value for s in TRANSITIONS[event].sources if only_from in (None, s)]
     if not sources:
@@ -79,6 +103,9 @@ class ActionWriter:
         self.store = store
         self.metrics = metrics
         self.sealer = sealer if sealer is not None else Sealer(metrics=metrics)
+        #: reads answered and not yet written, by (tenant, action id), and their writes (:meth:`record_later`)
+        self._answered: dict[tuple[str, str], ActionRecord] = {}
+        self._answering: set[asyncio.Future[None]] = set()
 
     async def create(
         self,
@@ -137,7 +164,7 @@ class ActionWriter:
             now=now,
         )
 
-    async def create_answered(
+    def answered(
         self,
         tenant: str,
         action_id: str,
@@ -150,40 +177,92 @@ class ActionWriter:
         result: ActionResult,
         dispatch: str,
         *,
+        now: int | None = None,
         timeout_ms: int | None = None,
         target: tuple[str, Sequence[str]] | None = None,
-    ) -> tuple[bool, ActionRecord]:
-        """``admit`` and the result's own event (``complete`` or ``fail``) in ONE write: a key-less
-        read the host answered inline is recorded once, already finished (not durable: see
-        ``actions.durable_action``). Same returns and raises as :meth:`Store.create_action`."""
+    ) -> Answered:
+        """A key-less read answered inline, as :meth:`write_answered` will store it: the record that
+        ``admit`` and the result's own event (``complete`` or ``fail``) leave in ONE write, created and
+        finished at ``now`` (ms; default: the store's clock now), with its seal already applied (``usage``, a receipt). Pure but for the
+        seal's receipt signature. Raises ValueError for a result the lifecycle cannot store so."""
         event = RESULT_EVENTS[result.status]
         admitted = TRANSITIONS[ActionEvent.ADMIT].target
         if admitted not in TRANSITIONS[event].sources or TRANSITIONS[event].target.value != result.status:
             raise ValueError(f"{event.value} cannot follow admit with a {result.status} result")
         result, seal = self.sealer.seal_answered(result, operation=operation, crew_id=crew_id)
-        created, record = await self.store.create_action(
-            tenant,
-            action_id,
-            capability_id,
-            crew_id,
-            operation,
-            input_json,
-            input_hash,
-            principal_id,
+        request = (tenant, action_id, capability_id, crew_id, operation, input_json, input_hash, principal_id)
+        now = self.store.now_ms() if now is None else now
+        status, result_json = ActionState(result.status), _encode.encode(result).decode()
+        record = ActionRecord(
+            *request, None, status, DispatchState(dispatch), result_json, None, None, timeout_ms, 0, now, now
+        )
+        rows = seal(record, None)  # what the store writes with the row (:func:`..store.ledger.seal_now`)
+        if rows is not None:
+            record = dataclasses.replace(record, result_json=rows.result_json)
+        return Answered(record, result, seal, rows, target)
+
+    async def write_answered(self, answered: Answered) -> tuple[bool, ActionRecord]:
+        """Store an :meth:`answered` read (not durable: see ``actions.durable_action``), with what its seal
+        computed. Same returns and raises as :meth:`Store.create_action`."""
+        record, result = answered.record, answered.result
+        created, stored = await self.store.create_action(
+            record.tenant,
+            record.action_id,
+            record.capability_id,
+            record.crew_id,
+            record.operation,
+            record.input_json,
+            record.input_hash,
+            record.principal_id,
             None,
-            admitted.value,
-            timeout_ms=timeout_ms,
-            dispatch=dispatch,
-            target=target,
+            ActionState.RUNNING.value,
+            timeout_ms=record.timeout_ms,
+            dispatch=record.dispatch.value,
+            target=answered.target,
             durable=False,
-            result=(result.status, _encode.encode(result).decode()),
-            seal=seal,
+            result=(result.status, record.result_json or ""),
+            seal=lambda _record, _proof: answered.rows,
+            now=record.created_at,
         )
         log.info("action_finished", status=result.status, changed=created)
         if created:
-            self._count(operation, result)
-            self.sealer.count(seal)
-        return created, record
+            self._count(record.operation, result)
+            self.sealer.count(answered.seal)
+        return created, stored
+
+    def record_later(self, answered: Answered) -> None:
+        """Write an :meth:`answered` read after its answer, in a task of its own: until that write ends,
+        :meth:`pending_answer` holds the record (this host's reads of it, and a repeat of its action id,
+        find it). A write that fails is logged (``answered_read_unrecorded``): the read changed nothing.
+        :meth:`drain_answered` waits for these writes. Source: ARCHITECTURE.md §9 (a key-less read answered inline)."""
+        key = (answered.record.tenant, answered.record.action_id)
+        self._answered[key] = answered.record
+        task = asyncio.ensure_future(self._write_later(key, answered))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _write_later(self, key: tuple[str, str], answered: Answered) -> None:
+        try:
+            created, _ = await self.write_answered(answered)
+            if not created:  # another host stored a read under this action id first: it stands
+                log.info("answered_read_raced")
+        except MissingTarget:  # its run was purged between the read's check and this write
+            log.warning("answered_read_unrecorded", reason="target_gone")
+        except StoreUnavailable:
+            log.warning("answered_read_unrecorded", reason="store_unavailable")
+        except Exception:
+            log.exception("answered_read_unrecorded", reason="error")
+        finally:
+            self._answered.pop(key, None)
+
+    def pending_answer(self, tenant: str, action_id: str) -> ActionRecord | None:
+        """The record of a read this host answered and is still writing (:meth:`record_later`), else None."""
+        return self._answered.get((tenant, action_id))
+
+    async def drain_answered(self, timeout_s: float) -> None:
+        """Wait, at most ``timeout_s`` seconds, for the writes :meth:`record_later` started (at shutdown)."""
+        if self._answering:
+            await asyncio.wait(set(self._answering), timeout=timeout_s)
 
     def _count(self, operation: str, result: ActionResult) -> None:
         """Count a stored result by operation and status (and a connector error by code)."""

@@ -269,7 +269,8 @@ async def serve_actions(
     """The :class:`ActionService` over the store and sidecar clients the lifespan opened, with its
     background work: the approval-expiry sweep, reconciliation after a restart, lease renewal, and the
     listener of a shared store's changes. On exit, in-flight dispatches may finish for up to
-    :data:`DRAIN_S` seconds, then are cancelled."""
+    :data:`DRAIN_S` seconds, then are cancelled; the records of reads already answered are then written
+    (at most :data:`DRAIN_S` seconds more)."""
     settings = setup.settings
 
     def keepalive_of(name: str, configured: float) -> Callable[[], float]:
@@ -341,3 +342,4 @@ async def serve_actions(
             log.info("draining_dispatches", count=len(live))
             await asyncio.wait(live, timeout=DRAIN_S)
         await cancel_all([*tasks, *live])
+        await service.writer.drain_answered(DRAIN_S)  # the records of reads already answered

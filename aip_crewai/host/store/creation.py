@@ -23,7 +23,7 @@ from .ledger import seal_now
 from .records import DISPATCH_RANK, ActionRecord, MissingTarget, Seal, StoreError
 from .sql import ACTION_COLUMNS, GET_ACTION, IDEMPOTENCY_COLUMNS
 
-__all__ = ["start_state", "create_now"]
+__all__ = ["start_state", "create_now", "check_target_now", "find_read_now"]
 
 _S = ActionState
 #: The row's values in ACTION_COLUMNS order; the lease's expiry is given as its length (ms, or NULL) and
@@ -108,14 +108,7 @@ def create_now(
             if other is not None:
                 return False, other
         if target is not None:
-            run_action_id, operations = target
-            found = db.fetch(
-                "SELECT 1 FROM actions WHERE tenant = ? AND action_id = ? AND crew_id = ? AND principal_id = ? "
-                f"AND operation IN ({', '.join('?' * len(operations))})",
-                (tenant, run_action_id, crew_id, principal_id, *operations),
-            )
-            if not found:
-                raise MissingTarget(run_action_id)
+            check_target_now(db, tenant, crew_id, principal_id, target)
         rows = db.fetch(_INSERT, row)
         if rows:
             if reservation is not None:
@@ -131,3 +124,27 @@ def create_now(
         return False, ActionRecord(*rows[0])
 
     return db.transaction(create) if reservation is not None or seal is not None or then is not None else create()
+
+
+def check_target_now(db: Db, tenant: str, crew_id: str, principal_id: str, target: tuple[str, Sequence[str]]) -> None:
+    """Raise MissingTarget unless ``tenant`` has the action ``target[0]`` of ``crew_id``, submitted by
+    ``principal_id`` (an invoker reads its own runs), of one of the operations ``target[1]`` (on the worker)."""
+    run_action_id, operations = target
+    found = db.fetch(
+        "SELECT 1 FROM actions WHERE tenant = ? AND action_id = ? AND crew_id = ? AND principal_id = ? "
+        f"AND operation IN ({', '.join('?' * len(operations))})",
+        (tenant, run_action_id, crew_id, principal_id, *operations),
+    )
+    if not found:
+        raise MissingTarget(run_action_id)
+
+
+def find_read_now(
+    db: Db, tenant: str, action_id: str, crew_id: str, principal_id: str, target: tuple[str, Sequence[str]]
+) -> ActionRecord | None:
+    """What a key-less read answered inline checks before its answer (on the worker, one read, nothing
+    written): its target (:func:`check_target_now`, in the same order as :func:`create_now` checks it),
+    then whether its action id is stored (a repeat: that record is returned), else None."""
+    check_target_now(db, tenant, crew_id, principal_id, target)
+    rows = db.fetch(GET_ACTION, (tenant, action_id))
+    return ActionRecord(*rows[0]) if rows else None

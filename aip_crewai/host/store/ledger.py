@@ -157,10 +157,11 @@ def seal_now(db: Db, record: ActionRecord, seal: Seal) -> ActionRecord:
     sealed = seal(record, proof)
     if sealed is None:
         return record
-    db.change(
-        "UPDATE actions SET result_json = ? WHERE tenant = ? AND action_id = ?",
-        (sealed.result_json, record.tenant, record.action_id),
-    )
+    if sealed.result_json != record.result_json:  # a read answered inline was inserted sealed already
+        db.change(
+            "UPDATE actions SET result_json = ? WHERE tenant = ? AND action_id = ?",
+            (sealed.result_json, record.tenant, record.action_id),
+        )
     if sealed.usage is not None:
         db.change(_UPSERT_USAGE, sealed.usage)
     if sealed.receipt is not None:

@@ -70,7 +70,7 @@ from ...plumbing.wakeup import ChangeSignal
 from ..actions.lifecycle import ActionState, is_terminal
 from . import notify
 from .approvals import ApprovalMethods
-from .creation import create_now, start_state
+from .creation import create_now, find_read_now, start_state
 from .engines.engine import Db
 from .engines.postgres import CallGuard, PostgresDb, StoreTimeouts, is_postgres_url, open_postgres_pool
 from .engines.sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
@@ -141,18 +141,13 @@ DEFAULT_LEASE_MS = 30_000
 DEFAULT_POOL_SIZE = 4
 #: How long one answer of :meth:`Store.writable` (``/ready``'s store check) is reused, seconds.
 PROBE_FRESH_S = 0.5
-# --- the store -----------------------------------------------------------------
-
-
 _T = TypeVar("_T")
 
 
 class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
-    """Named async methods over the host database. Open with :meth:`open`.
-
-    The approval methods (and the approval event log) are in :mod:`.approvals`, the dispatch leases in
-    :mod:`.leases`, the chunk log, usage and receipts in :mod:`.ledger`.
-    """
+    """Named async methods over the host database. Open with :meth:`open`. The approval methods (and the
+    approval event log) are in :mod:`.approvals`, the dispatch leases in :mod:`.leases`, the chunk log, usage
+    and receipts in :mod:`.ledger`."""
 
     def __init__(
         self,
@@ -445,6 +440,14 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         if created:
             self._hold(record)
         return created, record
+
+    async def find_read(
+        self, tenant: str, action_id: str, crew_id: str, principal_id: str, target: tuple[str, Sequence[str]]
+    ) -> ActionRecord | None:
+        """Before a key-less read is answered inline: MissingTarget unless ``target`` is the principal's own
+        run of the crew (as :meth:`create_action` checks it); the stored action ``action_id`` (a repeat), else
+        None. One read (:func:`.creation.find_read_now`)."""
+        return await self._run(find_read_now, self._db, tenant, action_id, crew_id, principal_id, target)
 
     async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
         rows = await self._fetch(GET_ACTION, (tenant, action_id))
