@@ -346,7 +346,7 @@ async def test_an_inline_read_another_host_recorded_first_keeps_the_first_record
         target=("a1", ("run",)),
     )
     with capture_logs() as logs:
-        writer.record_later(later)
+        await writer.record_answered(later)
         assert writer.pending_answer("acme", "s1") == later.record
         await writer.drain_answered(5.0)
     assert [e["event"] for e in logs if e["event"].startswith("answered_read")] == ["answered_read_raced"]

@@ -21,6 +21,7 @@ from kits.hostapp import (
     sign,
 )
 from kits.hostapp import post_message as post
+from kits.poll import until_async
 from structlog.testing import capture_logs
 
 from aip_crewai.host.http.state import host_setup, host_state
@@ -102,6 +103,33 @@ async def test_a_status_read_is_answered_before_its_record_is_written(app_http, 
     assert writer.pending_answer("acme", "act_s11") is None
     shown_after = await http.get("/aip/v1/actions/act_s11", headers=bearer("acme-invoker"))
     assert shown_after.json() == shown.json()  # the record as answered is the record as stored
+
+
+async def test_reads_answered_before_their_write_are_bounded(app_http, monkeypatch):
+    """At the bound, reads are still answered before their write; one more waits for its own write."""
+    app, http = app_http
+    await completed_run(http)
+    store, writer = host_state(app).store, host_state(app).actions.writer
+    assert writer.max_unwritten == 256  # writer.MAX_UNWRITTEN_ANSWERS, docs/ARCHITECTURE.md §9
+    writer.max_unwritten = 2
+    create, release, entered = store.create_action, asyncio.Event(), []
+
+    async def held_create(*args, **kwargs):
+        entered.append(args[1])
+        await release.wait()
+        return await create(*args, **kwargs)
+
+    monkeypatch.setattr(store, "create_action", held_create)
+    for n in (21, 22):  # up to the bound: answered while their writes are held
+        assert (await asyncio.wait_for(post(http, "acme-invoker", status_env(n)), 10)).status_code == 200
+    third = asyncio.ensure_future(post(http, "acme-invoker", status_env(23)))
+    await until_async(lambda: "act_s23" in entered, timeout=10)
+    # the bound + 1: its write runs in the request itself (not a third background write), its answer after it
+    assert len(writer._answering) == 2 and not third.done()
+    release.set()
+    assert (await asyncio.wait_for(third, 10)).status_code == 200
+    await writer.drain_answered(5.0)
+    assert all([await store.get_action("acme", f"act_s{n}") for n in (21, 22, 23)])
 
 
 async def test_a_record_write_that_fails_after_the_answer_is_logged_and_not_pending(app_http, monkeypatch):

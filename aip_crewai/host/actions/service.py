@@ -257,7 +257,7 @@ class ActionService:
         is stored) and the sidecar's answer. A stored or still unwritten (:meth:`ActionWriter.pending_answer`)
         action id replays that record (the fresh answer dropped). Else the read is answered with the record
         that ONE write then stores, finished (admit and its result together, not durable), in a task of
-        its own (:meth:`ActionWriter.record_later`). A ``status`` of a run whose view this host already read
+        its own (:meth:`ActionWriter.record_answered`). A ``status`` of a run whose view this host already read
         final (:func:`.view_cache.is_final_view`) is answered from :attr:`status_views` (dispatch
         ``acknowledged``: the sidecar did answer that view) without the sidecar hop; a view enters the cache
         only from the sidecar's own successful answer, after its target check passed.
@@ -313,7 +313,7 @@ class ActionService:
             timeout_ms=action.timeout_ms,
             target=target,
         )
-        self.writer.record_later(answered)
+        await self.writer.record_answered(answered)
         if fresh_view is not None:  # the target check passed: the caller's own run
             self.status_views.put(cache_key, fresh_view)
         self._fence("idempotency", "admitted")

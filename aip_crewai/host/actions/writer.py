@@ -61,6 +61,9 @@ from .normalize import failed_result
 log = structlog.get_logger(__name__)
 
 _encode = msgspec.json.Encoder()
+#: Reads answered before their record is written, at most, per host process; one more waits for its own
+#: write before its answer (:meth:`ActionWriter.record_answered`; docs/ARCHITECTURE.md §9).
+MAX_UNWRITTEN_ANSWERS = 256
 
 
 def _rows(chunks: Sequence[StreamChunk]) -> list[tuple[int, str]]:
@@ -103,9 +106,11 @@ class ActionWriter:
         self.store = store
         self.metrics = metrics
         self.sealer = sealer if sealer is not None else Sealer(metrics=metrics)
-        #: reads answered and not yet written, by (tenant, action id), and their writes (:meth:`record_later`)
+        #: reads answered and not yet written, by (tenant, action id), and their writes (:meth:`record_answered`)
         self._answered: dict[tuple[str, str], ActionRecord] = {}
         self._answering: set[asyncio.Future[None]] = set()
+        #: at most this many reads answered before their write (:meth:`record_answered`)
+        self.max_unwritten = MAX_UNWRITTEN_ANSWERS
 
     async def create(
         self,
@@ -230,13 +235,18 @@ class ActionWriter:
             self.sealer.count(answered.seal)
         return created, stored
 
-    def record_later(self, answered: Answered) -> None:
+    async def record_answered(self, answered: Answered) -> None:
         """Write an :meth:`answered` read after its answer, in a task of its own: until that write ends,
         :meth:`pending_answer` holds the record (this host's reads of it, and a repeat of its action id,
         find it). A write that fails is logged (``answered_read_unrecorded``): the read changed nothing.
-        :meth:`drain_answered` waits for these writes. Source: ARCHITECTURE.md §9 (a key-less read answered inline)."""
+        :meth:`drain_answered` waits for these writes. With :attr:`max_unwritten` writes still running, this
+        one is awaited here instead, before the answer (a store slower than the reads: backpressure, not a
+        growing backlog). Source: ARCHITECTURE.md §9 (a key-less read answered inline)."""
         key = (answered.record.tenant, answered.record.action_id)
         self._answered[key] = answered.record
+        if len(self._answering) >= self.max_unwritten:
+            await self._write_later(key, answered)
+            return
         task = asyncio.ensure_future(self._write_later(key, answered))
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
@@ -256,11 +266,11 @@ class ActionWriter:
             self._answered.pop(key, None)
 
     def pending_answer(self, tenant: str, action_id: str) -> ActionRecord | None:
-        """The record of a read this host answered and is still writing (:meth:`record_later`), else None."""
+        """The record of a read this host answered and is still writing (:meth:`record_answered`), else None."""
         return self._answered.get((tenant, action_id))
 
     async def drain_answered(self, timeout_s: float) -> None:
-        """Wait, at most ``timeout_s`` seconds, for the writes :meth:`record_later` started (at shutdown)."""
+        """Wait, at most ``timeout_s`` seconds, for the writes :meth:`record_answered` started (at shutdown)."""
         if self._answering:
             await asyncio.wait(set(self._answering), timeout=timeout_s)
 
