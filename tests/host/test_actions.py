@@ -2,8 +2,10 @@
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kits.hostapp import open_action_service
 from kits.poll import until_async
 from structlog.testing import capture_logs
@@ -19,6 +21,8 @@ from aip_crewai.contracts.errors import (
     NotCancellable,
 )
 from aip_crewai.host.auth.principals import Principal
+from aip_crewai.host.ledger import receipts as rc
+from aip_crewai.host.ledger.sealer import Sealer
 
 
 async def decide(store, *args):
@@ -351,6 +355,66 @@ async def test_an_inline_read_another_host_recorded_first_keeps_the_first_record
         await writer.drain_answered(5.0)
     assert [e["event"] for e in logs if e["event"].startswith("answered_read")] == ["answered_read_raced"]
     assert await service.store.get_action("acme", "s1") == first and writer.pending_answer("acme", "s1") is None
+
+
+def hold(monkeypatch, store, name):
+    """Hold the store's method ``name`` until the returned event is set; the list names each call's action id."""
+    method, release, entered = getattr(store, name), asyncio.Event(), []
+
+    async def held(*args, **kwargs):
+        entered.append(args[1])
+        await release.wait()
+        return await method(*args, **kwargs)
+
+    monkeypatch.setattr(store, name, held)
+    return release, entered
+
+
+async def test_a_read_answered_and_not_yet_written_keeps_its_action_id_from_another_action(env, monkeypatch):
+    service, _, _ = env
+    await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    release, _ = hold(monkeypatch, service.store, "create_action")
+    read = await asyncio.wait_for(service.submit(INVOKER, status_action("x1"), None, stream=False, blocking=True), 10)
+    with pytest.raises(IdempotencyConflict):  # not admitted under the read's id
+        await asyncio.wait_for(service.submit(INVOKER, action("x1", key="k-other"), None, stream=False), 10)
+    release.set()
+    await service.writer.drain_answered(5.0)
+    assert await service.store.get_action("acme", "x1") == read
+
+
+async def test_reads_of_one_action_id_run_one_at_a_time_on_a_host(env, monkeypatch):
+    """A repeat arriving while the first read is on its way waits for it, then replays it (or conflicts):
+    it neither reads nor answers on its own (ARCHITECTURE.md §9, a key-less read answered inline)."""
+    service, _, _ = env
+    await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    await approve(service, await service.submit(INVOKER, action("a2", key="k-2"), None, stream=False))
+    release, entered = hold(monkeypatch, service.store, "find_read")
+    first = asyncio.ensure_future(service.submit(INVOKER, status_action("y1"), None, stream=False, blocking=True))
+    await until_async(lambda: entered == ["y1"], timeout=10)
+    same = asyncio.ensure_future(service.submit(INVOKER, status_action("y1"), None, stream=False, blocking=True))
+    other = service.submit(INVOKER, status_action("y1", run_action_id="a2"), None, stream=False, blocking=True)
+    other_task = asyncio.ensure_future(other)
+    release.set()
+    answered = await asyncio.wait_for(first, 10)
+    assert await asyncio.wait_for(same, 10) == answered
+    with pytest.raises(IdempotencyConflict):
+        await asyncio.wait_for(other_task, 10)
+    assert entered == ["y1"]
+
+
+async def test_a_read_whose_result_carries_a_receipt_is_written_before_its_answer(env, monkeypatch):
+    """A receipt's reference is never answered before the receipt is stored."""
+    service, _, _ = env
+    service.writer.sealer = Sealer(keys=rc.ReceiptKeys(Ed25519PrivateKey.from_private_bytes(b"\x09" * 32)))
+    await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
+    release, entered = hold(monkeypatch, service.store, "create_action")
+    read = asyncio.ensure_future(service.submit(INVOKER, status_action("r1"), None, stream=False, blocking=True))
+    await until_async(lambda: "r1" in entered, timeout=10)
+    assert not service.writer._answering and not read.done()  # written in the request, not after it
+    release.set()
+    record = await asyncio.wait_for(read, 10)
+    (receipt,) = await service.store.receipts_of_action("acme", "r1")
+    assert json.loads(record.result_json)["receipt"]["id"] == json.loads(receipt)["receipt"]["id"]
 
 
 async def test_an_inline_status_of_an_unadmitted_run_is_the_hosts_view(env):

@@ -87,6 +87,14 @@ def _approval_hash(record: ActionRecord) -> str:
     return policy_hash(record.tenant, record.action_id, record.capability_id, record.input_hash)
 
 
+def _request(
+    caller: Principal, action: Action, crew_id: str, spec: OperationSpec, hashed: str
+) -> tuple[str, str, str, str, str, str, str, str]:
+    """An action row's who and what: tenant, action id, capability, crew, operation, input JSON, its hash, principal."""
+    input_json = canonical_json(action.input).decode()
+    return caller.tenant, action.id, action.capability_id, crew_id, spec.name, input_json, hashed, caller.id
+
+
 def inline_read(spec: OperationSpec, key: str | None) -> bool:
     """Whether a blocking call of ``spec`` is answered in the request (:meth:`ActionService._read_inline`):
     a key-less read that needs no approval, starts nothing and streams nothing (``status``, an
@@ -199,6 +207,8 @@ class ActionService:
         approval_id = "apr_" + secrets.token_urlsafe(16) if spec.approval else None
         if blocking and not stream and inline_read(spec, key):
             return await self._read_inline(caller, action, crew_id, spec, hashed)
+        if (read := await self.writer.settled_read(tenant, action.id)) is not None:  # this host's, not yet written
+            return await self._existing(read, action.id, hashed, key)
         placing = self.dispatcher.placement.placing(crew_id) if spec.startable and not spec.approval else None
         try:  # One transaction: the target check of status/events/cancel, the key's reservation, the action row and
             # its pending approval; a request refused here reserves nothing (docs/security.md "Security": idempotency).
@@ -206,14 +216,7 @@ class ActionService:
             with placing or contextlib.nullcontext() as sidecar:
                 created, record_ = await self.writer.create(
                     event,
-                    tenant,
-                    action.id,
-                    action.capability_id,
-                    crew_id,
-                    spec.name,
-                    canonical_json(action.input).decode(),
-                    hashed,
-                    caller.id,
+                    *_request(caller, action, crew_id, spec, hashed),
                     key,
                     approval_id=approval_id,
                     timeout_ms=action.timeout_ms,
@@ -252,26 +255,23 @@ class ActionService:
     ) -> ActionRecord:
         """Answer a key-less read (``status``, or an ``events`` page) in the request, recorded after its answer.
 
-        Side by side: the store's one read (:meth:`Store.find_read`: the target check, the caller's own run
-        of this crew, ActionNotFound if not, the sidecar's answer then discarded; and whether the action id
-        is stored) and the sidecar's answer. A stored or still unwritten (:meth:`ActionWriter.pending_answer`)
-        action id replays that record (the fresh answer dropped). Else the read is answered with the record
-        that ONE write then stores, finished (admit and its result together, not durable), in a task of
-        its own (:meth:`ActionWriter.record_answered`). A ``status`` of a run whose view this host already read
-        final (:func:`.view_cache.is_final_view`) is answered from :attr:`status_views` (dispatch
-        ``acknowledged``: the sidecar did answer that view) without the sidecar hop; a view enters the cache
-        only from the sidecar's own successful answer, after its target check passed.
-        Source: ARCHITECTURE.md §9 (a key-less read answered inline; the final-view cache).
-        """
+        One read of an action id at a time on this host (:meth:`ActionWriter.claim_read`: a repeat waits,
+        then replays). Side by side: the store's one read (:meth:`Store.find_read`: the target check, the
+        caller's own run of this crew, ActionNotFound if not; and whether the action id is stored: a repeat)
+        and the sidecar's answer. Then the read is answered with the record ONE write stores after the
+        answer, finished (not durable: :meth:`ActionWriter.record_answered`). A ``status`` of a run whose
+        view this host already read final (:func:`.view_cache.is_final_view`) is answered from
+        :attr:`status_views` (dispatch ``acknowledged``) without the sidecar hop; a view enters the cache only
+        from the sidecar's own successful answer, after its target check passed.
+        Source: ARCHITECTURE.md §9 (a key-less read answered inline; the final-view cache)."""
         tenant, run_action_id = caller.tenant, str(action.input["run_action_id"])
         job = Job(tenant, action.id, crew_id, spec, dict(action.input), action.id, action.timeout_ms, durable=False)
         structlog.contextvars.bind_contextvars(action_id=action.id, crew_id=crew_id)
-        if (pending := self.writer.pending_answer(tenant, action.id)) is not None:
+        if (pending := await self.writer.claim_read(tenant, action.id)) is not None:
             return await self._existing(pending, action.id, hashed, None)
-        target = (run_action_id, ops.STARTABLE_OPERATIONS)
+        target, cache_key = (run_action_id, ops.STARTABLE_OPERATIONS), (tenant, crew_id, run_action_id)
         found = asyncio.ensure_future(self.store.find_read(tenant, action.id, crew_id, caller.id, target))
         found.add_done_callback(lambda task: task.cancelled() or task.exception())  # retrieved in any case
-        cache_key = (tenant, crew_id, run_action_id)
         cached = self.status_views.get(cache_key) if spec.name == "status" and self.status_views.enabled else None
         fresh_view: bytes | None = None
         try:
@@ -290,30 +290,22 @@ class ActionService:
                 except Exception:  # a host bug answers a typed failure, recorded like any other result
                     log.exception("dispatch_crashed")
                     result = failed_result(action.id, AipError("the host failed while dispatching the action"))
-            stored = await found
+            if (stored := await found) is not None:
+                return await self._existing(stored, action.id, hashed, None)
+            answered = self.writer.answered(
+                *_request(caller, action, crew_id, spec, hashed),
+                result,
+                job.dispatch.state,
+                now=self.now_ms(),
+                timeout_ms=action.timeout_ms,
+                target=target,
+            )
+            await self.writer.record_answered(answered)
         except MissingTarget:
             raise ActionNotFound(run_action_id=run_action_id) from None
         finally:
             found.cancel()  # a request gone before the read ended (done: no effect)
-        if (stored := stored or self.writer.pending_answer(tenant, action.id)) is not None:
-            return await self._existing(stored, action.id, hashed, None)
-        input_json = canonical_json(action.input).decode()
-        answered = self.writer.answered(
-            tenant,
-            action.id,
-            action.capability_id,
-            crew_id,
-            spec.name,
-            input_json,
-            hashed,
-            caller.id,
-            result,
-            job.dispatch.state,
-            now=self.now_ms(),
-            timeout_ms=action.timeout_ms,
-            target=target,
-        )
-        await self.writer.record_answered(answered)
+            self.writer.release_read(tenant, action.id)  # unless answered: a repeat waiting goes on
         if fresh_view is not None:  # the target check passed: the caller's own run
             self.status_views.put(cache_key, fresh_view)
         self._fence("idempotency", "admitted")

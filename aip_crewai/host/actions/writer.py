@@ -106,8 +106,9 @@ class ActionWriter:
         self.store = store
         self.metrics = metrics
         self.sealer = sealer if sealer is not None else Sealer(metrics=metrics)
-        #: reads answered and not yet written, by (tenant, action id), and their writes (:meth:`record_answered`)
-        self._answered: dict[tuple[str, str], ActionRecord] = {}
+        #: key-less reads in flight or answered and not yet written, by (tenant, action id): their record once
+        #: answered, None if they ended without one (:meth:`claim_read`); and their writes (:meth:`record_answered`)
+        self._answered: dict[tuple[str, str], asyncio.Future[ActionRecord | None]] = {}
         self._answering: set[asyncio.Future[None]] = set()
         #: at most this many reads answered before their write (:meth:`record_answered`)
         self.max_unwritten = MAX_UNWRITTEN_ANSWERS
@@ -235,18 +236,55 @@ class ActionWriter:
             self.sealer.count(answered.seal)
         return created, stored
 
+    async def claim_read(self, tenant: str, action_id: str) -> ActionRecord | None:
+        """Before a key-less read of ``action_id`` is answered inline: one such read per action id at a time
+        on this host. Waits for one in flight here; returns its record if it was answered (a repeat, to
+        replay), else claims the id for the caller (None), who ends the claim with :meth:`record_answered`
+        or :meth:`release_read`. Source: ARCHITECTURE.md §9 (a key-less read answered inline)."""
+        key = (tenant, action_id)
+        while (flight := self._answered.get(key)) is not None:
+            if (record := await asyncio.shield(flight)) is not None:
+                return record
+        self._answered[key] = asyncio.get_running_loop().create_future()
+        return None
+
+    async def settled_read(self, tenant: str, action_id: str) -> ActionRecord | None:
+        """For any other submission of ``action_id``, before it creates its action: the record of a read of
+        that id this host answered and has not written yet, once a read in flight here ended; else None."""
+        flight = self._answered.get((tenant, action_id))
+        return None if flight is None else await asyncio.shield(flight)
+
+    def release_read(self, tenant: str, action_id: str) -> None:
+        """End a :meth:`claim_read` that was not answered (refused, failed, cancelled; after an answer: no
+        effect): a repeat waiting for it goes on."""
+        flight = self._answered.get((tenant, action_id))
+        if flight is not None and not flight.done():
+            flight.set_result(None)
+            del self._answered[(tenant, action_id)]
+
     async def record_answered(self, answered: Answered) -> None:
-        """Write an :meth:`answered` read after its answer, in a task of its own: until that write ends,
-        :meth:`pending_answer` holds the record (this host's reads of it, and a repeat of its action id,
-        find it). A write that fails is logged (``answered_read_unrecorded``): the read changed nothing.
-        :meth:`drain_answered` waits for these writes. With :attr:`max_unwritten` writes still running, this
-        one is awaited here instead, before the answer (a store slower than the reads: backpressure, not a
-        growing backlog). Source: ARCHITECTURE.md §9 (a key-less read answered inline)."""
+        """Answer a claimed read (:meth:`claim_read`) with :meth:`answered`'s record and write that record
+        after the answer, in a task of its own: until the write ends, :meth:`pending_answer` holds it (this
+        host's reads of it, and a repeat of its action id, find it). A write that fails is logged
+        (``answered_read_unrecorded``): the read changed nothing. :meth:`drain_answered` waits for these
+        writes. Written here instead, before the answer: a record with a signed receipt (its reference is
+        never answered before the receipt is stored), and any with :attr:`max_unwritten` writes still
+        running (a store slower than the reads: backpressure, not a growing backlog).
+        Source: ARCHITECTURE.md §9 (a key-less read answered inline)."""
         key = (answered.record.tenant, answered.record.action_id)
-        self._answered[key] = answered.record
-        if len(self._answering) >= self.max_unwritten:
-            await self._write_later(key, answered)
+        flight = self._answered.get(key)
+        if flight is None or flight.done():  # not claimed: this answer claims the id now
+            flight = self._answered[key] = asyncio.get_running_loop().create_future()
+        receipt = answered.rows is not None and answered.rows.receipt is not None
+        if receipt or len(self._answering) >= self.max_unwritten:
+            try:  # a repeat waiting here replays the record once written
+                await self._write_later(key, answered)
+            except BaseException:  # cancelled mid-write: a repeat reads the store itself
+                flight.set_result(None)
+                raise
+            flight.set_result(answered.record)
             return
+        flight.set_result(answered.record)
         task = asyncio.ensure_future(self._write_later(key, answered))
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
@@ -256,7 +294,7 @@ class ActionWriter:
             created, _ = await self.write_answered(answered)
             if not created:  # another host stored a read under this action id first: it stands
                 log.info("answered_read_raced")
-        except MissingTarget:  # its run was purged between the read's check and this write
+        except MissingTarget:  # not expected (no run is ever deleted): the store's own check refused it
             log.warning("answered_read_unrecorded", reason="target_gone")
         except StoreUnavailable:
             log.warning("answered_read_unrecorded", reason="store_unavailable")
@@ -267,12 +305,16 @@ class ActionWriter:
 
     def pending_answer(self, tenant: str, action_id: str) -> ActionRecord | None:
         """The record of a read this host answered and is still writing (:meth:`record_answered`), else None."""
-        return self._answered.get((tenant, action_id))
+        flight = self._answered.get((tenant, action_id))
+        return flight.result() if flight is not None and flight.done() else None
 
     async def drain_answered(self, timeout_s: float) -> None:
-        """Wait, at most ``timeout_s`` seconds, for the writes :meth:`record_answered` started (at shutdown)."""
+        """Wait, at most ``timeout_s`` seconds, for the writes :meth:`record_answered` started (at shutdown);
+        those still running then are logged (``answered_reads_unwritten``, their count)."""
         if self._answering:
-            await asyncio.wait(set(self._answering), timeout=timeout_s)
+            _, late = await asyncio.wait(set(self._answering), timeout=timeout_s)
+            if late:
+                log.warning("answered_reads_unwritten", count=len(late))
 
     def _count(self, operation: str, result: ActionResult) -> None:
         """Count a stored result by operation and status (and a connector error by code)."""
