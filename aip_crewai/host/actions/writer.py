@@ -189,8 +189,9 @@ class ActionWriter:
     ) -> Answered:
         """A key-less read answered inline, as :meth:`write_answered` will store it: the record that
         ``admit`` and the result's own event (``complete`` or ``fail``) leave in ONE write, created and
-        finished at ``now`` (ms; default: the store's clock now), with its seal already applied (``usage``, a receipt). Pure but for the
-        seal's receipt signature. Raises ValueError for a result the lifecycle cannot store so."""
+        finished at ``now`` (ms; default: the store's clock now), with its seal already applied (``usage``,
+        a receipt). Pure but for the seal's receipt signature. Raises ValueError for a result the lifecycle
+        cannot store so."""
         event = RESULT_EVENTS[result.status]
         admitted = TRANSITIONS[ActionEvent.ADMIT].target
         if admitted not in TRANSITIONS[event].sources or TRANSITIONS[event].target.value != result.status:
