@@ -132,6 +132,65 @@ async def test_reads_answered_before_their_write_are_bounded(app_http, monkeypat
     assert all([await store.get_action("acme", f"act_s{n}") for n in (21, 22, 23)])
 
 
+async def test_a_failed_record_write_drops_those_waiting_and_reads_write_first_until_the_store_answers(
+    app_http, monkeypatch
+):
+    """A store that stops answering (an outside write lock) must not hold every other store call behind a
+    queue of these writes: the first failure drops the others, and reads then wait for their own write."""
+    app, http = app_http
+    await completed_run(http)
+    store, writer = host_state(app).store, host_state(app).actions.writer
+    create, gates, entered = store.create_action, {"fail": asyncio.Event(), "go": asyncio.Event()}, []
+
+    async def gated_create(*args, **kwargs):
+        entered.append(args[1])
+        if len(entered) == 1:
+            await gates["fail"].wait()
+            raise StoreUnavailable()
+        await gates["go"].wait()
+        return await create(*args, **kwargs)
+
+    monkeypatch.setattr(store, "create_action", gated_create)
+    for n in (31, 32, 33):  # answered; their writes wait
+        assert (await asyncio.wait_for(post(http, "acme-invoker", status_env(n)), 10)).status_code == 200
+    await until_async(lambda: len(entered) == 3, timeout=10)
+    with capture_logs() as logs:
+        gates["fail"].set()
+        await until_async(lambda: not writer._answering, timeout=10)
+    assert [(e["event"], e.get("count")) for e in logs if e["event"] == "answered_reads_shed"] == [
+        ("answered_reads_shed", 2)
+    ]
+    assert all(writer.pending_answer("acme", f"act_s{n}") is None for n in (31, 32, 33))
+    fourth = asyncio.ensure_future(post(http, "acme-invoker", status_env(34)))
+    await until_async(lambda: "act_s34" in entered, timeout=10)
+    assert not writer._answering and not fourth.done()  # written before its answer now
+    gates["go"].set()
+    assert (await asyncio.wait_for(fourth, 10)).status_code == 200
+    assert await store.get_action("acme", "act_s34") is not None
+    gates["go"].clear()
+    assert (await asyncio.wait_for(post(http, "acme-invoker", status_env(35)), 10)).status_code == 200
+    assert writer.pending_answer("acme", "act_s35") is not None  # the store answered again: after the answer
+    gates["go"].set()
+    await writer.drain_answered(5.0)
+
+
+async def test_shutdown_drops_the_record_writes_left_after_its_bound(app_http, monkeypatch):
+    app, http = app_http
+    await completed_run(http)
+    store, writer = host_state(app).store, host_state(app).actions.writer
+    never = asyncio.Event()
+
+    async def stuck_create(*args, **kwargs):
+        await never.wait()
+
+    monkeypatch.setattr(store, "create_action", stuck_create)
+    assert (await post(http, "acme-invoker", status_env(41))).status_code == 200
+    with capture_logs() as logs:
+        await writer.drain_answered(0.05)  # a write that never ends: the bound passes
+    assert [e.get("count") for e in logs if e["event"] == "answered_reads_unwritten"] == [1]
+    assert not writer._answering and writer.pending_answer("acme", "act_s41") is None
+
+
 async def test_a_record_write_that_fails_after_the_answer_is_logged_and_not_pending(app_http, monkeypatch):
     app, http = app_http
     await completed_run(http)

@@ -112,6 +112,8 @@ class ActionWriter:
         self._answering: set[asyncio.Future[None]] = set()
         #: at most this many reads answered before their write (:meth:`record_answered`)
         self.max_unwritten = MAX_UNWRITTEN_ANSWERS
+        #: the last such write found the store unavailable: reads write before their answer until one succeeds
+        self._failing = False
 
     async def create(
         self,
@@ -269,15 +271,16 @@ class ActionWriter:
         host's reads of it, and a repeat of its action id, find it). A write that fails is logged
         (``answered_read_unrecorded``): the read changed nothing. :meth:`drain_answered` waits for these
         writes. Written here instead, before the answer: a record with a signed receipt (its reference is
-        never answered before the receipt is stored), and any with :attr:`max_unwritten` writes still
-        running (a store slower than the reads: backpressure, not a growing backlog).
+        never answered before the receipt is stored), any while the last such write found the store
+        unavailable, and any with :attr:`max_unwritten` writes still running (a store slower than the reads:
+        backpressure, not a growing backlog). A write the store fails drops those waiting (:meth:`_shed`).
         Source: ARCHITECTURE.md §9 (a key-less read answered inline)."""
         key = (answered.record.tenant, answered.record.action_id)
         flight = self._answered.get(key)
         if flight is None or flight.done():  # not claimed: this answer claims the id now
             flight = self._answered[key] = asyncio.get_running_loop().create_future()
         receipt = answered.rows is not None and answered.rows.receipt is not None
-        if receipt or len(self._answering) >= self.max_unwritten:
+        if receipt or self._failing or len(self._answering) >= self.max_unwritten:
             try:  # a repeat waiting here replays the record once written
                 await self._write_later(key, answered)
             except BaseException:  # cancelled mid-write: a repeat reads the store itself
@@ -293,16 +296,30 @@ class ActionWriter:
     async def _write_later(self, key: tuple[str, str], answered: Answered) -> None:
         try:
             created, _ = await self.write_answered(answered)
+            self._failing = False
             if not created:  # another host stored a read under this action id first: it stands
                 log.info("answered_read_raced")
         except MissingTarget:  # not expected (no run is ever deleted): the store's own check refused it
             log.warning("answered_read_unrecorded", reason="target_gone")
         except StoreUnavailable:
             log.warning("answered_read_unrecorded", reason="store_unavailable")
+            self._failing = True
+            self._shed()
         except Exception:
             log.exception("answered_read_unrecorded", reason="error")
         finally:
             self._answered.pop(key, None)
+
+    def _shed(self) -> None:
+        """The store failed a write: drop the writes still waiting behind it (a store that stops answering
+        would otherwise hold every other store call behind each of them; one already on the store's thread
+        runs to its end). Reads then write before their answer while the store is unavailable."""
+        current = asyncio.current_task()
+        shed = [task for task in self._answering if task is not current and not task.done()]
+        for task in shed:
+            task.cancel()
+        if shed:
+            log.warning("answered_reads_shed", count=len(shed))
 
     def pending_answer(self, tenant: str, action_id: str) -> ActionRecord | None:
         """The record of a read this host answered and is still writing (:meth:`record_answered`), else None."""
@@ -311,11 +328,14 @@ class ActionWriter:
 
     async def drain_answered(self, timeout_s: float) -> None:
         """Wait, at most ``timeout_s`` seconds, for the writes :meth:`record_answered` started (at shutdown);
-        those still running then are logged (``answered_reads_unwritten``, their count)."""
+        those still running then are dropped and counted (``answered_reads_unwritten``)."""
         if self._answering:
             _, late = await asyncio.wait(set(self._answering), timeout=timeout_s)
-            if late:
+            if late:  # dropped, so the store closes after the one call on its thread at most
                 log.warning("answered_reads_unwritten", count=len(late))
+                for task in late:
+                    task.cancel()
+                await asyncio.wait(late)
 
     def _count(self, operation: str, result: ActionResult) -> None:
         """Count a stored result by operation and status (and a connector error by code)."""
