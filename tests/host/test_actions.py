@@ -6,7 +6,7 @@ import json
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from kits.hostapp import open_action_service
+from kits.hostapp import hold_store_call, open_action_service
 from kits.poll import until_async
 from structlog.testing import capture_logs
 
@@ -357,23 +357,10 @@ async def test_an_inline_read_another_host_recorded_first_keeps_the_first_record
     assert await service.store.get_action("acme", "s1") == first and writer.pending_answer("acme", "s1") is None
 
 
-def hold(monkeypatch, store, name):
-    """Hold the store's method ``name`` until the returned event is set; the list names each call's action id."""
-    method, release, entered = getattr(store, name), asyncio.Event(), []
-
-    async def held(*args, **kwargs):
-        entered.append(args[1])
-        await release.wait()
-        return await method(*args, **kwargs)
-
-    monkeypatch.setattr(store, name, held)
-    return release, entered
-
-
 async def test_a_read_answered_and_not_yet_written_keeps_its_action_id_from_another_action(env, monkeypatch):
     service, _, _ = env
     await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
-    release, _ = hold(monkeypatch, service.store, "create_action")
+    release, _ = hold_store_call(service.store, "create_action", monkeypatch)
     read = await asyncio.wait_for(service.submit(INVOKER, status_action("x1"), None, stream=False, blocking=True), 10)
     with pytest.raises(IdempotencyConflict):  # not admitted under the read's id
         await asyncio.wait_for(service.submit(INVOKER, action("x1", key="k-other"), None, stream=False), 10)
@@ -388,7 +375,7 @@ async def test_reads_of_one_action_id_run_one_at_a_time_on_a_host(env, monkeypat
     service, _, _ = env
     await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
     await approve(service, await service.submit(INVOKER, action("a2", key="k-2"), None, stream=False))
-    release, entered = hold(monkeypatch, service.store, "find_read")
+    release, entered = hold_store_call(service.store, "find_read", monkeypatch)
     first = asyncio.ensure_future(service.submit(INVOKER, status_action("y1"), None, stream=False, blocking=True))
     await until_async(lambda: entered == ["y1"], timeout=10)
     same = asyncio.ensure_future(service.submit(INVOKER, status_action("y1"), None, stream=False, blocking=True))
@@ -407,7 +394,7 @@ async def test_a_read_whose_result_carries_a_receipt_is_written_before_its_answe
     service, _, _ = env
     service.writer.sealer = Sealer(keys=rc.ReceiptKeys(Ed25519PrivateKey.from_private_bytes(b"\x09" * 32)))
     await approve(service, await service.submit(INVOKER, action("a1"), None, stream=False))
-    release, entered = hold(monkeypatch, service.store, "create_action")
+    release, entered = hold_store_call(service.store, "create_action", monkeypatch)
     read = asyncio.ensure_future(service.submit(INVOKER, status_action("r1"), None, stream=False, blocking=True))
     await until_async(lambda: "r1" in entered, timeout=10)
     assert not service.writer._answering and not read.done()  # written in the request, not after it

@@ -17,6 +17,7 @@ from kits.hostapp import (
     completed_run,
     count_store_calls,
     envelope,
+    hold_store_call,
     running,
     sign,
 )
@@ -79,13 +80,7 @@ async def test_a_status_read_is_answered_before_its_record_is_written(app_http, 
     app, http = app_http
     await completed_run(http)
     store, writer = host_state(app).store, host_state(app).actions.writer
-    create, release = store.create_action, asyncio.Event()
-
-    async def held_create(*args, **kwargs):
-        await release.wait()
-        return await create(*args, **kwargs)
-
-    monkeypatch.setattr(store, "create_action", held_create)
+    release, _ = hold_store_call(store, "create_action", monkeypatch)
     response = await asyncio.wait_for(post(http, "acme-invoker", status_env(11)), 10)
     assert response.status_code == 200, response.text
     result = response.json()["body"]["action_result"]
@@ -112,14 +107,7 @@ async def test_reads_answered_before_their_write_are_bounded(app_http, monkeypat
     store, writer = host_state(app).store, host_state(app).actions.writer
     assert writer.max_unwritten == 256  # writer.MAX_UNWRITTEN_ANSWERS, docs/ARCHITECTURE.md §9
     writer.max_unwritten = 2
-    create, release, entered = store.create_action, asyncio.Event(), []
-
-    async def held_create(*args, **kwargs):
-        entered.append(args[1])
-        await release.wait()
-        return await create(*args, **kwargs)
-
-    monkeypatch.setattr(store, "create_action", held_create)
+    release, entered = hold_store_call(store, "create_action", monkeypatch)
     for n in (21, 22):  # up to the bound: answered while their writes are held
         assert (await asyncio.wait_for(post(http, "acme-invoker", status_env(n)), 10)).status_code == 200
     third = asyncio.ensure_future(post(http, "acme-invoker", status_env(23)))

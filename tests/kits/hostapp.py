@@ -19,6 +19,7 @@ Layout written by ``host_files``: crews ``alpha`` (legacy policy: 4 ops),
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -349,6 +350,20 @@ def calls_of(obj: Any, name: str, monkeypatch: Any) -> list[tuple[Any, ...]]:
 
     monkeypatch.setattr(obj, name, recorded)
     return calls
+
+
+def hold_store_call(store: Any, name: str, monkeypatch: Any) -> tuple[asyncio.Event, list[str]]:
+    """Hold every call of the store's method ``name`` until the returned event is set; the list names each
+    call's action id (its second argument) as it arrives."""
+    method, release, entered = getattr(store, name), asyncio.Event(), []
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        entered.append(args[1])
+        await release.wait()
+        return await method(*args, **kwargs)
+
+    monkeypatch.setattr(store, name, held)
+    return release, entered
 
 
 def count_store_calls(store: Any, monkeypatch: Any) -> list[str]:
