@@ -6,7 +6,7 @@ import json
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from kits.hostapp import hold_store_call, open_action_service
+from kits.hostapp import count_store_calls, hold_store_call, open_action_service
 from kits.poll import until_async
 from structlog.testing import capture_logs
 
@@ -20,6 +20,7 @@ from aip_crewai.contracts.errors import (
     InvalidInput,
     NotCancellable,
 )
+from aip_crewai.host.actions.idempotency import IDEMPOTENCY_TTL_MS, LIVE_REPLAY_MARGIN_MS
 from aip_crewai.host.auth.principals import Principal
 from aip_crewai.host.ledger import receipts as rc
 from aip_crewai.host.ledger.sealer import Sealer
@@ -102,6 +103,38 @@ async def test_a_governed_actions_row_and_its_pending_approval_are_one_write(env
     with pytest.raises(Exception):  # noqa: B017 - the store's integrity error, whatever its type
         await service.submit(INVOKER, action("a2", key="k-2"), None, stream=False)
     assert await service.store.get_action("acme", "a2") is None
+
+
+async def test_a_recall_of_an_action_this_host_dispatches_is_decided_without_the_store(env, monkeypatch):
+    """A blocking re-call of a running action whose dispatch runs here, with its own key while the key's
+    reservation is live, is replayed (or a changed input refused) on the record the dispatch holds: no store
+    call. Another key, and a reservation at its margin, go to the store as before (idempotency.replay_in_memory)."""
+    service, sidecar, clock = env
+    release, run = asyncio.Event(), service.dispatcher.run
+
+    async def held(job, on_chunks):
+        await release.wait()
+        return await run(job, on_chunks)
+
+    monkeypatch.setattr(service.dispatcher, "run", held)
+    record = await service.submit(INVOKER, action("a1"), None, stream=False)
+    assert await service.decide(APPROVER, record.approval_id, "approved", "ok", service.now_ms()) is not None
+    calls = count_store_calls(service.store, monkeypatch)
+    again = await service.submit(INVOKER, action("a1"), None, stream=False, blocking=True)
+    assert (again.action_id, again.status, calls) == ("a1", "running", [])
+    with pytest.raises(IdempotencyConflict):
+        await service.submit(INVOKER, action("a1", inp={"ticket": "other"}), None, stream=False, blocking=True)
+    assert calls == []
+    with pytest.raises(IdempotencyConflict):  # another key: the store knows which action holds it
+        await service.submit(INVOKER, action("a1", key="k-2"), None, stream=False, blocking=True)
+    assert calls
+    calls.clear()
+    clock.ms = record.created_at + IDEMPOTENCY_TTL_MS - LIVE_REPLAY_MARGIN_MS
+    again = await service.submit(INVOKER, action("a1"), None, stream=False, blocking=True)
+    assert again.action_id == "a1" and calls
+    release.set()
+    done = await service.wait(again, 10)
+    assert done.status == "completed" and sidecar.executions == 1
 
 
 async def test_changed_input_is_a_conflict(env):

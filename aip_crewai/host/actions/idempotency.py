@@ -21,10 +21,20 @@ from ...contracts.inputs import has_control_characters
 from ...contracts.sidecar import MAX_IDEMPOTENCY_KEY_BYTES
 from ..store.records import ActionRecord
 
-__all__ = ["IDEMPOTENCY_TTL_MS", "fence_hash", "checked_key", "repeat_decision"]
+__all__ = [
+    "IDEMPOTENCY_TTL_MS",
+    "LIVE_REPLAY_MARGIN_MS",
+    "fence_hash",
+    "checked_key",
+    "repeat_decision",
+    "replay_in_memory",
+]
 
 #: How long a key's reservation lasts, ms (24 h).
 IDEMPOTENCY_TTL_MS = 86_400_000
+#: How long before a running action's key reservation expires its re-calls stop being decided in memory
+#: (:func:`replay_in_memory`), ms: the reservation is written a moment before the row's ``created_at``.
+LIVE_REPLAY_MARGIN_MS = 60_000
 
 
 def fence_hash(capability_id: str, value: Any) -> str:
@@ -63,3 +73,16 @@ def repeat_decision(record: ActionRecord, action_id: str, hashed: str, key: str 
     elif record.input_hash != hashed or record.idempotency_key != key:
         raise IdempotencyConflict("the action id was already used with a different input or key")
     return "replayed"
+
+
+def replay_in_memory(record: ActionRecord, key: str | None, now_ms: int) -> bool:
+    """Whether a re-call (the same action id, with ``key``) of an action this host dispatches from ``record``
+    may be decided on ``record`` instead of the store's answer: the re-call names the record's own key (or
+    none, as the record does) and that key's reservation is still live (``now_ms`` before ``created_at`` +
+    :data:`IDEMPOTENCY_TTL_MS` - :data:`LIVE_REPLAY_MARGIN_MS`), so no other action can hold the key and
+    :meth:`~aip_crewai.host.store.store.Store.create_action` would answer ``record`` itself. What
+    :func:`repeat_decision` decides on it reads only columns an action never changes (its id, input hash
+    and key). Pure. Source: docs/ARCHITECTURE.md §7 (the idempotency fence)."""
+    if record.idempotency_key != key:
+        return False
+    return key is None or now_ms < record.created_at + IDEMPOTENCY_TTL_MS - LIVE_REPLAY_MARGIN_MS
