@@ -20,7 +20,7 @@ from aip_crewai.contracts.errors import (
     InvalidInput,
     NotCancellable,
 )
-from aip_crewai.host.actions.idempotency import IDEMPOTENCY_TTL_MS, LIVE_REPLAY_MARGIN_MS
+from aip_crewai.host.actions.idempotency import IDEMPOTENCY_TTL_MS, LIVE_RECALL_MARGIN_MS
 from aip_crewai.host.auth.principals import Principal
 from aip_crewai.host.ledger import receipts as rc
 from aip_crewai.host.ledger.sealer import Sealer
@@ -105,35 +105,44 @@ async def test_a_governed_actions_row_and_its_pending_approval_are_one_write(env
     assert await service.store.get_action("acme", "a2") is None
 
 
-async def test_a_recall_of_an_action_this_host_dispatches_is_decided_without_the_store(env, monkeypatch):
-    """A blocking re-call of a running action whose dispatch runs here, with its own key while the key's
-    reservation is live, is replayed (or a changed input refused) on the record the dispatch holds: no store
-    call. Another key, and a reservation at its margin, go to the store as before (idempotency.replay_in_memory)."""
+async def test_a_recall_of_an_action_this_host_dispatches_reads_its_row_instead_of_racing_a_create(env, monkeypatch):
+    """A re-call of a running action whose dispatch runs on this single-host store, with the action's own key
+    while the key's reservation is live, reads the action's row (one read, no write) and is replayed, or
+    refused when its input changed; another key, a store several hosts share, and a reservation at its margin
+    take the create as before (idempotency.recall_by_read). What it answers is the row as stored now: here, one the dispatch requeued."""
     service, sidecar, clock = env
-    release, run = asyncio.Event(), service.dispatcher.run
+    release, sending, run = asyncio.Event(), asyncio.Event(), service.dispatcher.run
 
     async def held(job, on_chunks):
+        sending.set()
         await release.wait()
         return await run(job, on_chunks)
 
     monkeypatch.setattr(service.dispatcher, "run", held)
     record = await service.submit(INVOKER, action("a1"), None, stream=False)
     assert await service.decide(APPROVER, record.approval_id, "approved", "ok", service.now_ms()) is not None
+    await sending.wait()  # claimed (`mark_sent`), its start held
+    await service.writer.requeue("acme", "a1")  # the stored row moved on: what a re-call must see
     calls = count_store_calls(service.store, monkeypatch)
     again = await service.submit(INVOKER, action("a1"), None, stream=False, blocking=True)
-    assert (again.action_id, again.status, calls) == ("a1", "running", [])
+    assert (again.action_id, again.status, again.dispatch, calls) == ("a1", "running", "not_sent", ["_fetch_now"])
     with pytest.raises(IdempotencyConflict):
-        await service.submit(INVOKER, action("a1", inp={"ticket": "other"}), None, stream=False, blocking=True)
-    assert calls == []
-    with pytest.raises(IdempotencyConflict):  # another key: the store knows which action holds it
+        await service.submit(INVOKER, action("a1", inp={"ticket": "other"}), None, stream=False)
+    assert calls == ["_fetch_now"] * 2
+    with pytest.raises(IdempotencyConflict):  # another key: the create asks the store which action holds it
         await service.submit(INVOKER, action("a1", key="k-2"), None, stream=False, blocking=True)
-    assert calls
-    calls.clear()
-    clock.ms = record.created_at + IDEMPOTENCY_TTL_MS - LIVE_REPLAY_MARGIN_MS
+    assert "_write_now" in calls[2:]
+    del calls[:]
+    service.store.owner = "host-a"  # a store hosts share: their clocks wrote the reservations, the create decides
     again = await service.submit(INVOKER, action("a1"), None, stream=False, blocking=True)
-    assert again.action_id == "a1" and calls
+    service.store.owner = None
+    assert again.action_id == "a1" and "_write_now" in calls
+    del calls[:]
+    clock.ms = record.created_at + IDEMPOTENCY_TTL_MS - LIVE_RECALL_MARGIN_MS
+    again = await service.submit(INVOKER, action("a1"), None, stream=False, blocking=True)
+    assert again.action_id == "a1" and "_write_now" in calls
     release.set()
-    done = await service.wait(again, 10)
+    done = await service.wait(await service.get(INVOKER, "a1"), 10)
     assert done.status == "completed" and sidecar.executions == 1
 
 

@@ -23,18 +23,18 @@ from ..store.records import ActionRecord
 
 __all__ = [
     "IDEMPOTENCY_TTL_MS",
-    "LIVE_REPLAY_MARGIN_MS",
+    "LIVE_RECALL_MARGIN_MS",
     "fence_hash",
     "checked_key",
     "repeat_decision",
-    "replay_in_memory",
+    "recall_by_read",
 ]
 
 #: How long a key's reservation lasts, ms (24 h).
 IDEMPOTENCY_TTL_MS = 86_400_000
-#: How long before a running action's key reservation expires its re-calls stop being decided in memory
-#: (:func:`replay_in_memory`), ms: the reservation is written a moment before the row's ``created_at``.
-LIVE_REPLAY_MARGIN_MS = 60_000
+#: How long before a key's reservation expires a re-call stops being answered by a read of its row
+#: (:func:`recall_by_read`), ms: the reservation is written a moment before the row's ``created_at``.
+LIVE_RECALL_MARGIN_MS = 60_000
 
 
 def fence_hash(capability_id: str, value: Any) -> str:
@@ -75,14 +75,14 @@ def repeat_decision(record: ActionRecord, action_id: str, hashed: str, key: str 
     return "replayed"
 
 
-def replay_in_memory(record: ActionRecord, key: str | None, now_ms: int) -> bool:
-    """Whether a re-call (the same action id, with ``key``) of an action this host dispatches from ``record``
-    may be decided on ``record`` instead of the store's answer: the re-call names the record's own key (or
-    none, as the record does) and that key's reservation is still live (``now_ms`` before ``created_at`` +
-    :data:`IDEMPOTENCY_TTL_MS` - :data:`LIVE_REPLAY_MARGIN_MS`), so no other action can hold the key and
-    :meth:`~aip_crewai.host.store.store.Store.create_action` would answer ``record`` itself. What
-    :func:`repeat_decision` decides on it reads only columns an action never changes (its id, input hash
-    and key). Pure. Source: docs/ARCHITECTURE.md §7 (the idempotency fence)."""
+def recall_by_read(record: ActionRecord, key: str | None, now_ms: int) -> bool:
+    """Whether a re-call (the same action id, with ``key``) of the action stored as ``record`` gets exactly
+    what :meth:`~aip_crewai.host.store.store.Store.create_action` would answer it, so that reading the row is
+    enough: it names the record's own key (or none, as the record does), and that key's reservation is still
+    live by this host's clock (``now_ms`` before ``created_at`` + :data:`IDEMPOTENCY_TTL_MS` -
+    :data:`LIVE_RECALL_MARGIN_MS`). Then no other action holds the key (on a store one host writes, whose clock
+    wrote the reservation: the caller checks that), the insert would find the id taken, and the create would
+    answer this very row. Pure. Source: docs/ARCHITECTURE.md §7 (the idempotency fence)."""
     if record.idempotency_key != key:
         return False
-    return key is None or now_ms < record.created_at + IDEMPOTENCY_TTL_MS - LIVE_REPLAY_MARGIN_MS
+    return key is None or now_ms < record.created_at + IDEMPOTENCY_TTL_MS - LIVE_RECALL_MARGIN_MS

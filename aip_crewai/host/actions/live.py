@@ -90,9 +90,6 @@ class LiveAction:
 
     job: Job
     task: asyncio.Task[None] | None = None
-    #: The stored record its dispatch (or follower) started from: a re-call of the action on this host is
-    #: decided on it (:func:`~.idempotency.replay_in_memory`; None: read the store).
-    record: ActionRecord | None = None
     #: The record as the dispatch's own result write left it (None until then,
     #: and when another writer, e.g. a cancel, ended the action first).
     final: ActionRecord | None = None

@@ -371,7 +371,7 @@ def _resume(runtime: ActionRuntime, record: ActionRecord) -> None:
         return
     if not runtime.live.may_follow(record.tenant, record.action_id, now):
         return  # its last follower ended without a result moments ago (LiveRegistry.follow_failed)
-    live = LiveAction(job=runtime.job(record, stream=True), record=record)
+    live = LiveAction(job=runtime.job(record, stream=True))
     runtime.live.add(live)
     live.task = asyncio.get_running_loop().create_task(
         _follow_sidecar(runtime, live), name=f"resume:{record.action_id}"

@@ -44,7 +44,7 @@ from ..store.store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms
 from ..tracing import TraceRef, fence_decided
 from . import cancellation, dispatch_task, recovery
 from .dispatch import Dispatcher, Job
-from .idempotency import IDEMPOTENCY_TTL_MS, checked_key, fence_hash, repeat_decision, replay_in_memory
+from .idempotency import IDEMPOTENCY_TTL_MS, checked_key, fence_hash, recall_by_read, repeat_decision
 from .lifecycle import ActionEvent, ActionState, ApprovalStatus, DispatchState, approval_admits, policy_hash
 from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
@@ -209,9 +209,11 @@ class ActionService:
             return await self._read_inline(caller, action, crew_id, spec, hashed)
         if (read := await self.writer.settled_read(tenant, action.id)) is not None:  # this host's, not yet written
             return await self._existing(read, action.id, hashed, key)
-        live = self.live.get(tenant, action.id) if blocking and not stream and run_action_id is None else None
-        if live is not None and live.record is not None and replay_in_memory(live.record, key, self.now_ms()):
-            return await self._existing(live.final or live.record, action.id, hashed, key)  # a re-call, no store call
+        if self.store.owner is None and run_action_id is None and self.live.get(tenant, action.id) is not None:
+            # A re-call of an action dispatched here: its row is read, not raced for by a create (recall_by_read).
+            stored = await self.store.get_action(tenant, action.id)
+            if stored is not None and recall_by_read(stored, key, self.now_ms()):
+                return await self._existing(stored, action.id, hashed, key)
         placing = self.dispatcher.placement.placing(crew_id) if spec.startable and not spec.approval else None
         try:  # One transaction: the target check of status/events/cancel, the key's reservation, the action row and
             # its pending approval; a request refused here reserves nothing (docs/security.md "Security": idempotency).
@@ -369,7 +371,7 @@ class ActionService:
         live = self.live.get(record.tenant, record.action_id)
         if live is not None:
             return live
-        live = LiveAction(job=self.job(record, stream=stream), record=record)
+        live = LiveAction(job=self.job(record, stream=stream))
         self.live.add(live)
         dispatch = dispatch_task.run(
             self, live, mark_sent=record.dispatch == DispatchState.NOT_SENT, recheck=not rechecked
