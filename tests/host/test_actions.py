@@ -109,7 +109,8 @@ async def test_a_recall_of_an_action_this_host_dispatches_reads_its_row_instead_
     """A re-call of a running action whose dispatch runs on this single-host store, with the action's own key
     while the key's reservation is live, reads the action's row (one read, no write) and is replayed, or
     refused when its input changed; another key, a store several hosts share, and a reservation at its margin
-    take the create as before (idempotency.recall_by_read). What it answers is the row as stored now: here, one the dispatch requeued."""
+    take the create as before (idempotency.recall_by_read). It answers the row as stored now: here, one the
+    dispatch requeued."""
     service, sidecar, clock = env
     release, sending, run = asyncio.Event(), asyncio.Event(), service.dispatcher.run
 
@@ -133,9 +134,9 @@ async def test_a_recall_of_an_action_this_host_dispatches_reads_its_row_instead_
         await service.submit(INVOKER, action("a1", key="k-2"), None, stream=False, blocking=True)
     assert "_write_now" in calls[2:]
     del calls[:]
-    service.store.owner = "host-a"  # a store hosts share: their clocks wrote the reservations, the create decides
+    monkeypatch.setattr(service.store, "owner", "host-a")  # a shared store: other hosts' clocks wrote its keys
     again = await service.submit(INVOKER, action("a1"), None, stream=False, blocking=True)
-    service.store.owner = None
+    monkeypatch.setattr(service.store, "owner", None)
     assert again.action_id == "a1" and "_write_now" in calls
     del calls[:]
     clock.ms = record.created_at + IDEMPOTENCY_TTL_MS - LIVE_RECALL_MARGIN_MS
