@@ -20,7 +20,6 @@ from aip_crewai.contracts.errors import (
     InvalidInput,
     NotCancellable,
 )
-from aip_crewai.host.actions.idempotency import IDEMPOTENCY_TTL_MS, LIVE_RECALL_MARGIN_MS
 from aip_crewai.host.auth.principals import Principal
 from aip_crewai.host.ledger import receipts as rc
 from aip_crewai.host.ledger.sealer import Sealer
@@ -105,13 +104,12 @@ async def test_a_governed_actions_row_and_its_pending_approval_are_one_write(env
     assert await service.store.get_action("acme", "a2") is None
 
 
-async def test_a_recall_of_an_action_this_host_dispatches_reads_its_row_instead_of_racing_a_create(env, monkeypatch):
-    """A re-call of a running action whose dispatch runs on this single-host store, with the action's own key
-    while the key's reservation is live, reads the action's row (one read, no write) and is replayed, or
-    refused when its input changed; another key, a store several hosts share, and a reservation at its margin
-    take the create as before (idempotency.recall_by_read). It answers the row as stored now: here, one the
-    dispatch requeued."""
-    service, sidecar, clock = env
+async def test_a_recall_of_an_action_this_host_dispatches_reads_what_the_create_would_find(env, monkeypatch):
+    """A re-call of a running action whose dispatch runs on this single-host store finds, in one read and with
+    nothing written, what the create would: the row as stored now (here one the dispatch requeued), replayed or
+    refused as before, or the other action a live reservation of its key points at (Store.find_read). A store
+    several hosts share takes the create."""
+    service, sidecar, _ = env
     release, sending, run = asyncio.Event(), asyncio.Event(), service.dispatcher.run
 
     async def held(job, on_chunks):
@@ -121,26 +119,24 @@ async def test_a_recall_of_an_action_this_host_dispatches_reads_its_row_instead_
 
     monkeypatch.setattr(service.dispatcher, "run", held)
     record = await service.submit(INVOKER, action("a1"), None, stream=False)
+    other = await service.submit(INVOKER, action("a2", key="k-2"), None, stream=False)  # pending: k-2 is a2's
     assert await service.decide(APPROVER, record.approval_id, "approved", "ok", service.now_ms()) is not None
     await sending.wait()  # claimed (`mark_sent`), its start held
     await service.writer.requeue("acme", "a1")  # the stored row moved on: what a re-call must see
     calls = count_store_calls(service.store, monkeypatch)
     again = await service.submit(INVOKER, action("a1"), None, stream=False, blocking=True)
-    assert (again.action_id, again.status, again.dispatch, calls) == ("a1", "running", "not_sent", ["_fetch_now"])
+    assert (again.action_id, again.status, again.dispatch) == ("a1", "running", "not_sent")
     with pytest.raises(IdempotencyConflict):
         await service.submit(INVOKER, action("a1", inp={"ticket": "other"}), None, stream=False)
-    assert calls == ["_fetch_now"] * 2
-    with pytest.raises(IdempotencyConflict):  # another key: the create asks the store which action holds it
-        await service.submit(INVOKER, action("a1", key="k-2"), None, stream=False, blocking=True)
-    assert "_write_now" in calls[2:]
+    with pytest.raises(IdempotencyConflict):  # a key no action holds: the id's own row, with another key
+        await service.submit(INVOKER, action("a1", key="k-3"), None, stream=False, blocking=True)
+    held_key = await service.submit(INVOKER, action("a1", key="k-2"), None, stream=False, blocking=True)
+    assert held_key.action_id == other.action_id == "a2"  # the key's live reservation points at a2: a2, as before
+    assert calls.count("find_read_now") == 4 and "_write_now" not in calls, calls  # (a2's refresh reads its approval)
     del calls[:]
-    monkeypatch.setattr(service.store, "owner", "host-a")  # a shared store: other hosts' clocks wrote its keys
+    monkeypatch.setattr(service.store, "owner", "host-a")  # a shared store: the create decides, as before
     again = await service.submit(INVOKER, action("a1"), None, stream=False, blocking=True)
     monkeypatch.setattr(service.store, "owner", None)
-    assert again.action_id == "a1" and "_write_now" in calls
-    del calls[:]
-    clock.ms = record.created_at + IDEMPOTENCY_TTL_MS - LIVE_RECALL_MARGIN_MS
-    again = await service.submit(INVOKER, action("a1"), None, stream=False, blocking=True)
     assert again.action_id == "a1" and "_write_now" in calls
     release.set()
     done = await service.wait(await service.get(INVOKER, "a1"), 10)

@@ -8,14 +8,7 @@ import dataclasses
 import pytest
 
 from aip_crewai.contracts.errors import IdempotencyConflict, InvalidInput
-from aip_crewai.host.actions.idempotency import (
-    IDEMPOTENCY_TTL_MS,
-    LIVE_RECALL_MARGIN_MS,
-    checked_key,
-    fence_hash,
-    recall_by_read,
-    repeat_decision,
-)
+from aip_crewai.host.actions.idempotency import checked_key, fence_hash, repeat_decision
 from aip_crewai.host.store.records import ActionRecord
 
 RECORD = ActionRecord(
@@ -72,17 +65,3 @@ def test_a_repeat_of_the_same_intent_replays_and_any_other_is_a_conflict():
 def test_a_record_carries_the_lifecycle_enums_that_read_as_their_values():
     assert RECORD.status == "running" and f"{RECORD.status}" == "running" and str(RECORD.dispatch) == "sent"
     assert {RECORD.status: 1}["running"] == 1
-
-
-def test_a_recall_is_answered_by_a_read_only_with_the_records_own_key_while_its_reservation_is_live():
-    """The edge: the last ms before ``created_at`` + TTL - margin, and that ms itself; another key (or none
-    for a keyed record) always goes to the store, which knows who holds that key."""
-    last = RECORD.created_at + IDEMPOTENCY_TTL_MS - LIVE_RECALL_MARGIN_MS - 1
-    assert recall_by_read(RECORD, "k1", RECORD.created_at)
-    assert recall_by_read(RECORD, "k1", last)
-    assert not recall_by_read(RECORD, "k1", last + 1)
-    assert not recall_by_read(RECORD, "k2", RECORD.created_at)
-    assert not recall_by_read(RECORD, None, RECORD.created_at)
-    keyless = dataclasses.replace(RECORD, idempotency_key=None)
-    assert recall_by_read(keyless, None, last + IDEMPOTENCY_TTL_MS)  # no reservation to outlive
-    assert not recall_by_read(keyless, "k1", RECORD.created_at)

@@ -21,20 +21,10 @@ from ...contracts.inputs import has_control_characters
 from ...contracts.sidecar import MAX_IDEMPOTENCY_KEY_BYTES
 from ..store.records import ActionRecord
 
-__all__ = [
-    "IDEMPOTENCY_TTL_MS",
-    "LIVE_RECALL_MARGIN_MS",
-    "fence_hash",
-    "checked_key",
-    "repeat_decision",
-    "recall_by_read",
-]
+__all__ = ["IDEMPOTENCY_TTL_MS", "fence_hash", "checked_key", "repeat_decision"]
 
 #: How long a key's reservation lasts, ms (24 h).
 IDEMPOTENCY_TTL_MS = 86_400_000
-#: How long before a key's reservation expires a re-call stops being answered by a read of its row
-#: (:func:`recall_by_read`), ms: the reservation is written a moment before the row's ``created_at``.
-LIVE_RECALL_MARGIN_MS = 60_000
 
 
 def fence_hash(capability_id: str, value: Any) -> str:
@@ -73,16 +63,3 @@ def repeat_decision(record: ActionRecord, action_id: str, hashed: str, key: str 
     elif record.input_hash != hashed or record.idempotency_key != key:
         raise IdempotencyConflict("the action id was already used with a different input or key")
     return "replayed"
-
-
-def recall_by_read(record: ActionRecord, key: str | None, now_ms: int) -> bool:
-    """Whether a re-call (the same action id, with ``key``) of the action stored as ``record`` gets exactly
-    what :meth:`~aip_crewai.host.store.store.Store.create_action` would answer it, so that reading the row is
-    enough: it names the record's own key (or none, as the record does), and that key's reservation is still
-    live by this host's clock (``now_ms`` before ``created_at`` + :data:`IDEMPOTENCY_TTL_MS` -
-    :data:`LIVE_RECALL_MARGIN_MS`). Then no other action holds the key (on a store one host writes, whose clock
-    wrote the reservation: the caller checks that), the insert would find the id taken, and the create would
-    answer this very row. Pure. Source: docs/ARCHITECTURE.md §7 (the idempotency fence)."""
-    if record.idempotency_key != key:
-        return False
-    return key is None or now_ms < record.created_at + IDEMPOTENCY_TTL_MS - LIVE_RECALL_MARGIN_MS

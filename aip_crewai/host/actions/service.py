@@ -44,7 +44,7 @@ from ..store.store import ActionRecord, ApprovalRecord, MissingTarget, Store, ms
 from ..tracing import TraceRef, fence_decided
 from . import cancellation, dispatch_task, recovery
 from .dispatch import Dispatcher, Job
-from .idempotency import IDEMPOTENCY_TTL_MS, checked_key, fence_hash, recall_by_read, repeat_decision
+from .idempotency import IDEMPOTENCY_TTL_MS, checked_key, fence_hash, repeat_decision
 from .lifecycle import ActionEvent, ActionState, ApprovalStatus, DispatchState, approval_admits, policy_hash
 from .live import LiveAction, LiveRegistry
 from .normalize import failed_result
@@ -210,9 +210,8 @@ class ActionService:
         if (read := await self.writer.settled_read(tenant, action.id)) is not None:  # this host's, not yet written
             return await self._existing(read, action.id, hashed, key)
         if self.store.owner is None and run_action_id is None and self.live.get(tenant, action.id) is not None:
-            # A re-call of an action dispatched here: its row is read, not raced for by a create (recall_by_read).
-            stored = await self.store.get_action(tenant, action.id)
-            if stored is not None and recall_by_read(stored, key, self.now_ms()):
+            # A re-call of an action dispatched here (its id is stored): what the create would find, one read.
+            if (stored := await self.store.find_read(tenant, action.id, crew_id, caller.id, None, key)) is not None:
                 return await self._existing(stored, action.id, hashed, key)
         placing = self.dispatcher.placement.placing(crew_id) if spec.startable and not spec.approval else None
         try:  # One transaction: the target check of status/events/cancel, the key's reservation, the action row and

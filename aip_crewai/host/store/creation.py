@@ -23,7 +23,10 @@ from .ledger import seal_now
 from .records import DISPATCH_RANK, ActionRecord, MissingTarget, Seal, StoreError
 from .sql import ACTION_COLUMNS, GET_ACTION, IDEMPOTENCY_COLUMNS
 
-__all__ = ["start_state", "create_now", "check_target_now", "find_read_now"]
+__all__ = ["Target", "start_state", "create_now", "check_target_now", "holder_now", "find_read_now"]
+
+#: A run a read names (``run_action_id``) and the operations it may be: checked by :func:`check_target_now`.
+Target = tuple[str, Sequence[str]]
 
 _S = ActionState
 #: The row's values in ACTION_COLUMNS order; the lease's expiry is given as its length (ms, or NULL) and
@@ -90,21 +93,9 @@ def create_now(
     tenant, action_id, capability_id, crew_id, _, _, input_hash, principal_id = row[:8]
     now = row[16]
 
-    def holder(key: str) -> ActionRecord | None:
-        """The other action a live reservation of the key points at (None: free, expired, or ours)."""
-        rows = db.fetch(
-            f"SELECT {ACTION_COLUMNS} FROM actions WHERE (tenant, action_id) = "
-            "(SELECT tenant, action_id FROM idempotency WHERE tenant = ? AND key = ? AND expires_at > ? "
-            "AND action_id != ?)",
-            (tenant, key, now, action_id),
-        )
-        # A live reservation whose action row is missing (left by a crash of an older
-        # version between two commits) holds nothing: the upsert below takes it over.
-        return ActionRecord(*rows[0]) if rows else None
-
     def create() -> tuple[bool, ActionRecord]:
         if reservation is not None:
-            other = holder(reservation[0])
+            other = holder_now(db, tenant, reservation[0], now, action_id)
             if other is not None:
                 return False, other
         if target is not None:
@@ -139,12 +130,37 @@ def check_target_now(db: Db, tenant: str, crew_id: str, principal_id: str, targe
         raise MissingTarget(run_action_id)
 
 
+def holder_now(db: Db, tenant: str, key: str, now: int, action_id: str) -> ActionRecord | None:
+    """The action other than ``action_id`` a live reservation of ``key`` points at at ``now`` (epoch ms), on
+    the worker; None: the key is free, expired, or ``action_id``'s own."""
+    rows = db.fetch(
+        f"SELECT {ACTION_COLUMNS} FROM actions WHERE (tenant, action_id) = "
+        "(SELECT tenant, action_id FROM idempotency WHERE tenant = ? AND key = ? AND expires_at > ? "
+        "AND action_id != ?)",
+        (tenant, key, now, action_id),
+    )
+    # A live reservation whose action row is missing (left by a crash of an older
+    # version between two commits) holds nothing: create_now's upsert takes it over.
+    return ActionRecord(*rows[0]) if rows else None
+
+
 def find_read_now(
-    db: Db, tenant: str, action_id: str, crew_id: str, principal_id: str, target: tuple[str, Sequence[str]]
+    db: Db,
+    tenant: str,
+    action_id: str,
+    crew_id: str,
+    principal_id: str,
+    target: Target | None,
+    key: str | None = None,
+    now: int = 0,
 ) -> ActionRecord | None:
-    """What a key-less read answered inline checks before its answer (on the worker, one read, nothing
-    written): its target (:func:`check_target_now`, in the same order as :func:`create_now` checks it),
-    then whether its action id is stored (a repeat: that record is returned), else None."""
-    check_target_now(db, tenant, crew_id, principal_id, target)
+    """What :func:`create_now` finds for a submission whose action id may be stored, read on the worker with
+    nothing written, in create_now's order: the other action a live reservation of ``key`` points at at
+    ``now`` (:func:`holder_now`); then the ``target`` check (:func:`check_target_now`) when one is given;
+    then the stored action ``action_id`` (a repeat). None: nothing of these is stored (the caller creates)."""
+    if key is not None and (other := holder_now(db, tenant, key, now, action_id)) is not None:
+        return other
+    if target is not None:
+        check_target_now(db, tenant, crew_id, principal_id, target)
     rows = db.fetch(GET_ACTION, (tenant, action_id))
     return ActionRecord(*rows[0]) if rows else None

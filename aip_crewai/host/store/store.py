@@ -70,7 +70,7 @@ from ...plumbing.wakeup import ChangeSignal
 from ..actions.lifecycle import ActionState, is_terminal
 from . import notify
 from .approvals import ApprovalMethods
-from .creation import create_now, find_read_now, start_state
+from .creation import Target, create_now, find_read_now, start_state
 from .engines.engine import Db
 from .engines.postgres import CallGuard, PostgresDb, StoreTimeouts, is_postgres_url, open_postgres_pool
 from .engines.sqlite import SqliteDb, check_location, check_store_file, connect_sqlite, lock_store
@@ -442,12 +442,13 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         return created, record
 
     async def find_read(
-        self, tenant: str, action_id: str, crew_id: str, principal_id: str, target: tuple[str, Sequence[str]]
+        self, tenant: str, action_id: str, crew_id: str, principal: str, target: Target | None, key: str | None = None
     ) -> ActionRecord | None:
-        """Before a key-less read is answered inline: MissingTarget unless ``target`` is the principal's own
-        run of the crew (as :meth:`create_action` checks it); the stored action ``action_id`` (a repeat), else
-        None. One read (:func:`.creation.find_read_now`)."""
-        return await self._run(find_read_now, self._db, tenant, action_id, crew_id, principal_id, target)
+        """What :meth:`create_action` would find for a submission of ``action_id``, one read with nothing written
+        (:func:`.creation.find_read_now`: the other action a live reservation of ``key`` points at; MissingTarget
+        unless a given ``target`` is the principal's own run of the crew; the stored action; else None)."""
+        now = self.now_ms()
+        return await self._run(find_read_now, self._db, tenant, action_id, crew_id, principal, target, key, now)
 
     async def get_action(self, tenant: str, action_id: str) -> ActionRecord | None:
         rows = await self._fetch(GET_ACTION, (tenant, action_id))
