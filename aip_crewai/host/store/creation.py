@@ -67,7 +67,7 @@ def create_now(
     row: Sequence[Any],
     *,
     reservation: tuple[str, int] | None,
-    target: tuple[str, Sequence[str]] | None,
+    target: Target | None,
     seal: Seal | None = None,
     then: Callable[[ActionRecord], object] | None = None,
 ) -> tuple[bool, ActionRecord]:
@@ -117,7 +117,7 @@ def create_now(
     return db.transaction(create) if reservation is not None or seal is not None or then is not None else create()
 
 
-def check_target_now(db: Db, tenant: str, crew_id: str, principal_id: str, target: tuple[str, Sequence[str]]) -> None:
+def check_target_now(db: Db, tenant: str, crew_id: str, principal_id: str, target: Target) -> None:
     """Raise MissingTarget unless ``tenant`` has the action ``target[0]`` of ``crew_id``, submitted by
     ``principal_id`` (an invoker reads its own runs), of one of the operations ``target[1]`` (on the worker)."""
     run_action_id, operations = target
@@ -151,8 +151,8 @@ def find_read_now(
     crew_id: str,
     principal_id: str,
     target: Target | None,
-    key: str | None = None,
-    now: int = 0,
+    key: str | None,
+    now: int,
 ) -> ActionRecord | None:
     """What :func:`create_now` finds for a submission whose action id may be stored, read on the worker with
     nothing written, in create_now's order: the other action a live reservation of ``key`` points at at

@@ -367,7 +367,7 @@ class Store(ApprovalMethods, LeaseMethods, LedgerMethods, OutboxMethods):
         approval_id: str | None = None,
         timeout_ms: int | None = None,
         dispatch: str = "not_sent",
-        target: tuple[str, Sequence[str]] | None = None,
+        target: Target | None = None,
         key_expires_at: int | None = None,
         now: int | None = None,
         durable: bool = True,
