@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from kits.poll import until
 
-from aip_crewai.sidecar.isolation import fork_server
+from aip_crewai.sidecar.isolation import channel, fork_server
 from aip_crewai.sidecar.isolation.channel import Channel, ChunkSender
 from aip_crewai.sidecar.isolation.fork_server import WorkerStartFailed, describe_exit, describe_registry
 from aip_crewai.sidecar.isolation.wire import (
@@ -92,6 +92,7 @@ def test_a_worker_sends_at_most_its_chunk_limit_and_counts_the_rest(limit):
         for i in range(limit + 1):
             sender({"content": f"c{i}", "channel": "llm"})
         assert (sender.sent, sender.dropped) == (limit, 1)
+        sender.channel.flush()
         theirs.close()
         received = _read_all(ours)
         assert [m.data["content"] for m in received] == [f"c{i}" for i in range(limit)]
@@ -103,6 +104,7 @@ def test_a_worker_cuts_chunk_content_and_labels_the_sidecar_would_cut_anyway():
         sender = ChunkSender(Channel(theirs, frame_bound(1024)), 10, 1024)
         sender({"content": "x" * 5000, "channel": "tools", "task_id": "t" * 999, "agent_role": None, "other": "y"})
         sender("not a mapping")  # dropped, as the sidecar would
+        sender.channel.flush()
         theirs.close()
         (message,) = _read_all(ours)
     assert isinstance(message, Chunk)
@@ -147,10 +149,122 @@ def test_chunks_sent_from_many_threads_arrive_whole():
             thread.start()
         for thread in threads:
             thread.join()
+        sender.channel.flush()
         theirs.shutdown(socket.SHUT_WR)
         drain.join(30)
     assert len(received) == 400 and all(isinstance(m, Chunk) for m in received)
     assert msgspec.json.encode(sorted(m.data["content"] for m in received))
+
+
+class _Writes:
+    """A worker's socket that records each write (one ``sendall``) before making it; ``fail`` makes them fail."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.writes: list[bytes] = []
+        self.fail = False
+
+    def sendall(self, data: bytes) -> None:
+        if self.fail:
+            raise BrokenPipeError(32, "gone")
+        self.writes.append(bytes(data))
+        self.sock.sendall(data)
+
+
+def _frames(data: bytes) -> list[FromWorker]:
+    """The messages of the frames in ``data`` (whole frames, worker → sidecar)."""
+    out = []
+    while data:
+        size = HEADER.size + payload_length(data[: HEADER.size], frame_bound(1024))
+        out.append(decode_from_worker(data[HEADER.size : size]))
+        data = data[size:]
+    return out
+
+
+def test_a_workers_chunks_cross_its_socket_together_and_reach_the_sidecar_without_another_call():
+    """ARCHITECTURE.md §5: a chunk frame is held for ``CHUNK_HOLD_S`` and sent with the ones emitted meanwhile
+    (the code before wrote each of the 50 on its own); the holder thread sends them with no further call."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sock = _Writes(theirs)
+        sender = ChunkSender(Channel(sock, frame_bound(1024)), 100, 1024)
+        for i in range(50):
+            sender({"content": f"c{i}"})
+        ours.settimeout(60)
+        received: list[FromWorker] = []
+        reader = Channel(ours, frame_bound(1024))
+        while len(received) < 50:  # blocks until the holder thread wrote them (no flush, no later chunk)
+            header = reader._exact(HEADER.size)
+            assert header is not None
+            received.append(decode_from_worker(reader._exact(payload_length(header, reader.bound)) or b""))
+    assert [m.data["content"] for m in received] == [f"c{i}" for i in range(50)]
+    assert len(sock.writes) < 50
+
+
+def test_a_frame_sent_now_follows_the_held_chunks_in_the_same_write(monkeypatch):
+    """The job's end never overtakes a chunk: ``send`` writes the frames held first, in one write."""
+    monkeypatch.setattr(channel, "CHUNK_HOLD_S", 3600.0)  # the holder thread never sends during the test
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sock = _Writes(theirs)
+        sender = ChunkSender(Channel(sock, frame_bound(1024)), 100, 1024)
+        sender({"content": "a"})
+        sender({"content": "b"})
+        assert sock.writes == []  # held
+        sender.channel.send(Done(b"{}", [], 0))
+    (write,) = sock.writes
+    assert [type(m).__name__ for m in _frames(write)] == ["Chunk", "Chunk", "Done"]
+    assert [m.data["content"] for m in _frames(write)[:2]] == ["a", "b"]
+
+
+def test_held_chunk_frames_go_at_once_when_they_reach_the_byte_bound(monkeypatch):
+    """The bound on what a worker holds, at its edge: one byte under it holds, at it the frames go now."""
+    monkeypatch.setattr(channel, "CHUNK_HOLD_S", 3600.0)
+    frame = len(encode(Chunk({"content": "x"})))
+    monkeypatch.setattr(channel, "CHUNK_HOLD_BYTES", 3 * frame)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sock = _Writes(theirs)
+        held = Channel(sock, frame_bound(1024))
+        held.send_soon(Chunk({"content": "x"}))
+        held.send_soon(Chunk({"content": "x"}))
+        assert sock.writes == []  # 2 frames: one byte short of the bound and more
+        held.send_soon(Chunk({"content": "x"}))
+        assert [len(_frames(w)) for w in sock.writes] == [3]
+
+
+def test_chunks_go_at_once_when_no_thread_can_hold_them(monkeypatch):
+    """A job whose resource limits leave no room for the holder thread still streams, one write per chunk."""
+
+    def refuse(_self: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(channel.threading.Thread, "start", refuse)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sock = _Writes(theirs)
+        held = Channel(sock, frame_bound(1024))
+        held.send_soon(Chunk({"content": "x"}))
+        held.send_soon(Chunk({"content": "y"}))
+        assert [len(_frames(w)) for w in sock.writes] == [1, 1]
+
+
+def test_a_held_write_that_fails_makes_the_next_frame_fail_as_the_sidecar_gone():
+    """The holder thread does not end the worker: its failed write is the next call's OSError, which the
+    chunk sender and the job's end already take for a sidecar gone."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sock = _Writes(theirs)
+        sock.fail = True
+        held = Channel(sock, frame_bound(1024))
+        held.send_soon(Chunk({"content": "x"}))
+        until(lambda: held._broken, what="the holder's failed write")
+        sock.fail = False
+        with pytest.raises(OSError):
+            held.send_soon(Chunk({"content": "y"}))
+        with pytest.raises(OSError):
+            held.send(Done(b"{}", [], 0))
+        assert sock.writes == []
 
 
 class _UnreachableForkServer:
@@ -180,7 +294,6 @@ def test_a_jobs_stop_flag_ends_the_worker_once_the_sidecar_is_gone(monkeypatch):
     not) it reads as set or not; at the sidecar's end of file the worker exits at the check, before the
     effect the check guards (its reader thread may not have run yet); after the job's end was reported, an
     end of file is expected and changes nothing."""
-    from aip_crewai.sidecar.isolation import channel
 
     def exit_now(status):
         raise _Exited(status)
@@ -211,8 +324,6 @@ def test_a_workers_reader_gives_each_job_its_cancel_and_lets_it_wait_for_the_nex
     the job's end is reported, the next ``Start`` is the next job, and the sidecar's end of file then ends
     the wait (None), not the process; a ``Start`` while a job runs unreported is a protocol error (exit)."""
     import asyncio
-
-    from aip_crewai.sidecar.isolation import channel
 
     exits: list[int] = []  # the reader thread's exits (a stand-in that outlives the test, as the thread may)
     loop = asyncio.new_event_loop()
