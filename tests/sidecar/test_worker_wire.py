@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Iterator
 
 import msgspec
 import pytest
@@ -217,54 +218,53 @@ def test_a_frame_sent_now_follows_the_held_chunks_in_the_same_write(monkeypatch)
     assert [m.data["content"] for m in _frames(write)[:2]] == ["a", "b"]
 
 
-def test_held_chunk_frames_go_at_once_when_they_reach_the_byte_bound(monkeypatch):
-    """The bound on what a worker holds, at its edge: one byte under it holds, at it the frames go now."""
-    monkeypatch.setattr(channel, "CHUNK_HOLD_S", 3600.0)
-    frame = len(encode(Chunk({"content": "x"})))
-    monkeypatch.setattr(channel, "CHUNK_HOLD_BYTES", 3 * frame)
+@pytest.fixture
+def writes() -> Iterator[tuple[_Writes, Channel]]:
+    """A worker's channel on a socket that records its writes (the sidecar's end stays open, unread)."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
         sock = _Writes(theirs)
-        held = Channel(sock, frame_bound(1024))
-        held.send_soon(Chunk({"content": "x"}))
-        held.send_soon(Chunk({"content": "x"}))
-        assert sock.writes == []  # 2 frames: one byte short of the bound and more
-        held.send_soon(Chunk({"content": "x"}))
-        assert [len(_frames(w)) for w in sock.writes] == [3]
+        yield sock, Channel(sock, frame_bound(1024))  # type: ignore[arg-type]
 
 
-def test_chunks_go_at_once_when_no_thread_can_hold_them(monkeypatch):
+@pytest.mark.parametrize("room, written", [(1, []), (0, [2])])
+def test_held_chunk_frames_go_at_once_when_they_reach_the_byte_bound(monkeypatch, writes, room, written):
+    """The bound on what a worker holds, at its edge: two frames one byte under it are held, two frames at it
+    go now, in one write."""
+    monkeypatch.setattr(channel, "CHUNK_HOLD_S", 3600.0)  # the holder thread never sends during the test
+    monkeypatch.setattr(channel, "CHUNK_HOLD_BYTES", 2 * len(encode(Chunk({"content": "x"}))) + room)
+    sock, held = writes
+    held.send_soon(Chunk({"content": "x"}))
+    held.send_soon(Chunk({"content": "x"}))
+    assert [len(_frames(w)) for w in sock.writes] == written
+
+
+def test_chunks_go_at_once_when_no_thread_can_hold_them(monkeypatch, writes):
     """A job whose resource limits leave no room for the holder thread still streams, one write per chunk."""
 
     def refuse(_self: object) -> None:
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(channel.threading.Thread, "start", refuse)
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        sock = _Writes(theirs)
-        held = Channel(sock, frame_bound(1024))
-        held.send_soon(Chunk({"content": "x"}))
-        held.send_soon(Chunk({"content": "y"}))
-        assert [len(_frames(w)) for w in sock.writes] == [1, 1]
+    sock, held = writes
+    held.send_soon(Chunk({"content": "x"}))
+    held.send_soon(Chunk({"content": "y"}))
+    assert [len(_frames(w)) for w in sock.writes] == [1, 1]
 
 
-def test_a_held_write_that_fails_makes_the_next_frame_fail_as_the_sidecar_gone():
+def test_a_held_write_that_fails_makes_the_next_frame_fail_as_the_sidecar_gone(writes):
     """The holder thread does not end the worker: its failed write is the next call's OSError, which the
     chunk sender and the job's end already take for a sidecar gone."""
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        sock = _Writes(theirs)
-        sock.fail = True
-        held = Channel(sock, frame_bound(1024))
-        held.send_soon(Chunk({"content": "x"}))
-        until(lambda: held._broken, what="the holder's failed write")
-        sock.fail = False
-        with pytest.raises(OSError):
-            held.send_soon(Chunk({"content": "y"}))
-        with pytest.raises(OSError):
-            held.send(Done(b"{}", [], 0))
-        assert sock.writes == []
+    sock, held = writes
+    sock.fail = True
+    held.send_soon(Chunk({"content": "x"}))
+    until(lambda: held._broken, what="the holder's failed write")
+    sock.fail = False
+    with pytest.raises(OSError):
+        held.send_soon(Chunk({"content": "y"}))
+    with pytest.raises(OSError):
+        held.send(Done(b"{}", [], 0))
+    assert sock.writes == []
 
 
 class _UnreachableForkServer:
