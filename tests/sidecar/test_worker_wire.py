@@ -202,41 +202,73 @@ def test_a_workers_chunks_cross_its_socket_together_and_reach_the_sidecar_withou
     assert len(sock.writes) < 50
 
 
-def test_a_frame_sent_now_follows_the_held_chunks_in_the_same_write(monkeypatch):
-    """The job's end never overtakes a chunk: ``send`` writes the frames held first, in one write."""
-    monkeypatch.setattr(channel, "CHUNK_HOLD_S", 3600.0)  # the holder thread never sends during the test
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        sock = _Writes(theirs)
-        sender = ChunkSender(Channel(sock, frame_bound(1024)), 100, 1024)
-        sender({"content": "a"})
-        sender({"content": "b"})
-        assert sock.writes == []  # held
-        sender.channel.send(Done(b"{}", [], 0))
-    (write,) = sock.writes
-    assert [type(m).__name__ for m in _frames(write)] == ["Chunk", "Chunk", "Done"]
-    assert [m.data["content"] for m in _frames(write)[:2]] == ["a", "b"]
+class _Clock:
+    """A monotonic clock the test moves (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @pytest.fixture
-def writes() -> Iterator[tuple[_Writes, Channel]]:
-    """A worker's channel on a socket that records its writes (the sidecar's end stays open, unread)."""
+def writes(monkeypatch) -> Iterator[tuple[_Writes, Channel, _Clock]]:
+    """A worker's channel on a socket that records its writes (the sidecar's end stays open, unread), on a
+    clock the test moves; its holder thread waits an hour, so it never writes during the test."""
+    monkeypatch.setattr(channel, "CHUNK_HOLD_S", 3600.0)
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        sock = _Writes(theirs)
-        yield sock, Channel(sock, frame_bound(1024))  # type: ignore[arg-type]
+        sock, clock = _Writes(theirs), _Clock()
+        yield sock, Channel(sock, frame_bound(1024), clock), clock  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("room, written", [(1, []), (0, [2])])
+def _contents(sock: _Writes) -> list[list[str]]:
+    """Each write's frames: a chunk's content, or another message's type name."""
+    return [[m.data["content"] if isinstance(m, Chunk) else type(m).__name__ for m in _frames(w)] for w in sock.writes]
+
+
+def test_a_chunk_after_a_quiet_spell_goes_at_once_and_held_ones_when_the_oldest_is_due(writes):
+    """ARCHITECTURE.md §5: held at most CHUNK_HOLD_S (here an hour), at its edge: a frame held for one second
+    less waits, at the hold the next chunk writes them all; a chunk after a quiet spell as long goes at once
+    (a job that then runs C code holding the GIL has sent it)."""
+    sock, held, clock = writes
+    hour = channel.CHUNK_HOLD_S
+    for at, content in [(0, "a"), (1, "b"), (hour, "c"), (hour + 1, "d"), (hour + 2, "e"), (2 * hour + 2, "f")]:
+        clock.now = at
+        held.send_soon(Chunk({"content": content}))
+    assert _contents(sock) == [["a"], ["b", "c", "d"], ["e", "f"]]
+    clock.now = 3 * hour + 1  # one second short of a quiet hour since the last write: held
+    held.send_soon(Chunk({"content": "g"}))
+    clock.now = 5 * hour
+    held.send_soon(Chunk({"content": "h"}))  # the held "g" is due: both go
+    clock.now = 6 * hour
+    held.send_soon(Chunk({"content": "i"}))  # a quiet hour since: at once
+    assert _contents(sock)[3:] == [["g", "h"], ["i"]]
+
+
+def test_a_frame_sent_now_follows_the_held_chunks_in_the_same_write(writes):
+    """The job's end never overtakes a chunk: ``send`` writes the frames held first, in one write."""
+    sock, held, clock = writes
+    held.send_soon(Chunk({"content": "a"}))  # the first: at once
+    clock.now = 1
+    held.send_soon(Chunk({"content": "b"}))
+    held.send_soon(Chunk({"content": "c"}))
+    assert _contents(sock) == [["a"]]  # b and c held
+    held.send(Done(b"{}", [], 0))
+    assert _contents(sock) == [["a"], ["b", "c", "Done"]]
+
+
+@pytest.mark.parametrize("room, written", [(1, [["x"]]), (0, [["x"], ["y", "y"]])])
 def test_held_chunk_frames_go_at_once_when_they_reach_the_byte_bound(monkeypatch, writes, room, written):
     """The bound on what a worker holds, at its edge: two frames one byte under it are held, two frames at it
     go now, in one write."""
-    monkeypatch.setattr(channel, "CHUNK_HOLD_S", 3600.0)  # the holder thread never sends during the test
-    monkeypatch.setattr(channel, "CHUNK_HOLD_BYTES", 2 * len(encode(Chunk({"content": "x"}))) + room)
-    sock, held = writes
-    held.send_soon(Chunk({"content": "x"}))
-    held.send_soon(Chunk({"content": "x"}))
-    assert [len(_frames(w)) for w in sock.writes] == written
+    monkeypatch.setattr(channel, "CHUNK_HOLD_BYTES", 2 * len(encode(Chunk({"content": "y"}))) + room)
+    sock, held, _clock = writes
+    held.send_soon(Chunk({"content": "x"}))  # the first: at once
+    held.send_soon(Chunk({"content": "y"}))
+    held.send_soon(Chunk({"content": "y"}))
+    assert _contents(sock) == written
 
 
 def test_chunks_go_at_once_when_no_thread_can_hold_them(monkeypatch, writes):
@@ -246,25 +278,47 @@ def test_chunks_go_at_once_when_no_thread_can_hold_them(monkeypatch, writes):
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(channel.threading.Thread, "start", refuse)
-    sock, held = writes
-    held.send_soon(Chunk({"content": "x"}))
-    held.send_soon(Chunk({"content": "y"}))
-    assert [len(_frames(w)) for w in sock.writes] == [1, 1]
+    sock, held, _clock = writes
+    for content in "xyz":
+        held.send_soon(Chunk({"content": content}))
+    assert _contents(sock) == [["x"], ["y"], ["z"]]
 
 
-def test_a_held_write_that_fails_makes_the_next_frame_fail_as_the_sidecar_gone(writes):
+def test_a_holder_thread_that_is_gone_is_started_again(monkeypatch):
+    """In a process forked from the worker (a crew's own child) the holder thread does not exist, and one that
+    died holds nothing more: the next held frame starts another, which sends it."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sock, clock = _Writes(theirs), _Clock()
+        held = Channel(sock, frame_bound(1024), clock)
+        gone = threading.Thread(target=lambda: None)
+        gone.start()
+        gone.join()
+        held._holder = gone
+        held.send_soon(Chunk({"content": "a"}))  # at once
+        held.send_soon(Chunk({"content": "b"}))  # held; the new holder sends it
+        until(lambda: len(sock.writes) == 2, what="the held chunk sent by a new holder thread")
+    assert _contents(sock) == [["a"], ["b"]]
+    assert held._holder is not gone
+
+
+def test_a_held_write_that_fails_makes_the_next_frame_fail_as_the_sidecar_gone():
     """The holder thread does not end the worker: its failed write is the next call's OSError, which the
     chunk sender and the job's end already take for a sidecar gone."""
-    sock, held = writes
-    sock.fail = True
-    held.send_soon(Chunk({"content": "x"}))
-    until(lambda: held._broken, what="the holder's failed write")
-    sock.fail = False
-    with pytest.raises(OSError):
-        held.send_soon(Chunk({"content": "y"}))
-    with pytest.raises(OSError):
-        held.send(Done(b"{}", [], 0))
-    assert sock.writes == []
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sock, clock = _Writes(theirs), _Clock()
+        held = Channel(sock, frame_bound(1024), clock)
+        held.send_soon(Chunk({"content": "a"}))  # at once
+        sock.fail = True
+        held.send_soon(Chunk({"content": "b"}))  # held: the holder's write fails
+        until(lambda: held._broken, what="the holder's failed write")
+        sock.fail = False
+        with pytest.raises(OSError):
+            held.send_soon(Chunk({"content": "c"}))
+        with pytest.raises(OSError):
+            held.send(Done(b"{}", [], 0))
+    assert _contents(sock) == [["a"]]
 
 
 class _UnreachableForkServer:

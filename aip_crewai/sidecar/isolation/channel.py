@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import itertools
+import math
 import os
 import queue
 import select
@@ -58,19 +59,28 @@ CHUNK_HOLD_BYTES = 65_536
 class Channel:
     """The worker's end of its socket: whole frames, one writer at a time (any thread).
 
-    :meth:`send` writes a frame now; :meth:`send_soon` holds one (a chunk) for at most :data:`CHUNK_HOLD_S`
-    (a thread of the channel's, started at the first one held, then writes every frame held by then in one
-    write) or until :data:`CHUNK_HOLD_BYTES` are held. Held frames always go before the frame of a later
+    :meth:`send` writes a frame now. :meth:`send_soon` (a chunk) writes it now after a quiet spell (no write
+    for :data:`CHUNK_HOLD_S`), else holds it until the frames held are :data:`CHUNK_HOLD_S` old (written by the
+    next :meth:`send_soon` after that, or by a thread of the channel's that waits that long: whichever comes
+    first) or :data:`CHUNK_HOLD_BYTES` in all. Held frames always go before the frame of a later
     :meth:`send`, in the same write, so the sidecar receives the frames in the order of the calls: the job's
     end (``Done``/``Failed``) after every chunk the job emitted. Source: ARCHITECTURE.md §5 (isolation).
+
+    Args:
+        sock: the worker's end of its socketpair with the sidecar.
+        bound: the largest frame :meth:`recv` accepts, bytes.
+        clock: monotonic seconds (tests pass their own).
     """
 
-    def __init__(self, sock: socket.socket, bound: int) -> None:
+    def __init__(self, sock: socket.socket, bound: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.sock = sock
         self.bound = bound
+        self._clock = clock
         self._lock = threading.Lock()
         self._held: list[bytes] = []
         self._held_bytes = 0
+        self._held_since = 0.0  # when the oldest frame held was
+        self._written_at = -math.inf  # when the last write was
         self._held_some = threading.Condition(self._lock)
         self._holder: threading.Thread | None = None
         self._broken = False  # the holder's write failed: the sidecar is gone
@@ -82,15 +92,21 @@ class Channel:
             self._write(frame)
 
     def send_soon(self, message: FromWorker) -> None:
-        """Hold one frame for at most :data:`CHUNK_HOLD_S`; write the frames held now when they reach
-        :data:`CHUNK_HOLD_BYTES` or no thread can be started to send them later. Raises OSError when the
-        sidecar is gone (known from an earlier write, or found by this one)."""
+        """Send one frame now or hold it (the class's rules). Raises OSError when the sidecar is gone (known
+        from an earlier write, or found by this one)."""
         frame = encode(message)
         with self._lock:
             self._check_open()
+            now = self._clock()
+            if not self._held:
+                if now - self._written_at >= CHUNK_HOLD_S:
+                    self._write(frame)  # after a quiet spell: at once (the job may not run Python for a while)
+                    return
+                self._held_since = now
             self._held.append(frame)
             self._held_bytes += len(frame)
-            if self._held_bytes >= CHUNK_HOLD_BYTES or not self._start_holder():
+            due = self._held_bytes >= CHUNK_HOLD_BYTES or now - self._held_since >= CHUNK_HOLD_S
+            if due or not self._start_holder():
                 self._write(b"")
             elif len(self._held) == 1:
                 self._held_some.notify()
@@ -108,6 +124,7 @@ class Channel:
             self._held.clear()
             self._held_bytes = 0
         if frame:
+            self._written_at = self._clock()
             self.sock.sendall(frame)
 
     def _check_open(self) -> None:
@@ -115,8 +132,9 @@ class Channel:
             raise BrokenPipeError(errno.EPIPE, "the sidecar is gone (a held chunk could not be sent)")
 
     def _start_holder(self) -> bool:
-        """Under the lock: whether the thread that sends held frames runs (started here the first time)."""
-        if self._holder is None:
+        """Under the lock: whether the thread that sends held frames runs (started here when it does not: the
+        first time, in a process forked from this one, after it died)."""
+        if self._holder is None or not self._holder.is_alive():
             holder = threading.Thread(target=self._send_held, name="aip-crewai-worker-chunks", daemon=True)
             try:
                 holder.start()
