@@ -240,39 +240,68 @@ def start_host(
     """Start a host; with ``wait_ready`` block until ``/ready`` answers 200.
 
     ``crews``, ``tenants``, ``extra_principals``, ``host_options``, ``store``, ``sidecars`` and ``extra_toml`` go
-    to :func:`write_config`; ``env`` is added to the test process's environment (:func:`launch_host`)."""
-    port = port or free_port()
-    config = write_config(
-        workdir,
-        sidecar_url,
-        sidecar_token,
-        port,
-        crews=crews,
-        tenants=tenants,
-        extra_principals=extra_principals,
-        host_options=host_options,
-        store=store,
-        sidecars=sidecars,
-        extra_toml=extra_toml,
-    )
-    log = workdir / f"host-{port}-{time.monotonic_ns()}.log"
-    process = launch_host(config, log, env=env)
-    host = Host(process, f"http://127.0.0.1:{port}", log, workdir)
+    to :func:`write_config`; ``env`` is added to the test process's environment (:func:`launch_host`). Without
+    ``port``, a free port is picked; when another process takes it before the host binds it (the host exits
+    naming "Address already in use"), the host is started again on another one, up to
+    :data:`PORT_ATTEMPTS` times (with ``wait_ready``: a loaded machine runs many tests' processes at once)."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        chosen = port or free_port()
+        config = write_config(
+            workdir,
+            sidecar_url,
+            sidecar_token,
+            chosen,
+            crews=crews,
+            tenants=tenants,
+            extra_principals=extra_principals,
+            host_options=host_options,
+            store=store,
+            sidecars=sidecars,
+            extra_toml=extra_toml,
+        )
+        log = workdir / f"host-{chosen}-{time.monotonic_ns()}.log"
+        process = launch_host(config, log, env=env)
+        host = Host(process, f"http://127.0.0.1:{chosen}", log, workdir)
+        if not wait_ready:
+            return host
+        try:
+            _wait_ready(host)
+        except _PortTaken:
+            if port is not None or attempt == PORT_ATTEMPTS:
+                raise AssertionError(f"host exited {process.returncode}:\n{log.read_text()}") from None
+            continue
+        return host
+    raise AssertionError("unreachable")
+
+
+#: Starts of a host on a freshly picked port that another process took first, before :func:`start_host` gives up.
+PORT_ATTEMPTS = 5
+
+
+class _PortTaken(Exception):
+    """The host exited because its port was taken (a race with another process picking free ports)."""
+
+
+def _wait_ready(host: Host) -> None:
+    """Block until the host's ``/ready`` answers 200. Raises _PortTaken (its port was taken), AssertionError
+    (it exited otherwise, its log in the message) or kits.poll.Deadline (not ready within 60 s)."""
+    process, log = host.process, host.log
 
     def ready() -> bool:
         if process.poll() is not None:
-            raise AssertionError(f"host exited {process.returncode}:\n{log.read_text()}")
+            text = log.read_text()
+            if "Address already in use" in text:
+                raise _PortTaken
+            raise AssertionError(f"host exited {process.returncode}:\n{text}")
         try:
             return httpx2.get(f"{host.base_url}/ready", timeout=5).status_code == 200
         except httpx2.TransportError:
             return False
 
-    if wait_ready:
-        try:
-            until(ready, timeout=60, interval=0.1, what="host /ready")
-        except Deadline as exc:
-            raise Deadline(f"{exc}:\n{log.read_text()}") from None
-    return host
+    try:
+        until(ready, timeout=60, interval=0.1, what="host /ready")
+    except Deadline as exc:
+        raise Deadline(f"{exc}:\n{log.read_text()}") from None
 
 
 def submit_for_approval(host: Host, input: dict[str, Any], capability: str = "cap:crewai:echo") -> str:
