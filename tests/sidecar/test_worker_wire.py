@@ -164,6 +164,7 @@ class _Writes:
         self.sock = sock
         self.writes: list[bytes] = []
         self.fail = False
+        self.peer = sock  # the sidecar's end, where the test reads (set by the fixture)
 
     def sendall(self, data: bytes) -> None:
         if self.fail:
@@ -220,6 +221,7 @@ def writes(monkeypatch) -> Iterator[tuple[_Writes, Channel, _Clock]]:
     ours, theirs = socket.socketpair()
     with ours, theirs:
         sock, clock = _Writes(theirs), _Clock()
+        sock.peer = ours
         yield sock, Channel(sock, frame_bound(1024), clock), clock  # type: ignore[arg-type]
 
 
@@ -284,9 +286,8 @@ def test_chunks_go_at_once_when_no_thread_can_hold_them(monkeypatch, writes):
     assert _contents(sock) == [["x"], ["y"], ["z"]]
 
 
-def test_a_holder_thread_that_is_gone_is_started_again(monkeypatch):
-    """In a process forked from the worker (a crew's own child) the holder thread does not exist, and one that
-    died holds nothing more: the next held frame starts another, which sends it."""
+def test_a_holder_thread_that_died_is_started_again():
+    """A holder thread that died sends nothing more: the next held frame starts another, which sends it."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
         sock, clock = _Writes(theirs), _Clock()
@@ -300,6 +301,28 @@ def test_a_holder_thread_that_is_gone_is_started_again(monkeypatch):
         until(lambda: len(sock.writes) == 2, what="the held chunk sent by a new holder thread")
     assert _contents(sock) == [["a"], ["b"]]
     assert held._holder is not gone
+
+
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # another test of the process imported LanceDB
+def test_a_process_forked_from_the_worker_sends_its_chunks_at_once_and_never_the_workers_held_ones(writes):
+    """A crew's own child (``multiprocessing`` with fork) shares the worker's channel: before, the child wrote
+    the worker's held chunk a second time, and lost its own held chunk when it left with ``os._exit``."""
+    sock, held, clock = writes
+    held.send_soon(Chunk({"content": "worker-a"}))  # at once
+    clock.now = 1
+    held.send_soon(Chunk({"content": "worker-b"}))  # held in the worker
+    child = os.fork()
+    if child == 0:  # the child: two chunks close together, then leave as multiprocessing's children do
+        try:
+            held.send_soon(Chunk({"content": "child-c"}))
+            held.send_soon(Chunk({"content": "child-d"}))
+        finally:
+            os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    held.flush()
+    sock.sock.shutdown(socket.SHUT_WR)
+    received = [m.data["content"] for m in _read_all(sock.peer)]
+    assert sorted(received) == ["child-c", "child-d", "worker-a", "worker-b"]
 
 
 def test_a_held_write_that_fails_makes_the_next_frame_fail_as_the_sidecar_gone():

@@ -14,6 +14,7 @@ Source: ARCHITECTURE.md §5 (isolation).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import math
@@ -24,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -64,7 +66,9 @@ class Channel:
     next :meth:`send_soon` after that, or by a thread of the channel's that waits that long: whichever comes
     first) or :data:`CHUNK_HOLD_BYTES` in all. Held frames always go before the frame of a later
     :meth:`send`, in the same write, so the sidecar receives the frames in the order of the calls: the job's
-    end (``Done``/``Failed``) after every chunk the job emitted. Source: ARCHITECTURE.md §5 (isolation).
+    end (``Done``/``Failed``) after every chunk the job emitted. In a process forked from the one that made it
+    (a crew's own child) it holds nothing: every frame goes at once, and the parent's held frames stay the
+    parent's. Source: ARCHITECTURE.md §5 (isolation).
 
     Args:
         sock: the worker's end of its socketpair with the sidecar.
@@ -83,7 +87,9 @@ class Channel:
         self._written_at = -math.inf  # when the last write was
         self._held_some = threading.Condition(self._lock)
         self._holder: threading.Thread | None = None
-        self._broken = False  # the holder's write failed: the sidecar is gone
+        self._broken = False  # a write failed: the sidecar is gone
+        self._hold = True  # False in a process forked from the one that made the channel: every frame at once
+        _CHANNELS.add(self)
 
     def send(self, message: FromWorker) -> None:
         """Send one frame now, after the frames held. Raises OSError when the sidecar is gone."""
@@ -99,7 +105,7 @@ class Channel:
             self._check_open()
             now = self._clock()
             if not self._held:
-                if now - self._written_at >= CHUNK_HOLD_S:
+                if not self._hold or now - self._written_at >= CHUNK_HOLD_S:
                     self._write(frame)  # after a quiet spell: at once (the job may not run Python for a while)
                     return
                 self._held_since = now
@@ -125,7 +131,11 @@ class Channel:
             self._held_bytes = 0
         if frame:
             self._written_at = self._clock()
-            self.sock.sendall(frame)
+            try:
+                self.sock.sendall(frame)
+            except OSError:
+                self._broken = True  # part of a frame may be out: nothing more can follow it
+                raise
 
     def _check_open(self) -> None:
         if self._broken:
@@ -133,7 +143,7 @@ class Channel:
 
     def _start_holder(self) -> bool:
         """Under the lock: whether the thread that sends held frames runs (started here when it does not: the
-        first time, in a process forked from this one, after it died)."""
+        first time, after it died)."""
         if self._holder is None or not self._holder.is_alive():
             holder = threading.Thread(target=self._send_held, name="aip-crewai-worker-chunks", daemon=True)
             try:
@@ -152,12 +162,19 @@ class Channel:
                     self._held_some.wait()
             time.sleep(CHUNK_HOLD_S)
             with self._lock:
-                try:
+                with contextlib.suppress(OSError):  # the channel is broken now: the next call raises
                     self._write(b"")
-                except OSError:
-                    self._broken = True
-                    self._held.clear()
-                    self._held_bytes = 0
+
+    def _forked(self) -> None:
+        """In a process just forked from this one (a crew's own child): a free lock, nothing of the parent's held
+        (its frames are the parent's to send), no holder thread, and every frame written at once (such a child
+        may leave with ``os._exit``, which no holder thread would outlive)."""
+        self._lock = threading.Lock()
+        self._held_some = threading.Condition(self._lock)
+        self._held.clear()
+        self._held_bytes = 0
+        self._holder = None
+        self._hold = False
 
     def recv(self) -> ToWorker | None:
         """The next message; None at end of file. Raises FrameError on a bad frame."""
@@ -180,6 +197,33 @@ class Channel:
                 return None
             data += piece
         return bytes(data)
+
+
+#: The channels of this process: a fork takes each one's lock first, so the child never inherits one locked by a
+#: thread it does not have (the holder thread takes it every time it sends), and resets them in the child.
+_CHANNELS: weakref.WeakSet[Channel] = weakref.WeakSet()
+_locked_for_fork: list[Channel] = []
+
+
+def _before_fork() -> None:
+    _locked_for_fork[:] = list(_CHANNELS)
+    for held in _locked_for_fork:
+        held._lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for held in _locked_for_fork:
+        held._lock.release()
+    _locked_for_fork.clear()
+
+
+def _after_fork_in_child() -> None:
+    for held in _locked_for_fork:
+        held._forked()
+    _locked_for_fork.clear()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 class StopFlag(threading.Event):
