@@ -303,6 +303,7 @@ def test_a_holder_thread_that_died_is_started_again():
     assert held._holder is not gone
 
 
+@pytest.mark.processes
 @pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # another test of the process imported LanceDB
 def test_a_process_forked_from_the_worker_sends_its_chunks_at_once_and_never_the_workers_held_ones(writes):
     """A crew's own child (``multiprocessing`` with fork) shares the worker's channel: before, the child wrote
