@@ -158,13 +158,14 @@ def test_chunks_sent_from_many_threads_arrive_whole():
 
 
 class _Writes:
-    """A worker's socket that records each write (one ``sendall``) before making it; ``fail`` makes them fail."""
+    """A worker's socket that records each write (one ``sendall``) before making it; ``fail`` makes them fail;
+    ``peer`` is the sidecar's end, where the test reads."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, peer: socket.socket) -> None:
         self.sock = sock
+        self.peer = peer
         self.writes: list[bytes] = []
         self.fail = False
-        self.peer = sock  # the sidecar's end, where the test reads (set by the fixture)
 
     def sendall(self, data: bytes) -> None:
         if self.fail:
@@ -188,7 +189,7 @@ def test_a_workers_chunks_cross_its_socket_together_and_reach_the_sidecar_withou
     (the code before wrote each of the 50 on its own); the holder thread sends them with no further call."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        sock = _Writes(theirs)
+        sock = _Writes(theirs, ours)
         sender = ChunkSender(Channel(sock, frame_bound(1024)), 100, 1024)
         for i in range(50):
             sender({"content": f"c{i}"})
@@ -220,8 +221,7 @@ def writes(monkeypatch) -> Iterator[tuple[_Writes, Channel, _Clock]]:
     monkeypatch.setattr(channel, "CHUNK_HOLD_S", 3600.0)
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        sock, clock = _Writes(theirs), _Clock()
-        sock.peer = ours
+        sock, clock = _Writes(theirs, ours), _Clock()
         yield sock, Channel(sock, frame_bound(1024), clock), clock  # type: ignore[arg-type]
 
 
@@ -290,7 +290,7 @@ def test_a_holder_thread_that_died_is_started_again():
     """A holder thread that died sends nothing more: the next held frame starts another, which sends it."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        sock, clock = _Writes(theirs), _Clock()
+        sock, clock = _Writes(theirs, ours), _Clock()
         held = Channel(sock, frame_bound(1024), clock)
         gone = threading.Thread(target=lambda: None)
         gone.start()
@@ -331,7 +331,7 @@ def test_a_held_write_that_fails_makes_the_next_frame_fail_as_the_sidecar_gone()
     chunk sender and the job's end already take for a sidecar gone."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        sock, clock = _Writes(theirs), _Clock()
+        sock, clock = _Writes(theirs, ours), _Clock()
         held = Channel(sock, frame_bound(1024), clock)
         held.send_soon(Chunk({"content": "a"}))  # at once
         sock.fail = True
