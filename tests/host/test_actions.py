@@ -694,6 +694,27 @@ async def test_chunks_arriving_within_the_commit_window_wait_for_one_batch(env):
     assert [c.sequence for c in await service.store.list_chunks("acme", "s1", -1, 100)] == list(range(10))
 
 
+async def test_the_default_window_holds_a_chunk_10_ms_after_a_commit(env, monkeypatch):
+    """The default window is 20 ms: a burst's chunk 10 ms after a batch's commit waits for the next batch
+    (the event loop's clock is the test's own: nothing sleeps)."""
+    service, _, _ = env
+    loop = asyncio.get_running_loop()
+    now = [loop.time()]
+    monkeypatch.setattr(loop, "time", lambda: now[0])
+    sink = await _sink(service)
+    batches, stored = _count_batches(service)
+    await sink.add([_chunk(0)])
+    await asyncio.wait_for(stored.wait(), 10)
+    now[0] += 0.010
+    await sink.add([_chunk(1)])
+    await _yield_to_the_writer()
+    assert batches == [1]  # held: 10 ms left of the window
+    now[0] += 0.011
+    await sink.add([_chunk(2)])
+    await asyncio.wait_for(sink.drain(), 10)
+    assert batches == [1, 2]
+
+
 async def test_a_full_queue_is_written_without_waiting_for_the_window(env):
     from aip_crewai.host.actions.chunk_sink import ChunkSink
 
