@@ -326,6 +326,22 @@ def test_a_process_forked_from_the_worker_sends_its_chunks_at_once_and_never_the
     assert sorted(received) == ["child-c", "child-d", "worker-a", "worker-b"]
 
 
+def test_two_threads_forking_at_once_leave_the_channel_free(writes):
+    """The fork hooks of two threads forking at once: the second waits for the first fork's hooks to end, and
+    both release what they took (before, the second fork's lock was never released: every later frame hung)."""
+    sock, held, clock = writes
+    channel._before_fork()  # this thread's fork is under way
+    second = threading.Thread(target=lambda: (channel._before_fork(), channel._after_fork_in_parent()))
+    second.start()
+    second.join(0.2)  # the second fork reaches its hooks
+    assert second.is_alive()  # it waits for the first fork
+    channel._after_fork_in_parent()
+    second.join(10)
+    assert not second.is_alive()
+    assert held._lock.acquire(blocking=False)
+    held._lock.release()
+
+
 def test_a_held_write_that_fails_makes_the_next_frame_fail_as_the_sidecar_gone():
     """The holder thread does not end the worker: its failed write is the next call's OSError, which the
     chunk sender and the job's end already take for a sidecar gone."""

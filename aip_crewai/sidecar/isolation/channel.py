@@ -203,9 +203,13 @@ class Channel:
 #: thread it does not have (the holder thread takes it every time it sends), and resets them in the child.
 _CHANNELS: weakref.WeakSet[Channel] = weakref.WeakSet()
 _locked_for_fork: list[Channel] = []
+#: One fork at a time takes the channels' locks: two threads forking at once would otherwise share
+#: ``_locked_for_fork``, and the second fork's locks would never be released.
+_fork_lock = threading.Lock()
 
 
 def _before_fork() -> None:
+    _fork_lock.acquire()
     _locked_for_fork[:] = list(_CHANNELS)
     for held in _locked_for_fork:
         held._lock.acquire()
@@ -215,12 +219,14 @@ def _after_fork_in_parent() -> None:
     for held in _locked_for_fork:
         held._lock.release()
     _locked_for_fork.clear()
+    _fork_lock.release()
 
 
 def _after_fork_in_child() -> None:
     for held in _locked_for_fork:
         held._forked()
     _locked_for_fork.clear()
+    _fork_lock.release()  # taken by this very thread before the fork
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
