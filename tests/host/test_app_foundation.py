@@ -25,7 +25,7 @@ from aip_crewai.contracts.aip import Envelope
 from aip_crewai.contracts.errors import ConnectorRemoteTemporary, IdempotencyConflict
 from aip_crewai.host.http.authenticate import authenticate
 from aip_crewai.host.http.state import host_state
-from aip_crewai.host.sidecars.client import USER_AGENT, SidecarHttp
+from aip_crewai.host.sidecars.connection import USER_AGENT, SidecarHttp
 
 EXT = "tests_host_fake_extension"
 

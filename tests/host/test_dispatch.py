@@ -12,7 +12,8 @@ from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import NotCancellable
 from aip_crewai.host.actions.dispatch import Dispatcher, Job
 from aip_crewai.host.actions.lifecycle import DispatchState
-from aip_crewai.host.sidecars.client import SidecarClient, SidecarHttp
+from aip_crewai.host.sidecars.client import SidecarClient
+from aip_crewai.host.sidecars.connection import SidecarHttp
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from aip_crewai.contracts.aip import Action
 from aip_crewai.host.actions.dispatch import Dispatcher
 from aip_crewai.host.actions.service import ActionService
 from aip_crewai.host.auth.principals import Principal
-from aip_crewai.host.sidecars.client import SidecarClient, SidecarHttp
+from aip_crewai.host.sidecars.client import SidecarClient
+from aip_crewai.host.sidecars.connection import SidecarHttp
 from aip_crewai.host.sidecars.placement import Placement, pick
 from aip_crewai.host.store.store import Store
 

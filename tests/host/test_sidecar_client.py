@@ -24,14 +24,13 @@ from aip_crewai.contracts.errors import (
 from aip_crewai.host.actions.dispatch_task import retry_delay_s
 from aip_crewai.host.actions.normalize import StreamNormalizer
 from aip_crewai.host.sidecars.client import (
-    USER_AGENT,
     DispatchProgress,
     SidecarClient,
-    SidecarHttp,
     not_admitted,
     sidecar_job_id,
     silence_bound_s,
 )
+from aip_crewai.host.sidecars.connection import USER_AGENT, SidecarHttp
 from aip_crewai.host.sidecars.readiness import published_keepalive_s
 from aip_crewai.sse import encode_event
 

@@ -284,7 +284,8 @@ async def open_action_service(
     default); returns ``(service, sidecar, http, clock)`` (close ``http`` and ``service.store`` after)."""
     from aip_crewai.host.actions.dispatch import Dispatcher
     from aip_crewai.host.actions.service import ActionService
-    from aip_crewai.host.sidecars.client import SidecarClient, SidecarHttp
+    from aip_crewai.host.sidecars.client import SidecarClient
+    from aip_crewai.host.sidecars.connection import SidecarHttp
     from aip_crewai.host.store.store import Store
     from kits.fake_sidecar import FakeSidecar
 

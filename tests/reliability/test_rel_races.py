@@ -113,7 +113,8 @@ async def test_rel_a_cancel_that_finds_the_job_finished_records_its_real_outcome
     from aip_crewai.host.actions import cancellation
     from aip_crewai.host.actions.dispatch import Dispatcher, Job
     from aip_crewai.host.actions.service import ActionService
-    from aip_crewai.host.sidecars.client import SidecarClient, SidecarHttp
+    from aip_crewai.host.sidecars.client import SidecarClient
+    from aip_crewai.host.sidecars.connection import SidecarHttp
     from aip_crewai.host.store.store import Store
 
     tmp_path.chmod(0o700)

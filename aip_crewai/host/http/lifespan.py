@@ -31,7 +31,8 @@ from ..actions.dispatch import Dispatcher
 from ..actions.service import ActionService
 from ..ledger.sealer import Sealer
 from ..settings import Settings, SidecarSettings
-from ..sidecars.client import SidecarClient, SidecarHttp, sidecar_headers
+from ..sidecars.client import SidecarClient
+from ..sidecars.connection import SidecarHttp, sidecar_headers
 from ..sidecars.placement import Placement
 from ..sidecars.readiness import Readiness, ReadinessGroup, notify_systemd
 from ..store.notify import listen

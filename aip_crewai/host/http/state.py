@@ -23,7 +23,7 @@ from ..crews.descriptors import CrewDescriptor
 from ..crews.manifest import CapabilityIndex
 from ..metrics import Metrics
 from ..settings import PrincipalConfig, Settings
-from ..sidecars.client import SidecarHttp
+from ..sidecars.connection import SidecarHttp
 from ..sidecars.readiness import ReadinessGroup
 from ..store.store import Store
 

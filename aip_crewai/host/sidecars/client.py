@@ -15,15 +15,13 @@ Source: ARCHITECTURE.md §4 (sidecar contract), §7 (sidecar client), §8 (error
 from __future__ import annotations
 
 import hashlib
-import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx2
 import msgspec
 
-from ... import package_version
 from ...contracts.aip import StreamChunk
 from ...contracts.errors import (
     ConnectorAuthentication,
@@ -41,6 +39,7 @@ from ...contracts.sidecar import DEFAULT_TIMEOUT_MS, JobEvent
 from ..actions.lifecycle import DispatchState
 from ..actions.normalize import StreamNormalizer
 from ..tracing import outgoing_headers
+from .connection import ResponseTooLarge, SidecarHttp, SidecarReads
 
 #: Longest silence accepted while reading a JSON (non-stream) answer, seconds: a frozen sidecar
 #: must not hang a status read or a cancel forever (a blocking start adds its ``timeout_ms``).
@@ -188,20 +187,37 @@ def _transport_error(spec: OperationSpec, dispatch: DispatchProgress, exc: Excep
     )
 
 
+def _too_large(spec: OperationSpec, status: int, limit: int) -> ConnectorResponseTooLarge:
+    return ConnectorResponseTooLarge(
+        f"sidecar response exceeded {limit} bytes",
+        operation=spec.name,
+        remote_status=status,
+        uncertain_outcome=spec.mutation,
+        read_only=spec.read_only,
+        dispatch="acknowledged",
+        details={"limit_bytes": limit},
+    )
+
+
+def _failure(
+    spec: OperationSpec, dispatch: DispatchProgress, exc: httpx2.HTTPError, silence_s: float | None
+) -> ConnectorError:
+    """The connector error of a request's transport failure (``silence_s``: a stream's silence bound, whose
+    read timeout is a silence; None: a plain transport failure). Nothing reached the sidecar after a
+    connect or pool failure: ``dispatch`` goes back to ``not_sent``."""
+    if isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)):
+        dispatch.state = DispatchState.NOT_SENT
+    elif isinstance(exc, httpx2.ReadTimeout) and silence_s is not None:
+        return _silent(spec, dispatch, silence_s)
+    return _transport_error(spec, dispatch, exc)
+
+
 async def _read_bounded(response: httpx2.Response, limit: int, spec: OperationSpec) -> bytes:
     body = bytearray()
     async for piece in response.aiter_bytes():
         body += piece
         if len(body) > limit:
-            raise ConnectorResponseTooLarge(
-                f"sidecar response exceeded {limit} bytes",
-                operation=spec.name,
-                remote_status=response.status_code,
-                uncertain_outcome=spec.mutation,
-                read_only=spec.read_only,
-                dispatch="acknowledged",
-                details={"limit_bytes": limit},
-            )
+            raise _too_large(spec, response.status_code, limit)
     return bytes(body)
 
 
@@ -216,112 +232,6 @@ def _field(body: bytes, name: str) -> Any:
 def _detail(body: bytes) -> str | None:
     detail = _field(body, "detail")
     return detail if isinstance(detail, str) else None
-
-
-#: The ``User-Agent`` of every request the host sends a sidecar (its job requests and health probes): a
-#: sidecar's access log, or a proxy in front of an https sidecar, can tell the host's requests apart.
-USER_AGENT = f"aip-crewai-host/{package_version()}"
-
-
-def sidecar_headers(token: str | None) -> tuple[tuple[str, str], ...]:
-    """The headers of every request to a sidecar (jobs and health probes): :data:`USER_AGENT` and, with a
-    ``token``, its bearer."""
-    return (("User-Agent", USER_AGENT), *((("Authorization", f"Bearer {token}"),) if token is not None else ()))
-
-
-@dataclass(frozen=True)
-class SidecarHttp:
-    """How the host reaches one sidecar: its base URL, the bearer every request carries, and the
-    httpx transport (the connection pool) the requests go to.
-
-    Requests are built here and handed to the transport itself (httpx's transport API,
-    ``handle_async_request``) instead of an ``httpx2.AsyncClient``: the client's layers (URL
-    merging, auth and redirect flows, cookies, default headers) cost the host's hop about
-    0.2 ms of CPU per request (bench/results/HISTORY.md, session 23). Nothing the host relied
-    on lives there: it follows no redirect and sends no cookie. Its requests no longer carry
-    httpx's ``Accept: */*``, ``Accept-Encoding`` and ``Connection: keep-alive`` (HTTP/1.1 keeps
-    the connection anyway; an answer compressed regardless is still decoded). The transport maps transport failures
-    to ``httpx`` exceptions as the client did.
-
-    Two connection pools: ``job_transport`` for the requests that run a job (a run's stream, a blocking
-    start: open as long as the job) and ``transport`` for short ones (status reads, events pages,
-    cancels), so a status read or a cancel never waits for a connection behind jobs holding every one of
-    theirs (a host running more jobs than its job connections).
-
-    Fields: ``base_url`` ends with ``/``; ``headers``: :func:`sidecar_headers` (nothing else);
-    ``connect_timeout_s``: the connect bound of every request, seconds (reads are bounded per
-    request). Source: ARCHITECTURE.md §7 (sidecar client).
-    """
-
-    base_url: httpx2.URL
-    headers: tuple[tuple[str, str], ...] = field(repr=False)  # the bearer: never in a repr, a log or an error
-    transport: httpx2.AsyncBaseTransport
-    connect_timeout_s: float
-    job_transport: httpx2.AsyncBaseTransport
-
-    @classmethod
-    def of(
-        cls,
-        url: str,
-        *,
-        token: str | None = None,
-        transport: httpx2.AsyncBaseTransport | None = None,
-        connect_timeout_s: float = 10.0,
-        limits: httpx2.Limits | None = None,
-        job_limits: httpx2.Limits | None = None,
-        proxy: str | None = None,
-        verify: ssl.SSLContext | bool = True,
-    ) -> SidecarHttp:
-        """The sidecar at ``url`` (its path, if any, prefixes every route) with bearer ``token``;
-        ``transport`` (tests: every request) or two new ``httpx2.AsyncHTTPTransport(trust_env=False)``
-        pools, ``limits`` for short requests and ``job_limits`` for those that run a job, both through the
-        explicit ``proxy``, https checked against ``verify`` (the environment's proxies and CA variables are not read).
-
-        Raises: ValueError (no ``transport`` and a pool's limits missing)."""
-        base = httpx2.URL(url)
-        if not base.raw_path.endswith(b"/"):
-            base = base.copy_with(raw_path=base.raw_path + b"/")
-        short: httpx2.AsyncBaseTransport
-        jobs: httpx2.AsyncBaseTransport
-        if transport is None:
-            if limits is None or job_limits is None:
-                raise ValueError("a sidecar's pools need their limits (limits, job_limits)")
-            short = httpx2.AsyncHTTPTransport(trust_env=False, limits=limits, proxy=proxy, verify=verify)
-            jobs = httpx2.AsyncHTTPTransport(trust_env=False, limits=job_limits, proxy=proxy, verify=verify)
-        else:
-            short = jobs = transport
-        return cls(base, sidecar_headers(token), short, connect_timeout_s, jobs)
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        headers: dict[str, str],
-        json: Any = None,
-        params: dict[str, Any] | None = None,
-        read_timeout_s: float | None = None,
-    ) -> httpx2.Request:
-        """A request for ``path`` (relative to :attr:`base_url`, percent-encoded as httpx does) with
-        the bearer, ``headers`` and an optional JSON body; ``read_timeout_s`` bounds reading, writing
-        and waiting for a pooled connection (None: unbounded, e.g. a stream's own silence bound)."""
-        relative = httpx2.URL(path)
-        url = self.base_url.copy_with(raw_path=self.base_url.raw_path + relative.raw_path.lstrip(b"/"))
-        timeout = httpx2.Timeout(read_timeout_s, connect=self.connect_timeout_s)
-        return httpx2.Request(
-            method,
-            url,
-            params=params,
-            headers=[*self.headers, *headers.items()],
-            json=json,
-            extensions={"timeout": timeout.as_dict()},
-        )
-
-    async def aclose(self) -> None:
-        """Close both pools' connections."""
-        await self.transport.aclose()
-        if self.job_transport is not self.transport:
-            await self.job_transport.aclose()
 
 
 class SidecarClient:
@@ -371,17 +281,42 @@ class SidecarClient:
             )
             transport = self.http.job_transport if runs_job else self.http.transport
             response = await transport.handle_async_request(request)
-        except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:  # nothing reached the sidecar
-            dispatch.state = DispatchState.NOT_SENT
-            raise _transport_error(spec, dispatch, exc) from exc
-        except httpx2.ReadTimeout as exc:
-            raise (
-                _silent(spec, dispatch, read_timeout_s) if silent_is_distinct else _transport_error(spec, dispatch, exc)
-            ) from exc
         except httpx2.HTTPError as exc:
-            raise _transport_error(spec, dispatch, exc) from exc
+            raise _failure(spec, dispatch, exc, read_timeout_s if silent_is_distinct else None) from exc
         dispatch.state = DispatchState.ACKNOWLEDGED
         return response
+
+    async def _read(
+        self,
+        reads: SidecarReads,
+        path: str,
+        spec: OperationSpec,
+        dispatch: DispatchProgress,
+        *,
+        headers: dict[str, str],
+        params: dict[str, Any] | None,
+        read_timeout_s: float,
+    ) -> tuple[int, bytes]:
+        """A read-only JSON ``GET`` through :attr:`SidecarHttp.reads` → ``(status, whole body)``, moving
+        ``dispatch`` as :meth:`_send` does."""
+        dispatch.state = DispatchState.SENT
+
+        def acknowledged() -> None:
+            dispatch.state = DispatchState.ACKNOWLEDGED
+
+        try:
+            return await reads.get(
+                path,
+                headers={**headers, **outgoing_headers()},
+                params=params,
+                read_timeout_s=read_timeout_s,
+                limit=MAX_JSON_RESPONSE_BYTES,
+                on_head=acknowledged,
+            )
+        except httpx2.HTTPError as exc:
+            raise _failure(spec, dispatch, exc, None) from exc
+        except ResponseTooLarge as exc:
+            raise _too_large(spec, exc.status, MAX_JSON_RESPONSE_BYTES) from exc
 
     async def _json(
         self,
@@ -397,39 +332,43 @@ class SidecarClient:
         read_timeout_s: float | None = None,
         runs_job: bool = False,
     ) -> tuple[int, Any]:
-        response = await self._send(
-            method,
-            path,
-            spec,
-            dispatch,
-            headers=headers,
-            json=json,
-            params=params,
-            read_timeout_s=JSON_READ_TIMEOUT_S if read_timeout_s is None else read_timeout_s,
-            runs_job=runs_job,
-        )
-        try:
-            body = await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
-        except httpx2.HTTPError as exc:
-            raise _transport_error(spec, dispatch, exc) from exc
-        finally:
-            await response.aclose()
-        if response.status_code not in ok:
-            code = _field(body, "code")
-            error = error_for_status(
-                response.status_code, spec, detail=_detail(body), code=code if isinstance(code, str) else None
+        timeout_s = JSON_READ_TIMEOUT_S if read_timeout_s is None else read_timeout_s
+        if self.http.reads is not None and method == "GET":  # a sidecar reached directly (ARCHITECTURE.md §8)
+            status, body = await self._read(
+                self.http.reads, path, spec, dispatch, headers=headers, params=params, read_timeout_s=timeout_s
             )
+        else:
+            response = await self._send(
+                method,
+                path,
+                spec,
+                dispatch,
+                headers=headers,
+                json=json,
+                params=params,
+                read_timeout_s=timeout_s,
+                runs_job=runs_job,
+            )
+            try:
+                status, body = response.status_code, await _read_bounded(response, MAX_JSON_RESPONSE_BYTES, spec)
+            except httpx2.HTTPError as exc:
+                raise _transport_error(spec, dispatch, exc) from exc
+            finally:
+                await response.aclose()
+        if status not in ok:
+            code = _field(body, "code")
+            error = error_for_status(status, spec, detail=_detail(body), code=code if isinstance(code, str) else None)
             job_status = _field(body, "status")
             if isinstance(job_status, str):
                 error.details["remote_job_status"] = job_status[:64]
             raise error
         try:
-            return response.status_code, msgspec.json.decode(body)
+            return status, msgspec.json.decode(body)
         except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested deeper than msgspec allows
             raise ConnectorRemoteRejected(
                 "the sidecar answered with invalid JSON",
                 operation=spec.name,
-                remote_status=response.status_code,
+                remote_status=status,
                 uncertain_outcome=spec.mutation,
                 read_only=spec.read_only,
                 dispatch="acknowledged",
