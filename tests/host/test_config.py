@@ -337,6 +337,14 @@ def test_accepted_sidecar_urls(url):
     assert check_sidecar_url(url) == url.rstrip("/")
 
 
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8090/#", "http://127.0.0.1:8090/?", "https://s/p?x=1", "https://s#f"]
+)
+def test_a_sidecar_url_with_a_query_or_fragment_even_an_empty_one_is_refused(url):
+    with pytest.raises(HostConfigError, match="query or fragment"):
+        check_sidecar_url(url)
+
+
 def test_sidecar_proxy_is_only_for_https_sidecars_and_absent_by_default(host_files: HostFiles):
     """Issue 16 item 2: without sidecar.proxy the client ignores the environment's proxies; an explicit
     proxy is refused for plain http (it would see the bearer token) and must be a bare http(s) URL."""

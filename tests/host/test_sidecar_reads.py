@@ -222,3 +222,41 @@ async def test_a_read_waiting_past_its_bound_for_a_pooled_connection_is_not_sent
             await http.aclose()
     assert isinstance(outcome, ConnectorTransport) and dispatch.state == "not_sent", outcome
     assert [fields["x-aip-action-id"] for _, fields in heads] == ["acme:first"]
+
+
+async def test_a_read_whose_connection_broke_is_sent_once_and_stays_sent():
+    """aiohttp would try an idempotent request a second time after its connection broke; the host sends a
+    read once (as httpx2 does), so a read that reached the sidecar is never reported ``not_sent``."""
+
+    async def hang_up(head: Head, writer: asyncio.StreamWriter) -> None:
+        writer.transport.abort()
+
+    [(outcome, dispatch)], heads = await _read_from(hang_up)
+    assert isinstance(outcome, ConnectorTransport) and dispatch.state == "sent", outcome
+    assert outcome.dispatch == "sent" and len(heads) == 1
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+async def test_no_exception_of_a_failed_read_holds_the_bearer_and_closed_pools_send_nothing():
+    async def garbled(head: Head, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 2x0 OK\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+
+    [(outcome, dispatch)], _ = await _read_from(garbled)
+    assert isinstance(outcome, ConnectorTransport) and dispatch.state == "sent", outcome
+    for exc in _chain(outcome):
+        assert "t0k3n" not in repr(exc) and "t0k3n" not in repr(vars(exc)), repr(exc)
+
+    async with _sidecar() as (url, heads):
+        http = _http(url)
+        await http.aclose()
+        outcome, dispatch = await _get_job(http)
+    assert isinstance(outcome, ConnectorTransport) and dispatch.state == "not_sent", outcome
+    assert heads == [] and http.reads is not None and http.reads._session is None

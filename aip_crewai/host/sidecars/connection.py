@@ -69,13 +69,17 @@ class SidecarReads:
         connect_timeout_s: float,
         verify: ssl.SSLContext | bool,
     ) -> None:
-        self._base = str(base_url).rstrip("/")
+        # the request's URL as SidecarHttp.request builds it: the origin, the base's raw path (ending with /)
+        # and the route's (nothing of the base's query or fragment)
+        self._origin = f"{base_url.scheme}://{base_url.netloc.decode('ascii')}"
+        self._prefix = base_url.raw_path.decode("ascii").partition("?")[0]
         self._headers = dict(headers)
         self._limits = limits
         self._connect_timeout_s = connect_timeout_s
         # the very context httpx2's pools check an https sidecar against (its CA bundle, or the private CA)
         self._ssl = httpx2.create_ssl_context(verify, trust_env=False) if base_url.scheme == "https" else True
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     def _open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
@@ -84,12 +88,17 @@ class SidecarReads:
             ssl=self._ssl,
             resolver=aiohttp.ThreadedResolver(),  # getaddrinfo, as httpx2 resolves
         )
-        return aiohttp.ClientSession(
+        session = aiohttp.ClientSession(
             connector=connector,
             cookie_jar=aiohttp.DummyCookieJar(),
             trust_env=False,
             skip_auto_headers=("Accept", "Accept-Encoding"),
         )
+        # No second try of a GET whose connection broke (aiohttp's own retry of an idempotent request; one of
+        # its ClientSession.ATTRS): as on httpx2, a request is sent once, so a failure after it may have
+        # reached the sidecar is never reported as ``not_sent`` (a refused retry would be).
+        session._retry_connection = False
+        return session
 
     async def get(
         self,
@@ -107,9 +116,12 @@ class SidecarReads:
         ``read_timeout_s`` bounds the wait for a pooled connection (with the connect) and each read, seconds;
         the connect alone is bounded by the sidecar's connect bound. ``on_head`` is called once the status line and headers arrived.
 
-        Raises: ``httpx2.ConnectError`` or ``httpx2.PoolTimeout`` (nothing reached the sidecar),
+        Raises: ``httpx2.ConnectError`` or ``httpx2.ConnectTimeout`` (nothing reached the sidecar: no
+        connection, or none within the bound, or the pools are closed),
         ``httpx2.ReadTimeout``, ``httpx2.ReadError`` (any other transport failure), :class:`ResponseTooLarge`
         (the body grew past ``limit`` bytes)."""
+        if self._closed:
+            raise httpx2.ConnectError("the sidecar's connections are closed")
         if self._session is None:
             self._session = self._open()
         target = httpx2.URL(path, params=params).raw_path.decode("ascii").lstrip("/")
@@ -119,9 +131,10 @@ class SidecarReads:
             sock_connect=self._connect_timeout_s,
             sock_read=read_timeout_s,
         )
+        failure: httpx2.HTTPError
         try:
             async with self._session.get(
-                yarl.URL(f"{self._base}/{target}", encoded=True),
+                yarl.URL(self._origin + self._prefix + target, encoded=True),
                 headers={**self._headers, **headers},
                 allow_redirects=False,
                 timeout=timeout,
@@ -133,17 +146,21 @@ class SidecarReads:
                     if len(body) > limit:
                         raise ResponseTooLarge(response.status)
                 return response.status, bytes(body)
+        # Each failure is raised after the except block, so that the aiohttp exception, whose request_info
+        # holds the bearer, is neither its cause nor its context.
         except aiohttp.ConnectionTimeoutError as exc:  # the pool's wait or the connect
-            raise httpx2.PoolTimeout(str(exc)) from exc
+            failure = httpx2.ConnectTimeout(str(exc))
         except aiohttp.ClientConnectorError as exc:  # refused, unresolved, TLS refused: no connection
-            raise httpx2.ConnectError(str(exc)) from exc
+            failure = httpx2.ConnectError(str(exc))
         except aiohttp.ServerTimeoutError as exc:
-            raise httpx2.ReadTimeout(str(exc)) from exc
+            failure = httpx2.ReadTimeout(str(exc))
         except aiohttp.ClientError as exc:
-            raise httpx2.ReadError(f"{type(exc).__name__}: {exc}") from exc
+            failure = httpx2.ReadError(f"{type(exc).__name__}: {exc}")
+        raise failure
 
     async def aclose(self) -> None:
-        """Close the session's connections (a later request opens a new session)."""
+        """Close the session's connections; a later request raises ``httpx2.ConnectError`` (not sent)."""
+        self._closed = True
         session, self._session = self._session, None
         if session is not None:
             await session.close()
