@@ -1,6 +1,6 @@
 """A sidecar reached directly: its status reads and events pages go through the aiohttp pool of
 :class:`SidecarReads` (aip_crewai/host/sidecars/connection.py), and they fail, bound and send exactly as the
-httpx2 path does (ARCHITECTURE.md §8 "The sidecar client"). Real HTTP to a loopback server in this process."""
+httpx2 path does (ARCHITECTURE.md §8, the sidecar client's pools). Real HTTP to a loopback server in this process."""
 
 from __future__ import annotations
 

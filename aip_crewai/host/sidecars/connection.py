@@ -4,7 +4,7 @@
 :class:`~aip_crewai.host.sidecars.client.SidecarClient`, the one boundary where transport failures and
 sidecar statuses become connector errors. Every request carries :func:`sidecar_headers`.
 
-Three pools per sidecar (ARCHITECTURE.md §8 "The sidecar client"):
+Three pools per sidecar (ARCHITECTURE.md §8, the sidecar client's pools):
 - ``job_transport`` (httpx2): the requests that run a job (a run's stream, a blocking start);
 - ``transport`` (httpx2): the other short requests (cancels), and every request when a test hands in a
   transport or the sidecar is reached through a proxy;
