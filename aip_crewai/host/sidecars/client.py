@@ -1,7 +1,7 @@
-"""The host's HTTP client of the sidecar: one boundary where httpx errors and
-sidecar statuses become connector errors.
+"""The host's HTTP client of the sidecar: one boundary where transport errors (httpx2's, and those
+the aiohttp read pool raises as httpx2's) and sidecar statuses become connector errors.
 
-The connection of each sidecar (:class:`SidecarHttp`: its httpx transport, bearer
+The connection of each sidecar (:class:`~.connection.SidecarHttp`: its pools, bearer
 token from a 0600 file, base URL https or loopback http, no redirects, connect
 timeout 10 s) is owned by the host lifespan; this module only uses it. Every request sends ``Idempotency-Key`` (for
 job starts) and ``X-AIP-Action-ID`` (= the sidecar job id of the body, as the
