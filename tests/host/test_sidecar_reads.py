@@ -113,6 +113,18 @@ async def test_status_reads_and_events_pages_of_a_direct_sidecar_go_through_the_
         finally:
             await http.aclose()
         assert http.reads._session is None  # closed with the other pools
+        # a base the config refuses (an empty fragment) still has its reads built from its raw path
+        http = SidecarHttp.of(url + "/prefix/#", token="t0k3n", limits=REQUEST_LIMITS, job_limits=REQUEST_LIMITS)
+        try:
+            assert (
+                await SidecarClient(http, max_response_bytes=1 << 20).get_job(
+                    STATUS, DispatchProgress(), job_id="acme:act_1"
+                )
+                == VIEW
+            )
+        finally:
+            await http.aclose()
+        assert heads[-1][0] == "GET /prefix/jobs/acme:act_1 HTTP/1.1"
 
 
 async def test_a_transport_handed_in_or_a_proxy_keeps_every_request_on_httpx2():
@@ -160,13 +172,23 @@ async def test_a_status_answer_keeps_its_code_and_a_silent_sidecar_is_a_transpor
 
     never = asyncio.Event()
 
-    async def silent(head: Head, writer: asyncio.StreamWriter) -> None:
-        await never.wait()
+    async def silent_after_the_first(head: Head, writer: asyncio.StreamWriter) -> None:
+        if head[1]["x-aip-action-id"] == "acme:first":
+            await _json_answer(head, writer)  # the connection the silent read then finds pooled
+        else:
+            await never.wait()
 
-    monkeypatch.setattr(client_module, "JSON_READ_TIMEOUT_S", 0.2)
-    [(outcome, dispatch)], heads = await _read_from(silent)
+    async with _sidecar(silent_after_the_first) as (url, heads):
+        http = _http(url)
+        try:
+            assert (await _get_job(http, "acme:first"))[0] == VIEW
+            # the short bound only once the connection is made (aiohttp's pool wait covers a connect too)
+            monkeypatch.setattr(client_module, "JSON_READ_TIMEOUT_S", 0.2)
+            outcome, dispatch = await _get_job(http, "acme:silent")
+        finally:
+            await http.aclose()
     assert isinstance(outcome, ConnectorTransport) and "ReadTimeout" in str(outcome), outcome
-    assert dispatch.state == "sent" and len(heads) == 1  # it may have reached the sidecar
+    assert dispatch.state == "sent" and len(heads) == 2  # it may have reached the sidecar
 
 
 async def test_a_body_over_the_bound_and_a_cut_body_fail_after_the_head(monkeypatch):

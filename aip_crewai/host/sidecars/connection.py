@@ -10,7 +10,7 @@ Three pools per sidecar (ARCHITECTURE.md §8, the sidecar client's pools):
   transport or the sidecar is reached through a proxy;
 - ``reads`` (:class:`SidecarReads`, aiohttp): the read-only JSON ``GET`` requests (a job's status, an
   events page) of a sidecar reached directly. aiohttp's C parser answers such a request on loopback for
-  about a quarter of httpx2's CPU and half its latency (bench/results/HISTORY.md, session 38). Its
+  a quarter to a third of httpx2's CPU and half its latency (bench/results/HISTORY.md, session 38). Its
   failures are raised as the httpx2 exceptions the client already maps.
 
 Source: ARCHITECTURE.md §7 and §8.
