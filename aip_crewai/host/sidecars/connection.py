@@ -114,7 +114,8 @@ class SidecarReads:
         headers and ``headers`` → ``(status, body)``.
 
         ``read_timeout_s`` bounds the wait for a pooled connection (with the connect) and each read, seconds;
-        the connect alone is bounded by the sidecar's connect bound. ``on_head`` is called once the status line and headers arrived.
+        the connect alone is bounded by the sidecar's connect bound. ``on_head`` is called once the status
+        line and headers arrived.
 
         Raises: ``httpx2.ConnectError`` or ``httpx2.ConnectTimeout`` (nothing reached the sidecar: no
         connection, or none within the bound, or the pools are closed),
