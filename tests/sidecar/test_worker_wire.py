@@ -326,15 +326,32 @@ def test_a_process_forked_from_the_worker_sends_its_chunks_at_once_and_never_the
     assert sorted(received) == ["child-c", "child-d", "worker-a", "worker-b"]
 
 
-def test_two_threads_forking_at_once_leave_the_channel_free(writes):
+class _WatchedLock:
+    """A lock that says when a caller found it taken and waits for it."""
+
+    def __init__(self) -> None:
+        self.lock, self.waiting = threading.Lock(), threading.Event()
+
+    def acquire(self) -> None:
+        if not self.lock.acquire(blocking=False):
+            self.waiting.set()
+            self.lock.acquire()
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def test_two_threads_forking_at_once_leave_the_channel_free(writes, monkeypatch):
     """The fork hooks of two threads forking at once: the second waits for the first fork's hooks to end, and
     both release what they took (before, the second fork's lock was never released: every later frame hung)."""
     sock, held, clock = writes
+    watched = _WatchedLock()
+    monkeypatch.setattr(channel, "_fork_lock", watched)
     channel._before_fork()  # this thread's fork is under way
     second = threading.Thread(target=lambda: (channel._before_fork(), channel._after_fork_in_parent()))
     second.start()
-    second.join(0.2)  # the second fork reaches its hooks
-    assert second.is_alive()  # it waits for the first fork
+    assert watched.waiting.wait(10)  # the second fork waits for the first fork's hooks
+    assert second.is_alive()
     channel._after_fork_in_parent()
     second.join(10)
     assert not second.is_alive()
