@@ -623,6 +623,17 @@ class Stack:
         _wait_http(f"{process.base_url}/jobs/ready", {}, process)
         return process
 
+    def start_proxy(self, sidecar: Process, job_path: str, *, name: str = "proxy") -> Process:
+        """The bare proxy of :mod:`bench.bare`: each ``POST /aip/v1/messages`` answers ``sidecar``'s
+        ``GET job_path`` (started after :meth:`start_sidecar`, whose token file it reads)."""
+        job_url = f"{sidecar.base_url}{job_path}"
+        process = self._spawn(
+            name, [sys.executable, "-m", "bench.bare", "--proxy", job_url, str(self.workdir / "sidecar.token")]
+        )
+        process.base_url = f"http://127.0.0.1:{process.wait_for_port(_HYPERCORN_PORT)}"
+        _wait_http(f"{process.base_url}/jobs/ready", {}, process)
+        return process
+
 
 def _wait_http(url: str, headers: dict[str, str], process: Process) -> None:
     end = time.monotonic() + START_TIMEOUT_S
