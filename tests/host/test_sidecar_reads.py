@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx2
@@ -282,3 +283,40 @@ async def test_no_exception_of_a_failed_read_holds_the_bearer_and_closed_pools_s
         outcome, dispatch = await _get_job(http)
     assert isinstance(outcome, ConnectorTransport) and dispatch.state == "not_sent", outcome
     assert heads == [] and http.reads is not None and http.reads._session is None
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() (Python 3.11) tells the two apart")
+async def test_a_read_waiting_for_a_pooled_connection_when_the_pools_close_is_not_sent_and_a_cancel_still_cancels():
+    """Every connection of the pool is busy and a read waits for one when the host closes its pools (its
+    shutdown): aiohttp's connector cancels the waiting requests; the read fails ``not_sent`` instead of ending
+    in a cancellation its task never asked for. A read whose task is cancelled as the pools close is still
+    cancelled."""
+    arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def held(head: Head, writer: asyncio.StreamWriter) -> None:
+        arrived.set()
+        await release.wait()  # answers only once the pools are closed
+        await _json_answer(head, writer)
+
+    async with _sidecar(held) as (url, heads):
+        http = SidecarHttp.of(
+            url, token="t", limits=httpx2.Limits(max_connections=1, keepalive_expiry=2.0), job_limits=REQUEST_LIMITS
+        )
+        assert http.reads is not None
+        first = asyncio.create_task(_get_job(http, "acme:first"))
+        await arrived.wait()
+        cancelled = asyncio.create_task(_get_job(http, "acme:cancelled"))
+        waiting = asyncio.create_task(_get_job(http, "acme:waiting"))
+        session = http.reads._session
+        assert session is not None
+        while sum(len(waiters) for waiters in session.connector._waiters.values()) < 2:
+            await asyncio.sleep(0)  # until both reads wait for the one connection
+        cancelled.cancel()  # its task's own cancellation, as the pools close
+        await http.aclose()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        outcome, dispatch = await waiting
+        release.set()
+        await first
+    assert isinstance(outcome, ConnectorTransport) and dispatch.state == "not_sent", outcome
+    assert [fields["x-aip-action-id"] for _, fields in heads] == ["acme:first"]

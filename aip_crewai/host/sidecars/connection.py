@@ -18,6 +18,7 @@ Source: ARCHITECTURE.md §7 and §8.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,14 @@ class ResponseTooLarge(Exception):
     def __init__(self, status: int) -> None:
         super().__init__(f"response of status {status} over its bound")
         self.status = status
+
+
+def _cancel_requested() -> bool:
+    """Whether the running task itself was asked to stop (``Task.cancelling()``, Python 3.11 and later).
+    On Python 3.10, which cannot tell, always True: a cancellation is never taken for anything else."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0
 
 
 class SidecarReads:
@@ -118,7 +127,9 @@ class SidecarReads:
         line and headers arrived.
 
         Raises: ``httpx2.ConnectError`` or ``httpx2.ConnectTimeout`` (nothing reached the sidecar: no
-        connection, or none within the bound, or the pools are closed),
+        connection, or none within the bound, or the pools are closed, also while the read waited for one
+        of their connections: on Python 3.10, which cannot tell that from the task's own cancellation, such
+        a read raises ``asyncio.CancelledError``),
         ``httpx2.ReadTimeout``, ``httpx2.ReadError`` (any other transport failure), :class:`ResponseTooLarge`
         (the body grew past ``limit`` bytes)."""
         if self._closed:
@@ -157,6 +168,12 @@ class SidecarReads:
             failure = httpx2.ReadTimeout(str(exc))
         except aiohttp.ClientError as exc:
             failure = httpx2.ReadError(f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:
+            if not self._closed or _cancel_requested():
+                raise
+            # aiohttp's connector cancels the requests waiting for one of its connections when it closes;
+            # the task itself was not cancelled: the read waited, nothing was sent
+            failure = httpx2.ConnectError("the sidecar's connections were closed while the read waited for one")
         raise failure
 
     async def aclose(self) -> None:
