@@ -7,7 +7,8 @@
   came back is not shown as failed because the view could not be read again;
 - an input with more findings than the host lists says that the rest are not marked;
 - a right-to-left string in the card's preview does not reorder the keys and numbers after it;
-- before sign-in no workspace control is shown, and after sign-out nothing of the last input stays in the page;
+- before sign-in no workspace control is shown, and after sign-out nothing of the last input stays in the page,
+  not even from an answer that arrives after it;
 - an approval withdrawn while its reason is typed says so and keeps the focus on it; a focused card decided
   elsewhere moves the focus to its list's heading with a live announcement, never silently to another approval.
 """
@@ -220,6 +221,28 @@ def test_no_workspace_before_sign_in_and_no_input_after_sign_out(host, browser) 
     expect(page.locator("#workspace")).to_be_hidden()
     assert "kept only while signed in" not in page.content()
     assert page.locator("#count").text_content() == ""
+    page.close()
+
+
+def test_an_input_whose_answer_arrives_after_sign_out_is_dropped(host, browser) -> None:
+    """The approval's read (its input) answers only after the approver signed out: the answer is dropped, and
+    neither the queue nor the detail shows the input again (before, the late answer put its card back)."""
+    action_id = submit_for_approval(host, {"topic": "t", "note": "answered after sign-out"})
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    held: list[Route] = []
+    page.route(APPROVAL, lambda route: held.append(route))  # each read of an input waits for the test
+    page.goto(f"{host.base_url}/console/")
+    page.fill("#token", TOKENS["acme-approver"])
+    with page.expect_request(lambda request: APPROVAL.search(request.url) is not None):
+        page.click("#sign-in-form button[type=submit]")
+    _card(page, action_id)  # listed; its input's read is held
+    page.click("#sign-out")
+    expect(page.locator("#workspace")).to_be_hidden()
+    with page.expect_console_message(lambda message: "was dropped" in message.text, timeout=20_000):
+        for route in held:
+            route.continue_()
+    assert held and "answered after sign-out" not in page.content()
+    assert page.locator("#queue .card").count() == 0
     page.close()
 
 

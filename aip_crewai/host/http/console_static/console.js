@@ -156,19 +156,37 @@ class ApiError extends Error {
   }
 }
 
+// An answer that arrived for a session signed out (or replaced) since its request was sent: dropped before anything
+// of it is kept or shown, so a late answer never puts a signed-out principal's approvals back in the page.
+class Superseded extends Error {
+  constructor() {
+    super("an answer for a session signed out since its request was sent");
+    console.debug(`aip-crewai console: ${this.message} was dropped`);
+  }
+}
+
 function describe(err) {
   if (err instanceof ApiError) return `${err.message}${err.code ? ` (${err.code})` : ""}`;
   if (err instanceof TypeError) return `the host did not answer (${err.message})`;
   return err && err.message ? err.message : String(err);
 }
 
+// Raises Superseded when the session that sent the request is no longer the signed-in one (signOut, signIn).
 async function api(method, path, payload, exact = false) {
+  const auth = state.auth;
   const url = new URL(path, location.origin).href;
   const body = payload === undefined ? undefined : JSON.stringify(payload);
   const headers = { Accept: "application/aip+json, application/json", ...(await authHeaders(method, url, body)) };
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(url, { method, headers, body, cache: "no-store" });
-  const text = await response.text();
+  let text, response;
+  try {
+    response = await fetch(url, { method, headers, body, cache: "no-store" });
+    text = await response.text();
+  } catch (err) {
+    if (state.auth !== auth) throw new Superseded();
+    throw err;
+  }
+  if (state.auth !== auth) throw new Superseded();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
   if (!response.ok) {
@@ -553,7 +571,7 @@ async function refreshNotification(approvalId) {
   try {
     state.notifications.set(approvalId, await api("GET", `${API}/approvals/${encodeURIComponent(approvalId)}/notifications`));
   } catch (err) {
-    if (err instanceof ApiError && err.status === 401) throw err;
+    if ((err instanceof ApiError && err.status === 401) || err instanceof Superseded) throw err;
     state.notifications.set(approvalId, { error: describe(err) });
   } finally {
     state.notifying.delete(approvalId);
@@ -686,6 +704,7 @@ function renderLists() {
 
 // The approval with its input (and display findings): for the detail and the card's preview.
 async function refreshApproval(approvalId) {
+  const auth = state.auth;
   try {
     const answer = await api("GET", `${API}/approvals/${encodeURIComponent(approvalId)}`, undefined, true);
     const view = answer.data;
@@ -695,6 +714,7 @@ async function refreshApproval(approvalId) {
       view.exactNumbers = Boolean(exact);
     } else view.previewError = "no input: the host sends the input to approvers only";  // never "loading…" for good
     view.found = await displayFindings(view);
+    if (state.auth !== auth) throw new Superseded();
     state.approvals.set(approvalId, view);
   } catch (err) {
     if (err instanceof ApiError && err.status === 404) state.approvals.delete(approvalId);
@@ -710,6 +730,7 @@ async function loadInputs(views) {
   const worker = async () => {
     for (let id = todo.shift(); id; id = todo.shift()) {
       await refreshApproval(id).catch((err) => {
+        if (err instanceof Superseded) return;
         const view = state.approvals.get(id);
         if (view) view.previewError = `input unreadable: ${describe(err)}`;
       });
@@ -742,6 +763,7 @@ async function loadPending() {
       cursor = page.cursor;
     } while (cursor);
   } catch (err) {
+    if (err instanceof Superseded) throw err;
     $("queue-error-text").textContent = `The queue could not be loaded: ${describe(err)}.`;
     $("queue-error").hidden = false;
     $("queue-state").textContent = "";
@@ -765,6 +787,7 @@ async function loadHistory(more) {
     state.historyCursor = page.cursor || null;
     state.historyLoaded = true;
   } catch (err) {
+    if (err instanceof Superseded) return;
     $("history-error-text").textContent = `The history could not be loaded: ${describe(err)}.`;
     $("history-error").hidden = false;
     $("history-state").textContent = "";
@@ -907,7 +930,7 @@ async function decide(decision) {
     await api("POST", `${API}/approvals/${encodeURIComponent(view.request.id)}/decision`,
       { decision, reason, policy_hash: view.request.policy_hash });
   } catch (err) {
-    $("decide-error").textContent = describe(err);
+    if (!(err instanceof Superseded)) $("decide-error").textContent = describe(err);
     $("deny").disabled = false;
     $("approve").disabled = !inputShown(state.approvals.get(state.selected));
     return;
@@ -916,7 +939,7 @@ async function decide(decision) {
   const done = `${decision === "approved" ? "Approved" : "Denied"} ${view.request.action_id}.`;
   $("decided-note").textContent = done;
   await refreshApproval(view.request.id).catch((err) => {  // the decision stands; only the view is stale
-    $("decided-note").textContent = `${done} The approval could not be read again: ${describe(err)}.`;
+    if (!(err instanceof Superseded)) $("decided-note").textContent = `${done} The approval could not be read again: ${describe(err)}.`;
   });
   $("deny").disabled = false;
   $("approve").disabled = !inputShown(state.approvals.get(state.selected));
@@ -965,6 +988,7 @@ function watchRun(actionId) {
 // ---------------------------------------------------------------- sign-in
 
 function showError(err) {
+  if (err instanceof Superseded) return;  // its session is gone: nothing to show or to sign out of
   console.error(err);
   if (err instanceof ApiError && err.status === 401) signOut("Signed out: the host refused the credential.");
 }
