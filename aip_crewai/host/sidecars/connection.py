@@ -171,8 +171,8 @@ class SidecarReads:
         except asyncio.CancelledError:
             if not self._closed or _cancel_requested():
                 raise
-            # aiohttp's connector cancels the requests waiting for one of its connections when it closes;
-            # the task itself was not cancelled: the read waited, nothing was sent
+            # aiohttp's connector cancels the requests waiting for one of its connections (or for an address)
+            # when it closes; the task itself was not cancelled: the read waited, nothing was sent
             failure = httpx2.ConnectError("the sidecar's connections were closed while the read waited for one")
         raise failure
 
