@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(
 NUMBERS = {"id": 12345678901234567891, "edge": 9007199254740993, "ratio": 1.0, "zero": -0.0}
 #: One approval's own GET (not its /display, not the list): the console's read of the input.
 APPROVAL = re.compile(r"/aip/v1/approvals/apr_[^/?]+$")
+#: The sign-in's first check (one pending approval): the console signs in once it answers.
+SIGN_IN_CHECK = re.compile(r"/aip/v1/approvals\?status=pending&limit=1$")
 #: An action's event stream: the console follows the run it approved there.
 ACTION_EVENTS = re.compile(r"/aip/v1/actions/[^/?]+/events$")
 #: A result's output as the host writes it, with numbers JSON.parse reads otherwise (…567000, 1.1, 1, 0).
@@ -296,4 +298,54 @@ def test_streamed_output_highlights_a_bounded_number_of_runs(host, browser) -> N
     chunks = page.locator("#run-chunks")
     assert (chunks.text_content() or "").count("a\\u00ad") == runs + 50  # every one written as its code
     assert page.evaluate("document.querySelectorAll('#run-chunks *').length") <= runs
+    page.close()
+
+
+def test_sign_out_after_a_run_leaves_nothing_of_the_approval_or_its_run_in_the_page(host, browser) -> None:
+    """The run an approval started echoes its input; after sign-out neither the run's output nor the approval's
+    fields (its action id) stay in the page."""
+    action_id = submit_for_approval(host, {"topic": "echoed by the run"})
+    page = _signed_in(browser, host)
+    _card(page, action_id).click()
+    expect(page.locator("#d-input")).to_contain_text("echoed by the run", timeout=20_000)
+    page.fill("#reason", "checked")
+    page.click("#approve")
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=60_000)
+    page.click("#sign-out")
+    expect(page.locator("#workspace")).to_be_hidden()
+    html = page.content()
+    assert "echoed by the run" not in html and action_id not in html
+    page.close()
+
+
+def test_a_second_sign_in_while_the_first_is_checked_leaves_a_session_that_decides(host, browser) -> None:
+    """A slow host: Sign in is clicked twice and the first click's check answers after the second signed in. That
+    late answer is dropped; the session stays signed in, without an error, and decides."""
+    action_id = submit_for_approval(host, {"topic": "t", "note": "signed in twice"})
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    held: list[Route] = []
+
+    def hold_the_first(route: Route) -> None:
+        if held:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route(SIGN_IN_CHECK, hold_the_first)
+    page.goto(f"{host.base_url}/console/")
+    page.fill("#token", TOKENS["acme-approver"])
+    with page.expect_request(lambda request: SIGN_IN_CHECK.search(request.url) is not None):
+        page.click("#sign-in-form button[type=submit]")
+    page.click("#sign-in-form button[type=submit]")  # again: the token is still in its field
+    expect(_card(page, action_id).locator(".preview")).to_contain_text("signed in twice", timeout=20_000)
+    with page.expect_console_message(lambda message: "was dropped" in message.text, timeout=20_000):
+        held[0].continue_()
+    expect(page.locator("#workspace")).to_be_visible()
+    assert page.locator("#sign-in-error").text_content() == ""
+    _card(page, action_id).click()
+    expect(page.locator("#d-input")).to_contain_text("signed in twice", timeout=20_000)
+    page.fill("#reason", "after a double sign-in")
+    page.click("#approve")
+    expect(page.locator("#decided-note")).to_contain_text("Approved", timeout=20_000)
+    assert page.locator("#decide-error").text_content() == ""
     page.close()

@@ -585,7 +585,10 @@ async function loadNotifications(ids, unsettled) {
     const known = state.notifications.get(id);
     return !known || (unsettled && (known.error || known.state === "queued" || known.state === "retrying"));
   });
-  const worker = async () => { for (let id = todo.shift(); id; id = todo.shift()) await refreshNotification(id); };
+  const auth = state.auth;  // a session signed out meanwhile reads no more (nor with the next one's credential)
+  const worker = async () => {
+    for (let id = todo.shift(); id && state.auth === auth; id = todo.shift()) await refreshNotification(id);
+  };
   await Promise.all([worker(), worker(), worker(), worker()]);
 }
 
@@ -727,8 +730,9 @@ async function refreshApproval(approvalId) {
 // Read the inputs of listed approvals that lack one, four at a time (the cards' previews).
 async function loadInputs(views) {
   const todo = views.filter((v) => !v.evidence_payload).map((v) => v.request.id);
+  const auth = state.auth;  // a session signed out meanwhile reads no more (nor with the next one's credential)
   const worker = async () => {
-    for (let id = todo.shift(); id; id = todo.shift()) {
+    for (let id = todo.shift(); id && state.auth === auth; id = todo.shift()) {
       await refreshApproval(id).catch((err) => {
         if (err instanceof Superseded) return;
         const view = state.approvals.get(id);
@@ -860,11 +864,19 @@ function closeDetail() {
   target.focus();
 }
 
+//: The detail's fields that name or show an approval (emptied when none is open).
+const DETAIL_FIELDS = ["d-capability", "d-action", "d-approval", "d-requester", "d-risk", "d-policy", "d-left",
+  "d-status", "d-notify", "d-input"];
+
 function renderDetail() {
   const view = state.approvals.get(state.selected);
   $("detail").hidden = !view;
   $("detail-empty").hidden = Boolean(view);
-  if (!view) { $("d-input").replaceChildren(); $("reason").value = ""; return; }  // nothing of it stays in the page
+  if (!view) {  // nothing of it stays in the page
+    for (const id of DETAIL_FIELDS) $(id).replaceChildren();
+    $("reason").value = "";
+    return;
+  }
   const request = view.request;
   let marked = setFaithful($("d-capability"), request.capability_id);
   marked += setFaithful($("d-action"), request.action_id);
@@ -917,6 +929,7 @@ function inputShown(view) {
 }
 
 async function decide(decision) {
+  const auth = state.auth;
   const view = state.approvals.get(state.selected);
   const reason = $("reason").value.trim();
   $("decide-error").textContent = "";
@@ -930,7 +943,8 @@ async function decide(decision) {
     await api("POST", `${API}/approvals/${encodeURIComponent(view.request.id)}/decision`,
       { decision, reason, policy_hash: view.request.policy_hash });
   } catch (err) {
-    if (!(err instanceof Superseded)) $("decide-error").textContent = describe(err);
+    if (err instanceof Superseded) return;  // signed out meanwhile (the host may still have taken the decision)
+    $("decide-error").textContent = describe(err);
     $("deny").disabled = false;
     $("approve").disabled = !inputShown(state.approvals.get(state.selected));
     return;
@@ -941,6 +955,7 @@ async function decide(decision) {
   await refreshApproval(view.request.id).catch((err) => {  // the decision stands; only the view is stale
     if (!(err instanceof Superseded)) $("decided-note").textContent = `${done} The approval could not be read again: ${describe(err)}.`;
   });
+  if (state.auth !== auth) return;  // signed out meanwhile: no run to follow
   $("deny").disabled = false;
   $("approve").disabled = !inputShown(state.approvals.get(state.selected));
   $("d-capability").focus();
@@ -1031,7 +1046,8 @@ async function signIn(auth) {
 function signOut(message) {
   if (state.liveAbort) state.liveAbort.abort();
   if (state.runAbort) state.runAbort.abort();
-  Object.assign(state, { auth: null, approvals: new Map(), notifications: new Map(), selected: null, pendingLoaded: false,
+  Object.assign(state, { auth: null, approvals: new Map(), notifications: new Map(), notifying: new Set(), selected: null,
+    pendingLoaded: false,
     historyLoaded: false, historyCursor: undefined, shown: null, decidedHere: null, listed: null });
   announce("");
   sessionStorage.removeItem("aip-crewai-token");
@@ -1045,6 +1061,12 @@ function signOut(message) {
   $("sign-in-error").textContent = message || "";
   renderLists();  // the counts and cards of the signed-out principal go too
   renderDetail();
+  // the decision form, its notes and the run the last decision followed (its chunks repeat the input)
+  $("approve").disabled = true;
+  $("deny").disabled = false;
+  for (const id of ["decide-error", "decided-note", "run-chunks", "run-status"]) $(id).textContent = "";
+  $("run-result").replaceChildren();
+  $("run").hidden = true;
 }
 
 async function onSignIn(event) {
@@ -1073,6 +1095,7 @@ async function onSignIn(event) {
     $("token").value = "";
     $("key-file").value = "";
   } catch (err) {
+    if (err instanceof Superseded) return;  // another sign-in (or a sign-out) replaced this one meanwhile
     state.auth = null;
     $("sign-in-error").textContent = describe(err);
     refocusSignIn();
@@ -1132,5 +1155,9 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   setInterval(tick, 1000);
   setInterval(pollNotifications, NOTIFY_POLL_MS);
-  restore().catch((err) => { signOut(describe(err)); refocusSignIn(); });
+  restore().catch((err) => {
+    if (err instanceof Superseded) return;  // signed in by hand (or out) while the saved credential was checked
+    signOut(describe(err));
+    refocusSignIn();
+  });
 });
