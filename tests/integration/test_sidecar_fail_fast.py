@@ -1,13 +1,14 @@
 """Start-up refusals arrive before the CrewAI import: a registry module that is not on the
 path, a port that cannot be bound, a token file with a loose mode and a journal path that is a directory each
-end the sidecar with one line on stderr and exit 2 within a few seconds; a good start logs its progress."""
+end the sidecar with one line on stderr and exit 2 before its log says ``crewai_importing`` (the step a good
+start logs right before ``import crewai``, in the order the last test checks); a good start logs its progress.
+No bound on the seconds it takes: the log's order is the proof, and a slow machine fails no test."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -16,54 +17,47 @@ from kits.sidecar import ROOT, launch, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-#: The refusals are checked before ``import crewai`` (tens of seconds on a loaded machine): well under it.
-DEADLINE_S = 5.0
 
-
-def _refusal(workdir: Path, **kwargs) -> tuple[float, list[str]]:
-    started = time.monotonic()
+def _refusal(workdir: Path, **kwargs) -> list[str]:
+    """The sidecar's stderr lines that are not JSON log lines, once it exited 2 without logging
+    ``crewai_importing``."""
     process = launch(workdir, **kwargs)
     try:
         status = process.wait(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
-    elapsed = time.monotonic() - started
     assert status == 2, (workdir / "stderr.log").read_text()
     lines = (workdir / "stderr.log").read_text().splitlines()
     assert not any("crewai_importing" in line for line in lines)
-    return elapsed, [line for line in lines if not line.startswith("{")]
+    return [line for line in lines if not line.startswith("{")]
 
 
 def test_a_registry_module_not_on_the_path_is_refused_before_the_crewai_import(tmp_path):
-    elapsed, lines = _refusal(tmp_path, args=["--registry", "no_such_realcrews_module.crews:CREWS"])
+    lines = _refusal(tmp_path, args=["--registry", "no_such_realcrews_module.crews:CREWS"])
     assert len(lines) == 1 and "no module 'no_such_realcrews_module'" in lines[0], lines
-    assert elapsed < DEADLINE_S
 
 
 def test_a_port_in_use_is_refused_before_the_crewai_import(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
-        elapsed, lines = _refusal(tmp_path, args=["--port", str(taken.getsockname()[1])])
+        lines = _refusal(tmp_path, args=["--port", str(taken.getsockname()[1])])
     assert len(lines) == 1 and "cannot listen" in lines[0], lines
-    assert elapsed < DEADLINE_S
 
 
 def test_a_token_file_others_can_write_is_refused_before_the_crewai_import(tmp_path):
     token = tmp_path / "token"
     token.write_text("integration-token-5f1c\n")
     token.chmod(0o666)
-    elapsed, lines = _refusal(tmp_path)
+    lines = _refusal(tmp_path)
     assert len(lines) == 1 and "token" in lines[0].lower(), lines
-    assert elapsed < DEADLINE_S
 
 
 def test_a_journal_path_that_is_a_directory_is_refused_before_the_crewai_import(tmp_path):
     (tmp_path / "journal-dir").mkdir(mode=0o700)
-    elapsed, lines = _refusal(tmp_path, journal=tmp_path / "journal-dir")
+    lines = _refusal(tmp_path, journal=tmp_path / "journal-dir")
     assert len(lines) == 1 and "--journal" in lines[0], lines
-    assert elapsed < DEADLINE_S
 
 
 def test_a_good_start_logs_its_progress_in_order(tmp_path):
