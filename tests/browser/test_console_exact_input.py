@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -83,6 +84,16 @@ def _signed_in(browser: Any, host: Any, init_script: str | None = None, unreadab
     page.fill("#token", TOKENS["acme-approver"])
     page.click("#sign-in-form button[type=submit]")
     return page
+
+
+def _sign_in_routing(page: Page, host: Any, pattern: re.Pattern[str], handler: Callable[[Route], None]) -> None:
+    """Sign ``page`` in as the approver with ``handler`` routing the requests ``pattern`` matches; returns once
+    the first of them was sent."""
+    page.route(pattern, handler)
+    page.goto(f"{host.base_url}/console/")
+    page.fill("#token", TOKENS["acme-approver"])
+    with page.expect_request(lambda request: pattern.search(request.url) is not None):
+        page.click("#sign-in-form button[type=submit]")
 
 
 def _card(page: Page, action_id: str) -> Any:
@@ -240,11 +251,7 @@ def test_an_input_whose_answer_arrives_after_sign_out_is_dropped(host, browser) 
         else:
             held.append(route)
 
-    page.route(APPROVAL, hold)
-    page.goto(f"{host.base_url}/console/")
-    page.fill("#token", TOKENS["acme-approver"])
-    with page.expect_request(lambda request: APPROVAL.search(request.url) is not None):
-        page.click("#sign-in-form button[type=submit]")
+    _sign_in_routing(page, host, APPROVAL, hold)
     _card(page, action_id)  # listed; its input's read is held
     page.click("#sign-out")
     expect(page.locator("#workspace")).to_be_hidden()
@@ -340,11 +347,7 @@ def test_a_second_sign_in_while_the_first_is_checked_leaves_a_session_that_decid
         else:
             held.append(route)
 
-    page.route(SIGN_IN_CHECK, hold_the_first)
-    page.goto(f"{host.base_url}/console/")
-    page.fill("#token", TOKENS["acme-approver"])
-    with page.expect_request(lambda request: SIGN_IN_CHECK.search(request.url) is not None):
-        page.click("#sign-in-form button[type=submit]")
+    _sign_in_routing(page, host, SIGN_IN_CHECK, hold_the_first)
     page.click("#sign-in-form button[type=submit]")  # again: the token is still in its field
     expect(_card(page, action_id).locator(".preview")).to_contain_text("signed in twice", timeout=20_000)
     with page.expect_console_message(lambda message: "was dropped" in message.text, timeout=20_000):
