@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx2
 import pytest
+from kits.poll import until_async
 
 from aip_crewai.contracts import operations as ops
 from aip_crewai.contracts.errors import (
@@ -309,8 +310,10 @@ async def test_a_read_waiting_for_a_pooled_connection_when_the_pools_close_is_no
         waiting = asyncio.create_task(_get_job(http, "acme:waiting"))
         session = http.reads._session
         assert session is not None
-        while sum(len(waiters) for waiters in session.connector._waiters.values()) < 2:
-            await asyncio.sleep(0)  # until both reads wait for the one connection
+        await until_async(
+            lambda: sum(len(waiters) for waiters in session.connector._waiters.values()) == 2,
+            what="both reads waiting for the one connection",
+        )
         cancelled.cancel()  # its task's own cancellation, as the pools close
         await http.aclose()
         with pytest.raises(asyncio.CancelledError):
