@@ -18,6 +18,7 @@ so another process (a test) can follow what a tool did and in which process.
 | ``hog`` | ``echo`` with a ``before_kickoff`` callback | writes ``<job>.pid`` (its pid), then keeps :data:`HOG_BYTES` more bytes in a module global (a crew that grows its process by that much per job) |
 | ``flaky_build`` | ``echo``, from a factory that writes ``<job>.pid`` (its pid) and raises while the marker directory holds a file ``fail-build`` (the job fails ``CrewBuildFailed``) | — |
 | ``memory_stall`` | ``echo``-like, crew ``memory=`` a :class:`SlowDrainMemory` | — (CrewAI's ``akickoff`` waits for memory saves synchronously on its event loop, crewAI PR#6497; each wait here takes ``AIP_CREWAI_TEST_DRAIN_SECONDS``, default 2) |
+| ``lingering`` | 1 agent with ``linger`` | writes ``<job>.pid``; a job whose id ends in ``-wait`` writes ``stray-wanted`` and waits (at most 30 s) for ``stray-sent``; any other starts a thread in its job's context (as ``asyncio.to_thread`` does) that outlives the job: once ``stray-wanted`` exists it emits a model chunk :data:`STRAY_CHUNK`, then writes ``stray-sent`` |
 
 Source: ARCHITECTURE.md §5 (isolation); docs/security.md "Process isolation".
 """
@@ -25,6 +26,7 @@ Source: ARCHITECTURE.md §5 (isolation); docs/security.md "Process isolation".
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import json
 import os
@@ -43,7 +45,7 @@ from urllib.parse import quote
 
 from crewai import Crew
 from crewai.events.event_bus import crewai_event_bus
-from crewai.events.types.llm_events import LLMCallStartedEvent
+from crewai.events.types.llm_events import LLMCallStartedEvent, LLMStreamChunkEvent
 from crewai.memory.unified_memory import Memory
 from crewai.rag.embeddings.factory import build_embedder
 from crewai.tools import tool
@@ -65,6 +67,9 @@ NO_BLOCK_FILE = "no-block"
 PROBE_ENV = "AIP_CREWAI_TEST_PROBE_TRACE"
 #: What the probe writes to ``sys.stderr`` and warns with (a secret a crew might quote): never in a log.
 PROBE_SECRET = "sk-live-PROBE-STDERR-4242"
+
+#: The model chunk ``lingering``'s thread emits after its job ended (in no job's events).
+STRAY_CHUNK = "stray chunk of an ended job"
 
 #: What ``hog`` keeps per job, bytes: more than a warm worker may grow (``worker.WARM_GROWTH_LIMIT_BYTES``, 64 MiB).
 HOG_BYTES = 72 * 1024 * 1024
@@ -100,6 +105,34 @@ def block_then_write(text: str) -> str:
         time.sleep(float(os.environ.get(BLOCK_SECONDS_ENV) or 5))
     _write(marker(job, "after"), str(os.getpid()))
     return f"blocked and wrote for {len(str(text).split())} words"
+
+
+@tool("linger")
+def linger(text: str) -> str:
+    """Leave a thread in this job's context behind (``lingering``), or wait for such a thread's chunk."""
+    directory = Path(os.environ.get(MARKER_DIR_ENV) or tempfile.gettempdir())
+    _write(marker(_job_id(), "pid"), str(os.getpid()))
+    if _job_id().endswith("-wait"):
+        (directory / "stray-wanted").touch()
+        _wait_for(directory / "stray-sent")
+        return "waited"
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(_emit_stray, directory), daemon=True).start()
+    return "left a thread"
+
+
+def _wait_for(path: Path, timeout_s: float = 30.0) -> None:
+    """Poll for ``path`` (a crew's own wait, bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _emit_stray(directory: Path) -> None:
+    """Once another job asked for it, emit :data:`STRAY_CHUNK` in the context this thread was started in."""
+    _wait_for(directory / "stray-wanted")
+    crewai_event_bus.emit(None, LLMStreamChunkEvent(chunk=STRAY_CHUNK, call_id="stray", task_id="stray"))
+    (directory / "stray-sent").touch()
 
 
 @tool("exit_process")
@@ -260,6 +293,15 @@ def spawner() -> Crew:
     return crew
 
 
+def lingering() -> Crew:
+    """One agent whose tool leaves a thread that emits a chunk after its job ended (:func:`linger`)."""
+    return build_crew(
+        OfflineLLM(model="offline-lingering", chunks_per_answer=2),
+        ["Count the words of the topic {topic}."],
+        tools=[linger],
+    )
+
+
 def exits() -> Crew:
     """One agent whose tool ends the process."""
     return build_crew(
@@ -354,4 +396,5 @@ CREWS: dict[str, Any] = {
     "hog": hog,
     "flaky_build": flaky_build,
     "spawner": spawner,
+    "lingering": lingering,
 }

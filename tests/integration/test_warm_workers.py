@@ -29,6 +29,8 @@ pytestmark = [
 ]
 
 REGISTRY = ISOLATION_REGISTRY
+#: ``isolation_crews.STRAY_CHUNK`` (not imported: that would import CrewAI into the test process).
+STRAY_CHUNK = "stray chunk of an ended job"
 #: ``--worker-jobs`` of the module's sidecar.
 JOBS = 3
 
@@ -121,6 +123,22 @@ async def pid_of(client: httpx2.AsyncClient, markers: Path, job: str, crew: str,
     body = {"crew_id": crew, "action_id": job, "operation": "run", "input": {"topic": "a", **input}}
     answer = await client.post("/jobs", json=body, headers={"Idempotency-Key": f"key-{job}"}, timeout=120)
     return answer.status_code, int((markers / f"{quote(job, safe='')}.pid").read_text())
+
+
+async def test_a_chunk_a_jobs_thread_emits_after_the_job_ended_is_in_no_later_jobs_events(warm):
+    """A thread the first job left behind (in that job's context) emits a model chunk while the owner's next
+    job runs in the same warm worker: the chunk is dropped, not published as the next job's (before, the
+    next job's events held it)."""
+    sidecar, markers = warm
+    async with sidecar.client() as client:
+        left, left_pid = await pid_of(client, markers, "t7:stray-leave", "lingering")
+        waited, waited_pid = await pid_of(client, markers, "t7:stray-wait", "lingering")
+        events = await client.get(f"/jobs/{quote('t7:stray-wait', safe='')}/events")
+    assert (left, waited) == (200, 200)
+    assert left_pid == waited_pid, "the owner's second job ran in its warm worker"
+    assert (markers / "stray-sent").exists(), "the first job's thread emitted its chunk while the second ran"
+    contents = [event["data"]["content"] for event in events.json()["events"] if event["event"] == "chunk"]
+    assert contents and STRAY_CHUNK not in contents, contents
 
 
 async def test_another_tenants_or_crews_job_never_runs_in_a_warm_worker(warm):

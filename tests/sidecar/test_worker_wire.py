@@ -261,6 +261,28 @@ def test_a_frame_sent_now_follows_the_held_chunks_in_the_same_write(writes):
     assert _contents(sock) == [["a"], ["b", "c", "Done"]]
 
 
+def test_a_closed_jobs_chunks_are_dropped_its_held_ones_still_go_and_the_next_jobs_flow(writes):
+    """A warm worker's jobs share its channel: a chunk of a job after its end (a thread it left behind) is
+    dropped, not taken as the next job's; its chunks held at the end still go, before the job's outcome, and
+    a job's sender opened later takes the channel over from one never closed."""
+    sock, held, clock = writes
+    first = ChunkSender(held, 10, 1024)
+    first({"content": "a"})
+    clock.now = 1
+    first({"content": "b"})  # held
+    first.close()
+    first({"content": "late"})
+    held.send(Done(b"{}", [], 0))
+    second = ChunkSender(held, 10, 1024)
+    first({"content": "later"})
+    second({"content": "c"})
+    third = ChunkSender(held, 10, 1024)  # the second never closed (a worker's job that broke off)
+    second({"content": "stale"})
+    third({"content": "d"})
+    held.flush()
+    assert _contents(sock) == [["a"], ["b", "Done"], ["c", "d"]]
+
+
 @pytest.mark.parametrize("room, written", [(1, [["x"]]), (0, [["x"], ["y", "y"]])])
 def test_held_chunk_frames_go_at_once_when_they_reach_the_byte_bound(monkeypatch, writes, room, written):
     """The bound on what a worker holds, at its edge: two frames one byte under it are held, two frames at it

@@ -89,6 +89,8 @@ class Channel:
         self._holder: threading.Thread | None = None
         self._broken = False  # a write failed: the sidecar is gone
         self._hold = True  # False in a process forked from the one that made the channel: every frame at once
+        self._chunk_jobs = itertools.count(1)
+        self._chunk_job: int | None = None  # the job whose chunk frames the channel takes (open_chunks)
         _CHANNELS.add(self)
 
     def send(self, message: FromWorker) -> None:
@@ -97,11 +99,27 @@ class Channel:
         with self._lock:
             self._write(frame)
 
-    def send_soon(self, message: FromWorker) -> None:
-        """Send one frame now or hold it (the class's rules). Raises OSError when the sidecar is gone (known
-        from an earlier write, or found by this one)."""
+    def open_chunks(self) -> int:
+        """Take the chunk frames of a new job from now on, and none of an earlier one's; the job's number (for
+        :meth:`send_soon` and :meth:`close_chunks`)."""
+        with self._lock:
+            self._chunk_job = next(self._chunk_jobs)
+            return self._chunk_job
+
+    def close_chunks(self, job: int) -> None:
+        """Take no more chunk frames of ``job`` (it ended); those held already still go."""
+        with self._lock:
+            if self._chunk_job == job:
+                self._chunk_job = None
+
+    def send_soon(self, message: FromWorker, *, chunks_of: int | None = None) -> None:
+        """Send one frame now or hold it (the class's rules); a frame of a job other than the one
+        :meth:`open_chunks` opened last, or of a job closed since, is dropped. Raises OSError when the sidecar
+        is gone (known from an earlier write, or found by this one)."""
         frame = encode(message)
         with self._lock:
+            if chunks_of is not None and chunks_of != self._chunk_job:
+                return
             self._check_open()
             now = self._clock()
             if not self._held:
@@ -349,8 +367,13 @@ class Inbox:
 
 
 class ChunkSender:
-    """``ctx.emit_chunk`` of a worker: shape, bound, hold for the next write (:meth:`Channel.send_soon`); never
-    raises into CrewAI (a sidecar gone ends the worker)."""
+    """``ctx.emit_chunk`` of one job in a worker: shape, bound, hold for the next write (:meth:`Channel.send_soon`);
+    never raises into CrewAI (a sidecar gone ends the worker).
+
+    Its chunks end with :meth:`close` (the job's end): a thread the job left behind, started in the job's context
+    (as ``asyncio.to_thread`` starts one), may still emit, and the sidecar would take such a chunk for whichever
+    job of the worker runs then. The channel drops it (:meth:`Channel.open_chunks`; ARCHITECTURE.md §5 "Warm
+    workers")."""
 
     def __init__(self, channel: Channel, limit: int, max_event_bytes: int) -> None:
         self.channel = channel
@@ -358,6 +381,7 @@ class ChunkSender:
         self.max_content = max_event_bytes + 1  # longer content would be cut by the sidecar anyway
         self.sent = 0
         self.dropped = 0
+        self._job = channel.open_chunks()
         self._lock = threading.Lock()
 
     def __call__(self, data: dict[str, Any]) -> None:
@@ -374,9 +398,13 @@ class ChunkSender:
             **chunk_labels(data),
         }
         try:
-            self.channel.send_soon(Chunk(shaped))
+            self.channel.send_soon(Chunk(shaped), chunks_of=self._job)
         except OSError:
             exit_now(0)  # the sidecar is gone
+
+    def close(self) -> None:
+        """The job ended: the channel takes none of its chunks from now on."""
+        self.channel.close_chunks(self._job)
 
 
 class TaskRunCalls:
