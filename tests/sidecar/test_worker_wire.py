@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -346,6 +347,45 @@ def test_a_process_forked_from_the_worker_sends_its_chunks_at_once_and_never_the
     sock.sock.shutdown(socket.SHUT_WR)
     received = [m.data["content"] for m in _read_all(sock.peer)]
     assert sorted(received) == ["child-c", "child-d", "worker-a", "worker-b"]
+
+
+@pytest.mark.processes
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # another test of the process imported LanceDB
+def test_large_frames_of_the_worker_and_its_forked_child_at_once_each_arrive_whole(monkeypatch):
+    """A crew's own child and the worker write frames larger than the socket takes at once, at the same
+    time: each frame arrives whole (before, a write of one landed inside the other's: a frame cut in two,
+    which the sidecar takes for a broken worker)."""
+    monkeypatch.setattr(channel, "_write_lock_fd", None)
+    bound, count = frame_bound(262_144), 40
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        held = Channel(theirs, bound)
+        child = os.fork()
+        if child == 0:
+            try:
+                for _ in range(count):
+                    held.send(Chunk({"content": "c" * 150_000}))
+            finally:
+                os._exit(0)
+        received: list[str] = []
+        reader = Channel(ours, bound)
+
+        def read() -> None:
+            with contextlib.suppress(FrameError):
+                while (header := reader._exact(HEADER.size)) is not None:
+                    message = decode_from_worker(reader._exact(payload_length(header, bound)) or b"")
+                    received.append(message.data["content"] if isinstance(message, Chunk) else "?")
+
+        drain = threading.Thread(target=read)
+        drain.start()
+        for _ in range(count):
+            held.send(Chunk({"content": "w" * 150_000}))
+        assert os.waitpid(child, 0)[1] == 0
+        theirs.shutdown(socket.SHUT_WR)
+        drain.join(60)
+    if channel._write_lock_fd is not None:
+        os.close(channel._write_lock_fd)
+    assert sorted(set(received)) == ["c" * 150_000, "w" * 150_000] and len(received) == 2 * count
 
 
 class _WatchedLock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import itertools
 import math
 import os
@@ -26,7 +27,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from aip_crewai.sidecar.isolation.wire import (
@@ -68,7 +69,8 @@ class Channel:
     :meth:`send`, in the same write, so the sidecar receives the frames in the order of the calls: the job's
     end (``Done``/``Failed``) after every chunk the job emitted. In a process forked from the one that made it
     (a crew's own child) it holds nothing: every frame goes at once, and the parent's held frames stay the
-    parent's. Source: ARCHITECTURE.md §5 (isolation).
+    parent's; from the first fork on, each write of the worker and its children is whole across them
+    (:func:`_whole_write`). Source: ARCHITECTURE.md §5 (isolation).
 
     Args:
         sock: the worker's end of its socketpair with the sidecar.
@@ -150,7 +152,8 @@ class Channel:
         if frame:
             self._written_at = self._clock()
             try:
-                self.sock.sendall(frame)
+                with _whole_write():
+                    self.sock.sendall(frame)
             except OSError:
                 self._broken = True  # part of a frame may be out: nothing more can follow it
                 raise
@@ -226,9 +229,44 @@ _locked_for_fork: list[Channel] = []
 _fork_lock = threading.Lock()
 
 
+#: Once the worker forked (a crew's own child: ``multiprocessing`` with fork), the processes share the socket,
+#: and a write from one could land between two parts of another's large write (a frame cut in two: the sidecar
+#: kills the worker). A POSIX record lock on this anonymous file (per process, freed when its holder dies; a
+#: process's threads already write one at a time under the channel's lock) makes each write whole across them.
+#: None until the first fork, or when no such file could be made.
+_write_lock_fd: int | None = None
+
+
+@contextlib.contextmanager
+def _whole_write() -> Iterator[None]:
+    """Hold the processes' write lock (:data:`_write_lock_fd`) around one write, once there is one. A lock that
+    cannot be taken leaves the write as it was before any fork (never an error: the socket's own say counts)."""
+    fd = _write_lock_fd
+    try:
+        if fd is not None:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+    except OSError:
+        fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.lockf(fd, fcntl.LOCK_UN)
+
+
+def _make_write_lock() -> None:
+    """Make :data:`_write_lock_fd` before a process with a channel forks (once)."""
+    global _write_lock_fd
+    if _write_lock_fd is None and _locked_for_fork:
+        with contextlib.suppress(OSError, AttributeError):  # AttributeError: no memfd_create on this platform
+            _write_lock_fd = os.memfd_create("aip-crewai-worker-writes", os.MFD_CLOEXEC)
+
+
 def _before_fork() -> None:
     _fork_lock.acquire()
     _locked_for_fork[:] = list(_CHANNELS)
+    _make_write_lock()
     for held in _locked_for_fork:
         held._lock.acquire()
 
