@@ -153,6 +153,7 @@ def approval_lines(view: dict[str, Any]) -> list[str]:
         f"action      {text(request.get('action_id', '?'))}",
         f"capability  {text(request.get('capability_id', '?'))}  risk {text(request.get('risk') or '-')}",
         f"requester   {text((request.get('requester') or {}).get('id', '?'))}",
+        f"why         {text(request.get('reason') or '-')}",
         f"expires     {text(request.get('expires_at', '?'))}",
         f"policy      {text(request.get('policy_hash', '?'))}",
     ]

@@ -9,6 +9,7 @@
 - a right-to-left string in the card's preview does not reorder the keys and numbers after it;
 - before sign-in no workspace control is shown, and after sign-out nothing of the last input stays in the page,
   not even from an answer that arrives after it;
+- the detail names the inputs a request leaves to its crew to fill itself (values no approver sees);
 - an approval withdrawn while its reason is typed says so and keeps the focus on it; a focused card decided
   elsewhere moves the focus to its list's heading with a live announcement, never silently to another approval.
 """
@@ -360,4 +361,23 @@ def test_a_second_sign_in_while_the_first_is_checked_leaves_a_session_that_decid
     page.click("#approve")
     expect(page.locator("#decided-note")).to_contain_text("Approved", timeout=20_000)
     assert page.locator("#decide-error").text_content() == ""
+    page.close()
+
+
+def test_the_detail_names_the_inputs_the_crew_fills_itself(host, browser) -> None:
+    """``echo`` fills ``topic`` itself (a ``before_kickoff`` callback) when a request leaves it out: the detail
+    says so beside the input, which lacks it; a request that carries it is told the plain reason."""
+    left_out = submit_for_approval(host, {"customer": "Dana"})
+    carried = submit_for_approval(host, {"topic": "given"})
+    page = _signed_in(browser, host)
+    _card(page, left_out).click()
+    expect(page.locator("#d-input")).to_contain_text("Dana", timeout=20_000)
+    expect(page.locator("#d-why")).to_contain_text("the crew fills itself")
+    expect(page.locator("#d-why")).to_contain_text("with values no approver sees: topic")
+    page.keyboard.press("Escape")
+    _card(page, carried).click()
+    expect(page.locator("#d-input")).to_contain_text("given", timeout=20_000)
+    expect(page.locator("#d-why")).to_have_text(
+        "cap:crewai:echo changes crew state; the tenant's policy requires an approver's decision"
+    )
     page.close()

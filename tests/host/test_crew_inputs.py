@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -17,13 +18,31 @@ from aip_crewai.host.crews.inputs import (
     MAX_PLACEHOLDERS,
     CrewInputs,
     check_crew_inputs,
+    left_to_crew,
     parse_crew_inputs,
     project_input_schema,
 )
+from aip_crewai.host.http.approvals import MAX_REASON_NAMES, approval_reason
 from aip_crewai.host.http.state import host_state
 
 REQUIRED = CrewInputs(("customer", "topic"), defaults=False)
 FILLED = CrewInputs(("customer", "topic"), defaults=True)
+
+
+async def _submit(http: Any, name: str, capability_id: str, input: Any) -> Any:
+    """``POST /aip/v1/messages`` of one action as ``acme-invoker``: action id ``act_<name>``, key ``k-<name>``."""
+    env = envelope(f"msg_{name}")
+    env["body"]["action"] = {
+        "id": f"act_{name}",
+        "capability_id": capability_id,
+        "input": input,
+        "idempotency_key": f"k-{name}",
+    }
+    return await http.post(
+        "/aip/v1/messages",
+        content=json.dumps(env),
+        headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
+    )
 
 
 def test_parse_keeps_well_formed_entries_only() -> None:
@@ -100,18 +119,7 @@ async def test_through_the_host_the_manifest_and_the_fence_use_the_reported_inpu
         schemas = {cap["id"]: cap["input_schema"] for cap in manifest["capabilities"]}
         assert schemas["cap:crewai:beta"]["required"] == ["topic"]
         assert "required" not in schemas["cap:crewai:alpha"]  # not reported: the open schema
-        env = envelope("msg_ci")
-        env["body"]["action"] = {
-            "id": "act_ci",
-            "capability_id": "cap:crewai:beta",
-            "input": {"other": 1},
-            "idempotency_key": "k-ci",
-        }
-        refused = await http.post(
-            "/aip/v1/messages",
-            content=json.dumps(env),
-            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
-        )
+        refused = await _submit(http, "ci", "cap:crewai:beta", {"other": 1})
         approvals = await http.get("/aip/v1/approvals", headers=bearer("acme-both"))
     assert refused.status_code == 400
     error = refused.json()["body"]["error"]["error"]
@@ -129,31 +137,9 @@ async def test_a_crew_the_sidecar_does_not_serve_is_refused_before_any_approval(
     async with running(app) as http:
         with capture_logs() as logs:
             await host_state(app).readiness.refresh()
-        env = envelope("msg_un")
-        env["body"]["action"] = {
-            "id": "act_un",
-            "capability_id": "cap:crewai:beta",
-            "input": {"topic": "t"},
-            "idempotency_key": "k-un",
-        }
-        refused = await http.post(
-            "/aip/v1/messages",
-            content=json.dumps(env),
-            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
-        )
+        refused = await _submit(http, "un", "cap:crewai:beta", {"topic": "t"})
         approvals = await http.get("/aip/v1/approvals", headers=bearer("acme-both"))
-        served = envelope("msg_ok")
-        served["body"]["action"] = {
-            "id": "act_ok",
-            "capability_id": "cap:crewai:alpha",
-            "input": {},
-            "idempotency_key": "k-ok",
-        }
-        accepted = await http.post(
-            "/aip/v1/messages",
-            content=json.dumps(served),
-            headers={"Content-Type": "application/aip+json", **bearer("acme-invoker")},
-        )
+        accepted = await _submit(http, "ok", "cap:crewai:alpha", {})
     warnings = [e for e in logs if e["event"] == "crews_not_served"]
     assert warnings and warnings[0]["crews"] == ["beta"] and warnings[0]["log_level"] == "warning"
     assert refused.status_code == 503
@@ -190,25 +176,62 @@ async def test_a_memory_reset_of_a_missing_domain_is_refused_at_submission_befor
     fake = FakeSidecar(SIDECAR_TOKEN)
     fake.health["crew_inputs"] = {"beta": {"placeholders": [], "defaults": True, "memory_domains": ["knowledge"]}}
     app = make_app(sidecar_transport=fake.transport())
-    headers = {"Content-Type": "application/aip+json", **bearer("acme-invoker")}
     async with running(app) as http:
         await host_state(app).readiness.refresh()
 
-        async def submit(n: int, target: str):
-            env = envelope(f"msg_mr{n}")
-            env["body"]["action"] = {
-                "id": f"act_mr{n}",
-                "capability_id": "cap:crewai:beta:memory_reset",
-                "input": {"command_type": target},
-                "idempotency_key": f"k-mr{n}",
-            }
-            return await http.post("/aip/v1/messages", content=json.dumps(env), headers=headers)
-
-        refused = await submit(1, "memory")
+        refused = await _submit(http, "mr1", "cap:crewai:beta:memory_reset", {"command_type": "memory"})
         approvals = await http.get("/aip/v1/approvals", headers=bearer("acme-both"))
-        accepted = await submit(2, "knowledge")
+        accepted = await _submit(http, "mr2", "cap:crewai:beta:memory_reset", {"command_type": "knowledge"})
     error = refused.json()["body"]["error"]["error"]
     assert refused.status_code == 400 and error["code"] == "action.invalid_input"
     assert error["details"]["field"] == "$.command_type" and "its memory domains: knowledge" in error["message"]
     assert approvals.json()["approvals"] == [] and fake.executions == 0
     assert accepted.status_code == 202
+
+
+@pytest.mark.parametrize(
+    "operation,input,left",
+    [
+        ("run", {"topic": "x"}, ("customer",)),
+        ("run", {"topic": "x", "customer": "c", "other": 1}, ()),
+        ("batch_run", {"inputs": [{"topic": "x", "customer": "c"}, {"customer": "c"}]}, ("topic",)),
+        ("train", {"n_iterations": 1, "artifact_name": "a"}, ("customer", "topic")),
+        ("test", {"n_iterations": 1, "inputs": None}, ("customer", "topic")),
+        ("test", {"n_iterations": 1, "inputs": {"customer": "c", "topic": "t"}}, ()),
+        ("replay", {"task_id": "t"}, ()),
+        ("memory_reset", {"command_type": "all"}, ()),
+        ("run", ["not", "an", "object"], ()),
+    ],
+)
+def test_the_inputs_left_to_a_crew_that_fills_defaults_are_named(operation, input, left) -> None:
+    assert left_to_crew(operation, input, FILLED) == left
+    assert left_to_crew(operation, input, REQUIRED) == ()  # such a request was refused (check_crew_inputs)
+    assert left_to_crew(operation, input, None) == ()
+
+
+def test_a_reason_names_the_inputs_left_to_the_crew_up_to_its_bound() -> None:
+    generic = approval_reason("cap:crewai:beta")
+    assert generic == "cap:crewai:beta changes crew state; the tenant's policy requires an approver's decision"
+    names = [f"n{i:02d}" for i in range(MAX_REASON_NAMES + 1)]
+    at_bound = approval_reason("cap:crewai:beta", names[:MAX_REASON_NAMES])
+    past_it = approval_reason("cap:crewai:beta", names)
+    assert at_bound.startswith(generic) and at_bound.endswith(", ".join(names[:MAX_REASON_NAMES]))
+    assert past_it.endswith(", ".join(names[:MAX_REASON_NAMES]) + " and 1 more")
+
+
+async def test_an_approver_reading_the_approval_is_told_which_inputs_the_crew_fills_itself(make_app) -> None:
+    """A crew with ``before_kickoff`` callbacks runs with values it fills for the inputs a request left out;
+    the approval the approver reads names them (before, it showed the input and nothing of the rest)."""
+    fake = FakeSidecar(SIDECAR_TOKEN)
+    fake.health["crew_inputs"] = {"beta": {"placeholders": ["customer", "ticket"], "defaults": True}}
+    app = make_app(sidecar_transport=fake.transport())
+    async with running(app) as http:
+        await host_state(app).readiness.refresh()
+        submitted = await _submit(http, "lf", "cap:crewai:beta", {"customer": "Dana"})
+        (listed,) = (await http.get("/aip/v1/approvals", headers=bearer("acme-both"))).json()["approvals"]
+        view = (await http.get(f"/aip/v1/approvals/{listed['request']['id']}", headers=bearer("acme-both"))).json()
+    assert submitted.status_code == 202, submitted.text
+    reason = view["request"]["reason"]
+    assert reason.endswith("with values no approver sees: ticket") and "customer" not in reason
+    assert view["evidence_payload"]["input"] == {"customer": "Dana"}
+    assert listed["request"]["reason"] == approval_reason("cap:crewai:beta")  # the queue's cards: the generic one

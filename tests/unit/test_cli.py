@@ -160,6 +160,7 @@ SPOOF_VIEW = {
         "expires_at": "2026-09-21T14:28:20.000Z",
         "policy_hash": "ab12",
         "risk": "medium",
+        "reason": "cap:crewai:echo changes crew state; ... values no approver sees: \u202etopic",
         "evidence": [],
     },
     "status": "pending",
@@ -769,6 +770,7 @@ def test_approvals_list_is_a_table_and_show_names_the_decide_command(host_url, t
     assert _run(host_url, token, "approvals", "show", "apr_spoof") == Exit.OK
     shown = capsys.readouterr().out.splitlines()
     assert shown[0] == "approval    apr_spoof  (pending)"
+    assert "why         cap:crewai:echo changes crew state; ... values no approver sees: \\u202etopic" in shown
     assert shown[-1] == "next: aip-crewai approvals decide apr_spoof approved|denied --reason TEXT"
 
 

@@ -115,9 +115,32 @@ def check_crew_inputs(operation: str, input: Any, facts: CrewInputs | None) -> N
                 "started and no approval was requested",
             )
         return
-    where = KICKOFF_INPUTS.get(operation)
-    if facts is None or where is None or not facts.required or not isinstance(input, dict):
+    if facts is None or not facts.required:
         return
+    for path, inputs in _kickoff_objects(operation, input):
+        for name in facts.required:
+            if name not in inputs:
+                raise InvalidInput(f"{path}.{name}", f"required: the crew's texts use the placeholder {{{name}}}")
+
+
+def left_to_crew(operation: str, input: Any, facts: CrewInputs | None) -> tuple[str, ...]:
+    """The placeholders a crew that fills defaults (``facts.defaults``: its ``before_kickoff`` callbacks) is left
+    to fill itself: those missing from any kickoff-input object of ``input``, sorted; ``()`` when the crew fills
+    none, or reported nothing. The values it fills are known only once it runs: an approver is told the names
+    (docs/approvals.md "Inputs the crew fills itself"). Pure."""
+    if facts is None or not facts.defaults or not facts.placeholders:
+        return ()
+    objects = _kickoff_objects(operation, input)
+    return tuple(name for name in facts.placeholders if any(name not in inputs for _path, inputs in objects))
+
+
+def _kickoff_objects(operation: str, input: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The kickoff-input objects of an action input (:data:`KICKOFF_INPUTS`), each with its JSON path: the
+    input itself (``$``), each item of ``inputs`` (``$.inputs[i]``), or ``inputs`` (``$.inputs``; absent or
+    null: an empty object). Anything not an object is left out (the input type check names it). Pure."""
+    where = KICKOFF_INPUTS.get(operation)
+    if where is None or not isinstance(input, dict):
+        return []
     if where == "input":
         targets: list[tuple[str, Any]] = [("$", input)]
     elif where == "list":
@@ -125,12 +148,7 @@ def check_crew_inputs(operation: str, input: Any, facts: CrewInputs | None) -> N
         targets = [(f"$.inputs[{i}]", item) for i, item in enumerate(items)] if isinstance(items, list) else []
     else:
         targets = [("$.inputs", input.get("inputs") or {})]
-    for path, inputs in targets:
-        if not isinstance(inputs, dict):
-            continue  # the input type check names it
-        for name in facts.required:
-            if name not in inputs:
-                raise InvalidInput(f"{path}.{name}", f"required: the crew's texts use the placeholder {{{name}}}")
+    return [(path, inputs) for path, inputs in targets if isinstance(inputs, dict)]
 
 
 def project_input_schema(schema: Mapping[str, Any], operation: str, facts: CrewInputs | None) -> dict[str, Any]:

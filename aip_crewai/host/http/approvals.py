@@ -19,6 +19,7 @@ How a stored approval reads in AIP terms (:func:`render`):
 | ``decision`` | the approver's decision; for an expired approval, ``expired`` by the host (``kind: system``) |
 | ``evidence_payload`` | the exact input, only on ``GET /aip/v1/approvals/{id}`` |
 | ``request.evidence`` (more) | ``display_findings`` on ``GET /aip/v1/approvals/{id}`` when the input holds code points a person would misread (:mod:`aip_crewai.contracts.display`); its ``uri`` serves the list |
+| ``request.reason`` | why it waits for a decision (:func:`approval_reason`); on ``GET /aip/v1/approvals/{id}`` it also names the inputs the request leaves to the crew to fill itself (:func:`~aip_crewai.host.crews.inputs.left_to_crew`) |
 
 Principal kinds come from the principal id's prefix (``human:``, ``agent:``,
 ``svc:``/``service:``, ``system:``); any other id is a ``service``.
@@ -32,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -74,6 +75,8 @@ from ..actions.lifecycle import ApprovalStatus
 from ..actions.service import ActionService
 from ..auth.principals import Principal as Caller
 from ..auth.principals import can_read_approvals
+from ..crews.inputs import left_to_crew
+from ..crews.manifest import CapabilityIndex
 from ..ledger.routes import include_receipts, receipt_chain
 from ..store.store import ApprovalRecord, ms_to_rfc3339
 from .authenticate import authenticate
@@ -95,6 +98,8 @@ _decision_decoder = msgspec.json.Decoder(DecisionRequest)
 PROOF_KIND = "http_message_signature"
 #: Evidence kind of the display findings of an approval's input (docs/approvals.md "The approval flow").
 DISPLAY_KIND = "display_findings"
+#: Most names of inputs left to the crew that a reason lists (:func:`approval_reason`).
+MAX_REASON_NAMES = 20
 
 
 class DisplayFindings(msgspec.Struct, frozen=True):
@@ -159,6 +164,22 @@ def principal_view(principal_id: str) -> Principal:
     return Principal(id=principal_id, kind=kind)
 
 
+def approval_reason(capability_id: str, left: Sequence[str] = ()) -> str:
+    """``request.reason`` of an approval of ``capability_id``: why it waits for a decision, and the inputs
+    ``left`` to the crew to fill itself (:func:`~aip_crewai.host.crews.inputs.left_to_crew`; at most
+    :data:`MAX_REASON_NAMES` named, then how many more). Pure; docs/approvals.md "Inputs the crew fills
+    itself"."""
+    reason = f"{capability_id} changes crew state; the tenant's policy requires an approver's decision"
+    if not left:
+        return reason
+    named = ", ".join(left[:MAX_REASON_NAMES])
+    more = f" and {len(left) - MAX_REASON_NAMES} more" if len(left) > MAX_REASON_NAMES else ""
+    return (
+        f"{reason}. This request leaves inputs out that the crew fills itself when it runs (its before_kickoff "
+        f"callbacks), with values no approver sees: {named}{more}"
+    )
+
+
 def _subject(capability_id: str, crews: Mapping[str, Any]) -> tuple[Principal, str | None]:
     """The crew an approval's capability runs (as an agent principal) and the operation's risk."""
     found = ops.resolve_capability(capability_id, {crew_id: ops.OPERATION_NAMES for crew_id in crews})
@@ -175,6 +196,7 @@ def render(
     *,
     with_payload: bool,
     found: DisplayFindings | None = None,
+    left: Sequence[str] = (),
 ) -> ApprovalRecordView:
     """The ApprovalRecordView of a stored approval (see the module table). Pure.
 
@@ -186,6 +208,8 @@ def render(
         with_payload: include the exact input (``evidence_payload``).
         found: the input's display findings; when it lists any, ``request.evidence``
             announces them (:func:`display_evidence`).
+        left: the inputs the request leaves to the crew to fill itself, named by ``request.reason``
+            (:func:`approval_reason`).
     """
     status = approval.effective_status(now_ms)
     snapshot = msgspec.json.decode(approval.input_snapshot_json)
@@ -199,7 +223,7 @@ def render(
         requester=principal_view(approval.requested_by),
         subject=subject,
         approver_selector=ApproverSelector(),
-        reason=f"{approval.capability_id} changes crew state; the tenant's policy requires an approver's decision",
+        reason=approval_reason(approval.capability_id, left),
         evidence=[
             EvidenceArtifact(
                 id=f"{approval.approval_id}:input",
@@ -352,11 +376,21 @@ async def get_approval(request: Request) -> Response:
         state.crews,
         with_payload=principal.has_role("approver"),
         found=display_findings(approval),
+        left=_left_to_crew(state.capabilities, approval),
     )
     if include_receipts(request):
         chain = await receipt_chain(state.store, approval.tenant, approval.action_id, approval.approval_id)
         view = msgspec.structs.replace(view, receipt_chain=chain)
     return aip_json(view)
+
+
+def _left_to_crew(index: CapabilityIndex, approval: ApprovalRecord) -> tuple[str, ...]:
+    """The inputs ``approval``'s request leaves to its crew, by the crew inputs its sidecar reports now."""
+    found = ops.resolve_capability(approval.capability_id, {crew_id: ops.OPERATION_NAMES for crew_id in index.crews})
+    if found is None:
+        return ()
+    crew_id, operation = found
+    return left_to_crew(operation, msgspec.json.decode(approval.input_snapshot_json), index.crew_inputs.get(crew_id))
 
 
 async def get_display(request: Request) -> Response:

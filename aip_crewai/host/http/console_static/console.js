@@ -865,8 +865,8 @@ function closeDetail() {
 }
 
 //: The detail's fields that name or show an approval (emptied when none is open).
-const DETAIL_FIELDS = ["d-capability", "d-action", "d-approval", "d-requester", "d-risk", "d-policy", "d-left",
-  "d-status", "d-notify", "d-input"];
+const DETAIL_FIELDS = ["d-capability", "d-action", "d-approval", "d-requester", "d-why", "d-risk", "d-policy",
+  "d-left", "d-status", "d-notify", "d-input"];
 
 function renderDetail() {
   const view = state.approvals.get(state.selected);
@@ -882,6 +882,8 @@ function renderDetail() {
   marked += setFaithful($("d-action"), request.action_id);
   marked += setFaithful($("d-approval"), request.id);
   marked += setFaithful($("d-requester"), request.requester.id);
+  // The host's reason: on this read it also names the inputs the request leaves to the crew to fill itself.
+  marked += setFaithful($("d-why"), request.reason || "—");
   $("d-risk").textContent = request.risk || "—";
   $("d-policy").textContent = request.policy_hash;
   $("d-left").textContent = view.status === "pending" ? timeLeft(request.expires_at) : "—";
