@@ -198,30 +198,39 @@ async def test_a_memory_reset_of_a_missing_domain_is_refused_at_submission_befor
         ("train", {"n_iterations": 1, "artifact_name": "a"}, ("customer", "topic")),
         ("test", {"n_iterations": 1, "inputs": None}, ("customer", "topic")),
         ("test", {"n_iterations": 1, "inputs": {"customer": "c", "topic": "t"}}, ()),
-        ("replay", {"task_id": "t"}, ()),
-        ("memory_reset", {"command_type": "all"}, ()),
         ("run", ["not", "an", "object"], ()),
+        ("replay", {"task_id": "t"}, None),  # no kickoff inputs: the crew's callbacks do not run
+        ("memory_reset", {"command_type": "all"}, None),
     ],
 )
-def test_the_inputs_left_to_a_crew_that_fills_defaults_are_named(operation, input, left) -> None:
+def test_what_a_crew_that_fills_defaults_may_do_to_the_inputs_is_named(operation, input, left) -> None:
     assert left_to_crew(operation, input, FILLED) == left
-    assert left_to_crew(operation, input, REQUIRED) == ()  # such a request was refused (check_crew_inputs)
-    assert left_to_crew(operation, input, None) == ()
+    assert left_to_crew(operation, input, REQUIRED) is None  # no callbacks: it runs what the input says
+    assert left_to_crew(operation, input, None) is None  # its sidecar reported nothing
 
 
-def test_a_reason_names_the_inputs_left_to_the_crew_up_to_its_bound() -> None:
-    generic = approval_reason("cap:crewai:beta")
-    assert generic == "cap:crewai:beta changes crew state; the tenant's policy requires an approver's decision"
+def test_a_reason_says_the_crew_may_change_the_inputs_and_names_those_left_out_within_its_bounds() -> None:
+    plain = approval_reason("cap:crewai:beta")
+    assert plain == "cap:crewai:beta changes crew state; the tenant's policy requires an approver's decision"
+    may = approval_reason("cap:crewai:beta", ())
+    assert may.startswith(plain + ". The crew's own code") and may.endswith("with values no approver sees")
     names = [f"n{i:02d}" for i in range(MAX_REASON_NAMES + 1)]
     at_bound = approval_reason("cap:crewai:beta", names[:MAX_REASON_NAMES])
-    past_it = approval_reason("cap:crewai:beta", names)
-    assert at_bound.startswith(generic) and at_bound.endswith(", ".join(names[:MAX_REASON_NAMES]))
-    assert past_it.endswith(", ".join(names[:MAX_REASON_NAMES]) + " and 1 more")
+    assert at_bound == f"{may}; this request leaves out {json.dumps(names[:MAX_REASON_NAMES], separators=(',', ':'))}"
+    assert approval_reason("cap:crewai:beta", names).endswith('"n19"] and 1 more')
+    # one name holding ", " and a quote, and a look-alike: a JSON array, escaped as the input would be
+    odd = approval_reason("cap:crewai:beta", ['customer, "ticket"', "t\u043epic"])
+    assert odd.endswith('leaves out ["customer, \\"ticket\\"","t\\u043epic"]')
+    long = ["x" * 256] * 5  # 3 fit in the names' characters (MAX_REASON_NAME_CHARS), the first one always
+    assert approval_reason("cap:crewai:beta", long).endswith('"] and 2 more')
+    assert approval_reason("cap:crewai:beta", ["y" * 2000, "z"]).endswith(f'["{"y" * 2000}"] and 1 more')
 
 
 async def test_an_approver_reading_the_approval_is_told_which_inputs_the_crew_fills_itself(make_app) -> None:
-    """A crew with ``before_kickoff`` callbacks runs with values it fills for the inputs a request left out;
-    the approval the approver reads names them (before, it showed the input and nothing of the rest)."""
+    """A crew with ``before_kickoff`` callbacks runs with values it sets for the inputs (those a request left
+    out among them); the approval the approver reads says so and names them (before, it showed the input and
+    nothing of the rest). An operator, who never reads the input, is told only that the crew may change it;
+    the queue's pages keep the plain reason."""
     fake = FakeSidecar(SIDECAR_TOKEN)
     fake.health["crew_inputs"] = {"beta": {"placeholders": ["customer", "ticket"], "defaults": True}}
     app = make_app(sidecar_transport=fake.transport())
@@ -229,9 +238,13 @@ async def test_an_approver_reading_the_approval_is_told_which_inputs_the_crew_fi
         await host_state(app).readiness.refresh()
         submitted = await _submit(http, "lf", "cap:crewai:beta", {"customer": "Dana"})
         (listed,) = (await http.get("/aip/v1/approvals", headers=bearer("acme-both"))).json()["approvals"]
-        view = (await http.get(f"/aip/v1/approvals/{listed['request']['id']}", headers=bearer("acme-both"))).json()
+        url = f"/aip/v1/approvals/{listed['request']['id']}"
+        view = (await http.get(url, headers=bearer("acme-both"))).json()
+        operator = (await http.get(url, headers=bearer("acme-operator"))).json()
     assert submitted.status_code == 202, submitted.text
-    reason = view["request"]["reason"]
-    assert reason.endswith("with values no approver sees: ticket") and "customer" not in reason
+    assert view["request"]["reason"] == approval_reason("cap:crewai:beta", ["ticket"])
+    assert view["request"]["reason"].endswith('this request leaves out ["ticket"]')
     assert view["evidence_payload"]["input"] == {"customer": "Dana"}
-    assert listed["request"]["reason"] == approval_reason("cap:crewai:beta")  # the queue's cards: the generic one
+    assert operator["request"]["reason"] == approval_reason("cap:crewai:beta", ())
+    assert "evidence_payload" not in operator or operator["evidence_payload"] is None
+    assert listed["request"]["reason"] == approval_reason("cap:crewai:beta")

@@ -123,13 +123,20 @@ def check_crew_inputs(operation: str, input: Any, facts: CrewInputs | None) -> N
                 raise InvalidInput(f"{path}.{name}", f"required: the crew's texts use the placeholder {{{name}}}")
 
 
-def left_to_crew(operation: str, input: Any, facts: CrewInputs | None) -> tuple[str, ...]:
-    """The placeholders a crew that fills defaults (``facts.defaults``: its ``before_kickoff`` callbacks) is left
-    to fill itself: those missing from any kickoff-input object of ``input``, sorted; ``()`` when the crew fills
-    none, or reported nothing. The values it fills are known only once it runs: an approver is told the names
-    (docs/approvals.md "Inputs the crew fills itself"). Pure."""
-    if facts is None or not facts.defaults or not facts.placeholders:
-        return ()
+def left_to_crew(operation: str, input: Any, facts: CrewInputs | None) -> tuple[str, ...] | None:
+    """What a crew's own code may do to an action's kickoff inputs before it runs, for its approver.
+
+    A crew that fills defaults (``facts.defaults``: its ``before_kickoff`` callbacks) receives the kickoff
+    inputs when it runs and may fill those missing or change any of them, with values known only then.
+
+    Returns:
+        None when its code touches no kickoff input of ``operation`` (no such callbacks, an operation without
+        kickoff inputs such as ``replay``) or the crew's sidecar reported nothing; else the placeholders
+        missing from any kickoff-input object of ``input``, sorted (possibly none). Pure; docs/approvals.md
+        "Inputs the crew fills itself".
+    """
+    if facts is None or not facts.defaults or operation not in KICKOFF_INPUTS:
+        return None
     objects = _kickoff_objects(operation, input)
     return tuple(name for name in facts.placeholders if any(name not in inputs for _path, inputs in objects))
 

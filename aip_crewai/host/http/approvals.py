@@ -19,7 +19,7 @@ How a stored approval reads in AIP terms (:func:`render`):
 | ``decision`` | the approver's decision; for an expired approval, ``expired`` by the host (``kind: system``) |
 | ``evidence_payload`` | the exact input, only on ``GET /aip/v1/approvals/{id}`` |
 | ``request.evidence`` (more) | ``display_findings`` on ``GET /aip/v1/approvals/{id}`` when the input holds code points a person would misread (:mod:`aip_crewai.contracts.display`); its ``uri`` serves the list |
-| ``request.reason`` | why it waits for a decision (:func:`approval_reason`); on ``GET /aip/v1/approvals/{id}`` it also names the inputs the request leaves to the crew to fill itself (:func:`~aip_crewai.host.crews.inputs.left_to_crew`) |
+| ``request.reason`` | why it waits for a decision (:func:`approval_reason`); on ``GET /aip/v1/approvals/{id}`` it also says when the crew's own code may set or change the inputs, and names to approvers the inputs the request leaves out (:func:`~aip_crewai.host.crews.inputs.left_to_crew`) |
 
 Principal kinds come from the principal id's prefix (``human:``, ``agent:``,
 ``svc:``/``service:``, ``system:``); any other id is a ``service``.
@@ -98,8 +98,10 @@ _decision_decoder = msgspec.json.Decoder(DecisionRequest)
 PROOF_KIND = "http_message_signature"
 #: Evidence kind of the display findings of an approval's input (docs/approvals.md "The approval flow").
 DISPLAY_KIND = "display_findings"
-#: Most names of inputs left to the crew that a reason lists (:func:`approval_reason`).
+#: Most names of inputs left to the crew that a reason lists, and most characters they take in all
+#: (:func:`approval_reason`; the first name is always listed).
 MAX_REASON_NAMES = 20
+MAX_REASON_NAME_CHARS = 1_000
 
 
 class DisplayFindings(msgspec.Struct, frozen=True):
@@ -164,20 +166,29 @@ def principal_view(principal_id: str) -> Principal:
     return Principal(id=principal_id, kind=kind)
 
 
-def approval_reason(capability_id: str, left: Sequence[str] = ()) -> str:
-    """``request.reason`` of an approval of ``capability_id``: why it waits for a decision, and the inputs
-    ``left`` to the crew to fill itself (:func:`~aip_crewai.host.crews.inputs.left_to_crew`; at most
-    :data:`MAX_REASON_NAMES` named, then how many more). Pure; docs/approvals.md "Inputs the crew fills
+def approval_reason(capability_id: str, left: Sequence[str] | None = None) -> str:
+    """``request.reason`` of an approval of ``capability_id``: why it waits for a decision and, when ``left``
+    is not None (:func:`~aip_crewai.host.crews.inputs.left_to_crew`), that the crew's own code may set or
+    change its inputs, naming those the request leaves out as a JSON array (escaped as the console and the
+    CLI write the input: :func:`~aip_crewai.contracts.display.dumps`), at most :data:`MAX_REASON_NAMES` of
+    them in :data:`MAX_REASON_NAME_CHARS`, then how many more. Pure; docs/approvals.md "Inputs the crew fills
     itself"."""
     reason = f"{capability_id} changes crew state; the tenant's policy requires an approver's decision"
+    if left is None:
+        return reason
+    reason += (
+        ". The crew's own code (its before_kickoff callbacks) receives the inputs when it runs and may set or "
+        "change them, with values no approver sees"
+    )
     if not left:
         return reason
-    named = ", ".join(left[:MAX_REASON_NAMES])
-    more = f" and {len(left) - MAX_REASON_NAMES} more" if len(left) > MAX_REASON_NAMES else ""
-    return (
-        f"{reason}. This request leaves inputs out that the crew fills itself when it runs (its before_kickoff "
-        f"callbacks), with values no approver sees: {named}{more}"
-    )
+    named: list[str] = []
+    for name in left[:MAX_REASON_NAMES]:
+        if named and len(display.dumps([*named, name], indent=None)) > MAX_REASON_NAME_CHARS:
+            break
+        named.append(name)
+    more = f" and {len(left) - len(named)} more" if len(left) > len(named) else ""
+    return f"{reason}; this request leaves out {display.dumps(named, indent=None)}{more}"
 
 
 def _subject(capability_id: str, crews: Mapping[str, Any]) -> tuple[Principal, str | None]:
@@ -196,7 +207,7 @@ def render(
     *,
     with_payload: bool,
     found: DisplayFindings | None = None,
-    left: Sequence[str] = (),
+    left: Sequence[str] | None = None,
 ) -> ApprovalRecordView:
     """The ApprovalRecordView of a stored approval (see the module table). Pure.
 
@@ -208,8 +219,8 @@ def render(
         with_payload: include the exact input (``evidence_payload``).
         found: the input's display findings; when it lists any, ``request.evidence``
             announces them (:func:`display_evidence`).
-        left: the inputs the request leaves to the crew to fill itself, named by ``request.reason``
-            (:func:`approval_reason`).
+        left: what the crew's own code may do to the request's inputs (:func:`approval_reason`); None: the
+            plain reason.
     """
     status = approval.effective_status(now_ms)
     snapshot = msgspec.json.decode(approval.input_snapshot_json)
@@ -376,7 +387,7 @@ async def get_approval(request: Request) -> Response:
         state.crews,
         with_payload=principal.has_role("approver"),
         found=display_findings(approval),
-        left=_left_to_crew(state.capabilities, approval),
+        left=_left_to_crew(state.capabilities, approval, approver=principal.has_role("approver")),
     )
     if include_receipts(request):
         chain = await receipt_chain(state.store, approval.tenant, approval.action_id, approval.approval_id)
@@ -384,13 +395,16 @@ async def get_approval(request: Request) -> Response:
     return aip_json(view)
 
 
-def _left_to_crew(index: CapabilityIndex, approval: ApprovalRecord) -> tuple[str, ...]:
-    """The inputs ``approval``'s request leaves to its crew, by the crew inputs its sidecar reports now."""
+def _left_to_crew(index: CapabilityIndex, approval: ApprovalRecord, *, approver: bool) -> tuple[str, ...] | None:
+    """What ``approval``'s crew may do to its inputs, by the crew inputs its sidecar last reported; the names
+    tell of the input, so only an ``approver`` gets them (an operator is told that the crew may change them)."""
     found = ops.resolve_capability(approval.capability_id, {crew_id: ops.OPERATION_NAMES for crew_id in index.crews})
     if found is None:
-        return ()
+        return None
     crew_id, operation = found
-    return left_to_crew(operation, msgspec.json.decode(approval.input_snapshot_json), index.crew_inputs.get(crew_id))
+    snapshot = msgspec.json.decode(approval.input_snapshot_json)
+    left = left_to_crew(operation, snapshot, index.crew_inputs.get(crew_id))
+    return left if left is None or approver else ()
 
 
 async def get_display(request: Request) -> Response:

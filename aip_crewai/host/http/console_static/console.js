@@ -750,6 +750,7 @@ function keepInput(view) {
     view.evidence_payload = known.evidence_payload;
     view.found = known.found;
     view.exactNumbers = known.exactNumbers;
+    view.request.reason = known.request.reason;  // the approval's own read names what the crew may change
   }
   return view;
 }
@@ -882,8 +883,9 @@ function renderDetail() {
   marked += setFaithful($("d-action"), request.action_id);
   marked += setFaithful($("d-approval"), request.id);
   marked += setFaithful($("d-requester"), request.requester.id);
-  // The host's reason: on this read it also names the inputs the request leaves to the crew to fill itself.
-  marked += setFaithful($("d-why"), request.reason || "—");
+  // The host's reason: on the approval's own read it also says what the crew's code may do to the inputs (not
+  // counted in the input's warning: its names are the crew's, escaped by the host).
+  setFaithful($("d-why"), request.reason || "—");
   $("d-risk").textContent = request.risk || "—";
   $("d-policy").textContent = request.policy_hash;
   $("d-left").textContent = view.status === "pending" ? timeLeft(request.expires_at) : "—";
