@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -351,11 +350,10 @@ def test_a_process_forked_from_the_worker_sends_its_chunks_at_once_and_never_the
 
 @pytest.mark.processes
 @pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # another test of the process imported LanceDB
-def test_large_frames_of_the_worker_and_its_forked_child_at_once_each_arrive_whole(monkeypatch):
+def test_large_frames_of_the_worker_and_its_forked_child_at_once_each_arrive_whole():
     """A crew's own child and the worker write frames larger than the socket takes at once, at the same
     time: each frame arrives whole (before, a write of one landed inside the other's: a frame cut in two,
     which the sidecar takes for a broken worker)."""
-    monkeypatch.setattr(channel, "_write_lock_fd", None)
     bound, count = frame_bound(262_144), 40
     ours, theirs = socket.socketpair()
     with ours, theirs:
@@ -363,6 +361,7 @@ def test_large_frames_of_the_worker_and_its_forked_child_at_once_each_arrive_who
         child = os.fork()
         if child == 0:
             try:
+                signal.alarm(60)  # never left blocked behind a test that failed
                 for _ in range(count):
                     held.send(Chunk({"content": "c" * 150_000}))
             finally:
@@ -371,10 +370,14 @@ def test_large_frames_of_the_worker_and_its_forked_child_at_once_each_arrive_who
         reader = Channel(ours, bound)
 
         def read() -> None:
-            with contextlib.suppress(FrameError):
+            try:
                 while (header := reader._exact(HEADER.size)) is not None:
                     message = decode_from_worker(reader._exact(payload_length(header, bound)) or b"")
                     received.append(message.data["content"] if isinstance(message, Chunk) else "?")
+            except FrameError:
+                received.append("a frame cut in two")
+                while ours.recv(1 << 20):  # keep draining: the writers never block on a full socket
+                    pass
 
         drain = threading.Thread(target=read)
         drain.start()
@@ -383,9 +386,44 @@ def test_large_frames_of_the_worker_and_its_forked_child_at_once_each_arrive_who
         assert os.waitpid(child, 0)[1] == 0
         theirs.shutdown(socket.SHUT_WR)
         drain.join(60)
-    if channel._write_lock_fd is not None:
-        os.close(channel._write_lock_fd)
+    shared = getattr(held, "_shared", None)
+    if shared is not None:
+        os.close(shared.fd)
     assert sorted(set(received)) == ["c" * 150_000, "w" * 150_000] and len(received) == 2 * count
+
+
+@pytest.mark.processes
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # another test of the process imported LanceDB
+def test_a_forked_childs_chunk_after_its_job_ended_is_not_sent_as_the_next_jobs(writes):
+    """A child a job forked keeps the job's chunk sender: what it emits after the worker ended the job and
+    opened the next is dropped (before, the sidecar took it for the next job's), what it emitted during the
+    job still went."""
+    sock, held, _clock = writes
+    first = ChunkSender(held, 10, 1024)
+    (go_r, go_w), (sent_r, sent_w) = os.pipe(), os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            signal.alarm(60)
+            first({"content": "child-during"})
+            os.write(sent_w, b"1")
+            os.read(go_r, 1)  # the worker ended the job and opened the next
+            first({"content": "child-after"})
+        finally:
+            os._exit(0)
+    assert os.read(sent_r, 1) == b"1"
+    first.close()
+    second = ChunkSender(held, 10, 1024)
+    os.write(go_w, b"1")
+    assert os.waitpid(child, 0)[1] == 0
+    second({"content": "next"})
+    held.flush()
+    sock.sock.shutdown(socket.SHUT_WR)
+    received = [m.data["content"] for m in _read_all(sock.peer)]
+    shared = getattr(held, "_shared", None)
+    for fd in (go_r, go_w, sent_r, sent_w, *([shared.fd] if shared else [])):
+        os.close(fd)
+    assert received == ["child-during", "next"]
 
 
 class _WatchedLock:

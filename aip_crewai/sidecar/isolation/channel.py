@@ -59,6 +59,63 @@ CHUNK_HOLD_S = 0.002
 CHUNK_HOLD_BYTES = 65_536
 
 
+class Shared:
+    """What the processes sharing a worker's socket share besides it (made when the worker first forks: a
+    crew's own child, ``multiprocessing`` with fork): an anonymous file (``memfd``).
+
+    - Its POSIX record lock (:meth:`locked`; per process, freed when its holder dies; a process's threads
+      already write one at a time under the channel's lock) makes each write whole: a write of one process
+      could otherwise land between two parts of another's write over about 32 KiB (a frame cut in two, which
+      the sidecar takes for a broken worker).
+    - Its first 8 bytes hold the job whose chunks the channel takes (:meth:`job`): a child forked during a job
+      keeps that job's chunk sender, and its chunks after the job's end are dropped, never sent as the next
+      job's.
+
+    A child stopped (SIGSTOP) in the middle of a write holds the lock, and so the worker's next write waits
+    until it runs again or dies (a cancel's kill of the worker's group ends it). Source: ARCHITECTURE.md §5.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def make(cls) -> Shared | None:
+        """A new file, or None when none can be made (the processes then write as if they did not share)."""
+        try:
+            return cls(os.memfd_create("aip-crewai-worker-channel", os.MFD_CLOEXEC))
+        except (OSError, AttributeError):  # AttributeError: no memfd_create on this platform
+            return None
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the file's lock (not re-entrant: a process's second hold is its first one). A lock that cannot
+        be taken leaves the block unlocked (never an error: the socket's own say counts)."""
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX)
+        except OSError:
+            yield
+            return
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.lockf(self.fd, fcntl.LOCK_UN)
+
+    def job(self) -> int | None:
+        """Under the lock: the job whose chunks the channel takes, or None (an unreadable file: None)."""
+        try:
+            data = os.pread(self.fd, 8, 0)
+        except OSError:
+            return None
+        job = int.from_bytes(data, "little") if len(data) == 8 else 0
+        return job or None
+
+    def set_job(self, job: int | None) -> None:
+        """Under the lock: name ``job`` (None: none)."""
+        with contextlib.suppress(OSError):
+            os.pwrite(self.fd, (job or 0).to_bytes(8, "little"), 0)
+
+
 class Channel:
     """The worker's end of its socket: whole frames, one writer at a time (any thread).
 
@@ -69,8 +126,9 @@ class Channel:
     :meth:`send`, in the same write, so the sidecar receives the frames in the order of the calls: the job's
     end (``Done``/``Failed``) after every chunk the job emitted. In a process forked from the one that made it
     (a crew's own child) it holds nothing: every frame goes at once, and the parent's held frames stay the
-    parent's; from the first fork on, each write of the worker and its children is whole across them
-    (:func:`_whole_write`). Source: ARCHITECTURE.md §5 (isolation).
+    parent's. From the first fork on, the processes share a :class:`Shared` file: each write of the worker and
+    its children is whole across them, and a child's chunk frame of a job the worker ended since is dropped.
+    Source: ARCHITECTURE.md §5 (isolation).
 
     Args:
         sock: the worker's end of its socketpair with the sidecar.
@@ -93,6 +151,7 @@ class Channel:
         self._hold = True  # False in a process forked from the one that made the channel: every frame at once
         self._chunk_jobs = itertools.count(1)
         self._chunk_job: int | None = None  # the job whose chunk frames the channel takes (open_chunks)
+        self._shared: Shared | None = None  # made at the first fork (_share)
         _CHANNELS.add(self)
 
     def send(self, message: FromWorker) -> None:
@@ -102,17 +161,25 @@ class Channel:
             self._write(frame)
 
     def open_chunks(self) -> int:
-        """Take the chunk frames of a new job from now on, and none of an earlier one's; the job's number (for
-        :meth:`send_soon` and :meth:`close_chunks`)."""
+        """Take the chunk frames of a new job from now on, and none of an earlier one's, in this process and in
+        those forked from it; the job's number (for :meth:`send_soon` and :meth:`close_chunks`)."""
         with self._lock:
-            self._chunk_job = next(self._chunk_jobs)
-            return self._chunk_job
+            self._set_chunk_job(next(self._chunk_jobs))
+            return self._chunk_job  # type: ignore[return-value]  # just set
 
     def close_chunks(self, job: int) -> None:
-        """Take no more chunk frames of ``job`` (it ended); those held already still go."""
+        """Take no more chunk frames of ``job`` (it ended), here or from a process forked from here; those
+        held already still go."""
         with self._lock:
             if self._chunk_job == job:
-                self._chunk_job = None
+                self._set_chunk_job(None)
+
+    def _set_chunk_job(self, job: int | None) -> None:
+        """Under the lock: the open job, here and in the shared file."""
+        self._chunk_job = job
+        if self._shared is not None:
+            with self._shared.locked():
+                self._shared.set_job(job)
 
     def send_soon(self, message: FromWorker, *, chunks_of: int | None = None) -> None:
         """Send one frame now or hold it (the class's rules); a frame of a job other than the one
@@ -126,7 +193,8 @@ class Channel:
             now = self._clock()
             if not self._held:
                 if not self._hold or now - self._written_at >= CHUNK_HOLD_S:
-                    self._write(frame)  # after a quiet spell: at once (the job may not run Python for a while)
+                    # after a quiet spell: at once (the job may not run Python for a while)
+                    self._write(frame, chunks_of=chunks_of)
                     return
                 self._held_since = now
             self._held.append(frame)
@@ -142,21 +210,35 @@ class Channel:
         with self._lock:
             self._write(b"")
 
-    def _write(self, frame: bytes) -> None:
-        """Under the lock: the frames held, then ``frame``, in one write."""
+    def _write(self, frame: bytes, *, chunks_of: int | None = None) -> None:
+        """Under the lock: the frames held, then ``frame``, in one write, whole across the processes sharing
+        the socket (:class:`Shared`); ``frame``, a chunk frame of job ``chunks_of``, is dropped when the shared
+        file names another job (a forked child's, whose worker ended that job since; a child holds nothing)."""
         self._check_open()
         if self._held:
             frame = b"".join([*self._held, frame])
             self._held.clear()
             self._held_bytes = 0
-        if frame:
+        if not frame:
+            return
+        shared = self._shared
+        with shared.locked() if shared is not None else contextlib.nullcontext():
+            if shared is not None and chunks_of is not None and shared.job() != chunks_of:
+                return
             self._written_at = self._clock()
             try:
-                with _whole_write():
-                    self.sock.sendall(frame)
+                self.sock.sendall(frame)
             except OSError:
                 self._broken = True  # part of a frame may be out: nothing more can follow it
                 raise
+
+    def _share(self) -> None:
+        """Under the lock, before this process forks: make the :class:`Shared` file, once (a failure leaves the
+        next fork to try again)."""
+        if self._shared is None:
+            self._shared = Shared.make()
+            if self._shared is not None:
+                self._shared.set_job(self._chunk_job)
 
     def _check_open(self) -> None:
         if self._broken:
@@ -229,46 +311,12 @@ _locked_for_fork: list[Channel] = []
 _fork_lock = threading.Lock()
 
 
-#: Once the worker forked (a crew's own child: ``multiprocessing`` with fork), the processes share the socket,
-#: and a write from one could land between two parts of another's large write (a frame cut in two: the sidecar
-#: kills the worker). A POSIX record lock on this anonymous file (per process, freed when its holder dies; a
-#: process's threads already write one at a time under the channel's lock) makes each write whole across them.
-#: None until the first fork, or when no such file could be made.
-_write_lock_fd: int | None = None
-
-
-@contextlib.contextmanager
-def _whole_write() -> Iterator[None]:
-    """Hold the processes' write lock (:data:`_write_lock_fd`) around one write, once there is one. A lock that
-    cannot be taken leaves the write as it was before any fork (never an error: the socket's own say counts)."""
-    fd = _write_lock_fd
-    try:
-        if fd is not None:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
-    except OSError:
-        fd = None
-    try:
-        yield
-    finally:
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.lockf(fd, fcntl.LOCK_UN)
-
-
-def _make_write_lock() -> None:
-    """Make :data:`_write_lock_fd` before a process with a channel forks (once)."""
-    global _write_lock_fd
-    if _write_lock_fd is None and _locked_for_fork:
-        with contextlib.suppress(OSError, AttributeError):  # AttributeError: no memfd_create on this platform
-            _write_lock_fd = os.memfd_create("aip-crewai-worker-writes", os.MFD_CLOEXEC)
-
-
 def _before_fork() -> None:
     _fork_lock.acquire()
     _locked_for_fork[:] = list(_CHANNELS)
-    _make_write_lock()
     for held in _locked_for_fork:
         held._lock.acquire()
+        held._share()
 
 
 def _after_fork_in_parent() -> None:
@@ -409,9 +457,9 @@ class ChunkSender:
     never raises into CrewAI (a sidecar gone ends the worker).
 
     Its chunks end with :meth:`close` (the job's end): a thread the job left behind, started in the job's context
-    (as ``asyncio.to_thread`` starts one), may still emit, and the sidecar would take such a chunk for whichever
-    job of the worker runs then. The channel drops it (:meth:`Channel.open_chunks`; ARCHITECTURE.md §5 "Warm
-    workers")."""
+    (as ``asyncio.to_thread`` starts one), or a process the job forked, may still emit, and the sidecar would
+    take such a chunk for whichever job of the worker runs then. It is dropped, uncounted (here, or by the
+    channel: :meth:`Channel.open_chunks`, :class:`Shared`; ARCHITECTURE.md §5 "Warm workers")."""
 
     def __init__(self, channel: Channel, limit: int, max_event_bytes: int) -> None:
         self.channel = channel
@@ -420,10 +468,11 @@ class ChunkSender:
         self.sent = 0
         self.dropped = 0
         self._job = channel.open_chunks()
+        self._closed = False
         self._lock = threading.Lock()
 
     def __call__(self, data: dict[str, Any]) -> None:
-        if not isinstance(data, dict):
+        if not isinstance(data, dict) or self._closed:  # after its job: neither sent nor counted
             return
         with self._lock:
             if self.sent >= self.limit:
@@ -441,7 +490,8 @@ class ChunkSender:
             exit_now(0)  # the sidecar is gone
 
     def close(self) -> None:
-        """The job ended: the channel takes none of its chunks from now on."""
+        """The job ended: the channel takes none of its chunks from now on, nor counts them."""
+        self._closed = True
         self.channel.close_chunks(self._job)
 
 
