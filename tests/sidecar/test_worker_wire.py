@@ -6,7 +6,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgspec
 import pytest
@@ -424,6 +424,61 @@ def test_a_forked_childs_chunk_after_its_job_ended_is_not_sent_as_the_next_jobs(
     for fd in (go_r, go_w, sent_r, sent_w, *([shared.fd] if shared else [])):
         os.close(fd)
     assert received == ["child-during", "next"]
+
+
+def _in_child(work: Callable[[], None]) -> None:
+    """Fork, run ``work`` in the child (then ``os._exit``), and wait for it."""
+    child = os.fork()
+    if child == 0:
+        try:
+            signal.alarm(60)
+            work()
+        finally:
+            os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+
+
+def _received(sock: _Writes, held: Channel) -> list[str]:
+    """The contents of every chunk frame written, once the worker's held ones went; closes the shared file."""
+    held.flush()
+    sock.sock.shutdown(socket.SHUT_WR)
+    if held._shared is not None:
+        os.close(held._shared.fd)
+    return [m.data["content"] if isinstance(m, Chunk) else type(m).__name__ for m in _read_all(sock.peer)]
+
+
+@pytest.mark.processes
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # another test of the process imported LanceDB
+def test_a_child_forked_when_the_shared_file_could_not_be_made_sends_no_chunk(writes, monkeypatch):
+    """Without the file (``memfd_create`` refused, e.g. a job at its open-files limit) nothing tells a child's
+    chunk from a later job's, nor makes its writes whole: it sends none (before, it wrote them unchecked)."""
+    sock, held, _clock = writes
+    job = ChunkSender(held, 10, 1024)
+    monkeypatch.setattr(channel.Shared, "make", classmethod(lambda cls: None))
+    _in_child(lambda: job({"content": "child"}))
+    job({"content": "worker"})
+    assert _received(sock, held) == ["worker"]
+
+
+@pytest.mark.processes
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # another test of the process imported LanceDB
+def test_a_child_that_opens_or_closes_chunks_changes_nothing_of_the_workers(writes):
+    """A crew's child that unwinds into its job's end (``close``) and opens chunks of its own: the worker's job
+    still sends, the next one too, and the child's own chunks go nowhere (before, the child's close made the
+    worker drop its own job's chunks)."""
+    sock, held, clock = writes
+    first = ChunkSender(held, 10, 1024)
+
+    def child() -> None:
+        first.close()
+        ChunkSender(held, 10, 1024)({"content": "child-own"})
+
+    _in_child(child)
+    first({"content": "worker-1"})
+    first.close()
+    clock.now = 1
+    ChunkSender(held, 10, 1024)({"content": "worker-2"})
+    assert _received(sock, held) == ["worker-1", "worker-2"]
 
 
 class _WatchedLock:

@@ -67,9 +67,9 @@ class Shared:
       already write one at a time under the channel's lock) makes each write whole: a write of one process
       could otherwise land between two parts of another's write over about 32 KiB (a frame cut in two, which
       the sidecar takes for a broken worker).
-    - Its first 8 bytes hold the job whose chunks the channel takes (:meth:`job`): a child forked during a job
-      keeps that job's chunk sender, and its chunks after the job's end are dropped, never sent as the next
-      job's.
+    - Its first 8 bytes hold the job whose chunks the channel takes (:meth:`job`; written by the worker only):
+      a child forked during a job keeps that job's chunk sender, and its chunks after the job's end are dropped,
+      never sent as the next job's. A child forked when no such file could be made sends no chunk frame.
 
     A child stopped (SIGSTOP) in the middle of a write holds the lock, and so the worker's next write waits
     until it runs again or dies (a cancel's kill of the worker's group ends it). Source: ARCHITECTURE.md §5.
@@ -162,10 +162,12 @@ class Channel:
 
     def open_chunks(self) -> int:
         """Take the chunk frames of a new job from now on, and none of an earlier one's, in this process and in
-        those forked from it; the job's number (for :meth:`send_soon` and :meth:`close_chunks`)."""
+        those forked from it; the job's number (for :meth:`send_soon` and :meth:`close_chunks`; unique to this
+        process: a forked child's own numbers never name the worker's jobs)."""
         with self._lock:
-            self._set_chunk_job(next(self._chunk_jobs))
-            return self._chunk_job  # type: ignore[return-value]  # just set
+            job = os.getpid() << 32 | next(self._chunk_jobs)
+            self._set_chunk_job(job)
+            return job
 
     def close_chunks(self, job: int) -> None:
         """Take no more chunk frames of ``job`` (it ended), here or from a process forked from here; those
@@ -175,9 +177,10 @@ class Channel:
                 self._set_chunk_job(None)
 
     def _set_chunk_job(self, job: int | None) -> None:
-        """Under the lock: the open job, here and in the shared file."""
+        """Under the lock: the open job, here and, in the process that made the channel, in the shared file
+        (a forked child's own jobs are its own)."""
         self._chunk_job = job
-        if self._shared is not None:
+        if self._shared is not None and self._hold:
             with self._shared.locked():
                 self._shared.set_job(job)
 
@@ -212,8 +215,9 @@ class Channel:
 
     def _write(self, frame: bytes, *, chunks_of: int | None = None) -> None:
         """Under the lock: the frames held, then ``frame``, in one write, whole across the processes sharing
-        the socket (:class:`Shared`); ``frame``, a chunk frame of job ``chunks_of``, is dropped when the shared
-        file names another job (a forked child's, whose worker ended that job since; a child holds nothing)."""
+        the socket (:class:`Shared`). In a forked child (which holds nothing) ``frame``, a chunk frame of job
+        ``chunks_of``, is dropped unless the shared file names that job: its worker ended the job since, or
+        the file could not be made at the fork (then nothing tells the child's chunks from a later job's)."""
         self._check_open()
         if self._held:
             frame = b"".join([*self._held, frame])
@@ -223,7 +227,7 @@ class Channel:
             return
         shared = self._shared
         with shared.locked() if shared is not None else contextlib.nullcontext():
-            if shared is not None and chunks_of is not None and shared.job() != chunks_of:
+            if chunks_of is not None and not self._hold and (shared is None or shared.job() != chunks_of):
                 return
             self._written_at = self._clock()
             try:
@@ -233,9 +237,9 @@ class Channel:
                 raise
 
     def _share(self) -> None:
-        """Under the lock, before this process forks: make the :class:`Shared` file, once (a failure leaves the
-        next fork to try again)."""
-        if self._shared is None:
+        """Under the lock, before the process that made the channel forks: make the :class:`Shared` file, once (a
+        failure leaves the next fork to try again; a child forking keeps the file it has, or none)."""
+        if self._shared is None and self._hold:
             self._shared = Shared.make()
             if self._shared is not None:
                 self._shared.set_job(self._chunk_job)
@@ -472,9 +476,11 @@ class ChunkSender:
         self._lock = threading.Lock()
 
     def __call__(self, data: dict[str, Any]) -> None:
-        if not isinstance(data, dict) or self._closed:  # after its job: neither sent nor counted
+        if not isinstance(data, dict):
             return
         with self._lock:
+            if self._closed:  # after its job: neither sent nor counted
+                return
             if self.sent >= self.limit:
                 self.dropped += 1
                 return
@@ -491,7 +497,8 @@ class ChunkSender:
 
     def close(self) -> None:
         """The job ended: the channel takes none of its chunks from now on, nor counts them."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
         self.channel.close_chunks(self._job)
 
 
