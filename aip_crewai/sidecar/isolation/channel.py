@@ -65,8 +65,8 @@ class Shared:
 
     - Its POSIX record lock (:meth:`locked`; per process, freed when its holder dies; a process's threads
       already write one at a time under the channel's lock) makes each write whole: a write of one process
-      could otherwise land between two parts of another's write over about 32 KiB (a frame cut in two, which
-      the sidecar takes for a broken worker).
+      could otherwise land between two parts of another's write of more than about 37 KB on this Linux 6.18 (a frame
+      cut in two, which the sidecar takes for a broken worker).
     - Its first 8 bytes hold the job whose chunks the channel takes (:meth:`job`; written by the worker only):
       a child forked during a job keeps that job's chunk sender, and its chunks after the job's end are dropped,
       never sent as the next job's. A child forked when no such file could be made sends no chunk frame.
@@ -80,7 +80,8 @@ class Shared:
 
     @classmethod
     def make(cls) -> Shared | None:
-        """A new file, or None when none can be made (the processes then write as if they did not share)."""
+        """A new file, or None when none can be made (the worker's writes are then not made whole against a
+        child's, and the child sends no chunk frame: :meth:`Channel._write`)."""
         try:
             return cls(os.memfd_create("aip-crewai-worker-channel", os.MFD_CLOEXEC))
         except (OSError, AttributeError):  # AttributeError: no memfd_create on this platform

@@ -492,7 +492,7 @@ def run_job(
     except BaseException as exc:  # noqa: BLE001 - only the class is published
         return Failed(type(exc).__name__, stop_observed=ctx.stop_observed, dropped=chunks.dropped, last=True)
     finally:
-        chunks.close()  # a thread the job left behind may still emit: never as a later job's chunk
+        chunks.close()  # a thread or a process the job left behind may still emit: never as a later job's chunk
     try:
         output = msgspec.json.encode(result)
     except (TypeError, ValueError) as err:
