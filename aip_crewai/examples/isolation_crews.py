@@ -18,7 +18,7 @@ so another process (a test) can follow what a tool did and in which process.
 | ``hog`` | ``echo`` with a ``before_kickoff`` callback | writes ``<job>.pid`` (its pid), then keeps :data:`HOG_BYTES` more bytes in a module global (a crew that grows its process by that much per job) |
 | ``flaky_build`` | ``echo``, from a factory that writes ``<job>.pid`` (its pid) and raises while the marker directory holds a file ``fail-build`` (the job fails ``CrewBuildFailed``) | — |
 | ``memory_stall`` | ``echo``-like, crew ``memory=`` a :class:`SlowDrainMemory` | — (CrewAI's ``akickoff`` waits for memory saves synchronously on its event loop, crewAI PR#6497; each wait here takes ``AIP_CREWAI_TEST_DRAIN_SECONDS``, default 2) |
-| ``lingering`` | 1 agent with ``linger`` | writes ``<job>.pid``; a job whose id ends in ``-wait`` writes ``stray-wanted`` and waits (at most 30 s) for ``stray-sent``; any other starts a thread in its job's context (as ``asyncio.to_thread`` does) that outlives the job: once ``stray-wanted`` exists it emits a model chunk :data:`STRAY_CHUNK`, then writes ``stray-sent`` |
+| ``lingering`` | 1 agent with ``linger`` | writes ``<job>.pid``; a job whose id ends in ``-wait`` asks for the stray chunk and waits (at most 30 s) until it was emitted; any other starts a thread in its job's context (as ``asyncio.to_thread`` does) that outlives the job: once a later job of its process asks, it emits a model chunk :data:`STRAY_CHUNK`, then writes ``stray-sent`` |
 
 Source: ARCHITECTURE.md §5 (isolation); docs/security.md "Process isolation".
 """
@@ -75,6 +75,9 @@ STRAY_CHUNK = "stray chunk of an ended job"
 HOG_BYTES = 72 * 1024 * 1024
 
 _SEEN: list[str] = []
+#: ``lingering``: a later job asked for the stray chunk; the stray chunk was emitted (one worker's jobs share them).
+_STRAY_WANTED = threading.Event()
+_STRAY_SENT = threading.Event()
 _HOARD: list[bytes] = []
 _HANDLERS: list[Any] = []
 
@@ -110,29 +113,24 @@ def block_then_write(text: str) -> str:
 @tool("linger")
 def linger(text: str) -> str:
     """Leave a thread in this job's context behind (``lingering``), or wait for such a thread's chunk."""
-    directory = Path(os.environ.get(MARKER_DIR_ENV) or tempfile.gettempdir())
     _write(marker(_job_id(), "pid"), str(os.getpid()))
     if _job_id().endswith("-wait"):
-        (directory / "stray-wanted").touch()
-        _wait_for(directory / "stray-sent")
+        _STRAY_WANTED.set()
+        _STRAY_SENT.wait(30)  # a crew's own bounded wait: set by the earlier job's thread in this worker
         return "waited"
     context = contextvars.copy_context()
-    threading.Thread(target=context.run, args=(_emit_stray, directory), daemon=True).start()
+    threading.Thread(target=context.run, args=(_emit_stray,), daemon=True).start()
     return "left a thread"
 
 
-def _wait_for(path: Path, timeout_s: float = 30.0) -> None:
-    """Poll for ``path`` (a crew's own wait, bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-def _emit_stray(directory: Path) -> None:
-    """Once another job asked for it, emit :data:`STRAY_CHUNK` in the context this thread was started in."""
-    _wait_for(directory / "stray-wanted")
+def _emit_stray() -> None:
+    """Once a later job of this process asked for it, emit :data:`STRAY_CHUNK` in the context this thread was
+    started in, then write ``stray-sent`` in the marker directory."""
+    if not _STRAY_WANTED.wait(60):
+        return
     crewai_event_bus.emit(None, LLMStreamChunkEvent(chunk=STRAY_CHUNK, call_id="stray", task_id="stray"))
-    (directory / "stray-sent").touch()
+    _write(Path(os.environ[MARKER_DIR_ENV]) / "stray-sent" if os.environ.get(MARKER_DIR_ENV) else None, "1")
+    _STRAY_SENT.set()
 
 
 @tool("exit_process")
