@@ -191,9 +191,15 @@ def approval_reason(capability_id: str, left: Sequence[str] | None = None) -> st
     return f"{reason}; this request leaves out {display.dumps(named, indent=None)}{more}"
 
 
+def _resolve(capability_id: str, crews: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(crew id, operation)`` of an approval's capability among the configured ``crews``; None when its crew
+    was removed from the configuration since."""
+    return ops.resolve_capability(capability_id, {crew_id: ops.OPERATION_NAMES for crew_id in crews})
+
+
 def _subject(capability_id: str, crews: Mapping[str, Any]) -> tuple[Principal, str | None]:
     """The crew an approval's capability runs (as an agent principal) and the operation's risk."""
-    found = ops.resolve_capability(capability_id, {crew_id: ops.OPERATION_NAMES for crew_id in crews})
+    found = _resolve(capability_id, crews)
     if found is None:  # the crew was removed from the configuration since
         return Principal(id=f"crewai:{capability_id}", kind="agent"), None
     crew = crews[found[0]]
@@ -398,7 +404,7 @@ async def get_approval(request: Request) -> Response:
 def _left_to_crew(index: CapabilityIndex, approval: ApprovalRecord, *, approver: bool) -> tuple[str, ...] | None:
     """What ``approval``'s crew may do to its inputs, by the crew inputs its sidecar last reported; the names
     tell of the input, so only an ``approver`` gets them (an operator is told that the crew may change them)."""
-    found = ops.resolve_capability(approval.capability_id, {crew_id: ops.OPERATION_NAMES for crew_id in index.crews})
+    found = _resolve(approval.capability_id, index.crews)
     if found is None:
         return None
     crew_id, operation = found
